@@ -1,0 +1,463 @@
+# shellcheck shell=bash
+# scripts/stack.sh: the local stack (Postgres 15 + an SQS-compatible server),
+# shared by scripts/dev, scripts/test and .ci/run.
+#
+# Source it, then call the functions:
+#
+#   source scripts/stack.sh
+#   stack_env        # export DATABASE_URL, QUEUE_URL, AWS_*, INBOX_* (caller's values win)
+#   ensure_services  # install what is missing, start what is not running
+#   stop_sqs; stop_postgres
+#
+# Everything is idempotent: installing or starting something that is already
+# there is a no-op. State lives under $ROOT/.dev (git-ignored):
+#   .dev/pg/data   Postgres data directory (owned by the postgres user)
+#   .dev/pg/run    Postgres unix socket directory
+#   .dev/pg/log    Postgres server log
+#   .dev/moto.log  SQS server log,  .dev/moto.pid  its pid
+#
+# Ports: Postgres 127.0.0.1:${INBOX_PG_PORT:-54320},
+#        SQS     127.0.0.1:${INBOX_SQS_PORT:-54324}.
+#
+# Functions return non-zero (with a message on stderr) on failure; they never
+# `exit`, so the file can also be sourced into an interactive shell. They work
+# with and without `set -euo pipefail`.
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+STACK_PG_VERSION=15
+STACK_PG_BIN="/usr/lib/postgresql/${STACK_PG_VERSION}/bin"
+STACK_PG_DB=billing_inbox
+STACK_QUEUE_NAME=billing-inbox
+# moto's default account id (used when the access key is not a 12-digit number)
+STACK_SQS_ACCOUNT=123456789012
+
+# Set to 1 by ensure_postgres / ensure_sqs when *they* started the service
+# (so a caller such as .ci/run can stop only what it started).
+STACK_STARTED_PG=${STACK_STARTED_PG:-0}
+STACK_STARTED_SQS=${STACK_STARTED_SQS:-0}
+
+_STACK_APT_UPDATED=${_STACK_APT_UPDATED:-0}
+
+_stack_log() { printf '%s\n' "$*" >&2; }
+_stack_err() { printf 'error: %s\n' "$*" >&2; }
+
+# stack_env: export the environment every script, function and test uses.
+# A variable that the caller already set is left as it is.
+# (SC2089/SC2090: the JSON quotes are meant to be literal.)
+# shellcheck disable=SC2089,SC2090
+stack_env() {
+  : "${INBOX_PG_PORT:=54320}"
+  : "${INBOX_SQS_PORT:=54324}"
+  export INBOX_PG_PORT INBOX_SQS_PORT
+
+  # plain `psql` reaches the dev server too
+  : "${PGHOST:=127.0.0.1}"
+  : "${PGPORT:=$INBOX_PG_PORT}"
+  : "${PGUSER:=postgres}"
+  export PGHOST PGPORT PGUSER
+
+  # trust auth on loopback: no password
+  : "${DATABASE_URL:=postgres://postgres@127.0.0.1:${INBOX_PG_PORT}/${STACK_PG_DB}}"
+  export DATABASE_URL
+
+  : "${AWS_ENDPOINT_URL:=http://127.0.0.1:${INBOX_SQS_PORT}}"
+  : "${AWS_REGION:=us-east-1}"
+  : "${AWS_DEFAULT_REGION:=$AWS_REGION}"
+  : "${AWS_ACCESS_KEY_ID:=test}"
+  : "${AWS_SECRET_ACCESS_KEY:=test}"
+  export AWS_ENDPOINT_URL AWS_REGION AWS_DEFAULT_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY
+
+  # exactly what the SQS server answers to CreateQueue (see ensure_sqs)
+  : "${QUEUE_URL:=http://127.0.0.1:${INBOX_SQS_PORT}/${STACK_SQS_ACCOUNT}/${STACK_QUEUE_NAME}}"
+  export QUEUE_URL
+
+  # development sources and plans (the secrets are dev-only values)
+  local dev_sources dev_plans
+  dev_sources='[{"name":"stripe","kind":"stripe","secrets":["whsec_devsecret_stripe_0123456789"]},{"name":"polar","kind":"standard-webhooks","secrets":["polar_whs_devsecret_0123456789"],"secret_encoding":"raw"}]'
+  dev_plans='{"price_pro":{"plan":"pro","monthly_allowance":500},"pro":{"plan":"pro","monthly_allowance":500}}'
+  [ -n "${INBOX_SOURCES:-}" ] || INBOX_SOURCES="$dev_sources"
+  [ -n "${INBOX_PLANS:-}" ] || INBOX_PLANS="$dev_plans"
+  export INBOX_SOURCES INBOX_PLANS
+}
+
+# --- installing -------------------------------------------------------------
+
+_stack_apt_install() {
+  if [ "$(id -u)" != 0 ]; then
+    _stack_err "need root to install Debian packages: $*"
+    return 1
+  fi
+  if [ "$_STACK_APT_UPDATED" != 1 ]; then
+    _stack_log "apt: updating package lists"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 || {
+      _stack_err "apt-get update failed"
+      return 1
+    }
+    _STACK_APT_UPDATED=1
+  fi
+  _stack_log "apt: installing $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2 || {
+    _stack_err "apt-get install $* failed"
+    return 1
+  }
+}
+
+_stack_pip_install() {
+  _stack_log "pip: installing $*"
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "$@" >&2 || {
+    _stack_err "pip install $* failed"
+    return 1
+  }
+  # pyenv only exposes new console scripts after a rehash
+  if command -v pyenv >/dev/null 2>&1; then
+    pyenv rehash >/dev/null 2>&1 || true
+  fi
+  hash -r
+}
+
+_stack_ensure_curl() {
+  command -v curl >/dev/null 2>&1 && return 0
+  _stack_apt_install curl || return 1
+}
+
+# --- Postgres ---------------------------------------------------------------
+
+_STACK_PG_DIR="$ROOT/.dev/pg"
+_STACK_PG_DATA="$_STACK_PG_DIR/data"
+_STACK_PG_LOG="$_STACK_PG_DIR/log"
+
+# The socket path must stay under the kernel's 107-byte limit; a deep checkout
+# gets a socket directory under /tmp instead.
+_stack_pg_sockdir() {
+  local dir="$_STACK_PG_DIR/run"
+  local sock="$dir/.s.PGSQL.${INBOX_PG_PORT:-54320}.lock"
+  if [ "${#sock}" -gt 100 ]; then
+    dir="/tmp/billing-inbox-pg-$(printf '%s' "$ROOT" | cksum | cut -d' ' -f1)"
+  fi
+  printf '%s\n' "$dir"
+}
+
+# Run a Postgres server tool as the postgres user (as ourselves when not root).
+_stack_as_pg() {
+  if [ "$(id -u)" = 0 ]; then
+    (cd / && runuser -u postgres -- "$@")
+  else
+    "$@"
+  fi
+}
+
+_stack_pg_ready() {
+  "$STACK_PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$INBOX_PG_PORT" -t 2 >/dev/null 2>&1
+}
+
+_stack_psql() {
+  "$STACK_PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$INBOX_PG_PORT" -U postgres "$@"
+}
+
+# 0: our server is running; 1: it is not
+_stack_pg_running() {
+  local rc=0
+  _stack_as_pg "$STACK_PG_BIN/pg_ctl" -D "$_STACK_PG_DATA" status >/dev/null 2>&1 || rc=$?
+  [ "$rc" = 0 ]
+}
+
+ensure_postgres() {
+  : "${INBOX_PG_PORT:=54320}"
+  local port="$INBOX_PG_PORT" sockdir pid_file pid running_port d
+
+  if [ ! -x "$STACK_PG_BIN/initdb" ]; then
+    _stack_log "postgres: PostgreSQL ${STACK_PG_VERSION} is not installed; installing it"
+    _stack_apt_install "postgresql-${STACK_PG_VERSION}" "postgresql-client-${STACK_PG_VERSION}" || return 1
+  fi
+  if ! id postgres >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    _stack_err "postgres: the postgres user does not exist (is postgresql-common installed?)"
+    return 1
+  fi
+
+  sockdir="$(_stack_pg_sockdir)"
+  mkdir -p "$_STACK_PG_DATA" "$sockdir" || return 1
+  touch "$_STACK_PG_LOG" || return 1
+  chmod 700 "$_STACK_PG_DATA"
+  if [ "$(id -u)" = 0 ]; then
+    chown postgres:postgres "$_STACK_PG_DIR" "$_STACK_PG_DATA" "$sockdir" "$_STACK_PG_LOG"
+    chmod 755 "$_STACK_PG_DIR"
+    # The postgres user must be able to traverse every parent of its data dir.
+    d="$_STACK_PG_DIR"
+    while [ "$d" != / ] && [ -n "$d" ]; do
+      if ! runuser -u postgres -- test -x "$d" 2>/dev/null; then
+        chmod o+x "$d" || return 1
+      fi
+      d="$(dirname "$d")"
+    done
+  fi
+
+  if [ ! -f "$_STACK_PG_DATA/PG_VERSION" ]; then
+    if [ -n "$(ls -A "$_STACK_PG_DATA")" ]; then
+      # no PG_VERSION: an initdb that did not finish; it holds no data
+      _stack_log "postgres: $_STACK_PG_DATA is an unfinished cluster; recreating it"
+      find "$_STACK_PG_DATA" -mindepth 1 -delete || return 1
+    fi
+    _stack_log "postgres: initializing $_STACK_PG_DATA"
+    _stack_as_pg "$STACK_PG_BIN/initdb" -D "$_STACK_PG_DATA" --auth=trust -U postgres \
+      --encoding=UTF8 --locale=C >"$_STACK_PG_DIR/initdb.log" 2>&1 || {
+      _stack_err "postgres: initdb failed (see $_STACK_PG_DIR/initdb.log):"
+      tail -n 20 "$_STACK_PG_DIR/initdb.log" >&2
+      return 1
+    }
+  fi
+
+  pid_file="$_STACK_PG_DATA/postmaster.pid"
+  if _stack_pg_running; then
+    pid="$(sed -n 1p "$pid_file" 2>/dev/null || true)"
+    running_port="$(sed -n 4p "$pid_file" 2>/dev/null || true)"
+    if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null || true)" != postgres ]; then
+      # the pid in postmaster.pid now belongs to an unrelated process
+      _stack_log "postgres: removing stale $pid_file (pid $pid is not a postgres server)"
+      rm -f "$pid_file"
+    elif [ -n "$running_port" ] && [ "$running_port" != "$port" ]; then
+      _stack_err "postgres: this checkout's server is running on port $running_port, not $port; stop it first (scripts/dev stop with INBOX_PG_PORT=$running_port)"
+      return 1
+    fi
+  elif [ -f "$pid_file" ]; then
+    # left behind by an unclean stop (killed process, machine restart)
+    _stack_log "postgres: removing stale $pid_file"
+    rm -f "$pid_file"
+  fi
+
+  if _stack_pg_running; then
+    _stack_log "postgres: already running on 127.0.0.1:$port"
+  else
+    # pg_isready: 0 accepting, 1 rejecting (starting up), 2 no answer
+    local isready=0
+    "$STACK_PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$port" -t 2 >/dev/null 2>&1 || isready=$?
+    if [ "$isready" = 0 ] || [ "$isready" = 1 ]; then
+      _stack_err "postgres: another server already listens on 127.0.0.1:$port (not $_STACK_PG_DATA); stop it or set INBOX_PG_PORT"
+      return 1
+    fi
+    _stack_log "postgres: starting on 127.0.0.1:$port (data $_STACK_PG_DATA, log $_STACK_PG_LOG)"
+    # fsync, synchronous_commit and full_page_writes are off: this cluster only
+    # ever holds development and test data, and a crash may lose it.
+    if ! _stack_as_pg "$STACK_PG_BIN/pg_ctl" -D "$_STACK_PG_DATA" -l "$_STACK_PG_LOG" -w -t 60 \
+      -o "-p $port -k '$sockdir' -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
+      start >/dev/null 2>&1; then
+      _stack_err "postgres: failed to start; last lines of $_STACK_PG_LOG:"
+      tail -n 20 "$_STACK_PG_LOG" >&2
+      return 1
+    fi
+    STACK_STARTED_PG=1
+  fi
+
+  local i
+  for i in $(seq 1 60); do
+    _stack_pg_ready && break
+    if [ "$i" = 60 ]; then
+      _stack_err "postgres: not accepting connections on 127.0.0.1:$port after 30 s (see $_STACK_PG_LOG)"
+      return 1
+    fi
+    sleep 0.5
+  done
+
+  local exists
+  exists="$(_stack_psql -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$STACK_PG_DB'")" || {
+    _stack_err "postgres: cannot query 127.0.0.1:$port as postgres"
+    return 1
+  }
+  if [ "$exists" != 1 ]; then
+    _stack_log "postgres: creating database $STACK_PG_DB"
+    _stack_psql -d postgres -c "CREATE DATABASE $STACK_PG_DB" >/dev/null || return 1
+  fi
+  _stack_log "postgres: ready at postgres://postgres@127.0.0.1:$port/$STACK_PG_DB"
+}
+
+stop_postgres() {
+  : "${INBOX_PG_PORT:=54320}"
+  if [ ! -f "$_STACK_PG_DATA/PG_VERSION" ] || [ ! -x "$STACK_PG_BIN/pg_ctl" ]; then
+    _stack_log "postgres: not set up here; nothing to stop"
+    return 0
+  fi
+  if ! _stack_pg_running; then
+    _stack_log "postgres: not running"
+    return 0
+  fi
+  _stack_log "postgres: stopping"
+  _stack_as_pg "$STACK_PG_BIN/pg_ctl" -D "$_STACK_PG_DATA" -m fast -w -t 60 stop >/dev/null || {
+    _stack_err "postgres: pg_ctl stop failed (see $_STACK_PG_LOG)"
+    return 1
+  }
+  _stack_log "postgres: stopped"
+}
+
+# --- SQS (moto_server) ------------------------------------------------------
+
+_STACK_MOTO_LOG="$ROOT/.dev/moto.log"
+_STACK_MOTO_PID="$ROOT/.dev/moto.pid"
+
+# One SQS call with the JSON protocol (what aws-sdk-sqs speaks). moto picks the
+# service from the credential scope of the Authorization header (without one
+# it answers as S3); it does not check the signature.
+# Prints the body; returns non-zero when nothing answers or on an HTTP error.
+_stack_sqs_call() {
+  local action="$1" payload="$2"
+  curl -sS --max-time 5 --fail-with-body \
+    -H "Content-Type: application/x-amz-json-1.0" \
+    -H "X-Amz-Target: AmazonSQS.$action" \
+    -H "Authorization: AWS4-HMAC-SHA256 Credential=${AWS_ACCESS_KEY_ID:-test}/20240101/${AWS_REGION:-us-east-1}/sqs/aws4_request, SignedHeaders=host, Signature=0" \
+    --data "$payload" \
+    "http://127.0.0.1:${INBOX_SQS_PORT}/"
+}
+
+# 0: an SQS server answers; 1: nothing answers; 2: something else answers
+_stack_sqs_probe() {
+  local code body
+  body="$(_stack_sqs_call ListQueues '{}' 2>/dev/null)" && code=0 || code=$?
+  if [ "$code" = 0 ]; then
+    case "$body" in *QueueUrls* | "{}") return 0 ;; esac
+    return 2
+  fi
+  # curl exit 7: connection refused, 28: timeout, 52: empty reply
+  case "$code" in 7 | 28 | 52 | 56) return 1 ;; esac
+  return 2
+}
+
+# pid of the moto_server started (by these scripts) for this port, if any
+_stack_moto_pid_on() {
+  pgrep -o -f "moto_server -H 127\.0\.0\.1 -p $1( |\$)" 2>/dev/null || true
+}
+
+_stack_moto_ok() {
+  moto_server --help >/dev/null 2>&1
+}
+
+ensure_sqs() {
+  : "${INBOX_SQS_PORT:=54324}"
+  local port="$INBOX_SQS_PORT" probe pid i
+
+  _stack_ensure_curl || return 1
+
+  probe=0
+  _stack_sqs_probe || probe=$?
+  if [ "$probe" = 2 ]; then
+    _stack_err "sqs: something that is not an SQS server answers on 127.0.0.1:$port; stop it or set INBOX_SQS_PORT"
+    return 1
+  fi
+
+  if [ "$probe" = 0 ]; then
+    _stack_log "sqs: already running on 127.0.0.1:$port"
+  else
+    if ! _stack_moto_ok; then
+      _stack_log "sqs: moto_server is not installed; installing it"
+      _stack_pip_install 'moto[server]' || return 1
+      _stack_moto_ok || {
+        _stack_err "sqs: moto_server still not on PATH after pip install"
+        return 1
+      }
+    fi
+    mkdir -p "$ROOT/.dev" || return 1
+    _stack_log "sqs: starting moto_server on 127.0.0.1:$port (log $_STACK_MOTO_LOG)"
+    # Its own session, no terminal, no inherited stdio: it outlives this script
+    # and a Ctrl-C in it. Started from a subshell without job control, so that
+    # setsid does not fork and $! is the server itself.
+    pid="$(
+      set +m
+      setsid nohup moto_server -H 127.0.0.1 -p "$port" </dev/null >>"$_STACK_MOTO_LOG" 2>&1 &
+      echo $!
+    )"
+    printf '%s\n' "$pid" >"$_STACK_MOTO_PID"
+    for i in $(seq 1 60); do
+      probe=0
+      _stack_sqs_probe || probe=$?
+      [ "$probe" = 0 ] && break
+      if ! kill -0 "$pid" 2>/dev/null && [ -z "$(_stack_moto_pid_on "$port")" ]; then
+        _stack_err "sqs: moto_server exited; last lines of $_STACK_MOTO_LOG:"
+        tail -n 20 "$_STACK_MOTO_LOG" >&2
+        rm -f "$_STACK_MOTO_PID"
+        return 1
+      fi
+      if [ "$i" = 60 ]; then
+        _stack_err "sqs: moto_server (pid $pid) does not answer on 127.0.0.1:$port after 30 s (see $_STACK_MOTO_LOG)"
+        return 1
+      fi
+      sleep 0.5
+    done
+    # record the pid of the process that actually serves the port
+    local served_by
+    served_by="$(_stack_moto_pid_on "$port")"
+    if [ -n "$served_by" ] && [ "$served_by" != "$pid" ]; then
+      printf '%s\n' "$served_by" >"$_STACK_MOTO_PID"
+    fi
+    STACK_STARTED_SQS=1
+  fi
+
+  # CreateQueue with the same attributes is idempotent. moto keeps queues in
+  # memory, so this also recreates the queue after a restart.
+  local body url
+  body="$(_stack_sqs_call CreateQueue "{\"QueueName\":\"$STACK_QUEUE_NAME\",\"Attributes\":{\"VisibilityTimeout\":\"180\"}}")" || {
+    _stack_err "sqs: CreateQueue $STACK_QUEUE_NAME failed: $body"
+    return 1
+  }
+  url="$(printf '%s' "$body" | sed -n 's/.*"QueueUrl": *"\([^"]*\)".*/\1/p')"
+  if [ -z "$url" ]; then
+    _stack_err "sqs: unexpected CreateQueue answer: $body"
+    return 1
+  fi
+  if [ -n "${QUEUE_URL:-}" ] && [ "$QUEUE_URL" != "$url" ]; then
+    _stack_log "sqs: warning: QUEUE_URL=$QUEUE_URL but the server's queue is $url"
+  fi
+  _stack_log "sqs: queue ready at $url"
+}
+
+stop_sqs() {
+  : "${INBOX_SQS_PORT:=54324}"
+  local pid="" i
+  [ -f "$_STACK_MOTO_PID" ] && pid="$(cat "$_STACK_MOTO_PID" 2>/dev/null || true)"
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null &&
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -Eq "moto_server -H 127\.0\.0\.1 -p $INBOX_SQS_PORT( |\$)"; then
+    _stack_log "sqs: stopping moto_server (pid $pid)"
+    kill "$pid" 2>/dev/null || true
+    for i in $(seq 1 40); do
+      kill -0 "$pid" 2>/dev/null || break
+      if [ "$i" = 40 ]; then
+        kill -KILL "$pid" 2>/dev/null || true
+      fi
+      sleep 0.25
+    done
+    rm -f "$_STACK_MOTO_PID"
+    _stack_log "sqs: stopped"
+    return 0
+  fi
+  rm -f "$_STACK_MOTO_PID"
+  if command -v curl >/dev/null 2>&1 && _stack_sqs_probe; then
+    _stack_log "sqs: a server on 127.0.0.1:$INBOX_SQS_PORT was not started by these scripts; leaving it running"
+  else
+    _stack_log "sqs: not running"
+  fi
+}
+
+# --- cargo lambda -----------------------------------------------------------
+
+ensure_cargo_lambda() {
+  if cargo lambda --version >/dev/null 2>&1; then
+    _stack_log "cargo-lambda: $(cargo lambda --version 2>/dev/null | head -n 1)"
+    return 0
+  fi
+  _stack_log "cargo-lambda: not installed; installing it"
+  _stack_pip_install cargo-lambda || return 1
+  cargo lambda --version >/dev/null 2>&1 || {
+    _stack_err "cargo-lambda: \`cargo lambda --version\` still fails after pip install cargo-lambda"
+    return 1
+  }
+  _stack_log "cargo-lambda: $(cargo lambda --version 2>/dev/null | head -n 1)"
+}
+
+# --- all --------------------------------------------------------------------
+
+ensure_services() {
+  ensure_postgres || return 1
+  ensure_sqs || return 1
+}
+
+stop_services() {
+  stop_sqs || return 1
+  stop_postgres || return 1
+}

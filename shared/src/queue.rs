@@ -1,0 +1,84 @@
+//! The SQS hand-off: the intake sends a stored event's id; the worker receives it.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_config::BehaviorVersion;
+
+/// A message body is the event's row id in decimal; the row is the fact, the message a nudge.
+pub fn message_body(event_id: i64) -> String {
+    event_id.to_string()
+}
+
+pub fn parse_message_body(body: &str) -> Option<i64> {
+    body.trim().parse().ok()
+}
+
+#[derive(Clone)]
+pub struct Queue {
+    client: aws_sdk_sqs::Client,
+    url: String,
+}
+
+/// Loads the standard AWS configuration (`AWS_ENDPOINT_URL`, region, credentials) with
+/// short timeouts: a send that cannot complete quickly is left to the scheduler's rescue.
+pub async fn sdk_config() -> aws_config::SdkConfig {
+    aws_config::defaults(BehaviorVersion::latest())
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(2))
+                .operation_attempt_timeout(Duration::from_secs(3))
+                .operation_timeout(Duration::from_secs(8))
+                .build(),
+        )
+        .retry_config(RetryConfig::standard().with_max_attempts(2))
+        .load()
+        .await
+}
+
+impl Queue {
+    pub fn new(client: aws_sdk_sqs::Client, url: impl Into<String>) -> Self {
+        Self {
+            client,
+            url: url.into(),
+        }
+    }
+
+    pub async fn from_env(url: impl Into<String>) -> Self {
+        Self::new(aws_sdk_sqs::Client::new(&sdk_config().await), url)
+    }
+
+    pub fn client(&self) -> &aws_sdk_sqs::Client {
+        &self.client
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    #[tracing::instrument(skip_all, fields(event_id))]
+    pub async fn send_event(&self, event_id: i64) -> anyhow::Result<()> {
+        self.client
+            .send_message()
+            .queue_url(&self.url)
+            .message_body(message_body(event_id))
+            .send()
+            .await
+            .context("SQS SendMessage")?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_body_round_trips() {
+        assert_eq!(parse_message_body(&message_body(42)), Some(42));
+        assert_eq!(parse_message_body(" 7\n"), Some(7));
+        assert_eq!(parse_message_body("x"), None);
+    }
+}

@@ -1,0 +1,272 @@
+//! Test harness: a fresh database and queue per test, signed deliveries, and readers for
+//! what the pipeline stored.
+
+use std::time::Duration;
+
+use aws_sdk_sqs::Client as SqsClient;
+use chrono::Utc;
+use http::StatusCode;
+use inbox::config::parse_sources;
+use inbox::intake::{self, IntakeState};
+use inbox::providers::{sign, Sources};
+use inbox::queue::Queue;
+use lambda_http::Body;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+pub const STRIPE_SECRET: &str = "whsec_test_stripe_secret";
+pub const POLAR_SECRET: &str = "polar_whs_test_secret";
+pub const KINDE_KEY: &[u8] = include_bytes!("../../testdata/kinde_test_key_a.pem");
+pub const KINDE_KID: &str = "test-key-a";
+const JWKS: &str = include_str!("../../testdata/jwks_a.json");
+
+pub struct TestApp {
+    pub pool: PgPool,
+    pub state: IntakeState,
+    pub sqs: SqsClient,
+    pub queue_url: String,
+    _jwks: MockServer,
+}
+
+/// A delivery as a provider would send it: headers and body.
+pub struct Delivery {
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+pub async fn sqs_client() -> SqsClient {
+    SqsClient::new(&inbox::queue::sdk_config().await)
+}
+
+/// A fresh queue on the SQS-compatible server.
+pub async fn create_queue(sqs: &SqsClient) -> String {
+    let name = format!("test-{}", uuid::Uuid::new_v4());
+    sqs.create_queue()
+        .queue_name(name)
+        .send()
+        .await
+        .expect("the SQS server is reachable (scripts/test starts it)")
+        .queue_url
+        .expect("CreateQueue returns the queue URL")
+}
+
+impl TestApp {
+    pub async fn spawn(pool: PgPool) -> Self {
+        let sqs = sqs_client().await;
+        let queue_url = create_queue(&sqs).await;
+        let queue = Queue::new(sqs.clone(), queue_url.clone());
+        Self::with_parts(pool.clone(), pool, sqs, queue_url, queue).await
+    }
+
+    /// An app whose intake talks to `intake_pool` and `queue`, while the test reads `pool`.
+    pub async fn with_parts(
+        pool: PgPool,
+        intake_pool: PgPool,
+        sqs: SqsClient,
+        queue_url: String,
+        queue: Queue,
+    ) -> Self {
+        let jwks = MockServer::start().await;
+        Mock::given(method("GET"))
+            .and(path("/.well-known/jwks"))
+            .respond_with(ResponseTemplate::new(200).set_body_raw(JWKS, "application/json"))
+            .mount(&jwks)
+            .await;
+        let sources = parse_sources(
+            &json!([
+                {"name": "stripe", "kind": "stripe", "secrets": ["whsec_old_unused", STRIPE_SECRET]},
+                {"name": "polar", "kind": "standard-webhooks", "secrets": [POLAR_SECRET], "secret_encoding": "raw"},
+                {"name": "kinde", "kind": "kinde", "jwks_url": format!("{}/.well-known/jwks", jwks.uri())}
+            ])
+            .to_string(),
+        )
+        .unwrap();
+        let sources = Sources::build(&sources, Duration::from_secs(300), reqwest_client()).unwrap();
+        let state = IntakeState {
+            pool: intake_pool,
+            queue,
+            sources,
+        };
+        Self {
+            pool,
+            state,
+            sqs,
+            queue_url,
+            _jwks: jwks,
+        }
+    }
+
+    /// POSTs a delivery to `/webhooks/{source}` through the intake handler.
+    pub async fn post(&self, source: &str, delivery: &Delivery) -> (StatusCode, Value) {
+        let mut builder = http::Request::builder()
+            .method("POST")
+            .uri(format!("https://example.test/webhooks/{source}"));
+        for (name, value) in &delivery.headers {
+            builder = builder.header(name, value);
+        }
+        let request = builder.body(Body::from(delivery.body.clone())).unwrap();
+        self.send(request).await
+    }
+
+    pub async fn send(&self, request: lambda_http::Request) -> (StatusCode, Value) {
+        let response = intake::handle(&self.state, request).await;
+        let status = response.status();
+        let body = match response.body() {
+            Body::Text(t) => serde_json::from_str(t).unwrap(),
+            Body::Binary(b) => serde_json::from_slice(b).unwrap(),
+            _ => Value::Null,
+        };
+        (status, body)
+    }
+
+    /// Every event id waiting on the queue, in no particular order; the messages are deleted.
+    pub async fn drain_queue(&self) -> Vec<i64> {
+        let mut ids = Vec::new();
+        loop {
+            let received = self
+                .sqs
+                .receive_message()
+                .queue_url(&self.queue_url)
+                .max_number_of_messages(10)
+                .wait_time_seconds(1)
+                .send()
+                .await
+                .unwrap();
+            let messages = received.messages.unwrap_or_default();
+            if messages.is_empty() {
+                return ids;
+            }
+            for message in messages {
+                ids.push(inbox::queue::parse_message_body(message.body().unwrap()).unwrap());
+                self.sqs
+                    .delete_message()
+                    .queue_url(&self.queue_url)
+                    .receipt_handle(message.receipt_handle().unwrap())
+                    .send()
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    pub async fn count(&self, table_sql: &str) -> i64 {
+        sqlx::query_scalar::<_, i64>(table_sql)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    pub async fn event(&self, id: i64) -> EventRow {
+        sqlx::query_as::<_, EventRow>(
+            "SELECT source, dedupe_key, type, status, seen_count, customer_key, occurred_at,
+                    enqueued_at, reason, payload
+             FROM inbox_events WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    pub async fn verdicts(&self, event_id: i64) -> Vec<String> {
+        sqlx::query_scalar("SELECT verdict FROM deliveries WHERE event_id = $1 ORDER BY id")
+            .bind(event_id)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub struct EventRow {
+    pub source: String,
+    pub dedupe_key: String,
+    #[sqlx(rename = "type")]
+    pub event_type: String,
+    pub status: String,
+    pub seen_count: i32,
+    pub customer_key: Option<String>,
+    pub occurred_at: Option<chrono::DateTime<Utc>>,
+    pub enqueued_at: Option<chrono::DateTime<Utc>>,
+    pub reason: Option<String>,
+    pub payload: Option<Value>,
+}
+
+fn reqwest_client() -> reqwest::Client {
+    reqwest::Client::new()
+}
+
+/// A Stripe subscription event as Stripe sends it.
+pub fn stripe_event(id: &str, customer: &str, created: i64) -> Value {
+    json!({
+        "id": id,
+        "object": "event",
+        "api_version": "2024-06-20",
+        "created": created,
+        "livemode": false,
+        "pending_webhooks": 1,
+        "request": {"id": null, "idempotency_key": null},
+        "type": "customer.subscription.updated",
+        "data": {"object": {
+            "id": "sub_1", "object": "subscription", "customer": customer, "status": "active",
+            "items": {"object": "list", "data": [{"price": {"id": "price_pro"}}]}
+        }}
+    })
+}
+
+/// Signs a Stripe event, sent now.
+pub fn stripe_delivery(event: &Value) -> Delivery {
+    stripe_delivery_at(event, Utc::now().timestamp())
+}
+
+pub fn stripe_delivery_at(event: &Value, sent_at: i64) -> Delivery {
+    let body = serde_json::to_vec(event).unwrap();
+    Delivery {
+        headers: vec![
+            ("content-type".into(), "application/json".into()),
+            (
+                "user-agent".into(),
+                "Stripe/1.0 (+https://stripe.com/docs/webhooks)".into(),
+            ),
+            (
+                "stripe-signature".into(),
+                sign::stripe_signature(STRIPE_SECRET.as_bytes(), sent_at, &body),
+            ),
+        ],
+        body,
+    }
+}
+
+/// A Polar (Standard Webhooks) delivery of `payload` under message id `id`, sent now.
+pub fn polar_delivery(id: &str, payload: &Value) -> Delivery {
+    let body = serde_json::to_vec(payload).unwrap();
+    let now = Utc::now().timestamp();
+    Delivery {
+        headers: vec![
+            ("content-type".into(), "application/json".into()),
+            ("webhook-id".into(), id.into()),
+            ("webhook-timestamp".into(), now.to_string()),
+            (
+                "webhook-signature".into(),
+                sign::standard_signature(POLAR_SECRET.as_bytes(), id, now, &body),
+            ),
+        ],
+        body,
+    }
+}
+
+/// A Kinde delivery: a JWT of `claims` (with `timestamp` set to now) under `webhook-id`.
+pub fn kinde_delivery(webhook_id: &str, claims: &Value) -> Delivery {
+    let mut claims = claims.clone();
+    claims["timestamp"] = json!(Utc::now().to_rfc3339());
+    let token = sign::kinde_token(KINDE_KEY, KINDE_KID, &claims).unwrap();
+    Delivery {
+        headers: vec![
+            ("content-type".into(), "application/jwt".into()),
+            ("webhook-id".into(), webhook_id.into()),
+        ],
+        body: token.into_bytes(),
+    }
+}

@@ -1,0 +1,507 @@
+//! The intake's contract (DESIGN §3): every row of the answer table.
+
+use std::net::TcpListener;
+
+use chrono::Utc;
+use futures::future::join_all;
+use http::StatusCode;
+use inbox::intake::IntakeState;
+use inbox::queue::Queue;
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::helpers::*;
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn new_event_is_stored_enqueued_and_answered_with_its_id(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let created = Utc::now().timestamp() - 30;
+    let event = stripe_event("evt_new", "cus_1", created);
+
+    let (status, body) = app.post("stripe", &stripe_delivery(&event)).await;
+
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["status"], "stored");
+    let id = body["event_id"]
+        .as_i64()
+        .expect("the answer carries the event id");
+    let row = app.event(id).await;
+    assert_eq!(row.source, "stripe");
+    assert_eq!(row.dedupe_key, "evt_new");
+    assert_eq!(row.event_type, "customer.subscription.updated");
+    assert_eq!(row.status, "received");
+    assert_eq!(row.seen_count, 1);
+    assert_eq!(row.customer_key.as_deref(), Some("cus_1"));
+    assert_eq!(row.occurred_at.unwrap().timestamp(), created);
+    assert!(
+        row.enqueued_at.is_some(),
+        "enqueued_at is recorded after the send"
+    );
+    assert_eq!(row.payload.unwrap()["id"], "evt_new");
+    assert_eq!(app.verdicts(id).await, ["stored"]);
+    assert_eq!(app.drain_queue().await, [id]);
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn copy_re_signed_later_is_a_duplicate_and_is_enqueued_again(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let event = stripe_event("evt_copy", "cus_1", Utc::now().timestamp() - 60);
+    let now = Utc::now().timestamp();
+
+    let (_, first) = app
+        .post("stripe", &stripe_delivery_at(&event, now - 20))
+        .await;
+    // Stripe's retry: same body, new `t`, and a different pending_webhooks count.
+    let mut retry = event.clone();
+    retry["pending_webhooks"] = json!(0);
+    let (status, second) = app.post("stripe", &stripe_delivery_at(&retry, now)).await;
+
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        second,
+        json!({"status": "duplicate", "event_id": first["event_id"]})
+    );
+    let id = first["event_id"].as_i64().unwrap();
+    assert_eq!(app.event(id).await.seen_count, 2);
+    assert_eq!(app.verdicts(id).await, ["stored", "duplicate"]);
+    assert_eq!(
+        app.drain_queue().await,
+        [id, id],
+        "a copy of an unapplied event wakes a worker again"
+    );
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn twenty_concurrent_copies_give_one_event_seen_twenty_times(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let delivery = stripe_delivery(&stripe_event("evt_burst", "cus_1", Utc::now().timestamp()));
+
+    let answers = join_all((0..20).map(|_| app.post("stripe", &delivery))).await;
+
+    assert!(
+        answers.iter().all(|(s, _)| *s == StatusCode::OK),
+        "{answers:?}"
+    );
+    let stored = answers
+        .iter()
+        .filter(|(_, b)| b["status"] == "stored")
+        .count();
+    assert_eq!(stored, 1);
+    let id = answers[0].1["event_id"].as_i64().unwrap();
+    assert!(answers.iter().all(|(_, b)| b["event_id"] == id));
+    assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 1);
+    assert_eq!(app.event(id).await.seen_count, 20);
+    assert_eq!(app.count("SELECT count(*) FROM deliveries").await, 20);
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn same_key_with_different_content_is_a_conflict_that_keeps_the_stored_event(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let original = stripe_event("evt_same", "cus_1", Utc::now().timestamp());
+    let mut forged = original.clone();
+    forged["data"]["object"]["status"] = json!("canceled");
+
+    let (_, first) = app.post("stripe", &stripe_delivery(&original)).await;
+    app.drain_queue().await;
+    let (status, second) = app.post("stripe", &stripe_delivery(&forged)).await;
+
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(second["status"], "conflict");
+    let id = first["event_id"].as_i64().unwrap();
+    let row = app.event(id).await;
+    assert_eq!(row.payload.unwrap()["data"]["object"]["status"], "active");
+    assert_eq!(row.seen_count, 1, "a conflicting delivery is not a copy");
+    assert_eq!(app.verdicts(id).await, ["stored", "conflict"]);
+    assert!(app.drain_queue().await.is_empty());
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn authentication_failures_are_401_and_store_nothing(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let event = stripe_event("evt_bad", "cus_1", Utc::now().timestamp());
+    let good = stripe_delivery(&event);
+
+    let mut tampered = stripe_delivery(&event);
+    tampered.body = serde_json::to_vec(&stripe_event("evt_bad", "cus_2", 1)).unwrap();
+    let stale = stripe_delivery_at(&event, Utc::now().timestamp() - 3600);
+    let future = stripe_delivery_at(&event, Utc::now().timestamp() + 3600);
+    let unsigned = Delivery {
+        headers: vec![],
+        body: good.body.clone(),
+    };
+    let mut bare_polar = polar_delivery("msg_bare", &json!({"type": "order.paid", "data": {}}));
+    for (name, value) in &mut bare_polar.headers {
+        if name == "webhook-signature" {
+            *value = "v1,".into();
+        }
+    }
+    let cases = [
+        ("stripe", tampered),
+        ("stripe", stale),
+        ("stripe", future),
+        ("stripe", unsigned),
+        ("polar", bare_polar),
+    ];
+    for (source, delivery) in &cases {
+        let (status, body) = app.post(source, delivery).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+        assert_eq!(body["code"], "unauthorized");
+        assert!(body["detail"].as_str().is_some_and(|d| !d.is_empty()));
+    }
+    assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 0);
+    assert_eq!(app.count("SELECT count(*) FROM deliveries").await, 0);
+    assert!(app.drain_queue().await.is_empty());
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn unknown_source_wrong_route_and_wrong_method_are_refused(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let delivery = stripe_delivery(&stripe_event("evt_x", "cus_1", Utc::now().timestamp()));
+
+    let (status, body) = app.post("paypal", &delivery).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["code"], "unknown_source");
+
+    let request = http::Request::builder()
+        .method("POST")
+        .uri("/other/stripe")
+        .body(lambda_http::Body::Empty)
+        .unwrap();
+    assert_eq!(app.send(request).await.0, StatusCode::NOT_FOUND);
+
+    let request = http::Request::builder()
+        .method("GET")
+        .uri("/webhooks/stripe")
+        .body(lambda_http::Body::Empty)
+        .unwrap();
+    assert_eq!(app.send(request).await.0, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 0);
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn body_over_one_mib_is_413_and_stores_nothing(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let mut event = stripe_event("evt_big", "cus_1", Utc::now().timestamp());
+    event["padding"] = json!("x".repeat(1_048_576));
+
+    let (status, body) = app.post("stripe", &stripe_delivery(&event)).await;
+
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body["code"], "payload_too_large");
+    assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 0);
+}
+
+/// A Postgres URL on which nothing listens: the database is down.
+fn unreachable_database_url() -> String {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("postgres://postgres@127.0.0.1:{port}/down")
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn postgres_down_answers_503_with_retry_after_and_writes_nothing(pool: PgPool) {
+    let sqs = sqs_client().await;
+    let queue_url = create_queue(&sqs).await;
+    let queue = Queue::new(sqs.clone(), queue_url.clone());
+    let down = inbox::db::lazy_pool(&unreachable_database_url(), 2).unwrap();
+    let app = TestApp::with_parts(pool, down, sqs, queue_url, queue).await;
+
+    let delivery = stripe_delivery(&stripe_event("evt_down", "cus_1", Utc::now().timestamp()));
+    let (status, body) = app.post("stripe", &delivery).await;
+
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["code"], "store_unavailable");
+    assert!(
+        !body.to_string().contains("postgres://"),
+        "no connection details leak: {body}"
+    );
+    let response = inbox::intake::handle(&app.state, {
+        let mut b = http::Request::builder()
+            .method("POST")
+            .uri("/webhooks/stripe");
+        for (n, v) in &delivery.headers {
+            b = b.header(n, v);
+        }
+        b.body(lambda_http::Body::from(delivery.body.clone()))
+            .unwrap()
+    })
+    .await;
+    assert_eq!(response.headers()["retry-after"], "10");
+    assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 0);
+    assert!(
+        app.drain_queue().await.is_empty(),
+        "nothing is enqueued without a stored row"
+    );
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn postgres_stopping_mid_flight_answers_503_and_loses_nothing_stored(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let (_, first) = app
+        .post(
+            "stripe",
+            &stripe_delivery(&stripe_event("evt_before", "cus_1", Utc::now().timestamp())),
+        )
+        .await;
+
+    // The database stops taking connections, and every open one is cut.
+    let db: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let admin = admin_connection().await;
+    sqlx::query(&format!(r#"ALTER DATABASE "{db}" ALLOW_CONNECTIONS false"#))
+        .execute(&admin)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()")
+        .bind(&db)
+        .execute(&admin)
+        .await
+        .unwrap();
+
+    let delivery = stripe_delivery(&stripe_event("evt_during", "cus_1", Utc::now().timestamp()));
+    let (status, body) = app.post("stripe", &delivery).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+
+    sqlx::query(&format!(r#"ALTER DATABASE "{db}" ALLOW_CONNECTIONS true"#))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let ids: Vec<String> = sqlx::query_scalar("SELECT dedupe_key FROM inbox_events ORDER BY id")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        ids,
+        ["evt_before"],
+        "the stored event survives, the refused one is absent"
+    );
+    assert_eq!(
+        app.event(first["event_id"].as_i64().unwrap())
+            .await
+            .seen_count,
+        1
+    );
+
+    // The provider's retry, once the database is back, is stored normally.
+    let (status, body) = app.post("stripe", &delivery).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["status"], "stored");
+}
+
+/// A connection to the server's maintenance database, for stopping and starting test databases.
+async fn admin_connection() -> PgPool {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for the tests");
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn sqs_unreachable_after_commit_still_answers_200_with_enqueued_at_empty(pool: PgPool) {
+    let sqs = sqs_client().await;
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead_sqs = aws_sdk_sqs::Client::from_conf(
+        aws_sdk_sqs::config::Builder::from(&inbox::queue::sdk_config().await)
+            .endpoint_url(format!("http://127.0.0.1:{port}"))
+            .build(),
+    );
+    let queue = Queue::new(
+        dead_sqs,
+        format!("http://127.0.0.1:{port}/000000000000/gone"),
+    );
+    let queue_url = create_queue(&sqs).await;
+    let app = TestApp::with_parts(pool.clone(), pool, sqs, queue_url, queue).await;
+
+    let (status, body) = app
+        .post(
+            "stripe",
+            &stripe_delivery(&stripe_event("evt_nosqs", "cus_1", Utc::now().timestamp())),
+        )
+        .await;
+
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["status"], "stored");
+    let row = app.event(body["event_id"].as_i64().unwrap()).await;
+    assert_eq!(row.status, "received");
+    assert!(
+        row.enqueued_at.is_none(),
+        "left for the scheduler to enqueue"
+    );
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn kinde_token_is_stored_under_its_webhook_id_and_a_re_signed_retry_is_a_copy(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let happened = Utc::now() - chrono::Duration::minutes(3);
+    let claims = json!({
+        "type": "customer.plan_changed",
+        "event_id": "event_0001",
+        "event_timestamp": happened.to_rfc3339(),
+        "source": "api",
+        "data": {"customer_id": "kc_1", "plan": {"key": "pro"}}
+    });
+
+    let (status, first) = app.post("kinde", &kinde_delivery("wh_1", &claims)).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["status"], "stored");
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    // Kinde re-signs a retry: a new token with a later timestamp, same event.
+    let (_, second) = app.post("kinde", &kinde_delivery("wh_1", &claims)).await;
+    assert_eq!(second["status"], "duplicate");
+
+    let row = app.event(first["event_id"].as_i64().unwrap()).await;
+    assert_eq!(row.dedupe_key, "wh_1");
+    assert_eq!(row.event_type, "customer.plan_changed");
+    assert_eq!(row.customer_key.as_deref(), Some("kc_1"));
+    assert_eq!(row.occurred_at.unwrap().timestamp(), happened.timestamp());
+    assert_eq!(row.seen_count, 2);
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn kinde_token_signed_with_hs256_is_refused(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let claims = json!({"type": "customer.plan_changed", "timestamp": Utc::now().to_rfc3339(),
+                        "event_id": "e", "data": {"customer_id": "kc_1"}});
+    let token = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(b"guess").unwrap(),
+    )
+    .unwrap();
+    let delivery = Delivery {
+        headers: vec![("content-type".into(), "application/jwt".into())],
+        body: token.into_bytes(),
+    };
+    let (status, body) = app.post("kinde", &delivery).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(body["detail"], "signing algorithm 'HS256' is not allowed");
+    assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 0);
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn polar_event_is_ordered_by_its_modified_at(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let payload = json!({
+        "type": "subscription.updated",
+        "timestamp": "2026-03-01T10:00:05Z",
+        "data": {"id": "sub_p", "customer_id": "pc_1", "status": "active", "product_id": "pro",
+                 "modified_at": "2026-03-01T10:00:00Z"}
+    });
+    let id = unique("msg");
+    let (status, body) = app.post("polar", &polar_delivery(&id, &payload)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let row = app.event(body["event_id"].as_i64().unwrap()).await;
+    assert_eq!(row.dedupe_key, id);
+    assert_eq!(row.customer_key.as_deref(), Some("pc_1"));
+    assert_eq!(
+        row.occurred_at.unwrap().to_rfc3339(),
+        "2026-03-01T10:00:00+00:00"
+    );
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn signed_but_unparseable_is_stored_unprocessable_and_not_enqueued(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let delivery = polar_delivery("msg_garbage", &json!(["not", "an", "event"]));
+
+    let (status, body) = app.post("polar", &delivery).await;
+
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["status"], "stored");
+    let row = app.event(body["event_id"].as_i64().unwrap()).await;
+    assert_eq!(row.status, "unprocessable");
+    assert_eq!(
+        row.reason.as_deref(),
+        Some("unprocessable: the event has no type")
+    );
+    assert!(app.drain_queue().await.is_empty(), "never retried");
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn copy_of_an_event_already_applied_is_counted_but_not_enqueued(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let delivery = stripe_delivery(&stripe_event("evt_done", "cus_1", Utc::now().timestamp()));
+    let (_, first) = app.post("stripe", &delivery).await;
+    app.drain_queue().await;
+    sqlx::query("UPDATE inbox_events SET status = 'applied' WHERE id = $1")
+        .bind(first["event_id"].as_i64().unwrap())
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    let (_, second) = app.post("stripe", &delivery).await;
+
+    assert_eq!(second["status"], "duplicate");
+    assert!(app.drain_queue().await.is_empty());
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn api_gateway_http_api_event_is_routed_by_its_path_parameter(pool: PgPool) {
+    use base64::Engine;
+    let app = TestApp::spawn(pool).await;
+    let delivery = stripe_delivery(&stripe_event("evt_apigw", "cus_1", Utc::now().timestamp()));
+    let headers: serde_json::Map<String, serde_json::Value> = delivery
+        .headers
+        .iter()
+        .map(|(k, v)| (k.clone(), json!(v)))
+        .collect();
+    // The event API Gateway's HTTP API (payload v2) sends for `POST /webhooks/{source}`.
+    let event = json!({
+        "version": "2.0",
+        "routeKey": "POST /webhooks/{source}",
+        "rawPath": "/webhooks/stripe",
+        "rawQueryString": "",
+        "headers": headers,
+        "requestContext": {
+            "accountId": "123456789012", "apiId": "api", "domainName": "api.example.test",
+            "domainPrefix": "api", "requestId": "req-1", "routeKey": "POST /webhooks/{source}",
+            "stage": "$default", "time": "01/Jan/2026:00:00:00 +0000", "timeEpoch": 1767225600000u64,
+            "http": {"method": "POST", "path": "/webhooks/stripe", "protocol": "HTTP/1.1",
+                     "sourceIp": "203.0.113.1", "userAgent": "Stripe/1.0"}
+        },
+        "pathParameters": {"source": "stripe"},
+        "body": base64::engine::general_purpose::STANDARD.encode(&delivery.body),
+        "isBase64Encoded": true
+    });
+    let request = lambda_http::request::from_str(&event.to_string()).unwrap();
+
+    let (status, body) = app.send(request).await;
+
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "stored");
+}
+
+/// A state whose sources fail to build names the source in its error.
+#[test]
+fn bad_source_secret_is_named_at_start() {
+    let config = inbox::config::IntakeConfig::from_lookup(|var| match var {
+        "DATABASE_URL" => Some("postgres://x/y".into()),
+        "QUEUE_URL" => Some("http://q".into()),
+        "INBOX_SOURCES" => {
+            Some(r#"[{"name":"polar","kind":"standard-webhooks","secrets":["whsec_%%%"]}]"#.into())
+        }
+        _ => None,
+    })
+    .unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let error = runtime
+        .block_on(IntakeState::from_config(&config))
+        .err()
+        .expect("a secret that is not base64 fails at start");
+    assert!(error.to_string().contains("source 'polar'"), "{error}");
+}

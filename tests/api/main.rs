@@ -1,0 +1,6 @@
+//! Integration tests against real Postgres and a real SQS-compatible server.
+//!
+//! Each test gets its own database (`#[sqlx::test]`) and its own queue.
+
+mod helpers;
+mod intake;
