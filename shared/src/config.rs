@@ -7,11 +7,18 @@ use serde::Deserialize;
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
 
 /// A variable that is missing or malformed; the message names it.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[error("{var}: {detail}")]
 pub struct ConfigError {
     pub var: &'static str,
     pub detail: String,
+}
+
+/// Shown as its message: a function that fails at start prints its error with `{:?}`.
+impl std::fmt::Debug for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self}")
+    }
 }
 
 impl ConfigError {
