@@ -270,7 +270,6 @@ async fn store_verified(
             Some(reason.as_str()),
         ),
     };
-    let unprocessable_reason = reason.map(|r| format!("unprocessable: {r}"));
     let delivery = NewDelivery {
         source,
         dedupe_key: verified.dedupe_key.as_str(),
@@ -281,7 +280,7 @@ async fn store_verified(
         customer_key: customer,
         occurred_at,
         status,
-        reason: unprocessable_reason.as_deref(),
+        reason,
         delivery_id: verified.delivery_id.as_deref(),
         sent_at: verified.sent_at,
         headers,

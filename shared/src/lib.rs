@@ -1,5 +1,8 @@
 //! billing-inbox: the library behind the intake, worker and scheduler functions and `inboxctl`.
 
+pub mod account;
+pub mod apply;
+pub mod billing;
 pub mod config;
 pub mod db;
 pub mod domain;
@@ -7,6 +10,7 @@ pub mod intake;
 pub mod providers;
 pub mod queue;
 pub mod store;
+pub mod worker;
 
 /// The schema, applied by `inboxctl migrate` and by the tests.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

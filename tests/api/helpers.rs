@@ -10,6 +10,7 @@ use inbox::config::parse_sources;
 use inbox::intake::{self, IntakeState};
 use inbox::providers::{sign, Sources};
 use inbox::queue::Queue;
+use inbox::worker::WorkerState;
 use lambda_http::Body;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -25,6 +26,7 @@ const JWKS: &str = include_str!("../../testdata/jwks_a.json");
 pub struct TestApp {
     pub pool: PgPool,
     pub state: IntakeState,
+    pub worker: WorkerState,
     pub sqs: SqsClient,
     pub queue_url: String,
     _jwks: MockServer,
@@ -89,9 +91,11 @@ impl TestApp {
             queue,
             sources,
         };
+        let worker = test_worker(pool.clone());
         Self {
             pool,
             state,
+            worker,
             sqs,
             queue_url,
             _jwks: jwks,
@@ -192,6 +196,125 @@ pub struct EventRow {
     pub enqueued_at: Option<chrono::DateTime<Utc>>,
     pub reason: Option<String>,
     pub payload: Option<Value>,
+}
+
+/// The plan catalog the tests configure.
+pub const PLANS: &str = r#"{
+    "free": {"plan": "free", "monthly_allowance": 10},
+    "pro": {"plan": "pro", "monthly_allowance": 500},
+    "price_pro": {"plan": "pro", "monthly_allowance": 500},
+    "prod_pro": {"plan": "pro", "monthly_allowance": 500},
+    "team": {"plan": "team", "monthly_allowance": 2000},
+    "price_team": {"plan": "team", "monthly_allowance": 2000}
+}"#;
+
+/// A worker on `pool` with the test sources and catalog, retrying at once (no waits) so
+/// tests can drive retries without sleeping.
+pub fn test_worker(pool: PgPool) -> WorkerState {
+    use inbox::config::SourceKind;
+    let sources = [
+        ("stripe", SourceKind::Stripe),
+        ("polar", SourceKind::StandardWebhooks),
+        ("kinde", SourceKind::Kinde),
+    ]
+    .into_iter()
+    .map(|(name, kind)| (name.to_owned(), kind))
+    .collect();
+    let mut worker = WorkerState::new(
+        pool,
+        sources,
+        inbox::billing::Catalog::parse(PLANS).unwrap(),
+    );
+    worker.retry_delays = vec![Duration::ZERO; 5];
+    worker
+}
+
+impl TestApp {
+    /// Plays the event source mapping once: receives what the queue holds, hands it to the
+    /// worker as one SQS batch per receive, and deletes the messages not reported as failures.
+    /// Returns how many messages were handed over.
+    pub async fn run_worker(&self) -> usize {
+        use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
+        let mut handed = 0;
+        loop {
+            let received = self
+                .sqs
+                .receive_message()
+                .queue_url(&self.queue_url)
+                .max_number_of_messages(10)
+                .wait_time_seconds(0)
+                .send()
+                .await
+                .unwrap();
+            let messages = received.messages.unwrap_or_default();
+            if messages.is_empty() {
+                return handed;
+            }
+            handed += messages.len();
+            let mut event = SqsEvent::default();
+            for m in &messages {
+                let mut record = SqsMessage::default();
+                record.message_id = m.message_id.clone();
+                record.receipt_handle = m.receipt_handle.clone();
+                record.body = m.body.clone();
+                record.event_source = Some("aws:sqs".into());
+                event.records.push(record);
+            }
+            let response = inbox::worker::handle_batch(&self.worker, event).await;
+            let failed: Vec<String> = response
+                .batch_item_failures
+                .into_iter()
+                .map(|f| f.item_identifier)
+                .collect();
+            for m in messages {
+                if failed.contains(m.message_id.as_ref().unwrap()) {
+                    // Left for redelivery, as SQS does: visible again right away here.
+                    self.sqs
+                        .change_message_visibility()
+                        .queue_url(&self.queue_url)
+                        .receipt_handle(m.receipt_handle().unwrap())
+                        .visibility_timeout(0)
+                        .send()
+                        .await
+                        .unwrap();
+                    continue;
+                }
+                self.sqs
+                    .delete_message()
+                    .queue_url(&self.queue_url)
+                    .receipt_handle(m.receipt_handle().unwrap())
+                    .send()
+                    .await
+                    .unwrap();
+            }
+            if !failed.is_empty() {
+                return handed;
+            }
+        }
+    }
+
+    /// The account as `inboxctl account` shows it, for `period`.
+    pub async fn account(
+        &self,
+        source: &str,
+        customer: &str,
+        period: &str,
+    ) -> inbox::account::AccountView {
+        let mut conn = self.pool.acquire().await.unwrap();
+        inbox::account::load(&mut conn, source, customer, period, &self.worker.catalog)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("account {source}/{customer} exists"))
+    }
+
+    pub async fn event_id(&self, source: &str, dedupe_key: &str) -> i64 {
+        sqlx::query_scalar("SELECT id FROM inbox_events WHERE source = $1 AND dedupe_key = $2")
+            .bind(source)
+            .bind(dedupe_key)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
 }
 
 fn reqwest_client() -> reqwest::Client {

@@ -1,33 +1,22 @@
-//! The worker Lambda: receives stored event ids from SQS.
-//!
-//! Applying effects is not built yet: every message is reported as a batch item failure, so
-//! SQS keeps it and nothing is lost or acknowledged unapplied.
+//! The worker Lambda: applies stored events named by SQS messages, one transaction each.
 
-use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use inbox::worker::{WorkerConfig, WorkerState};
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
-    run(service_fn(handler)).await
+    let config = WorkerConfig::from_env()?;
+    // One event at a time per instance; the event source mapping's maximum concurrency
+    // bounds the connections all instances hold together.
+    let state = WorkerState::from_config(&config, 2)?;
+    run(service_fn(|event| handler(&state, event))).await
 }
 
-pub(crate) async fn handler(event: LambdaEvent<SqsEvent>) -> Result<SqsBatchResponse, Error> {
-    let mut response = SqsBatchResponse::default();
-    for message in event.payload.records {
-        let event_id = message
-            .body
-            .as_deref()
-            .and_then(inbox::queue::parse_message_body);
-        tracing::warn!(
-            ?event_id,
-            "worker effects are not implemented; leaving the message on the queue"
-        );
-        if let Some(id) = message.message_id {
-            let mut failure = BatchItemFailure::default();
-            failure.item_identifier = id;
-            response.batch_item_failures.push(failure);
-        }
-    }
-    Ok(response)
+pub(crate) async fn handler(
+    state: &WorkerState,
+    event: LambdaEvent<SqsEvent>,
+) -> Result<SqsBatchResponse, Error> {
+    Ok(inbox::worker::handle_batch(state, event.payload).await)
 }

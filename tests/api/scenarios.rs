@@ -1,0 +1,421 @@
+//! The reference scenarios of DESIGN §4, driven through the real intake handler with signed
+//! deliveries, the SQS server and the worker.
+
+use chrono::{DateTime, Utc};
+use inbox::worker::{FaultAction, FaultPoint};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use crate::helpers::*;
+
+fn at(rfc3339: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(rfc3339)
+        .unwrap()
+        .with_timezone(&Utc)
+}
+
+fn kinde_event(
+    event_type: &str,
+    customer: &str,
+    plan: Option<&str>,
+    happened: &str,
+    event_id: &str,
+) -> Value {
+    let mut data = json!({"customer_id": customer});
+    if let Some(plan) = plan {
+        data["plan"] = json!({"key": plan, "name": plan});
+    }
+    json!({
+        "type": event_type,
+        "event_id": event_id,
+        "event_timestamp": happened,
+        "source": "api",
+        "data": data
+    })
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn nine_deliveries_end_on_pro_with_the_allowance_granted_once(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let customer = "kc_nine";
+    // Start: Free, balance 10.
+    let start = kinde_event(
+        "customer.plan_assigned",
+        customer,
+        Some("free"),
+        "2026-03-01T00:00:00Z",
+        "ev_start",
+    );
+    app.post("kinde", &kinde_delivery("wh_start", &start)).await;
+    app.run_worker().await;
+    let before = app.account("kinde", customer, "2026-03").await;
+    assert_eq!((before.plan.as_str(), before.balance), ("free", 10));
+
+    let upgrade = kinde_event(
+        "customer.plan_changed",
+        customer,
+        Some("pro"),
+        "2026-03-10T12:00:00Z",
+        "ev_up",
+    );
+    let payment = json!({
+        "type": "customer.payment_succeeded", "event_id": "ev_pay",
+        "event_timestamp": "2026-03-10T12:00:30Z", "source": "api",
+        "data": {"customer_id": customer, "payment_id": "pay_1", "plan": {"key": "pro"}}
+    });
+    // The cancellation happened 3 minutes before the upgrade, and arrives 7th.
+    let cancel = kinde_event(
+        "customer.agreement_cancelled",
+        customer,
+        None,
+        "2026-03-10T11:57:00Z",
+        "ev_cancel",
+    );
+    let script: [(&str, &Value); 9] = [
+        ("wh_up", &upgrade),
+        ("wh_pay", &payment),
+        ("wh_up", &upgrade),
+        ("wh_pay", &payment),
+        ("wh_pay", &payment),
+        ("wh_up", &upgrade),
+        ("wh_cancel", &cancel),
+        ("wh_pay", &payment),
+        ("wh_pay", &payment),
+    ];
+    for (n, (webhook_id, claims)) in script.iter().enumerate() {
+        if n == 0 {
+            // The first plan change stops between the plan write and the allowance write.
+            app.worker
+                .faults
+                .set(FaultPoint::BetweenEffects, FaultAction::Fail(1));
+        }
+        let (status, answer) = app.post("kinde", &kinde_delivery(webhook_id, claims)).await;
+        assert_eq!(
+            status,
+            http::StatusCode::OK,
+            "delivery {} answered {answer}",
+            n + 1
+        );
+        app.run_worker().await;
+        if n == 0 {
+            let id = app.event_id("kinde", "wh_up").await;
+            let row = app.event(id).await;
+            assert_eq!(
+                row.status, "failed",
+                "the crashed attempt left nothing half-written"
+            );
+            let mid = app.account("kinde", customer, "2026-03").await;
+            assert_eq!(
+                (mid.plan.as_str(), mid.balance),
+                ("free", 10),
+                "the plan write was rolled back too"
+            );
+        }
+    }
+    app.run_worker().await;
+
+    let account = app.account("kinde", customer, "2026-03").await;
+    assert_eq!(account.plan, "pro");
+    assert_eq!(account.balance, 500);
+    let pro_grants = app
+        .count(&format!(
+            "SELECT count(*) FROM ledger WHERE customer_id = '{customer}' AND plan = 'pro'"
+        ))
+        .await;
+    assert_eq!(pro_grants, 1, "the allowance is granted once");
+    let stored = app
+        .count("SELECT count(*) FROM inbox_events WHERE dedupe_key <> 'wh_start'")
+        .await;
+    assert_eq!(stored, 3);
+    let copies = app
+        .count(
+            "SELECT sum(seen_count - 1)::bigint FROM inbox_events WHERE dedupe_key <> 'wh_start'",
+        )
+        .await;
+    assert_eq!(copies, 6);
+    let cancel_id = app.event_id("kinde", "wh_cancel").await;
+    let cancelled = app.event(cancel_id).await;
+    assert_eq!(cancelled.status, "ignored");
+    assert_eq!(
+        cancelled.reason.as_deref(),
+        Some("a newer plan change is already stored")
+    );
+    let line = account
+        .log
+        .iter()
+        .find(|l| l.event_id == cancel_id)
+        .unwrap();
+    assert_eq!(
+        (line.outcome.as_str(), line.reason.as_str()),
+        ("ignored", "a newer plan change is already stored")
+    );
+    let upgrade_row = app.event(app.event_id("kinde", "wh_up").await).await;
+    assert_eq!(
+        upgrade_row.status, "applied",
+        "the crashed plan change was completed by a later copy"
+    );
+}
+
+struct Step {
+    webhook_id: &'static str,
+    kind: &'static str,
+    sub: &'static str,
+    at: &'static str,
+}
+
+fn polar_subscription(customer: &str, sub: &str, kind: &str, at: &str) -> Value {
+    let status = if kind == "revoked" {
+        "canceled"
+    } else {
+        "active"
+    };
+    json!({
+        "type": format!("subscription.{kind}"),
+        "timestamp": at,
+        "data": {"id": sub, "customer_id": customer, "status": status, "product_id": "prod_pro",
+                 "modified_at": at}
+    })
+}
+
+const SUBSCRIPTION_STEPS: [Step; 7] = [
+    Step {
+        webhook_id: "m1",
+        kind: "active",
+        sub: "sub_old",
+        at: "2026-01-01T00:00:00Z",
+    },
+    Step {
+        webhook_id: "m2",
+        kind: "revoked",
+        sub: "sub_old",
+        at: "2026-02-01T00:00:00Z",
+    },
+    Step {
+        webhook_id: "m3",
+        kind: "active",
+        sub: "sub_old",
+        at: "2026-01-01T00:00:00Z",
+    },
+    Step {
+        webhook_id: "m4",
+        kind: "active",
+        sub: "sub_new",
+        at: "2026-03-01T00:00:00Z",
+    },
+    Step {
+        webhook_id: "m5",
+        kind: "revoked",
+        sub: "sub_old",
+        at: "2026-04-01T00:00:00Z",
+    },
+    Step {
+        webhook_id: "m6",
+        kind: "revoked",
+        sub: "sub_new",
+        at: "2026-02-15T00:00:00Z",
+    },
+    Step {
+        webhook_id: "m7",
+        kind: "revoked",
+        sub: "sub_new",
+        at: "2026-05-01T00:00:00Z",
+    },
+];
+
+/// Delivers the subscription steps in `order` for one customer (ids namespaced by `tag`).
+async fn deliver_subscription_steps(app: &TestApp, tag: &str, order: &[usize]) -> Vec<String> {
+    let customer = format!("pc_{tag}");
+    let mut plans = Vec::new();
+    for &i in order {
+        let step = &SUBSCRIPTION_STEPS[i];
+        let sub = format!("{}_{tag}", step.sub);
+        let payload = polar_subscription(&customer, &sub, step.kind, step.at);
+        let (status, _) = app
+            .post(
+                "polar",
+                &polar_delivery(&format!("{}_{tag}", step.webhook_id), &payload),
+            )
+            .await;
+        assert_eq!(status, http::StatusCode::OK);
+        app.run_worker().await;
+        plans.push(app.account("polar", &customer, "2026-05").await.plan);
+    }
+    plans
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn subscriptions_move_only_their_own_register(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let plans = deliver_subscription_steps(&app, "canon", &[0, 1, 2, 3, 4, 5, 6]).await;
+    assert_eq!(plans, ["pro", "free", "free", "pro", "pro", "pro", "free"]);
+
+    for (webhook_id, reason) in [
+        (
+            "m3_canon",
+            "a newer state of subscription sub_old_canon is already stored",
+        ),
+        ("m5_canon", ""),
+        (
+            "m6_canon",
+            "a newer state of subscription sub_new_canon is already stored",
+        ),
+    ] {
+        let row = app.event(app.event_id("polar", webhook_id).await).await;
+        if webhook_id == "m5_canon" {
+            // sub_old's late revocation is newer than its first one: it applies to sub_old
+            // only, and cannot take away the plan sub_new gives.
+            assert_eq!(row.status, "applied");
+            continue;
+        }
+        assert_eq!(row.status, "ignored", "{webhook_id}");
+        assert_eq!(row.reason.as_deref(), Some(reason));
+    }
+    let account = app.account("polar", "pc_canon", "2026-05").await;
+    assert_eq!(account.subscriptions.len(), 2);
+    assert!(account.subscriptions.iter().all(|s| s.status == "canceled"));
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn subscriptions_end_the_same_for_every_permutation(pool: PgPool) {
+    use proptest::strategy::{Strategy, ValueTree};
+    use proptest::test_runner::TestRunner;
+    let app = TestApp::spawn(pool).await;
+    deliver_subscription_steps(&app, "ref", &[0, 1, 2, 3, 4, 5, 6]).await;
+    let reference = normalized(&app, "ref").await;
+
+    // The reverse order, and a sample of shuffles (7! is too many to drive through SQS).
+    let mut orders: Vec<Vec<usize>> = vec![(0..7).rev().collect()];
+    let mut runner = TestRunner::deterministic();
+    let shuffle = proptest::strategy::Just((0..7).collect::<Vec<usize>>()).prop_shuffle();
+    for _ in 0..12 {
+        orders.push(shuffle.new_tree(&mut runner).unwrap().current());
+    }
+    for (n, order) in orders.iter().enumerate() {
+        let tag = format!("p{n}");
+        deliver_subscription_steps(&app, &tag, order).await;
+        assert_eq!(normalized(&app, &tag).await, reference, "order {order:?}");
+    }
+}
+
+/// The account's state with the namespace tag removed, for comparison across customers.
+async fn normalized(app: &TestApp, tag: &str) -> Value {
+    let mut periods = Vec::new();
+    for period in ["2026-01", "2026-02", "2026-03", "2026-04", "2026-05"] {
+        periods.push(
+            app.account("polar", &format!("pc_{tag}"), period)
+                .await
+                .balance,
+        );
+    }
+    let account = app.account("polar", &format!("pc_{tag}"), "2026-05").await;
+    let text = json!({
+        "plan": account.plan,
+        "balances": periods,
+        "subscriptions": account.subscriptions,
+        "payments": account.payments,
+    })
+    .to_string();
+    serde_json::from_str(&text.replace(&format!("_{tag}"), "")).unwrap()
+}
+
+fn stripe_subscription_event(id: &str, customer: &str, status: &str, created: i64) -> Value {
+    json!({
+        "id": id, "object": "event", "created": created, "type": "customer.subscription.updated",
+        "data": {"object": {"id": "sub_s", "object": "subscription", "customer": customer,
+                 "status": status, "items": {"data": [{"price": {"id": "price_pro"}}]}}}
+    })
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn a_retried_active_landing_last_leaves_the_subscription_past_due(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    // Production waits: the failed attempt is not due again until after past_due lands.
+    app.worker.retry_delays = inbox::worker::RETRY_DELAYS.to_vec();
+    let t = at("2026-03-05T10:00:00Z").timestamp();
+    let trialing = stripe_subscription_event("evt_trial", "cus_s", "trialing", t);
+    let active = stripe_subscription_event("evt_active", "cus_s", "active", t + 60);
+    let past_due = stripe_subscription_event("evt_past_due", "cus_s", "past_due", t + 120);
+
+    app.post("stripe", &stripe_delivery(&trialing)).await;
+    app.run_worker().await;
+    // The first delivery of `active` fails in the worker; its retry lands after past_due.
+    app.worker
+        .faults
+        .set(FaultPoint::BeforeCommit, FaultAction::Fail(1));
+    app.post("stripe", &stripe_delivery(&active)).await;
+    let id = body_id(&app, "stripe", "evt_active").await;
+    assert_eq!(app.event(id).await.status, "received");
+    let handed = app.run_worker().await;
+    assert_eq!(handed, 1);
+    assert_eq!(app.event(id).await.status, "failed");
+    app.post("stripe", &stripe_delivery(&past_due)).await;
+    app.run_worker().await;
+    assert_eq!(
+        app.event(id).await.status,
+        "failed",
+        "its redelivered message came before it was due"
+    );
+    // Time passes: the retry is due, and the provider's own retry delivers it again.
+    sqlx::query("UPDATE inbox_events SET next_attempt_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    app.post("stripe", &stripe_delivery(&active)).await;
+    app.run_worker().await;
+
+    let account = app.account("stripe", "cus_s", "2026-03").await;
+    assert_eq!(account.subscriptions[0].status, "past_due");
+    assert_eq!(
+        account.plan, "free",
+        "past_due keeps the record but not the plan"
+    );
+    assert_eq!(
+        account.balance, 500,
+        "the trial's allowance was granted and is not taken back"
+    );
+    let active_row = app.event(id).await;
+    assert_eq!(active_row.status, "ignored");
+    assert_eq!(
+        active_row.reason.as_deref(),
+        Some("a newer state of subscription sub_s is already stored")
+    );
+}
+
+async fn body_id(app: &TestApp, source: &str, key: &str) -> i64 {
+    app.event_id(source, key).await
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn a_late_payment_does_not_undo_a_refund(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let order = |kind: &str, at: &str| {
+        json!({"type": format!("order.{kind}"), "timestamp": at,
+               "data": {"id": "ord_1", "customer_id": "pc_r", "product_id": "prod_pro",
+                        "status": if kind == "refunded" { "refunded" } else { "paid" },
+                        "modified_at": at}})
+    };
+    for (id, payload) in [
+        ("o1", order("paid", "2026-03-01T00:00:00Z")),
+        ("o2", order("refunded", "2026-03-02T00:00:00Z")),
+        // A late `paid`, even one stamped after the refund, cannot move a refunded payment.
+        ("o3", order("paid", "2026-03-03T00:00:00Z")),
+    ] {
+        app.post("polar", &polar_delivery(id, &payload)).await;
+        app.run_worker().await;
+    }
+    let account = app.account("polar", "pc_r", "2026-03").await;
+    assert_eq!(
+        account.payments,
+        [inbox::account::PaymentView {
+            id: "ord_1".into(),
+            status: "refunded".into()
+        }]
+    );
+    let late = app.event(app.event_id("polar", "o3").await).await;
+    assert_eq!(late.status, "ignored");
+    assert_eq!(
+        late.reason.as_deref(),
+        Some("payment ord_1 is refunded, which is final")
+    );
+}
