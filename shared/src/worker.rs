@@ -132,12 +132,12 @@ impl WorkerState {
             config.catalog.clone(),
         ))
     }
+}
 
-    /// The wait before the next attempt after `attempts` failed ones; `None`: no attempt left.
-    fn retry_delay(&self, attempts: i32) -> Option<Duration> {
-        let index = usize::try_from(attempts).ok()?.checked_sub(1)?;
-        self.retry_delays.get(index).copied()
-    }
+/// The wait before the next attempt after `attempts` failed ones; `None`: no attempt left.
+fn retry_delay(delays: &[Duration], attempts: i32) -> Option<Duration> {
+    let index = usize::try_from(attempts).ok()?.checked_sub(1)?;
+    delays.get(index).copied()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -242,7 +242,7 @@ async fn record_failure(
     error: &WorkerError,
 ) -> Result<Processed, sqlx::Error> {
     let message = error.to_string();
-    let delay = state.retry_delay(event.attempts);
+    let delay = retry_delay(&state.retry_delays, event.attempts);
     let status = if delay.is_some() { "failed" } else { "dead" };
     tracing::warn!(event_id = event.id, attempts = event.attempts, status, error = %message, "event attempt failed");
     sqlx::query!(
