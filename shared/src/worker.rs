@@ -431,13 +431,8 @@ mod tests {
 
     #[test]
     fn retry_schedule_then_dead() {
-        let state = WorkerState::new(
-            crate::db::lazy_pool("postgres://localhost/x", 1).unwrap(),
-            HashMap::new(),
-            Catalog::default(),
-        );
         let delays: Vec<_> = (1..=6)
-            .map(|a| state.retry_delay(a).map(|d| d.as_secs()))
+            .map(|a| retry_delay(&RETRY_DELAYS, a).map(|d| d.as_secs()))
             .collect();
         assert_eq!(
             delays,
