@@ -317,6 +317,38 @@ impl TestApp {
     }
 }
 
+/// A migrated database of its own, for a test that cannot use `#[sqlx::test]` (one that
+/// drives its own runtime, like a property test).
+pub async fn fresh_database() -> (PgPool, String) {
+    use sqlx::Executor;
+    let server = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for the tests");
+    let admin = PgPool::connect(&server).await.unwrap();
+    let name = format!("test_{}", uuid::Uuid::new_v4().simple());
+    admin
+        .execute(format!(r#"CREATE DATABASE "{name}""#).as_str())
+        .await
+        .unwrap();
+    let mut options: sqlx::postgres::PgConnectOptions = server.parse().unwrap();
+    options = options.database(&name);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .unwrap();
+    inbox::MIGRATOR.run(&pool).await.unwrap();
+    (pool, name)
+}
+
+pub async fn drop_database(pool: PgPool, name: &str) {
+    use sqlx::Executor;
+    pool.close().await;
+    let server = std::env::var("DATABASE_URL").unwrap();
+    let admin = PgPool::connect(&server).await.unwrap();
+    let _ = admin
+        .execute(format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#).as_str())
+        .await;
+}
+
 fn reqwest_client() -> reqwest::Client {
     reqwest::Client::new()
 }

@@ -4,4 +4,5 @@
 
 mod helpers;
 mod intake;
+mod order;
 mod scenarios;

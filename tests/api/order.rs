@@ -1,0 +1,415 @@
+//! The product's promise as a property: the billing state is a pure function of the set of
+//! events stored. Random event sets over a few customers, subscriptions and payments are
+//! delivered in random order with random copies and injected failures, and must end in
+//! exactly the state that applying each once in provider-time order gives.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use inbox::providers::{kinde, stripe};
+use inbox::worker::{FaultAction, FaultPoint, Processed, WorkerState};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use crate::helpers::test_worker;
+
+const PERIODS: [&str; 3] = ["2026-03", "2026-04", "2026-05"];
+const CUSTOMERS: u8 = 3;
+
+/// One event, in terms small enough to shrink.
+#[derive(Debug, Clone)]
+enum Event {
+    KindePlan {
+        customer: u8,
+        plan: Option<&'static str>,
+        at: u32,
+    },
+    KindePayment {
+        customer: u8,
+        payment: u8,
+        plan: Option<&'static str>,
+        ok: bool,
+        at: u32,
+    },
+    StripeSubscription {
+        customer: u8,
+        sub: u8,
+        status: &'static str,
+        plan: &'static str,
+        at: u32,
+    },
+    StripeInvoicePaid {
+        customer: u8,
+        invoice: u8,
+        plan: Option<&'static str>,
+        at: u32,
+    },
+    StripeRefund {
+        customer: u8,
+        invoice: u8,
+        at: u32,
+    },
+}
+
+/// A provider time: hours into March 2026, coarse enough that ties happen.
+fn time(at: u32) -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 3, 1, 0, 0, 0).unwrap() + Duration::hours(i64::from(at) * 73)
+}
+
+fn event_strategy() -> impl Strategy<Value = Event> {
+    let customer = 0..CUSTOMERS;
+    let at = 0u32..40;
+    let plan = prop_oneof![Just("free"), Just("pro"), Just("team")];
+    let price = prop_oneof![Just("price_pro"), Just("price_team")];
+    prop_oneof![
+        (
+            customer.clone(),
+            proptest::option::weighted(0.8, plan.clone()),
+            at.clone()
+        )
+            .prop_map(|(customer, plan, at)| Event::KindePlan { customer, plan, at }),
+        (
+            customer.clone(),
+            0u8..3,
+            proptest::option::of(plan),
+            any::<bool>(),
+            at.clone()
+        )
+            .prop_map(|(customer, payment, plan, ok, at)| Event::KindePayment {
+                customer,
+                payment,
+                plan,
+                ok,
+                at
+            }),
+        (
+            customer.clone(),
+            0u8..2,
+            prop_oneof![
+                Just("trialing"),
+                Just("active"),
+                Just("past_due"),
+                Just("canceled")
+            ],
+            price.clone(),
+            at.clone()
+        )
+            .prop_map(
+                |(customer, sub, status, plan, at)| Event::StripeSubscription {
+                    customer,
+                    sub,
+                    status,
+                    plan,
+                    at
+                }
+            ),
+        (
+            customer.clone(),
+            0u8..3,
+            proptest::option::of(price),
+            at.clone()
+        )
+            .prop_map(|(customer, invoice, plan, at)| Event::StripeInvoicePaid {
+                customer,
+                invoice,
+                plan,
+                at
+            }),
+        (customer, 0u8..3, at).prop_map(|(customer, invoice, at)| Event::StripeRefund {
+            customer,
+            invoice,
+            at
+        }),
+    ]
+}
+
+/// A delivery of event `index`: copies deliver the same event again; `fail` injects a
+/// failure into the worker's attempt that follows it.
+#[derive(Debug, Clone)]
+struct Delivery {
+    index: usize,
+    fail: Option<bool>,
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    events: Vec<Event>,
+    deliveries: Vec<Delivery>,
+}
+
+fn case_strategy() -> impl Strategy<Value = Case> {
+    proptest::collection::vec(event_strategy(), 1..12).prop_flat_map(|events| {
+        let n = events.len();
+        // Each event is delivered 1 to 3 times, in a shuffled order.
+        let copies = proptest::collection::vec(1usize..=3, n);
+        let faults =
+            proptest::collection::vec(proptest::option::weighted(0.25, any::<bool>()), n * 3);
+        (Just(events), copies, faults)
+            .prop_flat_map(|(events, copies, faults)| {
+                let mut deliveries: Vec<Delivery> = Vec::new();
+                for (index, count) in copies.iter().enumerate() {
+                    for _ in 0..*count {
+                        let fail = faults[deliveries.len()];
+                        deliveries.push(Delivery { index, fail });
+                    }
+                }
+                (Just(events), Just(deliveries).prop_shuffle())
+            })
+            .prop_map(|(events, deliveries)| Case { events, deliveries })
+    })
+}
+
+struct Materialized {
+    source: &'static str,
+    dedupe_key: String,
+    at: DateTime<Utc>,
+    verified: inbox::providers::VerifiedEvent,
+    body: Vec<u8>,
+}
+
+fn customer_id(customer: u8, ns: &str) -> String {
+    format!("c{customer}_{ns}")
+}
+
+/// The event as its provider would send it, with every id in namespace `ns`.
+fn materialize(index: usize, event: &Event, ns: &str) -> Materialized {
+    let key = format!("e{index:02}_{ns}");
+    let kinde_claims = |event_type: &str, customer: u8, data: Value, at: u32| {
+        let mut data = data;
+        data["customer_id"] = json!(customer_id(customer, ns));
+        json!({"type": event_type, "event_id": key, "event_timestamp": time(at).to_rfc3339(),
+               "timestamp": Utc::now().to_rfc3339(), "source": "api", "data": data})
+    };
+    let stripe_body = |event_type: &str, at: u32, object: Value| {
+        json!({"id": key, "object": "event", "type": event_type, "created": time(at).timestamp(),
+               "pending_webhooks": 1, "data": {"object": object}})
+    };
+    let (source, payload, at) = match event {
+        Event::KindePlan { customer, plan, at } => {
+            let claims = match plan {
+                Some(plan) => kinde_claims(
+                    "customer.plan_changed",
+                    *customer,
+                    json!({"plan": {"key": plan}}),
+                    *at,
+                ),
+                None => kinde_claims("customer.agreement_cancelled", *customer, json!({}), *at),
+            };
+            ("kinde", claims, *at)
+        }
+        Event::KindePayment {
+            customer,
+            payment,
+            plan,
+            ok,
+            at,
+        } => {
+            let mut data = json!({"payment_id": format!("pay{customer}{payment}_{ns}")});
+            if let Some(plan) = plan {
+                data["plan"] = json!({"key": plan});
+            }
+            let event_type = if *ok {
+                "customer.payment_succeeded"
+            } else {
+                "customer.payment_failed"
+            };
+            ("kinde", kinde_claims(event_type, *customer, data, *at), *at)
+        }
+        Event::StripeSubscription {
+            customer,
+            sub,
+            status,
+            plan,
+            at,
+        } => {
+            let object = json!({"id": format!("sub{customer}{sub}_{ns}"), "object": "subscription",
+                "customer": customer_id(*customer, ns), "status": status,
+                "items": {"data": [{"price": {"id": plan}}]}});
+            (
+                "stripe",
+                stripe_body("customer.subscription.updated", *at, object),
+                *at,
+            )
+        }
+        Event::StripeInvoicePaid {
+            customer,
+            invoice,
+            plan,
+            at,
+        } => {
+            let lines: Vec<Value> = plan.iter().map(|p| json!({"price": {"id": p}})).collect();
+            let object = json!({"id": format!("in{customer}{invoice}_{ns}"), "object": "invoice",
+                "customer": customer_id(*customer, ns), "lines": {"data": lines}});
+            ("stripe", stripe_body("invoice.paid", *at, object), *at)
+        }
+        Event::StripeRefund {
+            customer,
+            invoice,
+            at,
+        } => {
+            let object = json!({"id": format!("ch{customer}{invoice}_{ns}"), "object": "charge",
+                "invoice": format!("in{customer}{invoice}_{ns}"), "refunded": true,
+                "customer": customer_id(*customer, ns)});
+            ("stripe", stripe_body("charge.refunded", *at, object), *at)
+        }
+    };
+    let body = serde_json::to_vec(&payload).unwrap();
+    let verified = match source {
+        "kinde" => kinde::parse_claims(payload, Some(key.clone()), Utc::now()),
+        _ => stripe::parse_event(&body, Utc::now()),
+    };
+    Materialized {
+        source,
+        dedupe_key: key,
+        at: time(at),
+        verified,
+        body,
+    }
+}
+
+async fn store(pool: &PgPool, m: &Materialized) -> i64 {
+    inbox::intake::store_verified(pool, m.source, &m.body, &m.verified, &json!({}))
+        .await
+        .unwrap()
+        .event_id
+}
+
+/// Works the event until it is final (a failed attempt is retried at once).
+async fn process(worker: &WorkerState, event_id: i64) -> Result<(), TestCaseError> {
+    for _ in 0..10 {
+        match inbox::worker::process_event(worker, event_id)
+            .await
+            .unwrap()
+        {
+            Processed::Failed {
+                status: "dead",
+                error,
+            } => {
+                return Err(TestCaseError::fail(format!(
+                    "event {event_id} died: {error}"
+                )))
+            }
+            Processed::Failed { .. } => continue,
+            Processed::Finished { .. } | Processed::Skipped => return Ok(()),
+        }
+    }
+    Err(TestCaseError::fail(format!(
+        "event {event_id} never finished"
+    )))
+}
+
+/// Everything the billing state says about the namespace's customers, with the namespace
+/// removed so that two namespaces compare.
+async fn state_of(pool: &PgPool, worker: &WorkerState, ns: &str) -> Value {
+    let mut conn = pool.acquire().await.unwrap();
+    let mut accounts = Vec::new();
+    for customer in 0..CUSTOMERS {
+        for source in ["kinde", "stripe"] {
+            let id = customer_id(customer, ns);
+            let mut balances = Vec::new();
+            for period in PERIODS {
+                balances.push(
+                    inbox::account::period_balance(&mut conn, source, &id, period)
+                        .await
+                        .unwrap(),
+                );
+            }
+            let view = inbox::account::load(&mut conn, source, &id, "2026-03", &worker.catalog)
+                .await
+                .unwrap();
+            accounts.push(view.map(|v| {
+                json!({"source": source, "customer": customer, "plan": v.plan, "customer_plan": v.customer_plan,
+                       "past_due": v.past_due, "balances": balances, "subscriptions": v.subscriptions,
+                       "payments": v.payments, "deleted": v.deleted})
+            }));
+        }
+    }
+    let text = serde_json::to_string(&accounts)
+        .unwrap()
+        .replace(&format!("_{ns}"), "");
+    serde_json::from_str(&text).unwrap()
+}
+
+static CASE: AtomicUsize = AtomicUsize::new(0);
+
+async fn check(pool: &PgPool, worker: &WorkerState, case: &Case) -> Result<(), TestCaseError> {
+    let n = CASE.fetch_add(1, Ordering::Relaxed);
+    let (canon, shuffled) = (format!("k{n}"), format!("s{n}"));
+
+    // The reference: each event once, in provider-time order (ties by dedupe key).
+    let mut reference: Vec<Materialized> = case
+        .events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| materialize(i, e, &canon))
+        .collect();
+    reference.sort_by(|a, b| (a.at, &a.dedupe_key).cmp(&(b.at, &b.dedupe_key)));
+    for m in &reference {
+        let id = store(pool, m).await;
+        process(worker, id).await?;
+    }
+
+    // The same set delivered shuffled, with copies and failures.
+    let events: Vec<Materialized> = case
+        .events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| materialize(i, e, &shuffled))
+        .collect();
+    let mut ids = Vec::new();
+    for delivery in &case.deliveries {
+        let id = store(pool, &events[delivery.index]).await;
+        ids.push(id);
+        match delivery.fail {
+            Some(true) => worker
+                .faults
+                .set(FaultPoint::BetweenEffects, FaultAction::Fail(1)),
+            Some(false) => worker
+                .faults
+                .set(FaultPoint::BeforeCommit, FaultAction::Fail(1)),
+            None => {}
+        }
+        // One attempt now, as the message for this delivery would bring.
+        inbox::worker::process_event(worker, id).await.unwrap();
+        worker
+            .faults
+            .set(FaultPoint::BetweenEffects, FaultAction::Fail(0));
+        worker
+            .faults
+            .set(FaultPoint::BeforeCommit, FaultAction::Fail(0));
+    }
+    // Then the retries, until every event is final.
+    for id in ids {
+        process(worker, id).await?;
+    }
+
+    let expected = state_of(pool, worker, &canon).await;
+    let actual = state_of(pool, worker, &shuffled).await;
+    prop_assert_eq!(actual, expected);
+    Ok(())
+}
+
+#[test]
+fn billing_state_is_the_same_for_every_order_copies_and_failures() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (pool, database) = runtime.block_on(crate::helpers::fresh_database());
+    let worker = test_worker(pool.clone());
+    let cases = std::env::var("INBOX_PROPTEST_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(256);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&case_strategy(), |case| {
+        runtime.block_on(check(&pool, &worker, &case))
+    });
+    runtime.block_on(crate::helpers::drop_database(pool, &database));
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+}
