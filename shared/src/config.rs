@@ -46,7 +46,7 @@ pub enum SecretEncoding {
 }
 
 /// One entry of `INBOX_SOURCES`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
     pub name: String,
@@ -59,6 +59,31 @@ pub struct SourceConfig {
     pub secret_encoding: Option<SecretEncoding>,
     #[serde(default)]
     pub tolerance_secs: Option<u64>,
+    /// The provider's API key, for reconciliation; without it the source is not reconciled.
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// The provider's API base URL (default: the provider's public API).
+    #[serde(default)]
+    pub api_base_url: Option<String>,
+}
+
+/// Secrets never reach a log line, not even through `{:?}`.
+impl std::fmt::Debug for SourceConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceConfig")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("jwks_url", &self.jwks_url)
+            .field(
+                "secrets",
+                &format_args!("[{} redacted]", self.secrets.len()),
+            )
+            .field("secret_encoding", &self.secret_encoding)
+            .field("tolerance_secs", &self.tolerance_secs)
+            .field("api_key", &self.api_key.as_ref().map(|_| "redacted"))
+            .field("api_base_url", &self.api_base_url)
+            .finish()
+    }
 }
 
 /// What the intake function needs.
@@ -192,6 +217,16 @@ mod tests {
         assert!(parse_sources(r#"[{"name":"a/b","kind":"stripe"}]"#).is_err());
         assert!(parse_sources("[]").is_err());
         assert!(parse_sources(r#"[{"name":"s","kind":"stripe","secret":["typo"]}]"#).is_err());
+    }
+
+    #[test]
+    fn debug_output_redacts_secrets() {
+        let sources = parse_sources(
+            r#"[{"name":"s","kind":"stripe","secrets":["whsec_topsecret"],"api_key":"sk_live_topsecret"}]"#,
+        )
+        .unwrap();
+        let shown = format!("{sources:?}");
+        assert!(!shown.contains("topsecret"), "{shown}");
     }
 
     #[test]

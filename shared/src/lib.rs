@@ -9,6 +9,8 @@ pub mod domain;
 pub mod intake;
 pub mod providers;
 pub mod queue;
+pub mod reconcile;
+pub mod scheduler;
 pub mod store;
 pub mod worker;
 

@@ -71,6 +71,56 @@ impl Queue {
     }
 }
 
+impl Queue {
+    /// Sends many event ids with SendMessageBatch (10 per call). Returns the ids that did not
+    /// reach the queue, so the caller can leave them for a later attempt.
+    pub async fn send_events(&self, event_ids: &[i64]) -> Vec<i64> {
+        use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+        let mut unsent = Vec::new();
+        for chunk in event_ids.chunks(10) {
+            let entries: Result<Vec<_>, _> = chunk
+                .iter()
+                .map(|id| {
+                    SendMessageBatchRequestEntry::builder()
+                        .id(format!("e{id}"))
+                        .message_body(message_body(*id))
+                        .build()
+                })
+                .collect();
+            let sent = match entries {
+                Ok(entries) => {
+                    self.client
+                        .send_message_batch()
+                        .queue_url(&self.url)
+                        .set_entries(Some(entries))
+                        .send()
+                        .await
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "building an SQS batch");
+                    unsent.extend_from_slice(chunk);
+                    continue;
+                }
+            };
+            match sent {
+                Ok(output) => {
+                    for failed in output.failed() {
+                        if let Some(id) = failed.id().strip_prefix('e').and_then(|s| s.parse().ok())
+                        {
+                            unsent.push(id);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "SQS SendMessageBatch failed");
+                    unsent.extend_from_slice(chunk);
+                }
+            }
+        }
+        unsent
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

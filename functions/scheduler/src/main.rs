@@ -1,18 +1,23 @@
-//! The scheduler Lambda: runs on an EventBridge schedule.
-//!
-//! Rescue, retries, reconciliation and purge are not built yet; a run only records that it ran.
+//! The scheduler Lambda, run by an EventBridge schedule: rescue, alerts, reconciliation, purge.
 
 use aws_lambda_events::event::cloudwatch_events::CloudWatchEvent;
+use inbox::scheduler::{SchedulerConfig, SchedulerState};
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     lambda_runtime::tracing::init_default_subscriber();
-    run(service_fn(handler)).await
+    let config = SchedulerConfig::from_env()?;
+    let state = SchedulerState::from_config(&config).await?;
+    run(service_fn(|event| handler(&state, event))).await
 }
 
-pub(crate) async fn handler(event: LambdaEvent<CloudWatchEvent>) -> Result<Value, Error> {
-    tracing::info!(time = ?event.payload.time, "scheduled run: no steps are implemented yet");
-    Ok(json!({"steps": []}))
+pub(crate) async fn handler(
+    state: &SchedulerState,
+    event: LambdaEvent<CloudWatchEvent>,
+) -> Result<Value, Error> {
+    tracing::info!(time = ?event.payload.time, "scheduled run");
+    let report = inbox::scheduler::run(state).await;
+    Ok(serde_json::to_value(report)?)
 }
