@@ -134,7 +134,7 @@ impl TestApp {
                 .receive_message()
                 .queue_url(&self.queue_url)
                 .max_number_of_messages(10)
-                .wait_time_seconds(1)
+                .wait_time_seconds(0)
                 .send()
                 .await
                 .unwrap();
@@ -337,6 +337,16 @@ pub async fn fresh_database() -> (PgPool, String) {
         .unwrap();
     inbox::MIGRATOR.run(&pool).await.unwrap();
     (pool, name)
+}
+
+/// Another pool on the same database: a second process, as far as Postgres can tell.
+pub async fn second_pool(pool: &PgPool) -> PgPool {
+    let options = pool.connect_options().as_ref().clone();
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .unwrap()
 }
 
 pub async fn drop_database(pool: PgPool, name: &str) {

@@ -6,3 +6,5 @@ mod helpers;
 mod intake;
 mod order;
 mod scenarios;
+mod scheduler;
+mod worker_faults;

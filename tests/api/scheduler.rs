@@ -1,0 +1,511 @@
+//! The scheduler: rescue, alerts, reconciliation against a provider API (wiremock), purge,
+//! metrics and replay.
+
+use std::collections::HashSet;
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use inbox::queue::Queue;
+use inbox::reconcile::{Api, Reconciler};
+use inbox::scheduler::{self, SchedulerState};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use wiremock::matchers::{header, method, path, query_param};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::helpers::*;
+
+fn scheduler_for(app: &TestApp, reconcilers: Vec<Reconciler>) -> SchedulerState {
+    SchedulerState {
+        pool: app.pool.clone(),
+        queue: Queue::new(app.sqs.clone(), app.queue_url.clone()),
+        reconcilers,
+        retention: Duration::from_secs(30 * 86_400),
+        budget: Duration::from_secs(30),
+    }
+}
+
+async fn exec(app: &TestApp, sql: &str) {
+    sqlx::query(sql).execute(&app.pool).await.unwrap();
+}
+
+async fn status_of(app: &TestApp, id: i64) -> String {
+    app.event(id).await.status
+}
+
+/// Stores a Stripe event through the intake and drains its message, leaving it `received`.
+async fn stored_unapplied(app: &TestApp, id: &str) -> i64 {
+    let (_, body) = app
+        .post(
+            "stripe",
+            &stripe_delivery(&stripe_event(id, "cus_sched", Utc::now().timestamp())),
+        )
+        .await;
+    app.drain_queue().await;
+    body["event_id"].as_i64().unwrap()
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn an_event_whose_send_failed_is_enqueued_by_the_next_run_and_applied(pool: PgPool) {
+    let sqs = sqs_client().await;
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead_sqs = aws_sdk_sqs::Client::from_conf(
+        aws_sdk_sqs::config::Builder::from(&inbox::queue::sdk_config().await)
+            .endpoint_url(format!("http://127.0.0.1:{port}"))
+            .build(),
+    );
+    let queue_url = create_queue(&sqs).await;
+    let dead = Queue::new(
+        dead_sqs,
+        format!("http://127.0.0.1:{port}/000000000000/gone"),
+    );
+    let app = TestApp::with_parts(pool.clone(), pool, sqs, queue_url, dead).await;
+    let (_, body) = app
+        .post(
+            "stripe",
+            &stripe_delivery(&stripe_event("evt_lost", "cus_l", Utc::now().timestamp())),
+        )
+        .await;
+    let id = body["event_id"].as_i64().unwrap();
+    let scheduler = scheduler_for(&app, vec![]);
+
+    // Younger than a minute: the intake may still be sending it.
+    assert!(scheduler::rescue(&app.pool, &scheduler.queue)
+        .await
+        .unwrap()
+        .is_empty());
+    exec(
+        &app,
+        "UPDATE inbox_events SET received_at = now() - interval '2 minutes'",
+    )
+    .await;
+    let report = scheduler::run(&scheduler).await;
+
+    assert_eq!(report.rescued, [id]);
+    assert!(app.event(id).await.enqueued_at.is_some());
+    app.run_worker().await;
+    assert_eq!(status_of(&app, id).await, "applied");
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn an_expired_lease_is_rescued_and_applied_once(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let id = stored_unapplied(&app, "evt_lease").await;
+    // A worker took it and vanished; its lease has run out.
+    exec(
+        &app,
+        "UPDATE inbox_events SET status = 'processing', attempts = 1, enqueued_at = now() - interval '1 minute', locked_until = now() - interval '1 second'",
+    )
+    .await;
+    let scheduler = scheduler_for(&app, vec![]);
+
+    assert_eq!(
+        scheduler::rescue(&app.pool, &scheduler.queue)
+            .await
+            .unwrap(),
+        [id]
+    );
+    assert!(
+        scheduler::rescue(&app.pool, &scheduler.queue)
+            .await
+            .unwrap()
+            .is_empty(),
+        "enqueued once"
+    );
+    app.run_worker().await;
+    let row = app.event(id).await;
+    assert_eq!(row.status, "applied");
+    assert_eq!(
+        app.count("SELECT attempts::bigint FROM inbox_events").await,
+        2
+    );
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn a_due_failed_event_is_retried_and_one_not_due_is_not(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let due = stored_unapplied(&app, "evt_due").await;
+    let later = stored_unapplied(&app, "evt_later").await;
+    exec(&app, "UPDATE inbox_events SET status = 'failed', attempts = 1, enqueued_at = now() - interval '10 seconds'").await;
+    sqlx::query(
+        "UPDATE inbox_events SET next_attempt_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(due)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE inbox_events SET next_attempt_at = now() + interval '10 minutes' WHERE id = $1",
+    )
+    .bind(later)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let scheduler = scheduler_for(&app, vec![]);
+
+    assert_eq!(
+        scheduler::rescue(&app.pool, &scheduler.queue)
+            .await
+            .unwrap(),
+        [due]
+    );
+    app.run_worker().await;
+    assert_eq!(status_of(&app, due).await, "applied");
+    assert_eq!(status_of(&app, later).await, "failed");
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn two_overlapping_runs_enqueue_each_row_once(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let mut ids = Vec::new();
+    for n in 0..25 {
+        ids.push(stored_unapplied(&app, &format!("evt_overlap_{n}")).await);
+    }
+    exec(
+        &app,
+        "UPDATE inbox_events SET enqueued_at = NULL, received_at = now() - interval '2 minutes'",
+    )
+    .await;
+    let a = scheduler_for(&app, vec![]);
+    let other_pool = crate::helpers::second_pool(&app.pool).await;
+    let b = SchedulerState {
+        pool: other_pool.clone(),
+        ..scheduler_for(&app, vec![])
+    };
+
+    let (first, second) = tokio::join!(
+        scheduler::rescue(&a.pool, &a.queue),
+        scheduler::rescue(&other_pool, &b.queue)
+    );
+    let (first, second) = (first.unwrap(), second.unwrap());
+
+    let all: Vec<i64> = first.iter().chain(second.iter()).copied().collect();
+    let unique: HashSet<i64> = all.iter().copied().collect();
+    assert_eq!(all.len(), unique.len(), "no row enqueued by both runs");
+    assert_eq!(unique, ids.iter().copied().collect::<HashSet<_>>());
+    let mut queued = app.drain_queue().await;
+    queued.sort_unstable();
+    assert_eq!(queued, ids, "one message per row");
+}
+
+fn stripe_api_event(id: &str, customer: &str, created: i64) -> Value {
+    let mut event = stripe_event(id, customer, created);
+    // Read back from the API, the delivery counter differs: still the same event.
+    event["pending_webhooks"] = json!(0);
+    event
+}
+
+fn stripe_reconciler(server: &MockServer) -> Reconciler {
+    Reconciler::Stripe {
+        source: "stripe".into(),
+        api: Api {
+            base_url: server.uri(),
+            key: "sk_test_reconcile".into(),
+            http: reqwest::Client::new(),
+        },
+    }
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn a_stripe_event_never_delivered_is_fetched_stored_and_applied(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let now = Utc::now().timestamp();
+    let delivered = stripe_event("evt_seen", "cus_r1", now - 60);
+    let (_, body) = app.post("stripe", &stripe_delivery(&delivered)).await;
+    let seen_id = body["event_id"].as_i64().unwrap();
+    app.run_worker().await;
+
+    let server = MockServer::start().await;
+    // Two pages, newest first, as Stripe lists them.
+    Mock::given(method("GET"))
+        .and(path("/v1/events"))
+        .and(header("authorization", "Bearer sk_test_reconcile"))
+        .and(query_param("starting_after", "evt_missing"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "object": "list", "has_more": false,
+            "data": [stripe_api_event("evt_seen", "cus_r1", now - 60)]
+        })))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let mut missing = stripe_api_event("evt_missing", "cus_r2", now - 30);
+    missing["data"]["object"]["id"] = json!("sub_2");
+    Mock::given(method("GET"))
+        .and(path("/v1/events"))
+        .and(query_param("limit", "100"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "object": "list", "has_more": true, "data": [missing]
+        })))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let scheduler = scheduler_for(&app, vec![stripe_reconciler(&server)]);
+
+    let report = scheduler::run(&scheduler).await;
+
+    let r = &report.reconciliation[0];
+    assert_eq!(
+        (r.read, r.stored_new, r.discrepancies, r.error.as_deref()),
+        (2, 1, 1, None),
+        "{report:?}"
+    );
+    assert_eq!(
+        app.event(seen_id).await.seen_count,
+        2,
+        "a present event is only counted"
+    );
+    app.run_worker().await;
+    let fetched = app.event(app.event_id("stripe", "evt_missing").await).await;
+    assert_eq!(fetched.status, "applied");
+    assert_eq!(
+        app.account("stripe", "cus_r2", &Utc::now().format("%Y-%m").to_string())
+            .await
+            .plan,
+        "pro"
+    );
+    let cursor: chrono::DateTime<Utc> =
+        sqlx::query_scalar("SELECT cursor_at FROM reconcile_cursors WHERE source = 'stripe'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        cursor.timestamp(),
+        now - 30,
+        "the cursor moves to the newest event read"
+    );
+    let runs = app
+        .count("SELECT count(*) FROM reconcile_runs WHERE discrepancies = 1")
+        .await;
+    assert_eq!(runs, 1);
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn a_provider_api_error_fails_its_source_and_not_the_run(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(500))
+        .mount(&server)
+        .await;
+    let id = stored_unapplied(&app, "evt_rescued_anyway").await;
+    exec(
+        &app,
+        "UPDATE inbox_events SET enqueued_at = NULL, received_at = now() - interval '2 minutes'",
+    )
+    .await;
+    let scheduler = scheduler_for(&app, vec![stripe_reconciler(&server)]);
+
+    let report = scheduler::run(&scheduler).await;
+
+    assert!(
+        report.reconciliation[0]
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("500"),
+        "{report:?}"
+    );
+    assert_eq!(report.rescued, [id], "the other steps ran");
+    let recorded: Option<String> = sqlx::query_scalar("SELECT error FROM reconcile_runs")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert!(recorded.is_some());
+}
+
+fn polar_reconciler(server: &MockServer) -> Reconciler {
+    Reconciler::Polar {
+        source: "polar".into(),
+        api: Api {
+            base_url: server.uri(),
+            key: "polar_oat_test".into(),
+            http: reqwest::Client::new(),
+        },
+    }
+}
+
+async fn polar_api_returns(server: &MockServer, subscription: Value) {
+    server.reset().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/subscriptions/"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "items": [subscription], "pagination": {"total_count": 1, "max_page": 1}
+        })))
+        .mount(server)
+        .await;
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn a_polar_read_older_than_the_stored_state_changes_nothing_and_a_newer_one_corrects_it(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    let subscription = |status: &str, at: &str| {
+        json!({"id": "sub_rc", "customer_id": "pc_rc", "status": status, "product_id": "prod_pro",
+               "modified_at": at, "created_at": "2026-01-01T00:00:00Z"})
+    };
+    let webhook = json!({"type": "subscription.active", "timestamp": "2026-02-01T00:00:00Z",
+                         "data": subscription("active", "2026-02-01T00:00:00Z")});
+    app.post("polar", &polar_delivery("msg_rc", &webhook)).await;
+    app.run_worker().await;
+    let server = MockServer::start().await;
+    let scheduler = scheduler_for(&app, vec![polar_reconciler(&server)]);
+
+    // The API shows an older state: ours is newer, nothing is stored.
+    polar_api_returns(&server, subscription("canceled", "2026-01-15T00:00:00Z")).await;
+    let report = scheduler::run(&scheduler).await;
+    assert_eq!(report.reconciliation[0].discrepancies, 0, "{report:?}");
+    assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 1);
+
+    // The API shows a newer state the webhooks never brought: a corrective event applies it.
+    polar_api_returns(&server, subscription("canceled", "2026-03-01T00:00:00Z")).await;
+    let report = scheduler::run(&scheduler).await;
+    assert_eq!(report.reconciliation[0].discrepancies, 1, "{report:?}");
+    app.run_worker().await;
+    let account = app.account("polar", "pc_rc", "2026-03").await;
+    assert_eq!(account.subscriptions[0].status, "canceled");
+    assert_eq!(account.plan, "free");
+
+    // Read again: local and remote agree.
+    let report = scheduler::run(&scheduler).await;
+    assert_eq!(report.reconciliation[0].discrepancies, 0);
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn purge_removes_only_old_finished_events_and_keeps_dead_ones(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let mut ids = Vec::new();
+    for (key, status, age_days) in [
+        ("evt_old_applied", "applied", 40),
+        ("evt_old_ignored", "ignored", 40),
+        ("evt_new_applied", "applied", 2),
+        ("evt_old_dead", "dead", 40),
+        ("evt_old_unprocessable", "unprocessable", 40),
+        ("evt_old_received", "received", 40),
+    ] {
+        let id = stored_unapplied(&app, key).await;
+        sqlx::query(
+            "UPDATE inbox_events SET status = $2, received_at = now() - make_interval(days => $3) WHERE id = $1",
+        )
+        .bind(id)
+        .bind(status)
+        .bind(age_days)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+        ids.push(id);
+    }
+    let scheduler = scheduler_for(&app, vec![]);
+
+    let purged = scheduler::purge(
+        &app.pool,
+        scheduler.retention,
+        Instant::now() + Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(purged, 2);
+    let left: Vec<String> = sqlx::query_scalar("SELECT dedupe_key FROM inbox_events ORDER BY id")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        left,
+        [
+            "evt_new_applied",
+            "evt_old_dead",
+            "evt_old_unprocessable",
+            "evt_old_received"
+        ]
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM deliveries").await,
+        4,
+        "their deliveries went with them"
+    );
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn dead_events_are_reported_once_and_stay_counted_until_replayed(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let id = stored_unapplied(&app, "evt_dead").await;
+    exec(
+        &app,
+        "UPDATE inbox_events SET status = 'dead', attempts = 6, last_error = 'database: boom'",
+    )
+    .await;
+    let scheduler = scheduler_for(&app, vec![]);
+
+    let first = scheduler::run(&scheduler).await;
+    let second = scheduler::run(&scheduler).await;
+
+    assert_eq!(first.alerts.dead, [id]);
+    assert!(second.alerts.dead.is_empty(), "reported once");
+    let metrics = scheduler::emf(&second, Utc::now());
+    assert_eq!(metrics["DeadEvents"], 1.0, "still visible until replayed");
+
+    let replayed = scheduler::replay(&app.pool, &scheduler.queue, &[id])
+        .await
+        .unwrap();
+    assert_eq!(replayed, [id]);
+    let row = app.event(id).await;
+    assert_eq!(row.status, "received");
+    app.run_worker().await;
+    assert_eq!(status_of(&app, id).await, "applied");
+    let after = scheduler::run(&scheduler).await;
+    assert_eq!(scheduler::emf(&after, Utc::now())["DeadEvents"], 0.0);
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn metrics_are_valid_embedded_metric_format(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let original = stripe_event("evt_emf", "cus_emf", Utc::now().timestamp());
+    app.post("stripe", &stripe_delivery(&original)).await;
+    let mut forged = original.clone();
+    forged["data"]["object"]["status"] = json!("canceled");
+    app.post("stripe", &stripe_delivery(&forged)).await;
+    app.post("polar", &polar_delivery("msg_garbage", &json!([1, 2])))
+        .await;
+    let scheduler = scheduler_for(&app, vec![]);
+
+    let report = scheduler::run(&scheduler).await;
+    let doc = scheduler::emf(&report, Utc::now());
+
+    let aws = &doc["_aws"];
+    assert!(aws["Timestamp"].as_i64().unwrap() > 1_600_000_000_000);
+    let directive = &aws["CloudWatchMetrics"][0];
+    assert_eq!(directive["Namespace"], "BillingInbox");
+    assert_eq!(directive["Dimensions"], json!([[]]));
+    let names: Vec<&str> = directive["Metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            assert!(["Count", "Seconds"].contains(&m["Unit"].as_str().unwrap()));
+            m["Name"].as_str().unwrap()
+        })
+        .collect();
+    for expected in [
+        "DeadEvents",
+        "ConflictEvents",
+        "UnprocessableEvents",
+        "ReconcileDiscrepancies",
+        "OldestUnappliedAgeSeconds",
+    ] {
+        assert!(names.contains(&expected), "{expected} missing");
+    }
+    for name in &names {
+        assert!(doc[*name].is_number(), "{name} has a numeric value");
+    }
+    assert_eq!(doc["ConflictEvents"], 1.0);
+    assert_eq!(doc["UnprocessableEvents"], 1.0);
+    assert_eq!(doc["ReceivedEvents"], 1.0);
+    // The document is one line of JSON, as CloudWatch Logs reads it.
+    assert!(!doc.to_string().contains('\n'));
+}
