@@ -74,11 +74,17 @@ stack_env() {
 
   # development sources and plans (the secrets are dev-only values)
   local dev_sources dev_plans
-  dev_sources='[{"name":"stripe","kind":"stripe","secrets":["whsec_devsecret_stripe_0123456789"]},{"name":"polar","kind":"standard-webhooks","secrets":["polar_whs_devsecret_0123456789"],"secret_encoding":"raw"}]'
-  dev_plans='{"price_pro":{"plan":"pro","monthly_allowance":500},"pro":{"plan":"pro","monthly_allowance":500}}'
+  : "${INBOX_JWKS_PORT:=54325}"
+  export INBOX_JWKS_PORT
+  dev_sources='[{"name":"stripe","kind":"stripe","secrets":["whsec_devsecret_stripe_0123456789"]},{"name":"polar","kind":"standard-webhooks","secrets":["polar_whs_devsecret_0123456789"],"secret_encoding":"raw"},{"name":"kinde","kind":"kinde","jwks_url":"http://127.0.0.1:'"$INBOX_JWKS_PORT"'/jwks.json"}]'
+  dev_plans='{"free":{"plan":"free","monthly_allowance":10},"pro":{"plan":"pro","monthly_allowance":500},"price_pro":{"plan":"pro","monthly_allowance":500},"prod_pro":{"plan":"pro","monthly_allowance":500},"team":{"plan":"team","monthly_allowance":2000},"price_team":{"plan":"team","monthly_allowance":2000},"prod_team":{"plan":"team","monthly_allowance":2000}}'
   [ -n "${INBOX_SOURCES:-}" ] || INBOX_SOURCES="$dev_sources"
   [ -n "${INBOX_PLANS:-}" ] || INBOX_PLANS="$dev_plans"
   export INBOX_SOURCES INBOX_PLANS
+  # the local Kinde signing key, whose public half ensure_dev_kinde serves as a JWKS
+  : "${INBOX_DEV_KINDE_KEY:=$ROOT/.dev/kinde/key.pem}"
+  : "${INBOX_DEV_KINDE_KID:=dev-key}"
+  export INBOX_DEV_KINDE_KEY INBOX_DEV_KINDE_KID
 }
 
 # --- installing -------------------------------------------------------------
@@ -450,6 +456,57 @@ ensure_cargo_lambda() {
   _stack_log "cargo-lambda: $(cargo lambda --version 2>/dev/null | head -n 1)"
 }
 
+# --- a local Kinde: signing key and JWKS ------------------------------------
+
+_STACK_JWKS_DIR="$ROOT/.dev/kinde"
+_STACK_JWKS_PID="$ROOT/.dev/jwks.pid"
+
+# ensure_dev_kinde: a dev RSA key (made once) and its JWKS served on loopback, so that
+# `inboxctl send kinde …` deliveries verify like real Kinde tokens.
+ensure_dev_kinde() {
+  mkdir -p "$_STACK_JWKS_DIR"
+  if [ ! -s "$INBOX_DEV_KINDE_KEY" ]; then
+    openssl genrsa -out "$INBOX_DEV_KINDE_KEY" 2048 2>/dev/null || {
+      _stack_err "kinde: could not make a signing key with openssl"
+      return 1
+    }
+  fi
+  local modulus
+  modulus="$(openssl rsa -in "$INBOX_DEV_KINDE_KEY" -noout -modulus 2>/dev/null | cut -d= -f2)"
+  python3 - "$modulus" "$INBOX_DEV_KINDE_KID" >"$_STACK_JWKS_DIR/jwks.json" <<'PY'
+import base64, json, sys
+b64u = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+n = bytes.fromhex(sys.argv[1])
+print(json.dumps({"keys": [{"kty": "RSA", "kid": sys.argv[2], "alg": "RS256", "use": "sig",
+                            "n": b64u(n), "e": b64u((65537).to_bytes(3, "big"))}]}))
+PY
+  if curl -fsS "http://127.0.0.1:$INBOX_JWKS_PORT/jwks.json" >/dev/null 2>&1; then
+    _stack_log "kinde: JWKS already served at http://127.0.0.1:$INBOX_JWKS_PORT/jwks.json"
+    return 0
+  fi
+  nohup python3 -m http.server "$INBOX_JWKS_PORT" --bind 127.0.0.1 --directory "$_STACK_JWKS_DIR" \
+    >"$ROOT/.dev/jwks.log" 2>&1 &
+  echo $! >"$_STACK_JWKS_PID"
+  local i
+  for i in $(seq 1 50); do
+    if curl -fsS "http://127.0.0.1:$INBOX_JWKS_PORT/jwks.json" >/dev/null 2>&1; then
+      _stack_log "kinde: JWKS served at http://127.0.0.1:$INBOX_JWKS_PORT/jwks.json"
+      return 0
+    fi
+    sleep 0.2
+  done
+  _stack_err "kinde: the JWKS server did not start (see .dev/jwks.log)"
+  return 1
+}
+
+stop_dev_kinde() {
+  if [ -f "$_STACK_JWKS_PID" ]; then
+    kill "$(cat "$_STACK_JWKS_PID")" 2>/dev/null || true
+    rm -f "$_STACK_JWKS_PID"
+    _stack_log "kinde: JWKS server stopped"
+  fi
+}
+
 # --- all --------------------------------------------------------------------
 
 ensure_services() {
@@ -458,6 +515,7 @@ ensure_services() {
 }
 
 stop_services() {
+  stop_dev_kinde || true
   stop_sqs || return 1
   stop_postgres || return 1
 }

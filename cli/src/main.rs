@@ -1,10 +1,15 @@
 //! inboxctl: operate and develop billing-inbox.
 
+mod dev;
+mod send;
+mod show;
+
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use serde_json::json;
+use sqlx::PgPool;
 
 #[derive(Parser)]
 #[command(
@@ -16,6 +21,9 @@ struct Cli {
     /// Print machine-readable JSON instead of text.
     #[arg(long, global = true)]
     json: bool,
+    /// Postgres connection string.
+    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -23,15 +31,60 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Apply the schema migrations to DATABASE_URL.
-    Migrate {
-        /// Postgres connection string.
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-        database_url: String,
+    Migrate,
+    /// Why is this customer on this plan? Plan, subscriptions, payments, balance and event log.
+    Account {
+        customer_id: String,
+        /// The source the customer belongs to (needed when several have that id).
+        #[arg(long)]
+        source: Option<String>,
+        /// The balance's period, YYYY-MM (default: the current UTC month).
+        #[arg(long)]
+        period: Option<String>,
     },
+    /// List stored events, newest first.
+    Events {
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        source: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// One stored event with its deliveries.
+    Event { id: i64 },
+    /// Counts by status, backlog age, copies per event, delivery lag.
+    Stats,
+    /// Put events back to `received` and enqueue them (applying again is harmless).
+    Replay {
+        /// Event ids to replay.
+        ids: Vec<i64>,
+        /// Replay every event in this status (e.g. dead).
+        #[arg(long, conflicts_with = "ids")]
+        status: Option<String>,
+        /// With --status: only this source's events.
+        #[arg(long, requires = "status")]
+        source: Option<String>,
+        /// The queue to send to.
+        #[arg(long, env = "QUEUE_URL")]
+        queue_url: String,
+    },
+    /// Build, sign and POST a realistic delivery to the intake.
+    Send(send::SendArgs),
+    /// Play the AWS event source mapping and schedule for the local stack: long-poll the
+    /// queue and invoke the worker, and invoke the scheduler on an interval.
+    Dev(dev::DevArgs),
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("INBOXCTL_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     match run(&cli).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -48,21 +101,76 @@ async fn main() -> ExitCode {
 
 async fn run(cli: &Cli) -> anyhow::Result<()> {
     match &cli.command {
-        Command::Migrate { database_url } => migrate(database_url, cli.json).await,
+        Command::Migrate => migrate(&connect(cli).await?, cli.json).await,
+        Command::Account {
+            customer_id,
+            source,
+            period,
+        } => {
+            show::account(
+                &connect(cli).await?,
+                customer_id,
+                source.as_deref(),
+                period.as_deref(),
+                cli.json,
+            )
+            .await
+        }
+        Command::Events {
+            status,
+            source,
+            limit,
+        } => {
+            show::events(
+                &connect(cli).await?,
+                status.as_deref(),
+                source.as_deref(),
+                *limit,
+                cli.json,
+            )
+            .await
+        }
+        Command::Event { id } => show::event(&connect(cli).await?, *id, cli.json).await,
+        Command::Stats => show::stats(&connect(cli).await?, cli.json).await,
+        Command::Replay {
+            ids,
+            status,
+            source,
+            queue_url,
+        } => {
+            replay(
+                &connect(cli).await?,
+                ids,
+                status.as_deref(),
+                source.as_deref(),
+                queue_url,
+                cli.json,
+            )
+            .await
+        }
+        Command::Send(args) => send::run(args, cli.json).await,
+        Command::Dev(args) => dev::run(args).await,
     }
 }
 
-async fn migrate(database_url: &str, json_output: bool) -> anyhow::Result<()> {
-    let pool = inbox::db::pool_options(1)
-        .connect(database_url)
+async fn connect(cli: &Cli) -> anyhow::Result<PgPool> {
+    let url = cli
+        .database_url
+        .as_deref()
+        .context("DATABASE_URL is not set (or pass --database-url)")?;
+    inbox::db::pool_options(2)
+        .connect(url)
         .await
-        .context("connecting to DATABASE_URL")?;
-    let before = applied_versions(&pool).await?;
+        .context("connecting to DATABASE_URL")
+}
+
+async fn migrate(pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
+    let before = applied_versions(pool).await?;
     inbox::MIGRATOR
-        .run(&pool)
+        .run(pool)
         .await
         .context("applying migrations")?;
-    let after = applied_versions(&pool).await?;
+    let after = applied_versions(pool).await?;
     let new: Vec<i64> = after
         .iter()
         .copied()
@@ -84,7 +192,7 @@ async fn migrate(database_url: &str, json_output: bool) -> anyhow::Result<()> {
 }
 
 /// Versions recorded by earlier runs; none when the table does not exist yet.
-async fn applied_versions(pool: &sqlx::PgPool) -> anyhow::Result<Vec<i64>> {
+async fn applied_versions(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
         .fetch_one(pool)
         .await
@@ -96,4 +204,38 @@ async fn applied_versions(pool: &sqlx::PgPool) -> anyhow::Result<Vec<i64>> {
         .fetch_all(pool)
         .await
         .context("reading the migration table")
+}
+
+async fn replay(
+    pool: &PgPool,
+    ids: &[i64],
+    status: Option<&str>,
+    source: Option<&str>,
+    queue_url: &str,
+    json_output: bool,
+) -> anyhow::Result<()> {
+    let ids = match status {
+        Some(status) => inbox::scheduler::ids_with_status(pool, status, source).await?,
+        None if ids.is_empty() => anyhow::bail!("name event ids to replay, or --status"),
+        None => ids.to_vec(),
+    };
+    let queue = inbox::queue::Queue::from_env(queue_url.to_owned()).await;
+    let replayed = inbox::scheduler::replay(pool, &queue, &ids).await?;
+    let skipped: Vec<i64> = ids
+        .iter()
+        .copied()
+        .filter(|id| !replayed.contains(id))
+        .collect();
+    if json_output {
+        println!("{}", json!({"replayed": replayed, "skipped": skipped}));
+    } else {
+        println!("replayed {} event(s): {replayed:?}", replayed.len());
+        if !skipped.is_empty() {
+            println!("skipped (unknown, or held by a worker right now): {skipped:?}");
+        }
+    }
+    if !ids.is_empty() && replayed.is_empty() {
+        anyhow::bail!("no event was replayed");
+    }
+    Ok(())
 }

@@ -3,10 +3,13 @@
 pub mod account;
 pub mod apply;
 pub mod billing;
+pub mod bridge;
 pub mod config;
 pub mod db;
 pub mod domain;
+pub mod fixtures;
 pub mod intake;
+pub mod ops;
 pub mod providers;
 pub mod queue;
 pub mod reconcile;

@@ -168,6 +168,27 @@ pub async fn run(state: &SchedulerState) -> RunReport {
 /// that expired and failed rows that are due. Each row is marked in the same statement that
 /// picks it (SKIP LOCKED), so two overlapping runs never enqueue one row twice.
 pub async fn rescue(pool: &PgPool, queue: &Queue) -> anyhow::Result<Vec<i64>> {
+    // An event whose worker died on its last allowed attempt is dead, not retried: nothing
+    // else would stop an event that crashes every worker.
+    let buried = sqlx::query!(
+        r#"
+        UPDATE inbox_events
+        SET status = 'dead', locked_until = NULL, next_attempt_at = NULL,
+            last_error = COALESCE(last_error || '; ', '') || 'the worker stopped during the last attempt (lease expired)'
+        WHERE status = 'processing' AND locked_until < now() AND attempts >= $1
+        "#,
+        crate::worker::MAX_ATTEMPTS,
+    )
+    .execute(pool)
+    .await
+    .context("burying events whose last attempt crashed")?
+    .rows_affected();
+    if buried > 0 {
+        tracing::warn!(
+            count = buried,
+            "events died with their worker on the last attempt"
+        );
+    }
     let ids: Vec<i64> = sqlx::query_scalar!(
         r#"
         UPDATE inbox_events SET enqueued_at = now()
@@ -175,7 +196,7 @@ pub async fn rescue(pool: &PgPool, queue: &Queue) -> anyhow::Result<Vec<i64>> {
             SELECT id FROM inbox_events
             WHERE (status = 'received' AND received_at < now() - make_interval(secs => $2)
                    AND (enqueued_at IS NULL OR enqueued_at < now() - make_interval(secs => $3)))
-               OR (status = 'processing' AND locked_until < now()
+               OR (status = 'processing' AND locked_until < now() AND attempts < $4
                    AND (enqueued_at IS NULL OR enqueued_at < locked_until))
                OR (status = 'failed' AND next_attempt_at <= now()
                    AND (enqueued_at IS NULL OR enqueued_at < next_attempt_at))
@@ -188,6 +209,7 @@ pub async fn rescue(pool: &PgPool, queue: &Queue) -> anyhow::Result<Vec<i64>> {
         ROWS_PER_STEP,
         NEVER_ENQUEUED_AFTER.as_secs_f64(),
         STUCK_AFTER.as_secs_f64(),
+        crate::worker::MAX_ATTEMPTS,
     )
     .fetch_all(pool)
     .await

@@ -15,6 +15,9 @@ use crate::billing::{decide, Catalog, Decision, Version};
 use crate::config::{parse_sources, ConfigError, SourceKind};
 use crate::queue::parse_message_body;
 
+/// Attempts before an event is dead: the 6th failure ends it. An attempt whose worker died
+/// (its lease expired) counts too, so an event that crashes every worker cannot loop forever.
+pub const MAX_ATTEMPTS: i32 = 6;
 /// Longer than the worker's per-event budget, shorter than the SQS visibility timeout.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// Waits after the 1st..5th failed attempt; the 6th failure makes the event dead.
@@ -196,13 +199,14 @@ async fn claim(
             WHERE id = $1
               AND (status = 'received'
                    OR (status = 'failed' AND next_attempt_at <= now())
-                   OR (status = 'processing' AND locked_until < now()))
+                   OR (status = 'processing' AND locked_until < now() AND attempts < $3))
             FOR UPDATE SKIP LOCKED
         )
         RETURNING e.id, e.source, e.dedupe_key, e.type, e.payload, e.customer_key, e.occurred_at, e.attempts
         "#,
         event_id,
         lease.as_secs_f64(),
+        MAX_ATTEMPTS,
     )
     .fetch_optional(pool)
     .await?;

@@ -509,3 +509,35 @@ async fn metrics_are_valid_embedded_metric_format(pool: PgPool) {
     // The document is one line of JSON, as CloudWatch Logs reads it.
     assert!(!doc.to_string().contains('\n'));
 }
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn an_event_whose_worker_died_on_its_last_attempt_is_dead_not_retried(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let id = stored_unapplied(&app, "evt_crashes_everything").await;
+    exec(
+        &app,
+        "UPDATE inbox_events SET status = 'processing', attempts = 6, enqueued_at = now() - interval '1 hour',
+                locked_until = now() - interval '1 second'",
+    )
+    .await;
+    let scheduler = scheduler_for(&app, vec![]);
+
+    // No worker may claim it again...
+    assert_eq!(
+        inbox::worker::process_event(&app.worker, id).await.unwrap(),
+        inbox::worker::Processed::Skipped
+    );
+    // ...and the scheduler buries it and reports it.
+    let report = scheduler::run(&scheduler).await;
+
+    assert!(report.rescued.is_empty());
+    assert_eq!(report.alerts.dead, [id]);
+    let row: (String, Option<String>) =
+        sqlx::query_as("SELECT status, last_error FROM inbox_events WHERE id = $1")
+            .bind(id)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(row.0, "dead");
+    assert!(row.1.unwrap().contains("lease expired"));
+}

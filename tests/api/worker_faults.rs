@@ -109,7 +109,7 @@ async fn count(pool: &PgPool, sql: &str, bind: &str) -> i64 {
         .unwrap()
 }
 
-/// What an event left behind anywhere: ledger, registers, log and the account row.
+/// How many rows a customer has in the ledger, the registers, the log and `accounts`.
 async fn effects_of_customer(pool: &PgPool, customer: &str) -> i64 {
     let mut total = 0;
     for table in [
@@ -137,7 +137,7 @@ async fn db_clock(pool: &PgPool) -> DateTime<Utc> {
         .unwrap()
 }
 
-/// Time passes until the event's retry is due.
+/// Simulates the wait: the event's retry is due now.
 async fn make_due(pool: &PgPool, id: i64) {
     sqlx::query("UPDATE inbox_events SET next_attempt_at = now() WHERE id = $1")
         .bind(id)

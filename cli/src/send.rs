@@ -1,0 +1,187 @@
+//! `inboxctl send`: a realistic delivery, signed with the source's configured secret.
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use clap::Args;
+use serde_json::{json, Value};
+
+use inbox::config::parse_sources;
+use inbox::fixtures::{self, KindeKey, Spec};
+
+pub const DEFAULT_INTAKE_URL: &str = "http://127.0.0.1:9000/lambda-url/intake";
+
+#[derive(Args)]
+pub struct SendArgs {
+    /// The source's name in INBOX_SOURCES (its route segment).
+    pub source: String,
+    /// The event kind, e.g. subscription, invoice-paid, refund (Stripe); subscription, revoked,
+    /// order-paid, order-refunded (Standard Webhooks / Polar); plan-changed, plan-assigned,
+    /// agreement-cancelled, payment-succeeded, payment-failed, invoice-overdue (Kinde).
+    pub kind: String,
+    #[arg(long, default_value = "cus_demo")]
+    pub customer: String,
+    /// Plan key, price id or product id (default: the provider's pro plan in the dev catalog).
+    #[arg(long)]
+    pub plan: Option<String>,
+    /// The provider's time for the event, RFC 3339 (default: now).
+    #[arg(long)]
+    pub at: Option<String>,
+    /// Deliver the same signed delivery this many times.
+    #[arg(long, default_value_t = 1)]
+    pub copies: u32,
+    /// The subscription / order / invoice / payment id.
+    #[arg(long)]
+    pub object: Option<String>,
+    /// A subscription's status (default: active).
+    #[arg(long)]
+    pub status: Option<String>,
+    /// The event's id (the dedupe key); random by default.
+    #[arg(long)]
+    pub id: Option<String>,
+    /// The intake's base URL; the delivery goes to {url}/webhooks/{source}.
+    #[arg(long, env = "INTAKE_URL", default_value = DEFAULT_INTAKE_URL)]
+    pub intake_url: String,
+    /// The sources, as the functions read them.
+    #[arg(long, env = "INBOX_SOURCES", hide_env_values = true)]
+    pub sources: String,
+    /// For Kinde sources: the PEM private key whose public half the local JWKS serves.
+    #[arg(long, env = "INBOX_DEV_KINDE_KEY")]
+    pub kinde_key: Option<std::path::PathBuf>,
+    #[arg(long, env = "INBOX_DEV_KINDE_KID", default_value = "dev-key")]
+    pub kinde_kid: String,
+}
+
+/// One delivery's answer.
+pub struct Answer {
+    pub status: u16,
+    pub body: Value,
+}
+
+pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=100).contains(&args.copies),
+        "--copies must be between 1 and 100"
+    );
+    let at = match &args.at {
+        Some(raw) => DateTime::parse_from_rfc3339(raw)
+            .with_context(|| format!("--at must be an RFC 3339 time, got '{raw}'"))?
+            .with_timezone(&Utc),
+        None => Utc::now(),
+    };
+    let spec = Spec {
+        kind: args.kind.clone(),
+        customer: args.customer.clone(),
+        plan: args.plan.clone(),
+        at,
+        object_id: args.object.clone(),
+        status: args.status.clone(),
+        event_id: args.id.clone(),
+    };
+    let http = reqwest::Client::new();
+    let mut answers = Vec::new();
+    let sender = Sender::new(
+        &args.sources,
+        args.kinde_key.as_deref(),
+        &args.kinde_kid,
+        &args.intake_url,
+    )?;
+    let (id, payload) = sender.build(&args.source, &spec)?;
+    let delivery = sender.sign(&args.source, &id, &payload)?;
+    for _ in 0..args.copies {
+        let answer = sender.post(&http, &args.source, &delivery).await?;
+        if !json_output {
+            println!(
+                "{} {} -> {} {}",
+                args.source,
+                payload["type"].as_str().unwrap_or("?"),
+                answer.status,
+                answer.body
+            );
+        }
+        answers.push(json!({"status": answer.status, "body": answer.body}));
+    }
+    if json_output {
+        println!(
+            "{}",
+            json!({"id": id, "type": payload["type"], "answers": answers})
+        );
+    }
+    Ok(())
+}
+
+/// Builds, signs and posts deliveries for the configured sources.
+pub struct Sender {
+    sources: Vec<inbox::config::SourceConfig>,
+    kinde_key: Option<KindeKey>,
+    intake_url: String,
+}
+
+impl Sender {
+    pub fn new(
+        sources: &str,
+        kinde_key: Option<&std::path::Path>,
+        kinde_kid: &str,
+        intake_url: &str,
+    ) -> anyhow::Result<Self> {
+        let sources = parse_sources(sources).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let kinde_key = match kinde_key {
+            Some(path) => Some(KindeKey {
+                pem: std::fs::read(path)
+                    .with_context(|| format!("reading the Kinde key {}", path.display()))?,
+                kid: kinde_kid.to_owned(),
+            }),
+            None => None,
+        };
+        Ok(Self {
+            sources,
+            kinde_key,
+            intake_url: intake_url.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    fn source(&self, name: &str) -> anyhow::Result<&inbox::config::SourceConfig> {
+        self.sources
+            .iter()
+            .find(|s| s.name == name)
+            .with_context(|| {
+                let names: Vec<&str> = self.sources.iter().map(|s| s.name.as_str()).collect();
+                format!(
+                    "no source '{name}' in INBOX_SOURCES (configured: {})",
+                    names.join(", ")
+                )
+            })
+    }
+
+    pub fn build(&self, source: &str, spec: &Spec) -> anyhow::Result<(String, Value)> {
+        fixtures::payload(self.source(source)?.kind, spec).map_err(|e| anyhow::anyhow!(e))
+    }
+
+    pub fn sign(
+        &self,
+        source: &str,
+        id: &str,
+        payload: &Value,
+    ) -> anyhow::Result<fixtures::SignedDelivery> {
+        fixtures::sign_delivery(self.source(source)?, id, payload, self.kinde_key.as_ref())
+            .map_err(|e| anyhow::anyhow!(e))
+    }
+
+    pub async fn post(
+        &self,
+        http: &reqwest::Client,
+        source: &str,
+        delivery: &fixtures::SignedDelivery,
+    ) -> anyhow::Result<Answer> {
+        let url = format!("{}/webhooks/{source}", self.intake_url);
+        let mut request = http.post(&url).body(delivery.body.clone());
+        for (name, value) in &delivery.headers {
+            request = request.header(name, value);
+        }
+        let response = request.send().await.with_context(|| {
+            format!("the intake is not reachable at {url} (is scripts/dev running?)")
+        })?;
+        let status = response.status().as_u16();
+        let body = response.json().await.unwrap_or(Value::Null);
+        Ok(Answer { status, body })
+    }
+}
