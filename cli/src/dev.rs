@@ -25,7 +25,18 @@ pub struct DevArgs {
 }
 
 pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
-    let sqs = aws_sdk_sqs::Client::new(&inbox::queue::sdk_config().await);
+    // Long polls outlast the short timeouts the functions use.
+    let sqs = aws_sdk_sqs::Client::from_conf(
+        aws_sdk_sqs::config::Builder::from(&inbox::queue::sdk_config().await)
+            .timeout_config(
+                aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(2))
+                    .operation_attempt_timeout(Duration::from_secs(30))
+                    .operation_timeout(Duration::from_secs(60))
+                    .build(),
+            )
+            .build(),
+    );
     // A worker invocation may take a while (the first one builds the function).
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(600))
