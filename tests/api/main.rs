@@ -2,6 +2,7 @@
 //!
 //! Each test gets its own database (`#[sqlx::test]`) and its own queue.
 
+mod cli;
 mod helpers;
 mod intake;
 mod order;

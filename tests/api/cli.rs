@@ -1,0 +1,289 @@
+//! inboxctl against a real database: what operators see, in text and JSON, and how it fails.
+
+use std::process::{Command, Output};
+
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use crate::helpers::*;
+
+/// The inboxctl binary, built beside this test binary by `cargo test --workspace`.
+fn inboxctl() -> Command {
+    let dir = std::env::current_exe().unwrap();
+    let bin = dir.parent().unwrap().parent().unwrap().join("inboxctl");
+    assert!(
+        bin.exists(),
+        "{} is built by `cargo test --workspace`",
+        bin.display()
+    );
+    let mut command = Command::new(bin);
+    command.env_remove("DATABASE_URL").env("INBOX_PLANS", PLANS);
+    command
+}
+
+/// The URL of the test's own database.
+async fn database_url(pool: &PgPool) -> String {
+    let name: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let server = std::env::var("DATABASE_URL").unwrap();
+    let (base, _) = server.rsplit_once('/').unwrap();
+    format!("{base}/{name}")
+}
+
+fn run(command: &mut Command) -> (Output, String, String) {
+    let output = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output, stdout, stderr)
+}
+
+/// A Kinde customer moved to Pro, with a late cancellation that is ignored.
+async fn upgraded_customer(app: &TestApp) {
+    for (webhook, claims) in [
+        (
+            "wh_cli_up",
+            json!({"type": "customer.plan_changed", "event_id": "e1",
+            "event_timestamp": "2026-03-10T12:00:00Z", "data": {"customer_id": "kc_cli", "plan": {"key": "pro"}}}),
+        ),
+        (
+            "wh_cli_cancel",
+            json!({"type": "customer.agreement_cancelled", "event_id": "e2",
+            "event_timestamp": "2026-03-10T11:57:00Z", "data": {"customer_id": "kc_cli"}}),
+        ),
+    ] {
+        app.post("kinde", &kinde_delivery(webhook, &claims)).await;
+        app.run_worker().await;
+    }
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn account_json_has_the_contract_fields(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    upgraded_customer(&app).await;
+    let url = database_url(&app.pool).await;
+
+    let (output, stdout, stderr) = run(inboxctl()
+        .args(["account", "kc_cli", "--period", "2026-03", "--json"])
+        .env("DATABASE_URL", &url));
+
+    assert!(output.status.success(), "{stderr}");
+    let account: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(account["customer_id"], "kc_cli");
+    assert_eq!(account["plan"], "pro");
+    assert_eq!(account["balance"], 500);
+    assert_eq!(account["period"], "2026-03");
+    assert!(account["subscriptions"].is_array());
+    assert!(account["payments"].is_array());
+    let log = account["log"].as_array().unwrap();
+    assert_eq!(log.len(), 2);
+    for line in log {
+        for field in ["event_id", "type", "outcome", "reason"] {
+            assert!(!line[field].is_null(), "log line has {field}: {line}");
+        }
+    }
+    // Oldest first, in provider order: the cancellation happened before the upgrade.
+    assert_eq!(log[0]["type"], "customer.agreement_cancelled");
+    assert_eq!(log[0]["outcome"], "ignored");
+    assert_eq!(log[0]["reason"], "a newer plan change is already stored");
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn account_text_explains_the_plan(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    upgraded_customer(&app).await;
+    let url = database_url(&app.pool).await;
+
+    let (output, stdout, _) = run(inboxctl()
+        .args(["account", "kc_cli", "--period", "2026-03"])
+        .env("DATABASE_URL", &url));
+
+    assert!(output.status.success());
+    assert!(stdout.contains("plan      pro"), "{stdout}");
+    assert!(stdout.contains("balance   500 for 2026-03"), "{stdout}");
+    assert!(
+        stdout.contains("a newer plan change is already stored"),
+        "{stdout}"
+    );
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn events_event_and_stats_read_the_inbox(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let delivery = stripe_delivery(&stripe_event(
+        "evt_cli",
+        "cus_cli",
+        chrono::Utc::now().timestamp(),
+    ));
+    let (_, body) = app.post("stripe", &delivery).await;
+    app.post("stripe", &delivery).await;
+    app.run_worker().await;
+    let id = body["event_id"].as_i64().unwrap();
+    let url = database_url(&app.pool).await;
+
+    let (_, events, _) = run(inboxctl()
+        .args(["events", "--status", "applied", "--json"])
+        .env("DATABASE_URL", &url));
+    let events: Value = serde_json::from_str(&events).unwrap();
+    assert_eq!(events[0]["id"], id);
+    assert_eq!(events[0]["seen_count"], 2);
+
+    let (_, event, _) = run(inboxctl()
+        .args(["event", &id.to_string(), "--json"])
+        .env("DATABASE_URL", &url));
+    let event: Value = serde_json::from_str(&event).unwrap();
+    assert_eq!(event["status"], "applied");
+    let verdicts: Vec<&str> = event["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["verdict"].as_str().unwrap())
+        .collect();
+    assert_eq!(verdicts, ["stored", "duplicate"]);
+
+    let (output, stats, _) = run(inboxctl()
+        .args(["stats", "--json"])
+        .env("DATABASE_URL", &url));
+    assert!(output.status.success());
+    let stats: Value = serde_json::from_str(&stats).unwrap();
+    assert_eq!(stats["by_status"]["applied"], 1);
+    assert_eq!(stats["copies_per_event"], 2.0);
+    assert!(stats["delivery_lag_p50_secs"].is_number());
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn errors_exit_non_zero_with_a_clear_message(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let url = database_url(&app.pool).await;
+
+    let (output, _, stderr) = run(inboxctl()
+        .args(["account", "nobody"])
+        .env("DATABASE_URL", &url));
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr.contains("no account for customer 'nobody'"),
+        "{stderr}"
+    );
+
+    let (output, stdout, _) = run(inboxctl()
+        .args(["account", "nobody", "--json"])
+        .env("DATABASE_URL", &url));
+    assert_eq!(output.status.code(), Some(1));
+    let error: Value = serde_json::from_str(&stdout).unwrap();
+    assert!(error["error"].as_str().unwrap().contains("no account"));
+
+    let (output, _, stderr) = run(inboxctl()
+        .args(["account", "x", "--period", "2026-13"])
+        .env("DATABASE_URL", &url));
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr.contains("--period must be YYYY-MM"), "{stderr}");
+
+    let (output, _, stderr) = run(inboxctl()
+        .args(["event", "999999"])
+        .env("DATABASE_URL", &url));
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr.contains("no event 999999"), "{stderr}");
+
+    let down = "postgres://postgres@127.0.0.1:1/none";
+    let (output, _, stderr) = run(inboxctl().args(["stats"]).env("DATABASE_URL", down));
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr.contains("connecting to DATABASE_URL"), "{stderr}");
+
+    let (output, _, stderr) = run(inboxctl().args(["stats"]));
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr.contains("DATABASE_URL is not set"), "{stderr}");
+
+    let (output, _, stderr) = run(inboxctl().args(["events", "--limit", "many"]));
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "bad arguments are a usage error"
+    );
+    assert!(stderr.contains("--limit"), "{stderr}");
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn replay_of_dead_events_puts_them_back_on_the_queue(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let (_, body) = app
+        .post(
+            "stripe",
+            &stripe_delivery(&stripe_event(
+                "evt_cli_dead",
+                "cus_cd",
+                chrono::Utc::now().timestamp(),
+            )),
+        )
+        .await;
+    app.drain_queue().await;
+    let id = body["event_id"].as_i64().unwrap();
+    sqlx::query("UPDATE inbox_events SET status = 'dead', attempts = 6, last_error = 'boom'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let url = database_url(&app.pool).await;
+
+    let (output, stdout, stderr) = run(inboxctl()
+        .args(["replay", "--status", "dead", "--json"])
+        .env("DATABASE_URL", &url)
+        .env("QUEUE_URL", &app.queue_url));
+
+    assert!(output.status.success(), "{stderr}");
+    let answer: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(answer["replayed"], json!([id]));
+    app.run_worker().await;
+    assert_eq!(app.event(id).await.status, "applied");
+}
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn the_bridge_deletes_what_the_worker_finished_and_leaves_what_failed(pool: PgPool) {
+    use inbox::worker::{FaultAction, FaultPoint};
+    let app = TestApp::spawn(pool).await;
+    for n in 0..3 {
+        app.post(
+            "stripe",
+            &stripe_delivery(&stripe_event(
+                &format!("evt_bridge_{n}"),
+                "cus_b",
+                chrono::Utc::now().timestamp() + n,
+            )),
+        )
+        .await;
+    }
+    // The first event the worker takes fails; the other two finish.
+    app.worker
+        .faults
+        .set(FaultPoint::BeforeCommit, FaultAction::Fail(1));
+
+    let mut total = inbox::bridge::PumpReport::default();
+    while total.received < 3 {
+        let report = inbox::bridge::pump_once(&app.sqs, &app.queue_url, 1, |event| async {
+            Ok(inbox::worker::handle_batch(&app.worker, event).await)
+        })
+        .await
+        .unwrap();
+        total.received += report.received;
+        total.deleted += report.deleted;
+        total.failed += report.failed;
+    }
+
+    assert_eq!((total.received, total.deleted, total.failed), (3, 2, 1));
+    let attributes = app
+        .sqs
+        .get_queue_attributes()
+        .queue_url(&app.queue_url)
+        .attribute_names(
+            aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+        )
+        .send()
+        .await
+        .unwrap();
+    let in_flight = attributes
+        .attributes()
+        .unwrap()
+        .get(&aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+        .unwrap()
+        .clone();
+    assert_eq!(in_flight, "1", "the failed message waits for redelivery");
+}
