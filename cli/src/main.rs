@@ -1,5 +1,11 @@
 //! inboxctl: operate and develop billing-inbox.
 
+/// Prints a line to stdout. A reader that went away (`inboxctl events | head`) ends the
+/// program quietly instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::emit(&format!($($arg)*)) };
+}
+
 mod dev;
 mod send;
 mod show;
@@ -90,7 +96,7 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             if cli.json {
-                println!("{}", json!({"error": format!("{e:#}")}));
+                out!("{}", json!({"error": format!("{e:#}")}));
             } else {
                 eprintln!("error: {e:#}");
             }
@@ -153,6 +159,18 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
     }
 }
 
+pub(crate) fn emit(line: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = writeln!(stdout, "{line}") {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: writing to stdout: {e}");
+        std::process::exit(1);
+    }
+}
+
 async fn connect(cli: &Cli) -> anyhow::Result<PgPool> {
     let url = cli
         .database_url
@@ -177,11 +195,11 @@ async fn migrate(pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
         .filter(|v| !before.contains(v))
         .collect();
     if json_output {
-        println!("{}", json!({"applied": new, "total": after.len()}));
+        out!("{}", json!({"applied": new, "total": after.len()}));
     } else if new.is_empty() {
-        println!("schema is up to date ({} migrations)", after.len());
+        out!("schema is up to date ({} migrations)", after.len());
     } else {
-        println!(
+        out!(
             "applied {} migration(s): {:?}; {} in all",
             new.len(),
             new,
@@ -227,11 +245,11 @@ async fn replay(
         .filter(|id| !replayed.contains(id))
         .collect();
     if json_output {
-        println!("{}", json!({"replayed": replayed, "skipped": skipped}));
+        out!("{}", json!({"replayed": replayed, "skipped": skipped}));
     } else {
-        println!("replayed {} event(s): {replayed:?}", replayed.len());
+        out!("replayed {} event(s): {replayed:?}", replayed.len());
         if !skipped.is_empty() {
-            println!("skipped (unknown, or held by a worker right now): {skipped:?}");
+            out!("skipped (unknown, or held by a worker right now): {skipped:?}");
         }
     }
     if !ids.is_empty() && replayed.is_empty() {

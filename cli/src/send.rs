@@ -90,7 +90,7 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
     for _ in 0..args.copies {
         let answer = sender.post(&http, &args.source, &delivery).await?;
         if !json_output {
-            println!(
+            out!(
                 "{} {} -> {} {}",
                 args.source,
                 payload["type"].as_str().unwrap_or("?"),
@@ -101,7 +101,7 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
         answers.push(json!({"status": answer.status, "body": answer.body}));
     }
     if json_output {
-        println!(
+        out!(
             "{}",
             json!({"id": id, "type": payload["type"], "answers": answers})
         );

@@ -20,7 +20,7 @@ fn opt<T: ToString>(v: &Option<T>) -> String {
 }
 
 fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    out!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }
 
@@ -78,8 +78,8 @@ pub async fn account(
     if json_output {
         return print_json(&view);
     }
-    println!("customer  {} ({})", view.customer_id, view.source);
-    println!(
+    out!("customer  {} ({})", view.customer_id, view.source);
+    out!(
         "plan      {}{}",
         view.plan,
         if view.deleted {
@@ -89,7 +89,7 @@ pub async fn account(
         }
     );
     if let Some(plan) = &view.customer_plan {
-        println!(
+        out!(
             "          plan register: {plan}{}",
             if view.past_due {
                 ", payments past due"
@@ -98,20 +98,20 @@ pub async fn account(
             }
         );
     }
-    println!("balance   {} for {}", view.balance, view.period);
+    out!("balance   {} for {}", view.balance, view.period);
     if !view.subscriptions.is_empty() {
         let mut t = table(&["subscription", "status", "plan"]);
         for s in &view.subscriptions {
             t.add_row(vec![s.id.clone(), s.status.clone(), opt(&s.plan)]);
         }
-        println!("{t}");
+        out!("{t}");
     }
     if !view.payments.is_empty() {
         let mut t = table(&["payment", "status"]);
         for p in &view.payments {
             t.add_row(vec![p.id.clone(), p.status.clone()]);
         }
-        println!("{t}");
+        out!("{t}");
     }
     let mut t = table(&["provider time", "event", "type", "outcome", "reason"]);
     for line in &view.log {
@@ -123,7 +123,7 @@ pub async fn account(
             line.reason.clone(),
         ]);
     }
-    println!("event log, in provider order:\n{t}");
+    out!("event log, in provider order:\n{t}");
     Ok(())
 }
 
@@ -176,7 +176,7 @@ pub async fn events(
                 .unwrap_or_default(),
         ]);
     }
-    println!("{t}");
+    out!("{t}");
     Ok(())
 }
 
@@ -189,29 +189,29 @@ pub async fn event(pool: &PgPool, id: i64, json_output: bool) -> anyhow::Result<
         return print_json(&detail);
     }
     let s = &detail.summary;
-    println!("event {} ({} / {})", s.id, s.source, s.dedupe_key);
-    println!("type        {}", s.event_type);
-    println!("customer    {}", opt(&s.customer_id));
-    println!("status      {} after {} attempt(s)", s.status, s.attempts);
-    println!("reason      {}", opt(&s.reason));
-    println!("last error  {}", opt(&s.last_error));
-    println!(
+    out!("event {} ({} / {})", s.id, s.source, s.dedupe_key);
+    out!("type        {}", s.event_type);
+    out!("customer    {}", opt(&s.customer_id));
+    out!("status      {} after {} attempt(s)", s.status, s.attempts);
+    out!("reason      {}", opt(&s.reason));
+    out!("last error  {}", opt(&s.last_error));
+    out!(
         "provider    {}",
         s.occurred_at.map(|t| t.to_rfc3339()).unwrap_or_default()
     );
-    println!(
+    out!(
         "received    {} (seen {} time(s))",
         s.received_at.to_rfc3339(),
         s.seen_count
     );
-    println!(
+    out!(
         "enqueued    {}",
         detail
             .enqueued_at
             .map(|t| t.to_rfc3339())
             .unwrap_or_default()
     );
-    println!(
+    out!(
         "next try    {}",
         detail
             .next_attempt_at
@@ -234,7 +234,7 @@ pub async fn event(pool: &PgPool, id: i64, json_output: bool) -> anyhow::Result<
             d.sent_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
         ]);
     }
-    println!("{t}");
+    out!("{t}");
     Ok(())
 }
 
@@ -248,14 +248,14 @@ pub async fn stats(pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
     for (status, count) in &stats.by_status {
         t.add_row(vec![status.clone(), count.to_string()]);
     }
-    println!("{t}");
+    out!("{t}");
     let secs = |v: Option<f64>| v.map(|s| format!("{s:.1} s")).unwrap_or_else(|| "-".into());
-    println!(
+    out!(
         "events {}, deliveries {}, copies per event {:.2}",
         stats.events, stats.deliveries, stats.copies_per_event
     );
-    println!("oldest unapplied {:.0} s", stats.oldest_unapplied_age_secs);
-    println!(
+    out!("oldest unapplied {:.0} s", stats.oldest_unapplied_age_secs);
+    out!(
         "delivery lag p50 {}, p99 {}",
         secs(stats.delivery_lag_p50_secs),
         secs(stats.delivery_lag_p99_secs)
