@@ -252,7 +252,9 @@ pub async fn stats(pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
     let secs = |v: Option<f64>| v.map(|s| format!("{s:.1} s")).unwrap_or_else(|| "-".into());
     out!(
         "events {}, deliveries {}, copies per event {:.2}",
-        stats.events, stats.deliveries, stats.copies_per_event
+        stats.events,
+        stats.deliveries,
+        stats.copies_per_event
     );
     out!("oldest unapplied {:.0} s", stats.oldest_unapplied_age_secs);
     out!(
