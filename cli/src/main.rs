@@ -7,6 +7,7 @@ macro_rules! out {
 }
 
 mod dev;
+mod scenario;
 mod send;
 mod show;
 
@@ -77,6 +78,8 @@ enum Command {
     },
     /// Build, sign and POST a realistic delivery to the intake.
     Send(send::SendArgs),
+    /// Run a reference delivery script against the running stack and print its timeline.
+    Scenario(scenario::ScenarioArgs),
     /// Play the AWS event source mapping and schedule for the local stack: long-poll the
     /// queue and invoke the worker, and invoke the scheduler on an interval.
     Dev(dev::DevArgs),
@@ -156,6 +159,7 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
         }
         Command::Send(args) => send::run(args, cli.json).await,
         Command::Dev(args) => dev::run(args).await,
+        Command::Scenario(args) => scenario::run(args, &connect(cli).await?, cli.json).await,
     }
 }
 
