@@ -22,6 +22,27 @@ fn queue_name(queue_url: &str) -> &str {
     queue_url.rsplit('/').next().unwrap_or(queue_url)
 }
 
+/// The Lambda SQS event for received messages, as the event source mapping builds it.
+pub fn sqs_event(messages: &[aws_sdk_sqs::types::Message], queue_url: &str) -> SqsEvent {
+    let arn = format!(
+        "arn:aws:sqs:us-east-1:000000000000:{}",
+        queue_name(queue_url)
+    );
+    let mut event = SqsEvent::default();
+    for m in messages {
+        let mut record = SqsMessage::default();
+        record.message_id = m.message_id.clone();
+        record.receipt_handle = m.receipt_handle.clone();
+        record.body = m.body.clone();
+        record.md5_of_body = m.md5_of_body.clone();
+        record.event_source = Some("aws:sqs".into());
+        record.event_source_arn = Some(arn.clone());
+        record.aws_region = Some("us-east-1".into());
+        event.records.push(record);
+    }
+    event
+}
+
 /// Receives one batch and hands it to `invoke`. Messages the worker reports in
 /// `batchItemFailures`, or all of them when the invocation itself fails, stay on the queue and
 /// come back after the visibility timeout, as with the real event source mapping.
@@ -52,22 +73,7 @@ where
     if messages.is_empty() {
         return Ok(report);
     }
-    let arn = format!(
-        "arn:aws:sqs:us-east-1:000000000000:{}",
-        queue_name(queue_url)
-    );
-    let mut event = SqsEvent::default();
-    for m in &messages {
-        let mut record = SqsMessage::default();
-        record.message_id = m.message_id.clone();
-        record.receipt_handle = m.receipt_handle.clone();
-        record.body = m.body.clone();
-        record.md5_of_body = m.md5_of_body.clone();
-        record.event_source = Some("aws:sqs".into());
-        record.event_source_arn = Some(arn.clone());
-        record.aws_region = Some("us-east-1".into());
-        event.records.push(record);
-    }
+    let event = sqs_event(&messages, queue_url);
     let failed: Vec<String> = match invoke(event).await {
         Ok(response) => response
             .batch_item_failures

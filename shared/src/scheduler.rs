@@ -217,16 +217,8 @@ pub async fn rescue(pool: &PgPool, queue: &Queue) -> anyhow::Result<Vec<i64>> {
     if ids.is_empty() {
         return Ok(ids);
     }
-    let unsent = queue.send_events(&ids).await;
+    let unsent = send_or_unmark(pool, queue, &ids).await?;
     if !unsent.is_empty() {
-        // Unmark what did not reach the queue, so the next run tries again.
-        sqlx::query!(
-            "UPDATE inbox_events SET enqueued_at = NULL WHERE id = ANY($1)",
-            &unsent
-        )
-        .execute(pool)
-        .await
-        .context("unmarking rows the queue refused")?;
         tracing::warn!(
             count = unsent.len(),
             "some rescued events could not be enqueued"
@@ -414,18 +406,25 @@ pub async fn replay(pool: &PgPool, queue: &Queue, ids: &[i64]) -> anyhow::Result
     .fetch_all(pool)
     .await
     .context("resetting events for replay")?;
-    let unsent = queue.send_events(&reset).await;
+    // What the queue refused stays `received` and unmarked: the next rescue sends it.
+    send_or_unmark(pool, queue, &reset).await?;
+    Ok(reset)
+}
+
+/// Sends event ids already marked `enqueued_at`; unmarks those the queue refused, so that the
+/// next rescue tries them again. Returns the refused ids.
+async fn send_or_unmark(pool: &PgPool, queue: &Queue, ids: &[i64]) -> anyhow::Result<Vec<i64>> {
+    let unsent = queue.send_events(ids).await;
     if !unsent.is_empty() {
-        // Stored as received and not enqueued: the scheduler's rescue sends them.
         sqlx::query!(
             "UPDATE inbox_events SET enqueued_at = NULL WHERE id = ANY($1)",
             &unsent
         )
         .execute(pool)
         .await
-        .context("unmarking replayed events the queue refused")?;
+        .context("unmarking events the queue refused")?;
     }
-    Ok(reset)
+    Ok(unsent)
 }
 
 /// The ids of events in `status` (optionally of one source), oldest first, bounded.

@@ -42,6 +42,24 @@ pub async fn sqs_client() -> SqsClient {
     SqsClient::new(&inbox::queue::sdk_config().await)
 }
 
+/// A queue whose server is gone: every send fails at once (connection refused).
+pub async fn unreachable_queue() -> Queue {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead_sqs = SqsClient::from_conf(
+        aws_sdk_sqs::config::Builder::from(&inbox::queue::sdk_config().await)
+            .endpoint_url(format!("http://127.0.0.1:{port}"))
+            .build(),
+    );
+    Queue::new(
+        dead_sqs,
+        format!("http://127.0.0.1:{port}/000000000000/gone"),
+    )
+}
+
 /// A fresh queue on the SQS-compatible server.
 pub async fn create_queue(sqs: &SqsClient) -> String {
     let name = format!("test-{}", uuid::Uuid::new_v4());
@@ -230,64 +248,20 @@ pub fn test_worker(pool: PgPool) -> WorkerState {
 }
 
 impl TestApp {
-    /// Plays the event source mapping once: receives what the queue holds, hands it to the
-    /// worker as one SQS batch per receive, and deletes the messages not reported as failures.
+    /// Plays the event source mapping with the real bridge until the queue has nothing
+    /// visible: each batch goes to this app's worker in process; what it reports as failed
+    /// stays on the queue for redelivery after the visibility timeout.
     /// Returns how many messages were handed over.
     pub async fn run_worker(&self) -> usize {
-        use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
         let mut handed = 0;
         loop {
-            let received = self
-                .sqs
-                .receive_message()
-                .queue_url(&self.queue_url)
-                .max_number_of_messages(10)
-                .wait_time_seconds(0)
-                .send()
-                .await
-                .unwrap();
-            let messages = received.messages.unwrap_or_default();
-            if messages.is_empty() {
-                return handed;
-            }
-            handed += messages.len();
-            let mut event = SqsEvent::default();
-            for m in &messages {
-                let mut record = SqsMessage::default();
-                record.message_id = m.message_id.clone();
-                record.receipt_handle = m.receipt_handle.clone();
-                record.body = m.body.clone();
-                record.event_source = Some("aws:sqs".into());
-                event.records.push(record);
-            }
-            let response = inbox::worker::handle_batch(&self.worker, event).await;
-            let failed: Vec<String> = response
-                .batch_item_failures
-                .into_iter()
-                .map(|f| f.item_identifier)
-                .collect();
-            for m in messages {
-                if failed.contains(m.message_id.as_ref().unwrap()) {
-                    // Left for redelivery, as SQS does: visible again right away here.
-                    self.sqs
-                        .change_message_visibility()
-                        .queue_url(&self.queue_url)
-                        .receipt_handle(m.receipt_handle().unwrap())
-                        .visibility_timeout(0)
-                        .send()
-                        .await
-                        .unwrap();
-                    continue;
-                }
-                self.sqs
-                    .delete_message()
-                    .queue_url(&self.queue_url)
-                    .receipt_handle(m.receipt_handle().unwrap())
-                    .send()
-                    .await
-                    .unwrap();
-            }
-            if !failed.is_empty() {
+            let report = inbox::bridge::pump_once(&self.sqs, &self.queue_url, 0, |event| async {
+                Ok(inbox::worker::handle_batch(&self.worker, event).await)
+            })
+            .await
+            .unwrap();
+            handed += report.received;
+            if report.received == 0 {
                 return handed;
             }
         }

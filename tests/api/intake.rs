@@ -310,20 +310,7 @@ async fn admin_connection() -> PgPool {
 #[sqlx::test(migrator = "inbox::MIGRATOR")]
 async fn sqs_unreachable_after_commit_still_answers_200_with_enqueued_at_empty(pool: PgPool) {
     let sqs = sqs_client().await;
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dead_sqs = aws_sdk_sqs::Client::from_conf(
-        aws_sdk_sqs::config::Builder::from(&inbox::queue::sdk_config().await)
-            .endpoint_url(format!("http://127.0.0.1:{port}"))
-            .build(),
-    );
-    let queue = Queue::new(
-        dead_sqs,
-        format!("http://127.0.0.1:{port}/000000000000/gone"),
-    );
+    let queue = unreachable_queue().await;
     let queue_url = create_queue(&sqs).await;
     let app = TestApp::with_parts(pool.clone(), pool, sqs, queue_url, queue).await;
 

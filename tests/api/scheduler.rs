@@ -2,7 +2,6 @@
 //! metrics and replay.
 
 use std::collections::HashSet;
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -49,21 +48,8 @@ async fn stored_unapplied(app: &TestApp, id: &str) -> i64 {
 #[sqlx::test(migrator = "inbox::MIGRATOR")]
 async fn an_event_whose_send_failed_is_enqueued_by_the_next_run_and_applied(pool: PgPool) {
     let sqs = sqs_client().await;
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dead_sqs = aws_sdk_sqs::Client::from_conf(
-        aws_sdk_sqs::config::Builder::from(&inbox::queue::sdk_config().await)
-            .endpoint_url(format!("http://127.0.0.1:{port}"))
-            .build(),
-    );
+    let dead = unreachable_queue().await;
     let queue_url = create_queue(&sqs).await;
-    let dead = Queue::new(
-        dead_sqs,
-        format!("http://127.0.0.1:{port}/000000000000/gone"),
-    );
     let app = TestApp::with_parts(pool.clone(), pool, sqs, queue_url, dead).await;
     let (_, body) = app
         .post(

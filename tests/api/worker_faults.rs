@@ -254,15 +254,7 @@ async fn two_workers_racing_on_one_batch_apply_each_event_exactly_once(pool: PgP
     let ids = store_all(&app, &three_customers("race")).await;
 
     let messages = receive(&app, ids.len()).await;
-    let mut event = SqsEvent::default();
-    for m in &messages {
-        let mut record = SqsMessage::default();
-        record.message_id = m.message_id.clone();
-        record.receipt_handle = m.receipt_handle.clone();
-        record.body = m.body.clone();
-        record.event_source = Some("aws:sqs".into());
-        event.records.push(record);
-    }
+    let event = inbox::bridge::sqs_event(&messages, &app.queue_url);
     let mut received: Vec<i64> = messages
         .iter()
         .map(|m| inbox::queue::parse_message_body(m.body().unwrap()).unwrap())

@@ -193,6 +193,24 @@ fn check_tolerance(
     }
 }
 
+/// Whether any candidate signature is the HMAC-SHA256 of the message (given in parts) under
+/// any key. `verify_slice` compares in constant time and rejects a wrong length, so a
+/// truncated or empty signature never passes.
+fn any_hmac_matches(keys: &[Vec<u8>], candidates: &[Vec<u8>], message: &[&[u8]]) -> bool {
+    use hmac::{Hmac, Mac};
+    keys.iter().any(|key| {
+        candidates.iter().any(|candidate| {
+            let Ok(mut mac) = Hmac::<sha2::Sha256>::new_from_slice(key) else {
+                return false;
+            };
+            for part in message {
+                mac.update(part);
+            }
+            mac.verify_slice(candidate).is_ok()
+        })
+    })
+}
+
 /// A header's value as text, if present and printable.
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers

@@ -3,12 +3,13 @@
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
-use hmac::{Hmac, Mac};
 use http::HeaderMap;
 use serde_json::Value;
-use sha2::Sha256;
 
-use super::{check_tolerance, customer_at, header, str_at, AuthError, EventMeta, VerifiedEvent};
+use super::{
+    any_hmac_matches, check_tolerance, customer_at, header, str_at, AuthError, EventMeta,
+    VerifiedEvent,
+};
 use crate::domain::{ContentHash, CustomerId, DedupeKey, ProviderTime};
 
 pub const SIGNATURE_HEADER: &str = "stripe-signature";
@@ -71,17 +72,8 @@ impl StripeVerifier {
         let signature = parse_signature_header(raw)?;
         let t = signature.timestamp.to_string();
         // Any v1 against any configured secret: secrets roll, and Stripe signs with each.
-        let matched = self.secrets.iter().any(|secret| {
-            signature.v1.iter().any(|candidate| {
-                let mut mac = Hmac::<Sha256>::new_from_slice(secret)
-                    .expect("HMAC accepts keys of any length");
-                mac.update(t.as_bytes());
-                mac.update(b".");
-                mac.update(body);
-                // verify_slice compares in constant time and rejects a wrong length.
-                mac.verify_slice(candidate).is_ok()
-            })
-        });
+        let message: [&[u8]; 3] = [t.as_bytes(), b".", body];
+        let matched = any_hmac_matches(&self.secrets, &signature.v1, &message);
         if !matched {
             return Err(AuthError::BadSignature);
         }
