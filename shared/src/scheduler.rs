@@ -341,7 +341,8 @@ pub async fn backlog(pool: &PgPool) -> anyhow::Result<Backlog> {
 ///
 /// `DeadEvents` counts every dead event still unresolved (an alarm on it stays raised until an
 /// operator replays or resolves them); `ConflictEvents`, `UnprocessableEvents` and
-/// `ReconcileDiscrepancies` count what this run found new.
+/// `ReconcileDiscrepancies` count what this run found new; `StepErrors` counts the steps that
+/// failed in this run (their numbers are then missing or zero).
 pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
     let status = |s: &str| report.backlog.by_status.get(s).copied().unwrap_or(0);
     let discrepancies: i64 = report
@@ -349,7 +350,15 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
         .iter()
         .map(|r| i64::from(r.discrepancies))
         .sum();
-    let metrics: [(&str, f64, &str); 10] = [
+    // A failed step (or reconciliation source) makes the other numbers incomplete: say so.
+    let step_errors = report.errors.len()
+        + report
+            .reconciliation
+            .iter()
+            .filter(|r| r.error.is_some())
+            .count();
+    let metrics: [(&str, f64, &str); 11] = [
+        ("StepErrors", step_errors as f64, "Count"),
         ("DeadEvents", status("dead") as f64, "Count"),
         (
             "ConflictEvents",
