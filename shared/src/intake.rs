@@ -301,19 +301,20 @@ pub async fn store_verified(
 /// Hands the event to the queue after the commit. A failure here is not the provider's
 /// problem: the event is stored, and the scheduler enqueues what was never enqueued.
 async fn enqueue(state: &IntakeState, event_id: i64) {
-    if let Err(e) = state.queue.send_event(event_id).await {
-        tracing::warn!(
-            event_id,
-            error = format!("{e:#}"),
-            "enqueue failed; the scheduler will rescue the event"
-        );
+    let Err(e) = state.queue.send_event(event_id).await else {
         return;
-    }
-    let marked = async {
-        let mut conn = state.pool.acquire().await?;
-        store::mark_enqueued(&mut conn, event_id).await
     };
-    if let Err(e) = marked.await {
-        tracing::warn!(event_id, error = %e, "could not record enqueued_at");
+    tracing::warn!(
+        event_id,
+        error = format!("{e:#}"),
+        "enqueue failed; the scheduler will rescue the event"
+    );
+    let unmarked = async {
+        let mut conn = state.pool.acquire().await?;
+        store::unmark_enqueued(&mut conn, event_id).await
+    };
+    if let Err(e) = unmarked.await {
+        // Still marked: the rescue of stuck rows sends it, a few minutes later.
+        tracing::warn!(event_id, error = %e, "could not clear enqueued_at");
     }
 }

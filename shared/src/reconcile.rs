@@ -179,17 +179,15 @@ async fn store_fetched(
         .await
         .map_err(|e| anyhow::anyhow!("storing a fetched event: {e}"))?;
     if stored.verdict == Verdict::Stored && stored.status.is_pending() {
-        match queue.send_event(stored.event_id).await {
-            Ok(()) => {
-                let mut conn = pool.acquire().await?;
-                crate::store::mark_enqueued(&mut conn, stored.event_id).await?;
-            }
-            // Stored and not enqueued: the rescue step of the next run sends it.
-            Err(e) => tracing::warn!(
+        if let Err(e) = queue.send_event(stored.event_id).await {
+            // Stored and unmarked: the rescue step of the next run sends it.
+            tracing::warn!(
                 event_id = stored.event_id,
                 error = format!("{e:#}"),
                 "enqueue failed"
-            ),
+            );
+            let mut conn = pool.acquire().await?;
+            crate::store::unmark_enqueued(&mut conn, stored.event_id).await?;
         }
     }
     Ok(stored.verdict)

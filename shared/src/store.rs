@@ -139,6 +139,11 @@ impl StoreError {
 /// Stores a delivery in one statement: the event is inserted, or its copy counted, and the
 /// delivery row written beside it. A copy whose content differs is a conflict: the stored
 /// event is kept as is and only the delivery records it.
+///
+/// A pending event is marked `enqueued_at` in the same statement, for the send that follows
+/// the commit: one round trip per delivery. A send that fails unmarks it
+/// ([`unmark_enqueued`]); a crash between the commit and the send leaves it marked, and the
+/// scheduler's rescue of stuck `received` rows sends it.
 #[tracing::instrument(skip_all, fields(source = d.source))]
 pub async fn store_delivery(
     conn: &mut PgConnection,
@@ -149,11 +154,16 @@ pub async fn store_delivery(
         WITH upsert AS (
             INSERT INTO inbox_events AS e
                 (source, dedupe_key, type, payload, raw_body, payload_hash, customer_key,
-                 occurred_at, status, reason, processed_at)
+                 occurred_at, status, reason, processed_at, enqueued_at)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-                    CASE WHEN $9 = 'unprocessable' THEN now() END)
+                    CASE WHEN $9 = 'unprocessable' THEN now() END,
+                    CASE WHEN $9 = 'received' THEN now() END)
             ON CONFLICT (source, dedupe_key) DO UPDATE
-                SET seen_count = e.seen_count + (e.payload_hash = EXCLUDED.payload_hash)::int
+                SET seen_count = e.seen_count + (e.payload_hash = EXCLUDED.payload_hash)::int,
+                    enqueued_at = CASE
+                        WHEN e.payload_hash = EXCLUDED.payload_hash
+                             AND e.status IN ('received', 'processing', 'failed') THEN now()
+                        ELSE e.enqueued_at END
             RETURNING e.id, e.status, e.payload_hash = $6 AS same_content, (e.xmax = 0) AS inserted
         ), delivery AS (
             INSERT INTO deliveries (event_id, verdict, delivery_id, sent_at, payload_hash, headers)
@@ -193,11 +203,12 @@ pub async fn store_delivery(
     })
 }
 
-/// Records that the event's id was handed to the queue.
+/// Records that the send after the commit failed, so that the scheduler's next rescue (of
+/// rows never enqueued) sends the event.
 #[tracing::instrument(skip_all, fields(event_id))]
-pub async fn mark_enqueued(conn: &mut PgConnection, event_id: i64) -> Result<(), sqlx::Error> {
+pub async fn unmark_enqueued(conn: &mut PgConnection, event_id: i64) -> Result<(), sqlx::Error> {
     sqlx::query!(
-        "UPDATE inbox_events SET enqueued_at = now() WHERE id = $1",
+        "UPDATE inbox_events SET enqueued_at = NULL WHERE id = $1",
         event_id
     )
     .execute(conn)

@@ -527,3 +527,34 @@ async fn an_event_whose_worker_died_on_its_last_attempt_is_dead_not_retried(pool
     assert_eq!(row.0, "dead");
     assert!(row.1.unwrap().contains("lease expired"));
 }
+
+#[sqlx::test(migrator = "inbox::MIGRATOR")]
+async fn an_event_marked_enqueued_whose_message_never_arrived_is_sent_again(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    // The intake marks the event in its one statement; its message is lost (as when the
+    // intake dies between the commit and the send, or SQS drops it).
+    let id = stored_unapplied(&app, "evt_message_lost").await;
+    assert!(app.event(id).await.enqueued_at.is_some());
+    let scheduler = scheduler_for(&app, vec![]);
+    assert!(
+        scheduler::rescue(&app.pool, &scheduler.queue)
+            .await
+            .unwrap()
+            .is_empty(),
+        "too recent"
+    );
+
+    exec(
+        &app,
+        "UPDATE inbox_events SET received_at = now() - interval '6 minutes', enqueued_at = now() - interval '6 minutes'",
+    )
+    .await;
+    assert_eq!(
+        scheduler::rescue(&app.pool, &scheduler.queue)
+            .await
+            .unwrap(),
+        [id]
+    );
+    app.run_worker().await;
+    assert_eq!(status_of(&app, id).await, "applied");
+}
