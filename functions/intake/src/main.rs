@@ -20,3 +20,48 @@ pub(crate) async fn handler(
 ) -> Result<Response<Body>, Error> {
     Ok(inbox::intake::handle(state, request).await)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inbox::config::parse_sources;
+    use inbox::providers::Sources;
+    use inbox::queue::Queue;
+
+    #[tokio::test]
+    async fn an_unknown_source_is_404_before_any_io() {
+        let sqs = aws_sdk_sqs::Client::from_conf(
+            aws_sdk_sqs::Config::builder()
+                .behavior_version_latest()
+                .region(aws_sdk_sqs::config::Region::new("us-east-1"))
+                .build(),
+        );
+        let sources =
+            parse_sources(r#"[{"name":"stripe","kind":"stripe","secrets":["whsec_x"]}]"#).unwrap();
+        let state = IntakeState {
+            pool: inbox::db::lazy_pool("postgres://nobody@127.0.0.1:1/none", 1).unwrap(),
+            queue: Queue::new(sqs, "http://127.0.0.1:1/000000000000/none"),
+            sources: Sources::build(
+                &sources,
+                std::time::Duration::from_secs(300),
+                reqwest_client(),
+            )
+            .unwrap(),
+        };
+        // The event a Lambda function URL sends (what `cargo lambda watch` serves too).
+        let request = lambda_http::request::from_str(
+            r#"{"version":"2.0","rawPath":"/webhooks/paypal","rawQueryString":"","headers":{},
+                "requestContext":{"http":{"method":"POST","path":"/webhooks/paypal"},"timeEpoch":0},
+                "body":"{}","isBase64Encoded":false}"#,
+        )
+        .unwrap();
+
+        let response = handler(&state, request).await.unwrap();
+
+        assert_eq!(response.status(), 404);
+    }
+
+    fn reqwest_client() -> reqwest::Client {
+        reqwest::Client::new()
+    }
+}

@@ -20,3 +20,28 @@ pub(crate) async fn handler(
 ) -> Result<SqsBatchResponse, Error> {
     Ok(inbox::worker::handle_batch(state, event.payload).await)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_lambda_events::event::sqs::SqsMessage;
+    use lambda_runtime::Context;
+
+    #[tokio::test]
+    async fn a_message_that_names_no_event_is_dropped_not_retried() {
+        // No database is reached: the body is rejected before any claim.
+        let pool = inbox::db::lazy_pool("postgres://nobody@127.0.0.1:1/none", 1).unwrap();
+        let state = WorkerState::new(pool, Default::default(), Default::default());
+        let mut message = SqsMessage::default();
+        message.message_id = Some("m-1".into());
+        message.body = Some("not an event id".into());
+        let mut event = SqsEvent::default();
+        event.records.push(message);
+
+        let response = handler(&state, LambdaEvent::new(event, Context::default()))
+            .await
+            .unwrap();
+
+        assert!(response.batch_item_failures.is_empty());
+    }
+}
