@@ -6,6 +6,7 @@ macro_rules! out {
     ($($arg:tt)*) => { $crate::emit(&format!($($arg)*)) };
 }
 
+mod bench;
 mod dev;
 mod scenario;
 mod send;
@@ -80,6 +81,9 @@ enum Command {
     Send(send::SendArgs),
     /// Run a reference delivery script against the running stack and print its timeline.
     Scenario(scenario::ScenarioArgs),
+    /// Measure intake and worker throughput against the raw SQL they run, and the drain time
+    /// of a backlog (in databases and a queue of its own, removed afterwards).
+    Bench(bench::BenchArgs),
     /// Play the AWS event source mapping and schedule for the local stack: long-poll the
     /// queue and invoke the worker, and invoke the scheduler on an interval.
     Dev(dev::DevArgs),
@@ -87,15 +91,25 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("INBOXCTL_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    // Logs to stderr (INBOXCTL_LOG, default warn); `bench` also counts sqlx's statements.
+    let counter = bench::StatementCounter::default();
+    let log_filter = tracing_subscriber::EnvFilter::try_from_env("INBOXCTL_LOG")
+        .unwrap_or_else(|_| "warn".into());
+    let statements = tracing_subscriber::filter::Targets::new()
+        .with_target("sqlx::query", tracing::Level::DEBUG);
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(log_filter),
         )
-        .with_writer(std::io::stderr)
+        .with(counter.clone().with_filter(statements))
         .init();
     let cli = Cli::parse();
-    match run(&cli).await {
+    match run(&cli, &counter).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             if cli.json {
@@ -108,7 +122,7 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: &Cli) -> anyhow::Result<()> {
+async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()> {
     match &cli.command {
         Command::Migrate => migrate(&connect(cli).await?, cli.json).await,
         Command::Account {
@@ -159,6 +173,13 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
         }
         Command::Send(args) => send::run(args, cli.json).await,
         Command::Dev(args) => dev::run(args).await,
+        Command::Bench(args) => {
+            let server = cli
+                .database_url
+                .as_deref()
+                .context("DATABASE_URL is not set (or pass --database-url)")?;
+            bench::run(args, server, counter, cli.json).await
+        }
         Command::Scenario(args) => scenario::run(args, &connect(cli).await?, cli.json).await,
     }
 }

@@ -1,0 +1,487 @@
+//! `inboxctl bench`: the pipeline's library code against the local services, measured as
+//! ratios in one run (DESIGN §8). Everything runs in this process on loopback, in databases
+//! and a queue of its own that are removed afterwards; every loop is bounded.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::Utc;
+use clap::Args;
+use serde_json::{json, Value};
+use sqlx::{Executor, PgPool};
+
+use inbox::billing::Catalog;
+use inbox::config::{parse_sources, SourceKind};
+use inbox::fixtures::{self, KindeKey, Spec};
+use inbox::intake::IntakeState;
+use inbox::providers::Sources;
+use inbox::queue::Queue;
+use inbox::worker::WorkerState;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Deliveries in the backlog (30% of them copies).
+    #[arg(long, default_value_t = 10_000)]
+    pub deliveries: usize,
+    /// Concurrent intake requests, and concurrent worker pollers.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    #[arg(long, env = "INBOX_SOURCES", hide_env_values = true)]
+    pub sources: String,
+    #[arg(long, env = "INBOX_PLANS", hide_env_values = true)]
+    pub plans: String,
+    #[arg(long, env = "INBOX_DEV_KINDE_KEY")]
+    pub kinde_key: Option<std::path::PathBuf>,
+    #[arg(long, env = "INBOX_DEV_KINDE_KID", default_value = "dev-key")]
+    pub kinde_kid: String,
+}
+
+/// Counts the SQL statements sqlx runs (it logs each one under the `sqlx::query` target).
+#[derive(Clone, Default)]
+pub struct StatementCounter(Arc<AtomicU64>);
+
+impl StatementCounter {
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StatementCounter {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if event.metadata().target() == "sqlx::query" {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+struct Delivery {
+    source: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index].as_secs_f64() * 1000.0
+}
+
+/// The backlog: distinct events over all configured providers, 30% of deliveries copies, shuffled.
+fn workload(args: &BenchArgs) -> anyhow::Result<Vec<Delivery>> {
+    let sources = parse_sources(&args.sources).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let kinde_key = match &args.kinde_key {
+        Some(path) => Some(KindeKey {
+            pem: std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+            kid: args.kinde_kid.clone(),
+        }),
+        None => None,
+    };
+    let usable: Vec<_> = sources
+        .iter()
+        .filter(|s| s.kind != SourceKind::Kinde || kinde_key.is_some())
+        .collect();
+    anyhow::ensure!(
+        !usable.is_empty(),
+        "INBOX_SOURCES has no source this bench can sign for"
+    );
+    let distinct = args.deliveries * 7 / 10;
+    let mut events = Vec::with_capacity(distinct);
+    for n in 0..distinct {
+        let source = usable[n % usable.len()];
+        let kinds = fixtures::kinds(source.kind);
+        let plan = match source.kind {
+            SourceKind::Kinde => "pro",
+            SourceKind::Stripe => "price_pro",
+            SourceKind::StandardWebhooks => "prod_pro",
+        };
+        let spec = Spec {
+            kind: kinds[n % kinds.len()].to_owned(),
+            customer: format!("bench_{}", n % 500),
+            plan: Some(plan.to_owned()),
+            at: Utc::now() - chrono::Duration::seconds((n % 3600) as i64),
+            object_id: Some(format!("obj_{}", n % 1500)),
+            status: None,
+            event_id: Some(format!("bench_{n}")),
+        };
+        let (id, payload) =
+            fixtures::payload(source.kind, &spec).map_err(|e| anyhow::anyhow!(e))?;
+        let signed = fixtures::sign_delivery(source, &id, &payload, kinde_key.as_ref())
+            .map_err(|e| anyhow::anyhow!(e))?;
+        events.push(Delivery {
+            source: source.name.clone(),
+            headers: signed.headers,
+            body: signed.body,
+        });
+    }
+    // Copies: the same signed delivery again, then everything in a shuffled order.
+    let mut deliveries: Vec<Delivery> = Vec::with_capacity(args.deliveries);
+    for n in 0..args.deliveries {
+        let original = &events[(n * 7919) % events.len()];
+        deliveries.push(Delivery {
+            source: original.source.clone(),
+            headers: original.headers.clone(),
+            body: original.body.clone(),
+        });
+    }
+    for (n, e) in events.into_iter().enumerate() {
+        deliveries[n] = e;
+    }
+    let len = deliveries.len();
+    for i in (1..len).rev() {
+        let j = (i * 2_654_435_761) % (i + 1);
+        deliveries.swap(i, j);
+    }
+    Ok(deliveries)
+}
+
+async fn fresh_database(server: &str, name: &str) -> anyhow::Result<PgPool> {
+    let admin = PgPool::connect(server)
+        .await
+        .context("connecting to DATABASE_URL")?;
+    admin
+        .execute(format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#).as_str())
+        .await?;
+    admin
+        .execute(format!(r#"CREATE DATABASE "{name}""#).as_str())
+        .await?;
+    let options: sqlx::postgres::PgConnectOptions = server.parse()?;
+    let pool = inbox::db::pool_options(32)
+        .connect_with(options.database(name))
+        .await?;
+    inbox::MIGRATOR.run(&pool).await?;
+    Ok(pool)
+}
+
+async fn drop_database(server: &str, name: &str) {
+    if let Ok(admin) = PgPool::connect(server).await {
+        let _ = admin
+            .execute(format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#).as_str())
+            .await;
+    }
+}
+
+/// Runs `work` over `items` with `concurrency` tasks; returns each call's latency.
+async fn run_concurrently<T, F, Fut>(items: Vec<T>, concurrency: usize, work: F) -> Vec<Duration>
+where
+    T: Send + 'static,
+    F: Fn(T) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let queue = Arc::new(std::sync::Mutex::new(items));
+    let work = Arc::new(work);
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let queue = queue.clone();
+        let work = work.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            loop {
+                let Some(item) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop() else {
+                    return latencies;
+                };
+                let start = Instant::now();
+                work(item).await;
+                latencies.push(start.elapsed());
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap_or_default());
+    }
+    all.sort();
+    all
+}
+
+pub async fn run(
+    args: &BenchArgs,
+    server: &str,
+    counter: &StatementCounter,
+    json_output: bool,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (100..=100_000).contains(&args.deliveries),
+        "--deliveries must be between 100 and 100000"
+    );
+    anyhow::ensure!(
+        (1..=64).contains(&args.concurrency),
+        "--concurrency must be between 1 and 64"
+    );
+    let catalog = Catalog::parse(&args.plans).map_err(|e| anyhow::anyhow!("INBOX_PLANS: {e}"))?;
+    let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+    let (db, raw_db) = (
+        format!("inbox_bench_{tag}"),
+        format!("inbox_bench_raw_{tag}"),
+    );
+    let result = bench(args, server, counter, &catalog, &tag, &db, &raw_db).await;
+    drop_database(server, &db).await;
+    drop_database(server, &raw_db).await;
+    let report = result?;
+    if json_output {
+        crate::emit(&report.to_string());
+        return Ok(());
+    }
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::UTF8_BORDERS_ONLY)
+        .set_header(vec!["measure", "pipeline", "raw SQL (ceiling)", "ratio"]);
+    let i = &report["intake"];
+    let w = &report["worker"];
+    let f = |v: &Value| {
+        v.as_f64()
+            .map(|x| format!("{x:.1}"))
+            .unwrap_or_else(|| "-".into())
+    };
+    let r = |v: &Value| {
+        v.as_f64()
+            .map(|x| format!("{x:.3}"))
+            .unwrap_or_else(|| "-".into())
+    };
+    t.add_row(vec![
+        "intake deliveries/s".into(),
+        f(&i["per_sec"]),
+        f(&i["raw_per_sec"]),
+        r(&i["ratio"]),
+    ]);
+    t.add_row(vec![
+        "intake p50 ms".into(),
+        f(&i["p50_ms"]),
+        f(&i["raw_p50_ms"]),
+        "".into(),
+    ]);
+    t.add_row(vec![
+        "intake p99 ms".into(),
+        f(&i["p99_ms"]),
+        f(&i["raw_p99_ms"]),
+        "".into(),
+    ]);
+    t.add_row(vec![
+        "SQL statements per delivery".into(),
+        f(&i["statements_per_delivery"]),
+        "".into(),
+        "".into(),
+    ]);
+    t.add_row(vec![
+        "worker events/s".into(),
+        f(&w["per_sec"]),
+        f(&w["raw_per_sec"]),
+        r(&w["ratio"]),
+    ]);
+    t.add_row(vec![
+        "SQL statements per event".into(),
+        f(&w["statements_per_event"]),
+        "".into(),
+        "".into(),
+    ]);
+    t.add_row(vec![
+        "backlog drain s".into(),
+        f(&w["drain_secs"]),
+        "".into(),
+        "".into(),
+    ]);
+    crate::emit(&format!(
+        "{} deliveries ({} events, 30% copies, shuffled) over {}, concurrency {}\n{t}",
+        report["deliveries"], report["events"], report["sources"], args.concurrency
+    ));
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn bench(
+    args: &BenchArgs,
+    server: &str,
+    counter: &StatementCounter,
+    catalog: &Catalog,
+    tag: &str,
+    db: &str,
+    raw_db: &str,
+) -> anyhow::Result<Value> {
+    eprintln!("bench: preparing {} signed deliveries", args.deliveries);
+    let deliveries = workload(args)?;
+    let pool = fresh_database(server, db).await?;
+    let raw_pool = fresh_database(server, raw_db).await?;
+    let sqs = aws_sdk_sqs::Client::new(&inbox::queue::sdk_config().await);
+    let queue_url = sqs
+        .create_queue()
+        .queue_name(format!("inbox-bench-{tag}"))
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", aws_sdk_sqs::error::DisplayErrorContext(&e)))
+        .context("creating the bench queue (is the SQS server up? scripts/dev services)")?
+        .queue_url
+        .context("CreateQueue returned no URL")?;
+    let outcome = measure(
+        args, counter, catalog, deliveries, pool, raw_pool, &sqs, &queue_url,
+    )
+    .await;
+    let _ = sqs.delete_queue().queue_url(&queue_url).send().await;
+    outcome
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    args: &BenchArgs,
+    counter: &StatementCounter,
+    catalog: &Catalog,
+    deliveries: Vec<Delivery>,
+    pool: PgPool,
+    raw_pool: PgPool,
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+) -> anyhow::Result<Value> {
+    let configs = parse_sources(&args.sources).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let kinds: std::collections::HashMap<String, SourceKind> =
+        configs.iter().map(|s| (s.name.clone(), s.kind)).collect();
+    let sources = Sources::build(&configs, Duration::from_secs(300), reqwest::Client::new())
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let state = Arc::new(IntakeState {
+        pool: pool.clone(),
+        queue: Queue::new(sqs.clone(), queue_url),
+        sources,
+    });
+    let total = deliveries.len();
+    let distinct = total * 7 / 10;
+
+    // The raw ceiling first: the intake's own statement, with what verification would give.
+    let mut raw_items = Vec::with_capacity(total);
+    for d in &deliveries {
+        let headers: http::HeaderMap = d
+            .headers
+            .iter()
+            .filter_map(|(k, v)| Some((k.parse::<http::HeaderName>().ok()?, v.parse().ok()?)))
+            .collect();
+        let verified = state
+            .sources
+            .get(&d.source)
+            .context("a delivery names an unconfigured source")?
+            .verify(&headers, &d.body, Utc::now())
+            .await
+            .map_err(|e| anyhow::anyhow!("a bench delivery does not verify: {e}"))?;
+        raw_items.push((d.source.clone(), d.body.clone(), verified));
+    }
+    eprintln!("bench: raw SQL ceiling");
+    let raw_start = Instant::now();
+    let raw_latencies = {
+        let raw_pool = raw_pool.clone();
+        run_concurrently(
+            raw_items,
+            args.concurrency,
+            move |(source, body, verified)| {
+                let raw_pool = raw_pool.clone();
+                async move {
+                    let _ = inbox::intake::store_verified(
+                        &raw_pool,
+                        &source,
+                        &body,
+                        &verified,
+                        &json!({}),
+                    )
+                    .await;
+                }
+            },
+        )
+        .await
+    };
+    let raw_secs = raw_start.elapsed().as_secs_f64();
+
+    eprintln!("bench: intake");
+    let statements_before = counter.get();
+    let intake_start = Instant::now();
+    let latencies = {
+        let state = state.clone();
+        run_concurrently(deliveries, args.concurrency, move |d| {
+            let state = state.clone();
+            async move {
+                let mut builder = http::Request::builder()
+                    .method("POST")
+                    .uri(format!("/webhooks/{}", d.source));
+                for (k, v) in &d.headers {
+                    builder = builder.header(k, v);
+                }
+                if let Ok(request) = builder.body(lambda_http::Body::from(d.body)) {
+                    let _ = inbox::intake::handle(&state, request).await;
+                }
+            }
+        })
+        .await
+    };
+    let intake_secs = intake_start.elapsed().as_secs_f64();
+    let intake_statements = counter.get() - statements_before;
+
+    eprintln!("bench: worker drains the backlog");
+    let worker = Arc::new(WorkerState::new(
+        pool.clone(),
+        kinds.clone(),
+        catalog.clone(),
+    ));
+    let statements_before = counter.get();
+    let drain_start = Instant::now();
+    let deadline = drain_start + Duration::from_secs(900);
+    let mut pollers = Vec::new();
+    for _ in 0..args.concurrency {
+        let (worker, sqs, queue_url) = (worker.clone(), sqs.clone(), queue_url.to_owned());
+        pollers.push(tokio::spawn(async move {
+            let mut idle = 0;
+            while idle < 3 && Instant::now() < deadline {
+                let pumped = inbox::bridge::pump_once(&sqs, &queue_url, 1, |event| {
+                    let worker = worker.clone();
+                    async move { Ok(inbox::worker::handle_batch(&worker, event).await) }
+                })
+                .await;
+                idle = match pumped {
+                    Ok(r) if r.received > 0 => 0,
+                    _ => idle + 1,
+                };
+            }
+        }));
+    }
+    for p in pollers {
+        let _ = p.await;
+    }
+    let drain_secs = drain_start.elapsed().as_secs_f64();
+    let worker_statements = counter.get() - statements_before;
+    let applied: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM inbox_events WHERE status IN ('applied', 'ignored', 'unprocessable')",
+    )
+    .fetch_one(&pool)
+    .await?;
+
+    eprintln!("bench: raw worker transactions");
+    let raw_worker = Arc::new(WorkerState::new(raw_pool.clone(), kinds, catalog.clone()));
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM inbox_events ORDER BY id")
+        .fetch_all(&raw_pool)
+        .await?;
+    let raw_worker_start = Instant::now();
+    run_concurrently(ids, args.concurrency, move |id| {
+        let raw_worker = raw_worker.clone();
+        async move {
+            let _ = inbox::worker::process_event(&raw_worker, id).await;
+        }
+    })
+    .await;
+    let raw_worker_secs = raw_worker_start.elapsed().as_secs_f64();
+
+    let per_sec = total as f64 / intake_secs;
+    let raw_per_sec = total as f64 / raw_secs;
+    let worker_per_sec = applied as f64 / drain_secs;
+    let raw_worker_per_sec = distinct as f64 / raw_worker_secs;
+    Ok(json!({
+        "deliveries": total,
+        "events": distinct,
+        "sources": configs.iter().map(|s| s.name.clone()).collect::<Vec<_>>().join(", "),
+        "intake": {
+            "per_sec": per_sec, "p50_ms": percentile(&latencies, 0.5), "p99_ms": percentile(&latencies, 0.99),
+            "raw_per_sec": raw_per_sec, "raw_p50_ms": percentile(&raw_latencies, 0.5),
+            "raw_p99_ms": percentile(&raw_latencies, 0.99), "ratio": per_sec / raw_per_sec,
+            "statements_per_delivery": intake_statements as f64 / total as f64,
+        },
+        "worker": {
+            "applied": applied, "per_sec": worker_per_sec, "raw_per_sec": raw_worker_per_sec,
+            "ratio": worker_per_sec / raw_worker_per_sec, "drain_secs": drain_secs,
+            "statements_per_event": worker_statements as f64 / applied.max(1) as f64,
+        }
+    }))
+}
