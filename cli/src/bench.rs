@@ -303,7 +303,19 @@ async fn bench(
     let deliveries = workload(args)?;
     let pool = fresh_database(server, db).await?;
     let raw_pool = fresh_database(server, raw_db).await?;
-    let sqs = aws_sdk_sqs::Client::new(&inbox::queue::sdk_config().await);
+    // The local SQS server slows down as the backlog grows: generous timeouts, so that the
+    // bench measures it rather than failing on it.
+    let sqs = aws_sdk_sqs::Client::from_conf(
+        aws_sdk_sqs::config::Builder::from(&inbox::queue::sdk_config().await)
+            .timeout_config(
+                aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(5))
+                    .operation_attempt_timeout(Duration::from_secs(60))
+                    .operation_timeout(Duration::from_secs(120))
+                    .build(),
+            )
+            .build(),
+    );
     let queue_url = sqs
         .create_queue()
         .queue_name(format!("inbox-bench-{tag}"))
@@ -433,7 +445,12 @@ async fn measure(
                 .await;
                 idle = match pumped {
                     Ok(r) if r.received > 0 => 0,
-                    _ => idle + 1,
+                    Ok(_) => idle + 1,
+                    Err(e) => {
+                        eprintln!("bench: {e:#}");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        idle
+                    }
                 };
             }
         }));
