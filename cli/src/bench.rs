@@ -14,7 +14,7 @@ use sqlx::{Executor, PgPool};
 
 use inbox::billing::Catalog;
 use inbox::config::{parse_sources, SourceKind};
-use inbox::fixtures::{self, KindeKey, Spec};
+use inbox::fixtures::{self, Spec};
 use inbox::intake::IntakeState;
 use inbox::providers::Sources;
 use inbox::queue::Queue;
@@ -28,14 +28,10 @@ pub struct BenchArgs {
     /// Concurrent intake requests, and concurrent worker pollers.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
-    #[arg(long, env = "INBOX_SOURCES", hide_env_values = true)]
-    pub sources: String,
     #[arg(long, env = "INBOX_PLANS", hide_env_values = true)]
     pub plans: String,
-    #[arg(long, env = "INBOX_DEV_KINDE_KEY")]
-    pub kinde_key: Option<std::path::PathBuf>,
-    #[arg(long, env = "INBOX_DEV_KINDE_KID", default_value = "dev-key")]
-    pub kinde_kid: String,
+    #[command(flatten)]
+    pub signing: crate::send::SigningArgs,
 }
 
 /// Counts the SQL statements sqlx runs (it logs each one under the `sqlx::query` target).
@@ -72,24 +68,20 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 
 /// The backlog: distinct events over all configured providers, 30% of deliveries copies, shuffled.
 fn workload(args: &BenchArgs) -> anyhow::Result<Vec<Delivery>> {
-    let sources = parse_sources(&args.sources).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let kinde_key = match &args.kinde_key {
-        Some(path) => Some(KindeKey {
-            pem: std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
-            kid: args.kinde_kid.clone(),
-        }),
-        None => None,
-    };
-    let usable: Vec<_> = sources
+    use rand::seq::SliceRandom;
+    use rand::Rng;
+    let sender = args.signing.sender("")?;
+    let usable: Vec<_> = sender
+        .sources()
         .iter()
-        .filter(|s| s.kind != SourceKind::Kinde || kinde_key.is_some())
+        .filter(|s| sender.can_sign(s.kind))
         .collect();
     anyhow::ensure!(
         !usable.is_empty(),
         "INBOX_SOURCES has no source this bench can sign for"
     );
     let distinct = args.deliveries * 7 / 10;
-    let mut events = Vec::with_capacity(distinct);
+    let mut deliveries = Vec::with_capacity(args.deliveries);
     for n in 0..distinct {
         let source = usable[n % usable.len()];
         let kinds = fixtures::kinds(source.kind);
@@ -107,34 +99,26 @@ fn workload(args: &BenchArgs) -> anyhow::Result<Vec<Delivery>> {
             status: None,
             event_id: Some(format!("bench_{n}")),
         };
-        let (id, payload) =
-            fixtures::payload(source.kind, &spec).map_err(|e| anyhow::anyhow!(e))?;
-        let signed = fixtures::sign_delivery(source, &id, &payload, kinde_key.as_ref())
-            .map_err(|e| anyhow::anyhow!(e))?;
-        events.push(Delivery {
+        let (id, payload) = sender.build(&source.name, &spec)?;
+        let signed = sender.sign(&source.name, &id, &payload)?;
+        deliveries.push(Delivery {
             source: source.name.clone(),
             headers: signed.headers,
             body: signed.body,
         });
     }
-    // Copies: the same signed delivery again, then everything in a shuffled order.
-    let mut deliveries: Vec<Delivery> = Vec::with_capacity(args.deliveries);
-    for n in 0..args.deliveries {
-        let original = &events[(n * 7919) % events.len()];
-        deliveries.push(Delivery {
+    // Copies: the same signed deliveries again, then everything in a shuffled order.
+    let mut rng = rand::thread_rng();
+    for _ in distinct..args.deliveries {
+        let original = &deliveries[rng.gen_range(0..distinct)];
+        let copy = Delivery {
             source: original.source.clone(),
             headers: original.headers.clone(),
             body: original.body.clone(),
-        });
+        };
+        deliveries.push(copy);
     }
-    for (n, e) in events.into_iter().enumerate() {
-        deliveries[n] = e;
-    }
-    let len = deliveries.len();
-    for i in (1..len).rev() {
-        let j = (i * 2_654_435_761) % (i + 1);
-        deliveries.swap(i, j);
-    }
+    deliveries.shuffle(&mut rng);
     Ok(deliveries)
 }
 
@@ -344,7 +328,7 @@ async fn measure(
     sqs: &aws_sdk_sqs::Client,
     queue_url: &str,
 ) -> anyhow::Result<Value> {
-    let configs = parse_sources(&args.sources).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let configs = parse_sources(&args.signing.sources).map_err(|e| anyhow::anyhow!("{e}"))?;
     let kinds: std::collections::HashMap<String, SourceKind> =
         configs.iter().map(|s| (s.name.clone(), s.kind)).collect();
     let sources = Sources::build(&configs, Duration::from_secs(300), reqwest::Client::new())

@@ -31,14 +31,10 @@ pub struct ScenarioArgs {
     pub name: Name,
     #[arg(long, env = "INTAKE_URL", default_value = DEFAULT_INTAKE_URL)]
     pub intake_url: String,
-    #[arg(long, env = "INBOX_SOURCES", hide_env_values = true)]
-    pub sources: String,
     #[arg(long, env = "INBOX_PLANS", hide_env_values = true)]
     pub plans: String,
-    #[arg(long, env = "INBOX_DEV_KINDE_KEY")]
-    pub kinde_key: Option<std::path::PathBuf>,
-    #[arg(long, env = "INBOX_DEV_KINDE_KID", default_value = "dev-key")]
-    pub kinde_kid: String,
+    #[command(flatten)]
+    pub signing: crate::send::SigningArgs,
 }
 
 /// What a handler that applies on arrival does with one delivery.
@@ -205,12 +201,7 @@ impl NaiveState {
 
 pub async fn run(args: &ScenarioArgs, pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
     let catalog = Catalog::parse(&args.plans).map_err(|e| anyhow::anyhow!("INBOX_PLANS: {e}"))?;
-    let sender = Sender::new(
-        &args.sources,
-        args.kinde_key.as_deref(),
-        &args.kinde_kid,
-        &args.intake_url,
-    )?;
+    let sender = args.signing.sender(&args.intake_url)?;
     let (source, steps) = script(args.name);
     let run_id = &uuid_suffix();
     let customer = format!("scn_{run_id}");

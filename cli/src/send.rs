@@ -41,6 +41,14 @@ pub struct SendArgs {
     /// The intake's base URL; the delivery goes to {url}/webhooks/{source}.
     #[arg(long, env = "INTAKE_URL", default_value = DEFAULT_INTAKE_URL)]
     pub intake_url: String,
+    #[command(flatten)]
+    pub signing: SigningArgs,
+}
+
+/// What signing a delivery needs: the sources as the functions read them, and for Kinde
+/// the local signing key. Shared by `send`, `scenario` and `bench`.
+#[derive(Args)]
+pub struct SigningArgs {
     /// The sources, as the functions read them.
     #[arg(long, env = "INBOX_SOURCES", hide_env_values = true)]
     pub sources: String,
@@ -49,6 +57,17 @@ pub struct SendArgs {
     pub kinde_key: Option<std::path::PathBuf>,
     #[arg(long, env = "INBOX_DEV_KINDE_KID", default_value = "dev-key")]
     pub kinde_kid: String,
+}
+
+impl SigningArgs {
+    pub fn sender(&self, intake_url: &str) -> anyhow::Result<Sender> {
+        Sender::new(
+            &self.sources,
+            self.kinde_key.as_deref(),
+            &self.kinde_kid,
+            intake_url,
+        )
+    }
 }
 
 /// One delivery's answer.
@@ -79,12 +98,7 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
     };
     let http = reqwest::Client::new();
     let mut answers = Vec::new();
-    let sender = Sender::new(
-        &args.sources,
-        args.kinde_key.as_deref(),
-        &args.kinde_kid,
-        &args.intake_url,
-    )?;
+    let sender = args.signing.sender(&args.intake_url)?;
     let (id, payload) = sender.build(&args.source, &spec)?;
     let delivery = sender.sign(&args.source, &id, &payload)?;
     for _ in 0..args.copies {
@@ -137,6 +151,15 @@ impl Sender {
             kinde_key,
             intake_url: intake_url.trim_end_matches('/').to_owned(),
         })
+    }
+
+    pub fn sources(&self) -> &[inbox::config::SourceConfig] {
+        &self.sources
+    }
+
+    /// Whether deliveries of this kind of source can be signed here (Kinde needs the key).
+    pub fn can_sign(&self, kind: inbox::config::SourceKind) -> bool {
+        kind != inbox::config::SourceKind::Kinde || self.kinde_key.is_some()
     }
 
     fn source(&self, name: &str) -> anyhow::Result<&inbox::config::SourceConfig> {
