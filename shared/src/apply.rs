@@ -95,19 +95,28 @@ fn unchanged(
     }
 }
 
+// Each register write is one statement: the conditional upsert, and beside it (read from the
+// statement's snapshot, so before the write) which event the register held, to say why a
+// write that did not happen did not.
+
 async fn customer_plan(
     conn: &mut PgConnection,
     ctx: &EventContext<'_>,
     plan: Option<(&str, &str)>,
 ) -> Result<Change, sqlx::Error> {
-    let written = sqlx::query!(
+    let row = sqlx::query!(
         r#"
-        INSERT INTO customer_plans AS r (source, customer_id, plan_key, plan, version_at, version_key, event_id)
-        VALUES ($1, $2, $3, $4, $5, $6, $7)
-        ON CONFLICT (source, customer_id) DO UPDATE
-            SET plan_key = EXCLUDED.plan_key, plan = EXCLUDED.plan, version_at = EXCLUDED.version_at,
-                version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
-            WHERE (r.version_at, r.version_key) < (EXCLUDED.version_at, EXCLUDED.version_key)
+        WITH written AS (
+            INSERT INTO customer_plans AS r (source, customer_id, plan_key, plan, version_at, version_key, event_id)
+            VALUES ($1, $2, $3, $4, $5, $6, $7)
+            ON CONFLICT (source, customer_id) DO UPDATE
+                SET plan_key = EXCLUDED.plan_key, plan = EXCLUDED.plan, version_at = EXCLUDED.version_at,
+                    version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
+                WHERE (r.version_at, r.version_key) < (EXCLUDED.version_at, EXCLUDED.version_key)
+            RETURNING 1
+        )
+        SELECT EXISTS (SELECT 1 FROM written) AS "written!",
+               (SELECT event_id FROM customer_plans WHERE source = $1 AND customer_id = $2) AS stored_event
         "#,
         ctx.source,
         ctx.customer,
@@ -117,24 +126,16 @@ async fn customer_plan(
         ctx.version.key,
         ctx.event_id,
     )
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    if written == 1 {
+    .fetch_one(&mut *conn)
+    .await?;
+    if row.written {
         return Ok(Change::Made(match plan {
             Some((_, name)) => format!("plan set to {name}"),
             None => "plan cancelled".to_owned(),
         }));
     }
-    let stored = sqlx::query_scalar!(
-        "SELECT event_id FROM customer_plans WHERE source = $1 AND customer_id = $2",
-        ctx.source,
-        ctx.customer
-    )
-    .fetch_optional(&mut *conn)
-    .await?;
     Ok(unchanged(
-        stored,
+        row.stored_event,
         ctx,
         "plan change",
         "a newer plan change is already stored",
@@ -146,14 +147,19 @@ async fn standing(
     ctx: &EventContext<'_>,
     past_due: bool,
 ) -> Result<Change, sqlx::Error> {
-    let written = sqlx::query!(
+    let row = sqlx::query!(
         r#"
-        INSERT INTO customer_standing AS r (source, customer_id, past_due, version_at, version_key, event_id)
-        VALUES ($1, $2, $3, $4, $5, $6)
-        ON CONFLICT (source, customer_id) DO UPDATE
-            SET past_due = EXCLUDED.past_due, version_at = EXCLUDED.version_at,
-                version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
-            WHERE (r.version_at, r.version_key) < (EXCLUDED.version_at, EXCLUDED.version_key)
+        WITH written AS (
+            INSERT INTO customer_standing AS r (source, customer_id, past_due, version_at, version_key, event_id)
+            VALUES ($1, $2, $3, $4, $5, $6)
+            ON CONFLICT (source, customer_id) DO UPDATE
+                SET past_due = EXCLUDED.past_due, version_at = EXCLUDED.version_at,
+                    version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
+                WHERE (r.version_at, r.version_key) < (EXCLUDED.version_at, EXCLUDED.version_key)
+            RETURNING 1
+        )
+        SELECT EXISTS (SELECT 1 FROM written) AS "written!",
+               (SELECT event_id FROM customer_standing WHERE source = $1 AND customer_id = $2) AS stored_event
         "#,
         ctx.source,
         ctx.customer,
@@ -162,28 +168,18 @@ async fn standing(
         ctx.version.key,
         ctx.event_id,
     )
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    if written == 1 {
-        return Ok(Change::Made(
-            if past_due {
-                "payments past due"
-            } else {
-                "payments in good standing"
-            }
-            .to_owned(),
-        ));
-    }
-    let stored = sqlx::query_scalar!(
-        "SELECT event_id FROM customer_standing WHERE source = $1 AND customer_id = $2",
-        ctx.source,
-        ctx.customer
-    )
-    .fetch_optional(&mut *conn)
+    .fetch_one(&mut *conn)
     .await?;
+    if row.written {
+        let words = if past_due {
+            "payments past due"
+        } else {
+            "payments in good standing"
+        };
+        return Ok(Change::Made(words.to_owned()));
+    }
     Ok(unchanged(
-        stored,
+        row.stored_event,
         ctx,
         "payment standing",
         "a newer payment standing is already stored",
@@ -197,16 +193,21 @@ async fn subscription(
     status: &str,
     plan: Option<(&str, &str)>,
 ) -> Result<Change, sqlx::Error> {
-    let written = sqlx::query!(
+    let row = sqlx::query!(
         r#"
-        INSERT INTO subscriptions AS r
-            (source, subscription_id, customer_id, status, plan_key, plan, version_at, version_key, event_id)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-        ON CONFLICT (source, subscription_id) DO UPDATE
-            SET customer_id = EXCLUDED.customer_id, status = EXCLUDED.status,
-                plan_key = EXCLUDED.plan_key, plan = EXCLUDED.plan, version_at = EXCLUDED.version_at,
-                version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
-            WHERE (r.version_at, r.version_key) < (EXCLUDED.version_at, EXCLUDED.version_key)
+        WITH written AS (
+            INSERT INTO subscriptions AS r
+                (source, subscription_id, customer_id, status, plan_key, plan, version_at, version_key, event_id)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+            ON CONFLICT (source, subscription_id) DO UPDATE
+                SET customer_id = EXCLUDED.customer_id, status = EXCLUDED.status,
+                    plan_key = EXCLUDED.plan_key, plan = EXCLUDED.plan, version_at = EXCLUDED.version_at,
+                    version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
+                WHERE (r.version_at, r.version_key) < (EXCLUDED.version_at, EXCLUDED.version_key)
+            RETURNING 1
+        )
+        SELECT EXISTS (SELECT 1 FROM written) AS "written!",
+               (SELECT event_id FROM subscriptions WHERE source = $1 AND subscription_id = $2) AS stored_event
         "#,
         ctx.source,
         id,
@@ -218,21 +219,13 @@ async fn subscription(
         ctx.version.key,
         ctx.event_id,
     )
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    if written == 1 {
+    .fetch_one(&mut *conn)
+    .await?;
+    if row.written {
         return Ok(Change::Made(format!("subscription {id} is {status}")));
     }
-    let stored = sqlx::query_scalar!(
-        "SELECT event_id FROM subscriptions WHERE source = $1 AND subscription_id = $2",
-        ctx.source,
-        id
-    )
-    .fetch_optional(&mut *conn)
-    .await?;
     Ok(unchanged(
-        stored,
+        row.stored_event,
         ctx,
         "subscription state",
         &format!("a newer state of subscription {id} is already stored"),
@@ -248,17 +241,23 @@ async fn payment(
 ) -> Result<Change, sqlx::Error> {
     // Refunded is terminal: nothing moves a refunded payment, and a refund moves any other
     // state whatever its time, so the end state does not depend on the order.
-    let written = sqlx::query!(
+    let row = sqlx::query!(
         r#"
-        INSERT INTO payments AS r (source, payment_id, customer_id, status, plan_key, version_at, version_key, event_id)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-        ON CONFLICT (source, payment_id) DO UPDATE
-            SET status = EXCLUDED.status, plan_key = COALESCE(EXCLUDED.plan_key, r.plan_key),
-                version_at = EXCLUDED.version_at, version_key = EXCLUDED.version_key,
-                event_id = EXCLUDED.event_id
-            WHERE r.status <> 'refunded'
-              AND (EXCLUDED.status = 'refunded'
-                   OR (r.version_at, r.version_key) < (EXCLUDED.version_at, EXCLUDED.version_key))
+        WITH written AS (
+            INSERT INTO payments AS r (source, payment_id, customer_id, status, plan_key, version_at, version_key, event_id)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            ON CONFLICT (source, payment_id) DO UPDATE
+                SET status = EXCLUDED.status, plan_key = COALESCE(EXCLUDED.plan_key, r.plan_key),
+                    version_at = EXCLUDED.version_at, version_key = EXCLUDED.version_key,
+                    event_id = EXCLUDED.event_id
+                WHERE r.status <> 'refunded'
+                  AND (EXCLUDED.status = 'refunded'
+                       OR (r.version_at, r.version_key) < (EXCLUDED.version_at, EXCLUDED.version_key))
+            RETURNING 1
+        )
+        SELECT EXISTS (SELECT 1 FROM written) AS "written!",
+               (SELECT event_id FROM payments WHERE source = $1 AND payment_id = $2) AS stored_event,
+               (SELECT status FROM payments WHERE source = $1 AND payment_id = $2) AS stored_status
         "#,
         ctx.source,
         id,
@@ -269,27 +268,18 @@ async fn payment(
         ctx.version.key,
         ctx.event_id,
     )
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    if written == 1 {
+    .fetch_one(&mut *conn)
+    .await?;
+    if row.written {
         return Ok(Change::Made(format!("payment {id} is {status}")));
     }
-    let stored = sqlx::query!(
-        "SELECT event_id, status FROM payments WHERE source = $1 AND payment_id = $2",
-        ctx.source,
-        id
-    )
-    .fetch_optional(&mut *conn)
-    .await?;
-    let superseded = match &stored {
-        Some(row) if row.status == "refunded" => {
-            format!("payment {id} is refunded, which is final")
-        }
-        _ => format!("a newer state of payment {id} is already stored"),
+    let superseded = if row.stored_status.as_deref() == Some("refunded") {
+        format!("payment {id} is refunded, which is final")
+    } else {
+        format!("a newer state of payment {id} is already stored")
     };
     Ok(unchanged(
-        stored.map(|r| r.event_id),
+        row.stored_event,
         ctx,
         "payment state",
         &superseded,
@@ -307,14 +297,18 @@ async fn grant(
     let period = period_of(ctx.version.at);
     let entry_key = allowance_entry_key(ctx.source, ctx.customer, &period, plan);
     let reason = format!("{plan} allowance for {period} ({})", ctx.event_type);
-    let delta = sqlx::query_scalar!(
+    let row = sqlx::query!(
         r#"
-        INSERT INTO ledger (source, customer_id, period, plan, allowance, delta, reason, entry_key, event_id)
-        SELECT $1, $2, $3, $4, $5, GREATEST(0, $5 - COALESCE(max(l.allowance), 0)), $6, $7, $8
-        FROM ledger l
-        WHERE l.source = $1 AND l.customer_id = $2 AND l.period = $3
-        ON CONFLICT (entry_key) DO NOTHING
-        RETURNING delta
+        WITH written AS (
+            INSERT INTO ledger (source, customer_id, period, plan, allowance, delta, reason, entry_key, event_id)
+            SELECT $1, $2, $3, $4, $5, GREATEST(0, $5 - COALESCE(max(l.allowance), 0)), $6, $7, $8
+            FROM ledger l
+            WHERE l.source = $1 AND l.customer_id = $2 AND l.period = $3
+            ON CONFLICT (entry_key) DO NOTHING
+            RETURNING delta
+        )
+        SELECT (SELECT delta FROM written) AS delta,
+               (SELECT event_id FROM ledger WHERE entry_key = $7) AS granted_by
         "#,
         ctx.source,
         ctx.customer,
@@ -325,21 +319,15 @@ async fn grant(
         entry_key,
         ctx.event_id,
     )
-    .fetch_optional(&mut *conn)
+    .fetch_one(&mut *conn)
     .await?;
-    if let Some(delta) = delta {
+    if let Some(delta) = row.delta {
         return Ok(Change::Made(format!(
             "granted {delta} for {plan} in {period}"
         )));
     }
-    let granted_by = sqlx::query_scalar!(
-        "SELECT event_id FROM ledger WHERE entry_key = $1",
-        entry_key
-    )
-    .fetch_optional(&mut *conn)
-    .await?;
     Ok(unchanged(
-        granted_by,
+        row.granted_by,
         ctx,
         "grant",
         &format!("the {plan} allowance for {period} is already granted"),
