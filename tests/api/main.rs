@@ -5,6 +5,7 @@
 mod cli;
 mod helpers;
 mod intake;
+mod model;
 mod order;
 mod scenarios;
 mod scheduler;
