@@ -464,6 +464,8 @@ _STACK_JWKS_PID="$ROOT/.dev/jwks.pid"
 # ensure_dev_kinde: a dev RSA key (made once) and its JWKS served on loopback, so that
 # `inboxctl send kinde …` deliveries verify like real Kinde tokens.
 ensure_dev_kinde() {
+  command -v openssl >/dev/null 2>&1 || _stack_apt_install openssl || return 1
+  _stack_ensure_curl || return 1
   mkdir -p "$_STACK_JWKS_DIR"
   if [ ! -s "$INBOX_DEV_KINDE_KEY" ]; then
     openssl genrsa -out "$INBOX_DEV_KINDE_KEY" 2048 2>/dev/null || {
