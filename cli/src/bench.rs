@@ -1,5 +1,5 @@
 //! `inboxctl bench`: the pipeline's library code against the local services, measured as
-//! ratios in one run (DESIGN §8). Everything runs in this process on loopback, in databases
+//! ratios in one run (docs/design.md §8). Everything runs in this process on loopback, in databases
 //! and a queue of its own that are removed afterwards; every loop is bounded.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,13 +12,14 @@ use clap::Args;
 use serde_json::{json, Value};
 use sqlx::{Executor, PgPool};
 
-use inbox::billing::Catalog;
-use inbox::config::{parse_sources, SourceKind};
-use inbox::fixtures::{self, Spec};
-use inbox::intake::IntakeState;
-use inbox::providers::Sources;
-use inbox::queue::Queue;
-use inbox::worker::WorkerState;
+use shared::billing::Catalog;
+use shared::config::{parse_plans, parse_sources};
+use shared::domain::SourceKind;
+use shared::handlers::intake::IntakeState;
+use shared::handlers::worker::WorkerState;
+use shared::providers::fixtures::{self, Spec};
+use shared::providers::Sources;
+use shared::queue::Queue;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -133,10 +134,10 @@ async fn fresh_database(server: &str, name: &str) -> anyhow::Result<PgPool> {
         .execute(format!(r#"CREATE DATABASE "{name}""#).as_str())
         .await?;
     let options: sqlx::postgres::PgConnectOptions = server.parse()?;
-    let pool = inbox::db::pool_options(32)
+    let pool = shared::db::pool_options(32)
         .connect_with(options.database(name))
         .await?;
-    inbox::MIGRATOR.run(&pool).await?;
+    shared::MIGRATOR.run(&pool).await?;
     Ok(pool)
 }
 
@@ -195,7 +196,7 @@ pub async fn run(
         (1..=64).contains(&args.concurrency),
         "--concurrency must be between 1 and 64"
     );
-    let catalog = Catalog::parse(&args.plans).map_err(|e| anyhow::anyhow!("INBOX_PLANS: {e}"))?;
+    let catalog = parse_plans(&args.plans)?;
     let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let (db, raw_db) = (
         format!("inbox_bench_{tag}"),
@@ -290,7 +291,7 @@ async fn bench(
     // The local SQS server slows down as the backlog grows: generous timeouts, so that the
     // bench measures it rather than failing on it.
     let sqs = aws_sdk_sqs::Client::from_conf(
-        aws_sdk_sqs::config::Builder::from(&inbox::queue::sdk_config().await)
+        aws_sdk_sqs::config::Builder::from(&shared::queue::sdk_config().await)
             .timeout_config(
                 aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
                     .connect_timeout(Duration::from_secs(5))
@@ -368,7 +369,7 @@ async fn measure(
             move |(source, body, verified)| {
                 let raw_pool = raw_pool.clone();
                 async move {
-                    let _ = inbox::intake::store_verified(
+                    let _ = shared::inbox::store::store_verified(
                         &raw_pool,
                         &source,
                         &body,
@@ -398,7 +399,7 @@ async fn measure(
                     builder = builder.header(k, v);
                 }
                 if let Ok(request) = builder.body(lambda_http::Body::from(d.body)) {
-                    let _ = inbox::intake::handle(&state, request).await;
+                    let _ = shared::handlers::intake::handle(&state, request).await;
                 }
             }
         })
@@ -422,9 +423,9 @@ async fn measure(
         pollers.push(tokio::spawn(async move {
             let mut idle = 0;
             while idle < 3 && Instant::now() < deadline {
-                let pumped = inbox::bridge::pump_once(&sqs, &queue_url, 1, |event| {
+                let pumped = shared::dev::bridge::pump_once(&sqs, &queue_url, 1, |event| {
                     let worker = worker.clone();
-                    async move { Ok(inbox::worker::handle_batch(&worker, event).await) }
+                    async move { Ok(shared::handlers::worker::handle_batch(&worker, event).await) }
                 })
                 .await;
                 idle = match pumped {
@@ -459,7 +460,7 @@ async fn measure(
     run_concurrently(ids, args.concurrency, move |id| {
         let raw_worker = raw_worker.clone();
         async move {
-            let _ = inbox::worker::process_event(&raw_worker, id).await;
+            let _ = shared::handlers::worker::process_event(&raw_worker, id).await;
         }
     })
     .await;

@@ -1,11 +1,21 @@
-//! `inboxctl dev`: the event source mapping and the schedule, for the local stack.
+//! `inboxctl dev`: the event source mapping and the schedule, for the local stack — and, when
+//! given the command that serves the functions (`cargo lambda watch …`), its supervisor: a
+//! function process that died (a panic, a kill) is never started again by `cargo lambda
+//! watch`, so the pipeline would hang in silence. Invocations that time out or fail in a row
+//! say so and restart the functions.
 
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use serde_json::Value;
+use tokio::process::{Child, Command};
+use tokio::sync::Mutex;
 
-use inbox::bridge;
+use shared::dev::bridge;
 
 #[derive(Args)]
 pub struct DevArgs {
@@ -22,12 +32,152 @@ pub struct DevArgs {
     /// Seconds between scheduler runs (0: never).
     #[arg(long, default_value_t = 60)]
     pub tick_secs: u64,
+    /// The shell command that serves the functions (e.g. `cargo lambda watch …`). When set,
+    /// `dev` runs it and restarts it when a function stops answering.
+    #[arg(long, env = "INBOX_FUNCTIONS_CMD")]
+    pub functions_cmd: Option<String>,
+    /// Where the functions' output goes (with --functions-cmd).
+    #[arg(long, default_value = ".dev/watch.log")]
+    pub functions_log: PathBuf,
+    /// How long an invocation may take once the function has answered once (the first one
+    /// may build it, and gets ten times as long).
+    #[arg(long, env = "INBOX_INVOKE_TIMEOUT_SECS", default_value_t = 60)]
+    pub invoke_timeout_secs: u64,
+    /// Failed invocations in a row that count as a dead function.
+    #[arg(long, default_value_t = 3)]
+    pub failures_before_restart: u32,
+}
+
+/// The functions' process, when `dev` runs it.
+struct Functions {
+    command: Option<String>,
+    log: PathBuf,
+    child: Mutex<Option<Child>>,
+}
+
+impl Functions {
+    async fn start(&self) -> anyhow::Result<()> {
+        let Some(command) = &self.command else {
+            return Ok(());
+        };
+        if let Some(dir) = self.log.parent() {
+            std::fs::create_dir_all(dir).ok();
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("opening {}", self.log.display()))?;
+        // Its own process group, so that stopping it stops the function processes it runs.
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec {command}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting the functions: {command}"))?;
+        *self.child.lock().await = Some(child);
+        Ok(())
+    }
+
+    /// Stops the functions' process group, if `dev` runs it.
+    async fn stop(&self) {
+        let Some(mut child) = self.child.lock().await.take() else {
+            return;
+        };
+        if let Some(pid) = child.id() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &format!("-{pid}")])
+                .status()
+                .await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+        let _ = child.kill().await;
+    }
+
+    /// Stops the functions (and every process they started) and starts them again.
+    async fn restart(&self, why: &str) -> anyhow::Result<()> {
+        if self.command.is_none() {
+            eprintln!(
+                "dev: {why}; restart the functions (scripts/dev does it for you with --functions-cmd)"
+            );
+            return Ok(());
+        }
+        eprintln!("dev: {why}; restarting the functions");
+        self.stop().await;
+        self.start().await
+    }
+
+    /// Whether the functions' process has exited by itself.
+    async fn exited(&self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.lock().await;
+        child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+}
+
+/// Invokes one function, tracking whether it answers: a function that has answered once gets
+/// the short timeout; failures in a row past the limit restart the functions.
+struct Invoker<'a> {
+    http: reqwest::Client,
+    args: &'a DevArgs,
+    functions: &'a Functions,
+    failures: Mutex<u32>,
+    /// The functions that have answered since the last (re)start.
+    warm: Mutex<HashSet<String>>,
+}
+
+impl Invoker<'_> {
+    async fn invoke(
+        &self,
+        function: &str,
+        payload: &impl serde::Serialize,
+    ) -> anyhow::Result<Value> {
+        let warm = self.warm.lock().await.contains(function);
+        let limit = Duration::from_secs(if warm {
+            self.args.invoke_timeout_secs
+        } else {
+            self.args.invoke_timeout_secs * 10
+        });
+        let call = bridge::invoke_function(&self.http, &self.args.invoke_url, function, payload);
+        let result = match tokio::time::timeout(limit, call).await {
+            Ok(result) => result,
+            Err(_) => Err(anyhow::anyhow!(
+                "{function} did not answer within {} s",
+                limit.as_secs()
+            )),
+        };
+        let mut failures = self.failures.lock().await;
+        match &result {
+            Ok(_) => {
+                *failures = 0;
+                self.warm.lock().await.insert(function.to_owned());
+            }
+            Err(e) => {
+                *failures += 1;
+                eprintln!("dev: {e:#}");
+                if *failures >= self.args.failures_before_restart {
+                    *failures = 0;
+                    self.warm.lock().await.clear();
+                    self.functions
+                        .restart(&format!(
+                            "{function} failed {} time(s) in a row",
+                            self.args.failures_before_restart
+                        ))
+                        .await?;
+                }
+            }
+        }
+        result
+    }
 }
 
 pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
     // Long polls outlast the short timeouts the functions use.
     let sqs = aws_sdk_sqs::Client::from_conf(
-        aws_sdk_sqs::config::Builder::from(&inbox::queue::sdk_config().await)
+        aws_sdk_sqs::config::Builder::from(&shared::queue::sdk_config().await)
             .timeout_config(
                 aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
                     .connect_timeout(Duration::from_secs(2))
@@ -37,11 +187,19 @@ pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
             )
             .build(),
     );
-    // A worker invocation may take a while (the first one builds the function).
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(600))
-        .build()
-        .context("building the HTTP client")?;
+    let functions = Functions {
+        command: args.functions_cmd.clone(),
+        log: args.functions_log.clone(),
+        child: Mutex::new(None),
+    };
+    functions.start().await?;
+    let invoker = Invoker {
+        http: reqwest::Client::new(),
+        args,
+        functions: &functions,
+        failures: Mutex::new(0),
+        warm: Mutex::new(HashSet::new()),
+    };
     eprintln!(
         "dev: bridging {} -> worker at {}; scheduler every {} s (Ctrl-C stops)",
         args.queue_url, args.invoke_url, args.tick_secs
@@ -49,10 +207,9 @@ pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
     let bridge = async {
         loop {
             let invoke = |event| {
-                let http = &http;
+                let invoker = &invoker;
                 async move {
-                    let value =
-                        bridge::invoke_function(http, &args.invoke_url, "worker", &event).await?;
+                    let value = invoker.invoke("worker", &event).await?;
                     serde_json::from_value(value).context("reading the worker's SqsBatchResponse")
                 }
             };
@@ -78,13 +235,9 @@ pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
         let mut interval = tokio::time::interval(Duration::from_secs(args.tick_secs));
         loop {
             interval.tick().await;
-            match bridge::invoke_function(
-                &http,
-                &args.invoke_url,
-                "scheduler",
-                &bridge::scheduled_event(),
-            )
-            .await
+            match invoker
+                .invoke("scheduler", &bridge::scheduled_event())
+                .await
             {
                 Ok(report) => eprintln!(
                     "scheduler: rescued {}, purged {}, errors {}",
@@ -96,13 +249,29 @@ pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
             }
         }
     };
-    tokio::select! {
+    // The functions' own process may end too (a crash of `cargo lambda watch` itself).
+    let watchdog = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            if let Some(status) = functions.exited().await {
+                functions
+                    .restart(&format!("the functions' process exited ({status})"))
+                    .await?;
+            }
+        }
+        #[allow(unreachable_code)]
+        Ok::<(), anyhow::Error>(())
+    };
+    let outcome = tokio::select! {
         _ = bridge => Ok(()),
         _ = ticker => Ok(()),
+        stopped = watchdog => stopped,
         signal = tokio::signal::ctrl_c() => {
             signal.context("waiting for Ctrl-C")?;
             eprintln!("dev: stopped");
             Ok(())
         }
-    }
+    };
+    functions.stop().await;
+    outcome
 }

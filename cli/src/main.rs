@@ -201,7 +201,7 @@ async fn connect(cli: &Cli) -> anyhow::Result<PgPool> {
         .database_url
         .as_deref()
         .context("DATABASE_URL is not set (or pass --database-url)")?;
-    inbox::db::pool_options(2)
+    shared::db::pool_options(2)
         .connect(url)
         .await
         .context("connecting to DATABASE_URL")
@@ -209,7 +209,7 @@ async fn connect(cli: &Cli) -> anyhow::Result<PgPool> {
 
 async fn migrate(pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
     let before = applied_versions(pool).await?;
-    inbox::MIGRATOR
+    shared::MIGRATOR
         .run(pool)
         .await
         .context("applying migrations")?;
@@ -258,12 +258,14 @@ async fn replay(
     json_output: bool,
 ) -> anyhow::Result<()> {
     let ids = match status {
-        Some(status) => inbox::scheduler::ids_with_status(pool, status, source).await?,
+        Some(status) => {
+            shared::inbox::replay::ids_with_status(pool, parse_status(status)?, source).await?
+        }
         None if ids.is_empty() => anyhow::bail!("name event ids to replay, or --status"),
         None => ids.to_vec(),
     };
-    let queue = inbox::queue::Queue::from_env(queue_url.to_owned()).await;
-    let replayed = inbox::scheduler::replay(pool, &queue, &ids).await?;
+    let queue = shared::queue::Queue::from_env(queue_url.to_owned()).await;
+    let replayed = shared::inbox::replay::replay(pool, &queue, &ids).await?;
     let skipped: Vec<i64> = ids
         .iter()
         .copied()
@@ -281,4 +283,13 @@ async fn replay(
         anyhow::bail!("no event was replayed");
     }
     Ok(())
+}
+
+/// An event status named on the command line.
+pub(crate) fn parse_status(raw: &str) -> anyhow::Result<shared::domain::EventStatus> {
+    raw.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "unknown status '{raw}' (received, processing, applied, ignored, failed, dead, unprocessable)"
+        )
+    })
 }

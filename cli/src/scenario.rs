@@ -1,4 +1,4 @@
-//! `inboxctl scenario`: the reference delivery scripts (DESIGN §4) against the running stack,
+//! `inboxctl scenario`: the reference delivery scripts (docs/design.md §4.9) against the running stack,
 //! printed as a timeline beside what a handler that applies each delivery on arrival shows.
 
 use std::time::{Duration, Instant};
@@ -11,8 +11,9 @@ use serde_json::json;
 use sqlx::PgPool;
 
 use crate::send::{Sender, DEFAULT_INTAKE_URL};
-use inbox::billing::Catalog;
-use inbox::fixtures::Spec;
+use shared::billing::Catalog;
+use shared::domain::{CustomerId, Period, ProviderTime};
+use shared::providers::fixtures::Spec;
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Name {
@@ -200,7 +201,7 @@ impl NaiveState {
 }
 
 pub async fn run(args: &ScenarioArgs, pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
-    let catalog = Catalog::parse(&args.plans).map_err(|e| anyhow::anyhow!("INBOX_PLANS: {e}"))?;
+    let catalog = shared::config::parse_plans(&args.plans)?;
     let sender = args.signing.sender(&args.intake_url)?;
     let (source, steps) = script(args.name);
     let run_id = &uuid_suffix();
@@ -251,9 +252,11 @@ pub async fn run(args: &ScenarioArgs, pool: &PgPool, json_output: bool) -> anyho
         let (answer, outcome) = deliver(&sender, &http, pool, s.source, &spec).await?;
         naive.apply(s.naive, &catalog);
         let mut conn = pool.acquire().await?;
-        let period = at.format("%Y-%m").to_string();
+        let period = Period::of(ProviderTime::from(at));
+        let customer_id = CustomerId::parse(&customer)?;
         let account =
-            inbox::account::load(&mut conn, s.source, &customer, &period, &catalog).await?;
+            shared::billing::account::load(&mut conn, s.source, &customer_id, &period, &catalog)
+                .await?;
         let (plan, balance, status) = account
             .map(|a| {
                 let status = a

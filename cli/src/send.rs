@@ -5,8 +5,8 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 use serde_json::{json, Value};
 
-use inbox::config::parse_sources;
-use inbox::fixtures::{self, KindeKey, Spec};
+use shared::config::parse_sources;
+use shared::providers::fixtures::{self, KindeKey, Spec};
 
 pub const DEFAULT_INTAKE_URL: &str = "http://127.0.0.1:9000/lambda-url/intake";
 
@@ -125,7 +125,7 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
 
 /// Builds, signs and posts deliveries for the configured sources.
 pub struct Sender {
-    sources: Vec<inbox::config::SourceConfig>,
+    sources: Vec<shared::config::SourceConfig>,
     kinde_key: Option<KindeKey>,
     intake_url: String,
 }
@@ -153,16 +153,16 @@ impl Sender {
         })
     }
 
-    pub fn sources(&self) -> &[inbox::config::SourceConfig] {
+    pub fn sources(&self) -> &[shared::config::SourceConfig] {
         &self.sources
     }
 
     /// Whether deliveries of this kind of source can be signed here (Kinde needs the key).
-    pub fn can_sign(&self, kind: inbox::config::SourceKind) -> bool {
-        kind != inbox::config::SourceKind::Kinde || self.kinde_key.is_some()
+    pub fn can_sign(&self, kind: shared::domain::SourceKind) -> bool {
+        kind != shared::domain::SourceKind::Kinde || self.kinde_key.is_some()
     }
 
-    fn source(&self, name: &str) -> anyhow::Result<&inbox::config::SourceConfig> {
+    fn source(&self, name: &str) -> anyhow::Result<&shared::config::SourceConfig> {
         self.sources
             .iter()
             .find(|s| s.name == name)

@@ -1,11 +1,12 @@
 //! Read-only commands: account, events, event, stats.
 
 use anyhow::Context;
-use chrono::Utc;
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 use sqlx::PgPool;
 
-use inbox::billing::Catalog;
+use shared::billing::Catalog;
+use shared::config::Env;
+use shared::domain::{CustomerId, Period};
 
 fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
@@ -24,28 +25,18 @@ fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `YYYY-MM`, checked.
-fn parse_period(raw: Option<&str>) -> anyhow::Result<String> {
+/// `YYYY-MM`, checked; the current UTC month by default.
+fn parse_period(raw: Option<&str>) -> anyhow::Result<Period> {
     match raw {
-        None => Ok(Utc::now().format("%Y-%m").to_string()),
+        None => Ok(Period::current()),
         Some(p) => {
-            let ok = p.len() == 7
-                && p.as_bytes()[4] == b'-'
-                && p[..4].chars().all(|c| c.is_ascii_digit())
-                && matches!(p[5..].parse::<u32>(), Ok(1..=12));
-            anyhow::ensure!(ok, "--period must be YYYY-MM, got '{p}'");
-            Ok(p.to_owned())
+            Period::parse(p).map_err(|_| anyhow::anyhow!("--period must be YYYY-MM, got '{p}'"))
         }
     }
 }
 
 fn catalog() -> anyhow::Result<Catalog> {
-    match std::env::var("INBOX_PLANS") {
-        Ok(raw) if !raw.trim().is_empty() => {
-            Catalog::parse(&raw).map_err(|e| anyhow::anyhow!("INBOX_PLANS: {e}"))
-        }
-        _ => Ok(Catalog::default()),
-    }
+    Ok(Env::process().plans_or_empty()?)
 }
 
 pub async fn account(
@@ -57,11 +48,14 @@ pub async fn account(
 ) -> anyhow::Result<()> {
     let period = parse_period(period)?;
     let catalog = catalog()?;
+    let customer_id = CustomerId::parse(customer)
+        .map_err(|e| anyhow::anyhow!("customer id '{customer}': {e}"))?;
     let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
     let source = match source {
         Some(s) => s.to_owned(),
         None => {
-            let sources = inbox::ops::account_sources(&mut conn, customer).await?;
+            let sources =
+                shared::billing::account::account_sources(&mut conn, &customer_id).await?;
             match sources.as_slice() {
                 [] => anyhow::bail!("no account for customer '{customer}'"),
                 [one] => one.clone(),
@@ -72,7 +66,7 @@ pub async fn account(
             }
         }
     };
-    let view = inbox::account::load(&mut conn, &source, customer, &period, &catalog)
+    let view = shared::billing::account::load(&mut conn, &source, &customer_id, &period, &catalog)
         .await?
         .with_context(|| format!("no account for customer '{customer}' in source '{source}'"))?;
     if json_output {
@@ -138,14 +132,9 @@ pub async fn events(
         (1..=10_000).contains(&limit),
         "--limit must be between 1 and 10000"
     );
-    if let Some(s) = status {
-        anyhow::ensure!(
-            inbox::store::EventStatus::parse(s).is_some(),
-            "unknown status '{s}' (received, processing, applied, ignored, failed, dead, unprocessable)"
-        );
-    }
+    let status = status.map(crate::parse_status).transpose()?;
     let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
-    let events = inbox::ops::list_events(&mut conn, status, source, limit).await?;
+    let events = shared::inbox::read::list_events(&mut conn, status, source, limit).await?;
     if json_output {
         return print_json(&events);
     }
@@ -166,7 +155,7 @@ pub async fn events(
             e.source.clone(),
             e.event_type.clone(),
             opt(&e.customer_id),
-            e.status.clone(),
+            e.status.to_string(),
             e.seen_count.to_string(),
             e.attempts.to_string(),
             e.occurred_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
@@ -182,7 +171,7 @@ pub async fn events(
 
 pub async fn event(pool: &PgPool, id: i64, json_output: bool) -> anyhow::Result<()> {
     let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
-    let detail = inbox::ops::event_detail(&mut conn, id)
+    let detail = shared::inbox::read::event_detail(&mut conn, id)
         .await?
         .with_context(|| format!("no event {id}"))?;
     if json_output {
@@ -240,27 +229,83 @@ pub async fn event(pool: &PgPool, id: i64, json_output: bool) -> anyhow::Result<
 
 pub async fn stats(pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
     let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
-    let stats = inbox::ops::stats(&mut conn).await?;
+    let stats = shared::inbox::read::stats(&mut conn).await?;
     if json_output {
         return print_json(&stats);
     }
     let mut t = table(&["status", "events"]);
-    for (status, count) in &stats.by_status {
+    for (status, count) in &stats.backlog.by_status {
         t.add_row(vec![status.clone(), count.to_string()]);
     }
     out!("{t}");
-    let secs = |v: Option<f64>| v.map(|s| format!("{s:.1} s")).unwrap_or_else(|| "-".into());
+    let lag = |v: Option<f64>| v.map(human_duration).unwrap_or_else(|| "-".into());
     out!(
         "events {}, deliveries {}, copies per event {:.2}",
         stats.events,
         stats.deliveries,
         stats.copies_per_event
     );
-    out!("oldest unapplied {:.0} s", stats.oldest_unapplied_age_secs);
     out!(
-        "delivery lag p50 {}, p99 {}",
-        secs(stats.delivery_lag_p50_secs),
-        secs(stats.delivery_lag_p99_secs)
+        "oldest unapplied {}",
+        human_duration(stats.backlog.oldest_unapplied_age_secs)
+    );
+    out!(
+        "delivery lag p50 {}, p99 {} (provider time to our first receipt; late and reconciled events lag by how late they were)",
+        lag(stats.delivery_lag_p50_secs),
+        lag(stats.delivery_lag_p99_secs)
     );
     Ok(())
+}
+
+/// A duration in the unit a person reads it in: `850 ms`, `42.0 s`, `7 min 5 s`,
+/// `3 h 20 min`, `1,262 d 17 h`. Negative when the provider time is ahead of ours.
+pub fn human_duration(secs: f64) -> String {
+    if !secs.is_finite() {
+        return "-".into();
+    }
+    if secs < 0.0 {
+        return format!("-{}", human_duration(-secs));
+    }
+    let whole = secs.round() as u64;
+    let (d, h, m, s) = (
+        whole / 86_400,
+        whole / 3_600 % 24,
+        whole / 60 % 60,
+        whole % 60,
+    );
+    if secs < 1.0 {
+        format!("{:.0} ms", secs * 1000.0)
+    } else if secs < 60.0 {
+        format!("{secs:.1} s")
+    } else if whole < 3_600 {
+        format!("{m} min {s} s")
+    } else if whole < 86_400 {
+        format!("{h} h {m} min")
+    } else {
+        let days = d.to_string();
+        let mut grouped = String::new();
+        for (i, c) in days.chars().enumerate() {
+            if i > 0 && (days.len() - i) % 3 == 0 {
+                grouped.push(',');
+            }
+            grouped.push(c);
+        }
+        format!("{grouped} d {h} h")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_duration;
+
+    #[test]
+    fn durations_read_in_human_units() {
+        assert_eq!(human_duration(0.25), "250 ms");
+        assert_eq!(human_duration(42.04), "42.0 s");
+        assert_eq!(human_duration(425.0), "7 min 5 s");
+        assert_eq!(human_duration(12_000.0), "3 h 20 min");
+        // The back-dated event that once printed "109097966.2 s".
+        assert_eq!(human_duration(109_097_966.2), "1,262 d 16 h");
+        assert_eq!(human_duration(-3.0), "-3.0 s");
+    }
 }

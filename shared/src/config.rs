@@ -1,42 +1,71 @@
-//! Configuration from environment variables, read and validated once at cold start.
+//! Configuration: every environment variable the functions and `inboxctl` read, parsed and
+//! validated once at cold start (docs/design.md §5). One error type names the variable, and
+//! the field within it, that is missing or malformed.
 
+use std::collections::HashMap;
+use std::fmt;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
+use crate::billing::Catalog;
+use crate::domain::SourceKind;
 
-/// A variable that is missing or malformed; the message names it.
-#[derive(thiserror::Error)]
-#[error("{var}: {detail}")]
+pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
+pub const DEFAULT_RETENTION_DAYS: u64 = 30;
+/// Twice the longest provider retry window (Stripe retries for 3 days).
+pub const MIN_RETENTION_DAYS: u64 = 6;
+
+/// A variable that is missing or malformed; the message names it, and the field within it.
+#[derive(thiserror::Error, PartialEq, Eq)]
 pub struct ConfigError {
     pub var: &'static str,
+    /// Where in the variable's value, e.g. `source 'polar': secrets[0]`.
+    pub field: Option<String>,
     pub detail: String,
 }
 
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.field {
+            Some(field) => write!(f, "{}: {field}: {}", self.var, self.detail),
+            None => write!(f, "{}: {}", self.var, self.detail),
+        }
+    }
+}
+
 /// Shown as its message: a function that fails at start prints its error with `{:?}`.
-impl std::fmt::Debug for ConfigError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{self}")
     }
 }
 
 impl ConfigError {
-    fn new(var: &'static str, detail: impl Into<String>) -> Self {
+    pub fn new(var: &'static str, detail: impl Into<String>) -> Self {
         Self {
             var,
+            field: None,
             detail: detail.into(),
         }
     }
+
+    pub fn at(var: &'static str, field: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            var,
+            field: Some(field.into()),
+            detail: detail.into(),
+        }
+    }
+
+    /// An error in one source of `INBOX_SOURCES`.
+    pub fn source(name: &str, detail: impl Into<String>) -> Self {
+        Self::at(SOURCES_VAR, format!("source '{name}'"), detail)
+    }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SourceKind {
-    Kinde,
-    Stripe,
-    StandardWebhooks,
-}
+pub const SOURCES_VAR: &str = "INBOX_SOURCES";
+pub const PLANS_VAR: &str = "INBOX_PLANS";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -68,8 +97,8 @@ pub struct SourceConfig {
 }
 
 /// Secrets never reach a log line, not even through `{:?}`.
-impl std::fmt::Debug for SourceConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for SourceConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SourceConfig")
             .field("name", &self.name)
             .field("kind", &self.kind)
@@ -86,6 +115,148 @@ impl std::fmt::Debug for SourceConfig {
     }
 }
 
+impl SourceConfig {
+    /// The signing secrets, which a source of a signing kind must have.
+    pub fn required_secrets(&self) -> Result<&[String], ConfigError> {
+        if self.secrets.is_empty() || self.secrets.iter().any(|s| s.trim().is_empty()) {
+            return Err(ConfigError::source(
+                &self.name,
+                "secrets must be a non-empty list of non-empty strings",
+            ));
+        }
+        Ok(&self.secrets)
+    }
+
+    /// The signature tolerance: the source's own, else the default.
+    pub fn tolerance(&self, default: Duration) -> Duration {
+        self.tolerance_secs
+            .map(Duration::from_secs)
+            .unwrap_or(default)
+    }
+}
+
+/// Parses `INBOX_SOURCES`: a JSON list of sources with unique, route-safe names.
+pub fn parse_sources(raw: &str) -> Result<Vec<SourceConfig>, ConfigError> {
+    let sources: Vec<SourceConfig> = serde_json::from_str(raw)
+        .map_err(|e| ConfigError::new(SOURCES_VAR, format!("not a valid list of sources: {e}")))?;
+    if sources.is_empty() {
+        return Err(ConfigError::new(SOURCES_VAR, "lists no source"));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, source) in sources.iter().enumerate() {
+        let name_ok = !source.name.is_empty()
+            && source
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !name_ok {
+            return Err(ConfigError::at(
+                SOURCES_VAR,
+                format!("[{i}].name"),
+                format!(
+                    "'{}' must be non-empty letters, digits, '-' or '_'",
+                    source.name
+                ),
+            ));
+        }
+        if !seen.insert(source.name.as_str()) {
+            return Err(ConfigError::source(&source.name, "is configured twice"));
+        }
+    }
+    Ok(sources)
+}
+
+/// Parses `INBOX_PLANS`, the plan catalog: the one reader for the functions and `inboxctl`.
+pub fn parse_plans(raw: &str) -> Result<Catalog, ConfigError> {
+    Catalog::parse(raw).map_err(|e| ConfigError::at(PLANS_VAR, e.key, e.detail))
+}
+
+/// Where variables come from: the process environment, or a map in tests.
+pub struct Env<F>(F);
+
+impl Env<fn(&str) -> Option<String>> {
+    pub fn process() -> Self {
+        Env(|var| std::env::var(var).ok())
+    }
+}
+
+impl<F: Fn(&str) -> Option<String>> Env<F> {
+    pub fn from_lookup(lookup: F) -> Self {
+        Env(lookup)
+    }
+
+    fn optional(&self, var: &str) -> Option<String> {
+        (self.0)(var)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    }
+
+    pub fn required(&self, var: &'static str) -> Result<String, ConfigError> {
+        self.optional(var)
+            .ok_or_else(|| ConfigError::new(var, "is not set"))
+    }
+
+    pub fn sources(&self) -> Result<Vec<SourceConfig>, ConfigError> {
+        parse_sources(&self.required(SOURCES_VAR)?)
+    }
+
+    pub fn plans(&self) -> Result<Catalog, ConfigError> {
+        parse_plans(&self.required(PLANS_VAR)?)
+    }
+
+    /// The catalog when `INBOX_PLANS` is set, else an empty one (for read-only tools).
+    pub fn plans_or_empty(&self) -> Result<Catalog, ConfigError> {
+        match self.optional(PLANS_VAR) {
+            Some(raw) => parse_plans(&raw),
+            None => Ok(Catalog::default()),
+        }
+    }
+
+    /// A whole number at least `min`, or `default` when the variable is unset.
+    fn number(&self, var: &'static str, default: u64, min: u64) -> Result<u64, ConfigError> {
+        match self.optional(var) {
+            None => Ok(default),
+            Some(raw) => raw
+                .parse::<u64>()
+                .ok()
+                .filter(|n| *n >= min)
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        var,
+                        format!("'{raw}' is not a whole number of at least {min}"),
+                    )
+                }),
+        }
+    }
+
+    pub fn tolerance(&self) -> Result<Duration, ConfigError> {
+        self.number("INBOX_TOLERANCE_SECS", DEFAULT_TOLERANCE_SECS, 1)
+            .map(Duration::from_secs)
+    }
+
+    pub fn retention(&self) -> Result<Duration, ConfigError> {
+        self.number(
+            "INBOX_RETENTION_DAYS",
+            DEFAULT_RETENTION_DAYS,
+            MIN_RETENTION_DAYS,
+        )
+        .map(|days| Duration::from_secs(days * 86_400))
+    }
+}
+
+/// A configuration read from the environment once, at cold start.
+pub trait FromEnv: Sized {
+    fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError>;
+
+    fn from_env() -> Result<Self, ConfigError> {
+        Self::read(&Env::process())
+    }
+
+    fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        Self::read(&Env::from_lookup(lookup))
+    }
+}
+
 /// What the intake function needs.
 #[derive(Debug, Clone)]
 pub struct IntakeConfig {
@@ -95,70 +266,55 @@ pub struct IntakeConfig {
     pub tolerance: Duration,
 }
 
-fn required(
-    var: &'static str,
-    lookup: &impl Fn(&str) -> Option<String>,
-) -> Result<String, ConfigError> {
-    match lookup(var) {
-        Some(v) if !v.trim().is_empty() => Ok(v.trim().to_owned()),
-        _ => Err(ConfigError::new(var, "is not set")),
-    }
-}
-
-/// Parses `INBOX_SOURCES`: a JSON list of sources with unique, route-safe names.
-pub fn parse_sources(raw: &str) -> Result<Vec<SourceConfig>, ConfigError> {
-    const VAR: &str = "INBOX_SOURCES";
-    let sources: Vec<SourceConfig> = serde_json::from_str(raw)
-        .map_err(|e| ConfigError::new(VAR, format!("not a valid list of sources: {e}")))?;
-    if sources.is_empty() {
-        return Err(ConfigError::new(VAR, "lists no source"));
-    }
-    for source in &sources {
-        let name_ok = !source.name.is_empty()
-            && source
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-        if !name_ok {
-            return Err(ConfigError::new(
-                VAR,
-                format!(
-                    "source name '{}' must be non-empty letters, digits, '-' or '_'",
-                    source.name
-                ),
-            ));
-        }
-    }
-    Ok(sources)
-}
-
-fn tolerance(lookup: &impl Fn(&str) -> Option<String>) -> Result<Duration, ConfigError> {
-    const VAR: &str = "INBOX_TOLERANCE_SECS";
-    match lookup(VAR) {
-        None => Ok(Duration::from_secs(DEFAULT_TOLERANCE_SECS)),
-        Some(raw) => raw
-            .trim()
-            .parse::<u64>()
-            .ok()
-            .filter(|s| *s > 0)
-            .map(Duration::from_secs)
-            .ok_or_else(|| {
-                ConfigError::new(VAR, format!("'{raw}' is not a positive number of seconds"))
-            }),
-    }
-}
-
-impl IntakeConfig {
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|var| std::env::var(var).ok())
-    }
-
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+impl FromEnv for IntakeConfig {
+    fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
         Ok(Self {
-            database_url: required("DATABASE_URL", &lookup)?,
-            queue_url: required("QUEUE_URL", &lookup)?,
-            sources: parse_sources(&required("INBOX_SOURCES", &lookup)?)?,
-            tolerance: tolerance(&lookup)?,
+            database_url: env.required("DATABASE_URL")?,
+            queue_url: env.required("QUEUE_URL")?,
+            sources: env.sources()?,
+            tolerance: env.tolerance()?,
+        })
+    }
+}
+
+/// What the worker function needs: each source's kind, never its secrets' use.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub database_url: String,
+    pub sources: HashMap<String, SourceKind>,
+    pub catalog: Catalog,
+}
+
+impl FromEnv for WorkerConfig {
+    fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
+        Ok(Self {
+            database_url: env.required("DATABASE_URL")?,
+            sources: env
+                .sources()?
+                .into_iter()
+                .map(|s| (s.name, s.kind))
+                .collect(),
+            catalog: env.plans()?,
+        })
+    }
+}
+
+/// What the scheduler function needs.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    pub database_url: String,
+    pub queue_url: String,
+    pub sources: Vec<SourceConfig>,
+    pub retention: Duration,
+}
+
+impl FromEnv for SchedulerConfig {
+    fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
+        Ok(Self {
+            database_url: env.required("DATABASE_URL")?,
+            queue_url: env.required("QUEUE_URL")?,
+            sources: env.sources()?,
+            retention: env.retention()?,
         })
     }
 }
@@ -245,5 +401,45 @@ mod tests {
             IntakeConfig::from_lookup(lookup(&vars)).unwrap().tolerance,
             Duration::from_secs(120)
         );
+    }
+
+    #[test]
+    fn errors_name_the_variable_and_the_field() {
+        let twice = parse_sources(
+            r#"[{"name":"s","kind":"stripe","secrets":["a"]},{"name":"s","kind":"stripe","secrets":["b"]}]"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            twice.to_string(),
+            "INBOX_SOURCES: source 's': is configured twice"
+        );
+        let bad_name = parse_sources(r#"[{"name":"a/b","kind":"stripe"}]"#).unwrap_err();
+        assert_eq!(bad_name.field.as_deref(), Some("[0].name"));
+        let plans = parse_plans(r#"{"gold":{"plan":"gold","monthly_allowance":-5}}"#).unwrap_err();
+        assert_eq!(plans.var, PLANS_VAR);
+        assert_eq!(plans.field.as_deref(), Some("gold"));
+    }
+
+    #[test]
+    fn worker_and_scheduler_read_their_variables() {
+        let base = [
+            ("DATABASE_URL", "postgres://x"),
+            ("QUEUE_URL", "http://q"),
+            ("INBOX_SOURCES", SOURCES),
+        ];
+        let missing = WorkerConfig::from_lookup(lookup(&base)).unwrap_err();
+        assert_eq!(missing.to_string(), "INBOX_PLANS: is not set");
+        let mut vars = base.to_vec();
+        vars.push((
+            PLANS_VAR,
+            r#"{"pro":{"plan":"pro","monthly_allowance":500}}"#,
+        ));
+        let worker = WorkerConfig::from_lookup(lookup(&vars)).unwrap();
+        assert_eq!(worker.sources["kinde"], SourceKind::Kinde);
+        let scheduler = SchedulerConfig::from_lookup(lookup(&vars)).unwrap();
+        assert_eq!(scheduler.retention, Duration::from_secs(30 * 86_400));
+        vars.push(("INBOX_RETENTION_DAYS", "2"));
+        let short = SchedulerConfig::from_lookup(lookup(&vars)).unwrap_err();
+        assert_eq!(short.var, "INBOX_RETENTION_DAYS");
     }
 }

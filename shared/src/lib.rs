@@ -1,21 +1,24 @@
-//! billing-inbox: the library behind the intake, worker and scheduler functions and `inboxctl`.
+//! billing-inbox's library: everything the intake, worker and scheduler functions and
+//! `inboxctl` run. Layers, with dependencies pointing one way (docs/design.md §2):
+//!
+//! - [`handlers`]: one per function — adapt the Lambda event, orchestrate, answer;
+//! - [`inbox`] (the life of an `inbox_events` row), [`billing`] (the model, the registers, the
+//!   account view), [`providers`] (one folder per provider), [`reconcile`];
+//! - [`domain`]: the values everything above speaks in;
+//! - beside them: [`config`] (environment variables), [`db`] (the pool), [`queue`] (SQS), and
+//!   [`dev`] (local tools, `dev` feature only).
 
-pub mod account;
-pub mod apply;
 pub mod billing;
-pub mod bridge;
 pub mod config;
 pub mod db;
+#[cfg(feature = "dev")]
+pub mod dev;
 pub mod domain;
-pub mod fixtures;
-pub mod intake;
-pub mod ops;
+pub mod handlers;
+pub mod inbox;
 pub mod providers;
 pub mod queue;
 pub mod reconcile;
-pub mod scheduler;
-pub mod store;
-pub mod worker;
 
 /// The schema, applied by `inboxctl migrate` and by the tests.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

@@ -1,4 +1,5 @@
-//! The SQS hand-off: the intake sends a stored event's id; the worker receives it.
+//! The SQS client: a message names one stored event by its row id; the row is the fact, the
+//! message a nudge. Sending goes through `inbox::enqueue_or_unmark`.
 
 use std::time::Duration;
 
@@ -72,10 +73,21 @@ impl Queue {
 }
 
 impl Queue {
-    /// Sends many event ids with SendMessageBatch (10 per call). Returns the ids that did not
-    /// reach the queue, so the caller can leave them for a later attempt.
+    /// Sends event ids, with SendMessageBatch (10 per call) when there are several. Returns the
+    /// ids that did not reach the queue, so the caller can leave them for a later attempt.
     pub async fn send_events(&self, event_ids: &[i64]) -> Vec<i64> {
         use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+        if let [event_id] = event_ids {
+            // One id (the intake's case): a plain SendMessage, one request either way.
+            // Boxed: the SDK future is large, and the scheduler nests this one deep.
+            return match Box::pin(self.send_event(*event_id)).await {
+                Ok(()) => Vec::new(),
+                Err(e) => {
+                    tracing::warn!(event_id, error = format!("{e:#}"), "SQS SendMessage failed");
+                    vec![*event_id]
+                }
+            };
+        }
         let mut unsent = Vec::new();
         for chunk in event_ids.chunks(10) {
             let entries: Result<Vec<_>, _> = chunk

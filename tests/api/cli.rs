@@ -58,7 +58,7 @@ async fn upgraded_customer(app: &TestApp) {
     }
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn account_json_has_the_contract_fields(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     upgraded_customer(&app).await;
@@ -89,7 +89,7 @@ async fn account_json_has_the_contract_fields(pool: PgPool) {
     assert_eq!(log[0]["reason"], "a newer plan change is already stored");
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn account_text_explains_the_plan(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     upgraded_customer(&app).await;
@@ -108,7 +108,7 @@ async fn account_text_explains_the_plan(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn events_event_and_stats_read_the_inbox(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let delivery = stripe_delivery(&stripe_event(
@@ -152,7 +152,7 @@ async fn events_event_and_stats_read_the_inbox(pool: PgPool) {
     assert!(stats["delivery_lag_p50_secs"].is_number());
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn errors_exit_non_zero_with_a_clear_message(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let url = database_url(&app.pool).await;
@@ -203,7 +203,7 @@ async fn errors_exit_non_zero_with_a_clear_message(pool: PgPool) {
     assert!(stderr.contains("--limit"), "{stderr}");
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn replay_of_dead_events_puts_them_back_on_the_queue(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let (_, body) = app
@@ -236,9 +236,9 @@ async fn replay_of_dead_events_puts_them_back_on_the_queue(pool: PgPool) {
     assert_eq!(app.event(id).await.status, "applied");
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn the_bridge_deletes_what_the_worker_finished_and_leaves_what_failed(pool: PgPool) {
-    use inbox::worker::{FaultAction, FaultPoint};
+    use shared::handlers::worker::{FaultAction, FaultPoint};
     let app = TestApp::spawn(pool).await;
     for n in 0..3 {
         app.post(
@@ -256,10 +256,10 @@ async fn the_bridge_deletes_what_the_worker_finished_and_leaves_what_failed(pool
         .faults
         .set(FaultPoint::BeforeCommit, FaultAction::Fail(1));
 
-    let mut total = inbox::bridge::PumpReport::default();
+    let mut total = shared::dev::bridge::PumpReport::default();
     while total.received < 3 {
-        let report = inbox::bridge::pump_once(&app.sqs, &app.queue_url, 1, |event| async {
-            Ok(inbox::worker::handle_batch(&app.worker, event).await)
+        let report = shared::dev::bridge::pump_once(&app.sqs, &app.queue_url, 1, |event| async {
+            Ok(shared::handlers::worker::handle_batch(&app.worker, event).await)
         })
         .await
         .unwrap();

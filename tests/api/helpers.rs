@@ -6,13 +6,13 @@ use std::time::Duration;
 use aws_sdk_sqs::Client as SqsClient;
 use chrono::Utc;
 use http::StatusCode;
-use inbox::config::parse_sources;
-use inbox::intake::{self, IntakeState};
-use inbox::providers::{sign, Sources};
-use inbox::queue::Queue;
-use inbox::worker::WorkerState;
 use lambda_http::Body;
 use serde_json::{json, Value};
+use shared::config::parse_sources;
+use shared::handlers::intake::{self, IntakeState};
+use shared::handlers::worker::WorkerState;
+use shared::providers::{kinde, standard_webhooks, stripe, Sources};
+use shared::queue::Queue;
 use sqlx::PgPool;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -39,7 +39,7 @@ pub struct Delivery {
 }
 
 pub async fn sqs_client() -> SqsClient {
-    SqsClient::new(&inbox::queue::sdk_config().await)
+    SqsClient::new(&shared::queue::sdk_config().await)
 }
 
 /// A queue whose server is gone: every send fails at once (connection refused).
@@ -50,7 +50,7 @@ pub async fn unreachable_queue() -> Queue {
         .unwrap()
         .port();
     let dead_sqs = SqsClient::from_conf(
-        aws_sdk_sqs::config::Builder::from(&inbox::queue::sdk_config().await)
+        aws_sdk_sqs::config::Builder::from(&shared::queue::sdk_config().await)
             .endpoint_url(format!("http://127.0.0.1:{port}"))
             .build(),
     );
@@ -161,7 +161,7 @@ impl TestApp {
                 return ids;
             }
             for message in messages {
-                ids.push(inbox::queue::parse_message_body(message.body().unwrap()).unwrap());
+                ids.push(shared::queue::parse_message_body(message.body().unwrap()).unwrap());
                 self.sqs
                     .delete_message()
                     .queue_url(&self.queue_url)
@@ -229,7 +229,7 @@ pub const PLANS: &str = r#"{
 /// A worker on `pool` with the test sources and catalog, retrying at once (no waits) so
 /// tests can drive retries without sleeping.
 pub fn test_worker(pool: PgPool) -> WorkerState {
-    use inbox::config::SourceKind;
+    use shared::domain::SourceKind;
     let sources = [
         ("stripe", SourceKind::Stripe),
         ("polar", SourceKind::StandardWebhooks),
@@ -241,7 +241,7 @@ pub fn test_worker(pool: PgPool) -> WorkerState {
     let mut worker = WorkerState::new(
         pool,
         sources,
-        inbox::billing::Catalog::parse(PLANS).unwrap(),
+        shared::billing::Catalog::parse(PLANS).unwrap(),
     );
     worker.retry_delays = vec![Duration::ZERO; 5];
     worker
@@ -255,11 +255,12 @@ impl TestApp {
     pub async fn run_worker(&self) -> usize {
         let mut handed = 0;
         loop {
-            let report = inbox::bridge::pump_once(&self.sqs, &self.queue_url, 0, |event| async {
-                Ok(inbox::worker::handle_batch(&self.worker, event).await)
-            })
-            .await
-            .unwrap();
+            let report =
+                shared::dev::bridge::pump_once(&self.sqs, &self.queue_url, 0, |event| async {
+                    Ok(shared::handlers::worker::handle_batch(&self.worker, event).await)
+                })
+                .await
+                .unwrap();
             handed += report.received;
             if report.received == 0 {
                 return handed;
@@ -273,9 +274,11 @@ impl TestApp {
         source: &str,
         customer: &str,
         period: &str,
-    ) -> inbox::account::AccountView {
+    ) -> shared::billing::account::AccountView {
         let mut conn = self.pool.acquire().await.unwrap();
-        inbox::account::load(&mut conn, source, customer, period, &self.worker.catalog)
+        let customer = shared::domain::CustomerId::parse(customer).unwrap();
+        let period = shared::domain::Period::parse(period).unwrap();
+        shared::billing::account::load(&mut conn, source, &customer, &period, &self.worker.catalog)
             .await
             .unwrap()
             .unwrap_or_else(|| panic!("account {source}/{customer} exists"))
@@ -309,7 +312,7 @@ pub async fn fresh_database() -> (PgPool, String) {
         .connect_with(options)
         .await
         .unwrap();
-    inbox::MIGRATOR.run(&pool).await.unwrap();
+    shared::MIGRATOR.run(&pool).await.unwrap();
     (pool, name)
 }
 
@@ -371,7 +374,7 @@ pub fn stripe_delivery_at(event: &Value, sent_at: i64) -> Delivery {
             ),
             (
                 "stripe-signature".into(),
-                sign::stripe_signature(STRIPE_SECRET.as_bytes(), sent_at, &body),
+                stripe::fixtures::signature(STRIPE_SECRET.as_bytes(), sent_at, &body),
             ),
         ],
         body,
@@ -389,7 +392,7 @@ pub fn polar_delivery(id: &str, payload: &Value) -> Delivery {
             ("webhook-timestamp".into(), now.to_string()),
             (
                 "webhook-signature".into(),
-                sign::standard_signature(POLAR_SECRET.as_bytes(), id, now, &body),
+                standard_webhooks::fixtures::signature(POLAR_SECRET.as_bytes(), id, now, &body),
             ),
         ],
         body,
@@ -400,7 +403,7 @@ pub fn polar_delivery(id: &str, payload: &Value) -> Delivery {
 pub fn kinde_delivery(webhook_id: &str, claims: &Value) -> Delivery {
     let mut claims = claims.clone();
     claims["timestamp"] = json!(Utc::now().to_rfc3339());
-    let token = sign::kinde_token(KINDE_KEY, KINDE_KID, &claims).unwrap();
+    let token = kinde::fixtures::token(KINDE_KEY, KINDE_KID, &claims).unwrap();
     Delivery {
         headers: vec![
             ("content-type".into(), "application/jwt".into()),

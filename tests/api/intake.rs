@@ -1,13 +1,14 @@
-//! The intake's contract (DESIGN §3): every row of the answer table.
+//! The intake's contract (docs/design.md §5.1): every row of the answer table.
 
 use std::net::TcpListener;
 
 use chrono::Utc;
 use futures::future::join_all;
 use http::StatusCode;
-use inbox::intake::IntakeState;
-use inbox::queue::Queue;
 use serde_json::json;
+use shared::config::FromEnv;
+use shared::handlers::intake::IntakeState;
+use shared::queue::Queue;
 use sqlx::PgPool;
 
 use crate::helpers::*;
@@ -16,7 +17,7 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn new_event_is_stored_enqueued_and_answered_with_its_id(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let created = Utc::now().timestamp() - 30;
@@ -46,7 +47,7 @@ async fn new_event_is_stored_enqueued_and_answered_with_its_id(pool: PgPool) {
     assert_eq!(app.drain_queue().await, [id]);
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn copy_re_signed_later_is_a_duplicate_and_is_enqueued_again(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let event = stripe_event("evt_copy", "cus_1", Utc::now().timestamp() - 60);
@@ -75,7 +76,7 @@ async fn copy_re_signed_later_is_a_duplicate_and_is_enqueued_again(pool: PgPool)
     );
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn twenty_concurrent_copies_give_one_event_seen_twenty_times(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let delivery = stripe_delivery(&stripe_event("evt_burst", "cus_1", Utc::now().timestamp()));
@@ -98,7 +99,7 @@ async fn twenty_concurrent_copies_give_one_event_seen_twenty_times(pool: PgPool)
     assert_eq!(app.count("SELECT count(*) FROM deliveries").await, 20);
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn same_key_with_different_content_is_a_conflict_that_keeps_the_stored_event(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let original = stripe_event("evt_same", "cus_1", Utc::now().timestamp());
@@ -119,7 +120,7 @@ async fn same_key_with_different_content_is_a_conflict_that_keeps_the_stored_eve
     assert!(app.drain_queue().await.is_empty());
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn authentication_failures_are_401_and_store_nothing(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let event = stripe_event("evt_bad", "cus_1", Utc::now().timestamp());
@@ -157,7 +158,7 @@ async fn authentication_failures_are_401_and_store_nothing(pool: PgPool) {
     assert!(app.drain_queue().await.is_empty());
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn unknown_source_wrong_route_and_wrong_method_are_refused(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let delivery = stripe_delivery(&stripe_event("evt_x", "cus_1", Utc::now().timestamp()));
@@ -182,7 +183,7 @@ async fn unknown_source_wrong_route_and_wrong_method_are_refused(pool: PgPool) {
     assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 0);
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn body_over_one_mib_is_413_and_stores_nothing(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let mut event = stripe_event("evt_big", "cus_1", Utc::now().timestamp());
@@ -205,12 +206,12 @@ fn unreachable_database_url() -> String {
     format!("postgres://postgres@127.0.0.1:{port}/down")
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn postgres_down_answers_503_with_retry_after_and_writes_nothing(pool: PgPool) {
     let sqs = sqs_client().await;
     let queue_url = create_queue(&sqs).await;
     let queue = Queue::new(sqs.clone(), queue_url.clone());
-    let down = inbox::db::lazy_pool(&unreachable_database_url(), 2).unwrap();
+    let down = shared::db::lazy_pool(&unreachable_database_url(), 2).unwrap();
     let app = TestApp::with_parts(pool, down, sqs, queue_url, queue).await;
 
     let delivery = stripe_delivery(&stripe_event("evt_down", "cus_1", Utc::now().timestamp()));
@@ -222,7 +223,7 @@ async fn postgres_down_answers_503_with_retry_after_and_writes_nothing(pool: PgP
         !body.to_string().contains("postgres://"),
         "no connection details leak: {body}"
     );
-    let response = inbox::intake::handle(&app.state, {
+    let response = shared::handlers::intake::handle(&app.state, {
         let mut b = http::Request::builder()
             .method("POST")
             .uri("/webhooks/stripe");
@@ -241,7 +242,7 @@ async fn postgres_down_answers_503_with_retry_after_and_writes_nothing(pool: PgP
     );
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn postgres_stopping_mid_flight_answers_503_and_loses_nothing_stored(pool: PgPool) {
     let app = TestApp::spawn(pool.clone()).await;
     let (_, first) = app
@@ -307,7 +308,7 @@ async fn admin_connection() -> PgPool {
         .unwrap()
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn sqs_unreachable_after_commit_still_answers_200_with_enqueued_at_empty(pool: PgPool) {
     let sqs = sqs_client().await;
     let queue = unreachable_queue().await;
@@ -331,7 +332,7 @@ async fn sqs_unreachable_after_commit_still_answers_200_with_enqueued_at_empty(p
     );
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn kinde_token_is_stored_under_its_webhook_id_and_a_re_signed_retry_is_a_copy(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let happened = Utc::now() - chrono::Duration::minutes(3);
@@ -359,7 +360,7 @@ async fn kinde_token_is_stored_under_its_webhook_id_and_a_re_signed_retry_is_a_c
     assert_eq!(row.seen_count, 2);
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn kinde_token_signed_with_hs256_is_refused(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let claims = json!({"type": "customer.plan_changed", "timestamp": Utc::now().to_rfc3339(),
@@ -380,7 +381,7 @@ async fn kinde_token_signed_with_hs256_is_refused(pool: PgPool) {
     assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 0);
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn polar_event_is_ordered_by_its_modified_at(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let payload = json!({
@@ -401,7 +402,7 @@ async fn polar_event_is_ordered_by_its_modified_at(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn signed_but_unparseable_is_stored_unprocessable_and_not_enqueued(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let delivery = polar_delivery("msg_garbage", &json!(["not", "an", "event"]));
@@ -416,7 +417,7 @@ async fn signed_but_unparseable_is_stored_unprocessable_and_not_enqueued(pool: P
     assert!(app.drain_queue().await.is_empty(), "never retried");
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn copy_of_an_event_already_applied_is_counted_but_not_enqueued(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let delivery = stripe_delivery(&stripe_event("evt_done", "cus_1", Utc::now().timestamp()));
@@ -434,7 +435,7 @@ async fn copy_of_an_event_already_applied_is_counted_but_not_enqueued(pool: PgPo
     assert!(app.drain_queue().await.is_empty());
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn api_gateway_http_api_event_is_routed_by_its_path_parameter(pool: PgPool) {
     use base64::Engine;
     let app = TestApp::spawn(pool).await;
@@ -473,7 +474,7 @@ async fn api_gateway_http_api_event_is_routed_by_its_path_parameter(pool: PgPool
 /// A state whose sources fail to build names the source in its error.
 #[test]
 fn bad_source_secret_is_named_at_start() {
-    let config = inbox::config::IntakeConfig::from_lookup(|var| match var {
+    let config = shared::config::IntakeConfig::from_lookup(|var| match var {
         "DATABASE_URL" => Some("postgres://x/y".into()),
         "QUEUE_URL" => Some("http://q".into()),
         "INBOX_SOURCES" => {

@@ -1,4 +1,4 @@
-//! The billing model's rules (DESIGN §4), one test each, through intake, SQS and worker.
+//! The billing model's rules (docs/design.md §4), one test each, through intake, SQS and worker.
 
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -33,7 +33,7 @@ async fn ledger_deltas(app: &TestApp, customer: &str, period: &str) -> Vec<(Stri
     .unwrap()
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn an_upgrade_tops_up_by_the_difference_and_a_downgrade_takes_nothing_back(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     kinde(
@@ -83,7 +83,7 @@ async fn an_upgrade_tops_up_by_the_difference_and_a_downgrade_takes_nothing_back
     );
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_plan_event_too_old_to_move_the_plan_still_grants_its_own_period(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     kinde(
@@ -127,7 +127,7 @@ async fn a_plan_event_too_old_to_move_the_plan_still_grants_its_own_period(pool:
     );
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_payment_grants_the_plan_it_names_and_nothing_when_it_names_none(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let payment = |customer: &str, plan: Option<&str>| {
@@ -169,7 +169,7 @@ fn stripe_subscription(id: &str, customer: &str, status: &str, created: i64) -> 
     })
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn events_at_the_same_provider_time_are_ordered_by_dedupe_key_whatever_the_arrival(
     pool: PgPool,
 ) {
@@ -202,7 +202,7 @@ async fn events_at_the_same_provider_time_are_ordered_by_dedupe_key_whatever_the
     }
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_deleted_customer_is_a_tombstone_that_late_events_do_not_lift(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let deleted = |customer: &str, created: i64| {

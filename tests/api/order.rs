@@ -6,11 +6,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
-use inbox::providers::{kinde, stripe};
-use inbox::worker::{FaultAction, FaultPoint, Processed, WorkerState};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{json, Value};
+use shared::domain::EventStatus;
+use shared::handlers::worker::{FaultAction, FaultPoint, Processed, WorkerState};
+use shared::providers::{kinde, stripe};
 use sqlx::PgPool;
 
 use crate::helpers::test_worker;
@@ -165,7 +166,7 @@ struct Materialized {
     source: &'static str,
     dedupe_key: String,
     at: DateTime<Utc>,
-    verified: inbox::providers::VerifiedEvent,
+    verified: shared::domain::VerifiedEvent,
     body: Vec<u8>,
 }
 
@@ -270,7 +271,7 @@ fn materialize(index: usize, event: &Event, ns: &str) -> Materialized {
 }
 
 async fn store(pool: &PgPool, m: &Materialized) -> i64 {
-    inbox::intake::store_verified(pool, m.source, &m.body, &m.verified, &json!({}))
+    shared::inbox::store::store_verified(pool, m.source, &m.body, &m.verified, &json!({}))
         .await
         .unwrap()
         .event_id
@@ -279,12 +280,12 @@ async fn store(pool: &PgPool, m: &Materialized) -> i64 {
 /// Works the event until it is final (a failed attempt is retried at once).
 async fn process(worker: &WorkerState, event_id: i64) -> Result<(), TestCaseError> {
     for _ in 0..10 {
-        match inbox::worker::process_event(worker, event_id)
+        match shared::handlers::worker::process_event(worker, event_id)
             .await
             .unwrap()
         {
             Processed::Failed {
-                status: "dead",
+                status: EventStatus::Dead,
                 error,
             } => {
                 return Err(TestCaseError::fail(format!(
@@ -311,14 +312,20 @@ async fn state_of(pool: &PgPool, worker: &WorkerState, ns: &str) -> Value {
             let mut balances = Vec::new();
             for period in PERIODS {
                 balances.push(
-                    inbox::account::period_balance(&mut conn, source, &id, period)
+                    shared::billing::account::period_balance(&mut conn, source, &id, period)
                         .await
                         .unwrap(),
                 );
             }
-            let view = inbox::account::load(&mut conn, source, &id, "2026-03", &worker.catalog)
-                .await
-                .unwrap();
+            let view = shared::billing::account::load(
+                &mut conn,
+                source,
+                &shared::domain::CustomerId::parse(&id).unwrap(),
+                &shared::domain::Period::parse("2026-03").unwrap(),
+                &worker.catalog,
+            )
+            .await
+            .unwrap();
             accounts.push(view.map(|v| {
                 json!({"source": source, "customer": customer, "plan": v.plan, "customer_plan": v.customer_plan,
                        "past_due": v.past_due, "balances": balances, "subscriptions": v.subscriptions,
@@ -372,7 +379,9 @@ async fn check(pool: &PgPool, worker: &WorkerState, case: &Case) -> Result<(), T
             None => {}
         }
         // One attempt now, as the message for this delivery would bring.
-        inbox::worker::process_event(worker, id).await.unwrap();
+        shared::handlers::worker::process_event(worker, id)
+            .await
+            .unwrap();
         worker
             .faults
             .set(FaultPoint::BetweenEffects, FaultAction::Fail(0));

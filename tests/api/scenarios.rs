@@ -1,9 +1,9 @@
-//! The reference scenarios of DESIGN §4, driven through the real intake handler with signed
+//! The reference scenarios of docs/design.md §4.9, driven through the real intake handler with signed
 //! deliveries, the SQS server and the worker.
 
 use chrono::{DateTime, Utc};
-use inbox::worker::{FaultAction, FaultPoint};
 use serde_json::{json, Value};
+use shared::handlers::worker::{FaultAction, FaultPoint};
 use sqlx::PgPool;
 
 use crate::helpers::*;
@@ -34,7 +34,7 @@ fn kinde_event(
     })
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn nine_deliveries_end_on_pro_with_the_allowance_granted_once(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let customer = "kc_nine";
@@ -243,7 +243,7 @@ async fn deliver_subscription_steps(app: &TestApp, tag: &str, order: &[usize]) -
     plans
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn subscriptions_move_only_their_own_register(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let plans = deliver_subscription_steps(&app, "canon", &[0, 1, 2, 3, 4, 5, 6]).await;
@@ -275,7 +275,7 @@ async fn subscriptions_move_only_their_own_register(pool: PgPool) {
     assert!(account.subscriptions.iter().all(|s| s.status == "canceled"));
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn subscriptions_end_the_same_for_every_permutation(pool: PgPool) {
     use proptest::strategy::{Strategy, ValueTree};
     use proptest::test_runner::TestRunner;
@@ -326,11 +326,11 @@ fn stripe_subscription_event(id: &str, customer: &str, status: &str, created: i6
     })
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_retried_active_landing_last_leaves_the_subscription_past_due(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
     // Production waits: the failed attempt is not due again until after past_due lands.
-    app.worker.retry_delays = inbox::worker::RETRY_DELAYS.to_vec();
+    app.worker.retry_delays = shared::inbox::RETRY_DELAYS.to_vec();
     let t = at("2026-03-05T10:00:00Z").timestamp();
     let trialing = stripe_subscription_event("evt_trial", "cus_s", "trialing", t);
     let active = stripe_subscription_event("evt_active", "cus_s", "active", t + 60);
@@ -386,7 +386,7 @@ async fn body_id(app: &TestApp, source: &str, key: &str) -> i64 {
     app.event_id(source, key).await
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_late_payment_does_not_undo_a_refund(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let order = |kind: &str, at: &str| {
@@ -407,7 +407,7 @@ async fn a_late_payment_does_not_undo_a_refund(pool: PgPool) {
     let account = app.account("polar", "pc_r", "2026-03").await;
     assert_eq!(
         account.payments,
-        [inbox::account::PaymentView {
+        [shared::billing::account::PaymentView {
             id: "ord_1".into(),
             status: "refunded".into()
         }]

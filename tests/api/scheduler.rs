@@ -5,10 +5,12 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use inbox::queue::Queue;
-use inbox::reconcile::{Api, Reconciler};
-use inbox::scheduler::{self, SchedulerState};
 use serde_json::{json, Value};
+use shared::config::parse_sources;
+use shared::handlers::scheduler::{self, SchedulerState};
+use shared::inbox::{purge::purge, replay::replay, rescue::rescue};
+use shared::queue::Queue;
+use shared::reconcile::Reconciler;
 use sqlx::PgPool;
 use wiremock::matchers::{header, method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -45,7 +47,7 @@ async fn stored_unapplied(app: &TestApp, id: &str) -> i64 {
     body["event_id"].as_i64().unwrap()
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn an_event_whose_send_failed_is_enqueued_by_the_next_run_and_applied(pool: PgPool) {
     let sqs = sqs_client().await;
     let dead = unreachable_queue().await;
@@ -61,7 +63,7 @@ async fn an_event_whose_send_failed_is_enqueued_by_the_next_run_and_applied(pool
     let scheduler = scheduler_for(&app, vec![]);
 
     // Younger than a minute: the intake may still be sending it.
-    assert!(scheduler::rescue(&app.pool, &scheduler.queue)
+    assert!(rescue(&app.pool, &scheduler.queue)
         .await
         .unwrap()
         .is_empty());
@@ -78,7 +80,7 @@ async fn an_event_whose_send_failed_is_enqueued_by_the_next_run_and_applied(pool
     assert_eq!(status_of(&app, id).await, "applied");
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn an_expired_lease_is_rescued_and_applied_once(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let id = stored_unapplied(&app, "evt_lease").await;
@@ -90,14 +92,9 @@ async fn an_expired_lease_is_rescued_and_applied_once(pool: PgPool) {
     .await;
     let scheduler = scheduler_for(&app, vec![]);
 
-    assert_eq!(
-        scheduler::rescue(&app.pool, &scheduler.queue)
-            .await
-            .unwrap(),
-        [id]
-    );
+    assert_eq!(rescue(&app.pool, &scheduler.queue).await.unwrap(), [id]);
     assert!(
-        scheduler::rescue(&app.pool, &scheduler.queue)
+        rescue(&app.pool, &scheduler.queue)
             .await
             .unwrap()
             .is_empty(),
@@ -112,7 +109,7 @@ async fn an_expired_lease_is_rescued_and_applied_once(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_due_failed_event_is_retried_and_one_not_due_is_not(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let due = stored_unapplied(&app, "evt_due").await;
@@ -134,18 +131,13 @@ async fn a_due_failed_event_is_retried_and_one_not_due_is_not(pool: PgPool) {
     .unwrap();
     let scheduler = scheduler_for(&app, vec![]);
 
-    assert_eq!(
-        scheduler::rescue(&app.pool, &scheduler.queue)
-            .await
-            .unwrap(),
-        [due]
-    );
+    assert_eq!(rescue(&app.pool, &scheduler.queue).await.unwrap(), [due]);
     app.run_worker().await;
     assert_eq!(status_of(&app, due).await, "applied");
     assert_eq!(status_of(&app, later).await, "failed");
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn two_overlapping_runs_enqueue_each_row_once(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let mut ids = Vec::new();
@@ -164,10 +156,7 @@ async fn two_overlapping_runs_enqueue_each_row_once(pool: PgPool) {
         ..scheduler_for(&app, vec![])
     };
 
-    let (first, second) = tokio::join!(
-        scheduler::rescue(&a.pool, &a.queue),
-        scheduler::rescue(&other_pool, &b.queue)
-    );
+    let (first, second) = tokio::join!(rescue(&a.pool, &a.queue), rescue(&other_pool, &b.queue));
     let (first, second) = (first.unwrap(), second.unwrap());
 
     let all: Vec<i64> = first.iter().chain(second.iter()).copied().collect();
@@ -186,18 +175,20 @@ fn stripe_api_event(id: &str, customer: &str, created: i64) -> Value {
     event
 }
 
-fn stripe_reconciler(server: &MockServer) -> Reconciler {
-    Reconciler::Stripe {
-        source: "stripe".into(),
-        api: Api {
-            base_url: server.uri(),
-            key: "sk_test_reconcile".into(),
-            http: reqwest::Client::new(),
-        },
-    }
+/// A source's reconciler, configured as `INBOX_SOURCES` would, against the mock API.
+fn reconciler(source: Value) -> Reconciler {
+    let config = parse_sources(&json!([source]).to_string()).unwrap();
+    Reconciler::for_source(&config[0], &reqwest::Client::new()).expect("the source is reconciled")
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+fn stripe_reconciler(server: &MockServer) -> Reconciler {
+    reconciler(
+        json!({"name": "stripe", "kind": "stripe", "secrets": [STRIPE_SECRET],
+        "api_key": "sk_test_reconcile", "api_base_url": server.uri()}),
+    )
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_stripe_event_never_delivered_is_fetched_stored_and_applied(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let now = Utc::now().timestamp();
@@ -270,7 +261,7 @@ async fn a_stripe_event_never_delivered_is_fetched_stored_and_applied(pool: PgPo
     assert_eq!(runs, 1);
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_provider_api_error_fails_its_source_and_not_the_run(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let server = MockServer::start().await;
@@ -305,14 +296,10 @@ async fn a_provider_api_error_fails_its_source_and_not_the_run(pool: PgPool) {
 }
 
 fn polar_reconciler(server: &MockServer) -> Reconciler {
-    Reconciler::Polar {
-        source: "polar".into(),
-        api: Api {
-            base_url: server.uri(),
-            key: "polar_oat_test".into(),
-            http: reqwest::Client::new(),
-        },
-    }
+    reconciler(
+        json!({"name": "polar", "kind": "standard-webhooks", "secrets": [POLAR_SECRET],
+        "secret_encoding": "raw", "api_key": "polar_oat_test", "api_base_url": server.uri()}),
+    )
 }
 
 async fn polar_api_returns(server: &MockServer, subscription: Value) {
@@ -326,7 +313,7 @@ async fn polar_api_returns(server: &MockServer, subscription: Value) {
         .await;
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_polar_read_older_than_the_stored_state_changes_nothing_and_a_newer_one_corrects_it(
     pool: PgPool,
 ) {
@@ -362,7 +349,7 @@ async fn a_polar_read_older_than_the_stored_state_changes_nothing_and_a_newer_on
     assert_eq!(report.reconciliation[0].discrepancies, 0);
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn purge_removes_only_old_finished_events_and_keeps_dead_ones(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let mut ids = Vec::new();
@@ -388,7 +375,7 @@ async fn purge_removes_only_old_finished_events_and_keeps_dead_ones(pool: PgPool
     }
     let scheduler = scheduler_for(&app, vec![]);
 
-    let purged = scheduler::purge(
+    let purged = purge(
         &app.pool,
         scheduler.retention,
         Instant::now() + Duration::from_secs(10),
@@ -417,7 +404,7 @@ async fn purge_removes_only_old_finished_events_and_keeps_dead_ones(pool: PgPool
     );
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn dead_events_are_reported_once_and_stay_counted_until_replayed(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let id = stored_unapplied(&app, "evt_dead").await;
@@ -436,9 +423,7 @@ async fn dead_events_are_reported_once_and_stay_counted_until_replayed(pool: PgP
     let metrics = scheduler::emf(&second, Utc::now());
     assert_eq!(metrics["DeadEvents"], 1.0, "still visible until replayed");
 
-    let replayed = scheduler::replay(&app.pool, &scheduler.queue, &[id])
-        .await
-        .unwrap();
+    let replayed = replay(&app.pool, &scheduler.queue, &[id]).await.unwrap();
     assert_eq!(replayed, [id]);
     let row = app.event(id).await;
     assert_eq!(row.status, "received");
@@ -448,7 +433,7 @@ async fn dead_events_are_reported_once_and_stay_counted_until_replayed(pool: PgP
     assert_eq!(scheduler::emf(&after, Utc::now())["DeadEvents"], 0.0);
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn metrics_are_valid_embedded_metric_format(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let original = stripe_event("evt_emf", "cus_emf", Utc::now().timestamp());
@@ -496,7 +481,7 @@ async fn metrics_are_valid_embedded_metric_format(pool: PgPool) {
     assert!(!doc.to_string().contains('\n'));
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn an_event_whose_worker_died_on_its_last_attempt_is_dead_not_retried(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let id = stored_unapplied(&app, "evt_crashes_everything").await;
@@ -510,8 +495,10 @@ async fn an_event_whose_worker_died_on_its_last_attempt_is_dead_not_retried(pool
 
     // No worker may claim it again...
     assert_eq!(
-        inbox::worker::process_event(&app.worker, id).await.unwrap(),
-        inbox::worker::Processed::Skipped
+        shared::handlers::worker::process_event(&app.worker, id)
+            .await
+            .unwrap(),
+        shared::handlers::worker::Processed::Skipped
     );
     // ...and the scheduler buries it and reports it.
     let report = scheduler::run(&scheduler).await;
@@ -528,7 +515,7 @@ async fn an_event_whose_worker_died_on_its_last_attempt_is_dead_not_retried(pool
     assert!(row.1.unwrap().contains("lease expired"));
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn an_event_marked_enqueued_whose_message_never_arrived_is_sent_again(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     // The intake marks the event in its one statement; its message is lost (as when the
@@ -537,7 +524,7 @@ async fn an_event_marked_enqueued_whose_message_never_arrived_is_sent_again(pool
     assert!(app.event(id).await.enqueued_at.is_some());
     let scheduler = scheduler_for(&app, vec![]);
     assert!(
-        scheduler::rescue(&app.pool, &scheduler.queue)
+        rescue(&app.pool, &scheduler.queue)
             .await
             .unwrap()
             .is_empty(),
@@ -549,12 +536,7 @@ async fn an_event_marked_enqueued_whose_message_never_arrived_is_sent_again(pool
         "UPDATE inbox_events SET received_at = now() - interval '6 minutes', enqueued_at = now() - interval '6 minutes'",
     )
     .await;
-    assert_eq!(
-        scheduler::rescue(&app.pool, &scheduler.queue)
-            .await
-            .unwrap(),
-        [id]
-    );
+    assert_eq!(rescue(&app.pool, &scheduler.queue).await.unwrap(), [id]);
     app.run_worker().await;
     assert_eq!(status_of(&app, id).await, "applied");
 }

@@ -8,11 +8,13 @@ use std::time::{Duration, Instant};
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
 use chrono::{DateTime, Utc};
 use http::StatusCode;
-use inbox::account::{PaymentView, SubscriptionView};
-use inbox::worker::{
-    handle_batch, process_event, FaultAction, FaultPoint, Processed, WorkerState, RETRY_DELAYS,
-};
 use serde_json::{json, Value};
+use shared::billing::account::{PaymentView, SubscriptionView};
+use shared::domain::EventStatus;
+use shared::handlers::worker::{
+    handle_batch, process_event, FaultAction, FaultPoint, Processed, WorkerState,
+};
+use shared::inbox::RETRY_DELAYS;
 use sqlx::PgPool;
 
 use crate::helpers::*;
@@ -152,7 +154,7 @@ fn batch(messages: &[(&str, i64)]) -> SqsEvent {
     for (message_id, event_id) in messages {
         let mut record = SqsMessage::default();
         record.message_id = Some((*message_id).to_owned());
-        record.body = Some(inbox::queue::message_body(*event_id));
+        record.body = Some(shared::queue::message_body(*event_id));
         record.event_source = Some("aws:sqs".into());
         event.records.push(record);
     }
@@ -247,17 +249,17 @@ async fn receive(app: &TestApp, n: usize) -> Vec<aws_sdk_sqs::types::Message> {
     messages
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn two_workers_racing_on_one_batch_apply_each_event_exactly_once(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let second = test_worker(app.pool.clone());
     let ids = store_all(&app, &three_customers("race")).await;
 
     let messages = receive(&app, ids.len()).await;
-    let event = inbox::bridge::sqs_event(&messages, &app.queue_url);
+    let event = shared::dev::bridge::sqs_event(&messages, &app.queue_url);
     let mut received: Vec<i64> = messages
         .iter()
-        .map(|m| inbox::queue::parse_message_body(m.body().unwrap()).unwrap())
+        .map(|m| shared::queue::parse_message_body(m.body().unwrap()).unwrap())
         .collect();
     received.sort_unstable();
     assert_eq!(received, ids, "one message per stored event");
@@ -381,7 +383,7 @@ async fn process_all(worker: &WorkerState, ids: &[i64]) -> Vec<(i64, Processed)>
     outcomes
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn two_workers_splitting_one_customers_events_end_as_one_worker_in_provider_order(
     pool: PgPool,
 ) {
@@ -441,7 +443,7 @@ async fn two_workers_splitting_one_customers_events_end_as_one_worker_in_provide
                 matches!(
                     outcome,
                     Processed::Finished {
-                        status: "applied" | "ignored",
+                        status: EventStatus::Applied | EventStatus::Ignored,
                         ..
                     }
                 ),
@@ -527,7 +529,7 @@ async fn a_worker_told_to_exit_before_commit_ends_its_process_when_run_as_a_chil
     else {
         return;
     };
-    let pool = inbox::db::lazy_pool(&url, 2).unwrap();
+    let pool = shared::db::lazy_pool(&url, 2).unwrap();
     let mut worker = test_worker(pool);
     worker.lease = SHORT_LEASE;
     worker
@@ -537,7 +539,7 @@ async fn a_worker_told_to_exit_before_commit_ends_its_process_when_run_as_a_chil
     panic!("the process should have ended before commit; the worker returned {outcome:?}");
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_worker_killed_before_commit_leaves_nothing_and_the_event_is_applied_after_its_lease(
     pool: PgPool,
 ) {
@@ -591,7 +593,7 @@ async fn a_worker_killed_before_commit_leaves_nothing_and_the_event_is_applied_a
         matches!(
             outcome,
             Processed::Finished {
-                status: "applied",
+                status: EventStatus::Applied,
                 ..
             }
         ),
@@ -616,7 +618,7 @@ async fn a_worker_killed_before_commit_leaves_nothing_and_the_event_is_applied_a
     assert_eq!(account.log.len(), 1);
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn an_event_failing_six_times_follows_the_retry_schedule_and_ends_dead(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
     app.worker.retry_delays = RETRY_DELAYS.to_vec();
@@ -657,7 +659,7 @@ async fn an_event_failing_six_times_follows_the_retry_schedule_and_ends_dead(poo
                 assert_eq!(
                     outcome,
                     Processed::Failed {
-                        status: "failed",
+                        status: EventStatus::Failed,
                         error
                     }
                 );
@@ -683,7 +685,7 @@ async fn an_event_failing_six_times_follows_the_retry_schedule_and_ends_dead(poo
                 assert_eq!(
                     outcome,
                     Processed::Failed {
-                        status: "dead",
+                        status: EventStatus::Dead,
                         error
                     }
                 );
@@ -709,7 +711,7 @@ async fn an_event_failing_six_times_follows_the_retry_schedule_and_ends_dead(poo
     assert_eq!(row.last_error, dead.last_error);
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_batch_asks_again_only_for_events_that_failed_and_can_be_retried(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let done = store(
@@ -739,7 +741,7 @@ async fn a_batch_asks_again_only_for_events_that_failed_and_can_be_retried(pool:
     assert!(matches!(
         process_event(&app.worker, done).await.unwrap(),
         Processed::Finished {
-            status: "applied",
+            status: EventStatus::Applied,
             ..
         }
     ));
@@ -775,7 +777,7 @@ async fn a_batch_asks_again_only_for_events_that_failed_and_can_be_retried(pool:
     assert_eq!(progress(&app.pool, done).await.attempts, 1);
 }
 
-#[sqlx::test(migrator = "inbox::MIGRATOR")]
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_message_for_an_applied_leased_or_not_yet_due_event_is_acked_without_work(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let applied = store(
@@ -817,7 +819,7 @@ async fn a_message_for_an_applied_leased_or_not_yet_due_event_is_acked_without_w
     assert!(matches!(
         process_event(&app.worker, applied).await.unwrap(),
         Processed::Finished {
-            status: "applied",
+            status: EventStatus::Applied,
             ..
         }
     ));

@@ -1,8 +1,8 @@
 //! The intake Lambda: verifies, stores and enqueues webhook deliveries (`POST /webhooks/{source}`).
 
-use inbox::config::IntakeConfig;
-use inbox::intake::IntakeState;
 use lambda_http::{run, service_fn, Body, Error, Request, Response};
+use shared::config::{FromEnv, IntakeConfig};
+use shared::handlers::intake::IntakeState;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -18,15 +18,15 @@ pub(crate) async fn handler(
     state: &IntakeState,
     request: Request,
 ) -> Result<Response<Body>, Error> {
-    Ok(inbox::intake::handle(state, request).await)
+    Ok(shared::handlers::intake::handle(state, request).await)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use inbox::config::parse_sources;
-    use inbox::providers::Sources;
-    use inbox::queue::Queue;
+    use shared::config::parse_sources;
+    use shared::providers::Sources;
+    use shared::queue::Queue;
 
     #[tokio::test]
     async fn an_unknown_source_is_404_before_any_io() {
@@ -39,7 +39,7 @@ mod tests {
         let sources =
             parse_sources(r#"[{"name":"stripe","kind":"stripe","secrets":["whsec_x"]}]"#).unwrap();
         let state = IntakeState {
-            pool: inbox::db::lazy_pool("postgres://nobody@127.0.0.1:1/none", 1).unwrap(),
+            pool: shared::db::lazy_pool("postgres://nobody@127.0.0.1:1/none", 1).unwrap(),
             queue: Queue::new(sqs, "http://127.0.0.1:1/000000000000/none"),
             sources: Sources::build(
                 &sources,

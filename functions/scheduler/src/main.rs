@@ -1,9 +1,10 @@
 //! The scheduler Lambda, run by an EventBridge schedule: rescue, alerts, reconciliation, purge.
 
 use aws_lambda_events::event::cloudwatch_events::CloudWatchEvent;
-use inbox::scheduler::{SchedulerConfig, SchedulerState};
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 use serde_json::Value;
+use shared::config::{FromEnv, SchedulerConfig};
+use shared::handlers::scheduler::SchedulerState;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -18,6 +19,6 @@ pub(crate) async fn handler(
     event: LambdaEvent<CloudWatchEvent>,
 ) -> Result<Value, Error> {
     tracing::info!(time = ?event.payload.time, "scheduled run");
-    let report = inbox::scheduler::run(state).await;
+    let report = shared::handlers::scheduler::run(state).await;
     Ok(serde_json::to_value(report)?)
 }

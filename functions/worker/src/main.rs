@@ -1,8 +1,9 @@
 //! The worker Lambda: applies stored events named by SQS messages, one transaction each.
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
-use inbox::worker::{WorkerConfig, WorkerState};
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
+use shared::config::{FromEnv, WorkerConfig};
+use shared::handlers::worker::WorkerState;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -18,7 +19,7 @@ pub(crate) async fn handler(
     state: &WorkerState,
     event: LambdaEvent<SqsEvent>,
 ) -> Result<SqsBatchResponse, Error> {
-    Ok(inbox::worker::handle_batch(state, event.payload).await)
+    Ok(shared::handlers::worker::handle_batch(state, event.payload).await)
 }
 
 #[cfg(test)]
@@ -30,7 +31,7 @@ mod tests {
     #[tokio::test]
     async fn a_message_that_names_no_event_is_dropped_not_retried() {
         // No database is reached: the body is rejected before any claim.
-        let pool = inbox::db::lazy_pool("postgres://nobody@127.0.0.1:1/none", 1).unwrap();
+        let pool = shared::db::lazy_pool("postgres://nobody@127.0.0.1:1/none", 1).unwrap();
         let state = WorkerState::new(pool, Default::default(), Default::default());
         let mut message = SqsMessage::default();
         message.message_id = Some("m-1".into());

@@ -1,23 +1,92 @@
-//! Provider verification and parsing: turns one signed HTTP delivery into a verified event.
+//! Providers: everything one billing provider means, one folder each — how its deliveries are
+//! verified and read (type, customer, provider time, dedupe key), what its event types mean
+//! for the billing registers (`decide`), its API for reconciliation, and (behind the `dev`
+//! feature) realistic payloads and the signer for test deliveries (docs/design.md §6).
 //!
-//! Each provider module owns its signature scheme and its envelope; this module owns what they
-//! have in common: the verified event, the authentication errors and the source registry.
+//! This module is the registry: the [`Provider`] contract each folder implements and
+//! [`provider`], the one line per provider that registers it. Adding a provider is its folder,
+//! a [`SourceKind`] variant and that line.
 
-pub mod jwks;
+mod common;
+#[cfg(any(test, feature = "dev"))]
+pub mod fixtures;
 pub mod kinde;
-pub mod sign;
-pub mod standard;
+pub mod standard_webhooks;
 pub mod stripe;
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
+use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
 use http::HeaderMap;
 use serde_json::Value;
 
-use crate::config::{SecretEncoding, SourceConfig, SourceKind};
-use crate::domain::{ContentHash, CustomerId, DedupeKey, ProviderTime};
+use crate::billing::registers::StoredSubscription;
+use crate::billing::{Catalog, Decided, Decision};
+use crate::config::{ConfigError, SourceConfig};
+use crate::domain::{DedupeKey, SourceKind, VerifiedEvent};
+
+/// A boxed future, so that the provider contracts can be used as trait objects.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The registration: which folder serves which kind of source.
+pub fn provider(kind: SourceKind) -> &'static dyn Provider {
+    match kind {
+        SourceKind::Kinde => &kinde::Kinde,
+        SourceKind::Stripe => &stripe::Stripe,
+        SourceKind::StandardWebhooks => &standard_webhooks::StandardWebhooks,
+    }
+}
+
+/// What a provider folder provides.
+pub trait Provider: Sync {
+    /// The verifier for one configured source of this kind.
+    fn verifier(
+        &self,
+        config: &SourceConfig,
+        tolerance: Duration,
+        http: &reqwest::Client,
+    ) -> Result<Box<dyn Verify>, ConfigError>;
+
+    /// What one of this provider's events means for the billing state, from the event alone.
+    fn decide(
+        &self,
+        event_type: &str,
+        payload: &Value,
+        dedupe_key: &DedupeKey,
+        catalog: &Catalog,
+    ) -> Decided;
+
+    /// How this provider's API finds what the webhooks missed; `None`: not reconciled.
+    fn reconciliation(&self, _api: Api) -> Option<Reconciliation> {
+        None
+    }
+
+    /// The provider's public API, when it has one this code reads.
+    fn default_api_base(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// Realistic payloads and the signer for test deliveries.
+    #[cfg(any(test, feature = "dev"))]
+    fn fixtures(&self) -> &'static dyn fixtures::Fixtures;
+}
+
+/// Decides an event's effects from the event alone (never from what is stored).
+pub fn decide(
+    kind: SourceKind,
+    event_type: &str,
+    payload: &Value,
+    dedupe_key: &DedupeKey,
+    catalog: &Catalog,
+) -> Decision {
+    provider(kind)
+        .decide(event_type, payload, dedupe_key, catalog)
+        .unwrap_or_else(Decision::from)
+}
 
 /// Why a delivery was not accepted as coming from the provider. Every variant but
 /// `KeysUnavailable` is the sender's fault (401); that one is ours (503, the provider retries).
@@ -43,110 +112,43 @@ pub enum AuthError {
     KeysUnavailable,
 }
 
-/// What a parser learned from a verified envelope.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EventMeta {
-    pub event_type: String,
-    pub customer: Option<CustomerId>,
-    pub occurred_at: ProviderTime,
-}
-
-/// A delivery whose signature checked out. It is stored whether or not it parses:
-/// an unparseable one is kept as evidence and marked unprocessable.
-#[derive(Debug, Clone)]
-pub struct VerifiedEvent {
-    pub dedupe_key: DedupeKey,
-    pub content_hash: ContentHash,
-    /// The signed content as JSON (for Kinde, the token's claims), when it is JSON.
-    pub payload: Option<Value>,
-    /// The signed send time of this attempt.
-    pub sent_at: Option<DateTime<Utc>>,
-    /// The provider's id for this delivery or message, when it sends one.
-    pub delivery_id: Option<String>,
-    pub meta: Result<EventMeta, String>,
+/// Checks a delivery's signature and time, then parses what it can of the envelope.
+pub trait Verify: Send + Sync {
+    fn verify<'a>(
+        &'a self,
+        headers: &'a HeaderMap,
+        body: &'a [u8],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<VerifiedEvent, AuthError>>;
 }
 
 /// One configured source: its name in the route and how its deliveries are verified.
 pub struct Source {
     pub name: String,
-    verifier: Verifier,
-}
-
-enum Verifier {
-    Kinde(kinde::KindeVerifier),
-    Stripe(stripe::StripeVerifier),
-    Standard(standard::StandardVerifier),
+    verifier: Box<dyn Verify>,
 }
 
 impl Source {
     pub fn from_config(
         config: &SourceConfig,
         default_tolerance: Duration,
-        http: reqwest::Client,
-    ) -> Result<Self, String> {
-        let tolerance = config
-            .tolerance_secs
-            .map(Duration::from_secs)
-            .unwrap_or(default_tolerance);
-        let verifier = match config.kind {
-            SourceKind::Kinde => {
-                let url = config
-                    .jwks_url
-                    .as_deref()
-                    .ok_or("a kinde source needs jwks_url")?;
-                let url = url::Url::parse(url).map_err(|e| format!("jwks_url: {e}"))?;
-                Verifier::Kinde(kinde::KindeVerifier::new(
-                    jwks::JwksCache::new(url, http),
-                    tolerance,
-                ))
-            }
-            SourceKind::Stripe => {
-                let secrets = non_empty_secrets(config)?;
-                Verifier::Stripe(stripe::StripeVerifier::new(
-                    secrets.iter().map(|s| s.as_bytes().to_vec()).collect(),
-                    tolerance,
-                ))
-            }
-            SourceKind::StandardWebhooks => {
-                let secrets = non_empty_secrets(config)?;
-                let encoding = config.secret_encoding.unwrap_or(SecretEncoding::Base64);
-                let keys = secrets
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| {
-                        standard::decode_secret(s, encoding)
-                            .map_err(|e| format!("secrets[{i}]: {e}"))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                Verifier::Standard(standard::StandardVerifier::new(keys, tolerance))
-            }
-        };
+        http: &reqwest::Client,
+    ) -> Result<Self, ConfigError> {
+        let tolerance = config.tolerance(default_tolerance);
         Ok(Self {
             name: config.name.clone(),
-            verifier,
+            verifier: provider(config.kind).verifier(config, tolerance, http)?,
         })
     }
 
-    /// Checks the delivery's signature and time, then parses what it can of the envelope.
     pub async fn verify(
         &self,
         headers: &HeaderMap,
         body: &[u8],
         now: DateTime<Utc>,
     ) -> Result<VerifiedEvent, AuthError> {
-        match &self.verifier {
-            Verifier::Kinde(v) => v.verify(headers, body, now).await,
-            Verifier::Stripe(v) => v.verify(headers, body, now),
-            Verifier::Standard(v) => v.verify(headers, body, now),
-        }
+        self.verifier.verify(headers, body, now).await
     }
-}
-
-fn non_empty_secrets(config: &SourceConfig) -> Result<&[String], String> {
-    if config.secrets.is_empty() || config.secrets.iter().any(|s| s.trim().is_empty()) {
-        return Err("secrets must be a non-empty list of non-empty strings".into());
-    }
-    Ok(&config.secrets)
 }
 
 /// The configured sources by route name.
@@ -158,13 +160,12 @@ impl Sources {
         configs: &[SourceConfig],
         default_tolerance: Duration,
         http: reqwest::Client,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ConfigError> {
         let mut sources = HashMap::new();
         for config in configs {
-            let source = Source::from_config(config, default_tolerance, http.clone())
-                .map_err(|e| format!("source '{}': {e}", config.name))?;
+            let source = Source::from_config(config, default_tolerance, &http)?;
             if sources.insert(config.name.clone(), source).is_some() {
-                return Err(format!("source '{}' is configured twice", config.name));
+                return Err(ConfigError::source(&config.name, "is configured twice"));
             }
         }
         Ok(Self(sources))
@@ -175,84 +176,97 @@ impl Sources {
     }
 }
 
-/// Checks a signed send time against the tolerance, both ways.
-fn check_tolerance(
-    sent_at: DateTime<Utc>,
-    now: DateTime<Utc>,
-    tolerance: Duration,
-) -> Result<(), AuthError> {
-    let tolerance_secs = tolerance.as_secs();
-    let age = now.signed_duration_since(sent_at).num_seconds();
-    let limit = i64::try_from(tolerance_secs).unwrap_or(i64::MAX);
-    if age > limit {
-        Err(AuthError::Stale(tolerance_secs))
-    } else if -age > limit {
-        Err(AuthError::Future(tolerance_secs))
-    } else {
-        Ok(())
-    }
+/// A provider's API, as reconciliation reads it.
+#[derive(Clone)]
+pub struct Api {
+    pub base_url: String,
+    pub key: String,
+    pub http: reqwest::Client,
 }
 
-/// Whether any candidate signature is the HMAC-SHA256 of the message (given in parts) under
-/// any key. `verify_slice` compares in constant time and rejects a wrong length, so a
-/// truncated or empty signature never passes.
-fn any_hmac_matches(keys: &[Vec<u8>], candidates: &[Vec<u8>], message: &[&[u8]]) -> bool {
-    use hmac::{Hmac, Mac};
-    keys.iter().any(|key| {
-        candidates.iter().any(|candidate| {
-            let Ok(mut mac) = Hmac::<sha2::Sha256>::new_from_slice(key) else {
-                return false;
-            };
-            for part in message {
-                mac.update(part);
-            }
-            mac.verify_slice(candidate).is_ok()
+impl Api {
+    /// The API of a source that has an API key and whose provider has an API; else `None`.
+    pub fn for_source(config: &SourceConfig, http: &reqwest::Client) -> Option<Self> {
+        let key = config.api_key.clone()?;
+        let default = provider(config.kind).default_api_base()?;
+        Some(Self {
+            base_url: config
+                .api_base_url
+                .as_deref()
+                .unwrap_or(default)
+                .trim_end_matches('/')
+                .to_owned(),
+            key,
+            http: http.clone(),
         })
-    })
-}
-
-/// A header's value as text, if present and printable.
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-}
-
-/// A string at a JSON pointer, if it is one.
-fn str_at<'a>(value: &'a Value, pointer: &str) -> Option<&'a str> {
-    value.pointer(pointer).and_then(Value::as_str)
-}
-
-/// Customer at a pointer that holds either an id or an expanded object with an id.
-fn customer_at(value: &Value, pointer: &str) -> Option<CustomerId> {
-    let found = value.pointer(pointer)?;
-    let raw = found
-        .as_str()
-        .or_else(|| found.get("id").and_then(Value::as_str))?;
-    CustomerId::parse(raw).ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use chrono::TimeZone;
-
-    #[test]
-    fn tolerance_rejects_both_directions() {
-        let now = Utc.timestamp_opt(1_000_000, 0).unwrap();
-        let tol = Duration::from_secs(300);
-        let at = |s| Utc.timestamp_opt(s, 0).unwrap();
-        assert_eq!(check_tolerance(at(1_000_000 - 300), now, tol), Ok(()));
-        assert_eq!(check_tolerance(at(1_000_000 + 300), now, tol), Ok(()));
-        assert_eq!(
-            check_tolerance(at(1_000_000 - 301), now, tol),
-            Err(AuthError::Stale(300))
-        );
-        assert_eq!(
-            check_tolerance(at(1_000_000 + 301), now, tol),
-            Err(AuthError::Future(300))
-        );
     }
+
+    /// `GET {base}{path}?{query}` with the key as a bearer token; the body as JSON.
+    pub async fn get_json(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<Value> {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base_url))
+            .bearer_auth(&self.key)
+            .query(query)
+            .send()
+            .await
+            .with_context(|| format!("GET {path}"))?;
+        let status = response.status();
+        if !status.is_success() {
+            bail!("GET {path} answered {status}");
+        }
+        response
+            .json()
+            .await
+            .with_context(|| format!("reading GET {path} as JSON"))
+    }
+}
+
+/// An event read back from a provider's API, parsed as a delivery of it would be.
+pub struct Fetched {
+    pub body: Vec<u8>,
+    pub event: VerifiedEvent,
+}
+
+/// One page of a provider's event feed.
+pub struct FeedPage {
+    pub events: Vec<Fetched>,
+    /// Where the next page starts; `None` when this was the last.
+    pub next: Option<String>,
+}
+
+/// A provider's change feed: every event since a time, page by page (Stripe's `/v1/events`).
+pub trait EventFeed: Send + Sync {
+    fn page<'a>(
+        &'a self,
+        since: DateTime<Utc>,
+        after: Option<&'a str>,
+    ) -> BoxFuture<'a, anyhow::Result<FeedPage>>;
+}
+
+/// One page of a provider's current subscriptions.
+pub struct SweepPage {
+    pub subscriptions: Vec<Value>,
+    pub last: bool,
+}
+
+/// A provider's current subscriptions, page by page (Polar's `/v1/subscriptions/`), and the
+/// corrective event for one the local register shows in an older, different state.
+pub trait SubscriptionSweep: Send + Sync {
+    fn page(&self, page: u32) -> BoxFuture<'_, anyhow::Result<SweepPage>>;
+
+    fn subscription_id<'a>(&self, subscription: &'a Value) -> Option<&'a str>;
+
+    /// `None` when the provider and the register agree, or the register is newer.
+    fn correction(
+        &self,
+        subscription: &Value,
+        local: Option<&StoredSubscription>,
+    ) -> anyhow::Result<Option<Fetched>>;
+}
+
+/// How a provider is reconciled.
+pub enum Reconciliation {
+    Feed(Box<dyn EventFeed>),
+    Sweep(Box<dyn SubscriptionSweep>),
 }

@@ -1,0 +1,170 @@
+//! An account as operators and tests read it: the derived plan, the registers behind it,
+//! the balance for a period and the event log that explains them.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+
+use super::catalog::Catalog;
+use super::model::{derive_plan, status_entitles};
+use crate::domain::{CustomerId, Period};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SubscriptionView {
+    pub id: String,
+    pub status: String,
+    pub plan: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PaymentView {
+    pub id: String,
+    pub status: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LogLine {
+    pub event_id: i64,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub occurred_at: Option<DateTime<Utc>>,
+    pub outcome: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AccountView {
+    pub source: String,
+    pub customer_id: String,
+    pub plan: String,
+    pub deleted: bool,
+    /// The plan register (Kinde plan events): its plan, if any.
+    pub customer_plan: Option<String>,
+    pub past_due: bool,
+    pub period: String,
+    pub balance: i64,
+    pub subscriptions: Vec<SubscriptionView>,
+    pub payments: Vec<PaymentView>,
+    pub log: Vec<LogLine>,
+}
+
+/// Reads an account; `None` when the source has no such customer.
+pub async fn load(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &CustomerId,
+    period: &Period,
+    catalog: &Catalog,
+) -> Result<Option<AccountView>, sqlx::Error> {
+    let customer = customer.as_str();
+    let Some(account) = sqlx::query!(
+        "SELECT deleted_at FROM accounts WHERE source = $1 AND customer_id = $2",
+        source,
+        customer
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let customer_plan = sqlx::query_scalar!(
+        "SELECT plan FROM customer_plans WHERE source = $1 AND customer_id = $2",
+        source,
+        customer
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    .flatten();
+    let past_due = sqlx::query_scalar!(
+        "SELECT past_due FROM customer_standing WHERE source = $1 AND customer_id = $2",
+        source,
+        customer
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    .unwrap_or(false);
+    let subscriptions: Vec<SubscriptionView> = sqlx::query_as!(
+        SubscriptionView,
+        r#"SELECT subscription_id AS id, status, plan FROM subscriptions
+           WHERE source = $1 AND customer_id = $2 ORDER BY subscription_id"#,
+        source,
+        customer
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let payments: Vec<PaymentView> = sqlx::query_as!(
+        PaymentView,
+        r#"SELECT payment_id AS id, status FROM payments
+           WHERE source = $1 AND customer_id = $2 ORDER BY payment_id"#,
+        source,
+        customer
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let balance = period_balance(conn, source, customer, period.as_str()).await?;
+    let log: Vec<LogLine> = sqlx::query_as!(
+        LogLine,
+        r#"SELECT event_id, event_type, occurred_at, outcome, reason FROM account_log
+           WHERE source = $1 AND customer_id = $2 ORDER BY occurred_at, event_id"#,
+        source,
+        customer
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let deleted = account.deleted_at.is_some();
+    let plan = derive_plan(
+        deleted,
+        customer_plan.as_deref(),
+        past_due,
+        subscriptions
+            .iter()
+            .filter(|s| status_entitles(&s.status))
+            .filter_map(|s| s.plan.as_deref()),
+        catalog,
+    );
+    Ok(Some(AccountView {
+        source: source.to_owned(),
+        customer_id: customer.to_owned(),
+        plan,
+        deleted,
+        customer_plan,
+        past_due,
+        period: period.to_string(),
+        balance,
+        subscriptions,
+        payments,
+        log,
+    }))
+}
+
+/// A period's balance: the allowance granted in it (the largest, by construction of `delta`).
+pub async fn period_balance(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &str,
+    period: &str,
+) -> Result<i64, sqlx::Error> {
+    let balance = sqlx::query_scalar!(
+        r#"SELECT COALESCE(sum(delta), 0)::bigint AS "balance!" FROM ledger
+           WHERE source = $1 AND customer_id = $2 AND period = $3"#,
+        source,
+        customer,
+        period
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(balance)
+}
+
+/// The sources in which a customer has an account.
+pub async fn account_sources(
+    conn: &mut PgConnection,
+    customer: &CustomerId,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT source FROM accounts WHERE customer_id = $1 ORDER BY source",
+        customer.as_str()
+    )
+    .fetch_all(conn)
+    .await
+}

@@ -1,0 +1,118 @@
+//! The plan catalog (`INBOX_PLANS`): what a provider's plan key, price id or product id means
+//! here — a plan name and its monthly allowance.
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+
+/// A catalog entry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    pub plan: String,
+    pub monthly_allowance: i64,
+}
+
+/// A plan key resolved against the catalog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanRef {
+    pub key: String,
+    pub plan: String,
+    pub monthly_allowance: i64,
+}
+
+/// Why a catalog was refused, and under which key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatalogError {
+    pub key: String,
+    pub detail: String,
+}
+
+/// Provider key → plan.
+#[derive(Debug, Clone, Default)]
+pub struct Catalog(HashMap<String, Plan>);
+
+impl Catalog {
+    pub fn parse(raw: &str) -> Result<Self, CatalogError> {
+        let plans: HashMap<String, Plan> = serde_json::from_str(raw).map_err(|e| CatalogError {
+            key: "(the whole value)".into(),
+            detail: format!("not a valid plan catalog: {e}"),
+        })?;
+        let refuse = |key: &str, detail: &str| CatalogError {
+            key: key.to_owned(),
+            detail: detail.to_owned(),
+        };
+        if let Some((key, _)) = plans.iter().find(|(_, p)| p.monthly_allowance < 0) {
+            return Err(refuse(key, "monthly_allowance must not be negative"));
+        }
+        if let Some((key, _)) = plans.iter().find(|(_, p)| p.plan.trim().is_empty()) {
+            return Err(refuse(key, "plan name is empty"));
+        }
+        Ok(Self(plans))
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Plan> {
+        self.0.get(key)
+    }
+
+    /// The allowance of a plan by its name (several keys may name one plan).
+    pub fn allowance_of(&self, plan: &str) -> Option<i64> {
+        self.0
+            .values()
+            .filter(|p| p.plan == plan)
+            .map(|p| p.monthly_allowance)
+            .max()
+    }
+
+    /// The first candidate key the catalog knows. `Err` names the first candidate when the
+    /// event names keys but none is known; no key at all is no plan.
+    pub fn resolve(&self, candidates: &[&str]) -> Result<Option<PlanRef>, String> {
+        for key in candidates {
+            if let Some(plan) = self.get(key) {
+                return Ok(Some(PlanRef {
+                    key: (*key).to_owned(),
+                    plan: plan.plan.clone(),
+                    monthly_allowance: plan.monthly_allowance,
+                }));
+            }
+        }
+        match candidates.first() {
+            Some(key) => Err((*key).to_owned()),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// The catalog the unit tests decide against.
+    pub(crate) fn catalog() -> Catalog {
+        Catalog::parse(
+            r#"{"free":{"plan":"free","monthly_allowance":10},
+                "pro":{"plan":"pro","monthly_allowance":500},
+                "price_pro":{"plan":"pro","monthly_allowance":500},
+                "prod_team":{"plan":"team","monthly_allowance":2000}}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn catalog_rejects_negative_allowance_and_missing_fields() {
+        let negative = Catalog::parse(r#"{"x":{"plan":"x","monthly_allowance":-1}}"#).unwrap_err();
+        assert_eq!(negative.key, "x");
+        assert!(Catalog::parse(r#"{"x":{"plan":"x"}}"#).is_err());
+    }
+
+    #[test]
+    fn resolve_takes_the_first_known_key() {
+        let c = Catalog::parse(r#"{"price_pro":{"plan":"pro","monthly_allowance":500}}"#).unwrap();
+        assert_eq!(
+            c.resolve(&["price_x", "price_pro"]).unwrap().unwrap().plan,
+            "pro"
+        );
+        assert_eq!(c.resolve(&["price_x"]), Err("price_x".to_owned()));
+        assert_eq!(c.resolve(&[]), Ok(None));
+    }
+}

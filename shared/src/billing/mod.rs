@@ -1,0 +1,16 @@
+//! Billing: the pure model (effects, versions, grants, outcomes, the derived plan), the plan
+//! catalog, the register SQL that persists decisions (one conditional statement per
+//! register), and the account view operators read (docs/design.md §4). Which effects an
+//! event asks for is each provider's `decide` (under `providers/`); this layer knows no
+//! provider.
+
+pub mod account;
+pub mod catalog;
+pub mod model;
+pub mod registers;
+
+pub use catalog::{Catalog, Plan, PlanRef};
+pub use model::{
+    derive_plan, outcome, status_entitles, Change, Decided, Decision, Effect, Outcome,
+    PaymentStatus, Problem, Version, FREE,
+};

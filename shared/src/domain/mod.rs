@@ -1,0 +1,81 @@
+//! The domain: values parsed once at the boundary and carried typed through the store, the
+//! claim and the registers — dedupe keys, customer ids, provider times and periods, source
+//! kinds, event statuses and verdicts, content hashes, and the verified event itself. Nothing
+//! here does I/O; every other layer depends on this one and it depends on none of them
+//! (docs/design.md §2).
+
+mod event;
+mod ids;
+mod status;
+mod time;
+
+pub use event::{EventMeta, VerifiedEvent};
+pub use ids::{ContentHash, CustomerId, DedupeKey};
+pub use status::{EventStatus, SourceKind, Verdict};
+pub use time::{Period, ProviderTime};
+
+/// Longest identifier accepted from a provider; real ids are far shorter.
+const MAX_ID_LEN: usize = 255;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DomainError {
+    #[error("{0} is empty")]
+    Empty(&'static str),
+    #[error("{0} is longer than {MAX_ID_LEN} characters")]
+    TooLong(&'static str),
+    #[error("{0} contains control characters")]
+    ControlCharacters(&'static str),
+    #[error("{0} is not a valid time")]
+    BadTime(&'static str),
+    #[error("{0} must be YYYY-MM")]
+    BadPeriod(String),
+    #[error("'{0}' is not an event status")]
+    UnknownStatus(String),
+}
+
+fn parse_id(what: &'static str, raw: &str) -> Result<String, DomainError> {
+    let trimmed = raw.trim();
+    if trimmed.is_empty() {
+        return Err(DomainError::Empty(what));
+    }
+    if trimmed.len() > MAX_ID_LEN {
+        return Err(DomainError::TooLong(what));
+    }
+    if trimmed.chars().any(char::is_control) {
+        return Err(DomainError::ControlCharacters(what));
+    }
+    Ok(trimmed.to_owned())
+}
+
+/// Stores an enum as its text name in a `text` column, and reads it back through `FromStr`.
+macro_rules! text_column {
+    ($ty:ty) => {
+        impl sqlx::Type<sqlx::Postgres> for $ty {
+            fn type_info() -> sqlx::postgres::PgTypeInfo {
+                <&str as sqlx::Type<sqlx::Postgres>>::type_info()
+            }
+            fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+                <&str as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+            }
+        }
+
+        impl<'r> sqlx::Decode<'r, sqlx::Postgres> for $ty {
+            fn decode(
+                value: sqlx::postgres::PgValueRef<'r>,
+            ) -> Result<Self, sqlx::error::BoxDynError> {
+                let text = <&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+                Ok(text.parse::<$ty>()?)
+            }
+        }
+
+        impl sqlx::Encode<'_, sqlx::Postgres> for $ty {
+            fn encode_by_ref(
+                &self,
+                buf: &mut sqlx::postgres::PgArgumentBuffer,
+            ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+                <&str as sqlx::Encode<sqlx::Postgres>>::encode(self.as_str(), buf)
+            }
+        }
+    };
+}
+pub(crate) use text_column;

@@ -1,0 +1,264 @@
+//! The intake function's handler: route, authenticate a delivery (its provider's verifier),
+//! store it once (the inbox's one statement), hand its id to the queue, answer. Every error
+//! is mapped to its status code in one place (docs/design.md §5). 200 means *stored*, never
+//! *applied*; no billing work and no SQL happens here.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use http::{HeaderMap, Method, StatusCode};
+use lambda_http::{Body, Request, RequestExt, Response};
+use serde_json::{json, Map, Value};
+use sqlx::PgPool;
+
+use crate::config::IntakeConfig;
+use crate::domain::Verdict;
+use crate::inbox::enqueue_or_unmark;
+use crate::inbox::store::{store_verified, StoreError};
+use crate::providers::{AuthError, Sources};
+use crate::queue::Queue;
+
+/// Largest body accepted (1 MiB); providers send far less.
+pub const MAX_BODY_BYTES: usize = 1_048_576;
+/// Seconds a provider is asked to wait before retrying when we cannot store.
+pub const RETRY_AFTER_SECS: u64 = 10;
+
+/// Delivery headers worth keeping beside the event; never a signature or a secret.
+const KEPT_HEADERS: &[&str] = &[
+    "user-agent",
+    "content-type",
+    "webhook-id",
+    "webhook-timestamp",
+    "svix-id",
+    "svix-timestamp",
+    "x-forwarded-for",
+];
+
+pub struct IntakeState {
+    pub pool: PgPool,
+    pub queue: Queue,
+    pub sources: Sources,
+}
+
+impl IntakeState {
+    /// Builds the pool, the queue client and the sources once, at cold start.
+    pub async fn from_config(config: &IntakeConfig) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let pool = crate::db::lazy_pool(&config.database_url, 4).context("DATABASE_URL")?;
+        let queue = Queue::from_env(config.queue_url.clone()).await;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .context("building the HTTP client")?;
+        let sources = Sources::build(&config.sources, config.tolerance, http)?;
+        Ok(Self {
+            pool,
+            queue,
+            sources,
+        })
+    }
+}
+
+/// Everything the intake can answer besides success, mapped to a status in one place.
+#[derive(Debug, thiserror::Error)]
+pub enum IntakeError {
+    #[error("no route for {method} {path}")]
+    NotFound { method: Method, path: String },
+    #[error("use POST to deliver a webhook")]
+    MethodNotAllowed,
+    #[error("unknown source '{0}'")]
+    UnknownSource(String),
+    #[error("body is {0} bytes; the limit is {MAX_BODY_BYTES}")]
+    PayloadTooLarge(usize),
+    #[error(transparent)]
+    Unauthorized(AuthError),
+    #[error("the event could not be stored; retry later")]
+    StoreUnavailable(#[source] StoreError),
+    #[error("internal error")]
+    Internal(#[source] StoreError),
+}
+
+impl IntakeError {
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::NotFound { .. } | Self::UnknownSource(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Unauthorized(AuthError::KeysUnavailable) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            Self::NotFound { .. } => "not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::UnknownSource(_) => "unknown_source",
+            Self::PayloadTooLarge(_) => "payload_too_large",
+            Self::Unauthorized(AuthError::KeysUnavailable) => "keys_unavailable",
+            Self::Unauthorized(_) => "unauthorized",
+            Self::StoreUnavailable(_) => "store_unavailable",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    /// The answer: 4xx say what was wrong, 5xx say nothing of the cause (it goes to the log).
+    pub fn into_response(self) -> Response<Body> {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(error = ?self.source_chain(), code = self.code(), "intake failed");
+        } else {
+            tracing::warn!(code = self.code(), detail = %self, "delivery refused");
+        }
+        let mut response = json_response(
+            status,
+            &json!({"code": self.code(), "detail": self.to_string()}),
+        );
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(http::header::RETRY_AFTER, RETRY_AFTER_SECS.into());
+        }
+        response
+    }
+
+    fn source_chain(&self) -> anyhow::Error {
+        match self {
+            Self::StoreUnavailable(e) | Self::Internal(e) => anyhow::anyhow!("{self}: {e:#}"),
+            other => anyhow::anyhow!("{other}"),
+        }
+    }
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Body::Text(body.to_string()))
+        .expect("a static status and header always build a response")
+}
+
+/// The source named by the route: API Gateway's `{source}` path parameter when present,
+/// else the last segment of a path ending in `/webhooks/{source}`.
+fn route_source(request: &Request) -> Option<String> {
+    if let Some(source) = request.path_parameters().first("source") {
+        return Some(source.to_owned());
+    }
+    let segments: Vec<&str> = request
+        .uri()
+        .path()
+        .trim_end_matches('/')
+        .split('/')
+        .collect();
+    match segments.as_slice() {
+        [.., "webhooks", source] if !source.is_empty() => Some((*source).to_owned()),
+        _ => None,
+    }
+}
+
+fn body_bytes(body: &Body) -> &[u8] {
+    match body {
+        Body::Empty => &[],
+        Body::Text(text) => text.as_bytes(),
+        Body::Binary(bytes) => bytes,
+        _ => &[],
+    }
+}
+
+fn kept_headers(headers: &HeaderMap) -> Value {
+    let kept: Map<String, Value> = KEPT_HEADERS
+        .iter()
+        .filter_map(|name| {
+            let value = headers.get(*name)?.to_str().ok()?;
+            Some((
+                (*name).to_owned(),
+                Value::String(value.chars().take(512).collect()),
+            ))
+        })
+        .collect();
+    Value::Object(kept)
+}
+
+/// Handles one HTTP request; every outcome is an HTTP answer.
+pub async fn handle(state: &IntakeState, request: Request) -> Response<Body> {
+    match accept(state, &request).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+#[tracing::instrument(skip_all, fields(source, event_id, verdict))]
+async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>, IntakeError> {
+    let Some(source_name) = route_source(request) else {
+        return Err(IntakeError::NotFound {
+            method: request.method().clone(),
+            path: request.uri().path().to_owned(),
+        });
+    };
+    if request.method() != Method::POST {
+        return Err(IntakeError::MethodNotAllowed);
+    }
+    tracing::Span::current().record("source", source_name.as_str());
+    let source = state
+        .sources
+        .get(&source_name)
+        .ok_or_else(|| IntakeError::UnknownSource(source_name.clone()))?;
+    let body = body_bytes(request.body());
+    if body.len() > MAX_BODY_BYTES {
+        return Err(IntakeError::PayloadTooLarge(body.len()));
+    }
+    let verified = source
+        .verify(request.headers(), body, Utc::now())
+        .await
+        .map_err(IntakeError::Unauthorized)?;
+    let headers = kept_headers(request.headers());
+    let stored = store_verified(&state.pool, &source_name, body, &verified, &headers)
+        .await
+        .map_err(|e| {
+            if e.is_unavailable() {
+                IntakeError::StoreUnavailable(e)
+            } else {
+                IntakeError::Internal(e)
+            }
+        })?;
+    let span = tracing::Span::current();
+    span.record("event_id", stored.event_id);
+    span.record("verdict", stored.verdict.as_str());
+
+    if stored.verdict == Verdict::Conflict {
+        // The stored event stands; the differing copy is on record for the operator.
+        tracing::warn!(
+            alert = "conflict",
+            event_id = stored.event_id,
+            source = %source_name,
+            dedupe_key = verified.dedupe_key.as_str(),
+            "a delivery reused a stored event's key with different content"
+        );
+    } else if stored.status.is_pending() {
+        enqueue(state, stored.event_id).await;
+    }
+    let status = match stored.verdict {
+        Verdict::Stored => "stored",
+        Verdict::Duplicate => "duplicate",
+        Verdict::Conflict => "conflict",
+    };
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"status": status, "event_id": stored.event_id}),
+    ))
+}
+
+/// Hands the event to the queue after the commit. A failure here is not the provider's
+/// problem: the event is stored, and the scheduler enqueues what was never enqueued.
+async fn enqueue(state: &IntakeState, event_id: i64) {
+    if let Err(e) = enqueue_or_unmark(&state.pool, &state.queue, &[event_id]).await {
+        // Still marked: the rescue of stuck rows sends it, a few minutes later.
+        tracing::warn!(
+            event_id,
+            error = format!("{e:#}"),
+            "could not clear enqueued_at"
+        );
+    }
+}

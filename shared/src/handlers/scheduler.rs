@@ -1,0 +1,167 @@
+//! The scheduler function's handler: one scheduled run — rescue what the queue lost, report
+//! what died, reconcile with the providers, purge what is done, measure the backlog — and its
+//! metrics as one CloudWatch EMF line. Every step is bounded in rows and time, safe to run
+//! twice at once, and fails alone: one step's error is reported, the others still run.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use crate::config::SchedulerConfig;
+use crate::inbox::alerts::{collect_alerts, Alerts};
+use crate::inbox::purge::purge;
+use crate::inbox::read::{backlog, Backlog};
+use crate::inbox::rescue::rescue;
+use crate::queue::Queue;
+use crate::reconcile::{self, ReconcileReport, Reconciler};
+
+pub const METRICS_NAMESPACE: &str = "BillingInbox";
+
+pub struct SchedulerState {
+    pub pool: PgPool,
+    pub queue: Queue,
+    pub reconcilers: Vec<Reconciler>,
+    pub retention: Duration,
+    /// The run's time budget, well inside the function's timeout.
+    pub budget: Duration,
+}
+
+impl SchedulerState {
+    pub async fn from_config(config: &SchedulerConfig) -> anyhow::Result<Self> {
+        let pool = crate::db::lazy_pool(&config.database_url, 2).context("DATABASE_URL")?;
+        let queue = Queue::from_env(config.queue_url.clone()).await;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .context("building the HTTP client")?;
+        let reconcilers = reconcile::reconcilers(&config.sources, &http);
+        Ok(Self {
+            pool,
+            queue,
+            reconcilers,
+            retention: config.retention,
+            budget: Duration::from_secs(50),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RunReport {
+    pub rescued: Vec<i64>,
+    pub alerts: Alerts,
+    pub reconciliation: Vec<ReconcileReport>,
+    pub purged: u64,
+    pub backlog: Backlog,
+    /// Steps that failed, with their error; the others ran.
+    pub errors: Vec<String>,
+}
+
+/// One scheduled run.
+#[tracing::instrument(skip_all)]
+pub async fn run(state: &SchedulerState) -> RunReport {
+    let deadline = Instant::now() + state.budget;
+    let mut report = RunReport::default();
+    match rescue(&state.pool, &state.queue).await {
+        Ok(ids) => report.rescued = ids,
+        Err(e) => report.errors.push(format!("rescue: {e:#}")),
+    }
+    match collect_alerts(&state.pool).await {
+        Ok(alerts) => report.alerts = alerts,
+        Err(e) => report.errors.push(format!("alerts: {e:#}")),
+    }
+    for reconciler in &state.reconcilers {
+        if Instant::now() >= deadline {
+            report.errors.push(format!(
+                "reconcile {}: skipped, the run's time is up",
+                reconciler.source()
+            ));
+            continue;
+        }
+        report
+            .reconciliation
+            .push(reconcile::run(reconciler, &state.pool, &state.queue, deadline).await);
+    }
+    match purge(&state.pool, state.retention, deadline).await {
+        Ok(n) => report.purged = n,
+        Err(e) => report.errors.push(format!("purge: {e:#}")),
+    }
+    let measured = async {
+        let mut conn = state.pool.acquire().await?;
+        backlog(&mut conn).await
+    };
+    match measured.await {
+        Ok(b) => report.backlog = b,
+        Err(e) => report.errors.push(format!("backlog: {e:#}")),
+    }
+    for error in &report.errors {
+        tracing::error!(error = %error, "scheduler step failed");
+    }
+    // Metrics go to stdout as one EMF document, which CloudWatch turns into metrics.
+    println!("{}", emf(&report, Utc::now()));
+    report
+}
+
+/// The run's metrics as one CloudWatch Embedded Metric Format document.
+///
+/// `DeadEvents` counts every dead event still unresolved (an alarm on it stays raised until an
+/// operator replays or resolves them); `ConflictEvents`, `UnprocessableEvents` and
+/// `ReconcileDiscrepancies` count what this run found new; `StepErrors` counts the steps that
+/// failed in this run (their numbers are then missing or zero).
+pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
+    let status = |s: &str| report.backlog.by_status.get(s).copied().unwrap_or(0);
+    let discrepancies: i64 = report
+        .reconciliation
+        .iter()
+        .map(|r| i64::from(r.discrepancies))
+        .sum();
+    // A failed step (or reconciliation source) makes the other numbers incomplete: say so.
+    let step_errors = report.errors.len()
+        + report
+            .reconciliation
+            .iter()
+            .filter(|r| r.error.is_some())
+            .count();
+    let metrics: [(&str, f64, &str); 11] = [
+        ("StepErrors", step_errors as f64, "Count"),
+        ("DeadEvents", status("dead") as f64, "Count"),
+        (
+            "ConflictEvents",
+            report.alerts.conflicts.len() as f64,
+            "Count",
+        ),
+        (
+            "UnprocessableEvents",
+            report.alerts.unprocessable.len() as f64,
+            "Count",
+        ),
+        ("ReconcileDiscrepancies", discrepancies as f64, "Count"),
+        ("RescuedEvents", report.rescued.len() as f64, "Count"),
+        ("PurgedEvents", report.purged as f64, "Count"),
+        (
+            "OldestUnappliedAgeSeconds",
+            report.backlog.oldest_unapplied_age_secs,
+            "Seconds",
+        ),
+        ("ReceivedEvents", status("received") as f64, "Count"),
+        ("ProcessingEvents", status("processing") as f64, "Count"),
+        ("FailedEvents", status("failed") as f64, "Count"),
+    ];
+    let mut document = json!({
+        "_aws": {
+            "Timestamp": now.timestamp_millis(),
+            "CloudWatchMetrics": [{
+                "Namespace": METRICS_NAMESPACE,
+                "Dimensions": [[]],
+                "Metrics": metrics.iter().map(|(name, _, unit)| json!({"Name": name, "Unit": unit})).collect::<Vec<_>>()
+            }]
+        }
+    });
+    for (name, value, _) in metrics {
+        document[name] = json!(value);
+    }
+    document
+}

@@ -1,0 +1,271 @@
+//! The worker function's handler: for each SQS message, claim the event it names under a
+//! lease, then in one transaction re-check the lease, decide what the event means (its
+//! provider), write the registers and the account's log line (billing) and finish the event
+//! (inbox). A failure rolls the transaction back and is recorded with the retry schedule; only
+//! transient failures are reported back to SQS (docs/design.md §1, §3).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
+use sqlx::{Connection, PgPool};
+
+use crate::billing::registers::{self, EventContext};
+use crate::billing::{outcome, Catalog, Decision, Outcome, Version};
+use crate::config::WorkerConfig;
+use crate::domain::{EventStatus, SourceKind};
+use crate::inbox::lease::{self, Claimed};
+use crate::inbox::{DEFAULT_LEASE, RETRY_DELAYS};
+use crate::providers;
+use crate::queue::parse_message_body;
+
+#[cfg(feature = "dev")]
+pub use faults::{FaultAction, Faults};
+
+pub struct WorkerState {
+    pub pool: PgPool,
+    pub sources: HashMap<String, SourceKind>,
+    pub catalog: Catalog,
+    pub lease: Duration,
+    pub retry_delays: Vec<Duration>,
+    /// Injected faults, for tests that prove a crash at a point loses nothing.
+    #[cfg(feature = "dev")]
+    pub faults: Faults,
+}
+
+impl WorkerState {
+    pub fn new(pool: PgPool, sources: HashMap<String, SourceKind>, catalog: Catalog) -> Self {
+        Self {
+            pool,
+            sources,
+            catalog,
+            lease: DEFAULT_LEASE,
+            retry_delays: RETRY_DELAYS.to_vec(),
+            #[cfg(feature = "dev")]
+            faults: Faults::default(),
+        }
+    }
+
+    pub fn from_config(config: &WorkerConfig, max_connections: u32) -> Result<Self, sqlx::Error> {
+        let pool = crate::db::lazy_pool(&config.database_url, max_connections)?;
+        Ok(Self::new(
+            pool,
+            config.sources.clone(),
+            config.catalog.clone(),
+        ))
+    }
+
+    /// A fault injected at this point, if any (never, without the `dev` feature).
+    fn fault(&self, _point: FaultPoint) -> Result<(), WorkerError> {
+        #[cfg(feature = "dev")]
+        self.faults.hit(_point)?;
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("source '{0}' is not configured")]
+    UnknownSource(String),
+    #[error("the lease on the event was lost to another worker")]
+    LeaseLost,
+    #[error("injected fault at {0:?}")]
+    Injected(FaultPoint),
+}
+
+/// What became of one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Processed {
+    /// The event is final now, with this status and reason.
+    Finished { status: EventStatus, reason: String },
+    /// Nothing to do: the event is final, leased by another worker, not due, or gone.
+    Skipped,
+    /// This attempt failed; the event is `failed` (retry due later) or `dead`.
+    Failed { status: EventStatus, error: String },
+}
+
+/// Processes one stored event. An error means the database could not be reached at all;
+/// every other failure is recorded on the event and reported as `Failed`.
+#[tracing::instrument(skip_all, fields(event_id))]
+pub async fn process_event(state: &WorkerState, event_id: i64) -> Result<Processed, sqlx::Error> {
+    let Some(event) = lease::claim(&state.pool, event_id, state.lease).await? else {
+        return Ok(Processed::Skipped);
+    };
+    match apply_claimed(state, &event).await {
+        Ok((status, reason)) => Ok(Processed::Finished { status, reason }),
+        Err(WorkerError::LeaseLost) => {
+            tracing::warn!(event_id, "lease lost; another worker has the event");
+            Ok(Processed::Skipped)
+        }
+        Err(error) => {
+            let error = error.to_string();
+            let status =
+                lease::record_failure(&state.pool, &event, &error, &state.retry_delays).await?;
+            Ok(Processed::Failed { status, error })
+        }
+    }
+}
+
+/// The one transaction: re-check the lease, decide, write the registers, log, finish.
+async fn apply_claimed(
+    state: &WorkerState,
+    event: &Claimed,
+) -> Result<(EventStatus, String), WorkerError> {
+    let kind = *state
+        .sources
+        .get(&event.source)
+        .ok_or_else(|| WorkerError::UnknownSource(event.source.clone()))?;
+    let mut conn = state.pool.acquire().await?;
+    let mut tx = conn.begin().await?;
+    if !lease::still_held(&mut tx, event).await? {
+        return Err(WorkerError::LeaseLost);
+    }
+
+    let decision = match (&event.payload, event.occurred_at) {
+        (Some(payload), Some(_)) => providers::decide(
+            kind,
+            &event.event_type,
+            payload,
+            &event.dedupe_key,
+            &state.catalog,
+        ),
+        _ => Decision::Unprocessable("the stored event has no parsed payload".into()),
+    };
+    let context = match (&event.customer, event.occurred_at) {
+        (Some(customer), Some(at)) => Some(EventContext {
+            event_id: event.id,
+            source: &event.source,
+            customer,
+            event_type: &event.event_type,
+            version: Version {
+                at,
+                key: event.dedupe_key.clone(),
+            },
+        }),
+        _ => None,
+    };
+    let (status, reason) = match (decision, &context) {
+        (Decision::Unprocessable(reason), _) => (EventStatus::Unprocessable, reason),
+        (Decision::Ignore(reason), ctx) => {
+            if let Some(ctx) = ctx {
+                registers::lock_account(&mut tx, ctx.source, ctx.customer).await?;
+                registers::log_outcome(&mut tx, ctx, EventStatus::Ignored.as_str(), &reason)
+                    .await?;
+            }
+            (EventStatus::Ignored, reason)
+        }
+        (Decision::Apply(_), None) if event.customer.is_none() => (
+            EventStatus::Ignored,
+            "the event names no customer".to_owned(),
+        ),
+        (Decision::Apply(_), None) => (
+            EventStatus::Unprocessable,
+            "the event has no provider time".to_owned(),
+        ),
+        (Decision::Apply(effects), Some(ctx)) => {
+            registers::lock_account(&mut tx, ctx.source, ctx.customer).await?;
+            let mut changes = Vec::with_capacity(effects.len());
+            for (i, effect) in effects.iter().enumerate() {
+                if i == 1 {
+                    state.fault(FaultPoint::BetweenEffects)?;
+                }
+                changes.push(registers::apply_effect(&mut tx, ctx, effect).await?);
+            }
+            let (outcome, reason) = outcome(&changes);
+            let status = match outcome {
+                Outcome::Applied => EventStatus::Applied,
+                Outcome::Ignored => EventStatus::Ignored,
+            };
+            registers::log_outcome(&mut tx, ctx, status.as_str(), &reason).await?;
+            (status, reason)
+        }
+    };
+    state.fault(FaultPoint::BeforeCommit)?;
+    lease::finish(&mut tx, event.id, status, &reason).await?;
+    tx.commit().await?;
+    tracing::info!(event_id = event.id, status = status.as_str(), reason = %reason, "event finished");
+    Ok((status, reason))
+}
+
+/// Handles an SQS batch: every message names one event. Only messages whose event could not
+/// be processed for a transient reason are reported, so SQS delivers them again.
+pub async fn handle_batch(state: &WorkerState, event: SqsEvent) -> SqsBatchResponse {
+    let mut response = SqsBatchResponse::default();
+    for message in event.records {
+        let Some(message_id) = message.message_id.clone() else {
+            continue;
+        };
+        let Some(event_id) = message.body.as_deref().and_then(parse_message_body) else {
+            // Not ours to retry: a body that is not an event id never will be.
+            tracing::error!(message_id, "message body is not an event id; dropping it");
+            continue;
+        };
+        let retry = match process_event(state, event_id).await {
+            Ok(Processed::Failed { status, .. }) => status == EventStatus::Failed,
+            Ok(_) => false,
+            Err(error) => {
+                tracing::error!(event_id, error = %error, "database unavailable; the message will be delivered again");
+                true
+            }
+        };
+        if retry {
+            let mut failure = BatchItemFailure::default();
+            failure.item_identifier = message_id;
+            response.batch_item_failures.push(failure);
+        }
+    }
+    response
+}
+
+/// Where a fault can be injected, to prove that a crash at that point loses nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FaultPoint {
+    /// After an event's first register write, before the rest (e.g. the allowance grant).
+    BetweenEffects,
+    /// After every write, before the commit.
+    BeforeCommit,
+}
+
+#[cfg(feature = "dev")]
+mod faults {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use super::{FaultPoint, WorkerError};
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum FaultAction {
+        /// Fail this many times (an error return; the transaction rolls back).
+        Fail(u32),
+        /// End the process on the spot, mid-transaction.
+        Exit,
+    }
+
+    /// Injected faults, empty unless a test sets one. Each worker state has its own, so tests
+    /// that run side by side do not see each other's faults.
+    #[derive(Debug, Default)]
+    pub struct Faults(Mutex<HashMap<FaultPoint, FaultAction>>);
+
+    impl Faults {
+        pub fn set(&self, point: FaultPoint, action: FaultAction) {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(point, action);
+        }
+
+        pub(super) fn hit(&self, point: FaultPoint) -> Result<(), WorkerError> {
+            let mut faults = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            match faults.get(&point).copied() {
+                Some(FaultAction::Exit) => std::process::exit(86),
+                Some(FaultAction::Fail(n)) if n > 0 => {
+                    faults.insert(point, FaultAction::Fail(n - 1));
+                    Err(WorkerError::Injected(point))
+                }
+                _ => Ok(()),
+            }
+        }
+    }
+}

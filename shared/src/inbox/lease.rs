@@ -1,0 +1,138 @@
+//! A worker's hold on an event: the claim (a lease committed at once, so that it outlives a
+//! crash), the re-check inside the worker's transaction, the finish, and the failure record
+//! with the retry schedule (docs/design.md §3).
+
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool};
+
+use super::{retry_delay, MAX_ATTEMPTS};
+use crate::domain::{CustomerId, DedupeKey, EventStatus, ProviderTime};
+
+/// An event this worker holds under a lease, typed as it was stored.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub id: i64,
+    pub source: String,
+    pub dedupe_key: DedupeKey,
+    pub event_type: String,
+    pub payload: Option<Value>,
+    pub customer: Option<CustomerId>,
+    pub occurred_at: Option<ProviderTime>,
+    /// This attempt's number; with the id, it names the lease.
+    pub attempts: i32,
+}
+
+/// Takes the event for this worker for one lease, if it is claimable: `received`, `failed`
+/// and due, or `processing` with an expired lease. Commits at once, so the lease outlives a
+/// crash and another worker can take the event when it expires.
+pub async fn claim(
+    pool: &PgPool,
+    event_id: i64,
+    lease: Duration,
+) -> Result<Option<Claimed>, sqlx::Error> {
+    sqlx::query_as!(
+        Claimed,
+        r#"
+        UPDATE inbox_events e
+        SET status = 'processing',
+            locked_until = now() + make_interval(secs => $2),
+            attempts = e.attempts + 1
+        WHERE e.id = (
+            SELECT id FROM inbox_events
+            WHERE id = $1
+              AND (status = 'received'
+                   OR (status = 'failed' AND next_attempt_at <= now())
+                   OR (status = 'processing' AND locked_until < now() AND attempts < $3))
+            FOR UPDATE SKIP LOCKED
+        )
+        RETURNING e.id, e.source, e.dedupe_key AS "dedupe_key: DedupeKey", e.type AS event_type,
+                  e.payload, e.customer_key AS "customer: CustomerId",
+                  e.occurred_at AS "occurred_at: ProviderTime", e.attempts
+        "#,
+        event_id,
+        lease.as_secs_f64(),
+        MAX_ATTEMPTS,
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// Inside the worker's transaction: is the lease still ours? Holding the row lock from here
+/// keeps other claims off the event until the commit.
+pub async fn still_held(conn: &mut PgConnection, event: &Claimed) -> Result<bool, sqlx::Error> {
+    let held = sqlx::query_scalar!(
+        "SELECT id FROM inbox_events WHERE id = $1 AND status = 'processing' AND attempts = $2 FOR UPDATE",
+        event.id,
+        event.attempts
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(held.is_some())
+}
+
+/// Inside the worker's transaction: the event is final, with its reason.
+pub async fn finish(
+    conn: &mut PgConnection,
+    event_id: i64,
+    status: EventStatus,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    debug_assert!(status.is_final());
+    sqlx::query!(
+        r#"
+        UPDATE inbox_events
+        SET status = $2, reason = $3, processed_at = now(), locked_until = NULL,
+            next_attempt_at = NULL, last_error = NULL
+        WHERE id = $1
+        "#,
+        event_id,
+        status.as_str(),
+        reason,
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Records a failed attempt: `failed` with the next attempt's time, or `dead` after the last.
+/// Only the lease holder's record lands (the status and attempt must still be its own).
+pub async fn record_failure(
+    pool: &PgPool,
+    event: &Claimed,
+    error: &str,
+    delays: &[Duration],
+) -> Result<EventStatus, sqlx::Error> {
+    let delay = retry_delay(delays, event.attempts);
+    let status = if delay.is_some() {
+        EventStatus::Failed
+    } else {
+        EventStatus::Dead
+    };
+    tracing::warn!(
+        event_id = event.id,
+        attempts = event.attempts,
+        status = status.as_str(),
+        error,
+        "event attempt failed"
+    );
+    sqlx::query!(
+        r#"
+        UPDATE inbox_events
+        SET status = $2,
+            last_error = $3,
+            next_attempt_at = CASE WHEN $4::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $4) END,
+            locked_until = NULL
+        WHERE id = $1 AND status = 'processing' AND attempts = $5
+        "#,
+        event.id,
+        status.as_str(),
+        error,
+        delay.map(|d| d.as_secs_f64()),
+        event.attempts,
+    )
+    .execute(pool)
+    .await?;
+    Ok(status)
+}

@@ -1,0 +1,52 @@
+//! Replay: stored events go back to `received` and to the queue. Applying an event again is
+//! harmless by construction, so this is the one repair operators need.
+
+use anyhow::Context;
+use sqlx::PgPool;
+
+use super::{enqueue_or_unmark, ROWS_PER_STEP};
+use crate::domain::EventStatus;
+use crate::queue::Queue;
+
+/// Puts stored events back to `received` and enqueues them: the one way to replay, used by
+/// operators. Applying an event again is harmless by construction. A row a worker holds right
+/// now is left alone. Returns the ids replayed.
+pub async fn replay(pool: &PgPool, queue: &Queue, ids: &[i64]) -> anyhow::Result<Vec<i64>> {
+    let reset: Vec<i64> = sqlx::query_scalar!(
+        r#"
+        UPDATE inbox_events
+        SET status = 'received', attempts = 0, next_attempt_at = NULL, locked_until = NULL,
+            processed_at = NULL, alerted_at = NULL, reason = NULL, enqueued_at = now()
+        WHERE id = ANY($1) AND NOT (status = 'processing' AND locked_until > now())
+        RETURNING id
+        "#,
+        ids,
+    )
+    .fetch_all(pool)
+    .await
+    .context("resetting events for replay")?;
+    // What the queue refused stays `received` and unmarked: the next rescue sends it.
+    enqueue_or_unmark(pool, queue, &reset).await?;
+    Ok(reset)
+}
+
+/// The ids of events in `status` (optionally of one source), oldest first, bounded.
+pub async fn ids_with_status(
+    pool: &PgPool,
+    status: EventStatus,
+    source: Option<&str>,
+) -> anyhow::Result<Vec<i64>> {
+    sqlx::query_scalar!(
+        r#"
+        SELECT id FROM inbox_events
+        WHERE status = $1 AND ($2::text IS NULL OR source = $2)
+        ORDER BY id LIMIT $3
+        "#,
+        status.as_str(),
+        source,
+        ROWS_PER_STEP,
+    )
+    .fetch_all(pool)
+    .await
+    .context("listing events by status")
+}

@@ -1,0 +1,188 @@
+//! Storing a verified delivery: the event once per `(source, dedupe_key)`, a copy counted, a
+//! conflict recorded, one `deliveries` row per attempt — in one statement (docs/design.md §3).
+
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+use sqlx::{PgConnection, PgPool};
+
+use crate::domain::{CustomerId, DedupeKey, EventStatus, ProviderTime, Verdict, VerifiedEvent};
+
+/// One verified delivery, ready to store.
+#[derive(Debug)]
+pub struct NewDelivery<'a> {
+    pub source: &'a str,
+    pub dedupe_key: &'a DedupeKey,
+    pub event_type: &'a str,
+    pub payload: Option<&'a Value>,
+    pub raw_body: &'a [u8],
+    pub payload_hash: &'a [u8],
+    pub customer_key: Option<&'a CustomerId>,
+    pub occurred_at: Option<ProviderTime>,
+    /// `Received`, or `Unprocessable` for a signed envelope that could not be parsed.
+    pub status: EventStatus,
+    pub reason: Option<&'a str>,
+    pub delivery_id: Option<&'a str>,
+    pub sent_at: Option<DateTime<Utc>>,
+    pub headers: &'a Value,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stored {
+    pub event_id: i64,
+    pub verdict: Verdict,
+    /// The stored event's status as this statement left it.
+    pub status: EventStatus,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// No connection could be had: whatever the cause, the sender should retry later.
+    #[error("no database connection: {0}")]
+    NoConnection(#[source] sqlx::Error),
+}
+
+impl StoreError {
+    /// The database could not be reached or is overloaded: the sender should retry later.
+    pub fn is_unavailable(&self) -> bool {
+        let e = match self {
+            Self::NoConnection(_) => return true,
+            Self::Database(e) => e,
+        };
+        match e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => true,
+            sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+                // 08: connection exception, 53: insufficient resources, 57P: operator
+                // intervention (shutdown), 40001/40P01: serialization failure, deadlock.
+                code.starts_with("08")
+                    || code.starts_with("53")
+                    || code.starts_with("57P")
+                    || code == "40001"
+                    || code == "40P01"
+            }),
+            _ => false,
+        }
+    }
+}
+
+/// Stores a delivery in one statement: the event is inserted, or its copy counted, and the
+/// delivery row written beside it. A copy whose content differs is a conflict: the stored
+/// event is kept as is and only the delivery records it.
+///
+/// A pending event is marked `enqueued_at` in the same statement, for the send that follows
+/// the commit: one round trip per delivery. A send that fails unmarks it
+/// ([`super::enqueue_or_unmark`]); a crash between the commit and the send leaves it marked,
+/// and the scheduler's rescue of stuck `received` rows sends it.
+#[tracing::instrument(skip_all, fields(source = d.source, dedupe_key = d.dedupe_key.as_str()))]
+pub async fn store_delivery(
+    conn: &mut PgConnection,
+    d: &NewDelivery<'_>,
+) -> Result<Stored, StoreError> {
+    let row = sqlx::query!(
+        r#"
+        WITH upsert AS (
+            INSERT INTO inbox_events AS e
+                (source, dedupe_key, type, payload, raw_body, payload_hash, customer_key,
+                 occurred_at, status, reason, processed_at, enqueued_at)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+                    CASE WHEN $9 = 'unprocessable' THEN now() END,
+                    CASE WHEN $9 = 'received' THEN now() END)
+            ON CONFLICT (source, dedupe_key) DO UPDATE
+                SET seen_count = e.seen_count + (e.payload_hash = EXCLUDED.payload_hash)::int,
+                    enqueued_at = CASE
+                        WHEN e.payload_hash = EXCLUDED.payload_hash
+                             AND e.status = ANY($14) THEN now()
+                        ELSE e.enqueued_at END
+            RETURNING e.id, e.status, e.payload_hash = $6 AS same_content, (e.xmax = 0) AS inserted
+        ), delivery AS (
+            INSERT INTO deliveries (event_id, verdict, delivery_id, sent_at, payload_hash, headers)
+            SELECT id,
+                   CASE WHEN inserted THEN 'stored'
+                        WHEN same_content THEN 'duplicate'
+                        ELSE 'conflict' END,
+                   $11, $12, $6, $13
+            FROM upsert
+            RETURNING verdict
+        )
+        SELECT upsert.id AS "event_id!", upsert.status AS "status!: EventStatus",
+               delivery.verdict AS "verdict!: Verdict"
+        FROM upsert CROSS JOIN delivery
+        "#,
+        d.source,
+        d.dedupe_key.as_str(),
+        d.event_type,
+        d.payload,
+        d.raw_body,
+        d.payload_hash,
+        d.customer_key.map(CustomerId::as_str),
+        d.occurred_at.map(|t| t.as_datetime()),
+        d.status.as_str(),
+        d.reason,
+        d.delivery_id,
+        d.sent_at,
+        d.headers,
+        &super::pending_names()[..] as &[&str],
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(Stored {
+        event_id: row.event_id,
+        verdict: row.verdict,
+        status: row.status,
+    })
+}
+
+/// Stores a verified event, from a delivery or read back from the provider's API, with the
+/// delivery headers worth keeping. An event whose envelope could not be parsed is stored as
+/// `unprocessable`, with the reason, and never enqueued.
+pub async fn store_verified(
+    pool: &PgPool,
+    source: &str,
+    body: &[u8],
+    verified: &VerifiedEvent,
+    headers: &Value,
+) -> Result<Stored, StoreError> {
+    let (event_type, customer, occurred_at, status, reason) = match &verified.meta {
+        Ok(meta) => (
+            meta.event_type.as_str(),
+            meta.customer.as_ref(),
+            Some(meta.occurred_at),
+            EventStatus::Received,
+            None,
+        ),
+        Err(reason) => (
+            "unknown",
+            None,
+            None,
+            EventStatus::Unprocessable,
+            Some(reason.as_str()),
+        ),
+    };
+    let delivery = NewDelivery {
+        source,
+        dedupe_key: &verified.dedupe_key,
+        event_type,
+        payload: verified.payload.as_ref(),
+        raw_body: body,
+        payload_hash: verified.content_hash.as_bytes(),
+        customer_key: customer,
+        occurred_at,
+        status,
+        reason,
+        delivery_id: verified.delivery_id.as_deref(),
+        sent_at: verified.sent_at,
+        headers,
+    };
+    let mut conn = pool.acquire().await.map_err(StoreError::NoConnection)?;
+    store_delivery(&mut conn, &delivery).await
+}
+
+/// The headers a fetched (not delivered) event is stored with.
+pub fn fetched_headers() -> Value {
+    json!({"via": "reconciliation"})
+}

@@ -1,0 +1,94 @@
+//! Polar's API as reconciliation reads it: `GET /v1/subscriptions/` (the current state, most
+//! recently modified first). A subscription the local register shows in another state, when
+//! the provider's `modified_at` is newer, becomes a corrective `subscription.updated` event
+//! with the provider's time: it goes through the same ordering guard as any delivery and can
+//! never overwrite newer state.
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+
+use super::parse_event;
+use crate::billing::registers::StoredSubscription;
+use crate::providers::{Api, BoxFuture, Fetched, SubscriptionSweep, SweepPage};
+
+const PAGE_SIZE: usize = 100;
+
+pub struct PolarSubscriptions {
+    api: Api,
+}
+
+impl PolarSubscriptions {
+    pub fn new(api: Api) -> Self {
+        Self { api }
+    }
+
+    async fn fetch(&self, page: u32) -> anyhow::Result<SweepPage> {
+        let query = [
+            ("page", page.to_string()),
+            ("limit", PAGE_SIZE.to_string()),
+            ("sorting", "-modified_at".to_owned()),
+        ];
+        let body = self.api.get_json("/v1/subscriptions/", &query).await?;
+        let subscriptions = body
+            .get("items")
+            .and_then(Value::as_array)
+            .context("the subscriptions list has no items")?
+            .clone();
+        let max_page = body
+            .pointer("/pagination/max_page")
+            .and_then(Value::as_u64)
+            .unwrap_or(1);
+        Ok(SweepPage {
+            last: subscriptions.is_empty() || u64::from(page) >= max_page,
+            subscriptions,
+        })
+    }
+}
+
+impl SubscriptionSweep for PolarSubscriptions {
+    fn page(&self, page: u32) -> BoxFuture<'_, anyhow::Result<SweepPage>> {
+        Box::pin(self.fetch(page))
+    }
+
+    fn subscription_id<'a>(&self, subscription: &'a Value) -> Option<&'a str> {
+        subscription.get("id").and_then(Value::as_str)
+    }
+
+    fn correction(
+        &self,
+        subscription: &Value,
+        local: Option<&StoredSubscription>,
+    ) -> anyhow::Result<Option<Fetched>> {
+        let text = |p: &str| subscription.pointer(p).and_then(Value::as_str);
+        let (Some(id), Some(status)) = (text("/id"), text("/status")) else {
+            return Ok(None);
+        };
+        let Some(time) = text("/modified_at").or(text("/created_at")) else {
+            return Ok(None);
+        };
+        let remote_at = DateTime::parse_from_rfc3339(time)
+            .context("subscription modified_at")?
+            .with_timezone(&Utc);
+        let remote_plan = text("/product_id");
+        let differs = match local {
+            None => true,
+            Some(l) => {
+                remote_at > l.version_at
+                    && (l.status != status
+                        || (remote_plan.is_some() && l.plan_key.as_deref() != remote_plan))
+            }
+        };
+        if !differs {
+            return Ok(None);
+        }
+        let message_id = format!("reconcile:{id}:{}", remote_at.timestamp_millis());
+        let body = serde_json::to_vec(&json!({
+            "type": "subscription.updated",
+            "timestamp": time,
+            "data": subscription,
+        }))?;
+        let event = parse_event(&message_id, &body, Utc::now());
+        Ok(Some(Fetched { body, event }))
+    }
+}

@@ -1,0 +1,101 @@
+//! Standard Webhooks (Polar) deliveries for development: payloads shaped like Polar's, signed
+//! with `webhook-id`, `webhook-timestamp` and `webhook-signature: v1,<base64>`.
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use chrono::Utc;
+use serde_json::{json, Value};
+
+use crate::config::{SecretEncoding, SourceConfig};
+use crate::providers::fixtures::{
+    hmac_sha256, random_id, unknown_kind, Fixtures, KindeKey, SignedDelivery, Spec,
+};
+
+pub struct StandardFixtures;
+
+const KINDS: &[&str] = &["subscription", "revoked", "order-paid", "order-refunded"];
+
+/// The `webhook-signature` header value (one `v1,` signature) for a Standard Webhooks message.
+pub fn signature(key: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
+    let signed = [format!("{id}.{timestamp}.").as_bytes(), body].concat();
+    format!("v1,{}", BASE64.encode(hmac_sha256(key, &signed)))
+}
+
+impl Fixtures for StandardFixtures {
+    fn kinds(&self) -> &'static [&'static str] {
+        KINDS
+    }
+
+    fn payload(&self, spec: &Spec) -> Result<(String, Value), String> {
+        let at = spec.at;
+        let customer = spec.customer.as_str();
+        let message_id = spec.event_id.clone().unwrap_or_else(|| random_id("msg_"));
+        let product = spec.plan.clone().unwrap_or_else(|| "prod_pro".into());
+        let (event_type, data) = match spec.kind.as_str() {
+            "subscription" | "revoked" => {
+                let revoked = spec.kind == "revoked";
+                let status = spec
+                    .status
+                    .clone()
+                    .unwrap_or_else(|| (if revoked { "canceled" } else { "active" }).into());
+                (
+                    if revoked {
+                        "subscription.revoked"
+                    } else {
+                        "subscription.updated"
+                    },
+                    json!({"id": spec.object_id.clone().unwrap_or_else(|| format!("sub_{customer}")),
+                           "customer_id": customer, "status": status, "product_id": product,
+                           "modified_at": at.to_rfc3339(), "created_at": at.to_rfc3339()}),
+                )
+            }
+            "order-paid" | "order-refunded" => {
+                let refunded = spec.kind == "order-refunded";
+                (
+                    if refunded {
+                        "order.refunded"
+                    } else {
+                        "order.paid"
+                    },
+                    json!({"id": spec.object_id.clone().unwrap_or_else(|| random_id("ord_")),
+                           "customer_id": customer, "product_id": product,
+                           "status": if refunded { "refunded" } else { "paid" },
+                           "modified_at": at.to_rfc3339(), "created_at": at.to_rfc3339()}),
+                )
+            }
+            other => return Err(unknown_kind(other, KINDS)),
+        };
+        Ok((
+            message_id,
+            json!({"type": event_type, "timestamp": at.to_rfc3339(), "data": data}),
+        ))
+    }
+
+    fn sign(
+        &self,
+        source: &SourceConfig,
+        id: &str,
+        payload: &Value,
+        _kinde_key: Option<&KindeKey>,
+    ) -> Result<SignedDelivery, String> {
+        let secret = source.secrets.first().ok_or("the source has no secret")?;
+        let key = super::decode_secret(
+            secret,
+            source.secret_encoding.unwrap_or(SecretEncoding::Base64),
+        )?;
+        let body = serde_json::to_vec(payload).map_err(|e| e.to_string())?;
+        let now = Utc::now().timestamp();
+        Ok(SignedDelivery {
+            headers: vec![
+                ("content-type".into(), "application/json".into()),
+                (super::ID_HEADER.into(), id.to_owned()),
+                (super::TIMESTAMP_HEADER.into(), now.to_string()),
+                (
+                    super::SIGNATURE_HEADER.into(),
+                    signature(&key, id, now, &body),
+                ),
+            ],
+            body,
+        })
+    }
+}

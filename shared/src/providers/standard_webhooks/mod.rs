@@ -1,0 +1,78 @@
+//! Standard Webhooks senders (Polar, Svix-based senders): `webhook-id`, `webhook-timestamp`,
+//! `webhook-signature: v1,<base64> …` over `"{id}.{timestamp}.{body}"`; the message id as the
+//! dedupe key, `data.modified_at` (else the envelope's `timestamp`) as the provider time;
+//! subscription and order events for the registers; Polar's `GET /v1/subscriptions/` for
+//! reconciliation.
+
+mod api;
+mod decide;
+#[cfg(any(test, feature = "dev"))]
+pub mod fixtures;
+mod verify;
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub use api::PolarSubscriptions;
+pub use verify::{
+    decode_secret, parse_event, StandardVerifier, ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
+};
+
+use super::{Api, Provider, Reconciliation, Verify};
+use crate::billing::{Catalog, Decided};
+use crate::config::{ConfigError, SecretEncoding, SourceConfig};
+use crate::domain::DedupeKey;
+
+pub struct StandardWebhooks;
+
+impl Provider for StandardWebhooks {
+    fn verifier(
+        &self,
+        config: &SourceConfig,
+        tolerance: Duration,
+        _http: &reqwest::Client,
+    ) -> Result<Box<dyn Verify>, ConfigError> {
+        let encoding = config.secret_encoding.unwrap_or(SecretEncoding::Base64);
+        let keys = config
+            .required_secrets()?
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                decode_secret(s, encoding).map_err(|e| {
+                    ConfigError::at(
+                        crate::config::SOURCES_VAR,
+                        format!("source '{}': secrets[{i}]", config.name),
+                        e,
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Box::new(StandardVerifier::new(keys, tolerance)))
+    }
+
+    fn decide(
+        &self,
+        event_type: &str,
+        payload: &Value,
+        _dedupe_key: &DedupeKey,
+        catalog: &Catalog,
+    ) -> Decided {
+        decide::decide(event_type, payload, catalog)
+    }
+
+    fn reconciliation(&self, api: Api) -> Option<Reconciliation> {
+        Some(Reconciliation::Sweep(Box::new(PolarSubscriptions::new(
+            api,
+        ))))
+    }
+
+    fn default_api_base(&self) -> Option<&'static str> {
+        Some("https://api.polar.sh")
+    }
+
+    #[cfg(any(test, feature = "dev"))]
+    fn fixtures(&self) -> &'static dyn super::fixtures::Fixtures {
+        &fixtures::StandardFixtures
+    }
+}

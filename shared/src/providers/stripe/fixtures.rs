@@ -1,0 +1,104 @@
+//! Stripe deliveries for development: event payloads as Stripe sends them, signed with
+//! `Stripe-Signature: t=…,v1=…`.
+
+use chrono::Utc;
+use serde_json::{json, Value};
+
+use crate::config::SourceConfig;
+use crate::providers::fixtures::{
+    hmac_sha256, random_id, unknown_kind, Fixtures, KindeKey, SignedDelivery, Spec,
+};
+
+pub struct StripeFixtures;
+
+const KINDS: &[&str] = &[
+    "subscription",
+    "subscription-deleted",
+    "invoice-paid",
+    "payment-failed",
+    "refund",
+];
+
+pub fn hmac_sha256_hex(key: &[u8], message: &[u8]) -> String {
+    hex::encode(hmac_sha256(key, message))
+}
+
+/// The `Stripe-Signature` header value for a body sent at `t`.
+pub fn signature(secret: &[u8], t: i64, body: &[u8]) -> String {
+    let signed = [format!("{t}.").as_bytes(), body].concat();
+    format!("t={t},v1={}", hmac_sha256_hex(secret, &signed))
+}
+
+impl Fixtures for StripeFixtures {
+    fn kinds(&self) -> &'static [&'static str] {
+        KINDS
+    }
+
+    fn payload(&self, spec: &Spec) -> Result<(String, Value), String> {
+        let customer = spec.customer.as_str();
+        let event_id = spec.event_id.clone().unwrap_or_else(|| random_id("evt_"));
+        let price = spec.plan.clone().unwrap_or_else(|| "price_pro".into());
+        let (event_type, object) = match spec.kind.as_str() {
+            "subscription" | "subscription-deleted" => {
+                let deleted = spec.kind == "subscription-deleted";
+                let status = spec
+                    .status
+                    .clone()
+                    .unwrap_or_else(|| (if deleted { "canceled" } else { "active" }).into());
+                (
+                    if deleted {
+                        "customer.subscription.deleted"
+                    } else {
+                        "customer.subscription.updated"
+                    },
+                    json!({"id": spec.object_id.clone().unwrap_or_else(|| format!("sub_{customer}")),
+                           "object": "subscription", "customer": customer, "status": status,
+                           "items": {"object": "list", "data": [{"price": {"id": price}}]}}),
+                )
+            }
+            "invoice-paid" | "payment-failed" => (
+                if spec.kind == "invoice-paid" {
+                    "invoice.paid"
+                } else {
+                    "invoice.payment_failed"
+                },
+                json!({"id": spec.object_id.clone().unwrap_or_else(|| random_id("in_")), "object": "invoice",
+                       "customer": customer, "lines": {"object": "list", "data": [{"price": {"id": price}}]}}),
+            ),
+            "refund" => (
+                "charge.refunded",
+                json!({"id": random_id("ch_"), "object": "charge", "customer": customer, "refunded": true,
+                       "invoice": spec.object_id.clone().unwrap_or_else(|| random_id("in_"))}),
+            ),
+            other => return Err(unknown_kind(other, KINDS)),
+        };
+        Ok((
+            event_id.clone(),
+            json!({"id": event_id, "object": "event", "api_version": "2024-06-20", "created": spec.at.timestamp(),
+                   "livemode": false, "pending_webhooks": 1, "request": {"id": null, "idempotency_key": null},
+                   "type": event_type, "data": {"object": object}}),
+        ))
+    }
+
+    fn sign(
+        &self,
+        source: &SourceConfig,
+        _id: &str,
+        payload: &Value,
+        _kinde_key: Option<&KindeKey>,
+    ) -> Result<SignedDelivery, String> {
+        let secret = source.secrets.first().ok_or("the source has no secret")?;
+        let body = serde_json::to_vec(payload).map_err(|e| e.to_string())?;
+        let now = Utc::now().timestamp();
+        Ok(SignedDelivery {
+            headers: vec![
+                ("content-type".into(), "application/json".into()),
+                (
+                    super::SIGNATURE_HEADER.into(),
+                    signature(secret.as_bytes(), now, &body),
+                ),
+            ],
+            body,
+        })
+    }
+}

@@ -1,0 +1,61 @@
+//! Stripe: `Stripe-Signature: t=…,v1=…` over `"{t}.{body}"` (any `v1` against any secret,
+//! `v0` never), the event `id` as the dedupe key, `created` as the provider time; subscription,
+//! invoice and refund events for the registers; `GET /v1/events` for reconciliation.
+
+mod api;
+mod decide;
+#[cfg(any(test, feature = "dev"))]
+pub mod fixtures;
+mod verify;
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub use api::StripeEvents;
+pub use verify::{content_hash, parse_event, StripeVerifier, SIGNATURE_HEADER};
+
+use super::{Api, Provider, Reconciliation, Verify};
+use crate::billing::{Catalog, Decided};
+use crate::config::{ConfigError, SourceConfig};
+use crate::domain::DedupeKey;
+
+pub struct Stripe;
+
+impl Provider for Stripe {
+    fn verifier(
+        &self,
+        config: &SourceConfig,
+        tolerance: Duration,
+        _http: &reqwest::Client,
+    ) -> Result<Box<dyn Verify>, ConfigError> {
+        let secrets = config.required_secrets()?;
+        Ok(Box::new(StripeVerifier::new(
+            secrets.iter().map(|s| s.as_bytes().to_vec()).collect(),
+            tolerance,
+        )))
+    }
+
+    fn decide(
+        &self,
+        event_type: &str,
+        payload: &Value,
+        _dedupe_key: &DedupeKey,
+        catalog: &Catalog,
+    ) -> Decided {
+        decide::decide(event_type, payload, catalog)
+    }
+
+    fn reconciliation(&self, api: Api) -> Option<Reconciliation> {
+        Some(Reconciliation::Feed(Box::new(StripeEvents::new(api))))
+    }
+
+    fn default_api_base(&self) -> Option<&'static str> {
+        Some("https://api.stripe.com")
+    }
+
+    #[cfg(any(test, feature = "dev"))]
+    fn fixtures(&self) -> &'static dyn super::fixtures::Fixtures {
+        &fixtures::StripeFixtures
+    }
+}

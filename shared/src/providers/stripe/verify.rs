@@ -1,0 +1,348 @@
+//! Stripe: `Stripe-Signature: t=…,v1=…` over `"{t}.{body}"`, event `id` as the dedupe key.
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use http::HeaderMap;
+use serde_json::Value;
+
+use crate::domain::{ContentHash, CustomerId, DedupeKey, EventMeta, ProviderTime, VerifiedEvent};
+use crate::providers::common::{any_hmac_matches, check_tolerance, customer_at, header, str_at};
+use crate::providers::{AuthError, BoxFuture, Verify};
+
+pub const SIGNATURE_HEADER: &str = "stripe-signature";
+
+/// Fields of a Stripe event that describe the delivery, not the event: they change between
+/// attempts, and between a webhook and the same event read back from the API.
+const ENVELOPE_FIELDS: &[&str] = &["pending_webhooks"];
+
+pub struct StripeVerifier {
+    secrets: Vec<Vec<u8>>,
+    tolerance: Duration,
+}
+
+struct SignatureHeader {
+    timestamp: i64,
+    v1: Vec<Vec<u8>>,
+}
+
+fn parse_signature_header(raw: &str) -> Result<SignatureHeader, AuthError> {
+    let mut timestamp = None;
+    let mut v1 = Vec::new();
+    for part in raw.split(',') {
+        let Some((key, value)) = part.trim().split_once('=') else {
+            continue;
+        };
+        match key {
+            "t" => {
+                let t = value
+                    .parse::<i64>()
+                    .map_err(|_| AuthError::Malformed("Stripe-Signature timestamp"))?;
+                timestamp = Some(t);
+            }
+            // A signature that is not hex can never match; it is skipped, not fatal, so
+            // that a valid one beside it still counts.
+            "v1" => v1.extend(hex::decode(value).ok()),
+            // v0 is Stripe's test-mode scheme and is never trusted.
+            _ => {}
+        }
+    }
+    let timestamp = timestamp.ok_or(AuthError::Malformed("Stripe-Signature: no t="))?;
+    if v1.is_empty() {
+        return Err(AuthError::Malformed("Stripe-Signature: no v1 signature"));
+    }
+    Ok(SignatureHeader { timestamp, v1 })
+}
+
+impl Verify for StripeVerifier {
+    fn verify<'a>(
+        &'a self,
+        headers: &'a HeaderMap,
+        body: &'a [u8],
+        now: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<VerifiedEvent, AuthError>> {
+        Box::pin(std::future::ready(self.check(headers, body, now)))
+    }
+}
+
+impl StripeVerifier {
+    pub fn new(secrets: Vec<Vec<u8>>, tolerance: Duration) -> Self {
+        Self { secrets, tolerance }
+    }
+
+    /// Checks the signature, then the time, then reads the event.
+    pub fn check(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+        now: DateTime<Utc>,
+    ) -> Result<VerifiedEvent, AuthError> {
+        let raw =
+            header(headers, SIGNATURE_HEADER).ok_or(AuthError::Missing("Stripe-Signature"))?;
+        let signature = parse_signature_header(raw)?;
+        let t = signature.timestamp.to_string();
+        // Any v1 against any configured secret: secrets roll, and Stripe signs with each.
+        let message: [&[u8]; 3] = [t.as_bytes(), b".", body];
+        let matched = any_hmac_matches(&self.secrets, &signature.v1, &message);
+        if !matched {
+            return Err(AuthError::BadSignature);
+        }
+        let sent_at = Utc
+            .timestamp_opt(signature.timestamp, 0)
+            .single()
+            .ok_or(AuthError::Malformed("Stripe-Signature timestamp"))?;
+        check_tolerance(sent_at, now, self.tolerance)?;
+        Ok(parse_event(body, sent_at))
+    }
+}
+
+/// Reads a verified body. Anything that is not a Stripe event is still a verified event,
+/// keyed by its bytes, with the reason it cannot be applied.
+pub fn parse_event(body: &[u8], sent_at: DateTime<Utc>) -> VerifiedEvent {
+    let payload: Option<Value> = serde_json::from_slice(body).ok();
+    let dedupe_key = payload
+        .as_ref()
+        .and_then(|p| str_at(p, "/id"))
+        .and_then(|id| DedupeKey::parse(id).ok());
+    let (dedupe_key, content_hash, meta) = match (&payload, dedupe_key) {
+        (Some(p), Some(key)) => (key, content_hash(p), meta(p)),
+        (Some(p), None) => (
+            DedupeKey::from_body(body),
+            content_hash(p),
+            Err("the event has no id".to_owned()),
+        ),
+        (None, _) => (
+            DedupeKey::from_body(body),
+            ContentHash::of_bytes(body),
+            Err("the body is not JSON".to_owned()),
+        ),
+    };
+    VerifiedEvent {
+        dedupe_key,
+        content_hash,
+        payload,
+        sent_at: Some(sent_at),
+        delivery_id: None,
+        meta,
+    }
+}
+
+/// The hash of the event without the fields that vary by delivery.
+pub fn content_hash(payload: &Value) -> ContentHash {
+    let mut content = payload.clone();
+    if let Some(map) = content.as_object_mut() {
+        for field in ENVELOPE_FIELDS {
+            map.remove(*field);
+        }
+    }
+    ContentHash::of_json(&content)
+}
+
+fn meta(payload: &Value) -> Result<EventMeta, String> {
+    let event_type = str_at(payload, "/type").ok_or("the event has no type")?;
+    let created = payload
+        .get("created")
+        .ok_or("the event has no created time")?;
+    let occurred_at = ProviderTime::from_json(created).map_err(|e| e.to_string())?;
+    Ok(EventMeta {
+        event_type: event_type.to_owned(),
+        customer: customer(payload),
+        occurred_at,
+    })
+}
+
+/// The customer an event is about: the object's `customer`, or the object itself when
+/// the event is about a customer.
+fn customer(payload: &Value) -> Option<CustomerId> {
+    let object = payload.pointer("/data/object")?;
+    if str_at(object, "/object") == Some("customer") {
+        return str_at(object, "/id").and_then(|id| CustomerId::parse(id).ok());
+    }
+    customer_at(object, "/customer")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::stripe::fixtures::{hmac_sha256_hex, signature};
+    use serde_json::json;
+
+    const NOW: i64 = 1_767_225_600; // 2026-01-01T00:00:00Z
+
+    fn now() -> DateTime<Utc> {
+        Utc.timestamp_opt(NOW, 0).unwrap()
+    }
+
+    fn verifier(secrets: &[&str]) -> StripeVerifier {
+        StripeVerifier::new(
+            secrets.iter().map(|s| s.as_bytes().to_vec()).collect(),
+            Duration::from_secs(300),
+        )
+    }
+
+    fn body() -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "id": "evt_1", "object": "event", "type": "invoice.paid", "created": NOW - 10,
+            "pending_webhooks": 1,
+            "data": {"object": {"id": "in_1", "object": "invoice", "customer": "cus_1"}}
+        }))
+        .unwrap()
+    }
+
+    fn headers(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(SIGNATURE_HEADER, value.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn known_vector_verifies() {
+        // HMAC-SHA256 of "1767225600.{}" keyed with "whsec_test", computed with openssl.
+        let header =
+            format!("t={NOW},v1=4a942ef9477fb7b15b98664cf7ff2c2543984c1fa6bdf3520b48dcb25bcd1fe4");
+        assert_eq!(signature(b"whsec_test", NOW, b"{}"), header);
+        let event = verifier(&["whsec_test"])
+            .check(&headers(&header), b"{}", now())
+            .unwrap();
+        assert!(
+            event.meta.is_err(),
+            "an empty object is verified but not parseable"
+        );
+    }
+
+    #[test]
+    fn valid_delivery_is_parsed() {
+        let v = verifier(&["whsec_a"]);
+        let b = body();
+        let event = v
+            .check(&headers(&signature(b"whsec_a", NOW, &b)), &b, now())
+            .unwrap();
+        assert_eq!(event.dedupe_key.as_str(), "evt_1");
+        let meta = event.meta.unwrap();
+        assert_eq!(meta.event_type, "invoice.paid");
+        assert_eq!(meta.customer.unwrap().as_str(), "cus_1");
+        assert_eq!(
+            meta.occurred_at,
+            ProviderTime::from_unix_secs(NOW - 10).unwrap()
+        );
+    }
+
+    #[test]
+    fn tampered_body_is_rejected() {
+        let v = verifier(&["whsec_a"]);
+        let b = body();
+        let sig = signature(b"whsec_a", NOW, &b);
+        let mut tampered = b.clone();
+        tampered[10] ^= 1;
+        assert_eq!(
+            v.check(&headers(&sig), &tampered, now()).unwrap_err(),
+            AuthError::BadSignature
+        );
+    }
+
+    #[test]
+    fn wrong_secret_is_rejected() {
+        let v = verifier(&["whsec_a"]);
+        let b = body();
+        let sig = signature(b"whsec_other", NOW, &b);
+        assert_eq!(
+            v.check(&headers(&sig), &b, now()).unwrap_err(),
+            AuthError::BadSignature
+        );
+    }
+
+    #[test]
+    fn any_v1_against_any_secret_passes_during_rotation() {
+        let b = body();
+        let old = hmac_sha256_hex(b"whsec_old", &[format!("{NOW}.").as_bytes(), &b].concat());
+        let new = hmac_sha256_hex(b"whsec_new", &[format!("{NOW}.").as_bytes(), &b].concat());
+        // The sender signs with both secrets; we only know the new one.
+        let v = verifier(&["whsec_new"]);
+        let header = format!("t={NOW},v1={old},v1={new}");
+        assert!(v.check(&headers(&header), &b, now()).is_ok());
+        // We know both; the sender only signs with the old one.
+        let v = verifier(&["whsec_new", "whsec_old"]);
+        assert!(v
+            .check(&headers(&format!("t={NOW},v1={old}")), &b, now())
+            .is_ok());
+    }
+
+    #[test]
+    fn v0_is_ignored() {
+        let b = body();
+        let good = hmac_sha256_hex(b"whsec_a", &[format!("{NOW}.").as_bytes(), &b].concat());
+        let v = verifier(&["whsec_a"]);
+        assert_eq!(
+            v.check(&headers(&format!("t={NOW},v0={good}")), &b, now())
+                .unwrap_err(),
+            AuthError::Malformed("Stripe-Signature: no v1 signature")
+        );
+    }
+
+    #[test]
+    fn truncated_and_empty_signatures_never_pass() {
+        let b = body();
+        let good = hmac_sha256_hex(b"whsec_a", &[format!("{NOW}.").as_bytes(), &b].concat());
+        let v = verifier(&["whsec_a"]);
+        for sig in [&good[..good.len() - 2], &good[..2], ""] {
+            let result = v.check(&headers(&format!("t={NOW},v1={sig}")), &b, now());
+            assert!(result.is_err(), "signature {sig:?} passed");
+        }
+    }
+
+    #[test]
+    fn stale_and_future_timestamps_are_rejected() {
+        let v = verifier(&["whsec_a"]);
+        let b = body();
+        let stale = signature(b"whsec_a", NOW - 301, &b);
+        assert_eq!(
+            v.check(&headers(&stale), &b, now()).unwrap_err(),
+            AuthError::Stale(300)
+        );
+        let future = signature(b"whsec_a", NOW + 301, &b);
+        assert_eq!(
+            v.check(&headers(&future), &b, now()).unwrap_err(),
+            AuthError::Future(300)
+        );
+    }
+
+    #[test]
+    fn missing_or_garbled_header_is_rejected() {
+        let v = verifier(&["whsec_a"]);
+        assert_eq!(
+            v.check(&HeaderMap::new(), b"{}", now()).unwrap_err(),
+            AuthError::Missing("Stripe-Signature")
+        );
+        assert!(v.check(&headers("t=abc,v1=00"), b"{}", now()).is_err());
+        assert!(v.check(&headers("v1=00"), b"{}", now()).is_err());
+    }
+
+    #[test]
+    fn copy_with_new_send_time_has_the_same_content_hash() {
+        let mut a: Value = serde_json::from_slice(&body()).unwrap();
+        let first = content_hash(&a);
+        a["pending_webhooks"] = json!(0);
+        assert_eq!(first, content_hash(&a));
+        a["data"]["object"]["customer"] = json!("cus_2");
+        assert_ne!(first, content_hash(&a));
+    }
+
+    #[test]
+    fn signed_non_json_is_kept_with_a_reason() {
+        let v = verifier(&["whsec_a"]);
+        let sig = signature(b"whsec_a", NOW, b"not json");
+        let event = v.check(&headers(&sig), b"not json", now()).unwrap();
+        assert!(event.dedupe_key.as_str().starts_with("sha256:"));
+        assert_eq!(event.meta.unwrap_err(), "the body is not JSON");
+    }
+
+    #[test]
+    fn customer_event_names_itself() {
+        let p = json!({"id": "evt_2", "type": "customer.deleted", "created": NOW,
+            "data": {"object": {"id": "cus_9", "object": "customer"}}});
+        assert_eq!(meta(&p).unwrap().customer.unwrap().as_str(), "cus_9");
+        let expanded = json!({"id": "evt_3", "type": "invoice.paid", "created": NOW,
+            "data": {"object": {"object": "invoice", "customer": {"id": "cus_8"}}}});
+        assert_eq!(meta(&expanded).unwrap().customer.unwrap().as_str(), "cus_8");
+    }
+}
