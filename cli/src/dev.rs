@@ -4,7 +4,7 @@
 //! watch`, so the pipeline would hang in silence. Invocations that time out or fail in a row
 //! say so and restart the functions.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -88,9 +88,10 @@ impl Functions {
         let Some(mut child) = self.child.lock().await.take() else {
             return;
         };
-        if let Some(pid) = child.id() {
+        // The group's id is the child's pid; never 0 or 1, which would name every process.
+        if let Some(pid) = child.id().filter(|pid| *pid > 1) {
             let _ = Command::new("kill")
-                .args(["-TERM", &format!("-{pid}")])
+                .args(["-s", "TERM", "--", &format!("-{pid}")])
                 .status()
                 .await;
         }
@@ -124,7 +125,8 @@ struct Invoker<'a> {
     http: reqwest::Client,
     args: &'a DevArgs,
     functions: &'a Functions,
-    failures: Mutex<u32>,
+    /// Failed invocations in a row, per function.
+    failures: Mutex<HashMap<String, u32>>,
     /// The functions that have answered since the last (re)start.
     warm: Mutex<HashSet<String>>,
 }
@@ -142,36 +144,64 @@ impl Invoker<'_> {
             self.args.invoke_timeout_secs * 10
         });
         let call = bridge::invoke_function(&self.http, &self.args.invoke_url, function, payload);
-        let result = match tokio::time::timeout(limit, call).await {
-            Ok(result) => result,
-            Err(_) => Err(anyhow::anyhow!(
-                "{function} did not answer within {} s",
-                limit.as_secs()
-            )),
+        let (result, timed_out) = match tokio::time::timeout(limit, call).await {
+            Ok(result) => (result, false),
+            Err(_) => (
+                Err(anyhow::anyhow!(
+                    "{function} did not answer within {} s",
+                    limit.as_secs()
+                )),
+                true,
+            ),
         };
         let mut failures = self.failures.lock().await;
+        let in_a_row = failures.entry(function.to_owned()).or_default();
         match &result {
             Ok(_) => {
-                *failures = 0;
+                *in_a_row = 0;
                 self.warm.lock().await.insert(function.to_owned());
             }
             Err(e) => {
-                *failures += 1;
+                *in_a_row += 1;
                 eprintln!("dev: {e:#}");
-                if *failures >= self.args.failures_before_restart {
-                    *failures = 0;
+                // A function answers in milliseconds: a timeout means its process is gone.
+                let why = if timed_out {
+                    Some(format!("{function} stopped answering"))
+                } else if *in_a_row >= self.args.failures_before_restart {
+                    Some(format!("{function} failed {in_a_row} times in a row"))
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    failures.clear();
                     self.warm.lock().await.clear();
-                    self.functions
-                        .restart(&format!(
-                            "{function} failed {} time(s) in a row",
-                            self.args.failures_before_restart
-                        ))
-                        .await?;
+                    self.functions.restart(&why).await?;
                 }
             }
         }
         result
     }
+}
+
+/// Waits until the functions' Invoke API answers (the first start builds them).
+async fn wait_until_up(functions: &Functions, invoke_url: &str) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    for _ in 0..1200 {
+        if http.get(invoke_url).send().await.is_ok() {
+            eprintln!("dev: the functions answer at {invoke_url}");
+            return Ok(());
+        }
+        if let Some(status) = functions.exited().await {
+            anyhow::bail!(
+                "the functions did not start ({status}); see {}",
+                functions.log.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    anyhow::bail!("the functions did not answer at {invoke_url} within 10 minutes")
 }
 
 pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
@@ -193,11 +223,14 @@ pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
         child: Mutex::new(None),
     };
     functions.start().await?;
+    if functions.command.is_some() {
+        wait_until_up(&functions, &args.invoke_url).await?;
+    }
     let invoker = Invoker {
         http: reqwest::Client::new(),
         args,
         functions: &functions,
-        failures: Mutex::new(0),
+        failures: Mutex::new(HashMap::new()),
         warm: Mutex::new(HashSet::new()),
     };
     eprintln!(
@@ -262,10 +295,16 @@ pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
         #[allow(unreachable_code)]
         Ok::<(), anyhow::Error>(())
     };
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("listening for SIGTERM")?;
     let outcome = tokio::select! {
         _ = bridge => Ok(()),
         _ = ticker => Ok(()),
         stopped = watchdog => stopped,
+        _ = terminate.recv() => {
+            eprintln!("dev: stopped");
+            Ok(())
+        }
         signal = tokio::signal::ctrl_c() => {
             signal.context("waiting for Ctrl-C")?;
             eprintln!("dev: stopped");

@@ -87,6 +87,19 @@ impl Catalog {
 pub(crate) mod tests {
     use super::*;
 
+    /// The catalog's `pro` entry, resolved.
+    pub(crate) fn pro() -> PlanRef {
+        PlanRef {
+            key: "pro".into(),
+            plan: "pro".into(),
+            monthly_allowance: 500,
+        }
+    }
+
+    pub(crate) fn key(raw: &str) -> crate::domain::DedupeKey {
+        crate::domain::DedupeKey::parse(raw).unwrap()
+    }
+
     /// The catalog the unit tests decide against.
     pub(crate) fn catalog() -> Catalog {
         Catalog::parse(

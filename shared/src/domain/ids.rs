@@ -57,6 +57,18 @@ impl ContentHash {
         Self(hasher.finalize().into())
     }
 
+    /// Hash of a JSON object without the fields that describe its delivery, not its content
+    /// (they change between attempts of one event).
+    pub fn of_json_without(value: &Value, envelope_fields: &[&str]) -> Self {
+        let mut content = value.clone();
+        if let Some(map) = content.as_object_mut() {
+            for field in envelope_fields {
+                map.remove(*field);
+            }
+        }
+        Self::of_json(&content)
+    }
+
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }

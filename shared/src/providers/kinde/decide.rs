@@ -74,26 +74,10 @@ pub fn decide(event_type: &str, p: &Value, dedupe_key: &DedupeKey, catalog: &Cat
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::billing::PlanRef;
+    use crate::billing::catalog::tests::{catalog, key, pro};
     use crate::domain::SourceKind;
     use crate::providers::decide;
     use serde_json::json;
-
-    fn catalog() -> Catalog {
-        crate::billing::catalog::tests::catalog()
-    }
-
-    fn key(raw: &str) -> crate::domain::DedupeKey {
-        crate::domain::DedupeKey::parse(raw).unwrap()
-    }
-
-    fn pro() -> PlanRef {
-        PlanRef {
-            key: "pro".into(),
-            plan: "pro".into(),
-            monthly_allowance: 500,
-        }
-    }
 
     #[test]
     fn kinde_plan_change_sets_the_register_and_grants_its_plan() {

@@ -141,13 +141,7 @@ pub fn parse_claims(
 }
 
 pub fn content_hash(claims: &Value) -> ContentHash {
-    let mut content = claims.clone();
-    if let Some(map) = content.as_object_mut() {
-        for claim in ENVELOPE_CLAIMS {
-            map.remove(*claim);
-        }
-    }
-    ContentHash::of_json(&content)
+    ContentHash::of_json_without(claims, ENVELOPE_CLAIMS)
 }
 
 fn meta(claims: &Value) -> Result<EventMeta, String> {

@@ -83,17 +83,10 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::billing::catalog::tests::{catalog, key};
     use crate::domain::SourceKind;
     use crate::providers::decide;
     use serde_json::json;
-
-    fn catalog() -> Catalog {
-        crate::billing::catalog::tests::catalog()
-    }
-
-    fn key(raw: &str) -> crate::domain::DedupeKey {
-        crate::domain::DedupeKey::parse(raw).unwrap()
-    }
 
     #[test]
     fn polar_revoked_without_status_is_canceled() {

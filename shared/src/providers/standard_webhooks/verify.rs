@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::config::SecretEncoding;
 use crate::domain::{ContentHash, DedupeKey, EventMeta, ProviderTime, VerifiedEvent};
 use crate::providers::common::{any_hmac_matches, check_tolerance, customer_at, header, str_at};
-use crate::providers::{AuthError, BoxFuture, Verify};
+use crate::providers::{AuthError, CheckNow};
 
 pub const ID_HEADER: &str = "webhook-id";
 pub const TIMESTAMP_HEADER: &str = "webhook-timestamp";
@@ -49,24 +49,15 @@ fn either<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     })
 }
 
-impl Verify for StandardVerifier {
-    fn verify<'a>(
-        &'a self,
-        headers: &'a HeaderMap,
-        body: &'a [u8],
-        now: DateTime<Utc>,
-    ) -> BoxFuture<'a, Result<VerifiedEvent, AuthError>> {
-        Box::pin(std::future::ready(self.check(headers, body, now)))
-    }
-}
-
 impl StandardVerifier {
     pub fn new(keys: Vec<Vec<u8>>, tolerance: Duration) -> Self {
         Self { keys, tolerance }
     }
+}
 
+impl CheckNow for StandardVerifier {
     /// Checks the signature, then the time, then reads the event.
-    pub fn check(
+    fn check(
         &self,
         headers: &HeaderMap,
         body: &[u8],

@@ -84,26 +84,11 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::billing::catalog::tests::{catalog, key, pro};
     use crate::billing::PlanRef;
     use crate::domain::SourceKind;
     use crate::providers::decide;
     use serde_json::json;
-
-    fn catalog() -> Catalog {
-        crate::billing::catalog::tests::catalog()
-    }
-
-    fn key(raw: &str) -> crate::domain::DedupeKey {
-        crate::domain::DedupeKey::parse(raw).unwrap()
-    }
-
-    fn pro() -> PlanRef {
-        PlanRef {
-            key: "pro".into(),
-            plan: "pro".into(),
-            monthly_allowance: 500,
-        }
-    }
 
     #[test]
     fn stripe_subscription_status_is_the_state_and_past_due_grants_nothing() {

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::domain::{ContentHash, CustomerId, DedupeKey, EventMeta, ProviderTime, VerifiedEvent};
 use crate::providers::common::{any_hmac_matches, check_tolerance, customer_at, header, str_at};
-use crate::providers::{AuthError, BoxFuture, Verify};
+use crate::providers::{AuthError, CheckNow};
 
 pub const SIGNATURE_HEADER: &str = "stripe-signature";
 
@@ -54,24 +54,15 @@ fn parse_signature_header(raw: &str) -> Result<SignatureHeader, AuthError> {
     Ok(SignatureHeader { timestamp, v1 })
 }
 
-impl Verify for StripeVerifier {
-    fn verify<'a>(
-        &'a self,
-        headers: &'a HeaderMap,
-        body: &'a [u8],
-        now: DateTime<Utc>,
-    ) -> BoxFuture<'a, Result<VerifiedEvent, AuthError>> {
-        Box::pin(std::future::ready(self.check(headers, body, now)))
-    }
-}
-
 impl StripeVerifier {
     pub fn new(secrets: Vec<Vec<u8>>, tolerance: Duration) -> Self {
         Self { secrets, tolerance }
     }
+}
 
+impl CheckNow for StripeVerifier {
     /// Checks the signature, then the time, then reads the event.
-    pub fn check(
+    fn check(
         &self,
         headers: &HeaderMap,
         body: &[u8],
@@ -129,13 +120,7 @@ pub fn parse_event(body: &[u8], sent_at: DateTime<Utc>) -> VerifiedEvent {
 
 /// The hash of the event without the fields that vary by delivery.
 pub fn content_hash(payload: &Value) -> ContentHash {
-    let mut content = payload.clone();
-    if let Some(map) = content.as_object_mut() {
-        for field in ENVELOPE_FIELDS {
-            map.remove(*field);
-        }
-    }
-    ContentHash::of_json(&content)
+    ContentHash::of_json_without(payload, ENVELOPE_FIELDS)
 }
 
 fn meta(payload: &Value) -> Result<EventMeta, String> {
