@@ -443,6 +443,10 @@ stop_sqs() {
 # --- cargo lambda -----------------------------------------------------------
 
 ensure_cargo_lambda() {
+  # inboxctl dev stops and restarts the functions' process group with kill(1); e2e uses pkill.
+  if ! type -P kill >/dev/null 2>&1 || ! type -P pkill >/dev/null 2>&1; then
+    _stack_apt_install procps || return 1
+  fi
   if cargo lambda --version >/dev/null 2>&1; then
     _stack_log "cargo-lambda: $(cargo lambda --version 2>/dev/null | head -n 1)"
     return 0

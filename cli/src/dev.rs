@@ -88,12 +88,8 @@ impl Functions {
         let Some(mut child) = self.child.lock().await.take() else {
             return;
         };
-        // The group's id is the child's pid; never 0 or 1, which would name every process.
-        if let Some(pid) = child.id().filter(|pid| *pid > 1) {
-            let _ = Command::new("kill")
-                .args(["-s", "TERM", "--", &format!("-{pid}")])
-                .status()
-                .await;
+        if let Some(args) = child.id().and_then(kill_group_args) {
+            let _ = Command::new("kill").args(&args).status().await;
         }
         let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
         let _ = child.kill().await;
@@ -116,6 +112,32 @@ impl Functions {
     async fn exited(&self) -> Option<std::process::ExitStatus> {
         let mut child = self.child.lock().await;
         child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+}
+
+/// The `kill` arguments that end the process group `pgid` and nothing else. The group's id is
+/// the child's pid; `kill -TERM -<n>` without `--` can be read as a signal to every process,
+/// and 0 or 1 would name the caller's group or every process: none for those.
+fn kill_group_args(pgid: u32) -> Option<[String; 4]> {
+    (pgid > 1).then(|| {
+        [
+            "-s".to_owned(),
+            "TERM".to_owned(),
+            "--".to_owned(),
+            format!("-{pgid}"),
+        ]
+    })
+}
+
+/// Why the functions need a restart after a failed invocation, if they do. A function answers
+/// in milliseconds: a timeout means its process is gone; other failures count in a row.
+fn restart_reason(function: &str, timed_out: bool, in_a_row: u32, limit: u32) -> Option<String> {
+    if timed_out {
+        Some(format!("{function} stopped answering"))
+    } else if in_a_row >= limit {
+        Some(format!("{function} failed {in_a_row} times in a row"))
+    } else {
+        None
     }
 }
 
@@ -164,14 +186,12 @@ impl Invoker<'_> {
             Err(e) => {
                 *in_a_row += 1;
                 eprintln!("dev: {e:#}");
-                // A function answers in milliseconds: a timeout means its process is gone.
-                let why = if timed_out {
-                    Some(format!("{function} stopped answering"))
-                } else if *in_a_row >= self.args.failures_before_restart {
-                    Some(format!("{function} failed {in_a_row} times in a row"))
-                } else {
-                    None
-                };
+                let why = restart_reason(
+                    function,
+                    timed_out,
+                    *in_a_row,
+                    self.args.failures_before_restart,
+                );
                 if let Some(why) = why {
                     failures.clear();
                     self.warm.lock().await.clear();
@@ -313,4 +333,33 @@ pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
     };
     functions.stop().await;
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_functions_group_is_signalled() {
+        assert_eq!(
+            kill_group_args(4242).unwrap(),
+            ["-s", "TERM", "--", "-4242"].map(String::from)
+        );
+        // 0 is the caller's own group and -1 every process: never signalled.
+        assert_eq!(kill_group_args(0), None);
+        assert_eq!(kill_group_args(1), None);
+    }
+
+    #[test]
+    fn a_timeout_restarts_at_once_other_failures_after_the_limit() {
+        assert_eq!(
+            restart_reason("worker", true, 1, 3).as_deref(),
+            Some("worker stopped answering")
+        );
+        assert_eq!(restart_reason("worker", false, 2, 3), None);
+        assert_eq!(
+            restart_reason("scheduler", false, 3, 3).as_deref(),
+            Some("scheduler failed 3 times in a row")
+        );
+    }
 }

@@ -249,3 +249,25 @@ impl Run<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_sources;
+
+    #[test]
+    fn only_sources_with_an_api_key_and_a_provider_api_are_reconciled() {
+        let sources = parse_sources(
+            r#"[{"name":"stripe_keyed","kind":"stripe","secrets":["s"],"api_key":"sk_test"},
+                {"name":"stripe_bare","kind":"stripe","secrets":["s"]},
+                {"name":"polar","kind":"standard-webhooks","secrets":["p"],"secret_encoding":"raw","api_key":"k"},
+                {"name":"kinde","kind":"kinde","jwks_url":"https://x/.well-known/jwks","api_key":"k"}]"#,
+        )
+        .unwrap();
+        let names: Vec<String> = reconcilers(&sources, &reqwest::Client::new())
+            .iter()
+            .map(|r| r.source().to_owned())
+            .collect();
+        assert_eq!(names, ["stripe_keyed", "polar"]);
+    }
+}

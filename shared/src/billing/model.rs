@@ -6,7 +6,7 @@
 use serde_json::Value;
 
 use super::catalog::{Catalog, PlanRef};
-use crate::domain::{CustomerId, DedupeKey, Period, ProviderTime};
+use crate::domain::{CustomerId, DedupeKey, EventStatus, Period, ProviderTime};
 
 /// A register's version: the provider's time, then the dedupe key, so the order is total.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -173,16 +173,9 @@ pub enum Change {
     Superseded(String),
 }
 
-/// The outcome of an applied decision, as the event's status and reason.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Applied,
-    Ignored,
-}
-
 /// An event is applied when one of its writes took effect, or all of them already hold this
 /// very event (a replay); it is ignored, with the first reason, when something newer won.
-pub fn outcome(changes: &[Change]) -> (Outcome, String) {
+pub fn outcome(changes: &[Change]) -> (EventStatus, String) {
     let made: Vec<&str> = changes
         .iter()
         .filter_map(|c| match c {
@@ -202,13 +195,13 @@ pub fn outcome(changes: &[Change]) -> (Outcome, String) {
         })
         .collect();
     match (made.is_empty(), superseded) {
-        (false, _) if kept.is_empty() => (Outcome::Applied, made.join("; ")),
+        (false, _) if kept.is_empty() => (EventStatus::Applied, made.join("; ")),
         (false, _) => (
-            Outcome::Applied,
+            EventStatus::Applied,
             format!("{}; {}", made.join("; "), kept.join("; ")),
         ),
-        (true, Some(words)) => (Outcome::Ignored, words.to_owned()),
-        (true, None) => (Outcome::Applied, kept.join("; ")),
+        (true, Some(words)) => (EventStatus::Ignored, words.to_owned()),
+        (true, None) => (EventStatus::Applied, kept.join("; ")),
     }
 }
 
@@ -262,17 +255,17 @@ mod tests {
         let newer = Change::Superseded("a newer plan change is already stored".into());
         let granted = Change::Superseded("the pro allowance for 2026-03 is already granted".into());
         let again = Change::AlreadyApplied("this plan change is already stored".into());
-        assert_eq!(outcome(std::slice::from_ref(&made)).0, Outcome::Applied);
+        assert_eq!(outcome(std::slice::from_ref(&made)).0, EventStatus::Applied);
         assert_eq!(
             outcome(std::slice::from_ref(&newer)),
             (
-                Outcome::Ignored,
+                EventStatus::Ignored,
                 "a newer plan change is already stored".to_owned()
             )
         );
-        assert_eq!(outcome(&[newer, granted.clone()]).0, Outcome::Ignored);
-        assert_eq!(outcome(&[made, granted]).0, Outcome::Applied);
-        assert_eq!(outcome(&[again]).0, Outcome::Applied);
+        assert_eq!(outcome(&[newer, granted.clone()]).0, EventStatus::Ignored);
+        assert_eq!(outcome(&[made, granted]).0, EventStatus::Applied);
+        assert_eq!(outcome(&[again]).0, EventStatus::Applied);
     }
 
     #[test]

@@ -82,15 +82,6 @@ impl Period {
     pub fn as_str(&self) -> &str {
         &self.0
     }
-
-    /// The first instant of the period.
-    pub fn start(&self) -> DateTime<Utc> {
-        let (year, month) = self.0.split_once('-').unwrap_or(("1970", "01"));
-        let (year, month) = (year.parse().unwrap_or(1970), month.parse().unwrap_or(1));
-        Utc.with_ymd_and_hms(year, month, 1, 0, 0, 0)
-            .single()
-            .unwrap_or_default()
-    }
 }
 
 impl fmt::Display for Period {
@@ -108,7 +99,6 @@ impl fmt::Display for ProviderTime {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::Datelike;
     use serde_json::json;
 
     #[test]
@@ -125,7 +115,6 @@ mod tests {
     fn period_is_the_utc_month() {
         let t = ProviderTime::parse_rfc3339("2026-03-31T23:30:00-02:00").unwrap();
         assert_eq!(Period::of(t).as_str(), "2026-04");
-        assert_eq!(Period::of(t).start().month(), 4);
     }
 
     #[test]

@@ -239,14 +239,9 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
     } else if stored.status.is_pending() {
         enqueue(state, stored.event_id).await;
     }
-    let status = match stored.verdict {
-        Verdict::Stored => "stored",
-        Verdict::Duplicate => "duplicate",
-        Verdict::Conflict => "conflict",
-    };
     Ok(json_response(
         StatusCode::OK,
-        &json!({"status": status, "event_id": stored.event_id}),
+        &json!({"status": stored.verdict.as_str(), "event_id": stored.event_id}),
     ))
 }
 

@@ -11,7 +11,7 @@ use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent
 use sqlx::{Connection, PgPool};
 
 use crate::billing::registers::{self, EventContext};
-use crate::billing::{outcome, Catalog, Decision, Outcome, Version};
+use crate::billing::{outcome, Catalog, Decision, Version};
 use crate::config::WorkerConfig;
 use crate::domain::{EventStatus, SourceKind};
 use crate::inbox::lease::{self, Claimed};
@@ -173,11 +173,7 @@ async fn apply_claimed(
                 }
                 changes.push(registers::apply_effect(&mut tx, ctx, effect).await?);
             }
-            let (outcome, reason) = outcome(&changes);
-            let status = match outcome {
-                Outcome::Applied => EventStatus::Applied,
-                Outcome::Ignored => EventStatus::Ignored,
-            };
+            let (status, reason) = outcome(&changes);
             registers::log_outcome(&mut tx, ctx, status.as_str(), &reason).await?;
             (status, reason)
         }
