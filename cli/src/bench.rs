@@ -16,7 +16,7 @@ use shared::billing::Catalog;
 use shared::config::{parse_plans, parse_sources};
 use shared::domain::SourceKind;
 use shared::handlers::intake::IntakeState;
-use shared::handlers::worker::WorkerState;
+use shared::handlers::worker::{WorkerSource, WorkerState};
 use shared::providers::fixtures::{self, Spec};
 use shared::providers::Sources;
 use shared::queue::Queue;
@@ -330,8 +330,12 @@ async fn measure(
     queue_url: &str,
 ) -> anyhow::Result<Value> {
     let configs = parse_sources(&args.signing.sources).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let kinds: std::collections::HashMap<String, SourceKind> =
-        configs.iter().map(|s| (s.name.clone(), s.kind)).collect();
+    let worker_sources = || {
+        configs
+            .iter()
+            .map(|s| (s.name.clone(), WorkerSource::from(s.kind)))
+            .collect()
+    };
     let sources = Sources::build(&configs, Duration::from_secs(300), reqwest::Client::new())
         .map_err(|e| anyhow::anyhow!(e))?;
     let state = Arc::new(IntakeState {
@@ -411,7 +415,7 @@ async fn measure(
     eprintln!("bench: worker drains the backlog");
     let worker = Arc::new(WorkerState::new(
         pool.clone(),
-        kinds.clone(),
+        worker_sources(),
         catalog.clone(),
     ));
     let statements_before = counter.get();
@@ -452,7 +456,11 @@ async fn measure(
     .await?;
 
     eprintln!("bench: raw worker transactions");
-    let raw_worker = Arc::new(WorkerState::new(raw_pool.clone(), kinds, catalog.clone()));
+    let raw_worker = Arc::new(WorkerState::new(
+        raw_pool.clone(),
+        worker_sources(),
+        catalog.clone(),
+    ));
     let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM inbox_events ORDER BY id")
         .fetch_all(&raw_pool)
         .await?;

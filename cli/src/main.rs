@@ -49,6 +49,10 @@ enum Command {
         /// The balance's period, YYYY-MM (default: the current UTC month).
         #[arg(long)]
         period: Option<String>,
+        /// The Stripe connected account (acct_…) the customer belongs to, for events that
+        /// came through a Connect endpoint.
+        #[arg(long)]
+        stripe_account: Option<String>,
     },
     /// List stored events, newest first.
     Events {
@@ -129,10 +133,17 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
             customer_id,
             source,
             period,
+            stripe_account,
         } => {
+            let customer_id = match stripe_account {
+                Some(account) => {
+                    shared::providers::stripe::connected_customer(account, customer_id)
+                }
+                None => customer_id.clone(),
+            };
             show::account(
                 &connect(cli).await?,
-                customer_id,
+                &customer_id,
                 source.as_deref(),
                 period.as_deref(),
                 cli.json,

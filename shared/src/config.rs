@@ -2,7 +2,6 @@
 //! validated once at cold start (docs/design.md §5). One error type names the variable, and
 //! the field within it, that is missing or malformed.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -94,6 +93,9 @@ pub struct SourceConfig {
     /// The provider's API base URL (default: the provider's public API).
     #[serde(default)]
     pub api_base_url: Option<String>,
+    /// Stripe: the mode this source takes; an event of the other mode is stored and ignored.
+    #[serde(default)]
+    pub livemode: Option<bool>,
 }
 
 /// Secrets never reach a log line, not even through `{:?}`.
@@ -111,6 +113,7 @@ impl fmt::Debug for SourceConfig {
             .field("tolerance_secs", &self.tolerance_secs)
             .field("api_key", &self.api_key.as_ref().map(|_| "redacted"))
             .field("api_base_url", &self.api_base_url)
+            .field("livemode", &self.livemode)
             .finish()
     }
 }
@@ -161,6 +164,13 @@ pub fn parse_sources(raw: &str) -> Result<Vec<SourceConfig>, ConfigError> {
         }
         if !seen.insert(source.name.as_str()) {
             return Err(ConfigError::source(&source.name, "is configured twice"));
+        }
+        if source.livemode.is_some() && source.kind != SourceKind::Stripe {
+            return Err(ConfigError::at(
+                SOURCES_VAR,
+                format!("source '{}': livemode", source.name),
+                "is a Stripe setting (Stripe events say which mode they are from)",
+            ));
         }
     }
     Ok(sources)
@@ -277,11 +287,12 @@ impl FromEnv for IntakeConfig {
     }
 }
 
-/// What the worker function needs: each source's kind, never its secrets' use.
+/// What the worker function needs: each source's kind, mode and API (for the reads that
+/// settle ties and link refunds), never its signing secrets' use.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     pub database_url: String,
-    pub sources: HashMap<String, SourceKind>,
+    pub sources: Vec<SourceConfig>,
     pub catalog: Catalog,
 }
 
@@ -289,11 +300,7 @@ impl FromEnv for WorkerConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
         Ok(Self {
             database_url: env.required("DATABASE_URL")?,
-            sources: env
-                .sources()?
-                .into_iter()
-                .map(|s| (s.name, s.kind))
-                .collect(),
+            sources: env.sources()?,
             catalog: env.plans()?,
         })
     }
@@ -421,6 +428,22 @@ mod tests {
     }
 
     #[test]
+    fn livemode_is_a_stripe_setting() {
+        assert!(
+            parse_sources(r#"[{"name":"s","kind":"stripe","secrets":["x"],"livemode":true}]"#)
+                .is_ok()
+        );
+        let polar = parse_sources(
+            r#"[{"name":"p","kind":"standard-webhooks","secrets":["x"],"livemode":true}]"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            polar.to_string(),
+            "INBOX_SOURCES: source 'p': livemode: is a Stripe setting (Stripe events say which mode they are from)"
+        );
+    }
+
+    #[test]
     fn worker_and_scheduler_read_their_variables() {
         let base = [
             ("DATABASE_URL", "postgres://x"),
@@ -435,7 +458,10 @@ mod tests {
             r#"{"pro":{"plan":"pro","monthly_allowance":500}}"#,
         ));
         let worker = WorkerConfig::from_lookup(lookup(&vars)).unwrap();
-        assert_eq!(worker.sources["kinde"], SourceKind::Kinde);
+        assert!(worker
+            .sources
+            .iter()
+            .any(|s| s.name == "kinde" && s.kind == SourceKind::Kinde));
         let scheduler = SchedulerConfig::from_lookup(lookup(&vars)).unwrap();
         assert_eq!(scheduler.retention, Duration::from_secs(30 * 86_400));
         vars.push(("INBOX_RETENTION_DAYS", "2"));

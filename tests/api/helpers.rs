@@ -236,7 +236,7 @@ pub fn test_worker(pool: PgPool) -> WorkerState {
         ("kinde", SourceKind::Kinde),
     ]
     .into_iter()
-    .map(|(name, kind)| (name.to_owned(), kind))
+    .map(|(name, kind)| (name.to_owned(), kind.into()))
     .collect();
     let mut worker = WorkerState::new(
         pool,

@@ -333,7 +333,9 @@ async fn sqs_unreachable_after_commit_still_answers_200_with_enqueued_at_empty(p
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
-async fn kinde_token_is_stored_under_its_webhook_id_and_a_re_signed_retry_is_a_copy(pool: PgPool) {
+async fn kinde_token_is_stored_under_its_signed_event_id_and_a_re_signed_retry_is_a_copy(
+    pool: PgPool,
+) {
     let app = TestApp::spawn(pool).await;
     let happened = Utc::now() - chrono::Duration::minutes(3);
     let claims = json!({
@@ -352,12 +354,20 @@ async fn kinde_token_is_stored_under_its_webhook_id_and_a_re_signed_retry_is_a_c
     let (_, second) = app.post("kinde", &kinde_delivery("wh_1", &claims)).await;
     assert_eq!(second["status"], "duplicate");
 
+    // A captured token replayed under other webhook ids is the same event: the id that
+    // counts is the signed one.
+    for forged in ["wh_forged", "wh_future_id"] {
+        let (_, replay) = app.post("kinde", &kinde_delivery(forged, &claims)).await;
+        assert_eq!(replay["status"], "duplicate", "{replay}");
+        assert_eq!(replay["event_id"], first["event_id"]);
+    }
+
     let row = app.event(first["event_id"].as_i64().unwrap()).await;
-    assert_eq!(row.dedupe_key, "wh_1");
+    assert_eq!(row.dedupe_key, "event_0001");
     assert_eq!(row.event_type, "customer.plan_changed");
     assert_eq!(row.customer_key.as_deref(), Some("kc_1"));
     assert_eq!(row.occurred_at.unwrap().timestamp(), happened.timestamp());
-    assert_eq!(row.seen_count, 2);
+    assert_eq!(row.seen_count, 4);
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]

@@ -9,4 +9,5 @@ mod model;
 mod order;
 mod scenarios;
 mod scheduler;
+mod traffic;
 mod worker_faults;

@@ -45,13 +45,19 @@ enum Event {
         customer: u8,
         invoice: u8,
         plan: Option<&'static str>,
+        /// Before basil the invoice names its payment intent.
+        names_intent: bool,
         at: u32,
     },
     StripeRefund {
         customer: u8,
         invoice: u8,
+        /// From basil on the charge names only its payment intent.
+        basil: bool,
         at: u32,
     },
+    /// Basil's `invoice_payment.paid`: links the intent to the invoice, names no customer.
+    StripeInvoicePayment { customer: u8, invoice: u8, at: u32 },
 }
 
 /// A provider time: hours into March 2026, coarse enough that ties happen.
@@ -61,9 +67,11 @@ fn time(at: u32) -> DateTime<Utc> {
 
 fn event_strategy() -> impl Strategy<Value = Event> {
     let customer = 0..CUSTOMERS;
-    let at = 0u32..40;
+    // Four events in ten land on one of three instants: same-second ties are common, as
+    // with Stripe's 1 s `created`.
+    let at = prop_oneof![4 => 0u32..3, 6 => 0u32..40];
     let plan = prop_oneof![Just("free"), Just("pro"), Just("team")];
-    let price = prop_oneof![Just("price_pro"), Just("price_team")];
+    let price = prop_oneof![Just("price_pro"), Just("price_team"), Just("price_legacy")];
     prop_oneof![
         (
             customer.clone(),
@@ -89,9 +97,11 @@ fn event_strategy() -> impl Strategy<Value = Event> {
             customer.clone(),
             0u8..2,
             prop_oneof![
+                Just("incomplete"),
                 Just("trialing"),
                 Just("active"),
                 Just("past_due"),
+                Just("unpaid"),
                 Just("canceled")
             ],
             price.clone(),
@@ -110,18 +120,32 @@ fn event_strategy() -> impl Strategy<Value = Event> {
             customer.clone(),
             0u8..3,
             proptest::option::of(price),
+            any::<bool>(),
             at.clone()
         )
-            .prop_map(|(customer, invoice, plan, at)| Event::StripeInvoicePaid {
+            .prop_map(|(customer, invoice, plan, names_intent, at)| {
+                Event::StripeInvoicePaid {
+                    customer,
+                    invoice,
+                    plan,
+                    names_intent,
+                    at,
+                }
+            }),
+        (customer.clone(), 0u8..3, any::<bool>(), at.clone()).prop_map(
+            |(customer, invoice, basil, at)| Event::StripeRefund {
                 customer,
                 invoice,
-                plan,
+                basil,
                 at
-            }),
-        (customer, 0u8..3, at).prop_map(|(customer, invoice, at)| Event::StripeRefund {
-            customer,
-            invoice,
-            at
+            }
+        ),
+        (customer, 0u8..3, at).prop_map(|(customer, invoice, at)| {
+            Event::StripeInvoicePayment {
+                customer,
+                invoice,
+                at,
+            }
         }),
     ]
 }
@@ -238,22 +262,45 @@ fn materialize(index: usize, event: &Event, ns: &str) -> Materialized {
             customer,
             invoice,
             plan,
+            names_intent,
             at,
         } => {
             let lines: Vec<Value> = plan.iter().map(|p| json!({"price": {"id": p}})).collect();
-            let object = json!({"id": format!("in{customer}{invoice}_{ns}"), "object": "invoice",
+            let mut object = json!({"id": format!("in{customer}{invoice}_{ns}"), "object": "invoice",
                 "customer": customer_id(*customer, ns), "lines": {"data": lines}});
+            if *names_intent {
+                object["payment_intent"] = json!(format!("pi{customer}{invoice}_{ns}"));
+            }
             ("stripe", stripe_body("invoice.paid", *at, object), *at)
         }
         Event::StripeRefund {
             customer,
             invoice,
+            basil,
             at,
         } => {
-            let object = json!({"id": format!("ch{customer}{invoice}_{ns}"), "object": "charge",
-                "invoice": format!("in{customer}{invoice}_{ns}"), "refunded": true,
+            let mut object = json!({"id": format!("ch{customer}{invoice}_{ns}"), "object": "charge",
+                "payment_intent": format!("pi{customer}{invoice}_{ns}"), "refunded": true,
                 "customer": customer_id(*customer, ns)});
+            if !*basil {
+                object["invoice"] = json!(format!("in{customer}{invoice}_{ns}"));
+            }
             ("stripe", stripe_body("charge.refunded", *at, object), *at)
+        }
+        Event::StripeInvoicePayment {
+            customer,
+            invoice,
+            at,
+        } => {
+            let object = json!({"id": format!("inpay{customer}{invoice}_{ns}"),
+                "object": "invoice_payment", "invoice": format!("in{customer}{invoice}_{ns}"),
+                "status": "paid",
+                "payment": {"type": "payment_intent", "payment_intent": format!("pi{customer}{invoice}_{ns}")}});
+            (
+                "stripe",
+                stripe_body("invoice_payment.paid", *at, object),
+                *at,
+            )
         }
     };
     let body = serde_json::to_vec(&payload).unwrap();

@@ -98,7 +98,7 @@ async fn nine_deliveries_end_on_pro_with_the_allowance_granted_once(pool: PgPool
         );
         app.run_worker().await;
         if n == 0 {
-            let id = app.event_id("kinde", "wh_up").await;
+            let id = app.event_id("kinde", "ev_up").await;
             let row = app.event(id).await;
             assert_eq!(
                 row.status, "failed",
@@ -124,21 +124,21 @@ async fn nine_deliveries_end_on_pro_with_the_allowance_granted_once(pool: PgPool
         .await;
     assert_eq!(pro_grants, 1, "the allowance is granted once");
     let stored = app
-        .count("SELECT count(*) FROM inbox_events WHERE dedupe_key <> 'wh_start'")
+        .count("SELECT count(*) FROM inbox_events WHERE dedupe_key <> 'ev_start'")
         .await;
     assert_eq!(stored, 3);
     let copies = app
         .count(
-            "SELECT sum(seen_count - 1)::bigint FROM inbox_events WHERE dedupe_key <> 'wh_start'",
+            "SELECT sum(seen_count - 1)::bigint FROM inbox_events WHERE dedupe_key <> 'ev_start'",
         )
         .await;
     assert_eq!(copies, 6);
-    let cancel_id = app.event_id("kinde", "wh_cancel").await;
+    let cancel_id = app.event_id("kinde", "ev_cancel").await;
     let cancelled = app.event(cancel_id).await;
     assert_eq!(cancelled.status, "ignored");
     assert_eq!(
         cancelled.reason.as_deref(),
-        Some("a newer plan change is already stored")
+        Some("a newer plan change is already stored; customer at data.customer_id")
     );
     let line = account
         .log
@@ -147,9 +147,12 @@ async fn nine_deliveries_end_on_pro_with_the_allowance_granted_once(pool: PgPool
         .unwrap();
     assert_eq!(
         (line.outcome.as_str(), line.reason.as_str()),
-        ("ignored", "a newer plan change is already stored")
+        (
+            "ignored",
+            "a newer plan change is already stored; customer at data.customer_id"
+        )
     );
-    let upgrade_row = app.event(app.event_id("kinde", "wh_up").await).await;
+    let upgrade_row = app.event(app.event_id("kinde", "ev_up").await).await;
     assert_eq!(
         upgrade_row.status, "applied",
         "the crashed plan change was completed by a later copy"

@@ -92,16 +92,29 @@ pub async fn load(
     )
     .fetch_all(&mut *conn)
     .await?;
+    // A refunded charge whose invoice is not known yet shows as its own refunded payment
+    // until the link arrives and the invoice takes the refund.
     let payments: Vec<PaymentView> = sqlx::query_as!(
         PaymentView,
-        r#"SELECT payment_id AS id, status FROM payments
-           WHERE source = $1 AND customer_id = $2 ORDER BY payment_id"#,
+        r#"SELECT payment_id AS "id!", status AS "status!" FROM payments
+           WHERE source = $1 AND customer_id = $2
+           UNION ALL
+           SELECT refunded_charge, 'refunded' FROM payment_intents
+           WHERE source = $1 AND customer_id = $2 AND invoice_id IS NULL
+             AND refunded_charge IS NOT NULL
+           ORDER BY 1"#,
         source,
         customer
     )
     .fetch_all(&mut *conn)
     .await?;
-    let balance = period_balance(conn, source, customer, period.as_str()).await?;
+    let deleted = account.deleted_at.is_some();
+    // A deleted customer holds nothing, whatever was granted before the deletion arrived.
+    let balance = if deleted {
+        0
+    } else {
+        period_balance(conn, source, customer, period.as_str()).await?
+    };
     let log: Vec<LogLine> = sqlx::query_as!(
         LogLine,
         r#"SELECT event_id, event_type, occurred_at, outcome, reason FROM account_log
@@ -111,7 +124,6 @@ pub async fn load(
     )
     .fetch_all(&mut *conn)
     .await?;
-    let deleted = account.deleted_at.is_some();
     let plan = derive_plan(
         deleted,
         customer_plan.as_deref(),

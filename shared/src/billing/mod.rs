@@ -12,5 +12,5 @@ pub mod registers;
 pub use catalog::{Catalog, Plan, PlanRef};
 pub use model::{
     derive_plan, outcome, status_entitles, Change, Decided, Decision, Effect, PaymentStatus,
-    Problem, Version, FREE,
+    Problem, Rank, Resolved, Version, FREE,
 };

@@ -47,18 +47,61 @@ pub fn status_entitles(status: &str) -> bool {
     matches!(status, "active" | "trialing")
 }
 
+/// Where a write stands among writes to one register at the same provider time: the second
+/// part of a version, between the time and the dedupe key (docs/design.md §4.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Rank(pub i16);
+
+impl Rank {
+    /// A tie lost to a provider read that showed the other event's state.
+    pub const REFUTED: Rank = Rank(-1);
+    /// A tie won by a provider read that showed this event's state.
+    pub const CONFIRMED: Rank = Rank(1000);
+
+    /// The documented progression of a subscription's status (Stripe's and Polar's share
+    /// one vocabulary): a subscription moves forward along it, so of two states stamped with
+    /// the same second the later one in this order is the newer. Unknown statuses rank first.
+    pub fn of_status(status: &str) -> Rank {
+        Rank(match status {
+            "incomplete" => 1,
+            "trialing" => 2,
+            "active" => 3,
+            "paused" => 4,
+            "past_due" => 5,
+            "unpaid" => 6,
+            "canceled" | "incomplete_expired" => 7,
+            _ => 0,
+        })
+    }
+
+    /// A payment moves from failed (a retry may follow) to paid to refunded.
+    pub fn of_payment(status: PaymentStatus) -> Rank {
+        Rank(match status {
+            PaymentStatus::Failed => 1,
+            PaymentStatus::Paid => 2,
+            PaymentStatus::Refunded => 3,
+        })
+    }
+}
+
 /// One write an event asks for. Each is applied by one conditional statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
-    /// The customer's plan register; `None` is "no plan" (a cancelled agreement).
-    CustomerPlan { plan: Option<PlanRef> },
+    /// The customer's plan register: the plan key the event names (`None`: a cancelled
+    /// agreement) and the catalog's plan for it (`None` also when the key is unknown).
+    CustomerPlan {
+        plan: Option<PlanRef>,
+        key: Option<String>,
+    },
     /// The customer's payment standing register (Kinde).
     Standing { past_due: bool },
-    /// A subscription's register: the whole object's status and plan.
+    /// A subscription's register: the whole object's status and plan. `rank` orders it
+    /// among same-second states (its status's, unless a provider read settled a tie).
     Subscription {
         id: String,
         status: String,
         plan: Option<PlanRef>,
+        rank: Rank,
     },
     /// A payment's register; refunded is terminal.
     Payment {
@@ -68,6 +111,17 @@ pub enum Effect {
     },
     /// The plan's allowance for the period of the event's provider time.
     Grant { plan: PlanRef },
+    /// A payment intent belongs to this invoice (Stripe): a refund of the intent ends it.
+    PaymentIntent {
+        payment_intent: String,
+        invoice: String,
+    },
+    /// A full refund of a charge that names its payment intent but not its invoice (Stripe's
+    /// API from 2025-03-31 on): it ends the invoice the intent belongs to, once known.
+    RefundIntent {
+        charge: String,
+        payment_intent: String,
+    },
     /// The customer is deleted: a tombstone later events cannot lift.
     DeleteCustomer,
 }
@@ -75,29 +129,50 @@ pub enum Effect {
 /// What an event means for the billing state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    Apply(Vec<Effect>),
+    /// The writes, and what the event's log line should say besides what they did (an
+    /// unknown plan, which payload field named the customer).
+    Apply {
+        effects: Vec<Effect>,
+        notes: Vec<String>,
+    },
     /// Nothing to do, and why.
     Ignore(String),
     /// The payload cannot be read as this event type; retrying cannot help.
     Unprocessable(String),
 }
 
-/// Why a provider's `decide` could not reach a decision.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Problem {
-    Unreadable(String),
-    UnknownPlan(String),
+impl Decision {
+    pub fn apply(effects: Vec<Effect>) -> Self {
+        Self::Apply {
+            effects,
+            notes: Vec::new(),
+        }
+    }
+
+    /// The same decision with a note for the log line (an `Apply` only).
+    pub fn noted(mut self, note: Option<String>) -> Self {
+        if let (Self::Apply { notes, .. }, Some(note)) = (&mut self, note) {
+            notes.push(note);
+        }
+        self
+    }
 }
+
+/// Why a provider's `decide` could not reach a decision: the payload cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem(pub String);
 
 impl From<Problem> for Decision {
     fn from(problem: Problem) -> Self {
-        match problem {
-            Problem::Unreadable(reason) => Decision::Unprocessable(reason),
-            Problem::UnknownPlan(key) => {
-                Decision::Ignore(format!("plan key '{key}' is not in the plan catalog"))
-            }
-        }
+        Decision::Unprocessable(problem.0)
     }
+}
+
+/// A plan as an event names it: known to the catalog, or not (then no plan, and why).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub plan: Option<PlanRef>,
+    pub note: Option<String>,
 }
 
 /// What a provider's `decide` returns: a decision, or why there is none.
@@ -116,17 +191,23 @@ pub mod read {
     }
 
     pub fn required<'a>(payload: &'a Value, pointer: &str) -> Result<&'a str, Problem> {
-        text(payload, pointer)
-            .ok_or_else(|| Problem::Unreadable(format!("no {pointer} in the payload")))
+        text(payload, pointer).ok_or_else(|| Problem(format!("no {pointer} in the payload")))
     }
 
     pub fn first_text<'a>(payload: &'a Value, pointers: &[&str]) -> Option<&'a str> {
         pointers.iter().find_map(|p| text(payload, p))
     }
 
-    /// Resolves plan keys against the catalog: a named but unknown key is a problem.
-    pub fn resolve(catalog: &Catalog, candidates: &[&str]) -> Result<Option<PlanRef>, Problem> {
-        catalog.resolve(candidates).map_err(Problem::UnknownPlan)
+    /// Resolves plan keys against the catalog. A named but unknown key is no plan, never a
+    /// reason to drop the rest of the event: the note says which key was not known.
+    pub fn resolve(catalog: &Catalog, candidates: &[&str]) -> Resolved {
+        match catalog.resolve(candidates) {
+            Ok(plan) => Resolved { plan, note: None },
+            Err(key) => Resolved {
+                plan: None,
+                note: Some(format!("no plan: '{key}' is not in the plan catalog")),
+            },
+        }
     }
 }
 
@@ -148,18 +229,38 @@ pub fn not_billing(event_type: &str) -> Decision {
     Decision::Ignore(format!("event type {event_type} is not a billing event"))
 }
 
-/// A subscription event records the object's state; an entitling state also grants its plan
-/// for the event's period.
-pub fn subscription_effects(id: String, status: String, plan: Option<PlanRef>) -> Decision {
+/// A subscription event records the object's state, whatever its plan; an entitling state
+/// also grants its plan for the event's period.
+pub fn subscription_effects(id: String, status: String, resolved: Resolved) -> Decision {
     let grant = if status_entitles(&status) {
-        plan.clone()
+        resolved.plan.clone()
     } else {
         None
     };
-    Decision::Apply(with_grant(
-        vec![Effect::Subscription { id, status, plan }],
+    let rank = Rank::of_status(&status);
+    Decision::apply(with_grant(
+        vec![Effect::Subscription {
+            id,
+            status,
+            plan: resolved.plan,
+            rank,
+        }],
         &grant,
     ))
+    .noted(resolved.note)
+}
+
+/// A payment of the plan an event names (if any), which it grants for the event's period.
+pub fn paid(id: String, resolved: Resolved) -> Decision {
+    Decision::apply(with_grant(
+        vec![Effect::Payment {
+            id,
+            status: PaymentStatus::Paid,
+            plan_key: resolved.plan.as_ref().map(|p| p.key.clone()),
+        }],
+        &resolved.plan,
+    ))
+    .noted(resolved.note)
 }
 
 /// What one effect did to its register.
@@ -174,8 +275,18 @@ pub enum Change {
 }
 
 /// An event is applied when one of its writes took effect, or all of them already hold this
-/// very event (a replay); it is ignored, with the first reason, when something newer won.
-pub fn outcome(changes: &[Change]) -> (EventStatus, String) {
+/// very event (a replay); it is ignored, with the first reason, when something newer won or
+/// nothing moved. The notes follow the reason whatever the outcome.
+pub fn outcome(changes: &[Change], notes: &[String]) -> (EventStatus, String) {
+    let (status, mut reason) = outcome_of(changes);
+    for note in notes {
+        reason.push_str("; ");
+        reason.push_str(note);
+    }
+    (status, reason)
+}
+
+fn outcome_of(changes: &[Change]) -> (EventStatus, String) {
     let made: Vec<&str> = changes
         .iter()
         .filter_map(|c| match c {
@@ -201,6 +312,7 @@ pub fn outcome(changes: &[Change]) -> (EventStatus, String) {
             format!("{}; {}", made.join("; "), kept.join("; ")),
         ),
         (true, Some(words)) => (EventStatus::Ignored, words.to_owned()),
+        (true, None) if kept.is_empty() => (EventStatus::Ignored, "nothing to change".into()),
         (true, None) => (EventStatus::Applied, kept.join("; ")),
     }
 }
@@ -255,24 +367,70 @@ mod tests {
         let newer = Change::Superseded("a newer plan change is already stored".into());
         let granted = Change::Superseded("the pro allowance for 2026-03 is already granted".into());
         let again = Change::AlreadyApplied("this plan change is already stored".into());
-        assert_eq!(outcome(std::slice::from_ref(&made)).0, EventStatus::Applied);
         assert_eq!(
-            outcome(std::slice::from_ref(&newer)),
+            outcome(std::slice::from_ref(&made), &[]).0,
+            EventStatus::Applied
+        );
+        assert_eq!(
+            outcome(std::slice::from_ref(&newer), &[]),
             (
                 EventStatus::Ignored,
                 "a newer plan change is already stored".to_owned()
             )
         );
-        assert_eq!(outcome(&[newer, granted.clone()]).0, EventStatus::Ignored);
-        assert_eq!(outcome(&[made, granted]).0, EventStatus::Applied);
-        assert_eq!(outcome(&[again]).0, EventStatus::Applied);
+        assert_eq!(
+            outcome(&[newer, granted.clone()], &[]).0,
+            EventStatus::Ignored
+        );
+        assert_eq!(outcome(&[made, granted], &[]).0, EventStatus::Applied);
+        assert_eq!(outcome(&[again], &[]).0, EventStatus::Applied);
+        assert_eq!(
+            outcome(&[Change::Made("plan set to pro".into())], &["note".into()]).1,
+            "plan set to pro; note"
+        );
     }
 
     #[test]
-    fn unknown_plan_is_ignored_with_its_key() {
+    fn an_unknown_plan_is_no_plan_and_keeps_the_status() {
+        let unknown = read::resolve(&catalog(), &["price_legacy"]);
+        assert_eq!(unknown.plan, None);
+        let Decision::Apply { effects, notes } =
+            subscription_effects("sub_1".into(), "active".into(), unknown)
+        else {
+            panic!("the status change applies")
+        };
         assert_eq!(
-            Decision::from(Problem::UnknownPlan("gold".into())),
-            Decision::Ignore("plan key 'gold' is not in the plan catalog".into())
+            effects,
+            vec![Effect::Subscription {
+                id: "sub_1".into(),
+                status: "active".into(),
+                plan: None,
+                rank: Rank::of_status("active"),
+            }]
         );
+        assert_eq!(
+            notes,
+            vec!["no plan: 'price_legacy' is not in the plan catalog".to_owned()]
+        );
+    }
+
+    #[test]
+    fn status_progression_orders_same_second_states() {
+        let order = [
+            "incomplete",
+            "trialing",
+            "active",
+            "past_due",
+            "unpaid",
+            "canceled",
+        ];
+        for pair in order.windows(2) {
+            assert!(
+                Rank::of_status(pair[0]) < Rank::of_status(pair[1]),
+                "{pair:?}"
+            );
+        }
+        assert!(Rank::REFUTED < Rank::of_status("incomplete"));
+        assert!(Rank::of_status("canceled") < Rank::CONFIRMED);
     }
 }

@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
-use super::model::{allowance_entry_key, Change, Effect, Version};
+use super::model::{allowance_entry_key, Change, Effect, PaymentStatus, Rank, Version};
 use crate::domain::{CustomerId, Period};
 
 /// Who an event is about and where it sits in the provider's order.
@@ -46,22 +46,29 @@ pub async fn apply_effect(
     effect: &Effect,
 ) -> Result<Change, sqlx::Error> {
     match effect {
-        Effect::CustomerPlan { plan } => {
+        Effect::CustomerPlan { plan, key } => {
             customer_plan(
                 conn,
                 ctx,
-                plan.as_ref().map(|p| (p.key.as_str(), p.plan.as_str())),
+                key.as_deref(),
+                plan.as_ref().map(|p| p.plan.as_str()),
             )
             .await
         }
         Effect::Standing { past_due } => standing(conn, ctx, *past_due).await,
-        Effect::Subscription { id, status, plan } => {
+        Effect::Subscription {
+            id,
+            status,
+            plan,
+            rank,
+        } => {
             subscription(
                 conn,
                 ctx,
                 id,
                 status,
                 plan.as_ref().map(|p| (p.key.as_str(), p.plan.as_str())),
+                *rank,
             )
             .await
         }
@@ -69,9 +76,17 @@ pub async fn apply_effect(
             id,
             status,
             plan_key,
-        } => payment(conn, ctx, id, status.as_str(), plan_key.as_deref()).await,
+        } => payment(conn, ctx, id, *status, plan_key.as_deref()).await,
         Effect::Grant { plan } => grant(conn, ctx, &plan.plan, plan.monthly_allowance).await,
         Effect::DeleteCustomer => delete_customer(conn, ctx).await,
+        Effect::PaymentIntent {
+            payment_intent,
+            invoice,
+        } => link_payment_intent(conn, ctx, payment_intent, invoice).await,
+        Effect::RefundIntent {
+            charge,
+            payment_intent,
+        } => refund_intent(conn, ctx, charge, payment_intent).await,
     }
 }
 
@@ -96,7 +111,8 @@ fn unchanged(
 async fn customer_plan(
     conn: &mut PgConnection,
     ctx: &EventContext<'_>,
-    plan: Option<(&str, &str)>,
+    key: Option<&str>,
+    plan: Option<&str>,
 ) -> Result<Change, sqlx::Error> {
     let row = sqlx::query!(
         r#"
@@ -106,7 +122,8 @@ async fn customer_plan(
             ON CONFLICT (source, customer_id) DO UPDATE
                 SET plan_key = EXCLUDED.plan_key, plan = EXCLUDED.plan, version_at = EXCLUDED.version_at,
                     version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
-                WHERE (r.version_at, r.version_key) < (EXCLUDED.version_at, EXCLUDED.version_key)
+                WHERE (r.version_at, r.version_rank, r.version_key)
+                    < (EXCLUDED.version_at, EXCLUDED.version_rank, EXCLUDED.version_key)
             RETURNING 1
         )
         SELECT EXISTS (SELECT 1 FROM written) AS "written!",
@@ -114,8 +131,8 @@ async fn customer_plan(
         "#,
         ctx.source,
         ctx.customer.as_str(),
-        plan.map(|p| p.0),
-        plan.map(|p| p.1),
+        key,
+        plan,
         ctx.version.at.as_datetime(),
         ctx.version.key.as_str(),
         ctx.event_id,
@@ -123,9 +140,10 @@ async fn customer_plan(
     .fetch_one(&mut *conn)
     .await?;
     if row.written {
-        return Ok(Change::Made(match plan {
-            Some((_, name)) => format!("plan set to {name}"),
-            None => "plan cancelled".to_owned(),
+        return Ok(Change::Made(match (plan, key) {
+            (Some(name), _) => format!("plan set to {name}"),
+            (None, Some(key)) => format!("plan set to '{key}', which entitles nothing"),
+            (None, None) => "plan cancelled".to_owned(),
         }));
     }
     Ok(unchanged(
@@ -149,7 +167,8 @@ async fn standing(
             ON CONFLICT (source, customer_id) DO UPDATE
                 SET past_due = EXCLUDED.past_due, version_at = EXCLUDED.version_at,
                     version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
-                WHERE (r.version_at, r.version_key) < (EXCLUDED.version_at, EXCLUDED.version_key)
+                WHERE (r.version_at, r.version_rank, r.version_key)
+                    < (EXCLUDED.version_at, EXCLUDED.version_rank, EXCLUDED.version_key)
             RETURNING 1
         )
         SELECT EXISTS (SELECT 1 FROM written) AS "written!",
@@ -186,18 +205,22 @@ async fn subscription(
     id: &str,
     status: &str,
     plan: Option<(&str, &str)>,
+    rank: Rank,
 ) -> Result<Change, sqlx::Error> {
     let row = sqlx::query!(
         r#"
         WITH written AS (
             INSERT INTO subscriptions AS r
-                (source, subscription_id, customer_id, status, plan_key, plan, version_at, version_key, event_id)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                (source, subscription_id, customer_id, status, plan_key, plan, version_at,
+                 version_rank, version_key, event_id)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $10, $8, $9)
             ON CONFLICT (source, subscription_id) DO UPDATE
                 SET customer_id = EXCLUDED.customer_id, status = EXCLUDED.status,
                     plan_key = EXCLUDED.plan_key, plan = EXCLUDED.plan, version_at = EXCLUDED.version_at,
-                    version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
-                WHERE (r.version_at, r.version_key) < (EXCLUDED.version_at, EXCLUDED.version_key)
+                    version_rank = EXCLUDED.version_rank, version_key = EXCLUDED.version_key,
+                    event_id = EXCLUDED.event_id
+                WHERE (r.version_at, r.version_rank, r.version_key)
+                    < (EXCLUDED.version_at, EXCLUDED.version_rank, EXCLUDED.version_key)
             RETURNING 1
         )
         SELECT EXISTS (SELECT 1 FROM written) AS "written!",
@@ -212,6 +235,7 @@ async fn subscription(
         ctx.version.at.as_datetime(),
         ctx.version.key.as_str(),
         ctx.event_id,
+        rank.0,
     )
     .fetch_one(&mut *conn)
     .await?;
@@ -230,23 +254,27 @@ async fn payment(
     conn: &mut PgConnection,
     ctx: &EventContext<'_>,
     id: &str,
-    status: &str,
+    status: PaymentStatus,
     plan_key: Option<&str>,
 ) -> Result<Change, sqlx::Error> {
     // Refunded is terminal: nothing moves a refunded payment, and a refund moves any other
-    // state whatever its time, so the end state does not depend on the order.
+    // state whatever its time, so the end state does not depend on the order. A failure and
+    // a payment in the same second: paid is the later state (a retry that succeeded).
+    let (status, rank) = (status.as_str(), Rank::of_payment(status));
     let row = sqlx::query!(
         r#"
         WITH written AS (
-            INSERT INTO payments AS r (source, payment_id, customer_id, status, plan_key, version_at, version_key, event_id)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            INSERT INTO payments AS r
+                (source, payment_id, customer_id, status, plan_key, version_at, version_rank, version_key, event_id)
+            VALUES ($1, $2, $3, $4, $5, $6, $9, $7, $8)
             ON CONFLICT (source, payment_id) DO UPDATE
                 SET status = EXCLUDED.status, plan_key = COALESCE(EXCLUDED.plan_key, r.plan_key),
-                    version_at = EXCLUDED.version_at, version_key = EXCLUDED.version_key,
-                    event_id = EXCLUDED.event_id
+                    version_at = EXCLUDED.version_at, version_rank = EXCLUDED.version_rank,
+                    version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
                 WHERE r.status <> 'refunded'
                   AND (EXCLUDED.status = 'refunded'
-                       OR (r.version_at, r.version_key) < (EXCLUDED.version_at, EXCLUDED.version_key))
+                       OR (r.version_at, r.version_rank, r.version_key)
+                        < (EXCLUDED.version_at, EXCLUDED.version_rank, EXCLUDED.version_key))
             RETURNING 1
         )
         SELECT EXISTS (SELECT 1 FROM written) AS "written!",
@@ -261,6 +289,7 @@ async fn payment(
         ctx.version.at.as_datetime(),
         ctx.version.key.as_str(),
         ctx.event_id,
+        rank.0,
     )
     .fetch_one(&mut *conn)
     .await?;
@@ -282,6 +311,7 @@ async fn payment(
 
 /// Grants a plan's allowance for the event's period, once per account, period and plan.
 /// Under the account lock, `delta` tops the period up to the largest allowance granted in it.
+/// A deleted customer gains nothing (docs/design.md §4.4).
 async fn grant(
     conn: &mut PgConnection,
     ctx: &EventContext<'_>,
@@ -289,6 +319,11 @@ async fn grant(
     allowance: i64,
 ) -> Result<Change, sqlx::Error> {
     let period = Period::of(ctx.version.at);
+    if is_deleted(conn, ctx).await? {
+        return Ok(Change::Superseded(format!(
+            "the customer is deleted: no {plan} allowance for {period}"
+        )));
+    }
     let entry_key = allowance_entry_key(ctx.source, ctx.customer, &period, plan);
     let reason = format!("{plan} allowance for {period} ({})", ctx.event_type);
     let row = sqlx::query!(
@@ -315,10 +350,18 @@ async fn grant(
     )
     .fetch_one(&mut *conn)
     .await?;
-    if let Some(delta) = row.delta {
-        return Ok(Change::Made(format!(
-            "granted {delta} for {plan} in {period}"
-        )));
+    match row.delta {
+        Some(0) => {
+            return Ok(Change::Superseded(format!(
+                "the {period} balance already holds {plan}'s allowance or more"
+            )))
+        }
+        Some(delta) => {
+            return Ok(Change::Made(format!(
+                "granted {delta} for {plan} in {period}"
+            )))
+        }
+        None => {}
     }
     Ok(unchanged(
         row.granted_by,
@@ -326,6 +369,187 @@ async fn grant(
         "grant",
         &format!("the {plan} allowance for {period} is already granted"),
     ))
+}
+
+async fn is_deleted(conn: &mut PgConnection, ctx: &EventContext<'_>) -> Result<bool, sqlx::Error> {
+    let deleted = sqlx::query_scalar!(
+        r#"SELECT deleted_at IS NOT NULL AS "deleted!" FROM accounts WHERE source = $1 AND customer_id = $2"#,
+        ctx.source,
+        ctx.customer.as_str(),
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(deleted == Some(true))
+}
+
+/// What the payment-intent register knows after a write: the invoice and the refund.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IntentState {
+    pub invoice: Option<String>,
+    pub customer: Option<crate::domain::CustomerId>,
+    pub refunded_by: Option<i64>,
+    /// Whether the write added what it carried (a link or a refund) to the register.
+    pub learned: bool,
+}
+
+/// Records that a payment intent paid an invoice, for a customer when the event names one.
+/// One upsert, so a concurrent refund of the intent sees the link or is seen by it.
+pub async fn remember_link(
+    conn: &mut PgConnection,
+    source: &str,
+    payment_intent: &str,
+    invoice: &str,
+    customer: Option<&CustomerId>,
+) -> Result<IntentState, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"
+        WITH before AS (
+            SELECT invoice_id FROM payment_intents WHERE source = $1 AND payment_intent = $2
+        )
+        INSERT INTO payment_intents AS r (source, payment_intent, invoice_id, customer_id)
+        VALUES ($1, $2, $3, $4)
+        ON CONFLICT (source, payment_intent) DO UPDATE
+            SET invoice_id = COALESCE(r.invoice_id, EXCLUDED.invoice_id),
+                customer_id = COALESCE(r.customer_id, EXCLUDED.customer_id)
+        RETURNING invoice_id, customer_id, refunded_by,
+                  NOT EXISTS (SELECT 1 FROM before WHERE invoice_id IS NOT NULL) AS "learned!"
+        "#,
+        source,
+        payment_intent,
+        invoice,
+        customer.map(CustomerId::as_str),
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(IntentState {
+        invoice: row.invoice_id,
+        customer: row.customer_id.and_then(|c| CustomerId::parse(&c).ok()),
+        refunded_by: row.refunded_by,
+        learned: row.learned,
+    })
+}
+
+/// The customer a payment intent is known under, if any.
+pub async fn intent_customer(
+    conn: &mut PgConnection,
+    source: &str,
+    payment_intent: &str,
+) -> Result<Option<CustomerId>, sqlx::Error> {
+    Ok(sqlx::query_scalar!(
+        "SELECT customer_id FROM payment_intents WHERE source = $1 AND payment_intent = $2",
+        source,
+        payment_intent
+    )
+    .fetch_optional(conn)
+    .await?
+    .flatten()
+    .and_then(|c| CustomerId::parse(&c).ok()))
+}
+
+/// The invoice a payment intent is known to have paid, if any.
+pub async fn linked_invoice(
+    conn: &mut PgConnection,
+    source: &str,
+    payment_intent: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    Ok(sqlx::query_scalar!(
+        "SELECT invoice_id FROM payment_intents WHERE source = $1 AND payment_intent = $2",
+        source,
+        payment_intent
+    )
+    .fetch_optional(conn)
+    .await?
+    .flatten())
+}
+
+/// A link learned: when a full refund of the intent is already recorded, the invoice is
+/// refunded now (the refund came first).
+async fn link_payment_intent(
+    conn: &mut PgConnection,
+    ctx: &EventContext<'_>,
+    payment_intent: &str,
+    invoice: &str,
+) -> Result<Change, sqlx::Error> {
+    let state = remember_link(
+        conn,
+        ctx.source,
+        payment_intent,
+        invoice,
+        Some(ctx.customer),
+    )
+    .await?;
+    refund_if_linked(conn, ctx, payment_intent, &state).await
+}
+
+/// What a link or a refund of a payment intent does once both halves may be known.
+pub async fn refund_if_linked(
+    conn: &mut PgConnection,
+    ctx: &EventContext<'_>,
+    payment_intent: &str,
+    state: &IntentState,
+) -> Result<Change, sqlx::Error> {
+    match (&state.invoice, state.refunded_by) {
+        (Some(invoice), Some(_)) => {
+            let change = payment(conn, ctx, invoice, PaymentStatus::Refunded, None).await?;
+            Ok(match change {
+                Change::Made(words) => {
+                    Change::Made(format!("{words} (a full refund of {payment_intent})"))
+                }
+                other => other,
+            })
+        }
+        (Some(invoice), None) if state.learned => Ok(Change::Made(format!(
+            "payment intent {payment_intent} paid {invoice}"
+        ))),
+        (Some(invoice), None) => Ok(Change::AlreadyApplied(format!(
+            "payment intent {payment_intent} is already known to have paid {invoice}"
+        ))),
+        (None, _) if state.learned => Ok(Change::Made(format!(
+            "refund of {payment_intent} recorded; it could not be linked to an invoice yet"
+        ))),
+        (None, _) => Ok(Change::AlreadyApplied(format!(
+            "the refund of {payment_intent} is already recorded"
+        ))),
+    }
+}
+
+/// A full refund of a charge known only by its payment intent: recorded on the intent (and
+/// the charge), and ending the invoice when the link is known.
+async fn refund_intent(
+    conn: &mut PgConnection,
+    ctx: &EventContext<'_>,
+    charge: &str,
+    payment_intent: &str,
+) -> Result<Change, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"
+        WITH before AS (
+            SELECT refunded_by FROM payment_intents WHERE source = $1 AND payment_intent = $2
+        )
+        INSERT INTO payment_intents AS r (source, payment_intent, customer_id, refunded_charge, refunded_by)
+        VALUES ($1, $2, $3, $4, $5)
+        ON CONFLICT (source, payment_intent) DO UPDATE
+            SET customer_id = COALESCE(r.customer_id, EXCLUDED.customer_id),
+                refunded_charge = COALESCE(r.refunded_charge, EXCLUDED.refunded_charge),
+                refunded_by = COALESCE(r.refunded_by, EXCLUDED.refunded_by)
+        RETURNING invoice_id, customer_id, refunded_by,
+                  NOT EXISTS (SELECT 1 FROM before WHERE refunded_by IS NOT NULL) AS "learned!"
+        "#,
+        ctx.source,
+        payment_intent,
+        ctx.customer.as_str(),
+        charge,
+        ctx.event_id,
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let state = IntentState {
+        invoice: row.invoice_id,
+        customer: row.customer_id.and_then(|c| CustomerId::parse(&c).ok()),
+        refunded_by: row.refunded_by,
+        learned: row.learned,
+    };
+    refund_if_linked(conn, ctx, payment_intent, &state).await
 }
 
 async fn delete_customer(
@@ -379,6 +603,33 @@ pub async fn log_outcome(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// Another event's state of a subscription stamped with the same provider time as this one:
+/// a tie the status rank, or a provider read, has to settle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tie {
+    pub event_id: i64,
+    pub status: String,
+    pub plan_key: Option<String>,
+}
+
+pub async fn subscription_tie(
+    conn: &mut PgConnection,
+    ctx: &EventContext<'_>,
+    subscription_id: &str,
+) -> Result<Option<Tie>, sqlx::Error> {
+    sqlx::query_as!(
+        Tie,
+        r#"SELECT event_id, status, plan_key FROM subscriptions
+           WHERE source = $1 AND subscription_id = $2 AND version_at = $3 AND event_id <> $4"#,
+        ctx.source,
+        subscription_id,
+        ctx.version.at.as_datetime(),
+        ctx.event_id,
+    )
+    .fetch_optional(conn)
+    .await
 }
 
 /// A subscription register as stored: what reconciliation compares the provider's view with.

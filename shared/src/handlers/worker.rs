@@ -8,23 +8,56 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
-use sqlx::{Connection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::billing::registers::{self, EventContext};
-use crate::billing::{outcome, Catalog, Decision, Version};
-use crate::config::WorkerConfig;
+use crate::billing::{outcome, Catalog, Decision, Effect, Rank, Version};
+use crate::config::{SourceConfig, WorkerConfig};
 use crate::domain::{EventStatus, SourceKind};
 use crate::inbox::lease::{self, Claimed};
 use crate::inbox::{DEFAULT_LEASE, RETRY_DELAYS};
-use crate::providers;
+use crate::providers::{self, Api, Reads};
 use crate::queue::parse_message_body;
+
+/// How long the worker waits for one provider read before settling without it.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the worker knows of one configured source.
+pub struct WorkerSource {
+    pub kind: SourceKind,
+    /// Stripe: the mode the source takes (`None`: both).
+    pub livemode: Option<bool>,
+    /// The provider's object reads, when the source has an API key.
+    pub reads: Option<Box<dyn Reads>>,
+}
+
+impl From<SourceKind> for WorkerSource {
+    fn from(kind: SourceKind) -> Self {
+        Self {
+            kind,
+            livemode: None,
+            reads: None,
+        }
+    }
+}
+
+impl WorkerSource {
+    pub fn from_config(config: &SourceConfig, http: &reqwest::Client) -> Self {
+        Self {
+            kind: config.kind,
+            livemode: config.livemode,
+            reads: Api::for_source(config, http)
+                .and_then(|api| providers::provider(config.kind).reads(api)),
+        }
+    }
+}
 
 #[cfg(feature = "dev")]
 pub use faults::{FaultAction, Faults};
 
 pub struct WorkerState {
     pub pool: PgPool,
-    pub sources: HashMap<String, SourceKind>,
+    pub sources: HashMap<String, WorkerSource>,
     pub catalog: Catalog,
     pub lease: Duration,
     pub retry_delays: Vec<Duration>,
@@ -34,7 +67,7 @@ pub struct WorkerState {
 }
 
 impl WorkerState {
-    pub fn new(pool: PgPool, sources: HashMap<String, SourceKind>, catalog: Catalog) -> Self {
+    pub fn new(pool: PgPool, sources: HashMap<String, WorkerSource>, catalog: Catalog) -> Self {
         Self {
             pool,
             sources,
@@ -46,13 +79,20 @@ impl WorkerState {
         }
     }
 
-    pub fn from_config(config: &WorkerConfig, max_connections: u32) -> Result<Self, sqlx::Error> {
-        let pool = crate::db::lazy_pool(&config.database_url, max_connections)?;
-        Ok(Self::new(
-            pool,
-            config.sources.clone(),
-            config.catalog.clone(),
-        ))
+    pub fn from_config(config: &WorkerConfig, max_connections: u32) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let pool =
+            crate::db::lazy_pool(&config.database_url, max_connections).context("DATABASE_URL")?;
+        let http = reqwest::Client::builder()
+            .timeout(READ_TIMEOUT)
+            .build()
+            .context("building the HTTP client")?;
+        let sources = config
+            .sources
+            .iter()
+            .map(|s| (s.name.clone(), WorkerSource::from_config(s, &http)))
+            .collect();
+        Ok(Self::new(pool, sources, config.catalog.clone()))
     }
 
     /// A fault injected at this point, if any (never, without the `dev` feature).
@@ -71,6 +111,8 @@ pub enum WorkerError {
     UnknownSource(String),
     #[error("the lease on the event was lost to another worker")]
     LeaseLost,
+    #[error("another event wrote the same payment intent meanwhile; retrying")]
+    Raced,
     #[error("injected fault at {0:?}")]
     Injected(FaultPoint),
 }
@@ -113,7 +155,7 @@ async fn apply_claimed(
     state: &WorkerState,
     event: &Claimed,
 ) -> Result<(EventStatus, String), WorkerError> {
-    let kind = *state
+    let source = state
         .sources
         .get(&event.source)
         .ok_or_else(|| WorkerError::UnknownSource(event.source.clone()))?;
@@ -123,17 +165,29 @@ async fn apply_claimed(
         return Err(WorkerError::LeaseLost);
     }
 
+    let provider = providers::provider(source.kind);
     let decision = match (&event.payload, event.occurred_at) {
-        (Some(payload), Some(_)) => providers::decide(
-            kind,
-            &event.event_type,
-            payload,
-            &event.dedupe_key,
-            &state.catalog,
-        ),
+        (Some(payload), Some(_)) => match provider.out_of_scope(payload, source.livemode) {
+            Some(reason) => Decision::Ignore(reason),
+            None => providers::decide(
+                source.kind,
+                &event.event_type,
+                payload,
+                &event.dedupe_key,
+                &state.catalog,
+            ),
+        },
         _ => Decision::Unprocessable("the stored event has no parsed payload".into()),
     };
-    let context = match (&event.customer, event.occurred_at) {
+    let mut customer = event.customer.clone();
+    if customer.is_none() {
+        // An event that only links a payment intent to an invoice names no customer (Stripe's
+        // `invoice_payment.paid`): it belongs to the customer the intent is known under.
+        if let Decision::Apply { effects, .. } = &decision {
+            customer = links_only_customer(&mut tx, &event.source, effects).await?;
+        }
+    }
+    let context = match (&customer, event.occurred_at) {
         (Some(customer), Some(at)) => Some(EventContext {
             event_id: event.id,
             source: &event.source,
@@ -156,16 +210,22 @@ async fn apply_claimed(
             }
             (EventStatus::Ignored, reason)
         }
-        (Decision::Apply(_), None) if event.customer.is_none() => (
-            EventStatus::Ignored,
-            "the event names no customer".to_owned(),
-        ),
-        (Decision::Apply(_), None) => (
+        (Decision::Apply { effects, .. }, None) if customer.is_none() => {
+            remember_links_without_customer(&mut tx, &event.source, &effects).await?
+        }
+        (Decision::Apply { .. }, None) => (
             EventStatus::Unprocessable,
             "the event has no provider time".to_owned(),
         ),
-        (Decision::Apply(effects), Some(ctx)) => {
+        (
+            Decision::Apply {
+                mut effects,
+                mut notes,
+            },
+            Some(ctx),
+        ) => {
             registers::lock_account(&mut tx, ctx.source, ctx.customer).await?;
+            settle(&mut tx, source, ctx, &mut effects, &mut notes).await?;
             let mut changes = Vec::with_capacity(effects.len());
             for (i, effect) in effects.iter().enumerate() {
                 if i == 1 {
@@ -173,7 +233,7 @@ async fn apply_claimed(
                 }
                 changes.push(registers::apply_effect(&mut tx, ctx, effect).await?);
             }
-            let (status, reason) = outcome(&changes);
+            let (status, reason) = outcome(&changes, &notes);
             registers::log_outcome(&mut tx, ctx, status.as_str(), &reason).await?;
             (status, reason)
         }
@@ -183,6 +243,143 @@ async fn apply_claimed(
     tx.commit().await?;
     tracing::info!(event_id = event.id, status = status.as_str(), reason = %reason, "event finished");
     Ok((status, reason))
+}
+
+/// What only the provider can settle, settled before the writes (docs/design.md §4.2, §4.5):
+/// a subscription state stamped with the same second as another event's takes the rank a
+/// provider read gives it (else its status rank decides, and the note says so); a refund
+/// known only by its payment intent is linked to its invoice by a read when no event has.
+/// A failed read settles nothing and says why: the status rank still gives one order.
+async fn settle(
+    conn: &mut PgConnection,
+    source: &WorkerSource,
+    ctx: &EventContext<'_>,
+    effects: &mut Vec<Effect>,
+    notes: &mut Vec<String>,
+) -> Result<(), sqlx::Error> {
+    let mut linked = Vec::new();
+    for effect in effects.iter_mut() {
+        match effect {
+            Effect::Subscription {
+                id,
+                status,
+                plan,
+                rank,
+            } => {
+                let Some(tie) = registers::subscription_tie(conn, ctx, id).await? else {
+                    continue;
+                };
+                let Some(reads) = &source.reads else {
+                    notes.push(format!(
+                        "same-second tie with event {} resolved by status rank",
+                        tie.event_id
+                    ));
+                    continue;
+                };
+                let plan_key = plan.as_ref().map(|p| p.key.as_str());
+                notes.push(match reads.subscription(id).await {
+                    Ok(Some(now)) if now.shows(status, plan_key) => {
+                        *rank = Rank::CONFIRMED;
+                        format!("same-second tie with event {} resolved by a provider read: {id} is {status}", tie.event_id)
+                    }
+                    Ok(Some(now)) if now.shows(&tie.status, tie.plan_key.as_deref()) => {
+                        *rank = Rank::REFUTED;
+                        format!("same-second tie with event {} resolved by a provider read: {id} is {}", tie.event_id, tie.status)
+                    }
+                    Ok(Some(now)) => format!(
+                        "same-second tie with event {}: the provider shows {id} as {} now, neither state; resolved by status rank",
+                        tie.event_id, now.status
+                    ),
+                    Ok(None) => format!(
+                        "same-second tie with event {}: the provider does not know {id}; resolved by status rank",
+                        tie.event_id
+                    ),
+                    Err(error) => format!(
+                        "same-second tie with event {}: the provider read failed ({error:#}); resolved by status rank",
+                        tie.event_id
+                    ),
+                });
+            }
+            Effect::RefundIntent { payment_intent, .. } => {
+                let known = registers::linked_invoice(conn, ctx.source, payment_intent).await?;
+                let Some(reads) = source.reads.as_ref().filter(|_| known.is_none()) else {
+                    continue;
+                };
+                match reads.invoice_of_payment_intent(payment_intent).await {
+                    Ok(Some(invoice)) => {
+                        notes.push(format!(
+                            "{payment_intent} linked to {invoice} by a provider read"
+                        ));
+                        linked.push(Effect::PaymentIntent {
+                            payment_intent: payment_intent.clone(),
+                            invoice,
+                        });
+                    }
+                    Ok(None) => {
+                        notes.push(format!("the provider links {payment_intent} to no invoice"))
+                    }
+                    Err(error) => notes.push(format!(
+                        "the provider read of {payment_intent}'s invoice failed ({error:#})"
+                    )),
+                }
+            }
+            _ => {}
+        }
+    }
+    // A link read from the provider is written before the refund, which then finds it.
+    for (i, link) in linked.into_iter().enumerate() {
+        effects.insert(i, link);
+    }
+    Ok(())
+}
+
+/// Whether every effect is a payment-intent link; then the customer the intent is known
+/// under, if any.
+async fn links_only_customer(
+    conn: &mut PgConnection,
+    source: &str,
+    effects: &[Effect],
+) -> Result<Option<crate::domain::CustomerId>, sqlx::Error> {
+    let mut customer = None;
+    for effect in effects {
+        let Effect::PaymentIntent { payment_intent, .. } = effect else {
+            return Ok(None);
+        };
+        if customer.is_none() {
+            customer = registers::intent_customer(conn, source, payment_intent).await?;
+        }
+    }
+    Ok(customer)
+}
+
+/// A links-only event whose intents no customer is known under yet: the links are kept for
+/// the refund that may follow; any other effect needs a customer. A refund that committed
+/// between the look-up and the write is a conflict: the attempt fails and is retried, and
+/// the retry finds the customer.
+async fn remember_links_without_customer(
+    conn: &mut PgConnection,
+    source: &str,
+    effects: &[Effect],
+) -> Result<(EventStatus, String), WorkerError> {
+    let mut learned = Vec::new();
+    for effect in effects {
+        let Effect::PaymentIntent {
+            payment_intent,
+            invoice,
+        } = effect
+        else {
+            return Ok((
+                EventStatus::Ignored,
+                "the event names no customer".to_owned(),
+            ));
+        };
+        let state = registers::remember_link(conn, source, payment_intent, invoice, None).await?;
+        if state.customer.is_some() {
+            return Err(WorkerError::Raced);
+        }
+        learned.push(format!("payment intent {payment_intent} paid {invoice}"));
+    }
+    Ok((EventStatus::Applied, learned.join("; ")))
 }
 
 /// Handles an SQS batch: every message names one event. Only messages whose event could not

@@ -133,7 +133,7 @@ mod tests {
                 let key = DedupeKey::parse(&id).unwrap();
                 let decision = decide(source, event_type, &payload, &key, &catalog);
                 assert!(
-                    matches!(decision, Decision::Apply(_)),
+                    matches!(decision, Decision::Apply { .. }),
                     "{source:?} {kind}: {decision:?}"
                 );
             }

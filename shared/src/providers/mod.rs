@@ -70,6 +70,18 @@ pub trait Provider: Sync {
         None
     }
 
+    /// The object reads the worker uses to settle same-second ties and to link refunds;
+    /// `None` when the provider has no such API here.
+    fn reads(&self, _api: Api) -> Option<Box<dyn Reads>> {
+        None
+    }
+
+    /// Why a verified event is not for this source at all (Stripe: the other mode than the
+    /// source's `livemode`); `None` when it is.
+    fn out_of_scope(&self, _payload: &Value, _livemode: Option<bool>) -> Option<String> {
+        None
+    }
+
     /// Realistic payloads and the signer for test deliveries.
     #[cfg(any(test, feature = "dev"))]
     fn fixtures(&self) -> &'static dyn fixtures::Fixtures;
@@ -224,22 +236,88 @@ impl Api {
 
     /// `GET {base}{path}?{query}` with the key as a bearer token; the body as JSON.
     pub async fn get_json(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<Value> {
-        let response = self
+        self.get_found(path, query, &[])
+            .await?
+            .with_context(|| format!("GET {path} answered 404 Not Found"))
+    }
+
+    /// Like `get_json`, with extra headers, and `None` when the object is not found (404).
+    pub async fn get_found(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<Option<Value>> {
+        let mut request = self
             .http
             .get(format!("{}{path}", self.base_url))
             .bearer_auth(&self.key)
-            .query(query)
+            .query(query);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request
             .send()
             .await
             .with_context(|| format!("GET {path}"))?;
         let status = response.status();
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
         if !status.is_success() {
             bail!("GET {path} answered {status}");
         }
         response
             .json()
             .await
+            .map(Some)
             .with_context(|| format!("reading GET {path} as JSON"))
+    }
+}
+
+/// An object id as a path segment: provider ids are letters, digits, `_` and `-`; anything
+/// else is refused rather than sent.
+pub(crate) fn path_id(id: &str) -> anyhow::Result<&str> {
+    if !id.is_empty()
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        Ok(id)
+    } else {
+        bail!("'{id}' is not an object id")
+    }
+}
+
+/// What a provider says a subscription is now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionNow {
+    pub status: String,
+    /// The price, product or plan ids it names, as the events' `decide` reads them.
+    pub plan_keys: Vec<String>,
+}
+
+impl SubscriptionNow {
+    /// Whether a register state (status and plan key) is what the provider shows.
+    pub fn shows(&self, status: &str, plan_key: Option<&str>) -> bool {
+        self.status == status && plan_key.is_none_or(|key| self.plan_keys.iter().any(|k| k == key))
+    }
+}
+
+/// Reads of single objects from a provider's API (docs/design.md §4.2, §4.5).
+pub trait Reads: Send + Sync {
+    /// The subscription as the provider shows it now; `None` when it does not know it.
+    fn subscription<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<SubscriptionNow>>>;
+
+    /// The invoice a payment intent paid, when the provider links them.
+    fn invoice_of_payment_intent<'a>(
+        &'a self,
+        _payment_intent: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<String>>> {
+        Box::pin(std::future::ready(Ok(None)))
     }
 }
 

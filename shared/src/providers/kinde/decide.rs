@@ -3,14 +3,47 @@
 
 use serde_json::Value;
 
+use super::CUSTOMER_FIELDS;
 use crate::billing::model::read::{first_text, resolve, text};
 use crate::billing::model::{no_meaning, not_billing, with_grant};
 use crate::billing::{Catalog, Decided, Decision, Effect, PaymentStatus, Problem};
 use crate::domain::DedupeKey;
 
+/// Where Kinde billing events name their plan (Kinde does not publish the layout; both are
+/// read in the wild, docs/design.md §6).
+const PLAN_FIELDS: [&str; 2] = ["/data/plan/key", "/data/plan/code"];
+
+/// The first of `pointers` that holds text, and its value.
+fn field<'a>(p: &'a Value, pointers: &[&'static str]) -> Option<(&'static str, &'a str)> {
+    pointers
+        .iter()
+        .find_map(|pointer| text(p, pointer).map(|value| (*pointer, value)))
+}
+
+/// Which payload fields named the customer and the plan, for the log line: a layout Kinde does
+/// not publish is never read silently.
+fn fields_used(customer: &str, plan: Option<&str>) -> String {
+    let dotted = |pointer: &str| pointer.trim_start_matches('/').replace('/', ".");
+    match plan {
+        Some(plan) => format!("customer at {}, plan at {}", dotted(customer), dotted(plan)),
+        None => format!("customer at {}", dotted(customer)),
+    }
+}
+
 /// What a Kinde event means for the billing registers.
 pub fn decide(event_type: &str, p: &Value, dedupe_key: &DedupeKey, catalog: &Catalog) -> Decided {
-    let plan_keys: Vec<&str> = text(p, "/data/plan/key").into_iter().collect();
+    if !event_type.starts_with("customer.") {
+        return Ok(not_billing(event_type));
+    }
+    if event_type == "customer.meter_usage_updated" {
+        return Ok(no_meaning(event_type));
+    }
+    let (customer_field, _) = field(p, &CUSTOMER_FIELDS)
+        .ok_or_else(|| Problem("no customer at data.customer_id or data.customer.id".to_owned()))?;
+    let plan_field = field(p, &PLAN_FIELDS);
+    let plan_keys: Vec<&str> = plan_field.map(|(_, key)| key).into_iter().collect();
+    let resolved = resolve(catalog, &plan_keys);
+    let used = Some(fields_used(customer_field, plan_field.map(|(f, _)| f)));
     // A payment names itself when it can; otherwise each payment event is its own payment.
     let payment_id = || {
         first_text(
@@ -27,37 +60,40 @@ pub fn decide(event_type: &str, p: &Value, dedupe_key: &DedupeKey, catalog: &Cat
     };
     Ok(match event_type {
         "customer.plan_assigned" | "customer.plan_changed" | "customer.agreement_created" => {
-            if plan_keys.is_empty() {
-                return Err(Problem::Unreadable(
-                    "no /data/plan/key in the payload".into(),
+            if plan_field.is_none() {
+                return Err(Problem(
+                    "no plan at data.plan.key or data.plan.code".to_owned(),
                 ));
             }
-            let plan = resolve(catalog, &plan_keys)?;
             // A plan event grants its own plan for its period even when it is too old to
-            // move the register: the customer did hold that plan then.
-            Decision::Apply(with_grant(
-                vec![Effect::CustomerPlan { plan: plan.clone() }],
-                &plan,
+            // move the register: the customer did hold that plan then. An unknown plan
+            // still moves the register (to a plan that entitles nothing).
+            Decision::apply(with_grant(
+                vec![Effect::CustomerPlan {
+                    plan: resolved.plan.clone(),
+                    key: plan_keys.first().map(|k| (*k).to_owned()),
+                }],
+                &resolved.plan,
             ))
+            .noted(resolved.note)
         }
-        "customer.agreement_cancelled" => {
-            Decision::Apply(vec![Effect::CustomerPlan { plan: None }])
-        }
-        "customer.payment_succeeded" => {
-            let plan = resolve(catalog, &plan_keys)?;
-            Decision::Apply(with_grant(
-                vec![
-                    Effect::Payment {
-                        id: payment_id(),
-                        status: PaymentStatus::Paid,
-                        plan_key: plan.as_ref().map(|p| p.key.clone()),
-                    },
-                    Effect::Standing { past_due: false },
-                ],
-                &plan,
-            ))
-        }
-        "customer.payment_failed" => Decision::Apply(vec![
+        "customer.agreement_cancelled" => Decision::apply(vec![Effect::CustomerPlan {
+            plan: None,
+            key: None,
+        }]),
+        "customer.payment_succeeded" => Decision::apply(with_grant(
+            vec![
+                Effect::Payment {
+                    id: payment_id(),
+                    status: PaymentStatus::Paid,
+                    plan_key: resolved.plan.as_ref().map(|p| p.key.clone()),
+                },
+                Effect::Standing { past_due: false },
+            ],
+            &resolved.plan,
+        ))
+        .noted(resolved.note),
+        "customer.payment_failed" => Decision::apply(vec![
             Effect::Payment {
                 id: payment_id(),
                 status: PaymentStatus::Failed,
@@ -65,10 +101,10 @@ pub fn decide(event_type: &str, p: &Value, dedupe_key: &DedupeKey, catalog: &Cat
             },
             Effect::Standing { past_due: true },
         ]),
-        "customer.invoice_overdue" => Decision::Apply(vec![Effect::Standing { past_due: true }]),
-        "customer.meter_usage_updated" => no_meaning(event_type),
-        other => not_billing(other),
-    })
+        "customer.invoice_overdue" => Decision::apply(vec![Effect::Standing { past_due: true }]),
+        other => return Ok(not_billing(other)),
+    }
+    .noted(used))
 }
 
 #[cfg(test)]
@@ -79,21 +115,52 @@ mod tests {
     use crate::providers::decide;
     use serde_json::json;
 
+    fn kinde(event_type: &str, p: &Value) -> Decision {
+        decide(SourceKind::Kinde, event_type, p, &key("k"), &catalog())
+    }
+
     #[test]
     fn kinde_plan_change_sets_the_register_and_grants_its_plan() {
         let p = json!({"data": {"customer_id": "c", "plan": {"key": "pro"}}});
         assert_eq!(
-            decide(
-                SourceKind::Kinde,
-                "customer.plan_changed",
-                &p,
-                &key("k"),
-                &catalog()
-            ),
-            Decision::Apply(vec![
-                Effect::CustomerPlan { plan: Some(pro()) },
-                Effect::Grant { plan: pro() }
-            ])
+            kinde("customer.plan_changed", &p),
+            Decision::Apply {
+                effects: vec![
+                    Effect::CustomerPlan {
+                        plan: Some(pro()),
+                        key: Some("pro".into())
+                    },
+                    Effect::Grant { plan: pro() }
+                ],
+                notes: vec!["customer at data.customer_id, plan at data.plan.key".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn the_other_layout_is_read_and_said() {
+        let p = json!({"data": {"customer": {"id": "c"}, "plan": {"code": "pro"}}});
+        let Decision::Apply { effects, notes } = kinde("customer.plan_assigned", &p) else {
+            panic!("the plan event applies")
+        };
+        assert_eq!(effects[1], Effect::Grant { plan: pro() });
+        assert_eq!(
+            notes,
+            vec!["customer at data.customer.id, plan at data.plan.code".to_owned()]
+        );
+    }
+
+    #[test]
+    fn a_billing_event_with_no_known_customer_or_plan_field_is_unprocessable() {
+        let no_customer = json!({"data": {"user_id": "c", "plan": {"key": "pro"}}});
+        assert_eq!(
+            kinde("customer.plan_assigned", &no_customer),
+            Decision::Unprocessable("no customer at data.customer_id or data.customer.id".into())
+        );
+        let no_plan = json!({"data": {"customer_id": "c", "plan": {"name": "Pro"}}});
+        assert_eq!(
+            kinde("customer.plan_assigned", &no_plan),
+            Decision::Unprocessable("no plan at data.plan.key or data.plan.code".into())
         );
     }
 
@@ -101,36 +168,39 @@ mod tests {
     fn kinde_cancellation_clears_the_plan_register() {
         let p = json!({"data": {"customer_id": "c"}});
         assert_eq!(
-            decide(
-                SourceKind::Kinde,
-                "customer.agreement_cancelled",
-                &p,
-                &key("k"),
-                &catalog()
-            ),
-            Decision::Apply(vec![Effect::CustomerPlan { plan: None }])
+            kinde("customer.agreement_cancelled", &p),
+            Decision::Apply {
+                effects: vec![Effect::CustomerPlan {
+                    plan: None,
+                    key: None
+                }],
+                notes: vec!["customer at data.customer_id".into()]
+            }
         );
     }
 
     #[test]
-    fn unknown_plan_key_is_ignored_with_its_name() {
+    fn unknown_plan_key_moves_the_register_to_no_plan_and_says_why() {
         let p = json!({"data": {"customer_id": "c", "plan": {"key": "gold"}}});
         assert_eq!(
-            decide(
-                SourceKind::Kinde,
-                "customer.plan_assigned",
-                &p,
-                &key("k"),
-                &catalog()
-            ),
-            Decision::Ignore("plan key 'gold' is not in the plan catalog".into())
+            kinde("customer.plan_assigned", &p),
+            Decision::Apply {
+                effects: vec![Effect::CustomerPlan {
+                    plan: None,
+                    key: Some("gold".into())
+                }],
+                notes: vec![
+                    "no plan: 'gold' is not in the plan catalog".into(),
+                    "customer at data.customer_id, plan at data.plan.key".into()
+                ]
+            }
         );
     }
 
     #[test]
     fn kinde_payment_without_plan_grants_nothing() {
         let p = json!({"data": {"customer_id": "c"}});
-        let Decision::Apply(effects) = decide(
+        let Decision::Apply { effects, .. } = decide(
             SourceKind::Kinde,
             "customer.payment_succeeded",
             &p,
@@ -150,23 +220,11 @@ mod tests {
     #[test]
     fn non_billing_types_are_ignored_with_a_reason() {
         assert_eq!(
-            decide(
-                SourceKind::Kinde,
-                "user.created",
-                &json!({}),
-                &key("e"),
-                &catalog()
-            ),
+            kinde("user.created", &json!({})),
             Decision::Ignore("event type user.created is not a billing event".into())
         );
         assert_eq!(
-            decide(
-                SourceKind::Kinde,
-                "customer.meter_usage_updated",
-                &json!({}),
-                &key("e"),
-                &catalog()
-            ),
+            kinde("customer.meter_usage_updated", &json!({})),
             Decision::Ignore("customer.meter_usage_updated carries no billing state".into())
         );
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub use verify::{content_hash, parse_claims, KindeVerifier, ID_HEADER};
+pub use verify::{content_hash, parse_claims, KindeVerifier, CUSTOMER_FIELDS, ID_HEADER};
 
 use super::{Provider, Verify};
 use crate::billing::{Catalog, Decided};

@@ -112,17 +112,22 @@ impl KindeVerifier {
     }
 }
 
-/// Reads verified claims. The dedupe key is the `webhook-id` header, else the `event_id` claim.
+/// Reads verified claims. The dedupe key is the signed `event_id` claim; the `webhook-id`
+/// header lies outside the signature (anyone holding a captured token could send it under
+/// new ids), so it is the key only for a token that names no event id (docs/design.md §6).
 pub fn parse_claims(
     claims: Value,
     delivery_id: Option<String>,
     sent_at: DateTime<Utc>,
 ) -> VerifiedEvent {
     let content_hash = content_hash(&claims);
-    let key = delivery_id
-        .as_deref()
+    let key = str_at(&claims, "/event_id")
         .and_then(|id| DedupeKey::parse(id).ok())
-        .or_else(|| str_at(&claims, "/event_id").and_then(|id| DedupeKey::parse(id).ok()));
+        .or_else(|| {
+            delivery_id
+                .as_deref()
+                .and_then(|id| DedupeKey::parse(id).ok())
+        });
     let (dedupe_key, meta) = match key {
         Some(key) => (key, meta(&claims)),
         None => (
@@ -144,6 +149,10 @@ pub fn content_hash(claims: &Value) -> ContentHash {
     ContentHash::of_json_without(claims, ENVELOPE_CLAIMS)
 }
 
+/// Where Kinde billing events name their customer: Kinde does not publish the `data` layout,
+/// and both of these are read in the wild (docs/design.md §6).
+pub const CUSTOMER_FIELDS: [&str; 2] = ["/data/customer_id", "/data/customer/id"];
+
 fn meta(claims: &Value) -> Result<EventMeta, String> {
     let event_type = str_at(claims, "/type").ok_or("the event has no type")?;
     let time = claims
@@ -152,7 +161,10 @@ fn meta(claims: &Value) -> Result<EventMeta, String> {
         .or_else(|| claims.get("timestamp"))
         .ok_or("the event has no event_timestamp")?;
     let occurred_at = ProviderTime::from_json(time).map_err(|e| e.to_string())?;
-    let customer = str_at(claims, "/data/customer_id").and_then(|c| CustomerId::parse(c).ok());
+    let customer = CUSTOMER_FIELDS
+        .iter()
+        .find_map(|pointer| str_at(claims, pointer))
+        .and_then(|c| CustomerId::parse(c).ok());
     Ok(EventMeta {
         event_type: event_type.to_owned(),
         customer,
@@ -225,7 +237,12 @@ mod tests {
             .check(&webhook_headers("wh_1"), token.as_bytes(), now)
             .await
             .unwrap();
-        assert_eq!(event.dedupe_key.as_str(), "wh_1");
+        assert_eq!(
+            event.dedupe_key.as_str(),
+            "event_1",
+            "the signed id is the key"
+        );
+        assert_eq!(event.delivery_id.as_deref(), Some("wh_1"));
         let meta = event.meta.unwrap();
         assert_eq!(meta.event_type, "customer.plan_changed");
         assert_eq!(meta.customer.unwrap().as_str(), "kc_1");
@@ -238,16 +255,42 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn event_id_is_the_fallback_dedupe_key() {
+    async fn a_captured_token_under_new_webhook_ids_is_one_event() {
         let server = jwks_server(JWKS_A, 1).await;
         let v = verifier_for(&server, Duration::from_secs(600));
         let now = Utc::now();
         let token = kinde_token(KEY_A, "test-key-a", &claims(now)).unwrap();
+        for id in ["wh_1", "wh_forged_2", "wh_future_3"] {
+            let event = v
+                .check(&webhook_headers(id), token.as_bytes(), now)
+                .await
+                .unwrap();
+            assert_eq!(event.dedupe_key.as_str(), "event_1");
+        }
+    }
+
+    #[tokio::test]
+    async fn webhook_id_is_the_key_only_when_the_token_names_no_event() {
+        let server = jwks_server(JWKS_A, 1).await;
+        let v = verifier_for(&server, Duration::from_secs(600));
+        let now = Utc::now();
+        let mut without_id = claims(now);
+        without_id.as_object_mut().unwrap().remove("event_id");
+        let token = kinde_token(KEY_A, "test-key-a", &without_id).unwrap();
         let event = v
-            .check(&HeaderMap::new(), token.as_bytes(), now)
+            .check(&webhook_headers("wh_1"), token.as_bytes(), now)
             .await
             .unwrap();
-        assert_eq!(event.dedupe_key.as_str(), "event_1");
+        assert_eq!(event.dedupe_key.as_str(), "wh_1");
+    }
+
+    #[test]
+    fn customer_is_read_from_either_layout() {
+        let now = Utc::now();
+        let mut nested = claims(now);
+        nested["data"] = json!({"customer": {"id": "kc_2"}, "plan": {"code": "pro"}});
+        let meta = parse_claims(nested, None, now).meta.unwrap();
+        assert_eq!(meta.customer.unwrap().as_str(), "kc_2");
     }
 
     #[tokio::test]

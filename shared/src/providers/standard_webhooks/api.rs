@@ -8,9 +8,12 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
+use super::decide::plan_keys;
 use super::parse_event;
 use crate::billing::registers::StoredSubscription;
-use crate::providers::{Api, BoxFuture, Fetched, SubscriptionSweep, SweepPage};
+use crate::providers::{
+    path_id, Api, BoxFuture, Fetched, Reads, SubscriptionNow, SubscriptionSweep, SweepPage,
+};
 
 const PAGE_SIZE: usize = 100;
 
@@ -90,5 +93,40 @@ impl SubscriptionSweep for PolarSubscriptions {
         }))?;
         let event = parse_event(&message_id, &body, Utc::now());
         Ok(Some(Fetched { body, event }))
+    }
+}
+
+/// Polar's subscription read (`GET /v1/subscriptions/{id}`), to settle a same-second tie.
+pub struct PolarReads {
+    api: Api,
+}
+
+impl PolarReads {
+    pub fn new(api: Api) -> Self {
+        Self { api }
+    }
+
+    async fn read_subscription(&self, id: &str) -> anyhow::Result<Option<SubscriptionNow>> {
+        let path = format!("/v1/subscriptions/{}", path_id(id)?);
+        let Some(object) = self.api.get_found(&path, &[], &[]).await? else {
+            return Ok(None);
+        };
+        let status = object
+            .get("status")
+            .and_then(Value::as_str)
+            .context("the subscription read has no status")?;
+        Ok(Some(SubscriptionNow {
+            status: status.to_owned(),
+            plan_keys: plan_keys(&object).into_iter().map(str::to_owned).collect(),
+        }))
+    }
+}
+
+impl Reads for PolarReads {
+    fn subscription<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<SubscriptionNow>>> {
+        Box::pin(self.read_subscription(id))
     }
 }

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use crate::billing::model::read::{first_text, required, resolve, text};
-use crate::billing::model::{not_billing, subscription_effects, with_grant};
+use crate::billing::model::{not_billing, paid, subscription_effects};
 use crate::billing::{Catalog, Decided, Decision, Effect, PaymentStatus, Problem};
 
 /// Polar's and other Standard Webhooks senders' subscription state: the object's `status`,
@@ -18,25 +18,28 @@ fn standard_status<'a>(event_type: &str, data: &'a Value) -> Option<&'a str> {
     })
 }
 
+/// The price and product ids a Polar subscription or order names, most specific first.
+pub(super) fn plan_keys(data: &Value) -> Vec<&str> {
+    let mut keys: Vec<&str> = Vec::new();
+    keys.extend(first_text(data, &["/price_id", "/price/id"]));
+    for price in data
+        .pointer("/prices")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        keys.extend(text(price, "/id"));
+    }
+    keys.extend(first_text(data, &["/product_id", "/product/id"]));
+    keys
+}
+
 /// What a Standard Webhooks (Polar) event means for the billing registers.
 pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
     let data = p
         .get("data")
-        .ok_or_else(|| Problem::Unreadable("no /data in the payload".into()))?;
-    let plan_keys = || -> Vec<&str> {
-        let mut keys: Vec<&str> = Vec::new();
-        keys.extend(first_text(data, &["/price_id", "/price/id"]));
-        for price in data
-            .pointer("/prices")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            keys.extend(text(price, "/id"));
-        }
-        keys.extend(first_text(data, &["/product_id", "/product/id"]));
-        keys
-    };
+        .ok_or_else(|| Problem("no /data in the payload".into()))?;
+    let plan_keys = || plan_keys(data);
     Ok(match event_type {
         "subscription.created"
         | "subscription.updated"
@@ -47,35 +50,28 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
         | "subscription.past_due" => {
             let id = required(data, "/id")?.to_owned();
             let status = standard_status(event_type, data)
-                .ok_or_else(|| Problem::Unreadable("no /data/status in the payload".into()))?
+                .ok_or_else(|| Problem("no /data/status in the payload".into()))?
                 .to_owned();
-            let plan = resolve(catalog, &plan_keys())?;
-            subscription_effects(id, status, plan)
+            subscription_effects(id, status, resolve(catalog, &plan_keys()))
         }
-        "order.paid" => {
-            let plan = resolve(catalog, &plan_keys())?;
-            Decision::Apply(with_grant(
-                vec![Effect::Payment {
-                    id: required(data, "/id")?.to_owned(),
-                    status: PaymentStatus::Paid,
-                    plan_key: plan.as_ref().map(|p| p.key.clone()),
-                }],
-                &plan,
-            ))
-        }
+        "order.paid" => paid(
+            required(data, "/id")?.to_owned(),
+            resolve(catalog, &plan_keys()),
+        ),
         "order.refunded" => {
             if text(data, "/status") == Some("partially_refunded") {
                 return Ok(Decision::Ignore(
                     "a partial refund changes no billing state".into(),
                 ));
             }
-            Decision::Apply(vec![Effect::Payment {
+            Decision::apply(vec![Effect::Payment {
                 id: required(data, "/id")?.to_owned(),
                 status: PaymentStatus::Refunded,
                 plan_key: None,
             }])
         }
-        "customer.deleted" => Decision::Apply(vec![Effect::DeleteCustomer]),
+        // The customer is the object itself (`data.id`); the verifier reads it there.
+        "customer.deleted" => Decision::apply(vec![Effect::DeleteCustomer]),
         other => not_billing(other),
     })
 }
@@ -91,7 +87,7 @@ mod tests {
     #[test]
     fn polar_revoked_without_status_is_canceled() {
         let p = json!({"data": {"id": "sub_1", "customer_id": "c", "product_id": "prod_team"}});
-        let Decision::Apply(effects) = decide(
+        let Decision::Apply { effects, .. } = decide(
             SourceKind::StandardWebhooks,
             "subscription.revoked",
             &p,

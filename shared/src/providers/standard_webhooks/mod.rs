@@ -14,12 +14,12 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub use api::PolarSubscriptions;
+pub use api::{PolarReads, PolarSubscriptions};
 pub use verify::{
     decode_secret, parse_event, StandardVerifier, ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
 
-use super::{Api, Provider, Reconciliation, Verify};
+use super::{Api, Provider, Reads, Reconciliation, Verify};
 use crate::billing::{Catalog, Decided};
 use crate::config::{ConfigError, SecretEncoding, SourceConfig};
 use crate::domain::DedupeKey;
@@ -69,6 +69,10 @@ impl Provider for StandardWebhooks {
 
     fn default_api_base(&self) -> Option<&'static str> {
         Some("https://api.polar.sh")
+    }
+
+    fn reads(&self, api: Api) -> Option<Box<dyn Reads>> {
+        Some(Box::new(PolarReads::new(api)))
     }
 
     #[cfg(any(test, feature = "dev"))]

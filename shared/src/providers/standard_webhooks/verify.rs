@@ -131,8 +131,12 @@ fn meta(payload: &Value, sent_at: DateTime<Utc>) -> Result<EventMeta, String> {
         .find(|v| !v.is_null())
         .map(|v| ProviderTime::from_json(v).map_err(|e| e.to_string()))
         .unwrap_or(Ok(ProviderTime::from(sent_at)))?;
-    let customer = customer_at(payload, "/data/customer_id")
-        .or_else(|| customer_at(payload, "/data/customer"));
+    // A `customer.*` event's object is the customer itself (Polar's `customer.deleted`).
+    let customer = if event_type.starts_with("customer.") {
+        customer_at(payload, "/data")
+    } else {
+        customer_at(payload, "/data/customer_id").or_else(|| customer_at(payload, "/data/customer"))
+    };
     Ok(EventMeta {
         event_type: event_type.to_owned(),
         customer,
@@ -145,6 +149,14 @@ mod tests {
     use super::*;
     use crate::providers::standard_webhooks::fixtures::signature;
     use serde_json::json;
+
+    #[test]
+    fn a_customer_event_names_the_customer_at_data_id() {
+        let p = json!({"type": "customer.deleted", "timestamp": "2026-01-01T00:00:00Z",
+                       "data": {"id": "cust_9", "email": "a@example.com"}});
+        let meta = meta(&p, Utc::now()).unwrap();
+        assert_eq!(meta.customer.unwrap().as_str(), "cust_9");
+    }
 
     const NOW: i64 = 1_767_225_600;
 

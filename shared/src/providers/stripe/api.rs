@@ -1,11 +1,19 @@
 //! Stripe's API as reconciliation reads it: `GET /v1/events` from a time, newest first,
-//! paginated with `starting_after` (Stripe keeps 30 days of events).
+//! paginated with `starting_after` (Stripe keeps 30 days of events). And the object reads the
+//! worker makes: a subscription, to settle a same-second tie, and the invoice payment of a
+//! payment intent, to link a refund (docs/design.md §4.2, §4.5).
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
+use super::decide::plan_keys;
 use super::parse_event;
-use crate::providers::{Api, BoxFuture, EventFeed, FeedPage, Fetched};
+use crate::providers::{
+    path_id, Api, BoxFuture, EventFeed, FeedPage, Fetched, Reads, SubscriptionNow,
+};
+
+/// The API version the object reads are written against (invoice payments exist from it on).
+const READ_VERSION: &str = "2025-03-31.basil";
 
 /// The largest page Stripe serves.
 const PAGE_SIZE: usize = 100;
@@ -59,5 +67,73 @@ impl EventFeed for StripeEvents {
         after: Option<&'a str>,
     ) -> BoxFuture<'a, anyhow::Result<FeedPage>> {
         Box::pin(self.fetch(since, after))
+    }
+}
+
+pub struct StripeReads {
+    api: Api,
+}
+
+impl StripeReads {
+    pub fn new(api: Api) -> Self {
+        Self { api }
+    }
+
+    async fn read_subscription(&self, id: &str) -> anyhow::Result<Option<SubscriptionNow>> {
+        let path = format!("/v1/subscriptions/{}", path_id(id)?);
+        let version = [("Stripe-Version", READ_VERSION)];
+        let Some(object) = self.api.get_found(&path, &[], &version).await? else {
+            return Ok(None);
+        };
+        let status = object
+            .get("status")
+            .and_then(Value::as_str)
+            .ok_or_else(|| anyhow::anyhow!("the subscription read has no status"))?;
+        Ok(Some(SubscriptionNow {
+            status: status.to_owned(),
+            plan_keys: plan_keys(&object).into_iter().map(str::to_owned).collect(),
+        }))
+    }
+
+    async fn read_invoice_of(&self, payment_intent: &str) -> anyhow::Result<Option<String>> {
+        let query = [
+            ("payment[type]", "payment_intent".to_owned()),
+            (
+                "payment[payment_intent]",
+                path_id(payment_intent)?.to_owned(),
+            ),
+            ("limit", "1".to_owned()),
+        ];
+        let version = [("Stripe-Version", READ_VERSION)];
+        let Some(list) = self
+            .api
+            .get_found("/v1/invoice_payments", &query, &version)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let first = list.pointer("/data/0");
+        Ok(first
+            .and_then(|p| {
+                p.get("invoice")
+                    .and_then(|i| i.as_str().or_else(|| i.get("id").and_then(Value::as_str)))
+            })
+            .map(str::to_owned))
+    }
+}
+
+impl Reads for StripeReads {
+    fn subscription<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<SubscriptionNow>>> {
+        Box::pin(self.read_subscription(id))
+    }
+
+    fn invoice_of_payment_intent<'a>(
+        &'a self,
+        payment_intent: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<String>>> {
+        Box::pin(self.read_invoice_of(payment_intent))
     }
 }

@@ -4,11 +4,11 @@
 use serde_json::Value;
 
 use crate::billing::model::read::{first_text, required, resolve};
-use crate::billing::model::{not_billing, subscription_effects, with_grant};
+use crate::billing::model::{not_billing, paid, subscription_effects};
 use crate::billing::{Catalog, Decided, Decision, Effect, PaymentStatus, Problem};
 
 /// Price and plan ids a Stripe object names, most specific first.
-fn plan_keys(object: &Value) -> Vec<&str> {
+pub(super) fn plan_keys(object: &Value) -> Vec<&str> {
     let mut keys = Vec::new();
     for list in ["/items/data", "/lines/data"] {
         for item in object
@@ -28,11 +28,48 @@ fn plan_keys(object: &Value) -> Vec<&str> {
     keys
 }
 
-/// What a Stripe event means for the billing registers.
+/// The payment intent an object names, as an id or an expanded object.
+fn payment_intent(object: &Value) -> Option<&str> {
+    first_text(object, &["/payment_intent", "/payment_intent/id"])
+}
+
+/// The payment intents an invoice names: its own field before 2025-03-31 (basil), its
+/// `payments` list (when the payload includes it) from basil on.
+fn invoice_payment_intents(invoice: &Value) -> Vec<&str> {
+    let mut intents: Vec<&str> = payment_intent(invoice).into_iter().collect();
+    for payment in invoice
+        .pointer("/payments/data")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        intents.extend(first_text(
+            payment,
+            &["/payment/payment_intent", "/payment/payment_intent/id"],
+        ));
+    }
+    intents
+}
+
+/// The links an invoice's payload carries from its payment intents to itself.
+fn links(invoice_id: &str, invoice: &Value) -> Vec<Effect> {
+    invoice_payment_intents(invoice)
+        .into_iter()
+        .map(|pi| Effect::PaymentIntent {
+            payment_intent: pi.to_owned(),
+            invoice: invoice_id.to_owned(),
+        })
+        .collect()
+}
+
+/// What a Stripe event means for the billing registers. Both API generations are read: an
+/// invoice's price at `lines.data[].price` (before 2025-03-31) or
+/// `lines.data[].pricing.price_details.price` (basil and later); a refunded charge names its
+/// invoice (before basil) or only its payment intent (basil), docs/design.md §6.
 pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
     let object = p
         .pointer("/data/object")
-        .ok_or_else(|| Problem::Unreadable("no /data/object in the payload".into()))?;
+        .ok_or_else(|| Problem("no /data/object in the payload".into()))?;
     Ok(match event_type {
         "customer.subscription.created"
         | "customer.subscription.updated"
@@ -41,42 +78,82 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
         | "customer.subscription.resumed" => {
             let id = required(object, "/id")?.to_owned();
             let status = required(object, "/status")?.to_owned();
-            let plan = resolve(catalog, &plan_keys(object))?;
-            subscription_effects(id, status, plan)
+            subscription_effects(id, status, resolve(catalog, &plan_keys(object)))
         }
         "invoice.paid" | "invoice.payment_succeeded" => {
-            let id = required(object, "/id")?.to_owned();
-            let plan = resolve(catalog, &plan_keys(object))?;
-            Decision::Apply(with_grant(
-                vec![Effect::Payment {
-                    id,
-                    status: PaymentStatus::Paid,
-                    plan_key: plan.as_ref().map(|p| p.key.clone()),
-                }],
-                &plan,
-            ))
+            let id = required(object, "/id")?;
+            match paid(id.to_owned(), resolve(catalog, &plan_keys(object))) {
+                Decision::Apply { mut effects, notes } => {
+                    effects.extend(links(id, object));
+                    Decision::Apply { effects, notes }
+                }
+                other => other,
+            }
         }
-        "invoice.payment_failed" => Decision::Apply(vec![Effect::Payment {
-            id: required(object, "/id")?.to_owned(),
-            status: PaymentStatus::Failed,
-            plan_key: plan_keys(object).first().map(|k| (*k).to_owned()),
-        }]),
+        "invoice.payment_failed" => {
+            let id = required(object, "/id")?;
+            let mut effects = vec![Effect::Payment {
+                id: id.to_owned(),
+                status: PaymentStatus::Failed,
+                plan_key: plan_keys(object).first().map(|k| (*k).to_owned()),
+            }];
+            effects.extend(links(id, object));
+            Decision::apply(effects)
+        }
+        "invoice_payment.paid" => {
+            // Basil's record of which payment paid which invoice: the link a later refund of
+            // the payment intent follows.
+            let invoice = first_text(object, &["/invoice", "/invoice/id"])
+                .ok_or_else(|| Problem("no /data/object/invoice in the payload".into()))?;
+            match first_text(
+                object,
+                &["/payment/payment_intent", "/payment/payment_intent/id"],
+            ) {
+                Some(pi) => Decision::apply(vec![Effect::PaymentIntent {
+                    payment_intent: pi.to_owned(),
+                    invoice: invoice.to_owned(),
+                }]),
+                None => Decision::Ignore(
+                    "the invoice payment names no payment intent (paid out of band)".into(),
+                ),
+            }
+        }
         "charge.refunded" => {
             if object.get("refunded").and_then(Value::as_bool) != Some(true) {
                 return Ok(Decision::Ignore(
                     "a partial refund changes no billing state".into(),
                 ));
             }
-            // The refund ends the payment it refunds: the invoice when the charge paid one.
-            let id = first_text(object, &["/invoice", "/invoice/id", "/id"])
-                .ok_or_else(|| Problem::Unreadable("no /data/object/id in the payload".into()))?;
-            Decision::Apply(vec![Effect::Payment {
+            let charge = required(object, "/id")?;
+            let refunded = |id: &str| Effect::Payment {
                 id: id.to_owned(),
                 status: PaymentStatus::Refunded,
                 plan_key: None,
-            }])
+            };
+            match (
+                first_text(object, &["/invoice", "/invoice/id"]),
+                payment_intent(object),
+            ) {
+                // Before basil the charge names the invoice it paid.
+                (Some(invoice), pi) => {
+                    let mut effects = vec![refunded(invoice)];
+                    effects.extend(pi.map(|pi| Effect::PaymentIntent {
+                        payment_intent: pi.to_owned(),
+                        invoice: invoice.to_owned(),
+                    }));
+                    Decision::apply(effects)
+                }
+                // From basil on, only through its payment intent.
+                (None, Some(pi)) => Decision::apply(vec![Effect::RefundIntent {
+                    charge: charge.to_owned(),
+                    payment_intent: pi.to_owned(),
+                }]),
+                (None, None) => Decision::apply(vec![refunded(charge)]).noted(Some(
+                    "the charge names no invoice and no payment intent: the refund is recorded on the charge".into(),
+                )),
+            }
         }
-        "customer.deleted" => Decision::Apply(vec![Effect::DeleteCustomer]),
+        "customer.deleted" => Decision::apply(vec![Effect::DeleteCustomer]),
         other => not_billing(other),
     })
 }
@@ -108,19 +185,23 @@ mod tests {
                 &key("e"),
                 &catalog()
             ),
-            Decision::Apply(vec![Effect::Subscription {
+            Decision::apply(vec![Effect::Subscription {
                 id: "sub_1".into(),
                 status: "past_due".into(),
-                plan: Some(price_pro.clone())
+                plan: Some(price_pro.clone()),
+                rank: crate::billing::Rank::of_status("past_due"),
             }])
         );
-        let Decision::Apply(active) = decide(
+        let Decision::Apply {
+            effects: active, ..
+        } = decide(
             SourceKind::Stripe,
             "customer.subscription.created",
             &p("active"),
             &key("e"),
             &catalog(),
-        ) else {
+        )
+        else {
             panic!()
         };
         assert_eq!(active.last(), Some(&Effect::Grant { plan: price_pro }));
@@ -137,10 +218,25 @@ mod tests {
                 &key("e"),
                 &catalog()
             ),
-            Decision::Apply(vec![Effect::Payment {
+            Decision::apply(vec![Effect::Payment {
                 id: "in_1".into(),
                 status: PaymentStatus::Refunded,
                 plan_key: None
+            }])
+        );
+        let basil =
+            json!({"data": {"object": {"id": "ch_1", "payment_intent": "pi_1", "refunded": true}}});
+        assert_eq!(
+            decide(
+                SourceKind::Stripe,
+                "charge.refunded",
+                &basil,
+                &key("e"),
+                &catalog()
+            ),
+            Decision::apply(vec![Effect::RefundIntent {
+                charge: "ch_1".into(),
+                payment_intent: "pi_1".into(),
             }])
         );
         let partial = json!({"data": {"object": {"id": "ch_1", "refunded": false}}});

@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub use api::StripeEvents;
-pub use verify::{content_hash, parse_event, StripeVerifier, SIGNATURE_HEADER};
+pub use api::{StripeEvents, StripeReads};
+pub use verify::{connected_customer, content_hash, parse_event, StripeVerifier, SIGNATURE_HEADER};
 
-use super::{Api, Provider, Reconciliation, Verify};
+use super::{Api, Provider, Reads, Reconciliation, Verify};
 use crate::billing::{Catalog, Decided};
 use crate::config::{ConfigError, SourceConfig};
 use crate::domain::DedupeKey;
@@ -54,8 +54,34 @@ impl Provider for Stripe {
         Some("https://api.stripe.com")
     }
 
+    fn reads(&self, api: Api) -> Option<Box<dyn Reads>> {
+        Some(Box::new(StripeReads::new(api)))
+    }
+
+    /// Every Stripe event says whether it is live; a source that declares its mode takes only
+    /// that mode's events (docs/design.md §4.6).
+    fn out_of_scope(&self, payload: &Value, livemode: Option<bool>) -> Option<String> {
+        let expected = livemode?;
+        match payload.get("livemode").and_then(Value::as_bool) {
+            Some(live) if live != expected => Some(format!(
+                "a {} event on a {} source",
+                mode(live),
+                mode(expected)
+            )),
+            _ => None,
+        }
+    }
+
     #[cfg(any(test, feature = "dev"))]
     fn fixtures(&self) -> &'static dyn super::fixtures::Fixtures {
         &fixtures::StripeFixtures
+    }
+}
+
+fn mode(live: bool) -> &'static str {
+    if live {
+        "live-mode"
+    } else {
+        "test-mode"
     }
 }

@@ -137,13 +137,25 @@ fn meta(payload: &Value) -> Result<EventMeta, String> {
 }
 
 /// The customer an event is about: the object's `customer`, or the object itself when
-/// the event is about a customer.
+/// the event is about a customer. An event from a Connect endpoint names the connected
+/// `account`; its customers are that account's, so the account is part of the id:
+/// `acct_…/cus_…` (docs/design.md §4.6).
 fn customer(payload: &Value) -> Option<CustomerId> {
     let object = payload.pointer("/data/object")?;
-    if str_at(object, "/object") == Some("customer") {
-        return str_at(object, "/id").and_then(|id| CustomerId::parse(id).ok());
+    let customer = if str_at(object, "/object") == Some("customer") {
+        str_at(object, "/id").and_then(|id| CustomerId::parse(id).ok())
+    } else {
+        customer_at(object, "/customer")
+    }?;
+    match str_at(payload, "/account").filter(|a| !a.trim().is_empty()) {
+        Some(account) => CustomerId::parse(&connected_customer(account, customer.as_str())).ok(),
+        None => Some(customer),
     }
-    customer_at(object, "/customer")
+}
+
+/// The id of a connected account's customer: `acct_…/cus_…`.
+pub fn connected_customer(account: &str, customer: &str) -> String {
+    format!("{}/{customer}", account.trim())
 }
 
 #[cfg(test)]

@@ -1,0 +1,460 @@
+//! Real provider traffic meets the billing model (docs/design.md §4.2–§4.6): same-second
+//! ties, unknown prices, Stripe's two API generations for refunds, test/live mode and
+//! Connect accounts, deleted customers, honest outcomes. Each case in every arrival order
+//! where order matters.
+
+use serde_json::{json, Value};
+use shared::handlers::worker::WorkerSource;
+use shared::providers::stripe::StripeReads;
+use shared::providers::Api;
+use sqlx::PgPool;
+use wiremock::matchers::{method, path, query_param};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::helpers::*;
+
+/// 2026-03-10T12:00:00Z.
+const T: i64 = 1_773_144_000;
+
+/// A Stripe event of `event_type` about `object`, created at `created`.
+fn stripe(id: &str, event_type: &str, created: i64, object: Value) -> Value {
+    json!({
+        "id": id, "object": "event", "api_version": "2025-03-31.basil", "created": created,
+        "livemode": false, "pending_webhooks": 1,
+        "request": {"id": null, "idempotency_key": null},
+        "type": event_type, "data": {"object": object}
+    })
+}
+
+fn subscription(id: &str, customer: &str, status: &str, price: &str) -> Value {
+    json!({"id": id, "object": "subscription", "customer": customer, "status": status,
+           "items": {"object": "list", "data": [{"id": format!("si_{id}"), "object": "subscription_item",
+                     "price": {"id": price, "object": "price"}}]}})
+}
+
+/// Delivers each Stripe event and applies it.
+async fn deliver(app: &TestApp, events: &[&Value]) {
+    for event in events {
+        let (status, body) = app.post("stripe", &stripe_delivery(event)).await;
+        assert_eq!(status, http::StatusCode::OK, "{body}");
+        app.run_worker().await;
+    }
+}
+
+/// Every order of `n` items, as index lists.
+fn permutations(n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![vec![]];
+    }
+    let mut all = Vec::new();
+    for rest in permutations(n - 1) {
+        for at in 0..=rest.len() {
+            let mut order = rest.clone();
+            order.insert(at, n - 1);
+            all.push(order);
+        }
+    }
+    all
+}
+
+fn log_reason(account: &shared::billing::account::AccountView, event_type: &str) -> String {
+    account
+        .log
+        .iter()
+        .filter(|l| l.event_type == event_type)
+        .map(|l| format!("{}: {}", l.outcome, l.reason))
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+/// Gives the app's worker the Stripe API at `server` (an API key configured).
+fn with_stripe_api(app: &mut TestApp, server: &MockServer) {
+    let api = Api {
+        base_url: server.uri(),
+        key: "sk_test_reads".into(),
+        http: reqwest::Client::new(),
+    };
+    app.worker.sources.insert(
+        "stripe".into(),
+        WorkerSource {
+            kind: shared::domain::SourceKind::Stripe,
+            livemode: None,
+            reads: Some(Box::new(StripeReads::new(api))),
+        },
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn same_second_created_and_updated_end_active_in_both_orders(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    for (n, order) in [[0, 1], [1, 0]].iter().enumerate() {
+        let (customer, sub) = (format!("cus_tie{n}"), format!("sub_tie{n}"));
+        // The updated event's id sorts first: a tie broken by the id alone picks `incomplete`.
+        let created = stripe(
+            &format!("evt_B{n}"),
+            "customer.subscription.created",
+            T,
+            subscription(&sub, &customer, "incomplete", "price_pro"),
+        );
+        let updated = stripe(
+            &format!("evt_A{n}"),
+            "customer.subscription.updated",
+            T,
+            subscription(&sub, &customer, "active", "price_pro"),
+        );
+        let events = [&created, &updated];
+        deliver(&app, &[events[order[0]], events[order[1]]]).await;
+        let account = app.account("stripe", &customer, "2026-03").await;
+        assert_eq!(account.plan, "pro", "order {order:?}");
+        assert_eq!(account.subscriptions[0].status, "active");
+        let reasons = log_reason(&account, "customer.subscription.created")
+            + &log_reason(&account, "customer.subscription.updated");
+        assert!(
+            reasons.contains("resolved by status rank"),
+            "the tie is explained: {reasons}"
+        );
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_provider_read_settles_a_same_second_tie(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    let api = MockServer::start().await;
+    // The provider says: active (the payment retried within the second succeeded). The status
+    // rank alone would pick past_due.
+    for n in 0..2 {
+        Mock::given(method("GET"))
+            .and(path(format!("/v1/subscriptions/sub_read{n}")))
+            .respond_with(ResponseTemplate::new(200).set_body_json(subscription(
+                &format!("sub_read{n}"),
+                &format!("cus_read{n}"),
+                "active",
+                "price_pro",
+            )))
+            .mount(&api)
+            .await;
+    }
+    with_stripe_api(&mut app, &api);
+    for (n, order) in [[0, 1], [1, 0]].iter().enumerate() {
+        let (customer, sub) = (format!("cus_read{n}"), format!("sub_read{n}"));
+        let past_due = stripe(
+            &format!("evt_pd{n}"),
+            "customer.subscription.updated",
+            T,
+            subscription(&sub, &customer, "past_due", "price_pro"),
+        );
+        let active = stripe(
+            &format!("evt_ac{n}"),
+            "customer.subscription.updated",
+            T,
+            subscription(&sub, &customer, "active", "price_pro"),
+        );
+        let events = [&past_due, &active];
+        deliver(&app, &[events[order[0]], events[order[1]]]).await;
+        let account = app.account("stripe", &customer, "2026-03").await;
+        assert_eq!(account.subscriptions[0].status, "active", "order {order:?}");
+        assert_eq!(account.plan, "pro");
+        let reasons = log_reason(&account, "customer.subscription.updated");
+        assert!(reasons.contains("resolved by a provider read"), "{reasons}");
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_failed_provider_read_falls_back_to_the_status_rank(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    let api = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(500))
+        .mount(&api)
+        .await;
+    with_stripe_api(&mut app, &api);
+    let first = stripe(
+        "evt_x1",
+        "customer.subscription.updated",
+        T,
+        subscription("sub_x", "cus_x", "active", "price_pro"),
+    );
+    let second = stripe(
+        "evt_x0",
+        "customer.subscription.updated",
+        T,
+        subscription("sub_x", "cus_x", "past_due", "price_pro"),
+    );
+    deliver(&app, &[&first, &second]).await;
+    let account = app.account("stripe", "cus_x", "2026-03").await;
+    assert_eq!(account.subscriptions[0].status, "past_due");
+    let reasons = log_reason(&account, "customer.subscription.updated");
+    assert!(
+        reasons.contains("the provider read failed") && reasons.contains("status rank"),
+        "{reasons}"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_unknown_price_never_drops_the_status_change(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    for (n, order) in permutations(3).iter().enumerate() {
+        let (customer, sub) = (format!("cus_u{n}"), format!("sub_u{n}"));
+        let events = [
+            stripe(
+                &format!("evt_u{n}_1"),
+                "customer.subscription.created",
+                T,
+                subscription(&sub, &customer, "active", "price_pro"),
+            ),
+            stripe(
+                &format!("evt_u{n}_2"),
+                "customer.subscription.updated",
+                T + 86_400,
+                subscription(&sub, &customer, "active", "price_legacy"),
+            ),
+            stripe(
+                &format!("evt_u{n}_3"),
+                "customer.subscription.deleted",
+                T + 2 * 86_400,
+                subscription(&sub, &customer, "canceled", "price_legacy"),
+            ),
+        ];
+        let ordered: Vec<&Value> = order.iter().map(|i| &events[*i]).collect();
+        deliver(&app, &ordered).await;
+        let account = app.account("stripe", &customer, "2026-03").await;
+        assert_eq!(account.plan, "free", "order {order:?}");
+        assert_eq!(account.subscriptions[0].status, "canceled");
+        let moved = log_reason(&account, "customer.subscription.updated");
+        assert!(
+            moved.contains("no plan: 'price_legacy' is not in the plan catalog"),
+            "the log says why: {moved}"
+        );
+    }
+    // Moved to the unknown price and still active: the customer holds no plan.
+    let (a, b) = (
+        stripe(
+            "evt_v1",
+            "customer.subscription.created",
+            T,
+            subscription("sub_v", "cus_v", "active", "price_pro"),
+        ),
+        stripe(
+            "evt_v2",
+            "customer.subscription.updated",
+            T + 60,
+            subscription("sub_v", "cus_v", "active", "price_legacy"),
+        ),
+    );
+    deliver(&app, &[&a, &b]).await;
+    let account = app.account("stripe", "cus_v", "2026-03").await;
+    assert_eq!(account.plan, "free");
+    assert_eq!(account.subscriptions[0].plan, None);
+}
+
+/// The basil shapes of one paid invoice and its refund: the invoice names no payment intent,
+/// the invoice payment links them (and names no customer), the charge names only its intent.
+fn basil_refund_events(n: usize) -> [Value; 3] {
+    let (customer, invoice) = (format!("cus_b{n}"), format!("in_b{n}"));
+    let (pi, charge) = (format!("pi_b{n}"), format!("ch_b{n}"));
+    [
+        stripe(
+            &format!("evt_b{n}_paid"),
+            "invoice.paid",
+            T,
+            json!({"id": invoice, "object": "invoice", "customer": customer, "status": "paid",
+                   "parent": {"type": "subscription_details", "subscription_details": {"subscription": "sub_b"}},
+                   "lines": {"object": "list", "data": [{"id": "il_1", "object": "line_item",
+                       "pricing": {"type": "price_details", "price_details": {"price": "price_pro", "product": "prod_pro"}}}]}}),
+        ),
+        stripe(
+            &format!("evt_b{n}_link"),
+            "invoice_payment.paid",
+            T,
+            json!({"id": format!("inpay_b{n}"), "object": "invoice_payment", "invoice": invoice,
+                   "is_default": true, "status": "paid", "livemode": false,
+                   "payment": {"type": "payment_intent", "payment_intent": pi}}),
+        ),
+        stripe(
+            &format!("evt_b{n}_refund"),
+            "charge.refunded",
+            T + 3_600,
+            json!({"id": charge, "object": "charge", "customer": customer, "payment_intent": pi,
+                   "amount": 2000, "amount_refunded": 2000, "refunded": true, "status": "succeeded"}),
+        ),
+    ]
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_basil_refund_ends_its_invoice_in_every_order(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    for (n, order) in permutations(3).iter().enumerate() {
+        let events = basil_refund_events(n);
+        let ordered: Vec<&Value> = order.iter().map(|i| &events[*i]).collect();
+        deliver(&app, &ordered).await;
+        let account = app.account("stripe", &format!("cus_b{n}"), "2026-03").await;
+        let payments: Vec<(String, String)> = account
+            .payments
+            .iter()
+            .map(|p| (p.id.clone(), p.status.clone()))
+            .collect();
+        assert_eq!(
+            payments,
+            vec![(format!("in_b{n}"), "refunded".to_owned())],
+            "order {order:?}"
+        );
+        assert_eq!(
+            account.balance, 500,
+            "the grant stands: decided by its event"
+        );
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_unlinked_basil_refund_is_recorded_on_the_charge_and_said(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let [paid, _, refund] = basil_refund_events(0);
+    deliver(&app, &[&paid, &refund]).await;
+    let account = app.account("stripe", "cus_b0", "2026-03").await;
+    let payments: Vec<(&str, &str)> = account
+        .payments
+        .iter()
+        .map(|p| (p.id.as_str(), p.status.as_str()))
+        .collect();
+    assert_eq!(payments, vec![("ch_b0", "refunded"), ("in_b0", "paid")]);
+    let said = log_reason(&account, "charge.refunded");
+    assert!(said.contains("could not be linked"), "{said}");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_provider_read_links_a_basil_refund(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    let api = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/invoice_payments"))
+        .and(query_param("payment[payment_intent]", "pi_b0"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "object": "list", "has_more": false, "url": "/v1/invoice_payments",
+            "data": [{"id": "inpay_b0", "object": "invoice_payment", "invoice": "in_b0",
+                      "status": "paid", "payment": {"type": "payment_intent", "payment_intent": "pi_b0"}}]
+        })))
+        .expect(1)
+        .mount(&api)
+        .await;
+    with_stripe_api(&mut app, &api);
+    let [paid, _, refund] = basil_refund_events(0);
+    deliver(&app, &[&refund, &paid]).await;
+    let account = app.account("stripe", "cus_b0", "2026-03").await;
+    let payments: Vec<(&str, &str)> = account
+        .payments
+        .iter()
+        .map(|p| (p.id.as_str(), p.status.as_str()))
+        .collect();
+    assert_eq!(payments, vec![("in_b0", "refunded")]);
+    let said = log_reason(&account, "charge.refunded");
+    assert!(said.contains("by a provider read"), "{said}");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_event_of_the_other_mode_is_stored_and_ignored(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    app.worker
+        .sources
+        .get_mut("stripe")
+        .expect("the test app has a stripe source")
+        .livemode = Some(true);
+    let test_mode = stripe(
+        "evt_mode",
+        "customer.subscription.created",
+        T,
+        subscription("sub_m", "cus_m", "active", "price_pro"),
+    );
+    deliver(&app, &[&test_mode]).await;
+    let row = app.event(app.event_id("stripe", "evt_mode").await).await;
+    assert_eq!(row.status, "ignored");
+    assert_eq!(
+        row.reason.as_deref(),
+        Some("a test-mode event on a live-mode source")
+    );
+    let account = app.account("stripe", "cus_m", "2026-03").await;
+    assert_eq!(account.plan, "free");
+    assert!(account.subscriptions.is_empty());
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn one_customer_id_in_two_connected_accounts_is_two_accounts(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let mut pro = stripe(
+        "evt_ca",
+        "customer.subscription.created",
+        T,
+        subscription("sub_ca", "cus_1", "active", "price_pro"),
+    );
+    pro["account"] = json!("acct_1Alpha");
+    let mut team = stripe(
+        "evt_cb",
+        "customer.subscription.created",
+        T,
+        subscription("sub_cb", "cus_1", "active", "price_team"),
+    );
+    team["account"] = json!("acct_1Beta");
+    deliver(&app, &[&pro, &team]).await;
+    let alpha = app.account("stripe", "acct_1Alpha/cus_1", "2026-03").await;
+    let beta = app.account("stripe", "acct_1Beta/cus_1", "2026-03").await;
+    assert_eq!((alpha.plan.as_str(), alpha.balance), ("pro", 500));
+    assert_eq!((beta.plan.as_str(), beta.balance), ("team", 2000));
+    let plain: i64 = app
+        .count("SELECT count(*) FROM accounts WHERE customer_id = 'cus_1'")
+        .await;
+    assert_eq!(plain, 0, "no account without its connected account");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_deleted_polar_customer_gains_nothing_in_either_order(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    for (n, order) in [[0, 1], [1, 0]].iter().enumerate() {
+        let customer = format!("9e1b7f0e-0000-4000-8000-00000000000{n}");
+        let deleted = json!({"type": "customer.deleted", "timestamp": "2026-03-10T12:00:00Z",
+            "data": {"id": customer, "created_at": "2026-01-01T00:00:00Z",
+                     "modified_at": "2026-03-10T12:00:00Z", "email": "gone@example.com",
+                     "organization_id": "org_1", "deleted_at": "2026-03-10T12:00:00Z"}});
+        let paid = json!({"type": "order.paid", "timestamp": "2026-03-11T12:00:00Z",
+            "data": {"id": format!("order_{n}"), "status": "paid", "customer_id": customer,
+                     "product_id": "prod_pro", "modified_at": "2026-03-11T12:00:00Z"}});
+        let events = [("msg_del", &deleted), ("msg_paid", &paid)];
+        for i in order {
+            let (id, payload) = events[*i];
+            let (status, body) = app
+                .post("polar", &polar_delivery(&format!("{id}_{n}"), payload))
+                .await;
+            assert_eq!(status, http::StatusCode::OK, "{body}");
+            app.run_worker().await;
+        }
+        let account = app.account("polar", &customer, "2026-03").await;
+        assert!(account.deleted, "order {order:?}");
+        assert_eq!((account.plan.as_str(), account.balance), ("free", 0));
+        if order[0] == 0 {
+            let said = log_reason(&account, "order.paid");
+            assert!(said.contains("the customer is deleted"), "{said}");
+        }
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_event_that_raises_nothing_is_ignored_with_its_reason(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let team = json!({"type": "customer.plan_changed", "event_id": "ev_team",
+        "event_timestamp": "2026-03-10T12:00:00Z",
+        "data": {"customer_id": "kc_honest", "plan": {"key": "team"}}});
+    // Older than the team change, same period: moves no register and raises no balance.
+    let pro = json!({"type": "customer.plan_changed", "event_id": "ev_pro",
+        "event_timestamp": "2026-03-05T12:00:00Z",
+        "data": {"customer_id": "kc_honest", "plan": {"key": "pro"}}});
+    for (id, claims) in [("wh_team", &team), ("wh_pro", &pro)] {
+        app.post("kinde", &kinde_delivery(id, claims)).await;
+        app.run_worker().await;
+    }
+    let row = app.event(app.event_id("kinde", "ev_pro").await).await;
+    assert_eq!(row.status, "ignored");
+    assert_eq!(
+        row.reason.as_deref(),
+        Some("a newer plan change is already stored; customer at data.customer_id, plan at data.plan.key")
+    );
+    let account = app.account("kinde", "kc_honest", "2026-03").await;
+    assert_eq!((account.plan.as_str(), account.balance), ("team", 2000));
+}
