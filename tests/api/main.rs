@@ -3,6 +3,7 @@
 //! Each test gets its own database (`#[sqlx::test]`) and its own queue.
 
 mod cli;
+mod corpus;
 mod helpers;
 mod intake;
 mod model;

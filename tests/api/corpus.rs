@@ -1,0 +1,216 @@
+//! The provider-shaped corpus (`testdata/providers/`, see its README): every file is sent
+//! through the intake, signed as its provider signs it, and applied by the worker, in file
+//! order and in reverse; the resulting accounts are what the providers' own sequence means.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use shared::billing::account::AccountView;
+use sqlx::PgPool;
+
+use crate::helpers::*;
+
+/// The catalog entries for the corpus's prices and products.
+const CORPUS_PLANS: &str = r#"{
+    "pro": {"plan": "pro", "monthly_allowance": 500},
+    "team": {"plan": "team", "monthly_allowance": 2000},
+    "price_1ProMonthlyPre01": {"plan": "pro", "monthly_allowance": 500},
+    "price_1ProMonthlyBas01": {"plan": "pro", "monthly_allowance": 500},
+    "ab440482-0ee4-41c0-b579-bae502ba592b": {"plan": "pro", "monthly_allowance": 500},
+    "1bd0bcfe-5205-4fab-af9f-a0162303a64c": {"plan": "pro", "monthly_allowance": 500}
+}"#;
+
+fn corpus(dir: &str) -> Vec<(String, Value)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/providers");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root.join(dir))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "testdata/providers/{dir} has files");
+    files
+        .into_iter()
+        .map(|p| {
+            let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+            let body = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            (name, body)
+        })
+        .collect()
+}
+
+/// Sends every file of `dir` as `source` (in reverse when asked), applies each, and checks
+/// that each was read: none is unprocessable.
+async fn send_all(pool: PgPool, source: &str, dir: &str, reverse: bool) -> TestApp {
+    let mut app = TestApp::spawn(pool).await;
+    app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
+    let mut files = corpus(dir);
+    if reverse {
+        files.reverse();
+    }
+    for (name, body) in &files {
+        let delivery = match source {
+            "stripe" => stripe_delivery(body),
+            "polar" => polar_delivery(&format!("msg_{name}"), body),
+            _ => kinde_delivery(&format!("wh_{name}"), body),
+        };
+        let (status, answer) = app.post(source, &delivery).await;
+        assert_eq!(status, http::StatusCode::OK, "{dir}/{name}: {answer}");
+        assert_eq!(answer["status"], "stored", "{dir}/{name}: {answer}");
+        app.run_worker().await;
+        let row = app.event(answer["event_id"].as_i64().unwrap()).await;
+        assert!(
+            row.status == "applied" || row.status == "ignored",
+            "{dir}/{name} is {}: {:?}",
+            row.status,
+            row.reason
+        );
+    }
+    app
+}
+
+fn payments(account: &AccountView) -> Vec<(&str, &str)> {
+    account
+        .payments
+        .iter()
+        .map(|p| (p.id.as_str(), p.status.as_str()))
+        .collect()
+}
+
+fn reason_of<'a>(account: &'a AccountView, event_type: &str) -> &'a str {
+    &account
+        .log
+        .iter()
+        .find(|l| l.event_type == event_type)
+        .unwrap_or_else(|| panic!("a log line for {event_type}"))
+        .reason
+}
+
+async fn stripe_generation(pool: PgPool, dir: &str, ids: [&str; 5], reverse: bool) {
+    let [customer, subscription, invoice, failed_invoice, gone] = ids;
+    let app = send_all(pool, "stripe", dir, reverse).await;
+    let account = app.account("stripe", customer, "2025-12").await;
+    // Created (incomplete) and updated (active) share a second; deleted (canceled) is last.
+    assert_eq!(account.subscriptions.len(), 1);
+    assert_eq!(account.subscriptions[0].id, subscription);
+    assert_eq!(account.subscriptions[0].status, "canceled");
+    assert_eq!(account.plan, "free");
+    // The full refund reaches the invoice it paid, in either API generation.
+    assert_eq!(
+        payments(&account),
+        vec![(invoice, "refunded"), (failed_invoice, "failed")]
+    );
+    assert_eq!(account.balance, 500, "pro granted once for 2025-12");
+    assert!(!account.deleted);
+    let other = app.account("stripe", gone, "2025-12").await;
+    assert!(other.deleted);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_pre_basil_corpus_in_file_order(pool: PgPool) {
+    stripe_generation(pool, "stripe/pre-basil", PRE_BASIL, false).await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_pre_basil_corpus_in_reverse(pool: PgPool) {
+    stripe_generation(pool, "stripe/pre-basil", PRE_BASIL, true).await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_basil_corpus_in_file_order(pool: PgPool) {
+    stripe_generation(pool, "stripe/basil", BASIL, false).await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_basil_corpus_in_reverse(pool: PgPool) {
+    stripe_generation(pool, "stripe/basil", BASIL, true).await;
+}
+
+const PRE_BASIL: [&str; 5] = [
+    "cus_PreBasilCust01",
+    "sub_1PreBasilSub0001",
+    "in_1PreBasilInv0001",
+    "in_1PreBasilInv0002",
+    "cus_PreBasilGone01",
+];
+
+const BASIL: [&str; 5] = [
+    "cus_BasilCust0001",
+    "sub_1BasilSub000001",
+    "in_1BasilInv000001",
+    "in_1BasilInv000002",
+    "cus_BasilGone00001",
+];
+
+async fn polar(pool: PgPool, reverse: bool) {
+    let app = send_all(pool, "polar", "polar", reverse).await;
+    let customer = "c1a124cb-d614-4eeb-91b9-1802cb91d276";
+    let account = app.account("polar", customer, "2025-12").await;
+    assert_eq!(account.subscriptions.len(), 1);
+    assert_eq!(account.subscriptions[0].status, "canceled", "revoked last");
+    assert_eq!(account.plan, "free");
+    assert_eq!(
+        payments(&account),
+        vec![("6ba7b106-d1ce-4c08-826f-cbb47601f6dd", "refunded")]
+    );
+    assert_eq!(account.balance, 500);
+    let gone = app
+        .account("polar", "a11631ae-4254-40cf-9591-87ec939431c4", "2025-12")
+        .await;
+    assert!(
+        gone.deleted,
+        "customer.deleted names its customer at data.id"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn polar_corpus_in_file_order(pool: PgPool) {
+    polar(pool, false).await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn polar_corpus_in_reverse(pool: PgPool) {
+    polar(pool, true).await;
+}
+
+async fn kinde(pool: PgPool, reverse: bool) {
+    let app = send_all(pool, "kinde", "kinde", reverse).await;
+    let customer = "customer_019ad69d9d4872c1a5e83b0f6d2c4e91";
+    let account = app.account("kinde", customer, "2025-12").await;
+    // Cancelled last, and the last payment failed: no plan, payments past due.
+    assert_eq!(account.customer_plan, None);
+    assert!(account.past_due);
+    assert_eq!(account.plan, "free");
+    assert_eq!(
+        account.balance, 2000,
+        "pro, then the change to team, in 2025-12"
+    );
+    assert_eq!(
+        app.account("kinde", customer, "2026-01").await.balance,
+        0,
+        "a failed payment grants nothing"
+    );
+    assert!(
+        reason_of(&account, "customer.plan_changed")
+            .ends_with("customer at data.customer.id, plan at data.plan.code"),
+        "the log says which layout was read"
+    );
+    assert_eq!(
+        reason_of(&account, "customer.meter_usage_updated"),
+        "customer.meter_usage_updated carries no billing state"
+    );
+    let stored: i64 = app
+        .count("SELECT count(*) FROM inbox_events WHERE dedupe_key LIKE 'event_%'")
+        .await;
+    assert_eq!(stored, 8, "every token is keyed by its signed event_id");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn kinde_corpus_in_file_order(pool: PgPool) {
+    kinde(pool, false).await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn kinde_corpus_in_reverse(pool: PgPool) {
+    kinde(pool, true).await;
+}
