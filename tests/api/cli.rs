@@ -290,3 +290,40 @@ async fn the_bridge_deletes_what_the_worker_finished_and_leaves_what_failed(pool
         .clone();
     assert_eq!(in_flight, "1", "the failed message waits for redelivery");
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn account_reads_a_connected_accounts_customer_and_says_why_a_price_is_no_plan(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let now = chrono::Utc::now().timestamp();
+    let mut event = stripe_event("evt_connect", "cus_1", now);
+    event["account"] = json!("acct_1Connect");
+    event["data"]["object"]["items"]["data"][0]["price"]["id"] = json!("price_legacy");
+    app.post("stripe", &stripe_delivery(&event)).await;
+    app.run_worker().await;
+    let url = database_url(&app.pool).await;
+
+    let (output, stdout, stderr) = run(inboxctl()
+        .args([
+            "account",
+            "cus_1",
+            "--stripe-account",
+            "acct_1Connect",
+            "--json",
+        ])
+        .env("DATABASE_URL", &url));
+    assert!(output.status.success(), "{stderr}");
+    let account: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(account["customer_id"], "acct_1Connect/cus_1");
+    assert_eq!(account["plan"], "free");
+    assert_eq!(account["subscriptions"][0]["status"], "active");
+    assert_eq!(
+        account["log"][0]["reason"],
+        "subscription sub_1 is active; no plan: 'price_legacy' is not in the plan catalog"
+    );
+
+    let (output, _, stderr) = run(inboxctl()
+        .args(["account", "cus_1"])
+        .env("DATABASE_URL", &url));
+    assert!(!output.status.success(), "cus_1 alone is no account");
+    assert!(!stderr.is_empty());
+}

@@ -272,6 +272,9 @@ pub enum Change {
     AlreadyApplied(String),
     /// The register holds something that wins over this event; the words say what.
     Superseded(String),
+    /// The register took this event's version, but already held the same state: nothing a
+    /// reader sees moved.
+    Unchanged(String),
 }
 
 /// An event is applied when one of its writes took effect, or all of them already hold this
@@ -295,14 +298,16 @@ fn outcome_of(changes: &[Change]) -> (EventStatus, String) {
         })
         .collect();
     let superseded = changes.iter().find_map(|c| match c {
-        Change::Superseded(words) => Some(words.as_str()),
+        Change::Superseded(words) | Change::Unchanged(words) => Some(words.as_str()),
         _ => None,
     });
     let kept: Vec<&str> = changes
         .iter()
         .filter_map(|c| match c {
             Change::Made(_) => None,
-            Change::AlreadyApplied(words) | Change::Superseded(words) => Some(words.as_str()),
+            Change::AlreadyApplied(words)
+            | Change::Superseded(words)
+            | Change::Unchanged(words) => Some(words.as_str()),
         })
         .collect();
     match (made.is_empty(), superseded) {

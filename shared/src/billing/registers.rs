@@ -127,7 +127,9 @@ async fn customer_plan(
             RETURNING 1
         )
         SELECT EXISTS (SELECT 1 FROM written) AS "written!",
-               (SELECT event_id FROM customer_plans WHERE source = $1 AND customer_id = $2) AS stored_event
+               (SELECT event_id FROM customer_plans WHERE source = $1 AND customer_id = $2) AS stored_event,
+               EXISTS (SELECT 1 FROM customer_plans
+                       WHERE source = $1 AND customer_id = $2 AND plan_key IS NOT DISTINCT FROM $3) AS "same!"
         "#,
         ctx.source,
         ctx.customer.as_str(),
@@ -139,6 +141,12 @@ async fn customer_plan(
     )
     .fetch_one(&mut *conn)
     .await?;
+    if row.written && row.same {
+        return Ok(Change::Unchanged(match key {
+            Some(key) => format!("the plan is already '{key}'"),
+            None => "the plan is already cancelled".to_owned(),
+        }));
+    }
     if row.written {
         return Ok(Change::Made(match (plan, key) {
             (Some(name), _) => format!("plan set to {name}"),
@@ -172,7 +180,9 @@ async fn standing(
             RETURNING 1
         )
         SELECT EXISTS (SELECT 1 FROM written) AS "written!",
-               (SELECT event_id FROM customer_standing WHERE source = $1 AND customer_id = $2) AS stored_event
+               (SELECT event_id FROM customer_standing WHERE source = $1 AND customer_id = $2) AS stored_event,
+               EXISTS (SELECT 1 FROM customer_standing
+                       WHERE source = $1 AND customer_id = $2 AND past_due = $3) AS "same!"
         "#,
         ctx.source,
         ctx.customer.as_str(),
@@ -183,12 +193,15 @@ async fn standing(
     )
     .fetch_one(&mut *conn)
     .await?;
+    let words = if past_due {
+        "payments past due"
+    } else {
+        "payments in good standing"
+    };
+    if row.written && row.same {
+        return Ok(Change::Unchanged(format!("{words} already")));
+    }
     if row.written {
-        let words = if past_due {
-            "payments past due"
-        } else {
-            "payments in good standing"
-        };
         return Ok(Change::Made(words.to_owned()));
     }
     Ok(unchanged(
@@ -224,7 +237,10 @@ async fn subscription(
             RETURNING 1
         )
         SELECT EXISTS (SELECT 1 FROM written) AS "written!",
-               (SELECT event_id FROM subscriptions WHERE source = $1 AND subscription_id = $2) AS stored_event
+               (SELECT event_id FROM subscriptions WHERE source = $1 AND subscription_id = $2) AS stored_event,
+               EXISTS (SELECT 1 FROM subscriptions
+                       WHERE source = $1 AND subscription_id = $2 AND status = $4
+                         AND plan_key IS NOT DISTINCT FROM $5) AS "same!"
         "#,
         ctx.source,
         id,
@@ -239,6 +255,11 @@ async fn subscription(
     )
     .fetch_one(&mut *conn)
     .await?;
+    if row.written && row.same {
+        return Ok(Change::Unchanged(format!(
+            "subscription {id} is already {status}"
+        )));
+    }
     if row.written {
         return Ok(Change::Made(format!("subscription {id} is {status}")));
     }
@@ -293,6 +314,11 @@ async fn payment(
     )
     .fetch_one(&mut *conn)
     .await?;
+    if row.written && row.stored_status.as_deref() == Some(status) {
+        return Ok(Change::Unchanged(format!(
+            "payment {id} is already {status}"
+        )));
+    }
     if row.written {
         return Ok(Change::Made(format!("payment {id} is {status}")));
     }
