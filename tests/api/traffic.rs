@@ -84,28 +84,44 @@ fn with_stripe_api(app: &mut TestApp, server: &MockServer) {
     );
 }
 
+/// Two states of subscription `sub_{tag}{n}` stamped with the same second, delivered in the
+/// order `n` picks (0: as given, 1: reversed); returns the account.
+async fn same_second_pair(
+    app: &TestApp,
+    tag: &str,
+    n: usize,
+    first: (&str, &str, &str),
+    second: (&str, &str, &str),
+) -> shared::billing::account::AccountView {
+    let (customer, sub) = (format!("cus_{tag}{n}"), format!("sub_{tag}{n}"));
+    let event = |(id, event_type, status): (&str, &str, &str)| {
+        stripe(
+            &format!("{id}{n}"),
+            event_type,
+            T,
+            subscription(&sub, &customer, status, "price_pro"),
+        )
+    };
+    let (a, b) = (event(first), event(second));
+    let order = if n == 0 { [&a, &b] } else { [&b, &a] };
+    deliver(app, &order).await;
+    app.account("stripe", &customer, "2026-03").await
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn same_second_created_and_updated_end_active_in_both_orders(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    for (n, order) in [[0, 1], [1, 0]].iter().enumerate() {
-        let (customer, sub) = (format!("cus_tie{n}"), format!("sub_tie{n}"));
+    for n in 0..2 {
         // The updated event's id sorts first: a tie broken by the id alone picks `incomplete`.
-        let created = stripe(
-            &format!("evt_B{n}"),
-            "customer.subscription.created",
-            T,
-            subscription(&sub, &customer, "incomplete", "price_pro"),
-        );
-        let updated = stripe(
-            &format!("evt_A{n}"),
-            "customer.subscription.updated",
-            T,
-            subscription(&sub, &customer, "active", "price_pro"),
-        );
-        let events = [&created, &updated];
-        deliver(&app, &[events[order[0]], events[order[1]]]).await;
-        let account = app.account("stripe", &customer, "2026-03").await;
-        assert_eq!(account.plan, "pro", "order {order:?}");
+        let account = same_second_pair(
+            &app,
+            "tie",
+            n,
+            ("evt_B", "customer.subscription.created", "incomplete"),
+            ("evt_A", "customer.subscription.updated", "active"),
+        )
+        .await;
+        assert_eq!(account.plan, "pro", "order {n}");
         assert_eq!(account.subscriptions[0].status, "active");
         let reasons = log_reason(&account, "customer.subscription.created")
             + &log_reason(&account, "customer.subscription.updated");
@@ -135,24 +151,16 @@ async fn a_provider_read_settles_a_same_second_tie(pool: PgPool) {
             .await;
     }
     with_stripe_api(&mut app, &api);
-    for (n, order) in [[0, 1], [1, 0]].iter().enumerate() {
-        let (customer, sub) = (format!("cus_read{n}"), format!("sub_read{n}"));
-        let past_due = stripe(
-            &format!("evt_pd{n}"),
-            "customer.subscription.updated",
-            T,
-            subscription(&sub, &customer, "past_due", "price_pro"),
-        );
-        let active = stripe(
-            &format!("evt_ac{n}"),
-            "customer.subscription.updated",
-            T,
-            subscription(&sub, &customer, "active", "price_pro"),
-        );
-        let events = [&past_due, &active];
-        deliver(&app, &[events[order[0]], events[order[1]]]).await;
-        let account = app.account("stripe", &customer, "2026-03").await;
-        assert_eq!(account.subscriptions[0].status, "active", "order {order:?}");
+    for n in 0..2 {
+        let account = same_second_pair(
+            &app,
+            "read",
+            n,
+            ("evt_pd", "customer.subscription.updated", "past_due"),
+            ("evt_ac", "customer.subscription.updated", "active"),
+        )
+        .await;
+        assert_eq!(account.subscriptions[0].status, "active", "order {n}");
         assert_eq!(account.plan, "pro");
         let reasons = log_reason(&account, "customer.subscription.updated");
         assert!(reasons.contains("resolved by a provider read"), "{reasons}");

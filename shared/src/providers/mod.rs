@@ -275,6 +275,29 @@ impl Api {
     }
 }
 
+impl Api {
+    /// A subscription read (`GET {path}`) as its status and the plan keys `plan_keys` finds in
+    /// it; `None` when the provider does not know it.
+    pub async fn subscription_now(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+        plan_keys: fn(&Value) -> Vec<&str>,
+    ) -> anyhow::Result<Option<SubscriptionNow>> {
+        let Some(object) = self.get_found(path, &[], headers).await? else {
+            return Ok(None);
+        };
+        let status = object
+            .get("status")
+            .and_then(Value::as_str)
+            .context("the subscription read has no status")?;
+        Ok(Some(SubscriptionNow {
+            status: status.to_owned(),
+            plan_keys: plan_keys(&object).into_iter().map(str::to_owned).collect(),
+        }))
+    }
+}
+
 /// An object id as a path segment: provider ids are letters, digits, `_` and `-`; anything
 /// else is refused rather than sent.
 pub(crate) fn path_id(id: &str) -> anyhow::Result<&str> {

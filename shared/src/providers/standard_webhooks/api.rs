@@ -108,17 +108,7 @@ impl PolarReads {
 
     async fn read_subscription(&self, id: &str) -> anyhow::Result<Option<SubscriptionNow>> {
         let path = format!("/v1/subscriptions/{}", path_id(id)?);
-        let Some(object) = self.api.get_found(&path, &[], &[]).await? else {
-            return Ok(None);
-        };
-        let status = object
-            .get("status")
-            .and_then(Value::as_str)
-            .context("the subscription read has no status")?;
-        Ok(Some(SubscriptionNow {
-            status: status.to_owned(),
-            plan_keys: plan_keys(&object).into_iter().map(str::to_owned).collect(),
-        }))
+        self.api.subscription_now(&path, &[], plan_keys).await
     }
 }
 

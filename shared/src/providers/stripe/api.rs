@@ -82,17 +82,7 @@ impl StripeReads {
     async fn read_subscription(&self, id: &str) -> anyhow::Result<Option<SubscriptionNow>> {
         let path = format!("/v1/subscriptions/{}", path_id(id)?);
         let version = [("Stripe-Version", READ_VERSION)];
-        let Some(object) = self.api.get_found(&path, &[], &version).await? else {
-            return Ok(None);
-        };
-        let status = object
-            .get("status")
-            .and_then(Value::as_str)
-            .ok_or_else(|| anyhow::anyhow!("the subscription read has no status"))?;
-        Ok(Some(SubscriptionNow {
-            status: status.to_owned(),
-            plan_keys: plan_keys(&object).into_iter().map(str::to_owned).collect(),
-        }))
+        self.api.subscription_now(&path, &version, plan_keys).await
     }
 
     async fn read_invoice_of(&self, payment_intent: &str) -> anyhow::Result<Option<String>> {
