@@ -500,3 +500,100 @@ fn bad_source_secret_is_named_at_start() {
         .expect("a secret that is not base64 fails at start");
     assert!(error.to_string().contains("source 'polar'"), "{error}");
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_signed_payload_with_nul_is_stored_exactly_and_applied(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let mut event = stripe_event("evt_nul", "cus_nul", Utc::now().timestamp() - 30);
+    event["data"]["object"]["metadata"] = json!({"note": "a\u{0000}b"});
+    let delivery = stripe_delivery(&event);
+    assert!(String::from_utf8_lossy(&delivery.body).contains("\\u0000"));
+
+    let (status, body) = app.post("stripe", &delivery).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "stored");
+    app.run_worker().await;
+    let id = body["event_id"].as_i64().unwrap();
+    let row = app.event(id).await;
+    assert_eq!(row.status, "applied", "{:?}", row.reason);
+    assert_eq!(
+        row.payload.unwrap()["data"]["object"]["metadata"]["note"],
+        "ab"
+    );
+    let raw: Vec<u8> = sqlx::query_scalar("SELECT raw_body FROM inbox_events WHERE id = $1")
+        .bind(id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(raw, delivery.body, "the body is kept byte for byte");
+    // A retry is a copy, not a conflict: the content hash is of what was signed.
+    let (_, again) = app.post("stripe", &delivery).await;
+    assert_eq!(again["status"], "duplicate");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_provider_time_postgres_cannot_hold_or_not_trusted_is_unprocessable(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let day = 86_400;
+    for (id, created, why) in [
+        ("evt_ancient", -8_000_000_000_000_i64, "before 2000-01-01"),
+        ("evt_1999", 946_684_799, "before 2000-01-01"),
+        (
+            "evt_future",
+            Utc::now().timestamp() + 2 * day,
+            "more than a day ahead",
+        ),
+    ] {
+        let event = stripe_event(id, "cus_time", created);
+        let (status, body) = app.post("stripe", &stripe_delivery(&event)).await;
+        assert_eq!(status, StatusCode::OK, "{id}: {body}");
+        let row = app.event(body["event_id"].as_i64().unwrap()).await;
+        assert_eq!(row.status, "unprocessable", "{id}");
+        assert!(
+            row.reason.as_deref().unwrap().contains(why),
+            "{id}: {:?}",
+            row.reason
+        );
+    }
+    assert!(
+        app.drain_queue().await.is_empty(),
+        "nothing unprocessable is enqueued"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_event_the_database_refuses_is_stored_bare_or_answered_503(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    // Content the database refuses (a constraint stands for any such refusal).
+    sqlx::query("ALTER TABLE inbox_events ADD CONSTRAINT no_updates CHECK (type <> 'customer.subscription.updated')")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let event = stripe_event("evt_refused", "cus_r", Utc::now().timestamp());
+    let (status, body) = app.post("stripe", &stripe_delivery(&event)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let row = app.event(body["event_id"].as_i64().unwrap()).await;
+    assert_eq!(row.status, "unprocessable");
+    assert_eq!(
+        row.reason.as_deref(),
+        Some("the database refused the parsed event (SQLSTATE 23514)")
+    );
+    let raw: Vec<u8> = sqlx::query_scalar("SELECT raw_body FROM inbox_events WHERE id = $1")
+        .bind(body["event_id"].as_i64().unwrap())
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert!(!raw.is_empty(), "the evidence is kept");
+
+    // Refused even bare: 503 with Retry-After, never a 500 the provider retries forever.
+    sqlx::query(
+        "ALTER TABLE inbox_events ADD CONSTRAINT no_stripe CHECK (source <> 'stripe') NOT VALID",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let event = stripe_event("evt_refused_2", "cus_r", Utc::now().timestamp());
+    let (status, body) = app.post("stripe", &stripe_delivery(&event)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["code"], "store_refused");
+}

@@ -25,5 +25,8 @@ pub struct VerifiedEvent {
     pub sent_at: Option<DateTime<Utc>>,
     /// The provider's id for this delivery or message, when it sends one.
     pub delivery_id: Option<String>,
+    /// Which of the source's secrets signed it (its index in the configured list), for a
+    /// secret-signed delivery: an operator rolling a secret watches the old one fall silent.
+    pub signed_with: Option<usize>,
     pub meta: Result<EventMeta, String>,
 }

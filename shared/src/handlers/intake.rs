@@ -74,8 +74,10 @@ pub enum IntakeError {
     Unauthorized(AuthError),
     #[error("the event could not be stored; retry later")]
     StoreUnavailable(#[source] StoreError),
-    #[error("internal error")]
-    Internal(#[source] StoreError),
+    /// The database refused even the bare record of a verified delivery: the provider
+    /// retries, and the log says why.
+    #[error("the event could not be stored; retry later")]
+    StoreRefused(#[source] StoreError),
 }
 
 impl IntakeError {
@@ -87,7 +89,7 @@ impl IntakeError {
             Self::Unauthorized(AuthError::KeysUnavailable) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::StoreRefused(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -100,7 +102,7 @@ impl IntakeError {
             Self::Unauthorized(AuthError::KeysUnavailable) => "keys_unavailable",
             Self::Unauthorized(_) => "unauthorized",
             Self::StoreUnavailable(_) => "store_unavailable",
-            Self::Internal(_) => "internal",
+            Self::StoreRefused(_) => "store_refused",
         }
     }
 
@@ -126,7 +128,7 @@ impl IntakeError {
 
     fn source_chain(&self) -> anyhow::Error {
         match self {
-            Self::StoreUnavailable(e) | Self::Internal(e) => anyhow::anyhow!("{self}: {e:#}"),
+            Self::StoreUnavailable(e) | Self::StoreRefused(e) => anyhow::anyhow!("{self}: {e:#}"),
             other => anyhow::anyhow!("{other}"),
         }
     }
@@ -220,7 +222,7 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
             if e.is_unavailable() {
                 IntakeError::StoreUnavailable(e)
             } else {
-                IntakeError::Internal(e)
+                IntakeError::StoreRefused(e)
             }
         })?;
     let span = tracing::Span::current();

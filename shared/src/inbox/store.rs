@@ -1,6 +1,8 @@
 //! Storing a verified delivery: the event once per `(source, dedupe_key)`, a copy counted, a
 //! conflict recorded, one `deliveries` row per attempt — in one statement (docs/design.md §3).
 
+use std::borrow::Cow;
+
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use sqlx::{PgConnection, PgPool};
@@ -41,6 +43,9 @@ pub enum StoreError {
     /// No connection could be had: whatever the cause, the sender should retry later.
     #[error("no database connection: {0}")]
     NoConnection(#[source] sqlx::Error),
+    /// The database refused the event as parsed, and then its bare record too.
+    #[error("the database refused the event: {0}")]
+    Refused(#[source] Box<StoreError>),
 }
 
 impl StoreError {
@@ -48,6 +53,7 @@ impl StoreError {
     pub fn is_unavailable(&self) -> bool {
         let e = match self {
             Self::NoConnection(_) => return true,
+            Self::Refused(inner) => return inner.is_unavailable(),
             Self::Database(e) => e,
         };
         match e {
@@ -137,9 +143,69 @@ pub async fn store_delivery(
     })
 }
 
+/// The earliest provider time trusted: no provider here sent events before it.
+pub const EARLIEST_TRUSTED: &str = "2000-01-01T00:00:00Z";
+/// How far ahead of the intake's clock a provider time may be (clock skew, not a future).
+pub const LATEST_AHEAD: chrono::Duration = chrono::Duration::days(1);
+
+/// Why a provider time is not trusted (it orders the registers, so an absurd one would win
+/// every comparison, or not fit Postgres at all); `None` when it is.
+pub fn untrusted_time(at: ProviderTime, now: DateTime<Utc>) -> Option<String> {
+    let earliest = DateTime::parse_from_rfc3339(EARLIEST_TRUSTED)
+        .expect("a valid constant")
+        .with_timezone(&Utc);
+    let at = at.as_datetime();
+    if at < earliest {
+        Some(format!(
+            "the provider time {} is before {EARLIEST_TRUSTED}: not trusted",
+            at.format("%Y-%m-%dT%H:%M:%SZ")
+        ))
+    } else if at > now + LATEST_AHEAD {
+        Some(format!(
+            "the provider time {} is more than a day ahead: not trusted",
+            at.format("%Y-%m-%dT%H:%M:%SZ")
+        ))
+    } else {
+        None
+    }
+}
+
+/// JSON as Postgres' `jsonb` takes it: `\u0000` is refused there, so NUL is removed from
+/// every string and key. Borrowed unchanged when there is none (almost always). The raw body
+/// is kept exactly, as bytes.
+pub fn storable(value: &Value) -> Cow<'_, Value> {
+    fn has_nul(value: &Value) -> bool {
+        match value {
+            Value::String(s) => s.contains('\0'),
+            Value::Array(items) => items.iter().any(has_nul),
+            Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+            _ => false,
+        }
+    }
+    fn strip(value: &Value) -> Value {
+        match value {
+            Value::String(s) => Value::String(s.replace('\0', "")),
+            Value::Array(items) => Value::Array(items.iter().map(strip).collect()),
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .map(|(k, v)| (k.replace('\0', ""), strip(v)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+    if has_nul(value) {
+        Cow::Owned(strip(value))
+    } else {
+        Cow::Borrowed(value)
+    }
+}
+
 /// Stores a verified event, from a delivery or read back from the provider's API, with the
-/// delivery headers worth keeping. An event whose envelope could not be parsed is stored as
-/// `unprocessable`, with the reason, and never enqueued.
+/// delivery headers worth keeping. An event whose envelope could not be parsed, or whose
+/// provider time is not trusted, is stored as `unprocessable`, with the reason, and never
+/// enqueued. An event the database refuses for its content (not for being unavailable) is
+/// stored `unprocessable` without its parsed form; only if even that fails is it an error.
 pub async fn store_verified(
     pool: &PgPool,
     source: &str,
@@ -147,27 +213,35 @@ pub async fn store_verified(
     verified: &VerifiedEvent,
     headers: &Value,
 ) -> Result<Stored, StoreError> {
-    let (event_type, customer, occurred_at, status, reason) = match &verified.meta {
+    let meta = match &verified.meta {
+        Ok(meta) => match untrusted_time(meta.occurred_at, Utc::now()) {
+            Some(reason) => Err(reason),
+            None => Ok(meta),
+        },
+        Err(reason) => Err(reason.clone()),
+    };
+    let (event_type, customer, occurred_at, status, reason) = match &meta {
         Ok(meta) => (
-            meta.event_type.as_str(),
+            meta.event_type.replace('\0', ""),
             meta.customer.as_ref(),
             Some(meta.occurred_at),
             EventStatus::Received,
             None,
         ),
         Err(reason) => (
-            "unknown",
+            "unknown".to_owned(),
             None,
             None,
             EventStatus::Unprocessable,
             Some(reason.as_str()),
         ),
     };
+    let payload = verified.payload.as_ref().map(storable);
     let delivery = NewDelivery {
         source,
         dedupe_key: &verified.dedupe_key,
-        event_type,
-        payload: verified.payload.as_ref(),
+        event_type: &event_type,
+        payload: payload.as_deref(),
         raw_body: body,
         payload_hash: verified.content_hash.as_bytes(),
         customer_key: customer,
@@ -179,7 +253,38 @@ pub async fn store_verified(
         headers,
     };
     let mut conn = pool.acquire().await.map_err(StoreError::NoConnection)?;
-    store_delivery(&mut conn, &delivery).await
+    match store_delivery(&mut conn, &delivery).await {
+        Err(error) if !error.is_unavailable() => {
+            let code = sql_state(&error);
+            // The cause goes to the log by its code only: a message may quote the payload.
+            tracing::error!(source, dedupe_key = verified.dedupe_key.as_str(), sql_state = %code,
+                "the database refused the event as parsed; storing it unprocessable");
+            let refused = format!("the database refused the parsed event (SQLSTATE {code})");
+            let bare = NewDelivery {
+                event_type: "unknown",
+                payload: None,
+                customer_key: None,
+                occurred_at: None,
+                status: EventStatus::Unprocessable,
+                reason: Some(&refused),
+                delivery_id: None,
+                ..delivery
+            };
+            store_delivery(&mut conn, &bare)
+                .await
+                .map_err(|e| StoreError::Refused(Box::new(e)))
+        }
+        other => other,
+    }
+}
+
+fn sql_state(error: &StoreError) -> String {
+    match error {
+        StoreError::Database(sqlx::Error::Database(db)) => {
+            db.code().map(|c| c.into_owned()).unwrap_or_default()
+        }
+        _ => "none".to_owned(),
+    }
 }
 
 /// The headers a fetched (not delivered) event is stored with.

@@ -28,26 +28,64 @@ pub(crate) fn check_tolerance(
     }
 }
 
-/// Whether any candidate signature is the HMAC-SHA256 of the message (given in parts) under
-/// any key. `verify_slice` compares in constant time and rejects a wrong length, so a
-/// truncated or empty signature never passes.
-pub(crate) fn any_hmac_matches(
+/// At most this many signatures are tried per delivery. Senders sign once per active secret
+/// (two while one rolls), so more is noise or an attempt to make the intake work for nothing.
+pub const MAX_SIGNATURES: usize = 16;
+
+/// The candidate signatures of a header, decoded: empty ones dropped, at most
+/// [`MAX_SIGNATURES`], at least one. Decoding stops at the first one over the cap, so a huge
+/// header costs no more than reading it.
+pub(crate) fn candidates(
+    encoded: impl Iterator<Item = Option<Vec<u8>>>,
+    what: &'static str,
+) -> Result<Vec<Vec<u8>>, AuthError> {
+    let mut found = Vec::new();
+    for candidate in encoded.flatten().filter(|c| !c.is_empty()) {
+        if found.len() == MAX_SIGNATURES {
+            return Err(AuthError::TooManySignatures(what, MAX_SIGNATURES));
+        }
+        found.push(candidate);
+    }
+    if found.is_empty() {
+        return Err(AuthError::Malformed(what));
+    }
+    Ok(found)
+}
+
+/// Which configured key signed the message (given in parts), if any: the HMAC-SHA256 of the
+/// message is computed once per key, whatever the number of candidates, and compared to each
+/// candidate in constant time (a candidate of the wrong length never matches). The index
+/// tells an operator rolling a secret which one senders still use.
+pub(crate) fn signing_key(
     keys: &[Vec<u8>],
     candidates: &[Vec<u8>],
     message: &[&[u8]],
-) -> bool {
+) -> Option<usize> {
     use hmac::{Hmac, Mac};
-    keys.iter().any(|key| {
-        candidates.iter().any(|candidate| {
-            let Ok(mut mac) = Hmac::<sha2::Sha256>::new_from_slice(key) else {
-                return false;
-            };
-            for part in message {
-                mac.update(part);
-            }
-            mac.verify_slice(candidate).is_ok()
-        })
+    use subtle::ConstantTimeEq;
+    keys.iter().position(|key| {
+        let Ok(mut mac) = Hmac::<sha2::Sha256>::new_from_slice(key) else {
+            return false;
+        };
+        for part in message {
+            mac.update(part);
+        }
+        #[cfg(test)]
+        MACS.with(|n| n.set(n.get() + 1));
+        let tag = mac.finalize().into_bytes();
+        candidates
+            .iter()
+            .fold(subtle::Choice::from(0), |found, c| {
+                found | c.as_slice().ct_eq(tag.as_slice())
+            })
+            .into()
     })
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many MACs this thread computed: the work a delivery cost, counted, not timed.
+    pub(crate) static MACS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// A header's value as text, if present and printable.
@@ -74,9 +112,46 @@ pub(crate) fn customer_at(value: &Value, pointer: &str) -> Option<CustomerId> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use chrono::TimeZone;
+
+    /// The MACs computed while running `f`.
+    pub(crate) fn macs_of<T>(f: impl FnOnce() -> T) -> (usize, T) {
+        let before = MACS.with(|n| n.get());
+        let out = f();
+        (MACS.with(|n| n.get()) - before, out)
+    }
+
+    #[test]
+    fn empty_candidates_are_dropped_and_too_many_refused() {
+        let some = |n: usize, len: usize| (0..n).map(move |_| Some(vec![7u8; len]));
+        assert_eq!(
+            candidates(some(1000, 0), "sig"),
+            Err(AuthError::Malformed("sig"))
+        );
+        assert_eq!(
+            candidates(some(MAX_SIGNATURES + 1, 32), "sig"),
+            Err(AuthError::TooManySignatures("sig", MAX_SIGNATURES))
+        );
+        let kept = candidates(some(3, 0).chain(some(MAX_SIGNATURES, 32)), "sig").unwrap();
+        assert_eq!(kept.len(), MAX_SIGNATURES);
+    }
+
+    #[test]
+    fn one_mac_per_key_whatever_the_candidates() {
+        let keys = vec![b"old".to_vec(), b"new".to_vec()];
+        let message: [&[u8]; 1] = [b"body"];
+        let wrong = vec![vec![0u8; 32]; MAX_SIGNATURES];
+        let (macs, matched) = macs_of(|| signing_key(&keys, &wrong, &message));
+        assert_eq!((macs, matched), (2, None));
+        use hmac::{Hmac, Mac};
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(b"new").unwrap();
+        mac.update(b"body");
+        let right = mac.finalize().into_bytes().to_vec();
+        let (macs, matched) = macs_of(|| signing_key(&keys, &[right], &message));
+        assert_eq!((macs, matched), (2, Some(1)), "the index names the secret");
+    }
 
     #[test]
     fn tolerance_rejects_both_directions() {

@@ -108,6 +108,8 @@ pub enum AuthError {
     Missing(&'static str),
     #[error("malformed {0}")]
     Malformed(&'static str),
+    #[error("{0}: more than {1} signatures")]
+    TooManySignatures(&'static str, usize),
     #[error("signature does not match")]
     BadSignature,
     #[error("timestamp is older than the {0} s tolerance")]

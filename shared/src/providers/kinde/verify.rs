@@ -142,6 +142,7 @@ pub fn parse_claims(
         sent_at: Some(sent_at),
         delivery_id,
         meta,
+        signed_with: None,
     }
 }
 

@@ -11,7 +11,9 @@ use serde_json::Value;
 
 use crate::config::SecretEncoding;
 use crate::domain::{ContentHash, DedupeKey, EventMeta, ProviderTime, VerifiedEvent};
-use crate::providers::common::{any_hmac_matches, check_tolerance, customer_at, header, str_at};
+use crate::providers::common::{
+    candidates, check_tolerance, customer_at, header, signing_key, str_at,
+};
 use crate::providers::{AuthError, CheckNow};
 
 pub const ID_HEADER: &str = "webhook-id";
@@ -56,7 +58,8 @@ impl StandardVerifier {
 }
 
 impl CheckNow for StandardVerifier {
-    /// Checks the signature, then the time, then reads the event.
+    /// Checks the time, then the signature (so a stale or forged header costs no HMAC over
+    /// the body), then reads the event.
     fn check(
         &self,
         headers: &HeaderMap,
@@ -68,31 +71,28 @@ impl CheckNow for StandardVerifier {
             either(headers, TIMESTAMP_HEADER).ok_or(AuthError::Missing("webhook-timestamp"))?;
         let signatures =
             either(headers, SIGNATURE_HEADER).ok_or(AuthError::Missing("webhook-signature"))?;
-        let seconds = timestamp
+        let sent_at = timestamp
             .parse::<i64>()
-            .map_err(|_| AuthError::Malformed("webhook-timestamp"))?;
-        let candidates: Vec<Vec<u8>> = signatures
-            .split_whitespace()
-            .filter_map(|s| s.split_once(','))
-            .filter(|(version, _)| *version == "v1")
-            // A signature that is not base64 can never match; one beside it still may.
-            .filter_map(|(_, sig)| BASE64.decode(sig).ok())
-            .collect();
-        if candidates.is_empty() {
-            return Err(AuthError::Malformed("webhook-signature: no v1 signature"));
-        }
-        let message: [&[u8]; 5] = [id.as_bytes(), b".", timestamp.as_bytes(), b".", body];
-        // A signature of the wrong length (a bare `v1,`) never passes.
-        let matched = any_hmac_matches(&self.keys, &candidates, &message);
-        if !matched {
-            return Err(AuthError::BadSignature);
-        }
-        let sent_at = Utc
-            .timestamp_opt(seconds, 0)
-            .single()
+            .ok()
+            .and_then(|seconds| Utc.timestamp_opt(seconds, 0).single())
             .ok_or(AuthError::Malformed("webhook-timestamp"))?;
         check_tolerance(sent_at, now, self.tolerance)?;
-        Ok(parse_event(id, body, sent_at))
+        let candidates = candidates(
+            signatures
+                .split_whitespace()
+                .filter_map(|s| s.split_once(','))
+                .filter(|(version, _)| *version == "v1")
+                // A signature that is not base64 can never match; one beside it still may.
+                .map(|(_, sig)| BASE64.decode(sig).ok()),
+            "webhook-signature: no v1 signature",
+        )?;
+        let message: [&[u8]; 5] = [id.as_bytes(), b".", timestamp.as_bytes(), b".", body];
+        // A signature of the wrong length (a bare `v1,`) never passes.
+        let secret =
+            signing_key(&self.keys, &candidates, &message).ok_or(AuthError::BadSignature)?;
+        let mut event = parse_event(id, body, sent_at);
+        event.signed_with = Some(secret);
+        Ok(event)
     }
 }
 
@@ -118,6 +118,7 @@ pub fn parse_event(id: &str, body: &[u8], sent_at: DateTime<Utc>) -> VerifiedEve
         sent_at: Some(sent_at),
         delivery_id: Some(id.to_owned()),
         meta,
+        signed_with: None,
     }
 }
 
@@ -187,6 +188,28 @@ mod tests {
                      "modified_at": "2025-12-31T23:58:00Z"}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn work_is_bounded_before_any_mac() {
+        use crate::providers::common::tests::macs_of;
+        let v = verifier(&[b"key_a", b"key_b"]);
+        let big = vec![b'x'; 1 << 20];
+        let real = format!("v1,{}", BASE64.encode([1u8; 32]));
+        let (single, result) = macs_of(|| v.check(&headers("msg_1", NOW, &real), &big, now()));
+        assert_eq!((single, result.unwrap_err()), (2, AuthError::BadSignature));
+        let empty = "v1, ".repeat(1000);
+        let (flood, result) =
+            macs_of(|| v.check(&headers("msg_1", NOW, empty.trim()), &big, now()));
+        assert!(matches!(result, Err(AuthError::Malformed(_))));
+        assert!(flood <= 2 * single, "{flood} MACs against {single}");
+        let many = format!("{real} ").repeat(1000);
+        let (flood, result) = macs_of(|| v.check(&headers("msg_1", NOW, many.trim()), &big, now()));
+        assert!(matches!(result, Err(AuthError::TooManySignatures(..))));
+        assert_eq!(flood, 0);
+        let (macs, result) = macs_of(|| v.check(&headers("msg_1", 1, &real), &big, now()));
+        assert!(matches!(result, Err(AuthError::Stale(_))));
+        assert_eq!(macs, 0);
     }
 
     #[test]

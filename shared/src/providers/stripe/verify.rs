@@ -7,7 +7,9 @@ use http::HeaderMap;
 use serde_json::Value;
 
 use crate::domain::{ContentHash, CustomerId, DedupeKey, EventMeta, ProviderTime, VerifiedEvent};
-use crate::providers::common::{any_hmac_matches, check_tolerance, customer_at, header, str_at};
+use crate::providers::common::{
+    candidates, check_tolerance, customer_at, header, signing_key, str_at,
+};
 use crate::providers::{AuthError, CheckNow};
 
 pub const SIGNATURE_HEADER: &str = "stripe-signature";
@@ -42,15 +44,13 @@ fn parse_signature_header(raw: &str) -> Result<SignatureHeader, AuthError> {
             }
             // A signature that is not hex can never match; it is skipped, not fatal, so
             // that a valid one beside it still counts.
-            "v1" => v1.extend(hex::decode(value).ok()),
+            "v1" => v1.push(hex::decode(value).ok()),
             // v0 is Stripe's test-mode scheme and is never trusted.
             _ => {}
         }
     }
     let timestamp = timestamp.ok_or(AuthError::Malformed("Stripe-Signature: no t="))?;
-    if v1.is_empty() {
-        return Err(AuthError::Malformed("Stripe-Signature: no v1 signature"));
-    }
+    let v1 = candidates(v1.into_iter(), "Stripe-Signature: no v1 signature")?;
     Ok(SignatureHeader { timestamp, v1 })
 }
 
@@ -61,7 +61,8 @@ impl StripeVerifier {
 }
 
 impl CheckNow for StripeVerifier {
-    /// Checks the signature, then the time, then reads the event.
+    /// Checks the time, then the signature (so a stale or forged header costs no HMAC over
+    /// the body), then reads the event.
     fn check(
         &self,
         headers: &HeaderMap,
@@ -71,19 +72,19 @@ impl CheckNow for StripeVerifier {
         let raw =
             header(headers, SIGNATURE_HEADER).ok_or(AuthError::Missing("Stripe-Signature"))?;
         let signature = parse_signature_header(raw)?;
-        let t = signature.timestamp.to_string();
-        // Any v1 against any configured secret: secrets roll, and Stripe signs with each.
-        let message: [&[u8]; 3] = [t.as_bytes(), b".", body];
-        let matched = any_hmac_matches(&self.secrets, &signature.v1, &message);
-        if !matched {
-            return Err(AuthError::BadSignature);
-        }
         let sent_at = Utc
             .timestamp_opt(signature.timestamp, 0)
             .single()
             .ok_or(AuthError::Malformed("Stripe-Signature timestamp"))?;
         check_tolerance(sent_at, now, self.tolerance)?;
-        Ok(parse_event(body, sent_at))
+        let t = signature.timestamp.to_string();
+        // Any v1 against any configured secret: secrets roll, and Stripe signs with each.
+        let message: [&[u8]; 3] = [t.as_bytes(), b".", body];
+        let secret =
+            signing_key(&self.secrets, &signature.v1, &message).ok_or(AuthError::BadSignature)?;
+        let mut event = parse_event(body, sent_at);
+        event.signed_with = Some(secret);
+        Ok(event)
     }
 }
 
@@ -115,6 +116,7 @@ pub fn parse_event(body: &[u8], sent_at: DateTime<Utc>) -> VerifiedEvent {
         sent_at: Some(sent_at),
         delivery_id: None,
         meta,
+        signed_with: None,
     }
 }
 
@@ -190,6 +192,45 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(SIGNATURE_HEADER, value.parse().unwrap());
         h
+    }
+
+    #[test]
+    fn work_is_bounded_before_any_mac() {
+        use crate::providers::common::tests::macs_of;
+        let v = verifier(&["whsec_a", "whsec_b"]);
+        let big = vec![b'x'; 1 << 20];
+        // One real candidate: one MAC per secret.
+        let one = format!("t={NOW},v1={}", "ab".repeat(32));
+        let (single, result) = macs_of(|| v.check(&headers(&one), &big, now()));
+        assert_eq!((single, result.unwrap_err()), (2, AuthError::BadSignature));
+        // A thousand empty candidates: refused before any MAC.
+        let empty = format!("t={NOW},{}", "v1=,".repeat(1000));
+        let (flood, result) = macs_of(|| v.check(&headers(&empty), &big, now()));
+        assert!(matches!(result, Err(AuthError::Malformed(_))));
+        assert!(flood <= 2 * single, "{flood} MACs against {single}");
+        // A thousand real-looking candidates: refused before any MAC.
+        let many = format!(
+            "t={NOW},{}",
+            format!("v1={},", "ab".repeat(32)).repeat(1000)
+        );
+        let (flood, result) = macs_of(|| v.check(&headers(&many), &big, now()));
+        assert!(matches!(result, Err(AuthError::TooManySignatures(..))));
+        assert_eq!(flood, 0);
+        // A stale timestamp: refused before any MAC.
+        let stale = format!("t=1,v1={}", "ab".repeat(32));
+        let (macs, result) = macs_of(|| v.check(&headers(&stale), &big, now()));
+        assert!(matches!(result, Err(AuthError::Stale(_))));
+        assert_eq!(macs, 0);
+    }
+
+    #[test]
+    fn the_matching_secret_is_named_by_its_index() {
+        let body = body();
+        let header = signature(b"whsec_new", NOW, &body);
+        let event = verifier(&["whsec_old", "whsec_new"])
+            .check(&headers(&header), &body, now())
+            .unwrap();
+        assert_eq!(event.signed_with, Some(1));
     }
 
     #[test]
