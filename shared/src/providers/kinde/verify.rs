@@ -450,6 +450,76 @@ mod tests {
         assert_eq!(refusal(&v, &token, now).await, AuthError::KeysUnavailable);
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_jwks_outage_costs_one_fetch_per_backoff_and_answers_fast() {
+        let server = MockServer::start().await;
+        Mock::given(method("GET"))
+            .respond_with(ResponseTemplate::new(503))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let v = std::sync::Arc::new(verifier_for(&server, Duration::from_secs(600)));
+        let now = Utc::now();
+        let token = kinde_token(KEY_A, "test-key-a", &claims(now)).unwrap();
+        for _wave in 0..2 {
+            let requests: Vec<_> = (0..100)
+                .map(|_| {
+                    let (v, token) = (v.clone(), token.clone());
+                    tokio::spawn(
+                        async move { v.check(&HeaderMap::new(), token.as_bytes(), now).await },
+                    )
+                })
+                .collect();
+            for request in requests {
+                assert_eq!(
+                    request.await.unwrap().unwrap_err(),
+                    AuthError::KeysUnavailable
+                );
+            }
+        }
+        // The mock's expectation (exactly one fetch) is checked when it drops.
+    }
+
+    #[tokio::test]
+    async fn a_slow_refresh_does_not_hold_up_requests_with_cached_keys() {
+        let server = MockServer::start().await;
+        Mock::given(method("GET"))
+            .respond_with(ResponseTemplate::new(200).set_body_raw(JWKS_A, "application/json"))
+            .up_to_n_times(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_raw(JWKS_A, "application/json")
+                    .set_delay(Duration::from_secs(3)),
+            )
+            .mount(&server)
+            .await;
+        let url = url::Url::parse(&format!("{}/.well-known/jwks", server.uri())).unwrap();
+        let cache = std::sync::Arc::new(JwksCache::with_timing(
+            url,
+            reqwest::Client::new(),
+            Duration::from_secs(600),
+            Duration::from_secs(30),
+        ));
+        let start = Instant::now();
+        cache.key("test-key-a", start).await.unwrap();
+        // Expired: one request refreshes (slowly); another, meanwhile, is answered from the
+        // cached keys without waiting on it.
+        let later = start + Duration::from_secs(601);
+        let refresher = {
+            let cache = cache.clone();
+            tokio::spawn(async move { cache.key("test-key-a", later).await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let answered = tokio::time::timeout(Duration::from_secs(1), cache.key("test-key-a", later))
+            .await
+            .expect("answered while the refresh is in flight");
+        assert!(answered.is_ok());
+        assert!(refresher.await.unwrap().is_ok());
+    }
+
     #[tokio::test]
     async fn stale_and_future_tokens_are_rejected() {
         let server = jwks_server(JWKS_A, 1).await;
