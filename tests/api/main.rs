@@ -4,6 +4,7 @@
 
 mod cli;
 mod corpus;
+mod fuzz;
 mod helpers;
 mod intake;
 mod model;
