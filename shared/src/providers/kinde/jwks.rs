@@ -56,7 +56,7 @@ impl CacheState {
 
 /// What a request does next, decided under the state lock.
 enum Next {
-    Answer(Result<Jwk, AuthError>),
+    Answer(Result<Box<Jwk>, AuthError>),
     Fetch,
     Wait,
 }
@@ -107,7 +107,7 @@ impl JwksCache {
             // wakes this request.
             waiting.as_mut().enable();
             match self.next(kid, now) {
-                Next::Answer(answer) => return answer,
+                Next::Answer(answer) => return answer.map(|key| *key),
                 Next::Wait => {
                     // A fetch is bounded by its timeout; the wait too, in case of a bug.
                     let _ = tokio::time::timeout(FETCH_TIMEOUT * 2, waiting).await;
@@ -150,7 +150,7 @@ impl JwksCache {
         let backing_off = within(state.failed_at, self.backoff);
         if let Some(key) = state.find(kid) {
             if fresh || backing_off || state.in_flight {
-                return Next::Answer(Ok(key.clone()));
+                return Next::Answer(Ok(Box::new(key.clone())));
             }
         }
         if state.in_flight {
