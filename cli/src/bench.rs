@@ -68,10 +68,9 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 }
 
 /// The backlog: distinct events over all configured providers, 30% of deliveries copies, shuffled.
-fn workload(args: &BenchArgs) -> anyhow::Result<Vec<Delivery>> {
+fn workload(args: &BenchArgs, sender: &crate::send::Sender) -> anyhow::Result<Vec<Delivery>> {
     use rand::seq::SliceRandom;
     use rand::Rng;
-    let sender = args.signing.sender("")?;
     let usable: Vec<_> = sender
         .sources()
         .iter()
@@ -285,7 +284,8 @@ async fn bench(
     raw_db: &str,
 ) -> anyhow::Result<Value> {
     eprintln!("bench: preparing {} signed deliveries", args.deliveries);
-    let deliveries = workload(args)?;
+    let sender = args.signing.sender("").await?;
+    let deliveries = workload(args, &sender)?;
     let pool = fresh_database(server, db).await?;
     let raw_pool = fresh_database(server, raw_db).await?;
     // The local SQS server slows down as the backlog grows: generous timeouts, so that the

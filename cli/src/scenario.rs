@@ -202,7 +202,7 @@ impl NaiveState {
 
 pub async fn run(args: &ScenarioArgs, pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
     let catalog = shared::config::parse_plans(&args.plans)?;
-    let sender = args.signing.sender(&args.intake_url)?;
+    let sender = args.signing.sender(&args.intake_url).await?;
     let (source, steps) = script(args.name);
     let run_id = &uuid_suffix();
     let customer = format!("scn_{run_id}");

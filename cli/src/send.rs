@@ -60,13 +60,14 @@ pub struct SigningArgs {
 }
 
 impl SigningArgs {
-    pub fn sender(&self, intake_url: &str) -> anyhow::Result<Sender> {
+    pub async fn sender(&self, intake_url: &str) -> anyhow::Result<Sender> {
         Sender::new(
             &self.sources,
             self.kinde_key.as_deref(),
             &self.kinde_kid,
             intake_url,
         )
+        .await
     }
 }
 
@@ -98,7 +99,7 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
     };
     let http = reqwest::Client::new();
     let mut answers = Vec::new();
-    let sender = args.signing.sender(&args.intake_url)?;
+    let sender = args.signing.sender(&args.intake_url).await?;
     let (id, payload) = sender.build(&args.source, &spec)?;
     let delivery = sender.sign(&args.source, &id, &payload)?;
     for _ in 0..args.copies {
@@ -131,13 +132,18 @@ pub struct Sender {
 }
 
 impl Sender {
-    pub fn new(
+    /// Reads the sources; a source's `secret_id` is read from Secrets Manager with the
+    /// caller's AWS credentials, as the intake reads it.
+    pub async fn new(
         sources: &str,
         kinde_key: Option<&std::path::Path>,
         kinde_kid: &str,
         intake_url: &str,
     ) -> anyhow::Result<Self> {
         let sources = parse_sources(sources).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let sources = shared::secrets::resolve(&sources, shared::secrets::Needs::Signing, false)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         let kinde_key = match kinde_key {
             Some(path) => Some(KindeKey {
                 pem: std::fs::read(path)

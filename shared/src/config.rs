@@ -96,6 +96,10 @@ pub struct SourceConfig {
     /// Stripe: the mode this source takes; an event of the other mode is stored and ignored.
     #[serde(default)]
     pub livemode: Option<bool>,
+    /// The AWS Secrets Manager secret (ARN or name) holding the source's signing secrets and
+    /// API key, read once per cold start ([`crate::secrets`]); inline values are for local use.
+    #[serde(default)]
+    pub secret_id: Option<String>,
 }
 
 /// Secrets never reach a log line, not even through `{:?}`.
@@ -114,6 +118,7 @@ impl fmt::Debug for SourceConfig {
             .field("api_key", &self.api_key.as_ref().map(|_| "redacted"))
             .field("api_base_url", &self.api_base_url)
             .field("livemode", &self.livemode)
+            .field("secret_id", &self.secret_id)
             .finish()
     }
 }
@@ -124,7 +129,7 @@ impl SourceConfig {
         if self.secrets.is_empty() || self.secrets.iter().any(|s| s.trim().is_empty()) {
             return Err(ConfigError::source(
                 &self.name,
-                "secrets must be a non-empty list of non-empty strings",
+                "secrets must be a non-empty list of non-empty strings (inline, or in the secret_id secret)",
             ));
         }
         Ok(&self.secrets)
@@ -141,7 +146,7 @@ impl SourceConfig {
 /// Parses `INBOX_SOURCES`: a JSON list of sources with unique, route-safe names.
 pub fn parse_sources(raw: &str) -> Result<Vec<SourceConfig>, ConfigError> {
     let sources: Vec<SourceConfig> = serde_json::from_str(raw)
-        .map_err(|e| ConfigError::new(SOURCES_VAR, format!("not a valid list of sources: {e}")))?;
+        .map_err(|e| ConfigError::new(SOURCES_VAR, value_free(&e, "a valid list of sources")))?;
     if sources.is_empty() {
         return Err(ConfigError::new(SOURCES_VAR, "lists no source"));
     }
@@ -174,6 +179,30 @@ pub fn parse_sources(raw: &str) -> Result<Vec<SourceConfig>, ConfigError> {
         }
     }
     Ok(sources)
+}
+
+/// A JSON error without the value it quotes: a serde message can repeat the offending
+/// string, which in `INBOX_SOURCES` may be a secret. Field names are kept (they are not).
+fn value_free(error: &serde_json::Error, expected: &str) -> String {
+    let message = error.to_string();
+    let what = if message.starts_with("unknown field") || message.starts_with("missing field") {
+        message
+            .split(" at line")
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    } else {
+        match error.classify() {
+            serde_json::error::Category::Syntax => "malformed JSON".to_owned(),
+            serde_json::error::Category::Eof => "the JSON ends early".to_owned(),
+            _ => "a value has the wrong type".to_owned(),
+        }
+    };
+    format!(
+        "not {expected}: {what} (line {}, column {})",
+        error.line(),
+        error.column()
+    )
 }
 
 /// Parses `INBOX_PLANS`, the plan catalog: the one reader for the functions and `inboxctl`.

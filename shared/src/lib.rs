@@ -5,8 +5,8 @@
 //! - [`inbox`] (the life of an `inbox_events` row), [`billing`] (the model, the registers, the
 //!   account view), [`providers`] (one folder per provider), [`reconcile`];
 //! - [`domain`]: the values everything above speaks in;
-//! - beside them: [`config`] (environment variables), [`db`] (the pool), [`queue`] (SQS), and
-//!   [`dev`] (local tools, `dev` feature only).
+//! - beside them: [`config`] (environment variables), [`secrets`] (Secrets Manager), [`db`]
+//!   (the pool), [`queue`] (SQS), and [`dev`] (local tools, `dev` feature only).
 
 pub mod billing;
 pub mod config;
@@ -19,6 +19,7 @@ pub mod inbox;
 pub mod providers;
 pub mod queue;
 pub mod reconcile;
+pub mod secrets;
 
 /// The schema, applied by `inboxctl migrate` and by the tests.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

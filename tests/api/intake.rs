@@ -597,3 +597,33 @@ async fn an_event_the_database_refuses_is_stored_bare_or_answered_503(pool: PgPo
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(body["code"], "store_refused");
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn which_secret_verified_a_delivery_is_kept_and_an_older_one_is_a_metric(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    // The test source lists an unused secret first: its deliveries verify with the second.
+    let event = stripe_event("evt_roll", "cus_roll", Utc::now().timestamp());
+    let (_, body) = app.post("stripe", &stripe_delivery(&event)).await;
+    let index: Option<i16> =
+        sqlx::query_scalar("SELECT secret_index FROM deliveries WHERE event_id = $1")
+            .bind(body["event_id"].as_i64().unwrap())
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(index, Some(1));
+
+    let line = shared::handlers::intake::older_secret_metric("stripe", 1, Utc::now());
+    let spec = &line["_aws"]["CloudWatchMetrics"][0];
+    assert_eq!(spec["Namespace"], "BillingInbox");
+    assert_eq!(spec["Dimensions"], json!([["Source"]]));
+    assert_eq!(spec["Metrics"][0]["Name"], "OldSecretDeliveries");
+    assert_eq!(
+        (
+            &line["Source"],
+            &line["SecretIndex"],
+            &line["OldSecretDeliveries"]
+        ),
+        (&json!("stripe"), &json!(1), &json!(1))
+    );
+    assert!(!line.to_string().contains(STRIPE_SECRET), "never the value");
+}

@@ -11,5 +11,6 @@ mod model;
 mod order;
 mod scenarios;
 mod scheduler;
+mod secrets;
 mod traffic;
 mod worker_faults;

@@ -11,7 +11,7 @@ async fn main() -> Result<(), Error> {
     let config = WorkerConfig::from_env()?;
     // One event at a time per instance; the event source mapping's maximum concurrency
     // bounds the connections all instances hold together.
-    let state = WorkerState::from_config(&config, 2)?;
+    let state = WorkerState::from_config(&config, 2).await?;
     run(service_fn(|event| handler(&state, event))).await
 }
 

@@ -17,6 +17,7 @@ use crate::inbox::enqueue_or_unmark;
 use crate::inbox::store::{store_verified, StoreError};
 use crate::providers::{AuthError, Sources};
 use crate::queue::Queue;
+use crate::secrets::Needs;
 
 /// Largest body accepted (1 MiB); providers send far less.
 pub const MAX_BODY_BYTES: usize = 1_048_576;
@@ -50,7 +51,8 @@ impl IntakeState {
             .timeout(Duration::from_secs(5))
             .build()
             .context("building the HTTP client")?;
-        let sources = Sources::build(&config.sources, config.tolerance, http)?;
+        let configs = crate::secrets::resolve(&config.sources, Needs::Signing, false).await?;
+        let sources = Sources::build(&configs, config.tolerance, http)?;
         Ok(Self {
             pool,
             queue,
@@ -215,6 +217,11 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
         .verify(request.headers(), body, Utc::now())
         .await
         .map_err(IntakeError::Unauthorized)?;
+    if let Some(index) = verified.signed_with.filter(|i| *i > 0) {
+        // Verified only by a secret after the first listed: while a secret rolls, this shows
+        // which source still signs with the old one. One line per such delivery, no more.
+        println!("{}", older_secret_metric(&source_name, index, Utc::now()));
+    }
     let headers = kept_headers(request.headers());
     let stored = store_verified(&state.pool, &source_name, body, &verified, &headers)
         .await
@@ -245,6 +252,24 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
         StatusCode::OK,
         &json!({"status": stored.verdict.as_str(), "event_id": stored.event_id}),
     ))
+}
+
+/// The Embedded Metric Format line for a delivery that only an older secret verified:
+/// `OldSecretDeliveries` by `Source`, with the secret's index (never its value) as a field.
+pub fn older_secret_metric(source: &str, index: usize, now: chrono::DateTime<Utc>) -> Value {
+    json!({
+        "_aws": {
+            "Timestamp": now.timestamp_millis(),
+            "CloudWatchMetrics": [{
+                "Namespace": super::METRICS_NAMESPACE,
+                "Dimensions": [["Source"]],
+                "Metrics": [{"Name": "OldSecretDeliveries", "Unit": "Count"}]
+            }]
+        },
+        "Source": source,
+        "SecretIndex": index,
+        "OldSecretDeliveries": 1
+    })
 }
 
 /// Hands the event to the queue after the commit. A failure here is not the provider's

@@ -19,7 +19,7 @@ use crate::inbox::rescue::rescue;
 use crate::queue::Queue;
 use crate::reconcile::{self, ReconcileReport, Reconciler};
 
-pub const METRICS_NAMESPACE: &str = "BillingInbox";
+pub use super::METRICS_NAMESPACE;
 
 pub struct SchedulerState {
     pub pool: PgPool,
@@ -38,7 +38,9 @@ impl SchedulerState {
             .timeout(Duration::from_secs(10))
             .build()
             .context("building the HTTP client")?;
-        let reconcilers = reconcile::reconcilers(&config.sources, &http);
+        let configs =
+            crate::secrets::resolve(&config.sources, crate::secrets::Needs::ApiKey, true).await?;
+        let reconcilers = reconcile::reconcilers(&configs, &http);
         Ok(Self {
             pool,
             queue,

@@ -79,7 +79,8 @@ impl WorkerState {
         }
     }
 
-    pub fn from_config(config: &WorkerConfig, max_connections: u32) -> anyhow::Result<Self> {
+    /// Builds the pool and each source's reads (with the API key from its secret, if any).
+    pub async fn from_config(config: &WorkerConfig, max_connections: u32) -> anyhow::Result<Self> {
         use anyhow::Context;
         let pool =
             crate::db::lazy_pool(&config.database_url, max_connections).context("DATABASE_URL")?;
@@ -87,8 +88,9 @@ impl WorkerState {
             .timeout(READ_TIMEOUT)
             .build()
             .context("building the HTTP client")?;
-        let sources = config
-            .sources
+        let configs =
+            crate::secrets::resolve(&config.sources, crate::secrets::Needs::ApiKey, true).await?;
+        let sources = configs
             .iter()
             .map(|s| (s.name.clone(), WorkerSource::from_config(s, &http)))
             .collect();

@@ -26,6 +26,8 @@ pub struct NewDelivery<'a> {
     pub delivery_id: Option<&'a str>,
     pub sent_at: Option<DateTime<Utc>>,
     pub headers: &'a Value,
+    /// Which configured secret verified the delivery (`VerifiedEvent::signed_with`).
+    pub secret_index: Option<i16>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,12 +108,12 @@ pub async fn store_delivery(
                         ELSE e.enqueued_at END
             RETURNING e.id, e.status, e.payload_hash = $6 AS same_content, (e.xmax = 0) AS inserted
         ), delivery AS (
-            INSERT INTO deliveries (event_id, verdict, delivery_id, sent_at, payload_hash, headers)
+            INSERT INTO deliveries (event_id, verdict, delivery_id, sent_at, payload_hash, headers, secret_index)
             SELECT id,
                    CASE WHEN inserted THEN 'stored'
                         WHEN same_content THEN 'duplicate'
                         ELSE 'conflict' END,
-                   $11, $12, $6, $13
+                   $11, $12, $6, $13, $15
             FROM upsert
             RETURNING verdict
         )
@@ -133,6 +135,7 @@ pub async fn store_delivery(
         d.sent_at,
         d.headers,
         &super::pending_names()[..] as &[&str],
+        d.secret_index,
     )
     .fetch_one(conn)
     .await?;
@@ -251,6 +254,7 @@ pub async fn store_verified(
         delivery_id: verified.delivery_id.as_deref(),
         sent_at: verified.sent_at,
         headers,
+        secret_index: verified.signed_with.and_then(|i| i16::try_from(i).ok()),
     };
     let mut conn = pool.acquire().await.map_err(StoreError::NoConnection)?;
     match store_delivery(&mut conn, &delivery).await {
