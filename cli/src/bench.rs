@@ -373,12 +373,13 @@ async fn measure(
             move |(source, body, verified)| {
                 let raw_pool = raw_pool.clone();
                 async move {
+                    let headers = json!({});
                     let _ = shared::inbox::store::store_verified(
                         &raw_pool,
                         &source,
                         &body,
                         &verified,
-                        &json!({}),
+                        shared::inbox::store::Origin::Delivery(&headers),
                     )
                     .await;
                 }

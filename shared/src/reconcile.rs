@@ -3,9 +3,12 @@
 //! ordered like a delivery, then enqueued. Each provider says how it is read (its folder's
 //! `api`); this module runs it, keeps the feed cursor and records each run.
 //!
-//! - An event feed (Stripe): every event since the stored cursor (with an overlap), page by
-//!   page. A missing event is stored and applied; a present one is only counted. The cursor
-//!   moves only past a complete read.
+//! - An event feed (Stripe): first what the provider failed to deliver, then a walk forward
+//!   in time: a window of provider time after the cursor is read page by page, the position
+//!   saved after every page, so a run that stops (budget, time, an API error) is resumed by
+//!   the next without a gap or a repeat; when the window is read, the cursor moves to its end.
+//!   The cursor stays [`LAG`] behind now. A missing event is stored and applied; a present
+//!   one is counted apart, and is not a delivery (its copy count does not move).
 //! - A subscription sweep (Polar): the provider's current subscriptions; one the local
 //!   register shows in an older, different state becomes a corrective event.
 
@@ -20,15 +23,22 @@ use crate::billing::registers::stored_subscription;
 use crate::config::SourceConfig;
 use crate::domain::Verdict;
 use crate::inbox::enqueue_or_unmark;
-use crate::inbox::store::{fetched_headers, store_verified};
-use crate::providers::{provider, Api, EventFeed, Fetched, Reconciliation, SubscriptionSweep};
+use crate::inbox::store::{store_verified, Origin};
+use crate::providers::{
+    provider, Api, EventFeed, Fetched, Reconciliation, SubscriptionSweep, Window,
+};
 use crate::queue::Queue;
 
-/// How far before the cursor each feed read starts: events can become visible late.
-pub const OVERLAP: Duration = Duration::from_secs(15 * 60);
+/// How far behind now the feed's cursor stays: an event becomes listable a little after it is
+/// created, so the walk never reads the last minutes (the next run does).
+pub const LAG: Duration = Duration::from_secs(15 * 60);
+/// The span of provider time one window of the walk covers.
+pub const WINDOW: Duration = Duration::from_secs(6 * 3600);
 /// Where the first read starts.
 pub const FIRST_LOOKBACK: Duration = Duration::from_secs(3 * 86_400);
-const MAX_PAGES: u32 = 20;
+/// The most pages one run reads from one source (the walk; then the undelivered list).
+pub const MAX_PAGES: u32 = 20;
+pub const MAX_UNDELIVERED_PAGES: u32 = 5;
 
 /// One source's reconciliation.
 pub struct Reconciler {
@@ -71,8 +81,15 @@ pub struct ReconcileReport {
     pub cursor_from: Option<DateTime<Utc>>,
     pub cursor_to: Option<DateTime<Utc>>,
     pub read: i32,
+    /// Read and already stored (a read is not a delivery: nothing about the event changes).
+    pub already_present: i32,
     pub stored_new: i32,
+    /// New events and conflicts: what the webhooks had not brought.
     pub discrepancies: i32,
+    /// The run's page or time budget ran out before the walk caught up.
+    pub stopped_early: bool,
+    /// How far the feed's cursor is behind now, in seconds, after the run.
+    pub behind_secs: Option<f64>,
     pub error: Option<String>,
 }
 
@@ -83,6 +100,8 @@ struct Run<'a> {
     queue: &'a Queue,
     deadline: Instant,
     report: ReconcileReport,
+    /// New pending events stored since the last flush: sent a page at a time.
+    to_enqueue: Vec<i64>,
 }
 
 /// Runs one source's reconciliation and records it; an API error fails this source only.
@@ -102,11 +121,16 @@ pub async fn run(
             source: reconciler.source.clone(),
             ..Default::default()
         },
+        to_enqueue: Vec::new(),
     };
-    let result = match &reconciler.how {
+    let mut result = match &reconciler.how {
         Reconciliation::Feed(feed) => run.feed(feed.as_ref()).await,
         Reconciliation::Sweep(sweep) => run.sweep(sweep.as_ref()).await,
     };
+    // Whatever the outcome, what was stored goes to the queue (or is rescued later).
+    if let Err(e) = run.flush().await {
+        result = result.and(Err(e));
+    }
     let mut report = run.report;
     if let Err(e) = result {
         tracing::error!(error = format!("{e:#}"), "reconciliation failed");
@@ -121,8 +145,9 @@ pub async fn run(
 async fn record(pool: &PgPool, r: &ReconcileReport) -> Result<(), sqlx::Error> {
     sqlx::query!(
         r#"
-        INSERT INTO reconcile_runs (source, finished_at, cursor_from, cursor_to, read, stored_new, discrepancies, error)
-        VALUES ($1, now(), $2, $3, $4, $5, $6, $7)
+        INSERT INTO reconcile_runs (source, finished_at, cursor_from, cursor_to, read, stored_new,
+                                    discrepancies, error, already_present, stopped_early, behind_secs)
+        VALUES ($1, now(), $2, $3, $4, $5, $6, $7, $8, $9, $10)
         "#,
         r.source,
         r.cursor_from,
@@ -131,6 +156,9 @@ async fn record(pool: &PgPool, r: &ReconcileReport) -> Result<(), sqlx::Error> {
         r.stored_new,
         r.discrepancies,
         r.error,
+        r.already_present,
+        r.stopped_early,
+        r.behind_secs,
     )
     .execute(pool)
     .await?;
@@ -142,82 +170,126 @@ impl Run<'_> {
         Instant::now() >= self.deadline
     }
 
-    /// Stores one fetched event as a delivery would be stored; a new one is enqueued.
+    /// Stores one fetched event through the inbox store (a new one is enqueued) and counts it.
     async fn store(&mut self, fetched: &Fetched) -> anyhow::Result<Verdict> {
         let stored = store_verified(
             self.pool,
             self.source,
             &fetched.body,
             &fetched.event,
-            &fetched_headers(),
+            Origin::Fetched,
         )
         .await
         .context("storing a fetched event")?;
         if stored.verdict == Verdict::Stored && stored.status.is_pending() {
-            enqueue_or_unmark(self.pool, self.queue, &[stored.event_id]).await?;
+            self.to_enqueue.push(stored.event_id);
+        }
+        self.report.read += 1;
+        match stored.verdict {
+            Verdict::Stored => {
+                self.report.stored_new += 1;
+                self.report.discrepancies += 1;
+                tracing::warn!(
+                    dedupe_key = fetched.event.dedupe_key.as_str(),
+                    "event missing from webhooks, fetched"
+                );
+            }
+            Verdict::Duplicate => self.report.already_present += 1,
+            Verdict::Conflict => {
+                self.report.discrepancies += 1;
+                tracing::warn!(
+                    dedupe_key = fetched.event.dedupe_key.as_str(),
+                    "the provider's copy of a stored event differs from it"
+                );
+            }
         }
         Ok(stored.verdict)
     }
 
+    /// Sends the new events stored since the last flush, ten to a request.
+    async fn flush(&mut self) -> anyhow::Result<()> {
+        let ids = std::mem::take(&mut self.to_enqueue);
+        if !ids.is_empty() {
+            enqueue_or_unmark(self.pool, self.queue, &ids).await?;
+        }
+        Ok(())
+    }
+
     async fn feed(&mut self, feed: &dyn EventFeed) -> anyhow::Result<()> {
-        let cursor = sqlx::query_scalar!(
-            "SELECT cursor_at FROM reconcile_cursors WHERE source = $1",
-            self.source
-        )
-        .fetch_optional(self.pool)
-        .await?
-        .unwrap_or_else(|| {
-            Utc::now() - chrono::Duration::from_std(FIRST_LOOKBACK).unwrap_or_default()
-        });
-        let from = cursor - chrono::Duration::from_std(OVERLAP).unwrap_or_default();
-        self.report.cursor_from = Some(from);
-        let mut newest = cursor;
+        // What the provider failed to deliver first: it may still be retrying for days.
         let mut after: Option<String> = None;
-        let mut complete = false;
-        for _ in 0..MAX_PAGES {
+        for _ in 0..MAX_UNDELIVERED_PAGES {
             if self.time_is_up() {
                 break;
             }
-            let page = feed.page(from, after.as_deref()).await?;
+            let page = feed.undelivered(after.as_deref()).await?;
             for fetched in &page.events {
-                if let Ok(meta) = &fetched.event.meta {
-                    newest = newest.max(meta.occurred_at.as_datetime());
-                }
-                self.report.read += 1;
-                match self.store(fetched).await? {
-                    Verdict::Stored => {
-                        self.report.stored_new += 1;
-                        self.report.discrepancies += 1;
-                        tracing::warn!(
-                            dedupe_key = fetched.event.dedupe_key.as_str(),
-                            "event missing from webhooks, fetched"
-                        );
-                    }
-                    Verdict::Duplicate => {}
-                    Verdict::Conflict => self.report.discrepancies += 1,
-                }
+                self.store(fetched).await?;
             }
+            self.flush().await?;
             after = page.next;
             if after.is_none() {
-                complete = true;
                 break;
             }
         }
-        // The cursor moves only past a complete read: an interrupted one starts again from it.
-        if complete {
-            sqlx::query!(
-                r#"
-                INSERT INTO reconcile_cursors (source, cursor_at) VALUES ($1, $2)
-                ON CONFLICT (source) DO UPDATE SET cursor_at = GREATEST(reconcile_cursors.cursor_at, EXCLUDED.cursor_at), updated_at = now()
-                "#,
-                self.source,
-                newest,
-            )
-            .execute(self.pool)
-            .await?;
-            self.report.cursor_to = Some(newest);
-        }
-        Ok(())
+        self.walk(feed).await
+    }
+
+    /// The forward walk: window after window from the cursor, each read newest first (the
+    /// feed's order), the position saved after every page.
+    async fn walk(&mut self, feed: &dyn EventFeed) -> anyhow::Result<()> {
+        let now = Utc::now();
+        let mut at = Position::load(self.pool, self.source, now).await?;
+        self.report.cursor_from = Some(at.cursor);
+        let horizon = whole_seconds(now - chrono::Duration::from_std(LAG).unwrap_or_default());
+        let window = chrono::Duration::from_std(WINDOW).unwrap_or_default();
+        let mut pages = 0;
+        let result = loop {
+            if at.cursor >= horizon {
+                break Ok(());
+            }
+            if pages == MAX_PAGES || self.time_is_up() {
+                self.report.stopped_early = true;
+                break Ok(());
+            }
+            let until = at
+                .window_end
+                .unwrap_or_else(|| (at.cursor + window).min(horizon));
+            let page = match feed
+                .page(
+                    Window {
+                        from: at.cursor,
+                        until,
+                    },
+                    at.after.as_deref(),
+                )
+                .await
+            {
+                Ok(page) => page,
+                Err(e) => break Err(e),
+            };
+            pages += 1;
+            for fetched in &page.events {
+                self.store(fetched).await?;
+            }
+            self.flush().await?;
+            at = match page.next {
+                Some(next) => Position {
+                    window_end: Some(until),
+                    after: Some(next),
+                    ..at
+                },
+                None => Position {
+                    cursor: until,
+                    window_end: None,
+                    after: None,
+                },
+            };
+            at.save(self.pool, self.source).await?;
+        };
+        self.report.cursor_to = Some(at.cursor);
+        self.report.behind_secs = Some((now - at.cursor).num_seconds().max(0) as f64);
+        result
     }
 
     async fn sweep(&mut self, sweep: &dyn SubscriptionSweep) -> anyhow::Result<()> {
@@ -227,7 +299,6 @@ impl Run<'_> {
             }
             let listed = sweep.page(page).await?;
             for subscription in &listed.subscriptions {
-                self.report.read += 1;
                 let Some(id) = sweep.subscription_id(subscription) else {
                     continue;
                 };
@@ -235,10 +306,13 @@ impl Run<'_> {
                     let mut conn = self.pool.acquire().await?;
                     stored_subscription(&mut conn, self.source, id).await?
                 };
-                if let Some(corrective) = sweep.correction(subscription, local.as_ref())? {
-                    if self.store(&corrective).await? == Verdict::Stored {
-                        self.report.stored_new += 1;
-                        self.report.discrepancies += 1;
+                match sweep.correction(subscription, local.as_ref())? {
+                    Some(corrective) => {
+                        self.store(&corrective).await?;
+                    }
+                    None => {
+                        self.report.read += 1;
+                        self.report.already_present += 1;
                     }
                 }
             }
@@ -248,6 +322,63 @@ impl Run<'_> {
         }
         Ok(())
     }
+}
+
+/// Where the feed walk stands: every event before `cursor` is read; the window up to
+/// `window_end` is being read, and `after` is the position in it.
+struct Position {
+    cursor: DateTime<Utc>,
+    window_end: Option<DateTime<Utc>>,
+    after: Option<String>,
+}
+
+impl Position {
+    async fn load(pool: &PgPool, source: &str, now: DateTime<Utc>) -> Result<Self, sqlx::Error> {
+        let row = sqlx::query!(
+            "SELECT cursor_at, window_end, page_after FROM reconcile_cursors WHERE source = $1",
+            source
+        )
+        .fetch_optional(pool)
+        .await?;
+        Ok(match row {
+            Some(row) => Self {
+                cursor: row.cursor_at,
+                window_end: row.window_end,
+                after: row.page_after,
+            },
+            None => Self {
+                cursor: whole_seconds(
+                    now - chrono::Duration::from_std(FIRST_LOOKBACK).unwrap_or_default(),
+                ),
+                window_end: None,
+                after: None,
+            },
+        })
+    }
+
+    async fn save(&self, pool: &PgPool, source: &str) -> Result<(), sqlx::Error> {
+        sqlx::query!(
+            r#"
+            INSERT INTO reconcile_cursors (source, cursor_at, window_end, page_after)
+            VALUES ($1, $2, $3, $4)
+            ON CONFLICT (source) DO UPDATE
+                SET cursor_at = EXCLUDED.cursor_at, window_end = EXCLUDED.window_end,
+                    page_after = EXCLUDED.page_after, updated_at = now()
+            "#,
+            source,
+            self.cursor,
+            self.window_end,
+            self.after,
+        )
+        .execute(pool)
+        .await?;
+        Ok(())
+    }
+}
+
+/// A time cut to whole seconds: the feed filters by whole seconds.
+fn whole_seconds(t: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::from_timestamp(t.timestamp(), 0).unwrap_or(t)
 }
 
 #[cfg(test)]

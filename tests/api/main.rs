@@ -9,6 +9,8 @@ mod helpers;
 mod intake;
 mod model;
 mod order;
+mod reconcile;
+mod scale;
 mod scenarios;
 mod scheduler;
 mod secrets;

@@ -318,7 +318,9 @@ fn materialize(index: usize, event: &Event, ns: &str) -> Materialized {
 }
 
 async fn store(pool: &PgPool, m: &Materialized) -> i64 {
-    shared::inbox::store::store_verified(pool, m.source, &m.body, &m.verified, &json!({}))
+    let headers = json!({});
+    let origin = shared::inbox::store::Origin::Delivery(&headers);
+    shared::inbox::store::store_verified(pool, m.source, &m.body, &m.verified, origin)
         .await
         .unwrap()
         .event_id

@@ -12,12 +12,12 @@ use shared::inbox::{purge::purge, replay::replay, rescue::rescue};
 use shared::queue::Queue;
 use shared::reconcile::Reconciler;
 use sqlx::PgPool;
-use wiremock::matchers::{header, method, path, query_param};
+use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::helpers::*;
 
-fn scheduler_for(app: &TestApp, reconcilers: Vec<Reconciler>) -> SchedulerState {
+pub(crate) fn scheduler_for(app: &TestApp, reconcilers: Vec<Reconciler>) -> SchedulerState {
     SchedulerState {
         pool: app.pool.clone(),
         queue: Queue::new(app.sqs.clone(), app.queue_url.clone()),
@@ -27,16 +27,21 @@ fn scheduler_for(app: &TestApp, reconcilers: Vec<Reconciler>) -> SchedulerState 
     }
 }
 
-async fn exec(app: &TestApp, sql: &str) {
+/// A deadline no rescue in these tests reaches.
+pub(crate) fn soon() -> std::time::Instant {
+    std::time::Instant::now() + Duration::from_secs(60)
+}
+
+pub(crate) async fn exec(app: &TestApp, sql: &str) {
     sqlx::query(sql).execute(&app.pool).await.unwrap();
 }
 
-async fn status_of(app: &TestApp, id: i64) -> String {
+pub(crate) async fn status_of(app: &TestApp, id: i64) -> String {
     app.event(id).await.status
 }
 
 /// Stores a Stripe event through the intake and drains its message, leaving it `received`.
-async fn stored_unapplied(app: &TestApp, id: &str) -> i64 {
+pub(crate) async fn stored_unapplied(app: &TestApp, id: &str) -> i64 {
     let (_, body) = app
         .post(
             "stripe",
@@ -63,7 +68,7 @@ async fn an_event_whose_send_failed_is_enqueued_by_the_next_run_and_applied(pool
     let scheduler = scheduler_for(&app, vec![]);
 
     // Younger than a minute: the intake may still be sending it.
-    assert!(rescue(&app.pool, &scheduler.queue)
+    assert!(rescue(&app.pool, &scheduler.queue, soon())
         .await
         .unwrap()
         .is_empty());
@@ -92,9 +97,12 @@ async fn an_expired_lease_is_rescued_and_applied_once(pool: PgPool) {
     .await;
     let scheduler = scheduler_for(&app, vec![]);
 
-    assert_eq!(rescue(&app.pool, &scheduler.queue).await.unwrap(), [id]);
+    assert_eq!(
+        rescue(&app.pool, &scheduler.queue, soon()).await.unwrap(),
+        [id]
+    );
     assert!(
-        rescue(&app.pool, &scheduler.queue)
+        rescue(&app.pool, &scheduler.queue, soon())
             .await
             .unwrap()
             .is_empty(),
@@ -131,7 +139,10 @@ async fn a_due_failed_event_is_retried_and_one_not_due_is_not(pool: PgPool) {
     .unwrap();
     let scheduler = scheduler_for(&app, vec![]);
 
-    assert_eq!(rescue(&app.pool, &scheduler.queue).await.unwrap(), [due]);
+    assert_eq!(
+        rescue(&app.pool, &scheduler.queue, soon()).await.unwrap(),
+        [due]
+    );
     app.run_worker().await;
     assert_eq!(status_of(&app, due).await, "applied");
     assert_eq!(status_of(&app, later).await, "failed");
@@ -156,7 +167,10 @@ async fn two_overlapping_runs_enqueue_each_row_once(pool: PgPool) {
         ..scheduler_for(&app, vec![])
     };
 
-    let (first, second) = tokio::join!(rescue(&a.pool, &a.queue), rescue(&other_pool, &b.queue));
+    let (first, second) = tokio::join!(
+        rescue(&a.pool, &a.queue, soon()),
+        rescue(&other_pool, &b.queue, soon())
+    );
     let (first, second) = (first.unwrap(), second.unwrap());
 
     let all: Vec<i64> = first.iter().chain(second.iter()).copied().collect();
@@ -168,7 +182,7 @@ async fn two_overlapping_runs_enqueue_each_row_once(pool: PgPool) {
     assert_eq!(queued, ids, "one message per row");
 }
 
-fn stripe_api_event(id: &str, customer: &str, created: i64) -> Value {
+pub(crate) fn stripe_api_event(id: &str, customer: &str, created: i64) -> Value {
     let mut event = stripe_event(id, customer, created);
     // Read back from the API, the delivery counter differs: still the same event.
     event["pending_webhooks"] = json!(0);
@@ -176,89 +190,16 @@ fn stripe_api_event(id: &str, customer: &str, created: i64) -> Value {
 }
 
 /// A source's reconciler, configured as `INBOX_SOURCES` would, against the mock API.
-fn reconciler(source: Value) -> Reconciler {
+pub(crate) fn reconciler(source: Value) -> Reconciler {
     let config = parse_sources(&json!([source]).to_string()).unwrap();
     Reconciler::for_source(&config[0], &reqwest::Client::new()).expect("the source is reconciled")
 }
 
-fn stripe_reconciler(server: &MockServer) -> Reconciler {
+pub(crate) fn stripe_reconciler(server: &MockServer) -> Reconciler {
     reconciler(
         json!({"name": "stripe", "kind": "stripe", "secrets": [STRIPE_SECRET],
         "api_key": "sk_test_reconcile", "api_base_url": server.uri()}),
     )
-}
-
-#[sqlx::test(migrator = "shared::MIGRATOR")]
-async fn a_stripe_event_never_delivered_is_fetched_stored_and_applied(pool: PgPool) {
-    let app = TestApp::spawn(pool).await;
-    let now = Utc::now().timestamp();
-    let delivered = stripe_event("evt_seen", "cus_r1", now - 60);
-    let (_, body) = app.post("stripe", &stripe_delivery(&delivered)).await;
-    let seen_id = body["event_id"].as_i64().unwrap();
-    app.run_worker().await;
-
-    let server = MockServer::start().await;
-    // Two pages, newest first, as Stripe lists them.
-    Mock::given(method("GET"))
-        .and(path("/v1/events"))
-        .and(header("authorization", "Bearer sk_test_reconcile"))
-        .and(query_param("starting_after", "evt_missing"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "object": "list", "has_more": false,
-            "data": [stripe_api_event("evt_seen", "cus_r1", now - 60)]
-        })))
-        .expect(1)
-        .mount(&server)
-        .await;
-    let mut missing = stripe_api_event("evt_missing", "cus_r2", now - 30);
-    missing["data"]["object"]["id"] = json!("sub_2");
-    Mock::given(method("GET"))
-        .and(path("/v1/events"))
-        .and(query_param("limit", "100"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "object": "list", "has_more": true, "data": [missing]
-        })))
-        .expect(1)
-        .mount(&server)
-        .await;
-    let scheduler = scheduler_for(&app, vec![stripe_reconciler(&server)]);
-
-    let report = scheduler::run(&scheduler).await;
-
-    let r = &report.reconciliation[0];
-    assert_eq!(
-        (r.read, r.stored_new, r.discrepancies, r.error.as_deref()),
-        (2, 1, 1, None),
-        "{report:?}"
-    );
-    assert_eq!(
-        app.event(seen_id).await.seen_count,
-        2,
-        "a present event is only counted"
-    );
-    app.run_worker().await;
-    let fetched = app.event(app.event_id("stripe", "evt_missing").await).await;
-    assert_eq!(fetched.status, "applied");
-    assert_eq!(
-        app.account("stripe", "cus_r2", &Utc::now().format("%Y-%m").to_string())
-            .await
-            .plan,
-        "pro"
-    );
-    let cursor: chrono::DateTime<Utc> =
-        sqlx::query_scalar("SELECT cursor_at FROM reconcile_cursors WHERE source = 'stripe'")
-            .fetch_one(&app.pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        cursor.timestamp(),
-        now - 30,
-        "the cursor moves to the newest event read"
-    );
-    let runs = app
-        .count("SELECT count(*) FROM reconcile_runs WHERE discrepancies = 1")
-        .await;
-    assert_eq!(runs, 1);
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
@@ -295,14 +236,14 @@ async fn a_provider_api_error_fails_its_source_and_not_the_run(pool: PgPool) {
     assert!(recorded.is_some());
 }
 
-fn polar_reconciler(server: &MockServer) -> Reconciler {
+pub(crate) fn polar_reconciler(server: &MockServer) -> Reconciler {
     reconciler(
         json!({"name": "polar", "kind": "standard-webhooks", "secrets": [POLAR_SECRET],
         "secret_encoding": "raw", "api_key": "polar_oat_test", "api_base_url": server.uri()}),
     )
 }
 
-async fn polar_api_returns(server: &MockServer, subscription: Value) {
+pub(crate) async fn polar_api_returns(server: &MockServer, subscription: Value) {
     server.reset().await;
     Mock::given(method("GET"))
         .and(path("/v1/subscriptions/"))
@@ -524,7 +465,7 @@ async fn an_event_marked_enqueued_whose_message_never_arrived_is_sent_again(pool
     assert!(app.event(id).await.enqueued_at.is_some());
     let scheduler = scheduler_for(&app, vec![]);
     assert!(
-        rescue(&app.pool, &scheduler.queue)
+        rescue(&app.pool, &scheduler.queue, soon())
             .await
             .unwrap()
             .is_empty(),
@@ -536,7 +477,10 @@ async fn an_event_marked_enqueued_whose_message_never_arrived_is_sent_again(pool
         "UPDATE inbox_events SET received_at = now() - interval '6 minutes', enqueued_at = now() - interval '6 minutes'",
     )
     .await;
-    assert_eq!(rescue(&app.pool, &scheduler.queue).await.unwrap(), [id]);
+    assert_eq!(
+        rescue(&app.pool, &scheduler.queue, soon()).await.unwrap(),
+        [id]
+    );
     app.run_worker().await;
     assert_eq!(status_of(&app, id).await, "applied");
 }

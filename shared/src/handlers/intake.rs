@@ -14,7 +14,7 @@ use sqlx::PgPool;
 use crate::config::IntakeConfig;
 use crate::domain::Verdict;
 use crate::inbox::enqueue_or_unmark;
-use crate::inbox::store::{store_verified, StoreError};
+use crate::inbox::store::{store_verified, Origin, StoreError};
 use crate::providers::{AuthError, Sources};
 use crate::queue::Queue;
 use crate::secrets::Needs;
@@ -223,15 +223,21 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
         println!("{}", older_secret_metric(&source_name, index, Utc::now()));
     }
     let headers = kept_headers(request.headers());
-    let stored = store_verified(&state.pool, &source_name, body, &verified, &headers)
-        .await
-        .map_err(|e| {
-            if e.is_unavailable() {
-                IntakeError::StoreUnavailable(e)
-            } else {
-                IntakeError::StoreRefused(e)
-            }
-        })?;
+    let stored = store_verified(
+        &state.pool,
+        &source_name,
+        body,
+        &verified,
+        Origin::Delivery(&headers),
+    )
+    .await
+    .map_err(|e| {
+        if e.is_unavailable() {
+            IntakeError::StoreUnavailable(e)
+        } else {
+            IntakeError::StoreRefused(e)
+        }
+    })?;
     let span = tracing::Span::current();
     span.record("event_id", stored.event_id);
     span.record("verdict", stored.verdict.as_str());

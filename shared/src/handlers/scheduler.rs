@@ -67,7 +67,7 @@ pub struct RunReport {
 pub async fn run(state: &SchedulerState) -> RunReport {
     let deadline = Instant::now() + state.budget;
     let mut report = RunReport::default();
-    match rescue(&state.pool, &state.queue).await {
+    match rescue(&state.pool, &state.queue, deadline).await {
         Ok(ids) => report.rescued = ids,
         Err(e) => report.errors.push(format!("rescue: {e:#}")),
     }
@@ -127,7 +127,18 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
             .iter()
             .filter(|r| r.error.is_some())
             .count();
-    let metrics: [(&str, f64, &str); 11] = [
+    // The feed furthest behind, and how many sources stopped before catching up.
+    let behind = report
+        .reconciliation
+        .iter()
+        .filter_map(|r| r.behind_secs)
+        .fold(0.0, f64::max);
+    let stopped_early = report
+        .reconciliation
+        .iter()
+        .filter(|r| r.stopped_early)
+        .count();
+    let metrics: [(&str, f64, &str); 13] = [
         ("StepErrors", step_errors as f64, "Count"),
         ("DeadEvents", status("dead") as f64, "Count"),
         (
@@ -141,6 +152,8 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
             "Count",
         ),
         ("ReconcileDiscrepancies", discrepancies as f64, "Count"),
+        ("ReconcileBehindSeconds", behind, "Seconds"),
+        ("ReconcileStoppedEarly", stopped_early as f64, "Count"),
         ("RescuedEvents", report.rescued.len() as f64, "Count"),
         ("PurgedEvents", report.purged as f64, "Count"),
         (

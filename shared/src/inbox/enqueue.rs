@@ -21,13 +21,20 @@ pub async fn enqueue_or_unmark(
             count = unsent.len(),
             "enqueue failed; the scheduler will rescue the events"
         );
-        sqlx::query!(
-            "UPDATE inbox_events SET enqueued_at = NULL WHERE id = ANY($1)",
-            &unsent
-        )
-        .execute(pool)
-        .await
-        .context("unmarking events the queue refused")?;
+        unmark(pool, &unsent)
+            .await
+            .context("unmarking events the queue refused")?;
     }
     Ok(unsent)
+}
+
+/// Clears the enqueue mark of rows that were not sent, so the next rescue sends them at once.
+pub async fn unmark(pool: &PgPool, ids: &[i64]) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE inbox_events SET enqueued_at = NULL WHERE id = ANY($1)",
+        ids
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
 }

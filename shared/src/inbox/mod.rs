@@ -27,7 +27,7 @@ pub mod store;
 
 use std::time::Duration;
 
-pub use enqueue::enqueue_or_unmark;
+pub use enqueue::{enqueue_or_unmark, unmark};
 
 use crate::domain::EventStatus;
 
@@ -46,7 +46,8 @@ pub const RETRY_DELAYS: [Duration; 5] = [
 ];
 /// A row stored this long ago and never enqueued is rescued (the intake's send failed).
 pub const NEVER_ENQUEUED_AFTER: Duration = Duration::from_secs(60);
-/// A row enqueued this long ago and still `received` is enqueued again (its message was lost).
+/// A pending row whose last enqueue mark is this old is enqueued again, whatever wrote the
+/// mark: its message was lost, or never sent (a run that died between mark and send).
 pub const STUCK_AFTER: Duration = Duration::from_secs(300);
 /// The most rows one scheduled step touches.
 pub const ROWS_PER_STEP: i64 = 1000;

@@ -21,7 +21,7 @@ pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> any
                 SELECT id FROM inbox_events
                 WHERE status IN ('applied', 'ignored')
                   AND received_at < now() - make_interval(secs => $1)
-                ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED
+                LIMIT $2 FOR UPDATE SKIP LOCKED
             )
             "#,
             retention.as_secs_f64(),

@@ -28,6 +28,18 @@ pub struct NewDelivery<'a> {
     pub headers: &'a Value,
     /// Which configured secret verified the delivery (`VerifiedEvent::signed_with`).
     pub secret_index: Option<i16>,
+    /// Read back from the provider's API, not delivered: a read of a stored event is no
+    /// copy (no `seen_count`, no delivery row) and marks nothing for the queue.
+    pub fetched: bool,
+}
+
+/// Where a verified event came from.
+#[derive(Debug, Clone, Copy)]
+pub enum Origin<'a> {
+    /// A webhook delivery, with the headers worth keeping.
+    Delivery(&'a Value),
+    /// A read from the provider's API (reconciliation).
+    Fetched,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,25 +113,25 @@ pub async fn store_delivery(
                     CASE WHEN $9 = 'unprocessable' THEN now() END,
                     CASE WHEN $9 = 'received' THEN now() END)
             ON CONFLICT (source, dedupe_key) DO UPDATE
-                SET seen_count = e.seen_count + (e.payload_hash = EXCLUDED.payload_hash)::int,
+                SET seen_count = e.seen_count
+                        + (e.payload_hash = EXCLUDED.payload_hash AND NOT $16)::int,
                     enqueued_at = CASE
                         WHEN e.payload_hash = EXCLUDED.payload_hash
-                             AND e.status = ANY($14) THEN now()
+                             AND e.status = ANY($14) AND NOT $16 THEN now()
                         ELSE e.enqueued_at END
-            RETURNING e.id, e.status, e.payload_hash = $6 AS same_content, (e.xmax = 0) AS inserted
+            RETURNING e.id, e.status, (e.xmax = 0) AS inserted,
+                      CASE WHEN e.xmax = 0 THEN 'stored'
+                           WHEN e.payload_hash = $6 THEN 'duplicate'
+                           ELSE 'conflict' END AS verdict
         ), delivery AS (
             INSERT INTO deliveries (event_id, verdict, delivery_id, sent_at, payload_hash, headers, secret_index)
-            SELECT id,
-                   CASE WHEN inserted THEN 'stored'
-                        WHEN same_content THEN 'duplicate'
-                        ELSE 'conflict' END,
-                   $11, $12, $6, $13, $15
+            SELECT id, verdict, $11, $12, $6, $13, $15
             FROM upsert
-            RETURNING verdict
+            WHERE inserted OR NOT $16
         )
         SELECT upsert.id AS "event_id!", upsert.status AS "status!: EventStatus",
-               delivery.verdict AS "verdict!: Verdict"
-        FROM upsert CROSS JOIN delivery
+               upsert.verdict AS "verdict!: Verdict"
+        FROM upsert
         "#,
         d.source,
         d.dedupe_key.as_str(),
@@ -136,6 +148,7 @@ pub async fn store_delivery(
         d.headers,
         &super::pending_names()[..] as &[&str],
         d.secret_index,
+        d.fetched,
     )
     .fetch_one(conn)
     .await?;
@@ -214,8 +227,13 @@ pub async fn store_verified(
     source: &str,
     body: &[u8],
     verified: &VerifiedEvent,
-    headers: &Value,
+    origin: Origin<'_>,
 ) -> Result<Stored, StoreError> {
+    let fetched_headers = json!({"via": "reconciliation"});
+    let (headers, fetched) = match origin {
+        Origin::Delivery(headers) => (headers, false),
+        Origin::Fetched => (&fetched_headers, true),
+    };
     let meta = match &verified.meta {
         Ok(meta) => match untrusted_time(meta.occurred_at, Utc::now()) {
             Some(reason) => Err(reason),
@@ -255,6 +273,7 @@ pub async fn store_verified(
         sent_at: verified.sent_at,
         headers,
         secret_index: verified.signed_with.and_then(|i| i16::try_from(i).ok()),
+        fetched,
     };
     let mut conn = pool.acquire().await.map_err(StoreError::NoConnection)?;
     match store_delivery(&mut conn, &delivery).await {
@@ -289,9 +308,4 @@ fn sql_state(error: &StoreError) -> String {
         }
         _ => "none".to_owned(),
     }
-}
-
-/// The headers a fetched (not delivered) event is stored with.
-pub fn fetched_headers() -> Value {
-    json!({"via": "reconciliation"})
 }

@@ -359,13 +359,25 @@ pub struct FeedPage {
     pub next: Option<String>,
 }
 
-/// A provider's change feed: every event since a time, page by page (Stripe's `/v1/events`).
+/// A span of provider time, `from` included, `until` not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub from: DateTime<Utc>,
+    pub until: DateTime<Utc>,
+}
+
+/// A provider's change feed (Stripe's `/v1/events`), filtered to the types this code reads.
 pub trait EventFeed: Send + Sync {
+    /// One page of the events created in `window`, after the position `after`.
     fn page<'a>(
         &'a self,
-        since: DateTime<Utc>,
+        window: Window,
         after: Option<&'a str>,
     ) -> BoxFuture<'a, anyhow::Result<FeedPage>>;
+
+    /// One page of the events the provider failed to deliver (and may still be retrying).
+    fn undelivered<'a>(&'a self, after: Option<&'a str>)
+        -> BoxFuture<'a, anyhow::Result<FeedPage>>;
 }
 
 /// One page of a provider's current subscriptions.

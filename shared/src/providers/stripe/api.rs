@@ -1,15 +1,16 @@
-//! Stripe's API as reconciliation reads it: `GET /v1/events` from a time, newest first,
-//! paginated with `starting_after` (Stripe keeps 30 days of events). And the object reads the
+//! Stripe's API as reconciliation reads it: `GET /v1/events` within a window of `created`,
+//! newest first, paginated with `starting_after`, filtered to the handled `types[]`; and
+//! `delivery_success=false`, what Stripe failed to deliver (Stripe keeps 30 days of events). And the object reads the
 //! worker makes: a subscription, to settle a same-second tie, and the invoice payment of a
 //! payment intent, to link a refund (docs/design.md §4.2, §4.5).
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use serde_json::Value;
 
-use super::decide::plan_keys;
+use super::decide::{plan_keys, HANDLED_TYPES};
 use super::parse_event;
 use crate::providers::{
-    path_id, Api, BoxFuture, EventFeed, FeedPage, Fetched, Reads, SubscriptionNow,
+    path_id, Api, BoxFuture, EventFeed, FeedPage, Fetched, Reads, SubscriptionNow, Window,
 };
 
 /// The API version the object reads are written against (invoice payments exist from it on).
@@ -27,12 +28,16 @@ impl StripeEvents {
         Self { api }
     }
 
-    async fn fetch(&self, since: DateTime<Utc>, after: Option<&str>) -> anyhow::Result<FeedPage> {
+    /// `GET /v1/events` with `filters`, the handled types, and the page position.
+    async fn fetch(
+        &self,
+        filters: &[(&str, String)],
+        after: Option<&str>,
+    ) -> anyhow::Result<FeedPage> {
         use anyhow::Context;
-        let mut query = vec![
-            ("limit", PAGE_SIZE.to_string()),
-            ("created[gte]", since.timestamp().to_string()),
-        ];
+        let mut query: Vec<(&str, String)> = vec![("limit", PAGE_SIZE.to_string())];
+        query.extend(filters.iter().cloned());
+        query.extend(HANDLED_TYPES.iter().map(|t| ("types[]", (*t).to_owned())));
         if let Some(after) = after {
             query.push(("starting_after", after.to_owned()));
         }
@@ -63,10 +68,26 @@ impl StripeEvents {
 impl EventFeed for StripeEvents {
     fn page<'a>(
         &'a self,
-        since: DateTime<Utc>,
+        window: Window,
         after: Option<&'a str>,
     ) -> BoxFuture<'a, anyhow::Result<FeedPage>> {
-        Box::pin(self.fetch(since, after))
+        Box::pin(async move {
+            let filters = [
+                ("created[gte]", window.from.timestamp().to_string()),
+                ("created[lt]", window.until.timestamp().to_string()),
+            ];
+            self.fetch(&filters, after).await
+        })
+    }
+
+    fn undelivered<'a>(
+        &'a self,
+        after: Option<&'a str>,
+    ) -> BoxFuture<'a, anyhow::Result<FeedPage>> {
+        Box::pin(async move {
+            self.fetch(&[("delivery_success", "false".to_owned())], after)
+                .await
+        })
     }
 }
 

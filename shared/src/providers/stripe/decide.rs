@@ -28,6 +28,21 @@ pub(super) fn plan_keys(object: &Value) -> Vec<&str> {
     keys
 }
 
+/// The event types `decide` gives a meaning (Stripe's `types[]` filter takes up to 20).
+pub const HANDLED_TYPES: [&str; 11] = [
+    "customer.subscription.created",
+    "customer.subscription.updated",
+    "customer.subscription.deleted",
+    "customer.subscription.paused",
+    "customer.subscription.resumed",
+    "invoice.paid",
+    "invoice.payment_succeeded",
+    "invoice.payment_failed",
+    "invoice_payment.paid",
+    "charge.refunded",
+    "customer.deleted",
+];
+
 /// The payment intent an object names, as an id or an expanded object.
 fn payment_intent(object: &Value) -> Option<&str> {
     first_text(object, &["/payment_intent", "/payment_intent/id"])

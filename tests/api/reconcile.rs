@@ -1,0 +1,426 @@
+//! Reconciliation and rescue at real volume (docs/design.md §1.4, §6.2): a fake Stripe API
+//! that lists events as Stripe does (newest first, `created[gte]`/`created[lt]`, `types[]`,
+//! `starting_after`, `delivery_success=false`), thousands of events, runs that stop on their
+//! budget or fail midway, reads that are not deliveries, and marks that are never stranded.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use chrono::Utc;
+use serde_json::{json, Value};
+use shared::handlers::scheduler;
+use shared::inbox::rescue::{mark_lost, rescue, send_marked};
+use shared::reconcile::{LAG, MAX_PAGES};
+use sqlx::PgPool;
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+use crate::helpers::*;
+use crate::scheduler::{
+    exec, polar_api_returns, polar_reconciler, scheduler_for, soon, status_of, stored_unapplied,
+    stripe_api_event, stripe_reconciler,
+};
+
+/// Stripe's `/v1/events`, over a fixed set of events.
+struct FakeStripe {
+    /// Every event, newest first (created, then id, descending), as Stripe lists them.
+    events: Vec<Value>,
+    /// What `delivery_success=false` lists.
+    undelivered: Vec<Value>,
+    /// Answer 500 to the request with this number (counting from 1), once.
+    fail_request: Option<usize>,
+    requests: AtomicUsize,
+    /// The windows asked for, to show the walk goes forward.
+    windows: Mutex<Vec<(i64, i64)>>,
+}
+
+impl FakeStripe {
+    fn new(mut events: Vec<Value>) -> Self {
+        events.sort_by_key(|e| {
+            std::cmp::Reverse((
+                e["created"].as_i64().unwrap(),
+                e["id"].as_str().unwrap().to_owned(),
+            ))
+        });
+        Self {
+            events,
+            undelivered: Vec::new(),
+            fail_request: None,
+            requests: AtomicUsize::new(0),
+            windows: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Respond for FakeStripe {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let n = self.requests.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.fail_request == Some(n) {
+            return ResponseTemplate::new(500);
+        }
+        let query: Vec<(String, String)> = request.url.query_pairs().into_owned().collect();
+        let get = |name: &str| {
+            query
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        let types: Vec<String> = query
+            .iter()
+            .filter(|(k, _)| k == "types[]")
+            .map(|(_, v)| v.clone())
+            .collect();
+        let limit: usize = get("limit").and_then(|l| l.parse().ok()).unwrap_or(10);
+        let listed: Vec<&Value> = if get("delivery_success").as_deref() == Some("false") {
+            self.undelivered.iter().collect()
+        } else {
+            let gte: i64 = get("created[gte]")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(i64::MIN);
+            let lt: i64 = get("created[lt]")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(i64::MAX);
+            self.windows.lock().unwrap().push((gte, lt));
+            self.events
+                .iter()
+                .filter(|e| (gte..lt).contains(&e["created"].as_i64().unwrap()))
+                .collect()
+        };
+        let listed: Vec<&Value> = listed
+            .into_iter()
+            .filter(|e| types.is_empty() || types.iter().any(|t| e["type"] == t.as_str()))
+            .collect();
+        let start = match get("starting_after") {
+            Some(after) => listed
+                .iter()
+                .position(|e| e["id"] == after.as_str())
+                .map_or(listed.len(), |i| i + 1),
+            None => 0,
+        };
+        let page: Vec<&Value> = listed.iter().skip(start).take(limit).copied().collect();
+        let has_more = start + page.len() < listed.len();
+        ResponseTemplate::new(200).set_body_json(json!({
+            "object": "list", "url": "/v1/events", "has_more": has_more, "data": page
+        }))
+    }
+}
+
+async fn fake_stripe(fake: FakeStripe) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(wiremock::matchers::method("GET"))
+        .and(wiremock::matchers::path("/v1/events"))
+        .respond_with(fake)
+        .mount(&server)
+        .await;
+    server
+}
+
+/// A scheduler for thousands of events: a generous time budget, so that the page budget is
+/// what ends a run, and a queue whose sends fail at once (no retry). The local SQS server
+/// slows down as thousands of messages pile up (a batch takes seconds), which says nothing
+/// of reconciliation: what it stores but cannot send is unmarked for the rescue, whose
+/// sends are tested on their own.
+async fn volume_scheduler(app: &TestApp, server: &MockServer) -> scheduler::SchedulerState {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let refused = aws_sdk_sqs::Client::from_conf(
+        aws_sdk_sqs::config::Builder::from(&shared::queue::sdk_config().await)
+            .endpoint_url(format!("http://127.0.0.1:{port}"))
+            .retry_config(aws_sdk_sqs::config::retry::RetryConfig::disabled())
+            .build(),
+    );
+    scheduler::SchedulerState {
+        budget: std::time::Duration::from_secs(300),
+        queue: shared::queue::Queue::new(
+            refused,
+            format!("http://127.0.0.1:{port}/000000000000/gone"),
+        ),
+        ..scheduler_for(app, vec![stripe_reconciler(server)])
+    }
+}
+
+/// `count` subscription events spread over the two days before the lag, one customer each
+/// in ten; and a few of a type the walk does not ask for.
+fn many_events(count: usize) -> Vec<Value> {
+    let newest = Utc::now().timestamp() - LAG.as_secs() as i64 - 60;
+    let span = 2 * 86_400;
+    let mut events: Vec<Value> = (0..count)
+        .map(|n| {
+            let created = newest - (span * n as i64) / count as i64;
+            let mut e =
+                stripe_api_event(&format!("evt_{n:05}"), &format!("cus_{}", n % 10), created);
+            e["data"]["object"]["id"] = json!(format!("sub_{n:05}"));
+            e
+        })
+        .collect();
+    for n in 0..3 {
+        let mut other = stripe_api_event(&format!("evt_balance_{n}"), "cus_0", newest - n);
+        other["type"] = json!("balance.available");
+        events.push(other);
+    }
+    events
+}
+
+async fn cursor_of(app: &TestApp) -> chrono::DateTime<Utc> {
+    sqlx::query_scalar("SELECT cursor_at FROM reconcile_cursors WHERE source = 'stripe'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_reconciliation_completes_any_volume_in_bounded_runs(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let events = many_events(5_000);
+    let newest = events
+        .iter()
+        .map(|e| e["created"].as_i64().unwrap())
+        .max()
+        .unwrap();
+    let server = fake_stripe(FakeStripe::new(events)).await;
+    let scheduler = volume_scheduler(&app, &server).await;
+    let per_run = MAX_PAGES as usize * 100;
+    let runs = 5_000usize.div_ceil(per_run) + 1;
+
+    let mut reports = Vec::new();
+    for _ in 0..runs {
+        let report = scheduler::run(&scheduler).await;
+        reports.push(report.reconciliation[0].clone());
+    }
+
+    let stored = app.count("SELECT count(*) FROM inbox_events").await;
+    assert_eq!(
+        stored, 5_000,
+        "every handled event, once; none of the other type"
+    );
+    let repeats: i32 = reports.iter().map(|r| r.already_present).sum();
+    assert_eq!(repeats, 0, "no event read twice: {reports:?}");
+    assert!(
+        reports[0].stopped_early,
+        "the first run stops on its budget"
+    );
+    let last = reports.last().unwrap();
+    assert!(!last.stopped_early && last.error.is_none(), "{last:?}");
+    assert!(
+        cursor_of(&app).await.timestamp() > newest,
+        "the cursor is past the newest"
+    );
+    assert!(last.behind_secs.unwrap() <= (LAG.as_secs() + 60) as f64);
+    let metrics = scheduler::emf(
+        &scheduler::RunReport {
+            reconciliation: vec![reports[0].clone()],
+            ..Default::default()
+        },
+        Utc::now(),
+    );
+    assert_eq!(metrics["ReconcileStoppedEarly"], 1.0);
+    assert!(metrics["ReconcileBehindSeconds"].as_f64().unwrap() > 3_600.0);
+    let recorded: i64 = app
+        .count("SELECT count(*) FROM reconcile_runs WHERE stopped_early")
+        .await;
+    assert!(recorded >= 1);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_run_that_fails_midway_is_resumed_without_gaps_or_repeats(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let mut fake = FakeStripe::new(many_events(1_500));
+    fake.fail_request = Some(9);
+    let server = fake_stripe(fake).await;
+    let scheduler = volume_scheduler(&app, &server).await;
+
+    let first = scheduler::run(&scheduler).await.reconciliation[0].clone();
+    assert!(first.error.as_deref().unwrap().contains("500"), "{first:?}");
+    let mut repeats = first.already_present;
+    for _ in 0..3 {
+        let report = scheduler::run(&scheduler).await.reconciliation[0].clone();
+        assert!(report.error.is_none(), "{report:?}");
+        repeats += report.already_present;
+    }
+    assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 1_500);
+    assert_eq!(repeats, 0);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_event_stripe_failed_to_deliver_is_applied_and_counted_once(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    // Created a minute ago: the walk will not reach it for a while; the undelivered list has it.
+    let mut fake = FakeStripe::new(Vec::new());
+    let mut missing = stripe_api_event("evt_undelivered", "cus_u", Utc::now().timestamp() - 60);
+    missing["data"]["object"]["id"] = json!("sub_u");
+    fake.undelivered = vec![missing];
+    let server = fake_stripe(fake).await;
+    let scheduler = scheduler_for(&app, vec![stripe_reconciler(&server)]);
+
+    let first = scheduler::run(&scheduler).await.reconciliation[0].clone();
+    assert_eq!((first.stored_new, first.discrepancies), (1, 1), "{first:?}");
+    app.run_worker().await;
+    let id = app.event_id("stripe", "evt_undelivered").await;
+    assert_eq!(status_of(&app, id).await, "applied");
+
+    let second = scheduler::run(&scheduler).await.reconciliation[0].clone();
+    assert_eq!(
+        (
+            second.stored_new,
+            second.discrepancies,
+            second.already_present
+        ),
+        (0, 0, 1),
+        "{second:?}"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn provider_reads_are_not_deliveries(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let created = Utc::now().timestamp() - LAG.as_secs() as i64 - 600;
+    let delivered = stripe_event("evt_once", "cus_once", created);
+    let (_, body) = app.post("stripe", &stripe_delivery(&delivered)).await;
+    let id = body["event_id"].as_i64().unwrap();
+    app.run_worker().await;
+    // Listed by the walk's first window, and still in the undelivered list every run.
+    let mut fake = FakeStripe::new(vec![stripe_api_event("evt_once", "cus_once", created)]);
+    fake.undelivered = vec![stripe_api_event("evt_once", "cus_once", created)];
+    let server = fake_stripe(fake).await;
+    let scheduler = scheduler_for(&app, vec![stripe_reconciler(&server)]);
+
+    let mut present = 0;
+    for _ in 0..3 {
+        let report = scheduler::run(&scheduler).await.reconciliation[0].clone();
+        assert_eq!(report.discrepancies, 0, "{report:?}");
+        present += report.already_present;
+    }
+
+    assert!(present >= 3, "each read is counted as present");
+    let row = app.event(id).await;
+    assert_eq!(row.seen_count, 1);
+    assert_eq!(
+        app.verdicts(id).await,
+        ["stored"],
+        "one delivery, the webhook's"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_polar_subscription_on_an_unknown_product_is_reported_once(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let server = MockServer::start().await;
+    polar_api_returns(
+        &server,
+        json!({"id": "sub_unknown", "customer_id": "pc_unknown", "status": "active",
+               "product_id": "prod_not_in_catalog", "modified_at": "2026-03-01T00:00:00Z",
+               "created_at": "2026-01-01T00:00:00Z"}),
+    )
+    .await;
+    let scheduler = scheduler_for(&app, vec![polar_reconciler(&server)]);
+
+    let mut found = Vec::new();
+    for _ in 0..3 {
+        let report = scheduler::run(&scheduler).await;
+        app.run_worker().await;
+        found.push(report.reconciliation[0].discrepancies);
+    }
+    assert_eq!(found, [1, 0, 0]);
+    let account = app.account("polar", "pc_unknown", "2026-03").await;
+    assert_eq!(account.subscriptions[0].status, "active");
+    assert_eq!(
+        account.plan, "free",
+        "a product not in the catalog is no plan"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_run_that_dies_between_mark_and_send_strands_nothing(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let mut ids = Vec::new();
+    for n in 0..25 {
+        ids.push(stored_unapplied(&app, &format!("evt_strand_{n}")).await);
+    }
+    exec(&app, "UPDATE inbox_events SET status = 'failed', attempts = 1, enqueued_at = now() - interval '10 seconds', next_attempt_at = now() - interval '1 second'").await;
+    let scheduler = scheduler_for(&app, vec![]);
+
+    // A run marks them all, sends ten, and dies.
+    let marked = mark_lost(&app.pool).await.unwrap();
+    assert_eq!(marked, ids);
+    let sent = send_marked(&app.pool, &scheduler.queue, &marked[..10], soon())
+        .await
+        .unwrap();
+    assert_eq!(sent, marked[..10]);
+    // The next run, at once: the fresh marks may still be in flight.
+    assert!(rescue(&app.pool, &scheduler.queue, soon())
+        .await
+        .unwrap()
+        .is_empty());
+    // Once the marks are old, whatever wrote them, the rows are sent again.
+    exec(
+        &app,
+        "UPDATE inbox_events SET enqueued_at = now() - interval '6 minutes'",
+    )
+    .await;
+    let resent = rescue(&app.pool, &scheduler.queue, soon()).await.unwrap();
+    assert_eq!(
+        resent, ids,
+        "every row, the ten sent too (a copy is harmless)"
+    );
+    app.run_worker().await;
+    for id in ids {
+        // One subscription's same state 25 times: the first applies, the rest change nothing.
+        let status = status_of(&app, id).await;
+        assert!(status == "applied" || status == "ignored", "{id}: {status}");
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_send_out_of_time_is_unmarked_for_the_next_run(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let id = stored_unapplied(&app, "evt_late_send").await;
+    exec(&app, "UPDATE inbox_events SET status = 'failed', attempts = 1, enqueued_at = now() - interval '10 seconds', next_attempt_at = now() - interval '1 second'").await;
+    let scheduler = scheduler_for(&app, vec![]);
+
+    let past = std::time::Instant::now() - std::time::Duration::from_secs(1);
+    assert!(rescue(&app.pool, &scheduler.queue, past)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(app.event(id).await.enqueued_at.is_none(), "unmarked");
+    assert_eq!(
+        rescue(&app.pool, &scheduler.queue, soon()).await.unwrap(),
+        [id]
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_reconciliation_read_of_a_due_row_leaves_it_rescuable(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let created = Utc::now().timestamp() - LAG.as_secs() as i64 - 600;
+    let (_, body) = app
+        .post(
+            "stripe",
+            &stripe_delivery(&stripe_event("evt_due_read", "cus_d", created)),
+        )
+        .await;
+    let id = body["event_id"].as_i64().unwrap();
+    app.drain_queue().await;
+    exec(&app, "UPDATE inbox_events SET status = 'failed', attempts = 1, enqueued_at = now() - interval '10 seconds', next_attempt_at = now() - interval '5 seconds'").await;
+    let fake = FakeStripe::new(vec![stripe_api_event("evt_due_read", "cus_d", created)]);
+    let server = fake_stripe(fake).await;
+    let scheduler = scheduler_for(&app, vec![stripe_reconciler(&server)]);
+
+    // The read first (in a run, reconciliation follows the rescue; a crash can reorder them).
+    let read = shared::reconcile::run(
+        &scheduler.reconcilers[0],
+        &app.pool,
+        &scheduler.queue,
+        soon(),
+    )
+    .await;
+    assert_eq!(read.already_present, 1, "{read:?}");
+    assert_eq!(
+        rescue(&app.pool, &scheduler.queue, soon()).await.unwrap(),
+        [id]
+    );
+    app.run_worker().await;
+    assert_eq!(status_of(&app, id).await, "applied");
+}
