@@ -16,8 +16,8 @@
 #   .dev/pg/log    Postgres server log
 #   .dev/moto.log  SQS server log,  .dev/moto.pid  its pid
 #
-# Ports: Postgres 127.0.0.1:${INBOX_PG_PORT:-54320},
-#        SQS     127.0.0.1:${INBOX_SQS_PORT:-54324}.
+# Ports: Postgres 127.0.0.1:${INBOX_PG_PORT:-61320},
+#        SQS     127.0.0.1:${INBOX_SQS_PORT:-61324}.
 #
 # Functions return non-zero (with a message on stderr) on failure; they never
 # `exit`, so the file can also be sourced into an interactive shell. They work
@@ -47,8 +47,8 @@ _stack_err() { printf 'error: %s\n' "$*" >&2; }
 # (SC2089/SC2090: the JSON quotes are meant to be literal.)
 # shellcheck disable=SC2089,SC2090
 stack_env() {
-  : "${INBOX_PG_PORT:=54320}"
-  : "${INBOX_SQS_PORT:=54324}"
+  : "${INBOX_PG_PORT:=61320}"
+  : "${INBOX_SQS_PORT:=61324}"
   export INBOX_PG_PORT INBOX_SQS_PORT
 
   # plain `psql` reaches the dev server too
@@ -74,7 +74,7 @@ stack_env() {
 
   # development sources and plans (the secrets are dev-only values)
   local dev_sources dev_plans
-  : "${INBOX_JWKS_PORT:=54325}"
+  : "${INBOX_JWKS_PORT:=61325}"
   export INBOX_JWKS_PORT
   dev_sources='[{"name":"stripe","kind":"stripe","secrets":["whsec_devsecret_stripe_0123456789"]},{"name":"polar","kind":"standard-webhooks","secrets":["polar_whs_devsecret_0123456789"],"secret_encoding":"raw"},{"name":"kinde","kind":"kinde","jwks_url":"http://127.0.0.1:'"$INBOX_JWKS_PORT"'/jwks.json"}]'
   dev_plans='{"free":{"plan":"free","monthly_allowance":10},"pro":{"plan":"pro","monthly_allowance":500},"price_pro":{"plan":"pro","monthly_allowance":500},"prod_pro":{"plan":"pro","monthly_allowance":500},"team":{"plan":"team","monthly_allowance":2000},"price_team":{"plan":"team","monthly_allowance":2000},"prod_team":{"plan":"team","monthly_allowance":2000}}'
@@ -137,7 +137,7 @@ _STACK_PG_LOG="$_STACK_PG_DIR/log"
 # gets a socket directory under /tmp instead.
 _stack_pg_sockdir() {
   local dir="$_STACK_PG_DIR/run"
-  local sock="$dir/.s.PGSQL.${INBOX_PG_PORT:-54320}.lock"
+  local sock="$dir/.s.PGSQL.${INBOX_PG_PORT:-61320}.lock"
   if [ "${#sock}" -gt 100 ]; then
     dir="/tmp/billing-inbox-pg-$(printf '%s' "$ROOT" | cksum | cut -d' ' -f1)"
   fi
@@ -169,7 +169,7 @@ _stack_pg_running() {
 }
 
 ensure_postgres() {
-  : "${INBOX_PG_PORT:=54320}"
+  : "${INBOX_PG_PORT:=61320}"
   local port="$INBOX_PG_PORT" sockdir pid_file pid running_port d
 
   if [ ! -x "$STACK_PG_BIN/initdb" ]; then
@@ -277,7 +277,7 @@ ensure_postgres() {
 }
 
 stop_postgres() {
-  : "${INBOX_PG_PORT:=54320}"
+  : "${INBOX_PG_PORT:=61320}"
   if [ ! -f "$_STACK_PG_DATA/PG_VERSION" ] || [ ! -x "$STACK_PG_BIN/pg_ctl" ]; then
     _stack_log "postgres: not set up here; nothing to stop"
     return 0
@@ -336,7 +336,7 @@ _stack_moto_ok() {
 }
 
 ensure_sqs() {
-  : "${INBOX_SQS_PORT:=54324}"
+  : "${INBOX_SQS_PORT:=61324}"
   local port="$INBOX_SQS_PORT" probe pid i
 
   _stack_ensure_curl || return 1
@@ -414,7 +414,7 @@ ensure_sqs() {
 }
 
 stop_sqs() {
-  : "${INBOX_SQS_PORT:=54324}"
+  : "${INBOX_SQS_PORT:=61324}"
   local pid="" i
   [ -f "$_STACK_MOTO_PID" ] && pid="$(cat "$_STACK_MOTO_PID" 2>/dev/null || true)"
   if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null &&

@@ -23,7 +23,7 @@ pub struct DevArgs {
     #[arg(
         long,
         env = "INBOX_INVOKE_URL",
-        default_value = "http://127.0.0.1:9000"
+        default_value = "http://127.0.0.1:61900"
     )]
     pub invoke_url: String,
     /// The queue the intake sends to.

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use shared::config::parse_sources;
 use shared::providers::fixtures::{self, KindeKey, Spec};
 
-pub const DEFAULT_INTAKE_URL: &str = "http://127.0.0.1:9000/lambda-url/intake";
+pub const DEFAULT_INTAKE_URL: &str = "http://127.0.0.1:61900/lambda-url/intake";
 
 #[derive(Args)]
 pub struct SendArgs {
