@@ -486,9 +486,16 @@ n = bytes.fromhex(sys.argv[1])
 print(json.dumps({"keys": [{"kty": "RSA", "kid": sys.argv[2], "alg": "RS256", "use": "sig",
                             "n": b64u(n), "e": b64u((65537).to_bytes(3, "big"))}]}))
 PY
-  if curl -fsS "http://127.0.0.1:$INBOX_JWKS_PORT/jwks.json" >/dev/null 2>&1; then
-    _stack_log "kinde: JWKS already served at http://127.0.0.1:$INBOX_JWKS_PORT/jwks.json"
-    return 0
+  local served
+  if served="$(curl -fsS "http://127.0.0.1:$INBOX_JWKS_PORT/jwks.json" 2>/dev/null)"; then
+    # Only our own key set will do: another checkout's server on this port would serve keys
+    # this checkout's tokens do not match (every Kinde delivery then answered 401).
+    if [ "$served" = "$(cat "$_STACK_JWKS_DIR/jwks.json")" ]; then
+      _stack_log "kinde: JWKS already served at http://127.0.0.1:$INBOX_JWKS_PORT/jwks.json"
+      return 0
+    fi
+    _stack_err "kinde: 127.0.0.1:$INBOX_JWKS_PORT serves another key set (another checkout's JWKS server?); stop it or set INBOX_JWKS_PORT"
+    return 1
   fi
   nohup python3 -m http.server "$INBOX_JWKS_PORT" --bind 127.0.0.1 --directory "$_STACK_JWKS_DIR" \
     >"$ROOT/.dev/jwks.log" 2>&1 &
