@@ -412,7 +412,7 @@ async fn is_deleted(conn: &mut PgConnection, ctx: &EventContext<'_>) -> Result<b
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IntentState {
     pub invoice: Option<String>,
-    pub customer: Option<crate::domain::CustomerId>,
+    pub customer: Option<CustomerId>,
     pub refunded_by: Option<i64>,
     /// Whether the write added what it carried (a link or a refund) to the register.
     pub learned: bool,
@@ -427,7 +427,8 @@ pub async fn remember_link(
     invoice: &str,
     customer: Option<&CustomerId>,
 ) -> Result<IntentState, sqlx::Error> {
-    let row = sqlx::query!(
+    sqlx::query_as!(
+        IntentState,
         r#"
         WITH before AS (
             SELECT invoice_id FROM payment_intents WHERE source = $1 AND payment_intent = $2
@@ -437,7 +438,7 @@ pub async fn remember_link(
         ON CONFLICT (source, payment_intent) DO UPDATE
             SET invoice_id = COALESCE(r.invoice_id, EXCLUDED.invoice_id),
                 customer_id = COALESCE(r.customer_id, EXCLUDED.customer_id)
-        RETURNING invoice_id, customer_id, refunded_by,
+        RETURNING invoice_id AS invoice, customer_id AS "customer: CustomerId", refunded_by,
                   NOT EXISTS (SELECT 1 FROM before WHERE invoice_id IS NOT NULL) AS "learned!"
         "#,
         source,
@@ -446,13 +447,7 @@ pub async fn remember_link(
         customer.map(CustomerId::as_str),
     )
     .fetch_one(conn)
-    .await?;
-    Ok(IntentState {
-        invoice: row.invoice_id,
-        customer: row.customer_id.and_then(|c| CustomerId::parse(&c).ok()),
-        refunded_by: row.refunded_by,
-        learned: row.learned,
-    })
+    .await
 }
 
 /// The customer a payment intent is known under, if any.
@@ -547,7 +542,8 @@ async fn refund_intent(
     charge: &str,
     payment_intent: &str,
 ) -> Result<Change, sqlx::Error> {
-    let row = sqlx::query!(
+    let state = sqlx::query_as!(
+        IntentState,
         r#"
         WITH before AS (
             SELECT refunded_by FROM payment_intents WHERE source = $1 AND payment_intent = $2
@@ -558,7 +554,7 @@ async fn refund_intent(
             SET customer_id = COALESCE(r.customer_id, EXCLUDED.customer_id),
                 refunded_charge = COALESCE(r.refunded_charge, EXCLUDED.refunded_charge),
                 refunded_by = COALESCE(r.refunded_by, EXCLUDED.refunded_by)
-        RETURNING invoice_id, customer_id, refunded_by,
+        RETURNING invoice_id AS invoice, customer_id AS "customer: CustomerId", refunded_by,
                   NOT EXISTS (SELECT 1 FROM before WHERE refunded_by IS NOT NULL) AS "learned!"
         "#,
         ctx.source,
@@ -569,12 +565,6 @@ async fn refund_intent(
     )
     .fetch_one(&mut *conn)
     .await?;
-    let state = IntentState {
-        invoice: row.invoice_id,
-        customer: row.customer_id.and_then(|c| CustomerId::parse(&c).ok()),
-        refunded_by: row.refunded_by,
-        learned: row.learned,
-    };
     refund_if_linked(conn, ctx, payment_intent, &state).await
 }
 
