@@ -90,9 +90,13 @@ pub struct SourceConfig {
     /// The provider's API key, for reconciliation; without it the source is not reconciled.
     #[serde(default)]
     pub api_key: Option<String>,
-    /// The provider's API base URL (default: the provider's public API).
+    /// The provider's API base URL (default: the provider's public API; Kinde: the origin of
+    /// `jwks_url`).
     #[serde(default)]
     pub api_base_url: Option<String>,
+    /// Kinde: the M2M application's client id; `api_key` is its client secret.
+    #[serde(default)]
+    pub api_client_id: Option<String>,
     /// Stripe: the mode this source takes; an event of the other mode is stored and ignored.
     #[serde(default)]
     pub livemode: Option<bool>,
@@ -117,6 +121,7 @@ impl fmt::Debug for SourceConfig {
             .field("tolerance_secs", &self.tolerance_secs)
             .field("api_key", &self.api_key.as_ref().map(|_| "redacted"))
             .field("api_base_url", &self.api_base_url)
+            .field("api_client_id", &self.api_client_id)
             .field("livemode", &self.livemode)
             .field("secret_id", &self.secret_id)
             .finish()
@@ -176,6 +181,24 @@ pub fn parse_sources(raw: &str) -> Result<Vec<SourceConfig>, ConfigError> {
                 format!("source '{}': livemode", source.name),
                 "is a Stripe setting (Stripe events say which mode they are from)",
             ));
+        }
+        match (source.kind, &source.api_client_id) {
+            (SourceKind::Kinde, None) if source.api_key.is_some() => {
+                return Err(ConfigError::at(
+                    SOURCES_VAR,
+                    format!("source '{}': api_client_id", source.name),
+                    "is required with api_key: Kinde's Management API takes an M2M \
+                     application's client id and secret (the secret is api_key)",
+                ));
+            }
+            (kind, Some(_)) if kind != SourceKind::Kinde => {
+                return Err(ConfigError::at(
+                    SOURCES_VAR,
+                    format!("source '{}': api_client_id", source.name),
+                    "is a Kinde setting (the other providers' API keys are bearer tokens)",
+                ));
+            }
+            _ => {}
         }
     }
     Ok(sources)
@@ -454,6 +477,28 @@ mod tests {
         let plans = parse_plans(r#"{"gold":{"plan":"gold","monthly_allowance":-5}}"#).unwrap_err();
         assert_eq!(plans.var, PLANS_VAR);
         assert_eq!(plans.field.as_deref(), Some("gold"));
+    }
+
+    #[test]
+    fn a_kinde_api_key_needs_its_client_id_and_only_kinde_takes_one() {
+        let error = parse_sources(
+            r#"[{"name":"k","kind":"kinde","jwks_url":"https://x.kinde.com/.well-known/jwks","api_key":"s"}]"#,
+        )
+        .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("INBOX_SOURCES: source 'k': api_client_id: is required with api_key"),
+            "{error}"
+        );
+        let error = parse_sources(
+            r#"[{"name":"s","kind":"stripe","secrets":["x"],"api_key":"sk","api_client_id":"c"}]"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "INBOX_SOURCES: source 's': api_client_id: is a Kinde setting (the other providers' API keys are bearer tokens)"
+        );
     }
 
     #[test]

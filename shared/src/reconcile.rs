@@ -11,6 +11,9 @@
 //!   one is counted apart, and is not a delivery (its copy count does not move).
 //! - A subscription sweep (Polar): the provider's current subscriptions; one the local
 //!   register shows in an older, different state becomes a corrective event.
+//! - A customer sweep (Kinde): the customers with events in the last [`RECENT`], in id order
+//!   from a saved position, at most [`MAX_CUSTOMERS`] a run; each one's plan at the provider
+//!   against its plan register, a difference becoming a corrective event.
 
 use std::time::{Duration, Instant};
 
@@ -19,13 +22,13 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::billing::registers::stored_subscription;
+use crate::billing::registers::{stored_plan, stored_subscription};
 use crate::config::SourceConfig;
 use crate::domain::Verdict;
 use crate::inbox::enqueue_or_unmark;
 use crate::inbox::store::{store_verified, Origin};
 use crate::providers::{
-    provider, Api, EventFeed, Fetched, Reconciliation, SubscriptionSweep, Window,
+    provider, Api, CustomerPlans, EventFeed, Fetched, Reconciliation, SubscriptionSweep, Window,
 };
 use crate::queue::Queue;
 
@@ -39,6 +42,10 @@ pub const FIRST_LOOKBACK: Duration = Duration::from_secs(3 * 86_400);
 /// The most pages one run reads from one source (the walk; then the undelivered list).
 pub const MAX_PAGES: u32 = 20;
 pub const MAX_UNDELIVERED_PAGES: u32 = 5;
+/// The customer sweep reads the customers with events this recent.
+pub const RECENT: Duration = Duration::from_secs(35 * 86_400);
+/// The most customers one run reads (one API call each); the next run goes on from there.
+pub const MAX_CUSTOMERS: i64 = 200;
 
 /// One source's reconciliation.
 pub struct Reconciler {
@@ -53,8 +60,9 @@ impl Reconciler {
         let how =
             Api::for_source(config, http).and_then(|api| provider(config.kind).reconciliation(api));
         if how.is_none() && config.api_key.is_some() {
-            tracing::info!(source = %config.name, kind = config.kind.as_str(),
-                "this kind of source is not reconciled; api_key ignored");
+            tracing::warn!(source = %config.name, kind = config.kind.as_str(),
+                "not reconciled: this kind of source needs more than an api_key \
+                 (kinde: api_client_id); api_key ignored");
         }
         Some(Self {
             source: config.name.clone(),
@@ -126,6 +134,7 @@ pub async fn run(
     let mut result = match &reconciler.how {
         Reconciliation::Feed(feed) => run.feed(feed.as_ref()).await,
         Reconciliation::Sweep(sweep) => run.sweep(sweep.as_ref()).await,
+        Reconciliation::Customers(plans) => run.customers(plans.as_ref()).await,
     };
     // Whatever the outcome, what was stored goes to the queue (or is rescued later).
     if let Err(e) = run.flush().await {
@@ -324,6 +333,85 @@ impl Run<'_> {
     }
 }
 
+impl Run<'_> {
+    /// The customer sweep: the next customers after the saved position, each read and
+    /// compared with its plan register; the position is saved after each customer, and
+    /// starts over once the last customer is read.
+    async fn customers(&mut self, plans: &dyn CustomerPlans) -> anyhow::Result<()> {
+        let now = Utc::now();
+        let mut at = Position::load(self.pool, self.source, now).await?;
+        let since = now - chrono::Duration::from_std(RECENT).unwrap_or_default();
+        let customers =
+            recent_customers(self.pool, self.source, since, at.after.as_deref()).await?;
+        let complete = customers.len() < MAX_CUSTOMERS as usize;
+        for customer in &customers {
+            if self.time_is_up() {
+                self.report.stopped_early = true;
+                return Ok(());
+            }
+            let local = {
+                let mut conn = self.pool.acquire().await?;
+                stored_plan(&mut conn, self.source, customer).await?
+            };
+            match plans
+                .correction(customer, local.as_ref(), Utc::now())
+                .await?
+            {
+                Some(corrective) => {
+                    self.store(&corrective).await?;
+                }
+                None => {
+                    self.report.read += 1;
+                    self.report.already_present += 1;
+                }
+            }
+            at = Position {
+                cursor: now,
+                window_end: None,
+                after: Some(customer.clone()),
+            };
+            at.save(self.pool, self.source).await?;
+        }
+        if complete {
+            Position {
+                cursor: now,
+                window_end: None,
+                after: None,
+            }
+            .save(self.pool, self.source)
+            .await?;
+        } else {
+            self.report.stopped_early = true;
+        }
+        Ok(())
+    }
+}
+
+/// The source's customers with events since `since`, in id order after `after`, at most
+/// [`MAX_CUSTOMERS`] (read from the `(source, customer_key, occurred_at)` index).
+pub async fn recent_customers(
+    pool: &PgPool,
+    source: &str,
+    since: DateTime<Utc>,
+    after: Option<&str>,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"
+        SELECT DISTINCT customer_key AS "customer!"
+        FROM inbox_events
+        WHERE source = $1 AND customer_key > COALESCE($2, '') AND occurred_at >= $3
+        ORDER BY 1
+        LIMIT $4
+        "#,
+        source,
+        after,
+        since,
+        MAX_CUSTOMERS,
+    )
+    .fetch_all(pool)
+    .await
+}
+
 /// Where the feed walk stands: every event before `cursor` is read; the window up to
 /// `window_end` is being read, and `after` is the position in it.
 struct Position {
@@ -387,18 +475,19 @@ mod tests {
     use crate::config::parse_sources;
 
     #[test]
-    fn only_sources_with_an_api_key_and_a_provider_api_are_reconciled() {
+    fn only_sources_with_api_credentials_and_a_provider_api_are_reconciled() {
         let sources = parse_sources(
             r#"[{"name":"stripe_keyed","kind":"stripe","secrets":["s"],"api_key":"sk_test"},
                 {"name":"stripe_bare","kind":"stripe","secrets":["s"]},
                 {"name":"polar","kind":"standard-webhooks","secrets":["p"],"secret_encoding":"raw","api_key":"k"},
-                {"name":"kinde","kind":"kinde","jwks_url":"https://x/.well-known/jwks","api_key":"k"}]"#,
+                {"name":"kinde","kind":"kinde","jwks_url":"https://x/.well-known/jwks","api_key":"k","api_client_id":"m2m"},
+                {"name":"kinde_bare","kind":"kinde","jwks_url":"https://x/.well-known/jwks"}]"#,
         )
         .unwrap();
         let names: Vec<String> = reconcilers(&sources, &reqwest::Client::new())
             .iter()
             .map(|r| r.source().to_owned())
             .collect();
-        assert_eq!(names, ["stripe_keyed", "polar"]);
+        assert_eq!(names, ["stripe_keyed", "polar", "kinde"]);
     }
 }

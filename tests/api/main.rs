@@ -7,6 +7,7 @@ mod corpus;
 mod fuzz;
 mod helpers;
 mod intake;
+mod kinde_reconcile;
 mod model;
 mod order;
 mod reconcile;

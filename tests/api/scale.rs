@@ -1,12 +1,13 @@
 //! The scheduler's queries at a million rows (docs/design.md §3): with `inbox_events` full of
-//! finished events and a few pending ones, rescue, alerts, purge and the backlog read their
-//! indexes, never the whole table. Postgres' own counter of sequential scans on the table
-//! (`pg_stat_user_tables.seq_scan`) must not move while each step runs; each step's time is
-//! printed, never asserted. `INBOX_SCALE_ROWS` sets the row count (default 1,000,000).
+//! finished events and a few pending ones, rescue, alerts, purge, the backlog and the
+//! customer sweep read their indexes, never the whole table. Postgres' own counter of
+//! sequential scans on the table (`pg_stat_user_tables.seq_scan`) must not move while each
+//! step runs; each step's time is printed, never asserted. `INBOX_SCALE_ROWS` sets the row count (default 1,000,000).
 
 use std::time::{Duration, Instant};
 
 use shared::inbox::{alerts::collect_alerts, purge::purge, read::backlog, rescue::mark_lost};
+use shared::reconcile::{recent_customers, MAX_CUSTOMERS};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Executor, PgPool};
 
@@ -119,6 +120,21 @@ async fn scheduler_queries_read_indexes_at_a_million_rows(pool: PgPool) {
         seq_scans(&one).await,
         before,
         "the backlog scanned inbox_events"
+    );
+
+    let before = seq_scans(&one).await;
+    let t = Instant::now();
+    let since = chrono::Utc::now() - chrono::Duration::days(35);
+    let customers = recent_customers(&one, "stripe", since, Some("cus_100"))
+        .await
+        .unwrap();
+    timings.push(("customer sweep", t.elapsed()));
+    assert_eq!(customers.len(), MAX_CUSTOMERS as usize);
+    assert!(customers.iter().all(|c| c.as_str() > "cus_100"));
+    assert_eq!(
+        seq_scans(&one).await,
+        before,
+        "the customer sweep scanned inbox_events"
     );
 
     for (step, took) in timings {

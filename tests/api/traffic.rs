@@ -72,6 +72,7 @@ fn with_stripe_api(app: &mut TestApp, server: &MockServer) {
     let api = Api {
         base_url: server.uri(),
         key: "sk_test_reads".into(),
+        client_id: None,
         http: reqwest::Client::new(),
     };
     app.worker.sources.insert(

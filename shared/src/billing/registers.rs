@@ -670,3 +670,25 @@ pub async fn stored_subscription(
     .fetch_optional(conn)
     .await
 }
+
+/// A plan register as stored: what Kinde reconciliation compares the provider's view with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredPlan {
+    pub plan_key: Option<String>,
+    pub version_at: DateTime<Utc>,
+}
+
+pub async fn stored_plan(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &str,
+) -> Result<Option<StoredPlan>, sqlx::Error> {
+    sqlx::query_as!(
+        StoredPlan,
+        "SELECT plan_key, version_at FROM customer_plans WHERE source = $1 AND customer_id = $2",
+        source,
+        customer
+    )
+    .fetch_optional(conn)
+    .await
+}

@@ -24,7 +24,7 @@ use chrono::{DateTime, Utc};
 use http::HeaderMap;
 use serde_json::Value;
 
-use crate::billing::registers::StoredSubscription;
+use crate::billing::registers::{StoredPlan, StoredSubscription};
 use crate::billing::{Catalog, Decided, Decision};
 use crate::config::{ConfigError, SourceConfig};
 use crate::domain::{DedupeKey, SourceKind, VerifiedEvent};
@@ -65,8 +65,9 @@ pub trait Provider: Sync {
         None
     }
 
-    /// The provider's public API, when it has one this code reads.
-    fn default_api_base(&self) -> Option<&'static str> {
+    /// The base URL of the provider's API for this source, when it has one this code reads
+    /// (a source's `api_base_url` overrides it).
+    fn api_base(&self, _config: &SourceConfig) -> Option<String> {
         None
     }
 
@@ -216,6 +217,9 @@ impl Sources {
 pub struct Api {
     pub base_url: String,
     pub key: String,
+    /// The OAuth client the key is the secret of, for an API that takes client credentials
+    /// (Kinde's Management API).
+    pub client_id: Option<String>,
     pub http: reqwest::Client,
 }
 
@@ -223,15 +227,14 @@ impl Api {
     /// The API of a source that has an API key and whose provider has an API; else `None`.
     pub fn for_source(config: &SourceConfig, http: &reqwest::Client) -> Option<Self> {
         let key = config.api_key.clone()?;
-        let default = provider(config.kind).default_api_base()?;
+        let base_url = config
+            .api_base_url
+            .clone()
+            .or_else(|| provider(config.kind).api_base(config))?;
         Some(Self {
-            base_url: config
-                .api_base_url
-                .as_deref()
-                .unwrap_or(default)
-                .trim_end_matches('/')
-                .to_owned(),
+            base_url: base_url.trim_end_matches('/').to_owned(),
             key,
+            client_id: config.api_client_id.clone(),
             http: http.clone(),
         })
     }
@@ -401,8 +404,23 @@ pub trait SubscriptionSweep: Send + Sync {
     ) -> anyhow::Result<Option<Fetched>>;
 }
 
+/// A provider that shows one customer's current plan (Kinde's entitlements), and the
+/// corrective event for a plan register that shows another.
+pub trait CustomerPlans: Send + Sync {
+    /// Reads the customer's plan at the provider at `read_at`; `None` when the provider and
+    /// the register agree, or the provider does not know the customer.
+    fn correction<'a>(
+        &'a self,
+        customer: &'a str,
+        local: Option<&'a StoredPlan>,
+        read_at: DateTime<Utc>,
+    ) -> BoxFuture<'a, anyhow::Result<Option<Fetched>>>;
+}
+
 /// How a provider is reconciled.
 pub enum Reconciliation {
     Feed(Box<dyn EventFeed>),
     Sweep(Box<dyn SubscriptionSweep>),
+    /// The customers with recent events, one read each.
+    Customers(Box<dyn CustomerPlans>),
 }

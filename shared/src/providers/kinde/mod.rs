@@ -1,8 +1,10 @@
 //! Kinde: the body is a JWT signed RS256 with a key from the account's JWKS (cached, one
 //! rate-limited refetch for an unknown `kid`); `event_timestamp` is the provider time; plan,
-//! agreement, payment and overdue-invoice events for the registers. Kinde has no change feed,
-//! so Kinde sources are not reconciled.
+//! agreement, payment and overdue-invoice events for the registers. Kinde has no change feed:
+//! a source with M2M credentials is reconciled customer by customer against the Management
+//! API's billing entitlements (`api`).
 
+pub mod api;
 mod decide;
 #[cfg(any(test, feature = "dev"))]
 pub mod fixtures;
@@ -15,7 +17,7 @@ use serde_json::Value;
 
 pub use verify::{content_hash, parse_claims, KindeVerifier, CUSTOMER_FIELDS, ID_HEADER};
 
-use super::{Provider, Verify};
+use super::{Api, Provider, Reconciliation, Verify};
 use crate::billing::{Catalog, Decided};
 use crate::config::{ConfigError, SourceConfig};
 use crate::domain::DedupeKey;
@@ -49,6 +51,21 @@ impl Provider for Kinde {
         catalog: &Catalog,
     ) -> Decided {
         decide::decide(event_type, payload, dedupe_key, catalog)
+    }
+
+    /// A client id is required with an `api_key` (`config::parse_sources` says so); without
+    /// one the source is not reconciled.
+    fn reconciliation(&self, api: Api) -> Option<Reconciliation> {
+        let client_id = api.client_id.clone()?;
+        Some(Reconciliation::Customers(Box::new(
+            api::KindeEntitlements::new(api, client_id),
+        )))
+    }
+
+    /// The business's Kinde domain, where its JWKS is served: `https://<sub>.kinde.com`.
+    fn api_base(&self, config: &SourceConfig) -> Option<String> {
+        let url = url::Url::parse(config.jwks_url.as_deref()?).ok()?;
+        Some(url.origin().ascii_serialization())
     }
 
     #[cfg(any(test, feature = "dev"))]

@@ -67,8 +67,8 @@ impl Provider for StandardWebhooks {
         ))))
     }
 
-    fn default_api_base(&self) -> Option<&'static str> {
-        Some("https://api.polar.sh")
+    fn api_base(&self, _config: &SourceConfig) -> Option<String> {
+        Some("https://api.polar.sh".to_owned())
     }
 
     fn reads(&self, api: Api) -> Option<Box<dyn Reads>> {

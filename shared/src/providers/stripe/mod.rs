@@ -50,8 +50,8 @@ impl Provider for Stripe {
         Some(Reconciliation::Feed(Box::new(StripeEvents::new(api))))
     }
 
-    fn default_api_base(&self) -> Option<&'static str> {
-        Some("https://api.stripe.com")
+    fn api_base(&self, _config: &SourceConfig) -> Option<String> {
+        Some("https://api.stripe.com".to_owned())
     }
 
     fn reads(&self, api: Api) -> Option<Box<dyn Reads>> {

@@ -1,0 +1,215 @@
+//! Kinde reconciliation (docs/design.md §6.1): the customers with recent Kinde events, each
+//! one's plan read from a fake Kinde Management API (an M2M token by client credentials, then
+//! `GET /api/v1/billing/entitlements?customer_id=…&expand=plans`, answered as Kinde documents
+//! it) and compared with its plan register; a difference becomes one corrective event.
+
+use chrono::{Duration, Utc};
+use serde_json::{json, Value};
+use shared::handlers::scheduler;
+use sqlx::PgPool;
+use wiremock::matchers::{body_string_contains, header, method, path, query_param};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::helpers::*;
+use crate::scheduler::{reconciler, scheduler_for};
+
+const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.m2m.token";
+
+fn kinde_reconciler(server: &MockServer) -> shared::reconcile::Reconciler {
+    reconciler(json!({
+        "name": "kinde", "kind": "kinde",
+        "jwks_url": format!("{}/.well-known/jwks", server.uri()),
+        "api_key": "m2m_client_secret", "api_client_id": "m2m_client_id",
+        "api_base_url": server.uri()
+    }))
+}
+
+/// Kinde's token endpoint: one token for the client-credentials grant of this client.
+async fn token_endpoint(server: &MockServer, expected_requests: u64) {
+    Mock::given(method("POST"))
+        .and(path("/oauth2/token"))
+        .and(body_string_contains("grant_type=client_credentials"))
+        .and(body_string_contains("client_id=m2m_client_id"))
+        .and(body_string_contains("client_secret=m2m_client_secret"))
+        .and(body_string_contains("audience=http"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "access_token": TOKEN, "expires_in": 86399,
+            "scope": "read:billing_entitlements", "token_type": "bearer"
+        })))
+        .expect(expected_requests)
+        .mount(server)
+        .await;
+}
+
+/// The entitlements read for `customer`, listing `plans` (`[{code, subscribed_on}]`).
+async fn entitlements(server: &MockServer, customer: &str, plans: Value) {
+    Mock::given(method("GET"))
+        .and(path("/api/v1/billing/entitlements"))
+        .and(query_param("customer_id", customer))
+        .and(query_param("expand", "plans"))
+        .and(header("authorization", format!("Bearer {TOKEN}").as_str()))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "code": "OK", "message": "Success", "has_more": false,
+            "entitlements": [{
+                "id": "entitlement_0195ac80a14e8d71f42b98e75d3c61ad",
+                "fixed_charge": null, "price_name": "Seats", "unit_amount": null,
+                "feature_code": "seats", "feature_name": "Seats",
+                "entitlement_limit_max": 10, "entitlement_limit_min": null
+            }],
+            "plans": plans
+        })))
+        .mount(server)
+        .await;
+}
+
+/// A Kinde plan event for `customer` at `at`, delivered and applied.
+async fn plan_event(app: &TestApp, id: &str, customer: &str, plan: &str, at: &str) {
+    let claims = json!({"type": "customer.plan_changed", "event_id": id, "event_timestamp": at,
+                        "source": "admin", "data": {"customer_id": customer, "plan": {"code": plan}}});
+    let (status, _) = app.post("kinde", &kinde_delivery(id, &claims)).await;
+    assert_eq!(status, 200);
+    app.run_worker().await;
+}
+
+fn days_ago(days: i64) -> String {
+    (Utc::now() - Duration::days(days)).to_rfc3339()
+}
+
+fn this_period() -> String {
+    Utc::now().format("%Y-%m").to_string()
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_kinde_plan_the_webhooks_missed_is_corrected_once_with_one_token(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let server = MockServer::start().await;
+    token_endpoint(&server, 1).await;
+    // kc_up upgraded to pro, kc_gone cancelled, kc_same agrees: no webhook said the first two.
+    plan_event(&app, "evt_up", "kc_up", "basic", &days_ago(2)).await;
+    plan_event(&app, "evt_gone", "kc_gone", "pro", &days_ago(2)).await;
+    plan_event(&app, "evt_same", "kc_same", "pro", &days_ago(2)).await;
+    entitlements(
+        &server,
+        "kc_up",
+        json!([{"code": "pro", "subscribed_on": days_ago(1)}]),
+    )
+    .await;
+    entitlements(&server, "kc_gone", json!([])).await;
+    entitlements(
+        &server,
+        "kc_same",
+        json!([{"code": "pro", "subscribed_on": days_ago(40)}]),
+    )
+    .await;
+    let scheduler = scheduler_for(&app, vec![kinde_reconciler(&server)]);
+
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let report = scheduler::run(&scheduler).await;
+        app.run_worker().await;
+        let r = &report.reconciliation[0];
+        assert_eq!(r.error, None);
+        runs.push((r.read, r.discrepancies, r.already_present));
+    }
+    assert_eq!(
+        runs,
+        [(3, 2, 1), (3, 0, 3), (3, 0, 3)],
+        "two corrections on the first run, then the registers match"
+    );
+    let period = this_period();
+    assert_eq!(app.account("kinde", "kc_up", &period).await.plan, "pro");
+    assert_eq!(app.account("kinde", "kc_gone", &period).await.plan, "free");
+    assert_eq!(app.account("kinde", "kc_same", &period).await.plan, "pro");
+    let id = app
+        .event_id("kinde", &reconcile_key(&app, "kc_up").await)
+        .await;
+    let corrective = app.event(id).await;
+    assert_eq!(corrective.status, "applied");
+    assert_eq!(corrective.event_type, "customer.plan_changed");
+    assert_eq!(
+        app.verdicts(id).await,
+        ["stored"],
+        "recorded once, by the read that stored it; later reads are not deliveries"
+    );
+    assert_eq!(corrective.seen_count, 1);
+}
+
+/// The dedupe key of the one corrective event stored for `customer`.
+async fn reconcile_key(app: &TestApp, customer: &str) -> String {
+    sqlx::query_scalar(
+        "SELECT dedupe_key FROM inbox_events WHERE customer_key = $1 AND dedupe_key LIKE 'reconcile:%'",
+    )
+    .bind(customer)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_kinde_plan_not_in_the_catalog_is_reported_once_and_a_later_webhook_still_wins(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    let server = MockServer::start().await;
+    token_endpoint(&server, 1).await;
+    plan_event(&app, "evt_g1", "kc_gold", "pro", &days_ago(3)).await;
+    entitlements(
+        &server,
+        "kc_gold",
+        json!([{"code": "gold", "subscribed_on": days_ago(1)}]),
+    )
+    .await;
+    let scheduler = scheduler_for(&app, vec![kinde_reconciler(&server)]);
+
+    let mut found = Vec::new();
+    for _ in 0..3 {
+        let report = scheduler::run(&scheduler).await;
+        app.run_worker().await;
+        found.push(report.reconciliation[0].discrepancies);
+    }
+    assert_eq!(found, [1, 0, 0]);
+    let period = this_period();
+    assert_eq!(
+        app.account("kinde", "kc_gold", &period).await.plan,
+        "free",
+        "a plan not in the catalog entitles nothing"
+    );
+
+    // A webhook after the read still moves the register: the correction took the read's time.
+    plan_event(&app, "evt_g2", "kc_gold", "pro", &Utc::now().to_rfc3339()).await;
+    assert_eq!(app.account("kinde", "kc_gold", &period).await.plan, "pro");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_refused_token_is_the_run_error_and_names_no_secret(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/oauth2/token"))
+        .respond_with(ResponseTemplate::new(401).set_body_json(json!({
+            "error": "invalid_client", "error_description": "Client authentication failed"
+        })))
+        .mount(&server)
+        .await;
+    plan_event(&app, "evt_t1", "kc_t", "pro", &days_ago(1)).await;
+    let scheduler = scheduler_for(&app, vec![kinde_reconciler(&server)]);
+
+    let report = scheduler::run(&scheduler).await;
+    let error = report.reconciliation[0]
+        .error
+        .clone()
+        .expect("the run failed");
+    assert!(error.contains("401"), "{error}");
+    assert!(error.contains("api_client_id"), "{error}");
+    assert!(!error.contains("m2m_client_secret"), "{error}");
+    let recorded: Option<String> =
+        sqlx::query_scalar("SELECT error FROM reconcile_runs WHERE source = 'kinde'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(recorded.as_deref(), Some(error.as_str()));
+    assert_eq!(
+        app.account("kinde", "kc_t", &this_period()).await.plan,
+        "pro"
+    );
+}
