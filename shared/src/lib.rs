@@ -6,7 +6,8 @@
 //!   account view), [`providers`] (one folder per provider), [`reconcile`];
 //! - [`domain`]: the values everything above speaks in;
 //! - beside them: [`config`] (environment variables), [`secrets`] (Secrets Manager), [`db`]
-//!   (the pool), [`queue`] (SQS), and [`dev`] (local tools, `dev` feature only).
+//!   (the pool), [`queue`] (SQS), [`sim`] (the points a simulation interrupts; the simulated
+//!   queue) and [`dev`] (local tools, `dev` feature only).
 
 pub mod billing;
 pub mod config;
@@ -20,6 +21,7 @@ pub mod providers;
 pub mod queue;
 pub mod reconcile;
 pub mod secrets;
+pub mod sim;
 
 /// The schema, applied by `inboxctl migrate` and by the tests.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

@@ -19,8 +19,18 @@ pub fn parse_message_body(body: &str) -> Option<i64> {
 
 #[derive(Clone)]
 pub struct Queue {
-    client: aws_sdk_sqs::Client,
-    url: String,
+    transport: Transport,
+}
+
+#[derive(Clone)]
+enum Transport {
+    Sqs {
+        client: aws_sdk_sqs::Client,
+        url: String,
+    },
+    /// The simulator's queue (docs/design.md §8.4).
+    #[cfg(feature = "dev")]
+    Sim(std::sync::Arc<dyn crate::sim::SimQueue>),
 }
 
 /// Loads the standard AWS configuration (`AWS_ENDPOINT_URL`, region, credentials) with
@@ -42,8 +52,10 @@ pub async fn sdk_config() -> aws_config::SdkConfig {
 impl Queue {
     pub fn new(client: aws_sdk_sqs::Client, url: impl Into<String>) -> Self {
         Self {
-            client,
-            url: url.into(),
+            transport: Transport::Sqs {
+                client,
+                url: url.into(),
+            },
         }
     }
 
@@ -51,19 +63,29 @@ impl Queue {
         Self::new(aws_sdk_sqs::Client::new(&sdk_config().await), url)
     }
 
-    pub fn client(&self) -> &aws_sdk_sqs::Client {
-        &self.client
-    }
-
-    pub fn url(&self) -> &str {
-        &self.url
+    /// A queue the simulator keeps in memory.
+    #[cfg(feature = "dev")]
+    pub fn simulated(queue: std::sync::Arc<dyn crate::sim::SimQueue>) -> Self {
+        Self {
+            transport: Transport::Sim(queue),
+        }
     }
 
     #[tracing::instrument(skip_all, fields(event_id))]
     pub async fn send_event(&self, event_id: i64) -> anyhow::Result<()> {
-        self.client
+        let (client, url) = match &self.transport {
+            Transport::Sqs { client, url } => (client, url),
+            #[cfg(feature = "dev")]
+            Transport::Sim(queue) => {
+                return match queue.send(&[event_id]).is_empty() {
+                    true => Ok(()),
+                    false => Err(anyhow::anyhow!("the simulated queue refused the message")),
+                };
+            }
+        };
+        client
             .send_message()
-            .queue_url(&self.url)
+            .queue_url(url)
             .message_body(message_body(event_id))
             .send()
             .await
@@ -88,6 +110,11 @@ impl Queue {
                 }
             };
         }
+        let (client, url) = match &self.transport {
+            Transport::Sqs { client, url } => (client, url),
+            #[cfg(feature = "dev")]
+            Transport::Sim(queue) => return queue.send(event_ids),
+        };
         let mut unsent = Vec::new();
         for chunk in event_ids.chunks(10) {
             let entries: Result<Vec<_>, _> = chunk
@@ -101,9 +128,9 @@ impl Queue {
                 .collect();
             let sent = match entries {
                 Ok(entries) => {
-                    self.client
+                    client
                         .send_message_batch()
-                        .queue_url(&self.url)
+                        .queue_url(url)
                         .set_entries(Some(entries))
                         .send()
                         .await

@@ -156,7 +156,7 @@ async fn record(pool: &PgPool, r: &ReconcileReport) -> Result<(), sqlx::Error> {
         r#"
         INSERT INTO reconcile_runs (source, finished_at, cursor_from, cursor_to, read, stored_new,
                                     discrepancies, error, already_present, stopped_early, behind_secs)
-        VALUES ($1, now(), $2, $3, $4, $5, $6, $7, $8, $9, $10)
+        VALUES ($1, inbox_now(), $2, $3, $4, $5, $6, $7, $8, $9, $10)
         "#,
         r.source,
         r.cursor_from,
@@ -451,7 +451,7 @@ impl Position {
             VALUES ($1, $2, $3, $4)
             ON CONFLICT (source) DO UPDATE
                 SET cursor_at = EXCLUDED.cursor_at, window_end = EXCLUDED.window_end,
-                    page_after = EXCLUDED.page_after, updated_at = now()
+                    page_after = EXCLUDED.page_after, updated_at = inbox_now()
             "#,
             source,
             self.cursor,

@@ -15,5 +15,6 @@ mod scale;
 mod scenarios;
 mod scheduler;
 mod secrets;
+mod sim;
 mod traffic;
 mod worker_faults;

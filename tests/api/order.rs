@@ -16,12 +16,12 @@ use sqlx::PgPool;
 
 use crate::helpers::test_worker;
 
-const PERIODS: [&str; 3] = ["2026-03", "2026-04", "2026-05"];
-const CUSTOMERS: u8 = 3;
+pub(crate) const PERIODS: [&str; 3] = ["2026-03", "2026-04", "2026-05"];
+pub(crate) const CUSTOMERS: u8 = 3;
 
 /// One event, in terms small enough to shrink.
 #[derive(Debug, Clone)]
-enum Event {
+pub(crate) enum Event {
     KindePlan {
         customer: u8,
         plan: Option<&'static str>,
@@ -58,10 +58,12 @@ enum Event {
     },
     /// Basil's `invoice_payment.paid`: links the intent to the invoice, names no customer.
     StripeInvoicePayment { customer: u8, invoice: u8, at: u32 },
+    /// `customer.deleted`: the account is a tombstone from then on.
+    StripeCustomerDeleted { customer: u8, at: u32 },
 }
 
 /// A provider time: hours into March 2026, coarse enough that ties happen.
-fn time(at: u32) -> DateTime<Utc> {
+pub(crate) fn time(at: u32) -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 3, 1, 0, 0, 0).unwrap() + Duration::hours(i64::from(at) * 73)
 }
 
@@ -72,7 +74,10 @@ fn event_strategy() -> impl Strategy<Value = Event> {
     let at = prop_oneof![4 => 0u32..3, 6 => 0u32..40];
     let plan = prop_oneof![Just("free"), Just("pro"), Just("team")];
     let price = prop_oneof![Just("price_pro"), Just("price_team"), Just("price_legacy")];
-    prop_oneof![
+    // Now and then a customer is deleted (and its later events find a tombstone).
+    let deletion = (customer.clone(), at.clone())
+        .prop_map(|(customer, at)| Event::StripeCustomerDeleted { customer, at });
+    let billing = prop_oneof![
         (
             customer.clone(),
             proptest::option::weighted(0.8, plan.clone()),
@@ -147,24 +152,25 @@ fn event_strategy() -> impl Strategy<Value = Event> {
                 at,
             }
         }),
-    ]
+    ];
+    prop_oneof![14 => billing, 1 => deletion]
 }
 
 /// A delivery of event `index`: copies deliver the same event again; `fail` injects a
 /// failure into the worker's attempt that follows it.
 #[derive(Debug, Clone)]
-struct Delivery {
-    index: usize,
+pub(crate) struct Delivery {
+    pub(crate) index: usize,
     fail: Option<bool>,
 }
 
 #[derive(Debug, Clone)]
-struct Case {
-    events: Vec<Event>,
-    deliveries: Vec<Delivery>,
+pub(crate) struct Case {
+    pub(crate) events: Vec<Event>,
+    pub(crate) deliveries: Vec<Delivery>,
 }
 
-fn case_strategy() -> impl Strategy<Value = Case> {
+pub(crate) fn case_strategy() -> impl Strategy<Value = Case> {
     proptest::collection::vec(event_strategy(), 1..12).prop_flat_map(|events| {
         let n = events.len();
         // Each event is delivered 1 to 3 times, in a shuffled order.
@@ -186,20 +192,38 @@ fn case_strategy() -> impl Strategy<Value = Case> {
     })
 }
 
-struct Materialized {
+pub(crate) struct Materialized {
     source: &'static str,
-    dedupe_key: String,
-    at: DateTime<Utc>,
+    pub(crate) dedupe_key: String,
+    pub(crate) at: DateTime<Utc>,
     verified: shared::domain::VerifiedEvent,
     body: Vec<u8>,
 }
 
-fn customer_id(customer: u8, ns: &str) -> String {
+pub(crate) fn customer_id(customer: u8, ns: &str) -> String {
     format!("c{customer}_{ns}")
 }
 
 /// The event as its provider would send it, with every id in namespace `ns`.
-fn materialize(index: usize, event: &Event, ns: &str) -> Materialized {
+pub(crate) fn materialize(index: usize, event: &Event, ns: &str) -> Materialized {
+    let (source, payload, at) = payload(index, event, ns);
+    let key = format!("e{index:02}_{ns}");
+    let body = serde_json::to_vec(&payload).unwrap();
+    let verified = match source {
+        "kinde" => kinde::parse_claims(payload, Some(key.clone()), Utc::now()),
+        _ => stripe::parse_event(&body, Utc::now()),
+    };
+    Materialized {
+        source,
+        dedupe_key: key,
+        at: time(at),
+        verified,
+        body,
+    }
+}
+
+/// The event's source, its payload (Stripe's event, Kinde's claims) and its time.
+pub(crate) fn payload(index: usize, event: &Event, ns: &str) -> (&'static str, Value, u32) {
     let key = format!("e{index:02}_{ns}");
     let kinde_claims = |event_type: &str, customer: u8, data: Value, at: u32| {
         let mut data = data;
@@ -302,22 +326,16 @@ fn materialize(index: usize, event: &Event, ns: &str) -> Materialized {
                 *at,
             )
         }
+        Event::StripeCustomerDeleted { customer, at } => {
+            let object = json!({"id": customer_id(*customer, ns), "object": "customer",
+                "livemode": false, "email": null, "invoice_prefix": "B1C2D3E4"});
+            ("stripe", stripe_body("customer.deleted", *at, object), *at)
+        }
     };
-    let body = serde_json::to_vec(&payload).unwrap();
-    let verified = match source {
-        "kinde" => kinde::parse_claims(payload, Some(key.clone()), Utc::now()),
-        _ => stripe::parse_event(&body, Utc::now()),
-    };
-    Materialized {
-        source,
-        dedupe_key: key,
-        at: time(at),
-        verified,
-        body,
-    }
+    (source, payload, at)
 }
 
-async fn store(pool: &PgPool, m: &Materialized) -> i64 {
+pub(crate) async fn store(pool: &PgPool, m: &Materialized) -> i64 {
     let headers = json!({});
     let origin = shared::inbox::store::Origin::Delivery(&headers);
     shared::inbox::store::store_verified(pool, m.source, &m.body, &m.verified, origin)
@@ -327,7 +345,7 @@ async fn store(pool: &PgPool, m: &Materialized) -> i64 {
 }
 
 /// Works the event until it is final (a failed attempt is retried at once).
-async fn process(worker: &WorkerState, event_id: i64) -> Result<(), TestCaseError> {
+pub(crate) async fn process(worker: &WorkerState, event_id: i64) -> Result<(), TestCaseError> {
     for _ in 0..10 {
         match shared::handlers::worker::process_event(worker, event_id)
             .await
@@ -352,7 +370,7 @@ async fn process(worker: &WorkerState, event_id: i64) -> Result<(), TestCaseErro
 
 /// Everything the billing state says about the namespace's customers, with the namespace
 /// removed so that two namespaces compare.
-async fn state_of(pool: &PgPool, worker: &WorkerState, ns: &str) -> Value {
+pub(crate) async fn state_of(pool: &PgPool, worker: &WorkerState, ns: &str) -> Value {
     let mut conn = pool.acquire().await.unwrap();
     let mut accounts = Vec::new();
     for customer in 0..CUSTOMERS {

@@ -337,7 +337,9 @@ async fn payment(
 
 /// Grants a plan's allowance for the event's period, once per account, period and plan.
 /// Under the account lock, `delta` tops the period up to the largest allowance granted in it.
-/// A deleted customer gains nothing (docs/design.md §4.4).
+/// A deleted customer's grants are still written — the ledger is a function of the events,
+/// whichever arrived first, the tombstone or the grant — and its account shows a balance of 0
+/// whatever the ledger holds (docs/design.md §4.5).
 async fn grant(
     conn: &mut PgConnection,
     ctx: &EventContext<'_>,
@@ -345,11 +347,6 @@ async fn grant(
     allowance: i64,
 ) -> Result<Change, sqlx::Error> {
     let period = Period::of(ctx.version.at);
-    if is_deleted(conn, ctx).await? {
-        return Ok(Change::Superseded(format!(
-            "the customer is deleted: no {plan} allowance for {period}"
-        )));
-    }
     let entry_key = allowance_entry_key(ctx.source, ctx.customer, &period, plan);
     let reason = format!("{plan} allowance for {period} ({})", ctx.event_type);
     let row = sqlx::query!(
@@ -383,9 +380,13 @@ async fn grant(
             )))
         }
         Some(delta) => {
+            let shown = match is_deleted(conn, ctx).await? {
+                true => " (the customer is deleted: its balance shows 0)",
+                false => "",
+            };
             return Ok(Change::Made(format!(
-                "granted {delta} for {plan} in {period}"
-            )))
+                "granted {delta} for {plan} in {period}{shown}"
+            )));
         }
         None => {}
     }
@@ -605,7 +606,7 @@ pub async fn log_outcome(
         INSERT INTO account_log AS l (event_id, source, customer_id, event_type, occurred_at, outcome, reason)
         VALUES ($1, $2, $3, $4, $5, $6, $7)
         ON CONFLICT (event_id) DO UPDATE
-            SET outcome = EXCLUDED.outcome, reason = EXCLUDED.reason, logged_at = now()
+            SET outcome = EXCLUDED.outcome, reason = EXCLUDED.reason, logged_at = inbox_now()
             WHERE l.outcome <> 'applied'
         "#,
         ctx.event_id,

@@ -238,6 +238,12 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
             IntakeError::StoreRefused(e)
         }
     })?;
+    let stored = match stored.verdict == Verdict::Duplicate
+        && crate::sim::planted(crate::sim::Bug::CopyCountsNew)
+    {
+        true => planted_copy(state, &source_name, body, &verified, &headers).await?,
+        false => stored,
+    };
     let span = tracing::Span::current();
     span.record("event_id", stored.event_id);
     span.record("verdict", stored.verdict.as_str());
@@ -252,12 +258,30 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
             "a delivery reused a stored event's key with different content"
         );
     } else if stored.status.is_pending() {
+        crate::sim::point(crate::sim::Point::IntakeStored, stored.event_id).await;
         enqueue(state, stored.event_id).await;
     }
     Ok(json_response(
         StatusCode::OK,
         &json!({"status": stored.verdict.as_str(), "event_id": stored.event_id}),
     ))
+}
+
+/// A planted bug (simulation only): the copy stored as a new event.
+async fn planted_copy(
+    state: &IntakeState,
+    source: &str,
+    body: &[u8],
+    verified: &crate::domain::VerifiedEvent,
+    headers: &Value,
+) -> Result<crate::inbox::store::Stored, IntakeError> {
+    let mut copy = verified.clone();
+    copy.dedupe_key =
+        crate::domain::DedupeKey::parse(&format!("{}~copy", verified.dedupe_key.as_str()))
+            .unwrap_or_else(|_| verified.dedupe_key.clone());
+    store_verified(&state.pool, source, body, &copy, Origin::Delivery(headers))
+        .await
+        .map_err(IntakeError::StoreUnavailable)
 }
 
 /// The Embedded Metric Format line for a delivery that only an older secret verified:

@@ -18,6 +18,7 @@ use crate::inbox::lease::{self, Claimed};
 use crate::inbox::{DEFAULT_LEASE, RETRY_DELAYS};
 use crate::providers::{self, Api, Reads};
 use crate::queue::parse_message_body;
+use crate::sim::{self, Bug, Point};
 
 /// How long the worker waits for one provider read before settling without it.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -137,8 +138,12 @@ pub async fn process_event(state: &WorkerState, event_id: i64) -> Result<Process
     let Some(event) = lease::claim(&state.pool, event_id, state.lease).await? else {
         return Ok(Processed::Skipped);
     };
+    sim::point(Point::WorkerClaimed, event_id).await;
     match apply_claimed(state, &event).await {
-        Ok((status, reason)) => Ok(Processed::Finished { status, reason }),
+        Ok((status, reason)) => {
+            sim::point(Point::WorkerCommitted, event_id).await;
+            Ok(Processed::Finished { status, reason })
+        }
         Err(WorkerError::LeaseLost) => {
             tracing::warn!(event_id, "lease lost; another worker has the event");
             Ok(Processed::Skipped)
@@ -166,6 +171,7 @@ async fn apply_claimed(
     if !lease::still_held(&mut tx, event).await? {
         return Err(WorkerError::LeaseLost);
     }
+    sim::point(Point::WorkerLeaseChecked, event.id).await;
 
     let provider = providers::provider(source.kind);
     let decision = match (&event.payload, event.occurred_at) {
@@ -195,10 +201,7 @@ async fn apply_claimed(
             source: &event.source,
             customer,
             event_type: &event.event_type,
-            version: Version {
-                at,
-                key: event.dedupe_key.clone(),
-            },
+            version: planted_version(event, at),
         }),
         _ => None,
     };
@@ -233,10 +236,12 @@ async fn apply_claimed(
                 if i == 1 {
                     state.fault(FaultPoint::BetweenEffects)?;
                 }
+                sim::point(Point::WorkerEffect(i), event.id).await;
                 changes.push(registers::apply_effect(&mut tx, ctx, effect).await?);
             }
             let (status, reason) = outcome(&changes, &notes);
             registers::log_outcome(&mut tx, ctx, status.as_str(), &reason).await?;
+            sim::point(Point::WorkerLogged, event.id).await;
             (status, reason)
         }
     };
@@ -245,6 +250,20 @@ async fn apply_claimed(
     tx.commit().await?;
     tracing::info!(event_id = event.id, status = status.as_str(), reason = %reason, "event finished");
     Ok((status, reason))
+}
+
+/// The event's version: its provider time and dedupe key (or a planted bug's).
+fn planted_version(event: &Claimed, at: crate::domain::ProviderTime) -> Version {
+    let at = match sim::planted(Bug::ArrivalTime) {
+        true => chrono::Utc::now().into(),
+        false => at,
+    };
+    let key = match sim::planted(Bug::TieByArrival) {
+        true => crate::domain::DedupeKey::parse(&format!("{:020}", event.id))
+            .unwrap_or_else(|_| event.dedupe_key.clone()),
+        false => event.dedupe_key.clone(),
+    };
+    Version { at, key }
 }
 
 /// What only the provider can settle, settled before the writes (docs/design.md §4.2, §4.5):

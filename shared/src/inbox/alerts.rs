@@ -19,7 +19,7 @@ pub struct Alerts {
 pub async fn collect_alerts(pool: &PgPool) -> anyhow::Result<Alerts> {
     let events = sqlx::query!(
         r#"
-        UPDATE inbox_events SET alerted_at = now()
+        UPDATE inbox_events SET alerted_at = inbox_now()
         WHERE id IN (
             SELECT id FROM inbox_events
             WHERE status IN ('dead', 'unprocessable') AND alerted_at IS NULL
@@ -47,7 +47,7 @@ pub async fn collect_alerts(pool: &PgPool) -> anyhow::Result<Alerts> {
     }
     let conflicts = sqlx::query!(
         r#"
-        UPDATE deliveries d SET alerted_at = now()
+        UPDATE deliveries d SET alerted_at = inbox_now()
         FROM inbox_events e
         WHERE e.id = d.event_id
           AND d.id IN (

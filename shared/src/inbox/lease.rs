@@ -37,14 +37,14 @@ pub async fn claim(
         r#"
         UPDATE inbox_events e
         SET status = 'processing',
-            locked_until = now() + make_interval(secs => $2),
+            locked_until = inbox_now() + make_interval(secs => $2),
             attempts = e.attempts + 1
         WHERE e.id = (
             SELECT id FROM inbox_events
             WHERE id = $1
               AND (status = 'received'
-                   OR (status = 'failed' AND next_attempt_at <= now())
-                   OR (status = 'processing' AND locked_until < now() AND attempts < $3))
+                   OR (status = 'failed' AND next_attempt_at <= inbox_now())
+                   OR (status = 'processing' AND locked_until < inbox_now() AND attempts < $3))
             FOR UPDATE SKIP LOCKED
         )
         RETURNING e.id, e.source, e.dedupe_key AS "dedupe_key: DedupeKey", e.type AS event_type,
@@ -83,7 +83,7 @@ pub async fn finish(
     sqlx::query!(
         r#"
         UPDATE inbox_events
-        SET status = $2, reason = $3, processed_at = now(), locked_until = NULL,
+        SET status = $2, reason = $3, processed_at = inbox_now(), locked_until = NULL,
             next_attempt_at = NULL, last_error = NULL
         WHERE id = $1
         "#,
@@ -122,14 +122,16 @@ pub async fn record_failure(
         UPDATE inbox_events
         SET status = $2,
             last_error = $3,
-            next_attempt_at = CASE WHEN $4::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $4) END,
+            next_attempt_at = CASE WHEN $4::float8 IS NULL THEN NULL ELSE inbox_now() + make_interval(secs => $4) END,
             locked_until = NULL
         WHERE id = $1 AND status = 'processing' AND attempts = $5
         "#,
         event.id,
         status.as_str(),
         error,
-        delay.map(|d| d.as_secs_f64()),
+        delay
+            .filter(|_| !crate::sim::planted(crate::sim::Bug::RetryNeverScheduled))
+            .map(|d| d.as_secs_f64()),
         event.attempts,
     )
     .execute(pool)

@@ -20,7 +20,7 @@ pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> any
             WHERE id IN (
                 SELECT id FROM inbox_events
                 WHERE status IN ('applied', 'ignored')
-                  AND received_at < now() - make_interval(secs => $1)
+                  AND received_at < inbox_now() - make_interval(secs => $1)
                 LIMIT $2 FOR UPDATE SKIP LOCKED
             )
             "#,

@@ -146,7 +146,7 @@ pub async fn backlog(conn: &mut PgConnection) -> Result<Backlog, sqlx::Error> {
     .collect();
     let oldest = sqlx::query_scalar!(
         r#"
-        SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(received_at))::float8, 0) AS "age!"
+        SELECT COALESCE(EXTRACT(EPOCH FROM inbox_now() - min(received_at))::float8, 0) AS "age!"
         FROM inbox_events WHERE status = ANY($1)
         "#,
         &pending_names()[..] as &[&str],

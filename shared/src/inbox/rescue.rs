@@ -15,10 +15,20 @@ use crate::queue::Queue;
 /// happened for any other reason) leaves marks that the next runs treat as lost once they
 /// are [`STUCK_AFTER`] old, so no row is stranded, whatever wrote its mark.
 pub async fn rescue(pool: &PgPool, queue: &Queue, deadline: Instant) -> anyhow::Result<Vec<i64>> {
-    let ids = mark_lost(pool).await?;
+    let mut ids = mark_lost(pool).await?;
+    if crate::sim::planted(crate::sim::Bug::RescueSkipsLeases) {
+        let leases: Vec<i64> = sqlx::query_scalar(
+            "UPDATE inbox_events SET enqueued_at = NULL WHERE id = ANY($1) AND status = 'processing' RETURNING id",
+        )
+        .bind(&ids)
+        .fetch_all(pool)
+        .await?;
+        ids.retain(|id| !leases.contains(id));
+    }
     if ids.is_empty() {
         return Ok(ids);
     }
+    crate::sim::point(crate::sim::Point::RescueMarked, ids[0]).await;
     let sent = send_marked(pool, queue, &ids, deadline).await?;
     tracing::info!(count = sent.len(), "rescued events enqueued");
     Ok(sent)
@@ -38,7 +48,7 @@ pub async fn mark_lost(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
         UPDATE inbox_events
         SET status = 'dead', locked_until = NULL, next_attempt_at = NULL,
             last_error = COALESCE(last_error || '; ', '') || 'the worker stopped during the last attempt (lease expired)'
-        WHERE status = 'processing' AND locked_until < now() AND attempts >= $1
+        WHERE status = 'processing' AND locked_until < inbox_now() AND attempts >= $1
         "#,
         MAX_ATTEMPTS,
     )
@@ -56,23 +66,23 @@ pub async fn mark_lost(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
         r#"
         WITH received AS (
             SELECT id FROM inbox_events
-            WHERE status = 'received' AND received_at < now() - make_interval(secs => $2)
-              AND (enqueued_at IS NULL OR enqueued_at < now() - make_interval(secs => $3))
+            WHERE status = 'received' AND received_at < inbox_now() - make_interval(secs => $2)
+              AND (enqueued_at IS NULL OR enqueued_at < inbox_now() - make_interval(secs => $3))
             LIMIT $1 FOR UPDATE SKIP LOCKED
         ), leases AS (
             SELECT id FROM inbox_events
-            WHERE status = 'processing' AND locked_until < now() AND attempts < $4
+            WHERE status = 'processing' AND locked_until < inbox_now() AND attempts < $4
               AND (enqueued_at IS NULL OR enqueued_at < locked_until
-                   OR enqueued_at < now() - make_interval(secs => $3))
+                   OR enqueued_at < inbox_now() - make_interval(secs => $3))
             LIMIT $1 FOR UPDATE SKIP LOCKED
         ), due AS (
             SELECT id FROM inbox_events
-            WHERE status = 'failed' AND next_attempt_at <= now()
+            WHERE status = 'failed' AND next_attempt_at <= inbox_now()
               AND (enqueued_at IS NULL OR enqueued_at < next_attempt_at
-                   OR enqueued_at < now() - make_interval(secs => $3))
+                   OR enqueued_at < inbox_now() - make_interval(secs => $3))
             LIMIT $1 FOR UPDATE SKIP LOCKED
         )
-        UPDATE inbox_events SET enqueued_at = now()
+        UPDATE inbox_events SET enqueued_at = inbox_now()
         WHERE id IN (SELECT id FROM received UNION ALL SELECT id FROM leases
                      UNION ALL SELECT id FROM due)
         RETURNING id

@@ -110,14 +110,14 @@ pub async fn store_delivery(
                 (source, dedupe_key, type, payload, raw_body, payload_hash, customer_key,
                  occurred_at, status, reason, processed_at, enqueued_at)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-                    CASE WHEN $9 = 'unprocessable' THEN now() END,
-                    CASE WHEN $9 = 'received' THEN now() END)
+                    CASE WHEN $9 = 'unprocessable' THEN inbox_now() END,
+                    CASE WHEN $9 = 'received' THEN inbox_now() END)
             ON CONFLICT (source, dedupe_key) DO UPDATE
                 SET seen_count = e.seen_count
                         + (e.payload_hash = EXCLUDED.payload_hash AND NOT $16)::int,
                     enqueued_at = CASE
                         WHEN e.payload_hash = EXCLUDED.payload_hash
-                             AND e.status = ANY($14) AND NOT $16 THEN now()
+                             AND e.status = ANY($14) AND NOT $16 THEN inbox_now()
                         ELSE e.enqueued_at END
             RETURNING e.id, e.status, (e.xmax = 0) AS inserted,
                       CASE WHEN e.xmax = 0 THEN 'stored'
