@@ -70,6 +70,14 @@ impl Reconciler {
         })
     }
 
+    /// A reconciliation of `source` read however `how` reads it (the simulator's own feed).
+    pub fn new(source: impl Into<String>, how: Reconciliation) -> Self {
+        Self {
+            source: source.into(),
+            how,
+        }
+    }
+
     pub fn source(&self) -> &str {
         &self.source
     }

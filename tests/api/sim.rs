@@ -30,8 +30,9 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use shared::handlers::scheduler::{self, SchedulerState};
 use shared::handlers::worker::{handle_batch, WorkerState};
 use shared::inbox::{DEFAULT_LEASE, RETRY_DELAYS};
-use shared::providers::BoxFuture;
+use shared::providers::{BoxFuture, EventFeed, FeedPage, Fetched, Reconciliation, Window};
 use shared::queue::Queue;
+use shared::reconcile::Reconciler;
 use shared::sim::{with_interrupts, Bug, Interrupts, Point, SimQueue};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -214,6 +215,101 @@ impl SimulatedQueue {
     }
 }
 
+/// Stripe's event feed as the simulation serves it: the events Stripe failed to deliver
+/// (`delivery_success=false`), three to a page, with seeded faults — an error, a timeout,
+/// a page out of order, a page that repeats the one before. The time-window walk finds
+/// nothing: the workload's events are older than its first window.
+#[derive(Clone)]
+struct SimFeed(Arc<Mutex<FeedState>>);
+
+struct FeedState {
+    dice: Dice,
+    /// Stripe's list, newest first, as (event id, body).
+    undelivered: Vec<(String, Vec<u8>)>,
+    faults: bool,
+    trace: Vec<String>,
+}
+
+impl SimFeed {
+    fn page_after(&self, after: Option<&str>) -> anyhow::Result<FeedPage> {
+        let mut feed = self.0.lock().unwrap();
+        if feed.faults {
+            match feed.dice.below(100) {
+                0..=5 => {
+                    feed.trace.push("the provider API answered 500".into());
+                    anyhow::bail!("GET /v1/events answered 500 Internal Server Error");
+                }
+                6..=9 => {
+                    feed.trace.push("the provider API timed out".into());
+                    anyhow::bail!("GET /v1/events: operation timed out");
+                }
+                _ => {}
+            }
+        }
+        let start = match after {
+            Some(id) => feed
+                .undelivered
+                .iter()
+                .position(|(e, _)| e == id)
+                .map_or(0, |i| i + 1),
+            None => 0,
+        };
+        // A page that starts one early repeats an event; one shuffled is out of order.
+        let start = match feed.faults && start > 0 && feed.dice.chance(10) {
+            true => {
+                feed.trace.push("the provider API repeated an event".into());
+                start - 1
+            }
+            false => start,
+        };
+        let end = (start + 3).min(feed.undelivered.len());
+        let mut page: Vec<(String, Vec<u8>)> = feed.undelivered[start..end].to_vec();
+        if feed.faults && page.len() > 1 && feed.dice.chance(20) {
+            feed.trace
+                .push("the provider API served a page out of order".into());
+            page.reverse();
+        }
+        let last = page.iter().map(|(e, _)| e.clone()).max_by_key(|e| {
+            feed.undelivered
+                .iter()
+                .position(|(id, _)| id == e)
+                .unwrap_or(0)
+        });
+        let next = match end < feed.undelivered.len() {
+            true => last,
+            false => None,
+        };
+        let events = page
+            .into_iter()
+            .map(|(_, body)| {
+                let event = shared::providers::stripe::parse_event(&body, chrono::Utc::now());
+                Fetched { body, event }
+            })
+            .collect();
+        Ok(FeedPage { events, next })
+    }
+}
+
+impl EventFeed for SimFeed {
+    fn page<'a>(
+        &'a self,
+        _window: Window,
+        _after: Option<&'a str>,
+    ) -> BoxFuture<'a, anyhow::Result<FeedPage>> {
+        Box::pin(std::future::ready(Ok(FeedPage {
+            events: Vec::new(),
+            next: None,
+        })))
+    }
+
+    fn undelivered<'a>(
+        &'a self,
+        after: Option<&'a str>,
+    ) -> BoxFuture<'a, anyhow::Result<FeedPage>> {
+        Box::pin(std::future::ready(self.page_after(after)))
+    }
+}
+
 /// What one actor's run meets at its points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
@@ -322,6 +418,9 @@ struct World {
     app: TestApp,
     worker: Arc<WorkerState>,
     scheduler: SchedulerState,
+    /// A second scheduler, for two runs at once.
+    other_scheduler: SchedulerState,
+    feed: SimFeed,
     pool: PgPool,
     admin: PgPool,
     bugs: HashSet<Bug>,
@@ -417,13 +516,24 @@ impl World {
         let mut worker = test_worker(pool.clone());
         worker.retry_delays = RETRY_DELAYS.to_vec();
         worker.lease = DEFAULT_LEASE;
-        let scheduler = SchedulerState {
+        let feed = SimFeed(Arc::new(Mutex::new(FeedState {
+            dice: Dice::new(seed ^ 0xFEED),
+            undelivered: Vec::new(),
+            faults: true,
+            trace: Vec::new(),
+        })));
+        let scheduler_with = |feed: &SimFeed| SchedulerState {
             pool: pool.clone(),
-            queue: sim_queue,
-            reconcilers: Vec::new(),
+            queue: sim_queue.clone(),
+            reconcilers: vec![Reconciler::new(
+                "stripe",
+                Reconciliation::Feed(Box::new(feed.clone())),
+            )],
             retention: Duration::from_secs(30 * 86_400),
             budget: Duration::from_secs(30),
         };
+        let scheduler = scheduler_with(&feed);
+        let other_scheduler = scheduler_with(&feed);
         Self {
             seed,
             dice: Dice::new(seed),
@@ -432,6 +542,8 @@ impl World {
             app,
             worker: Arc::new(worker),
             scheduler,
+            other_scheduler,
+            feed,
             pool,
             admin,
             bugs,
@@ -443,7 +555,8 @@ impl World {
     }
 
     fn note(&mut self, line: String) {
-        for queued in self.queue.take_trace() {
+        let fed = std::mem::take(&mut self.feed.0.lock().unwrap().trace);
+        for queued in self.queue.take_trace().into_iter().chain(fed) {
             self.trace
                 .push(format!("t+{:>7.1}s   {queued}", self.elapsed_secs()));
         }
@@ -615,8 +728,9 @@ impl World {
         let plan = self.plan(fault);
         match self.run(&plan, scheduler::run(&self.scheduler)).await {
             Ran::Done(report) => {
+                let found: i32 = report.reconciliation.iter().map(|r| r.stored_new).sum();
                 let line = format!(
-                    "scheduler: rescued {:?}, purged {}{}",
+                    "scheduler: rescued {:?}, reconciliation found {found} new, purged {}{}",
                     report.rescued,
                     report.purged,
                     match report.errors.is_empty() {
@@ -630,6 +744,23 @@ impl World {
                 let hit = plan.hit.lock().unwrap().clone().unwrap_or_default();
                 self.note(format!("scheduler died ({hit})"));
             }
+        }
+    }
+
+    /// Two scheduler runs at once (two invocations overlapping).
+    async fn schedule_twice(&mut self) {
+        let plan = self.plan(None);
+        let both = async {
+            tokio::join!(
+                scheduler::run(&self.scheduler),
+                scheduler::run(&self.other_scheduler)
+            )
+        };
+        if let Ran::Done((a, b)) = self.run(&plan, both).await {
+            self.note(format!(
+                "two schedulers at once: rescued {:?} and {:?}",
+                a.rescued, b.rescued
+            ));
         }
     }
 
@@ -692,6 +823,7 @@ impl World {
     /// rounds of time, the scheduler and the worker until nothing is pending.
     async fn quiesce(&mut self, case: &Case, pending: &mut Vec<usize>) -> Result<(), Failure> {
         self.queue.set_faults(false);
+        self.feed.0.lock().unwrap().faults = false;
         while !pending.is_empty() {
             self.deliver(case, pending, false).await;
         }
@@ -705,7 +837,15 @@ impl World {
             .fetch_one(&self.admin)
             .await
             .unwrap();
-            if left == 0 && self.queue.len() == 0 {
+            let stored: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM inbox_events WHERE dedupe_key LIKE '%\\_' || $1 || '%'",
+            )
+            .bind(&self.ns)
+            .fetch_one(&self.admin)
+            .await
+            .unwrap();
+            let all_found = stored as usize >= case.events.len();
+            if left == 0 && self.queue.len() == 0 && all_found {
                 return Ok(());
             }
             self.clock.advance(20 * 60_000);
@@ -713,7 +853,7 @@ impl World {
             self.schedule(false).await;
         }
         Err(self.fail(format!(
-            "stranded: events still pending after {QUIET_ROUNDS} rounds of rescue and work"
+            "stranded: events still pending or never found after {QUIET_ROUNDS} rounds of rescue, reconciliation and work"
         )))
     }
 
@@ -824,6 +964,24 @@ pub(crate) async fn simulate(
     let case = workload(seed);
     let mut world = World::new(base, seed, bugs).await;
     let mut pending: Vec<usize> = case.deliveries.iter().map(|d| d.index).collect();
+    // Stripe gives up on some events (only reconciliation finds them), and still lists some
+    // that its webhooks will bring after all.
+    let mut undelivered = Vec::new();
+    for (index, event) in case.events.iter().enumerate() {
+        let (source, payload, _) = order::payload(index, event, &world.ns);
+        if source != "stripe" {
+            continue;
+        }
+        match world.dice.below(100) {
+            0..=14 => pending.retain(|i| *i != index),
+            15..=24 => {}
+            _ => continue,
+        }
+        let id = payload["id"].as_str().unwrap_or_default().to_owned();
+        undelivered.push((id, serde_json::to_vec(&payload).unwrap()));
+    }
+    undelivered.reverse();
+    world.feed.0.lock().unwrap().undelivered = undelivered;
     world.note(format!(
         "seed {seed}: {} events, {} deliveries",
         case.events.len(),
@@ -837,7 +995,8 @@ pub(crate) async fn simulate(
             0..=69 => {
                 world.work(true).await;
             }
-            70..=79 => world.schedule(true).await,
+            70..=77 => world.schedule(true).await,
+            78..=79 => world.schedule_twice().await,
             80..=83 => world.replay().await,
             _ => {
                 let ms = match world.dice.chance(80) {
