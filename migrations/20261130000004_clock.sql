@@ -1,4 +1,4 @@
--- One clock for every statement (docs/design.md §3.9): inbox_now() is now(), moved by the
+-- One clock for every statement (docs/design.md §3.12): inbox_now() is now(), moved by the
 -- session setting inbox.clock_offset_secs when one is set. Production never sets it; the
 -- simulator does, so that lease expiry, retry waits and retention run on a clock it moves.
 CREATE FUNCTION inbox_now() RETURNS timestamptz

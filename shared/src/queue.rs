@@ -28,7 +28,7 @@ enum Transport {
         client: aws_sdk_sqs::Client,
         url: String,
     },
-    /// The simulator's queue (docs/design.md §8.4).
+    /// The simulator's queue (docs/design.md §10).
     #[cfg(feature = "dev")]
     Sim(std::sync::Arc<dyn crate::sim::SimQueue>),
 }

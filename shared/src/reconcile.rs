@@ -198,7 +198,7 @@ impl Run<'_> {
         )
         .await
         .context("storing a fetched event")?;
-        if stored.verdict == Verdict::Stored && stored.status.is_pending() {
+        if stored.marked {
             self.to_enqueue.push(stored.event_id);
         }
         self.report.read += 1;

@@ -1,7 +1,7 @@
 //! The points between two steps where a simulation may stop the code under test — a crash
 //! (the task never goes on: its open transaction rolls back, its message is never
 //! acknowledged), a pause (another actor runs meanwhile), or connections killed — and the
-//! simulated queue (docs/design.md §8.4).
+//! simulated queue (docs/design.md §10).
 //!
 //! Without the `dev` feature [`point`] does nothing. With it, a point asks the
 //! [`Interrupts`] of the task it runs in, set by [`with_interrupts`]; a task without any runs
@@ -37,7 +37,7 @@ impl fmt::Display for Point {
     }
 }
 
-/// A bug a simulation can switch on, to show that it would be caught (docs/design.md §8.4).
+/// A bug a simulation can switch on, to show that it would be caught (docs/design.md §10).
 /// Each is a one-line departure from the design; none is on outside a simulation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Bug {

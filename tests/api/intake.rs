@@ -48,7 +48,7 @@ async fn new_event_is_stored_enqueued_and_answered_with_its_id(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
-async fn copy_re_signed_later_is_a_duplicate_and_is_enqueued_again(pool: PgPool) {
+async fn copy_re_signed_later_is_a_duplicate_and_not_enqueued_twice(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let event = stripe_event("evt_copy", "cus_1", Utc::now().timestamp() - 60);
     let now = Utc::now().timestamp();
@@ -71,9 +71,37 @@ async fn copy_re_signed_later_is_a_duplicate_and_is_enqueued_again(pool: PgPool)
     assert_eq!(app.verdicts(id).await, ["stored", "duplicate"]);
     assert_eq!(
         app.drain_queue().await,
-        [id, id],
-        "a copy of an unapplied event wakes a worker again"
+        [id],
+        "the first message is still on its way: the copy sends no second one"
     );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn copy_of_an_event_whose_message_is_overdue_or_refused_is_enqueued_again(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let event = stripe_event("evt_overdue", "cus_1", Utc::now().timestamp() - 60);
+    let (_, first) = app.post("stripe", &stripe_delivery(&event)).await;
+    let id = first["event_id"].as_i64().unwrap();
+    assert_eq!(app.drain_queue().await, [id]);
+
+    // The message was lost more than the rescue's grace period ago.
+    sqlx::query("UPDATE inbox_events SET enqueued_at = now() - interval '6 minutes' WHERE id = $1")
+        .bind(id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    app.post("stripe", &stripe_delivery(&event)).await;
+    assert_eq!(app.drain_queue().await, [id], "an overdue mark is renewed");
+
+    // The queue refused the last send: the mark was cleared.
+    sqlx::query("UPDATE inbox_events SET enqueued_at = NULL WHERE id = $1")
+        .bind(id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    app.post("stripe", &stripe_delivery(&event)).await;
+    assert_eq!(app.drain_queue().await, [id], "a cleared mark is set again");
+    assert_eq!(app.event(id).await.seen_count, 3);
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]

@@ -257,7 +257,7 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
             dedupe_key = verified.dedupe_key.as_str(),
             "a delivery reused a stored event's key with different content"
         );
-    } else if stored.status.is_pending() {
+    } else if stored.marked {
         crate::sim::point(crate::sim::Point::IntakeStored, stored.event_id).await;
         enqueue(state, stored.event_id).await;
     }

@@ -48,6 +48,8 @@ pub struct Stored {
     pub verdict: Verdict,
     /// The stored event's status as this statement left it.
     pub status: EventStatus,
+    /// This statement marked the event `enqueued_at`: the caller sends it after the commit.
+    pub marked: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,10 +96,15 @@ impl StoreError {
 /// delivery row written beside it. A copy whose content differs is a conflict: the stored
 /// event is kept as is and only the delivery records it.
 ///
-/// A pending event is marked `enqueued_at` in the same statement, for the send that follows
-/// the commit: one round trip per delivery. A send that fails unmarks it
-/// ([`super::enqueue_or_unmark`]); a crash between the commit and the send leaves it marked,
-/// and the scheduler's rescue of stuck `received` rows sends it.
+/// A new pending event is marked `enqueued_at` in the same statement, for the send that
+/// follows the commit: one round trip per delivery. A copy of a pending event is marked (and
+/// sent) again only when a worker could take the event now (not a retry that is not due, not
+/// a live lease) and no message is on its way: the mark was cleared, is older than the
+/// rescue's grace period ([`super::STUCK_AFTER`]), or predates the retry's time or the
+/// lease's end — the rescue's own rule (§3.7). A send
+/// that fails unmarks the event ([`super::enqueue_or_unmark`]); a crash between the commit
+/// and the send leaves it marked, and the scheduler's rescue of stuck `received` rows sends
+/// it.
 #[tracing::instrument(skip_all, fields(source = d.source, dedupe_key = d.dedupe_key.as_str()))]
 pub async fn store_delivery(
     conn: &mut PgConnection,
@@ -117,9 +124,18 @@ pub async fn store_delivery(
                         + (e.payload_hash = EXCLUDED.payload_hash AND NOT $16)::int,
                     enqueued_at = CASE
                         WHEN e.payload_hash = EXCLUDED.payload_hash
-                             AND e.status = ANY($14) AND NOT $16 THEN inbox_now()
+                             AND e.status = ANY($14) AND NOT $16
+                             AND (e.enqueued_at IS NULL
+                                  OR e.enqueued_at < inbox_now() - make_interval(secs => $17)
+                                  OR e.enqueued_at < CASE e.status WHEN 'failed' THEN e.next_attempt_at
+                                                                   WHEN 'processing' THEN e.locked_until END)
+                             AND CASE e.status WHEN 'failed' THEN e.next_attempt_at <= inbox_now()
+                                               WHEN 'processing' THEN e.locked_until < inbox_now()
+                                               ELSE true END
+                        THEN inbox_now()
                         ELSE e.enqueued_at END
             RETURNING e.id, e.status, (e.xmax = 0) AS inserted,
+                      COALESCE(e.enqueued_at = inbox_now(), false) AS marked,
                       CASE WHEN e.xmax = 0 THEN 'stored'
                            WHEN e.payload_hash = $6 THEN 'duplicate'
                            ELSE 'conflict' END AS verdict
@@ -130,7 +146,7 @@ pub async fn store_delivery(
             WHERE inserted OR NOT $16
         )
         SELECT upsert.id AS "event_id!", upsert.status AS "status!: EventStatus",
-               upsert.verdict AS "verdict!: Verdict"
+               upsert.verdict AS "verdict!: Verdict", upsert.marked AS "marked!"
         FROM upsert
         "#,
         d.source,
@@ -149,6 +165,7 @@ pub async fn store_delivery(
         &super::pending_names()[..] as &[&str],
         d.secret_index,
         d.fetched,
+        super::STUCK_AFTER.as_secs_f64(),
     )
     .fetch_one(conn)
     .await?;
@@ -156,6 +173,7 @@ pub async fn store_delivery(
         event_id: row.event_id,
         verdict: row.verdict,
         status: row.status,
+        marked: row.marked,
     })
 }
 
