@@ -152,13 +152,13 @@ async fn drop_database(server: &str, name: &str) {
 async fn run_concurrently<T, F, Fut>(items: Vec<T>, concurrency: usize, work: F) -> Vec<Duration>
 where
     T: Send + 'static,
-    F: Fn(T) -> Fut + Send + Sync + 'static,
+    F: Fn(usize, T) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
     let queue = Arc::new(std::sync::Mutex::new(items));
     let work = Arc::new(work);
     let mut tasks = Vec::new();
-    for _ in 0..concurrency {
+    for slot in 0..concurrency {
         let queue = queue.clone();
         let work = work.clone();
         tasks.push(tokio::spawn(async move {
@@ -168,7 +168,7 @@ where
                     return latencies;
                 };
                 let start = Instant::now();
-                work(item).await;
+                work(slot, item).await;
                 latencies.push(start.elapsed());
             }
         }));
@@ -338,11 +338,19 @@ async fn measure(
     };
     let sources = Sources::build(&configs, Duration::from_secs(300), reqwest::Client::new())
         .map_err(|e| anyhow::anyhow!(e))?;
-    let state = Arc::new(IntakeState {
-        pool: pool.clone(),
-        queue: Queue::new(sqs.clone(), queue_url),
-        sources,
-    });
+    // One intake instance per concurrent request, as Lambda runs them: each holds its own
+    // connection.
+    let mut instances = Vec::with_capacity(args.concurrency);
+    for _ in 0..args.concurrency {
+        let sources = Sources::build(&configs, Duration::from_secs(300), reqwest::Client::new())
+            .map_err(|e| anyhow::anyhow!(e))?;
+        instances.push(Arc::new(IntakeState::new(
+            pool.clone(),
+            Queue::new(sqs.clone(), queue_url),
+            sources,
+        )));
+    }
+    let instances = Arc::new(instances);
     let total = deliveries.len();
     let distinct = total * 7 / 10;
 
@@ -354,8 +362,7 @@ async fn measure(
             .iter()
             .filter_map(|(k, v)| Some((k.parse::<http::HeaderName>().ok()?, v.parse().ok()?)))
             .collect();
-        let verified = state
-            .sources
+        let verified = sources
             .get(&d.source)
             .context("a delivery names an unconfigured source")?
             .verify(&headers, &d.body, Utc::now())
@@ -370,7 +377,7 @@ async fn measure(
         run_concurrently(
             raw_items,
             args.concurrency,
-            move |(source, body, verified)| {
+            move |_, (source, body, verified)| {
                 let raw_pool = raw_pool.clone();
                 async move {
                     let headers = json!({});
@@ -393,9 +400,9 @@ async fn measure(
     let statements_before = counter.get();
     let intake_start = Instant::now();
     let latencies = {
-        let state = state.clone();
-        run_concurrently(deliveries, args.concurrency, move |d| {
-            let state = state.clone();
+        let instances = instances.clone();
+        run_concurrently(deliveries, args.concurrency, move |slot, d| {
+            let state = instances[slot].clone();
             async move {
                 let mut builder = http::Request::builder()
                     .method("POST")
@@ -466,7 +473,7 @@ async fn measure(
         .fetch_all(&raw_pool)
         .await?;
     let raw_worker_start = Instant::now();
-    run_concurrently(ids, args.concurrency, move |id| {
+    run_concurrently(ids, args.concurrency, move |_, id| {
         let raw_worker = raw_worker.clone();
         async move {
             let _ = shared::handlers::worker::process_event(&raw_worker, id).await;

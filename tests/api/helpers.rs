@@ -104,11 +104,7 @@ impl TestApp {
         )
         .unwrap();
         let sources = Sources::build(&sources, Duration::from_secs(300), reqwest_client()).unwrap();
-        let state = IntakeState {
-            pool: intake_pool,
-            queue,
-            sources,
-        };
+        let state = IntakeState::new(intake_pool, queue, sources);
         let worker = test_worker(pool.clone());
         Self {
             pool,

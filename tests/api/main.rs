@@ -11,6 +11,7 @@ mod kinde_reconcile;
 mod model;
 mod order;
 mod reconcile;
+mod round_trips;
 mod scale;
 mod scenarios;
 mod scheduler;

@@ -505,7 +505,7 @@ impl World {
             .await
             .unwrap();
         let sim_queue = Queue::simulated(queue.clone());
-        let app = TestApp::with_parts(
+        let mut app = TestApp::with_parts(
             pool.clone(),
             pool.clone(),
             sqs_client().await,
@@ -513,6 +513,14 @@ impl World {
             sim_queue.clone(),
         )
         .await;
+        // The intake's held connection reads the simulated clock too.
+        let held_clock = clock.clone();
+        app.state.conn = shared::db::Held::new(pool.connect_options().as_ref().clone()).before_use(
+            Arc::new(move |conn| {
+                let offset = held_clock.offset();
+                Box::pin(set_clock(conn, offset))
+            }),
+        );
         let mut worker = test_worker(pool.clone());
         worker.retry_delays = RETRY_DELAYS.to_vec();
         worker.lease = DEFAULT_LEASE;
@@ -1061,7 +1069,10 @@ async fn regression_seeds(pool: PgPool) {
     // 72: a connection opened after a kill read the real clock, not the simulated one, so a
     // fresh row looked 72 days old and the purge took it (the pool now sets the clock on
     // connect as well as on acquire).
-    for seed in [72] {
+    // 25: after connections were killed, the intake's held connection failed the step
+    // before its statement and was never replaced: every later delivery answered 503 (a
+    // connection that fails before use is now dropped, and the delivery tried once more).
+    for seed in [72, 25] {
         if let Err(failure) = simulate(&pool, seed, HashSet::new()).await {
             panic!("{failure}");
         }

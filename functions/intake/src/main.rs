@@ -38,16 +38,16 @@ mod tests {
         );
         let sources =
             parse_sources(r#"[{"name":"stripe","kind":"stripe","secrets":["whsec_x"]}]"#).unwrap();
-        let state = IntakeState {
-            pool: shared::db::lazy_pool("postgres://nobody@127.0.0.1:1/none", 1).unwrap(),
-            queue: Queue::new(sqs, "http://127.0.0.1:1/000000000000/none"),
-            sources: Sources::build(
+        let state = IntakeState::new(
+            shared::db::lazy_pool("postgres://nobody@127.0.0.1:1/none", 1).unwrap(),
+            Queue::new(sqs, "http://127.0.0.1:1/000000000000/none"),
+            Sources::build(
                 &sources,
                 std::time::Duration::from_secs(300),
                 reqwest_client(),
             )
             .unwrap(),
-        };
+        );
         // The event a Lambda function URL sends (what `cargo lambda watch` serves too).
         let request = lambda_http::request::from_str(
             r#"{"version":"2.0","rawPath":"/webhooks/paypal","rawQueryString":"","headers":{},

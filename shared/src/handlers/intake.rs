@@ -12,9 +12,10 @@ use serde_json::{json, Map, Value};
 use sqlx::PgPool;
 
 use crate::config::IntakeConfig;
+use crate::db::Held;
 use crate::domain::Verdict;
 use crate::inbox::enqueue_or_unmark;
-use crate::inbox::store::{store_verified, Origin, StoreError};
+use crate::inbox::store::{store_verified_held, Origin, StoreError};
 use crate::providers::{AuthError, Sources};
 use crate::queue::Queue;
 use crate::secrets::Needs;
@@ -36,16 +37,30 @@ const KEPT_HEADERS: &[&str] = &[
 ];
 
 pub struct IntakeState {
+    /// The instance's own connection, for the store: one round trip per delivery.
+    pub conn: Held,
+    /// For what is rare (unmarking an event the queue refused).
     pub pool: PgPool,
     pub queue: Queue,
     pub sources: Sources,
 }
 
 impl IntakeState {
-    /// Builds the pool, the queue client and the sources once, at cold start.
+    /// A state whose held connection goes where `pool` does.
+    pub fn new(pool: PgPool, queue: Queue, sources: Sources) -> Self {
+        Self {
+            conn: Held::new(pool.connect_options().as_ref().clone()),
+            pool,
+            queue,
+            sources,
+        }
+    }
+
+    /// Builds the connection settings, the queue client and the sources once, at cold start;
+    /// nothing connects before the first delivery.
     pub async fn from_config(config: &IntakeConfig) -> anyhow::Result<Self> {
         use anyhow::Context;
-        let pool = crate::db::lazy_pool(&config.database_url, 4).context("DATABASE_URL")?;
+        let pool = crate::db::lazy_pool(&config.database_url, 2).context("DATABASE_URL")?;
         let queue = Queue::from_env(config.queue_url.clone()).await;
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(5))
@@ -53,11 +68,7 @@ impl IntakeState {
             .context("building the HTTP client")?;
         let configs = crate::secrets::resolve(&config.sources, Needs::Signing, false).await?;
         let sources = Sources::build(&configs, config.tolerance, http)?;
-        Ok(Self {
-            pool,
-            queue,
-            sources,
-        })
+        Ok(Self::new(pool, queue, sources))
     }
 }
 
@@ -223,8 +234,8 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
         println!("{}", older_secret_metric(&source_name, index, Utc::now()));
     }
     let headers = kept_headers(request.headers());
-    let stored = store_verified(
-        &state.pool,
+    let stored = store_verified_held(
+        &state.conn,
         &source_name,
         body,
         &verified,
@@ -279,7 +290,7 @@ async fn planted_copy(
     copy.dedupe_key =
         crate::domain::DedupeKey::parse(&format!("{}~copy", verified.dedupe_key.as_str()))
             .unwrap_or_else(|_| verified.dedupe_key.clone());
-    store_verified(&state.pool, source, body, &copy, Origin::Delivery(headers))
+    store_verified_held(&state.conn, source, body, &copy, Origin::Delivery(headers))
         .await
         .map_err(IntakeError::StoreUnavailable)
 }

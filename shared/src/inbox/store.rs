@@ -248,57 +248,143 @@ pub async fn store_verified(
     origin: Origin<'_>,
 ) -> Result<Stored, StoreError> {
     let fetched_headers = json!({"via": "reconciliation"});
-    let (headers, fetched) = match origin {
-        Origin::Delivery(headers) => (headers, false),
-        Origin::Fetched => (&fetched_headers, true),
-    };
-    let meta = match &verified.meta {
-        Ok(meta) => match untrusted_time(meta.occurred_at, Utc::now()) {
-            Some(reason) => Err(reason),
-            None => Ok(meta),
-        },
-        Err(reason) => Err(reason.clone()),
-    };
-    let (event_type, customer, occurred_at, status, reason) = match &meta {
-        Ok(meta) => (
-            meta.event_type.replace('\0', ""),
-            meta.customer.as_ref(),
-            Some(meta.occurred_at),
-            EventStatus::Received,
-            None,
-        ),
-        Err(reason) => (
-            "unknown".to_owned(),
-            None,
-            None,
-            EventStatus::Unprocessable,
-            Some(reason.as_str()),
-        ),
-    };
-    let payload = verified.payload.as_ref().map(storable);
-    let delivery = NewDelivery {
-        source,
-        dedupe_key: &verified.dedupe_key,
-        event_type: &event_type,
-        payload: payload.as_deref(),
-        raw_body: body,
-        payload_hash: verified.content_hash.as_bytes(),
-        customer_key: customer,
-        occurred_at,
-        status,
-        reason,
-        delivery_id: verified.delivery_id.as_deref(),
-        sent_at: verified.sent_at,
-        headers,
-        secret_index: verified.signed_with.and_then(|i| i16::try_from(i).ok()),
-        fetched,
-    };
+    let prepared = Prepared::new(source, body, verified, origin, &fetched_headers);
     let mut conn = pool.acquire().await.map_err(StoreError::NoConnection)?;
-    match store_delivery(&mut conn, &delivery).await {
+    store_or_refuse(&mut conn, &prepared.delivery()).await
+}
+
+/// A verified event as the store statement takes it: its envelope read, its time checked.
+struct Prepared<'a> {
+    source: &'a str,
+    body: &'a [u8],
+    verified: &'a VerifiedEvent,
+    headers: &'a Value,
+    fetched: bool,
+    event_type: String,
+    customer: Option<&'a CustomerId>,
+    occurred_at: Option<ProviderTime>,
+    status: EventStatus,
+    reason: Option<String>,
+    payload: Option<Cow<'a, Value>>,
+}
+
+impl<'a> Prepared<'a> {
+    fn new(
+        source: &'a str,
+        body: &'a [u8],
+        verified: &'a VerifiedEvent,
+        origin: Origin<'a>,
+        fetched_headers: &'a Value,
+    ) -> Self {
+        let (headers, fetched) = match origin {
+            Origin::Delivery(headers) => (headers, false),
+            Origin::Fetched => (fetched_headers, true),
+        };
+        let meta = match &verified.meta {
+            Ok(meta) => match untrusted_time(meta.occurred_at, Utc::now()) {
+                Some(reason) => Err(reason),
+                None => Ok(meta),
+            },
+            Err(reason) => Err(reason.clone()),
+        };
+        let (event_type, customer, occurred_at, status, reason) = match meta {
+            Ok(meta) => (
+                meta.event_type.replace('\0', ""),
+                meta.customer.as_ref(),
+                Some(meta.occurred_at),
+                EventStatus::Received,
+                None,
+            ),
+            Err(reason) => (
+                "unknown".to_owned(),
+                None,
+                None,
+                EventStatus::Unprocessable,
+                Some(reason),
+            ),
+        };
+        Self {
+            source,
+            body,
+            verified,
+            headers,
+            fetched,
+            event_type,
+            customer,
+            occurred_at,
+            status,
+            reason,
+            payload: verified.payload.as_ref().map(storable),
+        }
+    }
+
+    fn delivery(&self) -> NewDelivery<'_> {
+        NewDelivery {
+            source: self.source,
+            dedupe_key: &self.verified.dedupe_key,
+            event_type: &self.event_type,
+            payload: self.payload.as_deref(),
+            raw_body: self.body,
+            payload_hash: self.verified.content_hash.as_bytes(),
+            customer_key: self.customer,
+            occurred_at: self.occurred_at,
+            status: self.status,
+            reason: self.reason.as_deref(),
+            delivery_id: self.verified.delivery_id.as_deref(),
+            sent_at: self.verified.sent_at,
+            headers: self.headers,
+            secret_index: self
+                .verified
+                .signed_with
+                .and_then(|i| i16::try_from(i).ok()),
+            fetched: self.fetched,
+        }
+    }
+}
+
+/// Like [`store_verified`], on a function instance's held connection: one round trip. A
+/// connection found broken is replaced, and the statement tried once more.
+pub async fn store_verified_held(
+    held: &crate::db::Held,
+    source: &str,
+    body: &[u8],
+    verified: &VerifiedEvent,
+    origin: Origin<'_>,
+) -> Result<Stored, StoreError> {
+    let fetched_headers = json!({"via": "reconciliation"});
+    let prepared = Prepared::new(source, body, verified, origin, &fetched_headers);
+    let delivery = prepared.delivery();
+    let mut conn = held.lock().await;
+    let mut retried = false;
+    loop {
+        let result = match conn.get().await {
+            Ok(c) => store_or_refuse(c, &delivery).await,
+            Err(e) => Err(StoreError::NoConnection(e)),
+        };
+        match result {
+            Err(error) if error.is_unavailable() => {
+                conn.discard();
+                if retried {
+                    return Err(error);
+                }
+                tracing::info!(error = %error, "the held connection is broken; trying a new one");
+                retried = true;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The statement, and the bare record when the database refuses the parsed event.
+async fn store_or_refuse(
+    conn: &mut PgConnection,
+    delivery: &NewDelivery<'_>,
+) -> Result<Stored, StoreError> {
+    match store_delivery(&mut *conn, delivery).await {
         Err(error) if !error.is_unavailable() => {
             let code = sql_state(&error);
             // The cause goes to the log by its code only: a message may quote the payload.
-            tracing::error!(source, dedupe_key = verified.dedupe_key.as_str(), sql_state = %code,
+            tracing::error!(source = delivery.source, dedupe_key = delivery.dedupe_key.as_str(), sql_state = %code,
                 "the database refused the event as parsed; storing it unprocessable");
             let refused = format!("the database refused the parsed event (SQLSTATE {code})");
             let bare = NewDelivery {
@@ -309,9 +395,9 @@ pub async fn store_verified(
                 status: EventStatus::Unprocessable,
                 reason: Some(&refused),
                 delivery_id: None,
-                ..delivery
+                ..*delivery
             };
-            store_delivery(&mut conn, &bare)
+            store_delivery(conn, &bare)
                 .await
                 .map_err(|e| StoreError::Refused(Box::new(e)))
         }

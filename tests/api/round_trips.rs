@@ -1,0 +1,165 @@
+//! Round trips to Postgres counted on the wire (docs/design.md §8): a proxy in front of the
+//! server reads the client's side of the protocol and counts the messages that end a round
+//! trip (`Sync`, or a simple `Query`). The intake's delivery is exactly one, pings included;
+//! a connection killed between two deliveries is replaced and the delivery still stored.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use chrono::Utc;
+use http::StatusCode;
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use sqlx::PgPool;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::helpers::*;
+
+/// The client's round trips through the proxy.
+#[derive(Clone, Default)]
+struct Trips(Arc<AtomicUsize>);
+
+impl Trips {
+    fn take(&self) -> usize {
+        self.0.swap(0, Ordering::SeqCst)
+    }
+}
+
+/// A proxy on a free loopback port that forwards to `upstream` and counts round trips.
+async fn counting_proxy(upstream: SocketAddr) -> (u16, Trips) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let trips = Trips::default();
+    let counted = trips.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let trips = counted.clone();
+            tokio::spawn(async move {
+                let server = TcpStream::connect(upstream).await.unwrap();
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                });
+                let _ = forward_counting(&mut client_read, &mut server_write, &trips).await;
+            });
+        }
+    });
+    (port, trips)
+}
+
+/// Copies the client's messages to the server, counting each `Sync` and `Query`. The
+/// startup messages (no type byte; an SSL request first, refused here) are copied as they
+/// come.
+async fn forward_counting(
+    from: &mut (impl AsyncReadExt + Unpin),
+    to: &mut (impl AsyncWriteExt + Unpin),
+    trips: &Trips,
+) -> std::io::Result<()> {
+    const SSL_REQUEST: u32 = 80_877_103;
+    loop {
+        let len = from.read_u32().await?;
+        let mut rest = vec![0; len as usize - 4];
+        from.read_exact(&mut rest).await?;
+        to.write_u32(len).await?;
+        to.write_all(&rest).await?;
+        let is_ssl_request = len == 8 && rest[..4] == SSL_REQUEST.to_be_bytes();
+        if !is_ssl_request {
+            break;
+        }
+    }
+    loop {
+        let kind = from.read_u8().await?;
+        let len = from.read_u32().await?;
+        let mut rest = vec![0; len as usize - 4];
+        from.read_exact(&mut rest).await?;
+        if kind == b'S' || kind == b'Q' {
+            trips.0.fetch_add(1, Ordering::SeqCst);
+        }
+        to.write_u8(kind).await?;
+        to.write_u32(len).await?;
+        to.write_all(&rest).await?;
+    }
+}
+
+/// A lazy pool whose connections go through the proxy on `port` (without TLS, so that the
+/// proxy reads the protocol).
+fn through(pool: &PgPool, port: u16) -> PgPool {
+    let options: PgConnectOptions = pool
+        .connect_options()
+        .as_ref()
+        .clone()
+        .host("127.0.0.1")
+        .port(port)
+        .ssl_mode(PgSslMode::Disable);
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with(options)
+}
+
+async fn upstream_of(pool: &PgPool) -> SocketAddr {
+    let options = pool.connect_options().as_ref().clone();
+    let host = match options.get_host() {
+        "localhost" => "127.0.0.1".to_owned(),
+        host => host.to_owned(),
+    };
+    tokio::net::lookup_host((host, options.get_port()))
+        .await
+        .unwrap()
+        .next()
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn one_intake_delivery_is_one_round_trip_and_a_killed_connection_is_replaced(pool: PgPool) {
+    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
+    let sqs = sqs_client().await;
+    let queue_url = create_queue(&sqs).await;
+    let queue = shared::queue::Queue::new(sqs.clone(), queue_url.clone());
+    let app = TestApp::with_parts(pool.clone(), through(&pool, port), sqs, queue_url, queue).await;
+    let t = Utc::now().timestamp();
+
+    // The first delivery opens the connection and prepares the statement.
+    let (status, _) = app
+        .post(
+            "stripe",
+            &stripe_delivery(&stripe_event("evt_rt0", "cus_rt", t)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    trips.take();
+
+    let mut answers = Vec::new();
+    for n in 1..=5 {
+        let delivery = stripe_delivery(&stripe_event(&format!("evt_rt{n}"), "cus_rt", t));
+        for _ in 0..2 {
+            answers.push(app.post("stripe", &delivery).await.1["status"].clone());
+        }
+    }
+    assert_eq!(
+        trips.take(),
+        10,
+        "ten deliveries, ten round trips: no ping before or after ({answers:?})"
+    );
+
+    // The instance is frozen; meanwhile its connection is closed. The next delivery finds it
+    // broken, opens another and is stored.
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let (status, body) = app
+        .post(
+            "stripe",
+            &stripe_delivery(&stripe_event("evt_rt9", "cus_rt", t)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "stored");
+    let id = app.event_id("stripe", "evt_rt9").await;
+    assert_eq!(app.event(id).await.seen_count, 1);
+}
