@@ -1,23 +1,26 @@
 # shellcheck shell=bash
-# scripts/stack.sh: the local stack (Postgres 15 + an SQS-compatible server),
-# shared by scripts/dev, scripts/test and .ci/run.
+# scripts/stack.sh: the local stack (Postgres 15, an SQS server, and moto for the other AWS
+# services), shared by scripts/dev, scripts/test and .ci/run.
 #
 # Source it, then call the functions:
 #
 #   source scripts/stack.sh
 #   stack_env        # export DATABASE_URL, QUEUE_URL, AWS_*, INBOX_* (caller's values win)
 #   ensure_services  # install what is missing, start what is not running
-#   stop_sqs; stop_postgres
+#   stop_sqs; stop_aws; stop_postgres
 #
 # Everything is idempotent: installing or starting something that is already
 # there is a no-op. State lives under $ROOT/.dev (git-ignored):
 #   .dev/pg/data   Postgres data directory (owned by the postgres user)
 #   .dev/pg/run    Postgres unix socket directory
 #   .dev/pg/log    Postgres server log
-#   .dev/moto.log  SQS server log,  .dev/moto.pid  its pid
+#   .dev/sqs.log   SQS server log (local-aws-sqs),  .dev/sqs.pid  its pid
+#   .dev/sqs-server  its npm install (scripts/sqs-server, pinned by its package-lock.json)
+#   .dev/moto.log  moto log (Secrets Manager and the other AWS services),  .dev/moto.pid
 #
 # Ports: Postgres 127.0.0.1:${INBOX_PG_PORT:-61320},
-#        SQS     127.0.0.1:${INBOX_SQS_PORT:-61324}.
+#        SQS      127.0.0.1:${INBOX_SQS_PORT:-61326} (AWS_ENDPOINT_URL_SQS),
+#        moto     127.0.0.1:${INBOX_AWS_PORT:-61324} (AWS_ENDPOINT_URL, every other service).
 #
 # Functions return non-zero (with a message on stderr) on failure; they never
 # `exit`, so the file can also be sourced into an interactive shell. They work
@@ -29,13 +32,14 @@ STACK_PG_VERSION=15
 STACK_PG_BIN="/usr/lib/postgresql/${STACK_PG_VERSION}/bin"
 STACK_PG_DB=billing_inbox
 STACK_QUEUE_NAME=billing-inbox
-# moto's default account id (used when the access key is not a 12-digit number)
+# the account id in queue URLs (moto's default, and what serve.js sets)
 STACK_SQS_ACCOUNT=123456789012
 
 # Set to 1 by ensure_postgres / ensure_sqs when *they* started the service
 # (so a caller such as .ci/run can stop only what it started).
 STACK_STARTED_PG=${STACK_STARTED_PG:-0}
 STACK_STARTED_SQS=${STACK_STARTED_SQS:-0}
+STACK_STARTED_AWS=${STACK_STARTED_AWS:-0}
 
 _STACK_APT_UPDATED=${_STACK_APT_UPDATED:-0}
 
@@ -48,8 +52,9 @@ _stack_err() { printf 'error: %s\n' "$*" >&2; }
 # shellcheck disable=SC2089,SC2090
 stack_env() {
   : "${INBOX_PG_PORT:=61320}"
-  : "${INBOX_SQS_PORT:=61324}"
-  export INBOX_PG_PORT INBOX_SQS_PORT
+  : "${INBOX_SQS_PORT:=61326}"
+  : "${INBOX_AWS_PORT:=61324}"
+  export INBOX_PG_PORT INBOX_SQS_PORT INBOX_AWS_PORT
 
   # plain `psql` reaches the dev server too
   : "${PGHOST:=127.0.0.1}"
@@ -61,7 +66,10 @@ stack_env() {
   : "${DATABASE_URL:=postgres://postgres@127.0.0.1:${INBOX_PG_PORT}/${STACK_PG_DB}}"
   export DATABASE_URL
 
-  : "${AWS_ENDPOINT_URL:=http://127.0.0.1:${INBOX_SQS_PORT}}"
+  # SQS goes to the SQS server; every other service (Secrets Manager) to moto.
+  : "${AWS_ENDPOINT_URL:=http://127.0.0.1:${INBOX_AWS_PORT}}"
+  : "${AWS_ENDPOINT_URL_SQS:=http://127.0.0.1:${INBOX_SQS_PORT}}"
+  export AWS_ENDPOINT_URL_SQS
   : "${AWS_REGION:=us-east-1}"
   : "${AWS_DEFAULT_REGION:=$AWS_REGION}"
   : "${AWS_ACCESS_KEY_ID:=test}"
@@ -294,29 +302,27 @@ stop_postgres() {
   _stack_log "postgres: stopped"
 }
 
-# --- SQS (moto_server) ------------------------------------------------------
+# --- SQS calls (either server) ------------------------------------------------
 
-_STACK_MOTO_LOG="$ROOT/.dev/moto.log"
-_STACK_MOTO_PID="$ROOT/.dev/moto.pid"
-
-# One SQS call with the JSON protocol (what aws-sdk-sqs speaks). moto picks the
-# service from the credential scope of the Authorization header (without one
-# it answers as S3); it does not check the signature.
+# One SQS call with the JSON protocol (what aws-sdk-sqs speaks) to the server on
+# port $3 (default: the SQS server). moto picks the service from the credential
+# scope of the Authorization header (without one it answers as S3); neither
+# server checks the signature.
 # Prints the body; returns non-zero when nothing answers or on an HTTP error.
 _stack_sqs_call() {
-  local action="$1" payload="$2"
+  local action="$1" payload="$2" port="${3:-$INBOX_SQS_PORT}"
   curl -sS --max-time 5 --fail-with-body \
     -H "Content-Type: application/x-amz-json-1.0" \
     -H "X-Amz-Target: AmazonSQS.$action" \
     -H "Authorization: AWS4-HMAC-SHA256 Credential=${AWS_ACCESS_KEY_ID:-test}/20240101/${AWS_REGION:-us-east-1}/sqs/aws4_request, SignedHeaders=host, Signature=0" \
     --data "$payload" \
-    "http://127.0.0.1:${INBOX_SQS_PORT}/"
+    "http://127.0.0.1:${port}/"
 }
 
-# 0: an SQS server answers; 1: nothing answers; 2: something else answers
+# 0: an SQS server answers on port $1; 1: nothing answers; 2: something else answers
 _stack_sqs_probe() {
   local code body
-  body="$(_stack_sqs_call ListQueues '{}' 2>/dev/null)" && code=0 || code=$?
+  body="$(_stack_sqs_call ListQueues '{}' "${1:-$INBOX_SQS_PORT}" 2>/dev/null)" && code=0 || code=$?
   if [ "$code" = 0 ]; then
     case "$body" in *QueueUrls* | "{}") return 0 ;; esac
     return 2
@@ -326,23 +332,105 @@ _stack_sqs_probe() {
   return 2
 }
 
-# pid of the moto_server started (by these scripts) for this port, if any
-_stack_moto_pid_on() {
-  pgrep -o -f "moto_server -H 127\.0\.0\.1 -p $1( |\$)" 2>/dev/null || true
+# Starts "$@" in its own session, no terminal, no inherited stdio, so that it
+# outlives this script and a Ctrl-C in it (from a subshell without job control,
+# so that setsid does not fork and $! is the server itself); logs to $1.
+_stack_spawn() {
+  local log="$1"
+  shift
+  (
+    set +m
+    setsid nohup "$@" </dev/null >>"$log" 2>&1 &
+    echo $!
+  )
 }
 
-_stack_moto_ok() {
-  moto_server --help >/dev/null 2>&1
+# Waits until the server on port $1 (pid $2, named $3, log $4) answers SQS calls.
+_stack_wait_sqs_server() {
+  local port="$1" pid="$2" name="$3" log="$4" i probe
+  for i in $(seq 1 60); do
+    probe=0
+    _stack_sqs_probe "$port" || probe=$?
+    [ "$probe" = 0 ] && return 0
+    if ! kill -0 "$pid" 2>/dev/null; then
+      _stack_err "$name exited; last lines of $log:"
+      tail -n 20 "$log" >&2
+      return 1
+    fi
+    if [ "$i" = 60 ]; then
+      _stack_err "$name (pid $pid) does not answer on 127.0.0.1:$port after 30 s (see $log)"
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+# Stops the process in pid file $1 if its command line matches $2; $3 names it.
+_stack_stop_pidfile() {
+  local pidfile="$1" pattern="$2" name="$3" pid="" i
+  [ -f "$pidfile" ] && pid="$(cat "$pidfile" 2>/dev/null || true)"
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null &&
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -Eq "$pattern"; then
+    _stack_log "$name: stopping (pid $pid)"
+    kill "$pid" 2>/dev/null || true
+    for i in $(seq 1 40); do
+      kill -0 "$pid" 2>/dev/null || break
+      if [ "$i" = 40 ]; then
+        kill -KILL "$pid" 2>/dev/null || true
+      fi
+      sleep 0.25
+    done
+    rm -f "$pidfile"
+    _stack_log "$name: stopped"
+    return 0
+  fi
+  rm -f "$pidfile"
+  return 1
+}
+
+# --- SQS (local-aws-sqs) ------------------------------------------------------
+# An in-memory SQS server on Node.js, chosen on measured throughput and fidelity
+# (docs/design.md §1.5); installed from the npm registry at the version its
+# package-lock.json pins.
+
+_STACK_SQS_LOG="$ROOT/.dev/sqs.log"
+_STACK_SQS_PID="$ROOT/.dev/sqs.pid"
+_STACK_SQS_DIR="$ROOT/.dev/sqs-server"
+
+_stack_ensure_node() {
+  if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+    return 0
+  fi
+  _stack_log "sqs: Node.js is not installed; installing it"
+  _stack_apt_install nodejs npm || return 1
+}
+
+# npm ci into .dev/sqs-server when the pinned lock file changed (or on first use).
+_stack_install_sqs_server() {
+  local src="$ROOT/scripts/sqs-server"
+  if [ -f "$_STACK_SQS_DIR/node_modules/local-aws-sqs/package.json" ] &&
+    cmp -s "$src/package-lock.json" "$_STACK_SQS_DIR/package-lock.json"; then
+    cp "$src/serve.js" "$_STACK_SQS_DIR/serve.js" || return 1
+    return 0
+  fi
+  _stack_ensure_node || return 1
+  _stack_log "sqs: installing local-aws-sqs (npm ci, pinned by scripts/sqs-server/package-lock.json)"
+  mkdir -p "$_STACK_SQS_DIR" || return 1
+  cp "$src/package.json" "$src/package-lock.json" "$src/serve.js" "$_STACK_SQS_DIR/" || return 1
+  (cd "$_STACK_SQS_DIR" && npm ci --no-audit --no-fund --loglevel=error >&2) || {
+    _stack_err "sqs: npm ci in $_STACK_SQS_DIR failed"
+    return 1
+  }
 }
 
 ensure_sqs() {
-  : "${INBOX_SQS_PORT:=61324}"
-  local port="$INBOX_SQS_PORT" probe pid i
+  : "${INBOX_SQS_PORT:=61326}"
+  local port="$INBOX_SQS_PORT" probe pid
 
   _stack_ensure_curl || return 1
 
   probe=0
-  _stack_sqs_probe || probe=$?
+  _stack_sqs_probe "$port" || probe=$?
   if [ "$probe" = 2 ]; then
     _stack_err "sqs: something that is not an SQS server answers on 127.0.0.1:$port; stop it or set INBOX_SQS_PORT"
     return 1
@@ -351,52 +439,21 @@ ensure_sqs() {
   if [ "$probe" = 0 ]; then
     _stack_log "sqs: already running on 127.0.0.1:$port"
   else
-    if ! _stack_moto_ok; then
-      _stack_log "sqs: moto_server is not installed; installing it"
-      _stack_pip_install 'moto[server]' || return 1
-      _stack_moto_ok || {
-        _stack_err "sqs: moto_server still not on PATH after pip install"
-        return 1
-      }
-    fi
+    _stack_install_sqs_server || return 1
+    _stack_ensure_node || return 1
     mkdir -p "$ROOT/.dev" || return 1
-    _stack_log "sqs: starting moto_server on 127.0.0.1:$port (log $_STACK_MOTO_LOG)"
-    # Its own session, no terminal, no inherited stdio: it outlives this script
-    # and a Ctrl-C in it. Started from a subshell without job control, so that
-    # setsid does not fork and $! is the server itself.
-    pid="$(
-      set +m
-      setsid nohup moto_server -H 127.0.0.1 -p "$port" </dev/null >>"$_STACK_MOTO_LOG" 2>&1 &
-      echo $!
-    )"
-    printf '%s\n' "$pid" >"$_STACK_MOTO_PID"
-    for i in $(seq 1 60); do
-      probe=0
-      _stack_sqs_probe || probe=$?
-      [ "$probe" = 0 ] && break
-      if ! kill -0 "$pid" 2>/dev/null && [ -z "$(_stack_moto_pid_on "$port")" ]; then
-        _stack_err "sqs: moto_server exited; last lines of $_STACK_MOTO_LOG:"
-        tail -n 20 "$_STACK_MOTO_LOG" >&2
-        rm -f "$_STACK_MOTO_PID"
-        return 1
-      fi
-      if [ "$i" = 60 ]; then
-        _stack_err "sqs: moto_server (pid $pid) does not answer on 127.0.0.1:$port after 30 s (see $_STACK_MOTO_LOG)"
-        return 1
-      fi
-      sleep 0.5
-    done
-    # record the pid of the process that actually serves the port
-    local served_by
-    served_by="$(_stack_moto_pid_on "$port")"
-    if [ -n "$served_by" ] && [ "$served_by" != "$pid" ]; then
-      printf '%s\n' "$served_by" >"$_STACK_MOTO_PID"
-    fi
+    _stack_log "sqs: starting local-aws-sqs on 127.0.0.1:$port (log $_STACK_SQS_LOG)"
+    pid="$(_stack_spawn "$_STACK_SQS_LOG" node "$_STACK_SQS_DIR/serve.js" "$port")"
+    printf '%s\n' "$pid" >"$_STACK_SQS_PID"
+    _stack_wait_sqs_server "$port" "$pid" "sqs: local-aws-sqs" "$_STACK_SQS_LOG" || {
+      rm -f "$_STACK_SQS_PID"
+      return 1
+    }
     STACK_STARTED_SQS=1
   fi
 
-  # CreateQueue with the same attributes is idempotent. moto keeps queues in
-  # memory, so this also recreates the queue after a restart.
+  # CreateQueue with the same attributes is idempotent. The server keeps queues
+  # in memory, so this also recreates the queue after a restart.
   local body url
   body="$(_stack_sqs_call CreateQueue "{\"QueueName\":\"$STACK_QUEUE_NAME\",\"Attributes\":{\"VisibilityTimeout\":\"180\"}}")" || {
     _stack_err "sqs: CreateQueue $STACK_QUEUE_NAME failed: $body"
@@ -414,29 +471,78 @@ ensure_sqs() {
 }
 
 stop_sqs() {
-  : "${INBOX_SQS_PORT:=61324}"
-  local pid="" i
-  [ -f "$_STACK_MOTO_PID" ] && pid="$(cat "$_STACK_MOTO_PID" 2>/dev/null || true)"
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null &&
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -Eq "moto_server -H 127\.0\.0\.1 -p $INBOX_SQS_PORT( |\$)"; then
-    _stack_log "sqs: stopping moto_server (pid $pid)"
-    kill "$pid" 2>/dev/null || true
-    for i in $(seq 1 40); do
-      kill -0 "$pid" 2>/dev/null || break
-      if [ "$i" = 40 ]; then
-        kill -KILL "$pid" 2>/dev/null || true
-      fi
-      sleep 0.25
-    done
-    rm -f "$_STACK_MOTO_PID"
-    _stack_log "sqs: stopped"
-    return 0
-  fi
-  rm -f "$_STACK_MOTO_PID"
-  if command -v curl >/dev/null 2>&1 && _stack_sqs_probe; then
+  : "${INBOX_SQS_PORT:=61326}"
+  _stack_stop_pidfile "$_STACK_SQS_PID" "serve\.js $INBOX_SQS_PORT( |\$)" "sqs" && return 0
+  if command -v curl >/dev/null 2>&1 && _stack_sqs_probe "$INBOX_SQS_PORT"; then
     _stack_log "sqs: a server on 127.0.0.1:$INBOX_SQS_PORT was not started by these scripts; leaving it running"
   else
     _stack_log "sqs: not running"
+  fi
+}
+
+# --- the other AWS services (moto_server) ---------------------------------------
+# Secrets Manager in dev and tests (AWS_ENDPOINT_URL); SQS is not sent here.
+
+_STACK_MOTO_LOG="$ROOT/.dev/moto.log"
+_STACK_MOTO_PID="$ROOT/.dev/moto.pid"
+
+# pid of the moto_server started (by these scripts) for this port, if any
+_stack_moto_pid_on() {
+  pgrep -o -f "moto_server -H 127\.0\.0\.1 -p $1( |\$)" 2>/dev/null || true
+}
+
+_stack_moto_ok() {
+  moto_server --help >/dev/null 2>&1
+}
+
+ensure_aws() {
+  : "${INBOX_AWS_PORT:=61324}"
+  local port="$INBOX_AWS_PORT" probe pid
+
+  _stack_ensure_curl || return 1
+
+  probe=0
+  _stack_sqs_probe "$port" || probe=$?
+  if [ "$probe" = 2 ]; then
+    _stack_err "aws: something that is not moto answers on 127.0.0.1:$port; stop it or set INBOX_AWS_PORT"
+    return 1
+  fi
+  if [ "$probe" = 0 ]; then
+    _stack_log "aws: moto already running on 127.0.0.1:$port"
+    return 0
+  fi
+  if ! _stack_moto_ok; then
+    _stack_log "aws: moto_server is not installed; installing it"
+    _stack_pip_install 'moto[server]' || return 1
+    _stack_moto_ok || {
+      _stack_err "aws: moto_server still not on PATH after pip install"
+      return 1
+    }
+  fi
+  mkdir -p "$ROOT/.dev" || return 1
+  _stack_log "aws: starting moto_server on 127.0.0.1:$port (log $_STACK_MOTO_LOG)"
+  pid="$(_stack_spawn "$_STACK_MOTO_LOG" moto_server -H 127.0.0.1 -p "$port")"
+  printf '%s\n' "$pid" >"$_STACK_MOTO_PID"
+  _stack_wait_sqs_server "$port" "$pid" "aws: moto_server" "$_STACK_MOTO_LOG" || {
+    rm -f "$_STACK_MOTO_PID"
+    return 1
+  }
+  # record the pid of the process that actually serves the port
+  local served_by
+  served_by="$(_stack_moto_pid_on "$port")"
+  if [ -n "$served_by" ] && [ "$served_by" != "$pid" ]; then
+    printf '%s\n' "$served_by" >"$_STACK_MOTO_PID"
+  fi
+  STACK_STARTED_AWS=1
+}
+
+stop_aws() {
+  : "${INBOX_AWS_PORT:=61324}"
+  _stack_stop_pidfile "$_STACK_MOTO_PID" "moto_server -H 127\.0\.0\.1 -p $INBOX_AWS_PORT( |\$)" "aws: moto" && return 0
+  if command -v curl >/dev/null 2>&1 && _stack_sqs_probe "$INBOX_AWS_PORT"; then
+    _stack_log "aws: a server on 127.0.0.1:$INBOX_AWS_PORT was not started by these scripts; leaving it running"
+  else
+    _stack_log "aws: moto not running"
   fi
 }
 
@@ -525,10 +631,12 @@ stop_dev_kinde() {
 ensure_services() {
   ensure_postgres || return 1
   ensure_sqs || return 1
+  ensure_aws || return 1
 }
 
 stop_services() {
   stop_dev_kinde || true
   stop_sqs || return 1
+  stop_aws || return 1
   stop_postgres || return 1
 }

@@ -231,6 +231,18 @@ pub async fn run(
         r(&i["ratio"]),
     ]);
     t.add_row(vec![
+        "SQS SendMessage alone /s".into(),
+        "".into(),
+        f(&i["send_alone_per_sec"]),
+        "".into(),
+    ]);
+    t.add_row(vec![
+        "intake vs its ceiling (lower of store and send)".into(),
+        f(&i["per_sec"]),
+        f(&i["ceiling_per_sec"]),
+        r(&i["ratio_to_ceiling"]),
+    ]);
+    t.add_row(vec![
         "intake p50 ms".into(),
         f(&i["p50_ms"]),
         f(&i["raw_p50_ms"]),
@@ -261,7 +273,7 @@ pub async fn run(
         "".into(),
     ]);
     t.add_row(vec![
-        "backlog drain s".into(),
+        "backlog drain s (to the last batch with work)".into(),
         f(&w["drain_secs"]),
         "".into(),
         "".into(),
@@ -310,12 +322,56 @@ async fn bench(
         .context("creating the bench queue (is the SQS server up? scripts/dev services)")?
         .queue_url
         .context("CreateQueue returned no URL")?;
+    let send_ceiling = send_alone(&sqs, &tag, deliveries.len(), args.concurrency).await;
     let outcome = measure(
         args, counter, catalog, deliveries, pool, raw_pool, &sqs, &queue_url,
     )
     .await;
     let _ = sqs.delete_queue().queue_url(&queue_url).send().await;
-    outcome
+    let mut outcome = outcome?;
+    let send_per_sec = send_ceiling?;
+    // The intake's ceiling is the lower of its store and its send; only a new event is sent
+    // (a copy of a pending one is not), so the send allows that many more deliveries.
+    let store_per_sec = outcome["intake"]["raw_per_sec"].as_f64().unwrap_or(0.0);
+    let sends_per_delivery =
+        outcome["events"].as_f64().unwrap_or(1.0) / outcome["deliveries"].as_f64().unwrap_or(1.0);
+    let ceiling = store_per_sec.min(send_per_sec / sends_per_delivery.max(f64::MIN_POSITIVE));
+    let intake_per_sec = outcome["intake"]["per_sec"].as_f64().unwrap_or(0.0);
+    outcome["intake"]["send_alone_per_sec"] = json!(send_per_sec);
+    outcome["intake"]["ceiling_per_sec"] = json!(ceiling);
+    outcome["intake"]["ratio_to_ceiling"] = json!(intake_per_sec / ceiling.max(f64::MIN_POSITIVE));
+    Ok(outcome)
+}
+
+/// The SQS server's SendMessage alone, `count` messages at `concurrency`, into a queue of its
+/// own (removed afterwards): what the intake's send can reach at most.
+async fn send_alone(
+    sqs: &aws_sdk_sqs::Client,
+    tag: &str,
+    count: usize,
+    concurrency: usize,
+) -> anyhow::Result<f64> {
+    eprintln!("bench: SendMessage alone");
+    let url = sqs
+        .create_queue()
+        .queue_name(format!("inbox-bench-send-{tag}"))
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", aws_sdk_sqs::error::DisplayErrorContext(&e)))?
+        .queue_url
+        .context("CreateQueue returned no URL")?;
+    let queue = Arc::new(Queue::new(sqs.clone(), url.clone()));
+    let start = Instant::now();
+    run_concurrently((0..count as i64).collect(), concurrency, move |_, id| {
+        let queue = queue.clone();
+        async move {
+            let _ = queue.send_event(id).await;
+        }
+    })
+    .await;
+    let secs = start.elapsed().as_secs_f64();
+    let _ = sqs.delete_queue().queue_url(&url).send().await;
+    Ok(count as f64 / secs)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -429,9 +485,12 @@ async fn measure(
     let statements_before = counter.get();
     let drain_start = Instant::now();
     let deadline = drain_start + Duration::from_secs(900);
+    // The drain ends with the last batch that brought work, not with the empty polls after.
+    let last_work = Arc::new(std::sync::Mutex::new(drain_start));
     let mut pollers = Vec::new();
     for _ in 0..args.concurrency {
         let (worker, sqs, queue_url) = (worker.clone(), sqs.clone(), queue_url.to_owned());
+        let last_work = last_work.clone();
         pollers.push(tokio::spawn(async move {
             let mut idle = 0;
             while idle < 3 && Instant::now() < deadline {
@@ -441,7 +500,10 @@ async fn measure(
                 })
                 .await;
                 idle = match pumped {
-                    Ok(r) if r.received > 0 => 0,
+                    Ok(r) if r.received > 0 => {
+                        *last_work.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+                        0
+                    }
                     Ok(_) => idle + 1,
                     Err(e) => {
                         eprintln!("bench: {e:#}");
@@ -455,7 +517,11 @@ async fn measure(
     for p in pollers {
         let _ = p.await;
     }
-    let drain_secs = drain_start.elapsed().as_secs_f64();
+    let drain_secs = last_work
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .duration_since(drain_start)
+        .as_secs_f64();
     let worker_statements = counter.get() - statements_before;
     let applied: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM inbox_events WHERE status IN ('applied', 'ignored', 'unprocessable')",

@@ -17,5 +17,6 @@ mod scenarios;
 mod scheduler;
 mod secrets;
 mod sim;
+mod sqs_calls;
 mod traffic;
 mod worker_faults;
