@@ -322,7 +322,7 @@ async fn bench(
         .context("creating the bench queue (is the SQS server up? scripts/dev services)")?
         .queue_url
         .context("CreateQueue returned no URL")?;
-    let send_ceiling = send_alone(&sqs, &tag, deliveries.len(), args.concurrency).await;
+    let send_ceiling = send_alone(&sqs, tag, deliveries.len(), args.concurrency).await;
     let outcome = measure(
         args, counter, catalog, deliveries, pool, raw_pool, &sqs, &queue_url,
     )
