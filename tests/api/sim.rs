@@ -12,7 +12,8 @@
 //!
 //! After every step the monotonic invariants are checked (a period's balance never goes
 //! down and always equals its largest grant); at quiescence, the rest: every event final,
-//! one row per event, each event's copy count equal to its deliveries, and the billing state
+//! one row per event, each event's copy count equal to its deliveries, one ledger row per
+//! entry key, and the billing state
 //! equal to the canonical fold of the same events (each once, in provider-time order). A
 //! failing run prints its seed, its step-by-step trace and the one line that replays it:
 //! `SIM_SEED=<seed> cargo test -p billing-inbox --test api sim::one_seed -- --nocapture`.
@@ -897,6 +898,17 @@ impl World {
             )));
         }
         self.check_balances().await?;
+        let doubled: Vec<String> = sqlx::query_scalar(
+            "SELECT entry_key FROM ledger WHERE customer_id LIKE '%\\_' || $1 || '%'
+             GROUP BY entry_key HAVING count(*) > 1",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        if !doubled.is_empty() {
+            return Err(self.fail(format!("ledger entries written twice: {doubled:?}")));
+        }
 
         // The canonical fold: each event once, in provider-time order, no faults.
         let canon = format!("k{}x", self.seed);
