@@ -219,7 +219,8 @@ pub const PLANS: &str = r#"{
     "price_pro": {"plan": "pro", "monthly_allowance": 500},
     "prod_pro": {"plan": "pro", "monthly_allowance": 500},
     "team": {"plan": "team", "monthly_allowance": 2000},
-    "price_team": {"plan": "team", "monthly_allowance": 2000}
+    "price_team": {"plan": "team", "monthly_allowance": 2000},
+    "prod_team": {"plan": "team", "monthly_allowance": 2000}
 }"#;
 
 /// A worker on `pool` with the test sources and catalog, retrying at once (no waits) so

@@ -11,7 +11,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{json, Value};
 use shared::domain::EventStatus;
 use shared::handlers::worker::{FaultAction, FaultPoint, Processed, WorkerState};
-use shared::providers::{kinde, stripe};
+use shared::providers::{kinde, standard_webhooks, stripe};
 use sqlx::PgPool;
 
 use crate::helpers::test_worker;
@@ -60,6 +60,24 @@ pub(crate) enum Event {
     StripeInvoicePayment { customer: u8, invoice: u8, at: u32 },
     /// `customer.deleted`: the account is a tombstone from then on.
     StripeCustomerDeleted { customer: u8, at: u32 },
+    /// Polar (Standard Webhooks): a subscription's state, with its product.
+    PolarSubscription {
+        customer: u8,
+        sub: u8,
+        status: &'static str,
+        product: &'static str,
+        at: u32,
+    },
+    /// Polar `order.paid` (or `order.refunded`) for a product.
+    PolarOrder {
+        customer: u8,
+        order: u8,
+        product: &'static str,
+        refunded: bool,
+        at: u32,
+    },
+    /// Polar `customer.deleted`.
+    PolarCustomerDeleted { customer: u8, at: u32 },
 }
 
 /// A provider time: hours into March 2026, coarse enough that ties happen.
@@ -75,8 +93,54 @@ fn event_strategy() -> impl Strategy<Value = Event> {
     let plan = prop_oneof![Just("free"), Just("pro"), Just("team")];
     let price = prop_oneof![Just("price_pro"), Just("price_team"), Just("price_legacy")];
     // Now and then a customer is deleted (and its later events find a tombstone).
-    let deletion = (customer.clone(), at.clone())
-        .prop_map(|(customer, at)| Event::StripeCustomerDeleted { customer, at });
+    let deletion = prop_oneof![
+        (customer.clone(), at.clone())
+            .prop_map(|(customer, at)| Event::StripeCustomerDeleted { customer, at }),
+        (customer.clone(), at.clone())
+            .prop_map(|(customer, at)| Event::PolarCustomerDeleted { customer, at }),
+    ];
+    let product = prop_oneof![Just("prod_pro"), Just("prod_team"), Just("prod_legacy")];
+    let polar = prop_oneof![
+        (
+            customer.clone(),
+            0u8..2,
+            prop_oneof![
+                Just("incomplete"),
+                Just("trialing"),
+                Just("active"),
+                Just("past_due"),
+                Just("canceled"),
+                Just("unpaid")
+            ],
+            product.clone(),
+            at.clone()
+        )
+            .prop_map(|(customer, sub, status, product, at)| {
+                Event::PolarSubscription {
+                    customer,
+                    sub,
+                    status,
+                    product,
+                    at,
+                }
+            }),
+        (
+            customer.clone(),
+            0u8..3,
+            product,
+            proptest::bool::weighted(0.2),
+            at.clone()
+        )
+            .prop_map(
+                |(customer, order, product, refunded, at)| Event::PolarOrder {
+                    customer,
+                    order,
+                    product,
+                    refunded,
+                    at
+                }
+            ),
+    ];
     let billing = prop_oneof![
         (
             customer.clone(),
@@ -153,7 +217,7 @@ fn event_strategy() -> impl Strategy<Value = Event> {
             }
         }),
     ];
-    prop_oneof![14 => billing, 1 => deletion]
+    prop_oneof![14 => billing, 4 => polar, 1 => deletion]
 }
 
 /// A delivery of event `index`: copies deliver the same event again; `fail` injects a
@@ -211,6 +275,7 @@ pub(crate) fn materialize(index: usize, event: &Event, ns: &str) -> Materialized
     let body = serde_json::to_vec(&payload).unwrap();
     let verified = match source {
         "kinde" => kinde::parse_claims(payload, Some(key.clone()), Utc::now()),
+        "polar" => standard_webhooks::parse_event(&key, &body, Utc::now()),
         _ => stripe::parse_event(&body, Utc::now()),
     };
     Materialized {
@@ -231,6 +296,7 @@ pub(crate) fn payload(index: usize, event: &Event, ns: &str) -> (&'static str, V
         json!({"type": event_type, "event_id": key, "event_timestamp": time(at).to_rfc3339(),
                "timestamp": Utc::now().to_rfc3339(), "source": "api", "data": data})
     };
+    let polar_body = |event_type: &str, at: u32, data: Value| json!({"type": event_type, "timestamp": time(at).to_rfc3339(), "data": data});
     let stripe_body = |event_type: &str, at: u32, object: Value| {
         json!({"id": key, "object": "event", "type": event_type, "created": time(at).timestamp(),
                "pending_webhooks": 1, "data": {"object": object}})
@@ -331,6 +397,50 @@ pub(crate) fn payload(index: usize, event: &Event, ns: &str) -> (&'static str, V
                 "livemode": false, "email": null, "invoice_prefix": "B1C2D3E4"});
             ("stripe", stripe_body("customer.deleted", *at, object), *at)
         }
+        Event::PolarSubscription {
+            customer,
+            sub,
+            status,
+            product,
+            at,
+        } => {
+            let data = json!({"id": format!("psub{customer}{sub}_{ns}"), "status": status,
+                "customer_id": customer_id(*customer, ns), "product_id": product,
+                "created_at": time(0).to_rfc3339(), "modified_at": time(*at).to_rfc3339(),
+                "amount": 2000, "currency": "usd", "recurring_interval": "month",
+                "cancel_at_period_end": false});
+            let event_type = match *status {
+                "active" => "subscription.active",
+                "canceled" => "subscription.canceled",
+                _ => "subscription.updated",
+            };
+            ("polar", polar_body(event_type, *at, data), *at)
+        }
+        Event::PolarOrder {
+            customer,
+            order,
+            product,
+            refunded,
+            at,
+        } => {
+            let status = if *refunded { "refunded" } else { "paid" };
+            let data = json!({"id": format!("pord{customer}{order}_{ns}"), "status": status,
+                "paid": true, "customer_id": customer_id(*customer, ns), "product_id": product,
+                "billing_reason": "subscription_cycle", "total_amount": 2000, "currency": "usd",
+                "created_at": time(0).to_rfc3339(), "modified_at": time(*at).to_rfc3339()});
+            let event_type = if *refunded {
+                "order.refunded"
+            } else {
+                "order.paid"
+            };
+            ("polar", polar_body(event_type, *at, data), *at)
+        }
+        Event::PolarCustomerDeleted { customer, at } => {
+            let data = json!({"id": customer_id(*customer, ns), "email": "gone@example.com",
+                "organization_id": "org_1", "created_at": time(0).to_rfc3339(),
+                "modified_at": time(*at).to_rfc3339(), "deleted_at": time(*at).to_rfc3339()});
+            ("polar", polar_body("customer.deleted", *at, data), *at)
+        }
     };
     (source, payload, at)
 }
@@ -374,7 +484,7 @@ pub(crate) async fn state_of(pool: &PgPool, worker: &WorkerState, ns: &str) -> V
     let mut conn = pool.acquire().await.unwrap();
     let mut accounts = Vec::new();
     for customer in 0..CUSTOMERS {
-        for source in ["kinde", "stripe"] {
+        for source in ["kinde", "stripe", "polar"] {
             let id = customer_id(customer, ns);
             let mut balances = Vec::new();
             for period in PERIODS {

@@ -618,6 +618,7 @@ impl World {
         let key = format!("e{index:02}_{}", self.ns);
         let delivery = match source {
             "kinde" => kinde_delivery(&key, &payload),
+            "polar" => polar_delivery(&key, &payload),
             _ => stripe_delivery(&payload),
         };
         let fault = match faults {
@@ -968,7 +969,10 @@ fn workload(seed: u64) -> Case {
             | Event::StripeInvoicePaid { at, .. }
             | Event::StripeRefund { at, .. }
             | Event::StripeInvoicePayment { at, .. }
-            | Event::StripeCustomerDeleted { at, .. }) = event;
+            | Event::StripeCustomerDeleted { at, .. }
+            | Event::PolarSubscription { at, .. }
+            | Event::PolarOrder { at, .. }
+            | Event::PolarCustomerDeleted { at, .. }) = event;
             *at %= 2;
         }
     }
