@@ -1,6 +1,6 @@
 //! Deterministic simulation of the pipeline (docs/design.md §10): the real intake, worker
 //! and scheduler code against real Postgres, driven one action at a time by a schedule that a
-//! single `u64` seed decides — the workload (Kinde and Stripe events over a few customers,
+//! single `u64` seed decides — the workload (Kinde, Stripe and Polar events over a few customers,
 //! same-second ties, late events, copies, unknown plans, refunds) and every fault: a queue
 //! that drops, duplicates, delays and redelivers messages; a crash at any point between two
 //! steps of the intake, the worker (each statement boundary of its transaction, and between
