@@ -25,7 +25,9 @@ pub struct Queue {
 #[derive(Clone)]
 enum Transport {
     Sqs {
-        client: aws_sdk_sqs::Client,
+        /// Built on the first send when the queue comes from the environment: a cold start
+        /// reads no AWS configuration before its first event.
+        client: std::sync::Arc<tokio::sync::OnceCell<aws_sdk_sqs::Client>>,
         url: String,
     },
     /// The simulator's queue (docs/design.md §10).
@@ -53,14 +55,25 @@ impl Queue {
     pub fn new(client: aws_sdk_sqs::Client, url: impl Into<String>) -> Self {
         Self {
             transport: Transport::Sqs {
-                client,
+                client: std::sync::Arc::new(tokio::sync::OnceCell::new_with(Some(client))),
                 url: url.into(),
             },
         }
     }
 
+    /// A queue whose client is configured from the environment on its first send.
     pub async fn from_env(url: impl Into<String>) -> Self {
-        Self::new(aws_sdk_sqs::Client::new(&sdk_config().await), url)
+        Self {
+            transport: Transport::Sqs {
+                client: std::sync::Arc::new(tokio::sync::OnceCell::new()),
+                url: url.into(),
+            },
+        }
+    }
+
+    async fn sqs(cell: &tokio::sync::OnceCell<aws_sdk_sqs::Client>) -> &aws_sdk_sqs::Client {
+        cell.get_or_init(|| async { aws_sdk_sqs::Client::new(&sdk_config().await) })
+            .await
     }
 
     /// A queue the simulator keeps in memory.
@@ -74,7 +87,7 @@ impl Queue {
     #[tracing::instrument(skip_all, fields(event_id))]
     pub async fn send_event(&self, event_id: i64) -> anyhow::Result<()> {
         let (client, url) = match &self.transport {
-            Transport::Sqs { client, url } => (client, url),
+            Transport::Sqs { client, url } => (Self::sqs(client).await, url),
             #[cfg(feature = "dev")]
             Transport::Sim(queue) => {
                 return match queue.send(&[event_id]).is_empty() {
@@ -111,7 +124,7 @@ impl Queue {
             };
         }
         let (client, url) = match &self.transport {
-            Transport::Sqs { client, url } => (client, url),
+            Transport::Sqs { client, url } => (Self::sqs(client).await, url),
             #[cfg(feature = "dev")]
             Transport::Sim(queue) => return queue.send(event_ids),
         };
