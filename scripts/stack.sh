@@ -332,6 +332,20 @@ _stack_sqs_probe() {
   return 2
 }
 
+# Whether the server $3 (for the log line's prefix $2) runs on port $1: 0 it
+# does (said), 1 nothing answers, 2 something else does (said, with the
+# variable $4 that moves the port).
+_stack_server_on() {
+  local port="$1" prefix="$2" what="$3" var="$4" probe=0
+  _stack_ensure_curl || return 2
+  _stack_sqs_probe "$port" || probe=$?
+  case "$probe" in
+    0) _stack_log "$prefix: $what already running on 127.0.0.1:$port" ;;
+    2) _stack_err "$prefix: something that is not $what answers on 127.0.0.1:$port; stop it or set $var" ;;
+  esac
+  return "$probe"
+}
+
 # Starts "$@" in its own session, no terminal, no inherited stdio, so that it
 # outlives this script and a Ctrl-C in it (from a subshell without job control,
 # so that setsid does not fork and $! is the server itself); logs to $1.
@@ -427,18 +441,10 @@ ensure_sqs() {
   : "${INBOX_SQS_PORT:=61326}"
   local port="$INBOX_SQS_PORT" probe pid
 
-  _stack_ensure_curl || return 1
-
   probe=0
-  _stack_sqs_probe "$port" || probe=$?
-  if [ "$probe" = 2 ]; then
-    _stack_err "sqs: something that is not an SQS server answers on 127.0.0.1:$port; stop it or set INBOX_SQS_PORT"
-    return 1
-  fi
-
-  if [ "$probe" = 0 ]; then
-    _stack_log "sqs: already running on 127.0.0.1:$port"
-  else
+  _stack_server_on "$port" sqs "an SQS server" INBOX_SQS_PORT || probe=$?
+  [ "$probe" = 2 ] && return 1
+  if [ "$probe" = 1 ]; then
     _stack_install_sqs_server || return 1
     _stack_ensure_node || return 1
     mkdir -p "$ROOT/.dev" || return 1
@@ -499,18 +505,10 @@ ensure_aws() {
   : "${INBOX_AWS_PORT:=61324}"
   local port="$INBOX_AWS_PORT" probe pid
 
-  _stack_ensure_curl || return 1
-
   probe=0
-  _stack_sqs_probe "$port" || probe=$?
-  if [ "$probe" = 2 ]; then
-    _stack_err "aws: something that is not moto answers on 127.0.0.1:$port; stop it or set INBOX_AWS_PORT"
-    return 1
-  fi
-  if [ "$probe" = 0 ]; then
-    _stack_log "aws: moto already running on 127.0.0.1:$port"
-    return 0
-  fi
+  _stack_server_on "$port" aws "moto" INBOX_AWS_PORT || probe=$?
+  [ "$probe" = 2 ] && return 1
+  [ "$probe" = 0 ] && return 0
   if ! _stack_moto_ok; then
     _stack_log "aws: moto_server is not installed; installing it"
     _stack_pip_install 'moto[server]' || return 1

@@ -595,6 +595,17 @@ impl World {
         }
     }
 
+    /// A plan for an actor with one point (the intake, the rescue): now and then a crash there.
+    fn crash_plan(&mut self, faults: bool) -> Arc<Plan> {
+        let fault = match faults {
+            true => self
+                .pick_fault(1, false)
+                .filter(|f| matches!(f, Fault::Crash(_))),
+            false => None,
+        };
+        self.plan(fault)
+    }
+
     fn plan(&self, fault: Option<Fault>) -> Arc<Plan> {
         Plan::new(fault, &self.bugs, &self.faults_seen, &self.admin)
     }
@@ -621,13 +632,7 @@ impl World {
             "polar" => polar_delivery(&key, &payload),
             _ => stripe_delivery(&payload),
         };
-        let fault = match faults {
-            true => self
-                .pick_fault(1, false)
-                .filter(|f| matches!(f, Fault::Crash(_))),
-            false => None,
-        };
-        let plan = self.plan(fault);
+        let plan = self.crash_plan(faults);
         let answered = self.run(&plan, self.app.post(source, &delivery)).await;
         match answered {
             Ran::Done((status, body)) => {
@@ -729,13 +734,7 @@ impl World {
 
     /// One scheduler run; it may die between marking rows and sending them.
     async fn schedule(&mut self, faults: bool) {
-        let fault = match faults {
-            true => self
-                .pick_fault(1, false)
-                .filter(|f| matches!(f, Fault::Crash(_))),
-            false => None,
-        };
-        let plan = self.plan(fault);
+        let plan = self.crash_plan(faults);
         match self.run(&plan, scheduler::run(&self.scheduler)).await {
             Ran::Done(report) => {
                 let found: i32 = report.reconciliation.iter().map(|r| r.stored_new).sum();
