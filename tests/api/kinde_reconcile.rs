@@ -11,7 +11,7 @@ use wiremock::matchers::{body_string_contains, header, method, path, query_param
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::helpers::*;
-use crate::scheduler::{reconciler, scheduler_for};
+use crate::scheduler::{reconcile_runs, reconciler, scheduler_for};
 
 const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.m2m.token";
 
@@ -104,10 +104,7 @@ async fn a_kinde_plan_the_webhooks_missed_is_corrected_once_with_one_token(pool:
     let scheduler = scheduler_for(&app, vec![kinde_reconciler(&server)]);
 
     let mut runs = Vec::new();
-    for _ in 0..3 {
-        let report = scheduler::run(&scheduler).await;
-        app.run_worker().await;
-        let r = &report.reconciliation[0];
+    for r in reconcile_runs(&app, &scheduler, 3).await {
         assert_eq!(r.error, None);
         runs.push((r.read, r.discrepancies, r.already_present));
     }
@@ -161,12 +158,11 @@ async fn a_kinde_plan_not_in_the_catalog_is_reported_once_and_a_later_webhook_st
     .await;
     let scheduler = scheduler_for(&app, vec![kinde_reconciler(&server)]);
 
-    let mut found = Vec::new();
-    for _ in 0..3 {
-        let report = scheduler::run(&scheduler).await;
-        app.run_worker().await;
-        found.push(report.reconciliation[0].discrepancies);
-    }
+    let found: Vec<i32> = reconcile_runs(&app, &scheduler, 3)
+        .await
+        .iter()
+        .map(|r| r.discrepancies)
+        .collect();
     assert_eq!(found, [1, 0, 0]);
     let period = this_period();
     assert_eq!(
@@ -210,6 +206,30 @@ async fn a_refused_token_is_the_run_error_and_names_no_secret(pool: PgPool) {
     assert_eq!(recorded.as_deref(), Some(error.as_str()));
     assert_eq!(
         app.account("kinde", "kc_t", &this_period()).await.plan,
+        "pro"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_customer_kinde_does_not_know_is_left_alone(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let server = MockServer::start().await;
+    token_endpoint(&server, 1).await;
+    // No entitlements mock for kc_gone_at_kinde: the fake API answers 404, as Kinde does for
+    // an unknown billing customer.
+    plan_event(&app, "evt_k404", "kc_gone_at_kinde", "pro", &days_ago(2)).await;
+    let scheduler = scheduler_for(&app, vec![kinde_reconciler(&server)]);
+
+    let reports = reconcile_runs(&app, &scheduler, 1).await;
+    assert_eq!(reports[0].error, None);
+    assert_eq!(
+        (reports[0].read, reports[0].discrepancies),
+        (1, 0),
+        "read, and nothing corrected"
+    );
+    let period = this_period();
+    assert_eq!(
+        app.account("kinde", "kc_gone_at_kinde", &period).await.plan,
         "pro"
     );
 }

@@ -16,8 +16,8 @@ use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
 use crate::helpers::*;
 use crate::scheduler::{
-    exec, polar_api_returns, polar_reconciler, scheduler_for, soon, status_of, stored_unapplied,
-    stripe_api_event, stripe_reconciler,
+    exec, polar_api_returns, polar_reconciler, reconcile_runs, scheduler_for, soon, status_of,
+    stored_unapplied, stripe_api_event, stripe_reconciler,
 };
 
 /// Stripe's `/v1/events`, over a fixed set of events.
@@ -316,12 +316,11 @@ async fn a_polar_subscription_on_an_unknown_product_is_reported_once(pool: PgPoo
     .await;
     let scheduler = scheduler_for(&app, vec![polar_reconciler(&server)]);
 
-    let mut found = Vec::new();
-    for _ in 0..3 {
-        let report = scheduler::run(&scheduler).await;
-        app.run_worker().await;
-        found.push(report.reconciliation[0].discrepancies);
-    }
+    let found: Vec<i32> = reconcile_runs(&app, &scheduler, 3)
+        .await
+        .iter()
+        .map(|r| r.discrepancies)
+        .collect();
     assert_eq!(found, [1, 0, 0]);
     let account = app.account("polar", "pc_unknown", "2026-03").await;
     assert_eq!(account.subscriptions[0].status, "active");

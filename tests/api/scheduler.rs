@@ -27,6 +27,21 @@ pub(crate) fn scheduler_for(app: &TestApp, reconcilers: Vec<Reconciler>) -> Sche
     }
 }
 
+/// `runs` scheduler runs, each followed by the worker; each run's first reconciliation report.
+pub(crate) async fn reconcile_runs(
+    app: &TestApp,
+    scheduler: &SchedulerState,
+    runs: usize,
+) -> Vec<shared::reconcile::ReconcileReport> {
+    let mut reports = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let report = scheduler::run(scheduler).await;
+        app.run_worker().await;
+        reports.push(report.reconciliation[0].clone());
+    }
+    reports
+}
+
 /// A deadline no rescue in these tests reaches.
 pub(crate) fn soon() -> std::time::Instant {
     std::time::Instant::now() + Duration::from_secs(60)

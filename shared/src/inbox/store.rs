@@ -247,8 +247,7 @@ pub async fn store_verified(
     verified: &VerifiedEvent,
     origin: Origin<'_>,
 ) -> Result<Stored, StoreError> {
-    let fetched_headers = json!({"via": "reconciliation"});
-    let prepared = Prepared::new(source, body, verified, origin, &fetched_headers);
+    let prepared = Prepared::new(source, body, verified, origin);
     let mut conn = pool.acquire().await.map_err(StoreError::NoConnection)?;
     store_or_refuse(&mut conn, &prepared.delivery()).await
 }
@@ -258,7 +257,8 @@ struct Prepared<'a> {
     source: &'a str,
     body: &'a [u8],
     verified: &'a VerifiedEvent,
-    headers: &'a Value,
+    /// The delivery's kept headers; for a read, what says it was one.
+    headers: Cow<'a, Value>,
     fetched: bool,
     event_type: String,
     customer: Option<&'a CustomerId>,
@@ -274,11 +274,10 @@ impl<'a> Prepared<'a> {
         body: &'a [u8],
         verified: &'a VerifiedEvent,
         origin: Origin<'a>,
-        fetched_headers: &'a Value,
     ) -> Self {
         let (headers, fetched) = match origin {
-            Origin::Delivery(headers) => (headers, false),
-            Origin::Fetched => (fetched_headers, true),
+            Origin::Delivery(headers) => (Cow::Borrowed(headers), false),
+            Origin::Fetched => (Cow::Owned(json!({"via": "reconciliation"})), true),
         };
         let meta = match &verified.meta {
             Ok(meta) => match untrusted_time(meta.occurred_at, Utc::now()) {
@@ -332,7 +331,7 @@ impl<'a> Prepared<'a> {
             reason: self.reason.as_deref(),
             delivery_id: self.verified.delivery_id.as_deref(),
             sent_at: self.verified.sent_at,
-            headers: self.headers,
+            headers: &self.headers,
             secret_index: self
                 .verified
                 .signed_with
@@ -351,8 +350,7 @@ pub async fn store_verified_held(
     verified: &VerifiedEvent,
     origin: Origin<'_>,
 ) -> Result<Stored, StoreError> {
-    let fetched_headers = json!({"via": "reconciliation"});
-    let prepared = Prepared::new(source, body, verified, origin, &fetched_headers);
+    let prepared = Prepared::new(source, body, verified, origin);
     let delivery = prepared.delivery();
     let mut conn = held.lock().await;
     let mut retried = false;
