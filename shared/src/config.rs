@@ -228,6 +228,147 @@ fn value_free(error: &serde_json::Error, expected: &str) -> String {
     )
 }
 
+pub const EFFECTS_VAR: &str = "INBOX_EFFECTS";
+pub const EFFECTS_QUEUE_VAR: &str = "EFFECTS_QUEUE_URL";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    /// An HTTPS endpoint of the app, signed as Standard Webhooks.
+    Webhook,
+    /// An Amazon EventBridge bus (`PutEvents`).
+    Eventbridge,
+}
+
+/// One entry of `INBOX_EFFECTS`: where effects are delivered (docs/design.md §4.7).
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkConfig {
+    pub name: String,
+    pub kind: SinkKind,
+    /// Webhook: the endpoint.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Webhook: the signing secret, `whsec_<base64>` (inline, for local use and tests).
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// Webhook: the Secrets Manager secret (ARN or name) holding `{"secret": "whsec_…"}`.
+    #[serde(default)]
+    pub secret_id: Option<String>,
+    /// EventBridge: the bus name or ARN.
+    #[serde(default)]
+    pub bus: Option<String>,
+}
+
+/// The signing secret never reaches a log line.
+impl fmt::Debug for SinkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SinkConfig")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("url", &self.url)
+            .field("secret", &self.secret.as_ref().map(|_| "redacted"))
+            .field("secret_id", &self.secret_id)
+            .field("bus", &self.bus)
+            .finish()
+    }
+}
+
+/// Effects are on: where they go, and the queue that hands their ids to the dispatcher.
+#[derive(Debug, Clone)]
+pub struct EffectsConfig {
+    pub sinks: Vec<SinkConfig>,
+    pub queue_url: String,
+}
+
+/// Parses `INBOX_EFFECTS`: a JSON list of sinks with unique names, each with the fields its
+/// kind takes and no others.
+pub fn parse_sinks(raw: &str) -> Result<Vec<SinkConfig>, ConfigError> {
+    let sinks: Vec<SinkConfig> = serde_json::from_str(raw)
+        .map_err(|e| ConfigError::new(EFFECTS_VAR, value_free(&e, "a valid list of sinks")))?;
+    if sinks.is_empty() {
+        return Err(ConfigError::new(
+            EFFECTS_VAR,
+            "lists no sink (leave it unset to write no effects)",
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, sink) in sinks.iter().enumerate() {
+        let at = |field: &str| format!("sink '{}': {field}", sink.name);
+        let name_ok = !sink.name.is_empty()
+            && sink
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !name_ok {
+            return Err(ConfigError::at(
+                EFFECTS_VAR,
+                format!("[{i}].name"),
+                format!(
+                    "'{}' must be non-empty letters, digits, '-' or '_'",
+                    sink.name
+                ),
+            ));
+        }
+        if !seen.insert(sink.name.as_str()) {
+            return Err(ConfigError::at(
+                EFFECTS_VAR,
+                at("name"),
+                "is configured twice",
+            ));
+        }
+        match sink.kind {
+            SinkKind::Webhook => {
+                let url = sink.url.as_deref().unwrap_or_default();
+                match url::Url::parse(url) {
+                    Ok(u) if matches!(u.scheme(), "https" | "http") && u.host().is_some() => {}
+                    _ => {
+                        return Err(ConfigError::at(
+                            EFFECTS_VAR,
+                            at("url"),
+                            "must be an http(s) URL with a host",
+                        ))
+                    }
+                }
+                if sink.secret.is_some() == sink.secret_id.is_some() {
+                    return Err(ConfigError::at(
+                        EFFECTS_VAR,
+                        at("secret"),
+                        "a webhook sink takes exactly one of secret (whsec_<base64>) or secret_id",
+                    ));
+                }
+                if let Some(secret) = &sink.secret {
+                    crate::providers::standard_webhooks::decode_secret(
+                        secret,
+                        SecretEncoding::Base64,
+                    )
+                    .map_err(|detail| ConfigError::at(EFFECTS_VAR, at("secret"), detail))?;
+                }
+                if sink.bus.is_some() {
+                    return Err(ConfigError::at(
+                        EFFECTS_VAR,
+                        at("bus"),
+                        "is an eventbridge setting",
+                    ));
+                }
+            }
+            SinkKind::Eventbridge => {
+                if sink.bus.as_deref().is_none_or(|b| b.trim().is_empty()) {
+                    return Err(ConfigError::at(EFFECTS_VAR, at("bus"), "is required"));
+                }
+                if sink.url.is_some() || sink.secret.is_some() || sink.secret_id.is_some() {
+                    return Err(ConfigError::at(
+                        EFFECTS_VAR,
+                        at("url"),
+                        "url, secret and secret_id are webhook settings",
+                    ));
+                }
+            }
+        }
+    }
+    Ok(sinks)
+}
+
 /// Parses `INBOX_PLANS`, the plan catalog: the one reader for the functions and `inboxctl`.
 pub fn parse_plans(raw: &str) -> Result<Catalog, ConfigError> {
     Catalog::parse(raw).map_err(|e| ConfigError::at(PLANS_VAR, e.key, e.detail))
@@ -272,6 +413,17 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             Some(raw) => parse_plans(&raw),
             None => Ok(Catalog::default()),
         }
+    }
+
+    /// `INBOX_EFFECTS` and, when it is set, `EFFECTS_QUEUE_URL`; unset: effects are off.
+    pub fn effects(&self) -> Result<Option<EffectsConfig>, ConfigError> {
+        let Some(raw) = self.optional(EFFECTS_VAR) else {
+            return Ok(None);
+        };
+        Ok(Some(EffectsConfig {
+            sinks: parse_sinks(&raw)?,
+            queue_url: self.required(EFFECTS_QUEUE_VAR)?,
+        }))
     }
 
     /// A whole number at least `min`, or `default` when the variable is unset.
@@ -346,6 +498,8 @@ pub struct WorkerConfig {
     pub database_url: String,
     pub sources: Vec<SourceConfig>,
     pub catalog: Catalog,
+    /// Effects on: the worker writes them and sends their ids to the dispatcher's queue.
+    pub effects: Option<EffectsConfig>,
 }
 
 impl FromEnv for WorkerConfig {
@@ -354,6 +508,7 @@ impl FromEnv for WorkerConfig {
             database_url: env.required("DATABASE_URL")?,
             sources: env.sources()?,
             catalog: env.plans()?,
+            effects: env.effects()?,
         })
     }
 }
@@ -365,6 +520,8 @@ pub struct SchedulerConfig {
     pub queue_url: String,
     pub sources: Vec<SourceConfig>,
     pub retention: Duration,
+    /// Effects on: the scheduler rescues pending effects and reports dead ones.
+    pub effects: Option<EffectsConfig>,
 }
 
 impl FromEnv for SchedulerConfig {
@@ -374,6 +531,25 @@ impl FromEnv for SchedulerConfig {
             queue_url: env.required("QUEUE_URL")?,
             sources: env.sources()?,
             retention: env.retention()?,
+            effects: env.effects()?,
+        })
+    }
+}
+
+/// What the dispatcher function needs: the sinks (their secrets are resolved at cold start).
+#[derive(Debug, Clone)]
+pub struct DispatcherConfig {
+    pub database_url: String,
+    pub effects: EffectsConfig,
+}
+
+impl FromEnv for DispatcherConfig {
+    fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
+        Ok(Self {
+            database_url: env.required("DATABASE_URL")?,
+            effects: env
+                .effects()?
+                .ok_or_else(|| ConfigError::new(EFFECTS_VAR, "is not set"))?,
         })
     }
 }

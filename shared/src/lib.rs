@@ -2,7 +2,8 @@
 //! `inboxctl` run. Layers, with dependencies pointing one way (docs/design.md §2):
 //!
 //! - [`handlers`]: one per function — adapt the Lambda event, orchestrate, answer;
-//! - [`inbox`] (the life of an `inbox_events` row), [`billing`] (the model, the registers, the
+//! - [`inbox`] (the life of an `inbox_events` row), [`effects`] (the outbox: what changed,
+//!   told to the app once), [`billing`] (the model, the registers, the
 //!   account view), [`providers`] (one folder per provider), [`reconcile`];
 //! - [`domain`]: the values everything above speaks in;
 //! - beside them: [`config`] (environment variables), [`secrets`] (Secrets Manager), [`db`]
@@ -15,6 +16,7 @@ pub mod db;
 #[cfg(feature = "dev")]
 pub mod dev;
 pub mod domain;
+pub mod effects;
 pub mod handlers;
 pub mod inbox;
 pub mod providers;

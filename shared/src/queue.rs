@@ -115,7 +115,6 @@ impl Queue {
     /// Sends event ids, with SendMessageBatch (10 per call) when there are several. Returns the
     /// ids that did not reach the queue, so the caller can leave them for a later attempt.
     pub async fn send_events(&self, event_ids: &[i64]) -> Vec<i64> {
-        use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
         if let [event_id] = event_ids {
             // One id (the intake's case): a plain SendMessage, one request either way.
             // Boxed: the SDK future is large, and the scheduler nests this one deep.
@@ -127,19 +126,37 @@ impl Queue {
                 }
             };
         }
+        #[cfg(feature = "dev")]
+        if let Transport::Sim(queue) = &self.transport {
+            return queue.send(event_ids);
+        }
+        let bodies: Vec<String> = event_ids.iter().map(|id| message_body(*id)).collect();
+        let unsent = Box::pin(self.send_bodies(&bodies)).await;
+        unsent
+            .iter()
+            .filter_map(|b| parse_message_body(b))
+            .collect()
+    }
+
+    /// Sends each body as one message, with SendMessageBatch (10 per call). Returns the
+    /// bodies that did not reach the queue.
+    pub async fn send_bodies(&self, bodies: &[String]) -> Vec<String> {
+        use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
         let (client, url) = match &self.transport {
             Transport::Sqs { client, url } => (Self::sqs(client).await, url),
             #[cfg(feature = "dev")]
-            Transport::Sim(queue) => return queue.send(event_ids),
+            Transport::Sim(_) => return bodies.to_vec(),
         };
         let mut unsent = Vec::new();
-        for chunk in event_ids.chunks(10) {
+        for chunk in bodies.chunks(10) {
+            // Entry ids are the body's place in its chunk: SQS wants them short and plain.
             let entries: Result<Vec<_>, _> = chunk
                 .iter()
-                .map(|id| {
+                .enumerate()
+                .map(|(i, body)| {
                     SendMessageBatchRequestEntry::builder()
-                        .id(format!("e{id}"))
-                        .message_body(message_body(*id))
+                        .id(format!("m{i}"))
+                        .message_body(body)
                         .build()
                 })
                 .collect();
@@ -161,9 +178,12 @@ impl Queue {
             match sent {
                 Ok(output) => {
                     for failed in output.failed() {
-                        if let Some(id) = failed.id().strip_prefix('e').and_then(|s| s.parse().ok())
-                        {
-                            unsent.push(id);
+                        let place = failed
+                            .id()
+                            .strip_prefix('m')
+                            .and_then(|s| s.parse::<usize>().ok());
+                        if let Some(body) = place.and_then(|i| chunk.get(i)) {
+                            unsent.push(body.clone());
                         }
                     }
                 }

@@ -1,0 +1,367 @@
+//! Effects: each change that took effect, told to the app once (docs/design.md §4.7). The
+//! worker's transaction turns the registers' changes ([`Fact`]s) and the account's plan
+//! before and after into outbox rows ([`effects_of`], pure); [`outbox`] is the one home of
+//! an outbox row's life; the dispatcher delivers the rows to the sinks.
+//!
+//! An effect's id is a hash of its kind and its cause — the register and the event version
+//! that moved it, or the ledger entry — so the same change always has the same id.
+
+pub mod outbox;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::billing::PaymentStatus;
+use crate::domain::Period;
+
+/// What the app is told: the `type` of an effect's body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    PlanChanged,
+    SubscriptionUpdated,
+    AllowanceGranted,
+    PaymentSucceeded,
+    PaymentFailed,
+    PaymentRefunded,
+    CustomerDeleted,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 7] = [
+        Kind::PlanChanged,
+        Kind::SubscriptionUpdated,
+        Kind::AllowanceGranted,
+        Kind::PaymentSucceeded,
+        Kind::PaymentFailed,
+        Kind::PaymentRefunded,
+        Kind::CustomerDeleted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::PlanChanged => "billing.plan_changed",
+            Kind::SubscriptionUpdated => "billing.subscription_updated",
+            Kind::AllowanceGranted => "billing.allowance_granted",
+            Kind::PaymentSucceeded => "billing.payment_succeeded",
+            Kind::PaymentFailed => "billing.payment_failed",
+            Kind::PaymentRefunded => "billing.payment_refunded",
+            Kind::CustomerDeleted => "billing.customer_deleted",
+        }
+    }
+
+    fn of_payment(status: PaymentStatus) -> Kind {
+        match status {
+            PaymentStatus::Paid => Kind::PaymentSucceeded,
+            PaymentStatus::Failed => Kind::PaymentFailed,
+            PaymentStatus::Refunded => Kind::PaymentRefunded,
+        }
+    }
+}
+
+/// A subscription's state as the app sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionState {
+    pub status: String,
+    /// The catalog's plan name, when the subscription's plan is in the catalog.
+    pub plan: Option<String>,
+}
+
+/// A change a register write made, in the terms the app is told of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fact {
+    Subscription {
+        id: String,
+        now: SubscriptionState,
+        previous: Option<SubscriptionState>,
+    },
+    Payment {
+        id: String,
+        status: PaymentStatus,
+        previous: Option<String>,
+    },
+    /// A ledger entry: `amount` added to the period's balance.
+    Granted {
+        plan: String,
+        period: Period,
+        amount: i64,
+        entry_key: String,
+    },
+    Deleted,
+}
+
+/// The account as the app sees it, after the event's writes: the derived plan and the
+/// balance of the event's period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountState {
+    pub plan: String,
+    pub balance: i64,
+    pub period: Period,
+}
+
+/// The event whose writes caused the effects.
+#[derive(Debug, Clone)]
+pub struct Cause<'a> {
+    pub event_id: i64,
+    /// The provider's id of the event (its dedupe key): the version of what it wrote.
+    pub provider_event_id: &'a str,
+    pub source: &'a str,
+    pub customer: &'a str,
+    pub occurred_at: DateTime<Utc>,
+}
+
+/// One outbox row as the worker writes it; the account's sequence number is added by the
+/// statement that writes it (under the account's lock).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEffect {
+    pub id: String,
+    pub kind: Kind,
+    pub cause: String,
+    /// `{"id","type","occurred_at","data"}`, without `data.sequence` yet.
+    pub body: Value,
+}
+
+/// The stable id of an effect: `eff_` and 32 hex digits of SHA-256 over kind and cause.
+pub fn effect_id(kind: Kind, cause: &str) -> String {
+    let digest = Sha256::digest(format!("{}\n{cause}", kind.as_str()));
+    format!("eff_{}", &hex::encode(digest)[..32])
+}
+
+/// The effects of one event's writes: one per fact, and `billing.plan_changed` when the
+/// account's plan moved. Subscription, payment and deletion effects come first, then the
+/// plan, then grants, so an app reading them in sequence order sees a cause before its
+/// consequence. No fact and no plan change: nothing.
+pub fn effects_of(
+    cause: &Cause<'_>,
+    facts: &[Fact],
+    plan_before: &str,
+    after: &AccountState,
+) -> Vec<NewEffect> {
+    let (grants, others): (Vec<&Fact>, Vec<&Fact>) = facts
+        .iter()
+        .partition(|f| matches!(f, Fact::Granted { .. }));
+    let mut effects: Vec<NewEffect> = others
+        .into_iter()
+        .map(|f| of_fact(cause, f, after))
+        .collect();
+    if plan_before != after.plan {
+        let what = format!(
+            "plan of {}/{} at {}",
+            cause.source, cause.customer, cause.provider_event_id
+        );
+        effects.push(effect(
+            cause,
+            Kind::PlanChanged,
+            what,
+            after,
+            json!({"plan": after.plan, "previous_plan": plan_before}),
+        ));
+    }
+    effects.extend(grants.into_iter().map(|f| of_fact(cause, f, after)));
+    effects
+}
+
+fn of_fact(cause: &Cause<'_>, fact: &Fact, after: &AccountState) -> NewEffect {
+    let (source, at) = (cause.source, cause.provider_event_id);
+    match fact {
+        Fact::Subscription { id, now, previous } => effect(
+            cause,
+            Kind::SubscriptionUpdated,
+            format!("subscription {source}/{id} at {at}"),
+            after,
+            json!({
+                "subscription": {"id": id, "status": now.status, "plan": now.plan},
+                "previous": previous.as_ref().map(|p| json!({"status": p.status, "plan": p.plan})),
+            }),
+        ),
+        Fact::Payment {
+            id,
+            status,
+            previous,
+        } => {
+            // A refund is final: once per payment, whichever event reported it.
+            let what = match status {
+                PaymentStatus::Refunded => format!("payment {source}/{id} refunded"),
+                _ => format!("payment {source}/{id} {} at {at}", status.as_str()),
+            };
+            effect(
+                cause,
+                Kind::of_payment(*status),
+                what,
+                after,
+                json!({
+                    "payment": {"id": id, "status": status.as_str()},
+                    "previous_status": previous,
+                }),
+            )
+        }
+        Fact::Granted {
+            plan,
+            period,
+            amount,
+            entry_key,
+        } => effect(
+            cause,
+            Kind::AllowanceGranted,
+            format!("ledger {entry_key}"),
+            after,
+            json!({"grant": {"plan": plan, "period": period.as_str(), "amount": amount}}),
+        ),
+        Fact::Deleted => effect(
+            cause,
+            Kind::CustomerDeleted,
+            format!("customer {source}/{} deleted", cause.customer),
+            after,
+            json!({"deleted_at": timestamp(cause.occurred_at)}),
+        ),
+    }
+}
+
+/// An effect's body: the common part (who, which event, the account now) and the kind's own.
+fn effect(
+    cause: &Cause<'_>,
+    kind: Kind,
+    what: String,
+    after: &AccountState,
+    own: Value,
+) -> NewEffect {
+    let id = effect_id(kind, &what);
+    let mut data = json!({
+        "source": cause.source,
+        "customer_id": cause.customer,
+        "event_id": cause.event_id,
+        "provider_event_id": cause.provider_event_id,
+        "account": {"plan": after.plan, "balance": after.balance, "period": after.period.as_str()},
+    });
+    if let (Some(data), Value::Object(own)) = (data.as_object_mut(), own) {
+        data.extend(own);
+    }
+    NewEffect {
+        body: json!({
+            "id": id,
+            "type": kind.as_str(),
+            "occurred_at": timestamp(cause.occurred_at),
+            "data": data,
+        }),
+        id,
+        kind,
+        cause: what,
+    }
+}
+
+fn timestamp(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cause() -> Cause<'static> {
+        Cause {
+            event_id: 7,
+            provider_event_id: "evt_1",
+            source: "stripe",
+            customer: "cus_1",
+            occurred_at: "2026-11-30T10:00:00Z".parse().unwrap(),
+        }
+    }
+
+    fn account(plan: &str) -> AccountState {
+        AccountState {
+            plan: plan.into(),
+            balance: 500,
+            period: Period::parse("2026-11").unwrap(),
+        }
+    }
+
+    fn upgrade() -> Vec<Fact> {
+        vec![
+            Fact::Subscription {
+                id: "sub_1".into(),
+                now: SubscriptionState {
+                    status: "active".into(),
+                    plan: Some("pro".into()),
+                },
+                previous: None,
+            },
+            Fact::Granted {
+                plan: "pro".into(),
+                period: Period::parse("2026-11").unwrap(),
+                amount: 490,
+                entry_key: "allowance:stripe/cus_1:2026-11:pro".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn an_upgrade_tells_the_subscription_then_the_plan_then_the_grant() {
+        let effects = effects_of(&cause(), &upgrade(), "free", &account("pro"));
+        let kinds: Vec<&str> = effects.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "billing.subscription_updated",
+                "billing.plan_changed",
+                "billing.allowance_granted"
+            ]
+        );
+        let plan = &effects[1].body;
+        assert_eq!(plan["type"], "billing.plan_changed");
+        assert_eq!(plan["id"], effects[1].id.as_str());
+        assert_eq!(plan["occurred_at"], "2026-11-30T10:00:00.000Z");
+        assert_eq!(plan["data"]["plan"], "pro");
+        assert_eq!(plan["data"]["previous_plan"], "free");
+        assert_eq!(plan["data"]["customer_id"], "cus_1");
+        assert_eq!(plan["data"]["event_id"], 7);
+        assert_eq!(plan["data"]["account"]["balance"], 500);
+        assert_eq!(effects[2].body["data"]["grant"]["amount"], 490);
+        assert_eq!(effects[0].body["data"]["subscription"]["status"], "active");
+        assert!(effects[0].body["data"]["previous"].is_null());
+    }
+
+    #[test]
+    fn the_same_change_has_the_same_id_and_another_change_another() {
+        let once = effects_of(&cause(), &upgrade(), "free", &account("pro"));
+        let again = effects_of(&cause(), &upgrade(), "free", &account("pro"));
+        assert_eq!(once, again);
+        let other = Cause {
+            provider_event_id: "evt_2",
+            ..cause()
+        };
+        let later = effects_of(&other, &upgrade(), "free", &account("pro"));
+        assert_ne!(
+            once[0].id, later[0].id,
+            "another version of the subscription"
+        );
+        assert_eq!(once[2].id, later[2].id, "the same ledger entry");
+        assert!(once[0].id.starts_with("eff_") && once[0].id.len() == 36);
+    }
+
+    #[test]
+    fn a_refund_is_one_effect_whichever_event_reports_it() {
+        let refund = [Fact::Payment {
+            id: "in_1".into(),
+            status: PaymentStatus::Refunded,
+            previous: Some("paid".into()),
+        }];
+        let one = effects_of(&cause(), &refund, "pro", &account("pro"));
+        let other = Cause {
+            provider_event_id: "evt_9",
+            ..cause()
+        };
+        let two = effects_of(&other, &refund, "pro", &account("pro"));
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].kind, Kind::PaymentRefunded);
+        assert_eq!(one[0].id, two[0].id);
+        assert_eq!(one[0].body["data"]["previous_status"], "paid");
+    }
+
+    #[test]
+    fn nothing_changed_writes_nothing() {
+        assert!(effects_of(&cause(), &[], "pro", &account("pro")).is_empty());
+        let only_plan = effects_of(&cause(), &[], "free", &account("pro"));
+        assert_eq!(only_plan.len(), 1);
+        assert_eq!(only_plan[0].kind, Kind::PlanChanged);
+    }
+}

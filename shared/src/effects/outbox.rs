@@ -1,0 +1,454 @@
+//! The one home of an effect row's life (docs/design.md §4.7). Every statement that moves
+//! an `effects` row is here:
+//!
+//! ```text
+//!  write (worker's transaction) ──▶ pending ──claim──▶ (dispatcher holds it) ──record──▶ sent
+//!                                     ▲  ▲                    │
+//!                                     │  └── retry due ───────┘ failed: next attempt later,
+//!                                     │                         or dead after the last one
+//!                                     └──────── replay (sent or dead) ◀──────────────────
+//! ```
+//!
+//! A message on the effects queue only names an effect; the row is the fact. The rescue
+//! re-enqueues what the queue lost, expired holds and due retries.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool};
+
+use super::{Cause, NewEffect};
+use crate::inbox::{retry_delay, MAX_ATTEMPTS, ROWS_PER_STEP, STUCK_AFTER};
+use crate::queue::Queue;
+
+/// How long a dispatcher holds an effect: longer than its sinks' timeouts together.
+pub const DISPATCH_LEASE: Duration = Duration::from_secs(60);
+/// A pending effect older than this is reported as stuck (the alarm's metric).
+pub const STUCK_ALERT_AFTER: Duration = Duration::from_secs(15 * 60);
+
+/// An effect's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EffectStatus {
+    Pending,
+    Sent,
+    Dead,
+}
+
+impl EffectStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EffectStatus::Pending => "pending",
+            EffectStatus::Sent => "sent",
+            EffectStatus::Dead => "dead",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        [Self::Pending, Self::Sent, Self::Dead]
+            .into_iter()
+            .find(|s| s.as_str() == raw)
+    }
+}
+
+/// Inside the worker's transaction, under the account's lock: writes the event's effects
+/// with the account's next sequence numbers, marked as enqueued (the send follows the
+/// commit; a failed send unmarks them). An effect already written is left as it is. Returns
+/// the ids written now.
+pub async fn write(
+    conn: &mut PgConnection,
+    cause: &Cause<'_>,
+    effects: &[NewEffect],
+) -> Result<Vec<String>, sqlx::Error> {
+    if effects.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<String> = effects.iter().map(|e| e.id.clone()).collect();
+    let kinds: Vec<&str> = effects.iter().map(|e| e.kind.as_str()).collect();
+    let causes: Vec<String> = effects.iter().map(|e| e.cause.clone()).collect();
+    let bodies: Vec<Value> = effects.iter().map(|e| e.body.clone()).collect();
+    sqlx::query_scalar!(
+        r#"
+        WITH seq AS (
+            UPDATE accounts SET effect_seq = effect_seq + cardinality($3::text[])
+            WHERE source = $1 AND customer_id = $2
+            RETURNING effect_seq - cardinality($3::text[]) AS base
+        )
+        INSERT INTO effects (id, kind, cause, source, customer_id, sequence, event_id,
+                             occurred_at, body, enqueued_at)
+        SELECT e.id, e.kind, e.cause, $1, $2, seq.base + e.n, $7, $8,
+               jsonb_set(e.body, '{data,sequence}', to_jsonb(seq.base + e.n)), inbox_now()
+        FROM seq, unnest($3::text[], $4::text[], $5::text[], $6::jsonb[])
+                  WITH ORDINALITY AS e(id, kind, cause, body, n)
+        ORDER BY e.n
+        ON CONFLICT (id) DO NOTHING
+        RETURNING id
+        "#,
+        cause.source,
+        cause.customer,
+        &ids,
+        &kinds as &[&str],
+        &causes,
+        &bodies,
+        cause.event_id,
+        cause.occurred_at,
+    )
+    .fetch_all(conn)
+    .await
+}
+
+/// Sends effect ids to the dispatcher's queue; what the queue refused is unmarked, so the
+/// rescue sends it at its next run. Returns the ids not sent.
+pub async fn enqueue_or_unmark(
+    pool: &PgPool,
+    queue: &Queue,
+    ids: &[String],
+) -> Result<Vec<String>, sqlx::Error> {
+    let unsent = queue.send_bodies(ids).await;
+    if !unsent.is_empty() {
+        sqlx::query!(
+            "UPDATE effects SET enqueued_at = NULL WHERE id = ANY($1) AND status = 'pending'",
+            &unsent
+        )
+        .execute(pool)
+        .await?;
+    }
+    Ok(unsent)
+}
+
+/// An effect a dispatcher holds: what it delivers, and where it was already delivered.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub id: String,
+    pub kind: String,
+    pub body: Value,
+    pub sent_to: Vec<String>,
+    /// This attempt's number; with the id, it names the hold.
+    pub attempts: i32,
+}
+
+/// Takes a pending effect for one delivery attempt, if no other dispatcher holds it and no
+/// retry wait is running. Commits at once, so the hold outlives a crash.
+pub async fn claim(
+    pool: &PgPool,
+    id: &str,
+    lease: Duration,
+) -> Result<Option<Claimed>, sqlx::Error> {
+    sqlx::query_as!(
+        Claimed,
+        r#"
+        UPDATE effects f
+        SET locked_until = inbox_now() + make_interval(secs => $2), attempts = f.attempts + 1
+        WHERE f.id = (
+            SELECT id FROM effects
+            WHERE id = $1 AND status = 'pending' AND attempts < $3
+              AND (locked_until IS NULL OR locked_until < inbox_now())
+              AND (next_attempt_at IS NULL OR next_attempt_at <= inbox_now())
+            FOR UPDATE SKIP LOCKED
+        )
+        RETURNING f.id, f.kind, f.body, f.sent_to, f.attempts
+        "#,
+        id,
+        lease.as_secs_f64(),
+        MAX_ATTEMPTS,
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// What one delivery attempt achieved.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// Every sink that has the effect now, this attempt's and earlier ones'.
+    pub sent_to: Vec<String>,
+    /// Whether every configured sink has it.
+    pub complete: bool,
+    /// Why the attempt is incomplete (each failing sink, named).
+    pub error: Option<String>,
+}
+
+/// Records an attempt: `sent` when every sink has the effect, else `pending` with the next
+/// attempt's time, or `dead` after the last. Only the holder's record lands.
+pub async fn record(
+    pool: &PgPool,
+    effect: &Claimed,
+    attempt: &Attempt,
+    delays: &[Duration],
+) -> Result<EffectStatus, sqlx::Error> {
+    let delay = retry_delay(delays, effect.attempts);
+    let status = match (attempt.complete, delay) {
+        (true, _) => EffectStatus::Sent,
+        (false, Some(_)) => EffectStatus::Pending,
+        (false, None) => EffectStatus::Dead,
+    };
+    if let Some(error) = &attempt.error {
+        tracing::warn!(effect_id = %effect.id, attempts = effect.attempts, status = status.as_str(), error = %error, "effect delivery failed");
+    }
+    sqlx::query!(
+        r#"
+        UPDATE effects
+        SET status = $2, sent_to = $3, last_error = $4, locked_until = NULL,
+            next_attempt_at = CASE WHEN $2 = 'pending' THEN inbox_now() + make_interval(secs => $5) END,
+            sent_at = CASE WHEN $2 = 'sent' THEN inbox_now() END
+        WHERE id = $1 AND status = 'pending' AND attempts = $6
+        "#,
+        effect.id,
+        status.as_str(),
+        &attempt.sent_to,
+        attempt.error,
+        delay.map(|d| d.as_secs_f64()).unwrap_or_default(),
+        effect.attempts,
+    )
+    .execute(pool)
+    .await?;
+    Ok(status)
+}
+
+/// Buries effects whose dispatcher died on the last allowed attempt, then marks (and
+/// returns) the pending effects the queue lost: never enqueued (the worker's send failed),
+/// enqueued long ago and not held, expired holds and due retries not enqueued since.
+pub async fn mark_lost(pool: &PgPool) -> anyhow::Result<Vec<String>> {
+    sqlx::query!(
+        r#"
+        UPDATE effects
+        SET status = 'dead', locked_until = NULL, next_attempt_at = NULL,
+            last_error = COALESCE(last_error || '; ', '') || 'the dispatcher stopped during the last attempt (hold expired)'
+        WHERE status = 'pending' AND locked_until < inbox_now() AND attempts >= $1
+        "#,
+        MAX_ATTEMPTS,
+    )
+    .execute(pool)
+    .await
+    .context("burying effects whose last attempt crashed")?;
+    let mut ids = sqlx::query_scalar!(
+        r#"
+        UPDATE effects SET enqueued_at = inbox_now()
+        WHERE id IN (
+            SELECT id FROM effects
+            WHERE status = 'pending'
+              AND (locked_until IS NULL OR locked_until < inbox_now())
+              AND (next_attempt_at IS NULL OR next_attempt_at <= inbox_now())
+              AND (enqueued_at IS NULL
+                   OR enqueued_at < inbox_now() - make_interval(secs => $2)
+                   OR enqueued_at < next_attempt_at
+                   OR enqueued_at < locked_until)
+            ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED
+        )
+        RETURNING id
+        "#,
+        ROWS_PER_STEP,
+        STUCK_AFTER.as_secs_f64(),
+    )
+    .fetch_all(pool)
+    .await
+    .context("picking effects to rescue")?;
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Re-enqueues the effects the queue lost, ten to a request, while `deadline` allows. What
+/// is not sent is unmarked, for the next run.
+pub async fn rescue(
+    pool: &PgPool,
+    queue: &Queue,
+    deadline: Instant,
+) -> anyhow::Result<Vec<String>> {
+    let ids = mark_lost(pool).await?;
+    let mut sent = Vec::with_capacity(ids.len());
+    for (n, chunk) in ids.chunks(10).enumerate() {
+        if Instant::now() >= deadline {
+            let left: Vec<String> = ids.iter().skip(n * 10).cloned().collect();
+            sqlx::query!(
+                "UPDATE effects SET enqueued_at = NULL WHERE id = ANY($1) AND status = 'pending'",
+                &left
+            )
+            .execute(pool)
+            .await?;
+            break;
+        }
+        let unsent = enqueue_or_unmark(pool, queue, chunk).await?;
+        sent.extend(chunk.iter().filter(|id| !unsent.contains(id)).cloned());
+    }
+    if !sent.is_empty() {
+        tracing::info!(count = sent.len(), "rescued effects enqueued");
+    }
+    Ok(sent)
+}
+
+/// What the scheduler reports of effects.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EffectAlerts {
+    /// Effects that died since the last run (each reported once).
+    pub dead: Vec<String>,
+    /// Every dead effect not replayed yet.
+    pub dead_total: i64,
+    /// Pending effects older than [`STUCK_ALERT_AFTER`].
+    pub stuck: i64,
+    pub pending: i64,
+}
+
+/// Reports each newly dead effect once, and counts the dead, the stuck and the pending.
+pub async fn collect_alerts(pool: &PgPool) -> anyhow::Result<EffectAlerts> {
+    let dead = sqlx::query!(
+        r#"
+        UPDATE effects SET alerted_at = inbox_now()
+        WHERE id IN (
+            SELECT id FROM effects WHERE status = 'dead' AND alerted_at IS NULL
+            ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED
+        )
+        RETURNING id, kind, source, customer_id, last_error
+        "#,
+        ROWS_PER_STEP,
+    )
+    .fetch_all(pool)
+    .await
+    .context("collecting dead effects")?;
+    for e in &dead {
+        tracing::error!(
+            alert = "dead_effect", effect_id = %e.id, kind = %e.kind, source = %e.source,
+            customer_id = %e.customer_id, last_error = e.last_error.as_deref().unwrap_or(""),
+            "an effect could not be delivered; it needs an operator"
+        );
+    }
+    let counts = sqlx::query!(
+        r#"
+        SELECT count(*) FILTER (WHERE status = 'dead') AS "dead!",
+               count(*) FILTER (WHERE status = 'pending') AS "pending!",
+               count(*) FILTER (WHERE status = 'pending'
+                                  AND created_at < inbox_now() - make_interval(secs => $1)) AS "stuck!"
+        FROM effects WHERE status IN ('dead', 'pending')
+        "#,
+        STUCK_ALERT_AFTER.as_secs_f64(),
+    )
+    .fetch_one(pool)
+    .await
+    .context("counting pending and dead effects")?;
+    if counts.stuck > 0 {
+        tracing::error!(
+            alert = "stuck_effects",
+            count = counts.stuck,
+            "effects pending for more than 15 minutes"
+        );
+    }
+    Ok(EffectAlerts {
+        dead: dead.into_iter().map(|e| e.id).collect(),
+        dead_total: counts.dead,
+        stuck: counts.stuck,
+        pending: counts.pending,
+    })
+}
+
+/// Puts effects back to `pending` with fresh attempts and enqueues them: an operator's
+/// replay after fixing the app's endpoint. A held effect is left alone. Returns those
+/// replayed.
+pub async fn replay(pool: &PgPool, queue: &Queue, ids: &[String]) -> anyhow::Result<Vec<String>> {
+    let replayed = sqlx::query_scalar!(
+        r#"
+        UPDATE effects
+        SET status = 'pending', attempts = 0, next_attempt_at = NULL, locked_until = NULL,
+            sent_to = '{}', sent_at = NULL, alerted_at = NULL, enqueued_at = inbox_now()
+        WHERE id = ANY($1) AND (status <> 'pending' OR locked_until IS NULL OR locked_until < inbox_now())
+        RETURNING id
+        "#,
+        ids,
+    )
+    .fetch_all(pool)
+    .await
+    .context("replaying effects")?;
+    let unsent = enqueue_or_unmark(pool, queue, &replayed).await?;
+    if !unsent.is_empty() {
+        tracing::warn!(
+            count = unsent.len(),
+            "replayed effects not enqueued; the scheduler will"
+        );
+    }
+    Ok(replayed)
+}
+
+/// The ids of every effect with this status, oldest first.
+pub async fn ids_with_status(
+    pool: &PgPool,
+    status: EffectStatus,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT id FROM effects WHERE status = $1 ORDER BY created_at, id",
+        status.as_str()
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// One line of `inboxctl effects`.
+#[derive(Debug, Clone, Serialize)]
+pub struct EffectSummary {
+    pub id: String,
+    pub kind: String,
+    pub status: String,
+    pub source: String,
+    pub customer_id: String,
+    pub sequence: i64,
+    pub event_id: i64,
+    pub attempts: i32,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The newest effects, with this status when given.
+pub async fn list(
+    conn: &mut PgConnection,
+    status: Option<EffectStatus>,
+    limit: i64,
+) -> Result<Vec<EffectSummary>, sqlx::Error> {
+    sqlx::query_as!(
+        EffectSummary,
+        r#"
+        SELECT id, kind, status, source, customer_id, sequence, event_id, attempts, created_at
+        FROM effects WHERE ($1::text IS NULL OR status = $1)
+        ORDER BY created_at DESC, id LIMIT $2
+        "#,
+        status.map(EffectStatus::as_str),
+        limit,
+    )
+    .fetch_all(conn)
+    .await
+}
+
+/// `inboxctl effect <id>`: the whole row, the body as the sinks receive it.
+#[derive(Debug, Clone, Serialize)]
+pub struct EffectDetail {
+    pub id: String,
+    pub kind: String,
+    pub cause: String,
+    pub status: String,
+    pub source: String,
+    pub customer_id: String,
+    pub sequence: i64,
+    pub event_id: i64,
+    pub occurred_at: DateTime<Utc>,
+    pub sent_to: Vec<String>,
+    pub attempts: i32,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub sent_at: Option<DateTime<Utc>>,
+    pub body: Value,
+}
+
+pub async fn detail(
+    conn: &mut PgConnection,
+    id: &str,
+) -> Result<Option<EffectDetail>, sqlx::Error> {
+    sqlx::query_as!(
+        EffectDetail,
+        r#"
+        SELECT id, kind, cause, status, source, customer_id, sequence, event_id, occurred_at,
+               sent_to, attempts, next_attempt_at, last_error, created_at, sent_at, body
+        FROM effects WHERE id = $1
+        "#,
+        id,
+    )
+    .fetch_optional(conn)
+    .await
+}
