@@ -8,6 +8,7 @@ macro_rules! out {
 
 mod bench;
 mod dev;
+mod effects;
 mod scenario;
 mod send;
 mod show;
@@ -81,6 +82,11 @@ enum Command {
         #[arg(long, env = "QUEUE_URL")]
         queue_url: String,
     },
+    /// List effects (what changed, told to the app), newest first; `effects replay` sends
+    /// them again.
+    Effects(effects::EffectsArgs),
+    /// One effect: its cause, attempts, last error and the body the sinks receive.
+    Effect { id: String },
     /// Build, sign and POST a realistic delivery to the intake.
     Send(send::SendArgs),
     /// Run a reference delivery script against the running stack and print its timeline.
@@ -182,6 +188,8 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
             )
             .await
         }
+        Command::Effects(args) => effects::run(args, &connect(cli).await?, cli.json).await,
+        Command::Effect { id } => effects::show(&connect(cli).await?, id, cli.json).await,
         Command::Send(args) => send::run(args, cli.json).await,
         Command::Dev(args) => dev::run(args).await,
         Command::Bench(args) => {

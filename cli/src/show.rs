@@ -8,19 +8,19 @@ use shared::billing::Catalog;
 use shared::config::Env;
 use shared::domain::{CustomerId, Period};
 
-fn table(header: &[&str]) -> Table {
+pub(crate) fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_BORDERS_ONLY).set_header(header.to_vec());
     t
 }
 
-fn opt<T: ToString>(v: &Option<T>) -> String {
+pub(crate) fn opt<T: ToString>(v: &Option<T>) -> String {
     v.as_ref()
         .map(ToString::to_string)
         .unwrap_or_else(|| "-".into())
 }
 
-fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+pub(crate) fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     out!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }

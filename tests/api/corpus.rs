@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use crate::helpers::*;
 
 /// The catalog entries for the corpus's prices and products.
-const CORPUS_PLANS: &str = r#"{
+pub(crate) const CORPUS_PLANS: &str = r#"{
     "pro": {"plan": "pro", "monthly_allowance": 500},
     "team": {"plan": "team", "monthly_allowance": 2000},
     "price_1ProMonthlyPre01": {"plan": "pro", "monthly_allowance": 500},
@@ -20,7 +20,7 @@ const CORPUS_PLANS: &str = r#"{
     "1bd0bcfe-5205-4fab-af9f-a0162303a64c": {"plan": "pro", "monthly_allowance": 500}
 }"#;
 
-fn corpus(dir: &str) -> Vec<(String, Value)> {
+pub(crate) fn corpus(dir: &str) -> Vec<(String, Value)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/providers");
     let mut files: Vec<PathBuf> = std::fs::read_dir(root.join(dir))
         .unwrap()

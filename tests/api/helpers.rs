@@ -141,12 +141,21 @@ impl TestApp {
 
     /// Every event id waiting on the queue, in no particular order; the messages are deleted.
     pub async fn drain_queue(&self) -> Vec<i64> {
-        let mut ids = Vec::new();
+        self.drain(&self.queue_url)
+            .await
+            .iter()
+            .map(|body| shared::queue::parse_message_body(body).unwrap())
+            .collect()
+    }
+
+    /// Every message body waiting on a queue, in no particular order; the messages are deleted.
+    pub async fn drain(&self, queue_url: &str) -> Vec<String> {
+        let mut bodies = Vec::new();
         loop {
             let received = self
                 .sqs
                 .receive_message()
-                .queue_url(&self.queue_url)
+                .queue_url(queue_url)
                 .max_number_of_messages(10)
                 .wait_time_seconds(0)
                 .send()
@@ -154,19 +163,38 @@ impl TestApp {
                 .unwrap();
             let messages = received.messages.unwrap_or_default();
             if messages.is_empty() {
-                return ids;
+                return bodies;
             }
             for message in messages {
-                ids.push(shared::queue::parse_message_body(message.body().unwrap()).unwrap());
+                bodies.push(message.body().unwrap().to_owned());
                 self.sqs
                     .delete_message()
-                    .queue_url(&self.queue_url)
+                    .queue_url(queue_url)
                     .receipt_handle(message.receipt_handle().unwrap())
                     .send()
                     .await
                     .unwrap();
             }
         }
+    }
+
+    /// Turns effects on: the worker writes them and sends their ids to a fresh queue, whose
+    /// URL this returns.
+    pub async fn enable_effects(&mut self) -> String {
+        let url = create_queue(&self.sqs).await;
+        self.worker.effects = Some(Queue::new(self.sqs.clone(), url.clone()));
+        url
+    }
+
+    /// Every effect written, by account and sequence.
+    pub async fn effects(&self) -> Vec<EffectRow> {
+        sqlx::query_as::<_, EffectRow>(
+            "SELECT id, kind, source, customer_id, sequence, event_id, status, enqueued_at, body
+             FROM effects ORDER BY source, customer_id, sequence",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
     }
 
     pub async fn count(&self, table_sql: &str) -> i64 {
@@ -210,6 +238,19 @@ pub struct EventRow {
     pub enqueued_at: Option<chrono::DateTime<Utc>>,
     pub reason: Option<String>,
     pub payload: Option<Value>,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EffectRow {
+    pub id: String,
+    pub kind: String,
+    pub source: String,
+    pub customer_id: String,
+    pub sequence: i64,
+    pub event_id: i64,
+    pub status: String,
+    pub enqueued_at: Option<chrono::DateTime<Utc>>,
+    pub body: Value,
 }
 
 /// The plan catalog the tests configure.

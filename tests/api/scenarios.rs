@@ -36,7 +36,8 @@ fn kinde_event(
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn nine_deliveries_end_on_pro_with_the_allowance_granted_once(pool: PgPool) {
-    let app = TestApp::spawn(pool).await;
+    let mut app = TestApp::spawn(pool).await;
+    app.enable_effects().await;
     let customer = "kc_nine";
     // Start: Free, balance 10.
     let start = kinde_event(
@@ -157,6 +158,39 @@ async fn nine_deliveries_end_on_pro_with_the_allowance_granted_once(pool: PgPool
         upgrade_row.status, "applied",
         "the crashed plan change was completed by a later copy"
     );
+
+    // The app is told of the upgrade once: one plan change, one grant, one payment (in
+    // the order they took effect: here the payment, naming Pro, granted the allowance).
+    let start_id = app.event_id("kinde", "ev_start").await;
+    let told: std::collections::BTreeMap<String, Value> = app
+        .effects()
+        .await
+        .into_iter()
+        .filter(|e| e.event_id != start_id)
+        .map(|e| (e.kind, e.body["data"].clone()))
+        .collect();
+    let kinds: Vec<&str> = told.keys().map(String::as_str).collect();
+    assert_eq!(
+        kinds,
+        [
+            "billing.allowance_granted",
+            "billing.payment_succeeded",
+            "billing.plan_changed"
+        ]
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM effects").await,
+        4,
+        "and the start's grant"
+    );
+    let plan = &told["billing.plan_changed"];
+    assert_eq!(
+        (plan["previous_plan"].as_str(), plan["plan"].as_str()),
+        (Some("free"), Some("pro"))
+    );
+    let grant = &told["billing.allowance_granted"];
+    assert_eq!(grant["grant"]["amount"], 490, "topped up from 10 to 500");
+    assert_eq!(grant["account"]["balance"], 500);
 }
 
 struct Step {

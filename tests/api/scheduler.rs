@@ -23,6 +23,7 @@ pub(crate) fn scheduler_for(app: &TestApp, reconcilers: Vec<Reconciler>) -> Sche
         queue: Queue::new(app.sqs.clone(), app.queue_url.clone()),
         reconcilers,
         retention: Duration::from_secs(30 * 86_400),
+        effects: None,
         budget: Duration::from_secs(30),
     }
 }

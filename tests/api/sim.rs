@@ -539,6 +539,7 @@ impl World {
                 Reconciliation::Feed(Box::new(feed.clone())),
             )],
             retention: Duration::from_secs(30 * 86_400),
+            effects: None,
             budget: Duration::from_secs(30),
         };
         let scheduler = scheduler_with(&feed);

@@ -149,6 +149,71 @@ pub async fn load(
     }))
 }
 
+/// The account as an effect tells it (docs/design.md §4.7): the derived plan and the
+/// balance of one period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountState {
+    pub plan: String,
+    pub balance: i64,
+    pub period: Period,
+}
+
+/// Reads [`AccountState`] in one statement, inside the worker's transaction (so it sees the
+/// event's writes). An account that does not exist is on the free plan with nothing.
+pub async fn state(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &CustomerId,
+    period: &Period,
+    catalog: &Catalog,
+) -> Result<AccountState, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"
+        SELECT a.deleted_at IS NOT NULL AS "deleted!",
+               (SELECT plan FROM customer_plans WHERE source = $1 AND customer_id = $2) AS customer_plan,
+               COALESCE((SELECT past_due FROM customer_standing
+                         WHERE source = $1 AND customer_id = $2), false) AS "past_due!",
+               ARRAY(SELECT status FROM subscriptions
+                     WHERE source = $1 AND customer_id = $2 ORDER BY subscription_id) AS "statuses!",
+               ARRAY(SELECT plan FROM subscriptions
+                     WHERE source = $1 AND customer_id = $2 ORDER BY subscription_id) AS "plans!: Vec<Option<String>>",
+               (SELECT COALESCE(sum(delta), 0) FROM ledger
+                WHERE source = $1 AND customer_id = $2 AND period = $3)::bigint AS "balance!"
+        FROM accounts a WHERE a.source = $1 AND a.customer_id = $2
+        "#,
+        source,
+        customer.as_str(),
+        period.as_str(),
+    )
+    .fetch_optional(conn)
+    .await?;
+    let Some(row) = row else {
+        return Ok(AccountState {
+            plan: super::FREE.to_owned(),
+            balance: 0,
+            period: period.clone(),
+        });
+    };
+    let plan = derive_plan(
+        row.deleted,
+        row.customer_plan.as_deref(),
+        row.past_due,
+        row.statuses
+            .iter()
+            .zip(&row.plans)
+            .filter(|(status, _)| status_entitles(status))
+            .filter_map(|(_, plan)| plan.as_deref()),
+        catalog,
+    );
+    // A deleted customer holds nothing, whatever was granted before the deletion arrived.
+    let balance = if row.deleted { 0 } else { row.balance };
+    Ok(AccountState {
+        plan,
+        balance,
+        period: period.clone(),
+    })
+}
+
 /// A period's balance: the allowance granted in it (the largest, by construction of `delta`).
 pub async fn period_balance(
     conn: &mut PgConnection,

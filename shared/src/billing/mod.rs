@@ -11,6 +11,6 @@ pub mod registers;
 
 pub use catalog::{Catalog, Plan, PlanRef};
 pub use model::{
-    derive_plan, outcome, status_entitles, Change, Decided, Decision, Effect, PaymentStatus,
-    Problem, Rank, Resolved, Version, FREE,
+    derive_plan, outcome, status_entitles, Change, Decided, Decision, Effect, Fact, PaymentStatus,
+    Problem, Rank, Resolved, SubscriptionState, Version, FREE,
 };

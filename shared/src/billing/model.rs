@@ -264,6 +264,38 @@ pub fn paid(id: String, resolved: Resolved) -> Decision {
 }
 
 /// What one effect did to its register.
+/// A subscription's state as the app sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionState {
+    pub status: String,
+    /// The catalog's plan name, when the subscription's plan is in the catalog.
+    pub plan: Option<String>,
+}
+
+/// A change a register write made, in the terms an app is told of it (an effect,
+/// docs/design.md §4.7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fact {
+    Subscription {
+        id: String,
+        now: SubscriptionState,
+        previous: Option<SubscriptionState>,
+    },
+    Payment {
+        id: String,
+        status: PaymentStatus,
+        previous: Option<String>,
+    },
+    /// A ledger entry: `amount` added to the period's balance.
+    Granted {
+        plan: String,
+        period: Period,
+        amount: i64,
+        entry_key: String,
+    },
+    Deleted,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
     /// The register moved; the words say how.

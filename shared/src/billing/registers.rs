@@ -6,7 +6,9 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
-use super::model::{allowance_entry_key, Change, Effect, PaymentStatus, Rank, Version};
+use super::model::{
+    allowance_entry_key, Change, Effect, Fact, PaymentStatus, Rank, SubscriptionState, Version,
+};
 use crate::domain::{CustomerId, Period};
 
 /// Who an event is about and where it sits in the provider's order.
@@ -17,6 +19,28 @@ pub struct EventContext<'a> {
     pub customer: &'a CustomerId,
     pub event_type: &'a str,
     pub version: Version,
+}
+
+/// What a register write did, and, when it changed something an app is told of, that fact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    pub change: Change,
+    pub fact: Option<Fact>,
+}
+
+impl From<Change> for Written {
+    fn from(change: Change) -> Self {
+        Self { change, fact: None }
+    }
+}
+
+impl Written {
+    fn made(words: String, fact: Fact) -> Self {
+        Self {
+            change: Change::Made(words),
+            fact: Some(fact),
+        }
+    }
 }
 
 /// Creates the account if it is new and locks its row: every transaction that touches one
@@ -44,18 +68,17 @@ pub async fn apply_effect(
     conn: &mut PgConnection,
     ctx: &EventContext<'_>,
     effect: &Effect,
-) -> Result<Change, sqlx::Error> {
+) -> Result<Written, sqlx::Error> {
     match effect {
-        Effect::CustomerPlan { plan, key } => {
-            customer_plan(
-                conn,
-                ctx,
-                key.as_deref(),
-                plan.as_ref().map(|p| p.plan.as_str()),
-            )
-            .await
-        }
-        Effect::Standing { past_due } => standing(conn, ctx, *past_due).await,
+        Effect::CustomerPlan { plan, key } => customer_plan(
+            conn,
+            ctx,
+            key.as_deref(),
+            plan.as_ref().map(|p| p.plan.as_str()),
+        )
+        .await
+        .map(Written::from),
+        Effect::Standing { past_due } => standing(conn, ctx, *past_due).await.map(Written::from),
         Effect::Subscription {
             id,
             status,
@@ -219,7 +242,7 @@ async fn subscription(
     status: &str,
     plan: Option<(&str, &str)>,
     rank: Rank,
-) -> Result<Change, sqlx::Error> {
+) -> Result<Written, sqlx::Error> {
     let row = sqlx::query!(
         r#"
         WITH written AS (
@@ -240,7 +263,9 @@ async fn subscription(
                (SELECT event_id FROM subscriptions WHERE source = $1 AND subscription_id = $2) AS stored_event,
                EXISTS (SELECT 1 FROM subscriptions
                        WHERE source = $1 AND subscription_id = $2 AND status = $4
-                         AND plan_key IS NOT DISTINCT FROM $5) AS "same!"
+                         AND plan_key IS NOT DISTINCT FROM $5) AS "same!",
+               (SELECT status FROM subscriptions WHERE source = $1 AND subscription_id = $2) AS previous_status,
+               (SELECT plan FROM subscriptions WHERE source = $1 AND subscription_id = $2) AS previous_plan
         "#,
         ctx.source,
         id,
@@ -256,19 +281,32 @@ async fn subscription(
     .fetch_one(&mut *conn)
     .await?;
     if row.written && row.same {
-        return Ok(Change::Unchanged(format!(
-            "subscription {id} is already {status}"
-        )));
+        return Ok(Change::Unchanged(format!("subscription {id} is already {status}")).into());
     }
     if row.written {
-        return Ok(Change::Made(format!("subscription {id} is {status}")));
+        let fact = Fact::Subscription {
+            id: id.to_owned(),
+            now: SubscriptionState {
+                status: status.to_owned(),
+                plan: plan.map(|p| p.1.to_owned()),
+            },
+            previous: row.previous_status.map(|status| SubscriptionState {
+                status,
+                plan: row.previous_plan,
+            }),
+        };
+        return Ok(Written::made(
+            format!("subscription {id} is {status}"),
+            fact,
+        ));
     }
     Ok(unchanged(
         row.stored_event,
         ctx,
         "subscription state",
         &format!("a newer state of subscription {id} is already stored"),
-    ))
+    )
+    .into())
 }
 
 async fn payment(
@@ -277,11 +315,11 @@ async fn payment(
     id: &str,
     status: PaymentStatus,
     plan_key: Option<&str>,
-) -> Result<Change, sqlx::Error> {
+) -> Result<Written, sqlx::Error> {
     // Refunded is terminal: nothing moves a refunded payment, and a refund moves any other
     // state whatever its time, so the end state does not depend on the order. A failure and
     // a payment in the same second: paid is the later state (a retry that succeeded).
-    let (status, rank) = (status.as_str(), Rank::of_payment(status));
+    let (kind, status, rank) = (status, status.as_str(), Rank::of_payment(status));
     let row = sqlx::query!(
         r#"
         WITH written AS (
@@ -315,24 +353,22 @@ async fn payment(
     .fetch_one(&mut *conn)
     .await?;
     if row.written && row.stored_status.as_deref() == Some(status) {
-        return Ok(Change::Unchanged(format!(
-            "payment {id} is already {status}"
-        )));
+        return Ok(Change::Unchanged(format!("payment {id} is already {status}")).into());
     }
     if row.written {
-        return Ok(Change::Made(format!("payment {id} is {status}")));
+        let fact = Fact::Payment {
+            id: id.to_owned(),
+            status: kind,
+            previous: row.stored_status,
+        };
+        return Ok(Written::made(format!("payment {id} is {status}"), fact));
     }
     let superseded = if row.stored_status.as_deref() == Some("refunded") {
         format!("payment {id} is refunded, which is final")
     } else {
         format!("a newer state of payment {id} is already stored")
     };
-    Ok(unchanged(
-        row.stored_event,
-        ctx,
-        "payment state",
-        &superseded,
-    ))
+    Ok(unchanged(row.stored_event, ctx, "payment state", &superseded).into())
 }
 
 /// Grants a plan's allowance for the event's period, once per account, period and plan.
@@ -345,7 +381,7 @@ async fn grant(
     ctx: &EventContext<'_>,
     plan: &str,
     allowance: i64,
-) -> Result<Change, sqlx::Error> {
+) -> Result<Written, sqlx::Error> {
     let period = Period::of(ctx.version.at);
     let entry_key = allowance_entry_key(ctx.source, ctx.customer, &period, plan);
     let reason = format!("{plan} allowance for {period} ({})", ctx.event_type);
@@ -377,16 +413,22 @@ async fn grant(
         Some(0) => {
             return Ok(Change::Superseded(format!(
                 "the {period} balance already holds {plan}'s allowance or more"
-            )))
+            ))
+            .into())
         }
         Some(delta) => {
             let shown = match is_deleted(conn, ctx).await? {
                 true => " (the customer is deleted: its balance shows 0)",
                 false => "",
             };
-            return Ok(Change::Made(format!(
-                "granted {delta} for {plan} in {period}{shown}"
-            )));
+            let words = format!("granted {delta} for {plan} in {period}{shown}");
+            let fact = Fact::Granted {
+                plan: plan.to_owned(),
+                period,
+                amount: delta,
+                entry_key,
+            };
+            return Ok(Written::made(words, fact));
         }
         None => {}
     }
@@ -395,7 +437,8 @@ async fn grant(
         ctx,
         "grant",
         &format!("the {plan} allowance for {period} is already granted"),
-    ))
+    )
+    .into())
 }
 
 async fn is_deleted(conn: &mut PgConnection, ctx: &EventContext<'_>) -> Result<bool, sqlx::Error> {
@@ -491,7 +534,7 @@ async fn link_payment_intent(
     ctx: &EventContext<'_>,
     payment_intent: &str,
     invoice: &str,
-) -> Result<Change, sqlx::Error> {
+) -> Result<Written, sqlx::Error> {
     let state = remember_link(
         conn,
         ctx.source,
@@ -509,30 +552,32 @@ pub async fn refund_if_linked(
     ctx: &EventContext<'_>,
     payment_intent: &str,
     state: &IntentState,
-) -> Result<Change, sqlx::Error> {
-    match (&state.invoice, state.refunded_by) {
+) -> Result<Written, sqlx::Error> {
+    let change = match (&state.invoice, state.refunded_by) {
         (Some(invoice), Some(_)) => {
-            let change = payment(conn, ctx, invoice, PaymentStatus::Refunded, None).await?;
-            Ok(match change {
-                Change::Made(words) => {
-                    Change::Made(format!("{words} (a full refund of {payment_intent})"))
-                }
-                other => other,
-            })
+            let written = payment(conn, ctx, invoice, PaymentStatus::Refunded, None).await?;
+            return Ok(match written.change {
+                Change::Made(words) => Written {
+                    change: Change::Made(format!("{words} (a full refund of {payment_intent})")),
+                    fact: written.fact,
+                },
+                _ => written,
+            });
         }
-        (Some(invoice), None) if state.learned => Ok(Change::Made(format!(
-            "payment intent {payment_intent} paid {invoice}"
-        ))),
-        (Some(invoice), None) => Ok(Change::AlreadyApplied(format!(
+        (Some(invoice), None) if state.learned => {
+            Change::Made(format!("payment intent {payment_intent} paid {invoice}"))
+        }
+        (Some(invoice), None) => Change::AlreadyApplied(format!(
             "payment intent {payment_intent} is already known to have paid {invoice}"
-        ))),
-        (None, _) if state.learned => Ok(Change::Made(format!(
+        )),
+        (None, _) if state.learned => Change::Made(format!(
             "refund of {payment_intent} recorded; it could not be linked to an invoice yet"
-        ))),
-        (None, _) => Ok(Change::AlreadyApplied(format!(
+        )),
+        (None, _) => Change::AlreadyApplied(format!(
             "the refund of {payment_intent} is already recorded"
-        ))),
-    }
+        )),
+    };
+    Ok(change.into())
 }
 
 /// A full refund of a charge known only by its payment intent: recorded on the intent (and
@@ -542,7 +587,7 @@ async fn refund_intent(
     ctx: &EventContext<'_>,
     charge: &str,
     payment_intent: &str,
-) -> Result<Change, sqlx::Error> {
+) -> Result<Written, sqlx::Error> {
     let state = sqlx::query_as!(
         IntentState,
         r#"
@@ -572,7 +617,7 @@ async fn refund_intent(
 async fn delete_customer(
     conn: &mut PgConnection,
     ctx: &EventContext<'_>,
-) -> Result<Change, sqlx::Error> {
+) -> Result<Written, sqlx::Error> {
     // The earliest deletion is the tombstone; it never lifts.
     let written = sqlx::query!(
         r#"
@@ -587,9 +632,9 @@ async fn delete_customer(
     .await?
     .rows_affected();
     Ok(if written == 1 {
-        Change::Made("customer deleted".to_owned())
+        Written::made("customer deleted".to_owned(), Fact::Deleted)
     } else {
-        Change::AlreadyApplied("the customer is already deleted".to_owned())
+        Change::AlreadyApplied("the customer is already deleted".to_owned()).into()
     })
 }
 

@@ -12,8 +12,9 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+pub use crate::billing::account::AccountState;
 use crate::billing::PaymentStatus;
-use crate::domain::Period;
+pub use crate::billing::{Fact, SubscriptionState};
 
 /// What the app is told: the `type` of an effect's body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,46 +58,6 @@ impl Kind {
             PaymentStatus::Refunded => Kind::PaymentRefunded,
         }
     }
-}
-
-/// A subscription's state as the app sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SubscriptionState {
-    pub status: String,
-    /// The catalog's plan name, when the subscription's plan is in the catalog.
-    pub plan: Option<String>,
-}
-
-/// A change a register write made, in the terms the app is told of it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Fact {
-    Subscription {
-        id: String,
-        now: SubscriptionState,
-        previous: Option<SubscriptionState>,
-    },
-    Payment {
-        id: String,
-        status: PaymentStatus,
-        previous: Option<String>,
-    },
-    /// A ledger entry: `amount` added to the period's balance.
-    Granted {
-        plan: String,
-        period: Period,
-        amount: i64,
-        entry_key: String,
-    },
-    Deleted,
-}
-
-/// The account as the app sees it, after the event's writes: the derived plan and the
-/// balance of the event's period.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AccountState {
-    pub plan: String,
-    pub balance: i64,
-    pub period: Period,
 }
 
 /// The event whose writes caused the effects.
@@ -256,6 +217,7 @@ fn timestamp(at: DateTime<Utc>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::Period;
 
     fn cause() -> Cause<'static> {
         Cause {

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 
 use crate::config::SchedulerConfig;
+use crate::effects::outbox::{self, EffectAlerts};
 use crate::inbox::alerts::{collect_alerts, Alerts};
 use crate::inbox::purge::purge;
 use crate::inbox::read::{backlog, Backlog};
@@ -26,6 +27,8 @@ pub struct SchedulerState {
     pub queue: Queue,
     pub reconcilers: Vec<Reconciler>,
     pub retention: Duration,
+    /// Effects on: the dispatcher's queue, for effects the queue lost or that are due again.
+    pub effects: Option<Queue>,
     /// The run's time budget, well inside the function's timeout.
     pub budget: Duration,
 }
@@ -46,6 +49,10 @@ impl SchedulerState {
             queue,
             reconcilers,
             retention: config.retention,
+            effects: match &config.effects {
+                Some(effects) => Some(Queue::from_env(effects.queue_url.clone()).await),
+                None => None,
+            },
             budget: Duration::from_secs(50),
         })
     }
@@ -58,6 +65,9 @@ pub struct RunReport {
     pub reconciliation: Vec<ReconcileReport>,
     pub purged: u64,
     pub backlog: Backlog,
+    /// Effects re-enqueued (lost by the queue, or due for another attempt).
+    pub rescued_effects: Vec<String>,
+    pub effect_alerts: EffectAlerts,
     /// Steps that failed, with their error; the others ran.
     pub errors: Vec<String>,
 }
@@ -74,6 +84,18 @@ pub async fn run(state: &SchedulerState) -> RunReport {
     match collect_alerts(&state.pool).await {
         Ok(alerts) => report.alerts = alerts,
         Err(e) => report.errors.push(format!("alerts: {e:#}")),
+    }
+    // Effects are rescued and counted whenever they exist, so a stuck one is seen even after
+    // the sinks were turned off.
+    if let Some(queue) = &state.effects {
+        match outbox::rescue(&state.pool, queue, deadline).await {
+            Ok(ids) => report.rescued_effects = ids,
+            Err(e) => report.errors.push(format!("rescue effects: {e:#}")),
+        }
+    }
+    match outbox::collect_alerts(&state.pool).await {
+        Ok(alerts) => report.effect_alerts = alerts,
+        Err(e) => report.errors.push(format!("effect alerts: {e:#}")),
     }
     for reconciler in &state.reconcilers {
         if Instant::now() >= deadline {
@@ -110,7 +132,8 @@ pub async fn run(state: &SchedulerState) -> RunReport {
 /// The run's metrics as one CloudWatch Embedded Metric Format document.
 ///
 /// `DeadEvents` counts every dead event still unresolved (an alarm on it stays raised until an
-/// operator replays or resolves them); `ConflictEvents`, `UnprocessableEvents` and
+/// operator replays or resolves them), `DeadEffects` likewise for effects, `StuckEffects` the
+/// effects pending for more than 15 minutes; `ConflictEvents`, `UnprocessableEvents` and
 /// `ReconcileDiscrepancies` count what this run found new; `StepErrors` counts the steps that
 /// failed in this run (their numbers are then missing or zero).
 pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
@@ -138,7 +161,8 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
         .iter()
         .filter(|r| r.stopped_early)
         .count();
-    let metrics: [(&str, f64, &str); 13] = [
+    let effects = &report.effect_alerts;
+    let metrics: [(&str, f64, &str); 17] = [
         ("StepErrors", step_errors as f64, "Count"),
         ("DeadEvents", status("dead") as f64, "Count"),
         (
@@ -164,6 +188,14 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
         ("ReceivedEvents", status("received") as f64, "Count"),
         ("ProcessingEvents", status("processing") as f64, "Count"),
         ("FailedEvents", status("failed") as f64, "Count"),
+        ("DeadEffects", effects.dead_total as f64, "Count"),
+        ("StuckEffects", effects.stuck as f64, "Count"),
+        ("PendingEffects", effects.pending as f64, "Count"),
+        (
+            "RescuedEffects",
+            report.rescued_effects.len() as f64,
+            "Count",
+        ),
     ];
     let mut document = json!({
         "_aws": {

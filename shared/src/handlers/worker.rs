@@ -11,13 +11,15 @@ use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::billing::registers::{self, EventContext};
-use crate::billing::{outcome, Catalog, Decision, Effect, Rank, Version};
+use crate::billing::{account, outcome, Catalog, Change, Decision, Effect, Rank, Version};
 use crate::config::{SourceConfig, WorkerConfig};
+use crate::domain::Period;
 use crate::domain::{EventStatus, SourceKind};
+use crate::effects::{self, outbox, Cause};
 use crate::inbox::lease::{self, Claimed};
 use crate::inbox::{DEFAULT_LEASE, RETRY_DELAYS};
 use crate::providers::{self, Api, Reads};
-use crate::queue::parse_message_body;
+use crate::queue::{parse_message_body, Queue};
 use crate::sim::{self, Bug, Point};
 
 /// How long the worker waits for one provider read before settling without it.
@@ -62,6 +64,9 @@ pub struct WorkerState {
     pub catalog: Catalog,
     pub lease: Duration,
     pub retry_delays: Vec<Duration>,
+    /// Effects on: the queue the dispatcher takes effect ids from (docs/design.md §4.7).
+    /// `None`: no effect is written.
+    pub effects: Option<Queue>,
     /// Injected faults, for tests that prove a crash at a point loses nothing.
     #[cfg(feature = "dev")]
     pub faults: Faults,
@@ -75,6 +80,7 @@ impl WorkerState {
             catalog,
             lease: DEFAULT_LEASE,
             retry_delays: RETRY_DELAYS.to_vec(),
+            effects: None,
             #[cfg(feature = "dev")]
             faults: Faults::default(),
         }
@@ -95,7 +101,11 @@ impl WorkerState {
             .iter()
             .map(|s| (s.name.clone(), WorkerSource::from_config(s, &http)))
             .collect();
-        Ok(Self::new(pool, sources, config.catalog.clone()))
+        let mut state = Self::new(pool, sources, config.catalog.clone());
+        if let Some(effects) = &config.effects {
+            state.effects = Some(Queue::from_env(effects.queue_url.clone()).await);
+        }
+        Ok(state)
     }
 
     /// A fault injected at this point, if any (never, without the `dev` feature).
@@ -140,8 +150,18 @@ pub async fn process_event(state: &WorkerState, event_id: i64) -> Result<Process
     };
     sim::point(Point::WorkerClaimed, event_id).await;
     match apply_claimed(state, &event).await {
-        Ok((status, reason)) => {
+        Ok(Applied {
+            status,
+            reason,
+            effects,
+        }) => {
             sim::point(Point::WorkerCommitted, event_id).await;
+            if let (Some(queue), false) = (&state.effects, effects.is_empty()) {
+                // After the commit: a send that fails leaves the effects to the rescue.
+                if let Err(error) = outbox::enqueue_or_unmark(&state.pool, queue, &effects).await {
+                    tracing::warn!(event_id, error = %error, "effects written but not enqueued; the scheduler will");
+                }
+            }
             Ok(Processed::Finished { status, reason })
         }
         Err(WorkerError::LeaseLost) => {
@@ -157,11 +177,17 @@ pub async fn process_event(state: &WorkerState, event_id: i64) -> Result<Process
     }
 }
 
-/// The one transaction: re-check the lease, decide, write the registers, log, finish.
-async fn apply_claimed(
-    state: &WorkerState,
-    event: &Claimed,
-) -> Result<(EventStatus, String), WorkerError> {
+/// What one event's transaction committed: its final status and reason, and the ids of the
+/// effects it wrote.
+struct Applied {
+    status: EventStatus,
+    reason: String,
+    effects: Vec<String>,
+}
+
+/// The one transaction: re-check the lease, decide, write the registers, log, write the
+/// effects, finish.
+async fn apply_claimed(state: &WorkerState, event: &Claimed) -> Result<Applied, WorkerError> {
     let source = state
         .sources
         .get(&event.source)
@@ -205,6 +231,7 @@ async fn apply_claimed(
         }),
         _ => None,
     };
+    let mut written = Vec::new();
     let (status, reason) = match (decision, &context) {
         (Decision::Unprocessable(reason), _) => (EventStatus::Unprocessable, reason),
         (Decision::Ignore(reason), ctx) => {
@@ -230,26 +257,57 @@ async fn apply_claimed(
             Some(ctx),
         ) => {
             registers::lock_account(&mut tx, ctx.source, ctx.customer).await?;
+            let period = Period::of(ctx.version.at);
+            let plan_before = match &state.effects {
+                Some(_) => {
+                    let before =
+                        account::state(&mut tx, ctx.source, ctx.customer, &period, &state.catalog);
+                    Some(before.await?.plan)
+                }
+                None => None,
+            };
             settle(&mut tx, source, ctx, &mut effects, &mut notes).await?;
             let mut changes = Vec::with_capacity(effects.len());
+            let mut facts = Vec::new();
             for (i, effect) in effects.iter().enumerate() {
                 if i == 1 {
                     state.fault(FaultPoint::BetweenEffects)?;
                 }
                 sim::point(Point::WorkerEffect(i), event.id).await;
-                changes.push(registers::apply_effect(&mut tx, ctx, effect).await?);
+                let write = registers::apply_effect(&mut tx, ctx, effect).await?;
+                changes.push(write.change);
+                facts.extend(write.fact);
             }
             let (status, reason) = outcome(&changes, &notes);
             registers::log_outcome(&mut tx, ctx, status.as_str(), &reason).await?;
             sim::point(Point::WorkerLogged, event.id).await;
+            let made = changes.iter().any(|c| matches!(c, Change::Made(_)));
+            if let (Some(plan_before), true) = (plan_before, made) {
+                let after =
+                    account::state(&mut tx, ctx.source, ctx.customer, &period, &state.catalog)
+                        .await?;
+                let cause = Cause {
+                    event_id: event.id,
+                    provider_event_id: event.dedupe_key.as_str(),
+                    source: ctx.source,
+                    customer: ctx.customer.as_str(),
+                    occurred_at: ctx.version.at.as_datetime(),
+                };
+                let new = effects::effects_of(&cause, &facts, &plan_before, &after);
+                written = outbox::write(&mut tx, &cause, &new).await?;
+            }
             (status, reason)
         }
     };
     state.fault(FaultPoint::BeforeCommit)?;
     lease::finish(&mut tx, event.id, status, &reason).await?;
     tx.commit().await?;
-    tracing::info!(event_id = event.id, status = status.as_str(), reason = %reason, "event finished");
-    Ok((status, reason))
+    tracing::info!(event_id = event.id, status = status.as_str(), reason = %reason, effects = written.len(), "event finished");
+    Ok(Applied {
+        status,
+        reason,
+        effects: written,
+    })
 }
 
 /// The event's version: its provider time and dedupe key (or a planted bug's).

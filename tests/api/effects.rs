@@ -1,0 +1,277 @@
+//! Effects as the worker writes them (docs/design.md §4.7): one outbox row per change that
+//! took effect, written in the event's transaction with an id from its cause, numbered per
+//! account, and handed to the dispatcher's queue after the commit.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+use shared::handlers::worker::{FaultAction, FaultPoint};
+use sqlx::PgPool;
+
+use crate::corpus::{corpus, CORPUS_PLANS};
+use crate::helpers::*;
+
+/// The Polar corpus's files by name, as Polar sends them.
+fn polar(name: &str) -> Value {
+    corpus("polar")
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("testdata/providers/polar/{name}.json"))
+        .1
+}
+
+async fn polar_app(pool: PgPool) -> (TestApp, String) {
+    let mut app = TestApp::spawn(pool).await;
+    app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
+    let effects_queue = app.enable_effects().await;
+    (app, effects_queue)
+}
+
+fn kinds(effects: &[EffectRow]) -> Vec<&str> {
+    effects.iter().map(|e| e.kind.as_str()).collect()
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_subscription_delivered_three_times_and_replayed_three_times_is_told_once(pool: PgPool) {
+    let (app, effects_queue) = polar_app(pool).await;
+    let active = polar("subscription.active");
+    for _ in 0..3 {
+        app.post("polar", &polar_delivery("msg_active", &active))
+            .await;
+        app.run_worker().await;
+    }
+    let event_id = app.event_id("polar", "msg_active").await;
+    for _ in 0..3 {
+        shared::inbox::replay::replay(&app.pool, &app.state.queue, &[event_id])
+            .await
+            .unwrap();
+        app.run_worker().await;
+    }
+
+    assert_eq!(app.count("SELECT count(*) FROM subscriptions").await, 1);
+    let effects = app.effects().await;
+    assert_eq!(
+        kinds(&effects),
+        [
+            "billing.subscription_updated",
+            "billing.plan_changed",
+            "billing.allowance_granted"
+        ],
+        "one effect per change, the cause before its consequences"
+    );
+    let sequences: Vec<i64> = effects.iter().map(|e| e.sequence).collect();
+    assert_eq!(sequences, [1, 2, 3]);
+    assert!(
+        effects.iter().all(|e| e.status == "pending"
+            && e.source == "polar"
+            && e.customer_id == "c1a124cb-d614-4eeb-91b9-1802cb91d276"),
+        "pending until a dispatcher delivers them"
+    );
+    let subscription = &effects[0].body;
+    assert_eq!(subscription["id"], effects[0].id.as_str());
+    assert_eq!(subscription["type"], "billing.subscription_updated");
+    assert_eq!(subscription["occurred_at"], "2025-12-01T10:00:03.214Z");
+    let data = &subscription["data"];
+    assert_eq!(data["source"], "polar");
+    assert_eq!(data["customer_id"], "c1a124cb-d614-4eeb-91b9-1802cb91d276");
+    assert_eq!(data["sequence"], 1);
+    assert_eq!(data["event_id"], event_id);
+    assert_eq!(data["provider_event_id"], "msg_active");
+    assert_eq!(data["subscription"]["status"], "active");
+    assert_eq!(data["subscription"]["plan"], "pro");
+    assert!(data["previous"].is_null(), "a new subscription: {data}");
+    assert_eq!(data["account"]["plan"], "pro");
+    assert_eq!(data["account"]["balance"], 500);
+    assert_eq!(data["account"]["period"], "2025-12");
+    assert_eq!(effects[1].body["data"]["previous_plan"], "free");
+    assert_eq!(effects[2].body["data"]["grant"]["amount"], 500);
+
+    let mut sent = app.drain(&effects_queue).await;
+    sent.sort();
+    let mut ids: Vec<String> = effects.iter().map(|e| e.id.clone()).collect();
+    ids.sort();
+    assert_eq!(sent, ids, "each effect handed to the dispatcher once");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_worker_crash_before_commit_writes_no_effect(pool: PgPool) {
+    let (app, effects_queue) = polar_app(pool).await;
+    app.worker
+        .faults
+        .set(FaultPoint::BeforeCommit, FaultAction::Fail(1));
+    app.post(
+        "polar",
+        &polar_delivery("msg_active", &polar("subscription.active")),
+    )
+    .await;
+    app.run_worker().await;
+    let event = app.event(app.event_id("polar", "msg_active").await).await;
+    assert_eq!(event.status, "failed");
+    assert!(
+        app.effects().await.is_empty(),
+        "rolled back with the change"
+    );
+    assert!(app.drain(&effects_queue).await.is_empty());
+    assert_eq!(
+        app.count("SELECT count(*) FROM accounts WHERE effect_seq > 0")
+            .await,
+        0,
+        "no sequence number was taken"
+    );
+
+    // The retry applies the event, and its effects are written then, once.
+    app.post(
+        "polar",
+        &polar_delivery("msg_active", &polar("subscription.active")),
+    )
+    .await;
+    app.run_worker().await;
+    let effects = app.effects().await;
+    assert_eq!(effects.len(), 3);
+    assert_eq!(effects[0].sequence, 1);
+    assert_eq!(app.drain(&effects_queue).await.len(), 3);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_event_that_changes_nothing_writes_nothing(pool: PgPool) {
+    let (app, _) = polar_app(pool).await;
+    let active = polar("subscription.active");
+    app.post("polar", &polar_delivery("msg_active", &active))
+        .await;
+    app.run_worker().await;
+    let before = app.effects().await.len();
+    // An older state of the same subscription, arriving later: superseded.
+    let mut older = active.clone();
+    older["type"] = "subscription.created".into();
+    older["data"]["status"] = "incomplete".into();
+    older["timestamp"] = "2025-12-01T09:00:00.000000Z".into();
+    app.post("polar", &polar_delivery("msg_older", &older))
+        .await;
+    app.run_worker().await;
+    let late = app.event(app.event_id("polar", "msg_older").await).await;
+    assert_eq!(late.status, "ignored", "{:?}", late.reason);
+    assert_eq!(app.effects().await.len(), before);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn without_inbox_effects_nothing_is_written(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
+    app.post(
+        "polar",
+        &polar_delivery("msg_active", &polar("subscription.active")),
+    )
+    .await;
+    app.run_worker().await;
+    let account = app
+        .account("polar", "c1a124cb-d614-4eeb-91b9-1802cb91d276", "2025-12")
+        .await;
+    assert_eq!(account.plan, "pro");
+    assert_eq!(app.count("SELECT count(*) FROM effects").await, 0);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_payment_its_refund_and_the_deletion_are_each_told_once(pool: PgPool) {
+    let (app, _) = polar_app(pool).await;
+    let customer = "c1a124cb-d614-4eeb-91b9-1802cb91d276";
+    let mut deleted = polar("customer.deleted");
+    // The corpus's deletion names another customer; this one is deleted here.
+    deleted["data"]["id"] = customer.into();
+    deleted["data"]["external_id"] = Value::Null;
+    for (id, name, payload) in [
+        (
+            "msg_active",
+            "subscription.active",
+            polar("subscription.active"),
+        ),
+        ("msg_paid", "order.paid", polar("order.paid")),
+        ("msg_refunded", "order.refunded", polar("order.refunded")),
+        ("msg_paid_again", "order.paid", polar("order.paid")),
+        ("msg_deleted", "customer.deleted", deleted),
+    ] {
+        let (status, answer) = app.post("polar", &polar_delivery(id, &payload)).await;
+        assert_eq!(status, http::StatusCode::OK, "{name}: {answer}");
+        app.run_worker().await;
+    }
+    let effects = app.effects().await;
+    assert_eq!(
+        kinds(&effects),
+        [
+            "billing.subscription_updated",
+            "billing.plan_changed",
+            "billing.allowance_granted",
+            "billing.payment_succeeded",
+            "billing.payment_refunded",
+            "billing.customer_deleted",
+            "billing.plan_changed",
+        ]
+    );
+    let by_kind: HashMap<&str, &Value> = effects
+        .iter()
+        .map(|e| (e.kind.as_str(), &e.body["data"]))
+        .collect();
+    assert_eq!(
+        by_kind["billing.payment_refunded"]["previous_status"],
+        "paid"
+    );
+    assert_eq!(
+        by_kind["billing.payment_refunded"]["payment"]["id"],
+        "6ba7b106-d1ce-4c08-826f-cbb47601f6dd"
+    );
+    let last = &effects[6].body["data"];
+    assert_eq!(
+        (last["plan"].as_str(), last["previous_plan"].as_str()),
+        (Some("free"), Some("pro")),
+        "a deleted customer is on no plan"
+    );
+    assert_eq!(last["account"]["balance"], 0);
+    let sequences: Vec<i64> = effects.iter().map(|e| e.sequence).collect();
+    assert_eq!(sequences, (1..=7).collect::<Vec<i64>>());
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn effects_the_queue_refused_are_enqueued_by_the_scheduler(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
+    app.worker.effects = Some(unreachable_queue().await);
+    app.post(
+        "polar",
+        &polar_delivery("msg_active", &polar("subscription.active")),
+    )
+    .await;
+    app.run_worker().await;
+    let effects = app.effects().await;
+    assert_eq!(effects.len(), 3);
+    assert!(
+        effects.iter().all(|e| e.enqueued_at.is_none()),
+        "a refused send is unmarked for the rescue"
+    );
+    assert_eq!(
+        app.event(app.event_id("polar", "msg_active").await)
+            .await
+            .status,
+        "applied",
+        "the billing change stands whatever the effects queue does"
+    );
+
+    let effects_queue = create_queue(&app.sqs).await;
+    let scheduler = shared::handlers::scheduler::SchedulerState {
+        effects: Some(shared::queue::Queue::new(
+            app.sqs.clone(),
+            effects_queue.clone(),
+        )),
+        ..crate::scheduler::scheduler_for(&app, vec![])
+    };
+    let report = shared::handlers::scheduler::run(&scheduler).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    let mut ids: Vec<String> = effects.iter().map(|e| e.id.clone()).collect();
+    ids.sort();
+    assert_eq!(report.rescued_effects, ids);
+    assert_eq!(report.effect_alerts.pending, 3);
+    let mut sent = app.drain(&effects_queue).await;
+    sent.sort();
+    assert_eq!(sent, ids);
+    // Marked as enqueued now: the next run leaves them to the dispatcher.
+    let again = shared::handlers::scheduler::run(&scheduler).await;
+    assert!(again.rescued_effects.is_empty());
+}
