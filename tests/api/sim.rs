@@ -525,6 +525,8 @@ impl World {
         let mut worker = test_worker(pool.clone());
         worker.retry_delays = RETRY_DELAYS.to_vec();
         worker.lease = DEFAULT_LEASE;
+        // Effects are written under every fault; no dispatcher runs, so they stay pending.
+        worker.effects = Some(sim_queue.clone());
         let feed = SimFeed(Arc::new(Mutex::new(FeedState {
             dice: Dice::new(seed ^ 0xFEED),
             undelivered: Vec::new(),
@@ -868,6 +870,72 @@ impl World {
     }
 
     /// The invariants at rest.
+    /// Effects told each change once, whatever the faults: one grant effect per ledger
+    /// entry that added to a balance, one deletion effect per deleted account, each
+    /// account's effects numbered 1..n without a gap, and an app that follows the plan
+    /// changes in sequence order ends on the account's plan.
+    async fn check_effects(&mut self) -> Result<(), Failure> {
+        let grants: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT l.entry_key, (SELECT count(*) FROM effects f
+                                  WHERE f.kind = 'billing.allowance_granted'
+                                    AND f.cause = 'ledger ' || l.entry_key)
+             FROM ledger l WHERE l.customer_id LIKE '%\\_' || $1 || '%' AND l.delta > 0",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        if let Some((key, n)) = grants.iter().find(|(_, n)| *n != 1) {
+            return Err(self.fail(format!("grant {key} has {n} effects")));
+        }
+        let accounts: Vec<(String, String, bool, i64, i64, i64, Option<String>)> = sqlx::query_as(
+            "SELECT a.source, a.customer_id, a.deleted_at IS NOT NULL, a.effect_seq,
+                    (SELECT count(*) FROM effects f WHERE (f.source, f.customer_id) = (a.source, a.customer_id)),
+                    (SELECT count(*) FROM effects f WHERE (f.source, f.customer_id) = (a.source, a.customer_id)
+                       AND f.kind = 'billing.customer_deleted'),
+                    (SELECT f.body #>> '{data,plan}' FROM effects f
+                     WHERE (f.source, f.customer_id) = (a.source, a.customer_id)
+                       AND f.kind = 'billing.plan_changed' ORDER BY f.sequence DESC LIMIT 1)
+             FROM accounts a WHERE a.customer_id LIKE '%\\_' || $1 || '%'",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        let period = shared::domain::Period::parse("2026-01").unwrap();
+        for (source, customer, deleted, seq, count, deletions, told_plan) in accounts {
+            if seq != count {
+                return Err(self.fail(format!(
+                    "{source}/{customer}: {count} effects numbered up to {seq}"
+                )));
+            }
+            if deletions != i64::from(deleted) {
+                return Err(self.fail(format!(
+                    "{source}/{customer}: deleted {deleted}, {deletions} deletion effects"
+                )));
+            }
+            let mut conn = self.pool.acquire().await.unwrap();
+            let id = shared::domain::CustomerId::parse(&customer).unwrap();
+            let now = shared::billing::account::state(
+                &mut conn,
+                &source,
+                &id,
+                &period,
+                &self.worker.catalog,
+            )
+            .await
+            .unwrap();
+            let told = told_plan.unwrap_or_else(|| shared::billing::FREE.to_owned());
+            if told != now.plan {
+                return Err(self.fail(format!(
+                    "{source}/{customer} is on {} but its last plan effect says {told}",
+                    now.plan
+                )));
+            }
+        }
+        Ok(())
+    }
+
     async fn check_at_rest(&mut self, case: &Case) -> Result<(), Failure> {
         let rows: Vec<(i64, String, String, i32, i64)> = sqlx::query_as(
             "SELECT e.id, e.dedupe_key, e.status, e.seen_count,
@@ -910,6 +978,7 @@ impl World {
         if !doubled.is_empty() {
             return Err(self.fail(format!("ledger entries written twice: {doubled:?}")));
         }
+        self.check_effects().await?;
 
         // The canonical fold: each event once, in provider-time order, no faults.
         let canon = format!("k{}x", self.seed);
