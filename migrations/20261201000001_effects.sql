@@ -1,4 +1,4 @@
--- Effects: what changed, told to the app once (docs/design.md §4.7). The worker writes one
+-- Effects: what changed, told to the app once (docs/design.md §11). The worker writes one
 -- row per change that took effect, in the transaction that made the change; the dispatcher
 -- delivers it after the commit, to every configured sink, at least once.
 

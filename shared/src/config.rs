@@ -240,7 +240,7 @@ pub enum SinkKind {
     Eventbridge,
 }
 
-/// One entry of `INBOX_EFFECTS`: where effects are delivered (docs/design.md §4.7).
+/// One entry of `INBOX_EFFECTS`: where effects are delivered (docs/design.md §11).
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SinkConfig {
@@ -342,7 +342,13 @@ pub fn parse_sinks(raw: &str) -> Result<Vec<SinkConfig>, ConfigError> {
                         secret,
                         SecretEncoding::Base64,
                     )
-                    .map_err(|detail| ConfigError::at(EFFECTS_VAR, at("secret"), detail))?;
+                    .map_err(|_| {
+                        ConfigError::at(
+                            EFFECTS_VAR,
+                            at("secret"),
+                            "must be whsec_ followed by base64 (of the signing key)",
+                        )
+                    })?;
                 }
                 if sink.bus.is_some() {
                     return Err(ConfigError::at(
@@ -717,5 +723,89 @@ mod tests {
         vars.push(("INBOX_RETENTION_DAYS", "2"));
         let short = SchedulerConfig::from_lookup(lookup(&vars)).unwrap_err();
         assert_eq!(short.var, "INBOX_RETENTION_DAYS");
+    }
+
+    const SINKS: &str = r#"[{"name":"app","kind":"webhook","url":"https://app.example/billing-events","secret":"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"},
+        {"name":"bus","kind":"eventbridge","bus":"billing"}]"#;
+
+    fn worker_vars(effects: &str) -> Vec<(&str, &str)> {
+        vec![
+            ("DATABASE_URL", "postgres://x"),
+            ("INBOX_SOURCES", SOURCES),
+            (
+                "INBOX_PLANS",
+                r#"{"pro":{"plan":"pro","monthly_allowance":5}}"#,
+            ),
+            ("INBOX_EFFECTS", effects),
+        ]
+    }
+
+    #[test]
+    fn effects_are_off_unless_inbox_effects_is_set() {
+        let mut vars = worker_vars(SINKS);
+        vars.pop();
+        assert!(WorkerConfig::from_lookup(lookup(&vars))
+            .unwrap()
+            .effects
+            .is_none());
+    }
+
+    #[test]
+    fn effect_sinks_parse_and_need_their_queue() {
+        let missing = WorkerConfig::from_lookup(lookup(&worker_vars(SINKS))).unwrap_err();
+        assert_eq!(missing.to_string(), "EFFECTS_QUEUE_URL: is not set");
+        let mut vars = worker_vars(SINKS);
+        vars.push(("EFFECTS_QUEUE_URL", "http://q/effects"));
+        let effects = WorkerConfig::from_lookup(lookup(&vars))
+            .unwrap()
+            .effects
+            .unwrap();
+        assert_eq!(effects.queue_url, "http://q/effects");
+        assert_eq!(effects.sinks[0].kind, SinkKind::Webhook);
+        assert_eq!(effects.sinks[1].bus.as_deref(), Some("billing"));
+        let shown = format!("{:?}", effects.sinks[0]);
+        assert!(!shown.contains("whsec_"), "{shown}");
+    }
+
+    #[test]
+    fn malformed_sinks_are_named() {
+        let cases = [
+            ("[]", "INBOX_EFFECTS: lists no sink (leave it unset to write no effects)"),
+            (
+                r#"[{"name":"app","kind":"webhook","url":"https://a.example/e"}]"#,
+                "INBOX_EFFECTS: sink 'app': secret: a webhook sink takes exactly one of secret (whsec_<base64>) or secret_id",
+            ),
+            (
+                r#"[{"name":"app","kind":"webhook","url":"https://a.example/e","secret":"whsec_AAAA","secret_id":"s"}]"#,
+                "INBOX_EFFECTS: sink 'app': secret: a webhook sink takes exactly one of secret (whsec_<base64>) or secret_id",
+            ),
+            (
+                r#"[{"name":"app","kind":"webhook","url":"ftp://a.example/e","secret":"whsec_AAAA"}]"#,
+                "INBOX_EFFECTS: sink 'app': url: must be an http(s) URL with a host",
+            ),
+            (
+                r#"[{"name":"app","kind":"webhook","url":"https://a.example/e","secret":"whsec_!!"}]"#,
+                "INBOX_EFFECTS: sink 'app': secret: must be whsec_ followed by base64 (of the signing key)",
+            ),
+            (
+                r#"[{"name":"bus","kind":"eventbridge"}]"#,
+                "INBOX_EFFECTS: sink 'bus': bus: is required",
+            ),
+            (
+                r#"[{"name":"bus","kind":"eventbridge","bus":"b","url":"https://a.example"}]"#,
+                "INBOX_EFFECTS: sink 'bus': url: url, secret and secret_id are webhook settings",
+            ),
+            (
+                r#"[{"name":"b","kind":"eventbridge","bus":"x"},{"name":"b","kind":"eventbridge","bus":"y"}]"#,
+                "INBOX_EFFECTS: sink 'b': name: is configured twice",
+            ),
+            (
+                r#"[{"name":"b","kind":"sns"}]"#,
+                "INBOX_EFFECTS: not a valid list of sinks: a value has the wrong type (line 1, column 25)",
+            ),
+        ];
+        for (raw, expected) in cases {
+            assert_eq!(parse_sinks(raw).unwrap_err().to_string(), expected, "{raw}");
+        }
     }
 }

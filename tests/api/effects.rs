@@ -1,4 +1,4 @@
-//! Effects as the worker writes them (docs/design.md §4.7): one outbox row per change that
+//! Effects as the worker writes them (docs/design.md §11): one outbox row per change that
 //! took effect, written in the event's transaction with an id from its cause, numbered per
 //! account, and handed to the dispatcher's queue after the commit.
 

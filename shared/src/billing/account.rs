@@ -149,7 +149,7 @@ pub async fn load(
     }))
 }
 
-/// The account as an effect tells it (docs/design.md §4.7): the derived plan and the
+/// The account as an effect tells it (docs/design.md §11): the derived plan and the
 /// balance of one period.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AccountState {

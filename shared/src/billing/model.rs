@@ -273,7 +273,7 @@ pub struct SubscriptionState {
 }
 
 /// A change a register write made, in the terms an app is told of it (an effect,
-/// docs/design.md §4.7).
+/// docs/design.md §11).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fact {
     Subscription {

@@ -1,4 +1,4 @@
-//! Effects: each change that took effect, told to the app once (docs/design.md §4.7). The
+//! Effects: each change that took effect, told to the app once (docs/design.md §11). The
 //! worker's transaction turns the registers' changes ([`Fact`]s) and the account's plan
 //! before and after into outbox rows ([`effects_of`], pure); [`outbox`] is the one home of
 //! an outbox row's life; the dispatcher delivers the rows to the sinks.

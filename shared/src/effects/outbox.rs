@@ -1,4 +1,4 @@
-//! The one home of an effect row's life (docs/design.md §4.7). Every statement that moves
+//! The one home of an effect row's life (docs/design.md §11). Every statement that moves
 //! an `effects` row is here:
 //!
 //! ```text

@@ -64,7 +64,7 @@ pub struct WorkerState {
     pub catalog: Catalog,
     pub lease: Duration,
     pub retry_delays: Vec<Duration>,
-    /// Effects on: the queue the dispatcher takes effect ids from (docs/design.md §4.7).
+    /// Effects on: the queue the dispatcher takes effect ids from (docs/design.md §11).
     /// `None`: no effect is written.
     pub effects: Option<Queue>,
     /// Injected faults, for tests that prove a crash at a point loses nothing.
