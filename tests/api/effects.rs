@@ -275,3 +275,34 @@ async fn effects_the_queue_refused_are_enqueued_by_the_scheduler(pool: PgPool) {
     let again = shared::handlers::scheduler::run(&scheduler).await;
     assert!(again.rescued_effects.is_empty());
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn sent_effects_are_purged_after_the_retention_and_the_others_kept(pool: PgPool) {
+    let (app, _) = polar_app(pool).await;
+    app.post(
+        "polar",
+        &polar_delivery("msg_active", &polar("subscription.active")),
+    )
+    .await;
+    app.run_worker().await;
+    let effects = app.effects().await;
+    // One sent long ago, one dead long ago, one pending.
+    sqlx::query(
+        "UPDATE effects SET status = CASE WHEN sequence = 1 THEN 'sent' ELSE 'dead' END,
+                sent_at = CASE WHEN sequence = 1 THEN now() - interval '40 days' END,
+                created_at = now() - interval '40 days'
+         WHERE sequence IN (1, 2)",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let report =
+        shared::handlers::scheduler::run(&crate::scheduler::scheduler_for(&app, vec![])).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.purged_effects, 1);
+    let left: Vec<String> = app.effects().await.into_iter().map(|e| e.id).collect();
+    assert_eq!(left, [effects[1].id.clone(), effects[2].id.clone()]);
+    assert_eq!(report.effect_alerts.dead, [effects[1].id.clone()]);
+    assert_eq!(report.effect_alerts.dead_total, 1);
+    assert_eq!(report.effect_alerts.pending, 1);
+}

@@ -67,6 +67,8 @@ pub struct RunReport {
     pub backlog: Backlog,
     /// Effects re-enqueued (lost by the queue, or due for another attempt).
     pub rescued_effects: Vec<String>,
+    /// Sent effects older than the retention, deleted this run.
+    pub purged_effects: u64,
     pub effect_alerts: EffectAlerts,
     /// Steps that failed, with their error; the others ran.
     pub errors: Vec<String>,
@@ -112,6 +114,10 @@ pub async fn run(state: &SchedulerState) -> RunReport {
     match purge(&state.pool, state.retention, deadline).await {
         Ok(n) => report.purged = n,
         Err(e) => report.errors.push(format!("purge: {e:#}")),
+    }
+    match outbox::purge(&state.pool, state.retention, deadline).await {
+        Ok(n) => report.purged_effects = n,
+        Err(e) => report.errors.push(format!("purge effects: {e:#}")),
     }
     let measured = async {
         let mut conn = state.pool.acquire().await?;
