@@ -888,14 +888,25 @@ impl World {
         if let Some((key, n)) = grants.iter().find(|(_, n)| *n != 1) {
             return Err(self.fail(format!("grant {key} has {n} effects")));
         }
-        let accounts: Vec<(String, String, bool, i64, i64, i64, Option<String>)> = sqlx::query_as(
-            "SELECT a.source, a.customer_id, a.deleted_at IS NOT NULL, a.effect_seq,
-                    (SELECT count(*) FROM effects f WHERE (f.source, f.customer_id) = (a.source, a.customer_id)),
+        #[derive(sqlx::FromRow)]
+        struct Told {
+            source: String,
+            customer: String,
+            deleted: bool,
+            seq: i64,
+            count: i64,
+            deletions: i64,
+            told_plan: Option<String>,
+        }
+        let accounts: Vec<Told> = sqlx::query_as(
+            "SELECT a.source, a.customer_id AS customer, a.deleted_at IS NOT NULL AS deleted,
+                    a.effect_seq AS seq,
+                    (SELECT count(*) FROM effects f WHERE (f.source, f.customer_id) = (a.source, a.customer_id)) AS count,
                     (SELECT count(*) FROM effects f WHERE (f.source, f.customer_id) = (a.source, a.customer_id)
-                       AND f.kind = 'billing.customer_deleted'),
+                       AND f.kind = 'billing.customer_deleted') AS deletions,
                     (SELECT f.body #>> '{data,plan}' FROM effects f
                      WHERE (f.source, f.customer_id) = (a.source, a.customer_id)
-                       AND f.kind = 'billing.plan_changed' ORDER BY f.sequence DESC LIMIT 1)
+                       AND f.kind = 'billing.plan_changed' ORDER BY f.sequence DESC LIMIT 1) AS told_plan
              FROM accounts a WHERE a.customer_id LIKE '%\\_' || $1 || '%'",
         )
         .bind(&self.ns)
@@ -903,7 +914,16 @@ impl World {
         .await
         .unwrap();
         let period = shared::domain::Period::parse("2026-01").unwrap();
-        for (source, customer, deleted, seq, count, deletions, told_plan) in accounts {
+        for Told {
+            source,
+            customer,
+            deleted,
+            seq,
+            count,
+            deletions,
+            told_plan,
+        } in accounts
+        {
             if seq != count {
                 return Err(self.fail(format!(
                     "{source}/{customer}: {count} effects numbered up to {seq}"
