@@ -163,3 +163,44 @@ async fn one_intake_delivery_is_one_round_trip_and_a_killed_connection_is_replac
     let id = app.event_id("stripe", "evt_rt9").await;
     assert_eq!(app.event(id).await.seen_count, 1);
 }
+
+/// An SQS batch naming `ids`, as the event source mapping builds it.
+fn batch(ids: &[i64]) -> aws_lambda_events::event::sqs::SqsEvent {
+    let mut event = aws_lambda_events::event::sqs::SqsEvent::default();
+    for id in ids {
+        let mut record = aws_lambda_events::event::sqs::SqsMessage::default();
+        record.message_id = Some(format!("m{id}"));
+        record.body = Some(shared::queue::message_body(*id));
+        event.records.push(record);
+    }
+    event
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_worker_batch_is_claimed_in_one_statement_and_worked_on_one_connection(pool: PgPool) {
+    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
+    let app = TestApp::spawn(pool.clone()).await;
+    let mut worker = test_worker(through(&pool, port));
+    worker.catalog = app.worker.catalog.clone();
+    let t = Utc::now().timestamp();
+    // A warm-up batch opens the connection and prepares the statements.
+    let mut ids = Vec::new();
+    for n in 0..11 {
+        let event = stripe_event(&format!("evt_w{n}"), &format!("cus_w{n}"), t);
+        let (_, answer) = app.post("stripe", &stripe_delivery(&event)).await;
+        ids.push(answer["event_id"].as_i64().unwrap());
+    }
+    shared::handlers::worker::handle_batch(&worker, batch(&ids[..1])).await;
+    trips.take();
+
+    let response = shared::handlers::worker::handle_batch(&worker, batch(&ids[1..])).await;
+    assert!(response.batch_item_failures.is_empty());
+    // Each event: BEGIN, the lease re-check, the account lock, the same-second tie read, the
+    // subscription, the grant and its deleted-account check, the log line, the finish,
+    // COMMIT. The batch: one ping on acquire, one claim, one ping on release. No ping
+    // between events.
+    assert_eq!(trips.take(), 3 + 10 * 10);
+    for id in &ids {
+        assert_eq!(app.event(*id).await.status, "applied");
+    }
+}

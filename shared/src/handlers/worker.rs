@@ -145,33 +145,55 @@ pub enum Processed {
 /// every other failure is recorded on the event and reported as `Failed`.
 #[tracing::instrument(skip_all, fields(event_id))]
 pub async fn process_event(state: &WorkerState, event_id: i64) -> Result<Processed, sqlx::Error> {
-    let Some(event) = lease::claim(&state.pool, event_id, state.lease).await? else {
-        return Ok(Processed::Skipped);
-    };
-    sim::point(Point::WorkerClaimed, event_id).await;
-    match apply_claimed(state, &event).await {
+    let mut conn = state.pool.acquire().await?;
+    let claimed = lease::claim(&mut conn, &[event_id], state.lease).await?;
+    match claimed.into_iter().next() {
+        Some(event) => process_claimed(state, &mut conn, &event).await,
+        None => Ok(Processed::Skipped),
+    }
+}
+
+/// Applies one claimed event on `conn`, or records why it could not be.
+#[tracing::instrument(skip_all, fields(event_id = event.id))]
+async fn process_claimed(
+    state: &WorkerState,
+    conn: &mut PgConnection,
+    event: &Claimed,
+) -> Result<Processed, sqlx::Error> {
+    sim::point(Point::WorkerClaimed, event.id).await;
+    match apply_claimed(state, conn, event).await {
         Ok(Applied {
             status,
             reason,
             effects,
         }) => {
-            sim::point(Point::WorkerCommitted, event_id).await;
+            sim::point(Point::WorkerCommitted, event.id).await;
             if let (Some(queue), false) = (&state.effects, effects.is_empty()) {
                 // After the commit: a send that fails leaves the effects to the rescue.
                 if let Err(error) = outbox::enqueue_or_unmark(&state.pool, queue, &effects).await {
-                    tracing::warn!(event_id, error = %error, "effects written but not enqueued; the scheduler will");
+                    tracing::warn!(event_id = event.id, error = %error, "effects written but not enqueued; the scheduler will");
                 }
             }
             Ok(Processed::Finished { status, reason })
         }
         Err(WorkerError::LeaseLost) => {
-            tracing::warn!(event_id, "lease lost; another worker has the event");
+            tracing::warn!(
+                event_id = event.id,
+                "lease lost; another worker has the event"
+            );
             Ok(Processed::Skipped)
         }
         Err(error) => {
             let error = error.to_string();
-            let status =
-                lease::record_failure(&state.pool, &event, &error, &state.retry_delays).await?;
+            let delays = &state.retry_delays;
+            let status = match lease::record_failure(conn, event, &error, delays).await {
+                Ok(status) => status,
+                // The connection may be what failed: the record goes through a fresh one.
+                Err(_) => {
+                    let mut fresh = state.pool.acquire().await?;
+                    lease::record_failure(&mut fresh, event, &error, delays).await?
+                }
+            };
             Ok(Processed::Failed { status, error })
         }
     }
@@ -187,12 +209,15 @@ struct Applied {
 
 /// The one transaction: re-check the lease, decide, write the registers, log, write the
 /// effects, finish.
-async fn apply_claimed(state: &WorkerState, event: &Claimed) -> Result<Applied, WorkerError> {
+async fn apply_claimed(
+    state: &WorkerState,
+    conn: &mut PgConnection,
+    event: &Claimed,
+) -> Result<Applied, WorkerError> {
     let source = state
         .sources
         .get(&event.source)
         .ok_or_else(|| WorkerError::UnknownSource(event.source.clone()))?;
-    let mut conn = state.pool.acquire().await?;
     let mut tx = conn.begin().await?;
     if !lease::still_held(&mut tx, event).await? {
         return Err(WorkerError::LeaseLost);
@@ -461,31 +486,69 @@ async fn remember_links_without_customer(
     Ok((EventStatus::Applied, learned.join("; ")))
 }
 
-/// Handles an SQS batch: every message names one event. Only messages whose event could not
-/// be processed for a transient reason are reported, so SQS delivers them again.
+/// Handles an SQS batch: every message names one event. The batch is claimed in one
+/// statement and worked on one connection (docs/design.md §8). Only messages whose event
+/// could not be processed for a transient reason are reported, so SQS delivers them again.
 pub async fn handle_batch(state: &WorkerState, event: SqsEvent) -> SqsBatchResponse {
-    let mut response = SqsBatchResponse::default();
+    let mut messages = Vec::with_capacity(event.records.len());
     for message in event.records {
         let Some(message_id) = message.message_id.clone() else {
             continue;
         };
-        let Some(event_id) = message.body.as_deref().and_then(parse_message_body) else {
+        match message.body.as_deref().and_then(parse_message_body) {
+            Some(event_id) => messages.push((message_id, event_id)),
             // Not ours to retry: a body that is not an event id never will be.
-            tracing::error!(message_id, "message body is not an event id; dropping it");
+            None => tracing::error!(message_id, "message body is not an event id; dropping it"),
+        }
+    }
+    let mut response = SqsBatchResponse::default();
+    let mut retry = |message_id: String| {
+        let mut failure = BatchItemFailure::default();
+        failure.item_identifier = message_id;
+        response.batch_item_failures.push(failure);
+    };
+    let ids: Vec<i64> = messages.iter().map(|(_, id)| *id).collect();
+    let claimed = async {
+        let mut conn = state.pool.acquire().await?;
+        let claimed = lease::claim(&mut conn, &ids, state.lease).await?;
+        Ok::<_, sqlx::Error>((conn, claimed))
+    };
+    let (mut conn, claimed) = match claimed.await {
+        Ok(claimed) => claimed,
+        Err(error) => {
+            tracing::error!(error = %error, "database unavailable; the batch will be delivered again");
+            messages
+                .into_iter()
+                .for_each(|(message_id, _)| retry(message_id));
+            return response;
+        }
+    };
+    let mut claimed: HashMap<i64, Claimed> = claimed.into_iter().map(|c| (c.id, c)).collect();
+    for (message_id, event_id) in messages {
+        // Not claimed: final, held by another worker, not due, gone, or a copy in this batch.
+        let Some(event) = claimed.remove(&event_id) else {
             continue;
         };
-        let retry = match process_event(state, event_id).await {
-            Ok(Processed::Failed { status, .. }) => status == EventStatus::Failed,
+        let failed = match process_claimed(state, &mut conn, &event).await {
+            Ok(Processed::Failed { status, .. }) => {
+                if status == EventStatus::Failed {
+                    retry(message_id);
+                }
+                true
+            }
             Ok(_) => false,
             Err(error) => {
                 tracing::error!(event_id, error = %error, "database unavailable; the message will be delivered again");
+                retry(message_id);
                 true
             }
         };
-        if retry {
-            let mut failure = BatchItemFailure::default();
-            failure.item_identifier = message_id;
-            response.batch_item_failures.push(failure);
+        // After a failure the connection may be the broken part: the rest of the batch
+        // takes another, so one broken connection does not fail the events after it.
+        if failed {
+            if let Ok(fresh) = state.pool.acquire().await {
+                conn = fresh;
+            }
         }
     }
     response

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 
 use super::{retry_delay, MAX_ATTEMPTS};
 use crate::domain::{CustomerId, DedupeKey, EventStatus, ProviderTime};
@@ -24,24 +24,25 @@ pub struct Claimed {
     pub attempts: i32,
 }
 
-/// Takes the event for this worker for one lease, if it is claimable: `received`, `failed`
-/// and due, or `processing` with an expired lease. Commits at once, so the lease outlives a
-/// crash and another worker can take the event when it expires.
+/// Takes the events for this worker, each for one lease, those that are claimable:
+/// `received`, `failed` and due, or `processing` with an expired lease. One statement for a
+/// whole SQS batch; it commits at once, so each lease outlives a crash and another worker
+/// can take the event when it expires. Returned in the order of `event_ids`.
 pub async fn claim(
-    pool: &PgPool,
-    event_id: i64,
+    conn: &mut PgConnection,
+    event_ids: &[i64],
     lease: Duration,
-) -> Result<Option<Claimed>, sqlx::Error> {
-    sqlx::query_as!(
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    let mut claimed = sqlx::query_as!(
         Claimed,
         r#"
         UPDATE inbox_events e
         SET status = 'processing',
             locked_until = inbox_now() + make_interval(secs => $2),
             attempts = e.attempts + 1
-        WHERE e.id = (
+        WHERE e.id IN (
             SELECT id FROM inbox_events
-            WHERE id = $1
+            WHERE id = ANY($1)
               AND (status = 'received'
                    OR (status = 'failed' AND next_attempt_at <= inbox_now())
                    OR (status = 'processing' AND locked_until < inbox_now() AND attempts < $3))
@@ -51,12 +52,14 @@ pub async fn claim(
                   e.payload, e.customer_key AS "customer: CustomerId",
                   e.occurred_at AS "occurred_at: ProviderTime", e.attempts
         "#,
-        event_id,
+        event_ids,
         lease.as_secs_f64(),
         MAX_ATTEMPTS,
     )
-    .fetch_optional(pool)
-    .await
+    .fetch_all(conn)
+    .await?;
+    claimed.sort_by_key(|c| event_ids.iter().position(|id| *id == c.id));
+    Ok(claimed)
 }
 
 /// Inside the worker's transaction: is the lease still ours? Holding the row lock from here
@@ -99,7 +102,7 @@ pub async fn finish(
 /// Records a failed attempt: `failed` with the next attempt's time, or `dead` after the last.
 /// Only the lease holder's record lands (the status and attempt must still be its own).
 pub async fn record_failure(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     event: &Claimed,
     error: &str,
     delays: &[Duration],
@@ -134,7 +137,7 @@ pub async fn record_failure(
             .map(|d| d.as_secs_f64()),
         event.attempts,
     )
-    .execute(pool)
+    .execute(conn)
     .await?;
     Ok(status)
 }
