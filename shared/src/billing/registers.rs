@@ -26,11 +26,18 @@ pub struct EventContext<'a> {
 pub struct Written {
     pub change: Change,
     pub fact: Option<Fact>,
+    /// A subscription write: the other event whose state the register held at the same
+    /// provider time, before this write (a tie the status rank settled).
+    pub tied_with: Option<i64>,
 }
 
 impl From<Change> for Written {
     fn from(change: Change) -> Self {
-        Self { change, fact: None }
+        Self {
+            change,
+            fact: None,
+            tied_with: None,
+        }
     }
 }
 
@@ -39,6 +46,14 @@ impl Written {
         Self {
             change: Change::Made(words),
             fact: Some(fact),
+            tied_with: None,
+        }
+    }
+
+    fn tied_with(self, event: Option<i64>) -> Self {
+        Self {
+            tied_with: event,
+            ..self
         }
     }
 }
@@ -265,7 +280,9 @@ async fn subscription(
                        WHERE source = $1 AND subscription_id = $2 AND status = $4
                          AND plan_key IS NOT DISTINCT FROM $5) AS "same!",
                (SELECT status FROM subscriptions WHERE source = $1 AND subscription_id = $2) AS previous_status,
-               (SELECT plan FROM subscriptions WHERE source = $1 AND subscription_id = $2) AS previous_plan
+               (SELECT plan FROM subscriptions WHERE source = $1 AND subscription_id = $2) AS previous_plan,
+               (SELECT event_id FROM subscriptions WHERE source = $1 AND subscription_id = $2
+                  AND version_at = $7 AND event_id <> $9) AS tied_with
         "#,
         ctx.source,
         id,
@@ -280,8 +297,10 @@ async fn subscription(
     )
     .fetch_one(&mut *conn)
     .await?;
+    let tied_with = row.tied_with;
     if row.written && row.same {
-        return Ok(Change::Unchanged(format!("subscription {id} is already {status}")).into());
+        let change = Change::Unchanged(format!("subscription {id} is already {status}"));
+        return Ok(Written::from(change).tied_with(tied_with));
     }
     if row.written {
         let fact = Fact::Subscription {
@@ -295,18 +314,16 @@ async fn subscription(
                 plan: row.previous_plan,
             }),
         };
-        return Ok(Written::made(
-            format!("subscription {id} is {status}"),
-            fact,
-        ));
+        let words = format!("subscription {id} is {status}");
+        return Ok(Written::made(words, fact).tied_with(tied_with));
     }
-    Ok(unchanged(
+    let kept = unchanged(
         row.stored_event,
         ctx,
         "subscription state",
         &format!("a newer state of subscription {id} is already stored"),
-    )
-    .into())
+    );
+    Ok(Written::from(kept).tied_with(tied_with))
 }
 
 async fn payment(
@@ -396,7 +413,9 @@ async fn grant(
             RETURNING delta
         )
         SELECT (SELECT delta FROM written) AS delta,
-               (SELECT event_id FROM ledger WHERE entry_key = $7) AS granted_by
+               (SELECT event_id FROM ledger WHERE entry_key = $7) AS granted_by,
+               EXISTS (SELECT 1 FROM accounts WHERE source = $1 AND customer_id = $2
+                       AND deleted_at IS NOT NULL) AS "deleted!"
         "#,
         ctx.source,
         ctx.customer.as_str(),
@@ -417,7 +436,7 @@ async fn grant(
             .into())
         }
         Some(delta) => {
-            let shown = match is_deleted(conn, ctx).await? {
+            let shown = match row.deleted {
                 true => " (the customer is deleted: its balance shows 0)",
                 false => "",
             };
@@ -439,17 +458,6 @@ async fn grant(
         &format!("the {plan} allowance for {period} is already granted"),
     )
     .into())
-}
-
-async fn is_deleted(conn: &mut PgConnection, ctx: &EventContext<'_>) -> Result<bool, sqlx::Error> {
-    let deleted = sqlx::query_scalar!(
-        r#"SELECT deleted_at IS NOT NULL AS "deleted!" FROM accounts WHERE source = $1 AND customer_id = $2"#,
-        ctx.source,
-        ctx.customer.as_str(),
-    )
-    .fetch_optional(conn)
-    .await?;
-    Ok(deleted == Some(true))
 }
 
 /// What the payment-intent register knows after a write: the invoice and the refund.
@@ -559,7 +567,7 @@ pub async fn refund_if_linked(
             return Ok(match written.change {
                 Change::Made(words) => Written {
                     change: Change::Made(format!("{words} (a full refund of {payment_intent})")),
-                    fact: written.fact,
+                    ..written
                 },
                 _ => written,
             });

@@ -300,6 +300,11 @@ async fn apply_claimed(
                 }
                 sim::point(Point::WorkerEffect(i), event.id).await;
                 let write = registers::apply_effect(&mut tx, ctx, effect).await?;
+                if let (Some(tie), None) = (write.tied_with, &source.reads) {
+                    notes.push(format!(
+                        "same-second tie with event {tie} resolved by status rank"
+                    ));
+                }
                 changes.push(write.change);
                 facts.extend(write.fact);
             }
@@ -370,14 +375,12 @@ async fn settle(
                 plan,
                 rank,
             } => {
-                let Some(tie) = registers::subscription_tie(conn, ctx, id).await? else {
+                // Without a provider read the status rank settles a tie: the write itself
+                // says whether there was one (apply_claimed), with no read before it.
+                let Some(reads) = &source.reads else {
                     continue;
                 };
-                let Some(reads) = &source.reads else {
-                    notes.push(format!(
-                        "same-second tie with event {} resolved by status rank",
-                        tie.event_id
-                    ));
+                let Some(tie) = registers::subscription_tie(conn, ctx, id).await? else {
                     continue;
                 };
                 let plan_key = plan.as_ref().map(|p| p.key.as_str());
