@@ -20,7 +20,8 @@ pub enum Point {
     WorkerLeaseChecked,
     /// Inside the worker's transaction: before the register write or grant numbered here.
     WorkerEffect(usize),
-    /// Inside the worker's transaction: the log line is written, the finish is not.
+    /// Inside the worker's transaction: the finish and the log line are written, the commit
+    /// is not.
     WorkerLogged,
     /// The worker's transaction is committed; the message is not acknowledged yet.
     WorkerCommitted,

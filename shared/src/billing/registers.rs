@@ -646,35 +646,6 @@ async fn delete_customer(
     })
 }
 
-/// Writes (or keeps) the account's log line for an event. A line that says `applied` stays:
-/// a replay that finds its work done does not rewrite history.
-pub async fn log_outcome(
-    conn: &mut PgConnection,
-    ctx: &EventContext<'_>,
-    outcome: &str,
-    reason: &str,
-) -> Result<(), sqlx::Error> {
-    sqlx::query!(
-        r#"
-        INSERT INTO account_log AS l (event_id, source, customer_id, event_type, occurred_at, outcome, reason)
-        VALUES ($1, $2, $3, $4, $5, $6, $7)
-        ON CONFLICT (event_id) DO UPDATE
-            SET outcome = EXCLUDED.outcome, reason = EXCLUDED.reason, logged_at = inbox_now()
-            WHERE l.outcome <> 'applied'
-        "#,
-        ctx.event_id,
-        ctx.source,
-        ctx.customer.as_str(),
-        ctx.event_type,
-        ctx.version.at.as_datetime(),
-        outcome,
-        reason,
-    )
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
 /// Another event's state of a subscription stamped with the same provider time as this one:
 /// a tie the status rank, or a provider read, has to settle.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -218,12 +218,6 @@ async fn apply_claimed(
         .sources
         .get(&event.source)
         .ok_or_else(|| WorkerError::UnknownSource(event.source.clone()))?;
-    let mut tx = conn.begin().await?;
-    if !lease::still_held(&mut tx, event).await? {
-        return Err(WorkerError::LeaseLost);
-    }
-    sim::point(Point::WorkerLeaseChecked, event.id).await;
-
     let provider = providers::provider(source.kind);
     let decision = match (&event.payload, event.occurred_at) {
         (Some(payload), Some(_)) => match provider.out_of_scope(payload, source.livemode) {
@@ -238,6 +232,21 @@ async fn apply_claimed(
         },
         _ => Decision::Unprocessable("the stored event has no parsed payload".into()),
     };
+    let mut tx = conn.begin().await?;
+    // The account's lock comes with the lease re-check when the event names its customer and
+    // its decision touches the account: one statement.
+    let mut locked = false;
+    let held = match (&event.customer, &decision, event.occurred_at) {
+        (Some(customer), Decision::Apply { .. } | Decision::Ignore(_), Some(_)) => {
+            locked = true;
+            lease::still_held_locking(&mut tx, event, customer).await?
+        }
+        _ => lease::still_held(&mut tx, event).await?,
+    };
+    if !held {
+        return Err(WorkerError::LeaseLost);
+    }
+    sim::point(Point::WorkerLeaseChecked, event.id).await;
     let mut customer = event.customer.clone();
     if customer.is_none() {
         // An event that only links a payment intent to an invoice names no customer (Stripe's
@@ -260,10 +269,8 @@ async fn apply_claimed(
     let (status, reason) = match (decision, &context) {
         (Decision::Unprocessable(reason), _) => (EventStatus::Unprocessable, reason),
         (Decision::Ignore(reason), ctx) => {
-            if let Some(ctx) = ctx {
+            if let (Some(ctx), false) = (ctx, locked) {
                 registers::lock_account(&mut tx, ctx.source, ctx.customer).await?;
-                registers::log_outcome(&mut tx, ctx, EventStatus::Ignored.as_str(), &reason)
-                    .await?;
             }
             (EventStatus::Ignored, reason)
         }
@@ -281,7 +288,9 @@ async fn apply_claimed(
             },
             Some(ctx),
         ) => {
-            registers::lock_account(&mut tx, ctx.source, ctx.customer).await?;
+            if !locked {
+                registers::lock_account(&mut tx, ctx.source, ctx.customer).await?;
+            }
             let period = Period::of(ctx.version.at);
             let plan_before = match &state.effects {
                 Some(_) => {
@@ -309,8 +318,6 @@ async fn apply_claimed(
                 facts.extend(write.fact);
             }
             let (status, reason) = outcome(&changes, &notes);
-            registers::log_outcome(&mut tx, ctx, status.as_str(), &reason).await?;
-            sim::point(Point::WorkerLogged, event.id).await;
             let made = changes.iter().any(|c| matches!(c, Change::Made(_)));
             if let (Some(plan_before), true) = (plan_before, made) {
                 let after =
@@ -330,7 +337,18 @@ async fn apply_claimed(
         }
     };
     state.fault(FaultPoint::BeforeCommit)?;
-    lease::finish(&mut tx, event.id, status, &reason).await?;
+    // An event about a known account is finished with its line in the account's log.
+    let log = match (&context, status) {
+        (Some(ctx), EventStatus::Applied | EventStatus::Ignored) => Some(lease::LogLine {
+            source: ctx.source,
+            customer: ctx.customer,
+            event_type: ctx.event_type,
+            occurred_at: ctx.version.at.as_datetime(),
+        }),
+        _ => None,
+    };
+    lease::finish(&mut tx, event.id, status, &reason, log).await?;
+    sim::point(Point::WorkerLogged, event.id).await;
     tx.commit().await?;
     tracing::info!(event_id = event.id, status = status.as_str(), reason = %reason, effects = written.len(), "event finished");
     Ok(Applied {

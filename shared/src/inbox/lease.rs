@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgConnection;
 
@@ -75,16 +76,65 @@ pub async fn still_held(conn: &mut PgConnection, event: &Claimed) -> Result<bool
     Ok(held.is_some())
 }
 
-/// Inside the worker's transaction: the event is final, with its reason.
+/// Inside the worker's transaction: [`still_held`], and when the lease holds, the account's
+/// lock (billing's `registers::lock_account`) in the same statement, for an event whose
+/// customer is known: one round trip instead of two (docs/design.md §8).
+pub async fn still_held_locking(
+    conn: &mut PgConnection,
+    event: &Claimed,
+    customer: &CustomerId,
+) -> Result<bool, sqlx::Error> {
+    let held = sqlx::query_scalar!(
+        r#"
+        WITH held AS (
+            SELECT id FROM inbox_events
+            WHERE id = $1 AND status = 'processing' AND attempts = $2 FOR UPDATE
+        ), locked AS (
+            INSERT INTO accounts (source, customer_id) SELECT $3, $4 FROM held
+            ON CONFLICT (source, customer_id) DO UPDATE SET customer_id = EXCLUDED.customer_id
+            RETURNING 1
+        )
+        SELECT EXISTS (SELECT 1 FROM held) AND EXISTS (SELECT 1 FROM locked) AS "held!"
+        "#,
+        event.id,
+        event.attempts,
+        event.source,
+        customer.as_str(),
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(held)
+}
+
+/// The account's log line an event's finish writes with it (billing's `account_log`).
+#[derive(Debug, Clone, Copy)]
+pub struct LogLine<'a> {
+    pub source: &'a str,
+    pub customer: &'a CustomerId,
+    pub event_type: &'a str,
+    pub occurred_at: DateTime<Utc>,
+}
+
+/// Inside the worker's transaction: the event is final, with its reason, and the account's
+/// log line says so, in one statement. A line that says `applied` stays: a replay that finds
+/// its work done does not rewrite history.
 pub async fn finish(
     conn: &mut PgConnection,
     event_id: i64,
     status: EventStatus,
     reason: &str,
+    log: Option<LogLine<'_>>,
 ) -> Result<(), sqlx::Error> {
     debug_assert!(status.is_final());
     sqlx::query!(
         r#"
+        WITH logged AS (
+            INSERT INTO account_log AS l (event_id, source, customer_id, event_type, occurred_at, outcome, reason)
+            SELECT $1, $4, $5, $6, $7, $2, $3 WHERE $4::text IS NOT NULL
+            ON CONFLICT (event_id) DO UPDATE
+                SET outcome = EXCLUDED.outcome, reason = EXCLUDED.reason, logged_at = inbox_now()
+                WHERE l.outcome <> 'applied'
+        )
         UPDATE inbox_events
         SET status = $2, reason = $3, processed_at = inbox_now(), locked_until = NULL,
             next_attempt_at = NULL, last_error = NULL
@@ -93,6 +143,10 @@ pub async fn finish(
         event_id,
         status.as_str(),
         reason,
+        log.map(|l| l.source),
+        log.map(|l| l.customer.as_str()),
+        log.map(|l| l.event_type),
+        log.map(|l| l.occurred_at),
     )
     .execute(conn)
     .await?;
