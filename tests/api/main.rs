@@ -4,6 +4,7 @@
 
 mod cli;
 mod corpus;
+mod effects_dispatch;
 mod fuzz;
 mod helpers;
 mod intake;
