@@ -8,6 +8,7 @@ macro_rules! out {
 
 mod bench;
 mod dev;
+mod listen;
 mod scenario;
 mod send;
 mod show;
@@ -91,6 +92,8 @@ enum Command {
     /// Play the AWS event source mapping and schedule for the local stack: long-poll the
     /// queue and invoke the worker, and invoke the scheduler on an interval.
     Dev(dev::DevArgs),
+    /// Receive effects locally as the app would: verify each signature, print each effect.
+    Listen(listen::ListenArgs),
 }
 
 #[tokio::main]
@@ -184,6 +187,7 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
         }
         Command::Send(args) => send::run(args, cli.json).await,
         Command::Dev(args) => dev::run(args).await,
+        Command::Listen(args) => listen::run(args, cli.json).await,
         Command::Bench(args) => {
             let server = cli
                 .database_url
