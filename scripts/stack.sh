@@ -5,7 +5,8 @@
 # Source it, then call the functions:
 #
 #   source scripts/stack.sh
-#   stack_env        # export DATABASE_URL, QUEUE_URL, AWS_*, INBOX_* (caller's values win)
+#   stack_env        # export DATABASE_URL, QUEUE_URL, EFFECTS_QUEUE_URL, AWS_*, INBOX_* (caller's values win)
+#   stack_effects_env  # effects on: INBOX_EFFECTS, a webhook sink at the local `inboxctl listen`
 #   ensure_services  # install what is missing, start what is not running
 #   stop_sqs; stop_aws; stop_postgres
 #
@@ -32,6 +33,8 @@ STACK_PG_VERSION=15
 STACK_PG_BIN="/usr/lib/postgresql/${STACK_PG_VERSION}/bin"
 STACK_PG_DB=billing_inbox
 STACK_QUEUE_NAME=billing-inbox
+# the queue of effect ids, from the worker to the dispatcher
+STACK_EFFECTS_QUEUE_NAME=billing-inbox-effects
 # the account id in queue URLs (moto's default, and what serve.js sets)
 STACK_SQS_ACCOUNT=123456789012
 
@@ -79,6 +82,10 @@ stack_env() {
   # exactly what the SQS server answers to CreateQueue (see ensure_sqs)
   : "${QUEUE_URL:=http://127.0.0.1:${INBOX_SQS_PORT}/${STACK_SQS_ACCOUNT}/${STACK_QUEUE_NAME}}"
   export QUEUE_URL
+  : "${EFFECTS_QUEUE_URL:=http://127.0.0.1:${INBOX_SQS_PORT}/${STACK_SQS_ACCOUNT}/${STACK_EFFECTS_QUEUE_NAME}}"
+  export EFFECTS_QUEUE_URL
+  : "${INBOX_LISTEN_PORT:=61920}"
+  export INBOX_LISTEN_PORT
 
   # development sources and plans (the secrets are dev-only values)
   local dev_sources dev_plans
@@ -93,6 +100,20 @@ stack_env() {
   : "${INBOX_DEV_KINDE_KEY:=$ROOT/.dev/kinde/key.pem}"
   : "${INBOX_DEV_KINDE_KID:=dev-key}"
   export INBOX_DEV_KINDE_KEY INBOX_DEV_KINDE_KID
+}
+
+# stack_effects_env: turn effects on (export INBOX_EFFECTS, caller's value wins): one webhook
+# sink pointing at the local receiver (`inboxctl listen` on INBOX_LISTEN_PORT, which
+# scripts/dev starts), signed with a dev-only secret. Separate from stack_env so that tests,
+# benchmarks and e2e runs keep effects off unless they ask.
+# shellcheck disable=SC2089,SC2090
+stack_effects_env() {
+  : "${INBOX_LISTEN_PORT:=61920}"
+  export INBOX_LISTEN_PORT
+  local dev_effects
+  dev_effects='[{"name":"app","kind":"webhook","url":"http://127.0.0.1:'"$INBOX_LISTEN_PORT"'/billing-events","secret":"whsec_YmlsbGluZy1pbmJveC1kZXYtZWZmZWN0cy1rZXktMDE="}]'
+  [ -n "${INBOX_EFFECTS:-}" ] || INBOX_EFFECTS="$dev_effects"
+  export INBOX_EFFECTS
 }
 
 # --- installing -------------------------------------------------------------
@@ -458,11 +479,17 @@ ensure_sqs() {
     STACK_STARTED_SQS=1
   fi
 
-  # CreateQueue with the same attributes is idempotent. The server keeps queues
-  # in memory, so this also recreates the queue after a restart.
-  local body url
-  body="$(_stack_sqs_call CreateQueue "{\"QueueName\":\"$STACK_QUEUE_NAME\",\"Attributes\":{\"VisibilityTimeout\":\"180\"}}")" || {
-    _stack_err "sqs: CreateQueue $STACK_QUEUE_NAME failed: $body"
+  _stack_create_queue "$STACK_QUEUE_NAME" "${QUEUE_URL:-}" QUEUE_URL || return 1
+  _stack_create_queue "$STACK_EFFECTS_QUEUE_NAME" "${EFFECTS_QUEUE_URL:-}" EFFECTS_QUEUE_URL || return 1
+}
+
+# Creates queue $1 on the SQS server; warns when its URL is not $2 (the variable $3).
+# CreateQueue with the same attributes is idempotent. The server keeps queues in memory, so
+# this also recreates the queue after a restart.
+_stack_create_queue() {
+  local name="$1" expected="$2" var="$3" body url
+  body="$(_stack_sqs_call CreateQueue "{\"QueueName\":\"$name\",\"Attributes\":{\"VisibilityTimeout\":\"180\"}}")" || {
+    _stack_err "sqs: CreateQueue $name failed: $body"
     return 1
   }
   url="$(printf '%s' "$body" | sed -n 's/.*"QueueUrl": *"\([^"]*\)".*/\1/p')"
@@ -470,8 +497,8 @@ ensure_sqs() {
     _stack_err "sqs: unexpected CreateQueue answer: $body"
     return 1
   fi
-  if [ -n "${QUEUE_URL:-}" ] && [ "$QUEUE_URL" != "$url" ]; then
-    _stack_log "sqs: warning: QUEUE_URL=$QUEUE_URL but the server's queue is $url"
+  if [ -n "$expected" ] && [ "$expected" != "$url" ]; then
+    _stack_log "sqs: warning: $var=$expected but the server's queue is $url"
   fi
   _stack_log "sqs: queue ready at $url"
 }

@@ -29,6 +29,9 @@ pub struct DevArgs {
     /// The queue the intake sends to.
     #[arg(long, env = "QUEUE_URL")]
     pub queue_url: String,
+    /// The effects queue the worker sends to; when set, it is bridged to the dispatcher.
+    #[arg(long, env = "EFFECTS_QUEUE_URL")]
+    pub effects_queue_url: Option<String>,
     /// Seconds between scheduler runs (0: never).
     #[arg(long, default_value_t = 60)]
     pub tick_secs: u64,
@@ -257,28 +260,14 @@ pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
         "dev: bridging {} -> worker at {}; scheduler every {} s (Ctrl-C stops)",
         args.queue_url, args.invoke_url, args.tick_secs
     );
-    let bridge = async {
-        loop {
-            let invoke = |event| {
-                let invoker = &invoker;
-                async move {
-                    let value = invoker.invoke("worker", &event).await?;
-                    serde_json::from_value(value).context("reading the worker's SqsBatchResponse")
-                }
-            };
-            match bridge::pump_once(&sqs, &args.queue_url, 10, invoke).await {
-                Ok(r) if r.received > 0 => {
-                    eprintln!(
-                        "bridge: {} message(s), {} done, {} left for redelivery",
-                        r.received, r.deleted, r.failed
-                    )
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    eprintln!("bridge: {e:#}");
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                }
-            }
+    if let Some(effects) = &args.effects_queue_url {
+        eprintln!("dev: bridging {effects} -> dispatcher");
+    }
+    let bridge = bridge_loop(&sqs, &args.queue_url, "worker", &invoker);
+    let effects_bridge = async {
+        match &args.effects_queue_url {
+            Some(url) => bridge_loop(&sqs, url, "dispatcher", &invoker).await,
+            None => std::future::pending().await,
         }
     };
     let ticker = async {
@@ -319,6 +308,7 @@ pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
         .context("listening for SIGTERM")?;
     let outcome = tokio::select! {
         _ = bridge => Ok(()),
+        _ = effects_bridge => Ok(()),
         _ = ticker => Ok(()),
         stopped = watchdog => stopped,
         _ = terminate.recv() => {
@@ -333,6 +323,36 @@ pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
     };
     functions.stop().await;
     outcome
+}
+
+/// Plays one SQS event source mapping for ever: long-polls `queue_url` and invokes
+/// `function` with each batch; what it reports as failed stays for redelivery.
+async fn bridge_loop(
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    function: &str,
+    invoker: &Invoker<'_>,
+) {
+    loop {
+        let invoke = |event| async move {
+            let value = invoker.invoke(function, &event).await?;
+            serde_json::from_value(value)
+                .with_context(|| format!("reading the {function}'s SqsBatchResponse"))
+        };
+        match bridge::pump_once(sqs, queue_url, 10, invoke).await {
+            Ok(r) if r.received > 0 => {
+                eprintln!(
+                    "bridge: {} message(s) -> {function}, {} done, {} left for redelivery",
+                    r.received, r.deleted, r.failed
+                )
+            }
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("bridge ({function}): {e:#}");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ macro_rules! out {
 mod bench;
 mod dev;
 mod effects;
+mod listen;
 mod scenario;
 mod send;
 mod show;
@@ -97,6 +98,8 @@ enum Command {
     /// Play the AWS event source mapping and schedule for the local stack: long-poll the
     /// queue and invoke the worker, and invoke the scheduler on an interval.
     Dev(dev::DevArgs),
+    /// Receive effects locally as the app would: verify each signature, print each effect.
+    Listen(listen::ListenArgs),
 }
 
 #[tokio::main]
@@ -192,6 +195,7 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
         Command::Effect { id } => effects::show(&connect(cli).await?, id, cli.json).await,
         Command::Send(args) => send::run(args, cli.json).await,
         Command::Dev(args) => dev::run(args).await,
+        Command::Listen(args) => listen::run(args, cli.json).await,
         Command::Bench(args) => {
             let server = cli
                 .database_url

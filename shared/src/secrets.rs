@@ -1,11 +1,13 @@
 //! Sources' secrets from AWS Secrets Manager (docs/design.md §5.3): a source names its secret
 //! with `secret_id`, a JSON object `{"secrets": ["whsec_…"], "api_key": "…"}`, read once per
 //! cold start. Each function takes only what it uses: the intake the signing secrets, the
-//! scheduler and the worker the API key. Errors name the source and the field, never a value.
+//! scheduler and the worker the API key. A webhook sink of effects names its signing secret
+//! the same way (`{"secret": "whsec_…"}`, read by the dispatcher). Errors name the source or
+//! sink and the field, never a value.
 
 use serde::Deserialize;
 
-use crate::config::{ConfigError, SourceConfig, SOURCES_VAR};
+use crate::config::{ConfigError, SinkConfig, SourceConfig, EFFECTS_VAR, SOURCES_VAR};
 
 /// What a source's secret holds.
 #[derive(Default, Deserialize)]
@@ -111,4 +113,70 @@ async fn read(
             ),
         )
     })
+}
+
+/// What a webhook sink's secret holds: its signing secret.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SinkSecret {
+    secret: String,
+}
+
+/// The sinks with each `secret_id` read into `secret` (the dispatcher, once per cold start).
+/// A secret that cannot be read, parsed or decoded is a configuration error naming the sink,
+/// never the value: the dispatcher cannot sign without it.
+pub async fn resolve_sinks(sinks: &[SinkConfig]) -> Result<Vec<SinkConfig>, ConfigError> {
+    let client = match sinks.iter().any(|s| s.secret_id.is_some()) {
+        true => Some(client().await),
+        false => None,
+    };
+    let mut resolved = Vec::with_capacity(sinks.len());
+    for sink in sinks {
+        let mut sink = sink.clone();
+        if let (Some(id), Some(client), None) = (&sink.secret_id, &client, &sink.secret) {
+            let field = || format!("sink '{}': secret_id", sink.name);
+            let text = read_text(client, id)
+                .await
+                .map_err(|detail| ConfigError::at(EFFECTS_VAR, field(), detail))?;
+            let secret: SinkSecret = serde_json::from_str(&text).map_err(|e| {
+                ConfigError::at(
+                    EFFECTS_VAR,
+                    field(),
+                    format!(
+                        "the secret '{id}' is not {{\"secret\": \"whsec_...\"}} (line {}, column {})",
+                        e.line(),
+                        e.column()
+                    ),
+                )
+            })?;
+            crate::providers::standard_webhooks::decode_secret(
+                &secret.secret,
+                crate::config::SecretEncoding::Base64,
+            )
+            .map_err(|detail| {
+                ConfigError::at(EFFECTS_VAR, field(), format!("the secret '{id}': {detail}"))
+            })?;
+            sink.secret = Some(secret.secret);
+        }
+        resolved.push(sink);
+    }
+    Ok(resolved)
+}
+
+/// A secret's text; the error says why not, without any value.
+async fn read_text(client: &aws_sdk_secretsmanager::Client, id: &str) -> Result<String, String> {
+    use aws_sdk_secretsmanager::error::ProvideErrorMetadata;
+    let answer = client
+        .get_secret_value()
+        .secret_id(id)
+        .send()
+        .await
+        .map_err(|e| {
+            let code = e.code().unwrap_or("no answer");
+            format!("the secret '{id}' could not be read ({code})")
+        })?;
+    answer
+        .secret_string()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("the secret '{id}' holds no text"))
 }

@@ -306,3 +306,80 @@ async fn sent_effects_are_purged_after_the_retention_and_the_others_kept(pool: P
     assert_eq!(report.effect_alerts.dead_total, 1);
     assert_eq!(report.effect_alerts.pending, 1);
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_app_is_told_once_however_often_the_provider_and_the_operator_repeat(pool: PgPool) {
+    use shared::dev::listen::Listener;
+    use shared::handlers::dispatcher::{self, DispatcherState};
+
+    let (app, effects_queue) = polar_app(pool).await;
+    // The app's endpoint: a real HTTP server that verifies each signature.
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let key = shared::providers::standard_webhooks::decode_secret(
+        secret,
+        shared::config::SecretEncoding::Base64,
+    )
+    .unwrap();
+    let endpoint = Listener::start(([127, 0, 0, 1], 0).into(), vec![key])
+        .await
+        .unwrap();
+    let sinks = shared::config::parse_sinks(
+        &serde_json::json!([{"name": "app", "kind": "webhook", "url": endpoint.url(), "secret": secret}])
+            .to_string(),
+    )
+    .unwrap();
+    let dispatcher = DispatcherState::new(
+        app.pool.clone(),
+        shared::effects::sinks::Sinks::from_config(&sinks).unwrap(),
+    );
+    let dispatch = || async {
+        loop {
+            let report =
+                shared::dev::bridge::pump_once(&app.sqs, &effects_queue, 0, |event| async {
+                    Ok(dispatcher::handle_batch(&dispatcher, event).await)
+                })
+                .await
+                .unwrap();
+            if report.received == 0 {
+                return;
+            }
+        }
+    };
+
+    // The provider delivers the same webhook three times; an operator replays it three times.
+    let active = polar("subscription.active");
+    for _ in 0..3 {
+        app.post("polar", &polar_delivery("msg_active", &active))
+            .await;
+        app.run_worker().await;
+        dispatch().await;
+    }
+    let event_id = app.event_id("polar", "msg_active").await;
+    for _ in 0..3 {
+        shared::inbox::replay::replay(&app.pool, &app.state.queue, &[event_id])
+            .await
+            .unwrap();
+        app.run_worker().await;
+        dispatch().await;
+    }
+
+    assert_eq!(app.count("SELECT count(*) FROM subscriptions").await, 1);
+    let effects = app.effects().await;
+    let updates: Vec<&EffectRow> = effects
+        .iter()
+        .filter(|e| e.kind == "billing.subscription_updated")
+        .collect();
+    assert_eq!(updates.len(), 1);
+    assert_eq!(
+        endpoint.count(&updates[0].id),
+        1,
+        "received and verified once"
+    );
+    assert_eq!(endpoint.refused(), 0);
+    assert_eq!(
+        endpoint.received().len(),
+        3,
+        "one request per effect, no more"
+    );
+    assert!(effects.iter().all(|e| e.status == "sent"));
+}

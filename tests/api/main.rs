@@ -5,6 +5,7 @@
 mod cli;
 mod corpus;
 mod effects;
+mod effects_dispatch;
 mod fuzz;
 mod helpers;
 mod intake;

@@ -4,3 +4,4 @@
 //! (`providers::<name>::fixtures`, `providers::fixtures`).
 
 pub mod bridge;
+pub mod listen;

@@ -7,6 +7,7 @@
 //! that moved it, or the ledger entry — so the same change always has the same id.
 
 pub mod outbox;
+pub mod sinks;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{json, Value};

@@ -3,6 +3,7 @@
 //! billing rule lives here (docs/design.md §2). The function crates under `functions/` only
 //! build their state once and call these.
 
+pub mod dispatcher;
 pub mod intake;
 pub mod scheduler;
 pub mod worker;

@@ -1,25 +1,19 @@
 //! Standard Webhooks (Polar) deliveries for development: payloads shaped like Polar's, signed
 //! with `webhook-id`, `webhook-timestamp` and `webhook-signature: v1,<base64>`.
 
-use base64::engine::general_purpose::STANDARD as BASE64;
-use base64::Engine;
 use chrono::Utc;
 use serde_json::{json, Value};
 
 use crate::config::{SecretEncoding, SourceConfig};
 use crate::providers::fixtures::{
-    hmac_sha256, random_id, unknown_kind, Fixtures, KindeKey, SignedDelivery, Spec,
+    random_id, unknown_kind, Fixtures, KindeKey, SignedDelivery, Spec,
 };
 
 pub struct StandardFixtures;
 
 const KINDS: &[&str] = &["subscription", "revoked", "order-paid", "order-refunded"];
 
-/// The `webhook-signature` header value (one `v1,` signature) for a Standard Webhooks message.
-pub fn signature(key: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
-    let signed = [format!("{id}.{timestamp}.").as_bytes(), body].concat();
-    format!("v1,{}", BASE64.encode(hmac_sha256(key, &signed)))
-}
+pub use super::signature;
 
 impl Fixtures for StandardFixtures {
     fn kinds(&self) -> &'static [&'static str] {

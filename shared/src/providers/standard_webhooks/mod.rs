@@ -8,6 +8,7 @@ mod api;
 mod decide;
 #[cfg(any(test, feature = "dev"))]
 pub mod fixtures;
+mod sign;
 mod verify;
 
 use std::time::Duration;
@@ -15,6 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 pub use api::{PolarReads, PolarSubscriptions};
+pub use sign::signature;
 pub use verify::{
     decode_secret, parse_event, StandardVerifier, ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };

@@ -1,0 +1,264 @@
+//! A local receiver of effects, as the app would run one (`inboxctl listen`, and the tests'
+//! endpoint): verifies each request's Standard Webhooks signature, answers 204 (401 with the
+//! reason when the signature fails), and keeps what it received by `webhook-id`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use crate::providers::standard_webhooks::{StandardVerifier, ID_HEADER};
+use crate::providers::CheckNow;
+
+/// The port `inboxctl listen` takes by default (scripts/dev points the webhook sink at it).
+pub const DEFAULT_PORT: u16 = 61920;
+/// The signature timestamp tolerance, as an app would set it.
+pub const TOLERANCE: Duration = Duration::from_secs(300);
+/// The largest body accepted.
+const MAX_BODY: usize = 1 << 20;
+
+/// One verified delivery.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub webhook_id: String,
+    /// The body as received, byte for byte.
+    pub raw: Bytes,
+    /// The body as JSON (`Null` when it is not).
+    pub body: Value,
+}
+
+/// What the receiver heard, in order, for a caller that prints it.
+#[derive(Debug, Clone)]
+pub enum Heard {
+    Effect(Received),
+    /// A request refused, and why (e.g. a signature that does not match).
+    Refused {
+        status: StatusCode,
+        reason: String,
+    },
+}
+
+struct Shared {
+    verifier: StandardVerifier,
+    received: Mutex<Vec<Received>>,
+    refused: AtomicUsize,
+    /// Answer every verified request with this status instead of 204 (an app that fails).
+    answer: Mutex<Option<StatusCode>>,
+    heard: Option<mpsc::UnboundedSender<Heard>>,
+}
+
+/// A running receiver; it stops when dropped.
+pub struct Listener {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Listener {
+    /// Listens on `addr` (port 0: any free port), verifying with any of `keys`.
+    pub async fn start(addr: SocketAddr, keys: Vec<Vec<u8>>) -> std::io::Result<Self> {
+        Self::start_with(addr, keys, None).await
+    }
+
+    /// As [`Listener::start`], and tells `heard` of every request, in order.
+    pub async fn start_with(
+        addr: SocketAddr,
+        keys: Vec<Vec<u8>>,
+        heard: Option<mpsc::UnboundedSender<Heard>>,
+    ) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            verifier: StandardVerifier::new(keys, TOLERANCE),
+            received: Mutex::new(Vec::new()),
+            refused: AtomicUsize::new(0),
+            answer: Mutex::new(None),
+            heard,
+        });
+        let task = tokio::spawn(serve(listener, shared.clone()));
+        Ok(Self { addr, shared, task })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The URL a webhook sink points at.
+    pub fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+
+    /// Every verified delivery so far, in order of arrival.
+    pub fn received(&self) -> Vec<Received> {
+        lock(&self.shared.received).clone()
+    }
+
+    /// How many verified deliveries carried this `webhook-id`.
+    pub fn count(&self, webhook_id: &str) -> usize {
+        lock(&self.shared.received)
+            .iter()
+            .filter(|r| r.webhook_id == webhook_id)
+            .count()
+    }
+
+    /// How many requests were refused (bad signature, not a POST, too large).
+    pub fn refused(&self) -> usize {
+        self.shared.refused.load(Ordering::SeqCst)
+    }
+
+    /// From now on, answer verified requests with `status` and keep nothing (an app whose
+    /// handler fails); `None`: back to 204.
+    pub fn answer_with(&self, status: Option<StatusCode>) {
+        *lock(&self.shared.answer) = status;
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                tracing::warn!(error = %error, "listen: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(handle(&shared, request).await) }
+            });
+            if let Err(error) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(error = %error, "listen: connection ended");
+            }
+        });
+    }
+}
+
+async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let (status, reason) = match receive(shared, request).await {
+        Ok(received) => {
+            let failing = *lock(&shared.answer);
+            if let Some(status) = failing {
+                return answer(status, "the app's handler failed");
+            }
+            lock(&shared.received).push(received.clone());
+            if let Some(heard) = &shared.heard {
+                let _ = heard.send(Heard::Effect(received));
+            }
+            return answer(StatusCode::NO_CONTENT, "");
+        }
+        Err(refusal) => refusal,
+    };
+    shared.refused.fetch_add(1, Ordering::SeqCst);
+    if let Some(heard) = &shared.heard {
+        let _ = heard.send(Heard::Refused {
+            status,
+            reason: reason.clone(),
+        });
+    }
+    answer(status, &reason)
+}
+
+/// Reads and verifies one request; a refusal is its status and reason.
+async fn receive(
+    shared: &Shared,
+    request: Request<Incoming>,
+) -> Result<Received, (StatusCode, String)> {
+    if request.method() != Method::POST {
+        return Err((
+            StatusCode::METHOD_NOT_ALLOWED,
+            "effects arrive by POST".into(),
+        ));
+    }
+    let (parts, body) = request.into_parts();
+    let raw = Limited::new(body, MAX_BODY)
+        .collect()
+        .await
+        .map_err(|_| {
+            (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the body could not be read (over 1 MiB?)".to_owned(),
+            )
+        })?
+        .to_bytes();
+    shared
+        .verifier
+        .check(&parts.headers, &raw, chrono::Utc::now())
+        .map_err(|e| (StatusCode::UNAUTHORIZED, e.to_string()))?;
+    let webhook_id = parts
+        .headers
+        .get(ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let body = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+    Ok(Received {
+        webhook_id,
+        raw,
+        body,
+    })
+}
+
+fn answer(status: StatusCode, reason: &str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(reason.to_owned())));
+    *response.status_mut() = status;
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::standard_webhooks::signature;
+
+    #[tokio::test]
+    async fn a_signed_request_is_kept_and_a_forged_one_refused_with_its_reason() {
+        let listener = Listener::start(([127, 0, 0, 1], 0).into(), vec![b"key".to_vec()])
+            .await
+            .unwrap();
+        let http = reqwest::Client::new();
+        let body = br#"{"id":"eff_1","type":"billing.plan_changed"}"#;
+        let now = chrono::Utc::now().timestamp();
+        let post = |sig: String| {
+            http.post(listener.url())
+                .header("webhook-id", "eff_1")
+                .header("webhook-timestamp", now.to_string())
+                .header("webhook-signature", sig)
+                .body(body.to_vec())
+                .send()
+        };
+
+        let good = post(signature(b"key", "eff_1", now, body)).await.unwrap();
+        let forged = post(signature(b"other", "eff_1", now, body)).await.unwrap();
+
+        assert_eq!(good.status(), StatusCode::NO_CONTENT);
+        assert_eq!(forged.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(forged.text().await.unwrap(), "signature does not match");
+        assert_eq!(listener.count("eff_1"), 1);
+        assert_eq!(listener.refused(), 1);
+        assert_eq!(listener.received()[0].body["type"], "billing.plan_changed");
+    }
+}

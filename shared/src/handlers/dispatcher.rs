@@ -1,0 +1,221 @@
+//! The dispatcher function's handler: each SQS message names one effect; claim it under a
+//! hold, deliver it to every configured sink that does not have it yet, record what landed
+//! (docs/design.md §4, effects). A delivery that failed is retried on the outbox's schedule
+//! (the scheduler's rescue enqueues due effects again); only a database that cannot be
+//! reached is reported back to SQS.
+
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
+use sqlx::PgPool;
+
+use crate::config::DispatcherConfig;
+use crate::effects::outbox::{self, Attempt, EffectStatus, DISPATCH_LEASE};
+use crate::effects::sinks::{Outgoing, Sinks};
+use crate::inbox::RETRY_DELAYS;
+
+#[cfg(feature = "dev")]
+pub use faults::Faults;
+
+pub struct DispatcherState {
+    pub pool: PgPool,
+    pub sinks: Sinks,
+    pub lease: Duration,
+    pub retry_delays: Vec<Duration>,
+    /// Injected faults, for tests that prove a crash between send and record loses nothing.
+    #[cfg(feature = "dev")]
+    pub faults: Faults,
+}
+
+impl DispatcherState {
+    pub fn new(pool: PgPool, sinks: Sinks) -> Self {
+        Self {
+            pool,
+            sinks,
+            lease: DISPATCH_LEASE,
+            retry_delays: RETRY_DELAYS.to_vec(),
+            #[cfg(feature = "dev")]
+            faults: Faults::default(),
+        }
+    }
+
+    /// Builds the pool and the sinks, reading their signing secrets from Secrets Manager.
+    pub async fn from_config(
+        config: &DispatcherConfig,
+        max_connections: u32,
+    ) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let pool =
+            crate::db::lazy_pool(&config.database_url, max_connections).context("DATABASE_URL")?;
+        let sinks = Sinks::resolve(&config.effects.sinks).await?;
+        Ok(Self::new(pool, sinks))
+    }
+
+    /// Whether a crash is injected at this point (never, without the `dev` feature).
+    fn crashes_at(&self, _point: FaultPoint) -> bool {
+        #[cfg(feature = "dev")]
+        if self.faults.hit(_point) {
+            return true;
+        }
+        false
+    }
+}
+
+/// What became of one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dispatched {
+    /// Every sink has the effect now.
+    Sent,
+    /// Some sink failed: retried later (`pending`), or not any more (`dead`).
+    Failed { status: EffectStatus, error: String },
+    /// Nothing to do: the effect is sent or dead, held by another dispatcher, not due, or gone.
+    Skipped,
+    /// The attempt ended between the sends and the record (an injected crash): the hold
+    /// expires and the effect is delivered again, with the same `webhook-id`.
+    Crashed,
+}
+
+/// Delivers one effect. An error means the database could not be reached; every delivery
+/// failure is recorded on the effect.
+#[tracing::instrument(skip_all, fields(effect_id = id))]
+pub async fn dispatch(state: &DispatcherState, id: &str) -> Result<Dispatched, sqlx::Error> {
+    let Some(effect) = outbox::claim(&state.pool, id, state.lease).await? else {
+        return Ok(Dispatched::Skipped);
+    };
+    // Serialized once: the bytes signed are the bytes every sink receives.
+    let body = serde_json::to_vec(&effect.body).unwrap_or_default();
+    let outgoing = Outgoing {
+        id: &effect.id,
+        kind: &effect.kind,
+        body: &body,
+    };
+    let mut sent_to = effect.sent_to.clone();
+    let mut errors = Vec::new();
+    for sink in state.sinks.iter() {
+        if sent_to.iter().any(|name| name == &sink.name) {
+            continue;
+        }
+        match state.sinks.deliver(sink, outgoing).await {
+            Ok(()) => {
+                tracing::info!(effect_id = %effect.id, sink = %sink.name, "effect delivered");
+                sent_to.push(sink.name.clone());
+            }
+            Err(error) => errors.push(error.to_string()),
+        }
+    }
+    if state.crashes_at(FaultPoint::AfterSendBeforeRecord) {
+        tracing::warn!(effect_id = %effect.id, "injected crash after the sends, before the record");
+        return Ok(Dispatched::Crashed);
+    }
+    let complete = state
+        .sinks
+        .iter()
+        .all(|sink| sent_to.iter().any(|name| name == &sink.name));
+    let error = (!errors.is_empty()).then(|| errors.join("; "));
+    let attempt = Attempt {
+        sent_to,
+        complete,
+        error: error.clone(),
+    };
+    let status = outbox::record(&state.pool, &effect, &attempt, &state.retry_delays).await?;
+    Ok(match (status, error) {
+        (EffectStatus::Sent, _) => Dispatched::Sent,
+        (status, error) => Dispatched::Failed {
+            status,
+            error: error.unwrap_or_default(),
+        },
+    })
+}
+
+/// Handles an SQS batch: every message names one effect. Only messages whose effect could
+/// not be reached in the database (or whose attempt crashed) are reported, so SQS delivers
+/// them again; a delivery failure is the outbox's to retry.
+pub async fn handle_batch(state: &DispatcherState, event: SqsEvent) -> SqsBatchResponse {
+    let mut response = SqsBatchResponse::default();
+    for message in event.records {
+        let Some(message_id) = message.message_id.clone() else {
+            continue;
+        };
+        let Some(id) = message.body.as_deref().and_then(parse_effect_id) else {
+            // Not ours to retry: a body that is not an effect id never will be.
+            tracing::error!(message_id, "message body is not an effect id; dropping it");
+            continue;
+        };
+        let retry = match dispatch(state, id).await {
+            Ok(Dispatched::Crashed) => true,
+            Ok(_) => false,
+            Err(error) => {
+                tracing::error!(effect_id = id, error = %error, "database unavailable; the message will be delivered again");
+                true
+            }
+        };
+        if retry {
+            let mut failure = BatchItemFailure::default();
+            failure.item_identifier = message_id;
+            response.batch_item_failures.push(failure);
+        }
+    }
+    response
+}
+
+/// An effect id as a message carries it: `eff_` and 32 hex digits.
+pub fn parse_effect_id(body: &str) -> Option<&str> {
+    let id = body.trim();
+    let hex = id.strip_prefix("eff_")?;
+    (hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
+}
+
+/// Where a fault can be injected, to prove that a crash at that point loses nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FaultPoint {
+    /// After the sinks were sent to, before the attempt is recorded.
+    AfterSendBeforeRecord,
+}
+
+#[cfg(feature = "dev")]
+mod faults {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use super::FaultPoint;
+
+    /// Injected faults: how many more attempts crash at each point. Each dispatcher state
+    /// has its own, so tests that run side by side do not see each other's.
+    #[derive(Debug, Default)]
+    pub struct Faults(Mutex<HashMap<FaultPoint, u32>>);
+
+    impl Faults {
+        /// The next `times` attempts end at `point` without going further, as a crash would.
+        pub fn crash(&self, point: FaultPoint, times: u32) {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(point, times);
+        }
+
+        pub(super) fn hit(&self, point: FaultPoint) -> bool {
+            let mut faults = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            match faults.get_mut(&point) {
+                Some(left) if *left > 0 => {
+                    *left -= 1;
+                    true
+                }
+                _ => false,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_names_an_effect_by_its_id() {
+        let id = "eff_0123456789abcdef0123456789abcdef";
+        assert_eq!(parse_effect_id(id), Some(id));
+        assert_eq!(parse_effect_id(&format!(" {id}\n")), Some(id));
+        assert_eq!(parse_effect_id("42"), None);
+        assert_eq!(parse_effect_id("eff_xyz"), None);
+    }
+}
