@@ -1,4 +1,4 @@
-//! The dispatcher (docs/design.md §4, effects): effects written by the outbox, named on a
+//! The dispatcher (docs/design.md §11): effects written by the outbox, named on a
 //! real SQS-compatible queue, delivered by `handle_batch` to a real HTTP receiver that
 //! verifies each Standard Webhooks signature (`shared::dev::listen`), and to an EventBridge
 //! bus on the local AWS server. Retries run with zero waits, so nothing sleeps.

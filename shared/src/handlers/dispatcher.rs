@@ -1,6 +1,6 @@
 //! The dispatcher function's handler: each SQS message names one effect; claim it under a
 //! hold, deliver it to every configured sink that does not have it yet, record what landed
-//! (docs/design.md §4, effects). A delivery that failed is retried on the outbox's schedule
+//! (docs/design.md §11). A delivery that failed is retried on the outbox's schedule
 //! (the scheduler's rescue enqueues due effects again); only a database that cannot be
 //! reached is reported back to SQS.
 
