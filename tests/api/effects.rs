@@ -27,6 +27,16 @@ async fn polar_app(pool: PgPool) -> (TestApp, String) {
     (app, effects_queue)
 }
 
+/// Polar's `subscription.active` delivered (as `msg_active`) and worked.
+async fn deliver_active(app: &TestApp) {
+    app.post(
+        "polar",
+        &polar_delivery("msg_active", &polar("subscription.active")),
+    )
+    .await;
+    app.run_worker().await;
+}
+
 fn kinds(effects: &[EffectRow]) -> Vec<&str> {
     effects.iter().map(|e| e.kind.as_str()).collect()
 }
@@ -99,12 +109,7 @@ async fn a_worker_crash_before_commit_writes_no_effect(pool: PgPool) {
     app.worker
         .faults
         .set(FaultPoint::BeforeCommit, FaultAction::Fail(1));
-    app.post(
-        "polar",
-        &polar_delivery("msg_active", &polar("subscription.active")),
-    )
-    .await;
-    app.run_worker().await;
+    deliver_active(&app).await;
     let event = app.event(app.event_id("polar", "msg_active").await).await;
     assert_eq!(event.status, "failed");
     assert!(
@@ -120,12 +125,7 @@ async fn a_worker_crash_before_commit_writes_no_effect(pool: PgPool) {
     );
 
     // The retry applies the event, and its effects are written then, once.
-    app.post(
-        "polar",
-        &polar_delivery("msg_active", &polar("subscription.active")),
-    )
-    .await;
-    app.run_worker().await;
+    deliver_active(&app).await;
     let effects = app.effects().await;
     assert_eq!(effects.len(), 3);
     assert_eq!(effects[0].sequence, 1);
@@ -157,12 +157,7 @@ async fn an_event_that_changes_nothing_writes_nothing(pool: PgPool) {
 async fn without_inbox_effects_nothing_is_written(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
     app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
-    app.post(
-        "polar",
-        &polar_delivery("msg_active", &polar("subscription.active")),
-    )
-    .await;
-    app.run_worker().await;
+    deliver_active(&app).await;
     let account = app
         .account("polar", "c1a124cb-d614-4eeb-91b9-1802cb91d276", "2025-12")
         .await;
@@ -234,12 +229,7 @@ async fn effects_the_queue_refused_are_enqueued_by_the_scheduler(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
     app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
     app.worker.effects = Some(unreachable_queue().await);
-    app.post(
-        "polar",
-        &polar_delivery("msg_active", &polar("subscription.active")),
-    )
-    .await;
-    app.run_worker().await;
+    deliver_active(&app).await;
     let effects = app.effects().await;
     assert_eq!(effects.len(), 3);
     assert!(
@@ -279,12 +269,7 @@ async fn effects_the_queue_refused_are_enqueued_by_the_scheduler(pool: PgPool) {
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn sent_effects_are_purged_after_the_retention_and_the_others_kept(pool: PgPool) {
     let (app, _) = polar_app(pool).await;
-    app.post(
-        "polar",
-        &polar_delivery("msg_active", &polar("subscription.active")),
-    )
-    .await;
-    app.run_worker().await;
+    deliver_active(&app).await;
     let effects = app.effects().await;
     // One sent long ago, one dead long ago, one pending.
     sqlx::query(
