@@ -327,3 +327,66 @@ async fn account_reads_a_connected_accounts_customer_and_says_why_a_price_is_no_
     assert!(!output.status.success(), "cus_1 alone is no account");
     assert!(!stderr.is_empty());
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn effects_are_listed_shown_and_replayed(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    let effects_queue = app.enable_effects().await;
+    upgraded_customer(&app).await;
+    app.drain(&effects_queue).await;
+    let url = database_url(&app.pool).await;
+
+    let (output, stdout, stderr) = run(inboxctl()
+        .args(["effects", "--status", "pending", "--json"])
+        .env("DATABASE_URL", &url));
+    assert!(output.status.success(), "{stderr}");
+    let listed: Value = serde_json::from_str(&stdout).unwrap();
+    let kinds: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert!(kinds.contains(&"billing.plan_changed"), "{kinds:?}");
+    let id = listed[0]["id"].as_str().unwrap().to_owned();
+
+    let (output, stdout, stderr) = run(inboxctl().args(["effect", &id]).env("DATABASE_URL", &url));
+    assert!(output.status.success(), "{stderr}");
+    assert!(stdout.contains(&format!("effect {id}")), "{stdout}");
+    assert!(
+        stdout.contains("\"type\": \"billing."),
+        "the body: {stdout}"
+    );
+
+    // A sent effect, replayed: pending again and on the dispatcher's queue.
+    sqlx::query("UPDATE effects SET status = 'sent', sent_at = now() WHERE id = $1")
+        .bind(&id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let (output, stdout, stderr) = run(inboxctl()
+        .args(["effects", "replay", &id, "--json"])
+        .env("DATABASE_URL", &url)
+        .env("EFFECTS_QUEUE_URL", &effects_queue));
+    assert!(output.status.success(), "{stderr}");
+    let replayed: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(replayed["replayed"], json!([id]));
+    assert_eq!(app.drain(&effects_queue).await, [id.clone()]);
+
+    // Bad input is named, with a non-zero exit.
+    for (args, message) in [
+        (
+            vec!["effects", "--status", "lost"],
+            "unknown effect status 'lost' (pending, sent, dead)",
+        ),
+        (vec!["effect", "eff_0000"], "no effect eff_0000"),
+        (
+            vec!["effects", "replay", "--queue-url", "http://q"],
+            "name effect ids to replay, or --status",
+        ),
+    ] {
+        let (output, _, stderr) = run(inboxctl().args(&args).env("DATABASE_URL", &url));
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+    }
+}
