@@ -371,7 +371,7 @@ async fn effects_are_listed_shown_and_replayed(pool: PgPool) {
     assert!(output.status.success(), "{stderr}");
     let replayed: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(replayed["replayed"], json!([id]));
-    assert_eq!(app.drain(&effects_queue).await, [id.clone()]);
+    assert_eq!(app.drain(&effects_queue).await, [id]);
 
     // Bad input is named, with a non-zero exit.
     for (args, message) in [
