@@ -6,8 +6,9 @@
 //!   account view), [`providers`] (one folder per provider), [`reconcile`];
 //! - [`domain`]: the values everything above speaks in;
 //! - beside them: [`config`] (environment variables), [`secrets`] (Secrets Manager), [`db`]
-//!   (the pool), [`queue`] (SQS), [`sim`] (the points a simulation interrupts; the simulated
-//!   queue) and [`dev`] (local tools, `dev` feature only).
+//!   (the pool), [`queue`] (SQS), [`http_client`] (providers' hosts), [`sim`] (the points a
+//!   simulation interrupts; the simulated queue) and [`dev`] (local tools, `dev` feature
+//!   only).
 
 pub mod billing;
 pub mod config;
@@ -16,6 +17,7 @@ pub mod db;
 pub mod dev;
 pub mod domain;
 pub mod handlers;
+pub mod http_client;
 pub mod inbox;
 pub mod providers;
 pub mod queue;

@@ -62,10 +62,8 @@ impl IntakeState {
         use anyhow::Context;
         let pool = crate::db::lazy_pool(&config.database_url, 2).context("DATABASE_URL")?;
         let queue = Queue::from_env(config.queue_url.clone()).await;
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(5))
-            .build()
-            .context("building the HTTP client")?;
+        // Only a Kinde key fetch uses it: built then, not at cold start.
+        let http = crate::http_client::LazyClient::with_timeout(Duration::from_secs(5));
         let configs = crate::secrets::resolve(&config.sources, Needs::Signing, false).await?;
         let sources = Sources::build(&configs, config.tolerance, http)?;
         Ok(Self::new(pool, queue, sources))
