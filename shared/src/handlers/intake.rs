@@ -180,7 +180,8 @@ fn body_bytes(body: &Body) -> &[u8] {
     }
 }
 
-fn kept_headers(headers: &HeaderMap) -> Value {
+/// The delivery headers stored beside the event ([`KEPT_HEADERS`]), each cut to 512 characters.
+pub fn kept_headers(headers: &HeaderMap) -> Value {
     let kept: Map<String, Value> = KEPT_HEADERS
         .iter()
         .filter_map(|name| {
