@@ -14,6 +14,7 @@ use sqlx::{Executor, PgPool};
 
 use shared::billing::Catalog;
 use shared::config::{parse_plans, parse_sources};
+use shared::db::Held;
 use shared::domain::SourceKind;
 use shared::handlers::intake::IntakeState;
 use shared::handlers::worker::{WorkerSource, WorkerState};
@@ -424,21 +425,29 @@ async fn measure(
             .verify(&headers, &d.body, Utc::now())
             .await
             .map_err(|e| anyhow::anyhow!("a bench delivery does not verify: {e}"))?;
-        raw_items.push((d.source.clone(), d.body.clone(), verified));
+        // The headers the intake keeps from this delivery: the same values in both.
+        let kept = shared::handlers::intake::kept_headers(&headers);
+        raw_items.push((d.source.clone(), d.body.clone(), verified, kept));
     }
     eprintln!("bench: raw SQL ceiling");
+    // One connection per concurrent caller, used without the pool's pings, as pgbench runs a
+    // statement (and as each intake instance holds its own).
+    let raw_connections: Arc<Vec<Held>> = Arc::new(
+        (0..args.concurrency)
+            .map(|_| Held::new(raw_pool.connect_options().as_ref().clone()))
+            .collect(),
+    );
     let raw_start = Instant::now();
     let raw_latencies = {
-        let raw_pool = raw_pool.clone();
+        let raw_connections = raw_connections.clone();
         run_concurrently(
             raw_items,
             args.concurrency,
-            move |_, (source, body, verified)| {
-                let raw_pool = raw_pool.clone();
+            move |slot, (source, body, verified, headers)| {
+                let raw_connections = raw_connections.clone();
                 async move {
-                    let headers = json!({});
-                    let _ = shared::inbox::store::store_verified(
-                        &raw_pool,
+                    let _ = shared::inbox::store::store_verified_held(
+                        &raw_connections[slot],
                         &source,
                         &body,
                         &verified,

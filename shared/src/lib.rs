@@ -7,8 +7,9 @@
 //!   account view), [`providers`] (one folder per provider), [`reconcile`];
 //! - [`domain`]: the values everything above speaks in;
 //! - beside them: [`config`] (environment variables), [`secrets`] (Secrets Manager), [`db`]
-//!   (the pool), [`queue`] (SQS), [`sim`] (the points a simulation interrupts; the simulated
-//!   queue) and [`dev`] (local tools, `dev` feature only).
+//!   (the pool), [`queue`] (SQS), [`http_client`] (providers' hosts), [`sim`] (the points a
+//!   simulation interrupts; the simulated queue) and [`dev`] (local tools, `dev` feature
+//!   only).
 
 pub mod billing;
 pub mod config;
@@ -18,6 +19,7 @@ pub mod dev;
 pub mod domain;
 pub mod effects;
 pub mod handlers;
+pub mod http_client;
 pub mod inbox;
 pub mod providers;
 pub mod queue;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use aws_config::retry::RetryConfig;
+use aws_config::stalled_stream_protection::StalledStreamProtectionConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::BehaviorVersion;
 
@@ -37,8 +38,11 @@ enum Transport {
 
 /// Loads the standard AWS configuration (`AWS_ENDPOINT_URL`, region, credentials) with
 /// short timeouts: a send that cannot complete quickly is left to the scheduler's rescue.
+/// Stalled-stream protection is off: every body here is a few bytes, and the timeouts
+/// already bound a stalled call; it cost the intake a throughput check per send.
 pub async fn sdk_config() -> aws_config::SdkConfig {
     aws_config::defaults(BehaviorVersion::latest())
+        .stalled_stream_protection(StalledStreamProtectionConfig::disabled())
         .timeout_config(
             TimeoutConfig::builder()
                 .connect_timeout(Duration::from_secs(2))

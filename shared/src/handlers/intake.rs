@@ -62,10 +62,8 @@ impl IntakeState {
         use anyhow::Context;
         let pool = crate::db::lazy_pool(&config.database_url, 2).context("DATABASE_URL")?;
         let queue = Queue::from_env(config.queue_url.clone()).await;
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(5))
-            .build()
-            .context("building the HTTP client")?;
+        // Only a Kinde key fetch uses it: built then, not at cold start.
+        let http = crate::http_client::LazyClient::with_timeout(Duration::from_secs(5));
         let configs = crate::secrets::resolve(&config.sources, Needs::Signing, false).await?;
         let sources = Sources::build(&configs, config.tolerance, http)?;
         Ok(Self::new(pool, queue, sources))
@@ -182,7 +180,8 @@ fn body_bytes(body: &Body) -> &[u8] {
     }
 }
 
-fn kept_headers(headers: &HeaderMap) -> Value {
+/// The delivery headers stored beside the event ([`KEPT_HEADERS`]), each cut to 512 characters.
+pub fn kept_headers(headers: &HeaderMap) -> Value {
     let kept: Map<String, Value> = KEPT_HEADERS
         .iter()
         .filter_map(|name| {

@@ -28,6 +28,7 @@ use crate::billing::registers::{StoredPlan, StoredSubscription};
 use crate::billing::{Catalog, Decided, Decision};
 use crate::config::{ConfigError, SourceConfig};
 use crate::domain::{DedupeKey, SourceKind, VerifiedEvent};
+use crate::http_client::LazyClient;
 
 /// A boxed future, so that the provider contracts can be used as trait objects.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -48,7 +49,7 @@ pub trait Provider: Sync {
         &self,
         config: &SourceConfig,
         tolerance: Duration,
-        http: &reqwest::Client,
+        http: &LazyClient,
     ) -> Result<Box<dyn Verify>, ConfigError>;
 
     /// What one of this provider's events means for the billing state, from the event alone.
@@ -168,7 +169,7 @@ impl Source {
     pub fn from_config(
         config: &SourceConfig,
         default_tolerance: Duration,
-        http: &reqwest::Client,
+        http: &LazyClient,
     ) -> Result<Self, ConfigError> {
         let tolerance = config.tolerance(default_tolerance);
         Ok(Self {
@@ -195,8 +196,9 @@ impl Sources {
     pub fn build(
         configs: &[SourceConfig],
         default_tolerance: Duration,
-        http: reqwest::Client,
+        http: impl Into<LazyClient>,
     ) -> Result<Self, ConfigError> {
+        let http = http.into();
         let mut sources = HashMap::new();
         for config in configs {
             let source = Source::from_config(config, default_tolerance, &http)?;

@@ -17,6 +17,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use url::Url;
 
+use crate::http_client::LazyClient;
 use crate::providers::AuthError;
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
@@ -27,7 +28,7 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct JwksCache {
     url: Url,
-    http: reqwest::Client,
+    http: LazyClient,
     ttl: Duration,
     refetch_interval: Duration,
     backoff: Duration,
@@ -73,19 +74,19 @@ impl Drop for InFlight<'_> {
 }
 
 impl JwksCache {
-    pub fn new(url: Url, http: reqwest::Client) -> Self {
+    pub fn new(url: Url, http: impl Into<LazyClient>) -> Self {
         Self::with_timing(url, http, DEFAULT_TTL, DEFAULT_REFETCH_INTERVAL)
     }
 
     pub fn with_timing(
         url: Url,
-        http: reqwest::Client,
+        http: impl Into<LazyClient>,
         ttl: Duration,
         refetch_interval: Duration,
     ) -> Self {
         Self {
             url,
-            http,
+            http: http.into(),
             ttl,
             refetch_interval,
             backoff: DEFAULT_BACKOFF,
@@ -187,6 +188,8 @@ impl JwksCache {
         use anyhow::Context;
         let set: Value = self
             .http
+            .get()
+            .context("building the HTTP client")?
             .get(self.url.clone())
             .timeout(FETCH_TIMEOUT)
             .send()

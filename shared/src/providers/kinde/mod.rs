@@ -29,7 +29,7 @@ impl Provider for Kinde {
         &self,
         config: &SourceConfig,
         tolerance: Duration,
-        http: &reqwest::Client,
+        http: &crate::http_client::LazyClient,
     ) -> Result<Box<dyn Verify>, ConfigError> {
         let url = config
             .jwks_url

@@ -33,7 +33,7 @@ impl Provider for StandardWebhooks {
         &self,
         config: &SourceConfig,
         tolerance: Duration,
-        _http: &reqwest::Client,
+        _http: &crate::http_client::LazyClient,
     ) -> Result<Box<dyn Verify>, ConfigError> {
         let encoding = config.secret_encoding.unwrap_or(SecretEncoding::Base64);
         let keys = config

@@ -27,7 +27,7 @@ impl Provider for Stripe {
         &self,
         config: &SourceConfig,
         tolerance: Duration,
-        _http: &reqwest::Client,
+        _http: &crate::http_client::LazyClient,
     ) -> Result<Box<dyn Verify>, ConfigError> {
         let secrets = config.required_secrets()?;
         Ok(Box::new(StripeVerifier::new(
