@@ -547,11 +547,28 @@ async fn measure(
     let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM inbox_events ORDER BY id")
         .fetch_all(&raw_pool)
         .await?;
+    // The same batches of 10 the event source mapping hands over, through the same handler,
+    // with no queue in between.
+    let batches: Vec<_> = ids
+        .chunks(10)
+        .map(|chunk| {
+            let messages: Vec<aws_sdk_sqs::types::Message> = chunk
+                .iter()
+                .map(|id| {
+                    aws_sdk_sqs::types::Message::builder()
+                        .message_id(format!("raw-{id}"))
+                        .body(shared::queue::message_body(*id))
+                        .build()
+                })
+                .collect();
+            shared::dev::bridge::sqs_event(&messages, "raw")
+        })
+        .collect();
     let raw_worker_start = Instant::now();
-    run_concurrently(ids, args.concurrency, move |_, id| {
+    run_concurrently(batches, args.concurrency, move |_, batch| {
         let raw_worker = raw_worker.clone();
         async move {
-            let _ = shared::handlers::worker::process_event(&raw_worker, id).await;
+            shared::handlers::worker::handle_batch(&raw_worker, batch).await;
         }
     })
     .await;
