@@ -368,3 +368,51 @@ async fn the_app_is_told_once_however_often_the_provider_and_the_operator_repeat
     );
     assert!(effects.iter().all(|e| e.status == "sent"));
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_second_deletion_stamped_earlier_tells_nothing_and_takes_no_number(pool: PgPool) {
+    let (app, _) = polar_app(pool).await;
+    let customer = "c1a124cb-d614-4eeb-91b9-1802cb91d276";
+    deliver_active(&app).await;
+    let deletion = |at: &str| {
+        let mut deleted = polar("customer.deleted");
+        deleted["data"]["id"] = customer.into();
+        deleted["data"]["external_id"] = Value::Null;
+        deleted["data"]["modified_at"] = at.into();
+        deleted["timestamp"] = at.into();
+        deleted
+    };
+    // The later deletion arrives first; the earlier one moves the tombstone back.
+    for (id, at) in [
+        ("msg_deleted_late", "2025-12-20T09:31:02.266170Z"),
+        ("msg_deleted_early", "2025-12-10T08:00:00.000000Z"),
+        ("msg_active_again", ""),
+    ] {
+        if id == "msg_active_again" {
+            // A later write to the account: its number follows without a gap.
+            let mut order = polar("order.paid");
+            order["data"]["id"] = "ord_after".into();
+            app.post("polar", &polar_delivery(id, &order)).await;
+        } else {
+            app.post("polar", &polar_delivery(id, &deletion(at))).await;
+        }
+        app.run_worker().await;
+    }
+    let early = app
+        .event(app.event_id("polar", "msg_deleted_early").await)
+        .await;
+    assert_eq!(
+        early.status, "applied",
+        "the tombstone moved: {:?}",
+        early.reason
+    );
+    let effects = app.effects().await;
+    let deletions = effects
+        .iter()
+        .filter(|e| e.kind == "billing.customer_deleted")
+        .count();
+    assert_eq!(deletions, 1, "told once: {:?}", kinds(&effects));
+    let sequences: Vec<i64> = effects.iter().map(|e| e.sequence).collect();
+    let expected: Vec<i64> = (1..=effects.len() as i64).collect();
+    assert_eq!(sequences, expected, "{:?}", kinds(&effects));
+}

@@ -1177,7 +1177,10 @@ async fn regression_seeds(pool: PgPool) {
     // 25: after connections were killed, the intake's held connection failed the step
     // before its statement and was never replaced: every later delivery answered 503 (a
     // connection that fails before use is now dropped, and the delivery tried once more).
-    for seed in [72, 25] {
+    // 208: an effect that was already written (a second deletion of one customer, stamped
+    // earlier, moves the tombstone) still took a sequence number, leaving a gap in the
+    // account's numbers (an effect already written now takes none).
+    for seed in [72, 25, 208] {
         if let Err(failure) = simulate(&pool, seed, HashSet::new()).await {
             panic!("{failure}");
         }

@@ -56,8 +56,10 @@ impl EffectStatus {
 
 /// Inside the worker's transaction, under the account's lock: writes the event's effects
 /// with the account's next sequence numbers, marked as enqueued (the send follows the
-/// commit; a failed send unmarks them). An effect already written is left as it is. Returns
-/// the ids written now.
+/// commit; a failed send unmarks them). An effect already written is left as it is and takes
+/// no number, so an account's numbers have no gap: an earlier deletion arriving after a
+/// later one moves the tombstone, but the app was told of the deletion once. Returns the ids
+/// written now.
 pub async fn write(
     conn: &mut PgConnection,
     cause: &Cause<'_>,
@@ -72,18 +74,22 @@ pub async fn write(
     let bodies: Vec<Value> = effects.iter().map(|e| e.body.clone()).collect();
     sqlx::query_scalar!(
         r#"
-        WITH seq AS (
-            UPDATE accounts SET effect_seq = effect_seq + cardinality($3::text[])
+        WITH new AS (
+            SELECT e.id, e.kind, e.cause, e.body, row_number() OVER (ORDER BY e.n) AS k
+            FROM unnest($3::text[], $4::text[], $5::text[], $6::jsonb[])
+                 WITH ORDINALITY AS e(id, kind, cause, body, n)
+            WHERE NOT EXISTS (SELECT 1 FROM effects f WHERE f.id = e.id)
+        ), seq AS (
+            UPDATE accounts SET effect_seq = effect_seq + (SELECT count(*) FROM new)
             WHERE source = $1 AND customer_id = $2
-            RETURNING effect_seq - cardinality($3::text[]) AS base
+            RETURNING effect_seq - (SELECT count(*) FROM new) AS base
         )
         INSERT INTO effects (id, kind, cause, source, customer_id, sequence, event_id,
                              occurred_at, body, enqueued_at)
-        SELECT e.id, e.kind, e.cause, $1, $2, seq.base + e.n, $7, $8,
-               jsonb_set(e.body, '{data,sequence}', to_jsonb(seq.base + e.n)), inbox_now()
-        FROM seq, unnest($3::text[], $4::text[], $5::text[], $6::jsonb[])
-                  WITH ORDINALITY AS e(id, kind, cause, body, n)
-        ORDER BY e.n
+        SELECT new.id, new.kind, new.cause, $1, $2, seq.base + new.k, $7, $8,
+               jsonb_set(new.body, '{data,sequence}', to_jsonb(seq.base + new.k)), inbox_now()
+        FROM seq, new
+        ORDER BY new.k
         ON CONFLICT (id) DO NOTHING
         RETURNING id
         "#,
