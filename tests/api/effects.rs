@@ -416,3 +416,68 @@ async fn a_second_deletion_stamped_earlier_tells_nothing_and_takes_no_number(poo
     let expected: Vec<i64> = (1..=effects.len() as i64).collect();
     assert_eq!(sequences, expected, "{:?}", kinds(&effects));
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_rescue_buries_a_last_attempt_and_re_enqueues_expired_holds_and_due_retries(
+    pool: PgPool,
+) {
+    let (app, effects_queue) = polar_app(pool).await;
+    deliver_active(&app).await;
+    app.drain(&effects_queue).await;
+    let effects = app.effects().await;
+    let (held, last, due) = (&effects[0].id, &effects[1].id, &effects[2].id);
+    // A dispatcher died holding the first (attempt 2) and the second (its 6th and last
+    // attempt); the third failed and its retry is due. Each was enqueued before that.
+    sqlx::query(
+        "UPDATE effects SET enqueued_at = now() - interval '2 minutes',
+                locked_until = CASE WHEN id = ANY($1) THEN now() - interval '1 minute' END,
+                attempts = CASE WHEN id = $2 THEN 6 ELSE 2 END,
+                next_attempt_at = CASE WHEN id = $3 THEN now() - interval '1 second' END",
+    )
+    .bind(vec![held.clone(), last.clone()])
+    .bind(last)
+    .bind(due)
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    // An operator's replay leaves an effect a dispatcher holds alone.
+    sqlx::query("UPDATE effects SET locked_until = now() + interval '1 minute' WHERE id = $1")
+        .bind(due)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let queue = shared::queue::Queue::new(app.sqs.clone(), effects_queue.clone());
+    let replayed = shared::effects::outbox::replay(&app.pool, &queue, std::slice::from_ref(due))
+        .await
+        .unwrap();
+    assert!(replayed.is_empty(), "held by a dispatcher");
+    sqlx::query("UPDATE effects SET locked_until = NULL WHERE id = $1")
+        .bind(due)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    let scheduler = shared::handlers::scheduler::SchedulerState {
+        effects: Some(queue),
+        ..crate::scheduler::scheduler_for(&app, vec![])
+    };
+    let report = shared::handlers::scheduler::run(&scheduler).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    let mut rescued = vec![held.clone(), due.clone()];
+    rescued.sort();
+    assert_eq!(report.rescued_effects, rescued);
+    assert_eq!(report.effect_alerts.dead, std::slice::from_ref(last));
+    let mut sent = app.drain(&effects_queue).await;
+    sent.sort();
+    assert_eq!(sent, rescued);
+    let buried = app
+        .effects()
+        .await
+        .into_iter()
+        .find(|e| &e.id == last)
+        .unwrap();
+    assert_eq!(
+        buried.status, "dead",
+        "a dispatcher that dies every time ends it"
+    );
+}

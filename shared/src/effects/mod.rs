@@ -30,16 +30,6 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
-        Kind::PlanChanged,
-        Kind::SubscriptionUpdated,
-        Kind::AllowanceGranted,
-        Kind::PaymentSucceeded,
-        Kind::PaymentFailed,
-        Kind::PaymentRefunded,
-        Kind::CustomerDeleted,
-    ];
-
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::PlanChanged => "billing.plan_changed",

@@ -115,14 +115,21 @@ pub async fn enqueue_or_unmark(
 ) -> Result<Vec<String>, sqlx::Error> {
     let unsent = queue.send_bodies(ids).await;
     if !unsent.is_empty() {
-        sqlx::query!(
-            "UPDATE effects SET enqueued_at = NULL WHERE id = ANY($1) AND status = 'pending'",
-            &unsent
-        )
-        .execute(pool)
-        .await?;
+        unmark(pool, &unsent).await?;
     }
     Ok(unsent)
+}
+
+/// Clears the enqueue mark of pending effects whose message was not sent, so the next
+/// rescue sends them at once.
+async fn unmark(pool: &PgPool, ids: &[String]) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE effects SET enqueued_at = NULL WHERE id = ANY($1) AND status = 'pending'",
+        ids
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// An effect a dispatcher holds: what it delivers, and where it was already delivered.
@@ -266,13 +273,7 @@ pub async fn rescue(
     let mut sent = Vec::with_capacity(ids.len());
     for (n, chunk) in ids.chunks(10).enumerate() {
         if Instant::now() >= deadline {
-            let left: Vec<String> = ids.iter().skip(n * 10).cloned().collect();
-            sqlx::query!(
-                "UPDATE effects SET enqueued_at = NULL WHERE id = ANY($1) AND status = 'pending'",
-                &left
-            )
-            .execute(pool)
-            .await?;
+            unmark(pool, &ids[n * 10..]).await?;
             break;
         }
         let unsent = enqueue_or_unmark(pool, queue, chunk).await?;

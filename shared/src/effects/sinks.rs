@@ -131,10 +131,6 @@ impl Sinks {
         self.sinks.iter()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.sinks.is_empty()
-    }
-
     /// Delivers one effect to one sink.
     #[tracing::instrument(skip_all, fields(effect_id = effect.id, sink = %sink.name))]
     pub async fn deliver(&self, sink: &Sink, effect: Outgoing<'_>) -> Result<(), SinkError> {
