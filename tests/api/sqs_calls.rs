@@ -2,7 +2,8 @@
 //! the behaviour the pipeline relies on: CreateQueue (idempotent, with attributes), SendMessage
 //! (the intake), SendMessageBatch (rescue, replay, reconciliation), ReceiveMessage with a long
 //! poll and at most ten messages (the event source mapping), the visibility timeout (an
-//! unacknowledged message comes back), DeleteMessage (the bridge's acknowledgement), and
+//! unacknowledged message comes back), DeleteMessageBatch (the bridge's acknowledgement, as the
+//! event source mapping's, with a per-entry refusal for a handle it does not know), and
 //! DeleteQueue. The server is picked for speed; this test keeps it honest.
 
 use std::collections::BTreeSet;
@@ -80,16 +81,53 @@ async fn the_sqs_server_serves_every_call_the_pipeline_makes() {
         "received messages are invisible for the visibility timeout"
     );
 
-    // DeleteMessage acknowledges; what is not deleted comes back after the timeout.
+    // DeleteMessageBatch acknowledges; an entry it cannot take is refused on its own.
     let (keep, delete) = received.split_at(1);
-    for m in delete {
-        sqs.delete_message()
-            .queue_url(&url)
-            .receipt_handle(m.receipt_handle().unwrap())
-            .send()
-            .await
-            .unwrap();
-    }
+    let entry = |id: String, handle: &str| {
+        aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
+            .id(id)
+            .receipt_handle(handle)
+            .build()
+            .unwrap()
+    };
+    let mut entries: Vec<_> = delete
+        .iter()
+        .take(10)
+        .enumerate()
+        .map(|(i, m)| entry(format!("m{i}"), m.receipt_handle().unwrap()))
+        .collect();
+    entries.pop();
+    entries.push(entry("unknown".into(), "not-a-receipt-handle"));
+    let deleted = sqs
+        .delete_message_batch()
+        .queue_url(&url)
+        .set_entries(Some(entries))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.successful.len(), 9);
+    assert_eq!(
+        deleted
+            .failed
+            .iter()
+            .map(|f| f.id.as_str())
+            .collect::<Vec<_>>(),
+        ["unknown"],
+        "the unknown handle is refused, the rest deleted"
+    );
+    let rest: Vec<_> = delete[9..]
+        .iter()
+        .enumerate()
+        .map(|(i, m)| entry(format!("r{i}"), m.receipt_handle().unwrap()))
+        .collect();
+    let deleted = sqs
+        .delete_message_batch()
+        .queue_url(&url)
+        .set_entries(Some(rest))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!((deleted.successful.len(), deleted.failed.len()), (3, 0));
     let back_within = Instant::now() + Duration::from_secs(15);
     let back = loop {
         // A long poll that ends when the message is visible again.

@@ -91,21 +91,44 @@ where
                 .collect()
         }
     };
-    for m in &messages {
+    // What the worker did not report is acknowledged in one DeleteMessageBatch, as the event
+    // source mapping does.
+    let mut entries = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
         if m.message_id.as_ref().is_some_and(|id| failed.contains(id)) {
             report.failed += 1;
             continue;
         }
         if let Some(handle) = m.receipt_handle() {
-            sqs.delete_message()
-                .queue_url(queue_url)
+            let entry = aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
+                .id(i.to_string())
                 .receipt_handle(handle)
-                .send()
-                .await
-                .map_err(|e| anyhow::anyhow!("{}", aws_sdk_sqs::error::DisplayErrorContext(&e)))
-                .context("deleting a processed message")?;
-            report.deleted += 1;
+                .build()
+                .context("a delete entry")?;
+            entries.push(entry);
         }
+    }
+    if entries.is_empty() {
+        return Ok(report);
+    }
+    let deleted = sqs
+        .delete_message_batch()
+        .queue_url(queue_url)
+        .set_entries(Some(entries))
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", aws_sdk_sqs::error::DisplayErrorContext(&e)))
+        .context("deleting the processed messages")?;
+    report.deleted = deleted.successful.len();
+    if let Some(refused) = deleted.failed.first() {
+        // A message not deleted comes back after its visibility timeout: the worker finds its
+        // event final and skips it.
+        anyhow::bail!(
+            "{} of the processed messages were not deleted: {} ({})",
+            deleted.failed.len(),
+            refused.code,
+            refused.message.as_deref().unwrap_or("no message")
+        );
     }
     Ok(report)
 }
