@@ -198,13 +198,15 @@ pub async fn run(
     );
     let catalog = parse_plans(&args.plans)?;
     let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
-    let (db, raw_db) = (
+    let dbs = [
         format!("inbox_bench_{tag}"),
         format!("inbox_bench_raw_{tag}"),
-    );
-    let result = bench(args, server, counter, &catalog, &tag, &db, &raw_db).await;
-    drop_database(server, &db).await;
-    drop_database(server, &raw_db).await;
+        format!("inbox_bench_both_{tag}"),
+    ];
+    let result = bench(args, server, counter, &catalog, &tag, &dbs).await;
+    for db in &dbs {
+        drop_database(server, db).await;
+    }
     let report = result?;
     if json_output {
         crate::emit(&report.to_string());
@@ -242,6 +244,12 @@ pub async fn run(
         f(&i["per_sec"]),
         f(&i["ceiling_per_sec"]),
         r(&i["ratio_to_ceiling"]),
+    ]);
+    t.add_row(vec![
+        "intake vs store and send raw, back to back".into(),
+        f(&i["per_sec"]),
+        f(&i["store_send_per_sec"]),
+        r(&i["ratio_to_store_send"]),
     ]);
     t.add_row(vec![
         "intake p50 ms".into(),
@@ -293,14 +301,14 @@ async fn bench(
     counter: &StatementCounter,
     catalog: &Catalog,
     tag: &str,
-    db: &str,
-    raw_db: &str,
+    [db, raw_db, both_db]: &[String; 3],
 ) -> anyhow::Result<Value> {
     eprintln!("bench: preparing {} signed deliveries", args.deliveries);
     let sender = args.signing.sender("").await?;
     let deliveries = workload(args, &sender)?;
     let pool = fresh_database(server, db).await?;
     let raw_pool = fresh_database(server, raw_db).await?;
+    let both_pool = fresh_database(server, both_db).await?;
     // The local SQS server slows down as the backlog grows: generous timeouts, so that the
     // bench measures it rather than failing on it.
     let sqs = aws_sdk_sqs::Client::from_conf(
@@ -314,21 +322,19 @@ async fn bench(
             )
             .build(),
     );
-    let queue_url = sqs
-        .create_queue()
-        .queue_name(format!("inbox-bench-{tag}"))
-        .send()
-        .await
-        .map_err(|e| anyhow::anyhow!("{}", aws_sdk_sqs::error::DisplayErrorContext(&e)))
-        .context("creating the bench queue (is the SQS server up? scripts/dev services)")?
-        .queue_url
-        .context("CreateQueue returned no URL")?;
+    let queue_url = create_queue(&sqs, &format!("inbox-bench-{tag}")).await?;
     let send_ceiling = send_alone(&sqs, tag, deliveries.len(), args.concurrency).await;
+    let both_url = create_queue(&sqs, &format!("inbox-bench-both-{tag}")).await?;
+    let both = (
+        both_pool,
+        Arc::new(Queue::new(sqs.clone(), both_url.clone())),
+    );
     let outcome = measure(
-        args, counter, catalog, deliveries, pool, raw_pool, &sqs, &queue_url,
+        args, counter, catalog, deliveries, pool, raw_pool, both, &sqs, &queue_url,
     )
     .await;
     let _ = sqs.delete_queue().queue_url(&queue_url).send().await;
+    let _ = sqs.delete_queue().queue_url(&both_url).send().await;
     let mut outcome = outcome?;
     let send_per_sec = send_ceiling?;
     // The intake's ceiling is the lower of its store and its send; only a new event is sent
@@ -344,6 +350,17 @@ async fn bench(
     Ok(outcome)
 }
 
+async fn create_queue(sqs: &aws_sdk_sqs::Client, name: &str) -> anyhow::Result<String> {
+    sqs.create_queue()
+        .queue_name(name)
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", aws_sdk_sqs::error::DisplayErrorContext(&e)))
+        .context("creating a bench queue (is the SQS server up? scripts/dev services)")?
+        .queue_url
+        .context("CreateQueue returned no URL")
+}
+
 /// The SQS server's SendMessage alone, `count` messages at `concurrency`, into a queue of its
 /// own (removed afterwards): what the intake's send can reach at most.
 async fn send_alone(
@@ -353,14 +370,7 @@ async fn send_alone(
     concurrency: usize,
 ) -> anyhow::Result<f64> {
     eprintln!("bench: SendMessage alone");
-    let url = sqs
-        .create_queue()
-        .queue_name(format!("inbox-bench-send-{tag}"))
-        .send()
-        .await
-        .map_err(|e| anyhow::anyhow!("{}", aws_sdk_sqs::error::DisplayErrorContext(&e)))?
-        .queue_url
-        .context("CreateQueue returned no URL")?;
+    let url = create_queue(sqs, &format!("inbox-bench-send-{tag}")).await?;
     let queue = Arc::new(Queue::new(sqs.clone(), url.clone()));
     let start = Instant::now();
     run_concurrently((0..count as i64).collect(), concurrency, move |_, id| {
@@ -375,6 +385,48 @@ async fn send_alone(
     Ok(count as f64 / secs)
 }
 
+/// A delivery as verification leaves it: source, body, the verified event, the kept headers.
+type RawItem = (String, Vec<u8>, shared::domain::VerifiedEvent, Value);
+
+/// The intake's store statement run raw over `items`, one connection per concurrent caller
+/// and no pool pings (as pgbench runs a statement); with `send`, each new event is then sent,
+/// as the intake does after its store.
+async fn raw_store(
+    pool: &PgPool,
+    items: Vec<RawItem>,
+    concurrency: usize,
+    send: Option<Arc<Queue>>,
+) -> Vec<Duration> {
+    let connections: Arc<Vec<Held>> = Arc::new(
+        (0..concurrency)
+            .map(|_| Held::new(pool.connect_options().as_ref().clone()))
+            .collect(),
+    );
+    run_concurrently(
+        items,
+        concurrency,
+        move |slot, (source, body, verified, headers)| {
+            let (connections, send) = (connections.clone(), send.clone());
+            async move {
+                let stored = shared::inbox::store::store_verified_held(
+                    &connections[slot],
+                    &source,
+                    &body,
+                    &verified,
+                    shared::inbox::store::Origin::Delivery(&headers),
+                )
+                .await;
+                if let (Some(queue), Ok(stored)) = (send, stored) {
+                    if stored.marked {
+                        let _ = queue.send_event(stored.event_id).await;
+                    }
+                }
+            }
+        },
+    )
+    .await
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn measure(
     args: &BenchArgs,
@@ -383,6 +435,7 @@ async fn measure(
     deliveries: Vec<Delivery>,
     pool: PgPool,
     raw_pool: PgPool,
+    both: (PgPool, Arc<Queue>),
     sqs: &aws_sdk_sqs::Client,
     queue_url: &str,
 ) -> anyhow::Result<Value> {
@@ -430,36 +483,16 @@ async fn measure(
         raw_items.push((d.source.clone(), d.body.clone(), verified, kept));
     }
     eprintln!("bench: raw SQL ceiling");
-    // One connection per concurrent caller, used without the pool's pings, as pgbench runs a
-    // statement (and as each intake instance holds its own).
-    let raw_connections: Arc<Vec<Held>> = Arc::new(
-        (0..args.concurrency)
-            .map(|_| Held::new(raw_pool.connect_options().as_ref().clone()))
-            .collect(),
-    );
     let raw_start = Instant::now();
-    let raw_latencies = {
-        let raw_connections = raw_connections.clone();
-        run_concurrently(
-            raw_items,
-            args.concurrency,
-            move |slot, (source, body, verified, headers)| {
-                let raw_connections = raw_connections.clone();
-                async move {
-                    let _ = shared::inbox::store::store_verified_held(
-                        &raw_connections[slot],
-                        &source,
-                        &body,
-                        &verified,
-                        shared::inbox::store::Origin::Delivery(&headers),
-                    )
-                    .await;
-                }
-            },
-        )
-        .await
-    };
+    let raw_latencies = raw_store(&raw_pool, raw_items.clone(), args.concurrency, None).await;
     let raw_secs = raw_start.elapsed().as_secs_f64();
+    // The store and the send back to back, raw, on a database and a queue of their own: what
+    // the two cost together when they share the machine's cores, as they do here.
+    eprintln!("bench: raw store and send");
+    let both_start = Instant::now();
+    raw_store(&both.0, raw_items, args.concurrency, Some(both.1)).await;
+    both.0.close().await;
+    let both_secs = both_start.elapsed().as_secs_f64();
 
     eprintln!("bench: intake");
     let statements_before = counter.get();
@@ -586,6 +619,8 @@ async fn measure(
             "per_sec": per_sec, "p50_ms": percentile(&latencies, 0.5), "p99_ms": percentile(&latencies, 0.99),
             "raw_per_sec": raw_per_sec, "raw_p50_ms": percentile(&raw_latencies, 0.5),
             "raw_p99_ms": percentile(&raw_latencies, 0.99), "ratio": per_sec / raw_per_sec,
+            "store_send_per_sec": total as f64 / both_secs,
+            "ratio_to_store_send": intake_secs.recip() * both_secs,
             "statements_per_delivery": intake_statements as f64 / total as f64,
         },
         "worker": {
