@@ -30,6 +30,10 @@ pub struct BenchArgs {
     /// Concurrent intake requests, and concurrent worker pollers.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
+    /// Customers per source the events are spread over (1: every source's events on one hot
+    /// account, which the worker applies one at a time).
+    #[arg(long, default_value_t = 500)]
+    pub customers: usize,
     #[arg(long, env = "INBOX_PLANS", hide_env_values = true)]
     pub plans: String,
     #[command(flatten)]
@@ -93,7 +97,7 @@ fn workload(args: &BenchArgs, sender: &crate::send::Sender) -> anyhow::Result<Ve
         };
         let spec = Spec {
             kind: kinds[n % kinds.len()].to_owned(),
-            customer: format!("bench_{}", n % 500),
+            customer: format!("bench_{}", n % args.customers),
             plan: Some(plan.to_owned()),
             at: Utc::now() - chrono::Duration::seconds((n % 3600) as i64),
             object_id: Some(format!("obj_{}", n % 1500)),
@@ -195,6 +199,10 @@ pub async fn run(
     anyhow::ensure!(
         (1..=64).contains(&args.concurrency),
         "--concurrency must be between 1 and 64"
+    );
+    anyhow::ensure!(
+        (1..=100_000).contains(&args.customers),
+        "--customers must be between 1 and 100000"
     );
     let catalog = parse_plans(&args.plans)?;
     let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
@@ -385,6 +393,28 @@ async fn send_alone(
     Ok(count as f64 / secs)
 }
 
+/// Bytes of write-ahead log the server has written so far (every database on it: the bench
+/// runs one phase at a time).
+async fn wal_bytes(pool: &PgPool) -> anyhow::Result<f64> {
+    Ok(
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// Each table's bytes on disk, with its indexes and TOAST, in the bench's database.
+async fn stored_bytes(pool: &PgPool) -> anyhow::Result<Vec<(String, f64)>> {
+    Ok(sqlx::query_as(
+        "SELECT c.relname::text, pg_total_relation_size(c.oid)::float8 FROM pg_class c
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = 'public' AND c.relkind = 'r' AND c.relname <> '_sqlx_migrations'
+         ORDER BY 2 DESC",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
 /// A delivery as verification leaves it: source, body, the verified event, the kept headers.
 type RawItem = (String, Vec<u8>, shared::domain::VerifiedEvent, Value);
 
@@ -496,6 +526,7 @@ async fn measure(
 
     eprintln!("bench: intake");
     let statements_before = counter.get();
+    let wal_before = wal_bytes(&pool).await?;
     let intake_start = Instant::now();
     let latencies = {
         let instances = instances.clone();
@@ -517,6 +548,7 @@ async fn measure(
     };
     let intake_secs = intake_start.elapsed().as_secs_f64();
     let intake_statements = counter.get() - statements_before;
+    let intake_wal = wal_bytes(&pool).await? - wal_before;
 
     eprintln!("bench: worker drains the backlog");
     let worker = Arc::new(WorkerState::new(
@@ -525,6 +557,7 @@ async fn measure(
         catalog.clone(),
     ));
     let statements_before = counter.get();
+    let wal_before = wal_bytes(&pool).await?;
     let drain_start = Instant::now();
     let deadline = drain_start + Duration::from_secs(900);
     // The drain ends with the last batch that brought work, not with the empty polls after.
@@ -565,6 +598,8 @@ async fn measure(
         .duration_since(drain_start)
         .as_secs_f64();
     let worker_statements = counter.get() - statements_before;
+    let worker_wal = wal_bytes(&pool).await? - wal_before;
+    let stored = stored_bytes(&pool).await?;
     let applied: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM inbox_events WHERE status IN ('applied', 'ignored', 'unprocessable')",
     )
@@ -614,6 +649,11 @@ async fn measure(
     Ok(json!({
         "deliveries": total,
         "events": distinct,
+        "customers_per_source": args.customers,
+        "stored": {
+            "bytes_per_event": stored.iter().map(|(_, b)| b).sum::<f64>() / distinct as f64,
+            "tables": stored.iter().map(|(t, b)| (t.clone(), json!(b / distinct as f64))).collect::<serde_json::Map<_, _>>(),
+        },
         "sources": configs.iter().map(|s| s.name.clone()).collect::<Vec<_>>().join(", "),
         "intake": {
             "per_sec": per_sec, "p50_ms": percentile(&latencies, 0.5), "p99_ms": percentile(&latencies, 0.99),
@@ -622,11 +662,13 @@ async fn measure(
             "store_send_per_sec": total as f64 / both_secs,
             "ratio_to_store_send": intake_secs.recip() * both_secs,
             "statements_per_delivery": intake_statements as f64 / total as f64,
+            "wal_bytes_per_delivery": intake_wal / total as f64,
         },
         "worker": {
             "applied": applied, "per_sec": worker_per_sec, "raw_per_sec": raw_worker_per_sec,
             "ratio": worker_per_sec / raw_worker_per_sec, "drain_secs": drain_secs,
             "statements_per_event": worker_statements as f64 / applied.max(1) as f64,
+            "wal_bytes_per_event": worker_wal / applied.max(1) as f64,
         }
     }))
 }
