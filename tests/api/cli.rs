@@ -390,3 +390,81 @@ async fn effects_are_listed_shown_and_replayed(pool: PgPool) {
         assert!(stderr.contains(message), "{args:?}: {stderr}");
     }
 }
+
+/// `inboxctl bench` end to end on a small backlog: every figure the benchmarks page is
+/// written from is there, every event is applied, and its databases are gone afterwards.
+/// No figure's size is asserted: timing belongs to the bench, not to a test.
+#[tokio::test]
+async fn the_bench_reports_every_figure_and_leaves_no_database_behind() {
+    let server = std::env::var("DATABASE_URL").unwrap();
+    let admin = PgPool::connect(&server).await.unwrap();
+    let benches = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_database WHERE datname LIKE 'inbox\\_bench\\_%'",
+        )
+        .fetch_one(&admin)
+        .await
+        .unwrap()
+    };
+    let before = benches().await;
+
+    let (output, stdout, stderr) = run(inboxctl().args([
+        "--json",
+        "--database-url",
+        &server,
+        "bench",
+        "--deliveries",
+        "100",
+        "--concurrency",
+        "2",
+        "--customers",
+        "3",
+    ]));
+    assert!(output.status.success(), "{stderr}");
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+
+    assert_eq!(
+        (report["deliveries"].as_i64(), report["events"].as_i64()),
+        (Some(100), Some(70))
+    );
+    assert_eq!(report["customers_per_source"], 3);
+    assert_eq!(
+        report["worker"]["applied"], 70,
+        "every event is applied: {report}"
+    );
+    let positive = |v: &Value| v.as_f64().is_some_and(|x| x.is_finite() && x > 0.0);
+    for figure in [
+        "per_sec",
+        "raw_per_sec",
+        "send_alone_per_sec",
+        "ceiling_per_sec",
+        "ratio_to_ceiling",
+        "store_send_per_sec",
+        "ratio_to_store_send",
+        "p50_ms",
+        "p99_ms",
+        "statements_per_delivery",
+        "wal_bytes_per_delivery",
+    ] {
+        assert!(
+            positive(&report["intake"][figure]),
+            "intake {figure}: {report}"
+        );
+    }
+    for figure in [
+        "per_sec",
+        "raw_per_sec",
+        "ratio",
+        "drain_secs",
+        "statements_per_event",
+        "wal_bytes_per_event",
+    ] {
+        assert!(
+            positive(&report["worker"][figure]),
+            "worker {figure}: {report}"
+        );
+    }
+    assert!(positive(&report["stored"]["bytes_per_event"]));
+    assert!(positive(&report["stored"]["tables"]["inbox_events"]));
+    assert_eq!(benches().await, before, "the bench removes its databases");
+}
