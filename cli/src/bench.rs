@@ -127,7 +127,11 @@ fn workload(args: &BenchArgs, sender: &crate::send::Sender) -> anyhow::Result<Ve
     Ok(deliveries)
 }
 
-async fn fresh_database(server: &str, name: &str) -> anyhow::Result<PgPool> {
+async fn fresh_database(
+    server: &str,
+    name: &str,
+    pool_options: sqlx::postgres::PgPoolOptions,
+) -> anyhow::Result<PgPool> {
     let admin = PgPool::connect(server)
         .await
         .context("connecting to DATABASE_URL")?;
@@ -138,9 +142,7 @@ async fn fresh_database(server: &str, name: &str) -> anyhow::Result<PgPool> {
         .execute(format!(r#"CREATE DATABASE "{name}""#).as_str())
         .await?;
     let options: sqlx::postgres::PgConnectOptions = server.parse()?;
-    let pool = shared::db::pool_options(32)
-        .connect_with(options.database(name))
-        .await?;
+    let pool = pool_options.connect_with(options.database(name)).await?;
     shared::MIGRATOR.run(&pool).await?;
     Ok(pool)
 }
@@ -314,9 +316,12 @@ async fn bench(
     eprintln!("bench: preparing {} signed deliveries", args.deliveries);
     let sender = args.signing.sender("").await?;
     let deliveries = workload(args, &sender)?;
-    let pool = fresh_database(server, db).await?;
-    let raw_pool = fresh_database(server, raw_db).await?;
-    let both_pool = fresh_database(server, both_db).await?;
+    // The pipeline's pool as the functions build theirs; the raw worker's without the ping
+    // before each acquire (sqlx still pings on release), closer to pgbench.
+    let pool = fresh_database(server, db, shared::db::pool_options(32)).await?;
+    let unpinged = || shared::db::pool_options(32).test_before_acquire(false);
+    let raw_pool = fresh_database(server, raw_db, unpinged()).await?;
+    let both_pool = fresh_database(server, both_db, unpinged()).await?;
     // The local SQS server slows down as the backlog grows: generous timeouts, so that the
     // bench measures it rather than failing on it.
     let sqs = aws_sdk_sqs::Client::from_conf(
