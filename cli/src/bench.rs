@@ -567,16 +567,23 @@ async fn measure(
     let deadline = drain_start + Duration::from_secs(900);
     // The drain ends with the last batch that brought work, not with the empty polls after.
     let last_work = Arc::new(std::sync::Mutex::new(drain_start));
+    // As the event source mapping runs it: its pollers receive and delete on their own, and
+    // at most `concurrency` invocations run at once. Twice as many pollers as invocations keep
+    // the invocations fed while other pollers wait on SQS.
+    let invocations = Arc::new(tokio::sync::Semaphore::new(args.concurrency));
     let mut pollers = Vec::new();
-    for _ in 0..args.concurrency {
+    for _ in 0..args.concurrency * 2 {
         let (worker, sqs, queue_url) = (worker.clone(), sqs.clone(), queue_url.to_owned());
-        let last_work = last_work.clone();
+        let (last_work, invocations) = (last_work.clone(), invocations.clone());
         pollers.push(tokio::spawn(async move {
             let mut idle = 0;
             while idle < 3 && Instant::now() < deadline {
                 let pumped = shared::dev::bridge::pump_once(&sqs, &queue_url, 1, |event| {
-                    let worker = worker.clone();
-                    async move { Ok(shared::handlers::worker::handle_batch(&worker, event).await) }
+                    let (worker, invocations) = (worker.clone(), invocations.clone());
+                    async move {
+                        let _invocation = invocations.acquire().await?;
+                        Ok(shared::handlers::worker::handle_batch(&worker, event).await)
+                    }
                 })
                 .await;
                 idle = match pumped {
