@@ -4,7 +4,7 @@
 //! where order matters.
 
 use serde_json::{json, Value};
-use shared::handlers::worker::WorkerSource;
+use shared::handlers::worker::{process_event, Processed, WorkerSource, WorkerState};
 use shared::providers::stripe::StripeReads;
 use shared::providers::Api;
 use sqlx::PgPool;
@@ -67,15 +67,15 @@ fn log_reason(account: &shared::billing::account::AccountView, event_type: &str)
         .join(" | ")
 }
 
-/// Gives the app's worker the Stripe API at `server` (an API key configured).
-fn with_stripe_api(app: &mut TestApp, server: &MockServer) {
+/// Gives a worker the Stripe API at `server` (an API key configured).
+fn with_stripe_api(worker: &mut WorkerState, server: &MockServer) {
     let api = Api {
         base_url: server.uri(),
         key: "sk_test_reads".into(),
         client_id: None,
         http: reqwest::Client::new(),
     };
-    app.worker.sources.insert(
+    worker.sources.insert(
         "stripe".into(),
         WorkerSource {
             kind: shared::domain::SourceKind::Stripe,
@@ -151,7 +151,7 @@ async fn a_provider_read_settles_a_same_second_tie(pool: PgPool) {
             .mount(&api)
             .await;
     }
-    with_stripe_api(&mut app, &api);
+    with_stripe_api(&mut app.worker, &api);
     for n in 0..2 {
         let account = same_second_pair(
             &app,
@@ -168,6 +168,135 @@ async fn a_provider_read_settles_a_same_second_tie(pool: PgPool) {
     }
 }
 
+/// A provider read is made before the event's transaction: while the provider is slow the
+/// account's lock is free and no transaction waits open (docs/design.md §4.2).
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_slow_provider_read_holds_neither_the_accounts_lock_nor_a_transaction(pool: PgPool) {
+    let mut app = TestApp::spawn(pool.clone()).await;
+    let api = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/subscriptions/sub_slow"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(subscription("sub_slow", "cus_slow", "active", "price_pro"))
+                .set_delay(std::time::Duration::from_secs(2)),
+        )
+        .mount(&api)
+        .await;
+    with_stripe_api(&mut app.worker, &api);
+    let event = |id: &str, status: &str| {
+        stripe(
+            id,
+            "customer.subscription.updated",
+            T,
+            subscription("sub_slow", "cus_slow", status, "price_pro"),
+        )
+    };
+    // The first state meets no tie and reads nothing; the second ties with it.
+    deliver(&app, &[&event("evt_slow1", "past_due")]).await;
+    let (status, body) = app
+        .post("stripe", &stripe_delivery(&event("evt_slow0", "active")))
+        .await;
+    assert_eq!(status, http::StatusCode::OK, "{body}");
+
+    let while_reading = async {
+        let mut waited = 0;
+        while api.received_requests().await.unwrap_or_default().is_empty() {
+            waited += 1;
+            assert!(waited < 400, "the worker never read the subscription");
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        let mut tx = pool.begin().await.unwrap();
+        let lock = sqlx::query(
+            "SELECT 1 FROM accounts WHERE source = 'stripe' AND customer_id = 'cus_slow'
+             FOR UPDATE NOWAIT",
+        )
+        .fetch_optional(&mut *tx)
+        .await
+        .map(|row| row.is_some());
+        tx.rollback().await.unwrap();
+        let open: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        (lock, open)
+    };
+    let (_, (lock, open)) = tokio::join!(app.run_worker(), while_reading);
+    assert_eq!(
+        lock.ok(),
+        Some(true),
+        "the account's lock is free during the read"
+    );
+    assert_eq!(open, 0, "no transaction waits open on the read");
+
+    let account = app.account("stripe", "cus_slow", "2026-03").await;
+    assert_eq!(account.subscriptions[0].status, "active");
+    let reasons = log_reason(&account, "customer.subscription.updated");
+    assert!(reasons.contains("resolved by a provider read"), "{reasons}");
+}
+
+/// Two workers each read the provider about the same tie; the first to write moves the
+/// register, so the other finds another tie under the lock than the one its read settled. It
+/// fails and, retried, reads again: the end state is the provider's in either order.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_tie_that_moves_during_the_read_is_read_again(pool: PgPool) {
+    let mut app = TestApp::spawn(pool.clone()).await;
+    let api = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/subscriptions/sub_move"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(subscription("sub_move", "cus_move", "active", "price_pro"))
+                // Long enough that both workers read the tie before either writes.
+                .set_delay(std::time::Duration::from_secs(2)),
+        )
+        .mount(&api)
+        .await;
+    with_stripe_api(&mut app.worker, &api);
+    let mut second = test_worker(pool.clone());
+    with_stripe_api(&mut second, &api);
+    let event = |id: &str, status: &str| {
+        stripe(
+            id,
+            "customer.subscription.updated",
+            T,
+            subscription("sub_move", "cus_move", status, "price_pro"),
+        )
+    };
+    deliver(&app, &[&event("evt_move2", "past_due")]).await;
+    let mut ids = Vec::new();
+    for (id, status) in [("evt_move1", "active"), ("evt_move0", "trialing")] {
+        let (code, body) = app
+            .post("stripe", &stripe_delivery(&event(id, status)))
+            .await;
+        assert_eq!(code, http::StatusCode::OK, "{body}");
+        ids.push(body["event_id"].as_i64().unwrap());
+    }
+
+    let (one, other) = tokio::join!(
+        process_event(&app.worker, ids[0]),
+        process_event(&second, ids[1])
+    );
+    let outcomes = [one.unwrap(), other.unwrap()];
+    let moved: Vec<usize> = (0..2)
+        .filter(|&i| {
+            matches!(&outcomes[i], Processed::Failed { error, .. }
+                if error.contains("during the provider read"))
+        })
+        .collect();
+    assert_eq!(moved.len(), 1, "{outcomes:?}");
+    let retried = process_event(&app.worker, ids[moved[0]]).await.unwrap();
+    assert!(matches!(retried, Processed::Finished { .. }), "{retried:?}");
+
+    let account = app.account("stripe", "cus_move", "2026-03").await;
+    assert_eq!(account.subscriptions[0].status, "active");
+    let reasons = log_reason(&account, "customer.subscription.updated");
+    assert!(reasons.contains("resolved by a provider read"), "{reasons}");
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_failed_provider_read_falls_back_to_the_status_rank(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
@@ -176,7 +305,7 @@ async fn a_failed_provider_read_falls_back_to_the_status_rank(pool: PgPool) {
         .respond_with(ResponseTemplate::new(500))
         .mount(&api)
         .await;
-    with_stripe_api(&mut app, &api);
+    with_stripe_api(&mut app.worker, &api);
     let first = stripe(
         "evt_x1",
         "customer.subscription.updated",
@@ -345,7 +474,7 @@ async fn a_provider_read_links_a_basil_refund(pool: PgPool) {
         .expect(1)
         .mount(&api)
         .await;
-    with_stripe_api(&mut app, &api);
+    with_stripe_api(&mut app.worker, &api);
     let [paid, _, refund] = basil_refund_events(0);
     deliver(&app, &[&refund, &paid]).await;
     let account = app.account("stripe", "cus_b0", "2026-03").await;

@@ -1,7 +1,7 @@
 //! The worker function's handler: for each SQS message, claim the event it names under a
-//! lease, then in one transaction re-check the lease, decide what the event means (its
-//! provider), write the registers and the account's log line (billing) and finish the event
-//! (inbox). A failure rolls the transaction back and is recorded with the retry schedule; only
+//! lease, decide what the event means (its provider) and make the provider reads a tie or a
+//! refund needs, then in one transaction re-check the lease, write the registers and the
+//! account's log line (billing) and finish the event (inbox). A failure rolls the transaction back and is recorded with the retry schedule; only
 //! transient failures are reported back to SQS (docs/design.md §1, §3).
 
 use std::collections::HashMap;
@@ -126,6 +126,8 @@ pub enum WorkerError {
     LeaseLost,
     #[error("another event wrote the same payment intent meanwhile; retrying")]
     Raced,
+    #[error("another event of the same second reached the subscription during the provider read; retrying")]
+    TieMoved,
     #[error("injected fault at {0:?}")]
     Injected(FaultPoint),
 }
@@ -219,7 +221,7 @@ async fn apply_claimed(
         .get(&event.source)
         .ok_or_else(|| WorkerError::UnknownSource(event.source.clone()))?;
     let provider = providers::provider(source.kind);
-    let decision = match (&event.payload, event.occurred_at) {
+    let mut decision = match (&event.payload, event.occurred_at) {
         (Some(payload), Some(_)) => match provider.out_of_scope(payload, source.livemode) {
             Some(reason) => Decision::Ignore(reason),
             None => providers::decide(
@@ -232,6 +234,21 @@ async fn apply_claimed(
         },
         _ => Decision::Unprocessable("the stored event has no parsed payload".into()),
     };
+    // What only the provider can settle is read before the transaction, so a slow provider
+    // holds neither the account's lock nor an open transaction (docs/design.md §4.2).
+    let mut ties_read = HashMap::new();
+    if let (Decision::Apply { effects, notes }, Some(customer), Some(at)) =
+        (&mut decision, &event.customer, event.occurred_at)
+    {
+        let ctx = EventContext {
+            event_id: event.id,
+            source: &event.source,
+            customer,
+            event_type: &event.event_type,
+            version: planted_version(event, at),
+        };
+        ties_read = settle(conn, source, &ctx, effects, notes).await?;
+    }
     let mut tx = conn.begin().await?;
     // The account's lock comes with the lease re-check when the event names its customer and
     // its decision touches the account: one statement.
@@ -281,13 +298,7 @@ async fn apply_claimed(
             EventStatus::Unprocessable,
             "the event has no provider time".to_owned(),
         ),
-        (
-            Decision::Apply {
-                mut effects,
-                mut notes,
-            },
-            Some(ctx),
-        ) => {
+        (Decision::Apply { effects, mut notes }, Some(ctx)) => {
             if !locked {
                 registers::lock_account(&mut tx, ctx.source, ctx.customer).await?;
             }
@@ -300,7 +311,6 @@ async fn apply_claimed(
                 }
                 None => None,
             };
-            settle(&mut tx, source, ctx, &mut effects, &mut notes).await?;
             let mut changes = Vec::with_capacity(effects.len());
             let mut facts = Vec::new();
             for (i, effect) in effects.iter().enumerate() {
@@ -309,10 +319,18 @@ async fn apply_claimed(
                 }
                 sim::point(Point::WorkerEffect(i), event.id).await;
                 let write = registers::apply_effect(&mut tx, ctx, effect).await?;
-                if let (Some(tie), None) = (write.tied_with, &source.reads) {
-                    notes.push(format!(
-                        "same-second tie with event {tie} resolved by status rank"
-                    ));
+                if let Effect::Subscription { id, .. } = effect {
+                    match (&source.reads, write.tied_with) {
+                        (None, Some(tie)) => notes.push(format!(
+                            "same-second tie with event {tie} resolved by status rank"
+                        )),
+                        // Under the lock the register holds another tie than the read settled:
+                        // the retry reads again.
+                        (Some(_), tied) if ties_read.get(id) != Some(&tied) => {
+                            return Err(WorkerError::TieMoved)
+                        }
+                        _ => {}
+                    }
                 }
                 changes.push(write.change);
                 facts.extend(write.fact);
@@ -372,18 +390,21 @@ fn planted_version(event: &Claimed, at: crate::domain::ProviderTime) -> Version 
     Version { at, key }
 }
 
-/// What only the provider can settle, settled before the writes (docs/design.md §4.2, §4.5):
-/// a subscription state stamped with the same second as another event's takes the rank a
-/// provider read gives it (else its status rank decides, and the note says so); a refund
+/// What only the provider can settle, settled before the transaction (docs/design.md §4.2,
+/// §4.5): a subscription state stamped with the same second as another event's takes the rank
+/// a provider read gives it (else its status rank decides, and the note says so); a refund
 /// known only by its payment intent is linked to its invoice by a read when no event has.
 /// A failed read settles nothing and says why: the status rank still gives one order.
+/// With reads, returns each subscription's tie as read (the other event, if any), which the
+/// write under the account's lock must find again.
 async fn settle(
     conn: &mut PgConnection,
     source: &WorkerSource,
     ctx: &EventContext<'_>,
     effects: &mut Vec<Effect>,
     notes: &mut Vec<String>,
-) -> Result<(), sqlx::Error> {
+) -> Result<HashMap<String, Option<i64>>, sqlx::Error> {
+    let mut ties_read = HashMap::new();
     let mut linked = Vec::new();
     for effect in effects.iter_mut() {
         match effect {
@@ -398,7 +419,9 @@ async fn settle(
                 let Some(reads) = &source.reads else {
                     continue;
                 };
-                let Some(tie) = registers::subscription_tie(conn, ctx, id).await? else {
+                let tie = registers::subscription_tie(conn, ctx, id).await?;
+                ties_read.insert(id.clone(), tie.as_ref().map(|t| t.event_id));
+                let Some(tie) = tie else {
                     continue;
                 };
                 let plan_key = plan.as_ref().map(|p| p.key.as_str());
@@ -455,7 +478,7 @@ async fn settle(
     for (i, link) in linked.into_iter().enumerate() {
         effects.insert(i, link);
     }
-    Ok(())
+    Ok(ties_read)
 }
 
 /// Whether every effect is a payment-intent link; then the customer the intent is known
