@@ -449,10 +449,16 @@ async fn settle(
                 });
             }
             Effect::RefundIntent { payment_intent, .. } => {
-                let known = registers::linked_invoice(conn, ctx.source, payment_intent).await?;
-                let Some(reads) = source.reads.as_ref().filter(|_| known.is_none()) else {
+                // Without reads nothing is looked up: the refund is recorded and linked later.
+                let Some(reads) = &source.reads else {
                     continue;
                 };
+                if registers::linked_invoice(conn, ctx.source, payment_intent)
+                    .await?
+                    .is_some()
+                {
+                    continue;
+                }
                 match reads.invoice_of_payment_intent(payment_intent).await {
                     Ok(Some(invoice)) => {
                         notes.push(format!(
