@@ -1,8 +1,9 @@
 //! The worker function's handler: for each SQS message, claim the event it names under a
 //! lease, decide what the event means (its provider) and make the provider reads a tie or a
 //! refund needs, then in one transaction re-check the lease, write the registers and the
-//! account's log line (billing) and finish the event (inbox). A failure rolls the transaction back and is recorded with the retry schedule; only
-//! transient failures are reported back to SQS (docs/design.md §1, §3).
+//! account's log line (billing) and finish the event (inbox). A failure rolls the transaction
+//! back and is recorded with the retry schedule; only transient failures are reported back to
+//! SQS (docs/design.md §1, §3).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -391,7 +392,7 @@ fn planted_version(event: &Claimed, at: crate::domain::ProviderTime) -> Version 
 }
 
 /// What only the provider can settle, settled before the transaction (docs/design.md §4.2,
-/// §4.5): a subscription state stamped with the same second as another event's takes the rank
+/// §4.6): a subscription state stamped with the same second as another event's takes the rank
 /// a provider read gives it (else its status rank decides, and the note says so); a refund
 /// known only by its payment intent is linked to its invoice by a read when no event has.
 /// A failed read settles nothing and says why: the status rank still gives one order.
