@@ -83,28 +83,29 @@ async fn the_sqs_server_serves_every_call_the_pipeline_makes() {
 
     // DeleteMessageBatch acknowledges; an entry it cannot take is refused on its own.
     let (keep, delete) = received.split_at(1);
-    let entry = |id: String, handle: &str| {
-        aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
-            .id(id)
-            .receipt_handle(handle)
-            .build()
-            .unwrap()
+    let delete_batch = |handles: Vec<&str>| {
+        let entries = handles
+            .into_iter()
+            .enumerate()
+            .map(|(i, handle)| {
+                aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
+                    .id(format!("m{i}"))
+                    .receipt_handle(handle)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        sqs.delete_message_batch()
+            .queue_url(&url)
+            .set_entries(Some(entries))
+            .send()
     };
-    let mut entries: Vec<_> = delete
+    let mut handles: Vec<&str> = delete[..9]
         .iter()
-        .take(10)
-        .enumerate()
-        .map(|(i, m)| entry(format!("m{i}"), m.receipt_handle().unwrap()))
+        .map(|m| m.receipt_handle().unwrap())
         .collect();
-    entries.pop();
-    entries.push(entry("unknown".into(), "not-a-receipt-handle"));
-    let deleted = sqs
-        .delete_message_batch()
-        .queue_url(&url)
-        .set_entries(Some(entries))
-        .send()
-        .await
-        .unwrap();
+    handles.push("not-a-receipt-handle");
+    let deleted = delete_batch(handles).await.unwrap();
     assert_eq!(deleted.successful.len(), 9);
     assert_eq!(
         deleted
@@ -112,21 +113,14 @@ async fn the_sqs_server_serves_every_call_the_pipeline_makes() {
             .iter()
             .map(|f| f.id.as_str())
             .collect::<Vec<_>>(),
-        ["unknown"],
+        ["m9"],
         "the unknown handle is refused, the rest deleted"
     );
-    let rest: Vec<_> = delete[9..]
+    let rest = delete[9..]
         .iter()
-        .enumerate()
-        .map(|(i, m)| entry(format!("r{i}"), m.receipt_handle().unwrap()))
+        .map(|m| m.receipt_handle().unwrap())
         .collect();
-    let deleted = sqs
-        .delete_message_batch()
-        .queue_url(&url)
-        .set_entries(Some(rest))
-        .send()
-        .await
-        .unwrap();
+    let deleted = delete_batch(rest).await.unwrap();
     assert_eq!((deleted.successful.len(), deleted.failed.len()), (3, 0));
     let back_within = Instant::now() + Duration::from_secs(15);
     let back = loop {

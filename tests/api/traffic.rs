@@ -168,30 +168,39 @@ async fn a_provider_read_settles_a_same_second_tie(pool: PgPool) {
     }
 }
 
+/// A Stripe API that shows subscription `sub_{tag}` of `cus_{tag}` as active after 2 s (long
+/// enough that a test sees what holds while the read waits); and the updates of that
+/// subscription at `T`, by event id and status.
+async fn slow_subscription_read(tag: &str) -> (MockServer, impl Fn(&str, &str) -> Value) {
+    let (sub, customer) = (format!("sub_{tag}"), format!("cus_{tag}"));
+    let api = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/subscriptions/{sub}")))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(subscription(&sub, &customer, "active", "price_pro"))
+                .set_delay(std::time::Duration::from_secs(2)),
+        )
+        .mount(&api)
+        .await;
+    let event = move |id: &str, status: &str| {
+        stripe(
+            id,
+            "customer.subscription.updated",
+            T,
+            subscription(&sub, &customer, status, "price_pro"),
+        )
+    };
+    (api, event)
+}
+
 /// A provider read is made before the event's transaction: while the provider is slow the
 /// account's lock is free and no transaction waits open (docs/design.md §4.2).
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_slow_provider_read_holds_neither_the_accounts_lock_nor_a_transaction(pool: PgPool) {
     let mut app = TestApp::spawn(pool.clone()).await;
-    let api = MockServer::start().await;
-    Mock::given(method("GET"))
-        .and(path("/v1/subscriptions/sub_slow"))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(subscription("sub_slow", "cus_slow", "active", "price_pro"))
-                .set_delay(std::time::Duration::from_secs(2)),
-        )
-        .mount(&api)
-        .await;
+    let (api, event) = slow_subscription_read("slow").await;
     with_stripe_api(&mut app.worker, &api);
-    let event = |id: &str, status: &str| {
-        stripe(
-            id,
-            "customer.subscription.updated",
-            T,
-            subscription("sub_slow", "cus_slow", status, "price_pro"),
-        )
-    };
     // The first state meets no tie and reads nothing; the second ties with it.
     deliver(&app, &[&event("evt_slow1", "past_due")]).await;
     let (status, body) = app
@@ -244,28 +253,11 @@ async fn a_slow_provider_read_holds_neither_the_accounts_lock_nor_a_transaction(
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_tie_that_moves_during_the_read_is_read_again(pool: PgPool) {
     let mut app = TestApp::spawn(pool.clone()).await;
-    let api = MockServer::start().await;
-    Mock::given(method("GET"))
-        .and(path("/v1/subscriptions/sub_move"))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(subscription("sub_move", "cus_move", "active", "price_pro"))
-                // Long enough that both workers read the tie before either writes.
-                .set_delay(std::time::Duration::from_secs(2)),
-        )
-        .mount(&api)
-        .await;
+    // The read's 2 s: both workers read the tie before either writes.
+    let (api, event) = slow_subscription_read("move").await;
     with_stripe_api(&mut app.worker, &api);
     let mut second = test_worker(pool.clone());
     with_stripe_api(&mut second, &api);
-    let event = |id: &str, status: &str| {
-        stripe(
-            id,
-            "customer.subscription.updated",
-            T,
-            subscription("sub_move", "cus_move", status, "price_pro"),
-        )
-    };
     deliver(&app, &[&event("evt_move2", "past_due")]).await;
     let mut ids = Vec::new();
     for (id, status) in [("evt_move1", "active"), ("evt_move0", "trialing")] {
