@@ -194,6 +194,15 @@ async fn slow_subscription_read(tag: &str) -> (MockServer, impl Fn(&str, &str) -
     (api, event)
 }
 
+/// The subscription ends in the state the slow read shows, and the log says the read
+/// settled the tie.
+async fn assert_settled_by_the_read(app: &TestApp, customer: &str) {
+    let account = app.account("stripe", customer, "2026-03").await;
+    assert_eq!(account.subscriptions[0].status, "active");
+    let reasons = log_reason(&account, "customer.subscription.updated");
+    assert!(reasons.contains("resolved by a provider read"), "{reasons}");
+}
+
 /// A provider read is made before the event's transaction: while the provider is slow the
 /// account's lock is free and no transaction waits open (docs/design.md §4.2).
 #[sqlx::test(migrator = "shared::MIGRATOR")]
@@ -241,10 +250,7 @@ async fn a_slow_provider_read_holds_neither_the_accounts_lock_nor_a_transaction(
     );
     assert_eq!(open, 0, "no transaction waits open on the read");
 
-    let account = app.account("stripe", "cus_slow", "2026-03").await;
-    assert_eq!(account.subscriptions[0].status, "active");
-    let reasons = log_reason(&account, "customer.subscription.updated");
-    assert!(reasons.contains("resolved by a provider read"), "{reasons}");
+    assert_settled_by_the_read(&app, "cus_slow").await;
 }
 
 /// Two workers each read the provider about the same tie; the first to write moves the
@@ -283,10 +289,7 @@ async fn a_tie_that_moves_during_the_read_is_read_again(pool: PgPool) {
     let retried = process_event(&app.worker, ids[moved[0]]).await.unwrap();
     assert!(matches!(retried, Processed::Finished { .. }), "{retried:?}");
 
-    let account = app.account("stripe", "cus_move", "2026-03").await;
-    assert_eq!(account.subscriptions[0].status, "active");
-    let reasons = log_reason(&account, "customer.subscription.updated");
-    assert!(reasons.contains("resolved by a provider read"), "{reasons}");
+    assert_settled_by_the_read(&app, "cus_move").await;
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]

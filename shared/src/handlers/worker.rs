@@ -235,19 +235,14 @@ async fn apply_claimed(
         },
         _ => Decision::Unprocessable("the stored event has no parsed payload".into()),
     };
+    // The event's place in the provider's order: one for the reads and the writes.
+    let version = event.occurred_at.map(|at| planted_version(event, at));
     // What only the provider can settle is read before the transaction, so a slow provider
     // holds neither the account's lock nor an open transaction (docs/design.md §4.2).
     let mut ties_read = HashMap::new();
-    if let (Decision::Apply { effects, notes }, Some(customer), Some(at)) =
-        (&mut decision, &event.customer, event.occurred_at)
-    {
-        let ctx = EventContext {
-            event_id: event.id,
-            source: &event.source,
-            customer,
-            event_type: &event.event_type,
-            version: planted_version(event, at),
-        };
+    let named = event.customer.as_ref();
+    let ctx = named.and_then(|c| event_context(event, c, &version));
+    if let (Decision::Apply { effects, notes }, Some(ctx)) = (&mut decision, ctx) {
         ties_read = settle(conn, source, &ctx, effects, notes).await?;
     }
     let mut tx = conn.begin().await?;
@@ -273,16 +268,9 @@ async fn apply_claimed(
             customer = links_only_customer(&mut tx, &event.source, effects).await?;
         }
     }
-    let context = match (&customer, event.occurred_at) {
-        (Some(customer), Some(at)) => Some(EventContext {
-            event_id: event.id,
-            source: &event.source,
-            customer,
-            event_type: &event.event_type,
-            version: planted_version(event, at),
-        }),
-        _ => None,
-    };
+    let context = customer
+        .as_ref()
+        .and_then(|c| event_context(event, c, &version));
     let mut written = Vec::new();
     let (status, reason) = match (decision, &context) {
         (Decision::Unprocessable(reason), _) => (EventStatus::Unprocessable, reason),
@@ -374,6 +362,21 @@ async fn apply_claimed(
         status,
         reason,
         effects: written,
+    })
+}
+
+/// Who the event is about and where it sits in the provider's order, once it has a time.
+fn event_context<'a>(
+    event: &'a Claimed,
+    customer: &'a crate::domain::CustomerId,
+    version: &Option<Version>,
+) -> Option<EventContext<'a>> {
+    Some(EventContext {
+        event_id: event.id,
+        source: &event.source,
+        customer,
+        event_type: &event.event_type,
+        version: version.clone()?,
     })
 }
 
