@@ -8,6 +8,7 @@ pub mod account;
 pub mod catalog;
 pub mod model;
 pub mod registers;
+pub mod rules;
 
 pub use catalog::{Catalog, Plan, PlanRef};
 pub use model::{

@@ -1,14 +1,14 @@
 //! The register SQL: each effect is one conditional statement on its register, run inside
-//! the worker's transaction for the event (docs/design.md §4). A write lands only when the
-//! event's version is newer than the register's; the same statement says, when it does not,
-//! which event the register holds.
+//! the worker's transaction for the event (docs/design.md §4). Which write lands is the
+//! register's rule (billing's `rules`, plain functions); the statement writes under the same
+//! condition and returns what the register held before, from which the rule says what the
+//! write did — and a statement that disagrees with its rule is refused.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
-use super::model::{
-    allowance_entry_key, Change, Effect, Fact, PaymentStatus, Rank, SubscriptionState, Version,
-};
+use super::model::{allowance_entry_key, Change, Effect, Fact, PaymentStatus, Rank, Version};
+use super::rules::{self, Held, HeldPeriod, HeldSubscription, Ruled, Stamp};
 use crate::domain::{CustomerId, Period};
 
 /// Who an event is about and where it sits in the provider's order.
@@ -41,23 +41,6 @@ impl From<Change> for Written {
     }
 }
 
-impl Written {
-    fn made(words: String, fact: Fact) -> Self {
-        Self {
-            change: Change::Made(words),
-            fact: Some(fact),
-            tied_with: None,
-        }
-    }
-
-    fn tied_with(self, event: Option<i64>) -> Self {
-        Self {
-            tied_with: event,
-            ..self
-        }
-    }
-}
-
 /// Creates the account if it is new and locks its row: every transaction that touches one
 /// customer's registers or ledger runs after the previous one commits.
 pub async fn lock_account(
@@ -83,17 +66,13 @@ pub async fn apply_effect(
     conn: &mut PgConnection,
     ctx: &EventContext<'_>,
     effect: &Effect,
-) -> Result<Written, sqlx::Error> {
+) -> Result<Written, WriteError> {
     match effect {
-        Effect::CustomerPlan { plan, key } => customer_plan(
-            conn,
-            ctx,
-            key.as_deref(),
-            plan.as_ref().map(|p| p.plan.as_str()),
-        )
-        .await
-        .map(Written::from),
-        Effect::Standing { past_due } => standing(conn, ctx, *past_due).await.map(Written::from),
+        Effect::CustomerPlan { plan, key } => {
+            let plan = plan.as_ref().map(|p| p.plan.as_str());
+            customer_plan(conn, ctx, key.as_deref(), plan).await
+        }
+        Effect::Standing { past_due } => standing(conn, ctx, *past_due).await,
         Effect::Subscription {
             id,
             status,
@@ -128,30 +107,60 @@ pub async fn apply_effect(
     }
 }
 
-/// After a conditional write did nothing: is it because this event is what is stored?
-fn unchanged(
-    stored_event: Option<i64>,
-    ctx: &EventContext<'_>,
-    what: &str,
-    superseded: &str,
-) -> Change {
-    if stored_event == Some(ctx.event_id) {
-        Change::AlreadyApplied(format!("this {what} is already stored"))
-    } else {
-        Change::Superseded(superseded.to_owned())
+/// A register write that failed: the database, or a statement that did not do what the
+/// register's rule says it does (billing's `rules`), which is refused so that the two cannot
+/// drift apart unseen; the worker rolls the event back and retries it.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("the {register} register's statement and its rule disagree on whether the event's write lands (the rule says {}); nothing was written", if *.rule_writes { "it does" } else { "it does not" })]
+    Diverged {
+        register: &'static str,
+        rule_writes: bool,
+    },
+}
+
+/// The rule's verdict, when the statement did what it says.
+fn agreed(register: &'static str, ruled: Ruled, written: bool) -> Result<Written, WriteError> {
+    if ruled.writes != written {
+        return Err(WriteError::Diverged {
+            register,
+            rule_writes: ruled.writes,
+        });
     }
+    Ok(ruled.written)
+}
+
+/// What a register held before the write, from the statement's columns (all `None`: empty).
+fn held<T>(
+    value: T,
+    event_id: Option<i64>,
+    at: Option<DateTime<Utc>>,
+    rank: Option<i16>,
+    key: Option<String>,
+) -> Option<Held<T>> {
+    Some(Held {
+        value,
+        stamp: Stamp {
+            at: at?,
+            rank: rank?,
+            key: key?,
+        },
+        event_id: event_id?,
+    })
 }
 
 // Each register write is one statement: the conditional upsert, and beside it (read from the
-// statement's snapshot, so before the write) which event the register held, to say why a
-// write that did not happen did not.
+// statement's snapshot, so before the write, which under the account's lock is the register
+// as it stands) what the register held, for the rule to say what the write did.
 
 async fn customer_plan(
     conn: &mut PgConnection,
     ctx: &EventContext<'_>,
     key: Option<&str>,
     plan: Option<&str>,
-) -> Result<Change, sqlx::Error> {
+) -> Result<Written, WriteError> {
     let row = sqlx::query!(
         r#"
         WITH written AS (
@@ -164,10 +173,10 @@ async fn customer_plan(
                     < (EXCLUDED.version_at, EXCLUDED.version_rank, EXCLUDED.version_key)
             RETURNING 1
         )
-        SELECT EXISTS (SELECT 1 FROM written) AS "written!",
-               (SELECT event_id FROM customer_plans WHERE source = $1 AND customer_id = $2) AS stored_event,
-               EXISTS (SELECT 1 FROM customer_plans
-                       WHERE source = $1 AND customer_id = $2 AND plan_key IS NOT DISTINCT FROM $3) AS "same!"
+        SELECT EXISTS (SELECT 1 FROM written) AS "written!", h.plan_key, h.event_id AS "event_id?",
+               h.version_at AS "version_at?", h.version_rank AS "version_rank?", h.version_key AS "version_key?"
+        FROM (VALUES (1)) AS one (n)
+        LEFT JOIN customer_plans h ON h.source = $1 AND h.customer_id = $2
         "#,
         ctx.source,
         ctx.customer.as_str(),
@@ -179,32 +188,22 @@ async fn customer_plan(
     )
     .fetch_one(&mut *conn)
     .await?;
-    if row.written && row.same {
-        return Ok(Change::Unchanged(match key {
-            Some(key) => format!("the plan is already '{key}'"),
-            None => "the plan is already cancelled".to_owned(),
-        }));
-    }
-    if row.written {
-        return Ok(Change::Made(match (plan, key) {
-            (Some(name), _) => format!("plan set to {name}"),
-            (None, Some(key)) => format!("plan set to '{key}', which entitles nothing"),
-            (None, None) => "plan cancelled".to_owned(),
-        }));
-    }
-    Ok(unchanged(
-        row.stored_event,
-        ctx,
-        "plan change",
-        "a newer plan change is already stored",
-    ))
+    let held = held(
+        row.plan_key,
+        row.event_id,
+        row.version_at,
+        row.version_rank,
+        row.version_key,
+    );
+    let ruled = rules::customer_plan(held.as_ref(), ctx, key, plan);
+    agreed("plan", ruled, row.written)
 }
 
 async fn standing(
     conn: &mut PgConnection,
     ctx: &EventContext<'_>,
     past_due: bool,
-) -> Result<Change, sqlx::Error> {
+) -> Result<Written, WriteError> {
     let row = sqlx::query!(
         r#"
         WITH written AS (
@@ -217,10 +216,11 @@ async fn standing(
                     < (EXCLUDED.version_at, EXCLUDED.version_rank, EXCLUDED.version_key)
             RETURNING 1
         )
-        SELECT EXISTS (SELECT 1 FROM written) AS "written!",
-               (SELECT event_id FROM customer_standing WHERE source = $1 AND customer_id = $2) AS stored_event,
-               EXISTS (SELECT 1 FROM customer_standing
-                       WHERE source = $1 AND customer_id = $2 AND past_due = $3) AS "same!"
+        SELECT EXISTS (SELECT 1 FROM written) AS "written!", h.past_due AS "past_due?",
+               h.event_id AS "event_id?", h.version_at AS "version_at?",
+               h.version_rank AS "version_rank?", h.version_key AS "version_key?"
+        FROM (VALUES (1)) AS one (n)
+        LEFT JOIN customer_standing h ON h.source = $1 AND h.customer_id = $2
         "#,
         ctx.source,
         ctx.customer.as_str(),
@@ -231,23 +231,20 @@ async fn standing(
     )
     .fetch_one(&mut *conn)
     .await?;
-    let words = if past_due {
-        "payments past due"
-    } else {
-        "payments in good standing"
-    };
-    if row.written && row.same {
-        return Ok(Change::Unchanged(format!("{words} already")));
-    }
-    if row.written {
-        return Ok(Change::Made(words.to_owned()));
-    }
-    Ok(unchanged(
-        row.stored_event,
-        ctx,
-        "payment standing",
-        "a newer payment standing is already stored",
-    ))
+    let held = row.past_due.and_then(|value| {
+        held(
+            value,
+            row.event_id,
+            row.version_at,
+            row.version_rank,
+            row.version_key,
+        )
+    });
+    agreed(
+        "standing",
+        rules::standing(held.as_ref(), ctx, past_due),
+        row.written,
+    )
 }
 
 async fn subscription(
@@ -257,7 +254,7 @@ async fn subscription(
     status: &str,
     plan: Option<(&str, &str)>,
     rank: Rank,
-) -> Result<Written, sqlx::Error> {
+) -> Result<Written, WriteError> {
     let row = sqlx::query!(
         r#"
         WITH written AS (
@@ -274,15 +271,11 @@ async fn subscription(
                     < (EXCLUDED.version_at, EXCLUDED.version_rank, EXCLUDED.version_key)
             RETURNING 1
         )
-        SELECT EXISTS (SELECT 1 FROM written) AS "written!",
-               (SELECT event_id FROM subscriptions WHERE source = $1 AND subscription_id = $2) AS stored_event,
-               EXISTS (SELECT 1 FROM subscriptions
-                       WHERE source = $1 AND subscription_id = $2 AND status = $4
-                         AND plan_key IS NOT DISTINCT FROM $5) AS "same!",
-               (SELECT status FROM subscriptions WHERE source = $1 AND subscription_id = $2) AS previous_status,
-               (SELECT plan FROM subscriptions WHERE source = $1 AND subscription_id = $2) AS previous_plan,
-               (SELECT event_id FROM subscriptions WHERE source = $1 AND subscription_id = $2
-                  AND version_at = $7 AND event_id <> $9) AS tied_with
+        SELECT EXISTS (SELECT 1 FROM written) AS "written!", h.status AS "status?", h.plan_key,
+               h.plan, h.event_id AS "event_id?", h.version_at AS "version_at?",
+               h.version_rank AS "version_rank?", h.version_key AS "version_key?"
+        FROM (VALUES (1)) AS one (n)
+        LEFT JOIN subscriptions h ON h.source = $1 AND h.subscription_id = $2
         "#,
         ctx.source,
         id,
@@ -297,33 +290,22 @@ async fn subscription(
     )
     .fetch_one(&mut *conn)
     .await?;
-    let tied_with = row.tied_with;
-    if row.written && row.same {
-        let change = Change::Unchanged(format!("subscription {id} is already {status}"));
-        return Ok(Written::from(change).tied_with(tied_with));
-    }
-    if row.written {
-        let fact = Fact::Subscription {
-            id: id.to_owned(),
-            now: SubscriptionState {
-                status: status.to_owned(),
-                plan: plan.map(|p| p.1.to_owned()),
-            },
-            previous: row.previous_status.map(|status| SubscriptionState {
-                status,
-                plan: row.previous_plan,
-            }),
+    let held = row.status.and_then(|status| {
+        let value = HeldSubscription {
+            status,
+            plan_key: row.plan_key,
+            plan: row.plan,
         };
-        let words = format!("subscription {id} is {status}");
-        return Ok(Written::made(words, fact).tied_with(tied_with));
-    }
-    let kept = unchanged(
-        row.stored_event,
-        ctx,
-        "subscription state",
-        &format!("a newer state of subscription {id} is already stored"),
-    );
-    Ok(Written::from(kept).tied_with(tied_with))
+        held(
+            value,
+            row.event_id,
+            row.version_at,
+            row.version_rank,
+            row.version_key,
+        )
+    });
+    let ruled = rules::subscription(held.as_ref(), ctx, id, status, plan, rank);
+    agreed("subscription", ruled, row.written)
 }
 
 async fn payment(
@@ -332,11 +314,8 @@ async fn payment(
     id: &str,
     status: PaymentStatus,
     plan_key: Option<&str>,
-) -> Result<Written, sqlx::Error> {
-    // Refunded is terminal: nothing moves a refunded payment, and a refund moves any other
-    // state whatever its time, so the end state does not depend on the order. A failure and
-    // a payment in the same second: paid is the later state (a retry that succeeded).
-    let (kind, status, rank) = (status, status.as_str(), Rank::of_payment(status));
+) -> Result<Written, WriteError> {
+    let rank = Rank::of_payment(status);
     let row = sqlx::query!(
         r#"
         WITH written AS (
@@ -353,14 +332,16 @@ async fn payment(
                         < (EXCLUDED.version_at, EXCLUDED.version_rank, EXCLUDED.version_key))
             RETURNING 1
         )
-        SELECT EXISTS (SELECT 1 FROM written) AS "written!",
-               (SELECT event_id FROM payments WHERE source = $1 AND payment_id = $2) AS stored_event,
-               (SELECT status FROM payments WHERE source = $1 AND payment_id = $2) AS stored_status
+        SELECT EXISTS (SELECT 1 FROM written) AS "written!", h.status AS "status?",
+               h.event_id AS "event_id?", h.version_at AS "version_at?",
+               h.version_rank AS "version_rank?", h.version_key AS "version_key?"
+        FROM (VALUES (1)) AS one (n)
+        LEFT JOIN payments h ON h.source = $1 AND h.payment_id = $2
         "#,
         ctx.source,
         id,
         ctx.customer.as_str(),
-        status,
+        status.as_str(),
         plan_key,
         ctx.version.at.as_datetime(),
         ctx.version.key.as_str(),
@@ -369,23 +350,20 @@ async fn payment(
     )
     .fetch_one(&mut *conn)
     .await?;
-    if row.written && row.stored_status.as_deref() == Some(status) {
-        return Ok(Change::Unchanged(format!("payment {id} is already {status}")).into());
-    }
-    if row.written {
-        let fact = Fact::Payment {
-            id: id.to_owned(),
-            status: kind,
-            previous: row.stored_status,
-        };
-        return Ok(Written::made(format!("payment {id} is {status}"), fact));
-    }
-    let superseded = if row.stored_status.as_deref() == Some("refunded") {
-        format!("payment {id} is refunded, which is final")
-    } else {
-        format!("a newer state of payment {id} is already stored")
-    };
-    Ok(unchanged(row.stored_event, ctx, "payment state", &superseded).into())
+    let held = row.status.and_then(|stored| {
+        held(
+            stored,
+            row.event_id,
+            row.version_at,
+            row.version_rank,
+            row.version_key,
+        )
+    });
+    agreed(
+        "payment",
+        rules::payment(held.as_ref(), ctx, id, status),
+        row.written,
+    )
 }
 
 /// Grants a plan's allowance for the event's period, once per account, period and plan.
@@ -398,7 +376,7 @@ async fn grant(
     ctx: &EventContext<'_>,
     plan: &str,
     allowance: i64,
-) -> Result<Written, sqlx::Error> {
+) -> Result<Written, WriteError> {
     let period = Period::of(ctx.version.at);
     let entry_key = allowance_entry_key(ctx.source, ctx.customer, &period, plan);
     let reason = format!("{plan} allowance for {period} ({})", ctx.event_type);
@@ -413,6 +391,8 @@ async fn grant(
             RETURNING delta
         )
         SELECT (SELECT delta FROM written) AS delta,
+               (SELECT max(allowance) FROM ledger
+                WHERE source = $1 AND customer_id = $2 AND period = $3) AS largest,
                (SELECT event_id FROM ledger WHERE entry_key = $7) AS granted_by,
                EXISTS (SELECT 1 FROM accounts WHERE source = $1 AND customer_id = $2
                        AND deleted_at IS NOT NULL) AS "deleted!"
@@ -428,36 +408,19 @@ async fn grant(
     )
     .fetch_one(&mut *conn)
     .await?;
-    match row.delta {
-        Some(0) => {
-            return Ok(Change::Superseded(format!(
-                "the {period} balance already holds {plan}'s allowance or more"
-            ))
-            .into())
-        }
-        Some(delta) => {
-            let shown = match row.deleted {
-                true => " (the customer is deleted: its balance shows 0)",
-                false => "",
-            };
-            let words = format!("granted {delta} for {plan} in {period}{shown}");
-            let fact = Fact::Granted {
-                plan: plan.to_owned(),
-                period,
-                amount: delta,
-                entry_key,
-            };
-            return Ok(Written::made(words, fact));
-        }
-        None => {}
+    let held = HeldPeriod {
+        largest: row.largest,
+        granted_by: row.granted_by,
+        deleted: row.deleted,
+    };
+    let (ruled, delta) = rules::grant(&held, ctx, plan, allowance, &entry_key);
+    if delta != row.delta {
+        return Err(WriteError::Diverged {
+            register: "ledger",
+            rule_writes: ruled.writes,
+        });
     }
-    Ok(unchanged(
-        row.granted_by,
-        ctx,
-        "grant",
-        &format!("the {plan} allowance for {period} is already granted"),
-    )
-    .into())
+    agreed("ledger", ruled, row.delta.is_some())
 }
 
 /// What the payment-intent register knows after a write: the invoice and the refund.
@@ -542,7 +505,7 @@ async fn link_payment_intent(
     ctx: &EventContext<'_>,
     payment_intent: &str,
     invoice: &str,
-) -> Result<Written, sqlx::Error> {
+) -> Result<Written, WriteError> {
     let state = remember_link(
         conn,
         ctx.source,
@@ -560,7 +523,7 @@ pub async fn refund_if_linked(
     ctx: &EventContext<'_>,
     payment_intent: &str,
     state: &IntentState,
-) -> Result<Written, sqlx::Error> {
+) -> Result<Written, WriteError> {
     let change = match (&state.invoice, state.refunded_by) {
         (Some(invoice), Some(_)) => {
             let written = payment(conn, ctx, invoice, PaymentStatus::Refunded, None).await?;
@@ -595,7 +558,7 @@ async fn refund_intent(
     ctx: &EventContext<'_>,
     charge: &str,
     payment_intent: &str,
-) -> Result<Written, sqlx::Error> {
+) -> Result<Written, WriteError> {
     let state = sqlx::query_as!(
         IntentState,
         r#"
@@ -625,25 +588,26 @@ async fn refund_intent(
 async fn delete_customer(
     conn: &mut PgConnection,
     ctx: &EventContext<'_>,
-) -> Result<Written, sqlx::Error> {
-    // The earliest deletion is the tombstone; it never lifts.
-    let written = sqlx::query!(
+) -> Result<Written, WriteError> {
+    let row = sqlx::query!(
         r#"
-        UPDATE accounts SET deleted_at = $3
-        WHERE source = $1 AND customer_id = $2 AND (deleted_at IS NULL OR deleted_at > $3)
+        WITH held AS (
+            SELECT deleted_at FROM accounts WHERE source = $1 AND customer_id = $2
+        ), written AS (
+            UPDATE accounts SET deleted_at = $3
+            WHERE source = $1 AND customer_id = $2 AND (deleted_at IS NULL OR deleted_at > $3)
+            RETURNING 1
+        )
+        SELECT EXISTS (SELECT 1 FROM written) AS "written!", (SELECT deleted_at FROM held) AS deleted_at
         "#,
         ctx.source,
         ctx.customer.as_str(),
         ctx.version.at.as_datetime(),
     )
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    Ok(if written == 1 {
-        Written::made("customer deleted".to_owned(), Fact::Deleted)
-    } else {
-        Change::AlreadyApplied("the customer is already deleted".to_owned()).into()
-    })
+    .fetch_one(&mut *conn)
+    .await?;
+    let ruled = rules::delete_customer(row.deleted_at, ctx);
+    agreed("tombstone", ruled, row.written)
 }
 
 /// Another event's state of a subscription stamped with the same provider time as this one:

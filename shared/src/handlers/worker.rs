@@ -129,6 +129,8 @@ pub enum WorkerError {
     Raced,
     #[error("another event of the same second reached the subscription during the provider read; retrying")]
     TieMoved,
+    #[error(transparent)]
+    Register(#[from] registers::WriteError),
     #[error("injected fault at {0:?}")]
     Injected(FaultPoint),
 }

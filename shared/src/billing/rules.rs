@@ -1,0 +1,514 @@
+//! The register rules as plain functions (docs/design.md §4.1): given what a register held
+//! before an event's write and what the event asks, whether the write lands and what it did,
+//! in words and in the fact an app is told of. `registers` persists the outcome; its
+//! statements keep the same condition, and a write the rule and the statement disagree on is
+//! refused (`registers::WriteError::Diverged`), so the two cannot drift apart unseen.
+
+use chrono::{DateTime, Utc};
+
+use super::model::{Change, Fact, PaymentStatus, Rank, SubscriptionState};
+use super::registers::{EventContext, Written};
+use crate::domain::Period;
+
+/// Where a write sits in one register's order: the provider time as Postgres keeps it (to
+/// the microsecond), the rank among same-second states, then the dedupe key compared byte by
+/// byte (the `C` collation of the `version_key` columns).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Stamp {
+    pub at: DateTime<Utc>,
+    pub rank: i16,
+    pub key: String,
+}
+
+impl Stamp {
+    /// The event's stamp at this rank, its time cut to the microsecond as it is stored.
+    pub fn of(ctx: &EventContext<'_>, rank: Rank) -> Self {
+        let at = ctx.version.at.as_datetime();
+        Self {
+            at: DateTime::from_timestamp_micros(at.timestamp_micros()).unwrap_or(at),
+            rank: rank.0,
+            key: ctx.version.key.as_str().to_owned(),
+        }
+    }
+}
+
+/// What a register held before the write: the event that wrote it, at its stamp.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held<T> {
+    pub value: T,
+    pub stamp: Stamp,
+    pub event_id: i64,
+}
+
+/// A rule's verdict: whether the write lands, and what it did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ruled {
+    pub writes: bool,
+    pub written: Written,
+}
+
+impl Ruled {
+    fn new(writes: bool, change: Change) -> Self {
+        Self {
+            writes,
+            written: Written::from(change),
+        }
+    }
+
+    fn made(words: String, fact: Fact) -> Self {
+        Self {
+            writes: true,
+            written: Written {
+                change: Change::Made(words),
+                fact: Some(fact),
+                tied_with: None,
+            },
+        }
+    }
+}
+
+/// The last writer wins: a write lands when the register is empty or holds an older stamp.
+fn newer<T>(held: Option<&Held<T>>, stamp: &Stamp) -> bool {
+    held.is_none_or(|h| h.stamp < *stamp)
+}
+
+/// A write that did not land: is it because this very event is what is stored?
+fn kept(stored_event: Option<i64>, ctx: &EventContext<'_>, what: &str, superseded: &str) -> Change {
+    if stored_event == Some(ctx.event_id) {
+        Change::AlreadyApplied(format!("this {what} is already stored"))
+    } else {
+        Change::Superseded(superseded.to_owned())
+    }
+}
+
+/// The customer's plan register (Kinde): `key` is the plan key the event names, `plan` the
+/// catalog's name for it.
+pub fn customer_plan(
+    held: Option<&Held<Option<String>>>,
+    ctx: &EventContext<'_>,
+    key: Option<&str>,
+    plan: Option<&str>,
+) -> Ruled {
+    if !newer(held, &Stamp::of(ctx, Rank(0))) {
+        let superseded = "a newer plan change is already stored";
+        return Ruled::new(
+            false,
+            kept(held.map(|h| h.event_id), ctx, "plan change", superseded),
+        );
+    }
+    if held.is_some_and(|h| h.value.as_deref() == key) {
+        return Ruled::new(
+            true,
+            Change::Unchanged(match key {
+                Some(key) => format!("the plan is already '{key}'"),
+                None => "the plan is already cancelled".to_owned(),
+            }),
+        );
+    }
+    Ruled::new(
+        true,
+        Change::Made(match (plan, key) {
+            (Some(name), _) => format!("plan set to {name}"),
+            (None, Some(key)) => format!("plan set to '{key}', which entitles nothing"),
+            (None, None) => "plan cancelled".to_owned(),
+        }),
+    )
+}
+
+/// The customer's payment standing register (Kinde).
+pub fn standing(held: Option<&Held<bool>>, ctx: &EventContext<'_>, past_due: bool) -> Ruled {
+    let words = if past_due {
+        "payments past due"
+    } else {
+        "payments in good standing"
+    };
+    if !newer(held, &Stamp::of(ctx, Rank(0))) {
+        let superseded = "a newer payment standing is already stored";
+        return Ruled::new(
+            false,
+            kept(
+                held.map(|h| h.event_id),
+                ctx,
+                "payment standing",
+                superseded,
+            ),
+        );
+    }
+    if held.is_some_and(|h| h.value == past_due) {
+        return Ruled::new(true, Change::Unchanged(format!("{words} already")));
+    }
+    Ruled::new(true, Change::Made(words.to_owned()))
+}
+
+/// A subscription as its register holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldSubscription {
+    pub status: String,
+    pub plan_key: Option<String>,
+    pub plan: Option<String>,
+}
+
+/// A subscription's register: the whole object's state, ordered by its stamp at `rank`.
+/// Whatever the verdict, it says which other event's state the register held at the same
+/// provider time (a tie the rank settled).
+pub fn subscription(
+    held: Option<&Held<HeldSubscription>>,
+    ctx: &EventContext<'_>,
+    id: &str,
+    status: &str,
+    plan: Option<(&str, &str)>,
+    rank: Rank,
+) -> Ruled {
+    let stamp = Stamp::of(ctx, rank);
+    let tied_with = held
+        .filter(|h| h.stamp.at == stamp.at && h.event_id != ctx.event_id)
+        .map(|h| h.event_id);
+    let mut ruled = if !newer(held, &stamp) {
+        let superseded = format!("a newer state of subscription {id} is already stored");
+        Ruled::new(
+            false,
+            kept(
+                held.map(|h| h.event_id),
+                ctx,
+                "subscription state",
+                &superseded,
+            ),
+        )
+    } else if held.is_some_and(|h| {
+        h.value.status == status && h.value.plan_key.as_deref() == plan.map(|p| p.0)
+    }) {
+        Ruled::new(
+            true,
+            Change::Unchanged(format!("subscription {id} is already {status}")),
+        )
+    } else {
+        let fact = Fact::Subscription {
+            id: id.to_owned(),
+            now: SubscriptionState {
+                status: status.to_owned(),
+                plan: plan.map(|p| p.1.to_owned()),
+            },
+            previous: held.map(|h| SubscriptionState {
+                status: h.value.status.clone(),
+                plan: h.value.plan.clone(),
+            }),
+        };
+        Ruled::made(format!("subscription {id} is {status}"), fact)
+    };
+    ruled.written.tied_with = tied_with;
+    ruled
+}
+
+/// A payment's register. Refunded is terminal: nothing moves a refunded payment, and a
+/// refund moves any other state whatever its time, so the end state does not depend on the
+/// order. Of a failure and a payment in the same second, paid is the later state.
+pub fn payment(
+    held: Option<&Held<String>>,
+    ctx: &EventContext<'_>,
+    id: &str,
+    status: PaymentStatus,
+) -> Ruled {
+    let refunded = PaymentStatus::Refunded.as_str();
+    let writes = match held {
+        None => true,
+        Some(h) if h.value == refunded => false,
+        Some(_) if status == PaymentStatus::Refunded => true,
+        Some(h) => h.stamp < Stamp::of(ctx, Rank::of_payment(status)),
+    };
+    let stored = held.map(|h| h.value.as_str());
+    let name = status.as_str();
+    if writes && stored == Some(name) {
+        return Ruled::new(
+            true,
+            Change::Unchanged(format!("payment {id} is already {name}")),
+        );
+    }
+    if writes {
+        let fact = Fact::Payment {
+            id: id.to_owned(),
+            status,
+            previous: stored.map(str::to_owned),
+        };
+        return Ruled::made(format!("payment {id} is {name}"), fact);
+    }
+    let superseded = if stored == Some(refunded) {
+        format!("payment {id} is refunded, which is final")
+    } else {
+        format!("a newer state of payment {id} is already stored")
+    };
+    Ruled::new(
+        false,
+        kept(held.map(|h| h.event_id), ctx, "payment state", &superseded),
+    )
+}
+
+/// What the ledger held for the event's period before a grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldPeriod {
+    /// The largest allowance granted in the period, if any was.
+    pub largest: Option<i64>,
+    /// The event that wrote this grant's entry (account, period and plan), if one did.
+    pub granted_by: Option<i64>,
+    /// Whether the customer is deleted (its balance shows 0).
+    pub deleted: bool,
+}
+
+/// A grant of a plan's allowance for the event's period, once per account, period and plan.
+/// It tops the period up to the largest allowance granted in it: its delta is what it adds.
+/// Returns the delta the entry is written with, when it is.
+pub fn grant(
+    held: &HeldPeriod,
+    ctx: &EventContext<'_>,
+    plan: &str,
+    allowance: i64,
+    entry_key: &str,
+) -> (Ruled, Option<i64>) {
+    let period = Period::of(ctx.version.at);
+    if held.granted_by.is_some() {
+        let superseded = format!("the {plan} allowance for {period} is already granted");
+        let kept = kept(held.granted_by, ctx, "grant", &superseded);
+        return (Ruled::new(false, kept), None);
+    }
+    let delta = (allowance - held.largest.unwrap_or(0)).max(0);
+    if delta == 0 {
+        let words = format!("the {period} balance already holds {plan}'s allowance or more");
+        return (Ruled::new(true, Change::Superseded(words)), Some(0));
+    }
+    let shown = match held.deleted {
+        true => " (the customer is deleted: its balance shows 0)",
+        false => "",
+    };
+    let fact = Fact::Granted {
+        plan: plan.to_owned(),
+        period: period.clone(),
+        amount: delta,
+        entry_key: entry_key.to_owned(),
+    };
+    let words = format!("granted {delta} for {plan} in {period}{shown}");
+    (Ruled::made(words, fact), Some(delta))
+}
+
+/// The customer's tombstone: the earliest deletion is kept, and it never lifts.
+pub fn delete_customer(deleted_at: Option<DateTime<Utc>>, ctx: &EventContext<'_>) -> Ruled {
+    let at = Stamp::of(ctx, Rank(0)).at;
+    if deleted_at.is_none_or(|d| d > at) {
+        return Ruled::made("customer deleted".to_owned(), Fact::Deleted);
+    }
+    Ruled::new(
+        false,
+        Change::AlreadyApplied("the customer is already deleted".to_owned()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::billing::Version;
+    use crate::domain::{CustomerId, DedupeKey, ProviderTime};
+
+    fn ctx<'a>(customer: &'a CustomerId, event_id: i64, secs: i64, key: &str) -> EventContext<'a> {
+        EventContext {
+            event_id,
+            source: "stripe",
+            customer,
+            event_type: "customer.subscription.updated",
+            version: Version {
+                at: ProviderTime::from_unix_secs(secs).unwrap(),
+                key: DedupeKey::parse(key).unwrap(),
+            },
+        }
+    }
+
+    fn held<T>(value: T, event_id: i64, secs: i64, rank: i16, key: &str) -> Held<T> {
+        Held {
+            value,
+            stamp: Stamp {
+                at: DateTime::from_timestamp(secs, 0).unwrap(),
+                rank,
+                key: key.to_owned(),
+            },
+            event_id,
+        }
+    }
+
+    fn sub(status: &str, plan: Option<&str>) -> HeldSubscription {
+        HeldSubscription {
+            status: status.to_owned(),
+            plan_key: plan.map(str::to_owned),
+            plan: plan.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_later_subscription_state_lands_and_tells_the_previous_one() {
+        let c = CustomerId::parse("cus_1").unwrap();
+        let held = held(sub("trialing", Some("pro")), 1, 100, 2, "evt_a");
+        let ruled = subscription(
+            Some(&held),
+            &ctx(&c, 2, 200, "evt_b"),
+            "sub_1",
+            "active",
+            Some(("pro", "pro")),
+            Rank(3),
+        );
+        assert!(ruled.writes);
+        assert_eq!(
+            ruled.written.change,
+            Change::Made("subscription sub_1 is active".into())
+        );
+        let Some(Fact::Subscription { previous, .. }) = ruled.written.fact else {
+            panic!("a subscription fact");
+        };
+        assert_eq!(previous.unwrap().status, "trialing");
+        assert_eq!(ruled.written.tied_with, None);
+    }
+
+    #[test]
+    fn an_older_subscription_state_is_superseded_and_a_replay_is_already_applied() {
+        let c = CustomerId::parse("cus_1").unwrap();
+        let held = held(sub("canceled", None), 7, 300, 7, "evt_z");
+        let late = subscription(
+            Some(&held),
+            &ctx(&c, 2, 200, "evt_b"),
+            "sub_1",
+            "active",
+            None,
+            Rank(3),
+        );
+        assert!(!late.writes);
+        assert!(matches!(late.written.change, Change::Superseded(_)));
+        let replay = subscription(
+            Some(&held),
+            &ctx(&c, 7, 300, "evt_z"),
+            "sub_1",
+            "canceled",
+            None,
+            Rank(7),
+        );
+        assert!(!replay.writes);
+        assert_eq!(
+            replay.written.change,
+            Change::AlreadyApplied("this subscription state is already stored".into())
+        );
+    }
+
+    #[test]
+    fn a_same_second_state_is_ordered_by_rank_then_key_and_names_the_tie() {
+        let c = CustomerId::parse("cus_1").unwrap();
+        let held = held(sub("active", None), 4, 100, 3, "evt_m");
+        let canceled = subscription(
+            Some(&held),
+            &ctx(&c, 5, 100, "evt_a"),
+            "sub_1",
+            "canceled",
+            None,
+            Rank(7),
+        );
+        assert!(canceled.writes, "a higher rank wins whatever the key");
+        assert_eq!(canceled.written.tied_with, Some(4));
+        let trialing = subscription(
+            Some(&held),
+            &ctx(&c, 5, 100, "evt_z"),
+            "sub_1",
+            "trialing",
+            None,
+            Rank(2),
+        );
+        assert!(!trialing.writes, "a lower rank loses whatever the key");
+        let same_rank = subscription(
+            Some(&held),
+            &ctx(&c, 5, 100, "evt_n"),
+            "sub_1",
+            "active",
+            None,
+            Rank(3),
+        );
+        assert!(same_rank.writes, "then the key decides, byte by byte");
+        assert!(matches!(same_rank.written.change, Change::Unchanged(_)));
+        let upper = subscription(
+            Some(&held),
+            &ctx(&c, 5, 100, "evt_Z"),
+            "sub_1",
+            "active",
+            None,
+            Rank(3),
+        );
+        assert!(!upper.writes, "'Z' sorts before 'm' in byte order");
+    }
+
+    #[test]
+    fn a_refunded_payment_is_final_and_a_refund_wins_whatever_its_time() {
+        let c = CustomerId::parse("cus_1").unwrap();
+        let paid = held("paid".to_owned(), 1, 500, 2, "evt_p");
+        let refund = payment(
+            Some(&paid),
+            &ctx(&c, 2, 100, "evt_r"),
+            "in_1",
+            PaymentStatus::Refunded,
+        );
+        assert!(refund.writes);
+        let Some(Fact::Payment { previous, .. }) = refund.written.fact else {
+            panic!("a payment fact");
+        };
+        assert_eq!(previous.as_deref(), Some("paid"));
+        let refunded = held("refunded".to_owned(), 2, 100, 3, "evt_r");
+        let late_paid = payment(
+            Some(&refunded),
+            &ctx(&c, 3, 900, "evt_q"),
+            "in_1",
+            PaymentStatus::Paid,
+        );
+        assert!(!late_paid.writes);
+        assert_eq!(
+            late_paid.written.change,
+            Change::Superseded("payment in_1 is refunded, which is final".into())
+        );
+    }
+
+    #[test]
+    fn a_grant_tops_the_period_up_to_its_largest_allowance() {
+        let c = CustomerId::parse("cus_1").unwrap();
+        let ctx = ctx(&c, 9, 1_700_000_000, "evt_g");
+        let period = HeldPeriod {
+            largest: Some(10),
+            granted_by: None,
+            deleted: false,
+        };
+        let (ruled, delta) = grant(&period, &ctx, "pro", 500, "k");
+        assert_eq!((ruled.writes, delta), (true, Some(490)));
+        let covered = HeldPeriod {
+            largest: Some(2000),
+            ..period.clone()
+        };
+        let (ruled, delta) = grant(&covered, &ctx, "pro", 500, "k");
+        assert_eq!((ruled.writes, delta), (true, Some(0)));
+        assert!(matches!(ruled.written.change, Change::Superseded(_)));
+        let again = HeldPeriod {
+            granted_by: Some(9),
+            ..period
+        };
+        let (ruled, delta) = grant(&again, &ctx, "pro", 500, "k");
+        assert_eq!((ruled.writes, delta), (false, None));
+        assert!(matches!(ruled.written.change, Change::AlreadyApplied(_)));
+    }
+
+    #[test]
+    fn the_earliest_deletion_is_the_tombstone() {
+        let c = CustomerId::parse("cus_1").unwrap();
+        let ctx = ctx(&c, 3, 200, "evt_d");
+        assert!(delete_customer(None, &ctx).writes);
+        assert!(delete_customer(DateTime::from_timestamp(300, 0), &ctx).writes);
+        assert!(!delete_customer(DateTime::from_timestamp(100, 0), &ctx).writes);
+        assert!(!delete_customer(DateTime::from_timestamp(200, 0), &ctx).writes);
+    }
+
+    #[test]
+    fn a_stamp_keeps_the_microseconds_postgres_keeps() {
+        let c = CustomerId::parse("cus_1").unwrap();
+        let mut ctx = ctx(&c, 1, 0, "evt_a");
+        let at = DateTime::from_timestamp(1_700_000_000, 123_456_789).unwrap();
+        ctx.version.at = ProviderTime::from(at);
+        let stamp = Stamp::of(&ctx, Rank(0));
+        assert_eq!(stamp.at.timestamp_subsec_nanos(), 123_456_000);
+    }
+}
