@@ -14,16 +14,18 @@ use std::fmt;
 pub enum Point {
     /// The intake committed the event; it is not sent to the queue yet.
     IntakeStored,
-    /// The worker's claim (its lease) is committed; its transaction has not begun.
+    /// The worker's claim (its lease) is committed; nothing else is done.
     WorkerClaimed,
-    /// Inside the worker's transaction: the lease re-check passed.
-    WorkerLeaseChecked,
-    /// Inside the worker's transaction: before the register write or grant numbered here.
-    WorkerEffect(usize),
-    /// Inside the worker's transaction: the finish and the log line are written, the commit
-    /// is not.
-    WorkerLogged,
-    /// The worker's transaction is committed; the message is not acknowledged yet.
+    /// The account's registers are read, outside any transaction; nothing is written.
+    WorkerRead,
+    /// Inside a worker's transaction: the lease re-check passed (and the account's lock is
+    /// held, for an event about an account).
+    WorkerLocked,
+    /// The event's writes are decided; the statement that writes them is not sent.
+    WorkerDecided,
+    /// Inside a worker's transaction: everything is written, the commit is not.
+    WorkerWritten,
+    /// The event's writes are committed; the message is not acknowledged yet.
     WorkerCommitted,
     /// The rescue marked rows as enqueued; it has not sent them.
     RescueMarked,
@@ -31,10 +33,7 @@ pub enum Point {
 
 impl fmt::Display for Point {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::WorkerEffect(n) => write!(f, "WorkerEffect#{n}"),
-            other => write!(f, "{other:?}"),
-        }
+        write!(f, "{self:?}")
     }
 }
 

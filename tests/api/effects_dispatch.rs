@@ -12,7 +12,7 @@ use shared::dev::bridge::{pump_once, PumpReport};
 use shared::dev::listen::Listener;
 use shared::effects::outbox;
 use shared::effects::sinks::Sinks;
-use shared::effects::{effect_id, Cause, Kind, NewEffect};
+use shared::effects::{effect_id, Kind};
 use shared::handlers::dispatcher::{self, DispatcherState, FaultPoint};
 use shared::providers::standard_webhooks::decode_secret;
 use shared::queue::Queue;
@@ -97,41 +97,40 @@ impl Dispatch {
     }
 }
 
-/// Writes one `billing.plan_changed` effect for `customer` as the worker's transaction does
-/// (the account first, then the outbox row); its id.
+/// Writes one `billing.plan_changed` effect for `customer` as the worker's statement does
+/// (the account, then the outbox row with the account's first sequence number, marked
+/// enqueued); its id.
 async fn write_effect(pool: &PgPool, customer: &str) -> String {
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query(
-        "INSERT INTO accounts (source, customer_id) VALUES ('stripe', $1) ON CONFLICT DO NOTHING",
-    )
-    .bind(customer)
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    let occurred_at = chrono::Utc::now();
-    let cause = Cause {
-        event_id: 1,
-        provider_event_id: "evt_1",
-        source: "stripe",
-        customer,
-        occurred_at,
-    };
     let what = format!("plan of stripe/{customer} at evt_1");
     let id = effect_id(Kind::PlanChanged, &what);
-    let effect = NewEffect {
-        id: id.clone(),
-        kind: Kind::PlanChanged,
-        cause: what,
-        body: json!({
-            "id": id, "type": "billing.plan_changed",
-            "occurred_at": occurred_at.to_rfc3339(),
-            "data": {"source": "stripe", "customer_id": customer, "event_id": 1,
-                     "plan": "pro", "previous_plan": "free"},
-        }),
-    };
-    let written = outbox::write(&mut tx, &cause, &[effect]).await.unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!(written, std::slice::from_ref(&id));
+    let occurred_at = chrono::Utc::now();
+    let body = json!({
+        "id": id, "type": "billing.plan_changed",
+        "occurred_at": occurred_at.to_rfc3339(),
+        "data": {"source": "stripe", "customer_id": customer, "event_id": 1,
+                 "plan": "pro", "previous_plan": "free"},
+    });
+    sqlx::query(
+        "WITH account AS (
+             INSERT INTO accounts AS a (source, customer_id, effect_seq) VALUES ('stripe', $2, 1)
+             ON CONFLICT (source, customer_id) DO UPDATE SET effect_seq = a.effect_seq + 1
+             RETURNING effect_seq
+         )
+         INSERT INTO effects (id, kind, cause, source, customer_id, sequence, event_id,
+                              occurred_at, body, enqueued_at)
+         SELECT $1, $3, $4, 'stripe', $2, effect_seq, 1, $5,
+                jsonb_set($6, '{data,sequence}', to_jsonb(effect_seq)), inbox_now()
+         FROM account",
+    )
+    .bind(&id)
+    .bind(customer)
+    .bind(Kind::PlanChanged.as_str())
+    .bind(&what)
+    .bind(occurred_at)
+    .bind(&body)
+    .execute(pool)
+    .await
+    .unwrap();
     id
 }
 

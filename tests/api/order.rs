@@ -225,7 +225,7 @@ fn event_strategy() -> impl Strategy<Value = Event> {
 #[derive(Debug, Clone)]
 pub(crate) struct Delivery {
     pub(crate) index: usize,
-    fail: Option<bool>,
+    fail: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -239,8 +239,7 @@ pub(crate) fn case_strategy() -> impl Strategy<Value = Case> {
         let n = events.len();
         // Each event is delivered 1 to 3 times, in a shuffled order.
         let copies = proptest::collection::vec(1usize..=3, n);
-        let faults =
-            proptest::collection::vec(proptest::option::weighted(0.25, any::<bool>()), n * 3);
+        let faults = proptest::collection::vec(proptest::bool::weighted(0.25), n * 3);
         (Just(events), copies, faults)
             .prop_flat_map(|(events, copies, faults)| {
                 let mut deliveries: Vec<Delivery> = Vec::new();
@@ -546,22 +545,15 @@ async fn check(pool: &PgPool, worker: &WorkerState, case: &Case) -> Result<(), T
     for delivery in &case.deliveries {
         let id = store(pool, &events[delivery.index]).await;
         ids.push(id);
-        match delivery.fail {
-            Some(true) => worker
+        if delivery.fail {
+            worker
                 .faults
-                .set(FaultPoint::BetweenEffects, FaultAction::Fail(1)),
-            Some(false) => worker
-                .faults
-                .set(FaultPoint::BeforeCommit, FaultAction::Fail(1)),
-            None => {}
+                .set(FaultPoint::BeforeCommit, FaultAction::Fail(1));
         }
         // One attempt now, as the message for this delivery would bring.
         shared::handlers::worker::process_event(worker, id)
             .await
             .unwrap();
-        worker
-            .faults
-            .set(FaultPoint::BetweenEffects, FaultAction::Fail(0));
         worker
             .faults
             .set(FaultPoint::BeforeCommit, FaultAction::Fail(0));

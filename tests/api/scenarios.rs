@@ -85,10 +85,11 @@ async fn nine_deliveries_end_on_pro_with_the_allowance_granted_once(pool: PgPool
     ];
     for (n, (webhook_id, claims)) in script.iter().enumerate() {
         if n == 0 {
-            // The first plan change stops between the plan write and the allowance write.
+            // The first plan change fails with its plan write and its allowance grant decided
+            // and not written.
             app.worker
                 .faults
-                .set(FaultPoint::BetweenEffects, FaultAction::Fail(1));
+                .set(FaultPoint::BeforeCommit, FaultAction::Fail(1));
         }
         let (status, answer) = app.post("kinde", &kinde_delivery(webhook_id, claims)).await;
         assert_eq!(

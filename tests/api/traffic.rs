@@ -292,6 +292,73 @@ async fn a_tie_that_moves_during_the_read_is_read_again(pool: PgPool) {
     assert_settled_by_the_read(&app, "cus_move").await;
 }
 
+/// An event's read and its write are two statements with no lock between them. When another
+/// event of the account commits in between (here while the first waits on a provider read),
+/// the write finds the account moved and writes nothing, and the event is read and written
+/// again under the account's lock, deciding from what the other event wrote
+/// (docs/design.md §3.5).
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_account_moved_between_the_read_and_the_write_is_read_again_under_its_lock(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let (api, event) = slow_subscription_read("moved").await;
+    let mut reading = test_worker(pool.clone());
+    reading.catalog = app.worker.catalog.clone();
+    with_stripe_api(&mut reading, &api);
+    // A state of the pro subscription, then one of the same second: the reading worker
+    // settles that tie with a 2 s provider read, after its read of the account.
+    deliver(&app, &[&event("evt_moved1", "past_due")]).await;
+    let team = stripe(
+        "evt_moved_team",
+        "customer.subscription.created",
+        T,
+        subscription("sub_moved_team", "cus_moved", "active", "price_team"),
+    );
+    let mut ids = Vec::new();
+    for delivery in [event("evt_moved0", "active"), team] {
+        let (code, body) = app.post("stripe", &stripe_delivery(&delivery)).await;
+        assert_eq!(code, http::StatusCode::OK, "{body}");
+        ids.push(body["event_id"].as_i64().unwrap());
+    }
+
+    // While the provider is slow, the same customer's team subscription starts: its grant
+    // tops the period up to 2000.
+    let meanwhile = async {
+        let mut waited = 0;
+        while api.received_requests().await.unwrap_or_default().is_empty() {
+            waited += 1;
+            assert!(waited < 400, "the worker never read the subscription");
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        let team = process_event(&app.worker, ids[1]).await.unwrap();
+        assert!(matches!(team, Processed::Finished { .. }), "{team:?}");
+    };
+    let (outcome, ()) = tokio::join!(process_event(&reading, ids[0]), meanwhile);
+    let Processed::Finished { status, reason } = outcome.unwrap() else {
+        panic!("the moved event is applied on its first attempt");
+    };
+    assert_eq!(status, shared::domain::EventStatus::Applied);
+    // Decided from the account as the team subscription left it: pro's 500 adds nothing to
+    // team's 2000 (from the read before the team grant it would have granted 500).
+    assert!(
+        reason.contains("subscription sub_moved is active")
+            && reason.contains("already holds pro's allowance or more"),
+        "{reason}"
+    );
+    let account = app.account("stripe", "cus_moved", "2026-03").await;
+    assert_eq!((account.plan.as_str(), account.balance), ("team", 2000));
+    // Each of the three events moved the account's version once; the write that found it
+    // moved wrote nothing.
+    let version: i64 = sqlx::query_scalar(
+        "SELECT version FROM accounts WHERE source = 'stripe' AND customer_id = 'cus_moved'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(version, 3);
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_failed_provider_read_falls_back_to_the_status_rank(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;

@@ -1,12 +1,19 @@
-//! The register rules as plain functions (docs/design.md §4.1): given what a register held
+//! The register rules as plain functions (docs/design.md §4.3): given what a register held
 //! before an event's write and what the event asks, whether the write lands and what it did,
-//! in words and in the fact an app is told of. `registers` persists the outcome; its
-//! statements keep the same condition, and a write the rule and the statement disagree on is
-//! refused (`registers::WriteError::Diverged`), so the two cannot drift apart unseen.
+//! in words and in the fact an app is told of. [`Registers`] is one account's registers as
+//! an event's read found them; the rules apply the event's effects to it, and what they
+//! changed is what the event's one statement writes (`inbox::commit`).
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 
-use super::model::{Change, Fact, PaymentStatus, Rank, SubscriptionState};
+use super::account::AccountState;
+use super::catalog::Catalog;
+use super::model::{
+    allowance_entry_key, derive_plan, status_entitles, Change, Effect, Fact, PaymentStatus, Rank,
+    SubscriptionState,
+};
 use super::registers::{EventContext, Written};
 use crate::domain::Period;
 
@@ -38,6 +45,17 @@ pub struct Held<T> {
     pub value: T,
     pub stamp: Stamp,
     pub event_id: i64,
+}
+
+impl<T> Held<T> {
+    /// What a register holds once this event's write lands.
+    pub fn written(value: T, ctx: &EventContext<'_>, rank: Rank) -> Self {
+        Self {
+            value,
+            stamp: Stamp::of(ctx, rank),
+            event_id: ctx.event_id,
+        }
+    }
 }
 
 /// A rule's verdict: whether the write lands, and what it did.
@@ -84,7 +102,7 @@ fn kept(stored_event: Option<i64>, ctx: &EventContext<'_>, what: &str, supersede
 /// The customer's plan register (Kinde): `key` is the plan key the event names, `plan` the
 /// catalog's name for it.
 pub fn customer_plan(
-    held: Option<&Held<Option<String>>>,
+    held: Option<&Held<HeldPlan>>,
     ctx: &EventContext<'_>,
     key: Option<&str>,
     plan: Option<&str>,
@@ -96,7 +114,7 @@ pub fn customer_plan(
             kept(held.map(|h| h.event_id), ctx, "plan change", superseded),
         );
     }
-    if held.is_some_and(|h| h.value.as_deref() == key) {
+    if held.is_some_and(|h| h.value.key.as_deref() == key) {
         return Ruled::new(
             true,
             Change::Unchanged(match key {
@@ -140,9 +158,17 @@ pub fn standing(held: Option<&Held<bool>>, ctx: &EventContext<'_>, past_due: boo
     Ruled::new(true, Change::Made(words.to_owned()))
 }
 
+/// The customer's plan as its register holds it: the plan key, and the catalog's name for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldPlan {
+    pub key: Option<String>,
+    pub plan: Option<String>,
+}
+
 /// A subscription as its register holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldSubscription {
+    pub customer: String,
     pub status: String,
     pub plan_key: Option<String>,
     pub plan: Option<String>,
@@ -202,8 +228,15 @@ pub fn subscription(
 /// A payment's register. Refunded is terminal: nothing moves a refunded payment, and a
 /// refund moves any other state whatever its time, so the end state does not depend on the
 /// order. Of a failure and a payment in the same second, paid is the later state.
+/// A payment as its register holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldPayment {
+    pub status: String,
+    pub plan_key: Option<String>,
+}
+
 pub fn payment(
-    held: Option<&Held<String>>,
+    held: Option<&Held<HeldPayment>>,
     ctx: &EventContext<'_>,
     id: &str,
     status: PaymentStatus,
@@ -211,11 +244,11 @@ pub fn payment(
     let refunded = PaymentStatus::Refunded.as_str();
     let writes = match held {
         None => true,
-        Some(h) if h.value == refunded => false,
+        Some(h) if h.value.status == refunded => false,
         Some(_) if status == PaymentStatus::Refunded => true,
         Some(h) => h.stamp < Stamp::of(ctx, Rank::of_payment(status)),
     };
-    let stored = held.map(|h| h.value.as_str());
+    let stored = held.map(|h| h.value.status.as_str());
     let name = status.as_str();
     if writes && stored == Some(name) {
         return Ruled::new(
@@ -300,6 +333,295 @@ pub fn delete_customer(deleted_at: Option<DateTime<Utc>>, ctx: &EventContext<'_>
     )
 }
 
+/// The account row: its version, which every event's write moves (so a write finds out
+/// whether the account moved since it was read), and its tombstone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeldAccount {
+    /// `None`: the account did not exist when it was read.
+    pub version: Option<i64>,
+    pub deleted_at: Option<DateTime<Utc>>,
+}
+
+/// What the payment-intent register knows of one intent: the invoice it paid, its
+/// customer, and a full refund received for its charge.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeldIntent {
+    pub invoice: Option<String>,
+    pub customer: Option<String>,
+    pub refunded_charge: Option<String>,
+    pub refunded_by: Option<i64>,
+}
+
+/// One entry of the ledger in the event's period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerEntry {
+    pub plan: String,
+    pub allowance: i64,
+    pub delta: i64,
+    pub entry_key: String,
+    pub event_id: i64,
+}
+
+/// A grant an event adds to the ledger, with its words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewGrant {
+    pub entry: LedgerEntry,
+    pub reason: String,
+}
+
+/// What an event's effects changed: the rows its one statement writes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changed {
+    pub customer_plan: bool,
+    pub standing: bool,
+    pub subscriptions: BTreeSet<String>,
+    pub payments: BTreeSet<String>,
+    pub intents: BTreeSet<String>,
+    pub grants: Vec<NewGrant>,
+    pub deleted: bool,
+}
+
+/// One account's registers as an event's read found them — the account row, its plan and
+/// standing, its subscriptions and those the event names, the payments and payment intents
+/// the event names, its ledger in the event's period — and, once the event's effects are
+/// applied, as they leave them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Registers {
+    pub account: HeldAccount,
+    pub customer_plan: Option<Held<HeldPlan>>,
+    pub standing: Option<Held<bool>>,
+    pub subscriptions: BTreeMap<String, Held<HeldSubscription>>,
+    pub payments: BTreeMap<String, Held<HeldPayment>>,
+    pub intents: BTreeMap<String, HeldIntent>,
+    pub ledger: Vec<LedgerEntry>,
+    pub changed: Changed,
+}
+
+impl Registers {
+    /// Applies one effect under its register's rule and says what it did.
+    pub fn apply(&mut self, ctx: &EventContext<'_>, effect: &Effect) -> Written {
+        match effect {
+            Effect::CustomerPlan { plan, key } => {
+                let name = plan.as_ref().map(|p| p.plan.clone());
+                let ruled = customer_plan(
+                    self.customer_plan.as_ref(),
+                    ctx,
+                    key.as_deref(),
+                    name.as_deref(),
+                );
+                if ruled.writes {
+                    let value = HeldPlan {
+                        key: key.clone(),
+                        plan: name,
+                    };
+                    self.customer_plan = Some(Held::written(value, ctx, Rank(0)));
+                    self.changed.customer_plan = true;
+                }
+                ruled.written
+            }
+            Effect::Standing { past_due } => {
+                let ruled = standing(self.standing.as_ref(), ctx, *past_due);
+                if ruled.writes {
+                    self.standing = Some(Held::written(*past_due, ctx, Rank(0)));
+                    self.changed.standing = true;
+                }
+                ruled.written
+            }
+            Effect::Subscription {
+                id,
+                status,
+                plan,
+                rank,
+            } => {
+                let plan = plan.as_ref().map(|p| (p.key.as_str(), p.plan.as_str()));
+                let ruled = subscription(self.subscriptions.get(id), ctx, id, status, plan, *rank);
+                if ruled.writes {
+                    let value = HeldSubscription {
+                        customer: ctx.customer.as_str().to_owned(),
+                        status: status.clone(),
+                        plan_key: plan.map(|p| p.0.to_owned()),
+                        plan: plan.map(|p| p.1.to_owned()),
+                    };
+                    let held = Held::written(value, ctx, *rank);
+                    self.subscriptions.insert(id.clone(), held);
+                    self.changed.subscriptions.insert(id.clone());
+                }
+                ruled.written
+            }
+            Effect::Payment {
+                id,
+                status,
+                plan_key,
+            } => self.payment(ctx, id, *status, plan_key.as_deref()),
+            Effect::Grant { plan } => self.grant(ctx, &plan.plan, plan.monthly_allowance),
+            Effect::DeleteCustomer => {
+                let ruled = delete_customer(self.account.deleted_at, ctx);
+                if ruled.writes {
+                    self.account.deleted_at = Some(Stamp::of(ctx, Rank(0)).at);
+                    self.changed.deleted = true;
+                }
+                ruled.written
+            }
+            Effect::PaymentIntent {
+                payment_intent,
+                invoice,
+            } => {
+                let intent = self.intents.entry(payment_intent.clone()).or_default();
+                let learned = intent.invoice.is_none();
+                let before = intent.clone();
+                intent.invoice.get_or_insert_with(|| invoice.clone());
+                intent
+                    .customer
+                    .get_or_insert_with(|| ctx.customer.as_str().to_owned());
+                if *intent != before {
+                    self.changed.intents.insert(payment_intent.clone());
+                }
+                self.refund_if_linked(ctx, payment_intent, learned)
+            }
+            Effect::RefundIntent {
+                charge,
+                payment_intent,
+            } => {
+                let intent = self.intents.entry(payment_intent.clone()).or_default();
+                let learned = intent.refunded_by.is_none();
+                let before = intent.clone();
+                intent
+                    .customer
+                    .get_or_insert_with(|| ctx.customer.as_str().to_owned());
+                intent.refunded_charge.get_or_insert_with(|| charge.clone());
+                intent.refunded_by.get_or_insert(ctx.event_id);
+                if *intent != before {
+                    self.changed.intents.insert(payment_intent.clone());
+                }
+                self.refund_if_linked(ctx, payment_intent, learned)
+            }
+        }
+    }
+
+    fn payment(
+        &mut self,
+        ctx: &EventContext<'_>,
+        id: &str,
+        status: PaymentStatus,
+        plan_key: Option<&str>,
+    ) -> Written {
+        let held = self.payments.get(id);
+        let ruled = payment(held, ctx, id, status);
+        if ruled.writes {
+            let value = HeldPayment {
+                status: status.as_str().to_owned(),
+                plan_key: plan_key
+                    .map(str::to_owned)
+                    .or_else(|| held.and_then(|h| h.value.plan_key.clone())),
+            };
+            let held = Held::written(value, ctx, Rank::of_payment(status));
+            self.payments.insert(id.to_owned(), held);
+            self.changed.payments.insert(id.to_owned());
+        }
+        ruled.written
+    }
+
+    fn grant(&mut self, ctx: &EventContext<'_>, plan: &str, allowance: i64) -> Written {
+        let period = Period::of(ctx.version.at);
+        let entry_key = allowance_entry_key(ctx.source, ctx.customer, &period, plan);
+        let held = HeldPeriod {
+            largest: self.ledger.iter().map(|e| e.allowance).max(),
+            granted_by: self
+                .ledger
+                .iter()
+                .find(|e| e.entry_key == entry_key)
+                .map(|e| e.event_id),
+            deleted: self.account.deleted_at.is_some(),
+        };
+        let (ruled, delta) = grant(&held, ctx, plan, allowance, &entry_key);
+        if let Some(delta) = delta {
+            let entry = LedgerEntry {
+                plan: plan.to_owned(),
+                allowance,
+                delta,
+                entry_key,
+                event_id: ctx.event_id,
+            };
+            self.ledger.push(entry.clone());
+            let reason = format!("{plan} allowance for {period} ({})", ctx.event_type);
+            self.changed.grants.push(NewGrant { entry, reason });
+        }
+        ruled.written
+    }
+
+    /// What a link or a refund of a payment intent does once both halves may be known: the
+    /// invoice is refunded when the link and a full refund are both recorded, whichever came
+    /// first. `learned`: whether this effect added what it carried to the register.
+    fn refund_if_linked(
+        &mut self,
+        ctx: &EventContext<'_>,
+        payment_intent: &str,
+        learned: bool,
+    ) -> Written {
+        let intent = self
+            .intents
+            .get(payment_intent)
+            .cloned()
+            .unwrap_or_default();
+        let change = match (intent.invoice, intent.refunded_by) {
+            (Some(invoice), Some(_)) => {
+                let written = self.payment(ctx, &invoice, PaymentStatus::Refunded, None);
+                return match written.change {
+                    Change::Made(words) => Written {
+                        change: Change::Made(format!(
+                            "{words} (a full refund of {payment_intent})"
+                        )),
+                        ..written
+                    },
+                    _ => written,
+                };
+            }
+            (Some(invoice), None) if learned => {
+                Change::Made(format!("payment intent {payment_intent} paid {invoice}"))
+            }
+            (Some(invoice), None) => Change::AlreadyApplied(format!(
+                "payment intent {payment_intent} is already known to have paid {invoice}"
+            )),
+            (None, _) if learned => Change::Made(format!(
+                "refund of {payment_intent} recorded; it could not be linked to an invoice yet"
+            )),
+            (None, _) => Change::AlreadyApplied(format!(
+                "the refund of {payment_intent} is already recorded"
+            )),
+        };
+        Written::from(change)
+    }
+
+    /// The account as an effect tells it: the derived plan and the period's balance. An
+    /// account that does not exist is on the free plan with nothing.
+    pub fn state(&self, customer: &str, period: &Period, catalog: &Catalog) -> AccountState {
+        let deleted = self.account.deleted_at.is_some();
+        let plan = derive_plan(
+            deleted,
+            self.customer_plan
+                .as_ref()
+                .and_then(|p| p.value.plan.as_deref()),
+            self.standing.as_ref().is_some_and(|s| s.value),
+            self.subscriptions
+                .values()
+                .map(|s| &s.value)
+                .filter(|s| s.customer == customer && status_entitles(&s.status))
+                .filter_map(|s| s.plan.as_deref()),
+            catalog,
+        );
+        // A deleted customer holds nothing, whatever was granted before the deletion arrived.
+        let balance = match deleted {
+            true => 0,
+            false => self.ledger.iter().map(|e| e.delta).sum(),
+        };
+        AccountState {
+            plan,
+            balance,
+            period: period.clone(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,9 +655,17 @@ mod tests {
 
     fn sub(status: &str, plan: Option<&str>) -> HeldSubscription {
         HeldSubscription {
+            customer: "cus_1".to_owned(),
             status: status.to_owned(),
             plan_key: plan.map(str::to_owned),
             plan: plan.map(str::to_owned),
+        }
+    }
+
+    fn paid_as(status: &str) -> HeldPayment {
+        HeldPayment {
+            status: status.to_owned(),
+            plan_key: None,
         }
     }
 
@@ -439,7 +769,7 @@ mod tests {
     #[test]
     fn a_refunded_payment_is_final_and_a_refund_wins_whatever_its_time() {
         let c = CustomerId::parse("cus_1").unwrap();
-        let paid = held("paid".to_owned(), 1, 500, 2, "evt_p");
+        let paid = held(paid_as("paid"), 1, 500, 2, "evt_p");
         let refund = payment(
             Some(&paid),
             &ctx(&c, 2, 100, "evt_r"),
@@ -451,7 +781,7 @@ mod tests {
             panic!("a payment fact");
         };
         assert_eq!(previous.as_deref(), Some("paid"));
-        let refunded = held("refunded".to_owned(), 2, 100, 3, "evt_r");
+        let refunded = held(paid_as("refunded"), 2, 100, 3, "evt_r");
         let late_paid = payment(
             Some(&refunded),
             &ctx(&c, 3, 900, "evt_q"),

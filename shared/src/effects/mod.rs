@@ -1,5 +1,5 @@
 //! Effects: each change that took effect, told to the app once (docs/design.md §11). The
-//! worker's transaction turns the registers' changes ([`Fact`]s) and the account's plan
+//! worker turns the registers' changes ([`Fact`]s) and the account's plan
 //! before and after into outbox rows ([`effects_of`], pure); [`outbox`] is the one home of
 //! an outbox row's life; the dispatcher delivers the rows to the sinks.
 //!
@@ -63,7 +63,7 @@ pub struct Cause<'a> {
 }
 
 /// One outbox row as the worker writes it; the account's sequence number is added by the
-/// statement that writes it (under the account's lock).
+/// event's one statement that writes it (`inbox::commit`), which moves the account's version.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewEffect {
     pub id: String,

@@ -1,8 +1,9 @@
 //! The one home of an effect row's life (docs/design.md §11). Every statement that moves
-//! an `effects` row is here:
+//! an `effects` row is here, but its birth: the event's one statement that writes the
+//! change writes its effects too (`inbox::commit`), so they commit or vanish together.
 //!
 //! ```text
-//!  write (worker's transaction) ──▶ pending ──claim──▶ (dispatcher holds it) ──record──▶ sent
+//!  write (one worker statement) ──▶ pending ──claim──▶ (dispatcher holds it) ──record──▶ sent
 //!                                     ▲  ▲                    │
 //!                                     │  └── retry due ───────┘ failed: next attempt later,
 //!                                     │                         or dead after the last one
@@ -20,7 +21,6 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 
-use super::{Cause, NewEffect};
 use crate::inbox::{retry_delay, MAX_ATTEMPTS, ROWS_PER_STEP, STUCK_AFTER};
 use crate::queue::Queue;
 
@@ -52,58 +52,6 @@ impl EffectStatus {
             .into_iter()
             .find(|s| s.as_str() == raw)
     }
-}
-
-/// Inside the worker's transaction, under the account's lock: writes the event's effects
-/// with the account's next sequence numbers, marked as enqueued (the send follows the
-/// commit; a failed send unmarks them). An effect already written is left as it is and takes
-/// no number, so an account's numbers have no gap: an earlier deletion arriving after a
-/// later one moves the tombstone, but the app was told of the deletion once. Returns the ids
-/// written now.
-pub async fn write(
-    conn: &mut PgConnection,
-    cause: &Cause<'_>,
-    effects: &[NewEffect],
-) -> Result<Vec<String>, sqlx::Error> {
-    if effects.is_empty() {
-        return Ok(Vec::new());
-    }
-    let ids: Vec<String> = effects.iter().map(|e| e.id.clone()).collect();
-    let kinds: Vec<&str> = effects.iter().map(|e| e.kind.as_str()).collect();
-    let causes: Vec<String> = effects.iter().map(|e| e.cause.clone()).collect();
-    let bodies: Vec<Value> = effects.iter().map(|e| e.body.clone()).collect();
-    sqlx::query_scalar!(
-        r#"
-        WITH new AS (
-            SELECT e.id, e.kind, e.cause, e.body, row_number() OVER (ORDER BY e.n) AS k
-            FROM unnest($3::text[], $4::text[], $5::text[], $6::jsonb[])
-                 WITH ORDINALITY AS e(id, kind, cause, body, n)
-            WHERE NOT EXISTS (SELECT 1 FROM effects f WHERE f.id = e.id)
-        ), seq AS (
-            UPDATE accounts SET effect_seq = effect_seq + (SELECT count(*) FROM new)
-            WHERE source = $1 AND customer_id = $2
-            RETURNING effect_seq - (SELECT count(*) FROM new) AS base
-        )
-        INSERT INTO effects (id, kind, cause, source, customer_id, sequence, event_id,
-                             occurred_at, body, enqueued_at)
-        SELECT new.id, new.kind, new.cause, $1, $2, seq.base + new.k, $7, $8,
-               jsonb_set(new.body, '{data,sequence}', to_jsonb(seq.base + new.k)), inbox_now()
-        FROM seq, new
-        ORDER BY new.k
-        ON CONFLICT (id) DO NOTHING
-        RETURNING id
-        "#,
-        cause.source,
-        cause.customer,
-        &ids,
-        &kinds as &[&str],
-        &causes,
-        &bodies,
-        cause.event_id,
-        cause.occurred_at,
-    )
-    .fetch_all(conn)
-    .await
 }
 
 /// Sends effect ids to the dispatcher's queue; what the queue refused is unmarked, so the

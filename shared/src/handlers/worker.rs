@@ -12,11 +12,13 @@ use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::billing::registers::{self, EventContext};
-use crate::billing::{account, outcome, Catalog, Change, Decision, Effect, Rank, Version};
+use crate::billing::rules::{Registers, Stamp};
+use crate::billing::{outcome, Catalog, Change, Decision, Effect, Rank, Version};
 use crate::config::{SourceConfig, WorkerConfig};
 use crate::domain::Period;
 use crate::domain::{EventStatus, SourceKind};
-use crate::effects::{self, outbox, Cause};
+use crate::effects::{self, outbox, Cause, NewEffect};
+use crate::inbox::commit::{self, Committed};
 use crate::inbox::lease::{self, Claimed};
 use crate::inbox::{DEFAULT_LEASE, RETRY_DELAYS};
 use crate::providers::{self, Api, Reads};
@@ -129,8 +131,8 @@ pub enum WorkerError {
     Raced,
     #[error("another event of the same second reached the subscription during the provider read; retrying")]
     TieMoved,
-    #[error(transparent)]
-    Register(#[from] registers::WriteError),
+    #[error("the account moved under its lock; retrying")]
+    Moved,
     #[error("injected fault at {0:?}")]
     Injected(FaultPoint),
 }
@@ -212,8 +214,10 @@ struct Applied {
     effects: Vec<String>,
 }
 
-/// The one transaction: re-check the lease, decide, write the registers, log, write the
-/// effects, finish.
+/// Decides what the event means and applies it: for an event about an account, one read of
+/// the account's registers, the register rules, and one statement that writes it all if the
+/// account has not moved meanwhile — else again under the account's lock (docs/design.md
+/// §8); for any other, one statement that finishes it.
 async fn apply_claimed(
     state: &WorkerState,
     conn: &mut PgConnection,
@@ -224,7 +228,7 @@ async fn apply_claimed(
         .get(&event.source)
         .ok_or_else(|| WorkerError::UnknownSource(event.source.clone()))?;
     let provider = providers::provider(source.kind);
-    let mut decision = match (&event.payload, event.occurred_at) {
+    let decision = match (&event.payload, event.occurred_at) {
         (Some(payload), Some(_)) => match provider.out_of_scope(payload, source.livemode) {
             Some(reason) => Decision::Ignore(reason),
             None => providers::decide(
@@ -239,132 +243,195 @@ async fn apply_claimed(
     };
     // The event's place in the provider's order: one for the reads and the writes.
     let version = event.occurred_at.map(|at| planted_version(event, at));
-    // What only the provider can settle is read before the transaction, so a slow provider
-    // holds neither the account's lock nor an open transaction (docs/design.md §4.2).
-    let mut ties_read = HashMap::new();
-    let named = event.customer.as_ref();
-    let ctx = named.and_then(|c| event_context(event, c, &version));
-    if let (Decision::Apply { effects, notes }, Some(ctx)) = (&mut decision, ctx) {
-        ties_read = settle(conn, source, &ctx, effects, notes).await?;
-    }
-    let mut tx = conn.begin().await?;
-    // The account's lock comes with the lease re-check when the event names its customer and
-    // its decision touches the account: one statement.
-    let mut locked = false;
-    let held = match (&event.customer, &decision, event.occurred_at) {
-        (Some(customer), Decision::Apply { .. } | Decision::Ignore(_), Some(_)) => {
-            locked = true;
-            lease::still_held_locking(&mut tx, event, customer).await?
-        }
-        _ => lease::still_held(&mut tx, event).await?,
-    };
-    if !held {
-        return Err(WorkerError::LeaseLost);
-    }
-    sim::point(Point::WorkerLeaseChecked, event.id).await;
     let mut customer = event.customer.clone();
-    if customer.is_none() {
+    if let (None, Decision::Apply { effects, .. }) = (&customer, &decision) {
         // An event that only links a payment intent to an invoice names no customer (Stripe's
         // `invoice_payment.paid`): it belongs to the customer the intent is known under.
-        if let Decision::Apply { effects, .. } = &decision {
-            customer = links_only_customer(&mut tx, &event.source, effects).await?;
-        }
+        customer = links_only_customer(conn, &event.source, effects).await?;
     }
-    let context = customer
+    let ctx = customer
         .as_ref()
         .and_then(|c| event_context(event, c, &version));
-    let mut written = Vec::new();
-    let (status, reason) = match (decision, &context) {
-        (Decision::Unprocessable(reason), _) => (EventStatus::Unprocessable, reason),
-        (Decision::Ignore(reason), ctx) => {
-            if let (Some(ctx), false) = (ctx, locked) {
-                registers::lock_account(&mut tx, ctx.source, ctx.customer).await?;
-            }
-            (EventStatus::Ignored, reason)
+    let (status, reason) = match (decision, ctx) {
+        (Decision::Apply { effects, notes }, Some(ctx)) => {
+            return apply_to_account(state, conn, event, source, &ctx, Ok((effects, notes))).await
+        }
+        (Decision::Ignore(reason), Some(ctx)) => {
+            return apply_to_account(state, conn, event, source, &ctx, Err(reason)).await
         }
         (Decision::Apply { effects, .. }, None) if customer.is_none() => {
-            remember_links_without_customer(&mut tx, &event.source, &effects).await?
+            return remember_links_without_customer(state, conn, event, &effects).await
         }
         (Decision::Apply { .. }, None) => (
             EventStatus::Unprocessable,
             "the event has no provider time".to_owned(),
         ),
-        (Decision::Apply { effects, mut notes }, Some(ctx)) => {
-            if !locked {
-                registers::lock_account(&mut tx, ctx.source, ctx.customer).await?;
-            }
-            let period = Period::of(ctx.version.at);
-            let plan_before = match &state.effects {
-                Some(_) => {
-                    let before =
-                        account::state(&mut tx, ctx.source, ctx.customer, &period, &state.catalog);
-                    Some(before.await?.plan)
-                }
-                None => None,
-            };
-            let mut changes = Vec::with_capacity(effects.len());
-            let mut facts = Vec::new();
-            for (i, effect) in effects.iter().enumerate() {
-                if i == 1 {
-                    state.fault(FaultPoint::BetweenEffects)?;
-                }
-                sim::point(Point::WorkerEffect(i), event.id).await;
-                let write = registers::apply_effect(&mut tx, ctx, effect).await?;
-                if let Effect::Subscription { id, .. } = effect {
-                    match (&source.reads, write.tied_with) {
-                        (None, Some(tie)) => notes.push(format!(
-                            "same-second tie with event {tie} resolved by status rank"
-                        )),
-                        // Under the lock the register holds another tie than the read settled:
-                        // the retry reads again.
-                        (Some(_), tied) if ties_read.get(id) != Some(&tied) => {
-                            return Err(WorkerError::TieMoved)
-                        }
-                        _ => {}
-                    }
-                }
-                changes.push(write.change);
-                facts.extend(write.fact);
-            }
-            let (status, reason) = outcome(&changes, &notes);
-            let made = changes.iter().any(|c| matches!(c, Change::Made(_)));
-            if let (Some(plan_before), true) = (plan_before, made) {
-                let after =
-                    account::state(&mut tx, ctx.source, ctx.customer, &period, &state.catalog)
-                        .await?;
-                let cause = Cause {
-                    event_id: event.id,
-                    provider_event_id: event.dedupe_key.as_str(),
-                    source: ctx.source,
-                    customer: ctx.customer.as_str(),
-                    occurred_at: ctx.version.at.as_datetime(),
-                };
-                let new = effects::effects_of(&cause, &facts, &plan_before, &after);
-                written = outbox::write(&mut tx, &cause, &new).await?;
-            }
-            (status, reason)
-        }
+        (Decision::Unprocessable(reason), _) => (EventStatus::Unprocessable, reason),
+        (Decision::Ignore(reason), None) => (EventStatus::Ignored, reason),
     };
     state.fault(FaultPoint::BeforeCommit)?;
-    // An event about a known account is finished with its line in the account's log.
-    let log = match (&context, status) {
-        (Some(ctx), EventStatus::Applied | EventStatus::Ignored) => Some(lease::LogLine {
-            source: ctx.source,
-            customer: ctx.customer,
-            event_type: ctx.event_type,
-            occurred_at: ctx.version.at.as_datetime(),
-        }),
-        _ => None,
-    };
-    lease::finish(&mut tx, event.id, status, &reason, log).await?;
-    sim::point(Point::WorkerLogged, event.id).await;
-    tx.commit().await?;
-    tracing::info!(event_id = event.id, status = status.as_str(), reason = %reason, effects = written.len(), "event finished");
+    sim::point(Point::WorkerDecided, event.id).await;
+    if !lease::finish_held(conn, event, status, &reason).await? {
+        return Err(WorkerError::LeaseLost);
+    }
     Ok(Applied {
         status,
         reason,
-        effects: written,
+        effects: Vec::new(),
     })
+}
+
+/// An event about an account: its effects (or, `Err`, the reason it is ignored, which still
+/// writes the account's log line). The provider reads a tie or a refund needs are made
+/// after the read and before any lock or transaction (docs/design.md §4.2).
+async fn apply_to_account(
+    state: &WorkerState,
+    conn: &mut PgConnection,
+    event: &Claimed,
+    source: &WorkerSource,
+    ctx: &EventContext<'_>,
+    decided: Result<(Vec<Effect>, Vec<String>), String>,
+) -> Result<Applied, WorkerError> {
+    let (mut effects, mut notes, ignored) = match decided {
+        Ok((effects, notes)) => (effects, notes, None),
+        Err(reason) => (Vec::new(), Vec::new(), Some(reason)),
+    };
+    let mut registers = registers::read(conn, ctx, &effects).await?;
+    sim::point(Point::WorkerRead, event.id).await;
+    let ties_read = settle(source, ctx, &registers, &mut effects, &mut notes).await;
+    let decide = |registers: &mut Registers| {
+        let reads = source.reads.is_some();
+        decide(
+            state,
+            event,
+            ctx,
+            registers,
+            (&effects, &notes, &ignored),
+            reads,
+            &ties_read,
+        )
+    };
+    // A payment intent is also written by events that take no account lock (a link without
+    // a customer): an event that touches one is written under the lock, where what the
+    // intent holds after the write can still be checked and rolled back.
+    let intents = effects.iter().any(|e| {
+        matches!(
+            e,
+            Effect::PaymentIntent { .. } | Effect::RefundIntent { .. }
+        )
+    });
+    if !intents {
+        let (status, reason, new) = decide(&mut registers)?;
+        state.fault(FaultPoint::BeforeCommit)?;
+        sim::point(Point::WorkerDecided, event.id).await;
+        let outcome = (status, reason.as_str());
+        match commit::commit(conn, event, ctx, &registers, outcome, &new).await? {
+            Committed::Done { effects, .. } => {
+                return Ok(applied(event, status, reason, effects));
+            }
+            Committed::LeaseLost => return Err(WorkerError::LeaseLost),
+            // Another event of the account committed since the read: read it again under
+            // the account's lock, where it cannot move.
+            Committed::Moved => {}
+        }
+    }
+    let mut tx = conn.begin().await?;
+    if !lease::still_held_locking(&mut tx, event, ctx.customer).await? {
+        return Err(WorkerError::LeaseLost);
+    }
+    sim::point(Point::WorkerLocked, event.id).await;
+    let mut registers = registers::read(&mut tx, ctx, &effects).await?;
+    let (status, reason, new) = decide(&mut registers)?;
+    state.fault(FaultPoint::BeforeCommit)?;
+    sim::point(Point::WorkerDecided, event.id).await;
+    let outcome = (status, reason.as_str());
+    let written = match commit::commit(&mut tx, event, ctx, &registers, outcome, &new).await? {
+        Committed::Done { effects, intents } => {
+            // A link written meanwhile by an event without a customer: the rules did not see
+            // it, so the retry reads again (and the link's event sees this one's customer).
+            if intents
+                .iter()
+                .any(|(id, now)| registers.intents.get(id) != Some(now))
+            {
+                return Err(WorkerError::Raced);
+            }
+            effects
+        }
+        Committed::LeaseLost => return Err(WorkerError::LeaseLost),
+        Committed::Moved => return Err(WorkerError::Moved),
+    };
+    sim::point(Point::WorkerWritten, event.id).await;
+    tx.commit().await?;
+    Ok(applied(event, status, reason, written))
+}
+
+fn applied(event: &Claimed, status: EventStatus, reason: String, effects: Vec<String>) -> Applied {
+    tracing::info!(event_id = event.id, status = status.as_str(), reason = %reason, effects = effects.len(), "event finished");
+    Applied {
+        status,
+        reason,
+        effects,
+    }
+}
+
+/// The register rules applied to the account as read: the event's outcome and reason, and,
+/// with effects on, the effects its changes tell. `ignored`: the event is ignored for this
+/// reason, and changes nothing. With provider reads, a subscription whose tie is not the one
+/// the read settled fails the attempt (the retry reads again).
+fn decide(
+    state: &WorkerState,
+    event: &Claimed,
+    ctx: &EventContext<'_>,
+    registers: &mut Registers,
+    (effects, notes, ignored): (&[Effect], &[String], &Option<String>),
+    reads: bool,
+    ties_read: &HashMap<String, Option<i64>>,
+) -> Result<(EventStatus, String, Vec<NewEffect>), WorkerError> {
+    if let Some(reason) = ignored {
+        return Ok((EventStatus::Ignored, reason.clone(), Vec::new()));
+    }
+    let period = Period::of(ctx.version.at);
+    let customer = ctx.customer.as_str();
+    let plan_before = state
+        .effects
+        .as_ref()
+        .map(|_| registers.state(customer, &period, &state.catalog).plan);
+    let mut notes = notes.to_vec();
+    let mut changes = Vec::with_capacity(effects.len());
+    let mut facts = Vec::new();
+    for effect in effects {
+        let written = registers.apply(ctx, effect);
+        if let Effect::Subscription { id, .. } = effect {
+            match (reads, written.tied_with) {
+                (false, Some(tie)) => notes.push(format!(
+                    "same-second tie with event {tie} resolved by status rank"
+                )),
+                (true, tied) if ties_read.get(id) != Some(&tied) => {
+                    return Err(WorkerError::TieMoved)
+                }
+                _ => {}
+            }
+        }
+        changes.push(written.change);
+        facts.extend(written.fact);
+    }
+    let (status, reason) = outcome(&changes, &notes);
+    let made = changes.iter().any(|c| matches!(c, Change::Made(_)));
+    let new = match (plan_before, made) {
+        (Some(plan_before), true) => {
+            let after = registers.state(customer, &period, &state.catalog);
+            let cause = Cause {
+                event_id: event.id,
+                provider_event_id: event.dedupe_key.as_str(),
+                source: ctx.source,
+                customer,
+                occurred_at: ctx.version.at.as_datetime(),
+            };
+            effects::effects_of(&cause, &facts, &plan_before, &after)
+        }
+        _ => Vec::new(),
+    };
+    Ok((status, reason, new))
 }
 
 /// Who the event is about and where it sits in the provider's order, once it has a time.
@@ -396,22 +463,28 @@ fn planted_version(event: &Claimed, at: crate::domain::ProviderTime) -> Version 
     Version { at, key }
 }
 
-/// What only the provider can settle, settled before the transaction (docs/design.md §4.2,
-/// §4.6): a subscription state stamped with the same second as another event's takes the rank
-/// a provider read gives it (else its status rank decides, and the note says so); a refund
-/// known only by its payment intent is linked to its invoice by a read when no event has.
-/// A failed read settles nothing and says why: the status rank still gives one order.
-/// With reads, returns each subscription's tie as read (the other event, if any), which the
-/// write under the account's lock must find again.
+/// What only the provider can settle, settled after the read and before any lock or
+/// transaction (docs/design.md §4.2, §4.6): a subscription state stamped with the same second
+/// as another event's takes the rank a provider read gives it (else its status rank decides,
+/// and the note says so); a refund known only by its payment intent is linked to its invoice
+/// by a read when no event has. A failed read settles nothing and says why: the status rank
+/// still gives one order. With reads, returns each subscription's tie as read (the other
+/// event, if any), which the rules must find again when the event is written.
 async fn settle(
-    conn: &mut PgConnection,
     source: &WorkerSource,
     ctx: &EventContext<'_>,
+    registers: &Registers,
     effects: &mut Vec<Effect>,
     notes: &mut Vec<String>,
-) -> Result<HashMap<String, Option<i64>>, sqlx::Error> {
+) -> HashMap<String, Option<i64>> {
     let mut ties_read = HashMap::new();
+    let Some(reads) = &source.reads else {
+        // Without a provider read the status rank settles a tie: the rules say whether
+        // there was one.
+        return ties_read;
+    };
     let mut linked = Vec::new();
+    let at = Stamp::of(ctx, Rank(0)).at;
     for effect in effects.iter_mut() {
         match effect {
             Effect::Subscription {
@@ -420,49 +493,40 @@ async fn settle(
                 plan,
                 rank,
             } => {
-                // Without a provider read the status rank settles a tie: the write itself
-                // says whether there was one (apply_claimed), with no read before it.
-                let Some(reads) = &source.reads else {
-                    continue;
-                };
-                let tie = registers::subscription_tie(conn, ctx, id).await?;
-                ties_read.insert(id.clone(), tie.as_ref().map(|t| t.event_id));
+                let tie = registers
+                    .subscriptions
+                    .get(id.as_str())
+                    .filter(|held| held.stamp.at == at && held.event_id != ctx.event_id);
+                ties_read.insert(id.clone(), tie.map(|t| t.event_id));
                 let Some(tie) = tie else {
                     continue;
                 };
+                let (tie_id, tie_status) = (tie.event_id, &tie.value.status);
                 let plan_key = plan.as_ref().map(|p| p.key.as_str());
                 notes.push(match reads.subscription(id).await {
                     Ok(Some(now)) if now.shows(status, plan_key) => {
                         *rank = Rank::CONFIRMED;
-                        format!("same-second tie with event {} resolved by a provider read: {id} is {status}", tie.event_id)
+                        format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {status}")
                     }
-                    Ok(Some(now)) if now.shows(&tie.status, tie.plan_key.as_deref()) => {
+                    Ok(Some(now)) if now.shows(tie_status, tie.value.plan_key.as_deref()) => {
                         *rank = Rank::REFUTED;
-                        format!("same-second tie with event {} resolved by a provider read: {id} is {}", tie.event_id, tie.status)
+                        format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {tie_status}")
                     }
                     Ok(Some(now)) => format!(
-                        "same-second tie with event {}: the provider shows {id} as {} now, neither state; resolved by status rank",
-                        tie.event_id, now.status
+                        "same-second tie with event {tie_id}: the provider shows {id} as {} now, neither state; resolved by status rank",
+                        now.status
                     ),
                     Ok(None) => format!(
-                        "same-second tie with event {}: the provider does not know {id}; resolved by status rank",
-                        tie.event_id
+                        "same-second tie with event {tie_id}: the provider does not know {id}; resolved by status rank"
                     ),
                     Err(error) => format!(
-                        "same-second tie with event {}: the provider read failed ({error:#}); resolved by status rank",
-                        tie.event_id
+                        "same-second tie with event {tie_id}: the provider read failed ({error:#}); resolved by status rank"
                     ),
                 });
             }
             Effect::RefundIntent { payment_intent, .. } => {
-                // Without reads nothing is looked up: the refund is recorded and linked later.
-                let Some(reads) = &source.reads else {
-                    continue;
-                };
-                if registers::linked_invoice(conn, ctx.source, payment_intent)
-                    .await?
-                    .is_some()
-                {
+                let known = registers.intents.get(payment_intent.as_str());
+                if known.is_some_and(|i| i.invoice.is_some()) {
                     continue;
                 }
                 match reads.invoice_of_payment_intent(payment_intent).await {
@@ -490,7 +554,7 @@ async fn settle(
     for (i, link) in linked.into_iter().enumerate() {
         effects.insert(i, link);
     }
-    Ok(ties_read)
+    ties_read
 }
 
 /// Whether every effect is a payment-intent link; then the customer the intent is known
@@ -517,29 +581,42 @@ async fn links_only_customer(
 /// between the look-up and the write is a conflict: the attempt fails and is retried, and
 /// the retry finds the customer.
 async fn remember_links_without_customer(
+    state: &WorkerState,
     conn: &mut PgConnection,
-    source: &str,
+    event: &Claimed,
     effects: &[Effect],
-) -> Result<(EventStatus, String), WorkerError> {
+) -> Result<Applied, WorkerError> {
+    let mut tx = conn.begin().await?;
+    if !lease::still_held(&mut tx, event).await? {
+        return Err(WorkerError::LeaseLost);
+    }
+    sim::point(Point::WorkerLocked, event.id).await;
     let mut learned = Vec::new();
+    let mut status = EventStatus::Applied;
     for effect in effects {
         let Effect::PaymentIntent {
             payment_intent,
             invoice,
         } = effect
         else {
-            return Ok((
-                EventStatus::Ignored,
-                "the event names no customer".to_owned(),
-            ));
+            status = EventStatus::Ignored;
+            learned = vec!["the event names no customer".to_owned()];
+            break;
         };
-        let state = registers::remember_link(conn, source, payment_intent, invoice, None).await?;
-        if state.customer.is_some() {
+        let source = &event.source;
+        let link = registers::remember_link(&mut tx, source, payment_intent, invoice, None).await?;
+        if link.customer.is_some() {
             return Err(WorkerError::Raced);
         }
         learned.push(format!("payment intent {payment_intent} paid {invoice}"));
     }
-    Ok((EventStatus::Applied, learned.join("; ")))
+    let reason = learned.join("; ");
+    state.fault(FaultPoint::BeforeCommit)?;
+    sim::point(Point::WorkerDecided, event.id).await;
+    lease::finish(&mut tx, event.id, status, &reason, None).await?;
+    sim::point(Point::WorkerWritten, event.id).await;
+    tx.commit().await?;
+    Ok(applied(event, status, reason, Vec::new()))
 }
 
 /// Handles an SQS batch: every message names one event. The batch is claimed in one
@@ -613,9 +690,8 @@ pub async fn handle_batch(state: &WorkerState, event: SqsEvent) -> SqsBatchRespo
 /// Where a fault can be injected, to prove that a crash at that point loses nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FaultPoint {
-    /// After an event's first register write, before the rest (e.g. the allowance grant).
-    BetweenEffects,
-    /// After every write, before the commit.
+    /// The event's writes are decided; the statement that writes them and finishes the
+    /// event (and, under the account's lock, the commit) has not run.
     BeforeCommit,
 }
 

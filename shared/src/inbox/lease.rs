@@ -153,6 +153,33 @@ pub async fn finish(
     Ok(())
 }
 
+/// Outside a transaction: finishes an event that writes nothing else (unprocessable, or
+/// ignored without an account), if the lease is still this worker's. Returns whether it was.
+pub async fn finish_held(
+    conn: &mut PgConnection,
+    event: &Claimed,
+    status: EventStatus,
+    reason: &str,
+) -> Result<bool, sqlx::Error> {
+    debug_assert!(status.is_final());
+    let finished = sqlx::query!(
+        r#"
+        UPDATE inbox_events
+        SET status = $3, reason = $4, processed_at = inbox_now(), locked_until = NULL,
+            next_attempt_at = NULL, last_error = NULL
+        WHERE id = $1 AND status = 'processing' AND attempts = $2
+        "#,
+        event.id,
+        event.attempts,
+        status.as_str(),
+        reason,
+    )
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(finished == 1)
+}
+
 /// Records a failed attempt: `failed` with the next attempt's time, or `dead` after the last.
 /// Only the lease holder's record lands (the status and attempt must still be its own).
 pub async fn record_failure(

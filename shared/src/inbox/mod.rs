@@ -11,12 +11,15 @@
 //! - [`store`]: the intake's one statement (event, copy count, delivery row, enqueue mark);
 //! - [`lease`]: claim under a lease, re-check it in the worker's transaction, finish, record
 //!   a failure with the retry schedule;
+//! - [`commit`]: an event about an account finished in one statement with everything it
+//!   writes, if the lease holds and the account has not moved since it was read;
 //! - [`enqueue_or_unmark`]: the send that follows a mark, and the unmark when it fails;
 //! - [`rescue`]: what the queue lost (never enqueued, stuck, expired leases, due retries),
 //!   and rows whose worker died on the last attempt;
 //! - [`alerts`], [`purge`], [`replay`]; [`read`]: what operators read.
 
 pub mod alerts;
+pub mod commit;
 mod enqueue;
 pub mod lease;
 pub mod purge;

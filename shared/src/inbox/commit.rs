@@ -1,0 +1,284 @@
+//! An event's commit: one statement that re-checks the lease, takes the account at the
+//! version the event's read found it at, writes what the register rules changed (registers,
+//! ledger, tombstone, payment intents), the effects with the account's next sequence numbers,
+//! the account's log line, and finishes the event (docs/design.md §3.5, §8). Outside a
+//! transaction it is the whole write: the statement is atomic, and an account that moved
+//! since the read, or a lease lost, writes nothing.
+
+use serde_json::Value;
+use sqlx::PgConnection;
+
+use super::lease::Claimed;
+use crate::billing::registers::EventContext;
+use crate::billing::rules::{HeldIntent, Registers};
+use crate::domain::{EventStatus, Period};
+use crate::effects::NewEffect;
+
+/// What became of the statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Committed {
+    /// Written and finished; the ids of the effects written now, and the payment intents as
+    /// they stand after the write (another event may have added to one meanwhile).
+    Done {
+        effects: Vec<String>,
+        intents: Vec<(String, HeldIntent)>,
+    },
+    /// Another worker holds the event now: nothing was written.
+    LeaseLost,
+    /// The account moved since it was read: nothing was written; read again.
+    Moved,
+}
+
+/// Writes `registers`' changes for the event, with its outcome and its effects, if the lease
+/// still holds and the account is still at the version read.
+pub async fn commit(
+    conn: &mut PgConnection,
+    event: &Claimed,
+    ctx: &EventContext<'_>,
+    registers: &Registers,
+    (status, reason): (EventStatus, &str),
+    effects: &[NewEffect],
+) -> Result<Committed, sqlx::Error> {
+    debug_assert!(status.is_final());
+    let changed = &registers.changed;
+    let plan = registers
+        .customer_plan
+        .as_ref()
+        .filter(|_| changed.customer_plan);
+    let standing = registers.standing.as_ref().filter(|_| changed.standing);
+    let subscriptions: Vec<_> = changed
+        .subscriptions
+        .iter()
+        .filter_map(|id| Some((id.as_str(), registers.subscriptions.get(id)?)))
+        .collect();
+    let payments: Vec<_> = changed
+        .payments
+        .iter()
+        .filter_map(|id| Some((id.as_str(), registers.payments.get(id)?)))
+        .collect();
+    let intents: Vec<_> = changed
+        .intents
+        .iter()
+        .filter_map(|id| Some((id.as_str(), registers.intents.get(id)?)))
+        .collect();
+    let grants = &changed.grants;
+    let period = Period::of(ctx.version.at);
+    let ids: Vec<&str> = effects.iter().map(|e| e.id.as_str()).collect();
+    let kinds: Vec<&str> = effects.iter().map(|e| e.kind.as_str()).collect();
+    let causes: Vec<&str> = effects.iter().map(|e| e.cause.as_str()).collect();
+    let bodies: Vec<Value> = effects.iter().map(|e| e.body.clone()).collect();
+    let row = sqlx::query!(
+        r#"
+        WITH held AS (
+            SELECT id FROM inbox_events
+            WHERE id = $1 AND status = 'processing' AND attempts = $2 FOR UPDATE
+        ), new_effects AS (
+            SELECT e.id, e.kind, e.cause, e.body, row_number() OVER (ORDER BY e.n) AS k
+            FROM unnest($32::text[], $33::text[], $34::text[], $35::jsonb[])
+                 WITH ORDINALITY AS e (id, kind, cause, body, n)
+            WHERE NOT EXISTS (SELECT 1 FROM effects f WHERE f.id = e.id)
+        ), account AS (
+            INSERT INTO accounts AS a (source, customer_id, version, deleted_at, effect_seq)
+            SELECT $3, $4, 1, $6, (SELECT count(*) FROM new_effects) FROM held
+            ON CONFLICT (source, customer_id) DO UPDATE
+                SET version = a.version + 1, deleted_at = EXCLUDED.deleted_at,
+                    effect_seq = a.effect_seq + EXCLUDED.effect_seq
+                WHERE a.version = $5
+            RETURNING a.effect_seq - (SELECT count(*) FROM new_effects) AS base
+        ), plan_written AS (
+            INSERT INTO customer_plans AS r
+                (source, customer_id, plan_key, plan, version_at, version_rank, version_key, event_id)
+            SELECT $3, $4, $10, $11, $7, 0, $8, $1 FROM account WHERE $9
+            ON CONFLICT (source, customer_id) DO UPDATE
+                SET plan_key = EXCLUDED.plan_key, plan = EXCLUDED.plan,
+                    version_at = EXCLUDED.version_at, version_rank = EXCLUDED.version_rank,
+                    version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
+        ), standing_written AS (
+            INSERT INTO customer_standing AS r
+                (source, customer_id, past_due, version_at, version_rank, version_key, event_id)
+            SELECT $3, $4, $13, $7, 0, $8, $1 FROM account WHERE $12
+            ON CONFLICT (source, customer_id) DO UPDATE
+                SET past_due = EXCLUDED.past_due, version_at = EXCLUDED.version_at,
+                    version_rank = EXCLUDED.version_rank, version_key = EXCLUDED.version_key,
+                    event_id = EXCLUDED.event_id
+        ), subscriptions_written AS (
+            INSERT INTO subscriptions AS r
+                (source, subscription_id, customer_id, status, plan_key, plan, version_at,
+                 version_rank, version_key, event_id)
+            SELECT $3, s.id, $4, s.status, s.plan_key, s.plan, $7, s.rank, $8, $1
+            FROM account, unnest($14::text[], $15::text[], $16::text[], $17::text[], $18::int2[])
+                 AS s (id, status, plan_key, plan, rank)
+            ON CONFLICT (source, subscription_id) DO UPDATE
+                SET customer_id = EXCLUDED.customer_id, status = EXCLUDED.status,
+                    plan_key = EXCLUDED.plan_key, plan = EXCLUDED.plan,
+                    version_at = EXCLUDED.version_at, version_rank = EXCLUDED.version_rank,
+                    version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
+        ), payments_written AS (
+            INSERT INTO payments AS r
+                (source, payment_id, customer_id, status, plan_key, version_at, version_rank,
+                 version_key, event_id)
+            SELECT $3, p.id, $4, p.status, p.plan_key, $7, p.rank, $8, $1
+            FROM account, unnest($19::text[], $20::text[], $21::text[], $22::int2[])
+                 AS p (id, status, plan_key, rank)
+            ON CONFLICT (source, payment_id) DO UPDATE
+                SET status = EXCLUDED.status, plan_key = EXCLUDED.plan_key,
+                    version_at = EXCLUDED.version_at, version_rank = EXCLUDED.version_rank,
+                    version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
+        ), ledger_written AS (
+            INSERT INTO ledger (source, customer_id, period, plan, allowance, delta, reason, entry_key, event_id)
+            SELECT $3, $4, $23, g.plan, g.allowance, g.delta, g.reason, g.entry_key, $1
+            FROM account, unnest($24::text[], $25::int8[], $26::int8[], $27::text[], $28::text[])
+                 AS g (plan, allowance, delta, reason, entry_key)
+        ), intents_written AS (
+            -- Merged, not replaced: an event without a customer may have added a link meanwhile
+            -- (it takes no account lock); the caller compares what the intent holds now.
+            INSERT INTO payment_intents AS r
+                (source, payment_intent, invoice_id, customer_id, refunded_charge, refunded_by)
+            SELECT $3, i.id, i.invoice, $4, i.charge, i.refunded_by
+            FROM account, unnest($29::text[], $30::text[], $31::text[], $36::int8[])
+                 AS i (id, invoice, charge, refunded_by)
+            ON CONFLICT (source, payment_intent) DO UPDATE
+                SET invoice_id = COALESCE(r.invoice_id, EXCLUDED.invoice_id),
+                    customer_id = COALESCE(r.customer_id, EXCLUDED.customer_id),
+                    refunded_charge = COALESCE(r.refunded_charge, EXCLUDED.refunded_charge),
+                    refunded_by = COALESCE(r.refunded_by, EXCLUDED.refunded_by)
+            RETURNING payment_intent, invoice_id, customer_id, refunded_charge, refunded_by
+        ), effects_written AS (
+            INSERT INTO effects (id, kind, cause, source, customer_id, sequence, event_id,
+                                 occurred_at, body, enqueued_at)
+            SELECT n.id, n.kind, n.cause, $3, $4, account.base + n.k, $1, $7,
+                   jsonb_set(n.body, '{data,sequence}', to_jsonb(account.base + n.k)), inbox_now()
+            FROM account, new_effects n
+            ORDER BY n.k
+            RETURNING id
+        ), logged AS (
+            -- A line that says `applied` stays: a replay that finds its work done does not
+            -- rewrite history.
+            INSERT INTO account_log AS l (event_id, source, customer_id, event_type, occurred_at, outcome, reason)
+            SELECT $1, $3, $4, $39, $7, $37, $38 FROM account
+            ON CONFLICT (event_id) DO UPDATE
+                SET outcome = EXCLUDED.outcome, reason = EXCLUDED.reason, logged_at = inbox_now()
+                WHERE l.outcome <> 'applied'
+        ), finished AS (
+            UPDATE inbox_events
+            SET status = $37, reason = $38, processed_at = inbox_now(), locked_until = NULL,
+                next_attempt_at = NULL, last_error = NULL
+            WHERE id = (SELECT id FROM held) AND EXISTS (SELECT 1 FROM account)
+        )
+        SELECT EXISTS (SELECT 1 FROM held) AS "held!",
+               EXISTS (SELECT 1 FROM account) AS "written!",
+               ARRAY(SELECT id FROM effects_written) AS "effects!",
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                           'id', payment_intent, 'invoice', invoice_id, 'customer', customer_id,
+                           'refunded_charge', refunded_charge, 'refunded_by', refunded_by)), '[]')
+                FROM intents_written) AS "intents!"
+        "#,
+        event.id,
+        event.attempts,
+        ctx.source,
+        ctx.customer.as_str(),
+        registers.account.version,
+        registers.account.deleted_at,
+        ctx.version.at.as_datetime(),
+        ctx.version.key.as_str(),
+        plan.is_some(),
+        plan.and_then(|p| p.value.key.as_deref()),
+        plan.and_then(|p| p.value.plan.as_deref()),
+        standing.is_some(),
+        standing.is_some_and(|s| s.value),
+        &subscriptions.iter().map(|(id, _)| *id).collect::<Vec<_>>() as &[&str],
+        &subscriptions
+            .iter()
+            .map(|(_, s)| s.value.status.as_str())
+            .collect::<Vec<_>>() as &[&str],
+        &subscriptions
+            .iter()
+            .map(|(_, s)| s.value.plan_key.as_deref())
+            .collect::<Vec<_>>() as &[Option<&str>],
+        &subscriptions
+            .iter()
+            .map(|(_, s)| s.value.plan.as_deref())
+            .collect::<Vec<_>>() as &[Option<&str>],
+        &subscriptions
+            .iter()
+            .map(|(_, s)| s.stamp.rank)
+            .collect::<Vec<_>>(),
+        &payments.iter().map(|(id, _)| *id).collect::<Vec<_>>() as &[&str],
+        &payments
+            .iter()
+            .map(|(_, p)| p.value.status.as_str())
+            .collect::<Vec<_>>() as &[&str],
+        &payments
+            .iter()
+            .map(|(_, p)| p.value.plan_key.as_deref())
+            .collect::<Vec<_>>() as &[Option<&str>],
+        &payments.iter().map(|(_, p)| p.stamp.rank).collect::<Vec<_>>(),
+        period.as_str(),
+        &grants
+            .iter()
+            .map(|g| g.entry.plan.as_str())
+            .collect::<Vec<_>>() as &[&str],
+        &grants.iter().map(|g| g.entry.allowance).collect::<Vec<_>>(),
+        &grants.iter().map(|g| g.entry.delta).collect::<Vec<_>>(),
+        &grants.iter().map(|g| g.reason.as_str()).collect::<Vec<_>>() as &[&str],
+        &grants
+            .iter()
+            .map(|g| g.entry.entry_key.as_str())
+            .collect::<Vec<_>>() as &[&str],
+        &intents.iter().map(|(id, _)| *id).collect::<Vec<_>>() as &[&str],
+        &intents
+            .iter()
+            .map(|(_, i)| i.invoice.as_deref())
+            .collect::<Vec<_>>() as &[Option<&str>],
+        &intents
+            .iter()
+            .map(|(_, i)| i.refunded_charge.as_deref())
+            .collect::<Vec<_>>() as &[Option<&str>],
+        &ids as &[&str],
+        &kinds as &[&str],
+        &causes as &[&str],
+        &bodies,
+        &intents
+            .iter()
+            .map(|(_, i)| i.refunded_by)
+            .collect::<Vec<_>>() as &[Option<i64>],
+        status.as_str(),
+        reason,
+        ctx.event_type,
+    )
+    .fetch_one(conn)
+    .await?;
+    if !row.held {
+        return Ok(Committed::LeaseLost);
+    }
+    if !row.written {
+        return Ok(Committed::Moved);
+    }
+    let intents: Vec<IntentRow> = serde_json::from_value(row.intents)
+        .map_err(|e| sqlx::Error::Decode(format!("payment intents: {e}").into()))?;
+    Ok(Committed::Done {
+        effects: row.effects,
+        intents: intents
+            .into_iter()
+            .map(|i| {
+                let intent = HeldIntent {
+                    invoice: i.invoice,
+                    customer: i.customer,
+                    refunded_charge: i.refunded_charge,
+                    refunded_by: i.refunded_by,
+                };
+                (i.id, intent)
+            })
+            .collect(),
+    })
+}
+
+/// A payment intent as the statement leaves it.
+#[derive(Debug, serde::Deserialize)]
+struct IntentRow {
+    id: String,
+    invoice: Option<String>,
+    customer: Option<String>,
+    refunded_charge: Option<String>,
+    refunded_by: Option<i64>,
+}
