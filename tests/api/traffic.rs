@@ -194,6 +194,16 @@ async fn slow_subscription_read(tag: &str) -> (MockServer, impl Fn(&str, &str) -
     (api, event)
 }
 
+/// Returns once the worker's provider read has reached `api` (it is then waiting on it).
+async fn while_the_provider_reads(api: &MockServer) {
+    let mut waited = 0;
+    while api.received_requests().await.unwrap_or_default().is_empty() {
+        waited += 1;
+        assert!(waited < 400, "the worker never read the subscription");
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+}
+
 /// The subscription ends in the state the slow read shows, and the log says the read
 /// settled the tie.
 async fn assert_settled_by_the_read(app: &TestApp, customer: &str) {
@@ -218,12 +228,7 @@ async fn a_slow_provider_read_holds_neither_the_accounts_lock_nor_a_transaction(
     assert_eq!(status, http::StatusCode::OK, "{body}");
 
     let while_reading = async {
-        let mut waited = 0;
-        while api.received_requests().await.unwrap_or_default().is_empty() {
-            waited += 1;
-            assert!(waited < 400, "the worker never read the subscription");
-            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-        }
+        while_the_provider_reads(&api).await;
         let mut tx = pool.begin().await.unwrap();
         let lock = sqlx::query(
             "SELECT 1 FROM accounts WHERE source = 'stripe' AND customer_id = 'cus_slow'
@@ -325,12 +330,7 @@ async fn an_account_moved_between_the_read_and_the_write_is_read_again_under_its
     // While the provider is slow, the same customer's team subscription starts: its grant
     // tops the period up to 2000.
     let meanwhile = async {
-        let mut waited = 0;
-        while api.received_requests().await.unwrap_or_default().is_empty() {
-            waited += 1;
-            assert!(waited < 400, "the worker never read the subscription");
-            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-        }
+        while_the_provider_reads(&api).await;
         let team = process_event(&app.worker, ids[1]).await.unwrap();
         assert!(matches!(team, Processed::Finished { .. }), "{team:?}");
     };

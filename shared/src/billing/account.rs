@@ -158,8 +158,9 @@ pub struct AccountState {
     pub period: Period,
 }
 
-/// Reads [`AccountState`] in one statement, inside the worker's transaction (so it sees the
-/// event's writes). An account that does not exist is on the free plan with nothing.
+/// Reads [`AccountState`] in one statement, as it stands (the worker derives it from its
+/// read instead: `rules::Registers::state`; this is what checks that against the database).
+/// An account that does not exist is on the free plan with nothing.
 pub async fn state(
     conn: &mut PgConnection,
     source: &str,
