@@ -1,7 +1,10 @@
 //! `inboxctl bench`: the pipeline's library code against the local services, measured as
 //! ratios in one run (docs/design.md §8). Everything runs in this process on loopback, in databases
-//! and a queue of its own that are removed afterwards; every loop is bounded.
+//! and a queue of its own that are removed afterwards; every loop is bounded. With
+//! `--pg-delay-ms` the measured phases reach Postgres through a proxy that adds that much to
+//! each round trip (`crate::delay`).
 
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,7 +13,8 @@ use anyhow::Context;
 use chrono::Utc;
 use clap::Args;
 use serde_json::{json, Value};
-use sqlx::{Executor, PgPool};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, Connection, Executor, PgPool};
 
 use shared::billing::Catalog;
 use shared::config::{parse_plans, parse_sources};
@@ -21,6 +25,8 @@ use shared::handlers::worker::{WorkerSource, WorkerState};
 use shared::providers::fixtures::{self, Spec};
 use shared::providers::Sources;
 use shared::queue::Queue;
+
+use crate::delay::DelayProxy;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -35,6 +41,11 @@ pub struct BenchArgs {
     /// account, which the worker applies one at a time).
     #[arg(long, default_value_t = 500)]
     pub customers: usize,
+    /// Milliseconds added to each Postgres round trip of the measured phases, half each way,
+    /// through a loopback proxy (0: none). Loopback's round trip is tens of microseconds; RDS's
+    /// in one availability zone is about 0.3–0.5 ms.
+    #[arg(long, default_value_t = 0.0)]
+    pub pg_delay_ms: f64,
     #[arg(long, env = "INBOX_PLANS", hide_env_values = true)]
     pub plans: String,
     #[command(flatten)]
@@ -128,10 +139,13 @@ fn workload(args: &BenchArgs, sender: &crate::send::Sender) -> anyhow::Result<Ve
     Ok(deliveries)
 }
 
+/// A new database `name` on `server`, migrated, and a pool on it; with `via`, the pool
+/// connects through the delay proxy listening there (the admin connection does not).
 async fn fresh_database(
     server: &str,
     name: &str,
     pool_options: sqlx::postgres::PgPoolOptions,
+    via: Option<SocketAddr>,
 ) -> anyhow::Result<PgPool> {
     let admin = PgPool::connect(server)
         .await
@@ -142,10 +156,57 @@ async fn fresh_database(
     admin
         .execute(format!(r#"CREATE DATABASE "{name}""#).as_str())
         .await?;
-    let options: sqlx::postgres::PgConnectOptions = server.parse()?;
-    let pool = pool_options.connect_with(options.database(name)).await?;
+    let pool = pool_options
+        .connect_with(through(server.parse()?, via).database(name))
+        .await?;
     shared::MIGRATOR.run(&pool).await?;
     Ok(pool)
+}
+
+/// `options` pointed at the delay proxy's address, when there is one; user, database and the
+/// rest unchanged.
+fn through(options: PgConnectOptions, via: Option<SocketAddr>) -> PgConnectOptions {
+    match via {
+        Some(addr) => options.host(&addr.ip().to_string()).port(addr.port()),
+        None => options,
+    }
+}
+
+/// With a delay, the proxy in front of `server`: `delay_ms / 2` each way.
+fn delay_proxy(server: &str, delay_ms: f64) -> anyhow::Result<Option<DelayProxy>> {
+    if delay_ms == 0.0 {
+        return Ok(None);
+    }
+    let options: PgConnectOptions = server.parse()?;
+    anyhow::ensure!(
+        options.get_socket().is_none(),
+        "--pg-delay-ms needs a TCP DATABASE_URL, not a Unix socket"
+    );
+    let upstream = (options.get_host(), options.get_port())
+        .to_socket_addrs()
+        .context("resolving DATABASE_URL's host")?
+        .next()
+        .context("DATABASE_URL's host has no address")?;
+    let one_way = Duration::from_secs_f64(delay_ms / 2000.0);
+    let proxy = DelayProxy::start(upstream, one_way).context("starting the delay proxy")?;
+    Ok(Some(proxy))
+}
+
+/// The median of 200 `SELECT 1` round trips on one connection, after ten to warm it up. A
+/// statement without arguments goes as one simple query: one round trip each.
+async fn round_trip_ms(options: PgConnectOptions) -> anyhow::Result<f64> {
+    let mut conn = options.connect().await?;
+    let mut times = Vec::with_capacity(200);
+    for n in 0..210 {
+        let start = Instant::now();
+        conn.execute("SELECT 1").await?;
+        if n >= 10 {
+            times.push(start.elapsed());
+        }
+    }
+    conn.close().await?;
+    times.sort();
+    Ok(percentile(&times, 0.5))
 }
 
 async fn drop_database(server: &str, name: &str) {
@@ -206,6 +267,10 @@ pub async fn run(
     anyhow::ensure!(
         (1..=100_000).contains(&args.customers),
         "--customers must be between 1 and 100000"
+    );
+    anyhow::ensure!(
+        (0.0..=1000.0).contains(&args.pg_delay_ms),
+        "--pg-delay-ms must be between 0 and 1000"
     );
     let catalog = parse_plans(&args.plans)?;
     let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
@@ -298,8 +363,19 @@ pub async fn run(
         "".into(),
         "".into(),
     ]);
+    let round_trip = if args.pg_delay_ms == 0.0 {
+        format!("{} ms, direct", r(&report["pg_round_trip_ms"]))
+    } else {
+        format!(
+            "{} ms through a proxy adding {} ms ({} ms direct)",
+            r(&report["pg_round_trip_ms"]),
+            args.pg_delay_ms,
+            r(&report["pg_round_trip_direct_ms"])
+        )
+    };
     crate::emit(&format!(
-        "{} deliveries ({} events, 30% copies, shuffled) over {}, concurrency {}\n{t}",
+        "{} deliveries ({} events, 30% copies, shuffled) over {}, concurrency {}\n\
+         Postgres round trip (median of 200 SELECT 1): {round_trip}\n{t}",
         report["deliveries"], report["events"], report["sources"], args.concurrency
     ));
     Ok(())
@@ -317,12 +393,24 @@ async fn bench(
     eprintln!("bench: preparing {} signed deliveries", args.deliveries);
     let sender = args.signing.sender("").await?;
     let deliveries = workload(args, &sender)?;
+    // Every pool of the measured phases goes through the proxy, and so does each connection
+    // opened from a pool's options (the held ones of the intake and the raw store).
+    let proxy = delay_proxy(server, args.pg_delay_ms)?;
+    let via = proxy.as_ref().map(DelayProxy::addr);
     // The pipeline's pool as the functions build theirs; the raw worker's without the ping
     // before each acquire (sqlx still pings on release), closer to pgbench.
-    let pool = fresh_database(server, db, shared::db::pool_options(32)).await?;
+    let pool = fresh_database(server, db, shared::db::pool_options(32), via).await?;
     let unpinged = || shared::db::pool_options(32).test_before_acquire(false);
-    let raw_pool = fresh_database(server, raw_db, unpinged()).await?;
-    let both_pool = fresh_database(server, both_db, unpinged()).await?;
+    let raw_pool = fresh_database(server, raw_db, unpinged(), via).await?;
+    let both_pool = fresh_database(server, both_db, unpinged(), via).await?;
+    // The round trip the phases' connections see, and the one beside it without the proxy.
+    eprintln!("bench: Postgres round trips");
+    let direct: PgConnectOptions = server.parse::<PgConnectOptions>()?.database(db);
+    let round_trip_direct = round_trip_ms(direct.clone()).await?;
+    let round_trip = match via {
+        Some(_) => round_trip_ms(through(direct, via)).await?,
+        None => round_trip_direct,
+    };
     // The local SQS server slows down as the backlog grows: generous timeouts, so that the
     // bench measures it rather than failing on it.
     let sqs = aws_sdk_sqs::Client::from_conf(
@@ -361,6 +449,12 @@ async fn bench(
     outcome["intake"]["send_alone_per_sec"] = json!(send_per_sec);
     outcome["intake"]["ceiling_per_sec"] = json!(ceiling);
     outcome["intake"]["ratio_to_ceiling"] = json!(intake_per_sec / ceiling.max(f64::MIN_POSITIVE));
+    outcome["pg_delay_ms"] = json!(args.pg_delay_ms);
+    outcome["pg_round_trip_ms"] = json!(round_trip);
+    outcome["pg_round_trip_direct_ms"] = json!(round_trip_direct);
+    // The phases' pools are gone: the proxy closes what connections remain and ends its
+    // threads.
+    drop(proxy);
     Ok(outcome)
 }
 

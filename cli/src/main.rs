@@ -7,6 +7,7 @@ macro_rules! out {
 }
 
 mod bench;
+mod delay;
 mod dev;
 mod effects;
 mod listen;

@@ -391,9 +391,11 @@ async fn effects_are_listed_shown_and_replayed(pool: PgPool) {
     }
 }
 
-/// `inboxctl bench` end to end on a small backlog: every figure the benchmarks page is
+/// `inboxctl bench` end to end on a small backlog, as is and with 1 ms added to each Postgres
+/// round trip (`--pg-delay-ms`, through its proxy): every figure the benchmarks page is
 /// written from is there, every event is applied, and its databases are gone afterwards.
-/// No figure's size is asserted: timing belongs to the bench, not to a test.
+/// No figure's size is asserted: timing belongs to the bench, not to a test. The two runs go
+/// one after the other, so that neither sees the other's databases.
 #[tokio::test]
 async fn the_bench_reports_every_figure_and_leaves_no_database_behind() {
     let server = std::env::var("DATABASE_URL").unwrap();
@@ -408,65 +410,77 @@ async fn the_bench_reports_every_figure_and_leaves_no_database_behind() {
     };
     let before = benches().await;
 
-    // Signed for the Stripe and Polar sources only: the local Kinde key and its JWKS are
-    // served by the stack's scripts, not by the test run.
-    let (output, stdout, stderr) = run(inboxctl().env_remove("INBOX_DEV_KINDE_KEY").args([
-        "--json",
-        "--database-url",
-        &server,
-        "bench",
-        "--deliveries",
-        "100",
-        "--concurrency",
-        "2",
-        "--customers",
-        "3",
-    ]));
-    assert!(output.status.success(), "{stdout}\n{stderr}");
-    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for delay in ["0", "1"] {
+        // Signed for the Stripe and Polar sources only: the local Kinde key and its JWKS are
+        // served by the stack's scripts, not by the test run.
+        let (output, stdout, stderr) = run(inboxctl().env_remove("INBOX_DEV_KINDE_KEY").args([
+            "--json",
+            "--database-url",
+            &server,
+            "bench",
+            "--deliveries",
+            "100",
+            "--concurrency",
+            "2",
+            "--customers",
+            "3",
+            "--pg-delay-ms",
+            delay,
+        ]));
+        assert!(output.status.success(), "{stdout}\n{stderr}");
+        let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
 
-    assert_eq!(
-        (report["deliveries"].as_i64(), report["events"].as_i64()),
-        (Some(100), Some(70))
-    );
-    assert_eq!(report["customers_per_source"], 3);
-    assert_eq!(
-        report["worker"]["applied"], 70,
-        "every event is applied: {report}"
-    );
-    let positive = |v: &Value| v.as_f64().is_some_and(|x| x.is_finite() && x > 0.0);
-    for figure in [
-        "per_sec",
-        "raw_per_sec",
-        "send_alone_per_sec",
-        "ceiling_per_sec",
-        "ratio_to_ceiling",
-        "store_send_per_sec",
-        "ratio_to_store_send",
-        "p50_ms",
-        "p99_ms",
-        "statements_per_delivery",
-        "wal_bytes_per_delivery",
-    ] {
-        assert!(
-            positive(&report["intake"][figure]),
-            "intake {figure}: {report}"
+        assert_eq!(
+            (report["deliveries"].as_i64(), report["events"].as_i64()),
+            (Some(100), Some(70))
+        );
+        assert_eq!(report["customers_per_source"], 3);
+        assert_eq!(report["pg_delay_ms"].as_f64(), delay.parse().ok());
+        assert_eq!(
+            report["worker"]["applied"], 70,
+            "every event is applied: {report}"
+        );
+        let positive = |v: &Value| v.as_f64().is_some_and(|x| x.is_finite() && x > 0.0);
+        for figure in ["pg_round_trip_ms", "pg_round_trip_direct_ms"] {
+            assert!(positive(&report[figure]), "{figure}: {report}");
+        }
+        for figure in [
+            "per_sec",
+            "raw_per_sec",
+            "send_alone_per_sec",
+            "ceiling_per_sec",
+            "ratio_to_ceiling",
+            "store_send_per_sec",
+            "ratio_to_store_send",
+            "p50_ms",
+            "p99_ms",
+            "statements_per_delivery",
+            "wal_bytes_per_delivery",
+        ] {
+            assert!(
+                positive(&report["intake"][figure]),
+                "intake {figure}: {report}"
+            );
+        }
+        for figure in [
+            "per_sec",
+            "raw_per_sec",
+            "ratio",
+            "drain_secs",
+            "statements_per_event",
+            "wal_bytes_per_event",
+        ] {
+            assert!(
+                positive(&report["worker"][figure]),
+                "worker {figure}: {report}"
+            );
+        }
+        assert!(positive(&report["stored"]["bytes_per_event"]));
+        assert!(positive(&report["stored"]["tables"]["inbox_events"]));
+        assert_eq!(
+            benches().await,
+            before,
+            "the bench removes its databases (--pg-delay-ms {delay})"
         );
     }
-    for figure in [
-        "per_sec",
-        "raw_per_sec",
-        "ratio",
-        "drain_secs",
-        "statements_per_event",
-        "wal_bytes_per_event",
-    ] {
-        assert!(
-            positive(&report["worker"][figure]),
-            "worker {figure}: {report}"
-        );
-    }
-    assert!(positive(&report["stored"]["bytes_per_event"]));
-    assert!(positive(&report["stored"]["tables"]["inbox_events"]));
-    assert_eq!(benches().await, before, "the bench removes its databases");
 }
