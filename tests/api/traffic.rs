@@ -348,6 +348,9 @@ async fn an_account_moved_between_the_read_and_the_write_is_read_again_under_its
     );
     let account = app.account("stripe", "cus_moved", "2026-03").await;
     assert_eq!((account.plan.as_str(), account.balance), ("team", 2000));
+    // That worker takes the account's lock at once for its next events for a while.
+    assert!(reading.contended.is_hot("stripe", "cus_moved"));
+    assert!(!app.worker.contended.is_hot("stripe", "cus_moved"));
     // Each of the three events moved the account's version once; the write that found it
     // moved wrote nothing.
     let version: i64 = sqlx::query_scalar(

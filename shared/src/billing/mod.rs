@@ -1,6 +1,6 @@
 //! Billing: the pure model (effects, versions, grants, outcomes, the derived plan), the plan
-//! catalog, the register SQL that persists decisions (one conditional statement per
-//! register), and the account view operators read (docs/design.md §4). Which effects an
+//! catalog, the register rules (plain functions over an account's registers as read), the
+//! register SQL that reads them, and the account view operators read (docs/design.md §4). Which effects an
 //! event asks for is each provider's `decide` (under `providers/`); this layer knows no
 //! provider.
 

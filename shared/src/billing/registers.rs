@@ -47,7 +47,8 @@ impl From<Change> for Written {
 }
 
 /// Reads, in one statement, what the rules need to apply `effects` to the account: the
-/// account row, its plan and standing, its subscriptions and those the effects name, the
+/// account row, its plan and standing, the subscriptions the effects name (and, with
+/// `plan`, the distinct states of the account's others, for its derived plan), the
 /// payments the effects name (and the invoices of the payment intents they name), those
 /// payment intents, and the ledger in the event's period. Outside a transaction it is a
 /// snapshot the event's write re-checks (the account's version); under the account's lock it
@@ -56,6 +57,7 @@ pub async fn read(
     conn: &mut PgConnection,
     ctx: &EventContext<'_>,
     effects: &[Effect],
+    plan: bool,
 ) -> Result<Registers, sqlx::Error> {
     let mut subscriptions = Vec::new();
     let mut payments = Vec::new();
@@ -92,7 +94,12 @@ pub async fn read(
                            'plan_key', plan_key, 'plan', plan, 'at', version_at,
                            'rank', version_rank, 'version_key', version_key, 'event_id', event_id)), '[]')
                 FROM subscriptions
-                WHERE source = $1 AND (customer_id = $2 OR subscription_id = ANY($4))) AS "subscriptions!",
+                WHERE source = $1 AND subscription_id = ANY($4)) AS "subscriptions!",
+               -- Distinct states, not rows: an account may hold thousands of subscriptions.
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object('status', o.status, 'plan', o.plan)), '[]')
+                FROM (SELECT DISTINCT status, plan FROM subscriptions
+                      WHERE $7 AND source = $1 AND customer_id = $2
+                        AND NOT (subscription_id = ANY($4))) AS o) AS "others!",
                (SELECT COALESCE(jsonb_agg(jsonb_build_object(
                            'id', payment_id, 'status', status, 'plan_key', plan_key, 'at', version_at,
                            'rank', version_rank, 'version_key', version_key, 'event_id', event_id)), '[]')
@@ -118,6 +125,7 @@ pub async fn read(
         &subscriptions as &[&str],
         &payments as &[&str],
         &intents as &[&str],
+        plan,
     )
     .fetch_one(conn)
     .await?;
@@ -152,6 +160,10 @@ pub async fn read(
                 };
                 (r.id.clone().unwrap_or_default(), r.held(value))
             })
+            .collect(),
+        other_subscriptions: decode("other subscriptions", row.others)?
+            .into_iter()
+            .map(|r| (r.status.unwrap_or_default(), r.plan))
             .collect(),
         payments: decode("payments", row.payments)?
             .into_iter()

@@ -382,15 +382,17 @@ pub struct Changed {
 }
 
 /// One account's registers as an event's read found them — the account row, its plan and
-/// standing, its subscriptions and those the event names, the payments and payment intents
-/// the event names, its ledger in the event's period — and, once the event's effects are
-/// applied, as they leave them.
+/// standing, the subscriptions, payments and payment intents the event names, the states of
+/// the account's other subscriptions (for its derived plan, with effects on), its ledger in
+/// the event's period — and, once the event's effects are applied, as they leave them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Registers {
     pub account: HeldAccount,
     pub customer_plan: Option<Held<HeldPlan>>,
     pub standing: Option<Held<bool>>,
     pub subscriptions: BTreeMap<String, Held<HeldSubscription>>,
+    /// The distinct states (status, plan) of the account's other subscriptions, when read.
+    pub other_subscriptions: Vec<(String, Option<String>)>,
     pub payments: BTreeMap<String, Held<HeldPayment>>,
     pub intents: BTreeMap<String, HeldIntent>,
     pub ledger: Vec<LedgerEntry>,
@@ -592,8 +594,9 @@ impl Registers {
         Written::from(change)
     }
 
-    /// The account as an effect tells it: the derived plan and the period's balance. An
-    /// account that does not exist is on the free plan with nothing.
+    /// The account as an effect tells it: the derived plan and the period's balance (read
+    /// with the account's other subscriptions). An account that does not exist is on the
+    /// free plan with nothing.
     pub fn state(&self, customer: &str, period: &Period, catalog: &Catalog) -> AccountState {
         let deleted = self.account.deleted_at.is_some();
         let plan = derive_plan(
@@ -605,8 +608,15 @@ impl Registers {
             self.subscriptions
                 .values()
                 .map(|s| &s.value)
-                .filter(|s| s.customer == customer && status_entitles(&s.status))
-                .filter_map(|s| s.plan.as_deref()),
+                .filter(|s| s.customer == customer)
+                .map(|s| (s.status.as_str(), s.plan.as_deref()))
+                .chain(
+                    self.other_subscriptions
+                        .iter()
+                        .map(|(status, plan)| (status.as_str(), plan.as_deref())),
+                )
+                .filter(|(status, _)| status_entitles(status))
+                .filter_map(|(_, plan)| plan),
             catalog,
         );
         // A deleted customer holds nothing, whatever was granted before the deletion arrived.

@@ -70,9 +70,44 @@ pub struct WorkerState {
     /// Effects on: the queue the dispatcher takes effect ids from (docs/design.md §11).
     /// `None`: no effect is written.
     pub effects: Option<Queue>,
+    /// Accounts another event moved lately between an event's read and its write.
+    pub contended: Contended,
     /// Injected faults, for tests that prove a crash at a point loses nothing.
     #[cfg(feature = "dev")]
     pub faults: Faults,
+}
+
+/// How long an account stays contended after a write found it moved, and how many accounts
+/// are remembered at most.
+const CONTENDED_FOR: Duration = Duration::from_secs(10);
+const CONTENDED_MAX: usize = 1024;
+
+/// Accounts whose write lately found them moved since the event's read: their next events
+/// are read and written under the account's lock at once, since on a hot account the first,
+/// unlocked attempt would mostly be wasted (docs/design.md §8).
+#[derive(Debug, Default)]
+pub struct Contended(std::sync::Mutex<HashMap<(String, String), std::time::Instant>>);
+
+impl Contended {
+    pub fn is_hot(&self, source: &str, customer: &str) -> bool {
+        let accounts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (source.to_owned(), customer.to_owned());
+        accounts
+            .get(&key)
+            .is_some_and(|since| since.elapsed() < CONTENDED_FOR)
+    }
+
+    fn moved(&self, source: &str, customer: &str) {
+        let mut accounts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if accounts.len() >= CONTENDED_MAX {
+            accounts.retain(|_, since| since.elapsed() < CONTENDED_FOR);
+            if accounts.len() >= CONTENDED_MAX {
+                accounts.clear();
+            }
+        }
+        let key = (source.to_owned(), customer.to_owned());
+        accounts.insert(key, std::time::Instant::now());
+    }
 }
 
 impl WorkerState {
@@ -84,6 +119,7 @@ impl WorkerState {
             lease: DEFAULT_LEASE,
             retry_delays: RETRY_DELAYS.to_vec(),
             effects: None,
+            contended: Contended::default(),
             #[cfg(feature = "dev")]
             faults: Faults::default(),
         }
@@ -274,11 +310,7 @@ async fn apply_claimed(
     if !lease::finish_held(conn, event, status, &reason).await? {
         return Err(WorkerError::LeaseLost);
     }
-    Ok(Applied {
-        status,
-        reason,
-        effects: Vec::new(),
-    })
+    Ok(applied(event, status, reason, Vec::new()))
 }
 
 /// An event about an account: its effects (or, `Err`, the reason it is ignored, which still
@@ -296,7 +328,23 @@ async fn apply_to_account(
         Ok((effects, notes)) => (effects, notes, None),
         Err(reason) => (Vec::new(), Vec::new(), Some(reason)),
     };
-    let mut registers = registers::read(conn, ctx, &effects).await?;
+    let plan = state.effects.is_some();
+    // A payment intent is also written by events that take no account lock (a link without
+    // a customer): an event that touches one is written under the lock, where what the
+    // intent holds after the write can still be checked and rolled back. So is an event of
+    // an account this worker found contended lately.
+    let intents = effects.iter().any(|e| {
+        matches!(
+            e,
+            Effect::PaymentIntent { .. } | Effect::RefundIntent { .. }
+        )
+    });
+    let unlocked = !intents && !state.contended.is_hot(ctx.source, ctx.customer.as_str());
+    // The read without a lock serves the write without one, and the provider reads.
+    let mut registers = match unlocked || source.reads.is_some() {
+        true => registers::read(conn, ctx, &effects, plan).await?,
+        false => Registers::default(),
+    };
     sim::point(Point::WorkerRead, event.id).await;
     let ties_read = settle(source, ctx, &registers, &mut effects, &mut notes).await;
     let decide = |registers: &mut Registers| {
@@ -311,16 +359,7 @@ async fn apply_to_account(
             &ties_read,
         )
     };
-    // A payment intent is also written by events that take no account lock (a link without
-    // a customer): an event that touches one is written under the lock, where what the
-    // intent holds after the write can still be checked and rolled back.
-    let intents = effects.iter().any(|e| {
-        matches!(
-            e,
-            Effect::PaymentIntent { .. } | Effect::RefundIntent { .. }
-        )
-    });
-    if !intents {
+    if unlocked {
         let (status, reason, new) = decide(&mut registers)?;
         state.fault(FaultPoint::BeforeCommit)?;
         sim::point(Point::WorkerDecided, event.id).await;
@@ -332,7 +371,10 @@ async fn apply_to_account(
             Committed::LeaseLost => return Err(WorkerError::LeaseLost),
             // Another event of the account committed since the read: read it again under
             // the account's lock, where it cannot move.
-            Committed::Moved => {}
+            Committed::Moved => {
+                tracing::debug!(event_id = event.id, "the account moved since the read");
+                state.contended.moved(ctx.source, ctx.customer.as_str());
+            }
         }
     }
     let mut tx = conn.begin().await?;
@@ -340,7 +382,7 @@ async fn apply_to_account(
         return Err(WorkerError::LeaseLost);
     }
     sim::point(Point::WorkerLocked, event.id).await;
-    let mut registers = registers::read(&mut tx, ctx, &effects).await?;
+    let mut registers = registers::read(&mut tx, ctx, &effects, plan).await?;
     let (status, reason, new) = decide(&mut registers)?;
     state.fault(FaultPoint::BeforeCommit)?;
     sim::point(Point::WorkerDecided, event.id).await;
@@ -365,6 +407,7 @@ async fn apply_to_account(
     Ok(applied(event, status, reason, written))
 }
 
+/// What the event finished with, said once in the log.
 fn applied(event: &Claimed, status: EventStatus, reason: String, effects: Vec<String>) -> Applied {
     tracing::info!(event_id = event.id, status = status.as_str(), reason = %reason, effects = effects.len(), "event finished");
     Applied {

@@ -69,9 +69,19 @@ pub async fn commit(
     let bodies: Vec<Value> = effects.iter().map(|e| e.body.clone()).collect();
     let row = sqlx::query!(
         r#"
-        WITH held AS (
+        WITH as_read AS (
+            -- The account, still at the version read, and not held by another writer: one
+            -- that is held or moved fails the statement at once, before it locks or writes
+            -- anything (a failed attempt then costs no wait and no commit to the log). An
+            -- account the read did not find is created below.
+            SELECT 1 FROM accounts
+            WHERE source = $3 AND customer_id = $4 AND version = $5
+            FOR UPDATE SKIP LOCKED
+        ), held AS (
             SELECT id FROM inbox_events
-            WHERE id = $1 AND status = 'processing' AND attempts = $2 FOR UPDATE
+            WHERE id = $1 AND status = 'processing' AND attempts = $2
+              AND ($5::bigint IS NULL OR EXISTS (SELECT 1 FROM as_read))
+            FOR UPDATE
         ), new_effects AS (
             SELECT e.id, e.kind, e.cause, e.body, row_number() OVER (ORDER BY e.n) AS k
             FROM unnest($32::text[], $33::text[], $34::text[], $35::jsonb[])
@@ -165,7 +175,8 @@ pub async fn commit(
                 next_attempt_at = NULL, last_error = NULL
             WHERE id = (SELECT id FROM held) AND EXISTS (SELECT 1 FROM account)
         )
-        SELECT EXISTS (SELECT 1 FROM held) AS "held!",
+        SELECT ($5::bigint IS NOT NULL AND NOT EXISTS (SELECT 1 FROM as_read)) AS "moved!",
+               EXISTS (SELECT 1 FROM held) AS "held!",
                EXISTS (SELECT 1 FROM account) AS "written!",
                ARRAY(SELECT id FROM effects_written) AS "effects!",
                (SELECT COALESCE(jsonb_agg(jsonb_build_object(
@@ -248,6 +259,9 @@ pub async fn commit(
     )
     .fetch_one(conn)
     .await?;
+    if row.moved {
+        return Ok(Committed::Moved);
+    }
     if !row.held {
         return Ok(Committed::LeaseLost);
     }

@@ -77,8 +77,9 @@ pub async fn still_held(conn: &mut PgConnection, event: &Claimed) -> Result<bool
 }
 
 /// Inside the worker's transaction: [`still_held`], and when the lease holds, the account's
-/// lock (billing's `registers::lock_account`) in the same statement, for an event whose
-/// customer is known: one round trip instead of two (docs/design.md §8).
+/// row, created if new and locked, in the same statement: for an event whose account moved
+/// between its read and its write, or that writes a payment intent, so that the account
+/// cannot move again before the commit (docs/design.md §3.5).
 pub async fn still_held_locking(
     conn: &mut PgConnection,
     event: &Claimed,
