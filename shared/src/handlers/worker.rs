@@ -1,9 +1,10 @@
 //! The worker function's handler: for each SQS message, claim the event it names under a
-//! lease, decide what the event means (its provider) and make the provider reads a tie or a
-//! refund needs, then in one transaction re-check the lease, write the registers and the
-//! account's log line (billing) and finish the event (inbox). A failure rolls the transaction
-//! back and is recorded with the retry schedule; only transient failures are reported back to
-//! SQS (docs/design.md §1, §3).
+//! lease, decide what the event means (its provider), read the account's registers, make the
+//! provider reads a tie or a refund needs, apply the register rules (billing), and write it
+//! all with the event's finish in one statement that re-checks the lease and the account's
+//! version (inbox); an account that moved meanwhile is read and written again under its
+//! lock. A failure writes nothing and is recorded with the retry schedule; only transient
+//! failures are reported back to SQS (docs/design.md §1, §3).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -242,7 +243,7 @@ async fn process_claimed(
     }
 }
 
-/// What one event's transaction committed: its final status and reason, and the ids of the
+/// What one event's write committed: its final status and reason, and the ids of the
 /// effects it wrote.
 struct Applied {
     status: EventStatus,
@@ -747,9 +748,9 @@ mod faults {
 
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum FaultAction {
-        /// Fail this many times (an error return; the transaction rolls back).
+        /// Fail this many times (an error return; nothing is written).
         Fail(u32),
-        /// End the process on the spot, mid-transaction.
+        /// End the process on the spot, before the write.
         Exit,
     }
 
