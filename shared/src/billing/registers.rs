@@ -238,43 +238,26 @@ impl Stored {
     }
 }
 
-/// What the payment-intent register knows after a write: the invoice and the refund.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IntentState {
-    pub invoice: Option<String>,
-    pub customer: Option<CustomerId>,
-    pub refunded_by: Option<i64>,
-    /// Whether the write added what it carried (a link or a refund) to the register.
-    pub learned: bool,
-}
-
-/// Records that a payment intent paid an invoice, for a customer when the event names one.
-/// One upsert, so a concurrent refund of the intent sees the link or is seen by it.
+/// Records that a payment intent paid an invoice, for an event that names no customer; the
+/// customer the intent is known under after the write, if any. One upsert, so a concurrent
+/// refund of the intent sees the link or is seen by it.
 pub async fn remember_link(
     conn: &mut PgConnection,
     source: &str,
     payment_intent: &str,
     invoice: &str,
-    customer: Option<&CustomerId>,
-) -> Result<IntentState, sqlx::Error> {
-    sqlx::query_as!(
-        IntentState,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar!(
         r#"
-        WITH before AS (
-            SELECT invoice_id FROM payment_intents WHERE source = $1 AND payment_intent = $2
-        )
-        INSERT INTO payment_intents AS r (source, payment_intent, invoice_id, customer_id)
-        VALUES ($1, $2, $3, $4)
+        INSERT INTO payment_intents AS r (source, payment_intent, invoice_id)
+        VALUES ($1, $2, $3)
         ON CONFLICT (source, payment_intent) DO UPDATE
-            SET invoice_id = COALESCE(r.invoice_id, EXCLUDED.invoice_id),
-                customer_id = COALESCE(r.customer_id, EXCLUDED.customer_id)
-        RETURNING invoice_id AS invoice, customer_id AS "customer: CustomerId", refunded_by,
-                  NOT EXISTS (SELECT 1 FROM before WHERE invoice_id IS NOT NULL) AS "learned!"
+            SET invoice_id = COALESCE(r.invoice_id, EXCLUDED.invoice_id)
+        RETURNING customer_id
         "#,
         source,
         payment_intent,
         invoice,
-        customer.map(CustomerId::as_str),
     )
     .fetch_one(conn)
     .await

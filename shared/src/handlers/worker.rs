@@ -648,8 +648,8 @@ async fn remember_links_without_customer(
             break;
         };
         let source = &event.source;
-        let link = registers::remember_link(&mut tx, source, payment_intent, invoice, None).await?;
-        if link.customer.is_some() {
+        let customer = registers::remember_link(&mut tx, source, payment_intent, invoice).await?;
+        if customer.is_some() {
             return Err(WorkerError::Raced);
         }
         learned.push(format!("payment intent {payment_intent} paid {invoice}"));
@@ -657,7 +657,9 @@ async fn remember_links_without_customer(
     let reason = learned.join("; ");
     state.fault(FaultPoint::BeforeCommit)?;
     sim::point(Point::WorkerDecided, event.id).await;
-    lease::finish(&mut tx, event.id, status, &reason, None).await?;
+    if !lease::finish_held(&mut tx, event, status, &reason).await? {
+        return Err(WorkerError::LeaseLost);
+    }
     sim::point(Point::WorkerWritten, event.id).await;
     tx.commit().await?;
     Ok(applied(event, status, reason, Vec::new()))
@@ -778,5 +780,27 @@ mod faults {
                 _ => Ok(()),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_moved_account_is_contended_and_the_memory_of_them_stays_bounded() {
+        let contended = Contended::default();
+        assert!(!contended.is_hot("stripe", "cus_1"));
+        contended.moved("stripe", "cus_1");
+        assert!(contended.is_hot("stripe", "cus_1"));
+        assert!(!contended.is_hot("polar", "cus_1"));
+        for n in 0..CONTENDED_MAX {
+            contended.moved("stripe", &format!("cus_x{n}"));
+        }
+        let remembered = contended.0.lock().unwrap().len();
+        assert!(
+            remembered <= CONTENDED_MAX,
+            "{remembered} accounts remembered"
+        );
     }
 }

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgConnection;
 
@@ -107,55 +106,9 @@ pub async fn still_held_locking(
     Ok(held)
 }
 
-/// The account's log line an event's finish writes with it (billing's `account_log`).
-#[derive(Debug, Clone, Copy)]
-pub struct LogLine<'a> {
-    pub source: &'a str,
-    pub customer: &'a CustomerId,
-    pub event_type: &'a str,
-    pub occurred_at: DateTime<Utc>,
-}
-
-/// Inside the worker's transaction: the event is final, with its reason, and the account's
-/// log line says so, in one statement. A line that says `applied` stays: a replay that finds
-/// its work done does not rewrite history.
-pub async fn finish(
-    conn: &mut PgConnection,
-    event_id: i64,
-    status: EventStatus,
-    reason: &str,
-    log: Option<LogLine<'_>>,
-) -> Result<(), sqlx::Error> {
-    debug_assert!(status.is_final());
-    sqlx::query!(
-        r#"
-        WITH logged AS (
-            INSERT INTO account_log AS l (event_id, source, customer_id, event_type, occurred_at, outcome, reason)
-            SELECT $1, $4, $5, $6, $7, $2, $3 WHERE $4::text IS NOT NULL
-            ON CONFLICT (event_id) DO UPDATE
-                SET outcome = EXCLUDED.outcome, reason = EXCLUDED.reason, logged_at = inbox_now()
-                WHERE l.outcome <> 'applied'
-        )
-        UPDATE inbox_events
-        SET status = $2, reason = $3, processed_at = inbox_now(), locked_until = NULL,
-            next_attempt_at = NULL, last_error = NULL
-        WHERE id = $1
-        "#,
-        event_id,
-        status.as_str(),
-        reason,
-        log.map(|l| l.source),
-        log.map(|l| l.customer.as_str()),
-        log.map(|l| l.event_type),
-        log.map(|l| l.occurred_at),
-    )
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-/// Outside a transaction: finishes an event that writes nothing else (unprocessable, or
-/// ignored without an account), if the lease is still this worker's. Returns whether it was.
+/// Finishes an event that writes nothing else through `commit` (unprocessable, ignored
+/// without an account, or links without a customer, inside their transaction), if the
+/// lease is still this worker's. Returns whether it was.
 pub async fn finish_held(
     conn: &mut PgConnection,
     event: &Claimed,
