@@ -3,10 +3,14 @@
 //! Connect accounts, deleted customers, honest outcomes. Each case in every arrival order
 //! where order matters.
 
+use std::sync::Arc;
+
 use serde_json::{json, Value};
+use shared::billing::registers;
 use shared::handlers::worker::{process_event, Processed, WorkerSource, WorkerState};
 use shared::providers::stripe::StripeReads;
-use shared::providers::Api;
+use shared::providers::{Api, BoxFuture};
+use shared::sim::{with_interrupts, Interrupts, Point};
 use sqlx::PgPool;
 use wiremock::matchers::{method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -551,6 +555,56 @@ async fn a_provider_read_links_a_basil_refund(pool: PgPool) {
     assert_eq!(payments, vec![("in_b0", "refunded")]);
     let said = log_reason(&account, "charge.refunded");
     assert!(said.contains("by a provider read"), "{said}");
+}
+
+/// Runs its task once, when the worker's event is decided and the statement that writes it
+/// is not sent yet.
+struct WhenDecided(std::sync::Mutex<Option<BoxFuture<'static, ()>>>);
+
+impl Interrupts for WhenDecided {
+    fn at(&self, point: Point, _event_id: i64) -> Option<BoxFuture<'static, ()>> {
+        match point {
+            Point::WorkerDecided => self.0.lock().unwrap().take(),
+            _ => None,
+        }
+    }
+}
+
+/// A payment intent is also written by events that take no account lock: a link without a
+/// customer. One that lands between a refund's read and its write (under the account's lock)
+/// makes the write find the intent holding what the rules did not see: the refund rolls back,
+/// and its retry reads the link and ends the invoice (docs/design.md §3.5, §4.6).
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_link_written_during_a_refunds_write_fails_it_and_the_retry_ends_the_invoice(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let [paid, _, refund] = basil_refund_events(0);
+    deliver(&app, &[&paid]).await;
+    let (code, body) = app.post("stripe", &stripe_delivery(&refund)).await;
+    assert_eq!(code, http::StatusCode::OK, "{body}");
+    let id = body["event_id"].as_i64().unwrap();
+    let link: BoxFuture<'static, ()> = Box::pin(async move {
+        let mut conn = pool.acquire().await.unwrap();
+        let known = registers::remember_link(&mut conn, "stripe", "pi_b0", "in_b0").await;
+        assert_eq!(known.unwrap(), None, "the refund is not committed yet");
+    });
+    let meanwhile = Arc::new(WhenDecided(std::sync::Mutex::new(Some(link))));
+
+    let first = with_interrupts(meanwhile, process_event(&app.worker, id)).await;
+    assert!(
+        matches!(&first, Ok(Processed::Failed { error, .. }) if error.contains("same payment intent")),
+        "{first:?}"
+    );
+    let retried = process_event(&app.worker, id).await.unwrap();
+    assert!(matches!(retried, Processed::Finished { .. }), "{retried:?}");
+    let account = app.account("stripe", "cus_b0", "2026-03").await;
+    let payments: Vec<(&str, &str)> = account
+        .payments
+        .iter()
+        .map(|p| (p.id.as_str(), p.status.as_str()))
+        .collect();
+    assert_eq!(payments, vec![("in_b0", "refunded")]);
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
