@@ -607,6 +607,96 @@ async fn a_link_written_during_a_refunds_write_fails_it_and_the_retry_ends_the_i
     assert_eq!(payments, vec![("in_b0", "refunded")]);
 }
 
+/// Stores `older` and `newer`, then applies `older` while, between its read and its write,
+/// another worker applies `newer` (another customer's event about the same row). Returns
+/// how `older` finished and `newer`'s event id.
+async fn written_meanwhile(
+    app: &TestApp,
+    pool: &PgPool,
+    older: &Value,
+    newer: &Value,
+) -> (Result<Processed, sqlx::Error>, i64) {
+    let mut ids = Vec::new();
+    for event in [older, newer] {
+        let (code, body) = app.post("stripe", &stripe_delivery(event)).await;
+        assert_eq!(code, http::StatusCode::OK, "{body}");
+        ids.push(body["event_id"].as_i64().unwrap());
+    }
+    let other = test_worker(pool.clone());
+    let newer_id = ids[1];
+    let write: BoxFuture<'static, ()> = Box::pin(async move {
+        let done = process_event(&other, newer_id).await.unwrap();
+        assert!(matches!(done, Processed::Finished { .. }), "{done:?}");
+    });
+    let meanwhile = Arc::new(WhenDecided(std::sync::Mutex::new(Some(write))));
+    let first = with_interrupts(meanwhile, process_event(&app.worker, ids[0])).await;
+    (first, newer_id)
+}
+
+/// A subscription row is keyed by its id alone, so an event of another customer can write it
+/// (a provider that moved it, or a payload that names another's subscription), and the
+/// account's version does not cover that. Another customer's newer write landing between an
+/// event's read and its write makes that write fail whole; the event is read again and the
+/// newer state stays, as in either order without the race (docs/design.md §3.5).
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_subscription_another_customer_wrote_since_the_read_is_read_again(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let older = stripe(
+        "evt_sa",
+        "customer.subscription.created",
+        T,
+        subscription("sub_s", "cus_a", "active", "price_pro"),
+    );
+    let newer = stripe(
+        "evt_sb",
+        "customer.subscription.updated",
+        T + 60,
+        subscription("sub_s", "cus_b", "canceled", "price_pro"),
+    );
+    let (first, newer_id) = written_meanwhile(&app, &pool, &older, &newer).await;
+    assert!(
+        matches!(&first, Ok(Processed::Finished { reason, .. }) if reason.contains("newer")),
+        "{first:?}"
+    );
+    let held: (String, String, i64) = sqlx::query_as(
+        "SELECT customer_id, status, event_id FROM subscriptions WHERE subscription_id = 'sub_s'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(held, ("cus_b".to_owned(), "canceled".to_owned(), newer_id));
+}
+
+/// The same for a payment row (keyed by the invoice id alone).
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_payment_another_customer_wrote_since_the_read_is_read_again(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let invoice = |customer: &str, status: &str| {
+        json!({"id": "in_s", "object": "invoice", "customer": customer, "status": status,
+               "parent": {"type": "subscription_details", "subscription_details": {"subscription": "sub_s"}},
+               "lines": {"object": "list", "data": [{"id": "il_s", "object": "line_item",
+                   "pricing": {"type": "price_details", "price_details": {"price": "price_pro", "product": "prod_pro"}}}]}})
+    };
+    let older = stripe("evt_pa", "invoice.paid", T, invoice("cus_a", "paid"));
+    let newer = stripe(
+        "evt_pb",
+        "invoice.payment_failed",
+        T + 60,
+        invoice("cus_b", "open"),
+    );
+    let (first, newer_id) = written_meanwhile(&app, &pool, &older, &newer).await;
+    assert!(
+        matches!(&first, Ok(Processed::Finished { reason, .. }) if reason.contains("newer")),
+        "{first:?}"
+    );
+    let held: (String, i64) =
+        sqlx::query_as("SELECT status, event_id FROM payments WHERE payment_id = 'in_s'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(held, ("failed".to_owned(), newer_id));
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn an_event_of_the_other_mode_is_stored_and_ignored(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;

@@ -374,8 +374,11 @@ pub struct NewGrant {
 pub struct Changed {
     pub customer_plan: bool,
     pub standing: bool,
-    pub subscriptions: BTreeSet<String>,
-    pub payments: BTreeSet<String>,
+    /// The subscriptions and payments written, each with the event that held it when read
+    /// (`None`: no row): another customer's event may write the same row, so the write
+    /// lands only if the row still holds what was read.
+    pub subscriptions: BTreeMap<String, Option<i64>>,
+    pub payments: BTreeMap<String, Option<i64>>,
     pub intents: BTreeSet<String>,
     pub grants: Vec<NewGrant>,
     pub deleted: bool,
@@ -445,8 +448,11 @@ impl Registers {
                         plan: plan.map(|p| p.1.to_owned()),
                     };
                     let held = Held::written(value, ctx, *rank);
-                    self.subscriptions.insert(id.clone(), held);
-                    self.changed.subscriptions.insert(id.clone());
+                    let read = self.subscriptions.insert(id.clone(), held);
+                    self.changed
+                        .subscriptions
+                        .entry(id.clone())
+                        .or_insert(read.map(|r| r.event_id));
                 }
                 ruled.written
             }
@@ -517,8 +523,11 @@ impl Registers {
                     .or_else(|| held.and_then(|h| h.value.plan_key.clone())),
             };
             let held = Held::written(value, ctx, Rank::of_payment(status));
-            self.payments.insert(id.to_owned(), held);
-            self.changed.payments.insert(id.to_owned());
+            let read = self.payments.insert(id.to_owned(), held);
+            self.changed
+                .payments
+                .entry(id.to_owned())
+                .or_insert(read.map(|r| r.event_id));
         }
         ruled.written
     }

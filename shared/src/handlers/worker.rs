@@ -168,7 +168,7 @@ pub enum WorkerError {
     Raced,
     #[error("another event of the same second reached the subscription during the provider read; retrying")]
     TieMoved,
-    #[error("the account moved under its lock; retrying")]
+    #[error("the account, or a subscription or payment another customer's event wrote, moved during the write; retrying")]
     Moved,
     #[error("injected fault at {0:?}")]
     Injected(FaultPoint),

@@ -3,7 +3,9 @@
 //! ledger, tombstone, payment intents), the effects with the account's next sequence numbers,
 //! the account's log line, and finishes the event (docs/design.md §3.5, §8). Outside a
 //! transaction it is the whole write: the statement is atomic, and an account that moved
-//! since the read, or a lease lost, writes nothing.
+//! since the read, a subscription or payment row another customer's event wrote meanwhile
+//! (those rows are keyed by their provider id, not by the account), or a lease lost, writes
+//! nothing.
 
 use serde_json::Value;
 use sqlx::PgConnection;
@@ -25,9 +27,13 @@ pub enum Committed {
     },
     /// Another worker holds the event now: nothing was written.
     LeaseLost,
-    /// The account moved since it was read: nothing was written; read again.
+    /// The account moved since it was read, or a subscription or payment row it writes was
+    /// written meanwhile by another customer's event: nothing was written; read again.
     Moved,
 }
+
+/// The SQLSTATE of `inbox_register_moved`: serialization_failure.
+const REGISTER_MOVED: &str = "40001";
 
 /// Writes `registers`' changes for the event, with its outcome and its effects, if the lease
 /// still holds and the account is still at the version read.
@@ -49,12 +55,12 @@ pub async fn commit(
     let subscriptions: Vec<_> = changed
         .subscriptions
         .iter()
-        .filter_map(|id| Some((id.as_str(), registers.subscriptions.get(id)?)))
+        .filter_map(|(id, read)| Some((id.as_str(), registers.subscriptions.get(id)?, *read)))
         .collect();
     let payments: Vec<_> = changed
         .payments
         .iter()
-        .filter_map(|id| Some((id.as_str(), registers.payments.get(id)?)))
+        .filter_map(|(id, read)| Some((id.as_str(), registers.payments.get(id)?, *read)))
         .collect();
     let intents: Vec<_> = changed
         .intents
@@ -123,6 +129,11 @@ pub async fn commit(
                     plan_key = EXCLUDED.plan_key, plan = EXCLUDED.plan,
                     version_at = EXCLUDED.version_at, version_rank = EXCLUDED.version_rank,
                     version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
+                -- Another customer's event may have written it since the read: see `checked`.
+                WHERE r.event_id IS NOT DISTINCT FROM
+                      (SELECT x.read FROM unnest($14::text[], $40::int8[]) AS x (id, read)
+                       WHERE x.id = r.subscription_id)
+            RETURNING 1
         ), payments_written AS (
             INSERT INTO payments AS r
                 (source, payment_id, customer_id, status, plan_key, version_at, version_rank,
@@ -134,6 +145,10 @@ pub async fn commit(
                 SET status = EXCLUDED.status, plan_key = EXCLUDED.plan_key,
                     version_at = EXCLUDED.version_at, version_rank = EXCLUDED.version_rank,
                     version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
+                WHERE r.event_id IS NOT DISTINCT FROM
+                      (SELECT x.read FROM unnest($19::text[], $41::int8[]) AS x (id, read)
+                       WHERE x.id = r.payment_id)
+            RETURNING 1
         ), ledger_written AS (
             INSERT INTO ledger (source, customer_id, period, plan, allowance, delta, reason, entry_key, event_id)
             SELECT $3, $4, $23, g.plan, g.allowance, g.delta, g.reason, g.entry_key, $1
@@ -176,6 +191,15 @@ pub async fn commit(
             WHERE id = (SELECT id FROM held) AND EXISTS (SELECT 1 FROM account)
         )
         SELECT ($5::bigint IS NOT NULL AND NOT EXISTS (SELECT 1 FROM as_read)) AS "moved!",
+               -- A subscription or payment row that no longer holds what was read fails the
+               -- whole statement (serialization_failure): nothing of it is written.
+               CASE WHEN (SELECT count(*) FROM subscriptions_written) < cardinality($14::text[])
+                          AND EXISTS (SELECT 1 FROM account)
+                    THEN inbox_register_moved('subscription')
+                    WHEN (SELECT count(*) FROM payments_written) < cardinality($19::text[])
+                          AND EXISTS (SELECT 1 FROM account)
+                    THEN inbox_register_moved('payment')
+               END AS checked,
                EXISTS (SELECT 1 FROM held) AS "held!",
                EXISTS (SELECT 1 FROM account) AS "written!",
                ARRAY(SELECT id FROM effects_written) AS "effects!",
@@ -197,33 +221,33 @@ pub async fn commit(
         plan.and_then(|p| p.value.plan.as_deref()),
         standing.is_some(),
         standing.is_some_and(|s| s.value),
-        &subscriptions.iter().map(|(id, _)| *id).collect::<Vec<_>>() as &[&str],
+        &subscriptions.iter().map(|(id, _, _)| *id).collect::<Vec<_>>() as &[&str],
         &subscriptions
             .iter()
-            .map(|(_, s)| s.value.status.as_str())
+            .map(|(_, s, _)| s.value.status.as_str())
             .collect::<Vec<_>>() as &[&str],
         &subscriptions
             .iter()
-            .map(|(_, s)| s.value.plan_key.as_deref())
+            .map(|(_, s, _)| s.value.plan_key.as_deref())
             .collect::<Vec<_>>() as &[Option<&str>],
         &subscriptions
             .iter()
-            .map(|(_, s)| s.value.plan.as_deref())
+            .map(|(_, s, _)| s.value.plan.as_deref())
             .collect::<Vec<_>>() as &[Option<&str>],
         &subscriptions
             .iter()
-            .map(|(_, s)| s.stamp.rank)
+            .map(|(_, s, _)| s.stamp.rank)
             .collect::<Vec<_>>(),
-        &payments.iter().map(|(id, _)| *id).collect::<Vec<_>>() as &[&str],
+        &payments.iter().map(|(id, _, _)| *id).collect::<Vec<_>>() as &[&str],
         &payments
             .iter()
-            .map(|(_, p)| p.value.status.as_str())
+            .map(|(_, p, _)| p.value.status.as_str())
             .collect::<Vec<_>>() as &[&str],
         &payments
             .iter()
-            .map(|(_, p)| p.value.plan_key.as_deref())
+            .map(|(_, p, _)| p.value.plan_key.as_deref())
             .collect::<Vec<_>>() as &[Option<&str>],
-        &payments.iter().map(|(_, p)| p.stamp.rank).collect::<Vec<_>>(),
+        &payments.iter().map(|(_, p, _)| p.stamp.rank).collect::<Vec<_>>(),
         period.as_str(),
         &grants
             .iter()
@@ -256,9 +280,17 @@ pub async fn commit(
         status.as_str(),
         reason,
         ctx.event_type,
+        &subscriptions.iter().map(|(_, _, read)| *read).collect::<Vec<_>>() as &[Option<i64>],
+        &payments.iter().map(|(_, _, read)| *read).collect::<Vec<_>>() as &[Option<i64>],
     )
     .fetch_one(conn)
-    .await?;
+    .await;
+    let row = match row {
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(REGISTER_MOVED) => {
+            return Ok(Committed::Moved)
+        }
+        other => other?,
+    };
     if row.moved {
         return Ok(Committed::Moved);
     }
