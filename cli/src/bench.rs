@@ -76,6 +76,54 @@ struct Delivery {
     body: Vec<u8>,
 }
 
+/// The machine's CPU time so far (every process: Postgres, the SQS server, this one), in the
+/// clock ticks of /proc/stat's first line: busy (user, nice, system, irq, softirq) and all
+/// (busy, idle, iowait, steal). `None` where there is no /proc/stat.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let [user, nice, system, idle, iowait, irq, softirq, steal, ..] = ticks[..] else {
+        return None;
+    };
+    let busy = user + nice + system + irq + softirq;
+    Some((busy, busy + idle + iowait + steal))
+}
+
+/// How much of the machine's cores a phase used, from its start.
+struct CpuMeter(Option<(u64, u64)>);
+
+impl CpuMeter {
+    /// /proc/stat counts in USER_HZ, 100 a second on Linux whatever the kernel's own tick.
+    const MS_PER_TICK: f64 = 10.0;
+
+    fn start() -> Self {
+        Self(cpu_ticks())
+    }
+
+    /// The share of all cores busy since the start, and busy CPU milliseconds per operation
+    /// (null where /proc/stat is missing).
+    fn since(&self, operations: usize) -> Value {
+        self.until(cpu_ticks(), operations)
+    }
+
+    /// The same, up to `end` (ticks read earlier).
+    fn until(&self, end: Option<(u64, u64)>, operations: usize) -> Value {
+        let (Some((busy0, all0)), Some((busy1, all1))) = (self.0, end) else {
+            return json!({"busy": null, "ms_per_op": null});
+        };
+        let (busy, all) = ((busy1 - busy0) as f64, (all1 - all0).max(1) as f64);
+        json!({
+            "busy": busy / all,
+            "ms_per_op": busy * Self::MS_PER_TICK / operations.max(1) as f64,
+        })
+    }
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -328,6 +376,12 @@ pub async fn run(
         r(&i["ratio_to_store_send"]),
     ]);
     t.add_row(vec![
+        "intake vs what the cores allow store and send together".into(),
+        f(&i["per_sec"]),
+        f(&i["cores_bound_per_sec"]),
+        r(&i["ratio_to_cores_bound"]),
+    ]);
+    t.add_row(vec![
         "intake p50 ms".into(),
         f(&i["p50_ms"]),
         f(&i["raw_p50_ms"]),
@@ -373,10 +427,34 @@ pub async fn run(
             r(&report["pg_round_trip_direct_ms"])
         )
     };
+    let cpu = &report["cpu"];
+    let phases = [
+        ("raw store", "raw_store", "delivery"),
+        ("SendMessage alone", "send_alone", "message"),
+        ("raw store then send", "store_send", "delivery"),
+        ("intake", "intake", "delivery"),
+        ("worker drain", "drain", "event"),
+        ("raw worker", "raw_worker", "event"),
+    ];
+    let cores = phases
+        .iter()
+        .map(|(name, key, per)| {
+            let p = &cpu[*key];
+            format!(
+                "  {name}: {} of the cores busy, {} CPU ms per {per}",
+                p["busy"]
+                    .as_f64()
+                    .map_or("-".into(), |b| format!("{:.0}%", b * 100.0)),
+                r(&p["ms_per_op"])
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
     crate::emit(&format!(
         "{} deliveries ({} events, 30% copies, shuffled) over {}, concurrency {}\n\
-         Postgres round trip (median of 200 SELECT 1): {round_trip}\n{t}",
-        report["deliveries"], report["events"], report["sources"], args.concurrency
+         Postgres round trip (median of 200 SELECT 1): {round_trip}\n{t}\n\
+         The machine's {} cores, every process counted:\n{cores}",
+        report["deliveries"], report["events"], report["sources"], args.concurrency, cpu["cores"]
     ));
     Ok(())
 }
@@ -425,7 +503,9 @@ async fn bench(
             .build(),
     );
     let queue_url = create_queue(&sqs, &format!("inbox-bench-{tag}")).await?;
+    let send_cpu = CpuMeter::start();
     let send_ceiling = send_alone(&sqs, tag, deliveries.len(), args.concurrency).await;
+    let send_cpu = send_cpu.since(deliveries.len());
     let both_url = create_queue(&sqs, &format!("inbox-bench-both-{tag}")).await?;
     let both = (
         both_pool,
@@ -449,6 +529,19 @@ async fn bench(
     outcome["intake"]["send_alone_per_sec"] = json!(send_per_sec);
     outcome["intake"]["ceiling_per_sec"] = json!(ceiling);
     outcome["intake"]["ratio_to_ceiling"] = json!(intake_per_sec / ceiling.max(f64::MIN_POSITIVE));
+    // What the cores alone allow the store and the send together, from the CPU each used
+    // alone: the bound when all of them share the machine, as they do here.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let store_ms = outcome["cpu"]["raw_store"]["ms_per_op"].as_f64();
+    let send_ms = send_cpu["ms_per_op"].as_f64();
+    let cores_bound = store_ms
+        .zip(send_ms)
+        .map(|(store, send)| cores * 1000.0 / (store + send * sends_per_delivery));
+    outcome["cpu"]["send_alone"] = send_cpu;
+    outcome["cpu"]["cores"] = json!(cores);
+    outcome["intake"]["cores_bound_per_sec"] = json!(cores_bound);
+    outcome["intake"]["ratio_to_cores_bound"] =
+        json!(cores_bound.map(|b| intake_per_sec / b.max(f64::MIN_POSITIVE)));
     outcome["pg_delay_ms"] = json!(args.pg_delay_ms);
     outcome["pg_round_trip_ms"] = json!(round_trip);
     outcome["pg_round_trip_direct_ms"] = json!(round_trip_direct);
@@ -614,20 +707,25 @@ async fn measure(
     }
     eprintln!("bench: raw SQL ceiling");
     let raw_start = Instant::now();
+    let cpu = CpuMeter::start();
     let raw_latencies = raw_store(&raw_pool, raw_items.clone(), args.concurrency, None).await;
     let raw_secs = raw_start.elapsed().as_secs_f64();
+    let raw_store_cpu = cpu.since(total);
     // The store and the send back to back, raw, on a database and a queue of their own: what
     // the two cost together when they share the machine's cores, as they do here.
     eprintln!("bench: raw store and send");
     let both_start = Instant::now();
+    let cpu = CpuMeter::start();
     raw_store(&both.0, raw_items, args.concurrency, Some(both.1)).await;
     let both_secs = both_start.elapsed().as_secs_f64();
+    let store_send_cpu = cpu.since(total);
     both.0.close().await;
 
     eprintln!("bench: intake");
     let statements_before = counter.get();
     let wal_before = wal_bytes(&pool).await?;
     let intake_start = Instant::now();
+    let cpu = CpuMeter::start();
     let latencies = {
         let instances = instances.clone();
         run_concurrently(deliveries, args.concurrency, move |slot, d| {
@@ -647,6 +745,7 @@ async fn measure(
         .await
     };
     let intake_secs = intake_start.elapsed().as_secs_f64();
+    let intake_cpu = cpu.since(total);
     let intake_statements = counter.get() - statements_before;
     let intake_wal = wal_bytes(&pool).await? - wal_before;
 
@@ -659,9 +758,11 @@ async fn measure(
     let statements_before = counter.get();
     let wal_before = wal_bytes(&pool).await?;
     let drain_start = Instant::now();
+    let cpu = CpuMeter::start();
     let deadline = drain_start + Duration::from_secs(900);
-    // The drain ends with the last batch that brought work, not with the empty polls after.
-    let last_work = Arc::new(std::sync::Mutex::new(drain_start));
+    // The drain ends with the last batch that brought work, not with the empty polls after;
+    // so does its CPU time.
+    let last_work = Arc::new(std::sync::Mutex::new((drain_start, cpu.0)));
     // As the event source mapping runs it: its pollers receive and delete on their own, and
     // at most `concurrency` invocations run at once. Twice as many pollers as invocations keep
     // the invocations fed while other pollers wait on SQS.
@@ -683,7 +784,8 @@ async fn measure(
                 .await;
                 idle = match pumped {
                     Ok(r) if r.received > 0 => {
-                        *last_work.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+                        *last_work.lock().unwrap_or_else(|e| e.into_inner()) =
+                            (Instant::now(), cpu_ticks());
                         0
                     }
                     Ok(_) => idle + 1,
@@ -699,12 +801,10 @@ async fn measure(
     for p in pollers {
         let _ = p.await;
     }
-    let drain_secs = last_work
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .duration_since(drain_start)
-        .as_secs_f64();
+    let (last_batch, last_ticks) = *last_work.lock().unwrap_or_else(|e| e.into_inner());
+    let drain_secs = last_batch.duration_since(drain_start).as_secs_f64();
     let worker_statements = counter.get() - statements_before;
+    let drain_cpu = cpu.until(last_ticks, distinct);
     let worker_wal = wal_bytes(&pool).await? - wal_before;
     let stored = stored_bytes(&pool).await?;
     let applied: i64 = sqlx::query_scalar(
@@ -740,6 +840,7 @@ async fn measure(
         })
         .collect();
     let raw_worker_start = Instant::now();
+    let cpu = CpuMeter::start();
     run_concurrently(batches, args.concurrency, move |_, batch| {
         let raw_worker = raw_worker.clone();
         async move {
@@ -748,6 +849,7 @@ async fn measure(
     })
     .await;
     let raw_worker_secs = raw_worker_start.elapsed().as_secs_f64();
+    let raw_worker_cpu = cpu.since(distinct);
 
     let per_sec = total as f64 / intake_secs;
     let raw_per_sec = total as f64 / raw_secs;
@@ -763,6 +865,12 @@ async fn measure(
             "tables": stored.iter().map(|(t, b)| (t.clone(), json!(b / distinct as f64))).collect::<serde_json::Map<_, _>>(),
         },
         "sources": configs.iter().map(|s| s.name.clone()).collect::<Vec<_>>().join(", "),
+        // Per phase: the share of all cores busy, and busy CPU ms per delivery (intake
+        // phases) or per event (worker phases), every process on the machine counted.
+        "cpu": {
+            "raw_store": raw_store_cpu, "store_send": store_send_cpu, "intake": intake_cpu,
+            "drain": drain_cpu, "raw_worker": raw_worker_cpu,
+        },
         "intake": {
             "per_sec": per_sec, "p50_ms": percentile(&latencies, 0.5), "p99_ms": percentile(&latencies, 0.99),
             "raw_per_sec": raw_per_sec, "raw_p50_ms": percentile(&raw_latencies, 0.5),
