@@ -534,9 +534,12 @@ async fn bench(
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let store_ms = outcome["cpu"]["raw_store"]["ms_per_op"].as_f64();
     let send_ms = send_cpu["ms_per_op"].as_f64();
+    // (None too for phases too short for /proc/stat's 10 ms ticks.)
     let cores_bound = store_ms
         .zip(send_ms)
-        .map(|(store, send)| cores * 1000.0 / (store + send * sends_per_delivery));
+        .map(|(store, send)| store + send * sends_per_delivery)
+        .filter(|ms| *ms > 0.0)
+        .map(|ms| cores * 1000.0 / ms);
     outcome["cpu"]["send_alone"] = send_cpu;
     outcome["cpu"]["cores"] = json!(cores);
     outcome["intake"]["cores_bound_per_sec"] = json!(cores_bound);

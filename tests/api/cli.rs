@@ -475,6 +475,29 @@ async fn the_bench_reports_every_figure_and_leaves_no_database_behind() {
                 "worker {figure}: {report}"
             );
         }
+        // Every phase's share of the cores and CPU per operation (a phase of a small backlog
+        // may fall within one of /proc/stat's 10 ms ticks, so zero is a figure too).
+        for phase in [
+            "raw_store",
+            "send_alone",
+            "store_send",
+            "intake",
+            "drain",
+            "raw_worker",
+        ] {
+            let cpu = &report["cpu"][phase];
+            assert!(
+                cpu["busy"]
+                    .as_f64()
+                    .is_some_and(|b| (0.0..=1.0).contains(&b)),
+                "cpu {phase}: {report}"
+            );
+            assert!(
+                cpu["ms_per_op"].as_f64().is_some_and(|ms| ms >= 0.0),
+                "cpu {phase}: {report}"
+            );
+        }
+        assert!(positive(&report["cpu"]["cores"]), "{report}");
         assert!(positive(&report["stored"]["bytes_per_event"]));
         assert!(positive(&report["stored"]["tables"]["inbox_events"]));
         assert_eq!(
