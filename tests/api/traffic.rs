@@ -697,6 +697,54 @@ async fn a_payment_another_customer_wrote_since_the_read_is_read_again(pool: PgP
     assert_eq!(held, ("failed".to_owned(), newer_id));
 }
 
+/// An invoice that two customers' events name (no provider moves one; a payload may) is
+/// listed under the customer of its newest state, whichever event arrived first: the
+/// payment row's customer follows the write that lands, as a subscription's does.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_invoice_two_customers_name_is_listed_under_its_newest_state_in_either_order(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    for (n, order) in permutations(2).iter().enumerate() {
+        let invoice = format!("in_two{n}");
+        let (a, b) = (format!("cus_two{n}a"), format!("cus_two{n}b"));
+        let body = |customer: &str, status: &str| {
+            json!({"id": invoice, "object": "invoice", "customer": customer, "status": status,
+                   "parent": {"type": "subscription_details", "subscription_details": {"subscription": format!("sub_two{n}")}},
+                   "lines": {"object": "list", "data": [{"id": "il_two", "object": "line_item",
+                       "pricing": {"type": "price_details", "price_details": {"price": "price_pro", "product": "prod_pro"}}}]}})
+        };
+        let events = [
+            stripe(&format!("evt_two{n}a"), "invoice.paid", T, body(&a, "paid")),
+            stripe(
+                &format!("evt_two{n}b"),
+                "invoice.payment_failed",
+                T + 60,
+                body(&b, "open"),
+            ),
+        ];
+        let ordered: Vec<&Value> = order.iter().map(|i| &events[*i]).collect();
+        deliver(&app, &ordered).await;
+        let listed = |customer: String| {
+            let app = &app;
+            async move {
+                let account = app.account("stripe", &customer, "2026-03").await;
+                account
+                    .payments
+                    .iter()
+                    .map(|p| (p.id.clone(), p.status.clone()))
+                    .collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(listed(a).await, vec![], "order {order:?}");
+        assert_eq!(
+            listed(b).await,
+            vec![(invoice.clone(), "failed".to_owned())],
+            "order {order:?}"
+        );
+    }
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn an_event_of_the_other_mode_is_stored_and_ignored(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;

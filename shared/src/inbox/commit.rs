@@ -142,7 +142,8 @@ pub async fn commit(
             FROM account, unnest($19::text[], $20::text[], $21::text[], $22::int2[])
                  AS p (id, status, plan_key, rank)
             ON CONFLICT (source, payment_id) DO UPDATE
-                SET status = EXCLUDED.status, plan_key = EXCLUDED.plan_key,
+                SET customer_id = EXCLUDED.customer_id, status = EXCLUDED.status,
+                    plan_key = EXCLUDED.plan_key,
                     version_at = EXCLUDED.version_at, version_rank = EXCLUDED.version_rank,
                     version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
                 WHERE r.event_id IS NOT DISTINCT FROM
