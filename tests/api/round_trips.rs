@@ -164,6 +164,18 @@ async fn one_intake_delivery_is_one_round_trip_and_a_killed_connection_is_replac
     assert_eq!(app.event(id).await.seen_count, 1);
 }
 
+/// Waits until every connection of `pool` is back in it: sqlx pings a connection on its
+/// way back, in a task of its own, after the caller has let go of it. Bounded (5 s).
+async fn returned(pool: &PgPool) {
+    for _ in 0..500 {
+        if pool.num_idle() as u32 == pool.size() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("a connection never came back to the pool");
+}
+
 /// An SQS batch naming `ids`, as the event source mapping builds it.
 fn batch(ids: &[i64]) -> aws_lambda_events::event::sqs::SqsEvent {
     let mut event = aws_lambda_events::event::sqs::SqsEvent::default();
@@ -191,10 +203,12 @@ async fn a_worker_batch_is_claimed_in_one_statement_and_worked_on_one_connection
         ids.push(answer["event_id"].as_i64().unwrap());
     }
     shared::handlers::worker::handle_batch(&worker, batch(&ids[..1])).await;
+    returned(&worker.pool).await;
     trips.take();
 
     let response = shared::handlers::worker::handle_batch(&worker, batch(&ids[1..])).await;
     assert!(response.batch_item_failures.is_empty());
+    returned(&worker.pool).await;
     // Each event: the read of its account's registers, and the one statement that writes
     // the subscription, the grant, the log line and the finish. The batch: one ping on
     // acquire, one claim, one ping on release. No ping between events.
@@ -202,4 +216,64 @@ async fn a_worker_batch_is_claimed_in_one_statement_and_worked_on_one_connection
     for id in &ids {
         assert_eq!(app.event(*id).await.status, "applied");
     }
+}
+
+/// An event about an account that changes nothing (here Stripe's `invoice.created`, which
+/// no register follows) decides nothing from the account: one statement writes its log line
+/// and finishes it, with no read, and the account's version stays where it was.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_ignored_event_about_an_account_is_one_round_trip(pool: PgPool) {
+    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
+    let app = TestApp::spawn(pool.clone()).await;
+    let mut worker = test_worker(through(&pool, port));
+    worker.catalog = app.worker.catalog.clone();
+    let t = Utc::now().timestamp();
+    let mut ids = Vec::new();
+    for n in 0..11 {
+        let mut event = stripe_event(&format!("evt_i{n}"), "cus_i", t);
+        event["type"] = "invoice.created".into();
+        event["data"]["object"] = serde_json::json!({
+            "id": format!("in_i{n}"), "object": "invoice", "customer": "cus_i",
+            "status": "draft", "subscription": "sub_1"
+        });
+        let (_, answer) = app.post("stripe", &stripe_delivery(&event)).await;
+        ids.push(answer["event_id"].as_i64().unwrap());
+    }
+    shared::handlers::worker::handle_batch(&worker, batch(&ids[..1])).await;
+    let version = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT version FROM accounts WHERE source = 'stripe' AND customer_id = 'cus_i'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let before = version().await;
+    returned(&worker.pool).await;
+    trips.take();
+
+    let response = shared::handlers::worker::handle_batch(&worker, batch(&ids[1..])).await;
+    assert!(response.batch_item_failures.is_empty());
+    returned(&worker.pool).await;
+    // The batch's ping on acquire, its claim and its ping on release; one per event.
+    assert_eq!(trips.take(), 3 + 10);
+    assert_eq!(
+        version().await,
+        before,
+        "ignored events leave the version alone"
+    );
+    for id in &ids {
+        let row = app.event(*id).await;
+        assert_eq!(row.status, "ignored");
+        assert_eq!(
+            row.reason.as_deref(),
+            Some("event type invoice.created is not a billing event")
+        );
+    }
+    let logged: i64 = app
+        .count(
+            "SELECT count(*) FROM account_log WHERE customer_id = 'cus_i' AND outcome = 'ignored'",
+        )
+        .await;
+    assert_eq!(logged, 11);
 }

@@ -291,10 +291,18 @@ async fn apply_claimed(
         .and_then(|c| event_context(event, c, &version));
     let (status, reason) = match (decision, ctx) {
         (Decision::Apply { effects, notes }, Some(ctx)) => {
-            return apply_to_account(state, conn, event, source, &ctx, Ok((effects, notes))).await
+            return apply_to_account(state, conn, event, source, &ctx, effects, notes).await
         }
         (Decision::Ignore(reason), Some(ctx)) => {
-            return apply_to_account(state, conn, event, source, &ctx, Err(reason)).await
+            // Nothing of it depends on the account's registers: it reads none and leaves
+            // the account's version alone, so an event of the account applied meanwhile
+            // does not find the account moved (docs/design.md §3.5).
+            state.fault(FaultPoint::BeforeCommit)?;
+            sim::point(Point::WorkerDecided, event.id).await;
+            if !commit::ignored(conn, event, &ctx, &reason).await? {
+                return Err(WorkerError::LeaseLost);
+            }
+            return Ok(applied(event, EventStatus::Ignored, reason, Vec::new()));
         }
         (Decision::Apply { effects, .. }, None) if customer.is_none() => {
             return remember_links_without_customer(state, conn, event, &effects).await
@@ -314,21 +322,17 @@ async fn apply_claimed(
     Ok(applied(event, status, reason, Vec::new()))
 }
 
-/// An event about an account: its effects (or, `Err`, the reason it is ignored, which still
-/// writes the account's log line). The provider reads a tie or a refund needs are made
-/// after the read and before any lock or transaction (docs/design.md §4.2).
+/// An event about an account, with its effects. The provider reads a tie or a refund needs
+/// are made after the read and before any lock or transaction (docs/design.md §4.2).
 async fn apply_to_account(
     state: &WorkerState,
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
     ctx: &EventContext<'_>,
-    decided: Result<(Vec<Effect>, Vec<String>), String>,
+    mut effects: Vec<Effect>,
+    mut notes: Vec<String>,
 ) -> Result<Applied, WorkerError> {
-    let (mut effects, mut notes, ignored) = match decided {
-        Ok((effects, notes)) => (effects, notes, None),
-        Err(reason) => (Vec::new(), Vec::new(), Some(reason)),
-    };
     let plan = state.effects.is_some();
     // A payment intent is also written by events that take no account lock (a link without
     // a customer): an event that touches one is written under the lock, where what the
@@ -355,7 +359,7 @@ async fn apply_to_account(
             event,
             ctx,
             registers,
-            (&effects, &notes, &ignored),
+            (&effects, &notes),
             reads,
             &ties_read,
         )
@@ -419,21 +423,17 @@ fn applied(event: &Claimed, status: EventStatus, reason: String, effects: Vec<St
 }
 
 /// The register rules applied to the account as read: the event's outcome and reason, and,
-/// with effects on, the effects its changes tell. `ignored`: the event is ignored for this
-/// reason, and changes nothing. With provider reads, a subscription whose tie is not the one
+/// with effects on, the effects its changes tell. With provider reads, a subscription whose tie is not the one
 /// the read settled fails the attempt (the retry reads again).
 fn decide(
     state: &WorkerState,
     event: &Claimed,
     ctx: &EventContext<'_>,
     registers: &mut Registers,
-    (effects, notes, ignored): (&[Effect], &[String], &Option<String>),
+    (effects, notes): (&[Effect], &[String]),
     reads: bool,
     ties_read: &HashMap<String, Option<i64>>,
 ) -> Result<(EventStatus, String, Vec<NewEffect>), WorkerError> {
-    if let Some(reason) = ignored {
-        return Ok((EventStatus::Ignored, reason.clone(), Vec::new()));
-    }
     let period = Period::of(ctx.version.at);
     let customer = ctx.customer.as_str();
     let plan_before = state

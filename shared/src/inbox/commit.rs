@@ -329,3 +329,50 @@ struct IntentRow {
     refunded_charge: Option<String>,
     refunded_by: Option<i64>,
 }
+
+/// Finishes an event about an account that is ignored, if the lease still holds: the
+/// account's log line, the account row if the customer is new, and the finish, in one
+/// statement. It decides nothing from the registers, so it reads none and neither checks
+/// nor moves the account's version. Returns whether the lease held.
+pub async fn ignored(
+    conn: &mut PgConnection,
+    event: &Claimed,
+    ctx: &EventContext<'_>,
+    reason: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"
+        WITH held AS (
+            SELECT id FROM inbox_events
+            WHERE id = $1 AND status = 'processing' AND attempts = $2
+            FOR UPDATE
+        ), account AS (
+            INSERT INTO accounts (source, customer_id, version, effect_seq)
+            SELECT $3, $4, 1, 0 FROM held
+            ON CONFLICT (source, customer_id) DO NOTHING
+        ), logged AS (
+            -- As in `commit`: a line that says `applied` stays.
+            INSERT INTO account_log AS l (event_id, source, customer_id, event_type, occurred_at, outcome, reason)
+            SELECT $1, $3, $4, $5, $6, 'ignored', $7 FROM held
+            ON CONFLICT (event_id) DO UPDATE
+                SET outcome = EXCLUDED.outcome, reason = EXCLUDED.reason, logged_at = inbox_now()
+                WHERE l.outcome <> 'applied'
+        ), finished AS (
+            UPDATE inbox_events
+            SET status = 'ignored', reason = $7, processed_at = inbox_now(), locked_until = NULL,
+                next_attempt_at = NULL, last_error = NULL
+            WHERE id = (SELECT id FROM held)
+        )
+        SELECT EXISTS (SELECT 1 FROM held) AS "held!"
+        "#,
+        event.id,
+        event.attempts,
+        ctx.source,
+        ctx.customer.as_str(),
+        ctx.event_type,
+        ctx.version.at.as_datetime(),
+        reason,
+    )
+    .fetch_one(conn)
+    .await
+}
