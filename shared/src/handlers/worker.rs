@@ -254,7 +254,7 @@ struct Applied {
 /// Decides what the event means and applies it: for an event about an account, one read of
 /// the account's registers, the register rules, and one statement that writes it all if the
 /// account has not moved meanwhile — else again under the account's lock (docs/design.md
-/// §8); for any other, one statement that finishes it.
+/// §8); for one its rules ignore outright, or any other, one statement that finishes it.
 async fn apply_claimed(
     state: &WorkerState,
     conn: &mut PgConnection,
@@ -423,8 +423,8 @@ fn applied(event: &Claimed, status: EventStatus, reason: String, effects: Vec<St
 }
 
 /// The register rules applied to the account as read: the event's outcome and reason, and,
-/// with effects on, the effects its changes tell. With provider reads, a subscription whose tie is not the one
-/// the read settled fails the attempt (the retry reads again).
+/// with effects on, the effects its changes tell. With provider reads, a subscription whose
+/// tie is not the one the read settled fails the attempt (the retry reads again).
 fn decide(
     state: &WorkerState,
     event: &Claimed,
