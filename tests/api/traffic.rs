@@ -697,6 +697,53 @@ async fn a_payment_another_customer_wrote_since_the_read_is_read_again(pool: PgP
     assert_eq!(held, ("failed".to_owned(), newer_id));
 }
 
+/// A subscription two customers' events name (no provider moves one; a payload may) ends
+/// under the customer of its newest state in either order, and the event that moved it says
+/// so in its log line.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_subscription_two_customers_name_ends_under_its_newest_state_in_either_order(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    for (n, order) in permutations(2).iter().enumerate() {
+        let id = format!("sub_two{n}");
+        let (a, b) = (format!("cus_tws{n}a"), format!("cus_tws{n}b"));
+        let events = [
+            stripe(
+                &format!("evt_tws{n}a"),
+                "customer.subscription.created",
+                T,
+                subscription(&id, &a, "active", "price_pro"),
+            ),
+            stripe(
+                &format!("evt_tws{n}b"),
+                "customer.subscription.updated",
+                T + 60,
+                subscription(&id, &b, "active", "price_team"),
+            ),
+        ];
+        let ordered: Vec<&Value> = order.iter().map(|i| &events[*i]).collect();
+        deliver(&app, &ordered).await;
+        let older = app.account("stripe", &a, "2026-03").await;
+        let newer = app.account("stripe", &b, "2026-03").await;
+        assert!(older.subscriptions.is_empty(), "order {order:?}");
+        assert_eq!(newer.subscriptions.len(), 1, "order {order:?}");
+        assert_eq!(newer.plan, "team", "order {order:?}");
+        if order == &vec![0, 1] {
+            let row = app
+                .event(app.event_id("stripe", &format!("evt_tws{n}b")).await)
+                .await;
+            assert!(
+                row.reason
+                    .as_deref()
+                    .is_some_and(|r| r.contains(&format!("it was held under customer {a}"))),
+                "{:?}",
+                row.reason
+            );
+        }
+    }
+}
+
 /// An invoice that two customers' events name (no provider moves one; a payload may) is
 /// listed under the customer of its newest state, whichever event arrived first: the
 /// payment row's customer follows the write that lands, as a subscription's does.

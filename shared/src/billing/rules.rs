@@ -200,6 +200,22 @@ pub fn subscription(
                 &superseded,
             ),
         )
+    } else if let Some(from) = held.filter(|h| h.value.customer != ctx.customer.as_str()) {
+        // No provider moves a subscription between customers, but a payload can name
+        // another customer's: it lands (the newest state wins), and is new to this customer.
+        let fact = Fact::Subscription {
+            id: id.to_owned(),
+            now: SubscriptionState {
+                status: status.to_owned(),
+                plan: plan.map(|p| p.1.to_owned()),
+            },
+            previous: None,
+        };
+        let words = format!(
+            "subscription {id} is {status}; it was held under customer {}",
+            from.value.customer
+        );
+        Ruled::made(words, fact)
     } else if held.is_some_and(|h| {
         h.value.status == status && h.value.plan_key.as_deref() == plan.map(|p| p.0)
     }) {
@@ -710,6 +726,29 @@ mod tests {
         };
         assert_eq!(previous.unwrap().status, "trialing");
         assert_eq!(ruled.written.tied_with, None);
+    }
+
+    #[test]
+    fn a_newer_state_of_another_customers_subscription_lands_and_says_so() {
+        let other = CustomerId::parse("cus_2").unwrap();
+        let held = held(sub("active", Some("pro")), 1, 100, 3, "evt_a");
+        let ruled = subscription(
+            Some(&held),
+            &ctx(&other, 2, 200, "evt_b"),
+            "sub_1",
+            "active",
+            Some(("pro", "pro")),
+            Rank(3),
+        );
+        assert!(ruled.writes);
+        assert_eq!(
+            ruled.written.change,
+            Change::Made("subscription sub_1 is active; it was held under customer cus_1".into())
+        );
+        let Some(Fact::Subscription { previous, .. }) = ruled.written.fact else {
+            panic!("a subscription fact");
+        };
+        assert_eq!(previous, None, "new to this customer");
     }
 
     #[test]
