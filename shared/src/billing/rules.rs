@@ -200,42 +200,38 @@ pub fn subscription(
                 &superseded,
             ),
         )
-    } else if let Some(from) = held.filter(|h| h.value.customer != ctx.customer.as_str()) {
-        // No provider moves a subscription between customers, but a payload can name
-        // another customer's: it lands (the newest state wins), and is new to this customer.
-        let fact = Fact::Subscription {
-            id: id.to_owned(),
-            now: SubscriptionState {
-                status: status.to_owned(),
-                plan: plan.map(|p| p.1.to_owned()),
-            },
-            previous: None,
-        };
-        let words = format!(
-            "subscription {id} is {status}; it was held under customer {}",
-            from.value.customer
-        );
-        Ruled::made(words, fact)
-    } else if held.is_some_and(|h| {
-        h.value.status == status && h.value.plan_key.as_deref() == plan.map(|p| p.0)
-    }) {
-        Ruled::new(
-            true,
-            Change::Unchanged(format!("subscription {id} is already {status}")),
-        )
     } else {
-        let fact = Fact::Subscription {
-            id: id.to_owned(),
-            now: SubscriptionState {
-                status: status.to_owned(),
-                plan: plan.map(|p| p.1.to_owned()),
-            },
-            previous: held.map(|h| SubscriptionState {
-                status: h.value.status.clone(),
-                plan: h.value.plan.clone(),
-            }),
-        };
-        Ruled::made(format!("subscription {id} is {status}"), fact)
+        // No provider moves a subscription between customers, but a payload can name
+        // another customer's: it lands (the newest state wins), as new to this customer.
+        let from = held
+            .filter(|h| h.value.customer != ctx.customer.as_str())
+            .map(|h| h.value.customer.as_str());
+        let previous = held.filter(|_| from.is_none());
+        if previous.is_some_and(|h| {
+            h.value.status == status && h.value.plan_key.as_deref() == plan.map(|p| p.0)
+        }) {
+            let unchanged = format!("subscription {id} is already {status}");
+            Ruled::new(true, Change::Unchanged(unchanged))
+        } else {
+            let fact = Fact::Subscription {
+                id: id.to_owned(),
+                now: SubscriptionState {
+                    status: status.to_owned(),
+                    plan: plan.map(|p| p.1.to_owned()),
+                },
+                previous: previous.map(|h| SubscriptionState {
+                    status: h.value.status.clone(),
+                    plan: h.value.plan.clone(),
+                }),
+            };
+            let words = match from {
+                Some(from) => {
+                    format!("subscription {id} is {status}; it was held under customer {from}")
+                }
+                None => format!("subscription {id} is {status}"),
+            };
+            Ruled::made(words, fact)
+        }
     };
     ruled.written.tied_with = tied_with;
     ruled
@@ -704,50 +700,49 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_later_subscription_state_lands_and_tells_the_previous_one() {
-        let c = CustomerId::parse("cus_1").unwrap();
-        let held = held(sub("trialing", Some("pro")), 1, 100, 2, "evt_a");
-        let ruled = subscription(
-            Some(&held),
+    /// `customer`'s event 2 at 200 s makes sub_1 active on pro, over `held` (event 1, 100 s).
+    fn activate(held: &Held<HeldSubscription>, customer: &str) -> Ruled {
+        let c = CustomerId::parse(customer).unwrap();
+        subscription(
+            Some(held),
             &ctx(&c, 2, 200, "evt_b"),
             "sub_1",
             "active",
             Some(("pro", "pro")),
             Rank(3),
-        );
+        )
+    }
+
+    /// The words and the previous state of a subscription write that landed.
+    fn made(ruled: Ruled) -> (Change, Option<SubscriptionState>) {
         assert!(ruled.writes);
-        assert_eq!(
-            ruled.written.change,
-            Change::Made("subscription sub_1 is active".into())
-        );
         let Some(Fact::Subscription { previous, .. }) = ruled.written.fact else {
             panic!("a subscription fact");
         };
-        assert_eq!(previous.unwrap().status, "trialing");
+        (ruled.written.change, previous)
+    }
+
+    #[test]
+    fn a_later_subscription_state_lands_and_tells_the_previous_one() {
+        let ruled = activate(
+            &held(sub("trialing", Some("pro")), 1, 100, 2, "evt_a"),
+            "cus_1",
+        );
         assert_eq!(ruled.written.tied_with, None);
+        let (change, previous) = made(ruled);
+        assert_eq!(change, Change::Made("subscription sub_1 is active".into()));
+        assert_eq!(previous.unwrap().status, "trialing");
     }
 
     #[test]
     fn a_newer_state_of_another_customers_subscription_lands_and_says_so() {
-        let other = CustomerId::parse("cus_2").unwrap();
-        let held = held(sub("active", Some("pro")), 1, 100, 3, "evt_a");
-        let ruled = subscription(
-            Some(&held),
-            &ctx(&other, 2, 200, "evt_b"),
-            "sub_1",
-            "active",
-            Some(("pro", "pro")),
-            Rank(3),
+        let ruled = activate(
+            &held(sub("active", Some("pro")), 1, 100, 3, "evt_a"),
+            "cus_2",
         );
-        assert!(ruled.writes);
-        assert_eq!(
-            ruled.written.change,
-            Change::Made("subscription sub_1 is active; it was held under customer cus_1".into())
-        );
-        let Some(Fact::Subscription { previous, .. }) = ruled.written.fact else {
-            panic!("a subscription fact");
-        };
+        let (change, previous) = made(ruled);
+        let words = "subscription sub_1 is active; it was held under customer cus_1";
+        assert_eq!(change, Change::Made(words.into()));
         assert_eq!(previous, None, "new to this customer");
     }
 
