@@ -289,34 +289,28 @@ async fn apply_claimed(
     let ctx = customer
         .as_ref()
         .and_then(|c| event_context(event, c, &version));
-    let (status, reason) = match (decision, ctx) {
+    let (status, reason, account) = match (decision, ctx) {
         (Decision::Apply { effects, notes }, Some(ctx)) => {
             return apply_to_account(state, conn, event, source, &ctx, effects, notes).await
         }
-        (Decision::Ignore(reason), Some(ctx)) => {
-            // Nothing of it depends on the account's registers: it reads none and leaves
-            // the account's version alone, so an event of the account applied meanwhile
-            // does not find the account moved (docs/design.md §3.5).
-            state.fault(FaultPoint::BeforeCommit)?;
-            sim::point(Point::WorkerDecided, event.id).await;
-            if !commit::ignored(conn, event, &ctx, &reason).await? {
-                return Err(WorkerError::LeaseLost);
-            }
-            return Ok(applied(event, EventStatus::Ignored, reason, Vec::new()));
-        }
+        // Nothing of it depends on the account's registers: it reads none and leaves the
+        // account's version alone, so an event of the account applied meanwhile does not
+        // find the account moved (docs/design.md §3.5). Its finish writes its log line.
+        (Decision::Ignore(reason), Some(ctx)) => (EventStatus::Ignored, reason, Some(ctx)),
         (Decision::Apply { effects, .. }, None) if customer.is_none() => {
             return remember_links_without_customer(state, conn, event, &effects).await
         }
         (Decision::Apply { .. }, None) => (
             EventStatus::Unprocessable,
             "the event has no provider time".to_owned(),
+            None,
         ),
-        (Decision::Unprocessable(reason), _) => (EventStatus::Unprocessable, reason),
-        (Decision::Ignore(reason), None) => (EventStatus::Ignored, reason),
+        (Decision::Unprocessable(reason), _) => (EventStatus::Unprocessable, reason, None),
+        (Decision::Ignore(reason), None) => (EventStatus::Ignored, reason, None),
     };
     state.fault(FaultPoint::BeforeCommit)?;
     sim::point(Point::WorkerDecided, event.id).await;
-    if !lease::finish_held(conn, event, status, &reason).await? {
+    if !lease::finish_held(conn, event, status, &reason, account.as_ref()).await? {
         return Err(WorkerError::LeaseLost);
     }
     Ok(applied(event, status, reason, Vec::new()))
@@ -657,7 +651,7 @@ async fn remember_links_without_customer(
     let reason = learned.join("; ");
     state.fault(FaultPoint::BeforeCommit)?;
     sim::point(Point::WorkerDecided, event.id).await;
-    if !lease::finish_held(&mut tx, event, status, &reason).await? {
+    if !lease::finish_held(&mut tx, event, status, &reason, None).await? {
         return Err(WorkerError::LeaseLost);
     }
     sim::point(Point::WorkerWritten, event.id).await;

@@ -8,6 +8,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::{retry_delay, MAX_ATTEMPTS};
+use crate::billing::registers::EventContext;
 use crate::domain::{CustomerId, DedupeKey, EventStatus, ProviderTime};
 
 /// An event this worker holds under a lease, typed as it was stored.
@@ -106,32 +107,53 @@ pub async fn still_held_locking(
     Ok(held)
 }
 
-/// Finishes an event that writes nothing else through `commit` (unprocessable, ignored
-/// without an account, or links without a customer, inside their transaction), if the
-/// lease is still this worker's. Returns whether it was.
+/// Finishes an event that writes nothing else through `commit`, if the lease is still this
+/// worker's: unprocessable, ignored, or links without a customer (inside their
+/// transaction). With `account` (an event about an account that its rules ignore outright)
+/// the same statement writes the account's log line and the account row if the customer is
+/// new; it neither checks nor moves the account's version, since nothing of it was decided
+/// from the registers (docs/design.md §3.5). A line that says `applied` stays: a replay that
+/// finds its work done does not rewrite history. Returns whether the lease held.
 pub async fn finish_held(
     conn: &mut PgConnection,
     event: &Claimed,
     status: EventStatus,
     reason: &str,
+    account: Option<&EventContext<'_>>,
 ) -> Result<bool, sqlx::Error> {
     debug_assert!(status.is_final());
-    let finished = sqlx::query!(
+    sqlx::query_scalar!(
         r#"
-        UPDATE inbox_events
-        SET status = $3, reason = $4, processed_at = inbox_now(), locked_until = NULL,
-            next_attempt_at = NULL, last_error = NULL
-        WHERE id = $1 AND status = 'processing' AND attempts = $2
+        WITH finished AS (
+            UPDATE inbox_events
+            SET status = $3, reason = $4, processed_at = inbox_now(), locked_until = NULL,
+                next_attempt_at = NULL, last_error = NULL
+            WHERE id = $1 AND status = 'processing' AND attempts = $2
+            RETURNING id
+        ), account AS (
+            INSERT INTO accounts (source, customer_id, version, effect_seq)
+            SELECT $5, $6, 1, 0 FROM finished WHERE $5::text IS NOT NULL
+            ON CONFLICT (source, customer_id) DO NOTHING
+        ), logged AS (
+            INSERT INTO account_log AS l (event_id, source, customer_id, event_type, occurred_at, outcome, reason)
+            SELECT $1, $5, $6, $7, $8, $3, $4 FROM finished WHERE $5::text IS NOT NULL
+            ON CONFLICT (event_id) DO UPDATE
+                SET outcome = EXCLUDED.outcome, reason = EXCLUDED.reason, logged_at = inbox_now()
+                WHERE l.outcome <> 'applied'
+        )
+        SELECT EXISTS (SELECT 1 FROM finished) AS "held!"
         "#,
         event.id,
         event.attempts,
         status.as_str(),
         reason,
+        account.map(|a| a.source),
+        account.map(|a| a.customer.as_str()),
+        account.map(|a| a.event_type),
+        account.map(|a| a.version.at.as_datetime()),
     )
-    .execute(conn)
-    .await?
-    .rows_affected();
-    Ok(finished == 1)
+    .fetch_one(conn)
+    .await
 }
 
 /// Records a failed attempt: `failed` with the next attempt's time, or `dead` after the last.
