@@ -45,6 +45,12 @@ async fn deliver(app: &TestApp, events: &[&Value]) {
     }
 }
 
+/// Delivers and applies `events` in `order` (indexes into `events`).
+async fn deliver_in(app: &TestApp, events: &[Value], order: &[usize]) {
+    let ordered: Vec<&Value> = order.iter().map(|i| &events[*i]).collect();
+    deliver(app, &ordered).await;
+}
+
 /// Every order of `n` items, as index lists.
 fn permutations(n: usize) -> Vec<Vec<usize>> {
     if n == 0 {
@@ -262,13 +268,42 @@ async fn a_slow_provider_read_holds_neither_the_accounts_lock_nor_a_transaction(
     assert_settled_by_the_read(&app, "cus_slow").await;
 }
 
+/// Two workers' points: each waits at its read of the account's registers until both have
+/// read (so both read the same tie before either writes), and the `second` writes only once
+/// the other has committed, however the machine schedules them.
+struct BothRead {
+    read: Arc<tokio::sync::Barrier>,
+    committed: Arc<tokio::sync::Notify>,
+    second: bool,
+}
+
+impl Interrupts for BothRead {
+    fn at(&self, point: Point, _event_id: i64) -> Option<BoxFuture<'static, ()>> {
+        let (read, committed) = (self.read.clone(), self.committed.clone());
+        match (point, self.second) {
+            (Point::WorkerRead, _) => Some(Box::pin(async move {
+                read.wait().await;
+            })),
+            (Point::WorkerCommitted, false) => {
+                committed.notify_one();
+                None
+            }
+            (Point::WorkerDecided, true) => Some(Box::pin(async move {
+                committed.notified().await;
+                // The permit goes back: a write of this worker under the lock does not wait.
+                committed.notify_one();
+            })),
+            _ => None,
+        }
+    }
+}
+
 /// Two workers each read the provider about the same tie; the first to write moves the
 /// register, so the other finds another tie under the lock than the one its read settled. It
 /// fails and, retried, reads again: the end state is the provider's in either order.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_tie_that_moves_during_the_read_is_read_again(pool: PgPool) {
     let mut app = TestApp::spawn(pool.clone()).await;
-    // The read's 2 s: both workers read the tie before either writes.
     let (api, event) = slow_subscription_read("move").await;
     with_stripe_api(&mut app.worker, &api);
     let mut second = test_worker(pool.clone());
@@ -283,9 +318,17 @@ async fn a_tie_that_moves_during_the_read_is_read_again(pool: PgPool) {
         ids.push(body["event_id"].as_i64().unwrap());
     }
 
+    let (read, committed) = (Arc::new(tokio::sync::Barrier::new(2)), Arc::default());
+    let points = |second| -> Arc<dyn Interrupts> {
+        Arc::new(BothRead {
+            read: read.clone(),
+            committed: Arc::clone(&committed),
+            second,
+        })
+    };
     let (one, other) = tokio::join!(
-        process_event(&app.worker, ids[0]),
-        process_event(&second, ids[1])
+        with_interrupts(points(false), process_event(&app.worker, ids[0])),
+        with_interrupts(points(true), process_event(&second, ids[1]))
     );
     let outcomes = [one.unwrap(), other.unwrap()];
     let moved: Vec<usize> = (0..2)
@@ -422,8 +465,7 @@ async fn an_unknown_price_never_drops_the_status_change(pool: PgPool) {
                 subscription(&sub, &customer, "canceled", "price_legacy"),
             ),
         ];
-        let ordered: Vec<&Value> = order.iter().map(|i| &events[*i]).collect();
-        deliver(&app, &ordered).await;
+        deliver_in(&app, &events, order).await;
         let account = app.account("stripe", &customer, "2026-03").await;
         assert_eq!(account.plan, "free", "order {order:?}");
         assert_eq!(account.subscriptions[0].status, "canceled");
@@ -492,8 +534,7 @@ async fn a_basil_refund_ends_its_invoice_in_every_order(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     for (n, order) in permutations(3).iter().enumerate() {
         let events = basil_refund_events(n);
-        let ordered: Vec<&Value> = order.iter().map(|i| &events[*i]).collect();
-        deliver(&app, &ordered).await;
+        deliver_in(&app, &events, order).await;
         let account = app.account("stripe", &format!("cus_b{n}"), "2026-03").await;
         let payments: Vec<(String, String)> = account
             .payments
@@ -722,8 +763,7 @@ async fn a_subscription_two_customers_name_ends_under_its_newest_state_in_either
                 subscription(&id, &b, "active", "price_team"),
             ),
         ];
-        let ordered: Vec<&Value> = order.iter().map(|i| &events[*i]).collect();
-        deliver(&app, &ordered).await;
+        deliver_in(&app, &events, order).await;
         let older = app.account("stripe", &a, "2026-03").await;
         let newer = app.account("stripe", &b, "2026-03").await;
         assert!(older.subscriptions.is_empty(), "order {order:?}");
@@ -770,8 +810,7 @@ async fn an_invoice_two_customers_name_is_listed_under_its_newest_state_in_eithe
                 body(&b, "open"),
             ),
         ];
-        let ordered: Vec<&Value> = order.iter().map(|i| &events[*i]).collect();
-        deliver(&app, &ordered).await;
+        deliver_in(&app, &events, order).await;
         let listed = |customer: String| {
             let app = &app;
             async move {
