@@ -94,32 +94,59 @@ fn cpu_ticks() -> Option<(u64, u64)> {
     Some((busy, busy + idle + iowait + steal))
 }
 
-/// How much of the machine's cores a phase used, from its start.
-struct CpuMeter(Option<(u64, u64)>);
+/// This process's CPU time so far, every thread (user and system), in the same ticks: the
+/// caller's share of a phase (the handlers, sqlx, the SQS client and the load itself).
+fn own_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces; the fields after its closing parenthesis
+    // start at field 3, so utime and stime (14 and 15) are the 12th and 13th of them.
+    let mut rest = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let user: u64 = rest.next()?.parse().ok()?;
+    let system: u64 = rest.next()?.parse().ok()?;
+    Some(user + system)
+}
+
+/// Ticks read at one moment: the machine's busy and all, and this process's own.
+type Ticks = Option<((u64, u64), u64)>;
+
+fn ticks() -> Ticks {
+    cpu_ticks().zip(own_ticks())
+}
+
+/// How much of the machine's cores a phase used, from its start, and how much of that was
+/// this process's.
+struct CpuMeter(Ticks);
 
 impl CpuMeter {
     /// /proc/stat counts in USER_HZ, 100 a second on Linux whatever the kernel's own tick.
     const MS_PER_TICK: f64 = 10.0;
 
     fn start() -> Self {
-        Self(cpu_ticks())
+        Self(ticks())
     }
 
-    /// The share of all cores busy since the start, and busy CPU milliseconds per operation
-    /// (null where /proc/stat is missing).
+    /// The share of all cores busy since the start; busy CPU milliseconds per operation, and
+    /// of them this process's (`own`) and every other's (`others`: Postgres, the SQS server,
+    /// the kernel's network work). Nulls where /proc is missing.
     fn since(&self, operations: usize) -> Value {
-        self.until(cpu_ticks(), operations)
+        self.until(ticks(), operations)
     }
 
     /// The same, up to `end` (ticks read earlier).
-    fn until(&self, end: Option<(u64, u64)>, operations: usize) -> Value {
-        let (Some((busy0, all0)), Some((busy1, all1))) = (self.0, end) else {
-            return json!({"busy": null, "ms_per_op": null});
+    fn until(&self, end: Ticks, operations: usize) -> Value {
+        let (Some(((busy0, all0), own0)), Some(((busy1, all1), own1))) = (self.0, end) else {
+            return json!({"busy": null, "ms_per_op": null, "own_ms_per_op": null,
+                          "others_ms_per_op": null});
         };
         let (busy, all) = ((busy1 - busy0) as f64, (all1 - all0).max(1) as f64);
+        // Each count is rounded to its own ticks: never let this process exceed the whole.
+        let own = ((own1 - own0) as f64).min(busy);
+        let per_op = |ticks: f64| ticks * Self::MS_PER_TICK / operations.max(1) as f64;
         json!({
             "busy": busy / all,
-            "ms_per_op": busy * Self::MS_PER_TICK / operations.max(1) as f64,
+            "ms_per_op": per_op(busy),
+            "own_ms_per_op": per_op(own),
+            "others_ms_per_op": per_op(busy - own),
         })
     }
 }
@@ -382,6 +409,12 @@ pub async fn run(
         r(&i["ratio_to_cores_bound"]),
     ]);
     t.add_row(vec![
+        "intake vs what the services alone allow (a caller that costs nothing)".into(),
+        f(&i["per_sec"]),
+        f(&i["services_bound_per_sec"]),
+        r(&i["ratio_to_services_bound"]),
+    ]);
+    t.add_row(vec![
         "intake p50 ms".into(),
         f(&i["p50_ms"]),
         f(&i["raw_p50_ms"]),
@@ -441,11 +474,13 @@ pub async fn run(
         .map(|(name, key, per)| {
             let p = &cpu[*key];
             format!(
-                "  {name}: {} of the cores busy, {} CPU ms per {per}",
+                "  {name}: {} of the cores busy, {} CPU ms per {per} ({} this process, {} the others)",
                 p["busy"]
                     .as_f64()
                     .map_or("-".into(), |b| format!("{:.0}%", b * 100.0)),
-                r(&p["ms_per_op"])
+                r(&p["ms_per_op"]),
+                r(&p["own_ms_per_op"]),
+                r(&p["others_ms_per_op"])
             )
         })
         .collect::<Vec<_>>()
@@ -540,11 +575,21 @@ async fn bench(
         .map(|(store, send)| store + send * sends_per_delivery)
         .filter(|ms| *ms > 0.0)
         .map(|ms| cores * 1000.0 / ms);
+    // What the cores allow a caller that cost nothing at all: only the other processes'
+    // CPU (Postgres, the SQS server, the kernel's network work) per delivery when each new
+    // event is sent right after its store, as the intake must (the message names the row).
+    let services_bound = outcome["cpu"]["store_send"]["others_ms_per_op"]
+        .as_f64()
+        .filter(|ms| *ms > 0.0)
+        .map(|ms| cores * 1000.0 / ms);
     outcome["cpu"]["send_alone"] = send_cpu;
     outcome["cpu"]["cores"] = json!(cores);
     outcome["intake"]["cores_bound_per_sec"] = json!(cores_bound);
     outcome["intake"]["ratio_to_cores_bound"] =
         json!(cores_bound.map(|b| intake_per_sec / b.max(f64::MIN_POSITIVE)));
+    outcome["intake"]["services_bound_per_sec"] = json!(services_bound);
+    outcome["intake"]["ratio_to_services_bound"] =
+        json!(services_bound.map(|b| intake_per_sec / b.max(f64::MIN_POSITIVE)));
     outcome["pg_delay_ms"] = json!(args.pg_delay_ms);
     outcome["pg_round_trip_ms"] = json!(round_trip);
     outcome["pg_round_trip_direct_ms"] = json!(round_trip_direct);
@@ -788,7 +833,7 @@ async fn measure(
                 idle = match pumped {
                     Ok(r) if r.received > 0 => {
                         *last_work.lock().unwrap_or_else(|e| e.into_inner()) =
-                            (Instant::now(), cpu_ticks());
+                            (Instant::now(), ticks());
                         0
                     }
                     Ok(_) => idle + 1,

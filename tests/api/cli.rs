@@ -492,10 +492,21 @@ async fn the_bench_reports_every_figure_and_leaves_no_database_behind() {
                     .is_some_and(|b| (0.0..=1.0).contains(&b)),
                 "cpu {phase}: {report}"
             );
+            let ms = |key: &str| cpu[key].as_f64().filter(|ms| *ms >= 0.0);
+            let (all, own, others) = (ms("ms_per_op"), ms("own_ms_per_op"), ms("others_ms_per_op"));
+            assert!(all.is_some() && own.is_some(), "cpu {phase}: {report}");
+            // This process's share and the others' make up the whole.
             assert!(
-                cpu["ms_per_op"].as_f64().is_some_and(|ms| ms >= 0.0),
+                own.zip(others)
+                    .zip(all)
+                    .is_some_and(|((own, others), all)| (own + others - all).abs() < 1e-9),
                 "cpu {phase}: {report}"
             );
+        }
+        // The bounds from those shares: null only where a phase fell within one tick.
+        for bound in ["cores_bound_per_sec", "services_bound_per_sec"] {
+            let b = &report["intake"][bound];
+            assert!(b.is_null() || positive(b), "intake {bound}: {report}");
         }
         assert!(positive(&report["cpu"]["cores"]), "{report}");
         assert!(positive(&report["stored"]["bytes_per_event"]));
