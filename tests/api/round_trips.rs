@@ -4,7 +4,7 @@
 //! a connection killed between two deliveries is replaced and the delivery still stored.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use chrono::Utc;
@@ -16,13 +16,24 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::helpers::*;
 
-/// The client's round trips through the proxy.
+/// The proxy's handles: the client's round trips through it, and a switch that cuts the
+/// reply to the next statement.
 #[derive(Clone, Default)]
-struct Trips(Arc<AtomicUsize>);
+struct Trips {
+    count: Arc<AtomicUsize>,
+    cut_next_reply: Arc<AtomicBool>,
+}
 
 impl Trips {
     fn take(&self) -> usize {
-        self.0.swap(0, Ordering::SeqCst)
+        self.count.swap(0, Ordering::SeqCst)
+    }
+
+    /// The next statement executed through the proxy reaches the server and runs there
+    /// (committed, if it commits), but its reply never reaches the client: the connection
+    /// is closed instead, as a network or a failover can do.
+    fn cut_next_reply(&self) {
+        self.cut_next_reply.store(true, Ordering::SeqCst);
     }
 }
 
@@ -39,23 +50,45 @@ async fn counting_proxy(upstream: SocketAddr) -> (u16, Trips) {
                 let server = TcpStream::connect(upstream).await.unwrap();
                 let (mut client_read, mut client_write) = client.into_split();
                 let (mut server_read, mut server_write) = server.into_split();
+                let cut = Arc::new(AtomicBool::new(false));
+                let reply_cut = cut.clone();
                 tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                    let _ = forward_replies(&mut server_read, &mut client_write, &reply_cut).await;
                 });
-                let _ = forward_counting(&mut client_read, &mut server_write, &trips).await;
+                let _ = forward_counting(&mut client_read, &mut server_write, &trips, &cut).await;
             });
         }
     });
     (port, trips)
 }
 
+/// Copies the server's replies to the client until `cut` is set; then closes the client's
+/// side instead of copying what came.
+async fn forward_replies(
+    from: &mut (impl AsyncReadExt + Unpin),
+    to: &mut (impl AsyncWriteExt + Unpin),
+    cut: &AtomicBool,
+) -> std::io::Result<()> {
+    let mut buffer = vec![0; 64 * 1024];
+    loop {
+        let read = from.read(&mut buffer).await?;
+        if read == 0 || cut.load(Ordering::SeqCst) {
+            return to.shutdown().await;
+        }
+        to.write_all(&buffer[..read]).await?;
+    }
+}
+
 /// Copies the client's messages to the server, counting each `Sync` and `Query`. The
 /// startup messages (no type byte; an SSL request first, refused here) are copied as they
-/// come.
+/// come. When the proxy is told to cut the next reply, the `Sync` that ends the next
+/// `Execute` sets this connection's `cut` before it goes: the server answers a statement
+/// only at its `Sync`, so nothing of that answer reaches the client.
 async fn forward_counting(
     from: &mut (impl AsyncReadExt + Unpin),
     to: &mut (impl AsyncWriteExt + Unpin),
     trips: &Trips,
+    cut: &AtomicBool,
 ) -> std::io::Result<()> {
     const SSL_REQUEST: u32 = 80_877_103;
     loop {
@@ -69,13 +102,19 @@ async fn forward_counting(
             break;
         }
     }
+    let mut executed = false;
     loop {
         let kind = from.read_u8().await?;
         let len = from.read_u32().await?;
         let mut rest = vec![0; len as usize - 4];
         from.read_exact(&mut rest).await?;
+        executed |= kind == b'E';
         if kind == b'S' || kind == b'Q' {
-            trips.0.fetch_add(1, Ordering::SeqCst);
+            trips.count.fetch_add(1, Ordering::SeqCst);
+            if executed && trips.cut_next_reply.swap(false, Ordering::SeqCst) {
+                cut.store(true, Ordering::SeqCst);
+            }
+            executed = false;
         }
         to.write_u8(kind).await?;
         to.write_u32(len).await?;
@@ -162,6 +201,45 @@ async fn one_intake_delivery_is_one_round_trip_and_a_killed_connection_is_replac
     assert_eq!(body["status"], "stored");
     let id = app.event_id("stripe", "evt_rt9").await;
     assert_eq!(app.event(id).await.seen_count, 1);
+}
+
+/// The reply to a delivery's statement is lost after the statement committed (a network or
+/// a failover closes the connection in between): the intake tries once more on a new
+/// connection and finds the event its first attempt stored, marked for a send that never
+/// happened. It sends it now, rather than leaving it to the rescue five minutes later.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_delivery_whose_reply_was_lost_after_its_commit_is_still_sent(pool: PgPool) {
+    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
+    let sqs = sqs_client().await;
+    let queue_url = create_queue(&sqs).await;
+    let queue = shared::queue::Queue::new(sqs.clone(), queue_url.clone());
+    let app = TestApp::with_parts(pool.clone(), through(&pool, port), sqs, queue_url, queue).await;
+    let t = Utc::now().timestamp();
+    let first = stripe_delivery(&stripe_event("evt_cut0", "cus_cut", t));
+    assert_eq!(app.post("stripe", &first).await.0, StatusCode::OK);
+    app.drain_queue().await;
+
+    trips.cut_next_reply();
+    let (status, body) = app
+        .post(
+            "stripe",
+            &stripe_delivery(&stripe_event("evt_cut1", "cus_cut", t)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let id = app.event_id("stripe", "evt_cut1").await;
+    assert_eq!(body["event_id"], id);
+    assert_eq!(
+        app.drain_queue().await,
+        [id],
+        "the event is on its way to a worker"
+    );
+    let event = app.event(id).await;
+    assert_eq!(event.status, "received");
+    assert!(event.enqueued_at.is_some(), "marked as sent");
+    // The second attempt cannot tell its own first from a provider's copy that came
+    // meanwhile: the one delivery is on record twice.
+    assert_eq!(app.verdicts(id).await, ["stored", "duplicate"]);
 }
 
 /// Waits until every connection of `pool` is back in it: sqlx pings a connection on its

@@ -343,6 +343,13 @@ impl<'a> Prepared<'a> {
 
 /// Like [`store_verified`], on a function instance's held connection: one round trip. A
 /// connection found broken is replaced, and the statement tried once more.
+///
+/// A statement whose connection broke after it was sent may have committed: only its reply
+/// was lost. The second attempt then finds the event the first stored and marked for a send
+/// that never happened, and takes it for a copy whose message is on its way. So after such
+/// a break, a copy of a pending event is sent whether or not this statement marked it: at
+/// worst one message more, which the worker's claim makes nothing of. The second attempt
+/// records one more delivery; it cannot tell its own first from a provider's copy.
 pub async fn store_verified_held(
     held: &crate::db::Held,
     source: &str,
@@ -354,6 +361,8 @@ pub async fn store_verified_held(
     let delivery = prepared.delivery();
     let mut conn = held.lock().await;
     let mut retried = false;
+    // Whether the first attempt broke after its statement reached the server.
+    let mut maybe_committed = false;
     loop {
         let result = match conn.get().await {
             Ok(c) => store_or_refuse(c, &delivery).await,
@@ -367,6 +376,14 @@ pub async fn store_verified_held(
                 }
                 tracing::info!(error = %error, "the held connection is broken; trying a new one");
                 retried = true;
+                maybe_committed = !matches!(error, StoreError::NoConnection(_));
+            }
+            Ok(stored) if maybe_committed && !delivery.fetched => {
+                let resend = stored.verdict == Verdict::Duplicate && stored.status.is_pending();
+                return Ok(Stored {
+                    marked: stored.marked || resend,
+                    ..stored
+                });
             }
             other => return other,
         }
