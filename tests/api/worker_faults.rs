@@ -249,6 +249,49 @@ async fn receive(app: &TestApp, n: usize) -> Vec<aws_sdk_sqs::types::Message> {
     messages
 }
 
+/// A statement writing an event's row while a worker claims the event (a copy being counted
+/// by the intake, a reconciliation storing the same event) makes the claim wait for it, not
+/// pass the event by. A claim that skipped the locked row acknowledged the message, and the
+/// event waited for the rescue, five minutes later.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_event_whose_row_is_being_written_when_claimed_is_still_applied(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let id = store(
+        &app,
+        &stripe_subscription("evt_busy", "cus_busy", "sub_busy", "active", "price_pro", T0),
+    )
+    .await;
+    // A copy being counted: the intake's statement holds the row's lock while it runs.
+    let mut copy = pool.begin().await.unwrap();
+    sqlx::query("UPDATE inbox_events SET seen_count = seen_count + 1 WHERE id = $1")
+        .bind(id)
+        .execute(&mut *copy)
+        .await
+        .unwrap();
+    let copy_commits = async {
+        // Once the worker's claim waits on the copy (or after 5 s, if it never does).
+        for _ in 0..500 {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        copy.commit().await.unwrap();
+    };
+    let (handed, ()) = tokio::join!(app.run_worker(), copy_commits);
+    assert_eq!(handed, 1);
+    let progress = progress(&pool, id).await;
+    assert_eq!(progress.status, "applied", "{progress:?}");
+    assert_eq!(app.event(id).await.seen_count, 2);
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn two_workers_racing_on_one_batch_apply_each_event_exactly_once(pool: PgPool) {
     let app = TestApp::spawn(pool).await;

@@ -29,6 +29,13 @@ pub struct Claimed {
 /// `received`, `failed` and due, or `processing` with an expired lease. One statement for a
 /// whole SQS batch; it commits at once, so each lease outlives a crash and another worker
 /// can take the event when it expires. Returned in the order of `event_ids`.
+///
+/// A row that another statement is writing (a copy being counted, a reconciliation storing
+/// the same event, another worker's claim or write) is waited for and then checked again,
+/// not skipped: a claim that passed it by would have its message acknowledged, and the event
+/// would wait for the rescue. Every such statement is short (no provider read is made inside
+/// a worker's transaction). The rows are locked in id order, so two claims of overlapping
+/// batches cannot deadlock.
 pub async fn claim(
     conn: &mut PgConnection,
     event_ids: &[i64],
@@ -47,7 +54,8 @@ pub async fn claim(
               AND (status = 'received'
                    OR (status = 'failed' AND next_attempt_at <= inbox_now())
                    OR (status = 'processing' AND locked_until < inbox_now() AND attempts < $3))
-            FOR UPDATE SKIP LOCKED
+            ORDER BY id
+            FOR UPDATE
         )
         RETURNING e.id, e.source, e.dedupe_key AS "dedupe_key: DedupeKey", e.type AS event_type,
                   e.payload, e.customer_key AS "customer: CustomerId",
