@@ -5,7 +5,7 @@
 //! each round trip (`crate::delay`).
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -160,7 +160,13 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 }
 
 /// The backlog: distinct events over all configured providers, 30% of deliveries copies, shuffled.
-fn workload(args: &BenchArgs, sender: &crate::send::Sender) -> anyhow::Result<Vec<Delivery>> {
+/// Event ids are `{prefix}{n}`: a second workload of the same run names other events.
+fn workload(
+    args: &BenchArgs,
+    sender: &crate::send::Sender,
+    deliveries: usize,
+    prefix: &str,
+) -> anyhow::Result<Vec<Delivery>> {
     use rand::seq::SliceRandom;
     use rand::Rng;
     let usable: Vec<_> = sender
@@ -172,8 +178,9 @@ fn workload(args: &BenchArgs, sender: &crate::send::Sender) -> anyhow::Result<Ve
         !usable.is_empty(),
         "INBOX_SOURCES has no source this bench can sign for"
     );
-    let distinct = args.deliveries * 7 / 10;
-    let mut deliveries = Vec::with_capacity(args.deliveries);
+    let total = deliveries;
+    let distinct = total * 7 / 10;
+    let mut deliveries = Vec::with_capacity(total);
     for n in 0..distinct {
         let source = usable[n % usable.len()];
         let kinds = fixtures::kinds(source.kind);
@@ -189,7 +196,7 @@ fn workload(args: &BenchArgs, sender: &crate::send::Sender) -> anyhow::Result<Ve
             at: Utc::now() - chrono::Duration::seconds((n % 3600) as i64),
             object_id: Some(format!("obj_{}", n % 1500)),
             status: None,
-            event_id: Some(format!("bench_{n}")),
+            event_id: Some(format!("{prefix}{n}")),
         };
         let (id, payload) = sender.build(&source.name, &spec)?;
         let signed = sender.sign(&source.name, &id, &payload)?;
@@ -201,7 +208,7 @@ fn workload(args: &BenchArgs, sender: &crate::send::Sender) -> anyhow::Result<Ve
     }
     // Copies: the same signed deliveries again, then everything in a shuffled order.
     let mut rng = rand::thread_rng();
-    for _ in distinct..args.deliveries {
+    for _ in distinct..total {
         let original = &deliveries[rng.gen_range(0..distinct)];
         let copy = Delivery {
             source: original.source.clone(),
@@ -503,9 +510,14 @@ async fn bench(
     tag: &str,
     [db, raw_db, both_db]: &[String; 3],
 ) -> anyhow::Result<Value> {
-    eprintln!("bench: preparing {} signed deliveries", args.deliveries);
+    let steady_count = args.deliveries / 2;
+    eprintln!(
+        "bench: preparing {} signed deliveries, and {steady_count} more for the steady phase",
+        args.deliveries
+    );
     let sender = args.signing.sender("").await?;
-    let deliveries = workload(args, &sender)?;
+    let deliveries = workload(args, &sender, args.deliveries, "bench_")?;
+    let steady_deliveries = workload(args, &sender, steady_count, "steady_")?;
     // Every pool of the measured phases goes through the proxy, and so does each connection
     // opened from a pool's options (the held ones of the intake and the raw store).
     let proxy = delay_proxy(server, args.pg_delay_ms)?;
@@ -547,7 +559,15 @@ async fn bench(
         Arc::new(Queue::new(sqs.clone(), both_url.clone())),
     );
     let outcome = measure(
-        args, counter, catalog, deliveries, pool, raw_pool, both, &sqs, &queue_url,
+        args,
+        counter,
+        catalog,
+        (deliveries, steady_deliveries),
+        pool,
+        raw_pool,
+        both,
+        &sqs,
+        &queue_url,
     )
     .await;
     let _ = sqs.delete_queue().queue_url(&queue_url).send().await;
@@ -634,6 +654,256 @@ async fn send_alone(
     Ok(count as f64 / secs)
 }
 
+/// One delivery through an intake instance's handler, as API Gateway hands it over.
+async fn deliver(state: &IntakeState, d: Delivery) {
+    let mut builder = http::Request::builder()
+        .method("POST")
+        .uri(format!("/webhooks/{}", d.source));
+    for (k, v) in &d.headers {
+        builder = builder.header(k, v);
+    }
+    if let Ok(request) = builder.body(lambda_http::Body::from(d.body)) {
+        let _ = shared::handlers::intake::handle(state, request).await;
+    }
+}
+
+/// Events applied per second of the drain.
+fn worker_rate(applied: i64, secs: f64) -> f64 {
+    applied as f64 / secs.max(f64::MIN_POSITIVE)
+}
+
+/// How the pollers receive.
+#[derive(Clone, Copy)]
+enum Polls {
+    /// Long polls of a second: for a backlog, where every receive fills its batch at once.
+    Long,
+    /// A receive that does not wait, and 10 ms between receives that found nothing. The local
+    /// SQS server answers a long poll only once it holds a whole batch of 10 or the wait is
+    /// over, where SQS answers as soon as it has a message: under a steady load its long polls
+    /// would time its batching, not the pipeline. One poller per invocation, so that the empty
+    /// receives cost the machine little.
+    Short,
+}
+
+impl Polls {
+    fn pollers(self, concurrency: usize) -> usize {
+        match self {
+            Self::Long => concurrency * 2,
+            Self::Short => concurrency,
+        }
+    }
+}
+
+/// The worker's pollers, as the event source mapping runs them: they receive and delete on
+/// their own, and at most `concurrency` invocations of the handler run at once (for a backlog,
+/// twice as many pollers as invocations keep the invocations fed while other pollers wait on
+/// SQS). Each
+/// stops after `idle` empty polls in a row once `stop` is set, or at the deadline; each batch
+/// with work stamps `last_work`.
+#[allow(clippy::too_many_arguments)]
+fn spawn_pollers(
+    worker: &Arc<WorkerState>,
+    sqs: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    concurrency: usize,
+    deadline: Instant,
+    polls: Polls,
+    (stop, idle): (Arc<AtomicBool>, usize),
+    last_work: Arc<std::sync::Mutex<(Instant, Ticks)>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let wait_secs = match polls {
+        Polls::Long => 1,
+        Polls::Short => 0,
+    };
+    let invocations = Arc::new(tokio::sync::Semaphore::new(concurrency));
+    (0..polls.pollers(concurrency))
+        .map(|_| {
+            let (worker, sqs, queue_url) = (worker.clone(), sqs.clone(), queue_url.to_owned());
+            let (last_work, invocations, stop) =
+                (last_work.clone(), invocations.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut empty = 0;
+                while !(empty >= idle && stop.load(Ordering::SeqCst)) && Instant::now() < deadline {
+                    let pumped =
+                        shared::dev::bridge::pump_once(&sqs, &queue_url, wait_secs, |event| {
+                            let (worker, invocations) = (worker.clone(), invocations.clone());
+                            async move {
+                                let _invocation = invocations.acquire().await?;
+                                Ok(shared::handlers::worker::handle_batch(&worker, event).await)
+                            }
+                        })
+                        .await;
+                    empty = match pumped {
+                        Ok(r) if r.received > 0 => {
+                            *last_work.lock().unwrap_or_else(|e| e.into_inner()) =
+                                (Instant::now(), ticks());
+                            0
+                        }
+                        Ok(_) => {
+                            if let Polls::Short = polls {
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                            }
+                            empty + 1
+                        }
+                        Err(e) => {
+                            eprintln!("bench: {e:#}");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            empty
+                        }
+                    };
+                }
+            })
+        })
+        .collect()
+}
+
+/// The pipeline under a steady load: deliveries offered at `offered` a second (open loop:
+/// each at its time, whether or not the ones before were answered, on at most `concurrency`
+/// intake instances at once) while the worker's pollers apply what arrives. Reports how
+/// long an event waited from its store to its final status (the rows' own times, so the
+/// SQS hop, the poll and the apply are all in it), and the intake's answers meanwhile.
+async fn steady(
+    args: &BenchArgs,
+    instances: &Arc<Vec<Arc<IntakeState>>>,
+    worker: &Arc<WorkerState>,
+    (sqs, queue_url): (&aws_sdk_sqs::Client, &str),
+    pool: &PgPool,
+    deliveries: Vec<Delivery>,
+    offered: f64,
+) -> anyhow::Result<Value> {
+    eprintln!("bench: steady load, {offered:.0} deliveries/s");
+    let receive_floor = receive_floor_ms(sqs, queue_url).await?;
+    let count = deliveries.len();
+    let since: chrono::DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+    let start = Instant::now();
+    let cpu = CpuMeter::start();
+    let deadline = start + Duration::from_secs(900);
+    let stop = Arc::new(AtomicBool::new(false));
+    let last_work = Arc::new(std::sync::Mutex::new((start, cpu.0)));
+    let pollers = spawn_pollers(
+        worker,
+        sqs,
+        queue_url,
+        args.concurrency,
+        deadline,
+        Polls::Short,
+        (stop.clone(), 1),
+        last_work,
+    );
+    // Free intake instances: a delivery waits for one only when all are answering.
+    let (free, mut next_free) = tokio::sync::mpsc::unbounded_channel();
+    for slot in 0..instances.len() {
+        let _ = free.send(slot);
+    }
+    let interval = Duration::from_secs_f64(1.0 / offered.max(1.0));
+    let mut answers = Vec::with_capacity(count);
+    for (n, d) in deliveries.into_iter().enumerate() {
+        tokio::time::sleep_until((start + interval * n as u32).into()).await;
+        let slot = next_free
+            .recv()
+            .await
+            .context("the intake instances are gone")?;
+        let (state, free) = (instances[slot].clone(), free.clone());
+        answers.push(tokio::spawn(async move {
+            let begun = Instant::now();
+            deliver(&state, d).await;
+            let _ = free.send(slot);
+            begun.elapsed()
+        }));
+    }
+    let mut latencies = Vec::with_capacity(count);
+    for answer in answers {
+        latencies.extend(answer.await.ok());
+    }
+    latencies.sort();
+    let offered_secs = start.elapsed().as_secs_f64();
+    // Every event of the phase final, or the deadline: then the pollers stop.
+    let events = loop {
+        let (events, waiting): (i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE status NOT IN ('applied', 'ignored', 'unprocessable', 'dead'))
+             FROM inbox_events WHERE received_at >= $1",
+        )
+        .bind(since)
+        .fetch_one(pool)
+        .await?;
+        if waiting == 0 || Instant::now() >= deadline {
+            break events;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let cpu = cpu.since(count);
+    stop.store(true, Ordering::SeqCst);
+    for p in pollers {
+        let _ = p.await;
+    }
+    let (p50, p99, max): (Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), max(ms)
+         FROM (SELECT extract(epoch FROM processed_at - received_at)::float8 * 1000 AS ms
+               FROM inbox_events WHERE received_at >= $1 AND processed_at IS NOT NULL) AS waited",
+    )
+    .bind(since)
+    .fetch_one(pool)
+    .await?;
+    Ok(json!({
+        "offered_per_sec": offered,
+        "achieved_per_sec": count as f64 / offered_secs,
+        "deliveries": count,
+        "events": events,
+        "stored_to_final_p50_ms": p50,
+        "stored_to_final_p99_ms": p99,
+        "stored_to_final_max_ms": max,
+        "intake_p50_ms": percentile(&latencies, 0.5),
+        "intake_p99_ms": percentile(&latencies, 0.99),
+        "sqs_receive_floor_ms": receive_floor,
+        "cpu": cpu,
+    }))
+}
+
+/// What the local SQS server alone adds to an event's wait: one message sent to the empty
+/// queue, then received as the steady phase's pollers receive (no wait, up to 10); the
+/// median of 20. The server scans its queue every 10 ms and answers a receive with fewer
+/// messages than asked for only 40 ms after it came, where SQS answers at once.
+async fn receive_floor_ms(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> anyhow::Result<f64> {
+    let mut waits = Vec::new();
+    for n in 0..20 {
+        sqs.send_message()
+            .queue_url(queue_url)
+            .message_body(format!("floor-{n}"))
+            .send()
+            .await
+            .context("SendMessage")?;
+        let sent = Instant::now();
+        let message = loop {
+            let received = sqs
+                .receive_message()
+                .queue_url(queue_url)
+                .max_number_of_messages(10)
+                .wait_time_seconds(0)
+                .send()
+                .await
+                .context("ReceiveMessage")?;
+            if let Some(message) = received.messages.unwrap_or_default().pop() {
+                break message;
+            }
+            anyhow::ensure!(
+                sent.elapsed() < Duration::from_secs(5),
+                "a sent message never came"
+            );
+        };
+        waits.push(sent.elapsed());
+        if let Some(handle) = message.receipt_handle() {
+            let _ = sqs
+                .delete_message()
+                .queue_url(queue_url)
+                .receipt_handle(handle)
+                .send()
+                .await;
+        }
+    }
+    waits.sort();
+    Ok(percentile(&waits, 0.5))
+}
+
 /// Bytes of write-ahead log the server has written so far (every database on it: the bench
 /// runs one phase at a time).
 async fn wal_bytes(pool: &PgPool) -> anyhow::Result<f64> {
@@ -703,7 +973,7 @@ async fn measure(
     args: &BenchArgs,
     counter: &StatementCounter,
     catalog: &Catalog,
-    deliveries: Vec<Delivery>,
+    (deliveries, steady_deliveries): (Vec<Delivery>, Vec<Delivery>),
     pool: PgPool,
     raw_pool: PgPool,
     both: (PgPool, Arc<Queue>),
@@ -778,17 +1048,7 @@ async fn measure(
         let instances = instances.clone();
         run_concurrently(deliveries, args.concurrency, move |slot, d| {
             let state = instances[slot].clone();
-            async move {
-                let mut builder = http::Request::builder()
-                    .method("POST")
-                    .uri(format!("/webhooks/{}", d.source));
-                for (k, v) in &d.headers {
-                    builder = builder.header(k, v);
-                }
-                if let Ok(request) = builder.body(lambda_http::Body::from(d.body)) {
-                    let _ = shared::handlers::intake::handle(&state, request).await;
-                }
-            }
+            async move { deliver(&state, d).await }
         })
         .await
     };
@@ -811,41 +1071,16 @@ async fn measure(
     // The drain ends with the last batch that brought work, not with the empty polls after;
     // so does its CPU time.
     let last_work = Arc::new(std::sync::Mutex::new((drain_start, cpu.0)));
-    // As the event source mapping runs it: its pollers receive and delete on their own, and
-    // at most `concurrency` invocations run at once. Twice as many pollers as invocations keep
-    // the invocations fed while other pollers wait on SQS.
-    let invocations = Arc::new(tokio::sync::Semaphore::new(args.concurrency));
-    let mut pollers = Vec::new();
-    for _ in 0..args.concurrency * 2 {
-        let (worker, sqs, queue_url) = (worker.clone(), sqs.clone(), queue_url.to_owned());
-        let (last_work, invocations) = (last_work.clone(), invocations.clone());
-        pollers.push(tokio::spawn(async move {
-            let mut idle = 0;
-            while idle < 3 && Instant::now() < deadline {
-                let pumped = shared::dev::bridge::pump_once(&sqs, &queue_url, 1, |event| {
-                    let (worker, invocations) = (worker.clone(), invocations.clone());
-                    async move {
-                        let _invocation = invocations.acquire().await?;
-                        Ok(shared::handlers::worker::handle_batch(&worker, event).await)
-                    }
-                })
-                .await;
-                idle = match pumped {
-                    Ok(r) if r.received > 0 => {
-                        *last_work.lock().unwrap_or_else(|e| e.into_inner()) =
-                            (Instant::now(), ticks());
-                        0
-                    }
-                    Ok(_) => idle + 1,
-                    Err(e) => {
-                        eprintln!("bench: {e:#}");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                        idle
-                    }
-                };
-            }
-        }));
-    }
+    let pollers = spawn_pollers(
+        &worker,
+        sqs,
+        queue_url,
+        args.concurrency,
+        deadline,
+        Polls::Long,
+        (Arc::new(AtomicBool::new(true)), 3),
+        last_work.clone(),
+    );
     for p in pollers {
         let _ = p.await;
     }
@@ -859,6 +1094,25 @@ async fn measure(
         "SELECT count(*) FROM inbox_events WHERE status IN ('applied', 'ignored', 'unprocessable')",
     )
     .fetch_one(&pool)
+    .await?;
+
+    // Half of what the machine allows the intake and the worker together (both run on its
+    // cores at once now), in deliveries a second: a load the pipeline keeps up with, so that
+    // what is measured is the time an event waits, not a queue that grows.
+    let events_per_delivery = distinct as f64 / total as f64;
+    let together = 1.0
+        / (intake_secs / total as f64
+            + events_per_delivery / worker_rate(applied, drain_secs).max(f64::MIN_POSITIVE));
+    let offered = together / 2.0;
+    let mut steady = steady(
+        args,
+        &instances,
+        &worker,
+        (sqs, queue_url),
+        &pool,
+        steady_deliveries,
+        offered,
+    )
     .await?;
 
     eprintln!("bench: raw worker transactions");
@@ -902,7 +1156,7 @@ async fn measure(
     let per_sec = total as f64 / intake_secs;
     let raw_per_sec = total as f64 / raw_secs;
     let store_send_per_sec = total as f64 / both_secs;
-    let worker_per_sec = applied as f64 / drain_secs;
+    let worker_per_sec = worker_rate(applied, drain_secs);
     let raw_worker_per_sec = distinct as f64 / raw_worker_secs;
     Ok(json!({
         "deliveries": total,
@@ -918,7 +1172,9 @@ async fn measure(
         "cpu": {
             "raw_store": raw_store_cpu, "store_send": store_send_cpu, "intake": intake_cpu,
             "drain": drain_cpu, "raw_worker": raw_worker_cpu,
+            "steady": steady.as_object_mut().and_then(|o| o.remove("cpu")),
         },
+        "steady": steady,
         "intake": {
             "per_sec": per_sec, "p50_ms": percentile(&latencies, 0.5), "p99_ms": percentile(&latencies, 0.99),
             "raw_per_sec": raw_per_sec, "raw_p50_ms": percentile(&raw_latencies, 0.5),

@@ -475,6 +475,25 @@ async fn the_bench_reports_every_figure_and_leaves_no_database_behind() {
                 "worker {figure}: {report}"
             );
         }
+        // The steady phase: half as many deliveries again, every event of it final.
+        let steady = &report["steady"];
+        assert_eq!(
+            (steady["deliveries"].as_i64(), steady["events"].as_i64()),
+            (Some(50), Some(35)),
+            "{report}"
+        );
+        for figure in [
+            "offered_per_sec",
+            "achieved_per_sec",
+            "stored_to_final_p50_ms",
+            "stored_to_final_p99_ms",
+            "stored_to_final_max_ms",
+            "intake_p50_ms",
+            "intake_p99_ms",
+            "sqs_receive_floor_ms",
+        ] {
+            assert!(positive(&steady[figure]), "steady {figure}: {report}");
+        }
         // Every phase's share of the cores and CPU per operation (a phase of a small backlog
         // may fall within one of /proc/stat's 10 ms ticks, so zero is a figure too).
         for phase in [
@@ -484,6 +503,7 @@ async fn the_bench_reports_every_figure_and_leaves_no_database_behind() {
             "intake",
             "drain",
             "raw_worker",
+            "steady",
         ] {
             let cpu = &report["cpu"][phase];
             assert!(

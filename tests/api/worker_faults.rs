@@ -258,7 +258,14 @@ async fn an_event_whose_row_is_being_written_when_claimed_is_still_applied(pool:
     let app = TestApp::spawn(pool.clone()).await;
     let id = store(
         &app,
-        &stripe_subscription("evt_busy", "cus_busy", "sub_busy", "active", "price_pro", T0),
+        &stripe_subscription(
+            "evt_busy",
+            "cus_busy",
+            "sub_busy",
+            "active",
+            "price_pro",
+            T0,
+        ),
     )
     .await;
     // A copy being counted: the intake's statement holds the row's lock while it runs.
