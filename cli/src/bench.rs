@@ -697,9 +697,8 @@ impl Polls {
 /// The worker's pollers, as the event source mapping runs them: they receive and delete on
 /// their own, and at most `concurrency` invocations of the handler run at once (for a backlog,
 /// twice as many pollers as invocations keep the invocations fed while other pollers wait on
-/// SQS). Each
-/// stops after `idle` empty polls in a row once `stop` is set, or at the deadline; each batch
-/// with work stamps `last_work`.
+/// SQS). Each stops after `idle` empty polls in a row once `stop` is set, or at the deadline;
+/// each batch with work stamps `last_work`.
 #[allow(clippy::too_many_arguments)]
 fn spawn_pollers(
     worker: &Arc<WorkerState>,
@@ -798,17 +797,18 @@ async fn steady(
     let interval = Duration::from_secs_f64(1.0 / offered.max(1.0));
     let mut answers = Vec::with_capacity(count);
     for (n, d) in deliveries.into_iter().enumerate() {
-        tokio::time::sleep_until((start + interval * n as u32).into()).await;
+        let due = start + interval * n as u32;
+        tokio::time::sleep_until(due.into()).await;
         let slot = next_free
             .recv()
             .await
             .context("the intake instances are gone")?;
         let (state, free) = (instances[slot].clone(), free.clone());
         answers.push(tokio::spawn(async move {
-            let begun = Instant::now();
             deliver(&state, d).await;
             let _ = free.send(slot);
-            begun.elapsed()
+            // From the delivery's time, not from when an instance was free for it.
+            due.elapsed()
         }));
     }
     let mut latencies = Vec::with_capacity(count);
@@ -817,8 +817,10 @@ async fn steady(
     }
     latencies.sort();
     let offered_secs = start.elapsed().as_secs_f64();
-    // Every event of the phase final, or the deadline: then the pollers stop.
-    let events = loop {
+    // Every event of the phase final, or a minute more: then the pollers stop. An event
+    // still waiting then is one whose message was lost (`unfinished`).
+    let deadline = deadline.min(Instant::now() + Duration::from_secs(60));
+    let (events, unfinished) = loop {
         let (events, waiting): (i64, i64) = sqlx::query_as(
             "SELECT count(*), count(*) FILTER (WHERE status NOT IN ('applied', 'ignored', 'unprocessable', 'dead'))
              FROM inbox_events WHERE received_at >= $1",
@@ -827,7 +829,7 @@ async fn steady(
         .fetch_one(pool)
         .await?;
         if waiting == 0 || Instant::now() >= deadline {
-            break events;
+            break (events, waiting);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
@@ -849,6 +851,7 @@ async fn steady(
         "achieved_per_sec": count as f64 / offered_secs,
         "deliveries": count,
         "events": events,
+        "unfinished": unfinished,
         "stored_to_final_p50_ms": p50,
         "stored_to_final_p99_ms": p99,
         "stored_to_final_max_ms": max,

@@ -478,8 +478,12 @@ async fn the_bench_reports_every_figure_and_leaves_no_database_behind() {
         // The steady phase: half as many deliveries again, every event of it final.
         let steady = &report["steady"];
         assert_eq!(
-            (steady["deliveries"].as_i64(), steady["events"].as_i64()),
-            (Some(50), Some(35)),
+            (
+                steady["deliveries"].as_i64(),
+                steady["events"].as_i64(),
+                steady["unfinished"].as_i64()
+            ),
+            (Some(50), Some(35), Some(0)),
             "{report}"
         );
         for figure in [
