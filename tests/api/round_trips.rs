@@ -150,13 +150,19 @@ async fn upstream_of(pool: &PgPool) -> SocketAddr {
         .unwrap()
 }
 
-#[sqlx::test(migrator = "shared::MIGRATOR")]
-async fn one_intake_delivery_is_one_round_trip_and_a_killed_connection_is_replaced(pool: PgPool) {
-    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
+/// An app whose intake reaches Postgres through a counting proxy, with a queue of its own.
+async fn app_through_proxy(pool: &PgPool) -> (TestApp, Trips) {
+    let (port, trips) = counting_proxy(upstream_of(pool).await).await;
     let sqs = sqs_client().await;
     let queue_url = create_queue(&sqs).await;
     let queue = shared::queue::Queue::new(sqs.clone(), queue_url.clone());
-    let app = TestApp::with_parts(pool.clone(), through(&pool, port), sqs, queue_url, queue).await;
+    let app = TestApp::with_parts(pool.clone(), through(pool, port), sqs, queue_url, queue).await;
+    (app, trips)
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn one_intake_delivery_is_one_round_trip_and_a_killed_connection_is_replaced(pool: PgPool) {
+    let (app, trips) = app_through_proxy(&pool).await;
     let t = Utc::now().timestamp();
 
     // The first delivery opens the connection and prepares the statement.
@@ -209,11 +215,7 @@ async fn one_intake_delivery_is_one_round_trip_and_a_killed_connection_is_replac
 /// happened. It sends it now, rather than leaving it to the rescue five minutes later.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_delivery_whose_reply_was_lost_after_its_commit_is_still_sent(pool: PgPool) {
-    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
-    let sqs = sqs_client().await;
-    let queue_url = create_queue(&sqs).await;
-    let queue = shared::queue::Queue::new(sqs.clone(), queue_url.clone());
-    let app = TestApp::with_parts(pool.clone(), through(&pool, port), sqs, queue_url, queue).await;
+    let (app, trips) = app_through_proxy(&pool).await;
     let t = Utc::now().timestamp();
     let first = stripe_delivery(&stripe_event("evt_cut0", "cus_cut", t));
     assert_eq!(app.post("stripe", &first).await.0, StatusCode::OK);
