@@ -771,7 +771,7 @@ async fn steady(
     offered: f64,
 ) -> anyhow::Result<Value> {
     eprintln!("bench: steady load, {offered:.0} deliveries/s");
-    let receive_floor = receive_floor_ms(sqs, queue_url).await?;
+    let receive_floor = receive_floor_ms(sqs).await?;
     let count = deliveries.len();
     let since: chrono::DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
     let start = Instant::now();
@@ -862,11 +862,19 @@ async fn steady(
     }))
 }
 
-/// What the local SQS server alone adds to an event's wait: one message sent to the empty
-/// queue, then received as the steady phase's pollers receive (no wait, up to 10); the
-/// median of 20. The server scans its queue every 10 ms and answers a receive with fewer
-/// messages than asked for only 40 ms after it came, where SQS answers at once.
-async fn receive_floor_ms(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> anyhow::Result<f64> {
+/// What the local SQS server alone adds to an event's wait: one message sent to an empty
+/// queue of its own, then received as the steady phase's pollers receive (no wait, up to
+/// 10); the median of 20. The server scans its queue every 10 ms and answers a receive with
+/// fewer messages than asked for only 40 ms after it came, where SQS answers at once.
+async fn receive_floor_ms(sqs: &aws_sdk_sqs::Client) -> anyhow::Result<f64> {
+    let name = format!("inbox-bench-floor-{}", uuid::Uuid::new_v4().simple());
+    let queue_url = create_queue(sqs, &name).await?;
+    let floor = receive_floor_on(sqs, &queue_url).await;
+    let _ = sqs.delete_queue().queue_url(&queue_url).send().await;
+    floor
+}
+
+async fn receive_floor_on(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> anyhow::Result<f64> {
     let mut waits = Vec::new();
     for n in 0..20 {
         sqs.send_message()
