@@ -14,6 +14,9 @@ use sqlx::PgPool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use shared::providers::BoxFuture;
+use shared::sim::{with_interrupts, Interrupts, Point};
+
 use crate::helpers::*;
 
 /// The proxy's handles: the client's round trips through it, and a switch that cuts the
@@ -122,9 +125,14 @@ async fn forward_counting(
     }
 }
 
-/// A lazy pool whose connections go through the proxy on `port` (without TLS, so that the
-/// proxy reads the protocol).
+/// A lazy pool of one connection that goes through the proxy on `port` (without TLS, so
+/// that the proxy reads the protocol).
 fn through(pool: &PgPool, port: u16) -> PgPool {
+    through_n(pool, port, 1)
+}
+
+/// The same with up to `connections` connections.
+fn through_n(pool: &PgPool, port: u16, connections: u32) -> PgPool {
     let options: PgConnectOptions = pool
         .connect_options()
         .as_ref()
@@ -133,7 +141,7 @@ fn through(pool: &PgPool, port: u16) -> PgPool {
         .port(port)
         .ssl_mode(PgSslMode::Disable);
     sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
+        .max_connections(connections)
         .connect_lazy_with(options)
 }
 
@@ -242,6 +250,59 @@ async fn a_delivery_whose_reply_was_lost_after_its_commit_is_still_sent(pool: Pg
     // The second attempt cannot tell its own first from a provider's copy that came
     // meanwhile: the one delivery is on record twice.
     assert_eq!(app.verdicts(id).await, ["stored", "duplicate"]);
+}
+
+/// Arms the proxy to cut the reply to the next statement when the worker reaches `point`.
+struct CutAt(Trips, Point);
+
+impl Interrupts for CutAt {
+    fn at(&self, point: Point, _event_id: i64) -> Option<BoxFuture<'static, ()>> {
+        if point == self.1 {
+            self.0.cut_next_reply();
+        }
+        None
+    }
+}
+
+/// The reply to the worker's writing statement is lost after the statement committed: the
+/// attempt cannot record a failure (its lease is no longer held: the write finished the
+/// event), so it acknowledges the message and sends the effects that write left marked for
+/// a send, rather than leaving them to the rescue.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_worker_whose_reply_was_lost_after_its_commit_still_tells_the_app(pool: PgPool) {
+    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
+    let mut app = TestApp::spawn(pool.clone()).await;
+    let effects_url = app.enable_effects().await;
+    // A second connection, for what the worker does after its own broke.
+    let mut worker = test_worker(through_n(&pool, port, 2));
+    worker.catalog = app.worker.catalog.clone();
+    worker.effects = app.worker.effects.clone();
+    let t = Utc::now().timestamp();
+    let (_, answer) = app
+        .post(
+            "stripe",
+            &stripe_delivery(&stripe_event("evt_lost", "cus_lost", t)),
+        )
+        .await;
+    let id = answer["event_id"].as_i64().unwrap();
+
+    let cut: Arc<dyn Interrupts> = Arc::new(CutAt(trips, Point::WorkerDecided));
+    let response = with_interrupts(
+        cut,
+        shared::handlers::worker::handle_batch(&worker, batch(&[id])),
+    )
+    .await;
+    assert!(
+        response.batch_item_failures.is_empty(),
+        "the event is done: its message goes"
+    );
+    assert_eq!(app.event(id).await.status, "applied");
+    let mut written: Vec<String> = app.effects().await.into_iter().map(|e| e.id).collect();
+    written.sort();
+    assert!(!written.is_empty(), "the write told of a change");
+    let mut sent = app.drain(&effects_url).await;
+    sent.sort();
+    assert_eq!(sent, written, "every effect of the write is on its way");
 }
 
 /// Waits until every connection of `pool` is back in it: sqlx pings a connection on its

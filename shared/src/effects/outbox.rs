@@ -68,6 +68,18 @@ pub async fn enqueue_or_unmark(
     Ok(unsent)
 }
 
+/// The pending effects of an event that are marked as on their way to the queue.
+pub async fn marked_of_event(pool: &PgPool, event_id: i64) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT id FROM effects
+         WHERE event_id = $1 AND status = 'pending' AND enqueued_at IS NOT NULL
+         ORDER BY sequence",
+        event_id
+    )
+    .fetch_all(pool)
+    .await
+}
+
 /// Clears the enqueue mark of pending effects whose message was not sent, so the next
 /// rescue sends them at once.
 async fn unmark(pool: &PgPool, ids: &[String]) -> Result<(), sqlx::Error> {

@@ -230,17 +230,48 @@ async fn process_claimed(
         Err(error) => {
             let error = error.to_string();
             let delays = &state.retry_delays;
-            let status = match lease::record_failure(conn, event, &error, delays).await {
-                Ok(status) => status,
+            let recorded = match lease::record_failure(conn, event, &error, delays).await {
+                Ok(recorded) => recorded,
                 // The connection may be what failed: the record goes through a fresh one.
                 Err(_) => {
                     let mut fresh = state.pool.acquire().await?;
                     lease::record_failure(&mut fresh, event, &error, delays).await?
                 }
             };
-            Ok(Processed::Failed { status, error })
+            match recorded {
+                Some(status) => Ok(Processed::Failed { status, error }),
+                None => Ok(no_longer_held(state, event.id, &error).await),
+            }
         }
     }
+}
+
+/// An attempt failed after its event stopped being its own: another worker took it after
+/// the lease ran out, or the attempt's own write finished it and only the reply was lost (a
+/// connection that broke then). The message goes. Whatever effects that write left marked
+/// for the send the attempt never made are sent now: at worst a message more, which the
+/// dispatcher's claim makes nothing of.
+async fn no_longer_held(state: &WorkerState, event_id: i64, error: &str) -> Processed {
+    tracing::warn!(
+        event_id,
+        error,
+        "attempt failed after the event stopped being its own"
+    );
+    if let Some(queue) = &state.effects {
+        let marked = outbox::marked_of_event(&state.pool, event_id).await;
+        match marked {
+            Ok(ids) if !ids.is_empty() => {
+                if let Err(error) = outbox::enqueue_or_unmark(&state.pool, queue, &ids).await {
+                    tracing::warn!(event_id, error = %error, "effects written but not enqueued; the scheduler will");
+                }
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(event_id, error = %error, "could not read the event's effects; the scheduler will send them")
+            }
+        }
+    }
+    Processed::Skipped
 }
 
 /// What one event's write committed: its final status and reason, and the ids of the

@@ -165,13 +165,16 @@ pub async fn finish_held(
 }
 
 /// Records a failed attempt: `failed` with the next attempt's time, or `dead` after the last.
-/// Only the lease holder's record lands (the status and attempt must still be its own).
+/// Only the lease holder's record lands (the status and attempt must still be its own):
+/// `None` when the event is no longer this attempt's, because another worker took it after
+/// the lease ran out, or because the attempt's own write finished it and only the reply was
+/// lost.
 pub async fn record_failure(
     conn: &mut PgConnection,
     event: &Claimed,
     error: &str,
     delays: &[Duration],
-) -> Result<EventStatus, sqlx::Error> {
+) -> Result<Option<EventStatus>, sqlx::Error> {
     let delay = retry_delay(delays, event.attempts);
     let status = if delay.is_some() {
         EventStatus::Failed
@@ -185,7 +188,7 @@ pub async fn record_failure(
         error,
         "event attempt failed"
     );
-    sqlx::query!(
+    let recorded = sqlx::query!(
         r#"
         UPDATE inbox_events
         SET status = $2,
@@ -204,5 +207,5 @@ pub async fn record_failure(
     )
     .execute(conn)
     .await?;
-    Ok(status)
+    Ok((recorded.rows_affected() == 1).then_some(status))
 }
