@@ -164,7 +164,7 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 fn workload(
     args: &BenchArgs,
     sender: &crate::send::Sender,
-    deliveries: usize,
+    total: usize,
     prefix: &str,
 ) -> anyhow::Result<Vec<Delivery>> {
     use rand::seq::SliceRandom;
@@ -178,7 +178,6 @@ fn workload(
         !usable.is_empty(),
         "INBOX_SOURCES has no source this bench can sign for"
     );
-    let total = deliveries;
     let distinct = total * 7 / 10;
     let mut deliveries = Vec::with_capacity(total);
     for n in 0..distinct {

@@ -212,12 +212,7 @@ async fn process_claimed(
             effects,
         }) => {
             sim::point(Point::WorkerCommitted, event.id).await;
-            if let (Some(queue), false) = (&state.effects, effects.is_empty()) {
-                // After the commit: a send that fails leaves the effects to the rescue.
-                if let Err(error) = outbox::enqueue_or_unmark(&state.pool, queue, &effects).await {
-                    tracing::warn!(event_id = event.id, error = %error, "effects written but not enqueued; the scheduler will");
-                }
-            }
+            send_effects(state, event.id, &effects).await;
             Ok(Processed::Finished { status, reason })
         }
         Err(WorkerError::LeaseLost) => {
@@ -257,21 +252,26 @@ async fn no_longer_held(state: &WorkerState, event_id: i64, error: &str) -> Proc
         error,
         "attempt failed after the event stopped being its own"
     );
-    if let Some(queue) = &state.effects {
-        let marked = outbox::marked_of_event(&state.pool, event_id).await;
-        match marked {
-            Ok(ids) if !ids.is_empty() => {
-                if let Err(error) = outbox::enqueue_or_unmark(&state.pool, queue, &ids).await {
-                    tracing::warn!(event_id, error = %error, "effects written but not enqueued; the scheduler will");
-                }
-            }
-            Ok(_) => {}
+    if state.effects.is_some() {
+        match outbox::marked_of_event(&state.pool, event_id).await {
+            Ok(ids) => send_effects(state, event_id, &ids).await,
             Err(error) => {
                 tracing::warn!(event_id, error = %error, "could not read the event's effects; the scheduler will send them")
             }
         }
     }
     Processed::Skipped
+}
+
+/// Sends committed effects to the dispatcher's queue; a send that fails leaves them to the
+/// rescue.
+async fn send_effects(state: &WorkerState, event_id: i64, ids: &[String]) {
+    let Some(queue) = state.effects.as_ref().filter(|_| !ids.is_empty()) else {
+        return;
+    };
+    if let Err(error) = outbox::enqueue_or_unmark(&state.pool, queue, ids).await {
+        tracing::warn!(event_id, error = %error, "effects written but not enqueued; the scheduler will");
+    }
 }
 
 /// What one event's write committed: its final status and reason, and the ids of the
