@@ -626,6 +626,89 @@ async fn an_event_the_database_refuses_is_stored_bare_or_answered_503(pool: PgPo
     assert_eq!(body["code"], "store_refused");
 }
 
+/// An app whose intake's connections start with these server settings, as a `DATABASE_URL`
+/// with `options=-c …` gives them, or a role's or server's defaults.
+async fn app_with_settings(pool: &PgPool, settings: &[(&str, &str)]) -> TestApp {
+    let options = pool
+        .connect_options()
+        .as_ref()
+        .clone()
+        .options(settings.iter().copied());
+    let intake_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with(options);
+    let sqs = sqs_client().await;
+    let queue_url = create_queue(&sqs).await;
+    let queue = Queue::new(sqs.clone(), queue_url.clone());
+    TestApp::with_parts(pool.clone(), intake_pool, sqs, queue_url, queue).await
+}
+
+/// Found by reading the store's error handling: a statement the server cancelled was taken
+/// for a refusal of the event's content, and the event stored bare, `unprocessable`,
+/// without its parsed form, so the provider's retry found a copy and the event was lost to
+/// billing.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_statement_the_database_cancels_is_answered_503_and_the_retry_stores_the_event_whole(
+    pool: PgPool,
+) {
+    // A server slow for this statement (the parsed event) and quick for a bare record, with
+    // a statement timeout: the first is cancelled (57014), the second would pass.
+    sqlx::raw_sql(
+        r#"CREATE FUNCTION slow_parsed() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN IF NEW.payload IS NOT NULL THEN PERFORM pg_sleep(30); END IF; RETURN NEW; END $$;
+           CREATE TRIGGER slow_parsed BEFORE INSERT ON inbox_events
+               FOR EACH ROW EXECUTE FUNCTION slow_parsed();"#,
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let app = app_with_settings(&pool, &[("statement_timeout", "300ms")]).await;
+    let delivery = stripe_delivery(&stripe_event(
+        "evt_slow",
+        "cus_slow",
+        Utc::now().timestamp(),
+    ));
+
+    let (status, body) = app.post("stripe", &delivery).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["code"], "store_unavailable");
+    assert_eq!(
+        app.count("SELECT count(*) FROM inbox_events").await,
+        0,
+        "nothing stands in the event's place"
+    );
+
+    // The server is quick again; the provider retries and the event is stored whole.
+    sqlx::raw_sql("DROP TRIGGER slow_parsed ON inbox_events")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (status, body) = app.post("stripe", &delivery).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "stored");
+    let id = body["event_id"].as_i64().unwrap();
+    let row = app.event(id).await;
+    assert_eq!(row.status, "received");
+    assert!(row.payload.is_some(), "the parsed event is kept");
+    assert_eq!(app.drain_queue().await, vec![id]);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_server_that_became_read_only_in_a_failover_is_answered_503_and_nothing_is_stored(
+    pool: PgPool,
+) {
+    // A connection that reached the old primary, now a replica: every write is refused with
+    // 25006. That is the database's state, not the event's content.
+    let app = app_with_settings(&pool, &[("default_transaction_read_only", "on")]).await;
+    let delivery = stripe_delivery(&stripe_event("evt_ro", "cus_ro", Utc::now().timestamp()));
+
+    let (status, body) = app.post("stripe", &delivery).await;
+
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["code"], "store_unavailable");
+    assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 0);
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn which_secret_verified_a_delivery_is_kept_and_an_older_one_is_a_metric(pool: PgPool) {
     let app = TestApp::spawn(pool).await;

@@ -4,8 +4,9 @@
 //! a connection killed between two deliveries is replaced and the delivery still stored.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::Utc;
 use http::StatusCode;
@@ -19,13 +20,21 @@ use shared::sim::{with_interrupts, Interrupts, Point};
 
 use crate::helpers::*;
 
-/// The proxy's handles: the client's round trips through it, and a switch that cuts the
+/// The proxy's handles: the client's round trips through it, and a switch that loses the
 /// reply to the next statement.
 #[derive(Clone, Default)]
 struct Trips {
     count: Arc<AtomicUsize>,
-    cut_next_reply: Arc<AtomicBool>,
+    next_reply: Arc<AtomicU8>,
 }
+
+/// What becomes of the replies on a connection (and, armed on [`Trips`], of the reply to
+/// the next statement).
+const FORWARD: u8 = 0;
+/// The connection is closed in place of the reply.
+const CLOSE: u8 = 1;
+/// Nothing more goes either way, and the connection stays open.
+const STALL: u8 = 2;
 
 impl Trips {
     fn take(&self) -> usize {
@@ -36,7 +45,14 @@ impl Trips {
     /// (committed, if it commits), but its reply never reaches the client: the connection
     /// is closed instead, as a network or a failover can do.
     fn cut_next_reply(&self) {
-        self.cut_next_reply.store(true, Ordering::SeqCst);
+        self.next_reply.store(CLOSE, Ordering::SeqCst);
+    }
+
+    /// The next statement reaches the server and runs there, and from then on the connection
+    /// carries nothing either way while staying open: a network that drops what it carries,
+    /// as a changed path to the database can after an instance was frozen.
+    fn stall_next_reply(&self) {
+        self.next_reply.store(STALL, Ordering::SeqCst);
     }
 }
 
@@ -53,7 +69,7 @@ async fn counting_proxy(upstream: SocketAddr) -> (u16, Trips) {
                 let server = TcpStream::connect(upstream).await.unwrap();
                 let (mut client_read, mut client_write) = client.into_split();
                 let (mut server_read, mut server_write) = server.into_split();
-                let cut = Arc::new(AtomicBool::new(false));
+                let cut = Arc::new(AtomicU8::new(FORWARD));
                 let reply_cut = cut.clone();
                 tokio::spawn(async move {
                     let _ = forward_replies(&mut server_read, &mut client_write, &reply_cut).await;
@@ -65,33 +81,36 @@ async fn counting_proxy(upstream: SocketAddr) -> (u16, Trips) {
     (port, trips)
 }
 
-/// Copies the server's replies to the client until `cut` is set; then closes the client's
-/// side instead of copying what came.
+/// Copies the server's replies to the client until `cut` says otherwise: then closes the
+/// client's side, or holds both open and copies nothing more.
 async fn forward_replies(
     from: &mut (impl AsyncReadExt + Unpin),
     to: &mut (impl AsyncWriteExt + Unpin),
-    cut: &AtomicBool,
+    cut: &AtomicU8,
 ) -> std::io::Result<()> {
     let mut buffer = vec![0; 64 * 1024];
     loop {
         let read = from.read(&mut buffer).await?;
-        if read == 0 || cut.load(Ordering::SeqCst) {
-            return to.shutdown().await;
+        match cut.load(Ordering::SeqCst) {
+            STALL => return std::future::pending().await,
+            _ if read == 0 => return to.shutdown().await,
+            CLOSE => return to.shutdown().await,
+            _ => to.write_all(&buffer[..read]).await?,
         }
-        to.write_all(&buffer[..read]).await?;
     }
 }
 
 /// Copies the client's messages to the server, counting each `Sync` and `Query`. The
 /// startup messages (no type byte; an SSL request first, refused here) are copied as they
-/// come. When the proxy is told to cut the next reply, the `Sync` that ends the next
+/// come. When the proxy is armed for the next reply, the `Sync` that ends the next
 /// `Execute` sets this connection's `cut` before it goes: the server answers a statement
-/// only at its `Sync`, so nothing of that answer reaches the client.
+/// only at its `Sync`, so nothing of that answer reaches the client. A stalled connection
+/// takes nothing more from the client either.
 async fn forward_counting(
     from: &mut (impl AsyncReadExt + Unpin),
     to: &mut (impl AsyncWriteExt + Unpin),
     trips: &Trips,
-    cut: &AtomicBool,
+    cut: &AtomicU8,
 ) -> std::io::Result<()> {
     const SSL_REQUEST: u32 = 80_877_103;
     loop {
@@ -114,14 +133,20 @@ async fn forward_counting(
         executed |= kind == b'E';
         if kind == b'S' || kind == b'Q' {
             trips.count.fetch_add(1, Ordering::SeqCst);
-            if executed && trips.cut_next_reply.swap(false, Ordering::SeqCst) {
-                cut.store(true, Ordering::SeqCst);
+            if executed {
+                cut.store(
+                    trips.next_reply.swap(FORWARD, Ordering::SeqCst),
+                    Ordering::SeqCst,
+                );
             }
             executed = false;
         }
         to.write_u8(kind).await?;
         to.write_u32(len).await?;
         to.write_all(&rest).await?;
+        if cut.load(Ordering::SeqCst) == STALL {
+            return std::future::pending().await;
+        }
     }
 }
 
@@ -250,6 +275,36 @@ async fn a_delivery_whose_reply_was_lost_after_its_commit_is_still_sent(pool: Pg
     // The second attempt cannot tell its own first from a provider's copy that came
     // meanwhile: the one delivery is on record twice.
     assert_eq!(app.verdicts(id).await, ["stored", "duplicate"]);
+}
+
+/// The held connection stops answering without closing, after the statement reached the
+/// server: the intake gives up on it after `STATEMENT_TIMEOUT` rather than waiting until
+/// Lambda stops the instance, and stores the delivery through a new connection.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_delivery_whose_connection_stops_answering_is_stored_through_a_new_one(pool: PgPool) {
+    let (app, trips) = app_through_proxy(&pool).await;
+    let t = Utc::now().timestamp();
+    let first = stripe_delivery(&stripe_event("evt_stall0", "cus_stall", t));
+    assert_eq!(app.post("stripe", &first).await.0, StatusCode::OK);
+    app.drain_queue().await;
+
+    trips.stall_next_reply();
+    let delivery = stripe_delivery(&stripe_event("evt_stall1", "cus_stall", t));
+    let (status, body) =
+        tokio::time::timeout(Duration::from_secs(60), app.post("stripe", &delivery))
+            .await
+            .expect("the intake answers though its connection went silent");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let id = app.event_id("stripe", "evt_stall1").await;
+    assert_eq!(body["event_id"], id);
+    assert_eq!(
+        app.drain_queue().await,
+        [id],
+        "the event is on its way to a worker"
+    );
+    // The silent statement ran: the second attempt found its event, as after a lost reply.
+    assert_eq!(app.verdicts(id).await, ["stored", "duplicate"]);
+    assert_eq!(app.event(id).await.status, "received");
 }
 
 /// Arms the proxy to cut the reply to the next statement when the worker reaches `point`.

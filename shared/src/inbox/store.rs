@@ -2,10 +2,12 @@
 //! conflict recorded, one `deliveries` row per attempt — in one statement (docs/design.md §3).
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use sqlx::{PgConnection, PgPool};
+use tokio::time::{timeout_at, Instant};
 
 use crate::domain::{CustomerId, DedupeKey, EventStatus, ProviderTime, Verdict, VerifiedEvent};
 
@@ -59,35 +61,39 @@ pub enum StoreError {
     /// No connection could be had: whatever the cause, the sender should retry later.
     #[error("no database connection: {0}")]
     NoConnection(#[source] sqlx::Error),
+    /// The database did not answer in time: a server that stopped, or a network that drops
+    /// what it carries without closing the connection.
+    #[error("the database did not answer within {0:?}")]
+    NoAnswer(Duration),
     /// The database refused the event as parsed, and then its bare record too.
     #[error("the database refused the event: {0}")]
     Refused(#[source] Box<StoreError>),
 }
 
 impl StoreError {
-    /// The database could not be reached or is overloaded: the sender should retry later.
-    pub fn is_unavailable(&self) -> bool {
-        let e = match self {
-            Self::NoConnection(_) => return true,
-            Self::Refused(inner) => return inner.is_unavailable(),
-            Self::Database(e) => e,
-        };
-        match e {
-            sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::WorkerCrashed => true,
-            sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-                // 08: connection exception, 53: insufficient resources, 57P: operator
-                // intervention (shutdown), 40001/40P01: serialization failure, deadlock.
-                code.starts_with("08")
-                    || code.starts_with("53")
-                    || code.starts_with("57P")
-                    || code == "40001"
-                    || code == "40P01"
+    /// The database refused the statement for what the event holds: a value it cannot take
+    /// (SQLSTATE class 22), a constraint (23), a limit (54). Only these make the event's
+    /// bare record the answer; the same delivery again would be refused the same way.
+    fn refuses_content(&self) -> bool {
+        match self {
+            Self::Database(sqlx::Error::Encode(_)) => true,
+            Self::Database(sqlx::Error::Database(db)) => db.code().is_some_and(|code| {
+                code.starts_with("22") || code.starts_with("23") || code.starts_with("54")
             }),
             _ => false,
+        }
+    }
+
+    /// Anything but a refusal of the event's content: the database could not be reached, did
+    /// not answer, or could not run the statement now — cancelled or timed out (57014), a
+    /// lock wait given up (55P03), a read-only server after a failover (25006), a conflict
+    /// (40001, 40P01), a shutdown. The sender should retry later, and nothing stands in the
+    /// event's place meanwhile: a bare record would keep the provider's retry from storing
+    /// the event whole.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Self::Refused(inner) => inner.is_unavailable(),
+            other => !other.refuses_content(),
         }
     }
 }
@@ -341,8 +347,21 @@ impl<'a> Prepared<'a> {
     }
 }
 
+/// How long one attempt of the held store waits for the database's answer. The statement
+/// takes about a millisecond, and a row lock it may wait on is held only by another
+/// one-statement write. A connection that has not answered by then is taken for broken (a
+/// network that drops what it carries, a server that stopped) and replaced.
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// All the held store may take, connecting and its second attempt included. The intake then
+/// answers 503 within its function's timeout (template.yaml), and an instance waits on a
+/// stalled database for seconds, not until Lambda stops it, so a stall does not pile up
+/// instances.
+pub const STORE_BUDGET: Duration = Duration::from_secs(5);
+
 /// Like [`store_verified`], on a function instance's held connection: one round trip. A
-/// connection found broken is replaced, and the statement tried once more.
+/// connection found broken, or that does not answer within [`STATEMENT_TIMEOUT`], is
+/// replaced, and the statement tried once more, all within [`STORE_BUDGET`].
 ///
 /// A statement whose connection broke after it was sent may have committed: only its reply
 /// was lost. The second attempt then finds the event the first stored and marked for a send
@@ -359,14 +378,21 @@ pub async fn store_verified_held(
 ) -> Result<Stored, StoreError> {
     let prepared = Prepared::new(source, body, verified, origin);
     let delivery = prepared.delivery();
+    let deadline = Instant::now() + STORE_BUDGET;
     let mut conn = held.lock().await;
     let mut retried = false;
     // Whether the first attempt broke after its statement reached the server.
     let mut maybe_committed = false;
     loop {
-        let result = match conn.get().await {
-            Ok(c) => store_or_refuse(c, &delivery).await,
-            Err(e) => Err(StoreError::NoConnection(e)),
+        let result = match timeout_at(deadline, conn.get()).await {
+            Err(_) => Err(StoreError::NoAnswer(STORE_BUDGET)),
+            Ok(Err(e)) => Err(StoreError::NoConnection(e)),
+            Ok(Ok(c)) => {
+                let bound = deadline.min(Instant::now() + STATEMENT_TIMEOUT);
+                timeout_at(bound, store_or_refuse(c, &delivery))
+                    .await
+                    .unwrap_or(Err(StoreError::NoAnswer(STATEMENT_TIMEOUT)))
+            }
         };
         match result {
             Err(error) if error.is_unavailable() => {
@@ -374,7 +400,7 @@ pub async fn store_verified_held(
                 if retried {
                     return Err(error);
                 }
-                tracing::info!(error = %error, "the held connection is broken; trying a new one");
+                tracing::info!(error = %error, "the held connection failed; trying a new one");
                 retried = true;
                 maybe_committed = !matches!(error, StoreError::NoConnection(_));
             }
@@ -396,7 +422,7 @@ async fn store_or_refuse(
     delivery: &NewDelivery<'_>,
 ) -> Result<Stored, StoreError> {
     match store_delivery(&mut *conn, delivery).await {
-        Err(error) if !error.is_unavailable() => {
+        Err(error) if error.refuses_content() => {
             let code = sql_state(&error);
             // The cause goes to the log by its code only: a message may quote the payload.
             tracing::error!(source = delivery.source, dedupe_key = delivery.dedupe_key.as_str(), sql_state = %code,
