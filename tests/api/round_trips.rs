@@ -360,6 +360,91 @@ async fn a_worker_whose_reply_was_lost_after_its_commit_still_tells_the_app(pool
     assert_eq!(sent, written, "every effect of the write is on its way");
 }
 
+/// Arms the proxy to stall the worker's connection after its next statement when the worker
+/// reaches `point`.
+struct StallAt(Trips, Point);
+
+impl Interrupts for StallAt {
+    fn at(&self, point: Point, _event_id: i64) -> Option<BoxFuture<'static, ()>> {
+        if point == self.1 {
+            self.0.stall_next_reply();
+        }
+        None
+    }
+}
+
+/// How many of this database's sessions are idle inside a transaction.
+async fn idle_in_transaction(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND state = 'idle in transaction'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A worker's connection goes silent inside its transaction, with the event's row and its
+/// account locked: the server ends the transaction once it has idled 10 s, instead of
+/// keeping the locks until its TCP keepalive gives up, and the event can be claimed again.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_worker_silent_inside_its_transaction_lets_go_of_its_locks(pool: PgPool) {
+    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
+    let app = TestApp::spawn(pool.clone()).await;
+    let mut worker = test_worker(through(&pool, port));
+    worker.catalog = app.worker.catalog.clone();
+    // A refund names its payment intent, so it is written under the account's lock.
+    let mut event = stripe_event("evt_silent", "cus_silent", Utc::now().timestamp());
+    event["api_version"] = "2025-03-31.basil".into();
+    event["type"] = "charge.refunded".into();
+    event["data"]["object"] = serde_json::json!({
+        "id": "ch_silent", "object": "charge", "customer": "cus_silent",
+        "payment_intent": "pi_silent", "amount": 2000, "amount_refunded": 2000,
+        "refunded": true, "status": "succeeded"});
+    let (_, answer) = app.post("stripe", &stripe_delivery(&event)).await;
+    let id = answer["event_id"].as_i64().unwrap();
+
+    let stall: Arc<dyn Interrupts> = Arc::new(StallAt(trips, Point::WorkerLocked));
+    let work = with_interrupts(
+        stall,
+        shared::handlers::worker::handle_batch(&worker, batch(&[id])),
+    );
+    // The worker never hears again; what the server does meanwhile is what counts.
+    let watch = async {
+        let mut seen = false;
+        for _ in 0..600 {
+            let idle = idle_in_transaction(&app.pool).await;
+            seen |= idle > 0;
+            if seen && idle == 0 {
+                return (seen, true);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (seen, false)
+    };
+    let (seen, ended) = tokio::select! {
+        _ = work => panic!("the worker cannot finish without its connection"),
+        watched = watch => watched,
+    };
+    assert!(seen, "the worker's transaction went silent");
+    assert!(
+        ended,
+        "the server ended the silent transaction within a minute"
+    );
+    let locked: Option<i64> =
+        sqlx::query_scalar("SELECT id FROM inbox_events WHERE id = $1 FOR UPDATE NOWAIT")
+            .bind(id)
+            .fetch_optional(&app.pool)
+            .await
+            .expect("the event's row is no longer locked");
+    assert_eq!(locked, Some(id));
+    assert_eq!(
+        app.event(id).await.status,
+        "processing",
+        "nothing was written"
+    );
+}
+
 /// Waits until every connection of `pool` is back in it: sqlx pings a connection on its
 /// way back, in a task of its own, after the caller has let go of it. Bounded (5 s).
 async fn returned(pool: &PgPool) {

@@ -407,7 +407,7 @@ async fn apply_to_account(
             }
         }
     }
-    let mut tx = conn.begin().await?;
+    let mut tx = begin(conn).await?;
     if !lease::still_held_locking(&mut tx, event, ctx.customer).await? {
         return Err(WorkerError::LeaseLost);
     }
@@ -436,6 +436,21 @@ async fn apply_to_account(
     tx.commit().await?;
     Ok(applied(event, status, reason, written))
 }
+
+/// Opens one of the worker's transactions, in the round trip of its `BEGIN`. Its statements
+/// follow one another with nothing to wait for in between, so the server ends it once it
+/// idles for 10 s. Without that, a worker whose connection went silent inside
+/// it (a network that drops what it carries; Lambda stopping the instance closes a socket
+/// the server then never hears of) would leave the event's row and its account locked until
+/// the server's TCP keepalive gave up, by default two hours later, and every claim of the
+/// event and every write to the account would wait on it.
+async fn begin(
+    conn: &mut PgConnection,
+) -> Result<sqlx::Transaction<'_, sqlx::Postgres>, sqlx::Error> {
+    conn.begin_with(BEGIN_BOUNDED).await
+}
+
+const BEGIN_BOUNDED: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '10s'";
 
 /// What the event finished with, said once in the log.
 fn applied(event: &Claimed, status: EventStatus, reason: String, effects: Vec<String>) -> Applied {
@@ -655,7 +670,7 @@ async fn remember_links_without_customer(
     event: &Claimed,
     effects: &[Effect],
 ) -> Result<Applied, WorkerError> {
-    let mut tx = conn.begin().await?;
+    let mut tx = begin(conn).await?;
     if !lease::still_held(&mut tx, event).await? {
         return Err(WorkerError::LeaseLost);
     }
