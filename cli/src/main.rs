@@ -56,6 +56,9 @@ enum Command {
         /// came through a Connect endpoint.
         #[arg(long)]
         stripe_account: Option<String>,
+        /// Show only the log's latest N lines (0: all). Default: 100 in text, all in JSON.
+        #[arg(long, value_name = "N")]
+        log: Option<u32>,
     },
     /// List stored events, newest first.
     Events {
@@ -144,6 +147,7 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
             source,
             period,
             stripe_account,
+            log,
         } => {
             let customer_id = match stripe_account {
                 Some(account) => {
@@ -156,6 +160,7 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
                 &customer_id,
                 source.as_deref(),
                 period.as_deref(),
+                *log,
                 cli.json,
             )
             .await

@@ -44,9 +44,17 @@ pub async fn account(
     customer: &str,
     source: Option<&str>,
     period: Option<&str>,
+    log: Option<u32>,
     json_output: bool,
 ) -> anyhow::Result<()> {
     let period = parse_period(period)?;
+    // A person at a terminal wants the latest lines; the JSON is whole unless asked.
+    let log_lines = match log {
+        Some(0) => None,
+        Some(n) => Some(i64::from(n)),
+        None if json_output => None,
+        None => Some(ACCOUNT_LOG_LINES),
+    };
     let catalog = catalog()?;
     let customer_id = CustomerId::parse(customer)
         .map_err(|e| anyhow::anyhow!("customer id '{customer}': {e}"))?;
@@ -66,9 +74,16 @@ pub async fn account(
             }
         }
     };
-    let view = shared::billing::account::load(&mut conn, &source, &customer_id, &period, &catalog)
-        .await?
-        .with_context(|| format!("no account for customer '{customer}' in source '{source}'"))?;
+    let view = shared::billing::account::load_with_log(
+        &mut conn,
+        &source,
+        &customer_id,
+        &period,
+        &catalog,
+        log_lines,
+    )
+    .await?
+    .with_context(|| format!("no account for customer '{customer}' in source '{source}'"))?;
     if json_output {
         return print_json(&view);
     }
@@ -117,9 +132,19 @@ pub async fn account(
             line.reason.clone(),
         ]);
     }
-    out!("event log, in provider order:\n{t}");
+    let shown = view.log.len() as i64;
+    match shown < view.log_total {
+        true => out!(
+            "event log, in provider order (the latest {shown} of {}; --log 0 shows all):\n{t}",
+            view.log_total
+        ),
+        false => out!("event log, in provider order:\n{t}"),
+    }
     Ok(())
 }
+
+/// The log lines `account` shows in text unless told otherwise.
+const ACCOUNT_LOG_LINES: i64 = 100;
 
 pub async fn events(
     pool: &PgPool,

@@ -111,6 +111,69 @@ async fn account_text_explains_the_plan(pool: PgPool) {
     );
 }
 
+/// A customer with thousands of events a day keeps a long log (it outlives the purge): the
+/// text shows its latest lines and says how many there are, `--log N` asks for N, and
+/// `--log 0` and the JSON give the whole log, in provider order either way.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn account_shows_the_latest_lines_of_a_long_log_and_all_when_asked(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    // Plan changes a second apart, delivered newest first.
+    for n in (0..120).rev() {
+        let plan = ["pro", "team"][n % 2];
+        let claims = json!({"type": "customer.plan_changed", "event_id": format!("e_long{n}"),
+            "event_timestamp": format!("2026-03-10T12:{:02}:{:02}Z", n / 60, n % 60),
+            "data": {"customer_id": "kc_long", "plan": {"key": plan}}});
+        app.post("kinde", &kinde_delivery(&format!("wh_long{n}"), &claims))
+            .await;
+    }
+    app.run_worker().await;
+    let url = database_url(&app.pool).await;
+    let account = |args: &[&str]| {
+        let mut command = inboxctl();
+        command
+            .args(["account", "kc_long", "--period", "2026-03"])
+            .args(args)
+            .env("DATABASE_URL", &url);
+        run(&mut command)
+    };
+
+    let (output, text, stderr) = account(&[]);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        text.contains("event log, in provider order (the latest 100 of 120; --log 0 shows all)"),
+        "{text}"
+    );
+    let (_, all, _) = account(&["--log", "0"]);
+    assert!(all.contains("event log, in provider order:"), "{all}");
+
+    let (_, latest, _) = account(&["--log", "5", "--json"]);
+    let latest: Value = serde_json::from_str(&latest).unwrap();
+    assert_eq!(latest["log_total"], 120);
+    let mut expected = Vec::new();
+    for n in 115..120 {
+        expected.push(json!(app.event_id("kinde", &format!("e_long{n}")).await));
+    }
+    let shown: Vec<Value> = latest["log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|line| line["event_id"].clone())
+        .collect();
+    assert_eq!(shown, expected, "the latest five, oldest first");
+
+    let (_, whole, _) = account(&["--json"]);
+    let whole: Value = serde_json::from_str(&whole).unwrap();
+    assert_eq!(whole["log"].as_array().unwrap().len(), 120);
+    assert_eq!(whole["log_total"], 120);
+
+    let (output, _, stderr) = account(&["--log=-1"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr.contains("invalid value '-1' for '--log <N>'"),
+        "{stderr}"
+    );
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn events_event_and_stats_read_the_inbox(pool: PgPool) {
     let app = TestApp::spawn(pool).await;

@@ -45,16 +45,35 @@ pub struct AccountView {
     pub balance: i64,
     pub subscriptions: Vec<SubscriptionView>,
     pub payments: Vec<PaymentView>,
+    /// The log in provider order, the newest last: all of it, or its latest lines when the
+    /// reader asked for fewer.
     pub log: Vec<LogLine>,
+    /// How many lines the whole log has.
+    pub log_total: i64,
 }
 
-/// Reads an account; `None` when the source has no such customer.
+/// Reads an account with its whole log; `None` when the source has no such customer.
 pub async fn load(
     conn: &mut PgConnection,
     source: &str,
     customer: &CustomerId,
     period: &Period,
     catalog: &Catalog,
+) -> Result<Option<AccountView>, sqlx::Error> {
+    load_with_log(conn, source, customer, period, catalog, None).await
+}
+
+/// Like [`load`], with only the latest `log_lines` lines of the log when given. An account
+/// with thousands of events a day keeps a log of millions of lines (it outlives the
+/// purge), and the reader wants the latest; the index on `(source, customer_id,
+/// occurred_at)` gives them without reading the rest.
+pub async fn load_with_log(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &CustomerId,
+    period: &Period,
+    catalog: &Catalog,
+    log_lines: Option<i64>,
 ) -> Result<Option<AccountView>, sqlx::Error> {
     let customer = customer.as_str();
     let Some(account) = sqlx::query!(
@@ -115,15 +134,31 @@ pub async fn load(
     } else {
         period_balance(conn, source, customer, period.as_str()).await?
     };
+    // LIMIT NULL is no limit.
     let log: Vec<LogLine> = sqlx::query_as!(
         LogLine,
-        r#"SELECT event_id, event_type, occurred_at, outcome, reason FROM account_log
-           WHERE source = $1 AND customer_id = $2 ORDER BY occurred_at, event_id"#,
+        r#"SELECT event_id AS "event_id!", event_type AS "event_type!",
+                  occurred_at, outcome AS "outcome!", reason AS "reason!"
+           FROM (SELECT event_id, event_type, occurred_at, outcome, reason FROM account_log
+                 WHERE source = $1 AND customer_id = $2
+                 ORDER BY occurred_at DESC, event_id DESC LIMIT $3) latest
+           ORDER BY occurred_at, event_id"#,
         source,
-        customer
+        customer,
+        log_lines
     )
     .fetch_all(&mut *conn)
     .await?;
+    let log_total = match log_lines {
+        Some(lines) if log.len() as i64 >= lines => sqlx::query_scalar!(
+            r#"SELECT count(*) AS "count!" FROM account_log WHERE source = $1 AND customer_id = $2"#,
+            source,
+            customer
+        )
+        .fetch_one(&mut *conn)
+        .await?,
+        _ => log.len() as i64,
+    };
     let plan = derive_plan(
         deleted,
         customer_plan.as_deref(),
@@ -146,6 +181,7 @@ pub async fn load(
         subscriptions,
         payments,
         log,
+        log_total,
     }))
 }
 
