@@ -248,21 +248,35 @@ async fn one_intake_delivery_is_one_round_trip_and_a_killed_connection_is_replac
 /// happened. It sends it now, rather than leaving it to the rescue five minutes later.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_delivery_whose_reply_was_lost_after_its_commit_is_still_sent(pool: PgPool) {
-    let (app, trips) = app_through_proxy(&pool).await;
+    delivered_though_its_reply_was_lost(&pool, "evt_cut", Trips::cut_next_reply).await;
+}
+
+/// The held connection stops answering without closing, after the statement reached the
+/// server: the intake gives up on it after `STATEMENT_TIMEOUT` rather than waiting until
+/// Lambda stops the instance, and stores the delivery through a new connection.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_delivery_whose_connection_stops_answering_is_stored_through_a_new_one(pool: PgPool) {
+    delivered_though_its_reply_was_lost(&pool, "evt_stall", Trips::stall_next_reply).await;
+}
+
+/// Delivers an event whose statement's reply `lose` keeps from the intake, after one
+/// delivery that opened the connection, and checks that the event is stored once, marked
+/// and on its way to a worker.
+async fn delivered_though_its_reply_was_lost(pool: &PgPool, key: &str, lose: fn(&Trips)) {
+    let (app, trips) = app_through_proxy(pool).await;
     let t = Utc::now().timestamp();
-    let first = stripe_delivery(&stripe_event("evt_cut0", "cus_cut", t));
+    let first = stripe_delivery(&stripe_event(&format!("{key}0"), "cus_lost", t));
     assert_eq!(app.post("stripe", &first).await.0, StatusCode::OK);
     app.drain_queue().await;
 
-    trips.cut_next_reply();
-    let (status, body) = app
-        .post(
-            "stripe",
-            &stripe_delivery(&stripe_event("evt_cut1", "cus_cut", t)),
-        )
-        .await;
+    lose(&trips);
+    let delivery = stripe_delivery(&stripe_event(&format!("{key}1"), "cus_lost", t));
+    let (status, body) =
+        tokio::time::timeout(Duration::from_secs(60), app.post("stripe", &delivery))
+            .await
+            .expect("the intake answers though the reply never came");
     assert_eq!(status, StatusCode::OK, "{body}");
-    let id = app.event_id("stripe", "evt_cut1").await;
+    let id = app.event_id("stripe", &format!("{key}1")).await;
     assert_eq!(body["event_id"], id);
     assert_eq!(
         app.drain_queue().await,
@@ -275,36 +289,6 @@ async fn a_delivery_whose_reply_was_lost_after_its_commit_is_still_sent(pool: Pg
     // The second attempt cannot tell its own first from a provider's copy that came
     // meanwhile: the one delivery is on record twice.
     assert_eq!(app.verdicts(id).await, ["stored", "duplicate"]);
-}
-
-/// The held connection stops answering without closing, after the statement reached the
-/// server: the intake gives up on it after `STATEMENT_TIMEOUT` rather than waiting until
-/// Lambda stops the instance, and stores the delivery through a new connection.
-#[sqlx::test(migrator = "shared::MIGRATOR")]
-async fn a_delivery_whose_connection_stops_answering_is_stored_through_a_new_one(pool: PgPool) {
-    let (app, trips) = app_through_proxy(&pool).await;
-    let t = Utc::now().timestamp();
-    let first = stripe_delivery(&stripe_event("evt_stall0", "cus_stall", t));
-    assert_eq!(app.post("stripe", &first).await.0, StatusCode::OK);
-    app.drain_queue().await;
-
-    trips.stall_next_reply();
-    let delivery = stripe_delivery(&stripe_event("evt_stall1", "cus_stall", t));
-    let (status, body) =
-        tokio::time::timeout(Duration::from_secs(60), app.post("stripe", &delivery))
-            .await
-            .expect("the intake answers though its connection went silent");
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let id = app.event_id("stripe", "evt_stall1").await;
-    assert_eq!(body["event_id"], id);
-    assert_eq!(
-        app.drain_queue().await,
-        [id],
-        "the event is on its way to a worker"
-    );
-    // The silent statement ran: the second attempt found its event, as after a lost reply.
-    assert_eq!(app.verdicts(id).await, ["stored", "duplicate"]);
-    assert_eq!(app.event(id).await.status, "received");
 }
 
 /// Arms the proxy to cut the reply to the next statement when the worker reaches `point`.
