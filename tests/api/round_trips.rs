@@ -291,13 +291,14 @@ async fn delivered_though_its_reply_was_lost(pool: &PgPool, key: &str, lose: fn(
     assert_eq!(app.verdicts(id).await, ["stored", "duplicate"]);
 }
 
-/// Arms the proxy to cut the reply to the next statement when the worker reaches `point`.
-struct CutAt(Trips, Point);
+/// Arms the proxy with `.2` (to cut or to stall the reply to the next statement) when the
+/// worker reaches `point`.
+struct ArmAt(Trips, Point, fn(&Trips));
 
-impl Interrupts for CutAt {
+impl Interrupts for ArmAt {
     fn at(&self, point: Point, _event_id: i64) -> Option<BoxFuture<'static, ()>> {
         if point == self.1 {
-            self.0.cut_next_reply();
+            (self.2)(&self.0);
         }
         None
     }
@@ -325,7 +326,8 @@ async fn a_worker_whose_reply_was_lost_after_its_commit_still_tells_the_app(pool
         .await;
     let id = answer["event_id"].as_i64().unwrap();
 
-    let cut: Arc<dyn Interrupts> = Arc::new(CutAt(trips, Point::WorkerDecided));
+    let cut: Arc<dyn Interrupts> =
+        Arc::new(ArmAt(trips, Point::WorkerDecided, Trips::cut_next_reply));
     let response = with_interrupts(
         cut,
         shared::handlers::worker::handle_batch(&worker, batch(&[id])),
@@ -342,19 +344,6 @@ async fn a_worker_whose_reply_was_lost_after_its_commit_still_tells_the_app(pool
     let mut sent = app.drain(&effects_url).await;
     sent.sort();
     assert_eq!(sent, written, "every effect of the write is on its way");
-}
-
-/// Arms the proxy to stall the worker's connection after its next statement when the worker
-/// reaches `point`.
-struct StallAt(Trips, Point);
-
-impl Interrupts for StallAt {
-    fn at(&self, point: Point, _event_id: i64) -> Option<BoxFuture<'static, ()>> {
-        if point == self.1 {
-            self.0.stall_next_reply();
-        }
-        None
-    }
 }
 
 /// How many of this database's sessions are idle inside a transaction.
@@ -388,7 +377,8 @@ async fn a_worker_silent_inside_its_transaction_lets_go_of_its_locks(pool: PgPoo
     let (_, answer) = app.post("stripe", &stripe_delivery(&event)).await;
     let id = answer["event_id"].as_i64().unwrap();
 
-    let stall: Arc<dyn Interrupts> = Arc::new(StallAt(trips, Point::WorkerLocked));
+    let stall: Arc<dyn Interrupts> =
+        Arc::new(ArmAt(trips, Point::WorkerLocked, Trips::stall_next_reply));
     let work = with_interrupts(
         stall,
         shared::handlers::worker::handle_batch(&worker, batch(&[id])),
