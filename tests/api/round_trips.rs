@@ -291,14 +291,30 @@ async fn delivered_though_its_reply_was_lost(pool: &PgPool, key: &str, lose: fn(
     assert_eq!(app.verdicts(id).await, ["stored", "duplicate"]);
 }
 
-/// Arms the proxy with `.2` (to cut or to stall the reply to the next statement) when the
-/// worker reaches `point`.
-struct ArmAt(Trips, Point, fn(&Trips));
+/// Arms the proxy with `lose` (to cut or to stall the reply to the next statement) when the
+/// worker reaches `point`, with any event or with `event` alone.
+struct ArmAt {
+    trips: Trips,
+    point: Point,
+    lose: fn(&Trips),
+    event: Option<i64>,
+}
+
+impl ArmAt {
+    fn new(trips: Trips, point: Point, lose: fn(&Trips)) -> Self {
+        Self {
+            trips,
+            point,
+            lose,
+            event: None,
+        }
+    }
+}
 
 impl Interrupts for ArmAt {
-    fn at(&self, point: Point, _event_id: i64) -> Option<BoxFuture<'static, ()>> {
-        if point == self.1 {
-            (self.2)(&self.0);
+    fn at(&self, point: Point, event_id: i64) -> Option<BoxFuture<'static, ()>> {
+        if point == self.point && self.event.is_none_or(|e| e == event_id) {
+            (self.lose)(&self.trips);
         }
         None
     }
@@ -326,8 +342,11 @@ async fn a_worker_whose_reply_was_lost_after_its_commit_still_tells_the_app(pool
         .await;
     let id = answer["event_id"].as_i64().unwrap();
 
-    let cut: Arc<dyn Interrupts> =
-        Arc::new(ArmAt(trips, Point::WorkerDecided, Trips::cut_next_reply));
+    let cut: Arc<dyn Interrupts> = Arc::new(ArmAt::new(
+        trips,
+        Point::WorkerDecided,
+        Trips::cut_next_reply,
+    ));
     let response = with_interrupts(
         cut,
         shared::handlers::worker::handle_batch(&worker, batch(&[id])),
@@ -377,8 +396,11 @@ async fn a_worker_silent_inside_its_transaction_lets_go_of_its_locks(pool: PgPoo
     let (_, answer) = app.post("stripe", &stripe_delivery(&event)).await;
     let id = answer["event_id"].as_i64().unwrap();
 
-    let stall: Arc<dyn Interrupts> =
-        Arc::new(ArmAt(trips, Point::WorkerLocked, Trips::stall_next_reply));
+    let stall: Arc<dyn Interrupts> = Arc::new(ArmAt::new(
+        trips,
+        Point::WorkerLocked,
+        Trips::stall_next_reply,
+    ));
     let work = with_interrupts(
         stall,
         shared::handlers::worker::handle_batch(&worker, batch(&[id])),
@@ -416,6 +438,63 @@ async fn a_worker_silent_inside_its_transaction_lets_go_of_its_locks(pool: PgPoo
         app.event(id).await.status,
         "processing",
         "nothing was written"
+    );
+}
+
+/// The worker's connection goes silent in the middle of a batch, outside any transaction:
+/// the event it was on is given up after the worker's budget for one event and left to the
+/// queue's redelivery, its connection is closed, and the rest of the batch is applied on
+/// another, rather than the whole batch waiting until Lambda stops the invocation.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_worker_whose_connection_goes_silent_mid_batch_applies_the_rest_on_another(pool: PgPool) {
+    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
+    let app = TestApp::spawn(pool.clone()).await;
+    let mut worker = test_worker(through_n(&pool, port, 2));
+    worker.catalog = app.worker.catalog.clone();
+    worker.event_budget = Duration::from_secs(1);
+    let t = Utc::now().timestamp();
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let event = stripe_event(&format!("evt_mute{n}"), &format!("cus_mute{n}"), t);
+        let (_, answer) = app.post("stripe", &stripe_delivery(&event)).await;
+        ids.push(answer["event_id"].as_i64().unwrap());
+    }
+
+    // The second event's read reaches the server, and nothing comes back.
+    let stall = Arc::new(ArmAt {
+        event: Some(ids[1]),
+        ..ArmAt::new(trips, Point::WorkerClaimed, Trips::stall_next_reply)
+    });
+    let response = tokio::time::timeout(
+        Duration::from_secs(60),
+        with_interrupts(
+            stall,
+            shared::handlers::worker::handle_batch(&worker, batch(&ids)),
+        ),
+    )
+    .await
+    .expect("the batch ends though a connection went silent");
+
+    let failed: Vec<_> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone())
+        .collect();
+    assert_eq!(
+        failed,
+        [format!("m{}", ids[1])],
+        "only the silent event comes again"
+    );
+    assert_eq!(app.event(ids[0]).await.status, "applied");
+    assert_eq!(
+        app.event(ids[1]).await.status,
+        "processing",
+        "nothing was written"
+    );
+    assert_eq!(
+        app.event(ids[2]).await.status,
+        "applied",
+        "the rest of the batch went on"
     );
 }
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use sqlx::{Connection, PgConnection, PgPool};
+use tokio::time::timeout;
 
 use crate::billing::registers::{self, EventContext};
 use crate::billing::rules::{Registers, Stamp};
@@ -28,6 +29,15 @@ use crate::sim::{self, Bug, Point};
 
 /// How long the worker waits for one provider read before settling without it.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one event of a batch may take. An event takes tens of milliseconds, and its
+/// provider reads (a tie, a refund's link) at most 5 s each; one that takes longer is
+/// waiting on a connection that went silent (a network that drops what it carries). The
+/// worker then gives the event up to the queue's redelivery and the rescue, closes that
+/// connection, and goes on with the rest of the batch on another, instead of holding the
+/// whole batch until Lambda stops the invocation. Shorter than the lease, so the event is
+/// given up before another worker may take it.
+pub const EVENT_BUDGET: Duration = Duration::from_secs(20);
 
 /// What the worker knows of one configured source.
 pub struct WorkerSource {
@@ -73,6 +83,9 @@ pub struct WorkerState {
     pub effects: Option<Queue>,
     /// Accounts another event moved lately between an event's read and its write.
     pub contended: Contended,
+    /// How long one event of a batch may take, its provider reads included, before the
+    /// worker gives up on it and on its connection ([`EVENT_BUDGET`]).
+    pub event_budget: Duration,
     /// Injected faults, for tests that prove a crash at a point loses nothing.
     #[cfg(feature = "dev")]
     pub faults: Faults,
@@ -121,6 +134,7 @@ impl WorkerState {
             retry_delays: RETRY_DELAYS.to_vec(),
             effects: None,
             contended: Contended::default(),
+            event_budget: EVENT_BUDGET,
             #[cfg(feature = "dev")]
             faults: Faults::default(),
         }
@@ -743,12 +757,33 @@ pub async fn handle_batch(state: &WorkerState, event: SqsEvent) -> SqsBatchRespo
         }
     };
     let mut claimed: HashMap<i64, Claimed> = claimed.into_iter().map(|c| (c.id, c)).collect();
-    for (message_id, event_id) in messages {
+    let mut messages = messages.into_iter();
+    while let Some((message_id, event_id)) = messages.next() {
         // Not claimed: final, held by another worker, not due, gone, or a copy in this batch.
         let Some(event) = claimed.remove(&event_id) else {
             continue;
         };
-        let failed = match process_claimed(state, &mut conn, &event).await {
+        let processed = timeout(
+            state.event_budget,
+            process_claimed(state, &mut conn, &event),
+        );
+        let Ok(processed) = processed.await else {
+            tracing::error!(event_id, budget = ?state.event_budget, "the event took longer than its budget; its connection is closed and the message will be delivered again");
+            retry(message_id);
+            // Closed, not returned to the pool, where a ping would wait on it too.
+            match state.pool.acquire().await {
+                Ok(fresh) => drop(std::mem::replace(&mut conn, fresh).detach()),
+                Err(error) => {
+                    tracing::error!(error = %error, "database unavailable; the rest of the batch will be delivered again");
+                    messages
+                        .filter(|(_, id)| claimed.contains_key(id))
+                        .for_each(|(message_id, _)| retry(message_id));
+                    return response;
+                }
+            }
+            continue;
+        };
+        let failed = match processed {
             Ok(Processed::Failed { status, .. }) => {
                 if status == EventStatus::Failed {
                     retry(message_id);
