@@ -770,9 +770,11 @@ pub async fn handle_batch(state: &WorkerState, event: SqsEvent) -> SqsBatchRespo
         let Ok(processed) = processed.await else {
             tracing::error!(event_id, budget = ?state.event_budget, "the event took longer than its budget; its connection is closed and the message will be delivered again");
             retry(message_id);
-            // Closed, not returned to the pool, where a ping would wait on it too.
-            match state.pool.acquire().await {
-                Ok(fresh) => drop(std::mem::replace(&mut conn, fresh).detach()),
+            // Closed, not returned to the pool: the pool pings a connection on its way back,
+            // and that ping would wait on it for good, holding a place in the pool.
+            drop(conn.detach());
+            conn = match state.pool.acquire().await {
+                Ok(fresh) => fresh,
                 Err(error) => {
                     tracing::error!(error = %error, "database unavailable; the rest of the batch will be delivered again");
                     messages
@@ -780,7 +782,7 @@ pub async fn handle_batch(state: &WorkerState, event: SqsEvent) -> SqsBatchRespo
                         .for_each(|(message_id, _)| retry(message_id));
                     return response;
                 }
-            }
+            };
             continue;
         };
         let failed = match processed {
