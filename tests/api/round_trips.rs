@@ -1,7 +1,9 @@
 //! Round trips to Postgres counted on the wire (docs/design.md §8): a proxy in front of the
 //! server reads the client's side of the protocol and counts the messages that end a round
 //! trip (`Sync`, or a simple `Query`). The intake's delivery is exactly one, pings included;
-//! a connection killed between two deliveries is replaced and the delivery still stored.
+//! a connection killed between two deliveries is replaced and the delivery still stored. The
+//! same proxy loses the reply to a chosen statement, closing the connection or holding it
+//! open and silent, to prove what the intake and the worker do when a reply never comes.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
