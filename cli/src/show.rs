@@ -133,12 +133,13 @@ pub async fn account(
         ]);
     }
     let shown = view.log.len() as i64;
-    match shown < view.log_total {
-        true => out!(
+    if shown < view.log_total {
+        out!(
             "event log, in provider order (the latest {shown} of {}; --log 0 shows all):\n{t}",
             view.log_total
-        ),
-        false => out!("event log, in provider order:\n{t}"),
+        );
+    } else {
+        out!("event log, in provider order:\n{t}");
     }
     Ok(())
 }

@@ -6,7 +6,7 @@
 //! open and silent, to prove what the intake and the worker do when a reply never comes.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +28,8 @@ use crate::helpers::*;
 struct Trips {
     count: Arc<AtomicUsize>,
     next_reply: Arc<AtomicU8>,
+    /// Every statement from now on is stalled, on every connection.
+    stall_all: Arc<AtomicBool>,
 }
 
 /// What becomes of the replies on a connection (and, armed on [`Trips`], of the reply to
@@ -55,6 +57,12 @@ impl Trips {
     /// as a changed path to the database can after an instance was frozen.
     fn stall_next_reply(&self) {
         self.next_reply.store(STALL, Ordering::SeqCst);
+    }
+
+    /// Like [`Self::stall_next_reply`] for every statement from now on, on every connection:
+    /// a database that takes what it is sent and answers nothing.
+    fn stall_every_reply(&self) {
+        self.stall_all.store(true, Ordering::SeqCst);
     }
 }
 
@@ -136,10 +144,12 @@ async fn forward_counting(
         if kind == b'S' || kind == b'Q' {
             trips.count.fetch_add(1, Ordering::SeqCst);
             if executed {
-                cut.store(
-                    trips.next_reply.swap(FORWARD, Ordering::SeqCst),
-                    Ordering::SeqCst,
-                );
+                let next = if trips.stall_all.load(Ordering::SeqCst) {
+                    STALL
+                } else {
+                    trips.next_reply.swap(FORWARD, Ordering::SeqCst)
+                };
+                cut.store(next, Ordering::SeqCst);
             }
             executed = false;
         }
@@ -259,6 +269,32 @@ async fn a_delivery_whose_reply_was_lost_after_its_commit_is_still_sent(pool: Pg
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_delivery_whose_connection_stops_answering_is_stored_through_a_new_one(pool: PgPool) {
     delivered_though_its_reply_was_lost(&pool, "evt_stall", Trips::stall_next_reply).await;
+}
+
+/// The database takes every statement and answers none, on the held connection and on the
+/// new one: the intake answers 503 within its store budget (5 s), and the provider retries,
+/// rather than the delivery waiting until Lambda stops the instance.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_database_that_answers_nothing_is_answered_503(pool: PgPool) {
+    let (app, trips) = app_through_proxy(&pool).await;
+    let t = Utc::now().timestamp();
+    let first = stripe_delivery(&stripe_event("evt_mute0", "cus_mute", t));
+    assert_eq!(app.post("stripe", &first).await.0, StatusCode::OK);
+
+    trips.stall_every_reply();
+    let delivery = stripe_delivery(&stripe_event("evt_mute1", "cus_mute", t));
+    let (status, body) =
+        tokio::time::timeout(Duration::from_secs(60), app.post("stripe", &delivery))
+            .await
+            .expect("the intake answers though the database does not");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["code"], "store_unavailable");
+    // The silent statements ran: the event is stored once, and the retry will find it.
+    assert_eq!(
+        app.count("SELECT count(*) FROM inbox_events WHERE dedupe_key = 'evt_mute1'")
+            .await,
+        1
+    );
 }
 
 /// Delivers an event whose statement's reply `lose` keeps from the intake, after one

@@ -348,8 +348,9 @@ impl<'a> Prepared<'a> {
 }
 
 /// How long one attempt of the held store waits for the database's answer. The statement
-/// takes about a millisecond, and a row lock it may wait on is held only by another
-/// one-statement write. A connection that has not answered by then is taken for broken (a
+/// takes about a millisecond (13 ms for a 1 MiB body), and a row lock it may wait on is held
+/// only by another one-statement write or by a worker's transaction, which the server ends
+/// after 10 s idle. A connection that has not answered by then is taken for broken (a
 /// network that drops what it carries, a server that stopped) and replaced.
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(2);
 
