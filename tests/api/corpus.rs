@@ -39,11 +39,23 @@ pub(crate) fn corpus(dir: &str) -> Vec<(String, Value)> {
         .collect()
 }
 
+/// A test app whose worker knows the corpus's plans.
+async fn corpus_app(pool: PgPool) -> TestApp {
+    let mut app = TestApp::spawn(pool).await;
+    app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
+    app
+}
+
 /// Sends every file of `dir` as `source` (in reverse when asked), applies each, and checks
 /// that each was read: none is unprocessable.
 async fn send_all(pool: PgPool, source: &str, dir: &str, reverse: bool) -> TestApp {
-    let mut app = TestApp::spawn(pool).await;
-    app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
+    let app = corpus_app(pool).await;
+    send_files(&app, source, dir, reverse).await;
+    app
+}
+
+/// Sends every file of `dir` as `source`, each stored new and then applied or ignored.
+async fn send_files(app: &TestApp, source: &str, dir: &str, reverse: bool) {
     let mut files = corpus(dir);
     if reverse {
         files.reverse();
@@ -66,7 +78,6 @@ async fn send_all(pool: PgPool, source: &str, dir: &str, reverse: bool) -> TestA
             row.reason
         );
     }
-    app
 }
 
 fn payments(account: &AccountView) -> Vec<(&str, &str)> {
@@ -213,4 +224,91 @@ async fn kinde_corpus_in_file_order(pool: PgPool) {
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn kinde_corpus_in_reverse(pool: PgPool) {
     kinde(pool, true).await;
+}
+
+/// Every billing table's rows, without what only records which stored event wrote a row
+/// (its inbox id), when, and the account's version (which every finished event moves): the
+/// billing state, comparable across a purge.
+async fn billing_state(app: &TestApp) -> Vec<String> {
+    let mut rows = Vec::new();
+    for table in [
+        "accounts",
+        "customer_plans",
+        "customer_standing",
+        "subscriptions",
+        "payments",
+        "payment_intents",
+        "ledger",
+    ] {
+        let sql = format!(
+            "SELECT '{table} ' || (to_jsonb(t) - 'id' - 'event_id' - 'refunded_by' - 'created_at' - 'version')::text
+             FROM {table} t ORDER BY 1"
+        );
+        let table_rows: Vec<String> = sqlx::query_scalar(&sql).fetch_all(&app.pool).await.unwrap();
+        rows.extend(table_rows);
+    }
+    rows
+}
+
+/// Every corpus event applied and told, purged 40 days later with its effects, then delivered
+/// again, last first (late retries, a reconciliation's reads): each is stored anew, and
+/// nothing moves and nothing is told twice (docs/design.md §3.9).
+async fn delivered_again_after_the_purge(pool: PgPool, source: &str, dir: &str) {
+    let mut app = corpus_app(pool).await;
+    let effects_queue = app.enable_effects().await;
+    send_files(&app, source, dir, false).await;
+    let state = billing_state(&app).await;
+    let told = app.effects().await.len();
+    assert!(told > 0, "{dir} changes something");
+    app.drain(&effects_queue).await;
+    sqlx::query("UPDATE effects SET status = 'sent', sent_at = now() - interval '40 days'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE inbox_events SET received_at = now() - interval '40 days'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let retention = std::time::Duration::from_secs(30 * 86_400);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let events = app.count("SELECT count(*) FROM inbox_events").await;
+    let purged = shared::inbox::purge::purge(&app.pool, retention, deadline)
+        .await
+        .unwrap();
+    assert_eq!(purged as i64, events, "every {dir} event was final");
+    let purged = shared::effects::outbox::purge(&app.pool, retention, deadline)
+        .await
+        .unwrap();
+    assert_eq!(purged as usize, told);
+
+    send_files(&app, source, dir, true).await;
+
+    assert_eq!(billing_state(&app).await, state, "{dir}: nothing moved");
+    assert_eq!(
+        app.effects().await.len(),
+        0,
+        "{dir}: nothing told twice: {:#?}",
+        app.effects().await
+    );
+    assert!(app.drain(&effects_queue).await.is_empty());
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_pre_basil_corpus_delivered_again_after_its_purge_changes_nothing(pool: PgPool) {
+    delivered_again_after_the_purge(pool, "stripe", "stripe/pre-basil").await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_basil_corpus_delivered_again_after_its_purge_changes_nothing(pool: PgPool) {
+    delivered_again_after_the_purge(pool, "stripe", "stripe/basil").await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn polar_corpus_delivered_again_after_its_purge_changes_nothing(pool: PgPool) {
+    delivered_again_after_the_purge(pool, "polar", "polar").await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn kinde_corpus_delivered_again_after_its_purge_changes_nothing(pool: PgPool) {
+    delivered_again_after_the_purge(pool, "kinde", "kinde").await;
 }
