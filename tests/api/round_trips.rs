@@ -260,7 +260,14 @@ async fn one_intake_delivery_is_one_round_trip_and_a_killed_connection_is_replac
 /// happened. It sends it now, rather than leaving it to the rescue five minutes later.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_delivery_whose_reply_was_lost_after_its_commit_is_still_sent(pool: PgPool) {
-    delivered_though_its_reply_was_lost(&pool, "evt_cut", Trips::cut_next_reply).await;
+    delivered_though_its_reply_was_lost(&pool, "evt_cut", Trips::cut_next_reply, false).await;
+}
+
+/// The same for a provider's copy of a stored event: the copy is counted once and answered
+/// `duplicate`, though its statement ran twice.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_copy_whose_reply_was_lost_after_its_commit_is_counted_once(pool: PgPool) {
+    delivered_though_its_reply_was_lost(&pool, "evt_cutcopy", Trips::cut_next_reply, true).await;
 }
 
 /// The held connection stops answering without closing, after the statement reached the
@@ -268,7 +275,7 @@ async fn a_delivery_whose_reply_was_lost_after_its_commit_is_still_sent(pool: Pg
 /// Lambda stops the instance, and stores the delivery through a new connection.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_delivery_whose_connection_stops_answering_is_stored_through_a_new_one(pool: PgPool) {
-    delivered_though_its_reply_was_lost(&pool, "evt_stall", Trips::stall_next_reply).await;
+    delivered_though_its_reply_was_lost(&pool, "evt_stall", Trips::stall_next_reply, false).await;
 }
 
 /// The database takes every statement and answers none, on the held connection and on the
@@ -297,18 +304,27 @@ async fn a_database_that_answers_nothing_is_answered_503(pool: PgPool) {
     );
 }
 
-/// Delivers an event whose statement's reply `lose` keeps from the intake, after one
-/// delivery that opened the connection, and checks that the event is stored once, marked
-/// and on its way to a worker.
-async fn delivered_though_its_reply_was_lost(pool: &PgPool, key: &str, lose: fn(&Trips)) {
+/// Delivers an event (a provider's copy of a stored one, when `copy`) whose statement's
+/// reply `lose` keeps from the intake, after one delivery that opened the connection, and
+/// checks that the second attempt answers what the first stored, that the one delivery is
+/// counted and recorded once, and that the event is on its way to a worker.
+async fn delivered_though_its_reply_was_lost(
+    pool: &PgPool,
+    key: &str,
+    lose: fn(&Trips),
+    copy: bool,
+) {
     let (app, trips) = app_through_proxy(pool).await;
     let t = Utc::now().timestamp();
     let first = stripe_delivery(&stripe_event(&format!("{key}0"), "cus_lost", t));
     assert_eq!(app.post("stripe", &first).await.0, StatusCode::OK);
+    let delivery = stripe_delivery(&stripe_event(&format!("{key}1"), "cus_lost", t));
+    if copy {
+        assert_eq!(app.post("stripe", &delivery).await.1["status"], "stored");
+    }
     app.drain_queue().await;
 
     lose(&trips);
-    let delivery = stripe_delivery(&stripe_event(&format!("{key}1"), "cus_lost", t));
     let (status, body) =
         tokio::time::timeout(Duration::from_secs(60), app.post("stripe", &delivery))
             .await
@@ -316,6 +332,11 @@ async fn delivered_though_its_reply_was_lost(pool: &PgPool, key: &str, lose: fn(
     assert_eq!(status, StatusCode::OK, "{body}");
     let id = app.event_id("stripe", &format!("{key}1")).await;
     assert_eq!(body["event_id"], id);
+    let (answer, verdicts) = match copy {
+        true => ("duplicate", &["stored", "duplicate"][..]),
+        false => ("stored", &["stored"][..]),
+    };
+    assert_eq!(body["status"], answer, "the first attempt's verdict");
     assert_eq!(
         app.drain_queue().await,
         [id],
@@ -324,9 +345,12 @@ async fn delivered_though_its_reply_was_lost(pool: &PgPool, key: &str, lose: fn(
     let event = app.event(id).await;
     assert_eq!(event.status, "received");
     assert!(event.enqueued_at.is_some(), "marked as sent");
-    // The second attempt cannot tell its own first from a provider's copy that came
-    // meanwhile: the one delivery is on record twice.
-    assert_eq!(app.verdicts(id).await, ["stored", "duplicate"]);
+    assert_eq!(
+        app.verdicts(id).await,
+        verdicts,
+        "the second attempt found its first's record and wrote none"
+    );
+    assert_eq!(event.seen_count as usize, verdicts.len(), "counted once");
 }
 
 /// Arms the proxy with `lose` (to cut or to stall the reply to the next statement) when the

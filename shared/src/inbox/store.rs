@@ -33,6 +33,12 @@ pub struct NewDelivery<'a> {
     /// Read back from the provider's API, not delivered: a read of a stored event is no
     /// copy (no `seen_count`, no delivery row) and marks nothing for the queue.
     pub fetched: bool,
+    /// The request's own id, recorded on its delivery row (a UUID).
+    pub attempt: Option<&'a str>,
+    /// A second attempt of the request, whose first may have committed with its reply lost:
+    /// if the first's delivery row is there, nothing is counted or recorded again and the
+    /// first's verdict is the answer.
+    pub again: bool,
 }
 
 /// Where a verified event came from.
@@ -118,7 +124,13 @@ pub async fn store_delivery(
 ) -> Result<Stored, StoreError> {
     let row = sqlx::query!(
         r#"
-        WITH upsert AS (
+        WITH first AS (
+            -- This request's delivery, stored by its first attempt (only looked for when
+            -- this is its second).
+            SELECT d.verdict FROM deliveries d
+            JOIN inbox_events i ON i.id = d.event_id
+            WHERE $19 AND i.source = $1 AND i.dedupe_key = $2 AND d.attempt = $18::text::uuid
+        ), upsert AS (
             INSERT INTO inbox_events AS e
                 (source, dedupe_key, type, payload, raw_body, payload_hash, customer_key,
                  occurred_at, status, reason, processed_at, enqueued_at)
@@ -127,7 +139,8 @@ pub async fn store_delivery(
                     CASE WHEN $9 = 'received' THEN inbox_now() END)
             ON CONFLICT (source, dedupe_key) DO UPDATE
                 SET seen_count = e.seen_count
-                        + (e.payload_hash = EXCLUDED.payload_hash AND NOT $16)::int,
+                        + (e.payload_hash = EXCLUDED.payload_hash AND NOT $16
+                           AND NOT EXISTS (SELECT 1 FROM first))::int,
                     enqueued_at = CASE
                         WHEN e.payload_hash = EXCLUDED.payload_hash
                              AND e.status = ANY($14) AND NOT $16
@@ -146,13 +159,15 @@ pub async fn store_delivery(
                            WHEN e.payload_hash = $6 THEN 'duplicate'
                            ELSE 'conflict' END AS verdict
         ), delivery AS (
-            INSERT INTO deliveries (event_id, verdict, delivery_id, sent_at, payload_hash, headers, secret_index)
-            SELECT id, verdict, $11, $12, $6, $13, $15
+            INSERT INTO deliveries (event_id, verdict, delivery_id, sent_at, payload_hash, headers,
+                                    secret_index, attempt)
+            SELECT id, verdict, $11, $12, $6, $13, $15, $18::text::uuid
             FROM upsert
-            WHERE inserted OR NOT $16
+            WHERE (inserted OR NOT $16) AND NOT EXISTS (SELECT 1 FROM first)
         )
         SELECT upsert.id AS "event_id!", upsert.status AS "status!: EventStatus",
-               upsert.verdict AS "verdict!: Verdict", upsert.marked AS "marked!"
+               COALESCE((SELECT verdict FROM first), upsert.verdict) AS "verdict!: Verdict",
+               upsert.marked AS "marked!"
         FROM upsert
         "#,
         d.source,
@@ -172,6 +187,8 @@ pub async fn store_delivery(
         d.secret_index,
         d.fetched,
         super::STUCK_AFTER.as_secs_f64(),
+        d.attempt,
+        d.again,
     )
     .fetch_one(conn)
     .await?;
@@ -343,6 +360,8 @@ impl<'a> Prepared<'a> {
                 .signed_with
                 .and_then(|i| i16::try_from(i).ok()),
             fetched: self.fetched,
+            attempt: None,
+            again: false,
         }
     }
 }
@@ -365,11 +384,11 @@ pub const STORE_BUDGET: Duration = Duration::from_secs(5);
 /// replaced, and the statement tried once more, all within [`STORE_BUDGET`].
 ///
 /// A statement whose connection broke after it was sent may have committed: only its reply
-/// was lost. The second attempt then finds the event the first stored and marked for a send
-/// that never happened, and takes it for a copy whose message is on its way. So after such
-/// a break, a copy of a pending event is sent whether or not this statement marked it: at
-/// worst one message more, which the worker's claim makes nothing of. The second attempt
-/// records one more delivery; it cannot tell its own first from a provider's copy.
+/// was lost. The delivery row carries the request's own id, so the second attempt finds its
+/// first's row, if it is there, and counts and records nothing again: its answer is the
+/// first's verdict. The first marked the event for a send that never happened, so after
+/// such a break a pending event is sent whether or not this statement marked it: at worst
+/// one message more, which the worker's claim makes nothing of.
 pub async fn store_verified_held(
     held: &crate::db::Held,
     source: &str,
@@ -378,7 +397,11 @@ pub async fn store_verified_held(
     origin: Origin<'_>,
 ) -> Result<Stored, StoreError> {
     let prepared = Prepared::new(source, body, verified, origin);
-    let delivery = prepared.delivery();
+    let attempt = uuid::Uuid::new_v4().to_string();
+    let mut delivery = NewDelivery {
+        attempt: Some(&attempt),
+        ..prepared.delivery()
+    };
     let deadline = Instant::now() + STORE_BUDGET;
     let mut conn = held.lock().await;
     let mut retried = false;
@@ -404,9 +427,10 @@ pub async fn store_verified_held(
                 tracing::info!(error = %error, "the held connection failed; trying a new one");
                 retried = true;
                 maybe_committed = !matches!(error, StoreError::NoConnection(_));
+                delivery.again = maybe_committed;
             }
             Ok(stored) if maybe_committed && !delivery.fetched => {
-                let resend = stored.verdict == Verdict::Duplicate && stored.status.is_pending();
+                let resend = stored.verdict != Verdict::Conflict && stored.status.is_pending();
                 return Ok(Stored {
                     marked: stored.marked || resend,
                     ..stored
