@@ -304,6 +304,47 @@ async fn a_database_that_answers_nothing_is_answered_503(pool: PgPool) {
     );
 }
 
+/// The queue refuses the send, and then the database takes the statement that clears the
+/// event's enqueue mark and answers nothing: the intake gives up on it after
+/// `UNMARK_TIMEOUT` and answers `stored`, rather than waiting until Lambda stops the
+/// instance and the provider hears a 500. Marked or not, the rescue sends the event.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_refused_send_whose_unmark_is_not_answered_is_still_answered_stored(pool: PgPool) {
+    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
+    let sqs = sqs_client().await;
+    let queue_url = create_queue(&sqs).await;
+    let refusing = unreachable_queue().await;
+    let app =
+        TestApp::with_parts(pool.clone(), through(&pool, port), sqs, queue_url, refusing).await;
+    let stall: Arc<dyn Interrupts> = Arc::new(ArmAt::new(
+        trips,
+        Point::IntakeStored,
+        Trips::stall_next_reply,
+    ));
+    let delivery = stripe_delivery(&stripe_event(
+        "evt_unmark",
+        "cus_unmark",
+        Utc::now().timestamp(),
+    ));
+
+    let (status, body) = tokio::time::timeout(
+        Duration::from_secs(60),
+        with_interrupts(stall, app.post("stripe", &delivery)),
+    )
+    .await
+    .expect("the intake answers though the unmark is never answered");
+
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "stored");
+    let event = app.event(app.event_id("stripe", "evt_unmark").await).await;
+    assert_eq!(event.status, "received");
+    assert!(
+        event.enqueued_at.is_none(),
+        "the silent unmark ran on the server (only its reply was held): the rescue's rule for \
+         unmarked rows sends the event"
+    );
+}
+
 /// Delivers an event (a provider's copy of a stored one, when `copy`) whose statement's
 /// reply `lose` keeps from the intake, after one delivery that opened the connection, and
 /// checks that the second attempt answers what the first stored, that the one delivery is

@@ -55,15 +55,18 @@ impl EffectStatus {
 }
 
 /// Sends effect ids to the dispatcher's queue; what the queue refused is unmarked, so the
-/// rescue sends it at its next run. Returns the ids not sent.
+/// rescue sends it at its next run (or, if the unmark fails or is not answered within
+/// [`crate::inbox::UNMARK_TIMEOUT`], once its mark is old). Returns the ids not sent.
 pub async fn enqueue_or_unmark(
     pool: &PgPool,
     queue: &Queue,
     ids: &[String],
-) -> Result<Vec<String>, sqlx::Error> {
+) -> anyhow::Result<Vec<String>> {
     let unsent = queue.send_bodies(ids).await;
     if !unsent.is_empty() {
-        unmark(pool, &unsent).await?;
+        crate::inbox::bounded_unmark(unmark(pool, &unsent))
+            .await
+            .context("unmarking effects the queue refused")?;
     }
     Ok(unsent)
 }

@@ -284,7 +284,11 @@ async fn send_effects(state: &WorkerState, event_id: i64, ids: &[String]) {
         return;
     };
     if let Err(error) = outbox::enqueue_or_unmark(&state.pool, queue, ids).await {
-        tracing::warn!(event_id, error = %error, "effects written but not enqueued; the scheduler will");
+        tracing::warn!(
+            event_id,
+            error = format!("{error:#}"),
+            "effects written but not enqueued; the scheduler will"
+        );
     }
 }
 

@@ -2,14 +2,35 @@
 //! that picked them, then sent; a row the queue refused is unmarked, so that the next rescue
 //! of never-enqueued rows sends it. The only code that sends event ids.
 
-use anyhow::Context;
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
 use sqlx::PgPool;
 
 use crate::queue::Queue;
 
+/// How long clearing the marks of rows the queue refused may take, a connection included:
+/// one statement by primary key, normally a millisecond. A database that has not answered by
+/// then leaves the marks in place, and the rescue's rule for old marks
+/// ([`super::STUCK_AFTER`]) sends the rows in place of its rule for unmarked ones. The
+/// caller goes on: the intake answers the provider rather than waiting until Lambda stops
+/// the instance.
+pub const UNMARK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// An unmark, given up after [`UNMARK_TIMEOUT`].
+pub async fn bounded_unmark(
+    unmark: impl Future<Output = Result<(), sqlx::Error>>,
+) -> anyhow::Result<()> {
+    tokio::time::timeout(UNMARK_TIMEOUT, unmark)
+        .await
+        .map_err(|_| anyhow!("no answer within {UNMARK_TIMEOUT:?}"))?
+        .map_err(Into::into)
+}
+
 /// Sends event ids already marked `enqueued_at`; unmarks those the queue refused. Returns the
-/// refused ids. A failure to unmark leaves them marked: the rescue of stuck rows sends them,
-/// a few minutes later.
+/// refused ids. A failure to unmark, or no answer within [`UNMARK_TIMEOUT`], leaves them
+/// marked: the rescue of stuck rows sends them, a few minutes later.
 pub async fn enqueue_or_unmark(
     pool: &PgPool,
     queue: &Queue,
@@ -21,7 +42,7 @@ pub async fn enqueue_or_unmark(
             count = unsent.len(),
             "enqueue failed; the scheduler will rescue the events"
         );
-        unmark(pool, &unsent)
+        bounded_unmark(unmark(pool, &unsent))
             .await
             .context("unmarking events the queue refused")?;
     }

@@ -30,7 +30,7 @@ pub mod store;
 
 use std::time::Duration;
 
-pub use enqueue::{enqueue_or_unmark, unmark};
+pub use enqueue::{bounded_unmark, enqueue_or_unmark, unmark, UNMARK_TIMEOUT};
 
 use crate::domain::EventStatus;
 
