@@ -25,6 +25,12 @@ pub const DEFAULT_REFETCH_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a failed fetch is remembered before another is tried.
 pub const DEFAULT_BACKOFF: Duration = Duration::from_secs(30);
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// All one key lookup may take, every fetch and wait in it included: a refresh that finds
+/// the kid missing fetches once more (a rotation), and a request may wait on another's fetch
+/// before it makes its own. After that the cached keys answer, if they hold the kid, and
+/// otherwise "keys unavailable" (503: the provider retries), so that the intake's worst path
+/// stays inside its function's timeout (template.yaml).
+pub const LOOKUP_BUDGET: Duration = FETCH_TIMEOUT;
 
 pub struct JwksCache {
     url: Url,
@@ -99,8 +105,22 @@ impl JwksCache {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The key named `kid`, as of `now`.
+    /// The key named `kid`, as of `now`, within [`LOOKUP_BUDGET`].
     pub async fn key(&self, kid: &str, now: Instant) -> Result<Jwk, AuthError> {
+        match tokio::time::timeout(LOOKUP_BUDGET, self.lookup(kid, now)).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                tracing::warn!(url = %self.url, kid, "JWKS lookup given up after {LOOKUP_BUDGET:?}");
+                // Stale keys beat no answer; a fetch cut short here is tried again later.
+                self.lock()
+                    .find(kid)
+                    .cloned()
+                    .ok_or(AuthError::KeysUnavailable)
+            }
+        }
+    }
+
+    async fn lookup(&self, kid: &str, now: Instant) -> Result<Jwk, AuthError> {
         loop {
             let waiting = self.fetched.notified();
             tokio::pin!(waiting);

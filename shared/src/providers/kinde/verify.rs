@@ -177,6 +177,7 @@ fn meta(claims: &Value) -> Result<EventMeta, String> {
 mod tests {
     use super::*;
     use crate::providers::kinde::fixtures::token as kinde_token;
+    use crate::providers::kinde::jwks::LOOKUP_BUDGET;
     use chrono::Duration as ChronoDuration;
     use hmac::{Hmac, Mac};
     use serde_json::json;
@@ -435,6 +436,34 @@ mod tests {
             .key("test-key-a", start + Duration::from_secs(601))
             .await
             .unwrap();
+    }
+
+    /// A slow JWKS host, and a refresh that finds the kid missing and fetches again: the
+    /// lookup gives up within its budget (503, the provider retries) rather than taking the
+    /// two fetches' time, which would outlast the intake's function timeout.
+    #[tokio::test]
+    async fn a_lookup_that_needs_two_slow_fetches_gives_up_within_its_budget() {
+        let server = MockServer::start().await;
+        let slow = |body: &str| {
+            ResponseTemplate::new(200)
+                .set_body_raw(body.to_owned(), "application/json")
+                .set_delay(LOOKUP_BUDGET * 3 / 5)
+        };
+        Mock::given(method("GET"))
+            .respond_with(slow(JWKS_A))
+            .up_to_n_times(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .respond_with(slow(JWKS_ALL))
+            .mount(&server)
+            .await;
+        let url = url::Url::parse(&format!("{}/.well-known/jwks", server.uri())).unwrap();
+        let cache = JwksCache::new(url, reqwest::Client::new());
+        assert_eq!(
+            cache.key("test-key-b", Instant::now()).await.unwrap_err(),
+            AuthError::KeysUnavailable
+        );
     }
 
     #[tokio::test]
