@@ -544,6 +544,56 @@ async fn a_worker_silent_inside_its_transaction_lets_go_of_its_locks(pool: PgPoo
     );
 }
 
+/// The worker's claim reaches the server and nothing comes back: the batch is given back to
+/// the queue after the event budget, rather than held until Lambda stops the invocation,
+/// and the events the silent claim leased come again once their lease ends.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_worker_whose_claim_is_not_answered_gives_the_batch_back(pool: PgPool) {
+    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
+    let app = TestApp::spawn(pool.clone()).await;
+    let mut worker = test_worker(through(&pool, port));
+    worker.catalog = app.worker.catalog.clone();
+    worker.event_budget = Duration::from_secs(1);
+    let t = Utc::now().timestamp();
+    let (_, answer) = app
+        .post(
+            "stripe",
+            &stripe_delivery(&stripe_event("evt_mute_claim", "cus_mute_claim", t)),
+        )
+        .await;
+    let id = answer["event_id"].as_i64().unwrap();
+
+    trips.stall_next_reply();
+    let response = tokio::time::timeout(
+        Duration::from_secs(60),
+        shared::handlers::worker::handle_batch(&worker, batch(&[id])),
+    )
+    .await
+    .expect("the batch ends though its claim was never answered");
+
+    let failed: Vec<_> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone())
+        .collect();
+    assert_eq!(failed, [format!("m{id}")], "the message comes again");
+    let event = app.event(id).await;
+    assert_eq!(
+        event.status, "processing",
+        "the silent claim ran: {event:?}"
+    );
+
+    // Once the lease ends, the event is claimed again and applied on a new connection.
+    sqlx::query("UPDATE inbox_events SET locked_until = now() - interval '1 second' WHERE id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let response = shared::handlers::worker::handle_batch(&worker, batch(&[id])).await;
+    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(app.event(id).await.status, "applied");
+}
+
 /// The worker's connection goes silent in the middle of a batch, outside any transaction:
 /// the event it was on is given up after the worker's budget for one event and left to the
 /// queue's redelivery, its connection is closed, and the rest of the batch is applied on

@@ -10,7 +10,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, PgConnection, PgPool, Postgres};
 use tokio::time::timeout;
 
 use crate::billing::registers::{self, EventContext};
@@ -745,15 +746,10 @@ pub async fn handle_batch(state: &WorkerState, event: SqsEvent) -> SqsBatchRespo
         response.batch_item_failures.push(failure);
     };
     let ids: Vec<i64> = messages.iter().map(|(_, id)| *id).collect();
-    let claimed = async {
-        let mut conn = state.pool.acquire().await?;
-        let claimed = lease::claim(&mut conn, &ids, state.lease).await?;
-        Ok::<_, sqlx::Error>((conn, claimed))
-    };
-    let (mut conn, claimed) = match claimed.await {
+    let (mut conn, claimed) = match claim_batch(state, &ids).await {
         Ok(claimed) => claimed,
-        Err(error) => {
-            tracing::error!(error = %error, "database unavailable; the batch will be delivered again");
+        Err(why) => {
+            tracing::error!(error = %why, "the batch will be delivered again");
             messages
                 .into_iter()
                 .for_each(|(message_id, _)| retry(message_id));
@@ -812,6 +808,38 @@ pub async fn handle_batch(state: &WorkerState, event: SqsEvent) -> SqsBatchRespo
         }
     }
     response
+}
+
+/// Claims a batch's events on a connection of the pool, the claim bounded like one event
+/// ([`EVENT_BUDGET`]); says why not, when not. A claim that reached the server may have
+/// committed although it was not answered: its events are then under a lease nobody works,
+/// and come again when it ends (the queue's redelivery, the rescue). Its connection is
+/// closed, not returned to the pool, as after a silent event.
+async fn claim_batch(
+    state: &WorkerState,
+    ids: &[i64],
+) -> Result<(PoolConnection<Postgres>, Vec<Claimed>), String> {
+    let mut conn = state
+        .pool
+        .acquire()
+        .await
+        .map_err(|e| format!("database unavailable: {e}"))?;
+    match timeout(
+        state.event_budget,
+        lease::claim(&mut conn, ids, state.lease),
+    )
+    .await
+    {
+        Ok(Ok(claimed)) => Ok((conn, claimed)),
+        Ok(Err(e)) => Err(format!("database unavailable: {e}")),
+        Err(_) => {
+            drop(conn.detach());
+            Err(format!(
+                "the claim was not answered within {:?}; its connection is closed",
+                state.event_budget
+            ))
+        }
+    }
 }
 
 /// Where a fault can be injected, to prove that a crash at that point loses nothing.
