@@ -549,11 +549,7 @@ async fn a_worker_silent_inside_its_transaction_lets_go_of_its_locks(pool: PgPoo
 /// and the events the silent claim leased come again once their lease ends.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_worker_whose_claim_is_not_answered_gives_the_batch_back(pool: PgPool) {
-    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
-    let app = TestApp::spawn(pool.clone()).await;
-    let mut worker = test_worker(through(&pool, port));
-    worker.catalog = app.worker.catalog.clone();
-    worker.event_budget = Duration::from_secs(1);
+    let (app, worker, trips) = app_and_worker_with_one_proxied_connection(&pool).await;
     let t = Utc::now().timestamp();
     let (_, answer) = app
         .post(
@@ -571,11 +567,7 @@ async fn a_worker_whose_claim_is_not_answered_gives_the_batch_back(pool: PgPool)
     .await
     .expect("the batch ends though its claim was never answered");
 
-    let failed: Vec<_> = response
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.clone())
-        .collect();
+    let failed = failed_messages(&response);
     assert_eq!(failed, [format!("m{id}")], "the message comes again");
     let event = app.event(id).await;
     assert_eq!(
@@ -600,12 +592,8 @@ async fn a_worker_whose_claim_is_not_answered_gives_the_batch_back(pool: PgPool)
 /// another, rather than the whole batch waiting until Lambda stops the invocation.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_worker_whose_connection_goes_silent_mid_batch_applies_the_rest_on_another(pool: PgPool) {
-    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
-    let app = TestApp::spawn(pool.clone()).await;
     // One connection: the silent one must leave the pool for another to be had.
-    let mut worker = test_worker(through(&pool, port));
-    worker.catalog = app.worker.catalog.clone();
-    worker.event_budget = Duration::from_secs(1);
+    let (app, worker, trips) = app_and_worker_with_one_proxied_connection(&pool).await;
     let t = Utc::now().timestamp();
     let mut ids = Vec::new();
     for n in 0..3 {
@@ -629,11 +617,7 @@ async fn a_worker_whose_connection_goes_silent_mid_batch_applies_the_rest_on_ano
     .await
     .expect("the batch ends though a connection went silent");
 
-    let failed: Vec<_> = response
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.clone())
-        .collect();
+    let failed = failed_messages(&response);
     assert_eq!(
         failed,
         [format!("m{}", ids[1])],
@@ -665,6 +649,28 @@ async fn returned(pool: &PgPool) {
 }
 
 /// An SQS batch naming `ids`, as the event source mapping builds it.
+/// An app, and a worker of its own whose one pooled connection goes through a counting
+/// proxy, with a budget of 1 s per event.
+async fn app_and_worker_with_one_proxied_connection(
+    pool: &PgPool,
+) -> (TestApp, shared::handlers::worker::WorkerState, Trips) {
+    let (port, trips) = counting_proxy(upstream_of(pool).await).await;
+    let app = TestApp::spawn(pool.clone()).await;
+    let mut worker = test_worker(through(pool, port));
+    worker.catalog = app.worker.catalog.clone();
+    worker.event_budget = Duration::from_secs(1);
+    (app, worker, trips)
+}
+
+/// The messages a batch response asks SQS to deliver again.
+fn failed_messages(response: &aws_lambda_events::event::sqs::SqsBatchResponse) -> Vec<String> {
+    response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.clone())
+        .collect()
+}
+
 fn batch(ids: &[i64]) -> aws_lambda_events::event::sqs::SqsEvent {
     let mut event = aws_lambda_events::event::sqs::SqsEvent::default();
     for id in ids {
