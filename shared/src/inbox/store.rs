@@ -33,12 +33,9 @@ pub struct NewDelivery<'a> {
     /// Read back from the provider's API, not delivered: a read of a stored event is no
     /// copy (no `seen_count`, no delivery row) and marks nothing for the queue.
     pub fetched: bool,
-    /// The request's own id, recorded on its delivery row (a UUID).
+    /// The request's own id, recorded on its delivery row (a UUID): a second attempt of the
+    /// request finds its first's row by it ([`store_verified_held`]).
     pub attempt: Option<&'a str>,
-    /// A second attempt of the request, whose first may have committed with its reply lost:
-    /// if the first's delivery row is there, nothing is counted or recorded again and the
-    /// first's verdict is the answer.
-    pub again: bool,
 }
 
 /// Where a verified event came from.
@@ -124,13 +121,7 @@ pub async fn store_delivery(
 ) -> Result<Stored, StoreError> {
     let row = sqlx::query!(
         r#"
-        WITH first AS (
-            -- This request's delivery, stored by its first attempt (only looked for when
-            -- this is its second).
-            SELECT d.verdict FROM deliveries d
-            JOIN inbox_events i ON i.id = d.event_id
-            WHERE $19 AND i.source = $1 AND i.dedupe_key = $2 AND d.attempt = $18::text::uuid
-        ), upsert AS (
+        WITH upsert AS (
             INSERT INTO inbox_events AS e
                 (source, dedupe_key, type, payload, raw_body, payload_hash, customer_key,
                  occurred_at, status, reason, processed_at, enqueued_at)
@@ -139,8 +130,7 @@ pub async fn store_delivery(
                     CASE WHEN $9 = 'received' THEN inbox_now() END)
             ON CONFLICT (source, dedupe_key) DO UPDATE
                 SET seen_count = e.seen_count
-                        + (e.payload_hash = EXCLUDED.payload_hash AND NOT $16
-                           AND NOT EXISTS (SELECT 1 FROM first))::int,
+                        + (e.payload_hash = EXCLUDED.payload_hash AND NOT $16)::int,
                     enqueued_at = CASE
                         WHEN e.payload_hash = EXCLUDED.payload_hash
                              AND e.status = ANY($14) AND NOT $16
@@ -163,11 +153,10 @@ pub async fn store_delivery(
                                     secret_index, attempt)
             SELECT id, verdict, $11, $12, $6, $13, $15, $18::text::uuid
             FROM upsert
-            WHERE (inserted OR NOT $16) AND NOT EXISTS (SELECT 1 FROM first)
+            WHERE inserted OR NOT $16
         )
         SELECT upsert.id AS "event_id!", upsert.status AS "status!: EventStatus",
-               COALESCE((SELECT verdict FROM first), upsert.verdict) AS "verdict!: Verdict",
-               upsert.marked AS "marked!"
+               upsert.verdict AS "verdict!: Verdict", upsert.marked AS "marked!"
         FROM upsert
         "#,
         d.source,
@@ -188,7 +177,6 @@ pub async fn store_delivery(
         d.fetched,
         super::STUCK_AFTER.as_secs_f64(),
         d.attempt,
-        d.again,
     )
     .fetch_one(conn)
     .await?;
@@ -198,6 +186,37 @@ pub async fn store_delivery(
         status: row.status,
         marked: row.marked,
     })
+}
+
+/// What the first attempt of this request stored, if its delivery row is there: found by the
+/// request's id among the event's deliveries. Asked only after a break that may have
+/// committed, so the one statement of every other delivery stays as it is.
+async fn stored_by_attempt(
+    conn: &mut PgConnection,
+    d: &NewDelivery<'_>,
+) -> Result<Option<Stored>, sqlx::Error> {
+    let Some(attempt) = d.attempt else {
+        return Ok(None);
+    };
+    let row = sqlx::query!(
+        r#"
+        SELECT e.id, e.status AS "status: EventStatus", d.verdict AS "verdict: Verdict"
+        FROM inbox_events e
+        JOIN deliveries d ON d.event_id = e.id
+        WHERE e.source = $1 AND e.dedupe_key = $2 AND d.attempt = $3::text::uuid
+        "#,
+        d.source,
+        d.dedupe_key.as_str(),
+        attempt,
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(|row| Stored {
+        event_id: row.id,
+        verdict: row.verdict,
+        status: row.status,
+        marked: false,
+    }))
 }
 
 /// The earliest provider time trusted: no provider here sent events before it.
@@ -361,7 +380,6 @@ impl<'a> Prepared<'a> {
                 .and_then(|i| i16::try_from(i).ok()),
             fetched: self.fetched,
             attempt: None,
-            again: false,
         }
     }
 }
@@ -384,11 +402,12 @@ pub const STORE_BUDGET: Duration = Duration::from_secs(5);
 /// replaced, and the statement tried once more, all within [`STORE_BUDGET`].
 ///
 /// A statement whose connection broke after it was sent may have committed: only its reply
-/// was lost. The delivery row carries the request's own id, so the second attempt finds its
-/// first's row, if it is there, and counts and records nothing again: its answer is the
-/// first's verdict. The first marked the event for a send that never happened, so after
-/// such a break a pending event is sent whether or not this statement marked it: at worst
-/// one message more, which the worker's claim makes nothing of.
+/// was lost. The delivery row carries the request's own id, so the second attempt first
+/// looks for its first's row (one statement more, on this path only); if it is there,
+/// nothing is counted or recorded again, and the first's verdict is the answer. The first
+/// marked the event for a send that never happened, so after such a break a pending event is
+/// sent whether or not this statement marked it: at worst one message more, which the
+/// worker's claim makes nothing of.
 pub async fn store_verified_held(
     held: &crate::db::Held,
     source: &str,
@@ -398,7 +417,7 @@ pub async fn store_verified_held(
 ) -> Result<Stored, StoreError> {
     let prepared = Prepared::new(source, body, verified, origin);
     let attempt = uuid::Uuid::new_v4().to_string();
-    let mut delivery = NewDelivery {
+    let delivery = NewDelivery {
         attempt: Some(&attempt),
         ..prepared.delivery()
     };
@@ -413,7 +432,15 @@ pub async fn store_verified_held(
             Ok(Err(e)) => Err(StoreError::NoConnection(e)),
             Ok(Ok(c)) => {
                 let bound = deadline.min(Instant::now() + STATEMENT_TIMEOUT);
-                timeout_at(bound, store_or_refuse(c, &delivery))
+                let attempt = async {
+                    if maybe_committed {
+                        if let Some(first) = stored_by_attempt(&mut *c, &delivery).await? {
+                            return Ok(first);
+                        }
+                    }
+                    store_or_refuse(c, &delivery).await
+                };
+                timeout_at(bound, attempt)
                     .await
                     .unwrap_or(Err(StoreError::NoAnswer(STATEMENT_TIMEOUT)))
             }
@@ -427,7 +454,6 @@ pub async fn store_verified_held(
                 tracing::info!(error = %error, "the held connection failed; trying a new one");
                 retried = true;
                 maybe_committed = !matches!(error, StoreError::NoConnection(_));
-                delivery.again = maybe_committed;
             }
             Ok(stored) if maybe_committed && !delivery.fetched => {
                 let resend = stored.verdict != Verdict::Conflict && stored.status.is_pending();
