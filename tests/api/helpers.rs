@@ -116,6 +116,14 @@ impl TestApp {
         }
     }
 
+    /// Delivers Stripe event `id` about `customer`, created at `created`, and returns the
+    /// stored event's id.
+    pub async fn store_stripe_event(&self, id: &str, customer: &str, created: i64) -> i64 {
+        let delivery = stripe_delivery(&stripe_event(id, customer, created));
+        let (_, answer) = self.post("stripe", &delivery).await;
+        answer["event_id"].as_i64().expect("stored")
+    }
+
     /// POSTs a delivery to `/webhooks/{source}` through the intake handler.
     pub async fn post(&self, source: &str, delivery: &Delivery) -> (StatusCode, Value) {
         let mut builder = http::Request::builder()

@@ -394,13 +394,9 @@ async fn a_send_out_of_time_is_unmarked_for_the_next_run(pool: PgPool) {
 async fn a_reconciliation_read_of_a_due_row_leaves_it_rescuable(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let created = Utc::now().timestamp() - LAG.as_secs() as i64 - 600;
-    let (_, body) = app
-        .post(
-            "stripe",
-            &stripe_delivery(&stripe_event("evt_due_read", "cus_d", created)),
-        )
+    let id = app
+        .store_stripe_event("evt_due_read", "cus_d", created)
         .await;
-    let id = body["event_id"].as_i64().unwrap();
     app.drain_queue().await;
     exec(&app, "UPDATE inbox_events SET status = 'failed', attempts = 1, enqueued_at = now() - interval '10 seconds', next_attempt_at = now() - interval '5 seconds'").await;
     let fake = FakeStripe::new(vec![stripe_api_event("evt_due_read", "cus_d", created)]);

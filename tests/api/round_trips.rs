@@ -437,24 +437,10 @@ async fn a_worker_whose_reply_was_lost_after_its_commit_still_tells_the_app(pool
     worker.catalog = app.worker.catalog.clone();
     worker.effects = app.worker.effects.clone();
     let t = Utc::now().timestamp();
-    let (_, answer) = app
-        .post(
-            "stripe",
-            &stripe_delivery(&stripe_event("evt_lost", "cus_lost", t)),
-        )
-        .await;
-    let id = answer["event_id"].as_i64().unwrap();
+    let id = app.store_stripe_event("evt_lost", "cus_lost", t).await;
 
-    let cut: Arc<dyn Interrupts> = Arc::new(ArmAt::new(
-        trips,
-        Point::WorkerDecided,
-        Trips::cut_next_reply,
-    ));
-    let response = with_interrupts(
-        cut,
-        shared::handlers::worker::handle_batch(&worker, batch(&[id])),
-    )
-    .await;
+    let cut = ArmAt::new(trips, Point::WorkerDecided, Trips::cut_next_reply);
+    let response = armed_batch(&worker, cut, &[id]).await;
     assert!(
         response.batch_item_failures.is_empty(),
         "the event is done: its message goes"
@@ -499,15 +485,9 @@ async fn a_worker_silent_inside_its_transaction_lets_go_of_its_locks(pool: PgPoo
     let (_, answer) = app.post("stripe", &stripe_delivery(&event)).await;
     let id = answer["event_id"].as_i64().unwrap();
 
-    let stall: Arc<dyn Interrupts> = Arc::new(ArmAt::new(
-        trips,
-        Point::WorkerLocked,
-        Trips::stall_next_reply,
-    ));
-    let work = with_interrupts(
-        stall,
-        shared::handlers::worker::handle_batch(&worker, batch(&[id])),
-    );
+    let stall = ArmAt::new(trips, Point::WorkerLocked, Trips::stall_next_reply);
+    let ids = [id];
+    let work = armed_batch(&worker, stall, &ids);
     // The worker never hears again; what the server does meanwhile is what counts.
     let watch = async {
         let mut seen = false;
@@ -551,13 +531,9 @@ async fn a_worker_silent_inside_its_transaction_lets_go_of_its_locks(pool: PgPoo
 async fn a_worker_whose_claim_is_not_answered_gives_the_batch_back(pool: PgPool) {
     let (app, worker, trips) = app_and_worker_with_one_proxied_connection(&pool).await;
     let t = Utc::now().timestamp();
-    let (_, answer) = app
-        .post(
-            "stripe",
-            &stripe_delivery(&stripe_event("evt_mute_claim", "cus_mute_claim", t)),
-        )
+    let id = app
+        .store_stripe_event("evt_mute_claim", "cus_mute_claim", t)
         .await;
-    let id = answer["event_id"].as_i64().unwrap();
 
     trips.stall_next_reply();
     let response = tokio::time::timeout(
@@ -603,19 +579,13 @@ async fn a_worker_whose_connection_goes_silent_mid_batch_applies_the_rest_on_ano
     }
 
     // The second event's read reaches the server, and nothing comes back.
-    let stall = Arc::new(ArmAt {
+    let stall = ArmAt {
         event: Some(ids[1]),
         ..ArmAt::new(trips, Point::WorkerClaimed, Trips::stall_next_reply)
-    });
-    let response = tokio::time::timeout(
-        Duration::from_secs(60),
-        with_interrupts(
-            stall,
-            shared::handlers::worker::handle_batch(&worker, batch(&ids)),
-        ),
-    )
-    .await
-    .expect("the batch ends though a connection went silent");
+    };
+    let response = tokio::time::timeout(Duration::from_secs(60), armed_batch(&worker, stall, &ids))
+        .await
+        .expect("the batch ends though a connection went silent");
 
     let failed = failed_messages(&response);
     assert_eq!(
@@ -660,6 +630,20 @@ async fn app_and_worker_with_one_proxied_connection(
     worker.catalog = app.worker.catalog.clone();
     worker.event_budget = Duration::from_secs(1);
     (app, worker, trips)
+}
+
+/// The worker's handling of a batch of `ids`, with the proxy armed by `arm`.
+async fn armed_batch(
+    worker: &shared::handlers::worker::WorkerState,
+    arm: ArmAt,
+    ids: &[i64],
+) -> aws_lambda_events::event::sqs::SqsBatchResponse {
+    let batch = batch(ids);
+    with_interrupts(
+        Arc::new(arm),
+        shared::handlers::worker::handle_batch(worker, batch),
+    )
+    .await
 }
 
 /// The messages a batch response asks SQS to deliver again.
