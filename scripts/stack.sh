@@ -28,6 +28,9 @@
 # with and without `set -euo pipefail`.
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# the pinned PyPI tools (moto, cargo-lambda; sam and cfn-lint for check-template)
+# shellcheck source=scripts/tools.sh
+source "$ROOT/scripts/tools.sh"
 
 STACK_PG_VERSION=15
 STACK_PG_BIN="/usr/lib/postgresql/${STACK_PG_VERSION}/bin"
@@ -136,19 +139,6 @@ _stack_apt_install() {
     _stack_err "apt-get install $* failed"
     return 1
   }
-}
-
-_stack_pip_install() {
-  _stack_log "pip: installing $*"
-  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "$@" >&2 || {
-    _stack_err "pip install $* failed"
-    return 1
-  }
-  # pyenv only exposes new console scripts after a rehash
-  if command -v pyenv >/dev/null 2>&1; then
-    pyenv rehash >/dev/null 2>&1 || true
-  fi
-  hash -r
 }
 
 _stack_ensure_curl() {
@@ -524,29 +514,19 @@ _stack_moto_pid_on() {
   pgrep -o -f "moto_server -H 127\.0\.0\.1 -p $1( |\$)" 2>/dev/null || true
 }
 
-_stack_moto_ok() {
-  moto_server --help >/dev/null 2>&1
-}
-
 ensure_aws() {
   : "${INBOX_AWS_PORT:=61324}"
-  local port="$INBOX_AWS_PORT" probe pid
+  local port="$INBOX_AWS_PORT" probe pid bin
 
   probe=0
   _stack_server_on "$port" aws "moto" INBOX_AWS_PORT || probe=$?
   [ "$probe" = 2 ] && return 1
   [ "$probe" = 0 ] && return 0
-  if ! _stack_moto_ok; then
-    _stack_log "aws: moto_server is not installed; installing it"
-    _stack_pip_install 'moto[server]' || return 1
-    _stack_moto_ok || {
-      _stack_err "aws: moto_server still not on PATH after pip install"
-      return 1
-    }
-  fi
+  # the pinned moto (scripts/tools/moto.txt), whatever else the machine has
+  bin="$(tools_bin moto)" || return 1
   mkdir -p "$ROOT/.dev" || return 1
   _stack_log "aws: starting moto_server on 127.0.0.1:$port (log $_STACK_MOTO_LOG)"
-  pid="$(_stack_spawn "$_STACK_MOTO_LOG" moto_server -H 127.0.0.1 -p "$port")"
+  pid="$(_stack_spawn "$_STACK_MOTO_LOG" "$bin/moto_server" -H 127.0.0.1 -p "$port")"
   printf '%s\n' "$pid" >"$_STACK_MOTO_PID"
   _stack_wait_sqs_server "$port" "$pid" "aws: moto_server" "$_STACK_MOTO_LOG" || {
     rm -f "$_STACK_MOTO_PID"
@@ -573,22 +553,25 @@ stop_aws() {
 
 # --- cargo lambda -----------------------------------------------------------
 
+# ensure_cargo_lambda: the pinned cargo-lambda (scripts/tools/cargo-lambda.txt) first on PATH,
+# so `cargo lambda` and the zig it links with are that version, whatever else is installed.
 ensure_cargo_lambda() {
-  # inboxctl dev stops and restarts the functions' process group with kill(1); e2e uses pkill.
-  if ! type -P kill >/dev/null 2>&1 || ! type -P pkill >/dev/null 2>&1; then
+  # inboxctl dev stops and restarts the functions' process group with kill(1).
+  if ! type -P kill >/dev/null 2>&1 || ! type -P pgrep >/dev/null 2>&1; then
     _stack_apt_install procps || return 1
   fi
-  if cargo lambda --version >/dev/null 2>&1; then
-    _stack_log "cargo-lambda: $(cargo lambda --version 2>/dev/null | head -n 1)"
-    return 0
-  fi
-  _stack_log "cargo-lambda: not installed; installing it"
-  _stack_pip_install cargo-lambda || return 1
+  local bin
+  bin="$(tools_bin cargo-lambda)" || return 1
+  case ":$PATH:" in
+    *":$bin:"*) ;;
+    *) export PATH="$bin:$PATH" ;;
+  esac
+  hash -r
   cargo lambda --version >/dev/null 2>&1 || {
-    _stack_err "cargo-lambda: \`cargo lambda --version\` still fails after pip install cargo-lambda"
+    _stack_err "cargo-lambda: \`cargo lambda --version\` fails with $bin first on PATH"
     return 1
   }
-  _stack_log "cargo-lambda: $(cargo lambda --version 2>/dev/null | head -n 1)"
+  _stack_log "cargo-lambda: $(cargo lambda --version 2>/dev/null | head -n 1) ($bin)"
 }
 
 # --- a local Kinde: signing key and JWKS ------------------------------------
