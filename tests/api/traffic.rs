@@ -178,6 +178,55 @@ async fn a_provider_read_settles_a_same_second_tie(pool: PgPool) {
     }
 }
 
+/// Of two same-second states the provider confirmed, the one it showed last wins: the
+/// subscription was incomplete, a read showed it active, a later read past_due. In the other
+/// order, where the reads give the same answers in turn, the status rank and a refuting read
+/// end it the same way.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn of_two_states_a_provider_read_confirmed_the_one_confirmed_last_wins(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    let api = MockServer::start().await;
+    with_stripe_api(&mut app.worker, &api);
+    for (n, order) in [[0, 1, 2], [0, 2, 1]].iter().enumerate() {
+        let (customer, sub) = (format!("cus_conf{n}"), format!("sub_conf{n}"));
+        let event = |id: &str, event_type: &str, status: &str| {
+            stripe(
+                &format!("{id}{n}"),
+                event_type,
+                T,
+                subscription(&sub, &customer, status, "price_pro"),
+            )
+        };
+        // The ids sort against the provider's order: a tie broken by the id picks evt_9.
+        let events = [
+            event("evt_c", "customer.subscription.created", "incomplete"),
+            event("evt_9", "customer.subscription.updated", "active"),
+            event("evt_5", "customer.subscription.updated", "past_due"),
+        ];
+        deliver(&app, &[&events[order[0]]]).await;
+        for (read, at) in [("active", order[1]), ("past_due", order[2])] {
+            api.reset().await;
+            Mock::given(method("GET"))
+                .and(path(format!("/v1/subscriptions/{sub}")))
+                .respond_with(ResponseTemplate::new(200).set_body_json(subscription(
+                    &sub,
+                    &customer,
+                    read,
+                    "price_pro",
+                )))
+                .mount(&api)
+                .await;
+            deliver(&app, &[&events[at]]).await;
+        }
+        let account = app.account("stripe", &customer, "2026-03").await;
+        assert_eq!(
+            account.subscriptions[0].status, "past_due",
+            "order {order:?}"
+        );
+        assert_eq!(account.plan, "free", "order {order:?}");
+    }
+}
+
 /// A Stripe API that shows subscription `sub_{tag}` of `cus_{tag}` as active after 2 s (long
 /// enough that a test sees what holds while the read waits); and the updates of that
 /// subscription at `T`, by event id and status.

@@ -50,13 +50,20 @@ pub fn status_entitles(status: &str) -> bool {
 /// Where a write stands among writes to one register at the same provider time: the second
 /// part of a version, between the time and the dedupe key (docs/design.md §4.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Rank(pub i16);
+pub struct Rank(pub i64);
 
 impl Rank {
     /// A tie lost to a provider read that showed the other event's state.
     pub const REFUTED: Rank = Rank(-1);
-    /// A tie won by a provider read that showed this event's state.
-    pub const CONFIRMED: Rank = Rank(1000);
+    /// Where the ranks of ties won by a provider read start, above every status rank.
+    const CONFIRMED_FLOOR: i64 = 1000;
+
+    /// A tie won by a provider read, made at `read_at`, that showed this event's state. The
+    /// rank grows with the read's time: of two states the provider confirmed, the one it
+    /// showed last is the newer (a constant would tie them and leave the dedupe key to choose).
+    pub fn confirmed(read_at: chrono::DateTime<chrono::Utc>) -> Rank {
+        Rank(Self::CONFIRMED_FLOOR + read_at.timestamp_micros().max(0))
+    }
 
     /// The documented progression of a subscription's status (Stripe's and Polar's share
     /// one vocabulary): a subscription moves forward along it, so of two states stamped with
@@ -468,6 +475,14 @@ mod tests {
             );
         }
         assert!(Rank::REFUTED < Rank::of_status("incomplete"));
-        assert!(Rank::of_status("canceled") < Rank::CONFIRMED);
+        let read_at = chrono::DateTime::from_timestamp(1_773_144_000, 0).unwrap();
+        assert!(Rank::of_status("canceled") < Rank::confirmed(read_at));
+    }
+
+    #[test]
+    fn a_state_confirmed_by_a_later_read_ranks_above_one_confirmed_earlier() {
+        let read_at = chrono::DateTime::from_timestamp(1_773_144_000, 0).unwrap();
+        let later = read_at + chrono::Duration::microseconds(1);
+        assert!(Rank::confirmed(read_at) < Rank::confirmed(later));
     }
 }

@@ -219,7 +219,7 @@ struct Stored {
     delta: Option<i64>,
     entry_key: Option<String>,
     at: Option<DateTime<Utc>>,
-    rank: i16,
+    rank: i64,
     version_key: String,
     event_id: i64,
 }

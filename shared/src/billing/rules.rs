@@ -23,7 +23,7 @@ use crate::domain::Period;
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Stamp {
     pub at: DateTime<Utc>,
-    pub rank: i16,
+    pub rank: i64,
     pub key: String,
 }
 
@@ -672,7 +672,7 @@ mod tests {
         }
     }
 
-    fn held<T>(value: T, event_id: i64, secs: i64, rank: i16, key: &str) -> Held<T> {
+    fn held<T>(value: T, event_id: i64, secs: i64, rank: i64, key: &str) -> Held<T> {
         Held {
             value,
             stamp: Stamp {

@@ -608,7 +608,8 @@ async fn settle(
                 let plan_key = plan.as_ref().map(|p| p.key.as_str());
                 notes.push(match reads.subscription(id).await {
                     Ok(Some(now)) if now.shows(status, plan_key) => {
-                        *rank = Rank::CONFIRMED;
+                        // the read's time: a state confirmed later outranks one confirmed earlier
+                        *rank = Rank::confirmed(chrono::Utc::now());
                         format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {status}")
                     }
                     Ok(Some(now)) if now.shows(tie_status, tie.value.plan_key.as_deref()) => {

@@ -122,7 +122,7 @@ pub async fn commit(
                 (source, subscription_id, customer_id, status, plan_key, plan, version_at,
                  version_rank, version_key, event_id)
             SELECT $3, s.id, $4, s.status, s.plan_key, s.plan, $7, s.rank, $8, $1
-            FROM account, unnest($14::text[], $15::text[], $16::text[], $17::text[], $18::int2[])
+            FROM account, unnest($14::text[], $15::text[], $16::text[], $17::text[], $18::int8[])
                  AS s (id, status, plan_key, plan, rank)
             ON CONFLICT (source, subscription_id) DO UPDATE
                 SET customer_id = EXCLUDED.customer_id, status = EXCLUDED.status,
@@ -139,7 +139,7 @@ pub async fn commit(
                 (source, payment_id, customer_id, status, plan_key, version_at, version_rank,
                  version_key, event_id)
             SELECT $3, p.id, $4, p.status, p.plan_key, $7, p.rank, $8, $1
-            FROM account, unnest($19::text[], $20::text[], $21::text[], $22::int2[])
+            FROM account, unnest($19::text[], $20::text[], $21::text[], $22::int8[])
                  AS p (id, status, plan_key, rank)
             ON CONFLICT (source, payment_id) DO UPDATE
                 SET customer_id = EXCLUDED.customer_id, status = EXCLUDED.status,
