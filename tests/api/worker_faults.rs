@@ -931,3 +931,54 @@ async fn a_message_for_an_applied_leased_or_not_yet_due_event_is_acked_without_w
     assert_eq!(effects("cus_leased").await, 0);
     assert_eq!(effects("cus_waiting").await, 0);
 }
+
+/// A worker whose lease ran out holds nothing after a replay and a new claim, though the new
+/// claim's attempt count, which the replay reset, is the one the old lease was taken with:
+/// a lease is named by a claim generation that only grows.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_lease_that_ran_out_is_not_taken_back_by_a_replayed_claim(pool: PgPool) {
+    use shared::inbox::lease;
+    let app = TestApp::spawn(pool.clone()).await;
+    let id = app
+        .store_stripe_event("evt_replayed_lease", "cus_rl", T0)
+        .await;
+    let mut conn = pool.acquire().await.unwrap();
+    let old = lease::claim(&mut conn, &[id], Duration::from_millis(1))
+        .await
+        .unwrap();
+    assert_eq!(old.len(), 1, "the first worker holds the event");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let replayed = shared::inbox::replay::replay(&pool, &app.state.queue, &[id])
+        .await
+        .unwrap();
+    assert_eq!(
+        replayed,
+        [id],
+        "an expired lease does not keep the event from a replay"
+    );
+    let new = lease::claim(&mut conn, &[id], Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(new.len(), 1, "a second worker holds it now");
+    assert_eq!(
+        new[0].attempts, old[0].attempts,
+        "the replay reset the attempt count"
+    );
+
+    assert!(
+        !lease::still_held(&mut conn, &old[0]).await.unwrap(),
+        "the old lease is gone"
+    );
+    let finished = lease::finish_held(&mut conn, &old[0], EventStatus::Ignored, "late", None)
+        .await
+        .unwrap();
+    assert!(!finished, "the old lease cannot finish the event");
+    let failed = lease::record_failure(&mut conn, &old[0], "late", &RETRY_DELAYS)
+        .await
+        .unwrap();
+    assert_eq!(failed, None, "nor record a failure over the new lease");
+    assert!(
+        lease::still_held(&mut conn, &new[0]).await.unwrap(),
+        "the new lease holds"
+    );
+}

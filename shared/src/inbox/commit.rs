@@ -85,7 +85,7 @@ pub async fn commit(
             FOR UPDATE SKIP LOCKED
         ), held AS (
             SELECT id FROM inbox_events
-            WHERE id = $1 AND status = 'processing' AND attempts = $2
+            WHERE id = $1 AND status = 'processing' AND claim_gen = $2
               AND ($5::bigint IS NULL OR EXISTS (SELECT 1 FROM as_read))
             FOR UPDATE
         ), new_effects AS (
@@ -210,7 +210,7 @@ pub async fn commit(
                 FROM intents_written) AS "intents!"
         "#,
         event.id,
-        event.attempts,
+        event.claim,
         ctx.source,
         ctx.customer.as_str(),
         registers.account.version,

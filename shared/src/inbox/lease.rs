@@ -21,8 +21,11 @@ pub struct Claimed {
     pub payload: Option<Value>,
     pub customer: Option<CustomerId>,
     pub occurred_at: Option<ProviderTime>,
-    /// This attempt's number; with the id, it names the lease.
+    /// This attempt's number (counts toward `dead`; a replay resets it).
     pub attempts: i32,
+    /// The claim's generation, raised by every claim and never lowered: with the id, it
+    /// names the lease.
+    pub claim: i64,
 }
 
 /// Takes the events for this worker, each for one lease, those that are claimable:
@@ -47,7 +50,8 @@ pub async fn claim(
         UPDATE inbox_events e
         SET status = 'processing',
             locked_until = inbox_now() + make_interval(secs => $2),
-            attempts = e.attempts + 1
+            attempts = e.attempts + 1,
+            claim_gen = e.claim_gen + 1
         WHERE e.id IN (
             SELECT id FROM inbox_events
             WHERE id = ANY($1)
@@ -59,7 +63,8 @@ pub async fn claim(
         )
         RETURNING e.id, e.source, e.dedupe_key AS "dedupe_key: DedupeKey", e.type AS event_type,
                   e.payload, e.customer_key AS "customer: CustomerId",
-                  e.occurred_at AS "occurred_at: ProviderTime", e.attempts
+                  e.occurred_at AS "occurred_at: ProviderTime", e.attempts,
+                  e.claim_gen AS claim
         "#,
         event_ids,
         lease.as_secs_f64(),
@@ -75,9 +80,9 @@ pub async fn claim(
 /// keeps other claims off the event until the commit.
 pub async fn still_held(conn: &mut PgConnection, event: &Claimed) -> Result<bool, sqlx::Error> {
     let held = sqlx::query_scalar!(
-        "SELECT id FROM inbox_events WHERE id = $1 AND status = 'processing' AND attempts = $2 FOR UPDATE",
+        "SELECT id FROM inbox_events WHERE id = $1 AND status = 'processing' AND claim_gen = $2 FOR UPDATE",
         event.id,
-        event.attempts
+        event.claim
     )
     .fetch_optional(conn)
     .await?;
@@ -97,7 +102,7 @@ pub async fn still_held_locking(
         r#"
         WITH held AS (
             SELECT id FROM inbox_events
-            WHERE id = $1 AND status = 'processing' AND attempts = $2 FOR UPDATE
+            WHERE id = $1 AND status = 'processing' AND claim_gen = $2 FOR UPDATE
         ), locked AS (
             INSERT INTO accounts (source, customer_id) SELECT $3, $4 FROM held
             ON CONFLICT (source, customer_id) DO UPDATE SET customer_id = EXCLUDED.customer_id
@@ -106,7 +111,7 @@ pub async fn still_held_locking(
         SELECT EXISTS (SELECT 1 FROM held) AND EXISTS (SELECT 1 FROM locked) AS "held!"
         "#,
         event.id,
-        event.attempts,
+        event.claim,
         event.source,
         customer.as_str(),
     )
@@ -136,7 +141,7 @@ pub async fn finish_held(
             UPDATE inbox_events
             SET status = $3, reason = $4, processed_at = inbox_now(), locked_until = NULL,
                 next_attempt_at = NULL, last_error = NULL
-            WHERE id = $1 AND status = 'processing' AND attempts = $2
+            WHERE id = $1 AND status = 'processing' AND claim_gen = $2
             RETURNING id
         ), account AS (
             INSERT INTO accounts (source, customer_id, version, effect_seq)
@@ -152,7 +157,7 @@ pub async fn finish_held(
         SELECT EXISTS (SELECT 1 FROM finished) AS "held!"
         "#,
         event.id,
-        event.attempts,
+        event.claim,
         status.as_str(),
         reason,
         account.map(|a| a.source),
@@ -165,7 +170,7 @@ pub async fn finish_held(
 }
 
 /// Records a failed attempt: `failed` with the next attempt's time, or `dead` after the last.
-/// Only the lease holder's record lands (the status and attempt must still be its own):
+/// Only the lease holder's record lands (the status and claim must still be its own):
 /// `None` when the event is no longer this attempt's, because another worker took it after
 /// the lease ran out, or because the attempt's own write finished it and only the reply was
 /// lost.
@@ -195,7 +200,7 @@ pub async fn record_failure(
             last_error = $3,
             next_attempt_at = CASE WHEN $4::float8 IS NULL THEN NULL ELSE inbox_now() + make_interval(secs => $4) END,
             locked_until = NULL
-        WHERE id = $1 AND status = 'processing' AND attempts = $5
+        WHERE id = $1 AND status = 'processing' AND claim_gen = $5
         "#,
         event.id,
         status.as_str(),
@@ -203,7 +208,7 @@ pub async fn record_failure(
         delay
             .filter(|_| !crate::sim::planted(crate::sim::Bug::RetryNeverScheduled))
             .map(|d| d.as_secs_f64()),
-        event.attempts,
+        event.claim,
     )
     .execute(conn)
     .await?;
