@@ -458,3 +458,15 @@ pub fn kinde_delivery(webhook_id: &str, claims: &Value) -> Delivery {
         body: token.into_bytes(),
     }
 }
+
+/// An SQS batch naming `ids`, one message each (message id `m{id}`).
+pub fn sqs_batch(ids: &[i64]) -> aws_lambda_events::event::sqs::SqsEvent {
+    let mut event = aws_lambda_events::event::sqs::SqsEvent::default();
+    for id in ids {
+        let mut record = aws_lambda_events::event::sqs::SqsMessage::default();
+        record.message_id = Some(format!("m{id}"));
+        record.body = Some(shared::queue::message_body(*id));
+        event.records.push(record);
+    }
+    event
+}

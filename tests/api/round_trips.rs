@@ -538,7 +538,7 @@ async fn a_worker_whose_claim_is_not_answered_gives_the_batch_back(pool: PgPool)
     trips.stall_next_reply();
     let response = tokio::time::timeout(
         Duration::from_secs(60),
-        shared::handlers::worker::handle_batch(&worker, batch(&[id])),
+        shared::handlers::worker::handle_batch(&worker, sqs_batch(&[id])),
     )
     .await
     .expect("the batch ends though its claim was never answered");
@@ -557,7 +557,7 @@ async fn a_worker_whose_claim_is_not_answered_gives_the_batch_back(pool: PgPool)
         .execute(&pool)
         .await
         .unwrap();
-    let response = shared::handlers::worker::handle_batch(&worker, batch(&[id])).await;
+    let response = shared::handlers::worker::handle_batch(&worker, sqs_batch(&[id])).await;
     assert!(response.batch_item_failures.is_empty());
     assert_eq!(app.event(id).await.status, "applied");
 }
@@ -638,7 +638,7 @@ async fn armed_batch(
     arm: ArmAt,
     ids: &[i64],
 ) -> aws_lambda_events::event::sqs::SqsBatchResponse {
-    let batch = batch(ids);
+    let batch = sqs_batch(ids);
     with_interrupts(
         Arc::new(arm),
         shared::handlers::worker::handle_batch(worker, batch),
@@ -655,17 +655,6 @@ fn failed_messages(response: &aws_lambda_events::event::sqs::SqsBatchResponse) -
         .collect()
 }
 
-fn batch(ids: &[i64]) -> aws_lambda_events::event::sqs::SqsEvent {
-    let mut event = aws_lambda_events::event::sqs::SqsEvent::default();
-    for id in ids {
-        let mut record = aws_lambda_events::event::sqs::SqsMessage::default();
-        record.message_id = Some(format!("m{id}"));
-        record.body = Some(shared::queue::message_body(*id));
-        event.records.push(record);
-    }
-    event
-}
-
 /// Stores `events`, works the first alone (it opens the connection and prepares the
 /// statements), then the other ten as one batch through a counting proxy: the app, the
 /// events' ids and the measured batch's round trips, its connection back in the pool.
@@ -679,10 +668,10 @@ async fn measured_batch(pool: &PgPool, events: &[serde_json::Value]) -> (TestApp
         let (_, answer) = app.post("stripe", &stripe_delivery(event)).await;
         ids.push(answer["event_id"].as_i64().unwrap());
     }
-    shared::handlers::worker::handle_batch(&worker, batch(&ids[..1])).await;
+    shared::handlers::worker::handle_batch(&worker, sqs_batch(&ids[..1])).await;
     returned(&worker.pool).await;
     trips.take();
-    let response = shared::handlers::worker::handle_batch(&worker, batch(&ids[1..])).await;
+    let response = shared::handlers::worker::handle_batch(&worker, sqs_batch(&ids[1..])).await;
     assert!(response.batch_item_failures.is_empty());
     returned(&worker.pool).await;
     (app, ids, trips.take())

@@ -227,6 +227,95 @@ async fn of_two_states_a_provider_read_confirmed_the_one_confirmed_last_wins(poo
     }
 }
 
+/// A batch of ten tied events whose provider reads are slow takes longer than the lease: no
+/// event of it is worked on after its lease ends, so a second worker claiming them as the
+/// rescue would (here every 100 ms) takes none, and each event is applied on one attempt.
+/// (The lease and the budget are scaled down from 30 s and 20 s, the reads from 5 s.)
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_slow_batch_works_no_event_after_its_lease_ends(pool: PgPool) {
+    let mut app = TestApp::spawn(pool.clone()).await;
+    let api = MockServer::start().await;
+    with_stripe_api(&mut app.worker, &api);
+    app.worker.lease = std::time::Duration::from_secs(3);
+    app.worker.event_budget = std::time::Duration::from_secs(2);
+    let subs: Vec<(String, String)> = (0..10)
+        .map(|n| (format!("sub_slow{n}"), format!("cus_slow{n}")))
+        .collect();
+    for (sub, customer) in &subs {
+        Mock::given(method("GET"))
+            .and(path(format!("/v1/subscriptions/{sub}")))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(subscription(sub, customer, "active", "price_pro"))
+                    .set_delay(std::time::Duration::from_millis(700)),
+            )
+            .mount(&api)
+            .await;
+        let created = subscription(sub, customer, "incomplete", "price_pro");
+        deliver(
+            &app,
+            &[&stripe(
+                &format!("evt_c_{sub}"),
+                "customer.subscription.created",
+                T,
+                created,
+            )],
+        )
+        .await;
+    }
+    let mut ids = Vec::new();
+    for (sub, customer) in &subs {
+        let updated = subscription(sub, customer, "active", "price_pro");
+        let event = stripe(
+            &format!("evt_u_{sub}"),
+            "customer.subscription.updated",
+            T,
+            updated,
+        );
+        let (_, answer) = app.post("stripe", &stripe_delivery(&event)).await;
+        ids.push(answer["event_id"].as_i64().expect("stored"));
+    }
+    app.drain_queue().await;
+
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let rescuer = async {
+        let mut taken = Vec::new();
+        let mut conn = pool.acquire().await.unwrap();
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            let lease = std::time::Duration::from_secs(60);
+            let claimed = shared::inbox::lease::claim(&mut conn, &ids, lease)
+                .await
+                .unwrap();
+            taken.extend(claimed.iter().map(|c| c.id));
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        taken
+    };
+    let batch = async {
+        let response = shared::handlers::worker::handle_batch(&app.worker, sqs_batch(&ids)).await;
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        response
+    };
+    let (response, taken) = tokio::join!(batch, rescuer);
+    assert_eq!(
+        taken,
+        Vec::<i64>::new(),
+        "a second worker took events of the batch"
+    );
+    assert!(response.batch_item_failures.is_empty());
+    let attempts: Vec<i32> =
+        sqlx::query_scalar("SELECT attempts FROM inbox_events WHERE id = ANY($1) ORDER BY id")
+            .bind(&ids)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(attempts, vec![1; 10], "one attempt each");
+    for (_, customer) in &subs {
+        let account = app.account("stripe", customer, "2026-03").await;
+        assert_eq!(account.subscriptions[0].status, "active", "{customer}");
+    }
+}
+
 /// A Stripe API that shows subscription `sub_{tag}` of `cus_{tag}` as active after 2 s (long
 /// enough that a test sees what holds while the read waits); and the updates of that
 /// subscription at `T`, by event id and status.

@@ -982,3 +982,33 @@ async fn a_lease_that_ran_out_is_not_taken_back_by_a_replayed_claim(pool: PgPool
         "the new lease holds"
     );
 }
+
+/// An invocation that ends before an event's budget would is given back whole: no event of
+/// the batch is begun that Lambda could stop half way.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_batch_whose_invocation_is_ending_is_given_back_to_the_queue(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let ids = [
+        app.store_stripe_event("evt_ending_1", "cus_ending", T0)
+            .await,
+        app.store_stripe_event("evt_ending_2", "cus_ending", T0 + 1)
+            .await,
+    ];
+    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+    let response =
+        shared::handlers::worker::handle_batch_until(&app.worker, sqs_batch(&ids), Some(until))
+            .await;
+    let mut given_back = reported(response);
+    given_back.sort();
+    assert_eq!(given_back, [format!("m{}", ids[0]), format!("m{}", ids[1])]);
+    let statuses: Vec<String> =
+        sqlx::query_scalar("SELECT status FROM inbox_events WHERE id = ANY($1)")
+            .bind(&ids[..])
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(
+        statuses.iter().all(|s| s == "processing"),
+        "{statuses:?}: claimed, not worked"
+    );
+}

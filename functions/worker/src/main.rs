@@ -19,7 +19,21 @@ pub(crate) async fn handler(
     state: &WorkerState,
     event: LambdaEvent<SqsEvent>,
 ) -> Result<SqsBatchResponse, Error> {
-    Ok(shared::handlers::worker::handle_batch(state, event.payload).await)
+    let until = invocation_deadline(event.context.deadline);
+    Ok(shared::handlers::worker::handle_batch_until(state, event.payload, until).await)
+}
+
+/// The invocation's end (Lambda's deadline, milliseconds since the epoch) as an instant;
+/// `None` when it is not set.
+fn invocation_deadline(deadline_ms: u64) -> Option<tokio::time::Instant> {
+    if deadline_ms == 0 {
+        return None;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let left = std::time::Duration::from_millis(deadline_ms).saturating_sub(now);
+    Some(tokio::time::Instant::now() + left)
 }
 
 #[cfg(test)]

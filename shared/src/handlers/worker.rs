@@ -9,6 +9,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, PgConnection, PgPool, Postgres};
@@ -729,6 +731,20 @@ async fn remember_links_without_customer(
 /// statement and worked on one connection (docs/design.md §8). Only messages whose event
 /// could not be processed for a transient reason are reported, so SQS delivers them again.
 pub async fn handle_batch(state: &WorkerState, event: SqsEvent) -> SqsBatchResponse {
+    handle_batch_until(state, event, None).await
+}
+
+/// [`handle_batch`] within an invocation that ends at `until` (the Lambda deadline). No event
+/// is worked on past its lease or past the invocation: before each event, the leases of the
+/// batch's remaining events are renewed in one statement when the event's budget would
+/// outlast them (the lease started at the claim, so event k's began up to k − 1 budgets
+/// earlier), and the events that could not have their whole budget before `until` are given
+/// back to the queue (docs/design.md §3.5).
+pub async fn handle_batch_until(
+    state: &WorkerState,
+    event: SqsEvent,
+    until: Option<Instant>,
+) -> SqsBatchResponse {
     let mut messages = Vec::with_capacity(event.records.len());
     for message in event.records {
         let Some(message_id) = message.message_id.clone() else {
@@ -747,6 +763,8 @@ pub async fn handle_batch(state: &WorkerState, event: SqsEvent) -> SqsBatchRespo
         response.batch_item_failures.push(failure);
     };
     let ids: Vec<i64> = messages.iter().map(|(_, id)| *id).collect();
+    // The leases start at the claim, or later: the batch counts from before it.
+    let mut leased_at = Instant::now();
     let (mut conn, claimed) = match claim_batch(state, &ids).await {
         Ok(claimed) => claimed,
         Err(why) => {
@@ -761,6 +779,37 @@ pub async fn handle_batch(state: &WorkerState, event: SqsEvent) -> SqsBatchRespo
     let mut messages = messages.into_iter();
     while let Some((message_id, event_id)) = messages.next() {
         // Not claimed: final, held by another worker, not due, gone, or a copy in this batch.
+        if !claimed.contains_key(&event_id) {
+            continue;
+        }
+        if until.is_some_and(|until| Instant::now() + state.event_budget > until) {
+            tracing::warn!(event_id, "the invocation ends before this event's budget would; it and the rest of the batch will be delivered again");
+            retry(message_id);
+            messages
+                .filter(|(_, id)| claimed.contains_key(id))
+                .for_each(|(message_id, _)| retry(message_id));
+            return response;
+        }
+        if leased_at.elapsed() + state.event_budget > state.lease {
+            let renewing = Instant::now();
+            match renew_leases(state, &mut conn, &claimed).await {
+                Ok(renewed) => {
+                    claimed.retain(|id, _| renewed.contains(id));
+                    leased_at = renewing;
+                }
+                Err(why) => {
+                    tracing::error!(error = %why, "the rest of the batch will be delivered again");
+                    // Closed, not returned to the pool, as after a silent event.
+                    drop(conn.detach());
+                    retry(message_id);
+                    messages
+                        .filter(|(_, id)| claimed.contains_key(id))
+                        .for_each(|(message_id, _)| retry(message_id));
+                    return response;
+                }
+            }
+        }
+        // Renewed by another worker's claim meanwhile: no longer this batch's.
         let Some(event) = claimed.remove(&event_id) else {
             continue;
         };
@@ -809,6 +858,25 @@ pub async fn handle_batch(state: &WorkerState, event: SqsEvent) -> SqsBatchRespo
         }
     }
     response
+}
+
+/// Renews the leases of the batch's events not yet worked on, bounded like one event; the
+/// ids renewed. When it fails or is not answered in time, the caller gives the rest of the
+/// batch back and closes the connection.
+async fn renew_leases(
+    state: &WorkerState,
+    conn: &mut PgConnection,
+    claimed: &HashMap<i64, Claimed>,
+) -> Result<Vec<i64>, String> {
+    let events: Vec<&Claimed> = claimed.values().collect();
+    match timeout(state.event_budget, lease::renew(conn, &events, state.lease)).await {
+        Ok(Ok(renewed)) => Ok(renewed),
+        Ok(Err(e)) => Err(format!("the leases could not be renewed: {e}")),
+        Err(_) => Err(format!(
+            "the lease renewal was not answered within {:?}",
+            state.event_budget
+        )),
+    }
 }
 
 /// Claims a batch's events on a connection of the pool, the claim bounded like one event

@@ -76,6 +76,32 @@ pub async fn claim(
     Ok(claimed)
 }
 
+/// Renews the leases of `events` (each still this worker's claim) for another `lease` from
+/// now, in one statement: a batch whose later events would otherwise be worked on after their
+/// lease ran out. Returns the ids renewed; an event not among them is no longer this claim's.
+pub async fn renew(
+    conn: &mut PgConnection,
+    events: &[&Claimed],
+    lease: Duration,
+) -> Result<Vec<i64>, sqlx::Error> {
+    let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+    let claims: Vec<i64> = events.iter().map(|e| e.claim).collect();
+    sqlx::query_scalar!(
+        r#"
+        UPDATE inbox_events e
+        SET locked_until = inbox_now() + make_interval(secs => $3)
+        FROM unnest($1::int8[], $2::int8[]) AS c (id, claim)
+        WHERE e.id = c.id AND e.claim_gen = c.claim AND e.status = 'processing'
+        RETURNING e.id
+        "#,
+        &ids,
+        &claims,
+        lease.as_secs_f64(),
+    )
+    .fetch_all(conn)
+    .await
+}
+
 /// Inside the worker's transaction: is the lease still ours? Holding the row lock from here
 /// keeps other claims off the event until the commit.
 pub async fn still_held(conn: &mut PgConnection, event: &Claimed) -> Result<bool, sqlx::Error> {
