@@ -776,13 +776,15 @@ pub async fn handle_batch_until(
         }
     };
     let mut claimed: HashMap<i64, Claimed> = claimed.into_iter().map(|c| (c.id, c)).collect();
+    let mut begun = false;
     let mut messages = messages.into_iter();
     while let Some((message_id, event_id)) = messages.next() {
         // Not claimed: final, held by another worker, not due, gone, or a copy in this batch.
         if !claimed.contains_key(&event_id) {
             continue;
         }
-        if until.is_some_and(|until| Instant::now() + state.event_budget > until) {
+        // The first event is always begun: an invocation shorter than one budget still moves.
+        if begun && until.is_some_and(|until| Instant::now() + state.event_budget > until) {
             tracing::warn!(event_id, "the invocation ends before this event's budget would; it and the rest of the batch will be delivered again");
             retry(message_id);
             messages
@@ -813,6 +815,7 @@ pub async fn handle_batch_until(
         let Some(event) = claimed.remove(&event_id) else {
             continue;
         };
+        begun = true;
         let processed = timeout(
             state.event_budget,
             process_claimed(state, &mut conn, &event),
