@@ -137,6 +137,10 @@ struct Run<'a> {
     source: &'a str,
     pool: &'a PgPool,
     queue: &'a Queue,
+    /// Events created since then, if ever stored, are still stored (the purge's
+    /// [`kept_since`](crate::inbox::purge::kept_since)): the undelivered list is read no
+    /// further back.
+    kept_since: DateTime<Utc>,
     deadline: Instant,
     report: ReconcileReport,
     /// New pending events stored since the last flush: sent a page at a time.
@@ -144,17 +148,20 @@ struct Run<'a> {
 }
 
 /// Runs one source's reconciliation and records it; an API error fails this source only.
+/// `kept_since`: events created since then that this source stored are still stored.
 #[tracing::instrument(skip_all, fields(source = reconciler.source()))]
 pub async fn run(
     reconciler: &Reconciler,
     pool: &PgPool,
     queue: &Queue,
+    kept_since: DateTime<Utc>,
     deadline: Instant,
 ) -> ReconcileReport {
     let mut run = Run {
         source: &reconciler.source,
         pool,
         queue,
+        kept_since,
         deadline,
         report: ReconcileReport {
             source: reconciler.source.clone(),
@@ -259,13 +266,16 @@ impl Run<'_> {
     }
 
     async fn feed(&mut self, feed: &dyn EventFeed) -> anyhow::Result<()> {
-        // What the provider failed to deliver first: it may still be retrying for days.
+        // What the provider failed to deliver first: it may still be retrying for days. It
+        // lists an event for as long as it keeps it (Stripe: 30 days), the retention may be
+        // shorter, and an event stored and purged would come back as new: so the list is read
+        // only as far back as the purge leaves every stored event in place.
         let mut after: Option<String> = None;
         for _ in 0..MAX_UNDELIVERED_PAGES {
             if self.time_is_up() {
                 break;
             }
-            let page = feed.undelivered(after.as_deref()).await?;
+            let page = feed.undelivered(self.kept_since, after.as_deref()).await?;
             for fetched in &page.events {
                 self.store(fetched).await?;
             }

@@ -14,7 +14,7 @@ use sqlx::PgPool;
 use crate::config::SchedulerConfig;
 use crate::effects::outbox::{self, EffectAlerts};
 use crate::inbox::alerts::{collect_alerts, Alerts};
-use crate::inbox::purge::purge;
+use crate::inbox::purge::{kept_since, purge, purge_effects};
 use crate::inbox::read::{backlog, Backlog};
 use crate::inbox::rescue::rescue;
 use crate::queue::Queue;
@@ -99,6 +99,9 @@ pub async fn run(state: &SchedulerState) -> RunReport {
         Ok(alerts) => report.effect_alerts = alerts,
         Err(e) => report.errors.push(format!("effect alerts: {e:#}")),
     }
+    // Lists the providers keep for longer than this store keeps events are read back only as
+    // far as the purge has left everything in place.
+    let kept = kept_since(state.retention, Utc::now());
     for reconciler in &state.reconcilers {
         if Instant::now() >= deadline {
             report.errors.push(format!(
@@ -109,13 +112,13 @@ pub async fn run(state: &SchedulerState) -> RunReport {
         }
         report
             .reconciliation
-            .push(reconcile::run(reconciler, &state.pool, &state.queue, deadline).await);
+            .push(reconcile::run(reconciler, &state.pool, &state.queue, kept, deadline).await);
     }
     match purge(&state.pool, state.retention, deadline).await {
         Ok(n) => report.purged = n,
         Err(e) => report.errors.push(format!("purge: {e:#}")),
     }
-    match outbox::purge(&state.pool, state.retention, deadline).await {
+    match purge_effects(&state.pool, state.retention, deadline).await {
         Ok(n) => report.purged_effects = n,
         Err(e) => report.errors.push(format!("purge effects: {e:#}")),
     }
