@@ -11,9 +11,7 @@ use crate::billing::Catalog;
 use crate::domain::SourceKind;
 
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
-pub const DEFAULT_RETENTION_DAYS: u64 = 30;
-/// Twice the longest provider retry window (Stripe retries for 3 days).
-pub const MIN_RETENTION_DAYS: u64 = 6;
+pub use crate::inbox::purge::{DEFAULT_RETENTION_DAYS, MIN_RETENTION_DAYS};
 
 /// A variable that is missing or malformed; the message names it, and the field within it.
 #[derive(thiserror::Error, PartialEq, Eq)]

@@ -13,8 +13,11 @@
 //!   register shows in an older, different state becomes a corrective event.
 //! - A customer sweep (Kinde): the customers with events in the last [`RECENT`], in id order
 //!   from a saved position, at most [`MAX_CUSTOMERS`] a run; each one's plan at the provider
-//!   against its plan register, a difference becoming a corrective event.
+//!   against its plan register, a difference becoming a corrective event. A customer whose
+//!   read fails is passed over (the sweep goes on) and counted; after [`MAX_READ_FAILURES`]
+//!   runs in a row it is skipped, and reported, until [`SKIPPED_FOR`] after its last failure.
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -46,6 +49,13 @@ pub const MAX_UNDELIVERED_PAGES: u32 = 5;
 pub const RECENT: Duration = Duration::from_secs(35 * 86_400);
 /// The most customers one run reads (one API call each); the next run goes on from there.
 pub const MAX_CUSTOMERS: i64 = 200;
+/// A customer whose read failed this many runs in a row is skipped by the sweep...
+pub const MAX_READ_FAILURES: i32 = 3;
+/// ...until this long after its last failure, when it is read once more.
+pub const SKIPPED_FOR: Duration = Duration::from_secs(86_400);
+/// Reads failing in a row, with none answered yet in the run, that stop it: the provider is
+/// down, and that is not the customers' doing.
+pub const OUTAGE_READS: usize = 3;
 
 /// One source's reconciliation.
 pub struct Reconciler {
@@ -106,7 +116,20 @@ pub struct ReconcileReport {
     pub stopped_early: bool,
     /// How far the feed's cursor is behind now, in seconds, after the run.
     pub behind_secs: Option<f64>,
+    /// Customers whose read failed this run; the sweep went on past them.
+    pub failed: Vec<FailedRead>,
+    /// Customers not read this run: their read failed [`MAX_READ_FAILURES`] runs in a row.
+    pub skipped: Vec<String>,
     pub error: Option<String>,
+}
+
+/// A customer's read that failed.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FailedRead {
+    pub customer: String,
+    /// Runs in a row whose read of this customer failed, this one included.
+    pub failures: i32,
+    pub error: String,
 }
 
 /// Where fetched events go: the inbox store and the queue, within the run's time.
@@ -114,6 +137,10 @@ struct Run<'a> {
     source: &'a str,
     pool: &'a PgPool,
     queue: &'a Queue,
+    /// Events created since then, if ever stored, are still stored (the purge's
+    /// [`kept_since`](crate::inbox::purge::kept_since)): the undelivered list is read no
+    /// further back.
+    kept_since: DateTime<Utc>,
     deadline: Instant,
     report: ReconcileReport,
     /// New pending events stored since the last flush: sent a page at a time.
@@ -121,17 +148,20 @@ struct Run<'a> {
 }
 
 /// Runs one source's reconciliation and records it; an API error fails this source only.
+/// `kept_since`: events created since then that this source stored are still stored.
 #[tracing::instrument(skip_all, fields(source = reconciler.source()))]
 pub async fn run(
     reconciler: &Reconciler,
     pool: &PgPool,
     queue: &Queue,
+    kept_since: DateTime<Utc>,
     deadline: Instant,
 ) -> ReconcileReport {
     let mut run = Run {
         source: &reconciler.source,
         pool,
         queue,
+        kept_since,
         deadline,
         report: ReconcileReport {
             source: reconciler.source.clone(),
@@ -163,8 +193,9 @@ async fn record(pool: &PgPool, r: &ReconcileReport) -> Result<(), sqlx::Error> {
     sqlx::query!(
         r#"
         INSERT INTO reconcile_runs (source, finished_at, cursor_from, cursor_to, read, stored_new,
-                                    discrepancies, error, already_present, stopped_early, behind_secs)
-        VALUES ($1, inbox_now(), $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                                    discrepancies, error, already_present, stopped_early, behind_secs,
+                                    failed_reads, skipped)
+        VALUES ($1, inbox_now(), $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
         "#,
         r.source,
         r.cursor_from,
@@ -176,6 +207,8 @@ async fn record(pool: &PgPool, r: &ReconcileReport) -> Result<(), sqlx::Error> {
         r.already_present,
         r.stopped_early,
         r.behind_secs,
+        r.failed.len() as i32,
+        r.skipped.len() as i32,
     )
     .execute(pool)
     .await?;
@@ -233,13 +266,16 @@ impl Run<'_> {
     }
 
     async fn feed(&mut self, feed: &dyn EventFeed) -> anyhow::Result<()> {
-        // What the provider failed to deliver first: it may still be retrying for days.
+        // What the provider failed to deliver first: it may still be retrying for days. It
+        // lists an event for as long as it keeps it (Stripe: 30 days), the retention may be
+        // shorter, and an event stored and purged would come back as new: so the list is read
+        // only as far back as the purge leaves every stored event in place.
         let mut after: Option<String> = None;
         for _ in 0..MAX_UNDELIVERED_PAGES {
             if self.time_is_up() {
                 break;
             }
-            let page = feed.undelivered(after.as_deref()).await?;
+            let page = feed.undelivered(self.kept_since, after.as_deref()).await?;
             for fetched in &page.events {
                 self.store(fetched).await?;
             }
@@ -343,44 +379,76 @@ impl Run<'_> {
 
 impl Run<'_> {
     /// The customer sweep: the next customers after the saved position, each read and
-    /// compared with its plan register; the position is saved after each customer, and
-    /// starts over once the last customer is read.
+    /// compared with its plan register; the position is saved after each customer, read or
+    /// not, and starts over once the last customer is read.
+    ///
+    /// A customer whose read fails is passed over, and the failure is counted against it only
+    /// when the provider answered another read in the same run: reads that all fail say the
+    /// provider is down (the run stops after [`OUTAGE_READS`] of them and fails), not that
+    /// these customers cannot be read.
     async fn customers(&mut self, plans: &dyn CustomerPlans) -> anyhow::Result<()> {
         let now = Utc::now();
-        let mut at = Position::load(self.pool, self.source, now).await?;
+        let at = Position::load(self.pool, self.source, now).await?;
         let since = now - chrono::Duration::from_std(RECENT).unwrap_or_default();
         let customers =
             recent_customers(self.pool, self.source, since, at.after.as_deref()).await?;
         let complete = customers.len() < MAX_CUSTOMERS as usize;
+        let failing = failing_customers(self.pool, self.source, &customers).await?;
+        let mut failed: Vec<(&String, anyhow::Error)> = Vec::new();
+        let mut answered = false;
+        let mut swept = true;
         for customer in &customers {
             if self.time_is_up() {
                 self.report.stopped_early = true;
-                return Ok(());
+                swept = false;
+                break;
             }
-            let local = {
-                let mut conn = self.pool.acquire().await?;
-                stored_plan(&mut conn, self.source, customer).await?
-            };
-            match plans
-                .correction(customer, local.as_ref(), Utc::now())
-                .await?
-            {
-                Some(corrective) => {
-                    self.store(&corrective).await?;
-                }
-                None => {
-                    self.report.read += 1;
-                    self.report.already_present += 1;
+            if failing.skipped.contains(customer) {
+                self.report.skipped.push(customer.clone());
+            } else {
+                let local = {
+                    let mut conn = self.pool.acquire().await?;
+                    stored_plan(&mut conn, self.source, customer).await?
+                };
+                match plans.correction(customer, local.as_ref(), Utc::now()).await {
+                    Ok(found) => {
+                        answered = true;
+                        if failing.recorded.contains(customer) {
+                            forget_failures(self.pool, self.source, customer).await?;
+                        }
+                        match found {
+                            Some(corrective) => {
+                                self.store(&corrective).await?;
+                            }
+                            None => {
+                                self.report.read += 1;
+                                self.report.already_present += 1;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            customer = customer.as_str(),
+                            error = format!("{e:#}"),
+                            "a customer's read failed; the sweep goes on"
+                        );
+                        failed.push((customer, e));
+                    }
                 }
             }
-            at = Position {
+            Position {
                 cursor: now,
                 window_end: None,
                 after: Some(customer.clone()),
-            };
-            at.save(self.pool, self.source).await?;
+            }
+            .save(self.pool, self.source)
+            .await?;
+            if !answered && failed.len() >= OUTAGE_READS {
+                swept = false;
+                break;
+            }
         }
-        if complete {
+        if swept && complete {
             Position {
                 cursor: now,
                 window_end: None,
@@ -388,11 +456,104 @@ impl Run<'_> {
             }
             .save(self.pool, self.source)
             .await?;
-        } else {
+        } else if swept {
             self.report.stopped_early = true;
+        }
+        if !answered {
+            return match failed.into_iter().next() {
+                Some((_, first)) => Err(first.context(
+                    "no customer's read was answered this run (counted against none of them)",
+                )),
+                None => Ok(()),
+            };
+        }
+        for (customer, e) in failed {
+            let error = format!("{e:#}");
+            let failures = count_failure(self.pool, self.source, customer, &error).await?;
+            self.report.failed.push(FailedRead {
+                customer: customer.clone(),
+                failures,
+                error,
+            });
         }
         Ok(())
     }
+}
+
+/// The customers among `customers` with failed reads on record, and those of them the sweep
+/// skips: failed [`MAX_READ_FAILURES`] runs in a row, the last less than [`SKIPPED_FOR`] ago.
+struct Failing {
+    recorded: HashSet<String>,
+    skipped: HashSet<String>,
+}
+
+async fn failing_customers(
+    pool: &PgPool,
+    source: &str,
+    customers: &[String],
+) -> Result<Failing, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"
+        SELECT customer_key,
+               failures >= $3 AND last_failed_at > inbox_now() - make_interval(secs => $4)
+                   AS "skipped!"
+        FROM reconcile_failures
+        WHERE source = $1 AND customer_key = ANY($2)
+        "#,
+        source,
+        customers,
+        MAX_READ_FAILURES,
+        SKIPPED_FOR.as_secs_f64(),
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut failing = Failing {
+        recorded: HashSet::new(),
+        skipped: HashSet::new(),
+    };
+    for row in rows {
+        if row.skipped {
+            failing.skipped.insert(row.customer_key.clone());
+        }
+        failing.recorded.insert(row.customer_key);
+    }
+    Ok(failing)
+}
+
+/// Counts one more run whose read of `customer` failed; returns the runs in a row.
+async fn count_failure(
+    pool: &PgPool,
+    source: &str,
+    customer: &str,
+    error: &str,
+) -> Result<i32, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"
+        INSERT INTO reconcile_failures (source, customer_key, failures, last_error)
+        VALUES ($1, $2, 1, $3)
+        ON CONFLICT (source, customer_key) DO UPDATE
+            SET failures = reconcile_failures.failures + 1, last_error = EXCLUDED.last_error,
+                last_failed_at = inbox_now()
+        RETURNING failures
+        "#,
+        source,
+        customer,
+        error,
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// A read of `customer` was answered: its failures are forgotten.
+async fn forget_failures(pool: &PgPool, source: &str, customer: &str) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "DELETE FROM reconcile_failures WHERE source = $1 AND customer_key = $2",
+        source,
+        customer
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// The source's customers with events since `since`, in id order after `after`, at most

@@ -276,7 +276,7 @@ async fn delivered_again_after_the_purge(pool: PgPool, source: &str, dir: &str) 
         .await
         .unwrap();
     assert_eq!(purged as i64, events, "every {dir} event was final");
-    let purged = shared::effects::outbox::purge(&app.pool, retention, deadline)
+    let purged = shared::inbox::purge::purge_effects(&app.pool, retention, deadline)
         .await
         .unwrap();
     assert_eq!(purged as usize, told);

@@ -233,3 +233,157 @@ async fn a_customer_kinde_does_not_know_is_left_alone(pool: PgPool) {
         "pro"
     );
 }
+
+/// Kinde refuses the entitlements read of `customer` (a 400, as its Management API answers a
+/// request it will not serve).
+async fn refused_read(server: &MockServer, customer: &str) {
+    Mock::given(method("GET"))
+        .and(path("/api/v1/billing/entitlements"))
+        .and(query_param("customer_id", customer))
+        .respond_with(ResponseTemplate::new(400).set_body_json(json!({
+            "errors": [{"code": "INVALID_REQUEST", "message": "Invalid request"}]
+        })))
+        .mount(server)
+        .await;
+}
+
+/// The entitlements reads Kinde received for `customer`.
+async fn reads_of(server: &MockServer, customer: &str) -> usize {
+    let wanted = format!("customer_id={customer}&");
+    server
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| r.url.path() == "/api/v1/billing/entitlements")
+        .filter(|r| format!("{}&", r.url.query().unwrap_or("")).contains(&wanted))
+        .count()
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_customer_whose_read_fails_is_tried_three_runs_then_skipped_and_the_sweep_goes_past_it(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    let server = MockServer::start().await;
+    token_endpoint(&server, 1).await;
+    plan_event(&app, "evt_fa", "kc_a", "pro", &days_ago(2)).await;
+    plan_event(&app, "evt_fb", "kc_b", "pro", &days_ago(2)).await;
+    plan_event(&app, "evt_fc", "kc_c", "basic", &days_ago(2)).await;
+    entitlements(
+        &server,
+        "kc_a",
+        json!([{"code": "pro", "subscribed_on": days_ago(40)}]),
+    )
+    .await;
+    refused_read(&server, "kc_b").await;
+    entitlements(
+        &server,
+        "kc_c",
+        json!([{"code": "pro", "subscribed_on": days_ago(1)}]),
+    )
+    .await;
+    let scheduler = scheduler_for(&app, vec![kinde_reconciler(&server)]);
+
+    let mut reports = Vec::new();
+    for _ in 0..4 {
+        reports.push(scheduler::run(&scheduler).await);
+        app.run_worker().await;
+    }
+
+    let period = this_period();
+    assert_eq!(
+        app.account("kinde", "kc_c", &period).await.plan,
+        "pro",
+        "the customer after the failing one is read and corrected"
+    );
+    assert_eq!(
+        reads_of(&server, "kc_b").await,
+        3,
+        "one read a run, three runs, then skipped"
+    );
+    let kinde: Vec<_> = reports.iter().map(|r| &r.reconciliation[0]).collect();
+    assert_eq!(kinde[0].discrepancies, 1, "kc_c corrected by the first run");
+    let failed: Vec<Vec<(String, i32)>> = kinde
+        .iter()
+        .map(|r| {
+            r.failed
+                .iter()
+                .map(|f| (f.customer.clone(), f.failures))
+                .collect()
+        })
+        .collect();
+    let b = |n| vec![("kc_b".to_owned(), n)];
+    assert_eq!(failed, [b(1), b(2), b(3), vec![]]);
+    assert!(kinde[0].failed[0].error.contains("400"), "{:?}", kinde[0]);
+    let skipped: Vec<&[String]> = kinde.iter().map(|r| r.skipped.as_slice()).collect();
+    assert_eq!(skipped, [&[][..], &[], &[], &["kc_b".to_owned()]]);
+    for r in &kinde {
+        assert_eq!(r.error, None, "one customer's failure is not the source's");
+    }
+    let metrics: Vec<(f64, f64)> = reports
+        .iter()
+        .map(|r| {
+            let m = scheduler::emf(r, Utc::now());
+            (
+                m["ReconcileFailedReads"].as_f64().unwrap(),
+                m["ReconcileSkippedCustomers"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(metrics, [(1.0, 0.0), (1.0, 0.0), (1.0, 0.0), (0.0, 1.0)]);
+    let recorded: Vec<(i32, i32)> =
+        sqlx::query_as("SELECT failed_reads, skipped FROM reconcile_runs ORDER BY id")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(recorded, [(1, 0), (1, 0), (1, 0), (0, 1)]);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_kinde_api_that_answers_no_read_fails_the_run_and_counts_against_no_customer(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    let server = MockServer::start().await;
+    token_endpoint(&server, 1).await;
+    for n in 0..5 {
+        let customer = format!("kc_down_{n}");
+        plan_event(
+            &app,
+            &format!("evt_down_{n}"),
+            &customer,
+            "pro",
+            &days_ago(2),
+        )
+        .await;
+        refused_read(&server, &customer).await;
+    }
+    let scheduler = scheduler_for(&app, vec![kinde_reconciler(&server)]);
+
+    let reports = reconcile_runs(&app, &scheduler, 4).await;
+
+    for r in &reports {
+        let error = r.error.as_deref().expect("the run failed");
+        assert!(error.contains("400"), "{error}");
+        assert!(r.failed.is_empty() && r.skipped.is_empty(), "{r:?}");
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM reconcile_failures").await,
+        0,
+        "an outage is nobody's failure"
+    );
+    let reads = server
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| r.url.path() == "/api/v1/billing/entitlements")
+        .count();
+    assert_eq!(shared::reconcile::OUTAGE_READS, 3);
+    assert_eq!(
+        reads,
+        3 + 2 + 3 + 2,
+        "each run stops after three failed reads, the next goes on after them"
+    );
+}

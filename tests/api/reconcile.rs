@@ -70,21 +70,23 @@ impl Respond for FakeStripe {
             .map(|(_, v)| v.clone())
             .collect();
         let limit: usize = get("limit").and_then(|l| l.parse().ok()).unwrap_or(10);
+        let gte: i64 = get("created[gte]")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(i64::MIN);
+        let lt: i64 = get("created[lt]")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(i64::MAX);
+        // Stripe takes the `created` filters on either list.
         let listed: Vec<&Value> = if get("delivery_success").as_deref() == Some("false") {
             self.undelivered.iter().collect()
         } else {
-            let gte: i64 = get("created[gte]")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(i64::MIN);
-            let lt: i64 = get("created[lt]")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(i64::MAX);
             self.windows.lock().unwrap().push((gte, lt));
-            self.events
-                .iter()
-                .filter(|e| (gte..lt).contains(&e["created"].as_i64().unwrap()))
-                .collect()
+            self.events.iter().collect()
         };
+        let listed: Vec<&Value> = listed
+            .into_iter()
+            .filter(|e| (gte..lt).contains(&e["created"].as_i64().unwrap()))
+            .collect();
         let listed: Vec<&Value> = listed
             .into_iter()
             .filter(|e| types.is_empty() || types.iter().any(|t| e["type"] == t.as_str()))
@@ -273,6 +275,57 @@ async fn an_event_stripe_failed_to_deliver_is_applied_and_counted_once(pool: PgP
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_purged_event_stripe_still_lists_as_undelivered_is_not_stored_again(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    // Delivered a week ago and applied; Stripe never saw a 2xx (the endpoint timed out, say),
+    // so for 30 days it lists the event among those it failed to deliver.
+    let created = Utc::now().timestamp() - 7 * 86_400;
+    let delivered = stripe_event("evt_purged", "cus_purged", created);
+    let (_, body) = app.post("stripe", &stripe_delivery(&delivered)).await;
+    let id = body["event_id"].as_i64().unwrap();
+    app.run_worker().await;
+    assert_eq!(status_of(&app, id).await, "applied");
+    sqlx::query("UPDATE inbox_events SET received_at = to_timestamp($1) WHERE id = $2")
+        .bind(created as f64)
+        .bind(id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let mut fake = FakeStripe::new(Vec::new());
+    fake.undelivered = vec![stripe_api_event("evt_purged", "cus_purged", created)];
+    let server = fake_stripe(fake).await;
+    let scheduler = scheduler::SchedulerState {
+        retention: std::time::Duration::from_secs(6 * 86_400),
+        ..scheduler_for(&app, vec![stripe_reconciler(&server)])
+    };
+
+    let mut purged = 0;
+    for _ in 0..3 {
+        let report = scheduler::run(&scheduler).await;
+        app.run_worker().await;
+        purged += report.purged;
+        let stripe = &report.reconciliation[0];
+        assert_eq!(
+            (stripe.stored_new, stripe.discrepancies),
+            (0, 0),
+            "{stripe:?}"
+        );
+        assert_eq!(
+            scheduler::emf(&report, Utc::now())["ReconcileDiscrepancies"],
+            0.0
+        );
+    }
+
+    assert_eq!(purged, 1, "the event went with the retention");
+    assert_eq!(
+        app.count("SELECT count(*) FROM inbox_events WHERE dedupe_key = 'evt_purged'")
+            .await,
+        0,
+        "and was not stored again"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn provider_reads_are_not_deliveries(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let created = Utc::now().timestamp() - LAG.as_secs() as i64 - 600;
@@ -408,6 +461,7 @@ async fn a_reconciliation_read_of_a_due_row_leaves_it_rescuable(pool: PgPool) {
         &scheduler.reconcilers[0],
         &app.pool,
         &scheduler.queue,
+        shared::inbox::purge::kept_since(scheduler.retention, Utc::now()),
         soon(),
     )
     .await;

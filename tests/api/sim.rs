@@ -305,6 +305,7 @@ impl EventFeed for SimFeed {
 
     fn undelivered<'a>(
         &'a self,
+        _since: chrono::DateTime<chrono::Utc>,
         after: Option<&'a str>,
     ) -> BoxFuture<'a, anyhow::Result<FeedPage>> {
         Box::pin(std::future::ready(self.page_after(after)))

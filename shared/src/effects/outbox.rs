@@ -338,35 +338,6 @@ pub async fn replay(pool: &PgPool, queue: &Queue, ids: &[String]) -> anyhow::Res
     Ok(replayed)
 }
 
-/// Deletes sent effects older than the retention, in batches of 500 while `deadline`
-/// allows. Pending and dead effects stay for the operator.
-pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> anyhow::Result<u64> {
-    const BATCH: i64 = 500;
-    let mut purged = 0;
-    loop {
-        let deleted = sqlx::query!(
-            r#"
-            DELETE FROM effects
-            WHERE id IN (
-                SELECT id FROM effects
-                WHERE status = 'sent' AND sent_at < inbox_now() - make_interval(secs => $1)
-                LIMIT $2 FOR UPDATE SKIP LOCKED
-            )
-            "#,
-            retention.as_secs_f64(),
-            BATCH,
-        )
-        .execute(pool)
-        .await
-        .context("purging sent effects")?
-        .rows_affected();
-        purged += deleted;
-        if deleted < BATCH as u64 || Instant::now() >= deadline {
-            return Ok(purged);
-        }
-    }
-}
-
 /// The ids of every effect with this status, oldest first.
 pub async fn ids_with_status(
     pool: &PgPool,

@@ -14,7 +14,7 @@ use sqlx::PgPool;
 use crate::config::SchedulerConfig;
 use crate::effects::outbox::{self, EffectAlerts};
 use crate::inbox::alerts::{collect_alerts, Alerts};
-use crate::inbox::purge::purge;
+use crate::inbox::purge::{kept_since, purge, purge_effects};
 use crate::inbox::read::{backlog, Backlog};
 use crate::inbox::rescue::rescue;
 use crate::queue::Queue;
@@ -99,6 +99,9 @@ pub async fn run(state: &SchedulerState) -> RunReport {
         Ok(alerts) => report.effect_alerts = alerts,
         Err(e) => report.errors.push(format!("effect alerts: {e:#}")),
     }
+    // Lists the providers keep for longer than this store keeps events are read back only as
+    // far as the purge has left everything in place.
+    let kept = kept_since(state.retention, Utc::now());
     for reconciler in &state.reconcilers {
         if Instant::now() >= deadline {
             report.errors.push(format!(
@@ -109,13 +112,13 @@ pub async fn run(state: &SchedulerState) -> RunReport {
         }
         report
             .reconciliation
-            .push(reconcile::run(reconciler, &state.pool, &state.queue, deadline).await);
+            .push(reconcile::run(reconciler, &state.pool, &state.queue, kept, deadline).await);
     }
     match purge(&state.pool, state.retention, deadline).await {
         Ok(n) => report.purged = n,
         Err(e) => report.errors.push(format!("purge: {e:#}")),
     }
-    match outbox::purge(&state.pool, state.retention, deadline).await {
+    match purge_effects(&state.pool, state.retention, deadline).await {
         Ok(n) => report.purged_effects = n,
         Err(e) => report.errors.push(format!("purge effects: {e:#}")),
     }
@@ -140,8 +143,10 @@ pub async fn run(state: &SchedulerState) -> RunReport {
 /// `DeadEvents` counts every dead event still unresolved (an alarm on it stays raised until an
 /// operator replays or resolves them), `DeadEffects` likewise for effects, `StuckEffects` the
 /// effects pending for more than 15 minutes; `ConflictEvents`, `UnprocessableEvents` and
-/// `ReconcileDiscrepancies` count what this run found new; `StepErrors` counts the steps that
-/// failed in this run (their numbers are then missing or zero).
+/// `ReconcileDiscrepancies` count what this run found new; `ReconcileFailedReads` the
+/// customers whose read failed this run and `ReconcileSkippedCustomers` those not read for
+/// failing too many runs in a row; `StepErrors` counts the steps that failed in this run
+/// (their numbers are then missing or zero).
 pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
     let status = |s: &str| report.backlog.by_status.get(s).copied().unwrap_or(0);
     let discrepancies: i64 = report
@@ -167,8 +172,11 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
         .iter()
         .filter(|r| r.stopped_early)
         .count();
+    // Customers the sweeps could not read this run, and those they skip for failing too often.
+    let failed_reads: usize = report.reconciliation.iter().map(|r| r.failed.len()).sum();
+    let skipped: usize = report.reconciliation.iter().map(|r| r.skipped.len()).sum();
     let effects = &report.effect_alerts;
-    let metrics: [(&str, f64, &str); 17] = [
+    let metrics: [(&str, f64, &str); 19] = [
         ("StepErrors", step_errors as f64, "Count"),
         ("DeadEvents", status("dead") as f64, "Count"),
         (
@@ -184,6 +192,8 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
         ("ReconcileDiscrepancies", discrepancies as f64, "Count"),
         ("ReconcileBehindSeconds", behind, "Seconds"),
         ("ReconcileStoppedEarly", stopped_early as f64, "Count"),
+        ("ReconcileFailedReads", failed_reads as f64, "Count"),
+        ("ReconcileSkippedCustomers", skipped as f64, "Count"),
         ("RescuedEvents", report.rescued.len() as f64, "Count"),
         ("PurgedEvents", report.purged as f64, "Count"),
         (

@@ -1,13 +1,34 @@
-//! Purge: applied and ignored events older than the retention go, with their deliveries, in
-//! batches. Dead, unprocessable and pending rows stay for the operator.
+//! Purge: the one home of its rules (docs/design.md §3.9) — what goes, after how long, and
+//! what must be kept. Applied and ignored events older than the retention go, with their
+//! deliveries, in batches; so do sent effects. Dead, unprocessable and pending rows stay for
+//! the operator. What reads the provider's lists again asks [`kept_since`] how far back the
+//! store still holds everything it stored.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
+pub const DEFAULT_RETENTION_DAYS: u64 = 30;
+/// Twice the longest provider retry window (Stripe retries for 3 days): a webhook copy comes
+/// while its event is still stored.
+pub const MIN_RETENTION_DAYS: u64 = 6;
 /// Rows deleted per statement.
 const PURGE_BATCH: i64 = 500;
+/// The clocks of a provider (which stamps `created`) and of this store (which stamps
+/// `received_at`) may disagree by this much.
+const CLOCK_MARGIN: Duration = Duration::from_secs(3600);
+
+/// Events a provider created at or after this time, if this source ever stored them, are
+/// still stored: the purge takes only rows received before `now − retention`, and an event is
+/// received after it is created (less [`CLOCK_MARGIN`]). A list the provider keeps for longer
+/// (Stripe's undelivered events, 30 days) is read back only this far, so that an event this
+/// source stored and purged is never taken for one the webhooks missed.
+pub fn kept_since(retention: Duration, now: DateTime<Utc>) -> DateTime<Utc> {
+    let kept = retention.saturating_sub(CLOCK_MARGIN);
+    now - chrono::Duration::from_std(kept).unwrap_or_default()
+}
 
 /// Deletes applied and ignored events (and their deliveries) older than the retention, in
 /// batches. Dead, conflicting and unprocessable rows are kept for the operator.
@@ -35,5 +56,52 @@ pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> any
         if deleted < PURGE_BATCH as u64 || Instant::now() >= deadline {
             return Ok(purged);
         }
+    }
+}
+
+/// Deletes sent effects older than the retention, in batches while `deadline` allows.
+/// Pending and dead effects stay for the operator.
+pub async fn purge_effects(
+    pool: &PgPool,
+    retention: Duration,
+    deadline: Instant,
+) -> anyhow::Result<u64> {
+    let mut purged = 0;
+    loop {
+        let deleted = sqlx::query!(
+            r#"
+            DELETE FROM effects
+            WHERE id IN (
+                SELECT id FROM effects
+                WHERE status = 'sent' AND sent_at < inbox_now() - make_interval(secs => $1)
+                LIMIT $2 FOR UPDATE SKIP LOCKED
+            )
+            "#,
+            retention.as_secs_f64(),
+            PURGE_BATCH,
+        )
+        .execute(pool)
+        .await
+        .context("purging sent effects")?
+        .rows_affected();
+        purged += deleted;
+        if deleted < PURGE_BATCH as u64 || Instant::now() >= deadline {
+            return Ok(purged);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_is_kept_reaches_back_to_the_retention_less_the_clock_margin() {
+        let now: DateTime<Utc> = "2026-03-10T12:00:00Z".parse().unwrap();
+        let six_days = Duration::from_secs(MIN_RETENTION_DAYS * 86_400);
+        assert_eq!(
+            kept_since(six_days, now),
+            "2026-03-04T13:00:00Z".parse::<DateTime<Utc>>().unwrap()
+        );
     }
 }

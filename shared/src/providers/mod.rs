@@ -380,9 +380,13 @@ pub trait EventFeed: Send + Sync {
         after: Option<&'a str>,
     ) -> BoxFuture<'a, anyhow::Result<FeedPage>>;
 
-    /// One page of the events the provider failed to deliver (and may still be retrying).
-    fn undelivered<'a>(&'a self, after: Option<&'a str>)
-        -> BoxFuture<'a, anyhow::Result<FeedPage>>;
+    /// One page of the events created since `since` that the provider failed to deliver (and
+    /// may still be retrying).
+    fn undelivered<'a>(
+        &'a self,
+        since: DateTime<Utc>,
+        after: Option<&'a str>,
+    ) -> BoxFuture<'a, anyhow::Result<FeedPage>>;
 }
 
 /// One page of a provider's current subscriptions.

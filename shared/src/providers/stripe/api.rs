@@ -4,7 +4,7 @@
 //! worker makes: a subscription, to settle a same-second tie, and the invoice payment of a
 //! payment intent, to link a refund (docs/design.md §4.2, §4.5).
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::decide::{plan_keys, HANDLED_TYPES};
@@ -82,11 +82,15 @@ impl EventFeed for StripeEvents {
 
     fn undelivered<'a>(
         &'a self,
+        since: DateTime<Utc>,
         after: Option<&'a str>,
     ) -> BoxFuture<'a, anyhow::Result<FeedPage>> {
         Box::pin(async move {
-            self.fetch(&[("delivery_success", "false".to_owned())], after)
-                .await
+            let filters = [
+                ("delivery_success", "false".to_owned()),
+                ("created[gte]", since.timestamp().to_string()),
+            ];
+            self.fetch(&filters, after).await
         })
     }
 }
