@@ -606,7 +606,7 @@ async fn settle(
                 };
                 let (tie_id, tie_status) = (tie.event_id, &tie.value.status);
                 let plan_key = plan.as_ref().map(|p| p.key.as_str());
-                notes.push(match reads.subscription(id).await {
+                notes.push(match reads.subscription(ctx.customer, id).await {
                     Ok(Some(now)) if now.shows(status, plan_key) => {
                         *rank = Rank::CONFIRMED;
                         format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {status}")
@@ -632,7 +632,10 @@ async fn settle(
                 if known.is_some_and(|i| i.invoice.is_some()) {
                     continue;
                 }
-                match reads.invoice_of_payment_intent(payment_intent).await {
+                match reads
+                    .invoice_of_payment_intent(ctx.customer, payment_intent)
+                    .await
+                {
                     Ok(Some(invoice)) => {
                         notes.push(format!(
                             "{payment_intent} linked to {invoice} by a provider read"

@@ -27,7 +27,7 @@ use serde_json::Value;
 use crate::billing::registers::{StoredPlan, StoredSubscription};
 use crate::billing::{Catalog, Decided, Decision};
 use crate::config::{ConfigError, SourceConfig};
-use crate::domain::{DedupeKey, SourceKind, VerifiedEvent};
+use crate::domain::{CustomerId, DedupeKey, SourceKind, VerifiedEvent};
 use crate::http_client::LazyClient;
 
 /// A boxed future, so that the provider contracts can be used as trait objects.
@@ -334,17 +334,21 @@ impl SubscriptionNow {
     }
 }
 
-/// Reads of single objects from a provider's API (docs/design.md §4.2, §4.5).
+/// Reads of single objects from a provider's API (docs/design.md §4.2, §4.5), each made for
+/// an event about `customer` (the account's id as the event's envelope gave it: a provider
+/// whose accounts live inside another's, as Stripe Connect's do, reads as that account).
 pub trait Reads: Send + Sync {
     /// The subscription as the provider shows it now; `None` when it does not know it.
     fn subscription<'a>(
         &'a self,
+        customer: &'a CustomerId,
         id: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<SubscriptionNow>>>;
 
     /// The invoice a payment intent paid, when the provider links them.
     fn invoice_of_payment_intent<'a>(
         &'a self,
+        _customer: &'a CustomerId,
         _payment_intent: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<String>>> {
         Box::pin(std::future::ready(Ok(None)))
