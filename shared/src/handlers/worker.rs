@@ -150,8 +150,12 @@ impl WorkerState {
             .timeout(READ_TIMEOUT)
             .build()
             .context("building the HTTP client")?;
-        let configs =
-            crate::secrets::resolve(&config.sources, crate::secrets::Needs::ApiKey, true).await?;
+        let configs = crate::secrets::resolve(
+            &config.sources,
+            crate::secrets::Needs::ApiKey,
+            crate::secrets::OnFailure::RetryOnUse("worker"),
+        )
+        .await?;
         let sources = configs
             .iter()
             .map(|s| (s.name.clone(), WorkerSource::from_config(s, &http)))
