@@ -141,9 +141,13 @@ impl Sender {
         intake_url: &str,
     ) -> anyhow::Result<Self> {
         let sources = parse_sources(sources).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let sources = shared::secrets::resolve(&sources, shared::secrets::Needs::Signing, false)
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let sources = shared::secrets::resolve(
+            &sources,
+            shared::secrets::Needs::Signing,
+            shared::secrets::OnFailure::Stop,
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
         let kinde_key = match kinde_key {
             Some(path) => Some(KindeKey {
                 pem: std::fs::read(path)

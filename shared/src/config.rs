@@ -102,6 +102,10 @@ pub struct SourceConfig {
     /// API key, read once per cold start ([`crate::secrets`]); inline values are for local use.
     #[serde(default)]
     pub secret_id: Option<String>,
+    /// The API key's read from `secret_id`, when it failed at cold start: a provider read
+    /// tries it again (set by [`crate::secrets::resolve`], never by the configuration).
+    #[serde(skip)]
+    pub api_key_read: Option<std::sync::Arc<crate::secrets::ApiKeyRead>>,
 }
 
 /// Secrets never reach a log line, not even through `{:?}`.
@@ -122,6 +126,7 @@ impl fmt::Debug for SourceConfig {
             .field("api_client_id", &self.api_client_id)
             .field("livemode", &self.livemode)
             .field("secret_id", &self.secret_id)
+            .field("api_key_read", &self.api_key_read)
             .finish()
     }
 }

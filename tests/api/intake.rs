@@ -399,6 +399,50 @@ async fn kinde_token_is_stored_under_its_signed_event_id_and_a_re_signed_retry_i
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_captured_kinde_payment_token_without_an_event_id_replayed_under_new_webhook_ids_is_one_payment(
+    pool: PgPool,
+) {
+    let mut app = TestApp::spawn(pool).await;
+    app.enable_effects().await;
+    // A payment event that names neither an event id nor a payment id: its dedupe key is the
+    // unsigned webhook-id header, which whoever holds the token can change at will.
+    let claims = json!({
+        "data": {"customer_id": "kc_replayed", "plan": {"key": "pro"}},
+        "event_timestamp": (Utc::now() - chrono::Duration::minutes(1)).to_rfc3339(),
+        "source": "user",
+        "timestamp": Utc::now().to_rfc3339(),
+        "type": "customer.payment_succeeded"
+    });
+    let token = shared::providers::kinde::fixtures::token(KINDE_KEY, KINDE_KID, &claims).unwrap();
+    for webhook_id in ["wh_genuine", "wh_replay_1", "wh_replay_2"] {
+        let delivery = Delivery {
+            headers: vec![
+                ("content-type".into(), "application/jwt".into()),
+                ("webhook-id".into(), webhook_id.into()),
+            ],
+            body: token.clone().into_bytes(),
+        };
+        let (status, answer) = app.post("kinde", &delivery).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        app.run_worker().await;
+    }
+
+    let payments = app
+        .count(
+            "SELECT count(*) FROM payments WHERE customer_id = 'kc_replayed' AND status = 'paid'",
+        )
+        .await;
+    assert_eq!(payments, 1, "one signed payment is one payment");
+    let succeeded = app
+        .effects()
+        .await
+        .iter()
+        .filter(|e| e.kind == "billing.payment_succeeded")
+        .count();
+    assert_eq!(succeeded, 1, "and the app is told of it once");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn kinde_token_signed_with_hs256_is_refused(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let claims = json!({"type": "customer.plan_changed", "timestamp": Utc::now().to_rfc3339(),

@@ -7,23 +7,29 @@ use http::StatusCode;
 use serde_json::json;
 use shared::config::{parse_sources, FromEnv, IntakeConfig};
 use shared::handlers::intake::IntakeState;
-use shared::secrets::{resolve, Needs};
+use shared::secrets::{resolve, Needs, OnFailure};
 use sqlx::PgPool;
 
 use crate::helpers::*;
+use crate::scheduler::scheduler_for;
 
 /// A new secret holding `value`; its name.
 async fn secret(value: &serde_json::Value) -> String {
     let name = format!("billing-inbox/test/{}", uuid::Uuid::new_v4().simple());
+    secret_named(&name, value).await;
+    name
+}
+
+/// Creates the secret `name` holding `value`.
+async fn secret_named(name: &str, value: &serde_json::Value) {
     shared::secrets::client()
         .await
         .create_secret()
-        .name(&name)
+        .name(name)
         .secret_string(value.to_string())
         .send()
         .await
         .expect("the local server serves Secrets Manager (scripts/test starts it)");
-    name
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
@@ -67,13 +73,17 @@ async fn each_function_takes_only_what_it_uses() {
     let sources =
         parse_sources(&json!([{"name": "s", "kind": "stripe", "secret_id": id}]).to_string())
             .unwrap();
-    let intake = resolve(&sources, Needs::Signing, false).await.unwrap();
+    let intake = resolve(&sources, Needs::Signing, OnFailure::Stop)
+        .await
+        .unwrap();
     assert_eq!(intake[0].secrets, ["whsec_sm"]);
     assert_eq!(
         intake[0].api_key, None,
         "the intake never holds the API key"
     );
-    let worker = resolve(&sources, Needs::ApiKey, true).await.unwrap();
+    let worker = resolve(&sources, Needs::ApiKey, OnFailure::RetryOnUse("worker"))
+        .await
+        .unwrap();
     assert_eq!(worker[0].api_key.as_deref(), Some("sk_sm"));
     assert!(
         worker[0].secrets.is_empty(),
@@ -88,23 +98,31 @@ async fn a_secret_that_cannot_be_read_is_named_never_shown() {
             .to_string(),
     )
     .unwrap();
-    let error = resolve(&sources, Needs::Signing, false).await.unwrap_err();
+    let error = resolve(&sources, Needs::Signing, OnFailure::Stop)
+        .await
+        .unwrap_err();
     assert_eq!(error.var, "INBOX_SOURCES");
     assert_eq!(error.field.as_deref(), Some("source 's': secret_id"));
     assert!(
         error.detail.contains("billing-inbox/test/missing"),
         "{error}"
     );
-    // The scheduler and the worker go on without the API key.
-    let lenient = resolve(&sources, Needs::ApiKey, true).await.unwrap();
+    // The scheduler and the worker go on without the API key, and read it again on use.
+    let lenient = resolve(&sources, Needs::ApiKey, OnFailure::RetryOnUse("worker"))
+        .await
+        .unwrap();
     assert_eq!(lenient[0].api_key, None);
+    let read = lenient[0].api_key_read.as_ref().expect("a read on use");
+    assert!(!format!("{read:?}").contains("sk_"), "{read:?}");
 
     let malformed = secret(&json!({"secret": "whsec_leaky_value"})).await;
     let sources = parse_sources(
         &json!([{"name": "s", "kind": "stripe", "secret_id": malformed}]).to_string(),
     )
     .unwrap();
-    let error = resolve(&sources, Needs::Signing, false).await.unwrap_err();
+    let error = resolve(&sources, Needs::Signing, OnFailure::Stop)
+        .await
+        .unwrap_err();
     assert!(!error.to_string().contains("whsec_leaky_value"), "{error}");
 }
 
@@ -126,4 +144,152 @@ fn a_malformed_sources_variable_never_quotes_a_secret() {
         .unwrap_err()
         .to_string();
     assert!(unknown.contains("unknown field `secretz`"), "{unknown}");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_api_key_whose_secret_was_missing_at_cold_start_is_read_on_a_later_use_after_the_backoff(
+    pool: PgPool,
+) {
+    use shared::handlers::{scheduler, worker::WorkerSource};
+    use wiremock::matchers::{header, method, path, path_regex};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    // The secret does not exist yet when the worker and the scheduler start.
+    let name = format!("billing-inbox/test/{}", uuid::Uuid::new_v4().simple());
+    let api = MockServer::start().await;
+    let sub = |status: &str| {
+        json!({"id": "sub_late", "object": "subscription", "customer": "cus_late", "status": status,
+               "items": {"object": "list", "data": [{"id": "si_late", "object": "subscription_item",
+                         "price": {"id": "price_pro", "object": "price"}}]}})
+    };
+    Mock::given(method("GET"))
+        .and(path("/v1/subscriptions/sub_late"))
+        .and(header("authorization", "Bearer sk_late"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(sub("active")))
+        .mount(&api)
+        .await;
+    Mock::given(method("GET"))
+        .and(path_regex("^/v1/events$"))
+        .and(header("authorization", "Bearer sk_late"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"object": "list", "data": [], "has_more": false})),
+        )
+        .mount(&api)
+        .await;
+    let sources = parse_sources(
+        &json!([{"name": "stripe", "kind": "stripe", "secret_id": name, "api_base_url": api.uri()}])
+            .to_string(),
+    )
+    .unwrap();
+    let http = reqwest::Client::new();
+    let worker_sources = resolve(&sources, Needs::ApiKey, OnFailure::RetryOnUse("worker"))
+        .await
+        .unwrap();
+    let scheduler_sources = resolve(&sources, Needs::ApiKey, OnFailure::RetryOnUse("scheduler"))
+        .await
+        .unwrap();
+    let worker_read = worker_sources[0].api_key_read.clone().expect("read on use");
+    let scheduler_read = scheduler_sources[0]
+        .api_key_read
+        .clone()
+        .expect("read on use");
+    assert_eq!((worker_read.failures(), scheduler_read.failures()), (1, 1));
+
+    let mut app = TestApp::spawn(pool).await;
+    app.worker.sources.insert(
+        "stripe".into(),
+        WorkerSource::from_config(&worker_sources[0], &http),
+    );
+    let scheduler = scheduler_for(
+        &app,
+        shared::reconcile::reconcilers(&scheduler_sources, &http),
+    );
+    assert_eq!(
+        scheduler.reconcilers.len(),
+        1,
+        "the source is still to be reconciled"
+    );
+
+    // A same-second tie within the backoff: no read of the secret, none of the provider;
+    // the status rank settles it, and the log line says why the read did not happen.
+    let tie = |tag: &str, id: &str, status: &str| {
+        let mut event = stripe_event(id, "cus_late", 1_773_144_000);
+        event["type"] = json!("customer.subscription.updated");
+        let mut object = sub(status);
+        object["id"] = json!(format!("sub_{tag}"));
+        event["data"]["object"] = object;
+        event
+    };
+    for event in [
+        tie("early", "evt_early_pd", "past_due"),
+        tie("early", "evt_early_ac", "active"),
+    ] {
+        let (status, body) = app.post("stripe", &stripe_delivery(&event)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        app.run_worker().await;
+    }
+    let report = scheduler::run(&scheduler).await;
+    let error = report.reconciliation[0].error.clone().unwrap_or_default();
+    assert!(error.contains("is not read"), "{error}");
+    assert!(!error.contains("sk_"), "{error}");
+    assert_eq!(
+        (worker_read.failures(), scheduler_read.failures()),
+        (1, 1),
+        "no read of the secret before the backoff is over"
+    );
+    assert!(api.received_requests().await.unwrap().is_empty());
+    let early = app.account("stripe", "cus_late", "2026-03").await;
+    let reasons: Vec<&str> = early.log.iter().map(|l| l.reason.as_str()).collect();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("the provider read failed") && r.contains("is not read")),
+        "{reasons:?}"
+    );
+
+    // The secret is created; the first use after the backoff reads it, and the provider
+    // reads happen.
+    secret_named(&name, &json!({"api_key": "sk_late"})).await;
+    tokio::time::sleep(shared::secrets::RETRY_FIRST + std::time::Duration::from_millis(200)).await;
+    for event in [
+        tie("late", "evt_late_pd", "past_due"),
+        tie("late", "evt_late_ac", "active"),
+    ] {
+        let (status, body) = app.post("stripe", &stripe_delivery(&event)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        app.run_worker().await;
+    }
+    let report = scheduler::run(&scheduler).await;
+    assert_eq!(report.reconciliation[0].error, None);
+    assert_eq!((worker_read.failures(), scheduler_read.failures()), (1, 1));
+    let reads = api.received_requests().await.unwrap();
+    assert!(reads
+        .iter()
+        .any(|r| r.url.path() == "/v1/subscriptions/sub_late"));
+    assert!(reads.iter().any(|r| r.url.path() == "/v1/events"));
+    let late = app.account("stripe", "cus_late", "2026-03").await;
+    let settled = late
+        .subscriptions
+        .iter()
+        .find(|s| s.id == "sub_late")
+        .expect("sub_late");
+    assert_eq!(settled.status, "active", "settled by the provider read");
+}
+
+#[test]
+fn a_failed_secret_read_is_counted_by_source_and_function() {
+    let line = shared::secrets::secret_read_failure_metric("stripe", "worker", chrono::Utc::now());
+    let directive = &line["_aws"]["CloudWatchMetrics"][0];
+    assert_eq!(directive["Namespace"], "BillingInbox");
+    assert_eq!(directive["Dimensions"], json!([["Source", "Function"]]));
+    assert_eq!(directive["Metrics"][0]["Name"], "SecretReadFailures");
+    assert_eq!(
+        (
+            &line["Source"],
+            &line["Function"],
+            &line["SecretReadFailures"]
+        ),
+        (&json!("stripe"), &json!("worker"), &json!(1))
+    );
 }

@@ -12,7 +12,7 @@ use shared::providers::stripe::StripeReads;
 use shared::providers::{Api, BoxFuture};
 use shared::sim::{with_interrupts, Interrupts, Point};
 use sqlx::PgPool;
-use wiremock::matchers::{method, path, query_param};
+use wiremock::matchers::{header, method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::helpers::*;
@@ -314,6 +314,67 @@ async fn a_slow_batch_works_no_event_after_its_lease_ends(pool: PgPool) {
         let account = app.account("stripe", customer, "2026-03").await;
         assert_eq!(account.subscriptions[0].status, "active", "{customer}");
     }
+}
+
+/// A same-second tie on a connected account is read as that account: every provider read for
+/// its event sends `Stripe-Account`.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_connected_accounts_same_second_tie_is_settled_by_a_read_made_as_that_account(
+    pool: PgPool,
+) {
+    let mut app = TestApp::spawn(pool).await;
+    let api = MockServer::start().await;
+    // The subscription lives on the connected account: Stripe finds it only when the read
+    // names that account in `Stripe-Account`.
+    Mock::given(method("GET"))
+        .and(path("/v1/subscriptions/sub_conn"))
+        .and(header("Stripe-Account", "acct_1Connected"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(subscription(
+            "sub_conn",
+            "cus_conn",
+            "active",
+            "price_pro",
+        )))
+        .mount(&api)
+        .await;
+    with_stripe_api(&mut app.worker, &api);
+    // A Connect endpoint's events name the connected account at the top level.
+    let connected = |id: &str, status: &str| {
+        let mut event = stripe(
+            id,
+            "customer.subscription.updated",
+            T,
+            subscription("sub_conn", "cus_conn", status, "price_pro"),
+        );
+        event["account"] = json!("acct_1Connected");
+        event
+    };
+    // The status rank alone would pick past_due.
+    deliver(
+        &app,
+        &[
+            &connected("evt_conn_pd", "past_due"),
+            &connected("evt_conn_ac", "active"),
+        ],
+    )
+    .await;
+
+    let account = app
+        .account("stripe", "acct_1Connected/cus_conn", "2026-03")
+        .await;
+    assert_eq!(account.subscriptions[0].status, "active");
+    assert_eq!(account.plan, "pro");
+    let reasons = log_reason(&account, "customer.subscription.updated");
+    assert!(reasons.contains("resolved by a provider read"), "{reasons}");
+    let reads = api.received_requests().await.unwrap();
+    assert!(!reads.is_empty(), "the tie was read");
+    assert!(
+        reads
+            .iter()
+            .all(|r| r.headers.get("Stripe-Account").map(|v| v.as_bytes())
+                == Some(b"acct_1Connected")),
+        "every read for the connected account's event names it"
+    );
 }
 
 /// A Stripe API that shows subscription `sub_{tag}` of `cus_{tag}` as active after 2 s (long

@@ -64,7 +64,12 @@ impl IntakeState {
         let queue = Queue::from_env(config.queue_url.clone()).await;
         // Only a Kinde key fetch uses it: built then, not at cold start.
         let http = crate::http_client::LazyClient::with_timeout(Duration::from_secs(5));
-        let configs = crate::secrets::resolve(&config.sources, Needs::Signing, false).await?;
+        let configs = crate::secrets::resolve(
+            &config.sources,
+            Needs::Signing,
+            crate::secrets::OnFailure::Stop,
+        )
+        .await?;
         let sources = Sources::build(&configs, config.tolerance, http)?;
         Ok(Self::new(pool, queue, sources))
     }

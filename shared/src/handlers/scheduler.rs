@@ -41,8 +41,12 @@ impl SchedulerState {
             .timeout(Duration::from_secs(10))
             .build()
             .context("building the HTTP client")?;
-        let configs =
-            crate::secrets::resolve(&config.sources, crate::secrets::Needs::ApiKey, true).await?;
+        let configs = crate::secrets::resolve(
+            &config.sources,
+            crate::secrets::Needs::ApiKey,
+            crate::secrets::OnFailure::RetryOnUse("scheduler"),
+        )
+        .await?;
         let reconcilers = reconcile::reconcilers(&configs, &http);
         Ok(Self {
             pool,

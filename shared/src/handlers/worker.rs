@@ -152,8 +152,12 @@ impl WorkerState {
             .timeout(READ_TIMEOUT)
             .build()
             .context("building the HTTP client")?;
-        let configs =
-            crate::secrets::resolve(&config.sources, crate::secrets::Needs::ApiKey, true).await?;
+        let configs = crate::secrets::resolve(
+            &config.sources,
+            crate::secrets::Needs::ApiKey,
+            crate::secrets::OnFailure::RetryOnUse("worker"),
+        )
+        .await?;
         let sources = configs
             .iter()
             .map(|s| (s.name.clone(), WorkerSource::from_config(s, &http)))
@@ -608,7 +612,7 @@ async fn settle(
                 };
                 let (tie_id, tie_status) = (tie.event_id, &tie.value.status);
                 let plan_key = plan.as_ref().map(|p| p.key.as_str());
-                notes.push(match reads.subscription(id).await {
+                notes.push(match reads.subscription(ctx.customer, id).await {
                     Ok(Some(now)) if now.shows(status, plan_key) => {
                         // the read's time: a state confirmed later outranks one confirmed earlier
                         *rank = Rank::confirmed(chrono::Utc::now());
@@ -635,7 +639,10 @@ async fn settle(
                 if known.is_some_and(|i| i.invoice.is_some()) {
                     continue;
                 }
-                match reads.invoice_of_payment_intent(payment_intent).await {
+                match reads
+                    .invoice_of_payment_intent(ctx.customer, payment_intent)
+                    .await
+                {
                     Ok(Some(invoice)) => {
                         notes.push(format!(
                             "{payment_intent} linked to {invoice} by a provider read"

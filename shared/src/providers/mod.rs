@@ -27,8 +27,9 @@ use serde_json::Value;
 use crate::billing::registers::{StoredPlan, StoredSubscription};
 use crate::billing::{Catalog, Decided, Decision};
 use crate::config::{ConfigError, SourceConfig};
-use crate::domain::{DedupeKey, SourceKind, VerifiedEvent};
+use crate::domain::{CustomerId, DedupeKey, SourceKind, VerifiedEvent};
 use crate::http_client::LazyClient;
+use crate::secrets::ApiKey;
 
 /// A boxed future, so that the provider contracts can be used as trait objects.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -218,7 +219,7 @@ impl Sources {
 #[derive(Clone)]
 pub struct Api {
     pub base_url: String,
-    pub key: String,
+    pub key: ApiKey,
     /// The OAuth client the key is the secret of, for an API that takes client credentials
     /// (Kinde's Management API).
     pub client_id: Option<String>,
@@ -228,7 +229,11 @@ pub struct Api {
 impl Api {
     /// The API of a source that has an API key and whose provider has an API; else `None`.
     pub fn for_source(config: &SourceConfig, http: &reqwest::Client) -> Option<Self> {
-        let key = config.api_key.clone()?;
+        let key = match (&config.api_key, &config.api_key_read) {
+            (Some(key), _) => ApiKey::Known(key.clone()),
+            (None, Some(read)) => ApiKey::OnUse(read.clone()),
+            (None, None) => return None,
+        };
         let base_url = config
             .api_base_url
             .clone()
@@ -258,7 +263,7 @@ impl Api {
         let mut request = self
             .http
             .get(format!("{}{path}", self.base_url))
-            .bearer_auth(&self.key)
+            .bearer_auth(self.key.get().await?)
             .query(query);
         for (name, value) in headers {
             request = request.header(*name, *value);
@@ -334,17 +339,21 @@ impl SubscriptionNow {
     }
 }
 
-/// Reads of single objects from a provider's API (docs/design.md §4.2, §4.5).
+/// Reads of single objects from a provider's API (docs/design.md §4.2, §4.5), each made for
+/// an event about `customer` (the account's id as the event's envelope gave it: a provider
+/// whose accounts live inside another's, as Stripe Connect's do, reads as that account).
 pub trait Reads: Send + Sync {
     /// The subscription as the provider shows it now; `None` when it does not know it.
     fn subscription<'a>(
         &'a self,
+        customer: &'a CustomerId,
         id: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<SubscriptionNow>>>;
 
     /// The invoice a payment intent paid, when the provider links them.
     fn invoice_of_payment_intent<'a>(
         &'a self,
+        _customer: &'a CustomerId,
         _payment_intent: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<String>>> {
         Box::pin(std::future::ready(Ok(None)))

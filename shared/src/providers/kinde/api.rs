@@ -71,6 +71,7 @@ impl KindeEntitlements {
             return Ok(token.value);
         }
         let base = &self.api.base_url;
+        let secret = self.api.key.get().await?;
         let response = self
             .api
             .http
@@ -78,7 +79,7 @@ impl KindeEntitlements {
             .form(&[
                 ("grant_type", "client_credentials"),
                 ("client_id", self.client_id.as_str()),
-                ("client_secret", self.api.key.as_str()),
+                ("client_secret", secret.as_str()),
                 ("audience", &format!("{base}/api")),
             ])
             .send()
@@ -112,7 +113,7 @@ impl KindeEntitlements {
     /// The customer's current plans; `None` when Kinde does not know the customer.
     async fn plans(&self, customer: &str) -> anyhow::Result<Option<Vec<PlanNow>>> {
         let api = Api {
-            key: self.token().await?,
+            key: self.token().await?.into(),
             ..self.api.clone()
         };
         let query = [

@@ -3,11 +3,10 @@
 
 use serde_json::Value;
 
-use super::CUSTOMER_FIELDS;
+use super::{content_hash, CUSTOMER_FIELDS};
 use crate::billing::model::read::{first_text, resolve, text};
 use crate::billing::model::{no_meaning, not_billing, with_grant};
 use crate::billing::{Catalog, Decided, Decision, Effect, PaymentStatus, Problem};
-use crate::domain::DedupeKey;
 
 /// Where Kinde billing events name their plan (Kinde does not publish the layout; both are
 /// read in the wild, docs/design.md §6).
@@ -30,8 +29,19 @@ fn fields_used(customer: &str, plan: Option<&str>) -> String {
     }
 }
 
+/// The id of a payment whose token names neither the payment nor the event: a hash of the
+/// token's signed content without its send time (`content_hash`), so every copy of the token,
+/// and every re-signed retry, names the same payment whatever `webhook-id` it came under
+/// (docs/design.md §6).
+fn signed_payment_id(claims: &Value) -> String {
+    format!(
+        "signed_{}",
+        hex::encode(&content_hash(claims).as_bytes()[..16])
+    )
+}
+
 /// What a Kinde event means for the billing registers.
-pub fn decide(event_type: &str, p: &Value, dedupe_key: &DedupeKey, catalog: &Catalog) -> Decided {
+pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
     if !event_type.starts_with("customer.") {
         return Ok(not_billing(event_type));
     }
@@ -44,7 +54,9 @@ pub fn decide(event_type: &str, p: &Value, dedupe_key: &DedupeKey, catalog: &Cat
     let plan_keys: Vec<&str> = plan_field.map(|(_, key)| key).into_iter().collect();
     let resolved = resolve(catalog, &plan_keys);
     let used = Some(fields_used(customer_field, plan_field.map(|(f, _)| f)));
-    // A payment names itself when it can; otherwise each payment event is its own payment.
+    // A payment names itself when it can; otherwise the signed event names it. Never the
+    // dedupe key: for a token without an `event_id` that is the unsigned `webhook-id`
+    // header, and a captured token replayed under new ids would be new payments.
     let payment_id = || {
         first_text(
             p,
@@ -53,10 +65,11 @@ pub fn decide(event_type: &str, p: &Value, dedupe_key: &DedupeKey, catalog: &Cat
                 "/data/payment/id",
                 "/data/invoice_id",
                 "/data/invoice/id",
+                "/event_id",
             ],
         )
-        .unwrap_or(dedupe_key.as_str())
-        .to_owned()
+        .map(str::to_owned)
+        .unwrap_or_else(|| signed_payment_id(p))
     };
     Ok(match event_type {
         "customer.plan_assigned" | "customer.plan_changed" | "customer.agreement_created" => {
@@ -199,14 +212,8 @@ mod tests {
 
     #[test]
     fn kinde_payment_without_plan_grants_nothing() {
-        let p = json!({"data": {"customer_id": "c"}});
-        let Decision::Apply { effects, .. } = decide(
-            SourceKind::Kinde,
-            "customer.payment_succeeded",
-            &p,
-            &key("evt_9"),
-            &catalog(),
-        ) else {
+        let p = json!({"event_id": "evt_9", "data": {"customer_id": "c"}});
+        let Decision::Apply { effects, .. } = kinde("customer.payment_succeeded", &p) else {
             panic!("a payment applies");
         };
         assert!(!effects.iter().any(|e| matches!(e, Effect::Grant { .. })));
@@ -215,6 +222,50 @@ mod tests {
             status: PaymentStatus::Paid,
             plan_key: None
         }));
+    }
+
+    fn payment_id(decision: Decision) -> String {
+        let Decision::Apply { effects, .. } = decision else {
+            panic!("a payment applies");
+        };
+        effects
+            .into_iter()
+            .find_map(|e| match e {
+                Effect::Payment { id, .. } => Some(id),
+                _ => None,
+            })
+            .expect("a payment effect")
+    }
+
+    #[test]
+    fn a_payment_that_names_no_id_is_named_by_its_signed_content_never_by_the_dedupe_key() {
+        let sent = json!({"type": "customer.payment_succeeded", "timestamp": "2026-01-01T00:00:00Z",
+                          "event_timestamp": "2025-12-31T23:59:58Z", "data": {"customer_id": "c"}});
+        let first = payment_id(decide(
+            SourceKind::Kinde,
+            "customer.payment_succeeded",
+            &sent,
+            &key("wh_1"),
+            &catalog(),
+        ));
+        let mut re_signed = sent.clone();
+        re_signed["timestamp"] = json!("2026-01-01T00:01:00Z");
+        let replayed = payment_id(decide(
+            SourceKind::Kinde,
+            "customer.payment_succeeded",
+            &re_signed,
+            &key("wh_forged"),
+            &catalog(),
+        ));
+        assert_eq!(first, replayed, "another webhook-id, the same payment");
+        assert!(first.starts_with("signed_"), "{first}");
+        let mut other = sent.clone();
+        other["event_timestamp"] = json!("2026-01-31T23:59:58Z");
+        let next_month = payment_id(kinde("customer.payment_succeeded", &other));
+        assert_ne!(
+            first, next_month,
+            "another signed payment is another payment"
+        );
     }
 
     #[test]

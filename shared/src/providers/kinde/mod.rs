@@ -47,10 +47,11 @@ impl Provider for Kinde {
         &self,
         event_type: &str,
         payload: &Value,
-        dedupe_key: &DedupeKey,
+        _dedupe_key: &DedupeKey,
         catalog: &Catalog,
     ) -> Decided {
-        decide::decide(event_type, payload, dedupe_key, catalog)
+        // Nothing here depends on the dedupe key, which may be the unsigned `webhook-id`.
+        decide::decide(event_type, payload, catalog)
     }
 
     /// A client id is required with an `api_key` (`config::parse_sources` says so); without

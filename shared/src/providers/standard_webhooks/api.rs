@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use super::decide::plan_keys;
 use super::parse_event;
 use crate::billing::registers::StoredSubscription;
+use crate::domain::CustomerId;
 use crate::providers::{
     path_id, Api, BoxFuture, Fetched, Reads, SubscriptionNow, SubscriptionSweep, SweepPage,
 };
@@ -115,6 +116,7 @@ impl PolarReads {
 impl Reads for PolarReads {
     fn subscription<'a>(
         &'a self,
+        _customer: &'a CustomerId,
         id: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<SubscriptionNow>>> {
         Box::pin(self.read_subscription(id))

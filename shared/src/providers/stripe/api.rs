@@ -8,7 +8,8 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::decide::{plan_keys, HANDLED_TYPES};
-use super::parse_event;
+use super::{connected_account, parse_event};
+use crate::domain::CustomerId;
 use crate::providers::{
     path_id, Api, BoxFuture, EventFeed, FeedPage, Fetched, Reads, SubscriptionNow, Window,
 };
@@ -95,6 +96,17 @@ impl EventFeed for StripeEvents {
     }
 }
 
+/// The headers of an object read for an event about `customer`: the API version, and, for a
+/// connected account's customer (`acct_…/cus_…`, docs/design.md §4.6a), `Stripe-Account`, without
+/// which Stripe looks for the object on the platform's own account and does not find it.
+fn read_headers(customer: &CustomerId) -> Vec<(&'static str, &str)> {
+    let mut headers = vec![("Stripe-Version", READ_VERSION)];
+    if let Some(account) = connected_account(customer.as_str()) {
+        headers.push(("Stripe-Account", account));
+    }
+    headers
+}
+
 pub struct StripeReads {
     api: Api,
 }
@@ -104,13 +116,21 @@ impl StripeReads {
         Self { api }
     }
 
-    async fn read_subscription(&self, id: &str) -> anyhow::Result<Option<SubscriptionNow>> {
+    async fn read_subscription(
+        &self,
+        customer: &CustomerId,
+        id: &str,
+    ) -> anyhow::Result<Option<SubscriptionNow>> {
         let path = format!("/v1/subscriptions/{}", path_id(id)?);
-        let version = [("Stripe-Version", READ_VERSION)];
-        self.api.subscription_now(&path, &version, plan_keys).await
+        let headers = read_headers(customer);
+        self.api.subscription_now(&path, &headers, plan_keys).await
     }
 
-    async fn read_invoice_of(&self, payment_intent: &str) -> anyhow::Result<Option<String>> {
+    async fn read_invoice_of(
+        &self,
+        customer: &CustomerId,
+        payment_intent: &str,
+    ) -> anyhow::Result<Option<String>> {
         let query = [
             ("payment[type]", "payment_intent".to_owned()),
             (
@@ -119,10 +139,10 @@ impl StripeReads {
             ),
             ("limit", "1".to_owned()),
         ];
-        let version = [("Stripe-Version", READ_VERSION)];
+        let headers = read_headers(customer);
         let Some(list) = self
             .api
-            .get_found("/v1/invoice_payments", &query, &version)
+            .get_found("/v1/invoice_payments", &query, &headers)
             .await?
         else {
             return Ok(None);
@@ -140,15 +160,17 @@ impl StripeReads {
 impl Reads for StripeReads {
     fn subscription<'a>(
         &'a self,
+        customer: &'a CustomerId,
         id: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<SubscriptionNow>>> {
-        Box::pin(self.read_subscription(id))
+        Box::pin(self.read_subscription(customer, id))
     }
 
     fn invoice_of_payment_intent<'a>(
         &'a self,
+        customer: &'a CustomerId,
         payment_intent: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<String>>> {
-        Box::pin(self.read_invoice_of(payment_intent))
+        Box::pin(self.read_invoice_of(customer, payment_intent))
     }
 }

@@ -13,7 +13,10 @@ use std::time::Duration;
 use serde_json::Value;
 
 pub use api::{StripeEvents, StripeReads};
-pub use verify::{connected_customer, content_hash, parse_event, StripeVerifier, SIGNATURE_HEADER};
+pub use verify::{
+    connected_account, connected_customer, content_hash, parse_event, StripeVerifier,
+    SIGNATURE_HEADER,
+};
 
 use super::{Api, Provider, Reads, Reconciliation, Verify};
 use crate::billing::{Catalog, Decided};

@@ -160,9 +160,24 @@ pub fn connected_customer(account: &str, customer: &str) -> String {
     format!("{}/{customer}", account.trim())
 }
 
+/// The connected account a customer id names (`acct_…` of `acct_…/cus_…`), if it names one.
+pub fn connected_account(customer: &str) -> Option<&str> {
+    customer
+        .split_once('/')
+        .map(|(account, _)| account)
+        .filter(|account| !account.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connected_customer_names_its_account_and_a_platform_customer_none() {
+        let id = connected_customer("acct_1Conn", "cus_1");
+        assert_eq!(connected_account(&id), Some("acct_1Conn"));
+        assert_eq!(connected_account("cus_1"), None);
+    }
     use crate::providers::stripe::fixtures::{hmac_sha256_hex, signature};
     use serde_json::json;
 
