@@ -749,6 +749,15 @@ async fn a_basil_refund_ends_its_invoice_in_every_order(pool: PgPool) {
             account.balance, 500,
             "the grant stands: decided by its event"
         );
+        // The register holds what the event that won it says, whatever came before it.
+        let plan_key: Option<String> = sqlx::query_scalar(
+            "SELECT plan_key FROM payments WHERE source = 'stripe' AND payment_id = $1",
+        )
+        .bind(format!("in_b{n}"))
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+        assert_eq!(plan_key, None, "order {order:?}: the refund names no plan");
     }
 }
 

@@ -528,11 +528,12 @@ impl Registers {
         let held = self.payments.get(id);
         let ruled = payment(held, ctx, id, status);
         if ruled.writes {
+            // The register holds what its winning event says and nothing of the one before:
+            // a plan carried over from a paid event would be kept when the refund came after
+            // it and missing when it came first.
             let value = HeldPayment {
                 status: status.as_str().to_owned(),
-                plan_key: plan_key
-                    .map(str::to_owned)
-                    .or_else(|| held.and_then(|h| h.value.plan_key.clone())),
+                plan_key: plan_key.map(str::to_owned),
             };
             let held = Held::written(value, ctx, Rank::of_payment(status));
             let read = self.payments.insert(id.to_owned(), held);
