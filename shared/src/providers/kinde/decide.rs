@@ -19,14 +19,18 @@ fn field<'a>(p: &'a Value, pointers: &[&'static str]) -> Option<(&'static str, &
         .find_map(|pointer| text(p, pointer).map(|value| (*pointer, value)))
 }
 
-/// Which payload fields named the customer and the plan, for the log line: a layout Kinde does
-/// not publish is never read silently.
-fn fields_used(customer: &str, plan: Option<&str>) -> String {
+/// Which payload fields named the customer and the plan, for the log line, when they are not
+/// the usual layout (`data.customer_id`, `data.plan.key`): a layout Kinde does not publish is
+/// never read silently, and the usual one is not said on every line.
+fn fields_used(customer: &str, plan: Option<&str>) -> Option<String> {
+    if customer == CUSTOMER_FIELDS[0] && plan.is_none_or(|plan| plan == PLAN_FIELDS[0]) {
+        return None;
+    }
     let dotted = |pointer: &str| pointer.trim_start_matches('/').replace('/', ".");
-    match plan {
+    Some(match plan {
         Some(plan) => format!("customer at {}, plan at {}", dotted(customer), dotted(plan)),
         None => format!("customer at {}", dotted(customer)),
-    }
+    })
 }
 
 /// The id of a payment whose token names neither the payment nor the event: a hash of the
@@ -53,7 +57,7 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
     let plan_field = field(p, &PLAN_FIELDS);
     let plan_keys: Vec<&str> = plan_field.map(|(_, key)| key).into_iter().collect();
     let resolved = resolve(catalog, &plan_keys);
-    let used = Some(fields_used(customer_field, plan_field.map(|(f, _)| f)));
+    let used = fields_used(customer_field, plan_field.map(|(f, _)| f));
     // A payment names itself when it can; otherwise the signed event names it. Never the
     // dedupe key: for a token without an `event_id` that is the unsigned `webhook-id`
     // header, and a captured token replayed under new ids would be new payments.
@@ -145,7 +149,7 @@ mod tests {
                     },
                     Effect::Grant { plan: pro() }
                 ],
-                notes: vec!["customer at data.customer_id, plan at data.plan.key".into()]
+                notes: vec![]
             }
         );
     }
@@ -187,7 +191,7 @@ mod tests {
                     plan: None,
                     key: None
                 }],
-                notes: vec!["customer at data.customer_id".into()]
+                notes: vec![]
             }
         );
     }
@@ -202,10 +206,7 @@ mod tests {
                     plan: None,
                     key: Some("gold".into())
                 }],
-                notes: vec![
-                    "no plan: 'gold' is not in the plan catalog".into(),
-                    "customer at data.customer_id, plan at data.plan.key".into()
-                ]
+                notes: vec!["no plan: 'gold' is not in the plan catalog".into()]
             }
         );
     }
