@@ -33,9 +33,8 @@ pub fn kept_since(retention: Duration, now: DateTime<Utc>) -> DateTime<Utc> {
 /// Deletes applied and ignored events (and their deliveries) older than the retention, in
 /// batches. Dead, conflicting and unprocessable rows are kept for the operator.
 pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> anyhow::Result<u64> {
-    let mut purged = 0;
-    loop {
-        let deleted = sqlx::query!(
+    in_batches(deadline, || async {
+        Ok(sqlx::query!(
             r#"
             DELETE FROM inbox_events
             WHERE id IN (
@@ -51,12 +50,9 @@ pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> any
         .execute(pool)
         .await
         .context("purging finished events")?
-        .rows_affected();
-        purged += deleted;
-        if deleted < PURGE_BATCH as u64 || Instant::now() >= deadline {
-            return Ok(purged);
-        }
-    }
+        .rows_affected())
+    })
+    .await
 }
 
 /// Deletes sent effects older than the retention, in batches while `deadline` allows.
@@ -66,9 +62,8 @@ pub async fn purge_effects(
     retention: Duration,
     deadline: Instant,
 ) -> anyhow::Result<u64> {
-    let mut purged = 0;
-    loop {
-        let deleted = sqlx::query!(
+    in_batches(deadline, || async {
+        Ok(sqlx::query!(
             r#"
             DELETE FROM effects
             WHERE id IN (
@@ -83,7 +78,21 @@ pub async fn purge_effects(
         .execute(pool)
         .await
         .context("purging sent effects")?
-        .rows_affected();
+        .rows_affected())
+    })
+    .await
+}
+
+/// Runs `delete_batch` (one statement deleting at most [`PURGE_BATCH`] rows) until a batch
+/// comes back short or `deadline` has passed; the rows deleted in all.
+async fn in_batches<F, Fut>(deadline: Instant, mut delete_batch: F) -> anyhow::Result<u64>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<u64>>,
+{
+    let mut purged = 0;
+    loop {
+        let deleted = delete_batch().await?;
         purged += deleted;
         if deleted < PURGE_BATCH as u64 || Instant::now() >= deadline {
             return Ok(purged);
