@@ -19,7 +19,6 @@ use sqlx::{ConnectOptions, Connection, Executor, PgPool};
 use shared::billing::Catalog;
 use shared::config::{parse_plans, parse_sources};
 use shared::db::Held;
-use shared::domain::SourceKind;
 use shared::handlers::intake::IntakeState;
 use shared::handlers::worker::{WorkerSource, WorkerState};
 use shared::providers::fixtures::{self, Spec};
@@ -183,11 +182,7 @@ fn workload(
     for n in 0..distinct {
         let source = usable[n % usable.len()];
         let kinds = fixtures::kinds(source.kind);
-        let plan = match source.kind {
-            SourceKind::Kinde => "pro",
-            SourceKind::Stripe => "price_pro",
-            SourceKind::StandardWebhooks => "prod_pro",
-        };
+        let plan = fixtures::sample_plan(source.kind);
         let spec = Spec {
             kind: kinds[n % kinds.len()].to_owned(),
             customer: format!("bench_{}", n % args.customers),

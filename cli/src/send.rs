@@ -167,9 +167,10 @@ impl Sender {
         &self.sources
     }
 
-    /// Whether deliveries of this kind of source can be signed here (Kinde needs the key).
+    /// Whether deliveries of this kind of source can be signed here (a kind that signs with a
+    /// private key, as Kinde does, needs the key).
     pub fn can_sign(&self, kind: shared::domain::SourceKind) -> bool {
-        kind != shared::domain::SourceKind::Kinde || self.kinde_key.is_some()
+        !fixtures::signs_with_a_key(kind) || self.kinde_key.is_some()
     }
 
     fn source(&self, name: &str) -> anyhow::Result<&shared::config::SourceConfig> {

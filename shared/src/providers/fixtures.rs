@@ -47,6 +47,16 @@ pub trait Fixtures: Sync {
     /// The event kinds [`Fixtures::payload`] knows.
     fn kinds(&self) -> &'static [&'static str];
 
+    /// How this provider names the development catalog's `pro` plan in its payloads (a plan
+    /// key, a price id or a product id), for samples that must resolve to a plan.
+    fn sample_plan(&self) -> &'static str;
+
+    /// Whether signing needs a private key of the caller's (a [`KindeKey`]) rather than the
+    /// source's configured secrets.
+    fn signs_with_a_key(&self) -> bool {
+        false
+    }
+
     /// The event's payload, and its id (the dedupe key the provider would use).
     fn payload(&self, spec: &Spec) -> Result<(String, Value), String>;
 
@@ -62,6 +72,14 @@ pub trait Fixtures: Sync {
 
 pub fn kinds(kind: SourceKind) -> &'static [&'static str] {
     provider(kind).fixtures().kinds()
+}
+
+pub fn sample_plan(kind: SourceKind) -> &'static str {
+    provider(kind).fixtures().sample_plan()
+}
+
+pub fn signs_with_a_key(kind: SourceKind) -> bool {
+    provider(kind).fixtures().signs_with_a_key()
 }
 
 pub fn payload(kind: SourceKind, spec: &Spec) -> Result<(String, Value), String> {
@@ -113,11 +131,7 @@ mod tests {
         )
         .unwrap();
         for source in SourceKind::ALL {
-            let plan = match source {
-                SourceKind::Kinde => "pro",
-                SourceKind::Stripe => "price_pro",
-                SourceKind::StandardWebhooks => "prod_pro",
-            };
+            let plan = sample_plan(source);
             for kind in kinds(source) {
                 let spec = Spec {
                     kind: (*kind).to_owned(),

@@ -38,6 +38,14 @@ impl Fixtures for KindeFixtures {
         KINDS
     }
 
+    fn sample_plan(&self) -> &'static str {
+        "pro"
+    }
+
+    fn signs_with_a_key(&self) -> bool {
+        true
+    }
+
     fn payload(&self, spec: &Spec) -> Result<(String, Value), String> {
         let event_id = spec.event_id.clone().unwrap_or_else(|| random_id("event_"));
         let event_type = match spec.kind.as_str() {

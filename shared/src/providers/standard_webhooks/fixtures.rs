@@ -20,6 +20,10 @@ impl Fixtures for StandardFixtures {
         KINDS
     }
 
+    fn sample_plan(&self) -> &'static str {
+        "prod_pro"
+    }
+
     fn payload(&self, spec: &Spec) -> Result<(String, Value), String> {
         let at = spec.at;
         let customer = spec.customer.as_str();

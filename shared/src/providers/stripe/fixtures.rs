@@ -34,6 +34,10 @@ impl Fixtures for StripeFixtures {
         KINDS
     }
 
+    fn sample_plan(&self) -> &'static str {
+        "price_pro"
+    }
+
     fn payload(&self, spec: &Spec) -> Result<(String, Value), String> {
         let customer = spec.customer.as_str();
         let event_id = spec.event_id.clone().unwrap_or_else(|| random_id("evt_"));
