@@ -16,9 +16,9 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Connection, PgConnection, PgPool, Postgres};
 use tokio::time::timeout;
 
-use crate::billing::registers::{self, EventContext};
+use crate::billing::registers;
 use crate::billing::rules::{Registers, Stamp};
-use crate::billing::{outcome, Catalog, Change, Decision, Effect, Rank, Version};
+use crate::billing::{outcome, Catalog, Change, Decision, Effect, EventContext, Rank, Version};
 use crate::config::{SourceConfig, WorkerConfig};
 use crate::domain::Period;
 use crate::domain::{EventStatus, SourceKind};
