@@ -2,15 +2,17 @@
 //! `inboxctl` run. Layers, with dependencies pointing one way (docs/design.md §2):
 //!
 //! - [`handlers`]: one per function — adapt the Lambda event, orchestrate, answer;
-//! - [`inbox`] (the life of an `inbox_events` row), [`effects`] (the outbox: what changed,
-//!   told to the app once), [`billing`] (the model, the registers, the
-//!   account view), [`providers`] (one folder per provider), [`reconcile`];
+//! - [`apply`] (one claimed event applied: decide, read, settle, rules, one write),
+//!   [`inbox`] (the life of an `inbox_events` row), [`effects`] (the outbox: what changed,
+//!   told to the app once), [`billing`] (the model, the registers, the account view),
+//!   [`providers`] (one folder per provider), [`reconcile`];
 //! - [`domain`]: the values everything above speaks in;
 //! - beside them: [`config`] (environment variables), [`secrets`] (Secrets Manager), [`db`]
 //!   (the pool), [`queue`] (SQS), [`http_client`] (providers' hosts), [`sim`] (the points a
 //!   simulation interrupts; the simulated queue) and [`dev`] (local tools, `dev` feature
 //!   only).
 
+pub mod apply;
 pub mod billing;
 pub mod config;
 pub mod db;

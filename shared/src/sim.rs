@@ -3,9 +3,11 @@
 //! acknowledged), a pause (another actor runs meanwhile), or connections killed — and the
 //! simulated queue (docs/design.md §10).
 //!
-//! Without the `dev` feature [`point`] does nothing. With it, a point asks the
-//! [`Interrupts`] of the task it runs in, set by [`with_interrupts`]; a task without any runs
-//! straight through, as in production.
+//! Without the `dev` feature [`point`] and [`fallible_point`] do nothing. With it, a point
+//! asks the [`Interrupts`] of the task it runs in, set by [`with_interrupts`]; a task without
+//! any runs straight through, as in production. A fallible point may also be told to fail
+//! (an injected fault: the attempt returns an error and writes nothing), or to end the
+//! process there ([`Fault`]), for the tests that prove a crash at that point loses nothing.
 
 use std::fmt;
 
@@ -21,7 +23,8 @@ pub enum Point {
     /// Inside a worker's transaction: the lease re-check passed (and the account's lock is
     /// held, for an event about an account).
     WorkerLocked,
-    /// The event's writes are decided; the statement that writes them is not sent.
+    /// The event's writes are decided; the statement that writes them and finishes the
+    /// event (and, under the account's lock, the commit) is not sent. A fallible point.
     WorkerDecided,
     /// Inside a worker's transaction: everything is written, the commit is not.
     WorkerWritten,
@@ -71,13 +74,29 @@ pub async fn point(_point: Point, _id: i64) {
     }
 }
 
+/// An injected fault: the code at a fallible point returns this instead of going on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("injected fault at {0}")]
+pub struct Injected(pub Point);
+
+/// Passes a point where the code can fail (for the event or row `id`): like [`point`], and
+/// the task's [`Interrupts`] may make it fail there first ([`Interrupts::fails`]).
+pub async fn fallible_point(point: Point, id: i64) -> Result<(), Injected> {
+    #[cfg(feature = "dev")]
+    if let Ok(true) = interrupts::INTERRUPTS.try_with(|i| i.fails(point, id)) {
+        return Err(Injected(point));
+    }
+    self::point(point, id).await;
+    Ok(())
+}
+
 #[cfg(feature = "dev")]
-pub use interrupts::{with_interrupts, Interrupts};
+pub use interrupts::{with_interrupts, Fault, FaultAction, Interrupts};
 
 #[cfg(feature = "dev")]
 mod interrupts {
     use std::future::Future;
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
     use super::Point;
     use crate::providers::BoxFuture;
@@ -91,6 +110,12 @@ mod interrupts {
     pub trait Interrupts: Send + Sync {
         fn at(&self, point: Point, id: i64) -> Option<BoxFuture<'static, ()>>;
 
+        /// Whether the code fails at this point instead of going on; asked only at a
+        /// [`super::fallible_point`], before [`Interrupts::at`].
+        fn fails(&self, _point: Point, _id: i64) -> bool {
+            false
+        }
+
         fn planted(&self, _bug: super::Bug) -> bool {
             false
         }
@@ -99,6 +124,53 @@ mod interrupts {
     /// Runs `task` with `interrupts` deciding at every point it passes.
     pub async fn with_interrupts<F: Future>(interrupts: Arc<dyn Interrupts>, task: F) -> F::Output {
         INTERRUPTS.scope(interrupts, task).await
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum FaultAction {
+        /// Fail this many times (an error return; nothing is written).
+        Fail(u32),
+        /// End the process on the spot (exit code 86), before the write.
+        Exit,
+    }
+
+    /// A fault at one fallible point, for the tests that prove a crash there loses nothing.
+    /// One fault is shared by every task run under it: `Fail(n)` fails the first `n` passes
+    /// of all of them together.
+    #[derive(Debug)]
+    pub struct Fault {
+        point: Point,
+        action: Mutex<FaultAction>,
+    }
+
+    impl Fault {
+        pub fn new(point: Point, action: FaultAction) -> Arc<Self> {
+            Arc::new(Self {
+                point,
+                action: Mutex::new(action),
+            })
+        }
+    }
+
+    impl Interrupts for Fault {
+        fn at(&self, _point: Point, _id: i64) -> Option<BoxFuture<'static, ()>> {
+            None
+        }
+
+        fn fails(&self, point: Point, _id: i64) -> bool {
+            if point != self.point {
+                return false;
+            }
+            let mut action = self.action.lock().unwrap_or_else(|e| e.into_inner());
+            match *action {
+                FaultAction::Exit => std::process::exit(86),
+                FaultAction::Fail(n) if n > 0 => {
+                    *action = FaultAction::Fail(n - 1);
+                    true
+                }
+                FaultAction::Fail(_) => false,
+            }
+        }
     }
 }
 

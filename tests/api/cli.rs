@@ -301,7 +301,7 @@ async fn replay_of_dead_events_puts_them_back_on_the_queue(pool: PgPool) {
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn the_bridge_deletes_what_the_worker_finished_and_leaves_what_failed(pool: PgPool) {
-    use shared::handlers::worker::{FaultAction, FaultPoint};
+    use shared::sim::{with_interrupts, Fault, FaultAction, Point};
     let app = TestApp::spawn(pool).await;
     for n in 0..3 {
         app.post(
@@ -315,17 +315,14 @@ async fn the_bridge_deletes_what_the_worker_finished_and_leaves_what_failed(pool
         .await;
     }
     // The first event the worker takes fails; the other two finish.
-    app.worker
-        .faults
-        .set(FaultPoint::BeforeCommit, FaultAction::Fail(1));
+    let crash = Fault::new(Point::WorkerDecided, FaultAction::Fail(1));
 
     let mut total = shared::dev::bridge::PumpReport::default();
     while total.received < 3 {
-        let report = shared::dev::bridge::pump_once(&app.sqs, &app.queue_url, 1, |event| async {
+        let pump = shared::dev::bridge::pump_once(&app.sqs, &app.queue_url, 1, |event| async {
             Ok(shared::handlers::worker::handle_batch(&app.worker, event).await)
-        })
-        .await
-        .unwrap();
+        });
+        let report = with_interrupts(crash.clone(), pump).await.unwrap();
         total.received += report.received;
         total.deleted += report.deleted;
         total.failed += report.failed;

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use serde_json::Value;
-use shared::handlers::worker::{FaultAction, FaultPoint};
+use shared::sim::{with_interrupts, Fault, FaultAction, Point};
 use sqlx::PgPool;
 
 use crate::corpus::{corpus, CORPUS_PLANS};
@@ -106,10 +106,8 @@ async fn a_subscription_delivered_three_times_and_replayed_three_times_is_told_o
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_worker_crash_before_commit_writes_no_effect(pool: PgPool) {
     let (app, effects_queue) = polar_app(pool).await;
-    app.worker
-        .faults
-        .set(FaultPoint::BeforeCommit, FaultAction::Fail(1));
-    deliver_active(&app).await;
+    let crash = Fault::new(Point::WorkerDecided, FaultAction::Fail(1));
+    with_interrupts(crash, deliver_active(&app)).await;
     let event = app.event(app.event_id("polar", "msg_active").await).await;
     assert_eq!(event.status, "failed");
     assert!(

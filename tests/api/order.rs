@@ -10,8 +10,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{json, Value};
 use shared::domain::EventStatus;
-use shared::handlers::worker::{FaultAction, FaultPoint, Processed, WorkerState};
+use shared::handlers::worker::{Processed, WorkerState};
 use shared::providers::{kinde, standard_webhooks, stripe};
+use shared::sim::{with_interrupts, Fault, FaultAction, Point};
 use sqlx::PgPool;
 
 use crate::helpers::test_worker;
@@ -545,18 +546,15 @@ async fn check(pool: &PgPool, worker: &WorkerState, case: &Case) -> Result<(), T
     for delivery in &case.deliveries {
         let id = store(pool, &events[delivery.index]).await;
         ids.push(id);
-        if delivery.fail {
-            worker
-                .faults
-                .set(FaultPoint::BeforeCommit, FaultAction::Fail(1));
-        }
-        // One attempt now, as the message for this delivery would bring.
-        shared::handlers::worker::process_event(worker, id)
-            .await
-            .unwrap();
-        worker
-            .faults
-            .set(FaultPoint::BeforeCommit, FaultAction::Fail(0));
+        // One attempt now, as the message for this delivery would bring; it fails before
+        // its write when the case says so.
+        let fails = match delivery.fail {
+            true => 1,
+            false => 0,
+        };
+        let fault = Fault::new(Point::WorkerDecided, FaultAction::Fail(fails));
+        let attempt = shared::handlers::worker::process_event(worker, id);
+        with_interrupts(fault, attempt).await.unwrap();
     }
     // Then the retries, until every event is final.
     for id in ids {

@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
-use shared::handlers::worker::{FaultAction, FaultPoint};
+use shared::sim::{with_interrupts, Fault, FaultAction, Point};
 use sqlx::PgPool;
 
 use crate::helpers::*;
@@ -84,13 +84,6 @@ async fn nine_deliveries_end_on_pro_with_the_allowance_granted_once(pool: PgPool
         ("wh_pay", &payment),
     ];
     for (n, (webhook_id, claims)) in script.iter().enumerate() {
-        if n == 0 {
-            // The first plan change fails with its plan write and its allowance grant decided
-            // and not written.
-            app.worker
-                .faults
-                .set(FaultPoint::BeforeCommit, FaultAction::Fail(1));
-        }
         let (status, answer) = app.post("kinde", &kinde_delivery(webhook_id, claims)).await;
         assert_eq!(
             status,
@@ -98,7 +91,11 @@ async fn nine_deliveries_end_on_pro_with_the_allowance_granted_once(pool: PgPool
             "delivery {} answered {answer}",
             n + 1
         );
-        app.run_worker().await;
+        // The first plan change fails with its plan write and its allowance grant decided and
+        // not written.
+        let fails = if n == 0 { 1 } else { 0 };
+        let crash = Fault::new(Point::WorkerDecided, FaultAction::Fail(fails));
+        with_interrupts(crash, app.run_worker()).await;
         if n == 0 {
             let id = app.event_id("kinde", "ev_up").await;
             let row = app.event(id).await;
@@ -370,13 +367,11 @@ async fn a_retried_active_landing_last_leaves_the_subscription_past_due(pool: Pg
     app.post("stripe", &stripe_delivery(&trialing)).await;
     app.run_worker().await;
     // The first delivery of `active` fails in the worker; its retry lands after past_due.
-    app.worker
-        .faults
-        .set(FaultPoint::BeforeCommit, FaultAction::Fail(1));
     app.post("stripe", &stripe_delivery(&active)).await;
     let id = body_id(&app, "stripe", "evt_active").await;
     assert_eq!(app.event(id).await.status, "received");
-    let handed = app.run_worker().await;
+    let crash = Fault::new(Point::WorkerDecided, FaultAction::Fail(1));
+    let handed = with_interrupts(crash, app.run_worker()).await;
     assert_eq!(handed, 1);
     assert_eq!(app.event(id).await.status, "failed");
     app.post("stripe", &stripe_delivery(&past_due)).await;

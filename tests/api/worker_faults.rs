@@ -11,10 +11,9 @@ use http::StatusCode;
 use serde_json::{json, Value};
 use shared::billing::account::{PaymentView, SubscriptionView};
 use shared::domain::EventStatus;
-use shared::handlers::worker::{
-    handle_batch, process_event, FaultAction, FaultPoint, Processed, WorkerState,
-};
+use shared::handlers::worker::{handle_batch, process_event, Processed, WorkerState};
 use shared::inbox::RETRY_DELAYS;
+use shared::sim::{with_interrupts, Fault, FaultAction, Point};
 use sqlx::PgPool;
 
 use crate::helpers::*;
@@ -582,10 +581,8 @@ async fn a_worker_told_to_exit_before_commit_ends_its_process_when_run_as_a_chil
     let pool = shared::db::lazy_pool(&url, 2).unwrap();
     let mut worker = test_worker(pool);
     worker.lease = SHORT_LEASE;
-    worker
-        .faults
-        .set(FaultPoint::BeforeCommit, FaultAction::Exit);
-    let outcome = process_event(&worker, event_id.parse().unwrap()).await;
+    let exit = Fault::new(Point::WorkerDecided, FaultAction::Exit);
+    let outcome = with_interrupts(exit, process_event(&worker, event_id.parse().unwrap())).await;
     panic!("the process should have ended before commit; the worker returned {outcome:?}");
 }
 
@@ -672,9 +669,7 @@ async fn a_worker_killed_before_commit_leaves_nothing_and_the_event_is_applied_a
 async fn an_event_failing_six_times_follows_the_retry_schedule_and_ends_dead(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
     app.worker.retry_delays = RETRY_DELAYS.to_vec();
-    app.worker
-        .faults
-        .set(FaultPoint::BeforeCommit, FaultAction::Fail(6));
+    let fault = Fault::new(Point::WorkerDecided, FaultAction::Fail(6));
     let id = store(
         &app,
         &stripe_subscription(
@@ -693,7 +688,8 @@ async fn an_event_failing_six_times_follows_the_retry_schedule_and_ends_dead(poo
             make_due(&app.pool, id).await;
         }
         let before = db_clock(&app.pool).await;
-        let outcome = process_event(&app.worker, id).await.unwrap();
+        let processing = process_event(&app.worker, id);
+        let outcome = with_interrupts(fault.clone(), processing).await.unwrap();
         let after = db_clock(&app.pool).await;
         let row = progress(&app.pool, id).await;
         assert_eq!(row.attempts, attempt, "{row:?}");
@@ -797,12 +793,11 @@ async fn a_batch_asks_again_only_for_events_that_failed_and_can_be_retried(pool:
     ));
 
     // Retries are due at once in this worker, so each batch is the next attempt.
-    app.worker
-        .faults
-        .set(FaultPoint::BeforeCommit, FaultAction::Fail(6));
+    let fault = Fault::new(Point::WorkerDecided, FaultAction::Fail(6));
     let messages = [("m-done", done), ("m-flaky", flaky)];
     for attempt in 1..=6 {
-        let response = handle_batch(&app.worker, batch(&messages)).await;
+        let attempt_batch = handle_batch(&app.worker, batch(&messages));
+        let response = with_interrupts(fault.clone(), attempt_batch).await;
         let row = progress(&app.pool, flaky).await;
         assert_eq!(row.attempts, attempt);
         if attempt < 6 {

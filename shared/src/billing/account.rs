@@ -6,7 +6,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::catalog::Catalog;
-use super::model::{derive_plan, status_entitles};
+use super::model::{derive_plan, status_entitles, AccountState};
 use crate::domain::{CustomerId, Period};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -183,15 +183,6 @@ pub async fn load_with_log(
         log,
         log_total,
     }))
-}
-
-/// The account as an effect tells it (docs/design.md §11): the derived plan and the
-/// balance of one period.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AccountState {
-    pub plan: String,
-    pub balance: i64,
-    pub period: Period,
 }
 
 /// Reads [`AccountState`] in one statement, as it stands (the worker derives it from its

@@ -12,6 +12,7 @@ pub mod rules;
 
 pub use catalog::{Catalog, Plan, PlanRef};
 pub use model::{
-    derive_plan, outcome, status_entitles, Change, Decided, Decision, Effect, Fact, PaymentStatus,
-    Problem, Rank, Resolved, SubscriptionState, Version, FREE,
+    derive_plan, outcome, status_entitles, AccountState, Change, Decided, Decision, Effect,
+    EventContext, Fact, PaymentStatus, Problem, Rank, Resolved, SubscriptionState, Version,
+    Written, FREE,
 };

@@ -1,7 +1,8 @@
 //! The billing model as plain values and functions (docs/design.md §4): the effects an event
-//! asks for, the version that orders writes to one register, what a grant is, which outcome
-//! an event has, and the plan an account derives from its registers. The providers' `decide`
-//! functions build these values; `registers` persists them.
+//! asks for, who an event is about and the version that orders writes to one register, what
+//! a register write did, what a grant is, which outcome an event has, and the plan and
+//! balance an account derives from its registers. No I/O: the providers' `decide` functions
+//! and the register rules build these values; `registers` persists them.
 
 use serde_json::Value;
 
@@ -13,6 +14,16 @@ use crate::domain::{CustomerId, DedupeKey, EventStatus, Period, ProviderTime};
 pub struct Version {
     pub at: ProviderTime,
     pub key: DedupeKey,
+}
+
+/// Who an event is about and where it sits in the provider's order.
+#[derive(Debug, Clone)]
+pub struct EventContext<'a> {
+    pub event_id: i64,
+    pub source: &'a str,
+    pub customer: &'a CustomerId,
+    pub event_type: &'a str,
+    pub version: Version,
 }
 
 /// The ledger key that makes a grant happen once per account, period and plan.
@@ -270,7 +281,6 @@ pub fn paid(id: String, resolved: Resolved) -> Decision {
     .noted(resolved.note)
 }
 
-/// What one effect did to its register.
 /// A subscription's state as the app sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubscriptionState {
@@ -303,6 +313,7 @@ pub enum Fact {
     Deleted,
 }
 
+/// What one effect did to its register.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
     /// The register moved; the words say how.
@@ -314,6 +325,26 @@ pub enum Change {
     /// The register took this event's version, but already held the same state: nothing a
     /// reader sees moved.
     Unchanged(String),
+}
+
+/// What a register write did, and, when it changed something an app is told of, that fact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    pub change: Change,
+    pub fact: Option<Fact>,
+    /// A subscription write: the other event whose state the register held at the same
+    /// provider time, before this write (a tie the status rank settled).
+    pub tied_with: Option<i64>,
+}
+
+impl From<Change> for Written {
+    fn from(change: Change) -> Self {
+        Self {
+            change,
+            fact: None,
+            tied_with: None,
+        }
+    }
 }
 
 /// An event is applied when one of its writes took effect, or all of them already hold this
@@ -382,6 +413,15 @@ pub fn derive_plan<'a>(
         .max_by_key(|plan| (catalog.allowance_of(plan).unwrap_or(0), plan.to_string()))
         .map(str::to_owned)
         .unwrap_or_else(|| FREE.to_owned())
+}
+
+/// The account as an effect tells it (docs/design.md §11): the derived plan and the
+/// balance of one period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountState {
+    pub plan: String,
+    pub balance: i64,
+    pub period: Period,
 }
 
 #[cfg(test)]

@@ -9,42 +9,12 @@ use sqlx::PgConnection;
 
 use serde_json::Value;
 
-use super::model::{Change, Effect, Fact, Version};
+use super::model::{Effect, EventContext};
 use super::rules::{
     Held, HeldAccount, HeldIntent, HeldPayment, HeldPlan, HeldSubscription, LedgerEntry, Registers,
     Stamp,
 };
 use crate::domain::{CustomerId, Period};
-
-/// Who an event is about and where it sits in the provider's order.
-#[derive(Debug, Clone)]
-pub struct EventContext<'a> {
-    pub event_id: i64,
-    pub source: &'a str,
-    pub customer: &'a CustomerId,
-    pub event_type: &'a str,
-    pub version: Version,
-}
-
-/// What a register write did, and, when it changed something an app is told of, that fact.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Written {
-    pub change: Change,
-    pub fact: Option<Fact>,
-    /// A subscription write: the other event whose state the register held at the same
-    /// provider time, before this write (a tie the status rank settled).
-    pub tied_with: Option<i64>,
-}
-
-impl From<Change> for Written {
-    fn from(change: Change) -> Self {
-        Self {
-            change,
-            fact: None,
-            tied_with: None,
-        }
-    }
-}
 
 /// Reads, in one statement, what the rules need to apply `effects` to the account: the
 /// account row, its plan and standing, the subscriptions the effects name (and, with

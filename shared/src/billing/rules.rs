@@ -8,13 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 
-use super::account::AccountState;
 use super::catalog::Catalog;
 use super::model::{
-    allowance_entry_key, derive_plan, status_entitles, Change, Effect, Fact, PaymentStatus, Rank,
-    SubscriptionState,
+    allowance_entry_key, derive_plan, status_entitles, AccountState, Change, Effect, EventContext,
+    Fact, PaymentStatus, Rank, SubscriptionState, Written,
 };
-use super::registers::{EventContext, Written};
 use crate::domain::Period;
 
 /// Where a write sits in one register's order: the provider time as Postgres keeps it (to

@@ -13,7 +13,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-pub use crate::billing::account::AccountState;
+pub use crate::billing::model::AccountState;
 use crate::billing::PaymentStatus;
 pub use crate::billing::{Fact, SubscriptionState};
 

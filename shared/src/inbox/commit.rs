@@ -11,7 +11,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::lease::Claimed;
-use crate::billing::registers::EventContext;
+use crate::billing::model::EventContext;
 use crate::billing::rules::{HeldIntent, Registers};
 use crate::domain::{EventStatus, Period};
 use crate::effects::NewEffect;

@@ -8,7 +8,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::{retry_delay, MAX_ATTEMPTS};
-use crate::billing::registers::EventContext;
+use crate::billing::model::EventContext;
 use crate::domain::{CustomerId, DedupeKey, EventStatus, ProviderTime};
 
 /// An event this worker holds under a lease, typed as it was stored.
