@@ -80,7 +80,7 @@ mod interrupts {
     use std::sync::Arc;
 
     use super::Point;
-    use crate::providers::BoxFuture;
+    use crate::BoxFuture;
 
     tokio::task_local! {
         pub(super) static INTERRUPTS: Arc<dyn Interrupts>;
