@@ -7,9 +7,9 @@ use std::net::SocketAddr;
 use anyhow::Context;
 use clap::Args;
 use serde_json::{json, Value};
-use shared::config::{SecretEncoding, SinkKind};
+use shared::config::SinkKind;
 use shared::dev::listen::{Heard, Listener, DEFAULT_PORT};
-use shared::providers::standard_webhooks::decode_secret;
+use shared::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
 #[derive(Args)]
 pub struct ListenArgs {

@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use crate::billing::Catalog;
 use crate::domain::SourceKind;
+use crate::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
 pub use crate::inbox::purge::{DEFAULT_RETENTION_DAYS, MIN_RETENTION_DAYS};
@@ -63,13 +64,6 @@ impl ConfigError {
 
 pub const SOURCES_VAR: &str = "INBOX_SOURCES";
 pub const PLANS_VAR: &str = "INBOX_PLANS";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SecretEncoding {
-    Base64,
-    Raw,
-}
 
 /// One entry of `INBOX_SOURCES`.
 #[derive(Clone, Deserialize)]
@@ -341,11 +335,7 @@ pub fn parse_sinks(raw: &str) -> Result<Vec<SinkConfig>, ConfigError> {
                     ));
                 }
                 if let Some(secret) = &sink.secret {
-                    crate::providers::standard_webhooks::decode_secret(
-                        secret,
-                        SecretEncoding::Base64,
-                    )
-                    .map_err(|_| {
+                    decode_secret(secret, SecretEncoding::Base64).map_err(|_| {
                         ConfigError::at(
                             EFFECTS_VAR,
                             at("secret"),

@@ -43,7 +43,7 @@ pub struct Held {
 /// simulated clock, docs/design.md §3.12), as its pools do on acquire.
 #[cfg(feature = "dev")]
 pub type BeforeUse = std::sync::Arc<
-    dyn for<'c> Fn(&'c mut PgConnection) -> crate::providers::BoxFuture<'c, Result<(), sqlx::Error>>
+    dyn for<'c> Fn(&'c mut PgConnection) -> crate::BoxFuture<'c, Result<(), sqlx::Error>>
         + Send
         + Sync,
 >;

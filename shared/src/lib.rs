@@ -8,9 +8,10 @@
 //!   [`providers`] (one folder per provider), [`reconcile`];
 //! - [`domain`]: the values everything above speaks in;
 //! - beside them: [`config`] (environment variables), [`secrets`] (Secrets Manager), [`db`]
-//!   (the pool), [`queue`] (SQS), [`http_client`] (providers' hosts), [`sim`] (the points a
-//!   simulation interrupts; the simulated queue) and [`dev`] (local tools, `dev` feature
-//!   only).
+//!   (the pool), [`queue`] (SQS), [`http_client`] (providers' hosts), [`signing`] (what
+//!   every signature check shares, and the Standard Webhooks format the inbox receives and
+//!   sends), [`metrics`] (the metrics' namespace), [`sim`] (the points a simulation
+//!   interrupts; the simulated queue) and [`dev`] (local tools, `dev` feature only).
 
 pub mod apply;
 pub mod billing;
@@ -23,11 +24,20 @@ pub mod effects;
 pub mod handlers;
 pub mod http_client;
 pub mod inbox;
+pub mod metrics;
 pub mod providers;
 pub mod queue;
 pub mod reconcile;
 pub mod secrets;
+pub mod signing;
 pub mod sim;
+
+use std::future::Future;
+use std::pin::Pin;
+
+/// A boxed future, so that contracts with async methods (the providers', the pool's and the
+/// queue's hooks) can be used as trait objects.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The schema, applied by `inboxctl migrate` and by the tests.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

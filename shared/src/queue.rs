@@ -78,7 +78,7 @@ impl Queue {
     /// The client, built on first use. Boxed: loading the AWS configuration is a large
     /// future, and the scheduler nests sends deep.
     async fn sqs(cell: &tokio::sync::OnceCell<aws_sdk_sqs::Client>) -> &aws_sdk_sqs::Client {
-        let build = || -> crate::providers::BoxFuture<'static, aws_sdk_sqs::Client> {
+        let build = || -> crate::BoxFuture<'static, aws_sdk_sqs::Client> {
             Box::pin(async { aws_sdk_sqs::Client::new(&sdk_config().await) })
         };
         Box::pin(cell.get_or_init(build)).await

@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::config::{ConfigError, SinkConfig, SourceConfig, EFFECTS_VAR, SOURCES_VAR};
+use crate::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
 /// What a source's secret holds.
 #[derive(Default, Deserialize)]
@@ -183,7 +184,7 @@ pub fn secret_read_failure_metric(source: &str, function: &str, now: DateTime<Ut
         "_aws": {
             "Timestamp": now.timestamp_millis(),
             "CloudWatchMetrics": [{
-                "Namespace": crate::handlers::METRICS_NAMESPACE,
+                "Namespace": crate::metrics::NAMESPACE,
                 "Dimensions": [["Source", "Function"]],
                 "Metrics": [{"Name": "SecretReadFailures", "Unit": "Count"}]
             }]
@@ -359,11 +360,7 @@ pub async fn resolve_sinks(sinks: &[SinkConfig]) -> Result<Vec<SinkConfig>, Conf
                     ),
                 )
             })?;
-            crate::providers::standard_webhooks::decode_secret(
-                &secret.secret,
-                crate::config::SecretEncoding::Base64,
-            )
-            .map_err(|detail| {
+            decode_secret(&secret.secret, SecretEncoding::Base64).map_err(|detail| {
                 ConfigError::at(EFFECTS_VAR, field(), format!("the secret '{id}': {detail}"))
             })?;
             sink.secret = Some(secret.secret);

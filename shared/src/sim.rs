@@ -99,7 +99,7 @@ mod interrupts {
     use std::sync::{Arc, Mutex};
 
     use super::Point;
-    use crate::providers::BoxFuture;
+    use crate::BoxFuture;
 
     tokio::task_local! {
         pub(super) static INTERRUPTS: Arc<dyn Interrupts>;

@@ -298,9 +298,9 @@ async fn the_app_is_told_once_however_often_the_provider_and_the_operator_repeat
     let (app, effects_queue) = polar_app(pool).await;
     // The app's endpoint: a real HTTP server that verifies each signature.
     let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-    let key = shared::providers::standard_webhooks::decode_secret(
+    let key = shared::signing::standard_webhooks::decode_secret(
         secret,
-        shared::config::SecretEncoding::Base64,
+        shared::signing::standard_webhooks::SecretEncoding::Base64,
     )
     .unwrap();
     let endpoint = Listener::start(([127, 0, 0, 1], 0).into(), vec![key])

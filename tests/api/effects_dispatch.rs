@@ -14,8 +14,8 @@ use shared::effects::outbox;
 use shared::effects::sinks::Sinks;
 use shared::effects::{effect_id, Kind};
 use shared::handlers::dispatcher::{self, DispatcherState, FaultPoint};
-use shared::providers::standard_webhooks::decode_secret;
 use shared::queue::Queue;
+use shared::signing::standard_webhooks::{decode_secret, SecretEncoding};
 use sqlx::PgPool;
 
 use crate::helpers::{create_queue, sqs_client};
@@ -414,7 +414,7 @@ async fn a_sink_secret_is_read_from_secrets_manager_once_and_signs(pool: PgPool)
         "{error}"
     );
     assert!(!error.contains("topsecret"), "{error}");
-    assert!(decode_secret(&secret, shared::config::SecretEncoding::Base64).unwrap() == key);
+    assert!(decode_secret(&secret, SecretEncoding::Base64).unwrap() == key);
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]

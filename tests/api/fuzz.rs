@@ -10,7 +10,8 @@ use lambda_http::Body;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::json;
-use shared::providers::{kinde, standard_webhooks, stripe};
+use shared::providers::{kinde, stripe};
+use shared::signing::standard_webhooks;
 
 use crate::helpers::*;
 
@@ -141,12 +142,7 @@ fn request(input: &Input) -> lambda_http::Request {
                 ("webhook-timestamp".into(), now.to_string()),
                 (
                     "webhook-signature".into(),
-                    standard_webhooks::fixtures::signature(
-                        POLAR_SECRET.as_bytes(),
-                        "msg_fuzz",
-                        now,
-                        &body,
-                    ),
+                    standard_webhooks::signature(POLAR_SECRET.as_bytes(), "msg_fuzz", now, &body),
                 ),
             ]),
             "kinde" if !matches!(input.body, BodyKind::Huge) => {

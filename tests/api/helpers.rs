@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use shared::config::parse_sources;
 use shared::handlers::intake::{self, IntakeState};
 use shared::handlers::worker::WorkerState;
-use shared::providers::{kinde, standard_webhooks, stripe, Sources};
+use shared::providers::{kinde, stripe, Sources};
 use shared::queue::Queue;
 use sqlx::PgPool;
 use wiremock::matchers::{method, path};
@@ -438,7 +438,12 @@ pub fn polar_delivery(id: &str, payload: &Value) -> Delivery {
             ("webhook-timestamp".into(), now.to_string()),
             (
                 "webhook-signature".into(),
-                standard_webhooks::fixtures::signature(POLAR_SECRET.as_bytes(), id, now, &body),
+                shared::signing::standard_webhooks::signature(
+                    POLAR_SECRET.as_bytes(),
+                    id,
+                    now,
+                    &body,
+                ),
             ),
         ],
         body,

@@ -17,8 +17,8 @@ use sqlx::PgPool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use shared::providers::BoxFuture;
 use shared::sim::{with_interrupts, Interrupts, Point};
+use shared::BoxFuture;
 
 use crate::helpers::*;
 

@@ -16,8 +16,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use crate::providers::standard_webhooks::{StandardVerifier, ID_HEADER};
-use crate::providers::CheckNow;
+use crate::signing::standard_webhooks::{Verifier, ID_HEADER};
 
 /// The port `inboxctl listen` takes by default (scripts/dev points the webhook sink at it).
 pub const DEFAULT_PORT: u16 = 61920;
@@ -48,7 +47,7 @@ pub enum Heard {
 }
 
 struct Shared {
-    verifier: StandardVerifier,
+    verifier: Verifier,
     received: Mutex<Vec<Received>>,
     refused: AtomicUsize,
     /// Answer every verified request with this status instead of 204 (an app that fails).
@@ -84,7 +83,7 @@ impl Listener {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
-            verifier: StandardVerifier::new(keys, TOLERANCE),
+            verifier: Verifier::new(keys, TOLERANCE),
             received: Mutex::new(Vec::new()),
             refused: AtomicUsize::new(0),
             answer: Mutex::new(None),
@@ -232,7 +231,7 @@ fn answer(status: StatusCode, reason: &str) -> Response<Full<Bytes>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::standard_webhooks::signature;
+    use crate::signing::standard_webhooks::signature;
 
     #[tokio::test]
     async fn a_signed_request_is_kept_and_a_forged_one_refused_with_its_reason() {

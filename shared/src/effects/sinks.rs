@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use tokio::sync::OnceCell;
 
-use crate::config::{ConfigError, SecretEncoding, SinkConfig, SinkKind, EFFECTS_VAR};
-use crate::providers::standard_webhooks::{
-    decode_secret, signature, ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
+use crate::config::{ConfigError, SinkConfig, SinkKind, EFFECTS_VAR};
+use crate::signing::standard_webhooks::{
+    decode_secret, signature, SecretEncoding, ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
 
 /// How long the app's endpoint has to answer one delivery.
@@ -214,7 +214,7 @@ impl Sinks {
     /// The EventBridge client, configured like every AWS client here on first use. Boxed:
     /// loading the AWS configuration is a large future.
     async fn eventbridge(&self) -> &aws_sdk_eventbridge::Client {
-        let build = || -> crate::providers::BoxFuture<'static, aws_sdk_eventbridge::Client> {
+        let build = || -> crate::BoxFuture<'static, aws_sdk_eventbridge::Client> {
             Box::pin(async { aws_sdk_eventbridge::Client::new(&crate::queue::sdk_config().await) })
         };
         Box::pin(self.eventbridge.get_or_init(build)).await

@@ -16,9 +16,10 @@ use crate::db::Held;
 use crate::domain::Verdict;
 use crate::inbox::enqueue_or_unmark;
 use crate::inbox::store::{store_verified_held, Origin, StoreError};
-use crate::providers::{AuthError, Sources};
+use crate::providers::Sources;
 use crate::queue::Queue;
 use crate::secrets::Needs;
+use crate::signing::AuthError;
 
 /// Largest body accepted (1 MiB); providers send far less.
 pub const MAX_BODY_BYTES: usize = 1_048_576;
@@ -306,7 +307,7 @@ pub fn older_secret_metric(source: &str, index: usize, now: chrono::DateTime<Utc
         "_aws": {
             "Timestamp": now.timestamp_millis(),
             "CloudWatchMetrics": [{
-                "Namespace": super::METRICS_NAMESPACE,
+                "Namespace": crate::metrics::NAMESPACE,
                 "Dimensions": [["Source"]],
                 "Metrics": [{"Name": "OldSecretDeliveries", "Unit": "Count"}]
             }]

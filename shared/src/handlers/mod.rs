@@ -7,6 +7,3 @@ pub mod dispatcher;
 pub mod intake;
 pub mod scheduler;
 pub mod worker;
-
-/// The CloudWatch namespace of every metric the functions print (Embedded Metric Format).
-pub const METRICS_NAMESPACE: &str = "BillingInbox";

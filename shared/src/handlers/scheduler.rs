@@ -20,8 +20,6 @@ use crate::inbox::rescue::rescue;
 use crate::queue::Queue;
 use crate::reconcile::{self, ReconcileReport, Reconciler};
 
-pub use super::METRICS_NAMESPACE;
-
 pub struct SchedulerState {
     pub pool: PgPool,
     pub queue: Queue,
@@ -221,7 +219,7 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
         "_aws": {
             "Timestamp": now.timestamp_millis(),
             "CloudWatchMetrics": [{
-                "Namespace": METRICS_NAMESPACE,
+                "Namespace": crate::metrics::NAMESPACE,
                 "Dimensions": [[]],
                 "Metrics": metrics.iter().map(|(name, _, unit)| json!({"Name": name, "Unit": unit})).collect::<Vec<_>>()
             }]

@@ -15,8 +15,6 @@ pub mod standard_webhooks;
 pub mod stripe;
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -30,9 +28,8 @@ use crate::config::{ConfigError, SourceConfig};
 use crate::domain::{CustomerId, DedupeKey, SourceKind, VerifiedEvent};
 use crate::http_client::LazyClient;
 use crate::secrets::ApiKey;
-
-/// A boxed future, so that the provider contracts can be used as trait objects.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+use crate::signing::AuthError;
+use crate::BoxFuture;
 
 /// The registration: which folder serves which kind of source.
 pub fn provider(kind: SourceKind) -> &'static dyn Provider {
@@ -101,32 +98,6 @@ pub fn decide(
     provider(kind)
         .decide(event_type, payload, dedupe_key, catalog)
         .unwrap_or_else(Decision::from)
-}
-
-/// Why a delivery was not accepted as coming from the provider. Every variant but
-/// `KeysUnavailable` is the sender's fault (401); that one is ours (503, the provider retries).
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum AuthError {
-    #[error("missing {0}")]
-    Missing(&'static str),
-    #[error("malformed {0}")]
-    Malformed(&'static str),
-    #[error("{0}: more than {1} signatures")]
-    TooManySignatures(&'static str, usize),
-    #[error("signature does not match")]
-    BadSignature,
-    #[error("timestamp is older than the {0} s tolerance")]
-    Stale(u64),
-    #[error("timestamp is further than {0} s in the future")]
-    Future(u64),
-    #[error("signing key id '{0}' is not in the provider's key set")]
-    UnknownKey(String),
-    #[error("signing algorithm '{0}' is not allowed")]
-    AlgorithmNotAllowed(String),
-    #[error("signing key '{0}' is not an RSA key")]
-    WrongKeyType(String),
-    #[error("the provider's signing keys could not be fetched")]
-    KeysUnavailable,
 }
 
 /// Checks a delivery's signature and time, then parses what it can of the envelope.

@@ -20,7 +20,8 @@ use serde_json::{json, Value};
 
 use super::parse_claims;
 use crate::billing::registers::StoredPlan;
-use crate::providers::{Api, BoxFuture, CustomerPlans, Fetched};
+use crate::providers::{Api, CustomerPlans, Fetched};
+use crate::BoxFuture;
 
 /// A token is renewed this long before Kinde says it expires.
 const TOKEN_MARGIN: Duration = Duration::from_secs(60);

@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 use url::Url;
 
 use crate::http_client::LazyClient;
-use crate::providers::AuthError;
+use crate::signing::AuthError;
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
 pub const DEFAULT_REFETCH_INTERVAL: Duration = Duration::from_secs(30);

@@ -12,8 +12,10 @@ use serde_json::Value;
 
 use super::jwks::JwksCache;
 use crate::domain::{ContentHash, CustomerId, DedupeKey, EventMeta, ProviderTime, VerifiedEvent};
-use crate::providers::common::{check_tolerance, header, str_at};
-use crate::providers::{AuthError, BoxFuture, Verify};
+use crate::providers::common::str_at;
+use crate::providers::Verify;
+use crate::signing::{check_tolerance, header, AuthError};
+use crate::BoxFuture;
 
 pub const ID_HEADER: &str = "webhook-id";
 

@@ -13,8 +13,9 @@ use super::parse_event;
 use crate::billing::registers::StoredSubscription;
 use crate::domain::CustomerId;
 use crate::providers::{
-    path_id, Api, BoxFuture, Fetched, Reads, SubscriptionNow, SubscriptionSweep, SweepPage,
+    path_id, Api, Fetched, Reads, SubscriptionNow, SubscriptionSweep, SweepPage,
 };
+use crate::BoxFuture;
 
 const PAGE_SIZE: usize = 100;
 

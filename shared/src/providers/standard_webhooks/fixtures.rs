@@ -4,16 +4,17 @@
 use chrono::Utc;
 use serde_json::{json, Value};
 
-use crate::config::{SecretEncoding, SourceConfig};
+use crate::config::SourceConfig;
 use crate::providers::fixtures::{
     random_id, unknown_kind, Fixtures, KindeKey, SignedDelivery, Spec,
+};
+use crate::signing::standard_webhooks::{
+    decode_secret, signature, SecretEncoding, ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
 
 pub struct StandardFixtures;
 
 const KINDS: &[&str] = &["subscription", "revoked", "order-paid", "order-refunded"];
-
-pub use super::signature;
 
 impl Fixtures for StandardFixtures {
     fn kinds(&self) -> &'static [&'static str] {
@@ -77,7 +78,7 @@ impl Fixtures for StandardFixtures {
         _kinde_key: Option<&KindeKey>,
     ) -> Result<SignedDelivery, String> {
         let secret = source.secrets.first().ok_or("the source has no secret")?;
-        let key = super::decode_secret(
+        let key = decode_secret(
             secret,
             source.secret_encoding.unwrap_or(SecretEncoding::Base64),
         )?;
@@ -86,12 +87,9 @@ impl Fixtures for StandardFixtures {
         Ok(SignedDelivery {
             headers: vec![
                 ("content-type".into(), "application/json".into()),
-                (super::ID_HEADER.into(), id.to_owned()),
-                (super::TIMESTAMP_HEADER.into(), now.to_string()),
-                (
-                    super::SIGNATURE_HEADER.into(),
-                    signature(&key, id, now, &body),
-                ),
+                (ID_HEADER.into(), id.to_owned()),
+                (TIMESTAMP_HEADER.into(), now.to_string()),
+                (SIGNATURE_HEADER.into(), signature(&key, id, now, &body)),
             ],
             body,
         })

@@ -1,14 +1,13 @@
-//! Standard Webhooks senders (Polar, Svix-based senders): `webhook-id`, `webhook-timestamp`,
-//! `webhook-signature: v1,<base64> …` over `"{id}.{timestamp}.{body}"`; the message id as the
-//! dedupe key, `data.modified_at` (else the envelope's `timestamp`) as the provider time;
-//! subscription and order events for the registers; Polar's `GET /v1/subscriptions/` for
-//! reconciliation.
+//! Standard Webhooks senders (Polar, Svix-based senders), the provider: what their deliveries
+//! and events mean — the message id as the dedupe key, `data.modified_at` (else the envelope's
+//! `timestamp`) as the provider time; subscription and order events for the registers;
+//! Polar's `GET /v1/subscriptions/` for reconciliation. The format itself (secrets, headers,
+//! signature) is [`crate::signing::standard_webhooks`].
 
 mod api;
 mod decide;
 #[cfg(any(test, feature = "dev"))]
 pub mod fixtures;
-mod sign;
 mod verify;
 
 use std::time::Duration;
@@ -16,15 +15,13 @@ use std::time::Duration;
 use serde_json::Value;
 
 pub use api::{PolarReads, PolarSubscriptions};
-pub use sign::signature;
-pub use verify::{
-    decode_secret, parse_event, StandardVerifier, ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
-};
+pub use verify::{parse_event, StandardVerifier};
 
 use super::{Api, Provider, Reads, Reconciliation, Verify};
 use crate::billing::{Catalog, Decided};
-use crate::config::{ConfigError, SecretEncoding, SourceConfig};
+use crate::config::{ConfigError, SourceConfig};
 use crate::domain::DedupeKey;
+use crate::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
 pub struct StandardWebhooks;
 

@@ -11,8 +11,9 @@ use super::decide::{plan_keys, HANDLED_TYPES};
 use super::{connected_account, parse_event};
 use crate::domain::CustomerId;
 use crate::providers::{
-    path_id, Api, BoxFuture, EventFeed, FeedPage, Fetched, Reads, SubscriptionNow, Window,
+    path_id, Api, EventFeed, FeedPage, Fetched, Reads, SubscriptionNow, Window,
 };
+use crate::BoxFuture;
 
 /// The API version the object reads are written against (invoice payments exist from it on).
 const READ_VERSION: &str = "2025-03-31.basil";

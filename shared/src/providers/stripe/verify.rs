@@ -7,10 +7,9 @@ use http::HeaderMap;
 use serde_json::Value;
 
 use crate::domain::{ContentHash, CustomerId, DedupeKey, EventMeta, ProviderTime, VerifiedEvent};
-use crate::providers::common::{
-    candidates, check_tolerance, customer_at, header, signing_key, str_at,
-};
-use crate::providers::{AuthError, CheckNow};
+use crate::providers::common::{customer_at, str_at};
+use crate::providers::CheckNow;
+use crate::signing::{candidates, check_tolerance, header, signing_key, AuthError};
 
 pub const SIGNATURE_HEADER: &str = "stripe-signature";
 
@@ -211,7 +210,7 @@ mod tests {
 
     #[test]
     fn work_is_bounded_before_any_mac() {
-        use crate::providers::common::tests::macs_of;
+        use crate::signing::tests::macs_of;
         let v = verifier(&["whsec_a", "whsec_b"]);
         let big = vec![b'x'; 1 << 20];
         // One real candidate: one MAC per secret.
