@@ -124,6 +124,16 @@ impl Verifier {
     }
 }
 
+/// The three headers of a delivery with message id `id`, sent at `ts`, signed `sig`.
+#[cfg(test)]
+pub(crate) fn test_headers(id: &str, ts: i64, sig: &str) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(ID_HEADER, id.parse().unwrap());
+    h.insert(TIMESTAMP_HEADER, ts.to_string().parse().unwrap());
+    h.insert(SIGNATURE_HEADER, sig.parse().unwrap());
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,13 +144,7 @@ mod tests {
         Utc.timestamp_opt(NOW, 0).unwrap()
     }
 
-    fn headers(id: &str, ts: i64, sig: &str) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        h.insert(ID_HEADER, id.parse().unwrap());
-        h.insert(TIMESTAMP_HEADER, ts.to_string().parse().unwrap());
-        h.insert(SIGNATURE_HEADER, sig.parse().unwrap());
-        h
-    }
+    use super::test_headers as headers;
 
     fn verifier(keys: &[&[u8]]) -> Verifier {
         Verifier::new(

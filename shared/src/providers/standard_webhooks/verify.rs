@@ -94,9 +94,7 @@ fn meta(payload: &Value, sent_at: DateTime<Utc>) -> Result<EventMeta, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::signing::standard_webhooks::{
-        decode_secret, signature, SecretEncoding, ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
-    };
+    use crate::signing::standard_webhooks::{decode_secret, signature, SecretEncoding};
     use chrono::TimeZone;
     use serde_json::json;
 
@@ -114,13 +112,7 @@ mod tests {
         Utc.timestamp_opt(NOW, 0).unwrap()
     }
 
-    fn headers(id: &str, ts: i64, sig: &str) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        h.insert(ID_HEADER, id.parse().unwrap());
-        h.insert(TIMESTAMP_HEADER, ts.to_string().parse().unwrap());
-        h.insert(SIGNATURE_HEADER, sig.parse().unwrap());
-        h
-    }
+    use crate::signing::standard_webhooks::test_headers as headers;
 
     fn body() -> Vec<u8> {
         serde_json::to_vec(&json!({
