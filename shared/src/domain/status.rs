@@ -7,26 +7,34 @@ use serde::Deserialize;
 
 use super::{text_column, DomainError};
 
-/// How a source's deliveries are signed and read; each kind is one folder under `providers/`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SourceKind {
-    Kinde,
-    Stripe,
-    StandardWebhooks,
+/// Declares [`SourceKind`] from one line per kind: the variant, and the name `INBOX_SOURCES`
+/// uses for it. Adding a provider adds its line here and its registration in `providers`.
+macro_rules! source_kinds {
+    ($($kind:ident = $name:literal),+ $(,)?) => {
+        /// How a source's deliveries are signed and read; each kind is one folder under
+        /// `providers/`.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+        pub enum SourceKind {
+            $(#[serde(rename = $name)] $kind),+
+        }
+
+        impl SourceKind {
+            pub const ALL: &'static [SourceKind] = &[$(Self::$kind),+];
+
+            /// The name `INBOX_SOURCES` uses.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$kind => $name),+
+                }
+            }
+        }
+    };
 }
 
-impl SourceKind {
-    pub const ALL: [SourceKind; 3] = [Self::Kinde, Self::Stripe, Self::StandardWebhooks];
-
-    /// The name `INBOX_SOURCES` uses.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Kinde => "kinde",
-            Self::Stripe => "stripe",
-            Self::StandardWebhooks => "standard-webhooks",
-        }
-    }
+source_kinds! {
+    Kinde = "kinde",
+    Stripe = "stripe",
+    StandardWebhooks = "standard-webhooks",
 }
 
 /// Where a stored event is in its life (docs/design.md §3):

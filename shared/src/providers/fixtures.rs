@@ -130,7 +130,7 @@ mod tests {
                 "prod_pro":{"plan":"pro","monthly_allowance":500}}"#,
         )
         .unwrap();
-        for source in SourceKind::ALL {
+        for &source in SourceKind::ALL {
             let plan = sample_plan(source);
             for kind in kinds(source) {
                 let spec = Spec {
