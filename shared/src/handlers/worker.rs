@@ -269,10 +269,7 @@ pub async fn handle_batch_until(
         // The first event is always begun: an invocation shorter than one budget still moves.
         if begun && until.is_some_and(|until| Instant::now() + state.event_budget > until) {
             tracing::warn!(event_id, "the invocation ends before this event's budget would; it and the rest of the batch will be delivered again");
-            retry(message_id);
-            messages
-                .filter(|(_, id)| claimed.contains_key(id))
-                .for_each(|(message_id, _)| retry(message_id));
+            give_back(&mut retry, Some(message_id), messages, &claimed);
             return response;
         }
         if leased_at.elapsed() + state.event_budget > state.lease {
@@ -286,15 +283,12 @@ pub async fn handle_batch_until(
                     tracing::error!(error = %why, "the rest of the batch will be delivered again");
                     // Closed, not returned to the pool, as after a silent event.
                     drop(conn.detach());
-                    retry(message_id);
-                    messages
-                        .filter(|(_, id)| claimed.contains_key(id))
-                        .for_each(|(message_id, _)| retry(message_id));
+                    give_back(&mut retry, Some(message_id), messages, &claimed);
                     return response;
                 }
             }
         }
-        // Renewed by another worker's claim meanwhile: no longer this batch's.
+        // Not renewed (another worker claimed it meanwhile): no longer this batch's.
         let Some(event) = claimed.remove(&event_id) else {
             continue;
         };
@@ -313,9 +307,7 @@ pub async fn handle_batch_until(
                 Ok(fresh) => fresh,
                 Err(error) => {
                     tracing::error!(error = %error, "database unavailable; the rest of the batch will be delivered again");
-                    messages
-                        .filter(|(_, id)| claimed.contains_key(id))
-                        .for_each(|(message_id, _)| retry(message_id));
+                    give_back(&mut retry, None, messages, &claimed);
                     return response;
                 }
             };
@@ -344,6 +336,19 @@ pub async fn handle_batch_until(
         }
     }
     response
+}
+
+/// Reports `first` (if any) and every message after it whose event the batch still holds,
+/// so SQS delivers them again.
+fn give_back(
+    retry: &mut impl FnMut(String),
+    first: Option<String>,
+    rest: impl Iterator<Item = (String, i64)>,
+    claimed: &HashMap<i64, Claimed>,
+) {
+    first.into_iter().for_each(&mut *retry);
+    rest.filter(|(_, id)| claimed.contains_key(id))
+        .for_each(|(message_id, _)| retry(message_id));
 }
 
 /// Renews the leases of the batch's events not yet worked on, bounded like one event; the
