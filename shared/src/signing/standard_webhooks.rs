@@ -124,6 +124,27 @@ impl Verifier {
     }
 }
 
+/// The Standard Webhooks specification's reference vector, for the format's tests and the
+/// provider's.
+#[cfg(test)]
+pub(crate) mod reference_vector {
+    pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    pub const ID: &str = "msg_p5jXN8AQM9LWM0D4loKWxJek";
+    pub const SENT_AT: i64 = 1_614_265_330;
+    pub const BODY: &[u8] = br#"{"test": 2432232314}"#;
+    pub const SIGNATURE: &str = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
+
+    /// The vector's key, decoded.
+    pub fn key() -> Vec<u8> {
+        super::decode_secret(SECRET, super::SecretEncoding::Base64).unwrap()
+    }
+
+    /// The vector's delivery headers.
+    pub fn headers() -> http::HeaderMap {
+        super::test_headers(ID, SENT_AT, SIGNATURE)
+    }
+}
+
 /// The three headers of a delivery with message id `id`, sent at `ts`, signed `sig`.
 #[cfg(test)]
 pub(crate) fn test_headers(id: &str, ts: i64, sig: &str) -> HeaderMap {
@@ -159,43 +180,24 @@ mod tests {
 
     #[test]
     fn signs_the_published_test_vector() {
-        // The Standard Webhooks specification's reference vector.
-        let key = decode_secret(
-            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-            SecretEncoding::Base64,
-        )
-        .unwrap();
+        use super::reference_vector as v;
         assert_eq!(
-            signature(
-                &key,
-                "msg_p5jXN8AQM9LWM0D4loKWxJek",
-                1_614_265_330,
-                br#"{"test": 2432232314}"#
-            ),
-            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+            signature(&v::key(), v::ID, v::SENT_AT, v::BODY),
+            v::SIGNATURE
         );
     }
 
     #[test]
     fn published_test_vector_verifies() {
-        let key = decode_secret(
-            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-            SecretEncoding::Base64,
-        )
-        .unwrap();
-        let h = headers(
-            "msg_p5jXN8AQM9LWM0D4loKWxJek",
-            1_614_265_330,
-            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=",
-        );
-        let at = Utc.timestamp_opt(1_614_265_330, 0).unwrap();
-        let signed = Verifier::new(vec![key], Duration::from_secs(300))
-            .check(&h, br#"{"test": 2432232314}"#, at)
+        use super::reference_vector as v;
+        let (at, headers) = (Utc.timestamp_opt(v::SENT_AT, 0).unwrap(), v::headers());
+        let signed = Verifier::new(vec![v::key()], Duration::from_secs(300))
+            .check(&headers, v::BODY, at)
             .unwrap();
         assert_eq!(
             signed,
             Signed {
-                id: "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                id: v::ID,
                 sent_at: at,
                 key: 0
             }

@@ -94,7 +94,7 @@ fn meta(payload: &Value, sent_at: DateTime<Utc>) -> Result<EventMeta, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::signing::standard_webhooks::{decode_secret, signature, SecretEncoding};
+    use crate::signing::standard_webhooks::signature;
     use chrono::TimeZone;
     use serde_json::json;
 
@@ -126,22 +126,12 @@ mod tests {
 
     #[test]
     fn published_test_vector_verifies() {
-        // The Standard Webhooks specification's reference vector.
-        let key = decode_secret(
-            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-            SecretEncoding::Base64,
-        )
-        .unwrap();
-        let v = StandardVerifier::new(vec![key], Duration::from_secs(300));
-        let body = br#"{"test": 2432232314}"#;
-        let h = headers(
-            "msg_p5jXN8AQM9LWM0D4loKWxJek",
-            1_614_265_330,
-            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=",
-        );
-        let at = Utc.timestamp_opt(1_614_265_330, 0).unwrap();
-        let event = v.check(&h, body, at).unwrap();
-        assert_eq!(event.dedupe_key.as_str(), "msg_p5jXN8AQM9LWM0D4loKWxJek");
+        // The Standard Webhooks specification's reference vector, through the provider.
+        use crate::signing::standard_webhooks::reference_vector as rv;
+        let v = StandardVerifier::new(vec![rv::key()], Duration::from_secs(300));
+        let at = Utc.timestamp_opt(rv::SENT_AT, 0).unwrap();
+        let event = v.check(&rv::headers(), rv::BODY, at).unwrap();
+        assert_eq!(event.dedupe_key.as_str(), rv::ID);
         assert_eq!(event.meta.unwrap_err(), "the event has no type");
     }
 
