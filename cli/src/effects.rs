@@ -80,7 +80,7 @@ async fn list(
             e.source.clone(),
             e.customer_id.clone(),
             e.sequence.to_string(),
-            e.event_id.to_string(),
+            opt(&e.event_id),
             e.attempts.to_string(),
             e.created_at.to_rfc3339(),
         ]);
@@ -105,11 +105,10 @@ pub async fn show(pool: &PgPool, id: &str, json_output: bool) -> anyhow::Result<
         e.source,
         e.sequence
     );
-    out!(
-        "event       {} at {}",
-        e.event_id,
-        e.occurred_at.to_rfc3339()
-    );
+    match e.event_id {
+        Some(event_id) => out!("event       {event_id} at {}", e.occurred_at.to_rfc3339()),
+        None => out!("debit       at {}", e.occurred_at.to_rfc3339()),
+    }
     out!("status      {} after {} attempt(s)", e.status, e.attempts);
     out!(
         "sent to     {}",

@@ -1,19 +1,136 @@
-//! An account as operators and tests read it: the derived plan, the registers behind it,
-//! the balance for a period and the event log that explains them.
+//! An account's state read in one statement (the snapshot an app reads, the one derivation
+//! of plan, allowance, used and remaining: docs/design.md §4.8), and the account as
+//! operators and tests read it: the snapshot, the registers behind it and the event log that
+//! explains them.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
 use super::catalog::Catalog;
-use super::model::{derive_plan, status_entitles, AccountState};
+use super::model::{status_entitles, AccountState, StateInputs};
 use crate::domain::{CustomerId, Period};
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubscriptionView {
     pub id: String,
     pub status: String,
     pub plan: Option<String>,
+}
+
+/// An account's state for one period, as an app reads it (the API's answer to
+/// `GET /v1/accounts/{source}/{customer}`, docs/api.md): derived by [`AccountState::derive`]
+/// from one statement's read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AccountSnapshot {
+    pub source: String,
+    /// As stored: a Stripe Connect customer is `acct_…/cus_…`.
+    pub customer_id: String,
+    /// The catalog's plan name, `"free"` when nothing entitles the customer.
+    pub plan: String,
+    /// `plan` is not the free plan.
+    pub entitled: bool,
+    pub deleted: bool,
+    /// `YYYY-MM`.
+    pub period: String,
+    /// The period's largest grant; 0 for a deleted customer.
+    pub allowance: i64,
+    /// The sum of the period's accepted debits.
+    pub used: i64,
+    /// `max(allowance − used, 0)`.
+    pub remaining: i64,
+    pub subscriptions: Vec<SubscriptionView>,
+    /// Counts the writes that can move the account's state: every event written about it
+    /// (`accounts.version`) plus every accepted debit (of any period). It only grows; two
+    /// snapshots with the same version and period are the same.
+    pub version: i64,
+    /// The plan register (Kinde plan events): its plan, if any. Operators' view only.
+    #[serde(skip)]
+    pub customer_plan: Option<String>,
+    /// The payment standing register (Kinde). Operators' view only.
+    #[serde(skip)]
+    pub past_due: bool,
+}
+
+impl AccountSnapshot {
+    /// The account as an effect tells it; `period` is the one the snapshot was read for.
+    pub fn state(&self, period: &Period) -> AccountState {
+        AccountState {
+            plan: self.plan.clone(),
+            balance: self.allowance,
+            used: self.used,
+            remaining: self.remaining,
+            period: period.clone(),
+        }
+    }
+}
+
+/// Reads an account's state for `period` in one statement (one round trip); `None` when the
+/// source has no such customer.
+#[tracing::instrument(skip_all, fields(source, period = period.as_str()))]
+pub async fn snapshot(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &CustomerId,
+    period: &Period,
+    catalog: &Catalog,
+) -> Result<Option<AccountSnapshot>, sqlx::Error> {
+    let Some(row) = sqlx::query!(
+        r#"
+        SELECT a.deleted_at IS NOT NULL AS "deleted!",
+               (a.version + COALESCE((SELECT sum(accepted) FROM usage_periods
+                                      WHERE source = $1 AND customer_id = $2), 0))::bigint AS "version!",
+               (SELECT plan FROM customer_plans WHERE source = $1 AND customer_id = $2) AS customer_plan,
+               COALESCE((SELECT past_due FROM customer_standing
+                         WHERE source = $1 AND customer_id = $2), false) AS "past_due!",
+               (SELECT COALESCE(sum(delta), 0) FROM ledger
+                WHERE source = $1 AND customer_id = $2 AND period = $3)::bigint AS "granted!",
+               COALESCE((SELECT used FROM usage_periods
+                         WHERE source = $1 AND customer_id = $2 AND period = $3), 0) AS "used!",
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                           'id', subscription_id, 'status', status, 'plan', plan)
+                           ORDER BY subscription_id), '[]')
+                FROM subscriptions WHERE source = $1 AND customer_id = $2) AS "subscriptions!"
+        FROM accounts a WHERE a.source = $1 AND a.customer_id = $2
+        "#,
+        source,
+        customer.as_str(),
+        period.as_str(),
+    )
+    .fetch_optional(conn)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let subscriptions: Vec<SubscriptionView> = serde_json::from_value(row.subscriptions)
+        .map_err(|e| sqlx::Error::Decode(format!("subscriptions: {e}").into()))?;
+    let inputs = StateInputs {
+        deleted: row.deleted,
+        customer_plan: row.customer_plan.as_deref(),
+        past_due: row.past_due,
+        granted: row.granted,
+        used: row.used,
+    };
+    let entitling = subscriptions
+        .iter()
+        .filter(|s| status_entitles(&s.status))
+        .filter_map(|s| s.plan.as_deref());
+    let state = AccountState::derive(inputs, entitling, period, catalog);
+    Ok(Some(AccountSnapshot {
+        source: source.to_owned(),
+        customer_id: customer.as_str().to_owned(),
+        entitled: state.plan != super::FREE,
+        plan: state.plan,
+        deleted: row.deleted,
+        period: period.to_string(),
+        allowance: state.balance,
+        used: state.used,
+        remaining: state.remaining,
+        subscriptions,
+        version: row.version,
+        customer_plan: row.customer_plan,
+        past_due: row.past_due,
+    }))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -42,7 +159,10 @@ pub struct AccountView {
     pub customer_plan: Option<String>,
     pub past_due: bool,
     pub period: String,
+    /// The period's allowance (the snapshot's `allowance`).
     pub balance: i64,
+    pub used: i64,
+    pub remaining: i64,
     pub subscriptions: Vec<SubscriptionView>,
     pub payments: Vec<PaymentView>,
     /// The log in provider order, the newest last: all of it, or its latest lines when the
@@ -75,42 +195,10 @@ pub async fn load_with_log(
     catalog: &Catalog,
     log_lines: Option<i64>,
 ) -> Result<Option<AccountView>, sqlx::Error> {
-    let customer = customer.as_str();
-    let Some(account) = sqlx::query!(
-        "SELECT deleted_at FROM accounts WHERE source = $1 AND customer_id = $2",
-        source,
-        customer
-    )
-    .fetch_optional(&mut *conn)
-    .await?
-    else {
+    let Some(snapshot) = snapshot(conn, source, customer, period, catalog).await? else {
         return Ok(None);
     };
-    let customer_plan = sqlx::query_scalar!(
-        "SELECT plan FROM customer_plans WHERE source = $1 AND customer_id = $2",
-        source,
-        customer
-    )
-    .fetch_optional(&mut *conn)
-    .await?
-    .flatten();
-    let past_due = sqlx::query_scalar!(
-        "SELECT past_due FROM customer_standing WHERE source = $1 AND customer_id = $2",
-        source,
-        customer
-    )
-    .fetch_optional(&mut *conn)
-    .await?
-    .unwrap_or(false);
-    let subscriptions: Vec<SubscriptionView> = sqlx::query_as!(
-        SubscriptionView,
-        r#"SELECT subscription_id AS id, status, plan FROM subscriptions
-           WHERE source = $1 AND customer_id = $2 ORDER BY subscription_id"#,
-        source,
-        customer
-    )
-    .fetch_all(&mut *conn)
-    .await?;
+    let customer = customer.as_str();
     // A refunded charge whose invoice is not known yet shows as its own refunded payment
     // until the link arrives and the invoice takes the refund.
     let payments: Vec<PaymentView> = sqlx::query_as!(
@@ -127,13 +215,6 @@ pub async fn load_with_log(
     )
     .fetch_all(&mut *conn)
     .await?;
-    let deleted = account.deleted_at.is_some();
-    // A deleted customer holds nothing, whatever was granted before the deletion arrived.
-    let balance = if deleted {
-        0
-    } else {
-        period_balance(conn, source, customer, period.as_str()).await?
-    };
     // LIMIT NULL is no limit.
     let log: Vec<LogLine> = sqlx::query_as!(
         LogLine,
@@ -159,26 +240,18 @@ pub async fn load_with_log(
         .await?,
         _ => log.len() as i64,
     };
-    let plan = derive_plan(
-        deleted,
-        customer_plan.as_deref(),
-        past_due,
-        subscriptions
-            .iter()
-            .filter(|s| status_entitles(&s.status))
-            .filter_map(|s| s.plan.as_deref()),
-        catalog,
-    );
     Ok(Some(AccountView {
-        source: source.to_owned(),
-        customer_id: customer.to_owned(),
-        plan,
-        deleted,
-        customer_plan,
-        past_due,
-        period: period.to_string(),
-        balance,
-        subscriptions,
+        source: snapshot.source,
+        customer_id: snapshot.customer_id,
+        plan: snapshot.plan,
+        deleted: snapshot.deleted,
+        customer_plan: snapshot.customer_plan,
+        past_due: snapshot.past_due,
+        period: snapshot.period,
+        balance: snapshot.allowance,
+        used: snapshot.used,
+        remaining: snapshot.remaining,
+        subscriptions: snapshot.subscriptions,
         payments,
         log,
         log_total,
@@ -195,51 +268,18 @@ pub async fn state(
     period: &Period,
     catalog: &Catalog,
 ) -> Result<AccountState, sqlx::Error> {
-    let row = sqlx::query!(
-        r#"
-        SELECT a.deleted_at IS NOT NULL AS "deleted!",
-               (SELECT plan FROM customer_plans WHERE source = $1 AND customer_id = $2) AS customer_plan,
-               COALESCE((SELECT past_due FROM customer_standing
-                         WHERE source = $1 AND customer_id = $2), false) AS "past_due!",
-               ARRAY(SELECT status FROM subscriptions
-                     WHERE source = $1 AND customer_id = $2 ORDER BY subscription_id) AS "statuses!",
-               ARRAY(SELECT plan FROM subscriptions
-                     WHERE source = $1 AND customer_id = $2 ORDER BY subscription_id) AS "plans!: Vec<Option<String>>",
-               (SELECT COALESCE(sum(delta), 0) FROM ledger
-                WHERE source = $1 AND customer_id = $2 AND period = $3)::bigint AS "balance!"
-        FROM accounts a WHERE a.source = $1 AND a.customer_id = $2
-        "#,
-        source,
-        customer.as_str(),
-        period.as_str(),
+    Ok(
+        match snapshot(conn, source, customer, period, catalog).await? {
+            Some(snapshot) => snapshot.state(period),
+            None => AccountState {
+                plan: super::FREE.to_owned(),
+                balance: 0,
+                used: 0,
+                remaining: 0,
+                period: period.clone(),
+            },
+        },
     )
-    .fetch_optional(conn)
-    .await?;
-    let Some(row) = row else {
-        return Ok(AccountState {
-            plan: super::FREE.to_owned(),
-            balance: 0,
-            period: period.clone(),
-        });
-    };
-    let plan = derive_plan(
-        row.deleted,
-        row.customer_plan.as_deref(),
-        row.past_due,
-        row.statuses
-            .iter()
-            .zip(&row.plans)
-            .filter(|(status, _)| status_entitles(status))
-            .filter_map(|(_, plan)| plan.as_deref()),
-        catalog,
-    );
-    // A deleted customer holds nothing, whatever was granted before the deletion arrived.
-    let balance = if row.deleted { 0 } else { row.balance };
-    Ok(AccountState {
-        plan,
-        balance,
-        period: period.clone(),
-    })
 }
 
 /// A period's balance: the allowance granted in it (the largest, by construction of `delta`).

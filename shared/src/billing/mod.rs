@@ -9,10 +9,11 @@ pub mod catalog;
 pub mod model;
 pub mod registers;
 pub mod rules;
+pub mod usage;
 
 pub use catalog::{Catalog, Plan, PlanRef};
 pub use model::{
     derive_plan, outcome, status_entitles, AccountState, Change, Decided, Decision, Effect,
-    EventContext, Fact, PaymentStatus, Problem, Rank, Resolved, SubscriptionState, Version,
-    Written, FREE,
+    EventContext, Fact, PaymentStatus, Problem, Rank, Resolved, StateInputs, SubscriptionState,
+    Version, Written, FREE,
 };

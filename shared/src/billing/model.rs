@@ -415,13 +415,62 @@ pub fn derive_plan<'a>(
         .unwrap_or_else(|| FREE.to_owned())
 }
 
-/// The account as an effect tells it (docs/design.md §11): the derived plan and the
-/// balance of one period.
+/// The account as an effect tells it (docs/design.md §11): the derived plan and, for one
+/// period, the balance (the period's allowance), what was spent of it and what is left.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AccountState {
     pub plan: String,
     pub balance: i64,
+    pub used: i64,
+    pub remaining: i64,
     pub period: Period,
+}
+
+/// An account's registers as read, for one period: what [`AccountState::derive`] derives
+/// the account's state from. `granted` is the period's ledger sum, `used` its accepted debits.
+#[derive(Debug, Clone, Copy)]
+pub struct StateInputs<'a> {
+    pub deleted: bool,
+    pub customer_plan: Option<&'a str>,
+    pub past_due: bool,
+    pub granted: i64,
+    pub used: i64,
+}
+
+impl AccountState {
+    /// The one derivation of an account's state (docs/design.md §4.8), used by the account
+    /// snapshot, `inboxctl account` and the effects' `account` block: the plan from the
+    /// registers and the catalog; the period's allowance, its largest grant, 0 for a deleted
+    /// customer (whatever was granted before the deletion arrived); `remaining` never below 0.
+    pub fn derive<'a>(
+        inputs: StateInputs<'a>,
+        entitling_subscription_plans: impl IntoIterator<Item = &'a str>,
+        period: &Period,
+        catalog: &Catalog,
+    ) -> Self {
+        let plan = derive_plan(
+            inputs.deleted,
+            inputs.customer_plan,
+            inputs.past_due,
+            entitling_subscription_plans,
+            catalog,
+        );
+        let (balance, remaining) = period_totals(inputs.deleted, inputs.granted, inputs.used);
+        AccountState {
+            plan,
+            balance,
+            used: inputs.used,
+            remaining,
+            period: period.clone(),
+        }
+    }
+}
+
+/// A period's allowance and what is left of it, from its ledger sum and accepted debits: a
+/// deleted customer holds nothing, and nothing left is 0, never less.
+pub fn period_totals(deleted: bool, granted: i64, used: i64) -> (i64, i64) {
+    let allowance = if deleted { 0 } else { granted };
+    (allowance, (allowance - used).max(0))
 }
 
 #[cfg(test)]

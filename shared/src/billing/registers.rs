@@ -20,7 +20,8 @@ use crate::domain::{CustomerId, Period};
 /// account row, its plan and standing, the subscriptions the effects name (and, with
 /// `plan`, the distinct states of the account's others, for its derived plan), the
 /// payments the effects name (and the invoices of the payment intents they name), those
-/// payment intents, and the ledger in the event's period. Outside a transaction it is a
+/// payment intents, and the ledger in the event's period (and, with `plan`, what the
+/// account's debits spent in it). Outside a transaction it is a
 /// snapshot the event's write re-checks (the account's version); under the account's lock it
 /// is the account as it stands.
 pub async fn read(
@@ -85,7 +86,9 @@ pub async fn read(
                (SELECT COALESCE(jsonb_agg(jsonb_build_object(
                            'plan', plan, 'allowance', allowance, 'delta', delta,
                            'entry_key', entry_key, 'event_id', event_id)), '[]')
-                FROM ledger WHERE source = $1 AND customer_id = $2 AND period = $3) AS "ledger!"
+                FROM ledger WHERE source = $1 AND customer_id = $2 AND period = $3) AS "ledger!",
+               COALESCE((SELECT used FROM usage_periods
+                         WHERE $7 AND source = $1 AND customer_id = $2 AND period = $3), 0) AS "used!"
         FROM (VALUES (1)) AS one (n)
         LEFT JOIN accounts a ON a.source = $1 AND a.customer_id = $2
         "#,
@@ -167,6 +170,7 @@ pub async fn read(
                 event_id: r.event_id,
             })
             .collect(),
+        used: row.used,
         changed: Default::default(),
     })
 }

@@ -10,8 +10,8 @@ use chrono::{DateTime, Utc};
 
 use super::catalog::Catalog;
 use super::model::{
-    allowance_entry_key, derive_plan, status_entitles, AccountState, Change, Effect, EventContext,
-    Fact, PaymentStatus, Rank, SubscriptionState, Written,
+    allowance_entry_key, status_entitles, AccountState, Change, Effect, EventContext, Fact,
+    PaymentStatus, Rank, StateInputs, SubscriptionState, Written,
 };
 use crate::domain::Period;
 
@@ -409,6 +409,9 @@ pub struct Registers {
     pub payments: BTreeMap<String, Held<HeldPayment>>,
     pub intents: BTreeMap<String, HeldIntent>,
     pub ledger: Vec<LedgerEntry>,
+    /// What the account's accepted debits spent in the event's period, as read (debits
+    /// do not move the account's version: the effects' `account` block tells it as read).
+    pub used: i64,
     pub changed: Changed,
 }
 
@@ -618,37 +621,30 @@ impl Registers {
     /// with the account's other subscriptions). An account that does not exist is on the
     /// free plan with nothing.
     pub fn state(&self, customer: &str, period: &Period, catalog: &Catalog) -> AccountState {
-        let deleted = self.account.deleted_at.is_some();
-        let plan = derive_plan(
-            deleted,
-            self.customer_plan
+        let inputs = StateInputs {
+            deleted: self.account.deleted_at.is_some(),
+            customer_plan: self
+                .customer_plan
                 .as_ref()
                 .and_then(|p| p.value.plan.as_deref()),
-            self.standing.as_ref().is_some_and(|s| s.value),
-            self.subscriptions
-                .values()
-                .map(|s| &s.value)
-                .filter(|s| s.customer == customer)
-                .map(|s| (s.status.as_str(), s.plan.as_deref()))
-                .chain(
-                    self.other_subscriptions
-                        .iter()
-                        .map(|(status, plan)| (status.as_str(), plan.as_deref())),
-                )
-                .filter(|(status, _)| status_entitles(status))
-                .filter_map(|(_, plan)| plan),
-            catalog,
-        );
-        // A deleted customer holds nothing, whatever was granted before the deletion arrived.
-        let balance = match deleted {
-            true => 0,
-            false => self.ledger.iter().map(|e| e.delta).sum(),
+            past_due: self.standing.as_ref().is_some_and(|s| s.value),
+            granted: self.ledger.iter().map(|e| e.delta).sum(),
+            used: self.used,
         };
-        AccountState {
-            plan,
-            balance,
-            period: period.clone(),
-        }
+        let entitling = self
+            .subscriptions
+            .values()
+            .map(|s| &s.value)
+            .filter(|s| s.customer == customer)
+            .map(|s| (s.status.as_str(), s.plan.as_deref()))
+            .chain(
+                self.other_subscriptions
+                    .iter()
+                    .map(|(status, plan)| (status.as_str(), plan.as_deref())),
+            )
+            .filter(|(status, _)| status_entitles(status))
+            .filter_map(|(_, plan)| plan);
+        AccountState::derive(inputs, entitling, period, catalog)
     }
 }
 

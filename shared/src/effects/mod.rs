@@ -27,6 +27,9 @@ pub enum Kind {
     PaymentFailed,
     PaymentRefunded,
     CustomerDeleted,
+    /// A period's allowance ran out (a debit left nothing, or one was refused): once per
+    /// account and period, written by the debit (`billing::usage`), not by an event.
+    AllowanceExhausted,
 }
 
 impl Kind {
@@ -39,7 +42,15 @@ impl Kind {
             Kind::PaymentFailed => "billing.payment_failed",
             Kind::PaymentRefunded => "billing.payment_refunded",
             Kind::CustomerDeleted => "billing.customer_deleted",
+            Kind::AllowanceExhausted => "billing.allowance_exhausted",
         }
+    }
+
+    /// Whether the kind carries a state (the app may keep the one with the highest
+    /// `sequence` per account) or is a fact (applied once each by id, never dropped for an
+    /// older sequence): docs/effects.md.
+    pub fn carries_state(self) -> bool {
+        matches!(self, Kind::PlanChanged | Kind::SubscriptionUpdated)
     }
 
     fn of_payment(status: PaymentStatus) -> Kind {
@@ -183,7 +194,8 @@ fn effect(
         "customer_id": cause.customer,
         "event_id": cause.event_id,
         "provider_event_id": cause.provider_event_id,
-        "account": {"plan": after.plan, "balance": after.balance, "period": after.period.as_str()},
+        "account": {"plan": after.plan, "balance": after.balance, "used": after.used,
+                    "remaining": after.remaining, "period": after.period.as_str()},
     });
     if let (Some(data), Value::Object(own)) = (data.as_object_mut(), own) {
         data.extend(own);
@@ -224,6 +236,8 @@ mod tests {
         AccountState {
             plan: plan.into(),
             balance: 500,
+            used: 0,
+            remaining: 500,
             period: Period::parse("2026-11").unwrap(),
         }
     }

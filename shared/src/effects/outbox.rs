@@ -360,7 +360,8 @@ pub struct EffectSummary {
     pub source: String,
     pub customer_id: String,
     pub sequence: i64,
-    pub event_id: i64,
+    /// `None` for an effect a debit told (`billing.allowance_exhausted`).
+    pub event_id: Option<i64>,
     pub attempts: i32,
     pub created_at: DateTime<Utc>,
 }
@@ -395,7 +396,8 @@ pub struct EffectDetail {
     pub source: String,
     pub customer_id: String,
     pub sequence: i64,
-    pub event_id: i64,
+    /// `None` for an effect a debit told (`billing.allowance_exhausted`).
+    pub event_id: Option<i64>,
     pub occurred_at: DateTime<Utc>,
     pub sent_to: Vec<String>,
     pub attempts: i32,
