@@ -99,6 +99,13 @@ stack_env() {
   [ -n "${INBOX_SOURCES:-}" ] || INBOX_SOURCES="$dev_sources"
   [ -n "${INBOX_PLANS:-}" ] || INBOX_PLANS="$dev_plans"
   export INBOX_SOURCES INBOX_PLANS
+  # the app API's dev key (dev-only; scripts/dev prints it): INBOX_API_KEYS lists its hash
+  : "${INBOX_DEV_API_KEY:=bik_dev_local_only_0123456789abcdef0123456789abcdef}"
+  export INBOX_DEV_API_KEY
+  if [ -z "${INBOX_API_KEYS:-}" ]; then
+    INBOX_API_KEYS='[{"name":"dev","sha256":"'"$(printf %s "$INBOX_DEV_API_KEY" | sha256sum | cut -d' ' -f1)"'","scopes":["read","usage"]}]'
+  fi
+  export INBOX_API_KEYS
   # the local Kinde signing key, whose public half ensure_dev_kinde serves as a JWKS
   : "${INBOX_DEV_KINDE_KEY:=$ROOT/.dev/kinde/key.pem}"
   : "${INBOX_DEV_KINDE_KID:=dev-key}"

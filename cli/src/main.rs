@@ -6,6 +6,7 @@ macro_rules! out {
     ($($arg:tt)*) => { $crate::emit(&format!($($arg)*)) };
 }
 
+mod api_key;
 mod bench;
 mod delay;
 mod dev;
@@ -104,6 +105,8 @@ enum Command {
     Dev(dev::DevArgs),
     /// Receive effects locally as the app would: verify each signature, print each effect.
     Listen(listen::ListenArgs),
+    /// Keys for the app API: `api-key new --name app --scopes read,usage`.
+    ApiKey(api_key::ApiKeyArgs),
 }
 
 #[tokio::main]
@@ -202,6 +205,7 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
         Command::Send(args) => send::run(args, cli.json).await,
         Command::Dev(args) => dev::run(args).await,
         Command::Listen(args) => listen::run(args, cli.json).await,
+        Command::ApiKey(args) => api_key::run(args, cli.json),
         Command::Bench(args) => {
             let server = cli
                 .database_url

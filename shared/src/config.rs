@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::api_keys::KeysConfig;
 use crate::billing::Catalog;
 use crate::domain::SourceKind;
 use crate::signing::standard_webhooks::{decode_secret, SecretEncoding};
@@ -530,6 +531,45 @@ impl FromEnv for SchedulerConfig {
             queue_url: env.required("QUEUE_URL")?,
             sources: env.sources()?,
             retention: env.retention()?,
+            effects: env.effects()?,
+        })
+    }
+}
+
+pub const API_KEYS_VAR: &str = "INBOX_API_KEYS";
+
+/// Parses `INBOX_API_KEYS`: the list of keys, or `{"secret_id": …}` naming the secret that
+/// holds it (docs/design.md §12.2).
+pub fn parse_api_keys(raw: &str) -> Result<KeysConfig, ConfigError> {
+    crate::api_keys::parse(raw, true).map_err(|e| match e.field {
+        Some(field) => ConfigError::at(API_KEYS_VAR, field, e.detail),
+        None => ConfigError::new(API_KEYS_VAR, e.detail),
+    })
+}
+
+/// What the app API function needs: each source's name and kind (never its secrets), the
+/// plan catalog, the keys, and the effects queue when effects are on (a debit that exhausts
+/// the allowance tells the app).
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    pub database_url: String,
+    pub sources: Vec<(String, SourceKind)>,
+    pub catalog: Catalog,
+    pub keys: KeysConfig,
+    pub effects: Option<EffectsConfig>,
+}
+
+impl FromEnv for ApiConfig {
+    fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
+        Ok(Self {
+            database_url: env.required("DATABASE_URL")?,
+            sources: env
+                .sources()?
+                .into_iter()
+                .map(|s| (s.name, s.kind))
+                .collect(),
+            catalog: env.plans()?,
+            keys: parse_api_keys(&env.required(API_KEYS_VAR)?)?,
             effects: env.effects()?,
         })
     }

@@ -15,7 +15,10 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::config::{ConfigError, SinkConfig, SourceConfig, EFFECTS_VAR, SOURCES_VAR};
+use crate::api_keys::{KeyEntry, KeysConfig};
+use crate::config::{
+    ConfigError, SinkConfig, SourceConfig, API_KEYS_VAR, EFFECTS_VAR, SOURCES_VAR,
+};
 use crate::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
 /// What a source's secret holds.
@@ -386,4 +389,24 @@ async fn read_text(client: &aws_sdk_secretsmanager::Client, id: &str) -> Result<
         .secret_string()
         .map(str::to_owned)
         .ok_or_else(|| format!("the secret '{id}' holds no text"))
+}
+
+/// The app API's keys (docs/design.md §12.2): the listed entries, or what the named secret
+/// holds, read once at cold start. A secret that cannot be read or parsed is a
+/// configuration error naming the secret, never a value.
+pub async fn resolve_api_keys(keys: &KeysConfig) -> Result<Vec<KeyEntry>, ConfigError> {
+    let secret_id = match keys {
+        KeysConfig::Listed(entries) => return Ok(entries.clone()),
+        KeysConfig::InSecret { secret_id } => secret_id,
+    };
+    let text = read_text(&client().await, secret_id)
+        .await
+        .map_err(|detail| ConfigError::at(API_KEYS_VAR, "secret_id", detail))?;
+    crate::api_keys::parse_list(&text).map_err(|e| {
+        ConfigError::at(
+            API_KEYS_VAR,
+            "secret_id",
+            format!("the secret '{secret_id}': {e}"),
+        )
+    })
 }

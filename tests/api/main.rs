@@ -2,6 +2,7 @@
 //!
 //! Each test gets its own database (`#[sqlx::test]`) and its own queue.
 
+mod app_api;
 mod cli;
 mod corpus;
 mod effects;

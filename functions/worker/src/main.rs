@@ -19,19 +19,8 @@ pub(crate) async fn handler(
     state: &WorkerState,
     event: LambdaEvent<SqsEvent>,
 ) -> Result<SqsBatchResponse, Error> {
-    let until = invocation_deadline(event.context.deadline);
+    let until = shared::handlers::invocation_deadline(event.context.deadline);
     Ok(shared::handlers::worker::handle_batch_until(state, event.payload, until).await)
-}
-
-/// The invocation's end (Lambda's deadline, milliseconds since the epoch) as an instant;
-/// `None` when it is not set, or already past as the invocation starts (`cargo lambda
-/// watch` sends such a deadline; Lambda's is the function's timeout from now).
-fn invocation_deadline(deadline_ms: u64) -> Option<tokio::time::Instant> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let left = std::time::Duration::from_millis(deadline_ms).checked_sub(now)?;
-    (!left.is_zero()).then(|| tokio::time::Instant::now() + left)
 }
 
 #[cfg(test)]
@@ -56,19 +45,5 @@ mod tests {
             .unwrap();
 
         assert!(response.batch_item_failures.is_empty());
-    }
-
-    #[test]
-    fn a_deadline_that_is_unset_or_already_past_bounds_nothing() {
-        assert!(invocation_deadline(0).is_none());
-        assert!(invocation_deadline(1_000).is_none());
-        let in_a_minute = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64
-            + 60_000;
-        let until = invocation_deadline(in_a_minute).expect("a deadline ahead");
-        let left = until - tokio::time::Instant::now();
-        assert!(left > std::time::Duration::from_secs(50), "{left:?}");
     }
 }

@@ -1,0 +1,779 @@
+//! The app API's handler (docs/design.md §12, docs/api.md): route, authenticate the caller
+//! by its key's scopes, read the account or debit its allowance through billing's `account`
+//! and `usage`, answer. Every error is mapped to its status code in one place, and every
+//! answer comes within the invocation's time. No SQL and no billing rule lives here.
+
+use std::time::Duration;
+
+use http::{HeaderMap, Method, StatusCode};
+use lambda_http::{Body, Request, RequestExt, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use tokio::time::Instant;
+
+use crate::api_keys::{Caller, Keys, Scope};
+use crate::billing::account::{self, AccountSnapshot};
+use crate::billing::usage::{self, Debit, DebitRequest, Debited, UsagePage};
+use crate::billing::Catalog;
+use crate::config::ApiConfig;
+use crate::db::{Held, HeldConnection};
+use crate::domain::{CustomerId, Period, SourceKind};
+use crate::providers::stripe::{connected_account, connected_customer};
+use crate::queue::Queue;
+
+/// Largest request body accepted: a debit is a few dozen bytes.
+pub const MAX_BODY_BYTES: usize = 4096;
+/// The longest idempotency key (Stripe's limit).
+pub const MAX_KEY_LEN: usize = 255;
+/// The longest note kept with a debit, in characters.
+pub const MAX_NOTE_CHARS: usize = 500;
+/// The largest single debit: far above any real allowance, far below what sums overflow at.
+pub const MAX_AMOUNT: i64 = 1_000_000_000;
+/// A usage page's default and largest sizes.
+pub const DEFAULT_LIMIT: i64 = 50;
+pub const MAX_LIMIT: i64 = 100;
+/// The time an answer may take when the invocation sets no deadline (`cargo lambda watch`).
+pub const DEFAULT_BUDGET: Duration = Duration::from_secs(5);
+/// What is kept back from the invocation's deadline to send the answer.
+const ANSWER_MARGIN: Duration = Duration::from_millis(250);
+/// Seconds a caller is asked to wait before retrying when the store cannot answer.
+pub const RETRY_AFTER_SECS: u64 = 2;
+
+pub struct ApiState {
+    /// The instance's own connection: one round trip per read.
+    pub conn: Held,
+    /// For what is rare (unmarking an effect the queue refused).
+    pub pool: PgPool,
+    pub sources: Vec<(String, SourceKind)>,
+    pub catalog: Catalog,
+    pub keys: Keys,
+    /// Effects on: the queue an `allowance_exhausted` effect's id is handed to.
+    pub effects: Option<Queue>,
+}
+
+impl ApiState {
+    /// Builds the connection settings, reads the keys (from their secret, when they are in
+    /// one) and the effects queue once, at cold start; nothing connects to Postgres before
+    /// the first request.
+    pub async fn from_config(config: &ApiConfig) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let pool = crate::db::lazy_pool(&config.database_url, 1).context("DATABASE_URL")?;
+        let entries = crate::secrets::resolve_api_keys(&config.keys).await?;
+        let effects = match &config.effects {
+            Some(effects) => Some(Queue::from_env(effects.queue_url.clone()).await),
+            None => None,
+        };
+        Ok(Self {
+            conn: Held::new(pool.connect_options().as_ref().clone()),
+            pool,
+            sources: config.sources.clone(),
+            catalog: config.catalog.clone(),
+            keys: Keys::new(&entries),
+            effects,
+        })
+    }
+}
+
+/// Everything the API can answer besides success, mapped to a status in one place.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("no route for {method} {path}")]
+    NotFound { method: Method, path: String },
+    #[error("{0} is not allowed here")]
+    MethodNotAllowed(Method),
+    #[error("a valid API key is required: Authorization: Bearer <key>")]
+    Unauthorized,
+    #[error("this key lacks the '{0}' scope")]
+    Forbidden(&'static str),
+    #[error("unknown source '{0}'")]
+    UnknownSource(String),
+    #[error("no customer '{0}' in this source")]
+    UnknownCustomer(String),
+    #[error("{detail}")]
+    BadRequest { code: &'static str, detail: String },
+    #[error("the body is {0} bytes; the limit is {MAX_BODY_BYTES}")]
+    PayloadTooLarge(usize),
+    #[error("the period's allowance has {remaining} left")]
+    AllowanceExhausted { remaining: i64, replayed: bool },
+    #[error("the customer is deleted")]
+    CustomerDeleted,
+    #[error("this Idempotency-Key was used with another request body")]
+    IdempotencyConflict,
+    #[error("the billing state could not be reached; retry later")]
+    Unavailable(#[source] sqlx::Error),
+    #[error("no answer in time; retry later")]
+    Timeout,
+}
+
+impl ApiError {
+    fn bad(code: &'static str, detail: impl Into<String>) -> Self {
+        Self::BadRequest {
+            code,
+            detail: detail.into(),
+        }
+    }
+
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::NotFound { .. } | Self::UnknownSource(_) | Self::UnknownCustomer(_) => {
+                StatusCode::NOT_FOUND
+            }
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::AllowanceExhausted { .. } | Self::CustomerDeleted => StatusCode::CONFLICT,
+            Self::IdempotencyConflict => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Unavailable(_) | Self::Timeout => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            Self::NotFound { .. } => "not_found",
+            Self::MethodNotAllowed(_) => "method_not_allowed",
+            Self::Unauthorized => "unauthorized",
+            Self::Forbidden(_) => "forbidden",
+            Self::UnknownSource(_) => "unknown_source",
+            Self::UnknownCustomer(_) => "unknown_customer",
+            Self::BadRequest { code, .. } => code,
+            Self::PayloadTooLarge(_) => "payload_too_large",
+            Self::AllowanceExhausted { .. } => "allowance_exhausted",
+            Self::CustomerDeleted => "customer_deleted",
+            Self::IdempotencyConflict => "idempotency_conflict",
+            Self::Unavailable(_) => "unavailable",
+            Self::Timeout => "timeout",
+        }
+    }
+
+    /// The answer: 4xx say what was wrong, 5xx say nothing of the cause (it goes to the log).
+    pub fn into_response(self) -> Response<Body> {
+        let status = self.status();
+        match &self {
+            Self::Unavailable(e) => tracing::error!(error = %e, code = self.code(), "api failed"),
+            Self::Timeout => tracing::error!(code = self.code(), "api answered late"),
+            _ => tracing::info!(code = self.code(), detail = %self, "request refused"),
+        }
+        if status.is_server_error() {
+            // The alarm's count (ApiServerErrorsAlarm): API Gateway's own 5xx metric mixes the
+            // webhook route in.
+            println!("{}", server_error_metric(self.code(), chrono::Utc::now()));
+        }
+        let mut body = json!({"code": self.code(), "detail": self.to_string()});
+        if let Self::AllowanceExhausted { remaining, .. } = &self {
+            body["remaining"] = json!(remaining);
+        }
+        let mut response = json_response(status, &body);
+        let headers = response.headers_mut();
+        match &self {
+            Self::Unavailable(_) | Self::Timeout => {
+                headers.insert(http::header::RETRY_AFTER, RETRY_AFTER_SECS.into());
+            }
+            Self::Unauthorized => {
+                headers.insert(
+                    http::header::WWW_AUTHENTICATE,
+                    http::HeaderValue::from_static("Bearer"),
+                );
+            }
+            Self::AllowanceExhausted { replayed: true, .. } => mark_replayed(headers),
+            _ => {}
+        }
+        response
+    }
+}
+
+/// The Embedded Metric Format line for a 5xx answer: `ApiServerErrors`, with its code as a
+/// field.
+pub fn server_error_metric(code: &str, now: chrono::DateTime<chrono::Utc>) -> Value {
+    json!({
+        "_aws": {
+            "Timestamp": now.timestamp_millis(),
+            "CloudWatchMetrics": [{
+                "Namespace": crate::metrics::NAMESPACE,
+                "Dimensions": [[]],
+                "Metrics": [{"Name": "ApiServerErrors", "Unit": "Count"}]
+            }]
+        },
+        "Code": code,
+        "ApiServerErrors": 1
+    })
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Body::Text(body.to_string()))
+        .expect("a static status and header always build a response")
+}
+
+/// Stripe's header for an answer given before, under the same key.
+fn mark_replayed(headers: &mut HeaderMap) {
+    headers.insert(
+        "idempotent-replayed",
+        http::HeaderValue::from_static("true"),
+    );
+}
+
+/// What a request asks for, once routed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Route {
+    Account,
+    RecordUsage,
+    ListUsage,
+}
+
+/// The account a route names: the source, and the customer as the store keys it (a
+/// connected Stripe account's customer is `acct_…/cus_…`).
+#[derive(Debug, Clone)]
+struct Target {
+    source: String,
+    customer: CustomerId,
+    /// The connected Stripe account, when the request named one.
+    stripe_account: Option<String>,
+}
+
+/// The route and its path's source and customer, from a path ending in
+/// `/v1/accounts/{source}/{customer}[/usage]` (API Gateway's path, or `cargo lambda watch`'s
+/// with its `/lambda-url/api` prefix). Segments are percent-decoded.
+fn route(method: &Method, path: &str) -> Result<(Route, String, String), ApiError> {
+    let not_found = || ApiError::NotFound {
+        method: method.clone(),
+        path: path.chars().take(200).collect(),
+    };
+    let segments: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    let start = segments
+        .windows(2)
+        .position(|w| w == ["v1", "accounts"])
+        .ok_or_else(not_found)?;
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|s| s.into_owned())
+            .map_err(|_| ApiError::bad("bad_path", "a path segment is not UTF-8"))
+    };
+    let (route, source, customer) = match &segments[start + 2..] {
+        [source, customer] => (Route::Account, source, customer),
+        [source, customer, "usage"] => match *method {
+            Method::POST => (Route::RecordUsage, source, customer),
+            _ => (Route::ListUsage, source, customer),
+        },
+        _ => return Err(not_found()),
+    };
+    let allowed = match route {
+        Route::Account => *method == Method::GET,
+        Route::RecordUsage | Route::ListUsage => matches!(*method, Method::GET | Method::POST),
+    };
+    if !allowed {
+        return Err(ApiError::MethodNotAllowed(method.clone()));
+    }
+    Ok((route, decode(source)?, decode(customer)?))
+}
+
+/// The caller behind `Authorization: Bearer <key>`, if the key is one of the listed ones.
+fn authenticate<'a>(keys: &'a Keys, headers: &HeaderMap) -> Result<&'a Caller, ApiError> {
+    let header = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .ok_or(ApiError::Unauthorized)?;
+    let (scheme, key) = header
+        .trim()
+        .split_once(' ')
+        .ok_or(ApiError::Unauthorized)?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(ApiError::Unauthorized);
+    }
+    keys.check(key.trim()).ok_or(ApiError::Unauthorized)
+}
+
+fn require(caller: &Caller, scope: Scope) -> Result<(), ApiError> {
+    match caller.may(scope) {
+        true => Ok(()),
+        false => Err(ApiError::Forbidden(scope.as_str())),
+    }
+}
+
+/// A request's query parameters, from its URI (API Gateway and function URLs put the raw
+/// query string there) or, when it has none, from what the Lambda event listed.
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn of(request: &Request) -> Self {
+        if let Some(raw) = request.uri().query().filter(|q| !q.is_empty()) {
+            let pairs = url::form_urlencoded::parse(raw.as_bytes())
+                .into_owned()
+                .collect();
+            return Self(pairs);
+        }
+        let listed = request.query_string_parameters();
+        Self(
+            listed
+                .iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+        )
+    }
+
+    /// The first value of `name`.
+    fn first(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A debit's body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DebitBody {
+    amount: Value,
+    #[serde(default)]
+    period: Option<String>,
+    #[serde(default)]
+    note: Option<String>,
+}
+
+/// An `Idempotency-Key`: 1 to 255 visible ASCII characters.
+fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
+    let raw = headers.get("idempotency-key").ok_or_else(|| {
+        ApiError::bad(
+            "missing_idempotency_key",
+            "a debit needs an Idempotency-Key header",
+        )
+    })?;
+    let key = raw.to_str().unwrap_or_default();
+    let visible = key.bytes().all(|b| b.is_ascii_graphic());
+    if key.is_empty() || key.len() > MAX_KEY_LEN || !visible || raw.as_bytes().len() != key.len() {
+        return Err(ApiError::bad(
+            "bad_idempotency_key",
+            format!("an Idempotency-Key is 1 to {MAX_KEY_LEN} visible ASCII characters"),
+        ));
+    }
+    Ok(key.to_owned())
+}
+
+/// A period named by a request: a real month, not after the current one.
+fn period_param(raw: Option<&str>, now: &Period) -> Result<Period, ApiError> {
+    let Some(raw) = raw else {
+        return Ok(now.clone());
+    };
+    let period = Period::parse(raw)
+        .map_err(|_| ApiError::bad("bad_period", format!("'{raw}' is not a YYYY-MM month")))?;
+    if period > *now {
+        return Err(ApiError::bad(
+            "future_period",
+            format!("{period} has not begun (it is {now})"),
+        ));
+    }
+    Ok(period)
+}
+
+fn debit_body(body: &[u8], now: &Period) -> Result<(i64, Period, Option<String>), ApiError> {
+    let parsed: DebitBody = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad(
+            "bad_body",
+            format!(
+                r#"the body is not {{"amount": N, "period"?: "YYYY-MM", "note"?: "…"}}: {}"#,
+                serde_error_words(&e)
+            ),
+        )
+    })?;
+    let amount = parsed
+        .amount
+        .as_i64()
+        .filter(|a| (1..=MAX_AMOUNT).contains(a))
+        .ok_or_else(|| {
+            ApiError::bad(
+                "bad_amount",
+                format!("amount is a whole number from 1 to {MAX_AMOUNT}"),
+            )
+        })?;
+    let period = period_param(parsed.period.as_deref(), now)?;
+    if let Some(note) = &parsed.note {
+        if note.chars().count() > MAX_NOTE_CHARS {
+            return Err(ApiError::bad(
+                "bad_note",
+                format!("a note is at most {MAX_NOTE_CHARS} characters"),
+            ));
+        }
+    }
+    Ok((amount, period, parsed.note))
+}
+
+/// What serde says of a body, without quoting the body.
+fn serde_error_words(e: &serde_json::Error) -> String {
+    match e.classify() {
+        serde_json::error::Category::Data => e.to_string(),
+        _ => format!("not JSON (line {}, column {})", e.line(), e.column()),
+    }
+}
+
+fn body_bytes(body: &Body) -> &[u8] {
+    match body {
+        Body::Empty => &[],
+        Body::Text(text) => text.as_bytes(),
+        Body::Binary(bytes) => bytes,
+        _ => &[],
+    }
+}
+
+/// Runs one library call (`conn => call`) on the held connection, once more on a new
+/// connection when the first is found broken (an instance frozen while Postgres closed it).
+/// Reads are safe to repeat, and so are debits: the key answers a repeat the same way.
+macro_rules! on_held {
+    ($state:expr, $conn:ident => $call:expr) => {{
+        let mut held = $state.conn.lock().await;
+        let mut retried = false;
+        loop {
+            let result = match held.get().await {
+                Ok($conn) => $call.await,
+                Err(e) => Err(e),
+            };
+            if let Some(answer) = settle(&mut held, &mut retried, result) {
+                break answer;
+            }
+        }
+    }};
+}
+
+/// What a call on the held connection comes to: its value, a retry (`None`: the connection
+/// broke and this was the first try), or the store's failure.
+fn settle<T>(
+    held: &mut HeldConnection<'_>,
+    retried: &mut bool,
+    result: Result<T, sqlx::Error>,
+) -> Option<Result<T, ApiError>> {
+    match result {
+        Ok(value) => Some(Ok(value)),
+        Err(e) if is_connection_error(&e) && !*retried => {
+            held.discard();
+            tracing::info!(error = %e, "the held connection failed; trying a new one");
+            *retried = true;
+            None
+        }
+        Err(e) => {
+            if is_connection_error(&e) {
+                held.discard();
+            }
+            Some(Err(ApiError::Unavailable(e)))
+        }
+    }
+}
+
+/// Handles one HTTP request within `until` (the invocation's deadline; [`DEFAULT_BUDGET`]
+/// from now without one); every outcome is an HTTP answer.
+pub async fn handle(state: &ApiState, request: Request, until: Option<Instant>) -> Response<Body> {
+    let until = until.map_or_else(
+        || Instant::now() + DEFAULT_BUDGET,
+        |until| until.checked_sub(ANSWER_MARGIN).unwrap_or(until),
+    );
+    let answer = match tokio::time::timeout_at(until, serve(state, &request)).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            // A statement cut off mid-way leaves its connection in no known state.
+            state.conn.lock().await.discard();
+            Err(ApiError::Timeout)
+        }
+    };
+    answer.unwrap_or_else(ApiError::into_response)
+}
+
+#[tracing::instrument(skip_all, fields(source, caller, route))]
+async fn serve(state: &ApiState, request: &Request) -> Result<Response<Body>, ApiError> {
+    let body = body_bytes(request.body());
+    if body.len() > MAX_BODY_BYTES {
+        return Err(ApiError::PayloadTooLarge(body.len()));
+    }
+    let (route, source, customer) = route(request.method(), request.uri().path())?;
+    let caller = authenticate(&state.keys, request.headers())?;
+    let span = tracing::Span::current();
+    span.record("caller", caller.name.as_str());
+    span.record("source", source.as_str());
+    span.record("route", format!("{route:?}"));
+    require(caller, Scope::Read)?;
+    let query = Query::of(request);
+    let target = target(state, source, &customer, query.first("stripe_account"))?;
+    let now = Period::current();
+    match route {
+        Route::Account => {
+            let period = period_param(query.first("period"), &now)?;
+            let snapshot = on_held!(state, conn => account::snapshot(
+                conn,
+                &target.source,
+                &target.customer,
+                &period,
+                &state.catalog,
+            ))?
+            .ok_or_else(|| ApiError::UnknownCustomer(customer.clone()))?;
+            Ok(json_response(
+                StatusCode::OK,
+                &account_body(&target, &snapshot),
+            ))
+        }
+        Route::ListUsage => {
+            let period = period_param(query.first("period"), &now)?;
+            let limit = match query.first("limit") {
+                None => DEFAULT_LIMIT,
+                Some(raw) => raw
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|l| (1..=MAX_LIMIT).contains(l))
+                    .ok_or_else(|| {
+                        ApiError::bad("bad_limit", format!("limit is from 1 to {MAX_LIMIT}"))
+                    })?,
+            };
+            let after = query.first("after").map(str::to_owned);
+            let page = on_held!(state, conn => usage::list(
+                conn,
+                &target.source,
+                &target.customer,
+                &period,
+                limit,
+                after.as_deref(),
+            ))?
+            .ok_or_else(|| ApiError::UnknownCustomer(customer.clone()))?;
+            Ok(json_response(StatusCode::OK, &usage_page_body(&page)))
+        }
+        Route::RecordUsage => {
+            require(caller, Scope::Usage)?;
+            let key = idempotency_key(request.headers())?;
+            let (amount, period, note) = debit_body(body, &now)?;
+            let ask = DebitRequest {
+                source: &target.source,
+                customer: &target.customer,
+                key: &key,
+                amount,
+                period,
+                note: note.as_deref(),
+                effects: state.effects.as_ref().map(|_| &state.catalog),
+            };
+            let debited = on_held!(state, conn => usage::debit(conn, &ask))?;
+            tell(state, &debited).await;
+            debit_answer(debited.debit, &customer)
+        }
+    }
+}
+
+/// The source and the customer as stored. `stripe_account` names a Connect customer's
+/// connected account, and only a Stripe source has those.
+fn target(
+    state: &ApiState,
+    source: String,
+    customer: &str,
+    stripe_account: Option<&str>,
+) -> Result<Target, ApiError> {
+    let kind = state
+        .sources
+        .iter()
+        .find(|(name, _)| *name == source)
+        .map(|(_, kind)| *kind)
+        .ok_or_else(|| ApiError::UnknownSource(source.clone()))?;
+    if customer.contains('/') {
+        return Err(ApiError::bad(
+            "bad_customer",
+            "a customer id has no '/'; name a connected account with ?stripe_account=acct_…",
+        ));
+    }
+    let stored = match stripe_account {
+        None => customer.to_owned(),
+        Some(_) if kind != SourceKind::Stripe => {
+            return Err(ApiError::bad(
+                "bad_stripe_account",
+                format!("stripe_account is for a Stripe source; '{source}' is not one"),
+            ))
+        }
+        Some(account) if account.starts_with("acct_") && !account.contains('/') => {
+            connected_customer(account, customer)
+        }
+        Some(_) => {
+            return Err(ApiError::bad(
+                "bad_stripe_account",
+                "stripe_account is a connected account's id, acct_…",
+            ))
+        }
+    };
+    let customer = CustomerId::parse(&stored)
+        .map_err(|_| ApiError::bad("bad_customer", "the customer id is empty or too long"))?;
+    Ok(Target {
+        source,
+        customer,
+        stripe_account: stripe_account.map(str::to_owned),
+    })
+}
+
+fn is_connection_error(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+    )
+}
+
+/// Hands a new `allowance_exhausted` effect to the dispatcher's queue. The effect is
+/// committed with the debit; if the queue refuses it, the scheduler's rescue sends it.
+async fn tell(state: &ApiState, debited: &Debited) {
+    let (Some(queue), Some(id)) = (&state.effects, &debited.told) else {
+        return;
+    };
+    let ids = std::slice::from_ref(id);
+    if let Err(e) = crate::effects::outbox::enqueue_or_unmark(&state.pool, queue, ids).await {
+        tracing::warn!(effect_id = %id, error = format!("{e:#}"), "could not hand the effect to its queue");
+    }
+}
+
+/// The account as the app reads it: the store's customer id split back into the customer
+/// and its connected account.
+fn account_body(target: &Target, snapshot: &AccountSnapshot) -> Value {
+    let mut body = serde_json::to_value(snapshot).unwrap_or_else(|_| json!({}));
+    if let Some(account) = &target.stripe_account {
+        let customer = snapshot
+            .customer_id
+            .strip_prefix(&format!("{account}/"))
+            .unwrap_or(&snapshot.customer_id);
+        body["customer_id"] = json!(customer);
+        body["stripe_account"] = json!(account);
+    } else if let Some(account) = connected_account(&snapshot.customer_id) {
+        body["stripe_account"] = json!(account);
+    }
+    body
+}
+
+fn usage_page_body(page: &UsagePage) -> Value {
+    json!({
+        "period": page.period,
+        "allowance": page.allowance,
+        "used": page.used,
+        "remaining": page.remaining,
+        "usage": page.usage.iter().map(|line| json!({
+            "usage_id": line.usage_id,
+            "amount": line.amount,
+            "idempotency_key": line.idempotency_key,
+            "note": line.note,
+            "recorded_at": line.recorded_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        })).collect::<Vec<_>>(),
+        "next": page.next,
+    })
+}
+
+fn debit_answer(debit: Debit, customer: &str) -> Result<Response<Body>, ApiError> {
+    match debit {
+        Debit::Accepted {
+            usage_id,
+            amount,
+            period,
+            used,
+            remaining,
+            replayed,
+        } => {
+            let body = json!({
+                "usage_id": usage_id,
+                "amount": amount,
+                "period": period.as_str(),
+                "used": used,
+                "remaining": remaining,
+                "replayed": replayed,
+            });
+            let mut response = json_response(StatusCode::OK, &body);
+            if replayed {
+                mark_replayed(response.headers_mut());
+            }
+            Ok(response)
+        }
+        Debit::Exhausted {
+            remaining,
+            replayed,
+        } => Err(ApiError::AllowanceExhausted {
+            remaining,
+            replayed,
+        }),
+        Debit::KeyConflict => Err(ApiError::IdempotencyConflict),
+        Debit::CustomerDeleted => Err(ApiError::CustomerDeleted),
+        Debit::UnknownCustomer => Err(ApiError::UnknownCustomer(customer.to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_are_read_from_the_end_of_the_path_and_decoded() {
+        let get = Method::GET;
+        assert_eq!(
+            route(&get, "/v1/accounts/kinde/kc_demo").unwrap(),
+            (Route::Account, "kinde".into(), "kc_demo".into())
+        );
+        assert_eq!(
+            route(&get, "/lambda-url/api/v1/accounts/kinde/kc%20x/usage").unwrap(),
+            (Route::ListUsage, "kinde".into(), "kc x".into())
+        );
+        assert_eq!(
+            route(&Method::POST, "/v1/accounts/stripe/cus_1/usage/")
+                .unwrap()
+                .0,
+            Route::RecordUsage
+        );
+        assert!(matches!(
+            route(&Method::POST, "/v1/accounts/kinde/kc_demo"),
+            Err(ApiError::MethodNotAllowed(_))
+        ));
+        assert!(matches!(
+            route(&get, "/webhooks/kinde"),
+            Err(ApiError::NotFound { .. })
+        ));
+        assert!(matches!(
+            route(&get, "/v1/accounts/kinde"),
+            Err(ApiError::NotFound { .. })
+        ));
+    }
+
+    #[test]
+    fn an_idempotency_key_is_one_to_255_visible_ascii_characters() {
+        let with = |value: &[u8]| {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                "idempotency-key",
+                http::HeaderValue::from_bytes(value).unwrap(),
+            );
+            idempotency_key(&headers)
+        };
+        assert_eq!(with(b"order-17").unwrap(), "order-17");
+        assert!(with(&[b'k'; 255]).is_ok());
+        assert!(with(&[b'k'; 256]).is_err());
+        assert!(with(b"two words").is_err());
+        assert!(with("caf\u{e9}".as_bytes()).is_err());
+        assert!(matches!(
+            idempotency_key(&HeaderMap::new()),
+            Err(ApiError::BadRequest {
+                code: "missing_idempotency_key",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_debit_body_takes_a_positive_whole_amount_and_a_month_not_yet_to_come() {
+        let now = Period::parse("2026-12").unwrap();
+        let (amount, period, note) = debit_body(br#"{"amount":3}"#, &now).unwrap();
+        assert_eq!((amount, period.as_str(), note), (3, "2026-12", None));
+        assert!(debit_body(br#"{"amount":3,"period":"2026-11","note":"x"}"#, &now).is_ok());
+        let code = |body: &[u8]| match debit_body(body, &now) {
+            Err(ApiError::BadRequest { code, .. }) => code,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(code(br#"{"amount":0}"#), "bad_amount");
+        assert_eq!(code(br#"{"amount":1.5}"#), "bad_amount");
+        assert_eq!(code(br#"{"amount":"3"}"#), "bad_amount");
+        assert_eq!(code(br#"{"amount":3,"period":"2027-01"}"#), "future_period");
+        assert_eq!(code(br#"{"amount":3,"period":"2026-13"}"#), "bad_period");
+        assert_eq!(code(br#"{"amount":3,"extra":1}"#), "bad_body");
+        assert_eq!(code(b"not json"), "bad_body");
+    }
+}

@@ -1,0 +1,787 @@
+//! The app API (docs/api.md) through its real handler, on real Postgres: one call reads the
+//! account, debits spend the allowance atomically and once per key, and every answer is
+//! checked against docs/openapi.yaml, the contract an app generates its client from.
+
+use std::sync::OnceLock;
+
+use chrono::Utc;
+use http::StatusCode;
+use lambda_http::Body;
+use serde_json::{json, Value};
+use shared::api_keys::{self, KeyEntry, Keys, Scope};
+use shared::db::Held;
+use shared::domain::SourceKind;
+use shared::handlers::api::{self, ApiState};
+use sqlx::PgPool;
+
+use crate::helpers::*;
+
+const APP_KEY: &str = "bik_test_app_key_with_read_and_usage";
+const READER_KEY: &str = "bik_test_reader_key_with_read_only";
+
+fn keys() -> Vec<KeyEntry> {
+    vec![
+        KeyEntry {
+            name: "app".into(),
+            sha256: api_keys::hash(APP_KEY),
+            scopes: vec![Scope::Read, Scope::Usage],
+        },
+        KeyEntry {
+            name: "reader".into(),
+            sha256: api_keys::hash(READER_KEY),
+            scopes: vec![Scope::Read],
+        },
+    ]
+}
+
+/// An api function instance on `pool`: its own held connection, the test sources and plans.
+pub fn api_state(pool: &PgPool) -> ApiState {
+    ApiState {
+        conn: Held::new(pool.connect_options().as_ref().clone()),
+        pool: pool.clone(),
+        sources: vec![
+            ("stripe".into(), SourceKind::Stripe),
+            ("polar".into(), SourceKind::StandardWebhooks),
+            ("kinde".into(), SourceKind::Kinde),
+        ],
+        catalog: shared::billing::Catalog::parse(PLANS).unwrap(),
+        keys: Keys::new(&keys()),
+        effects: None,
+    }
+}
+
+/// What the api function answered: status, body, and the replay header.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Value,
+    pub replayed_header: bool,
+}
+
+/// Sends a request to the handler and checks the answer against the OpenAPI document.
+pub async fn call(
+    state: &ApiState,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> Answer {
+    let mut builder = http::Request::builder()
+        .method(method)
+        .uri(format!("https://example.test{path}"));
+    if let Some(key) = key {
+        builder = builder.header("authorization", format!("Bearer {key}"));
+    }
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    let body = match body {
+        Some(body) => Body::from(body.to_string()),
+        None => Body::Empty,
+    };
+    let response = api::handle(state, builder.body(body).unwrap(), None).await;
+    let status = response.status();
+    let replayed_header = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    let body: Value = match response.body() {
+        Body::Text(t) => serde_json::from_str(t).unwrap(),
+        other => panic!("a JSON body, not {other:?}"),
+    };
+    conforms(method, path, status, &body);
+    Answer {
+        status,
+        body,
+        replayed_header,
+    }
+}
+
+/// docs/openapi.yaml as JSON.
+fn openapi() -> &'static Value {
+    static DOC: OnceLock<Value> = OnceLock::new();
+    DOC.get_or_init(|| {
+        let text = include_str!("../../docs/openapi.yaml");
+        serde_yaml_ng::from_str(text).expect("docs/openapi.yaml is YAML")
+    })
+}
+
+/// Asserts that an answer is what the OpenAPI document says the route answers with that
+/// status: the response schema, resolved through the document's own `$ref`s.
+fn conforms(method: &str, path: &str, status: StatusCode, body: &Value) {
+    let doc = openapi();
+    let route = path.split('?').next().unwrap();
+    let template = if route.ends_with("/usage") {
+        "/v1/accounts/{source}/{customer}/usage"
+    } else if route.starts_with("/v1/accounts/") && route.matches('/').count() == 4 {
+        "/v1/accounts/{source}/{customer}"
+    } else {
+        // A path the document has no route for: only the error shape applies.
+        return assert_valid(doc, "/components/schemas/Error", body);
+    };
+    let escaped = template.replace('~', "~0").replace('/', "~1");
+    let operation = format!("/paths/{escaped}/{}", method.to_lowercase());
+    let Some(responses) = doc.pointer(&format!("{operation}/responses")) else {
+        // A method the route does not have (405): an error.
+        return assert_valid(doc, "/components/schemas/Error", body);
+    };
+    let Some(mut response) = responses.get(status.as_str()) else {
+        panic!("{method} {template} has no documented {status} answer: {body}");
+    };
+    let mut pointer = format!("{operation}/responses/{}", status.as_str());
+    if let Some(reference) = response.get("$ref").and_then(Value::as_str) {
+        pointer = reference.trim_start_matches('#').to_owned();
+        response = doc.pointer(&pointer).unwrap();
+    }
+    assert!(response
+        .pointer("/content/application~1json/schema")
+        .is_some());
+    assert_valid(
+        doc,
+        &format!("{pointer}/content/application~1json/schema"),
+        body,
+    );
+}
+
+fn assert_valid(doc: &Value, pointer: &str, body: &Value) {
+    let mut root = doc.clone();
+    root["$schema"] = json!("https://json-schema.org/draft/2020-12/schema");
+    // A JSON pointer in a URI fragment: braces are not URI characters.
+    let fragment = pointer.replace('{', "%7B").replace('}', "%7D");
+    root["$ref"] = json!(format!("#{fragment}"));
+    let validator = jsonschema::options()
+        .with_draft(jsonschema::Draft::Draft202012)
+        .should_validate_formats(true)
+        .build(&root)
+        .expect("the OpenAPI document's schemas compile");
+    let errors: Vec<String> = validator
+        .iter_errors(body)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "{body} against {pointer}: {errors:?}");
+}
+
+/// Puts `customer` on Kinde's pro plan now (500 this month), through intake and worker.
+async fn on_pro(app: &TestApp, customer: &str) {
+    let claims = json!({
+        "type": "customer.plan_changed",
+        "event_id": format!("ev_{customer}_pro"),
+        "event_timestamp": Utc::now().to_rfc3339(),
+        "source": "api",
+        "data": {"customer_id": customer, "plan": {"key": "pro", "name": "Pro"}}
+    });
+    let (status, answer) = app
+        .post("kinde", &kinde_delivery(&format!("wh_{customer}"), &claims))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    app.run_worker().await;
+}
+
+fn usage_path(customer: &str) -> String {
+    format!("/v1/accounts/kinde/{customer}/usage")
+}
+
+async fn debit(state: &ApiState, customer: &str, key: &str, body: Value) -> Answer {
+    call(
+        state,
+        "POST",
+        &usage_path(customer),
+        Some(APP_KEY),
+        &[("idempotency-key", key)],
+        Some(body),
+    )
+    .await
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_app_reads_the_account_in_one_call_and_spends_its_allowance_once_per_key(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_demo").await;
+    let state = api_state(&pool);
+
+    let account = call(
+        &state,
+        "GET",
+        "/v1/accounts/kinde/kc_demo",
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(account.status, StatusCode::OK, "{}", account.body);
+    let body = &account.body;
+    assert_eq!(body["customer_id"], "kc_demo");
+    assert_eq!(body["plan"], "pro");
+    assert_eq!(body["entitled"], true);
+    assert_eq!(
+        (
+            body["allowance"].as_i64(),
+            body["used"].as_i64(),
+            body["remaining"].as_i64()
+        ),
+        (Some(500), Some(0), Some(500))
+    );
+
+    let spent = debit(
+        &state,
+        "kc_demo",
+        "render-1",
+        json!({"amount": 3, "note": "report"}),
+    )
+    .await;
+    assert_eq!(spent.status, StatusCode::OK, "{}", spent.body);
+    assert_eq!(
+        (
+            spent.body["used"].as_i64(),
+            spent.body["remaining"].as_i64()
+        ),
+        (Some(3), Some(497))
+    );
+    assert_eq!(spent.body["replayed"], false);
+    assert!(!spent.replayed_header);
+
+    let again = debit(
+        &state,
+        "kc_demo",
+        "render-1",
+        json!({"amount": 3, "note": "report"}),
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(again.body["usage_id"], spent.body["usage_id"]);
+    assert_eq!(again.body["remaining"], 497);
+    assert_eq!(again.body["replayed"], true);
+    assert!(again.replayed_header);
+
+    let other = debit(
+        &state,
+        "kc_demo",
+        "render-1",
+        json!({"amount": 4, "note": "report"}),
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(other.body["code"], "idempotency_conflict");
+
+    let read = call(
+        &state,
+        "GET",
+        "/v1/accounts/kinde/kc_demo",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (read.body["used"].as_i64(), read.body["remaining"].as_i64()),
+        (Some(3), Some(497))
+    );
+    assert!(read.body["version"].as_i64() > account.body["version"].as_i64());
+
+    let listed = call(
+        &state,
+        "GET",
+        &usage_path("kc_demo"),
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
+    let lines = listed.body["usage"].as_array().unwrap();
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["idempotency_key"], "render-1");
+    assert_eq!(lines[0]["note"], "report");
+    assert_eq!(listed.body["next"], Value::Null);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_debit_past_the_allowance_is_refused_and_stays_refused_under_its_key(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_big").await;
+    let state = api_state(&pool);
+
+    let most = debit(&state, "kc_big", "k-most", json!({"amount": 498})).await;
+    assert_eq!(most.status, StatusCode::OK);
+    let refused = debit(&state, "kc_big", "k-more", json!({"amount": 3})).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.body);
+    assert_eq!(refused.body["code"], "allowance_exhausted");
+    assert_eq!(refused.body["remaining"], 2);
+
+    // The rest fits, under a new key; the refused key stays refused.
+    let rest = debit(&state, "kc_big", "k-rest", json!({"amount": 2})).await;
+    assert_eq!(rest.body["remaining"], 0);
+    let still = debit(&state, "kc_big", "k-more", json!({"amount": 3})).await;
+    assert_eq!(still.status, StatusCode::CONFLICT);
+    assert_eq!(still.body["code"], "allowance_exhausted");
+    assert!(still.replayed_header);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn sixty_four_concurrent_debits_of_ten_against_500_accept_exactly_fifty(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_rush").await;
+    // Eight function instances, each with its own connection, take the requests at once.
+    let states: Vec<ApiState> = (0..8).map(|_| api_state(&pool)).collect();
+    let answers = futures::future::join_all((0..64).map(|i| {
+        let state = &states[i % states.len()];
+        async move {
+            debit(
+                state,
+                "kc_rush",
+                &format!("rush-{i}"),
+                json!({"amount": 10}),
+            )
+            .await
+        }
+    }))
+    .await;
+
+    let accepted = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::OK)
+        .count();
+    let refused = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::CONFLICT && a.body["code"] == "allowance_exhausted")
+        .count();
+    assert_eq!((accepted, refused), (50, 14));
+    let read = call(
+        &states[0],
+        "GET",
+        "/v1/accounts/kinde/kc_rush",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (read.body["used"].as_i64(), read.body["remaining"].as_i64()),
+        (Some(500), Some(0))
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_same_key_sent_thirty_times_at_once_debits_once_and_answers_the_same(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_retry").await;
+    let states: Vec<ApiState> = (0..6).map(|_| api_state(&pool)).collect();
+    let answers = futures::future::join_all((0..30).map(|i| {
+        let state = &states[i % states.len()];
+        async move { debit(state, "kc_retry", "same-key", json!({"amount": 7})).await }
+    }))
+    .await;
+
+    assert!(answers.iter().all(|a| a.status == StatusCode::OK));
+    let first: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| a.body["replayed"] == false)
+        .collect();
+    assert_eq!(first.len(), 1, "one answer is the debit itself");
+    let strip = |a: &Answer| {
+        let mut body = a.body.clone();
+        body.as_object_mut().unwrap().remove("replayed");
+        body
+    };
+    assert!(answers.iter().all(|a| strip(a) == strip(first[0])));
+    let read = call(
+        &states[0],
+        "GET",
+        "/v1/accounts/kinde/kc_retry",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(read.body["used"], 7);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_request_without_a_listed_key_or_its_scope_is_refused(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_keys").await;
+    let state = api_state(&pool);
+    let path = "/v1/accounts/kinde/kc_keys";
+
+    for key in [None, Some("bik_not_a_listed_key"), Some("")] {
+        let answer = call(&state, "GET", path, key, &[], None).await;
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{key:?}");
+        assert_eq!(answer.body["code"], "unauthorized");
+    }
+    let basic = call(
+        &state,
+        "GET",
+        path,
+        None,
+        &[("authorization", "Basic YXBwOmtleQ==")],
+        None,
+    )
+    .await;
+    assert_eq!(basic.status, StatusCode::UNAUTHORIZED);
+
+    let reader = call(
+        &state,
+        "POST",
+        &usage_path("kc_keys"),
+        Some(READER_KEY),
+        &[("idempotency-key", "k1")],
+        Some(json!({"amount": 1})),
+    )
+    .await;
+    assert_eq!(reader.status, StatusCode::FORBIDDEN);
+    assert_eq!(reader.body["code"], "forbidden");
+    // Nothing was debited.
+    let read = call(&state, "GET", path, Some(READER_KEY), &[], None).await;
+    assert_eq!(read.body["used"], 0);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_bad_request_gets_its_own_code_and_debits_nothing(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_bad").await;
+    let state = api_state(&pool);
+    let path = usage_path("kc_bad");
+    let post = |headers: Vec<(&'static str, String)>, body: Value| {
+        let state = &state;
+        let path = path.clone();
+        async move {
+            let headers: Vec<(&str, &str)> =
+                headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            call(state, "POST", &path, Some(APP_KEY), &headers, Some(body)).await
+        }
+    };
+    let key = || vec![("idempotency-key", "k-bad".to_owned())];
+
+    let cases = [
+        (
+            post(vec![], json!({"amount": 1})).await,
+            400,
+            "missing_idempotency_key",
+        ),
+        (
+            post(
+                vec![("idempotency-key", "two words".into())],
+                json!({"amount": 1}),
+            )
+            .await,
+            400,
+            "bad_idempotency_key",
+        ),
+        (
+            post(
+                vec![("idempotency-key", "k".repeat(256))],
+                json!({"amount": 1}),
+            )
+            .await,
+            400,
+            "bad_idempotency_key",
+        ),
+        (post(key(), json!({"amount": 0})).await, 400, "bad_amount"),
+        (post(key(), json!({"amount": -5})).await, 400, "bad_amount"),
+        (post(key(), json!({"amount": 2.5})).await, 400, "bad_amount"),
+        (
+            post(key(), json!({"amount": 1, "period": "2999-01"})).await,
+            400,
+            "future_period",
+        ),
+        (
+            post(key(), json!({"amount": 1, "period": "Dec"})).await,
+            400,
+            "bad_period",
+        ),
+        (
+            post(key(), json!({"amount": 1, "cost": 3})).await,
+            400,
+            "bad_body",
+        ),
+        (
+            post(key(), json!({"amount": 1, "note": "x".repeat(5000)})).await,
+            413,
+            "payload_too_large",
+        ),
+    ];
+    for (answer, status, code) in &cases {
+        assert_eq!(
+            (answer.status.as_u16(), answer.body["code"].as_str()),
+            (*status, Some(*code)),
+            "{}",
+            answer.body
+        );
+    }
+
+    let unknown = call(
+        &state,
+        "GET",
+        "/v1/accounts/kinde/kc_nobody",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (unknown.status, unknown.body["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("unknown_customer"))
+    );
+    let nowhere = debit(&state, "kc_nobody", "k-x", json!({"amount": 1})).await;
+    assert_eq!(nowhere.body["code"], "unknown_customer");
+    let source = call(
+        &state,
+        "GET",
+        "/v1/accounts/paddle/kc_bad",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (source.status, source.body["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("unknown_source"))
+    );
+    let route = call(
+        &state,
+        "GET",
+        "/v1/customers/kc_bad",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(route.status, StatusCode::NOT_FOUND);
+    let method = call(
+        &state,
+        "DELETE",
+        "/v1/accounts/kinde/kc_bad",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(method.status, StatusCode::METHOD_NOT_ALLOWED);
+    let limit = call(
+        &state,
+        "GET",
+        &format!("{path}?limit=500"),
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(limit.body["code"], "bad_limit");
+    let connect = call(
+        &state,
+        "GET",
+        "/v1/accounts/kinde/kc_bad?stripe_account=acct_1",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(connect.body["code"], "bad_stripe_account");
+
+    let read = call(
+        &state,
+        "GET",
+        "/v1/accounts/kinde/kc_bad",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(read.body["used"], 0);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn usage_pages_follow_their_cursor_oldest_first(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_pages").await;
+    let state = api_state(&pool);
+    for i in 0..5 {
+        let answer = debit(
+            &state,
+            "kc_pages",
+            &format!("page-{i}"),
+            json!({"amount": i + 1}),
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::OK);
+    }
+    let mut keys = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let query = match &after {
+            Some(cursor) => format!("?limit=2&after={cursor}"),
+            None => "?limit=2".to_owned(),
+        };
+        let page = call(
+            &state,
+            "GET",
+            &format!("{}{query}", usage_path("kc_pages")),
+            Some(APP_KEY),
+            &[],
+            None,
+        )
+        .await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        assert_eq!(page.body["used"], 15);
+        for line in page.body["usage"].as_array().unwrap() {
+            keys.push(line["idempotency_key"].as_str().unwrap().to_owned());
+        }
+        match page.body["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(keys, ["page-0", "page-1", "page-2", "page-3", "page-4"]);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_connect_customer_is_read_by_its_provider_id_beside_its_account(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let mut event = stripe_event("evt_connect_1", "cus_shared", Utc::now().timestamp());
+    event["account"] = json!("acct_1Conn");
+    let (status, answer) = app.post("stripe", &stripe_delivery(&event)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    app.run_worker().await;
+    let state = api_state(&pool);
+
+    let read = call(
+        &state,
+        "GET",
+        "/v1/accounts/stripe/cus_shared?stripe_account=acct_1Conn",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(read.status, StatusCode::OK, "{}", read.body);
+    assert_eq!(read.body["customer_id"], "cus_shared");
+    assert_eq!(read.body["stripe_account"], "acct_1Conn");
+    assert_eq!(read.body["plan"], "pro");
+    // The platform's own cus_shared is another account, which has no events.
+    let platform = call(
+        &state,
+        "GET",
+        "/v1/accounts/stripe/cus_shared",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(platform.body["code"], "unknown_customer");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_deleted_customer_has_nothing_to_spend(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let now = Utc::now().timestamp();
+    app.post(
+        "stripe",
+        &stripe_delivery(&stripe_event("evt_del_1", "cus_gone", now - 60)),
+    )
+    .await;
+    // Stripe's customer.deleted carries the deleted customer object.
+    let deleted = json!({
+        "id": "evt_del_2", "object": "event", "api_version": "2024-06-20", "created": now,
+        "livemode": false, "pending_webhooks": 1,
+        "request": {"id": "req_del", "idempotency_key": null},
+        "type": "customer.deleted",
+        "data": {"object": {"id": "cus_gone", "object": "customer", "created": now - 600,
+                            "email": null, "livemode": false, "metadata": {}}}
+    });
+    app.post("stripe", &stripe_delivery(&deleted)).await;
+    app.run_worker().await;
+    let state = api_state(&pool);
+
+    let read = call(
+        &state,
+        "GET",
+        "/v1/accounts/stripe/cus_gone",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(read.status, StatusCode::OK, "{}", read.body);
+    assert_eq!(
+        (read.body["deleted"].as_bool(), read.body["plan"].as_str()),
+        (Some(true), Some("free"))
+    );
+    let spend = call(
+        &state,
+        "POST",
+        "/v1/accounts/stripe/cus_gone/usage",
+        Some(APP_KEY),
+        &[("idempotency-key", "after-delete")],
+        Some(json!({"amount": 1})),
+    )
+    .await;
+    assert_eq!(
+        (spend.status, spend.body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("customer_deleted"))
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_keys_can_live_in_a_secret_that_holds_only_their_hashes(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_secret").await;
+    let name = format!(
+        "billing-inbox/test/api-keys-{}",
+        uuid::Uuid::new_v4().simple()
+    );
+    shared::secrets::client()
+        .await
+        .create_secret()
+        .name(&name)
+        .secret_string(serde_json::to_string(&keys()).unwrap())
+        .send()
+        .await
+        .expect("the local server serves Secrets Manager (scripts/test starts it)");
+    let url = pool.connect_options().as_ref().clone();
+    let database_url = format!(
+        "postgres://postgres@127.0.0.1:{}/{}",
+        url.get_port(),
+        url.get_database().unwrap()
+    );
+    let env = |var: &str| {
+        match var {
+        "DATABASE_URL" => Some(database_url.clone()),
+        "INBOX_SOURCES" => Some(r#"[{"name":"kinde","kind":"kinde","jwks_url":"https://kinde.example/.well-known/jwks"}]"#.to_owned()),
+        "INBOX_PLANS" => Some(PLANS.to_owned()),
+        "INBOX_API_KEYS" => Some(json!({"secret_id": name}).to_string()),
+        _ => None,
+    }
+    };
+    let config = <shared::config::ApiConfig as shared::config::FromEnv>::from_lookup(env).unwrap();
+    let state = ApiState::from_config(&config).await.unwrap();
+
+    let read = call(
+        &state,
+        "GET",
+        "/v1/accounts/kinde/kc_secret",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(read.status, StatusCode::OK, "{}", read.body);
+    assert_eq!(read.body["plan"], "pro");
+
+    // A secret that holds something else stops the function at start, naming the secret.
+    let missing = json!({"secret_id": "billing-inbox/test/no-such-secret"}).to_string();
+    let env = |var: &str| match var {
+        "INBOX_API_KEYS" => Some(missing.clone()),
+        other => env(other),
+    };
+    let config = <shared::config::ApiConfig as shared::config::FromEnv>::from_lookup(env).unwrap();
+    let error = ApiState::from_config(&config)
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        error.contains("INBOX_API_KEYS") && error.contains("no-such-secret"),
+        "{error}"
+    );
+}
