@@ -16,7 +16,7 @@ use sqlx::PgPool;
 
 use crate::helpers::*;
 
-const APP_KEY: &str = "bik_test_app_key_with_read_and_usage";
+pub const APP_KEY: &str = "bik_test_app_key_with_read_and_usage";
 const READER_KEY: &str = "bik_test_reader_key_with_read_only";
 
 fn keys() -> Vec<KeyEntry> {
@@ -163,7 +163,7 @@ fn assert_valid(doc: &Value, pointer: &str, body: &Value) {
 }
 
 /// Puts `customer` on Kinde's pro plan now (500 this month), through intake and worker.
-async fn on_pro(app: &TestApp, customer: &str) {
+pub async fn on_pro(app: &TestApp, customer: &str) {
     let claims = json!({
         "type": "customer.plan_changed",
         "event_id": format!("ev_{customer}_pro"),
@@ -182,7 +182,7 @@ fn usage_path(customer: &str) -> String {
     format!("/v1/accounts/kinde/{customer}/usage")
 }
 
-async fn debit(state: &ApiState, customer: &str, key: &str, body: Value) -> Answer {
+pub async fn debit(state: &ApiState, customer: &str, key: &str, body: Value) -> Answer {
     call(
         state,
         "POST",

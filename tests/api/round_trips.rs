@@ -735,3 +735,30 @@ async fn an_ignored_event_about_an_account_is_one_round_trip(pool: PgPool) {
         .await;
     assert_eq!(logged, 11);
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_app_api_read_is_one_round_trip_and_a_debit_one_with_effects_off(pool: PgPool) {
+    use crate::app_api::{api_state, call, debit, on_pro, APP_KEY};
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_rt").await;
+    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
+    let state = api_state(&through(&pool, port));
+    let path = "/v1/accounts/kinde/kc_rt";
+    // The first requests open the connection and prepare the statements.
+    call(&state, "GET", path, Some(APP_KEY), &[], None).await;
+    debit(&state, "kc_rt", "rt-warm", serde_json::json!({"amount": 1})).await;
+    trips.take();
+
+    for n in 0..5 {
+        let read = call(&state, "GET", path, Some(APP_KEY), &[], None).await;
+        assert_eq!(read.status, StatusCode::OK);
+        assert_eq!(trips.take(), 1, "read {n}");
+        let spent = debit(&state, "kc_rt", &format!("rt-{n}"), serde_json::json!({"amount": 2})).await;
+        assert_eq!(spent.status, StatusCode::OK);
+        assert_eq!(trips.take(), 1, "debit {n}");
+    }
+    // A key sent again is answered from what it stored, in one round trip too.
+    let again = debit(&state, "kc_rt", "rt-0", serde_json::json!({"amount": 2})).await;
+    assert_eq!(again.body["replayed"], true);
+    assert_eq!(trips.take(), 1);
+}
