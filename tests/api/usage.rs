@@ -273,44 +273,73 @@ async fn a_key_reused_with_another_amount_period_or_note_is_a_conflict(pool: PgP
     assert_eq!(snapshot(&app, "kc_reuse").await.used, 5);
 }
 
+/// The Polar corpus's file `name`, as Polar sends it.
+fn polar(name: &str) -> Value {
+    crate::corpus::corpus("polar")
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("testdata/providers/polar/{name}.json"))
+        .1
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_debit_on_a_deleted_or_unknown_customer_is_refused_and_not_stored(pool: PgPool) {
-    let app = TestApp::spawn(pool).await;
-    let who = customer("kc_nobody");
+    let mut app = TestApp::spawn(pool).await;
+    app.worker.catalog = shared::billing::Catalog::parse(crate::corpus::CORPUS_PLANS).unwrap();
+    let nobody = customer("kc_nobody");
     assert_eq!(
-        debit(&app.pool, &request(&who, "req_1", 1)).await.debit,
+        debit(&app.pool, &request(&nobody, "req_1", 1)).await.debit,
         Debit::UnknownCustomer
     );
-    granted(&app, "k_pro", "kc_gone", "pro", "2026-03-01T00:00:00Z").await;
-    let gone = customer("kc_gone");
-    let before = debit(&app.pool, &request(&gone, "req_before", 1)).await;
-    assert!(matches!(before.debit, Debit::Accepted { .. }));
-    sqlx::query(
-        "UPDATE accounts SET deleted_at = '2026-03-02T00:00:00Z' WHERE customer_id = 'kc_gone'",
+    // Polar's subscription.active of 2025-12 grants that month's allowance.
+    let id = "c1a124cb-d614-4eeb-91b9-1802cb91d276";
+    let mut deleted = polar("customer.deleted");
+    deleted["data"]["id"] = id.into();
+    deleted["data"]["external_id"] = Value::Null;
+    app.post(
+        "polar",
+        &polar_delivery("msg_active", &polar("subscription.active")),
     )
-    .execute(&app.pool)
-    .await
-    .unwrap();
+    .await;
+    app.run_worker().await;
+    let gone = customer(id);
+    let december = Period::parse("2025-12").unwrap();
+    let in_polar = |key: &'static str| DebitRequest {
+        source: "polar",
+        period: december.clone(),
+        ..request(&gone, key, 1)
+    };
+    let before = debit(&app.pool, &in_polar("req_before")).await;
+    assert!(
+        matches!(before.debit, Debit::Accepted { used: 1, .. }),
+        "{before:?}"
+    );
+    app.post("polar", &polar_delivery("msg_deleted", &deleted))
+        .await;
+    app.run_worker().await;
     assert_eq!(
-        debit(&app.pool, &request(&gone, "req_after", 1))
-            .await
-            .debit,
+        debit(&app.pool, &in_polar("req_after")).await.debit,
         Debit::CustomerDeleted
     );
-    let replay = debit(&app.pool, &request(&gone, "req_before", 1)).await;
+    let replay = debit(&app.pool, &in_polar("req_before")).await;
     assert!(
         matches!(replay.debit, Debit::Accepted { replayed: true, .. }),
         "a key decided before the deletion keeps its answer"
     );
-    let account = snapshot(&app, "kc_gone").await;
+    let mut conn = app.pool.acquire().await.unwrap();
+    let account = account::snapshot(&mut conn, "polar", &gone, &december, &app.worker.catalog)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (
+            account.plan.as_str(),
             account.deleted,
             account.allowance,
             account.used,
             account.remaining
         ),
-        (true, 0, 1, 0)
+        ("free", true, 0, 1, 0)
     );
     assert_eq!(app.count("SELECT count(*) FROM usage_debits").await, 1);
 }
