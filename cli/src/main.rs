@@ -15,6 +15,7 @@ mod listen;
 mod scenario;
 mod send;
 mod show;
+mod usage;
 
 use std::process::ExitCode;
 
@@ -107,6 +108,8 @@ enum Command {
     Listen(listen::ListenArgs),
     /// Keys for the app API: `api-key new --name app --scopes read,usage`.
     ApiKey(api_key::ApiKeyArgs),
+    /// A period's usage of the allowance (`usage <customer>`), or spend it (`usage record`).
+    Usage(usage::UsageArgs),
 }
 
 #[tokio::main]
@@ -132,12 +135,21 @@ async fn main() -> ExitCode {
     match run(&cli, &counter).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // A debit answered but not accepted says which answer, in JSON and exit code.
+            let refused = e.downcast_ref::<usage::Refused>();
             if cli.json {
-                out!("{}", json!({"error": format!("{e:#}")}));
+                let mut error = json!({"error": format!("{e:#}")});
+                if let Some(r) = refused {
+                    error["code"] = json!(r.code);
+                    if let Some(remaining) = r.remaining {
+                        error["remaining"] = json!(remaining);
+                    }
+                }
+                out!("{error}");
             } else {
                 eprintln!("error: {e:#}");
             }
-            ExitCode::FAILURE
+            refused.map_or(ExitCode::FAILURE, |r| ExitCode::from(r.exit))
         }
     }
 }
@@ -214,6 +226,7 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
             bench::run(args, server, counter, cli.json).await
         }
         Command::Scenario(args) => scenario::run(args, &connect(cli).await?, cli.json).await,
+        Command::Usage(args) => usage::run(args, &connect(cli).await?, cli.json).await,
     }
 }
 

@@ -26,12 +26,33 @@ pub(crate) fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
 }
 
 /// `YYYY-MM`, checked; the current UTC month by default.
-fn parse_period(raw: Option<&str>) -> anyhow::Result<Period> {
+pub(crate) fn parse_period(raw: Option<&str>) -> anyhow::Result<Period> {
     match raw {
         None => Ok(Period::current()),
         Some(p) => {
             Period::parse(p).map_err(|_| anyhow::anyhow!("--period must be YYYY-MM, got '{p}'"))
         }
+    }
+}
+
+/// The source named, or the one source in which the customer has an account; `None` when
+/// it has none, an error when it has several and none was named.
+pub(crate) async fn resolve_source(
+    conn: &mut sqlx::PgConnection,
+    customer: &CustomerId,
+    source: Option<&str>,
+) -> anyhow::Result<Option<String>> {
+    if let Some(source) = source {
+        return Ok(Some(source.to_owned()));
+    }
+    let sources = shared::billing::account::account_sources(conn, customer).await?;
+    match sources.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some(one.clone())),
+        many => anyhow::bail!(
+            "customer '{customer}' has accounts in several sources ({}); pass --source",
+            many.join(", ")
+        ),
     }
 }
 
@@ -59,21 +80,9 @@ pub async fn account(
     let customer_id = CustomerId::parse(customer)
         .map_err(|e| anyhow::anyhow!("customer id '{customer}': {e}"))?;
     let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
-    let source = match source {
-        Some(s) => s.to_owned(),
-        None => {
-            let sources =
-                shared::billing::account::account_sources(&mut conn, &customer_id).await?;
-            match sources.as_slice() {
-                [] => anyhow::bail!("no account for customer '{customer}'"),
-                [one] => one.clone(),
-                many => anyhow::bail!(
-                    "customer '{customer}' has accounts in several sources ({}); pass --source",
-                    many.join(", ")
-                ),
-            }
-        }
-    };
+    let source = resolve_source(&mut conn, &customer_id, source)
+        .await?
+        .with_context(|| format!("no account for customer '{customer}'"))?;
     let view = shared::billing::account::load_with_log(
         &mut conn,
         &source,
@@ -107,7 +116,13 @@ pub async fn account(
             }
         );
     }
-    out!("balance   {} for {}", view.balance, view.period);
+    out!(
+        "balance   {} for {}: {} used, {} remaining",
+        view.balance,
+        view.period,
+        view.used,
+        view.remaining
+    );
     if !view.subscriptions.is_empty() {
         let mut t = table(&["subscription", "status", "plan"]);
         for s in &view.subscriptions {

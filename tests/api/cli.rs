@@ -599,3 +599,170 @@ async fn the_bench_reports_every_figure_and_leaves_no_database_behind() {
         );
     }
 }
+
+/// `inboxctl --json` with the test's database, and its exit code and parsed stdout.
+fn json_of(url: &str, args: &[&str]) -> (Option<i32>, Value) {
+    let (output, stdout, stderr) =
+        run(inboxctl().args(args).arg("--json").env("DATABASE_URL", url));
+    let value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout} {stderr}"));
+    (output.status.code(), value)
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn usage_record_spends_once_per_key_and_usage_and_account_show_it(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    upgraded_customer(&app).await;
+    let url = database_url(&app.pool).await;
+    let record = [
+        "usage", "record", "kc_cli", "3", "--key", "req_a", "--period", "2026-03",
+    ];
+
+    let (code, first) = json_of(&url, &record);
+    assert_eq!(code, Some(0), "{first}");
+    assert_eq!(
+        (
+            &first["amount"],
+            &first["period"],
+            &first["used"],
+            &first["remaining"],
+            &first["replayed"]
+        ),
+        (
+            &json!(3),
+            &json!("2026-03"),
+            &json!(3),
+            &json!(497),
+            &json!(false)
+        )
+    );
+    assert!(first["usage_id"].as_str().unwrap().starts_with("use_"));
+    let (code, again) = json_of(&url, &record);
+    assert_eq!(code, Some(0));
+    assert_eq!(again["usage_id"], first["usage_id"]);
+    assert_eq!(again["replayed"], true);
+
+    let (output, stdout, stderr) = run(inboxctl()
+        .args(["usage", "kc_cli", "--period", "2026-03"])
+        .env("DATABASE_URL", &url));
+    assert!(output.status.success(), "{stderr}");
+    assert!(stdout.contains("3 used of 500, 497 remaining"), "{stdout}");
+    assert!(stdout.contains("req_a"), "{stdout}");
+    let (code, page) = json_of(&url, &["usage", "kc_cli", "--period", "2026-03"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        (
+            &page["allowance"],
+            &page["used"],
+            &page["remaining"],
+            &page["next"]
+        ),
+        (&json!(500), &json!(3), &json!(497), &Value::Null)
+    );
+    assert_eq!(page["usage"][0]["idempotency_key"], "req_a");
+
+    let (code, account) = json_of(&url, &["account", "kc_cli", "--period", "2026-03"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        (&account["balance"], &account["used"], &account["remaining"]),
+        (&json!(500), &json!(3), &json!(497))
+    );
+    let (_, text, _) = run(inboxctl()
+        .args(["account", "kc_cli", "--period", "2026-03"])
+        .env("DATABASE_URL", &url));
+    assert!(
+        text.contains("balance   500 for 2026-03: 3 used, 497 remaining"),
+        "{text}"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn usage_record_refusals_exit_with_their_own_codes(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    upgraded_customer(&app).await;
+    let url = database_url(&app.pool).await;
+    let (code, _) = json_of(
+        &url,
+        &[
+            "usage", "record", "kc_cli", "10", "--key", "k1", "--period", "2026-03",
+        ],
+    );
+    assert_eq!(code, Some(0));
+
+    let (code, exhausted) = json_of(
+        &url,
+        &[
+            "usage", "record", "kc_cli", "600", "--key", "k2", "--period", "2026-03",
+        ],
+    );
+    assert_eq!(code, Some(3));
+    assert_eq!(exhausted["code"], "allowance_exhausted");
+    assert_eq!(exhausted["remaining"], 490);
+    let (output, _, stderr) = run(inboxctl()
+        .args([
+            "usage", "record", "kc_cli", "600", "--key", "k2", "--period", "2026-03",
+        ])
+        .env("DATABASE_URL", &url));
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "a refusal is stable under its key"
+    );
+    assert!(
+        stderr.contains("600 is more than the 490 remaining"),
+        "{stderr}"
+    );
+
+    let (code, conflict) = json_of(
+        &url,
+        &[
+            "usage", "record", "kc_cli", "11", "--key", "k1", "--period", "2026-03",
+        ],
+    );
+    assert_eq!(code, Some(4));
+    assert_eq!(conflict["code"], "idempotency_conflict");
+
+    let (code, unknown) = json_of(&url, &["usage", "record", "nobody", "1", "--key", "k1"]);
+    assert_eq!(code, Some(6));
+    assert_eq!(unknown["code"], "unknown_customer");
+    let (code, unknown) = json_of(&url, &["usage", "nobody", "--source", "kinde"]);
+    assert_eq!(code, Some(6));
+    assert_eq!(unknown["code"], "unknown_customer");
+
+    // Polar's customer.deleted leaves a tombstone that spends nothing.
+    let deleted = crate::corpus::corpus("polar")
+        .into_iter()
+        .find(|(n, _)| n == "customer.deleted")
+        .unwrap()
+        .1;
+    let gone = deleted["data"]["id"].as_str().unwrap().to_owned();
+    app.post("polar", &polar_delivery("msg_deleted", &deleted))
+        .await;
+    app.run_worker().await;
+    let (code, refused) = json_of(&url, &["usage", "record", &gone, "1", "--key", "k1"]);
+    assert_eq!(code, Some(5), "{refused}");
+    assert_eq!(refused["code"], "customer_deleted");
+
+    for (args, words) in [
+        (
+            vec!["usage", "record", "kc_cli", "0", "--key", "k"],
+            "at least 1",
+        ),
+        (
+            vec!["usage", "record", "kc_cli", "1", "--key", "a b"],
+            "visible ASCII",
+        ),
+        (
+            vec!["usage", "kc_cli", "--period", "2026-13"],
+            "--period must be YYYY-MM",
+        ),
+    ] {
+        let (output, _, stderr) = run(inboxctl().args(&args).env("DATABASE_URL", &url));
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        assert!(stderr.contains(words), "{args:?}: {stderr}");
+    }
+    let (output, _, _) = run(inboxctl()
+        .args(["usage", "record", "kc_cli", "1"])
+        .env("DATABASE_URL", &url));
+    assert_eq!(output.status.code(), Some(2), "--key is required");
+}

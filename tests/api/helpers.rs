@@ -255,7 +255,8 @@ pub struct EffectRow {
     pub source: String,
     pub customer_id: String,
     pub sequence: i64,
-    pub event_id: i64,
+    /// `None` for an effect a debit told.
+    pub event_id: Option<i64>,
     pub status: String,
     pub enqueued_at: Option<chrono::DateTime<Utc>>,
     pub body: Value,

@@ -22,4 +22,5 @@ mod secrets;
 mod sim;
 mod sqs_calls;
 mod traffic;
+mod usage;
 mod worker_faults;

@@ -161,7 +161,7 @@ async fn nine_deliveries_end_on_pro_with_the_allowance_granted_once(pool: PgPool
         .effects()
         .await
         .into_iter()
-        .filter(|e| e.event_id != start_id)
+        .filter(|e| e.event_id != Some(start_id))
         .map(|e| (e.kind, e.body["data"].clone()))
         .collect();
     let kinds: Vec<&str> = told.keys().map(String::as_str).collect();

@@ -1,0 +1,281 @@
+//! `inboxctl usage`: a period's usage of an account, and `usage record`, a debit of its
+//! allowance (docs/design.md §4.8), through the library the API uses.
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use serde_json::json;
+use sqlx::PgPool;
+
+use shared::billing::usage::{self, Debit, DebitRequest};
+use shared::config::Env;
+use shared::domain::CustomerId;
+
+use crate::show::{opt, parse_period, print_json, resolve_source, table};
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct UsageArgs {
+    #[command(subcommand)]
+    command: Option<UsageCommand>,
+    /// The customer whose usage to list.
+    #[arg(required = true)]
+    customer_id: Option<String>,
+    #[command(flatten)]
+    account: AccountArgs,
+    /// How many debits to show (a page; `--after` the last one shown for the next).
+    #[arg(long, default_value_t = 100)]
+    limit: i64,
+    /// Show the debits after this usage id (the page's `next`).
+    #[arg(long)]
+    after: Option<String>,
+}
+
+#[derive(Args)]
+struct AccountArgs {
+    /// The source the customer belongs to (needed when several have that id).
+    #[arg(long)]
+    source: Option<String>,
+    /// The period, YYYY-MM (default: the current UTC month).
+    #[arg(long)]
+    period: Option<String>,
+    /// The Stripe connected account (acct_…) the customer belongs to.
+    #[arg(long)]
+    stripe_account: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum UsageCommand {
+    /// Spend AMOUNT of the period's allowance, once per --key. Exit codes: 3 allowance
+    /// exhausted, 4 the key was used with another amount, period or note, 5 customer
+    /// deleted, 6 unknown customer.
+    Record {
+        customer_id: String,
+        amount: i64,
+        /// The idempotency key: the same key always gets the same answer.
+        #[arg(long)]
+        key: String,
+        #[arg(long)]
+        note: Option<String>,
+        #[command(flatten)]
+        account: AccountArgs,
+    },
+}
+
+/// A debit that was answered but not accepted: its code for `--json` and its exit code.
+#[derive(Debug, thiserror::Error)]
+#[error("{detail}")]
+pub struct Refused {
+    pub code: &'static str,
+    pub detail: String,
+    pub remaining: Option<i64>,
+    pub exit: u8,
+}
+
+fn unknown(customer: &CustomerId, source: Option<&str>) -> Refused {
+    let detail = match source {
+        Some(source) => format!("no account for customer '{customer}' in source '{source}'"),
+        None => format!("no account for customer '{customer}'"),
+    };
+    Refused {
+        code: "unknown_customer",
+        detail,
+        remaining: None,
+        exit: 6,
+    }
+}
+
+pub async fn run(args: &UsageArgs, pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
+    match &args.command {
+        Some(UsageCommand::Record {
+            customer_id,
+            amount,
+            key,
+            note,
+            account,
+        }) => {
+            record(
+                pool,
+                customer_id,
+                *amount,
+                key,
+                note.as_deref(),
+                account,
+                json_output,
+            )
+            .await
+        }
+        None => {
+            let customer_id = args.customer_id.as_deref().context("name a customer")?;
+            list(pool, customer_id, args, json_output).await
+        }
+    }
+}
+
+fn customer_of(customer_id: &str, account: &AccountArgs) -> anyhow::Result<CustomerId> {
+    let raw = match &account.stripe_account {
+        Some(acct) => shared::providers::stripe::connected_customer(acct, customer_id),
+        None => customer_id.to_owned(),
+    };
+    CustomerId::parse(&raw).map_err(|e| anyhow::anyhow!("customer id '{raw}': {e}"))
+}
+
+async fn list(
+    pool: &PgPool,
+    customer_id: &str,
+    args: &UsageArgs,
+    json_output: bool,
+) -> anyhow::Result<()> {
+    if args.limit < 1 {
+        anyhow::bail!("--limit must be at least 1, got {}", args.limit);
+    }
+    let period = parse_period(args.account.period.as_deref())?;
+    let customer = customer_of(customer_id, &args.account)?;
+    let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
+    let source = resolve_source(&mut conn, &customer, args.account.source.as_deref()).await?;
+    let page = match &source {
+        Some(source) => {
+            usage::list(
+                &mut conn,
+                source,
+                &customer,
+                &period,
+                args.limit,
+                args.after.as_deref(),
+            )
+            .await?
+        }
+        None => None,
+    };
+    let (Some(source), Some(page)) = (source, page) else {
+        return Err(unknown(&customer, args.account.source.as_deref()).into());
+    };
+    if json_output {
+        return print_json(&page);
+    }
+    out!(
+        "usage of {customer} ({source}) for {}: {} used of {}, {} remaining",
+        page.period,
+        page.used,
+        page.allowance,
+        page.remaining
+    );
+    if !page.usage.is_empty() {
+        let mut t = table(&["usage", "amount", "key", "note", "recorded"]);
+        for line in &page.usage {
+            t.add_row(vec![
+                line.usage_id.clone(),
+                line.amount.to_string(),
+                line.idempotency_key.clone(),
+                opt(&line.note),
+                line.recorded_at.to_rfc3339(),
+            ]);
+        }
+        out!("{t}");
+    }
+    if let Some(next) = &page.next {
+        out!("more: --after {next}");
+    }
+    Ok(())
+}
+
+async fn record(
+    pool: &PgPool,
+    customer_id: &str,
+    amount: i64,
+    key: &str,
+    note: Option<&str>,
+    account: &AccountArgs,
+    json_output: bool,
+) -> anyhow::Result<()> {
+    if amount < 1 {
+        anyhow::bail!("the amount must be a whole number of at least 1, got {amount}");
+    }
+    if key.is_empty() || key.len() > 255 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        anyhow::bail!("--key must be 1 to 255 visible ASCII characters");
+    }
+    let period = parse_period(account.period.as_deref())?;
+    let customer = customer_of(customer_id, account)?;
+    let env = Env::process();
+    let catalog = env.plans_or_empty()?;
+    let effects = env.effects()?;
+    let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
+    let Some(source) = resolve_source(&mut conn, &customer, account.source.as_deref()).await?
+    else {
+        return Err(unknown(&customer, None).into());
+    };
+    let request = DebitRequest {
+        source: &source,
+        customer: &customer,
+        key,
+        amount,
+        period,
+        note,
+        effects: effects.as_ref().map(|_| &catalog),
+    };
+    let debited = usage::debit(&mut conn, &request).await?;
+    drop(conn);
+    if let (Some(told), Some(effects)) = (&debited.told, &effects) {
+        // What the queue refuses, the scheduler's rescue sends.
+        let queue = shared::queue::Queue::from_env(effects.queue_url.clone()).await;
+        shared::effects::outbox::enqueue_or_unmark(pool, &queue, std::slice::from_ref(told))
+            .await?;
+    }
+    let who = format!("customer '{customer}' in source '{source}'");
+    let refused = |code, exit, remaining: Option<i64>, detail: String| Refused {
+        code,
+        detail,
+        remaining,
+        exit,
+    };
+    match debited.debit {
+        Debit::Accepted {
+            usage_id,
+            amount,
+            period,
+            used,
+            remaining,
+            replayed,
+        } => {
+            if json_output {
+                return print_json(&json!({
+                    "usage_id": usage_id, "amount": amount, "period": period.as_str(),
+                    "used": used, "remaining": remaining, "replayed": replayed,
+                }));
+            }
+            out!(
+                "{usage_id}: {amount} recorded for {period}; {used} used, {remaining} remaining{}",
+                if replayed {
+                    " (replayed: this key was recorded before)"
+                } else {
+                    ""
+                }
+            );
+            Ok(())
+        }
+        Debit::Exhausted { remaining, .. } => Err(refused(
+            "allowance_exhausted",
+            3,
+            Some(remaining),
+            format!(
+                "refused: {amount} is more than the {remaining} remaining for {who} in {}",
+                request.period
+            ),
+        )
+        .into()),
+        Debit::KeyConflict => Err(refused(
+            "idempotency_conflict",
+            4,
+            None,
+            format!("refused: key '{key}' was used for {who} with another amount, period or note"),
+        )
+        .into()),
+        Debit::CustomerDeleted => Err(refused(
+            "customer_deleted",
+            5,
+            None,
+            format!("refused: {who} is deleted"),
+        )
+        .into()),
+        Debit::UnknownCustomer => Err(unknown(&customer, Some(&source)).into()),
+    }
+}
