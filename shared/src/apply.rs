@@ -19,7 +19,7 @@ use crate::domain::{EventStatus, Period, SourceKind};
 use crate::effects::{self, Cause, NewEffect};
 use crate::inbox::commit::{self, Committed};
 use crate::inbox::lease::{self, Claimed};
-use crate::providers::{self, Api, Reads};
+use crate::providers::{self, Api, Reads, Shown};
 use crate::sim::{self, Bug, Injected, Point};
 
 /// What applying an event needs of the worker: its sources, the plan catalog, whether
@@ -413,6 +413,7 @@ async fn settle(
                 id,
                 status,
                 plan,
+                ends,
                 rank,
             } => {
                 let tie = registers
@@ -425,13 +426,19 @@ async fn settle(
                 };
                 let (tie_id, tie_status) = (tie.event_id, &tie.value.status);
                 let plan_key = plan.as_ref().map(|p| p.key.as_str());
+                let this = (status.as_str(), plan_key, &*ends);
+                let tied = (
+                    tie_status.as_str(),
+                    tie.value.plan_key.as_deref(),
+                    &tie.value.ends,
+                );
                 notes.push(match reads.subscription(ctx.customer, id).await {
-                    Ok(Some(now)) if now.shows(status, plan_key) => {
+                    Ok(Some(now)) if now.settles(this, tied) == Shown::This => {
                         // the read's time: a state confirmed later outranks one confirmed earlier
                         *rank = Rank::confirmed(chrono::Utc::now());
                         format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {status}")
                     }
-                    Ok(Some(now)) if now.shows(tie_status, tie.value.plan_key.as_deref()) => {
+                    Ok(Some(now)) if now.settles(this, tied) == Shown::Tie => {
                         *rank = Rank::REFUTED;
                         format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {tie_status}")
                     }

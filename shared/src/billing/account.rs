@@ -14,6 +14,12 @@ pub struct SubscriptionView {
     pub id: String,
     pub status: String,
     pub plan: Option<String>,
+    /// Its ends (docs/design.md §4.4), as the winning event's object says.
+    pub current_period_end: Option<DateTime<Utc>>,
+    pub cancel_at_period_end: bool,
+    pub cancel_at: Option<DateTime<Utc>>,
+    pub trial_end: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -104,7 +110,8 @@ pub async fn load_with_log(
     .unwrap_or(false);
     let subscriptions: Vec<SubscriptionView> = sqlx::query_as!(
         SubscriptionView,
-        r#"SELECT subscription_id AS id, status, plan FROM subscriptions
+        r#"SELECT subscription_id AS id, status, plan, current_period_end, cancel_at_period_end,
+                  cancel_at, trial_end, ended_at FROM subscriptions
            WHERE source = $1 AND customer_id = $2 ORDER BY subscription_id"#,
         source,
         customer

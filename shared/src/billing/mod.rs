@@ -13,6 +13,6 @@ pub mod rules;
 pub use catalog::{Catalog, Plan, PlanRef};
 pub use model::{
     derive_plan, outcome, status_entitles, AccountState, Change, Decided, Decision, Effect,
-    EventContext, Fact, PaymentStatus, Problem, Rank, Resolved, SubscriptionState, Version,
-    Written, FREE,
+    EventContext, Fact, PaymentStatus, Problem, Rank, Resolved, SubscriptionEnds,
+    SubscriptionState, Version, Written, FREE,
 };
