@@ -387,6 +387,10 @@ impl SubscriptionEnds {
             (true, false) => words.push("no longer cancels at period end".to_owned()),
             _ => {}
         }
+        // A cancellation at period end sets the cancellation time to the period end, and its
+        // withdrawal clears it: the flag's words say both.
+        let follows_flag = before.cancel_at_period_end != self.cancel_at_period_end
+            && (self.cancel_at.is_none() || self.cancel_at == self.current_period_end);
         let dates = [
             (
                 "period ends",
@@ -398,7 +402,7 @@ impl SubscriptionEnds {
             ("ended", &before.ended_at, &self.ended_at),
         ];
         for (what, was, now) in dates {
-            if was != now {
+            if was != now && !(what == "cancels on" && follows_flag) {
                 words.push(format!("{what} {} (was {})", day(now), day(was)));
             }
         }
@@ -607,6 +611,23 @@ mod tests {
         };
         assert_eq!(running.words(), "until 2026-12-31");
         assert_eq!(scheduled.changes_from(&running), "cancels at period end");
+        let scheduled_on = SubscriptionEnds {
+            cancel_at: scheduled.current_period_end,
+            ..scheduled.clone()
+        };
+        assert_eq!(scheduled_on.changes_from(&running), "cancels at period end");
+        assert_eq!(
+            running.changes_from(&scheduled_on),
+            "no longer cancels at period end"
+        );
+        let on_a_date = SubscriptionEnds {
+            cancel_at: day(15),
+            ..running.clone()
+        };
+        assert_eq!(
+            on_a_date.changes_from(&running),
+            "cancels on 2026-12-15 (was none)"
+        );
         assert_eq!(
             running.changes_from(&scheduled),
             "no longer cancels at period end"
