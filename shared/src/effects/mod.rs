@@ -42,6 +42,13 @@ impl Kind {
         }
     }
 
+    /// Whether the kind carries a state (docs/effects.md, "Order"): an app may apply it
+    /// latest-`sequence`-wins. The others are facts, applied once each by id, never dropped
+    /// for an older sequence: retries reorder them.
+    pub fn carries_state(self) -> bool {
+        matches!(self, Kind::PlanChanged | Kind::SubscriptionUpdated)
+    }
+
     fn of_payment(status: PaymentStatus) -> Kind {
         match status {
             PaymentStatus::Paid => Kind::PaymentSucceeded,
@@ -49,6 +56,14 @@ impl Kind {
             PaymentStatus::Refunded => Kind::PaymentRefunded,
         }
     }
+}
+
+/// Whether an effect's `type` carries a state, as an app reads it: a kind it does not know is
+/// a fact (kinds are added; a fact dropped is lost, a state applied once more is not).
+pub fn type_carries_state(effect_type: &str) -> bool {
+    [Kind::PlanChanged, Kind::SubscriptionUpdated]
+        .iter()
+        .any(|k| k.as_str() == effect_type)
 }
 
 /// The event whose writes caused the effects.
