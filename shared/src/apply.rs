@@ -13,7 +13,9 @@ use sqlx::{Connection, PgConnection};
 
 use crate::billing::registers;
 use crate::billing::rules::{Registers, Stamp};
-use crate::billing::{outcome, Catalog, Change, Decision, Effect, EventContext, Rank, Version};
+use crate::billing::{
+    outcome, Catalog, Change, Decision, Effect, EventContext, Rank, SubscriptionEnds, Version,
+};
 use crate::config::SourceConfig;
 use crate::domain::{EventStatus, Period, SourceKind};
 use crate::effects::{self, Cause, NewEffect};
@@ -432,15 +434,22 @@ async fn settle(
                     tie.value.plan_key.as_deref(),
                     &tie.value.ends,
                 );
+                // Two states of one status differ in their ends: the words say which.
+                let state = |status: &str, ends: &SubscriptionEnds| match ends.words() {
+                    words if tie_status == status && !words.is_empty() => {
+                        format!("{status} ({words})")
+                    }
+                    _ => status.to_owned(),
+                };
                 notes.push(match reads.subscription(ctx.customer, id).await {
                     Ok(Some(now)) if now.settles(this, tied) == Shown::This => {
                         // the read's time: a state confirmed later outranks one confirmed earlier
                         *rank = Rank::confirmed(chrono::Utc::now());
-                        format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {status}")
+                        format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {}", state(status, ends))
                     }
                     Ok(Some(now)) if now.settles(this, tied) == Shown::Tie => {
                         *rank = Rank::REFUTED;
-                        format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {tie_status}")
+                        format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {}", state(tie_status, &tie.value.ends))
                     }
                     Ok(Some(now)) => format!(
                         "same-second tie with event {tie_id}: the provider shows {id} as {} now, neither state; resolved by status rank",

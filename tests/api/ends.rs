@@ -302,3 +302,54 @@ async fn polar_cancel_and_uncancel_are_applied_told_and_a_late_cancel_is_ignored
     assert_eq!(register(&app, &sub).await["cancel_at_period_end"], false);
     assert_eq!(told(&app).await.len(), 3);
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_provider_read_settles_a_same_second_tie_that_differs_only_in_the_ends(pool: PgPool) {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let mut app = app_with_effects(pool).await;
+    let api = MockServer::start().await;
+    let active = stripe_active("basil");
+    // Scheduled and withdrawn within one second; the provider shows it withdrawn. The
+    // scheduling event's id sorts last, so the dedupe key alone would keep it.
+    let pair = |n: usize| {
+        let mut base = active.clone();
+        base["data"]["object"]["id"] = json!(format!("sub_1BasilTie{n}"));
+        base["data"]["object"]["customer"] = json!(format!("cus_BasilTie{n}"));
+        let scheduled = stripe_cancel_at_period_end(&base, &format!("evt_1Z{n}"), 60, true);
+        let withdrawn = stripe_cancel_at_period_end(&base, &format!("evt_1A{n}"), 60, false);
+        (base, scheduled, withdrawn)
+    };
+    for n in 0..2 {
+        let (_, _, withdrawn) = pair(n);
+        Mock::given(method("GET"))
+            .and(path(format!("/v1/subscriptions/sub_1BasilTie{n}")))
+            .respond_with(ResponseTemplate::new(200).set_body_json(&withdrawn["data"]["object"]))
+            .mount(&api)
+            .await;
+    }
+    crate::traffic::with_stripe_api(&mut app.worker, &api);
+    for n in 0..2 {
+        let (_, scheduled, withdrawn) = pair(n);
+        let order = match n {
+            0 => [&scheduled, &withdrawn],
+            _ => [&withdrawn, &scheduled],
+        };
+        let mut reasons = Vec::new();
+        for event in order {
+            reasons.push(deliver_stripe(&app, event).await.reason.unwrap_or_default());
+        }
+        let held = register(&app, &format!("sub_1BasilTie{n}")).await;
+        assert_eq!(
+            held["cancel_at_period_end"], false,
+            "order {n}: the state the provider shows: {reasons:?}"
+        );
+        assert!(
+            reasons[1].ends_with(&format!(
+                "resolved by a provider read: sub_1BasilTie{n} is active (until 2026-01-01)"
+            )),
+            "order {n}: {reasons:?}"
+        );
+    }
+}
