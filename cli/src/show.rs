@@ -124,9 +124,22 @@ pub async fn account(
         view.remaining
     );
     if !view.subscriptions.is_empty() {
-        let mut t = table(&["subscription", "status", "plan"]);
+        let mut t = table(&["subscription", "status", "plan", "ends"]);
         for s in &view.subscriptions {
-            t.add_row(vec![s.id.clone(), s.status.clone(), opt(&s.plan)]);
+            // "pro until 2026-12-31, cancels at period end"
+            let ends = shared::billing::SubscriptionEnds {
+                current_period_end: s.current_period_end,
+                cancel_at_period_end: s.cancel_at_period_end,
+                cancel_at: s.cancel_at,
+                trial_end: s.trial_end,
+                ended_at: s.ended_at,
+            };
+            t.add_row(vec![
+                s.id.clone(),
+                s.status.clone(),
+                opt(&s.plan),
+                ends.words(),
+            ]);
         }
         out!("{t}");
     }

@@ -13,13 +13,15 @@ use sqlx::{Connection, PgConnection};
 
 use crate::billing::registers;
 use crate::billing::rules::{Registers, Stamp};
-use crate::billing::{outcome, Catalog, Change, Decision, Effect, EventContext, Rank, Version};
+use crate::billing::{
+    outcome, Catalog, Change, Decision, Effect, EventContext, Rank, SubscriptionEnds, Version,
+};
 use crate::config::SourceConfig;
 use crate::domain::{EventStatus, Period, SourceKind};
 use crate::effects::{self, Cause, NewEffect};
 use crate::inbox::commit::{self, Committed};
 use crate::inbox::lease::{self, Claimed};
-use crate::providers::{self, Api, Reads};
+use crate::providers::{self, Api, Reads, Shown};
 use crate::sim::{self, Bug, Injected, Point};
 
 /// What applying an event needs of the worker: its sources, the plan catalog, whether
@@ -413,6 +415,7 @@ async fn settle(
                 id,
                 status,
                 plan,
+                ends,
                 rank,
             } => {
                 let tie = registers
@@ -425,15 +428,28 @@ async fn settle(
                 };
                 let (tie_id, tie_status) = (tie.event_id, &tie.value.status);
                 let plan_key = plan.as_ref().map(|p| p.key.as_str());
+                let this = (status.as_str(), plan_key, &*ends);
+                let tied = (
+                    tie_status.as_str(),
+                    tie.value.plan_key.as_deref(),
+                    &tie.value.ends,
+                );
+                // Two states of one status differ in their ends: the words say which.
+                let state = |status: &str, ends: &SubscriptionEnds| match ends.words() {
+                    words if tie_status == status && !words.is_empty() => {
+                        format!("{status} ({words})")
+                    }
+                    _ => status.to_owned(),
+                };
                 notes.push(match reads.subscription(ctx.customer, id).await {
-                    Ok(Some(now)) if now.shows(status, plan_key) => {
+                    Ok(Some(now)) if now.settles(this, tied) == Shown::This => {
                         // the read's time: a state confirmed later outranks one confirmed earlier
                         *rank = Rank::confirmed(chrono::Utc::now());
-                        format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {status}")
+                        format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {}", state(status, ends))
                     }
-                    Ok(Some(now)) if now.shows(tie_status, tie.value.plan_key.as_deref()) => {
+                    Ok(Some(now)) if now.settles(this, tied) == Shown::Tie => {
                         *rank = Rank::REFUTED;
-                        format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {tie_status}")
+                        format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {}", state(tie_status, &tie.value.ends))
                     }
                     Ok(Some(now)) => format!(
                         "same-second tie with event {tie_id}: the provider shows {id} as {} now, neither state; resolved by status rank",

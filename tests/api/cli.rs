@@ -8,7 +8,7 @@ use sqlx::PgPool;
 use crate::helpers::*;
 
 /// The inboxctl binary, built beside this test binary by `cargo test --workspace`.
-fn inboxctl() -> Command {
+pub(crate) fn inboxctl() -> Command {
     let dir = std::env::current_exe().unwrap();
     let bin = dir.parent().unwrap().parent().unwrap().join("inboxctl");
     assert!(
@@ -22,7 +22,7 @@ fn inboxctl() -> Command {
 }
 
 /// The URL of the test's own database.
-async fn database_url(pool: &PgPool) -> String {
+pub(crate) async fn database_url(pool: &PgPool) -> String {
     let name: String = sqlx::query_scalar("SELECT current_database()")
         .fetch_one(pool)
         .await
@@ -32,7 +32,7 @@ async fn database_url(pool: &PgPool) -> String {
     format!("{base}/{name}")
 }
 
-fn run(command: &mut Command) -> (Output, String, String) {
+pub(crate) fn run(command: &mut Command) -> (Output, String, String) {
     let output = command.output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();

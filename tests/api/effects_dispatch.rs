@@ -505,3 +505,100 @@ async fn an_effect_reaches_an_eventbridge_bus_and_a_rule_routes_it(pool: PgPool)
     assert_eq!(event["detail-type"], "billing.plan_changed");
     assert_eq!(event["detail"], row.body, "the detail is the effect's body");
 }
+
+/// Kinde plan changes for `customer`, applied by the worker with effects on: each writes
+/// `billing.plan_changed` and `billing.allowance_granted`.
+async fn plan_changes(pool: &PgPool, customer: &str, plans: &[(&str, &str)]) {
+    let mut app = crate::helpers::TestApp::spawn(pool.clone()).await;
+    app.enable_effects().await;
+    for (i, (plan, at)) in plans.iter().enumerate() {
+        let claims = json!({"type": "customer.plan_changed", "event_id": format!("evt_plan{i}"),
+            "event_timestamp": at, "data": {"customer_id": customer, "plan": {"key": plan}}});
+        app.post(
+            "kinde",
+            &crate::helpers::kinde_delivery(&format!("wh_plan{i}"), &claims),
+        )
+        .await;
+        app.run_worker().await;
+    }
+}
+
+/// The account's effects in sequence order: (id, type, sequence).
+async fn effects_in_order(pool: &PgPool) -> Vec<(String, String, i64)> {
+    sqlx::query_as("SELECT id, kind, sequence FROM effects ORDER BY sequence")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_grant_retried_after_a_later_effect_is_applied_by_an_app_that_follows_the_contract(
+    pool: PgPool,
+) {
+    plan_changes(
+        &pool,
+        "kc_late_grant",
+        &[
+            ("pro", "2026-03-01T00:00:00Z"),
+            ("team", "2026-03-05T00:00:00Z"),
+        ],
+    )
+    .await;
+    let effects = effects_in_order(&pool).await;
+    let kinds: Vec<(&str, i64)> = effects.iter().map(|(_, k, s)| (k.as_str(), *s)).collect();
+    assert_eq!(
+        kinds,
+        [
+            ("billing.plan_changed", 1),
+            ("billing.allowance_granted", 2),
+            ("billing.plan_changed", 3),
+            ("billing.allowance_granted", 4)
+        ]
+    );
+    let id = |sequence: i64| effects[sequence as usize - 1].0.clone();
+    let (secret, key) = new_secret();
+    let app = receiver(&key).await;
+    let dispatch = Dispatch::new(pool.clone(), &json!([webhook("app", &app.url(), &secret)])).await;
+
+    // The pro grant's first delivery fails; the later effects are delivered meanwhile, and
+    // then the grant's retry.
+    app.fail_once(&id(2), http::StatusCode::SERVICE_UNAVAILABLE);
+    dispatch.nudge(&id(2)).await;
+    assert_eq!(dispatch.row(&id(2)).await.status, "pending");
+    for sequence in [1, 3, 4] {
+        dispatch.nudge(&id(sequence)).await;
+    }
+    dispatch.nudge(&id(2)).await;
+    assert_eq!(dispatch.row(&id(2)).await.status, "sent");
+
+    let arrived: Vec<i64> = app
+        .received()
+        .iter()
+        .map(|r| r.body["data"]["sequence"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        arrived,
+        [1, 3, 4, 2],
+        "the retried grant arrives after a higher sequence: a keep-the-highest rule would drop it"
+    );
+    let held = app.app();
+    let mut grants: Vec<i64> = held
+        .facts
+        .values()
+        .map(|body| body["data"]["grant"]["amount"].as_i64().unwrap())
+        .collect();
+    grants.sort();
+    assert_eq!(grants, [500, 1500], "both grants are applied, once each");
+    assert_eq!(
+        held.accounts["kinde/kc_late_grant"],
+        (
+            4,
+            json!({"plan": "team", "balance": 2000, "period": "2026-03"})
+        ),
+        "the account's state is the newest"
+    );
+    assert!(
+        held.older.is_empty(),
+        "no state arrived older than one held"
+    );
+}

@@ -7,6 +7,7 @@ mod cli;
 mod corpus;
 mod effects;
 mod effects_dispatch;
+mod ends;
 mod fuzz;
 mod helpers;
 mod intake;

@@ -203,6 +203,43 @@ async fn events_at_the_same_provider_time_are_ordered_by_dedupe_key_whatever_the
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn same_second_states_that_differ_only_in_their_ends_are_ordered_by_dedupe_key(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let at = 1_772_000_000;
+    let event = |id: &str, customer: &str, cancel: bool| {
+        let mut event = stripe_subscription(id, customer, "active", at);
+        let object = &mut event["data"]["object"];
+        object["current_period_end"] = json!(at + 2_592_000);
+        object["cancel_at_period_end"] = json!(cancel);
+        object["cancel_at"] = match cancel {
+            true => json!(at + 2_592_000),
+            false => Value::Null,
+        };
+        event
+    };
+    for (customer, cancel_first) in [("cus_ends1", true), ("cus_ends2", false)] {
+        // evt_b… (the scheduled cancellation) sorts after evt_a… (none scheduled).
+        let scheduled = event(&format!("evt_b_{customer}"), customer, true);
+        let running = event(&format!("evt_a_{customer}"), customer, false);
+        let order = match cancel_first {
+            true => [&scheduled, &running],
+            false => [&running, &scheduled],
+        };
+        for event in order {
+            app.post("stripe", &stripe_delivery(event)).await;
+            app.run_worker().await;
+        }
+        let account = app.account("stripe", customer, "2026-02").await;
+        let sub = &account.subscriptions[0];
+        assert!(sub.cancel_at_period_end, "{customer}");
+        assert_eq!(
+            sub.cancel_at,
+            chrono::DateTime::from_timestamp(at + 2_592_000, 0)
+        );
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_deleted_customer_is_a_tombstone_that_late_events_do_not_lift(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let deleted = |customer: &str, created: i64| {

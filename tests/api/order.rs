@@ -40,6 +40,10 @@ pub(crate) enum Event {
         sub: u8,
         status: &'static str,
         plan: &'static str,
+        /// Which of a few ends the object carries (see [`Ends`]).
+        ends: u8,
+        /// From basil on the period end is on the items, before it on the subscription.
+        basil: bool,
         at: u32,
     },
     StripeInvoicePaid {
@@ -67,6 +71,7 @@ pub(crate) enum Event {
         sub: u8,
         status: &'static str,
         product: &'static str,
+        ends: u8,
         at: u32,
     },
     /// Polar `order.paid` (or `order.refunded`) for a product.
@@ -79,6 +84,37 @@ pub(crate) enum Event {
     },
     /// Polar `customer.deleted`.
     PolarCustomerDeleted { customer: u8, at: u32 },
+}
+
+/// A subscription's ends in the few shapes providers send: nothing scheduled, a
+/// cancellation at period end, a cancellation on a date, a trial; each with its own period
+/// end, so that two states that differ only there are told apart. A canceled subscription
+/// has ended at its event's time.
+pub(crate) struct Ends {
+    pub(crate) current_period_end: DateTime<Utc>,
+    pub(crate) cancel_at_period_end: bool,
+    pub(crate) cancel_at: Option<DateTime<Utc>>,
+    pub(crate) trial_end: Option<DateTime<Utc>>,
+    pub(crate) ended_at: Option<DateTime<Utc>>,
+}
+
+pub(crate) const ENDS: u8 = 4;
+
+impl Ends {
+    pub(crate) fn of(variant: u8, status: &str, at: u32) -> Self {
+        let period_end = time(0) + Duration::days(30 + i64::from(variant % 2));
+        Self {
+            current_period_end: period_end,
+            cancel_at_period_end: variant == 1,
+            cancel_at: match variant {
+                1 => Some(period_end),
+                2 => Some(period_end - Duration::days(10)),
+                _ => None,
+            },
+            trial_end: (variant == 3).then(|| time(0) + Duration::days(14)),
+            ended_at: (status == "canceled").then(|| time(at)),
+        }
+    }
 }
 
 /// A provider time: hours into March 2026, coarse enough that ties happen.
@@ -114,14 +150,16 @@ fn event_strategy() -> impl Strategy<Value = Event> {
                 Just("unpaid")
             ],
             product.clone(),
+            0..ENDS,
             at.clone()
         )
-            .prop_map(|(customer, sub, status, product, at)| {
+            .prop_map(|(customer, sub, status, product, ends, at)| {
                 Event::PolarSubscription {
                     customer,
                     sub,
                     status,
                     product,
+                    ends,
                     at,
                 }
             }),
@@ -175,17 +213,21 @@ fn event_strategy() -> impl Strategy<Value = Event> {
                 Just("canceled")
             ],
             price.clone(),
+            0..ENDS,
+            any::<bool>(),
             at.clone()
         )
-            .prop_map(
-                |(customer, sub, status, plan, at)| Event::StripeSubscription {
+            .prop_map(|(customer, sub, status, plan, ends, basil, at)| {
+                Event::StripeSubscription {
                     customer,
                     sub,
                     status,
                     plan,
-                    at
+                    ends,
+                    basil,
+                    at,
                 }
-            ),
+            }),
         (
             customer.clone(),
             0u8..3,
@@ -337,11 +379,23 @@ pub(crate) fn payload(index: usize, event: &Event, ns: &str) -> (&'static str, V
             sub,
             status,
             plan,
+            ends,
+            basil,
             at,
         } => {
-            let object = json!({"id": format!("sub{customer}{sub}_{ns}"), "object": "subscription",
+            let ends = Ends::of(*ends, status, *at);
+            let unix = |t: Option<DateTime<Utc>>| t.map(|t| t.timestamp());
+            let mut item = json!({"price": {"id": plan}});
+            let mut object = json!({"id": format!("sub{customer}{sub}_{ns}"), "object": "subscription",
                 "customer": customer_id(*customer, ns), "status": status,
-                "items": {"data": [{"price": {"id": plan}}]}});
+                "cancel_at_period_end": ends.cancel_at_period_end, "cancel_at": unix(ends.cancel_at),
+                "trial_end": unix(ends.trial_end), "ended_at": unix(ends.ended_at)});
+            let period_end = json!(ends.current_period_end.timestamp());
+            match basil {
+                true => item["current_period_end"] = period_end,
+                false => object["current_period_end"] = period_end,
+            }
+            object["items"] = json!({"data": [item]});
             (
                 "stripe",
                 stripe_body("customer.subscription.updated", *at, object),
@@ -402,13 +456,19 @@ pub(crate) fn payload(index: usize, event: &Event, ns: &str) -> (&'static str, V
             sub,
             status,
             product,
+            ends,
             at,
         } => {
+            let ends = Ends::of(*ends, status, *at);
+            let iso = |t: Option<DateTime<Utc>>| t.map(|t| t.to_rfc3339());
             let data = json!({"id": format!("psub{customer}{sub}_{ns}"), "status": status,
                 "customer_id": customer_id(*customer, ns), "product_id": product,
                 "created_at": time(0).to_rfc3339(), "modified_at": time(*at).to_rfc3339(),
                 "amount": 2000, "currency": "usd", "recurring_interval": "month",
-                "cancel_at_period_end": false});
+                "current_period_start": time(0).to_rfc3339(),
+                "current_period_end": ends.current_period_end.to_rfc3339(),
+                "cancel_at_period_end": ends.cancel_at_period_end, "ends_at": iso(ends.cancel_at),
+                "trial_end": iso(ends.trial_end), "ended_at": iso(ends.ended_at)});
             let event_type = match *status {
                 "active" => "subscription.active",
                 "canceled" => "subscription.canceled",

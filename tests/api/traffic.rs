@@ -79,7 +79,7 @@ fn log_reason(account: &shared::billing::account::AccountView, event_type: &str)
 }
 
 /// Gives a worker the Stripe API at `server` (an API key configured).
-fn with_stripe_api(worker: &mut WorkerState, server: &MockServer) {
+pub(crate) fn with_stripe_api(worker: &mut WorkerState, server: &MockServer) {
     let api = Api {
         base_url: server.uri(),
         key: "sk_test_reads".into(),

@@ -361,6 +361,11 @@ async fn two_workers_racing_on_one_batch_apply_each_event_exactly_once(pool: PgP
                 id: format!("sub_{c}_race"),
                 status: "active".into(),
                 plan: Some("team".into()),
+                current_period_end: None,
+                cancel_at_period_end: false,
+                cancel_at: None,
+                trial_end: None,
+                ended_at: None,
             }]
         );
         assert_eq!(

@@ -16,6 +16,12 @@ pub struct SubscriptionView {
     pub id: String,
     pub status: String,
     pub plan: Option<String>,
+    /// Its ends (docs/design.md §4.4), as the winning event's object says.
+    pub current_period_end: Option<DateTime<Utc>>,
+    pub cancel_at_period_end: bool,
+    pub cancel_at: Option<DateTime<Utc>>,
+    pub trial_end: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
 }
 
 /// An account's state for one period, as an app reads it (the API's answer to
@@ -88,7 +94,10 @@ pub async fn snapshot(
                COALESCE((SELECT used FROM usage_periods
                          WHERE source = $1 AND customer_id = $2 AND period = $3), 0) AS "used!",
                (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'id', subscription_id, 'status', status, 'plan', plan)
+                           'id', subscription_id, 'status', status, 'plan', plan,
+                           'current_period_end', current_period_end,
+                           'cancel_at_period_end', cancel_at_period_end, 'cancel_at', cancel_at,
+                           'trial_end', trial_end, 'ended_at', ended_at)
                            ORDER BY subscription_id), '[]')
                 FROM subscriptions WHERE source = $1 AND customer_id = $2) AS "subscriptions!"
         FROM accounts a WHERE a.source = $1 AND a.customer_id = $2

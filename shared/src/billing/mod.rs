@@ -14,6 +14,6 @@ pub mod usage;
 pub use catalog::{Catalog, Plan, PlanRef};
 pub use model::{
     derive_plan, outcome, status_entitles, AccountState, Change, Decided, Decision, Effect,
-    EventContext, Fact, PaymentStatus, Problem, Rank, Resolved, StateInputs, SubscriptionState,
-    Version, Written, FREE,
+    EventContext, Fact, PaymentStatus, Problem, Rank, Resolved, StateInputs, SubscriptionEnds,
+    SubscriptionState, Version, Written, FREE,
 };

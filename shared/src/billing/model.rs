@@ -4,6 +4,7 @@
 //! balance an account derives from its registers. No I/O: the providers' `decide` functions
 //! and the register rules build these values; `registers` persists them.
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::catalog::{Catalog, PlanRef};
@@ -113,12 +114,13 @@ pub enum Effect {
     },
     /// The customer's payment standing register (Kinde).
     Standing { past_due: bool },
-    /// A subscription's register: the whole object's status and plan. `rank` orders it
-    /// among same-second states (its status's, unless a provider read settled a tie).
+    /// A subscription's register: the whole object's status, plan and ends. `rank` orders
+    /// it among same-second states (its status's, unless a provider read settled a tie).
     Subscription {
         id: String,
         status: String,
         plan: Option<PlanRef>,
+        ends: SubscriptionEnds,
         rank: Rank,
     },
     /// A payment's register; refunded is terminal.
@@ -216,6 +218,43 @@ pub mod read {
         pointers.iter().find_map(|p| text(payload, p))
     }
 
+    /// A time in unix seconds at a JSON pointer (Stripe's timestamps); absent or `null` is
+    /// `None`.
+    pub fn unix_time(payload: &Value, pointer: &str) -> Result<Option<DateTime<Utc>>, Problem> {
+        match payload.pointer(pointer) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => value
+                .as_i64()
+                .and_then(|secs| DateTime::from_timestamp(secs, 0))
+                .map(Some)
+                .ok_or_else(|| Problem(format!("{pointer} is not a time in unix seconds"))),
+        }
+    }
+
+    /// An RFC 3339 time at a JSON pointer (Polar's timestamps), to the microsecond Postgres
+    /// keeps; absent or `null` is `None`.
+    pub fn iso_time(payload: &Value, pointer: &str) -> Result<Option<DateTime<Utc>>, Problem> {
+        match payload.pointer(pointer) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => value
+                .as_str()
+                .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+                .and_then(|t| DateTime::from_timestamp_micros(t.timestamp_micros()))
+                .map(Some)
+                .ok_or_else(|| Problem(format!("{pointer} is not an RFC 3339 time"))),
+        }
+    }
+
+    /// A boolean at a JSON pointer; absent or `null` is `false`.
+    pub fn flag(payload: &Value, pointer: &str) -> Result<bool, Problem> {
+        match payload.pointer(pointer) {
+            None | Some(Value::Null) => Ok(false),
+            Some(value) => value
+                .as_bool()
+                .ok_or_else(|| Problem(format!("{pointer} is not a boolean"))),
+        }
+    }
+
     /// Resolves plan keys against the catalog. A named but unknown key is no plan, never a
     /// reason to drop the rest of the event: the note says which key was not known.
     pub fn resolve(catalog: &Catalog, candidates: &[&str]) -> Resolved {
@@ -249,7 +288,12 @@ pub fn not_billing(event_type: &str) -> Decision {
 
 /// A subscription event records the object's state, whatever its plan; an entitling state
 /// also grants its plan for the event's period.
-pub fn subscription_effects(id: String, status: String, resolved: Resolved) -> Decision {
+pub fn subscription_effects(
+    id: String,
+    status: String,
+    ends: SubscriptionEnds,
+    resolved: Resolved,
+) -> Decision {
     let grant = if status_entitles(&status) {
         resolved.plan.clone()
     } else {
@@ -261,6 +305,7 @@ pub fn subscription_effects(id: String, status: String, resolved: Resolved) -> D
             id,
             status,
             plan: resolved.plan,
+            ends,
             rank,
         }],
         &grant,
@@ -287,6 +332,82 @@ pub struct SubscriptionState {
     pub status: String,
     /// The catalog's plan name, when the subscription's plan is in the catalog.
     pub plan: Option<String>,
+    pub ends: SubscriptionEnds,
+}
+
+/// When a subscription's period, trial and the subscription itself end, as the object the
+/// winning event carries says (docs/design.md §4.4): each `None` (`false`) when it says
+/// nothing. Part of the state: scheduling or withdrawing a cancellation is a change.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SubscriptionEnds {
+    pub current_period_end: Option<DateTime<Utc>>,
+    /// It ends when the current period does (a cancellation scheduled, not yet effective).
+    pub cancel_at_period_end: bool,
+    /// It ends at this time (Stripe's `cancel_at`, Polar's `ends_at`).
+    pub cancel_at: Option<DateTime<Utc>>,
+    pub trial_end: Option<DateTime<Utc>>,
+    /// It has ended (the time it did).
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+impl SubscriptionEnds {
+    /// The ends in words, as the account view shows them: "until 2026-12-31, cancels at
+    /// period end"; empty when nothing is known.
+    pub fn words(&self) -> String {
+        let day = |t: &DateTime<Utc>| t.format("%Y-%m-%d").to_string();
+        let mut words = Vec::new();
+        if let Some(ended) = &self.ended_at {
+            words.push(format!("ended {}", day(ended)));
+        } else if let Some(end) = &self.current_period_end {
+            words.push(format!("until {}", day(end)));
+        }
+        if let Some(trial) = &self.trial_end {
+            words.push(format!("trial until {}", day(trial)));
+        }
+        if self.ended_at.is_none() {
+            if self.cancel_at_period_end {
+                words.push("cancels at period end".to_owned());
+            } else if let Some(at) = &self.cancel_at {
+                words.push(format!("cancels on {}", day(at)));
+            }
+        }
+        words.join(", ")
+    }
+
+    /// What moved from `before` to these ends, in words ("cancels at period end", "no longer
+    /// cancels at period end"); empty when nothing did.
+    pub fn changes_from(&self, before: &SubscriptionEnds) -> String {
+        let day = |t: &Option<DateTime<Utc>>| match t {
+            Some(t) => t.format("%Y-%m-%d").to_string(),
+            None => "none".to_owned(),
+        };
+        let mut words = Vec::new();
+        match (before.cancel_at_period_end, self.cancel_at_period_end) {
+            (false, true) => words.push("cancels at period end".to_owned()),
+            (true, false) => words.push("no longer cancels at period end".to_owned()),
+            _ => {}
+        }
+        // A cancellation at period end sets the cancellation time to the period end, and its
+        // withdrawal clears it: the flag's words say both.
+        let follows_flag = before.cancel_at_period_end != self.cancel_at_period_end
+            && (self.cancel_at.is_none() || self.cancel_at == self.current_period_end);
+        let dates = [
+            (
+                "period ends",
+                &before.current_period_end,
+                &self.current_period_end,
+            ),
+            ("cancels on", &before.cancel_at, &self.cancel_at),
+            ("trial ends", &before.trial_end, &self.trial_end),
+            ("ended", &before.ended_at, &self.ended_at),
+        ];
+        for (what, was, now) in dates {
+            if was != now && !(what == "cancels on" && follows_flag) {
+                words.push(format!("{what} {} (was {})", day(now), day(was)));
+            }
+        }
+        words.join(", ")
+    }
 }
 
 /// A change a register write made, in the terms an app is told of it (an effect,
@@ -524,11 +645,92 @@ mod tests {
     }
 
     #[test]
+    fn ends_read_as_the_account_view_shows_them_and_say_what_moved() {
+        let day =
+            |d: u32| Some(chrono::TimeZone::with_ymd_and_hms(&Utc, 2026, 12, d, 0, 0, 0).unwrap());
+        let scheduled = SubscriptionEnds {
+            current_period_end: day(31),
+            cancel_at_period_end: true,
+            ..Default::default()
+        };
+        assert_eq!(scheduled.words(), "until 2026-12-31, cancels at period end");
+        let running = SubscriptionEnds {
+            cancel_at_period_end: false,
+            ..scheduled.clone()
+        };
+        assert_eq!(running.words(), "until 2026-12-31");
+        assert_eq!(scheduled.changes_from(&running), "cancels at period end");
+        let scheduled_on = SubscriptionEnds {
+            cancel_at: scheduled.current_period_end,
+            ..scheduled.clone()
+        };
+        assert_eq!(scheduled_on.changes_from(&running), "cancels at period end");
+        assert_eq!(
+            running.changes_from(&scheduled_on),
+            "no longer cancels at period end"
+        );
+        let on_a_date = SubscriptionEnds {
+            cancel_at: day(15),
+            ..running.clone()
+        };
+        assert_eq!(
+            on_a_date.changes_from(&running),
+            "cancels on 2026-12-15 (was none)"
+        );
+        assert_eq!(
+            running.changes_from(&scheduled),
+            "no longer cancels at period end"
+        );
+        let renewed = SubscriptionEnds {
+            current_period_end: day(1),
+            ..running.clone()
+        };
+        assert_eq!(
+            renewed.changes_from(&running),
+            "period ends 2026-12-01 (was 2026-12-31)"
+        );
+        assert_eq!(SubscriptionEnds::default().words(), "");
+    }
+
+    #[test]
+    fn times_read_as_unix_seconds_or_rfc_3339_and_anything_else_is_a_problem() {
+        let p = serde_json::json!({"a": 1767225600, "b": null, "c": "soon",
+                                   "d": "2026-01-01T10:00:03.118204Z", "e": true});
+        assert_eq!(
+            read::unix_time(&p, "/a").unwrap(),
+            DateTime::from_timestamp(1_767_225_600, 0)
+        );
+        assert_eq!(read::unix_time(&p, "/b").unwrap(), None);
+        assert_eq!(read::unix_time(&p, "/missing").unwrap(), None);
+        assert_eq!(
+            read::unix_time(&p, "/c"),
+            Err(Problem("/c is not a time in unix seconds".into()))
+        );
+        assert_eq!(
+            read::iso_time(&p, "/d")
+                .unwrap()
+                .unwrap()
+                .timestamp_micros(),
+            1_767_261_603_118_204
+        );
+        assert_eq!(
+            read::iso_time(&p, "/a"),
+            Err(Problem("/a is not an RFC 3339 time".into()))
+        );
+        assert_eq!(read::flag(&p, "/e"), Ok(true));
+        assert_eq!(read::flag(&p, "/b"), Ok(false));
+        assert_eq!(
+            read::flag(&p, "/a"),
+            Err(Problem("/a is not a boolean".into()))
+        );
+    }
+
+    #[test]
     fn an_unknown_plan_is_no_plan_and_keeps_the_status() {
         let unknown = read::resolve(&catalog(), &["price_legacy"]);
         assert_eq!(unknown.plan, None);
         let Decision::Apply { effects, notes } =
-            subscription_effects("sub_1".into(), "active".into(), unknown)
+            subscription_effects("sub_1".into(), "active".into(), Default::default(), unknown)
         else {
             panic!("the status change applies")
         };
@@ -538,6 +740,7 @@ mod tests {
                 id: "sub_1".into(),
                 status: "active".into(),
                 plan: None,
+                ends: SubscriptionEnds::default(),
                 rank: Rank::of_status("active"),
             }]
         );

@@ -9,7 +9,7 @@ use sqlx::PgConnection;
 
 use serde_json::Value;
 
-use super::model::{Effect, EventContext};
+use super::model::{Effect, EventContext, SubscriptionEnds};
 use super::rules::{
     Held, HeldAccount, HeldIntent, HeldPayment, HeldPlan, HeldSubscription, LedgerEntry, Registers,
     Stamp,
@@ -63,7 +63,10 @@ pub async fn read(
                (SELECT COALESCE(jsonb_agg(jsonb_build_object(
                            'id', subscription_id, 'customer', customer_id, 'status', status,
                            'plan_key', plan_key, 'plan', plan, 'at', version_at,
-                           'rank', version_rank, 'version_key', version_key, 'event_id', event_id)), '[]')
+                           'rank', version_rank, 'version_key', version_key, 'event_id', event_id,
+                           'current_period_end', current_period_end,
+                           'cancel_at_period_end', cancel_at_period_end, 'cancel_at', cancel_at,
+                           'trial_end', trial_end, 'ended_at', ended_at)), '[]')
                 FROM subscriptions
                 WHERE source = $1 AND subscription_id = ANY($4)) AS "subscriptions!",
                -- Distinct states, not rows: an account may hold thousands of subscriptions.
@@ -130,6 +133,13 @@ pub async fn read(
                     status: r.status.clone().unwrap_or_default(),
                     plan_key: r.plan_key.clone(),
                     plan: r.plan.clone(),
+                    ends: SubscriptionEnds {
+                        current_period_end: r.current_period_end,
+                        cancel_at_period_end: r.cancel_at_period_end.unwrap_or(false),
+                        cancel_at: r.cancel_at,
+                        trial_end: r.trial_end,
+                        ended_at: r.ended_at,
+                    },
                 };
                 (r.id.clone().unwrap_or_default(), r.held(value))
             })
@@ -193,6 +203,11 @@ struct Stored {
     delta: Option<i64>,
     entry_key: Option<String>,
     at: Option<DateTime<Utc>>,
+    current_period_end: Option<DateTime<Utc>>,
+    cancel_at_period_end: Option<bool>,
+    cancel_at: Option<DateTime<Utc>>,
+    trial_end: Option<DateTime<Utc>>,
+    ended_at: Option<DateTime<Utc>>,
     rank: i64,
     version_key: String,
     event_id: i64,
@@ -259,6 +274,7 @@ pub async fn intent_customer(
 pub struct StoredSubscription {
     pub status: String,
     pub plan_key: Option<String>,
+    pub ends: SubscriptionEnds,
     pub version_at: DateTime<Utc>,
 }
 
@@ -267,14 +283,27 @@ pub async fn stored_subscription(
     source: &str,
     subscription_id: &str,
 ) -> Result<Option<StoredSubscription>, sqlx::Error> {
-    sqlx::query_as!(
-        StoredSubscription,
-        "SELECT status, plan_key, version_at FROM subscriptions WHERE source = $1 AND subscription_id = $2",
+    let row = sqlx::query!(
+        r#"SELECT status, plan_key, version_at, current_period_end, cancel_at_period_end,
+                  cancel_at, trial_end, ended_at
+           FROM subscriptions WHERE source = $1 AND subscription_id = $2"#,
         source,
         subscription_id
     )
     .fetch_optional(conn)
-    .await
+    .await?;
+    Ok(row.map(|r| StoredSubscription {
+        status: r.status,
+        plan_key: r.plan_key,
+        ends: SubscriptionEnds {
+            current_period_end: r.current_period_end,
+            cancel_at_period_end: r.cancel_at_period_end,
+            cancel_at: r.cancel_at,
+            trial_end: r.trial_end,
+            ended_at: r.ended_at,
+        },
+        version_at: r.version_at,
+    }))
 }
 
 /// A plan register as stored: what Kinde reconciliation compares the provider's view with.

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use super::catalog::Catalog;
 use super::model::{
     allowance_entry_key, status_entitles, AccountState, Change, Effect, EventContext, Fact,
-    PaymentStatus, Rank, StateInputs, SubscriptionState, Written,
+    PaymentStatus, Rank, StateInputs, SubscriptionEnds, SubscriptionState, Written,
 };
 use crate::domain::Period;
 
@@ -170,17 +170,18 @@ pub struct HeldSubscription {
     pub status: String,
     pub plan_key: Option<String>,
     pub plan: Option<String>,
+    pub ends: SubscriptionEnds,
 }
 
-/// A subscription's register: the whole object's state, ordered by its stamp at `rank`.
-/// Whatever the verdict, it says which other event's state the register held at the same
-/// provider time (a tie the rank settled).
+/// A subscription's register: the whole object's state (status, plan, ends), ordered by its
+/// stamp at `rank`. The register holds what the winning event says, nulls included, so the
+/// ends are the same in every order. Whatever the verdict, it says which other event's
+/// state the register held at the same provider time (a tie the rank settled).
 pub fn subscription(
     held: Option<&Held<HeldSubscription>>,
     ctx: &EventContext<'_>,
     id: &str,
-    status: &str,
-    plan: Option<(&str, &str)>,
+    (status, plan, ends): (&str, Option<(&str, &str)>, &SubscriptionEnds),
     rank: Rank,
 ) -> Ruled {
     let stamp = Stamp::of(ctx, rank);
@@ -205,9 +206,10 @@ pub fn subscription(
             .filter(|h| h.value.customer != ctx.customer.as_str())
             .map(|h| h.value.customer.as_str());
         let previous = held.filter(|_| from.is_none());
-        if previous.is_some_and(|h| {
+        let same_status = previous.filter(|h| {
             h.value.status == status && h.value.plan_key.as_deref() == plan.map(|p| p.0)
-        }) {
+        });
+        if same_status.is_some_and(|h| h.value.ends == *ends) {
             let unchanged = format!("subscription {id} is already {status}");
             Ruled::new(true, Change::Unchanged(unchanged))
         } else {
@@ -216,17 +218,24 @@ pub fn subscription(
                 now: SubscriptionState {
                     status: status.to_owned(),
                     plan: plan.map(|p| p.1.to_owned()),
+                    ends: ends.clone(),
                 },
                 previous: previous.map(|h| SubscriptionState {
                     status: h.value.status.clone(),
                     plan: h.value.plan.clone(),
+                    ends: h.value.ends.clone(),
                 }),
             };
-            let words = match from {
-                Some(from) => {
+            let words = match (from, same_status) {
+                (Some(from), _) => {
                     format!("subscription {id} is {status}; it was held under customer {from}")
                 }
-                None => format!("subscription {id} is {status}"),
+                // Only its ends moved: a cancellation scheduled or withdrawn, a new period.
+                (None, Some(h)) => format!(
+                    "subscription {id} is {status}; {}",
+                    ends.changes_from(&h.value.ends)
+                ),
+                (None, None) => format!("subscription {id} is {status}"),
             };
             Ruled::made(words, fact)
         }
@@ -449,16 +458,19 @@ impl Registers {
                 id,
                 status,
                 plan,
+                ends,
                 rank,
             } => {
                 let plan = plan.as_ref().map(|p| (p.key.as_str(), p.plan.as_str()));
-                let ruled = subscription(self.subscriptions.get(id), ctx, id, status, plan, *rank);
+                let state = (status.as_str(), plan, ends);
+                let ruled = subscription(self.subscriptions.get(id), ctx, id, state, *rank);
                 if ruled.writes {
                     let value = HeldSubscription {
                         customer: ctx.customer.as_str().to_owned(),
                         status: status.clone(),
                         plan_key: plan.map(|p| p.0.to_owned()),
                         plan: plan.map(|p| p.1.to_owned()),
+                        ends: ends.clone(),
                     };
                     let held = Held::written(value, ctx, *rank);
                     let read = self.subscriptions.insert(id.clone(), held);
@@ -685,8 +697,17 @@ mod tests {
             status: status.to_owned(),
             plan_key: plan.map(str::to_owned),
             plan: plan.map(str::to_owned),
+            ends: SubscriptionEnds::default(),
         }
     }
+
+    const NO_ENDS: &SubscriptionEnds = &SubscriptionEnds {
+        current_period_end: None,
+        cancel_at_period_end: false,
+        cancel_at: None,
+        trial_end: None,
+        ended_at: None,
+    };
 
     fn paid_as(status: &str) -> HeldPayment {
         HeldPayment {
@@ -702,8 +723,7 @@ mod tests {
             Some(held),
             &ctx(&c, 2, 200, "evt_b"),
             "sub_1",
-            "active",
-            Some(("pro", "pro")),
+            ("active", Some(("pro", "pro")), NO_ENDS),
             Rank(3),
         )
     }
@@ -749,8 +769,7 @@ mod tests {
             Some(&held),
             &ctx(&c, 2, 200, "evt_b"),
             "sub_1",
-            "active",
-            None,
+            ("active", None, NO_ENDS),
             Rank(3),
         );
         assert!(!late.writes);
@@ -759,8 +778,7 @@ mod tests {
             Some(&held),
             &ctx(&c, 7, 300, "evt_z"),
             "sub_1",
-            "canceled",
-            None,
+            ("canceled", None, NO_ENDS),
             Rank(7),
         );
         assert!(!replay.writes);
@@ -778,8 +796,7 @@ mod tests {
             Some(&held),
             &ctx(&c, 5, 100, "evt_a"),
             "sub_1",
-            "canceled",
-            None,
+            ("canceled", None, NO_ENDS),
             Rank(7),
         );
         assert!(canceled.writes, "a higher rank wins whatever the key");
@@ -788,8 +805,7 @@ mod tests {
             Some(&held),
             &ctx(&c, 5, 100, "evt_z"),
             "sub_1",
-            "trialing",
-            None,
+            ("trialing", None, NO_ENDS),
             Rank(2),
         );
         assert!(!trialing.writes, "a lower rank loses whatever the key");
@@ -797,8 +813,7 @@ mod tests {
             Some(&held),
             &ctx(&c, 5, 100, "evt_n"),
             "sub_1",
-            "active",
-            None,
+            ("active", None, NO_ENDS),
             Rank(3),
         );
         assert!(same_rank.writes, "then the key decides, byte by byte");
@@ -807,11 +822,60 @@ mod tests {
             Some(&held),
             &ctx(&c, 5, 100, "evt_Z"),
             "sub_1",
-            "active",
-            None,
+            ("active", None, NO_ENDS),
             Rank(3),
         );
         assert!(!upper.writes, "'Z' sorts before 'm' in byte order");
+    }
+
+    #[test]
+    fn a_cancellation_scheduled_or_withdrawn_is_a_change_and_a_same_state_is_not() {
+        let c = CustomerId::parse("cus_1").unwrap();
+        let period_end = DateTime::from_timestamp(1_767_225_600, 0);
+        let running = SubscriptionEnds {
+            current_period_end: period_end,
+            ..SubscriptionEnds::default()
+        };
+        let scheduled = SubscriptionEnds {
+            cancel_at_period_end: true,
+            ..running.clone()
+        };
+        let mut held = held(sub("active", Some("pro")), 1, 100, 3, "evt_a");
+        held.value.ends = running.clone();
+        let write = |held: &Held<HeldSubscription>, ends: &SubscriptionEnds| {
+            subscription(
+                Some(held),
+                &ctx(&c, 2, 200, "evt_b"),
+                "sub_1",
+                ("active", Some(("pro", "pro")), ends),
+                Rank(3),
+            )
+        };
+        let ruled = write(&held, &scheduled);
+        let Some(Fact::Subscription { now, previous, .. }) = ruled.written.fact.clone() else {
+            panic!("a subscription fact");
+        };
+        assert_eq!(
+            ruled.written.change,
+            Change::Made("subscription sub_1 is active; cancels at period end".into())
+        );
+        assert_eq!(now.ends, scheduled);
+        assert_eq!(
+            previous.unwrap().ends,
+            running,
+            "the previous ends are told"
+        );
+        let same = write(&held, &running);
+        assert!(same.writes, "the version moves");
+        assert_eq!(
+            same.written.change,
+            Change::Unchanged("subscription sub_1 is already active".into())
+        );
+        held.value.ends = scheduled;
+        assert_eq!(
+            write(&held, &running).written.change,
+            Change::Made("subscription sub_1 is active; no longer cancels at period end".into())
+        );
     }
 
     #[test]

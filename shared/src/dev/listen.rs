@@ -1,7 +1,9 @@
 //! A local receiver of effects, as the app would run one (`inboxctl listen`, and the tests'
 //! endpoint): verifies each request's Standard Webhooks signature, answers 204 (401 with the
-//! reason when the signature fails), and keeps what it received by `webhook-id`.
+//! reason when the signature fails), keeps what it received by `webhook-id`, and applies it
+//! as docs/effects.md tells an app to ([`AppState`]).
 
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,6 +18,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
+use crate::effects::type_carries_state;
 use crate::signing::standard_webhooks::{Verifier, ID_HEADER};
 
 /// The port `inboxctl listen` takes by default (scripts/dev points the webhook sink at it).
@@ -46,12 +49,85 @@ pub enum Heard {
     },
 }
 
+/// What an app that follows docs/effects.md holds once it applied what it received. A kind
+/// that carries a state is applied latest-`sequence`-wins: the account's state per account
+/// (`data.account`, and `plan` for `billing.plan_changed`), a subscription's per subscription.
+/// Any other kind is a fact (a grant, a payment, a deletion, a kind it does not know), applied
+/// once by its id whatever its sequence, since retries deliver an older one late.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AppState {
+    /// Per account (`source/customer`): the sequence of the newest effect applied to its
+    /// state, and that effect's `data.account`.
+    pub accounts: BTreeMap<String, (i64, Value)>,
+    /// Per subscription (`source/id`): the sequence and the state of the newest
+    /// `billing.subscription_updated` applied.
+    pub subscriptions: BTreeMap<String, (i64, Value)>,
+    /// The facts applied, by effect id, each once: the body.
+    pub facts: BTreeMap<String, Value>,
+    /// Effects of a state kind not applied because a newer state was (their ids).
+    pub older: Vec<String>,
+}
+
+impl AppState {
+    /// Applies one effect's body as the contract says.
+    pub fn apply(&mut self, body: &Value) {
+        let text = |pointer: &str| body.pointer(pointer).and_then(Value::as_str);
+        let (Some(id), Some(kind)) = (text("/id"), text("/type")) else {
+            return;
+        };
+        let sequence = body
+            .pointer("/data/sequence")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        let source = text("/data/source").unwrap_or_default();
+        let account = format!("{source}/{}", text("/data/customer_id").unwrap_or_default());
+        let newer = |held: Option<&(i64, Value)>| held.is_none_or(|(seq, _)| *seq < sequence);
+        // `data.account` is the account after the change: a state, whatever the kind.
+        let account_newer = newer(self.accounts.get(&account));
+        if account_newer {
+            let state = body
+                .pointer("/data/account")
+                .cloned()
+                .unwrap_or(Value::Null);
+            self.accounts.insert(account, (sequence, state));
+        }
+        if !type_carries_state(kind) {
+            self.facts
+                .entry(id.to_owned())
+                .or_insert_with(|| body.clone());
+            return;
+        }
+        let applied = match body
+            .pointer("/data/subscription/id")
+            .and_then(Value::as_str)
+        {
+            Some(subscription) => {
+                let key = format!("{source}/{subscription}");
+                let newer = newer(self.subscriptions.get(&key));
+                if newer {
+                    let state = body["data"]["subscription"].clone();
+                    self.subscriptions.insert(key, (sequence, state));
+                }
+                newer
+            }
+            None => account_newer,
+        };
+        if !applied {
+            self.older.push(id.to_owned());
+        }
+    }
+}
+
 struct Shared {
     verifier: Verifier,
     received: Mutex<Vec<Received>>,
+    app: Mutex<AppState>,
     refused: AtomicUsize,
     /// Answer every verified request with this status instead of 204 (an app that fails).
     answer: Mutex<Option<StatusCode>>,
+    /// Answer the next verified requests carrying these `webhook-id`s with the status, once
+    /// each (a handler that fails on one delivery).
+    fail_once: Mutex<HashMap<String, StatusCode>>,
     heard: Option<mpsc::UnboundedSender<Heard>>,
 }
 
@@ -85,8 +161,10 @@ impl Listener {
         let shared = Arc::new(Shared {
             verifier: Verifier::new(keys, TOLERANCE),
             received: Mutex::new(Vec::new()),
+            app: Mutex::new(AppState::default()),
             refused: AtomicUsize::new(0),
             answer: Mutex::new(None),
+            fail_once: Mutex::new(HashMap::new()),
             heard,
         });
         let task = tokio::spawn(serve(listener, shared.clone()));
@@ -125,6 +203,17 @@ impl Listener {
     pub fn answer_with(&self, status: Option<StatusCode>) {
         *lock(&self.shared.answer) = status;
     }
+
+    /// Answer the next verified delivery of `webhook_id` with `status` and keep nothing;
+    /// later deliveries of it are kept.
+    pub fn fail_once(&self, webhook_id: &str, status: StatusCode) {
+        lock(&self.shared.fail_once).insert(webhook_id.to_owned(), status);
+    }
+
+    /// What the app holds after applying every kept delivery as docs/effects.md says.
+    pub fn app(&self) -> AppState {
+        lock(&self.shared.app).clone()
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -161,10 +250,12 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
     let (status, reason) = match receive(shared, request).await {
         Ok(received) => {
             let failing = *lock(&shared.answer);
-            if let Some(status) = failing {
+            let failing_once = lock(&shared.fail_once).remove(&received.webhook_id);
+            if let Some(status) = failing.or(failing_once) {
                 return answer(status, "the app's handler failed");
             }
             lock(&shared.received).push(received.clone());
+            lock(&shared.app).apply(&received.body);
             if let Some(heard) = &shared.heard {
                 let _ = heard.send(Heard::Effect(received));
             }
@@ -232,6 +323,60 @@ fn answer(status: StatusCode, reason: &str) -> Response<Full<Bytes>> {
 mod tests {
     use super::*;
     use crate::signing::standard_webhooks::signature;
+
+    fn effect(id: &str, kind: &str, sequence: i64, own: Value) -> Value {
+        let mut data = serde_json::json!({"source": "kinde", "customer_id": "kc_1",
+            "sequence": sequence, "account": {"plan": format!("at {sequence}")}});
+        data.as_object_mut()
+            .unwrap()
+            .extend(own.as_object().unwrap().clone());
+        serde_json::json!({"id": id, "type": kind, "data": data})
+    }
+
+    #[test]
+    fn an_app_keeps_the_newest_state_and_every_fact_whatever_its_sequence() {
+        let mut app = AppState::default();
+        app.apply(&effect(
+            "e4",
+            "billing.plan_changed",
+            4,
+            serde_json::json!({"plan": "team"}),
+        ));
+        let grant = serde_json::json!({"grant": {"plan": "pro", "amount": 500}});
+        app.apply(&effect("e2", "billing.allowance_granted", 2, grant));
+        app.apply(&effect(
+            "e3",
+            "billing.plan_changed",
+            3,
+            serde_json::json!({"plan": "pro"}),
+        ));
+        let sub = serde_json::json!({"subscription": {"id": "s1", "status": "active"}});
+        app.apply(&effect("e1", "billing.subscription_updated", 1, sub));
+        app.apply(&effect(
+            "e9",
+            "billing.allowance_exhausted",
+            1,
+            serde_json::json!({}),
+        ));
+        assert!(app.facts.contains_key("e2"), "a late grant is applied");
+        assert!(
+            app.facts.contains_key("e9"),
+            "a kind it does not know is a fact"
+        );
+        assert_eq!(
+            app.accounts["kinde/kc_1"].0, 4,
+            "the account's newest state holds"
+        );
+        assert_eq!(
+            app.older,
+            ["e3"],
+            "a late plan change is older than the state held"
+        );
+        assert_eq!(
+            app.subscriptions["kinde/s1"].0, 1,
+            "a subscription's state is its own"
+        );
+    }
 
     #[tokio::test]
     async fn a_signed_request_is_kept_and_a_forged_one_refused_with_its_reason() {

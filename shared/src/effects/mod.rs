@@ -46,9 +46,9 @@ impl Kind {
         }
     }
 
-    /// Whether the kind carries a state (the app may keep the one with the highest
-    /// `sequence` per account) or is a fact (applied once each by id, never dropped for an
-    /// older sequence): docs/effects.md.
+    /// Whether the kind carries a state (docs/effects.md, "Order"): an app may apply it
+    /// latest-`sequence`-wins. The others are facts, applied once each by id, never dropped
+    /// for an older sequence: retries reorder them.
     pub fn carries_state(self) -> bool {
         matches!(self, Kind::PlanChanged | Kind::SubscriptionUpdated)
     }
@@ -60,6 +60,14 @@ impl Kind {
             PaymentStatus::Refunded => Kind::PaymentRefunded,
         }
     }
+}
+
+/// Whether an effect's `type` carries a state, as an app reads it: a kind it does not know is
+/// a fact (kinds are added; a fact dropped is lost, a state applied once more is not).
+pub fn type_carries_state(effect_type: &str) -> bool {
+    [Kind::PlanChanged, Kind::SubscriptionUpdated]
+        .iter()
+        .any(|k| k.as_str() == effect_type)
 }
 
 /// The event whose writes caused the effects.
@@ -133,8 +141,8 @@ fn of_fact(cause: &Cause<'_>, fact: &Fact, after: &AccountState) -> NewEffect {
             format!("subscription {source}/{id} at {at}"),
             after,
             json!({
-                "subscription": {"id": id, "status": now.status, "plan": now.plan},
-                "previous": previous.as_ref().map(|p| json!({"status": p.status, "plan": p.plan})),
+                "subscription": subscription_state(Some(id), now),
+                "previous": previous.as_ref().map(|p| subscription_state(None, p)),
             }),
         ),
         Fact::Payment {
@@ -213,6 +221,25 @@ fn effect(
     }
 }
 
+/// A subscription's state as an effect tells it: status, plan and the five ends.
+fn subscription_state(id: Option<&str>, state: &SubscriptionState) -> Value {
+    let ends = &state.ends;
+    let at = |t: Option<DateTime<Utc>>| t.map(timestamp);
+    let mut body = json!({
+        "status": state.status,
+        "plan": state.plan,
+        "current_period_end": at(ends.current_period_end),
+        "cancel_at_period_end": ends.cancel_at_period_end,
+        "cancel_at": at(ends.cancel_at),
+        "trial_end": at(ends.trial_end),
+        "ended_at": at(ends.ended_at),
+    });
+    if let (Some(id), Some(body)) = (id, body.as_object_mut()) {
+        body.insert("id".to_owned(), json!(id));
+    }
+    body
+}
+
 fn timestamp(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
@@ -249,6 +276,10 @@ mod tests {
                 now: SubscriptionState {
                     status: "active".into(),
                     plan: Some("pro".into()),
+                    ends: crate::billing::SubscriptionEnds {
+                        current_period_end: "2026-12-30T10:00:00Z".parse().ok(),
+                        ..Default::default()
+                    },
                 },
                 previous: None,
             },
@@ -283,7 +314,14 @@ mod tests {
         assert_eq!(plan["data"]["event_id"], 7);
         assert_eq!(plan["data"]["account"]["balance"], 500);
         assert_eq!(effects[2].body["data"]["grant"]["amount"], 490);
-        assert_eq!(effects[0].body["data"]["subscription"]["status"], "active");
+        let subscription = &effects[0].body["data"]["subscription"];
+        assert_eq!(subscription["status"], "active");
+        assert_eq!(
+            subscription["current_period_end"],
+            "2026-12-30T10:00:00.000Z"
+        );
+        assert_eq!(subscription["cancel_at_period_end"], false);
+        assert!(subscription["cancel_at"].is_null());
         assert!(effects[0].body["data"]["previous"].is_null());
     }
 

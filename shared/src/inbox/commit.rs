@@ -7,11 +7,12 @@
 //! (those rows are keyed by their provider id, not by the account), or a lease lost, writes
 //! nothing.
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::lease::Claimed;
-use crate::billing::model::EventContext;
+use crate::billing::model::{EventContext, SubscriptionEnds};
 use crate::billing::rules::{HeldIntent, Registers};
 use crate::domain::{EventStatus, Period};
 use crate::effects::NewEffect;
@@ -67,6 +68,12 @@ pub async fn commit(
         .iter()
         .filter_map(|id| Some((id.as_str(), registers.intents.get(id)?)))
         .collect();
+    let ends = |field: fn(&SubscriptionEnds) -> Option<DateTime<Utc>>| {
+        subscriptions
+            .iter()
+            .map(|(_, s, _)| field(&s.value.ends))
+            .collect::<Vec<_>>()
+    };
     let grants = &changed.grants;
     let period = Period::of(ctx.version.at);
     let ids: Vec<&str> = effects.iter().map(|e| e.id.as_str()).collect();
@@ -118,15 +125,25 @@ pub async fn commit(
                     version_rank = EXCLUDED.version_rank, version_key = EXCLUDED.version_key,
                     event_id = EXCLUDED.event_id
         ), subscriptions_written AS (
+            -- The ends go with the status: what the winning event says, nulls included.
             INSERT INTO subscriptions AS r
-                (source, subscription_id, customer_id, status, plan_key, plan, version_at,
-                 version_rank, version_key, event_id)
-            SELECT $3, s.id, $4, s.status, s.plan_key, s.plan, $7, s.rank, $8, $1
-            FROM account, unnest($14::text[], $15::text[], $16::text[], $17::text[], $18::int8[])
-                 AS s (id, status, plan_key, plan, rank)
+                (source, subscription_id, customer_id, status, plan_key, plan,
+                 current_period_end, cancel_at_period_end, cancel_at, trial_end, ended_at,
+                 version_at, version_rank, version_key, event_id)
+            SELECT $3, s.id, $4, s.status, s.plan_key, s.plan, s.current_period_end,
+                   s.cancel_at_period_end, s.cancel_at, s.trial_end, s.ended_at, $7, s.rank, $8, $1
+            FROM account, unnest($14::text[], $15::text[], $16::text[], $17::text[], $18::int8[],
+                                 $42::timestamptz[], $43::bool[], $44::timestamptz[],
+                                 $45::timestamptz[], $46::timestamptz[])
+                 AS s (id, status, plan_key, plan, rank, current_period_end, cancel_at_period_end,
+                       cancel_at, trial_end, ended_at)
             ON CONFLICT (source, subscription_id) DO UPDATE
                 SET customer_id = EXCLUDED.customer_id, status = EXCLUDED.status,
                     plan_key = EXCLUDED.plan_key, plan = EXCLUDED.plan,
+                    current_period_end = EXCLUDED.current_period_end,
+                    cancel_at_period_end = EXCLUDED.cancel_at_period_end,
+                    cancel_at = EXCLUDED.cancel_at, trial_end = EXCLUDED.trial_end,
+                    ended_at = EXCLUDED.ended_at,
                     version_at = EXCLUDED.version_at, version_rank = EXCLUDED.version_rank,
                     version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
                 -- Another customer's event may have written it since the read: see `checked`.
@@ -283,6 +300,14 @@ pub async fn commit(
         ctx.event_type,
         &subscriptions.iter().map(|(_, _, read)| *read).collect::<Vec<_>>() as &[Option<i64>],
         &payments.iter().map(|(_, _, read)| *read).collect::<Vec<_>>() as &[Option<i64>],
+        &ends(|e| e.current_period_end) as &[Option<DateTime<Utc>>],
+        &subscriptions
+            .iter()
+            .map(|(_, s, _)| s.value.ends.cancel_at_period_end)
+            .collect::<Vec<_>>(),
+        &ends(|e| e.cancel_at) as &[Option<DateTime<Utc>>],
+        &ends(|e| e.trial_end) as &[Option<DateTime<Utc>>],
+        &ends(|e| e.ended_at) as &[Option<DateTime<Utc>>],
     )
     .fetch_one(conn)
     .await;

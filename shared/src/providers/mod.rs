@@ -23,7 +23,7 @@ use http::HeaderMap;
 use serde_json::Value;
 
 use crate::billing::registers::{StoredPlan, StoredSubscription};
-use crate::billing::{Catalog, Decided, Decision};
+use crate::billing::{Catalog, Decided, Decision, Problem, SubscriptionEnds};
 use crate::config::{ConfigError, SourceConfig};
 use crate::domain::{CustomerId, DedupeKey, SourceKind, VerifiedEvent};
 use crate::http_client::LazyClient;
@@ -266,6 +266,7 @@ impl Api {
         path: &str,
         headers: &[(&str, &str)],
         plan_keys: fn(&Value) -> Vec<&str>,
+        ends: fn(&Value) -> Result<SubscriptionEnds, Problem>,
     ) -> anyhow::Result<Option<SubscriptionNow>> {
         let Some(object) = self.get_found(path, &[], headers).await? else {
             return Ok(None);
@@ -274,9 +275,12 @@ impl Api {
             .get("status")
             .and_then(Value::as_str)
             .context("the subscription read has no status")?;
+        let ends = ends(&object)
+            .map_err(|problem| anyhow::anyhow!("the subscription read: {}", problem.0))?;
         Ok(Some(SubscriptionNow {
             status: status.to_owned(),
             plan_keys: plan_keys(&object).into_iter().map(str::to_owned).collect(),
+            ends,
         }))
     }
 }
@@ -301,12 +305,44 @@ pub struct SubscriptionNow {
     pub status: String,
     /// The price, product or plan ids it names, as the events' `decide` reads them.
     pub plan_keys: Vec<String>,
+    pub ends: SubscriptionEnds,
+}
+
+/// Which of two same-second states a provider read shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shown {
+    This,
+    Tie,
+    Neither,
 }
 
 impl SubscriptionNow {
     /// Whether a register state (status and plan key) is what the provider shows.
     pub fn shows(&self, status: &str, plan_key: Option<&str>) -> bool {
         self.status == status && plan_key.is_none_or(|key| self.plan_keys.iter().any(|k| k == key))
+    }
+
+    /// Which of an event's state and its same-second tie's (status, plan key, ends) the
+    /// provider shows: the one whose status and plan it shows, and of two such, the one whose
+    /// ends it shows too (a cancellation scheduled and withdrawn in one second differ only
+    /// there); the event's own when the read tells them no further apart.
+    pub fn settles(
+        &self,
+        this: (&str, Option<&str>, &SubscriptionEnds),
+        tie: (&str, Option<&str>, &SubscriptionEnds),
+    ) -> Shown {
+        let score = |(status, plan_key, ends): (&str, Option<&str>, &SubscriptionEnds)| {
+            let shown = self.shows(status, plan_key);
+            (shown, shown && self.ends == *ends)
+        };
+        let (this, tie) = (score(this), score(tie));
+        if this.0 && this >= tie {
+            Shown::This
+        } else if tie.0 {
+            Shown::Tie
+        } else {
+            Shown::Neither
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
-use super::decide::plan_keys;
+use super::decide::{ends, plan_keys};
 use super::parse_event;
 use crate::billing::registers::StoredSubscription;
 use crate::domain::CustomerId;
@@ -76,12 +76,16 @@ impl SubscriptionSweep for PolarSubscriptions {
             .context("subscription modified_at")?
             .with_timezone(&Utc);
         let remote_plan = text("/product_id");
+        // Ends that cannot be read are no reason to store a correction: the event's own
+        // reading would find it unprocessable.
+        let remote_ends = ends(subscription).ok();
         let differs = match local {
             None => true,
             Some(l) => {
                 remote_at > l.version_at
                     && (l.status != status
-                        || (remote_plan.is_some() && l.plan_key.as_deref() != remote_plan))
+                        || (remote_plan.is_some() && l.plan_key.as_deref() != remote_plan)
+                        || remote_ends.is_some_and(|ends| ends != l.ends))
             }
         };
         if !differs {
@@ -110,7 +114,7 @@ impl PolarReads {
 
     async fn read_subscription(&self, id: &str) -> anyhow::Result<Option<SubscriptionNow>> {
         let path = format!("/v1/subscriptions/{}", path_id(id)?);
-        self.api.subscription_now(&path, &[], plan_keys).await
+        self.api.subscription_now(&path, &[], plan_keys, ends).await
     }
 }
 

@@ -3,9 +3,11 @@
 
 use serde_json::Value;
 
-use crate::billing::model::read::{first_text, required, resolve, text};
+use crate::billing::model::read::{first_text, flag, iso_time, required, resolve, text};
 use crate::billing::model::{not_billing, paid, subscription_effects};
-use crate::billing::{Catalog, Decided, Decision, Effect, PaymentStatus, Problem};
+use crate::billing::{
+    Catalog, Decided, Decision, Effect, PaymentStatus, Problem, SubscriptionEnds,
+};
 
 /// Polar's and other Standard Webhooks senders' subscription state: the object's `status`,
 /// or what the event type implies when the object carries none.
@@ -34,6 +36,18 @@ pub(super) fn plan_keys(data: &Value) -> Vec<&str> {
     keys
 }
 
+/// A Polar subscription's ends (RFC 3339). Polar's `ends_at` is "the timestamp when the
+/// subscription will end": a scheduled cancellation's time, which is `cancel_at` here.
+pub(super) fn ends(data: &Value) -> Result<SubscriptionEnds, Problem> {
+    Ok(SubscriptionEnds {
+        current_period_end: iso_time(data, "/current_period_end")?,
+        cancel_at_period_end: flag(data, "/cancel_at_period_end")?,
+        cancel_at: iso_time(data, "/ends_at")?,
+        trial_end: iso_time(data, "/trial_end")?,
+        ended_at: iso_time(data, "/ended_at")?,
+    })
+}
+
 /// What a Standard Webhooks (Polar) event means for the billing registers.
 pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
     let data = p
@@ -52,7 +66,7 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
             let status = standard_status(event_type, data)
                 .ok_or_else(|| Problem("no /data/status in the payload".into()))?
                 .to_owned();
-            subscription_effects(id, status, resolve(catalog, &plan_keys()))
+            subscription_effects(id, status, ends(data)?, resolve(catalog, &plan_keys()))
         }
         "order.paid" => paid(
             required(data, "/id")?.to_owned(),
@@ -98,6 +112,43 @@ mod tests {
         };
         assert!(matches!(&effects[0], Effect::Subscription { status, .. } if status == "canceled"));
         assert_eq!(effects.len(), 1, "a canceled subscription grants nothing");
+    }
+
+    #[test]
+    fn polar_ends_are_read_and_ends_at_is_when_a_cancellation_ends_it() {
+        let corpus = |name: &str| -> Value {
+            let path = format!(
+                "{}/../testdata/providers/polar/{name}.json",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+        };
+        let canceled = corpus("subscription.canceled");
+        let read = ends(&canceled["data"]).unwrap();
+        assert!(read.cancel_at_period_end);
+        assert_eq!(
+            read.cancel_at, read.current_period_end,
+            "it ends with its period"
+        );
+        assert!(read.cancel_at.is_some());
+        let uncanceled = ends(&corpus("subscription.uncanceled")["data"]).unwrap();
+        assert!(!uncanceled.cancel_at_period_end);
+        assert_eq!(uncanceled.cancel_at, None);
+        assert!(ends(&corpus("subscription.revoked")["data"])
+            .unwrap()
+            .ended_at
+            .is_some());
+        let bad = json!({"data": {"id": "s", "status": "active", "ends_at": 12}});
+        assert_eq!(
+            decide(
+                SourceKind::StandardWebhooks,
+                "subscription.updated",
+                &bad,
+                &key("e"),
+                &catalog()
+            ),
+            Decision::Unprocessable("/ends_at is not an RFC 3339 time".into())
+        );
     }
 
     #[test]

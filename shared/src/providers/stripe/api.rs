@@ -7,7 +7,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use super::decide::{plan_keys, HANDLED_TYPES};
+use super::decide::{ends, plan_keys, HANDLED_TYPES};
 use super::{connected_account, parse_event};
 use crate::domain::CustomerId;
 use crate::providers::{
@@ -124,7 +124,9 @@ impl StripeReads {
     ) -> anyhow::Result<Option<SubscriptionNow>> {
         let path = format!("/v1/subscriptions/{}", path_id(id)?);
         let headers = read_headers(customer);
-        self.api.subscription_now(&path, &headers, plan_keys).await
+        self.api
+            .subscription_now(&path, &headers, plan_keys, ends)
+            .await
     }
 
     async fn read_invoice_of(

@@ -3,9 +3,11 @@
 
 use serde_json::Value;
 
-use crate::billing::model::read::{first_text, required, resolve};
+use crate::billing::model::read::{first_text, flag, required, resolve, unix_time};
 use crate::billing::model::{not_billing, paid, subscription_effects};
-use crate::billing::{Catalog, Decided, Decision, Effect, PaymentStatus, Problem};
+use crate::billing::{
+    Catalog, Decided, Decision, Effect, PaymentStatus, Problem, SubscriptionEnds,
+};
 
 /// Price and plan ids a Stripe object names, most specific first.
 pub(super) fn plan_keys(object: &Value) -> Vec<&str> {
@@ -26,6 +28,31 @@ pub(super) fn plan_keys(object: &Value) -> Vec<&str> {
     keys.extend(first_text(object, &["/plan/id", "/price/id"]));
     keys.dedup();
     keys
+}
+
+/// A Stripe subscription's ends (unix seconds). The period end is the subscription's before
+/// 2025-03-31 (basil); from basil on each item has its own (`items.data[].current_period_end`)
+/// and the subscription runs until the latest of them. The rest are the subscription's in
+/// both generations.
+pub(super) fn ends(object: &Value) -> Result<SubscriptionEnds, Problem> {
+    let mut current_period_end = unix_time(object, "/current_period_end")?;
+    if current_period_end.is_none() {
+        for item in object
+            .pointer("/items/data")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            current_period_end = current_period_end.max(unix_time(item, "/current_period_end")?);
+        }
+    }
+    Ok(SubscriptionEnds {
+        current_period_end,
+        cancel_at_period_end: flag(object, "/cancel_at_period_end")?,
+        cancel_at: unix_time(object, "/cancel_at")?,
+        trial_end: unix_time(object, "/trial_end")?,
+        ended_at: unix_time(object, "/ended_at")?,
+    })
 }
 
 /// The event types `decide` gives a meaning (Stripe's `types[]` filter takes up to 20).
@@ -93,7 +120,8 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
         | "customer.subscription.resumed" => {
             let id = required(object, "/id")?.to_owned();
             let status = required(object, "/status")?.to_owned();
-            subscription_effects(id, status, resolve(catalog, &plan_keys(object)))
+            let ends = ends(object)?;
+            subscription_effects(id, status, ends, resolve(catalog, &plan_keys(object)))
         }
         "invoice.paid" | "invoice.payment_succeeded" => {
             let id = required(object, "/id")?;
@@ -204,6 +232,7 @@ mod tests {
                 id: "sub_1".into(),
                 status: "past_due".into(),
                 plan: Some(price_pro.clone()),
+                ends: SubscriptionEnds::default(),
                 rank: crate::billing::Rank::of_status("past_due"),
             }])
         );
@@ -220,6 +249,47 @@ mod tests {
             panic!()
         };
         assert_eq!(active.last(), Some(&Effect::Grant { plan: price_pro }));
+    }
+
+    #[test]
+    fn stripe_ends_are_read_from_the_subscription_before_basil_and_its_items_from_basil_on() {
+        let corpus = |generation: &str| -> Value {
+            let path = format!(
+                "{}/../testdata/providers/stripe/{generation}/customer.subscription.updated.json",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+        };
+        let period_end = chrono::DateTime::from_timestamp(1_767_225_600, 0);
+        for generation in ["pre-basil", "basil"] {
+            let mut event = corpus(generation);
+            let object = &mut event["data"]["object"];
+            object["cancel_at_period_end"] = json!(true);
+            object["cancel_at"] = json!(1_767_225_600);
+            let read = ends(&event["data"]["object"]).unwrap();
+            assert_eq!(
+                read,
+                SubscriptionEnds {
+                    current_period_end: period_end,
+                    cancel_at_period_end: true,
+                    cancel_at: period_end,
+                    trial_end: None,
+                    ended_at: None,
+                },
+                "{generation}"
+            );
+        }
+        let bad = json!({"id": "sub_1", "status": "active", "cancel_at": "tomorrow"});
+        assert_eq!(
+            decide(
+                SourceKind::Stripe,
+                "customer.subscription.updated",
+                &json!({"data": {"object": bad}}),
+                &key("e"),
+                &catalog()
+            ),
+            Decision::Unprocessable("/cancel_at is not a time in unix seconds".into())
+        );
     }
 
     #[test]
