@@ -6,6 +6,7 @@
 #
 #   source scripts/stack.sh
 #   stack_env        # export DATABASE_URL, QUEUE_URL, EFFECTS_QUEUE_URL, AWS_*, INBOX_* (caller's values win)
+#   stack_sources_env [inboxctl]  # export INBOX_SOURCES, the dev sources (needs a built inboxctl)
 #   stack_effects_env  # effects on: INBOX_EFFECTS, a webhook sink at the local `inboxctl listen`
 #   ensure_services  # install what is missing, start what is not running
 #   stop_sqs; stop_aws; stop_postgres
@@ -90,15 +91,17 @@ stack_env() {
   : "${INBOX_LISTEN_PORT:=61920}"
   export INBOX_LISTEN_PORT
 
-  # development sources and plans (the secrets are dev-only values)
-  local dev_sources dev_plans
+  # development plans; the sources come from the providers' fixtures (stack_sources_env),
+  # through inboxctl: here when it is built, else after the build of the script that needs them
+  local dev_plans
   : "${INBOX_JWKS_PORT:=61325}"
   export INBOX_JWKS_PORT
-  dev_sources='[{"name":"stripe","kind":"stripe","secrets":["whsec_devsecret_stripe_0123456789"]},{"name":"polar","kind":"standard-webhooks","secrets":["polar_whs_devsecret_0123456789"],"secret_encoding":"raw"},{"name":"kinde","kind":"kinde","jwks_url":"http://127.0.0.1:'"$INBOX_JWKS_PORT"'/jwks.json"}]'
   dev_plans='{"free":{"plan":"free","monthly_allowance":10},"pro":{"plan":"pro","monthly_allowance":500},"price_pro":{"plan":"pro","monthly_allowance":500},"prod_pro":{"plan":"pro","monthly_allowance":500},"team":{"plan":"team","monthly_allowance":2000},"price_team":{"plan":"team","monthly_allowance":2000},"prod_team":{"plan":"team","monthly_allowance":2000}}'
-  [ -n "${INBOX_SOURCES:-}" ] || INBOX_SOURCES="$dev_sources"
   [ -n "${INBOX_PLANS:-}" ] || INBOX_PLANS="$dev_plans"
-  export INBOX_SOURCES INBOX_PLANS
+  export INBOX_PLANS
+  if [ -x "$ROOT/target/debug/inboxctl" ]; then
+    stack_sources_env "$ROOT/target/debug/inboxctl" 2>/dev/null || true
+  fi
   # the app API's dev key (dev-only; scripts/dev prints it): INBOX_API_KEYS lists its hash
   : "${INBOX_DEV_API_KEY:=bik_dev_local_only_0123456789abcdef0123456789abcdef}"
   export INBOX_DEV_API_KEY
@@ -110,6 +113,27 @@ stack_env() {
   : "${INBOX_DEV_KINDE_KEY:=$ROOT/.dev/kinde/key.pem}"
   : "${INBOX_DEV_KINDE_KID:=dev-key}"
   export INBOX_DEV_KINDE_KEY INBOX_DEV_KINDE_KID
+}
+
+# stack_sources_env [inboxctl]: export INBOX_SOURCES (caller's value wins), the development
+# sources: one per provider, with its dev-only secret (Kinde: the local JWKS), as each provider
+# folder's fixtures configure it (`inboxctl dev sources`). $1 is the inboxctl to ask (default
+# target/debug/inboxctl), so a script calls this after building it. A value this function set
+# before is made again: the binary may be newer than when it was set.
+_STACK_DEV_SOURCES=${_STACK_DEV_SOURCES:-}
+stack_sources_env() {
+  local bin="${1:-$ROOT/target/debug/inboxctl}" sources
+  if [ -n "${INBOX_SOURCES:-}" ] && [ "$INBOX_SOURCES" != "$_STACK_DEV_SOURCES" ]; then
+    return 0
+  fi
+  : "${INBOX_JWKS_PORT:=61325}"
+  sources="$("$bin" dev sources --jwks-url "http://127.0.0.1:$INBOX_JWKS_PORT/jwks.json")" || {
+    _stack_err "sources: \`$bin dev sources\` failed (is inboxctl built?)"
+    return 1
+  }
+  INBOX_SOURCES="$sources"
+  _STACK_DEV_SOURCES="$sources"
+  export INBOX_SOURCES INBOX_JWKS_PORT
 }
 
 # stack_effects_env: turn effects on (export INBOX_EFFECTS, caller's value wins): one webhook

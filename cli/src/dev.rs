@@ -2,7 +2,7 @@
 //! given the command that serves the functions (`cargo lambda watch …`), its supervisor: a
 //! function process that died (a panic, a kill) is never started again by `cargo lambda
 //! watch`, so the pipeline would hang in silence. Invocations that time out or fail in a row
-//! say so and restart the functions.
+//! say so and restart the functions. `inboxctl dev sources` prints the local stack's sources.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -10,15 +10,19 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Args;
+use clap::{Args, Subcommand};
 use serde_json::Value;
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
 use shared::dev::bridge;
+use shared::providers::fixtures;
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct DevArgs {
+    #[command(subcommand)]
+    pub command: Option<DevCommand>,
     /// Where `cargo lambda watch` serves the Lambda Invoke API.
     #[arg(
         long,
@@ -26,9 +30,10 @@ pub struct DevArgs {
         default_value = "http://127.0.0.1:61900"
     )]
     pub invoke_url: String,
-    /// The queue the intake sends to.
+    /// The queue the intake sends to (required to bridge; optional so that `dev sources`
+    /// needs none).
     #[arg(long, env = "QUEUE_URL")]
-    pub queue_url: String,
+    pub queue_url: Option<String>,
     /// The effects queue the worker sends to; when set, it is bridged to the dispatcher.
     #[arg(long, env = "EFFECTS_QUEUE_URL")]
     pub effects_queue_url: Option<String>,
@@ -49,6 +54,17 @@ pub struct DevArgs {
     /// Failed invocations in a row that count as a dead function.
     #[arg(long, default_value_t = 3)]
     pub failures_before_restart: u32,
+}
+
+#[derive(Subcommand)]
+pub enum DevCommand {
+    /// Print the local stack's INBOX_SOURCES: one development source per provider, as its
+    /// fixtures configure it (dev-only secrets; Kinde verified with the local JWKS).
+    Sources {
+        /// Where the local JWKS serves the public half of the dev Kinde key.
+        #[arg(long, default_value = "http://127.0.0.1:61325/jwks.json")]
+        jwks_url: String,
+    },
 }
 
 /// The functions' process, when `dev` runs it.
@@ -228,6 +244,15 @@ async fn wait_until_up(functions: &Functions, invoke_url: &str) -> anyhow::Resul
 }
 
 pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
+    if let Some(DevCommand::Sources { jwks_url }) = &args.command {
+        let local = fixtures::Local { jwks_url };
+        out!("{}", fixtures::dev_sources(&local));
+        return Ok(());
+    }
+    let queue_url = args
+        .queue_url
+        .as_deref()
+        .context("QUEUE_URL is not set (or pass --queue-url)")?;
     // Long polls outlast the short timeouts the functions use.
     let sqs = aws_sdk_sqs::Client::from_conf(
         aws_sdk_sqs::config::Builder::from(&shared::queue::sdk_config().await)
@@ -258,12 +283,12 @@ pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
     };
     eprintln!(
         "dev: bridging {} -> worker at {}; scheduler every {} s (Ctrl-C stops)",
-        args.queue_url, args.invoke_url, args.tick_secs
+        queue_url, args.invoke_url, args.tick_secs
     );
     if let Some(effects) = &args.effects_queue_url {
         eprintln!("dev: bridging {effects} -> dispatcher");
     }
-    let bridge = bridge_loop(&sqs, &args.queue_url, "worker", &invoker);
+    let bridge = bridge_loop(&sqs, queue_url, "worker", &invoker);
     let effects_bridge = async {
         match &args.effects_queue_url {
             Some(url) => bridge_loop(&sqs, url, "dispatcher", &invoker).await,

@@ -766,3 +766,29 @@ async fn usage_record_refusals_exit_with_their_own_codes(pool: PgPool) {
         .env("DATABASE_URL", &url));
     assert_eq!(output.status.code(), Some(2), "--key is required");
 }
+
+#[test]
+fn dev_sources_prints_the_local_stacks_sources_one_per_provider() {
+    let jwks = "http://127.0.0.1:61999/jwks.json";
+    let (output, stdout, stderr) = run(inboxctl().args(["dev", "sources", "--jwks-url", jwks]));
+    assert!(output.status.success(), "{stderr}");
+
+    let sources = shared::config::parse_sources(stdout.trim()).unwrap();
+    let kinds: Vec<_> = sources.iter().map(|s| s.kind).collect();
+    assert_eq!(kinds, shared::domain::SourceKind::ALL);
+    let kinde = sources.iter().find(|s| s.name == "kinde").unwrap();
+    assert_eq!(kinde.jwks_url.as_deref(), Some(jwks));
+    let stripe = sources.iter().find(|s| s.name == "stripe").unwrap();
+    assert_eq!(stripe.secrets, [STRIPE_SECRET]);
+}
+
+#[test]
+fn the_bridge_without_a_queue_says_which_variable_is_missing() {
+    let (output, _, stderr) = run(inboxctl().env_remove("QUEUE_URL").args(["dev"]));
+
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr.contains("QUEUE_URL is not set (or pass --queue-url)"),
+        "{stderr}"
+    );
+}

@@ -8,17 +8,19 @@ use chrono::Utc;
 use http::StatusCode;
 use lambda_http::Body;
 use serde_json::{json, Value};
-use shared::config::parse_sources;
+use shared::config::{parse_sources, SourceConfig};
 use shared::handlers::intake::{self, IntakeState};
 use shared::handlers::worker::WorkerState;
-use shared::providers::{kinde, stripe, Sources};
+use shared::providers::{fixtures, kinde, standard_webhooks, stripe, Sources};
 use shared::queue::Queue;
 use sqlx::PgPool;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-pub const STRIPE_SECRET: &str = "whsec_test_stripe_secret";
-pub const POLAR_SECRET: &str = "polar_whs_test_secret";
+/// The test sources are the development sources (`fixtures::dev_sources`), with their secrets;
+/// Kinde's tokens are signed with the test key below and verified with a mocked JWKS.
+pub const STRIPE_SECRET: &str = stripe::fixtures::DEV_SECRET;
+pub const POLAR_SECRET: &str = standard_webhooks::fixtures::DEV_SECRET;
 pub const KINDE_KEY: &[u8] = include_bytes!("../../testdata/kinde_test_key_a.pem");
 pub const KINDE_KID: &str = "test-key-a";
 const JWKS: &str = include_str!("../../testdata/jwks_a.json");
@@ -94,15 +96,7 @@ impl TestApp {
             .respond_with(ResponseTemplate::new(200).set_body_raw(JWKS, "application/json"))
             .mount(&jwks)
             .await;
-        let sources = parse_sources(
-            &json!([
-                {"name": "stripe", "kind": "stripe", "secrets": ["whsec_old_unused", STRIPE_SECRET]},
-                {"name": "polar", "kind": "standard-webhooks", "secrets": [POLAR_SECRET], "secret_encoding": "raw"},
-                {"name": "kinde", "kind": "kinde", "jwks_url": format!("{}/.well-known/jwks", jwks.uri())}
-            ])
-            .to_string(),
-        )
-        .unwrap();
+        let sources = test_sources(&format!("{}/.well-known/jwks", jwks.uri()));
         let sources = Sources::build(&sources, Duration::from_secs(300), reqwest_client()).unwrap();
         let state = IntakeState::new(intake_pool, queue, sources);
         let worker = test_worker(pool.clone());
@@ -273,18 +267,21 @@ pub const PLANS: &str = r#"{
     "prod_team": {"plan": "team", "monthly_allowance": 2000}
 }"#;
 
+/// The test sources: the development source of every registered provider, Kinde's verified
+/// with the JWKS at `jwks_url`.
+pub fn test_sources(jwks_url: &str) -> Vec<SourceConfig> {
+    let local = fixtures::Local { jwks_url };
+    parse_sources(&fixtures::dev_sources(&local).to_string()).unwrap()
+}
+
 /// A worker on `pool` with the test sources and catalog, retrying at once (no waits) so
 /// tests can drive retries without sleeping.
 pub fn test_worker(pool: PgPool) -> WorkerState {
-    use shared::domain::SourceKind;
-    let sources = [
-        ("stripe", SourceKind::Stripe),
-        ("polar", SourceKind::StandardWebhooks),
-        ("kinde", SourceKind::Kinde),
-    ]
-    .into_iter()
-    .map(|(name, kind)| (name.to_owned(), kind.into()))
-    .collect();
+    // the worker verifies nothing: only the sources' names and kinds count here
+    let sources = test_sources("http://127.0.0.1:9/unused")
+        .into_iter()
+        .map(|source| (source.name, source.kind.into()))
+        .collect();
     let mut worker = WorkerState::new(
         pool,
         sources,

@@ -755,8 +755,25 @@ async fn a_server_that_became_read_only_in_a_failover_is_answered_503_and_nothin
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn which_secret_verified_a_delivery_is_kept_and_an_older_one_is_a_metric(pool: PgPool) {
-    let app = TestApp::spawn(pool).await;
-    // The test source lists an unused secret first: its deliveries verify with the second.
+    let mut app = TestApp::spawn(pool.clone()).await;
+    // A Stripe source mid-rotation lists an unused secret first: its deliveries verify with
+    // the second.
+    let rolling = shared::config::parse_sources(
+        &json!([{"name": "stripe", "kind": "stripe", "secrets": ["whsec_old_unused", STRIPE_SECRET]}])
+            .to_string(),
+    )
+    .unwrap();
+    let sources = shared::providers::Sources::build(
+        &rolling,
+        std::time::Duration::from_secs(300),
+        reqwest::Client::new(),
+    )
+    .unwrap();
+    app.state = IntakeState::new(
+        pool,
+        Queue::new(app.sqs.clone(), app.queue_url.clone()),
+        sources,
+    );
     let event = stripe_event("evt_roll", "cus_roll", Utc::now().timestamp());
     let (_, body) = app.post("stripe", &stripe_delivery(&event)).await;
     let index: Option<i16> =

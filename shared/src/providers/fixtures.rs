@@ -36,6 +36,13 @@ pub struct SignedDelivery {
     pub body: Vec<u8>,
 }
 
+/// Where the local stand-ins of providers' services are, for the development sources that
+/// point at one: the dev stack's (`inboxctl dev sources`) or a test's.
+pub struct Local<'a> {
+    /// The JWKS that serves the public half of the local signing key (Kinde).
+    pub jwks_url: &'a str,
+}
+
 /// The local signing key for a Kinde source: a PEM private key and the `kid` its JWKS names.
 pub struct KindeKey {
     pub pem: Vec<u8>,
@@ -56,6 +63,11 @@ pub trait Fixtures: Sync {
     fn signs_with_a_key(&self) -> bool {
         false
     }
+
+    /// This provider's development source, as the dev stack and the tests configure it: its
+    /// `INBOX_SOURCES` entry, with the dev-only secret or, for a provider that signs with a
+    /// key, the local JWKS.
+    fn dev_source(&self, local: &Local) -> Value;
 
     /// The event's payload, and its id (the dedupe key the provider would use).
     fn payload(&self, spec: &Spec) -> Result<(String, Value), String>;
@@ -80,6 +92,15 @@ pub fn sample_plan(kind: SourceKind) -> &'static str {
 
 pub fn signs_with_a_key(kind: SourceKind) -> bool {
     provider(kind).fixtures().signs_with_a_key()
+}
+
+/// The development sources, one per provider: the `INBOX_SOURCES` of the dev stack and the
+/// tests.
+pub fn dev_sources(local: &Local) -> Value {
+    SourceKind::ALL
+        .iter()
+        .map(|&kind| provider(kind).fixtures().dev_source(local))
+        .collect()
 }
 
 pub fn payload(kind: SourceKind, spec: &Spec) -> Result<(String, Value), String> {
@@ -152,6 +173,18 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_dev_sources_parse_one_per_kind_each_of_its_kind() {
+        let json = dev_sources(&Local {
+            jwks_url: "http://127.0.0.1:61325/jwks.json",
+        });
+        let sources = crate::config::parse_sources(&json.to_string()).unwrap();
+        let kinds: Vec<SourceKind> = sources.iter().map(|s| s.kind).collect();
+        assert_eq!(kinds, SourceKind::ALL);
+        let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["kinde", "stripe", "polar"]);
     }
 
     #[test]

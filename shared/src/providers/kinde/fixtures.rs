@@ -6,8 +6,9 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::config::SourceConfig;
+use crate::domain::SourceKind;
 use crate::providers::fixtures::{
-    random_id, unknown_kind, Fixtures, KindeKey, SignedDelivery, Spec,
+    random_id, unknown_kind, Fixtures, KindeKey, Local, SignedDelivery, Spec,
 };
 
 pub struct KindeFixtures;
@@ -44,6 +45,11 @@ impl Fixtures for KindeFixtures {
 
     fn signs_with_a_key(&self) -> bool {
         true
+    }
+
+    /// Verified with the local JWKS: its tokens are signed with a local key, not a secret.
+    fn dev_source(&self, local: &Local) -> Value {
+        json!({"name": "kinde", "kind": SourceKind::Kinde.as_str(), "jwks_url": local.jwks_url})
     }
 
     fn payload(&self, spec: &Spec) -> Result<(String, Value), String> {

@@ -5,14 +5,19 @@ use chrono::Utc;
 use serde_json::{json, Value};
 
 use crate::config::SourceConfig;
+use crate::domain::SourceKind;
 use crate::providers::fixtures::{
-    random_id, unknown_kind, Fixtures, KindeKey, SignedDelivery, Spec,
+    random_id, unknown_kind, Fixtures, KindeKey, Local, SignedDelivery, Spec,
 };
 use crate::signing::standard_webhooks::{
     decode_secret, signature, SecretEncoding, ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
 
 pub struct StandardFixtures;
+
+/// The development source's signing secret (a dev-only value), used as its raw bytes as
+/// Polar's secrets are (`secret_encoding: raw`, docs/design.md §6.3).
+pub const DEV_SECRET: &str = "polar_whs_devsecret_0123456789";
 
 const KINDS: &[&str] = &["subscription", "revoked", "order-paid", "order-refunded"];
 
@@ -23,6 +28,12 @@ impl Fixtures for StandardFixtures {
 
     fn sample_plan(&self) -> &'static str {
         "prod_pro"
+    }
+
+    /// Named `polar`: the development source stands for Polar.
+    fn dev_source(&self, _local: &Local) -> Value {
+        json!({"name": "polar", "kind": SourceKind::StandardWebhooks.as_str(),
+               "secrets": [DEV_SECRET], "secret_encoding": "raw"})
     }
 
     fn payload(&self, spec: &Spec) -> Result<(String, Value), String> {

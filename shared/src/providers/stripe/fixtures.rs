@@ -5,11 +5,15 @@ use chrono::Utc;
 use serde_json::{json, Value};
 
 use crate::config::SourceConfig;
+use crate::domain::SourceKind;
 use crate::providers::fixtures::{
-    hmac_sha256, random_id, unknown_kind, Fixtures, KindeKey, SignedDelivery, Spec,
+    hmac_sha256, random_id, unknown_kind, Fixtures, KindeKey, Local, SignedDelivery, Spec,
 };
 
 pub struct StripeFixtures;
+
+/// The development source's signing secret (a dev-only value).
+pub const DEV_SECRET: &str = "whsec_devsecret_stripe_0123456789";
 
 const KINDS: &[&str] = &[
     "subscription",
@@ -36,6 +40,10 @@ impl Fixtures for StripeFixtures {
 
     fn sample_plan(&self) -> &'static str {
         "price_pro"
+    }
+
+    fn dev_source(&self, _local: &Local) -> Value {
+        json!({"name": "stripe", "kind": SourceKind::Stripe.as_str(), "secrets": [DEV_SECRET]})
     }
 
     fn payload(&self, spec: &Spec) -> Result<(String, Value), String> {
