@@ -118,6 +118,17 @@ async fn account_json(app: &TestApp, source: &str, customer: &str) -> Vec<Value>
     account["subscriptions"].as_array().unwrap().clone()
 }
 
+/// `inboxctl account <customer>` as text.
+async fn account_text(app: &TestApp, source: &str, customer: &str) -> String {
+    let url = database_url(&app.pool).await;
+    let (output, stdout, stderr) = run(inboxctl()
+        .args(["account", customer, "--source", source])
+        .env("INBOX_PLANS", CORPUS_PLANS)
+        .env("DATABASE_URL", &url));
+    assert!(output.status.success(), "{stderr}");
+    stdout
+}
+
 /// Schedules the cancellation and withdraws it, in both Stripe API generations.
 async fn stripe_schedule_and_withdraw(pool: PgPool, generation: &str) {
     let app = app_with_effects(pool).await;
@@ -145,6 +156,13 @@ async fn stripe_schedule_and_withdraw(pool: PgPool, generation: &str) {
     );
     let listed = account_json(&app, "stripe", &customer).await;
     assert_eq!(listed[0]["cancel_at_period_end"], true, "{generation}");
+    let text = account_text(&app, "stripe", &customer).await;
+    assert!(
+        text.lines().any(|l| l.contains(&sub)
+            && l.contains("pro")
+            && l.contains("until 2026-01-01, cancels at period end")),
+        "{generation}: {text}"
+    );
     assert_eq!(listed[0]["current_period_end"], "2026-01-01T00:00:00Z");
     assert_eq!(listed[0]["cancel_at"], "2026-01-01T00:00:00Z");
     let (now, previous) = told(&app).await.pop().unwrap();
