@@ -190,6 +190,7 @@ fn workload(
             at: Utc::now() - chrono::Duration::seconds((n % 3600) as i64),
             object_id: Some(format!("obj_{}", n % 1500)),
             status: None,
+            cancel_at_period_end: false,
             event_id: Some(format!("{prefix}{n}")),
         };
         let (id, payload) = sender.build(&source.name, &spec)?;

@@ -352,6 +352,7 @@ fn spec(
         at,
         object_id: object,
         status: status.map(str::to_owned),
+        cancel_at_period_end: false,
         event_id: Some(event_id.to_owned()),
     }
 }

@@ -35,6 +35,9 @@ pub struct SendArgs {
     /// A subscription's status (default: active).
     #[arg(long)]
     pub status: Option<String>,
+    /// A subscription event: the customer scheduled its cancellation at period end.
+    #[arg(long)]
+    pub cancel_at_period_end: bool,
     /// The event's id (the dedupe key); random by default.
     #[arg(long)]
     pub id: Option<String>,
@@ -95,6 +98,7 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
         at,
         object_id: args.object.clone(),
         status: args.status.clone(),
+        cancel_at_period_end: args.cancel_at_period_end,
         event_id: args.id.clone(),
     };
     let http = reqwest::Client::new();

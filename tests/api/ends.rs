@@ -118,6 +118,17 @@ async fn account_json(app: &TestApp, source: &str, customer: &str) -> Vec<Value>
     account["subscriptions"].as_array().unwrap().clone()
 }
 
+/// `inboxctl account <customer>` as text.
+async fn account_text(app: &TestApp, source: &str, customer: &str) -> String {
+    let url = database_url(&app.pool).await;
+    let (output, stdout, stderr) = run(inboxctl()
+        .args(["account", customer, "--source", source])
+        .env("INBOX_PLANS", CORPUS_PLANS)
+        .env("DATABASE_URL", &url));
+    assert!(output.status.success(), "{stderr}");
+    stdout
+}
+
 /// Schedules the cancellation and withdraws it, in both Stripe API generations.
 async fn stripe_schedule_and_withdraw(pool: PgPool, generation: &str) {
     let app = app_with_effects(pool).await;
@@ -145,6 +156,13 @@ async fn stripe_schedule_and_withdraw(pool: PgPool, generation: &str) {
     );
     let listed = account_json(&app, "stripe", &customer).await;
     assert_eq!(listed[0]["cancel_at_period_end"], true, "{generation}");
+    let text = account_text(&app, "stripe", &customer).await;
+    assert!(
+        text.lines().any(|l| l.contains(&sub)
+            && l.contains("pro")
+            && l.contains("until 2026-01-01, cancels at period end")),
+        "{generation}: {text}"
+    );
     assert_eq!(listed[0]["current_period_end"], "2026-01-01T00:00:00Z");
     assert_eq!(listed[0]["cancel_at"], "2026-01-01T00:00:00Z");
     let (now, previous) = told(&app).await.pop().unwrap();
@@ -352,4 +370,40 @@ async fn a_provider_read_settles_a_same_second_tie_that_differs_only_in_the_ends
             "order {n}: {reasons:?}"
         );
     }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn polars_sweep_corrects_a_cancellation_the_webhooks_never_brought(pool: PgPool) {
+    use crate::scheduler::{polar_api_returns, polar_reconciler, scheduler_for};
+
+    let app = TestApp::spawn(pool).await;
+    let subscription = |cancel: bool, at: &str| {
+        let ends_at = cancel.then_some("2026-03-01T00:00:00Z");
+        json!({"id": "sub_sweep", "customer_id": "pc_sweep", "status": "active",
+               "product_id": "prod_pro", "modified_at": at, "created_at": "2026-01-01T00:00:00Z",
+               "current_period_start": "2026-02-01T00:00:00Z",
+               "current_period_end": "2026-03-01T00:00:00Z", "cancel_at_period_end": cancel,
+               "canceled_at": cancel.then_some(at), "ends_at": ends_at, "ended_at": null,
+               "trial_end": null})
+    };
+    let webhook = json!({"type": "subscription.updated", "timestamp": "2026-02-01T00:00:00Z",
+                         "data": subscription(false, "2026-02-01T00:00:00Z")});
+    app.post("polar", &polar_delivery("msg_sweep", &webhook))
+        .await;
+    app.run_worker().await;
+    let server = wiremock::MockServer::start().await;
+    let scheduler = scheduler_for(&app, vec![polar_reconciler(&server)]);
+
+    // Same status and product, a cancellation scheduled since: a correction applies it.
+    polar_api_returns(&server, subscription(true, "2026-02-10T00:00:00Z")).await;
+    let report = shared::handlers::scheduler::run(&scheduler).await;
+    assert_eq!(report.reconciliation[0].discrepancies, 1, "{report:?}");
+    app.run_worker().await;
+    let held = register(&app, "sub_sweep").await;
+    assert_eq!(held["cancel_at_period_end"], true);
+    assert_eq!(held["cancel_at"], "2026-03-01T00:00:00+00:00");
+
+    // Read again: local and remote agree.
+    let report = shared::handlers::scheduler::run(&scheduler).await;
+    assert_eq!(report.reconciliation[0].discrepancies, 0);
 }

@@ -25,6 +25,8 @@ pub struct Spec {
     pub object_id: Option<String>,
     /// For subscription events: the object's status.
     pub status: Option<String>,
+    /// For subscription events: a cancellation at period end is scheduled.
+    pub cancel_at_period_end: bool,
     /// The event's own id / message id; random when absent.
     pub event_id: Option<String>,
 }
@@ -161,6 +163,7 @@ mod tests {
                     at: Utc::now(),
                     object_id: None,
                     status: None,
+                    cancel_at_period_end: false,
                     event_id: None,
                 };
                 let (id, payload) = payload(source, &spec).unwrap();
@@ -185,6 +188,37 @@ mod tests {
         assert_eq!(kinds, SourceKind::ALL);
         let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["kinde", "stripe", "polar"]);
+    }
+
+    #[test]
+    fn a_subscription_with_a_cancellation_scheduled_carries_it_as_each_provider_does() {
+        let catalog = Catalog::parse(r#"{"pro":{"plan":"pro","monthly_allowance":500}}"#).unwrap();
+        for source in [SourceKind::Stripe, SourceKind::StandardWebhooks] {
+            let spec = Spec {
+                kind: "subscription".into(),
+                customer: "cus_1".into(),
+                plan: None,
+                at: Utc::now(),
+                object_id: None,
+                status: None,
+                cancel_at_period_end: true,
+                event_id: None,
+            };
+            let (id, payload) = payload(source, &spec).unwrap();
+            let event_type = payload["type"].as_str().unwrap();
+            let key = DedupeKey::parse(&id).unwrap();
+            let Decision::Apply { effects, .. } =
+                decide(source, event_type, &payload, &key, &catalog)
+            else {
+                panic!("{source:?}: applied");
+            };
+            let Some(crate::billing::Effect::Subscription { ends, .. }) = effects.first() else {
+                panic!("{source:?}: a subscription effect");
+            };
+            assert!(ends.cancel_at_period_end, "{source:?}");
+            assert!(ends.current_period_end.is_some(), "{source:?}");
+            assert_eq!(ends.cancel_at, ends.current_period_end, "{source:?}");
+        }
     }
 
     #[test]

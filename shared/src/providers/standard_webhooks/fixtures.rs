@@ -1,7 +1,7 @@
 //! Standard Webhooks (Polar) deliveries for development: payloads shaped like Polar's, signed
 //! with `webhook-id`, `webhook-timestamp` and `webhook-signature: v1,<base64>`.
 
-use chrono::Utc;
+use chrono::{Duration, Utc};
 use serde_json::{json, Value};
 
 use crate::config::SourceConfig;
@@ -48,15 +48,29 @@ impl Fixtures for StandardFixtures {
                     .status
                     .clone()
                     .unwrap_or_else(|| (if revoked { "canceled" } else { "active" }).into());
+                // Polar's ends: a cancellation at period end sets `ends_at` to the period end
+                // and `canceled_at` to now; a revoked subscription ended now.
+                let end = (at + Duration::days(30)).to_rfc3339();
+                let cancel = spec.cancel_at_period_end && !revoked;
+                let now = at.to_rfc3339();
+                let trialing = status == "trialing";
                 (
                     if revoked {
                         "subscription.revoked"
+                    } else if cancel {
+                        "subscription.canceled"
                     } else {
                         "subscription.updated"
                     },
                     json!({"id": spec.object_id.clone().unwrap_or_else(|| format!("sub_{customer}")),
                            "customer_id": customer, "status": status, "product_id": product,
-                           "modified_at": at.to_rfc3339(), "created_at": at.to_rfc3339()}),
+                           "modified_at": now, "created_at": now,
+                           "current_period_start": now, "current_period_end": end,
+                           "trial_start": trialing.then_some(&now), "trial_end": trialing.then_some(&end),
+                           "cancel_at_period_end": cancel,
+                           "canceled_at": (cancel || revoked).then_some(&now),
+                           "ends_at": if cancel { Some(&end) } else if revoked { Some(&now) } else { None },
+                           "ended_at": revoked.then_some(&now)}),
                 )
             }
             "order-paid" | "order-refunded" => {

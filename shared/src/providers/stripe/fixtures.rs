@@ -1,7 +1,7 @@
 //! Stripe deliveries for development: event payloads as Stripe sends them, signed with
 //! `Stripe-Signature: t=…,v1=…`.
 
-use chrono::Utc;
+use chrono::{Duration, Utc};
 use serde_json::{json, Value};
 
 use crate::config::SourceConfig;
@@ -57,6 +57,16 @@ impl Fixtures for StripeFixtures {
                     .status
                     .clone()
                     .unwrap_or_else(|| (if deleted { "canceled" } else { "active" }).into());
+                // API version 2024-06-20: the period is the subscription's (from basil on it is
+                // each item's). A cancellation at period end sets `cancel_at` to the period end
+                // and `canceled_at` to the request's time; a deleted subscription has ended.
+                let (start, end) = (
+                    spec.at.timestamp(),
+                    (spec.at + Duration::days(30)).timestamp(),
+                );
+                let at = spec.at.timestamp();
+                let cancel = spec.cancel_at_period_end && !deleted;
+                let trialing = status == "trialing";
                 (
                     if deleted {
                         "customer.subscription.deleted"
@@ -65,6 +75,11 @@ impl Fixtures for StripeFixtures {
                     },
                     json!({"id": spec.object_id.clone().unwrap_or_else(|| format!("sub_{customer}")),
                            "object": "subscription", "customer": customer, "status": status,
+                           "current_period_start": start, "current_period_end": end,
+                           "cancel_at_period_end": cancel, "cancel_at": cancel.then_some(end),
+                           "canceled_at": (cancel || deleted).then_some(at),
+                           "ended_at": deleted.then_some(at),
+                           "trial_start": trialing.then_some(start), "trial_end": trialing.then_some(end),
                            "items": {"object": "list", "data": [{"price": {"id": price}}]}}),
                 )
             }
