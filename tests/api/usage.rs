@@ -1,4 +1,4 @@
-//! Usage (docs/design.md §4.8): the allowance is spent atomically and idempotently, and the
+//! Usage (docs/design.md §4.10): the allowance is spent atomically and idempotently, and the
 //! account's snapshot tells allowance, used and remaining. Allowances are granted by real
 //! Kinde plan events through intake, SQS and worker; debits go through `billing::usage`.
 

@@ -438,7 +438,7 @@ pub struct StateInputs<'a> {
 }
 
 impl AccountState {
-    /// The one derivation of an account's state (docs/design.md §4.8), used by the account
+    /// The one derivation of an account's state (docs/design.md §4.10), used by the account
     /// snapshot, `inboxctl account` and the effects' `account` block: the plan from the
     /// registers and the catalog; the period's allowance, its largest grant, 0 for a deleted
     /// customer (whatever was granted before the deletion arrived); `remaining` never below 0.
