@@ -1,4 +1,4 @@
--- Usage: the app spends a period's allowance (docs/design.md §4.10). A debit is a fact stored
+-- Usage: the app spends a period's allowance (docs/design.md §4.8). A debit is a fact stored
 -- with its answer, keyed by the account and the app's idempotency key, so a key asked again
 -- answers the same, accepted or refused. Nothing in the event pipeline (replay,
 -- reconciliation, purge, the simulator's faults) writes or deletes these rows.
@@ -144,7 +144,7 @@ BEGIN
 END
 $$;
 
--- Published for apps that share the database (docs/design.md §4.10): a period's allowance,
+-- Published for apps that share the database (docs/design.md §4.8): a period's allowance,
 -- used and remaining per account, read-only, with these columns and meanings kept. The
 -- derived plan is not here: it needs the plan catalog, which is configuration, not data.
 -- Only periods with a grant or a debit have a row.

@@ -587,3 +587,30 @@ async fn replay_and_purge_leave_the_debits_as_they_are(pool: PgPool) {
         }
     ));
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_debit_in_flight_leaves_the_account_row_to_the_workers_unlocked_commit(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    granted(&app, "k_pro", "kc_hot", "pro", "2026-03-01T00:00:00Z").await;
+    let who = customer("kc_hot");
+    // A first debit makes the period's row, so the one in flight below only adds a debit.
+    debit(&app.pool, &request(&who, "req_0", 1)).await;
+    let mut in_flight = app.pool.begin().await.unwrap();
+    let open = usage::debit(&mut in_flight, &request(&who, "req_1", 1))
+        .await
+        .unwrap();
+    assert!(matches!(open.debit, Debit::Accepted { .. }));
+    // What the worker's commit asks of the account row (inbox::commit's `as_read`): a debit
+    // that holds the row (a foreign key's KEY SHARE does) sends every event of a busy
+    // account down the locked path.
+    let mut worker_side = app.pool.acquire().await.unwrap();
+    let free: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM accounts WHERE source = 'kinde' AND customer_id = 'kc_hot'
+         FOR UPDATE SKIP LOCKED",
+    )
+    .fetch_optional(&mut *worker_side)
+    .await
+    .unwrap();
+    in_flight.commit().await.unwrap();
+    assert_eq!(free, Some(1), "the account row is not held by the debit");
+}
