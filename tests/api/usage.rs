@@ -614,3 +614,87 @@ async fn a_debit_in_flight_leaves_the_account_row_to_the_workers_unlocked_commit
     in_flight.commit().await.unwrap();
     assert_eq!(free, Some(1), "the account row is not held by the debit");
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_exhaustion_told_and_purged_is_not_told_again(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    app.enable_effects().await;
+    granted(&app, "k_pro", "kc_purged", "pro", "2026-03-01T00:00:00Z").await;
+    let who = customer("kc_purged");
+    let catalog = app.worker.catalog.clone();
+    let with_effects = |key: &'static str, amount: i64| DebitRequest {
+        effects: Some(&catalog),
+        ..request(&who, key, amount)
+    };
+    let last = debit(&app.pool, &with_effects("req_all", 500)).await;
+    assert!(last.told.is_some());
+    // Delivered, and purged after the retention as every sent effect is.
+    sqlx::query("UPDATE effects SET status = 'sent', sent_at = inbox_now() - interval '40 days'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let purged = shared::inbox::purge::purge_effects(
+        &app.pool,
+        std::time::Duration::from_secs(30 * 86_400),
+        std::time::Instant::now() + std::time::Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    assert!(purged >= 1);
+    let refused = debit(&app.pool, &with_effects("req_more", 1)).await;
+    assert!(matches!(
+        refused.debit,
+        Debit::Exhausted { remaining: 0, .. }
+    ));
+    assert_eq!(
+        refused.told, None,
+        "the period was told once, and it stays told"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM effects WHERE kind = 'billing.allowance_exhausted'")
+            .await,
+        0
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_published_view_tells_each_periods_allowance_used_and_remaining(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    granted(&app, "k_pro", "kc_view", "pro", "2026-03-01T00:00:00Z").await;
+    let who = customer("kc_view");
+    debit(&app.pool, &request(&who, "req_1", 120)).await;
+    let april = DebitRequest {
+        period: Period::parse("2026-04").unwrap(),
+        ..request(&who, "req_2", 5)
+    };
+    debit(&app.pool, &april).await;
+    let rows: Vec<(String, String, String, bool, i64, i64, i64)> = sqlx::query_as(
+        "SELECT source, customer_id, period, deleted, allowance, used, remaining
+         FROM billing_allowance ORDER BY period",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    let row = |period: &str, allowance, used, remaining| {
+        (
+            "kinde".to_owned(),
+            "kc_view".to_owned(),
+            period.to_owned(),
+            false,
+            allowance,
+            used,
+            remaining,
+        )
+    };
+    // April has no grant: its refused debit made the period's row, with nothing in it.
+    assert_eq!(
+        rows,
+        [row("2026-03", 500, 120, 380), row("2026-04", 0, 0, 0)]
+    );
+    let account = snapshot(&app, "kc_view").await;
+    assert_eq!(
+        (account.allowance, account.used, account.remaining),
+        (rows[0].4, rows[0].5, rows[0].6),
+        "the view and the snapshot agree"
+    );
+}
