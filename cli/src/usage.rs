@@ -1,5 +1,5 @@
 //! `inboxctl usage`: a period's usage of an account, and `usage record`, a debit of its
-//! allowance (docs/design.md §4.8), through the library the API uses.
+//! allowance (docs/design.md §4.10), through the library the API uses.
 
 use anyhow::Context;
 use clap::{Args, Subcommand};

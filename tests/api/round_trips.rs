@@ -768,3 +768,77 @@ async fn an_app_api_read_is_one_round_trip_and_a_debit_one_with_effects_off(pool
     assert_eq!(again.body["replayed"], true);
     assert_eq!(trips.take(), 1);
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_account_read_is_one_round_trip_and_a_debit_one_or_two_with_effects(pool: PgPool) {
+    use shared::billing::usage::{self, Debit, DebitRequest};
+    use shared::domain::Period;
+    let app = TestApp::spawn(pool.clone()).await;
+    let claims = serde_json::json!({"type": "customer.plan_changed",
+        "event_timestamp": "2026-03-01T00:00:00Z",
+        "data": {"customer_id": "kc_trips", "plan": {"key": "pro"}}});
+    app.post("kinde", &kinde_delivery("k_trips", &claims)).await;
+    app.run_worker().await;
+    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
+    let proxied = through(&pool, port);
+    let mut conn = proxied.acquire().await.unwrap();
+    let customer = shared::domain::CustomerId::parse("kc_trips").unwrap();
+    let period = Period::parse("2026-03").unwrap();
+    let catalog = app.worker.catalog.clone();
+    // The connection's first use of a statement prepares it (a round trip of its own); a
+    // function's connection has them prepared after its first request.
+    let warm = DebitRequest {
+        source: "kinde",
+        customer: &customer,
+        key: "req_warm",
+        amount: 1,
+        period: Period::parse("2026-04").unwrap(),
+        note: None,
+        effects: Some(&catalog),
+    };
+    usage::debit(&mut conn, &warm).await.unwrap();
+    trips.take();
+
+    let snapshot =
+        shared::billing::account::snapshot(&mut conn, "kinde", &customer, &period, &catalog)
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!((snapshot.plan.as_str(), snapshot.remaining), ("pro", 500));
+    assert_eq!(trips.take(), 1, "a read is one round trip");
+
+    let mut request = DebitRequest {
+        source: "kinde",
+        customer: &customer,
+        key: "req_1",
+        amount: 3,
+        period: period.clone(),
+        note: None,
+        effects: None,
+    };
+    let debited = usage::debit(&mut conn, &request).await.unwrap();
+    assert!(matches!(
+        debited.debit,
+        Debit::Accepted { remaining: 497, .. }
+    ));
+    assert_eq!(
+        trips.take(),
+        1,
+        "a debit with effects off is one round trip"
+    );
+
+    request.key = "req_2";
+    request.amount = 497;
+    request.effects = Some(&catalog);
+    let debited = usage::debit(&mut conn, &request).await.unwrap();
+    assert!(matches!(
+        debited.debit,
+        Debit::Accepted { remaining: 0, .. }
+    ));
+    assert!(debited.told.is_some());
+    assert_eq!(
+        trips.take(),
+        2,
+        "with effects on, the snapshot for the plan and the debit"
+    );
+}

@@ -10,8 +10,14 @@
 //! (`inbox_now()`) and the queue's clock move only when the schedule moves them, so days of
 //! retries take milliseconds.
 //!
+//! The app spends the allowance meanwhile (debits, retried keys, a key reused with another
+//! amount, lost answers), on its own dice so the pipeline's schedule stays the seed's.
+//!
 //! After every step the monotonic invariants are checked (a period's balance never goes
-//! down and always equals its largest grant); at quiescence, the rest: every event final,
+//! down and always equals its largest grant; accepted used never passes the allowance and
+//! never goes down; a key answers as it first did); at quiescence, the rest: no key debited
+//! twice, used equal to the sum of the accepted debits (and to what the same debits leave
+//! on the canonical fold's accounts), one exhaustion told per period that ran out, every event final,
 //! one row per event, each event's copy count equal to its deliveries, one ledger row per
 //! entry key, and the billing state
 //! equal to the canonical fold of the same events (each once, in provider-time order). A
@@ -431,7 +437,23 @@ struct World {
     trace: Vec<String>,
     /// The highest balance seen per (source, customer, period).
     high: BTreeMap<(String, String, String), i64>,
+    /// The app's side: its own dice (so that debits leave the pipeline's schedule as the
+    /// seed always decided it), the debits it asked for, and the highest `used` seen.
+    spender: Dice,
+    asked: Vec<Asked>,
+    used_high: BTreeMap<(String, String, String), i64>,
     ns: String,
+}
+
+/// A debit the simulated app asked for, and the first answer it heard for its key.
+#[derive(Debug, Clone)]
+struct Asked {
+    source: &'static str,
+    customer: String,
+    key: String,
+    amount: i64,
+    period: &'static str,
+    heard: Option<shared::billing::usage::Debit>,
 }
 
 /// A failed invariant, with what the run did.
@@ -564,6 +586,9 @@ impl World {
             faults_seen: Arc::default(),
             trace: Vec::new(),
             high: BTreeMap::new(),
+            spender: Dice::new(seed ^ 0xDEB1_7000),
+            asked: Vec::new(),
+            used_high: BTreeMap::new(),
             ns: format!("s{seed}x"),
         }
     }
@@ -833,6 +858,307 @@ impl World {
         Ok(())
     }
 
+    /// The app spends: a new debit of one of the customers (some unknown yet, some deleted
+    /// later), a retry of an earlier key (its answer was lost, or the app asks again), or an
+    /// earlier key with another amount (a conflict). Some answers are lost on the way back.
+    async fn spend(&mut self) -> Result<(), Failure> {
+        use shared::billing::usage::{self, Debit, DebitRequest};
+        let choice = self.spender.below(100);
+        let (asked, conflicting) = match choice {
+            0..=29 if !self.asked.is_empty() => {
+                let pick = self.spender.below(self.asked.len() as u64) as usize;
+                (self.asked[pick].clone(), false)
+            }
+            30..=34 if !self.asked.is_empty() => {
+                let pick = self.spender.below(self.asked.len() as u64) as usize;
+                let mut other = self.asked[pick].clone();
+                other.amount += 1;
+                (other, true)
+            }
+            _ => {
+                let sources = ["kinde", "stripe", "polar"];
+                let mut source = sources[self.spender.below(3) as usize];
+                let mut customer =
+                    order::customer_id(self.spender.below(order::CUSTOMERS.into()) as u8, &self.ns);
+                let mut period = order::PERIODS[self.spender.below(3) as usize];
+                // Most debits go where something was granted, so that many are accepted.
+                let granted: Vec<(String, String, String)> = sqlx::query_as(
+                    "SELECT DISTINCT source, customer_id, period FROM ledger
+                     WHERE customer_id LIKE '%\\_' || $1 || '%' ORDER BY 1, 2, 3",
+                )
+                .bind(&self.ns)
+                .fetch_all(&self.admin)
+                .await
+                .unwrap();
+                if !granted.is_empty() && self.spender.chance(70) {
+                    let (s, c, p) = &granted[self.spender.below(granted.len() as u64) as usize];
+                    source = sources.into_iter().find(|k| k == s).unwrap_or(source);
+                    customer = c.clone();
+                    period = order::PERIODS
+                        .into_iter()
+                        .find(|k| k == p)
+                        .unwrap_or(period);
+                }
+                let asked = Asked {
+                    source,
+                    customer,
+                    key: format!("u{}_{}", self.asked.len(), self.ns),
+                    amount: 1 + self.spender.below(80) as i64,
+                    period,
+                    heard: None,
+                };
+                self.asked.push(asked.clone());
+                (asked, false)
+            }
+        };
+        let customer = shared::domain::CustomerId::parse(&asked.customer).unwrap();
+        let request = DebitRequest {
+            source: asked.source,
+            customer: &customer,
+            key: &asked.key,
+            amount: asked.amount,
+            period: shared::domain::Period::parse(asked.period).unwrap(),
+            note: None,
+            effects: Some(&self.worker.catalog),
+        };
+        let mut conn = self.pool.acquire().await.unwrap();
+        let debited = usage::debit(&mut conn, &request)
+            .await
+            .map_err(|e| self.fail(format!("debit {}: {e}", asked.key)))?;
+        drop(conn);
+        let lost = self.spender.chance(10);
+        self.note(format!(
+            "app debits {} of {}/{} for {} under {}{} -> {:?}{}",
+            asked.amount,
+            asked.source,
+            asked.customer,
+            asked.period,
+            asked.key,
+            if conflicting { " (another amount)" } else { "" },
+            debited.debit,
+            if lost { " (the answer is lost)" } else { "" }
+        ));
+        let stored: Option<(bool, i64, i64, i64, String)> = sqlx::query_as(
+            "SELECT accepted, amount, used, remaining, usage_id FROM usage_debits
+             WHERE source = $1 AND customer_id = $2 AND idempotency_key = $3",
+        )
+        .bind(asked.source)
+        .bind(&asked.customer)
+        .bind(&asked.key)
+        .fetch_optional(&self.admin)
+        .await
+        .unwrap();
+        let same = |a: &Debit, b: &Debit| match (a, b) {
+            (
+                Debit::Accepted {
+                    usage_id,
+                    used,
+                    remaining,
+                    ..
+                },
+                Debit::Accepted {
+                    usage_id: u2,
+                    used: x2,
+                    remaining: r2,
+                    ..
+                },
+            ) => usage_id == u2 && used == x2 && remaining == r2,
+            (Debit::Exhausted { remaining, .. }, Debit::Exhausted { remaining: r2, .. }) => {
+                remaining == r2
+            }
+            (a, b) => a == b,
+        };
+        // The stored row is the key's decision: a request like it gets that answer, another
+        // one a conflict (the first request decided may have been either).
+        match (&debited.debit, &stored) {
+            (Debit::KeyConflict, Some((_, amount, ..))) if *amount != asked.amount => {}
+            (
+                Debit::Accepted {
+                    usage_id,
+                    used,
+                    remaining,
+                    ..
+                },
+                Some((true, amount, u, r, id)),
+            ) if *amount == asked.amount && usage_id == id && used == u && remaining == r => {}
+            (Debit::Exhausted { remaining, .. }, Some((false, amount, _, r, _)))
+                if *amount == asked.amount && remaining == r => {}
+            (Debit::UnknownCustomer | Debit::CustomerDeleted, None) => {}
+            (answer, stored) => {
+                return Err(self.fail(format!(
+                    "{} ({}): answered {answer:?} but stored {stored:?}",
+                    asked.key, asked.amount
+                )))
+            }
+        }
+        let decided = matches!(
+            debited.debit,
+            Debit::Accepted { .. } | Debit::Exhausted { .. }
+        );
+        if lost || !decided {
+            return Ok(());
+        }
+        let Some(first) = self.asked.iter_mut().find(|a| a.key == asked.key) else {
+            return Ok(());
+        };
+        match (&first.heard, &debited.debit) {
+            (None, answer) => first.heard = Some(answer.clone()),
+            (Some(heard), answer) if same(heard, answer) => {}
+            (Some(heard), answer) => {
+                let what = format!("{}: answered {heard:?}, then {answer:?}", asked.key);
+                return Err(self.fail(what));
+            }
+        }
+        Ok(())
+    }
+
+    /// What the app spent: within the allowance at every step (the period's grants; a
+    /// deletion afterwards takes the allowance, not what was spent), and never less.
+    async fn check_usage(&mut self) -> Result<(), Failure> {
+        let rows: Vec<(String, String, String, i64, i64)> = sqlx::query_as(
+            "SELECT u.source, u.customer_id, u.period, u.used,
+                    COALESCE((SELECT sum(delta) FROM ledger l
+                              WHERE (l.source, l.customer_id, l.period) = (u.source, u.customer_id, u.period)), 0)::bigint
+             FROM usage_periods u WHERE u.customer_id LIKE '%\\_' || $1 || '%'",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        for (source, customer, period, used, granted) in rows {
+            if used > granted {
+                return Err(self.fail(format!(
+                    "{source}/{customer} {period}: used {used} is past the allowance {granted}"
+                )));
+            }
+            let key = (source.clone(), customer.clone(), period.clone());
+            let high = self.used_high.get(&key).copied().unwrap_or_default();
+            if used < high {
+                return Err(self.fail(format!(
+                    "{source}/{customer} {period}: used went down from {high} to {used}"
+                )));
+            }
+            self.used_high.insert(key, used);
+        }
+        Ok(())
+    }
+
+    /// At rest: each key debited once, each period's used the sum of its accepted debits,
+    /// one exhaustion told per period that ran out, and the same debits spent on the
+    /// canonical fold's accounts leave the same used (the state is a function of the events
+    /// and the accepted debits).
+    async fn check_usage_at_rest(&mut self, canon: &str) -> Result<(), Failure> {
+        self.check_usage().await?;
+        let twice: Vec<String> = sqlx::query_scalar(
+            "SELECT idempotency_key FROM usage_debits WHERE customer_id LIKE '%\\_' || $1 || '%'
+             GROUP BY source, customer_id, idempotency_key HAVING count(*) > 1",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        if !twice.is_empty() {
+            return Err(self.fail(format!("keys debited twice: {twice:?}")));
+        }
+        let off: Vec<(String, String, String, i64, i64)> = sqlx::query_as(
+            "SELECT u.source, u.customer_id, u.period, u.used,
+                    COALESCE((SELECT sum(d.amount) FROM usage_debits d
+                              WHERE (d.source, d.customer_id, d.period) = (u.source, u.customer_id, u.period)
+                                AND d.accepted), 0)::bigint AS summed
+             FROM usage_periods u WHERE u.customer_id LIKE '%\\_' || $1 || '%'",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        if let Some((source, customer, period, used, summed)) =
+            off.iter().find(|(.., used, summed)| used != summed)
+        {
+            return Err(self.fail(format!(
+                "{source}/{customer} {period}: used {used}, accepted debits sum to {summed}"
+            )));
+        }
+        let told: Vec<(String, String, String, i64)> = sqlx::query_as(
+            "SELECT p.source, p.customer_id, p.period,
+                    (SELECT count(*) FROM effects f
+                     WHERE (f.source, f.customer_id) = (p.source, p.customer_id)
+                       AND f.kind = 'billing.allowance_exhausted'
+                       AND f.body #>> '{data,period}' = p.period)
+             FROM (SELECT DISTINCT source, customer_id, period FROM usage_debits
+                   WHERE customer_id LIKE '%\\_' || $1 || '%' AND (NOT accepted OR remaining = 0)) p",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        if let Some((source, customer, period, n)) = told.iter().find(|t| t.3 != 1) {
+            return Err(self.fail(format!(
+                "{source}/{customer} {period} ran out and was told {n} times"
+            )));
+        }
+        // The accepted debits, in the order they were decided, on the canonical accounts.
+        let accepted: Vec<(String, String, String, i64, String)> = sqlx::query_as(
+            "SELECT d.source, d.customer_id, d.period, d.amount, d.idempotency_key
+             FROM usage_debits d JOIN accounts a USING (source, customer_id)
+             WHERE d.customer_id LIKE '%\\_' || $1 || '%' AND d.accepted AND a.deleted_at IS NULL
+             ORDER BY d.seq",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        let mut conn = self.pool.acquire().await.unwrap();
+        for (source, customer, period, amount, key) in &accepted {
+            let customer = customer.replace(&format!("_{}", self.ns), &format!("_{canon}"));
+            let id = shared::domain::CustomerId::parse(&customer).unwrap();
+            let request = shared::billing::usage::DebitRequest {
+                source,
+                customer: &id,
+                key,
+                amount: *amount,
+                period: shared::domain::Period::parse(period).unwrap(),
+                note: None,
+                effects: None,
+            };
+            let debited = shared::billing::usage::debit(&mut conn, &request)
+                .await
+                .unwrap();
+            if !matches!(
+                debited.debit,
+                shared::billing::usage::Debit::Accepted { .. }
+            ) {
+                return Err(self.fail(format!(
+                    "{source}/{customer} {period}: {key} accepted here, {:?} on the canonical account",
+                    debited.debit
+                )));
+            }
+        }
+        let used = |ns: &str| {
+            let ns = ns.to_owned();
+            let admin = self.admin.clone();
+            async move {
+                let rows: Vec<(String, String, String, i64)> = sqlx::query_as(
+                    "SELECT u.source, replace(u.customer_id, '_' || $1, ''), u.period, u.used
+                     FROM usage_periods u JOIN accounts a USING (source, customer_id)
+                     WHERE u.customer_id LIKE '%\\_' || $1 || '%' AND a.deleted_at IS NULL AND u.used > 0
+                     ORDER BY 1, 2, 3",
+                )
+                .bind(&ns)
+                .fetch_all(&admin)
+                .await
+                .unwrap();
+                rows
+            }
+        };
+        let (here, there) = (used(&self.ns).await, used(canon).await);
+        if here != there {
+            return Err(self.fail(format!(
+                "used differs from the canonical accounts': {here:?} vs {there:?}"
+            )));
+        }
+        Ok(())
+    }
+
     /// Drives the world to rest without faults: the provider's remaining deliveries, then
     /// rounds of time, the scheduler and the worker until nothing is pending.
     async fn quiesce(&mut self, case: &Case, pending: &mut Vec<usize>) -> Result<(), Failure> {
@@ -1025,7 +1351,7 @@ impl World {
             let _ = write!(what, "  actual   {actual}");
             return Err(self.fail(what));
         }
-        Ok(())
+        self.check_usage_at_rest(&canon).await
     }
 }
 
@@ -1123,6 +1449,10 @@ pub(crate) async fn simulate(
             }
         }
         world.check_balances().await?;
+        if world.spender.chance(25) {
+            world.spend().await?;
+        }
+        world.check_usage().await?;
         if steps > 2_000 {
             return Err(world.fail("the schedule did not end"));
         }

@@ -1,4 +1,4 @@
-//! Usage (docs/design.md §4.8): the allowance is spent atomically and idempotently, and the
+//! Usage (docs/design.md §4.10): the allowance is spent atomically and idempotently, and the
 //! account's snapshot tells allowance, used and remaining. Allowances are granted by real
 //! Kinde plan events through intake, SQS and worker; debits go through `billing::usage`.
 
@@ -586,4 +586,115 @@ async fn replay_and_purge_leave_the_debits_as_they_are(pool: PgPool) {
             ..
         }
     ));
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_debit_in_flight_leaves_the_account_row_to_the_workers_unlocked_commit(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    granted(&app, "k_pro", "kc_hot", "pro", "2026-03-01T00:00:00Z").await;
+    let who = customer("kc_hot");
+    // A first debit makes the period's row, so the one in flight below only adds a debit.
+    debit(&app.pool, &request(&who, "req_0", 1)).await;
+    let mut in_flight = app.pool.begin().await.unwrap();
+    let open = usage::debit(&mut in_flight, &request(&who, "req_1", 1))
+        .await
+        .unwrap();
+    assert!(matches!(open.debit, Debit::Accepted { .. }));
+    // What the worker's commit asks of the account row (inbox::commit's `as_read`): a debit
+    // that holds the row (a foreign key's KEY SHARE does) sends every event of a busy
+    // account down the locked path.
+    let mut worker_side = app.pool.acquire().await.unwrap();
+    let free: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM accounts WHERE source = 'kinde' AND customer_id = 'kc_hot'
+         FOR UPDATE SKIP LOCKED",
+    )
+    .fetch_optional(&mut *worker_side)
+    .await
+    .unwrap();
+    in_flight.commit().await.unwrap();
+    assert_eq!(free, Some(1), "the account row is not held by the debit");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_exhaustion_told_and_purged_is_not_told_again(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    app.enable_effects().await;
+    granted(&app, "k_pro", "kc_purged", "pro", "2026-03-01T00:00:00Z").await;
+    let who = customer("kc_purged");
+    let catalog = app.worker.catalog.clone();
+    let with_effects = |key: &'static str, amount: i64| DebitRequest {
+        effects: Some(&catalog),
+        ..request(&who, key, amount)
+    };
+    let last = debit(&app.pool, &with_effects("req_all", 500)).await;
+    assert!(last.told.is_some());
+    // Delivered, and purged after the retention as every sent effect is.
+    sqlx::query("UPDATE effects SET status = 'sent', sent_at = inbox_now() - interval '40 days'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let purged = shared::inbox::purge::purge_effects(
+        &app.pool,
+        std::time::Duration::from_secs(30 * 86_400),
+        std::time::Instant::now() + std::time::Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    assert!(purged >= 1);
+    let refused = debit(&app.pool, &with_effects("req_more", 1)).await;
+    assert!(matches!(
+        refused.debit,
+        Debit::Exhausted { remaining: 0, .. }
+    ));
+    assert_eq!(
+        refused.told, None,
+        "the period was told once, and it stays told"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM effects WHERE kind = 'billing.allowance_exhausted'")
+            .await,
+        0
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_published_view_tells_each_periods_allowance_used_and_remaining(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    granted(&app, "k_pro", "kc_view", "pro", "2026-03-01T00:00:00Z").await;
+    let who = customer("kc_view");
+    debit(&app.pool, &request(&who, "req_1", 120)).await;
+    let april = DebitRequest {
+        period: Period::parse("2026-04").unwrap(),
+        ..request(&who, "req_2", 5)
+    };
+    debit(&app.pool, &april).await;
+    let rows: Vec<(String, String, String, bool, i64, i64, i64)> = sqlx::query_as(
+        "SELECT source, customer_id, period, deleted, allowance, used, remaining
+         FROM billing_allowance ORDER BY period",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    let row = |period: &str, allowance, used, remaining| {
+        (
+            "kinde".to_owned(),
+            "kc_view".to_owned(),
+            period.to_owned(),
+            false,
+            allowance,
+            used,
+            remaining,
+        )
+    };
+    // April has no grant: its refused debit made the period's row, with nothing in it.
+    assert_eq!(
+        rows,
+        [row("2026-03", 500, 120, 380), row("2026-04", 0, 0, 0)]
+    );
+    let account = snapshot(&app, "kc_view").await;
+    assert_eq!(
+        (account.allowance, account.used, account.remaining),
+        (rows[0].4, rows[0].5, rows[0].6),
+        "the view and the snapshot agree"
+    );
 }

@@ -1,5 +1,5 @@
 //! An account's state read in one statement (the snapshot an app reads, the one derivation
-//! of plan, allowance, used and remaining: docs/design.md §4.8), and the account as
+//! of plan, allowance, used and remaining: docs/design.md §4.10), and the account as
 //! operators and tests read it: the snapshot, the registers behind it and the event log that
 //! explains them.
 

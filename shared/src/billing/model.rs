@@ -559,7 +559,7 @@ pub struct StateInputs<'a> {
 }
 
 impl AccountState {
-    /// The one derivation of an account's state (docs/design.md §4.8), used by the account
+    /// The one derivation of an account's state (docs/design.md §4.10), used by the account
     /// snapshot, `inboxctl account` and the effects' `account` block: the plan from the
     /// registers and the catalog; the period's allowance, its largest grant, 0 for a deleted
     /// customer (whatever was granted before the deletion arrived); `remaining` never below 0.
@@ -604,6 +604,58 @@ mod tests {
                 "prod_team":{"plan":"team","monthly_allowance":2000}}"#,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn the_account_state_is_the_plan_the_periods_allowance_what_was_used_and_what_is_left() {
+        let period = Period::parse("2026-03").unwrap();
+        let inputs = StateInputs {
+            deleted: false,
+            customer_plan: None,
+            past_due: false,
+            granted: 500,
+            used: 120,
+        };
+        let state = AccountState::derive(inputs, ["pro"], &period, &catalog());
+        assert_eq!(
+            (
+                state.plan.as_str(),
+                state.balance,
+                state.used,
+                state.remaining
+            ),
+            ("pro", 500, 120, 380)
+        );
+        let spent = StateInputs {
+            used: 500,
+            ..inputs
+        };
+        assert_eq!(
+            AccountState::derive(spent, ["pro"], &period, &catalog()).remaining,
+            0
+        );
+        // A deleted customer holds nothing and is on no plan; what it spent stays spent.
+        let deleted = StateInputs {
+            deleted: true,
+            ..inputs
+        };
+        let state = AccountState::derive(deleted, ["pro"], &period, &catalog());
+        assert_eq!(
+            (
+                state.plan.as_str(),
+                state.balance,
+                state.used,
+                state.remaining
+            ),
+            (FREE, 0, 120, 0)
+        );
+    }
+
+    #[test]
+    fn nothing_left_is_zero_never_less() {
+        assert_eq!(period_totals(false, 100, 30), (100, 70));
+        assert_eq!(period_totals(false, 100, 130), (100, 0));
+        assert_eq!(period_totals(true, 100, 30), (0, 0));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Usage: the app spends a period's allowance (docs/design.md §4.8). A debit is a stored fact
+//! Usage: the app spends a period's allowance (docs/design.md §4.10). A debit is a stored fact
 //! keyed by the account and the app's idempotency key, decided and stored with its answer in
 //! one call of `inbox_debit` (migrations/20261205100001_usage.sql) under the lock of the
 //! account's period, so concurrent debits never spend past the allowance and a key asked

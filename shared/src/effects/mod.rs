@@ -369,4 +369,37 @@ mod tests {
         assert_eq!(only_plan.len(), 1);
         assert_eq!(only_plan[0].kind, Kind::PlanChanged);
     }
+
+    #[test]
+    fn only_plan_and_subscription_effects_carry_a_state() {
+        let state = [Kind::PlanChanged, Kind::SubscriptionUpdated];
+        let facts = [
+            Kind::AllowanceGranted,
+            Kind::PaymentSucceeded,
+            Kind::PaymentFailed,
+            Kind::PaymentRefunded,
+            Kind::CustomerDeleted,
+            Kind::AllowanceExhausted,
+        ];
+        assert!(state.iter().all(|k| k.carries_state()));
+        assert!(facts.iter().all(|k| !k.carries_state()));
+        assert_eq!(
+            Kind::AllowanceExhausted.as_str(),
+            "billing.allowance_exhausted"
+        );
+    }
+
+    #[test]
+    fn the_account_block_tells_used_and_remaining_beside_balance() {
+        let after = AccountState {
+            used: 120,
+            remaining: 380,
+            ..account("pro")
+        };
+        let effects = effects_of(&cause(), &upgrade(), "free", &after);
+        assert_eq!(
+            effects[1].body["data"]["account"],
+            json!({"plan": "pro", "balance": 500, "used": 120, "remaining": 380, "period": "2026-11"})
+        );
+    }
 }
