@@ -3,7 +3,6 @@
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use serde_json::json;
 use sqlx::PgPool;
 
 use shared::billing::usage::{self, Debit, DebitRequest};
@@ -227,6 +226,9 @@ async fn record(
         remaining,
         exit,
     };
+    if let (true, Some(body)) = (json_output, debited.debit.accepted_body()) {
+        return print_json(&body);
+    }
     match debited.debit {
         Debit::Accepted {
             usage_id,
@@ -236,12 +238,6 @@ async fn record(
             remaining,
             replayed,
         } => {
-            if json_output {
-                return print_json(&json!({
-                    "usage_id": usage_id, "amount": amount, "period": period.as_str(),
-                    "used": used, "remaining": remaining, "replayed": replayed,
-                }));
-            }
             out!(
                 "{usage_id}: {amount} recorded for {period}; {used} used, {remaining} remaining{}",
                 if replayed {

@@ -58,6 +58,32 @@ pub enum Debit {
     UnknownCustomer,
 }
 
+impl Debit {
+    /// An accepted debit as the app is answered (docs/api.md: `{usage_id, amount, period,
+    /// used, remaining, replayed}`); `None` for a refusal.
+    pub fn accepted_body(&self) -> Option<serde_json::Value> {
+        let Debit::Accepted {
+            usage_id,
+            amount,
+            period,
+            used,
+            remaining,
+            replayed,
+        } = self
+        else {
+            return None;
+        };
+        Some(json!({
+            "usage_id": usage_id,
+            "amount": amount,
+            "period": period.as_str(),
+            "used": used,
+            "remaining": remaining,
+            "replayed": replayed,
+        }))
+    }
+}
+
 /// A debit's answer, and the id of the `billing.allowance_exhausted` outbox row it wrote, if
 /// it did: the caller hands it to the effects queue (the rescue sends it otherwise).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,11 +7,13 @@ use std::time::Duration;
 
 use http::{HeaderMap, Method, StatusCode};
 use lambda_http::{Body, Request, RequestExt, Response};
+
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use tokio::time::Instant;
 
+use super::{body_bytes, json_response};
 use crate::api_keys::{Caller, Keys, Scope};
 use crate::billing::account::{self, AccountSnapshot};
 use crate::billing::usage::{self, Debit, DebitRequest, Debited, UsagePage};
@@ -199,14 +201,6 @@ pub fn server_error_metric(code: &str, now: chrono::DateTime<chrono::Utc>) -> Va
         "Code": code,
         "ApiServerErrors": 1
     })
-}
-
-fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
-    Response::builder()
-        .status(status)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Body::Text(body.to_string()))
-        .expect("a static status and header always build a response")
 }
 
 /// Stripe's header for an answer given before, under the same key.
@@ -408,15 +402,6 @@ fn serde_error_words(e: &serde_json::Error) -> String {
     match e.classify() {
         serde_json::error::Category::Data => e.to_string(),
         _ => format!("not JSON (line {}, column {})", e.line(), e.column()),
-    }
-}
-
-fn body_bytes(body: &Body) -> &[u8] {
-    match body {
-        Body::Empty => &[],
-        Body::Text(text) => text.as_bytes(),
-        Body::Binary(bytes) => bytes,
-        _ => &[],
     }
 }
 
@@ -664,22 +649,8 @@ fn usage_page_body(page: &UsagePage) -> Value {
 
 fn debit_answer(debit: Debit, customer: &str) -> Result<Response<Body>, ApiError> {
     match debit {
-        Debit::Accepted {
-            usage_id,
-            amount,
-            period,
-            used,
-            remaining,
-            replayed,
-        } => {
-            let body = json!({
-                "usage_id": usage_id,
-                "amount": amount,
-                "period": period.as_str(),
-                "used": used,
-                "remaining": remaining,
-                "replayed": replayed,
-            });
+        Debit::Accepted { replayed, .. } => {
+            let body = debit.accepted_body().unwrap_or_default();
             let mut response = json_response(StatusCode::OK, &body);
             if replayed {
                 mark_replayed(response.headers_mut());

@@ -8,9 +8,11 @@ use std::time::Duration;
 use chrono::Utc;
 use http::{HeaderMap, Method, StatusCode};
 use lambda_http::{Body, Request, RequestExt, Response};
+
 use serde_json::{json, Map, Value};
 use sqlx::PgPool;
 
+use super::{body_bytes, json_response};
 use crate::config::IntakeConfig;
 use crate::db::Held;
 use crate::domain::Verdict;
@@ -151,14 +153,6 @@ impl IntakeError {
     }
 }
 
-fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
-    Response::builder()
-        .status(status)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Body::Text(body.to_string()))
-        .expect("a static status and header always build a response")
-}
-
 /// The source named by the route: API Gateway's `{source}` path parameter when present,
 /// else the last segment of a path ending in `/webhooks/{source}`.
 fn route_source(request: &Request) -> Option<String> {
@@ -174,15 +168,6 @@ fn route_source(request: &Request) -> Option<String> {
     match segments.as_slice() {
         [.., "webhooks", source] if !source.is_empty() => Some((*source).to_owned()),
         _ => None,
-    }
-}
-
-fn body_bytes(body: &Body) -> &[u8] {
-    match body {
-        Body::Empty => &[],
-        Body::Text(text) => text.as_bytes(),
-        Body::Binary(bytes) => bytes,
-        _ => &[],
     }
 }
 

@@ -9,6 +9,29 @@ pub mod intake;
 pub mod scheduler;
 pub mod worker;
 
+use http::StatusCode;
+use lambda_http::{Body, Response};
+use serde_json::Value;
+
+/// A JSON answer of the HTTP functions (the intake's and the app API's).
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Body::Text(body.to_string()))
+        .expect("a static status and header always build a response")
+}
+
+/// A request's body as bytes, however API Gateway or the function URL carried it.
+pub(crate) fn body_bytes(body: &Body) -> &[u8] {
+    match body {
+        Body::Empty => &[],
+        Body::Text(text) => text.as_bytes(),
+        Body::Binary(bytes) => bytes,
+        _ => &[],
+    }
+}
+
 /// The invocation's end (Lambda's deadline, milliseconds since the epoch) as an instant;
 /// `None` when it is not set, or already past as the invocation starts (`cargo lambda
 /// watch` sends such a deadline; Lambda's is the function's timeout from now).
