@@ -841,4 +841,10 @@ async fn an_account_read_is_one_round_trip_and_a_debit_one_or_two_with_effects(p
         2,
         "with effects on, the snapshot for the plan and the debit"
     );
+
+    let nobody = shared::domain::CustomerId::parse("kc_nobody").unwrap();
+    request.customer = &nobody;
+    let debited = usage::debit(&mut conn, &request).await.unwrap();
+    assert_eq!(debited.debit, Debit::UnknownCustomer);
+    assert_eq!(trips.take(), 1, "no account: the snapshot says so");
 }

@@ -106,11 +106,17 @@ pub async fn debit(
 ) -> Result<Debited, sqlx::Error> {
     let effect = match req.effects {
         Some(catalog) => {
-            // The plan as read just before the debit: the debit does not move it.
-            let plan = account::snapshot(conn, req.source, req.customer, &req.period, catalog)
-                .await?
-                .map(|s| s.plan)
-                .unwrap_or_else(|| super::FREE.to_owned());
+            // The plan as read just before the debit: the debit does not move it. No
+            // account, no debit either (accounts are never deleted, so no key of it exists).
+            let Some(snapshot) =
+                account::snapshot(conn, req.source, req.customer, &req.period, catalog).await?
+            else {
+                return Ok(Debited {
+                    debit: Debit::UnknownCustomer,
+                    told: None,
+                });
+            };
+            let plan = snapshot.plan;
             let cause = exhausted_cause(req.source, req.customer, &req.period);
             let id = effects::effect_id(Kind::AllowanceExhausted, &cause);
             let body = json!({
