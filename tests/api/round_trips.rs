@@ -753,7 +753,13 @@ async fn an_app_api_read_is_one_round_trip_and_a_debit_one_with_effects_off(pool
         let read = call(&state, "GET", path, Some(APP_KEY), &[], None).await;
         assert_eq!(read.status, StatusCode::OK);
         assert_eq!(trips.take(), 1, "read {n}");
-        let spent = debit(&state, "kc_rt", &format!("rt-{n}"), serde_json::json!({"amount": 2})).await;
+        let spent = debit(
+            &state,
+            "kc_rt",
+            &format!("rt-{n}"),
+            serde_json::json!({"amount": 2}),
+        )
+        .await;
         assert_eq!(spent.status, StatusCode::OK);
         assert_eq!(trips.take(), 1, "debit {n}");
     }
