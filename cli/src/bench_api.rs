@@ -187,34 +187,32 @@ async fn bench(
         };
         let mut level = json!({"concurrency": concurrency});
         for kind in ["read", "debit", "hot_debit"] {
-            // The ceiling first, then the handler, each on its own connections.
-            let raw_phase = {
-                let (raw, source, period, catalog) = (
-                    raw.clone(),
-                    source.name.clone(),
-                    period.clone(),
-                    catalog.clone(),
-                );
-                phase(counter, ops(kind, "raw"), concurrency, move |slot, op| {
-                    let (raw, source, period, catalog) =
-                        (raw.clone(), source.clone(), period.clone(), catalog.clone());
-                    async move {
-                        let mut conn = raw[slot].lock().await;
-                        raw_call(&mut conn, &source, &period, &catalog, op)
-                            .await
-                            .is_ok()
-                    }
-                })
-                .await
+            // Half of each side's operations, then the other half in the reverse order (raw,
+            // api, api, raw), each on its own connections: a drift of the machine or of the
+            // tables during the phase weighs on both sides alike.
+            let (mut raw_ops, mut api_ops) = (ops(kind, "raw"), ops(kind, "api"));
+            let (raw_rest, api_rest) = (
+                raw_ops.split_off(raw_ops.len() / 2),
+                api_ops.split_off(api_ops.len() / 2),
+            );
+            let on_raw = |ops| {
+                raw_phase(
+                    counter,
+                    (raw.clone(), &source.name, &period, catalog),
+                    ops,
+                    concurrency,
+                )
             };
-            let api_phase = {
-                let (instances, source) = (instances.clone(), source.name.clone());
-                phase(counter, ops(kind, "api"), concurrency, move |slot, op| {
-                    let (state, source) = (instances[slot].clone(), source.clone());
-                    async move { through_handler(&state, &source, op).await }
-                })
-                .await
-            };
+            let on_api =
+                |ops| api_phase(counter, (instances.clone(), &source.name), ops, concurrency);
+            let raw_first = on_raw(raw_ops).await;
+            let api_first = on_api(api_ops).await;
+            let api_second = on_api(api_rest).await;
+            let raw_second = on_raw(raw_rest).await;
+            let (api_phase, raw_phase) = (
+                api_first.and(api_second).report(),
+                raw_first.and(raw_second).report(),
+            );
             let ratio = api_phase["per_sec"].as_f64().unwrap_or(0.0)
                 / raw_phase["per_sec"]
                     .as_f64()
@@ -432,14 +430,108 @@ async fn raw_call(
     Ok(())
 }
 
-/// Runs `work` over `ops` with `concurrency` callers: ops/s, p50/p99, SQL statements per op,
-/// the operations that failed, and the cores' shares.
+/// What one run of a phase measured.
+struct Measured {
+    ops: usize,
+    secs: f64,
+    latencies: Vec<Duration>,
+    statements: u64,
+    failed: u64,
+    cpu: Value,
+}
+
+impl Measured {
+    /// Two runs of one side as one: their operations over their time, their latencies
+    /// together, the cores' shares weighted by each run's time (null if either has none).
+    fn and(mut self, other: Measured) -> Measured {
+        let secs = self.secs + other.secs;
+        let weigh = |key: &str, by: f64, of: f64| {
+            let (a, b) = (self.cpu[key].as_f64(), other.cpu[key].as_f64());
+            a.zip(b).map(|(a, b)| a * by + b * of)
+        };
+        let by_time = (
+            self.secs / secs.max(f64::MIN_POSITIVE),
+            other.secs / secs.max(f64::MIN_POSITIVE),
+        );
+        let ops = self.ops + other.ops;
+        let by_ops = (
+            self.ops as f64 / ops.max(1) as f64,
+            other.ops as f64 / ops.max(1) as f64,
+        );
+        let cpu = json!({
+            "busy": weigh("busy", by_time.0, by_time.1),
+            "ms_per_op": weigh("ms_per_op", by_ops.0, by_ops.1),
+            "own_ms_per_op": weigh("own_ms_per_op", by_ops.0, by_ops.1),
+            "others_ms_per_op": weigh("others_ms_per_op", by_ops.0, by_ops.1),
+        });
+        self.latencies.extend(other.latencies);
+        self.latencies.sort();
+        Measured {
+            ops,
+            secs,
+            latencies: self.latencies,
+            statements: self.statements + other.statements,
+            failed: self.failed + other.failed,
+            cpu,
+        }
+    }
+
+    fn report(&self) -> Value {
+        json!({
+            "per_sec": self.ops as f64 / self.secs.max(f64::MIN_POSITIVE),
+            "p50_ms": percentile(&self.latencies, 0.5),
+            "p99_ms": percentile(&self.latencies, 0.99),
+            "statements_per_op": self.statements as f64 / self.ops.max(1) as f64,
+            "failed": self.failed,
+            "cpu": self.cpu,
+        })
+    }
+}
+
+/// `ops` through the handlers of `instances`, one caller per instance.
+async fn api_phase(
+    counter: &StatementCounter,
+    (instances, source): (Arc<Vec<Arc<ApiState>>>, &str),
+    ops: Vec<Op>,
+    concurrency: usize,
+) -> Measured {
+    let source = source.to_owned();
+    phase(counter, ops, concurrency, move |slot, op| {
+        let (state, source) = (instances[slot].clone(), source.clone());
+        async move { through_handler(&state, &source, op).await }
+    })
+    .await
+}
+
+/// `ops` as the same library calls on the raw connections, one caller per connection.
+async fn raw_phase(
+    counter: &StatementCounter,
+    (raw, source, period, catalog): (Arc<Vec<Mutex<PgConnection>>>, &str, &Period, &Catalog),
+    ops: Vec<Op>,
+    concurrency: usize,
+) -> Measured {
+    let (source, period, catalog) = (source.to_owned(), period.clone(), catalog.clone());
+    phase(counter, ops, concurrency, move |slot, op| {
+        let (raw, source, period, catalog) =
+            (raw.clone(), source.clone(), period.clone(), catalog.clone());
+        async move {
+            let mut conn = raw[slot].lock().await;
+            raw_call(&mut conn, &source, &period, &catalog, op)
+                .await
+                .is_ok()
+        }
+    })
+    .await
+}
+
+/// Runs `work` over `ops` with `concurrency` callers: the latencies, SQL statements, the
+/// operations that failed, and the cores' shares.
 async fn phase<F, Fut>(
     counter: &StatementCounter,
     ops: Vec<Op>,
     concurrency: usize,
     work: F,
-) -> Value
+) -> Measured
 where
     F: Fn(usize, Op) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = bool> + Send,
@@ -464,15 +556,14 @@ where
     };
     let secs = start.elapsed().as_secs_f64();
     let cpu = cpu.since(count);
-    let statements = counter.get() - statements;
-    json!({
-        "per_sec": count as f64 / secs.max(f64::MIN_POSITIVE),
-        "p50_ms": percentile(&latencies, 0.5),
-        "p99_ms": percentile(&latencies, 0.99),
-        "statements_per_op": statements as f64 / count as f64,
-        "failed": failed.load(Ordering::Relaxed),
-        "cpu": cpu,
-    })
+    Measured {
+        ops: count,
+        secs,
+        latencies,
+        statements: counter.get() - statements,
+        failed: failed.load(Ordering::Relaxed),
+        cpu,
+    }
 }
 
 /// Round trips per read, debit and hot debit counted on the wire: through the handler of one
