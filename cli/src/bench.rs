@@ -103,7 +103,13 @@ fn cpu_ticks() -> Option<(u64, u64)> {
 /// This process's CPU time so far, every thread (user and system), in the same ticks: the
 /// caller's share of a phase (the handlers, sqlx, the SQS client and the load itself).
 fn own_ticks() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    process_ticks("self")
+}
+
+/// A process's CPU time so far (user and system, every thread) in the same ticks, by its
+/// /proc name (a pid, or `self`); `None` where it cannot be read.
+pub(crate) fn process_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces; the fields after its closing parenthesis
     // start at field 3, so utime and stime (14 and 15) are the 12th and 13th of them.
     let mut rest = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
@@ -125,7 +131,7 @@ pub(crate) struct CpuMeter(Ticks);
 
 impl CpuMeter {
     /// /proc/stat counts in USER_HZ, 100 a second on Linux whatever the kernel's own tick.
-    const MS_PER_TICK: f64 = 10.0;
+    pub(crate) const MS_PER_TICK: f64 = 10.0;
 
     pub(crate) fn start() -> Self {
         Self(ticks())

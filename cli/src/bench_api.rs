@@ -171,6 +171,16 @@ async fn bench(
             }
         }
 
+        // The backends serving each side, whose CPU time is the phase's Postgres share.
+        let mut api_backends = Vec::with_capacity(concurrency);
+        for state in instances.iter() {
+            let mut held = state.conn.lock().await;
+            api_backends.push(backend_pid(held.get().await?).await?);
+        }
+        let mut raw_backends = Vec::with_capacity(concurrency);
+        for conn in raw.iter() {
+            raw_backends.push(backend_pid(&mut *conn.lock().await).await?);
+        }
         let ops = |kind: &str, side: &str| -> Vec<Op> {
             (0..args.requests)
                 .map(|n| {
@@ -197,14 +207,20 @@ async fn bench(
             );
             let on_raw = |ops| {
                 raw_phase(
-                    counter,
+                    (counter, &raw_backends),
                     (raw.clone(), &source.name, &period, catalog),
                     ops,
                     concurrency,
                 )
             };
-            let on_api =
-                |ops| api_phase(counter, (instances.clone(), &source.name), ops, concurrency);
+            let on_api = |ops| {
+                api_phase(
+                    (counter, &api_backends),
+                    (instances.clone(), &source.name),
+                    ops,
+                    concurrency,
+                )
+            };
             let raw_first = on_raw(raw_ops).await;
             let api_first = on_api(api_ops).await;
             let api_second = on_api(api_rest).await;
@@ -438,6 +454,8 @@ struct Measured {
     statements: u64,
     failed: u64,
     cpu: Value,
+    /// CPU ms per operation of the phase's own Postgres backends (of the others' share).
+    postgres_ms_per_op: Option<f64>,
 }
 
 impl Measured {
@@ -464,6 +482,10 @@ impl Measured {
             "own_ms_per_op": weigh("own_ms_per_op", by_ops.0, by_ops.1),
             "others_ms_per_op": weigh("others_ms_per_op", by_ops.0, by_ops.1),
         });
+        let postgres_ms_per_op = self
+            .postgres_ms_per_op
+            .zip(other.postgres_ms_per_op)
+            .map(|(a, b)| a * by_ops.0 + b * by_ops.1);
         self.latencies.extend(other.latencies);
         self.latencies.sort();
         Measured {
@@ -473,6 +495,7 @@ impl Measured {
             statements: self.statements + other.statements,
             failed: self.failed + other.failed,
             cpu,
+            postgres_ms_per_op,
         }
     }
 
@@ -484,13 +507,14 @@ impl Measured {
             "statements_per_op": self.statements as f64 / self.ops.max(1) as f64,
             "failed": self.failed,
             "cpu": self.cpu,
+            "postgres_ms_per_op": self.postgres_ms_per_op,
         })
     }
 }
 
 /// `ops` through the handlers of `instances`, one caller per instance.
 async fn api_phase(
-    counter: &StatementCounter,
+    counter: (&StatementCounter, &[String]),
     (instances, source): (Arc<Vec<Arc<ApiState>>>, &str),
     ops: Vec<Op>,
     concurrency: usize,
@@ -505,7 +529,7 @@ async fn api_phase(
 
 /// `ops` as the same library calls on the raw connections, one caller per connection.
 async fn raw_phase(
-    counter: &StatementCounter,
+    counter: (&StatementCounter, &[String]),
     (raw, source, period, catalog): (Arc<Vec<Mutex<PgConnection>>>, &str, &Period, &Catalog),
     ops: Vec<Op>,
     concurrency: usize,
@@ -527,7 +551,7 @@ async fn raw_phase(
 /// Runs `work` over `ops` with `concurrency` callers: the latencies, SQL statements, the
 /// operations that failed, and the cores' shares.
 async fn phase<F, Fut>(
-    counter: &StatementCounter,
+    (counter, backends): (&StatementCounter, &[String]),
     ops: Vec<Op>,
     concurrency: usize,
     work: F,
@@ -540,6 +564,7 @@ where
     let failed = Arc::new(AtomicU64::new(0));
     let work = Arc::new(work);
     let statements = counter.get();
+    let postgres = backend_ticks(backends);
     let start = Instant::now();
     let cpu = CpuMeter::start();
     let latencies = {
@@ -556,6 +581,11 @@ where
     };
     let secs = start.elapsed().as_secs_f64();
     let cpu = cpu.since(count);
+    let postgres_ms_per_op = postgres
+        .zip(backend_ticks(backends))
+        .map(|(before, after)| {
+            (after - before) as f64 * CpuMeter::MS_PER_TICK / count.max(1) as f64
+        });
     Measured {
         ops: count,
         secs,
@@ -563,7 +593,24 @@ where
         statements: counter.get() - statements,
         failed: failed.load(Ordering::Relaxed),
         cpu,
+        postgres_ms_per_op,
     }
+}
+
+/// The CPU ticks so far of the Postgres backends serving a phase's connections (their pids);
+/// `None` where one cannot be read (another machine, another user's /proc hidden).
+fn backend_ticks(pids: &[String]) -> Option<u64> {
+    pids.iter()
+        .map(|pid| crate::bench::process_ticks(pid))
+        .sum()
+}
+
+/// The pid of the backend serving a connection.
+async fn backend_pid(conn: &mut PgConnection) -> anyhow::Result<String> {
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await?;
+    Ok(pid.to_string())
 }
 
 /// Round trips per read, debit and hot debit counted on the wire: through the handler of one

@@ -664,6 +664,13 @@ async fn the_api_bench_reports_every_phase_and_leaves_no_database_behind() {
                         .is_some_and(|b| (0.0..=1.0).contains(&b)),
                     "{phase} {side}: {report}"
                 );
+                // Of the others' share, the phase's own Postgres backends (their /proc).
+                assert!(
+                    figures["postgres_ms_per_op"]
+                        .as_f64()
+                        .is_some_and(|ms| ms >= 0.0),
+                    "{phase} {side}: {report}"
+                );
                 for share in ["ms_per_op", "own_ms_per_op", "others_ms_per_op"] {
                     assert!(
                         cpu[share].as_f64().is_some_and(|ms| ms >= 0.0),
