@@ -610,7 +610,7 @@ async fn the_api_bench_reports_every_phase_and_leaves_no_database_behind() {
     let admin = PgPool::connect(&server).await.unwrap();
     let benches = || async {
         sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_database WHERE datname LIKE 'inbox\\_bench\\_api\\_%'",
+            "SELECT count(*) FROM pg_database WHERE datname LIKE 'inbox\\_apibench\\_%'",
         )
         .fetch_one(&admin)
         .await
