@@ -45,6 +45,13 @@ pub struct BenchArgs {
     /// in one availability zone is about 0.3–0.5 ms.
     #[arg(long, default_value_t = 0.0)]
     pub pg_delay_ms: f64,
+    /// Measure the app API instead (`crate::bench_api`): reads and debits through the api
+    /// function's handler against the same library calls run raw, at concurrency 4 and 16.
+    #[arg(long)]
+    pub api: bool,
+    /// With --api: operations in each measured phase.
+    #[arg(long, default_value_t = 5_000, requires = "api")]
+    pub requests: usize,
     #[arg(long, env = "INBOX_PLANS", hide_env_values = true)]
     pub plans: String,
     #[command(flatten)]
@@ -96,7 +103,13 @@ fn cpu_ticks() -> Option<(u64, u64)> {
 /// This process's CPU time so far, every thread (user and system), in the same ticks: the
 /// caller's share of a phase (the handlers, sqlx, the SQS client and the load itself).
 fn own_ticks() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    process_ticks("self")
+}
+
+/// A process's CPU time so far (user and system, every thread) in the same ticks, by its
+/// /proc name (a pid, or `self`); `None` where it cannot be read.
+pub(crate) fn process_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces; the fields after its closing parenthesis
     // start at field 3, so utime and stime (14 and 15) are the 12th and 13th of them.
     let mut rest = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
@@ -114,20 +127,20 @@ fn ticks() -> Ticks {
 
 /// How much of the machine's cores a phase used, from its start, and how much of that was
 /// this process's.
-struct CpuMeter(Ticks);
+pub(crate) struct CpuMeter(Ticks);
 
 impl CpuMeter {
     /// /proc/stat counts in USER_HZ, 100 a second on Linux whatever the kernel's own tick.
-    const MS_PER_TICK: f64 = 10.0;
+    pub(crate) const MS_PER_TICK: f64 = 10.0;
 
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         Self(ticks())
     }
 
     /// The share of all cores busy since the start; busy CPU milliseconds per operation, and
     /// of them this process's (`own`) and every other's (`others`: Postgres, the SQS server,
     /// the kernel's network work). Nulls where /proc is missing.
-    fn since(&self, operations: usize) -> Value {
+    pub(crate) fn since(&self, operations: usize) -> Value {
         self.until(ticks(), operations)
     }
 
@@ -150,7 +163,7 @@ impl CpuMeter {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -218,7 +231,7 @@ fn workload(
 
 /// A new database `name` on `server`, migrated, and a pool on it; with `via`, the pool
 /// connects through the delay proxy listening there (the admin connection does not).
-async fn fresh_database(
+pub(crate) async fn fresh_database(
     server: &str,
     name: &str,
     pool_options: sqlx::postgres::PgPoolOptions,
@@ -242,7 +255,7 @@ async fn fresh_database(
 
 /// `options` pointed at the delay proxy's address, when there is one; user, database and the
 /// rest unchanged.
-fn through(options: PgConnectOptions, via: Option<SocketAddr>) -> PgConnectOptions {
+pub(crate) fn through(options: PgConnectOptions, via: Option<SocketAddr>) -> PgConnectOptions {
     match via {
         Some(addr) => options.host(&addr.ip().to_string()).port(addr.port()),
         None => options,
@@ -250,28 +263,34 @@ fn through(options: PgConnectOptions, via: Option<SocketAddr>) -> PgConnectOptio
 }
 
 /// With a delay, the proxy in front of `server`: `delay_ms / 2` each way.
-fn delay_proxy(server: &str, delay_ms: f64) -> anyhow::Result<Option<DelayProxy>> {
+pub(crate) fn delay_proxy(server: &str, delay_ms: f64) -> anyhow::Result<Option<DelayProxy>> {
     if delay_ms == 0.0 {
         return Ok(None);
     }
-    let options: PgConnectOptions = server.parse()?;
-    anyhow::ensure!(
-        options.get_socket().is_none(),
-        "--pg-delay-ms needs a TCP DATABASE_URL, not a Unix socket"
-    );
-    let upstream = (options.get_host(), options.get_port())
-        .to_socket_addrs()
-        .context("resolving DATABASE_URL's host")?
-        .next()
-        .context("DATABASE_URL's host has no address")?;
+    let upstream = tcp_upstream(server, "--pg-delay-ms")?;
     let one_way = Duration::from_secs_f64(delay_ms / 2000.0);
     let proxy = DelayProxy::start(upstream, one_way).context("starting the delay proxy")?;
     Ok(Some(proxy))
 }
 
+/// The address of a TCP `DATABASE_URL`'s server, for a proxy in front of it (`what` names
+/// the option that needs one).
+pub(crate) fn tcp_upstream(server: &str, what: &str) -> anyhow::Result<SocketAddr> {
+    let options: PgConnectOptions = server.parse()?;
+    anyhow::ensure!(
+        options.get_socket().is_none(),
+        "{what} needs a TCP DATABASE_URL, not a Unix socket"
+    );
+    (options.get_host(), options.get_port())
+        .to_socket_addrs()
+        .context("resolving DATABASE_URL's host")?
+        .next()
+        .context("DATABASE_URL's host has no address")
+}
+
 /// The median of 200 `SELECT 1` round trips on one connection, after ten to warm it up. A
 /// statement without arguments goes as one simple query: one round trip each.
-async fn round_trip_ms(options: PgConnectOptions) -> anyhow::Result<f64> {
+pub(crate) async fn round_trip_ms(options: PgConnectOptions) -> anyhow::Result<f64> {
     let mut conn = options.connect().await?;
     let mut times = Vec::with_capacity(200);
     for n in 0..210 {
@@ -286,7 +305,7 @@ async fn round_trip_ms(options: PgConnectOptions) -> anyhow::Result<f64> {
     Ok(percentile(&times, 0.5))
 }
 
-async fn drop_database(server: &str, name: &str) {
+pub(crate) async fn drop_database(server: &str, name: &str) {
     if let Ok(admin) = PgPool::connect(server).await {
         let _ = admin
             .execute(format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#).as_str())
@@ -295,7 +314,11 @@ async fn drop_database(server: &str, name: &str) {
 }
 
 /// Runs `work` over `items` with `concurrency` tasks; returns each call's latency.
-async fn run_concurrently<T, F, Fut>(items: Vec<T>, concurrency: usize, work: F) -> Vec<Duration>
+pub(crate) async fn run_concurrently<T, F, Fut>(
+    items: Vec<T>,
+    concurrency: usize,
+    work: F,
+) -> Vec<Duration>
 where
     T: Send + 'static,
     F: Fn(usize, T) -> Fut + Send + Sync + 'static,
@@ -333,6 +356,9 @@ pub async fn run(
     counter: &StatementCounter,
     json_output: bool,
 ) -> anyhow::Result<()> {
+    if args.api {
+        return crate::bench_api::run(args, server, counter, json_output).await;
+    }
     anyhow::ensure!(
         (100..=100_000).contains(&args.deliveries),
         "--deliveries must be between 100 and 100000"

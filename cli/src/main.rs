@@ -8,6 +8,7 @@ macro_rules! out {
 
 mod api_key;
 mod bench;
+mod bench_api;
 mod delay;
 mod dev;
 mod effects;

@@ -792,3 +792,104 @@ fn the_bridge_without_a_queue_says_which_variable_is_missing() {
         "{stderr}"
     );
 }
+
+/// `inboxctl bench --api` with tiny counts: every level and phase reports its rate, its ratio
+/// to the raw call, its latencies, its statements and cores' shares, nothing failed, the round
+/// trips were counted on the wire, every debit of the hot account landed on it, and its
+/// database is gone afterwards. No figure's size is asserted, only that it is there.
+#[tokio::test]
+async fn the_api_bench_reports_every_phase_and_leaves_no_database_behind() {
+    let server = std::env::var("DATABASE_URL").unwrap();
+    let admin = PgPool::connect(&server).await.unwrap();
+    let benches = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_database WHERE datname LIKE 'inbox\\_apibench\\_%'",
+        )
+        .fetch_one(&admin)
+        .await
+        .unwrap()
+    };
+    let before = benches().await;
+    let (output, stdout, stderr) = run(inboxctl().env_remove("INBOX_DEV_KINDE_KEY").args([
+        "--json",
+        "--database-url",
+        &server,
+        "bench",
+        "--api",
+        "--requests",
+        "100",
+        "--customers",
+        "5",
+    ]));
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        (report["requests"].as_i64(), report["customers"].as_i64()),
+        (Some(100), Some(5))
+    );
+    assert_eq!(report["source"], "stripe", "{report}");
+    let positive = |v: &Value| v.as_f64().is_some_and(|x| x.is_finite() && x > 0.0);
+    assert!(positive(&report["pg_round_trip_ms"]), "{report}");
+    let levels = report["levels"].as_array().unwrap();
+    assert_eq!(
+        levels
+            .iter()
+            .map(|l| l["concurrency"].as_i64())
+            .collect::<Vec<_>>(),
+        [Some(4), Some(16)]
+    );
+    for level in levels {
+        for phase in ["read", "debit", "hot_debit"] {
+            assert!(positive(&level[phase]["ratio"]), "{phase}: {report}");
+            for side in ["api", "raw"] {
+                let figures = &level[phase][side];
+                for figure in ["per_sec", "p50_ms", "p99_ms", "statements_per_op"] {
+                    assert!(
+                        positive(&figures[figure]),
+                        "{phase} {side} {figure}: {report}"
+                    );
+                }
+                assert_eq!(figures["failed"], 0, "{phase} {side}: {report}");
+                let cpu = &figures["cpu"];
+                assert!(
+                    cpu["busy"]
+                        .as_f64()
+                        .is_some_and(|b| (0.0..=1.0).contains(&b)),
+                    "{phase} {side}: {report}"
+                );
+                // Of the others' share, the phase's own Postgres backends (their /proc).
+                assert!(
+                    figures["postgres_ms_per_op"]
+                        .as_f64()
+                        .is_some_and(|ms| ms >= 0.0),
+                    "{phase} {side}: {report}"
+                );
+                for share in ["ms_per_op", "own_ms_per_op", "others_ms_per_op"] {
+                    assert!(
+                        cpu[share].as_f64().is_some_and(|ms| ms >= 0.0),
+                        "{phase} {side} {share}: {report}"
+                    );
+                }
+            }
+        }
+    }
+    // Effects are off: a read and a debit are one round trip each, through the handler and raw.
+    assert_eq!(report["round_trips"]["ops"], 50);
+    for side in ["api", "raw"] {
+        for kind in ["read", "debit", "hot_debit"] {
+            assert_eq!(
+                report["round_trips"][side][kind].as_f64(),
+                Some(1.0),
+                "{side} {kind}: {report}"
+            );
+        }
+    }
+    // Each level's hot phases (handler and raw: 100 each) and warm-ups (one per instance and
+    // connection, 4 + 4 and 16 + 16), and the wire count's 50 + 50 and two warm-ups.
+    assert_eq!(
+        report["hot_used"].as_i64(),
+        Some(2 * 2 * 100 + 2 * (4 + 16) + 2 * 50 + 2),
+        "{report}"
+    );
+    assert_eq!(benches().await, before, "the bench removes its database");
+}
