@@ -321,6 +321,7 @@ async fn seed(
             at: Utc::now(),
             object_id: None,
             status: None,
+            cancel_at_period_end: false,
             event_id: None,
         };
         let (id, payload) = sender.build(&source.name, &spec)?;
