@@ -44,9 +44,9 @@ impl DispatcherState {
         config: &DispatcherConfig,
         max_connections: u32,
     ) -> anyhow::Result<Self> {
-        use anyhow::Context;
-        let pool =
-            crate::db::lazy_pool(&config.database_url, max_connections).context("DATABASE_URL")?;
+        let pool = crate::database::Database::open(&config.database)
+            .await?
+            .pool(max_connections);
         let sinks = Sinks::resolve(&config.effects.sinks).await?;
         Ok(Self::new(pool, sinks))
     }

@@ -33,7 +33,9 @@ pub struct SchedulerState {
 
 impl SchedulerState {
     pub async fn from_config(config: &SchedulerConfig) -> anyhow::Result<Self> {
-        let pool = crate::db::lazy_pool(&config.database_url, 2).context("DATABASE_URL")?;
+        let pool = crate::database::Database::open(&config.database)
+            .await?
+            .pool(2);
         let queue = Queue::from_env(config.queue_url.clone()).await;
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))

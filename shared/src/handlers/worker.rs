@@ -72,8 +72,9 @@ impl WorkerState {
     /// Builds the pool and each source's reads (with the API key from its secret, if any).
     pub async fn from_config(config: &WorkerConfig, max_connections: u32) -> anyhow::Result<Self> {
         use anyhow::Context;
-        let pool =
-            crate::db::lazy_pool(&config.database_url, max_connections).context("DATABASE_URL")?;
+        let pool = crate::database::Database::open(&config.database)
+            .await?
+            .pool(max_connections);
         let http = reqwest::Client::builder()
             .timeout(READ_TIMEOUT)
             .build()
