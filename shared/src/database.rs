@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
-use sqlx::PgPool;
+use sqlx::{ConnectOptions, PgPool};
 
 use crate::config::ConfigError;
 
@@ -319,6 +319,23 @@ impl Database {
                     "the database refused the login and its secret could not be read again");
                 false
             }
+        }
+    }
+
+    /// After a caller of one of the pools failed on the database (a pool cannot say why it
+    /// could not connect): when the options come from a secret, one new connection is
+    /// tried, and if its login is refused the secret is read again as after a held
+    /// connection's ([`Self::after_connect_error`]); the pools' next connections take what
+    /// it holds. The message that failed is delivered again, and finds them.
+    pub async fn after_pool_error(&self) {
+        if self.client.is_none() {
+            return;
+        }
+        let generation = self.generation();
+        let tried =
+            tokio::time::timeout(crate::db::CONNECT_TIMEOUT, self.options().connect()).await;
+        if let Ok(Err(error)) = tried {
+            self.after_connect_error(&error, generation).await;
         }
     }
 

@@ -8,10 +8,11 @@ use std::path::PathBuf;
 
 use http::StatusCode;
 use serde_json::json;
-use shared::config::{FromEnv, IntakeConfig};
+use shared::config::{FromEnv, IntakeConfig, WorkerConfig};
 use shared::database::{Database, DatabaseConfig, DatabaseSource};
 use shared::db::Held;
 use shared::handlers::intake::IntakeState;
+use shared::handlers::worker::{handle_batch, WorkerState};
 use sqlx::{Executor, PgPool};
 
 use crate::helpers::*;
@@ -325,4 +326,43 @@ async fn the_rds_json_over_verify_full_with_the_packaged_ca(pool: PgPool) {
         missing.to_string(),
         "DATABASE_CA_FILE: '/nowhere/global-bundle.pem' is not a file (the CA bundle must be packaged with the function)"
     );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_worker_whose_password_was_rotated_applies_the_event_when_it_comes_again(pool: PgPool) {
+    let role = password_role(&pool, "before-Rotation#1").await;
+    let id = create_secret(&rds_secret(&pool, "127.0.0.1", &role, "before-Rotation#1").to_string())
+        .await;
+    let app = TestApp::spawn(pool.clone()).await;
+    let event_id = app
+        .store_stripe_event("evt_worker_db", "cus_db", chrono::Utc::now().timestamp())
+        .await;
+    let sources = json!([{"name": "stripe", "kind": "stripe"}]).to_string();
+    let config = WorkerConfig::from_lookup(|var| match var {
+        "DATABASE_SECRET_ID" => Some(id.clone()),
+        "INBOX_SOURCES" => Some(sources.clone()),
+        "INBOX_PLANS" => Some(PLANS.to_owned()),
+        _ => None,
+    })
+    .unwrap();
+    let worker = WorkerState::from_config(&config, 2).await.unwrap();
+    // Rotated after the cold start, before the pool's first connection.
+    new_password(&pool, &role, AWKWARD).await;
+    put_secret(
+        &id,
+        &rds_secret(&pool, "127.0.0.1", &role, AWKWARD).to_string(),
+    )
+    .await;
+
+    let first = handle_batch(&worker, sqs_batch(&[event_id])).await;
+    let again = handle_batch(&worker, sqs_batch(&[event_id])).await;
+
+    assert_eq!(
+        first.batch_item_failures.len(),
+        1,
+        "refused, delivered again"
+    );
+    assert!(again.batch_item_failures.is_empty());
+    assert_ne!(app.event(event_id).await.status, "received");
+    assert_eq!(worker.database.as_ref().unwrap().generation(), 1);
 }
