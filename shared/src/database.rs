@@ -21,6 +21,9 @@ use crate::config::ConfigError;
 pub const URL_VAR: &str = "DATABASE_URL";
 pub const SECRET_VAR: &str = "DATABASE_SECRET_ID";
 pub const CA_VAR: &str = "DATABASE_CA_FILE";
+pub const HOST_VAR: &str = "DATABASE_HOST";
+pub const PORT_VAR: &str = "DATABASE_PORT";
+pub const NAME_VAR: &str = "DATABASE_NAME";
 
 /// How long one read of the database's secret may take: a connection attempt waits on it.
 const READ_BUDGET: Duration = Duration::from_secs(3);
@@ -54,6 +57,18 @@ pub struct DatabaseConfig {
     /// `DATABASE_CA_FILE`: a PEM bundle; with it every connection is `verify-full` against
     /// it. A relative path is taken from the function's package (`LAMBDA_TASK_ROOT`).
     pub ca_file: Option<PathBuf>,
+    /// Where the database is when its secret does not say: the secret RDS manages for a
+    /// master user holds only `username` and `password`.
+    pub endpoint: Endpoint,
+}
+
+/// `DATABASE_HOST`, `DATABASE_PORT`, `DATABASE_NAME`: what a JSON secret's `host`, `port`
+/// and `dbname` fall back to (the secret's own win).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Endpoint {
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub dbname: Option<String>,
 }
 
 impl DatabaseConfig {
@@ -95,7 +110,22 @@ impl DatabaseConfig {
                 _ => path,
             }
         });
-        Ok(Self { source, ca_file })
+        let port = match get(PORT_VAR) {
+            None => None,
+            Some(port) => Some(port.parse().map_err(|_| {
+                ConfigError::new(PORT_VAR, format!("'{port}' is not a port number"))
+            })?),
+        };
+        let endpoint = Endpoint {
+            host: get(HOST_VAR),
+            port,
+            dbname: get(NAME_VAR),
+        };
+        Ok(Self {
+            source,
+            ca_file,
+            endpoint,
+        })
     }
 
     /// A configuration of `url` alone, as tests and tools build one.
@@ -103,17 +133,19 @@ impl DatabaseConfig {
         Self {
             source: DatabaseSource::Url(url.into()),
             ca_file: None,
+            endpoint: Endpoint::default(),
         }
     }
 }
 
-/// The RDS-shaped secret: what Secrets Manager's RDS rotation keeps, and what a secret RDS
-/// manages itself holds (`username` and `password`) with the endpoint added.
+/// The RDS-shaped secret: what Secrets Manager's RDS rotation keeps, or what a secret RDS
+/// manages itself holds (`username` and `password`, the rest from [`Endpoint`]).
 #[derive(Deserialize)]
 struct RdsSecret {
     username: String,
     password: String,
-    host: String,
+    #[serde(default)]
+    host: Option<String>,
     #[serde(default)]
     port: Option<Port>,
     #[serde(default)]
@@ -129,7 +161,11 @@ enum Port {
 }
 
 /// The connection options a secret's text gives; the error says why not, never a value.
-pub fn options_from_secret(id: &str, text: &str) -> Result<PgConnectOptions, String> {
+pub fn options_from_secret(
+    id: &str,
+    text: &str,
+    endpoint: &Endpoint,
+) -> Result<PgConnectOptions, String> {
     let text = text.trim();
     if !text.starts_with('{') {
         return PgConnectOptions::from_str(text).map_err(|_| {
@@ -154,8 +190,13 @@ pub fn options_from_secret(id: &str, text: &str) -> Result<PgConnectOptions, Str
             "the secret '{id}' is not {{\"username\", \"password\", \"host\", \"port\", \"dbname\"}}: {what}"
         )
     })?;
+    let host = secret
+        .host
+        .filter(|h| !h.is_empty())
+        .or_else(|| endpoint.host.clone())
+        .ok_or_else(|| format!("the secret '{id}' has no host, and {HOST_VAR} is not set"))?;
     let port = match secret.port {
-        None => 5432,
+        None => endpoint.port.unwrap_or(5432),
         Some(Port::Number(port)) => port,
         Some(Port::Text(port)) => port
             .trim()
@@ -165,11 +206,15 @@ pub fn options_from_secret(id: &str, text: &str) -> Result<PgConnectOptions, Str
     // Each field set on its own, never pasted into a URL: `#`, `%`, `?`, `@` or `/` in a
     // generated password mean themselves.
     let mut options = PgConnectOptions::new_without_pgpass()
-        .host(&secret.host)
+        .host(&host)
         .port(port)
         .username(&secret.username)
         .password(&secret.password);
-    if let Some(dbname) = secret.dbname.filter(|d| !d.is_empty()) {
+    if let Some(dbname) = secret
+        .dbname
+        .filter(|d| !d.is_empty())
+        .or_else(|| endpoint.dbname.clone())
+    {
         options = options.database(&dbname);
     }
     Ok(options)
@@ -223,7 +268,7 @@ impl Database {
                     .await
                     .unwrap_or_else(|_| Err(not_in_time(id)))
                     .map_err(|detail| ConfigError::new(SECRET_VAR, detail))?;
-                let options = options_from_secret(id, &text)
+                let options = options_from_secret(id, &text, &config.endpoint)
                     .map_err(|detail| ConfigError::new(SECRET_VAR, detail))?;
                 (options, Some(client))
             }
@@ -303,7 +348,7 @@ impl Database {
         let options = tokio::time::timeout(READ_BUDGET, read_secret(client, id))
             .await
             .unwrap_or_else(|_| Err(not_in_time(id)))
-            .and_then(|text| options_from_secret(id, &text))
+            .and_then(|text| options_from_secret(id, &text, &self.config.endpoint))
             .and_then(|options| {
                 with_tls(options, self.config.ca_file.as_deref()).map_err(|e| e.to_string())
             });
@@ -451,9 +496,11 @@ mod tests {
 
     #[test]
     fn an_rds_secret_is_read_field_by_field() {
+        let none = Endpoint::default();
         let options = options_from_secret(
             "db",
             r#"{"username":"inbox","password":"a#b%c?d@e/f","engine":"postgres","host":"db.example","port":5433,"dbname":"billing","dbInstanceIdentifier":"billing-db"}"#,
+            &none,
         )
         .unwrap();
         assert_eq!(options.get_host(), "db.example");
@@ -463,18 +510,62 @@ mod tests {
         let text_port = options_from_secret(
             "db",
             r#"{"username":"u","password":"p","host":"h","port":"6432"}"#,
+            &none,
         )
         .unwrap();
         assert_eq!(text_port.get_port(), 6432);
     }
 
     #[test]
-    fn a_bad_secret_is_named_and_never_quoted() {
-        let error =
-            options_from_secret("db", r#"{"username":"u","password":"hunter2#"}"#).unwrap_err();
+    fn a_secret_rds_manages_takes_the_endpoint_from_the_environment() {
+        let endpoint = config(&[
+            (SECRET_VAR, "db"),
+            (HOST_VAR, "billing.cluster-abc.eu-west-1.rds.amazonaws.com"),
+            (PORT_VAR, "5433"),
+            (NAME_VAR, "billing"),
+        ])
+        .unwrap()
+        .endpoint;
+        let options = options_from_secret(
+            "db",
+            r#"{"username":"postgres","password":"p#%?"}"#,
+            &endpoint,
+        )
+        .unwrap();
+        assert_eq!(
+            options.get_host(),
+            "billing.cluster-abc.eu-west-1.rds.amazonaws.com"
+        );
+        assert_eq!(options.get_port(), 5433);
+        assert_eq!(options.get_database(), Some("billing"));
+        let error = options_from_secret(
+            "db",
+            r#"{"username":"postgres","password":"hunter2"}"#,
+            &Endpoint::default(),
+        )
+        .unwrap_err();
         assert_eq!(
             error,
-            "the secret 'db' is not {\"username\", \"password\", \"host\", \"port\", \"dbname\"}: missing field `host`"
+            "the secret 'db' has no host, and DATABASE_HOST is not set"
+        );
+        let bad_port = config(&[(SECRET_VAR, "db"), (PORT_VAR, "x")]).unwrap_err();
+        assert_eq!(
+            bad_port.to_string(),
+            "DATABASE_PORT: 'x' is not a port number"
+        );
+    }
+
+    #[test]
+    fn a_bad_secret_is_named_and_never_quoted() {
+        let error = options_from_secret(
+            "db",
+            r#"{"user":"u","password":"hunter2#"}"#,
+            &Endpoint::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            error,
+            "the secret 'db' is not {\"username\", \"password\", \"host\", \"port\", \"dbname\"}: missing field `username`"
         );
         for text in [
             "hunter2#",
@@ -482,7 +573,7 @@ mod tests {
             r#"{"username":"u","password":"hunter2#","host":"h","port":"hunter2"}"#,
             r#"{"username":"u","password":["hunter2"],"host":"h"}"#,
         ] {
-            let error = options_from_secret("db", text).unwrap_err();
+            let error = options_from_secret("db", text, &Endpoint::default()).unwrap_err();
             assert!(!error.contains("hunter2"), "{error}");
             assert!(error.contains("'db'"), "{error}");
         }

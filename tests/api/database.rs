@@ -130,7 +130,7 @@ async fn deliver(app: &TestApp, id: &str) -> (StatusCode, serde_json::Value) {
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
-async fn a_url_secret_and_the_rds_json_both_connect(pool: PgPool) {
+async fn a_url_secret_the_rds_json_and_the_secret_rds_manages_all_connect(pool: PgPool) {
     let role = password_role(&pool, AWKWARD).await;
     let encoded: String = url::form_urlencoded::byte_serialize(AWKWARD.as_bytes()).collect();
     let url = format!(
@@ -139,10 +139,20 @@ async fn a_url_secret_and_the_rds_json_both_connect(pool: PgPool) {
         database_name(&pool)
     );
     let rds = rds_secret(&pool, "127.0.0.1", &role, AWKWARD).to_string();
+    // The secret RDS manages for a master user: the endpoint comes beside it.
+    let managed = json!({"username": role, "password": AWKWARD}).to_string();
+    let endpoint = vec![
+        ("DATABASE_HOST", "127.0.0.1".to_owned()),
+        ("DATABASE_PORT", port(&pool).to_string()),
+        ("DATABASE_NAME", database_name(&pool)),
+    ];
     let mut app = TestApp::spawn(pool.clone()).await;
-    for (n, text) in [url, rds].into_iter().enumerate() {
-        let id = create_secret(&text).await;
-        let config = intake_config(&app.queue_url, &[("DATABASE_SECRET_ID", id)]);
+    for (n, (text, mut vars)) in [(url, vec![]), (rds, vec![]), (managed, endpoint)]
+        .into_iter()
+        .enumerate()
+    {
+        vars.push(("DATABASE_SECRET_ID", create_secret(&text).await));
+        let config = intake_config(&app.queue_url, &vars);
         app.state = IntakeState::from_config(&config).await.unwrap();
 
         let (status, body) = deliver(&app, &format!("evt_db_{n}")).await;
@@ -219,7 +229,9 @@ async fn a_wrong_database_secret_is_named_never_its_password(pool: PgPool) {
     .to_string();
     assert_eq!(
         error,
-        format!("DATABASE_SECRET_ID: the secret '{no_host}' is not {{\"username\", \"password\", \"host\", \"port\", \"dbname\"}}: missing field `host`")
+        format!(
+            "DATABASE_SECRET_ID: the secret '{no_host}' has no host, and DATABASE_HOST is not set"
+        )
     );
     let error = IntakeConfig::from_lookup(|var| match var {
         "DATABASE_SECRET_ID" => Some(no_host.clone()),
@@ -263,6 +275,7 @@ async fn verified(host: &str, ca: PathBuf) -> Result<bool, sqlx::Error> {
     let config = DatabaseConfig {
         source: DatabaseSource::Url(format!("postgres://postgres@{host}:{port}/postgres")),
         ca_file: Some(ca),
+        endpoint: Default::default(),
     };
     let held = Held::on(Database::open(&config).await.unwrap());
     let mut conn = held.lock().await;
