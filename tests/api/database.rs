@@ -8,10 +8,11 @@ use std::path::PathBuf;
 
 use http::StatusCode;
 use serde_json::json;
-use shared::config::{FromEnv, IntakeConfig, WorkerConfig};
+use shared::config::{FromEnv, IntakeConfig, SchedulerConfig, WorkerConfig};
 use shared::database::{Database, DatabaseConfig, DatabaseSource};
 use shared::db::Held;
 use shared::handlers::intake::IntakeState;
+use shared::handlers::scheduler::SchedulerState;
 use shared::handlers::worker::{handle_batch, WorkerState};
 use sqlx::{Executor, PgPool};
 
@@ -378,4 +379,34 @@ async fn a_worker_whose_password_was_rotated_applies_the_event_when_it_comes_aga
     assert!(again.batch_item_failures.is_empty());
     assert_ne!(app.event(event_id).await.status, "received");
     assert_eq!(worker.database.as_ref().unwrap().generation(), 1);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_scheduler_whose_password_was_rotated_connects_on_its_next_run(pool: PgPool) {
+    let role = password_role(&pool, "before-Rotation#1").await;
+    let id = create_secret(&rds_secret(&pool, "127.0.0.1", &role, "before-Rotation#1").to_string())
+        .await;
+    let app = TestApp::spawn(pool.clone()).await;
+    let sources = json!([{"name": "stripe", "kind": "stripe"}]).to_string();
+    let config = SchedulerConfig::from_lookup(|var| match var {
+        "DATABASE_SECRET_ID" => Some(id.clone()),
+        "QUEUE_URL" => Some(app.queue_url.clone()),
+        "INBOX_SOURCES" => Some(sources.clone()),
+        _ => None,
+    })
+    .unwrap();
+    let scheduler = SchedulerState::from_config(&config).await.unwrap();
+    new_password(&pool, &role, AWKWARD).await;
+    put_secret(
+        &id,
+        &rds_secret(&pool, "127.0.0.1", &role, AWKWARD).to_string(),
+    )
+    .await;
+
+    let refused = shared::handlers::scheduler::run(&scheduler).await;
+    let next = shared::handlers::scheduler::run(&scheduler).await;
+
+    assert!(!refused.errors.is_empty());
+    assert!(next.errors.is_empty(), "{:?}", next.errors);
+    assert_eq!(scheduler.database.as_ref().unwrap().generation(), 1);
 }
