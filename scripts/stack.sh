@@ -323,7 +323,48 @@ ensure_postgres() {
     _stack_log "postgres: creating database $STACK_PG_DB"
     _stack_psql -d postgres -c "CREATE DATABASE $STACK_PG_DB" >/dev/null || return 1
   fi
+  _stack_pg_auth_and_tls || return 1
   _stack_log "postgres: ready at postgres://postgres@127.0.0.1:$port/$STACK_PG_DB"
+}
+
+# Real password checks and TLS, for the tests of the database's secret (docs/design.md
+# §5.3): members of the role password_users log in with a SCRAM password on loopback (the
+# pg_hba.conf line comes before initdb's trust lines; nobody else is asked for one), and
+# the server offers TLS with a certificate for localhost and 127.0.0.1 signed by a local CA
+# (.dev/pg/tls/ca.crt; other-ca.crt signed nothing, for the test that a wrong CA is
+# refused). Idempotent: the certificates are made once, the settings reloaded each time.
+_stack_pg_auth_and_tls() {
+  local tls="$_STACK_PG_DIR/tls" hba="$_STACK_PG_DATA/pg_hba.conf"
+  if [ ! -s "$tls/server.crt" ] || [ ! -s "$tls/other-ca.crt" ]; then
+    command -v openssl >/dev/null 2>&1 || _stack_apt_install openssl || return 1
+    _stack_log "postgres: making a local CA and a server certificate in $tls"
+    mkdir -p "$tls" || return 1
+    (
+      cd "$tls" || exit 1
+      openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=billing-inbox local CA" \
+        -keyout ca.key -out ca.crt >/dev/null 2>&1 &&
+        openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=billing-inbox other CA" \
+          -keyout other-ca.key -out other-ca.crt >/dev/null 2>&1 &&
+        openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
+          -keyout server.key -out server.csr >/dev/null 2>&1 &&
+        printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >server.ext &&
+        openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+          -extfile server.ext -out server.crt >/dev/null 2>&1
+    ) || {
+      _stack_err "postgres: openssl could not make the test certificates in $tls"
+      return 1
+    }
+    chmod 600 "$tls/server.key"
+    [ "$(id -u)" = 0 ] && chown postgres:postgres "$tls/server.key" "$tls/server.crt"
+  fi
+  if ! grep -q '+password_users' "$hba"; then
+    _stack_as_pg sh -c "{ printf '%s\n' 'host all +password_users 127.0.0.1/32 scram-sha-256'; cat '$hba'; } >'$hba.new' && mv '$hba.new' '$hba'" || return 1
+  fi
+  _stack_psql -d postgres -tAc "SELECT 1 FROM pg_roles WHERE rolname = 'password_users'" | grep -q 1 ||
+    _stack_psql -d postgres -c "CREATE ROLE password_users NOLOGIN" >/dev/null || return 1
+  _stack_psql -d postgres -c "ALTER SYSTEM SET ssl_cert_file = '$tls/server.crt'" \
+    -c "ALTER SYSTEM SET ssl_key_file = '$tls/server.key'" -c "ALTER SYSTEM SET ssl = on" \
+    -c "SELECT pg_reload_conf()" >/dev/null || return 1
 }
 
 stop_postgres() {

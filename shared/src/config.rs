@@ -399,6 +399,11 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             .ok_or_else(|| ConfigError::new(var, "is not set"))
     }
 
+    /// `DATABASE_SECRET_ID` or `DATABASE_URL`, and `DATABASE_CA_FILE` ([`crate::database`]).
+    pub fn database(&self) -> Result<crate::database::DatabaseConfig, ConfigError> {
+        crate::database::DatabaseConfig::read(|var| (self.0)(var))
+    }
+
     pub fn sources(&self) -> Result<Vec<SourceConfig>, ConfigError> {
         parse_sources(&self.required(SOURCES_VAR)?)
     }
@@ -474,7 +479,7 @@ pub trait FromEnv: Sized {
 /// What the intake function needs.
 #[derive(Debug, Clone)]
 pub struct IntakeConfig {
-    pub database_url: String,
+    pub database: crate::database::DatabaseConfig,
     pub queue_url: String,
     pub sources: Vec<SourceConfig>,
     pub tolerance: Duration,
@@ -483,7 +488,7 @@ pub struct IntakeConfig {
 impl FromEnv for IntakeConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
         Ok(Self {
-            database_url: env.required("DATABASE_URL")?,
+            database: env.database()?,
             queue_url: env.required("QUEUE_URL")?,
             sources: env.sources()?,
             tolerance: env.tolerance()?,
@@ -495,7 +500,7 @@ impl FromEnv for IntakeConfig {
 /// settle ties and link refunds), never its signing secrets' use.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    pub database_url: String,
+    pub database: crate::database::DatabaseConfig,
     pub sources: Vec<SourceConfig>,
     pub catalog: Catalog,
     /// Effects on: the worker writes them and sends their ids to the dispatcher's queue.
@@ -505,7 +510,7 @@ pub struct WorkerConfig {
 impl FromEnv for WorkerConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
         Ok(Self {
-            database_url: env.required("DATABASE_URL")?,
+            database: env.database()?,
             sources: env.sources()?,
             catalog: env.plans()?,
             effects: env.effects()?,
@@ -516,7 +521,7 @@ impl FromEnv for WorkerConfig {
 /// What the scheduler function needs.
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
-    pub database_url: String,
+    pub database: crate::database::DatabaseConfig,
     pub queue_url: String,
     pub sources: Vec<SourceConfig>,
     pub retention: Duration,
@@ -527,7 +532,7 @@ pub struct SchedulerConfig {
 impl FromEnv for SchedulerConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
         Ok(Self {
-            database_url: env.required("DATABASE_URL")?,
+            database: env.database()?,
             queue_url: env.required("QUEUE_URL")?,
             sources: env.sources()?,
             retention: env.retention()?,
@@ -552,7 +557,7 @@ pub fn parse_api_keys(raw: &str) -> Result<KeysConfig, ConfigError> {
 /// the allowance tells the app).
 #[derive(Debug, Clone)]
 pub struct ApiConfig {
-    pub database_url: String,
+    pub database: crate::database::DatabaseConfig,
     pub sources: Vec<(String, SourceKind)>,
     pub catalog: Catalog,
     pub keys: KeysConfig,
@@ -562,7 +567,7 @@ pub struct ApiConfig {
 impl FromEnv for ApiConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
         Ok(Self {
-            database_url: env.required("DATABASE_URL")?,
+            database: env.database()?,
             sources: env
                 .sources()?
                 .into_iter()
@@ -578,14 +583,14 @@ impl FromEnv for ApiConfig {
 /// What the dispatcher function needs: the sinks (their secrets are resolved at cold start).
 #[derive(Debug, Clone)]
 pub struct DispatcherConfig {
-    pub database_url: String,
+    pub database: crate::database::DatabaseConfig,
     pub effects: EffectsConfig,
 }
 
 impl FromEnv for DispatcherConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
         Ok(Self {
-            database_url: env.required("DATABASE_URL")?,
+            database: env.database()?,
             effects: env
                 .effects()?
                 .ok_or_else(|| ConfigError::new(EFFECTS_VAR, "is not set"))?,

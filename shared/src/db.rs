@@ -1,11 +1,14 @@
 //! The Postgres pool, built once per cold start.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgConnection, PgPool};
 use tokio::sync::{Mutex, MutexGuard};
+
+use crate::database::Database;
 
 /// A pool that connects on first use, so that a function starts (and answers 503) while
 /// Postgres is down, and gives up on a connection quickly instead of holding the caller.
@@ -33,7 +36,7 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// it broken (an instance frozen while Postgres or a proxy closed it) and tries once more on
 /// a new one (docs/design.md §8).
 pub struct Held {
-    options: PgConnectOptions,
+    database: Arc<Database>,
     conn: Mutex<Option<PgConnection>>,
     #[cfg(feature = "dev")]
     before_use: Option<BeforeUse>,
@@ -49,9 +52,16 @@ pub type BeforeUse = std::sync::Arc<
 >;
 
 impl Held {
+    /// A held connection with fixed options (tests, tools).
     pub fn new(options: PgConnectOptions) -> Self {
+        Self::on(Database::fixed(options))
+    }
+
+    /// A held connection that takes `database`'s options at each connect, the new ones after
+    /// a rotation included.
+    pub fn on(database: Arc<Database>) -> Self {
         Self {
-            options,
+            database,
             conn: Mutex::new(None),
             #[cfg(feature = "dev")]
             before_use: None,
@@ -68,6 +78,11 @@ impl Held {
         Ok(Self::new(PgConnectOptions::from_str(database_url)?))
     }
 
+    /// Where its options come from.
+    pub fn database(&self) -> &Arc<Database> {
+        &self.database
+    }
+
     /// The connection, for this caller alone until the guard is dropped.
     pub async fn lock(&self) -> HeldConnection<'_> {
         HeldConnection {
@@ -75,6 +90,12 @@ impl Held {
             slot: self.conn.lock().await,
         }
     }
+}
+
+async fn connect(database: &Database) -> Result<PgConnection, sqlx::Error> {
+    tokio::time::timeout(CONNECT_TIMEOUT, database.options().connect())
+        .await
+        .map_err(|_| sqlx::Error::PoolTimedOut)?
 }
 
 pub struct HeldConnection<'a> {
@@ -86,9 +107,16 @@ impl HeldConnection<'_> {
     /// The open connection, or a new one.
     pub async fn get(&mut self) -> Result<&mut PgConnection, sqlx::Error> {
         if self.slot.is_none() {
-            let conn = tokio::time::timeout(CONNECT_TIMEOUT, self.held.options.connect())
-                .await
-                .map_err(|_| sqlx::Error::PoolTimedOut)??;
+            let database = &self.held.database;
+            let generation = database.generation();
+            let conn = match connect(database).await {
+                // A refused login after a rotation: the secret is read again, and the
+                // connection tried once more with what it holds.
+                Err(error) if database.after_connect_error(&error, generation).await => {
+                    connect(database).await?
+                }
+                other => other?,
+            };
             *self.slot = Some(conn);
         }
         #[cfg(feature = "dev")]

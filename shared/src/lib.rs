@@ -7,8 +7,8 @@
 //!   told to the app once), [`billing`] (the model, the registers, the account view),
 //!   [`providers`] (one folder per provider), [`reconcile`];
 //! - [`domain`]: the values everything above speaks in;
-//! - beside them: [`config`] (environment variables), [`api_keys`] (the app API's keys), [`secrets`] (Secrets Manager), [`db`]
-//!   (the pool), [`queue`] (SQS), [`http_client`] (providers' hosts), [`signing`] (what
+//! - beside them: [`config`] (environment variables), [`api_keys`] (the app API's keys), [`secrets`] (Secrets Manager), [`database`] (the
+//!   database's secret and TLS), [`db`] (the pool), [`queue`] (SQS), [`http_client`] (providers' hosts), [`signing`] (what
 //!   every signature check shares, and the Standard Webhooks format the inbox receives and
 //!   sends), [`metrics`] (the metrics' namespace), [`sim`] (the points a simulation
 //!   interrupts; the simulated queue) and [`dev`] (local tools, `dev` feature only).
@@ -17,6 +17,7 @@ pub mod api_keys;
 pub mod apply;
 pub mod billing;
 pub mod config;
+pub mod database;
 pub mod db;
 #[cfg(feature = "dev")]
 pub mod dev;

@@ -5,6 +5,7 @@
 mod app_api;
 mod cli;
 mod corpus;
+mod database;
 mod effects;
 mod effects_dispatch;
 mod ends;

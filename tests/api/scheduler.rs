@@ -25,6 +25,7 @@ pub(crate) fn scheduler_for(app: &TestApp, reconcilers: Vec<Reconciler>) -> Sche
         retention: Duration::from_secs(30 * 86_400),
         effects: None,
         budget: Duration::from_secs(30),
+        database: None,
     }
 }
 

@@ -567,6 +567,7 @@ impl World {
             retention: Duration::from_secs(30 * 86_400),
             effects: None,
             budget: Duration::from_secs(30),
+            database: None,
         };
         let scheduler = scheduler_with(&feed);
         let other_scheduler = scheduler_with(&feed);

@@ -59,15 +59,15 @@ impl ApiState {
     /// one) and the effects queue once, at cold start; nothing connects to Postgres before
     /// the first request.
     pub async fn from_config(config: &ApiConfig) -> anyhow::Result<Self> {
-        use anyhow::Context;
-        let pool = crate::db::lazy_pool(&config.database_url, 1).context("DATABASE_URL")?;
+        let database = crate::database::Database::open(&config.database).await?;
+        let pool = database.pool(1);
         let entries = crate::secrets::resolve_api_keys(&config.keys).await?;
         let effects = match &config.effects {
             Some(effects) => Some(Queue::from_env(effects.queue_url.clone()).await),
             None => None,
         };
         Ok(Self {
-            conn: Held::new(pool.connect_options().as_ref().clone()),
+            conn: Held::on(database),
             pool,
             sources: config.sources.clone(),
             catalog: config.catalog.clone(),

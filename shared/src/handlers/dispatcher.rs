@@ -25,6 +25,9 @@ pub struct DispatcherState {
     /// Injected faults, for tests that prove a crash between send and record loses nothing.
     #[cfg(feature = "dev")]
     pub faults: Faults,
+    /// Where the pool's options come from, when it is a secret that a rotation changes
+    /// (`None`: fixed options).
+    pub database: Option<std::sync::Arc<crate::database::Database>>,
 }
 
 impl DispatcherState {
@@ -36,6 +39,7 @@ impl DispatcherState {
             retry_delays: RETRY_DELAYS.to_vec(),
             #[cfg(feature = "dev")]
             faults: Faults::default(),
+            database: None,
         }
     }
 
@@ -44,11 +48,13 @@ impl DispatcherState {
         config: &DispatcherConfig,
         max_connections: u32,
     ) -> anyhow::Result<Self> {
-        use anyhow::Context;
-        let pool =
-            crate::db::lazy_pool(&config.database_url, max_connections).context("DATABASE_URL")?;
+        let database = crate::database::Database::open(&config.database).await?;
+        let pool = database.pool(max_connections);
         let sinks = Sinks::resolve(&config.effects.sinks).await?;
-        Ok(Self::new(pool, sinks))
+        Ok(Self {
+            database: Some(database),
+            ..Self::new(pool, sinks)
+        })
     }
 
     /// Whether a crash is injected at this point (never, without the `dev` feature).
@@ -146,6 +152,9 @@ pub async fn handle_batch(state: &DispatcherState, event: SqsEvent) -> SqsBatchR
             Ok(_) => false,
             Err(error) => {
                 tracing::error!(effect_id = id, error = %error, "database unavailable; the message will be delivered again");
+                if let Some(database) = &state.database {
+                    database.after_pool_error().await;
+                }
                 true
             }
         };

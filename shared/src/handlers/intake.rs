@@ -62,8 +62,10 @@ impl IntakeState {
     /// Builds the connection settings, the queue client and the sources once, at cold start;
     /// nothing connects before the first delivery.
     pub async fn from_config(config: &IntakeConfig) -> anyhow::Result<Self> {
-        use anyhow::Context;
-        let pool = crate::db::lazy_pool(&config.database_url, 2).context("DATABASE_URL")?;
+        // The database's secret is read here, once; the options it gives serve the held
+        // connection and the pool, and are replaced after a refused login (a rotation).
+        let database = crate::database::Database::open(&config.database).await?;
+        let pool = database.pool(2);
         let queue = Queue::from_env(config.queue_url.clone()).await;
         // Only a Kinde key fetch uses it: built then, not at cold start.
         let http = crate::http_client::LazyClient::with_timeout(Duration::from_secs(5));
@@ -74,7 +76,12 @@ impl IntakeState {
         )
         .await?;
         let sources = Sources::build(&configs, config.tolerance, http)?;
-        Ok(Self::new(pool, queue, sources))
+        Ok(Self {
+            conn: Held::on(database),
+            pool,
+            queue,
+            sources,
+        })
     }
 }
 

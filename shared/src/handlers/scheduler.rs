@@ -29,11 +29,15 @@ pub struct SchedulerState {
     pub effects: Option<Queue>,
     /// The run's time budget, well inside the function's timeout.
     pub budget: Duration,
+    /// Where the pool's options come from, when it is a secret that a rotation changes
+    /// (`None`: fixed options).
+    pub database: Option<std::sync::Arc<crate::database::Database>>,
 }
 
 impl SchedulerState {
     pub async fn from_config(config: &SchedulerConfig) -> anyhow::Result<Self> {
-        let pool = crate::db::lazy_pool(&config.database_url, 2).context("DATABASE_URL")?;
+        let database = crate::database::Database::open(&config.database).await?;
+        let pool = database.pool(2);
         let queue = Queue::from_env(config.queue_url.clone()).await;
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
@@ -56,6 +60,7 @@ impl SchedulerState {
                 None => None,
             },
             budget: Duration::from_secs(50),
+            database: Some(database),
         })
     }
 }
@@ -134,6 +139,10 @@ pub async fn run(state: &SchedulerState) -> RunReport {
     }
     for error in &report.errors {
         tracing::error!(error = %error, "scheduler step failed");
+    }
+    if let (false, Some(database)) = (report.errors.is_empty(), &state.database) {
+        // The next run connects with what the secret holds now, if a rotation was the cause.
+        database.after_pool_error().await;
     }
     // Metrics go to stdout as one EMF document, which CloudWatch turns into metrics.
     println!("{}", emf(&report, Utc::now()));

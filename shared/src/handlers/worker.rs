@@ -53,6 +53,9 @@ pub struct WorkerState {
     /// How long one event of a batch may take, its provider reads included, before the
     /// worker gives up on it and on its connection ([`EVENT_BUDGET`]).
     pub event_budget: Duration,
+    /// Where the pool's options come from, when it is a secret that a rotation changes
+    /// (`None`: fixed options).
+    pub database: Option<std::sync::Arc<crate::database::Database>>,
 }
 
 impl WorkerState {
@@ -66,14 +69,15 @@ impl WorkerState {
             effects: None,
             contended: Contended::default(),
             event_budget: EVENT_BUDGET,
+            database: None,
         }
     }
 
     /// Builds the pool and each source's reads (with the API key from its secret, if any).
     pub async fn from_config(config: &WorkerConfig, max_connections: u32) -> anyhow::Result<Self> {
         use anyhow::Context;
-        let pool =
-            crate::db::lazy_pool(&config.database_url, max_connections).context("DATABASE_URL")?;
+        let database = crate::database::Database::open(&config.database).await?;
+        let pool = database.pool(max_connections);
         let http = reqwest::Client::builder()
             .timeout(READ_TIMEOUT)
             .build()
@@ -89,6 +93,7 @@ impl WorkerState {
             .map(|s| (s.name.clone(), WorkerSource::from_config(s, &http)))
             .collect();
         let mut state = Self::new(pool, sources, config.catalog.clone());
+        state.database = Some(database);
         if let Some(effects) = &config.effects {
             state.effects = Some(Queue::from_env(effects.queue_url.clone()).await);
         }
@@ -252,6 +257,9 @@ pub async fn handle_batch_until(
         Ok(claimed) => claimed,
         Err(why) => {
             tracing::error!(error = %why, "the batch will be delivered again");
+            if let Some(database) = &state.database {
+                database.after_pool_error().await;
+            }
             messages
                 .into_iter()
                 .for_each(|(message_id, _)| retry(message_id));

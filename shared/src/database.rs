@@ -1,0 +1,587 @@
+//! Where the functions' database is and how they log in (docs/design.md §5.3): `DATABASE_URL`
+//! (local use and tests), or the Secrets Manager secret `DATABASE_SECRET_ID` names — a URL
+//! string or the JSON RDS keeps (`username`, `password`, `host`, `port`, `dbname`) — read
+//! once per cold start into connection options, and read again once after the database
+//! refuses the login, so that a rotated password needs no redeploy. `DATABASE_CA_FILE` names
+//! the CA bundle that `verify-full` checks the server's certificate against.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use sqlx::{ConnectOptions, PgPool};
+
+use crate::config::ConfigError;
+
+pub const URL_VAR: &str = "DATABASE_URL";
+pub const SECRET_VAR: &str = "DATABASE_SECRET_ID";
+pub const CA_VAR: &str = "DATABASE_CA_FILE";
+pub const HOST_VAR: &str = "DATABASE_HOST";
+pub const PORT_VAR: &str = "DATABASE_PORT";
+pub const NAME_VAR: &str = "DATABASE_NAME";
+
+/// How long one read of the database's secret may take: a connection attempt waits on it.
+const READ_BUDGET: Duration = Duration::from_secs(3);
+/// The least time between two reads of the secret after refused logins: a secret that is
+/// wrong, not rotated, is not read again at every connection attempt.
+pub const REREAD_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Where the connection settings come from.
+#[derive(Clone, PartialEq, Eq)]
+pub enum DatabaseSource {
+    /// `DATABASE_URL`, fixed for the process.
+    Url(String),
+    /// `DATABASE_SECRET_ID`: the secret's ARN or name.
+    Secret(String),
+}
+
+/// `DATABASE_URL` holds a password: never shown.
+impl fmt::Debug for DatabaseSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Url(_) => f.write_str("Url(redacted)"),
+            Self::Secret(id) => f.debug_tuple("Secret").field(id).finish(),
+        }
+    }
+}
+
+/// What a function reads about its database at cold start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatabaseConfig {
+    pub source: DatabaseSource,
+    /// `DATABASE_CA_FILE`: a PEM bundle; with it every connection is `verify-full` against
+    /// it. A relative path is taken from the function's package (`LAMBDA_TASK_ROOT`).
+    pub ca_file: Option<PathBuf>,
+    /// Where the database is when its secret does not say: the secret RDS manages for a
+    /// master user holds only `username` and `password`.
+    pub endpoint: Endpoint,
+}
+
+/// `DATABASE_HOST`, `DATABASE_PORT`, `DATABASE_NAME`: what a JSON secret's `host`, `port`
+/// and `dbname` fall back to (the secret's own win).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Endpoint {
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub dbname: Option<String>,
+}
+
+impl DatabaseConfig {
+    /// Reads `DATABASE_SECRET_ID` or `DATABASE_URL` (exactly one) and `DATABASE_CA_FILE`.
+    pub fn read(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |var: &str| {
+            lookup(var)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let source = match (get(SECRET_VAR), get(URL_VAR)) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    SECRET_VAR,
+                    "is set beside DATABASE_URL: set one (the secret when deployed, the URL for local use)",
+                ))
+            }
+            (Some(id), None) => DatabaseSource::Secret(id),
+            (None, Some(url)) => {
+                PgConnectOptions::from_str(&url).map_err(|_| {
+                    ConfigError::new(
+                        URL_VAR,
+                        "is not a postgres:// URL (a password's #, %, ? or / must be percent-encoded)",
+                    )
+                })?;
+                DatabaseSource::Url(url)
+            }
+            (None, None) => {
+                return Err(ConfigError::new(
+                    SECRET_VAR,
+                    "is not set (nor DATABASE_URL): name the database's secret",
+                ))
+            }
+        };
+        let ca_file = get(CA_VAR).map(|path| {
+            let path = PathBuf::from(path);
+            match (path.is_relative(), get("LAMBDA_TASK_ROOT")) {
+                (true, Some(root)) => Path::new(&root).join(path),
+                _ => path,
+            }
+        });
+        let port = match get(PORT_VAR) {
+            None => None,
+            Some(port) => Some(port.parse().map_err(|_| {
+                ConfigError::new(PORT_VAR, format!("'{port}' is not a port number"))
+            })?),
+        };
+        let endpoint = Endpoint {
+            host: get(HOST_VAR),
+            port,
+            dbname: get(NAME_VAR),
+        };
+        Ok(Self {
+            source,
+            ca_file,
+            endpoint,
+        })
+    }
+
+    /// A configuration of `url` alone, as tests and tools build one.
+    pub fn url(url: impl Into<String>) -> Self {
+        Self {
+            source: DatabaseSource::Url(url.into()),
+            ca_file: None,
+            endpoint: Endpoint::default(),
+        }
+    }
+}
+
+/// The RDS-shaped secret: what Secrets Manager's RDS rotation keeps, or what a secret RDS
+/// manages itself holds (`username` and `password`, the rest from [`Endpoint`]).
+#[derive(Deserialize)]
+struct RdsSecret {
+    username: String,
+    password: String,
+    #[serde(default)]
+    host: Option<String>,
+    #[serde(default)]
+    port: Option<Port>,
+    #[serde(default)]
+    dbname: Option<String>,
+}
+
+/// A port as a number (RDS writes one) or as a string (hand-made secrets do).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Port {
+    Number(u16),
+    Text(String),
+}
+
+/// The connection options a secret's text gives; the error says why not, never a value.
+pub fn options_from_secret(
+    id: &str,
+    text: &str,
+    endpoint: &Endpoint,
+) -> Result<PgConnectOptions, String> {
+    let text = text.trim();
+    if !text.starts_with('{') {
+        return PgConnectOptions::from_str(text).map_err(|_| {
+            format!(
+                "the secret '{id}' is neither a postgres:// URL nor JSON with username, password and host"
+            )
+        });
+    }
+    let secret: RdsSecret = serde_json::from_str(text).map_err(|e| {
+        // A data error names a field (`missing field `host``); any other may quote the text.
+        let what = match e.classify() {
+            serde_json::error::Category::Data if e.to_string().starts_with("missing field") => e
+                .to_string()
+                .split(" at line")
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+            serde_json::error::Category::Data => "a field has the wrong type".to_owned(),
+            _ => "malformed JSON".to_owned(),
+        };
+        format!(
+            "the secret '{id}' is not {{\"username\", \"password\", \"host\", \"port\", \"dbname\"}}: {what}"
+        )
+    })?;
+    let host = secret
+        .host
+        .filter(|h| !h.is_empty())
+        .or_else(|| endpoint.host.clone())
+        .ok_or_else(|| format!("the secret '{id}' has no host, and {HOST_VAR} is not set"))?;
+    let port = match secret.port {
+        None => endpoint.port.unwrap_or(5432),
+        Some(Port::Number(port)) => port,
+        Some(Port::Text(port)) => port
+            .trim()
+            .parse()
+            .map_err(|_| format!("the secret '{id}': port is not a port number"))?,
+    };
+    // Each field set on its own, never pasted into a URL: `#`, `%`, `?`, `@` or `/` in a
+    // generated password mean themselves.
+    let mut options = PgConnectOptions::new_without_pgpass()
+        .host(&host)
+        .port(port)
+        .username(&secret.username)
+        .password(&secret.password);
+    if let Some(dbname) = secret
+        .dbname
+        .filter(|d| !d.is_empty())
+        .or_else(|| endpoint.dbname.clone())
+    {
+        options = options.database(&dbname);
+    }
+    Ok(options)
+}
+
+/// Whether the database refused the login itself (SQLSTATE 28P01: a wrong password; 28000:
+/// no `pg_hba.conf` line lets this role in), as it does after a rotation.
+pub fn is_refused_login(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "28P01" || code == "28000")
+}
+
+/// The options every connection of this process takes, and what replaces them after a
+/// rotation: the held connections read them at each connect, the pools are told.
+pub struct Database {
+    config: DatabaseConfig,
+    client: Option<aws_sdk_secretsmanager::Client>,
+    options: RwLock<PgConnectOptions>,
+    /// Bumped each time the options are replaced.
+    generation: AtomicU64,
+    pools: Mutex<Vec<PgPool>>,
+    /// When the secret was last read again after a refused login; one reader at a time.
+    last_reread: tokio::sync::Mutex<Option<Instant>>,
+}
+
+impl fmt::Debug for Database {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Database")
+            .field("config", &self.config)
+            .field("generation", &self.generation())
+            .finish()
+    }
+}
+
+impl Database {
+    /// The options of `config`: its URL, or its secret read now (once per cold start). A
+    /// secret that cannot be read or parsed, or a CA file that is not there, is a
+    /// configuration error naming the variable and the secret, never a value.
+    pub async fn open(config: &DatabaseConfig) -> Result<Arc<Self>, ConfigError> {
+        let (options, client) = match &config.source {
+            DatabaseSource::Url(url) => (
+                PgConnectOptions::from_str(url)
+                    .map_err(|_| ConfigError::new(URL_VAR, "is not a postgres:// URL"))?,
+                None,
+            ),
+            DatabaseSource::Secret(id) => {
+                let client = crate::secrets::client().await;
+                let text = tokio::time::timeout(READ_BUDGET, read_secret(&client, id))
+                    .await
+                    .unwrap_or_else(|_| Err(not_in_time(id)))
+                    .map_err(|detail| ConfigError::new(SECRET_VAR, detail))?;
+                let options = options_from_secret(id, &text, &config.endpoint)
+                    .map_err(|detail| ConfigError::new(SECRET_VAR, detail))?;
+                (options, Some(client))
+            }
+        };
+        let options = with_tls(options, config.ca_file.as_deref())?;
+        Ok(Arc::new(Self::with(config.clone(), client, options)))
+    }
+
+    /// Fixed options (tests, tools): never read again.
+    pub fn fixed(options: PgConnectOptions) -> Arc<Self> {
+        Arc::new(Self::with(DatabaseConfig::url(""), None, options))
+    }
+
+    fn with(
+        config: DatabaseConfig,
+        client: Option<aws_sdk_secretsmanager::Client>,
+        options: PgConnectOptions,
+    ) -> Self {
+        Self {
+            config,
+            client,
+            options: RwLock::new(options),
+            generation: AtomicU64::new(0),
+            pools: Mutex::new(Vec::new()),
+            last_reread: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The options a new connection takes now.
+    pub fn options(&self) -> PgConnectOptions {
+        self.options
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// How many times the options were replaced; a caller notes it before connecting.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// A pool that connects on first use ([`crate::db::lazy_pool`]) with these options, and
+    /// takes the new ones after a rotation.
+    pub fn pool(&self, max_connections: u32) -> PgPool {
+        let pool = crate::db::pool_options(max_connections).connect_lazy_with(self.options());
+        self.pools
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(pool.clone());
+        pool
+    }
+
+    /// After `error` on a connection attempt made with the options of `generation`: when the
+    /// database refused the login and the options come from a secret, reads the secret again
+    /// (the first time at once, then no more than once per [`REREAD_INTERVAL`]) and takes
+    /// what it holds. True when the
+    /// caller should try once more: the options are new since `generation`.
+    pub async fn after_connect_error(&self, error: &sqlx::Error, generation: u64) -> bool {
+        let (Some(client), DatabaseSource::Secret(id)) = (&self.client, &self.config.source) else {
+            return false;
+        };
+        if !is_refused_login(error) {
+            return false;
+        }
+        let mut last_reread = self.last_reread.lock().await;
+        if self.generation() != generation {
+            // Another caller read it while this one waited.
+            return true;
+        }
+        if last_reread.is_some_and(|at| at.elapsed() < REREAD_INTERVAL) {
+            tracing::warn!(var = SECRET_VAR, secret_id = %id,
+                "the database refused the login; its secret was read less than {} s ago",
+                REREAD_INTERVAL.as_secs());
+            return false;
+        }
+        *last_reread = Some(Instant::now());
+        let options = tokio::time::timeout(READ_BUDGET, read_secret(client, id))
+            .await
+            .unwrap_or_else(|_| Err(not_in_time(id)))
+            .and_then(|text| options_from_secret(id, &text, &self.config.endpoint))
+            .and_then(|options| {
+                with_tls(options, self.config.ca_file.as_deref()).map_err(|e| e.to_string())
+            });
+        match options {
+            Ok(options) => {
+                self.replace(options);
+                tracing::info!(var = SECRET_VAR, secret_id = %id,
+                    "the database refused the login; its secret was read again and its options replaced");
+                true
+            }
+            Err(detail) => {
+                tracing::error!(var = SECRET_VAR, error = %detail,
+                    "the database refused the login and its secret could not be read again");
+                false
+            }
+        }
+    }
+
+    /// After a caller of one of the pools failed on the database (a pool cannot say why it
+    /// could not connect): when the options come from a secret, one new connection is
+    /// tried, and if its login is refused the secret is read again as after a held
+    /// connection's ([`Self::after_connect_error`]); the pools' next connections take what
+    /// it holds. The message that failed is delivered again, and finds them.
+    pub async fn after_pool_error(&self) {
+        if self.client.is_none() {
+            return;
+        }
+        let generation = self.generation();
+        let tried =
+            tokio::time::timeout(crate::db::CONNECT_TIMEOUT, self.options().connect()).await;
+        if let Ok(Err(error)) = tried {
+            self.after_connect_error(&error, generation).await;
+        }
+    }
+
+    fn replace(&self, options: PgConnectOptions) {
+        *self
+            .options
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = options.clone();
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        for pool in self
+            .pools
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+        {
+            pool.set_connect_options(options.clone());
+        }
+    }
+}
+
+fn not_in_time(id: &str) -> String {
+    format!(
+        "the secret '{id}' was not read within {} s",
+        READ_BUDGET.as_secs()
+    )
+}
+
+/// `verify-full` against `ca_file`, when one is named; it must be there at cold start.
+fn with_tls(
+    options: PgConnectOptions,
+    ca_file: Option<&Path>,
+) -> Result<PgConnectOptions, ConfigError> {
+    let Some(ca_file) = ca_file else {
+        return Ok(options);
+    };
+    if !ca_file.is_file() {
+        return Err(ConfigError::new(
+            CA_VAR,
+            format!(
+                "'{}' is not a file (the CA bundle must be packaged with the function)",
+                ca_file.display()
+            ),
+        ));
+    }
+    Ok(options
+        .ssl_mode(PgSslMode::VerifyFull)
+        .ssl_root_cert(ca_file))
+}
+
+/// The secret's text; the error names the secret and why, never a value.
+async fn read_secret(client: &aws_sdk_secretsmanager::Client, id: &str) -> Result<String, String> {
+    use aws_sdk_secretsmanager::error::ProvideErrorMetadata;
+    let answer = client
+        .get_secret_value()
+        .secret_id(id)
+        .send()
+        .await
+        .map_err(|e| {
+            let code = e.code().unwrap_or("no answer");
+            format!("the secret '{id}' could not be read ({code})")
+        })?;
+    answer
+        .secret_string()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("the secret '{id}' holds no text"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(vars: &[(&str, &str)]) -> Result<DatabaseConfig, ConfigError> {
+        DatabaseConfig::read(|var| {
+            vars.iter()
+                .find(|(k, _)| *k == var)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn the_secret_or_the_url_exactly_one() {
+        assert_eq!(
+            config(&[(SECRET_VAR, "arn:aws:secretsmanager:eu-west-1:1:secret:db")])
+                .unwrap()
+                .source,
+            DatabaseSource::Secret("arn:aws:secretsmanager:eu-west-1:1:secret:db".into())
+        );
+        assert!(matches!(
+            config(&[(URL_VAR, "postgres://u:p@h/d")]).unwrap().source,
+            DatabaseSource::Url(_)
+        ));
+        let both = config(&[(SECRET_VAR, "db"), (URL_VAR, "postgres://u:p@h/d")]).unwrap_err();
+        assert_eq!(both.var, SECRET_VAR);
+        assert_eq!(
+            config(&[]).unwrap_err().to_string(),
+            "DATABASE_SECRET_ID: is not set (nor DATABASE_URL): name the database's secret"
+        );
+    }
+
+    #[test]
+    fn a_relative_ca_file_is_in_the_package() {
+        let c = config(&[
+            (SECRET_VAR, "db"),
+            (CA_VAR, "certs/global-bundle.pem"),
+            ("LAMBDA_TASK_ROOT", "/var/task"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.ca_file.as_deref(),
+            Some(Path::new("/var/task/certs/global-bundle.pem"))
+        );
+    }
+
+    #[test]
+    fn an_rds_secret_is_read_field_by_field() {
+        let none = Endpoint::default();
+        let options = options_from_secret(
+            "db",
+            r#"{"username":"inbox","password":"a#b%c?d@e/f","engine":"postgres","host":"db.example","port":5433,"dbname":"billing","dbInstanceIdentifier":"billing-db"}"#,
+            &none,
+        )
+        .unwrap();
+        assert_eq!(options.get_host(), "db.example");
+        assert_eq!(options.get_port(), 5433);
+        assert_eq!(options.get_username(), "inbox");
+        assert_eq!(options.get_database(), Some("billing"));
+        let text_port = options_from_secret(
+            "db",
+            r#"{"username":"u","password":"p","host":"h","port":"6432"}"#,
+            &none,
+        )
+        .unwrap();
+        assert_eq!(text_port.get_port(), 6432);
+    }
+
+    #[test]
+    fn a_secret_rds_manages_takes_the_endpoint_from_the_environment() {
+        let endpoint = config(&[
+            (SECRET_VAR, "db"),
+            (HOST_VAR, "billing.cluster-abc.eu-west-1.rds.amazonaws.com"),
+            (PORT_VAR, "5433"),
+            (NAME_VAR, "billing"),
+        ])
+        .unwrap()
+        .endpoint;
+        let options = options_from_secret(
+            "db",
+            r#"{"username":"postgres","password":"p#%?"}"#,
+            &endpoint,
+        )
+        .unwrap();
+        assert_eq!(
+            options.get_host(),
+            "billing.cluster-abc.eu-west-1.rds.amazonaws.com"
+        );
+        assert_eq!(options.get_port(), 5433);
+        assert_eq!(options.get_database(), Some("billing"));
+        let error = options_from_secret(
+            "db",
+            r#"{"username":"postgres","password":"hunter2"}"#,
+            &Endpoint::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            error,
+            "the secret 'db' has no host, and DATABASE_HOST is not set"
+        );
+        let bad_port = config(&[(SECRET_VAR, "db"), (PORT_VAR, "x")]).unwrap_err();
+        assert_eq!(
+            bad_port.to_string(),
+            "DATABASE_PORT: 'x' is not a port number"
+        );
+    }
+
+    #[test]
+    fn a_bad_secret_is_named_and_never_quoted() {
+        let error = options_from_secret(
+            "db",
+            r#"{"user":"u","password":"hunter2#"}"#,
+            &Endpoint::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            error,
+            "the secret 'db' is not {\"username\", \"password\", \"host\", \"port\", \"dbname\"}: missing field `username`"
+        );
+        for text in [
+            "hunter2#",
+            r#"{"username":"u","password":"hunter2#","#,
+            r#"{"username":"u","password":"hunter2#","host":"h","port":"hunter2"}"#,
+            r#"{"username":"u","password":["hunter2"],"host":"h"}"#,
+        ] {
+            let error = options_from_secret("db", text, &Endpoint::default()).unwrap_err();
+            assert!(!error.contains("hunter2"), "{error}");
+            assert!(error.contains("'db'"), "{error}");
+        }
+    }
+
+    #[test]
+    fn the_source_never_shows_its_url() {
+        let shown = format!("{:?}", DatabaseConfig::url("postgres://u:hunter2@h/d"));
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+}
