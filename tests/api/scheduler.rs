@@ -409,7 +409,8 @@ async fn metrics_are_valid_embedded_metric_format(pool: PgPool) {
     assert!(aws["Timestamp"].as_i64().unwrap() > 1_600_000_000_000);
     let directive = &aws["CloudWatchMetrics"][0];
     assert_eq!(directive["Namespace"], "BillingInbox");
-    assert_eq!(directive["Dimensions"], json!([[]]));
+    assert_eq!(directive["Dimensions"], json!([["Stack"]]));
+    assert_eq!(doc["Stack"], shared::metrics::LOCAL_STACK);
     let names: Vec<&str> = directive["Metrics"]
         .as_array()
         .unwrap()

@@ -215,16 +215,11 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
             "Count",
         ),
     ];
-    let mut document = json!({
-        "_aws": {
-            "Timestamp": now.timestamp_millis(),
-            "CloudWatchMetrics": [{
-                "Namespace": crate::metrics::NAMESPACE,
-                "Dimensions": [[]],
-                "Metrics": metrics.iter().map(|(name, _, unit)| json!({"Name": name, "Unit": unit})).collect::<Vec<_>>()
-            }]
-        }
-    });
+    let names: Vec<(&str, &str)> = metrics
+        .iter()
+        .map(|(name, _, unit)| (*name, *unit))
+        .collect();
+    let mut document = crate::metrics::document(now, &[&[]], &names);
     for (name, value, _) in metrics {
         document[name] = json!(value);
     }
