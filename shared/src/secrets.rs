@@ -181,21 +181,17 @@ impl ApiKeyRead {
 }
 
 /// The Embedded Metric Format line for one failed read of a source's secret:
-/// `SecretReadFailures` by `Source` and `Function`.
+/// `SecretReadFailures` by `Stack`, `Source` and `Function`.
 pub fn secret_read_failure_metric(source: &str, function: &str, now: DateTime<Utc>) -> Value {
-    json!({
-        "_aws": {
-            "Timestamp": now.timestamp_millis(),
-            "CloudWatchMetrics": [{
-                "Namespace": crate::metrics::NAMESPACE,
-                "Dimensions": [["Source", "Function"]],
-                "Metrics": [{"Name": "SecretReadFailures", "Unit": "Count"}]
-            }]
-        },
-        "Source": source,
-        "Function": function,
-        "SecretReadFailures": 1
-    })
+    let mut line = crate::metrics::document(
+        now,
+        &[&["Source", "Function"]],
+        &[("SecretReadFailures", "Count")],
+    );
+    line["Source"] = json!(source);
+    line["Function"] = json!(function);
+    line["SecretReadFailures"] = json!(1);
+    line
 }
 
 /// A provider API key as a source's reads use it.

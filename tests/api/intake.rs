@@ -787,8 +787,9 @@ async fn which_secret_verified_a_delivery_is_kept_and_an_older_one_is_a_metric(p
     let line = shared::handlers::intake::older_secret_metric("stripe", 1, Utc::now());
     let spec = &line["_aws"]["CloudWatchMetrics"][0];
     assert_eq!(spec["Namespace"], "BillingInbox");
-    assert_eq!(spec["Dimensions"], json!([["Source"]]));
+    assert_eq!(spec["Dimensions"], json!([["Stack", "Source"]]));
     assert_eq!(spec["Metrics"][0]["Name"], "OldSecretDeliveries");
+    assert_eq!(line["Stack"], shared::metrics::LOCAL_STACK);
     assert_eq!(
         (
             &line["Source"],
@@ -798,4 +799,62 @@ async fn which_secret_verified_a_delivery_is_kept_and_an_older_one_is_a_metric(p
         (&json!("stripe"), &json!(1), &json!(1))
     );
     assert!(!line.to_string().contains(STRIPE_SECRET), "never the value");
+}
+
+#[test]
+fn a_refused_delivery_is_a_metric_by_stack_source_and_reason_never_the_signature() {
+    let line = shared::handlers::intake::rejected_delivery_metric(
+        "stripe",
+        shared::signing::AuthError::BadSignature.reason(),
+        Utc::now(),
+    );
+    let spec = &line["_aws"]["CloudWatchMetrics"][0];
+    assert_eq!(spec["Namespace"], "BillingInbox");
+    // By source for the alarm, by source and reason for the first look.
+    assert_eq!(
+        spec["Dimensions"],
+        json!([["Stack", "Source"], ["Stack", "Source", "Reason"]])
+    );
+    assert_eq!(
+        spec["Metrics"],
+        json!([{"Name": "RejectedDeliveries", "Unit": "Count"}])
+    );
+    assert_eq!(
+        (
+            &line["Stack"],
+            &line["Source"],
+            &line["Reason"],
+            &line["RejectedDeliveries"]
+        ),
+        (
+            &json!(shared::metrics::LOCAL_STACK),
+            &json!("stripe"),
+            &json!("bad_signature"),
+            &json!(1)
+        )
+    );
+}
+
+#[test]
+fn every_refusal_reason_is_a_fixed_name_of_its_own() {
+    use shared::signing::AuthError;
+    // The Reason dimension's values: one per variant, none carrying what the sender chose.
+    let reasons = [
+        AuthError::Missing("Stripe-Signature"),
+        AuthError::Malformed("Stripe-Signature"),
+        AuthError::TooManySignatures("Stripe-Signature", 8),
+        AuthError::BadSignature,
+        AuthError::Stale(300),
+        AuthError::Future(300),
+        AuthError::UnknownKey("kid-from-the-sender".into()),
+        AuthError::AlgorithmNotAllowed("HS256".into()),
+        AuthError::WrongKeyType("kid-from-the-sender".into()),
+        AuthError::KeysUnavailable,
+    ]
+    .map(|e| e.reason());
+    let distinct: std::collections::BTreeSet<_> = reasons.iter().collect();
+    assert_eq!(distinct.len(), reasons.len(), "{reasons:?}");
+    assert!(reasons
+        .iter()
+        .all(|r| r.chars().all(|c| c.is_ascii_lowercase() || c == '_')));
 }

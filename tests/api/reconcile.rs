@@ -295,6 +295,7 @@ async fn a_purged_event_stripe_still_lists_as_undelivered_is_not_stored_again(po
     fake.undelivered = vec![stripe_api_event("evt_purged", "cus_purged", created)];
     let server = fake_stripe(fake).await;
     let scheduler = scheduler::SchedulerState {
+        sources: vec![],
         retention: std::time::Duration::from_secs(6 * 86_400),
         ..scheduler_for(&app, vec![stripe_reconciler(&server)])
     };

@@ -22,6 +22,8 @@ pub(crate) fn scheduler_for(app: &TestApp, reconcilers: Vec<Reconciler>) -> Sche
         pool: app.pool.clone(),
         queue: Queue::new(app.sqs.clone(), app.queue_url.clone()),
         reconcilers,
+        // The test app's sources: every run measures their silence.
+        sources: ["stripe", "polar", "kinde"].map(String::from).to_vec(),
         retention: Duration::from_secs(30 * 86_400),
         effects: None,
         budget: Duration::from_secs(30),
@@ -410,7 +412,8 @@ async fn metrics_are_valid_embedded_metric_format(pool: PgPool) {
     assert!(aws["Timestamp"].as_i64().unwrap() > 1_600_000_000_000);
     let directive = &aws["CloudWatchMetrics"][0];
     assert_eq!(directive["Namespace"], "BillingInbox");
-    assert_eq!(directive["Dimensions"], json!([[]]));
+    assert_eq!(directive["Dimensions"], json!([["Stack"]]));
+    assert_eq!(doc["Stack"], shared::metrics::LOCAL_STACK);
     let names: Vec<&str> = directive["Metrics"]
         .as_array()
         .unwrap()
@@ -500,4 +503,68 @@ async fn an_event_marked_enqueued_whose_message_never_arrived_is_sent_again(pool
     );
     app.run_worker().await;
     assert_eq!(status_of(&app, id).await, "applied");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn each_source_s_silence_is_the_hours_since_its_newest_event_and_a_metric(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    // stripe: an event now and an older one; polar: one event, received 30 hours ago;
+    // kinde: nothing stored.
+    let now = Utc::now().timestamp();
+    app.post(
+        "stripe",
+        &stripe_delivery(&stripe_event("evt_old", "cus_q", now)),
+    )
+    .await;
+    app.post(
+        "stripe",
+        &stripe_delivery(&stripe_event("evt_new", "cus_q", now)),
+    )
+    .await;
+    sqlx::query(
+        "UPDATE inbox_events SET received_at = inbox_now() - interval '3 days' WHERE dedupe_key = 'evt_old'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let (status, body) = app
+        .post("polar", &polar_delivery("msg_quiet", &json!([1, 2])))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    sqlx::query("UPDATE inbox_events SET received_at = inbox_now() - interval '30 hours' WHERE source = 'polar'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    let report = scheduler::run(&scheduler_for(&app, vec![])).await;
+
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    let hours: Vec<(&str, Option<f64>)> = report
+        .silence
+        .iter()
+        .map(|s| (s.source.as_str(), s.hours))
+        .collect();
+    assert_eq!(hours.len(), 3, "{hours:?}");
+    assert_eq!(hours[0].0, "stripe");
+    assert!(
+        hours[0].1.unwrap() < 1.0,
+        "the newest event counts: {hours:?}"
+    );
+    assert_eq!(hours[1].0, "polar");
+    let polar = hours[1].1.unwrap();
+    assert!((30.0..31.0).contains(&polar), "{hours:?}");
+    assert_eq!(
+        hours[2],
+        ("kinde", None),
+        "nothing stored, nothing measured"
+    );
+
+    let line = scheduler::silence_metric(&report.silence[1], Utc::now()).unwrap();
+    let directive = &line["_aws"]["CloudWatchMetrics"][0];
+    assert_eq!(directive["Namespace"], "BillingInbox");
+    assert_eq!(directive["Dimensions"], json!([["Stack", "Source"]]));
+    assert_eq!(directive["Metrics"][0]["Name"], "SourceSilenceHours");
+    assert_eq!(line["Source"], "polar");
+    assert_eq!(line["SourceSilenceHours"], json!(polar));
+    assert!(scheduler::silence_metric(&report.silence[2], Utc::now()).is_none());
 }

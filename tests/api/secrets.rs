@@ -282,7 +282,10 @@ fn a_failed_secret_read_is_counted_by_source_and_function() {
     let line = shared::secrets::secret_read_failure_metric("stripe", "worker", chrono::Utc::now());
     let directive = &line["_aws"]["CloudWatchMetrics"][0];
     assert_eq!(directive["Namespace"], "BillingInbox");
-    assert_eq!(directive["Dimensions"], json!([["Source", "Function"]]));
+    assert_eq!(
+        directive["Dimensions"],
+        json!([["Stack", "Source", "Function"]])
+    );
     assert_eq!(directive["Metrics"][0]["Name"], "SecretReadFailures");
     assert_eq!(
         (

@@ -564,6 +564,7 @@ impl World {
                 "stripe",
                 Reconciliation::Feed(Box::new(feed.clone())),
             )],
+            sources: vec![],
             retention: Duration::from_secs(30 * 86_400),
             effects: None,
             budget: Duration::from_secs(30),

@@ -186,21 +186,13 @@ impl ApiError {
     }
 }
 
-/// The Embedded Metric Format line for a 5xx answer: `ApiServerErrors`, with its code as a
-/// field.
+/// The Embedded Metric Format line for a 5xx answer: `ApiServerErrors` by `Stack`, with its
+/// code as a field.
 pub fn server_error_metric(code: &str, now: chrono::DateTime<chrono::Utc>) -> Value {
-    json!({
-        "_aws": {
-            "Timestamp": now.timestamp_millis(),
-            "CloudWatchMetrics": [{
-                "Namespace": crate::metrics::NAMESPACE,
-                "Dimensions": [[]],
-                "Metrics": [{"Name": "ApiServerErrors", "Unit": "Count"}]
-            }]
-        },
-        "Code": code,
-        "ApiServerErrors": 1
-    })
+    let mut line = crate::metrics::document(now, &[&[]], &[("ApiServerErrors", "Count")]);
+    line["Code"] = json!(code);
+    line["ApiServerErrors"] = json!(1);
+    line
 }
 
 /// Stripe's header for an answer given before, under the same key.

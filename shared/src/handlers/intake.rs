@@ -221,10 +221,21 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
     if body.len() > MAX_BODY_BYTES {
         return Err(IntakeError::PayloadTooLarge(body.len()));
     }
-    let verified = source
-        .verify(request.headers(), body, Utc::now())
-        .await
-        .map_err(IntakeError::Unauthorized)?;
+    let verified = match source.verify(request.headers(), body, Utc::now()).await {
+        Ok(verified) => verified,
+        Err(refused) => {
+            // A known source's delivery refused as the sender's fault: counted, so that a
+            // signing secret that no longer matches pages someone. (KeysUnavailable is ours,
+            // a 503 that the intake's 5xx alarm covers.)
+            if refused != AuthError::KeysUnavailable {
+                println!(
+                    "{}",
+                    rejected_delivery_metric(&source_name, refused.reason(), Utc::now())
+                );
+            }
+            return Err(IntakeError::Unauthorized(refused));
+        }
+    };
     if let Some(index) = verified.signed_with.filter(|i| *i > 0) {
         // Verified only by a secret after the first listed: while a secret rolls, this shows
         // which source still signs with the old one. One line per such delivery, no more.
@@ -293,21 +304,32 @@ async fn planted_copy(
 }
 
 /// The Embedded Metric Format line for a delivery that only an older secret verified:
-/// `OldSecretDeliveries` by `Source`, with the secret's index (never its value) as a field.
+/// `OldSecretDeliveries` by `Stack` and `Source`, with the secret's index (never its value) as
+/// a field.
 pub fn older_secret_metric(source: &str, index: usize, now: chrono::DateTime<Utc>) -> Value {
-    json!({
-        "_aws": {
-            "Timestamp": now.timestamp_millis(),
-            "CloudWatchMetrics": [{
-                "Namespace": crate::metrics::NAMESPACE,
-                "Dimensions": [["Source"]],
-                "Metrics": [{"Name": "OldSecretDeliveries", "Unit": "Count"}]
-            }]
-        },
-        "Source": source,
-        "SecretIndex": index,
-        "OldSecretDeliveries": 1
-    })
+    let mut line =
+        crate::metrics::document(now, &[&["Source"]], &[("OldSecretDeliveries", "Count")]);
+    line["Source"] = json!(source);
+    line["SecretIndex"] = json!(index);
+    line["OldSecretDeliveries"] = json!(1);
+    line
+}
+
+/// The Embedded Metric Format line for a delivery of a known source refused 401:
+/// `RejectedDeliveries` by `Stack` and `Source`, and by `Stack`, `Source` and `Reason` (what
+/// failed, never the signature or the body). A signing secret rotated at the provider and not
+/// here makes every delivery of that source one of these, while the provider retries for days
+/// and then disables the endpoint: the alarm on it is the only sign.
+pub fn rejected_delivery_metric(source: &str, reason: &str, now: chrono::DateTime<Utc>) -> Value {
+    let mut line = crate::metrics::document(
+        now,
+        &[&["Source"], &["Source", "Reason"]],
+        &[("RejectedDeliveries", "Count")],
+    );
+    line["Source"] = json!(source);
+    line["Reason"] = json!(reason);
+    line["RejectedDeliveries"] = json!(1);
+    line
 }
 
 /// Hands the event to the queue after the commit. A failure here is not the provider's

@@ -15,7 +15,7 @@ use crate::config::SchedulerConfig;
 use crate::effects::outbox::{self, EffectAlerts};
 use crate::inbox::alerts::{collect_alerts, Alerts};
 use crate::inbox::purge::{kept_since, purge, purge_effects};
-use crate::inbox::read::{backlog, Backlog};
+use crate::inbox::read::{backlog, source_silence, Backlog, SourceSilence};
 use crate::inbox::rescue::rescue;
 use crate::queue::Queue;
 use crate::reconcile::{self, ReconcileReport, Reconciler};
@@ -24,6 +24,8 @@ pub struct SchedulerState {
     pub pool: PgPool,
     pub queue: Queue,
     pub reconcilers: Vec<Reconciler>,
+    /// Every configured source's name, whose silence each run measures.
+    pub sources: Vec<String>,
     pub retention: Duration,
     /// Effects on: the dispatcher's queue, for effects the queue lost or that are due again.
     pub effects: Option<Queue>,
@@ -54,6 +56,7 @@ impl SchedulerState {
             pool,
             queue,
             reconcilers,
+            sources: config.sources.iter().map(|s| s.name.clone()).collect(),
             retention: config.retention,
             effects: match &config.effects {
                 Some(effects) => Some(Queue::from_env(effects.queue_url.clone()).await),
@@ -77,6 +80,8 @@ pub struct RunReport {
     /// Sent effects older than the retention, deleted this run.
     pub purged_effects: u64,
     pub effect_alerts: EffectAlerts,
+    /// Each configured source's silence (hours since its newest stored event).
+    pub silence: Vec<SourceSilence>,
     /// Steps that failed, with their error; the others ran.
     pub errors: Vec<String>,
 }
@@ -137,6 +142,14 @@ pub async fn run(state: &SchedulerState) -> RunReport {
         Ok(b) => report.backlog = b,
         Err(e) => report.errors.push(format!("backlog: {e:#}")),
     }
+    let silence = async {
+        let mut conn = state.pool.acquire().await?;
+        source_silence(&mut conn, &state.sources).await
+    };
+    match silence.await {
+        Ok(s) => report.silence = s,
+        Err(e) => report.errors.push(format!("silence: {e:#}")),
+    }
     for error in &report.errors {
         tracing::error!(error = %error, "scheduler step failed");
     }
@@ -144,9 +157,28 @@ pub async fn run(state: &SchedulerState) -> RunReport {
         // The next run connects with what the secret holds now, if a rotation was the cause.
         database.after_pool_error().await;
     }
-    // Metrics go to stdout as one EMF document, which CloudWatch turns into metrics.
-    println!("{}", emf(&report, Utc::now()));
+    // Metrics go to stdout as EMF documents, which CloudWatch turns into metrics: the run's,
+    // then one per source with a silence to tell.
+    let now = Utc::now();
+    println!("{}", emf(&report, now));
+    for silence in &report.silence {
+        if let Some(line) = silence_metric(silence, now) {
+            println!("{line}");
+        }
+    }
     report
+}
+
+/// The Embedded Metric Format line for one source's silence: `SourceSilenceHours` by `Stack`
+/// and `Source`, a gauge that the silent-source alarm compares with its threshold per source.
+/// None for a source with no stored event: nothing to measure from (a new source would
+/// otherwise page before its provider's first delivery).
+pub fn silence_metric(silence: &SourceSilence, now: DateTime<Utc>) -> Option<Value> {
+    let hours = silence.hours?;
+    let mut line = crate::metrics::document(now, &[&["Source"]], &[("SourceSilenceHours", "None")]);
+    line["Source"] = json!(silence.source);
+    line["SourceSilenceHours"] = json!(hours);
+    Some(line)
 }
 
 /// The run's metrics as one CloudWatch Embedded Metric Format document.
@@ -224,16 +256,11 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
             "Count",
         ),
     ];
-    let mut document = json!({
-        "_aws": {
-            "Timestamp": now.timestamp_millis(),
-            "CloudWatchMetrics": [{
-                "Namespace": crate::metrics::NAMESPACE,
-                "Dimensions": [[]],
-                "Metrics": metrics.iter().map(|(name, _, unit)| json!({"Name": name, "Unit": unit})).collect::<Vec<_>>()
-            }]
-        }
-    });
+    let names: Vec<(&str, &str)> = metrics
+        .iter()
+        .map(|(name, _, unit)| (*name, *unit))
+        .collect();
+    let mut document = crate::metrics::document(now, &[&[]], &names);
     for (name, value, _) in metrics {
         document[name] = json!(value);
     }

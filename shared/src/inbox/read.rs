@@ -1,5 +1,5 @@
-//! What operators read: event lists, one event with its deliveries, pipeline statistics and
-//! the backlog.
+//! What operators read: event lists, one event with its deliveries, pipeline statistics, the
+//! backlog and each source's silence.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -157,6 +157,42 @@ pub async fn backlog(conn: &mut PgConnection) -> Result<Backlog, sqlx::Error> {
         by_status,
         oldest_unapplied_age_secs: oldest,
     })
+}
+
+/// How long a source has been silent: hours since its newest stored event was received, on
+/// the store's clock; `None` when none of its events is stored (a source that never sent, or
+/// whose events the purge has all removed).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SourceSilence {
+    pub source: String,
+    pub hours: Option<f64>,
+}
+
+/// The silence of each named source, in one statement: per source, one step down the
+/// (source, received_at) index.
+pub async fn source_silence(
+    conn: &mut PgConnection,
+    sources: &[String],
+) -> Result<Vec<SourceSilence>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"
+        SELECT s.source AS "source!",
+               (SELECT EXTRACT(EPOCH FROM inbox_now() - max(e.received_at))::float8 / 3600
+                  FROM inbox_events e WHERE e.source = s.source) AS hours
+        FROM unnest($1::text[]) WITH ORDINALITY AS s(source, n)
+        ORDER BY s.n
+        "#,
+        sources,
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| SourceSilence {
+            source: r.source,
+            hours: r.hours,
+        })
+        .collect())
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -36,6 +36,25 @@ pub enum AuthError {
     KeysUnavailable,
 }
 
+impl AuthError {
+    /// A short name for why, as the `Reason` of the `RejectedDeliveries` metric: a few fixed
+    /// values, never a key id or anything else the sender chose.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Missing(_) => "missing",
+            Self::Malformed(_) => "malformed",
+            Self::TooManySignatures(..) => "too_many_signatures",
+            Self::BadSignature => "bad_signature",
+            Self::Stale(_) => "stale",
+            Self::Future(_) => "future",
+            Self::UnknownKey(_) => "unknown_key",
+            Self::AlgorithmNotAllowed(_) => "algorithm_not_allowed",
+            Self::WrongKeyType(_) => "wrong_key_type",
+            Self::KeysUnavailable => "keys_unavailable",
+        }
+    }
+}
+
 /// Checks a signed send time against the tolerance, both ways.
 pub(crate) fn check_tolerance(
     sent_at: DateTime<Utc>,

@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""scripts/template-rules.py: the template's parameter checks, evaluated offline.
+
+CloudFormation refuses bad parameters before it creates anything, by each parameter's own
+constraints (AllowedPattern, AllowedValues, MinValue/MaxValue, MinLength) and by the
+template's Rules. Nothing offline runs them (cfn-lint checks their syntax, an emulator's
+CloudFormation ignores Rules), so this evaluates both, as CloudFormation documents them, for
+parameter sets that must deploy and for the usual mistakes, each of which must be refused
+for its own reason.
+
+    scripts/template-rules.py [template.yaml]
+
+Run by scripts/check-template with the pinned tools' Python (it needs PyYAML). Exits 1 when a
+good set is refused, a bad set passes, or a bad set is refused for another reason.
+"""
+
+import re
+import sys
+
+import yaml
+
+# -- the template ----------------------------------------------------------------------------
+
+
+class Loader(yaml.SafeLoader):
+    """YAML with CloudFormation's short forms: !Ref x -> {"Ref": x}, !Sub y -> {"Fn::Sub": y}."""
+
+
+def _tag(loader, suffix, node):
+    if isinstance(node, yaml.ScalarNode):
+        value = loader.construct_scalar(node)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_mapping(node, deep=True)
+    if suffix == "Ref":
+        return {"Ref": value}
+    if suffix == "GetAtt" and isinstance(value, str):
+        value = value.split(".", 1)
+    return {"Fn::" + suffix: value}
+
+
+Loader.add_multi_constructor("!", _tag)
+
+
+def load(path):
+    with open(path, encoding="utf-8") as f:
+        return yaml.load(f, Loader=Loader)
+
+
+# -- parameter constraints -------------------------------------------------------------------
+
+
+def values_of(spec, raw):
+    """What a parameter's value is to its constraints and to Ref: a list for list types."""
+    if spec["Type"] == "CommaDelimitedList" or spec["Type"].startswith("List<"):
+        return raw.split(",")
+    return raw
+
+
+def constraint_errors(name, spec, raw):
+    """Why CloudFormation would refuse this value for this parameter (empty: it would not)."""
+    errors = []
+    items = values_of(spec, raw)
+    items = items if isinstance(items, list) else [items]
+    if "AllowedValues" in spec and raw not in [str(v) for v in spec["AllowedValues"]]:
+        errors.append(f"{name}: not one of the allowed values")
+    # CloudFormation's pattern must match the whole value; for a list, each item.
+    if "AllowedPattern" in spec:
+        for item in items:
+            if not re.fullmatch(spec["AllowedPattern"], item):
+                errors.append(f"{name}: {item!r} does not match AllowedPattern")
+    if "MinLength" in spec and len(raw) < int(spec["MinLength"]):
+        errors.append(f"{name}: shorter than MinLength")
+    if spec["Type"] == "Number":
+        try:
+            number = float(raw)
+        except ValueError:
+            return [f"{name}: not a number"]
+        if "MinValue" in spec and number < float(spec["MinValue"]):
+            errors.append(f"{name}: below MinValue")
+        if "MaxValue" in spec and number > float(spec["MaxValue"]):
+            errors.append(f"{name}: above MaxValue")
+    return errors
+
+
+# -- rules -----------------------------------------------------------------------------------
+
+
+class Unsupported(Exception):
+    pass
+
+
+def evaluate(expr, params):
+    """A rule condition or assertion, with the rule-specific functions CloudFormation has."""
+    if isinstance(expr, (str, int, float, bool)):
+        return str(expr) if not isinstance(expr, bool) else expr
+    if isinstance(expr, list):
+        return [evaluate(e, params) for e in expr]
+    if not isinstance(expr, dict) or len(expr) != 1:
+        raise Unsupported(f"not a function: {expr!r}")
+    (fn, arg), = expr.items()
+    if fn == "Ref":
+        return params[arg]
+    if fn == "Fn::Equals":
+        a, b = (evaluate(x, params) for x in arg)
+        return a == b
+    if fn == "Fn::Not":
+        (a,) = arg
+        return not truth(evaluate(a, params))
+    if fn == "Fn::And":
+        return all(truth(evaluate(a, params)) for a in arg)
+    if fn == "Fn::Or":
+        return any(truth(evaluate(a, params)) for a in arg)
+    if fn == "Fn::Contains":
+        # true when the string is one of the list's members (not a substring test)
+        haystack, needle = (evaluate(x, params) for x in arg)
+        return needle in haystack
+    if fn == "Fn::EachMemberEquals":
+        members, value = (evaluate(x, params) for x in arg)
+        return all(m == value for m in members)
+    if fn == "Fn::EachMemberIn":
+        members, allowed = (evaluate(x, params) for x in arg)
+        return all(m in allowed for m in members)
+    if fn == "Fn::Join":
+        sep, items = arg
+        return evaluate(sep, params).join(evaluate(items, params))
+    raise Unsupported(f"{fn} is not a rule function this evaluator knows")
+
+
+def truth(value):
+    if not isinstance(value, bool):
+        raise Unsupported(f"not a condition: {value!r}")
+    return value
+
+
+def rule_errors(rules, params):
+    """The rules that refuse these parameters, as (rule name, its AssertDescription)."""
+    refused = []
+    for name, rule in rules.items():
+        if "RuleCondition" in rule and not truth(evaluate(rule["RuleCondition"], params)):
+            continue
+        for assertion in rule["Assertions"]:
+            if not truth(evaluate(assertion["Assert"], params)):
+                refused.append((name, assertion["AssertDescription"]))
+    return refused
+
+
+def check(template, given):
+    """Everything CloudFormation would refuse in this parameter set: constraint messages
+    and the names of the rules that fail."""
+    specs = template["Parameters"]
+    unknown = set(given) - set(specs)
+    if unknown:
+        raise SystemExit(f"template-rules: the set names unknown parameters {sorted(unknown)}")
+    missing = [n for n, s in specs.items() if "Default" not in s and n not in given]
+    if missing:
+        raise SystemExit(f"template-rules: the set lacks required parameters {missing}")
+    raw = {n: str(given.get(n, specs[n].get("Default"))) for n in specs}
+    problems = []
+    for name, spec in specs.items():
+        problems += constraint_errors(name, spec, raw[name])
+    params = {n: values_of(specs[n], raw[n]) for n in specs}
+    params["AWS::StackName"] = "billing-inbox"
+    for name, description in rule_errors(template.get("Rules", {}), params):
+        problems.append(f"rule {name}: {' '.join(description.split())}")
+    return problems
+
+
+# -- the parameter sets ----------------------------------------------------------------------
+
+ARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:"
+REQUIRED = {
+    "DatabaseSecretArn": f"{ARN}billing-inbox/database-Db7Q2x",
+    "Sources": '[{"name":"kinde","kind":"kinde","jwks_url":"https://example.kinde.com/.well-known/jwks"}]',
+    "PlansSecretArn": "billing-inbox/plans",
+}
+EVERYTHING = {
+    **REQUIRED,
+    "Sources": '[{"name":"stripe","kind":"stripe","secret_id":"billing-inbox/stripe"},'
+    '{"name":"polar","kind":"standard-webhooks","secret_encoding":"raw","secret_id":"billing-inbox/polar"}]',
+    "SourceSecretArns": f"{ARN}billing-inbox/stripe-AbC123,{ARN}billing-inbox/polar-??????",
+    "PlansSecretArn": f"{ARN}billing-inbox/plans-Xy9Zz0",
+    "SubnetIds": "subnet-0123456789abcdef0,subnet-0fedcba9876543210",
+    "SecurityGroupIds": "sg-0123456789abcdef0",
+    "ApiKeysSecretArn": f"{ARN}billing-inbox/api-keys-Qw3rTy",
+    "EffectsWebhookUrl": "https://app.example/billing-events",
+    "EffectsEventBus": "billing",
+    "EffectsEventBusCreate": "true",
+    "AlertEmail": "oncall@example.com",
+    "AlertHttpsEndpoint": "https://events.pagerduty.com/integration/0123abcd/enqueue",
+    "IntakeReservedConcurrency": "20",
+    "ApiReservedConcurrency": "5",
+    "SourceSilentHours": "0",
+}
+GOOD = {
+    "the defaults (Kinde alone, no VPC)": REQUIRED,
+    "bring your own database with every option": EVERYTHING,
+}
+# Each mistake, and what must refuse it: a parameter's constraint or a rule.
+BAD = {
+    "the database's secret by name (refused in every role's policy)": (
+        {**EVERYTHING, "DatabaseSecretArn": "billing-inbox/database"},
+        "DatabaseSecretArn:",
+    ),
+    "the database's secret as a partial ARN": (
+        {**EVERYTHING, "DatabaseSecretArn": f"{ARN}billing-inbox/database"},
+        "DatabaseSecretArn:",
+    ),
+    "source secrets given by name": (
+        {**EVERYTHING, "SourceSecretArns": "billing-inbox/stripe,billing-inbox/polar"},
+        "SourceSecretArns:",
+    ),
+    "a source secret's ARN without its suffix": (
+        {**EVERYTHING, "SourceSecretArns": f"{ARN}billing-inbox/stripe"},
+        "SourceSecretArns:",
+    ),
+    "subnets without security groups": (
+        {**EVERYTHING, "SecurityGroupIds": ""},
+        "rule SubnetsNeedSecurityGroups:",
+    ),
+    "security groups without subnets": (
+        {**EVERYTHING, "SubnetIds": ""},
+        "rule SecurityGroupsNeedSubnets:",
+    ),
+    "a subnet given by name": (
+        {**EVERYTHING, "SubnetIds": "private-a"},
+        "SubnetIds: 'private-a' does not match AllowedPattern",
+    ),
+    "the API keys' secret by name (refused in the api role's policy)": (
+        {**EVERYTHING, "ApiKeysSecretArn": "billing-inbox/api-keys"},
+        "ApiKeysSecretArn: 'billing-inbox/api-keys' does not match AllowedPattern",
+    ),
+    "the API keys' secret with a wildcard suffix (not found by GetSecretValue)": (
+        {**EVERYTHING, "ApiKeysSecretArn": f"{ARN}billing-inbox/api-keys-??????"},
+        "ApiKeysSecretArn:",
+    ),
+    "the plans' secret as a partial ARN": (
+        {**EVERYTHING, "PlansSecretArn": f"{ARN}billing-inbox/plans"},
+        "PlansSecretArn:",
+    ),
+    "a bus to create without its name": (
+        {**EVERYTHING, "EffectsEventBus": ""},
+        "rule EffectsBusCreateNeedsBus:",
+    ),
+    "an alert endpoint over plain http": (
+        {**EVERYTHING, "AlertHttpsEndpoint": "http://events.pagerduty.com/integration/x/enqueue"},
+        "AlertHttpsEndpoint:",
+    ),
+    "a negative reservation": (
+        {**EVERYTHING, "IntakeReservedConcurrency": "-1"},
+        "IntakeReservedConcurrency: below MinValue",
+    ),
+}
+
+
+def main():
+    path = sys.argv[1] if len(sys.argv) > 1 else "template.yaml"
+    template = load(path)
+    failures = 0
+    for name, spec in template["Parameters"].items():
+        if "Default" in spec:
+            for problem in constraint_errors(name, spec, str(spec["Default"])):
+                print(f"FAIL  default of {name} refused by its own constraints: {problem}")
+                failures += 1
+    for rule, body in template.get("Rules", {}).items():
+        for assertion in body["Assertions"]:
+            if not assertion.get("AssertDescription", "").strip():
+                print(f"FAIL  rule {rule}: an assertion without AssertDescription")
+                failures += 1
+    for label, given in GOOD.items():
+        problems = check(template, given)
+        if problems:
+            print(f"FAIL  {label}: refused: {problems}")
+            failures += 1
+        else:
+            print(f"ok    {label}: accepted")
+    for label, (given, expected) in BAD.items():
+        problems = check(template, given)
+        # refused, and only for the reason this mistake is about
+        if problems and all(p.startswith(expected) for p in problems):
+            print(f"ok    {label}: refused ({'; '.join(problems)})")
+        else:
+            print(f"FAIL  {label}: expected refusals starting {expected!r} alone, got {problems}")
+            failures += 1
+    if failures:
+        print(f"template-rules: {failures} failed")
+        sys.exit(1)
+    print(f"template-rules: ok ({len(GOOD)} sets accepted, {len(BAD)} refused as expected)")
+
+
+if __name__ == "__main__":
+    main()
