@@ -264,10 +264,11 @@ impl Database {
             ),
             DatabaseSource::Secret(id) => {
                 let client = crate::secrets::client().await;
-                let text = tokio::time::timeout(READ_BUDGET, read_secret(&client, id))
-                    .await
-                    .unwrap_or_else(|_| Err(not_in_time(id)))
-                    .map_err(|detail| ConfigError::new(SECRET_VAR, detail))?;
+                let text =
+                    tokio::time::timeout(READ_BUDGET, crate::secrets::read_text(&client, id))
+                        .await
+                        .unwrap_or_else(|_| Err(not_in_time(id)))
+                        .map_err(|detail| ConfigError::new(SECRET_VAR, detail))?;
                 let options = options_from_secret(id, &text, &config.endpoint)
                     .map_err(|detail| ConfigError::new(SECRET_VAR, detail))?;
                 (options, Some(client))
@@ -345,7 +346,7 @@ impl Database {
             return false;
         }
         *last_reread = Some(Instant::now());
-        let options = tokio::time::timeout(READ_BUDGET, read_secret(client, id))
+        let options = tokio::time::timeout(READ_BUDGET, crate::secrets::read_text(client, id))
             .await
             .unwrap_or_else(|_| Err(not_in_time(id)))
             .and_then(|text| options_from_secret(id, &text, &self.config.endpoint))
@@ -428,24 +429,6 @@ fn with_tls(
     Ok(options
         .ssl_mode(PgSslMode::VerifyFull)
         .ssl_root_cert(ca_file))
-}
-
-/// The secret's text; the error names the secret and why, never a value.
-async fn read_secret(client: &aws_sdk_secretsmanager::Client, id: &str) -> Result<String, String> {
-    use aws_sdk_secretsmanager::error::ProvideErrorMetadata;
-    let answer = client
-        .get_secret_value()
-        .secret_id(id)
-        .send()
-        .await
-        .map_err(|e| {
-            let code = e.code().unwrap_or("no answer");
-            format!("the secret '{id}' could not be read ({code})")
-        })?;
-    answer
-        .secret_string()
-        .map(str::to_owned)
-        .ok_or_else(|| format!("the secret '{id}' holds no text"))
 }
 
 #[cfg(test)]

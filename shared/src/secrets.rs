@@ -370,7 +370,10 @@ pub async fn resolve_sinks(sinks: &[SinkConfig]) -> Result<Vec<SinkConfig>, Conf
 }
 
 /// A secret's text; the error says why not, without any value.
-async fn read_text(client: &aws_sdk_secretsmanager::Client, id: &str) -> Result<String, String> {
+pub(crate) async fn read_text(
+    client: &aws_sdk_secretsmanager::Client,
+    id: &str,
+) -> Result<String, String> {
     use aws_sdk_secretsmanager::error::ProvideErrorMetadata;
     let answer = client
         .get_secret_value()
