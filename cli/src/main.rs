@@ -49,16 +49,8 @@ enum Command {
     /// Why is this customer on this plan? Plan, subscriptions, payments, balance and event log.
     Account {
         customer_id: String,
-        /// The source the customer belongs to (needed when several have that id).
-        #[arg(long)]
-        source: Option<String>,
-        /// The balance's period, YYYY-MM (default: the current UTC month).
-        #[arg(long)]
-        period: Option<String>,
-        /// The Stripe connected account (acct_…) the customer belongs to, for events that
-        /// came through a Connect endpoint.
-        #[arg(long)]
-        stripe_account: Option<String>,
+        #[command(flatten)]
+        account: usage::AccountArgs,
         /// Show only the log's latest N lines (0: all). Default: 100 in text, all in JSON.
         #[arg(long, value_name = "N")]
         log: Option<u32>,
@@ -160,22 +152,14 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
         Command::Migrate => migrate(&connect(cli).await?, cli.json).await,
         Command::Account {
             customer_id,
-            source,
-            period,
-            stripe_account,
+            account,
             log,
         } => {
-            let customer_id = match stripe_account {
-                Some(account) => {
-                    shared::providers::stripe::connected_customer(account, customer_id)
-                }
-                None => customer_id.clone(),
-            };
             show::account(
                 &connect(cli).await?,
-                &customer_id,
-                source.as_deref(),
-                period.as_deref(),
+                &account.stored_customer(customer_id),
+                account.source.as_deref(),
+                account.period.as_deref(),
                 *log,
                 cli.json,
             )

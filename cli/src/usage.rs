@@ -29,17 +29,30 @@ pub struct UsageArgs {
     after: Option<String>,
 }
 
+/// Which account a customer id names: its source, period, and Connect account (shared by
+/// `account` and `usage`).
 #[derive(Args)]
-struct AccountArgs {
+pub(crate) struct AccountArgs {
     /// The source the customer belongs to (needed when several have that id).
     #[arg(long)]
-    source: Option<String>,
+    pub(crate) source: Option<String>,
     /// The period, YYYY-MM (default: the current UTC month).
     #[arg(long)]
-    period: Option<String>,
-    /// The Stripe connected account (acct_…) the customer belongs to.
+    pub(crate) period: Option<String>,
+    /// The Stripe connected account (acct_…) the customer belongs to, for events that came
+    /// through a Connect endpoint.
     #[arg(long)]
-    stripe_account: Option<String>,
+    pub(crate) stripe_account: Option<String>,
+}
+
+impl AccountArgs {
+    /// The customer as the store keys it: a connected account's is `acct_…/cus_…`.
+    pub(crate) fn stored_customer(&self, customer_id: &str) -> String {
+        match &self.stripe_account {
+            Some(acct) => shared::providers::stripe::connected_customer(acct, customer_id),
+            None => customer_id.to_owned(),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -111,10 +124,7 @@ pub async fn run(args: &UsageArgs, pool: &PgPool, json_output: bool) -> anyhow::
 }
 
 fn customer_of(customer_id: &str, account: &AccountArgs) -> anyhow::Result<CustomerId> {
-    let raw = match &account.stripe_account {
-        Some(acct) => shared::providers::stripe::connected_customer(acct, customer_id),
-        None => customer_id.to_owned(),
-    };
+    let raw = account.stored_customer(customer_id);
     CustomerId::parse(&raw).map_err(|e| anyhow::anyhow!("customer id '{raw}': {e}"))
 }
 
