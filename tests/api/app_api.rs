@@ -785,3 +785,84 @@ async fn the_keys_can_live_in_a_secret_that_holds_only_their_hashes(pool: PgPool
         "{error}"
     );
 }
+
+/// Sends a GET of `path` with the app's key to the handler, with `until` as the invocation's
+/// deadline; the answer is checked against the OpenAPI document.
+async fn get_until(state: &ApiState, path: &str, until: tokio::time::Instant) -> Answer {
+    let request = http::Request::builder()
+        .method("GET")
+        .uri(format!("https://example.test{path}"))
+        .header("authorization", format!("Bearer {APP_KEY}"))
+        .body(Body::Empty)
+        .unwrap();
+    let response = api::handle(state, request, Some(until)).await;
+    let status = response.status();
+    let retry_after = response.headers().get("retry-after").cloned();
+    let body: Value = match response.body() {
+        Body::Text(t) => serde_json::from_str(t).unwrap(),
+        other => panic!("a JSON body, not {other:?}"),
+    };
+    conforms("GET", path, status, &body);
+    assert!(retry_after.is_some(), "a 503 says when to retry: {body}");
+    Answer {
+        status,
+        body,
+        replayed_header: false,
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_answer_that_cannot_come_before_the_deadline_is_a_503_timeout(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_late").await;
+    let state = api_state(&pool);
+    // The invocation ends now: no statement can be answered within it.
+    let late = get_until(
+        &state,
+        "/v1/accounts/kinde/kc_late",
+        tokio::time::Instant::now(),
+    )
+    .await;
+    assert_eq!(
+        (late.status, late.body["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("timeout"))
+    );
+    // The connection the cut-off statement left behind is not reused: the next request,
+    // with time, is answered on a new one.
+    let read = call(
+        &state,
+        "GET",
+        "/v1/accounts/kinde/kc_late",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (read.status, read.body["plan"].as_str()),
+        (StatusCode::OK, Some("pro"))
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_database_that_cannot_be_reached_is_a_503_with_retry_after(pool: PgPool) {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut state = api_state(&pool);
+    state.conn = Held::new(
+        pool.connect_options()
+            .as_ref()
+            .clone()
+            .host("127.0.0.1")
+            .port(closed),
+    );
+    let in_time = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    let answer = get_until(&state, "/v1/accounts/kinde/kc_any", in_time).await;
+    assert_eq!(
+        (answer.status, answer.body["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable"))
+    );
+}
