@@ -170,13 +170,21 @@ def check(template, given):
 # -- the parameter sets ----------------------------------------------------------------------
 
 ARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:"
+# The defaults: DatabaseMode create, the stack makes the database and its network.
 REQUIRED = {
-    "DatabaseSecretArn": f"{ARN}billing-inbox/database-Db7Q2x",
     "Sources": '[{"name":"kinde","kind":"kinde","jwks_url":"https://example.kinde.com/.well-known/jwks"}]',
     "PlansSecretArn": "billing-inbox/plans",
 }
 EVERYTHING = {
     **REQUIRED,
+    "DatabaseMode": "existing",
+    "DatabaseSecretArn": f"{ARN}billing-inbox/database-Db7Q2x",
+    "DatabaseHost": "billing.cluster-c0ffee.eu-west-1.rds.amazonaws.com",
+    "DatabaseName": "billing",
+    "DatabaseCaFile": "/opt/global-bundle.pem",
+    "DatabaseCaLayerArn": "arn:aws:lambda:eu-west-1:123456789012:layer:rds-ca:3",
+    "VpcId": "vpc-0123456789abcdef0",
+    "RouteTableIds": "rtb-0123456789abcdef0",
     "Sources": '[{"name":"stripe","kind":"stripe","secret_id":"billing-inbox/stripe"},'
     '{"name":"polar","kind":"standard-webhooks","secret_encoding":"raw","secret_id":"billing-inbox/polar"}]',
     "SourceSecretArns": f"{ARN}billing-inbox/stripe-AbC123,{ARN}billing-inbox/polar-??????",
@@ -193,12 +201,61 @@ EVERYTHING = {
     "ApiReservedConcurrency": "5",
     "SourceSilentHours": "0",
 }
+CREATED = {
+    **REQUIRED,
+    "Sources": EVERYTHING["Sources"],
+    "SourceSecretArns": EVERYTHING["SourceSecretArns"],
+    "RdsProxy": "true",
+    "CreateNatGateway": "false",
+    "DatabaseMinCapacity": "0",
+    "DatabaseMaxCapacity": "8",
+    "EffectsWebhookUrl": "https://app.example/billing-events",
+    "EffectsEventBus": "billing",
+    "EffectsEventBusCreate": "true",
+    "ApiKeysSecretArn": EVERYTHING["ApiKeysSecretArn"],
+}
 GOOD = {
-    "the defaults (Kinde alone, no VPC)": REQUIRED,
+    "the defaults (Kinde alone, the stack's own database)": REQUIRED,
     "bring your own database with every option": EVERYTHING,
+    "the stack's own database with a proxy, effects and the API": CREATED,
+    "bring your own database without a VPC": {
+        **REQUIRED,
+        "DatabaseMode": "existing",
+        "DatabaseSecretArn": EVERYTHING["DatabaseSecretArn"],
+    },
+    "bring your own VPC whose endpoints exist": {
+        **EVERYTHING,
+        "VpcEndpoints": "exist",
+        "VpcId": "",
+        "RouteTableIds": "",
+    },
 }
 # Each mistake, and what must refuse it: a parameter's constraint or a rule.
 BAD = {
+    "create mode given an existing database's secret": (
+        {**CREATED, "DatabaseSecretArn": EVERYTHING["DatabaseSecretArn"]},
+        "rule CreateModeMakesItsOwn:",
+    ),
+    "create mode given the team's subnets": (
+        {**CREATED, "SubnetIds": EVERYTHING["SubnetIds"], "SecurityGroupIds": EVERYTHING["SecurityGroupIds"]},
+        "rule CreateModeMakesItsOwn:",
+    ),
+    "existing mode without the database's secret": (
+        {**EVERYTHING, "DatabaseSecretArn": ""},
+        "rule ExistingModeNeedsSecret:",
+    ),
+    "endpoints to create in the team's VPC without its id": (
+        {**EVERYTHING, "VpcId": ""},
+        "rule EndpointsNeedVpcId:",
+    ),
+    "a route table given by name": (
+        {**EVERYTHING, "RouteTableIds": "private"},
+        "RouteTableIds:",
+    ),
+    "an unknown database mode": (
+        {**REQUIRED, "DatabaseMode": "serverless"},
+        "DatabaseMode:",
+    ),
     "the database's secret by name (refused in every role's policy)": (
         {**EVERYTHING, "DatabaseSecretArn": "billing-inbox/database"},
         "DatabaseSecretArn:",
