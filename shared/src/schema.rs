@@ -3,7 +3,7 @@
 //! migration and quote the database (docs/design.md §2.2). The migrate function calls it on
 //! every deploy; `inboxctl migrate` runs the same migrator locally.
 
-use sqlx::migrate::{Migrate, MigrateError};
+use sqlx::migrate::{Migrate, MigrateError, Migration};
 use sqlx::PgConnection;
 
 use crate::MIGRATOR;
@@ -117,6 +117,23 @@ pub async fn cancel(conn: &mut PgConnection, pid: i32) -> Result<bool, sqlx::Err
     sqlx::query_scalar!(r#"SELECT pg_cancel_backend($1) AS "cancelled!""#, pid)
         .fetch_one(conn)
         .await
+}
+
+/// Whether the server process `pid` is still there (after [`cancel`]: still rolling back).
+pub async fn is_running(conn: &mut PgConnection, pid: i32) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1) AS "running!""#,
+        pid
+    )
+    .fetch_one(conn)
+    .await
+}
+
+/// The first migration of this release that `applied` lacks: where a run resumes.
+pub fn next(applied: &[i64]) -> Option<&'static Migration> {
+    MIGRATOR
+        .iter()
+        .find(|m| !m.migration_type.is_down_migration() && !applied.contains(&m.version))
 }
 
 /// A version as this release describes it (a version it does not have keeps its number).

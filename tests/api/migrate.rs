@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use shared::database::Database;
+use shared::database::{Database, DatabaseConfig, DatabaseSource};
 use shared::handlers::migrate::{self, MigrateState, PHYSICAL_ID};
 use sqlx::migrate::Migrate;
 use sqlx::postgres::PgConnectOptions;
@@ -346,10 +346,12 @@ async fn a_run_still_going_at_the_deadline_fails_in_time_and_the_next_applies(po
     assert_eq!(body["Status"], "FAILED");
     let reason = body["Reason"].as_str().unwrap();
     assert!(reason.starts_with("timed out after "), "{reason}");
+    let first = shared::MIGRATOR.iter().next().unwrap();
     assert!(
-        reason.contains(
-            "the one running was cancelled (and rolled back; no migration is applied yet)"
-        ),
+        reason.contains(&format!(
+            "migration {} ({}), which it was running or waiting for, was cancelled and rolled back; ",
+            first.version, first.description
+        )),
         "{reason}"
     );
     // The abandoned session waits for the lock no more.
@@ -405,4 +407,58 @@ async fn a_request_of_an_unknown_type_is_answered_failed() {
             .starts_with("the request could not be read: "),
         "{body}"
     );
+}
+
+#[tokio::test]
+async fn a_function_without_its_database_settings_fails_the_deploy_naming_the_variable() {
+    let server = response_server().await;
+    let state = MigrateState::new(DatabaseConfig::read(|_| None));
+
+    let body = answer(&state, &server, request(&server, "Create", 1)).await;
+
+    assert_eq!(body["Status"], "FAILED");
+    assert_eq!(
+        body["Reason"],
+        "the database's settings: DATABASE_SECRET_ID: is not set (nor DATABASE_URL): name the database's secret"
+    );
+}
+
+/// The secret is read at the first request, not at cold start, and read again at the next
+/// request after a failed read: the deploy that follows the fix finds it.
+#[sqlx::test(migrations = false)]
+async fn a_secret_that_cannot_be_read_fails_the_deploy_and_the_next_request_reads_it(pool: PgPool) {
+    let server = response_server().await;
+    let name = format!("billing-inbox/test/db/{}", uuid::Uuid::new_v4().simple());
+    let mut config = DatabaseConfig::url("");
+    config.source = DatabaseSource::Secret(name.clone());
+    let state = MigrateState::new(Ok(config));
+
+    let body = answer(&state, &server, request(&server, "Create", 1)).await;
+
+    assert_eq!(body["Status"], "FAILED");
+    assert_eq!(
+        body["Reason"],
+        format!("the database's settings: DATABASE_SECRET_ID: the secret '{name}' could not be read (ResourceNotFoundException)")
+    );
+
+    let options = pool.connect_options();
+    let url = format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap()
+    );
+    shared::secrets::client()
+        .await
+        .create_secret()
+        .name(&name)
+        .secret_string(url)
+        .send()
+        .await
+        .expect("the local server serves Secrets Manager (scripts/test starts it)");
+    let body = answer(&state, &server, request(&server, "Create", 1)).await;
+
+    assert_eq!(body["Status"], "SUCCESS", "{body}");
+    assert_eq!(applied_versions(&pool).await, release_versions());
 }

@@ -132,9 +132,10 @@ pub async fn handle(
     deadline: Option<Instant>,
 ) -> Result<(), anyhow::Error> {
     let started = Instant::now();
-    let (asked, outcome) = match serde_json::from_value::<Request>(event.clone()) {
-        Ok(request) => {
-            let asked = asked(&request);
+    let request = serde_json::from_value::<Request>(event.clone());
+    let (asked, outcome) = match request.as_ref().map(asked) {
+        Ok(Some(asked)) => {
+            let request = request.as_ref().expect("matched Ok");
             let outcome = match &request {
                 Request::Delete(_) => {
                     tracing::info!(
@@ -165,7 +166,11 @@ pub async fn handle(
         }
         // Not a request this function understands: answered FAILED when it says where, so
         // that the deploy fails now instead of waiting.
-        Err(error) => {
+        unreadable => {
+            let error = match unreadable {
+                Err(error) => error.to_string(),
+                Ok(_) => "a request type this function does not know".to_owned(),
+            };
             let Some(asked) = asked_loosely(&event) else {
                 anyhow::bail!("the event is not a CloudFormation custom resource request: {error}");
             };
@@ -198,13 +203,13 @@ async fn migrate(state: &MigrateState, deadline: Option<Instant>, started: Insta
                 // The future is dropped: its connection is closed without a word to the
                 // server, which would finish the running migration before noticing.
                 let cancelled = match pid.get() {
-                    Some(&pid) => cancel(state, database, pid).await,
-                    None => "it had not started".to_owned(),
+                    Some(&pid) => cancel(database, pid).await,
+                    None => "it was still connecting".to_owned(),
                 };
                 return Outcome::failed(format!(
-                    "timed out after {} s (the function's deadline less {} s for this answer); \
-                     the migrations applied before stay applied (each commits on its own), the \
-                     one running was cancelled ({cancelled}); the next deploy resumes from it",
+                    "timed out after {} s (the function's deadline less {} s for this answer): \
+                     {cancelled}; the migrations before it stay applied (each commits on its \
+                     own), and the next deploy resumes from it",
                     started.elapsed().as_secs(),
                     state.margin.as_secs()
                 ));
@@ -272,39 +277,53 @@ async fn connect(state: &MigrateState, database: &Database) -> Result<PgConnecti
     })
 }
 
-/// Cancels the abandoned migration's statement from a new connection; says how it went.
-async fn cancel(state: &MigrateState, database: &Database, pid: i32) -> String {
-    let cancelled =
-        tokio::time::timeout(state.connect_timeout.min(Duration::from_secs(10)), async {
-            let mut conn = database.options().connect().await?;
-            let cancelled = schema::cancel(&mut conn, pid).await?;
-            let latest = schema::applied(&mut conn)
-                .await
-                .ok()
-                .and_then(|versions| versions.last().copied());
-            let _ = conn.close().await;
-            Ok::<_, sqlx::Error>((cancelled, latest))
-        })
-        .await;
-    match cancelled {
-        Ok(Ok((cancelled, latest))) => {
-            let latest = latest.map_or_else(
-                || "no migration is applied yet".to_owned(),
-                |v| format!("the latest applied is {v}"),
-            );
-            match cancelled {
-                true => format!("and rolled back; {latest}"),
-                false => format!("it had ended; {latest}"),
-            }
+/// How long cancelling an abandoned run may take, its connection included.
+const CANCEL_BUDGET: Duration = Duration::from_secs(10);
+
+/// Cancels the abandoned run from a new connection and waits for its server process to end
+/// (its connection is closed already: the process rolls back and exits); says how it went
+/// and which migration it was at.
+async fn cancel(database: &Database, pid: i32) -> String {
+    let cancelled = tokio::time::timeout(CANCEL_BUDGET, async {
+        let mut conn = database.options().connect().await?;
+        let signalled = schema::cancel(&mut conn, pid).await?;
+        while signalled && schema::is_running(&mut conn, pid).await? {
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Ok(Err(error)) => format!(
-            "not confirmed: {}; the server rolls it back when it notices the closed connection",
-            schema::database_message(&error)
-        ),
+        let applied = schema::applied(&mut conn).await.ok();
+        let _ = conn.close().await;
+        Ok::<_, sqlx::Error>(applied)
+    })
+    .await;
+    let applied = match cancelled {
+        Ok(Ok(applied)) => applied,
+        Ok(Err(error)) => {
+            return format!(
+                "its cancel failed ({}); the server rolls it back when it finds the connection closed",
+                schema::database_message(&error)
+            )
+        }
         Err(_) => {
-            "not confirmed in time; the server rolls it back when it notices the closed connection"
-                .to_owned()
+            return format!(
+                "its cancel was not confirmed within {} s; the server rolls it back when it finds the connection closed",
+                CANCEL_BUDGET.as_secs()
+            )
         }
+    };
+    let Some(applied) = applied else {
+        return "it was cancelled and rolled back".to_owned();
+    };
+    match schema::next(&applied) {
+        None => "it was cancelled after every migration was applied".to_owned(),
+        Some(next) if next.no_tx => format!(
+            "migration {} ({}), which it was running or waiting for, was cancelled; it runs \
+             outside a transaction (no-transaction), so what it did stays: see its file",
+            next.version, next.description
+        ),
+        Some(next) => format!(
+            "migration {} ({}), which it was running or waiting for, was cancelled and rolled back",
+            next.version, next.description
+        ),
     }
 }
 
@@ -336,8 +355,9 @@ fn is_rollback(new: &Value, old: &Value) -> bool {
     matches!((number(new), number(old)), (Some(new), Some(old)) if new < old)
 }
 
-fn asked(request: &Request) -> Asked {
-    match request {
+/// `None`: a request type added to `aws_lambda_events` after this was written.
+fn asked(request: &Request) -> Option<Asked> {
+    Some(match request {
         Request::Create(r) => Asked {
             kind: "Create",
             response_url: r.response_url.clone(),
@@ -363,8 +383,8 @@ fn asked(request: &Request) -> Asked {
             physical_resource_id: r.physical_resource_id.clone(),
         },
         #[allow(unreachable_patterns)]
-        _ => unreachable!("a request type aws_lambda_events adds is not read by this function"),
-    }
+        _ => return None,
+    })
 }
 
 /// The answering fields of an event that is not a request this function reads (an unknown
