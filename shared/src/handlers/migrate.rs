@@ -30,7 +30,7 @@ pub const PHYSICAL_ID: &str = "billing-inbox-schema";
 /// CloudFormation's limit on the whole response body.
 pub const MAX_BODY_BYTES: usize = 4096;
 /// What the function keeps for the answer at the end of its invocation: cancelling a running
-/// migration (a connection, one statement) and the PUT with its retries.
+/// migration ([`CANCEL_BUDGET`], 10 s) and the PUT with its retries (4 × 10 s + 7 s).
 pub const DEFAULT_MARGIN: Duration = Duration::from_secs(60);
 /// How long a connection may take: an Aurora Serverless database resuming from zero
 /// capacity answers in about 15 s.
