@@ -5,7 +5,7 @@
 //! - [`apply`] (one claimed event applied: decide, read, settle, rules, one write),
 //!   [`inbox`] (the life of an `inbox_events` row), [`effects`] (the outbox: what changed,
 //!   told to the app once), [`billing`] (the model, the registers, the account view),
-//!   [`providers`] (one folder per provider), [`reconcile`];
+//!   [`providers`] (one folder per provider), [`reconcile`], [`schema`] (the migrations applied, and why not);
 //! - [`domain`]: the values everything above speaks in;
 //! - beside them: [`config`] (environment variables), [`api_keys`] (the app API's keys), [`secrets`] (Secrets Manager), [`database`] (the
 //!   database's secret and TLS), [`db`] (the pool), [`queue`] (SQS), [`http_client`] (providers' hosts), [`signing`] (what
@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod providers;
 pub mod queue;
 pub mod reconcile;
+pub mod schema;
 pub mod secrets;
 pub mod signing;
 pub mod sim;
@@ -41,5 +42,6 @@ use std::pin::Pin;
 /// queue's hooks) can be used as trait objects.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The schema, applied by `inboxctl migrate` and by the tests.
+/// The schema, applied by the migrate function on every deploy ([`schema::apply`]), by
+/// `inboxctl migrate` and by the tests.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

@@ -13,6 +13,7 @@ mod fuzz;
 mod helpers;
 mod intake;
 mod kinde_reconcile;
+mod migrate;
 mod model;
 mod order;
 mod reconcile;

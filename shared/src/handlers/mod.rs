@@ -6,6 +6,7 @@
 pub mod api;
 pub mod dispatcher;
 pub mod intake;
+pub mod migrate;
 pub mod scheduler;
 pub mod worker;
 

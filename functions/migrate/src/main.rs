@@ -1,0 +1,22 @@
+//! The migrate Lambda: the stack's `Custom::SchemaMigrations` resource, which applies the
+//! migrations on every deploy and answers CloudFormation (docs/design.md §7.1).
+
+use lambda_runtime::{run, service_fn, Error, LambdaEvent};
+use serde_json::Value;
+use shared::config::Env;
+use shared::handlers::migrate::MigrateState;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    lambda_runtime::tracing::init_default_subscriber();
+    // Read once per cold start; an error here is every request's FAILED reason, not a
+    // function that cannot start (CloudFormation would hear nothing until its timeout).
+    let state = MigrateState::new(Env::process().database());
+    run(service_fn(|event| handler(&state, event))).await
+}
+
+pub(crate) async fn handler(state: &MigrateState, event: LambdaEvent<Value>) -> Result<(), Error> {
+    let deadline = shared::handlers::invocation_deadline(event.context.deadline);
+    shared::handlers::migrate::handle(state, event.payload, deadline).await?;
+    Ok(())
+}
