@@ -76,6 +76,7 @@ import boto3  # noqa: E402
 from moto import mock_aws  # noqa: E402
 from moto.cloudformation.parsing import get_model_map  # noqa: E402
 from samtranslator.parser.parser import Parser  # noqa: E402
+from samtranslator.public.exceptions import InvalidDocumentException  # noqa: E402
 from samtranslator.translator.translator import Translator  # noqa: E402
 
 REGION = "us-east-1"
@@ -481,15 +482,24 @@ def run_set(rules, template, label, entry):
             value = str(json.loads(value)[rest[1]])
         return value
 
-    sam = sam_transform(template, raw)
+    try:
+        sam = sam_transform(template, raw)
+    except InvalidDocumentException as e:
+        raise Failure(f"the SAM transform failed: {e}; {' '.join(str(c) for c in e.causes)}") from e
     ready, gone = prepare(sam, params, secret_value)
 
-    cfn.create_stack(
-        StackName=STACK,
-        TemplateBody=json.dumps(ready),
-        Parameters=[{"ParameterKey": n, "ParameterValue": v} for n, v in given.items()],
-        Capabilities=["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM", "CAPABILITY_AUTO_EXPAND"],
-    )
+    try:
+        cfn.create_stack(
+            StackName=STACK,
+            TemplateBody=json.dumps(ready),
+            Parameters=[{"ParameterKey": n, "ParameterValue": v} for n, v in given.items()],
+            Capabilities=["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM", "CAPABILITY_AUTO_EXPAND"],
+        )
+    except Exception as e:  # moto raises its own errors from inside CreateStack too
+        hint = ""
+        if isinstance(e, KeyError):
+            hint = " (a Ref or ${} to a name that is neither a parameter nor a resource moto created)"
+        raise Failure(f"moto's CreateStack refused the template: {type(e).__name__}: {e}{hint}") from e
     try:
         cfn.get_waiter("stack_create_complete").wait(
             StackName=STACK, WaiterConfig={"Delay": 1, "MaxAttempts": 30}
