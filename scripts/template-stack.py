@@ -182,10 +182,10 @@ DROP = {
     # no model for a function's async invoke settings (SAM's EventInvokeConfig)
     "AWS::Lambda::EventInvokeConfig": "no moto model",
     "AWS::Lambda::Alias": "no moto model",
+    # modelled, but its physical id is empty, its Ref is the logical id and GetAtt Version
+    # makes moto return no outputs at all
+    "AWS::Lambda::Version": "moto's Ref is the logical id, GetAtt Version unsupported",
     "AWS::EC2::SecurityGroupEgress": "no moto model",
-    # modelled, but its Ref is the Python object's repr and it has no physical id
-    "AWS::EC2::SecurityGroupIngress": "moto model has no physical id (Ref is a Python repr)",
-    "AWS::RDS::DBSubnetGroup": "moto model has no physical id (Ref is a Python repr)",
     # no model for Aurora clusters or proxies; an Aurora DBInstance fails (engine unknown)
     "AWS::RDS::DBCluster": "no moto model",
     "AWS::RDS::DBProxy": "no moto model",
@@ -208,6 +208,9 @@ MANAGED_POLICIES = {
 NO_PHYSICAL_ID = {
     "AWS::Lambda::Permission",  # the statement is in the function's policy (checked)
     "AWS::Events::EventBus",  # found by its Name (checked)
+    # their Ref is the repr of moto's Python object: a Ref to one fails the run (UNRESOLVED)
+    "AWS::EC2::SecurityGroupIngress",  # the rule is in its group (checked)
+    "AWS::RDS::DBSubnetGroup",  # found by its subnets (checked)
 }
 
 # Function properties moto's CloudFormation does not pass to Lambda (5.2.5 passes Code,
@@ -456,7 +459,10 @@ def run_set(rules, template, label, entry):
         return re.sub(r"\{arn:([^}]+)\}", lambda m: arns[m.group(1)], value)
 
     given = {name: fill(value) for name, value in entry["params"].items()}
-    problems = rules.check(template, given)
+    try:
+        problems = rules.check(template, given)
+    except SystemExit as e:  # template-rules.py's own refusal: unknown or missing parameters
+        raise Failure(str(e)) from e
     if problems:
         raise Failure(f"the set is refused by the constraints or Rules: {problems}")
     raw = {n: str(given.get(n, s.get("Default"))) for n, s in specs.items()}
@@ -550,7 +556,12 @@ def run_set(rules, template, label, entry):
                 failures.append(f"output {name}: {value!r} should carry the placeholder of {expected}")
             dropped_outputs.append(f"{name}->{'+'.join(expected)}")
     missing = sorted(set(ready["Outputs"]) - set(outputs))
-    if missing:
+    if missing and not outputs:
+        failures.append(
+            "moto returned no outputs at all (it drops them all when one output has a GetAtt "
+            f"its model does not support): {missing}"
+        )
+    elif missing:
         failures.append(f"outputs not in the stack: {missing}")
     if failures:
         raise Failure("; ".join(failures))
@@ -604,6 +615,12 @@ class Checks:
                     text = text.replace("${" + n + "}", str(self.params[n]))
                 return text
         return None
+
+    def resolve_id(self, node):
+        """The id a Ref or GetAtt (of an EC2 object's own id) to a created resource stands for."""
+        if isinstance(node, dict) and "Fn::GetAtt" in node:
+            return self.physical[node["Fn::GetAtt"][0]]
+        return self.resolve(node)
 
     def resolve(self, node):
         """A property moto ignores, resolved as CloudFormation would: literals, parameters,
@@ -811,6 +828,24 @@ def check_mapping(c, lid, props):
     if "ScalingConfig" in props:
         c.expect(lid, "ScalingConfig.MaximumConcurrency", (m.get("ScalingConfig") or {}).get("MaximumConcurrency"),
                  c.value(props["ScalingConfig"]["MaximumConcurrency"]))
+
+
+@checks("AWS::EC2::SecurityGroupIngress")
+def check_ingress(c, lid, props):
+    group = c.resolve_id(props.get("GroupId"))
+    (sg,) = c.client("ec2").describe_security_groups(GroupIds=[group])["SecurityGroups"]
+    ports = [(p.get("IpProtocol"), p.get("FromPort"), p.get("ToPort")) for p in sg.get("IpPermissions", [])]
+    want = (str(props["IpProtocol"]), int(props.get("FromPort", -1)), int(props.get("ToPort", -1)))
+    if want not in [(str(a), b, c_) for a, b, c_ in ports]:
+        c.fail(lid, f"no rule {want} in {group}: {ports}")
+
+
+@checks("AWS::RDS::DBSubnetGroup")
+def check_db_subnet_group(c, lid, props):
+    subnets = sorted(c.resolve_id(x) for x in props["SubnetIds"])
+    groups = c.client("rds").describe_db_subnet_groups()["DBSubnetGroups"]
+    if not any(sorted(s["SubnetIdentifier"] for s in g["Subnets"]) == subnets for g in groups):
+        c.fail(lid, f"no DB subnet group over {subnets}")
 
 
 @checks("AWS::Lambda::Permission")
