@@ -581,8 +581,17 @@ def run_set(rules, template, label, entry):
         f"({', '.join(f'{n} {t}' for t, n in sorted(by_type.items()))}), "
         f"{len(outputs)} outputs resolved"
         + (f" ({len(dropped_outputs)} with a placeholder: {', '.join(dropped_outputs)})" if dropped_outputs else "")
-        + (f"; placeholders in {', '.join(seen.placeholders)}" if seen.placeholders else "")
+        + (f"; placeholders: {placeholder_summary(seen.placeholders)}" if seen.placeholders else "")
     )
+
+
+def placeholder_summary(places):
+    """'Proxy in IntakeFunction, WorkerFunction; ...' from 'IntakeFunction.DATABASE_HOST->Proxy', ..."""
+    by_target = {}
+    for place in places:
+        where, target = place.split("->", 1)
+        by_target.setdefault(target.split(".", 1)[0], set()).add(where.split(".", 1)[0])
+    return "; ".join(f"{t} in {', '.join(sorted(w))}" for t, w in sorted(by_target.items()))
 
 
 # -- what each resource must be, asked of the service moto made it in ------------------------
@@ -624,10 +633,20 @@ class Checks:
                 return text
         return None
 
+    def ids(self, node):
+        """A list of ids as given: a list parameter, or a list of Refs/GetAtts to created
+        resources (their physical ids) and literals; None when this script cannot tell."""
+        if isinstance(node, dict) and set(node) == {"Ref"} and isinstance(self.params.get(node["Ref"]), list):
+            return list(self.params[node["Ref"]])
+        if isinstance(node, list):
+            items = [self.resolve_id(x) for x in node]
+            return None if any(x is None for x in items) else items
+        return None
+
     def resolve_id(self, node):
         """The id a Ref or GetAtt (of an EC2 object's own id) to a created resource stands for."""
         if isinstance(node, dict) and "Fn::GetAtt" in node:
-            return self.physical[node["Fn::GetAtt"][0]]
+            return self.physical.get(node["Fn::GetAtt"][0])
         return self.resolve(node)
 
     def resolve(self, node):
@@ -711,8 +730,13 @@ def check_function(c, lid, props):
     vpc = props.get("VpcConfig")
     got_vpc = conf.get("VpcConfig") or {}
     if vpc:
-        c.expect(lid, "VpcConfig.SubnetIds", sorted(got_vpc.get("SubnetIds", [])), sorted(c.params[vpc["SubnetIds"]["Ref"]]))
-        c.expect(lid, "VpcConfig.SecurityGroupIds", sorted(got_vpc.get("SecurityGroupIds", [])), sorted(c.params[vpc["SecurityGroupIds"]["Ref"]]))
+        for key, prefix in (("SubnetIds", "subnet-"), ("SecurityGroupIds", "sg-")):
+            got = sorted(got_vpc.get(key, []))
+            want = c.ids(vpc.get(key))
+            if want is not None:
+                c.expect(lid, f"VpcConfig.{key}", got, sorted(want))
+            if not got or not all(str(x).startswith(prefix) for x in got):
+                c.fail(lid, f"VpcConfig.{key} is {got!r}")
     elif got_vpc.get("SubnetIds"):
         c.fail(lid, f"in a VPC the template does not give: {got_vpc}")
     reserved = lam.get_function_concurrency(FunctionName=c.physical[lid]).get("ReservedConcurrentExecutions")
@@ -840,6 +864,35 @@ def check_mapping(c, lid, props):
     if "ScalingConfig" in props:
         c.expect(lid, "ScalingConfig.MaximumConcurrency", (m.get("ScalingConfig") or {}).get("MaximumConcurrency"),
                  c.value(props["ScalingConfig"]["MaximumConcurrency"]))
+
+
+# EC2 objects that must exist under their physical id: the describe call and its list key.
+EC2_DESCRIBE = {
+    "AWS::EC2::VPC": ("describe_vpcs", "VpcIds", "Vpcs"),
+    "AWS::EC2::Subnet": ("describe_subnets", "SubnetIds", "Subnets"),
+    "AWS::EC2::SecurityGroup": ("describe_security_groups", "GroupIds", "SecurityGroups"),
+    "AWS::EC2::RouteTable": ("describe_route_tables", "RouteTableIds", "RouteTables"),
+    "AWS::EC2::VPCEndpoint": ("describe_vpc_endpoints", "VpcEndpointIds", "VpcEndpoints"),
+    "AWS::EC2::InternetGateway": ("describe_internet_gateways", "InternetGatewayIds", "InternetGateways"),
+    "AWS::EC2::NatGateway": ("describe_nat_gateways", "NatGatewayIds", "NatGateways"),
+}
+
+
+def check_ec2(type_):
+    method, ids_key, list_key = EC2_DESCRIBE[type_]
+
+    def check(c, lid, props):
+        found = getattr(c.client("ec2"), method)(**{ids_key: [c.physical[lid]]})[list_key]
+        if len(found) != 1:
+            c.fail(lid, f"{method} finds {len(found)} for {c.physical[lid]}")
+        elif "VpcId" in props and "VpcId" in found[0]:
+            c.expect(lid, "VpcId", found[0]["VpcId"], c.resolve(props["VpcId"]))
+
+    return check
+
+
+for _type in EC2_DESCRIBE:
+    CHECKS[_type] = check_ec2(_type)
 
 
 @checks("AWS::EC2::SecurityGroupIngress")
