@@ -170,35 +170,44 @@ SETS = {
 
 # -- what moto cannot create -----------------------------------------------------------------
 
-# Resource types dropped before the stack is created: moto 5.2.5's CloudFormation has no
-# model for them (it would skip them and list a resource with no id or type), or creates
-# them wrongly. Keep this minimal: a type moto can create is created.
+# Resource types dropped before the stack is created, each with the reason: moto 5.2.5's
+# CloudFormation has no model for it (it would skip it, listing a resource with no id or
+# type, and leave every Ref to it unresolved), or creates it wrongly. Keep this minimal: a
+# type moto can create is created.
+#
+# Found with one-resource stacks in moto 5.2.5, for the types a template with its own
+# network and database would add: created CREATE_COMPLETE with an id and a working Ref are
+# EC2::VPC (GetAtt CidrBlock, DefaultSecurityGroup), Subnet (GetAtt AvailabilityZone and
+# VpcId do not resolve), RouteTable, SubnetRouteTableAssociation, SecurityGroup (GetAtt
+# GroupId; not VpcId), VPCEndpoint of type Interface and Gateway (GetAtt DnsEntries makes
+# moto return no outputs at all), InternetGateway, VPCGatewayAttachment, EIP (GetAtt
+# AllocationId), NatGateway, Route; a non-Aurora RDS::DBInstance (GetAtt Endpoint.Address;
+# not MasterUserSecret.SecretArn). Created without an id (NO_PHYSICAL_ID below):
+# EC2::SecurityGroupIngress, RDS::DBSubnetGroup. Fn::GetAZs and Fn::Select work.
 DROP = {
-    # no model: HTTP APIs are not in moto's CloudFormation (only REST APIs are)
-    "AWS::ApiGatewayV2::Api": "no moto model (only AWS::ApiGateway REST APIs are)",
-    "AWS::ApiGatewayV2::Stage": "no moto model (only AWS::ApiGateway REST APIs are)",
-    # no model for alarms (only AWS::CloudWatch::Dashboard is)
-    "AWS::CloudWatch::Alarm": "no moto model (only AWS::CloudWatch::Dashboard)",
-    # no model for metric filters (only LogGroup and ResourcePolicy are)
-    "AWS::Logs::MetricFilter": "no moto model (only Logs::LogGroup and Logs::ResourcePolicy)",
-    # no model for subscriptions (only Topic is)
-    "AWS::SNS::Subscription": "no moto model (only SNS::Topic)",
-    # no model for secrets: the generated signing secret is not created
+    "AWS::ApiGatewayV2::Api": "no moto model (it has REST APIs, AWS::ApiGateway::*, only)",
+    "AWS::ApiGatewayV2::Stage": "no moto model (it has REST APIs, AWS::ApiGateway::*, only)",
+    "AWS::CloudWatch::Alarm": "no moto model (CloudWatch::Dashboard only)",
+    "AWS::Logs::MetricFilter": "no moto model (Logs::LogGroup and Logs::ResourcePolicy only)",
+    "AWS::SNS::Subscription": "no moto model (SNS::Topic only)",
     "AWS::SecretsManager::Secret": "no moto model",
-    # no model for a function's async invoke settings (SAM's EventInvokeConfig)
-    "AWS::Lambda::EventInvokeConfig": "no moto model",
+    "AWS::Lambda::EventInvokeConfig": "no moto model (SAM writes one for EventInvokeConfig)",
     "AWS::Lambda::Alias": "no moto model",
-    # modelled, but its physical id is empty, its Ref is the logical id and GetAtt Version
-    # makes moto return no outputs at all
-    "AWS::Lambda::Version": "moto's Ref is the logical id, GetAtt Version unsupported",
+    "AWS::Lambda::Version": "moto lists it with an empty id, its Ref is the logical id, and a "
+    "GetAtt Version makes moto return no outputs at all",
     "AWS::EC2::SecurityGroupEgress": "no moto model",
-    # no model for Aurora clusters or proxies; an Aurora DBInstance fails (engine unknown)
     "AWS::RDS::DBCluster": "no moto model",
     "AWS::RDS::DBProxy": "no moto model",
     "AWS::RDS::DBProxyTargetGroup": "no moto model",
-    "AWS::RDS::DBInstance": "moto fails on an Aurora instance (KeyError 'aurora-postgresql')",
-    # moto invokes the ServiceToken function, which needs Docker, and waits for it forever
-    "Custom::*": "moto invokes the provider Lambda in Docker (stays CREATE_IN_PROGRESS)",
+    # (a postgres or mysql DBInstance is created; see DROP_WHEN)
+    "AWS::RDS::DBInstance": "an Aurora instance fails in moto (KeyError 'aurora-postgresql')",
+    "Custom::*": "moto invokes the ServiceToken function, which needs Docker here, and the "
+    "stack stays CREATE_IN_PROGRESS",
+}
+
+# For a type in DROP that moto creates in some forms: drop only the forms it cannot.
+DROP_WHEN = {
+    "AWS::RDS::DBInstance": lambda props: str(props.get("Engine", "")).startswith("aurora"),
 }
 
 # The AWS managed policies SAM may attach (none here: every function names its own role),
@@ -214,10 +223,13 @@ MANAGED_POLICIES = {
 NO_PHYSICAL_ID = {
     "AWS::Lambda::Permission",  # the statement is in the function's policy (checked)
     "AWS::Events::EventBus",  # found by its Name (checked)
-    # their Ref is the repr of moto's Python object: a Ref to one fails the run (UNRESOLVED)
+    # Its Ref is moto's Python object, which moto's own RDS models expect (a DBInstance
+    # reads the object's name), so it stays; in an output, a variable or a policy it is the
+    # object's repr and fails the run (UNRESOLVED).
     "AWS::EC2::SecurityGroupIngress",  # the rule is in its group (checked)
     "AWS::RDS::DBSubnetGroup",  # found by its subnets (checked)
 }
+
 
 # Function properties moto's CloudFormation does not pass to Lambda (5.2.5 passes Code,
 # Handler, Role, Runtime, Description, MemorySize, Timeout, VpcConfig, Environment,
@@ -232,8 +244,12 @@ class Failure(Exception):
     pass
 
 
-def dropped(type_):
-    return type_ in DROP or (type_.startswith("Custom::") and "Custom::*" in DROP)
+def dropped(type_, props=None):
+    if type_.startswith("Custom::") and "Custom::*" in DROP:
+        return True
+    if type_ not in DROP:
+        return False
+    return DROP_WHEN[type_](props or {}) if type_ in DROP_WHEN else True
 
 
 def placeholder(logical_id, attribute=None):
@@ -419,14 +435,14 @@ def prepare(cfn_template, params, secret_value):
 
     models = get_model_map()
     unknown = sorted(
-        {r["Type"] for r in resources.values() if r["Type"] not in models and not dropped(r["Type"])}
+        {r["Type"] for r in resources.values() if r["Type"] not in models and not dropped(r["Type"], r.get("Properties"))}
     )
     if unknown:
         raise Failure(
             f"moto cannot create {unknown} and DROP does not list them: add each to DROP "
             "with the reason, or check a newer moto"
         )
-    gone = {lid: r["Type"] for lid, r in template["Resources"].items() if dropped(r["Type"])}
+    gone = {lid: r["Type"] for lid, r in template["Resources"].items() if dropped(r["Type"], r.get("Properties"))}
     for lid in gone:
         del template["Resources"][lid]
     for resource in template["Resources"].values():
@@ -438,8 +454,7 @@ def prepare(cfn_template, params, secret_value):
                 resource["DependsOn"] = deps
             else:
                 del resource["DependsOn"]
-    template = replace_dropped(template, gone)
-    return template, gone
+    return replace_dropped(template, gone), gone
 
 
 # -- one parameter set -----------------------------------------------------------------------
