@@ -5,7 +5,8 @@
 #
 #   scripts/tools/template.txt      sam and cfn-lint (scripts/check-template)
 #   scripts/tools/cargo-lambda.txt  cargo-lambda and the zig it links with (dev, e2e, builds)
-#   scripts/tools/moto.txt          moto_server (Secrets Manager, EventBridge in dev and tests)
+#   scripts/tools/moto.txt          moto_server (Secrets Manager, EventBridge in dev and tests);
+#                                   moto and the SAM translator (scripts/template-stack.py)
 #
 # Each file is a full `pip freeze` (every dependency pinned too), headed by the line
 # `# requested: <what was asked for>`. To upgrade on purpose, edit that line and run
@@ -110,7 +111,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     bin) tools_bin "${2:?set}" ;;
     lock) tools_lock "${2:?set}" ;;
     *)
-      sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       exit 2
       ;;
   esac
