@@ -40,7 +40,8 @@ when a set fails, with what failed.
 
 To add a parameter set: an entry in SETS, its "params" the values as `sam deploy
 --parameter-overrides` would give them (a list parameter as one comma-separated string), where
-`{arn:NAME}` stands for the ARN of the existing secret NAME (created in moto from
+`{net:NAME}` for the id of the team's VPC, subnets, route tables or security group
+(team_network), and `{arn:NAME}` for the ARN of the existing secret NAME (created in moto from
 EXISTING_SECRETS before the stack, so the roles' policies and the dynamic references name a
 real secret; add a secret there when a set needs another). The set must be one the
 parameters' constraints and Rules accept. An entry with "needs" runs only when the template
@@ -57,6 +58,8 @@ import os
 import re
 import sys
 import time
+import ipaddress
+import itertools
 import warnings
 import zipfile
 from pathlib import Path
@@ -97,17 +100,16 @@ CODE_KEY = "placeholder.zip"
 EXISTING_SECRETS = {
     "billing-inbox/database": '{"username":"inbox","password":"pw","host":"db.internal","port":5432,"dbname":"inbox"}',
     "billing-inbox/plans": '{"plans":[]}',
-    "billing-inbox/stripe": '{"signing_secrets":["whsec_x"],"api_key":"sk_test_x"}',
-    "billing-inbox/polar": '{"signing_secrets":["x"]}',
+    "billing-inbox/stripe": '{"secrets":["whsec_x"],"api_key":"sk_test_x"}',
+    "billing-inbox/polar": '{"secrets":["x"]}',
     "billing-inbox/api-keys": '[{"name":"app","sha256":"00","scopes":["read"]}]',
 }
 
 KINDE = '[{"name":"kinde","kind":"kinde","jwks_url":"https://example.kinde.com/.well-known/jwks"}]'
 SETS = {
-    # (a) the parameters without a Default, nothing else
+    # (a) the parameters without a Default, nothing else: the stack's own database
     "defaults": {
         "params": {
-            "DatabaseSecretArn": "{arn:billing-inbox/database}",
             "Sources": KINDE,
             "PlansSecretArn": "billing-inbox/plans",
         },
@@ -115,7 +117,11 @@ SETS = {
     # (b) an existing database and network, every option on
     "bring-your-own, every option": {
         "params": {
+            "DatabaseMode": "existing",
             "DatabaseSecretArn": "{arn:billing-inbox/database}",
+            "VpcEndpoints": "create",
+            "VpcId": "{net:vpc}",
+            "RouteTableIds": "{net:rtb-a},{net:rtb-b}",
             "DatabaseHost": "inbox.cluster-abc.us-east-1.rds.amazonaws.com",
             "DatabasePort": "6432",
             "DatabaseName": "inbox",
@@ -138,8 +144,8 @@ SETS = {
             "AlertHttpsEndpoint": "https://events.pagerduty.com/integration/0123abcd/enqueue",
             "RejectedDeliveriesAlarmThreshold": "10",
             "SourceSilentHours": "12",
-            "SubnetIds": "subnet-0123456789abcdef0,subnet-0fedcba9876543210",
-            "SecurityGroupIds": "sg-0123456789abcdef0",
+            "SubnetIds": "{net:subnet-a},{net:subnet-b}",
+            "SecurityGroupIds": "{net:sg}",
             "EffectsWebhookUrl": "https://app.example/billing-events",
             "EffectsEventBus": "billing",
             "EffectsEventBusCreate": "true",
@@ -153,17 +159,24 @@ SETS = {
             "LogRetentionDays": "90",
         },
     },
-    # (c) the stack creates the database and its network, effects on. Enabled when the
-    # template has DatabaseMode; give the new parameters' values here after that merge.
+    # (c) the stack creates the database and its network, with RDS Proxy, a NAT, effects to
+    # both destinations and the app API
     "create mode with VPC and effects": {
-        "needs": ["DatabaseMode"],
         "params": {
             "DatabaseMode": "create",
-            "Sources": KINDE,
+            "RdsProxy": "true",
+            "CreateNatGateway": "true",
+            "VpcCidr": "10.90.0.0/16",
+            "DatabaseMinCapacity": "0.5",
+            "DatabaseMaxCapacity": "8",
+            "Sources": '[{"name":"stripe","kind":"stripe","secret_id":"billing-inbox/stripe"},'
+            '{"name":"kinde","kind":"kinde","jwks_url":"https://example.kinde.com/.well-known/jwks"}]',
+            "SourceSecretArns": "{arn:billing-inbox/stripe}",
             "PlansSecretArn": "billing-inbox/plans",
             "EffectsWebhookUrl": "https://app.example/billing-events",
             "EffectsEventBus": "billing",
             "EffectsEventBusCreate": "true",
+            "ApiKeysSecretArn": "{arn:billing-inbox/api-keys}",
         },
     },
 }
@@ -197,6 +210,7 @@ DROP = {
     "GetAtt Version makes moto return no outputs at all",
     "AWS::EC2::SecurityGroupEgress": "no moto model",
     "AWS::RDS::DBCluster": "no moto model",
+    "AWS::RDS::DBClusterParameterGroup": "no moto model",
     "AWS::RDS::DBProxy": "no moto model",
     "AWS::RDS::DBProxyTargetGroup": "no moto model",
     # (a postgres or mysql DBInstance is created; see DROP_WHEN)
@@ -253,7 +267,12 @@ def dropped(type_, props=None):
 
 
 def placeholder(logical_id, attribute=None):
-    return f"DROPPED-{logical_id}" + (f".{attribute}" if attribute else "")
+    text = f"DROPPED-{logical_id}" + (f".{attribute}" if attribute else "")
+    # An ARN attribute stays ARN-shaped, where IAM (and moto) take only ARNs: a policy's
+    # Resource naming a dropped cluster's secret.
+    if attribute and attribute.endswith("Arn"):
+        return f"arn:aws:dropped:{REGION}:{ACCOUNT}:{text}"
+    return text
 
 
 # -- the template: the rules' module, the transform, what moto cannot evaluate ---------------
@@ -370,6 +389,25 @@ def sub_parameters(node, params):
     return node
 
 
+def resolve_cidr(node, params):
+    """Fn::Cidr, which moto does not evaluate, computed as CloudFormation documents it: the
+    first `count` blocks of `cidrBits` host bits in the block (here a parameter or a
+    literal)."""
+    if isinstance(node, dict):
+        if set(node) == {"Fn::Cidr"}:
+            block, count, bits = node["Fn::Cidr"]
+            if isinstance(block, dict) and set(block) == {"Ref"} and block["Ref"] in params:
+                block = params[block["Ref"]]
+            if isinstance(block, str):
+                net = ipaddress.ip_network(block)
+                prefix = net.max_prefixlen - int(bits)
+                return [str(n) for n in itertools.islice(net.subnets(new_prefix=prefix), int(count))]
+        return {k: resolve_cidr(v, params) for k, v in node.items()}
+    if isinstance(node, list):
+        return [resolve_cidr(v, params) for v in node]
+    return node
+
+
 def resolve_dynamic_references(node, secret_value):
     if isinstance(node, dict):
         return {k: resolve_dynamic_references(v, secret_value) for k, v in node.items()}
@@ -432,6 +470,7 @@ def prepare(cfn_template, params, secret_value):
     template["Resources"], template["Outputs"] = resources, outputs
     template = resolve_conditions(template, conditions)
     template = resolve_dynamic_references(sub_parameters(template, params), secret_value)
+    template = resolve_cidr(template, params)
 
     models = get_model_map()
     unknown = sorted(
@@ -467,6 +506,22 @@ def placeholder_zip():
     return buf.getvalue()
 
 
+def team_network(ec2):
+    """The team's own VPC that a bring-your-own set runs in (it exists before the stack, as
+    the secrets do): two private subnets in two zones, their route tables, the functions'
+    security group. `{net:NAME}` in a set stands for the id of NAME."""
+    vpc = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
+    ids = {"vpc": vpc}
+    for n, zone in enumerate(("a", "b")):
+        ids[f"subnet-{zone}"] = ec2.create_subnet(
+            VpcId=vpc, CidrBlock=f"10.20.{n}.0/24", AvailabilityZone=f"{REGION}{zone}"
+        )["Subnet"]["SubnetId"]
+        ids[f"rtb-{zone}"] = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
+        ec2.associate_route_table(RouteTableId=ids[f"rtb-{zone}"], SubnetId=ids[f"subnet-{zone}"])
+    ids["sg"] = ec2.create_security_group(GroupName="functions", Description="the functions", VpcId=vpc)["GroupId"]
+    return ids
+
+
 def run_set(rules, template, label, entry):
     """Create the stack for one parameter set; the summary line, or Failure."""
     specs = template["Parameters"]
@@ -475,9 +530,11 @@ def run_set(rules, template, label, entry):
     s3.create_bucket(Bucket=CODE_BUCKET)
     s3.put_object(Bucket=CODE_BUCKET, Key=CODE_KEY, Body=placeholder_zip())
     arns = {name: sm.create_secret(Name=name, SecretString=value)["ARN"] for name, value in EXISTING_SECRETS.items()}
+    ids = team_network(aws.client("ec2"))
 
     def fill(value):
-        return re.sub(r"\{arn:([^}]+)\}", lambda m: arns[m.group(1)], value)
+        value = re.sub(r"\{arn:([^}]+)\}", lambda m: arns[m.group(1)], value)
+        return re.sub(r"\{net:([^}]+)\}", lambda m: ids[m.group(1)], value)
 
     given = {name: fill(value) for name, value in entry["params"].items()}
     try:
@@ -810,14 +867,14 @@ def check_role(c, lid, props):
             for resource in resources:
                 ok = (
                     isinstance(resource, str)
-                    and (resource.startswith("arn:") or resource.startswith("DROPPED-")
+                    and (resource.startswith("arn:") or "DROPPED-" in resource
                          or (resource == "*" and all(a.startswith("ec2:") for a in actions)))
                     and not unresolved_in(resource)
                 )
                 if not ok:
                     c.fail(lid, f"policy {policy_name}: Resource {resource!r} is not an ARN")
-                elif resource.startswith("DROPPED-"):
-                    c.placeholders.append(f"{lid}.{policy_name}->{resource[len('DROPPED-'):]}")
+                elif "DROPPED-" in resource:
+                    c.placeholders.append(f"{lid}.{policy_name}->{resource.split('DROPPED-', 1)[1]}")
 
 
 @checks("AWS::Logs::LogGroup")
