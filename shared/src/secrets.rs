@@ -409,11 +409,14 @@ async fn take_api_key(
 
 /// The one warning a source of the combined layout gets, from each function that reads it.
 fn warn_combined(source: &str, secret_id: &str) {
-    tracing::warn!(source, secret_id,
+    tracing::warn!(
+        source,
+        secret_id,
         "the source's secret_id secret also holds its API key (the combined layout): create a \
          secret of its own for the key, {{\"api_key\": \"...\"}}, name it with api_key_secret_id, \
          and remove api_key from this one, so that IAM can keep the key from the intake \
-         (docs/deploy.md)");
+         (docs/deploy.md)"
+    );
 }
 
 /// A source's API key from the secret `id`: `None` when a combined secret holds none.
@@ -563,10 +566,13 @@ async fn fetch(client: &aws_sdk_secretsmanager::Client, id: &str) -> Result<Stri
                 denied: code == "AccessDeniedException",
             }
         })?;
-    answer.secret_string().map(str::to_owned).ok_or_else(|| Unread {
-        detail: format!("the secret '{id}' holds no text"),
-        denied: false,
-    })
+    answer
+        .secret_string()
+        .map(str::to_owned)
+        .ok_or_else(|| Unread {
+            detail: format!("the secret '{id}' holds no text"),
+            denied: false,
+        })
 }
 
 /// A secret's text; the error says why not, without any value.
