@@ -295,10 +295,29 @@ pub async fn resolve(
         true => Some(client().await),
         false => None,
     };
+    resolve_sources(client.as_ref(), sources, needs, on_failure).await
+}
+
+/// [`resolve`] with the given client (a test's, pointed at a server that refuses a read).
+pub async fn resolve_with(
+    client: &aws_sdk_secretsmanager::Client,
+    sources: &[SourceConfig],
+    needs: Needs,
+    on_failure: OnFailure,
+) -> Result<Vec<SourceConfig>, ConfigError> {
+    resolve_sources(Some(client), sources, needs, on_failure).await
+}
+
+async fn resolve_sources(
+    client: Option<&aws_sdk_secretsmanager::Client>,
+    sources: &[SourceConfig],
+    needs: Needs,
+    on_failure: OnFailure,
+) -> Result<Vec<SourceConfig>, ConfigError> {
     let mut resolved = Vec::with_capacity(sources.len());
     for source in sources {
         let mut source = source.clone();
-        match (&client, needs) {
+        match (client, needs) {
             (Some(client), Needs::Signing) => take_signing(client, &mut source, on_failure).await?,
             (Some(client), Needs::ApiKey) => take_api_key(client, &mut source, on_failure).await?,
             (None, _) => {}
@@ -385,7 +404,8 @@ async fn take_api_key(
         Err(failed) if key_in == KeyIn::SigningSecret && failed.denied => {
             tracing::warn!(source = %source.name, secret_id = %id,
                 "no API key: the source has no api_key_secret_id, and this function may not \
-                 read its secret_id secret; it is not reconciled. If that secret holds the \
+                 read its secret_id secret, so it makes no provider read for this source (no \
+                 reconciliation; ties settled by the status rank). If that secret holds the \
                  API key, move the key to a secret of its own and name it with \
                  api_key_secret_id (docs/deploy.md)");
         }

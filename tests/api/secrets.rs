@@ -254,6 +254,84 @@ async fn the_combined_layout_still_works_with_one_warning_at_each_cold_start() {
     assert_eq!(logs.take_lines(COMBINED_WARNING), Vec::<String>::new());
 }
 
+/// A Secrets Manager that refuses every read as IAM does a role that may not read the secret
+/// (moto does not enforce IAM): the client, and the server.
+async fn refusing_secrets_manager() -> (aws_sdk_secretsmanager::Client, wiremock::MockServer) {
+    use wiremock::{matchers::method, Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(400)
+                .insert_header("content-type", "application/x-amz-json-1.1")
+                .set_body_json(json!({"__type": "AccessDeniedException",
+                    "Message": "User is not authorized to perform: secretsmanager:GetSecretValue"})),
+        )
+        .mount(&server)
+        .await;
+    let config = aws_sdk_secretsmanager::config::Builder::from(&shared::queue::sdk_config().await)
+        .endpoint_url(server.uri())
+        .build();
+    (aws_sdk_secretsmanager::Client::from_conf(config), server)
+}
+
+#[tokio::test]
+async fn a_combined_secret_the_role_may_not_read_leaves_the_source_without_a_key_and_says_so() {
+    let logs = Logs::default();
+    let _capture = logs.capture();
+    let (client, server) = refusing_secrets_manager().await;
+    let sources = parse_sources(
+        &json!([{"name": "s", "kind": "stripe", "secret_id": "billing-inbox/stripe"}]).to_string(),
+    )
+    .unwrap();
+    // The split template's scheduler: it may not read the signing secret.
+    let scheduler = shared::secrets::resolve_with(
+        &client,
+        &sources,
+        Needs::ApiKey,
+        OnFailure::RetryOnUse("scheduler"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(scheduler[0].api_key, None);
+    assert!(
+        scheduler[0].api_key_read.is_none(),
+        "not read again: it is what the role grants"
+    );
+    let warned = logs.take_lines("may not read its secret_id secret");
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0].contains("api_key_secret_id") && warned[0].contains("source=s"),
+        "{warned:?}"
+    );
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+
+    // A refused API key secret is a failed read like any other: read again on use, counted.
+    let split = parse_sources(
+        &json!([{"name": "s", "kind": "stripe", "secret_id": "billing-inbox/stripe",
+                 "api_key_secret_id": "billing-inbox/stripe-api-key"}])
+        .to_string(),
+    )
+    .unwrap();
+    let scheduler = shared::secrets::resolve_with(
+        &client,
+        &split,
+        Needs::ApiKey,
+        OnFailure::RetryOnUse("scheduler"),
+    )
+    .await
+    .unwrap();
+    let read = scheduler[0].api_key_read.as_ref().expect("read on use");
+    assert_eq!(read.failures(), 1);
+    // The intake stops: it cannot verify without its signing secrets.
+    let error = shared::secrets::resolve_with(&client, &split, Needs::Signing, OnFailure::Stop)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "INBOX_SOURCES: source 's': secret_id: the secret 'billing-inbox/stripe' could not be read (AccessDeniedException)"
+    );
+}
+
 #[tokio::test]
 async fn a_key_in_two_places_is_refused_naming_the_source_never_the_key() {
     let combined = secret(&json!({"secrets": ["whsec_sm"], "api_key": "sk_twice_value"})).await;
