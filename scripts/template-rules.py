@@ -185,9 +185,11 @@ EVERYTHING = {
     "DatabaseCaLayerArn": "arn:aws:lambda:eu-west-1:123456789012:layer:rds-ca:3",
     "VpcId": "vpc-0123456789abcdef0",
     "RouteTableIds": "rtb-0123456789abcdef0",
-    "Sources": '[{"name":"stripe","kind":"stripe","secret_id":"billing-inbox/stripe"},'
+    "Sources": '[{"name":"stripe","kind":"stripe","secret_id":"billing-inbox/stripe",'
+    '"api_key_secret_id":"billing-inbox/stripe-api-key"},'
     '{"name":"polar","kind":"standard-webhooks","secret_encoding":"raw","secret_id":"billing-inbox/polar"}]',
     "SourceSecretArns": f"{ARN}billing-inbox/stripe-AbC123,{ARN}billing-inbox/polar-??????",
+    "SourceApiKeySecretArns": f"{ARN}billing-inbox/stripe-api-key-??????",
     "PlansSecretArn": f"{ARN}billing-inbox/plans-Xy9Zz0",
     "SubnetIds": "subnet-0123456789abcdef0,subnet-0fedcba9876543210",
     "SecurityGroupIds": "sg-0123456789abcdef0",
@@ -271,6 +273,14 @@ BAD = {
     "a source secret's ARN without its suffix": (
         {**EVERYTHING, "SourceSecretArns": f"{ARN}billing-inbox/stripe"},
         "SourceSecretArns:",
+    ),
+    "an API key secret given by name": (
+        {**EVERYTHING, "SourceApiKeySecretArns": "billing-inbox/stripe-api-key"},
+        "SourceApiKeySecretArns:",
+    ),
+    "an API key secret's ARN without its suffix": (
+        {**EVERYTHING, "SourceApiKeySecretArns": f"{ARN}billing-inbox/stripe-api-key"},
+        "SourceApiKeySecretArns:",
     ),
     "subnets without security groups": (
         {**EVERYTHING, "SecurityGroupIds": ""},

@@ -100,7 +100,8 @@ CODE_KEY = "placeholder.zip"
 EXISTING_SECRETS = {
     "billing-inbox/database": '{"username":"inbox","password":"pw","host":"db.internal","port":5432,"dbname":"inbox"}',
     "billing-inbox/plans": '{"plans":[]}',
-    "billing-inbox/stripe": '{"secrets":["whsec_x"],"api_key":"sk_test_x"}',
+    "billing-inbox/stripe": '{"secrets":["whsec_x"]}',
+    "billing-inbox/stripe-api-key": '{"api_key":"rk_test_x"}',
     "billing-inbox/polar": '{"secrets":["x"]}',
     "billing-inbox/api-keys": '[{"name":"app","sha256":"00","scopes":["read"]}]',
 }
@@ -127,10 +128,12 @@ SETS = {
             "DatabaseName": "inbox",
             "DatabaseCaFile": "/opt/global-bundle.pem",
             "DatabaseCaLayerArn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:layer:rds-ca:3",
-            "Sources": '[{"name":"stripe","kind":"stripe","secret_id":"billing-inbox/stripe"},'
+            "Sources": '[{"name":"stripe","kind":"stripe","secret_id":"billing-inbox/stripe",'
+            '"api_key_secret_id":"billing-inbox/stripe-api-key"},'
             '{"name":"polar","kind":"standard-webhooks","secret_encoding":"raw","secret_id":"billing-inbox/polar"}]',
             "SourceSecretArns": "{arn:billing-inbox/stripe},"
             f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:billing-inbox/polar-??????",
+            "SourceApiKeySecretArns": "{arn:billing-inbox/stripe-api-key}",
             "WorkerProviderReads": "true",
             "PlansSecretArn": "{arn:billing-inbox/plans}",
             "ConfigRevision": "2026-12-02",
@@ -169,9 +172,11 @@ SETS = {
             "VpcCidr": "10.90.0.0/16",
             "DatabaseMinCapacity": "0.5",
             "DatabaseMaxCapacity": "8",
-            "Sources": '[{"name":"stripe","kind":"stripe","secret_id":"billing-inbox/stripe"},'
+            "Sources": '[{"name":"stripe","kind":"stripe","secret_id":"billing-inbox/stripe",'
+            '"api_key_secret_id":"billing-inbox/stripe-api-key"},'
             '{"name":"kinde","kind":"kinde","jwks_url":"https://example.kinde.com/.well-known/jwks"}]',
             "SourceSecretArns": "{arn:billing-inbox/stripe}",
+            "SourceApiKeySecretArns": "{arn:billing-inbox/stripe-api-key}",
             "PlansSecretArn": "billing-inbox/plans",
             "EffectsWebhookUrl": "https://app.example/billing-events",
             "EffectsEventBus": "billing",

@@ -93,11 +93,18 @@ pub struct SourceConfig {
     /// Stripe: the mode this source takes; an event of the other mode is stored and ignored.
     #[serde(default)]
     pub livemode: Option<bool>,
-    /// The AWS Secrets Manager secret (ARN or name) holding the source's signing secrets and
-    /// API key, read once per cold start ([`crate::secrets`]); inline values are for local use.
+    /// The AWS Secrets Manager secret (ARN or name) holding the source's signing secrets,
+    /// `{"secrets": [...]}`, read by the intake once per cold start ([`crate::secrets`]);
+    /// inline values are for local use. (Before `api_key_secret_id`, the same secret also held
+    /// the API key: that combined layout still works, with a warning.)
     #[serde(default)]
     pub secret_id: Option<String>,
-    /// The API key's read from `secret_id`, when it failed at cold start: a provider read
+    /// The Secrets Manager secret (ARN or name) holding the source's API key alone,
+    /// `{"api_key": "..."}`, read by the scheduler and the worker once per cold start: a
+    /// secret of its own, so that IAM can keep the key from the intake (docs/design.md §5.3).
+    #[serde(default)]
+    pub api_key_secret_id: Option<String>,
+    /// The API key's read from its secret, when it failed at cold start: a provider read
     /// tries it again (set by [`crate::secrets::resolve`], never by the configuration).
     #[serde(skip)]
     pub api_key_read: Option<std::sync::Arc<crate::secrets::ApiKeyRead>>,
@@ -121,6 +128,7 @@ impl fmt::Debug for SourceConfig {
             .field("api_client_id", &self.api_client_id)
             .field("livemode", &self.livemode)
             .field("secret_id", &self.secret_id)
+            .field("api_key_secret_id", &self.api_key_secret_id)
             .field("api_key_read", &self.api_key_read)
             .finish()
     }
@@ -180,13 +188,15 @@ pub fn parse_sources(raw: &str) -> Result<Vec<SourceConfig>, ConfigError> {
                 "is a Stripe setting (Stripe events say which mode they are from)",
             ));
         }
+        check_secret_ids(source)?;
+        let has_key = source.api_key.is_some() || source.api_key_secret_id.is_some();
         match (source.kind, &source.api_client_id) {
-            (SourceKind::Kinde, None) if source.api_key.is_some() => {
+            (SourceKind::Kinde, None) if has_key => {
                 return Err(ConfigError::at(
                     SOURCES_VAR,
                     format!("source '{}': api_client_id", source.name),
-                    "is required with api_key: Kinde's Management API takes an M2M \
-                     application's client id and secret (the secret is api_key)",
+                    "is required with api_key or api_key_secret_id: Kinde's Management API \
+                     takes an M2M application's client id and secret (the secret is the API key)",
                 ));
             }
             (kind, Some(_)) if kind != SourceKind::Kinde => {
@@ -202,9 +212,55 @@ pub fn parse_sources(raw: &str) -> Result<Vec<SourceConfig>, ConfigError> {
     Ok(sources)
 }
 
+/// Where a source's secrets are: each secret id non-empty, the API key in one place, and in
+/// a secret of its own — never the signing secret's, which the intake may read.
+fn check_secret_ids(source: &SourceConfig) -> Result<(), ConfigError> {
+    let at = |field: &str| format!("source '{}': {field}", source.name);
+    for (field, id) in [
+        ("secret_id", &source.secret_id),
+        ("api_key_secret_id", &source.api_key_secret_id),
+    ] {
+        if id.as_deref().is_some_and(|id| id.trim().is_empty()) {
+            return Err(ConfigError::at(
+                SOURCES_VAR,
+                at(field),
+                "is empty: name a Secrets Manager secret (ARN or name), or leave the field out",
+            ));
+        }
+    }
+    let Some(key_id) = &source.api_key_secret_id else {
+        return Ok(());
+    };
+    if source.api_key.is_some() {
+        return Err(ConfigError::at(
+            SOURCES_VAR,
+            at("api_key"),
+            "is given inline and in api_key_secret_id: the API key must be in one place \
+             (deployed: its secret; remove the inline api_key)",
+        ));
+    }
+    if source.secret_id.as_deref() == Some(key_id.as_str()) {
+        return Err(ConfigError::at(
+            SOURCES_VAR,
+            at("api_key_secret_id"),
+            "names the secret_id secret: the API key needs a secret of its own, \
+             {\"api_key\": \"...\"}, so that the intake may not read it",
+        ));
+    }
+    if source.kind == SourceKind::Kinde && source.secret_id.is_some() {
+        return Err(ConfigError::at(
+            SOURCES_VAR,
+            at("secret_id"),
+            "a Kinde source has no signing secret (it verifies with jwks_url): \
+             its M2M client secret's secret is api_key_secret_id alone",
+        ));
+    }
+    Ok(())
+}
+
 /// A JSON error without the value it quotes: a serde message can repeat the offending
 /// string, which in `INBOX_SOURCES` may be a secret. Field names are kept (they are not).
-fn value_free(error: &serde_json::Error, expected: &str) -> String {
+pub(crate) fn value_free(error: &serde_json::Error, expected: &str) -> String {
     let message = error.to_string();
     let what = if message.starts_with("unknown field") || message.starts_with("missing field") {
         message
@@ -718,6 +774,55 @@ mod tests {
         assert_eq!(
             error.to_string(),
             "INBOX_SOURCES: source 's': api_client_id: is a Kinde setting (the other providers' API keys are bearer tokens)"
+        );
+    }
+
+    #[test]
+    fn the_api_key_has_a_secret_of_its_own_and_one_place() {
+        let split = parse_sources(
+            r#"[{"name":"s","kind":"stripe","secret_id":"billing-inbox/stripe","api_key_secret_id":"billing-inbox/stripe-api-key"},
+                {"name":"k","kind":"kinde","jwks_url":"https://x.kinde.com/.well-known/jwks","api_client_id":"m2m","api_key_secret_id":"billing-inbox/kinde-api-key"}]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            split[0].api_key_secret_id.as_deref(),
+            Some("billing-inbox/stripe-api-key")
+        );
+        let cases = [
+            (
+                r#"[{"name":"s","kind":"stripe","secret_id":"a","api_key":"sk_inline_value","api_key_secret_id":"b"}]"#,
+                "INBOX_SOURCES: source 's': api_key: is given inline and in api_key_secret_id: the API key must be in one place (deployed: its secret; remove the inline api_key)",
+            ),
+            (
+                r#"[{"name":"s","kind":"stripe","secret_id":"same","api_key_secret_id":"same"}]"#,
+                r#"INBOX_SOURCES: source 's': api_key_secret_id: names the secret_id secret: the API key needs a secret of its own, {"api_key": "..."}, so that the intake may not read it"#,
+            ),
+            (
+                r#"[{"name":"s","kind":"stripe","secret_id":"a","api_key_secret_id":" "}]"#,
+                "INBOX_SOURCES: source 's': api_key_secret_id: is empty: name a Secrets Manager secret (ARN or name), or leave the field out",
+            ),
+            (
+                r#"[{"name":"s","kind":"stripe","secret_id":""}]"#,
+                "INBOX_SOURCES: source 's': secret_id: is empty: name a Secrets Manager secret (ARN or name), or leave the field out",
+            ),
+            (
+                r#"[{"name":"k","kind":"kinde","jwks_url":"https://x.kinde.com/.well-known/jwks","api_key_secret_id":"b"}]"#,
+                "INBOX_SOURCES: source 'k': api_client_id: is required with api_key or api_key_secret_id: Kinde's Management API takes an M2M application's client id and secret (the secret is the API key)",
+            ),
+            (
+                r#"[{"name":"k","kind":"kinde","jwks_url":"https://x.kinde.com/.well-known/jwks","api_client_id":"m2m","secret_id":"a","api_key_secret_id":"b"}]"#,
+                "INBOX_SOURCES: source 'k': secret_id: a Kinde source has no signing secret (it verifies with jwks_url): its M2M client secret's secret is api_key_secret_id alone",
+            ),
+        ];
+        for (raw, expected) in cases {
+            let error = parse_sources(raw).unwrap_err().to_string();
+            assert_eq!(error, expected, "{raw}");
+            assert!(!error.contains("sk_inline_value"), "{error}");
+        }
+        let shown = format!("{:?}", split[0]);
+        assert!(
+            shown.contains(r#"api_key_secret_id: Some("billing-inbox/stripe-api-key")"#),
+            "{shown}"
         );
     }
 

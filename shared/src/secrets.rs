@@ -1,10 +1,13 @@
-//! Sources' secrets from AWS Secrets Manager (docs/design.md §5.3): a source names its secret
-//! with `secret_id`, a JSON object `{"secrets": ["whsec_…"], "api_key": "…"}`, read once per
-//! cold start. Each function takes only what it uses: the intake the signing secrets, the
-//! scheduler and the worker the API key, which they read again on use, with a backoff, when
-//! the cold start's read failed (`ApiKeyRead`). A webhook sink of effects names its signing
-//! secret the same way (`{"secret": "whsec_…"}`, read by the dispatcher). Errors name the
-//! source or sink and the field, never a value.
+//! Sources' secrets from AWS Secrets Manager (docs/design.md §5.3): a source names its signing
+//! secrets' secret with `secret_id` (`{"secrets": ["whsec_…"]}`, read by the intake) and its
+//! API key's with `api_key_secret_id` (`{"api_key": "…"}`, read by the scheduler and the
+//! worker), each read once per cold start: two secrets, so that each function's role may read
+//! only what that function uses. The scheduler and the worker read the key again on use, with
+//! a backoff, when the cold start's read failed (`ApiKeyRead`). The combined layout of before
+//! (an `api_key` inside the `secret_id` secret, no `api_key_secret_id`) still works where the
+//! role may read it, with a warning at each cold start; a key in two places is refused. A
+//! webhook sink of effects names its signing secret the same way (`{"secret": "whsec_…"}`,
+//! read by the dispatcher). Errors name the source or sink and the field, never a value.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -17,18 +20,52 @@ use serde_json::{json, Value};
 
 use crate::api_keys::{KeyEntry, KeysConfig};
 use crate::config::{
-    ConfigError, SinkConfig, SourceConfig, API_KEYS_VAR, EFFECTS_VAR, SOURCES_VAR,
+    value_free, ConfigError, SinkConfig, SourceConfig, API_KEYS_VAR, EFFECTS_VAR, SOURCES_VAR,
 };
 use crate::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
-/// What a source's secret holds.
+/// What a source's `secret_id` secret holds: its signing secrets. An `api_key` beside them is
+/// the combined layout, still read (with a warning) by a function whose role may read it.
 #[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SourceSecret {
+struct SigningSecret {
     #[serde(default)]
     secrets: Vec<String>,
     #[serde(default)]
     api_key: Option<String>,
+}
+
+/// What a source's `api_key_secret_id` secret holds: the API key alone (Kinde: the M2M
+/// application's client secret).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeySecret {
+    api_key: String,
+}
+
+/// Which secret a source's API key is read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyIn {
+    /// `api_key_secret_id`: `{"api_key": "…"}`.
+    OwnSecret,
+    /// `secret_id`, the combined layout: `{"secrets": [...], "api_key": "…"}`.
+    SigningSecret,
+}
+
+impl KeyIn {
+    fn field(self) -> &'static str {
+        match self {
+            Self::OwnSecret => "api_key_secret_id",
+            Self::SigningSecret => "secret_id",
+        }
+    }
+}
+
+/// A source's secret that could not be read or parsed: the error to report, and whether this
+/// function's role was refused the read (`AccessDeniedException`).
+struct Failed {
+    error: ConfigError,
+    denied: bool,
 }
 
 /// Which parts of a secret a function takes.
@@ -64,6 +101,7 @@ pub struct ApiKeyRead {
     client: aws_sdk_secretsmanager::Client,
     source: String,
     secret_id: String,
+    key_in: KeyIn,
     function: &'static str,
     failures: AtomicU32,
     state: tokio::sync::Mutex<ReadState>,
@@ -79,7 +117,7 @@ impl fmt::Debug for ApiKeyRead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ApiKeyRead")
             .field("source", &self.source)
-            .field("secret_id", &self.secret_id)
+            .field(self.key_in.field(), &self.secret_id)
             .field("function", &self.function)
             .field("failures", &self.failures())
             .finish()
@@ -93,6 +131,7 @@ impl ApiKeyRead {
         client: aws_sdk_secretsmanager::Client,
         source: &SourceConfig,
         secret_id: &str,
+        key_in: KeyIn,
         function: &'static str,
         error: &str,
     ) -> Self {
@@ -100,6 +139,7 @@ impl ApiKeyRead {
             client,
             source: source.name.clone(),
             secret_id: secret_id.to_owned(),
+            key_in,
             function,
             failures: AtomicU32::new(0),
             state: tokio::sync::Mutex::new(ReadState {
@@ -135,20 +175,21 @@ impl ApiKeyRead {
         }
         let read = tokio::time::timeout(
             READ_BUDGET,
-            read(&self.client, &self.source, &self.secret_id),
+            read_key(&self.client, &self.source, &self.secret_id, self.key_in),
         )
         .await;
         let error = match read {
-            Ok(Ok(SourceSecret {
-                api_key: Some(key), ..
-            })) => {
+            Ok(Ok(Some(key))) => {
                 tracing::info!(source = %self.source, function = self.function,
                     failures = self.failures(), "a source's secret was read after failed reads; its API key is in use");
+                if self.key_in == KeyIn::SigningSecret {
+                    warn_combined(&self.source, &self.secret_id);
+                }
                 state.key = Some(key.clone());
                 return Ok(key);
             }
-            Ok(Ok(_)) => format!("the secret '{}' holds no api_key", self.secret_id),
-            Ok(Err(error)) => error.to_string(),
+            Ok(Ok(None)) => format!("the secret '{}' holds no api_key", self.secret_id),
+            Ok(Err(failed)) => failed.error.to_string(),
             Err(_) => format!(
                 "the secret '{}' was not read within {} s",
                 self.secret_id,
@@ -231,49 +272,55 @@ pub async fn client() -> aws_sdk_secretsmanager::Client {
 }
 
 /// The sources with what their secrets hold filled in, as `needs` says; inline values win.
-/// A secret that cannot be read or parsed is a configuration error naming the source. The
-/// intake cannot verify without its secrets, so it stops (`OnFailure::Stop`); the scheduler
-/// and the worker go on without that source's API key, and read the secret again when a read
-/// needs the key (`OnFailure::RetryOnUse`, the source's `api_key_read`).
+/// The intake (`Needs::Signing`) reads `secret_id` alone; the scheduler and the worker
+/// (`Needs::ApiKey`) read `api_key_secret_id`, or, for a source of the combined layout (no
+/// `api_key_secret_id`), `secret_id` for the `api_key` it may hold. A secret that cannot be
+/// read or parsed is a configuration error naming the source and the field. The intake cannot
+/// verify without its secrets, so it stops (`OnFailure::Stop`); the scheduler and the worker go
+/// on without that source's API key, and read the secret again when a read needs the key
+/// (`OnFailure::RetryOnUse`, the source's `api_key_read`). A key in two places is refused by
+/// the function that finds it, whatever `on_failure` says: it is the configuration's error.
 pub async fn resolve(
     sources: &[SourceConfig],
     needs: Needs,
     on_failure: OnFailure,
 ) -> Result<Vec<SourceConfig>, ConfigError> {
-    let client = match sources.iter().any(|s| s.secret_id.is_some()) {
+    let reads = |s: &SourceConfig| match needs {
+        Needs::Signing => s.secret_id.is_some(),
+        Needs::ApiKey => {
+            s.api_key.is_none() && (s.api_key_secret_id.is_some() || s.secret_id.is_some())
+        }
+    };
+    let client = match sources.iter().any(reads) {
         true => Some(client().await),
         false => None,
     };
+    resolve_sources(client.as_ref(), sources, needs, on_failure).await
+}
+
+/// [`resolve`] with the given client (a test's, pointed at a server that refuses a read).
+pub async fn resolve_with(
+    client: &aws_sdk_secretsmanager::Client,
+    sources: &[SourceConfig],
+    needs: Needs,
+    on_failure: OnFailure,
+) -> Result<Vec<SourceConfig>, ConfigError> {
+    resolve_sources(Some(client), sources, needs, on_failure).await
+}
+
+async fn resolve_sources(
+    client: Option<&aws_sdk_secretsmanager::Client>,
+    sources: &[SourceConfig],
+    needs: Needs,
+    on_failure: OnFailure,
+) -> Result<Vec<SourceConfig>, ConfigError> {
     let mut resolved = Vec::with_capacity(sources.len());
     for source in sources {
         let mut source = source.clone();
-        if let (Some(id), Some(client)) = (source.secret_id.clone(), &client) {
-            let secret = match (read(client, &source.name, &id).await, on_failure) {
-                (Ok(secret), _) => secret,
-                (Err(error), OnFailure::RetryOnUse(function))
-                    if needs == Needs::ApiKey && source.api_key.is_none() =>
-                {
-                    let read = ApiKeyRead::failed_at_start(
-                        client.clone(),
-                        &source,
-                        &id,
-                        function,
-                        &error.to_string(),
-                    );
-                    source.api_key_read = Some(Arc::new(read));
-                    SourceSecret::default()
-                }
-                (Err(error), OnFailure::RetryOnUse(_)) => {
-                    tracing::error!(error = %error, "a source's secret could not be read; going on without it");
-                    SourceSecret::default()
-                }
-                (Err(error), OnFailure::Stop) => return Err(error),
-            };
-            match needs {
-                Needs::Signing if source.secrets.is_empty() => source.secrets = secret.secrets,
-                Needs::ApiKey if source.api_key.is_none() => source.api_key = secret.api_key,
-                _ => {}
-            }
+        match (client, needs) {
+            (Some(client), Needs::Signing) => take_signing(client, &mut source, on_failure).await?,
+            (Some(client), Needs::ApiKey) => take_api_key(client, &mut source, on_failure).await?,
+            (None, _) => {}
         }
         // What this function does not use does not stay in its memory.
         match needs {
@@ -285,43 +332,192 @@ pub async fn resolve(
     Ok(resolved)
 }
 
-async fn read(
+/// The intake's read: the signing secrets from `secret_id`. An `api_key` beside them is the
+/// combined layout: dropped with a warning, or refused when the source has its key elsewhere.
+async fn take_signing(
+    client: &aws_sdk_secretsmanager::Client,
+    source: &mut SourceConfig,
+    on_failure: OnFailure,
+) -> Result<(), ConfigError> {
+    let Some(id) = source.secret_id.clone() else {
+        return Ok(());
+    };
+    let secret = match (read_signing(client, &source.name, &id).await, on_failure) {
+        (Ok(secret), _) => secret,
+        (Err(failed), OnFailure::Stop) => return Err(failed.error),
+        (Err(failed), OnFailure::RetryOnUse(_)) => {
+            tracing::error!(error = %failed.error, "a source's secret could not be read; going on without it");
+            return Ok(());
+        }
+    };
+    if secret.api_key.is_some() {
+        let elsewhere = match (&source.api_key, &source.api_key_secret_id) {
+            (Some(_), _) => Some("inline (api_key)"),
+            (None, Some(_)) => Some("in api_key_secret_id"),
+            (None, None) => None,
+        };
+        if let Some(elsewhere) = elsewhere {
+            return Err(ConfigError::at(
+                SOURCES_VAR,
+                format!("source '{}': secret_id", source.name),
+                format!(
+                    "the secret '{id}' holds an api_key, and the source has its API key \
+                     {elsewhere} too: a key is kept in one place; remove api_key from the \
+                     secret '{id}'"
+                ),
+            ));
+        }
+        warn_combined(&source.name, &id);
+    }
+    if source.secrets.is_empty() {
+        source.secrets = secret.secrets;
+    }
+    Ok(())
+}
+
+/// The scheduler's and the worker's read: the API key, from `api_key_secret_id`, else (the
+/// combined layout) from `secret_id`. Inline, it is not read at all.
+async fn take_api_key(
+    client: &aws_sdk_secretsmanager::Client,
+    source: &mut SourceConfig,
+    on_failure: OnFailure,
+) -> Result<(), ConfigError> {
+    if source.api_key.is_some() {
+        return Ok(());
+    }
+    let (id, key_in) = match (&source.api_key_secret_id, &source.secret_id) {
+        (Some(id), _) => (id.clone(), KeyIn::OwnSecret),
+        (None, Some(id)) => (id.clone(), KeyIn::SigningSecret),
+        (None, None) => return Ok(()),
+    };
+    match read_key(client, &source.name, &id, key_in).await {
+        Ok(key) => {
+            if key_in == KeyIn::SigningSecret && key.is_some() {
+                warn_combined(&source.name, &id);
+            }
+            source.api_key = key;
+        }
+        // The split layout's roles: this function may not read the signing secrets, so a
+        // source with no api_key_secret_id has no key here. Not a read to try again (it is
+        // what the template grants), but said, since a key still in that secret (a stack
+        // upgraded before its secrets were split) is then not used.
+        Err(failed) if key_in == KeyIn::SigningSecret && failed.denied => {
+            tracing::warn!(source = %source.name, secret_id = %id,
+                "no API key: the source has no api_key_secret_id, and this function may not \
+                 read its secret_id secret, so it makes no provider read for this source (no \
+                 reconciliation; ties settled by the status rank). If that secret holds the \
+                 API key, move the key to a secret of its own and name it with \
+                 api_key_secret_id (docs/deploy.md)");
+        }
+        Err(failed) => match on_failure {
+            OnFailure::Stop => return Err(failed.error),
+            OnFailure::RetryOnUse(function) => {
+                let read = ApiKeyRead::failed_at_start(
+                    client.clone(),
+                    source,
+                    &id,
+                    key_in,
+                    function,
+                    &failed.error.to_string(),
+                );
+                source.api_key_read = Some(Arc::new(read));
+            }
+        },
+    }
+    Ok(())
+}
+
+/// The one warning a source of the combined layout gets, from each function that reads it.
+fn warn_combined(source: &str, secret_id: &str) {
+    tracing::warn!(
+        source,
+        secret_id,
+        "the source's secret_id secret also holds its API key (the combined layout): create a \
+         secret of its own for the key, {{\"api_key\": \"...\"}}, name it with api_key_secret_id, \
+         and remove api_key from this one, so that IAM can keep the key from the intake \
+         (docs/deploy.md)"
+    );
+}
+
+/// A source's API key from the secret `id`: `None` when a combined secret holds none.
+async fn read_key(
     client: &aws_sdk_secretsmanager::Client,
     source: &str,
     id: &str,
-) -> Result<SourceSecret, ConfigError> {
-    let field = || format!("source '{source}': secret_id");
-    let answer = client
-        .get_secret_value()
-        .secret_id(id)
-        .send()
-        .await
-        .map_err(|e| {
-            use aws_sdk_secretsmanager::error::ProvideErrorMetadata;
-            let code = e.code().unwrap_or("no answer").to_owned();
-            ConfigError::at(
-                SOURCES_VAR,
-                field(),
-                format!("the secret '{id}' could not be read ({code})"),
-            )
-        })?;
-    let text = answer.secret_string().ok_or_else(|| {
-        ConfigError::at(
+    key_in: KeyIn,
+) -> Result<Option<String>, Failed> {
+    match key_in {
+        KeyIn::OwnSecret => read_key_secret(client, source, id).await.map(Some),
+        KeyIn::SigningSecret => Ok(read_signing(client, source, id).await?.api_key),
+    }
+}
+
+/// The `secret_id` secret: `{"secrets": [...]}` (an `api_key` beside them: the combined layout).
+async fn read_signing(
+    client: &aws_sdk_secretsmanager::Client,
+    source: &str,
+    id: &str,
+) -> Result<SigningSecret, Failed> {
+    let text = read_source_secret(client, source, KeyIn::SigningSecret, id).await?;
+    serde_json::from_str(&text).map_err(|e| Failed {
+        error: ConfigError::at(
             SOURCES_VAR,
-            field(),
-            format!("the secret '{id}' holds no text"),
-        )
-    })?;
-    serde_json::from_str(text).map_err(|e| {
-        ConfigError::at(
-            SOURCES_VAR,
-            field(),
+            format!("source '{source}': secret_id"),
             format!(
-                "the secret '{id}' is not {{\"secrets\": [...], \"api_key\": \"...\"}} (line {}, column {})",
+                "the secret '{id}' is not {{\"secrets\": [...]}} (line {}, column {})",
                 e.line(),
                 e.column()
             ),
-        )
+        ),
+        denied: false,
+    })
+}
+
+/// The `api_key_secret_id` secret: `{"api_key": "..."}` and nothing else. A bare string is
+/// refused rather than guessed at: one shape for every secret here, and a JSON typo is not
+/// taken for a key.
+async fn read_key_secret(
+    client: &aws_sdk_secretsmanager::Client,
+    source: &str,
+    id: &str,
+) -> Result<String, Failed> {
+    let text = read_source_secret(client, source, KeyIn::OwnSecret, id).await?;
+    let refused = |detail: String| Failed {
+        error: ConfigError::at(
+            SOURCES_VAR,
+            format!("source '{source}': api_key_secret_id"),
+            format!("the secret '{id}' {detail}"),
+        ),
+        denied: false,
+    };
+    if !text.trim_start().starts_with('{') {
+        return Err(refused(
+            "holds a bare string: store the key as JSON, {\"api_key\": \"...\"}".into(),
+        ));
+    }
+    let secret: KeySecret = serde_json::from_str(&text)
+        .map_err(|e| refused(format!("is {}", value_free(&e, "{\"api_key\": \"...\"}"))))?;
+    if secret.api_key.trim().is_empty() {
+        return Err(refused("holds an empty api_key".into()));
+    }
+    Ok(secret.api_key)
+}
+
+/// A source's secret's text; the error names the source, the field and the secret, and says
+/// whether the role was refused.
+async fn read_source_secret(
+    client: &aws_sdk_secretsmanager::Client,
+    source: &str,
+    key_in: KeyIn,
+    id: &str,
+) -> Result<String, Failed> {
+    fetch(client, id).await.map_err(|unread| Failed {
+        error: ConfigError::at(
+            SOURCES_VAR,
+            format!("source '{source}': {}", key_in.field()),
+            unread.detail,
+        ),
+        denied: unread.denied,
     })
 }
 
@@ -369,11 +565,14 @@ pub async fn resolve_sinks(sinks: &[SinkConfig]) -> Result<Vec<SinkConfig>, Conf
     Ok(resolved)
 }
 
-/// A secret's text; the error says why not, without any value.
-pub(crate) async fn read_text(
-    client: &aws_sdk_secretsmanager::Client,
-    id: &str,
-) -> Result<String, String> {
+/// Why a secret's text was not read: the detail names the secret and the error code, never a
+/// value; `denied` when the role may not read it.
+struct Unread {
+    detail: String,
+    denied: bool,
+}
+
+async fn fetch(client: &aws_sdk_secretsmanager::Client, id: &str) -> Result<String, Unread> {
     use aws_sdk_secretsmanager::error::ProvideErrorMetadata;
     let answer = client
         .get_secret_value()
@@ -382,12 +581,26 @@ pub(crate) async fn read_text(
         .await
         .map_err(|e| {
             let code = e.code().unwrap_or("no answer");
-            format!("the secret '{id}' could not be read ({code})")
+            Unread {
+                detail: format!("the secret '{id}' could not be read ({code})"),
+                denied: code == "AccessDeniedException",
+            }
         })?;
     answer
         .secret_string()
         .map(str::to_owned)
-        .ok_or_else(|| format!("the secret '{id}' holds no text"))
+        .ok_or_else(|| Unread {
+            detail: format!("the secret '{id}' holds no text"),
+            denied: false,
+        })
+}
+
+/// A secret's text; the error says why not, without any value.
+pub(crate) async fn read_text(
+    client: &aws_sdk_secretsmanager::Client,
+    id: &str,
+) -> Result<String, String> {
+    fetch(client, id).await.map_err(|unread| unread.detail)
 }
 
 /// The app API's keys (docs/design.md §12.2): the listed entries, or what the named secret
