@@ -15,6 +15,7 @@ mod intake;
 mod kinde_reconcile;
 mod model;
 mod order;
+mod pooler;
 mod reconcile;
 mod round_trips;
 mod scale;
