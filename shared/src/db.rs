@@ -354,3 +354,45 @@ impl<'p> Executor<'p> for Exec<&'p PgPool> {
         self.0.describe(sql)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// Every statement the functions run goes through [`super::exec`], or a transaction-mode
+    /// pooler meets a named statement (tests/api/pooler.rs runs the pipeline through one; this
+    /// catches a statement on a path it does not take): in each source file, as many
+    /// `sqlx::query…` as `(exec(`.
+    #[test]
+    fn every_statement_runs_on_exec() {
+        fn files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    files(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let mut paths = Vec::new();
+        files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut paths);
+        let mut counted = 0;
+        for path in paths {
+            if path.ends_with("db.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let statements = text.matches("sqlx::query").count();
+            let on_exec = text.matches("(exec(").count();
+            assert_eq!(
+                statements,
+                on_exec,
+                "{}: every sqlx::query… runs on shared::db::exec",
+                path.display()
+            );
+            counted += statements;
+        }
+        assert!(counted > 50, "the statements were found: {counted}");
+    }
+}
