@@ -376,7 +376,10 @@ mod tests {
             }
         }
         let mut paths = Vec::new();
-        files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut paths);
+        files(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut paths,
+        );
         let mut counted = 0;
         for path in paths {
             if path.ends_with("db.rs") {

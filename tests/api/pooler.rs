@@ -98,10 +98,18 @@ async fn prepared_statements_on_the_server_connections(database: &str) -> Vec<(i
 /// Runs the child test in a process of its own, on `database`, with `DATABASE_POOLER` set to
 /// `pooler`; its exit code and output.
 fn run_child(database: String, pooler: &str) -> (Option<i32>, String) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
-        .env(CHILD_DB, database)
-        .env(CHILD_POOLER, pooler)
+    run_test_as_child(CHILD_TEST, &[(CHILD_DB, &database), (CHILD_POOLER, pooler)])
+}
+
+/// Runs the test `test` of this binary in a process of its own, with `envs`: a process's
+/// `DATABASE_POOLER` is its own, as a function instance's is. Its exit code and output.
+pub(crate) fn run_test_as_child(test: &str, envs: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut child = Command::new(std::env::current_exe().unwrap());
+    child.args(["--exact", test, "--nocapture", "--test-threads=1"]);
+    for (var, value) in envs {
+        child.env(var, value);
+    }
+    let mut child = child
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
