@@ -216,9 +216,8 @@ where
         return conn.fetch_many(Unnamed(query)).try_collect().await;
     }
     let mut tx = conn.begin().await?;
-    let results = tx.fetch_many(Unnamed(query)).try_collect().await?;
-    tx.commit().await?;
-    Ok(results)
+    let results = tx.fetch_many(Unnamed(query)).try_collect().await;
+    settled(tx, results).await
 }
 
 /// `query`'s first row, unnamed, in the transaction `conn` is in, or in one of its own.
@@ -233,9 +232,28 @@ where
         return conn.fetch_optional(Unnamed(query)).await;
     }
     let mut tx = conn.begin().await?;
-    let row = tx.fetch_optional(Unnamed(query)).await?;
-    tx.commit().await?;
-    Ok(row)
+    let row = tx.fetch_optional(Unnamed(query)).await;
+    settled(tx, row).await
+}
+
+/// The statement's own transaction committed, or rolled back now when the statement failed:
+/// left to sqlx, the rollback would wait for the connection's next use, maybe the next
+/// invocation, and the pooler's server connection with it.
+async fn settled<T>(
+    tx: sqlx::Transaction<'_, Postgres>,
+    result: Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error> {
+    match result {
+        Ok(value) => {
+            tx.commit().await?;
+            Ok(value)
+        }
+        Err(error) => {
+            // The statement's error is the answer; a rollback that fails too adds nothing.
+            let _ = tx.rollback().await;
+            Err(error)
+        }
+    }
 }
 
 fn streamed<'e>(

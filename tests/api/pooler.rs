@@ -221,7 +221,7 @@ async fn the_pipeline_runs_through_the_pooler_naming_no_statement_when_run_as_a_
     )
     .unwrap();
 
-    let (accepted, refused, used, errors) = pipeline(direct, bouncer.clone()).await;
+    let (accepted, refused, used, errors) = pipeline(direct.clone(), bouncer.clone()).await;
     assert_eq!((accepted, refused, used), (50, 14, Some(500)));
     assert!(errors.is_empty(), "every scheduler step ran: {errors:?}");
 
@@ -236,6 +236,26 @@ async fn the_pipeline_runs_through_the_pooler_naming_no_statement_when_run_as_a_
             .unwrap();
     assert_eq!(bound, "10s");
     tx.rollback().await.unwrap();
+
+    // A statement that fails in the transaction of its own leaves no server connection in it:
+    // the pooler can hand that connection to the next client at once.
+    if config.pooler == Pooler::Transaction {
+        let failed = sqlx::query("SELECT 1 / 0")
+            .execute(shared::db::exec(&mut *conn))
+            .await;
+        assert!(failed.is_err());
+        let aborted: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND state = 'idle in transaction (aborted)'",
+        )
+        .fetch_one(&direct)
+        .await
+        .unwrap();
+        assert_eq!(
+            aborted, 0,
+            "the failed statement's transaction was rolled back"
+        );
+    }
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
