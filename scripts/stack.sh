@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# scripts/stack.sh: the local stack (Postgres 15, an SQS server, and moto for the other AWS
-# services), shared by scripts/dev, scripts/test and .ci/run.
+# scripts/stack.sh: the local stack (Postgres 15, an SQS server, moto for the other AWS
+# services, and PgBouncer in transaction mode in front of Postgres, as RDS Proxy would be),
+# shared by scripts/dev, scripts/test and .ci/run.
 #
 # Source it, then call the functions:
 #
@@ -9,7 +10,7 @@
 #   stack_sources_env [inboxctl]  # export INBOX_SOURCES, the dev sources (needs a built inboxctl)
 #   stack_effects_env  # effects on: INBOX_EFFECTS, a webhook sink at the local `inboxctl listen`
 #   ensure_services  # install what is missing, start what is not running
-#   stop_sqs; stop_aws; stop_postgres
+#   stop_sqs; stop_aws; stop_pgbouncer; stop_postgres
 #
 # Everything is idempotent: installing or starting something that is already
 # there is a no-op. State lives under $ROOT/.dev (git-ignored):
@@ -19,10 +20,13 @@
 #   .dev/sqs.log   SQS server log (local-aws-sqs),  .dev/sqs.pid  its pid
 #   .dev/sqs-server  its npm install (scripts/sqs-server, pinned by its package-lock.json)
 #   .dev/moto.log  moto log (Secrets Manager and the other AWS services),  .dev/moto.pid
+#   .dev/pgbouncer/  PgBouncer's configuration, log and pid file
 #
 # Ports: Postgres 127.0.0.1:${INBOX_PG_PORT:-61320},
 #        SQS      127.0.0.1:${INBOX_SQS_PORT:-61326} (AWS_ENDPOINT_URL_SQS),
-#        moto     127.0.0.1:${INBOX_AWS_PORT:-61324} (AWS_ENDPOINT_URL, every other service).
+#        moto     127.0.0.1:${INBOX_AWS_PORT:-61324} (AWS_ENDPOINT_URL, every other service),
+#        PgBouncer 127.0.0.1:${INBOX_PGBOUNCER_PORT:-61327} (transaction mode, 2 server
+#                 connections per database; tests/api/pooler.rs, docs/deploy.md "RDS Proxy").
 #
 # Functions return non-zero (with a message on stderr) on failure; they never
 # `exit`, so the file can also be sourced into an interactive shell. They work
@@ -36,6 +40,10 @@ source "$ROOT/scripts/tools.sh"
 STACK_PG_VERSION=15
 STACK_PG_BIN="/usr/lib/postgresql/${STACK_PG_VERSION}/bin"
 STACK_PG_DB=billing_inbox
+# Debian bookworm's PgBouncer: 1.18 keeps no prepared statement across server connections in
+# transaction mode (that came in 1.21), so a named statement fails through it, as it pins a
+# session on RDS Proxy: the proof that the functions name none with DATABASE_POOLER=transaction.
+STACK_PGBOUNCER_VERSION=1.18.0-1+deb12u1
 STACK_QUEUE_NAME=billing-inbox
 # the queue of effect ids, from the worker to the dispatcher
 STACK_EFFECTS_QUEUE_NAME=billing-inbox-effects
@@ -47,6 +55,7 @@ STACK_SQS_ACCOUNT=123456789012
 STACK_STARTED_PG=${STACK_STARTED_PG:-0}
 STACK_STARTED_SQS=${STACK_STARTED_SQS:-0}
 STACK_STARTED_AWS=${STACK_STARTED_AWS:-0}
+STACK_STARTED_PGBOUNCER=${STACK_STARTED_PGBOUNCER:-0}
 
 _STACK_APT_UPDATED=${_STACK_APT_UPDATED:-0}
 
@@ -61,7 +70,8 @@ stack_env() {
   : "${INBOX_PG_PORT:=61320}"
   : "${INBOX_SQS_PORT:=61326}"
   : "${INBOX_AWS_PORT:=61324}"
-  export INBOX_PG_PORT INBOX_SQS_PORT INBOX_AWS_PORT
+  : "${INBOX_PGBOUNCER_PORT:=61327}"
+  export INBOX_PG_PORT INBOX_SQS_PORT INBOX_AWS_PORT INBOX_PGBOUNCER_PORT
 
   # plain `psql` reaches the dev server too
   : "${PGHOST:=127.0.0.1}"
@@ -383,6 +393,94 @@ stop_postgres() {
     return 1
   }
   _stack_log "postgres: stopped"
+}
+
+# --- PgBouncer ---------------------------------------------------------------
+# A transaction-mode pooler in front of the local Postgres, as RDS Proxy stands in front of
+# the deployed one: each transaction may run on another of its (at most 2 per database)
+# server connections, and nothing resets a server connection between clients, so a named
+# prepared statement stays there to be seen (tests/api/pooler.rs).
+
+_STACK_PGB_DIR="$ROOT/.dev/pgbouncer"
+_STACK_PGB_BIN=/usr/sbin/pgbouncer
+
+# ensure_pgbouncer: install the pinned PgBouncer if it is missing, write its configuration,
+# start it on INBOX_PGBOUNCER_PORT unless it already runs there with it. Needs Postgres.
+ensure_pgbouncer() {
+  : "${INBOX_PG_PORT:=61320}"
+  : "${INBOX_PGBOUNCER_PORT:=61327}"
+  local port="$INBOX_PGBOUNCER_PORT" pidfile="$_STACK_PGB_DIR/pgbouncer.pid" pid i
+  if [ ! -x "$_STACK_PGB_BIN" ]; then
+    _stack_log "pgbouncer: not installed; installing pgbouncer=$STACK_PGBOUNCER_VERSION"
+    _stack_apt_install "pgbouncer=$STACK_PGBOUNCER_VERSION" || return 1
+  fi
+  mkdir -p "$_STACK_PGB_DIR" || return 1
+  # Every database of the local server, as the postgres user: loopback is trusted by
+  # Postgres (ensure_postgres), and so by PgBouncer, which still wants the user listed.
+  printf '"postgres" ""\n' >"$_STACK_PGB_DIR/userlist.txt" || return 1
+  cat >"$_STACK_PGB_DIR/pgbouncer.ini.new" <<EOF || return 1
+[databases]
+* = host=127.0.0.1 port=$INBOX_PG_PORT
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = trust
+auth_file = $_STACK_PGB_DIR/userlist.txt
+pool_mode = transaction
+default_pool_size = 2
+min_pool_size = 0
+reserve_pool_size = 0
+max_client_conn = 500
+server_round_robin = 0
+; sqlx sends it at startup; PgBouncer 1.18 refuses a startup parameter it does not track
+ignore_startup_parameters = extra_float_digits
+logfile = $_STACK_PGB_DIR/pgbouncer.log
+pidfile = $pidfile
+EOF
+  if [ "$(id -u)" = 0 ]; then
+    # PgBouncer refuses to run as root: it runs as postgres, which must write here.
+    chown -R postgres:postgres "$_STACK_PGB_DIR" || return 1
+  fi
+  pid="$(cat "$pidfile" 2>/dev/null || true)"
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = pgbouncer ]; then
+    if cmp -s "$_STACK_PGB_DIR/pgbouncer.ini.new" "$_STACK_PGB_DIR/pgbouncer.ini"; then
+      rm -f "$_STACK_PGB_DIR/pgbouncer.ini.new"
+      _stack_log "pgbouncer: already running on 127.0.0.1:$port"
+      return 0
+    fi
+    _stack_log "pgbouncer: its configuration changed; restarting it"
+    stop_pgbouncer || return 1
+  fi
+  mv "$_STACK_PGB_DIR/pgbouncer.ini.new" "$_STACK_PGB_DIR/pgbouncer.ini" || return 1
+  local isready=0
+  "$STACK_PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$port" -t 1 >/dev/null 2>&1 || isready=$?
+  if [ "$isready" = 0 ] || [ "$isready" = 1 ]; then
+    _stack_err "pgbouncer: something else answers on 127.0.0.1:$port; stop it or set INBOX_PGBOUNCER_PORT"
+    return 1
+  fi
+  _stack_log "pgbouncer: starting on 127.0.0.1:$port (transaction mode, log $_STACK_PGB_DIR/pgbouncer.log)"
+  _stack_as_pg "$_STACK_PGB_BIN" -d -q "$_STACK_PGB_DIR/pgbouncer.ini" || {
+    _stack_err "pgbouncer: failed to start; last lines of its log:"
+    tail -n 20 "$_STACK_PGB_DIR/pgbouncer.log" >&2
+    return 1
+  }
+  for i in $(seq 1 40); do
+    "$STACK_PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$port" -t 1 >/dev/null 2>&1 && break
+    if [ "$i" = 40 ]; then
+      _stack_err "pgbouncer: not accepting connections on 127.0.0.1:$port after 10 s (see $_STACK_PGB_DIR/pgbouncer.log)"
+      return 1
+    fi
+    sleep 0.25
+  done
+  STACK_STARTED_PGBOUNCER=1
+  _stack_log "pgbouncer: ready at postgres://postgres@127.0.0.1:$port/$STACK_PG_DB"
+}
+
+stop_pgbouncer() {
+  _stack_stop_pidfile "$_STACK_PGB_DIR/pgbouncer.pid" "pgbouncer .*$_STACK_PGB_DIR/pgbouncer\.ini" "pgbouncer" && return 0
+  _stack_log "pgbouncer: not running"
 }
 
 # --- SQS calls (either server) ------------------------------------------------
@@ -710,6 +808,7 @@ stop_dev_kinde() {
 
 ensure_services() {
   ensure_postgres || return 1
+  ensure_pgbouncer || return 1
   ensure_sqs || return 1
   ensure_aws || return 1
 }
@@ -718,5 +817,6 @@ stop_services() {
   stop_dev_kinde || true
   stop_sqs || return 1
   stop_aws || return 1
+  stop_pgbouncer || return 1
   stop_postgres || return 1
 }

@@ -285,13 +285,24 @@ async fn apply_to_account(
 /// the server then never hears of) would leave the event's row and its account locked until
 /// the server's TCP keepalive gave up, by default two hours later, and every claim of the
 /// event and every write to the account would wait on it.
-async fn begin(
+///
+/// Through a transaction-mode pooler the bound is set by a function, `inbox_bound_transaction`
+/// (migration 20261206100001), in the same round trip: RDS Proxy pins a session for its whole
+/// life when it sees a `SET` (or `set_config`), and does not look into the functions a
+/// statement calls; the setting is the transaction's alone, so nothing of it outlives it on
+/// the server connection the proxy hands on (docs/deploy.md, RDS Proxy).
+pub async fn begin(
     conn: &mut PgConnection,
 ) -> Result<sqlx::Transaction<'_, sqlx::Postgres>, sqlx::Error> {
-    conn.begin_with(BEGIN_BOUNDED).await
+    if crate::db::sends_unnamed_statements() {
+        conn.begin_with(BEGIN_BOUNDED_BY_FUNCTION).await
+    } else {
+        conn.begin_with(BEGIN_BOUNDED).await
+    }
 }
 
 const BEGIN_BOUNDED: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '10s'";
+const BEGIN_BOUNDED_BY_FUNCTION: &str = "BEGIN; SELECT inbox_bound_transaction()";
 
 /// What the event finished with, said once in the log.
 fn applied(event: &Claimed, status: EventStatus, reason: String, effects: Vec<String>) -> Applied {

@@ -4,6 +4,8 @@
 //! once per cold start into connection options, and read again once after the database
 //! refuses the login, so that a rotated password needs no redeploy. `DATABASE_CA_FILE` names
 //! the CA bundle that `verify-full` checks the server's certificate against.
+//! `DATABASE_POOLER=transaction` says a transaction-mode pooler (RDS Proxy) stands in between:
+//! no statement is then named ([`crate::db::exec`]).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -24,6 +26,7 @@ pub const CA_VAR: &str = "DATABASE_CA_FILE";
 pub const HOST_VAR: &str = "DATABASE_HOST";
 pub const PORT_VAR: &str = "DATABASE_PORT";
 pub const NAME_VAR: &str = "DATABASE_NAME";
+pub const POOLER_VAR: &str = "DATABASE_POOLER";
 
 /// How long one read of the database's secret may take: a connection attempt waits on it.
 const READ_BUDGET: Duration = Duration::from_secs(3);
@@ -60,6 +63,38 @@ pub struct DatabaseConfig {
     /// Where the database is when its secret does not say: the secret RDS manages for a
     /// master user holds only `username` and `password`.
     pub endpoint: Endpoint,
+    /// `DATABASE_POOLER`: what is between the functions and Postgres.
+    pub pooler: Pooler,
+}
+
+/// `DATABASE_POOLER`: `none` (the default) when the functions reach Postgres itself, or
+/// `transaction` through a pooler that may hand each transaction to another server
+/// connection: RDS Proxy, PgBouncer's `pool_mode = transaction` (docs/deploy.md, RDS Proxy).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Pooler {
+    /// Each statement is prepared once per connection under a name and cached: one round
+    /// trip each after the first.
+    #[default]
+    None,
+    /// No session state: every statement is unnamed (one round trip more each), and the
+    /// worker bounds its transactions through a function, not a `SET` (RDS Proxy pins a
+    /// session that runs `SET` or names a prepared statement).
+    Transaction,
+}
+
+impl Pooler {
+    fn parse(value: &str) -> Result<Self, ConfigError> {
+        match value {
+            "none" => Ok(Self::None),
+            "transaction" => Ok(Self::Transaction),
+            other => Err(ConfigError::new(
+                POOLER_VAR,
+                format!(
+                    "'{other}' is neither 'none' nor 'transaction' (RDS Proxy is 'transaction')"
+                ),
+            )),
+        }
+    }
 }
 
 /// `DATABASE_HOST`, `DATABASE_PORT`, `DATABASE_NAME`: what a JSON secret's `host`, `port`
@@ -121,10 +156,15 @@ impl DatabaseConfig {
             port,
             dbname: get(NAME_VAR),
         };
+        let pooler = get(POOLER_VAR)
+            .map(|value| Pooler::parse(&value))
+            .transpose()?
+            .unwrap_or_default();
         Ok(Self {
             source,
             ca_file,
             endpoint,
+            pooler,
         })
     }
 
@@ -134,6 +174,7 @@ impl DatabaseConfig {
             source: DatabaseSource::Url(url.into()),
             ca_file: None,
             endpoint: Endpoint::default(),
+            pooler: Pooler::None,
         }
     }
 }
@@ -275,6 +316,10 @@ impl Database {
             }
         };
         let options = with_tls(options, config.ca_file.as_deref())?;
+        if config.pooler == Pooler::Transaction {
+            // The process is one function instance: its every statement from now on.
+            crate::db::send_unnamed_statements();
+        }
         Ok(Arc::new(Self::with(config.clone(), client, options)))
     }
 
@@ -460,6 +505,26 @@ mod tests {
         assert_eq!(
             config(&[]).unwrap_err().to_string(),
             "DATABASE_SECRET_ID: is not set (nor DATABASE_URL): name the database's secret"
+        );
+    }
+
+    #[test]
+    fn the_pooler_is_none_unless_named() {
+        let url = (URL_VAR, "postgres://u:p@h/d");
+        assert_eq!(config(&[url]).unwrap().pooler, Pooler::None);
+        assert_eq!(
+            config(&[url, (POOLER_VAR, "none")]).unwrap().pooler,
+            Pooler::None
+        );
+        assert_eq!(
+            config(&[url, (POOLER_VAR, " transaction ")])
+                .unwrap()
+                .pooler,
+            Pooler::Transaction
+        );
+        assert_eq!(
+            config(&[url, (POOLER_VAR, "session")]).unwrap_err().to_string(),
+            "DATABASE_POOLER: 'session' is neither 'none' nor 'transaction' (RDS Proxy is 'transaction')"
         );
     }
 

@@ -1,11 +1,21 @@
-//! The Postgres pool, built once per cold start.
+//! The Postgres pool, built once per cold start, and how every statement of the functions is
+//! sent ([`exec`]): named and cached on a direct connection, unnamed through a
+//! transaction-mode pooler (`DATABASE_POOLER=transaction`, docs/design.md §5.3).
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgConnection, PgPool};
+use futures::future::BoxFuture;
+use futures::stream::{self, BoxStream};
+use futures::{StreamExt, TryStreamExt};
+use sqlx::postgres::{
+    PgArguments, PgConnectOptions, PgPoolOptions, PgQueryResult, PgRow, PgStatement, PgTypeInfo,
+};
+use sqlx::{
+    ConnectOptions, Connection, Describe, Either, Execute, Executor, PgConnection, PgPool, Postgres,
+};
 use tokio::sync::{Mutex, MutexGuard};
 
 use crate::database::Database;
@@ -134,5 +144,276 @@ impl HeldConnection<'_> {
     /// Forgets a connection found broken: the next `get` opens another.
     pub fn discard(&mut self) {
         *self.slot = None;
+    }
+}
+
+/// Set once at cold start when the functions reach Postgres through a transaction-mode pooler
+/// (`DATABASE_POOLER=transaction`): from then on no statement is named.
+static UNNAMED: AtomicBool = AtomicBool::new(false);
+
+/// From now on every statement [`exec`] runs is unnamed and inside a transaction. A named
+/// statement is session state: a transaction-mode pooler hands the client's next
+/// transaction to another server connection, where the name is unknown (PgBouncer before
+/// 1.21) or, on RDS Proxy, pins the client to one server connection for the rest of its
+/// session (docs/deploy.md, "RDS Proxy"). sqlx sends the unnamed statement in two round trips
+/// (Parse, Describe and Sync; then Bind, Execute and Sync), and outside a transaction the
+/// first Sync already ends it for the pooler, which may then run the Bind on another server
+/// connection: one that has no unnamed statement, or another client's. So a statement that
+/// is not in a transaction gets one of its own. The process is one function instance with
+/// one configuration, so the choice is the process's; it is never turned off.
+pub fn send_unnamed_statements() {
+    UNNAMED.store(true, Ordering::Relaxed);
+}
+
+/// Whether this process sends every statement unnamed ([`send_unnamed_statements`]).
+pub fn sends_unnamed_statements() -> bool {
+    UNNAMED.load(Ordering::Relaxed)
+}
+
+/// The executor every statement of the functions runs on: `executor` (a connection, or a
+/// pool) as it is on a direct connection, where each statement is prepared once per
+/// connection under a name, cached, and then costs one round trip; with
+/// [`send_unnamed_statements`], unnamed and inside a transaction (its own when there is none:
+/// `BEGIN`, two round trips for the statement, `COMMIT`), so that nothing of it outlives the
+/// transaction on the server connection.
+pub fn exec<E>(executor: E) -> Exec<E> {
+    Exec(executor)
+}
+
+/// See [`exec`].
+#[derive(Debug)]
+pub struct Exec<E>(E);
+
+/// A statement as given, but not persistent: sqlx sends it as the unnamed statement.
+struct Unnamed<Q>(Q);
+
+impl<'q, Q: Execute<'q, Postgres>> Execute<'q, Postgres> for Unnamed<Q> {
+    fn sql(&self) -> &'q str {
+        self.0.sql()
+    }
+
+    fn statement(&self) -> Option<&PgStatement<'q>> {
+        self.0.statement()
+    }
+
+    fn take_arguments(&mut self) -> Result<Option<PgArguments>, sqlx::error::BoxDynError> {
+        self.0.take_arguments()
+    }
+
+    fn persistent(&self) -> bool {
+        false
+    }
+}
+
+type Results = Vec<Either<PgQueryResult, PgRow>>;
+
+/// `query`, unnamed, in the transaction `conn` is in, or in one of its own.
+async fn all_unnamed<'q, Q>(conn: &mut PgConnection, query: Q) -> Result<Results, sqlx::Error>
+where
+    Q: 'q + Execute<'q, Postgres>,
+{
+    if conn.is_in_transaction() {
+        return conn.fetch_many(Unnamed(query)).try_collect().await;
+    }
+    let mut tx = conn.begin().await?;
+    let results = tx.fetch_many(Unnamed(query)).try_collect().await;
+    settled(tx, results).await
+}
+
+/// `query`'s first row, unnamed, in the transaction `conn` is in, or in one of its own.
+async fn optional_unnamed<'q, Q>(
+    conn: &mut PgConnection,
+    query: Q,
+) -> Result<Option<PgRow>, sqlx::Error>
+where
+    Q: 'q + Execute<'q, Postgres>,
+{
+    if conn.is_in_transaction() {
+        return conn.fetch_optional(Unnamed(query)).await;
+    }
+    let mut tx = conn.begin().await?;
+    let row = tx.fetch_optional(Unnamed(query)).await;
+    settled(tx, row).await
+}
+
+/// The statement's own transaction committed, or rolled back now when the statement failed:
+/// left to sqlx, the rollback would wait for the connection's next use, maybe the next
+/// invocation, and the pooler's server connection with it.
+async fn settled<T>(
+    tx: sqlx::Transaction<'_, Postgres>,
+    result: Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error> {
+    match result {
+        Ok(value) => {
+            tx.commit().await?;
+            Ok(value)
+        }
+        Err(error) => {
+            // The statement's error is the answer; a rollback that fails too adds nothing.
+            let _ = tx.rollback().await;
+            Err(error)
+        }
+    }
+}
+
+fn streamed<'e>(
+    results: impl std::future::Future<Output = Result<Results, sqlx::Error>> + Send + 'e,
+) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>> {
+    stream::once(results)
+        .map_ok(|results| stream::iter(results.into_iter().map(Ok)))
+        .try_flatten()
+        .boxed()
+}
+
+impl<'c> Executor<'c> for Exec<&'c mut PgConnection> {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, Q>(
+        self,
+        query: Q,
+    ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        Q: 'q + Execute<'q, Postgres>,
+    {
+        if !sends_unnamed_statements() {
+            return self.0.fetch_many(query);
+        }
+        streamed(all_unnamed(self.0, query))
+    }
+
+    fn fetch_optional<'e, 'q: 'e, Q>(
+        self,
+        query: Q,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        Q: 'q + Execute<'q, Postgres>,
+    {
+        if !sends_unnamed_statements() {
+            return self.0.fetch_optional(query);
+        }
+        Box::pin(optional_unnamed(self.0, query))
+    }
+
+    fn prepare_with<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement<'q>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        self.0.prepare_with(sql, parameters)
+    }
+
+    fn describe<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+    ) -> BoxFuture<'e, Result<Describe<Postgres>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        self.0.describe(sql)
+    }
+}
+
+impl<'p> Executor<'p> for Exec<&'p PgPool> {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, Q>(
+        self,
+        query: Q,
+    ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
+    where
+        'p: 'e,
+        Q: 'q + Execute<'q, Postgres>,
+    {
+        if !sends_unnamed_statements() {
+            return self.0.fetch_many(query);
+        }
+        let pool = self.0;
+        streamed(async move { all_unnamed(&mut *pool.acquire().await?, query).await })
+    }
+
+    fn fetch_optional<'e, 'q: 'e, Q>(
+        self,
+        query: Q,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        'p: 'e,
+        Q: 'q + Execute<'q, Postgres>,
+    {
+        if !sends_unnamed_statements() {
+            return self.0.fetch_optional(query);
+        }
+        let pool = self.0;
+        Box::pin(async move { optional_unnamed(&mut *pool.acquire().await?, query).await })
+    }
+
+    fn prepare_with<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement<'q>, sqlx::Error>>
+    where
+        'p: 'e,
+    {
+        self.0.prepare_with(sql, parameters)
+    }
+
+    fn describe<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+    ) -> BoxFuture<'e, Result<Describe<Postgres>, sqlx::Error>>
+    where
+        'p: 'e,
+    {
+        self.0.describe(sql)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// Every statement the functions run goes through [`super::exec`], or a transaction-mode
+    /// pooler meets a named statement (tests/api/pooler.rs runs the pipeline through one; this
+    /// catches a statement on a path it does not take): in each source file, as many
+    /// `sqlx::query…` as `(exec(`.
+    #[test]
+    fn every_statement_runs_on_exec() {
+        fn files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    files(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let mut paths = Vec::new();
+        files(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut paths,
+        );
+        let mut counted = 0;
+        for path in paths {
+            if path.ends_with("db.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let statements = text.matches("sqlx::query").count();
+            let on_exec = text.matches("(exec(").count();
+            assert_eq!(
+                statements,
+                on_exec,
+                "{}: every sqlx::query… runs on shared::db::exec",
+                path.display()
+            );
+            counted += statements;
+        }
+        assert!(counted > 50, "the statements were found: {counted}");
     }
 }

@@ -27,6 +27,7 @@ use sqlx::PgPool;
 
 use crate::billing::registers::{stored_plan, stored_subscription};
 use crate::config::SourceConfig;
+use crate::db::exec;
 use crate::domain::Verdict;
 use crate::inbox::enqueue_or_unmark;
 use crate::inbox::store::{store_verified, Origin};
@@ -210,7 +211,7 @@ async fn record(pool: &PgPool, r: &ReconcileReport) -> Result<(), sqlx::Error> {
         r.failed.len() as i32,
         r.skipped.len() as i32,
     )
-    .execute(pool)
+    .execute(exec(pool))
     .await?;
     Ok(())
 }
@@ -505,7 +506,7 @@ async fn failing_customers(
         MAX_READ_FAILURES,
         SKIPPED_FOR.as_secs_f64(),
     )
-    .fetch_all(pool)
+    .fetch_all(exec(pool))
     .await?;
     let mut failing = Failing {
         recorded: HashSet::new(),
@@ -540,7 +541,7 @@ async fn count_failure(
         customer,
         error,
     )
-    .fetch_one(pool)
+    .fetch_one(exec(pool))
     .await
 }
 
@@ -551,7 +552,7 @@ async fn forget_failures(pool: &PgPool, source: &str, customer: &str) -> Result<
         source,
         customer
     )
-    .execute(pool)
+    .execute(exec(pool))
     .await?;
     Ok(())
 }
@@ -577,7 +578,7 @@ pub async fn recent_customers(
         since,
         MAX_CUSTOMERS,
     )
-    .fetch_all(pool)
+    .fetch_all(exec(pool))
     .await
 }
 
@@ -595,7 +596,7 @@ impl Position {
             "SELECT cursor_at, window_end, page_after FROM reconcile_cursors WHERE source = $1",
             source
         )
-        .fetch_optional(pool)
+        .fetch_optional(exec(pool))
         .await?;
         Ok(match row {
             Some(row) => Self {
@@ -627,7 +628,7 @@ impl Position {
             self.window_end,
             self.after,
         )
-        .execute(pool)
+        .execute(exec(pool))
         .await?;
         Ok(())
     }

@@ -277,6 +277,7 @@ async fn verified(host: &str, ca: PathBuf) -> Result<bool, sqlx::Error> {
         source: DatabaseSource::Url(format!("postgres://postgres@{host}:{port}/postgres")),
         ca_file: Some(ca),
         endpoint: Default::default(),
+        pooler: Default::default(),
     };
     let held = Held::on(Database::open(&config).await.unwrap());
     let mut conn = held.lock().await;

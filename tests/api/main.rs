@@ -16,6 +16,7 @@ mod kinde_reconcile;
 mod migrate;
 mod model;
 mod order;
+mod pooler;
 mod reconcile;
 mod round_trips;
 mod scale;

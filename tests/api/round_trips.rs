@@ -848,3 +848,98 @@ async fn an_account_read_is_one_round_trip_and_a_debit_one_or_two_with_effects(p
     assert_eq!(debited.debit, Debit::UnknownCustomer);
     assert_eq!(trips.take(), 1, "no account: the snapshot says so");
 }
+
+/// The child of the test below: with `DATABASE_POOLER=transaction` (this process's alone),
+/// the round trips of an intake delivery, of a worker's batch and of an api read and debit.
+const UNNAMED_CHILD: &str =
+    "round_trips::unnamed_statements_cost_what_the_pooler_test_says_when_run_as_a_child";
+const UNNAMED_CHILD_DB: &str = "INBOX_ROUND_TRIPS_CHILD_DB";
+
+/// A no-op unless the test below runs it as its child.
+#[tokio::test]
+async fn unnamed_statements_cost_what_the_pooler_test_says_when_run_as_a_child() {
+    use crate::app_api::{api_state, call, debit, on_pro, APP_KEY};
+    let Ok(url) = std::env::var(UNNAMED_CHILD_DB) else {
+        return;
+    };
+    let config = shared::database::DatabaseConfig::read(|var| match var {
+        shared::database::URL_VAR => Some(url.clone()),
+        shared::database::POOLER_VAR => Some("transaction".into()),
+        _ => None,
+    })
+    .unwrap();
+    let database = shared::database::Database::open(&config).await.unwrap();
+    assert!(shared::db::sends_unnamed_statements());
+    let pool = database.pool(2);
+
+    // An autocommit statement: BEGIN, Parse/Describe/Sync, Bind/Execute/Sync, COMMIT.
+    let (app, trips) = app_through_proxy(&pool).await;
+    let t = Utc::now().timestamp();
+    for n in 0..=5 {
+        let delivery = stripe_delivery(&stripe_event(&format!("evt_un{n}"), "cus_un", t));
+        let (status, _) = app.post("stripe", &delivery).await;
+        assert_eq!(status, StatusCode::OK);
+        if n == 0 {
+            trips.take();
+        }
+    }
+    assert_eq!(
+        trips.take(),
+        5 * 4,
+        "four round trips per delivery, not one"
+    );
+
+    // The worker's batch of ignored events: pings (acquire, release), the claim, and each
+    // event's one statement, each in a transaction of its own.
+    let events: Vec<_> = (0..11)
+        .map(|n| {
+            let mut event = stripe_event(&format!("evt_ui{n}"), "cus_ui", t);
+            event["type"] = "invoice.created".into();
+            event["data"]["object"] = serde_json::json!({
+                "id": format!("in_ui{n}"), "object": "invoice", "customer": "cus_ui",
+                "status": "draft", "subscription": "sub_1"
+            });
+            event
+        })
+        .collect();
+    let (_, _, batch) = measured_batch(&pool, &events).await;
+    assert_eq!(batch, 2 + 4 + 10 * 4, "3 + 10 with named statements");
+
+    on_pro(&app, "kc_un").await;
+    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
+    let state = api_state(&through(&pool, port));
+    let path = "/v1/accounts/kinde/kc_un";
+    call(&state, "GET", path, Some(APP_KEY), &[], None).await;
+    trips.take();
+    let read = call(&state, "GET", path, Some(APP_KEY), &[], None).await;
+    assert_eq!(read.status, StatusCode::OK);
+    assert_eq!(trips.take(), 4, "a read: 1 with named statements");
+    let spent = debit(&state, "kc_un", "un-1", serde_json::json!({"amount": 2})).await;
+    assert_eq!(spent.status, StatusCode::OK);
+    assert_eq!(trips.take(), 4, "a debit: 1 with named statements");
+}
+
+/// What sending every statement unnamed, each in a transaction, costs on the wire
+/// (`DATABASE_POOLER=transaction`, docs/deploy.md "RDS Proxy"): counted through the same proxy
+/// as above, in a process of its own, since the setting is the process's.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn with_the_pooler_setting_an_autocommit_statement_is_four_round_trips(pool: PgPool) {
+    let db: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let options = pool.connect_options();
+    let url = format!(
+        "postgres://{}@{}:{}/{db}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port()
+    );
+    let (code, output) = tokio::task::spawn_blocking(move || {
+        crate::pooler::run_test_as_child(UNNAMED_CHILD, &[(UNNAMED_CHILD_DB, &url)])
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "the child's output:\n{output}");
+    assert!(output.contains("1 passed"), "{output}");
+}

@@ -9,6 +9,7 @@ use sqlx::PgConnection;
 
 use super::catalog::Catalog;
 use super::model::{status_entitles, AccountState, StateInputs};
+use crate::db::exec;
 use crate::domain::{CustomerId, Period};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,7 +107,7 @@ pub async fn snapshot(
         customer.as_str(),
         period.as_str(),
     )
-    .fetch_optional(conn)
+    .fetch_optional(exec(conn))
     .await?
     else {
         return Ok(None);
@@ -222,7 +223,7 @@ pub async fn load_with_log(
         source,
         customer
     )
-    .fetch_all(&mut *conn)
+    .fetch_all(exec(&mut *conn))
     .await?;
     // LIMIT NULL is no limit.
     let log: Vec<LogLine> = sqlx::query_as!(
@@ -237,7 +238,7 @@ pub async fn load_with_log(
         customer,
         log_lines
     )
-    .fetch_all(&mut *conn)
+    .fetch_all(exec(&mut *conn))
     .await?;
     let log_total = match log_lines {
         Some(lines) if log.len() as i64 >= lines => sqlx::query_scalar!(
@@ -245,7 +246,7 @@ pub async fn load_with_log(
             source,
             customer
         )
-        .fetch_one(&mut *conn)
+        .fetch_one(exec(&mut *conn))
         .await?,
         _ => log.len() as i64,
     };
@@ -305,7 +306,7 @@ pub async fn period_balance(
         customer,
         period
     )
-    .fetch_one(conn)
+    .fetch_one(exec(conn))
     .await?;
     Ok(balance)
 }
@@ -319,6 +320,6 @@ pub async fn account_sources(
         "SELECT source FROM accounts WHERE customer_id = $1 ORDER BY source",
         customer.as_str()
     )
-    .fetch_all(conn)
+    .fetch_all(exec(conn))
     .await
 }

@@ -14,6 +14,7 @@ use super::rules::{
     Held, HeldAccount, HeldIntent, HeldPayment, HeldPlan, HeldSubscription, LedgerEntry, Registers,
     Stamp,
 };
+use crate::db::exec;
 use crate::domain::{CustomerId, Period};
 
 /// Reads, in one statement, what the rules need to apply `effects` to the account: the
@@ -103,7 +104,7 @@ pub async fn read(
         &intents as &[&str],
         plan,
     )
-    .fetch_one(conn)
+    .fetch_one(exec(conn))
     .await?;
     let decode = |what: &str, value: Value| -> Result<Vec<Stored>, sqlx::Error> {
         serde_json::from_value(value)
@@ -248,7 +249,7 @@ pub async fn remember_link(
         payment_intent,
         invoice,
     )
-    .fetch_one(conn)
+    .fetch_one(exec(conn))
     .await
 }
 
@@ -263,7 +264,7 @@ pub async fn intent_customer(
         source,
         payment_intent
     )
-    .fetch_optional(conn)
+    .fetch_optional(exec(conn))
     .await?
     .flatten()
     .and_then(|c| CustomerId::parse(&c).ok()))
@@ -290,7 +291,7 @@ pub async fn stored_subscription(
         source,
         subscription_id
     )
-    .fetch_optional(conn)
+    .fetch_optional(exec(conn))
     .await?;
     Ok(row.map(|r| StoredSubscription {
         status: r.status,
@@ -324,6 +325,6 @@ pub async fn stored_plan(
         source,
         customer
     )
-    .fetch_optional(conn)
+    .fetch_optional(exec(conn))
     .await
 }

@@ -13,6 +13,7 @@ use sqlx::PgConnection;
 use super::account;
 use super::catalog::Catalog;
 use super::model::period_totals;
+use crate::db::exec;
 use crate::domain::{CustomerId, Period};
 use crate::effects::{self, Kind};
 
@@ -146,7 +147,7 @@ pub async fn debit(
         usage_id,
         effect,
     )
-    .fetch_one(conn)
+    .fetch_one(exec(conn))
     .await?;
     let missing = |what: &str| sqlx::Error::Decode(format!("inbox_debit: no {what}").into());
     let debit = match row.outcome.as_str() {
@@ -237,7 +238,7 @@ pub async fn list(
         after,
         limit,
     )
-    .fetch_optional(conn)
+    .fetch_optional(exec(conn))
     .await?;
     let Some(row) = row else {
         return Ok(None);

@@ -21,6 +21,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 
+use crate::db::exec;
 use crate::inbox::{retry_delay, MAX_ATTEMPTS, ROWS_PER_STEP, STUCK_AFTER};
 use crate::queue::Queue;
 
@@ -79,7 +80,7 @@ pub async fn marked_of_event(pool: &PgPool, event_id: i64) -> Result<Vec<String>
          ORDER BY sequence",
         event_id
     )
-    .fetch_all(pool)
+    .fetch_all(exec(pool))
     .await
 }
 
@@ -90,7 +91,7 @@ async fn unmark(pool: &PgPool, ids: &[String]) -> Result<(), sqlx::Error> {
         "UPDATE effects SET enqueued_at = NULL WHERE id = ANY($1) AND status = 'pending'",
         ids
     )
-    .execute(pool)
+    .execute(exec(pool))
     .await?;
     Ok(())
 }
@@ -131,7 +132,7 @@ pub async fn claim(
         lease.as_secs_f64(),
         MAX_ATTEMPTS,
     )
-    .fetch_optional(pool)
+    .fetch_optional(exec(pool))
     .await
 }
 
@@ -178,7 +179,7 @@ pub async fn record(
         delay.map(|d| d.as_secs_f64()).unwrap_or_default(),
         effect.attempts,
     )
-    .execute(pool)
+    .execute(exec(pool))
     .await?;
     Ok(status)
 }
@@ -196,7 +197,7 @@ pub async fn mark_lost(pool: &PgPool) -> anyhow::Result<Vec<String>> {
         "#,
         MAX_ATTEMPTS,
     )
-    .execute(pool)
+    .execute(exec(pool))
     .await
     .context("burying effects whose last attempt crashed")?;
     let mut ids = sqlx::query_scalar!(
@@ -218,7 +219,7 @@ pub async fn mark_lost(pool: &PgPool) -> anyhow::Result<Vec<String>> {
         ROWS_PER_STEP,
         STUCK_AFTER.as_secs_f64(),
     )
-    .fetch_all(pool)
+    .fetch_all(exec(pool))
     .await
     .context("picking effects to rescue")?;
     ids.sort_unstable();
@@ -273,7 +274,7 @@ pub async fn collect_alerts(pool: &PgPool) -> anyhow::Result<EffectAlerts> {
         "#,
         ROWS_PER_STEP,
     )
-    .fetch_all(pool)
+    .fetch_all(exec(pool))
     .await
     .context("collecting dead effects")?;
     for e in &dead {
@@ -293,7 +294,7 @@ pub async fn collect_alerts(pool: &PgPool) -> anyhow::Result<EffectAlerts> {
         "#,
         STUCK_ALERT_AFTER.as_secs_f64(),
     )
-    .fetch_one(pool)
+    .fetch_one(exec(pool))
     .await
     .context("counting pending and dead effects")?;
     if counts.stuck > 0 {
@@ -325,7 +326,7 @@ pub async fn replay(pool: &PgPool, queue: &Queue, ids: &[String]) -> anyhow::Res
         "#,
         ids,
     )
-    .fetch_all(pool)
+    .fetch_all(exec(pool))
     .await
     .context("replaying effects")?;
     let unsent = enqueue_or_unmark(pool, queue, &replayed).await?;
@@ -347,7 +348,7 @@ pub async fn ids_with_status(
         "SELECT id FROM effects WHERE status = $1 ORDER BY created_at, id",
         status.as_str()
     )
-    .fetch_all(pool)
+    .fetch_all(exec(pool))
     .await
 }
 
@@ -382,7 +383,7 @@ pub async fn list(
         status.map(EffectStatus::as_str),
         limit,
     )
-    .fetch_all(conn)
+    .fetch_all(exec(conn))
     .await
 }
 
@@ -421,6 +422,6 @@ pub async fn detail(
         "#,
         id,
     )
-    .fetch_optional(conn)
+    .fetch_optional(exec(conn))
     .await
 }

@@ -6,6 +6,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use super::ROWS_PER_STEP;
+use crate::db::exec;
 use crate::domain::EventStatus;
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -29,7 +30,7 @@ pub async fn collect_alerts(pool: &PgPool) -> anyhow::Result<Alerts> {
         "#,
         ROWS_PER_STEP,
     )
-    .fetch_all(pool)
+    .fetch_all(exec(pool))
     .await
     .context("collecting dead and unprocessable events")?;
     let mut alerts = Alerts::default();
@@ -59,7 +60,7 @@ pub async fn collect_alerts(pool: &PgPool) -> anyhow::Result<Alerts> {
         "#,
         ROWS_PER_STEP,
     )
-    .fetch_all(pool)
+    .fetch_all(exec(pool))
     .await
     .context("collecting conflicting deliveries")?;
     for c in conflicts {

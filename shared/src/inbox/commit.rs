@@ -14,6 +14,7 @@ use sqlx::PgConnection;
 use super::lease::Claimed;
 use crate::billing::model::{EventContext, SubscriptionEnds};
 use crate::billing::rules::{HeldIntent, Registers};
+use crate::db::exec;
 use crate::domain::{EventStatus, Period};
 use crate::effects::NewEffect;
 
@@ -309,7 +310,7 @@ pub async fn commit(
         &ends(|e| e.trial_end) as &[Option<DateTime<Utc>>],
         &ends(|e| e.ended_at) as &[Option<DateTime<Utc>>],
     )
-    .fetch_one(conn)
+    .fetch_one(exec(conn))
     .await;
     let row = match row {
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(REGISTER_MOVED) => {

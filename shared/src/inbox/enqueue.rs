@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Context};
 use sqlx::PgPool;
 
+use crate::db::exec;
 use crate::queue::Queue;
 
 /// How long clearing the marks of rows the queue refused may take, a connection included:
@@ -55,7 +56,7 @@ pub async fn unmark(pool: &PgPool, ids: &[i64]) -> Result<(), sqlx::Error> {
         "UPDATE inbox_events SET enqueued_at = NULL WHERE id = ANY($1)",
         ids
     )
-    .execute(pool)
+    .execute(exec(pool))
     .await?;
     Ok(())
 }

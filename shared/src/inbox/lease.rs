@@ -9,6 +9,7 @@ use sqlx::PgConnection;
 
 use super::{retry_delay, MAX_ATTEMPTS};
 use crate::billing::model::EventContext;
+use crate::db::exec;
 use crate::domain::{CustomerId, DedupeKey, EventStatus, ProviderTime};
 
 /// An event this worker holds under a lease, typed as it was stored.
@@ -70,7 +71,7 @@ pub async fn claim(
         lease.as_secs_f64(),
         MAX_ATTEMPTS,
     )
-    .fetch_all(conn)
+    .fetch_all(exec(conn))
     .await?;
     claimed.sort_by_key(|c| event_ids.iter().position(|id| *id == c.id));
     Ok(claimed)
@@ -98,7 +99,7 @@ pub async fn renew(
         &claims,
         lease.as_secs_f64(),
     )
-    .fetch_all(conn)
+    .fetch_all(exec(conn))
     .await
 }
 
@@ -110,7 +111,7 @@ pub async fn still_held(conn: &mut PgConnection, event: &Claimed) -> Result<bool
         event.id,
         event.claim
     )
-    .fetch_optional(conn)
+    .fetch_optional(exec(conn))
     .await?;
     Ok(held.is_some())
 }
@@ -141,7 +142,7 @@ pub async fn still_held_locking(
         event.source,
         customer.as_str(),
     )
-    .fetch_one(conn)
+    .fetch_one(exec(conn))
     .await?;
     Ok(held)
 }
@@ -191,7 +192,7 @@ pub async fn finish_held(
         account.map(|a| a.event_type),
         account.map(|a| a.version.at.as_datetime()),
     )
-    .fetch_one(conn)
+    .fetch_one(exec(conn))
     .await
 }
 
@@ -236,7 +237,7 @@ pub async fn record_failure(
             .map(|d| d.as_secs_f64()),
         event.claim,
     )
-    .execute(conn)
+    .execute(exec(conn))
     .await?;
     Ok((recorded.rows_affected() == 1).then_some(status))
 }

@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::db::exec;
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -47,7 +48,7 @@ pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> any
             retention.as_secs_f64(),
             PURGE_BATCH,
         )
-        .execute(pool)
+        .execute(exec(pool))
         .await
         .context("purging finished events")?
         .rows_affected())
@@ -75,7 +76,7 @@ pub async fn purge_effects(
             retention.as_secs_f64(),
             PURGE_BATCH,
         )
-        .execute(pool)
+        .execute(exec(pool))
         .await
         .context("purging sent effects")?
         .rows_affected())

@@ -7,6 +7,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::pending_names;
+use crate::db::exec;
 use crate::domain::EventStatus;
 
 #[derive(Debug, Clone, Serialize)]
@@ -47,7 +48,7 @@ pub async fn list_events(
         source,
         limit
     )
-    .fetch_all(conn)
+    .fetch_all(exec(conn))
     .await
 }
 
@@ -86,7 +87,7 @@ pub async fn event_detail(
         "#,
         id
     )
-    .fetch_optional(&mut *conn)
+    .fetch_optional(exec(&mut *conn))
     .await?
     else {
         return Ok(None);
@@ -97,7 +98,7 @@ pub async fn event_detail(
            WHERE event_id = $1 ORDER BY id"#,
         id
     )
-    .fetch_all(&mut *conn)
+    .fetch_all(exec(&mut *conn))
     .await?;
     Ok(Some(EventDetail {
         summary: EventSummary {
@@ -139,7 +140,7 @@ pub async fn backlog(conn: &mut PgConnection) -> Result<Backlog, sqlx::Error> {
         r#"SELECT status, count(*) AS "count!" FROM inbox_events WHERE status = ANY($1) GROUP BY status"#,
         &watched[..] as &[&str],
     )
-    .fetch_all(&mut *conn)
+    .fetch_all(exec(&mut *conn))
     .await?
     .into_iter()
     .map(|r| (r.status, r.count))
@@ -151,7 +152,7 @@ pub async fn backlog(conn: &mut PgConnection) -> Result<Backlog, sqlx::Error> {
         "#,
         &pending_names()[..] as &[&str],
     )
-    .fetch_one(&mut *conn)
+    .fetch_one(exec(&mut *conn))
     .await?;
     Ok(Backlog {
         by_status,
@@ -184,7 +185,7 @@ pub async fn source_silence(
         "#,
         sources,
     )
-    .fetch_all(&mut *conn)
+    .fetch_all(exec(&mut *conn))
     .await?;
     Ok(rows
         .into_iter()
@@ -216,7 +217,7 @@ pub async fn stats(conn: &mut PgConnection) -> Result<Stats, sqlx::Error> {
     let mut backlog = backlog(&mut *conn).await?;
     backlog.by_status =
         sqlx::query!(r#"SELECT status, count(*) AS "count!" FROM inbox_events GROUP BY status"#)
-            .fetch_all(&mut *conn)
+            .fetch_all(exec(&mut *conn))
             .await?
             .into_iter()
             .map(|r| (r.status, r.count))
@@ -233,7 +234,7 @@ pub async fn stats(conn: &mut PgConnection) -> Result<Stats, sqlx::Error> {
         FROM inbox_events
         "#,
     )
-    .fetch_one(&mut *conn)
+    .fetch_one(exec(&mut *conn))
     .await?;
     Ok(Stats {
         backlog,

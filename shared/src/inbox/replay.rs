@@ -5,6 +5,7 @@ use anyhow::Context;
 use sqlx::PgPool;
 
 use super::{enqueue_or_unmark, ROWS_PER_STEP};
+use crate::db::exec;
 use crate::domain::EventStatus;
 use crate::queue::Queue;
 
@@ -22,7 +23,7 @@ pub async fn replay(pool: &PgPool, queue: &Queue, ids: &[i64]) -> anyhow::Result
         "#,
         ids,
     )
-    .fetch_all(pool)
+    .fetch_all(exec(pool))
     .await
     .context("resetting events for replay")?;
     // What the queue refused stays `received` and unmarked: the next rescue sends it.
@@ -46,7 +47,7 @@ pub async fn ids_with_status(
         source,
         ROWS_PER_STEP,
     )
-    .fetch_all(pool)
+    .fetch_all(exec(pool))
     .await
     .context("listing events by status")
 }

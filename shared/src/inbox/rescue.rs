@@ -8,6 +8,7 @@ use anyhow::Context;
 use sqlx::PgPool;
 
 use super::{enqueue_or_unmark, MAX_ATTEMPTS, NEVER_ENQUEUED_AFTER, ROWS_PER_STEP, STUCK_AFTER};
+use crate::db::exec;
 use crate::queue::Queue;
 
 /// Re-enqueues the rows the queue lost, within the run's time: [`mark_lost`], then
@@ -21,7 +22,7 @@ pub async fn rescue(pool: &PgPool, queue: &Queue, deadline: Instant) -> anyhow::
             "UPDATE inbox_events SET enqueued_at = NULL WHERE id = ANY($1) AND status = 'processing' RETURNING id",
         )
         .bind(&ids)
-        .fetch_all(pool)
+        .fetch_all(exec(pool))
         .await?;
         ids.retain(|id| !leases.contains(id));
     }
@@ -52,7 +53,7 @@ pub async fn mark_lost(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
         "#,
         MAX_ATTEMPTS,
     )
-    .execute(pool)
+    .execute(exec(pool))
     .await
     .context("burying events whose last attempt crashed")?
     .rows_affected();
@@ -92,7 +93,7 @@ pub async fn mark_lost(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
         STUCK_AFTER.as_secs_f64(),
         MAX_ATTEMPTS,
     )
-    .fetch_all(pool)
+    .fetch_all(exec(pool))
     .await
     .context("picking rows to rescue")?;
     let mut ids = ids;

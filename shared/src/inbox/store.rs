@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use sqlx::{PgConnection, PgPool};
 use tokio::time::{timeout_at, Instant};
 
+use crate::db::exec;
 use crate::domain::{CustomerId, DedupeKey, EventStatus, ProviderTime, Verdict, VerifiedEvent};
 
 /// One verified delivery, ready to store.
@@ -178,7 +179,7 @@ pub async fn store_delivery(
         super::STUCK_AFTER.as_secs_f64(),
         d.attempt,
     )
-    .fetch_one(conn)
+    .fetch_one(exec(conn))
     .await?;
     Ok(Stored {
         event_id: row.event_id,
@@ -209,7 +210,7 @@ async fn stored_by_attempt(
         d.dedupe_key.as_str(),
         attempt,
     )
-    .fetch_optional(conn)
+    .fetch_optional(exec(conn))
     .await?;
     Ok(row.map(|row| Stored {
         event_id: row.id,
