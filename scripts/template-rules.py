@@ -185,6 +185,8 @@ EVERYTHING = {
     "DatabaseCaLayerArn": "arn:aws:lambda:eu-west-1:123456789012:layer:rds-ca:3",
     "VpcId": "vpc-0123456789abcdef0",
     "RouteTableIds": "rtb-0123456789abcdef0",
+    "DatabasePooler": "transaction",
+    "DatabaseMigrationHost": "billing.cluster-c0ffee.eu-west-1.rds.amazonaws.com",
     "Sources": '[{"name":"stripe","kind":"stripe","secret_id":"billing-inbox/stripe",'
     '"api_key_secret_id":"billing-inbox/stripe-api-key"},'
     '{"name":"polar","kind":"standard-webhooks","secret_encoding":"raw","secret_id":"billing-inbox/polar"}]',
@@ -253,6 +255,10 @@ BAD = {
     "a route table given by name": (
         {**EVERYTHING, "RouteTableIds": "private"},
         "RouteTableIds:",
+    ),
+    "create mode told of a pooler of its own": (
+        {**CREATED, "DatabasePooler": "transaction"},
+        "rule CreateModeMakesItsOwn:",
     ),
     "an unknown database mode": (
         {**REQUIRED, "DatabaseMode": "serverless"},
