@@ -35,7 +35,7 @@ struct Cli {
     /// Print machine-readable JSON instead of text.
     #[arg(long, global = true)]
     json: bool,
-    /// Postgres connection string.
+    /// Postgres connection string (without it: the secret DATABASE_SECRET_ID names).
     #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
     #[command(subcommand)]
@@ -227,15 +227,26 @@ pub(crate) fn emit(line: &str) {
     }
 }
 
+/// The database: `DATABASE_URL` (or `--database-url`), or, as a deployed stack's functions
+/// find it, the secret `DATABASE_SECRET_ID` names with `DATABASE_HOST`/`PORT`/`NAME` and
+/// `DATABASE_CA_FILE` beside it (docs/deploy.md, *Operating a deployed stack*): an operator's
+/// shell needs only AWS credentials and a route to the database, never the password.
 async fn connect(cli: &Cli) -> anyhow::Result<PgPool> {
-    let url = cli
-        .database_url
-        .as_deref()
-        .context("DATABASE_URL is not set (or pass --database-url)")?;
+    if let Some(url) = cli.database_url.as_deref() {
+        return shared::db::pool_options(2)
+            .connect(url)
+            .await
+            .context("connecting to DATABASE_URL");
+    }
+    if std::env::var_os(shared::database::SECRET_VAR).is_none() {
+        anyhow::bail!("DATABASE_URL is not set (or pass --database-url, or set DATABASE_SECRET_ID to the database's secret)");
+    }
+    let config = shared::database::DatabaseConfig::read(|var| std::env::var(var).ok())?;
+    let database = shared::database::Database::open(&config).await?;
     shared::db::pool_options(2)
-        .connect(url)
+        .connect_with(database.options())
         .await
-        .context("connecting to DATABASE_URL")
+        .context("connecting to the database DATABASE_SECRET_ID names")
 }
 
 async fn migrate(pool: &PgPool, json_output: bool) -> anyhow::Result<()> {

@@ -411,3 +411,38 @@ async fn a_scheduler_whose_password_was_rotated_connects_on_its_next_run(pool: P
     assert!(next.errors.is_empty(), "{:?}", next.errors);
     assert_eq!(scheduler.database.as_ref().unwrap().generation(), 1);
 }
+
+/// An operator's inboxctl finds the database as the functions do: the secret RDS manages
+/// (username and password alone) with the endpoint beside it, no URL, no password in the
+/// environment; a secret that does not let it in is named, never its password.
+#[sqlx::test]
+async fn inboxctl_reads_the_database_secret_as_the_functions_do(pool: PgPool) {
+    let role = password_role(&pool, AWKWARD).await;
+    let id = create_secret(&json!({"username": role, "password": AWKWARD}).to_string()).await;
+    let mut command = crate::cli::inboxctl();
+    command
+        .env("DATABASE_SECRET_ID", &id)
+        .env("DATABASE_HOST", "127.0.0.1")
+        .env("DATABASE_PORT", port(&pool).to_string())
+        .env("DATABASE_NAME", database_name(&pool))
+        .args(["--json", "stats"]);
+    let (output, stdout, stderr) = crate::cli::run(&mut command);
+    assert!(output.status.success(), "{stderr}");
+    let stats: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(stats.is_object(), "{stdout}");
+
+    let wrong = create_secret(&json!({"username": role, "password": "not-it"}).to_string()).await;
+    let (output, stdout, stderr) = crate::cli::run(command.env("DATABASE_SECRET_ID", &wrong));
+    let said = format!("{stdout}{stderr}");
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    assert!(said.contains("DATABASE_SECRET_ID"), "{said}");
+    assert!(!said.contains("not-it"), "{said}");
+
+    let (output, _, stderr) = crate::cli::run(
+        crate::cli::inboxctl()
+            .env_remove("DATABASE_SECRET_ID")
+            .args(["stats"]),
+    );
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("DATABASE_SECRET_ID"), "{stderr}");
+}
