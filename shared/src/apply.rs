@@ -24,6 +24,10 @@ use crate::inbox::lease::{self, Claimed};
 use crate::providers::{self, Api, Reads, Shown};
 use crate::sim::{self, Bug, Injected, Point};
 
+mod thin;
+use thin::Carried;
+pub use thin::thin_without_api_key_metric;
+
 /// What applying an event needs of the worker: its sources, the plan catalog, whether
 /// effects are written (docs/design.md §11), and the accounts it found contended lately.
 pub struct Applier<'a> {
@@ -114,6 +118,8 @@ pub enum ApplyError {
     TieMoved,
     #[error("the account, or a subscription or payment another customer's event wrote, moved during the write; retrying")]
     Moved,
+    #[error("the thin event's object could not be fetched: {0}")]
+    Fetch(String),
     #[error(transparent)]
     Injected(#[from] Injected),
 }
@@ -130,6 +136,9 @@ pub struct Applied {
 /// the account's registers, the register rules, and one statement that writes it all if the
 /// account has not moved meanwhile — else again under the account's lock (docs/design.md
 /// §8); for one its rules ignore outright, or any other, one statement that finishes it.
+///
+/// A thin event (docs/design.md §6.2) is applied as the read of its object: fetched and stored
+/// as an event of its own by its first attempt, found again by every later one.
 pub async fn apply_claimed(
     applier: &Applier<'_>,
     conn: &mut PgConnection,
@@ -139,6 +148,30 @@ pub async fn apply_claimed(
         .sources
         .get(&event.source)
         .ok_or_else(|| ApplyError::UnknownSource(event.source.clone()))?;
+    match thin::carried(conn, event, source).await? {
+        Carried::NotThin => apply_event(applier, conn, event, source).await,
+        Carried::Finish(status, reason) => {
+            sim::fallible_point(Point::WorkerDecided, event.id).await?;
+            if !lease::finish_held(conn, event, status, &reason, None).await? {
+                return Err(ApplyError::LeaseLost);
+            }
+            Ok(applied(event, status, reason, Vec::new()))
+        }
+        Carried::Read { view, read_id } => {
+            let done = apply_event(applier, conn, &view, source).await?;
+            thin::finish_read(conn, read_id, event.id).await;
+            Ok(done)
+        }
+    }
+}
+
+/// An event as stored (or a thin event's read, under the thin event's lease).
+async fn apply_event(
+    applier: &Applier<'_>,
+    conn: &mut PgConnection,
+    event: &Claimed,
+    source: &WorkerSource,
+) -> Result<Applied, ApplyError> {
     let provider = providers::provider(source.kind);
     let decision = match (&event.payload, event.occurred_at) {
         (Some(payload), Some(_)) => match provider.out_of_scope(payload, source.livemode) {

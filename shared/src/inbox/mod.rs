@@ -16,6 +16,8 @@
 //! - [`enqueue_or_unmark`]: the send that follows a mark, and the unmark when it fails;
 //! - [`rescue`]: what the queue lost (never enqueued, stuck, expired leases, due retries),
 //!   and rows whose worker died on the last attempt;
+//! - [`thin`]: a thin event's read of its object, stored as an event and finished once the
+//!   thin event applied it;
 //! - [`alerts`], [`purge`], [`replay`]; [`read`]: what operators read.
 
 pub mod alerts;
@@ -27,6 +29,7 @@ pub mod read;
 pub mod replay;
 pub mod rescue;
 pub mod store;
+pub mod thin;
 
 use std::time::Duration;
 

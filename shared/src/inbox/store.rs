@@ -468,6 +468,19 @@ pub async fn store_verified_held(
     }
 }
 
+/// [`store_verified`] on a connection the caller holds (the worker's, storing a thin event's
+/// read).
+pub async fn store_verified_on(
+    conn: &mut PgConnection,
+    source: &str,
+    body: &[u8],
+    verified: &VerifiedEvent,
+    origin: Origin<'_>,
+) -> Result<Stored, StoreError> {
+    let prepared = Prepared::new(source, body, verified, origin);
+    store_or_refuse(conn, &prepared.delivery()).await
+}
+
 /// The statement, and the bare record when the database refuses the parsed event.
 async fn store_or_refuse(
     conn: &mut PgConnection,

@@ -365,6 +365,18 @@ pub trait Reads: Send + Sync {
     ) -> BoxFuture<'a, anyhow::Result<Option<String>>> {
         Box::pin(std::future::ready(Ok(None)))
     }
+
+    /// A thin event's related object, `GET path` as the event's context names (Stripe,
+    /// docs/design.md §6.2); `None` when the provider no longer has it (404).
+    fn related_object<'a>(
+        &'a self,
+        _thin: &'a stripe::thin::ThinEvent,
+        _path: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
+        Box::pin(std::future::ready(Err(anyhow::anyhow!(
+            "this provider's API has no thin events"
+        ))))
+    }
 }
 
 /// An event read back from a provider's API, parsed as a delivery of it would be.

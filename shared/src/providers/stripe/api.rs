@@ -176,4 +176,12 @@ impl Reads for StripeReads {
     ) -> BoxFuture<'a, anyhow::Result<Option<String>>> {
         Box::pin(self.read_invoice_of(customer, payment_intent))
     }
+
+    fn related_object<'a>(
+        &'a self,
+        thin: &'a super::thin::ThinEvent,
+        path: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
+        Box::pin(super::thin::fetch_related(&self.api, thin, path))
+    }
 }

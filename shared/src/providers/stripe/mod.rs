@@ -6,6 +6,7 @@ mod api;
 mod decide;
 #[cfg(any(test, feature = "dev"))]
 pub mod fixtures;
+pub mod thin;
 mod verify;
 
 use std::time::Duration;

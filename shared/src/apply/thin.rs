@@ -1,0 +1,169 @@
+//! A thin event in the worker (docs/design.md §6.2): what it stands for, decided before any
+//! register is read. Its first attempt fetches its related object with the source's API key
+//! and stores the read as a snapshot event of its own, whose time is the read's; that attempt
+//! and every later one (a retry, a replay) apply the stored read under the thin event's
+//! lease, so a replay re-applies what was read, never reads again, and the billing state
+//! stays a function of stored events. A thin event whose snapshot twin is stored is carried
+//! by the twin.
+
+use chrono::Utc;
+use serde_json::{json, Value};
+use sqlx::PgConnection;
+
+use super::{ApplyError, WorkerSource};
+use crate::domain::{DedupeKey, EventStatus, SourceKind};
+use crate::inbox::lease::Claimed;
+use crate::inbox::thin::{self as stored, StoredEvent};
+use crate::providers::stripe::thin::{related_path, ThinEvent};
+use crate::providers::{self};
+
+/// What a claimed event is, as far as thin events go.
+pub(super) enum Carried {
+    /// Not a thin event: applied as stored.
+    NotThin,
+    /// A thin event decided without its object: finished with this status and reason.
+    Finish(EventStatus, String),
+    /// A thin event applied as its read (`view`: the read's type, payload, customer, time and
+    /// key under the thin event's id and lease); `read_id` is the read's own row.
+    Read { view: Claimed, read_id: i64 },
+}
+
+/// What the thin event `event` stands for; its object fetched and stored when no attempt has
+/// yet. A fetch that fails fails the attempt (the event's own retry schedule); a 404 is
+/// decided: the object is gone, and a deletion, if there was one, has its own event.
+pub(super) async fn carried(
+    conn: &mut PgConnection,
+    event: &Claimed,
+    source: &WorkerSource,
+) -> Result<Carried, ApplyError> {
+    let Some(thin) = thin_event(event, source) else {
+        return Ok(Carried::NotThin);
+    };
+    let finish = |status, reason: String| Ok(Carried::Finish(status, reason));
+    let payload = event.payload.as_ref().unwrap_or(&Value::Null);
+    if let Some(reason) = providers::provider(source.kind).out_of_scope(payload, source.livemode) {
+        return finish(EventStatus::Ignored, reason);
+    }
+    // The words an unknown snapshot type gets (`billing::model::not_billing`).
+    let Some(_) = thin.snapshot_type else {
+        return finish(
+            EventStatus::Ignored,
+            format!("event type {} is not a billing event", thin.event_type),
+        );
+    };
+    let Some(read_key) = thin.read_key() else {
+        return finish(EventStatus::Unprocessable, "the thin event has no id".into());
+    };
+    if let Some(read) = stored::find(conn, &event.source, &read_key).await? {
+        return Ok(view(event, read));
+    }
+    // During a migration from snapshot to thin events both destinations run, and Stripe's
+    // guide keys the work by `snapshot_event`: the twin stored, it carries the change, and no
+    // read is made. A twin that comes later is older than the read and changes nothing.
+    if let Some(twin) = thin.snapshot_event.as_deref() {
+        let found = match DedupeKey::parse(twin) {
+            Ok(key) => stored::find(conn, &event.source, &key).await?,
+            Err(_) => None,
+        };
+        if let Some(found) = found {
+            return finish(
+                EventStatus::Ignored,
+                format!("its snapshot event {twin} (event {}) carries the change", found.id),
+            );
+        }
+    }
+    let Some(url) = thin.url.as_deref() else {
+        return finish(
+            EventStatus::Unprocessable,
+            "the thin event names no related_object.url".into(),
+        );
+    };
+    let Some(path) = related_path(url) else {
+        return finish(
+            EventStatus::Unprocessable,
+            format!("related_object.url '{url}' is not a Stripe API v1 object path"),
+        );
+    };
+    let Some(reads) = &source.reads else {
+        println!("{}", thin_without_api_key_metric(&event.source, Utc::now()));
+        return finish(
+            EventStatus::Unprocessable,
+            format!(
+                "source '{}' needs an API key (api_key or api_key_secret_id) to fetch a thin event's object ({url})",
+                event.source
+            ),
+        );
+    };
+    let read_at = Utc::now();
+    let object = match reads.related_object(&thin, path).await {
+        Ok(Some(object)) => object,
+        Ok(None) => {
+            return finish(
+                EventStatus::Ignored,
+                format!("the object no longer exists at the provider (GET {path} answered 404)"),
+            )
+        }
+        Err(e) => return Err(ApplyError::Fetch(format!("{e:#}"))),
+    };
+    let Some(fetched) = thin.snapshot(&object, read_at) else {
+        return finish(
+            EventStatus::Unprocessable,
+            "the thin event's read could not be written as an event".into(),
+        );
+    };
+    stored::store_read(conn, &event.source, &fetched.body, &fetched.event)
+        .await
+        .map_err(|e| ApplyError::Fetch(format!("storing the read: {e}")))?;
+    match stored::find(conn, &event.source, &read_key).await? {
+        Some(read) => Ok(view(event, read)),
+        None => Err(ApplyError::Fetch("the stored read is not found".into())),
+    }
+}
+
+/// The thin event a claimed event of a source is, if it is one.
+fn thin_event(event: &Claimed, source: &WorkerSource) -> Option<ThinEvent> {
+    if source.kind != SourceKind::Stripe {
+        return None;
+    }
+    ThinEvent::read(event.payload.as_ref()?)
+}
+
+/// The read, applied under the thin event's id and lease: its version (time, key) is the
+/// read's, so the read's own row, applied later or replayed, finds the work done.
+fn view(event: &Claimed, read: StoredEvent) -> Carried {
+    Carried::Read {
+        read_id: read.id,
+        view: Claimed {
+            id: event.id,
+            source: event.source.clone(),
+            dedupe_key: read.dedupe_key,
+            event_type: read.event_type,
+            payload: read.payload,
+            customer: read.customer,
+            occurred_at: read.occurred_at,
+            attempts: event.attempts,
+            claim: event.claim,
+        },
+    }
+}
+
+/// Finishes the read's own row once the thin event applied it. A failure leaves it pending:
+/// the rescue sends it, and it applies as a replay would, finding its work done.
+pub(super) async fn finish_read(conn: &mut PgConnection, read_id: i64, thin_id: i64) {
+    if let Err(e) = stored::finish_read(conn, read_id, thin_id).await {
+        tracing::warn!(read_id, thin_id, error = %e, "could not finish a thin event's read");
+    }
+}
+
+/// The Embedded Metric Format line for a thin event that cannot be applied because its source
+/// has no API key to fetch its object with: `ThinEventsWithoutApiKey` by `Stack` and `Source`.
+pub fn thin_without_api_key_metric(source: &str, now: chrono::DateTime<Utc>) -> Value {
+    let mut line = crate::metrics::document(
+        now,
+        &[&["Source"]],
+        &[("ThinEventsWithoutApiKey", "Count")],
+    );
+    line["Source"] = json!(source);
+    line["ThinEventsWithoutApiKey"] = json!(1);
+    line
+}

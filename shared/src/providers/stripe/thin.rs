@@ -1,0 +1,199 @@
+//! Stripe's thin events (`"object": "v2.core.event"`): a notification that names the object
+//! that changed (`related_object` `{id, type, url}`) and carries none of it; a `v1.*` type is
+//! the thin twin of the snapshot type without the prefix (`v1.customer.subscription.updated`),
+//! GA for API v1 resources from 2026-09-30.endive. The worker fetches the object
+//! (`GET related_object.url`, with the event's `context` as the account to read as) and stores
+//! what it read as a snapshot event of its own (docs/design.md §6.2).
+
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+
+use super::decide::HANDLED_TYPES;
+use super::parse_event;
+use crate::domain::DedupeKey;
+use crate::providers::{path_id, Api, Fetched};
+
+/// The API version the fetched objects are read in: the one `decide` reads in both
+/// generations' shapes, and the one the worker's other reads pin (`api.rs`).
+pub const FETCH_VERSION: &str = "2025-03-31.basil";
+
+/// The prefix of the thin twins of API v1 snapshot types.
+const V1_PREFIX: &str = "v1.";
+
+/// What a thin event says, read from its stored payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThinEvent {
+    pub id: String,
+    /// The thin type, as sent (`v1.customer.subscription.updated`).
+    pub event_type: String,
+    /// The snapshot type it stands for, when `decide` gives that type a meaning.
+    pub snapshot_type: Option<&'static str>,
+    /// `related_object.url`, when the event names an object.
+    pub url: Option<String>,
+    /// The account the object lives in (`acct_…` for a connected account), when not the
+    /// platform's own.
+    pub context: Option<String>,
+    /// The id of the snapshot event Stripe sent for the same change to a snapshot destination
+    /// (during a migration from snapshot to thin both run).
+    pub snapshot_event: Option<String>,
+    pub livemode: Option<bool>,
+}
+
+impl ThinEvent {
+    /// The payload as a thin event; `None` for anything else (a snapshot event).
+    pub fn read(payload: &Value) -> Option<Self> {
+        if payload.get("object").and_then(Value::as_str) != Some("v2.core.event") {
+            return None;
+        }
+        let text = |p: &str| {
+            payload
+                .pointer(p)
+                .and_then(Value::as_str)
+                .filter(|s| !s.trim().is_empty())
+                .map(str::to_owned)
+        };
+        let event_type = text("/type").unwrap_or_default();
+        let snapshot_type = event_type
+            .strip_prefix(V1_PREFIX)
+            .and_then(|t| HANDLED_TYPES.iter().copied().find(|h| *h == t));
+        Some(Self {
+            id: text("/id").unwrap_or_default(),
+            event_type,
+            snapshot_type,
+            url: text("/related_object/url"),
+            context: text("/context"),
+            snapshot_event: text("/snapshot_event"),
+            livemode: payload.get("livemode").and_then(Value::as_bool),
+        })
+    }
+
+    /// The dedupe key of the read this event's object is stored as: one per thin event, so a
+    /// retry or a replay finds the read instead of reading again.
+    pub fn read_key(&self) -> Option<DedupeKey> {
+        DedupeKey::parse(&format!("read:{}", self.id)).ok()
+    }
+
+    /// The object as read, stored as the snapshot event of the thin event's type: its time is
+    /// the read's, in whole seconds as Stripe's `created` is (a change made later in the same
+    /// second ties with it, and the tie's provider read settles it: a finer time would let the
+    /// read win over that change), its id [`Self::read_key`], and a connected account's read
+    /// names the `account` as a Connect endpoint's snapshot event does.
+    pub fn snapshot(&self, object: &Value, read_at: DateTime<Utc>) -> Option<Fetched> {
+        let key = self.read_key()?;
+        let mut event = json!({
+            "id": key.as_str(),
+            "object": "event",
+            "api_version": FETCH_VERSION,
+            "created": read_at.timestamp(),
+            "livemode": self.livemode,
+            "type": self.snapshot_type?,
+            "data": {"object": object},
+            "thin_event": self.id,
+        });
+        if let Some(account) = self.account() {
+            event["account"] = json!(account);
+        }
+        let body = serde_json::to_vec(&event).ok()?;
+        let event = parse_event(&body, read_at);
+        Some(Fetched { body, event })
+    }
+
+    /// The connected account the context names: a context of one `acct_…` segment. A
+    /// deeper context (an organization's account path) is sent as `Stripe-Context` only.
+    pub fn account(&self) -> Option<&str> {
+        self.context
+            .as_deref()
+            .filter(|c| c.starts_with("acct_") && !c.contains('/'))
+    }
+}
+
+/// The path `related_object.url` names, if it is one of Stripe's v1 object paths: relative,
+/// `/v1/` and id-like segments, and no query. Anything else is refused rather than sent (the
+/// key goes only to the configured API, and only for an object read).
+pub fn related_path(url: &str) -> Option<&str> {
+    let rest = url.strip_prefix("/v1/")?;
+    let fine = !rest.is_empty() && rest.split('/').all(|segment| path_id(segment).is_ok());
+    fine.then_some(url)
+}
+
+/// `GET {path}` as Stripe's SDKs fetch a thin event's related object: the key, the pinned
+/// `Stripe-Version`, the event's context (`Stripe-Account` for a connected account,
+/// `Stripe-Context` for any other), and `Stripe-Request-Trigger: event=…`. `None`: 404, the
+/// object no longer exists.
+pub async fn fetch_related(
+    api: &Api,
+    thin: &ThinEvent,
+    path: &str,
+) -> anyhow::Result<Option<Value>> {
+    let trigger = format!("event={}", thin.id);
+    let mut headers = vec![
+        ("Stripe-Version", FETCH_VERSION),
+        ("Stripe-Request-Trigger", trigger.as_str()),
+    ];
+    match (thin.account(), thin.context.as_deref()) {
+        (Some(account), _) => headers.push(("Stripe-Account", account)),
+        (None, Some(context)) => headers.push(("Stripe-Context", context)),
+        (None, None) => {}
+    }
+    api.get_found(path, &[], &headers).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thin(event_type: &str) -> Value {
+        json!({
+            "id": "evt_test_65R1", "object": "v2.core.event", "type": event_type,
+            "livemode": false, "created": "2026-10-01T12:00:00.123Z", "context": "acct_1Conn",
+            "related_object": {"id": "sub_1", "type": "subscription", "url": "/v1/subscriptions/sub_1"},
+            "snapshot_event": "evt_1Snap"
+        })
+    }
+
+    #[test]
+    fn a_v1_thin_event_names_its_snapshot_type_object_and_account() {
+        let event = ThinEvent::read(&thin("v1.customer.subscription.updated")).unwrap();
+        assert_eq!(event.snapshot_type, Some("customer.subscription.updated"));
+        assert_eq!(event.url.as_deref(), Some("/v1/subscriptions/sub_1"));
+        assert_eq!(event.account(), Some("acct_1Conn"));
+        assert_eq!(event.snapshot_event.as_deref(), Some("evt_1Snap"));
+        assert_eq!(event.read_key().unwrap().as_str(), "read:evt_test_65R1");
+    }
+
+    #[test]
+    fn unknown_and_v2_types_name_no_snapshot_type_and_snapshots_are_not_thin() {
+        for t in ["v1.billing.meter.no_meter_found", "v2.core.account.updated", "customer.subscription.updated"] {
+            assert_eq!(ThinEvent::read(&thin(t)).unwrap().snapshot_type, None, "{t}");
+        }
+        assert_eq!(ThinEvent::read(&json!({"object": "event", "type": "invoice.paid"})), None);
+    }
+
+    #[test]
+    fn only_v1_object_paths_are_fetched() {
+        assert_eq!(related_path("/v1/subscriptions/sub_1"), Some("/v1/subscriptions/sub_1"));
+        for bad in [
+            "https://evil.example/v1/subscriptions/sub_1",
+            "/v1/subscriptions/sub_1?expand[]=x",
+            "/v1/../v2/x",
+            "/v2/core/accounts/acct_1",
+            "/v1/",
+        ] {
+            assert_eq!(related_path(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_read_is_a_snapshot_event_at_the_reads_time_of_the_connected_account() {
+        let event = ThinEvent::read(&thin("v1.customer.subscription.updated")).unwrap();
+        let at = DateTime::parse_from_rfc3339("2026-10-01T12:00:05.250001Z").unwrap().to_utc();
+        let object = json!({"id": "sub_1", "object": "subscription", "customer": "cus_1", "status": "active"});
+        let fetched = event.snapshot(&object, at).unwrap();
+        let meta = fetched.event.meta.as_ref().unwrap();
+        assert_eq!(fetched.event.dedupe_key.as_str(), "read:evt_test_65R1");
+        assert_eq!(meta.event_type, "customer.subscription.updated");
+        assert_eq!(meta.customer.as_ref().unwrap().as_str(), "acct_1Conn/cus_1");
+        assert_eq!(meta.occurred_at.as_datetime().timestamp(), at.timestamp());
+        assert_eq!(meta.occurred_at.as_datetime().timestamp_subsec_micros(), 0);
+    }
+}
