@@ -25,8 +25,8 @@ use crate::providers::{self, Api, Reads, Shown};
 use crate::sim::{self, Bug, Injected, Point};
 
 mod thin;
-use thin::Carried;
 pub use thin::thin_without_api_key_metric;
+use thin::Carried;
 
 /// What applying an event needs of the worker: its sources, the plan catalog, whether
 /// effects are written (docs/design.md §11), and the accounts it found contended lately.

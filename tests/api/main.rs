@@ -25,6 +25,7 @@ mod scheduler;
 mod secrets;
 mod sim;
 mod sqs_calls;
+mod thin;
 mod traffic;
 mod usage;
 mod worker_faults;

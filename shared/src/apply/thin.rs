@@ -52,7 +52,10 @@ pub(super) async fn carried(
         );
     };
     let Some(read_key) = thin.read_key() else {
-        return finish(EventStatus::Unprocessable, "the thin event has no id".into());
+        return finish(
+            EventStatus::Unprocessable,
+            "the thin event has no id".into(),
+        );
     };
     if let Some(read) = stored::find(conn, &event.source, &read_key).await? {
         return Ok(view(event, read));
@@ -68,7 +71,10 @@ pub(super) async fn carried(
         if let Some(found) = found {
             return finish(
                 EventStatus::Ignored,
-                format!("its snapshot event {twin} (event {}) carries the change", found.id),
+                format!(
+                    "its snapshot event {twin} (event {}) carries the change",
+                    found.id
+                ),
             );
         }
     }
@@ -158,11 +164,8 @@ pub(super) async fn finish_read(conn: &mut PgConnection, read_id: i64, thin_id: 
 /// The Embedded Metric Format line for a thin event that cannot be applied because its source
 /// has no API key to fetch its object with: `ThinEventsWithoutApiKey` by `Stack` and `Source`.
 pub fn thin_without_api_key_metric(source: &str, now: chrono::DateTime<Utc>) -> Value {
-    let mut line = crate::metrics::document(
-        now,
-        &[&["Source"]],
-        &[("ThinEventsWithoutApiKey", "Count")],
-    );
+    let mut line =
+        crate::metrics::document(now, &[&["Source"]], &[("ThinEventsWithoutApiKey", "Count")]);
     line["Source"] = json!(source);
     line["ThinEventsWithoutApiKey"] = json!(1);
     line

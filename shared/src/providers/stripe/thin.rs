@@ -163,15 +163,29 @@ mod tests {
 
     #[test]
     fn unknown_and_v2_types_name_no_snapshot_type_and_snapshots_are_not_thin() {
-        for t in ["v1.billing.meter.no_meter_found", "v2.core.account.updated", "customer.subscription.updated"] {
-            assert_eq!(ThinEvent::read(&thin(t)).unwrap().snapshot_type, None, "{t}");
+        for t in [
+            "v1.billing.meter.no_meter_found",
+            "v2.core.account.updated",
+            "customer.subscription.updated",
+        ] {
+            assert_eq!(
+                ThinEvent::read(&thin(t)).unwrap().snapshot_type,
+                None,
+                "{t}"
+            );
         }
-        assert_eq!(ThinEvent::read(&json!({"object": "event", "type": "invoice.paid"})), None);
+        assert_eq!(
+            ThinEvent::read(&json!({"object": "event", "type": "invoice.paid"})),
+            None
+        );
     }
 
     #[test]
     fn only_v1_object_paths_are_fetched() {
-        assert_eq!(related_path("/v1/subscriptions/sub_1"), Some("/v1/subscriptions/sub_1"));
+        assert_eq!(
+            related_path("/v1/subscriptions/sub_1"),
+            Some("/v1/subscriptions/sub_1")
+        );
         for bad in [
             "https://evil.example/v1/subscriptions/sub_1",
             "/v1/subscriptions/sub_1?expand[]=x",
@@ -186,7 +200,9 @@ mod tests {
     #[test]
     fn the_read_is_a_snapshot_event_at_the_reads_time_of_the_connected_account() {
         let event = ThinEvent::read(&thin("v1.customer.subscription.updated")).unwrap();
-        let at = DateTime::parse_from_rfc3339("2026-10-01T12:00:05.250001Z").unwrap().to_utc();
+        let at = DateTime::parse_from_rfc3339("2026-10-01T12:00:05.250001Z")
+            .unwrap()
+            .to_utc();
         let object = json!({"id": "sub_1", "object": "subscription", "customer": "cus_1", "status": "active"});
         let fetched = event.snapshot(&object, at).unwrap();
         let meta = fetched.event.meta.as_ref().unwrap();

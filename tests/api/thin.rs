@@ -1,0 +1,360 @@
+//! Stripe's thin events (docs/design.md §6.2): signed and stored on arrival like any
+//! delivery, then applied by the worker as the read of their related object, fetched from a
+//! fake Stripe API (wiremock) with the source's key. The payloads and the objects are the
+//! corpus files in `testdata/providers/stripe/thin/` (sources in `testdata/providers/README.md`).
+
+use serde_json::{json, Value};
+use shared::handlers::worker::{process_event, Processed};
+use sqlx::PgPool;
+use wiremock::matchers::{header, method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::corpus::{corpus, CORPUS_PLANS};
+use crate::helpers::*;
+use crate::traffic::with_stripe_api;
+
+const SUB: &str = "sub_1ThinSub0000001";
+const CUSTOMER: &str = "cus_ThinCust00001";
+
+/// The thin events of the corpus, in file order (created, updated, deleted).
+fn thin_events() -> Vec<Value> {
+    corpus("stripe/thin").into_iter().map(|(_, v)| v).collect()
+}
+
+/// A corpus file under `stripe/thin/objects/`: a fetched object or a snapshot twin.
+fn object(name: &str) -> Value {
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata/providers/stripe/thin/objects")
+        .join(format!("{name}.json"));
+    serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
+}
+
+/// A test app knowing the corpus's plans, its worker reading Stripe at a fresh fake API.
+async fn app_with_api(pool: PgPool) -> (TestApp, MockServer) {
+    let mut app = TestApp::spawn(pool).await;
+    app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
+    let api = MockServer::start().await;
+    with_stripe_api(&mut app.worker, &api);
+    (app, api)
+}
+
+/// The fake API shows the subscription as `name` (a file of `objects/`) from now on.
+async fn shows(api: &MockServer, name: &str) {
+    api.reset().await;
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/subscriptions/{SUB}")))
+        .and(header("Stripe-Version", "2025-03-31.basil"))
+        .and(header("Authorization", "Bearer sk_test_reads"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(object(name)))
+        .mount(api)
+        .await;
+}
+
+async fn deliver(app: &TestApp, event: &Value) {
+    let (status, body) = app.post("stripe", &stripe_delivery(event)).await;
+    assert_eq!(status, http::StatusCode::OK, "{body}");
+    app.run_worker().await;
+}
+
+async fn status_of(app: &TestApp, dedupe_key: &str) -> EventRow {
+    app.event(app.event_id("stripe", dedupe_key).await).await
+}
+
+/// The period of now: a read's time is its own, so its grant falls in the current month.
+fn period() -> String {
+    chrono::Utc::now().format("%Y-%m").to_string()
+}
+
+/// The requests the fake API served for the thin event `id` (Stripe's SDKs name the event in
+/// `Stripe-Request-Trigger`); a same-second tie between two reads adds the tie's own read.
+async fn reads_for(api: &MockServer, id: &str) -> usize {
+    let trigger = format!("event={id}");
+    api.received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            r.headers
+                .get("Stripe-Request-Trigger")
+                .map(|v| v.as_bytes())
+                == Some(trigger.as_bytes())
+        })
+        .count()
+}
+
+fn id_of(event: &Value) -> &str {
+    event["id"].as_str().unwrap()
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn thin_events_take_a_subscription_through_its_life_as_snapshots_do(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    let events = thin_events();
+    let steps = [
+        ("subscription.incomplete", "incomplete", "free"),
+        ("subscription.active", "active", "pro"),
+        ("subscription.canceled", "canceled", "free"),
+    ];
+    for (event, (shown, status, plan)) in events.iter().zip(steps) {
+        shows(&api, shown).await;
+        deliver(&app, event).await;
+        let thin = status_of(&app, id_of(event)).await;
+        assert_eq!(thin.status, "applied", "{:?}", thin.reason);
+        assert_eq!(thin.event_type, event["type"].as_str().unwrap());
+        let read = status_of(&app, &format!("read:{}", id_of(event))).await;
+        assert_eq!(
+            read.status, "applied",
+            "the read is finished with its thin event"
+        );
+        assert_eq!(read.customer_key.as_deref(), Some(CUSTOMER));
+        let account = app.account("stripe", CUSTOMER, &period()).await;
+        assert_eq!(account.subscriptions[0].status, status);
+        assert_eq!(account.plan, plan);
+        assert_eq!(
+            reads_for(&api, id_of(event)).await,
+            1,
+            "one read per thin event"
+        );
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_unknown_thin_type_is_stored_under_its_id_and_ignored(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    let event = json!({
+        "id": "evt_test_65TcZz0v2AccountUpd16T2Kfo4Q8lSA4GfMwNYbNqcAcC",
+        "object": "v2.core.event", "type": "v2.core.account.updated", "livemode": false,
+        "created": "2026-10-01T12:00:00.000Z", "context": null,
+        "related_object": {"id": "acct_1Thin", "type": "v2.core.account", "url": "/v2/core/accounts/acct_1Thin"}
+    });
+    deliver(&app, &event).await;
+    let row = status_of(&app, id_of(&event)).await;
+    assert_eq!(row.dedupe_key, id_of(&event));
+    assert_eq!(row.status, "ignored");
+    assert_eq!(
+        row.reason.as_deref(),
+        Some("event type v2.core.account.updated is not a billing event")
+    );
+    assert!(api.received_requests().await.unwrap().is_empty());
+}
+
+/// The updated thin event and its snapshot twin, the thin one first or second; returns the
+/// app and how many times the thin event's object was read.
+async fn twin_pair(pool: PgPool, thin_first: bool) -> (TestApp, usize) {
+    let (mut app, api) = app_with_api(pool).await;
+    app.enable_effects().await;
+    shows(&api, "subscription.active").await;
+    let mut thin = thin_events().remove(1);
+    let mut twin = object("twin.updated");
+    assert_eq!(thin["snapshot_event"], twin["id"], "the corpus pairs them");
+    // Live, Stripe sends both for one change, within a second of each other and of the read.
+    let now = chrono::Utc::now();
+    thin["created"] = json!(now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    twin["created"] = json!(now.timestamp());
+    let (first, second) = if thin_first {
+        (&thin, &twin)
+    } else {
+        (&twin, &thin)
+    };
+    deliver(&app, first).await;
+    let after_first = app.account("stripe", CUSTOMER, &period()).await;
+    let effects_first = app.effects().await.len();
+    assert!(effects_first > 0, "the change is told");
+    deliver(&app, second).await;
+    let after_second = app.account("stripe", CUSTOMER, &period()).await;
+    assert_eq!(after_second.plan, "pro");
+    assert_eq!(after_second.plan, after_first.plan);
+    assert_eq!(after_second.subscriptions.len(), 1);
+    assert_eq!(after_second.subscriptions[0].status, "active");
+    assert_eq!(
+        app.effects().await.len(),
+        effects_first,
+        "the second tells nothing"
+    );
+    let second_row = status_of(&app, id_of(second)).await;
+    assert_eq!(second_row.status, "ignored", "{:?}", second_row.reason);
+    (app, reads_for(&api, id_of(&thin)).await)
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_thin_event_then_its_snapshot_twin_change_the_state_once(pool: PgPool) {
+    // The twin shares the read's second: the tie's own read settles it (docs/design.md §4.2),
+    // and the provider shows the state the read stored.
+    let (app, reads) = twin_pair(pool, true).await;
+    assert_eq!(reads, 1);
+    let twin = status_of(&app, "evt_1T0hNnR4tK8mWq2NTu02ThnB").await;
+    println!("the twin: {:?}", twin.reason);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_snapshot_twin_then_its_thin_event_change_the_state_once(pool: PgPool) {
+    let (app, reads) = twin_pair(pool, false).await;
+    assert_eq!(
+        reads, 0,
+        "the stored twin carries the change: nothing to read"
+    );
+    let thin = status_of(&app, id_of(&thin_events()[1])).await;
+    let reason = thin.reason.unwrap();
+    assert!(
+        reason.starts_with("its snapshot event evt_1T0hNnR4tK8mWq2NTu02ThnB (event ")
+            && reason.ends_with(") carries the change"),
+        "{reason}"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_thin_event_of_a_source_without_an_api_key_is_unprocessable_and_counted(pool: PgPool) {
+    // The test worker's sources have no API key.
+    let app = TestApp::spawn(pool).await;
+    let event = &thin_events()[1];
+    deliver(&app, event).await;
+    let row = status_of(&app, id_of(event)).await;
+    assert_eq!(row.status, "unprocessable");
+    let reason = row.reason.unwrap();
+    assert!(
+        reason.contains("source 'stripe' needs an API key (api_key or api_key_secret_id)"),
+        "{reason}"
+    );
+    let line = shared::apply::thin_without_api_key_metric("stripe", chrono::Utc::now());
+    assert_eq!(line["Source"], "stripe");
+    assert_eq!(line["ThinEventsWithoutApiKey"], 1);
+    assert_eq!(
+        line["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+        json!([["Stack", "Source"]])
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_fetch_that_fails_is_retried_on_the_events_schedule_then_applied(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/subscriptions/{SUB}")))
+        .respond_with(ResponseTemplate::new(500))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&api)
+        .await;
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/subscriptions/{SUB}")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(object("subscription.active")))
+        .with_priority(2)
+        .mount(&api)
+        .await;
+    let event = &thin_events()[1];
+    let (status, _) = app.post("stripe", &stripe_delivery(event)).await;
+    assert_eq!(status, http::StatusCode::OK);
+    let id = app.event_id("stripe", id_of(event)).await;
+
+    let first = process_event(&app.worker, id).await.unwrap();
+    assert!(
+        matches!(&first, Processed::Failed { status, error }
+            if status.as_str() == "failed" && error.contains("500")),
+        "{first:?}"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM inbox_events WHERE dedupe_key LIKE 'read:%'")
+            .await,
+        0
+    );
+    // The test worker's retries are due at once.
+    let second = process_event(&app.worker, id).await.unwrap();
+    assert!(
+        matches!(&second, Processed::Finished { status, .. } if status.as_str() == "applied"),
+        "{second:?}"
+    );
+    assert_eq!(app.account("stripe", CUSTOMER, &period()).await.plan, "pro");
+    assert_eq!(api.received_requests().await.unwrap().len(), 2);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_thin_event_whose_object_is_gone_is_ignored_with_the_reason(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/subscriptions/{SUB}")))
+        .respond_with(ResponseTemplate::new(404).set_body_json(json!({"error": {
+            "code": "resource_missing", "type": "invalid_request_error",
+            "message": format!("No such subscription: '{SUB}'"), "param": "id"}})))
+        .mount(&api)
+        .await;
+    let event = &thin_events()[1];
+    deliver(&app, event).await;
+    let row = status_of(&app, id_of(event)).await;
+    assert_eq!(row.status, "ignored");
+    assert!(
+        row.reason
+            .as_deref()
+            .unwrap()
+            .starts_with("the object no longer exists at the provider"),
+        "{:?}",
+        row.reason
+    );
+    assert_eq!(
+        api.received_requests().await.unwrap().len(),
+        1,
+        "decided, not retried"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_connected_accounts_thin_event_reads_its_object_as_that_account(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/subscriptions/{SUB}")))
+        .and(header("Stripe-Account", "acct_1ThinConnect01"))
+        .and(header(
+            "Stripe-Request-Trigger",
+            "event=evt_test_65TcR1s3HZyaYmgzU16T2Kfo4Q8lSA4GfMwNYbNqcUvL",
+        ))
+        .respond_with(ResponseTemplate::new(200).set_body_json(object("subscription.active")))
+        .mount(&api)
+        .await;
+    let mut event = thin_events().remove(1);
+    event["context"] = json!("acct_1ThinConnect01");
+    deliver(&app, &event).await;
+    let row = status_of(&app, id_of(&event)).await;
+    assert_eq!(row.status, "applied", "{:?}", row.reason);
+    let account = app
+        .account(
+            "stripe",
+            &format!("acct_1ThinConnect01/{CUSTOMER}"),
+            &period(),
+        )
+        .await;
+    assert_eq!(account.plan, "pro");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_replayed_thin_event_applies_its_stored_read_without_reading_again(pool: PgPool) {
+    let (mut app, api) = app_with_api(pool).await;
+    app.enable_effects().await;
+    shows(&api, "subscription.active").await;
+    let event = &thin_events()[1];
+    deliver(&app, event).await;
+    let effects = app.effects().await.len();
+    // The provider's object moves on; a replay applies what was read, not what is there now.
+    shows(&api, "subscription.canceled").await;
+    let id = app.event_id("stripe", id_of(event)).await;
+    for _ in 0..2 {
+        shared::inbox::replay::replay(&app.pool, &app.state.queue, &[id])
+            .await
+            .unwrap();
+        app.run_worker().await;
+        assert_eq!(app.event(id).await.status, "applied");
+    }
+    assert!(
+        api.received_requests().await.unwrap().is_empty(),
+        "no read since the reset"
+    );
+    let account = app.account("stripe", CUSTOMER, &period()).await;
+    assert_eq!(account.plan, "pro");
+    assert_eq!(
+        app.effects().await.len(),
+        effects,
+        "a replay tells nothing new"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM inbox_events WHERE dedupe_key LIKE 'read:%'")
+            .await,
+        1
+    );
+}
