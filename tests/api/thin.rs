@@ -358,3 +358,41 @@ async fn a_replayed_thin_event_applies_its_stored_read_without_reading_again(poo
         1
     );
 }
+
+/// The corpus's thin events read late (the provider shows the subscription canceled already),
+/// in file order or reversed.
+async fn read_late(pool: PgPool, reverse: bool) {
+    let (app, api) = app_with_api(pool).await;
+    shows(&api, "subscription.canceled").await;
+    let mut events = thin_events();
+    if reverse {
+        events.reverse();
+    }
+    for event in &events {
+        deliver(&app, event).await;
+        let row = status_of(&app, id_of(event)).await;
+        assert!(
+            row.status == "applied" || row.status == "ignored",
+            "{}: {} {:?}",
+            id_of(event),
+            row.status,
+            row.reason
+        );
+        assert_eq!(reads_for(&api, id_of(event)).await, 1);
+    }
+    let account = app.account("stripe", CUSTOMER, &period()).await;
+    assert_eq!(account.subscriptions.len(), 1);
+    assert_eq!(account.subscriptions[0].status, "canceled");
+    assert_eq!(account.plan, "free");
+    assert_eq!(account.balance, 0, "a canceled subscription grants nothing");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn thin_events_read_late_end_in_the_state_the_provider_shows(pool: PgPool) {
+    read_late(pool, false).await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn thin_events_read_late_in_reverse_end_in_the_state_the_provider_shows(pool: PgPool) {
+    read_late(pool, true).await;
+}

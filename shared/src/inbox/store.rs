@@ -46,6 +46,8 @@ pub enum Origin<'a> {
     Delivery(&'a Value),
     /// A read from the provider's API (reconciliation).
     Fetched,
+    /// The read of a thin event's object (docs/design.md §6.2): stored as a read is.
+    ThinRead,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -321,6 +323,7 @@ impl<'a> Prepared<'a> {
         let (headers, fetched) = match origin {
             Origin::Delivery(headers) => (Cow::Borrowed(headers), false),
             Origin::Fetched => (Cow::Owned(json!({"via": "reconciliation"})), true),
+            Origin::ThinRead => (Cow::Owned(json!({"via": "thin event read"})), true),
         };
         let meta = match &verified.meta {
             Ok(meta) => match untrusted_time(meta.occurred_at, Utc::now()) {

@@ -51,7 +51,7 @@ pub async fn store_read(
     body: &[u8],
     verified: &VerifiedEvent,
 ) -> Result<Stored, StoreError> {
-    store_verified_on(conn, source, body, verified, Origin::Fetched).await
+    store_verified_on(conn, source, body, verified, Origin::ThinRead).await
 }
 
 /// Finishes a read the thin event `thin_id` has applied: `applied`, with the reason naming
