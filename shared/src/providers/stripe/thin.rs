@@ -162,6 +162,18 @@ mod tests {
     }
 
     #[test]
+    fn the_intake_keys_a_thin_event_by_its_id_and_times_it_by_its_rfc3339_created() {
+        let body = serde_json::to_vec(&thin("v1.customer.subscription.updated")).unwrap();
+        let event = parse_event(&body, Utc::now());
+        assert_eq!(event.dedupe_key.as_str(), "evt_test_65R1");
+        let meta = event.meta.unwrap();
+        assert_eq!(meta.event_type, "v1.customer.subscription.updated");
+        assert_eq!(meta.customer, None, "a thin event carries no object, so no customer");
+        let at = DateTime::parse_from_rfc3339("2026-10-01T12:00:00.123Z").unwrap();
+        assert_eq!(meta.occurred_at.as_datetime(), at);
+    }
+
+    #[test]
     fn unknown_and_v2_types_name_no_snapshot_type_and_snapshots_are_not_thin() {
         for t in [
             "v1.billing.meter.no_meter_found",
