@@ -168,7 +168,10 @@ mod tests {
         assert_eq!(event.dedupe_key.as_str(), "evt_test_65R1");
         let meta = event.meta.unwrap();
         assert_eq!(meta.event_type, "v1.customer.subscription.updated");
-        assert_eq!(meta.customer, None, "a thin event carries no object, so no customer");
+        assert_eq!(
+            meta.customer, None,
+            "a thin event carries no object, so no customer"
+        );
         let at = DateTime::parse_from_rfc3339("2026-10-01T12:00:00.123Z").unwrap();
         assert_eq!(meta.occurred_at.as_datetime(), at);
     }
