@@ -425,6 +425,73 @@ pub struct Registers {
 }
 
 impl Registers {
+    /// Resolves each [`Effect::GrantOfSubscription`] against the subscriptions as read: the
+    /// first subscription the invoice names that the register holds for this customer with a
+    /// plan the catalog knows gives the grant, and the payment the invoice is takes its plan
+    /// key. When none does, the payment stands without an allowance and the note says which
+    /// paths were read and what the register held (docs/design.md §6.2). Returns the effects
+    /// to apply, the notes, and whether a payment was left without a plan.
+    pub fn plan_of_subscription(
+        &self,
+        ctx: &EventContext<'_>,
+        effects: &[Effect],
+        catalog: &Catalog,
+    ) -> (Vec<Effect>, Vec<String>, bool) {
+        let mut out = Vec::with_capacity(effects.len());
+        let mut notes = Vec::new();
+        let mut ungranted = false;
+        for effect in effects {
+            let Effect::GrantOfSubscription {
+                payment,
+                subscriptions,
+                read,
+            } = effect
+            else {
+                out.push(effect.clone());
+                continue;
+            };
+            let held = subscriptions.iter().find_map(|id| {
+                let held = self.subscriptions.get(id.as_str())?;
+                let key = held.value.plan_key.as_deref()?;
+                let plan = catalog.resolve(&[key]).ok().flatten()?;
+                (held.value.customer == ctx.customer.as_str()).then_some((id, plan))
+            });
+            match held {
+                Some((id, plan)) => {
+                    for effect in out.iter_mut() {
+                        if let Effect::Payment {
+                            id: paid,
+                            status: PaymentStatus::Paid,
+                            plan_key,
+                        } = effect
+                        {
+                            if paid == payment {
+                                *plan_key = Some(plan.key.clone());
+                            }
+                        }
+                    }
+                    notes.push(format!(
+                        "plan {} from subscription {id} ({}): the lines name no known price",
+                        plan.plan, plan.key
+                    ));
+                    out.push(Effect::Grant { plan });
+                }
+                None => {
+                    ungranted = true;
+                    let register = match subscriptions.as_slice() {
+                        [] => "the invoice names no subscription".to_owned(),
+                        ids => format!(
+                            "the subscription register holds no known plan for {}",
+                            ids.join(", ")
+                        ),
+                    };
+                    notes.push(format!("no allowance granted: read {read}; {register}"));
+                }
+            }
+        }
+        (out, notes, ungranted)
+    }
+
     /// Applies one effect under its register's rule and says what it did.
     pub fn apply(&mut self, ctx: &EventContext<'_>, effect: &Effect) -> Written {
         match effect {
@@ -487,6 +554,12 @@ impl Registers {
                 plan_key,
             } => self.payment(ctx, id, *status, plan_key.as_deref()),
             Effect::Grant { plan } => self.grant(ctx, &plan.plan, plan.monthly_allowance),
+            // Turned into a grant, or into nothing, by `plan_of_subscription` before the
+            // rules run; one left over grants nothing and says so.
+            Effect::GrantOfSubscription { payment, .. } => Change::Unchanged(format!(
+                "no allowance granted for {payment}: its subscription's plan was not resolved"
+            ))
+            .into(),
             Effect::DeleteCustomer => {
                 let ruled = delete_customer(self.account.deleted_at, ctx);
                 if ruled.writes {

@@ -19,15 +19,53 @@ pub(super) fn plan_keys(object: &Value) -> Vec<&str> {
             .into_iter()
             .flatten()
         {
-            keys.extend(first_text(
-                item,
-                &["/price/id", "/pricing/price_details/price", "/plan/id"],
-            ));
+            keys.extend(first_text(item, PRICE_PATHS));
         }
     }
     keys.extend(first_text(object, &["/plan/id", "/price/id"]));
     keys.dedup();
     keys
+}
+
+/// Where an item or an invoice line names its price, in every API version (docs/design.md
+/// §6.2): the expanded `price` (items always; lines before basil), the `pricing` of a line from
+/// basil on (an id, or the Price when expanded), the legacy `plan`.
+const PRICE_PATHS: &[&str] = &[
+    "/price/id",
+    "/pricing/price_details/price",
+    "/pricing/price_details/price/id",
+    "/plan/id",
+];
+
+/// Where an invoice names the subscription it bills, in every API version (docs/design.md
+/// §6.2): the invoice's own `subscription` before basil; `parent.subscription_details` from
+/// basil on; on its lines, `parent.subscription_item_details` (basil on) and the line's
+/// `subscription` (all versions). Each may be an id or the expanded object.
+const INVOICE_SUBSCRIPTION_PATHS: &[&str] = &[
+    "subscription",
+    "parent.subscription_details.subscription",
+    "lines.data[].parent.subscription_item_details.subscription",
+    "lines.data[].subscription",
+];
+
+/// The subscriptions an invoice names, from every place the API versions put one, in the
+/// order of [`INVOICE_SUBSCRIPTION_PATHS`], without repeats.
+pub(super) fn invoice_subscriptions(invoice: &Value) -> Vec<&str> {
+    fn id<'a>(value: &'a Value, pointer: &str) -> Option<&'a str> {
+        let expanded = format!("{pointer}/id");
+        first_text(value, &[pointer, expanded.as_str()])
+    }
+    let mut ids = Vec::new();
+    ids.extend(id(invoice, "/subscription"));
+    ids.extend(id(invoice, "/parent/subscription_details/subscription"));
+    let lines = invoice.pointer("/lines/data").and_then(Value::as_array);
+    for line in lines.into_iter().flatten() {
+        ids.extend(id(line, "/parent/subscription_item_details/subscription"));
+        ids.extend(id(line, "/subscription"));
+    }
+    let mut seen = std::collections::HashSet::new();
+    ids.retain(|s| seen.insert(*s));
+    ids
 }
 
 /// A Stripe subscription's ends (unix seconds). The period end is the subscription's before
@@ -125,8 +163,25 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
         }
         "invoice.paid" | "invoice.payment_succeeded" => {
             let id = required(object, "/id")?;
-            match paid(id.to_owned(), resolve(catalog, &plan_keys(object))) {
+            let resolved = resolve(catalog, &plan_keys(object));
+            let named = resolved.plan.is_some();
+            match paid(id.to_owned(), resolved) {
                 Decision::Apply { mut effects, notes } => {
+                    // Lines that name no known price: the plan is the subscription's, as its
+                    // register holds it (docs/design.md §6.2).
+                    if !named {
+                        effects.push(Effect::GrantOfSubscription {
+                            payment: id.to_owned(),
+                            subscriptions: invoice_subscriptions(object)
+                                .into_iter()
+                                .map(str::to_owned)
+                                .collect(),
+                            read: format!(
+                                "the price at lines.data[].{{price.id, pricing.price_details.price, plan.id}} and the subscription at {}",
+                                INVOICE_SUBSCRIPTION_PATHS.join(", ")
+                            ),
+                        });
+                    }
                     effects.extend(links(id, object));
                     Decision::Apply { effects, notes }
                 }
