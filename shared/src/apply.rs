@@ -622,6 +622,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_payment_without_a_plan_is_counted_per_source() {
+        let line = payment_without_plan_metric("stripe", chrono::Utc::now());
+        let spec = &line["_aws"]["CloudWatchMetrics"][0];
+        assert_eq!(spec["Dimensions"], json!([["Stack", "Source"]]));
+        assert_eq!(
+            spec["Metrics"],
+            json!([{"Name": "PaymentsWithoutPlan", "Unit": "Count"}])
+        );
+        assert_eq!(
+            (&line["Source"], &line["PaymentsWithoutPlan"]),
+            (&json!("stripe"), &json!(1))
+        );
+    }
+
+    #[test]
     fn a_moved_account_is_contended_and_the_memory_of_them_stays_bounded() {
         let contended = Contended::default();
         assert!(!contended.is_hot("stripe", "cus_1"));

@@ -1026,4 +1026,83 @@ mod tests {
         let stamp = Stamp::of(&ctx, Rank(0));
         assert_eq!(stamp.at.timestamp_subsec_nanos(), 123_456_000);
     }
+
+    /// An invoice that names no known price takes the plan its subscription's register holds
+    /// for the same customer; another customer's subscription, a register without a plan the
+    /// catalog knows, or none at all leave the payment without an allowance, and say so.
+    #[test]
+    fn an_invoice_takes_its_subscriptions_plan_from_the_register() {
+        let catalog = Catalog::parse(r#"{"pro":{"plan":"pro","monthly_allowance":500}}"#).unwrap();
+        let customer = CustomerId::parse("cus_1").unwrap();
+        let ctx = ctx(&customer, 9, 1_767_225_601, "evt_9");
+        let effects = |subscriptions: &[&str]| {
+            vec![
+                Effect::Payment {
+                    id: "in_1".into(),
+                    status: PaymentStatus::Paid,
+                    plan_key: None,
+                },
+                Effect::GrantOfSubscription {
+                    payment: "in_1".into(),
+                    subscriptions: subscriptions.iter().map(|s| (*s).to_owned()).collect(),
+                    read: "the paths".into(),
+                },
+            ]
+        };
+        let mut registers = Registers::default();
+        let mut other = sub("active", Some("pro"));
+        other.customer = "cus_2".into();
+        registers
+            .subscriptions
+            .insert("sub_other".into(), held(other, 1, 1, 3, "evt_1"));
+        registers.subscriptions.insert(
+            "sub_unknown_plan".into(),
+            held(sub("active", Some("price_gone")), 2, 1, 3, "evt_2"),
+        );
+        registers.subscriptions.insert(
+            "sub_pro".into(),
+            held(sub("active", Some("pro")), 3, 1, 3, "evt_3"),
+        );
+
+        let (out, notes, ungranted) = registers.plan_of_subscription(
+            &ctx,
+            &effects(&["sub_other", "sub_unknown_plan", "sub_pro"]),
+            &catalog,
+        );
+        assert!(!ungranted);
+        assert_eq!(
+            out,
+            vec![
+                Effect::Payment {
+                    id: "in_1".into(),
+                    status: PaymentStatus::Paid,
+                    plan_key: Some("pro".into()),
+                },
+                Effect::Grant {
+                    plan: catalog.resolve(&["pro"]).unwrap().unwrap()
+                },
+            ]
+        );
+        assert_eq!(
+            notes,
+            vec!["plan pro from subscription sub_pro (pro): the lines name no known price"]
+        );
+
+        for (named, register) in [
+            (
+                &["sub_other", "sub_unknown_plan"][..],
+                "the subscription register holds no known plan for sub_other, sub_unknown_plan",
+            ),
+            (&[][..], "the invoice names no subscription"),
+        ] {
+            let (out, notes, ungranted) =
+                registers.plan_of_subscription(&ctx, &effects(named), &catalog);
+            assert!(ungranted);
+            assert_eq!(out, effects(named)[..1].to_vec());
+            assert_eq!(
+                notes,
+                vec![format!("no allowance granted: read the paths; {register}")]
+            );
+        }
+    }
 }
