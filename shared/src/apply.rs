@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 
 use crate::billing::registers;
@@ -266,12 +267,13 @@ async fn apply_to_account(
         )
     };
     if unlocked {
-        let (status, reason, new) = decide(&mut registers)?;
+        let decided = decide(&mut registers)?;
         sim::fallible_point(Point::WorkerDecided, event.id).await?;
-        let outcome = (status, reason.as_str());
-        match commit::commit(conn, event, ctx, &registers, outcome, &new).await? {
+        let outcome = (decided.status, decided.reason.as_str());
+        match commit::commit(conn, event, ctx, &registers, outcome, &decided.new).await? {
             Committed::Done { effects, .. } => {
-                return Ok(applied(event, status, reason, effects));
+                committed(ctx, &decided);
+                return Ok(applied(event, decided.status, decided.reason, effects));
             }
             Committed::LeaseLost => return Err(ApplyError::LeaseLost),
             // Another event of the account committed since the read: read it again under
@@ -288,27 +290,29 @@ async fn apply_to_account(
     }
     sim::point(Point::WorkerLocked, event.id).await;
     let mut registers = registers::read(&mut tx, ctx, &effects, plan).await?;
-    let (status, reason, new) = decide(&mut registers)?;
+    let decided = decide(&mut registers)?;
     sim::fallible_point(Point::WorkerDecided, event.id).await?;
-    let outcome = (status, reason.as_str());
-    let written = match commit::commit(&mut tx, event, ctx, &registers, outcome, &new).await? {
-        Committed::Done { effects, intents } => {
-            // A link written meanwhile by an event without a customer: the rules did not see
-            // it, so the retry reads again (and the link's event sees this one's customer).
-            if intents
-                .iter()
-                .any(|(id, now)| registers.intents.get(id) != Some(now))
-            {
-                return Err(ApplyError::Raced);
+    let outcome = (decided.status, decided.reason.as_str());
+    let written =
+        match commit::commit(&mut tx, event, ctx, &registers, outcome, &decided.new).await? {
+            Committed::Done { effects, intents } => {
+                // A link written meanwhile by an event without a customer: the rules did not see
+                // it, so the retry reads again (and the link's event sees this one's customer).
+                if intents
+                    .iter()
+                    .any(|(id, now)| registers.intents.get(id) != Some(now))
+                {
+                    return Err(ApplyError::Raced);
+                }
+                effects
             }
-            effects
-        }
-        Committed::LeaseLost => return Err(ApplyError::LeaseLost),
-        Committed::Moved => return Err(ApplyError::Moved),
-    };
+            Committed::LeaseLost => return Err(ApplyError::LeaseLost),
+            Committed::Moved => return Err(ApplyError::Moved),
+        };
     sim::point(Point::WorkerWritten, event.id).await;
     tx.commit().await?;
-    Ok(applied(event, status, reason, written))
+    committed(ctx, &decided);
+    Ok(applied(event, decided.status, decided.reason, written))
 }
 
 /// Opens one of the worker's transactions, in the round trip of its `BEGIN`. Its statements
@@ -358,16 +362,20 @@ fn decide(
     (effects, notes): (&[Effect], &[String]),
     reads: bool,
     ties_read: &HashMap<String, Option<i64>>,
-) -> Result<(EventStatus, String, Vec<NewEffect>), ApplyError> {
+) -> Result<RulesOutcome, ApplyError> {
     let period = Period::of(ctx.version.at);
     let customer = ctx.customer.as_str();
     let plan_before = applier
         .effects
         .then(|| registers.state(customer, &period, applier.catalog).plan);
     let mut notes = notes.to_vec();
+    // An invoice whose lines name no known price takes its subscription's plan as read.
+    let (effects, resolved, ungranted) =
+        registers.plan_of_subscription(ctx, effects, applier.catalog);
+    notes.extend(resolved);
     let mut changes = Vec::with_capacity(effects.len());
     let mut facts = Vec::new();
-    for effect in effects {
+    for effect in &effects {
         let written = registers.apply(ctx, effect);
         if let Effect::Subscription { id, .. } = effect {
             match (reads, written.tied_with) {
@@ -399,7 +407,44 @@ fn decide(
         }
         _ => Vec::new(),
     };
-    Ok((status, reason, new))
+    Ok(RulesOutcome {
+        status,
+        reason,
+        new,
+        ungranted,
+    })
+}
+
+/// What the rules made of an event against the registers as read.
+struct RulesOutcome {
+    status: EventStatus,
+    reason: String,
+    /// With effects on, the effects its changes tell.
+    new: Vec<NewEffect>,
+    /// A paid invoice was left without a plan: nothing told it (docs/design.md §6.2).
+    ungranted: bool,
+}
+
+/// The Embedded Metric Format line for a paid invoice applied without an allowance because
+/// nothing it carries or the registers hold tells its plan: `PaymentsWithoutPlan` by `Stack`
+/// and `Source`. Its reason says which paths were read; a steady count means a price missing
+/// from the catalog or a layout the decoder does not read.
+pub fn payment_without_plan_metric(source: &str, now: chrono::DateTime<chrono::Utc>) -> Value {
+    let mut line =
+        crate::metrics::document(now, &[&["Source"]], &[("PaymentsWithoutPlan", "Count")]);
+    line["Source"] = json!(source);
+    line["PaymentsWithoutPlan"] = json!(1);
+    line
+}
+
+/// Says, once the event's write committed, what only a metric shows.
+fn committed(ctx: &EventContext<'_>, decided: &RulesOutcome) {
+    if decided.ungranted {
+        println!(
+            "{}",
+            payment_without_plan_metric(ctx.source, chrono::Utc::now())
+        );
+    }
 }
 
 /// Who the event is about and where it sits in the provider's order, once it has a time.
@@ -608,6 +653,21 @@ async fn remember_links_without_customer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_payment_without_a_plan_is_counted_per_source() {
+        let line = payment_without_plan_metric("stripe", chrono::Utc::now());
+        let spec = &line["_aws"]["CloudWatchMetrics"][0];
+        assert_eq!(spec["Dimensions"], json!([["Stack", "Source"]]));
+        assert_eq!(
+            spec["Metrics"],
+            json!([{"Name": "PaymentsWithoutPlan", "Unit": "Count"}])
+        );
+        assert_eq!(
+            (&line["Source"], &line["PaymentsWithoutPlan"]),
+            (&json!("stripe"), &json!(1))
+        );
+    }
 
     #[test]
     fn a_moved_account_is_contended_and_the_memory_of_them_stays_bounded() {

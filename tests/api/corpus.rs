@@ -16,6 +16,9 @@ pub(crate) const CORPUS_PLANS: &str = r#"{
     "team": {"plan": "team", "monthly_allowance": 2000},
     "price_1ProMonthlyPre01": {"plan": "pro", "monthly_allowance": 500},
     "price_1ProMonthlyBas01": {"plan": "pro", "monthly_allowance": 500},
+    "price_1ProMonthlyClo01": {"plan": "pro", "monthly_allowance": 500},
+    "price_1ProMonthlyDah01": {"plan": "pro", "monthly_allowance": 500},
+    "price_1ProMonthlyEnd01": {"plan": "pro", "monthly_allowance": 500},
     "ab440482-0ee4-41c0-b579-bae502ba592b": {"plan": "pro", "monthly_allowance": 500},
     "1bd0bcfe-5205-4fab-af9f-a0162303a64c": {"plan": "pro", "monthly_allowance": 500}
 }"#;
@@ -61,23 +64,29 @@ async fn send_files(app: &TestApp, source: &str, dir: &str, reverse: bool) {
         files.reverse();
     }
     for (name, body) in &files {
-        let delivery = match source {
-            "stripe" => stripe_delivery(body),
-            "polar" => polar_delivery(&format!("msg_{name}"), body),
-            _ => kinde_delivery(&format!("wh_{name}"), body),
-        };
-        let (status, answer) = app.post(source, &delivery).await;
-        assert_eq!(status, http::StatusCode::OK, "{dir}/{name}: {answer}");
-        assert_eq!(answer["status"], "stored", "{dir}/{name}: {answer}");
-        app.run_worker().await;
-        let row = app.event(answer["event_id"].as_i64().unwrap()).await;
-        assert!(
-            row.status == "applied" || row.status == "ignored",
-            "{dir}/{name} is {}: {:?}",
-            row.status,
-            row.reason
-        );
+        send_one(app, source, &format!("{dir}/{name}"), body).await;
     }
+}
+
+/// Sends one body as `source`, stored new and then applied or ignored; its stored reason.
+async fn send_one(app: &TestApp, source: &str, name: &str, body: &Value) -> String {
+    let delivery = match source {
+        "stripe" => stripe_delivery(body),
+        "polar" => polar_delivery(&format!("msg_{name}"), body),
+        _ => kinde_delivery(&format!("wh_{name}"), body),
+    };
+    let (status, answer) = app.post(source, &delivery).await;
+    assert_eq!(status, http::StatusCode::OK, "{name}: {answer}");
+    assert_eq!(answer["status"], "stored", "{name}: {answer}");
+    app.run_worker().await;
+    let row = app.event(answer["event_id"].as_i64().unwrap()).await;
+    assert!(
+        row.status == "applied" || row.status == "ignored",
+        "{name} is {}: {:?}",
+        row.status,
+        row.reason
+    );
+    row.reason.unwrap_or_default()
 }
 
 fn payments(account: &AccountView) -> Vec<(&str, &str)> {
@@ -135,6 +144,165 @@ async fn stripe_basil_corpus_in_file_order(pool: PgPool) {
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn stripe_basil_corpus_in_reverse(pool: PgPool) {
     stripe_generation(pool, "stripe/basil", BASIL, true).await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_clover_corpus_in_file_order(pool: PgPool) {
+    let ids = ids("Clover");
+    stripe_generation(
+        pool,
+        "stripe/clover",
+        ids.each_ref().map(String::as_str),
+        false,
+    )
+    .await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_clover_corpus_in_reverse(pool: PgPool) {
+    let ids = ids("Clover");
+    stripe_generation(
+        pool,
+        "stripe/clover",
+        ids.each_ref().map(String::as_str),
+        true,
+    )
+    .await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_dahlia_corpus_in_file_order(pool: PgPool) {
+    let ids = ids("Dahlia");
+    stripe_generation(
+        pool,
+        "stripe/dahlia",
+        ids.each_ref().map(String::as_str),
+        false,
+    )
+    .await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_dahlia_corpus_in_reverse(pool: PgPool) {
+    let ids = ids("Dahlia");
+    stripe_generation(
+        pool,
+        "stripe/dahlia",
+        ids.each_ref().map(String::as_str),
+        true,
+    )
+    .await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_endive_corpus_in_file_order(pool: PgPool) {
+    let ids = ids("Endive");
+    stripe_generation(
+        pool,
+        "stripe/endive",
+        ids.each_ref().map(String::as_str),
+        false,
+    )
+    .await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_endive_corpus_in_reverse(pool: PgPool) {
+    let ids = ids("Endive");
+    stripe_generation(
+        pool,
+        "stripe/endive",
+        ids.each_ref().map(String::as_str),
+        true,
+    )
+    .await;
+}
+
+/// The fixed ids of a generation after basil (testdata/providers/README.md): customer,
+/// subscription, paid and failed invoice, the other customer.
+fn ids(name: &str) -> [String; 5] {
+    [
+        format!("cus_{name}Cust001"),
+        format!("sub_1{name}Sub00001"),
+        format!("in_1{name}Inv00001"),
+        format!("in_1{name}Inv00002"),
+        format!("cus_{name}Gone0001"),
+    ]
+}
+
+/// The endive first invoice as a renewal on 2026-01-01 whose lines carry no price id (a
+/// line's `pricing` without `price_details`, as `InvoiceLineItem.Pricing` allows), billing
+/// `subscription`.
+fn renewal_without_price(subscription: &str) -> Value {
+    let mut files = corpus("stripe/endive");
+    let (_, mut event) = files.remove(
+        files
+            .iter()
+            .position(|(name, _)| name == "invoice.paid")
+            .unwrap(),
+    );
+    event["id"] = "evt_1Sk9Y5E6qL1xZc8Jr3Nw8Kp2".into();
+    event["created"] = 1_767_225_601.into();
+    let invoice = &mut event["data"]["object"];
+    invoice["id"] = "in_1EndiveInv00003".into();
+    invoice["billing_reason"] = "subscription_cycle".into();
+    invoice["parent"]["subscription_details"]["subscription"] = subscription.into();
+    for line in invoice["lines"]["data"].as_array_mut().unwrap() {
+        line["invoice"] = "in_1EndiveInv00003".into();
+        line["pricing"] =
+            serde_json::json!({"type": "price_details", "unit_amount_decimal": "2900"});
+        line["parent"]["subscription_item_details"]["subscription"] = subscription.into();
+        line["subscription"] = subscription.into();
+    }
+    event
+}
+
+/// Regression (issue 30): an endive `invoice.paid` for an active pro subscription whose
+/// lines name no price was a payment granting nothing, silently. The plan is the
+/// subscription's, as its register holds it.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_invoice_without_a_price_grants_its_subscriptions_plan(pool: PgPool) {
+    let app = corpus_app(pool).await;
+    for (name, body) in corpus("stripe/endive") {
+        if name.starts_with("customer.subscription.created")
+            || name.starts_with("customer.subscription.updated")
+        {
+            send_one(&app, "stripe", &name, &body).await;
+        }
+    }
+    let renewal = renewal_without_price("sub_1EndiveSub00001");
+    let reason = send_one(&app, "stripe", "renewal", &renewal).await;
+    let account = app.account("stripe", "cus_EndiveCust001", "2026-01").await;
+    assert_eq!(
+        account.balance, 500,
+        "the pro allowance for 2026-01: {reason}"
+    );
+    assert!(
+        reason.contains("plan pro from subscription sub_1EndiveSub00001"),
+        "{reason}"
+    );
+    assert_eq!(payments(&account), vec![("in_1EndiveInv00003", "paid")]);
+}
+
+/// When nothing tells the plan (the register does not know the invoice's subscription), the
+/// invoice is a payment without an allowance, and its reason says what was read.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_invoice_without_a_price_or_known_subscription_says_what_it_read(pool: PgPool) {
+    let app = corpus_app(pool).await;
+    let renewal = renewal_without_price("sub_1EndiveUnknown01");
+    let reason = send_one(&app, "stripe", "renewal", &renewal).await;
+    let account = app.account("stripe", "cus_EndiveCust001", "2026-01").await;
+    assert_eq!(account.balance, 0);
+    assert_eq!(payments(&account), vec![("in_1EndiveInv00003", "paid")]);
+    for said in [
+        "no allowance granted",
+        "parent.subscription_details.subscription",
+        "lines.data[].parent.subscription_item_details.subscription",
+        "pricing.price_details.price",
+        "the subscription register holds no known plan for sub_1EndiveUnknown01",
+    ] {
+        assert!(reason.contains(said), "{said:?} in {reason}");
+    }
 }
 
 const PRE_BASIL: [&str; 5] = [
@@ -301,6 +469,21 @@ async fn stripe_pre_basil_corpus_delivered_again_after_its_purge_changes_nothing
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn stripe_basil_corpus_delivered_again_after_its_purge_changes_nothing(pool: PgPool) {
     delivered_again_after_the_purge(pool, "stripe", "stripe/basil").await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_clover_corpus_delivered_again_after_its_purge_changes_nothing(pool: PgPool) {
+    delivered_again_after_the_purge(pool, "stripe", "stripe/clover").await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_dahlia_corpus_delivered_again_after_its_purge_changes_nothing(pool: PgPool) {
+    delivered_again_after_the_purge(pool, "stripe", "stripe/dahlia").await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_endive_corpus_delivered_again_after_its_purge_changes_nothing(pool: PgPool) {
+    delivered_again_after_the_purge(pool, "stripe", "stripe/endive").await;
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]

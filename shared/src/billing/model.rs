@@ -131,6 +131,17 @@ pub enum Effect {
     },
     /// The plan's allowance for the period of the event's provider time.
     Grant { plan: PlanRef },
+    /// A paid invoice whose lines name no plan the catalog knows (Stripe): it grants the plan
+    /// its subscription's register holds. `subscriptions`: the ids the invoice names, from
+    /// every place the API versions put them; `read`: the paths read, for the reason when
+    /// nothing tells the plan (docs/design.md §6.2). The worker turns it into a `Grant` (and
+    /// the payment's plan), or into nothing and a note, against the registers as read
+    /// ([`Registers::plan_of_subscription`](super::rules::Registers::plan_of_subscription)).
+    GrantOfSubscription {
+        payment: String,
+        subscriptions: Vec<String>,
+        read: String,
+    },
     /// A payment intent belongs to this invoice (Stripe): a refund of the intent ends it.
     PaymentIntent {
         payment_intent: String,

@@ -37,6 +37,10 @@ pub async fn read(
     for effect in effects {
         match effect {
             Effect::Subscription { id, .. } => subscriptions.push(id.as_str()),
+            // The invoice's subscriptions, for the plan their registers hold.
+            Effect::GrantOfSubscription {
+                subscriptions: ids, ..
+            } => subscriptions.extend(ids.iter().map(String::as_str)),
             Effect::Payment { id, .. } => payments.push(id.as_str()),
             Effect::PaymentIntent {
                 payment_intent,

@@ -425,6 +425,73 @@ pub struct Registers {
 }
 
 impl Registers {
+    /// Resolves each [`Effect::GrantOfSubscription`] against the subscriptions as read: the
+    /// first subscription the invoice names that the register holds for this customer with a
+    /// plan the catalog knows gives the grant, and the payment the invoice is takes its plan
+    /// key. When none does, the payment stands without an allowance and the note says which
+    /// paths were read and what the register held (docs/design.md §6.2). Returns the effects
+    /// to apply, the notes, and whether a payment was left without a plan.
+    pub fn plan_of_subscription(
+        &self,
+        ctx: &EventContext<'_>,
+        effects: &[Effect],
+        catalog: &Catalog,
+    ) -> (Vec<Effect>, Vec<String>, bool) {
+        let mut out = Vec::with_capacity(effects.len());
+        let mut notes = Vec::new();
+        let mut ungranted = false;
+        for effect in effects {
+            let Effect::GrantOfSubscription {
+                payment,
+                subscriptions,
+                read,
+            } = effect
+            else {
+                out.push(effect.clone());
+                continue;
+            };
+            let held = subscriptions.iter().find_map(|id| {
+                let held = self.subscriptions.get(id.as_str())?;
+                let key = held.value.plan_key.as_deref()?;
+                let plan = catalog.resolve(&[key]).ok().flatten()?;
+                (held.value.customer == ctx.customer.as_str()).then_some((id, plan))
+            });
+            match held {
+                Some((id, plan)) => {
+                    for effect in out.iter_mut() {
+                        if let Effect::Payment {
+                            id: paid,
+                            status: PaymentStatus::Paid,
+                            plan_key,
+                        } = effect
+                        {
+                            if paid == payment {
+                                *plan_key = Some(plan.key.clone());
+                            }
+                        }
+                    }
+                    notes.push(format!(
+                        "plan {} from subscription {id} ({}): the lines name no known price",
+                        plan.plan, plan.key
+                    ));
+                    out.push(Effect::Grant { plan });
+                }
+                None => {
+                    ungranted = true;
+                    let register = match subscriptions.as_slice() {
+                        [] => "the invoice names no subscription".to_owned(),
+                        ids => format!(
+                            "the subscription register holds no known plan for {}",
+                            ids.join(", ")
+                        ),
+                    };
+                    notes.push(format!("no allowance granted: read {read}; {register}"));
+                }
+            }
+        }
+        (out, notes, ungranted)
+    }
+
     /// Applies one effect under its register's rule and says what it did.
     pub fn apply(&mut self, ctx: &EventContext<'_>, effect: &Effect) -> Written {
         match effect {
@@ -487,6 +554,12 @@ impl Registers {
                 plan_key,
             } => self.payment(ctx, id, *status, plan_key.as_deref()),
             Effect::Grant { plan } => self.grant(ctx, &plan.plan, plan.monthly_allowance),
+            // Turned into a grant, or into nothing, by `plan_of_subscription` before the
+            // rules run; one left over grants nothing and says so.
+            Effect::GrantOfSubscription { payment, .. } => Change::Unchanged(format!(
+                "no allowance granted for {payment}: its subscription's plan was not resolved"
+            ))
+            .into(),
             Effect::DeleteCustomer => {
                 let ruled = delete_customer(self.account.deleted_at, ctx);
                 if ruled.writes {
@@ -952,5 +1025,84 @@ mod tests {
         ctx.version.at = ProviderTime::from(at);
         let stamp = Stamp::of(&ctx, Rank(0));
         assert_eq!(stamp.at.timestamp_subsec_nanos(), 123_456_000);
+    }
+
+    /// An invoice that names no known price takes the plan its subscription's register holds
+    /// for the same customer; another customer's subscription, a register without a plan the
+    /// catalog knows, or none at all leave the payment without an allowance, and say so.
+    #[test]
+    fn an_invoice_takes_its_subscriptions_plan_from_the_register() {
+        let catalog = Catalog::parse(r#"{"pro":{"plan":"pro","monthly_allowance":500}}"#).unwrap();
+        let customer = CustomerId::parse("cus_1").unwrap();
+        let ctx = ctx(&customer, 9, 1_767_225_601, "evt_9");
+        let effects = |subscriptions: &[&str]| {
+            vec![
+                Effect::Payment {
+                    id: "in_1".into(),
+                    status: PaymentStatus::Paid,
+                    plan_key: None,
+                },
+                Effect::GrantOfSubscription {
+                    payment: "in_1".into(),
+                    subscriptions: subscriptions.iter().map(|s| (*s).to_owned()).collect(),
+                    read: "the paths".into(),
+                },
+            ]
+        };
+        let mut registers = Registers::default();
+        let mut other = sub("active", Some("pro"));
+        other.customer = "cus_2".into();
+        registers
+            .subscriptions
+            .insert("sub_other".into(), held(other, 1, 1, 3, "evt_1"));
+        registers.subscriptions.insert(
+            "sub_unknown_plan".into(),
+            held(sub("active", Some("price_gone")), 2, 1, 3, "evt_2"),
+        );
+        registers.subscriptions.insert(
+            "sub_pro".into(),
+            held(sub("active", Some("pro")), 3, 1, 3, "evt_3"),
+        );
+
+        let (out, notes, ungranted) = registers.plan_of_subscription(
+            &ctx,
+            &effects(&["sub_other", "sub_unknown_plan", "sub_pro"]),
+            &catalog,
+        );
+        assert!(!ungranted);
+        assert_eq!(
+            out,
+            vec![
+                Effect::Payment {
+                    id: "in_1".into(),
+                    status: PaymentStatus::Paid,
+                    plan_key: Some("pro".into()),
+                },
+                Effect::Grant {
+                    plan: catalog.resolve(&["pro"]).unwrap().unwrap()
+                },
+            ]
+        );
+        assert_eq!(
+            notes,
+            vec!["plan pro from subscription sub_pro (pro): the lines name no known price"]
+        );
+
+        for (named, register) in [
+            (
+                &["sub_other", "sub_unknown_plan"][..],
+                "the subscription register holds no known plan for sub_other, sub_unknown_plan",
+            ),
+            (&[][..], "the invoice names no subscription"),
+        ] {
+            let (out, notes, ungranted) =
+                registers.plan_of_subscription(&ctx, &effects(named), &catalog);
+            assert!(ungranted);
+            assert_eq!(out, effects(named)[..1].to_vec());
+            assert_eq!(
+                notes,
+                vec![format!("no allowance granted: read the paths; {register}")]
+            );
+        }
     }
 }

@@ -19,15 +19,53 @@ pub(super) fn plan_keys(object: &Value) -> Vec<&str> {
             .into_iter()
             .flatten()
         {
-            keys.extend(first_text(
-                item,
-                &["/price/id", "/pricing/price_details/price", "/plan/id"],
-            ));
+            keys.extend(first_text(item, PRICE_PATHS));
         }
     }
     keys.extend(first_text(object, &["/plan/id", "/price/id"]));
     keys.dedup();
     keys
+}
+
+/// Where an item or an invoice line names its price, in every API version (docs/design.md
+/// §6.2): the expanded `price` (items always; lines before basil), the `pricing` of a line from
+/// basil on (an id, or the Price when expanded), the legacy `plan`.
+const PRICE_PATHS: &[&str] = &[
+    "/price/id",
+    "/pricing/price_details/price",
+    "/pricing/price_details/price/id",
+    "/plan/id",
+];
+
+/// Where an invoice names the subscription it bills, in every API version (docs/design.md
+/// §6.2): the invoice's own `subscription` before basil; `parent.subscription_details` from
+/// basil on; on its lines, `parent.subscription_item_details` (basil on) and the line's
+/// `subscription` (all versions). Each may be an id or the expanded object.
+const INVOICE_SUBSCRIPTION_PATHS: &[&str] = &[
+    "subscription",
+    "parent.subscription_details.subscription",
+    "lines.data[].parent.subscription_item_details.subscription",
+    "lines.data[].subscription",
+];
+
+/// The subscriptions an invoice names, from every place the API versions put one, in the
+/// order of [`INVOICE_SUBSCRIPTION_PATHS`], without repeats.
+pub(super) fn invoice_subscriptions(invoice: &Value) -> Vec<&str> {
+    fn id<'a>(value: &'a Value, pointer: &str) -> Option<&'a str> {
+        let expanded = format!("{pointer}/id");
+        first_text(value, &[pointer, expanded.as_str()])
+    }
+    let mut ids = Vec::new();
+    ids.extend(id(invoice, "/subscription"));
+    ids.extend(id(invoice, "/parent/subscription_details/subscription"));
+    let lines = invoice.pointer("/lines/data").and_then(Value::as_array);
+    for line in lines.into_iter().flatten() {
+        ids.extend(id(line, "/parent/subscription_item_details/subscription"));
+        ids.extend(id(line, "/subscription"));
+    }
+    let mut seen = std::collections::HashSet::new();
+    ids.retain(|s| seen.insert(*s));
+    ids
 }
 
 /// A Stripe subscription's ends (unix seconds). The period end is the subscription's before
@@ -125,8 +163,25 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
         }
         "invoice.paid" | "invoice.payment_succeeded" => {
             let id = required(object, "/id")?;
-            match paid(id.to_owned(), resolve(catalog, &plan_keys(object))) {
+            let resolved = resolve(catalog, &plan_keys(object));
+            let named = resolved.plan.is_some();
+            match paid(id.to_owned(), resolved) {
                 Decision::Apply { mut effects, notes } => {
+                    // Lines that name no known price: the plan is the subscription's, as its
+                    // register holds it (docs/design.md §6.2).
+                    if !named {
+                        effects.push(Effect::GrantOfSubscription {
+                            payment: id.to_owned(),
+                            subscriptions: invoice_subscriptions(object)
+                                .into_iter()
+                                .map(str::to_owned)
+                                .collect(),
+                            read: format!(
+                                "the price at lines.data[].{{price.id, pricing.price_details.price, plan.id}} and the subscription at {}",
+                                INVOICE_SUBSCRIPTION_PATHS.join(", ")
+                            ),
+                        });
+                    }
                     effects.extend(links(id, object));
                     Decision::Apply { effects, notes }
                 }
@@ -335,5 +390,222 @@ mod tests {
             ),
             Decision::Ignore(_)
         ));
+    }
+
+    /// Every API generation's corpus file for `event_type`, parsed (where the generation has
+    /// that type).
+    fn every_generation(event_type: &str) -> Vec<(&'static str, Value)> {
+        GENERATIONS
+            .iter()
+            .filter_map(|generation| {
+                let path = format!(
+                    "{}/../testdata/providers/stripe/{generation}/{event_type}.json",
+                    env!("CARGO_MANIFEST_DIR")
+                );
+                let body = std::fs::read_to_string(path).ok()?;
+                Some((*generation, serde_json::from_str(&body).unwrap()))
+            })
+            .collect()
+    }
+
+    const GENERATIONS: [&str; 5] = ["pre-basil", "basil", "clover", "dahlia", "endive"];
+
+    /// The corpus ids of a generation (testdata/providers/README.md, "Fixed ids").
+    fn ids(generation: &str) -> (&'static str, String, String, String) {
+        match generation {
+            "pre-basil" => (
+                "PreBasil",
+                "cus_PreBasilCust01".into(),
+                "sub_1PreBasilSub0001".into(),
+                "price_1ProMonthlyPre01".into(),
+            ),
+            "basil" => (
+                "Basil",
+                "cus_BasilCust0001".into(),
+                "sub_1BasilSub000001".into(),
+                "price_1ProMonthlyBas01".into(),
+            ),
+            other => {
+                let name = match other {
+                    "clover" => "Clover",
+                    "dahlia" => "Dahlia",
+                    _ => "Endive",
+                };
+                (
+                    name,
+                    format!("cus_{name}Cust001"),
+                    format!("sub_1{name}Sub00001"),
+                    format!("price_1ProMonthly{}01", &name[..3]),
+                )
+            }
+        }
+    }
+
+    /// docs/design.md §6.2, per version: the customer, the account and the mode of every
+    /// event; the subscription's id, status, price and period end; the invoice's price,
+    /// subscription and payment intents; the invoice payment's invoice and intent; the
+    /// refund's invoice or intent. Each is read from where that version puts it.
+    #[test]
+    fn every_decision_field_is_read_in_every_api_version() {
+        for (generation, event) in every_generation("customer.subscription.updated") {
+            let (_, customer, subscription, price) = ids(generation);
+            let verified = crate::providers::stripe::parse_event(
+                event.to_string().as_bytes(),
+                chrono::Utc::now(),
+            );
+            let meta = verified.meta.unwrap();
+            assert_eq!(meta.customer.unwrap().as_str(), customer, "{generation}");
+            assert_eq!(event["livemode"], json!(false), "{generation}");
+            let object = &event["data"]["object"];
+            assert_eq!(required(object, "/id").unwrap(), subscription);
+            assert_eq!(required(object, "/status").unwrap(), "active");
+            assert_eq!(
+                plan_keys(object).first(),
+                Some(&price.as_str()),
+                "{generation}"
+            );
+            assert_eq!(
+                ends(object).unwrap().current_period_end,
+                chrono::DateTime::from_timestamp(1_767_225_600, 0),
+                "{generation}"
+            );
+            // A connected account's event names its account: part of the customer's id.
+            let mut connected = event.clone();
+            connected["account"] = json!("acct_1Connected0001");
+            let meta = crate::providers::stripe::parse_event(
+                connected.to_string().as_bytes(),
+                chrono::Utc::now(),
+            )
+            .meta
+            .unwrap();
+            assert_eq!(
+                meta.customer.unwrap().as_str(),
+                format!("acct_1Connected0001/{customer}")
+            );
+        }
+        for (generation, event) in every_generation("invoice.paid") {
+            let (name, _, subscription, price) = ids(generation);
+            let invoice = &event["data"]["object"];
+            assert_eq!(plan_keys(invoice), vec![price.as_str()], "{generation}");
+            assert_eq!(
+                invoice_subscriptions(invoice),
+                vec![subscription.as_str()],
+                "{generation}"
+            );
+            let intents = invoice_payment_intents(invoice);
+            match generation {
+                // Before basil the invoice names its payment intent; from basil on only its
+                // `payments` (when included) and the invoice payment do.
+                "pre-basil" => assert_eq!(intents, vec!["pi_3PreBasilPi00001"]),
+                _ => assert!(intents.is_empty(), "{generation}: {intents:?}"),
+            }
+            if generation != "pre-basil" {
+                let mut with_payments = invoice.clone();
+                with_payments["payments"] = json!({"object": "list", "data": [
+                    {"payment": {"type": "payment_intent", "payment_intent": format!("pi_3{name}Pi")}}
+                ]});
+                assert_eq!(
+                    invoice_payment_intents(&with_payments),
+                    vec![format!("pi_3{name}Pi")]
+                );
+            }
+        }
+        for (generation, event) in every_generation("charge.refunded") {
+            let charge = &event["data"]["object"];
+            assert_eq!(charge["refunded"], json!(true), "{generation}");
+            let decided = super::decide("charge.refunded", &event, &catalog()).unwrap();
+            let Decision::Apply { effects, .. } = decided else {
+                panic!("{generation}: {decided:?}")
+            };
+            match generation {
+                "pre-basil" => assert!(matches!(
+                    &effects[0],
+                    Effect::Payment { id, status: PaymentStatus::Refunded, .. } if id == "in_1PreBasilInv0001"
+                )),
+                _ => assert!(
+                    matches!(&effects[0], Effect::RefundIntent { payment_intent, .. } if payment_intent.starts_with("pi_3")),
+                    "{generation}: {effects:?}"
+                ),
+            }
+        }
+        let paid_by = every_generation("invoice_payment.paid");
+        assert_eq!(paid_by.len(), 4, "every generation from basil on");
+        for (generation, event) in paid_by {
+            let decided = super::decide("invoice_payment.paid", &event, &catalog());
+            let Ok(Decision::Apply { effects, .. }) = decided else {
+                panic!("{generation}: {decided:?}")
+            };
+            assert!(
+                matches!(&effects[..], [Effect::PaymentIntent { invoice, .. }] if invoice.ends_with("Inv000001") || invoice.ends_with("Inv00001")),
+                "{generation}: {effects:?}"
+            );
+        }
+    }
+
+    /// The places a field may also take in any version: an expanded object for an id, the
+    /// line's own `subscription`, an expanded Price in a line's `pricing`.
+    #[test]
+    fn expanded_and_line_level_places_are_read() {
+        let invoice = json!({
+            "id": "in_1",
+            "subscription": {"id": "sub_top", "object": "subscription"},
+            "parent": {"subscription_details": {"subscription": {"id": "sub_parent"}}},
+            "lines": {"data": [
+                {"parent": {"subscription_item_details": {"subscription": "sub_item"}},
+                 "subscription": "sub_line",
+                 "pricing": {"type": "price_details", "price_details": {"price": {"id": "price_x"}}}},
+                {"subscription": "sub_line"}
+            ]}
+        });
+        assert_eq!(
+            invoice_subscriptions(&invoice),
+            vec!["sub_top", "sub_parent", "sub_item", "sub_line"]
+        );
+        assert_eq!(plan_keys(&invoice), vec!["price_x"]);
+    }
+
+    /// An invoice whose lines name no known price asks for its subscription's plan; one whose
+    /// lines name a known price grants it and asks for nothing more.
+    #[test]
+    fn an_invoice_without_a_known_price_asks_for_its_subscriptions_plan() {
+        for (generation, mut event) in every_generation("invoice.paid") {
+            let (_, _, subscription, _) = ids(generation);
+            let Ok(Decision::Apply { effects, .. }) =
+                super::decide("invoice.paid", &event, &catalog())
+            else {
+                panic!("{generation}")
+            };
+            // The corpus prices are not in the unit catalog: nothing tells the plan yet.
+            let Some(Effect::GrantOfSubscription {
+                subscriptions,
+                read,
+                ..
+            }) = effects
+                .iter()
+                .find(|e| matches!(e, Effect::GrantOfSubscription { .. }))
+            else {
+                panic!("{generation}: {effects:?}")
+            };
+            assert_eq!(subscriptions, &vec![subscription.clone()], "{generation}");
+            assert!(read.contains("parent.subscription_details.subscription"));
+            for line in event["data"]["object"]["lines"]["data"]
+                .as_array_mut()
+                .unwrap()
+            {
+                line["price"] = json!({"id": "price_pro"});
+            }
+            let Ok(Decision::Apply { effects, .. }) =
+                super::decide("invoice.paid", &event, &catalog())
+            else {
+                panic!("{generation}")
+            };
+            assert!(
+                !effects
+                    .iter()
+                    .any(|e| matches!(e, Effect::GrantOfSubscription { .. })),
+                "{generation}: {effects:?}"
+            );
+            assert!(effects.iter().any(|e| matches!(e, Effect::Grant { .. })));
+        }
     }
 }
