@@ -43,7 +43,7 @@ pub(crate) fn corpus(dir: &str) -> Vec<(String, Value)> {
 }
 
 /// A test app whose worker knows the corpus's plans.
-async fn corpus_app(pool: PgPool) -> TestApp {
+pub(crate) async fn corpus_app(pool: PgPool) -> TestApp {
     let mut app = TestApp::spawn(pool).await;
     app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
     app
@@ -107,8 +107,13 @@ fn reason_of<'a>(account: &'a AccountView, event_type: &str) -> &'a str {
 }
 
 async fn stripe_generation(pool: PgPool, dir: &str, ids: [&str; 5], reverse: bool) {
-    let [customer, subscription, invoice, failed_invoice, gone] = ids;
     let app = send_all(pool, "stripe", dir, reverse).await;
+    assert_generation(&app, ids).await;
+}
+
+/// The accounts a generation's corpus leaves, in either order and by either way in.
+pub(crate) async fn assert_generation(app: &TestApp, ids: [&str; 5]) {
+    let [customer, subscription, invoice, failed_invoice, gone] = ids;
     let account = app.account("stripe", customer, "2025-12").await;
     // Created (incomplete) and updated (active) share a second; deleted (canceled) is last.
     assert_eq!(account.subscriptions.len(), 1);
@@ -313,7 +318,7 @@ const PRE_BASIL: [&str; 5] = [
     "cus_PreBasilGone01",
 ];
 
-const BASIL: [&str; 5] = [
+pub(crate) const BASIL: [&str; 5] = [
     "cus_BasilCust0001",
     "sub_1BasilSub000001",
     "in_1BasilInv000001",

@@ -14,10 +14,10 @@ use crate::helpers::*;
 use crate::traffic::with_stripe_api;
 
 const SUB: &str = "sub_1ThinSub0000001";
-const CUSTOMER: &str = "cus_ThinCust00001";
+pub(crate) const CUSTOMER: &str = "cus_ThinCust00001";
 
 /// The thin events of the corpus, in file order (created, updated, deleted).
-fn thin_events() -> Vec<Value> {
+pub(crate) fn thin_events() -> Vec<Value> {
     corpus("stripe/thin").into_iter().map(|(_, v)| v).collect()
 }
 
@@ -30,7 +30,7 @@ fn object(name: &str) -> Value {
 }
 
 /// A test app knowing the corpus's plans, its worker reading Stripe at a fresh fake API.
-async fn app_with_api(pool: PgPool) -> (TestApp, MockServer) {
+pub(crate) async fn app_with_api(pool: PgPool) -> (TestApp, MockServer) {
     let mut app = TestApp::spawn(pool).await;
     app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
     let api = MockServer::start().await;
@@ -39,7 +39,7 @@ async fn app_with_api(pool: PgPool) -> (TestApp, MockServer) {
 }
 
 /// The fake API shows the subscription as `name` (a file of `objects/`) from now on.
-async fn shows(api: &MockServer, name: &str) {
+pub(crate) async fn shows(api: &MockServer, name: &str) {
     api.reset().await;
     Mock::given(method("GET"))
         .and(path(format!("/v1/subscriptions/{SUB}")))
@@ -56,12 +56,12 @@ async fn deliver(app: &TestApp, event: &Value) {
     app.run_worker().await;
 }
 
-async fn status_of(app: &TestApp, dedupe_key: &str) -> EventRow {
+pub(crate) async fn status_of(app: &TestApp, dedupe_key: &str) -> EventRow {
     app.event(app.event_id("stripe", dedupe_key).await).await
 }
 
 /// The period of now: a read's time is its own, so its grant falls in the current month.
-fn period() -> String {
+pub(crate) fn period() -> String {
     chrono::Utc::now().format("%Y-%m").to_string()
 }
 

@@ -4,6 +4,7 @@
 //! `functions/` only build their state once and call these.
 
 pub mod api;
+pub mod bridge;
 pub mod dispatcher;
 pub mod intake;
 pub mod migrate;
