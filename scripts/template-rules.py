@@ -204,6 +204,8 @@ EVERYTHING = {
     "IntakeReservedConcurrency": "20",
     "ApiReservedConcurrency": "5",
     "SourceSilentHours": "0",
+    "StripeEventSourceName": "aws.partner/stripe.com/ed_61RBridgeTest0001",
+    "StripeEventSourceFor": "stripe",
 }
 CREATED = {
     **REQUIRED,
@@ -319,6 +321,18 @@ BAD = {
     "an alert endpoint over plain http": (
         {**EVERYTHING, "AlertHttpsEndpoint": "http://events.pagerduty.com/integration/x/enqueue"},
         "AlertHttpsEndpoint:",
+    ),
+    "a partner event source without the source it feeds": (
+        {**EVERYTHING, "StripeEventSourceFor": ""},
+        "rule StripeEventSourceNeedsItsSource:",
+    ),
+    "a source to feed without its partner event source": (
+        {**EVERYTHING, "StripeEventSourceName": ""},
+        "rule StripeSourceNeedsItsEventSource:",
+    ),
+    "another partner's event source": (
+        {**EVERYTHING, "StripeEventSourceName": "aws.partner/example.com/ed_1"},
+        "StripeEventSourceName:",
     ),
     "a negative reservation": (
         {**EVERYTHING, "IntakeReservedConcurrency": "-1"},
