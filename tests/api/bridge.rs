@@ -132,6 +132,20 @@ async fn both_ways(pool: PgPool, bus_first: bool) {
     assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 1);
     let id = first["event_id"].as_i64().unwrap();
     assert_eq!(app.verdicts(id).await, ["stored", "duplicate"]);
+    // The bus's delivery row says how it came, under the EventBridge event's id.
+    let (via, delivery_id): (Option<String>, Option<String>) = sqlx::query_as(
+        "SELECT headers->>'via', delivery_id FROM deliveries
+         WHERE event_id = $1 AND headers ? 'eventbridge-source'",
+    )
+    .bind(id)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(via.as_deref(), Some("eventbridge"));
+    assert!(
+        delivery_id.is_some_and(|d| uuid::Uuid::parse_str(&d).is_ok()),
+        "the EventBridge event's id"
+    );
     assert_eq!(app.event(id).await.seen_count, 2);
     app.run_worker().await;
     assert_eq!(app.event(id).await.status, "applied");
