@@ -539,6 +539,9 @@ pub struct IntakeConfig {
     pub queue_url: String,
     pub sources: Vec<SourceConfig>,
     pub tolerance: Duration,
+    /// The Stripe source the EventBridge bridge feeds (`INBOX_STRIPE_EVENT_SOURCE_FOR`), if
+    /// any: without signing secrets it is left off the intake, whose route for it says so.
+    pub bus_fed: Option<String>,
 }
 
 impl FromEnv for IntakeConfig {
@@ -548,6 +551,7 @@ impl FromEnv for IntakeConfig {
             queue_url: env.required("QUEUE_URL")?,
             sources: env.sources()?,
             tolerance: env.tolerance()?,
+            bus_fed: env.optional(EVENT_SOURCE_FOR_VAR),
         })
     }
 }

@@ -263,3 +263,73 @@ async fn a_detail_that_is_no_stripe_event_is_kept_unprocessable_and_acknowledged
     }
     assert!(app.drain_queue().await.is_empty());
 }
+
+/// The intake's configuration with `sources`, and the bus feeding `stripe` when `bus_fed`.
+fn intake_config(
+    pool: &PgPool,
+    sources: Value,
+    bus_fed: bool,
+) -> Result<shared::config::IntakeConfig, shared::config::ConfigError> {
+    use shared::config::FromEnv;
+    let options = pool.connect_options();
+    let url = format!(
+        "postgres://postgres@{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap()
+    );
+    shared::config::IntakeConfig::from_lookup(move |var| match var {
+        "DATABASE_URL" => Some(url.clone()),
+        "QUEUE_URL" => Some("http://127.0.0.1:1/000000000000/unused".into()),
+        "INBOX_SOURCES" => Some(sources.to_string()),
+        "INBOX_STRIPE_EVENT_SOURCE_FOR" if bus_fed => Some("stripe".into()),
+        _ => None,
+    })
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_stripe_source_fed_only_by_the_bus_needs_no_signing_secret_and_refuses_https(
+    pool: PgPool,
+) {
+    let bus_only = json!([{"name": "stripe", "kind": "stripe"}]);
+    // Without the bus, a Stripe source with no signing secret stops the intake's cold start.
+    let config = intake_config(&pool, bus_only.clone(), false).unwrap();
+    let refused = shared::handlers::intake::IntakeState::from_config(&config).await;
+    assert!(refused.is_err(), "a Stripe source needs its secrets");
+
+    // Fed by the bus, it needs none: the intake starts, and its HTTPS route says why not.
+    let config = intake_config(&pool, bus_only, true).unwrap();
+    let state = shared::handlers::intake::IntakeState::from_config(&config)
+        .await
+        .expect("the intake starts");
+    let event = stripe_event("evt_1HttpsToBus", "cus_1", chrono::Utc::now().timestamp());
+    let delivery = stripe_delivery(&event);
+    let mut request = http::Request::builder()
+        .method("POST")
+        .uri("https://example.test/webhooks/stripe");
+    for (name, value) in &delivery.headers {
+        request = request.header(name, value);
+    }
+    let response = shared::handlers::intake::handle(
+        &state,
+        request
+            .body(lambda_http::Body::from(delivery.body.clone()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(response.status(), 404);
+    let lambda_http::Body::Text(body) = response.body() else {
+        panic!("a JSON answer")
+    };
+    let body: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["code"], "eventbridge_only", "{body}");
+    assert!(body["detail"]
+        .as_str()
+        .unwrap()
+        .contains("Amazon EventBridge"));
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 0);
+}

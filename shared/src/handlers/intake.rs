@@ -46,6 +46,9 @@ pub struct IntakeState {
     pub pool: PgPool,
     pub queue: Queue,
     pub sources: Sources,
+    /// Sources that take their events through Amazon EventBridge alone (no signing secret):
+    /// not verifiable here, so their route answers that it is not theirs.
+    pub bus_only: Vec<String>,
 }
 
 impl IntakeState {
@@ -56,6 +59,7 @@ impl IntakeState {
             pool,
             queue,
             sources,
+            bus_only: Vec::new(),
         }
     }
 
@@ -69,18 +73,31 @@ impl IntakeState {
         let queue = Queue::from_env(config.queue_url.clone()).await;
         // Only a Kinde key fetch uses it: built then, not at cold start.
         let http = crate::http_client::LazyClient::with_timeout(Duration::from_secs(5));
-        let configs = crate::secrets::resolve(
-            &config.sources,
-            Needs::Signing,
-            crate::secrets::OnFailure::Stop,
-        )
-        .await?;
+        // The source the EventBridge bridge feeds needs no signing secret (docs/deploy.md,
+        // *Stripe through Amazon EventBridge*); given none, it has no verifier here. Any other
+        // source without its secrets still stops the cold start.
+        let (bus_only, signed): (Vec<_>, Vec<_>) = config.sources.iter().cloned().partition(|s| {
+            config.bus_fed.as_deref() == Some(s.name.as_str())
+                && s.secrets.is_empty()
+                && s.secret_id.is_none()
+        });
+        let bus_only: Vec<String> = bus_only.into_iter().map(|s| s.name).collect();
+        for name in &bus_only {
+            tracing::info!(
+                source = %name,
+                "the source takes its events through Amazon EventBridge only: no HTTPS route"
+            );
+        }
+        let configs =
+            crate::secrets::resolve(&signed, Needs::Signing, crate::secrets::OnFailure::Stop)
+                .await?;
         let sources = Sources::build(&configs, config.tolerance, http)?;
         Ok(Self {
             conn: Held::on(database),
             pool,
             queue,
             sources,
+            bus_only,
         })
     }
 }
@@ -94,6 +111,8 @@ pub enum IntakeError {
     MethodNotAllowed,
     #[error("unknown source '{0}'")]
     UnknownSource(String),
+    #[error("source '{0}' takes its events through Amazon EventBridge, not over HTTPS")]
+    EventBridgeOnly(String),
     #[error("body is {0} bytes; the limit is {MAX_BODY_BYTES}")]
     PayloadTooLarge(usize),
     #[error(transparent)]
@@ -109,7 +128,9 @@ pub enum IntakeError {
 impl IntakeError {
     fn status(&self) -> StatusCode {
         match self {
-            Self::NotFound { .. } | Self::UnknownSource(_) => StatusCode::NOT_FOUND,
+            Self::NotFound { .. } | Self::UnknownSource(_) | Self::EventBridgeOnly(_) => {
+                StatusCode::NOT_FOUND
+            }
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized(AuthError::KeysUnavailable) => StatusCode::SERVICE_UNAVAILABLE,
@@ -124,6 +145,7 @@ impl IntakeError {
             Self::NotFound { .. } => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::UnknownSource(_) => "unknown_source",
+            Self::EventBridgeOnly(_) => "eventbridge_only",
             Self::PayloadTooLarge(_) => "payload_too_large",
             Self::Unauthorized(AuthError::KeysUnavailable) => "keys_unavailable",
             Self::Unauthorized(_) => "unauthorized",
@@ -213,10 +235,13 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
         return Err(IntakeError::MethodNotAllowed);
     }
     tracing::Span::current().record("source", source_name.as_str());
-    let source = state
-        .sources
-        .get(&source_name)
-        .ok_or_else(|| IntakeError::UnknownSource(source_name.clone()))?;
+    let source = state.sources.get(&source_name).ok_or_else(|| {
+        if state.bus_only.contains(&source_name) {
+            IntakeError::EventBridgeOnly(source_name.clone())
+        } else {
+            IntakeError::UnknownSource(source_name.clone())
+        }
+    })?;
     let body = body_bytes(request.body());
     if body.len() > MAX_BODY_BYTES {
         return Err(IntakeError::PayloadTooLarge(body.len()));
