@@ -25,6 +25,7 @@ mod scheduler;
 mod secrets;
 mod sim;
 mod sqs_calls;
+mod subscription_read;
 mod thin;
 mod traffic;
 mod usage;

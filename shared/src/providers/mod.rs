@@ -366,6 +366,19 @@ pub trait Reads: Send + Sync {
         Box::pin(std::future::ready(Ok(None)))
     }
 
+    /// The subscription object as the provider shows it now, whole (Stripe: an invoice whose
+    /// plan its subscription's register does not know yet, docs/design.md §6.2); `None` when
+    /// the provider does not know it (404).
+    fn subscription_object<'a>(
+        &'a self,
+        _customer: &'a CustomerId,
+        _id: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
+        Box::pin(std::future::ready(Err(anyhow::anyhow!(
+            "this provider's API has no subscription object reads"
+        ))))
+    }
+
     /// A thin event's related object, `GET path` as the event's context names (Stripe,
     /// docs/design.md §6.2); `None` when the provider no longer has it (404).
     fn related_object<'a>(

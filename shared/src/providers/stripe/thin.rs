@@ -79,23 +79,14 @@ impl ThinEvent {
     /// read win over that change), its id [`Self::read_key`], and a connected account's read
     /// names the `account` as a Connect endpoint's snapshot event does.
     pub fn snapshot(&self, object: &Value, read_at: DateTime<Utc>) -> Option<Fetched> {
-        let key = self.read_key()?;
-        let mut event = json!({
-            "id": key.as_str(),
-            "object": "event",
-            "api_version": FETCH_VERSION,
-            "created": read_at.timestamp(),
-            "livemode": self.livemode,
-            "type": self.snapshot_type?,
-            "data": {"object": object},
-            "thin_event": self.id,
-        });
-        if let Some(account) = self.account() {
-            event["account"] = json!(account);
-        }
-        let body = serde_json::to_vec(&event).ok()?;
-        let event = parse_event(&body, read_at);
-        Some(Fetched { body, event })
+        let read = Read {
+            key: self.read_key()?,
+            event_type: self.snapshot_type?,
+            livemode: self.livemode,
+            account: self.account(),
+            because: ("thin_event", &self.id),
+        };
+        read.snapshot(object, read_at)
     }
 
     /// The connected account the context names: a context of one `acct_…` segment. A
@@ -104,6 +95,44 @@ impl ThinEvent {
         self.context
             .as_deref()
             .filter(|c| c.starts_with("acct_") && !c.contains('/'))
+    }
+}
+
+/// An object read from the API, to be stored as the snapshot event `event_type` of its own
+/// (docs/design.md §6.2): a thin event's related object, or the subscription of an invoice
+/// whose plan its register does not know yet.
+pub struct Read<'a> {
+    /// The read's dedupe key: one per event that made it, so a retry or a replay finds it.
+    pub key: DedupeKey,
+    pub event_type: &'a str,
+    pub livemode: Option<bool>,
+    /// The connected account the object lives in, if not the platform's own.
+    pub account: Option<&'a str>,
+    /// The field that names the event the read was made for, and that event's id.
+    pub because: (&'a str, &'a str),
+}
+
+impl Read<'_> {
+    /// The object as read, as a snapshot event: its time is the read's, in whole seconds as
+    /// Stripe's `created` is (see [`ThinEvent::snapshot`]), and a connected account's read
+    /// names the `account` as a Connect endpoint's snapshot event does.
+    pub fn snapshot(&self, object: &Value, read_at: DateTime<Utc>) -> Option<Fetched> {
+        let mut event = json!({
+            "id": self.key.as_str(),
+            "object": "event",
+            "api_version": FETCH_VERSION,
+            "created": read_at.timestamp(),
+            "livemode": self.livemode,
+            "type": self.event_type,
+            "data": {"object": object},
+        });
+        event[self.because.0] = json!(self.because.1);
+        if let Some(account) = self.account {
+            event["account"] = json!(account);
+        }
+        let body = serde_json::to_vec(&event).ok()?;
+        let event = parse_event(&body, read_at);
+        Some(Fetched { body, event })
     }
 }
 
