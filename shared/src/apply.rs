@@ -25,8 +25,10 @@ use crate::inbox::lease::{self, Claimed};
 use crate::providers::{self, Api, Reads, Shown};
 use crate::sim::{self, Bug, Injected, Point};
 
+mod health;
 mod subscription_read;
 mod thin;
+pub use health::{generation_failure_metric, MAX_SWEEP_PAGES};
 pub use thin::thin_without_api_key_metric;
 use thin::Carried;
 

@@ -10,6 +10,7 @@ mod effects;
 mod effects_dispatch;
 mod ends;
 mod fuzz;
+mod health;
 mod helpers;
 mod intake;
 mod kinde_reconcile;

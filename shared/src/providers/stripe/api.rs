@@ -197,6 +197,21 @@ impl Reads for StripeReads {
         Box::pin(self.read_subscription_object(customer, id))
     }
 
+    fn v2_event<'a>(
+        &'a self,
+        thin: &'a super::thin::ThinEvent,
+    ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
+        Box::pin(super::thin::fetch_v2_event(&self.api, thin))
+    }
+
+    fn subscriptions_page<'a>(
+        &'a self,
+        account: Option<&'a str>,
+        after: Option<&'a str>,
+    ) -> BoxFuture<'a, anyhow::Result<(Vec<Value>, Option<String>)>> {
+        Box::pin(super::thin::subscriptions_page(&self.api, account, after))
+    }
+
     fn related_object<'a>(
         &'a self,
         thin: &'a super::thin::ThinEvent,

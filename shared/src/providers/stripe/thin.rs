@@ -8,8 +8,9 @@
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
-use super::decide::HANDLED_TYPES;
+use super::decide::{ends, plan_keys, HANDLED_TYPES};
 use super::parse_event;
+use crate::billing::registers::StoredSubscription;
 use crate::domain::DedupeKey;
 use crate::providers::{path_id, Api, Fetched};
 
@@ -134,6 +135,142 @@ impl Read<'_> {
         let event = parse_event(&body, read_at);
         Some(Fetched { body, event })
     }
+}
+
+/// Stripe's word that it failed to generate events (a public-preview thin event): those events
+/// never reach a destination nor the events list, so reconciliation's walk cannot find them
+/// (docs/design.md §6.2, "Event generation failures").
+pub const GENERATION_FAILURE: &str = "v2.core.health.event_generation_failure.resolved";
+
+/// The API version the v2 event is read in: the public preview that gave
+/// `data.impact.related_object` its `{id, type, url}` and `context` (changelog 2025-11-17).
+pub const V2_EVENT_VERSION: &str = "2025-11-17.preview";
+
+/// What a generation failure's `data.impact` names: the event type Stripe failed to generate
+/// and the object it was about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Impact {
+    /// An object of a handled type's event: read at `path`, stored as the `snapshot_type`.
+    Object {
+        snapshot_type: &'static str,
+        path: String,
+        context: Option<String>,
+    },
+    /// An event of a type `decide` gives no meaning.
+    NotBilling(String),
+    /// An object, of a handled type's event, whose path is not one this code reads.
+    Unreadable(String),
+    /// No object: the window's events are unknown.
+    Unnamed,
+}
+
+/// What a generation failure's `data` (`alert_id`, `grouping_key`, `impact`, `resolved_at`,
+/// `summary`; stripe-node's `V2CoreHealthEventGenerationFailureResolvedEvent.Data`) names. The
+/// `impact.related_object.url` is an API path in the SDKs' types and a Dashboard URL in
+/// Stripe's guide: a `/v1/…` path is read as it is, else the path of a type this code reads
+/// is made from `type` and `id`.
+pub fn impact(data: &Value) -> Impact {
+    let text = |p: &str| {
+        data.pointer(p)
+            .and_then(Value::as_str)
+            .filter(|s| !s.trim().is_empty())
+    };
+    let Some(event_type) = text("/impact/event_type") else {
+        return Impact::Unnamed;
+    };
+    let Some(id) = text("/impact/related_object/id").or(text("/impact/related_object_id")) else {
+        return Impact::Unnamed;
+    };
+    let Some(snapshot_type) = HANDLED_TYPES.iter().copied().find(|t| *t == event_type) else {
+        return Impact::NotBilling(event_type.to_owned());
+    };
+    let url = text("/impact/related_object/url");
+    let path = match url.and_then(related_path) {
+        Some(path) => Some(path.to_owned()),
+        None => {
+            let collection = match text("/impact/related_object/type") {
+                Some("subscription") => Some("subscriptions"),
+                Some("invoice") => Some("invoices"),
+                Some("customer") => Some("customers"),
+                Some("charge") => Some("charges"),
+                Some("invoice_payment") => Some("invoice_payments"),
+                _ => None,
+            };
+            collection.and_then(|c| path_id(id).ok().map(|id| format!("/v1/{c}/{id}")))
+        }
+    };
+    match path {
+        Some(path) => Impact::Object {
+            snapshot_type,
+            path,
+            context: text("/impact/context").map(str::to_owned),
+        },
+        None => Impact::Unreadable(format!("{event_type} of {id}")),
+    }
+}
+
+/// `GET /v2/core/events/{id}`: the generation failure as an event, its `data` included (the
+/// notification carries none), read in the event's context.
+pub async fn fetch_v2_event(api: &Api, thin: &ThinEvent) -> anyhow::Result<Option<Value>> {
+    let path = format!("/v2/core/events/{}", path_id(&thin.id)?);
+    let mut headers = vec![("Stripe-Version", V2_EVENT_VERSION)];
+    if let Some(context) = thin.context.as_deref() {
+        headers.push(("Stripe-Context", context));
+    }
+    api.get_found(&path, &[], &headers).await
+}
+
+/// One page of `GET /v1/subscriptions?status=all` (every status, canceled ones included),
+/// after `after`, in the connected `account` when named: the subscriptions and the id the next
+/// page starts after, if there is one.
+pub async fn subscriptions_page(
+    api: &Api,
+    account: Option<&str>,
+    after: Option<&str>,
+) -> anyhow::Result<(Vec<Value>, Option<String>)> {
+    use anyhow::Context;
+    let mut query = vec![("status", "all".to_owned()), ("limit", "100".to_owned())];
+    if let Some(after) = after {
+        query.push(("starting_after", path_id(after)?.to_owned()));
+    }
+    let mut headers = vec![("Stripe-Version", FETCH_VERSION)];
+    if let Some(account) = account {
+        headers.push(("Stripe-Account", account));
+    }
+    let page = api
+        .get_found("/v1/subscriptions", &query, &headers)
+        .await?
+        .context("GET /v1/subscriptions answered 404 Not Found")?;
+    let listed = page
+        .get("data")
+        .and_then(Value::as_array)
+        .context("the subscriptions list has no data")?
+        .clone();
+    let has_more = page.get("has_more").and_then(Value::as_bool) == Some(true);
+    let next = listed
+        .last()
+        .and_then(|s| s.get("id"))
+        .and_then(Value::as_str)
+        .filter(|_| has_more)
+        .map(str::to_owned);
+    Ok((listed, next))
+}
+
+/// Whether a subscription as listed differs from its register (or the register has none):
+/// status, plan, or ends, as `decide` reads them. A read is the provider's state at the read's
+/// time, newer than anything the register holds, so only an agreement makes it unneeded.
+pub fn differs(subscription: &Value, local: Option<&StoredSubscription>) -> bool {
+    let Some(local) = local else {
+        return true;
+    };
+    let status = subscription.get("status").and_then(Value::as_str);
+    let keys = plan_keys(subscription);
+    status != Some(local.status.as_str())
+        || local
+            .plan_key
+            .as_deref()
+            .is_some_and(|k| !keys.contains(&k))
+        || ends(subscription).is_ok_and(|e| e != local.ends)
 }
 
 /// The path `related_object.url` names, if it is one of Stripe's v1 object paths: relative,
