@@ -393,4 +393,52 @@ mod tests {
         assert_eq!(meta.occurred_at.as_datetime().timestamp(), at.timestamp());
         assert_eq!(meta.occurred_at.as_datetime().timestamp_subsec_micros(), 0);
     }
+
+    /// `data.impact` as stripe-node's types give it (an API path) and as Stripe's guide shows
+    /// it (a Dashboard URL, and the older `related_object_id`).
+    #[test]
+    fn a_generation_failure_names_the_object_by_its_path_or_its_type() {
+        let data = |url: &str, event_type: &str| {
+            json!({"alert_id": "halert_1", "impact": {"event_type": event_type, "context": "acct_1C",
+                "related_object": {"id": "sub_1", "type": "subscription", "url": url}}})
+        };
+        let object = |path: &str| Impact::Object {
+            snapshot_type: "customer.subscription.updated",
+            path: path.into(),
+            context: Some("acct_1C".into()),
+        };
+        assert_eq!(
+            impact(&data(
+                "/v1/subscriptions/sub_1",
+                "customer.subscription.updated"
+            )),
+            object("/v1/subscriptions/sub_1")
+        );
+        assert_eq!(
+            impact(&data(
+                "https://dashboard.stripe.com/subscriptions/sub_1",
+                "customer.subscription.updated"
+            )),
+            object("/v1/subscriptions/sub_1")
+        );
+        assert_eq!(
+            impact(&data(
+                "/v1/subscriptions/sub_1",
+                "payment_intent.requires_action"
+            )),
+            Impact::NotBilling("payment_intent.requires_action".into())
+        );
+        let mut unknown = data("https://dashboard.stripe.com/x/sub_1", "invoice.paid");
+        unknown["impact"]["related_object"]["type"] = json!("quote");
+        assert_eq!(
+            impact(&unknown),
+            Impact::Unreadable("invoice.paid of sub_1".into())
+        );
+        assert_eq!(impact(&json!({"alert_id": "halert_1"})), Impact::Unnamed);
+        let older = json!({"impact": {"event_type": "invoice.paid", "related_object_id": "in_1"}});
+        assert_eq!(
+            impact(&older),
+            Impact::Unreadable("invoice.paid of in_1".into())
+        );
+    }
 }
