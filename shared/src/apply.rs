@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 
 use crate::billing::registers;
-use crate::billing::rules::{Registers, Stamp};
+use crate::billing::rules::{Registers, Stamp, SubscriptionRead};
 use crate::billing::{
     outcome, Catalog, Change, Decision, Effect, EventContext, Rank, SubscriptionEnds, Version,
 };
@@ -25,7 +25,10 @@ use crate::inbox::lease::{self, Claimed};
 use crate::providers::{self, Api, Reads, Shown};
 use crate::sim::{self, Bug, Injected, Point};
 
+mod health;
+mod subscription_read;
 mod thin;
+pub use health::{generation_failure_metric, MAX_SWEEP_PAGES};
 pub use thin::thin_without_api_key_metric;
 use thin::Carried;
 
@@ -119,7 +122,8 @@ pub enum ApplyError {
     TieMoved,
     #[error("the account, or a subscription or payment another customer's event wrote, moved during the write; retrying")]
     Moved,
-    #[error("the thin event's object could not be fetched: {0}")]
+    /// A thin event's object, or an invoice's subscription, could not be read or stored.
+    #[error("a provider read failed: {0}")]
     Fetch(String),
     #[error(transparent)]
     Injected(#[from] Injected),
@@ -254,6 +258,17 @@ async fn apply_to_account(
     };
     sim::point(Point::WorkerRead, event.id).await;
     let ties_read = settle(source, ctx, &registers, &mut effects, &mut notes).await;
+    // An invoice whose subscription the register does not hold yet: the provider's read.
+    let shown = subscription_read::read(
+        conn,
+        event,
+        source,
+        ctx,
+        &registers,
+        &effects,
+        applier.catalog,
+    )
+    .await?;
     let decide = |registers: &mut Registers| {
         let reads = source.reads.is_some();
         decide(
@@ -263,7 +278,7 @@ async fn apply_to_account(
             registers,
             (&effects, &notes),
             reads,
-            &ties_read,
+            (&ties_read, &shown),
         )
     };
     if unlocked {
@@ -361,7 +376,7 @@ fn decide(
     registers: &mut Registers,
     (effects, notes): (&[Effect], &[String]),
     reads: bool,
-    ties_read: &HashMap<String, Option<i64>>,
+    (ties_read, shown): (&HashMap<String, Option<i64>>, &SubscriptionRead),
 ) -> Result<RulesOutcome, ApplyError> {
     let period = Period::of(ctx.version.at);
     let customer = ctx.customer.as_str();
@@ -369,9 +384,10 @@ fn decide(
         .effects
         .then(|| registers.state(customer, &period, applier.catalog).plan);
     let mut notes = notes.to_vec();
-    // An invoice whose lines name no known price takes its subscription's plan as read.
+    // An invoice whose lines name no known price takes its subscription's plan as read
+    // (from the register, else as the provider showed it).
     let (effects, resolved, ungranted) =
-        registers.plan_of_subscription(ctx, effects, applier.catalog);
+        registers.plan_of_subscription(ctx, effects, applier.catalog, shown);
     notes.extend(resolved);
     let mut changes = Vec::with_capacity(effects.len());
     let mut facts = Vec::new();

@@ -69,7 +69,7 @@ async fn send_files(app: &TestApp, source: &str, dir: &str, reverse: bool) {
 }
 
 /// Sends one body as `source`, stored new and then applied or ignored; its stored reason.
-async fn send_one(app: &TestApp, source: &str, name: &str, body: &Value) -> String {
+pub(crate) async fn send_one(app: &TestApp, source: &str, name: &str, body: &Value) -> String {
     let delivery = match source {
         "stripe" => stripe_delivery(body),
         "polar" => polar_delivery(&format!("msg_{name}"), body),
@@ -89,7 +89,7 @@ async fn send_one(app: &TestApp, source: &str, name: &str, body: &Value) -> Stri
     row.reason.unwrap_or_default()
 }
 
-fn payments(account: &AccountView) -> Vec<(&str, &str)> {
+pub(crate) fn payments(account: &AccountView) -> Vec<(&str, &str)> {
     account
         .payments
         .iter()
@@ -238,7 +238,7 @@ fn ids(name: &str) -> [String; 5] {
 /// The endive first invoice as a renewal on 2026-01-01 whose lines carry no price id (a
 /// line's `pricing` without `price_details`, as `InvoiceLineItem.Pricing` allows), billing
 /// `subscription`.
-fn renewal_without_price(subscription: &str) -> Value {
+pub(crate) fn renewal_without_price(subscription: &str) -> Value {
     let mut files = corpus("stripe/endive");
     let (_, mut event) = files.remove(
         files

@@ -14,7 +14,7 @@ use super::{ApplyError, WorkerSource};
 use crate::domain::{DedupeKey, EventStatus, SourceKind};
 use crate::inbox::lease::Claimed;
 use crate::inbox::thin::{self as stored, StoredEvent};
-use crate::providers::stripe::thin::{related_path, ThinEvent};
+use crate::providers::stripe::thin::{related_path, ThinEvent, GENERATION_FAILURE};
 use crate::providers::{self};
 
 /// What a claimed event is, as far as thin events go.
@@ -43,6 +43,9 @@ pub(super) async fn carried(
     let payload = event.payload.as_ref().unwrap_or(&Value::Null);
     if let Some(reason) = providers::provider(source.kind).out_of_scope(payload, source.livemode) {
         return finish(EventStatus::Ignored, reason);
+    }
+    if thin.event_type == GENERATION_FAILURE {
+        return super::health::carried(conn, event, source, &thin).await;
     }
     // The words an unknown snapshot type gets (`billing::model::not_billing`).
     let Some(_) = thin.snapshot_type else {
@@ -78,6 +81,24 @@ pub(super) async fn carried(
             );
         }
     }
+    read_object(conn, event, source, &thin).await
+}
+
+/// The thin event's related object: read now, stored, and the read applied under the thin
+/// event's id and lease.
+pub(super) async fn read_object(
+    conn: &mut PgConnection,
+    event: &Claimed,
+    source: &WorkerSource,
+    thin: &ThinEvent,
+) -> Result<Carried, ApplyError> {
+    let finish = |status, reason: String| Ok(Carried::Finish(status, reason));
+    let Some(read_key) = thin.read_key() else {
+        return finish(
+            EventStatus::Unprocessable,
+            "the thin event has no id".into(),
+        );
+    };
     let Some(url) = thin.url.as_deref() else {
         return finish(
             EventStatus::Unprocessable,
@@ -101,7 +122,7 @@ pub(super) async fn carried(
         );
     };
     let read_at = Utc::now();
-    let object = match reads.related_object(&thin, path).await {
+    let object = match reads.related_object(thin, path).await {
         Ok(Some(object)) => object,
         Ok(None) => {
             return finish(
@@ -136,7 +157,7 @@ fn thin_event(event: &Claimed, source: &WorkerSource) -> Option<ThinEvent> {
 
 /// The read, applied under the thin event's id and lease: its version (time, key) is the
 /// read's, so the read's own row, applied later or replayed, finds the work done.
-fn view(event: &Claimed, read: StoredEvent) -> Carried {
+pub(super) fn view(event: &Claimed, read: StoredEvent) -> Carried {
     Carried::Read {
         read_id: read.id,
         view: Claimed {

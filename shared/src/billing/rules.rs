@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 
-use super::catalog::Catalog;
+use super::catalog::{Catalog, PlanRef};
 use super::model::{
     allowance_entry_key, status_entitles, AccountState, Change, Effect, EventContext, Fact,
     PaymentStatus, Rank, StateInputs, SubscriptionEnds, SubscriptionState, Written,
@@ -424,18 +424,46 @@ pub struct Registers {
     pub changed: Changed,
 }
 
+/// What the provider showed of an invoice's subscription when its register held none of the
+/// subscriptions the invoice names (docs/design.md §6.2).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SubscriptionRead {
+    /// No read was needed, or none was made.
+    #[default]
+    NotRead,
+    /// The source has no API key to read the subscription with.
+    NoApiKey,
+    /// The provider does not know the subscription (404).
+    Unknown(String),
+    /// The read, stored as event `event_id`.
+    Read(ShownSubscription),
+}
+
+/// A subscription as a provider read showed it: its customer (the account's id, as an event
+/// about it names it) and the plan the catalog knows it by, if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShownSubscription {
+    pub id: String,
+    pub customer: String,
+    pub plan: Option<PlanRef>,
+    pub event_id: i64,
+}
+
 impl Registers {
     /// Resolves each [`Effect::GrantOfSubscription`] against the subscriptions as read: the
     /// first subscription the invoice names that the register holds for this customer with a
     /// plan the catalog knows gives the grant, and the payment the invoice is takes its plan
-    /// key. When none does, the payment stands without an allowance and the note says which
-    /// paths were read and what the register held (docs/design.md §6.2). Returns the effects
-    /// to apply, the notes, and whether a payment was left without a plan.
+    /// key. When the register holds none of them, the provider's read of one (`read`: stored
+    /// as an event of its own, docs/design.md §6.2) gives it, when it is this customer's and
+    /// names a known plan. When neither does, the payment stands without an allowance and the
+    /// note says which paths were read, what the register held and what the provider showed.
+    /// Returns the effects to apply, the notes, and whether a payment was left without a plan.
     pub fn plan_of_subscription(
         &self,
         ctx: &EventContext<'_>,
         effects: &[Effect],
         catalog: &Catalog,
+        read: &SubscriptionRead,
     ) -> (Vec<Effect>, Vec<String>, bool) {
         let mut out = Vec::with_capacity(effects.len());
         let mut notes = Vec::new();
@@ -444,7 +472,7 @@ impl Registers {
             let Effect::GrantOfSubscription {
                 payment,
                 subscriptions,
-                read,
+                read: paths,
             } = effect
             else {
                 out.push(effect.clone());
@@ -454,10 +482,21 @@ impl Registers {
                 let held = self.subscriptions.get(id.as_str())?;
                 let key = held.value.plan_key.as_deref()?;
                 let plan = catalog.resolve(&[key]).ok().flatten()?;
-                (held.value.customer == ctx.customer.as_str()).then_some((id, plan))
+                (held.value.customer == ctx.customer.as_str()).then_some((id, plan, None))
             });
-            match held {
-                Some((id, plan)) => {
+            let held_none = subscriptions
+                .iter()
+                .all(|id| !self.subscriptions.contains_key(id.as_str()));
+            let provider = match (&held, read) {
+                (None, SubscriptionRead::Read(shown)) if held_none => shown
+                    .plan
+                    .clone()
+                    .filter(|_| shown.customer == ctx.customer.as_str())
+                    .map(|plan| (&shown.id, plan, Some(shown.event_id))),
+                _ => None,
+            };
+            match held.or(provider) {
+                Some((id, plan, read_event)) => {
                     for effect in out.iter_mut() {
                         if let Effect::Payment {
                             id: paid,
@@ -470,8 +509,12 @@ impl Registers {
                             }
                         }
                     }
+                    let from = match read_event {
+                        None => String::new(),
+                        Some(event) => format!(" as the provider shows it (read, event {event})"),
+                    };
                     notes.push(format!(
-                        "plan {} from subscription {id} ({}): the lines name no known price",
+                        "plan {} from subscription {id}{from} ({}): the lines name no known price",
                         plan.plan, plan.key
                     ));
                     out.push(Effect::Grant { plan });
@@ -485,7 +528,31 @@ impl Registers {
                             ids.join(", ")
                         ),
                     };
-                    notes.push(format!("no allowance granted: read {read}; {register}"));
+                    let provider = match read {
+                        _ if subscriptions.is_empty() || !held_none => String::new(),
+                        SubscriptionRead::NotRead => String::new(),
+                        SubscriptionRead::NoApiKey => {
+                            "; the source has no API key to read it from the provider".to_owned()
+                        }
+                        SubscriptionRead::Unknown(id) => {
+                            format!("; the provider does not know {id}")
+                        }
+                        SubscriptionRead::Read(shown)
+                            if shown.customer != ctx.customer.as_str() =>
+                        {
+                            format!(
+                                "; the provider shows {} as {}'s (read, event {})",
+                                shown.id, shown.customer, shown.event_id
+                            )
+                        }
+                        SubscriptionRead::Read(shown) => format!(
+                            "; the provider shows {} with no known plan (read, event {})",
+                            shown.id, shown.event_id
+                        ),
+                    };
+                    notes.push(format!(
+                        "no allowance granted: read {paths}; {register}{provider}"
+                    ));
                 }
             }
         }
@@ -1068,6 +1135,7 @@ mod tests {
             &ctx,
             &effects(&["sub_other", "sub_unknown_plan", "sub_pro"]),
             &catalog,
+            &SubscriptionRead::NotRead,
         );
         assert!(!ungranted);
         assert_eq!(
@@ -1095,14 +1163,88 @@ mod tests {
             ),
             (&[][..], "the invoice names no subscription"),
         ] {
-            let (out, notes, ungranted) =
-                registers.plan_of_subscription(&ctx, &effects(named), &catalog);
+            let (out, notes, ungranted) = registers.plan_of_subscription(
+                &ctx,
+                &effects(named),
+                &catalog,
+                &SubscriptionRead::NotRead,
+            );
             assert!(ungranted);
             assert_eq!(out, effects(named)[..1].to_vec());
             assert_eq!(
                 notes,
                 vec![format!("no allowance granted: read the paths; {register}")]
             );
+        }
+    }
+
+    /// When the register holds none of the invoice's subscriptions, the provider's read of one
+    /// gives the plan, if it is this customer's and names a known plan; else the reason says
+    /// what the provider showed.
+    #[test]
+    fn an_invoice_takes_the_plan_the_provider_shows_when_the_register_holds_none() {
+        let catalog = Catalog::parse(r#"{"pro":{"plan":"pro","monthly_allowance":500}}"#).unwrap();
+        let customer = CustomerId::parse("cus_1").unwrap();
+        let ctx = ctx(&customer, 9, 1_767_225_601, "evt_9");
+        let effects = vec![
+            Effect::Payment {
+                id: "in_1".into(),
+                status: PaymentStatus::Paid,
+                plan_key: None,
+            },
+            Effect::GrantOfSubscription {
+                payment: "in_1".into(),
+                subscriptions: vec!["sub_new".into()],
+                read: "the paths".into(),
+            },
+        ];
+        let pro = catalog.resolve(&["pro"]).unwrap().unwrap();
+        let shown = |customer: &str, plan: Option<PlanRef>| {
+            SubscriptionRead::Read(ShownSubscription {
+                id: "sub_new".into(),
+                customer: customer.into(),
+                plan,
+                event_id: 12,
+            })
+        };
+        let registers = Registers::default();
+        let (out, notes, ungranted) = registers.plan_of_subscription(
+            &ctx,
+            &effects,
+            &catalog,
+            &shown("cus_1", Some(pro.clone())),
+        );
+        assert!(!ungranted);
+        assert_eq!(out[1], Effect::Grant { plan: pro.clone() });
+        assert!(matches!(&out[0], Effect::Payment { plan_key: Some(k), .. } if k == "pro"));
+        assert_eq!(
+            notes,
+            vec!["plan pro from subscription sub_new as the provider shows it (read, event 12) (pro): the lines name no known price"]
+        );
+        let base = "no allowance granted: read the paths; the subscription register holds no known plan for sub_new";
+        for (read, said) in [
+            (
+                shown("cus_2", Some(pro.clone())),
+                "; the provider shows sub_new as cus_2's (read, event 12)",
+            ),
+            (
+                shown("cus_1", None),
+                "; the provider shows sub_new with no known plan (read, event 12)",
+            ),
+            (
+                SubscriptionRead::NoApiKey,
+                "; the source has no API key to read it from the provider",
+            ),
+            (
+                SubscriptionRead::Unknown("sub_new".into()),
+                "; the provider does not know sub_new",
+            ),
+        ] {
+            let (out, notes, ungranted) =
+                registers.plan_of_subscription(&ctx, &effects, &catalog, &read);
+            assert!(ungranted);
+            assert_eq!(out, effects[..1].to_vec());
+            assert_eq!(notes, vec![format!("{base}{said}")]);
         }
     }
 }

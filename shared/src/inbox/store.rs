@@ -48,6 +48,8 @@ pub enum Origin<'a> {
     Fetched,
     /// The read of a thin event's object (docs/design.md §6.2): stored as a read is.
     ThinRead,
+    /// The read of an invoice's subscription whose register held none (docs/design.md §6.2).
+    SubscriptionRead,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -324,6 +326,10 @@ impl<'a> Prepared<'a> {
             Origin::Delivery(headers) => (Cow::Borrowed(headers), false),
             Origin::Fetched => (Cow::Owned(json!({"via": "reconciliation"})), true),
             Origin::ThinRead => (Cow::Owned(json!({"via": "thin event read"})), true),
+            Origin::SubscriptionRead => (
+                Cow::Owned(json!({"via": "invoice's subscription read"})),
+                true,
+            ),
         };
         let meta = match &verified.meta {
             Ok(meta) => match untrusted_time(meta.occurred_at, Utc::now()) {

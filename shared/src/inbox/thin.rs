@@ -54,6 +54,18 @@ pub async fn store_read(
     store_verified_on(conn, source, body, verified, Origin::ThinRead).await
 }
 
+/// Stores the read of an invoice's subscription made because its register held none (a read,
+/// not a delivery): left `received` for the rescue to send, it then applies as the
+/// subscription's state at the read's time.
+pub async fn store_subscription_read(
+    conn: &mut PgConnection,
+    source: &str,
+    body: &[u8],
+    verified: &VerifiedEvent,
+) -> Result<Stored, StoreError> {
+    store_verified_on(conn, source, body, verified, Origin::SubscriptionRead).await
+}
+
 /// Finishes a read the thin event `thin_id` has applied: `applied`, with the reason naming
 /// that event, if no worker has taken it meanwhile (a pending read is otherwise applied by
 /// itself once the rescue sends it, which finds its work done). Returns whether it did.

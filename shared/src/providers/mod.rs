@@ -366,6 +366,42 @@ pub trait Reads: Send + Sync {
         Box::pin(std::future::ready(Ok(None)))
     }
 
+    /// The subscription object as the provider shows it now, whole (Stripe: an invoice whose
+    /// plan its subscription's register does not know yet, docs/design.md §6.2); `None` when
+    /// the provider does not know it (404).
+    fn subscription_object<'a>(
+        &'a self,
+        _customer: &'a CustomerId,
+        _id: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
+        Box::pin(std::future::ready(Err(anyhow::anyhow!(
+            "this provider's API has no subscription object reads"
+        ))))
+    }
+
+    /// The v2 event a thin event is (Stripe's `GET /v2/core/events/{id}`, its `data`
+    /// included); `None` when the provider does not know it.
+    fn v2_event<'a>(
+        &'a self,
+        _thin: &'a stripe::thin::ThinEvent,
+    ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
+        Box::pin(std::future::ready(Err(anyhow::anyhow!(
+            "this provider's API has no v2 events"
+        ))))
+    }
+
+    /// One page of every subscription (Stripe: `status=all`), in the connected `account`
+    /// when named, after `after`: the subscriptions and where the next page starts.
+    fn subscriptions_page<'a>(
+        &'a self,
+        _account: Option<&'a str>,
+        _after: Option<&'a str>,
+    ) -> BoxFuture<'a, anyhow::Result<(Vec<Value>, Option<String>)>> {
+        Box::pin(std::future::ready(Err(anyhow::anyhow!(
+            "this provider's API lists no subscriptions here"
+        ))))
+    }
+
     /// A thin event's related object, `GET path` as the event's context names (Stripe,
     /// docs/design.md §6.2); `None` when the provider no longer has it (404).
     fn related_object<'a>(

@@ -129,6 +129,18 @@ impl StripeReads {
             .await
     }
 
+    /// `GET /v1/subscriptions/{id}`, whole, as the account the customer lives in.
+    async fn read_subscription_object(
+        &self,
+        customer: &CustomerId,
+        id: &str,
+    ) -> anyhow::Result<Option<Value>> {
+        let path = format!("/v1/subscriptions/{}", path_id(id)?);
+        self.api
+            .get_found(&path, &[], &read_headers(customer))
+            .await
+    }
+
     async fn read_invoice_of(
         &self,
         customer: &CustomerId,
@@ -175,6 +187,29 @@ impl Reads for StripeReads {
         payment_intent: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<String>>> {
         Box::pin(self.read_invoice_of(customer, payment_intent))
+    }
+
+    fn subscription_object<'a>(
+        &'a self,
+        customer: &'a CustomerId,
+        id: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
+        Box::pin(self.read_subscription_object(customer, id))
+    }
+
+    fn v2_event<'a>(
+        &'a self,
+        thin: &'a super::thin::ThinEvent,
+    ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
+        Box::pin(super::thin::fetch_v2_event(&self.api, thin))
+    }
+
+    fn subscriptions_page<'a>(
+        &'a self,
+        account: Option<&'a str>,
+        after: Option<&'a str>,
+    ) -> BoxFuture<'a, anyhow::Result<(Vec<Value>, Option<String>)>> {
+        Box::pin(super::thin::subscriptions_page(&self.api, account, after))
     }
 
     fn related_object<'a>(

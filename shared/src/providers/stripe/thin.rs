@@ -8,8 +8,9 @@
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
-use super::decide::HANDLED_TYPES;
+use super::decide::{ends, plan_keys, HANDLED_TYPES};
 use super::parse_event;
+use crate::billing::registers::StoredSubscription;
 use crate::domain::DedupeKey;
 use crate::providers::{path_id, Api, Fetched};
 
@@ -79,23 +80,14 @@ impl ThinEvent {
     /// read win over that change), its id [`Self::read_key`], and a connected account's read
     /// names the `account` as a Connect endpoint's snapshot event does.
     pub fn snapshot(&self, object: &Value, read_at: DateTime<Utc>) -> Option<Fetched> {
-        let key = self.read_key()?;
-        let mut event = json!({
-            "id": key.as_str(),
-            "object": "event",
-            "api_version": FETCH_VERSION,
-            "created": read_at.timestamp(),
-            "livemode": self.livemode,
-            "type": self.snapshot_type?,
-            "data": {"object": object},
-            "thin_event": self.id,
-        });
-        if let Some(account) = self.account() {
-            event["account"] = json!(account);
-        }
-        let body = serde_json::to_vec(&event).ok()?;
-        let event = parse_event(&body, read_at);
-        Some(Fetched { body, event })
+        let read = Read {
+            key: self.read_key()?,
+            event_type: self.snapshot_type?,
+            livemode: self.livemode,
+            account: self.account(),
+            because: ("thin_event", &self.id),
+        };
+        read.snapshot(object, read_at)
     }
 
     /// The connected account the context names: a context of one `acct_…` segment. A
@@ -105,6 +97,180 @@ impl ThinEvent {
             .as_deref()
             .filter(|c| c.starts_with("acct_") && !c.contains('/'))
     }
+}
+
+/// An object read from the API, to be stored as the snapshot event `event_type` of its own
+/// (docs/design.md §6.2): a thin event's related object, or the subscription of an invoice
+/// whose plan its register does not know yet.
+pub struct Read<'a> {
+    /// The read's dedupe key: one per event that made it, so a retry or a replay finds it.
+    pub key: DedupeKey,
+    pub event_type: &'a str,
+    pub livemode: Option<bool>,
+    /// The connected account the object lives in, if not the platform's own.
+    pub account: Option<&'a str>,
+    /// The field that names the event the read was made for, and that event's id.
+    pub because: (&'a str, &'a str),
+}
+
+impl Read<'_> {
+    /// The object as read, as a snapshot event: its time is the read's, in whole seconds as
+    /// Stripe's `created` is (see [`ThinEvent::snapshot`]), and a connected account's read
+    /// names the `account` as a Connect endpoint's snapshot event does.
+    pub fn snapshot(&self, object: &Value, read_at: DateTime<Utc>) -> Option<Fetched> {
+        let mut event = json!({
+            "id": self.key.as_str(),
+            "object": "event",
+            "api_version": FETCH_VERSION,
+            "created": read_at.timestamp(),
+            "livemode": self.livemode,
+            "type": self.event_type,
+            "data": {"object": object},
+        });
+        event[self.because.0] = json!(self.because.1);
+        if let Some(account) = self.account {
+            event["account"] = json!(account);
+        }
+        let body = serde_json::to_vec(&event).ok()?;
+        let event = parse_event(&body, read_at);
+        Some(Fetched { body, event })
+    }
+}
+
+/// Stripe's word that it failed to generate events (a public-preview thin event): those events
+/// never reach a destination nor the events list, so reconciliation's walk cannot find them
+/// (docs/design.md §6.2, "Event generation failures").
+pub const GENERATION_FAILURE: &str = "v2.core.health.event_generation_failure.resolved";
+
+/// The API version the v2 event is read in: the public preview that gave
+/// `data.impact.related_object` its `{id, type, url}` and `context` (changelog 2025-11-17).
+pub const V2_EVENT_VERSION: &str = "2025-11-17.preview";
+
+/// What a generation failure's `data.impact` names: the event type Stripe failed to generate
+/// and the object it was about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Impact {
+    /// An object of a handled type's event: read at `path`, stored as the `snapshot_type`.
+    Object {
+        snapshot_type: &'static str,
+        path: String,
+        context: Option<String>,
+    },
+    /// An event of a type `decide` gives no meaning.
+    NotBilling(String),
+    /// An object, of a handled type's event, whose path is not one this code reads.
+    Unreadable(String),
+    /// No object: the window's events are unknown.
+    Unnamed,
+}
+
+/// What a generation failure's `data` (`alert_id`, `grouping_key`, `impact`, `resolved_at`,
+/// `summary`; stripe-node's `V2CoreHealthEventGenerationFailureResolvedEvent.Data`) names. The
+/// `impact.related_object.url` is an API path in the SDKs' types and a Dashboard URL in
+/// Stripe's guide: a `/v1/…` path is read as it is, else the path of a type this code reads
+/// is made from `type` and `id`.
+pub fn impact(data: &Value) -> Impact {
+    let text = |p: &str| {
+        data.pointer(p)
+            .and_then(Value::as_str)
+            .filter(|s| !s.trim().is_empty())
+    };
+    let Some(event_type) = text("/impact/event_type") else {
+        return Impact::Unnamed;
+    };
+    let Some(id) = text("/impact/related_object/id").or(text("/impact/related_object_id")) else {
+        return Impact::Unnamed;
+    };
+    let Some(snapshot_type) = HANDLED_TYPES.iter().copied().find(|t| *t == event_type) else {
+        return Impact::NotBilling(event_type.to_owned());
+    };
+    let url = text("/impact/related_object/url");
+    let path = match url.and_then(related_path) {
+        Some(path) => Some(path.to_owned()),
+        None => {
+            let collection = match text("/impact/related_object/type") {
+                Some("subscription") => Some("subscriptions"),
+                Some("invoice") => Some("invoices"),
+                Some("customer") => Some("customers"),
+                Some("charge") => Some("charges"),
+                Some("invoice_payment") => Some("invoice_payments"),
+                _ => None,
+            };
+            collection.and_then(|c| path_id(id).ok().map(|id| format!("/v1/{c}/{id}")))
+        }
+    };
+    match path {
+        Some(path) => Impact::Object {
+            snapshot_type,
+            path,
+            context: text("/impact/context").map(str::to_owned),
+        },
+        None => Impact::Unreadable(format!("{event_type} of {id}")),
+    }
+}
+
+/// `GET /v2/core/events/{id}`: the generation failure as an event, its `data` included (the
+/// notification carries none), read in the event's context.
+pub async fn fetch_v2_event(api: &Api, thin: &ThinEvent) -> anyhow::Result<Option<Value>> {
+    let path = format!("/v2/core/events/{}", path_id(&thin.id)?);
+    let mut headers = vec![("Stripe-Version", V2_EVENT_VERSION)];
+    if let Some(context) = thin.context.as_deref() {
+        headers.push(("Stripe-Context", context));
+    }
+    api.get_found(&path, &[], &headers).await
+}
+
+/// One page of `GET /v1/subscriptions?status=all` (every status, canceled ones included),
+/// after `after`, in the connected `account` when named: the subscriptions and the id the next
+/// page starts after, if there is one.
+pub async fn subscriptions_page(
+    api: &Api,
+    account: Option<&str>,
+    after: Option<&str>,
+) -> anyhow::Result<(Vec<Value>, Option<String>)> {
+    use anyhow::Context;
+    let mut query = vec![("status", "all".to_owned()), ("limit", "100".to_owned())];
+    if let Some(after) = after {
+        query.push(("starting_after", path_id(after)?.to_owned()));
+    }
+    let mut headers = vec![("Stripe-Version", FETCH_VERSION)];
+    if let Some(account) = account {
+        headers.push(("Stripe-Account", account));
+    }
+    let page = api
+        .get_found("/v1/subscriptions", &query, &headers)
+        .await?
+        .context("GET /v1/subscriptions answered 404 Not Found")?;
+    let listed = page
+        .get("data")
+        .and_then(Value::as_array)
+        .context("the subscriptions list has no data")?
+        .clone();
+    let has_more = page.get("has_more").and_then(Value::as_bool) == Some(true);
+    let next = listed
+        .last()
+        .and_then(|s| s.get("id"))
+        .and_then(Value::as_str)
+        .filter(|_| has_more)
+        .map(str::to_owned);
+    Ok((listed, next))
+}
+
+/// Whether a subscription as listed differs from its register (or the register has none):
+/// status, plan, or ends, as `decide` reads them. A read is the provider's state at the read's
+/// time, newer than anything the register holds, so only an agreement makes it unneeded.
+pub fn differs(subscription: &Value, local: Option<&StoredSubscription>) -> bool {
+    let Some(local) = local else {
+        return true;
+    };
+    let status = subscription.get("status").and_then(Value::as_str);
+    let keys = plan_keys(subscription);
+    status != Some(local.status.as_str())
+        || local
+            .plan_key
+            .as_deref()
+            .is_some_and(|k| !keys.contains(&k))
+        || ends(subscription).is_ok_and(|e| e != local.ends)
 }
 
 /// The path `related_object.url` names, if it is one of Stripe's v1 object paths: relative,
@@ -226,5 +392,53 @@ mod tests {
         assert_eq!(meta.customer.as_ref().unwrap().as_str(), "acct_1Conn/cus_1");
         assert_eq!(meta.occurred_at.as_datetime().timestamp(), at.timestamp());
         assert_eq!(meta.occurred_at.as_datetime().timestamp_subsec_micros(), 0);
+    }
+
+    /// `data.impact` as stripe-node's types give it (an API path) and as Stripe's guide shows
+    /// it (a Dashboard URL, and the older `related_object_id`).
+    #[test]
+    fn a_generation_failure_names_the_object_by_its_path_or_its_type() {
+        let data = |url: &str, event_type: &str| {
+            json!({"alert_id": "halert_1", "impact": {"event_type": event_type, "context": "acct_1C",
+                "related_object": {"id": "sub_1", "type": "subscription", "url": url}}})
+        };
+        let object = |path: &str| Impact::Object {
+            snapshot_type: "customer.subscription.updated",
+            path: path.into(),
+            context: Some("acct_1C".into()),
+        };
+        assert_eq!(
+            impact(&data(
+                "/v1/subscriptions/sub_1",
+                "customer.subscription.updated"
+            )),
+            object("/v1/subscriptions/sub_1")
+        );
+        assert_eq!(
+            impact(&data(
+                "https://dashboard.stripe.com/subscriptions/sub_1",
+                "customer.subscription.updated"
+            )),
+            object("/v1/subscriptions/sub_1")
+        );
+        assert_eq!(
+            impact(&data(
+                "/v1/subscriptions/sub_1",
+                "payment_intent.requires_action"
+            )),
+            Impact::NotBilling("payment_intent.requires_action".into())
+        );
+        let mut unknown = data("https://dashboard.stripe.com/x/sub_1", "invoice.paid");
+        unknown["impact"]["related_object"]["type"] = json!("quote");
+        assert_eq!(
+            impact(&unknown),
+            Impact::Unreadable("invoice.paid of sub_1".into())
+        );
+        assert_eq!(impact(&json!({"alert_id": "halert_1"})), Impact::Unnamed);
+        let older = json!({"impact": {"event_type": "invoice.paid", "related_object_id": "in_1"}});
+        assert_eq!(
+            impact(&older),
+            Impact::Unreadable("invoice.paid of in_1".into())
+        );
     }
 }

@@ -1,0 +1,128 @@
+//! The provider read of an invoice's subscription (docs/design.md §6.2): a paid invoice whose
+//! lines name no known price takes its subscription's plan from the register; when the
+//! register holds none of the subscriptions it names yet (the invoice came before any event of
+//! its subscription), the first of them is read from the provider, after the account's read
+//! and before any lock, as a tie's read is. The read is stored as an event of its own (the
+//! snapshot `customer.subscription.updated` at the read's time, keyed by the invoice's event),
+//! so a retry or a replay of the invoice finds it and reads nothing again, and the billing
+//! state stays a function of stored events; left `received`, the rescue sends it, and it then
+//! applies as the subscription's state at the read's time.
+
+use chrono::Utc;
+use serde_json::Value;
+use sqlx::PgConnection;
+
+use super::{ApplyError, WorkerSource};
+use crate::billing::rules::{Registers, ShownSubscription, SubscriptionRead};
+use crate::billing::{Catalog, Decision, Effect, EventContext};
+use crate::domain::{DedupeKey, SourceKind};
+use crate::inbox::lease::Claimed;
+use crate::inbox::thin::{self as stored, StoredEvent};
+use crate::providers;
+use crate::providers::stripe::{connected_account, thin::Read};
+
+/// The snapshot type a subscription read is stored as.
+const READ_TYPE: &str = "customer.subscription.updated";
+
+/// What the provider shows of the invoice's subscription, when the event asks for its
+/// subscription's plan and the register holds none of the subscriptions it names: the read
+/// stored for this event if there is one, else a read made now and stored. A read that fails
+/// fails the attempt (the event's own retry schedule); a 404 is decided.
+pub(super) async fn read(
+    conn: &mut PgConnection,
+    event: &Claimed,
+    source: &WorkerSource,
+    ctx: &EventContext<'_>,
+    registers: &Registers,
+    effects: &[Effect],
+    catalog: &Catalog,
+) -> Result<SubscriptionRead, ApplyError> {
+    let Some(id) = unread_subscription(registers, effects) else {
+        return Ok(SubscriptionRead::NotRead);
+    };
+    let Some(key) = read_key(&event.dedupe_key, id) else {
+        return Ok(SubscriptionRead::NotRead);
+    };
+    if let Some(read) = stored::find(conn, &event.source, &key).await? {
+        return Ok(shown(source.kind, id, &read, catalog));
+    }
+    let Some(reads) = &source.reads else {
+        return Ok(SubscriptionRead::NoApiKey);
+    };
+    let read_at = Utc::now();
+    let object = match reads.subscription_object(ctx.customer, id).await {
+        Ok(Some(object)) => object,
+        Ok(None) => return Ok(SubscriptionRead::Unknown(id.to_owned())),
+        Err(e) => return Err(ApplyError::Fetch(format!("{e:#}"))),
+    };
+    let livemode = event
+        .payload
+        .as_ref()
+        .and_then(|p| p.get("livemode"))
+        .and_then(Value::as_bool);
+    let snapshot = Read {
+        key: key.clone(),
+        event_type: READ_TYPE,
+        livemode,
+        account: connected_account(ctx.customer.as_str()),
+        because: ("invoice_event", event.dedupe_key.as_str()),
+    }
+    .snapshot(&object, read_at)
+    .ok_or_else(|| {
+        ApplyError::Fetch("the subscription read could not be written as an event".into())
+    })?;
+    stored::store_subscription_read(conn, &event.source, &snapshot.body, &snapshot.event)
+        .await
+        .map_err(|e| ApplyError::Fetch(format!("storing the subscription read: {e}")))?;
+    match stored::find(conn, &event.source, &key).await? {
+        Some(read) => Ok(shown(source.kind, id, &read, catalog)),
+        None => Err(ApplyError::Fetch(
+            "the stored subscription read is not found".into(),
+        )),
+    }
+}
+
+/// The first subscription an invoice asks the plan of, when the register holds none of those
+/// it names.
+fn unread_subscription<'a>(registers: &Registers, effects: &'a [Effect]) -> Option<&'a str> {
+    effects.iter().find_map(|effect| match effect {
+        Effect::GrantOfSubscription { subscriptions, .. }
+            if subscriptions
+                .iter()
+                .all(|id| !registers.subscriptions.contains_key(id.as_str())) =>
+        {
+            subscriptions.first().map(String::as_str)
+        }
+        _ => None,
+    })
+}
+
+/// The key of the read event `dedupe_key` makes of subscription `id`: one per event and
+/// subscription, so a retry or a replay of the event finds it.
+fn read_key(dedupe_key: &DedupeKey, id: &str) -> Option<DedupeKey> {
+    DedupeKey::parse(&format!("read:{}:{id}", dedupe_key.as_str())).ok()
+}
+
+/// What a stored read shows: its customer, and the plan its own decision resolves (the
+/// subscription's price, as a subscription event of that shape is read).
+fn shown(kind: SourceKind, id: &str, read: &StoredEvent, catalog: &Catalog) -> SubscriptionRead {
+    let plan = read.payload.as_ref().and_then(|payload| {
+        match providers::decide(kind, &read.event_type, payload, &read.dedupe_key, catalog) {
+            Decision::Apply { effects, .. } => effects.into_iter().find_map(|e| match e {
+                Effect::Subscription { plan, .. } => plan,
+                _ => None,
+            }),
+            _ => None,
+        }
+    });
+    SubscriptionRead::Read(ShownSubscription {
+        id: id.to_owned(),
+        customer: read
+            .customer
+            .as_ref()
+            .map(|c| c.as_str().to_owned())
+            .unwrap_or_default(),
+        plan,
+        event_id: read.id,
+    })
+}

@@ -1,0 +1,214 @@
+//! An invoice whose lines name no known price, arriving before any event of its subscription
+//! (docs/design.md §6.2): the worker reads the subscription from a fake Stripe API (wiremock)
+//! with the source's key, stores the read as an event of its own, and grants the plan the
+//! read shows. The invoice is the endive corpus's, its lines stripped of their price.
+
+use serde_json::Value;
+use shared::handlers::worker::{process_event, Processed};
+use sqlx::PgPool;
+use wiremock::matchers::{header, method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::corpus::{corpus, corpus_app, payments, renewal_without_price, send_one};
+use crate::helpers::*;
+use crate::traffic::with_stripe_api;
+
+const SUB: &str = "sub_1EndiveSub00001";
+const CUSTOMER: &str = "cus_EndiveCust001";
+/// The renewal's event id (`renewal_without_price`).
+const RENEWAL: &str = "evt_1Sk9Y5E6qL1xZc8Jr3Nw8Kp2";
+
+/// The key the read of the renewal's subscription is stored under.
+fn read_key() -> String {
+    format!("read:{RENEWAL}:{SUB}")
+}
+
+/// The subscription as the endive corpus's `customer.subscription.updated` shows it: active,
+/// on the pro price.
+fn subscription() -> Value {
+    let (_, event) = corpus("stripe/endive")
+        .into_iter()
+        .find(|(name, _)| name == "customer.subscription.updated")
+        .unwrap();
+    event["data"]["object"].clone()
+}
+
+/// A corpus app whose worker reads Stripe at a fresh fake API.
+async fn app_with_api(pool: PgPool) -> (TestApp, MockServer) {
+    let mut app = corpus_app(pool).await;
+    let api = MockServer::start().await;
+    with_stripe_api(&mut app.worker, &api);
+    (app, api)
+}
+
+async fn requests(api: &MockServer) -> usize {
+    api.received_requests().await.unwrap().len()
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_invoice_before_its_subscription_reads_it_from_the_provider_and_grants_its_plan(
+    pool: PgPool,
+) {
+    let (app, api) = app_with_api(pool).await;
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/subscriptions/{SUB}")))
+        .and(header("Stripe-Version", "2025-03-31.basil"))
+        .and(header("Authorization", "Bearer sk_test_reads"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(subscription()))
+        .mount(&api)
+        .await;
+    let reason = send_one(&app, "stripe", "renewal", &renewal_without_price(SUB)).await;
+    assert!(
+        reason.contains(&format!(
+            "plan pro from subscription {SUB} as the provider shows it (read, event "
+        )),
+        "{reason}"
+    );
+    let account = app.account("stripe", CUSTOMER, "2026-01").await;
+    assert_eq!(account.balance, 500, "the pro allowance for 2026-01");
+    assert_eq!(payments(&account), vec![("in_1EndiveInv00003", "paid")]);
+    assert_eq!(requests(&api).await, 1);
+
+    // The read is an event of its own: the subscription's snapshot at the read's time, left
+    // for the rescue to send.
+    let read_id = app.event_id("stripe", &read_key()).await;
+    let read = app.event(read_id).await;
+    assert_eq!(read.event_type, "customer.subscription.updated");
+    assert_eq!(read.customer_key.as_deref(), Some(CUSTOMER));
+    assert_eq!(read.status, "received");
+
+    // A replay of the invoice applies the stored read: no second request, nothing new.
+    let invoice = app.event_id("stripe", RENEWAL).await;
+    shared::inbox::replay::replay(&app.pool, &app.state.queue, &[invoice])
+        .await
+        .unwrap();
+    app.run_worker().await;
+    assert_eq!(requests(&api).await, 1, "the replay reads nothing");
+    let account = app.account("stripe", CUSTOMER, "2026-01").await;
+    assert_eq!(account.balance, 500, "granted once");
+
+    // The read, applied, is the subscription's state.
+    let applied = process_event(&app.worker, read_id).await.unwrap();
+    assert!(
+        matches!(&applied, Processed::Finished { status, .. } if status.as_str() == "applied"),
+        "{applied:?}"
+    );
+    let account = app.account("stripe", CUSTOMER, "2026-01").await;
+    assert_eq!(account.subscriptions.len(), 1);
+    assert_eq!(account.subscriptions[0].status, "active");
+    assert_eq!(requests(&api).await, 1);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_invoice_before_its_subscription_without_an_api_key_grants_nothing_and_says_why(
+    pool: PgPool,
+) {
+    // The test worker's sources have no API key.
+    let app = corpus_app(pool).await;
+    let reason = send_one(&app, "stripe", "renewal", &renewal_without_price(SUB)).await;
+    let account = app.account("stripe", CUSTOMER, "2026-01").await;
+    assert_eq!(account.balance, 0);
+    assert_eq!(payments(&account), vec![("in_1EndiveInv00003", "paid")]);
+    for said in [
+        "no allowance granted",
+        "the subscription register holds no known plan for sub_1EndiveSub00001",
+        "the source has no API key to read it from the provider",
+    ] {
+        assert!(reason.contains(said), "{said:?} in {reason}");
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM inbox_events WHERE dedupe_key LIKE 'read:%'")
+            .await,
+        0
+    );
+    let line = shared::apply::payment_without_plan_metric("stripe", chrono::Utc::now());
+    assert_eq!(line["PaymentsWithoutPlan"], 1);
+    assert_eq!(line["Source"], "stripe");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_invoices_subscription_read_that_fails_is_retried_then_grants_its_plan(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/subscriptions/{SUB}")))
+        .respond_with(ResponseTemplate::new(500))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&api)
+        .await;
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/subscriptions/{SUB}")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(subscription()))
+        .with_priority(2)
+        .mount(&api)
+        .await;
+    let (status, _) = app
+        .post("stripe", &stripe_delivery(&renewal_without_price(SUB)))
+        .await;
+    assert_eq!(status, http::StatusCode::OK);
+    let id = app.event_id("stripe", RENEWAL).await;
+
+    let first = process_event(&app.worker, id).await.unwrap();
+    assert!(
+        matches!(&first, Processed::Failed { status, error }
+            if status.as_str() == "failed" && error.contains("500")),
+        "{first:?}"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM inbox_events WHERE dedupe_key LIKE 'read:%'")
+            .await,
+        0,
+        "a failed read stores nothing"
+    );
+    // The test worker's retries are due at once.
+    let second = process_event(&app.worker, id).await.unwrap();
+    assert!(
+        matches!(&second, Processed::Finished { status, .. } if status.as_str() == "applied"),
+        "{second:?}"
+    );
+    assert_eq!(
+        app.account("stripe", CUSTOMER, "2026-01").await.balance,
+        500
+    );
+    assert_eq!(requests(&api).await, 2);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_invoices_subscription_the_provider_does_not_know_grants_nothing_and_says_so(
+    pool: PgPool,
+) {
+    let (app, api) = app_with_api(pool).await;
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/subscriptions/{SUB}")))
+        .respond_with(ResponseTemplate::new(404))
+        .mount(&api)
+        .await;
+    let reason = send_one(&app, "stripe", "renewal", &renewal_without_price(SUB)).await;
+    assert!(
+        reason.contains(&format!("the provider does not know {SUB}")),
+        "{reason}"
+    );
+    assert_eq!(app.account("stripe", CUSTOMER, "2026-01").await.balance, 0);
+    assert_eq!(requests(&api).await, 1, "decided, not retried");
+}
+
+/// The register holds the subscription: no provider read, whatever the source can read.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_invoice_whose_subscription_the_register_holds_reads_nothing(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    for (name, body) in corpus("stripe/endive") {
+        if name == "customer.subscription.updated" {
+            send_one(&app, "stripe", &name, &body).await;
+        }
+    }
+    let reason = send_one(&app, "stripe", "renewal", &renewal_without_price(SUB)).await;
+    assert!(
+        reason.contains(&format!("plan pro from subscription {SUB} (")),
+        "{reason}"
+    );
+    assert_eq!(
+        app.account("stripe", CUSTOMER, "2026-01").await.balance,
+        500
+    );
+    assert_eq!(requests(&api).await, 0);
+}
