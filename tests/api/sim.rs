@@ -372,6 +372,14 @@ fn thin_payload(index: usize, event: &Event, ns: &str, twin: bool) -> Value {
     })
 }
 
+/// How the thin events of the seeds run so far ended: applied as their read, carried by their
+/// twin, their object gone (printed by `sim::seeds`).
+static THIN_READ: AtomicUsize = AtomicUsize::new(0);
+static THIN_TWIN: AtomicUsize = AtomicUsize::new(0);
+static THIN_GONE: AtomicUsize = AtomicUsize::new(0);
+/// Reads that answered 500 or timed out.
+static READ_FAULTS: AtomicUsize = AtomicUsize::new(0);
+
 /// Fetch faults one thin event may suffer: with the schedule's three, fewer than its attempts.
 const MAX_READ_FAULTS: u32 = 2;
 
@@ -410,6 +418,7 @@ impl SimReads {
             };
             if let Some(fault) = fault {
                 reads.faulted.insert(thin.to_owned(), faulted + 1);
+                READ_FAULTS.fetch_add(1, Ordering::Relaxed);
                 reads.trace.push(format!("GET {path} for {thin} {fault}"));
                 anyhow::bail!("GET {path}: {fault}");
             }
@@ -1452,14 +1461,26 @@ impl World {
         for t in &thins {
             let (id, key) = (t.id, &t.key);
             let reason = t.reason.as_deref().unwrap_or_default();
-            let fine = match (t.status.as_str(), t.read_status.as_deref()) {
-                ("applied", Some("applied")) => true,
-                ("ignored", None) => {
-                    (t.twin_id.is_some() && reason.starts_with("its snapshot event "))
-                        || reason.starts_with("the object no longer exists at the provider")
+            // With its read, a thin event ends as that snapshot event would (`ignored` when it
+            // changes nothing), the read final; without, its twin or a 404 decided it.
+            let outcome = match (t.status.as_str(), t.read_status.as_deref()) {
+                ("applied" | "ignored", Some("applied" | "ignored")) => Some(&THIN_READ),
+                ("ignored", None)
+                    if t.twin_id.is_some() && reason.starts_with("its snapshot event ") =>
+                {
+                    Some(&THIN_TWIN)
                 }
-                _ => false,
+                ("ignored", None)
+                    if reason.starts_with("the object no longer exists at the provider") =>
+                {
+                    Some(&THIN_GONE)
+                }
+                _ => None,
             };
+            let fine = outcome.is_some();
+            if let Some(counter) = outcome {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
             if !fine {
                 return Err(self.fail(format!(
                     "thin event {id} ({key}) ended {} ({reason}), its read {:?} ({:?})",
@@ -1721,16 +1742,16 @@ fn workload(seed: u64) -> Case {
 }
 
 /// How a seed sends each event: of Stripe's subscription changes, on dice of their own (so the
-/// rest of the seed's schedule is drawn as before), 45% as snapshots only, 30% thin with the
-/// snapshot twin delivered too, 25% thin only.
+/// rest of the seed's schedule is drawn as before), 30% as snapshots only, 35% thin with the
+/// snapshot twin delivered too, 35% thin only.
 fn sent_as(seed: u64, case: &Case) -> Vec<Sent> {
     let mut dice = Dice::new(seed ^ 0x7411_7411);
     case.events
         .iter()
         .map(|event| match event {
             Event::StripeSubscription { .. } => match dice.below(100) {
-                0..=44 => Sent::Snapshot,
-                45..=74 => Sent::ThinAndTwin,
+                0..=29 => Sent::Snapshot,
+                30..=64 => Sent::ThinAndTwin,
                 _ => Sent::ThinOnly,
             },
             _ => Sent::Snapshot,
@@ -1867,6 +1888,13 @@ async fn seeds(pool: PgPool) {
     eprintln!(
         "sim: {count} seeds from {first} passed in {took:.1?} ({:.1} seeds/s)",
         count as f64 / took.as_secs_f64()
+    );
+    eprintln!(
+        "sim: thin events: {} applied as their read, {} carried by their twin, {} with their object gone; {} reads answered 500 or timed out",
+        THIN_READ.load(Ordering::Relaxed),
+        THIN_TWIN.load(Ordering::Relaxed),
+        THIN_GONE.load(Ordering::Relaxed),
+        READ_FAULTS.load(Ordering::Relaxed),
     );
 }
 
