@@ -53,9 +53,7 @@ impl<T> Held<T> {
     pub fn is_of(&self, ctx: &EventContext<'_>) -> bool {
         self.event_id == ctx.event_id || self.stamp.key == ctx.version.key.as_str()
     }
-}
 
-impl<T> Held<T> {
     /// What a register holds once this event's write lands.
     pub fn written(value: T, ctx: &EventContext<'_>, rank: Rank) -> Self {
         Self {
