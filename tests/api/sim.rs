@@ -1358,8 +1358,10 @@ impl World {
             .fetch_one(&self.admin)
             .await
             .unwrap();
+            // The events sent that are stored: a thin event's read is no event sent.
             let stored: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM inbox_events WHERE dedupe_key LIKE '%\\_' || $1 || '%'",
+                "SELECT count(*) FROM inbox_events WHERE dedupe_key LIKE '%\\_' || $1 || '%'
+                   AND dedupe_key NOT LIKE 'read:%'",
             )
             .bind(&self.ns)
             .fetch_one(&self.admin)
@@ -1910,7 +1912,10 @@ async fn regression_seeds(pool: PgPool) {
     // 208: an effect that was already written (a second deletion of one customer, stamped
     // earlier, moves the tombstone) still took a sequence number, leaving a gap in the
     // account's numbers (an effect already written now takes none).
-    for seed in [72, 25, 208] {
+    // 515: the simulator's own bug: quiescence counted a thin event's read among the events
+    // sent, so it stopped before reconciliation found a Stripe event never delivered (the
+    // count now leaves the reads out).
+    for seed in [72, 25, 208, 515] {
         if let Err(failure) = simulate(&pool, seed, HashSet::new()).await {
             panic!("{failure}");
         }
