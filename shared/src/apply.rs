@@ -526,7 +526,7 @@ async fn settle(
                 let tie = registers
                     .subscriptions
                     .get(id.as_str())
-                    .filter(|held| held.stamp.at == at && held.event_id != ctx.event_id);
+                    .filter(|held| held.stamp.at == at && !held.is_of(ctx));
                 ties_read.insert(id.clone(), tie.map(|t| t.event_id));
                 let Some(tie) = tie else {
                     continue;

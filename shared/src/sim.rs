@@ -54,6 +54,8 @@ pub enum Bug {
     RetryNeverScheduled,
     /// The rescue leaves expired leases alone.
     RescueSkipsLeases,
+    /// A thin event reads its object though its snapshot twin is stored.
+    ThinSkipsTwin,
 }
 
 /// Whether the simulation running this task planted `bug`; always false outside one.

@@ -1,7 +1,10 @@
 //! Deterministic simulation of the pipeline (docs/design.md §10): the real intake, worker
 //! and scheduler code against real Postgres, driven one action at a time by a schedule that a
 //! single `u64` seed decides — the workload (Kinde, Stripe and Polar events over a few customers,
-//! same-second ties, late events, copies, unknown plans, refunds) and every fault: a queue
+//! same-second ties, late events, copies, unknown plans, refunds; Stripe subscription changes
+//! sent as thin events, with or without their snapshot twins, whose objects a fake Stripe API
+//! serves as it shows them at the read, now and then answering 500, timing out or 404) and
+//! every fault: a queue
 //! that drops, duplicates, delays and redelivers messages; a crash at any point between two
 //! steps of the intake, the worker (each statement boundary of its transaction, and between
 //! its commit and the acknowledgement) and the rescue (between mark and send); Postgres
@@ -18,9 +21,12 @@
 //! never goes down; a key answers as it first did); at quiescence, the rest: no key debited
 //! twice, used equal to the sum of the accepted debits (and to what the same debits leave
 //! on the canonical fold's accounts), one exhaustion told per period that ran out, every event final,
-//! one row per event, each event's copy count equal to its deliveries, one ledger row per
-//! entry key, and the billing state
-//! equal to the canonical fold of the same events (each once, in provider-time order). A
+//! one row per event (and one read per thin event applied), each event's copy count equal to
+//! its deliveries, one ledger row per entry key, every thin event applied by its read or
+//! ignored for its twin or a gone object (never read once its twin was stored), each
+//! subscription a read was applied to as Stripe shows it, and the billing state
+//! equal to the canonical fold of the same stored events, the reads included (each once, in
+//! provider-time order). A
 //! failing run prints its seed, its step-by-step trace and the one line that replays it:
 //! `SIM_SEED=<seed> cargo test -p billing-inbox --test api sim::one_seed -- --nocapture`.
 
@@ -34,10 +40,13 @@ use aws_lambda_events::event::sqs::{SqsEvent, SqsMessage};
 use proptest::prelude::Rng;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use serde_json::{json, Value};
 use shared::handlers::scheduler::{self, SchedulerState};
 use shared::handlers::worker::{handle_batch, WorkerState};
 use shared::inbox::{DEFAULT_LEASE, RETRY_DELAYS};
-use shared::providers::{EventFeed, FeedPage, Fetched, Reconciliation, Window};
+use shared::providers::{
+    EventFeed, FeedPage, Fetched, Reads, Reconciliation, SubscriptionNow, Window,
+};
 use shared::queue::Queue;
 use shared::reconcile::Reconciler;
 use shared::sim::{with_interrupts, Bug, Interrupts, Point, SimQueue};
@@ -319,6 +328,141 @@ impl EventFeed for SimFeed {
     }
 }
 
+/// How a Stripe subscription change is sent (docs/design.md §6.2): as a snapshot event only,
+/// as a thin event whose snapshot twin is delivered too (a migration from snapshot to thin
+/// events, both destinations running), or as a thin event only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sent {
+    Snapshot,
+    ThinAndTwin,
+    ThinOnly,
+}
+
+/// One thing the provider delivers: event `index` of the case, or the thin event of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Item {
+    index: usize,
+    thin: bool,
+}
+
+/// The id of the thin event of change `index`; its twin is the change's snapshot event.
+fn thin_id(index: usize, ns: &str) -> String {
+    format!("evt_thin{index:02}_{ns}")
+}
+
+/// The thin event of the Stripe subscription change `event`, shaped as the corpus's
+/// (`testdata/providers/stripe/thin/`): the related object to read and, when the snapshot
+/// destination runs too, the twin's id in `snapshot_event`.
+fn thin_payload(index: usize, event: &Event, ns: &str, twin: bool) -> Value {
+    let Event::StripeSubscription {
+        customer, sub, at, ..
+    } = event
+    else {
+        unreachable!("only subscription changes are sent thin")
+    };
+    let sub_id = format!("sub{customer}{sub}_{ns}");
+    json!({
+        "id": thin_id(index, ns), "object": "v2.core.event",
+        "type": "v1.customer.subscription.updated", "livemode": false,
+        "created": order::time(*at).to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        "context": null,
+        "reason": {"type": "request", "request": {"id": format!("req{index:02}_{ns}"), "idempotency_key": null}},
+        "related_object": {"id": sub_id, "type": "subscription", "url": format!("/v1/subscriptions/{sub_id}")},
+        "snapshot_event": twin.then(|| format!("e{index:02}_{ns}")),
+    })
+}
+
+/// How the thin events of the seeds run so far ended: applied as their read, carried by their
+/// twin, their object gone (printed by `sim::seeds`).
+static THIN_READ: AtomicUsize = AtomicUsize::new(0);
+static THIN_TWIN: AtomicUsize = AtomicUsize::new(0);
+static THIN_GONE: AtomicUsize = AtomicUsize::new(0);
+/// Reads that answered 500 or timed out.
+static READ_FAULTS: AtomicUsize = AtomicUsize::new(0);
+
+/// Fetch faults one thin event may suffer: with the schedule's three, fewer than its attempts.
+const MAX_READ_FAULTS: u32 = 2;
+
+/// Stripe's API as the worker's reads meet it, served in process as the feed is. A thin
+/// event's object is the subscription as Stripe shows it at the read: the workload's changes
+/// all happened before the run (their times are months before its clock; the deliveries are
+/// a backlog), so that is each subscription's latest change, and the read, stamped when it is
+/// made, is newer than all of them. On its own dice a read answers 500 or times out; a few
+/// subscriptions are deleted after a number of reads (their test data removed) and answer
+/// 404 from then on. A tie's read answers "unknown", so the status rank settles ties as it
+/// did before the source had a key.
+#[derive(Clone)]
+struct SimReads(Arc<Mutex<ReadsState>>);
+
+struct ReadsState {
+    dice: Dice,
+    /// What Stripe shows per subscription id, in the shape of the pinned version (basil).
+    objects: HashMap<String, Value>,
+    /// Subscriptions deleted after this many more reads.
+    gone_after: HashMap<String, u32>,
+    /// Fetch faults suffered per thin event.
+    faulted: HashMap<String, u32>,
+    faults: bool,
+    trace: Vec<String>,
+}
+
+impl SimReads {
+    fn read(&self, thin: &str, path: &str) -> anyhow::Result<Option<Value>> {
+        let mut reads = self.0.lock().unwrap();
+        let faulted = reads.faulted.get(thin).copied().unwrap_or_default();
+        if reads.faults && faulted < MAX_READ_FAULTS {
+            let fault = match reads.dice.below(100) {
+                0..=7 => Some("answered 500 Internal Server Error"),
+                8..=12 => Some("timed out"),
+                _ => None,
+            };
+            if let Some(fault) = fault {
+                reads.faulted.insert(thin.to_owned(), faulted + 1);
+                READ_FAULTS.fetch_add(1, Ordering::Relaxed);
+                reads.trace.push(format!("GET {path} for {thin} {fault}"));
+                anyhow::bail!("GET {path}: {fault}");
+            }
+        }
+        let id = path.strip_prefix("/v1/subscriptions/").unwrap_or_default();
+        if let Some(left) = reads.gone_after.get_mut(id) {
+            if *left == 0 {
+                reads
+                    .trace
+                    .push(format!("GET {path} for {thin} answered 404 (deleted)"));
+                return Ok(None);
+            }
+            *left -= 1;
+        }
+        let object = reads.objects.get(id).cloned();
+        let shown = object
+            .as_ref()
+            .and_then(|o| o["status"].as_str())
+            .unwrap_or("404");
+        reads
+            .trace
+            .push(format!("GET {path} for {thin} shows {shown}"));
+        Ok(object)
+    }
+}
+
+impl Reads for SimReads {
+    fn subscription<'a>(
+        &'a self,
+        _customer: &'a shared::domain::CustomerId,
+        _id: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<SubscriptionNow>>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    fn related_object<'a>(
+        &'a self,
+        thin: &'a shared::providers::stripe::thin::ThinEvent,
+        path: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
+        Box::pin(std::future::ready(self.read(&thin.id, path)))
+    }
+}
+
 /// What one actor's run meets at its points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
@@ -430,6 +574,9 @@ struct World {
     /// A second scheduler, for two runs at once.
     other_scheduler: SchedulerState,
     feed: SimFeed,
+    reads: SimReads,
+    /// How each event of the case is sent (`Snapshot` for all but Stripe subscriptions).
+    sent: Vec<Sent>,
     pool: PgPool,
     admin: PgPool,
     bugs: HashSet<Bug>,
@@ -547,6 +694,23 @@ impl World {
             }),
         );
         let mut worker = test_worker(pool.clone());
+        // The Stripe source has an API key: thin events read their object (docs/design.md §6.2).
+        let reads = SimReads(Arc::new(Mutex::new(ReadsState {
+            dice: Dice::new(seed ^ 0x7EAD),
+            objects: HashMap::new(),
+            gone_after: HashMap::new(),
+            faulted: HashMap::new(),
+            faults: true,
+            trace: Vec::new(),
+        })));
+        worker.sources.insert(
+            "stripe".into(),
+            shared::handlers::worker::WorkerSource {
+                kind: shared::domain::SourceKind::Stripe,
+                livemode: None,
+                reads: Some(Box::new(reads.clone())),
+            },
+        );
         worker.retry_delays = RETRY_DELAYS.to_vec();
         worker.lease = DEFAULT_LEASE;
         // Effects are written under every fault; no dispatcher runs, so they stay pending.
@@ -582,6 +746,8 @@ impl World {
             scheduler,
             other_scheduler,
             feed,
+            reads,
+            sent: Vec::new(),
             pool,
             admin,
             bugs,
@@ -597,7 +763,8 @@ impl World {
 
     fn note(&mut self, line: String) {
         let fed = std::mem::take(&mut self.feed.0.lock().unwrap().trace);
-        for queued in self.queue.take_trace().into_iter().chain(fed) {
+        let read = std::mem::take(&mut self.reads.0.lock().unwrap().trace);
+        for queued in self.queue.take_trace().into_iter().chain(fed).chain(read) {
             self.trace
                 .push(format!("t+{:>7.1}s   {queued}", self.elapsed_secs()));
         }
@@ -654,11 +821,21 @@ impl World {
 
     /// Delivers one webhook through the intake; a crash before the answer means the provider
     /// delivers it again later.
-    async fn deliver(&mut self, case: &Case, pending: &mut Vec<usize>, faults: bool) {
+    async fn deliver(&mut self, case: &Case, pending: &mut Vec<Item>, faults: bool) {
         let pick = self.dice.below(pending.len() as u64) as usize;
-        let index = pending.remove(pick);
-        let (source, payload, _) = order::payload(index, &case.events[index], &self.ns);
-        let key = format!("e{index:02}_{}", self.ns);
+        let item = pending.remove(pick);
+        let index = item.index;
+        let (source, payload, key) = match item.thin {
+            true => {
+                let twin = self.sent[index] == Sent::ThinAndTwin;
+                let payload = thin_payload(index, &case.events[index], &self.ns, twin);
+                ("stripe", payload, thin_id(index, &self.ns))
+            }
+            false => {
+                let (source, payload, _) = order::payload(index, &case.events[index], &self.ns);
+                (source, payload, format!("e{index:02}_{}", self.ns))
+            }
+        };
         let delivery = match source {
             "kinde" => kinde_delivery(&key, &payload),
             "polar" => polar_delivery(&key, &payload),
@@ -679,7 +856,7 @@ impl World {
                     "deliver {key} ({source}) -> intake died after the store ({}); the provider will retry",
                     plan.hit.lock().unwrap().clone().unwrap_or_default()
                 ));
-                pending.push(index);
+                pending.push(item);
             }
         }
     }
@@ -1163,9 +1340,11 @@ impl World {
 
     /// Drives the world to rest without faults: the provider's remaining deliveries, then
     /// rounds of time, the scheduler and the worker until nothing is pending.
-    async fn quiesce(&mut self, case: &Case, pending: &mut Vec<usize>) -> Result<(), Failure> {
+    async fn quiesce(&mut self, case: &Case, pending: &mut Vec<Item>) -> Result<(), Failure> {
         self.queue.set_faults(false);
         self.feed.0.lock().unwrap().faults = false;
+        self.reads.0.lock().unwrap().faults = false;
+        let sent = self.sent_keys().len();
         while !pending.is_empty() {
             self.deliver(case, pending, false).await;
         }
@@ -1179,14 +1358,16 @@ impl World {
             .fetch_one(&self.admin)
             .await
             .unwrap();
+            // The events sent that are stored: a thin event's read is no event sent.
             let stored: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM inbox_events WHERE dedupe_key LIKE '%\\_' || $1 || '%'",
+                "SELECT count(*) FROM inbox_events WHERE dedupe_key LIKE '%\\_' || $1 || '%'
+                   AND dedupe_key NOT LIKE 'read:%'",
             )
             .bind(&self.ns)
             .fetch_one(&self.admin)
             .await
             .unwrap();
-            let all_found = stored as usize >= case.events.len();
+            let all_found = stored as usize >= sent;
             if left == 0 && self.queue.len() == 0 && all_found {
                 return Ok(());
             }
@@ -1197,6 +1378,146 @@ impl World {
         Err(self.fail(format!(
             "stranded: events still pending or never found after {QUIET_ROUNDS} rounds of rescue, reconciliation and work"
         )))
+    }
+
+    /// The dedupe keys the provider sends: each change's snapshot event (a twin, for a change
+    /// sent thin too) and its thin event.
+    fn sent_keys(&self) -> HashSet<String> {
+        let mut keys = HashSet::new();
+        for (index, sent) in self.sent.iter().enumerate() {
+            if *sent != Sent::ThinOnly {
+                keys.insert(format!("e{index:02}_{}", self.ns));
+            }
+            if *sent != Sent::Snapshot {
+                keys.insert(thin_id(index, &self.ns));
+            }
+        }
+        keys
+    }
+
+    /// What Stripe shows of each subscription: its latest change (ties by the case's order),
+    /// in the pinned version's shape (basil: the period end on the items); some are deleted
+    /// after a few reads.
+    fn show_provider_state(&mut self, seed: u64, case: &Case) {
+        let mut dice = Dice::new(seed ^ 0x6013);
+        let mut latest: BTreeMap<String, (u32, usize)> = BTreeMap::new();
+        for (index, event) in case.events.iter().enumerate() {
+            if let Event::StripeSubscription {
+                customer, sub, at, ..
+            } = event
+            {
+                let id = format!("sub{customer}{sub}_{}", self.ns);
+                let newer = latest.get(&id).is_none_or(|held| (*at, index) >= *held);
+                if newer {
+                    latest.insert(id, (*at, index));
+                }
+            }
+        }
+        let mut reads = self.reads.0.lock().unwrap();
+        for (id, (_, index)) in latest {
+            let (_, payload, _) = order::payload(index, &case.events[index], &self.ns);
+            let mut object = payload["data"]["object"].clone();
+            if let Some(end) = object
+                .as_object_mut()
+                .and_then(|o| o.remove("current_period_end"))
+            {
+                object["items"]["data"][0]["current_period_end"] = end;
+            }
+            if dice.chance(10) {
+                reads.gone_after.insert(id.clone(), dice.below(3) as u32);
+            }
+            reads.objects.insert(id, object);
+        }
+    }
+
+    /// The thin events at rest: none `unprocessable` (the source has a key); each applied by its
+    /// read (stored, and finished `applied`) or ignored, because its twin carries the change or
+    /// its object is gone; none read its object once its twin was stored (the twin carries the
+    /// change: reading too would change the state twice and tell the app twice); and every
+    /// subscription a read was applied to ends as Stripe shows it (the read is the newest
+    /// version of it).
+    async fn check_thin(&mut self) -> Result<(), Failure> {
+        #[derive(sqlx::FromRow)]
+        struct Thin {
+            id: i64,
+            key: String,
+            status: String,
+            reason: Option<String>,
+            read_id: Option<i64>,
+            read_status: Option<String>,
+            read_reason: Option<String>,
+            twin_id: Option<i64>,
+        }
+        let thins: Vec<Thin> = sqlx::query_as(
+            "SELECT t.id, t.dedupe_key AS key, t.status, t.reason, r.id AS read_id,
+                    r.status AS read_status, r.reason AS read_reason, s.id AS twin_id
+             FROM inbox_events t
+             LEFT JOIN inbox_events r ON (r.source, r.dedupe_key) = (t.source, 'read:' || t.dedupe_key)
+             LEFT JOIN inbox_events s ON (s.source, s.dedupe_key) = (t.source, t.payload ->> 'snapshot_event')
+             WHERE t.dedupe_key LIKE '%\\_' || $1 || '%' AND t.type LIKE 'v1.%' ORDER BY t.id",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        for t in &thins {
+            let (id, key) = (t.id, &t.key);
+            let reason = t.reason.as_deref().unwrap_or_default();
+            // With its read, a thin event ends as that snapshot event would (`ignored` when it
+            // changes nothing), the read final; without, its twin or a 404 decided it.
+            let outcome = match (t.status.as_str(), t.read_status.as_deref()) {
+                ("applied" | "ignored", Some("applied" | "ignored")) => Some(&THIN_READ),
+                ("ignored", None)
+                    if t.twin_id.is_some() && reason.starts_with("its snapshot event ") =>
+                {
+                    Some(&THIN_TWIN)
+                }
+                ("ignored", None)
+                    if reason.starts_with("the object no longer exists at the provider") =>
+                {
+                    Some(&THIN_GONE)
+                }
+                _ => None,
+            };
+            let fine = outcome.is_some();
+            if let Some(counter) = outcome {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+            if !fine {
+                return Err(self.fail(format!(
+                    "thin event {id} ({key}) ended {} ({reason}), its read {:?} ({:?})",
+                    t.status, t.read_status, t.read_reason
+                )));
+            }
+            if let (Some(read), Some(twin)) = (t.read_id, t.twin_id) {
+                if twin < read {
+                    return Err(self.fail(format!(
+                        "thin event {id} ({key}) read its object (event {read}) though its snapshot twin (event {twin}) was stored"
+                    )));
+                }
+            }
+        }
+        let shown: Vec<(String, String, Option<String>)> = sqlx::query_as(
+            "SELECT r.payload #>> '{data,object,id}', r.payload #>> '{data,object,status}', s.status
+             FROM inbox_events r
+             JOIN accounts a ON (a.source, a.customer_id) = (r.source, r.customer_key)
+             LEFT JOIN subscriptions s ON (s.source, s.subscription_id) = (r.source, r.payload #>> '{data,object,id}')
+             WHERE r.dedupe_key LIKE 'read:%\\_' || $1 || '%' AND r.status = 'applied'
+               AND a.deleted_at IS NULL",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        if let Some((sub, read, held)) = shown
+            .iter()
+            .find(|(_, read, held)| held.as_ref() != Some(read))
+        {
+            return Err(self.fail(format!(
+                "{sub}: Stripe shows it {read}, the register holds {held:?}"
+            )));
+        }
+        Ok(())
     }
 
     /// The invariants at rest.
@@ -1306,16 +1627,23 @@ impl World {
                 )));
             }
         }
+        // One row per event sent, and besides them only the reads of thin events.
         let keys: HashSet<&str> = rows.iter().map(|r| r.1.as_str()).collect();
-        if rows.len() != case.events.len() || keys.len() != rows.len() {
+        let sent = self.sent_keys();
+        let extra = keys.iter().any(|k| match k.strip_prefix("read:") {
+            Some(thin) => !sent.contains(thin),
+            None => !sent.contains(*k),
+        });
+        if extra || keys.len() != rows.len() || sent.iter().any(|k| !keys.contains(k.as_str())) {
             let mut stored: Vec<&str> = keys.into_iter().collect();
             stored.sort_unstable();
             return Err(self.fail(format!(
                 "{} events were sent, {} rows stored: {stored:?}",
-                case.events.len(),
+                sent.len(),
                 rows.len(),
             )));
         }
+        self.check_thin().await?;
         self.check_balances().await?;
         let doubled: Vec<String> = sqlx::query_scalar(
             "SELECT entry_key FROM ledger WHERE customer_id LIKE '%\\_' || $1 || '%'
@@ -1332,12 +1660,29 @@ impl World {
 
         // The canonical fold: each event once, in provider-time order, no faults.
         let canon = format!("k{}x", self.seed);
+        // A change sent only thin is in the store as its read, if one was made: the reads are
+        // events (docs/design.md §6.2), folded as stored; the thin events themselves carry
+        // nothing.
         let mut reference: Vec<order::Materialized> = case
             .events
             .iter()
             .enumerate()
+            .filter(|(i, _)| self.sent[*i] != Sent::ThinOnly)
             .map(|(i, e)| order::materialize(i, e, &canon))
             .collect();
+        let reads: Vec<Value> = sqlx::query_scalar(
+            "SELECT payload FROM inbox_events WHERE dedupe_key LIKE 'read:%\\_' || $1 || '%' ORDER BY id",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        for read in reads {
+            let text = read
+                .to_string()
+                .replace(&format!("_{}", self.ns), &format!("_{canon}"));
+            reference.push(order::stripe_read(text.into_bytes()));
+        }
         reference.sort_by(|a, b| (a.at, &a.dedupe_key).cmp(&(b.at, &b.dedupe_key)));
         for m in &reference {
             let id = order::store(&self.pool, m).await;
@@ -1398,6 +1743,24 @@ fn workload(seed: u64) -> Case {
     case
 }
 
+/// How a seed sends each event: of Stripe's subscription changes, on dice of their own (so the
+/// rest of the seed's schedule is drawn as before), 30% as snapshots only, 35% thin with the
+/// snapshot twin delivered too, 35% thin only.
+fn sent_as(seed: u64, case: &Case) -> Vec<Sent> {
+    let mut dice = Dice::new(seed ^ 0x7411_7411);
+    case.events
+        .iter()
+        .map(|event| match event {
+            Event::StripeSubscription { .. } => match dice.below(100) {
+                0..=29 => Sent::Snapshot,
+                30..=64 => Sent::ThinAndTwin,
+                _ => Sent::ThinOnly,
+            },
+            _ => Sent::Snapshot,
+        })
+        .collect()
+}
+
 /// Runs one seed to rest and checks it.
 pub(crate) async fn simulate(
     base: &PgPool,
@@ -1406,7 +1769,26 @@ pub(crate) async fn simulate(
 ) -> Result<Vec<String>, Failure> {
     let case = workload(seed);
     let mut world = World::new(base, seed, bugs).await;
-    let mut pending: Vec<usize> = case.deliveries.iter().map(|d| d.index).collect();
+    world.sent = sent_as(seed, &case);
+    world.show_provider_state(seed, &case);
+    // A thin event is delivered as often as its change's snapshot would be; a twin is the
+    // change's snapshot event itself.
+    let mut pending: Vec<Item> = Vec::new();
+    for d in &case.deliveries {
+        let (snapshot, thin) = match world.sent[d.index] {
+            Sent::Snapshot => (true, false),
+            Sent::ThinAndTwin => (true, true),
+            Sent::ThinOnly => (false, true),
+        };
+        for (on, thin) in [(snapshot, false), (thin, true)] {
+            if on {
+                pending.push(Item {
+                    index: d.index,
+                    thin,
+                });
+            }
+        }
+    }
     // Stripe gives up on some events (only reconciliation finds them), and still lists some
     // that its webhooks will bring after all.
     let mut undelivered = Vec::new();
@@ -1415,18 +1797,27 @@ pub(crate) async fn simulate(
         if source != "stripe" {
             continue;
         }
-        match world.dice.below(100) {
-            0..=14 => pending.retain(|i| *i != index),
-            15..=24 => {}
-            _ => continue,
+        let listed = match world.dice.below(100) {
+            0..=14 => Some(true),
+            15..=24 => Some(false),
+            _ => None,
+        };
+        // A change sent only thin has no snapshot event to list (thin events are in
+        // `/v2/core/events`, which reconciliation does not read).
+        let (Some(only_listed), false) = (listed, world.sent[index] == Sent::ThinOnly) else {
+            continue;
+        };
+        if only_listed {
+            pending.retain(|i| *i != Item { index, thin: false });
         }
         let id = payload["id"].as_str().unwrap_or_default().to_owned();
         undelivered.push((id, serde_json::to_vec(&payload).unwrap()));
     }
     undelivered.reverse();
     world.feed.0.lock().unwrap().undelivered = undelivered;
+    let thin = world.sent.iter().filter(|s| **s != Sent::Snapshot).count();
     world.note(format!(
-        "seed {seed}: {} events, {} deliveries",
+        "seed {seed}: {} events ({thin} sent thin), {} deliveries",
         case.events.len(),
         pending.len()
     ));
@@ -1500,6 +1891,13 @@ async fn seeds(pool: PgPool) {
         "sim: {count} seeds from {first} passed in {took:.1?} ({:.1} seeds/s)",
         count as f64 / took.as_secs_f64()
     );
+    eprintln!(
+        "sim: thin events: {} applied as their read, {} carried by their twin, {} with their object gone; {} reads answered 500 or timed out",
+        THIN_READ.load(Ordering::Relaxed),
+        THIN_TWIN.load(Ordering::Relaxed),
+        THIN_GONE.load(Ordering::Relaxed),
+        READ_FAULTS.load(Ordering::Relaxed),
+    );
 }
 
 /// Seeds that once failed, kept as they are.
@@ -1514,7 +1912,10 @@ async fn regression_seeds(pool: PgPool) {
     // 208: an effect that was already written (a second deletion of one customer, stamped
     // earlier, moves the tombstone) still took a sequence number, leaving a gap in the
     // account's numbers (an effect already written now takes none).
-    for seed in [72, 25, 208] {
+    // 515: the simulator's own bug: quiescence counted a thin event's read among the events
+    // sent, so it stopped before reconciliation found a Stripe event never delivered (the
+    // count now leaves the reads out).
+    for seed in [72, 25, 208, 515] {
         if let Err(failure) = simulate(&pool, seed, HashSet::new()).await {
             panic!("{failure}");
         }
@@ -1543,6 +1944,7 @@ async fn planted_bugs_are_caught(pool: PgPool) {
         Bug::CopyCountsNew,
         Bug::RetryNeverScheduled,
         Bug::RescueSkipsLeases,
+        Bug::ThinSkipsTwin,
     ];
     let mut report = Vec::new();
     for (n, bug) in bugs.into_iter().enumerate() {

@@ -66,7 +66,11 @@ pub(super) async fn carried(
     // During a migration from snapshot to thin events both destinations run, and Stripe's
     // guide keys the work by `snapshot_event`: the twin stored, it carries the change, and no
     // read is made. A twin that comes later is older than the read and changes nothing.
-    if let Some(twin) = thin.snapshot_event.as_deref() {
+    let twin = thin
+        .snapshot_event
+        .as_deref()
+        .filter(|_| !crate::sim::planted(crate::sim::Bug::ThinSkipsTwin));
+    if let Some(twin) = twin {
         let found = match DedupeKey::parse(twin) {
             Ok(key) => stored::find(conn, &event.source, &key).await?,
             Err(_) => None,

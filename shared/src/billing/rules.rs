@@ -46,6 +46,14 @@ pub struct Held<T> {
 }
 
 impl<T> Held<T> {
+    /// Whether the register holds the event `ctx` applies: written by that very row, or by
+    /// the thin event that applied it (a thin event's read, applied under the thin event's
+    /// id, has the read's version: its own row, applied later, is the same event;
+    /// docs/design.md §6.2). A dedupe key is one event of its source.
+    pub fn is_of(&self, ctx: &EventContext<'_>) -> bool {
+        self.event_id == ctx.event_id || self.stamp.key == ctx.version.key.as_str()
+    }
+
     /// What a register holds once this event's write lands.
     pub fn written(value: T, ctx: &EventContext<'_>, rank: Rank) -> Self {
         Self {
@@ -89,8 +97,8 @@ fn newer<T>(held: Option<&Held<T>>, stamp: &Stamp) -> bool {
 }
 
 /// A write that did not land: is it because this very event is what is stored?
-fn kept(stored_event: Option<i64>, ctx: &EventContext<'_>, what: &str, superseded: &str) -> Change {
-    if stored_event == Some(ctx.event_id) {
+fn kept(this_event: bool, what: &str, superseded: &str) -> Change {
+    if this_event {
         Change::AlreadyApplied(format!("this {what} is already stored"))
     } else {
         Change::Superseded(superseded.to_owned())
@@ -109,7 +117,11 @@ pub fn customer_plan(
         let superseded = "a newer plan change is already stored";
         return Ruled::new(
             false,
-            kept(held.map(|h| h.event_id), ctx, "plan change", superseded),
+            kept(
+                held.is_some_and(|h| h.is_of(ctx)),
+                "plan change",
+                superseded,
+            ),
         );
     }
     if held.is_some_and(|h| h.value.key.as_deref() == key) {
@@ -143,8 +155,7 @@ pub fn standing(held: Option<&Held<bool>>, ctx: &EventContext<'_>, past_due: boo
         return Ruled::new(
             false,
             kept(
-                held.map(|h| h.event_id),
-                ctx,
+                held.is_some_and(|h| h.is_of(ctx)),
                 "payment standing",
                 superseded,
             ),
@@ -186,15 +197,14 @@ pub fn subscription(
 ) -> Ruled {
     let stamp = Stamp::of(ctx, rank);
     let tied_with = held
-        .filter(|h| h.stamp.at == stamp.at && h.event_id != ctx.event_id)
+        .filter(|h| h.stamp.at == stamp.at && !h.is_of(ctx))
         .map(|h| h.event_id);
     let mut ruled = if !newer(held, &stamp) {
         let superseded = format!("a newer state of subscription {id} is already stored");
         Ruled::new(
             false,
             kept(
-                held.map(|h| h.event_id),
-                ctx,
+                held.is_some_and(|h| h.is_of(ctx)),
                 "subscription state",
                 &superseded,
             ),
@@ -290,7 +300,11 @@ pub fn payment(
     };
     Ruled::new(
         false,
-        kept(held.map(|h| h.event_id), ctx, "payment state", &superseded),
+        kept(
+            held.is_some_and(|h| h.is_of(ctx)),
+            "payment state",
+            &superseded,
+        ),
     )
 }
 
@@ -318,7 +332,7 @@ pub fn grant(
     let period = Period::of(ctx.version.at);
     if held.granted_by.is_some() {
         let superseded = format!("the {plan} allowance for {period} is already granted");
-        let kept = kept(held.granted_by, ctx, "grant", &superseded);
+        let kept = kept(held.granted_by == Some(ctx.event_id), "grant", &superseded);
         return (Ruled::new(false, kept), None);
     }
     let delta = (allowance - held.largest.unwrap_or(0)).max(0);
@@ -924,6 +938,28 @@ mod tests {
         assert!(!replay.writes);
         assert_eq!(
             replay.written.change,
+            Change::AlreadyApplied("this subscription state is already stored".into())
+        );
+    }
+
+    #[test]
+    fn a_thin_events_read_applied_by_itself_later_finds_its_work_done() {
+        // The thin event (event 5) applied its read `read:evt_t` under its own id; the read's
+        // own row (event 15), left pending and sent by the rescue, is the same version: no
+        // tie, nothing newer, its work is done (docs/design.md §6.2).
+        let c = CustomerId::parse("cus_1").unwrap();
+        let held = held(sub("active", None), 5, 300, 3, "read:evt_t");
+        let again = subscription(
+            Some(&held),
+            &ctx(&c, 15, 300, "read:evt_t"),
+            "sub_1",
+            ("active", None, NO_ENDS),
+            Rank(3),
+        );
+        assert!(!again.writes);
+        assert_eq!(again.written.tied_with, None);
+        assert_eq!(
+            again.written.change,
             Change::AlreadyApplied("this subscription state is already stored".into())
         );
     }
