@@ -510,13 +510,28 @@ async fn a_worker_silent_inside_its_transaction_lets_go_of_its_locks(pool: PgPoo
         ended,
         "the server ended the silent transaction within a minute"
     );
-    let locked: Option<i64> =
-        sqlx::query_scalar("SELECT id FROM inbox_events WHERE id = $1 FOR UPDATE NOWAIT")
-            .bind(id)
-            .fetch_optional(&app.pool)
-            .await
-            .expect("the event's row is no longer locked");
-    assert_eq!(locked, Some(id));
+    // The session leaves pg_stat_activity's "idle in transaction" a moment before its
+    // backend has exited and let go of its locks: the row is taken once it has.
+    let mut locked = None;
+    for _ in 0..100 {
+        match sqlx::query_scalar::<_, i64>(
+            "SELECT id FROM inbox_events WHERE id = $1 FOR UPDATE NOWAIT",
+        )
+        .bind(id)
+        .fetch_optional(&app.pool)
+        .await
+        {
+            Ok(row) => {
+                locked = row;
+                break;
+            }
+            Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("55P03") => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("reading the event's row: {e}"),
+        }
+    }
+    assert_eq!(locked, Some(id), "the event's row is no longer locked");
     assert_eq!(
         app.event(id).await.status,
         "processing",
