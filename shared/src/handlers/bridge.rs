@@ -20,7 +20,6 @@ use sqlx::PgPool;
 
 use crate::config::BridgeConfig;
 use crate::db::Held;
-use crate::domain::Verdict;
 use crate::inbox::enqueue_or_unmark;
 use crate::inbox::store::{store_verified_held, Origin, StoreError};
 use crate::providers::stripe::parse_event;
@@ -141,19 +140,7 @@ pub async fn handle(state: &BridgeState, event: EventBridgeEvent) -> Result<Valu
         tracing::error!(code = error.code(), error = %error, "the EventBridge event was not stored");
         error
     })?;
-    let span = tracing::Span::current();
-    span.record("event_id", stored.event_id);
-    span.record("verdict", stored.verdict.as_str());
-    if stored.verdict == Verdict::Conflict {
-        // As over HTTPS: the stored event stands; the differing copy is on record.
-        tracing::warn!(
-            alert = "conflict",
-            event_id = stored.event_id,
-            source = %state.source,
-            dedupe_key = verified.dedupe_key.as_str(),
-            "a delivery reused a stored event's key with different content"
-        );
-    } else if stored.marked {
+    if super::intake::stored_needs_enqueue(&stored, &state.source, &verified) {
         // A failed send is not EventBridge's problem: the event is stored and marked, and the
         // scheduler's rescue sends it (docs/design.md §3.7).
         if let Err(e) = enqueue_or_unmark(&state.pool, &state.queue, &[stored.event_id]).await {

@@ -288,20 +288,7 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
         true => planted_copy(state, &source_name, body, &verified, &headers).await?,
         false => stored,
     };
-    let span = tracing::Span::current();
-    span.record("event_id", stored.event_id);
-    span.record("verdict", stored.verdict.as_str());
-
-    if stored.verdict == Verdict::Conflict {
-        // The stored event stands; the differing copy is on record for the operator.
-        tracing::warn!(
-            alert = "conflict",
-            event_id = stored.event_id,
-            source = %source_name,
-            dedupe_key = verified.dedupe_key.as_str(),
-            "a delivery reused a stored event's key with different content"
-        );
-    } else if stored.marked {
+    if stored_needs_enqueue(&stored, &source_name, &verified) {
         crate::sim::point(crate::sim::Point::IntakeStored, stored.event_id).await;
         enqueue(state, stored.event_id).await;
     }
@@ -309,6 +296,30 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
         StatusCode::OK,
         &json!({"status": stored.verdict.as_str(), "event_id": stored.event_id}),
     ))
+}
+
+/// What a way in says of a stored delivery (this one, the EventBridge adapter): the span's
+/// `event_id` and `verdict`, a conflict's alert (the stored event stands; the differing copy
+/// is on record for the operator), and whether the event is marked for its send.
+pub(crate) fn stored_needs_enqueue(
+    stored: &crate::inbox::store::Stored,
+    source: &str,
+    verified: &crate::domain::VerifiedEvent,
+) -> bool {
+    let span = tracing::Span::current();
+    span.record("event_id", stored.event_id);
+    span.record("verdict", stored.verdict.as_str());
+    if stored.verdict == Verdict::Conflict {
+        tracing::warn!(
+            alert = "conflict",
+            event_id = stored.event_id,
+            source = %source,
+            dedupe_key = verified.dedupe_key.as_str(),
+            "a delivery reused a stored event's key with different content"
+        );
+        return false;
+    }
+    stored.marked
 }
 
 /// A planted bug (simulation only): the copy stored as a new event.
