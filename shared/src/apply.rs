@@ -15,7 +15,8 @@ use sqlx::{Connection, PgConnection};
 use crate::billing::registers;
 use crate::billing::rules::{Registers, Stamp, SubscriptionRead};
 use crate::billing::{
-    outcome, Catalog, Change, Decision, Effect, EventContext, Rank, SubscriptionEnds, Version,
+    outcome, Catalog, Change, Decision, Effect, EventContext, Rank, Settled, SubscriptionEnds,
+    Version,
 };
 use crate::config::SourceConfig;
 use crate::domain::{EventStatus, Period, SourceKind};
@@ -26,7 +27,7 @@ use crate::providers::{self, Api, Reads, Shown};
 use crate::sim::{self, Bug, Injected, Point};
 
 mod health;
-mod subscription_read;
+pub(crate) mod subscription_read;
 mod thin;
 pub use health::{generation_failure_metric, MAX_SWEEP_PAGES};
 pub use thin::thin_without_api_key_metric;
@@ -257,7 +258,8 @@ async fn apply_to_account(
         false => Registers::default(),
     };
     sim::point(Point::WorkerRead, event.id).await;
-    let ties_read = settle(source, ctx, &registers, &mut effects, &mut notes).await;
+    let (ties_read, settled) = settle(source, ctx, &registers, &mut effects, &mut notes).await;
+    let settled = (!settled.is_empty()).then(|| json!(settled));
     // An invoice whose subscription the register does not hold yet: the provider's read.
     let shown = subscription_read::read(
         conn,
@@ -285,7 +287,8 @@ async fn apply_to_account(
         let decided = decide(&mut registers)?;
         sim::fallible_point(Point::WorkerDecided, event.id).await?;
         let outcome = (decided.status, decided.reason.as_str());
-        match commit::commit(conn, event, ctx, &registers, outcome, &decided.new).await? {
+        let written = (&decided.new[..], settled.as_ref());
+        match commit::commit(conn, event, ctx, &registers, outcome, written).await? {
             Committed::Done { effects, .. } => {
                 committed(ctx, &decided);
                 return Ok(applied(event, decided.status, decided.reason, effects));
@@ -308,22 +311,30 @@ async fn apply_to_account(
     let decided = decide(&mut registers)?;
     sim::fallible_point(Point::WorkerDecided, event.id).await?;
     let outcome = (decided.status, decided.reason.as_str());
-    let written =
-        match commit::commit(&mut tx, event, ctx, &registers, outcome, &decided.new).await? {
-            Committed::Done { effects, intents } => {
-                // A link written meanwhile by an event without a customer: the rules did not see
-                // it, so the retry reads again (and the link's event sees this one's customer).
-                if intents
-                    .iter()
-                    .any(|(id, now)| registers.intents.get(id) != Some(now))
-                {
-                    return Err(ApplyError::Raced);
-                }
-                effects
+    let written = match commit::commit(
+        &mut tx,
+        event,
+        ctx,
+        &registers,
+        outcome,
+        (&decided.new, settled.as_ref()),
+    )
+    .await?
+    {
+        Committed::Done { effects, intents } => {
+            // A link written meanwhile by an event without a customer: the rules did not see
+            // it, so the retry reads again (and the link's event sees this one's customer).
+            if intents
+                .iter()
+                .any(|(id, now)| registers.intents.get(id) != Some(now))
+            {
+                return Err(ApplyError::Raced);
             }
-            Committed::LeaseLost => return Err(ApplyError::LeaseLost),
-            Committed::Moved => return Err(ApplyError::Moved),
-        };
+            effects
+        }
+        Committed::LeaseLost => return Err(ApplyError::LeaseLost),
+        Committed::Moved => return Err(ApplyError::Moved),
+    };
     sim::point(Point::WorkerWritten, event.id).await;
     tx.commit().await?;
     committed(ctx, &decided);
@@ -498,19 +509,21 @@ fn planted_version(event: &Claimed, at: crate::domain::ProviderTime) -> Version 
 /// and the note says so); a refund known only by its payment intent is linked to its invoice
 /// by a read when no event has. A failed read settles nothing and says why: the status rank
 /// still gives one order. With reads, returns each subscription's tie as read (the other
-/// event, if any), which the rules must find again when the event is written.
+/// event, if any), which the rules must find again when the event is written, and what the
+/// reads settled, kept with the event for the fold (docs/design.md §4.11).
 async fn settle(
     source: &WorkerSource,
     ctx: &EventContext<'_>,
     registers: &Registers,
     effects: &mut Vec<Effect>,
     notes: &mut Vec<String>,
-) -> HashMap<String, Option<i64>> {
+) -> (HashMap<String, Option<i64>>, Settled) {
     let mut ties_read = HashMap::new();
+    let mut settled = Settled::default();
     let Some(reads) = &source.reads else {
         // Without a provider read the status rank settles a tie: the rules say whether
         // there was one.
-        return ties_read;
+        return (ties_read, settled);
     };
     let mut linked = Vec::new();
     let at = Stamp::of(ctx, Rank(0)).at;
@@ -550,10 +563,12 @@ async fn settle(
                     Ok(Some(now)) if now.settles(this, tied) == Shown::This => {
                         // the read's time: a state confirmed later outranks one confirmed earlier
                         *rank = Rank::confirmed(chrono::Utc::now());
+                        settled.ranks.insert(id.clone(), rank.0);
                         format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {}", state(status, ends))
                     }
                     Ok(Some(now)) if now.settles(this, tied) == Shown::Tie => {
                         *rank = Rank::REFUTED;
+                        settled.ranks.insert(id.clone(), rank.0);
                         format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {}", state(tie_status, &tie.value.ends))
                     }
                     Ok(Some(now)) => format!(
@@ -581,6 +596,9 @@ async fn settle(
                         notes.push(format!(
                             "{payment_intent} linked to {invoice} by a provider read"
                         ));
+                        settled
+                            .links
+                            .push((payment_intent.clone(), invoice.clone()));
                         linked.push(Effect::PaymentIntent {
                             payment_intent: payment_intent.clone(),
                             invoice,
@@ -601,7 +619,7 @@ async fn settle(
     for (i, link) in linked.into_iter().enumerate() {
         effects.insert(i, link);
     }
-    ties_read
+    (ties_read, settled)
 }
 
 /// Whether every effect is a payment-intent link; then the customer the intent is known
@@ -650,7 +668,8 @@ async fn remember_links_without_customer(
             break;
         };
         let source = &event.source;
-        let customer = registers::remember_link(&mut tx, source, payment_intent, invoice).await?;
+        let customer =
+            registers::remember_link(&mut tx, source, payment_intent, invoice, event.id).await?;
         if customer.is_some() {
             return Err(ApplyError::Raced);
         }

@@ -15,6 +15,7 @@
 
 pub mod api_keys;
 pub mod apply;
+pub mod audit;
 pub mod billing;
 pub mod config;
 pub mod database;

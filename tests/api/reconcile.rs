@@ -285,6 +285,11 @@ async fn a_purged_event_stripe_still_lists_as_undelivered_is_not_stored_again(po
     let id = body["event_id"].as_i64().unwrap();
     app.run_worker().await;
     assert_eq!(status_of(&app, id).await, "applied");
+    // A later state of the subscription, so that the register no longer names the old event
+    // and the purge may take it (docs/design.md §3.9).
+    let newer = stripe_event("evt_newer", "cus_purged", created + 60);
+    app.post("stripe", &stripe_delivery(&newer)).await;
+    app.run_worker().await;
     sqlx::query("UPDATE inbox_events SET received_at = to_timestamp($1) WHERE id = $2")
         .bind(created as f64)
         .bind(id)

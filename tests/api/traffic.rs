@@ -836,7 +836,7 @@ async fn a_link_written_during_a_refunds_write_fails_it_and_the_retry_ends_the_i
     let id = body["event_id"].as_i64().unwrap();
     let link: BoxFuture<'static, ()> = Box::pin(async move {
         let mut conn = pool.acquire().await.unwrap();
-        let known = registers::remember_link(&mut conn, "stripe", "pi_b0", "in_b0").await;
+        let known = registers::remember_link(&mut conn, "stripe", "pi_b0", "in_b0", 0).await;
         assert_eq!(known.unwrap(), None, "the refund is not committed yet");
     });
     let meanwhile = Arc::new(WhenDecided(std::sync::Mutex::new(Some(link))));

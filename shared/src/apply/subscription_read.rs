@@ -99,13 +99,18 @@ fn unread_subscription<'a>(registers: &Registers, effects: &'a [Effect]) -> Opti
 
 /// The key of the read event `dedupe_key` makes of subscription `id`: one per event and
 /// subscription, so a retry or a replay of the event finds it.
-fn read_key(dedupe_key: &DedupeKey, id: &str) -> Option<DedupeKey> {
+pub(crate) fn read_key(dedupe_key: &DedupeKey, id: &str) -> Option<DedupeKey> {
     DedupeKey::parse(&format!("read:{}:{id}", dedupe_key.as_str())).ok()
 }
 
 /// What a stored read shows: its customer, and the plan its own decision resolves (the
 /// subscription's price, as a subscription event of that shape is read).
-fn shown(kind: SourceKind, id: &str, read: &StoredEvent, catalog: &Catalog) -> SubscriptionRead {
+pub(crate) fn shown(
+    kind: SourceKind,
+    id: &str,
+    read: &StoredEvent,
+    catalog: &Catalog,
+) -> SubscriptionRead {
     let plan = read.payload.as_ref().and_then(|payload| {
         match providers::decide(kind, &read.event_type, payload, &read.dedupe_key, catalog) {
             Decision::Apply { effects, .. } => effects.into_iter().find_map(|e| match e {

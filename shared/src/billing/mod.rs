@@ -6,6 +6,7 @@
 
 pub mod account;
 pub mod catalog;
+pub mod fold;
 pub mod model;
 pub mod registers;
 pub mod rules;
@@ -14,6 +15,6 @@ pub mod usage;
 pub use catalog::{Catalog, Plan, PlanRef};
 pub use model::{
     derive_plan, outcome, status_entitles, AccountState, Change, Decided, Decision, Effect,
-    EventContext, Fact, PaymentStatus, Problem, Rank, Resolved, StateInputs, SubscriptionEnds,
-    SubscriptionState, Version, Written, FREE,
+    EventContext, Fact, PaymentStatus, Problem, Rank, Resolved, Settled, StateInputs,
+    SubscriptionEnds, SubscriptionState, Version, Written, FREE,
 };

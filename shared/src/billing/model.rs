@@ -64,6 +64,46 @@ pub fn status_entitles(status: &str) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Rank(pub i64);
 
+/// What provider reads settled for an event when it was applied, kept with the event
+/// (`inbox_events.settled`) so that the fold of the account's events repeats it
+/// (docs/design.md §4.11): the rank a same-second tie's read gave each subscription state,
+/// and the invoices a refund's payment intents were linked to by a read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Settled {
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub ranks: std::collections::BTreeMap<String, i64>,
+    /// (payment intent, invoice), in the order they were written before the refund.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<(String, String)>,
+}
+
+impl Settled {
+    pub fn is_empty(&self) -> bool {
+        self.ranks.is_empty() && self.links.is_empty()
+    }
+
+    /// The event's effects as the worker applied them: each settled rank in place of the
+    /// status rank, and the links read before the refund that needed them.
+    pub fn apply_to(&self, effects: &mut Vec<Effect>) {
+        for effect in effects.iter_mut() {
+            if let Effect::Subscription { id, rank, .. } = effect {
+                if let Some(settled) = self.ranks.get(id) {
+                    *rank = Rank(*settled);
+                }
+            }
+        }
+        for (i, (payment_intent, invoice)) in self.links.iter().enumerate() {
+            effects.insert(
+                i,
+                Effect::PaymentIntent {
+                    payment_intent: payment_intent.clone(),
+                    invoice: invoice.clone(),
+                },
+            );
+        }
+    }
+}
+
 impl Rank {
     /// A tie lost to a provider read that showed the other event's state.
     pub const REFUTED: Rank = Rank(-1);

@@ -4,6 +4,8 @@
 //! a customer keeps, and the registers reconciliation compares with the provider
 //! (docs/design.md §4).
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
@@ -56,7 +58,7 @@ pub async fn read(
     let period = Period::of(ctx.version.at);
     let row = sqlx::query!(
         r#"
-        SELECT a.version AS "version?", a.deleted_at AS "deleted_at?",
+        SELECT a.version AS "version?", a.deleted_at AS "deleted_at?", a.deleted_by AS "deleted_by?",
                (SELECT jsonb_build_object('key', plan_key, 'plan', plan, 'at', version_at,
                                           'rank', version_rank, 'version_key', version_key,
                                           'event_id', event_id)
@@ -89,7 +91,8 @@ pub async fn read(
                                          WHERE source = $1 AND payment_intent = ANY($6)))) AS "payments!",
                (SELECT COALESCE(jsonb_agg(jsonb_build_object(
                            'id', payment_intent, 'invoice', invoice_id, 'customer', customer_id,
-                           'refunded_charge', refunded_charge, 'refunded_by', refunded_by)), '[]')
+                           'refunded_charge', refunded_charge, 'refunded_by', refunded_by,
+                           'linked_by', linked_by)), '[]')
                 FROM payment_intents WHERE source = $1 AND payment_intent = ANY($6)) AS "intents!",
                (SELECT COALESCE(jsonb_agg(jsonb_build_object(
                            'plan', plan, 'allowance', allowance, 'delta', delta,
@@ -121,33 +124,13 @@ pub async fn read(
         account: HeldAccount {
             version: row.version,
             deleted_at: row.deleted_at,
+            deleted_by: row.deleted_by,
         },
-        customer_plan: one("customer plan", row.customer_plan)?.map(|r| {
-            let value = HeldPlan {
-                key: r.key.clone(),
-                plan: r.plan.clone(),
-            };
-            r.held(value)
-        }),
+        customer_plan: one("customer plan", row.customer_plan)?.map(|r| r.plan()),
         standing: one("standing", row.standing)?.map(|r| r.held(r.past_due.unwrap_or(false))),
         subscriptions: decode("subscriptions", row.subscriptions)?
             .into_iter()
-            .map(|r| {
-                let value = HeldSubscription {
-                    customer: r.customer.clone().unwrap_or_default(),
-                    status: r.status.clone().unwrap_or_default(),
-                    plan_key: r.plan_key.clone(),
-                    plan: r.plan.clone(),
-                    ends: SubscriptionEnds {
-                        current_period_end: r.current_period_end,
-                        cancel_at_period_end: r.cancel_at_period_end.unwrap_or(false),
-                        cancel_at: r.cancel_at,
-                        trial_end: r.trial_end,
-                        ended_at: r.ended_at,
-                    },
-                };
-                (r.id.clone().unwrap_or_default(), r.held(value))
-            })
+            .map(|r| r.subscription())
             .collect(),
         other_subscriptions: decode("other subscriptions", row.others)?
             .into_iter()
@@ -155,35 +138,15 @@ pub async fn read(
             .collect(),
         payments: decode("payments", row.payments)?
             .into_iter()
-            .map(|r| {
-                let value = HeldPayment {
-                    status: r.status.clone().unwrap_or_default(),
-                    plan_key: r.plan_key.clone(),
-                };
-                (r.id.clone().unwrap_or_default(), r.held(value))
-            })
+            .map(|r| r.payment())
             .collect(),
         intents: decode("payment intents", row.intents)?
             .into_iter()
-            .map(|r| {
-                let intent = HeldIntent {
-                    invoice: r.invoice,
-                    customer: r.customer,
-                    refunded_charge: r.refunded_charge,
-                    refunded_by: r.refunded_by,
-                };
-                (r.id.unwrap_or_default(), intent)
-            })
+            .map(Stored::intent)
             .collect(),
         ledger: decode("ledger", row.ledger)?
             .into_iter()
-            .map(|r| LedgerEntry {
-                plan: r.plan.unwrap_or_default(),
-                allowance: r.allowance.unwrap_or_default(),
-                delta: r.delta.unwrap_or_default(),
-                entry_key: r.entry_key.unwrap_or_default(),
-                event_id: r.event_id,
-            })
+            .map(|r| r.entry())
             .collect(),
         used: row.used,
         changed: Default::default(),
@@ -204,6 +167,7 @@ struct Stored {
     invoice: Option<String>,
     refunded_charge: Option<String>,
     refunded_by: Option<i64>,
+    linked_by: Option<i64>,
     allowance: Option<i64>,
     delta: Option<i64>,
     entry_key: Option<String>,
@@ -219,6 +183,62 @@ struct Stored {
 }
 
 impl Stored {
+    fn plan(&self) -> Held<HeldPlan> {
+        let value = HeldPlan {
+            key: self.key.clone(),
+            plan: self.plan.clone(),
+        };
+        self.held(value)
+    }
+
+    fn subscription(self) -> (String, Held<HeldSubscription>) {
+        let value = HeldSubscription {
+            customer: self.customer.clone().unwrap_or_default(),
+            status: self.status.clone().unwrap_or_default(),
+            plan_key: self.plan_key.clone(),
+            plan: self.plan.clone(),
+            ends: SubscriptionEnds {
+                current_period_end: self.current_period_end,
+                cancel_at_period_end: self.cancel_at_period_end.unwrap_or(false),
+                cancel_at: self.cancel_at,
+                trial_end: self.trial_end,
+                ended_at: self.ended_at,
+            },
+        };
+        let held = self.held(value);
+        (self.id.unwrap_or_default(), held)
+    }
+
+    fn payment(self) -> (String, Held<HeldPayment>) {
+        let value = HeldPayment {
+            status: self.status.clone().unwrap_or_default(),
+            plan_key: self.plan_key.clone(),
+        };
+        let held = self.held(value);
+        (self.id.unwrap_or_default(), held)
+    }
+
+    fn intent(self) -> (String, HeldIntent) {
+        let intent = HeldIntent {
+            invoice: self.invoice,
+            customer: self.customer,
+            refunded_charge: self.refunded_charge,
+            refunded_by: self.refunded_by,
+            linked_by: self.linked_by,
+        };
+        (self.id.unwrap_or_default(), intent)
+    }
+
+    fn entry(self) -> LedgerEntry {
+        LedgerEntry {
+            plan: self.plan.unwrap_or_default(),
+            allowance: self.allowance.unwrap_or_default(),
+            delta: self.delta.unwrap_or_default(),
+            entry_key: self.entry_key.unwrap_or_default(),
+            event_id: self.event_id,
+        }
+    }
+
     fn held<T>(&self, value: T) -> Held<T> {
         Held {
             value,
@@ -232,26 +252,121 @@ impl Stored {
     }
 }
 
+/// Every register of an account as stored, in one statement: the account row, its plan and
+/// standing, its subscriptions, payments and payment intents, and its whole ledger by period
+/// — what the audit compares with the fold of its events (docs/design.md §4.11). `None` when
+/// the account does not exist.
+pub async fn of_account(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &CustomerId,
+) -> Result<Option<(Registers, BTreeMap<String, Vec<LedgerEntry>>)>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"
+        SELECT a.version, a.deleted_at, a.deleted_by,
+               (SELECT jsonb_build_object('key', plan_key, 'plan', plan, 'at', version_at,
+                                          'rank', version_rank, 'version_key', version_key,
+                                          'event_id', event_id)
+                FROM customer_plans WHERE source = $1 AND customer_id = $2) AS customer_plan,
+               (SELECT jsonb_build_object('past_due', past_due, 'at', version_at,
+                                          'rank', version_rank, 'version_key', version_key,
+                                          'event_id', event_id)
+                FROM customer_standing WHERE source = $1 AND customer_id = $2) AS standing,
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                           'id', subscription_id, 'customer', customer_id, 'status', status,
+                           'plan_key', plan_key, 'plan', plan, 'at', version_at,
+                           'rank', version_rank, 'version_key', version_key, 'event_id', event_id,
+                           'current_period_end', current_period_end,
+                           'cancel_at_period_end', cancel_at_period_end, 'cancel_at', cancel_at,
+                           'trial_end', trial_end, 'ended_at', ended_at)), '[]')
+                FROM subscriptions WHERE source = $1 AND customer_id = $2) AS "subscriptions!",
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                           'id', payment_id, 'status', status, 'plan_key', plan_key, 'at', version_at,
+                           'rank', version_rank, 'version_key', version_key, 'event_id', event_id)), '[]')
+                FROM payments WHERE source = $1 AND customer_id = $2) AS "payments!",
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                           'id', payment_intent, 'invoice', invoice_id, 'customer', customer_id,
+                           'refunded_charge', refunded_charge, 'refunded_by', refunded_by,
+                           'linked_by', linked_by)), '[]')
+                FROM payment_intents WHERE source = $1 AND customer_id = $2) AS "intents!",
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                           'id', period, 'plan', plan, 'allowance', allowance, 'delta', delta,
+                           'entry_key', entry_key, 'event_id', event_id) ORDER BY id), '[]')
+                FROM ledger WHERE source = $1 AND customer_id = $2) AS "ledger!"
+        FROM accounts a WHERE a.source = $1 AND a.customer_id = $2
+        "#,
+        source,
+        customer.as_str(),
+    )
+    .fetch_optional(exec(conn))
+    .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let decode = |what: &str, value: Value| -> Result<Vec<Stored>, sqlx::Error> {
+        serde_json::from_value(value)
+            .map_err(|e| sqlx::Error::Decode(format!("{what}: {e}").into()))
+    };
+    let one = |what: &str, value: Option<Value>| -> Result<Option<Stored>, sqlx::Error> {
+        Ok(decode(what, Value::Array(value.into_iter().collect()))?.pop())
+    };
+    let mut ledger: BTreeMap<String, Vec<LedgerEntry>> = BTreeMap::new();
+    for r in decode("ledger", row.ledger)? {
+        ledger
+            .entry(r.id.clone().unwrap_or_default())
+            .or_default()
+            .push(r.entry());
+    }
+    let registers = Registers {
+        account: HeldAccount {
+            version: Some(row.version),
+            deleted_at: row.deleted_at,
+            deleted_by: row.deleted_by,
+        },
+        customer_plan: one("customer plan", row.customer_plan)?.map(|r| r.plan()),
+        standing: one("standing", row.standing)?.map(|r| r.held(r.past_due.unwrap_or(false))),
+        subscriptions: decode("subscriptions", row.subscriptions)?
+            .into_iter()
+            .map(|r| r.subscription())
+            .collect(),
+        payments: decode("payments", row.payments)?
+            .into_iter()
+            .map(|r| r.payment())
+            .collect(),
+        intents: decode("payment intents", row.intents)?
+            .into_iter()
+            .map(Stored::intent)
+            .collect(),
+        ..Registers::default()
+    };
+    Ok(Some((registers, ledger)))
+}
+
 /// Records that a payment intent paid an invoice, for an event that names no customer; the
 /// customer the intent is known under after the write, if any. One upsert, so a concurrent
-/// refund of the intent sees the link or is seen by it.
+/// refund of the intent sees the link or is seen by it. `event_id` is the event that told it,
+/// kept with the link when it is the first (the fold reads it, docs/design.md §4.11).
 pub async fn remember_link(
     conn: &mut PgConnection,
     source: &str,
     payment_intent: &str,
     invoice: &str,
+    event_id: i64,
 ) -> Result<Option<String>, sqlx::Error> {
     sqlx::query_scalar!(
         r#"
-        INSERT INTO payment_intents AS r (source, payment_intent, invoice_id)
-        VALUES ($1, $2, $3)
+        INSERT INTO payment_intents AS r (source, payment_intent, invoice_id, linked_by)
+        VALUES ($1, $2, $3, $4)
         ON CONFLICT (source, payment_intent) DO UPDATE
-            SET invoice_id = COALESCE(r.invoice_id, EXCLUDED.invoice_id)
+            SET invoice_id = COALESCE(r.invoice_id, EXCLUDED.invoice_id),
+                linked_by = CASE WHEN r.invoice_id IS NULL THEN EXCLUDED.linked_by
+                                 ELSE r.linked_by END
         RETURNING customer_id
         "#,
         source,
         payment_intent,
         invoice,
+        event_id,
     )
     .fetch_one(exec(conn))
     .await

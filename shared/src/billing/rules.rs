@@ -373,6 +373,8 @@ pub struct HeldAccount {
     /// `None`: the account did not exist when it was read.
     pub version: Option<i64>,
     pub deleted_at: Option<DateTime<Utc>>,
+    /// The event whose deletion is kept (the earliest).
+    pub deleted_by: Option<i64>,
 }
 
 /// What the payment-intent register knows of one intent: the invoice it paid, its
@@ -383,6 +385,8 @@ pub struct HeldIntent {
     pub customer: Option<String>,
     pub refunded_charge: Option<String>,
     pub refunded_by: Option<i64>,
+    /// The event that told the invoice.
+    pub linked_by: Option<i64>,
 }
 
 /// One entry of the ledger in the event's period.
@@ -645,6 +649,7 @@ impl Registers {
                 let ruled = delete_customer(self.account.deleted_at, ctx);
                 if ruled.writes {
                     self.account.deleted_at = Some(Stamp::of(ctx, Rank(0)).at);
+                    self.account.deleted_by = Some(ctx.event_id);
                     self.changed.deleted = true;
                 }
                 ruled.written
@@ -656,7 +661,10 @@ impl Registers {
                 let intent = self.intents.entry(payment_intent.clone()).or_default();
                 let learned = intent.invoice.is_none();
                 let before = intent.clone();
-                intent.invoice.get_or_insert_with(|| invoice.clone());
+                if intent.invoice.is_none() {
+                    intent.invoice = Some(invoice.clone());
+                    intent.linked_by = Some(ctx.event_id);
+                }
                 intent
                     .customer
                     .get_or_insert_with(|| ctx.customer.as_str().to_owned());

@@ -45,7 +45,7 @@ pub async fn commit(
     ctx: &EventContext<'_>,
     registers: &Registers,
     (status, reason): (EventStatus, &str),
-    effects: &[NewEffect],
+    (effects, settled): (&[NewEffect], Option<&Value>),
 ) -> Result<Committed, sqlx::Error> {
     debug_assert!(status.is_final());
     let changed = &registers.changed;
@@ -102,10 +102,11 @@ pub async fn commit(
                  WITH ORDINALITY AS e (id, kind, cause, body, n)
             WHERE NOT EXISTS (SELECT 1 FROM effects f WHERE f.id = e.id)
         ), account AS (
-            INSERT INTO accounts AS a (source, customer_id, version, deleted_at, effect_seq)
-            SELECT $3, $4, 1, $6, (SELECT count(*) FROM new_effects) FROM held
+            INSERT INTO accounts AS a (source, customer_id, version, deleted_at, deleted_by, effect_seq)
+            SELECT $3, $4, 1, $6, $47, (SELECT count(*) FROM new_effects) FROM held
             ON CONFLICT (source, customer_id) DO UPDATE
                 SET version = a.version + 1, deleted_at = EXCLUDED.deleted_at,
+                    deleted_by = EXCLUDED.deleted_by,
                     effect_seq = a.effect_seq + EXCLUDED.effect_seq
                 WHERE a.version = $5
             RETURNING a.effect_seq - (SELECT count(*) FROM new_effects) AS base
@@ -177,16 +178,20 @@ pub async fn commit(
             -- Merged, not replaced: an event without a customer may have added a link meanwhile
             -- (it takes no account lock); the caller compares what the intent holds now.
             INSERT INTO payment_intents AS r
-                (source, payment_intent, invoice_id, customer_id, refunded_charge, refunded_by)
-            SELECT $3, i.id, i.invoice, $4, i.charge, i.refunded_by
-            FROM account, unnest($29::text[], $30::text[], $31::text[], $36::int8[])
-                 AS i (id, invoice, charge, refunded_by)
+                (source, payment_intent, invoice_id, customer_id, refunded_charge, refunded_by,
+                 linked_by)
+            SELECT $3, i.id, i.invoice, $4, i.charge, i.refunded_by, i.linked_by
+            FROM account, unnest($29::text[], $30::text[], $31::text[], $36::int8[], $48::int8[])
+                 AS i (id, invoice, charge, refunded_by, linked_by)
             ON CONFLICT (source, payment_intent) DO UPDATE
                 SET invoice_id = COALESCE(r.invoice_id, EXCLUDED.invoice_id),
+                    linked_by = CASE WHEN r.invoice_id IS NULL THEN EXCLUDED.linked_by
+                                     ELSE r.linked_by END,
                     customer_id = COALESCE(r.customer_id, EXCLUDED.customer_id),
                     refunded_charge = COALESCE(r.refunded_charge, EXCLUDED.refunded_charge),
                     refunded_by = COALESCE(r.refunded_by, EXCLUDED.refunded_by)
-            RETURNING payment_intent, invoice_id, customer_id, refunded_charge, refunded_by
+            RETURNING payment_intent, invoice_id, customer_id, refunded_charge, refunded_by,
+                      linked_by
         ), effects_written AS (
             INSERT INTO effects (id, kind, cause, source, customer_id, sequence, event_id,
                                  occurred_at, body, enqueued_at)
@@ -206,7 +211,7 @@ pub async fn commit(
         ), finished AS (
             UPDATE inbox_events
             SET status = $37, reason = $38, processed_at = inbox_now(), locked_until = NULL,
-                next_attempt_at = NULL, last_error = NULL
+                next_attempt_at = NULL, last_error = NULL, settled = $49
             WHERE id = (SELECT id FROM held) AND EXISTS (SELECT 1 FROM account)
         )
         SELECT ($5::bigint IS NOT NULL AND NOT EXISTS (SELECT 1 FROM as_read)) AS "moved!",
@@ -224,7 +229,8 @@ pub async fn commit(
                ARRAY(SELECT id FROM effects_written) AS "effects!",
                (SELECT COALESCE(jsonb_agg(jsonb_build_object(
                            'id', payment_intent, 'invoice', invoice_id, 'customer', customer_id,
-                           'refunded_charge', refunded_charge, 'refunded_by', refunded_by)), '[]')
+                           'refunded_charge', refunded_charge, 'refunded_by', refunded_by,
+                           'linked_by', linked_by)), '[]')
                 FROM intents_written) AS "intents!"
         "#,
         event.id,
@@ -309,6 +315,12 @@ pub async fn commit(
         &ends(|e| e.cancel_at) as &[Option<DateTime<Utc>>],
         &ends(|e| e.trial_end) as &[Option<DateTime<Utc>>],
         &ends(|e| e.ended_at) as &[Option<DateTime<Utc>>],
+        registers.account.deleted_by,
+        &intents
+            .iter()
+            .map(|(_, i)| i.linked_by)
+            .collect::<Vec<_>>() as &[Option<i64>],
+        settled,
     )
     .fetch_one(exec(conn))
     .await;
@@ -339,6 +351,7 @@ pub async fn commit(
                     customer: i.customer,
                     refunded_charge: i.refunded_charge,
                     refunded_by: i.refunded_by,
+                    linked_by: i.linked_by,
                 };
                 (i.id, intent)
             })
@@ -354,4 +367,5 @@ struct IntentRow {
     customer: Option<String>,
     refunded_charge: Option<String>,
     refunded_by: Option<i64>,
+    linked_by: Option<i64>,
 }

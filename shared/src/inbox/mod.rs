@@ -23,6 +23,7 @@
 pub mod alerts;
 pub mod commit;
 mod enqueue;
+pub mod kept;
 pub mod lease;
 pub mod purge;
 pub mod read;

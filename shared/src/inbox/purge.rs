@@ -32,16 +32,29 @@ pub fn kept_since(retention: Duration, now: DateTime<Utc>) -> DateTime<Utc> {
 }
 
 /// Deletes applied and ignored events (and their deliveries) older than the retention, in
-/// batches. Dead, conflicting and unprocessable rows are kept for the operator.
+/// batches. Dead, conflicting and unprocessable rows are kept for the operator, and so is
+/// every event a register, a grant, a payment intent or a tombstone names: the fold of the
+/// account's kept events gives its registers again (docs/design.md §4.11).
 pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> anyhow::Result<u64> {
     in_batches(deadline, || async {
         Ok(sqlx::query!(
             r#"
             DELETE FROM inbox_events
             WHERE id IN (
-                SELECT id FROM inbox_events
-                WHERE status IN ('applied', 'ignored')
-                  AND received_at < inbox_now() - make_interval(secs => $1)
+                SELECT e.id FROM inbox_events e
+                WHERE e.status IN ('applied', 'ignored')
+                  AND e.received_at < inbox_now() - make_interval(secs => $1)
+                  -- What the fold of an account needs stays (docs/design.md §3.9, §4.11): the
+                  -- event each register holds, each grant's, each payment intent's halves', and
+                  -- the tombstone's.
+                  AND NOT EXISTS (SELECT 1 FROM customer_plans r WHERE r.event_id = e.id)
+                  AND NOT EXISTS (SELECT 1 FROM customer_standing r WHERE r.event_id = e.id)
+                  AND NOT EXISTS (SELECT 1 FROM subscriptions r WHERE r.event_id = e.id)
+                  AND NOT EXISTS (SELECT 1 FROM payments r WHERE r.event_id = e.id)
+                  AND NOT EXISTS (SELECT 1 FROM ledger r WHERE r.event_id = e.id)
+                  AND NOT EXISTS (SELECT 1 FROM payment_intents r
+                                  WHERE r.linked_by = e.id OR r.refunded_by = e.id)
+                  AND NOT EXISTS (SELECT 1 FROM accounts r WHERE r.deleted_by = e.id)
                 LIMIT $2 FOR UPDATE SKIP LOCKED
             )
             "#,

@@ -17,7 +17,8 @@ pub async fn replay(pool: &PgPool, queue: &Queue, ids: &[i64]) -> anyhow::Result
         r#"
         UPDATE inbox_events
         SET status = 'received', attempts = 0, next_attempt_at = NULL, locked_until = NULL,
-            processed_at = NULL, alerted_at = NULL, reason = NULL, enqueued_at = inbox_now()
+            processed_at = NULL, alerted_at = NULL, reason = NULL, enqueued_at = inbox_now(),
+            replays = replays + 1
         WHERE id = ANY($1) AND NOT (status = 'processing' AND locked_until > inbox_now())
         RETURNING id
         "#,

@@ -1,0 +1,589 @@
+//! The fold of one account's events (docs/design.md §4.11): its registers and ledger as the
+//! register rules leave them when each of its stored events is applied once, in provider
+//! order, from nothing — one definition of what the state should be, used by the simulator,
+//! the audit, `why` and `--at`. Pure: the events come decided (their provider's decision,
+//! with what the provider reads settled for them when they were applied), and the fold also
+//! keeps every write each event attempted, so that each field can say which event decided it
+//! and which it beat, and why.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use super::catalog::Catalog;
+use super::model::{outcome, Change, Decision, Effect, EventContext, PaymentStatus, Rank, Settled};
+use super::model::{status_entitles, Version};
+use super::rules::{Held, LedgerEntry, Registers, Stamp, SubscriptionRead};
+use crate::domain::{CustomerId, DedupeKey, EventStatus, Period, ProviderTime};
+
+/// How an event reached the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Via {
+    /// Delivered to the intake.
+    Webhook,
+    /// Delivered through Stripe's EventBridge partner source.
+    EventBridge,
+    /// Found by reconciliation in the provider's event list.
+    Reconciliation,
+    /// A corrective event reconciliation wrote from the provider's current state.
+    Correction,
+    /// A read of an object the worker made (a thin event's, an invoice's subscription).
+    Fetch,
+}
+
+/// One stored event, decided, as the fold takes it.
+#[derive(Debug, Clone)]
+pub struct FoldEvent {
+    pub id: i64,
+    pub key: DedupeKey,
+    pub event_type: String,
+    pub at: ProviderTime,
+    pub received_at: DateTime<Utc>,
+    pub via: Via,
+    pub replayed: bool,
+    /// Its provider's decision, from the event alone.
+    pub decision: Decision,
+    /// Why the source takes none of it (a Stripe event of the other mode), when it does not.
+    pub excluded: Option<String>,
+    pub settled: Settled,
+    /// The stored read of an invoice's subscription, when one was made for this event.
+    pub shown: SubscriptionRead,
+}
+
+/// A register or field a write aims at.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Target {
+    CustomerPlan,
+    Standing,
+    Subscription(String),
+    Payment(String),
+    /// A grant of `plan` in `period`.
+    Grant {
+        period: String,
+        plan: String,
+    },
+    Deleted,
+}
+
+/// One write an event's effect attempted, and what it did then.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    pub event_id: i64,
+    pub target: Target,
+    /// The version it writes at (`None` for a grant or a tombstone).
+    pub stamp: Option<Stamp>,
+    pub change: Change,
+    pub excluded: Option<String>,
+}
+
+/// What the fold leaves: the account's registers (every subscription, payment and payment
+/// intent its events wrote), its ledger by period, each event's outcome, and every attempt.
+#[derive(Debug, Clone, Default)]
+pub struct Folded {
+    pub registers: Registers,
+    pub ledger: BTreeMap<String, Vec<LedgerEntry>>,
+    pub outcomes: BTreeMap<i64, (EventStatus, String)>,
+    pub attempts: Vec<Attempt>,
+}
+
+/// Applies `events` once each, in provider order (time to the microsecond, then dedupe key),
+/// to an empty account.
+pub fn fold(
+    source: &str,
+    customer: &CustomerId,
+    events: &[FoldEvent],
+    catalog: &Catalog,
+) -> Folded {
+    let mut order: Vec<&FoldEvent> = events.iter().collect();
+    order.sort_by(|a, b| {
+        let at = |e: &FoldEvent| e.at.as_datetime().timestamp_micros();
+        (at(a), a.key.as_str(), a.id).cmp(&(at(b), b.key.as_str(), b.id))
+    });
+    let mut folded = Folded::default();
+    for event in order {
+        let ctx = EventContext {
+            event_id: event.id,
+            source,
+            customer,
+            event_type: &event.event_type,
+            version: Version {
+                at: event.at,
+                key: event.key.clone(),
+            },
+        };
+        let (effects, notes) = match &event.decision {
+            Decision::Apply { effects, notes } => (effects, notes),
+            Decision::Ignore(reason) => {
+                folded
+                    .outcomes
+                    .insert(event.id, (EventStatus::Ignored, reason.clone()));
+                continue;
+            }
+            Decision::Unprocessable(reason) => {
+                folded
+                    .outcomes
+                    .insert(event.id, (EventStatus::Unprocessable, reason.clone()));
+                continue;
+            }
+        };
+        if let Some(reason) = &event.excluded {
+            // Out of the source's scope: it writes nothing, and each register it names shows
+            // it beaten for that reason.
+            for effect in effects {
+                if let Some(target) = target_of(effect, &ctx, &folded.registers) {
+                    folded.attempts.push(Attempt {
+                        event_id: event.id,
+                        target,
+                        stamp: None,
+                        change: Change::Superseded(reason.clone()),
+                        excluded: Some(reason.clone()),
+                    });
+                }
+            }
+            folded
+                .outcomes
+                .insert(event.id, (EventStatus::Ignored, reason.clone()));
+            continue;
+        }
+        folded.apply(&ctx, event, effects, notes, catalog);
+    }
+    folded.registers.changed = Default::default();
+    folded
+}
+
+impl Folded {
+    fn apply(
+        &mut self,
+        ctx: &EventContext<'_>,
+        event: &FoldEvent,
+        effects: &[Effect],
+        notes: &[String],
+        catalog: &Catalog,
+    ) {
+        let period = Period::of(ctx.version.at);
+        let mut effects = effects.to_vec();
+        event.settled.apply_to(&mut effects);
+        let registers = &mut self.registers;
+        registers.ledger = self.ledger.remove(period.as_str()).unwrap_or_default();
+        let (effects, resolved, _) =
+            registers.plan_of_subscription(ctx, &effects, catalog, &event.shown);
+        let mut notes = notes.to_vec();
+        notes.extend(resolved);
+        let mut changes = Vec::with_capacity(effects.len());
+        for effect in &effects {
+            let written = registers.apply(ctx, effect);
+            if let Some(target) = target_of(effect, ctx, registers) {
+                self.attempts.push(Attempt {
+                    event_id: event.id,
+                    stamp: stamp_of(effect, ctx),
+                    target,
+                    change: written.change.clone(),
+                    excluded: None,
+                });
+            }
+            changes.push(written.change);
+        }
+        let ledger = std::mem::take(&mut registers.ledger);
+        if !ledger.is_empty() {
+            self.ledger.insert(period.as_str().to_owned(), ledger);
+        }
+        self.outcomes.insert(event.id, outcome(&changes, &notes));
+    }
+
+    /// The fields the fold gives and the event each register's holder is, by field name.
+    pub fn fields(&self) -> BTreeMap<String, (Value, Option<i64>)> {
+        fields_of(&self.registers, &self.ledger)
+    }
+}
+
+/// The register an effect writes, once applied to `registers` (a refund through a payment
+/// intent writes the invoice's payment once the intent's invoice is known).
+fn target_of(effect: &Effect, ctx: &EventContext<'_>, registers: &Registers) -> Option<Target> {
+    Some(match effect {
+        Effect::CustomerPlan { .. } => Target::CustomerPlan,
+        Effect::Standing { .. } => Target::Standing,
+        Effect::Subscription { id, .. } => Target::Subscription(id.clone()),
+        Effect::Payment { id, .. } => Target::Payment(id.clone()),
+        Effect::Grant { plan } => Target::Grant {
+            period: Period::of(ctx.version.at).as_str().to_owned(),
+            plan: plan.plan.clone(),
+        },
+        Effect::DeleteCustomer => Target::Deleted,
+        Effect::PaymentIntent { payment_intent, .. }
+        | Effect::RefundIntent { payment_intent, .. } => {
+            let intent = registers.intents.get(payment_intent)?;
+            intent.refunded_by?;
+            Target::Payment(intent.invoice.clone()?)
+        }
+        Effect::GrantOfSubscription { .. } => return None,
+    })
+}
+
+fn stamp_of(effect: &Effect, ctx: &EventContext<'_>) -> Option<Stamp> {
+    match effect {
+        Effect::CustomerPlan { .. } | Effect::Standing { .. } => Some(Stamp::of(ctx, Rank(0))),
+        Effect::Subscription { rank, .. } => Some(Stamp::of(ctx, *rank)),
+        Effect::Payment { status, .. } => Some(Stamp::of(ctx, Rank::of_payment(*status))),
+        Effect::PaymentIntent { .. } | Effect::RefundIntent { .. } => {
+            Some(Stamp::of(ctx, Rank::of_payment(PaymentStatus::Refunded)))
+        }
+        _ => None,
+    }
+}
+
+fn time(at: Option<DateTime<Utc>>) -> Value {
+    match at {
+        Some(at) => json!(at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)),
+        None => Value::Null,
+    }
+}
+
+/// The fields of an account's registers and ledger, each with the event its register holds:
+/// the names of `inboxctl why` and the audit (docs/design.md §5.5a). The derived plan is
+/// not among them (it follows from these); a period's allowance is its ledger's sum, which
+/// is its largest grant whatever order the grants came in.
+pub fn fields_of(
+    registers: &Registers,
+    ledger: &BTreeMap<String, Vec<LedgerEntry>>,
+) -> BTreeMap<String, (Value, Option<i64>)> {
+    let mut fields = BTreeMap::new();
+    if let Some(held) = &registers.customer_plan {
+        fields.insert(
+            "customer_plan".to_owned(),
+            (json!(held.value.key), Some(held.event_id)),
+        );
+    }
+    if let Some(held) = &registers.standing {
+        let standing = match held.value {
+            true => "past_due",
+            false => "good",
+        };
+        fields.insert(
+            "standing".to_owned(),
+            (json!(standing), Some(held.event_id)),
+        );
+    }
+    for (id, held) in &registers.subscriptions {
+        let s = &held.value;
+        let by = Some(held.event_id);
+        let field = |name: &str| format!("subscription:{id}:{name}");
+        fields.insert(field("status"), (json!(s.status), by));
+        fields.insert(field("plan"), (json!(s.plan_key), by));
+        fields.insert(
+            field("current_period_end"),
+            (time(s.ends.current_period_end), by),
+        );
+        fields.insert(
+            field("cancel_at_period_end"),
+            (json!(s.ends.cancel_at_period_end), by),
+        );
+        fields.insert(field("cancel_at"), (time(s.ends.cancel_at), by));
+        fields.insert(field("ended_at"), (time(s.ends.ended_at), by));
+    }
+    for (id, held) in &registers.payments {
+        fields.insert(
+            format!("payment:{id}:status"),
+            (json!(held.value.status), Some(held.event_id)),
+        );
+    }
+    for (period, entries) in ledger {
+        let sum: i64 = entries.iter().map(|e| e.delta).sum();
+        let by = largest(entries).map(|e| e.event_id);
+        fields.insert(format!("allowance:{period}"), (json!(sum), by));
+    }
+    if let Some(at) = registers.account.deleted_at {
+        fields.insert(
+            "deleted".to_owned(),
+            (time(Some(at)), registers.account.deleted_by),
+        );
+    }
+    fields
+}
+
+/// The grant that holds a period's balance: the largest allowance, the first granted of
+/// equals.
+fn largest(entries: &[LedgerEntry]) -> Option<&LedgerEntry> {
+    entries
+        .iter()
+        .rev()
+        .max_by_key(|e| e.allowance)
+        .or(entries.first())
+}
+
+/// An event a field's holder beat, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Beaten {
+    pub event_id: i64,
+    /// One of: `older`, `same-second tie settled by a provider read`, `same-second tie
+    /// settled by status rank`, `same-second tie settled by dedupe key`, `refunded is final`,
+    /// `unknown price`, `other mode`, `customer deleted`, `payments past due`, `smaller plan`,
+    /// `smaller allowance`, `already granted`, `later deletion`.
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+/// One field explained: its value, the event that decided it and those it beat.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Explained {
+    pub field: String,
+    pub value: Value,
+    pub decided_by: Option<i64>,
+    pub beaten: Vec<Beaten>,
+}
+
+impl Folded {
+    /// Every field of the fold, explained: the derived plan first, then the registers, the
+    /// ledger's periods and the tombstone.
+    pub fn explain(&self, customer: &CustomerId, catalog: &Catalog) -> Vec<Explained> {
+        let mut out = vec![self.explain_plan(customer, catalog)];
+        let fields = self.fields();
+        for (field, (value, by)) in fields {
+            let beaten = match field.split(':').collect::<Vec<_>>().as_slice() {
+                ["customer_plan"] => self.beaten_on(&Target::CustomerPlan, by),
+                ["standing"] => self.beaten_on(&Target::Standing, by),
+                ["subscription", id, _] => self.beaten_on(&Target::Subscription((*id).into()), by),
+                ["payment", id, _] => self.beaten_on(&Target::Payment((*id).into()), by),
+                ["allowance", period] => self.beaten_grants(period, by),
+                ["deleted"] => self.beaten_on(&Target::Deleted, by),
+                _ => Vec::new(),
+            };
+            out.push(Explained {
+                field,
+                value,
+                decided_by: by,
+                beaten,
+            });
+        }
+        out
+    }
+
+    /// The attempts on a last-writer-wins register other than its holder's, each with why
+    /// the holder's version is ahead of it.
+    fn beaten_on(&self, target: &Target, holder: Option<i64>) -> Vec<Beaten> {
+        let held = holder.and_then(|h| {
+            self.attempts
+                .iter()
+                .find(|a| a.event_id == h && a.target == *target)
+        });
+        let mut seen = BTreeSet::new();
+        let mut out = Vec::new();
+        for attempt in self.attempts.iter().filter(|a| a.target == *target) {
+            if Some(attempt.event_id) == holder || !seen.insert(attempt.event_id) {
+                continue;
+            }
+            let (reason, detail) = match (&attempt.excluded, target, held) {
+                (Some(why), _, _) => ("other mode", why.clone()),
+                (None, Target::Deleted, _) => (
+                    "later deletion",
+                    "the earliest deletion is the one kept".to_owned(),
+                ),
+                (None, _, Some(held)) => versus(held, attempt, &self.registers, target),
+                (None, _, None) => ("older", words(&attempt.change)),
+            };
+            out.push(Beaten {
+                event_id: attempt.event_id,
+                reason,
+                detail,
+            });
+        }
+        out
+    }
+
+    /// The grants of a period besides the one that holds its balance.
+    fn beaten_grants(&self, period: &str, holder: Option<i64>) -> Vec<Beaten> {
+        let entries = self.ledger.get(period).map(Vec::as_slice).unwrap_or(&[]);
+        let top = largest(entries);
+        let mut out = Vec::new();
+        for attempt in &self.attempts {
+            let Target::Grant { period: p, plan } = &attempt.target else {
+                continue;
+            };
+            if p != period || Some(attempt.event_id) == holder {
+                continue;
+            }
+            let entry = entries.iter().find(|e| e.event_id == attempt.event_id);
+            let (reason, detail) = match (&attempt.excluded, entry, top) {
+                (Some(why), _, _) => ("other mode", why.clone()),
+                (None, Some(entry), Some(top)) => (
+                    "smaller allowance",
+                    format!(
+                        "{plan} grants {}; {} grants {}",
+                        entry.allowance, top.plan, top.allowance
+                    ),
+                ),
+                (None, _, _) => ("already granted", words(&attempt.change)),
+            };
+            out.push(Beaten {
+                event_id: attempt.event_id,
+                reason,
+                detail,
+            });
+        }
+        out
+    }
+
+    /// The derived plan (docs/design.md §4.5): the register that gives it, or, on free, the
+    /// write that took the last entitlement away; the candidates it beat.
+    fn explain_plan(&self, customer: &CustomerId, catalog: &Catalog) -> Explained {
+        let r = &self.registers;
+        let period = Period::current();
+        let plan = r.state(customer.as_str(), &period, catalog).plan;
+        let mut beaten = Vec::new();
+        let mut candidates: Vec<(i64, &Stamp, Option<&str>, &'static str, String)> = Vec::new();
+        if let Some(held) = &r.customer_plan {
+            let entitled = held.value.plan.as_deref();
+            let past_due = r.standing.as_ref().is_some_and(|s| s.value);
+            match (&held.value.key, entitled) {
+                (Some(key), None) => beaten.push(Beaten {
+                    event_id: held.event_id,
+                    reason: "unknown price",
+                    detail: format!("plan key '{key}' is not in the plan catalog"),
+                }),
+                (_, Some(name)) if past_due => beaten.push(Beaten {
+                    event_id: held.event_id,
+                    reason: "payments past due",
+                    detail: format!("the plan register's {name} does not count while past due"),
+                }),
+                _ => {}
+            }
+            if !past_due {
+                let what = format!("the plan register holds {:?}", held.value.key);
+                candidates.push((held.event_id, &held.stamp, entitled, "plan", what));
+            }
+        }
+        for (id, held) in &r.subscriptions {
+            let s = &held.value;
+            let entitles = status_entitles(&s.status);
+            if entitles && s.plan.is_none() {
+                let key = s.plan_key.as_deref().unwrap_or("none");
+                beaten.push(Beaten {
+                    event_id: held.event_id,
+                    reason: "unknown price",
+                    detail: format!(
+                        "subscription {id} is {} on '{key}', which is not in the plan catalog",
+                        s.status
+                    ),
+                });
+            }
+            let plan = s.plan.as_deref().filter(|_| entitles);
+            let what = format!("subscription {id} is {}", s.status);
+            candidates.push((held.event_id, &held.stamp, plan, "subscription", what));
+        }
+        let allowance = |name: &str| catalog.allowance_of(name).unwrap_or(0);
+        let deleted = r.account.deleted_at.is_some();
+        let winner = candidates
+            .iter()
+            .filter(|c| c.2 == Some(plan.as_str()))
+            .max_by_key(|c| c.1);
+        let decided_by = match (deleted, winner) {
+            (true, _) => r.account.deleted_by,
+            (false, Some(w)) => Some(w.0),
+            // Free: the latest write among the registers that could entitle took it away.
+            (false, None) => candidates.iter().max_by_key(|c| c.1).map(|c| c.0),
+        };
+        for (event_id, _, entitled, _, what) in &candidates {
+            let Some(name) = entitled else { continue };
+            if Some(*event_id) == decided_by {
+                continue;
+            }
+            let (reason, detail) = match deleted {
+                true => (
+                    "customer deleted",
+                    format!("{what} ({name}), but the customer is deleted"),
+                ),
+                false if *name == plan => continue,
+                false => (
+                    "smaller plan",
+                    format!(
+                        "{what} on {name} ({}), below {plan} ({})",
+                        allowance(name),
+                        allowance(&plan)
+                    ),
+                ),
+            };
+            beaten.push(Beaten {
+                event_id: *event_id,
+                reason,
+                detail,
+            });
+        }
+        for attempt in &self.attempts {
+            if let (Some(why), Target::CustomerPlan | Target::Subscription(_)) =
+                (&attempt.excluded, &attempt.target)
+            {
+                beaten.push(Beaten {
+                    event_id: attempt.event_id,
+                    reason: "other mode",
+                    detail: why.clone(),
+                });
+            }
+        }
+        Explained {
+            field: "plan".to_owned(),
+            value: json!(plan),
+            decided_by,
+            beaten,
+        }
+    }
+}
+
+/// Why the register's holder is ahead of another write to it.
+fn versus(
+    held: &Attempt,
+    other: &Attempt,
+    registers: &Registers,
+    target: &Target,
+) -> (&'static str, String) {
+    if let Target::Payment(id) = target {
+        let refunded = registers
+            .payments
+            .get(id)
+            .is_some_and(|p: &Held<_>| p.value.status == PaymentStatus::Refunded.as_str());
+        if refunded && held.stamp.is_some() && other.stamp > held.stamp {
+            return (
+                "refunded is final",
+                format!("payment {id} is refunded, which is final"),
+            );
+        }
+    }
+    let (Some(h), Some(o)) = (&held.stamp, &other.stamp) else {
+        return ("older", words(&other.change));
+    };
+    if o.at != h.at {
+        return (
+            "older",
+            format!(
+                "its provider time {} is before {}",
+                time(Some(o.at)).as_str().unwrap_or_default(),
+                time(Some(h.at)).as_str().unwrap_or_default()
+            ),
+        );
+    }
+    let read = |rank: i64| !(0..1000).contains(&rank);
+    if read(h.rank) || read(o.rank) {
+        return (
+            "same-second tie settled by a provider read",
+            "the provider's read showed the holder's state".to_owned(),
+        );
+    }
+    if h.rank != o.rank {
+        return (
+            "same-second tie settled by status rank",
+            format!("rank {} below {}", o.rank, h.rank),
+        );
+    }
+    (
+        "same-second tie settled by dedupe key",
+        format!("'{}' sorts before '{}'", o.key, h.key),
+    )
+}
+
+fn words(change: &Change) -> String {
+    match change {
+        Change::Made(w) | Change::Unchanged(w) | Change::Superseded(w) => w.clone(),
+        Change::AlreadyApplied(w) => w.clone(),
+    }
+}

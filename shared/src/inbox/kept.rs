@@ -1,0 +1,124 @@
+//! The events the fold of an account reads (docs/design.md §4.11): the account's finished
+//! events as kept, the events its registers name that it does not own (a thin event whose
+//! read it applied, a payment-intent link that named no customer), the reads of thin events
+//! already applied, and what the purge took of its log.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgConnection;
+
+use crate::db::exec;
+use crate::domain::{CustomerId, DedupeKey, ProviderTime};
+
+/// At most this many events are folded for one account; an account with more is not folded
+/// (the audit counts it as too large, `why` says so).
+pub const MAX_FOLDED_EVENTS: i64 = 20_000;
+
+/// A stored event as the fold takes it.
+#[derive(Debug, Clone)]
+pub struct KeptEvent {
+    pub id: i64,
+    pub dedupe_key: DedupeKey,
+    pub event_type: String,
+    pub payload: Option<Value>,
+    pub customer: Option<CustomerId>,
+    pub occurred_at: ProviderTime,
+    pub received_at: DateTime<Utc>,
+    pub settled: Option<Value>,
+    pub replays: i32,
+    /// What the first delivery row says of its origin (`reconciliation`, `eventbridge`, …).
+    pub via: Option<String>,
+}
+
+/// The finished events of the account, with the finished events `named` (by its registers)
+/// and the reads of its finished thin events, in provider order; at most
+/// [`MAX_FOLDED_EVENTS`] + 1, so that the caller sees when there are more.
+pub async fn account_events(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &CustomerId,
+    named: &[i64],
+) -> Result<Vec<KeptEvent>, sqlx::Error> {
+    sqlx::query_as!(
+        KeptEvent,
+        r#"
+        SELECT e.id, e.dedupe_key AS "dedupe_key: DedupeKey", e.type AS event_type, e.payload,
+               e.customer_key AS "customer: CustomerId",
+               e.occurred_at AS "occurred_at!: ProviderTime", e.received_at, e.settled, e.replays,
+               (SELECT d.headers->>'via' FROM deliveries d WHERE d.event_id = e.id
+                ORDER BY d.id LIMIT 1) AS via
+        FROM inbox_events e
+        WHERE e.source = $1 AND e.occurred_at IS NOT NULL
+          AND ((e.customer_key = $2
+                AND (e.status IN ('applied', 'ignored')
+                     -- A thin event's read is applied by the thin event, under its id, before
+                     -- its own row is finished.
+                     OR (e.dedupe_key LIKE 'read:%'
+                         AND EXISTS (SELECT 1 FROM inbox_events t
+                                     WHERE t.source = e.source
+                                       AND t.dedupe_key = substr(e.dedupe_key, 6)
+                                       AND t.status IN ('applied', 'ignored')))))
+               OR (e.id = ANY($3) AND e.status IN ('applied', 'ignored')))
+        ORDER BY e.occurred_at, e.id
+        LIMIT $4
+        "#,
+        source,
+        customer.as_str(),
+        named,
+        MAX_FOLDED_EVENTS + 1,
+    )
+    .fetch_all(exec(conn))
+    .await
+}
+
+/// What the purge took of the account's events: how many of its log's lines have no event
+/// any more, and the latest provider time among them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Purged {
+    pub count: i64,
+    pub latest: Option<DateTime<Utc>>,
+}
+
+pub async fn purged(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &CustomerId,
+) -> Result<Purged, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"
+        SELECT count(*) AS "count!", max(l.occurred_at) AS latest
+        FROM account_log l
+        WHERE l.source = $1 AND l.customer_id = $2
+          AND NOT EXISTS (SELECT 1 FROM inbox_events e WHERE e.id = l.event_id)
+        "#,
+        source,
+        customer.as_str(),
+    )
+    .fetch_one(exec(conn))
+    .await?;
+    Ok(Purged {
+        count: row.count,
+        latest: row.latest,
+    })
+}
+
+/// The ids of the account's events not finished yet (received, processing, failed): what the
+/// registers do not show yet.
+pub async fn pending(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &CustomerId,
+) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"
+        SELECT id FROM inbox_events
+        WHERE source = $1 AND customer_key = $2
+          AND status IN ('received', 'processing', 'failed')
+        ORDER BY id LIMIT 100
+        "#,
+        source,
+        customer.as_str(),
+    )
+    .fetch_all(exec(conn))
+    .await
+}
