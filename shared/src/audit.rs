@@ -39,6 +39,15 @@ impl From<&SourceConfig> for AuditSource {
     }
 }
 
+impl From<&crate::apply::WorkerSource> for AuditSource {
+    fn from(source: &crate::apply::WorkerSource) -> Self {
+        Self {
+            kind: source.kind,
+            livemode: source.livemode,
+        }
+    }
+}
+
 /// The configured sources by name.
 pub type Sources = HashMap<String, AuditSource>;
 
@@ -217,6 +226,22 @@ async fn fold_with(
         pending: kept::pending(conn, source, customer).await?,
         kept_ids,
     })
+}
+
+/// The account's kept events folded, as of the cut, read in one snapshot with the registers
+/// that name events it does not own.
+pub async fn fold_account(
+    conn: &mut PgConnection,
+    sources: &Sources,
+    catalog: &Catalog,
+    account: (&str, &CustomerId),
+    cut: Cut,
+) -> Result<AccountFold, FoldError> {
+    let mut tx = snapshot(conn).await?;
+    let stored = registers::of_account(&mut tx, account.0, account.1).await?;
+    let folded = fold_with(&mut tx, sources, catalog, account, stored.as_ref(), cut).await?;
+    tx.commit().await?;
+    Ok(folded)
 }
 
 /// The stored read of an invoice's subscription made for `row`, as the worker found it

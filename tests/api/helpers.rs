@@ -8,6 +8,7 @@ use chrono::Utc;
 use http::StatusCode;
 use lambda_http::Body;
 use serde_json::{json, Value};
+pub use shared::audit::{Cut, Why};
 use shared::config::{parse_sources, SourceConfig};
 use shared::handlers::intake::{self, IntakeState};
 use shared::handlers::worker::WorkerState;
@@ -274,6 +275,15 @@ pub fn test_sources(jwks_url: &str) -> Vec<SourceConfig> {
     parse_sources(&fixtures::dev_sources(&local).to_string()).unwrap()
 }
 
+/// A worker's sources as the fold knows them.
+pub fn audit_sources(worker: &WorkerState) -> shared::audit::Sources {
+    worker
+        .sources
+        .iter()
+        .map(|(name, source)| (name.clone(), source.into()))
+        .collect()
+}
+
 /// A worker on `pool` with the test sources and catalog, retrying at once (no waits) so
 /// tests can drive retries without sleeping.
 pub fn test_worker(pool: PgPool) -> WorkerState {
@@ -310,6 +320,31 @@ impl TestApp {
                 return handed;
             }
         }
+    }
+
+    /// The worker's sources as the fold knows them.
+    pub fn audit_sources(&self) -> shared::audit::Sources {
+        audit_sources(&self.worker)
+    }
+
+    /// `inboxctl why` of an account, as of `cut`.
+    pub async fn why(&self, source: &str, customer: &str, cut: Cut) -> Why {
+        let mut conn = self.pool.acquire().await.unwrap();
+        let customer = shared::domain::CustomerId::parse(customer).unwrap();
+        let sources = self.audit_sources();
+        let account = (source, &customer);
+        shared::audit::why(&mut conn, &sources, &self.worker.catalog, account, cut)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("account {source}/{customer} exists"))
+    }
+
+    /// `inboxctl audit --all`.
+    pub async fn audit(&self) -> shared::audit::AuditReport {
+        let sources = self.audit_sources();
+        shared::audit::audit_all(&self.pool, &sources, &self.worker.catalog, None, None)
+            .await
+            .unwrap()
     }
 
     /// The account as `inboxctl account` shows it, for `period`.

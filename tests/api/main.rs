@@ -10,6 +10,7 @@ mod database;
 mod effects;
 mod effects_dispatch;
 mod ends;
+mod fold;
 mod fuzz;
 mod health;
 mod helpers;

@@ -329,19 +329,6 @@ pub(crate) fn materialize(index: usize, event: &Event, ns: &str) -> Materialized
     }
 }
 
-/// A Stripe snapshot event as stored (a thin event's read): its key, time and body its own.
-pub(crate) fn stripe_read(body: Vec<u8>) -> Materialized {
-    let verified = stripe::parse_event(&body, Utc::now());
-    let meta = verified.meta.as_ref().expect("a stored read parses");
-    Materialized {
-        source: "stripe",
-        dedupe_key: verified.dedupe_key.as_str().to_owned(),
-        at: meta.occurred_at.as_datetime(),
-        verified,
-        body,
-    }
-}
-
 /// The event's source, its payload (Stripe's event, Kinde's claims) and its time.
 pub(crate) fn payload(index: usize, event: &Event, ns: &str) -> (&'static str, Value, u32) {
     let key = format!("e{index:02}_{ns}");

@@ -188,11 +188,11 @@ async fn nine_deliveries_end_on_pro_with_the_allowance_granted_once(pool: PgPool
     assert_eq!(grant["account"]["balance"], 500);
 }
 
-struct Step {
-    webhook_id: &'static str,
-    kind: &'static str,
-    sub: &'static str,
-    at: &'static str,
+pub(crate) struct Step {
+    pub webhook_id: &'static str,
+    pub kind: &'static str,
+    pub sub: &'static str,
+    pub at: &'static str,
 }
 
 fn polar_subscription(customer: &str, sub: &str, kind: &str, at: &str) -> Value {
@@ -209,7 +209,7 @@ fn polar_subscription(customer: &str, sub: &str, kind: &str, at: &str) -> Value 
     })
 }
 
-const SUBSCRIPTION_STEPS: [Step; 7] = [
+pub(crate) const SUBSCRIPTION_STEPS: [Step; 7] = [
     Step {
         webhook_id: "m1",
         kind: "active",
@@ -255,7 +255,11 @@ const SUBSCRIPTION_STEPS: [Step; 7] = [
 ];
 
 /// Delivers the subscription steps in `order` for one customer (ids namespaced by `tag`).
-async fn deliver_subscription_steps(app: &TestApp, tag: &str, order: &[usize]) -> Vec<String> {
+pub(crate) async fn deliver_subscription_steps(
+    app: &TestApp,
+    tag: &str,
+    order: &[usize],
+) -> Vec<String> {
     let customer = format!("pc_{tag}");
     let mut plans = Vec::new();
     for &i in order {

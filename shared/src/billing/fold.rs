@@ -193,6 +193,22 @@ impl Folded {
         self.outcomes.insert(event.id, outcome(&changes, &notes));
     }
 
+    /// The account's state in `period` as the fold leaves it (plan, allowance; no debits).
+    pub fn state(
+        &self,
+        customer: &CustomerId,
+        period: &Period,
+        catalog: &Catalog,
+    ) -> super::model::AccountState {
+        let mut registers = self.registers.clone();
+        registers.ledger = self
+            .ledger
+            .get(period.as_str())
+            .cloned()
+            .unwrap_or_default();
+        registers.state(customer.as_str(), period, catalog)
+    }
+
     /// The fields the fold gives and the event each register's holder is, by field name.
     pub fn fields(&self) -> BTreeMap<String, (Value, Option<i64>)> {
         fields_of(&self.registers, &self.ledger)
@@ -288,6 +304,15 @@ pub fn fields_of(
             format!("payment:{id}:status"),
             (json!(held.value.status), Some(held.event_id)),
         );
+    }
+    // A full refund of a charge whose invoice is not known yet shows on the charge (§4.6).
+    for intent in registers.intents.values() {
+        if let (None, Some(charge)) = (&intent.invoice, &intent.refunded_charge) {
+            fields.insert(
+                format!("payment:{charge}:status"),
+                (json!(PaymentStatus::Refunded.as_str()), intent.refunded_by),
+            );
+        }
     }
     for (period, entries) in ledger {
         let sum: i64 = entries.iter().map(|e| e.delta).sum();
