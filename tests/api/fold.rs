@@ -16,7 +16,7 @@ fn at(rfc3339: &str) -> DateTime<Utc> {
         .with_timezone(&Utc)
 }
 
-fn field<'a>(why: &'a Why, name: &str) -> &'a shared::audit::WhyField {
+pub(crate) fn field<'a>(why: &'a Why, name: &str) -> &'a shared::audit::WhyField {
     why.fields
         .iter()
         .find(|f| f.field == name)
@@ -24,7 +24,11 @@ fn field<'a>(why: &'a Why, name: &str) -> &'a shared::audit::WhyField {
 }
 
 /// The deciding event's key, and the keys and reasons of those it beat.
-async fn decided(app: &TestApp, why: &Why, name: &str) -> (Option<String>, Vec<(String, String)>) {
+pub(crate) async fn decided(
+    app: &TestApp,
+    why: &Why,
+    name: &str,
+) -> (Option<String>, Vec<(String, String)>) {
     let f = field(why, name);
     let key = |id: i64| async move {
         sqlx::query_scalar::<_, String>("SELECT dedupe_key FROM inbox_events WHERE id = $1")

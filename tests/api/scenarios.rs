@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 use shared::sim::{with_interrupts, Fault, FaultAction, Point};
 use sqlx::PgPool;
 
+use crate::fold::{decided, field};
 use crate::helpers::*;
 
 fn at(rfc3339: &str) -> DateTime<Utc> {
@@ -186,6 +187,36 @@ async fn nine_deliveries_end_on_pro_with_the_allowance_granted_once(pool: PgPool
     let grant = &told["billing.allowance_granted"];
     assert_eq!(grant["grant"]["amount"], 490, "topped up from 10 to 500");
     assert_eq!(grant["account"]["balance"], 500);
+
+    // Why: the upgrade decided the plan and beat the start and the earlier cancellation; in
+    // provider order it granted Pro first, and the payment found Pro granted.
+    let why = app.why("kinde", customer, Cut::default()).await;
+    assert!(why.divergent.is_empty(), "{:?}", why.divergent);
+    let older = |keys: &[&str]| {
+        keys.iter()
+            .map(|k| (k.to_string(), "older".to_owned()))
+            .collect()
+    };
+    assert_eq!(
+        decided(&app, &why, "plan").await,
+        (Some("ev_up".to_owned()), Vec::new())
+    );
+    assert_eq!(
+        decided(&app, &why, "customer_plan").await,
+        (Some("ev_up".to_owned()), older(&["ev_cancel", "ev_start"]))
+    );
+    let allowance = decided(&app, &why, "allowance:2026-03").await;
+    assert_eq!(
+        allowance,
+        (
+            Some("ev_up".to_owned()),
+            vec![
+                ("ev_pay".to_owned(), "already granted".to_owned()),
+                ("ev_start".to_owned(), "smaller allowance".to_owned())
+            ]
+        )
+    );
+    assert_eq!(field(&why, "allowance:2026-03").value, json!(500));
 }
 
 pub(crate) struct Step {
@@ -410,6 +441,26 @@ async fn a_retried_active_landing_last_leaves_the_subscription_past_due(pool: Pg
         active_row.reason.as_deref(),
         Some("a newer state of subscription sub_s is already stored")
     );
+
+    // Why: past_due decided the status, and with it the plan; the retried active is older.
+    let why = app.why("stripe", "cus_s", Cut::default()).await;
+    assert!(why.divergent.is_empty(), "{:?}", why.divergent);
+    let by_past_due = Some("evt_past_due".to_owned());
+    let older = vec![
+        ("evt_active".to_owned(), "older".to_owned()),
+        ("evt_trial".to_owned(), "older".to_owned()),
+    ];
+    assert_eq!(
+        decided(&app, &why, "subscription:sub_s:status").await,
+        (by_past_due.clone(), older)
+    );
+    assert_eq!(
+        field(&why, "subscription:sub_s:status").value,
+        json!("past_due")
+    );
+    assert_eq!(decided(&app, &why, "plan").await.0, by_past_due);
+    let replayed = field(&why, "plan").decided_by.as_ref().unwrap();
+    assert!(!replayed.replayed);
 }
 
 async fn body_id(app: &TestApp, source: &str, key: &str) -> i64 {
@@ -447,5 +498,20 @@ async fn a_late_payment_does_not_undo_a_refund(pool: PgPool) {
     assert_eq!(
         late.reason.as_deref(),
         Some("payment ord_1 is refunded, which is final")
+    );
+
+    // Why: the refund decided the payment; the first paid is older, the late paid newer but
+    // refunded is final.
+    let why = app.why("polar", "pc_r", Cut::default()).await;
+    assert!(why.divergent.is_empty(), "{:?}", why.divergent);
+    assert_eq!(
+        decided(&app, &why, "payment:ord_1:status").await,
+        (
+            Some("o2".to_owned()),
+            vec![
+                ("o1".to_owned(), "older".to_owned()),
+                ("o3".to_owned(), "refunded is final".to_owned())
+            ]
+        )
     );
 }
