@@ -176,7 +176,21 @@ async fn a_provider_read_settles_a_same_second_tie(pool: PgPool) {
         assert_eq!(account.plan, "pro");
         let reasons = log_reason(&account, "customer.subscription.updated");
         assert!(reasons.contains("resolved by a provider read"), "{reasons}");
+        // The read's verdict is kept with the event: the fold repeats it, where the status
+        // rank alone would give past_due (docs/design.md §4.11).
+        let why = app
+            .why("stripe", &format!("cus_read{n}"), Cut::default())
+            .await;
+        let status = why
+            .fields
+            .iter()
+            .find(|f| f.field == format!("subscription:sub_read{n}:status"))
+            .unwrap();
+        assert_eq!(status.value, json!("active"), "order {n}");
+        let reasons: Vec<&str> = status.beaten.iter().map(|b| b.reason).collect();
+        assert_eq!(reasons, ["same-second tie settled by a provider read"]);
     }
+    assert_eq!(app.audit().await.divergent, []);
 }
 
 /// Of two same-second states the provider confirmed, the one it showed last wins: the
@@ -226,6 +240,8 @@ async fn of_two_states_a_provider_read_confirmed_the_one_confirmed_last_wins(poo
         );
         assert_eq!(account.plan, "free", "order {order:?}");
     }
+    let audit = app.audit().await;
+    assert_eq!((audit.checked, audit.divergent), (2, Vec::new()));
 }
 
 /// A batch of ten tied events whose provider reads are slow takes longer than the lease: no
