@@ -88,6 +88,23 @@ async fn the_basil_corpus_through_the_bus_is_stored_enqueued_and_applied_as_over
         );
     }
     assert_generation(&app, BASIL).await;
+    // Each field's deciding event says it came through the bus.
+    let audit = app.audit().await;
+    assert_eq!(audit.divergent, []);
+    let customers: Vec<String> = sqlx::query_scalar("SELECT customer_id FROM accounts")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    for customer in customers {
+        let why = app.why("stripe", &customer, Cut::default()).await;
+        for f in why.fields.iter().filter_map(|f| f.decided_by.as_ref()) {
+            assert_eq!(
+                f.via,
+                shared::billing::fold::Via::EventBridge,
+                "{customer}: {f:?}"
+            );
+        }
+    }
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]

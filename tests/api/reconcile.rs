@@ -261,6 +261,16 @@ async fn an_event_stripe_failed_to_deliver_is_applied_and_counted_once(pool: PgP
     app.run_worker().await;
     let id = app.event_id("stripe", "evt_undelivered").await;
     assert_eq!(status_of(&app, id).await, "applied");
+    let why = app.why("stripe", "cus_u", Cut::default()).await;
+    let status = why
+        .fields
+        .iter()
+        .find(|f| f.field == "subscription:sub_u:status");
+    let by = status.and_then(|f| f.decided_by.as_ref()).unwrap();
+    assert_eq!(
+        (by.event_id, by.via),
+        (id, shared::billing::fold::Via::Reconciliation)
+    );
 
     let second = scheduler::run(&scheduler).await.reconciliation[0].clone();
     assert_eq!(

@@ -97,6 +97,20 @@ async fn an_invoice_before_its_subscription_reads_it_from_the_provider_and_grant
     assert_eq!(account.subscriptions.len(), 1);
     assert_eq!(account.subscriptions[0].status, "active");
     assert_eq!(requests(&api).await, 1);
+
+    // The fold finds the invoice's stored read as the worker did: the grant is the invoice's,
+    // the subscription the read's (a fetch), the replay said.
+    let why = app.why("stripe", CUSTOMER, Cut::default()).await;
+    assert!(why.divergent.is_empty(), "{:?}", why.divergent);
+    let of = |name: &str| why.fields.iter().find(|f| f.field == name).unwrap();
+    let grant = of("allowance:2026-01").decided_by.as_ref().unwrap();
+    assert_eq!((grant.event_id, grant.replayed), (invoice, true));
+    let status = of(&format!("subscription:{SUB}:status"));
+    assert_eq!(
+        status.decided_by.as_ref().unwrap().via,
+        shared::billing::fold::Via::Fetch
+    );
+    assert_eq!(app.audit().await.divergent, []);
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]

@@ -116,6 +116,18 @@ async fn thin_events_take_a_subscription_through_its_life_as_snapshots_do(pool: 
             "one read per thin event"
         );
     }
+    // The fold takes each read as the event (the thin event carries nothing): the status was
+    // decided by the last read, a fetch, and the registers are what the reads give.
+    let why = app.why("stripe", CUSTOMER, Cut::default()).await;
+    let status = why
+        .fields
+        .iter()
+        .find(|f| f.field.ends_with(":status") && f.field.starts_with("subscription:"))
+        .unwrap();
+    let by = status.decided_by.as_ref().unwrap();
+    assert_eq!(by.via, shared::billing::fold::Via::Fetch);
+    assert_eq!(status.beaten.len(), 2, "{:?}", status.beaten);
+    assert_eq!(app.audit().await.divergent, []);
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
