@@ -612,3 +612,125 @@ fn words(change: &Change) -> String {
         Change::AlreadyApplied(w) => w.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::billing::model::SubscriptionEnds;
+    use crate::billing::PlanRef;
+
+    fn catalog() -> Catalog {
+        Catalog::parse(r#"{"price_pro": {"plan": "pro", "monthly_allowance": 500}}"#).unwrap()
+    }
+
+    /// A subscription event of `sub_1` at `secs`, with the status's own rank.
+    fn event(id: i64, key: &str, secs: i64, status: &str) -> FoldEvent {
+        let plan = PlanRef {
+            key: "price_pro".into(),
+            plan: "pro".into(),
+            monthly_allowance: 500,
+        };
+        let effect = Effect::Subscription {
+            id: "sub_1".into(),
+            status: status.into(),
+            plan: Some(plan),
+            ends: SubscriptionEnds::default(),
+            rank: Rank::of_status(status),
+        };
+        FoldEvent {
+            id,
+            key: DedupeKey::parse(key).unwrap(),
+            event_type: "customer.subscription.updated".into(),
+            at: ProviderTime::from_unix_secs(secs).unwrap(),
+            received_at: Utc::now(),
+            via: Via::Webhook,
+            replayed: false,
+            decision: Decision::Apply {
+                effects: vec![effect],
+                notes: Vec::new(),
+            },
+            excluded: None,
+            settled: Settled::default(),
+            shown: SubscriptionRead::NotRead,
+        }
+    }
+
+    fn explained(events: &[FoldEvent], name: &str) -> Explained {
+        let customer = CustomerId::parse("cus_1").unwrap();
+        let folded = fold("stripe", &customer, events, &catalog());
+        folded
+            .explain(&customer, &catalog())
+            .into_iter()
+            .find(|e| e.field == name)
+            .unwrap()
+    }
+
+    #[test]
+    fn the_fold_is_the_same_in_every_input_order_and_names_why_each_write_lost() {
+        let events = [
+            event(1, "evt_a", 100, "trialing"),
+            event(2, "evt_b", 200, "active"),
+            event(3, "evt_c", 200, "past_due"),
+            event(4, "evt_d", 300, "canceled"),
+        ];
+        let mut reversed = events.to_vec();
+        reversed.reverse();
+        let status = explained(&events, "subscription:sub_1:status");
+        assert_eq!(status, explained(&reversed, "subscription:sub_1:status"));
+        assert_eq!(
+            (status.value, status.decided_by),
+            (json!("canceled"), Some(4))
+        );
+        let reasons: Vec<(i64, &str)> = status
+            .beaten
+            .iter()
+            .map(|b| (b.event_id, b.reason))
+            .collect();
+        assert_eq!(reasons, [(1, "older"), (2, "older"), (3, "older")]);
+
+        // Without the cancellation, past_due outranks active in the same second.
+        let status = explained(&events[..3], "subscription:sub_1:status");
+        assert_eq!(
+            (status.value, status.decided_by),
+            (json!("past_due"), Some(3))
+        );
+        let reasons: Vec<(i64, &str)> = status
+            .beaten
+            .iter()
+            .map(|b| (b.event_id, b.reason))
+            .collect();
+        assert_eq!(
+            reasons,
+            [(1, "older"), (2, "same-second tie settled by status rank")]
+        );
+    }
+
+    #[test]
+    fn a_kept_read_verdict_decides_the_tie_it_settled() {
+        let mut active = event(2, "evt_b", 200, "active");
+        active.settled.ranks.insert("sub_1".into(), 1_000_000);
+        let events = [active, event(3, "evt_c", 200, "past_due")];
+        let status = explained(&events, "subscription:sub_1:status");
+        assert_eq!(
+            (status.value, status.decided_by),
+            (json!("active"), Some(2))
+        );
+        assert_eq!(
+            status.beaten[0].reason,
+            "same-second tie settled by a provider read"
+        );
+    }
+
+    #[test]
+    fn an_event_of_the_other_mode_writes_nothing_and_is_beaten_for_it() {
+        let mut test_mode = event(5, "evt_t", 400, "active");
+        test_mode.excluded = Some("a test-mode event on a live-mode source".into());
+        let events = [event(4, "evt_d", 300, "canceled"), test_mode];
+        let plan = explained(&events, "plan");
+        assert_eq!(plan.value, json!("free"));
+        assert_eq!(plan.decided_by, Some(4));
+        assert_eq!(plan.beaten[0].reason, "other mode");
+        let status = explained(&events, "subscription:sub_1:status");
+        assert_eq!(status.value, json!("canceled"));
+    }
+}
