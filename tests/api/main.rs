@@ -31,4 +31,5 @@ mod subscription_read;
 mod thin;
 mod traffic;
 mod usage;
+mod why;
 mod worker_faults;
