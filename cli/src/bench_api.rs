@@ -131,6 +131,7 @@ async fn bench(
         conn: Held::new(options),
         pool: pool.clone(),
         sources: sources.clone(),
+        fold_sources: shared::audit::sources_of(&configs),
         catalog: catalog.clone(),
         keys: Keys::new(&[KeyEntry {
             name: "bench".into(),

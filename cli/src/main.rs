@@ -17,6 +17,7 @@ mod scenario;
 mod send;
 mod show;
 mod usage;
+mod why;
 
 use std::process::ExitCode;
 
@@ -55,6 +56,11 @@ enum Command {
         #[arg(long, value_name = "N")]
         log: Option<u32>,
     },
+    /// Each field of the account as its kept events give it: the event that decided it, those
+    /// it beat and why, and any register that differs (`--at`, `--received-before`: as then).
+    Why(why::WhyArgs),
+    /// Compare the registers with the fold of their accounts' events; exit 1 if any differs.
+    Audit(why::AuditArgs),
     /// List stored events, newest first.
     Events {
         #[arg(long)]
@@ -130,17 +136,21 @@ async fn main() -> ExitCode {
         Err(e) => {
             // A debit answered but not accepted says which answer, in JSON and exit code.
             let refused = e.downcast_ref::<usage::Refused>();
-            if cli.json {
-                let mut error = json!({"error": format!("{e:#}")});
-                if let Some(r) = refused {
-                    error["code"] = json!(r.code);
-                    if let Some(remaining) = r.remaining {
-                        error["remaining"] = json!(remaining);
+            // The audit's JSON already says what differs; its exit code says that it did.
+            let diverged = e.downcast_ref::<why::Diverged>().is_some();
+            match (cli.json, diverged) {
+                (true, true) => {}
+                (true, false) => {
+                    let mut error = json!({"error": format!("{e:#}")});
+                    if let Some(r) = refused {
+                        error["code"] = json!(r.code);
+                        if let Some(remaining) = r.remaining {
+                            error["remaining"] = json!(remaining);
+                        }
                     }
+                    out!("{error}");
                 }
-                out!("{error}");
-            } else {
-                eprintln!("error: {e:#}");
+                (false, _) => eprintln!("error: {e:#}"),
             }
             refused.map_or(ExitCode::FAILURE, |r| ExitCode::from(r.exit))
         }
@@ -165,6 +175,8 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
             )
             .await
         }
+        Command::Why(args) => why::why(args, &connect(cli).await?, cli.json).await,
+        Command::Audit(args) => why::audit(args, &connect(cli).await?, cli.json).await,
         Command::Events {
             status,
             source,

@@ -385,14 +385,21 @@ pub async fn why(
             });
         }
     }
+    let mut divergent: Vec<String> = differences.into_keys().collect();
     if whole {
-        for (period, (used, _)) in &used {
+        // A period's `used` is the sum of its accepted debits, as the audit compares it.
+        for (period, (used, debited)) in &used {
+            let field = format!("used:{period}");
+            let stored = (used != debited).then(|| json!(used));
+            if stored.is_some() {
+                divergent.push(field.clone());
+            }
             fields.push(WhyField {
-                field: format!("used:{period}"),
-                value: json!(used),
+                field,
+                value: json!(debited),
                 decided_by: None,
                 beaten: Vec::new(),
-                stored: None,
+                stored,
             });
         }
     }
@@ -405,7 +412,7 @@ pub async fn why(
         purged: account.purged.count,
         complete_from: account.purged.latest,
         pending: account.pending,
-        divergent: differences.into_keys().collect(),
+        divergent,
     }))
 }
 
@@ -617,8 +624,10 @@ pub async fn run(
     )
     .fetch_all(exec(&mut *conn))
     .await?;
+    // The walk reached its end only if it had room and found fewer accounts than that: with
+    // none (the touched accounts took the run) its place is kept for the next run.
     let mut report = AuditReport {
-        wrapped: (walk.len() as i64) < room.max(1),
+        wrapped: room > 0 && (walk.len() as i64) < room,
         ..AuditReport::default()
     };
     let mut last = after;

@@ -612,13 +612,14 @@ pub fn parse_api_keys(raw: &str) -> Result<KeysConfig, ConfigError> {
     })
 }
 
-/// What the app API function needs: each source's name and kind (never its secrets), the
-/// plan catalog, the keys, and the effects queue when effects are on (a debit that exhausts
+/// What the app API function needs: each source's name and kind (never its secrets), and
+/// its Stripe mode for the fold `…/why` explains, the plan catalog, the keys, and the effects queue when effects are on (a debit that exhausts
 /// the allowance tells the app).
 #[derive(Debug, Clone)]
 pub struct ApiConfig {
     pub database: crate::database::DatabaseConfig,
     pub sources: Vec<(String, SourceKind)>,
+    pub fold_sources: crate::audit::Sources,
     pub catalog: Catalog,
     pub keys: KeysConfig,
     pub effects: Option<EffectsConfig>,
@@ -626,13 +627,11 @@ pub struct ApiConfig {
 
 impl FromEnv for ApiConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
+        let sources = env.sources()?;
         Ok(Self {
             database: env.database()?,
-            sources: env
-                .sources()?
-                .into_iter()
-                .map(|s| (s.name, s.kind))
-                .collect(),
+            fold_sources: crate::audit::sources_of(&sources),
+            sources: sources.into_iter().map(|s| (s.name, s.kind)).collect(),
             catalog: env.plans()?,
             keys: parse_api_keys(&env.required(API_KEYS_VAR)?)?,
             effects: env.effects()?,

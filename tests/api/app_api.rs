@@ -44,6 +44,7 @@ pub fn api_state(pool: &PgPool) -> ApiState {
             ("polar".into(), SourceKind::StandardWebhooks),
             ("kinde".into(), SourceKind::Kinde),
         ],
+        fold_sources: shared::audit::sources_of(&test_sources("http://127.0.0.1:9/unused")),
         catalog: shared::billing::Catalog::parse(PLANS).unwrap(),
         keys: Keys::new(&keys()),
         effects: None,
@@ -114,6 +115,8 @@ fn conforms(method: &str, path: &str, status: StatusCode, body: &Value) {
     let route = path.split('?').next().unwrap();
     let template = if route.ends_with("/usage") {
         "/v1/accounts/{source}/{customer}/usage"
+    } else if route.ends_with("/why") {
+        "/v1/accounts/{source}/{customer}/why"
     } else if route.starts_with("/v1/accounts/") && route.matches('/').count() == 4 {
         "/v1/accounts/{source}/{customer}"
     } else {

@@ -32,4 +32,5 @@ mod subscription_read;
 mod thin;
 mod traffic;
 mod usage;
+mod why;
 mod worker_faults;

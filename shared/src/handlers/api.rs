@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use super::{body_bytes, json_response};
 use crate::api_keys::{Caller, Keys, Scope};
+use crate::audit::{self, Cut, FoldError};
 use crate::billing::account::{self, AccountSnapshot};
 use crate::billing::usage::{self, Debit, DebitRequest, Debited, UsagePage};
 use crate::billing::Catalog;
@@ -48,6 +49,8 @@ pub struct ApiState {
     /// For what is rare (unmarking an effect the queue refused).
     pub pool: PgPool,
     pub sources: Vec<(String, SourceKind)>,
+    /// The same sources with their Stripe modes, as the fold `…/why` explains takes them.
+    pub fold_sources: audit::Sources,
     pub catalog: Catalog,
     pub keys: Keys,
     /// Effects on: the queue an `allowance_exhausted` effect's id is handed to.
@@ -70,6 +73,7 @@ impl ApiState {
             conn: Held::on(database),
             pool,
             sources: config.sources.clone(),
+            fold_sources: config.fold_sources.clone(),
             catalog: config.catalog.clone(),
             keys: Keys::new(&entries),
             effects,
@@ -102,6 +106,8 @@ pub enum ApiError {
     CustomerDeleted,
     #[error("this Idempotency-Key was used with another request body")]
     IdempotencyConflict,
+    #[error("{0}")]
+    NotFolded(String),
     #[error("the billing state could not be reached; retry later")]
     Unavailable(#[source] sqlx::Error),
     #[error("no answer in time; retry later")]
@@ -127,7 +133,7 @@ impl ApiError {
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::AllowanceExhausted { .. } | Self::CustomerDeleted => StatusCode::CONFLICT,
-            Self::IdempotencyConflict => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::IdempotencyConflict | Self::NotFolded(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unavailable(_) | Self::Timeout => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -145,6 +151,7 @@ impl ApiError {
             Self::AllowanceExhausted { .. } => "allowance_exhausted",
             Self::CustomerDeleted => "customer_deleted",
             Self::IdempotencyConflict => "idempotency_conflict",
+            Self::NotFolded(_) => "not_folded",
             Self::Unavailable(_) => "unavailable",
             Self::Timeout => "timeout",
         }
@@ -207,6 +214,7 @@ fn mark_replayed(headers: &mut HeaderMap) {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Route {
     Account,
+    Why,
     RecordUsage,
     ListUsage,
 }
@@ -222,7 +230,7 @@ struct Target {
 }
 
 /// The route and its path's source and customer, from a path ending in
-/// `/v1/accounts/{source}/{customer}[/usage]` (API Gateway's path, or `cargo lambda watch`'s
+/// `/v1/accounts/{source}/{customer}[/usage|/why]` (API Gateway's path, or `cargo lambda watch`'s
 /// with its `/lambda-url/api` prefix). Segments are percent-decoded.
 fn route(method: &Method, path: &str) -> Result<(Route, String, String), ApiError> {
     let not_found = || ApiError::NotFound {
@@ -242,6 +250,7 @@ fn route(method: &Method, path: &str) -> Result<(Route, String, String), ApiErro
     };
     let (route, source, customer) = match &segments[start + 2..] {
         [source, customer] => (Route::Account, source, customer),
+        [source, customer, "why"] => (Route::Why, source, customer),
         [source, customer, "usage"] => match *method {
             Method::POST => (Route::RecordUsage, source, customer),
             _ => (Route::ListUsage, source, customer),
@@ -249,7 +258,7 @@ fn route(method: &Method, path: &str) -> Result<(Route, String, String), ApiErro
         _ => return Err(not_found()),
     };
     let allowed = match route {
-        Route::Account => *method == Method::GET,
+        Route::Account | Route::Why => *method == Method::GET,
         Route::RecordUsage | Route::ListUsage => matches!(*method, Method::GET | Method::POST),
     };
     if !allowed {
@@ -355,6 +364,24 @@ fn period_param(raw: Option<&str>, now: &Period) -> Result<Period, ApiError> {
         ));
     }
     Ok(period)
+}
+
+/// A time named by a request: RFC 3339.
+fn time_param(
+    query: &Query,
+    name: &'static str,
+) -> Result<Option<chrono::DateTime<chrono::Utc>>, ApiError> {
+    let Some(raw) = query.first(name) else {
+        return Ok(None);
+    };
+    chrono::DateTime::parse_from_rfc3339(raw)
+        .map(|t| Some(t.with_timezone(&chrono::Utc)))
+        .map_err(|_| {
+            ApiError::bad(
+                "bad_time",
+                format!("{name} is an RFC 3339 time (2026-03-05T10:00:00Z), not '{raw}'"),
+            )
+        })
 }
 
 fn debit_body(body: &[u8], now: &Period) -> Result<(i64, Period, Option<String>), ApiError> {
@@ -490,6 +517,38 @@ async fn serve(state: &ApiState, request: &Request) -> Result<Response<Body>, Ap
                 &account_body(&target, &snapshot),
             ))
         }
+        Route::Why => {
+            let cut = Cut {
+                at: time_param(&query, "at")?,
+                received_before: time_param(&query, "received_before")?,
+            };
+            let why = on_held!(state, conn => async {
+                // The store's failure is retried or answered as any read's; the rest is the
+                // fold's own answer.
+                match audit::why(
+                    conn,
+                    &state.fold_sources,
+                    &state.catalog,
+                    (&target.source, &target.customer),
+                    cut,
+                )
+                .await
+                {
+                    Err(FoldError::Database(e)) => Err(e),
+                    other => Ok(other),
+                }
+            })?
+            .map_err(|e| match e {
+                FoldError::UnknownSource(source) => ApiError::UnknownSource(source),
+                other => ApiError::NotFolded(other.to_string()),
+            })?
+            .ok_or_else(|| ApiError::UnknownCustomer(customer.clone()))?;
+            let body = serde_json::to_value(&why).unwrap_or_else(|_| json!({}));
+            Ok(json_response(
+                StatusCode::OK,
+                &as_the_app_names(&target, body),
+            ))
+        }
         Route::ListUsage => {
             let period = period_param(query.first("period"), &now)?;
             let limit = match query.first("limit") {
@@ -608,15 +667,23 @@ async fn tell(state: &ApiState, debited: &Debited) {
 /// The account as the app reads it: the store's customer id split back into the customer
 /// and its connected account.
 fn account_body(target: &Target, snapshot: &AccountSnapshot) -> Value {
-    let mut body = serde_json::to_value(snapshot).unwrap_or_else(|_| json!({}));
+    as_the_app_names(
+        target,
+        serde_json::to_value(snapshot).unwrap_or_else(|_| json!({})),
+    )
+}
+
+/// A body whose `customer_id` is the store's, with the customer named as the app names it:
+/// a Connect customer's `cus_…`, with `stripe_account` beside it.
+fn as_the_app_names(target: &Target, mut body: Value) -> Value {
+    let stored = body["customer_id"].as_str().unwrap_or_default().to_owned();
     if let Some(account) = &target.stripe_account {
-        let customer = snapshot
-            .customer_id
+        let customer = stored
             .strip_prefix(&format!("{account}/"))
-            .unwrap_or(&snapshot.customer_id);
+            .unwrap_or(&stored);
         body["customer_id"] = json!(customer);
         body["stripe_account"] = json!(account);
-    } else if let Some(account) = connected_account(&snapshot.customer_id) {
+    } else if let Some(account) = connected_account(&stored) {
         body["stripe_account"] = json!(account);
     }
     body
@@ -683,6 +750,14 @@ mod tests {
                 .0,
             Route::RecordUsage
         );
+        assert_eq!(
+            route(&get, "/v1/accounts/stripe/cus_1/why").unwrap().0,
+            Route::Why
+        );
+        assert!(matches!(
+            route(&Method::POST, "/v1/accounts/stripe/cus_1/why"),
+            Err(ApiError::MethodNotAllowed(_))
+        ));
         assert!(matches!(
             route(&Method::POST, "/v1/accounts/kinde/kc_demo"),
             Err(ApiError::MethodNotAllowed(_))

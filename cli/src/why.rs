@@ -1,0 +1,275 @@
+//! `inboxctl why` and `inboxctl audit`: an account's fields as the fold of its kept events
+//! gives them, each with the event that decided it and those it beat, and the registers
+//! compared with that fold (docs/design.md §4.11), through `shared::audit`.
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use clap::{ArgGroup, Args};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use shared::audit::{self, Cut, Divergence, Sources, Why};
+use shared::config::{parse_sources, Env};
+use shared::domain::CustomerId;
+
+use crate::show::{print_json, resolve_source, table};
+
+/// Which sources the fold knows: their names, kinds and Stripe modes.
+#[derive(Args)]
+pub struct SourcesArg {
+    /// The sources as the functions read them (only names, kinds and `livemode` are used).
+    #[arg(long, env = "INBOX_SOURCES", hide_env_values = true)]
+    sources: Option<String>,
+}
+
+impl SourcesArg {
+    fn read(&self) -> anyhow::Result<Sources> {
+        let raw = self.sources.as_deref().context(
+            "INBOX_SOURCES is not set (or pass --sources): the fold needs each source's kind and Stripe mode",
+        )?;
+        Ok(audit::sources_of(&parse_sources(raw)?))
+    }
+}
+
+#[derive(Args)]
+pub struct WhyArgs {
+    customer_id: String,
+    /// The source the customer belongs to (needed when several have that id).
+    #[arg(long)]
+    source: Option<String>,
+    /// The Stripe connected account (acct_…) the customer belongs to.
+    #[arg(long)]
+    stripe_account: Option<String>,
+    /// Fold only the events the provider created up to this time (RFC 3339).
+    #[arg(long, value_parser = rfc3339, value_name = "T")]
+    at: Option<DateTime<Utc>>,
+    /// Fold only the events the store had received before this time (RFC 3339).
+    #[arg(long, value_parser = rfc3339, value_name = "T")]
+    received_before: Option<DateTime<Utc>>,
+    #[command(flatten)]
+    sources: SourcesArg,
+}
+
+#[derive(Args)]
+#[command(group(ArgGroup::new("accounts").required(true).args(["all", "customer"])))]
+pub struct AuditArgs {
+    /// Every account (of every configured source, or of --source).
+    #[arg(long)]
+    all: bool,
+    /// Only this customer's accounts (as stored: a Connect customer is acct_…/cus_…).
+    #[arg(long)]
+    customer: Option<String>,
+    /// Only this source's accounts.
+    #[arg(long)]
+    source: Option<String>,
+    /// At most N accounts, in key order.
+    #[arg(long, value_name = "N")]
+    limit: Option<i64>,
+    #[command(flatten)]
+    sources: SourcesArg,
+}
+
+/// Registers differ from the fold: `audit` exits 1 after printing them.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} field(s) differ from the fold of their account's events")]
+pub struct Diverged(pub usize);
+
+fn rfc3339(raw: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(raw)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| format!("'{raw}' is not an RFC 3339 time ({e})"))
+}
+
+/// The source named, checked against the configured ones.
+fn configured<'a>(sources: &Sources, name: &'a str) -> anyhow::Result<&'a str> {
+    if sources.contains_key(name) {
+        return Ok(name);
+    }
+    let mut names: Vec<&str> = sources.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    anyhow::bail!(
+        "no source '{name}' in INBOX_SOURCES (configured: {})",
+        names.join(", ")
+    )
+}
+
+pub async fn why(args: &WhyArgs, pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
+    let sources = args.sources.read()?;
+    let catalog = Env::process().plans_or_empty()?;
+    let raw = match &args.stripe_account {
+        Some(acct) => shared::providers::stripe::connected_customer(acct, &args.customer_id),
+        None => args.customer_id.clone(),
+    };
+    let customer =
+        CustomerId::parse(&raw).map_err(|e| anyhow::anyhow!("customer id '{raw}': {e}"))?;
+    if let Some(source) = &args.source {
+        configured(&sources, source)?;
+    }
+    let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
+    let source = resolve_source(&mut conn, &customer, args.source.as_deref())
+        .await?
+        .with_context(|| format!("no account for customer '{raw}'"))?;
+    configured(&sources, &source)?;
+    let cut = Cut {
+        at: args.at,
+        received_before: args.received_before,
+    };
+    let why = audit::why(&mut conn, &sources, &catalog, (&source, &customer), cut)
+        .await?
+        .with_context(|| format!("no account for customer '{raw}' in source '{source}'"))?;
+    if json_output {
+        return print_json(&why);
+    }
+    print_why(&why);
+    Ok(())
+}
+
+fn time(at: &DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+}
+
+/// A field's value as a person reads it: strings bare, the rest as JSON.
+fn shown(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+fn print_why(why: &Why) {
+    out!("customer  {} ({})", why.customer_id, why.source);
+    if let Some(at) = &why.at {
+        out!(
+            "at        {} (events the provider created by then)",
+            time(at)
+        );
+    }
+    if let Some(t) = &why.received_before {
+        out!("received  before {} (what the store knew then)", time(t));
+    }
+    let mut t = table(&["field", "value", "decided by", "beaten"]);
+    for f in &why.fields {
+        // A register that is not what its events give is the thing to look at.
+        let (field, value) = match &f.stored {
+            Some(stored) => (
+                format!("! {}", f.field),
+                format!("{}\nstored: {}", shown(&f.value), shown(stored)),
+            ),
+            None => (f.field.clone(), shown(&f.value)),
+        };
+        let decided = match &f.decided_by {
+            Some(e) => format!(
+                "#{} {}\n{} via {}{}",
+                e.event_id,
+                e.event_type,
+                time(&e.occurred_at),
+                json!(e.via).as_str().unwrap_or_default(),
+                if e.replayed { ", replayed" } else { "" }
+            ),
+            None => "-".to_owned(),
+        };
+        let beaten = match f.beaten.len() {
+            0 => "-".to_owned(),
+            n => {
+                let lines: Vec<String> = f
+                    .beaten
+                    .iter()
+                    .map(|b| format!("#{} {}: {}", b.event_id, b.reason, b.detail))
+                    .collect();
+                format!("{n}\n{}", lines.join("\n"))
+            }
+        };
+        t.add_row(vec![field, value, decided, beaten]);
+    }
+    out!("{t}");
+    match (why.purged, &why.complete_from) {
+        (0, _) => out!("purged    none: every event is kept"),
+        (n, Some(from)) => out!(
+            "purged    {n} event(s): the answer is whole for times at or after {}",
+            time(from)
+        ),
+        (n, None) => out!("purged    {n} event(s)"),
+    }
+    match why.pending.as_slice() {
+        [] => out!("pending   none"),
+        ids => out!("pending   {ids:?} (not finished: the registers do not show them yet)"),
+    }
+    match why.divergent.as_slice() {
+        [] if why.at.is_some() || why.received_before.is_some() => {
+            out!("divergent not compared (a cut in the past)")
+        }
+        [] => out!("divergent none: the registers are what the events give"),
+        fields => out!(
+            "divergent {} (marked !: the register differs from the fold)",
+            fields.join(", ")
+        ),
+    }
+}
+
+pub async fn audit(args: &AuditArgs, pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
+    let mut sources = args.sources.read()?;
+    if let Some(source) = &args.source {
+        configured(&sources, source)?;
+        sources.retain(|name, _| name == source);
+    }
+    if let Some(limit) = args.limit.filter(|l| *l < 1) {
+        anyhow::bail!("--limit must be at least 1, got {limit}");
+    }
+    let catalog = Env::process().plans_or_empty()?;
+    let report = audit::audit_all(
+        pool,
+        &sources,
+        &catalog,
+        args.customer.as_deref(),
+        args.limit,
+    )
+    .await?;
+    if json_output {
+        print_json(&json!({
+            "checked": report.checked,
+            "skipped": report.skipped,
+            "divergent": report.divergent,
+        }))?;
+    } else {
+        print_audit(report.checked, report.skipped, &report.divergent);
+    }
+    match report.divergent.len() {
+        0 => Ok(()),
+        n => Err(Diverged(n).into()),
+    }
+}
+
+fn print_audit(checked: u64, skipped: u64, divergent: &[Divergence]) {
+    out!("checked {checked} account(s), skipped {skipped} (events in flight, or too many to fold)");
+    if divergent.is_empty() {
+        out!("no register differs from the fold of its account's events");
+        return;
+    }
+    let mut t = table(&["source", "customer", "field", "stored", "folded"]);
+    for d in divergent {
+        t.add_row(vec![
+            d.source.clone(),
+            d.customer_id.clone(),
+            d.field.clone(),
+            shown(&d.stored),
+            shown(&d.folded),
+        ]);
+    }
+    out!("{t}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cut_is_an_rfc3339_time_in_any_offset() {
+        assert_eq!(
+            rfc3339("2026-03-05T11:00:00+01:00").unwrap(),
+            rfc3339("2026-03-05T10:00:00Z").unwrap()
+        );
+        assert!(rfc3339("2026-03-05").is_err());
+        assert!(rfc3339("yesterday").is_err());
+    }
+}
