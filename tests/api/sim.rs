@@ -733,6 +733,7 @@ impl World {
             effects: None,
             budget: Duration::from_secs(30),
             database: None,
+            audit: None,
         };
         let scheduler = scheduler_with(&feed);
         let other_scheduler = scheduler_with(&feed);
