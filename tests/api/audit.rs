@@ -80,7 +80,10 @@ async fn a_register_moved_by_hand_is_reported_every_run_recorded_once_and_gone_o
             (d.source.as_str(), d.customer_id.as_str()),
             ("stripe", "cus_aud")
         );
-        assert_eq!((&d.stored, &d.folded), (&json!("canceled"), &json!("active")));
+        assert_eq!(
+            (&d.stored, &d.folded),
+            (&json!("canceled"), &json!("active"))
+        );
         assert!(metric(&report, "StateDivergence") >= 1.0);
         assert_eq!(app.count("SELECT count(*) FROM audit_divergences").await, 1);
         new.push(report.new_divergent);

@@ -194,7 +194,15 @@ pub async fn run(state: &SchedulerState) -> RunReport {
     // leave the next tick on time rather than audit; the accounts it leaves wait their turn.
     if let Some(config) = &state.audit {
         let until = deadline.min(Instant::now() + state.budget / 4);
-        match audit::run(&state.pool, &config.sources, &config.catalog, until, config.max).await {
+        match audit::run(
+            &state.pool,
+            &config.sources,
+            &config.catalog,
+            until,
+            config.max,
+        )
+        .await
+        {
             Ok(found) => {
                 report.audited = found.checked;
                 report.audit_skipped = found.skipped;
