@@ -582,12 +582,15 @@ pub async fn run(
         .collect();
     // A log line is stamped with its transaction's start, which may come before the last
     // run's start and commit after its snapshot: a minute's overlap (the worker's timeout
-    // bounds its transaction) takes those accounts too.
+    // bounds its transaction) takes those accounts too. The oldest lines first, 20 per
+    // account wanted at most, so that the plan reads the log by time whatever its size.
     let touched = sqlx::query!(
         r#"
-        SELECT DISTINCT source AS "source!", customer_id AS "customer_id!" FROM account_log
-        WHERE $1::timestamptz IS NOT NULL AND logged_at >= $1 - interval '1 minute'
-          AND source = ANY($2)
+        SELECT source AS "source!", customer_id AS "customer_id!"
+        FROM (SELECT source, customer_id FROM account_log
+              WHERE logged_at >= $1::timestamptz - interval '1 minute' AND source = ANY($2)
+              ORDER BY logged_at LIMIT $3::bigint * 20) AS recent
+        GROUP BY source, customer_id
         LIMIT $3
         "#,
         since,
@@ -604,11 +607,12 @@ pub async fn run(
     }
     let room = (max - first.len() as i64).max(0);
     let (after_source, after_customer) = after.clone().unzip();
+    // From the walk's place on, as an index range ('' before every name: the start).
     let walk = sqlx::query!(
         r#"
         SELECT source, customer_id FROM accounts
         WHERE source = ANY($1)
-          AND ($2::text IS NULL OR (source, customer_id) > ($2, $3::text))
+          AND (source, customer_id) > (COALESCE($2::text, ''), COALESCE($3::text, ''))
         ORDER BY source, customer_id
         LIMIT $4
         "#,
@@ -747,7 +751,7 @@ async fn record(
     Ok(new.len() as u64)
 }
 
-/// `inboxctl audit`: every account (or those of one customer), within `deadline`.
+/// `inboxctl audit`: every account (or those of one customer), `limit` accounts at most.
 pub async fn audit_all(
     pool: &PgPool,
     sources: &Sources,
