@@ -539,8 +539,8 @@ pub const MAX_AUDITED_PER_RUN: i64 = 500;
 
 /// The scheduler's audit: the accounts with a difference recorded and those whose log moved
 /// since the last run first (half of `max` at most), then the next accounts of a walk over
-/// all of them in key order, within `deadline` and `max` accounts; each difference is recorded, and logged the first
-/// time it is seen.
+/// all of them in key order, within `deadline` and `max` accounts; each difference is
+/// recorded, and logged the first time it is seen.
 pub async fn run(
     pool: &PgPool,
     sources: &Sources,

@@ -1,8 +1,8 @@
 //! The scheduler function's handler: one scheduled run — rescue what the queue lost, report
 //! what died, reconcile with the providers, purge what is done, measure the backlog, audit a
 //! sample of accounts against the fold of their events — and its metrics as one CloudWatch
-//! EMF line. Every step is bounded in rows and time, safe to run
-//! twice at once, and fails alone: one step's error is reported, the others still run.
+//! EMF line. Every step is bounded in rows and time, safe to run twice at once, and fails
+//! alone: one step's error is reported, the others still run.
 
 use std::time::{Duration, Instant};
 
