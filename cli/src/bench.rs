@@ -478,6 +478,19 @@ pub async fn run(
         "".into(),
         "".into(),
     ]);
+    let a = &report["audit"];
+    t.add_row(vec![
+        "audit accounts/s (one connection, as the scheduler)".into(),
+        f(&report["audit_accounts_per_sec"]),
+        "".into(),
+        "".into(),
+    ]);
+    t.add_row(vec![
+        "SQL statements per audited account".into(),
+        f(&a["statements_per_account"]),
+        "".into(),
+        "".into(),
+    ]);
     let round_trip = if args.pg_delay_ms == 0.0 {
         format!("{} ms, direct", r(&report["pg_round_trip_ms"]))
     } else {
@@ -496,6 +509,7 @@ pub async fn run(
         ("intake", "intake", "delivery"),
         ("worker drain", "drain", "event"),
         ("raw worker", "raw_worker", "event"),
+        ("audit", "audit", "account"),
     ];
     let cores = phases
         .iter()
@@ -516,8 +530,16 @@ pub async fn run(
     crate::emit(&format!(
         "{} deliveries ({} events, 30% copies, shuffled) over {}, concurrency {}\n\
          Postgres round trip (median of 200 SELECT 1): {round_trip}\n{t}\n\
+         Audit: {} accounts compared, {} skipped, {} fields differing from the fold\n\
          The machine's {} cores, every process counted:\n{cores}",
-        report["deliveries"], report["events"], report["sources"], args.concurrency, cpu["cores"]
+        report["deliveries"],
+        report["events"],
+        report["sources"],
+        args.concurrency,
+        a["accounts"],
+        a["skipped"],
+        a["divergent"],
+        cpu["cores"]
     ));
     Ok(())
 }
@@ -1185,6 +1207,27 @@ async fn measure(
     let raw_worker_secs = raw_worker_start.elapsed().as_secs_f64();
     let raw_worker_cpu = cpu.since(distinct);
 
+    // The scheduler's audit over every account the bench made, one after another on one
+    // connection as the scheduler takes them: its cost per account against the workload's
+    // own histories (30% copies, shuffled), and whether any register differs from its fold.
+    eprintln!("bench: audit of every account");
+    let audit_sources = shared::audit::sources_of(&configs);
+    let statements_before = counter.get();
+    let audit_start = Instant::now();
+    let cpu = CpuMeter::start();
+    let audit = shared::audit::audit_all(&pool, &audit_sources, catalog, None, None).await?;
+    let audit_secs = audit_start.elapsed().as_secs_f64();
+    let audit_accounts = (audit.checked + audit.skipped) as usize;
+    let audit_cpu = cpu.since(audit_accounts);
+    let audit_statements = counter.get() - statements_before;
+    if !audit.divergent.is_empty() {
+        eprintln!(
+            "bench: the audit found {} fields differing from the fold, e.g. {:?}",
+            audit.divergent.len(),
+            &audit.divergent[..audit.divergent.len().min(3)]
+        );
+    }
+
     let per_sec = total as f64 / intake_secs;
     let raw_per_sec = total as f64 / raw_secs;
     let store_send_per_sec = total as f64 / both_secs;
@@ -1203,7 +1246,7 @@ async fn measure(
         // phases) or per event (worker phases), every process on the machine counted.
         "cpu": {
             "raw_store": raw_store_cpu, "store_send": store_send_cpu, "intake": intake_cpu,
-            "drain": drain_cpu, "raw_worker": raw_worker_cpu,
+            "drain": drain_cpu, "raw_worker": raw_worker_cpu, "audit": audit_cpu,
             "steady": steady.as_object_mut().and_then(|o| o.remove("cpu")),
         },
         "steady": steady,
@@ -1214,6 +1257,12 @@ async fn measure(
             "store_send_per_sec": store_send_per_sec, "ratio_to_store_send": per_sec / store_send_per_sec,
             "statements_per_delivery": intake_statements as f64 / total as f64,
             "wal_bytes_per_delivery": intake_wal / total as f64,
+        },
+        "audit_accounts_per_sec": audit.checked as f64 / audit_secs.max(f64::MIN_POSITIVE),
+        "audit": {
+            "accounts": audit.checked, "skipped": audit.skipped, "divergent": audit.divergent.len(),
+            "secs": audit_secs,
+            "statements_per_account": audit_statements as f64 / audit_accounts.max(1) as f64,
         },
         "worker": {
             "applied": applied, "per_sec": worker_per_sec, "raw_per_sec": raw_worker_per_sec,

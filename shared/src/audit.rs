@@ -569,9 +569,10 @@ pub struct AuditReport {
 /// Accounts the scheduler's audit takes per run at most.
 pub const MAX_AUDITED_PER_RUN: i64 = 500;
 
-/// The scheduler's audit: the accounts whose log moved since the last run first, then the
-/// next accounts of a walk over all of them in key order, within `deadline` and `max`
-/// accounts; each difference is recorded, and logged the first time it is seen.
+/// The scheduler's audit: the accounts with a difference recorded and those whose log moved
+/// since the last run first (half of `max` at most), then the next accounts of a walk over
+/// all of them in key order, within `deadline` and `max` accounts; each difference is
+/// recorded, and logged the first time it is seen.
 pub async fn run(
     pool: &PgPool,
     sources: &Sources,
@@ -580,6 +581,7 @@ pub async fn run(
     max: i64,
 ) -> anyhow::Result<AuditReport> {
     let mut conn = pool.acquire().await.context("audit: a connection")?;
+    let names: Vec<String> = sources.keys().cloned().collect();
     let started = sqlx::query_scalar!(r#"SELECT inbox_now() AS "now!""#)
         .fetch_one(exec(&mut *conn))
         .await?;
@@ -591,36 +593,65 @@ pub async fn run(
         Some(p) => (p.touched_since, p.after_source.zip(p.after_customer)),
         None => (None, None),
     };
-    let touched = sqlx::query!(
+    // Half of the run at most goes to the accounts taken first, so that the walk moves on
+    // however many accounts the traffic touches.
+    let first_max = max / 2;
+    // A recorded difference is checked again every run: the run counts it for as long as it
+    // lasts (the alarm stays raised), and its row goes in the first run that finds it gone.
+    let recorded = sqlx::query!(
         r#"
-        SELECT DISTINCT source AS "source!", customer_id AS "customer_id!" FROM account_log
-        WHERE $1::timestamptz IS NOT NULL AND logged_at >= $1 AND source = ANY($2)
-        LIMIT $3
+        SELECT DISTINCT source, customer_id FROM audit_divergences
+        WHERE source = ANY($1) ORDER BY source, customer_id LIMIT $2
         "#,
-        since,
-        &sources.keys().cloned().collect::<Vec<_>>(),
-        max,
+        &names,
+        first_max,
     )
     .fetch_all(exec(&mut *conn))
     .await?;
-    let mut accounts: Vec<(String, String)> = touched
+    let mut first: Vec<(String, String)> = recorded
         .into_iter()
         .map(|r| (r.source, r.customer_id))
         .collect();
-    let room = max - accounts.len() as i64;
+    // A log line is stamped with its transaction's start, which may come before the last
+    // run's start and commit after its snapshot: a minute's overlap (the worker's timeout
+    // bounds its transaction) takes those accounts too. The oldest lines first, 20 per
+    // account wanted at most, so that the plan reads the log by time whatever its size.
+    let touched = sqlx::query!(
+        r#"
+        SELECT source AS "source!", customer_id AS "customer_id!"
+        FROM (SELECT source, customer_id FROM account_log
+              WHERE logged_at >= $1::timestamptz - interval '1 minute' AND source = ANY($2)
+              ORDER BY logged_at LIMIT $3::bigint * 20) AS recent
+        GROUP BY source, customer_id
+        LIMIT $3
+        "#,
+        since,
+        &names,
+        (first_max - first.len() as i64).max(0),
+    )
+    .fetch_all(exec(&mut *conn))
+    .await?;
+    for r in touched {
+        let account = (r.source, r.customer_id);
+        if !first.contains(&account) {
+            first.push(account);
+        }
+    }
+    let room = (max - first.len() as i64).max(0);
     let (after_source, after_customer) = after.clone().unzip();
+    // From the walk's place on, as an index range ('' before every name: the start).
     let walk = sqlx::query!(
         r#"
         SELECT source, customer_id FROM accounts
         WHERE source = ANY($1)
-          AND ($2::text IS NULL OR (source, customer_id) > ($2, $3::text))
+          AND (source, customer_id) > (COALESCE($2::text, ''), COALESCE($3::text, ''))
         ORDER BY source, customer_id
         LIMIT $4
         "#,
-        &sources.keys().cloned().collect::<Vec<_>>(),
+        &names,
         after_source,
         after_customer,
-        room.max(0),
+        room,
     )
     .fetch_all(exec(&mut *conn))
     .await?;
@@ -630,32 +661,28 @@ pub async fn run(
         wrapped: room > 0 && (walk.len() as i64) < room,
         ..AuditReport::default()
     };
+    let walk: Vec<(String, String)> = walk
+        .into_iter()
+        .map(|r| (r.source, r.customer_id))
+        .collect();
+    // The walk's place moves only past the accounts it took in this run, so that the
+    // deadline leaves the rest for the next.
     let mut last = after;
-    for r in walk {
-        last = Some((r.source.clone(), r.customer_id.clone()));
-        if !accounts.contains(&(r.source.clone(), r.customer_id.clone())) {
-            accounts.push((r.source, r.customer_id));
-        }
-    }
-    for (source, customer) in &accounts {
+    let mut done: BTreeSet<&(String, String)> = BTreeSet::new();
+    let queue = first
+        .iter()
+        .map(|a| (a, false))
+        .chain(walk.iter().map(|a| (a, true)));
+    for (account, walked) in queue {
         if Instant::now() >= deadline {
             report.wrapped = false;
             break;
         }
-        let Ok(id) = CustomerId::parse(customer) else {
-            continue;
-        };
-        match audit_account(&mut conn, sources, catalog, (source, &id)).await {
-            Ok(Audited::Checked(found)) => {
-                report.checked += 1;
-                report.new += record(&mut conn, source, customer, &found).await?;
-                report.divergent.extend(found);
-            }
-            Ok(Audited::Skipped(_)) => report.skipped += 1,
-            Err(e) => {
-                tracing::warn!(source, error = %e, "an account's audit failed; the run goes on");
-                report.skipped += 1;
-            }
+        if done.insert(account) {
+            audit_one(&mut conn, sources, catalog, account, &mut report).await?;
+        }
+        if walked {
+            last = Some(account.clone());
         }
     }
     let (after_source, after_customer) = match report.wrapped {
@@ -677,6 +704,34 @@ pub async fn run(
     .execute(exec(&mut *conn))
     .await?;
     Ok(report)
+}
+
+/// Audits one account of the scheduler's run into `report`: a failure is logged and counted
+/// as skipped, and the run goes on.
+async fn audit_one(
+    conn: &mut PgConnection,
+    sources: &Sources,
+    catalog: &Catalog,
+    (source, customer): &(String, String),
+    report: &mut AuditReport,
+) -> anyhow::Result<()> {
+    let Ok(id) = CustomerId::parse(customer) else {
+        report.skipped += 1;
+        return Ok(());
+    };
+    match audit_account(conn, sources, catalog, (source, &id)).await {
+        Ok(Audited::Checked(found)) => {
+            report.checked += 1;
+            report.new += record(conn, source, customer, &found).await?;
+            report.divergent.extend(found);
+        }
+        Ok(Audited::Skipped(_)) => report.skipped += 1,
+        Err(e) => {
+            tracing::warn!(source, error = %e, "an account's audit failed; the run goes on");
+            report.skipped += 1;
+        }
+    }
+    Ok(())
 }
 
 /// Records an account's differences: a new one (or one whose values changed) is logged once,
@@ -729,7 +784,7 @@ async fn record(
     Ok(new.len() as u64)
 }
 
-/// `inboxctl audit`: every account (or those of one customer), within `deadline`.
+/// `inboxctl audit`: every account (or those of one customer), `limit` accounts at most.
 pub async fn audit_all(
     pool: &PgPool,
     sources: &Sources,

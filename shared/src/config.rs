@@ -584,6 +584,8 @@ pub struct SchedulerConfig {
     pub database: crate::database::DatabaseConfig,
     pub queue_url: String,
     pub sources: Vec<SourceConfig>,
+    /// The plan catalog the audit folds accounts with.
+    pub catalog: Catalog,
     pub retention: Duration,
     /// Effects on: the scheduler rescues pending effects and reports dead ones.
     pub effects: Option<EffectsConfig>,
@@ -595,6 +597,7 @@ impl FromEnv for SchedulerConfig {
             database: env.database()?,
             queue_url: env.required("QUEUE_URL")?,
             sources: env.sources()?,
+            catalog: env.plans()?,
             retention: env.retention()?,
             effects: env.effects()?,
         })
@@ -966,6 +969,9 @@ mod tests {
             ("INBOX_SOURCES", SOURCES),
         ];
         let missing = WorkerConfig::from_lookup(lookup(&base)).unwrap_err();
+        assert_eq!(missing.to_string(), "INBOX_PLANS: is not set");
+        // The scheduler's audit folds accounts with the catalog, as the worker applies them.
+        let missing = SchedulerConfig::from_lookup(lookup(&base)).unwrap_err();
         assert_eq!(missing.to_string(), "INBOX_PLANS: is not set");
         let mut vars = base.to_vec();
         vars.push((

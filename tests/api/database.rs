@@ -393,6 +393,7 @@ async fn a_scheduler_whose_password_was_rotated_connects_on_its_next_run(pool: P
         "DATABASE_SECRET_ID" => Some(id.clone()),
         "QUEUE_URL" => Some(app.queue_url.clone()),
         "INBOX_SOURCES" => Some(sources.clone()),
+        "INBOX_PLANS" => Some(PLANS.to_owned()),
         _ => None,
     })
     .unwrap();

@@ -284,6 +284,14 @@ pub fn audit_sources(worker: &WorkerState) -> shared::audit::Sources {
         .collect()
 }
 
+/// The audit a test scheduler runs: the test sources and catalog, the production bound.
+pub fn test_audit() -> shared::handlers::scheduler::Audit {
+    shared::handlers::scheduler::Audit::new(
+        shared::audit::sources_of(&test_sources("http://127.0.0.1:9/unused")),
+        shared::billing::Catalog::parse(PLANS).unwrap(),
+    )
+}
+
 /// A worker on `pool` with the test sources and catalog, retrying at once (no waits) so
 /// tests can drive retries without sleeping.
 pub fn test_worker(pool: PgPool) -> WorkerState {

@@ -3,6 +3,7 @@
 //! Each test gets its own database (`#[sqlx::test]`) and its own queue.
 
 mod app_api;
+mod audit;
 mod bridge;
 mod cli;
 mod corpus;

@@ -153,6 +153,7 @@ async fn pipeline(direct: PgPool, bouncer: PgPool) -> (usize, usize, Option<i64>
         effects: None,
         budget: Duration::from_secs(30),
         database: None,
+        audit: Some(test_audit()),
     })
     .await;
 

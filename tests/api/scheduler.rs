@@ -28,6 +28,7 @@ pub(crate) fn scheduler_for(app: &TestApp, reconcilers: Vec<Reconciler>) -> Sche
         effects: None,
         budget: Duration::from_secs(30),
         database: None,
+        audit: Some(test_audit()),
     }
 }
 

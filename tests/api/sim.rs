@@ -733,6 +733,7 @@ impl World {
             effects: None,
             budget: Duration::from_secs(30),
             database: None,
+            audit: None,
         };
         let scheduler = scheduler_with(&feed);
         let other_scheduler = scheduler_with(&feed);
@@ -1295,14 +1296,15 @@ impl World {
         let mut folds = HashMap::new();
         for (source, customer, period, amount, key) in &accepted {
             let id = shared::domain::CustomerId::parse(customer).unwrap();
-            if !folds.contains_key(&(source, customer)) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = folds.entry((source, customer))
+            {
                 let cut = shared::audit::Cut::default();
                 let account = (source.as_str(), &id);
                 let catalog = &self.worker.catalog;
                 let fold = shared::audit::fold_account(&mut conn, sources, catalog, account, cut)
                     .await
                     .map_err(|e| self.fail(format!("folding {source}/{customer}: {e}")))?;
-                folds.insert((source, customer), fold);
+                slot.insert(fold);
             }
             let fold = &folds[&(source, customer)];
             let month = shared::domain::Period::parse(period).unwrap();

@@ -1,7 +1,8 @@
 //! The scheduler function's handler: one scheduled run — rescue what the queue lost, report
-//! what died, reconcile with the providers, purge what is done, measure the backlog — and its
-//! metrics as one CloudWatch EMF line. Every step is bounded in rows and time, safe to run
-//! twice at once, and fails alone: one step's error is reported, the others still run.
+//! what died, reconcile with the providers, purge what is done, measure the backlog, audit a
+//! sample of accounts against the fold of their events — and its metrics as one CloudWatch
+//! EMF line. Every step is bounded in rows and time, safe to run twice at once, and fails
+//! alone: one step's error is reported, the others still run.
 
 use std::time::{Duration, Instant};
 
@@ -11,6 +12,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
+use crate::audit::{self, Divergence};
+use crate::billing::Catalog;
 use crate::config::SchedulerConfig;
 use crate::effects::outbox::{self, EffectAlerts};
 use crate::inbox::alerts::{collect_alerts, Alerts};
@@ -34,6 +37,26 @@ pub struct SchedulerState {
     /// Where the pool's options come from, when it is a secret that a rotation changes
     /// (`None`: fixed options).
     pub database: Option<std::sync::Arc<crate::database::Database>>,
+    /// What the run's audit folds with (`None`: no audit).
+    pub audit: Option<Audit>,
+}
+
+/// The sources and catalog the audit folds accounts with (docs/design.md §4.11), and how
+/// many accounts a run takes at most.
+pub struct Audit {
+    pub sources: audit::Sources,
+    pub catalog: Catalog,
+    pub max: i64,
+}
+
+impl Audit {
+    pub fn new(sources: audit::Sources, catalog: Catalog) -> Self {
+        Self {
+            sources,
+            catalog,
+            max: audit::MAX_AUDITED_PER_RUN,
+        }
+    }
 }
 
 impl SchedulerState {
@@ -64,6 +87,10 @@ impl SchedulerState {
             },
             budget: Duration::from_secs(50),
             database: Some(database),
+            audit: Some(Audit::new(
+                audit::sources_of(&config.sources),
+                config.catalog.clone(),
+            )),
         })
     }
 }
@@ -82,9 +109,21 @@ pub struct RunReport {
     pub effect_alerts: EffectAlerts,
     /// Each configured source's silence (hours since its newest stored event).
     pub silence: Vec<SourceSilence>,
+    /// Accounts the audit compared with the fold of their events, and those it left for a
+    /// later run (events in flight, too many events).
+    pub audited: u64,
+    pub audit_skipped: u64,
+    /// Fields the audit found differing from the fold, and of them those first seen now.
+    pub divergent: u64,
+    pub new_divergent: u64,
+    /// The first of those fields (all are in `audit_divergences`).
+    pub divergences: Vec<Divergence>,
     /// Steps that failed, with their error; the others ran.
     pub errors: Vec<String>,
 }
+
+/// Differences the run's report names at most.
+const MAX_REPORTED_DIVERGENCES: usize = 20;
 
 /// One scheduled run.
 #[tracing::instrument(skip_all)]
@@ -150,6 +189,31 @@ pub async fn run(state: &SchedulerState) -> RunReport {
         Ok(s) => report.silence = s,
         Err(e) => report.errors.push(format!("silence: {e:#}")),
     }
+    // The audit comes last and takes what is left of the budget, a quarter of it at most: it
+    // is a check on the work, not the work, and a run that spent its time catching up should
+    // leave the next tick on time rather than audit; the accounts it leaves wait their turn.
+    if let Some(config) = &state.audit {
+        let until = deadline.min(Instant::now() + state.budget / 4);
+        match audit::run(
+            &state.pool,
+            &config.sources,
+            &config.catalog,
+            until,
+            config.max,
+        )
+        .await
+        {
+            Ok(found) => {
+                report.audited = found.checked;
+                report.audit_skipped = found.skipped;
+                report.divergent = found.divergent.len() as u64;
+                report.new_divergent = found.new;
+                report.divergences = found.divergent;
+                report.divergences.truncate(MAX_REPORTED_DIVERGENCES);
+            }
+            Err(e) => report.errors.push(format!("audit: {e:#}")),
+        }
+    }
     for error in &report.errors {
         tracing::error!(error = %error, "scheduler step failed");
     }
@@ -188,8 +252,11 @@ pub fn silence_metric(silence: &SourceSilence, now: DateTime<Utc>) -> Option<Val
 /// effects pending for more than 15 minutes; `ConflictEvents`, `UnprocessableEvents` and
 /// `ReconcileDiscrepancies` count what this run found new; `ReconcileFailedReads` the
 /// customers whose read failed this run and `ReconcileSkippedCustomers` those not read for
-/// failing too many runs in a row; `StepErrors` counts the steps that failed in this run
-/// (their numbers are then missing or zero).
+/// failing too many runs in a row; `StateDivergence` counts the fields the audit found
+/// differing from the fold this run (a recorded difference is checked again every run, so it
+/// counts for as long as it lasts) and `AccountsAudited` the accounts it compared;
+/// `StepErrors` counts the steps that failed in this run (their numbers are then missing or
+/// zero).
 pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
     let status = |s: &str| report.backlog.by_status.get(s).copied().unwrap_or(0);
     let discrepancies: i64 = report
@@ -219,7 +286,7 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
     let failed_reads: usize = report.reconciliation.iter().map(|r| r.failed.len()).sum();
     let skipped: usize = report.reconciliation.iter().map(|r| r.skipped.len()).sum();
     let effects = &report.effect_alerts;
-    let metrics: [(&str, f64, &str); 19] = [
+    let metrics: [(&str, f64, &str); 21] = [
         ("StepErrors", step_errors as f64, "Count"),
         ("DeadEvents", status("dead") as f64, "Count"),
         (
@@ -255,6 +322,8 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
             report.rescued_effects.len() as f64,
             "Count",
         ),
+        ("StateDivergence", report.divergent as f64, "Count"),
+        ("AccountsAudited", report.audited as f64, "Count"),
     ];
     let names: Vec<(&str, &str)> = metrics
         .iter()

@@ -1,0 +1,191 @@
+//! The scheduler's audit: registers compared with the fold of their accounts' events, a
+//! difference reported every run while it lasts and recorded once, the walk over all accounts.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use serde_json::{json, Value};
+use shared::audit;
+use shared::handlers::scheduler::{self, RunReport};
+use sqlx::PgPool;
+
+use crate::helpers::*;
+use crate::scheduler::{exec, scheduler_for};
+
+/// One account per provider, each from a real signed delivery, applied by the worker.
+async fn three_accounts(app: &TestApp) {
+    let now = Utc::now().timestamp();
+    let (status, _) = app
+        .post(
+            "stripe",
+            &stripe_delivery(&stripe_event("evt_aud", "cus_aud", now)),
+        )
+        .await;
+    assert_eq!(status, http::StatusCode::OK);
+    let polar = json!({
+        "type": "subscription.active",
+        "timestamp": "2026-03-01T00:00:00Z",
+        "data": {"id": "sub_paud", "customer_id": "pc_aud", "status": "active",
+                 "product_id": "prod_pro", "modified_at": "2026-03-01T00:00:00Z"}
+    });
+    let (status, _) = app.post("polar", &polar_delivery("msg_aud", &polar)).await;
+    assert_eq!(status, http::StatusCode::OK);
+    let kinde = json!({
+        "type": "customer.plan_assigned", "event_id": "ev_aud",
+        "event_timestamp": "2026-03-01T00:00:00Z", "source": "api",
+        "data": {"customer_id": "kc_aud", "plan": {"key": "pro", "name": "pro"}}
+    });
+    let (status, _) = app.post("kinde", &kinde_delivery("wh_aud", &kinde)).await;
+    assert_eq!(status, http::StatusCode::OK);
+    assert_eq!(app.run_worker().await, 3);
+}
+
+fn metric(report: &RunReport, name: &str) -> f64 {
+    let line: Value = scheduler::emf(report, Utc::now());
+    line[name]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{name} in {line}"))
+}
+
+fn fields(report: &RunReport) -> Vec<String> {
+    report.divergences.iter().map(|d| d.field.clone()).collect()
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_register_moved_by_hand_is_reported_every_run_recorded_once_and_gone_once_put_back(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    three_accounts(&app).await;
+    let scheduler = scheduler_for(&app, vec![]);
+
+    let clean = scheduler::run(&scheduler).await;
+    assert!(clean.errors.is_empty(), "{:?}", clean.errors);
+    assert_eq!((clean.audited, clean.divergent), (3, 0), "{clean:?}");
+    assert_eq!(metric(&clean, "StateDivergence"), 0.0);
+    assert_eq!(metric(&clean, "AccountsAudited"), 3.0);
+
+    exec(
+        &app,
+        "UPDATE subscriptions SET status = 'canceled' WHERE source = 'stripe' AND customer_id = 'cus_aud'",
+    )
+    .await;
+    let mut new = Vec::new();
+    for _ in 0..2 {
+        let report = scheduler::run(&scheduler).await;
+        assert!(report.errors.is_empty(), "{:?}", report.errors);
+        assert_eq!(fields(&report), ["subscription:sub_1:status"]);
+        let d = &report.divergences[0];
+        assert_eq!(
+            (d.source.as_str(), d.customer_id.as_str()),
+            ("stripe", "cus_aud")
+        );
+        assert_eq!(
+            (&d.stored, &d.folded),
+            (&json!("canceled"), &json!("active"))
+        );
+        assert!(metric(&report, "StateDivergence") >= 1.0);
+        assert_eq!(app.count("SELECT count(*) FROM audit_divergences").await, 1);
+        new.push(report.new_divergent);
+    }
+    // Logged the first time only.
+    assert_eq!(new, [1, 0]);
+
+    exec(
+        &app,
+        "UPDATE subscriptions SET status = 'active' WHERE source = 'stripe' AND customer_id = 'cus_aud'",
+    )
+    .await;
+    let back = scheduler::run(&scheduler).await;
+    assert_eq!((back.audited, back.divergent), (3, 0), "{back:?}");
+    assert_eq!(metric(&back, "StateDivergence"), 0.0);
+    assert_eq!(app.count("SELECT count(*) FROM audit_divergences").await, 0);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_ledger_entry_moved_by_hand_is_a_difference_of_the_period_allowance(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    three_accounts(&app).await;
+    exec(
+        &app,
+        "UPDATE ledger SET delta = delta + 1 WHERE source = 'kinde' AND customer_id = 'kc_aud'",
+    )
+    .await;
+    let report = scheduler::run(&scheduler_for(&app, vec![])).await;
+    assert_eq!(fields(&report), ["allowance:2026-03"], "{report:?}");
+    assert_eq!(report.divergences[0].customer_id, "kc_aud");
+    assert_eq!(report.new_divergent, 1);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_walk_audits_every_account_a_few_at_a_time_and_wraps(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    three_accounts(&app).await;
+    let config = test_audit();
+    let far = || Instant::now() + Duration::from_secs(60);
+    let mut seen = std::collections::BTreeSet::new();
+    let mut wrapped_at = None;
+    for n in 1..=4 {
+        let report = audit::run(&app.pool, &config.sources, &config.catalog, far(), 1)
+            .await
+            .unwrap();
+        assert!(report.checked <= 1, "run {n}: {report:?}");
+        let position: (Option<String>, Option<String>) =
+            sqlx::query_as("SELECT after_source, after_customer FROM audit_position")
+                .fetch_one(&app.pool)
+                .await
+                .unwrap();
+        if let (Some(source), Some(customer)) = position.clone() {
+            seen.insert((source, customer));
+        }
+        if report.wrapped {
+            assert_eq!(position, (None, None), "a wrapped walk starts again");
+            wrapped_at.get_or_insert(n);
+        }
+    }
+    let all: std::collections::BTreeSet<(String, String)> =
+        sqlx::query_as("SELECT source, customer_id FROM accounts")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    assert_eq!(all.len(), 3);
+    assert_eq!(seen, all, "every account is walked");
+    assert_eq!(wrapped_at, Some(4), "three runs of one, then the end");
+    // And again from the start.
+    audit::run(&app.pool, &config.sources, &config.catalog, far(), 1)
+        .await
+        .unwrap();
+    let after: Option<String> = sqlx::query_scalar("SELECT after_customer FROM audit_position")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(after.as_deref(), all.iter().next().map(|a| a.1.as_str()));
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_account_with_an_event_still_received_is_skipped_not_reported(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    three_accounts(&app).await;
+    // A register moved, and the account's next event stored but not applied yet: until it
+    // is, the registers are not what its finished events give, and that is no difference.
+    exec(
+        &app,
+        "UPDATE subscriptions SET status = 'past_due' WHERE source = 'stripe' AND customer_id = 'cus_aud'",
+    )
+    .await;
+    let later = Utc::now().timestamp() + 1;
+    app.post(
+        "stripe",
+        &stripe_delivery(&stripe_event("evt_aud_next", "cus_aud", later)),
+    )
+    .await;
+    app.drain_queue().await;
+
+    let report = scheduler::run(&scheduler_for(&app, vec![])).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!((report.audited, report.audit_skipped), (2, 1), "{report:?}");
+    assert_eq!(report.divergent, 0);
+    assert_eq!(app.count("SELECT count(*) FROM audit_divergences").await, 0);
+}
