@@ -307,9 +307,11 @@ pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
                 .await
             {
                 Ok(report) => eprintln!(
-                    "scheduler: rescued {}, purged {}, errors {}",
+                    "scheduler: rescued {}, purged {}, audited {}, divergent {}, errors {}",
                     report["rescued"].as_array().map_or(0, Vec::len),
                     report["purged"],
+                    report["audited"],
+                    report["divergent"],
                     report["errors"].as_array().map_or(0, Vec::len)
                 ),
                 Err(e) => eprintln!("scheduler: {e:#}"),
