@@ -139,14 +139,15 @@ fn via_of(event: &KeptEvent) -> Via {
 }
 
 /// Reads and folds the account's kept events; `stored` is the account's registers as read
-/// in the same snapshot (they name events the account does not own).
+/// in the same snapshot (they name events the account does not own). `with_purged`: also
+/// count what the purge took of the account's log.
 async fn fold_with(
     conn: &mut PgConnection,
     sources: &Sources,
     catalog: &Catalog,
     (source, customer): (&str, &CustomerId),
     stored: Option<&Stored>,
-    cut: Cut,
+    (cut, with_purged): (Cut, bool),
 ) -> Result<AccountFold, FoldError> {
     let config = *sources
         .get(source)
@@ -222,7 +223,12 @@ async fn fold_with(
         folded,
         events: refs,
         cut_out,
-        purged: kept::purged(conn, source, customer).await?,
+        // What the purge took says how far back an answer is whole; the audit, which compares
+        // only what is kept, does not ask.
+        purged: match with_purged {
+            true => kept::purged(conn, source, customer).await?,
+            false => Purged::default(),
+        },
         pending: kept::pending(conn, source, customer).await?,
         kept_ids,
     })
@@ -239,7 +245,15 @@ pub async fn fold_account(
 ) -> Result<AccountFold, FoldError> {
     let mut tx = snapshot(conn).await?;
     let stored = registers::of_account(&mut tx, account.0, account.1).await?;
-    let folded = fold_with(&mut tx, sources, catalog, account, stored.as_ref(), cut).await?;
+    let folded = fold_with(
+        &mut tx,
+        sources,
+        catalog,
+        account,
+        stored.as_ref(),
+        (cut, true),
+    )
+    .await?;
     tx.commit().await?;
     Ok(folded)
 }
@@ -345,7 +359,7 @@ pub async fn why(
         catalog,
         (source, customer),
         stored.as_ref(),
-        cut,
+        (cut, true),
     )
     .await?;
     let used = used_by_period(&mut tx, source, customer).await?;
@@ -516,23 +530,23 @@ pub async fn audit_account(
         tx.commit().await?;
         return Ok(Audited::Checked(Vec::new()));
     };
-    if !kept::pending(&mut tx, source, customer).await?.is_empty() {
-        tx.commit().await?;
-        return Ok(Audited::Skipped("events in flight"));
-    }
     let account = match fold_with(
         &mut tx,
         sources,
         catalog,
         (source, customer),
         Some(&stored),
-        Cut::default(),
+        (Cut::default(), false),
     )
     .await
     {
         Err(FoldError::TooLarge) => return Ok(Audited::Skipped("too many events")),
         other => other?,
     };
+    if !account.pending.is_empty() {
+        tx.commit().await?;
+        return Ok(Audited::Skipped("events in flight"));
+    }
     let used = used_by_period(&mut tx, source, customer).await?;
     tx.commit().await?;
     let mut found = compare(&stored, &account);
