@@ -525,16 +525,15 @@ async fn settle(
         // there was one.
         return (ties_read, settled);
     };
-    let mut linked = Vec::new();
     let at = Stamp::of(ctx, Rank(0)).at;
-    for effect in effects.iter_mut() {
+    for effect in effects.iter() {
         match effect {
             Effect::Subscription {
                 id,
                 status,
                 plan,
                 ends,
-                rank,
+                rank: _,
             } => {
                 let tie = registers
                     .subscriptions
@@ -546,7 +545,7 @@ async fn settle(
                 };
                 let (tie_id, tie_status) = (tie.event_id, &tie.value.status);
                 let plan_key = plan.as_ref().map(|p| p.key.as_str());
-                let this = (status.as_str(), plan_key, &*ends);
+                let this = (status.as_str(), plan_key, ends);
                 let tied = (
                     tie_status.as_str(),
                     tie.value.plan_key.as_deref(),
@@ -562,13 +561,12 @@ async fn settle(
                 notes.push(match reads.subscription(ctx.customer, id).await {
                     Ok(Some(now)) if now.settles(this, tied) == Shown::This => {
                         // the read's time: a state confirmed later outranks one confirmed earlier
-                        *rank = Rank::confirmed(chrono::Utc::now());
+                        let rank = Rank::confirmed(chrono::Utc::now());
                         settled.ranks.insert(id.clone(), rank.0);
                         format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {}", state(status, ends))
                     }
                     Ok(Some(now)) if now.settles(this, tied) == Shown::Tie => {
-                        *rank = Rank::REFUTED;
-                        settled.ranks.insert(id.clone(), rank.0);
+                        settled.ranks.insert(id.clone(), Rank::REFUTED.0);
                         format!("same-second tie with event {tie_id} resolved by a provider read: {id} is {}", state(tie_status, &tie.value.ends))
                     }
                     Ok(Some(now)) => format!(
@@ -596,13 +594,7 @@ async fn settle(
                         notes.push(format!(
                             "{payment_intent} linked to {invoice} by a provider read"
                         ));
-                        settled
-                            .links
-                            .push((payment_intent.clone(), invoice.clone()));
-                        linked.push(Effect::PaymentIntent {
-                            payment_intent: payment_intent.clone(),
-                            invoice,
-                        });
+                        settled.links.push((payment_intent.clone(), invoice));
                     }
                     Ok(None) => {
                         notes.push(format!("the provider links {payment_intent} to no invoice"))
@@ -615,10 +607,10 @@ async fn settle(
             _ => {}
         }
     }
-    // A link read from the provider is written before the refund, which then finds it.
-    for (i, link) in linked.into_iter().enumerate() {
-        effects.insert(i, link);
-    }
+    // The effects as the reads settled them, by the one rule the fold repeats them with: each
+    // settled rank in place of the status's, and a link read from the provider written before
+    // the refund, which then finds it.
+    settled.apply_to(effects);
     (ties_read, settled)
 }
 

@@ -369,7 +369,7 @@ pub async fn why(
     }
     let whole = cut.at.is_none() && cut.received_before.is_none();
     let differences: BTreeMap<String, Value> = match (&stored, whole) {
-        (Some(stored), true) => compare(stored, &account)
+        (Some(stored), true) => compare(stored, &account, &used, (source, customer))
             .into_iter()
             .map(|d| (d.field, d.stored))
             .collect(),
@@ -387,6 +387,19 @@ pub async fn why(
             beaten: e.beaten,
         })
         .collect();
+    if whole {
+        // A period's `used` is the sum of its accepted debits, as the audit compares it.
+        for (period, (_, debited)) in &used {
+            let field = format!("used:{period}");
+            fields.push(WhyField {
+                stored: differences.get(&field).cloned(),
+                field,
+                value: json!(debited),
+                decided_by: None,
+                beaten: Vec::new(),
+            });
+        }
+    }
     // A register the fold does not give at all (written by hand, or by a purged event).
     for (field, value) in &differences {
         if !fields.iter().any(|f| &f.field == field) {
@@ -399,24 +412,7 @@ pub async fn why(
             });
         }
     }
-    let mut divergent: Vec<String> = differences.into_keys().collect();
-    if whole {
-        // A period's `used` is the sum of its accepted debits, as the audit compares it.
-        for (period, (used, debited)) in &used {
-            let field = format!("used:{period}");
-            let stored = (used != debited).then(|| json!(used));
-            if stored.is_some() {
-                divergent.push(field.clone());
-            }
-            fields.push(WhyField {
-                field,
-                value: json!(debited),
-                decided_by: None,
-                beaten: Vec::new(),
-                stored,
-            });
-        }
-    }
+    let divergent: Vec<String> = differences.into_keys().collect();
     Ok(Some(Why {
         source: source.to_owned(),
         customer_id: customer.as_str().to_owned(),
@@ -440,10 +436,16 @@ pub struct Divergence {
     pub folded: Value,
 }
 
-/// The fields where the registers differ from the fold, among those the fold can speak for:
-/// a register whose holder the purge took (it was stored before the purge kept holders) is
-/// left out, and so is a period whose grants it took.
-fn compare(stored: &Stored, account: &AccountFold) -> Vec<Divergence> {
+/// The fields where the registers differ from the fold, among those the fold can speak for
+/// (a register whose holder the purge took, stored before the purge kept holders, is left
+/// out, and so is a period whose grants it took), and the periods whose `used` is not the
+/// sum of their accepted debits.
+fn compare(
+    stored: &Stored,
+    account: &AccountFold,
+    used: &BTreeMap<String, (i64, i64)>,
+    (source, customer): (&str, &CustomerId),
+) -> Vec<Divergence> {
     let (registers, ledger) = stored;
     let here = fields_of(registers, ledger);
     let there = account.folded.fields();
@@ -470,11 +472,22 @@ fn compare(stored: &Stored, account: &AccountFold) -> Vec<Divergence> {
             |v: Option<&(Value, Option<i64>)>| v.map(|v| v.0.clone()).unwrap_or(Value::Null);
         if value(stored) != value(folded) {
             out.push(Divergence {
-                source: String::new(),
-                customer_id: String::new(),
+                source: source.to_owned(),
+                customer_id: customer.as_str().to_owned(),
                 field: field.clone(),
                 stored: value(stored),
                 folded: value(folded),
+            });
+        }
+    }
+    for (period, (used, debited)) in used {
+        if used != debited {
+            out.push(Divergence {
+                source: source.to_owned(),
+                customer_id: customer.as_str().to_owned(),
+                field: format!("used:{period}"),
+                stored: json!(used),
+                folded: json!(debited),
             });
         }
     }
@@ -549,23 +562,12 @@ pub async fn audit_account(
     }
     let used = used_by_period(&mut tx, source, customer).await?;
     tx.commit().await?;
-    let mut found = compare(&stored, &account);
-    for (period, (used, debited)) in used {
-        if used != debited {
-            found.push(Divergence {
-                source: String::new(),
-                customer_id: String::new(),
-                field: format!("used:{period}"),
-                stored: json!(used),
-                folded: json!(debited),
-            });
-        }
-    }
-    for d in &mut found {
-        d.source = source.to_owned();
-        d.customer_id = customer.as_str().to_owned();
-    }
-    Ok(Audited::Checked(found))
+    Ok(Audited::Checked(compare(
+        &stored,
+        &account,
+        &used,
+        (source, customer),
+    )))
 }
 
 /// What one audit run did.

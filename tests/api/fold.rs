@@ -225,7 +225,7 @@ async fn an_account_purged_down_to_what_its_registers_name_still_folds_to_them(p
     )
     .await
     .unwrap();
-    // m3 (a copy's older twin), m2, m4, m6 lost their registers; m1 and m3 granted January.
+    // The events that lost their register and granted nothing go.
     assert!(purged > 0);
     let audit = app.audit().await;
     assert_eq!((audit.checked, audit.divergent.len()), (1, 0), "{audit:?}");
