@@ -91,8 +91,6 @@ pub enum FoldError {
 pub struct AccountFold {
     pub folded: Folded,
     pub events: BTreeMap<i64, EventRef>,
-    /// Kept events the cut left out.
-    pub cut_out: usize,
     pub purged: Purged,
     /// The account's events not finished yet.
     pub pending: Vec<i64>,
@@ -163,7 +161,6 @@ async fn fold_with(
     let provider = providers::provider(config.kind);
     let mut events = Vec::with_capacity(rows.len());
     let mut refs = BTreeMap::new();
-    let mut cut_out = 0;
     for row in &rows {
         let Some(payload) = &row.payload else {
             continue;
@@ -176,7 +173,6 @@ async fn fold_with(
         let beyond = cut.at.is_some_and(|t| at > t)
             || cut.received_before.is_some_and(|t| row.received_at >= t);
         if beyond {
-            cut_out += 1;
             continue;
         }
         let decision = providers::decide(
@@ -193,14 +189,13 @@ async fn fold_with(
             .and_then(|s| serde_json::from_value(s).ok())
             .unwrap_or_default();
         let shown = shown_read(config.kind, row, &decision, &by_key, catalog, cut);
-        let via = via_of(row);
         refs.insert(
             row.id,
             EventRef {
                 event_id: row.id,
                 event_type: row.event_type.clone(),
                 occurred_at: at,
-                via,
+                via: via_of(row),
                 replayed: row.replays > 0,
             },
         );
@@ -209,9 +204,6 @@ async fn fold_with(
             key: row.dedupe_key.clone(),
             event_type: row.event_type.clone(),
             at: row.occurred_at,
-            received_at: row.received_at,
-            via,
-            replayed: row.replays > 0,
             decision,
             excluded,
             settled,
@@ -222,7 +214,6 @@ async fn fold_with(
     Ok(AccountFold {
         folded,
         events: refs,
-        cut_out,
         // What the purge took says how far back an answer is whole; the audit, which compares
         // only what is kept, does not ask.
         purged: match with_purged {

@@ -41,9 +41,6 @@ pub struct FoldEvent {
     pub key: DedupeKey,
     pub event_type: String,
     pub at: ProviderTime,
-    pub received_at: DateTime<Utc>,
-    pub via: Via,
-    pub replayed: bool,
     /// Its provider's decision, from the event alone.
     pub decision: Decision,
     /// Why the source takes none of it (a Stripe event of the other mode), when it does not.
@@ -642,9 +639,6 @@ mod tests {
             key: DedupeKey::parse(key).unwrap(),
             event_type: "customer.subscription.updated".into(),
             at: ProviderTime::from_unix_secs(secs).unwrap(),
-            received_at: Utc::now(),
-            via: Via::Webhook,
-            replayed: false,
             decision: Decision::Apply {
                 effects: vec![effect],
                 notes: Vec::new(),
