@@ -189,3 +189,185 @@ async fn an_account_with_an_event_still_received_is_skipped_not_reported(pool: P
     assert_eq!(report.divergent, 0);
     assert_eq!(app.count("SELECT count(*) FROM audit_divergences").await, 0);
 }
+
+/// Every value a register holds that the app API or `inboxctl account` shows, moved by hand in
+/// SQL, is a difference the audit names (and once put back, none): a field the fold does not
+/// compare is a state the alarm never sees. `trial_end` and a plan's catalog name were such
+/// fields (issue 37); `used:{period}` is `why.rs`'s.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn every_register_field_the_api_shows_moved_by_hand_is_named_by_the_audit(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    // A Stripe subscription in trial whose cancellation is scheduled on a date, every end set.
+    let t = 1_772_323_200; // 2026-03-01T00:00:00Z
+    let subscription = json!({
+        "id": "evt_fields", "object": "event", "api_version": "2024-06-20", "created": t,
+        "livemode": false, "type": "customer.subscription.updated",
+        "data": {"object": {"id": "sub_fields", "object": "subscription", "customer": "cus_fields",
+            "status": "trialing", "current_period_end": t + 30 * 86_400,
+            "cancel_at_period_end": false, "cancel_at": t + 20 * 86_400,
+            "trial_end": t + 14 * 86_400, "ended_at": null,
+            "items": {"object": "list", "data": [{"price": {"id": "price_pro"}}]}}}
+    });
+    let (status, _) = app.post("stripe", &stripe_delivery(&subscription)).await;
+    assert_eq!(status, http::StatusCode::OK);
+    // A Kinde customer on pro, paid, then overdue.
+    let kinde = |event_type: &str, id: &str, at: &str, data: Value| {
+        let mut data = data;
+        data["customer_id"] = json!("kc_fields");
+        json!({"type": event_type, "event_id": id, "event_timestamp": at, "source": "api", "data": data})
+    };
+    for (webhook, claims) in [
+        (
+            "wh_f1",
+            kinde(
+                "customer.plan_assigned",
+                "ev_f1",
+                "2026-03-01T00:00:00Z",
+                json!({"plan": {"key": "pro"}}),
+            ),
+        ),
+        (
+            "wh_f2",
+            kinde(
+                "customer.payment_succeeded",
+                "ev_f2",
+                "2026-03-01T00:01:00Z",
+                json!({"payment_id": "pay_fields", "plan": {"key": "pro"}}),
+            ),
+        ),
+        (
+            "wh_f3",
+            kinde(
+                "customer.invoice_overdue",
+                "ev_f3",
+                "2026-03-02T00:00:00Z",
+                json!({}),
+            ),
+        ),
+    ] {
+        let (status, _) = app.post("kinde", &kinde_delivery(webhook, &claims)).await;
+        assert_eq!(status, http::StatusCode::OK);
+    }
+    assert_eq!(app.run_worker().await, 4);
+    assert_eq!(app.audit().await.divergent, []);
+
+    let stripe = "source = 'stripe' AND customer_id = 'cus_fields'";
+    let kinde = "source = 'kinde' AND customer_id = 'kc_fields'";
+    // (table, the change, the change undone, the field the audit names)
+    let moves = [
+        (
+            "subscriptions",
+            "status = 'past_due'",
+            "status = 'trialing'",
+            "subscription:sub_fields:status",
+        ),
+        (
+            "subscriptions",
+            "plan = 'team'",
+            "plan = 'pro'",
+            "subscription:sub_fields:plan",
+        ),
+        (
+            "subscriptions",
+            "plan_key = 'price_team'",
+            "plan_key = 'price_pro'",
+            "subscription:sub_fields:plan_key",
+        ),
+        (
+            "subscriptions",
+            "current_period_end = current_period_end + interval '1 day'",
+            "current_period_end = current_period_end - interval '1 day'",
+            "subscription:sub_fields:current_period_end",
+        ),
+        (
+            "subscriptions",
+            "cancel_at_period_end = true",
+            "cancel_at_period_end = false",
+            "subscription:sub_fields:cancel_at_period_end",
+        ),
+        (
+            "subscriptions",
+            "cancel_at = cancel_at + interval '1 day'",
+            "cancel_at = cancel_at - interval '1 day'",
+            "subscription:sub_fields:cancel_at",
+        ),
+        (
+            "subscriptions",
+            "trial_end = trial_end + interval '1 day'",
+            "trial_end = trial_end - interval '1 day'",
+            "subscription:sub_fields:trial_end",
+        ),
+        (
+            "subscriptions",
+            "ended_at = '2026-03-03T00:00:00Z'",
+            "ended_at = NULL",
+            "subscription:sub_fields:ended_at",
+        ),
+        (
+            "ledger",
+            "delta = delta + 1",
+            "delta = delta - 1",
+            "allowance:2026-03",
+        ),
+        (
+            "accounts",
+            "deleted_at = '2026-03-03T00:00:00Z'",
+            "deleted_at = NULL",
+            "deleted",
+        ),
+        (
+            "customer_plans",
+            "plan = 'team'",
+            "plan = 'pro'",
+            "customer_plan",
+        ),
+        (
+            "customer_plans",
+            "plan_key = 'team'",
+            "plan_key = 'pro'",
+            "customer_plan_key",
+        ),
+        (
+            "customer_standing",
+            "past_due = false",
+            "past_due = true",
+            "standing",
+        ),
+        (
+            "payments",
+            "status = 'failed'",
+            "status = 'paid'",
+            "payment:pay_fields:status",
+        ),
+    ];
+    for (table, change, undo, field) in moves {
+        let account = match table {
+            "customer_plans" | "customer_standing" | "payments" => kinde,
+            _ => stripe,
+        };
+        exec(
+            &app,
+            &format!("UPDATE {table} SET {change} WHERE {account}"),
+        )
+        .await;
+        let found: Vec<String> = app
+            .audit()
+            .await
+            .divergent
+            .iter()
+            .map(|d| format!("{}/{}", d.customer_id, d.field))
+            .collect();
+        let customer = if account == stripe {
+            "cus_fields"
+        } else {
+            "kc_fields"
+        };
+        assert_eq!(
+            found,
+            [format!("{customer}/{field}")],
+            "{table} SET {change}"
+        );
+        exec(&app, &format!("UPDATE {table} SET {undo} WHERE {account}")).await;
+        assert_eq!(app.audit().await.divergent, [], "{table} SET {undo}");
+    }
+}

@@ -255,19 +255,20 @@ fn time(at: Option<DateTime<Utc>>) -> Value {
 }
 
 /// The fields of an account's registers and ledger, each with the event its register holds:
-/// the names of `inboxctl why` and the audit (docs/design.md §5.5a). The derived plan is
-/// not among them (it follows from these); a period's allowance is its ledger's sum, which
-/// is its largest grant whatever order the grants came in.
+/// the names of `inboxctl why` and the audit (docs/design.md §5.5a). Every value a register
+/// holds that the app API or `inboxctl account` shows is one (a plan by the catalog's name as
+/// they show it, and by the provider's key it came as), so that the audit compares it. The
+/// derived plan is not among them (it follows from these); a period's allowance is its
+/// ledger's sum, which is its largest grant whatever order the grants came in.
 pub fn fields_of(
     registers: &Registers,
     ledger: &BTreeMap<String, Vec<LedgerEntry>>,
 ) -> BTreeMap<String, (Value, Option<i64>)> {
     let mut fields = BTreeMap::new();
     if let Some(held) = &registers.customer_plan {
-        fields.insert(
-            "customer_plan".to_owned(),
-            (json!(held.value.key), Some(held.event_id)),
-        );
+        let by = Some(held.event_id);
+        fields.insert("customer_plan".to_owned(), (json!(held.value.plan), by));
+        fields.insert("customer_plan_key".to_owned(), (json!(held.value.key), by));
     }
     if let Some(held) = &registers.standing {
         let standing = match held.value {
@@ -284,7 +285,8 @@ pub fn fields_of(
         let by = Some(held.event_id);
         let field = |name: &str| format!("subscription:{id}:{name}");
         fields.insert(field("status"), (json!(s.status), by));
-        fields.insert(field("plan"), (json!(s.plan_key), by));
+        fields.insert(field("plan"), (json!(s.plan), by));
+        fields.insert(field("plan_key"), (json!(s.plan_key), by));
         fields.insert(
             field("current_period_end"),
             (time(s.ends.current_period_end), by),
@@ -294,6 +296,7 @@ pub fn fields_of(
             (json!(s.ends.cancel_at_period_end), by),
         );
         fields.insert(field("cancel_at"), (time(s.ends.cancel_at), by));
+        fields.insert(field("trial_end"), (time(s.ends.trial_end), by));
         fields.insert(field("ended_at"), (time(s.ends.ended_at), by));
     }
     for (id, held) in &registers.payments {
@@ -364,7 +367,9 @@ impl Folded {
         let fields = self.fields();
         for (field, (value, by)) in fields {
             let beaten = match field.split(':').collect::<Vec<_>>().as_slice() {
-                ["customer_plan"] => self.beaten_on(&Target::CustomerPlan, by),
+                ["customer_plan" | "customer_plan_key"] => {
+                    self.beaten_on(&Target::CustomerPlan, by)
+                }
                 ["standing"] => self.beaten_on(&Target::Standing, by),
                 ["subscription", id, _] => self.beaten_on(&Target::Subscription((*id).into()), by),
                 ["payment", id, _] => self.beaten_on(&Target::Payment((*id).into()), by),
@@ -448,13 +453,15 @@ impl Folded {
     }
 
     /// The derived plan (docs/design.md §4.5): the register that gives it, or, on free, the
-    /// write that took the last entitlement away; the candidates it beat.
+    /// write that took the last entitlement away; the candidates it beat, and what that
+    /// deciding register beat (each with its reason).
     fn explain_plan(&self, customer: &CustomerId, catalog: &Catalog) -> Explained {
         let r = &self.registers;
         let period = Period::current();
         let plan = r.state(customer.as_str(), &period, catalog).plan;
         let mut beaten = Vec::new();
-        let mut candidates: Vec<(i64, &Stamp, Option<&str>, &'static str, String)> = Vec::new();
+        // Each register that could entitle: its holder, version, plan, the register, in words.
+        let mut candidates: Vec<(i64, &Stamp, Option<&str>, Target, String)> = Vec::new();
         if let Some(held) = &r.customer_plan {
             let entitled = held.value.plan.as_deref();
             let past_due = r.standing.as_ref().is_some_and(|s| s.value);
@@ -473,7 +480,8 @@ impl Folded {
             }
             if !past_due {
                 let what = format!("the plan register holds {:?}", held.value.key);
-                candidates.push((held.event_id, &held.stamp, entitled, "plan", what));
+                let target = Target::CustomerPlan;
+                candidates.push((held.event_id, &held.stamp, entitled, target, what));
             }
         }
         for (id, held) in &r.subscriptions {
@@ -492,7 +500,8 @@ impl Folded {
             }
             let plan = s.plan.as_deref().filter(|_| entitles);
             let what = format!("subscription {id} is {}", s.status);
-            candidates.push((held.event_id, &held.stamp, plan, "subscription", what));
+            let target = Target::Subscription(id.clone());
+            candidates.push((held.event_id, &held.stamp, plan, target, what));
         }
         let allowance = |name: &str| catalog.allowance_of(name).unwrap_or(0);
         let deleted = r.account.deleted_at.is_some();
@@ -500,12 +509,17 @@ impl Folded {
             .iter()
             .filter(|c| c.2 == Some(plan.as_str()))
             .max_by_key(|c| c.1);
-        let decided_by = match (deleted, winner) {
-            (true, _) => r.account.deleted_by,
-            (false, Some(w)) => Some(w.0),
+        // The register that decides, and its holder.
+        let deciding = match (deleted, winner) {
+            (true, _) => Some((r.account.deleted_by, Target::Deleted)),
+            (false, Some(w)) => Some((Some(w.0), w.3.clone())),
             // Free: the latest write among the registers that could entitle took it away.
-            (false, None) => candidates.iter().max_by_key(|c| c.1).map(|c| c.0),
+            (false, None) => candidates
+                .iter()
+                .max_by_key(|c| c.1)
+                .map(|c| (Some(c.0), c.3.clone())),
         };
+        let decided_by = deciding.as_ref().and_then(|d| d.0);
         for (event_id, _, entitled, _, what) in &candidates {
             let Some(name) = entitled else { continue };
             if Some(*event_id) == decided_by {
@@ -532,10 +546,22 @@ impl Folded {
                 detail,
             });
         }
+        // What the deciding register beat is what the plan beat: "why pro, when a cancellation
+        // came in?" is answered here, not only under the register's own field.
+        if let Some((holder, target)) = &deciding {
+            for lost in self.beaten_on(target, *holder) {
+                if !beaten.iter().any(|b| b.event_id == lost.event_id) {
+                    beaten.push(lost);
+                }
+            }
+        }
         for attempt in &self.attempts {
             if let (Some(why), Target::CustomerPlan | Target::Subscription(_)) =
                 (&attempt.excluded, &attempt.target)
             {
+                if beaten.iter().any(|b| b.event_id == attempt.event_id) {
+                    continue;
+                }
                 beaten.push(Beaten {
                     event_id: attempt.event_id,
                     reason: "other mode",
