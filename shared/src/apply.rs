@@ -130,12 +130,15 @@ pub enum ApplyError {
     Injected(#[from] Injected),
 }
 
-/// What one event's write committed: its final status and reason, and the ids of the
-/// effects it wrote.
+/// What one event's write committed: its final status and reason, the ids of the effects it
+/// wrote, and the events the attempt stored that wait for the queue (a provider read stored
+/// as an event of its own, docs/design.md §6.2), for the worker to send after the commit as
+/// the intake sends what it stores.
 pub struct Applied {
     pub status: EventStatus,
     pub reason: String,
     pub effects: Vec<String>,
+    pub enqueue: Vec<i64>,
 }
 
 /// Decides what the event means and applies it: for an event about an account, one read of
@@ -261,7 +264,10 @@ async fn apply_to_account(
     let (ties_read, settled) = settle(source, ctx, &registers, &mut effects, &mut notes).await;
     let settled = (!settled.is_empty()).then(|| json!(settled));
     // An invoice whose subscription the register does not hold yet: the provider's read.
-    let shown = subscription_read::read(
+    let subscription_read::Shown {
+        read: shown,
+        to_send,
+    } = subscription_read::read(
         conn,
         event,
         source,
@@ -271,6 +277,7 @@ async fn apply_to_account(
         applier.catalog,
     )
     .await?;
+    let enqueue: Vec<i64> = to_send.into_iter().collect();
     let decide = |registers: &mut Registers| {
         let reads = source.reads.is_some();
         decide(
@@ -291,7 +298,8 @@ async fn apply_to_account(
         match commit::commit(conn, event, ctx, &registers, outcome, written).await? {
             Committed::Done { effects, .. } => {
                 committed(ctx, &decided);
-                return Ok(applied(event, decided.status, decided.reason, effects));
+                let done = applied(event, decided.status, decided.reason, effects);
+                return Ok(Applied { enqueue, ..done });
             }
             Committed::LeaseLost => return Err(ApplyError::LeaseLost),
             // Another event of the account committed since the read: read it again under
@@ -338,7 +346,8 @@ async fn apply_to_account(
     sim::point(Point::WorkerWritten, event.id).await;
     tx.commit().await?;
     committed(ctx, &decided);
-    Ok(applied(event, decided.status, decided.reason, written))
+    let done = applied(event, decided.status, decided.reason, written);
+    Ok(Applied { enqueue, ..done })
 }
 
 /// Opens one of the worker's transactions, in the round trip of its `BEGIN`. Its statements
@@ -374,6 +383,7 @@ fn applied(event: &Claimed, status: EventStatus, reason: String, effects: Vec<St
         status,
         reason,
         effects,
+        enqueue: Vec::new(),
     }
 }
 

@@ -565,6 +565,10 @@ pub struct WorkerConfig {
     pub catalog: Catalog,
     /// Effects on: the worker writes them and sends their ids to the dispatcher's queue.
     pub effects: Option<EffectsConfig>,
+    /// `QUEUE_URL`, the queue the intake sends to: an event the worker stores (the provider
+    /// read of an invoice's subscription) is sent to it after the commit. Unset: the rescue
+    /// sends such events.
+    pub queue_url: Option<String>,
 }
 
 impl FromEnv for WorkerConfig {
@@ -574,6 +578,7 @@ impl FromEnv for WorkerConfig {
             sources: env.sources()?,
             catalog: env.plans()?,
             effects: env.effects()?,
+            queue_url: env.optional("QUEUE_URL"),
         })
     }
 }

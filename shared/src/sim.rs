@@ -56,6 +56,8 @@ pub enum Bug {
     RescueSkipsLeases,
     /// A thin event reads its object though its snapshot twin is stored.
     ThinSkipsTwin,
+    /// A provider read made for an event is stamped with the clock, not the event's time.
+    ReadByTheClock,
 }
 
 /// Whether the simulation running this task planted `bug`; always false outside one.

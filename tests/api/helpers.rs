@@ -99,8 +99,10 @@ impl TestApp {
             .await;
         let sources = test_sources(&format!("{}/.well-known/jwks", jwks.uri()));
         let sources = Sources::build(&sources, Duration::from_secs(300), reqwest_client()).unwrap();
+        let mut worker = test_worker(pool.clone());
+        // What the worker stores (a provider read) goes to the intake's queue after its commit.
+        worker.events = Some(queue.clone());
         let state = IntakeState::new(intake_pool, queue, sources);
-        let worker = test_worker(pool.clone());
         Self {
             pool,
             state,

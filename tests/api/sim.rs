@@ -352,8 +352,9 @@ fn thin_id(index: usize, ns: &str) -> String {
 
 /// The thin event of the Stripe subscription change `event`, shaped as the corpus's
 /// (`testdata/providers/stripe/thin/`): the related object to read and, when the snapshot
-/// destination runs too, the twin's id in `snapshot_event`.
-fn thin_payload(index: usize, event: &Event, ns: &str, twin: bool) -> Value {
+/// destination runs too, the twin's id in `snapshot_event`; its time is the change's, moved
+/// back `shift` seconds as the seed's Stripe times are ([`stripe_shift`]).
+fn thin_payload(index: usize, event: &Event, ns: &str, twin: bool, shift: i64) -> Value {
     let Event::StripeSubscription {
         customer, sub, at, ..
     } = event
@@ -364,7 +365,8 @@ fn thin_payload(index: usize, event: &Event, ns: &str, twin: bool) -> Value {
     json!({
         "id": thin_id(index, ns), "object": "v2.core.event",
         "type": "v1.customer.subscription.updated", "livemode": false,
-        "created": order::time(*at).to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        "created": (order::time(*at) - chrono::Duration::seconds(shift))
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         "context": null,
         "reason": {"type": "request", "request": {"id": format!("req{index:02}_{ns}"), "idempotency_key": null}},
         "related_object": {"id": sub_id, "type": "subscription", "url": format!("/v1/subscriptions/{sub_id}")},
@@ -379,6 +381,10 @@ static THIN_TWIN: AtomicUsize = AtomicUsize::new(0);
 static THIN_GONE: AtomicUsize = AtomicUsize::new(0);
 /// Reads that answered 500 or timed out.
 static READ_FAULTS: AtomicUsize = AtomicUsize::new(0);
+/// Invoices' subscription reads stored and applied, and those made for a change 2 s before a
+/// month began (printed by `sim::seeds`).
+static INVOICE_READS: AtomicUsize = AtomicUsize::new(0);
+static READS_ACROSS_A_MONTH: AtomicUsize = AtomicUsize::new(0);
 
 /// Fetch faults one thin event may suffer: with the schedule's three, fewer than its attempts.
 const MAX_READ_FAULTS: u32 = 2;
@@ -386,16 +392,20 @@ const MAX_READ_FAULTS: u32 = 2;
 /// Stripe's API as the worker's reads meet it, served in process as the feed is. A thin
 /// event's object is the subscription as Stripe shows it at the read: the workload's changes
 /// all happened before the run (their times are months before its clock; the deliveries are
-/// a backlog), so that is each subscription's latest change, and the read, stamped when it is
-/// made, is newer than all of them. On its own dice a read answers 500 or times out; a few
-/// subscriptions are deleted after a number of reads (their test data removed) and answer
-/// 404 from then on. A tie's read answers "unknown", so the status rank settles ties as it
-/// did before the source had a key.
+/// a backlog), so that is each subscription's latest change. The read stands for its thin
+/// event (stamped with the thin event's time), so every read is made in a later month than
+/// the change it stands for. An invoice's subscription that no event names (`subinv…`) is
+/// read the same way, on dice of its own. On its own dice a read answers 500 or times out; a
+/// few subscriptions are deleted after a number of reads (their test data removed) and answer
+/// 404 from then on. A tie's read answers "unknown", so the status rank settles ties as it did
+/// before the source had a key.
 #[derive(Clone)]
 struct SimReads(Arc<Mutex<ReadsState>>);
 
 struct ReadsState {
     dice: Dice,
+    /// The faults of invoices' subscription reads, apart from the thin events' dice.
+    invoice_dice: Dice,
     /// What Stripe shows per subscription id, in the shape of the pinned version (basil).
     objects: HashMap<String, Value>,
     /// Subscriptions deleted after this many more reads.
@@ -407,11 +417,17 @@ struct ReadsState {
 }
 
 impl SimReads {
-    fn read(&self, thin: &str, path: &str) -> anyhow::Result<Option<Value>> {
+    /// `GET path` for the event `thin` (a thin event's id, or an invoice's subscription id);
+    /// `invoice`: an invoice's subscription read, on its own dice.
+    fn read(&self, thin: &str, path: &str, invoice: bool) -> anyhow::Result<Option<Value>> {
         let mut reads = self.0.lock().unwrap();
         let faulted = reads.faulted.get(thin).copied().unwrap_or_default();
         if reads.faults && faulted < MAX_READ_FAULTS {
-            let fault = match reads.dice.below(100) {
+            let dice = match invoice {
+                true => &mut reads.invoice_dice,
+                false => &mut reads.dice,
+            };
+            let fault = match dice.below(100) {
                 0..=7 => Some("answered 500 Internal Server Error"),
                 8..=12 => Some("timed out"),
                 _ => None,
@@ -459,7 +475,16 @@ impl Reads for SimReads {
         thin: &'a shared::providers::stripe::thin::ThinEvent,
         path: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
-        Box::pin(std::future::ready(self.read(&thin.id, path)))
+        Box::pin(std::future::ready(self.read(&thin.id, path, false)))
+    }
+
+    fn subscription_object<'a>(
+        &'a self,
+        _customer: &'a shared::domain::CustomerId,
+        id: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
+        let path = format!("/v1/subscriptions/{id}");
+        Box::pin(std::future::ready(self.read(id, &path, true)))
     }
 }
 
@@ -577,6 +602,14 @@ struct World {
     reads: SimReads,
     /// How each event of the case is sent (`Snapshot` for all but Stripe subscriptions).
     sent: Vec<Sent>,
+    /// The invoices (by index) that name a subscription no event names: its plan is known
+    /// only by the provider read the worker makes for the invoice.
+    invoice_reads: HashMap<usize, String>,
+    /// How many seconds this seed's Stripe times are moved back ([`stripe_shift`]).
+    shift: i64,
+    /// The (source, customer, period) of every event of the workload: a grant lands in one of
+    /// them, whenever a read made for it happens.
+    periods: HashSet<(String, String, String)>,
     pool: PgPool,
     admin: PgPool,
     bugs: HashSet<Bug>,
@@ -697,6 +730,7 @@ impl World {
         // The Stripe source has an API key: thin events read their object (docs/design.md §6.2).
         let reads = SimReads(Arc::new(Mutex::new(ReadsState {
             dice: Dice::new(seed ^ 0x7EAD),
+            invoice_dice: Dice::new(seed ^ 0x1A7E_7EAD),
             objects: HashMap::new(),
             gone_after: HashMap::new(),
             faulted: HashMap::new(),
@@ -715,6 +749,8 @@ impl World {
         worker.lease = DEFAULT_LEASE;
         // Effects are written under every fault; no dispatcher runs, so they stay pending.
         worker.effects = Some(sim_queue.clone());
+        // A provider read the worker stores is sent after the commit, under the queue's faults.
+        worker.events = Some(sim_queue.clone());
         let feed = SimFeed(Arc::new(Mutex::new(FeedState {
             dice: Dice::new(seed ^ 0xFEED),
             undelivered: Vec::new(),
@@ -749,6 +785,9 @@ impl World {
             feed,
             reads,
             sent: Vec::new(),
+            invoice_reads: HashMap::new(),
+            shift: stripe_shift(seed),
+            periods: HashSet::new(),
             pool,
             admin,
             bugs,
@@ -760,6 +799,21 @@ impl World {
             used_high: BTreeMap::new(),
             ns: format!("s{seed}x"),
         }
+    }
+
+    /// Event `index` as its provider sends it: the order test's payload, with this seed's
+    /// Stripe times moved back ([`stripe_shift`]) and an invoice naming its subscription when
+    /// the seed has it read ([`invoice_reads`]).
+    fn payload(&self, index: usize, event: &Event) -> (&'static str, Value) {
+        let (source, mut payload, _) = order::payload(index, event, &self.ns);
+        if source == "stripe" {
+            let created = payload["created"].as_i64().unwrap_or_default();
+            payload["created"] = json!(created - self.shift);
+            if let Some(sub) = self.invoice_reads.get(&index) {
+                payload["data"]["object"]["subscription"] = json!(sub);
+            }
+        }
+        (source, payload)
     }
 
     fn note(&mut self, line: String) {
@@ -829,11 +883,12 @@ impl World {
         let (source, payload, key) = match item.thin {
             true => {
                 let twin = self.sent[index] == Sent::ThinAndTwin;
-                let payload = thin_payload(index, &case.events[index], &self.ns, twin);
+                let event = &case.events[index];
+                let payload = thin_payload(index, event, &self.ns, twin, self.shift);
                 ("stripe", payload, thin_id(index, &self.ns))
             }
             false => {
-                let (source, payload, _) = order::payload(index, &case.events[index], &self.ns);
+                let (source, payload) = self.payload(index, &case.events[index]);
                 (source, payload, format!("e{index:02}_{}", self.ns))
             }
         };
@@ -1021,6 +1076,16 @@ impl World {
         .await
         .unwrap();
         for (source, customer, period, balance, largest) in rows {
+            // A read stands for the event it was made for: the grant it decides is in that
+            // event's month, not the month the read was made in (months later, here).
+            if !self
+                .periods
+                .contains(&(source.clone(), customer.clone(), period.clone()))
+            {
+                return Err(self.fail(format!(
+                    "{source}/{customer} {period}: granted {balance} in a month no event of the account happened in"
+                )));
+            }
             if balance != largest {
                 return Err(self.fail(format!(
                     "{source}/{customer} {period}: balance {balance} is not the largest grant {largest}"
@@ -1413,14 +1478,37 @@ impl World {
             }
             reads.objects.insert(id, object);
         }
+        // The subscriptions only invoices name, as Stripe shows them; one in ten unknown (404).
+        let mut dice = Dice::new(seed ^ 0x5AB5_1A7E);
+        for (index, id) in &self.invoice_reads {
+            let Event::StripeInvoicePaid { customer, .. } = case.events[*index] else {
+                continue;
+            };
+            let status =
+                ["active", "active", "trialing", "past_due", "canceled"][dice.below(5) as usize];
+            let price = ["price_pro", "price_team", "price_legacy"][dice.below(3) as usize];
+            let period_end = order::time(0).timestamp() + 30 * 86_400;
+            reads.objects.insert(
+                id.clone(),
+                json!({"id": id, "object": "subscription",
+                       "customer": order::customer_id(customer, &self.ns), "status": status,
+                       "cancel_at_period_end": false, "cancel_at": null, "trial_end": null,
+                       "ended_at": null,
+                       "items": {"data": [{"price": {"id": price}, "current_period_end": period_end}]}}),
+            );
+            if dice.chance(10) {
+                reads.gone_after.insert(id.clone(), 0);
+            }
+        }
     }
 
     /// The thin events at rest: none `unprocessable` (the source has a key); each applied by its
     /// read (stored, and finished `applied`) or ignored, because its twin carries the change or
     /// its object is gone; none read its object once its twin was stored (the twin carries the
     /// change: reading too would change the state twice and tell the app twice); and every
-    /// subscription a read was applied to ends as Stripe shows it (the read is the newest
-    /// version of it).
+    /// subscription whose newest version is a read ends as Stripe shows it (a read stands at
+    /// its event's time, so a snapshot event of the same second or later may hold the
+    /// register instead).
     async fn check_thin(&mut self) -> Result<(), Failure> {
         #[derive(sqlx::FromRow)]
         struct Thin {
@@ -1488,12 +1576,30 @@ impl World {
              JOIN accounts a ON (a.source, a.customer_id) = (r.source, r.customer_key)
              LEFT JOIN subscriptions s ON (s.source, s.subscription_id) = (r.source, r.payload #>> '{data,object,id}')
              WHERE r.dedupe_key LIKE 'read:%\\_' || $1 || '%' AND r.status = 'applied'
-               AND a.deleted_at IS NULL",
+               AND a.deleted_at IS NULL
+               AND NOT EXISTS (SELECT 1 FROM inbox_events o
+                               WHERE o.source = r.source AND o.dedupe_key NOT LIKE 'read:%'
+                                 AND o.payload #>> '{data,object,id}' = r.payload #>> '{data,object,id}'
+                                 AND o.occurred_at >= r.occurred_at)",
         )
         .bind(&self.ns)
         .fetch_all(&self.admin)
         .await
         .unwrap();
+        // What the seeds cover: invoices' subscription reads, and reads of a change made 2 s
+        // before a month began (each read is made months later, in the run).
+        let (invoices, across): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE dedupe_key LIKE 'read:%:%'),
+                    count(*) FILTER (WHERE date_trunc('month', occurred_at + interval '2 seconds')
+                                           = occurred_at + interval '2 seconds')
+             FROM inbox_events WHERE dedupe_key LIKE 'read:%\\_' || $1 || '%' AND status = 'applied'",
+        )
+        .bind(&self.ns)
+        .fetch_one(&self.admin)
+        .await
+        .unwrap();
+        INVOICE_READS.fetch_add(invoices as usize, Ordering::Relaxed);
+        READS_ACROSS_A_MONTH.fetch_add(across as usize, Ordering::Relaxed);
         if let Some((sub, read, held)) = shown
             .iter()
             .find(|(_, read, held)| held.as_ref() != Some(read))
@@ -1612,11 +1718,12 @@ impl World {
                 )));
             }
         }
-        // One row per event sent, and besides them only the reads of thin events.
+        // One row per event sent, and besides them only the reads made for them (a thin
+        // event's object, `read:<its key>`; an invoice's subscription, `read:<its key>:<id>`).
         let keys: HashSet<&str> = rows.iter().map(|r| r.1.as_str()).collect();
         let sent = self.sent_keys();
         let extra = keys.iter().any(|k| match k.strip_prefix("read:") {
-            Some(thin) => !sent.contains(thin),
+            Some(read) => !sent.contains(read.split(':').next().unwrap_or(read)),
             None => !sent.contains(*k),
         });
         if extra || keys.len() != rows.len() || sent.iter().any(|k| !keys.contains(k.as_str())) {
@@ -1737,6 +1844,66 @@ fn sent_as(seed: u64, case: &Case) -> Vec<Sent> {
         .collect()
 }
 
+/// How many seconds a seed moves its Stripe events back: on two seeds in three, 2 s, so that
+/// the changes at the workload's first instant (the start of a month, where every other seed
+/// crowds half its events) are made 2 s before that month began, and the reads made for them
+/// (months later, in the run) fall across the month boundary as a read made seconds after the
+/// change would.
+fn stripe_shift(seed: u64) -> i64 {
+    match seed % 3 {
+        0 => 0,
+        _ => 2,
+    }
+}
+
+/// Which paid invoices of a seed name a subscription no event names, on dice of their own (so
+/// the rest of the seed's schedule is drawn as before): half of those whose lines name no
+/// known price. Their plan is known only by the read of that subscription the worker makes for
+/// the invoice (docs/design.md §6.2), months after the invoice's time.
+fn invoice_reads(seed: u64, case: &Case, ns: &str) -> HashMap<usize, String> {
+    let mut dice = Dice::new(seed ^ 0x1A70_1CE5);
+    case.events
+        .iter()
+        .enumerate()
+        .filter_map(|(index, event)| match event {
+            Event::StripeInvoicePaid {
+                plan: None | Some("price_legacy"),
+                ..
+            } if dice.chance(50) => Some((index, format!("subinv{index:02}_{ns}"))),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The (source, customer, period) of every event of the case, at its provider time (Stripe's
+/// moved back `shift` seconds).
+fn periods_of(case: &Case, ns: &str, shift: i64) -> HashSet<(String, String, String)> {
+    let mut periods = HashSet::new();
+    for (index, event) in case.events.iter().enumerate() {
+        let (source, _, at) = order::payload(index, event, ns);
+        let customer = match *event {
+            Event::KindePlan { customer, .. }
+            | Event::KindePayment { customer, .. }
+            | Event::StripeSubscription { customer, .. }
+            | Event::StripeInvoicePaid { customer, .. }
+            | Event::StripeRefund { customer, .. }
+            | Event::StripeInvoicePayment { customer, .. }
+            | Event::StripeCustomerDeleted { customer, .. }
+            | Event::PolarSubscription { customer, .. }
+            | Event::PolarOrder { customer, .. }
+            | Event::PolarCustomerDeleted { customer, .. } => customer,
+        };
+        let back = if source == "stripe" { shift } else { 0 };
+        let time = order::time(at) - chrono::Duration::seconds(back);
+        periods.insert((
+            source.to_owned(),
+            order::customer_id(customer, ns),
+            time.format("%Y-%m").to_string(),
+        ));
+    }
+    periods
+}
+
 /// Runs one seed to rest and checks it.
 pub(crate) async fn simulate(
     base: &PgPool,
@@ -1746,6 +1913,8 @@ pub(crate) async fn simulate(
     let case = workload(seed);
     let mut world = World::new(base, seed, bugs).await;
     world.sent = sent_as(seed, &case);
+    world.invoice_reads = invoice_reads(seed, &case, &world.ns);
+    world.periods = periods_of(&case, &world.ns, world.shift);
     world.show_provider_state(seed, &case);
     // A thin event is delivered as often as its change's snapshot would be; a twin is the
     // change's snapshot event itself.
@@ -1769,7 +1938,7 @@ pub(crate) async fn simulate(
     // that its webhooks will bring after all.
     let mut undelivered = Vec::new();
     for (index, event) in case.events.iter().enumerate() {
-        let (source, payload, _) = order::payload(index, event, &world.ns);
+        let (source, payload) = world.payload(index, event);
         if source != "stripe" {
             continue;
         }
@@ -1793,9 +1962,14 @@ pub(crate) async fn simulate(
     world.feed.0.lock().unwrap().undelivered = undelivered;
     let thin = world.sent.iter().filter(|s| **s != Sent::Snapshot).count();
     world.note(format!(
-        "seed {seed}: {} events ({thin} sent thin), {} deliveries",
+        "seed {seed}: {} events ({thin} sent thin, {} invoices read their subscription), {} deliveries{}",
         case.events.len(),
-        pending.len()
+        world.invoice_reads.len(),
+        pending.len(),
+        match world.shift {
+            0 => String::new(),
+            shift => format!(", Stripe's times {shift} s earlier"),
+        }
     ));
     let mut steps = 0;
     while !pending.is_empty() || world.queue.visible() > 0 {
@@ -1874,6 +2048,11 @@ async fn seeds(pool: PgPool) {
         THIN_GONE.load(Ordering::Relaxed),
         READ_FAULTS.load(Ordering::Relaxed),
     );
+    eprintln!(
+        "sim: {} invoices' subscription reads applied; {} reads of a change made 2 s before a month began",
+        INVOICE_READS.load(Ordering::Relaxed),
+        READS_ACROSS_A_MONTH.load(Ordering::Relaxed),
+    );
 }
 
 /// Seeds that once failed, kept as they are.
@@ -1921,6 +2100,7 @@ async fn planted_bugs_are_caught(pool: PgPool) {
         Bug::RetryNeverScheduled,
         Bug::RescueSkipsLeases,
         Bug::ThinSkipsTwin,
+        Bug::ReadByTheClock,
     ];
     let mut report = Vec::new();
     for (n, bug) in bugs.into_iter().enumerate() {

@@ -69,13 +69,18 @@ async fn an_invoice_before_its_subscription_reads_it_from_the_provider_and_grant
     assert_eq!(payments(&account), vec![("in_1EndiveInv00003", "paid")]);
     assert_eq!(requests(&api).await, 1);
 
-    // The read is an event of its own: the subscription's snapshot at the read's time, left
-    // for the rescue to send.
+    // The read is an event of its own: the subscription's snapshot at the invoice's time, sent
+    // after the invoice's commit and applied by the worker as the queue drained.
     let read_id = app.event_id("stripe", &read_key()).await;
     let read = app.event(read_id).await;
     assert_eq!(read.event_type, "customer.subscription.updated");
     assert_eq!(read.customer_key.as_deref(), Some(CUSTOMER));
-    assert_eq!(read.status, "received");
+    assert_eq!(
+        read.occurred_at.map(|t| t.timestamp()),
+        Some(1_767_225_601),
+        "the invoice's time"
+    );
+    assert_eq!(read.status, "applied");
 
     // A replay of the invoice applies the stored read: no second request, nothing new.
     let invoice = app.event_id("stripe", RENEWAL).await;
@@ -88,11 +93,6 @@ async fn an_invoice_before_its_subscription_reads_it_from_the_provider_and_grant
     assert_eq!(account.balance, 500, "granted once");
 
     // The read, applied, is the subscription's state.
-    let applied = process_event(&app.worker, read_id).await.unwrap();
-    assert!(
-        matches!(&applied, Processed::Finished { status, .. } if status.as_str() == "applied"),
-        "{applied:?}"
-    );
     let account = app.account("stripe", CUSTOMER, "2026-01").await;
     assert_eq!(account.subscriptions.len(), 1);
     assert_eq!(account.subscriptions[0].status, "active");
@@ -225,4 +225,120 @@ async fn an_invoice_whose_subscription_the_register_holds_reads_nothing(pool: Pg
         500
     );
     assert_eq!(requests(&api).await, 0);
+}
+
+/// Regression (issue 37): the read was left `received` for the scheduler's rescue, so the
+/// subscription's state from it landed only when the rescue took stuck rows, five minutes
+/// later. It is sent after the invoice's commit, as every stored event is: the worker
+/// draining the queue applies it, with no scheduler run.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_invoices_subscription_read_lands_when_the_worker_drains_the_queue(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/subscriptions/{SUB}")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(subscription()))
+        .mount(&api)
+        .await;
+    let (status, _) = app
+        .post("stripe", &stripe_delivery(&renewal_without_price(SUB)))
+        .await;
+    assert_eq!(status, http::StatusCode::OK);
+    assert_eq!(app.run_worker().await, 2, "the invoice, then its read");
+    let read = app.event(app.event_id("stripe", &read_key()).await).await;
+    assert_eq!(read.status, "applied", "{:?}", read.reason);
+    let account = app.account("stripe", CUSTOMER, "2026-01").await;
+    assert_eq!(account.subscriptions.len(), 1);
+    assert_eq!(
+        (
+            account.subscriptions[0].status.as_str(),
+            account.plan.as_str()
+        ),
+        ("active", "pro")
+    );
+    assert_eq!(app.audit().await.divergent, []);
+}
+
+/// The first instant of the month `at` is in.
+fn month_start(at: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
+    use chrono::Datelike;
+    let day = at.date_naive().with_day(1).unwrap();
+    day.and_hms_opt(0, 0, 0).unwrap().and_utc()
+}
+
+/// A renewal paid 2 s before this month began, its subscription read after it began, and the
+/// subscription's own event of that second, in one order: the ledger.
+async fn renewal_at_the_month_boundary(pool: PgPool, invoice_first: bool) -> Vec<(String, i64)> {
+    let (app, api) = app_with_api(pool).await;
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/subscriptions/{SUB}")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(subscription()))
+        .mount(&api)
+        .await;
+    let change = month_start(chrono::Utc::now()).timestamp() - 2;
+    let mut renewal = renewal_without_price(SUB);
+    renewal["created"] = change.into();
+    let (_, mut updated) = corpus("stripe/endive")
+        .into_iter()
+        .find(|(name, _)| name == "customer.subscription.updated")
+        .unwrap();
+    updated["created"] = change.into();
+    let (first, second) = match invoice_first {
+        true => (("renewal", &renewal), ("updated", &updated)),
+        false => (("updated", &updated), ("renewal", &renewal)),
+    };
+    for (name, body) in [first, second] {
+        send_one(&app, "stripe", name, body).await;
+    }
+    // Whatever the queue did not bring, applied now: the read's own grant counts too.
+    let waiting: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM inbox_events WHERE status = 'received'")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    for id in waiting {
+        process_event(&app.worker, id).await.unwrap();
+    }
+    let reads = app
+        .count("SELECT count(*) FROM inbox_events WHERE dedupe_key LIKE 'read:%'")
+        .await;
+    assert_eq!(
+        reads,
+        i64::from(invoice_first),
+        "a read only when the invoice came first"
+    );
+    if invoice_first {
+        let read = app.event(app.event_id("stripe", &read_key()).await).await;
+        assert_eq!(read.occurred_at.map(|t| t.timestamp()), Some(change));
+    }
+    assert_eq!(app.audit().await.divergent, []);
+    crate::thin::ledger(&app, CUSTOMER).await
+}
+
+/// Regression (issue 37): the read of an invoice's subscription was stamped with the clock,
+/// so a renewal paid just before the month began, read after, granted the new month too. It
+/// stands for the invoice: the ledger is the invoice's month alone, in either order.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_invoices_subscription_read_after_the_month_began_grants_the_invoices_month(
+    pool: PgPool,
+) {
+    let previous = (month_start(chrono::Utc::now()) - chrono::Duration::days(1))
+        .format("%Y-%m")
+        .to_string();
+    assert_eq!(
+        renewal_at_the_month_boundary(pool, true).await,
+        [(previous, 500)]
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_subscription_event_before_its_invoice_at_the_month_boundary_grants_the_same(
+    pool: PgPool,
+) {
+    let previous = (month_start(chrono::Utc::now()) - chrono::Duration::days(1))
+        .format("%Y-%m")
+        .to_string();
+    assert_eq!(
+        renewal_at_the_month_boundary(pool, false).await,
+        [(previous, 500)]
+    );
 }

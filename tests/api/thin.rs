@@ -3,6 +3,7 @@
 //! fake Stripe API (wiremock) with the source's key. The payloads and the objects are the
 //! corpus files in `testdata/providers/stripe/thin/` (sources in `testdata/providers/README.md`).
 
+use chrono::{DateTime, Datelike, Utc};
 use serde_json::{json, Value};
 use shared::handlers::worker::{process_event, Processed};
 use sqlx::PgPool;
@@ -60,9 +61,28 @@ pub(crate) async fn status_of(app: &TestApp, dedupe_key: &str) -> EventRow {
     app.event(app.event_id("stripe", dedupe_key).await).await
 }
 
-/// The period of now: a read's time is its own, so its grant falls in the current month.
+/// The period of the corpus's thin events: a read stands at its thin event's time, so its
+/// grant falls in the month the thin event happened, whenever it is read.
 pub(crate) fn period() -> String {
-    chrono::Utc::now().format("%Y-%m").to_string()
+    "2026-10".to_owned()
+}
+
+/// The first instant of the month `at` is in.
+fn month_start(at: DateTime<Utc>) -> DateTime<Utc> {
+    let day = at.date_naive().with_day(1).unwrap();
+    day.and_hms_opt(0, 0, 0).unwrap().and_utc()
+}
+
+/// The account's ledger, each period's balance.
+pub(crate) async fn ledger(app: &TestApp, customer: &str) -> Vec<(String, i64)> {
+    sqlx::query_as(
+        "SELECT period, sum(delta)::bigint FROM ledger WHERE customer_id = $1
+         GROUP BY period ORDER BY period",
+    )
+    .bind(customer)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap()
 }
 
 /// The requests the fake API served for the thin event `id` (Stripe's SDKs name the event in
@@ -150,19 +170,18 @@ async fn an_unknown_thin_type_is_stored_under_its_id_and_ignored(pool: PgPool) {
     assert!(api.received_requests().await.unwrap().is_empty());
 }
 
-/// The updated thin event and its snapshot twin, the thin one first or second; returns the
-/// app and how many times the thin event's object was read.
-async fn twin_pair(pool: PgPool, thin_first: bool) -> (TestApp, usize) {
+/// The updated thin event and its snapshot twin, sent for a change made `at`, the thin one
+/// first or second; returns the app and how many times the thin event's object was read.
+async fn twin_pair(pool: PgPool, thin_first: bool, at: DateTime<Utc>) -> (TestApp, usize) {
     let (mut app, api) = app_with_api(pool).await;
     app.enable_effects().await;
     shows(&api, "subscription.active").await;
     let mut thin = thin_events().remove(1);
     let mut twin = object("twin.updated");
     assert_eq!(thin["snapshot_event"], twin["id"], "the corpus pairs them");
-    // Live, Stripe sends both for one change, within a second of each other and of the read.
-    let now = chrono::Utc::now();
-    thin["created"] = json!(now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
-    twin["created"] = json!(now.timestamp());
+    // Stripe sends both for one change, within a second of each other.
+    thin["created"] = json!(at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    twin["created"] = json!(at.timestamp());
     let (first, second) = if thin_first {
         (&thin, &twin)
     } else {
@@ -192,7 +211,7 @@ async fn twin_pair(pool: PgPool, thin_first: bool) -> (TestApp, usize) {
 async fn a_thin_event_then_its_snapshot_twin_change_the_state_once(pool: PgPool) {
     // The twin shares the read's second: the tie's own read settles it (docs/design.md §4.2),
     // and the provider shows the state the read stored.
-    let (app, reads) = twin_pair(pool, true).await;
+    let (app, reads) = twin_pair(pool, true, Utc::now()).await;
     assert_eq!(reads, 1);
     let twin = status_of(&app, "evt_1T0hNnR4tK8mWq2NTu02ThnB").await;
     println!("the twin: {:?}", twin.reason);
@@ -200,7 +219,7 @@ async fn a_thin_event_then_its_snapshot_twin_change_the_state_once(pool: PgPool)
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_snapshot_twin_then_its_thin_event_change_the_state_once(pool: PgPool) {
-    let (app, reads) = twin_pair(pool, false).await;
+    let (app, reads) = twin_pair(pool, false, Utc::now()).await;
     assert_eq!(
         reads, 0,
         "the stored twin carries the change: nothing to read"
@@ -212,6 +231,40 @@ async fn a_snapshot_twin_then_its_thin_event_change_the_state_once(pool: PgPool)
             && reason.ends_with(") carries the change"),
         "{reason}"
     );
+}
+
+/// A change made 2 s before this month began, read after it began: its thin event and its
+/// snapshot twin in one order. A read stands for its thin event, so in either order the ledger
+/// holds the previous month's grant alone, as the twin alone would give. Stamped with the
+/// clock, the read granted this month too when the thin event came first
+/// (`[(previous month, 500), (this month, 500)]`, issue 37).
+async fn the_ledger_at_the_month_boundary_is_the_changes_month(pool: PgPool, thin_first: bool) {
+    let change = month_start(Utc::now()) - chrono::Duration::milliseconds(1_500);
+    let (app, reads) = twin_pair(pool, thin_first, change).await;
+    assert_eq!(reads, usize::from(thin_first));
+    if thin_first {
+        // The read's time is the thin event's, in whole seconds.
+        let read = status_of(&app, &format!("read:{}", id_of(&thin_events()[1]))).await;
+        assert_eq!(
+            read.occurred_at.map(|t| t.timestamp()),
+            Some(change.timestamp())
+        );
+    }
+    let previous = (month_start(Utc::now()) - chrono::Duration::days(1))
+        .format("%Y-%m")
+        .to_string();
+    assert_eq!(ledger(&app, CUSTOMER).await, [(previous, 500)]);
+    assert_eq!(app.audit().await.divergent, []);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_thin_event_read_after_the_month_began_grants_its_changes_month(pool: PgPool) {
+    the_ledger_at_the_month_boundary_is_the_changes_month(pool, true).await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_snapshot_twin_before_its_thin_event_at_the_month_boundary_grants_the_same(pool: PgPool) {
+    the_ledger_at_the_month_boundary_is_the_changes_month(pool, false).await;
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
@@ -407,4 +460,114 @@ async fn thin_events_read_late_end_in_the_state_the_provider_shows(pool: PgPool)
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn thin_events_read_late_in_reverse_end_in_the_state_the_provider_shows(pool: PgPool) {
     read_late(pool, true).await;
+}
+
+/// Ages every stored row past a 30-day retention and purges.
+async fn purge_after_retention(app: &TestApp) -> u64 {
+    sqlx::query("UPDATE inbox_events SET received_at = now() - interval '40 days'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let retention = std::time::Duration::from_secs(30 * 86_400);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    shared::inbox::purge::purge(&app.pool, retention, deadline)
+        .await
+        .unwrap()
+}
+
+/// Regression (issue 37): the registers name the thin event, not its read, so the purge kept
+/// the thin event and took its read. The audit then found the subscription and its grant in
+/// no kept event (five differences that never cleared), and a replay of the thin event read
+/// the provider again and moved the account to what the provider showed that day. A read is
+/// kept as long as the event it was made for.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_purge_keeps_a_thin_events_read_so_the_audit_holds_and_a_replay_reads_nothing(
+    pool: PgPool,
+) {
+    let (app, api) = app_with_api(pool).await;
+    shows(&api, "subscription.active").await;
+    let event = &thin_events()[1];
+    deliver(&app, event).await;
+    assert_eq!(status_of(&app, id_of(event)).await.status, "applied");
+    assert_eq!(app.audit().await.divergent, []);
+
+    purge_after_retention(&app).await;
+    let read_key = format!("read:{}", id_of(event));
+    assert_eq!(
+        app.count(&format!(
+            "SELECT count(*) FROM inbox_events WHERE dedupe_key IN ('{}', '{read_key}')",
+            id_of(event)
+        ))
+        .await,
+        2,
+        "the thin event the registers name, and its read"
+    );
+    let audit = app.audit().await;
+    assert_eq!(
+        (audit.checked, &audit.divergent[..]),
+        (1, &[][..]),
+        "{audit:?}"
+    );
+
+    // The provider's object moves on; a replay applies what was read.
+    shows(&api, "subscription.canceled").await;
+    let id = app.event_id("stripe", id_of(event)).await;
+    shared::inbox::replay::replay(&app.pool, &app.state.queue, &[id])
+        .await
+        .unwrap();
+    app.run_worker().await;
+    assert_eq!(app.event(id).await.status, "applied");
+    assert!(
+        api.received_requests().await.unwrap().is_empty(),
+        "no read since the object moved"
+    );
+    let account = app.account("stripe", CUSTOMER, &period()).await;
+    assert_eq!(
+        (
+            account.plan.as_str(),
+            account.subscriptions[0].status.as_str()
+        ),
+        ("pro", "active")
+    );
+    assert_eq!(app.audit().await.divergent, []);
+}
+
+/// A store whose purge took a thin event's read before reads were kept with their events: a
+/// replay of the thin event reads nothing (the provider's state of today is not the thin
+/// event's) and leaves the registers as they are, saying why.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_thin_event_whose_read_an_older_purge_took_is_not_read_again_by_a_replay(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    shows(&api, "subscription.active").await;
+    let event = &thin_events()[1];
+    deliver(&app, event).await;
+    let read_key = format!("read:{}", id_of(event));
+    sqlx::query("DELETE FROM inbox_events WHERE dedupe_key = $1")
+        .bind(&read_key)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    shows(&api, "subscription.canceled").await;
+    let id = app.event_id("stripe", id_of(event)).await;
+    shared::inbox::replay::replay(&app.pool, &app.state.queue, &[id])
+        .await
+        .unwrap();
+    app.run_worker().await;
+    assert!(api.received_requests().await.unwrap().is_empty());
+    let row = app.event(id).await;
+    assert_eq!(row.status, "ignored");
+    let reason = row.reason.unwrap();
+    assert!(
+        reason.contains(&format!("its read {read_key} is no longer stored")),
+        "{reason}"
+    );
+    let account = app.account("stripe", CUSTOMER, &period()).await;
+    assert_eq!(
+        (
+            account.plan.as_str(),
+            account.subscriptions[0].status.as_str()
+        ),
+        ("pro", "active")
+    );
 }

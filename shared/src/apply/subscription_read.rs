@@ -5,17 +5,17 @@
 //! and before any lock, as a tie's read is. The read is stored as an event of its own (the
 //! snapshot `customer.subscription.updated` at the read's time, keyed by the invoice's event),
 //! so a retry or a replay of the invoice finds it and reads nothing again, and the billing
-//! state stays a function of stored events; left `received`, the rescue sends it, and it then
-//! applies as the subscription's state at the read's time.
+//! state stays a function of stored events. It stands for the invoice (its time and period
+//! are the invoice's, never the clock's) and is sent to the queue after the invoice's commit,
+//! as every stored event is; applied, it is the subscription's state at the invoice's time.
 
-use chrono::Utc;
 use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::{ApplyError, WorkerSource};
 use crate::billing::rules::{Registers, ShownSubscription, SubscriptionRead};
 use crate::billing::{Catalog, Decision, Effect, EventContext};
-use crate::domain::{DedupeKey, SourceKind};
+use crate::domain::{DedupeKey, EventStatus, SourceKind};
 use crate::inbox::lease::Claimed;
 use crate::inbox::thin::{self as stored, StoredEvent};
 use crate::providers;
@@ -23,6 +23,31 @@ use crate::providers::stripe::{connected_account, thin::Read};
 
 /// The snapshot type a subscription read is stored as.
 const READ_TYPE: &str = "customer.subscription.updated";
+
+/// What the provider showed of the invoice's subscription, and the stored read to send to
+/// the queue once the invoice's attempt committed (one not finished yet).
+pub(super) struct Shown {
+    pub read: SubscriptionRead,
+    pub to_send: Option<i64>,
+}
+
+impl Shown {
+    fn not_read(read: SubscriptionRead) -> Self {
+        Self {
+            read,
+            to_send: None,
+        }
+    }
+
+    fn stored(kind: SourceKind, id: &str, read: &StoredEvent, catalog: &Catalog) -> Self {
+        // Not applied yet: stored by this attempt, or by one that failed before its send.
+        let waiting = read.status == EventStatus::Received.as_str();
+        Self {
+            read: shown(kind, id, read, catalog),
+            to_send: waiting.then_some(read.id),
+        }
+    }
+}
 
 /// What the provider shows of the invoice's subscription, when the event asks for its
 /// subscription's plan and the register holds none of the subscriptions it names: the read
@@ -36,23 +61,26 @@ pub(super) async fn read(
     registers: &Registers,
     effects: &[Effect],
     catalog: &Catalog,
-) -> Result<SubscriptionRead, ApplyError> {
+) -> Result<Shown, ApplyError> {
     let Some(id) = unread_subscription(registers, effects) else {
-        return Ok(SubscriptionRead::NotRead);
+        return Ok(Shown::not_read(SubscriptionRead::NotRead));
     };
     let Some(key) = read_key(&event.dedupe_key, id) else {
-        return Ok(SubscriptionRead::NotRead);
+        return Ok(Shown::not_read(SubscriptionRead::NotRead));
     };
     if let Some(read) = stored::find(conn, &event.source, &key).await? {
-        return Ok(shown(source.kind, id, &read, catalog));
+        return Ok(Shown::stored(source.kind, id, &read, catalog));
     }
     let Some(reads) = &source.reads else {
-        return Ok(SubscriptionRead::NoApiKey);
+        return Ok(Shown::not_read(SubscriptionRead::NoApiKey));
     };
-    let read_at = Utc::now();
+    // The invoice's time: the read stands for it (docs/design.md §6.2).
+    let Some(made_for) = super::thin::stands_at(event) else {
+        return Ok(Shown::not_read(SubscriptionRead::NotRead));
+    };
     let object = match reads.subscription_object(ctx.customer, id).await {
         Ok(Some(object)) => object,
-        Ok(None) => return Ok(SubscriptionRead::Unknown(id.to_owned())),
+        Ok(None) => return Ok(Shown::not_read(SubscriptionRead::Unknown(id.to_owned()))),
         Err(e) => return Err(ApplyError::Fetch(format!("{e:#}"))),
     };
     let livemode = event
@@ -67,7 +95,7 @@ pub(super) async fn read(
         account: connected_account(ctx.customer.as_str()),
         because: ("invoice_event", event.dedupe_key.as_str()),
     }
-    .snapshot(&object, read_at)
+    .snapshot(&object, made_for)
     .ok_or_else(|| {
         ApplyError::Fetch("the subscription read could not be written as an event".into())
     })?;
@@ -75,7 +103,7 @@ pub(super) async fn read(
         .await
         .map_err(|e| ApplyError::Fetch(format!("storing the subscription read: {e}")))?;
     match stored::find(conn, &event.source, &key).await? {
-        Some(read) => Ok(shown(source.kind, id, &read, catalog)),
+        Some(read) => Ok(Shown::stored(source.kind, id, &read, catalog)),
         None => Err(ApplyError::Fetch(
             "the stored subscription read is not found".into(),
         )),

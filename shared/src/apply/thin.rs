@@ -1,12 +1,12 @@
 //! A thin event in the worker (docs/design.md §6.2): what it stands for, decided before any
 //! register is read. Its first attempt fetches its related object with the source's API key
-//! and stores the read as a snapshot event of its own, whose time is the read's; that attempt
+//! and stores the read as a snapshot event of its own, at the thin event's time; that attempt
 //! and every later one (a retry, a replay) apply the stored read under the thin event's
 //! lease, so a replay re-applies what was read, never reads again, and the billing state
 //! stays a function of stored events. A thin event whose snapshot twin is stored is carried
 //! by the twin.
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
@@ -62,6 +62,15 @@ pub(super) async fn carried(
     };
     if let Some(read) = stored::find(conn, &event.source, &read_key).await? {
         return Ok(view(event, read));
+    }
+    // Applied once, and its read gone: a purge from before reads were kept with their events
+    // took it. A replay applies what was read; reading now would apply the provider's state of
+    // today as the thin event's, so nothing is read and the registers stay as they are.
+    if stored::applied_a_read(conn, event.id).await? {
+        return finish(
+            EventStatus::Ignored,
+            format!("its read {read_key} is no longer stored (purged); a replay applies what was read and reads nothing again"),
+        );
     }
     // During a migration from snapshot to thin events both destinations run, and Stripe's
     // guide keys the work by `snapshot_event`: the twin stored, it carries the change, and no
@@ -125,7 +134,12 @@ pub(super) async fn read_object(
             ),
         );
     };
-    let read_at = Utc::now();
+    let Some(made_for) = stands_at(event) else {
+        return finish(
+            EventStatus::Unprocessable,
+            "the thin event has no provider time for its read to stand at".into(),
+        );
+    };
     let object = match reads.related_object(thin, path).await {
         Ok(Some(object)) => object,
         Ok(None) => {
@@ -136,7 +150,7 @@ pub(super) async fn read_object(
         }
         Err(e) => return Err(ApplyError::Fetch(format!("{e:#}"))),
     };
-    let Some(fetched) = thin.snapshot(&object, read_at) else {
+    let Some(fetched) = thin.snapshot(&object, made_for) else {
         return finish(
             EventStatus::Unprocessable,
             "the thin event's read could not be written as an event".into(),
@@ -149,6 +163,21 @@ pub(super) async fn read_object(
         Some(read) => Ok(view(event, read)),
         None => Err(ApplyError::Fetch("the stored read is not found".into())),
     }
+}
+
+/// The provider time a read made for `event` stands at: the event's own, never the clock's
+/// (docs/design.md §6.2). A read is the event it was made for, told by the provider: stamped
+/// when it is made, it took a later place in the order than its event and granted in the
+/// month of the read, so a change made just before a month began granted that month too when
+/// its thin event came first, and only the month before when its snapshot twin did. Every read
+/// the worker stores for an event takes its time from here (a thin event's object, an
+/// invoice's subscription, a health notice's object and its sweep's subscriptions), and
+/// `Read::snapshot` keeps its whole seconds. `None`: the event has no provider time.
+pub(super) fn stands_at(event: &Claimed) -> Option<DateTime<Utc>> {
+    if crate::sim::planted(crate::sim::Bug::ReadByTheClock) {
+        return Some(Utc::now());
+    }
+    event.occurred_at.map(|at| at.as_datetime())
 }
 
 /// The thin event a claimed event of a source is, if it is one.

@@ -48,6 +48,9 @@ pub struct WorkerState {
     /// Effects on: the queue the dispatcher takes effect ids from (docs/design.md §11).
     /// `None`: no effect is written.
     pub effects: Option<Queue>,
+    /// The queue the intake sends to: an event an attempt stored (a provider read, stored as
+    /// an event of its own) is sent to it after the commit. `None`: the rescue sends it.
+    pub events: Option<Queue>,
     /// Accounts another event moved lately between an event's read and its write.
     pub contended: Contended,
     /// How long one event of a batch may take, its provider reads included, before the
@@ -67,6 +70,7 @@ impl WorkerState {
             lease: DEFAULT_LEASE,
             retry_delays: RETRY_DELAYS.to_vec(),
             effects: None,
+            events: None,
             contended: Contended::default(),
             event_budget: EVENT_BUDGET,
             database: None,
@@ -96,6 +100,9 @@ impl WorkerState {
         state.database = Some(database);
         if let Some(effects) = &config.effects {
             state.effects = Some(Queue::from_env(effects.queue_url.clone()).await);
+        }
+        if let Some(queue_url) = &config.queue_url {
+            state.events = Some(Queue::from_env(queue_url.clone()).await);
         }
         Ok(state)
     }
@@ -147,9 +154,11 @@ async fn process_claimed(
             status,
             reason,
             effects,
+            enqueue,
         }) => {
             sim::point(Point::WorkerCommitted, event.id).await;
             send_effects(state, event.id, &effects).await;
+            send_events(state, event.id, &enqueue).await;
             Ok(Processed::Finished { status, reason })
         }
         Err(ApplyError::LeaseLost) => {
@@ -211,6 +220,22 @@ async fn send_effects(state: &WorkerState, event_id: i64, ids: &[String]) {
             event_id,
             error = format!("{error:#}"),
             "effects written but not enqueued; the scheduler will"
+        );
+    }
+}
+
+/// Sends the events an attempt stored (marked `enqueued_at` by the statement that stored
+/// them) to the intake's queue after its commit, as the intake sends what it stores; what
+/// the queue refuses is unmarked, and the rescue sends it (docs/design.md §3.7).
+async fn send_events(state: &WorkerState, event_id: i64, ids: &[i64]) {
+    let Some(queue) = state.events.as_ref().filter(|_| !ids.is_empty()) else {
+        return;
+    };
+    if let Err(error) = crate::inbox::enqueue_or_unmark(&state.pool, queue, ids).await {
+        tracing::warn!(
+            event_id,
+            error = format!("{error:#}"),
+            "events stored but not enqueued; the scheduler will"
         );
     }
 }

@@ -1,7 +1,7 @@
 //! The events the fold of an account reads (docs/design.md §4.11): the account's finished
 //! events as kept, the events its registers name that it does not own (a thin event whose
-//! read it applied, a payment-intent link that named no customer), the reads of thin events
-//! already applied, and what the purge took of its log.
+//! read it applied, a payment-intent link that named no customer), the reads made for its
+//! events already finished, and what the purge took of its log.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -31,7 +31,8 @@ pub struct KeptEvent {
 }
 
 /// The finished events of the account, with the finished events `named` (by its registers)
-/// and the reads of its finished thin events, in provider order; at most
+/// and the reads made for its finished events (a thin event's object, an invoice's
+/// subscription), in provider order; at most
 /// [`MAX_FOLDED_EVENTS`] + 1, so that the caller sees when there are more.
 pub async fn account_events(
     conn: &mut PgConnection,
@@ -51,12 +52,15 @@ pub async fn account_events(
         WHERE e.source = $1 AND e.occurred_at IS NOT NULL
           AND ((e.customer_key = $2
                 AND (e.status IN ('applied', 'ignored')
-                     -- A thin event's read is applied by the thin event, under its id, before
-                     -- its own row is finished.
+                     -- A read stands for the event it was made for, which finished with it:
+                     -- a thin event applies its read under its own id before the read's row is
+                     -- finished, an invoice its subscription's read before that read is applied
+                     -- on its own (`read:<its key>` and `read:<its key>:<object>`).
                      OR (e.dedupe_key LIKE 'read:%'
                          AND EXISTS (SELECT 1 FROM inbox_events t
                                      WHERE t.source = e.source
-                                       AND t.dedupe_key = substr(e.dedupe_key, 6)
+                                       AND t.dedupe_key IN (substr(e.dedupe_key, 6),
+                                                            split_part(substr(e.dedupe_key, 6), ':', 1))
                                        AND t.status IN ('applied', 'ignored')))))
                OR (e.id = ANY($3) AND e.status IN ('applied', 'ignored')))
         ORDER BY e.occurred_at, e.id

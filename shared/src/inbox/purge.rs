@@ -33,8 +33,10 @@ pub fn kept_since(retention: Duration, now: DateTime<Utc>) -> DateTime<Utc> {
 
 /// Deletes applied and ignored events (and their deliveries) older than the retention, in
 /// batches. Dead, conflicting and unprocessable rows are kept for the operator, and so is
-/// every event a register, a grant, a payment intent or a tombstone names: the fold of the
-/// account's kept events gives its registers again (docs/design.md §4.11).
+/// every event a register, a grant, a payment intent or a tombstone names, and every read
+/// made for an event still stored: the fold of the account's kept events gives its registers
+/// again, and a replay applies what was read without reading again (docs/design.md §3.9,
+/// §4.11, §6.2).
 pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> anyhow::Result<u64> {
     in_batches(deadline, || async {
         Ok(sqlx::query!(
@@ -55,6 +57,15 @@ pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> any
                   AND NOT EXISTS (SELECT 1 FROM payment_intents r
                                   WHERE r.linked_by = e.id OR r.refunded_by = e.id)
                   AND NOT EXISTS (SELECT 1 FROM accounts r WHERE r.deleted_by = e.id)
+                  -- A read the worker made for an event (`read:<its key>`, or
+                  -- `read:<its key>:<object>`) decided what that event applied: a thin event's
+                  -- registers name the thin event, an invoice's grant the invoice. It stays as
+                  -- long as that event does, so the fold and a replay find it.
+                  AND NOT (e.dedupe_key LIKE 'read:%' AND EXISTS (
+                      SELECT 1 FROM inbox_events m
+                      WHERE m.source = e.source
+                        AND m.dedupe_key IN (substr(e.dedupe_key, 6),
+                                             split_part(substr(e.dedupe_key, 6), ':', 1))))
                 LIMIT $2 FOR UPDATE SKIP LOCKED
             )
             "#,

@@ -43,6 +43,18 @@ pub async fn find(
     .await
 }
 
+/// Whether the thin event `thin_id` applied a read before: its line in its account's log is
+/// written only by the write that applied one. A read it no longer finds then was taken by a
+/// purge from before reads were kept with their events (docs/design.md §3.9).
+pub async fn applied_a_read(conn: &mut PgConnection, thin_id: i64) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM account_log WHERE event_id = $1) AS "applied!""#,
+        thin_id,
+    )
+    .fetch_one(exec(conn))
+    .await
+}
+
 /// Stores a read made for a thin event through the store's one statement, as reconciliation
 /// stores what it reads (a read, not a delivery: no copy counted, no delivery row).
 pub async fn store_read(
@@ -55,8 +67,9 @@ pub async fn store_read(
 }
 
 /// Stores the read of an invoice's subscription made because its register held none (a read,
-/// not a delivery): left `received` for the rescue to send, it then applies as the
-/// subscription's state at the read's time.
+/// not a delivery): marked for the queue, the worker sends it after the invoice's commit (the
+/// rescue, if that send never happens), and it applies as the subscription's state at the
+/// invoice's time.
 pub async fn store_subscription_read(
     conn: &mut PgConnection,
     source: &str,

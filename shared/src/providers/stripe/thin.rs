@@ -74,12 +74,11 @@ impl ThinEvent {
         DedupeKey::parse(&format!("read:{}", self.id)).ok()
     }
 
-    /// The object as read, stored as the snapshot event of the thin event's type: its time is
-    /// the read's, in whole seconds as Stripe's `created` is (a change made later in the same
-    /// second ties with it, and the tie's provider read settles it: a finer time would let the
-    /// read win over that change), its id [`Self::read_key`], and a connected account's read
-    /// names the `account` as a Connect endpoint's snapshot event does.
-    pub fn snapshot(&self, object: &Value, read_at: DateTime<Utc>) -> Option<Fetched> {
+    /// The object as read, stored as the snapshot event of the thin event's type: it stands
+    /// for the thin event, so its time is the thin event's `made_for` (see [`Read::snapshot`]),
+    /// its id [`Self::read_key`], and a connected account's read names the `account` as a
+    /// Connect endpoint's snapshot event does.
+    pub fn snapshot(&self, object: &Value, made_for: DateTime<Utc>) -> Option<Fetched> {
         let read = Read {
             key: self.read_key()?,
             event_type: self.snapshot_type?,
@@ -87,7 +86,7 @@ impl ThinEvent {
             account: self.account(),
             because: ("thin_event", &self.id),
         };
-        read.snapshot(object, read_at)
+        read.snapshot(object, made_for)
     }
 
     /// The connected account the context names: a context of one `acct_…` segment. A
@@ -114,15 +113,21 @@ pub struct Read<'a> {
 }
 
 impl Read<'_> {
-    /// The object as read, as a snapshot event: its time is the read's, in whole seconds as
-    /// Stripe's `created` is (see [`ThinEvent::snapshot`]), and a connected account's read
-    /// names the `account` as a Connect endpoint's snapshot event does.
-    pub fn snapshot(&self, object: &Value, read_at: DateTime<Utc>) -> Option<Fetched> {
+    /// The object as read, as a snapshot event that stands for the event it was made for
+    /// (docs/design.md §6.2): its time is that event's provider time `made_for`, never the
+    /// clock's, so its place in the order and the period it grants in are the event's, and a
+    /// read made after a month began grants in the month its event happened, as the event's
+    /// snapshot would. In whole seconds, as Stripe's `created` is: a snapshot event of another
+    /// change in the same second ties with it, and the tie's provider read settles which state
+    /// is the later one (a finer time would let the read win over a later change). A
+    /// connected account's read names the `account` as a Connect endpoint's snapshot event
+    /// does.
+    pub fn snapshot(&self, object: &Value, made_for: DateTime<Utc>) -> Option<Fetched> {
         let mut event = json!({
             "id": self.key.as_str(),
             "object": "event",
             "api_version": FETCH_VERSION,
-            "created": read_at.timestamp(),
+            "created": made_for.timestamp(),
             "livemode": self.livemode,
             "type": self.event_type,
             "data": {"object": object},
@@ -132,7 +137,8 @@ impl Read<'_> {
             event["account"] = json!(account);
         }
         let body = serde_json::to_vec(&event).ok()?;
-        let event = parse_event(&body, read_at);
+        // Sent when it was read: the delivery row of the read says when that was.
+        let event = parse_event(&body, Utc::now());
         Some(Fetched { body, event })
     }
 }
@@ -379,9 +385,10 @@ mod tests {
     }
 
     #[test]
-    fn the_read_is_a_snapshot_event_at_the_reads_time_of_the_connected_account() {
+    fn the_read_is_a_snapshot_event_at_its_events_time_in_whole_seconds_of_the_connected_account() {
         let event = ThinEvent::read(&thin("v1.customer.subscription.updated")).unwrap();
-        let at = DateTime::parse_from_rfc3339("2026-10-01T12:00:05.250001Z")
+        // The thin event's `created`; the read itself is made whenever the worker gets to it.
+        let at = DateTime::parse_from_rfc3339("2026-10-01T12:00:00.123Z")
             .unwrap()
             .to_utc();
         let object = json!({"id": "sub_1", "object": "subscription", "customer": "cus_1", "status": "active"});
@@ -390,8 +397,10 @@ mod tests {
         assert_eq!(fetched.event.dedupe_key.as_str(), "read:evt_test_65R1");
         assert_eq!(meta.event_type, "customer.subscription.updated");
         assert_eq!(meta.customer.as_ref().unwrap().as_str(), "acct_1Conn/cus_1");
-        assert_eq!(meta.occurred_at.as_datetime().timestamp(), at.timestamp());
-        assert_eq!(meta.occurred_at.as_datetime().timestamp_subsec_micros(), 0);
+        assert_eq!(
+            meta.occurred_at.as_datetime(),
+            DateTime::parse_from_rfc3339("2026-10-01T12:00:00Z").unwrap()
+        );
     }
 
     /// `data.impact` as stripe-node's types give it (an API path) and as Stripe's guide shows
