@@ -988,6 +988,15 @@ mod tests {
             .sources
             .iter()
             .any(|s| s.name == "kinde" && s.kind == SourceKind::Kinde));
+        // The queue the reads it stores go to; without it the rescue sends them.
+        assert_eq!(worker.queue_url.as_deref(), Some("http://q"));
+        let without: Vec<_> = vars
+            .iter()
+            .filter(|v| v.0 != "QUEUE_URL")
+            .cloned()
+            .collect();
+        let worker = WorkerConfig::from_lookup(lookup(&without)).unwrap();
+        assert_eq!(worker.queue_url, None);
         let scheduler = SchedulerConfig::from_lookup(lookup(&vars)).unwrap();
         assert_eq!(scheduler.retention, Duration::from_secs(30 * 86_400));
         vars.push(("INBOX_RETENTION_DAYS", "2"));

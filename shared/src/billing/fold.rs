@@ -742,6 +742,55 @@ mod tests {
     }
 
     #[test]
+    fn the_plan_lists_what_its_deciding_register_beat() {
+        // A cancellation older than the activation: the plan says why it did not count.
+        let events = [
+            event(1, "evt_a", 100, "canceled"),
+            event(2, "evt_b", 200, "active"),
+        ];
+        let plan = explained(&events, "plan");
+        assert_eq!((plan.value, plan.decided_by), (json!("pro"), Some(2)));
+        let reasons: Vec<(i64, &str)> =
+            plan.beaten.iter().map(|b| (b.event_id, b.reason)).collect();
+        assert_eq!(reasons, [(1, "older")]);
+    }
+
+    #[test]
+    fn every_value_of_a_subscription_register_is_a_field() {
+        let mut trial = event(1, "evt_a", 100, "trialing");
+        if let Decision::Apply { effects, .. } = &mut trial.decision {
+            if let Effect::Subscription { ends, .. } = &mut effects[0] {
+                ends.trial_end = Some(ProviderTime::from_unix_secs(1_000).unwrap().as_datetime());
+            }
+        }
+        let customer = CustomerId::parse("cus_1").unwrap();
+        let fields = fold("stripe", &customer, &[trial], &catalog()).fields();
+        let names: Vec<&str> = fields
+            .keys()
+            .filter_map(|f| f.strip_prefix("subscription:sub_1:"))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "cancel_at",
+                "cancel_at_period_end",
+                "current_period_end",
+                "ended_at",
+                "plan",
+                "plan_key",
+                "status",
+                "trial_end"
+            ]
+        );
+        assert_eq!(fields["subscription:sub_1:plan"].0, json!("pro"));
+        assert_eq!(fields["subscription:sub_1:plan_key"].0, json!("price_pro"));
+        assert_eq!(
+            fields["subscription:sub_1:trial_end"].0,
+            json!("1970-01-01T00:16:40.000000Z")
+        );
+    }
+
+    #[test]
     fn an_event_of_the_other_mode_writes_nothing_and_is_beaten_for_it() {
         let mut test_mode = event(5, "evt_t", 400, "active");
         test_mode.excluded = Some("a test-mode event on a live-mode source".into());
