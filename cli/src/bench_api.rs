@@ -139,6 +139,7 @@ async fn bench(
             scopes: vec![Scope::Read, Scope::Usage],
         }]),
         effects: None,
+        clock: api::Clock::System,
     };
     let period = Period::current();
     let mut levels = Vec::new();

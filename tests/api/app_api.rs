@@ -48,6 +48,7 @@ pub fn api_state(pool: &PgPool) -> ApiState {
         catalog: shared::billing::Catalog::parse(PLANS).unwrap(),
         keys: Keys::new(&keys()),
         effects: None,
+        clock: api::Clock::System,
     }
 }
 

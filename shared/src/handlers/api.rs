@@ -3,8 +3,10 @@
 //! and `usage`, answer. Every error is mapped to its status code in one place, and every
 //! answer comes within the invocation's time. No SQL and no billing rule lives here.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use http::{HeaderMap, Method, StatusCode};
 use lambda_http::{Body, Request, RequestExt, Response};
 
@@ -43,6 +45,42 @@ const ANSWER_MARGIN: Duration = Duration::from_millis(250);
 /// Seconds a caller is asked to wait before retrying when the store cannot answer.
 pub const RETRY_AFTER_SECS: u64 = 2;
 
+/// The clock that says which month a request arrives in: the system's, or one a test sets
+/// (a debit at 23:59:59.9 and its retry at 00:00:01, without waiting for midnight).
+#[derive(Debug, Clone, Default)]
+pub enum Clock {
+    #[default]
+    System,
+    Set(SetClock),
+}
+
+impl Clock {
+    pub fn now(&self) -> DateTime<Utc> {
+        match self {
+            Self::System => Utc::now(),
+            Self::Set(clock) => clock.now(),
+        }
+    }
+}
+
+/// A clock that shows the time it was last set to.
+#[derive(Debug, Clone)]
+pub struct SetClock(Arc<Mutex<DateTime<Utc>>>);
+
+impl SetClock {
+    pub fn at(time: DateTime<Utc>) -> Self {
+        Self(Arc::new(Mutex::new(time)))
+    }
+
+    pub fn set(&self, time: DateTime<Utc>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = time;
+    }
+
+    pub fn now(&self) -> DateTime<Utc> {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 pub struct ApiState {
     /// The instance's own connection: one round trip per read.
     pub conn: Held,
@@ -55,6 +93,8 @@ pub struct ApiState {
     pub keys: Keys,
     /// Effects on: the queue an `allowance_exhausted` effect's id is handed to.
     pub effects: Option<Queue>,
+    /// The current month's clock.
+    pub clock: Clock,
 }
 
 impl ApiState {
@@ -77,6 +117,7 @@ impl ApiState {
             catalog: config.catalog.clone(),
             keys: Keys::new(&entries),
             effects,
+            clock: Clock::System,
         })
     }
 }
@@ -500,7 +541,7 @@ async fn serve(state: &ApiState, request: &Request) -> Result<Response<Body>, Ap
     require(caller, Scope::Read)?;
     let query = Query::of(request);
     let target = target(state, source, &customer, query.first("stripe_account"))?;
-    let now = Period::current();
+    let now = Period::of(state.clock.now().into());
     match route {
         Route::Account => {
             let period = period_param(query.first("period"), &now)?;
