@@ -20,7 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Mutex;
 
 use shared::api_keys::{self, KeyEntry, Keys, Scope};
-use shared::billing::usage::{self, Debit, DebitRequest};
+use shared::billing::usage::{self, Debit, DebitPeriod, DebitRequest};
 use shared::billing::{account, Catalog};
 use shared::config::{parse_plans, parse_sources, SourceConfig};
 use shared::db::Held;
@@ -139,6 +139,7 @@ async fn bench(
             scopes: vec![Scope::Read, Scope::Usage],
         }]),
         effects: None,
+        clock: api::Clock::System,
     };
     let period = Period::current();
     let mut levels = Vec::new();
@@ -433,7 +434,8 @@ async fn raw_call(
                 customer: &customer,
                 key: &key,
                 amount: 1,
-                period: period.clone(),
+                // As the handler's body, which names no period.
+                period: DebitPeriod::Arrival(period.clone()),
                 note: None,
                 effects: None,
             };

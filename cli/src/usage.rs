@@ -5,9 +5,9 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use sqlx::PgPool;
 
-use shared::billing::usage::{self, Debit, DebitRequest};
+use shared::billing::usage::{self, Debit, DebitRequest, Invalid, Listed};
 use shared::config::Env;
-use shared::domain::CustomerId;
+use shared::domain::{CustomerId, Period};
 
 use crate::show::{opt, parse_period, print_json, resolve_source, table};
 
@@ -57,9 +57,11 @@ impl AccountArgs {
 
 #[derive(Subcommand)]
 enum UsageCommand {
-    /// Spend AMOUNT of the period's allowance, once per --key. Exit codes: 3 allowance
-    /// exhausted, 4 the key was used with another amount, period or note, 5 customer
-    /// deleted, 6 unknown customer.
+    /// Spend AMOUNT (1 to 1,000,000,000) of the period's allowance, once per --key. Checked
+    /// as the API checks a debit, before anything is stored: a bad amount, key, note or
+    /// period (a later month than the current one) exits 1 with the API's code in --json.
+    /// Exit codes: 3 allowance exhausted, 4 the key was used with another amount, period or
+    /// note, 5 customer deleted, 6 unknown customer.
     Record {
         customer_id: String,
         amount: i64,
@@ -73,7 +75,8 @@ enum UsageCommand {
     },
 }
 
-/// A debit that was answered but not accepted: its code for `--json` and its exit code.
+/// A usage request refused (a debit answered but not accepted, or one the check refuses, or a
+/// cursor of no page): its code for `--json` and its exit code.
 #[derive(Debug, thiserror::Error)]
 #[error("{detail}")]
 pub struct Refused {
@@ -81,6 +84,22 @@ pub struct Refused {
     pub detail: String,
     pub remaining: Option<i64>,
     pub exit: u8,
+}
+
+/// A debit the library's check refuses, before anything is looked up or stored.
+fn invalid(invalid: Invalid) -> Refused {
+    let detail = match &invalid {
+        Invalid::Key => format!("--key: {invalid}"),
+        Invalid::Period(_) | Invalid::FuturePeriod { .. } => format!("--period: {invalid}"),
+        Invalid::Note => format!("--note: {invalid}"),
+        Invalid::Amount => invalid.to_string(),
+    };
+    Refused {
+        code: invalid.code(),
+        detail,
+        remaining: None,
+        exit: 1,
+    }
 }
 
 fn unknown(customer: &CustomerId, source: Option<&str>) -> Refused {
@@ -141,7 +160,7 @@ async fn list(
     let customer = customer_of(customer_id, &args.account)?;
     let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
     let source = resolve_source(&mut conn, &customer, args.account.source.as_deref()).await?;
-    let page = match &source {
+    let listed = match &source {
         Some(source) => {
             usage::list(
                 &mut conn,
@@ -153,10 +172,24 @@ async fn list(
             )
             .await?
         }
-        None => None,
+        None => Listed::UnknownCustomer,
     };
-    let (Some(source), Some(page)) = (source, page) else {
-        return Err(unknown(&customer, args.account.source.as_deref()).into());
+    let (source, page) = match (source, listed) {
+        (Some(source), Listed::Page(page)) => (source, page),
+        (_, Listed::UnknownCursor) => {
+            return Err(Refused {
+                code: "bad_cursor",
+                detail: format!(
+                    "--after {} is no usage id of {customer} in {period}: pass the `more: \
+                     --after …` of an earlier page",
+                    args.after.as_deref().unwrap_or_default()
+                ),
+                remaining: None,
+                exit: 1,
+            }
+            .into())
+        }
+        _ => return Err(unknown(&customer, args.account.source.as_deref()).into()),
     };
     if json_output {
         return print_json(&page);
@@ -196,14 +229,20 @@ async fn record(
     account: &AccountArgs,
     json_output: bool,
 ) -> anyhow::Result<()> {
-    if amount < 1 {
-        anyhow::bail!("the amount must be a whole number of at least 1, got {amount}");
-    }
-    if key.is_empty() || key.len() > 255 || !key.bytes().all(|b| b.is_ascii_graphic()) {
-        anyhow::bail!("--key must be 1 to 255 visible ASCII characters");
-    }
-    let period = parse_period(account.period.as_deref())?;
     let customer = customer_of(customer_id, account)?;
+    let today = Period::current();
+    // The API's check, before the store is asked: what it refuses would otherwise be stored
+    // under the key as a permanent refusal. The source is found below.
+    let asked = DebitRequest::checked(
+        "",
+        &customer,
+        key,
+        amount,
+        account.period.as_deref(),
+        note,
+        &today,
+    )
+    .map_err(invalid)?;
     let env = Env::process();
     let catalog = env.plans_or_empty()?;
     let effects = env.effects()?;
@@ -214,12 +253,8 @@ async fn record(
     };
     let request = DebitRequest {
         source: &source,
-        customer: &customer,
-        key,
-        amount,
-        period,
-        note,
         effects: effects.as_ref().map(|_| &catalog),
+        ..asked
     };
     let debited = usage::debit(&mut conn, &request).await?;
     drop(conn);
@@ -264,7 +299,7 @@ async fn record(
             Some(remaining),
             format!(
                 "refused: {amount} is more than the {remaining} remaining for {who} in {}",
-                request.period
+                request.period.period()
             ),
         )
         .into()),

@@ -1,6 +1,7 @@
 //! The app API (docs/api.md) through its real handler, on real Postgres: one call reads the
 //! account, debits spend the allowance atomically and once per key, and every answer is
-//! checked against docs/openapi.yaml, the contract an app generates its client from.
+//! checked against docs/openapi.yaml, the contract an app generates its client from; so is
+//! every request, against what the document says the route takes.
 
 use std::sync::OnceLock;
 
@@ -48,6 +49,7 @@ pub fn api_state(pool: &PgPool) -> ApiState {
         catalog: shared::billing::Catalog::parse(PLANS).unwrap(),
         keys: Keys::new(&keys()),
         effects: None,
+        clock: api::Clock::System,
     }
 }
 
@@ -59,7 +61,8 @@ pub struct Answer {
     pub replayed_header: bool,
 }
 
-/// Sends a request to the handler and checks the answer against the OpenAPI document.
+/// Sends a request to the handler and checks the answer, and the request as the answer took
+/// it, against the OpenAPI document.
 pub async fn call(
     state: &ApiState,
     method: &str,
@@ -77,6 +80,7 @@ pub async fn call(
     for (name, value) in headers {
         builder = builder.header(*name, *value);
     }
+    let sent = body.clone();
     let body = match body {
         Some(body) => Body::from(body.to_string()),
         None => Body::Empty,
@@ -92,6 +96,7 @@ pub async fn call(
         other => panic!("a JSON body, not {other:?}"),
     };
     conforms(method, path, status, &body);
+    request_conforms(method, path, headers, sent.as_ref(), status, &body);
     Answer {
         status,
         body,
@@ -108,23 +113,35 @@ fn openapi() -> &'static Value {
     })
 }
 
+/// The document's path template for a request path, if it has one.
+fn template_of(path: &str) -> Option<&'static str> {
+    let route = path.split('?').next().unwrap();
+    if route.ends_with("/usage") {
+        Some("/v1/accounts/{source}/{customer}/usage")
+    } else if route.ends_with("/why") {
+        Some("/v1/accounts/{source}/{customer}/why")
+    } else if route.starts_with("/v1/accounts/") && route.matches('/').count() == 4 {
+        Some("/v1/accounts/{source}/{customer}")
+    } else {
+        None
+    }
+}
+
+/// The JSON pointer of an operation in the document.
+fn operation_of(template: &str, method: &str) -> String {
+    let escaped = template.replace('~', "~0").replace('/', "~1");
+    format!("/paths/{escaped}/{}", method.to_lowercase())
+}
+
 /// Asserts that an answer is what the OpenAPI document says the route answers with that
 /// status: the response schema, resolved through the document's own `$ref`s.
 fn conforms(method: &str, path: &str, status: StatusCode, body: &Value) {
     let doc = openapi();
-    let route = path.split('?').next().unwrap();
-    let template = if route.ends_with("/usage") {
-        "/v1/accounts/{source}/{customer}/usage"
-    } else if route.ends_with("/why") {
-        "/v1/accounts/{source}/{customer}/why"
-    } else if route.starts_with("/v1/accounts/") && route.matches('/').count() == 4 {
-        "/v1/accounts/{source}/{customer}"
-    } else {
+    let Some(template) = template_of(path) else {
         // A path the document has no route for: only the error shape applies.
         return assert_valid(doc, "/components/schemas/Error", body);
     };
-    let escaped = template.replace('~', "~0").replace('/', "~1");
-    let operation = format!("/paths/{escaped}/{}", method.to_lowercase());
+    let operation = operation_of(template, method);
     let Some(responses) = doc.pointer(&format!("{operation}/responses")) else {
         // A method the route does not have (405): an error.
         return assert_valid(doc, "/components/schemas/Error", body);
@@ -147,7 +164,112 @@ fn conforms(method: &str, path: &str, status: StatusCode, body: &Value) {
     );
 }
 
+/// The 400 codes that say a debit's body is not what the document's `DebitRequest` describes.
+const BODY_CODES: [&str; 6] = [
+    "bad_body",
+    "body_not_object",
+    "null_field",
+    "bad_amount",
+    "bad_note",
+    "bad_period",
+];
+
+/// Asserts that the document describes a request as the handler took it: a debit's body that
+/// the handler answered as a debit (200, 409, 422) is a `DebitRequest`, and one refused for
+/// its shape is not; the query parameters of a request not refused for them are the ones the
+/// operation lists, and an `Idempotency-Key` that was taken fits the header's schema.
+fn request_conforms(
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&Value>,
+    status: StatusCode,
+    answer: &Value,
+) {
+    let doc = openapi();
+    let Some(template) = template_of(path) else {
+        return;
+    };
+    let operation = operation_of(template, method);
+    let Some(op) = doc.pointer(&operation) else {
+        return;
+    };
+    let code = answer["code"].as_str().unwrap_or_default();
+    let debited = matches!(status.as_u16(), 200 | 409 | 422);
+    if let (Some(body), Some(_)) = (body, op.get("requestBody")) {
+        let schema = format!("{operation}/requestBody/content/application~1json/schema");
+        let errors = schema_errors(doc, &schema, body);
+        if debited {
+            assert!(
+                errors.is_empty(),
+                "taken, so documented: {body}: {errors:?}"
+            );
+        }
+        if status == StatusCode::BAD_REQUEST && BODY_CODES.contains(&code) {
+            assert!(!errors.is_empty(), "{code}, yet the document takes {body}");
+        }
+    }
+    if debited {
+        let key = headers
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case("idempotency-key"))
+            .map(|(_, value)| json!(value));
+        let param = op["parameters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .position(|p| p["name"] == "Idempotency-Key");
+        if let (Some(key), Some(i)) = (key, param) {
+            let errors = schema_errors(doc, &format!("{operation}/parameters/{i}/schema"), &key);
+            assert!(errors.is_empty(), "{key}: {errors:?}");
+        }
+    }
+    let listed: Vec<&str> = [
+        doc.pointer(&format!(
+            "{}/parameters",
+            operation.rsplit_once('/').unwrap().0
+        )),
+        op.get("parameters"),
+    ]
+    .into_iter()
+    .flatten()
+    .filter_map(Value::as_array)
+    .flatten()
+    .map(|p| match p.get("$ref").and_then(Value::as_str) {
+        Some(reference) => doc.pointer(reference.trim_start_matches('#')).unwrap(),
+        None => p,
+    })
+    .filter(|p| p["in"] == "query")
+    .filter_map(|p| p["name"].as_str())
+    .collect();
+    let query = path.split_once('?').map(|(_, q)| q).unwrap_or_default();
+    let names: Vec<String> = url::form_urlencoded::parse(query.as_bytes())
+        .map(|(name, _)| name.into_owned())
+        .collect();
+    let undocumented: Vec<&String> = names
+        .iter()
+        .filter(|name| !listed.contains(&name.as_str()))
+        .collect();
+    if code == "unknown_parameter" {
+        assert!(
+            !undocumented.is_empty(),
+            "{path}: every parameter is listed"
+        );
+    } else {
+        assert!(
+            undocumented.is_empty(),
+            "{path}: {undocumented:?} are not listed"
+        );
+    }
+}
+
 fn assert_valid(doc: &Value, pointer: &str, body: &Value) {
+    let errors = schema_errors(doc, pointer, body);
+    assert!(errors.is_empty(), "{body} against {pointer}: {errors:?}");
+}
+
+/// What a value breaks of the document's schema at `pointer`, resolved through its `$ref`s.
+fn schema_errors(doc: &Value, pointer: &str, body: &Value) -> Vec<String> {
     let mut root = doc.clone();
     root["$schema"] = json!("https://json-schema.org/draft/2020-12/schema");
     // A JSON pointer in a URI fragment: braces are not URI characters.
@@ -158,19 +280,23 @@ fn assert_valid(doc: &Value, pointer: &str, body: &Value) {
         .should_validate_formats(true)
         .build(&root)
         .expect("the OpenAPI document's schemas compile");
-    let errors: Vec<String> = validator
+    validator
         .iter_errors(body)
         .map(|e| format!("{} at {}", e, e.instance_path()))
-        .collect();
-    assert!(errors.is_empty(), "{body} against {pointer}: {errors:?}");
+        .collect()
 }
 
 /// Puts `customer` on Kinde's pro plan now (500 this month), through intake and worker.
 pub async fn on_pro(app: &TestApp, customer: &str) {
+    on_pro_at(app, customer, &Utc::now().to_rfc3339()).await;
+}
+
+/// Puts `customer` on Kinde's pro plan at `at` (500 in that month).
+async fn on_pro_at(app: &TestApp, customer: &str, at: &str) {
     let claims = json!({
         "type": "customer.plan_changed",
         "event_id": format!("ev_{customer}_pro"),
-        "event_timestamp": Utc::now().to_rfc3339(),
+        "event_timestamp": at,
         "source": "api",
         "data": {"customer_id": customer, "plan": {"key": "pro", "name": "Pro"}}
     });
@@ -867,5 +993,207 @@ async fn a_database_that_cannot_be_reached_is_a_503_with_retry_after(pool: PgPoo
     assert_eq!(
         (answer.status, answer.body["code"].as_str()),
         (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable"))
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_debit_retried_across_midnight_gets_its_first_answer(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro_at(&app, "kc_night", "2026-11-30T10:00:00Z").await;
+    let clock = api::SetClock::at("2026-11-30T23:59:59.900Z".parse().unwrap());
+    let mut state = api_state(&pool);
+    state.clock = api::Clock::Set(clock.clone());
+    let asked = json!({"amount": 3, "note": "nightly export"});
+
+    // The answer to this one is lost on its way back to the app.
+    let first = debit(&state, "kc_night", "export-1130", asked.clone()).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    assert_eq!(first.body["period"], "2026-11");
+
+    clock.set("2026-12-01T00:00:01Z".parse().unwrap());
+    let retry = debit(&state, "kc_night", "export-1130", asked.clone()).await;
+    assert_eq!(retry.status, StatusCode::OK, "{}", retry.body);
+    assert_eq!(
+        (
+            &retry.body["usage_id"],
+            &retry.body["period"],
+            &retry.body["used"],
+            &retry.body["remaining"],
+            &retry.body["replayed"]
+        ),
+        (
+            &first.body["usage_id"],
+            &json!("2026-11"),
+            &json!(3),
+            &json!(497),
+            &json!(true)
+        ),
+        "the same request, answered as the first: in the first one's month"
+    );
+    assert!(retry.replayed_header);
+
+    // Naming a month is another request than naming none, whichever month it names.
+    for period in ["2026-11", "2026-12"] {
+        let named = debit(
+            &state,
+            "kc_night",
+            "export-1130",
+            json!({"amount": 3, "note": "nightly export", "period": period}),
+        )
+        .await;
+        assert_eq!(
+            (named.status, named.body["code"].as_str()),
+            (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some("idempotency_conflict")
+            ),
+            "{period}"
+        );
+    }
+    // A new key naming no month spends the month it arrives in: December has no grant.
+    let december = debit(&state, "kc_night", "export-1201", json!({"amount": 3})).await;
+    assert_eq!(
+        (december.status, december.body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("allowance_exhausted"))
+    );
+    let november = call(
+        &state,
+        "GET",
+        "/v1/accounts/kinde/kc_night/usage?period=2026-11",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (
+            &november.body["used"],
+            november.body["usage"].as_array().map(Vec::len)
+        ),
+        (&json!(3), Some(1)),
+        "debited once: {}",
+        november.body
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_request_the_contract_does_not_describe_is_refused_with_its_own_code(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_strict").await;
+    on_pro(&app, "kc_other").await;
+    let state = api_state(&pool);
+    let path = usage_path("kc_strict");
+    let post = |path: String, headers: Vec<(&'static str, &'static str)>, body: Value| {
+        let state = &state;
+        async move { call(state, "POST", &path, Some(APP_KEY), &headers, Some(body)).await }
+    };
+    let key = || vec![("idempotency-key", "k-strict")];
+    let get = |path: String| {
+        let state = &state;
+        async move { call(state, "GET", &path, Some(APP_KEY), &[], None).await }
+    };
+    let spent = debit(&state, "kc_strict", "k-spent", json!({"amount": 2})).await;
+    assert_eq!(spent.status, StatusCode::OK);
+    let spent_id = spent.body["usage_id"].as_str().unwrap().to_owned();
+    let month = spent.body["period"].as_str().unwrap().to_owned();
+
+    let cases = [
+        // serde reads an array as a struct's fields in order: it debited 3.
+        (
+            post(path.clone(), key(), json!([3, "2026-12", "note"])).await,
+            "body_not_object",
+        ),
+        (post(path.clone(), key(), json!(3)).await, "body_not_object"),
+        (
+            post(path.clone(), key(), json!({"amount": 3, "note": null})).await,
+            "null_field",
+        ),
+        (
+            post(path.clone(), key(), json!({"amount": 3, "period": null})).await,
+            "null_field",
+        ),
+        // Postgres stores no NUL: this was a 503 the app would retry forever.
+        (
+            post(path.clone(), key(), json!({"amount": 3, "note": "a\u{0}b"})).await,
+            "bad_note",
+        ),
+        (
+            post(
+                path.clone(),
+                key(),
+                json!({"amount": 3, "note": "\u{1b}[2J"}),
+            )
+            .await,
+            "bad_note",
+        ),
+        (
+            post(
+                path.clone(),
+                vec![("idempotency-key", "k-one"), ("idempotency-key", "k-two")],
+                json!({"amount": 3}),
+            )
+            .await,
+            "bad_idempotency_key",
+        ),
+        // The period of a debit is in its body; in the query it was ignored.
+        (
+            post(
+                format!("{path}?period=2026-01"),
+                key(),
+                json!({"amount": 3}),
+            )
+            .await,
+            "unknown_parameter",
+        ),
+        (
+            get("/v1/accounts/kinde/kc_strict?perod=2026-01".into()).await,
+            "unknown_parameter",
+        ),
+        (
+            get(format!("{path}?limit=1&limit=2")).await,
+            "repeated_parameter",
+        ),
+        (get(format!("{path}?after=garbage")).await, "bad_cursor"),
+        (get(format!("{path}?after=")).await, "bad_cursor"),
+        (get(format!("{path}?after=use_%00")).await, "bad_cursor"),
+        // A cursor of another period's list (or another account's) is no cursor of this one.
+        (
+            get(format!("{path}?period=2026-01&after={spent_id}")).await,
+            "bad_cursor",
+        ),
+        (
+            get(format!("{}?after={spent_id}", usage_path("kc_other"))).await,
+            "bad_cursor",
+        ),
+    ];
+    for (answer, code) in &cases {
+        assert_eq!(
+            (answer.status, answer.body["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some(*code)),
+            "{}",
+            answer.body
+        );
+    }
+    let control = get("/v1/accounts/kinde/kc%07strict".into()).await;
+    assert_eq!(control.body["code"], "bad_customer");
+    assert!(
+        control.body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("control characters"),
+        "{}",
+        control.body
+    );
+
+    // Nothing was debited, and the key is still free.
+    let page = get(format!("{path}?after={spent_id}&period={month}")).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert_eq!(page.body["usage"], json!([]));
+    let read = get("/v1/accounts/kinde/kc_strict".into()).await;
+    assert_eq!(read.body["used"], 2);
+    let fresh = post(path.clone(), key(), json!({"amount": 1})).await;
+    assert_eq!(
+        (fresh.status, fresh.body["replayed"].as_bool()),
+        (StatusCode::OK, Some(false))
     );
 }

@@ -746,7 +746,7 @@ async fn usage_record_refusals_exit_with_their_own_codes(pool: PgPool) {
     for (args, words) in [
         (
             vec!["usage", "record", "kc_cli", "0", "--key", "k"],
-            "at least 1",
+            "a whole number from 1 to 1000000000",
         ),
         (
             vec!["usage", "record", "kc_cli", "1", "--key", "a b"],
@@ -765,6 +765,108 @@ async fn usage_record_refusals_exit_with_their_own_codes(pool: PgPool) {
         .args(["usage", "record", "kc_cli", "1"])
         .env("DATABASE_URL", &url));
     assert_eq!(output.status.code(), Some(2), "--key is required");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn usage_record_refuses_what_the_api_refuses_and_stores_nothing_under_the_key(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    upgraded_customer(&app).await;
+    let url = database_url(&app.pool).await;
+    let next_year = (chrono::Utc::now() + chrono::Duration::days(400))
+        .format("%Y-%m")
+        .to_string();
+    let refused: [(Vec<&str>, &str, &str); 3] = [
+        (
+            vec![
+                "usage", "record", "kc_cli", "3", "--key", "k1", "--period", &next_year,
+            ],
+            "future_period",
+            "has not begun",
+        ),
+        (
+            vec![
+                "usage",
+                "record",
+                "kc_cli",
+                "1000000001",
+                "--key",
+                "k1",
+                "--period",
+                "2026-03",
+            ],
+            "bad_amount",
+            "a whole number from 1 to 1000000000",
+        ),
+        (
+            vec![
+                "usage",
+                "record",
+                "kc_cli",
+                "3",
+                "--key",
+                "k1",
+                "--period",
+                "2026-03",
+                "--note",
+                "a\u{1b}[2Jb",
+            ],
+            "bad_note",
+            "control characters",
+        ),
+    ];
+    for (args, code, words) in &refused {
+        let (output, _, stderr) = run(inboxctl().args(args).env("DATABASE_URL", &url));
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(words), "{args:?}: {stderr}");
+        let (exit, json) = json_of(&url, args);
+        assert_eq!(
+            (exit, json["code"].as_str()),
+            (Some(1), Some(*code)),
+            "{json}"
+        );
+    }
+    assert_eq!(app.count("SELECT count(*) FROM usage_debits").await, 0);
+    // The key is still free: its first real request is decided, not replayed.
+    let (code, first) = json_of(
+        &url,
+        &[
+            "usage", "record", "kc_cli", "3", "--key", "k1", "--period", "2026-03",
+        ],
+    );
+    assert_eq!(
+        (code, first["replayed"].as_bool(), first["used"].as_i64()),
+        (Some(0), Some(false), Some(3)),
+        "{first}"
+    );
+
+    // A cursor of no page of this list is an error, not the first page again.
+    let (output, _, stderr) = run(inboxctl()
+        .args([
+            "usage",
+            "kc_cli",
+            "--period",
+            "2026-03",
+            "--after",
+            "use_garbage",
+        ])
+        .env("DATABASE_URL", &url));
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is no usage id of kc_cli in 2026-03"),
+        "{stderr}"
+    );
+    let (code, json) = json_of(
+        &url,
+        &[
+            "usage",
+            "kc_cli",
+            "--period",
+            "2026-03",
+            "--after",
+            "use_garbage",
+        ],
+    );
+    assert_eq!((code, json["code"].as_str()), (Some(1), Some("bad_cursor")));
 }
 
 #[test]

@@ -786,7 +786,7 @@ async fn an_app_api_read_is_one_round_trip_and_a_debit_one_with_effects_off(pool
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn an_account_read_is_one_round_trip_and_a_debit_one_or_two_with_effects(pool: PgPool) {
-    use shared::billing::usage::{self, Debit, DebitRequest};
+    use shared::billing::usage::{self, Debit, DebitPeriod, DebitRequest};
     use shared::domain::Period;
     let app = TestApp::spawn(pool.clone()).await;
     let claims = serde_json::json!({"type": "customer.plan_changed",
@@ -807,7 +807,7 @@ async fn an_account_read_is_one_round_trip_and_a_debit_one_or_two_with_effects(p
         customer: &customer,
         key: "req_warm",
         amount: 1,
-        period: Period::parse("2026-04").unwrap(),
+        period: DebitPeriod::Named(Period::parse("2026-04").unwrap()),
         note: None,
         effects: Some(&catalog),
     };
@@ -827,7 +827,7 @@ async fn an_account_read_is_one_round_trip_and_a_debit_one_or_two_with_effects(p
         customer: &customer,
         key: "req_1",
         amount: 3,
-        period: period.clone(),
+        period: DebitPeriod::Named(period.clone()),
         note: None,
         effects: None,
     };

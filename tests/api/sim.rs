@@ -1162,7 +1162,7 @@ impl World {
             customer: &customer,
             key: &asked.key,
             amount: asked.amount,
-            period: shared::domain::Period::parse(asked.period).unwrap(),
+            period: usage::DebitPeriod::Named(shared::domain::Period::parse(asked.period).unwrap()),
             note: None,
             effects: Some(&self.worker.catalog),
         };

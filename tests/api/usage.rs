@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use serde_json::{json, Value};
 use shared::billing::account::{self, AccountSnapshot};
-use shared::billing::usage::{self, Debit, DebitRequest, Debited};
+use shared::billing::usage::{self, Debit, DebitPeriod, DebitRequest, Debited, Listed};
 use shared::domain::{CustomerId, Period};
 use sqlx::PgPool;
 
@@ -45,7 +45,7 @@ fn request<'a>(customer: &'a CustomerId, key: &'a str, amount: i64) -> DebitRequ
         customer,
         key,
         amount,
-        period: march(),
+        period: DebitPeriod::Named(march()),
         note: None,
         effects: None,
     }
@@ -260,7 +260,7 @@ async fn a_key_reused_with_another_amount_period_or_note_is_a_conflict(pool: PgP
         ..first.clone()
     };
     let other_period = DebitRequest {
-        period: Period::parse("2026-04").unwrap(),
+        period: DebitPeriod::Named(Period::parse("2026-04").unwrap()),
         ..first.clone()
     };
     let other_note = DebitRequest {
@@ -306,7 +306,7 @@ async fn a_debit_on_a_deleted_or_unknown_customer_is_refused_and_not_stored(pool
     let december = Period::parse("2025-12").unwrap();
     let in_polar = |key: &'static str| DebitRequest {
         source: "polar",
-        period: december.clone(),
+        period: DebitPeriod::Named(december.clone()),
         ..request(&gone, key, 1)
     };
     let before = debit(&app.pool, &in_polar("req_before")).await;
@@ -409,7 +409,7 @@ async fn the_first_exhaustion_of_a_period_is_told_once_with_effects_on(pool: PgP
     );
     // Another period is another exhaustion.
     let april = DebitRequest {
-        period: Period::parse("2026-04").unwrap(),
+        period: DebitPeriod::Named(Period::parse("2026-04").unwrap()),
         ..with_effects("req_april", 1)
     };
     let other = debit(&app.pool, &april).await;
@@ -503,10 +503,13 @@ async fn the_usage_list_pages_through_the_accepted_debits_of_the_period(pool: Pg
     let mut after: Option<String> = None;
     let mut pages = 0;
     loop {
-        let page = usage::list(&mut conn, "kinde", &who, &march(), 2, after.as_deref())
-            .await
-            .unwrap()
-            .unwrap();
+        let Listed::Page(page) =
+            usage::list(&mut conn, "kinde", &who, &march(), 2, after.as_deref())
+                .await
+                .unwrap()
+        else {
+            panic!("a page after {after:?}");
+        };
         pages += 1;
         assert_eq!((page.allowance, page.used, page.remaining), (500, 500, 0));
         keys.extend(page.usage.iter().map(|l| l.idempotency_key.clone()));
@@ -531,7 +534,7 @@ async fn the_usage_list_pages_through_the_accepted_debits_of_the_period(pool: Pg
     )
     .await
     .unwrap();
-    assert!(unknown.is_none());
+    assert_eq!(unknown, Listed::UnknownCustomer);
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
@@ -666,7 +669,7 @@ async fn the_published_view_tells_each_periods_allowance_used_and_remaining(pool
     let who = customer("kc_view");
     debit(&app.pool, &request(&who, "req_1", 120)).await;
     let april = DebitRequest {
-        period: Period::parse("2026-04").unwrap(),
+        period: DebitPeriod::Named(Period::parse("2026-04").unwrap()),
         ..request(&who, "req_2", 5)
     };
     debit(&app.pool, &april).await;
@@ -699,4 +702,80 @@ async fn the_published_view_tells_each_periods_allowance_used_and_remaining(pool
         (rows[0].4, rows[0].5, rows[0].6),
         "the view and the snapshot agree"
     );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_request_naming_no_period_is_the_same_request_in_a_later_month(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    granted(&app, "k_pro", "kc_late", "pro", "2026-03-01T00:00:00Z").await;
+    let who = customer("kc_late");
+    let arrived = |period: &str| DebitRequest {
+        period: DebitPeriod::Arrival(Period::parse(period).unwrap()),
+        ..request(&who, "req_eom", 4)
+    };
+    let first = debit(&app.pool, &arrived(MARCH)).await.debit;
+    assert!(
+        matches!(
+            &first,
+            Debit::Accepted {
+                used: 4,
+                replayed: false,
+                ..
+            }
+        ),
+        "{first:?}"
+    );
+    let retried = debit(&app.pool, &arrived("2026-04")).await.debit;
+    assert_eq!(
+        without_replayed(&retried),
+        first,
+        "the first answer, in March"
+    );
+    assert!(matches!(retried, Debit::Accepted { replayed: true, .. }));
+    // A month named is another request, even the month the first one spent.
+    let named = request(&who, "req_eom", 4);
+    assert_eq!(debit(&app.pool, &named).await.debit, Debit::KeyConflict);
+    // And the other way round: a key that named its month conflicts with naming none.
+    debit(&app.pool, &request(&who, "req_named", 1)).await;
+    let unnamed = DebitRequest {
+        period: DebitPeriod::Arrival(march()),
+        ..request(&who, "req_named", 1)
+    };
+    assert_eq!(debit(&app.pool, &unnamed).await.debit, Debit::KeyConflict);
+    assert_eq!(snapshot(&app, "kc_late").await.used, 5);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_debit_stored_before_its_request_was_kept_whole_answers_either_request(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    granted(&app, "k_pro", "kc_old", "pro", "2026-03-01T00:00:00Z").await;
+    // The release before this one calls the 8-argument function while the next deploys.
+    let outcome: String = sqlx::query_scalar(
+        "SELECT outcome
+         FROM inbox_debit('kinde', 'kc_old', 'req_old', 6, '2026-03', NULL, 'use_old', NULL)",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(outcome, "accepted");
+    let period_named: Option<bool> =
+        sqlx::query_scalar("SELECT period_named FROM usage_debits WHERE usage_id = 'use_old'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(period_named, None, "not known");
+    let who = customer("kc_old");
+    let named = request(&who, "req_old", 6);
+    let unnamed = DebitRequest {
+        period: DebitPeriod::Arrival(Period::parse("2026-04").unwrap()),
+        ..named.clone()
+    };
+    for asked in [named, unnamed] {
+        let answer = debit(&app.pool, &asked).await.debit;
+        assert!(
+            matches!(&answer, Debit::Accepted { usage_id, used: 6, replayed: true, period, .. }
+                if usage_id == "use_old" && *period == march()),
+            "{answer:?}"
+        );
+    }
 }

@@ -1,8 +1,8 @@
 //! Usage: the app spends a period's allowance (docs/design.md §4.10). A debit is a stored fact
 //! keyed by the account and the app's idempotency key, decided and stored with its answer in
-//! one call of `inbox_debit` (migrations/20261205100001_usage.sql) under the lock of the
-//! account's period, so concurrent debits never spend past the allowance and a key asked
-//! again answers the same. `remaining = allowance − used`, the allowance being the period's
+//! one call of `inbox_debit` (migrations/20261208310001_debit_period_as_asked.sql) under the
+//! lock of the account's period, so concurrent debits never spend past the allowance and a
+//! key asked again answers the same. `remaining = allowance − used`, the allowance being the period's
 //! largest grant.
 
 use chrono::{DateTime, Utc};
@@ -17,16 +17,101 @@ use crate::db::exec;
 use crate::domain::{CustomerId, Period};
 use crate::effects::{self, Kind};
 
+/// The largest single debit: far above any real allowance, far below what sums overflow at.
+pub const MAX_AMOUNT: i64 = 1_000_000_000;
+/// The longest idempotency key (Stripe's limit).
+pub const MAX_KEY_LEN: usize = 255;
+/// The longest note kept with a debit, in characters.
+pub const MAX_NOTE_CHARS: usize = 500;
+
+/// The month a debit spends: the one its request named, or, when it named none, the month it
+/// arrived in. The two are kept apart in the stored request, so that a request naming no
+/// month, sent again after the month turned (its first answer lost at 23:59:59), is the same
+/// request and gets the first one's answer, in the first one's month.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DebitPeriod {
+    /// `"period": "2026-11"` in the API's body, `--period 2026-11` in `inboxctl usage record`.
+    Named(Period),
+    /// No period asked for: the UTC month the request arrived in.
+    Arrival(Period),
+}
+
+impl DebitPeriod {
+    /// The month this request would spend, if its key is new.
+    pub fn period(&self) -> &Period {
+        match self {
+            Self::Named(period) | Self::Arrival(period) => period,
+        }
+    }
+
+    fn named(&self) -> bool {
+        matches!(self, Self::Named(_))
+    }
+}
+
+/// Why a debit is refused before anything is looked up or stored. One check
+/// ([`DebitRequest::checked`]) for both ways in, the API and `inboxctl usage record`, so
+/// neither can store as a permanent answer under its key what the other refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Invalid {
+    #[error("an idempotency key is 1 to {MAX_KEY_LEN} visible ASCII characters")]
+    Key,
+    #[error("the amount is a whole number from 1 to {MAX_AMOUNT}")]
+    Amount,
+    #[error("'{0}' is not a YYYY-MM month")]
+    Period(String),
+    #[error("{period} has not begun (it is {today})")]
+    FuturePeriod { period: Period, today: Period },
+    #[error(
+        "a note is at most {MAX_NOTE_CHARS} characters, with no control characters but tab and newline"
+    )]
+    Note,
+}
+
+impl Invalid {
+    /// The API's code for it (docs/api.md), also `inboxctl --json`'s.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Key => "bad_idempotency_key",
+            Self::Amount => "bad_amount",
+            Self::Period(_) => "bad_period",
+            Self::FuturePeriod { .. } => "future_period",
+            Self::Note => "bad_note",
+        }
+    }
+}
+
+/// A month a request names: a real one, not after `today`'s.
+pub fn asked_period(raw: &str, today: &Period) -> Result<Period, Invalid> {
+    let period = Period::parse(raw).map_err(|_| Invalid::Period(raw.to_owned()))?;
+    if period > *today {
+        return Err(Invalid::FuturePeriod {
+            period,
+            today: today.clone(),
+        });
+    }
+    Ok(period)
+}
+
+/// An idempotency key: 1 to [`MAX_KEY_LEN`] visible ASCII characters.
+pub fn check_key(key: &str) -> Result<(), Invalid> {
+    let visible = key.bytes().all(|b| b.is_ascii_graphic());
+    match !key.is_empty() && key.len() <= MAX_KEY_LEN && visible {
+        true => Ok(()),
+        false => Err(Invalid::Key),
+    }
+}
+
 /// One debit as the app asks for it.
 #[derive(Debug, Clone)]
 pub struct DebitRequest<'a> {
     pub source: &'a str,
     pub customer: &'a CustomerId,
-    /// The app's idempotency key (the API checks it: 1–255 visible ASCII characters).
+    /// The app's idempotency key: 1–255 visible ASCII characters.
     pub key: &'a str,
-    /// At least 1.
+    /// From 1 to [`MAX_AMOUNT`].
     pub amount: i64,
-    pub period: Period,
+    pub period: DebitPeriod,
     pub note: Option<&'a str>,
     /// `Some(catalog)` when effects are configured (`INBOX_EFFECTS`): the period's
     /// `billing.allowance_exhausted` is written with the debit that exhausts it, its
@@ -57,6 +142,48 @@ pub enum Debit {
     KeyConflict,
     CustomerDeleted,
     UnknownCustomer,
+}
+
+impl<'a> DebitRequest<'a> {
+    /// A debit as the API or `inboxctl usage record` was asked for it, checked by the one
+    /// rule both answer by: the key, an amount from 1 to [`MAX_AMOUNT`], a month (`None`: the
+    /// one of `today`, the request's arrival) that is not after `today`'s, a note of at most
+    /// [`MAX_NOTE_CHARS`] characters without control characters (Postgres cannot store a
+    /// NUL; an escape sequence would reach the operator's terminal through `inboxctl usage`).
+    /// Effects off; the caller sets [`DebitRequest::effects`].
+    pub fn checked(
+        source: &'a str,
+        customer: &'a CustomerId,
+        key: &'a str,
+        amount: i64,
+        period: Option<&str>,
+        note: Option<&'a str>,
+        today: &Period,
+    ) -> Result<Self, Invalid> {
+        check_key(key)?;
+        if !(1..=MAX_AMOUNT).contains(&amount) {
+            return Err(Invalid::Amount);
+        }
+        let period = match period {
+            Some(raw) => DebitPeriod::Named(asked_period(raw, today)?),
+            None => DebitPeriod::Arrival(today.clone()),
+        };
+        if let Some(note) = note {
+            let kept = |c: char| !c.is_control() || c == '\t' || c == '\n';
+            if note.chars().count() > MAX_NOTE_CHARS || !note.chars().all(kept) {
+                return Err(Invalid::Note);
+            }
+        }
+        Ok(Self {
+            source,
+            customer,
+            key,
+            amount,
+            period,
+            note,
+            effects: None,
+        })
+    }
 }
 
 impl Debit {
@@ -100,17 +227,18 @@ fn exhausted_cause(source: &str, customer: &CustomerId, period: &Period) -> Stri
 
 /// Spends `req.amount` of the period's allowance, once per key: at most two round trips, one
 /// when effects are off.
-#[tracing::instrument(skip_all, fields(source = req.source, period = req.period.as_str()))]
+#[tracing::instrument(skip_all, fields(source = req.source, period = req.period.period().as_str()))]
 pub async fn debit(
     conn: &mut PgConnection,
     req: &DebitRequest<'_>,
 ) -> Result<Debited, sqlx::Error> {
+    let period = req.period.period();
     let effect = match req.effects {
         Some(catalog) => {
             // The plan as read just before the debit: the debit does not move it. No
             // account, no debit either (accounts are never deleted, so no key of it exists).
             let Some(snapshot) =
-                account::snapshot(conn, req.source, req.customer, &req.period, catalog).await?
+                account::snapshot(conn, req.source, req.customer, period, catalog).await?
             else {
                 return Ok(Debited {
                     debit: Debit::UnknownCustomer,
@@ -118,7 +246,7 @@ pub async fn debit(
                 });
             };
             let plan = snapshot.plan;
-            let cause = exhausted_cause(req.source, req.customer, &req.period);
+            let cause = exhausted_cause(req.source, req.customer, period);
             let id = effects::effect_id(Kind::AllowanceExhausted, &cause);
             let body = json!({
                 "id": id,
@@ -126,8 +254,8 @@ pub async fn debit(
                 "data": {
                     "source": req.source,
                     "customer_id": req.customer.as_str(),
-                    "period": req.period.as_str(),
-                    "account": {"plan": plan, "period": req.period.as_str()},
+                    "period": period.as_str(),
+                    "account": {"plan": plan, "period": period.as_str()},
                 },
             });
             Some(json!({"id": id, "cause": cause, "body": body}))
@@ -136,13 +264,15 @@ pub async fn debit(
     };
     let usage_id = format!("use_{}", uuid::Uuid::new_v4().simple());
     let row = sqlx::query!(
-        r#"SELECT outcome AS "outcome!", usage_id, used, remaining, replayed AS "replayed!", told
-           FROM inbox_debit($1, $2, $3, $4, $5, $6, $7, $8)"#,
+        r#"SELECT outcome AS "outcome!", usage_id, period, used, remaining,
+                  replayed AS "replayed!", told
+           FROM inbox_debit($1, $2, $3, $4, $5, $6, $7, $8, $9)"#,
         req.source,
         req.customer.as_str(),
         req.key,
         req.amount,
-        req.period.as_str(),
+        period.as_str(),
+        req.period.named(),
         req.note,
         usage_id,
         effect,
@@ -154,7 +284,15 @@ pub async fn debit(
         "accepted" => Debit::Accepted {
             usage_id: row.usage_id.ok_or_else(|| missing("usage_id"))?,
             amount: req.amount,
-            period: req.period.clone(),
+            // The month the key's first request spent: a replay's, when it named none, may
+            // be before this request's arrival.
+            period: row
+                .period
+                .as_deref()
+                .map(Period::parse)
+                .transpose()
+                .map_err(|e| sqlx::Error::Decode(format!("inbox_debit: {e}").into()))?
+                .ok_or_else(|| missing("period"))?,
             used: row.used.ok_or_else(|| missing("used"))?,
             remaining: row.remaining.ok_or_else(|| missing("remaining"))?,
             replayed: row.replayed,
@@ -200,9 +338,19 @@ pub struct UsagePage {
     pub next: Option<String>,
 }
 
+/// What a usage list came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listed {
+    Page(UsagePage),
+    UnknownCustomer,
+    /// `after` names no debit of this account and period: a cursor of another list, or none
+    /// at all. Starting from the beginning instead would show the first page as if it were
+    /// the next.
+    UnknownCursor,
+}
+
 /// Lists the period's accepted debits, `limit` at a time, after the debit `after` names (an
-/// opaque cursor: a `usage_id` of an earlier page); `None` for an unknown customer. A
-/// cursor that names no debit of this account and period starts from the beginning.
+/// opaque cursor: the `next` of an earlier page of this account and period).
 #[tracing::instrument(skip_all, fields(source, period = period.as_str()))]
 pub async fn list(
     conn: &mut PgConnection,
@@ -211,11 +359,15 @@ pub async fn list(
     period: &Period,
     limit: i64,
     after: Option<&str>,
-) -> Result<Option<UsagePage>, sqlx::Error> {
+) -> Result<Listed, sqlx::Error> {
     let limit = limit.max(1);
     let row = sqlx::query!(
         r#"
         SELECT (a.deleted_at IS NOT NULL) AS "deleted!",
+               ($4::text IS NULL OR EXISTS (SELECT 1 FROM usage_debits c
+                                            WHERE c.usage_id = $4 AND c.source = $1
+                                              AND c.customer_id = $2 AND c.period = $3))
+                   AS "cursor_known!",
                (SELECT COALESCE(sum(delta), 0) FROM ledger
                 WHERE source = $1 AND customer_id = $2 AND period = $3)::bigint AS "granted!",
                COALESCE((SELECT used FROM usage_periods
@@ -241,8 +393,11 @@ pub async fn list(
     .fetch_optional(exec(conn))
     .await?;
     let Some(row) = row else {
-        return Ok(None);
+        return Ok(Listed::UnknownCustomer);
     };
+    if !row.cursor_known {
+        return Ok(Listed::UnknownCursor);
+    }
     #[derive(serde::Deserialize)]
     struct Line {
         usage_id: String,
@@ -267,7 +422,7 @@ pub async fn list(
             recorded_at: l.recorded_at,
         })
         .collect();
-    Ok(Some(UsagePage {
+    Ok(Listed::Page(UsagePage {
         period: period.to_string(),
         allowance,
         used: row.used,
@@ -275,4 +430,45 @@ pub async fn list(
         next: usage.last().filter(|_| more).map(|l| l.usage_id.clone()),
         usage,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_debit_is_checked_by_one_rule_for_the_api_and_the_cli() {
+        let customer = CustomerId::parse("kc_1").unwrap();
+        let today = Period::parse("2026-12").unwrap();
+        let ask =
+            |key: &'static str, amount: i64, period: Option<&str>, note: Option<&'static str>| {
+                DebitRequest::checked("kinde", &customer, key, amount, period, note, &today)
+            };
+        let named = ask("k", MAX_AMOUNT, Some("2026-11"), Some("a\tb\nc")).unwrap();
+        assert_eq!(
+            named.period,
+            DebitPeriod::Named(Period::parse("2026-11").unwrap())
+        );
+        assert_eq!(
+            ask("k", 1, None, None).unwrap().period,
+            DebitPeriod::Arrival(today.clone()),
+            "no period named: the month of arrival, kept apart from a named one"
+        );
+        let invalid = |r: Result<DebitRequest<'_>, Invalid>| r.unwrap_err().code();
+        assert_eq!(invalid(ask("k", 0, None, None)), "bad_amount");
+        assert_eq!(invalid(ask("k", MAX_AMOUNT + 1, None, None)), "bad_amount");
+        assert_eq!(invalid(ask("k", 1, Some("2027-01"), None)), "future_period");
+        assert_eq!(invalid(ask("k", 1, Some("2026-13"), None)), "bad_period");
+        assert_eq!(invalid(ask("", 1, None, None)), "bad_idempotency_key");
+        assert_eq!(invalid(ask("a b", 1, None, None)), "bad_idempotency_key");
+        let long = "é".repeat(MAX_NOTE_CHARS + 1);
+        let too_long = DebitRequest::checked("kinde", &customer, "k", 1, None, Some(&long), &today);
+        assert_eq!(invalid(too_long), "bad_note");
+        let longest = "é".repeat(MAX_NOTE_CHARS);
+        assert!(
+            DebitRequest::checked("kinde", &customer, "k", 1, None, Some(&longest), &today).is_ok()
+        );
+        assert_eq!(invalid(ask("k", 1, None, Some("a\u{0}b"))), "bad_note");
+        assert_eq!(invalid(ask("k", 1, None, Some("\u{1b}[2J"))), "bad_note");
+    }
 }

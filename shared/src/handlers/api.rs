@@ -3,8 +3,10 @@
 //! and `usage`, answer. Every error is mapped to its status code in one place, and every
 //! answer comes within the invocation's time. No SQL and no billing rule lives here.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use http::{HeaderMap, Method, StatusCode};
 use lambda_http::{Body, Request, RequestExt, Response};
 
@@ -17,7 +19,7 @@ use super::{body_bytes, json_response};
 use crate::api_keys::{Caller, Keys, Scope};
 use crate::audit::{self, Cut, FoldError};
 use crate::billing::account::{self, AccountSnapshot};
-use crate::billing::usage::{self, Debit, DebitRequest, Debited, UsagePage};
+use crate::billing::usage::{self, Debit, DebitRequest, Debited, Invalid, Listed, UsagePage};
 use crate::billing::Catalog;
 use crate::config::ApiConfig;
 use crate::db::{Held, HeldConnection};
@@ -25,14 +27,12 @@ use crate::domain::{CustomerId, Period, SourceKind};
 use crate::providers::stripe::{connected_account, connected_customer};
 use crate::queue::Queue;
 
+pub use crate::billing::usage::{MAX_AMOUNT, MAX_KEY_LEN, MAX_NOTE_CHARS};
+
 /// Largest request body accepted: a debit is a few dozen bytes.
 pub const MAX_BODY_BYTES: usize = 4096;
-/// The longest idempotency key (Stripe's limit).
-pub const MAX_KEY_LEN: usize = 255;
-/// The longest note kept with a debit, in characters.
-pub const MAX_NOTE_CHARS: usize = 500;
-/// The largest single debit: far above any real allowance, far below what sums overflow at.
-pub const MAX_AMOUNT: i64 = 1_000_000_000;
+/// The longest `after` cursor: a usage id is 36 characters.
+const MAX_CURSOR_LEN: usize = 100;
 /// A usage page's default and largest sizes.
 pub const DEFAULT_LIMIT: i64 = 50;
 pub const MAX_LIMIT: i64 = 100;
@@ -42,6 +42,42 @@ pub const DEFAULT_BUDGET: Duration = Duration::from_secs(5);
 const ANSWER_MARGIN: Duration = Duration::from_millis(250);
 /// Seconds a caller is asked to wait before retrying when the store cannot answer.
 pub const RETRY_AFTER_SECS: u64 = 2;
+
+/// The clock that says which month a request arrives in: the system's, or one a test sets
+/// (a debit at 23:59:59.9 and its retry at 00:00:01, without waiting for midnight).
+#[derive(Debug, Clone, Default)]
+pub enum Clock {
+    #[default]
+    System,
+    Set(SetClock),
+}
+
+impl Clock {
+    pub fn now(&self) -> DateTime<Utc> {
+        match self {
+            Self::System => Utc::now(),
+            Self::Set(clock) => clock.now(),
+        }
+    }
+}
+
+/// A clock that shows the time it was last set to.
+#[derive(Debug, Clone)]
+pub struct SetClock(Arc<Mutex<DateTime<Utc>>>);
+
+impl SetClock {
+    pub fn at(time: DateTime<Utc>) -> Self {
+        Self(Arc::new(Mutex::new(time)))
+    }
+
+    pub fn set(&self, time: DateTime<Utc>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = time;
+    }
+
+    pub fn now(&self) -> DateTime<Utc> {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 pub struct ApiState {
     /// The instance's own connection: one round trip per read.
@@ -55,6 +91,8 @@ pub struct ApiState {
     pub keys: Keys,
     /// Effects on: the queue an `allowance_exhausted` effect's id is handed to.
     pub effects: Option<Queue>,
+    /// The current month's clock.
+    pub clock: Clock,
 }
 
 impl ApiState {
@@ -77,6 +115,7 @@ impl ApiState {
             catalog: config.catalog.clone(),
             keys: Keys::new(&entries),
             effects,
+            clock: Clock::System,
         })
     }
 }
@@ -112,6 +151,12 @@ pub enum ApiError {
     Unavailable(#[source] sqlx::Error),
     #[error("no answer in time; retry later")]
     Timeout,
+}
+
+impl From<Invalid> for ApiError {
+    fn from(invalid: Invalid) -> Self {
+        Self::bad(invalid.code(), invalid.to_string())
+    }
 }
 
 impl ApiError {
@@ -219,6 +264,20 @@ enum Route {
     ListUsage,
 }
 
+impl Route {
+    /// The query parameters the route takes. Any other is refused: a misspelt `period` (or a
+    /// `period` on a debit, which names it in the body) would otherwise be answered for the
+    /// current month as if it had been understood.
+    fn parameters(&self) -> &'static [&'static str] {
+        match self {
+            Self::Account => &["period", "stripe_account"],
+            Self::Why => &["at", "received_before", "stripe_account"],
+            Self::RecordUsage => &["stripe_account"],
+            Self::ListUsage => &["period", "limit", "after", "stripe_account"],
+        }
+    }
+}
+
 /// The account a route names: the source, and the customer as the store keys it (a
 /// connected Stripe account's customer is `acct_…/cus_…`).
 #[derive(Debug, Clone)]
@@ -311,16 +370,43 @@ impl Query {
         )
     }
 
-    /// The first value of `name`.
+    /// The value of `name`, once checked by [`Query::check`] to be given at most once.
     fn first(&self, name: &str) -> Option<&str> {
         self.0
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
     }
+
+    /// Each parameter is one `route` takes, and is given once: of two values, neither is
+    /// known to be the one meant.
+    fn check(&self, route: &Route) -> Result<(), ApiError> {
+        let taken = route.parameters();
+        for (i, (name, _)) in self.0.iter().enumerate() {
+            if !taken.contains(&name.as_str()) {
+                let name: String = name.chars().take(40).collect();
+                return Err(ApiError::bad(
+                    "unknown_parameter",
+                    format!(
+                        "this route takes no parameter '{}'; it takes {}",
+                        name.escape_debug(),
+                        taken.join(", ")
+                    ),
+                ));
+            }
+            if self.0[..i].iter().any(|(seen, _)| seen == name) {
+                return Err(ApiError::bad(
+                    "repeated_parameter",
+                    format!("{name} is given more than once"),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
-/// A debit's body.
+/// A debit's body, as sent: `{"amount": N, "period"?: "YYYY-MM", "note"?: "…"}`, checked by
+/// [`DebitRequest::checked`].
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DebitBody {
@@ -331,39 +417,53 @@ struct DebitBody {
     note: Option<String>,
 }
 
-/// An `Idempotency-Key`: 1 to 255 visible ASCII characters.
-fn idempotency_key(headers: &HeaderMap) -> Result<String, ApiError> {
-    let raw = headers.get("idempotency-key").ok_or_else(|| {
+/// An `Idempotency-Key`, given once: 1 to 255 visible ASCII characters.
+fn idempotency_key(headers: &HeaderMap) -> Result<&str, ApiError> {
+    let mut given = headers.get_all("idempotency-key").iter();
+    let raw = given.next().ok_or_else(|| {
         ApiError::bad(
             "missing_idempotency_key",
             "a debit needs an Idempotency-Key header",
         )
     })?;
-    let key = raw.to_str().unwrap_or_default();
-    let visible = key.bytes().all(|b| b.is_ascii_graphic());
-    if key.is_empty() || key.len() > MAX_KEY_LEN || !visible || raw.as_bytes().len() != key.len() {
+    if given.next().is_some() {
         return Err(ApiError::bad(
             "bad_idempotency_key",
-            format!("an Idempotency-Key is 1 to {MAX_KEY_LEN} visible ASCII characters"),
+            "a debit has one Idempotency-Key header, not several",
         ));
     }
-    Ok(key.to_owned())
+    let key = raw.to_str().map_err(|_| Invalid::Key)?;
+    usage::check_key(key)?;
+    Ok(key)
 }
 
 /// A period named by a request: a real month, not after the current one.
 fn period_param(raw: Option<&str>, now: &Period) -> Result<Period, ApiError> {
-    let Some(raw) = raw else {
-        return Ok(now.clone());
-    };
-    let period = Period::parse(raw)
-        .map_err(|_| ApiError::bad("bad_period", format!("'{raw}' is not a YYYY-MM month")))?;
-    if period > *now {
-        return Err(ApiError::bad(
-            "future_period",
-            format!("{period} has not begun (it is {now})"),
-        ));
+    match raw {
+        None => Ok(now.clone()),
+        Some(raw) => Ok(usage::asked_period(raw, now)?),
     }
-    Ok(period)
+}
+
+/// An `after` cursor as given: what no usage id can be is refused before the store is asked.
+fn cursor_param(raw: Option<&str>) -> Result<Option<&str>, ApiError> {
+    match raw {
+        Some(after)
+            if after.is_empty()
+                || after.len() > MAX_CURSOR_LEN
+                || after.chars().any(char::is_control) =>
+        {
+            Err(bad_cursor())
+        }
+        other => Ok(other),
+    }
+}
+
+fn bad_cursor() -> ApiError {
+    ApiError::bad(
+        "bad_cursor",
+        "after is the next of an earlier page of this account and period",
+    )
 }
 
 /// A time named by a request: RFC 3339.
@@ -384,36 +484,57 @@ fn time_param(
         })
 }
 
-fn debit_body(body: &[u8], now: &Period) -> Result<(i64, Period, Option<String>), ApiError> {
-    let parsed: DebitBody = serde_json::from_slice(body).map_err(|e| {
+/// What a debit's body is: a JSON object with the fields of [`DebitBody`]. serde would take a
+/// JSON array as the fields in order (`[3, "2026-12", "note"]`) and a `null` as a field left
+/// out; neither is what the contract says, so each is refused with its own code. The amount
+/// comes as it was written (a whole number, checked with the rest by
+/// [`DebitRequest::checked`]).
+fn debit_body(body: &[u8]) -> Result<(i64, DebitBody), ApiError> {
+    const SHAPE: &str = r#"{"amount": N, "period"?: "YYYY-MM", "note"?: "…"}"#;
+    let bad_body = |e: serde_json::Error| {
         ApiError::bad(
             "bad_body",
-            format!(
-                r#"the body is not {{"amount": N, "period"?: "YYYY-MM", "note"?: "…"}}: {}"#,
-                serde_error_words(&e)
-            ),
+            format!("the body is not {SHAPE}: {}", serde_error_words(&e)),
         )
-    })?;
-    let amount = parsed
-        .amount
-        .as_i64()
-        .filter(|a| (1..=MAX_AMOUNT).contains(a))
-        .ok_or_else(|| {
-            ApiError::bad(
-                "bad_amount",
-                format!("amount is a whole number from 1 to {MAX_AMOUNT}"),
-            )
-        })?;
-    let period = period_param(parsed.period.as_deref(), now)?;
-    if let Some(note) = &parsed.note {
-        if note.chars().count() > MAX_NOTE_CHARS {
+    };
+    let value: Value = serde_json::from_slice(body).map_err(bad_body)?;
+    let fields = match &value {
+        Value::Object(fields) => fields,
+        Value::Array(_) | Value::String(_) | Value::Number(_) | Value::Bool(_) | Value::Null => {
             return Err(ApiError::bad(
-                "bad_note",
-                format!("a note is at most {MAX_NOTE_CHARS} characters"),
-            ));
+                "body_not_object",
+                format!(
+                    "the body is JSON {}; a debit is an object, {SHAPE}",
+                    kind_of(&value)
+                ),
+            ))
         }
+    };
+    if let Some(name) = ["period", "note"]
+        .into_iter()
+        .find(|name| fields.get(*name) == Some(&Value::Null))
+    {
+        return Err(ApiError::bad(
+            "null_field",
+            format!("{name} is a string or left out, not null"),
+        ));
     }
-    Ok((amount, period, parsed.note))
+    // Read again from the text, not the value: a field given twice is refused there (a map
+    // keeps the last one silently).
+    let parsed: DebitBody = serde_json::from_slice(body).map_err(bad_body)?;
+    let amount = parsed.amount.as_i64().ok_or(Invalid::Amount)?;
+    Ok((amount, parsed))
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Object(_) => "an object",
+        Value::Array(_) => "an array",
+        Value::String(_) => "a string",
+        Value::Number(_) => "a number",
+        Value::Bool(_) => "a boolean",
+        Value::Null => "null",
+    }
 }
 
 /// What serde says of a body, without quoting the body.
@@ -499,8 +620,9 @@ async fn serve(state: &ApiState, request: &Request) -> Result<Response<Body>, Ap
     span.record("route", format!("{route:?}"));
     require(caller, Scope::Read)?;
     let query = Query::of(request);
+    query.check(&route)?;
     let target = target(state, source, &customer, query.first("stripe_account"))?;
-    let now = Period::current();
+    let now = Period::of(state.clock.now().into());
     match route {
         Route::Account => {
             let period = period_param(query.first("period"), &now)?;
@@ -561,31 +683,35 @@ async fn serve(state: &ApiState, request: &Request) -> Result<Response<Body>, Ap
                         ApiError::bad("bad_limit", format!("limit is from 1 to {MAX_LIMIT}"))
                     })?,
             };
-            let after = query.first("after").map(str::to_owned);
-            let page = on_held!(state, conn => usage::list(
+            let after = cursor_param(query.first("after"))?;
+            let listed = on_held!(state, conn => usage::list(
                 conn,
                 &target.source,
                 &target.customer,
                 &period,
                 limit,
-                after.as_deref(),
-            ))?
-            .ok_or_else(|| ApiError::UnknownCustomer(customer.clone()))?;
-            Ok(json_response(StatusCode::OK, &usage_page_body(&page)))
+                after,
+            ))?;
+            match listed {
+                Listed::Page(page) => Ok(json_response(StatusCode::OK, &usage_page_body(&page))),
+                Listed::UnknownCustomer => Err(ApiError::UnknownCustomer(customer.clone())),
+                Listed::UnknownCursor => Err(bad_cursor()),
+            }
         }
         Route::RecordUsage => {
             require(caller, Scope::Usage)?;
             let key = idempotency_key(request.headers())?;
-            let (amount, period, note) = debit_body(body, &now)?;
-            let ask = DebitRequest {
-                source: &target.source,
-                customer: &target.customer,
-                key: &key,
+            let (amount, body) = debit_body(body)?;
+            let mut ask = DebitRequest::checked(
+                &target.source,
+                &target.customer,
+                key,
                 amount,
-                period,
-                note: note.as_deref(),
-                effects: state.effects.as_ref().map(|_| &state.catalog),
-            };
+                body.period.as_deref(),
+                body.note.as_deref(),
+                &now,
+            )?;
+            ask.effects = state.effects.as_ref().map(|_| &state.catalog);
             let debited = on_held!(state, conn => usage::debit(conn, &ask))?;
             tell(state, &debited).await;
             debit_answer(debited.debit, &customer)
@@ -631,8 +757,8 @@ fn target(
             ))
         }
     };
-    let customer = CustomerId::parse(&stored)
-        .map_err(|_| ApiError::bad("bad_customer", "the customer id is empty or too long"))?;
+    let customer =
+        CustomerId::parse(&stored).map_err(|e| ApiError::bad("bad_customer", e.to_string()))?;
     Ok(Target {
         source,
         customer,
@@ -774,19 +900,25 @@ mod tests {
 
     #[test]
     fn an_idempotency_key_is_one_to_255_visible_ascii_characters() {
-        let with = |value: &[u8]| {
+        let with = |values: &[&[u8]]| {
             let mut headers = HeaderMap::new();
-            headers.insert(
-                "idempotency-key",
-                http::HeaderValue::from_bytes(value).unwrap(),
-            );
-            idempotency_key(&headers)
+            for value in values {
+                headers.append(
+                    "idempotency-key",
+                    http::HeaderValue::from_bytes(value).unwrap(),
+                );
+            }
+            idempotency_key(&headers).map(str::to_owned)
         };
-        assert_eq!(with(b"order-17").unwrap(), "order-17");
-        assert!(with(&[b'k'; 255]).is_ok());
-        assert!(with(&[b'k'; 256]).is_err());
-        assert!(with(b"two words").is_err());
-        assert!(with("caf\u{e9}".as_bytes()).is_err());
+        assert_eq!(with(&[b"order-17"]).unwrap(), "order-17");
+        assert!(with(&[&[b'k'; 255]]).is_ok());
+        assert!(with(&[&[b'k'; 256]]).is_err());
+        assert!(with(&[b"two words"]).is_err());
+        assert!(with(&["caf\u{e9}".as_bytes()]).is_err());
+        assert!(
+            with(&[b"order-17", b"order-18"]).is_err(),
+            "one key, not two"
+        );
         assert!(matches!(
             idempotency_key(&HeaderMap::new()),
             Err(ApiError::BadRequest {
@@ -797,21 +929,76 @@ mod tests {
     }
 
     #[test]
-    fn a_debit_body_takes_a_positive_whole_amount_and_a_month_not_yet_to_come() {
-        let now = Period::parse("2026-12").unwrap();
-        let (amount, period, note) = debit_body(br#"{"amount":3}"#, &now).unwrap();
-        assert_eq!((amount, period.as_str(), note), (3, "2026-12", None));
-        assert!(debit_body(br#"{"amount":3,"period":"2026-11","note":"x"}"#, &now).is_ok());
-        let code = |body: &[u8]| match debit_body(body, &now) {
+    fn a_debit_body_is_an_object_with_a_whole_amount_and_no_null_fields() {
+        let (amount, body) = debit_body(br#"{"amount":3}"#).unwrap();
+        assert_eq!((amount, body.period, body.note), (3, None, None));
+        let (_, body) = debit_body(br#"{"amount":3,"period":"2026-11","note":"x"}"#).unwrap();
+        assert_eq!(
+            (body.period.as_deref(), body.note.as_deref()),
+            (Some("2026-11"), Some("x"))
+        );
+        let code = |body: &[u8]| match debit_body(body) {
             Err(ApiError::BadRequest { code, .. }) => code,
             other => panic!("{other:?}"),
         };
-        assert_eq!(code(br#"{"amount":0}"#), "bad_amount");
         assert_eq!(code(br#"{"amount":1.5}"#), "bad_amount");
         assert_eq!(code(br#"{"amount":"3"}"#), "bad_amount");
-        assert_eq!(code(br#"{"amount":3,"period":"2027-01"}"#), "future_period");
-        assert_eq!(code(br#"{"amount":3,"period":"2026-13"}"#), "bad_period");
+        assert_eq!(code(br#"{"amount":null}"#), "bad_amount");
+        assert_eq!(code(br#"[3, "2026-12", "note"]"#), "body_not_object");
+        assert_eq!(code(br#"3"#), "body_not_object");
+        assert_eq!(code(b"null"), "body_not_object");
+        assert_eq!(code(br#"{"amount":3,"period":null}"#), "null_field");
+        assert_eq!(code(br#"{"amount":3,"note":null}"#), "null_field");
+        assert_eq!(code(br#"{"amount":3,"amount":4}"#), "bad_body");
         assert_eq!(code(br#"{"amount":3,"extra":1}"#), "bad_body");
         assert_eq!(code(b"not json"), "bad_body");
+    }
+
+    #[test]
+    fn a_route_takes_its_own_parameters_each_once() {
+        let query = |pairs: &[(&str, &str)]| {
+            Query(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+        };
+        let code = |q: Query, route: Route| match q.check(&route) {
+            Err(ApiError::BadRequest { code, .. }) => code,
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            query(&[("period", "2026-11"), ("limit", "5"), ("after", "use_1")])
+                .check(&Route::ListUsage)
+                .is_ok()
+        );
+        assert!(query(&[("at", "2026-11-01T00:00:00Z")])
+            .check(&Route::Why)
+            .is_ok());
+        assert_eq!(
+            code(query(&[("perod", "2026-11")]), Route::Account),
+            "unknown_parameter"
+        );
+        assert_eq!(
+            code(query(&[("period", "2026-11")]), Route::RecordUsage),
+            "unknown_parameter"
+        );
+        assert_eq!(
+            code(
+                query(&[("period", "2026-10"), ("period", "2026-11")]),
+                Route::Account
+            ),
+            "repeated_parameter"
+        );
+    }
+
+    #[test]
+    fn a_cursor_that_no_usage_id_can_be_is_refused_before_the_store_is_asked() {
+        assert_eq!(cursor_param(None).unwrap(), None);
+        assert_eq!(cursor_param(Some("use_1")).unwrap(), Some("use_1"));
+        for bad in ["", "use_\u{0}1", &"u".repeat(101)] {
+            assert!(cursor_param(Some(bad)).is_err(), "{bad:?}");
+        }
     }
 }
