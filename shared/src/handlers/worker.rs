@@ -53,6 +53,10 @@ pub struct WorkerState {
     /// How long one event of a batch may take, its provider reads included, before the
     /// worker gives up on it and on its connection ([`EVENT_BUDGET`]).
     pub event_budget: Duration,
+    /// How long one attempt of a health notice goes on starting pages of its sweep
+    /// ([`apply::SWEEP_BUDGET`]); at most half of `event_budget` is used, so that the attempt
+    /// ends within the event's budget (docs/design.md §6.2).
+    pub sweep_budget: Duration,
     /// Where the pool's options come from, when it is a secret that a rotation changes
     /// (`None`: fixed options).
     pub database: Option<std::sync::Arc<crate::database::Database>>,
@@ -69,6 +73,7 @@ impl WorkerState {
             effects: None,
             contended: Contended::default(),
             event_budget: EVENT_BUDGET,
+            sweep_budget: apply::SWEEP_BUDGET,
             database: None,
         }
     }
@@ -107,6 +112,7 @@ impl WorkerState {
             catalog: &self.catalog,
             effects: self.effects.is_some(),
             contended: &self.contended,
+            sweep_budget: self.sweep_budget.min(self.event_budget / 2),
         }
     }
 }
@@ -120,6 +126,9 @@ pub enum Processed {
     Skipped,
     /// This attempt failed; the event is `failed` (retry due later) or `dead`.
     Failed { status: EventStatus, error: String },
+    /// This attempt did part of the event's work, kept it, and gave the event back to be
+    /// continued (`received`, the attempt not counted): a health notice's sweep.
+    Unfinished { progress: String },
 }
 
 /// Processes one stored event. An error means the database could not be reached at all;
@@ -158,6 +167,18 @@ async fn process_claimed(
                 "lease lost; another worker has the event"
             );
             Ok(Processed::Skipped)
+        }
+        Err(ApplyError::Unfinished(progress)) => {
+            if lease::give_back(conn, event, &progress).await? {
+                tracing::info!(event_id = event.id, progress, "event given back to be continued");
+                Ok(Processed::Unfinished { progress })
+            } else {
+                tracing::warn!(
+                    event_id = event.id,
+                    "lease lost; another worker has the event"
+                );
+                Ok(Processed::Skipped)
+            }
         }
         Err(error) => {
             let error = error.to_string();

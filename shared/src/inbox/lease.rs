@@ -196,6 +196,33 @@ pub async fn finish_held(
     .await
 }
 
+/// Gives back an event whose attempt did part of its work and kept it, then ran out of its
+/// budget (a health notice's sweep, docs/design.md §6.2): `received` again, with `progress`
+/// as its reason, and its attempt not counted, since it failed nothing (an attempt that reads
+/// nothing fails, and those count toward `dead`). It is left unmarked: the rescue sends it at
+/// its next run, as a row stored over a minute ago and never enqueued. Only the lease holder's
+/// give-back lands; returns whether it did.
+pub async fn give_back(
+    conn: &mut PgConnection,
+    event: &Claimed,
+    progress: &str,
+) -> Result<bool, sqlx::Error> {
+    let given = sqlx::query!(
+        r#"
+        UPDATE inbox_events
+        SET status = 'received', attempts = greatest(attempts - 1, 0), reason = $3,
+            locked_until = NULL, next_attempt_at = NULL, enqueued_at = NULL, last_error = NULL
+        WHERE id = $1 AND status = 'processing' AND claim_gen = $2
+        "#,
+        event.id,
+        event.claim,
+        progress,
+    )
+    .execute(exec(conn))
+    .await?;
+    Ok(given.rows_affected() == 1)
+}
+
 /// Records a failed attempt: `failed` with the next attempt's time, or `dead` after the last.
 /// Only the lease holder's record lands (the status and claim must still be its own):
 /// `None` when the event is no longer this attempt's, because another worker took it after
