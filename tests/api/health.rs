@@ -158,7 +158,9 @@ async fn a_generation_failure_that_names_no_object_sweeps_the_subscriptions(pool
     assert_eq!(row.status, "applied", "{:?}", row.reason);
     let reason = row.reason.unwrap();
     assert!(
-        reason.contains("swept 2 subscriptions in 2 pages: 2 differ from their registers, 2 stored as reads"),
+        reason.contains(
+            "swept 2 subscriptions in 2 pages: 2 differ from their registers, 2 stored as reads"
+        ),
         "{reason}"
     );
     // Each read is an event of its own, left for the rescue to send; applied, it is the
@@ -257,7 +259,12 @@ fn slow_subscriptions(total: usize, delay: std::time::Duration) -> impl wiremock
             .find(|(k, _)| k == "starting_after")
             .map(|(_, v)| v.into_owned());
         let start = match after {
-            Some(id) => id.trim_start_matches("sub_1Sweep").parse::<usize>().unwrap() + 1,
+            Some(id) => {
+                id.trim_start_matches("sub_1Sweep")
+                    .parse::<usize>()
+                    .unwrap()
+                    + 1
+            }
             None => 0,
         };
         let end = (start + 100).min(total);
@@ -283,7 +290,10 @@ async fn a_sweep_longer_than_its_budget_goes_on_from_its_place_until_every_subsc
     Mock::given(method("GET"))
         .and(path("/v1/subscriptions"))
         .and(query_param("status", "all"))
-        .respond_with(slow_subscriptions(5_000, std::time::Duration::from_millis(20)))
+        .respond_with(slow_subscriptions(
+            5_000,
+            std::time::Duration::from_millis(20),
+        ))
         .mount(&api)
         .await;
     // Most registers show what the provider lists; every 50th subscription has none, and
@@ -313,8 +323,7 @@ async fn a_sweep_longer_than_its_budget_goes_on_from_its_place_until_every_subsc
 
     // The first attempt as the queue hands it over: its message is acknowledged, and the
     // notice waits unmarked for the rescue, which sends it at its next run.
-    let response =
-        shared::handlers::worker::handle_batch(&app.worker, sqs_batch(&[id])).await;
+    let response = shared::handlers::worker::handle_batch(&app.worker, sqs_batch(&[id])).await;
     assert!(response.batch_item_failures.is_empty());
     let row = app.event(id).await;
     assert_eq!(row.status, "received", "{:?}", row.reason);
@@ -328,11 +337,12 @@ async fn a_sweep_longer_than_its_budget_goes_on_from_its_place_until_every_subsc
                 let row = app.event(id).await;
                 assert_eq!(row.status, "received", "given back to be continued");
                 assert_eq!(row.reason.as_deref(), Some(progress.as_str()));
-                let counted: i32 = sqlx::query_scalar("SELECT attempts FROM inbox_events WHERE id = $1")
-                    .bind(id)
-                    .fetch_one(&app.pool)
-                    .await
-                    .unwrap();
+                let counted: i32 =
+                    sqlx::query_scalar("SELECT attempts FROM inbox_events WHERE id = $1")
+                        .bind(id)
+                        .fetch_one(&app.pool)
+                        .await
+                        .unwrap();
                 assert_eq!(counted, 0, "an attempt that moved the sweep is not counted");
             }
             Processed::Finished { status, reason } => {
@@ -363,7 +373,11 @@ async fn a_sweep_longer_than_its_budget_goes_on_from_its_place_until_every_subsc
         .chain((1..50).map(|p| Some(format!("sub_1Sweep{:06}", p * 100 - 1))))
         .collect();
     assert_eq!(pages, expected);
-    assert_eq!(requests.len(), 51, "the pages and the notice's event, each once");
+    assert_eq!(
+        requests.len(),
+        51,
+        "the pages and the notice's event, each once"
+    );
     let reads: Vec<String> = sqlx::query_scalar(
         "SELECT dedupe_key FROM inbox_events WHERE dedupe_key LIKE $1 AND status = 'received'
          ORDER BY dedupe_key",
@@ -376,7 +390,10 @@ async fn a_sweep_longer_than_its_budget_goes_on_from_its_place_until_every_subsc
         .step_by(50)
         .map(|n| format!("read:{ID}:sub_1Sweep{n:06}"))
         .collect();
-    assert_eq!(reads, unknown, "a read of each subscription with no register");
+    assert_eq!(
+        reads, unknown,
+        "a read of each subscription with no register"
+    );
 }
 
 /// The first instant of the month `now` is in.

@@ -311,7 +311,14 @@ async fn a_message_whose_event_a_worker_could_take_is_given_back_though_the_clai
     let app = TestApp::spawn(pool.clone()).await;
     let busy = store(
         &app,
-        &stripe_subscription("evt_busy", "cus_busy", "sub_busy", "active", "price_pro", T0),
+        &stripe_subscription(
+            "evt_busy",
+            "cus_busy",
+            "sub_busy",
+            "active",
+            "price_pro",
+            T0,
+        ),
     )
     .await;
     let lapsing = store(
@@ -359,11 +366,13 @@ async fn a_message_whose_event_a_worker_could_take_is_given_back_though_the_clai
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // While the claim waits, the other worker's lease runs out (it stopped).
-        sqlx::query("UPDATE inbox_events SET locked_until = now() - interval '1 second' WHERE id = $1")
-            .bind(lapsing)
-            .execute(&pool)
-            .await
-            .unwrap();
+        sqlx::query(
+            "UPDATE inbox_events SET locked_until = now() - interval '1 second' WHERE id = $1",
+        )
+        .bind(lapsing)
+        .execute(&pool)
+        .await
+        .unwrap();
         copy.commit().await.unwrap();
     };
     let (response, ()) = tokio::join!(

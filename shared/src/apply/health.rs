@@ -159,7 +159,10 @@ async fn sweep_on(
     let mut read_now = 0;
     while !position.finished {
         if read_now > 0 && Instant::now() >= until {
-            return Err(ApplyError::Unfinished(progress(&position, "its time ran out")));
+            return Err(ApplyError::Unfinished(progress(
+                &position,
+                "its time ran out",
+            )));
         }
         match sweep_page(conn, event, source, thin, &position).await {
             Ok(next) => position = next,

@@ -170,7 +170,11 @@ async fn process_claimed(
         }
         Err(ApplyError::Unfinished(progress)) => {
             if lease::give_back(conn, event, &progress).await? {
-                tracing::info!(event_id = event.id, progress, "event given back to be continued");
+                tracing::info!(
+                    event_id = event.id,
+                    progress,
+                    "event given back to be continued"
+                );
                 Ok(Processed::Unfinished { progress })
             } else {
                 tracing::warn!(
@@ -395,7 +399,11 @@ async fn not_taken(
     ids: &[i64],
     taken: &HashSet<i64>,
 ) -> Result<HashMap<i64, Unclaimed>, String> {
-    let mut left: Vec<i64> = ids.iter().copied().filter(|id| !taken.contains(id)).collect();
+    let mut left: Vec<i64> = ids
+        .iter()
+        .copied()
+        .filter(|id| !taken.contains(id))
+        .collect();
     left.sort_unstable();
     left.dedup();
     if left.is_empty() {
@@ -424,7 +432,11 @@ fn acknowledged(event_id: i64, not_taken: &Result<HashMap<i64, Unclaimed>, Strin
             false
         }
         Ok(Some(state)) => {
-            tracing::info!(event_id, why = state.as_str(), "message acknowledged without work");
+            tracing::info!(
+                event_id,
+                why = state.as_str(),
+                "message acknowledged without work"
+            );
             true
         }
         Ok(None) => false,
