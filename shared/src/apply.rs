@@ -29,7 +29,7 @@ use crate::sim::{self, Bug, Injected, Point};
 mod health;
 pub(crate) mod subscription_read;
 mod thin;
-pub use health::{generation_failure_metric, MAX_SWEEP_PAGES};
+pub use health::{generation_failure_metric, SWEEP_BUDGET};
 pub use thin::thin_without_api_key_metric;
 use thin::Carried;
 
@@ -42,6 +42,8 @@ pub struct Applier<'a> {
     /// changes tell are written with it.
     pub effects: bool,
     pub contended: &'a Contended,
+    /// How long an attempt goes on starting pages of a health notice's sweep (§6.2).
+    pub sweep_budget: Duration,
 }
 
 /// What applying an event knows of one configured source.
@@ -126,6 +128,11 @@ pub enum ApplyError {
     /// A thin event's object, or an invoice's subscription, could not be read or stored.
     #[error("a provider read failed: {0}")]
     Fetch(String),
+    /// The attempt did part of the event's work and kept it (a health notice's sweep, past
+    /// the pages it read), then ran out of its budget, or failed after doing some: the event
+    /// is given back to be continued, the attempt not counted against it.
+    #[error("{0}")]
+    Unfinished(String),
     #[error(transparent)]
     Injected(#[from] Injected),
 }
@@ -147,7 +154,9 @@ pub struct Applied {
 /// §8); for one its rules ignore outright, or any other, one statement that finishes it.
 ///
 /// A thin event (docs/design.md §6.2) is applied as the read of its object: fetched and stored
-/// as an event of its own by its first attempt, found again by every later one.
+/// as an event of its own by its first attempt, found again by every later one. Stripe's
+/// notice of events it failed to generate reads the object it names, or sweeps the source's
+/// subscriptions over as many attempts as the sweep budget needs (`health`).
 pub async fn apply_claimed(
     applier: &Applier<'_>,
     conn: &mut PgConnection,
@@ -157,7 +166,13 @@ pub async fn apply_claimed(
         .sources
         .get(&event.source)
         .ok_or_else(|| ApplyError::UnknownSource(event.source.clone()))?;
-    match thin::carried(conn, event, source).await? {
+    let carried = match health::notice(event, source) {
+        Some(notice) => {
+            health::carried_within(conn, event, source, &notice, applier.sweep_budget).await?
+        }
+        None => thin::carried(conn, event, source).await?,
+    };
+    match carried {
         Carried::NotThin => apply_event(applier, conn, event, source).await,
         Carried::Finish(status, reason) => {
             sim::fallible_point(Point::WorkerDecided, event.id).await?;

@@ -158,7 +158,9 @@ async fn a_generation_failure_that_names_no_object_sweeps_the_subscriptions(pool
     assert_eq!(row.status, "applied", "{:?}", row.reason);
     let reason = row.reason.unwrap();
     assert!(
-        reason.contains("swept 2 subscriptions: 2 differ from their registers, 2 stored as reads"),
+        reason.contains(
+            "swept 2 subscriptions in 2 pages: 2 differ from their registers, 2 stored as reads"
+        ),
         "{reason}"
     );
     // Each read is an event of its own, left for the rescue to send; applied, it is the
@@ -236,4 +238,239 @@ async fn a_generation_failure_whose_event_read_fails_is_retried(pool: PgPool) {
             if status.as_str() == "failed" && error.contains("503")),
         "{first:?}"
     );
+}
+
+/// The fixture subscription as `n`th of a large account: its own id and customer.
+fn nth_subscription(base: &Value, n: usize) -> Value {
+    let mut object = base.clone();
+    object["id"] = json!(format!("sub_1Sweep{n:06}"));
+    object["customer"] = json!(format!("cus_Sweep{n:06}"));
+    object
+}
+
+/// `GET /v1/subscriptions` of an account with `total` subscriptions, 100 a page after
+/// `starting_after`, each page answered `delay` late (a slow API).
+fn slow_subscriptions(total: usize, delay: std::time::Duration) -> impl wiremock::Respond {
+    let base = subscription(SUB);
+    move |request: &wiremock::Request| {
+        let after = request
+            .url
+            .query_pairs()
+            .find(|(k, _)| k == "starting_after")
+            .map(|(_, v)| v.into_owned());
+        let start = match after {
+            Some(id) => {
+                id.trim_start_matches("sub_1Sweep")
+                    .parse::<usize>()
+                    .unwrap()
+                    + 1
+            }
+            None => 0,
+        };
+        let end = (start + 100).min(total);
+        let data: Vec<Value> = (start..end).map(|n| nth_subscription(&base, n)).collect();
+        ResponseTemplate::new(200)
+            .set_body_json(json!({"object": "list", "url": "/v1/subscriptions", "data": data, "has_more": end < total}))
+            .set_delay(delay)
+    }
+}
+
+/// A sweep larger than one attempt's budget (5,000 subscriptions, 50 pages, through an API
+/// that answers each page late) keeps its place between attempts: each attempt reads what
+/// its budget allows and gives the notice back, not counted against it, and the next goes on
+/// from the page after; the notice never goes dead, and every page is read once.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_sweep_longer_than_its_budget_goes_on_from_its_place_until_every_subscription_is_read(
+    pool: PgPool,
+) {
+    let (mut app, api) = app_with_api(pool).await;
+    // Small, so that the sweep takes several attempts and the test a few seconds.
+    app.worker.sweep_budget = std::time::Duration::from_millis(150);
+    serves_event(&api, v2_event(None)).await;
+    Mock::given(method("GET"))
+        .and(path("/v1/subscriptions"))
+        .and(query_param("status", "all"))
+        .respond_with(slow_subscriptions(
+            5_000,
+            std::time::Duration::from_millis(20),
+        ))
+        .mount(&api)
+        .await;
+    // Most registers show what the provider lists; every 50th subscription has none, and
+    // every 50th another status, written after the notice (a read at the notice's time
+    // cannot move it).
+    sqlx::query("INSERT INTO accounts (source, customer_id) VALUES ('stripe', 'cus_SweepKnown')")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO subscriptions (source, subscription_id, customer_id, status, plan_key, plan,
+                                    version_at, version_key, event_id, current_period_end)
+         SELECT 'stripe', 'sub_1Sweep' || lpad(n::text, 6, '0'), 'cus_SweepKnown',
+                CASE WHEN n % 50 = 25 THEN 'past_due' ELSE 'active' END,
+                'price_1ProMonthlyBas01', 'pro',
+                CASE WHEN n % 50 = 25 THEN timestamptz '2026-10-01T13:00:00Z'
+                     ELSE timestamptz '2026-09-01T00:00:00Z' END,
+                'evt_seed', 0, to_timestamp(1767225600)
+         FROM generate_series(0, 4999) AS n WHERE n % 50 <> 0",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let (status, body) = app.post("stripe", &stripe_delivery(&notification())).await;
+    assert_eq!(status, http::StatusCode::OK, "{body}");
+    let id = app.event_id("stripe", ID).await;
+
+    // The first attempt as the queue hands it over: its message is acknowledged, and the
+    // notice waits unmarked for the rescue, which sends it at its next run.
+    let response = shared::handlers::worker::handle_batch(&app.worker, sqs_batch(&[id])).await;
+    assert!(response.batch_item_failures.is_empty());
+    let row = app.event(id).await;
+    assert_eq!(row.status, "received", "{:?}", row.reason);
+    assert_eq!(row.enqueued_at, None);
+    let mut attempts = 1;
+    let reason = loop {
+        attempts += 1;
+        assert!(attempts <= 500, "the sweep ends");
+        match process_event(&app.worker, id).await.unwrap() {
+            Processed::Unfinished { progress } => {
+                let row = app.event(id).await;
+                assert_eq!(row.status, "received", "given back to be continued");
+                assert_eq!(row.reason.as_deref(), Some(progress.as_str()));
+                let counted: i32 =
+                    sqlx::query_scalar("SELECT attempts FROM inbox_events WHERE id = $1")
+                        .bind(id)
+                        .fetch_one(&app.pool)
+                        .await
+                        .unwrap();
+                assert_eq!(counted, 0, "an attempt that moved the sweep is not counted");
+            }
+            Processed::Finished { status, reason } => {
+                assert_eq!(status.as_str(), "applied", "{reason}");
+                break reason;
+            }
+            other => panic!("attempt {attempts}: {other:?}"),
+        }
+    };
+    assert!(attempts > 2, "the sweep took several attempts ({attempts})");
+    assert!(
+        reason.contains("swept 5000 subscriptions in 50 pages: 100 differ from their registers, 100 stored as reads"),
+        "{reason}"
+    );
+    // Every page read once, each from where the one before ended; the event once.
+    let requests = api.received_requests().await.unwrap();
+    let pages: Vec<Option<String>> = requests
+        .iter()
+        .filter(|r| r.url.path() == "/v1/subscriptions")
+        .map(|r| {
+            r.url
+                .query_pairs()
+                .find(|(k, _)| k == "starting_after")
+                .map(|(_, v)| v.into_owned())
+        })
+        .collect();
+    let expected: Vec<Option<String>> = std::iter::once(None)
+        .chain((1..50).map(|p| Some(format!("sub_1Sweep{:06}", p * 100 - 1))))
+        .collect();
+    assert_eq!(pages, expected);
+    assert_eq!(
+        requests.len(),
+        51,
+        "the pages and the notice's event, each once"
+    );
+    let reads: Vec<String> = sqlx::query_scalar(
+        "SELECT dedupe_key FROM inbox_events WHERE dedupe_key LIKE $1 AND status = 'received'
+         ORDER BY dedupe_key",
+    )
+    .bind(format!("read:{ID}:sub_1Sweep%"))
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    let unknown: Vec<String> = (0..5_000)
+        .step_by(50)
+        .map(|n| format!("read:{ID}:sub_1Sweep{n:06}"))
+        .collect();
+    assert_eq!(
+        reads, unknown,
+        "a read of each subscription with no register"
+    );
+}
+
+/// The first instant of the month `now` is in.
+fn month_start(now: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
+    use chrono::{Datelike, TimeZone};
+    chrono::Utc
+        .with_ymd_and_hms(now.year(), now.month(), 1, 0, 0, 0)
+        .unwrap()
+}
+
+/// A swept subscription's read stands for the notice it was made for: a notice sent 2 s
+/// before a month began, swept after, grants in the notice's month, not in the month the
+/// read was made, so the ledger does not depend on when the sweep ran.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_sweeps_read_takes_the_notices_time_and_month_across_a_month_boundary(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    let start = month_start(chrono::Utc::now());
+    let sent = start - chrono::Duration::seconds(2);
+    let mut notice = notification();
+    notice["created"] = json!(sent.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    let mut event = v2_event(None);
+    event["created"] = notice["created"].clone();
+    serves_event(&api, event).await;
+    Mock::given(method("GET"))
+        .and(path("/v1/subscriptions"))
+        .and(query_param("status", "all"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(
+            json!({"object": "list", "data": [subscription(SUB)], "has_more": false}),
+        ))
+        .mount(&api)
+        .await;
+    let (status, body) = app.post("stripe", &stripe_delivery(&notice)).await;
+    assert_eq!(status, http::StatusCode::OK, "{body}");
+    app.run_worker().await;
+    let read_id = app.event_id("stripe", &format!("read:{ID}:{SUB}")).await;
+    assert_eq!(app.event(read_id).await.occurred_at, Some(sent));
+    let applied = process_event(&app.worker, read_id).await.unwrap();
+    assert!(
+        matches!(&applied, Processed::Finished { status, .. } if status.as_str() == "applied"),
+        "{applied:?}"
+    );
+    let ledger: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT period, allowance FROM ledger WHERE source = 'stripe' AND customer_id = $1 ORDER BY period",
+    )
+    .bind(CUSTOMER)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(ledger, vec![(sent.format("%Y-%m").to_string(), 500)]);
+}
+
+/// A sweep's reads are events nothing sends at once: stored unmarked, so that the rescue's
+/// rule for rows never enqueued sends them a minute later. Left marked, they said a message
+/// was on its way and waited for the 5-minute rule.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_sweeps_reads_are_left_unmarked_for_the_rescue_to_send_a_minute_later(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    serves_event(&api, v2_event(None)).await;
+    Mock::given(method("GET"))
+        .and(path("/v1/subscriptions"))
+        .and(query_param("status", "all"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(
+            json!({"object": "list", "data": [subscription(SUB)], "has_more": false}),
+        ))
+        .mount(&api)
+        .await;
+    let row = deliver(&app).await;
+    assert_eq!(row.status, "applied", "{:?}", row.reason);
+    let read_id = app.event_id("stripe", &format!("read:{ID}:{SUB}")).await;
+    let read = app.event(read_id).await;
+    assert_eq!(read.status, "received");
+    assert_eq!(read.enqueued_at, None, "no message is on its way");
+    // A minute and a half later, the rescue's next run sends it.
+    sqlx::query("UPDATE inbox_events SET received_at = received_at - interval '90 seconds'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let rescued = shared::inbox::rescue::mark_lost(&app.pool).await.unwrap();
+    assert_eq!(rescued, vec![read_id]);
 }

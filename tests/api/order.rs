@@ -529,7 +529,7 @@ pub(crate) async fn process(worker: &WorkerState, event_id: i64) -> Result<(), T
                     "event {event_id} died: {error}"
                 )))
             }
-            Processed::Failed { .. } => continue,
+            Processed::Failed { .. } | Processed::Unfinished { .. } => continue,
             Processed::Finished { .. } | Processed::Skipped => return Ok(()),
         }
     }

@@ -298,6 +298,102 @@ async fn an_event_whose_row_is_being_written_when_claimed_is_still_applied(pool:
     assert_eq!(app.event(id).await.seen_count, 2);
 }
 
+/// A message is acknowledged without work only when its event's row says why: final, held
+/// under a live lease, not due, gone. An event whose lease ran out while the batch's claim
+/// waited on another row is one a worker could take (the claim passed it by: its lease was
+/// live when the claim began), so its message is given back to the queue, not acknowledged;
+/// acknowledged, the event waited for the rescue, which had just sent it and would send it
+/// again only 5 minutes later.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_message_whose_event_a_worker_could_take_is_given_back_though_the_claim_passed_it_by(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let busy = store(
+        &app,
+        &stripe_subscription(
+            "evt_busy",
+            "cus_busy",
+            "sub_busy",
+            "active",
+            "price_pro",
+            T0,
+        ),
+    )
+    .await;
+    let lapsing = store(
+        &app,
+        &stripe_subscription(
+            "evt_lapsing",
+            "cus_lapsing",
+            "sub_lapsing",
+            "active",
+            "price_pro",
+            T0,
+        ),
+    )
+    .await;
+    app.drain_queue().await;
+    // Another worker holds `lapsing`, its lease still running when the claim begins.
+    sqlx::query(
+        "UPDATE inbox_events SET status = 'processing', attempts = 1, claim_gen = claim_gen + 1,
+                locked_until = now() + interval '1 minute'
+         WHERE id = $1",
+    )
+    .bind(lapsing)
+    .execute(&pool)
+    .await
+    .unwrap();
+    // A copy of `busy` being counted holds its row, so the claim waits there.
+    let mut copy = pool.begin().await.unwrap();
+    sqlx::query("UPDATE inbox_events SET seen_count = seen_count + 1 WHERE id = $1")
+        .bind(busy)
+        .execute(&mut *copy)
+        .await
+        .unwrap();
+    let meanwhile = async {
+        for _ in 0..500 {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // While the claim waits, the other worker's lease runs out (it stopped).
+        sqlx::query(
+            "UPDATE inbox_events SET locked_until = now() - interval '1 second' WHERE id = $1",
+        )
+        .bind(lapsing)
+        .execute(&pool)
+        .await
+        .unwrap();
+        copy.commit().await.unwrap();
+    };
+    let (response, ()) = tokio::join!(
+        handle_batch(
+            &app.worker,
+            batch(&[("m-busy", busy), ("m-lapsing", lapsing)])
+        ),
+        meanwhile
+    );
+    assert_eq!(reported(response), vec!["m-lapsing".to_owned()]);
+    assert_eq!(progress(&pool, busy).await.status, "applied");
+    let left = progress(&pool, lapsing).await;
+    assert_eq!((left.status.as_str(), left.attempts), ("processing", 1));
+
+    // Delivered again, the message brings a worker to the event.
+    let response = handle_batch(&app.worker, batch(&[("m-lapsing", lapsing)])).await;
+    assert_eq!(reported(response), Vec::<String>::new());
+    let done = progress(&pool, lapsing).await;
+    assert_eq!((done.status.as_str(), done.attempts), ("applied", 2));
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn two_workers_racing_on_one_batch_apply_each_event_exactly_once(pool: PgPool) {
     let app = TestApp::spawn(pool).await;

@@ -5,32 +5,72 @@
 //! handled type's event, the object is read, stored and applied as a thin event's is; when it
 //! names none, the source's subscriptions are swept (`GET /v1/subscriptions?status=all`, as
 //! Polar's reconciliation sweeps), each one its register does not show as the provider does
-//! stored as a read of its own, for the rescue to send. Either way `EventGenerationFailures`
-//! counts it per source, and an alarm watches that.
+//! stored as a read of its own at the notice's time, for the rescue to send. The sweep keeps
+//! its place between attempts (`inbox::sweep`): an attempt reads pages while its budget lasts
+//! and gives the notice back to be continued. Either way `EventGenerationFailures` counts it
+//! per source once it is done, and an alarm watches that.
 
-use chrono::Utc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use sqlx::PgConnection;
+use tokio::time::Instant;
 
 use super::thin::{read_object, view, Carried};
 use super::{ApplyError, WorkerSource};
-use crate::billing::registers::stored_subscription;
-use crate::domain::{DedupeKey, EventStatus};
-use crate::inbox::lease::Claimed;
+use crate::billing::registers::stored_subscriptions;
+use crate::domain::{DedupeKey, EventStatus, SourceKind};
+use crate::inbox::lease::{self, Claimed};
+use crate::inbox::sweep::{self, SweepPosition, SweptPage};
 use crate::inbox::thin as stored;
-use crate::providers::stripe::thin::{differs, impact, Impact, Read, ThinEvent};
+use crate::providers::stripe::thin::{
+    differs, impact, Impact, Read, ThinEvent, GENERATION_FAILURE,
+};
+use crate::providers::{self};
 
-/// The most pages of 100 subscriptions one attempt sweeps; a larger account's sweep stops
-/// there and says so (reconciliation's runs bound their pages the same way).
-pub const MAX_SWEEP_PAGES: u32 = 20;
+/// How long one attempt of a notice goes on starting pages of its sweep (the worker's
+/// `sweep_budget`, at most half the event's budget, §1.2): a page read takes 5 s at most and
+/// its writes well under one, so the attempt ends within its event's budget, and so within
+/// the invocation. A sweep that is not done by then is continued by the next attempt.
+pub const SWEEP_BUDGET: Duration = Duration::from_secs(10);
 
+/// The notice a claimed event of a source is, if it is one that is in the source's scope (an
+/// event of the other mode is the thin events' to ignore).
+pub(super) fn notice(event: &Claimed, source: &WorkerSource) -> Option<ThinEvent> {
+    if source.kind != SourceKind::Stripe {
+        return None;
+    }
+    let payload = event.payload.as_ref()?;
+    let thin = ThinEvent::read(payload)?;
+    let in_scope = providers::provider(source.kind)
+        .out_of_scope(payload, source.livemode)
+        .is_none();
+    (thin.event_type == GENERATION_FAILURE && in_scope).then_some(thin)
+}
+
+/// [`carried_within`] the default [`SWEEP_BUDGET`] (the thin events' way to a notice; the
+/// worker's own goes through [`notice`] with its configured budget).
 pub(super) async fn carried(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
     thin: &ThinEvent,
 ) -> Result<Carried, ApplyError> {
-    let carried = decide(conn, event, source, thin).await?;
+    carried_within(conn, event, source, thin, SWEEP_BUDGET).await
+}
+
+/// What the notice stands for; its sweep goes on until `budget` has passed since the attempt
+/// began, and then the attempt ends as [`ApplyError::Unfinished`].
+pub(super) async fn carried_within(
+    conn: &mut PgConnection,
+    event: &Claimed,
+    source: &WorkerSource,
+    thin: &ThinEvent,
+    budget: Duration,
+) -> Result<Carried, ApplyError> {
+    let until = Instant::now() + budget;
+    let carried = decide(conn, event, source, thin, until).await?;
     println!("{}", generation_failure_metric(&event.source, Utc::now()));
     Ok(carried)
 }
@@ -40,6 +80,7 @@ async fn decide(
     event: &Claimed,
     source: &WorkerSource,
     thin: &ThinEvent,
+    until: Instant,
 ) -> Result<Carried, ApplyError> {
     let finish = |status, reason: String| Ok(Carried::Finish(status, reason));
     // A read stored by an earlier attempt: applied again, nothing read (a replay).
@@ -47,6 +88,11 @@ async fn decide(
         if let Some(read) = stored::find(conn, &event.source, &key).await? {
             return Ok(view(event, read));
         }
+    }
+    // A sweep begun by an earlier attempt: continued from its place, or, done, told again
+    // without reading anything (a replay).
+    if let Some(position) = sweep::position(conn, event.id).await? {
+        return sweep_on(conn, event, source, thin, position, until).await;
     }
     let Some(reads) = &source.reads else {
         return finish(
@@ -71,7 +117,8 @@ async fn decide(
     let alert = data
         .get("alert_id")
         .and_then(Value::as_str)
-        .unwrap_or("unnamed");
+        .unwrap_or("unnamed")
+        .to_owned();
     match impact(&data) {
         Impact::Object {
             snapshot_type,
@@ -92,89 +139,149 @@ async fn decide(
             format!("Stripe failed to generate a {event_type} event (alert {alert}): not a billing event"),
         ),
         Impact::Unreadable(_) | Impact::Unnamed => {
-            let swept = sweep(conn, event, source, thin).await?;
-            finish(
-                EventStatus::Applied,
-                format!(
-                    "Stripe failed to generate events (alert {alert}) and names no object this code reads: {swept}"
-                ),
-            )
+            let position = sweep::start(conn, event.id, &alert).await?;
+            sweep_on(conn, event, source, thin, position, until).await
         }
     }
 }
 
-/// Sweeps the source's subscriptions (in the event's connected account, if any): each one the
-/// register does not show as the provider does is stored as a `customer.subscription.updated`
-/// read at the read's time, keyed by this event and the subscription, so a retry or a replay
-/// stores nothing twice. Says what it did.
-async fn sweep(
+/// The sweep from `position` on: one page after another while the attempt's time lasts
+/// (each page's reads and the sweep's new place committed together), then the notice
+/// finished with what the whole sweep found, or given back to be continued.
+async fn sweep_on(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
     thin: &ThinEvent,
-) -> Result<String, ApplyError> {
+    mut position: SweepPosition,
+    until: Instant,
+) -> Result<Carried, ApplyError> {
+    let mut read_now = 0;
+    while !position.finished {
+        if read_now > 0 && Instant::now() >= until {
+            return Err(ApplyError::Unfinished(progress(
+                &position,
+                "its time ran out",
+            )));
+        }
+        match sweep_page(conn, event, source, thin, &position).await {
+            Ok(next) => position = next,
+            // A page that failed after others were read: their reads are kept, and the next
+            // attempt goes on from there, not counted against the notice.
+            Err(ApplyError::Fetch(error)) if read_now > 0 => {
+                return Err(ApplyError::Unfinished(progress(
+                    &position,
+                    &format!("a page read failed: {error}"),
+                )))
+            }
+            Err(other) => return Err(other),
+        }
+        read_now += 1;
+    }
+    Ok(Carried::Finish(
+        EventStatus::Applied,
+        format!(
+            "Stripe failed to generate events (alert {}) and names no object this code reads: swept {} subscriptions in {} pages: {} differ from their registers, {} stored as reads",
+            position.alert, position.listed, position.pages, position.differing, position.stored
+        ),
+    ))
+}
+
+/// How far a sweep got, as the notice's reason says while it is being continued.
+fn progress(position: &SweepPosition, why: &str) -> String {
+    format!(
+        "sweeping the subscriptions, to be continued ({why}): {} read in {} pages so far, {} stored as reads",
+        position.listed, position.pages, position.stored
+    )
+}
+
+/// Reads the page after `position` and, in one transaction under the notice's lease, stores
+/// each subscription on it that the register does not show as the provider does as a
+/// `customer.subscription.updated` read at the notice's time (keyed by the notice and the
+/// subscription, so a retry or a replay stores nothing twice), and moves the sweep past the
+/// page. A subscription whose register already holds a state newer than the notice is not
+/// stored: a read at the notice's time cannot move it.
+async fn sweep_page(
+    conn: &mut PgConnection,
+    event: &Claimed,
+    source: &WorkerSource,
+    thin: &ThinEvent,
+    position: &SweepPosition,
+) -> Result<SweepPosition, ApplyError> {
     let Some(reads) = &source.reads else {
-        return Ok("no API key to sweep with".into());
+        return Err(ApplyError::Fetch("no API key to sweep with".into()));
+    };
+    // The read stands for the notice: its time, and so its period, are the notice's.
+    let Some(at) = event.occurred_at.map(|t| t.as_datetime()) else {
+        return Err(ApplyError::Fetch("the notice has no provider time".into()));
     };
     let account = thin.account();
-    let (mut listed, mut differing, mut stored_new) = (0, 0, 0);
-    let mut after: Option<String> = None;
-    let mut pages = 0;
-    loop {
-        let (page, next) = reads
-            .subscriptions_page(account, after.as_deref())
-            .await
-            .map_err(|e| ApplyError::Fetch(format!("{e:#}")))?;
-        pages += 1;
-        let read_at = Utc::now();
-        for subscription in &page {
-            listed += 1;
-            let Some(id) = subscription.get("id").and_then(Value::as_str) else {
-                continue;
-            };
-            let local = stored_subscription(conn, &event.source, id).await?;
-            if !differs(subscription, local.as_ref()) {
-                continue;
-            }
-            differing += 1;
-            let Ok(key) = DedupeKey::parse(&format!("read:{}:{id}", thin.id)) else {
-                continue;
-            };
-            let Some(snapshot) = (Read {
-                key,
-                event_type: "customer.subscription.updated",
-                livemode: thin.livemode,
-                account,
-                because: ("generation_failure_event", &thin.id),
-            })
-            .snapshot(subscription, read_at) else {
-                continue;
-            };
-            let kept = stored::store_subscription_read(
-                conn,
-                &event.source,
-                &snapshot.body,
-                &snapshot.event,
-            )
+    let (listed, next) = reads
+        .subscriptions_page(account, position.page_after.as_deref())
+        .await
+        .map_err(|e| ApplyError::Fetch(format!("{e:#}")))?;
+    let ids: Vec<&str> = listed
+        .iter()
+        .filter_map(|s| s.get("id").and_then(Value::as_str))
+        .collect();
+    let mut tx = super::begin(conn).await?;
+    if !lease::still_held(&mut tx, event).await? {
+        return Err(ApplyError::LeaseLost);
+    }
+    let registers = stored_subscriptions(&mut tx, &event.source, &ids).await?;
+    let mut page = SweptPage {
+        listed: i32::try_from(listed.len()).unwrap_or(i32::MAX),
+        next,
+        ..SweptPage::default()
+    };
+    for subscription in &listed {
+        let Some(id) = subscription.get("id").and_then(Value::as_str) else {
+            continue;
+        };
+        let local = registers.get(id);
+        if !differs(subscription, local) || local.is_some_and(|l| newer(l.version_at, at)) {
+            continue;
+        }
+        page.differing += 1;
+        let Ok(key) = DedupeKey::parse(&format!("read:{}:{id}", thin.id)) else {
+            continue;
+        };
+        let Some(snapshot) = (Read {
+            key,
+            event_type: "customer.subscription.updated",
+            livemode: thin.livemode,
+            account,
+            because: ("generation_failure_event", &thin.id),
+        })
+        .snapshot(subscription, at) else {
+            continue;
+        };
+        let kept = sweep::store_read(&mut tx, &event.source, &snapshot.body, &snapshot.event)
             .await
             .map_err(|e| ApplyError::Fetch(format!("storing a swept subscription: {e}")))?;
-            if kept.verdict == crate::domain::Verdict::Stored {
-                stored_new += 1;
-            }
-        }
-        after = next;
-        if after.is_none() {
-            break;
-        }
-        if pages == MAX_SWEEP_PAGES {
-            return Ok(format!(
-                "swept {listed} subscriptions in {pages} pages and stopped (more remain; reconciliation and later events carry the rest): {differing} differ from their registers, {stored_new} stored as reads"
-            ));
+        if kept.verdict == crate::domain::Verdict::Stored {
+            page.stored.push(kept.event_id);
         }
     }
-    Ok(format!(
-        "swept {listed} subscriptions: {differing} differ from their registers, {stored_new} stored as reads"
-    ))
+    if !sweep::advance(&mut tx, event.id, position.page_after.as_deref(), &page).await? {
+        return Err(ApplyError::LeaseLost);
+    }
+    tx.commit().await?;
+    Ok(SweepPosition {
+        alert: position.alert.clone(),
+        page_after: page.next.clone(),
+        pages: position.pages + 1,
+        listed: position.listed + page.listed,
+        differing: position.differing + page.differing,
+        stored: position.stored + i32::try_from(page.stored.len()).unwrap_or(i32::MAX),
+        finished: page.next.is_none(),
+    })
+}
+
+/// Whether a register's version is later than the second a read at `at` is stamped with
+/// (Stripe's `created` has whole seconds).
+fn newer(version_at: DateTime<Utc>, at: DateTime<Utc>) -> bool {
+    version_at.timestamp() > at.timestamp()
 }
 
 /// The Embedded Metric Format line for each generation failure a source's worker handles:

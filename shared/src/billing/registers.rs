@@ -426,6 +426,43 @@ pub async fn stored_subscription(
     }))
 }
 
+/// The registers of the subscriptions `ids` of `source` that exist, by id, in one statement:
+/// a page of a health notice's sweep compares each with what the provider lists.
+pub async fn stored_subscriptions(
+    conn: &mut PgConnection,
+    source: &str,
+    ids: &[&str],
+) -> Result<std::collections::HashMap<String, StoredSubscription>, sqlx::Error> {
+    let ids: Vec<String> = ids.iter().map(|id| (*id).to_owned()).collect();
+    let rows = sqlx::query!(
+        r#"SELECT subscription_id, status, plan_key, version_at, current_period_end,
+                  cancel_at_period_end, cancel_at, trial_end, ended_at
+           FROM subscriptions WHERE source = $1 AND subscription_id = ANY($2)"#,
+        source,
+        &ids,
+    )
+    .fetch_all(exec(conn))
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let stored = StoredSubscription {
+                status: r.status,
+                plan_key: r.plan_key,
+                ends: SubscriptionEnds {
+                    current_period_end: r.current_period_end,
+                    cancel_at_period_end: r.cancel_at_period_end,
+                    cancel_at: r.cancel_at,
+                    trial_end: r.trial_end,
+                    ended_at: r.ended_at,
+                },
+                version_at: r.version_at,
+            };
+            (r.subscription_id, stored)
+        })
+        .collect())
+}
+
 /// A plan register as stored: what Kinde reconciliation compares the provider's view with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredPlan {

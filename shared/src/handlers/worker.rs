@@ -5,7 +5,7 @@
 //! records a failed attempt with the retry schedule, sends the effects committed, and
 //! reports only transient failures back to SQS (docs/design.md §1, §3).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -20,7 +20,7 @@ use crate::billing::Catalog;
 use crate::config::WorkerConfig;
 use crate::domain::EventStatus;
 use crate::effects::outbox;
-use crate::inbox::lease::{self, Claimed};
+use crate::inbox::lease::{self, Claimed, Unclaimed};
 use crate::inbox::{DEFAULT_LEASE, RETRY_DELAYS};
 use crate::queue::{parse_message_body, Queue};
 use crate::sim::{self, Point};
@@ -56,6 +56,10 @@ pub struct WorkerState {
     /// How long one event of a batch may take, its provider reads included, before the
     /// worker gives up on it and on its connection ([`EVENT_BUDGET`]).
     pub event_budget: Duration,
+    /// How long one attempt of a health notice goes on starting pages of its sweep
+    /// ([`apply::SWEEP_BUDGET`]); at most half of `event_budget` is used, so that the attempt
+    /// ends within the event's budget (docs/design.md §6.2).
+    pub sweep_budget: Duration,
     /// Where the pool's options come from, when it is a secret that a rotation changes
     /// (`None`: fixed options).
     pub database: Option<std::sync::Arc<crate::database::Database>>,
@@ -73,6 +77,7 @@ impl WorkerState {
             events: None,
             contended: Contended::default(),
             event_budget: EVENT_BUDGET,
+            sweep_budget: apply::SWEEP_BUDGET,
             database: None,
         }
     }
@@ -114,6 +119,7 @@ impl WorkerState {
             catalog: &self.catalog,
             effects: self.effects.is_some(),
             contended: &self.contended,
+            sweep_budget: self.sweep_budget.min(self.event_budget / 2),
         }
     }
 }
@@ -127,6 +133,9 @@ pub enum Processed {
     Skipped,
     /// This attempt failed; the event is `failed` (retry due later) or `dead`.
     Failed { status: EventStatus, error: String },
+    /// This attempt did part of the event's work, kept it, and gave the event back to be
+    /// continued (`received`, the attempt not counted): a health notice's sweep.
+    Unfinished { progress: String },
 }
 
 /// Processes one stored event. An error means the database could not be reached at all;
@@ -167,6 +176,22 @@ async fn process_claimed(
                 "lease lost; another worker has the event"
             );
             Ok(Processed::Skipped)
+        }
+        Err(ApplyError::Unfinished(progress)) => {
+            if lease::give_back(conn, event, &progress).await? {
+                tracing::info!(
+                    event_id = event.id,
+                    progress,
+                    "event given back to be continued"
+                );
+                Ok(Processed::Unfinished { progress })
+            } else {
+                tracing::warn!(
+                    event_id = event.id,
+                    "lease lost; another worker has the event"
+                );
+                Ok(Processed::Skipped)
+            }
         }
         Err(error) => {
             let error = error.to_string();
@@ -292,11 +317,31 @@ pub async fn handle_batch_until(
         }
     };
     let mut claimed: HashMap<i64, Claimed> = claimed.into_iter().map(|c| (c.id, c)).collect();
+    let taken: HashSet<i64> = claimed.keys().copied().collect();
+    let not_taken = not_taken(state, &mut conn, &ids, &taken).await;
+    if not_taken.is_err() {
+        // The connection may be what failed: the batch goes on with another.
+        drop(conn.detach());
+        conn = match state.pool.acquire().await {
+            Ok(fresh) => fresh,
+            Err(error) => {
+                tracing::error!(error = %error, "database unavailable; the batch will be delivered again");
+                messages
+                    .into_iter()
+                    .for_each(|(message_id, _)| retry(message_id));
+                return response;
+            }
+        };
+    }
     let mut begun = false;
     let mut messages = messages.into_iter();
     while let Some((message_id, event_id)) = messages.next() {
-        // Not claimed: final, held by another worker, not due, gone, or a copy in this batch.
         if !claimed.contains_key(&event_id) {
+            if taken.contains(&event_id) {
+                tracing::info!(event_id, "message acknowledged without work: this batch took its event already (a copy in the batch), or another worker has since");
+            } else if !acknowledged(event_id, &not_taken) {
+                retry(message_id);
+            }
             continue;
         }
         // The first event is always begun: an invocation shorter than one budget still moves.
@@ -369,6 +414,66 @@ pub async fn handle_batch_until(
         }
     }
     response
+}
+
+/// What the rows of the batch's events that the claim did not take say now ([`lease::unclaimed`]),
+/// in one statement, bounded like one event; `Err` when that could not be learned.
+async fn not_taken(
+    state: &WorkerState,
+    conn: &mut PgConnection,
+    ids: &[i64],
+    taken: &HashSet<i64>,
+) -> Result<HashMap<i64, Unclaimed>, String> {
+    let mut left: Vec<i64> = ids
+        .iter()
+        .copied()
+        .filter(|id| !taken.contains(id))
+        .collect();
+    left.sort_unstable();
+    left.dedup();
+    if left.is_empty() {
+        return Ok(HashMap::new());
+    }
+    match timeout(state.event_budget, lease::unclaimed(conn, &left)).await {
+        Ok(Ok(states)) => Ok(states),
+        Ok(Err(e)) => Err(format!("database unavailable: {e}")),
+        Err(_) => Err(format!("no answer within {:?}", state.event_budget)),
+    }
+}
+
+/// Whether the message of an event the batch's claim did not take may be acknowledged: only
+/// when the event is final, held under another worker's live lease, waiting for a later
+/// time, or gone. An event a worker could take now (a row the claim passed by) keeps its
+/// message, as does one whose row could not be read: the message is what brings a worker to
+/// the event, and without it the event would wait for the rescue's 5-minute rule
+/// (docs/design.md §1.3, §3.7). Each is said in the log.
+fn acknowledged(event_id: i64, not_taken: &Result<HashMap<i64, Unclaimed>, String>) -> bool {
+    match not_taken.as_ref().map(|states| states.get(&event_id)) {
+        Ok(Some(Unclaimed::Claimable)) => {
+            tracing::warn!(
+                event_id,
+                "the claim did not take an event that a worker could take; its message will be delivered again"
+            );
+            false
+        }
+        Ok(Some(state)) => {
+            tracing::info!(
+                event_id,
+                why = state.as_str(),
+                "message acknowledged without work"
+            );
+            true
+        }
+        Ok(None) => false,
+        Err(error) => {
+            tracing::warn!(
+                event_id,
+                error = %error,
+                "the claim did not take the event and its row could not be read; its message will be delivered again"
+            );
+            false
+        }
+    }
 }
 
 /// Reports `first` (if any) and every message after it whose event the batch still holds,

@@ -2,6 +2,7 @@
 //! crash), the re-check inside the worker's transaction, the finish, and the failure record
 //! with the retry schedule (docs/design.md §3).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -75,6 +76,74 @@ pub async fn claim(
     .await?;
     claimed.sort_by_key(|c| event_ids.iter().position(|id| *id == c.id));
     Ok(claimed)
+}
+
+/// Why a claim did not take an event, as its row says after the claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unclaimed {
+    /// No such row: purged once final, or never stored.
+    Gone,
+    /// Final: applied, ignored, unprocessable or dead.
+    Final,
+    /// Under another worker's live lease: it finishes the event, or the lease's end brings
+    /// the event back (the queue's redelivery of that worker's message, the rescue).
+    Held,
+    /// Failed and not due yet, or its worker stopped on its last allowed attempt: the rescue
+    /// sends it when it is due, or the scheduler buries it.
+    Waiting,
+    /// A worker could take it now, as the claim takes events: the claim should have.
+    Claimable,
+}
+
+impl Unclaimed {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Gone => "no such event",
+            Self::Final => "the event is final",
+            Self::Held => "another worker holds the event under a live lease",
+            Self::Waiting => "the event is not due yet",
+            Self::Claimable => "a worker could take the event now",
+        }
+    }
+}
+
+/// What the rows of `event_ids` (events a claim did not take) say now, by the claim's own
+/// rule: a message may be acknowledged without work only when its event is final, held
+/// under a live lease, waiting for a later time, or gone (docs/design.md §1.3). An id with no
+/// row is [`Unclaimed::Gone`].
+pub async fn unclaimed(
+    conn: &mut PgConnection,
+    event_ids: &[i64],
+) -> Result<HashMap<i64, Unclaimed>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"
+        SELECT id,
+               CASE WHEN status IN ('applied', 'ignored', 'unprocessable', 'dead') THEN 'final'
+                    WHEN status = 'received'
+                         OR (status = 'failed' AND next_attempt_at <= inbox_now())
+                         OR (status = 'processing' AND locked_until < inbox_now() AND attempts < $2)
+                    THEN 'claimable'
+                    WHEN status = 'processing' AND locked_until >= inbox_now() THEN 'held'
+                    ELSE 'waiting' END AS "state!"
+        FROM inbox_events WHERE id = ANY($1)
+        "#,
+        event_ids,
+        MAX_ATTEMPTS,
+    )
+    .fetch_all(exec(conn))
+    .await?;
+    let mut states: HashMap<i64, Unclaimed> =
+        event_ids.iter().map(|id| (*id, Unclaimed::Gone)).collect();
+    for row in rows {
+        let state = match row.state.as_str() {
+            "final" => Unclaimed::Final,
+            "claimable" => Unclaimed::Claimable,
+            "held" => Unclaimed::Held,
+            _ => Unclaimed::Waiting,
+        };
+        states.insert(row.id, state);
+    }
+    Ok(states)
 }
 
 /// Renews the leases of `events` (each still this worker's claim) for another `lease` from
@@ -194,6 +263,33 @@ pub async fn finish_held(
     )
     .fetch_one(exec(conn))
     .await
+}
+
+/// Gives back an event whose attempt did part of its work and kept it, then ran out of its
+/// budget (a health notice's sweep, docs/design.md §6.2): `received` again, with `progress`
+/// as its reason, and its attempt not counted, since it failed nothing (an attempt that reads
+/// nothing fails, and those count toward `dead`). It is left unmarked: the rescue sends it at
+/// its next run, as a row stored over a minute ago and never enqueued. Only the lease holder's
+/// give-back lands; returns whether it did.
+pub async fn give_back(
+    conn: &mut PgConnection,
+    event: &Claimed,
+    progress: &str,
+) -> Result<bool, sqlx::Error> {
+    let given = sqlx::query!(
+        r#"
+        UPDATE inbox_events
+        SET status = 'received', attempts = greatest(attempts - 1, 0), reason = $3,
+            locked_until = NULL, next_attempt_at = NULL, enqueued_at = NULL, last_error = NULL
+        WHERE id = $1 AND status = 'processing' AND claim_gen = $2
+        "#,
+        event.id,
+        event.claim,
+        progress,
+    )
+    .execute(exec(conn))
+    .await?;
+    Ok(given.rows_affected() == 1)
 }
 
 /// Records a failed attempt: `failed` with the next attempt's time, or `dead` after the last.

@@ -18,6 +18,7 @@
 //!   and rows whose worker died on the last attempt;
 //! - [`thin`]: a thin event's read of its object, stored as an event and finished once the
 //!   thin event applied it;
+//! - [`sweep`]: the place of a health notice's sweep of subscriptions, kept between attempts;
 //! - [`alerts`], [`purge`], [`replay`]; [`read`]: what operators read.
 
 pub mod alerts;
@@ -30,6 +31,7 @@ pub mod read;
 pub mod replay;
 pub mod rescue;
 pub mod store;
+pub mod sweep;
 pub mod thin;
 
 use std::time::Duration;

@@ -50,6 +50,8 @@ pub enum Origin<'a> {
     ThinRead,
     /// The read of an invoice's subscription whose register held none (docs/design.md §6.2).
     SubscriptionRead,
+    /// A subscription read by a health notice's sweep (docs/design.md §6.2).
+    SweptRead,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -330,6 +332,7 @@ impl<'a> Prepared<'a> {
                 Cow::Owned(json!({"via": "invoice's subscription read"})),
                 true,
             ),
+            Origin::SweptRead => (Cow::Owned(json!({"via": "health notice's sweep"})), true),
         };
         let meta = match &verified.meta {
             Ok(meta) => match untrusted_time(meta.occurred_at, Utc::now()) {
