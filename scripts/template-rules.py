@@ -72,6 +72,8 @@ def constraint_errors(name, spec, raw):
                 errors.append(f"{name}: {item!r} does not match AllowedPattern")
     if "MinLength" in spec and len(raw) < int(spec["MinLength"]):
         errors.append(f"{name}: shorter than MinLength")
+    if "MaxLength" in spec and len(raw) > int(spec["MaxLength"]):
+        errors.append(f"{name}: longer than MaxLength")
     if spec["Type"] == "Number":
         try:
             number = float(raw)
@@ -160,6 +162,9 @@ def check(template, given):
     problems = []
     for name, spec in specs.items():
         problems += constraint_errors(name, spec, raw[name])
+    if problems:
+        # CloudFormation checks each value against its parameter before the Rules see it.
+        return problems
     params = {n: values_of(specs[n], raw[n]) for n in specs}
     params["AWS::StackName"] = "billing-inbox"
     for name, description in rule_errors(template.get("Rules", {}), params):
@@ -170,10 +175,16 @@ def check(template, given):
 # -- the parameter sets ----------------------------------------------------------------------
 
 ARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:"
-# The defaults: DatabaseMode create, the stack makes the database and its network.
+# The secrets RDS manages itself, as RDS names them: rds!db-<uuid> for an instance's master
+# user, rds!cluster-<uuid> for a cluster's, each with Secrets Manager's 6-character suffix.
+RDS_INSTANCE_SECRET = f"{ARN}rds!db-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d-Xy12Ab"
+RDS_CLUSTER_SECRET = f"{ARN}rds!cluster-5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9-Qw34Er"
+# The defaults: DatabaseMode create, the stack makes the database and its network; what a
+# first deploy must say (no Default): the sources, the plans, where the alarms go.
 REQUIRED = {
     "Sources": '[{"name":"kinde","kind":"kinde","jwks_url":"https://example.kinde.com/.well-known/jwks"}]',
     "PlansSecretArn": "billing-inbox/plans",
+    "AlertEmail": "oncall@example.com",
 }
 EVERYTHING = {
     **REQUIRED,
@@ -235,6 +246,42 @@ GOOD = {
         "VpcId": "",
         "RouteTableIds": "",
     },
+    "alarms to the topic alone, said so (AlertEmail none)": {**REQUIRED, "AlertEmail": "none"},
+    "alarms to an on-call tool alone": {
+        **{k: v for k, v in REQUIRED.items() if k != "AlertEmail"},
+        "AlertHttpsEndpoint": EVERYTHING["AlertHttpsEndpoint"],
+    },
+    "RDS's managed secret of an instance (rds!db-...), its endpoint beside it": {
+        **REQUIRED,
+        "DatabaseMode": "existing",
+        "DatabaseSecretArn": RDS_INSTANCE_SECRET,
+        "DatabaseHost": "billing.c0ffee.eu-west-1.rds.amazonaws.com",
+        "DatabaseName": "billing",
+    },
+    "RDS's managed secret of a cluster (rds!cluster-...), in the team's VPC": {
+        **EVERYTHING,
+        "DatabaseSecretArn": RDS_CLUSTER_SECRET,
+    },
+    "the team's VPC, which reaches S3 through its NAT (RouteTableIds none)": {
+        **EVERYTHING,
+        "RouteTableIds": "none",
+    },
+    "a self-hosted database whose certificate nothing verifies (DatabaseTls require)": {
+        **REQUIRED,
+        "DatabaseMode": "existing",
+        "DatabaseSecretArn": EVERYTHING["DatabaseSecretArn"],
+        "DatabaseTls": "require",
+    },
+    "a database of the team's own CA, reached by another name (verify-ca, its bundle)": {
+        **EVERYTHING,
+        "DatabaseTls": "verify-ca",
+    },
+    "production: the stack's own database protected from deletion": {
+        **CREATED,
+        "DatabaseDeletionProtection": "true",
+    },
+    "the least capacity equal to the most": {**CREATED, "DatabaseMinCapacity": "8", "DatabaseMaxCapacity": "8"},
+    "a cluster that pauses, at most 1 ACU": {**CREATED, "DatabaseMinCapacity": "0", "DatabaseMaxCapacity": "1"},
 }
 # Each mistake, and what must refuse it: a parameter's constraint or a rule.
 BAD = {
@@ -338,6 +385,74 @@ BAD = {
         {**EVERYTHING, "IntakeReservedConcurrency": "-1"},
         "IntakeReservedConcurrency: below MinValue",
     ),
+    "alarms to nobody, unsaid (AlertEmail and AlertHttpsEndpoint empty)": (
+        {**REQUIRED, "AlertEmail": ""},
+        "rule AlarmsNeedADestination:",
+    ),
+    "RDS's managed secret by its name": (
+        {**EVERYTHING, "DatabaseSecretArn": "rds!db-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"},
+        "DatabaseSecretArn:",
+    ),
+    "RDS's managed secret's ARN without its suffix": (
+        {**EVERYTHING, "DatabaseSecretArn": RDS_CLUSTER_SECRET[: -len("-Qw34Er")]},
+        "DatabaseSecretArn:",
+    ),
+    "endpoints in the team's VPC and no route tables (the migration could not answer)": (
+        {**EVERYTHING, "RouteTableIds": ""},
+        "rule EndpointsNeedRouteTables:",
+    ),
+    "route tables and none together": (
+        {**EVERYTHING, "RouteTableIds": "rtb-0123456789abcdef0,none"},
+        "rule EndpointsNeedRouteTables:",
+    ),
+    "a least capacity over the most": (
+        {**CREATED, "DatabaseMinCapacity": "8", "DatabaseMaxCapacity": "4"},
+        "rule CapacityLeastUpToMost:",
+    ),
+    "a least capacity of 2 under a most of 1": (
+        {**CREATED, "DatabaseMinCapacity": "2", "DatabaseMaxCapacity": "1"},
+        "rule CapacityLeastUpToMost:",
+    ),
+    "a capacity off the ladder": (
+        {**CREATED, "DatabaseMinCapacity": "1.5"},
+        "DatabaseMinCapacity: not one of the allowed values",
+    ),
+    "create mode with the database's TLS relaxed": (
+        {**CREATED, "DatabaseTls": "require"},
+        "rule CreateModeMakesItsOwn:",
+    ),
+    "create mode given a database name and port of its own": (
+        {**CREATED, "DatabaseName": "billing", "DatabasePort": "6432"},
+        "rule CreateModeMakesItsOwn:",
+    ),
+    "a CA bundle that nothing checks (DatabaseTls require)": (
+        {**EVERYTHING, "DatabaseTls": "require"},
+        "rule CaBundleVerifies:",
+    ),
+    "a CA bundle without the layer that carries it": (
+        {**EVERYTHING, "DatabaseCaLayerArn": ""},
+        "rule CaBundleInItsLayer:",
+    ),
+    "a CA layer without the bundle's path": (
+        {**EVERYTHING, "DatabaseCaFile": ""},
+        "rule CaBundleInItsLayer:",
+    ),
+    "an unknown TLS mode": (
+        {**EVERYTHING, "DatabaseTls": "prefer"},
+        "DatabaseTls: not one of the allowed values",
+    ),
+    "RDS Proxy asked of existing mode": (
+        {**EVERYTHING, "RdsProxy": "true"},
+        "rule ExistingModeCreatesNoDatabase:",
+    ),
+    "deletion protection for a database the stack does not make": (
+        {**EVERYTHING, "DatabaseDeletionProtection": "true"},
+        "rule ExistingModeCreatesNoDatabase:",
+    ),
+    "a partner event source's name over 256 characters": (
+        {**EVERYTHING, "StripeEventSourceName": "aws.partner/stripe.com/ed_" + "1" * 240},
+        "StripeEventSourceName: longer than MaxLength",
+    ),
 }
 
 
@@ -355,15 +470,21 @@ def main():
             if not assertion.get("AssertDescription", "").strip():
                 print(f"FAIL  rule {rule}: an assertion without AssertDescription")
                 failures += 1
+    def checked(given):
+        try:
+            return check(template, given)
+        except SystemExit as e:  # a set naming a parameter the template lacks
+            return [str(e)]
+
     for label, given in GOOD.items():
-        problems = check(template, given)
+        problems = checked(given)
         if problems:
             print(f"FAIL  {label}: refused: {problems}")
             failures += 1
         else:
             print(f"ok    {label}: accepted")
     for label, (given, expected) in BAD.items():
-        problems = check(template, given)
+        problems = checked(given)
         # refused, and only for the reason this mistake is about
         if problems and all(p.startswith(expected) for p in problems):
             print(f"ok    {label}: refused ({'; '.join(problems)})")

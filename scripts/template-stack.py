@@ -20,7 +20,10 @@ what was made:
   moto does not pass on (LAMBDA_IGNORED: architectures, layers, logging) are checked to
   resolve to parameters and created resources instead;
 * every output resolves to a non-empty string with no unresolved token; an output that
-  names a resource moto cannot create (DROP below) must carry that resource's placeholder.
+  names a resource moto cannot create (DROP below) must carry that resource's placeholder;
+* the resources that CloudFormation could not delete (DELETE_BLOCKERS: a deletion protection
+  on) are exactly the set's "protected" (none by default): a first deploy that fails must
+  roll back, not stop in ROLLBACK_FAILED with a cluster nobody can delete but by hand.
 
 What moto cannot do is done here first, as CloudFormation would: the parameter constraints
 and Rules (scripts/template-rules.py, which moto ignores), the Conditions, Fn::If and
@@ -45,7 +48,9 @@ To add a parameter set: an entry in SETS, its "params" the values as `sam deploy
 EXISTING_SECRETS before the stack, so the roles' policies and the dynamic references name a
 real secret; add a secret there when a set needs another). The set must be one the
 parameters' constraints and Rules accept. An entry with "needs" runs only when the template
-has all those parameters, and is skipped with a note until then.
+has all those parameters, and is skipped with a note until then. "protected" lists the
+resources the set makes that CloudFormation could not delete (none when absent); "outputs"
+maps an output to the texts its value must hold.
 """
 
 import ast
@@ -104,6 +109,8 @@ EXISTING_SECRETS = {
     "billing-inbox/stripe-api-key": '{"api_key":"rk_test_x"}',
     "billing-inbox/polar": '{"secrets":["x"]}',
     "billing-inbox/api-keys": '[{"name":"app","sha256":"00","scopes":["read"]}]',
+    # What RDS keeps for a cluster's master user, under the name RDS gives it.
+    "rds!cluster-5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9": '{"username":"postgres","password":"pw"}',
 }
 
 KINDE = '[{"name":"kinde","kind":"kinde","jwks_url":"https://example.kinde.com/.well-known/jwks"}]'
@@ -113,6 +120,14 @@ SETS = {
         "params": {
             "Sources": KINDE,
             "PlansSecretArn": "billing-inbox/plans",
+            "AlertEmail": "oncall@example.com",
+        },
+        # A first deploy: everything it creates, CloudFormation can delete on a rollback.
+        "protected": [],
+        "outputs": {
+            "AlarmDestinations": ["e-mail to oncall@example.com"],
+            "LogGroups": [f"/aws/lambda/{STACK}/{f}" for f in ("intake", "worker", "scheduler", "migrate")],
+            "AccessLogGroup": [f"/aws/vendedlogs/apigateway/{STACK}/access"],
         },
     },
     # (b) an existing database and network, every option on
@@ -165,6 +180,14 @@ SETS = {
             "StripeEventSourceName": "aws.partner/stripe.com/ed_61RBridgeTest0001",
             "StripeEventSourceFor": "stripe",
         },
+        "outputs": {
+            "AlarmDestinations": ["e-mail to oncall@example.com", "and the AlertHttpsEndpoint on-call tool"],
+            # every function's group, the seven of them
+            "LogGroups": [
+                f"/aws/lambda/{STACK}/{f}"
+                for f in ("intake", "worker", "scheduler", "migrate", "dispatcher", "api", "bridge")
+            ],
+        },
     },
     # (c) the stack creates the database and its network, with RDS Proxy, a NAT, effects to
     # both destinations and the app API
@@ -186,7 +209,41 @@ SETS = {
             "EffectsEventBus": "billing",
             "EffectsEventBusCreate": "true",
             "ApiKeysSecretArn": "{arn:billing-inbox/api-keys}",
+            "AlertEmail": "none",
         },
+        "protected": [],
+        "outputs": {"AlarmDestinations": ["NONE: ", "no one is paged"]},
+    },
+    # (d) production: the stack's own database, protected once it holds data
+    "create mode, production": {
+        "params": {
+            "Sources": KINDE,
+            "PlansSecretArn": "billing-inbox/plans",
+            "AlertHttpsEndpoint": "https://events.pagerduty.com/integration/0123abcd/enqueue",
+            "DatabaseDeletionProtection": "true",
+        },
+        "protected": ["DatabaseCluster"],
+        "outputs": {"AlarmDestinations": ["the AlertHttpsEndpoint on-call tool"]},
+    },
+    # (e) RDS's own managed secret of a cluster, in the team's VPC, which reaches S3 (and
+    # the rest of AWS) through its NAT
+    "bring-your-own, RDS's managed secret, through a NAT": {
+        "params": {
+            "DatabaseMode": "existing",
+            "DatabaseSecretArn": "{arn:rds!cluster-5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9}",
+            "DatabaseHost": "billing.cluster-c0ffee.us-east-1.rds.amazonaws.com",
+            "DatabaseName": "billing",
+            "VpcEndpoints": "create",
+            "VpcId": "{net:vpc}",
+            "RouteTableIds": "none",
+            "SubnetIds": "{net:subnet-a},{net:subnet-b}",
+            "SecurityGroupIds": "{net:sg}",
+            "Sources": KINDE,
+            "PlansSecretArn": "billing-inbox/plans",
+            "AlertEmail": "oncall@example.com",
+            "WorkerProviderReads": "false",
+        },
+        "protected": [],
     },
 }
 
@@ -264,6 +321,11 @@ NO_PHYSICAL_ID = {
 # ReservedConcurrentExecutions): checked in the template given to moto instead, resolved
 # here (they must be literals, parameters or Refs to resources moto created).
 LAMBDA_IGNORED = ("Architectures", "Layers", "LoggingConfig")
+
+# Properties with which CloudFormation cannot delete what it created (a rollback or a stack
+# delete then fails on it), checked on the transformed template with the set's conditions,
+# before anything is dropped (moto has no model of an RDS cluster).
+DELETE_BLOCKERS = ("DeletionProtection", "DeletionProtectionEnabled", "DisableApiTermination")
 
 UNRESOLVED = re.compile(r"\{\s*['\"](Ref|Fn::[A-Za-z]+)['\"]|\$\{[^}]*\}|\{\{resolve:|<moto\.|object at 0x")
 
@@ -510,6 +572,27 @@ def prepare(cfn_template, params, secret_value):
     return replace_dropped(template, gone), gone
 
 
+def protected_resources(cfn_template, params):
+    """The resources of this parameter set that CloudFormation could not delete."""
+    conditions = condition_values(cfn_template.get("Conditions", {}), params)
+    found = []
+    for logical_id, resource in cfn_template["Resources"].items():
+        if "Condition" in resource and not conditions[resource["Condition"]]:
+            continue
+        props = resolve_conditions(resource.get("Properties", {}), conditions)
+        for key in DELETE_BLOCKERS:
+            if key not in props:
+                continue
+            value = props[key]
+            if isinstance(value, dict) and set(value) == {"Ref"} and value["Ref"] in params:
+                value = params[value["Ref"]]
+            if not isinstance(value, (str, bool)):
+                raise Failure(f"{logical_id}.{key} is {value!r}: this script cannot tell whether it is on")
+            if str(value).lower() == "true":
+                found.append(logical_id)
+    return sorted(found)
+
+
 # -- one parameter set -----------------------------------------------------------------------
 
 
@@ -590,6 +673,13 @@ def run_set(rules, template, label, entry):
         sam = sam_transform(template, raw)
     except InvalidDocumentException as e:
         raise Failure(f"the SAM transform failed: {e}; {' '.join(str(c) for c in e.causes)}") from e
+    protected = protected_resources(sam, params)
+    if protected != sorted(entry.get("protected", [])):
+        raise Failure(
+            f"CloudFormation could not delete {protected or 'nothing'} (a deletion protection "
+            f"on), the set expects {entry.get('protected', [])}: a failed deploy would stop "
+            "in ROLLBACK_FAILED on them"
+        )
     ready, gone = prepare(sam, params, secret_value)
 
     try:
@@ -661,6 +751,11 @@ def run_set(rules, template, label, entry):
         )
     elif missing:
         failures.append(f"outputs not in the stack: {missing}")
+    for name, parts in entry.get("outputs", {}).items():
+        value = outputs.get(name) or ""
+        absent = [p for p in parts if p not in value]
+        if absent:
+            failures.append(f"output {name}: {value!r} does not say {absent}")
     if failures:
         raise Failure("; ".join(failures))
 
@@ -672,6 +767,7 @@ def run_set(rules, template, label, entry):
         f"{len(physical)} resources created, {len(gone)} dropped "
         f"({', '.join(f'{n} {t}' for t, n in sorted(by_type.items()))}), "
         f"{len(outputs)} outputs resolved"
+        + (f", protected from deletion: {', '.join(protected)}" if protected else ", nothing protected from deletion")
         + (f" ({len(dropped_outputs)} with a placeholder: {', '.join(dropped_outputs)})" if dropped_outputs else "")
         + (f"; placeholders: {placeholder_summary(seen.placeholders)}" if seen.placeholders else "")
     )

@@ -561,6 +561,8 @@ impl FromEnv for IntakeConfig {
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     pub database: crate::database::DatabaseConfig,
+    /// With `INBOX_PROVIDER_READS=false`, without their API keys and the secrets that hold
+    /// them: the worker reads no such secret and makes no provider read.
     pub sources: Vec<SourceConfig>,
     pub catalog: Catalog,
     /// Effects on: the worker writes them and sends their ids to the dispatcher's queue.
@@ -571,11 +573,35 @@ pub struct WorkerConfig {
     pub queue_url: Option<String>,
 }
 
+/// `INBOX_PROVIDER_READS`: `false` when the worker may not read the sources' API keys (the
+/// template's `WorkerProviderReads`, whose role then grants no such read); default `true`.
+pub const PROVIDER_READS_VAR: &str = "INBOX_PROVIDER_READS";
+
 impl FromEnv for WorkerConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
+        let provider_reads = match env.optional(PROVIDER_READS_VAR).as_deref() {
+            None | Some("true") => true,
+            Some("false") => false,
+            Some(other) => {
+                return Err(ConfigError::new(
+                    PROVIDER_READS_VAR,
+                    format!("'{other}' is neither 'true' nor 'false'"),
+                ))
+            }
+        };
+        let mut sources = env.sources()?;
+        if !provider_reads {
+            // Nothing to read that the role would refuse at each cold start and each use:
+            // ties are settled by the status rank, thin events wait for a key (§6.2).
+            for source in &mut sources {
+                source.api_key = None;
+                source.api_key_secret_id = None;
+                source.secret_id = None;
+            }
+        }
         Ok(Self {
             database: env.database()?,
-            sources: env.sources()?,
+            sources,
             catalog: env.plans()?,
             effects: env.effects()?,
             queue_url: env.optional("QUEUE_URL"),
@@ -1002,6 +1028,49 @@ mod tests {
         vars.push(("INBOX_RETENTION_DAYS", "2"));
         let short = SchedulerConfig::from_lookup(lookup(&vars)).unwrap_err();
         assert_eq!(short.var, "INBOX_RETENTION_DAYS");
+    }
+
+    #[test]
+    fn a_worker_without_provider_reads_keeps_no_api_key_nor_its_secret() {
+        let sources = r#"[{"name":"stripe","kind":"stripe","secret_id":"billing-inbox/stripe","api_key_secret_id":"billing-inbox/stripe-api-key"},
+            {"name":"polar","kind":"standard-webhooks","secrets":["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"],"api_key":"polar_oat_x"}]"#;
+        let vars = |reads: &'static str| {
+            vec![
+                ("DATABASE_URL", "postgres://x"),
+                ("INBOX_SOURCES", sources),
+                (
+                    PLANS_VAR,
+                    r#"{"pro":{"plan":"pro","monthly_allowance":500}}"#,
+                ),
+                (PROVIDER_READS_VAR, reads),
+            ]
+        };
+        let keys = |reads| {
+            WorkerConfig::from_lookup(lookup(&vars(reads)))
+                .unwrap()
+                .sources
+                .iter()
+                .map(|s| {
+                    (
+                        s.api_key.is_some(),
+                        s.api_key_secret_id.is_some(),
+                        s.secret_id.is_some(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            keys("false"),
+            [(false, false, false), (false, false, false)]
+        );
+        assert_eq!(keys("true"), [(false, true, true), (true, false, false)]);
+        assert_eq!(keys(""), keys("true"), "unset: provider reads on");
+        assert_eq!(
+            WorkerConfig::from_lookup(lookup(&vars("no")))
+                .unwrap_err()
+                .to_string(),
+            "INBOX_PROVIDER_READS: 'no' is neither 'true' nor 'false'"
+        );
     }
 
     const SINKS: &str = r#"[{"name":"app","kind":"webhook","url":"https://app.example/billing-events","secret":"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"},

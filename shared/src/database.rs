@@ -2,10 +2,12 @@
 //! (local use and tests), or the Secrets Manager secret `DATABASE_SECRET_ID` names — a URL
 //! string or the JSON RDS keeps (`username`, `password`, `host`, `port`, `dbname`) — read
 //! once per cold start into connection options, and read again once after the database
-//! refuses the login, so that a rotated password needs no redeploy. `DATABASE_CA_FILE` names
-//! the CA bundle that `verify-full` checks the server's certificate against.
-//! `DATABASE_POOLER=transaction` says a transaction-mode pooler (RDS Proxy) stands in between:
-//! no statement is then named ([`crate::db::exec`]).
+//! refuses the login, so that a rotated password needs no redeploy. `DATABASE_TLS` says how the
+//! server is checked: a secret's connections are `verify-full` unless it says otherwise,
+//! against the roots the library carries ([`AWS_DATABASE_ROOTS`]: RDS's and RDS Proxy's) or
+//! the bundle `DATABASE_CA_FILE` names; a `DATABASE_URL` (local use and tests) keeps what the
+//! URL says. `DATABASE_POOLER=transaction` says a transaction-mode pooler (RDS Proxy) stands
+//! in between: no statement is then named ([`crate::db::exec`]).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -23,6 +25,7 @@ use crate::config::ConfigError;
 pub const URL_VAR: &str = "DATABASE_URL";
 pub const SECRET_VAR: &str = "DATABASE_SECRET_ID";
 pub const CA_VAR: &str = "DATABASE_CA_FILE";
+pub const TLS_VAR: &str = "DATABASE_TLS";
 pub const HOST_VAR: &str = "DATABASE_HOST";
 pub const PORT_VAR: &str = "DATABASE_PORT";
 pub const NAME_VAR: &str = "DATABASE_NAME";
@@ -33,6 +36,74 @@ const READ_BUDGET: Duration = Duration::from_secs(3);
 /// The least time between two reads of the secret after refused logins: a secret that is
 /// wrong, not rotated, is not read again at every connection attempt.
 pub const REREAD_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The roots a verifying connection trusts when `DATABASE_CA_FILE` names none: Amazon RDS's
+/// root CAs (RDS and Aurora endpoints) and Amazon Trust Services' (RDS Proxy's endpoints,
+/// whose certificates come from ACM), written by `scripts/database-roots`. A Region RDS opened
+/// after this file was written is not in it: there, `DATABASE_CA_FILE` names RDS's current
+/// bundle (docs/deploy.md, *The database's secret and TLS*).
+pub const AWS_DATABASE_ROOTS: &[u8] = include_bytes!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/certs/aws-database-roots.pem"
+));
+
+/// `DATABASE_TLS`: what a connection asks of the server, by libpq's `sslmode` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tls {
+    /// TLS, with a certificate that chains to the roots and names the host: the default of a
+    /// secret's connections.
+    VerifyFull,
+    /// TLS, with a certificate that chains to the roots, whatever name it holds (a tunnel
+    /// reached as `localhost`).
+    VerifyCa,
+    /// TLS, the certificate unchecked: encrypted, the server not authenticated.
+    Require,
+    /// TLS when the server offers it, unchecked; else none (a URL without `sslmode`).
+    Prefer,
+    /// No TLS.
+    Disable,
+}
+
+impl Tls {
+    fn parse(value: &str) -> Result<Self, ConfigError> {
+        match value {
+            "verify-full" => Ok(Self::VerifyFull),
+            "verify-ca" => Ok(Self::VerifyCa),
+            "require" => Ok(Self::Require),
+            "prefer" => Ok(Self::Prefer),
+            "disable" => Ok(Self::Disable),
+            other => Err(ConfigError::new(
+                TLS_VAR,
+                format!("'{other}' is not one of verify-full, verify-ca, require, prefer, disable"),
+            )),
+        }
+    }
+
+    /// Whether the server's certificate is checked against roots.
+    pub fn verifies(self) -> bool {
+        matches!(self, Self::VerifyFull | Self::VerifyCa)
+    }
+
+    pub fn ssl_mode(self) -> PgSslMode {
+        match self {
+            Self::VerifyFull => PgSslMode::VerifyFull,
+            Self::VerifyCa => PgSslMode::VerifyCa,
+            Self::Require => PgSslMode::Require,
+            Self::Prefer => PgSslMode::Prefer,
+            Self::Disable => PgSslMode::Disable,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::VerifyFull => "verify-full",
+            Self::VerifyCa => "verify-ca",
+            Self::Require => "require",
+            Self::Prefer => "prefer",
+            Self::Disable => "disable",
+        }
+    }
+}
 
 /// Where the connection settings come from.
 #[derive(Clone, PartialEq, Eq)]
@@ -57,8 +128,11 @@ impl fmt::Debug for DatabaseSource {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DatabaseConfig {
     pub source: DatabaseSource,
-    /// `DATABASE_CA_FILE`: a PEM bundle; with it every connection is `verify-full` against
-    /// it. A relative path is taken from the function's package (`LAMBDA_TASK_ROOT`).
+    /// `DATABASE_TLS` as given; [`Self::tls_mode`] says what the connections do.
+    pub tls: Option<Tls>,
+    /// `DATABASE_CA_FILE`: a PEM bundle that a verifying connection checks the server
+    /// against instead of [`AWS_DATABASE_ROOTS`]; with it the default is `verify-full`, for a
+    /// URL too. A relative path is taken from the function's package (`LAMBDA_TASK_ROOT`).
     pub ca_file: Option<PathBuf>,
     /// Where the database is when its secret does not say: the secret RDS manages for a
     /// master user holds only `username` and `password`.
@@ -107,7 +181,8 @@ pub struct Endpoint {
 }
 
 impl DatabaseConfig {
-    /// Reads `DATABASE_SECRET_ID` or `DATABASE_URL` (exactly one) and `DATABASE_CA_FILE`.
+    /// Reads `DATABASE_SECRET_ID` or `DATABASE_URL` (exactly one), `DATABASE_TLS` and
+    /// `DATABASE_CA_FILE`.
     pub fn read(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let get = |var: &str| {
             lookup(var)
@@ -145,6 +220,20 @@ impl DatabaseConfig {
                 _ => path,
             }
         });
+        let tls = get(TLS_VAR).map(|value| Tls::parse(&value)).transpose()?;
+        if let (Some(tls), Some(ca_file)) = (tls, &ca_file) {
+            if !tls.verifies() {
+                return Err(ConfigError::new(
+                    CA_VAR,
+                    format!(
+                        "names a CA bundle ('{}'), but DATABASE_TLS '{}' checks no certificate: \
+                         set DATABASE_TLS to verify-full (or verify-ca), or leave DATABASE_CA_FILE unset",
+                        ca_file.display(),
+                        tls.name()
+                    ),
+                ));
+            }
+        }
         let port = match get(PORT_VAR) {
             None => None,
             Some(port) => Some(port.parse().map_err(|_| {
@@ -162,6 +251,7 @@ impl DatabaseConfig {
             .unwrap_or_default();
         Ok(Self {
             source,
+            tls,
             ca_file,
             endpoint,
             pooler,
@@ -172,9 +262,22 @@ impl DatabaseConfig {
     pub fn url(url: impl Into<String>) -> Self {
         Self {
             source: DatabaseSource::Url(url.into()),
+            tls: None,
             ca_file: None,
             endpoint: Endpoint::default(),
             pooler: Pooler::None,
+        }
+    }
+
+    /// What every connection asks of the server: `DATABASE_TLS` when set; else `verify-full`
+    /// for a secret's connections (a deployed function's) and with `DATABASE_CA_FILE`; else
+    /// `None`, what the `DATABASE_URL` says (`prefer` when it names no `sslmode`: local use
+    /// and tests, where Postgres is on 127.0.0.1).
+    pub fn tls_mode(&self) -> Option<Tls> {
+        match (self.tls, &self.source, &self.ca_file) {
+            (Some(tls), _, _) => Some(tls),
+            (None, DatabaseSource::Secret(_), _) | (None, _, Some(_)) => Some(Tls::VerifyFull),
+            (None, DatabaseSource::Url(_), None) => None,
         }
     }
 }
@@ -315,7 +418,7 @@ impl Database {
                 (options, Some(client))
             }
         };
-        let options = with_tls(options, config.ca_file.as_deref())?;
+        let options = with_tls(options, config)?;
         if config.pooler == Pooler::Transaction {
             // The process is one function instance: its every statement from now on.
             crate::db::send_unnamed_statements();
@@ -395,9 +498,7 @@ impl Database {
             .await
             .unwrap_or_else(|_| Err(not_in_time(id)))
             .and_then(|text| options_from_secret(id, &text, &self.config.endpoint))
-            .and_then(|options| {
-                with_tls(options, self.config.ca_file.as_deref()).map_err(|e| e.to_string())
-            });
+            .and_then(|options| with_tls(options, &self.config).map_err(|e| e.to_string()));
         match options {
             Ok(options) => {
                 self.replace(options);
@@ -454,13 +555,23 @@ fn not_in_time(id: &str) -> String {
     )
 }
 
-/// `verify-full` against `ca_file`, when one is named; it must be there at cold start.
-fn with_tls(
+/// The options with what [`DatabaseConfig::tls_mode`] says: its `sslmode`, and for a mode that
+/// verifies, the roots (`DATABASE_CA_FILE`, which must be there at cold start, else
+/// [`AWS_DATABASE_ROOTS`]). Whatever a secret's URL says of `sslmode` or `sslrootcert` gives
+/// way: the function's setting is the one place. `None`: the options as the URL made them.
+pub fn with_tls(
     options: PgConnectOptions,
-    ca_file: Option<&Path>,
+    config: &DatabaseConfig,
 ) -> Result<PgConnectOptions, ConfigError> {
-    let Some(ca_file) = ca_file else {
+    let Some(tls) = config.tls_mode() else {
         return Ok(options);
+    };
+    let options = options.ssl_mode(tls.ssl_mode());
+    if !tls.verifies() {
+        return Ok(options);
+    }
+    let Some(ca_file) = config.ca_file.as_deref() else {
+        return Ok(options.ssl_root_cert_from_pem(AWS_DATABASE_ROOTS.to_vec()));
     };
     if !ca_file.is_file() {
         return Err(ConfigError::new(
@@ -471,9 +582,7 @@ fn with_tls(
             ),
         ));
     }
-    Ok(options
-        .ssl_mode(PgSslMode::VerifyFull)
-        .ssl_root_cert(ca_file))
+    Ok(options.ssl_root_cert(ca_file))
 }
 
 #[cfg(test)]
@@ -540,6 +649,137 @@ mod tests {
             c.ca_file.as_deref(),
             Some(Path::new("/var/task/certs/global-bundle.pem"))
         );
+    }
+
+    #[test]
+    fn a_secret_is_verified_in_full_unless_told_otherwise_and_a_url_keeps_its_own() {
+        let secret = (
+            SECRET_VAR,
+            "arn:aws:secretsmanager:eu-west-1:1:secret:rds!db-1-AbCdEf",
+        );
+        let url = (URL_VAR, "postgres://postgres@127.0.0.1:61320/postgres");
+        let ca = (CA_VAR, "/opt/global-bundle.pem");
+        let mode = |vars: &[(&str, &str)]| config(vars).unwrap().tls_mode();
+        assert_eq!(mode(&[secret]), Some(Tls::VerifyFull));
+        assert_eq!(mode(&[secret, ca]), Some(Tls::VerifyFull));
+        // Local use and tests: what the URL says (sqlx's prefer when it says nothing).
+        assert_eq!(mode(&[url]), None);
+        assert_eq!(mode(&[url, ca]), Some(Tls::VerifyFull));
+        for (value, tls) in [
+            ("verify-full", Tls::VerifyFull),
+            ("verify-ca", Tls::VerifyCa),
+            ("require", Tls::Require),
+            ("prefer", Tls::Prefer),
+            (" disable ", Tls::Disable),
+        ] {
+            assert_eq!(mode(&[secret, (TLS_VAR, value)]), Some(tls));
+            assert_eq!(mode(&[url, (TLS_VAR, value)]), Some(tls));
+        }
+        assert_eq!(
+            mode(&[secret, ca, (TLS_VAR, "verify-ca")]),
+            Some(Tls::VerifyCa)
+        );
+    }
+
+    #[test]
+    fn a_tls_setting_that_cannot_work_is_refused_by_name() {
+        let secret = (SECRET_VAR, "db");
+        assert_eq!(
+            config(&[secret, (TLS_VAR, "verify")])
+                .unwrap_err()
+                .to_string(),
+            "DATABASE_TLS: 'verify' is not one of verify-full, verify-ca, require, prefer, disable"
+        );
+        assert_eq!(
+            config(&[
+                secret,
+                (TLS_VAR, "require"),
+                (CA_VAR, "/opt/global-bundle.pem")
+            ])
+            .unwrap_err()
+            .to_string(),
+            "DATABASE_CA_FILE: names a CA bundle ('/opt/global-bundle.pem'), but DATABASE_TLS \
+             'require' checks no certificate: set DATABASE_TLS to verify-full (or verify-ca), \
+             or leave DATABASE_CA_FILE unset"
+        );
+    }
+
+    /// The options a connection takes: the setting's `sslmode`, whatever the secret's URL
+    /// said; a `DATABASE_URL` without the setting as it is.
+    #[test]
+    fn the_options_take_the_mode_the_setting_says() {
+        let from = |vars: &[(&str, &str)], url: &str| {
+            with_tls(
+                PgConnectOptions::from_str(url).unwrap(),
+                &config(vars).unwrap(),
+            )
+            .unwrap()
+            .get_ssl_mode()
+        };
+        let secret = (SECRET_VAR, "db");
+        let weak = "postgres://u:p@db.example/d?sslmode=disable";
+        assert!(matches!(from(&[secret], weak), PgSslMode::VerifyFull));
+        assert!(matches!(
+            from(&[secret, (TLS_VAR, "verify-ca")], weak),
+            PgSslMode::VerifyCa
+        ));
+        assert!(matches!(
+            from(&[secret, (TLS_VAR, "require")], weak),
+            PgSslMode::Require
+        ));
+        let local = "postgres://postgres@127.0.0.1:61320/postgres";
+        let url = (URL_VAR, local);
+        assert!(matches!(from(&[url], local), PgSslMode::Prefer));
+        assert!(matches!(from(&[url], weak), PgSslMode::Disable));
+        assert!(matches!(
+            from(&[url, (TLS_VAR, "verify-full")], local),
+            PgSslMode::VerifyFull
+        ));
+        // A bundle that is not there stops the cold start, naming it.
+        let missing = with_tls(
+            PgConnectOptions::from_str(local).unwrap(),
+            &config(&[secret, (CA_VAR, "/nowhere/bundle.pem")]).unwrap(),
+        )
+        .unwrap_err();
+        assert_eq!(missing.var, CA_VAR);
+    }
+
+    /// What the library trusts by default is Amazon's: RDS's roots, and the Amazon Trust
+    /// Services roots RDS Proxy's certificates chain to; each block a certificate (DER).
+    #[test]
+    fn the_carried_roots_are_rds_and_amazon_trust_services() {
+        use base64::Engine;
+        let text = std::str::from_utf8(AWS_DATABASE_ROOTS).unwrap();
+        let subjects: Vec<&str> = text.lines().filter(|l| l.starts_with("# C = ")).collect();
+        let blocks: Vec<&str> = text
+            .split("-----BEGIN CERTIFICATE-----")
+            .skip(1)
+            .map(|b| b.split("-----END CERTIFICATE-----").next().unwrap())
+            .collect();
+        assert_eq!(blocks.len(), 92);
+        assert_eq!(
+            subjects.len(),
+            blocks.len(),
+            "one subject line per certificate"
+        );
+        let rds = subjects
+            .iter()
+            .filter(|s| s.contains("OU = Amazon RDS, "))
+            .count();
+        let amazon = subjects
+            .iter()
+            .filter(|s| {
+                s.contains("CN = Amazon Root CA ")
+                    || s.contains("CN = Starfield Services Root Certificate Authority - G2")
+            })
+            .count();
+        assert_eq!((rds, amazon), (87, 5));
+        for block in blocks {
+            let der = base64::engine::general_purpose::STANDARD
+                .decode(block.split_whitespace().collect::<String>())
+                .unwrap();
+            assert_eq!(der[0], 0x30, "a DER SEQUENCE");
+        }
     }
 
     #[test]

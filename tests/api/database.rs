@@ -2,7 +2,10 @@
 //! Secrets Manager and a Postgres that checks passwords (scripts/stack.sh: members of
 //! `password_users` log in with SCRAM) and offers TLS with a local CA: a URL secret and the
 //! RDS JSON both connect, a password rotated under a running intake is read again once, a
-//! wrong secret is named without its password, and `verify-full` takes the CA it is given.
+//! wrong secret is named without its password, and `verify-full` takes the CA it is given. A
+//! secret's connections are verified in full by default, against the AWS roots the library
+//! carries, which did not sign the local server: the tests name the local CA
+//! (`DATABASE_CA_FILE`) as a deployment names RDS's, or relax `DATABASE_TLS`.
 
 use std::path::PathBuf;
 
@@ -107,10 +110,17 @@ async fn put_secret(name: &str, value: &str) {
         .unwrap();
 }
 
-/// The intake's configuration, its database named by `vars`.
+/// The intake's configuration, its database named by `vars`; verified against the local CA
+/// unless `vars` say how (`DATABASE_CA_FILE` or `DATABASE_TLS`).
 fn intake_config(queue_url: &str, vars: &[(&str, String)]) -> IntakeConfig {
     let sources = json!([{"name": "stripe", "kind": "stripe", "secrets": [STRIPE_SECRET]}]);
-    let vars = vars.to_vec();
+    let mut vars = vars.to_vec();
+    if !vars
+        .iter()
+        .any(|(k, _)| *k == "DATABASE_CA_FILE" || *k == "DATABASE_TLS")
+    {
+        vars.push(("DATABASE_CA_FILE", local_ca()));
+    }
     let queue_url = queue_url.to_owned();
     IntakeConfig::from_lookup(move |var| match var {
         "QUEUE_URL" => Some(queue_url.clone()),
@@ -123,6 +133,22 @@ fn intake_config(queue_url: &str, vars: &[(&str, String)]) -> IntakeConfig {
 /// The local CA's certificate, and one of a CA that signed nothing here (scripts/stack.sh).
 fn ca(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!(".dev/pg/tls/{name}"))
+}
+
+/// The local CA's path, as `DATABASE_CA_FILE` takes it.
+fn local_ca() -> String {
+    ca("ca.crt").display().to_string()
+}
+
+/// Whether each of the role's sessions is over TLS (`pg_stat_ssl`), and how many there are.
+async fn ssl_of(pool: &PgPool, role: &str) -> Vec<bool> {
+    sqlx::query_scalar(
+        "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.usename = $1",
+    )
+    .bind(role)
+    .fetch_all(pool)
+    .await
+    .unwrap()
 }
 
 async fn deliver(app: &TestApp, id: &str) -> (StatusCode, serde_json::Value) {
@@ -273,12 +299,8 @@ async fn a_wrong_password_is_read_again_once_then_not_before_the_interval(pool: 
 /// A held connection to the server's `postgres` database at `host`, verify-full against `ca`.
 async fn verified(host: &str, ca: PathBuf) -> Result<bool, sqlx::Error> {
     let port = std::env::var("INBOX_PG_PORT").unwrap_or_else(|_| "61320".into());
-    let config = DatabaseConfig {
-        source: DatabaseSource::Url(format!("postgres://postgres@{host}:{port}/postgres")),
-        ca_file: Some(ca),
-        endpoint: Default::default(),
-        pooler: Default::default(),
-    };
+    let mut config = DatabaseConfig::url(format!("postgres://postgres@{host}:{port}/postgres"));
+    config.ca_file = Some(ca);
     let held = Held::on(Database::open(&config).await.unwrap());
     let mut conn = held.lock().await;
     sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
@@ -316,13 +338,7 @@ async fn the_rds_json_over_verify_full_with_the_packaged_ca(pool: PgPool) {
     let (status, body) = deliver(&app, "evt_tls").await;
 
     assert_eq!(status, StatusCode::OK, "{body}");
-    let ssl: Vec<bool> = sqlx::query_scalar(
-        "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.usename = $1",
-    )
-    .bind(&role)
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let ssl = ssl_of(&pool, &role).await;
     assert!(!ssl.is_empty() && ssl.iter().all(|s| *s), "{ssl:?}");
     let missing = IntakeState::from_config(&intake_config(
         &app.queue_url,
@@ -355,6 +371,7 @@ async fn a_worker_whose_password_was_rotated_applies_the_event_when_it_comes_aga
     let sources = json!([{"name": "stripe", "kind": "stripe"}]).to_string();
     let config = WorkerConfig::from_lookup(|var| match var {
         "DATABASE_SECRET_ID" => Some(id.clone()),
+        "DATABASE_CA_FILE" => Some(local_ca()),
         "INBOX_SOURCES" => Some(sources.clone()),
         "INBOX_PLANS" => Some(PLANS.to_owned()),
         _ => None,
@@ -391,6 +408,7 @@ async fn a_scheduler_whose_password_was_rotated_connects_on_its_next_run(pool: P
     let sources = json!([{"name": "stripe", "kind": "stripe"}]).to_string();
     let config = SchedulerConfig::from_lookup(|var| match var {
         "DATABASE_SECRET_ID" => Some(id.clone()),
+        "DATABASE_CA_FILE" => Some(local_ca()),
         "QUEUE_URL" => Some(app.queue_url.clone()),
         "INBOX_SOURCES" => Some(sources.clone()),
         "INBOX_PLANS" => Some(PLANS.to_owned()),
@@ -426,6 +444,7 @@ async fn inboxctl_reads_the_database_secret_as_the_functions_do(pool: PgPool) {
         .env("DATABASE_HOST", "127.0.0.1")
         .env("DATABASE_PORT", port(&pool).to_string())
         .env("DATABASE_NAME", database_name(&pool))
+        .env("DATABASE_CA_FILE", local_ca())
         .args(["--json", "stats"]);
     let (output, stdout, stderr) = crate::cli::run(&mut command);
     assert!(output.status.success(), "{stderr}");
@@ -446,4 +465,87 @@ async fn inboxctl_reads_the_database_secret_as_the_functions_do(pool: PgPool) {
     );
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("DATABASE_SECRET_ID"), "{stderr}");
+}
+
+/// A deployed function's secret names the database; its connections are `verify-full` by
+/// default, against the AWS roots the library carries (RDS's, RDS Proxy's), so a server whose
+/// certificate none of them signed (the local CA's) is refused before any login: the delivery
+/// is answered 503 and nothing is stored. Before, `prefer` took any certificate.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_secret_is_verified_in_full_by_default_and_a_server_no_aws_root_signed_is_refused(
+    pool: PgPool,
+) {
+    let role = password_role(&pool, AWKWARD).await;
+    let id = create_secret(&rds_secret(&pool, "localhost", &role, AWKWARD).to_string()).await;
+    let mut app = TestApp::spawn(pool.clone()).await;
+    // An empty DATABASE_TLS is unset: the library's default, and no local CA.
+    let config = intake_config(
+        &app.queue_url,
+        &[("DATABASE_SECRET_ID", id), ("DATABASE_TLS", String::new())],
+    );
+    app.state = IntakeState::from_config(&config).await.unwrap();
+
+    let (status, body) = deliver(&app, "evt_unverified").await;
+
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 0);
+    assert!(ssl_of(&pool, &role).await.is_empty(), "never logged in");
+    let refused = sqlx::ConnectOptions::connect(&app.state.conn.database().options())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("invalid peer certificate: UnknownIssuer"),
+        "the carried roots were read, and none signed the server's: {refused}"
+    );
+}
+
+/// `DATABASE_TLS` relaxes a secret's check for a self-hosted database: `require` encrypts
+/// without checking the certificate, `disable` does without TLS. A `DATABASE_URL` without
+/// `sslmode` (local development, every other test) connects as it always did: TLS when the
+/// server offers it, unchecked.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn database_tls_relaxes_a_secrets_check_and_a_local_url_connects_as_before(pool: PgPool) {
+    let role = password_role(&pool, AWKWARD).await;
+    let id = create_secret(&rds_secret(&pool, "localhost", &role, AWKWARD).to_string()).await;
+    let mut app = TestApp::spawn(pool.clone()).await;
+    for (n, (tls, over_tls)) in [("require", true), ("disable", false)]
+        .into_iter()
+        .enumerate()
+    {
+        let config = intake_config(
+            &app.queue_url,
+            &[
+                ("DATABASE_SECRET_ID", id.clone()),
+                ("DATABASE_TLS", tls.into()),
+            ],
+        );
+        app.state = IntakeState::from_config(&config).await.unwrap();
+
+        let (status, body) = deliver(&app, &format!("evt_relaxed_{n}")).await;
+
+        assert_eq!(status, StatusCode::OK, "{tls}: {body}");
+        let ssl = ssl_of(&pool, &role).await;
+        assert!(
+            !ssl.is_empty() && ssl.iter().all(|s| *s == over_tls),
+            "{tls}: {ssl:?}"
+        );
+        close_sessions(&pool, &role).await;
+    }
+
+    let encoded: String = url::form_urlencoded::byte_serialize(AWKWARD.as_bytes()).collect();
+    let url = format!(
+        "postgres://{role}:{encoded}@127.0.0.1:{}/{}",
+        port(&pool),
+        database_name(&pool)
+    );
+    let config = intake_config(
+        &app.queue_url,
+        &[("DATABASE_URL", url), ("DATABASE_TLS", String::new())],
+    );
+    app.state = IntakeState::from_config(&config).await.unwrap();
+    let (status, body) = deliver(&app, "evt_local_url").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let ssl = ssl_of(&pool, &role).await;
+    assert!(!ssl.is_empty() && ssl.iter().all(|s| *s), "{ssl:?}");
 }

@@ -431,6 +431,9 @@ async fn a_secret_that_cannot_be_read_fails_the_deploy_and_the_next_request_read
     let name = format!("billing-inbox/test/db/{}", uuid::Uuid::new_v4().simple());
     let mut config = DatabaseConfig::url("");
     config.source = DatabaseSource::Secret(name.clone());
+    // Verified as a deployed function's is, against the local CA here (tests/api/database.rs).
+    config.ca_file =
+        Some(std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".dev/pg/tls/ca.crt"));
     let state = MigrateState::new(Ok(config));
 
     let body = answer(&state, &server, request(&server, "Create", 1)).await;

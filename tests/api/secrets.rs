@@ -633,3 +633,51 @@ fn a_failed_secret_read_is_counted_by_source_and_function() {
         (&json!("stripe"), &json!("worker"), &json!(1))
     );
 }
+
+/// With `WorkerProviderReads` false the worker's role may read no API key secret, and the
+/// template says so to the worker (`INBOX_PROVIDER_READS=false`): it reads none, so no read
+/// is refused at each cold start and tried again on every use (`SecretReadFailures`), and its
+/// sources make no provider read. With provider reads on, the same configuration's missing
+/// secret is a read to try again on use.
+#[sqlx::test]
+async fn a_worker_without_provider_reads_reads_no_api_key_secret(pool: PgPool) {
+    use shared::config::WorkerConfig;
+    use shared::handlers::worker::WorkerState;
+
+    let url = crate::cli::database_url(&pool).await;
+    let sources = json!([{"name": "stripe", "kind": "stripe", "secret_id": unique_name(),
+                          "api_key_secret_id": unique_name()}])
+    .to_string();
+    let worker = |reads: Option<&'static str>| {
+        WorkerConfig::from_lookup(|var| match var {
+            "DATABASE_URL" => Some(url.clone()),
+            "INBOX_SOURCES" => Some(sources.clone()),
+            "INBOX_PLANS" => Some(PLANS.to_owned()),
+            "INBOX_PROVIDER_READS" => reads.map(str::to_owned),
+            _ => None,
+        })
+        .unwrap()
+    };
+
+    let off = WorkerState::from_config(&worker(Some("false")), 1)
+        .await
+        .unwrap();
+    let on = WorkerState::from_config(&worker(None), 1).await.unwrap();
+
+    assert!(
+        off.sources["stripe"].reads.is_none(),
+        "no API key, no read of its secret, no provider read"
+    );
+    assert!(
+        on.sources["stripe"].reads.is_some(),
+        "with provider reads on, the missing secret is read again on use"
+    );
+    let config = worker(Some("false"));
+    assert_eq!(
+        (
+            config.sources[0].api_key_secret_id.as_deref(),
+            config.sources[0].secret_id.as_deref()
+        ),
+        (None, None)
+    );
+}
