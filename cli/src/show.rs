@@ -274,18 +274,20 @@ pub async fn event(pool: &PgPool, id: i64, json_output: bool) -> anyhow::Result<
     );
     let mut t = table(&[
         "delivery",
-        "received",
         "verdict",
+        "received, signed at",
         "provider delivery id",
-        "signed at",
     ]);
     for d in &detail.deliveries {
         t.add_row(vec![
             d.id.to_string(),
-            when(&d.received_at),
             d.verdict.clone(),
+            format!(
+                "{}\n{}",
+                when(&d.received_at),
+                d.sent_at.as_ref().map(when).unwrap_or_else(|| "-".into())
+            ),
             opt(&d.delivery_id),
-            d.sent_at.as_ref().map(when).unwrap_or_default(),
         ]);
     }
     out!("{t}");
