@@ -6,7 +6,9 @@
 # Source it, then call the functions:
 #
 #   source scripts/stack.sh
-#   stack_env        # export DATABASE_URL, QUEUE_URL, EFFECTS_QUEUE_URL, AWS_*, INBOX_* (caller's values win)
+#   stack_env        # export DATABASE_URL, QUEUE_URL, EFFECTS_QUEUE_URL, AWS_*, INBOX_*, and where
+#                    # inboxctl finds the intake (INTAKE_URL, INBOX_INVOKE_URL: INBOX_INTAKE_PORT,
+#                    # else the port the running scripts/dev recorded, else 61900); caller's values win
 #   stack_sources_env [inboxctl]  # export INBOX_SOURCES, the dev sources (needs a built inboxctl)
 #   stack_effects_env  # effects on: INBOX_EFFECTS, a webhook sink at the local `inboxctl listen`
 #   ensure_services  # install what is missing, start what is not running
@@ -21,6 +23,7 @@
 #   .dev/sqs-server  its npm install (scripts/sqs-server, pinned by its package-lock.json)
 #   .dev/moto.log  moto log (Secrets Manager and the other AWS services),  .dev/moto.pid
 #   .dev/pgbouncer/  PgBouncer's configuration, log and pid file
+#   .dev/pipeline/<port>  what a running scripts/dev started (its intake port, its pids)
 #
 # Ports: Postgres 127.0.0.1:${INBOX_PG_PORT:-61320},
 #        SQS      127.0.0.1:${INBOX_SQS_PORT:-61326} (AWS_ENDPOINT_URL_SQS),
@@ -101,6 +104,24 @@ stack_env() {
   : "${INBOX_LISTEN_PORT:=61920}"
   export INBOX_LISTEN_PORT
 
+  # Where inboxctl finds the functions (send, scenario, dev): one port, the intake's. A shell
+  # that did not choose one follows the scripts/dev running in this checkout, if any. A URL
+  # this function set before is made again, so that a moved port is followed.
+  if [ -z "${INBOX_INTAKE_PORT:-}" ]; then
+    INBOX_INTAKE_PORT="$(_stack_recorded_intake_port)"
+    : "${INBOX_INTAKE_PORT:=61900}"
+  fi
+  export INBOX_INTAKE_PORT
+  if [ -z "${INBOX_INVOKE_URL:-}" ] || [ "$INBOX_INVOKE_URL" = "${_STACK_INVOKE_URL:-}" ]; then
+    INBOX_INVOKE_URL="http://127.0.0.1:${INBOX_INTAKE_PORT}"
+    _STACK_INVOKE_URL="$INBOX_INVOKE_URL"
+  fi
+  if [ -z "${INTAKE_URL:-}" ] || [ "$INTAKE_URL" = "${_STACK_INTAKE_URL:-}" ]; then
+    INTAKE_URL="http://127.0.0.1:${INBOX_INTAKE_PORT}/lambda-url/intake"
+    _STACK_INTAKE_URL="$INTAKE_URL"
+  fi
+  export INBOX_INVOKE_URL INTAKE_URL
+
   # development plans; the sources come from the providers' fixtures (stack_sources_env),
   # through inboxctl: here when it is built, else after the build of the script that needs them
   local dev_plans
@@ -123,6 +144,73 @@ stack_env() {
   : "${INBOX_DEV_KINDE_KEY:=$ROOT/.dev/kinde/key.pem}"
   : "${INBOX_DEV_KINDE_KID:=dev-key}"
   export INBOX_DEV_KINDE_KEY INBOX_DEV_KINDE_KID
+}
+
+# --- the running pipeline (scripts/dev) -------------------------------------------
+# scripts/dev records, per intake port, what it started: .dev/pipeline/<port>, lines of
+# key=value (port, dev: its own pid, bridge: inboxctl dev's, listen: inboxctl listen's).
+
+_STACK_PIPELINE_DIR="$ROOT/.dev/pipeline"
+
+# The value of key $2 in record $1.
+_stack_record_get() {
+  sed -n "s/^$2=//p" "$1" 2>/dev/null | head -n 1
+}
+
+# 0 when pid $1 runs (exists and has not exited: a zombie waiting to be reaped has).
+_stack_alive() {
+  local stat
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+  stat="${stat##*) }"
+  case "${stat%% *}" in Z | X | x) return 1 ;; esac
+  return 0
+}
+
+# 0 when pid $1 is alive and its command line matches the pattern $2 (read whole first: a
+# `grep -q` that stops reading early fails the pipe under pipefail).
+_stack_pid_is() {
+  local cmdline
+  { [ -n "$1" ] && _stack_alive "$1"; } || return 1
+  cmdline="$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null)" || return 1
+  [[ "$cmdline" =~ $2 ]]
+}
+
+# The intake ports of the scripts/dev pipelines of this checkout that are running, one a line.
+stack_running_pipelines() {
+  local record port
+  for record in "$_STACK_PIPELINE_DIR"/*; do
+    [ -f "$record" ] || continue
+    port="$(_stack_record_get "$record" port)"
+    if _stack_pid_is "$(_stack_record_get "$record" dev)" 'scripts/dev'; then
+      printf '%s\n' "$port"
+    fi
+  done
+}
+
+# The intake port of the running scripts/dev, when there is one (61900's when several run).
+_stack_recorded_intake_port() {
+  local ports
+  ports="$(stack_running_pipelines)"
+  case "$(printf '%s' "$ports" | grep -c .)" in
+    0) ;;
+    1) printf '%s\n' "$ports" ;;
+    *) printf '%s\n' "$ports" | grep -x 61900 || true ;;
+  esac
+}
+
+# Who listens on 127.0.0.1:$1: "pid N (its command line)", or nothing when nobody does (or
+# this user may not see it).
+stack_port_holder() {
+  local port="$1" line pid
+  command -v ss >/dev/null 2>&1 || return 0
+  line="$(ss -ltnpH "( sport = :$port )" 2>/dev/null | head -n 1)"
+  [ -n "$line" ] || return 0
+  pid="$(printf '%s' "$line" | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -n 1)"
+  if [ -n "$pid" ]; then
+    printf 'pid %s (%s)\n' "$pid" "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | cut -c1-120 | sed 's/ *$//')"
+  else
+    printf 'a process this user cannot see\n'
+  fi
 }
 
 # stack_sources_env [inboxctl]: export INBOX_SOURCES (caller's value wins), the development
@@ -781,9 +869,11 @@ PY
     _stack_err "kinde: 127.0.0.1:$INBOX_JWKS_PORT serves another key set (another checkout's JWKS server?); stop it or set INBOX_JWKS_PORT"
     return 1
   fi
-  nohup python3 -m http.server "$INBOX_JWKS_PORT" --bind 127.0.0.1 --directory "$_STACK_JWKS_DIR" \
-    >"$ROOT/.dev/jwks.log" 2>&1 &
-  echo $! >"$_STACK_JWKS_PID"
+  # a session of its own, as the other services: it outlives the script that started it, and
+  # stopping that script's pipeline (scripts/dev stop pipeline) leaves it running
+  : >"$ROOT/.dev/jwks.log"
+  _stack_spawn "$ROOT/.dev/jwks.log" python3 -m http.server "$INBOX_JWKS_PORT" --bind 127.0.0.1 \
+    --directory "$_STACK_JWKS_DIR" >"$_STACK_JWKS_PID"
   local i
   for i in $(seq 1 50); do
     if curl -fsS "http://127.0.0.1:$INBOX_JWKS_PORT/jwks.json" >/dev/null 2>&1; then

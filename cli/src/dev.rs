@@ -1,8 +1,10 @@
 //! `inboxctl dev`: the event source mapping and the schedule, for the local stack — and, when
 //! given the command that serves the functions (`cargo lambda watch …`), its supervisor: a
 //! function process that died (a panic, a kill) is never started again by `cargo lambda
-//! watch`, so the pipeline would hang in silence. Invocations that time out or fail in a row
-//! say so and restart the functions. `inboxctl dev sources` prints the local stack's sources.
+//! watch`, so the pipeline would hang in silence. A function process seen running and then
+//! gone (checked every second), invocations that time out, or failures in a row say so and
+//! restart the functions; stopping `dev` stops every process the functions' command started.
+//! `inboxctl dev sources` prints the local stack's sources.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -67,14 +69,44 @@ pub enum DevCommand {
     },
 }
 
+/// The function binaries `cargo lambda watch` runs, by program name.
+const FUNCTION_NAMES: [&str; 6] = [
+    "intake",
+    "worker",
+    "scheduler",
+    "dispatcher",
+    "api",
+    "bridge",
+];
+
 /// The functions' process, when `dev` runs it.
 struct Functions {
     command: Option<String>,
     log: PathBuf,
     child: Mutex<Option<Child>>,
+    /// The function processes seen running since the last (re)start, and for how many checks
+    /// in a row each has been missing.
+    seen: Mutex<HashMap<String, u32>>,
+    /// How many times the functions were restarted (counted as the restart begins).
+    restarts: std::sync::atomic::AtomicU64,
 }
 
 impl Functions {
+    fn new(command: Option<String>, log: PathBuf) -> Self {
+        Self {
+            command,
+            log,
+            child: Mutex::new(None),
+            seen: Mutex::new(HashMap::new()),
+            restarts: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Changes as each restart of the functions begins.
+    fn generation(&self) -> u64 {
+        self.restarts.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     async fn start(&self) -> anyhow::Result<()> {
         let Some(command) = &self.command else {
             return Ok(());
@@ -102,16 +134,23 @@ impl Functions {
         Ok(())
     }
 
-    /// Stops the functions' process group, if `dev` runs it.
+    /// Stops the functions' process group, if `dev` runs it, and every process under it:
+    /// `cargo lambda watch` starts each function in a session of its own, which a signal to
+    /// the group does not reach, and a function left behind polls its dead runtime API (an
+    /// error a second in its log) until someone kills it.
     async fn stop(&self) {
+        self.seen.lock().await.clear();
         let Some(mut child) = self.child.lock().await.take() else {
             return;
         };
+        // Found by parent before the group goes: once it has, they have none to be found by.
+        let under = child.id().map(descendants).unwrap_or_default();
         if let Some(args) = child.id().and_then(kill_group_args) {
             let _ = Command::new("kill").args(&args).status().await;
         }
         let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
         let _ = child.kill().await;
+        end_processes(&under).await;
     }
 
     /// Stops the functions (and every process they started) and starts them again.
@@ -123,6 +162,8 @@ impl Functions {
             return Ok(());
         }
         eprintln!("dev: {why}; restarting the functions");
+        self.restarts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.stop().await;
         self.start().await
     }
@@ -131,6 +172,108 @@ impl Functions {
     async fn exited(&self) -> Option<std::process::ExitStatus> {
         let mut child = self.child.lock().await;
         child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// A function whose process was seen running and has been gone for two checks in a row
+    /// (one check may fall between a rebuild's stop and start of it), if any.
+    async fn gone(&self) -> Option<String> {
+        let pid = self.child.lock().await.as_ref().and_then(Child::id)?;
+        let running = running_functions(pid);
+        let mut seen = self.seen.lock().await;
+        for name in &running {
+            seen.insert(name.clone(), 0);
+        }
+        let mut gone = None;
+        for (name, missing) in seen.iter_mut() {
+            if !running.contains(name) {
+                *missing += 1;
+                if *missing >= 2 {
+                    gone = Some(name.clone());
+                }
+            }
+        }
+        gone
+    }
+}
+
+/// The functions running under `root`, by program name (the file name of each process's
+/// `argv[0]`: `target/debug/worker` is `worker`).
+fn running_functions(root: u32) -> HashSet<String> {
+    descendants(root)
+        .into_iter()
+        .filter_map(program_of)
+        .filter(|name| FUNCTION_NAMES.contains(&name.as_str()))
+        .collect()
+}
+
+/// The live processes under `root` (its children, theirs, …), found by parent in /proc.
+fn descendants(root: u32) -> Vec<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        if let Some((parent, _)) = stat_of(pid) {
+            children.entry(parent).or_default().push(pid);
+        }
+    }
+    let mut found = Vec::new();
+    let mut next = vec![root];
+    while let Some(pid) = next.pop() {
+        for &child in children.get(&pid).into_iter().flatten() {
+            found.push(child);
+            next.push(child);
+        }
+    }
+    found.retain(|pid| alive(*pid));
+    found
+}
+
+/// A process's parent and state, from /proc/<pid>/stat: the fields after the command name,
+/// which is in parentheses and may hold spaces and parentheses itself.
+fn stat_of(pid: u32) -> Option<(u32, char)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let parent = fields.next()?.parse().ok()?;
+    Some((parent, state))
+}
+
+/// Whether a process exists and has not exited (a zombie has, and waits to be reaped).
+fn alive(pid: u32) -> bool {
+    stat_of(pid).is_some_and(|(_, state)| !matches!(state, 'Z' | 'X' | 'x'))
+}
+
+/// The file name of a process's `argv[0]`.
+fn program_of(pid: u32) -> Option<String> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let argv0 = cmdline.split(|b| *b == 0).next()?;
+    let path = std::str::from_utf8(argv0).ok()?;
+    Some(path.rsplit('/').next()?.to_owned())
+}
+
+/// Ends `pids` (TERM, then KILL after 5 s for what is left); none of them 0 or 1.
+async fn end_processes(pids: &[u32]) {
+    for signal in ["TERM", "KILL"] {
+        let left: Vec<String> = pids
+            .iter()
+            .filter(|pid| **pid > 1 && alive(**pid))
+            .map(u32::to_string)
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        let _ = Command::new("kill")
+            .args(["-s", signal, "--"])
+            .args(&left)
+            .status()
+            .await;
+        for _ in 0..50 {
+            if !pids.iter().any(|pid| alive(*pid)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }
 
@@ -160,8 +303,7 @@ fn restart_reason(function: &str, timed_out: bool, in_a_row: u32, limit: u32) ->
     }
 }
 
-/// Invokes one function, tracking whether it answers: a function that has answered once gets
-/// the short timeout; failures in a row past the limit restart the functions.
+/// Invokes the functions, tracking whether each answers.
 struct Invoker<'a> {
     http: reqwest::Client,
     args: &'a DevArgs,
@@ -173,11 +315,29 @@ struct Invoker<'a> {
 }
 
 impl Invoker<'_> {
+    /// Invokes `function`; when the functions were restarted while the call was out (it
+    /// failed with them: a function process that died, a timeout), the same event goes to
+    /// the new process once it answers, so that a message in flight is not left to wait out
+    /// its visibility timeout (minutes) for a restart that took seconds.
     async fn invoke(
         &self,
         function: &str,
         payload: &impl serde::Serialize,
     ) -> anyhow::Result<Value> {
+        let generation = self.functions.generation();
+        match self.call(function, payload).await {
+            Err(e) if self.functions.generation() != generation => {
+                eprintln!("dev: {function} again, after the restart (the last call failed with it: {e:#})");
+                wait_until_up(self.functions, &self.args.invoke_url).await?;
+                self.call(function, payload).await
+            }
+            answered => answered,
+        }
+    }
+
+    /// One invocation: a function that has answered once gets the short timeout; failures
+    /// in a row past the limit, or a timeout, restart the functions.
+    async fn call(&self, function: &str, payload: &impl serde::Serialize) -> anyhow::Result<Value> {
         let warm = self.warm.lock().await.contains(function);
         let limit = Duration::from_secs(if warm {
             self.args.invoke_timeout_secs
@@ -222,13 +382,19 @@ impl Invoker<'_> {
     }
 }
 
-/// Waits until the functions' Invoke API answers (the first start builds them).
+/// Waits until the functions' Invoke API listens (the first start builds them). A connection
+/// is all it asks for: a request of its own would be an error in the functions' log (no such
+/// route), the first line a person reads there.
 async fn wait_until_up(functions: &Functions, invoke_url: &str) -> anyhow::Result<()> {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()?;
+    let url = reqwest::Url::parse(invoke_url).with_context(|| format!("the URL {invoke_url}"))?;
+    let address = format!(
+        "{}:{}",
+        url.host_str().unwrap_or("127.0.0.1"),
+        url.port_or_known_default().unwrap_or(80)
+    );
     for _ in 0..1200 {
-        if http.get(invoke_url).send().await.is_ok() {
+        let connect = tokio::net::TcpStream::connect(&address);
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), connect).await {
             eprintln!("dev: the functions answer at {invoke_url}");
             return Ok(());
         }
@@ -265,11 +431,7 @@ pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
             )
             .build(),
     );
-    let functions = Functions {
-        command: args.functions_cmd.clone(),
-        log: args.functions_log.clone(),
-        child: Mutex::new(None),
-    };
+    let functions = Functions::new(args.functions_cmd.clone(), args.functions_log.clone());
     functions.start().await?;
     if functions.command.is_some() {
         wait_until_up(&functions, &args.invoke_url).await?;
@@ -318,14 +480,22 @@ pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
             }
         }
     };
-    // The functions' own process may end too (a crash of `cargo lambda watch` itself).
+    // A function process that died is restarted within seconds, before an invocation waits
+    // for it; the functions' own process may end too (a crash of `cargo lambda watch`).
     let watchdog = async {
         loop {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            if let Some(status) = functions.exited().await {
-                functions
-                    .restart(&format!("the functions' process exited ({status})"))
-                    .await?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let why = match functions.exited().await {
+                Some(status) => Some(format!("the functions' process exited ({status})")),
+                None => functions
+                    .gone()
+                    .await
+                    .map(|name| format!("the {name} function's process is gone")),
+            };
+            if let Some(why) = why {
+                invoker.failures.lock().await.clear();
+                invoker.warm.lock().await.clear();
+                functions.restart(&why).await?;
             }
         }
         #[allow(unreachable_code)]
@@ -399,6 +569,82 @@ mod tests {
         // 0 is the caller's own group and -1 every process: never signalled.
         assert_eq!(kill_group_args(0), None);
         assert_eq!(kill_group_args(1), None);
+    }
+
+    /// A scratch directory of this test's own.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("inboxctl-dev-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Functions whose command starts, in a session of its own (as `cargo lambda watch` starts
+    /// each function), a process named `target/debug/worker` that writes its pid to a file;
+    /// started, with that pid and the scratch directory.
+    async fn a_worker_in_its_own_session(name: &str) -> (Functions, u32, PathBuf) {
+        let dir = scratch(name);
+        let pidfile = dir.join("worker.pid");
+        let command = format!(
+            "sh -c 'setsid bash -c \"echo \\$\\$ > {}; exec -a /x/target/debug/worker sleep 300\" & wait'",
+            pidfile.display()
+        );
+        let functions = Functions::new(Some(command), dir.join("functions.log"));
+        functions.start().await.unwrap();
+        for _ in 0..100 {
+            if let Some(pid) = std::fs::read_to_string(&pidfile)
+                .ok()
+                .and_then(|p| p.trim().parse().ok())
+            {
+                return (functions, pid, dir);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the worker wrote no pid to {}", pidfile.display());
+    }
+
+    #[tokio::test]
+    async fn stopping_the_functions_ends_the_processes_they_started_in_sessions_of_their_own() {
+        let (functions, worker, dir) = a_worker_in_its_own_session("stop").await;
+        assert!(alive(worker));
+
+        functions.stop().await;
+
+        assert!(!alive(worker), "the worker in its own session is ended too");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_function_process_seen_running_and_then_gone_is_noticed_at_the_second_check() {
+        let (functions, worker, dir) = a_worker_in_its_own_session("gone").await;
+        assert_eq!(functions.gone().await, None, "running");
+        assert_eq!(program_of(worker).as_deref(), Some("worker"));
+
+        end_processes(&[worker]).await;
+
+        assert_eq!(
+            functions.gone().await,
+            None,
+            "one check may fall in a rebuild"
+        );
+        assert_eq!(functions.gone().await.as_deref(), Some("worker"));
+        functions.stop().await;
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn waiting_for_the_functions_sends_them_no_request() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let functions = Functions::new(None, PathBuf::from("functions.log"));
+
+        let (up, accepted) = tokio::join!(wait_until_up(&functions, &url), listener.accept());
+
+        up.unwrap();
+        let (mut stream, _) = accepted.unwrap();
+        let mut sent = Vec::new();
+        stream.read_to_end(&mut sent).await.unwrap();
+        assert!(sent.is_empty(), "{}", String::from_utf8_lossy(&sent));
     }
 
     #[test]

@@ -69,20 +69,18 @@ async fn list(
     if json_output {
         return print_json(&effects);
     }
-    let mut t = table(&[
-        "id", "type", "status", "source", "customer", "seq", "event", "tries", "created",
-    ]);
+    let mut t = table(&["effect", "account, sequence", "status, created", "event"]);
     for e in &effects {
         t.add_row(vec![
-            e.id.clone(),
-            e.kind.clone(),
-            e.status.clone(),
-            e.source.clone(),
-            e.customer_id.clone(),
-            e.sequence.to_string(),
+            format!("{}\n{}", e.id, e.kind),
+            format!("{}/{}\nsequence {}", e.source, e.customer_id, e.sequence),
+            format!(
+                "{}, tries {}\n{}",
+                e.status,
+                e.attempts,
+                crate::show::when(&e.created_at)
+            ),
             opt(&e.event_id),
-            e.attempts.to_string(),
-            e.created_at.to_rfc3339(),
         ]);
     }
     out!("{t}");

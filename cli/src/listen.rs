@@ -1,6 +1,9 @@
 //! `inboxctl listen`: a local receiver of effects, the way `stripe listen` is for Stripe's
 //! events: it verifies each delivery's Standard Webhooks signature as the app would, answers
-//! 204 (401 with the reason when the signature fails) and prints each effect.
+//! 204 (401 with the reason when the signature fails), applies each effect as docs/effects.md
+//! tells an app to (a state kind latest-sequence-wins, a fact once by id, a copy not again),
+//! and prints what that did: "plan free → pro", "+500 for pro in 2026-12", a copy, an older
+//! state.
 
 use std::net::SocketAddr;
 
@@ -8,12 +11,12 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::{json, Value};
 use shared::config::SinkKind;
-use shared::dev::listen::{Heard, Listener, DEFAULT_PORT};
+use shared::dev::listen::{Applied, Heard, Listener, DEFAULT_PORT};
 use shared::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
 #[derive(Args)]
 pub struct ListenArgs {
-    /// The port to listen on (127.0.0.1).
+    /// The port to listen on (127.0.0.1; 0: any free port, said on stderr).
     #[arg(long, env = "INBOX_LISTEN_PORT", default_value_t = DEFAULT_PORT)]
     pub port: u16,
     /// The signing secret, whsec_<base64> (default: the webhook sink's secret in
@@ -48,7 +51,8 @@ pub async fn run(args: &ListenArgs, json_output: bool) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {addr}"))?;
     eprintln!(
-        "listen: receiving effects at {} (Ctrl-C stops)",
+        "listen: receiving effects at {} (Ctrl-C stops); applying them as docs/effects.md \
+         says: a state when its sequence is the newest, a fact once by id, a copy never again",
         listener.url()
     );
     loop {
@@ -63,8 +67,16 @@ pub async fn run(args: &ListenArgs, json_output: bool) -> anyhow::Result<()> {
             return Ok(());
         };
         match next {
-            Heard::Effect(received) if json_output => out!("{}", received.body),
-            Heard::Effect(received) => out!("{}", line(&received.webhook_id, &received.body)),
+            Heard::Effect(received, applied) if json_output => out!(
+                "{}",
+                json!({"webhook_id": received.webhook_id, "outcome": outcome(&applied),
+                       "said": said(&received.body, &applied), "effect": received.body})
+            ),
+            Heard::Effect(received, applied) => out!(
+                "{}  {}",
+                line(&received.webhook_id, &received.body),
+                said(&received.body, &applied)
+            ),
             Heard::Refused { status, reason } if json_output => {
                 eprintln!("{}", json!({"refused": status.as_u16(), "reason": reason}))
             }
@@ -75,14 +87,17 @@ pub async fn run(args: &ListenArgs, json_output: bool) -> anyhow::Result<()> {
     }
 }
 
-/// One effect as a line: id, type, customer, sequence.
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// One effect as the start of a line: id, type, customer, sequence.
 fn line(webhook_id: &str, body: &Value) -> String {
     let data = &body["data"];
-    let text = |v: &Value| {
-        v.as_str()
-            .map(str::to_owned)
-            .unwrap_or_else(|| v.to_string())
-    };
     format!(
         "{webhook_id}  {}  customer {}/{}  sequence {}",
         text(&body["type"]),
@@ -92,9 +107,111 @@ fn line(webhook_id: &str, body: &Value) -> String {
     )
 }
 
+fn outcome(applied: &Applied) -> &'static str {
+    match applied {
+        Applied::State | Applied::Fact => "applied",
+        Applied::Copy => "copy",
+        Applied::Older { .. } => "older",
+        Applied::NotAnEffect => "not_an_effect",
+    }
+}
+
+/// What applying one delivery did, in words.
+fn said(body: &Value, applied: &Applied) -> String {
+    match applied {
+        Applied::State => format!("applied: {}", change(body)),
+        Applied::Fact => format!("applied once: {}", change(body)),
+        Applied::Copy => "a copy of an effect already applied: not applied again".to_owned(),
+        Applied::Older { held } => {
+            format!("older than sequence {held}, the state applied: not applied")
+        }
+        Applied::NotAnEffect => "no id or type: not an effect, nothing applied".to_owned(),
+    }
+}
+
+/// The change an effect tells, as a person reads it.
+fn change(body: &Value) -> String {
+    let data = &body["data"];
+    match body["type"].as_str().unwrap_or_default() {
+        "billing.plan_changed" => format!(
+            "plan {} → {}",
+            text(&data["previous_plan"]),
+            text(&data["plan"])
+        ),
+        "billing.subscription_updated" => {
+            let (now, before) = (&data["subscription"], &data["previous"]);
+            let id = text(&now["id"]);
+            match before["status"].as_str() {
+                None => format!(
+                    "subscription {id} {} on {}",
+                    text(&now["status"]),
+                    text(&now["plan"])
+                ),
+                Some(status) if now["status"] == before["status"] => {
+                    format!("subscription {id} {status}, its plan or ends moved")
+                }
+                Some(status) => format!("subscription {id} {status} → {}", text(&now["status"])),
+            }
+        }
+        "billing.allowance_granted" => {
+            let grant = &data["grant"];
+            format!(
+                "+{} for {} in {}",
+                text(&grant["amount"]),
+                text(&grant["plan"]),
+                text(&grant["period"])
+            )
+        }
+        "billing.payment_succeeded" | "billing.payment_failed" | "billing.payment_refunded" => {
+            let previous = data["previous_status"].as_str().unwrap_or("new");
+            format!(
+                "payment {} {previous} → {}",
+                text(&data["payment"]["id"]),
+                text(&data["payment"]["status"])
+            )
+        }
+        "billing.customer_deleted" => format!("customer deleted at {}", text(&data["deleted_at"])),
+        "billing.allowance_exhausted" => {
+            let account = &data["account"];
+            format!(
+                "allowance of {} exhausted: {} used of {}",
+                text(&account["period"]),
+                text(&account["used"]),
+                text(&account["balance"])
+            )
+        }
+        other => format!("{other}, a kind this receiver does not know, kept as a fact"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_delivery_says_what_applying_it_did() {
+        let plan = json!({"type": "billing.plan_changed",
+                          "data": {"plan": "pro", "previous_plan": "free"}});
+        assert_eq!(said(&plan, &Applied::State), "applied: plan free → pro");
+        let grant = json!({"type": "billing.allowance_granted",
+                           "data": {"grant": {"plan": "pro", "period": "2026-12", "amount": 500}}});
+        assert_eq!(
+            said(&grant, &Applied::Fact),
+            "applied once: +500 for pro in 2026-12"
+        );
+        let sub = json!({"type": "billing.subscription_updated",
+            "data": {"subscription": {"id": "sub_1", "status": "canceled"},
+                     "previous": {"status": "active"}}});
+        assert_eq!(
+            said(&sub, &Applied::State),
+            "applied: subscription sub_1 active → canceled"
+        );
+        assert_eq!(
+            said(&plan, &Applied::Older { held: 4 }),
+            "older than sequence 4, the state applied: not applied"
+        );
+        assert!(said(&plan, &Applied::Copy).contains("not applied again"));
+    }
 
     #[test]
     fn an_effect_is_one_line_with_its_id_type_customer_and_sequence() {

@@ -136,8 +136,10 @@ async fn main() -> ExitCode {
         Err(e) => {
             // A debit answered but not accepted says which answer, in JSON and exit code.
             let refused = e.downcast_ref::<usage::Refused>();
-            // The audit's JSON already says what differs; its exit code says that it did.
-            let diverged = e.downcast_ref::<why::Diverged>().is_some();
+            // The audit's JSON already says what differs, and send's what the intake
+            // answered; the exit code says that it went wrong.
+            let diverged = e.downcast_ref::<why::Diverged>().is_some()
+                || e.downcast_ref::<send::Refused>().is_some();
             match (cli.json, diverged) {
                 (true, true) => {}
                 (true, false) => {

@@ -74,6 +74,15 @@ impl SigningArgs {
     }
 }
 
+/// The intake refused a delivery (any answer but 2xx): `send` printed the answers, and
+/// exits 1.
+#[derive(Debug, thiserror::Error)]
+#[error("the intake refused the delivery: {status} {detail}")]
+pub struct Refused {
+    pub status: u16,
+    pub detail: String,
+}
+
 /// One delivery's answer.
 pub struct Answer {
     pub status: u16,
@@ -106,6 +115,7 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
     let sender = args.signing.sender(&args.intake_url).await?;
     let (id, payload) = sender.build(&args.source, &spec)?;
     let delivery = sender.sign(&args.source, &id, &payload)?;
+    let mut refused = None;
     for _ in 0..args.copies {
         let answer = sender.post(&http, &args.source, &delivery).await?;
         if !json_output {
@@ -118,6 +128,9 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
             );
         }
         answers.push(json!({"status": answer.status, "body": answer.body}));
+        if !(200..300).contains(&answer.status) && refused.is_none() {
+            refused = Some(answer);
+        }
     }
     if json_output {
         out!(
@@ -125,7 +138,15 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
             json!({"id": id, "type": payload["type"], "answers": answers})
         );
     }
-    Ok(())
+    // 200 is stored (or a copy counted); anything else stored nothing.
+    match refused {
+        Some(answer) => Err(Refused {
+            status: answer.status,
+            detail: answer.body.to_string(),
+        }
+        .into()),
+        None => Ok(()),
+    }
 }
 
 /// Builds, signs and posts deliveries for the configured sources.

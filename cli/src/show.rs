@@ -1,17 +1,30 @@
 //! Read-only commands: account, events, event, stats.
 
 use anyhow::Context;
-use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
+use comfy_table::{presets::UTF8_BORDERS_ONLY, ContentArrangement, Table};
 use sqlx::PgPool;
 
 use shared::billing::Catalog;
 use shared::config::Env;
 use shared::domain::{CustomerId, Period};
 
+/// The widest a table is printed: 100 columns, or the terminal's width when it is narrower.
+const TABLE_WIDTH: u16 = 100;
+
+/// A table that fits [`TABLE_WIDTH`]: its cells wrap (at spaces where they can) to fit.
 pub(crate) fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
-    t.load_preset(UTF8_BORDERS_ONLY).set_header(header.to_vec());
+    t.load_preset(UTF8_BORDERS_ONLY)
+        .set_header(header.to_vec())
+        .set_content_arrangement(ContentArrangement::Dynamic);
+    let width = t.width().map_or(TABLE_WIDTH, |w| w.min(TABLE_WIDTH));
+    t.set_width(width);
     t
+}
+
+/// A time in a table: to the second, in UTC (the JSON has it whole).
+pub(crate) fn when(at: &chrono::DateTime<chrono::Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 pub(crate) fn opt<T: ToString>(v: &Option<T>) -> String {
@@ -106,15 +119,19 @@ pub async fn account(
             ""
         }
     );
-    if let Some(plan) = &view.customer_plan {
-        out!(
-            "          plan register: {plan}{}",
-            if view.past_due {
-                ", payments past due"
-            } else {
-                ""
-            }
-        );
+    match (&view.customer_plan, &view.customer_plan_key) {
+        (Some(plan), _) => out!("          plan register: {plan}"),
+        (None, Some(key)) => out!("          plan register: '{key}' (not in the plan catalog)"),
+        (None, None) => {}
+    }
+    // What the registers hold that does not make the plan, as `why` says it.
+    for r in &view.plan_reasons {
+        out!("          not counted: {}: {}", r.reason, r.detail);
+    }
+    match view.standing.as_deref() {
+        Some("past_due") => out!("standing  payments past due"),
+        Some(_) => out!("standing  payments in good standing"),
+        None => {}
     }
     out!(
         "balance   {} for {}: {} used, {} remaining",
@@ -150,12 +167,15 @@ pub async fn account(
         }
         out!("{t}");
     }
-    let mut t = table(&["provider time", "event", "type", "outcome", "reason"]);
+    let mut t = table(&["event, provider time", "outcome", "reason"]);
     for line in &view.log {
         t.add_row(vec![
-            line.occurred_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
-            line.event_id.to_string(),
-            line.event_type.clone(),
+            format!(
+                "#{} {}\n{}",
+                line.event_id,
+                line.event_type,
+                line.occurred_at.as_ref().map(when).unwrap_or_default()
+            ),
             line.outcome.clone(),
             line.reason.clone(),
         ]);
@@ -192,27 +212,18 @@ pub async fn events(
     if json_output {
         return print_json(&events);
     }
-    let mut t = table(&[
-        "id",
-        "source",
-        "type",
-        "customer",
-        "status",
-        "seen",
-        "tries",
-        "provider time",
-        "reason",
-    ]);
+    let mut t = table(&["event, account, provider time", "status", "reason"]);
     for e in &events {
         t.add_row(vec![
-            e.id.to_string(),
-            e.source.clone(),
-            e.event_type.clone(),
-            opt(&e.customer_id),
-            e.status.to_string(),
-            e.seen_count.to_string(),
-            e.attempts.to_string(),
-            e.occurred_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
+            format!(
+                "#{} {}\n{} {}\n{}",
+                e.id,
+                e.event_type,
+                e.source,
+                opt(&e.customer_id),
+                e.occurred_at.as_ref().map(when).unwrap_or_default()
+            ),
+            format!("{}\nseen {}, tries {}", e.status, e.seen_count, e.attempts),
             e.reason
                 .clone()
                 .or_else(|| e.last_error.clone())
@@ -263,18 +274,20 @@ pub async fn event(pool: &PgPool, id: i64, json_output: bool) -> anyhow::Result<
     );
     let mut t = table(&[
         "delivery",
-        "received",
         "verdict",
+        "received, signed at",
         "provider delivery id",
-        "signed at",
     ]);
     for d in &detail.deliveries {
         t.add_row(vec![
             d.id.to_string(),
-            d.received_at.to_rfc3339(),
             d.verdict.clone(),
+            format!(
+                "{}\n{}",
+                when(&d.received_at),
+                d.sent_at.as_ref().map(when).unwrap_or_else(|| "-".into())
+            ),
             opt(&d.delivery_id),
-            d.sent_at.map(|t| t.to_rfc3339()).unwrap_or_default(),
         ]);
     }
     out!("{t}");

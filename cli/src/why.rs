@@ -8,7 +8,7 @@ use clap::{ArgGroup, Args};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
-use shared::audit::{self, Cut, Divergence, Sources, Why};
+use shared::audit::{self, Cut, Divergence, Sources, Why, WhyField};
 use shared::config::{parse_sources, Env};
 use shared::domain::CustomerId;
 
@@ -137,6 +137,54 @@ fn shown(value: &Value) -> String {
     }
 }
 
+/// The subscription a field is of (`subscription:<id>:<name>`).
+fn subscription_of(field: &str) -> Option<&str> {
+    field
+        .strip_prefix("subscription:")?
+        .rsplit_once(':')
+        .map(|(id, _)| id)
+}
+
+/// The rows of `why`'s table: a subscription's fields decided by one event and beating the
+/// same ones are one row (its status first), so that what they beat is said once; any other
+/// field is a row of its own, and so is a field whose register differs from the fold.
+fn rows(fields: &[WhyField]) -> Vec<Vec<&WhyField>> {
+    let mut rows: Vec<Vec<&WhyField>> = Vec::new();
+    for f in fields {
+        if let Some(row) = rows.last_mut() {
+            let head = row[0];
+            let same_subscription = subscription_of(&head.field)
+                .is_some_and(|id| subscription_of(&f.field) == Some(id));
+            let agreeing = head.stored.is_none() && f.stored.is_none();
+            if same_subscription
+                && agreeing
+                && head.decided_by == f.decided_by
+                && head.beaten == f.beaten
+            {
+                row.push(f);
+                continue;
+            }
+        }
+        rows.push(vec![f]);
+    }
+    const ORDER: [&str; 7] = [
+        "status",
+        "plan",
+        "current_period_end",
+        "cancel_at_period_end",
+        "cancel_at",
+        "trial_end",
+        "ended_at",
+    ];
+    for row in &mut rows {
+        row.sort_by_key(|f| {
+            let name = f.field.rsplit(':').next().unwrap_or_default();
+            ORDER.iter().position(|o| *o == name).unwrap_or(ORDER.len())
+        });
+    }
+    rows
+}
+
 fn print_why(why: &Why) {
     out!("customer  {} ({})", why.customer_id, why.source);
     if let Some(at) = &why.at {
@@ -148,39 +196,45 @@ fn print_why(why: &Why) {
     if let Some(t) = &why.received_before {
         out!("received  before {} (what the store knew then)", time(t));
     }
-    let mut t = table(&["field", "value", "decided by", "beaten"]);
-    for f in &why.fields {
+    let mut t = table(&["field", "value", "decided by; what it beat"]);
+    for row in rows(&why.fields) {
+        let f = row[0];
         // A register that is not what its events give is the thing to look at.
-        let (field, value) = match &f.stored {
-            Some(stored) => (
+        let (field, value) = match (row.as_slice(), &f.stored) {
+            ([_], Some(stored)) => (
                 format!("! {}", f.field),
                 format!("{}\nstored: {}", shown(&f.value), shown(stored)),
             ),
-            None => (f.field.clone(), shown(&f.value)),
+            ([_], None) => (f.field.clone(), shown(&f.value)),
+            // A subscription's fields, a line each: its id, then each field's value.
+            (many, _) => {
+                let mut names = vec!["subscription".to_owned()];
+                let mut values = vec![subscription_of(&f.field).unwrap_or_default().to_owned()];
+                for f in many {
+                    names.push(format!(
+                        "  {}",
+                        f.field.rsplit(':').next().unwrap_or_default()
+                    ));
+                    values.push(shown(&f.value));
+                }
+                (names.join("\n"), values.join("\n"))
+            }
         };
-        let decided = match &f.decided_by {
-            Some(e) => format!(
-                "#{} {}\n{} via {}{}",
+        let mut said = match &f.decided_by {
+            Some(e) => vec![format!(
+                "#{} {}, {} via {}{}",
                 e.event_id,
                 e.event_type,
                 time(&e.occurred_at),
                 json!(e.via).as_str().unwrap_or_default(),
                 if e.replayed { ", replayed" } else { "" }
-            ),
-            None => "-".to_owned(),
+            )],
+            None => vec!["-".to_owned()],
         };
-        let beaten = match f.beaten.len() {
-            0 => "-".to_owned(),
-            n => {
-                let lines: Vec<String> = f
-                    .beaten
-                    .iter()
-                    .map(|b| format!("#{} {}: {}", b.event_id, b.reason, b.detail))
-                    .collect();
-                format!("{n}\n{}", lines.join("\n"))
-            }
-        };
-        t.add_row(vec![field, value, decided, beaten]);
+        for b in &f.beaten {
+            said.push(format!("beat #{} {}: {}", b.event_id, b.reason, b.detail));
+        }
+        t.add_row(vec![field, value, said.join("\n")]);
     }
     out!("{t}");
     match (why.purged, &why.complete_from) {
@@ -246,14 +300,12 @@ fn print_audit(checked: u64, skipped: u64, divergent: &[Divergence]) {
         out!("no register differs from the fold of its account's events");
         return;
     }
-    let mut t = table(&["source", "customer", "field", "stored", "folded"]);
+    let mut t = table(&["account", "field", "stored, folded"]);
     for d in divergent {
         t.add_row(vec![
-            d.source.clone(),
-            d.customer_id.clone(),
+            format!("{}/{}", d.source, d.customer_id),
             d.field.clone(),
-            shown(&d.stored),
-            shown(&d.folded),
+            format!("stored: {}\nfolded: {}", shown(&d.stored), shown(&d.folded)),
         ]);
     }
     out!("{t}");

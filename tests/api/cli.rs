@@ -995,3 +995,464 @@ async fn the_api_bench_reports_every_phase_and_leaves_no_database_behind() {
     );
     assert_eq!(benches().await, before, "the bench removes its database");
 }
+
+/// A Kinde customer on a plan key the catalog does not know, then past due twice (a failed
+/// payment, then an overdue invoice), from the provider's own corpus.
+async fn unknown_plan_and_past_due(app: &TestApp) -> [i64; 3] {
+    let file = |name: &str| {
+        crate::corpus::corpus("kinde")
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("testdata/providers/kinde/{name}.json"))
+            .1
+    };
+    let mut changed = file("customer.plan_changed");
+    changed["data"]["customer"]["id"] = json!("kc_standing");
+    changed["data"]["plan"]["code"] = json!("legacy");
+    let mut failed = file("customer.payment_failed");
+    failed["data"]["customer_id"] = json!("kc_standing");
+    failed["data"]["plan"]["key"] = json!("legacy");
+    let mut overdue = file("customer.invoice_overdue");
+    overdue["data"]["customer_id"] = json!("kc_standing");
+    let mut ids = [0; 3];
+    for (n, (name, claims)) in [
+        ("changed", changed),
+        ("failed", failed),
+        ("overdue", overdue),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (_, answer) = app
+            .post(
+                "kinde",
+                &kinde_delivery(&format!("wh_standing_{name}"), &claims),
+            )
+            .await;
+        ids[n] = answer["event_id"].as_i64().unwrap();
+        app.run_worker().await;
+    }
+    ids
+}
+
+/// `account` shows what makes a Kinde customer free when its plan key is unknown and its
+/// payments are past due (the register's key, the standing, the plan's reasons in `why`'s
+/// words), and `why` tells the story the log tells: the event that set a field is one the
+/// log says `applied`; the later overdue invoice, which found the customer past due already
+/// (`ignored`), is listed as such with the log's words, not as the field's decider.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn account_shows_an_unknown_plan_key_and_past_due_and_why_tells_the_logs_story(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let [_, failed, overdue] = unknown_plan_and_past_due(&app).await;
+    let url = database_url(&app.pool).await;
+    let account = ["account", "kc_standing", "--period", "2026-01"];
+
+    let (code, view) = json_of(&url, &account);
+    assert_eq!(code, Some(0), "{view}");
+    assert_eq!(view["plan"], "free");
+    assert_eq!(view["customer_plan_key"], "legacy", "{view}");
+    assert_eq!(view["standing"], "past_due", "{view}");
+    assert_eq!(
+        view["plan_reasons"],
+        json!([{"reason": "unknown price", "detail": "plan key 'legacy' is not in the plan catalog"}])
+    );
+    let (output, text, stderr) = run(inboxctl().args(account).env("DATABASE_URL", &url));
+    assert!(output.status.success(), "{stderr}");
+    for line in [
+        "plan register: 'legacy' (not in the plan catalog)",
+        "not counted: unknown price: plan key 'legacy' is not in the plan catalog",
+        "standing  payments past due",
+    ] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
+
+    let sources = shared::providers::fixtures::dev_sources(&shared::providers::fixtures::Local {
+        jwks_url: "http://127.0.0.1:9/unused",
+    })
+    .to_string();
+    let (output, stdout, stderr) = run(inboxctl()
+        .args(["why", "kc_standing", "--json"])
+        .env("DATABASE_URL", &url)
+        .env("INBOX_SOURCES", &sources));
+    assert!(output.status.success(), "{stderr}");
+    let why: Value = serde_json::from_str(&stdout).unwrap();
+    let log: Vec<&Value> = view["log"].as_array().unwrap().iter().collect();
+    let line = |id: &Value| {
+        log.iter()
+            .find(|l| l["event_id"] == *id)
+            .unwrap_or_else(|| panic!("a log line for {id}"))
+    };
+    for field in why["fields"].as_array().unwrap() {
+        if let Some(by) = field["decided_by"].get("event_id") {
+            assert_eq!(line(by)["outcome"], "applied", "{field}");
+        }
+    }
+    let standing = why["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["field"] == "standing")
+        .unwrap();
+    assert_eq!(standing["value"], "past_due");
+    assert_eq!(standing["decided_by"]["event_id"], failed, "{standing}");
+    let overdue_line = line(&json!(overdue));
+    assert_eq!(overdue_line["outcome"], "ignored");
+    assert_eq!(
+        standing["beaten"],
+        json!([{"event_id": overdue, "reason": "already held", "detail": overdue_line["reason"]}])
+    );
+}
+
+/// The intake handler of `app`, served over HTTP on a free port (what `cargo lambda watch`
+/// does locally): its base URL, where `inboxctl send` posts to `{url}/webhooks/{source}`.
+async fn serve_intake(app: std::sync::Arc<TestApp>) -> String {
+    use http_body_util::{BodyExt, Full};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |request: http::Request<hyper::body::Incoming>| {
+                        let app = app.clone();
+                        async move {
+                            let (parts, body) = request.into_parts();
+                            let body = body.collect().await?.to_bytes();
+                            let request = lambda_http::Request::from_parts(
+                                parts,
+                                lambda_http::Body::from(body.to_vec()),
+                            );
+                            let response =
+                                shared::handlers::intake::handle(&app.state, request).await;
+                            let (parts, body) = response.into_parts();
+                            let body = match body {
+                                lambda_http::Body::Text(text) => text.into_bytes(),
+                                lambda_http::Body::Binary(bytes) => bytes,
+                                _ => Vec::new(),
+                            };
+                            Ok::<_, hyper::Error>(http::Response::from_parts(
+                                parts,
+                                Full::new(hyper::body::Bytes::from(body)),
+                            ))
+                        }
+                    },
+                );
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    url
+}
+
+/// The development sources (what `stack_env` gives `inboxctl send`), the Stripe source's
+/// secret replaced by `stripe_secret` when given.
+fn dev_sources(stripe_secret: Option<&str>) -> String {
+    let local = shared::providers::fixtures::Local {
+        jwks_url: "http://127.0.0.1:9/unused",
+    };
+    let mut sources = shared::providers::fixtures::dev_sources(&local);
+    if let Some(secret) = stripe_secret {
+        for source in sources.as_array_mut().unwrap() {
+            if source["name"] == "stripe" {
+                source["secrets"] = json!([secret]);
+            }
+        }
+    }
+    sources.to_string()
+}
+
+/// `inboxctl send stripe subscription` to `intake`, signed with `sources`; run off the test's
+/// runtime, which serves the intake meanwhile.
+async fn send_to(intake: &str, sources: &str, json_output: bool) -> (Option<i32>, String, String) {
+    let (intake, sources) = (intake.to_owned(), sources.to_owned());
+    tokio::task::spawn_blocking(move || send_blocking(&intake, &sources, json_output))
+        .await
+        .unwrap()
+}
+
+fn send_blocking(intake: &str, sources: &str, json_output: bool) -> (Option<i32>, String, String) {
+    // Stripe signs with a secret: no Kinde key is read.
+    let mut command = inboxctl();
+    command
+        .env_remove("INBOX_DEV_KINDE_KEY")
+        .args(["send", "stripe", "subscription", "--customer", "cus_send"])
+        .args(["--intake-url", intake])
+        .env("INBOX_SOURCES", sources);
+    if json_output {
+        command.arg("--json");
+    }
+    let (output, stdout, stderr) = run(&mut command);
+    (output.status.code(), stdout, stderr)
+}
+
+/// A delivery the intake refuses (a signature it cannot verify: 401; its database down: 503)
+/// is a failure of `send`: the answer is printed as for any delivery, and the exit code is 1.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn send_exits_non_zero_when_the_intake_refuses_the_delivery(pool: PgPool) {
+    let app = std::sync::Arc::new(TestApp::spawn(pool.clone()).await);
+    let intake = serve_intake(app.clone()).await;
+
+    let (code, stdout, stderr) = send_to(&intake, &dev_sources(None), false).await;
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("-> 200"), "{stdout}");
+
+    let forged = dev_sources(Some("whsec_not_the_intakes_secret"));
+    let (code, stdout, stderr) = send_to(&intake, &forged, false).await;
+    assert!(stdout.contains("-> 401"), "{stdout}");
+    assert_eq!(code, Some(1), "a refused delivery fails: {stdout}{stderr}");
+    assert!(stderr.contains("refused"), "{stderr}");
+    let (code, stdout, stderr) = send_to(&intake, &forged, true).await;
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    let answer: Value = serde_json::from_str(&stdout).expect("one JSON document");
+    assert_eq!(answer["answers"][0]["status"], 401, "{answer}");
+
+    // The database down: the intake answers 503 and stores nothing.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let down_url = format!(
+        "postgres://postgres@127.0.0.1:{}/down",
+        closed.local_addr().unwrap().port()
+    );
+    drop(closed);
+    let sqs = sqs_client().await;
+    let queue_url = create_queue(&sqs).await;
+    let queue = shared::queue::Queue::new(sqs.clone(), queue_url.clone());
+    let down = shared::db::lazy_pool(&down_url, 2).unwrap();
+    let down_app = TestApp::with_parts(pool, down, sqs, queue_url, queue).await;
+    let down_intake = serve_intake(std::sync::Arc::new(down_app)).await;
+    let (code, stdout, stderr) = send_to(&down_intake, &dev_sources(None), false).await;
+    assert!(stdout.contains("-> 503"), "{stdout}");
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM inbox_events").await,
+        1,
+        "only the first was stored"
+    );
+}
+
+/// `scripts/stack.sh`'s `stack_env` points `inboxctl` (INTAKE_URL, INBOX_INVOKE_URL) at the
+/// intake port it is given, so that a second shell reaches a stack moved off 61900.
+#[test]
+fn stack_env_points_inboxctl_at_the_intake_port() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let output = Command::new("bash")
+        .arg("-c")
+        .arg(r#"source scripts/stack.sh && stack_env && printf '%s\n%s\n' "$INTAKE_URL" "$INBOX_INVOKE_URL""#)
+        .current_dir(root)
+        .env("INBOX_INTAKE_PORT", "61901")
+        .env_remove("INTAKE_URL")
+        .env_remove("INBOX_INVOKE_URL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        [
+            "http://127.0.0.1:61901/lambda-url/intake",
+            "http://127.0.0.1:61901"
+        ]
+    );
+}
+
+/// `scripts/dev --help` prints its header comment and nothing of the script after it.
+#[test]
+fn dev_help_is_the_scripts_header_only() {
+    let output = Command::new("bash")
+        .args(["scripts/dev", "--help"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(stdout.contains("scripts/dev stop"), "{stdout}");
+    assert!(!stdout.contains("set -euo pipefail"), "{stdout}");
+    assert!(
+        stdout.lines().all(|l| !l.starts_with('#')),
+        "comment marks are taken off: {stdout}"
+    );
+}
+
+/// Every line of `inboxctl` text output fits 100 columns, and `why` gives a subscription's
+/// fields, decided by one event and beating the same ones, in one row: the beaten event is
+/// named once, not once per field.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn tables_fit_100_columns_and_why_names_a_subscriptions_beaten_event_once(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    unknown_plan_and_past_due(&app).await;
+    // Active, then past due a minute later: the later state beats the earlier on every field.
+    let older = app
+        .store_stripe_event("evt_wide_1", "cus_wide", 1_772_704_800)
+        .await;
+    let mut past_due = stripe_event("evt_wide_2", "cus_wide", 1_772_704_860);
+    past_due["data"]["object"]["status"] = json!("past_due");
+    app.post("stripe", &stripe_delivery(&past_due)).await;
+    app.run_worker().await;
+    let url = database_url(&app.pool).await;
+    let sources = dev_sources(None);
+    let text = |args: &[&str]| {
+        let (output, stdout, stderr) = run(inboxctl()
+            .args(args)
+            .env("DATABASE_URL", &url)
+            .env("INBOX_SOURCES", &sources));
+        assert!(output.status.success(), "{args:?}: {stderr}");
+        stdout
+    };
+    for args in [
+        &["account", "kc_standing", "--period", "2026-01"][..],
+        &["account", "cus_wide"],
+        &["why", "cus_wide"],
+        &["why", "kc_standing"],
+        &["events"],
+        &["event", &older.to_string()],
+    ] {
+        let stdout = text(args);
+        for line in stdout.lines() {
+            assert!(
+                line.chars().count() <= 100,
+                "{args:?}: a line of {} columns:\n{stdout}",
+                line.chars().count()
+            );
+        }
+    }
+    let why = text(&["why", "cus_wide"]);
+    assert_eq!(
+        why.matches(&format!("#{older} older")).count(),
+        1,
+        "the beaten event once for the subscription's fields:\n{why}"
+    );
+    for name in [
+        "status",
+        "plan",
+        "current_period_end",
+        "cancel_at_period_end",
+    ] {
+        assert!(why.contains(name), "{name}: {why}");
+    }
+}
+
+/// `inboxctl listen` applies what it receives as docs/effects.md tells an app to, and says
+/// what it did with each request: a state applied latest-sequence-wins (the plan's move,
+/// "free → pro"), a fact applied once whatever its sequence (the grant's 500), a copy of an
+/// effect it applied not applied again, an older state not applied.
+#[tokio::test]
+async fn listen_applies_effects_by_the_state_and_fact_rules_and_says_so() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    const SECRET: &str = "whsec_YmlsbGluZy1pbmJveC1kZXYtZWZmZWN0cy1rZXktMDE=";
+    let mut child = inboxctl()
+        .args(["listen", "--port", "0", "--secret", SECRET])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut first = String::new();
+    stderr.read_line(&mut first).unwrap();
+    let url = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("listen says where it listens: {first}"))
+        .to_owned();
+    let (lines, printed) = std::sync::mpsc::channel();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+
+    let key = shared::signing::standard_webhooks::decode_secret(
+        SECRET,
+        shared::signing::standard_webhooks::SecretEncoding::Base64,
+    )
+    .unwrap();
+    let effect = |id: &str, kind: &str, sequence: i64, own: Value| {
+        let mut data = json!({"source": "kinde", "customer_id": "kc_listen", "sequence": sequence,
+            "account": {"plan": own["plan"].as_str().unwrap_or("pro"), "balance": 500,
+                        "used": 0, "remaining": 500, "period": "2026-12"}});
+        data.as_object_mut()
+            .unwrap()
+            .extend(own.as_object().unwrap().clone());
+        json!({"id": id, "type": kind, "occurred_at": "2026-12-01T10:00:00.000Z", "data": data})
+    };
+    let http = reqwest::Client::new();
+    let post = |body: &Value| {
+        let id = body["id"].as_str().unwrap().to_owned();
+        let raw = body.to_string().into_bytes();
+        let now = chrono::Utc::now().timestamp();
+        let signature = shared::signing::standard_webhooks::signature(&key, &id, now, &raw);
+        let request = http
+            .post(&url)
+            .header("webhook-id", id)
+            .header("webhook-timestamp", now.to_string())
+            .header("webhook-signature", signature)
+            .header("content-type", "application/json")
+            .body(raw);
+        async move {
+            let answer = request.send().await.unwrap();
+            assert_eq!(answer.status(), http::StatusCode::NO_CONTENT);
+        }
+    };
+    let upgrade = effect(
+        "eff_up",
+        "billing.plan_changed",
+        1,
+        json!({"plan": "pro", "previous_plan": "free"}),
+    );
+    post(&upgrade).await;
+    post(&effect(
+        "eff_team",
+        "billing.plan_changed",
+        3,
+        json!({"plan": "team", "previous_plan": "pro"}),
+    ))
+    .await;
+    post(&upgrade).await; // a copy: the dispatcher sent it again
+    post(&effect(
+        "eff_down",
+        "billing.plan_changed",
+        2,
+        json!({"plan": "free", "previous_plan": "pro"}),
+    ))
+    .await;
+    post(&effect(
+        "eff_grant",
+        "billing.allowance_granted",
+        1,
+        json!({"grant": {"plan": "pro", "period": "2026-12", "amount": 500}}),
+    ))
+    .await;
+    let mut said = Vec::new();
+    for _ in 0..5 {
+        let line = printed
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("a line for each effect; so far: {said:#?}"));
+        said.push(line);
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let [up, team, copy, down, grant] = said.as_slice() else {
+        unreachable!()
+    };
+    assert!(
+        up.starts_with("eff_up") && up.contains("free → pro"),
+        "{said:#?}"
+    );
+    assert!(team.contains("pro → team"), "{said:#?}");
+    assert!(
+        copy.starts_with("eff_up") && copy.contains("copy"),
+        "{said:#?}"
+    );
+    assert!(
+        down.starts_with("eff_down") && down.contains("older") && !down.contains("→"),
+        "{said:#?}"
+    );
+    assert!(
+        grant.contains("500") && grant.contains("applied"),
+        "{said:#?}"
+    );
+}

@@ -159,15 +159,30 @@ pub struct LogLine {
     pub reason: String,
 }
 
+/// Why a register that could give the account a plan does not count toward it (or counts
+/// for less): a reason of `why`'s `plan` field, in the same words (`billing::fold`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlanReason {
+    pub reason: String,
+    pub detail: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AccountView {
     pub source: String,
     pub customer_id: String,
     pub plan: String,
     pub deleted: bool,
-    /// The plan register (Kinde plan events): its plan, if any.
+    /// The plan register (Kinde plan events): the catalog's plan for its key, if any.
     pub customer_plan: Option<String>,
+    /// The plan register's key as the provider named it, known to the catalog or not.
+    pub customer_plan_key: Option<String>,
     pub past_due: bool,
+    /// The payment standing register (Kinde): `past_due`, `good`, or none.
+    pub standing: Option<String>,
+    /// What the registers hold that does not make the plan: the same derivation as `why`'s
+    /// `plan` field gives, over the stored registers.
+    pub plan_reasons: Vec<PlanReason>,
     pub period: String,
     /// The period's allowance (the snapshot's `allowance`).
     pub balance: i64,
@@ -208,6 +223,11 @@ pub async fn load_with_log(
     let Some(snapshot) = snapshot(conn, source, customer, period, catalog).await? else {
         return Ok(None);
     };
+    let (customer_plan_key, standing, plan_reasons) =
+        match super::registers::of_account(&mut *conn, source, customer).await? {
+            Some((registers, ledger)) => explained(registers, ledger, customer, catalog),
+            None => (None, None, Vec::new()),
+        };
     let customer = customer.as_str();
     // A refunded charge whose invoice is not known yet shows as its own refunded payment
     // until the link arrives and the invoice takes the refund.
@@ -256,7 +276,10 @@ pub async fn load_with_log(
         plan: snapshot.plan,
         deleted: snapshot.deleted,
         customer_plan: snapshot.customer_plan,
+        customer_plan_key,
         past_due: snapshot.past_due,
+        standing,
+        plan_reasons,
         period: snapshot.period,
         balance: snapshot.allowance,
         used: snapshot.used,
@@ -266,6 +289,46 @@ pub async fn load_with_log(
         log,
         log_total,
     }))
+}
+
+/// The plan register's key, the standing and the reasons of the plan, from the stored
+/// registers explained as `why` explains the fold's (one derivation: `Folded::explain`). The
+/// events are `why`'s to name; here the reasons are the registers'.
+fn explained(
+    registers: super::rules::Registers,
+    ledger: std::collections::BTreeMap<String, Vec<super::rules::LedgerEntry>>,
+    customer: &CustomerId,
+    catalog: &Catalog,
+) -> (Option<String>, Option<String>, Vec<PlanReason>) {
+    let key = registers
+        .customer_plan
+        .as_ref()
+        .and_then(|held| held.value.key.clone());
+    let standing = registers.standing.as_ref().map(|held| {
+        match held.value {
+            true => "past_due",
+            false => "good",
+        }
+        .to_owned()
+    });
+    let stored = super::fold::Folded {
+        registers,
+        ledger,
+        ..Default::default()
+    };
+    let reasons = stored
+        .explain(customer, catalog)
+        .into_iter()
+        .find(|field| field.field == "plan")
+        .map(|plan| plan.beaten)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|beaten| PlanReason {
+            reason: beaten.reason.to_owned(),
+            detail: beaten.detail,
+        })
+        .collect();
+    (key, standing, reasons)
 }
 
 /// Reads [`AccountState`] in one statement, as it stands (the worker derives it from its

@@ -345,7 +345,8 @@ pub struct Beaten {
     /// One of: `older`, `same-second tie settled by a provider read`, `same-second tie
     /// settled by status rank`, `same-second tie settled by dedupe key`, `refunded is final`,
     /// `unknown price`, `other mode`, `customer deleted`, `payments past due`, `smaller plan`,
-    /// `smaller allowance`, `already granted`, `later deletion`.
+    /// `smaller allowance`, `already granted`, `later deletion`, `already held` (a later
+    /// write that found the same value there: its event is `ignored`, "… already").
     pub reason: &'static str,
     pub detail: String,
 }
@@ -378,9 +379,9 @@ impl Folded {
                 _ => Vec::new(),
             };
             out.push(Explained {
+                decided_by: self.decider_of_field(&field, by),
                 field,
                 value,
-                decided_by: by,
                 beaten,
             });
         }
@@ -390,19 +391,27 @@ impl Folded {
     /// The attempts on a last-writer-wins register other than its holder's, each with why
     /// the holder's version is ahead of it.
     fn beaten_on(&self, target: &Target, holder: Option<i64>) -> Vec<Beaten> {
-        let held = holder.and_then(|h| {
+        let holder = self.decider(target, holder);
+        let held_at = holder.and_then(|h| {
             self.attempts
                 .iter()
-                .find(|a| a.event_id == h && a.target == *target)
+                .position(|a| a.event_id == h && a.target == *target)
         });
+        let held = held_at.map(|at| &self.attempts[at]);
         let mut seen = BTreeSet::new();
         let mut out = Vec::new();
-        for attempt in self.attempts.iter().filter(|a| a.target == *target) {
-            if Some(attempt.event_id) == holder || !seen.insert(attempt.event_id) {
+        for (at, attempt) in self.attempts.iter().enumerate() {
+            if attempt.target != *target
+                || Some(attempt.event_id) == holder
+                || !seen.insert(attempt.event_id)
+            {
                 continue;
             }
+            let confirmed =
+                held_at.is_some_and(|h| at > h) && matches!(attempt.change, Change::Unchanged(_));
             let (reason, detail) = match (&attempt.excluded, target, held) {
                 (Some(why), _, _) => ("other mode", why.clone()),
+                (None, _, _) if confirmed => ("already held", words(&attempt.change)),
                 (None, Target::Deleted, _) => (
                     "later deletion",
                     "the earliest deletion is the one kept".to_owned(),
@@ -463,16 +472,17 @@ impl Folded {
         // Each register that could entitle: its holder, version, plan, the register, in words.
         let mut candidates: Vec<(i64, &Stamp, Option<&str>, Target, String)> = Vec::new();
         if let Some(held) = &r.customer_plan {
+            let set_by = self.set_by(Target::CustomerPlan, held.event_id);
             let entitled = held.value.plan.as_deref();
             let past_due = r.standing.as_ref().is_some_and(|s| s.value);
             match (&held.value.key, entitled) {
                 (Some(key), None) => beaten.push(Beaten {
-                    event_id: held.event_id,
+                    event_id: set_by,
                     reason: "unknown price",
                     detail: format!("plan key '{key}' is not in the plan catalog"),
                 }),
                 (_, Some(name)) if past_due => beaten.push(Beaten {
-                    event_id: held.event_id,
+                    event_id: set_by,
                     reason: "payments past due",
                     detail: format!("the plan register's {name} does not count while past due"),
                 }),
@@ -481,16 +491,17 @@ impl Folded {
             if !past_due {
                 let what = format!("the plan register holds {:?}", held.value.key);
                 let target = Target::CustomerPlan;
-                candidates.push((held.event_id, &held.stamp, entitled, target, what));
+                candidates.push((set_by, &held.stamp, entitled, target, what));
             }
         }
         for (id, held) in &r.subscriptions {
             let s = &held.value;
+            let set_by = self.set_by(Target::Subscription(id.clone()), held.event_id);
             let entitles = status_entitles(&s.status);
             if entitles && s.plan.is_none() {
                 let key = s.plan_key.as_deref().unwrap_or("none");
                 beaten.push(Beaten {
-                    event_id: held.event_id,
+                    event_id: set_by,
                     reason: "unknown price",
                     detail: format!(
                         "subscription {id} is {} on '{key}', which is not in the plan catalog",
@@ -501,7 +512,7 @@ impl Folded {
             let plan = s.plan.as_deref().filter(|_| entitles);
             let what = format!("subscription {id} is {}", s.status);
             let target = Target::Subscription(id.clone());
-            candidates.push((held.event_id, &held.stamp, plan, target, what));
+            candidates.push((set_by, &held.stamp, plan, target, what));
         }
         let allowance = |name: &str| catalog.allowance_of(name).unwrap_or(0);
         let deleted = r.account.deleted_at.is_some();
@@ -575,6 +586,54 @@ impl Folded {
             decided_by,
             beaten,
         }
+    }
+}
+
+// One story with the account's log: an event whose write found the register already
+// holding the same value took the register's version (so that a write between the two in
+// provider time cannot win, §4.2) but changed nothing, and its log line says `ignored`
+// ("… already"). It is not what decided the field: the event that set the value is, and the
+// later one is listed as `already held`, with its log line's words.
+impl Folded {
+    /// The event that set the value `target` holds: its holder, or, when the holder's write
+    /// changed nothing, the latest write before it that did. The holder when the fold has
+    /// no such write (the setter was purged, or the registers were not folded).
+    fn decider(&self, target: &Target, holder: Option<i64>) -> Option<i64> {
+        let holder = holder?;
+        let attempts = &self.attempts;
+        let Some(at) = attempts
+            .iter()
+            .rposition(|a| a.event_id == holder && a.target == *target)
+        else {
+            return Some(holder);
+        };
+        if !matches!(attempts[at].change, Change::Unchanged(_)) {
+            return Some(holder);
+        }
+        let setter = attempts[..at]
+            .iter()
+            .rev()
+            .filter(|a| a.target == *target)
+            .find(|a| matches!(a.change, Change::Made(_)));
+        Some(setter.map_or(holder, |a| a.event_id))
+    }
+
+    /// [`Folded::decider`] of a register that has a holder.
+    fn set_by(&self, target: Target, holder: i64) -> i64 {
+        self.decider(&target, Some(holder)).unwrap_or(holder)
+    }
+
+    /// [`Folded::decider`] of a field by its name (the ledger and the tombstone have none
+    /// other than their holder).
+    fn decider_of_field(&self, field: &str, holder: Option<i64>) -> Option<i64> {
+        let target = match field.split(':').collect::<Vec<_>>().as_slice() {
+            ["customer_plan"] => Target::CustomerPlan,
+            ["standing"] => Target::Standing,
+            ["subscription", id, _] => Target::Subscription((*id).into()),
+            ["payment", id, _] => Target::Payment((*id).into()),
+            _ => return holder,
+        };
+        self.decider(&target, holder)
     }
 }
 
@@ -723,6 +782,35 @@ mod tests {
             reasons,
             [(1, "older"), (2, "same-second tie settled by status rank")]
         );
+    }
+
+    #[test]
+    fn an_event_that_found_the_value_already_there_did_not_decide_it() {
+        // active at 100, the same state again at 200 (its log line: ignored, "already
+        // active"), and an older trialing.
+        let events = [
+            event(1, "evt_a", 100, "active"),
+            event(2, "evt_b", 200, "active"),
+            event(3, "evt_c", 50, "trialing"),
+        ];
+        let status = explained(&events, "subscription:sub_1:status");
+        assert_eq!(
+            (status.value, status.decided_by),
+            (json!("active"), Some(1))
+        );
+        let reasons: Vec<(i64, &str, &str)> = status
+            .beaten
+            .iter()
+            .map(|b| (b.event_id, b.reason, b.detail.as_str()))
+            .collect();
+        assert_eq!(
+            reasons,
+            [
+                (3, "older", "its provider time 1970-01-01T00:00:50.000000Z is before 1970-01-01T00:01:40.000000Z"),
+                (2, "already held", "subscription sub_1 is already active")
+            ]
+        );
+        assert_eq!(explained(&events, "plan").decided_by, Some(1));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! reason when the signature fails), keeps what it received by `webhook-id`, and applies it
 //! as docs/effects.md tells an app to ([`AppState`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -41,12 +41,10 @@ pub struct Received {
 /// What the receiver heard, in order, for a caller that prints it.
 #[derive(Debug, Clone)]
 pub enum Heard {
-    Effect(Received),
+    /// A verified delivery, and what applying it did.
+    Effect(Received, Applied),
     /// A request refused, and why (e.g. a signature that does not match).
-    Refused {
-        status: StatusCode,
-        reason: String,
-    },
+    Refused { status: StatusCode, reason: String },
 }
 
 /// What an app that follows docs/effects.md holds once it applied what it received. A kind
@@ -66,15 +64,36 @@ pub struct AppState {
     pub facts: BTreeMap<String, Value>,
     /// Effects of a state kind not applied because a newer state was (their ids).
     pub older: Vec<String>,
+    /// The ids of every effect applied (state or fact): a delivery of one again is a copy.
+    pub seen: BTreeSet<String>,
+}
+
+/// What applying one delivery did, by the rules of docs/effects.md.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    /// A state kind, newer than the state held: it is the state now.
+    State,
+    /// A fact, applied for the first time (whatever its sequence).
+    Fact,
+    /// An effect whose id was applied before (the dispatcher sent it again): nothing applied.
+    Copy,
+    /// A state kind older than the state held (sequence `held`): not applied.
+    Older { held: i64 },
+    /// A body with no `id` or `type`: nothing to apply.
+    NotAnEffect,
 }
 
 impl AppState {
-    /// Applies one effect's body as the contract says.
-    pub fn apply(&mut self, body: &Value) {
+    /// Applies one effect's body as the contract says, and says what that did.
+    pub fn apply(&mut self, body: &Value) -> Applied {
         let text = |pointer: &str| body.pointer(pointer).and_then(Value::as_str);
         let (Some(id), Some(kind)) = (text("/id"), text("/type")) else {
-            return;
+            return Applied::NotAnEffect;
         };
+        // Deduplicate on the id first: a copy is neither older nor newer, it is the same.
+        if !self.seen.insert(id.to_owned()) {
+            return Applied::Copy;
+        }
         let sequence = body
             .pointer("/data/sequence")
             .and_then(Value::as_i64)
@@ -83,6 +102,7 @@ impl AppState {
         let account = format!("{source}/{}", text("/data/customer_id").unwrap_or_default());
         let newer = |held: Option<&(i64, Value)>| held.is_none_or(|(seq, _)| *seq < sequence);
         // `data.account` is the account after the change: a state, whatever the kind.
+        let held_account = self.accounts.get(&account).map(|(seq, _)| *seq);
         let account_newer = newer(self.accounts.get(&account));
         if account_newer {
             let state = body
@@ -92,28 +112,33 @@ impl AppState {
             self.accounts.insert(account, (sequence, state));
         }
         if !type_carries_state(kind) {
-            self.facts
-                .entry(id.to_owned())
-                .or_insert_with(|| body.clone());
-            return;
+            self.facts.insert(id.to_owned(), body.clone());
+            return Applied::Fact;
         }
-        let applied = match body
+        let held = match body
             .pointer("/data/subscription/id")
             .and_then(Value::as_str)
         {
             Some(subscription) => {
                 let key = format!("{source}/{subscription}");
-                let newer = newer(self.subscriptions.get(&key));
-                if newer {
+                let held = self.subscriptions.get(&key).map(|(seq, _)| *seq);
+                if newer(self.subscriptions.get(&key)) {
                     let state = body["data"]["subscription"].clone();
                     self.subscriptions.insert(key, (sequence, state));
+                    None
+                } else {
+                    held
                 }
-                newer
             }
-            None => account_newer,
+            None if account_newer => None,
+            None => held_account,
         };
-        if !applied {
-            self.older.push(id.to_owned());
+        match held {
+            None => Applied::State,
+            Some(held) => {
+                self.older.push(id.to_owned());
+                Applied::Older { held }
+            }
         }
     }
 }
@@ -255,9 +280,9 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
                 return answer(status, "the app's handler failed");
             }
             lock(&shared.received).push(received.clone());
-            lock(&shared.app).apply(&received.body);
+            let applied = lock(&shared.app).apply(&received.body);
             if let Some(heard) = &shared.heard {
-                let _ = heard.send(Heard::Effect(received));
+                let _ = heard.send(Heard::Effect(received, applied));
             }
             return answer(StatusCode::NO_CONTENT, "");
         }
@@ -336,28 +361,39 @@ mod tests {
     #[test]
     fn an_app_keeps_the_newest_state_and_every_fact_whatever_its_sequence() {
         let mut app = AppState::default();
-        app.apply(&effect(
+        let team = effect(
             "e4",
             "billing.plan_changed",
             4,
             serde_json::json!({"plan": "team"}),
-        ));
+        );
+        assert_eq!(app.apply(&team), Applied::State);
         let grant = serde_json::json!({"grant": {"plan": "pro", "amount": 500}});
-        app.apply(&effect("e2", "billing.allowance_granted", 2, grant));
-        app.apply(&effect(
+        let grant = effect("e2", "billing.allowance_granted", 2, grant);
+        assert_eq!(app.apply(&grant), Applied::Fact, "a late fact is applied");
+        let pro = effect(
             "e3",
             "billing.plan_changed",
             3,
             serde_json::json!({"plan": "pro"}),
-        ));
+        );
+        assert_eq!(app.apply(&pro), Applied::Older { held: 4 });
         let sub = serde_json::json!({"subscription": {"id": "s1", "status": "active"}});
-        app.apply(&effect("e1", "billing.subscription_updated", 1, sub));
+        let sub = effect("e1", "billing.subscription_updated", 1, sub);
+        assert_eq!(app.apply(&sub), Applied::State);
         app.apply(&effect(
             "e9",
             "billing.allowance_exhausted",
             1,
             serde_json::json!({}),
         ));
+        // Copies, of a state and of a fact: neither applied again nor older.
+        assert_eq!(app.apply(&team), Applied::Copy);
+        assert_eq!(app.apply(&grant), Applied::Copy);
+        assert_eq!(
+            app.apply(&serde_json::json!({"id": "e5"})),
+            Applied::NotAnEffect
+        );
         assert!(app.facts.contains_key("e2"), "a late grant is applied");
         assert!(
             app.facts.contains_key("e9"),
