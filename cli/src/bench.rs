@@ -16,14 +16,14 @@ use serde_json::{json, Value};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, Executor, PgPool};
 
-use shared::billing::Catalog;
-use shared::config::{parse_plans, parse_sources};
-use shared::db::Held;
+use shared::domain::Catalog;
 use shared::handlers::intake::IntakeState;
 use shared::handlers::worker::{WorkerSource, WorkerState};
+use shared::platform::config::{parse_plans, parse_sources};
+use shared::platform::db::Held;
+use shared::platform::queue::Queue;
 use shared::providers::fixtures::{self, Spec};
 use shared::providers::Sources;
-use shared::queue::Queue;
 
 use crate::delay::DelayProxy;
 
@@ -567,8 +567,8 @@ async fn bench(
     let via = proxy.as_ref().map(DelayProxy::addr);
     // The pipeline's pool as the functions build theirs; the raw worker's without the ping
     // before each acquire (sqlx still pings on release), closer to pgbench.
-    let pool = fresh_database(server, db, shared::db::pool_options(32), via).await?;
-    let unpinged = || shared::db::pool_options(32).test_before_acquire(false);
+    let pool = fresh_database(server, db, shared::platform::db::pool_options(32), via).await?;
+    let unpinged = || shared::platform::db::pool_options(32).test_before_acquire(false);
     let raw_pool = fresh_database(server, raw_db, unpinged(), via).await?;
     let both_pool = fresh_database(server, both_db, unpinged(), via).await?;
     // The round trip the phases' connections see, and the one beside it without the proxy.
@@ -582,7 +582,7 @@ async fn bench(
     // The local SQS server slows down as the backlog grows: generous timeouts, so that the
     // bench measures it rather than failing on it.
     let sqs = aws_sdk_sqs::Client::from_conf(
-        aws_sdk_sqs::config::Builder::from(&shared::queue::sdk_config().await)
+        aws_sdk_sqs::config::Builder::from(&shared::platform::queue::sdk_config().await)
             .timeout_config(
                 aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
                     .connect_timeout(Duration::from_secs(5))
@@ -1188,7 +1188,7 @@ async fn measure(
                 .map(|id| {
                     aws_sdk_sqs::types::Message::builder()
                         .message_id(format!("raw-{id}"))
-                        .body(shared::queue::message_body(*id))
+                        .body(shared::platform::queue::message_body(*id))
                         .build()
                 })
                 .collect();

@@ -245,17 +245,17 @@ pub(crate) fn emit(line: &str) {
 /// shell needs only AWS credentials and a route to the database, never the password.
 async fn connect(cli: &Cli) -> anyhow::Result<PgPool> {
     if let Some(url) = cli.database_url.as_deref() {
-        return shared::db::pool_options(2)
+        return shared::platform::db::pool_options(2)
             .connect(url)
             .await
             .context("connecting to DATABASE_URL");
     }
-    if std::env::var_os(shared::database::SECRET_VAR).is_none() {
+    if std::env::var_os(shared::platform::database::SECRET_VAR).is_none() {
         anyhow::bail!("DATABASE_URL is not set (or pass --database-url, or set DATABASE_SECRET_ID to the database's secret)");
     }
-    let config = shared::database::DatabaseConfig::read(|var| std::env::var(var).ok())?;
-    let database = shared::database::Database::open(&config).await?;
-    shared::db::pool_options(2)
+    let config = shared::platform::database::DatabaseConfig::read(|var| std::env::var(var).ok())?;
+    let database = shared::platform::database::Database::open(&config).await?;
+    shared::platform::db::pool_options(2)
         .connect_with(database.options())
         .await
         .context("connecting to the database DATABASE_SECRET_ID names")
@@ -318,7 +318,7 @@ async fn replay(
         None if ids.is_empty() => anyhow::bail!("name event ids to replay, or --status"),
         None => ids.to_vec(),
     };
-    let queue = shared::queue::Queue::from_env(queue_url.to_owned()).await;
+    let queue = shared::platform::queue::Queue::from_env(queue_url.to_owned()).await;
     let replayed = shared::inbox::replay::replay(pool, &queue, &ids).await?;
     let skipped: Vec<i64> = ids
         .iter()

@@ -4,9 +4,9 @@ use anyhow::Context;
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 use sqlx::PgPool;
 
-use shared::billing::Catalog;
-use shared::config::Env;
+use shared::domain::Catalog;
 use shared::domain::{CustomerId, Period};
+use shared::platform::config::Env;
 
 pub(crate) fn table(header: &[&str]) -> Table {
     let mut t = Table::new();

@@ -13,28 +13,19 @@
 //!   sends), [`metrics`] (the metrics' namespace), [`sim`] (the points a simulation
 //!   interrupts; the simulated queue) and [`dev`] (local tools, `dev` feature only).
 
-pub mod api_keys;
 pub mod apply;
 pub mod audit;
 pub mod billing;
-pub mod config;
-pub mod database;
-pub mod db;
 #[cfg(feature = "dev")]
 pub mod dev;
 pub mod domain;
 pub mod effects;
 pub mod handlers;
-pub mod http_client;
 pub mod inbox;
-pub mod metrics;
+pub mod platform;
 pub mod providers;
-pub mod queue;
 pub mod reconcile;
-pub mod schema;
-pub mod secrets;
 pub mod signing;
-pub mod sim;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -43,6 +34,6 @@ use std::pin::Pin;
 /// queue's hooks) can be used as trait objects.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The schema, applied by the migrate function on every deploy ([`schema::apply`]), by
+/// The schema, applied by the migrate function on every deploy ([`platform::schema::apply`]), by
 /// `inboxctl migrate` and by the tests.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

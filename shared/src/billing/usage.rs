@@ -11,11 +11,10 @@ use serde_json::json;
 use sqlx::PgConnection;
 
 use super::account;
-use super::catalog::Catalog;
 use super::model::period_totals;
-use crate::db::exec;
-use crate::domain::{CustomerId, Period};
+use crate::domain::{Catalog, CustomerId, Period};
 use crate::effects::{self, Kind};
+use crate::platform::db::exec;
 
 /// One debit as the app asks for it.
 #[derive(Debug, Clone)]

@@ -1,14 +1,17 @@
 //! The domain: values parsed once at the boundary and carried typed through the store, the
 //! claim and the registers — dedupe keys, customer ids, provider times and periods, source
-//! kinds, event statuses and verdicts, content hashes, and the verified event itself. Nothing
+//! kinds, event statuses and verdicts, content hashes, the verified event itself, and the plan
+//! catalog (`INBOX_PLANS`: what a provider's plan key means here). Nothing
 //! here does I/O; every other layer depends on this one and it depends on none of them
 //! (docs/design.md §2).
 
+pub(crate) mod catalog;
 mod event;
 mod ids;
 mod status;
 mod time;
 
+pub use catalog::{Catalog, CatalogError, Plan, PlanRef};
 pub use event::{EventMeta, VerifiedEvent};
 pub use ids::{ContentHash, CustomerId, DedupeKey};
 pub use status::{EventStatus, SourceKind, Verdict};

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::db::exec;
+use crate::platform::db::exec;
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;

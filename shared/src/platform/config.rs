@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::api_keys::KeysConfig;
-use crate::billing::Catalog;
+use crate::domain::Catalog;
 use crate::domain::SourceKind;
+use crate::platform::api_keys::KeysConfig;
 use crate::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
@@ -94,7 +94,7 @@ pub struct SourceConfig {
     #[serde(default)]
     pub livemode: Option<bool>,
     /// The AWS Secrets Manager secret (ARN or name) holding the source's signing secrets,
-    /// `{"secrets": [...]}`, read by the intake once per cold start ([`crate::secrets`]);
+    /// `{"secrets": [...]}`, read by the intake once per cold start ([`crate::platform::secrets`]);
     /// inline values are for local use. (Before `api_key_secret_id`, the same secret also held
     /// the API key: that combined layout still works, with a warning.)
     #[serde(default)]
@@ -105,9 +105,9 @@ pub struct SourceConfig {
     #[serde(default)]
     pub api_key_secret_id: Option<String>,
     /// The API key's read from its secret, when it failed at cold start: a provider read
-    /// tries it again (set by [`crate::secrets::resolve`], never by the configuration).
+    /// tries it again (set by [`crate::platform::secrets::resolve`], never by the configuration).
     #[serde(skip)]
-    pub api_key_read: Option<std::sync::Arc<crate::secrets::ApiKeyRead>>,
+    pub api_key_read: Option<std::sync::Arc<crate::platform::secrets::ApiKeyRead>>,
 }
 
 /// Secrets never reach a log line, not even through `{:?}`.
@@ -455,9 +455,9 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             .ok_or_else(|| ConfigError::new(var, "is not set"))
     }
 
-    /// `DATABASE_SECRET_ID` or `DATABASE_URL`, and `DATABASE_CA_FILE` ([`crate::database`]).
-    pub fn database(&self) -> Result<crate::database::DatabaseConfig, ConfigError> {
-        crate::database::DatabaseConfig::read(|var| (self.0)(var))
+    /// `DATABASE_SECRET_ID` or `DATABASE_URL`, and `DATABASE_CA_FILE` ([`crate::platform::database`]).
+    pub fn database(&self) -> Result<crate::platform::database::DatabaseConfig, ConfigError> {
+        crate::platform::database::DatabaseConfig::read(|var| (self.0)(var))
     }
 
     pub fn sources(&self) -> Result<Vec<SourceConfig>, ConfigError> {
@@ -535,7 +535,7 @@ pub trait FromEnv: Sized {
 /// What the intake function needs.
 #[derive(Debug, Clone)]
 pub struct IntakeConfig {
-    pub database: crate::database::DatabaseConfig,
+    pub database: crate::platform::database::DatabaseConfig,
     pub queue_url: String,
     pub sources: Vec<SourceConfig>,
     pub tolerance: Duration,
@@ -560,7 +560,7 @@ impl FromEnv for IntakeConfig {
 /// settle ties and link refunds), never its signing secrets' use.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    pub database: crate::database::DatabaseConfig,
+    pub database: crate::platform::database::DatabaseConfig,
     pub sources: Vec<SourceConfig>,
     pub catalog: Catalog,
     /// Effects on: the worker writes them and sends their ids to the dispatcher's queue.
@@ -581,7 +581,7 @@ impl FromEnv for WorkerConfig {
 /// What the scheduler function needs.
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
-    pub database: crate::database::DatabaseConfig,
+    pub database: crate::platform::database::DatabaseConfig,
     pub queue_url: String,
     pub sources: Vec<SourceConfig>,
     /// The plan catalog the audit folds accounts with.
@@ -609,7 +609,7 @@ pub const API_KEYS_VAR: &str = "INBOX_API_KEYS";
 /// Parses `INBOX_API_KEYS`: the list of keys, or `{"secret_id": …}` naming the secret that
 /// holds it (docs/design.md §12.2).
 pub fn parse_api_keys(raw: &str) -> Result<KeysConfig, ConfigError> {
-    crate::api_keys::parse(raw, true).map_err(|e| match e.field {
+    crate::platform::api_keys::parse(raw, true).map_err(|e| match e.field {
         Some(field) => ConfigError::at(API_KEYS_VAR, field, e.detail),
         None => ConfigError::new(API_KEYS_VAR, e.detail),
     })
@@ -620,7 +620,7 @@ pub fn parse_api_keys(raw: &str) -> Result<KeysConfig, ConfigError> {
 /// the allowance tells the app).
 #[derive(Debug, Clone)]
 pub struct ApiConfig {
-    pub database: crate::database::DatabaseConfig,
+    pub database: crate::platform::database::DatabaseConfig,
     pub sources: Vec<(String, SourceKind)>,
     pub fold_sources: crate::audit::Sources,
     pub catalog: Catalog,
@@ -645,7 +645,7 @@ impl FromEnv for ApiConfig {
 /// What the dispatcher function needs: the sinks (their secrets are resolved at cold start).
 #[derive(Debug, Clone)]
 pub struct DispatcherConfig {
-    pub database: crate::database::DatabaseConfig,
+    pub database: crate::platform::database::DatabaseConfig,
     pub effects: EffectsConfig,
 }
 
@@ -673,7 +673,7 @@ pub const STRIPE_PARTNER_PREFIX: &str = "aws.partner/stripe.com/";
 /// signing secret: the bus is the trust (docs/design.md §1.1).
 #[derive(Debug, Clone)]
 pub struct BridgeConfig {
-    pub database: crate::database::DatabaseConfig,
+    pub database: crate::platform::database::DatabaseConfig,
     pub queue_url: String,
     /// The only EventBridge `source` taken, `aws.partner/stripe.com/…`.
     pub event_source: String,

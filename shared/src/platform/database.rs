@@ -5,7 +5,7 @@
 //! refuses the login, so that a rotated password needs no redeploy. `DATABASE_CA_FILE` names
 //! the CA bundle that `verify-full` checks the server's certificate against.
 //! `DATABASE_POOLER=transaction` says a transaction-mode pooler (RDS Proxy) stands in between:
-//! no statement is then named ([`crate::db::exec`]).
+//! no statement is then named ([`crate::platform::db::exec`]).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -18,7 +18,7 @@ use serde::Deserialize;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::{ConnectOptions, PgPool};
 
-use crate::config::ConfigError;
+use crate::platform::config::ConfigError;
 
 pub const URL_VAR: &str = "DATABASE_URL";
 pub const SECRET_VAR: &str = "DATABASE_SECRET_ID";
@@ -304,12 +304,14 @@ impl Database {
                 None,
             ),
             DatabaseSource::Secret(id) => {
-                let client = crate::secrets::client().await;
-                let text =
-                    tokio::time::timeout(READ_BUDGET, crate::secrets::read_text(&client, id))
-                        .await
-                        .unwrap_or_else(|_| Err(not_in_time(id)))
-                        .map_err(|detail| ConfigError::new(SECRET_VAR, detail))?;
+                let client = crate::platform::secrets::client().await;
+                let text = tokio::time::timeout(
+                    READ_BUDGET,
+                    crate::platform::secrets::read_text(&client, id),
+                )
+                .await
+                .unwrap_or_else(|_| Err(not_in_time(id)))
+                .map_err(|detail| ConfigError::new(SECRET_VAR, detail))?;
                 let options = options_from_secret(id, &text, &config.endpoint)
                     .map_err(|detail| ConfigError::new(SECRET_VAR, detail))?;
                 (options, Some(client))
@@ -318,7 +320,7 @@ impl Database {
         let options = with_tls(options, config.ca_file.as_deref())?;
         if config.pooler == Pooler::Transaction {
             // The process is one function instance: its every statement from now on.
-            crate::db::send_unnamed_statements();
+            crate::platform::db::send_unnamed_statements();
         }
         Ok(Arc::new(Self::with(config.clone(), client, options)))
     }
@@ -356,10 +358,11 @@ impl Database {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// A pool that connects on first use ([`crate::db::lazy_pool`]) with these options, and
+    /// A pool that connects on first use ([`crate::platform::db::lazy_pool`]) with these options, and
     /// takes the new ones after a rotation.
     pub fn pool(&self, max_connections: u32) -> PgPool {
-        let pool = crate::db::pool_options(max_connections).connect_lazy_with(self.options());
+        let pool =
+            crate::platform::db::pool_options(max_connections).connect_lazy_with(self.options());
         self.pools
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -391,13 +394,14 @@ impl Database {
             return false;
         }
         *last_reread = Some(Instant::now());
-        let options = tokio::time::timeout(READ_BUDGET, crate::secrets::read_text(client, id))
-            .await
-            .unwrap_or_else(|_| Err(not_in_time(id)))
-            .and_then(|text| options_from_secret(id, &text, &self.config.endpoint))
-            .and_then(|options| {
-                with_tls(options, self.config.ca_file.as_deref()).map_err(|e| e.to_string())
-            });
+        let options =
+            tokio::time::timeout(READ_BUDGET, crate::platform::secrets::read_text(client, id))
+                .await
+                .unwrap_or_else(|_| Err(not_in_time(id)))
+                .and_then(|text| options_from_secret(id, &text, &self.config.endpoint))
+                .and_then(|options| {
+                    with_tls(options, self.config.ca_file.as_deref()).map_err(|e| e.to_string())
+                });
         match options {
             Ok(options) => {
                 self.replace(options);
@@ -423,8 +427,11 @@ impl Database {
             return;
         }
         let generation = self.generation();
-        let tried =
-            tokio::time::timeout(crate::db::CONNECT_TIMEOUT, self.options().connect()).await;
+        let tried = tokio::time::timeout(
+            crate::platform::db::CONNECT_TIMEOUT,
+            self.options().connect(),
+        )
+        .await;
         if let Ok(Err(error)) = tried {
             self.after_connect_error(&error, generation).await;
         }

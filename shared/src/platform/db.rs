@@ -18,7 +18,7 @@ use sqlx::{
 };
 use tokio::sync::{Mutex, MutexGuard};
 
-use crate::database::Database;
+use crate::platform::database::Database;
 
 /// A pool that connects on first use, so that a function starts (and answers 503) while
 /// Postgres is down, and gives up on a connection quickly instead of holding the caller.
@@ -412,7 +412,7 @@ mod tests {
             assert_eq!(
                 statements,
                 on_exec,
-                "{}: every sqlx::query… runs on shared::db::exec",
+                "{}: every sqlx::query… runs on shared::platform::db::exec",
                 path.display()
             );
             counted += statements;
