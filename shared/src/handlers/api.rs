@@ -72,8 +72,12 @@ impl ApiState {
         Ok(Self {
             conn: Held::on(database),
             pool,
-            sources: config.sources.clone(),
-            fold_sources: config.fold_sources.clone(),
+            sources: config
+                .sources
+                .iter()
+                .map(|s| (s.name.clone(), s.kind))
+                .collect(),
+            fold_sources: audit::sources_of(&config.sources),
             catalog: config.catalog.clone(),
             keys: Keys::new(&entries),
             effects,

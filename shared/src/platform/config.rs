@@ -615,14 +615,14 @@ pub fn parse_api_keys(raw: &str) -> Result<KeysConfig, ConfigError> {
     })
 }
 
-/// What the app API function needs: each source's name and kind (never its secrets), and
-/// its Stripe mode for the fold `…/why` explains, the plan catalog, the keys, and the effects queue when effects are on (a debit that exhausts
-/// the allowance tells the app).
+/// What the app API function needs: its sources (each one's name, kind and Stripe mode, for
+/// its routes and the fold `…/why` explains; never their secrets), the plan catalog, the
+/// keys, and the effects queue when effects are on (a debit that exhausts the allowance tells
+/// the app).
 #[derive(Debug, Clone)]
 pub struct ApiConfig {
     pub database: crate::platform::database::DatabaseConfig,
-    pub sources: Vec<(String, SourceKind)>,
-    pub fold_sources: crate::audit::Sources,
+    pub sources: Vec<SourceConfig>,
     pub catalog: Catalog,
     pub keys: KeysConfig,
     pub effects: Option<EffectsConfig>,
@@ -630,11 +630,16 @@ pub struct ApiConfig {
 
 impl FromEnv for ApiConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
-        let sources = env.sources()?;
+        // The app API verifies no delivery and reads no provider: their secrets stay out of
+        // its memory.
+        let without_secrets = |mut source: SourceConfig| {
+            source.secrets.clear();
+            source.api_key = None;
+            source
+        };
         Ok(Self {
             database: env.database()?,
-            fold_sources: crate::audit::sources_of(&sources),
-            sources: sources.into_iter().map(|s| (s.name, s.kind)).collect(),
+            sources: env.sources()?.into_iter().map(without_secrets).collect(),
             catalog: env.plans()?,
             keys: parse_api_keys(&env.required(API_KEYS_VAR)?)?,
             effects: env.effects()?,
