@@ -13,7 +13,12 @@ use crate::platform::api_keys::KeysConfig;
 use crate::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
-pub use crate::inbox::purge::{DEFAULT_RETENTION_DAYS, MIN_RETENTION_DAYS};
+/// How long the purge keeps finished events when `INBOX_RETENTION_DAYS` is not set
+/// (docs/design.md §3.9).
+pub const DEFAULT_RETENTION_DAYS: u64 = 30;
+/// Twice the longest provider retry window (Stripe retries for 3 days): a webhook copy comes
+/// while its event is still stored.
+pub const MIN_RETENTION_DAYS: u64 = 6;
 
 /// A variable that is missing or malformed; the message names it, and the field within it.
 #[derive(thiserror::Error, PartialEq, Eq)]
