@@ -112,7 +112,17 @@ pub struct SourceConfig {
     /// The API key's read from its secret, when it failed at cold start: a provider read
     /// tries it again (set by [`crate::platform::secrets::resolve`], never by the configuration).
     #[serde(skip)]
-    pub api_key_read: Option<std::sync::Arc<crate::platform::secrets::ApiKeyRead>>,
+    pub api_key_read: Option<std::sync::Arc<dyn ApiKeyOnUse>>,
+}
+
+/// A source's API key whose read failed at cold start, read again when a provider read needs
+/// it ([`crate::platform::secrets::ApiKeyRead`], with a backoff). The configuration only
+/// carries it beside its source; the secrets module makes it.
+pub trait ApiKeyOnUse: fmt::Debug + Send + Sync {
+    /// The key: the one read, or a read now when the backoff allows it, or why not.
+    fn key(&self) -> crate::BoxFuture<'_, anyhow::Result<String>>;
+    /// Failed reads of its secret so far.
+    fn failures(&self) -> u32;
 }
 
 /// Secrets never reach a log line, not even through `{:?}`.

@@ -20,7 +20,8 @@ use serde_json::{json, Value};
 
 use crate::platform::api_keys::{KeyEntry, KeysConfig};
 use crate::platform::config::{
-    value_free, ConfigError, SinkConfig, SourceConfig, API_KEYS_VAR, EFFECTS_VAR, SOURCES_VAR,
+    value_free, ApiKeyOnUse, ConfigError, SinkConfig, SourceConfig, API_KEYS_VAR, EFFECTS_VAR,
+    SOURCES_VAR,
 };
 use crate::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
@@ -221,6 +222,16 @@ impl ApiKeyRead {
     }
 }
 
+impl ApiKeyOnUse for ApiKeyRead {
+    fn key(&self) -> crate::BoxFuture<'_, anyhow::Result<String>> {
+        Box::pin(ApiKeyRead::key(self))
+    }
+
+    fn failures(&self) -> u32 {
+        ApiKeyRead::failures(self)
+    }
+}
+
 /// The Embedded Metric Format line for one failed read of a source's secret:
 /// `SecretReadFailures` by `Stack`, `Source` and `Function`.
 pub fn secret_read_failure_metric(source: &str, function: &str, now: DateTime<Utc>) -> Value {
@@ -241,7 +252,7 @@ pub enum ApiKey {
     /// Inline, or read from the source's secret at cold start.
     Known(String),
     /// Read from the source's secret on use: the read at cold start failed.
-    OnUse(Arc<ApiKeyRead>),
+    OnUse(Arc<dyn ApiKeyOnUse>),
 }
 
 impl ApiKey {
