@@ -250,10 +250,10 @@ async fn connect(cli: &Cli) -> anyhow::Result<PgPool> {
             .await
             .context("connecting to DATABASE_URL");
     }
-    if std::env::var_os(shared::platform::database::SECRET_VAR).is_none() {
+    if std::env::var_os(shared::platform::config::DATABASE_SECRET_VAR).is_none() {
         anyhow::bail!("DATABASE_URL is not set (or pass --database-url, or set DATABASE_SECRET_ID to the database's secret)");
     }
-    let config = shared::platform::database::DatabaseConfig::read(|var| std::env::var(var).ok())?;
+    let config = shared::platform::config::DatabaseConfig::read(|var| std::env::var(var).ok())?;
     let database = shared::platform::database::Database::open(&config).await?;
     shared::platform::db::pool_options(2)
         .connect_with(database.options())

@@ -11,8 +11,9 @@ use serde_json::json;
 use shared::handlers::intake::IntakeState;
 use shared::handlers::scheduler::SchedulerState;
 use shared::handlers::worker::{handle_batch, WorkerState};
+use shared::platform::config::{DatabaseConfig, DatabaseSource};
 use shared::platform::config::{FromEnv, IntakeConfig, SchedulerConfig, WorkerConfig};
-use shared::platform::database::{Database, DatabaseConfig, DatabaseSource};
+use shared::platform::database::Database;
 use shared::platform::db::Held;
 use sqlx::{Executor, PgPool};
 

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use shared::handlers::migrate::{self, MigrateState, PHYSICAL_ID};
-use shared::platform::database::{Database, DatabaseConfig, DatabaseSource};
+use shared::platform::config::{DatabaseConfig, DatabaseSource};
+use shared::platform::database::Database;
 use sqlx::migrate::Migrate;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgPool};

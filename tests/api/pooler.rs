@@ -14,7 +14,8 @@ use http::StatusCode;
 use serde_json::json;
 use shared::handlers::api::ApiState;
 use shared::handlers::scheduler::{self, SchedulerState};
-use shared::platform::database::{Database, DatabaseConfig, Pooler, POOLER_VAR, URL_VAR};
+use shared::platform::config::{DatabaseConfig, Pooler, DATABASE_POOLER_VAR, DATABASE_URL_VAR};
+use shared::platform::database::Database;
 use shared::platform::queue::Queue;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
@@ -202,8 +203,8 @@ async fn the_pipeline_runs_through_the_pooler_naming_no_statement_when_run_as_a_
     };
     let url = pgbouncer_url(&database);
     let config = DatabaseConfig::read(|var| match var {
-        URL_VAR => Some(url.clone()),
-        POOLER_VAR => Some(pooler.clone()),
+        DATABASE_URL_VAR => Some(url.clone()),
+        DATABASE_POOLER_VAR => Some(pooler.clone()),
         _ => None,
     })
     .unwrap();

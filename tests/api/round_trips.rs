@@ -877,9 +877,9 @@ async fn unnamed_statements_cost_what_the_pooler_test_says_when_run_as_a_child()
     let Ok(url) = std::env::var(UNNAMED_CHILD_DB) else {
         return;
     };
-    let config = shared::platform::database::DatabaseConfig::read(|var| match var {
-        shared::platform::database::URL_VAR => Some(url.clone()),
-        shared::platform::database::POOLER_VAR => Some("transaction".into()),
+    let config = shared::platform::config::DatabaseConfig::read(|var| match var {
+        shared::platform::config::DATABASE_URL_VAR => Some(url.clone()),
+        shared::platform::config::DATABASE_POOLER_VAR => Some("transaction".into()),
         _ => None,
     })
     .unwrap();

@@ -19,7 +19,8 @@ use sqlx::{ConnectOptions, Connection, PgConnection};
 use tokio::time::Instant;
 
 use crate::platform::config::ConfigError;
-use crate::platform::database::{Database, DatabaseConfig};
+use crate::platform::config::DatabaseConfig;
+use crate::platform::database::Database;
 use crate::platform::http_client::LazyClient;
 use crate::platform::schema::{self, Applied};
 

@@ -3,12 +3,14 @@
 //! the field within it, that is missing or malformed.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
 use serde::Deserialize;
+use sqlx::postgres::PgConnectOptions;
 
-use crate::domain::Catalog;
-use crate::domain::SourceKind;
+use crate::domain::{Catalog, SourceKind};
 use crate::platform::api_keys::KeysConfig;
 use crate::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
@@ -445,6 +447,162 @@ pub fn parse_plans(raw: &str) -> Result<Catalog, ConfigError> {
     Catalog::parse(raw).map_err(|e| ConfigError::at(PLANS_VAR, e.key, e.detail))
 }
 
+// Where the functions' database is: `DATABASE_URL` (local use and tests), or the secret
+// `DATABASE_SECRET_ID` names, which `platform::database` reads into connection options at
+// cold start (docs/design.md §5.3).
+pub const DATABASE_URL_VAR: &str = "DATABASE_URL";
+pub const DATABASE_SECRET_VAR: &str = "DATABASE_SECRET_ID";
+pub const DATABASE_CA_VAR: &str = "DATABASE_CA_FILE";
+pub const DATABASE_HOST_VAR: &str = "DATABASE_HOST";
+pub const DATABASE_PORT_VAR: &str = "DATABASE_PORT";
+pub const DATABASE_NAME_VAR: &str = "DATABASE_NAME";
+pub const DATABASE_POOLER_VAR: &str = "DATABASE_POOLER";
+
+/// Where the connection settings come from.
+#[derive(Clone, PartialEq, Eq)]
+pub enum DatabaseSource {
+    /// `DATABASE_URL`, fixed for the process.
+    Url(String),
+    /// `DATABASE_SECRET_ID`: the secret's ARN or name.
+    Secret(String),
+}
+
+/// `DATABASE_URL` holds a password: never shown.
+impl fmt::Debug for DatabaseSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Url(_) => f.write_str("Url(redacted)"),
+            Self::Secret(id) => f.debug_tuple("Secret").field(id).finish(),
+        }
+    }
+}
+
+/// What a function reads about its database at cold start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatabaseConfig {
+    pub source: DatabaseSource,
+    /// `DATABASE_CA_FILE`: a PEM bundle; with it every connection is `verify-full` against
+    /// it. A relative path is taken from the function's package (`LAMBDA_TASK_ROOT`).
+    pub ca_file: Option<PathBuf>,
+    /// Where the database is when its secret does not say: the secret RDS manages for a
+    /// master user holds only `username` and `password`.
+    pub endpoint: Endpoint,
+    /// `DATABASE_POOLER`: what is between the functions and Postgres.
+    pub pooler: Pooler,
+}
+
+/// `DATABASE_POOLER`: `none` (the default) when the functions reach Postgres itself, or
+/// `transaction` through a pooler that may hand each transaction to another server
+/// connection: RDS Proxy, PgBouncer's `pool_mode = transaction` (docs/deploy.md, RDS Proxy).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Pooler {
+    /// Each statement is prepared once per connection under a name and cached: one round
+    /// trip each after the first.
+    #[default]
+    None,
+    /// No session state: every statement is unnamed (one round trip more each), and the
+    /// worker bounds its transactions through a function, not a `SET` (RDS Proxy pins a
+    /// session that runs `SET` or names a prepared statement).
+    Transaction,
+}
+
+impl Pooler {
+    fn parse(value: &str) -> Result<Self, ConfigError> {
+        match value {
+            "none" => Ok(Self::None),
+            "transaction" => Ok(Self::Transaction),
+            other => Err(ConfigError::new(
+                DATABASE_POOLER_VAR,
+                format!(
+                    "'{other}' is neither 'none' nor 'transaction' (RDS Proxy is 'transaction')"
+                ),
+            )),
+        }
+    }
+}
+
+/// `DATABASE_HOST`, `DATABASE_PORT`, `DATABASE_NAME`: what a JSON secret's `host`, `port`
+/// and `dbname` fall back to (the secret's own win).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Endpoint {
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub dbname: Option<String>,
+}
+
+impl DatabaseConfig {
+    /// Reads `DATABASE_SECRET_ID` or `DATABASE_URL` (exactly one) and `DATABASE_CA_FILE`.
+    pub fn read(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |var: &str| {
+            lookup(var)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let source = match (get(DATABASE_SECRET_VAR), get(DATABASE_URL_VAR)) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    DATABASE_SECRET_VAR,
+                    "is set beside DATABASE_URL: set one (the secret when deployed, the URL for local use)",
+                ))
+            }
+            (Some(id), None) => DatabaseSource::Secret(id),
+            (None, Some(url)) => {
+                PgConnectOptions::from_str(&url).map_err(|_| {
+                    ConfigError::new(
+                        DATABASE_URL_VAR,
+                        "is not a postgres:// URL (a password's #, %, ? or / must be percent-encoded)",
+                    )
+                })?;
+                DatabaseSource::Url(url)
+            }
+            (None, None) => {
+                return Err(ConfigError::new(
+                    DATABASE_SECRET_VAR,
+                    "is not set (nor DATABASE_URL): name the database's secret",
+                ))
+            }
+        };
+        let ca_file = get(DATABASE_CA_VAR).map(|path| {
+            let path = PathBuf::from(path);
+            match (path.is_relative(), get("LAMBDA_TASK_ROOT")) {
+                (true, Some(root)) => Path::new(&root).join(path),
+                _ => path,
+            }
+        });
+        let port = match get(DATABASE_PORT_VAR) {
+            None => None,
+            Some(port) => Some(port.parse().map_err(|_| {
+                ConfigError::new(DATABASE_PORT_VAR, format!("'{port}' is not a port number"))
+            })?),
+        };
+        let endpoint = Endpoint {
+            host: get(DATABASE_HOST_VAR),
+            port,
+            dbname: get(DATABASE_NAME_VAR),
+        };
+        let pooler = get(DATABASE_POOLER_VAR)
+            .map(|value| Pooler::parse(&value))
+            .transpose()?
+            .unwrap_or_default();
+        Ok(Self {
+            source,
+            ca_file,
+            endpoint,
+            pooler,
+        })
+    }
+
+    /// A configuration of `url` alone, as tests and tools build one.
+    pub fn url(url: impl Into<String>) -> Self {
+        Self {
+            source: DatabaseSource::Url(url.into()),
+            ca_file: None,
+            endpoint: Endpoint::default(),
+            pooler: Pooler::None,
+        }
+    }
+}
+
 /// Where variables come from: the process environment, or a map in tests.
 pub struct Env<F>(F);
 
@@ -471,8 +629,8 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
     }
 
     /// `DATABASE_SECRET_ID` or `DATABASE_URL`, and `DATABASE_CA_FILE` ([`crate::platform::database`]).
-    pub fn database(&self) -> Result<crate::platform::database::DatabaseConfig, ConfigError> {
-        crate::platform::database::DatabaseConfig::read(|var| (self.0)(var))
+    pub fn database(&self) -> Result<DatabaseConfig, ConfigError> {
+        DatabaseConfig::read(|var| (self.0)(var))
     }
 
     pub fn sources(&self) -> Result<Vec<SourceConfig>, ConfigError> {
@@ -550,7 +708,7 @@ pub trait FromEnv: Sized {
 /// What the intake function needs.
 #[derive(Debug, Clone)]
 pub struct IntakeConfig {
-    pub database: crate::platform::database::DatabaseConfig,
+    pub database: DatabaseConfig,
     pub queue_url: String,
     pub sources: Vec<SourceConfig>,
     pub tolerance: Duration,
@@ -575,7 +733,7 @@ impl FromEnv for IntakeConfig {
 /// settle ties and link refunds), never its signing secrets' use.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    pub database: crate::platform::database::DatabaseConfig,
+    pub database: DatabaseConfig,
     pub sources: Vec<SourceConfig>,
     pub catalog: Catalog,
     /// Effects on: the worker writes them and sends their ids to the dispatcher's queue.
@@ -596,7 +754,7 @@ impl FromEnv for WorkerConfig {
 /// What the scheduler function needs.
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
-    pub database: crate::platform::database::DatabaseConfig,
+    pub database: DatabaseConfig,
     pub queue_url: String,
     pub sources: Vec<SourceConfig>,
     /// The plan catalog the audit folds accounts with.
@@ -636,7 +794,7 @@ pub fn parse_api_keys(raw: &str) -> Result<KeysConfig, ConfigError> {
 /// the app).
 #[derive(Debug, Clone)]
 pub struct ApiConfig {
-    pub database: crate::platform::database::DatabaseConfig,
+    pub database: DatabaseConfig,
     pub sources: Vec<SourceConfig>,
     pub catalog: Catalog,
     pub keys: KeysConfig,
@@ -665,7 +823,7 @@ impl FromEnv for ApiConfig {
 /// What the dispatcher function needs: the sinks (their secrets are resolved at cold start).
 #[derive(Debug, Clone)]
 pub struct DispatcherConfig {
-    pub database: crate::platform::database::DatabaseConfig,
+    pub database: DatabaseConfig,
     pub effects: EffectsConfig,
 }
 
@@ -693,7 +851,7 @@ pub const STRIPE_PARTNER_PREFIX: &str = "aws.partner/stripe.com/";
 /// signing secret: the bus is the trust (docs/design.md §1.1).
 #[derive(Debug, Clone)]
 pub struct BridgeConfig {
-    pub database: crate::platform::database::DatabaseConfig,
+    pub database: DatabaseConfig,
     pub queue_url: String,
     /// The only EventBridge `source` taken, `aws.partner/stripe.com/…`.
     pub event_source: String,
@@ -758,6 +916,81 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         move |k| map.get(k).cloned()
+    }
+
+    fn database(vars: &[(&str, &str)]) -> Result<DatabaseConfig, ConfigError> {
+        DatabaseConfig::read(lookup(vars))
+    }
+
+    #[test]
+    fn the_secret_or_the_url_exactly_one() {
+        assert_eq!(
+            database(&[(
+                DATABASE_SECRET_VAR,
+                "arn:aws:secretsmanager:eu-west-1:1:secret:db"
+            )])
+            .unwrap()
+            .source,
+            DatabaseSource::Secret("arn:aws:secretsmanager:eu-west-1:1:secret:db".into())
+        );
+        assert!(matches!(
+            database(&[(DATABASE_URL_VAR, "postgres://u:p@h/d")])
+                .unwrap()
+                .source,
+            DatabaseSource::Url(_)
+        ));
+        let both = database(&[
+            (DATABASE_SECRET_VAR, "db"),
+            (DATABASE_URL_VAR, "postgres://u:p@h/d"),
+        ])
+        .unwrap_err();
+        assert_eq!(both.var, DATABASE_SECRET_VAR);
+        assert_eq!(
+            database(&[]).unwrap_err().to_string(),
+            "DATABASE_SECRET_ID: is not set (nor DATABASE_URL): name the database's secret"
+        );
+    }
+
+    #[test]
+    fn the_pooler_is_none_unless_named() {
+        let url = (DATABASE_URL_VAR, "postgres://u:p@h/d");
+        assert_eq!(database(&[url]).unwrap().pooler, Pooler::None);
+        assert_eq!(
+            database(&[url, (DATABASE_POOLER_VAR, "none")])
+                .unwrap()
+                .pooler,
+            Pooler::None
+        );
+        assert_eq!(
+            database(&[url, (DATABASE_POOLER_VAR, " transaction ")])
+                .unwrap()
+                .pooler,
+            Pooler::Transaction
+        );
+        assert_eq!(
+            database(&[url, (DATABASE_POOLER_VAR, "session")]).unwrap_err().to_string(),
+            "DATABASE_POOLER: 'session' is neither 'none' nor 'transaction' (RDS Proxy is 'transaction')"
+        );
+    }
+
+    #[test]
+    fn a_relative_ca_file_is_in_the_package() {
+        let c = database(&[
+            (DATABASE_SECRET_VAR, "db"),
+            (DATABASE_CA_VAR, "certs/global-bundle.pem"),
+            ("LAMBDA_TASK_ROOT", "/var/task"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.ca_file.as_deref(),
+            Some(Path::new("/var/task/certs/global-bundle.pem"))
+        );
+    }
+
+    #[test]
+    fn the_source_never_shows_its_url() {
+        let shown = format!("{:?}", DatabaseConfig::url("postgres://u:hunter2@h/d"));
+        assert!(!shown.contains("hunter2"), "{shown}");
     }
 
     const SOURCES: &str = r#"[{"name":"stripe","kind":"stripe","secrets":["whsec_x"]},

@@ -1,14 +1,13 @@
-//! Where the functions' database is and how they log in (docs/design.md §5.3): `DATABASE_URL`
-//! (local use and tests), or the Secrets Manager secret `DATABASE_SECRET_ID` names — a URL
-//! string or the JSON RDS keeps (`username`, `password`, `host`, `port`, `dbname`) — read
-//! once per cold start into connection options, and read again once after the database
-//! refuses the login, so that a rotated password needs no redeploy. `DATABASE_CA_FILE` names
-//! the CA bundle that `verify-full` checks the server's certificate against.
-//! `DATABASE_POOLER=transaction` says a transaction-mode pooler (RDS Proxy) stands in between:
-//! no statement is then named ([`crate::platform::db::exec`]).
+//! How the functions log in to their database (docs/design.md §5.3): the connection options
+//! of what the configuration names ([`DatabaseConfig`]) — `DATABASE_URL`, or the Secrets
+//! Manager secret `DATABASE_SECRET_ID` names, a URL string or the JSON RDS keeps (`username`,
+//! `password`, `host`, `port`, `dbname`) — read once per cold start, and read again once after
+//! the database refuses the login, so that a rotated password needs no redeploy; `verify-full`
+//! against the CA bundle `DATABASE_CA_FILE` names. With `DATABASE_POOLER=transaction` no
+//! statement is named ([`crate::platform::db::exec`]).
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -18,166 +17,16 @@ use serde::Deserialize;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::{ConnectOptions, PgPool};
 
-use crate::platform::config::ConfigError;
-
-pub const URL_VAR: &str = "DATABASE_URL";
-pub const SECRET_VAR: &str = "DATABASE_SECRET_ID";
-pub const CA_VAR: &str = "DATABASE_CA_FILE";
-pub const HOST_VAR: &str = "DATABASE_HOST";
-pub const PORT_VAR: &str = "DATABASE_PORT";
-pub const NAME_VAR: &str = "DATABASE_NAME";
-pub const POOLER_VAR: &str = "DATABASE_POOLER";
+use crate::platform::config::{
+    ConfigError, DatabaseConfig, DatabaseSource, Endpoint, Pooler, DATABASE_CA_VAR,
+    DATABASE_HOST_VAR, DATABASE_SECRET_VAR, DATABASE_URL_VAR,
+};
 
 /// How long one read of the database's secret may take: a connection attempt waits on it.
 const READ_BUDGET: Duration = Duration::from_secs(3);
 /// The least time between two reads of the secret after refused logins: a secret that is
 /// wrong, not rotated, is not read again at every connection attempt.
 pub const REREAD_INTERVAL: Duration = Duration::from_secs(30);
-
-/// Where the connection settings come from.
-#[derive(Clone, PartialEq, Eq)]
-pub enum DatabaseSource {
-    /// `DATABASE_URL`, fixed for the process.
-    Url(String),
-    /// `DATABASE_SECRET_ID`: the secret's ARN or name.
-    Secret(String),
-}
-
-/// `DATABASE_URL` holds a password: never shown.
-impl fmt::Debug for DatabaseSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Url(_) => f.write_str("Url(redacted)"),
-            Self::Secret(id) => f.debug_tuple("Secret").field(id).finish(),
-        }
-    }
-}
-
-/// What a function reads about its database at cold start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DatabaseConfig {
-    pub source: DatabaseSource,
-    /// `DATABASE_CA_FILE`: a PEM bundle; with it every connection is `verify-full` against
-    /// it. A relative path is taken from the function's package (`LAMBDA_TASK_ROOT`).
-    pub ca_file: Option<PathBuf>,
-    /// Where the database is when its secret does not say: the secret RDS manages for a
-    /// master user holds only `username` and `password`.
-    pub endpoint: Endpoint,
-    /// `DATABASE_POOLER`: what is between the functions and Postgres.
-    pub pooler: Pooler,
-}
-
-/// `DATABASE_POOLER`: `none` (the default) when the functions reach Postgres itself, or
-/// `transaction` through a pooler that may hand each transaction to another server
-/// connection: RDS Proxy, PgBouncer's `pool_mode = transaction` (docs/deploy.md, RDS Proxy).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Pooler {
-    /// Each statement is prepared once per connection under a name and cached: one round
-    /// trip each after the first.
-    #[default]
-    None,
-    /// No session state: every statement is unnamed (one round trip more each), and the
-    /// worker bounds its transactions through a function, not a `SET` (RDS Proxy pins a
-    /// session that runs `SET` or names a prepared statement).
-    Transaction,
-}
-
-impl Pooler {
-    fn parse(value: &str) -> Result<Self, ConfigError> {
-        match value {
-            "none" => Ok(Self::None),
-            "transaction" => Ok(Self::Transaction),
-            other => Err(ConfigError::new(
-                POOLER_VAR,
-                format!(
-                    "'{other}' is neither 'none' nor 'transaction' (RDS Proxy is 'transaction')"
-                ),
-            )),
-        }
-    }
-}
-
-/// `DATABASE_HOST`, `DATABASE_PORT`, `DATABASE_NAME`: what a JSON secret's `host`, `port`
-/// and `dbname` fall back to (the secret's own win).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Endpoint {
-    pub host: Option<String>,
-    pub port: Option<u16>,
-    pub dbname: Option<String>,
-}
-
-impl DatabaseConfig {
-    /// Reads `DATABASE_SECRET_ID` or `DATABASE_URL` (exactly one) and `DATABASE_CA_FILE`.
-    pub fn read(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let get = |var: &str| {
-            lookup(var)
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-        };
-        let source = match (get(SECRET_VAR), get(URL_VAR)) {
-            (Some(_), Some(_)) => {
-                return Err(ConfigError::new(
-                    SECRET_VAR,
-                    "is set beside DATABASE_URL: set one (the secret when deployed, the URL for local use)",
-                ))
-            }
-            (Some(id), None) => DatabaseSource::Secret(id),
-            (None, Some(url)) => {
-                PgConnectOptions::from_str(&url).map_err(|_| {
-                    ConfigError::new(
-                        URL_VAR,
-                        "is not a postgres:// URL (a password's #, %, ? or / must be percent-encoded)",
-                    )
-                })?;
-                DatabaseSource::Url(url)
-            }
-            (None, None) => {
-                return Err(ConfigError::new(
-                    SECRET_VAR,
-                    "is not set (nor DATABASE_URL): name the database's secret",
-                ))
-            }
-        };
-        let ca_file = get(CA_VAR).map(|path| {
-            let path = PathBuf::from(path);
-            match (path.is_relative(), get("LAMBDA_TASK_ROOT")) {
-                (true, Some(root)) => Path::new(&root).join(path),
-                _ => path,
-            }
-        });
-        let port = match get(PORT_VAR) {
-            None => None,
-            Some(port) => Some(port.parse().map_err(|_| {
-                ConfigError::new(PORT_VAR, format!("'{port}' is not a port number"))
-            })?),
-        };
-        let endpoint = Endpoint {
-            host: get(HOST_VAR),
-            port,
-            dbname: get(NAME_VAR),
-        };
-        let pooler = get(POOLER_VAR)
-            .map(|value| Pooler::parse(&value))
-            .transpose()?
-            .unwrap_or_default();
-        Ok(Self {
-            source,
-            ca_file,
-            endpoint,
-            pooler,
-        })
-    }
-
-    /// A configuration of `url` alone, as tests and tools build one.
-    pub fn url(url: impl Into<String>) -> Self {
-        Self {
-            source: DatabaseSource::Url(url.into()),
-            ca_file: None,
-            endpoint: Endpoint::default(),
-            pooler: Pooler::None,
-        }
-    }
-}
 
 /// The RDS-shaped secret: what Secrets Manager's RDS rotation keeps, or what a secret RDS
 /// manages itself holds (`username` and `password`, the rest from [`Endpoint`]).
@@ -235,7 +84,9 @@ pub fn options_from_secret(
         .host
         .filter(|h| !h.is_empty())
         .or_else(|| endpoint.host.clone())
-        .ok_or_else(|| format!("the secret '{id}' has no host, and {HOST_VAR} is not set"))?;
+        .ok_or_else(|| {
+            format!("the secret '{id}' has no host, and {DATABASE_HOST_VAR} is not set")
+        })?;
     let port = match secret.port {
         None => endpoint.port.unwrap_or(5432),
         Some(Port::Number(port)) => port,
@@ -300,7 +151,7 @@ impl Database {
         let (options, client) = match &config.source {
             DatabaseSource::Url(url) => (
                 PgConnectOptions::from_str(url)
-                    .map_err(|_| ConfigError::new(URL_VAR, "is not a postgres:// URL"))?,
+                    .map_err(|_| ConfigError::new(DATABASE_URL_VAR, "is not a postgres:// URL"))?,
                 None,
             ),
             DatabaseSource::Secret(id) => {
@@ -311,9 +162,9 @@ impl Database {
                 )
                 .await
                 .unwrap_or_else(|_| Err(not_in_time(id)))
-                .map_err(|detail| ConfigError::new(SECRET_VAR, detail))?;
+                .map_err(|detail| ConfigError::new(DATABASE_SECRET_VAR, detail))?;
                 let options = options_from_secret(id, &text, &config.endpoint)
-                    .map_err(|detail| ConfigError::new(SECRET_VAR, detail))?;
+                    .map_err(|detail| ConfigError::new(DATABASE_SECRET_VAR, detail))?;
                 (options, Some(client))
             }
         };
@@ -388,7 +239,7 @@ impl Database {
             return true;
         }
         if last_reread.is_some_and(|at| at.elapsed() < REREAD_INTERVAL) {
-            tracing::warn!(var = SECRET_VAR, secret_id = %id,
+            tracing::warn!(var = DATABASE_SECRET_VAR, secret_id = %id,
                 "the database refused the login; its secret was read less than {} s ago",
                 REREAD_INTERVAL.as_secs());
             return false;
@@ -405,12 +256,12 @@ impl Database {
         match options {
             Ok(options) => {
                 self.replace(options);
-                tracing::info!(var = SECRET_VAR, secret_id = %id,
+                tracing::info!(var = DATABASE_SECRET_VAR, secret_id = %id,
                     "the database refused the login; its secret was read again and its options replaced");
                 true
             }
             Err(detail) => {
-                tracing::error!(var = SECRET_VAR, error = %detail,
+                tracing::error!(var = DATABASE_SECRET_VAR, error = %detail,
                     "the database refused the login and its secret could not be read again");
                 false
             }
@@ -471,7 +322,7 @@ fn with_tls(
     };
     if !ca_file.is_file() {
         return Err(ConfigError::new(
-            CA_VAR,
+            DATABASE_CA_VAR,
             format!(
                 "'{}' is not a file (the CA bundle must be packaged with the function)",
                 ca_file.display()
@@ -486,6 +337,7 @@ fn with_tls(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::platform::config::{DATABASE_NAME_VAR, DATABASE_PORT_VAR};
 
     fn config(vars: &[(&str, &str)]) -> Result<DatabaseConfig, ConfigError> {
         DatabaseConfig::read(|var| {
@@ -493,60 +345,6 @@ mod tests {
                 .find(|(k, _)| *k == var)
                 .map(|(_, v)| v.to_string())
         })
-    }
-
-    #[test]
-    fn the_secret_or_the_url_exactly_one() {
-        assert_eq!(
-            config(&[(SECRET_VAR, "arn:aws:secretsmanager:eu-west-1:1:secret:db")])
-                .unwrap()
-                .source,
-            DatabaseSource::Secret("arn:aws:secretsmanager:eu-west-1:1:secret:db".into())
-        );
-        assert!(matches!(
-            config(&[(URL_VAR, "postgres://u:p@h/d")]).unwrap().source,
-            DatabaseSource::Url(_)
-        ));
-        let both = config(&[(SECRET_VAR, "db"), (URL_VAR, "postgres://u:p@h/d")]).unwrap_err();
-        assert_eq!(both.var, SECRET_VAR);
-        assert_eq!(
-            config(&[]).unwrap_err().to_string(),
-            "DATABASE_SECRET_ID: is not set (nor DATABASE_URL): name the database's secret"
-        );
-    }
-
-    #[test]
-    fn the_pooler_is_none_unless_named() {
-        let url = (URL_VAR, "postgres://u:p@h/d");
-        assert_eq!(config(&[url]).unwrap().pooler, Pooler::None);
-        assert_eq!(
-            config(&[url, (POOLER_VAR, "none")]).unwrap().pooler,
-            Pooler::None
-        );
-        assert_eq!(
-            config(&[url, (POOLER_VAR, " transaction ")])
-                .unwrap()
-                .pooler,
-            Pooler::Transaction
-        );
-        assert_eq!(
-            config(&[url, (POOLER_VAR, "session")]).unwrap_err().to_string(),
-            "DATABASE_POOLER: 'session' is neither 'none' nor 'transaction' (RDS Proxy is 'transaction')"
-        );
-    }
-
-    #[test]
-    fn a_relative_ca_file_is_in_the_package() {
-        let c = config(&[
-            (SECRET_VAR, "db"),
-            (CA_VAR, "certs/global-bundle.pem"),
-            ("LAMBDA_TASK_ROOT", "/var/task"),
-        ])
-        .unwrap();
-        assert_eq!(
-            c.ca_file.as_deref(),
-            Some(Path::new("/var/task/certs/global-bundle.pem"))
-        );
     }
 
     #[test]
@@ -574,10 +372,13 @@ mod tests {
     #[test]
     fn a_secret_rds_manages_takes_the_endpoint_from_the_environment() {
         let endpoint = config(&[
-            (SECRET_VAR, "db"),
-            (HOST_VAR, "billing.cluster-abc.eu-west-1.rds.amazonaws.com"),
-            (PORT_VAR, "5433"),
-            (NAME_VAR, "billing"),
+            (DATABASE_SECRET_VAR, "db"),
+            (
+                DATABASE_HOST_VAR,
+                "billing.cluster-abc.eu-west-1.rds.amazonaws.com",
+            ),
+            (DATABASE_PORT_VAR, "5433"),
+            (DATABASE_NAME_VAR, "billing"),
         ])
         .unwrap()
         .endpoint;
@@ -603,7 +404,8 @@ mod tests {
             error,
             "the secret 'db' has no host, and DATABASE_HOST is not set"
         );
-        let bad_port = config(&[(SECRET_VAR, "db"), (PORT_VAR, "x")]).unwrap_err();
+        let bad_port =
+            config(&[(DATABASE_SECRET_VAR, "db"), (DATABASE_PORT_VAR, "x")]).unwrap_err();
         assert_eq!(
             bad_port.to_string(),
             "DATABASE_PORT: 'x' is not a port number"
@@ -632,11 +434,5 @@ mod tests {
             assert!(!error.contains("hunter2"), "{error}");
             assert!(error.contains("'db'"), "{error}");
         }
-    }
-
-    #[test]
-    fn the_source_never_shows_its_url() {
-        let shown = format!("{:?}", DatabaseConfig::url("postgres://u:hunter2@h/d"));
-        assert!(!shown.contains("hunter2"), "{shown}");
     }
 }
