@@ -567,8 +567,14 @@ async fn bench(
     let via = proxy.as_ref().map(DelayProxy::addr);
     // The pipeline's pool as the functions build theirs; the raw worker's without the ping
     // before each acquire (sqlx still pings on release), closer to pgbench.
-    let pool = fresh_database(server, db, shared::platform::db::pool_options(32), via).await?;
-    let unpinged = || shared::platform::db::pool_options(32).test_before_acquire(false);
+    let pool = fresh_database(
+        server,
+        db,
+        shared::platform::database::pool_options(32),
+        via,
+    )
+    .await?;
+    let unpinged = || shared::platform::database::pool_options(32).test_before_acquire(false);
     let raw_pool = fresh_database(server, raw_db, unpinged(), via).await?;
     let both_pool = fresh_database(server, both_db, unpinged(), via).await?;
     // The round trip the phases' connections see, and the one beside it without the proxy.

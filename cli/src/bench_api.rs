@@ -111,7 +111,13 @@ async fn bench(
     let sender = args.signing.sender("").await?;
     let source = seed_source(&sender)?;
     let configs = parse_sources(&args.signing.sources).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let pool = fresh_database(server, db, shared::platform::db::pool_options(4), None).await?;
+    let pool = fresh_database(
+        server,
+        db,
+        shared::platform::database::pool_options(4),
+        None,
+    )
+    .await?;
     eprintln!(
         "bench --api: seeding {} customers on '{}' (and a hot one)",
         args.customers, source.name

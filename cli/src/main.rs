@@ -245,7 +245,7 @@ pub(crate) fn emit(line: &str) {
 /// shell needs only AWS credentials and a route to the database, never the password.
 async fn connect(cli: &Cli) -> anyhow::Result<PgPool> {
     if let Some(url) = cli.database_url.as_deref() {
-        return shared::platform::db::pool_options(2)
+        return shared::platform::database::pool_options(2)
             .connect(url)
             .await
             .context("connecting to DATABASE_URL");
@@ -255,7 +255,7 @@ async fn connect(cli: &Cli) -> anyhow::Result<PgPool> {
     }
     let config = shared::platform::config::DatabaseConfig::read(|var| std::env::var(var).ok())?;
     let database = shared::platform::database::Database::open(&config).await?;
-    shared::platform::db::pool_options(2)
+    shared::platform::database::pool_options(2)
         .connect_with(database.options())
         .await
         .context("connecting to the database DATABASE_SECRET_ID names")

@@ -356,7 +356,7 @@ async fn apply_to_account(
 pub async fn begin(
     conn: &mut PgConnection,
 ) -> Result<sqlx::Transaction<'_, sqlx::Postgres>, sqlx::Error> {
-    if crate::platform::db::sends_unnamed_statements() {
+    if crate::platform::database::sends_unnamed_statements() {
         conn.begin_with(BEGIN_BOUNDED_BY_FUNCTION).await
     } else {
         conn.begin_with(BEGIN_BOUNDED).await

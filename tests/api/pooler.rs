@@ -210,7 +210,7 @@ async fn the_pipeline_runs_through_the_pooler_naming_no_statement_when_run_as_a_
     .unwrap();
     let bouncer = Database::open(&config).await.unwrap().pool(4);
     assert_eq!(
-        shared::platform::db::sends_unnamed_statements(),
+        shared::platform::database::sends_unnamed_statements(),
         config.pooler == Pooler::Transaction
     );
     let direct_url = std::env::var("DATABASE_URL").unwrap();
@@ -305,7 +305,7 @@ async fn without_the_pooler_setting_the_same_pipeline_fails_through_pgbouncer(po
 async fn without_the_pooler_setting_the_same_work_leaves_named_statements_on_the_server_connections(
     pool: PgPool,
 ) {
-    assert!(!shared::platform::db::sends_unnamed_statements());
+    assert!(!shared::platform::database::sends_unnamed_statements());
     let database = database_name(&pool).await;
     let bouncer = shared::platform::db::lazy_pool(&pgbouncer_url(&database), 4).unwrap();
     // The intake's store alone: whether it succeeds depends on where its next transaction

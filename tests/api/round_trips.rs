@@ -886,7 +886,7 @@ async fn unnamed_statements_cost_what_the_pooler_test_says_when_run_as_a_child()
     let database = shared::platform::database::Database::open(&config)
         .await
         .unwrap();
-    assert!(shared::platform::db::sends_unnamed_statements());
+    assert!(shared::platform::database::sends_unnamed_statements());
     let pool = database.pool(2);
 
     // An autocommit statement: BEGIN, Parse/Describe/Sync, Bind/Execute/Sync, COMMIT.

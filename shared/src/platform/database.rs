@@ -9,12 +9,12 @@
 use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
-use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{ConnectOptions, PgPool};
 
 use crate::platform::config::{
@@ -121,6 +121,43 @@ pub fn is_refused_login(error: &sqlx::Error) -> bool {
         .is_some_and(|code| code == "28P01" || code == "28000")
 }
 
+/// The options of every pool: it gives up on a connection quickly instead of holding the
+/// caller ([`crate::platform::db::lazy_pool`], [`Database::pool`]).
+pub fn pool_options(max_connections: u32) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(3))
+        // Lambda freezes idle instances; a connection found dead is replaced, not used.
+        .test_before_acquire(true)
+        .idle_timeout(Duration::from_secs(300))
+}
+
+/// How long opening a connection may take before the caller is answered without one.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Set once at cold start when the functions reach Postgres through a transaction-mode pooler
+/// (`DATABASE_POOLER=transaction`): from then on no statement is named.
+static UNNAMED: AtomicBool = AtomicBool::new(false);
+
+/// From now on every statement [`crate::platform::db::exec`] runs is unnamed and inside a
+/// transaction. A named statement is session state: a transaction-mode pooler hands the client's
+/// next transaction to another server connection, where the name is unknown (PgBouncer before 1.21)
+/// or, on RDS Proxy, pins the client to one server connection for the rest of its session
+/// (docs/deploy.md, "RDS Proxy"). sqlx sends the unnamed statement in two round trips (Parse,
+/// Describe and Sync; then Bind, Execute and Sync), and outside a transaction the first Sync
+/// already ends it for the pooler, which may then run the Bind on another server connection: one
+/// that has no unnamed statement, or another client's. So a statement that is not in a transaction
+/// gets one of its own. The process is one function instance with one configuration, so the choice
+/// is the process's; it is never turned off.
+pub fn send_unnamed_statements() {
+    UNNAMED.store(true, Ordering::Relaxed);
+}
+
+/// Whether this process sends every statement unnamed ([`send_unnamed_statements`]).
+pub fn sends_unnamed_statements() -> bool {
+    UNNAMED.load(Ordering::Relaxed)
+}
+
 /// The options every connection of this process takes, and what replaces them after a
 /// rotation: the held connections read them at each connect, the pools are told.
 pub struct Database {
@@ -171,7 +208,7 @@ impl Database {
         let options = with_tls(options, config.ca_file.as_deref())?;
         if config.pooler == Pooler::Transaction {
             // The process is one function instance: its every statement from now on.
-            crate::platform::db::send_unnamed_statements();
+            send_unnamed_statements();
         }
         Ok(Arc::new(Self::with(config.clone(), client, options)))
     }
@@ -212,8 +249,7 @@ impl Database {
     /// A pool that connects on first use ([`crate::platform::db::lazy_pool`]) with these options, and
     /// takes the new ones after a rotation.
     pub fn pool(&self, max_connections: u32) -> PgPool {
-        let pool =
-            crate::platform::db::pool_options(max_connections).connect_lazy_with(self.options());
+        let pool = pool_options(max_connections).connect_lazy_with(self.options());
         self.pools
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -278,11 +314,7 @@ impl Database {
             return;
         }
         let generation = self.generation();
-        let tried = tokio::time::timeout(
-            crate::platform::db::CONNECT_TIMEOUT,
-            self.options().connect(),
-        )
-        .await;
+        let tried = tokio::time::timeout(CONNECT_TIMEOUT, self.options().connect()).await;
         if let Ok(Err(error)) = tried {
             self.after_connect_error(&error, generation).await;
         }
