@@ -12,8 +12,8 @@ use sqlx::PgConnection;
 
 use super::account;
 use super::model::period_totals;
+use crate::domain::effect::{effect_id, Kind};
 use crate::domain::{Catalog, CustomerId, Period};
-use crate::effects::{self, Kind};
 use crate::platform::db::exec;
 
 /// One debit as the app asks for it.
@@ -118,7 +118,7 @@ pub async fn debit(
             };
             let plan = snapshot.plan;
             let cause = exhausted_cause(req.source, req.customer, &req.period);
-            let id = effects::effect_id(Kind::AllowanceExhausted, &cause);
+            let id = effect_id(Kind::AllowanceExhausted, &cause);
             let body = json!({
                 "id": id,
                 "type": Kind::AllowanceExhausted.as_str(),
