@@ -17,8 +17,9 @@ use crate::billing::rules::{Registers, Stamp, SubscriptionRead};
 use crate::billing::{
     outcome, Change, Decision, Effect, EventContext, Rank, Settled, SubscriptionEnds, Version,
 };
+use crate::domain::effect::NewEffect;
 use crate::domain::{Catalog, EventStatus, Period, SourceKind};
-use crate::effects::{self, Cause, NewEffect};
+use crate::effects::{self, Cause};
 use crate::inbox::commit::{self, Committed};
 use crate::inbox::lease::{self, Claimed};
 use crate::platform::config::SourceConfig;

@@ -1,7 +1,8 @@
-//! What the app is told (docs/design.md §11): an effect's kind and its stable id. Values
-//! only: which changes make which effects is `effects`', and an outbox row's life is the
-//! outbox's.
+//! What the app is told (docs/design.md §11): an effect's kind, its stable id, and its outbox
+//! row as written. Values only: which changes make which effects is `effects`', and an outbox
+//! row's life is the outbox's.
 
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// What the app is told: the `type` of an effect's body.
@@ -45,4 +46,15 @@ impl Kind {
 pub fn effect_id(kind: Kind, cause: &str) -> String {
     let digest = Sha256::digest(format!("{}\n{cause}", kind.as_str()));
     format!("eff_{}", &hex::encode(digest)[..32])
+}
+
+/// One outbox row as the worker writes it; the account's sequence number is added by the
+/// event's one statement that writes it (`inbox::commit`), which moves the account's version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEffect {
+    pub id: String,
+    pub kind: Kind,
+    pub cause: String,
+    /// `{"id","type","occurred_at","data"}`, without `data.sequence` yet.
+    pub body: Value,
 }

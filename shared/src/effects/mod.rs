@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 pub use crate::billing::model::AccountState;
 use crate::billing::PaymentStatus;
 pub use crate::billing::{Fact, SubscriptionState};
-use crate::domain::effect::{effect_id, Kind};
+use crate::domain::effect::{effect_id, Kind, NewEffect};
 
 /// The kind of a payment's effect.
 fn kind_of_payment(status: PaymentStatus) -> Kind {
@@ -43,17 +43,6 @@ pub struct Cause<'a> {
     pub source: &'a str,
     pub customer: &'a str,
     pub occurred_at: DateTime<Utc>,
-}
-
-/// One outbox row as the worker writes it; the account's sequence number is added by the
-/// event's one statement that writes it (`inbox::commit`), which moves the account's version.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NewEffect {
-    pub id: String,
-    pub kind: Kind,
-    pub cause: String,
-    /// `{"id","type","occurred_at","data"}`, without `data.sequence` yet.
-    pub body: Value,
 }
 
 /// The effects of one event's writes: one per fact, and `billing.plan_changed` when the

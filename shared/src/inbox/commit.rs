@@ -14,8 +14,8 @@ use sqlx::PgConnection;
 use super::lease::Claimed;
 use crate::billing::model::{EventContext, SubscriptionEnds};
 use crate::billing::rules::{HeldIntent, Registers};
+use crate::domain::effect::NewEffect;
 use crate::domain::{EventStatus, Period};
-use crate::effects::NewEffect;
 use crate::platform::db::exec;
 
 /// What became of the statement.
