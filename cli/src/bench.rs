@@ -2,7 +2,9 @@
 //! ratios in one run (docs/design.md §8). Everything runs in this process on loopback, in databases
 //! and a queue of its own that are removed afterwards; every loop is bounded. With
 //! `--pg-delay-ms` the measured phases reach Postgres through a proxy that adds that much to
-//! each round trip (`crate::delay`).
+//! each round trip (`crate::delay`). Its arguments and tools (the databases, the proxy, the
+//! meters) serve `inboxctl bench --api` too (`crate::bench_api`, which uses them; `main`
+//! chooses between the two).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -356,9 +358,6 @@ pub async fn run(
     counter: &StatementCounter,
     json_output: bool,
 ) -> anyhow::Result<()> {
-    if args.api {
-        return crate::bench_api::run(args, server, counter, json_output).await;
-    }
     anyhow::ensure!(
         (100..=100_000).contains(&args.deliveries),
         "--deliveries must be between 100 and 100000"

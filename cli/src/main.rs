@@ -220,7 +220,11 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
                 .database_url
                 .as_deref()
                 .context("DATABASE_URL is not set (or pass --database-url)")?;
-            bench::run(args, server, counter, cli.json).await
+            if args.api {
+                bench_api::run(args, server, counter, cli.json).await
+            } else {
+                bench::run(args, server, counter, cli.json).await
+            }
         }
         Command::Scenario(args) => scenario::run(args, &connect(cli).await?, cli.json).await,
         Command::Usage(args) => usage::run(args, &connect(cli).await?, cli.json).await,
