@@ -4,7 +4,7 @@
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::json;
-use shared::api_keys::{self, KeyEntry, Scope};
+use shared::platform::api_keys::{self, KeyEntry, Scope};
 
 #[derive(Args)]
 pub struct ApiKeyArgs {

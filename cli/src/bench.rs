@@ -2,7 +2,9 @@
 //! ratios in one run (docs/design.md §8). Everything runs in this process on loopback, in databases
 //! and a queue of its own that are removed afterwards; every loop is bounded. With
 //! `--pg-delay-ms` the measured phases reach Postgres through a proxy that adds that much to
-//! each round trip (`crate::delay`).
+//! each round trip (`crate::delay`). Its arguments and tools (the databases, the proxy, the
+//! meters) serve `inboxctl bench --api` too (`crate::bench_api`, which uses them; `main`
+//! chooses between the two).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,14 +18,14 @@ use serde_json::{json, Value};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, Executor, PgPool};
 
-use shared::billing::Catalog;
-use shared::config::{parse_plans, parse_sources};
-use shared::db::Held;
+use shared::domain::Catalog;
 use shared::handlers::intake::IntakeState;
 use shared::handlers::worker::{WorkerSource, WorkerState};
+use shared::platform::config::{parse_plans, parse_sources};
+use shared::platform::db::Held;
+use shared::platform::queue::Queue;
 use shared::providers::fixtures::{self, Spec};
 use shared::providers::Sources;
-use shared::queue::Queue;
 
 use crate::delay::DelayProxy;
 
@@ -356,9 +358,6 @@ pub async fn run(
     counter: &StatementCounter,
     json_output: bool,
 ) -> anyhow::Result<()> {
-    if args.api {
-        return crate::bench_api::run(args, server, counter, json_output).await;
-    }
     anyhow::ensure!(
         (100..=100_000).contains(&args.deliveries),
         "--deliveries must be between 100 and 100000"
@@ -567,8 +566,14 @@ async fn bench(
     let via = proxy.as_ref().map(DelayProxy::addr);
     // The pipeline's pool as the functions build theirs; the raw worker's without the ping
     // before each acquire (sqlx still pings on release), closer to pgbench.
-    let pool = fresh_database(server, db, shared::db::pool_options(32), via).await?;
-    let unpinged = || shared::db::pool_options(32).test_before_acquire(false);
+    let pool = fresh_database(
+        server,
+        db,
+        shared::platform::database::pool_options(32),
+        via,
+    )
+    .await?;
+    let unpinged = || shared::platform::database::pool_options(32).test_before_acquire(false);
     let raw_pool = fresh_database(server, raw_db, unpinged(), via).await?;
     let both_pool = fresh_database(server, both_db, unpinged(), via).await?;
     // The round trip the phases' connections see, and the one beside it without the proxy.
@@ -582,7 +587,7 @@ async fn bench(
     // The local SQS server slows down as the backlog grows: generous timeouts, so that the
     // bench measures it rather than failing on it.
     let sqs = aws_sdk_sqs::Client::from_conf(
-        aws_sdk_sqs::config::Builder::from(&shared::queue::sdk_config().await)
+        aws_sdk_sqs::config::Builder::from(&shared::platform::queue::sdk_config().await)
             .timeout_config(
                 aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
                     .connect_timeout(Duration::from_secs(5))
@@ -1188,7 +1193,7 @@ async fn measure(
                 .map(|id| {
                     aws_sdk_sqs::types::Message::builder()
                         .message_id(format!("raw-{id}"))
-                        .body(shared::queue::message_body(*id))
+                        .body(shared::platform::queue::message_body(*id))
                         .build()
                 })
                 .collect();

@@ -19,14 +19,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Mutex;
 
-use shared::api_keys::{self, KeyEntry, Keys, Scope};
+use shared::billing::account;
 use shared::billing::usage::{self, Debit, DebitPeriod, DebitRequest};
-use shared::billing::{account, Catalog};
-use shared::config::{parse_plans, parse_sources, SourceConfig};
-use shared::db::Held;
+use shared::domain::Catalog;
 use shared::domain::{CustomerId, Period};
 use shared::handlers::api::{self, ApiState};
 use shared::handlers::worker::{WorkerSource, WorkerState};
+use shared::platform::api_keys::{self, KeyEntry, Keys, Scope};
+use shared::platform::config::{parse_plans, parse_sources, SourceConfig};
+use shared::platform::db::Held;
 use shared::providers::fixtures::{self, Spec};
 use shared::providers::Sources;
 
@@ -110,7 +111,13 @@ async fn bench(
     let sender = args.signing.sender("").await?;
     let source = seed_source(&sender)?;
     let configs = parse_sources(&args.signing.sources).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let pool = fresh_database(server, db, shared::db::pool_options(4), None).await?;
+    let pool = fresh_database(
+        server,
+        db,
+        shared::platform::database::pool_options(4),
+        None,
+    )
+    .await?;
     eprintln!(
         "bench --api: seeding {} customers on '{}' (and a hot one)",
         args.customers, source.name
@@ -364,7 +371,7 @@ async fn seed(
             .map(|id| {
                 aws_sdk_sqs::types::Message::builder()
                     .message_id(format!("seed-{id}"))
-                    .body(shared::queue::message_body(*id))
+                    .body(shared::platform::queue::message_body(*id))
                     .build()
             })
             .collect();

@@ -421,7 +421,7 @@ pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
         .context("QUEUE_URL is not set (or pass --queue-url)")?;
     // Long polls outlast the short timeouts the functions use.
     let sqs = aws_sdk_sqs::Client::from_conf(
-        aws_sdk_sqs::config::Builder::from(&shared::queue::sdk_config().await)
+        aws_sdk_sqs::config::Builder::from(&shared::platform::queue::sdk_config().await)
             .timeout_config(
                 aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
                     .connect_timeout(Duration::from_secs(2))

@@ -144,7 +144,7 @@ async fn replay(
         None if ids.is_empty() => anyhow::bail!("name effect ids to replay, or --status"),
         None => ids.to_vec(),
     };
-    let queue = shared::queue::Queue::from_env(queue_url.to_owned()).await;
+    let queue = shared::platform::queue::Queue::from_env(queue_url.to_owned()).await;
     let replayed = outbox::replay(pool, &queue, &ids).await?;
     let skipped: Vec<&String> = ids.iter().filter(|id| !replayed.contains(id)).collect();
     if json_output {

@@ -10,8 +10,8 @@ use std::net::SocketAddr;
 use anyhow::Context;
 use clap::Args;
 use serde_json::{json, Value};
-use shared::config::SinkKind;
 use shared::dev::listen::{Applied, Heard, Listener, DEFAULT_PORT};
+use shared::platform::config::SinkKind;
 use shared::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
 #[derive(Args)]
@@ -30,11 +30,11 @@ fn secret(args: &ListenArgs) -> anyhow::Result<String> {
     if let Some(secret) = &args.secret {
         return Ok(secret.clone());
     }
-    let raw = std::env::var(shared::config::EFFECTS_VAR).unwrap_or_default();
+    let raw = std::env::var(shared::platform::config::EFFECTS_VAR).unwrap_or_default();
     if raw.trim().is_empty() {
         anyhow::bail!("no secret: pass --secret whsec_… or set INBOX_EFFECTS with a webhook sink");
     }
-    let sinks = shared::config::parse_sinks(&raw)?;
+    let sinks = shared::platform::config::parse_sinks(&raw)?;
     sinks
         .into_iter()
         .filter(|s| s.kind == SinkKind::Webhook)

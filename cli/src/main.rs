@@ -222,7 +222,11 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
                 .database_url
                 .as_deref()
                 .context("DATABASE_URL is not set (or pass --database-url)")?;
-            bench::run(args, server, counter, cli.json).await
+            if args.api {
+                bench_api::run(args, server, counter, cli.json).await
+            } else {
+                bench::run(args, server, counter, cli.json).await
+            }
         }
         Command::Scenario(args) => scenario::run(args, &connect(cli).await?, cli.json).await,
         Command::Usage(args) => usage::run(args, &connect(cli).await?, cli.json).await,
@@ -247,17 +251,17 @@ pub(crate) fn emit(line: &str) {
 /// shell needs only AWS credentials and a route to the database, never the password.
 async fn connect(cli: &Cli) -> anyhow::Result<PgPool> {
     if let Some(url) = cli.database_url.as_deref() {
-        return shared::db::pool_options(2)
+        return shared::platform::database::pool_options(2)
             .connect(url)
             .await
             .context("connecting to DATABASE_URL");
     }
-    if std::env::var_os(shared::database::SECRET_VAR).is_none() {
+    if std::env::var_os(shared::platform::config::DATABASE_SECRET_VAR).is_none() {
         anyhow::bail!("DATABASE_URL is not set (or pass --database-url, or set DATABASE_SECRET_ID to the database's secret)");
     }
-    let config = shared::database::DatabaseConfig::read(|var| std::env::var(var).ok())?;
-    let database = shared::database::Database::open(&config).await?;
-    shared::db::pool_options(2)
+    let config = shared::platform::config::DatabaseConfig::read(|var| std::env::var(var).ok())?;
+    let database = shared::platform::database::Database::open(&config).await?;
+    shared::platform::database::pool_options(2)
         .connect_with(database.options())
         .await
         .context("connecting to the database DATABASE_SECRET_ID names")
@@ -320,7 +324,7 @@ async fn replay(
         None if ids.is_empty() => anyhow::bail!("name event ids to replay, or --status"),
         None => ids.to_vec(),
     };
-    let queue = shared::queue::Queue::from_env(queue_url.to_owned()).await;
+    let queue = shared::platform::queue::Queue::from_env(queue_url.to_owned()).await;
     let replayed = shared::inbox::replay::replay(pool, &queue, &ids).await?;
     let skipped: Vec<i64> = ids
         .iter()

@@ -11,7 +11,7 @@ use serde_json::json;
 use sqlx::PgPool;
 
 use crate::send::{Sender, DEFAULT_INTAKE_URL};
-use shared::billing::Catalog;
+use shared::domain::Catalog;
 use shared::domain::{CustomerId, Period, ProviderTime};
 use shared::providers::fixtures::Spec;
 
@@ -201,7 +201,7 @@ impl NaiveState {
 }
 
 pub async fn run(args: &ScenarioArgs, pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
-    let catalog = shared::config::parse_plans(&args.plans)?;
+    let catalog = shared::platform::config::parse_plans(&args.plans)?;
     let sender = args.signing.sender(&args.intake_url).await?;
     let (source, steps) = script(args.name);
     let run_id = &uuid_suffix();

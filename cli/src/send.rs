@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 use serde_json::{json, Value};
 
-use shared::config::parse_sources;
+use shared::platform::config::parse_sources;
 use shared::providers::fixtures::{self, KindeKey, Spec};
 
 pub const DEFAULT_INTAKE_URL: &str = "http://127.0.0.1:61900/lambda-url/intake";
@@ -151,7 +151,7 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
 
 /// Builds, signs and posts deliveries for the configured sources.
 pub struct Sender {
-    sources: Vec<shared::config::SourceConfig>,
+    sources: Vec<shared::platform::config::SourceConfig>,
     kinde_key: Option<KindeKey>,
     intake_url: String,
 }
@@ -166,10 +166,10 @@ impl Sender {
         intake_url: &str,
     ) -> anyhow::Result<Self> {
         let sources = parse_sources(sources).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let sources = shared::secrets::resolve(
+        let sources = shared::platform::secrets::resolve(
             &sources,
-            shared::secrets::Needs::Signing,
-            shared::secrets::OnFailure::Stop,
+            shared::platform::secrets::Needs::Signing,
+            shared::platform::secrets::OnFailure::Stop,
         )
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -188,7 +188,7 @@ impl Sender {
         })
     }
 
-    pub fn sources(&self) -> &[shared::config::SourceConfig] {
+    pub fn sources(&self) -> &[shared::platform::config::SourceConfig] {
         &self.sources
     }
 
@@ -198,7 +198,7 @@ impl Sender {
         !fixtures::signs_with_a_key(kind) || self.kinde_key.is_some()
     }
 
-    fn source(&self, name: &str) -> anyhow::Result<&shared::config::SourceConfig> {
+    fn source(&self, name: &str) -> anyhow::Result<&shared::platform::config::SourceConfig> {
         self.sources
             .iter()
             .find(|s| s.name == name)

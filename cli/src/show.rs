@@ -4,9 +4,9 @@ use anyhow::Context;
 use comfy_table::{presets::UTF8_BORDERS_ONLY, ContentArrangement, Table};
 use sqlx::PgPool;
 
-use shared::billing::Catalog;
-use shared::config::Env;
+use shared::domain::Catalog;
 use shared::domain::{CustomerId, Period};
+use shared::platform::config::Env;
 
 /// The widest a table is printed: 100 columns, or the terminal's width when it is narrower.
 const TABLE_WIDTH: u16 = 100;

@@ -6,8 +6,8 @@ use clap::{Args, Subcommand};
 use sqlx::PgPool;
 
 use shared::billing::usage::{self, Debit, DebitRequest, Invalid, Listed};
-use shared::config::Env;
 use shared::domain::{CustomerId, Period};
+use shared::platform::config::Env;
 
 use crate::show::{opt, parse_period, print_json, resolve_source, table};
 
@@ -260,7 +260,7 @@ async fn record(
     drop(conn);
     if let (Some(told), Some(effects)) = (&debited.told, &effects) {
         // What the queue refuses, the scheduler's rescue sends.
-        let queue = shared::queue::Queue::from_env(effects.queue_url.clone()).await;
+        let queue = shared::platform::queue::Queue::from_env(effects.queue_url.clone()).await;
         shared::effects::outbox::enqueue_or_unmark(pool, &queue, std::slice::from_ref(told))
             .await?;
     }

@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 
 use shared::audit::{self, Cut, Divergence, Sources, Why, WhyField};
-use shared::config::{parse_sources, Env};
 use shared::domain::CustomerId;
+use shared::platform::config::{parse_sources, Env};
 
 use crate::show::{print_json, resolve_source, table};
 

@@ -15,16 +15,16 @@ use sqlx::{Connection, PgConnection};
 use crate::billing::registers;
 use crate::billing::rules::{Registers, Stamp, SubscriptionRead};
 use crate::billing::{
-    outcome, Catalog, Change, Decision, Effect, EventContext, Rank, Settled, SubscriptionEnds,
-    Version,
+    outcome, Change, Decision, Effect, EventContext, Rank, Settled, SubscriptionEnds, Version,
 };
-use crate::config::SourceConfig;
-use crate::domain::{EventStatus, Period, SourceKind};
-use crate::effects::{self, Cause, NewEffect};
+use crate::domain::effect::NewEffect;
+use crate::domain::{Catalog, EventStatus, Period, SourceKind};
+use crate::effects::{self, Cause};
 use crate::inbox::commit::{self, Committed};
 use crate::inbox::lease::{self, Claimed};
+use crate::platform::config::SourceConfig;
+use crate::platform::sim::{self, Bug, Injected, Point};
 use crate::providers::{self, Api, Reads, Shown};
-use crate::sim::{self, Bug, Injected, Point};
 
 mod health;
 pub(crate) mod subscription_read;
@@ -381,7 +381,7 @@ async fn apply_to_account(
 pub async fn begin(
     conn: &mut PgConnection,
 ) -> Result<sqlx::Transaction<'_, sqlx::Postgres>, sqlx::Error> {
-    if crate::db::sends_unnamed_statements() {
+    if crate::platform::database::sends_unnamed_statements() {
         conn.begin_with(BEGIN_BOUNDED_BY_FUNCTION).await
     } else {
         conn.begin_with(BEGIN_BOUNDED).await
@@ -482,8 +482,11 @@ struct RulesOutcome {
 /// and `Source`. Its reason says which paths were read; a steady count means a price missing
 /// from the catalog or a layout the decoder does not read.
 pub fn payment_without_plan_metric(source: &str, now: chrono::DateTime<chrono::Utc>) -> Value {
-    let mut line =
-        crate::metrics::document(now, &[&["Source"]], &[("PaymentsWithoutPlan", "Count")]);
+    let mut line = crate::platform::metrics::document(
+        now,
+        &[&["Source"]],
+        &[("PaymentsWithoutPlan", "Count")],
+    );
     line["Source"] = json!(source);
     line["PaymentsWithoutPlan"] = json!(1);
     line

@@ -15,12 +15,12 @@ use sqlx::{Connection, PgConnection, PgPool};
 use crate::apply::subscription_read;
 use crate::billing::fold::{fields_of, fold, Beaten, FoldEvent, Folded, Via};
 use crate::billing::rules::SubscriptionRead;
-use crate::billing::{registers, Catalog, Decision, Effect, Settled};
-use crate::config::SourceConfig;
-use crate::db::exec;
-use crate::domain::{CustomerId, SourceKind};
+use crate::billing::{registers, Decision, Effect, Settled};
+use crate::domain::{Catalog, CustomerId, SourceKind};
 use crate::inbox::kept::{self, KeptEvent, Purged, MAX_FOLDED_EVENTS};
 use crate::inbox::thin::StoredEvent;
+use crate::platform::config::SourceConfig;
+use crate::platform::db::exec;
 use crate::providers::{self, stripe::thin::ThinEvent};
 
 /// What the fold knows of a configured source.

@@ -1,40 +1,34 @@
-//! billing-inbox's library: everything the intake, worker and scheduler functions and
-//! `inboxctl` run. Layers, with dependencies pointing one way (docs/design.md §2):
+//! billing-inbox's library: everything the functions (intake, bridge, worker, scheduler,
+//! dispatcher, api, migrate) and `inboxctl` run. Layers, each importing only from itself and
+//! the layers below it (docs/design.md §2.1, which also names the one exception):
 //!
-//! - [`handlers`]: one per function — adapt the Lambda event, orchestrate, answer;
+//! - [`handlers`]: one per function — adapt the Lambda event, orchestrate, answer; beside
+//!   them [`dev`] (local tools, `dev` feature only);
 //! - [`apply`] (one claimed event applied: decide, read, settle, rules, one write),
-//!   [`inbox`] (the life of an `inbox_events` row), [`effects`] (the outbox: what changed,
-//!   told to the app once), [`billing`] (the model, the registers, the account view),
-//!   [`providers`] (one folder per provider), [`reconcile`], [`schema`] (the migrations applied, and why not);
-//! - [`domain`]: the values everything above speaks in;
-//! - beside them: [`config`] (environment variables), [`api_keys`] (the app API's keys), [`secrets`] (Secrets Manager), [`database`] (the
-//!   database's secret and TLS), [`db`] (the pool), [`queue`] (SQS), [`http_client`] (providers' hosts), [`signing`] (what
-//!   every signature check shares, and the Standard Webhooks format the inbox receives and
-//!   sends), [`metrics`] (the metrics' namespace), [`sim`] (the points a simulation
-//!   interrupts; the simulated queue) and [`dev`] (local tools, `dev` feature only).
+//!   [`audit`] (the fold put to work: `why` and the audit) and [`reconcile`] (the providers'
+//!   APIs read back);
+//! - [`inbox`] (the life of an `inbox_events` row), [`effects`] (the outbox: what changed,
+//!   told to the app once) and [`providers`] (one folder per provider);
+//! - [`billing`]: the model, the register rules, the registers as stored, the account view;
+//! - [`platform`]: the ground floor — configuration, secrets, the database and its
+//!   connections, the queue, the HTTP client, metrics, the schema, the app API's keys and the
+//!   points a simulation interrupts;
+//! - [`domain`] (the values everything above speaks in) and [`signing`] (what every signature
+//!   check shares, and the Standard Webhooks format the inbox receives and sends).
 
-pub mod api_keys;
 pub mod apply;
 pub mod audit;
 pub mod billing;
-pub mod config;
-pub mod database;
-pub mod db;
 #[cfg(feature = "dev")]
 pub mod dev;
 pub mod domain;
 pub mod effects;
 pub mod handlers;
-pub mod http_client;
 pub mod inbox;
-pub mod metrics;
+pub mod platform;
 pub mod providers;
-pub mod queue;
 pub mod reconcile;
-pub mod schema;
-pub mod secrets;
 pub mod signing;
-pub mod sim;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -43,6 +37,6 @@ use std::pin::Pin;
 /// queue's hooks) can be used as trait objects.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The schema, applied by the migrate function on every deploy ([`schema::apply`]), by
+/// The schema, applied by the migrate function on every deploy ([`platform::schema::apply`]), by
 /// `inboxctl migrate` and by the tests.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

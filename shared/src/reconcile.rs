@@ -26,15 +26,15 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::billing::registers::{stored_plan, stored_subscription};
-use crate::config::SourceConfig;
-use crate::db::exec;
 use crate::domain::Verdict;
 use crate::inbox::enqueue_or_unmark;
 use crate::inbox::store::{store_verified, Origin};
+use crate::platform::config::SourceConfig;
+use crate::platform::db::exec;
+use crate::platform::queue::Queue;
 use crate::providers::{
     provider, Api, CustomerPlans, EventFeed, Fetched, Reconciliation, SubscriptionSweep, Window,
 };
-use crate::queue::Queue;
 
 /// How far behind now the feed's cursor stays: an event becomes listable a little after it is
 /// created, so the walk never reads the last minutes (the next run does).
@@ -642,7 +642,7 @@ fn whole_seconds(t: DateTime<Utc>) -> DateTime<Utc> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::parse_sources;
+    use crate::platform::config::parse_sources;
 
     #[test]
     fn only_sources_with_api_credentials_and_a_provider_api_are_reconciled() {

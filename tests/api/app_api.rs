@@ -9,10 +9,10 @@ use chrono::Utc;
 use http::StatusCode;
 use lambda_http::Body;
 use serde_json::{json, Value};
-use shared::api_keys::{self, KeyEntry, Keys, Scope};
-use shared::db::Held;
 use shared::domain::SourceKind;
 use shared::handlers::api::{self, ApiState};
+use shared::platform::api_keys::{self, KeyEntry, Keys, Scope};
+use shared::platform::db::Held;
 use sqlx::PgPool;
 
 use crate::helpers::*;
@@ -46,7 +46,7 @@ pub fn api_state(pool: &PgPool) -> ApiState {
             ("kinde".into(), SourceKind::Kinde),
         ],
         fold_sources: shared::audit::sources_of(&test_sources("http://127.0.0.1:9/unused")),
-        catalog: shared::billing::Catalog::parse(PLANS).unwrap(),
+        catalog: shared::domain::Catalog::parse(PLANS).unwrap(),
         keys: Keys::new(&keys()),
         effects: None,
         clock: api::Clock::System,
@@ -859,7 +859,7 @@ async fn the_keys_can_live_in_a_secret_that_holds_only_their_hashes(pool: PgPool
         "billing-inbox/test/api-keys-{}",
         uuid::Uuid::new_v4().simple()
     );
-    shared::secrets::client()
+    shared::platform::secrets::client()
         .await
         .create_secret()
         .name(&name)
@@ -882,7 +882,11 @@ async fn the_keys_can_live_in_a_secret_that_holds_only_their_hashes(pool: PgPool
         _ => None,
     }
     };
-    let config = <shared::config::ApiConfig as shared::config::FromEnv>::from_lookup(env).unwrap();
+    let config =
+        <shared::platform::config::ApiConfig as shared::platform::config::FromEnv>::from_lookup(
+            env,
+        )
+        .unwrap();
     let state = ApiState::from_config(&config).await.unwrap();
 
     let read = call(
@@ -903,7 +907,11 @@ async fn the_keys_can_live_in_a_secret_that_holds_only_their_hashes(pool: PgPool
         "INBOX_API_KEYS" => Some(missing.clone()),
         other => env(other),
     };
-    let config = <shared::config::ApiConfig as shared::config::FromEnv>::from_lookup(env).unwrap();
+    let config =
+        <shared::platform::config::ApiConfig as shared::platform::config::FromEnv>::from_lookup(
+            env,
+        )
+        .unwrap();
     let error = ApiState::from_config(&config)
         .await
         .err()

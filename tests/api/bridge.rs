@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 use shared::handlers::bridge::{self, BridgeError, BridgeState};
-use shared::queue::Queue;
+use shared::platform::queue::Queue;
 use sqlx::PgPool;
 
 use crate::corpus::{assert_generation, corpus, corpus_app, BASIL};
@@ -225,7 +225,7 @@ async fn a_database_that_cannot_be_reached_is_an_error_that_eventbridge_retries(
     let app = TestApp::spawn(pool.clone()).await;
     let down = bridge_on(
         &app,
-        shared::db::lazy_pool(&unreachable_database_url(), 2).unwrap(),
+        shared::platform::db::lazy_pool(&unreachable_database_url(), 2).unwrap(),
     );
     let event = stripe_event("evt_1DbDown", "cus_down", chrono::Utc::now().timestamp());
     let envelope = envelope(&event);
@@ -286,8 +286,8 @@ fn intake_config(
     pool: &PgPool,
     sources: Value,
     bus_fed: bool,
-) -> Result<shared::config::IntakeConfig, shared::config::ConfigError> {
-    use shared::config::FromEnv;
+) -> Result<shared::platform::config::IntakeConfig, shared::platform::config::ConfigError> {
+    use shared::platform::config::FromEnv;
     let options = pool.connect_options();
     let url = format!(
         "postgres://postgres@{}:{}/{}",
@@ -295,7 +295,7 @@ fn intake_config(
         options.get_port(),
         options.get_database().unwrap()
     );
-    shared::config::IntakeConfig::from_lookup(move |var| match var {
+    shared::platform::config::IntakeConfig::from_lookup(move |var| match var {
         "DATABASE_URL" => Some(url.clone()),
         "QUEUE_URL" => Some("http://127.0.0.1:1/000000000000/unused".into()),
         "INBOX_SOURCES" => Some(sources.to_string()),

@@ -301,7 +301,7 @@ async fn replay_of_dead_events_puts_them_back_on_the_queue(pool: PgPool) {
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn the_bridge_deletes_what_the_worker_finished_and_leaves_what_failed(pool: PgPool) {
-    use shared::sim::{with_interrupts, Fault, FaultAction, Point};
+    use shared::platform::sim::{with_interrupts, Fault, FaultAction, Point};
     let app = TestApp::spawn(pool).await;
     for n in 0..3 {
         app.post(
@@ -875,7 +875,7 @@ fn dev_sources_prints_the_local_stacks_sources_one_per_provider() {
     let (output, stdout, stderr) = run(inboxctl().args(["dev", "sources", "--jwks-url", jwks]));
     assert!(output.status.success(), "{stderr}");
 
-    let sources = shared::config::parse_sources(stdout.trim()).unwrap();
+    let sources = shared::platform::config::parse_sources(stdout.trim()).unwrap();
     let kinds: Vec<_> = sources.iter().map(|s| s.kind).collect();
     assert_eq!(kinds, shared::domain::SourceKind::ALL);
     let kinde = sources.iter().find(|s| s.name == "kinde").unwrap();
@@ -1219,8 +1219,8 @@ async fn send_exits_non_zero_when_the_intake_refuses_the_delivery(pool: PgPool) 
     drop(closed);
     let sqs = sqs_client().await;
     let queue_url = create_queue(&sqs).await;
-    let queue = shared::queue::Queue::new(sqs.clone(), queue_url.clone());
-    let down = shared::db::lazy_pool(&down_url, 2).unwrap();
+    let queue = shared::platform::queue::Queue::new(sqs.clone(), queue_url.clone());
+    let down = shared::platform::db::lazy_pool(&down_url, 2).unwrap();
     let down_app = TestApp::with_parts(pool, down, sqs, queue_url, queue).await;
     let down_intake = serve_intake(std::sync::Arc::new(down_app)).await;
     let (code, stdout, stderr) = send_to(&down_intake, &dev_sources(None), false).await;

@@ -45,7 +45,7 @@ pub(crate) fn corpus(dir: &str) -> Vec<(String, Value)> {
 /// A test app whose worker knows the corpus's plans.
 pub(crate) async fn corpus_app(pool: PgPool) -> TestApp {
     let mut app = TestApp::spawn(pool).await;
-    app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
+    app.worker.catalog = shared::domain::Catalog::parse(CORPUS_PLANS).unwrap();
     app
 }
 

@@ -11,12 +11,13 @@ use std::path::PathBuf;
 
 use http::StatusCode;
 use serde_json::json;
-use shared::config::{FromEnv, IntakeConfig, SchedulerConfig, WorkerConfig};
-use shared::database::{Database, DatabaseConfig, DatabaseSource};
-use shared::db::Held;
 use shared::handlers::intake::IntakeState;
 use shared::handlers::scheduler::SchedulerState;
 use shared::handlers::worker::{handle_batch, WorkerState};
+use shared::platform::config::DatabaseConfig;
+use shared::platform::config::{FromEnv, IntakeConfig, SchedulerConfig, WorkerConfig};
+use shared::platform::database::Database;
+use shared::platform::db::Held;
 use sqlx::{Executor, PgPool};
 
 use crate::helpers::*;
@@ -88,7 +89,7 @@ fn rds_secret(pool: &PgPool, host: &str, role: &str, password: &str) -> serde_js
 
 async fn create_secret(value: &str) -> String {
     let name = format!("billing-inbox/test/db/{}", uuid::Uuid::new_v4().simple());
-    shared::secrets::client()
+    shared::platform::secrets::client()
         .await
         .create_secret()
         .name(&name)
@@ -100,7 +101,7 @@ async fn create_secret(value: &str) -> String {
 }
 
 async fn put_secret(name: &str, value: &str) {
-    shared::secrets::client()
+    shared::platform::secrets::client()
         .await
         .put_secret_value()
         .secret_id(name)

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use serde_json::Value;
-use shared::sim::{with_interrupts, Fault, FaultAction, Point};
+use shared::platform::sim::{with_interrupts, Fault, FaultAction, Point};
 use sqlx::PgPool;
 
 use crate::corpus::{corpus, CORPUS_PLANS};
@@ -22,7 +22,7 @@ fn polar(name: &str) -> Value {
 
 async fn polar_app(pool: PgPool) -> (TestApp, String) {
     let mut app = TestApp::spawn(pool).await;
-    app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
+    app.worker.catalog = shared::domain::Catalog::parse(CORPUS_PLANS).unwrap();
     let effects_queue = app.enable_effects().await;
     (app, effects_queue)
 }
@@ -154,7 +154,7 @@ async fn an_event_that_changes_nothing_writes_nothing(pool: PgPool) {
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn without_inbox_effects_nothing_is_written(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
-    app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
+    app.worker.catalog = shared::domain::Catalog::parse(CORPUS_PLANS).unwrap();
     deliver_active(&app).await;
     let account = app
         .account("polar", "c1a124cb-d614-4eeb-91b9-1802cb91d276", "2025-12")
@@ -225,7 +225,7 @@ async fn a_payment_its_refund_and_the_deletion_are_each_told_once(pool: PgPool) 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn effects_the_queue_refused_are_enqueued_by_the_scheduler(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
-    app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
+    app.worker.catalog = shared::domain::Catalog::parse(CORPUS_PLANS).unwrap();
     app.worker.effects = Some(unreachable_queue().await);
     deliver_active(&app).await;
     let effects = app.effects().await;
@@ -244,7 +244,7 @@ async fn effects_the_queue_refused_are_enqueued_by_the_scheduler(pool: PgPool) {
 
     let effects_queue = create_queue(&app.sqs).await;
     let scheduler = shared::handlers::scheduler::SchedulerState {
-        effects: Some(shared::queue::Queue::new(
+        effects: Some(shared::platform::queue::Queue::new(
             app.sqs.clone(),
             effects_queue.clone(),
         )),
@@ -306,7 +306,7 @@ async fn the_app_is_told_once_however_often_the_provider_and_the_operator_repeat
     let endpoint = Listener::start(([127, 0, 0, 1], 0).into(), vec![key])
         .await
         .unwrap();
-    let sinks = shared::config::parse_sinks(
+    let sinks = shared::platform::config::parse_sinks(
         &serde_json::json!([{"name": "app", "kind": "webhook", "url": endpoint.url(), "secret": secret}])
             .to_string(),
     )
@@ -444,7 +444,7 @@ async fn the_rescue_buries_a_last_attempt_and_re_enqueues_expired_holds_and_due_
         .execute(&app.pool)
         .await
         .unwrap();
-    let queue = shared::queue::Queue::new(app.sqs.clone(), effects_queue.clone());
+    let queue = shared::platform::queue::Queue::new(app.sqs.clone(), effects_queue.clone());
     let replayed = shared::effects::outbox::replay(&app.pool, &queue, std::slice::from_ref(due))
         .await
         .unwrap();

@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use base64::Engine;
 use serde_json::{json, Value};
-use shared::config::{parse_sinks, DispatcherConfig, FromEnv};
 use shared::dev::bridge::{pump_once, PumpReport};
 use shared::dev::listen::Listener;
+use shared::domain::effect::{effect_id, Kind};
 use shared::effects::outbox;
 use shared::effects::sinks::Sinks;
-use shared::effects::{effect_id, Kind};
 use shared::handlers::dispatcher::{self, DispatcherState, FaultPoint};
-use shared::queue::Queue;
+use shared::platform::config::{parse_sinks, DispatcherConfig, FromEnv};
+use shared::platform::queue::Queue;
 use shared::signing::standard_webhooks::{decode_secret, SecretEncoding};
 use sqlx::PgPool;
 
@@ -355,7 +355,8 @@ async fn a_database_that_cannot_be_reached_is_reported_back_to_sqs(pool: PgPool)
     let mut dispatch =
         Dispatch::new(pool.clone(), &json!([webhook("app", &app.url(), &secret)])).await;
     let id = write_effect(&pool, "cus_nodb").await;
-    dispatch.state.pool = shared::db::lazy_pool("postgres://nobody@127.0.0.1:1/none", 1).unwrap();
+    dispatch.state.pool =
+        shared::platform::db::lazy_pool("postgres://nobody@127.0.0.1:1/none", 1).unwrap();
 
     let report = dispatch.nudge(&id).await;
 
@@ -368,7 +369,7 @@ async fn a_sink_secret_is_read_from_secrets_manager_once_and_signs(pool: PgPool)
     let (secret, key) = new_secret();
     let app = receiver(&key).await;
     let name = format!("billing-inbox/test/{}", uuid::Uuid::new_v4().simple());
-    shared::secrets::client()
+    shared::platform::secrets::client()
         .await
         .create_secret()
         .name(&name)
@@ -395,7 +396,7 @@ async fn a_sink_secret_is_read_from_secrets_manager_once_and_signs(pool: PgPool)
 
     // A secret that is not a signing secret: the error names the sink, never the value.
     let bad = format!("billing-inbox/test/{}", uuid::Uuid::new_v4().simple());
-    shared::secrets::client()
+    shared::platform::secrets::client()
         .await
         .create_secret()
         .name(&bad)
@@ -419,7 +420,7 @@ async fn a_sink_secret_is_read_from_secrets_manager_once_and_signs(pool: PgPool)
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn an_effect_reaches_an_eventbridge_bus_and_a_rule_routes_it(pool: PgPool) {
-    let config = shared::queue::sdk_config().await;
+    let config = shared::platform::queue::sdk_config().await;
     let events = aws_sdk_eventbridge::Client::new(&config);
     // The rule's target queue lives on the AWS server (moto), beside the bus.
     let aws_endpoint = std::env::var("AWS_ENDPOINT_URL").expect("AWS_ENDPOINT_URL is set");

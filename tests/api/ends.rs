@@ -22,7 +22,7 @@ fn file(dir: &str, name: &str) -> Value {
 
 async fn app_with_effects(pool: PgPool) -> TestApp {
     let mut app = TestApp::spawn(pool).await;
-    app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
+    app.worker.catalog = shared::domain::Catalog::parse(CORPUS_PLANS).unwrap();
     app.enable_effects().await;
     app
 }

@@ -57,7 +57,7 @@ fn subscription(id: &str) -> Value {
 
 async fn app_with_api(pool: PgPool) -> (TestApp, MockServer) {
     let mut app = TestApp::spawn(pool).await;
-    app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
+    app.worker.catalog = shared::domain::Catalog::parse(CORPUS_PLANS).unwrap();
     let api = MockServer::start().await;
     with_stripe_api(&mut app.worker, &api);
     (app, api)

@@ -9,11 +9,11 @@ use http::StatusCode;
 use lambda_http::Body;
 use serde_json::{json, Value};
 pub use shared::audit::{Cut, Why};
-use shared::config::{parse_sources, SourceConfig};
 use shared::handlers::intake::{self, IntakeState};
 use shared::handlers::worker::WorkerState;
+use shared::platform::config::{parse_sources, SourceConfig};
+use shared::platform::queue::Queue;
 use shared::providers::{fixtures, kinde, standard_webhooks, stripe, Sources};
-use shared::queue::Queue;
 use sqlx::PgPool;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -42,7 +42,7 @@ pub struct Delivery {
 }
 
 pub async fn sqs_client() -> SqsClient {
-    SqsClient::new(&shared::queue::sdk_config().await)
+    SqsClient::new(&shared::platform::queue::sdk_config().await)
 }
 
 /// A queue whose server is gone: every send fails at once (connection refused).
@@ -53,7 +53,7 @@ pub async fn unreachable_queue() -> Queue {
         .unwrap()
         .port();
     let dead_sqs = SqsClient::from_conf(
-        aws_sdk_sqs::config::Builder::from(&shared::queue::sdk_config().await)
+        aws_sdk_sqs::config::Builder::from(&shared::platform::queue::sdk_config().await)
             .endpoint_url(format!("http://127.0.0.1:{port}"))
             .build(),
     );
@@ -149,7 +149,7 @@ impl TestApp {
         self.drain(&self.queue_url)
             .await
             .iter()
-            .map(|body| shared::queue::parse_message_body(body).unwrap())
+            .map(|body| shared::platform::queue::parse_message_body(body).unwrap())
             .collect()
     }
 
@@ -290,7 +290,7 @@ pub fn audit_sources(worker: &WorkerState) -> shared::audit::Sources {
 pub fn test_audit() -> shared::handlers::scheduler::Audit {
     shared::handlers::scheduler::Audit::new(
         shared::audit::sources_of(&test_sources("http://127.0.0.1:9/unused")),
-        shared::billing::Catalog::parse(PLANS).unwrap(),
+        shared::domain::Catalog::parse(PLANS).unwrap(),
     )
 }
 
@@ -305,7 +305,7 @@ pub fn test_worker(pool: PgPool) -> WorkerState {
     let mut worker = WorkerState::new(
         pool,
         sources,
-        shared::billing::Catalog::parse(PLANS).unwrap(),
+        shared::domain::Catalog::parse(PLANS).unwrap(),
     );
     worker.retry_delays = vec![Duration::ZERO; 5];
     worker
@@ -513,7 +513,7 @@ pub fn sqs_batch(ids: &[i64]) -> aws_lambda_events::event::sqs::SqsEvent {
     for id in ids {
         let mut record = aws_lambda_events::event::sqs::SqsMessage::default();
         record.message_id = Some(format!("m{id}"));
-        record.body = Some(shared::queue::message_body(*id));
+        record.body = Some(shared::platform::queue::message_body(*id));
         event.records.push(record);
     }
     event

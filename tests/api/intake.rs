@@ -6,9 +6,9 @@ use chrono::Utc;
 use futures::future::join_all;
 use http::StatusCode;
 use serde_json::json;
-use shared::config::FromEnv;
 use shared::handlers::intake::IntakeState;
-use shared::queue::Queue;
+use shared::platform::config::FromEnv;
+use shared::platform::queue::Queue;
 use sqlx::PgPool;
 
 use crate::helpers::*;
@@ -239,7 +239,7 @@ async fn postgres_down_answers_503_with_retry_after_and_writes_nothing(pool: PgP
     let sqs = sqs_client().await;
     let queue_url = create_queue(&sqs).await;
     let queue = Queue::new(sqs.clone(), queue_url.clone());
-    let down = shared::db::lazy_pool(&unreachable_database_url(), 2).unwrap();
+    let down = shared::platform::db::lazy_pool(&unreachable_database_url(), 2).unwrap();
     let app = TestApp::with_parts(pool, down, sqs, queue_url, queue).await;
 
     let delivery = stripe_delivery(&stripe_event("evt_down", "cus_1", Utc::now().timestamp()));
@@ -556,7 +556,7 @@ async fn api_gateway_http_api_event_is_routed_by_its_path_parameter(pool: PgPool
 /// A state whose sources fail to build names the source in its error.
 #[test]
 fn bad_source_secret_is_named_at_start() {
-    let config = shared::config::IntakeConfig::from_lookup(|var| match var {
+    let config = shared::platform::config::IntakeConfig::from_lookup(|var| match var {
         "DATABASE_URL" => Some("postgres://x/y".into()),
         "QUEUE_URL" => Some("http://q".into()),
         "INBOX_SOURCES" => {
@@ -758,7 +758,7 @@ async fn which_secret_verified_a_delivery_is_kept_and_an_older_one_is_a_metric(p
     let mut app = TestApp::spawn(pool.clone()).await;
     // A Stripe source mid-rotation lists an unused secret first: its deliveries verify with
     // the second.
-    let rolling = shared::config::parse_sources(
+    let rolling = shared::platform::config::parse_sources(
         &json!([{"name": "stripe", "kind": "stripe", "secrets": ["whsec_old_unused", STRIPE_SECRET]}])
             .to_string(),
     )
@@ -789,7 +789,7 @@ async fn which_secret_verified_a_delivery_is_kept_and_an_older_one_is_a_metric(p
     assert_eq!(spec["Namespace"], "BillingInbox");
     assert_eq!(spec["Dimensions"], json!([["Stack", "Source"]]));
     assert_eq!(spec["Metrics"][0]["Name"], "OldSecretDeliveries");
-    assert_eq!(line["Stack"], shared::metrics::LOCAL_STACK);
+    assert_eq!(line["Stack"], shared::platform::metrics::LOCAL_STACK);
     assert_eq!(
         (
             &line["Source"],
@@ -827,7 +827,7 @@ fn a_refused_delivery_is_a_metric_by_stack_source_and_reason_never_the_signature
             &line["RejectedDeliveries"]
         ),
         (
-            &json!(shared::metrics::LOCAL_STACK),
+            &json!(shared::platform::metrics::LOCAL_STACK),
             &json!("stripe"),
             &json!("bad_signature"),
             &json!(1)

@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use shared::database::{Database, DatabaseConfig, DatabaseSource};
 use shared::handlers::migrate::{self, MigrateState, PHYSICAL_ID};
+use shared::platform::config::{DatabaseConfig, DatabaseSource};
+use shared::platform::database::Database;
 use sqlx::migrate::Migrate;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgPool};
@@ -452,7 +453,7 @@ async fn a_secret_that_cannot_be_read_fails_the_deploy_and_the_next_request_read
         options.get_port(),
         options.get_database().unwrap()
     );
-    shared::secrets::client()
+    shared::platform::secrets::client()
         .await
         .create_secret()
         .name(&name)

@@ -11,8 +11,8 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{json, Value};
 use shared::domain::EventStatus;
 use shared::handlers::worker::{Processed, WorkerState};
+use shared::platform::sim::{with_interrupts, Fault, FaultAction, Point};
 use shared::providers::{kinde, standard_webhooks, stripe};
-use shared::sim::{with_interrupts, Fault, FaultAction, Point};
 use sqlx::PgPool;
 
 use crate::helpers::test_worker;

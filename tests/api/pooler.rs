@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use serde_json::json;
-use shared::database::{Database, DatabaseConfig, Pooler, POOLER_VAR, URL_VAR};
 use shared::handlers::api::ApiState;
 use shared::handlers::scheduler::{self, SchedulerState};
-use shared::queue::Queue;
+use shared::platform::config::{DatabaseConfig, Pooler, DATABASE_POOLER_VAR, DATABASE_URL_VAR};
+use shared::platform::database::Database;
+use shared::platform::queue::Queue;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 
@@ -202,18 +203,18 @@ async fn the_pipeline_runs_through_the_pooler_naming_no_statement_when_run_as_a_
     };
     let url = pgbouncer_url(&database);
     let config = DatabaseConfig::read(|var| match var {
-        URL_VAR => Some(url.clone()),
-        POOLER_VAR => Some(pooler.clone()),
+        DATABASE_URL_VAR => Some(url.clone()),
+        DATABASE_POOLER_VAR => Some(pooler.clone()),
         _ => None,
     })
     .unwrap();
     let bouncer = Database::open(&config).await.unwrap().pool(4);
     assert_eq!(
-        shared::db::sends_unnamed_statements(),
+        shared::platform::database::sends_unnamed_statements(),
         config.pooler == Pooler::Transaction
     );
     let direct_url = std::env::var("DATABASE_URL").unwrap();
-    let direct = shared::db::lazy_pool(
+    let direct = shared::platform::db::lazy_pool(
         &format!(
             "{}/{database}",
             &direct_url[..direct_url.rfind('/').unwrap()]
@@ -242,7 +243,7 @@ async fn the_pipeline_runs_through_the_pooler_naming_no_statement_when_run_as_a_
     // the pooler can hand that connection to the next client at once.
     if config.pooler == Pooler::Transaction {
         let failed = sqlx::query("SELECT 1 / 0")
-            .execute(shared::db::exec(&mut *conn))
+            .execute(shared::platform::db::exec(&mut *conn))
             .await;
         assert!(failed.is_err());
         let aborted: i64 = sqlx::query_scalar(
@@ -304,9 +305,9 @@ async fn without_the_pooler_setting_the_same_pipeline_fails_through_pgbouncer(po
 async fn without_the_pooler_setting_the_same_work_leaves_named_statements_on_the_server_connections(
     pool: PgPool,
 ) {
-    assert!(!shared::db::sends_unnamed_statements());
+    assert!(!shared::platform::database::sends_unnamed_statements());
     let database = database_name(&pool).await;
-    let bouncer = shared::db::lazy_pool(&pgbouncer_url(&database), 4).unwrap();
+    let bouncer = shared::platform::db::lazy_pool(&pgbouncer_url(&database), 4).unwrap();
     // The intake's store alone: whether it succeeds depends on where its next transaction
     // lands; what it leaves does not.
     let sqs = sqs_client().await;

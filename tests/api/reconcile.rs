@@ -128,14 +128,14 @@ async fn volume_scheduler(app: &TestApp, server: &MockServer) -> scheduler::Sche
         .unwrap()
         .port();
     let refused = aws_sdk_sqs::Client::from_conf(
-        aws_sdk_sqs::config::Builder::from(&shared::queue::sdk_config().await)
+        aws_sdk_sqs::config::Builder::from(&shared::platform::queue::sdk_config().await)
             .endpoint_url(format!("http://127.0.0.1:{port}"))
             .retry_config(aws_sdk_sqs::config::retry::RetryConfig::disabled())
             .build(),
     );
     scheduler::SchedulerState {
         budget: std::time::Duration::from_secs(300),
-        queue: shared::queue::Queue::new(
+        queue: shared::platform::queue::Queue::new(
             refused,
             format!("http://127.0.0.1:{port}/000000000000/gone"),
         ),

@@ -17,7 +17,7 @@ use sqlx::PgPool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use shared::sim::{with_interrupts, Interrupts, Point};
+use shared::platform::sim::{with_interrupts, Interrupts, Point};
 use shared::BoxFuture;
 
 use crate::helpers::*;
@@ -200,7 +200,7 @@ async fn app_through_proxy(pool: &PgPool) -> (TestApp, Trips) {
     let (port, trips) = counting_proxy(upstream_of(pool).await).await;
     let sqs = sqs_client().await;
     let queue_url = create_queue(&sqs).await;
-    let queue = shared::queue::Queue::new(sqs.clone(), queue_url.clone());
+    let queue = shared::platform::queue::Queue::new(sqs.clone(), queue_url.clone());
     let app = TestApp::with_parts(pool.clone(), through(pool, port), sqs, queue_url, queue).await;
     (app, trips)
 }
@@ -877,14 +877,16 @@ async fn unnamed_statements_cost_what_the_pooler_test_says_when_run_as_a_child()
     let Ok(url) = std::env::var(UNNAMED_CHILD_DB) else {
         return;
     };
-    let config = shared::database::DatabaseConfig::read(|var| match var {
-        shared::database::URL_VAR => Some(url.clone()),
-        shared::database::POOLER_VAR => Some("transaction".into()),
+    let config = shared::platform::config::DatabaseConfig::read(|var| match var {
+        shared::platform::config::DATABASE_URL_VAR => Some(url.clone()),
+        shared::platform::config::DATABASE_POOLER_VAR => Some("transaction".into()),
         _ => None,
     })
     .unwrap();
-    let database = shared::database::Database::open(&config).await.unwrap();
-    assert!(shared::db::sends_unnamed_statements());
+    let database = shared::platform::database::Database::open(&config)
+        .await
+        .unwrap();
+    assert!(shared::platform::database::sends_unnamed_statements());
     let pool = database.pool(2);
 
     // An autocommit statement: BEGIN, Parse/Describe/Sync, Bind/Execute/Sync, COMMIT.

@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
-use shared::sim::{with_interrupts, Fault, FaultAction, Point};
+use shared::platform::sim::{with_interrupts, Fault, FaultAction, Point};
 use sqlx::PgPool;
 
 use crate::fold::{decided, field};

@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use serde_json::{json, Value};
-use shared::config::parse_sources;
 use shared::handlers::scheduler::{self, SchedulerState};
 use shared::inbox::{purge::purge, replay::replay, rescue::rescue};
-use shared::queue::Queue;
+use shared::platform::config::parse_sources;
+use shared::platform::queue::Queue;
 use shared::reconcile::Reconciler;
 use sqlx::PgPool;
 use wiremock::matchers::{method, path};
@@ -414,7 +414,7 @@ async fn metrics_are_valid_embedded_metric_format(pool: PgPool) {
     let directive = &aws["CloudWatchMetrics"][0];
     assert_eq!(directive["Namespace"], "BillingInbox");
     assert_eq!(directive["Dimensions"], json!([["Stack"]]));
-    assert_eq!(doc["Stack"], shared::metrics::LOCAL_STACK);
+    assert_eq!(doc["Stack"], shared::platform::metrics::LOCAL_STACK);
     let names: Vec<&str> = directive["Metrics"]
         .as_array()
         .unwrap()

@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use http::StatusCode;
 use serde_json::json;
-use shared::config::{parse_sources, FromEnv, IntakeConfig};
 use shared::handlers::intake::IntakeState;
-use shared::secrets::{resolve, Needs, OnFailure};
+use shared::platform::config::{parse_sources, FromEnv, IntakeConfig};
+use shared::platform::secrets::{resolve, Needs, OnFailure};
 use sqlx::PgPool;
 
 use crate::helpers::*;
@@ -36,7 +36,7 @@ async fn secret_named(name: &str, value: &serde_json::Value) {
 
 /// Creates the secret `name` holding the text `value`.
 async fn secret_text(name: &str, value: &str) {
-    shared::secrets::client()
+    shared::platform::secrets::client()
         .await
         .create_secret()
         .name(name)
@@ -268,9 +268,10 @@ async fn refusing_secrets_manager() -> (aws_sdk_secretsmanager::Client, wiremock
         )
         .mount(&server)
         .await;
-    let config = aws_sdk_secretsmanager::config::Builder::from(&shared::queue::sdk_config().await)
-        .endpoint_url(server.uri())
-        .build();
+    let config =
+        aws_sdk_secretsmanager::config::Builder::from(&shared::platform::queue::sdk_config().await)
+            .endpoint_url(server.uri())
+            .build();
     (aws_sdk_secretsmanager::Client::from_conf(config), server)
 }
 
@@ -284,7 +285,7 @@ async fn a_combined_secret_the_role_may_not_read_leaves_the_source_without_a_key
     )
     .unwrap();
     // The split template's scheduler: it may not read the signing secret.
-    let scheduler = shared::secrets::resolve_with(
+    let scheduler = shared::platform::secrets::resolve_with(
         &client,
         &sources,
         Needs::ApiKey,
@@ -312,7 +313,7 @@ async fn a_combined_secret_the_role_may_not_read_leaves_the_source_without_a_key
         .to_string(),
     )
     .unwrap();
-    let scheduler = shared::secrets::resolve_with(
+    let scheduler = shared::platform::secrets::resolve_with(
         &client,
         &split,
         Needs::ApiKey,
@@ -323,9 +324,10 @@ async fn a_combined_secret_the_role_may_not_read_leaves_the_source_without_a_key
     let read = scheduler[0].api_key_read.as_ref().expect("read on use");
     assert_eq!(read.failures(), 1);
     // The intake stops: it cannot verify without its signing secrets.
-    let error = shared::secrets::resolve_with(&client, &split, Needs::Signing, OnFailure::Stop)
-        .await
-        .unwrap_err();
+    let error =
+        shared::platform::secrets::resolve_with(&client, &split, Needs::Signing, OnFailure::Stop)
+            .await
+            .unwrap_err();
     assert_eq!(
         error.to_string(),
         "INBOX_SOURCES: source 's': secret_id: the secret 'billing-inbox/stripe' could not be read (AccessDeniedException)"
@@ -588,7 +590,10 @@ async fn an_api_key_whose_secret_was_missing_at_cold_start_is_read_on_a_later_us
     // The secret is created; the first use after the backoff reads it, and the provider
     // reads happen.
     secret_named(&name, &json!({"api_key": "sk_late"})).await;
-    tokio::time::sleep(shared::secrets::RETRY_FIRST + std::time::Duration::from_millis(200)).await;
+    tokio::time::sleep(
+        shared::platform::secrets::RETRY_FIRST + std::time::Duration::from_millis(200),
+    )
+    .await;
     for event in [
         tie("late", "evt_late_pd", "past_due"),
         tie("late", "evt_late_ac", "active"),
@@ -616,7 +621,11 @@ async fn an_api_key_whose_secret_was_missing_at_cold_start_is_read_on_a_later_us
 
 #[test]
 fn a_failed_secret_read_is_counted_by_source_and_function() {
-    let line = shared::secrets::secret_read_failure_metric("stripe", "worker", chrono::Utc::now());
+    let line = shared::platform::secrets::secret_read_failure_metric(
+        "stripe",
+        "worker",
+        chrono::Utc::now(),
+    );
     let directive = &line["_aws"]["CloudWatchMetrics"][0];
     assert_eq!(directive["Namespace"], "BillingInbox");
     assert_eq!(
@@ -641,8 +650,8 @@ fn a_failed_secret_read_is_counted_by_source_and_function() {
 /// secret is a read to try again on use.
 #[sqlx::test]
 async fn a_worker_without_provider_reads_reads_no_api_key_secret(pool: PgPool) {
-    use shared::config::WorkerConfig;
     use shared::handlers::worker::WorkerState;
+    use shared::platform::config::WorkerConfig;
 
     let url = crate::cli::database_url(&pool).await;
     let sources = json!([{"name": "stripe", "kind": "stripe", "secret_id": unique_name(),

@@ -44,12 +44,12 @@ use serde_json::{json, Value};
 use shared::handlers::scheduler::{self, SchedulerState};
 use shared::handlers::worker::{handle_batch, WorkerState};
 use shared::inbox::{DEFAULT_LEASE, RETRY_DELAYS};
+use shared::platform::queue::Queue;
+use shared::platform::sim::{with_interrupts, Bug, Interrupts, Point, SimQueue};
 use shared::providers::{
     EventFeed, FeedPage, Fetched, Reads, Reconciliation, SubscriptionNow, Window,
 };
-use shared::queue::Queue;
 use shared::reconcile::Reconciler;
-use shared::sim::{with_interrupts, Bug, Interrupts, Point, SimQueue};
 use shared::BoxFuture;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -720,12 +720,11 @@ impl World {
         .await;
         // The intake's held connection reads the simulated clock too.
         let held_clock = clock.clone();
-        app.state.conn = shared::db::Held::new(pool.connect_options().as_ref().clone()).before_use(
-            Arc::new(move |conn| {
+        app.state.conn = shared::platform::db::Held::new(pool.connect_options().as_ref().clone())
+            .before_use(Arc::new(move |conn| {
                 let offset = held_clock.offset();
                 Box::pin(set_clock(conn, offset))
-            }),
-        );
+            }));
         let mut worker = test_worker(pool.clone());
         // The Stripe source has an API key: thin events read their object (docs/design.md §6.2).
         let reads = SimReads(Arc::new(Mutex::new(ReadsState {
@@ -1791,7 +1790,7 @@ fn sqs_event(batch: &[(u64, i64)]) -> SqsEvent {
     for (id, event_id) in batch {
         let mut record = SqsMessage::default();
         record.message_id = Some(id.to_string());
-        record.body = Some(shared::queue::message_body(*event_id));
+        record.body = Some(shared::platform::queue::message_body(*event_id));
         event.records.push(record);
     }
     event

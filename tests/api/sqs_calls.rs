@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::types::QueueAttributeName;
-use shared::queue::{parse_message_body, Queue};
+use shared::platform::queue::{parse_message_body, Queue};
 
 use crate::helpers::*;
 

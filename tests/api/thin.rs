@@ -33,7 +33,7 @@ fn object(name: &str) -> Value {
 /// A test app knowing the corpus's plans, its worker reading Stripe at a fresh fake API.
 pub(crate) async fn app_with_api(pool: PgPool) -> (TestApp, MockServer) {
     let mut app = TestApp::spawn(pool).await;
-    app.worker.catalog = shared::billing::Catalog::parse(CORPUS_PLANS).unwrap();
+    app.worker.catalog = shared::domain::Catalog::parse(CORPUS_PLANS).unwrap();
     let api = MockServer::start().await;
     with_stripe_api(&mut app.worker, &api);
     (app, api)

@@ -285,7 +285,7 @@ fn polar(name: &str) -> Value {
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_debit_on_a_deleted_or_unknown_customer_is_refused_and_not_stored(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
-    app.worker.catalog = shared::billing::Catalog::parse(crate::corpus::CORPUS_PLANS).unwrap();
+    app.worker.catalog = shared::domain::Catalog::parse(crate::corpus::CORPUS_PLANS).unwrap();
     let nobody = customer("kc_nobody");
     assert_eq!(
         debit(&app.pool, &request(&nobody, "req_1", 1)).await.debit,

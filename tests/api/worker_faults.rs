@@ -13,7 +13,7 @@ use shared::billing::account::{PaymentView, SubscriptionView};
 use shared::domain::EventStatus;
 use shared::handlers::worker::{handle_batch, process_event, Processed, WorkerState};
 use shared::inbox::RETRY_DELAYS;
-use shared::sim::{with_interrupts, Fault, FaultAction, Point};
+use shared::platform::sim::{with_interrupts, Fault, FaultAction, Point};
 use sqlx::PgPool;
 
 use crate::helpers::*;
@@ -153,7 +153,7 @@ fn batch(messages: &[(&str, i64)]) -> SqsEvent {
     for (message_id, event_id) in messages {
         let mut record = SqsMessage::default();
         record.message_id = Some((*message_id).to_owned());
-        record.body = Some(shared::queue::message_body(*event_id));
+        record.body = Some(shared::platform::queue::message_body(*event_id));
         record.event_source = Some("aws:sqs".into());
         event.records.push(record);
     }
@@ -404,7 +404,7 @@ async fn two_workers_racing_on_one_batch_apply_each_event_exactly_once(pool: PgP
     let event = shared::dev::bridge::sqs_event(&messages, &app.queue_url);
     let mut received: Vec<i64> = messages
         .iter()
-        .map(|m| shared::queue::parse_message_body(m.body().unwrap()).unwrap())
+        .map(|m| shared::platform::queue::parse_message_body(m.body().unwrap()).unwrap())
         .collect();
     received.sort_unstable();
     assert_eq!(received, ids, "one message per stored event");
@@ -679,7 +679,7 @@ async fn a_worker_told_to_exit_before_commit_ends_its_process_when_run_as_a_chil
     else {
         return;
     };
-    let pool = shared::db::lazy_pool(&url, 2).unwrap();
+    let pool = shared::platform::db::lazy_pool(&url, 2).unwrap();
     let mut worker = test_worker(pool);
     worker.lease = SHORT_LEASE;
     let exit = Fault::new(Point::WorkerDecided, FaultAction::Exit);

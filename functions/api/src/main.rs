@@ -2,8 +2,8 @@
 //! (`/v1/accounts/{source}/{customer}[/usage]`, docs/api.md).
 
 use lambda_http::{run, service_fn, Body, Error, Request, RequestExt, Response};
-use shared::config::{ApiConfig, FromEnv};
 use shared::handlers::api::ApiState;
+use shared::platform::config::{ApiConfig, FromEnv};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {

@@ -5,8 +5,8 @@
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 use serde_json::Value;
-use shared::config::{BridgeConfig, FromEnv};
 use shared::handlers::bridge::BridgeState;
+use shared::platform::config::{BridgeConfig, FromEnv};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {

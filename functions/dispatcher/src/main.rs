@@ -2,8 +2,8 @@
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
-use shared::config::{DispatcherConfig, FromEnv};
 use shared::handlers::dispatcher::DispatcherState;
+use shared::platform::config::{DispatcherConfig, FromEnv};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -30,7 +30,8 @@ mod tests {
     #[tokio::test]
     async fn a_message_that_names_no_effect_is_dropped_not_retried() {
         // No database is reached: the body is rejected before any claim.
-        let pool = shared::db::lazy_pool("postgres://nobody@127.0.0.1:1/none", 1).unwrap();
+        let pool =
+            shared::platform::db::lazy_pool("postgres://nobody@127.0.0.1:1/none", 1).unwrap();
         let state = DispatcherState::new(pool, shared::effects::sinks::Sinks::default());
         let mut message = SqsMessage::default();
         message.message_id = Some("m-1".into());

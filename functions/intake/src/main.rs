@@ -1,8 +1,8 @@
 //! The intake Lambda: verifies, stores and enqueues webhook deliveries (`POST /webhooks/{source}`).
 
 use lambda_http::{run, service_fn, Body, Error, Request, Response};
-use shared::config::{FromEnv, IntakeConfig};
 use shared::handlers::intake::IntakeState;
+use shared::platform::config::{FromEnv, IntakeConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -24,9 +24,9 @@ pub(crate) async fn handler(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shared::config::parse_sources;
+    use shared::platform::config::parse_sources;
+    use shared::platform::queue::Queue;
     use shared::providers::Sources;
-    use shared::queue::Queue;
 
     #[tokio::test]
     async fn an_unknown_source_is_404_before_any_io() {
@@ -39,7 +39,7 @@ mod tests {
         let sources =
             parse_sources(r#"[{"name":"stripe","kind":"stripe","secrets":["whsec_x"]}]"#).unwrap();
         let state = IntakeState::new(
-            shared::db::lazy_pool("postgres://nobody@127.0.0.1:1/none", 1).unwrap(),
+            shared::platform::db::lazy_pool("postgres://nobody@127.0.0.1:1/none", 1).unwrap(),
             Queue::new(sqs, "http://127.0.0.1:1/000000000000/none"),
             Sources::build(
                 &sources,

@@ -3,8 +3,8 @@
 
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 use serde_json::Value;
-use shared::config::Env;
 use shared::handlers::migrate::MigrateState;
+use shared::platform::config::Env;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {

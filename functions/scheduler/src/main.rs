@@ -3,8 +3,8 @@
 use aws_lambda_events::event::cloudwatch_events::CloudWatchEvent;
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 use serde_json::Value;
-use shared::config::{FromEnv, SchedulerConfig};
 use shared::handlers::scheduler::SchedulerState;
+use shared::platform::config::{FromEnv, SchedulerConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {

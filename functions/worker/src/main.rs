@@ -2,8 +2,8 @@
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
-use shared::config::{FromEnv, WorkerConfig};
 use shared::handlers::worker::WorkerState;
+use shared::platform::config::{FromEnv, WorkerConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -32,7 +32,8 @@ mod tests {
     #[tokio::test]
     async fn a_message_that_names_no_event_is_dropped_not_retried() {
         // No database is reached: the body is rejected before any claim.
-        let pool = shared::db::lazy_pool("postgres://nobody@127.0.0.1:1/none", 1).unwrap();
+        let pool =
+            shared::platform::db::lazy_pool("postgres://nobody@127.0.0.1:1/none", 1).unwrap();
         let state = WorkerState::new(pool, Default::default(), Default::default());
         let mut message = SqsMessage::default();
         message.message_id = Some("m-1".into());

@@ -288,8 +288,11 @@ fn newer(version_at: DateTime<Utc>, at: DateTime<Utc>) -> bool {
 /// `EventGenerationFailures` by `Stack` and `Source` (an alarm watches it: events Stripe never
 /// generated are found only through it).
 pub fn generation_failure_metric(source: &str, now: chrono::DateTime<Utc>) -> Value {
-    let mut line =
-        crate::metrics::document(now, &[&["Source"]], &[("EventGenerationFailures", "Count")]);
+    let mut line = crate::platform::metrics::document(
+        now,
+        &[&["Source"]],
+        &[("EventGenerationFailures", "Count")],
+    );
     line["Source"] = json!(source);
     line["EventGenerationFailures"] = json!(1);
     line

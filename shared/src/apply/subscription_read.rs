@@ -14,8 +14,8 @@ use sqlx::PgConnection;
 
 use super::{ApplyError, WorkerSource};
 use crate::billing::rules::{Registers, ShownSubscription, SubscriptionRead};
-use crate::billing::{Catalog, Decision, Effect, EventContext};
-use crate::domain::{DedupeKey, EventStatus, SourceKind};
+use crate::billing::{Decision, Effect, EventContext};
+use crate::domain::{Catalog, DedupeKey, EventStatus, SourceKind};
 use crate::inbox::lease::Claimed;
 use crate::inbox::thin::{self as stored, StoredEvent};
 use crate::providers;

@@ -78,7 +78,7 @@ pub(super) async fn carried(
     let twin = thin
         .snapshot_event
         .as_deref()
-        .filter(|_| !crate::sim::planted(crate::sim::Bug::ThinSkipsTwin));
+        .filter(|_| !crate::platform::sim::planted(crate::platform::sim::Bug::ThinSkipsTwin));
     if let Some(twin) = twin {
         let found = match DedupeKey::parse(twin) {
             Ok(key) => stored::find(conn, &event.source, &key).await?,
@@ -174,7 +174,7 @@ pub(super) async fn read_object(
 /// invoice's subscription, a health notice's object and its sweep's subscriptions), and
 /// `Read::snapshot` keeps its whole seconds. `None`: the event has no provider time.
 pub(super) fn stands_at(event: &Claimed) -> Option<DateTime<Utc>> {
-    if crate::sim::planted(crate::sim::Bug::ReadByTheClock) {
+    if crate::platform::sim::planted(crate::platform::sim::Bug::ReadByTheClock) {
         return Some(Utc::now());
     }
     event.occurred_at.map(|at| at.as_datetime())
@@ -218,8 +218,11 @@ pub(super) async fn finish_read(conn: &mut PgConnection, read_id: i64, thin_id: 
 /// The Embedded Metric Format line for a thin event that cannot be applied because its source
 /// has no API key to fetch its object with: `ThinEventsWithoutApiKey` by `Stack` and `Source`.
 pub fn thin_without_api_key_metric(source: &str, now: chrono::DateTime<Utc>) -> Value {
-    let mut line =
-        crate::metrics::document(now, &[&["Source"]], &[("ThinEventsWithoutApiKey", "Count")]);
+    let mut line = crate::platform::metrics::document(
+        now,
+        &[&["Source"]],
+        &[("ThinEventsWithoutApiKey", "Count")],
+    );
     line["Source"] = json!(source);
     line["ThinEventsWithoutApiKey"] = json!(1);
     line

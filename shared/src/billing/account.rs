@@ -7,10 +7,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
-use super::catalog::Catalog;
 use super::model::{status_entitles, AccountState, StateInputs};
-use crate::db::exec;
-use crate::domain::{CustomerId, Period};
+use crate::domain::{Catalog, CustomerId, Period};
+use crate::platform::db::exec;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubscriptionView {

@@ -12,11 +12,10 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::catalog::Catalog;
 use super::model::{outcome, Change, Decision, Effect, EventContext, PaymentStatus, Rank, Settled};
 use super::model::{status_entitles, Version};
 use super::rules::{Held, LedgerEntry, Registers, Stamp, SubscriptionRead};
-use crate::domain::{CustomerId, DedupeKey, EventStatus, Period, ProviderTime};
+use crate::domain::{Catalog, CustomerId, DedupeKey, EventStatus, Period, ProviderTime};
 
 /// How an event reached the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -699,7 +698,7 @@ fn words(change: &Change) -> String {
 mod tests {
     use super::*;
     use crate::billing::model::SubscriptionEnds;
-    use crate::billing::PlanRef;
+    use crate::domain::PlanRef;
 
     fn catalog() -> Catalog {
         Catalog::parse(r#"{"price_pro": {"plan": "pro", "monthly_allowance": 500}}"#).unwrap()

@@ -7,8 +7,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use super::catalog::{Catalog, PlanRef};
-use crate::domain::{CustomerId, DedupeKey, EventStatus, Period, ProviderTime};
+use crate::domain::{Catalog, CustomerId, DedupeKey, EventStatus, Period, PlanRef, ProviderTime};
 
 /// A register's version: the provider's time, then the dedupe key, so the order is total.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

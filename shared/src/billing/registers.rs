@@ -16,8 +16,8 @@ use super::rules::{
     Held, HeldAccount, HeldIntent, HeldPayment, HeldPlan, HeldSubscription, LedgerEntry, Registers,
     Stamp,
 };
-use crate::db::exec;
 use crate::domain::{CustomerId, Period};
+use crate::platform::db::exec;
 
 /// Reads, in one statement, what the rules need to apply `effects` to the account: the
 /// account row, its plan and standing, the subscriptions the effects name (and, with

@@ -8,12 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 
-use super::catalog::{Catalog, PlanRef};
 use super::model::{
     allowance_entry_key, status_entitles, AccountState, Change, Effect, EventContext, Fact,
     PaymentStatus, Rank, StateInputs, SubscriptionEnds, SubscriptionState, Written,
 };
-use crate::domain::Period;
+use crate::domain::{Catalog, Period, PlanRef};
 
 /// Where a write sits in one register's order: the provider time as Postgres keeps it (to
 /// the microsecond), the rank among same-second states, then the dedupe key compared byte by

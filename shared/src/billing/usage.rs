@@ -11,11 +11,10 @@ use serde_json::json;
 use sqlx::PgConnection;
 
 use super::account;
-use super::catalog::Catalog;
 use super::model::period_totals;
-use crate::db::exec;
-use crate::domain::{CustomerId, Period};
-use crate::effects::{self, Kind};
+use crate::domain::effect::{effect_id, Kind};
+use crate::domain::{Catalog, CustomerId, Period};
+use crate::platform::db::exec;
 
 /// The largest single debit: far above any real allowance, far below what sums overflow at.
 pub const MAX_AMOUNT: i64 = 1_000_000_000;
@@ -247,7 +246,7 @@ pub async fn debit(
             };
             let plan = snapshot.plan;
             let cause = exhausted_cause(req.source, req.customer, period);
-            let id = effects::effect_id(Kind::AllowanceExhausted, &cause);
+            let id = effect_id(Kind::AllowanceExhausted, &cause);
             let body = json!({
                 "id": id,
                 "type": Kind::AllowanceExhausted.as_str(),

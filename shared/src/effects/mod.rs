@@ -11,54 +11,18 @@ pub mod sinks;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 pub use crate::billing::model::AccountState;
 use crate::billing::PaymentStatus;
 pub use crate::billing::{Fact, SubscriptionState};
+use crate::domain::effect::{effect_id, Kind, NewEffect};
 
-/// What the app is told: the `type` of an effect's body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
-    PlanChanged,
-    SubscriptionUpdated,
-    AllowanceGranted,
-    PaymentSucceeded,
-    PaymentFailed,
-    PaymentRefunded,
-    CustomerDeleted,
-    /// A period's allowance ran out (a debit left nothing, or one was refused): once per
-    /// account and period, written by the debit (`billing::usage`), not by an event.
-    AllowanceExhausted,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::PlanChanged => "billing.plan_changed",
-            Kind::SubscriptionUpdated => "billing.subscription_updated",
-            Kind::AllowanceGranted => "billing.allowance_granted",
-            Kind::PaymentSucceeded => "billing.payment_succeeded",
-            Kind::PaymentFailed => "billing.payment_failed",
-            Kind::PaymentRefunded => "billing.payment_refunded",
-            Kind::CustomerDeleted => "billing.customer_deleted",
-            Kind::AllowanceExhausted => "billing.allowance_exhausted",
-        }
-    }
-
-    /// Whether the kind carries a state (docs/effects.md, "Order"): an app may apply it
-    /// latest-`sequence`-wins. The others are facts, applied once each by id, never dropped
-    /// for an older sequence: retries reorder them.
-    pub fn carries_state(self) -> bool {
-        matches!(self, Kind::PlanChanged | Kind::SubscriptionUpdated)
-    }
-
-    fn of_payment(status: PaymentStatus) -> Kind {
-        match status {
-            PaymentStatus::Paid => Kind::PaymentSucceeded,
-            PaymentStatus::Failed => Kind::PaymentFailed,
-            PaymentStatus::Refunded => Kind::PaymentRefunded,
-        }
+/// The kind of a payment's effect.
+fn kind_of_payment(status: PaymentStatus) -> Kind {
+    match status {
+        PaymentStatus::Paid => Kind::PaymentSucceeded,
+        PaymentStatus::Failed => Kind::PaymentFailed,
+        PaymentStatus::Refunded => Kind::PaymentRefunded,
     }
 }
 
@@ -79,23 +43,6 @@ pub struct Cause<'a> {
     pub source: &'a str,
     pub customer: &'a str,
     pub occurred_at: DateTime<Utc>,
-}
-
-/// One outbox row as the worker writes it; the account's sequence number is added by the
-/// event's one statement that writes it (`inbox::commit`), which moves the account's version.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NewEffect {
-    pub id: String,
-    pub kind: Kind,
-    pub cause: String,
-    /// `{"id","type","occurred_at","data"}`, without `data.sequence` yet.
-    pub body: Value,
-}
-
-/// The stable id of an effect: `eff_` and 32 hex digits of SHA-256 over kind and cause.
-pub fn effect_id(kind: Kind, cause: &str) -> String {
-    let digest = Sha256::digest(format!("{}\n{cause}", kind.as_str()));
-    format!("eff_{}", &hex::encode(digest)[..32])
 }
 
 /// The effects of one event's writes: one per fact, and `billing.plan_changed` when the
@@ -157,7 +104,7 @@ fn of_fact(cause: &Cause<'_>, fact: &Fact, after: &AccountState) -> NewEffect {
             };
             effect(
                 cause,
-                Kind::of_payment(*status),
+                kind_of_payment(*status),
                 what,
                 after,
                 json!({

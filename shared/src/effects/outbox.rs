@@ -21,9 +21,9 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 
-use crate::db::exec;
 use crate::inbox::{retry_delay, MAX_ATTEMPTS, ROWS_PER_STEP, STUCK_AFTER};
-use crate::queue::Queue;
+use crate::platform::db::exec;
+use crate::platform::queue::Queue;
 
 /// How long a dispatcher holds an effect: longer than its sinks' timeouts together.
 pub const DISPATCH_LEASE: Duration = Duration::from_secs(60);

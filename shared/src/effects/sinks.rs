@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::OnceCell;
 
-use crate::config::{ConfigError, SinkConfig, SinkKind, EFFECTS_VAR};
+use crate::platform::config::{ConfigError, SinkConfig, SinkKind, EFFECTS_VAR};
 use crate::signing::standard_webhooks::{
     decode_secret, signature, SecretEncoding, ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
 };
@@ -87,7 +87,7 @@ fn webhook_client() -> reqwest::Client {
 
 impl Sinks {
     /// The sinks of `INBOX_EFFECTS` whose secrets are inline (or already read from Secrets
-    /// Manager by [`crate::secrets::resolve_sinks`]).
+    /// Manager by [`crate::platform::secrets::resolve_sinks`]).
     pub fn from_config(configs: &[SinkConfig]) -> Result<Self, ConfigError> {
         let mut sinks = Vec::with_capacity(configs.len());
         for config in configs {
@@ -124,7 +124,7 @@ impl Sinks {
 
     /// Reads the sinks' secrets from Secrets Manager (once, at cold start), then builds them.
     pub async fn resolve(configs: &[SinkConfig]) -> Result<Self, ConfigError> {
-        Self::from_config(&crate::secrets::resolve_sinks(configs).await?)
+        Self::from_config(&crate::platform::secrets::resolve_sinks(configs).await?)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Sink> {
@@ -215,7 +215,9 @@ impl Sinks {
     /// loading the AWS configuration is a large future.
     async fn eventbridge(&self) -> &aws_sdk_eventbridge::Client {
         let build = || -> crate::BoxFuture<'static, aws_sdk_eventbridge::Client> {
-            Box::pin(async { aws_sdk_eventbridge::Client::new(&crate::queue::sdk_config().await) })
+            Box::pin(async {
+                aws_sdk_eventbridge::Client::new(&crate::platform::queue::sdk_config().await)
+            })
         };
         Box::pin(self.eventbridge.get_or_init(build)).await
     }
@@ -246,7 +248,7 @@ fn request_error(error: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::parse_sinks;
+    use crate::platform::config::parse_sinks;
 
     #[test]
     fn sinks_are_built_from_their_config_and_an_unread_secret_is_named() {

@@ -16,16 +16,16 @@ use sqlx::PgPool;
 use tokio::time::Instant;
 
 use super::{body_bytes, json_response};
-use crate::api_keys::{Caller, Keys, Scope};
 use crate::audit::{self, Cut, FoldError};
 use crate::billing::account::{self, AccountSnapshot};
 use crate::billing::usage::{self, Debit, DebitRequest, Debited, Invalid, Listed, UsagePage};
-use crate::billing::Catalog;
-use crate::config::ApiConfig;
-use crate::db::{Held, HeldConnection};
+use crate::domain::Catalog;
 use crate::domain::{CustomerId, Period, SourceKind};
+use crate::platform::api_keys::{Caller, Keys, Scope};
+use crate::platform::config::ApiConfig;
+use crate::platform::db::{Held, HeldConnection};
+use crate::platform::queue::Queue;
 use crate::providers::stripe::{connected_account, connected_customer};
-use crate::queue::Queue;
 
 pub use crate::billing::usage::{MAX_AMOUNT, MAX_KEY_LEN, MAX_NOTE_CHARS};
 
@@ -100,9 +100,9 @@ impl ApiState {
     /// one) and the effects queue once, at cold start; nothing connects to Postgres before
     /// the first request.
     pub async fn from_config(config: &ApiConfig) -> anyhow::Result<Self> {
-        let database = crate::database::Database::open(&config.database).await?;
+        let database = crate::platform::database::Database::open(&config.database).await?;
         let pool = database.pool(1);
-        let entries = crate::secrets::resolve_api_keys(&config.keys).await?;
+        let entries = crate::platform::secrets::resolve_api_keys(&config.keys).await?;
         let effects = match &config.effects {
             Some(effects) => Some(Queue::from_env(effects.queue_url.clone()).await),
             None => None,
@@ -110,8 +110,12 @@ impl ApiState {
         Ok(Self {
             conn: Held::on(database),
             pool,
-            sources: config.sources.clone(),
-            fold_sources: config.fold_sources.clone(),
+            sources: config
+                .sources
+                .iter()
+                .map(|s| (s.name.clone(), s.kind))
+                .collect(),
+            fold_sources: audit::sources_of(&config.sources),
             catalog: config.catalog.clone(),
             keys: Keys::new(&entries),
             effects,
@@ -241,7 +245,7 @@ impl ApiError {
 /// The Embedded Metric Format line for a 5xx answer: `ApiServerErrors` by `Stack`, with its
 /// code as a field.
 pub fn server_error_metric(code: &str, now: chrono::DateTime<chrono::Utc>) -> Value {
-    let mut line = crate::metrics::document(now, &[&[]], &[("ApiServerErrors", "Count")]);
+    let mut line = crate::platform::metrics::document(now, &[&[]], &[("ApiServerErrors", "Count")]);
     line["Code"] = json!(code);
     line["ApiServerErrors"] = json!(1);
     line

@@ -18,12 +18,12 @@ use chrono::Utc;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
-use crate::config::BridgeConfig;
-use crate::db::Held;
 use crate::inbox::enqueue_or_unmark;
 use crate::inbox::store::{store_verified_held, Origin, StoreError};
+use crate::platform::config::BridgeConfig;
+use crate::platform::db::Held;
+use crate::platform::queue::Queue;
 use crate::providers::stripe::parse_event;
-use crate::queue::Queue;
 
 pub struct BridgeState {
     /// The instance's own connection, for the store: one round trip per event.
@@ -51,7 +51,7 @@ impl BridgeState {
 
     /// Built once, at cold start; nothing connects before the first event.
     pub async fn from_config(config: &BridgeConfig) -> anyhow::Result<Self> {
-        let database = crate::database::Database::open(&config.database).await?;
+        let database = crate::platform::database::Database::open(&config.database).await?;
         let pool = database.pool(2);
         let queue = Queue::from_env(config.queue_url.clone()).await;
         Ok(Self {

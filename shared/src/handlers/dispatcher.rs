@@ -9,10 +9,10 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use sqlx::PgPool;
 
-use crate::config::DispatcherConfig;
 use crate::effects::outbox::{self, Attempt, EffectStatus, DISPATCH_LEASE};
 use crate::effects::sinks::{Outgoing, Sinks};
 use crate::inbox::RETRY_DELAYS;
+use crate::platform::config::DispatcherConfig;
 
 #[cfg(feature = "dev")]
 pub use faults::Faults;
@@ -27,7 +27,7 @@ pub struct DispatcherState {
     pub faults: Faults,
     /// Where the pool's options come from, when it is a secret that a rotation changes
     /// (`None`: fixed options).
-    pub database: Option<std::sync::Arc<crate::database::Database>>,
+    pub database: Option<std::sync::Arc<crate::platform::database::Database>>,
 }
 
 impl DispatcherState {
@@ -48,7 +48,7 @@ impl DispatcherState {
         config: &DispatcherConfig,
         max_connections: u32,
     ) -> anyhow::Result<Self> {
-        let database = crate::database::Database::open(&config.database).await?;
+        let database = crate::platform::database::Database::open(&config.database).await?;
         let pool = database.pool(max_connections);
         let sinks = Sinks::resolve(&config.effects.sinks).await?;
         Ok(Self {

@@ -13,14 +13,14 @@ use serde_json::{json, Map, Value};
 use sqlx::PgPool;
 
 use super::{body_bytes, json_response};
-use crate::config::IntakeConfig;
-use crate::db::Held;
 use crate::domain::Verdict;
 use crate::inbox::enqueue_or_unmark;
 use crate::inbox::store::{store_verified_held, Origin, StoreError};
+use crate::platform::config::IntakeConfig;
+use crate::platform::db::Held;
+use crate::platform::queue::Queue;
+use crate::platform::secrets::Needs;
 use crate::providers::Sources;
-use crate::queue::Queue;
-use crate::secrets::Needs;
 use crate::signing::AuthError;
 
 /// Largest body accepted (1 MiB); providers send far less.
@@ -68,11 +68,11 @@ impl IntakeState {
     pub async fn from_config(config: &IntakeConfig) -> anyhow::Result<Self> {
         // The database's secret is read here, once; the options it gives serve the held
         // connection and the pool, and are replaced after a refused login (a rotation).
-        let database = crate::database::Database::open(&config.database).await?;
+        let database = crate::platform::database::Database::open(&config.database).await?;
         let pool = database.pool(2);
         let queue = Queue::from_env(config.queue_url.clone()).await;
         // Only a Kinde key fetch uses it: built then, not at cold start.
-        let http = crate::http_client::LazyClient::with_timeout(Duration::from_secs(5));
+        let http = crate::platform::http_client::LazyClient::with_timeout(Duration::from_secs(5));
         // The source the EventBridge bridge feeds needs no signing secret (docs/deploy.md,
         // *Stripe through Amazon EventBridge*); given none, it has no verifier here. Any other
         // source without its secrets still stops the cold start.
@@ -88,9 +88,12 @@ impl IntakeState {
                 "the source takes its events through Amazon EventBridge only: no HTTPS route"
             );
         }
-        let configs =
-            crate::secrets::resolve(&signed, Needs::Signing, crate::secrets::OnFailure::Stop)
-                .await?;
+        let configs = crate::platform::secrets::resolve(
+            &signed,
+            Needs::Signing,
+            crate::platform::secrets::OnFailure::Stop,
+        )
+        .await?;
         let sources = Sources::build(&configs, config.tolerance, http)?;
         Ok(Self {
             conn: Held::on(database),
@@ -283,13 +286,14 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
         }
     })?;
     let stored = match stored.verdict == Verdict::Duplicate
-        && crate::sim::planted(crate::sim::Bug::CopyCountsNew)
+        && crate::platform::sim::planted(crate::platform::sim::Bug::CopyCountsNew)
     {
         true => planted_copy(state, &source_name, body, &verified, &headers).await?,
         false => stored,
     };
     if stored_needs_enqueue(&stored, &source_name, &verified) {
-        crate::sim::point(crate::sim::Point::IntakeStored, stored.event_id).await;
+        crate::platform::sim::point(crate::platform::sim::Point::IntakeStored, stored.event_id)
+            .await;
         enqueue(state, stored.event_id).await;
     }
     Ok(json_response(
@@ -343,8 +347,11 @@ async fn planted_copy(
 /// `OldSecretDeliveries` by `Stack` and `Source`, with the secret's index (never its value) as
 /// a field.
 pub fn older_secret_metric(source: &str, index: usize, now: chrono::DateTime<Utc>) -> Value {
-    let mut line =
-        crate::metrics::document(now, &[&["Source"]], &[("OldSecretDeliveries", "Count")]);
+    let mut line = crate::platform::metrics::document(
+        now,
+        &[&["Source"]],
+        &[("OldSecretDeliveries", "Count")],
+    );
     line["Source"] = json!(source);
     line["SecretIndex"] = json!(index);
     line["OldSecretDeliveries"] = json!(1);
@@ -357,7 +364,7 @@ pub fn older_secret_metric(source: &str, index: usize, now: chrono::DateTime<Utc
 /// here makes every delivery of that source one of these, while the provider retries for days
 /// and then disables the endpoint: the alarm on it is the only sign.
 pub fn rejected_delivery_metric(source: &str, reason: &str, now: chrono::DateTime<Utc>) -> Value {
-    let mut line = crate::metrics::document(
+    let mut line = crate::platform::metrics::document(
         now,
         &[&["Source"], &["Source", "Reason"]],
         &[("RejectedDeliveries", "Count")],

@@ -1,6 +1,6 @@
 //! The migrate function's handler: the `Custom::SchemaMigrations` resource of the stack
 //! (docs/design.md §7.1). CloudFormation sends Create or Update on every deploy that ships new
-//! code; each applies the migrations the database lacks ([`crate::schema::apply`]) and answers
+//! code; each applies the migrations the database lacks ([`crate::platform::schema::apply`]) and answers
 //! SUCCESS, or FAILED with the reason, which fails the deploy and shows in the stack's events.
 //! Delete never touches the database: deleting the stack keeps the data. The answer is a PUT
 //! to the request's presigned `ResponseURL`, before the invocation's deadline whatever
@@ -18,10 +18,11 @@ use serde_json::Value;
 use sqlx::{ConnectOptions, Connection, PgConnection};
 use tokio::time::Instant;
 
-use crate::config::ConfigError;
-use crate::database::{Database, DatabaseConfig};
-use crate::http_client::LazyClient;
-use crate::schema::{self, Applied};
+use crate::platform::config::ConfigError;
+use crate::platform::config::DatabaseConfig;
+use crate::platform::database::Database;
+use crate::platform::http_client::LazyClient;
+use crate::platform::schema::{self, Applied};
 
 /// The resource's one physical id: the same on every Create and Update, so that
 /// CloudFormation never takes an answer for a replacement (which it would follow with a

@@ -13,14 +13,14 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 
 use crate::audit::{self, Divergence};
-use crate::billing::Catalog;
-use crate::config::SchedulerConfig;
+use crate::domain::Catalog;
 use crate::effects::outbox::{self, EffectAlerts};
 use crate::inbox::alerts::{collect_alerts, Alerts};
 use crate::inbox::purge::{kept_since, purge, purge_effects};
 use crate::inbox::read::{backlog, source_silence, Backlog, SourceSilence};
 use crate::inbox::rescue::rescue;
-use crate::queue::Queue;
+use crate::platform::config::SchedulerConfig;
+use crate::platform::queue::Queue;
 use crate::reconcile::{self, ReconcileReport, Reconciler};
 
 pub struct SchedulerState {
@@ -36,7 +36,7 @@ pub struct SchedulerState {
     pub budget: Duration,
     /// Where the pool's options come from, when it is a secret that a rotation changes
     /// (`None`: fixed options).
-    pub database: Option<std::sync::Arc<crate::database::Database>>,
+    pub database: Option<std::sync::Arc<crate::platform::database::Database>>,
     /// What the run's audit folds with (`None`: no audit).
     pub audit: Option<Audit>,
 }
@@ -61,17 +61,17 @@ impl Audit {
 
 impl SchedulerState {
     pub async fn from_config(config: &SchedulerConfig) -> anyhow::Result<Self> {
-        let database = crate::database::Database::open(&config.database).await?;
+        let database = crate::platform::database::Database::open(&config.database).await?;
         let pool = database.pool(2);
         let queue = Queue::from_env(config.queue_url.clone()).await;
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
             .context("building the HTTP client")?;
-        let configs = crate::secrets::resolve(
+        let configs = crate::platform::secrets::resolve(
             &config.sources,
-            crate::secrets::Needs::ApiKey,
-            crate::secrets::OnFailure::RetryOnUse("scheduler"),
+            crate::platform::secrets::Needs::ApiKey,
+            crate::platform::secrets::OnFailure::RetryOnUse("scheduler"),
         )
         .await?;
         let reconcilers = reconcile::reconcilers(&configs, &http);
@@ -239,7 +239,8 @@ pub async fn run(state: &SchedulerState) -> RunReport {
 /// otherwise page before its provider's first delivery).
 pub fn silence_metric(silence: &SourceSilence, now: DateTime<Utc>) -> Option<Value> {
     let hours = silence.hours?;
-    let mut line = crate::metrics::document(now, &[&["Source"]], &[("SourceSilenceHours", "None")]);
+    let mut line =
+        crate::platform::metrics::document(now, &[&["Source"]], &[("SourceSilenceHours", "None")]);
     line["Source"] = json!(silence.source);
     line["SourceSilenceHours"] = json!(hours);
     Some(line)
@@ -329,7 +330,7 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
         .iter()
         .map(|(name, _, unit)| (*name, *unit))
         .collect();
-    let mut document = crate::metrics::document(now, &[&[]], &names);
+    let mut document = crate::platform::metrics::document(now, &[&[]], &names);
     for (name, value, _) in metrics {
         document[name] = json!(value);
     }

@@ -16,14 +16,14 @@ use sqlx::{PgConnection, PgPool, Postgres};
 use tokio::time::timeout;
 
 use crate::apply::{self, Applied, Applier, ApplyError, Contended};
-use crate::billing::Catalog;
-use crate::config::WorkerConfig;
+use crate::domain::Catalog;
 use crate::domain::EventStatus;
 use crate::effects::outbox;
 use crate::inbox::lease::{self, Claimed, Unclaimed};
 use crate::inbox::{DEFAULT_LEASE, RETRY_DELAYS};
-use crate::queue::{parse_message_body, Queue};
-use crate::sim::{self, Point};
+use crate::platform::config::WorkerConfig;
+use crate::platform::queue::{parse_message_body, Queue};
+use crate::platform::sim::{self, Point};
 
 pub use crate::apply::WorkerSource;
 
@@ -62,7 +62,7 @@ pub struct WorkerState {
     pub sweep_budget: Duration,
     /// Where the pool's options come from, when it is a secret that a rotation changes
     /// (`None`: fixed options).
-    pub database: Option<std::sync::Arc<crate::database::Database>>,
+    pub database: Option<std::sync::Arc<crate::platform::database::Database>>,
 }
 
 impl WorkerState {
@@ -85,16 +85,16 @@ impl WorkerState {
     /// Builds the pool and each source's reads (with the API key from its secret, if any).
     pub async fn from_config(config: &WorkerConfig, max_connections: u32) -> anyhow::Result<Self> {
         use anyhow::Context;
-        let database = crate::database::Database::open(&config.database).await?;
+        let database = crate::platform::database::Database::open(&config.database).await?;
         let pool = database.pool(max_connections);
         let http = reqwest::Client::builder()
             .timeout(READ_TIMEOUT)
             .build()
             .context("building the HTTP client")?;
-        let configs = crate::secrets::resolve(
+        let configs = crate::platform::secrets::resolve(
             &config.sources,
-            crate::secrets::Needs::ApiKey,
-            crate::secrets::OnFailure::RetryOnUse("worker"),
+            crate::platform::secrets::Needs::ApiKey,
+            crate::platform::secrets::OnFailure::RetryOnUse("worker"),
         )
         .await?;
         let sources = configs

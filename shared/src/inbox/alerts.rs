@@ -6,8 +6,8 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use super::ROWS_PER_STEP;
-use crate::db::exec;
 use crate::domain::EventStatus;
+use crate::platform::db::exec;
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Alerts {

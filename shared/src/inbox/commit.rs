@@ -14,9 +14,9 @@ use sqlx::PgConnection;
 use super::lease::Claimed;
 use crate::billing::model::{EventContext, SubscriptionEnds};
 use crate::billing::rules::{HeldIntent, Registers};
-use crate::db::exec;
+use crate::domain::effect::NewEffect;
 use crate::domain::{EventStatus, Period};
-use crate::effects::NewEffect;
+use crate::platform::db::exec;
 
 /// What became of the statement.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,8 +8,8 @@ use std::time::Duration;
 use anyhow::{anyhow, Context};
 use sqlx::PgPool;
 
-use crate::db::exec;
-use crate::queue::Queue;
+use crate::platform::db::exec;
+use crate::platform::queue::Queue;
 
 /// How long clearing the marks of rows the queue refused may take, a connection included:
 /// one statement by primary key, normally a millisecond. A database that has not answered by

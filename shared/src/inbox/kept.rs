@@ -7,8 +7,8 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgConnection;
 
-use crate::db::exec;
 use crate::domain::{CustomerId, DedupeKey, ProviderTime};
+use crate::platform::db::exec;
 
 /// At most this many events are folded for one account; an account with more is not folded
 /// (the audit counts it as too large, `why` says so).

@@ -10,8 +10,8 @@ use sqlx::PgConnection;
 
 use super::{retry_delay, MAX_ATTEMPTS};
 use crate::billing::model::EventContext;
-use crate::db::exec;
 use crate::domain::{CustomerId, DedupeKey, EventStatus, ProviderTime};
+use crate::platform::db::exec;
 
 /// An event this worker holds under a lease, typed as it was stored.
 #[derive(Debug, Clone)]
@@ -329,7 +329,7 @@ pub async fn record_failure(
         status.as_str(),
         error,
         delay
-            .filter(|_| !crate::sim::planted(crate::sim::Bug::RetryNeverScheduled))
+            .filter(|_| !crate::platform::sim::planted(crate::platform::sim::Bug::RetryNeverScheduled))
             .map(|d| d.as_secs_f64()),
         event.claim,
     )

@@ -6,15 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::db::exec;
+use crate::platform::db::exec;
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-pub const DEFAULT_RETENTION_DAYS: u64 = 30;
-/// Twice the longest provider retry window (Stripe retries for 3 days): a webhook copy comes
-/// while its event is still stored.
-pub const MIN_RETENTION_DAYS: u64 = 6;
 /// Rows deleted per statement.
 const PURGE_BATCH: i64 = 500;
 /// The clocks of a provider (which stamps `created`) and of this store (which stamps
@@ -128,6 +124,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::platform::config::MIN_RETENTION_DAYS;
 
     #[test]
     fn what_is_kept_reaches_back_to_the_retention_less_the_clock_margin() {

@@ -7,8 +7,8 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::pending_names;
-use crate::db::exec;
 use crate::domain::EventStatus;
+use crate::platform::db::exec;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct EventSummary {

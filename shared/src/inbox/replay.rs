@@ -5,9 +5,9 @@ use anyhow::Context;
 use sqlx::PgPool;
 
 use super::{enqueue_or_unmark, ROWS_PER_STEP};
-use crate::db::exec;
 use crate::domain::EventStatus;
-use crate::queue::Queue;
+use crate::platform::db::exec;
+use crate::platform::queue::Queue;
 
 /// Puts stored events back to `received` and enqueues them: the one way to replay, used by
 /// operators. Applying an event again is harmless by construction. A row a worker holds right

@@ -8,8 +8,8 @@ use anyhow::Context;
 use sqlx::PgPool;
 
 use super::{enqueue_or_unmark, MAX_ATTEMPTS, NEVER_ENQUEUED_AFTER, ROWS_PER_STEP, STUCK_AFTER};
-use crate::db::exec;
-use crate::queue::Queue;
+use crate::platform::db::exec;
+use crate::platform::queue::Queue;
 
 /// Re-enqueues the rows the queue lost, within the run's time: [`mark_lost`], then
 /// [`send_marked`] until `deadline`. A run that dies between the two (or a send that never
@@ -17,7 +17,7 @@ use crate::queue::Queue;
 /// are [`STUCK_AFTER`] old, so no row is stranded, whatever wrote its mark.
 pub async fn rescue(pool: &PgPool, queue: &Queue, deadline: Instant) -> anyhow::Result<Vec<i64>> {
     let mut ids = mark_lost(pool).await?;
-    if crate::sim::planted(crate::sim::Bug::RescueSkipsLeases) {
+    if crate::platform::sim::planted(crate::platform::sim::Bug::RescueSkipsLeases) {
         let leases: Vec<i64> = sqlx::query_scalar(
             "UPDATE inbox_events SET enqueued_at = NULL WHERE id = ANY($1) AND status = 'processing' RETURNING id",
         )
@@ -29,7 +29,7 @@ pub async fn rescue(pool: &PgPool, queue: &Queue, deadline: Instant) -> anyhow::
     if ids.is_empty() {
         return Ok(ids);
     }
-    crate::sim::point(crate::sim::Point::RescueMarked, ids[0]).await;
+    crate::platform::sim::point(crate::platform::sim::Point::RescueMarked, ids[0]).await;
     let sent = send_marked(pool, queue, &ids, deadline).await?;
     tracing::info!(count = sent.len(), "rescued events enqueued");
     Ok(sent)

@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 use sqlx::{PgConnection, PgPool};
 use tokio::time::{timeout_at, Instant};
 
-use crate::db::exec;
 use crate::domain::{CustomerId, DedupeKey, EventStatus, ProviderTime, Verdict, VerifiedEvent};
+use crate::platform::db::exec;
 
 /// One verified delivery, ready to store.
 #[derive(Debug)]
@@ -422,7 +422,7 @@ pub const STORE_BUDGET: Duration = Duration::from_secs(5);
 /// sent whether or not this statement marked it: at worst one message more, which the
 /// worker's claim makes nothing of.
 pub async fn store_verified_held(
-    held: &crate::db::Held,
+    held: &crate::platform::db::Held,
     source: &str,
     body: &[u8],
     verified: &VerifiedEvent,

@@ -6,8 +6,8 @@
 use sqlx::PgConnection;
 
 use super::store::{store_verified_on, Origin, StoreError, Stored};
-use crate::db::exec;
 use crate::domain::VerifiedEvent;
+use crate::platform::db::exec;
 
 /// Where a sweep stands and what it found so far.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

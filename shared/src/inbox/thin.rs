@@ -6,8 +6,8 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::store::{store_verified_on, Origin, StoreError, Stored};
-use crate::db::exec;
 use crate::domain::{CustomerId, DedupeKey, EventStatus, ProviderTime, VerifiedEvent};
+use crate::platform::db::exec;
 
 /// A stored event as the worker applies it.
 #[derive(Debug, Clone)]

@@ -7,8 +7,8 @@ use hmac::{Hmac, Mac};
 use serde_json::Value;
 
 use super::provider;
-use crate::config::SourceConfig;
 use crate::domain::SourceKind;
+use crate::platform::config::SourceConfig;
 
 /// What to put in a delivery.
 #[derive(Debug, Clone)]
@@ -142,7 +142,8 @@ pub fn hmac_sha256(key: &[u8], message: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::billing::{Catalog, Decision};
+    use crate::billing::Decision;
+    use crate::domain::Catalog;
     use crate::domain::DedupeKey;
     use crate::providers::decide;
 
@@ -183,7 +184,7 @@ mod tests {
         let json = dev_sources(&Local {
             jwks_url: "http://127.0.0.1:61325/jwks.json",
         });
-        let sources = crate::config::parse_sources(&json.to_string()).unwrap();
+        let sources = crate::platform::config::parse_sources(&json.to_string()).unwrap();
         let kinds: Vec<SourceKind> = sources.iter().map(|s| s.kind).collect();
         assert_eq!(kinds, SourceKind::ALL);
         let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();

@@ -23,11 +23,11 @@ use http::HeaderMap;
 use serde_json::Value;
 
 use crate::billing::registers::{StoredPlan, StoredSubscription};
-use crate::billing::{Catalog, Decided, Decision, Problem, SubscriptionEnds};
-use crate::config::{ConfigError, SourceConfig};
-use crate::domain::{CustomerId, DedupeKey, SourceKind, VerifiedEvent};
-use crate::http_client::LazyClient;
-use crate::secrets::ApiKey;
+use crate::billing::{Decided, Decision, Problem, SubscriptionEnds};
+use crate::domain::{Catalog, CustomerId, DedupeKey, SourceKind, VerifiedEvent};
+use crate::platform::config::{ConfigError, SourceConfig};
+use crate::platform::http_client::LazyClient;
+use crate::platform::secrets::ApiKey;
 use crate::signing::AuthError;
 use crate::BoxFuture;
 

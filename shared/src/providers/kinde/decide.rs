@@ -6,7 +6,8 @@ use serde_json::Value;
 use super::{content_hash, CUSTOMER_FIELDS};
 use crate::billing::model::read::{first_text, resolve, text};
 use crate::billing::model::{no_meaning, not_billing, with_grant};
-use crate::billing::{Catalog, Decided, Decision, Effect, PaymentStatus, Problem};
+use crate::billing::{Decided, Decision, Effect, PaymentStatus, Problem};
+use crate::domain::Catalog;
 
 /// Where Kinde billing events name their plan (Kinde does not publish the layout; both are
 /// read in the wild, docs/design.md §6).
@@ -127,7 +128,7 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::billing::catalog::tests::{catalog, key, pro};
+    use crate::domain::catalog::tests::{catalog, key, pro};
     use crate::domain::SourceKind;
     use crate::providers::decide;
     use serde_json::json;

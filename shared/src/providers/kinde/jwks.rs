@@ -17,7 +17,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use url::Url;
 
-use crate::http_client::LazyClient;
+use crate::platform::http_client::LazyClient;
 use crate::signing::AuthError;
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(600);

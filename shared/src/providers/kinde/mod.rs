@@ -18,9 +18,9 @@ use serde_json::Value;
 pub use verify::{content_hash, parse_claims, KindeVerifier, CUSTOMER_FIELDS, ID_HEADER};
 
 use super::{Api, Provider, Reconciliation, Verify};
-use crate::billing::{Catalog, Decided};
-use crate::config::{ConfigError, SourceConfig};
-use crate::domain::DedupeKey;
+use crate::billing::Decided;
+use crate::domain::{Catalog, DedupeKey};
+use crate::platform::config::{ConfigError, SourceConfig};
 
 pub struct Kinde;
 
@@ -29,7 +29,7 @@ impl Provider for Kinde {
         &self,
         config: &SourceConfig,
         tolerance: Duration,
-        http: &crate::http_client::LazyClient,
+        http: &crate::platform::http_client::LazyClient,
     ) -> Result<Box<dyn Verify>, ConfigError> {
         let url = config
             .jwks_url

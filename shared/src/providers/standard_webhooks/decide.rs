@@ -5,9 +5,8 @@ use serde_json::Value;
 
 use crate::billing::model::read::{first_text, flag, iso_time, required, resolve, text};
 use crate::billing::model::{not_billing, paid, subscription_effects};
-use crate::billing::{
-    Catalog, Decided, Decision, Effect, PaymentStatus, Problem, SubscriptionEnds,
-};
+use crate::billing::{Decided, Decision, Effect, PaymentStatus, Problem, SubscriptionEnds};
+use crate::domain::Catalog;
 
 /// Polar's and other Standard Webhooks senders' subscription state: the object's `status`,
 /// or what the event type implies when the object carries none.
@@ -93,7 +92,7 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::billing::catalog::tests::{catalog, key};
+    use crate::domain::catalog::tests::{catalog, key};
     use crate::domain::SourceKind;
     use crate::providers::decide;
     use serde_json::json;

@@ -18,9 +18,9 @@ pub use api::{PolarReads, PolarSubscriptions};
 pub use verify::{parse_event, StandardVerifier};
 
 use super::{Api, Provider, Reads, Reconciliation, Verify};
-use crate::billing::{Catalog, Decided};
-use crate::config::{ConfigError, SourceConfig};
-use crate::domain::DedupeKey;
+use crate::billing::Decided;
+use crate::domain::{Catalog, DedupeKey};
+use crate::platform::config::{ConfigError, SourceConfig};
 use crate::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
 pub struct StandardWebhooks;
@@ -30,7 +30,7 @@ impl Provider for StandardWebhooks {
         &self,
         config: &SourceConfig,
         tolerance: Duration,
-        _http: &crate::http_client::LazyClient,
+        _http: &crate::platform::http_client::LazyClient,
     ) -> Result<Box<dyn Verify>, ConfigError> {
         let encoding = config.secret_encoding.unwrap_or(SecretEncoding::Base64);
         let keys = config
@@ -40,7 +40,7 @@ impl Provider for StandardWebhooks {
             .map(|(i, s)| {
                 decode_secret(s, encoding).map_err(|e| {
                     ConfigError::at(
-                        crate::config::SOURCES_VAR,
+                        crate::platform::config::SOURCES_VAR,
                         format!("source '{}': secrets[{i}]", config.name),
                         e,
                     )

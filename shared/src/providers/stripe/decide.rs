@@ -5,9 +5,8 @@ use serde_json::Value;
 
 use crate::billing::model::read::{first_text, flag, required, resolve, unix_time};
 use crate::billing::model::{not_billing, paid, subscription_effects};
-use crate::billing::{
-    Catalog, Decided, Decision, Effect, PaymentStatus, Problem, SubscriptionEnds,
-};
+use crate::billing::{Decided, Decision, Effect, PaymentStatus, Problem, SubscriptionEnds};
+use crate::domain::Catalog;
 
 /// Price and plan ids a Stripe object names, most specific first.
 pub(super) fn plan_keys(object: &Value) -> Vec<&str> {
@@ -259,8 +258,8 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::billing::catalog::tests::{catalog, key, pro};
-    use crate::billing::PlanRef;
+    use crate::domain::catalog::tests::{catalog, key, pro};
+    use crate::domain::PlanRef;
     use crate::domain::SourceKind;
     use crate::providers::decide;
     use serde_json::json;

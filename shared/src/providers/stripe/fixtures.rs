@@ -4,8 +4,8 @@
 use chrono::{Duration, Utc};
 use serde_json::{json, Value};
 
-use crate::config::SourceConfig;
 use crate::domain::SourceKind;
+use crate::platform::config::SourceConfig;
 use crate::providers::fixtures::{
     hmac_sha256, random_id, unknown_kind, Fixtures, KindeKey, Local, SignedDelivery, Spec,
 };

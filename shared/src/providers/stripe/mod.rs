@@ -20,9 +20,9 @@ pub use verify::{
 };
 
 use super::{Api, Provider, Reads, Reconciliation, Verify};
-use crate::billing::{Catalog, Decided};
-use crate::config::{ConfigError, SourceConfig};
-use crate::domain::DedupeKey;
+use crate::billing::Decided;
+use crate::domain::{Catalog, DedupeKey};
+use crate::platform::config::{ConfigError, SourceConfig};
 
 pub struct Stripe;
 
@@ -31,7 +31,7 @@ impl Provider for Stripe {
         &self,
         config: &SourceConfig,
         tolerance: Duration,
-        _http: &crate::http_client::LazyClient,
+        _http: &crate::platform::http_client::LazyClient,
     ) -> Result<Box<dyn Verify>, ConfigError> {
         let secrets = config.required_secrets()?;
         Ok(Box::new(StripeVerifier::new(

@@ -18,9 +18,10 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::api_keys::{KeyEntry, KeysConfig};
-use crate::config::{
-    value_free, ConfigError, SinkConfig, SourceConfig, API_KEYS_VAR, EFFECTS_VAR, SOURCES_VAR,
+use crate::platform::api_keys::{KeyEntry, KeysConfig};
+use crate::platform::config::{
+    value_free, ApiKeyOnUse, ConfigError, SinkConfig, SourceConfig, API_KEYS_VAR, EFFECTS_VAR,
+    SOURCES_VAR,
 };
 use crate::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
@@ -221,10 +222,20 @@ impl ApiKeyRead {
     }
 }
 
+impl ApiKeyOnUse for ApiKeyRead {
+    fn key(&self) -> crate::BoxFuture<'_, anyhow::Result<String>> {
+        Box::pin(ApiKeyRead::key(self))
+    }
+
+    fn failures(&self) -> u32 {
+        ApiKeyRead::failures(self)
+    }
+}
+
 /// The Embedded Metric Format line for one failed read of a source's secret:
 /// `SecretReadFailures` by `Stack`, `Source` and `Function`.
 pub fn secret_read_failure_metric(source: &str, function: &str, now: DateTime<Utc>) -> Value {
-    let mut line = crate::metrics::document(
+    let mut line = crate::platform::metrics::document(
         now,
         &[&["Source", "Function"]],
         &[("SecretReadFailures", "Count")],
@@ -241,7 +252,7 @@ pub enum ApiKey {
     /// Inline, or read from the source's secret at cold start.
     Known(String),
     /// Read from the source's secret on use: the read at cold start failed.
-    OnUse(Arc<ApiKeyRead>),
+    OnUse(Arc<dyn ApiKeyOnUse>),
 }
 
 impl ApiKey {
@@ -268,7 +279,7 @@ impl From<String> for ApiKey {
 /// A Secrets Manager client configured like every AWS client here (`AWS_ENDPOINT_URL`
 /// points it at the local server in development and tests).
 pub async fn client() -> aws_sdk_secretsmanager::Client {
-    aws_sdk_secretsmanager::Client::new(&crate::queue::sdk_config().await)
+    aws_sdk_secretsmanager::Client::new(&crate::platform::queue::sdk_config().await)
 }
 
 /// The sources with what their secrets hold filled in, as `needs` says; inline values win.
@@ -614,7 +625,7 @@ pub async fn resolve_api_keys(keys: &KeysConfig) -> Result<Vec<KeyEntry>, Config
     let text = read_text(&client().await, secret_id)
         .await
         .map_err(|detail| ConfigError::at(API_KEYS_VAR, "secret_id", detail))?;
-    crate::api_keys::parse_list(&text).map_err(|e| {
+    crate::platform::api_keys::parse_list(&text).map_err(|e| {
         ConfigError::at(
             API_KEYS_VAR,
             "secret_id",

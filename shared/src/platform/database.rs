@@ -1,35 +1,28 @@
-//! Where the functions' database is and how they log in (docs/design.md §5.3): `DATABASE_URL`
-//! (local use and tests), or the Secrets Manager secret `DATABASE_SECRET_ID` names — a URL
-//! string or the JSON RDS keeps (`username`, `password`, `host`, `port`, `dbname`) — read
-//! once per cold start into connection options, and read again once after the database
-//! refuses the login, so that a rotated password needs no redeploy. `DATABASE_TLS` says how the
-//! server is checked: a secret's connections are `verify-full` unless it says otherwise,
-//! against the roots the library carries ([`AWS_DATABASE_ROOTS`]: RDS's and RDS Proxy's) or
-//! the bundle `DATABASE_CA_FILE` names; a `DATABASE_URL` (local use and tests) keeps what the
-//! URL says. `DATABASE_POOLER=transaction` says a transaction-mode pooler (RDS Proxy) stands
-//! in between: no statement is then named ([`crate::db::exec`]).
+//! How the functions log in to their database (docs/design.md §5.3): the connection options
+//! of what the configuration names ([`DatabaseConfig`]) — `DATABASE_URL` (local use and
+//! tests), or the Secrets Manager secret `DATABASE_SECRET_ID` names, a URL string or the JSON
+//! RDS keeps (`username`, `password`, `host`, `port`, `dbname`) — read once per cold start, and
+//! read again once after the database refuses the login, so that a rotated password needs no
+//! redeploy. `DATABASE_TLS` says how the server is checked: a secret's connections are
+//! `verify-full` unless it says otherwise, against the roots the library carries
+//! ([`AWS_DATABASE_ROOTS`]: RDS's and RDS Proxy's) or the bundle `DATABASE_CA_FILE` names; a
+//! `DATABASE_URL` keeps what the URL says. With `DATABASE_POOLER=transaction` no statement is
+//! named ([`crate::platform::db::exec`]).
 
 use std::fmt;
-use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
-use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
-use crate::config::ConfigError;
-
-pub const URL_VAR: &str = "DATABASE_URL";
-pub const SECRET_VAR: &str = "DATABASE_SECRET_ID";
-pub const CA_VAR: &str = "DATABASE_CA_FILE";
-pub const TLS_VAR: &str = "DATABASE_TLS";
-pub const HOST_VAR: &str = "DATABASE_HOST";
-pub const PORT_VAR: &str = "DATABASE_PORT";
-pub const NAME_VAR: &str = "DATABASE_NAME";
-pub const POOLER_VAR: &str = "DATABASE_POOLER";
+use crate::platform::config::{
+    ConfigError, DatabaseConfig, DatabaseSource, Endpoint, Pooler, DATABASE_CA_VAR,
+    DATABASE_HOST_VAR, DATABASE_SECRET_VAR, DATABASE_URL_VAR,
+};
 
 /// How long one read of the database's secret may take: a connection attempt waits on it.
 const READ_BUDGET: Duration = Duration::from_secs(3);
@@ -46,241 +39,6 @@ pub const AWS_DATABASE_ROOTS: &[u8] = include_bytes!(concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/certs/aws-database-roots.pem"
 ));
-
-/// `DATABASE_TLS`: what a connection asks of the server, by libpq's `sslmode` names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tls {
-    /// TLS, with a certificate that chains to the roots and names the host: the default of a
-    /// secret's connections.
-    VerifyFull,
-    /// TLS, with a certificate that chains to the roots, whatever name it holds (a tunnel
-    /// reached as `localhost`).
-    VerifyCa,
-    /// TLS, the certificate unchecked: encrypted, the server not authenticated.
-    Require,
-    /// TLS when the server offers it, unchecked; else none (a URL without `sslmode`).
-    Prefer,
-    /// No TLS.
-    Disable,
-}
-
-impl Tls {
-    fn parse(value: &str) -> Result<Self, ConfigError> {
-        match value {
-            "verify-full" => Ok(Self::VerifyFull),
-            "verify-ca" => Ok(Self::VerifyCa),
-            "require" => Ok(Self::Require),
-            "prefer" => Ok(Self::Prefer),
-            "disable" => Ok(Self::Disable),
-            other => Err(ConfigError::new(
-                TLS_VAR,
-                format!("'{other}' is not one of verify-full, verify-ca, require, prefer, disable"),
-            )),
-        }
-    }
-
-    /// Whether the server's certificate is checked against roots.
-    pub fn verifies(self) -> bool {
-        matches!(self, Self::VerifyFull | Self::VerifyCa)
-    }
-
-    pub fn ssl_mode(self) -> PgSslMode {
-        match self {
-            Self::VerifyFull => PgSslMode::VerifyFull,
-            Self::VerifyCa => PgSslMode::VerifyCa,
-            Self::Require => PgSslMode::Require,
-            Self::Prefer => PgSslMode::Prefer,
-            Self::Disable => PgSslMode::Disable,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Self::VerifyFull => "verify-full",
-            Self::VerifyCa => "verify-ca",
-            Self::Require => "require",
-            Self::Prefer => "prefer",
-            Self::Disable => "disable",
-        }
-    }
-}
-
-/// Where the connection settings come from.
-#[derive(Clone, PartialEq, Eq)]
-pub enum DatabaseSource {
-    /// `DATABASE_URL`, fixed for the process.
-    Url(String),
-    /// `DATABASE_SECRET_ID`: the secret's ARN or name.
-    Secret(String),
-}
-
-/// `DATABASE_URL` holds a password: never shown.
-impl fmt::Debug for DatabaseSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Url(_) => f.write_str("Url(redacted)"),
-            Self::Secret(id) => f.debug_tuple("Secret").field(id).finish(),
-        }
-    }
-}
-
-/// What a function reads about its database at cold start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DatabaseConfig {
-    pub source: DatabaseSource,
-    /// `DATABASE_TLS` as given; [`Self::tls_mode`] says what the connections do.
-    pub tls: Option<Tls>,
-    /// `DATABASE_CA_FILE`: a PEM bundle that a verifying connection checks the server
-    /// against instead of [`AWS_DATABASE_ROOTS`]; with it the default is `verify-full`, for a
-    /// URL too. A relative path is taken from the function's package (`LAMBDA_TASK_ROOT`).
-    pub ca_file: Option<PathBuf>,
-    /// Where the database is when its secret does not say: the secret RDS manages for a
-    /// master user holds only `username` and `password`.
-    pub endpoint: Endpoint,
-    /// `DATABASE_POOLER`: what is between the functions and Postgres.
-    pub pooler: Pooler,
-}
-
-/// `DATABASE_POOLER`: `none` (the default) when the functions reach Postgres itself, or
-/// `transaction` through a pooler that may hand each transaction to another server
-/// connection: RDS Proxy, PgBouncer's `pool_mode = transaction` (docs/deploy.md, RDS Proxy).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Pooler {
-    /// Each statement is prepared once per connection under a name and cached: one round
-    /// trip each after the first.
-    #[default]
-    None,
-    /// No session state: every statement is unnamed (one round trip more each), and the
-    /// worker bounds its transactions through a function, not a `SET` (RDS Proxy pins a
-    /// session that runs `SET` or names a prepared statement).
-    Transaction,
-}
-
-impl Pooler {
-    fn parse(value: &str) -> Result<Self, ConfigError> {
-        match value {
-            "none" => Ok(Self::None),
-            "transaction" => Ok(Self::Transaction),
-            other => Err(ConfigError::new(
-                POOLER_VAR,
-                format!(
-                    "'{other}' is neither 'none' nor 'transaction' (RDS Proxy is 'transaction')"
-                ),
-            )),
-        }
-    }
-}
-
-/// `DATABASE_HOST`, `DATABASE_PORT`, `DATABASE_NAME`: what a JSON secret's `host`, `port`
-/// and `dbname` fall back to (the secret's own win).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Endpoint {
-    pub host: Option<String>,
-    pub port: Option<u16>,
-    pub dbname: Option<String>,
-}
-
-impl DatabaseConfig {
-    /// Reads `DATABASE_SECRET_ID` or `DATABASE_URL` (exactly one), `DATABASE_TLS` and
-    /// `DATABASE_CA_FILE`.
-    pub fn read(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let get = |var: &str| {
-            lookup(var)
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-        };
-        let source = match (get(SECRET_VAR), get(URL_VAR)) {
-            (Some(_), Some(_)) => {
-                return Err(ConfigError::new(
-                    SECRET_VAR,
-                    "is set beside DATABASE_URL: set one (the secret when deployed, the URL for local use)",
-                ))
-            }
-            (Some(id), None) => DatabaseSource::Secret(id),
-            (None, Some(url)) => {
-                PgConnectOptions::from_str(&url).map_err(|_| {
-                    ConfigError::new(
-                        URL_VAR,
-                        "is not a postgres:// URL (a password's #, %, ? or / must be percent-encoded)",
-                    )
-                })?;
-                DatabaseSource::Url(url)
-            }
-            (None, None) => {
-                return Err(ConfigError::new(
-                    SECRET_VAR,
-                    "is not set (nor DATABASE_URL): name the database's secret",
-                ))
-            }
-        };
-        let ca_file = get(CA_VAR).map(|path| {
-            let path = PathBuf::from(path);
-            match (path.is_relative(), get("LAMBDA_TASK_ROOT")) {
-                (true, Some(root)) => Path::new(&root).join(path),
-                _ => path,
-            }
-        });
-        let tls = get(TLS_VAR).map(|value| Tls::parse(&value)).transpose()?;
-        if let (Some(tls), Some(ca_file)) = (tls, &ca_file) {
-            if !tls.verifies() {
-                return Err(ConfigError::new(
-                    CA_VAR,
-                    format!(
-                        "names a CA bundle ('{}'), but DATABASE_TLS '{}' checks no certificate: \
-                         set DATABASE_TLS to verify-full (or verify-ca), or leave DATABASE_CA_FILE unset",
-                        ca_file.display(),
-                        tls.name()
-                    ),
-                ));
-            }
-        }
-        let port = match get(PORT_VAR) {
-            None => None,
-            Some(port) => Some(port.parse().map_err(|_| {
-                ConfigError::new(PORT_VAR, format!("'{port}' is not a port number"))
-            })?),
-        };
-        let endpoint = Endpoint {
-            host: get(HOST_VAR),
-            port,
-            dbname: get(NAME_VAR),
-        };
-        let pooler = get(POOLER_VAR)
-            .map(|value| Pooler::parse(&value))
-            .transpose()?
-            .unwrap_or_default();
-        Ok(Self {
-            source,
-            tls,
-            ca_file,
-            endpoint,
-            pooler,
-        })
-    }
-
-    /// A configuration of `url` alone, as tests and tools build one.
-    pub fn url(url: impl Into<String>) -> Self {
-        Self {
-            source: DatabaseSource::Url(url.into()),
-            tls: None,
-            ca_file: None,
-            endpoint: Endpoint::default(),
-            pooler: Pooler::None,
-        }
-    }
-
-    /// What every connection asks of the server: `DATABASE_TLS` when set; else `verify-full`
-    /// for a secret's connections (a deployed function's) and with `DATABASE_CA_FILE`; else
-    /// `None`, what the `DATABASE_URL` says (`prefer` when it names no `sslmode`: local use
-    /// and tests, where Postgres is on 127.0.0.1).
-    pub fn tls_mode(&self) -> Option<Tls> {
-        match (self.tls, &self.source, &self.ca_file) {
-            (Some(tls), _, _) => Some(tls),
-            (None, DatabaseSource::Secret(_), _) | (None, _, Some(_)) => Some(Tls::VerifyFull),
-            (None, DatabaseSource::Url(_), None) => None,
-        }
-    }
-}
 
 /// The RDS-shaped secret: what Secrets Manager's RDS rotation keeps, or what a secret RDS
 /// manages itself holds (`username` and `password`, the rest from [`Endpoint`]).
@@ -338,7 +96,9 @@ pub fn options_from_secret(
         .host
         .filter(|h| !h.is_empty())
         .or_else(|| endpoint.host.clone())
-        .ok_or_else(|| format!("the secret '{id}' has no host, and {HOST_VAR} is not set"))?;
+        .ok_or_else(|| {
+            format!("the secret '{id}' has no host, and {DATABASE_HOST_VAR} is not set")
+        })?;
     let port = match secret.port {
         None => endpoint.port.unwrap_or(5432),
         Some(Port::Number(port)) => port,
@@ -373,6 +133,43 @@ pub fn is_refused_login(error: &sqlx::Error) -> bool {
         .is_some_and(|code| code == "28P01" || code == "28000")
 }
 
+/// The options of every pool: it gives up on a connection quickly instead of holding the
+/// caller ([`crate::platform::db::lazy_pool`], [`Database::pool`]).
+pub fn pool_options(max_connections: u32) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(3))
+        // Lambda freezes idle instances; a connection found dead is replaced, not used.
+        .test_before_acquire(true)
+        .idle_timeout(Duration::from_secs(300))
+}
+
+/// How long opening a connection may take before the caller is answered without one.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Set once at cold start when the functions reach Postgres through a transaction-mode pooler
+/// (`DATABASE_POOLER=transaction`): from then on no statement is named.
+static UNNAMED: AtomicBool = AtomicBool::new(false);
+
+/// From now on every statement [`crate::platform::db::exec`] runs is unnamed and inside a
+/// transaction. A named statement is session state: a transaction-mode pooler hands the client's
+/// next transaction to another server connection, where the name is unknown (PgBouncer before 1.21)
+/// or, on RDS Proxy, pins the client to one server connection for the rest of its session
+/// (docs/deploy.md, "RDS Proxy"). sqlx sends the unnamed statement in two round trips (Parse,
+/// Describe and Sync; then Bind, Execute and Sync), and outside a transaction the first Sync
+/// already ends it for the pooler, which may then run the Bind on another server connection: one
+/// that has no unnamed statement, or another client's. So a statement that is not in a transaction
+/// gets one of its own. The process is one function instance with one configuration, so the choice
+/// is the process's; it is never turned off.
+pub fn send_unnamed_statements() {
+    UNNAMED.store(true, Ordering::Relaxed);
+}
+
+/// Whether this process sends every statement unnamed ([`send_unnamed_statements`]).
+pub fn sends_unnamed_statements() -> bool {
+    UNNAMED.load(Ordering::Relaxed)
+}
+
 /// The options every connection of this process takes, and what replaces them after a
 /// rotation: the held connections read them at each connect, the pools are told.
 pub struct Database {
@@ -403,25 +200,27 @@ impl Database {
         let (options, client) = match &config.source {
             DatabaseSource::Url(url) => (
                 PgConnectOptions::from_str(url)
-                    .map_err(|_| ConfigError::new(URL_VAR, "is not a postgres:// URL"))?,
+                    .map_err(|_| ConfigError::new(DATABASE_URL_VAR, "is not a postgres:// URL"))?,
                 None,
             ),
             DatabaseSource::Secret(id) => {
-                let client = crate::secrets::client().await;
-                let text =
-                    tokio::time::timeout(READ_BUDGET, crate::secrets::read_text(&client, id))
-                        .await
-                        .unwrap_or_else(|_| Err(not_in_time(id)))
-                        .map_err(|detail| ConfigError::new(SECRET_VAR, detail))?;
+                let client = crate::platform::secrets::client().await;
+                let text = tokio::time::timeout(
+                    READ_BUDGET,
+                    crate::platform::secrets::read_text(&client, id),
+                )
+                .await
+                .unwrap_or_else(|_| Err(not_in_time(id)))
+                .map_err(|detail| ConfigError::new(DATABASE_SECRET_VAR, detail))?;
                 let options = options_from_secret(id, &text, &config.endpoint)
-                    .map_err(|detail| ConfigError::new(SECRET_VAR, detail))?;
+                    .map_err(|detail| ConfigError::new(DATABASE_SECRET_VAR, detail))?;
                 (options, Some(client))
             }
         };
         let options = with_tls(options, config)?;
         if config.pooler == Pooler::Transaction {
             // The process is one function instance: its every statement from now on.
-            crate::db::send_unnamed_statements();
+            send_unnamed_statements();
         }
         Ok(Arc::new(Self::with(config.clone(), client, options)))
     }
@@ -459,10 +258,10 @@ impl Database {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// A pool that connects on first use ([`crate::db::lazy_pool`]) with these options, and
+    /// A pool that connects on first use ([`crate::platform::db::lazy_pool`]) with these options, and
     /// takes the new ones after a rotation.
     pub fn pool(&self, max_connections: u32) -> PgPool {
-        let pool = crate::db::pool_options(max_connections).connect_lazy_with(self.options());
+        let pool = pool_options(max_connections).connect_lazy_with(self.options());
         self.pools
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -488,26 +287,27 @@ impl Database {
             return true;
         }
         if last_reread.is_some_and(|at| at.elapsed() < REREAD_INTERVAL) {
-            tracing::warn!(var = SECRET_VAR, secret_id = %id,
+            tracing::warn!(var = DATABASE_SECRET_VAR, secret_id = %id,
                 "the database refused the login; its secret was read less than {} s ago",
                 REREAD_INTERVAL.as_secs());
             return false;
         }
         *last_reread = Some(Instant::now());
-        let options = tokio::time::timeout(READ_BUDGET, crate::secrets::read_text(client, id))
-            .await
-            .unwrap_or_else(|_| Err(not_in_time(id)))
-            .and_then(|text| options_from_secret(id, &text, &self.config.endpoint))
-            .and_then(|options| with_tls(options, &self.config).map_err(|e| e.to_string()));
+        let options =
+            tokio::time::timeout(READ_BUDGET, crate::platform::secrets::read_text(client, id))
+                .await
+                .unwrap_or_else(|_| Err(not_in_time(id)))
+                .and_then(|text| options_from_secret(id, &text, &self.config.endpoint))
+                .and_then(|options| with_tls(options, &self.config).map_err(|e| e.to_string()));
         match options {
             Ok(options) => {
                 self.replace(options);
-                tracing::info!(var = SECRET_VAR, secret_id = %id,
+                tracing::info!(var = DATABASE_SECRET_VAR, secret_id = %id,
                     "the database refused the login; its secret was read again and its options replaced");
                 true
             }
             Err(detail) => {
-                tracing::error!(var = SECRET_VAR, error = %detail,
+                tracing::error!(var = DATABASE_SECRET_VAR, error = %detail,
                     "the database refused the login and its secret could not be read again");
                 false
             }
@@ -524,8 +324,7 @@ impl Database {
             return;
         }
         let generation = self.generation();
-        let tried =
-            tokio::time::timeout(crate::db::CONNECT_TIMEOUT, self.options().connect()).await;
+        let tried = tokio::time::timeout(CONNECT_TIMEOUT, self.options().connect()).await;
         if let Ok(Err(error)) = tried {
             self.after_connect_error(&error, generation).await;
         }
@@ -575,7 +374,7 @@ pub fn with_tls(
     };
     if !ca_file.is_file() {
         return Err(ConfigError::new(
-            CA_VAR,
+            DATABASE_CA_VAR,
             format!(
                 "'{}' is not a file (the CA bundle must be packaged with the function)",
                 ca_file.display()
@@ -588,6 +387,8 @@ pub fn with_tls(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::platform::config::{DATABASE_NAME_VAR, DATABASE_PORT_VAR, DATABASE_TLS_VAR};
+    use sqlx::postgres::PgSslMode;
 
     fn config(vars: &[(&str, &str)]) -> Result<DatabaseConfig, ConfigError> {
         DatabaseConfig::read(|var| {
@@ -595,113 +396,6 @@ mod tests {
                 .find(|(k, _)| *k == var)
                 .map(|(_, v)| v.to_string())
         })
-    }
-
-    #[test]
-    fn the_secret_or_the_url_exactly_one() {
-        assert_eq!(
-            config(&[(SECRET_VAR, "arn:aws:secretsmanager:eu-west-1:1:secret:db")])
-                .unwrap()
-                .source,
-            DatabaseSource::Secret("arn:aws:secretsmanager:eu-west-1:1:secret:db".into())
-        );
-        assert!(matches!(
-            config(&[(URL_VAR, "postgres://u:p@h/d")]).unwrap().source,
-            DatabaseSource::Url(_)
-        ));
-        let both = config(&[(SECRET_VAR, "db"), (URL_VAR, "postgres://u:p@h/d")]).unwrap_err();
-        assert_eq!(both.var, SECRET_VAR);
-        assert_eq!(
-            config(&[]).unwrap_err().to_string(),
-            "DATABASE_SECRET_ID: is not set (nor DATABASE_URL): name the database's secret"
-        );
-    }
-
-    #[test]
-    fn the_pooler_is_none_unless_named() {
-        let url = (URL_VAR, "postgres://u:p@h/d");
-        assert_eq!(config(&[url]).unwrap().pooler, Pooler::None);
-        assert_eq!(
-            config(&[url, (POOLER_VAR, "none")]).unwrap().pooler,
-            Pooler::None
-        );
-        assert_eq!(
-            config(&[url, (POOLER_VAR, " transaction ")])
-                .unwrap()
-                .pooler,
-            Pooler::Transaction
-        );
-        assert_eq!(
-            config(&[url, (POOLER_VAR, "session")]).unwrap_err().to_string(),
-            "DATABASE_POOLER: 'session' is neither 'none' nor 'transaction' (RDS Proxy is 'transaction')"
-        );
-    }
-
-    #[test]
-    fn a_relative_ca_file_is_in_the_package() {
-        let c = config(&[
-            (SECRET_VAR, "db"),
-            (CA_VAR, "certs/global-bundle.pem"),
-            ("LAMBDA_TASK_ROOT", "/var/task"),
-        ])
-        .unwrap();
-        assert_eq!(
-            c.ca_file.as_deref(),
-            Some(Path::new("/var/task/certs/global-bundle.pem"))
-        );
-    }
-
-    #[test]
-    fn a_secret_is_verified_in_full_unless_told_otherwise_and_a_url_keeps_its_own() {
-        let secret = (
-            SECRET_VAR,
-            "arn:aws:secretsmanager:eu-west-1:1:secret:rds!db-1-AbCdEf",
-        );
-        let url = (URL_VAR, "postgres://postgres@127.0.0.1:61320/postgres");
-        let ca = (CA_VAR, "/opt/global-bundle.pem");
-        let mode = |vars: &[(&str, &str)]| config(vars).unwrap().tls_mode();
-        assert_eq!(mode(&[secret]), Some(Tls::VerifyFull));
-        assert_eq!(mode(&[secret, ca]), Some(Tls::VerifyFull));
-        // Local use and tests: what the URL says (sqlx's prefer when it says nothing).
-        assert_eq!(mode(&[url]), None);
-        assert_eq!(mode(&[url, ca]), Some(Tls::VerifyFull));
-        for (value, tls) in [
-            ("verify-full", Tls::VerifyFull),
-            ("verify-ca", Tls::VerifyCa),
-            ("require", Tls::Require),
-            ("prefer", Tls::Prefer),
-            (" disable ", Tls::Disable),
-        ] {
-            assert_eq!(mode(&[secret, (TLS_VAR, value)]), Some(tls));
-            assert_eq!(mode(&[url, (TLS_VAR, value)]), Some(tls));
-        }
-        assert_eq!(
-            mode(&[secret, ca, (TLS_VAR, "verify-ca")]),
-            Some(Tls::VerifyCa)
-        );
-    }
-
-    #[test]
-    fn a_tls_setting_that_cannot_work_is_refused_by_name() {
-        let secret = (SECRET_VAR, "db");
-        assert_eq!(
-            config(&[secret, (TLS_VAR, "verify")])
-                .unwrap_err()
-                .to_string(),
-            "DATABASE_TLS: 'verify' is not one of verify-full, verify-ca, require, prefer, disable"
-        );
-        assert_eq!(
-            config(&[
-                secret,
-                (TLS_VAR, "require"),
-                (CA_VAR, "/opt/global-bundle.pem")
-            ])
-            .unwrap_err()
-            .to_string(),
-            "DATABASE_CA_FILE: names a CA bundle ('/opt/global-bundle.pem'), but DATABASE_TLS \
-             'require' checks no certificate: set DATABASE_TLS to verify-full (or verify-ca), \
-             or leave DATABASE_CA_FILE unset"
-        );
     }
 
     /// The options a connection takes: the setting's `sslmode`, whatever the secret's URL
@@ -716,32 +410,32 @@ mod tests {
             .unwrap()
             .get_ssl_mode()
         };
-        let secret = (SECRET_VAR, "db");
+        let secret = (DATABASE_SECRET_VAR, "db");
         let weak = "postgres://u:p@db.example/d?sslmode=disable";
         assert!(matches!(from(&[secret], weak), PgSslMode::VerifyFull));
         assert!(matches!(
-            from(&[secret, (TLS_VAR, "verify-ca")], weak),
+            from(&[secret, (DATABASE_TLS_VAR, "verify-ca")], weak),
             PgSslMode::VerifyCa
         ));
         assert!(matches!(
-            from(&[secret, (TLS_VAR, "require")], weak),
+            from(&[secret, (DATABASE_TLS_VAR, "require")], weak),
             PgSslMode::Require
         ));
         let local = "postgres://postgres@127.0.0.1:61320/postgres";
-        let url = (URL_VAR, local);
+        let url = (DATABASE_URL_VAR, local);
         assert!(matches!(from(&[url], local), PgSslMode::Prefer));
         assert!(matches!(from(&[url], weak), PgSslMode::Disable));
         assert!(matches!(
-            from(&[url, (TLS_VAR, "verify-full")], local),
+            from(&[url, (DATABASE_TLS_VAR, "verify-full")], local),
             PgSslMode::VerifyFull
         ));
         // A bundle that is not there stops the cold start, naming it.
         let missing = with_tls(
             PgConnectOptions::from_str(local).unwrap(),
-            &config(&[secret, (CA_VAR, "/nowhere/bundle.pem")]).unwrap(),
+            &config(&[secret, (DATABASE_CA_VAR, "/nowhere/bundle.pem")]).unwrap(),
         )
         .unwrap_err();
-        assert_eq!(missing.var, CA_VAR);
+        assert_eq!(missing.var, DATABASE_CA_VAR);
     }
 
     /// What the library trusts by default is Amazon's: RDS's roots, and the Amazon Trust
@@ -807,10 +501,13 @@ mod tests {
     #[test]
     fn a_secret_rds_manages_takes_the_endpoint_from_the_environment() {
         let endpoint = config(&[
-            (SECRET_VAR, "db"),
-            (HOST_VAR, "billing.cluster-abc.eu-west-1.rds.amazonaws.com"),
-            (PORT_VAR, "5433"),
-            (NAME_VAR, "billing"),
+            (DATABASE_SECRET_VAR, "db"),
+            (
+                DATABASE_HOST_VAR,
+                "billing.cluster-abc.eu-west-1.rds.amazonaws.com",
+            ),
+            (DATABASE_PORT_VAR, "5433"),
+            (DATABASE_NAME_VAR, "billing"),
         ])
         .unwrap()
         .endpoint;
@@ -836,7 +533,8 @@ mod tests {
             error,
             "the secret 'db' has no host, and DATABASE_HOST is not set"
         );
-        let bad_port = config(&[(SECRET_VAR, "db"), (PORT_VAR, "x")]).unwrap_err();
+        let bad_port =
+            config(&[(DATABASE_SECRET_VAR, "db"), (DATABASE_PORT_VAR, "x")]).unwrap_err();
         assert_eq!(
             bad_port.to_string(),
             "DATABASE_PORT: 'x' is not a port number"
@@ -865,11 +563,5 @@ mod tests {
             assert!(!error.contains("hunter2"), "{error}");
             assert!(error.contains("'db'"), "{error}");
         }
-    }
-
-    #[test]
-    fn the_source_never_shows_its_url() {
-        let shown = format!("{:?}", DatabaseConfig::url("postgres://u:hunter2@h/d"));
-        assert!(!shown.contains("hunter2"), "{shown}");
     }
 }

@@ -33,7 +33,7 @@ enum Transport {
     },
     /// The simulator's queue (docs/design.md §10).
     #[cfg(feature = "dev")]
-    Sim(std::sync::Arc<dyn crate::sim::SimQueue>),
+    Sim(std::sync::Arc<dyn crate::platform::sim::SimQueue>),
 }
 
 /// Loads the standard AWS configuration (`AWS_ENDPOINT_URL`, region, credentials) with
@@ -86,7 +86,7 @@ impl Queue {
 
     /// A queue the simulator keeps in memory.
     #[cfg(feature = "dev")]
-    pub fn simulated(queue: std::sync::Arc<dyn crate::sim::SimQueue>) -> Self {
+    pub fn simulated(queue: std::sync::Arc<dyn crate::platform::sim::SimQueue>) -> Self {
         Self {
             transport: Transport::Sim(queue),
         }

@@ -3,17 +3,24 @@
 //! the field within it, that is missing or malformed.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
 use serde::Deserialize;
+use sqlx::postgres::PgConnectOptions;
 
-use crate::api_keys::KeysConfig;
-use crate::billing::Catalog;
-use crate::domain::SourceKind;
+use crate::domain::{Catalog, SourceKind};
+use crate::platform::api_keys::KeysConfig;
 use crate::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
-pub use crate::inbox::purge::{DEFAULT_RETENTION_DAYS, MIN_RETENTION_DAYS};
+/// How long the purge keeps finished events when `INBOX_RETENTION_DAYS` is not set
+/// (docs/design.md §3.9).
+pub const DEFAULT_RETENTION_DAYS: u64 = 30;
+/// Twice the longest provider retry window (Stripe retries for 3 days): a webhook copy comes
+/// while its event is still stored.
+pub const MIN_RETENTION_DAYS: u64 = 6;
 
 /// A variable that is missing or malformed; the message names it, and the field within it.
 #[derive(thiserror::Error, PartialEq, Eq)]
@@ -94,7 +101,7 @@ pub struct SourceConfig {
     #[serde(default)]
     pub livemode: Option<bool>,
     /// The AWS Secrets Manager secret (ARN or name) holding the source's signing secrets,
-    /// `{"secrets": [...]}`, read by the intake once per cold start ([`crate::secrets`]);
+    /// `{"secrets": [...]}`, read by the intake once per cold start ([`crate::platform::secrets`]);
     /// inline values are for local use. (Before `api_key_secret_id`, the same secret also held
     /// the API key: that combined layout still works, with a warning.)
     #[serde(default)]
@@ -105,9 +112,19 @@ pub struct SourceConfig {
     #[serde(default)]
     pub api_key_secret_id: Option<String>,
     /// The API key's read from its secret, when it failed at cold start: a provider read
-    /// tries it again (set by [`crate::secrets::resolve`], never by the configuration).
+    /// tries it again (set by [`crate::platform::secrets::resolve`], never by the configuration).
     #[serde(skip)]
-    pub api_key_read: Option<std::sync::Arc<crate::secrets::ApiKeyRead>>,
+    pub api_key_read: Option<std::sync::Arc<dyn ApiKeyOnUse>>,
+}
+
+/// A source's API key whose read failed at cold start, read again when a provider read needs
+/// it ([`crate::platform::secrets::ApiKeyRead`], with a backoff). The configuration only
+/// carries it beside its source; the secrets module makes it.
+pub trait ApiKeyOnUse: fmt::Debug + Send + Sync {
+    /// The key: the one read, or a read now when the backoff allows it, or why not.
+    fn key(&self) -> crate::BoxFuture<'_, anyhow::Result<String>>;
+    /// Failed reads of its secret so far.
+    fn failures(&self) -> u32;
 }
 
 /// Secrets never reach a log line, not even through `{:?}`.
@@ -430,6 +447,256 @@ pub fn parse_plans(raw: &str) -> Result<Catalog, ConfigError> {
     Catalog::parse(raw).map_err(|e| ConfigError::at(PLANS_VAR, e.key, e.detail))
 }
 
+// Where the functions' database is: `DATABASE_URL` (local use and tests), or the secret
+// `DATABASE_SECRET_ID` names, which `platform::database` reads into connection options at
+// cold start, and how its server is checked (docs/design.md §5.3).
+pub const DATABASE_URL_VAR: &str = "DATABASE_URL";
+pub const DATABASE_SECRET_VAR: &str = "DATABASE_SECRET_ID";
+pub const DATABASE_CA_VAR: &str = "DATABASE_CA_FILE";
+pub const DATABASE_TLS_VAR: &str = "DATABASE_TLS";
+pub const DATABASE_HOST_VAR: &str = "DATABASE_HOST";
+pub const DATABASE_PORT_VAR: &str = "DATABASE_PORT";
+pub const DATABASE_NAME_VAR: &str = "DATABASE_NAME";
+pub const DATABASE_POOLER_VAR: &str = "DATABASE_POOLER";
+
+/// `DATABASE_TLS`: what a connection asks of the server, by libpq's `sslmode` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tls {
+    /// TLS, with a certificate that chains to the roots and names the host: the default of a
+    /// secret's connections.
+    VerifyFull,
+    /// TLS, with a certificate that chains to the roots, whatever name it holds (a tunnel
+    /// reached as `localhost`).
+    VerifyCa,
+    /// TLS, the certificate unchecked: encrypted, the server not authenticated.
+    Require,
+    /// TLS when the server offers it, unchecked; else none (a URL without `sslmode`).
+    Prefer,
+    /// No TLS.
+    Disable,
+}
+
+impl Tls {
+    fn parse(value: &str) -> Result<Self, ConfigError> {
+        match value {
+            "verify-full" => Ok(Self::VerifyFull),
+            "verify-ca" => Ok(Self::VerifyCa),
+            "require" => Ok(Self::Require),
+            "prefer" => Ok(Self::Prefer),
+            "disable" => Ok(Self::Disable),
+            other => Err(ConfigError::new(
+                DATABASE_TLS_VAR,
+                format!("'{other}' is not one of verify-full, verify-ca, require, prefer, disable"),
+            )),
+        }
+    }
+
+    /// Whether the server's certificate is checked against roots.
+    pub fn verifies(self) -> bool {
+        matches!(self, Self::VerifyFull | Self::VerifyCa)
+    }
+
+    pub fn ssl_mode(self) -> sqlx::postgres::PgSslMode {
+        use sqlx::postgres::PgSslMode;
+        match self {
+            Self::VerifyFull => PgSslMode::VerifyFull,
+            Self::VerifyCa => PgSslMode::VerifyCa,
+            Self::Require => PgSslMode::Require,
+            Self::Prefer => PgSslMode::Prefer,
+            Self::Disable => PgSslMode::Disable,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::VerifyFull => "verify-full",
+            Self::VerifyCa => "verify-ca",
+            Self::Require => "require",
+            Self::Prefer => "prefer",
+            Self::Disable => "disable",
+        }
+    }
+}
+
+/// Where the connection settings come from.
+#[derive(Clone, PartialEq, Eq)]
+pub enum DatabaseSource {
+    /// `DATABASE_URL`, fixed for the process.
+    Url(String),
+    /// `DATABASE_SECRET_ID`: the secret's ARN or name.
+    Secret(String),
+}
+
+/// `DATABASE_URL` holds a password: never shown.
+impl fmt::Debug for DatabaseSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Url(_) => f.write_str("Url(redacted)"),
+            Self::Secret(id) => f.debug_tuple("Secret").field(id).finish(),
+        }
+    }
+}
+
+/// What a function reads about its database at cold start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatabaseConfig {
+    pub source: DatabaseSource,
+    /// `DATABASE_TLS` as given; [`Self::tls_mode`] says what the connections do.
+    pub tls: Option<Tls>,
+    /// `DATABASE_CA_FILE`: a PEM bundle that a verifying connection checks the server
+    /// against instead of [`crate::platform::database::AWS_DATABASE_ROOTS`]; with it the default is `verify-full`, for a
+    /// URL too. A relative path is taken from the function's package (`LAMBDA_TASK_ROOT`).
+    pub ca_file: Option<PathBuf>,
+    /// Where the database is when its secret does not say: the secret RDS manages for a
+    /// master user holds only `username` and `password`.
+    pub endpoint: Endpoint,
+    /// `DATABASE_POOLER`: what is between the functions and Postgres.
+    pub pooler: Pooler,
+}
+
+/// `DATABASE_POOLER`: `none` (the default) when the functions reach Postgres itself, or
+/// `transaction` through a pooler that may hand each transaction to another server
+/// connection: RDS Proxy, PgBouncer's `pool_mode = transaction` (docs/deploy.md, RDS Proxy).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Pooler {
+    /// Each statement is prepared once per connection under a name and cached: one round
+    /// trip each after the first.
+    #[default]
+    None,
+    /// No session state: every statement is unnamed (one round trip more each), and the
+    /// worker bounds its transactions through a function, not a `SET` (RDS Proxy pins a
+    /// session that runs `SET` or names a prepared statement).
+    Transaction,
+}
+
+impl Pooler {
+    fn parse(value: &str) -> Result<Self, ConfigError> {
+        match value {
+            "none" => Ok(Self::None),
+            "transaction" => Ok(Self::Transaction),
+            other => Err(ConfigError::new(
+                DATABASE_POOLER_VAR,
+                format!(
+                    "'{other}' is neither 'none' nor 'transaction' (RDS Proxy is 'transaction')"
+                ),
+            )),
+        }
+    }
+}
+
+/// `DATABASE_HOST`, `DATABASE_PORT`, `DATABASE_NAME`: what a JSON secret's `host`, `port`
+/// and `dbname` fall back to (the secret's own win).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Endpoint {
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub dbname: Option<String>,
+}
+
+impl DatabaseConfig {
+    /// Reads `DATABASE_SECRET_ID` or `DATABASE_URL` (exactly one), `DATABASE_TLS` and
+    /// `DATABASE_CA_FILE`.
+    pub fn read(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |var: &str| {
+            lookup(var)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let source = match (get(DATABASE_SECRET_VAR), get(DATABASE_URL_VAR)) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    DATABASE_SECRET_VAR,
+                    "is set beside DATABASE_URL: set one (the secret when deployed, the URL for local use)",
+                ))
+            }
+            (Some(id), None) => DatabaseSource::Secret(id),
+            (None, Some(url)) => {
+                PgConnectOptions::from_str(&url).map_err(|_| {
+                    ConfigError::new(
+                        DATABASE_URL_VAR,
+                        "is not a postgres:// URL (a password's #, %, ? or / must be percent-encoded)",
+                    )
+                })?;
+                DatabaseSource::Url(url)
+            }
+            (None, None) => {
+                return Err(ConfigError::new(
+                    DATABASE_SECRET_VAR,
+                    "is not set (nor DATABASE_URL): name the database's secret",
+                ))
+            }
+        };
+        let ca_file = get(DATABASE_CA_VAR).map(|path| {
+            let path = PathBuf::from(path);
+            match (path.is_relative(), get("LAMBDA_TASK_ROOT")) {
+                (true, Some(root)) => Path::new(&root).join(path),
+                _ => path,
+            }
+        });
+        let tls = get(DATABASE_TLS_VAR)
+            .map(|value| Tls::parse(&value))
+            .transpose()?;
+        if let (Some(tls), Some(ca_file)) = (tls, &ca_file) {
+            if !tls.verifies() {
+                return Err(ConfigError::new(
+                    DATABASE_CA_VAR,
+                    format!(
+                        "names a CA bundle ('{}'), but DATABASE_TLS '{}' checks no certificate: \
+                         set DATABASE_TLS to verify-full (or verify-ca), or leave DATABASE_CA_FILE unset",
+                        ca_file.display(),
+                        tls.name()
+                    ),
+                ));
+            }
+        }
+        let port = match get(DATABASE_PORT_VAR) {
+            None => None,
+            Some(port) => Some(port.parse().map_err(|_| {
+                ConfigError::new(DATABASE_PORT_VAR, format!("'{port}' is not a port number"))
+            })?),
+        };
+        let endpoint = Endpoint {
+            host: get(DATABASE_HOST_VAR),
+            port,
+            dbname: get(DATABASE_NAME_VAR),
+        };
+        let pooler = get(DATABASE_POOLER_VAR)
+            .map(|value| Pooler::parse(&value))
+            .transpose()?
+            .unwrap_or_default();
+        Ok(Self {
+            source,
+            tls,
+            ca_file,
+            endpoint,
+            pooler,
+        })
+    }
+
+    /// A configuration of `url` alone, as tests and tools build one.
+    pub fn url(url: impl Into<String>) -> Self {
+        Self {
+            source: DatabaseSource::Url(url.into()),
+            tls: None,
+            ca_file: None,
+            endpoint: Endpoint::default(),
+            pooler: Pooler::None,
+        }
+    }
+
+    /// What every connection asks of the server: `DATABASE_TLS` when set; else `verify-full`
+    /// for a secret's connections (a deployed function's) and with `DATABASE_CA_FILE`; else
+    /// `None`, what the `DATABASE_URL` says (`prefer` when it names no `sslmode`: local use
+    /// and tests, where Postgres is on 127.0.0.1).
+    pub fn tls_mode(&self) -> Option<Tls> {
+        match (self.tls, &self.source, &self.ca_file) {
+            (Some(tls), _, _) => Some(tls),
+            (None, DatabaseSource::Secret(_), _) | (None, _, Some(_)) => Some(Tls::VerifyFull),
+            (None, DatabaseSource::Url(_), None) => None,
+        }
+    }
+}
+
 /// Where variables come from: the process environment, or a map in tests.
 pub struct Env<F>(F);
 
@@ -455,9 +722,9 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             .ok_or_else(|| ConfigError::new(var, "is not set"))
     }
 
-    /// `DATABASE_SECRET_ID` or `DATABASE_URL`, and `DATABASE_CA_FILE` ([`crate::database`]).
-    pub fn database(&self) -> Result<crate::database::DatabaseConfig, ConfigError> {
-        crate::database::DatabaseConfig::read(|var| (self.0)(var))
+    /// `DATABASE_SECRET_ID` or `DATABASE_URL`, and `DATABASE_CA_FILE` ([`crate::platform::database`]).
+    pub fn database(&self) -> Result<DatabaseConfig, ConfigError> {
+        DatabaseConfig::read(|var| (self.0)(var))
     }
 
     pub fn sources(&self) -> Result<Vec<SourceConfig>, ConfigError> {
@@ -535,7 +802,7 @@ pub trait FromEnv: Sized {
 /// What the intake function needs.
 #[derive(Debug, Clone)]
 pub struct IntakeConfig {
-    pub database: crate::database::DatabaseConfig,
+    pub database: DatabaseConfig,
     pub queue_url: String,
     pub sources: Vec<SourceConfig>,
     pub tolerance: Duration,
@@ -560,7 +827,7 @@ impl FromEnv for IntakeConfig {
 /// settle ties and link refunds), never its signing secrets' use.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    pub database: crate::database::DatabaseConfig,
+    pub database: DatabaseConfig,
     /// With `INBOX_PROVIDER_READS=false`, without their API keys and the secrets that hold
     /// them: the worker reads no such secret and makes no provider read.
     pub sources: Vec<SourceConfig>,
@@ -612,7 +879,7 @@ impl FromEnv for WorkerConfig {
 /// What the scheduler function needs.
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
-    pub database: crate::database::DatabaseConfig,
+    pub database: DatabaseConfig,
     pub queue_url: String,
     pub sources: Vec<SourceConfig>,
     /// The plan catalog the audit folds accounts with.
@@ -640,20 +907,20 @@ pub const API_KEYS_VAR: &str = "INBOX_API_KEYS";
 /// Parses `INBOX_API_KEYS`: the list of keys, or `{"secret_id": …}` naming the secret that
 /// holds it (docs/design.md §12.2).
 pub fn parse_api_keys(raw: &str) -> Result<KeysConfig, ConfigError> {
-    crate::api_keys::parse(raw, true).map_err(|e| match e.field {
+    crate::platform::api_keys::parse(raw, true).map_err(|e| match e.field {
         Some(field) => ConfigError::at(API_KEYS_VAR, field, e.detail),
         None => ConfigError::new(API_KEYS_VAR, e.detail),
     })
 }
 
-/// What the app API function needs: each source's name and kind (never its secrets), and
-/// its Stripe mode for the fold `…/why` explains, the plan catalog, the keys, and the effects queue when effects are on (a debit that exhausts
-/// the allowance tells the app).
+/// What the app API function needs: its sources (each one's name, kind and Stripe mode, for
+/// its routes and the fold `…/why` explains; never their secrets), the plan catalog, the
+/// keys, and the effects queue when effects are on (a debit that exhausts the allowance tells
+/// the app).
 #[derive(Debug, Clone)]
 pub struct ApiConfig {
-    pub database: crate::database::DatabaseConfig,
-    pub sources: Vec<(String, SourceKind)>,
-    pub fold_sources: crate::audit::Sources,
+    pub database: DatabaseConfig,
+    pub sources: Vec<SourceConfig>,
     pub catalog: Catalog,
     pub keys: KeysConfig,
     pub effects: Option<EffectsConfig>,
@@ -661,11 +928,16 @@ pub struct ApiConfig {
 
 impl FromEnv for ApiConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
-        let sources = env.sources()?;
+        // The app API verifies no delivery and reads no provider: their secrets stay out of
+        // its memory.
+        let without_secrets = |mut source: SourceConfig| {
+            source.secrets.clear();
+            source.api_key = None;
+            source
+        };
         Ok(Self {
             database: env.database()?,
-            fold_sources: crate::audit::sources_of(&sources),
-            sources: sources.into_iter().map(|s| (s.name, s.kind)).collect(),
+            sources: env.sources()?.into_iter().map(without_secrets).collect(),
             catalog: env.plans()?,
             keys: parse_api_keys(&env.required(API_KEYS_VAR)?)?,
             effects: env.effects()?,
@@ -676,7 +948,7 @@ impl FromEnv for ApiConfig {
 /// What the dispatcher function needs: the sinks (their secrets are resolved at cold start).
 #[derive(Debug, Clone)]
 pub struct DispatcherConfig {
-    pub database: crate::database::DatabaseConfig,
+    pub database: DatabaseConfig,
     pub effects: EffectsConfig,
 }
 
@@ -704,7 +976,7 @@ pub const STRIPE_PARTNER_PREFIX: &str = "aws.partner/stripe.com/";
 /// signing secret: the bus is the trust (docs/design.md §1.1).
 #[derive(Debug, Clone)]
 pub struct BridgeConfig {
-    pub database: crate::database::DatabaseConfig,
+    pub database: DatabaseConfig,
     pub queue_url: String,
     /// The only EventBridge `source` taken, `aws.partner/stripe.com/…`.
     pub event_source: String,
@@ -769,6 +1041,137 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         move |k| map.get(k).cloned()
+    }
+
+    fn database(vars: &[(&str, &str)]) -> Result<DatabaseConfig, ConfigError> {
+        DatabaseConfig::read(lookup(vars))
+    }
+
+    #[test]
+    fn the_secret_or_the_url_exactly_one() {
+        assert_eq!(
+            database(&[(
+                DATABASE_SECRET_VAR,
+                "arn:aws:secretsmanager:eu-west-1:1:secret:db"
+            )])
+            .unwrap()
+            .source,
+            DatabaseSource::Secret("arn:aws:secretsmanager:eu-west-1:1:secret:db".into())
+        );
+        assert!(matches!(
+            database(&[(DATABASE_URL_VAR, "postgres://u:p@h/d")])
+                .unwrap()
+                .source,
+            DatabaseSource::Url(_)
+        ));
+        let both = database(&[
+            (DATABASE_SECRET_VAR, "db"),
+            (DATABASE_URL_VAR, "postgres://u:p@h/d"),
+        ])
+        .unwrap_err();
+        assert_eq!(both.var, DATABASE_SECRET_VAR);
+        assert_eq!(
+            database(&[]).unwrap_err().to_string(),
+            "DATABASE_SECRET_ID: is not set (nor DATABASE_URL): name the database's secret"
+        );
+    }
+
+    #[test]
+    fn the_pooler_is_none_unless_named() {
+        let url = (DATABASE_URL_VAR, "postgres://u:p@h/d");
+        assert_eq!(database(&[url]).unwrap().pooler, Pooler::None);
+        assert_eq!(
+            database(&[url, (DATABASE_POOLER_VAR, "none")])
+                .unwrap()
+                .pooler,
+            Pooler::None
+        );
+        assert_eq!(
+            database(&[url, (DATABASE_POOLER_VAR, " transaction ")])
+                .unwrap()
+                .pooler,
+            Pooler::Transaction
+        );
+        assert_eq!(
+            database(&[url, (DATABASE_POOLER_VAR, "session")]).unwrap_err().to_string(),
+            "DATABASE_POOLER: 'session' is neither 'none' nor 'transaction' (RDS Proxy is 'transaction')"
+        );
+    }
+
+    #[test]
+    fn a_relative_ca_file_is_in_the_package() {
+        let c = database(&[
+            (DATABASE_SECRET_VAR, "db"),
+            (DATABASE_CA_VAR, "certs/global-bundle.pem"),
+            ("LAMBDA_TASK_ROOT", "/var/task"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.ca_file.as_deref(),
+            Some(Path::new("/var/task/certs/global-bundle.pem"))
+        );
+    }
+
+    #[test]
+    fn a_secret_is_verified_in_full_unless_told_otherwise_and_a_url_keeps_its_own() {
+        let secret = (
+            DATABASE_SECRET_VAR,
+            "arn:aws:secretsmanager:eu-west-1:1:secret:rds!db-1-AbCdEf",
+        );
+        let url = (
+            DATABASE_URL_VAR,
+            "postgres://postgres@127.0.0.1:61320/postgres",
+        );
+        let ca = (DATABASE_CA_VAR, "/opt/global-bundle.pem");
+        let mode = |vars: &[(&str, &str)]| database(vars).unwrap().tls_mode();
+        assert_eq!(mode(&[secret]), Some(Tls::VerifyFull));
+        assert_eq!(mode(&[secret, ca]), Some(Tls::VerifyFull));
+        // Local use and tests: what the URL says (sqlx's prefer when it says nothing).
+        assert_eq!(mode(&[url]), None);
+        assert_eq!(mode(&[url, ca]), Some(Tls::VerifyFull));
+        for (value, tls) in [
+            ("verify-full", Tls::VerifyFull),
+            ("verify-ca", Tls::VerifyCa),
+            ("require", Tls::Require),
+            ("prefer", Tls::Prefer),
+            (" disable ", Tls::Disable),
+        ] {
+            assert_eq!(mode(&[secret, (DATABASE_TLS_VAR, value)]), Some(tls));
+            assert_eq!(mode(&[url, (DATABASE_TLS_VAR, value)]), Some(tls));
+        }
+        assert_eq!(
+            mode(&[secret, ca, (DATABASE_TLS_VAR, "verify-ca")]),
+            Some(Tls::VerifyCa)
+        );
+    }
+
+    #[test]
+    fn a_tls_setting_that_cannot_work_is_refused_by_name() {
+        let secret = (DATABASE_SECRET_VAR, "db");
+        assert_eq!(
+            database(&[secret, (DATABASE_TLS_VAR, "verify")])
+                .unwrap_err()
+                .to_string(),
+            "DATABASE_TLS: 'verify' is not one of verify-full, verify-ca, require, prefer, disable"
+        );
+        assert_eq!(
+            database(&[
+                secret,
+                (DATABASE_TLS_VAR, "require"),
+                (DATABASE_CA_VAR, "/opt/global-bundle.pem")
+            ])
+            .unwrap_err()
+            .to_string(),
+            "DATABASE_CA_FILE: names a CA bundle ('/opt/global-bundle.pem'), but DATABASE_TLS \
+             'require' checks no certificate: set DATABASE_TLS to verify-full (or verify-ca), \
+             or leave DATABASE_CA_FILE unset"
+        );
+    }
+
+    #[test]
+    fn the_source_never_shows_its_url() {
+        let shown = format!("{:?}", DatabaseConfig::url("postgres://u:hunter2@h/d"));
+        assert!(!shown.contains("hunter2"), "{shown}");
     }
 
     const SOURCES: &str = r#"[{"name":"stripe","kind":"stripe","secrets":["whsec_x"]},

@@ -178,7 +178,7 @@ mod interrupts {
     }
 }
 
-/// A queue in memory behind [`crate::queue::Queue`]: the simulator decides what becomes of
+/// A queue in memory behind [`crate::platform::queue::Queue`]: the simulator decides what becomes of
 /// each message sent.
 #[cfg(feature = "dev")]
 pub trait SimQueue: Send + Sync {

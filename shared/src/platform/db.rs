@@ -3,22 +3,22 @@
 //! transaction-mode pooler (`DATABASE_POOLER=transaction`, docs/design.md §5.3).
 
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::stream::{self, BoxStream};
 use futures::{StreamExt, TryStreamExt};
 use sqlx::postgres::{
-    PgArguments, PgConnectOptions, PgPoolOptions, PgQueryResult, PgRow, PgStatement, PgTypeInfo,
+    PgArguments, PgConnectOptions, PgQueryResult, PgRow, PgStatement, PgTypeInfo,
 };
 use sqlx::{
     ConnectOptions, Connection, Describe, Either, Execute, Executor, PgConnection, PgPool, Postgres,
 };
 use tokio::sync::{Mutex, MutexGuard};
 
-use crate::database::Database;
+use crate::platform::database::{
+    pool_options, sends_unnamed_statements, Database, CONNECT_TIMEOUT,
+};
 
 /// A pool that connects on first use, so that a function starts (and answers 503) while
 /// Postgres is down, and gives up on a connection quickly instead of holding the caller.
@@ -26,18 +26,6 @@ pub fn lazy_pool(database_url: &str, max_connections: u32) -> Result<PgPool, sql
     let options = PgConnectOptions::from_str(database_url)?;
     Ok(pool_options(max_connections).connect_lazy_with(options))
 }
-
-pub fn pool_options(max_connections: u32) -> PgPoolOptions {
-    PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(3))
-        // Lambda freezes idle instances; a connection found dead is replaced, not used.
-        .test_before_acquire(true)
-        .idle_timeout(Duration::from_secs(300))
-}
-
-/// How long opening a connection may take before the caller is answered without one.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The one connection a function instance keeps across invocations, used without the pool's
 /// pings (a ping before each use and one after: two extra round trips per statement). A
@@ -147,33 +135,10 @@ impl HeldConnection<'_> {
     }
 }
 
-/// Set once at cold start when the functions reach Postgres through a transaction-mode pooler
-/// (`DATABASE_POOLER=transaction`): from then on no statement is named.
-static UNNAMED: AtomicBool = AtomicBool::new(false);
-
-/// From now on every statement [`exec`] runs is unnamed and inside a transaction. A named
-/// statement is session state: a transaction-mode pooler hands the client's next
-/// transaction to another server connection, where the name is unknown (PgBouncer before
-/// 1.21) or, on RDS Proxy, pins the client to one server connection for the rest of its
-/// session (docs/deploy.md, "RDS Proxy"). sqlx sends the unnamed statement in two round trips
-/// (Parse, Describe and Sync; then Bind, Execute and Sync), and outside a transaction the
-/// first Sync already ends it for the pooler, which may then run the Bind on another server
-/// connection: one that has no unnamed statement, or another client's. So a statement that
-/// is not in a transaction gets one of its own. The process is one function instance with
-/// one configuration, so the choice is the process's; it is never turned off.
-pub fn send_unnamed_statements() {
-    UNNAMED.store(true, Ordering::Relaxed);
-}
-
-/// Whether this process sends every statement unnamed ([`send_unnamed_statements`]).
-pub fn sends_unnamed_statements() -> bool {
-    UNNAMED.load(Ordering::Relaxed)
-}
-
 /// The executor every statement of the functions runs on: `executor` (a connection, or a
 /// pool) as it is on a direct connection, where each statement is prepared once per
 /// connection under a name, cached, and then costs one round trip; with
-/// [`send_unnamed_statements`], unnamed and inside a transaction (its own when there is none:
+/// [`send_unnamed_statements`](crate::platform::database::send_unnamed_statements), unnamed and inside a transaction (its own when there is none:
 /// `BEGIN`, two round trips for the statement, `COMMIT`), so that nothing of it outlives the
 /// transaction on the server connection.
 pub fn exec<E>(executor: E) -> Exec<E> {
@@ -412,7 +377,7 @@ mod tests {
             assert_eq!(
                 statements,
                 on_exec,
-                "{}: every sqlx::query… runs on shared::db::exec",
+                "{}: every sqlx::query… runs on shared::platform::db::exec",
                 path.display()
             );
             counted += statements;

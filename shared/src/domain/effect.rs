@@ -1,0 +1,60 @@
+//! What the app is told (docs/design.md §11): an effect's kind, its stable id, and its outbox
+//! row as written. Values only: which changes make which effects is `effects`', and an outbox
+//! row's life is the outbox's.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// What the app is told: the `type` of an effect's body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    PlanChanged,
+    SubscriptionUpdated,
+    AllowanceGranted,
+    PaymentSucceeded,
+    PaymentFailed,
+    PaymentRefunded,
+    CustomerDeleted,
+    /// A period's allowance ran out (a debit left nothing, or one was refused): once per
+    /// account and period, written by the debit (`billing::usage`), not by an event.
+    AllowanceExhausted,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::PlanChanged => "billing.plan_changed",
+            Kind::SubscriptionUpdated => "billing.subscription_updated",
+            Kind::AllowanceGranted => "billing.allowance_granted",
+            Kind::PaymentSucceeded => "billing.payment_succeeded",
+            Kind::PaymentFailed => "billing.payment_failed",
+            Kind::PaymentRefunded => "billing.payment_refunded",
+            Kind::CustomerDeleted => "billing.customer_deleted",
+            Kind::AllowanceExhausted => "billing.allowance_exhausted",
+        }
+    }
+
+    /// Whether the kind carries a state (docs/effects.md, "Order"): an app may apply it
+    /// latest-`sequence`-wins. The others are facts, applied once each by id, never dropped
+    /// for an older sequence: retries reorder them.
+    pub fn carries_state(self) -> bool {
+        matches!(self, Kind::PlanChanged | Kind::SubscriptionUpdated)
+    }
+}
+
+/// The stable id of an effect: `eff_` and 32 hex digits of SHA-256 over kind and cause.
+pub fn effect_id(kind: Kind, cause: &str) -> String {
+    let digest = Sha256::digest(format!("{}\n{cause}", kind.as_str()));
+    format!("eff_{}", &hex::encode(digest)[..32])
+}
+
+/// One outbox row as the worker writes it; the account's sequence number is added by the
+/// event's one statement that writes it (`inbox::commit`), which moves the account's version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEffect {
+    pub id: String,
+    pub kind: Kind,
+    pub cause: String,
+    /// `{"id","type","occurred_at","data"}`, without `data.sequence` yet.
+    pub body: Value,
+}
