@@ -1,6 +1,6 @@
 //! billing-inbox's library: everything the functions (intake, bridge, worker, scheduler,
 //! dispatcher, api, migrate) and `inboxctl` run. Layers, each importing only from itself and
-//! the layers below it (docs/design.md §2.1, which also names the one exception):
+//! the layers below it, no two files importing each other (docs/design.md §2.1):
 //!
 //! - [`handlers`]: one per function — adapt the Lambda event, orchestrate, answer; beside
 //!   them [`dev`] (local tools, `dev` feature only);

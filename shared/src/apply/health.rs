@@ -49,17 +49,6 @@ pub(super) fn notice(event: &Claimed, source: &WorkerSource) -> Option<ThinEvent
     (thin.event_type == GENERATION_FAILURE && in_scope).then_some(thin)
 }
 
-/// [`carried_within`] the default [`SWEEP_BUDGET`] (the thin events' way to a notice; the
-/// worker's own goes through [`notice`] with its configured budget).
-pub(super) async fn carried(
-    conn: &mut PgConnection,
-    event: &Claimed,
-    source: &WorkerSource,
-    thin: &ThinEvent,
-) -> Result<Carried, ApplyError> {
-    carried_within(conn, event, source, thin, SWEEP_BUDGET).await
-}
-
 /// What the notice stands for; its sweep goes on until `budget` has passed since the attempt
 /// began, and then the attempt ends as [`ApplyError::Unfinished`].
 pub(super) async fn carried_within(

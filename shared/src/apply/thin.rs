@@ -14,7 +14,7 @@ use super::{ApplyError, WorkerSource};
 use crate::domain::{DedupeKey, EventStatus, SourceKind};
 use crate::inbox::lease::Claimed;
 use crate::inbox::thin::{self as stored, StoredEvent};
-use crate::providers::stripe::thin::{related_path, ThinEvent, GENERATION_FAILURE};
+use crate::providers::stripe::thin::{related_path, ThinEvent};
 use crate::providers::{self};
 
 /// What a claimed event is, as far as thin events go.
@@ -43,9 +43,6 @@ pub(super) async fn carried(
     let payload = event.payload.as_ref().unwrap_or(&Value::Null);
     if let Some(reason) = providers::provider(source.kind).out_of_scope(payload, source.livemode) {
         return finish(EventStatus::Ignored, reason);
-    }
-    if thin.event_type == GENERATION_FAILURE {
-        return super::health::carried(conn, event, source, &thin).await;
     }
     // The words an unknown snapshot type gets (`billing::model::not_billing`).
     let Some(_) = thin.snapshot_type else {
