@@ -403,27 +403,8 @@ pub async fn stored_subscription(
     source: &str,
     subscription_id: &str,
 ) -> Result<Option<StoredSubscription>, sqlx::Error> {
-    let row = sqlx::query!(
-        r#"SELECT status, plan_key, version_at, current_period_end, cancel_at_period_end,
-                  cancel_at, trial_end, ended_at
-           FROM subscriptions WHERE source = $1 AND subscription_id = $2"#,
-        source,
-        subscription_id
-    )
-    .fetch_optional(exec(conn))
-    .await?;
-    Ok(row.map(|r| StoredSubscription {
-        status: r.status,
-        plan_key: r.plan_key,
-        ends: SubscriptionEnds {
-            current_period_end: r.current_period_end,
-            cancel_at_period_end: r.cancel_at_period_end,
-            cancel_at: r.cancel_at,
-            trial_end: r.trial_end,
-            ended_at: r.ended_at,
-        },
-        version_at: r.version_at,
-    }))
+    let mut found = stored_subscriptions(conn, source, &[subscription_id]).await?;
+    Ok(found.remove(subscription_id))
 }
 
 /// The registers of the subscriptions `ids` of `source` that exist, by id, in one statement:
