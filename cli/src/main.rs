@@ -169,7 +169,7 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
         } => {
             show::account(
                 &connect(cli).await?,
-                &account.stored_customer(customer_id),
+                &account.stored_customer(customer_id)?,
                 account.source.as_deref(),
                 account.period.as_deref(),
                 *log,

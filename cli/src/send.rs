@@ -166,6 +166,7 @@ impl Sender {
         intake_url: &str,
     ) -> anyhow::Result<Self> {
         let sources = parse_sources(sources).map_err(|e| anyhow::anyhow!("{e}"))?;
+        shared::providers::check_sources(&sources)?;
         let sources = shared::platform::secrets::resolve(
             &sources,
             shared::platform::secrets::Needs::Signing,

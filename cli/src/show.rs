@@ -75,7 +75,7 @@ fn catalog() -> anyhow::Result<Catalog> {
 
 pub async fn account(
     pool: &PgPool,
-    customer: &str,
+    customer_id: &CustomerId,
     source: Option<&str>,
     period: Option<&str>,
     log: Option<u32>,
@@ -90,16 +90,15 @@ pub async fn account(
         None => Some(ACCOUNT_LOG_LINES),
     };
     let catalog = catalog()?;
-    let customer_id = CustomerId::parse(customer)
-        .map_err(|e| anyhow::anyhow!("customer id '{customer}': {e}"))?;
+    let customer = customer_id.as_str();
     let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
-    let source = resolve_source(&mut conn, &customer_id, source)
+    let source = resolve_source(&mut conn, customer_id, source)
         .await?
         .with_context(|| format!("no account for customer '{customer}'"))?;
     let view = shared::billing::account::load_with_log(
         &mut conn,
         &source,
-        &customer_id,
+        customer_id,
         &period,
         &catalog,
         log_lines,

@@ -46,12 +46,24 @@ pub(crate) struct AccountArgs {
 }
 
 impl AccountArgs {
-    /// The customer as the store keys it: a connected account's is `acct_…/cus_…`.
-    pub(crate) fn stored_customer(&self, customer_id: &str) -> String {
-        match &self.stripe_account {
-            Some(acct) => shared::providers::stripe::connected_customer(acct, customer_id),
-            None => customer_id.to_owned(),
-        }
+    /// The customer as the store keys it: with `--stripe-account`, the customer in that
+    /// connected account (shared::domain::AccountRef); without, the id as stored.
+    pub(crate) fn stored_customer(&self, customer_id: &str) -> anyhow::Result<CustomerId> {
+        stored_customer(customer_id, self.stripe_account.as_deref())
+    }
+}
+
+/// The customer `customer_id` as the store keys it, in the connected account `stripe_account`
+/// when one is named.
+pub(crate) fn stored_customer(
+    customer_id: &str,
+    stripe_account: Option<&str>,
+) -> anyhow::Result<CustomerId> {
+    match stripe_account {
+        Some(_) => CustomerId::of_account(customer_id, stripe_account)
+            .map_err(|e| anyhow::anyhow!("customer '{customer_id}': {e}")),
+        None => CustomerId::parse(customer_id)
+            .map_err(|e| anyhow::anyhow!("customer id '{customer_id}': {e}")),
     }
 }
 
@@ -143,8 +155,7 @@ pub async fn run(args: &UsageArgs, pool: &PgPool, json_output: bool) -> anyhow::
 }
 
 fn customer_of(customer_id: &str, account: &AccountArgs) -> anyhow::Result<CustomerId> {
-    let raw = account.stored_customer(customer_id);
-    CustomerId::parse(&raw).map_err(|e| anyhow::anyhow!("customer id '{raw}': {e}"))
+    account.stored_customer(customer_id)
 }
 
 async fn list(

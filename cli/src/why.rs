@@ -9,7 +9,6 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 
 use shared::audit::{self, Cut, Divergence, Sources, Why, WhyField};
-use shared::domain::CustomerId;
 use shared::platform::config::{parse_sources, Env};
 
 use crate::show::{print_json, resolve_source, table};
@@ -27,7 +26,9 @@ impl SourcesArg {
         let raw = self.sources.as_deref().context(
             "INBOX_SOURCES is not set (or pass --sources): the fold needs each source's kind and Stripe mode",
         )?;
-        Ok(audit::sources_of(&parse_sources(raw)?))
+        let sources = parse_sources(raw)?;
+        shared::providers::check_sources(&sources)?;
+        Ok(audit::sources_of(&sources))
     }
 }
 
@@ -96,19 +97,15 @@ fn configured<'a>(sources: &Sources, name: &'a str) -> anyhow::Result<&'a str> {
 pub async fn why(args: &WhyArgs, pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
     let sources = args.sources.read()?;
     let catalog = Env::process().plans_or_empty()?;
-    let raw = match &args.stripe_account {
-        Some(acct) => shared::providers::stripe::connected_customer(acct, &args.customer_id),
-        None => args.customer_id.clone(),
-    };
     let customer =
-        CustomerId::parse(&raw).map_err(|e| anyhow::anyhow!("customer id '{raw}': {e}"))?;
+        crate::usage::stored_customer(&args.customer_id, args.stripe_account.as_deref())?;
     if let Some(source) = &args.source {
         configured(&sources, source)?;
     }
     let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
     let source = resolve_source(&mut conn, &customer, args.source.as_deref())
         .await?
-        .with_context(|| format!("no account for customer '{raw}'"))?;
+        .with_context(|| format!("no account for customer '{customer}'"))?;
     configured(&sources, &source)?;
     let cut = Cut {
         at: args.at,
@@ -116,7 +113,7 @@ pub async fn why(args: &WhyArgs, pool: &PgPool, json_output: bool) -> anyhow::Re
     };
     let why = audit::why(&mut conn, &sources, &catalog, (&source, &customer), cut)
         .await?
-        .with_context(|| format!("no account for customer '{raw}' in source '{source}'"))?;
+        .with_context(|| format!("no account for customer '{customer}' in source '{source}'"))?;
     if json_output {
         return print_json(&why);
     }

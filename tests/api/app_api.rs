@@ -798,6 +798,28 @@ async fn a_connect_customer_is_read_by_its_provider_id_beside_its_account(pool: 
     )
     .await;
     assert_eq!(platform.body["code"], "unknown_customer");
+    // The account and the customer are named apart: neither id may hold the '/' the store
+    // joins them with.
+    for (path, code) in [
+        (
+            "cus_shared?stripe_account=acct_1Conn%2Fx",
+            "bad_stripe_account",
+        ),
+        ("cus_shared?stripe_account=ba_1Conn", "bad_stripe_account"),
+        ("acct_1Conn%2Fcus_shared", "bad_customer"),
+    ] {
+        let refused = call(
+            &state,
+            "GET",
+            &format!("/v1/accounts/stripe/{path}"),
+            Some(APP_KEY),
+            &[],
+            None,
+        )
+        .await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(refused.body["code"], code, "{path}: {}", refused.body);
+    }
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]

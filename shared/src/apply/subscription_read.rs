@@ -19,7 +19,7 @@ use crate::domain::{Catalog, DedupeKey, EventStatus, SourceKind};
 use crate::inbox::lease::Claimed;
 use crate::inbox::thin::{self as stored, StoredEvent};
 use crate::providers;
-use crate::providers::stripe::{connected_account, thin::Read};
+use crate::providers::stripe::thin::Read;
 
 /// The snapshot type a subscription read is stored as.
 const READ_TYPE: &str = "customer.subscription.updated";
@@ -92,7 +92,7 @@ pub(super) async fn read(
         key: key.clone(),
         event_type: READ_TYPE,
         livemode,
-        account: connected_account(ctx.customer.as_str()),
+        account: ctx.customer.connected_account(),
         because: ("invoice_event", event.dedupe_key.as_str()),
     }
     .snapshot(&object, made_for)

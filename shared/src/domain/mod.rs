@@ -1,11 +1,12 @@
 //! The domain: values parsed once at the boundary and carried typed through the store, the
-//! claim and the registers — dedupe keys, customer ids, provider times and periods, source
+//! claim and the registers — dedupe keys, customer ids and the accounts they name, provider times and periods, source
 //! kinds, event statuses and verdicts, content hashes, the verified event itself, the plan
 //! catalog (`INBOX_PLANS`: what a provider's plan key means here), and what an effect tells
 //! the app ([`effect`]: its kind and id). Nothing
 //! here does I/O; every other layer depends on this one and it depends on none of them
 //! (docs/design.md §2).
 
+mod account;
 pub(crate) mod catalog;
 pub mod effect;
 mod event;
@@ -13,6 +14,7 @@ mod ids;
 mod status;
 mod time;
 
+pub use account::{AccountError, AccountRef};
 pub use catalog::{Catalog, CatalogError, Plan, PlanRef};
 pub use event::{EventMeta, VerifiedEvent};
 pub use ids::{ContentHash, CustomerId, DedupeKey};

@@ -20,12 +20,11 @@ use crate::audit::{self, Cut, FoldError};
 use crate::billing::account::{self, AccountSnapshot};
 use crate::billing::usage::{self, Debit, DebitRequest, Debited, Invalid, Listed, UsagePage};
 use crate::domain::Catalog;
-use crate::domain::{CustomerId, Period, SourceKind};
+use crate::domain::{AccountError, AccountRef, Period, SourceKind};
 use crate::platform::api_keys::{Caller, Keys, Scope};
 use crate::platform::config::ApiConfig;
 use crate::platform::db::{Held, HeldConnection};
 use crate::platform::queue::Queue;
-use crate::providers::stripe::{connected_account, connected_customer};
 
 pub use crate::billing::usage::{MAX_AMOUNT, MAX_KEY_LEN, MAX_NOTE_CHARS};
 
@@ -100,6 +99,7 @@ impl ApiState {
     /// one) and the effects queue once, at cold start; nothing connects to Postgres before
     /// the first request.
     pub async fn from_config(config: &ApiConfig) -> anyhow::Result<Self> {
+        crate::providers::check_sources(&config.sources)?;
         let database = crate::platform::database::Database::open(&config.database).await?;
         let pool = database.pool(1);
         let entries = crate::platform::secrets::resolve_api_keys(&config.keys).await?;
@@ -280,16 +280,6 @@ impl Route {
             Self::ListUsage => &["period", "limit", "after", "stripe_account"],
         }
     }
-}
-
-/// The account a route names: the source, and the customer as the store keys it (a
-/// connected Stripe account's customer is `acct_…/cus_…`).
-#[derive(Debug, Clone)]
-struct Target {
-    source: String,
-    customer: CustomerId,
-    /// The connected Stripe account, when the request named one.
-    stripe_account: Option<String>,
 }
 
 /// The route and its path's source and customer, from a path ending in
@@ -633,7 +623,7 @@ async fn serve(state: &ApiState, request: &Request) -> Result<Response<Body>, Ap
             let snapshot = on_held!(state, conn => account::snapshot(
                 conn,
                 &target.source,
-                &target.customer,
+                target.customer_id(),
                 &period,
                 &state.catalog,
             ))?
@@ -655,7 +645,7 @@ async fn serve(state: &ApiState, request: &Request) -> Result<Response<Body>, Ap
                     conn,
                     &state.fold_sources,
                     &state.catalog,
-                    (&target.source, &target.customer),
+                    (&target.source, target.customer_id()),
                     cut,
                 )
                 .await
@@ -691,7 +681,7 @@ async fn serve(state: &ApiState, request: &Request) -> Result<Response<Body>, Ap
             let listed = on_held!(state, conn => usage::list(
                 conn,
                 &target.source,
-                &target.customer,
+                target.customer_id(),
                 &period,
                 limit,
                 after,
@@ -708,7 +698,7 @@ async fn serve(state: &ApiState, request: &Request) -> Result<Response<Body>, Ap
             let (amount, body) = debit_body(body)?;
             let mut ask = DebitRequest::checked(
                 &target.source,
-                &target.customer,
+                target.customer_id(),
                 key,
                 amount,
                 body.period.as_deref(),
@@ -723,50 +713,43 @@ async fn serve(state: &ApiState, request: &Request) -> Result<Response<Body>, Ap
     }
 }
 
-/// The source and the customer as stored. `stripe_account` names a Connect customer's
-/// connected account, and only a Stripe source has those.
+/// The account a route names: the source, and the customer in the connected Stripe account
+/// `stripe_account` names, if any (only a Stripe source has those).
 fn target(
     state: &ApiState,
     source: String,
     customer: &str,
     stripe_account: Option<&str>,
-) -> Result<Target, ApiError> {
+) -> Result<AccountRef, ApiError> {
     let kind = state
         .sources
         .iter()
         .find(|(name, _)| *name == source)
         .map(|(_, kind)| *kind)
         .ok_or_else(|| ApiError::UnknownSource(source.clone()))?;
-    if customer.contains('/') {
-        return Err(ApiError::bad(
-            "bad_customer",
-            "a customer id has no '/'; name a connected account with ?stripe_account=acct_…",
-        ));
-    }
-    let stored = match stripe_account {
-        None => customer.to_owned(),
+    let not_connected = || {
+        ApiError::bad(
+            "bad_stripe_account",
+            "stripe_account is a connected account's id, acct_…",
+        )
+    };
+    match stripe_account {
         Some(_) if kind != SourceKind::Stripe => {
             return Err(ApiError::bad(
                 "bad_stripe_account",
                 format!("stripe_account is for a Stripe source; '{source}' is not one"),
             ))
         }
-        Some(account) if account.starts_with("acct_") && !account.contains('/') => {
-            connected_customer(account, customer)
-        }
-        Some(_) => {
-            return Err(ApiError::bad(
-                "bad_stripe_account",
-                "stripe_account is a connected account's id, acct_…",
-            ))
-        }
-    };
-    let customer =
-        CustomerId::parse(&stored).map_err(|e| ApiError::bad("bad_customer", e.to_string()))?;
-    Ok(Target {
-        source,
-        customer,
-        stripe_account: stripe_account.map(str::to_owned),
+        Some(account) if !account.starts_with("acct_") => return Err(not_connected()),
+        _ => {}
+    }
+    AccountRef::new(source, customer, stripe_account).map_err(|e| match e {
+        AccountError::CustomerHasSeparator => ApiError::bad(
+            "bad_customer",
+            "a customer id has no '/'; name a connected account with ?stripe_account=acct_…",
+        ),
+        AccountError::Customer(e) => ApiError::bad("bad_customer", e.to_string()),
+        AccountError::Connected(_) | AccountError::ConnectedHasSeparator => not_connected(),
     })
 }
 
@@ -796,7 +779,7 @@ async fn tell(state: &ApiState, debited: &Debited) {
 
 /// The account as the app reads it: the store's customer id split back into the customer
 /// and its connected account.
-fn account_body(target: &Target, snapshot: &AccountSnapshot) -> Value {
+fn account_body(target: &AccountRef, snapshot: &AccountSnapshot) -> Value {
     as_the_app_names(
         target,
         serde_json::to_value(snapshot).unwrap_or_else(|_| json!({})),
@@ -805,15 +788,9 @@ fn account_body(target: &Target, snapshot: &AccountSnapshot) -> Value {
 
 /// A body whose `customer_id` is the store's, with the customer named as the app names it:
 /// a Connect customer's `cus_…`, with `stripe_account` beside it.
-fn as_the_app_names(target: &Target, mut body: Value) -> Value {
-    let stored = body["customer_id"].as_str().unwrap_or_default().to_owned();
-    if let Some(account) = &target.stripe_account {
-        let customer = stored
-            .strip_prefix(&format!("{account}/"))
-            .unwrap_or(&stored);
-        body["customer_id"] = json!(customer);
-        body["stripe_account"] = json!(account);
-    } else if let Some(account) = connected_account(&stored) {
+fn as_the_app_names(target: &AccountRef, mut body: Value) -> Value {
+    body["customer_id"] = json!(target.customer());
+    if let Some(account) = target.connected_account() {
         body["stripe_account"] = json!(account);
     }
     body

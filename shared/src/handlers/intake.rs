@@ -66,6 +66,7 @@ impl IntakeState {
     /// Builds the connection settings, the queue client and the sources once, at cold start;
     /// nothing connects before the first delivery.
     pub async fn from_config(config: &IntakeConfig) -> anyhow::Result<Self> {
+        crate::providers::check_sources(&config.sources)?;
         // The database's secret is read here, once; the options it gives serve the held
         // connection and the pool, and are replaced after a refused login (a rotation).
         let database = crate::platform::database::Database::open(&config.database).await?;

@@ -61,6 +61,7 @@ impl Audit {
 
 impl SchedulerState {
     pub async fn from_config(config: &SchedulerConfig) -> anyhow::Result<Self> {
+        crate::providers::check_sources(&config.sources)?;
         let database = crate::platform::database::Database::open(&config.database).await?;
         let pool = database.pool(2);
         let queue = Queue::from_env(config.queue_url.clone()).await;

@@ -85,6 +85,7 @@ impl WorkerState {
     /// Builds the pool and each source's reads (with the API key from its secret, if any).
     pub async fn from_config(config: &WorkerConfig, max_connections: u32) -> anyhow::Result<Self> {
         use anyhow::Context;
+        crate::providers::check_sources(&config.sources)?;
         let database = crate::platform::database::Database::open(&config.database).await?;
         let pool = database.pool(max_connections);
         let http = reqwest::Client::builder()

@@ -171,7 +171,9 @@ impl SourceConfig {
     }
 }
 
-/// Parses `INBOX_SOURCES`: a JSON list of sources with unique, route-safe names.
+/// Parses `INBOX_SOURCES`: a JSON list of sources with unique, route-safe names, whose
+/// secrets are each in one place. What a setting means to one provider is that provider's
+/// rule (`providers::check_sources`).
 pub fn parse_sources(raw: &str) -> Result<Vec<SourceConfig>, ConfigError> {
     let sources: Vec<SourceConfig> = serde_json::from_str(raw)
         .map_err(|e| ConfigError::new(SOURCES_VAR, value_free(&e, "a valid list of sources")))?;
@@ -198,33 +200,7 @@ pub fn parse_sources(raw: &str) -> Result<Vec<SourceConfig>, ConfigError> {
         if !seen.insert(source.name.as_str()) {
             return Err(ConfigError::source(&source.name, "is configured twice"));
         }
-        if source.livemode.is_some() && source.kind != SourceKind::Stripe {
-            return Err(ConfigError::at(
-                SOURCES_VAR,
-                format!("source '{}': livemode", source.name),
-                "is a Stripe setting (Stripe events say which mode they are from)",
-            ));
-        }
         check_secret_ids(source)?;
-        let has_key = source.api_key.is_some() || source.api_key_secret_id.is_some();
-        match (source.kind, &source.api_client_id) {
-            (SourceKind::Kinde, None) if has_key => {
-                return Err(ConfigError::at(
-                    SOURCES_VAR,
-                    format!("source '{}': api_client_id", source.name),
-                    "is required with api_key or api_key_secret_id: Kinde's Management API \
-                     takes an M2M application's client id and secret (the secret is the API key)",
-                ));
-            }
-            (kind, Some(_)) if kind != SourceKind::Kinde => {
-                return Err(ConfigError::at(
-                    SOURCES_VAR,
-                    format!("source '{}': api_client_id", source.name),
-                    "is a Kinde setting (the other providers' API keys are bearer tokens)",
-                ));
-            }
-            _ => {}
-        }
     }
     Ok(sources)
 }
@@ -262,14 +238,6 @@ fn check_secret_ids(source: &SourceConfig) -> Result<(), ConfigError> {
             at("api_key_secret_id"),
             "names the secret_id secret: the API key needs a secret of its own, \
              {\"api_key\": \"...\"}, so that the intake may not read it",
-        ));
-    }
-    if source.kind == SourceKind::Kinde && source.secret_id.is_some() {
-        return Err(ConfigError::at(
-            SOURCES_VAR,
-            at("secret_id"),
-            "a Kinde source has no signing secret (it verifies with jwks_url): \
-             its M2M client secret's secret is api_key_secret_id alone",
         ));
     }
     Ok(())
@@ -1309,28 +1277,6 @@ mod tests {
     }
 
     #[test]
-    fn a_kinde_api_key_needs_its_client_id_and_only_kinde_takes_one() {
-        let error = parse_sources(
-            r#"[{"name":"k","kind":"kinde","jwks_url":"https://x.kinde.com/.well-known/jwks","api_key":"s"}]"#,
-        )
-        .unwrap_err();
-        assert!(
-            error
-                .to_string()
-                .starts_with("INBOX_SOURCES: source 'k': api_client_id: is required with api_key"),
-            "{error}"
-        );
-        let error = parse_sources(
-            r#"[{"name":"s","kind":"stripe","secrets":["x"],"api_key":"sk","api_client_id":"c"}]"#,
-        )
-        .unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            "INBOX_SOURCES: source 's': api_client_id: is a Kinde setting (the other providers' API keys are bearer tokens)"
-        );
-    }
-
-    #[test]
     fn the_api_key_has_a_secret_of_its_own_and_one_place() {
         let split = parse_sources(
             r#"[{"name":"s","kind":"stripe","secret_id":"billing-inbox/stripe","api_key_secret_id":"billing-inbox/stripe-api-key"},
@@ -1358,14 +1304,6 @@ mod tests {
                 r#"[{"name":"s","kind":"stripe","secret_id":""}]"#,
                 "INBOX_SOURCES: source 's': secret_id: is empty: name a Secrets Manager secret (ARN or name), or leave the field out",
             ),
-            (
-                r#"[{"name":"k","kind":"kinde","jwks_url":"https://x.kinde.com/.well-known/jwks","api_key_secret_id":"b"}]"#,
-                "INBOX_SOURCES: source 'k': api_client_id: is required with api_key or api_key_secret_id: Kinde's Management API takes an M2M application's client id and secret (the secret is the API key)",
-            ),
-            (
-                r#"[{"name":"k","kind":"kinde","jwks_url":"https://x.kinde.com/.well-known/jwks","api_client_id":"m2m","secret_id":"a","api_key_secret_id":"b"}]"#,
-                "INBOX_SOURCES: source 'k': secret_id: a Kinde source has no signing secret (it verifies with jwks_url): its M2M client secret's secret is api_key_secret_id alone",
-            ),
         ];
         for (raw, expected) in cases {
             let error = parse_sources(raw).unwrap_err().to_string();
@@ -1376,22 +1314,6 @@ mod tests {
         assert!(
             shown.contains(r#"api_key_secret_id: Some("billing-inbox/stripe-api-key")"#),
             "{shown}"
-        );
-    }
-
-    #[test]
-    fn livemode_is_a_stripe_setting() {
-        assert!(
-            parse_sources(r#"[{"name":"s","kind":"stripe","secrets":["x"],"livemode":true}]"#)
-                .is_ok()
-        );
-        let polar = parse_sources(
-            r#"[{"name":"p","kind":"standard-webhooks","secrets":["x"],"livemode":true}]"#,
-        )
-        .unwrap_err();
-        assert_eq!(
-            polar.to_string(),
-            "INBOX_SOURCES: source 'p': livemode: is a Stripe setting (Stripe events say which mode they are from)"
         );
     }
 

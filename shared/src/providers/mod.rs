@@ -11,6 +11,7 @@ mod common;
 #[cfg(any(test, feature = "dev"))]
 pub mod fixtures;
 pub mod kinde;
+mod settings;
 pub mod standard_webhooks;
 pub mod stripe;
 
@@ -30,6 +31,7 @@ use crate::platform::http_client::LazyClient;
 use crate::platform::secrets::ApiKey;
 use crate::signing::AuthError;
 use crate::BoxFuture;
+pub use settings::{check_sources, refused, Setting};
 
 /// The registration: which folder serves which kind of source.
 pub fn provider(kind: SourceKind) -> &'static dyn Provider {
@@ -80,6 +82,17 @@ pub trait Provider: Sync {
     /// source's `livemode`); `None` when it is.
     fn out_of_scope(&self, _payload: &Value, _livemode: Option<bool>) -> Option<String> {
         None
+    }
+
+    /// The settings of `INBOX_SOURCES` only this provider takes, each with the reason a
+    /// source of another kind that names it is refused.
+    fn own_settings(&self) -> &'static [(Setting, &'static str)] {
+        &[]
+    }
+
+    /// This provider's rules for one source's settings together ([`check_sources`]).
+    fn check(&self, _config: &SourceConfig) -> Result<(), ConfigError> {
+        Ok(())
     }
 
     /// Realistic payloads and the signer for test deliveries.

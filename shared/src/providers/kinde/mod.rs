@@ -17,7 +17,7 @@ use serde_json::Value;
 
 pub use verify::{content_hash, parse_claims, KindeVerifier, CUSTOMER_FIELDS, ID_HEADER};
 
-use super::{Api, Provider, Reconciliation, Verify};
+use super::{refused, Api, Provider, Reconciliation, Setting, Verify};
 use crate::billing::Decided;
 use crate::domain::{Catalog, DedupeKey};
 use crate::platform::config::{ConfigError, SourceConfig};
@@ -54,8 +54,38 @@ impl Provider for Kinde {
         decide::decide(event_type, payload, catalog)
     }
 
-    /// A client id is required with an `api_key` (`config::parse_sources` says so); without
-    /// one the source is not reconciled.
+    fn own_settings(&self) -> &'static [(Setting, &'static str)] {
+        &[(
+            Setting::ApiClientId,
+            "is a Kinde setting (the other providers' API keys are bearer tokens)",
+        )]
+    }
+
+    /// The Management API takes client credentials: a client id beside the key, whose secret
+    /// is the key alone (a Kinde source signs nothing: it verifies with `jwks_url`).
+    fn check(&self, config: &SourceConfig) -> Result<(), ConfigError> {
+        if config.api_key_secret_id.is_some() && config.secret_id.is_some() {
+            return Err(refused(
+                config,
+                "secret_id",
+                "a Kinde source has no signing secret (it verifies with jwks_url): \
+                 its M2M client secret's secret is api_key_secret_id alone",
+            ));
+        }
+        let has_key = config.api_key.is_some() || config.api_key_secret_id.is_some();
+        if has_key && config.api_client_id.is_none() {
+            return Err(refused(
+                config,
+                "api_client_id",
+                "is required with api_key or api_key_secret_id: Kinde's Management API \
+                 takes an M2M application's client id and secret (the secret is the API key)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A client id is required with an `api_key` (its `check` says so); without one the
+    /// source is not reconciled.
     fn reconciliation(&self, api: Api) -> Option<Reconciliation> {
         let client_id = api.client_id.clone()?;
         Some(Reconciliation::Customers(Box::new(

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::decide::{ends, plan_keys, HANDLED_TYPES};
-use super::{connected_account, parse_event};
+use super::parse_event;
 use crate::domain::CustomerId;
 use crate::providers::{
     path_id, Api, EventFeed, FeedPage, Fetched, Reads, SubscriptionNow, Window,
@@ -102,7 +102,7 @@ impl EventFeed for StripeEvents {
 /// which Stripe looks for the object on the platform's own account and does not find it.
 fn read_headers(customer: &CustomerId) -> Vec<(&'static str, &str)> {
     let mut headers = vec![("Stripe-Version", READ_VERSION)];
-    if let Some(account) = connected_account(customer.as_str()) {
+    if let Some(account) = customer.connected_account() {
         headers.push(("Stripe-Account", account));
     }
     headers

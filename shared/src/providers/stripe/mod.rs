@@ -14,12 +14,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 pub use api::{StripeEvents, StripeReads};
-pub use verify::{
-    connected_account, connected_customer, content_hash, parse_event, StripeVerifier,
-    SIGNATURE_HEADER,
-};
+pub use verify::{content_hash, parse_event, StripeVerifier, SIGNATURE_HEADER};
 
-use super::{Api, Provider, Reads, Reconciliation, Verify};
+use super::{Api, Provider, Reads, Reconciliation, Setting, Verify};
 use crate::billing::Decided;
 use crate::domain::{Catalog, DedupeKey};
 use crate::platform::config::{ConfigError, SourceConfig};
@@ -56,6 +53,13 @@ impl Provider for Stripe {
 
     fn api_base(&self, _config: &SourceConfig) -> Option<String> {
         Some("https://api.stripe.com".to_owned())
+    }
+
+    fn own_settings(&self) -> &'static [(Setting, &'static str)] {
+        &[(
+            Setting::Livemode,
+            "is a Stripe setting (Stripe events say which mode they are from)",
+        )]
     }
 
     fn reads(&self, api: Api) -> Option<Box<dyn Reads>> {

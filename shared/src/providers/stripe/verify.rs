@@ -149,34 +149,15 @@ fn customer(payload: &Value) -> Option<CustomerId> {
         customer_at(object, "/customer")
     }?;
     match str_at(payload, "/account").filter(|a| !a.trim().is_empty()) {
-        Some(account) => CustomerId::parse(&connected_customer(account, customer.as_str())).ok(),
+        Some(account) => CustomerId::of_account(customer.as_str(), Some(account)).ok(),
         None => Some(customer),
     }
-}
-
-/// The id of a connected account's customer: `acct_…/cus_…`.
-pub fn connected_customer(account: &str, customer: &str) -> String {
-    format!("{}/{customer}", account.trim())
-}
-
-/// The connected account a customer id names (`acct_…` of `acct_…/cus_…`), if it names one.
-pub fn connected_account(customer: &str) -> Option<&str> {
-    customer
-        .split_once('/')
-        .map(|(account, _)| account)
-        .filter(|account| !account.is_empty())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_connected_customer_names_its_account_and_a_platform_customer_none() {
-        let id = connected_customer("acct_1Conn", "cus_1");
-        assert_eq!(connected_account(&id), Some("acct_1Conn"));
-        assert_eq!(connected_account("cus_1"), None);
-    }
     use crate::providers::stripe::fixtures::{hmac_sha256_hex, signature};
     use serde_json::json;
 
