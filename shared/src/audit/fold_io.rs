@@ -1,3 +1,7 @@
+//! The fold's I/O (docs/design.md §4.11): an account's kept events and stored registers read
+//! in one snapshot, each event decided by its provider and the lot folded by `billing::fold`
+//! (`fold_account`); the registers compared with that fold (`audit_account`).
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};

@@ -2,6 +2,10 @@
 //! folded by `billing::fold`, and then explained field by field (`why`, `--at`,
 //! `--received-before`) or compared with the registers as stored (the audit: on demand, and
 //! a bounded sample each scheduler run).
+//!
+//! - `fold_io`: the account read in one snapshot and folded; the registers compared with it;
+//! - `why`: the fold explained field by field;
+//! - `run`: the audit over many accounts, the scheduler's and `inboxctl audit`'s.
 
 mod fold_io;
 mod run;

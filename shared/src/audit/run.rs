@@ -1,3 +1,7 @@
+//! The audit over many accounts (docs/design.md §4.11): the scheduler's bounded run, which
+//! records each difference and logs it the first time it is seen (`run`), and `inboxctl
+//! audit`'s walk (`audit_all`).
+
 use std::collections::BTreeSet;
 use std::time::Instant;
 

@@ -1,3 +1,7 @@
+//! `why` (docs/design.md §5.5a): every field of an account as its kept events give it, with
+//! the event that decided it, what that event beat, and the register as stored where the two
+//! differ.
+
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
