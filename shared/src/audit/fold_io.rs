@@ -1,0 +1,443 @@
+//! The fold's I/O (docs/design.md §4.11): an account's kept events and stored registers read
+//! in one snapshot, each event decided by its provider and the lot folded by `billing::fold`
+//! (`fold_account`); the registers compared with that fold (`audit_account`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{json, Value};
+use sqlx::{Connection, PgConnection};
+
+use crate::apply::subscription_read;
+use crate::billing::fold::{fields_of, fold, FoldEvent, Folded, Via};
+use crate::billing::rules::SubscriptionRead;
+use crate::billing::{registers, Decision, Effect, Settled};
+use crate::domain::{Catalog, CustomerId, SourceKind};
+use crate::inbox::kept::{self, KeptEvent, Purged, MAX_FOLDED_EVENTS};
+use crate::inbox::thin::StoredEvent;
+use crate::platform::config::SourceConfig;
+use crate::platform::db::exec;
+use crate::providers::{self, stripe::thin::ThinEvent};
+
+/// What the fold knows of a configured source.
+#[derive(Debug, Clone, Copy)]
+pub struct AuditSource {
+    pub kind: SourceKind,
+    pub livemode: Option<bool>,
+}
+
+impl From<&SourceConfig> for AuditSource {
+    fn from(config: &SourceConfig) -> Self {
+        Self {
+            kind: config.kind,
+            livemode: config.livemode,
+        }
+    }
+}
+
+impl From<&crate::apply::WorkerSource> for AuditSource {
+    fn from(source: &crate::apply::WorkerSource) -> Self {
+        Self {
+            kind: source.kind,
+            livemode: source.livemode,
+        }
+    }
+}
+
+/// The configured sources by name.
+pub type Sources = HashMap<String, AuditSource>;
+
+pub fn sources_of(configs: &[SourceConfig]) -> Sources {
+    configs
+        .iter()
+        .map(|c| (c.name.clone(), AuditSource::from(c)))
+        .collect()
+}
+
+/// Which of the kept events to fold: those the provider created up to `at`, those received
+/// before `received_before` (what the store knew then).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cut {
+    pub at: Option<DateTime<Utc>>,
+    pub received_before: Option<DateTime<Utc>>,
+}
+
+/// An event as `why` names it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EventRef {
+    pub event_id: i64,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub occurred_at: DateTime<Utc>,
+    pub via: Via,
+    pub replayed: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FoldError {
+    #[error("source '{0}' is not configured")]
+    UnknownSource(String),
+    #[error("the account has more than {MAX_FOLDED_EVENTS} events; it is not folded")]
+    TooLarge,
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+/// An account's kept events, folded.
+pub struct AccountFold {
+    pub folded: Folded,
+    pub events: BTreeMap<i64, EventRef>,
+    pub purged: Purged,
+    /// The account's events not finished yet.
+    pub pending: Vec<i64>,
+    /// The ids of events the store still has among those the registers name.
+    pub kept_ids: BTreeSet<i64>,
+}
+
+/// The events the registers of an account name (holders, grants, links, refunds, the
+/// tombstone).
+fn named_by(registers: &crate::billing::rules::Registers, ledger: &LedgerByPeriod) -> Vec<i64> {
+    let mut ids: BTreeSet<i64> = BTreeSet::new();
+    ids.extend(registers.customer_plan.as_ref().map(|h| h.event_id));
+    ids.extend(registers.standing.as_ref().map(|h| h.event_id));
+    ids.extend(registers.subscriptions.values().map(|h| h.event_id));
+    ids.extend(registers.payments.values().map(|h| h.event_id));
+    for intent in registers.intents.values() {
+        ids.extend(intent.linked_by);
+        ids.extend(intent.refunded_by);
+    }
+    ids.extend(registers.account.deleted_by);
+    ids.extend(ledger.values().flatten().map(|e| e.event_id));
+    ids.into_iter().collect()
+}
+
+type LedgerByPeriod = BTreeMap<String, Vec<crate::billing::rules::LedgerEntry>>;
+type Stored = (crate::billing::rules::Registers, LedgerByPeriod);
+
+/// How the event reached the store: by its key (a worker's read, a reconciliation's
+/// correction) or what its first delivery row says.
+fn via_of(event: &KeptEvent) -> Via {
+    let key = event.dedupe_key.as_str();
+    if key.starts_with("read:") {
+        return Via::Fetch;
+    }
+    if key.starts_with("reconcile:") {
+        return Via::Correction;
+    }
+    match event.via.as_deref() {
+        Some("reconciliation") => Via::Reconciliation,
+        Some("eventbridge") => Via::EventBridge,
+        Some(_) => Via::Fetch,
+        None => Via::Webhook,
+    }
+}
+
+/// Reads and folds the account's kept events; `stored` is the account's registers as read
+/// in the same snapshot (they name events the account does not own). `with_purged`: also
+/// count what the purge took of the account's log.
+pub(super) async fn fold_with(
+    conn: &mut PgConnection,
+    sources: &Sources,
+    catalog: &Catalog,
+    (source, customer): (&str, &CustomerId),
+    stored: Option<&Stored>,
+    (cut, with_purged): (Cut, bool),
+) -> Result<AccountFold, FoldError> {
+    let config = *sources
+        .get(source)
+        .ok_or_else(|| FoldError::UnknownSource(source.to_owned()))?;
+    let named = stored.map(|(r, l)| named_by(r, l)).unwrap_or_default();
+    let rows = kept::account_events(conn, source, customer, &named).await?;
+    if rows.len() as i64 > MAX_FOLDED_EVENTS {
+        return Err(FoldError::TooLarge);
+    }
+    let kept_ids = rows.iter().map(|r| r.id).collect();
+    let by_key: HashMap<&str, &KeptEvent> =
+        rows.iter().map(|r| (r.dedupe_key.as_str(), r)).collect();
+    let provider = providers::provider(config.kind);
+    let mut events = Vec::with_capacity(rows.len());
+    let mut refs = BTreeMap::new();
+    for row in &rows {
+        let Some(payload) = &row.payload else {
+            continue;
+        };
+        // A thin event carries nothing: its read is the event (docs/design.md §6.2).
+        if config.kind == SourceKind::Stripe && ThinEvent::read(payload).is_some() {
+            continue;
+        }
+        let at = row.occurred_at.as_datetime();
+        let beyond = cut.at.is_some_and(|t| at > t)
+            || cut.received_before.is_some_and(|t| row.received_at >= t);
+        if beyond {
+            continue;
+        }
+        let decision = providers::decide(
+            config.kind,
+            &row.event_type,
+            payload,
+            &row.dedupe_key,
+            catalog,
+        );
+        let excluded = provider.out_of_scope(payload, config.livemode);
+        let settled: Settled = row
+            .settled
+            .clone()
+            .and_then(|s| serde_json::from_value(s).ok())
+            .unwrap_or_default();
+        let shown = shown_read(config.kind, row, &decision, &by_key, catalog, cut);
+        refs.insert(
+            row.id,
+            EventRef {
+                event_id: row.id,
+                event_type: row.event_type.clone(),
+                occurred_at: at,
+                via: via_of(row),
+                replayed: row.replays > 0,
+            },
+        );
+        events.push(FoldEvent {
+            id: row.id,
+            key: row.dedupe_key.clone(),
+            event_type: row.event_type.clone(),
+            at: row.occurred_at,
+            decision,
+            excluded,
+            settled,
+            shown,
+        });
+    }
+    let folded = fold(source, customer, &events, catalog);
+    Ok(AccountFold {
+        folded,
+        events: refs,
+        // What the purge took says how far back an answer is whole; the audit, which compares
+        // only what is kept, does not ask.
+        purged: match with_purged {
+            true => kept::purged(conn, source, customer).await?,
+            false => Purged::default(),
+        },
+        pending: kept::pending(conn, source, customer).await?,
+        kept_ids,
+    })
+}
+
+/// The account's kept events folded, as of the cut, read in one snapshot with the registers
+/// that name events it does not own.
+pub async fn fold_account(
+    conn: &mut PgConnection,
+    sources: &Sources,
+    catalog: &Catalog,
+    account: (&str, &CustomerId),
+    cut: Cut,
+) -> Result<AccountFold, FoldError> {
+    let mut tx = snapshot(conn).await?;
+    let stored = registers::of_account(&mut tx, account.0, account.1).await?;
+    let folded = fold_with(
+        &mut tx,
+        sources,
+        catalog,
+        account,
+        stored.as_ref(),
+        (cut, true),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(folded)
+}
+
+/// The stored read of an invoice's subscription made for `row`, as the worker found it
+/// (docs/design.md §6.2): the first subscription the invoice names whose read is kept.
+fn shown_read(
+    kind: SourceKind,
+    row: &KeptEvent,
+    decision: &Decision,
+    by_key: &HashMap<&str, &KeptEvent>,
+    catalog: &Catalog,
+    cut: Cut,
+) -> SubscriptionRead {
+    let Decision::Apply { effects, .. } = decision else {
+        return SubscriptionRead::NotRead;
+    };
+    for effect in effects {
+        let Effect::GrantOfSubscription { subscriptions, .. } = effect else {
+            continue;
+        };
+        let Some(id) = subscriptions.first() else {
+            continue;
+        };
+        let Some(key) = subscription_read::read_key(&row.dedupe_key, id) else {
+            continue;
+        };
+        let Some(read) = by_key.get(key.as_str()) else {
+            continue;
+        };
+        if cut.received_before.is_some_and(|t| read.received_at >= t) {
+            continue;
+        }
+        let stored = StoredEvent {
+            id: read.id,
+            dedupe_key: read.dedupe_key.clone(),
+            event_type: read.event_type.clone(),
+            payload: read.payload.clone(),
+            customer: read.customer.clone(),
+            occurred_at: Some(read.occurred_at),
+            status: String::new(),
+        };
+        return subscription_read::shown(kind, id, &stored, catalog);
+    }
+    SubscriptionRead::NotRead
+}
+
+/// Opens the snapshot the audit and `why` read in: every statement sees the same committed
+/// state, so no event commits between the registers' read and the events'.
+pub(super) async fn snapshot(
+    conn: &mut PgConnection,
+) -> Result<sqlx::Transaction<'_, sqlx::Postgres>, sqlx::Error> {
+    conn.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .await
+}
+
+/// A field whose register is not what the fold gives.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Divergence {
+    pub source: String,
+    pub customer_id: String,
+    pub field: String,
+    pub stored: Value,
+    pub folded: Value,
+}
+
+/// The fields where the registers differ from the fold, among those the fold can speak for
+/// (a register whose holder the purge took, stored before the purge kept holders, is left
+/// out, and so is a period whose grants it took), and the periods whose `used` is not the
+/// sum of their accepted debits.
+pub(super) fn compare(
+    stored: &Stored,
+    account: &AccountFold,
+    used: &BTreeMap<String, (i64, i64)>,
+    (source, customer): (&str, &CustomerId),
+) -> Vec<Divergence> {
+    let (registers, ledger) = stored;
+    let here = fields_of(registers, ledger);
+    let there = account.folded.fields();
+    let kept = |by: &Option<i64>| by.is_none_or(|id| account.kept_ids.contains(&id));
+    let whole_period = |field: &str| {
+        let Some(period) = field.strip_prefix("allowance:") else {
+            return true;
+        };
+        ledger.get(period).is_none_or(|entries| {
+            entries
+                .iter()
+                .all(|e| account.kept_ids.contains(&e.event_id))
+        })
+    };
+    let mut out = Vec::new();
+    let names: BTreeSet<&String> = here.keys().chain(there.keys()).collect();
+    for field in names {
+        let stored = here.get(field);
+        let folded = there.get(field);
+        if stored.is_some_and(|(_, by)| !kept(by)) || !whole_period(field) {
+            continue;
+        }
+        let value =
+            |v: Option<&(Value, Option<i64>)>| v.map(|v| v.0.clone()).unwrap_or(Value::Null);
+        if value(stored) != value(folded) {
+            out.push(Divergence {
+                source: source.to_owned(),
+                customer_id: customer.as_str().to_owned(),
+                field: field.clone(),
+                stored: value(stored),
+                folded: value(folded),
+            });
+        }
+    }
+    for (period, (used, debited)) in used {
+        if used != debited {
+            out.push(Divergence {
+                source: source.to_owned(),
+                customer_id: customer.as_str().to_owned(),
+                field: format!("used:{period}"),
+                stored: json!(used),
+                folded: json!(debited),
+            });
+        }
+    }
+    out
+}
+
+/// Each period's `used` as stored, and the sum of its accepted debits.
+pub(super) async fn used_by_period(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &CustomerId,
+) -> Result<BTreeMap<String, (i64, i64)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"
+        SELECT p.period, p.used,
+               COALESCE((SELECT sum(d.amount) FROM usage_debits d
+                         WHERE d.source = p.source AND d.customer_id = p.customer_id
+                           AND d.period = p.period AND d.accepted), 0)::bigint AS "debited!"
+        FROM usage_periods p WHERE p.source = $1 AND p.customer_id = $2
+        ORDER BY p.period
+        "#,
+        source,
+        customer.as_str(),
+    )
+    .fetch_all(exec(conn))
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.period, (r.used, r.debited)))
+        .collect())
+}
+
+/// What the audit of one account found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Audited {
+    /// Compared: the fields that differ (empty: none).
+    Checked(Vec<Divergence>),
+    /// Not compared now: events in flight, or too many to fold.
+    Skipped(&'static str),
+}
+
+/// Compares one account's registers (and each period's `used` with its accepted debits)
+/// with the fold of its kept events, in one snapshot.
+pub async fn audit_account(
+    conn: &mut PgConnection,
+    sources: &Sources,
+    catalog: &Catalog,
+    (source, customer): (&str, &CustomerId),
+) -> Result<Audited, FoldError> {
+    let mut tx = snapshot(conn).await?;
+    let stored = registers::of_account(&mut tx, source, customer).await?;
+    let Some(stored) = stored else {
+        tx.commit().await?;
+        return Ok(Audited::Checked(Vec::new()));
+    };
+    let account = match fold_with(
+        &mut tx,
+        sources,
+        catalog,
+        (source, customer),
+        Some(&stored),
+        (Cut::default(), false),
+    )
+    .await
+    {
+        Err(FoldError::TooLarge) => return Ok(Audited::Skipped("too many events")),
+        other => other?,
+    };
+    if !account.pending.is_empty() {
+        tx.commit().await?;
+        return Ok(Audited::Skipped("events in flight"));
+    }
+    let used = used_by_period(&mut tx, source, customer).await?;
+    tx.commit().await?;
+    Ok(Audited::Checked(compare(
+        &stored,
+        &account,
+        &used,
+        (source, customer),
+    )))
+}

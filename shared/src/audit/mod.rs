@@ -1,0 +1,19 @@
+//! The fold put to work (docs/design.md §4.11): an account's kept events read and decided,
+//! folded by `billing::fold`, and then explained field by field (`why`, `--at`,
+//! `--received-before`) or compared with the registers as stored (the audit: on demand, and
+//! a bounded sample each scheduler run).
+//!
+//! - `fold_io`: the account read in one snapshot and folded; the registers compared with it;
+//! - `why`: the fold explained field by field;
+//! - `run`: the audit over many accounts, the scheduler's and `inboxctl audit`'s.
+
+mod fold_io;
+mod run;
+mod why;
+
+pub use fold_io::{
+    audit_account, fold_account, sources_of, AccountFold, AuditSource, Audited, Cut, Divergence,
+    EventRef, FoldError, Sources,
+};
+pub use run::{audit_all, run, AuditReport, MAX_AUDITED_PER_RUN};
+pub use why::{why, Why, WhyField};
