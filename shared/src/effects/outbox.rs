@@ -21,6 +21,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 
+use crate::inbox::purge::{in_batches, PURGE_BATCH};
 use crate::inbox::{retry_delay, MAX_ATTEMPTS, ROWS_PER_STEP, STUCK_AFTER};
 use crate::platform::db::exec;
 use crate::platform::queue::Queue;
@@ -247,6 +248,34 @@ pub async fn rescue(
         tracing::info!(count = sent.len(), "rescued effects enqueued");
     }
     Ok(sent)
+}
+
+/// Deletes sent effects older than the retention, in batches while `deadline` allows.
+/// Pending and dead effects stay for the operator.
+pub async fn purge_effects(
+    pool: &PgPool,
+    retention: Duration,
+    deadline: Instant,
+) -> anyhow::Result<u64> {
+    in_batches(deadline, || async {
+        Ok(sqlx::query!(
+            r#"
+            DELETE FROM effects
+            WHERE id IN (
+                SELECT id FROM effects
+                WHERE status = 'sent' AND sent_at < inbox_now() - make_interval(secs => $1)
+                LIMIT $2 FOR UPDATE SKIP LOCKED
+            )
+            "#,
+            retention.as_secs_f64(),
+            PURGE_BATCH,
+        )
+        .execute(exec(pool))
+        .await
+        .context("purging sent effects")?
+        .rows_affected())
+    })
+    .await
 }
 
 /// What the scheduler reports of effects.
