@@ -169,7 +169,7 @@ pub async fn run(state: &SchedulerState) -> RunReport {
         Ok(n) => report.purged = n,
         Err(e) => report.errors.push(format!("purge: {e:#}")),
     }
-    match outbox::purge_effects(&state.pool, state.retention, deadline).await {
+    match outbox::purge(&state.pool, state.retention, deadline).await {
         Ok(n) => report.purged_effects = n,
         Err(e) => report.errors.push(format!("purge effects: {e:#}")),
     }

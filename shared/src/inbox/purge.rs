@@ -1,8 +1,9 @@
-//! Purge: the one home of its rules (docs/design.md §3.9) — what goes, after how long, and
-//! what must be kept. Applied and ignored events older than the retention go, with their
-//! deliveries, in batches; so do sent effects. Dead, unprocessable and pending rows stay for
-//! the operator. What reads the provider's lists again asks [`kept_since`] how far back the
-//! store still holds everything it stored.
+//! Purge: the one home of the events' purge rules (docs/design.md §3.9) — what goes, after how
+//! long, and what must be kept. Applied and ignored events older than the retention go, with
+//! their deliveries, in batches. Dead, unprocessable and pending rows stay for the operator.
+//! What reads the provider's lists again asks [`kept_since`] how far back the store still
+//! holds everything it stored. Sent effects are purged with the rest of an effect row's life,
+//! in `effects::outbox`, in the same batches ([`in_batches`]); the scheduler runs both.
 
 use std::time::{Duration, Instant};
 
