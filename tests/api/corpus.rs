@@ -474,7 +474,7 @@ async fn delivered_again_after_the_purge(pool: PgPool, source: &str, dir: &str) 
         "every {dir} event was final, and all but the ones the registers name went"
     );
     assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, named);
-    let purged = shared::inbox::purge::purge_effects(&app.pool, retention, deadline)
+    let purged = shared::effects::outbox::purge(&app.pool, retention, deadline)
         .await
         .unwrap();
     assert_eq!(purged as usize, told);

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use shared::dev::bridge::{pump_once, PumpReport};
 use shared::dev::listen::Listener;
 use shared::domain::effect::{effect_id, Kind};
+use shared::domain::retry::RetryPolicy;
 use shared::effects::outbox;
 use shared::effects::sinks::Sinks;
 use shared::handlers::dispatcher::{self, DispatcherState, FaultPoint};
@@ -56,7 +57,7 @@ impl Dispatch {
     async fn new(pool: PgPool, sinks: &Value) -> Self {
         let sinks = Sinks::from_config(&parse_sinks(&sinks.to_string()).unwrap()).unwrap();
         let mut state = DispatcherState::new(pool.clone(), sinks);
-        state.retry_delays = vec![Duration::ZERO; 5];
+        state.retry = RetryPolicy::new([Duration::ZERO; 5]);
         // A crashed attempt's hold ends at once, so the next message finds the effect.
         state.lease = Duration::ZERO;
         let sqs = sqs_client().await;

@@ -9,6 +9,7 @@ use http::StatusCode;
 use lambda_http::Body;
 use serde_json::{json, Value};
 pub use shared::audit::{Cut, Why};
+use shared::domain::retry::RetryPolicy;
 use shared::handlers::intake::{self, IntakeState};
 use shared::handlers::worker::WorkerState;
 use shared::platform::config::{parse_sources, SourceConfig};
@@ -307,7 +308,7 @@ pub fn test_worker(pool: PgPool) -> WorkerState {
         sources,
         shared::domain::Catalog::parse(PLANS).unwrap(),
     );
-    worker.retry_delays = vec![Duration::ZERO; 5];
+    worker.retry = RetryPolicy::new([Duration::ZERO; 5]);
     worker
 }
 

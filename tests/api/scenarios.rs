@@ -394,7 +394,7 @@ fn stripe_subscription_event(id: &str, customer: &str, status: &str, created: i6
 async fn a_retried_active_landing_last_leaves_the_subscription_past_due(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
     // Production waits: the failed attempt is not due again until after past_due lands.
-    app.worker.retry_delays = shared::inbox::RETRY_DELAYS.to_vec();
+    app.worker.retry = shared::domain::retry::RETRY;
     let t = at("2026-03-05T10:00:00Z").timestamp();
     let trialing = stripe_subscription_event("evt_trial", "cus_s", "trialing", t);
     let active = stripe_subscription_event("evt_active", "cus_s", "active", t + 60);

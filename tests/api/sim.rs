@@ -41,9 +41,10 @@ use proptest::prelude::Rng;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use serde_json::{json, Value};
+use shared::domain::retry::RETRY;
 use shared::handlers::scheduler::{self, SchedulerState};
 use shared::handlers::worker::{handle_batch, WorkerState};
-use shared::inbox::{DEFAULT_LEASE, RETRY_DELAYS};
+use shared::inbox::DEFAULT_LEASE;
 use shared::platform::queue::Queue;
 use shared::platform::sim::{with_interrupts, Bug, Interrupts, Point, SimQueue};
 use shared::providers::{
@@ -744,7 +745,7 @@ impl World {
                 reads: Some(Box::new(reads.clone())),
             },
         );
-        worker.retry_delays = RETRY_DELAYS.to_vec();
+        worker.retry = RETRY;
         worker.lease = DEFAULT_LEASE;
         // Effects are written under every fault; no dispatcher runs, so they stay pending.
         worker.effects = Some(sim_queue.clone());

@@ -638,7 +638,7 @@ async fn an_exhaustion_told_and_purged_is_not_told_again(pool: PgPool) {
         .execute(&app.pool)
         .await
         .unwrap();
-    let purged = shared::inbox::purge::purge_effects(
+    let purged = shared::effects::outbox::purge(
         &app.pool,
         std::time::Duration::from_secs(30 * 86_400),
         std::time::Instant::now() + std::time::Duration::from_secs(30),

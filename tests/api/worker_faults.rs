@@ -10,9 +10,9 @@ use chrono::{DateTime, Utc};
 use http::StatusCode;
 use serde_json::{json, Value};
 use shared::billing::account::{PaymentView, SubscriptionView};
+use shared::domain::retry::RETRY;
 use shared::domain::EventStatus;
 use shared::handlers::worker::{handle_batch, process_event, Processed, WorkerState};
-use shared::inbox::RETRY_DELAYS;
 use shared::platform::sim::{with_interrupts, Fault, FaultAction, Point};
 use sqlx::PgPool;
 
@@ -769,7 +769,7 @@ async fn a_worker_killed_before_commit_leaves_nothing_and_the_event_is_applied_a
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn an_event_failing_six_times_follows_the_retry_schedule_and_ends_dead(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
-    app.worker.retry_delays = RETRY_DELAYS.to_vec();
+    app.worker.retry = RETRY;
     let fault = Fault::new(Point::WorkerDecided, FaultAction::Fail(6));
     let id = store(
         &app,
@@ -801,8 +801,8 @@ async fn an_event_failing_six_times_follows_the_retry_schedule_and_ends_dead(poo
             "attempt {attempt}: {row:?}"
         );
         assert_eq!(effects_of_customer(&app.pool, "cus_doomed").await, 0);
-        match RETRY_DELAYS.get(attempt as usize - 1) {
-            Some(&delay) => {
+        match RETRY.wait_after(attempt) {
+            Some(delay) => {
                 assert_eq!(
                     outcome,
                     Processed::Failed {
@@ -1069,7 +1069,7 @@ async fn a_lease_that_ran_out_is_not_taken_back_by_a_replayed_claim(pool: PgPool
         .await
         .unwrap();
     assert!(!finished, "the old lease cannot finish the event");
-    let failed = lease::record_failure(&mut conn, &old[0], "late", &RETRY_DELAYS)
+    let failed = lease::record_failure(&mut conn, &old[0], "late", &RETRY)
         .await
         .unwrap();
     assert_eq!(failed, None, "nor record a failure over the new lease");

@@ -1,8 +1,9 @@
 //! The domain: values parsed once at the boundary and carried typed through the store, the
 //! claim and the registers — dedupe keys, customer ids and the accounts they name, provider times and periods, source
 //! kinds, event statuses and verdicts, content hashes, the verified event itself, the plan
-//! catalog (`INBOX_PLANS`: what a provider's plan key means here), and what an effect tells
-//! the app ([`effect`]: its kind and id). Nothing
+//! catalog (`INBOX_PLANS`: what a provider's plan key means here), what an effect tells
+//! the app ([`effect`]: its kind and id), and the retry policy of a failed attempt, an
+//! event's and an effect's alike ([`retry`]). Nothing
 //! here does I/O; every other layer depends on this one and it depends on none of them
 //! (docs/design.md §2).
 
@@ -11,6 +12,7 @@ pub(crate) mod catalog;
 pub mod effect;
 mod event;
 mod ids;
+pub mod retry;
 mod status;
 mod time;
 

@@ -10,8 +10,11 @@
 //!                                     └──────── replay (sent or dead) ◀──────────────────
 //! ```
 //!
-//! A message on the effects queue only names an effect; the row is the fact. The rescue
-//! re-enqueues what the queue lost, expired holds and due retries.
+//! A message on the effects queue only names an effect; the row is the fact. A failed
+//! delivery waits and is tried again on the events' retry policy (`domain::retry`). The
+//! scheduler's rescue re-enqueues what the queue lost, expired holds and due retries; its
+//! purge deletes sent effects once older than the retention. Both share the inbox's bounds
+//! of a scheduled step and the purge's batches.
 
 use std::time::{Duration, Instant};
 
@@ -21,7 +24,9 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 
-use crate::inbox::{retry_delay, MAX_ATTEMPTS, ROWS_PER_STEP, STUCK_AFTER};
+use crate::domain::retry::RetryPolicy;
+use crate::inbox::purge::{in_batches, PURGE_BATCH};
+use crate::inbox::{ROWS_PER_STEP, STUCK_AFTER};
 use crate::platform::db::exec;
 use crate::platform::queue::Queue;
 
@@ -130,7 +135,7 @@ pub async fn claim(
         "#,
         id,
         lease.as_secs_f64(),
-        MAX_ATTEMPTS,
+        RetryPolicy::MAX_ATTEMPTS,
     )
     .fetch_optional(exec(pool))
     .await
@@ -153,9 +158,9 @@ pub async fn record(
     pool: &PgPool,
     effect: &Claimed,
     attempt: &Attempt,
-    delays: &[Duration],
+    retry: &RetryPolicy,
 ) -> Result<EffectStatus, sqlx::Error> {
-    let delay = retry_delay(delays, effect.attempts);
+    let delay = retry.wait_after(effect.attempts);
     let status = match (attempt.complete, delay) {
         (true, _) => EffectStatus::Sent,
         (false, Some(_)) => EffectStatus::Pending,
@@ -195,7 +200,7 @@ pub async fn mark_lost(pool: &PgPool) -> anyhow::Result<Vec<String>> {
             last_error = COALESCE(last_error || '; ', '') || 'the dispatcher stopped during the last attempt (hold expired)'
         WHERE status = 'pending' AND locked_until < inbox_now() AND attempts >= $1
         "#,
-        MAX_ATTEMPTS,
+        RetryPolicy::MAX_ATTEMPTS,
     )
     .execute(exec(pool))
     .await
@@ -247,6 +252,30 @@ pub async fn rescue(
         tracing::info!(count = sent.len(), "rescued effects enqueued");
     }
     Ok(sent)
+}
+
+/// Deletes sent effects older than the retention, in the events' purge batches while
+/// `deadline` allows (docs/design.md §11.2). Pending and dead effects stay for the operator.
+pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> anyhow::Result<u64> {
+    in_batches(deadline, || async {
+        Ok(sqlx::query!(
+            r#"
+            DELETE FROM effects
+            WHERE id IN (
+                SELECT id FROM effects
+                WHERE status = 'sent' AND sent_at < inbox_now() - make_interval(secs => $1)
+                LIMIT $2 FOR UPDATE SKIP LOCKED
+            )
+            "#,
+            retention.as_secs_f64(),
+            PURGE_BATCH,
+        )
+        .execute(exec(pool))
+        .await
+        .context("purging sent effects")?
+        .rows_affected())
+    })
+    .await
 }
 
 /// What the scheduler reports of effects.

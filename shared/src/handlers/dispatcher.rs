@@ -1,17 +1,17 @@
 //! The dispatcher function's handler: each SQS message names one effect; claim it under a
 //! hold, deliver it to every configured sink that does not have it yet, record what landed
-//! (docs/design.md §11). A delivery that failed is retried on the outbox's schedule
-//! (the scheduler's rescue enqueues due effects again); only a database that cannot be
-//! reached is reported back to SQS.
+//! (docs/design.md §11). A delivery that failed is retried on the events' retry policy
+//! (`domain::retry`; the scheduler's rescue enqueues due effects again); only a database
+//! that cannot be reached is reported back to SQS.
 
 use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use sqlx::PgPool;
 
+use crate::domain::retry::{RetryPolicy, RETRY};
 use crate::effects::outbox::{self, Attempt, EffectStatus, DISPATCH_LEASE};
 use crate::effects::sinks::{Outgoing, Sinks};
-use crate::inbox::RETRY_DELAYS;
 use crate::platform::config::DispatcherConfig;
 
 #[cfg(feature = "dev")]
@@ -21,7 +21,8 @@ pub struct DispatcherState {
     pub pool: PgPool,
     pub sinks: Sinks,
     pub lease: Duration,
-    pub retry_delays: Vec<Duration>,
+    /// The waits after a failed delivery ([`RETRY`], the events' own; the tests wait less).
+    pub retry: RetryPolicy,
     /// Injected faults, for tests that prove a crash between send and record loses nothing.
     #[cfg(feature = "dev")]
     pub faults: Faults,
@@ -36,7 +37,7 @@ impl DispatcherState {
             pool,
             sinks,
             lease: DISPATCH_LEASE,
-            retry_delays: RETRY_DELAYS.to_vec(),
+            retry: RETRY,
             #[cfg(feature = "dev")]
             faults: Faults::default(),
             database: None,
@@ -123,7 +124,7 @@ pub async fn dispatch(state: &DispatcherState, id: &str) -> Result<Dispatched, s
         complete,
         error: error.clone(),
     };
-    let status = outbox::record(&state.pool, &effect, &attempt, &state.retry_delays).await?;
+    let status = outbox::record(&state.pool, &effect, &attempt, &state.retry).await?;
     Ok(match (status, error) {
         (EffectStatus::Sent, _) => Dispatched::Sent,
         (status, error) => Dispatched::Failed {

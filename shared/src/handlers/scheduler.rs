@@ -16,7 +16,7 @@ use crate::audit::{self, Divergence};
 use crate::domain::Catalog;
 use crate::effects::outbox::{self, EffectAlerts};
 use crate::inbox::alerts::{collect_alerts, Alerts};
-use crate::inbox::purge::{kept_since, purge, purge_effects};
+use crate::inbox::purge::{kept_since, purge};
 use crate::inbox::read::{backlog, source_silence, Backlog, SourceSilence};
 use crate::inbox::rescue::rescue;
 use crate::platform::config::SchedulerConfig;
@@ -170,7 +170,7 @@ pub async fn run(state: &SchedulerState) -> RunReport {
         Ok(n) => report.purged = n,
         Err(e) => report.errors.push(format!("purge: {e:#}")),
     }
-    match purge_effects(&state.pool, state.retention, deadline).await {
+    match outbox::purge(&state.pool, state.retention, deadline).await {
         Ok(n) => report.purged_effects = n,
         Err(e) => report.errors.push(format!("purge effects: {e:#}")),
     }

@@ -16,11 +16,12 @@ use sqlx::{PgConnection, PgPool, Postgres};
 use tokio::time::timeout;
 
 use crate::apply::{self, Applied, Applier, ApplyError, Contended};
+use crate::domain::retry::{RetryPolicy, RETRY};
 use crate::domain::Catalog;
 use crate::domain::EventStatus;
 use crate::effects::outbox;
 use crate::inbox::lease::{self, Claimed, Unclaimed};
-use crate::inbox::{DEFAULT_LEASE, RETRY_DELAYS};
+use crate::inbox::DEFAULT_LEASE;
 use crate::platform::config::WorkerConfig;
 use crate::platform::queue::{parse_message_body, Queue};
 use crate::platform::sim::{self, Point};
@@ -44,7 +45,8 @@ pub struct WorkerState {
     pub sources: HashMap<String, WorkerSource>,
     pub catalog: Catalog,
     pub lease: Duration,
-    pub retry_delays: Vec<Duration>,
+    /// The waits after a failed attempt ([`RETRY`]; the tests wait less).
+    pub retry: RetryPolicy,
     /// Effects on: the queue the dispatcher takes effect ids from (docs/design.md §11).
     /// `None`: no effect is written.
     pub effects: Option<Queue>,
@@ -72,7 +74,7 @@ impl WorkerState {
             sources,
             catalog,
             lease: DEFAULT_LEASE,
-            retry_delays: RETRY_DELAYS.to_vec(),
+            retry: RETRY,
             effects: None,
             events: None,
             contended: Contended::default(),
@@ -196,13 +198,13 @@ async fn process_claimed(
         }
         Err(error) => {
             let error = error.to_string();
-            let delays = &state.retry_delays;
-            let recorded = match lease::record_failure(conn, event, &error, delays).await {
+            let retry = &state.retry;
+            let recorded = match lease::record_failure(conn, event, &error, retry).await {
                 Ok(recorded) => recorded,
                 // The connection may be what failed: the record goes through a fresh one.
                 Err(_) => {
                     let mut fresh = state.pool.acquire().await?;
-                    lease::record_failure(&mut fresh, event, &error, delays).await?
+                    lease::record_failure(&mut fresh, event, &error, retry).await?
                 }
             };
             match recorded {

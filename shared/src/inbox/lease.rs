@@ -1,6 +1,6 @@
 //! A worker's hold on an event: the claim (a lease committed at once, so that it outlives a
 //! crash), the re-check inside the worker's transaction, the finish, and the failure record
-//! with the retry schedule (docs/design.md §3).
+//! with the retry policy (`domain::retry`, docs/design.md §3).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::Value;
 use sqlx::PgConnection;
 
-use super::{retry_delay, MAX_ATTEMPTS};
 use crate::billing::model::EventContext;
+use crate::domain::retry::RetryPolicy;
 use crate::domain::{CustomerId, DedupeKey, EventStatus, ProviderTime};
 use crate::platform::db::exec;
 
@@ -70,7 +70,7 @@ pub async fn claim(
         "#,
         event_ids,
         lease.as_secs_f64(),
-        MAX_ATTEMPTS,
+        RetryPolicy::MAX_ATTEMPTS,
     )
     .fetch_all(exec(conn))
     .await?;
@@ -128,7 +128,7 @@ pub async fn unclaimed(
         FROM inbox_events WHERE id = ANY($1)
         "#,
         event_ids,
-        MAX_ATTEMPTS,
+        RetryPolicy::MAX_ATTEMPTS,
     )
     .fetch_all(exec(conn))
     .await?;
@@ -301,9 +301,9 @@ pub async fn record_failure(
     conn: &mut PgConnection,
     event: &Claimed,
     error: &str,
-    delays: &[Duration],
+    retry: &RetryPolicy,
 ) -> Result<Option<EventStatus>, sqlx::Error> {
-    let delay = retry_delay(delays, event.attempts);
+    let delay = retry.wait_after(event.attempts);
     let status = if delay.is_some() {
         EventStatus::Failed
     } else {

@@ -1,8 +1,9 @@
-//! Purge: the one home of its rules (docs/design.md §3.9) — what goes, after how long, and
-//! what must be kept. Applied and ignored events older than the retention go, with their
-//! deliveries, in batches; so do sent effects. Dead, unprocessable and pending rows stay for
-//! the operator. What reads the provider's lists again asks [`kept_since`] how far back the
-//! store still holds everything it stored.
+//! Purge: the one home of the events' purge rules (docs/design.md §3.9) — what goes, after how
+//! long, and what must be kept. Applied and ignored events older than the retention go, with
+//! their deliveries, in batches. Dead, unprocessable and pending rows stay for the operator.
+//! What reads the provider's lists again asks [`kept_since`] how far back the store still
+//! holds everything it stored. Sent effects are purged with the rest of an effect row's life,
+//! in `effects::outbox`, in the same batches ([`in_batches`]); the scheduler runs both.
 
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 /// Rows deleted per statement.
-const PURGE_BATCH: i64 = 500;
+pub(crate) const PURGE_BATCH: i64 = 500;
 /// The clocks of a provider (which stamps `created`) and of this store (which stamps
 /// `received_at`) may disagree by this much.
 const CLOCK_MARGIN: Duration = Duration::from_secs(3600);
@@ -76,37 +77,12 @@ pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> any
     .await
 }
 
-/// Deletes sent effects older than the retention, in batches while `deadline` allows.
-/// Pending and dead effects stay for the operator.
-pub async fn purge_effects(
-    pool: &PgPool,
-    retention: Duration,
-    deadline: Instant,
-) -> anyhow::Result<u64> {
-    in_batches(deadline, || async {
-        Ok(sqlx::query!(
-            r#"
-            DELETE FROM effects
-            WHERE id IN (
-                SELECT id FROM effects
-                WHERE status = 'sent' AND sent_at < inbox_now() - make_interval(secs => $1)
-                LIMIT $2 FOR UPDATE SKIP LOCKED
-            )
-            "#,
-            retention.as_secs_f64(),
-            PURGE_BATCH,
-        )
-        .execute(exec(pool))
-        .await
-        .context("purging sent effects")?
-        .rows_affected())
-    })
-    .await
-}
-
 /// Runs `delete_batch` (one statement deleting at most [`PURGE_BATCH`] rows) until a batch
 /// comes back short or `deadline` has passed; the rows deleted in all.
-async fn in_batches<F, Fut>(deadline: Instant, mut delete_batch: F) -> anyhow::Result<u64>
+pub(crate) async fn in_batches<F, Fut>(
+    deadline: Instant,
+    mut delete_batch: F,
+) -> anyhow::Result<u64>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<u64>>,

@@ -7,7 +7,8 @@ use std::time::Instant;
 use anyhow::Context;
 use sqlx::PgPool;
 
-use super::{enqueue_or_unmark, MAX_ATTEMPTS, NEVER_ENQUEUED_AFTER, ROWS_PER_STEP, STUCK_AFTER};
+use super::{enqueue_or_unmark, NEVER_ENQUEUED_AFTER, ROWS_PER_STEP, STUCK_AFTER};
+use crate::domain::retry::RetryPolicy;
 use crate::platform::db::exec;
 use crate::platform::queue::Queue;
 
@@ -51,7 +52,7 @@ pub async fn mark_lost(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
             last_error = COALESCE(last_error || '; ', '') || 'the worker stopped during the last attempt (lease expired)'
         WHERE status = 'processing' AND locked_until < inbox_now() AND attempts >= $1
         "#,
-        MAX_ATTEMPTS,
+        RetryPolicy::MAX_ATTEMPTS,
     )
     .execute(exec(pool))
     .await
@@ -91,7 +92,7 @@ pub async fn mark_lost(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
         ROWS_PER_STEP,
         NEVER_ENQUEUED_AFTER.as_secs_f64(),
         STUCK_AFTER.as_secs_f64(),
-        MAX_ATTEMPTS,
+        RetryPolicy::MAX_ATTEMPTS,
     )
     .fetch_all(exec(pool))
     .await
