@@ -19,7 +19,8 @@ pub use verify::{
     SIGNATURE_HEADER,
 };
 
-use super::{Api, Provider, Reads, Reconciliation, Verify};
+use super::{Api, Fetched, Notice, Provider, ReadFor, Reads, Reconciliation, Verify};
+use crate::billing::registers::StoredSubscription;
 use crate::billing::Decided;
 use crate::domain::{Catalog, DedupeKey};
 use crate::platform::config::{ConfigError, SourceConfig};
@@ -74,6 +75,23 @@ impl Provider for Stripe {
             )),
             _ => None,
         }
+    }
+
+    /// Thin events and event generation failures (docs/design.md §6.2).
+    fn notice(&self, payload: &Value) -> Option<Notice> {
+        thin::notice(payload)
+    }
+
+    fn read_as_event(&self, read: &ReadFor<'_>, object: &Value) -> Option<Fetched> {
+        thin::read_as_event(read, object)
+    }
+
+    fn subscription_differs(
+        &self,
+        subscription: &Value,
+        local: Option<&StoredSubscription>,
+    ) -> bool {
+        thin::differs(subscription, local)
     }
 
     #[cfg(any(test, feature = "dev"))]
