@@ -1,14 +1,14 @@
-//! `v2.core.health.event_generation_failure.resolved` in the worker (docs/design.md §6.2): Stripe
-//! failed to generate events, which no destination and no events list will ever show, so
-//! reconciliation's walk cannot find them. The thin notification carries no `data`: the event
-//! is read (`GET /v2/core/events/{id}`) for its `data.impact`. When that names an object of a
-//! handled type's event, the object is read, stored and applied as a thin event's is; when it
-//! names none, the source's subscriptions are swept (`GET /v1/subscriptions?status=all`, as
-//! Polar's reconciliation sweeps), each one its register does not show as the provider does
-//! stored as a read of its own at the notice's time, for the rescue to send. The sweep keeps
-//! its place between attempts (`inbox::sweep`): an attempt reads pages while its budget lasts
-//! and gives the notice back to be continued. Either way `EventGenerationFailures` counts it
-//! per source once it is done, and an alarm watches that.
+//! A provider's notice that it failed to generate events, in the worker (docs/design.md §6.2;
+//! Stripe's `v2.core.health.event_generation_failure.resolved`): events that no destination and
+//! no events list will ever show, so reconciliation's walk cannot find them. What the notice
+//! names is told by the notice or read from the provider (`Reads::generation_failure`). When
+//! that is an object of a handled type's event, the object is read, stored and applied as a
+//! thin event's is; when it names none, the source's subscriptions are swept
+//! (`Reads::subscriptions_page`, as Polar's reconciliation sweeps), each one its register does
+//! not show as the provider does stored as a read of its own at the notice's time, for the
+//! rescue to send. The sweep keeps its place between attempts (`inbox::sweep`): an attempt
+//! reads pages while its budget lasts and gives the notice back to be continued. Either way
+//! `EventGenerationFailures` counts it per source once it is done, and an alarm watches that.
 
 use std::time::Duration;
 
@@ -260,7 +260,7 @@ fn newer(version_at: DateTime<Utc>, at: DateTime<Utc>) -> bool {
 }
 
 /// The Embedded Metric Format line for each generation failure a source's worker handles:
-/// `EventGenerationFailures` by `Stack` and `Source` (an alarm watches it: events Stripe never
+/// `EventGenerationFailures` by `Stack` and `Source` (an alarm watches it: events a provider never
 /// generated are found only through it).
 pub fn generation_failure_metric(source: &str, now: chrono::DateTime<Utc>) -> Value {
     let mut line = crate::platform::metrics::document(

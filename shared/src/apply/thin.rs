@@ -1,4 +1,5 @@
-//! A thin event in the worker (docs/design.md §6.2): what it stands for, decided before any
+//! A thin event in the worker (docs/design.md §6.2): an event that names an object and carries
+//! none of it (its provider's `Notice::Carrier`), and what it stands for, decided before any
 //! register is read. Its first attempt fetches its related object with the source's API key
 //! and stores the read as a snapshot event of its own, at the thin event's time; that attempt
 //! and every later one (a retry, a replay) apply the stored read under the thin event's

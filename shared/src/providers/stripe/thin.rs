@@ -3,7 +3,10 @@
 //! the thin twin of the snapshot type without the prefix (`v1.customer.subscription.updated`),
 //! GA for API v1 resources from 2026-09-30.endive. The worker fetches the object
 //! (`GET related_object.url`, with the event's `context` as the account to read as) and stores
-//! what it read as a snapshot event of its own (docs/design.md §6.2).
+//! what it read as a snapshot event of its own (docs/design.md §6.2). Here is what is Stripe's
+//! of that, and of its event generation failures, behind the provider's hooks: how the events
+//! read (`notice`), the paths and headers of their reads, and the snapshot event a read is
+//! stored as (`read_as_event`); the worker's side is `apply/thin.rs` and `apply/health.rs`.
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -128,7 +131,7 @@ pub fn read_as_event(read: &ReadFor<'_>, object: &Value) -> Option<Fetched> {
 /// An object read from the API, to be stored as the snapshot event `event_type` of its own
 /// (docs/design.md §6.2): a thin event's related object, or the subscription of an invoice
 /// whose plan its register does not know yet.
-pub struct Read<'a> {
+struct Read<'a> {
     /// The read's dedupe key: one per event that made it, so a retry or a replay finds it.
     pub key: DedupeKey,
     pub event_type: &'a str,
