@@ -24,7 +24,7 @@ use crate::inbox::commit::{self, Committed};
 use crate::inbox::lease::{self, Claimed};
 use crate::platform::config::SourceConfig;
 use crate::platform::sim::{self, Bug, Injected, Point};
-use crate::providers::{self, Api, Reads, Shown};
+use crate::providers::{self, Api, GenerationFailure, Notice, Reads, Shown};
 
 mod health;
 pub(crate) mod subscription_read;
@@ -166,11 +166,16 @@ pub async fn apply_claimed(
         .sources
         .get(&event.source)
         .ok_or_else(|| ApplyError::UnknownSource(event.source.clone()))?;
-    let carried = match health::notice(event, source) {
-        Some(notice) => {
-            health::carried_within(conn, event, source, &notice, applier.sweep_budget).await?
+    let carried = match thin::notice(event, source) {
+        None => Carried::NotThin,
+        Some(Notice::GenerationFailure(failure)) if health::in_scope(event, source) => {
+            health::carried_within(conn, event, source, &failure, applier.sweep_budget).await?
         }
-        None => thin::carried(conn, event, source).await?,
+        // A thin event, or a notice of the other mode, which is ignored as a thin event is.
+        Some(
+            Notice::Carrier(thin)
+            | Notice::GenerationFailure(GenerationFailure { notice: thin, .. }),
+        ) => thin::carried(conn, event, source, &thin).await?,
     };
     match carried {
         Carried::NotThin => apply_event(applier, conn, event, source).await,
@@ -711,7 +716,7 @@ mod tests {
 
     #[test]
     fn a_payment_without_a_plan_is_counted_per_source() {
-        let line = payment_without_plan_metric("stripe", chrono::Utc::now());
+        let line = payment_without_plan_metric("shop", chrono::Utc::now());
         let spec = &line["_aws"]["CloudWatchMetrics"][0];
         assert_eq!(spec["Dimensions"], json!([["Stack", "Source"]]));
         assert_eq!(
@@ -720,19 +725,19 @@ mod tests {
         );
         assert_eq!(
             (&line["Source"], &line["PaymentsWithoutPlan"]),
-            (&json!("stripe"), &json!(1))
+            (&json!("shop"), &json!(1))
         );
     }
 
     #[test]
     fn a_moved_account_is_contended_and_the_memory_of_them_stays_bounded() {
         let contended = Contended::default();
-        assert!(!contended.is_hot("stripe", "cus_1"));
-        contended.moved("stripe", "cus_1");
-        assert!(contended.is_hot("stripe", "cus_1"));
+        assert!(!contended.is_hot("shop", "cus_1"));
+        contended.moved("shop", "cus_1");
+        assert!(contended.is_hot("shop", "cus_1"));
         assert!(!contended.is_hot("polar", "cus_1"));
         for n in 0..CONTENDED_MAX {
-            contended.moved("stripe", &format!("cus_x{n}"));
+            contended.moved("shop", &format!("cus_x{n}"));
         }
         let remembered = contended.0.lock().unwrap().len();
         assert!(

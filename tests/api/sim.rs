@@ -471,9 +471,9 @@ impl Reads for SimReads {
         Box::pin(std::future::ready(Ok(None)))
     }
 
-    fn related_object<'a>(
+    fn carried_object<'a>(
         &'a self,
-        thin: &'a shared::providers::stripe::thin::ThinEvent,
+        thin: &'a shared::providers::Carrier,
         path: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
         Box::pin(std::future::ready(self.read(&thin.id, path, false)))

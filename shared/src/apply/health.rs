@@ -1,14 +1,14 @@
-//! `v2.core.health.event_generation_failure.resolved` in the worker (docs/design.md §6.2): Stripe
-//! failed to generate events, which no destination and no events list will ever show, so
-//! reconciliation's walk cannot find them. The thin notification carries no `data`: the event
-//! is read (`GET /v2/core/events/{id}`) for its `data.impact`. When that names an object of a
-//! handled type's event, the object is read, stored and applied as a thin event's is; when it
-//! names none, the source's subscriptions are swept (`GET /v1/subscriptions?status=all`, as
-//! Polar's reconciliation sweeps), each one its register does not show as the provider does
-//! stored as a read of its own at the notice's time, for the rescue to send. The sweep keeps
-//! its place between attempts (`inbox::sweep`): an attempt reads pages while its budget lasts
-//! and gives the notice back to be continued. Either way `EventGenerationFailures` counts it
-//! per source once it is done, and an alarm watches that.
+//! A provider's notice that it failed to generate events, in the worker (docs/design.md §6.2;
+//! Stripe's `v2.core.health.event_generation_failure.resolved`): events that no destination and
+//! no events list will ever show, so reconciliation's walk cannot find them. What the notice
+//! names is told by the notice or read from the provider (`Reads::generation_failure`). When
+//! that is an object of a handled type's event, the object is read, stored and applied as a
+//! thin event's is; when it names none, the source's subscriptions are swept
+//! (`Reads::subscriptions_page`, as Polar's reconciliation sweeps), each one its register does
+//! not show as the provider does stored as a read of its own at the notice's time, for the
+//! rescue to send. The sweep keeps its place between attempts (`inbox::sweep`): an attempt
+//! reads pages while its budget lasts and gives the notice back to be continued. Either way
+//! `EventGenerationFailures` counts it per source once it is done, and an alarm watches that.
 
 use std::time::Duration;
 
@@ -20,14 +20,11 @@ use tokio::time::Instant;
 use super::thin::{read_object, view, Carried};
 use super::{ApplyError, WorkerSource};
 use crate::billing::registers::stored_subscriptions;
-use crate::domain::{DedupeKey, EventStatus, SourceKind};
+use crate::domain::{DedupeKey, EventStatus};
 use crate::inbox::lease::{self, Claimed};
 use crate::inbox::sweep::{self, SweepPosition, SweptPage};
 use crate::inbox::thin as stored;
-use crate::providers::stripe::thin::{
-    differs, impact, Impact, Read, ThinEvent, GENERATION_FAILURE,
-};
-use crate::providers::{self};
+use crate::providers::{self, Carrier, GenerationFailure, Impact, MadeFor, ReadFor};
 
 /// How long one attempt of a notice goes on starting pages of its sweep (the worker's
 /// `sweep_budget`, at most half the event's budget, §1.2): a page read takes 5 s at most and
@@ -35,18 +32,13 @@ use crate::providers::{self};
 /// the invocation. A sweep that is not done by then is continued by the next attempt.
 pub const SWEEP_BUDGET: Duration = Duration::from_secs(10);
 
-/// The notice a claimed event of a source is, if it is one that is in the source's scope (an
-/// event of the other mode is the thin events' to ignore).
-pub(super) fn notice(event: &Claimed, source: &WorkerSource) -> Option<ThinEvent> {
-    if source.kind != SourceKind::Stripe {
-        return None;
-    }
-    let payload = event.payload.as_ref()?;
-    let thin = ThinEvent::read(payload)?;
-    let in_scope = providers::provider(source.kind)
+/// Whether a claimed notice is in its source's scope (a notice of the other mode is the thin
+/// events' to ignore).
+pub(super) fn in_scope(event: &Claimed, source: &WorkerSource) -> bool {
+    let payload = event.payload.as_ref().unwrap_or(&Value::Null);
+    providers::provider(source.kind)
         .out_of_scope(payload, source.livemode)
-        .is_none();
-    (thin.event_type == GENERATION_FAILURE && in_scope).then_some(thin)
+        .is_none()
 }
 
 /// What the notice stands for; its sweep goes on until `budget` has passed since the attempt
@@ -55,11 +47,11 @@ pub(super) async fn carried_within(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
-    thin: &ThinEvent,
+    failure: &GenerationFailure,
     budget: Duration,
 ) -> Result<Carried, ApplyError> {
     let until = Instant::now() + budget;
-    let carried = decide(conn, event, source, thin, until).await?;
+    let carried = decide(conn, event, source, failure, until).await?;
     println!("{}", generation_failure_metric(&event.source, Utc::now()));
     Ok(carried)
 }
@@ -68,10 +60,11 @@ async fn decide(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
-    thin: &ThinEvent,
+    failure: &GenerationFailure,
     until: Instant,
 ) -> Result<Carried, ApplyError> {
     let finish = |status, reason: String| Ok(Carried::Finish(status, reason));
+    let (thin, provider) = (&failure.notice, failure.provider);
     // A read stored by an earlier attempt: applied again, nothing read (a replay).
     if let Some(key) = thin.read_key() {
         if let Some(read) = stored::find(conn, &event.source, &key).await? {
@@ -81,55 +74,48 @@ async fn decide(
     // A sweep begun by an earlier attempt: continued from its place, or, done, told again
     // without reading anything (a replay).
     if let Some(position) = sweep::position(conn, event.id).await? {
-        return sweep_on(conn, event, source, thin, position, until).await;
+        return sweep_on(conn, event, source, failure, position, until).await;
     }
     let Some(reads) = &source.reads else {
         return finish(
             EventStatus::Unprocessable,
             format!(
-                "Stripe failed to generate events; source '{}' needs an API key (api_key or api_key_secret_id) to read what they were about",
+                "{provider} failed to generate events; source '{}' needs an API key (api_key or api_key_secret_id) to read what they were about",
                 event.source
             ),
         );
     };
-    // The notification carries no `data`; a payload that does (a test's, or a later shape)
-    // is read as it is.
-    let payload = event.payload.as_ref().unwrap_or(&Value::Null);
-    let data = match payload.get("data").filter(|d| d.is_object()) {
-        Some(data) => data.clone(),
-        None => match reads.v2_event(thin).await {
-            Ok(Some(read)) => read.get("data").cloned().unwrap_or(Value::Null),
-            Ok(None) => Value::Null,
-            Err(e) => return Err(ApplyError::Fetch(format!("{e:#}"))),
-        },
+    // What the notice names: told by the notice itself, else read.
+    let named = match &failure.told {
+        Some(told) => told.clone(),
+        None => reads
+            .generation_failure(thin)
+            .await
+            .map_err(|e| ApplyError::Fetch(format!("{e:#}")))?,
     };
-    let alert = data
-        .get("alert_id")
-        .and_then(Value::as_str)
-        .unwrap_or("unnamed")
-        .to_owned();
-    match impact(&data) {
+    let alert = named.alert.as_deref().unwrap_or("unnamed").to_owned();
+    match named.impact {
         Impact::Object {
-            snapshot_type,
+            read_type,
             path,
             context,
         } => {
-            let named = ThinEvent {
-                snapshot_type: Some(snapshot_type),
-                url: Some(path),
+            let named = Carrier {
+                read_type: Some(read_type),
+                path: Ok(path),
                 context: context.or_else(|| thin.context.clone()),
-                snapshot_event: None,
+                twin: None,
                 ..thin.clone()
             };
             read_object(conn, event, source, &named).await
         }
         Impact::NotBilling(event_type) => finish(
             EventStatus::Ignored,
-            format!("Stripe failed to generate a {event_type} event (alert {alert}): not a billing event"),
+            format!("{provider} failed to generate a {event_type} event (alert {alert}): not a billing event"),
         ),
         Impact::Unreadable(_) | Impact::Unnamed => {
             let position = sweep::start(conn, event.id, &alert).await?;
-            sweep_on(conn, event, source, thin, position, until).await
+            sweep_on(conn, event, source, failure, position, until).await
         }
     }
 }
@@ -141,7 +127,7 @@ async fn sweep_on(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
-    thin: &ThinEvent,
+    failure: &GenerationFailure,
     mut position: SweepPosition,
     until: Instant,
 ) -> Result<Carried, ApplyError> {
@@ -153,7 +139,7 @@ async fn sweep_on(
                 "its time ran out",
             )));
         }
-        match sweep_page(conn, event, source, thin, &position).await {
+        match sweep_page(conn, event, source, &failure.notice, &position).await {
             Ok(next) => position = next,
             // A page that failed after others were read: their reads are kept, and the next
             // attempt goes on from there, not counted against the notice.
@@ -170,8 +156,8 @@ async fn sweep_on(
     Ok(Carried::Finish(
         EventStatus::Applied,
         format!(
-            "Stripe failed to generate events (alert {}) and names no object this code reads: swept {} subscriptions in {} pages: {} differ from their registers, {} stored as reads",
-            position.alert, position.listed, position.pages, position.differing, position.stored
+            "{} failed to generate events (alert {}) and names no object this code reads: swept {} subscriptions in {} pages: {} differ from their registers, {} stored as reads",
+            failure.provider, position.alert, position.listed, position.pages, position.differing, position.stored
         ),
     ))
 }
@@ -194,7 +180,7 @@ async fn sweep_page(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
-    thin: &ThinEvent,
+    notice: &Carrier,
     position: &SweepPosition,
 ) -> Result<SweepPosition, ApplyError> {
     let Some(reads) = &source.reads else {
@@ -204,9 +190,9 @@ async fn sweep_page(
     let Some(at) = event.occurred_at.map(|t| t.as_datetime()) else {
         return Err(ApplyError::Fetch("the notice has no provider time".into()));
     };
-    let account = thin.account();
+    let provider = providers::provider(source.kind);
     let (listed, next) = reads
-        .subscriptions_page(account, position.page_after.as_deref())
+        .subscriptions_page(notice.context.as_deref(), position.page_after.as_deref())
         .await
         .map_err(|e| ApplyError::Fetch(format!("{e:#}")))?;
     let ids: Vec<&str> = listed
@@ -228,21 +214,21 @@ async fn sweep_page(
             continue;
         };
         let local = registers.get(id);
-        if !differs(subscription, local) || local.is_some_and(|l| newer(l.version_at, at)) {
+        if !provider.subscription_differs(subscription, local)
+            || local.is_some_and(|l| newer(l.version_at, at))
+        {
             continue;
         }
         page.differing += 1;
-        let Ok(key) = DedupeKey::parse(&format!("read:{}:{id}", thin.id)) else {
+        let Ok(key) = DedupeKey::parse(&format!("read:{}:{id}", notice.id)) else {
             continue;
         };
-        let Some(snapshot) = (Read {
+        let read = ReadFor {
             key,
-            event_type: "customer.subscription.updated",
-            livemode: thin.livemode,
-            account,
-            because: ("generation_failure_event", &thin.id),
-        })
-        .snapshot(subscription, at) else {
+            at,
+            made_for: MadeFor::Swept(notice),
+        };
+        let Some(snapshot) = provider.read_as_event(&read, subscription) else {
             continue;
         };
         let kept = sweep::store_read(&mut tx, &event.source, &snapshot.body, &snapshot.event)
@@ -268,13 +254,13 @@ async fn sweep_page(
 }
 
 /// Whether a register's version is later than the second a read at `at` is stamped with
-/// (Stripe's `created` has whole seconds).
+/// (a read's time has whole seconds, as its provider's events' have).
 fn newer(version_at: DateTime<Utc>, at: DateTime<Utc>) -> bool {
     version_at.timestamp() > at.timestamp()
 }
 
 /// The Embedded Metric Format line for each generation failure a source's worker handles:
-/// `EventGenerationFailures` by `Stack` and `Source` (an alarm watches it: events Stripe never
+/// `EventGenerationFailures` by `Stack` and `Source` (an alarm watches it: events a provider never
 /// generated are found only through it).
 pub fn generation_failure_metric(source: &str, now: chrono::DateTime<Utc>) -> Value {
     let mut line = crate::platform::metrics::document(

@@ -9,7 +9,6 @@
 //! are the invoice's, never the clock's) and is sent to the queue after the invoice's commit,
 //! as every stored event is; applied, it is the subscription's state at the invoice's time.
 
-use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::{ApplyError, WorkerSource};
@@ -18,11 +17,7 @@ use crate::billing::{Decision, Effect, EventContext};
 use crate::domain::{Catalog, DedupeKey, EventStatus, SourceKind};
 use crate::inbox::lease::Claimed;
 use crate::inbox::thin::{self as stored, StoredEvent};
-use crate::providers;
-use crate::providers::stripe::thin::Read;
-
-/// The snapshot type a subscription read is stored as.
-const READ_TYPE: &str = "customer.subscription.updated";
+use crate::providers::{self, MadeFor, ReadFor};
 
 /// What the provider showed of the invoice's subscription, and the stored read to send to
 /// the queue once the invoice's attempt committed (one not finished yet).
@@ -83,22 +78,20 @@ pub(super) async fn read(
         Ok(None) => return Ok(Shown::not_read(SubscriptionRead::Unknown(id.to_owned()))),
         Err(e) => return Err(ApplyError::Fetch(format!("{e:#}"))),
     };
-    let livemode = event
-        .payload
-        .as_ref()
-        .and_then(|p| p.get("livemode"))
-        .and_then(Value::as_bool);
-    let snapshot = Read {
+    let read = ReadFor {
         key: key.clone(),
-        event_type: READ_TYPE,
-        livemode,
-        account: ctx.customer.connected_account(),
-        because: ("invoice_event", event.dedupe_key.as_str()),
-    }
-    .snapshot(&object, made_for)
-    .ok_or_else(|| {
-        ApplyError::Fetch("the subscription read could not be written as an event".into())
-    })?;
+        at: made_for,
+        made_for: MadeFor::Invoice {
+            key: &event.dedupe_key,
+            payload: event.payload.as_ref(),
+            customer: ctx.customer,
+        },
+    };
+    let snapshot = providers::provider(source.kind)
+        .read_as_event(&read, &object)
+        .ok_or_else(|| {
+            ApplyError::Fetch("the subscription read could not be written as an event".into())
+        })?;
     stored::store_subscription_read(conn, &event.source, &snapshot.body, &snapshot.event)
         .await
         .map_err(|e| ApplyError::Fetch(format!("storing the subscription read: {e}")))?;

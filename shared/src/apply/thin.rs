@@ -1,4 +1,5 @@
-//! A thin event in the worker (docs/design.md §6.2): what it stands for, decided before any
+//! A thin event in the worker (docs/design.md §6.2): an event that names an object and carries
+//! none of it (its provider's `Notice::Carrier`), and what it stands for, decided before any
 //! register is read. Its first attempt fetches its related object with the source's API key
 //! and stores the read as a snapshot event of its own, at the thin event's time; that attempt
 //! and every later one (a retry, a replay) apply the stored read under the thin event's
@@ -11,11 +12,10 @@ use serde_json::{json, Value};
 use sqlx::PgConnection;
 
 use super::{ApplyError, WorkerSource};
-use crate::domain::{DedupeKey, EventStatus, SourceKind};
+use crate::domain::{DedupeKey, EventStatus};
 use crate::inbox::lease::Claimed;
 use crate::inbox::thin::{self as stored, StoredEvent};
-use crate::providers::stripe::thin::{related_path, ThinEvent};
-use crate::providers::{self};
+use crate::providers::{self, Carrier, MadeFor, Notice, ReadFor};
 
 /// What a claimed event is, as far as thin events go.
 pub(super) enum Carried {
@@ -28,24 +28,29 @@ pub(super) enum Carried {
     Read { view: Claimed, read_id: i64 },
 }
 
-/// What the thin event `event` stands for; its object fetched and stored when no attempt has
-/// yet. A fetch that fails fails the attempt (the event's own retry schedule); a 404 is
-/// decided: the object is gone, and a deletion, if there was one, has its own event.
+/// The notice a claimed event of a source is, if its provider reads it as one (a thin event,
+/// a generation failure).
+pub(super) fn notice(event: &Claimed, source: &WorkerSource) -> Option<Notice> {
+    providers::provider(source.kind).notice(event.payload.as_ref()?)
+}
+
+/// What the thin event `event` (read as `thin`) stands for; its object fetched and stored
+/// when no attempt has yet. A fetch that fails fails the attempt (the event's own retry
+/// schedule); a 404 is decided: the object is gone, and a deletion, if there was one, has its
+/// own event.
 pub(super) async fn carried(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
+    thin: &Carrier,
 ) -> Result<Carried, ApplyError> {
-    let Some(thin) = thin_event(event, source) else {
-        return Ok(Carried::NotThin);
-    };
     let finish = |status, reason: String| Ok(Carried::Finish(status, reason));
     let payload = event.payload.as_ref().unwrap_or(&Value::Null);
     if let Some(reason) = providers::provider(source.kind).out_of_scope(payload, source.livemode) {
         return finish(EventStatus::Ignored, reason);
     }
     // The words an unknown snapshot type gets (`billing::model::not_billing`).
-    let Some(_) = thin.snapshot_type else {
+    let Some(_) = thin.read_type else {
         return finish(
             EventStatus::Ignored,
             format!("event type {} is not a billing event", thin.event_type),
@@ -69,11 +74,11 @@ pub(super) async fn carried(
             format!("its read {read_key} is no longer stored (purged); a replay applies what was read and reads nothing again"),
         );
     }
-    // During a migration from snapshot to thin events both destinations run, and Stripe's
-    // guide keys the work by `snapshot_event`: the twin stored, it carries the change, and no
-    // read is made. A twin that comes later is older than the read and changes nothing.
+    // During a migration from snapshot to thin events both destinations run, and the
+    // provider's guide keys the work by the twin: the twin stored, it carries the change, and
+    // no read is made. A twin that comes later is older than the read and changes nothing.
     let twin = thin
-        .snapshot_event
+        .twin
         .as_deref()
         .filter(|_| !crate::platform::sim::planted(crate::platform::sim::Bug::ThinSkipsTwin));
     if let Some(twin) = twin {
@@ -91,7 +96,7 @@ pub(super) async fn carried(
             );
         }
     }
-    read_object(conn, event, source, &thin).await
+    read_object(conn, event, source, thin).await
 }
 
 /// The thin event's related object: read now, stored, and the read applied under the thin
@@ -100,7 +105,7 @@ pub(super) async fn read_object(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
-    thin: &ThinEvent,
+    thin: &Carrier,
 ) -> Result<Carried, ApplyError> {
     let finish = |status, reason: String| Ok(Carried::Finish(status, reason));
     let Some(read_key) = thin.read_key() else {
@@ -109,24 +114,16 @@ pub(super) async fn read_object(
             "the thin event has no id".into(),
         );
     };
-    let Some(url) = thin.url.as_deref() else {
-        return finish(
-            EventStatus::Unprocessable,
-            "the thin event names no related_object.url".into(),
-        );
-    };
-    let Some(path) = related_path(url) else {
-        return finish(
-            EventStatus::Unprocessable,
-            format!("related_object.url '{url}' is not a Stripe API v1 object path"),
-        );
+    let path = match &thin.path {
+        Ok(path) => path.as_str(),
+        Err(reason) => return finish(EventStatus::Unprocessable, reason.clone()),
     };
     let Some(reads) = &source.reads else {
         println!("{}", thin_without_api_key_metric(&event.source, Utc::now()));
         return finish(
             EventStatus::Unprocessable,
             format!(
-                "source '{}' needs an API key (api_key or api_key_secret_id) to fetch a thin event's object ({url})",
+                "source '{}' needs an API key (api_key or api_key_secret_id) to fetch a thin event's object ({path})",
                 event.source
             ),
         );
@@ -137,7 +134,7 @@ pub(super) async fn read_object(
             "the thin event has no provider time for its read to stand at".into(),
         );
     };
-    let object = match reads.related_object(thin, path).await {
+    let object = match reads.carried_object(thin, path).await {
         Ok(Some(object)) => object,
         Ok(None) => {
             return finish(
@@ -147,7 +144,13 @@ pub(super) async fn read_object(
         }
         Err(e) => return Err(ApplyError::Fetch(format!("{e:#}"))),
     };
-    let Some(fetched) = thin.snapshot(&object, made_for) else {
+    let read = ReadFor {
+        key: read_key.clone(),
+        at: made_for,
+        made_for: MadeFor::Carrier(thin),
+    };
+    let provider = providers::provider(source.kind);
+    let Some(fetched) = provider.read_as_event(&read, &object) else {
         return finish(
             EventStatus::Unprocessable,
             "the thin event's read could not be written as an event".into(),
@@ -168,21 +171,13 @@ pub(super) async fn read_object(
 /// month of the read, so a change made just before a month began granted that month too when
 /// its thin event came first, and only the month before when its snapshot twin did. Every read
 /// the worker stores for an event takes its time from here (a thin event's object, an
-/// invoice's subscription, a health notice's object and its sweep's subscriptions), and
-/// `Read::snapshot` keeps its whole seconds. `None`: the event has no provider time.
+/// invoice's subscription, a health notice's object and its sweep's subscriptions), and the
+/// provider's `read_as_event` writes it at that time, in the provider's resolution. `None`: the event has no provider time.
 pub(super) fn stands_at(event: &Claimed) -> Option<DateTime<Utc>> {
     if crate::platform::sim::planted(crate::platform::sim::Bug::ReadByTheClock) {
         return Some(Utc::now());
     }
     event.occurred_at.map(|at| at.as_datetime())
-}
-
-/// The thin event a claimed event of a source is, if it is one.
-fn thin_event(event: &Claimed, source: &WorkerSource) -> Option<ThinEvent> {
-    if source.kind != SourceKind::Stripe {
-        return None;
-    }
-    ThinEvent::read(event.payload.as_ref()?)
 }
 
 /// The read, applied under the thin event's id and lease: its version (time, key) is the

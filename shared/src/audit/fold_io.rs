@@ -18,7 +18,7 @@ use crate::inbox::kept::{self, KeptEvent, Purged, MAX_FOLDED_EVENTS};
 use crate::inbox::thin::StoredEvent;
 use crate::platform::config::SourceConfig;
 use crate::platform::db::exec;
-use crate::providers::{self, stripe::thin::ThinEvent};
+use crate::providers;
 
 /// What the fold knows of a configured source.
 #[derive(Debug, Clone, Copy)]
@@ -163,7 +163,7 @@ pub(super) async fn fold_with(
             continue;
         };
         // A thin event carries nothing: its read is the event (docs/design.md §6.2).
-        if config.kind == SourceKind::Stripe && ThinEvent::read(payload).is_some() {
+        if provider.notice(payload).is_some() {
             continue;
         }
         let at = row.occurred_at.as_datetime();

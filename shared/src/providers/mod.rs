@@ -95,6 +95,30 @@ pub trait Provider: Sync {
         Ok(())
     }
 
+    /// What a stored event is when it carries no billing state of its own (docs/design.md
+    /// §6.2): a [`Notice`] the worker settles by reading; `None` for every other event.
+    fn notice(&self, _payload: &Value) -> Option<Notice> {
+        None
+    }
+
+    /// An object read from the provider's API, written as the event of its own it is stored
+    /// as: the one [`ReadFor`] says, at its time and under its key (docs/design.md §6.2).
+    /// `None` when it cannot be written as one.
+    fn read_as_event(&self, _read: &ReadFor<'_>, _object: &Value) -> Option<Fetched> {
+        None
+    }
+
+    /// Whether a subscription as its API lists it differs from its register (or the register
+    /// has none), as `decide` would read it: a generation failure's sweep stores a read only
+    /// of those (docs/design.md §6.2).
+    fn subscription_differs(
+        &self,
+        _subscription: &Value,
+        _local: Option<&StoredSubscription>,
+    ) -> bool {
+        true
+    }
+
     /// Realistic payloads and the signer for test deliveries.
     #[cfg(any(test, feature = "dev"))]
     fn fixtures(&self) -> &'static dyn fixtures::Fixtures;
@@ -392,22 +416,24 @@ pub trait Reads: Send + Sync {
         ))))
     }
 
-    /// The v2 event a thin event is (Stripe's `GET /v2/core/events/{id}`, its `data`
-    /// included); `None` when the provider does not know it.
-    fn v2_event<'a>(
+    /// What a generation failure's notice names, read from the provider when the notice does
+    /// not carry it (Stripe: the v2 event, `GET /v2/core/events/{id}`, its `data` included);
+    /// the window's events unknown when the provider does not know the notice.
+    fn generation_failure<'a>(
         &'a self,
-        _thin: &'a stripe::thin::ThinEvent,
-    ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
+        _notice: &'a Carrier,
+    ) -> BoxFuture<'a, anyhow::Result<Failure>> {
         Box::pin(std::future::ready(Err(anyhow::anyhow!(
             "this provider's API has no v2 events"
         ))))
     }
 
-    /// One page of every subscription (Stripe: `status=all`), in the connected `account`
-    /// when named, after `after`: the subscriptions and where the next page starts.
+    /// One page of every subscription (Stripe: `status=all`), in the account the `context`
+    /// names (a notice's [`Carrier::context`]), after `after`: the subscriptions and where
+    /// the next page starts.
     fn subscriptions_page<'a>(
         &'a self,
-        _account: Option<&'a str>,
+        _context: Option<&'a str>,
         _after: Option<&'a str>,
     ) -> BoxFuture<'a, anyhow::Result<(Vec<Value>, Option<String>)>> {
         Box::pin(std::future::ready(Err(anyhow::anyhow!(
@@ -415,17 +441,119 @@ pub trait Reads: Send + Sync {
         ))))
     }
 
-    /// A thin event's related object, `GET path` as the event's context names (Stripe,
-    /// docs/design.md §6.2); `None` when the provider no longer has it (404).
-    fn related_object<'a>(
+    /// The object a carrier names, `GET path` in the account its context names
+    /// (docs/design.md §6.2); `None` when the provider no longer has it (404).
+    fn carried_object<'a>(
         &'a self,
-        _thin: &'a stripe::thin::ThinEvent,
+        _carrier: &'a Carrier,
         _path: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
         Box::pin(std::future::ready(Err(anyhow::anyhow!(
             "this provider's API has no thin events"
         ))))
     }
+}
+
+/// An event that carries no billing state of its own, as its provider reads it
+/// (docs/design.md §6.2). The worker stores what it reads for one as an event of its own, at
+/// the notice's time, and applies that under the notice's lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// It names an object that changed and carries none of it (Stripe's thin events): the
+    /// object, read, is what it stands for.
+    Carrier(Carrier),
+    /// The provider failed to generate events (Stripe's event generation failures): the
+    /// object they were about is read, or the source's subscriptions are swept.
+    GenerationFailure(GenerationFailure),
+}
+
+/// A provider's notice that it failed to generate events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenerationFailure {
+    pub notice: Carrier,
+    /// The provider's name, as the notice's reasons say it.
+    pub provider: &'static str,
+    /// What the failure names, when the notice carries it; else it is read
+    /// ([`Reads::generation_failure`]).
+    pub told: Option<Failure>,
+}
+
+/// What a notice names, read before anything is read from the provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Carrier {
+    /// The provider's id of the notice.
+    pub id: String,
+    /// Its type, as sent.
+    pub event_type: String,
+    /// The type of the event its read is stored as, when `decide` gives that type a meaning.
+    pub read_type: Option<&'static str>,
+    /// The API path of the object it names, or the reason it names none this code reads.
+    pub path: Result<String, String>,
+    /// The account the object lives in, as the provider names it (Stripe's `context`), when
+    /// not the platform's own.
+    pub context: Option<String>,
+    /// The key of the event the provider sent for the same change to a destination that
+    /// takes whole events (during a migration both run): stored, it carries the change.
+    pub twin: Option<String>,
+    pub livemode: Option<bool>,
+}
+
+impl Carrier {
+    /// The dedupe key its read is stored under: one per notice, so a retry or a replay finds
+    /// the read instead of reading again.
+    pub fn read_key(&self) -> Option<DedupeKey> {
+        DedupeKey::parse(&format!("read:{}", self.id)).ok()
+    }
+}
+
+/// What a generation failure names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The provider's alert about it.
+    pub alert: Option<String>,
+    pub impact: Impact,
+}
+
+/// The event a provider failed to generate and the object it was about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Impact {
+    /// An object of a handled type's event: read at `path`, stored as the `read_type`.
+    Object {
+        read_type: &'static str,
+        path: String,
+        context: Option<String>,
+    },
+    /// An event of a type `decide` gives no meaning.
+    NotBilling(String),
+    /// An object, of a handled type's event, whose path is not one this code reads.
+    Unreadable(String),
+    /// No object: the window's events are unknown.
+    Unnamed,
+}
+
+/// A read the worker stores as an event of its own, and the event it stands for
+/// (docs/design.md §6.2): its dedupe key, and that event's provider time `at`, never the
+/// clock's, so the read's place in the order and the period it grants in are the event's.
+pub struct ReadFor<'a> {
+    pub key: DedupeKey,
+    pub at: DateTime<Utc>,
+    pub made_for: MadeFor<'a>,
+}
+
+/// The event a read is made for.
+pub enum MadeFor<'a> {
+    /// A carrier's object (or the one a generation failure names), stored as the carrier's
+    /// `read_type`.
+    Carrier(&'a Carrier),
+    /// A subscription a generation failure's sweep found differing from its register.
+    Swept(&'a Carrier),
+    /// The subscription of an invoice whose plan its register does not know yet: the
+    /// invoice's event (its key and payload) and the account it is about.
+    Invoice {
+        key: &'a DedupeKey,
+        payload: Option<&'a Value>,
+        customer: &'a CustomerId,
+    },
 }
 
 /// An event read back from a provider's API, parsed as a delivery of it would be.

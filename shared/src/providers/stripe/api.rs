@@ -11,7 +11,7 @@ use super::decide::{ends, plan_keys, HANDLED_TYPES};
 use super::parse_event;
 use crate::domain::CustomerId;
 use crate::providers::{
-    path_id, Api, EventFeed, FeedPage, Fetched, Reads, SubscriptionNow, Window,
+    path_id, Api, Carrier, EventFeed, Failure, FeedPage, Fetched, Reads, SubscriptionNow, Window,
 };
 use crate::BoxFuture;
 
@@ -197,24 +197,24 @@ impl Reads for StripeReads {
         Box::pin(self.read_subscription_object(customer, id))
     }
 
-    fn v2_event<'a>(
+    fn generation_failure<'a>(
         &'a self,
-        thin: &'a super::thin::ThinEvent,
-    ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
-        Box::pin(super::thin::fetch_v2_event(&self.api, thin))
+        notice: &'a Carrier,
+    ) -> BoxFuture<'a, anyhow::Result<Failure>> {
+        Box::pin(super::thin::generation_failure(&self.api, notice))
     }
 
     fn subscriptions_page<'a>(
         &'a self,
-        account: Option<&'a str>,
+        context: Option<&'a str>,
         after: Option<&'a str>,
     ) -> BoxFuture<'a, anyhow::Result<(Vec<Value>, Option<String>)>> {
-        Box::pin(super::thin::subscriptions_page(&self.api, account, after))
+        Box::pin(super::thin::subscriptions_page(&self.api, context, after))
     }
 
-    fn related_object<'a>(
+    fn carried_object<'a>(
         &'a self,
-        thin: &'a super::thin::ThinEvent,
+        thin: &'a Carrier,
         path: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
         Box::pin(super::thin::fetch_related(&self.api, thin, path))

@@ -16,7 +16,8 @@ use serde_json::Value;
 pub use api::{StripeEvents, StripeReads};
 pub use verify::{content_hash, parse_event, StripeVerifier, SIGNATURE_HEADER};
 
-use super::{Api, Provider, Reads, Reconciliation, Setting, Verify};
+use super::{Api, Fetched, Notice, Provider, ReadFor, Reads, Reconciliation, Setting, Verify};
+use crate::billing::registers::StoredSubscription;
 use crate::billing::Decided;
 use crate::domain::{Catalog, DedupeKey};
 use crate::platform::config::{ConfigError, SourceConfig};
@@ -78,6 +79,23 @@ impl Provider for Stripe {
             )),
             _ => None,
         }
+    }
+
+    /// Thin events and event generation failures (docs/design.md §6.2).
+    fn notice(&self, payload: &Value) -> Option<Notice> {
+        thin::notice(payload)
+    }
+
+    fn read_as_event(&self, read: &ReadFor<'_>, object: &Value) -> Option<Fetched> {
+        thin::read_as_event(read, object)
+    }
+
+    fn subscription_differs(
+        &self,
+        subscription: &Value,
+        local: Option<&StoredSubscription>,
+    ) -> bool {
+        thin::differs(subscription, local)
     }
 
     #[cfg(any(test, feature = "dev"))]

@@ -3,7 +3,10 @@
 //! the thin twin of the snapshot type without the prefix (`v1.customer.subscription.updated`),
 //! GA for API v1 resources from 2026-09-30.endive. The worker fetches the object
 //! (`GET related_object.url`, with the event's `context` as the account to read as) and stores
-//! what it read as a snapshot event of its own (docs/design.md §6.2).
+//! what it read as a snapshot event of its own (docs/design.md §6.2). Here is what is Stripe's
+//! of that, and of its event generation failures, behind the provider's hooks: how the events
+//! read (`notice`), the paths and headers of their reads, and the snapshot event a read is
+//! stored as (`read_as_event`); the worker's side is `apply/thin.rs` and `apply/health.rs`.
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -12,7 +15,9 @@ use super::decide::{ends, plan_keys, HANDLED_TYPES};
 use super::parse_event;
 use crate::billing::registers::StoredSubscription;
 use crate::domain::DedupeKey;
-use crate::providers::{path_id, Api, Fetched};
+use crate::providers::{
+    path_id, Api, Carrier, Failure, Fetched, GenerationFailure, Impact, MadeFor, Notice, ReadFor,
+};
 
 /// The API version the fetched objects are read in: the one `decide` reads in both
 /// generations' shapes, and the one the worker's other reads pin (`api.rs`).
@@ -21,87 +26,112 @@ pub const FETCH_VERSION: &str = "2025-03-31.basil";
 /// The prefix of the thin twins of API v1 snapshot types.
 const V1_PREFIX: &str = "v1.";
 
-/// What a thin event says, read from its stored payload.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ThinEvent {
-    pub id: String,
-    /// The thin type, as sent (`v1.customer.subscription.updated`).
-    pub event_type: String,
-    /// The snapshot type it stands for, when `decide` gives that type a meaning.
-    pub snapshot_type: Option<&'static str>,
-    /// `related_object.url`, when the event names an object.
-    pub url: Option<String>,
-    /// The account the object lives in (`acct_…` for a connected account), when not the
-    /// platform's own.
-    pub context: Option<String>,
-    /// The id of the snapshot event Stripe sent for the same change to a snapshot destination
-    /// (during a migration from snapshot to thin both run).
-    pub snapshot_event: Option<String>,
-    pub livemode: Option<bool>,
+/// The type the reads of a subscription are stored as (an invoice's, a sweep's).
+const SUBSCRIPTION_READ_TYPE: &str = "customer.subscription.updated";
+
+/// The payload as a thin event, a generation failure's notice or an object's carrier; `None`
+/// for anything else (a snapshot event).
+pub fn notice(payload: &Value) -> Option<Notice> {
+    let carrier = read(payload)?;
+    if carrier.event_type != GENERATION_FAILURE {
+        return Some(Notice::Carrier(carrier));
+    }
+    // The notification carries no `data`; a payload that does (a test's, or a later shape)
+    // is read as it is.
+    let told = payload
+        .get("data")
+        .filter(|d| d.is_object())
+        .map(failure_named);
+    Some(Notice::GenerationFailure(GenerationFailure {
+        notice: carrier,
+        provider: "Stripe",
+        told,
+    }))
 }
 
-impl ThinEvent {
-    /// The payload as a thin event; `None` for anything else (a snapshot event).
-    pub fn read(payload: &Value) -> Option<Self> {
-        if payload.get("object").and_then(Value::as_str) != Some("v2.core.event") {
-            return None;
-        }
-        let text = |p: &str| {
-            payload
-                .pointer(p)
-                .and_then(Value::as_str)
-                .filter(|s| !s.trim().is_empty())
-                .map(str::to_owned)
-        };
-        let event_type = text("/type").unwrap_or_default();
-        let snapshot_type = event_type
-            .strip_prefix(V1_PREFIX)
-            .and_then(|t| HANDLED_TYPES.iter().copied().find(|h| *h == t));
-        Some(Self {
-            id: text("/id").unwrap_or_default(),
-            event_type,
-            snapshot_type,
-            url: text("/related_object/url"),
-            context: text("/context"),
-            snapshot_event: text("/snapshot_event"),
-            livemode: payload.get("livemode").and_then(Value::as_bool),
-        })
+/// What a thin event says, read from its stored payload; `None` for anything else.
+fn read(payload: &Value) -> Option<Carrier> {
+    if payload.get("object").and_then(Value::as_str) != Some("v2.core.event") {
+        return None;
     }
+    let text = |p: &str| {
+        payload
+            .pointer(p)
+            .and_then(Value::as_str)
+            .filter(|s| !s.trim().is_empty())
+            .map(str::to_owned)
+    };
+    let event_type = text("/type").unwrap_or_default();
+    let read_type = event_type
+        .strip_prefix(V1_PREFIX)
+        .and_then(|t| HANDLED_TYPES.iter().copied().find(|h| *h == t));
+    let path = match text("/related_object/url") {
+        None => Err("the thin event names no related_object.url".to_owned()),
+        Some(url) => match related_path(&url) {
+            Some(path) => Ok(path.to_owned()),
+            None => Err(format!(
+                "related_object.url '{url}' is not a Stripe API v1 object path"
+            )),
+        },
+    };
+    Some(Carrier {
+        id: text("/id").unwrap_or_default(),
+        event_type,
+        read_type,
+        path,
+        context: text("/context"),
+        twin: text("/snapshot_event"),
+        livemode: payload.get("livemode").and_then(Value::as_bool),
+    })
+}
 
-    /// The dedupe key of the read this event's object is stored as: one per thin event, so a
-    /// retry or a replay finds the read instead of reading again.
-    pub fn read_key(&self) -> Option<DedupeKey> {
-        DedupeKey::parse(&format!("read:{}", self.id)).ok()
-    }
+/// The connected account a context names: a context of one `acct_…` segment. A deeper
+/// context (an organization's account path) is sent as `Stripe-Context` only.
+pub fn account(context: Option<&str>) -> Option<&str> {
+    context.filter(|c| c.starts_with("acct_") && !c.contains('/'))
+}
 
-    /// The object as read, stored as the snapshot event of the thin event's type: it stands
-    /// for the thin event, so its time is the thin event's `made_for` (see [`Read::snapshot`]),
-    /// its id [`Self::read_key`], and a connected account's read names the `account` as a
-    /// Connect endpoint's snapshot event does.
-    pub fn snapshot(&self, object: &Value, made_for: DateTime<Utc>) -> Option<Fetched> {
-        let read = Read {
-            key: self.read_key()?,
-            event_type: self.snapshot_type?,
-            livemode: self.livemode,
-            account: self.account(),
-            because: ("thin_event", &self.id),
-        };
-        read.snapshot(object, made_for)
-    }
-
-    /// The connected account the context names: a context of one `acct_…` segment. A
-    /// deeper context (an organization's account path) is sent as `Stripe-Context` only.
-    pub fn account(&self) -> Option<&str> {
-        self.context
-            .as_deref()
-            .filter(|c| c.starts_with("acct_") && !c.contains('/'))
-    }
+/// A read the worker made for an event, as the snapshot event it is stored as: a thin event's
+/// object as the thin event's snapshot type, a swept or an invoice's subscription as
+/// `customer.subscription.updated`; each names the event it was made for, and a connected
+/// account's read the `account`, as a Connect endpoint's snapshot event does.
+pub fn read_as_event(read: &ReadFor<'_>, object: &Value) -> Option<Fetched> {
+    let snapshot = match &read.made_for {
+        MadeFor::Carrier(thin) => Read {
+            key: read.key.clone(),
+            event_type: thin.read_type?,
+            livemode: thin.livemode,
+            account: account(thin.context.as_deref()),
+            because: ("thin_event", &thin.id),
+        },
+        MadeFor::Swept(notice) => Read {
+            key: read.key.clone(),
+            event_type: SUBSCRIPTION_READ_TYPE,
+            livemode: notice.livemode,
+            account: account(notice.context.as_deref()),
+            because: ("generation_failure_event", &notice.id),
+        },
+        MadeFor::Invoice {
+            key,
+            payload,
+            customer,
+        } => Read {
+            key: read.key.clone(),
+            event_type: SUBSCRIPTION_READ_TYPE,
+            livemode: payload
+                .and_then(|p| p.get("livemode"))
+                .and_then(Value::as_bool),
+            account: customer.connected_account(),
+            because: ("invoice_event", key.as_str()),
+        },
+    };
+    snapshot.snapshot(object, read.at)
 }
 
 /// An object read from the API, to be stored as the snapshot event `event_type` of its own
 /// (docs/design.md §6.2): a thin event's related object, or the subscription of an invoice
 /// whose plan its register does not know yet.
-pub struct Read<'a> {
+struct Read<'a> {
     /// The read's dedupe key: one per event that made it, so a retry or a replay finds it.
     pub key: DedupeKey,
     pub event_type: &'a str,
@@ -152,22 +182,15 @@ pub const GENERATION_FAILURE: &str = "v2.core.health.event_generation_failure.re
 /// `data.impact.related_object` its `{id, type, url}` and `context` (changelog 2025-11-17).
 pub const V2_EVENT_VERSION: &str = "2025-11-17.preview";
 
-/// What a generation failure's `data.impact` names: the event type Stripe failed to generate
-/// and the object it was about.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Impact {
-    /// An object of a handled type's event: read at `path`, stored as the `snapshot_type`.
-    Object {
-        snapshot_type: &'static str,
-        path: String,
-        context: Option<String>,
-    },
-    /// An event of a type `decide` gives no meaning.
-    NotBilling(String),
-    /// An object, of a handled type's event, whose path is not one this code reads.
-    Unreadable(String),
-    /// No object: the window's events are unknown.
-    Unnamed,
+/// What a generation failure's `data` names: its alert and its impact.
+fn failure_named(data: &Value) -> Failure {
+    Failure {
+        alert: data
+            .get("alert_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        impact: impact(data),
+    }
 }
 
 /// What a generation failure's `data` (`alert_id`, `grouping_key`, `impact`, `resolved_at`,
@@ -207,7 +230,7 @@ pub fn impact(data: &Value) -> Impact {
     };
     match path {
         Some(path) => Impact::Object {
-            snapshot_type,
+            read_type: snapshot_type,
             path,
             context: text("/impact/context").map(str::to_owned),
         },
@@ -215,26 +238,37 @@ pub fn impact(data: &Value) -> Impact {
     }
 }
 
-/// `GET /v2/core/events/{id}`: the generation failure as an event, its `data` included (the
-/// notification carries none), read in the event's context.
-pub async fn fetch_v2_event(api: &Api, thin: &ThinEvent) -> anyhow::Result<Option<Value>> {
-    let path = format!("/v2/core/events/{}", path_id(&thin.id)?);
+/// What the generation failure `notice` names, read as `GET /v2/core/events/{id}`: the event,
+/// its `data` included (the notification carries none), in the event's context; the window's
+/// events unknown when Stripe does not know it.
+pub async fn generation_failure(api: &Api, notice: &Carrier) -> anyhow::Result<Failure> {
+    let data = match fetch_v2_event(api, notice).await? {
+        Some(read) => read.get("data").cloned().unwrap_or(Value::Null),
+        None => Value::Null,
+    };
+    Ok(failure_named(&data))
+}
+
+/// `GET /v2/core/events/{id}`: the generation failure as an event, read in its context.
+async fn fetch_v2_event(api: &Api, notice: &Carrier) -> anyhow::Result<Option<Value>> {
+    let path = format!("/v2/core/events/{}", path_id(&notice.id)?);
     let mut headers = vec![("Stripe-Version", V2_EVENT_VERSION)];
-    if let Some(context) = thin.context.as_deref() {
+    if let Some(context) = notice.context.as_deref() {
         headers.push(("Stripe-Context", context));
     }
     api.get_found(&path, &[], &headers).await
 }
 
 /// One page of `GET /v1/subscriptions?status=all` (every status, canceled ones included),
-/// after `after`, in the connected `account` when named: the subscriptions and the id the next
-/// page starts after, if there is one.
+/// after `after`, in the connected account the `context` names, if it names one: the
+/// subscriptions and the id the next page starts after, if there is one.
 pub async fn subscriptions_page(
     api: &Api,
-    account: Option<&str>,
+    context: Option<&str>,
     after: Option<&str>,
 ) -> anyhow::Result<(Vec<Value>, Option<String>)> {
     use anyhow::Context;
+    let account = account(context);
     let mut query = vec![("status", "all".to_owned()), ("limit", "100".to_owned())];
     if let Some(after) = after {
         query.push(("starting_after", path_id(after)?.to_owned()));
@@ -292,17 +326,14 @@ pub fn related_path(url: &str) -> Option<&str> {
 /// `Stripe-Version`, the event's context (`Stripe-Account` for a connected account,
 /// `Stripe-Context` for any other), and `Stripe-Request-Trigger: event=…`. `None`: 404, the
 /// object no longer exists.
-pub async fn fetch_related(
-    api: &Api,
-    thin: &ThinEvent,
-    path: &str,
-) -> anyhow::Result<Option<Value>> {
+pub async fn fetch_related(api: &Api, thin: &Carrier, path: &str) -> anyhow::Result<Option<Value>> {
     let trigger = format!("event={}", thin.id);
     let mut headers = vec![
         ("Stripe-Version", FETCH_VERSION),
         ("Stripe-Request-Trigger", trigger.as_str()),
     ];
-    match (thin.account(), thin.context.as_deref()) {
+    let context = thin.context.as_deref();
+    match (account(context), context) {
         (Some(account), _) => headers.push(("Stripe-Account", account)),
         (None, Some(context)) => headers.push(("Stripe-Context", context)),
         (None, None) => {}
@@ -325,11 +356,11 @@ mod tests {
 
     #[test]
     fn a_v1_thin_event_names_its_snapshot_type_object_and_account() {
-        let event = ThinEvent::read(&thin("v1.customer.subscription.updated")).unwrap();
-        assert_eq!(event.snapshot_type, Some("customer.subscription.updated"));
-        assert_eq!(event.url.as_deref(), Some("/v1/subscriptions/sub_1"));
-        assert_eq!(event.account(), Some("acct_1Conn"));
-        assert_eq!(event.snapshot_event.as_deref(), Some("evt_1Snap"));
+        let event = read(&thin("v1.customer.subscription.updated")).unwrap();
+        assert_eq!(event.read_type, Some("customer.subscription.updated"));
+        assert_eq!(event.path.as_deref(), Ok("/v1/subscriptions/sub_1"));
+        assert_eq!(account(event.context.as_deref()), Some("acct_1Conn"));
+        assert_eq!(event.twin.as_deref(), Some("evt_1Snap"));
         assert_eq!(event.read_key().unwrap().as_str(), "read:evt_test_65R1");
     }
 
@@ -355,14 +386,10 @@ mod tests {
             "v2.core.account.updated",
             "customer.subscription.updated",
         ] {
-            assert_eq!(
-                ThinEvent::read(&thin(t)).unwrap().snapshot_type,
-                None,
-                "{t}"
-            );
+            assert_eq!(read(&thin(t)).unwrap().read_type, None, "{t}");
         }
         assert_eq!(
-            ThinEvent::read(&json!({"object": "event", "type": "invoice.paid"})),
+            read(&json!({"object": "event", "type": "invoice.paid"})),
             None
         );
     }
@@ -386,13 +413,18 @@ mod tests {
 
     #[test]
     fn the_read_is_a_snapshot_event_at_its_events_time_in_whole_seconds_of_the_connected_account() {
-        let event = ThinEvent::read(&thin("v1.customer.subscription.updated")).unwrap();
+        let event = read(&thin("v1.customer.subscription.updated")).unwrap();
         // The thin event's `created`; the read itself is made whenever the worker gets to it.
         let at = DateTime::parse_from_rfc3339("2026-10-01T12:00:00.123Z")
             .unwrap()
             .to_utc();
         let object = json!({"id": "sub_1", "object": "subscription", "customer": "cus_1", "status": "active"});
-        let fetched = event.snapshot(&object, at).unwrap();
+        let read = ReadFor {
+            key: event.read_key().unwrap(),
+            at,
+            made_for: MadeFor::Carrier(&event),
+        };
+        let fetched = read_as_event(&read, &object).unwrap();
         let meta = fetched.event.meta.as_ref().unwrap();
         assert_eq!(fetched.event.dedupe_key.as_str(), "read:evt_test_65R1");
         assert_eq!(meta.event_type, "customer.subscription.updated");
@@ -412,7 +444,7 @@ mod tests {
                 "related_object": {"id": "sub_1", "type": "subscription", "url": url}}})
         };
         let object = |path: &str| Impact::Object {
-            snapshot_type: "customer.subscription.updated",
+            read_type: "customer.subscription.updated",
             path: path.into(),
             context: Some("acct_1C".into()),
         };
