@@ -205,13 +205,7 @@ async fn apply_event(
     let decision = match (&event.payload, event.occurred_at) {
         (Some(payload), Some(_)) => match provider.out_of_scope(payload, source.livemode) {
             Some(reason) => Decision::Ignore(reason),
-            None => providers::decide(
-                source.kind,
-                &event.event_type,
-                payload,
-                &event.dedupe_key,
-                applier.catalog,
-            ),
+            None => providers::decide(source.kind, &event.event_type, payload, applier.catalog),
         },
         _ => Decision::Unprocessable("the stored event has no parsed payload".into()),
     };

@@ -133,7 +133,7 @@ pub(crate) fn shown(
     catalog: &Catalog,
 ) -> SubscriptionRead {
     let plan = read.payload.as_ref().and_then(|payload| {
-        match providers::decide(kind, &read.event_type, payload, &read.dedupe_key, catalog) {
+        match providers::decide(kind, &read.event_type, payload, catalog) {
             Decision::Apply { effects, .. } => effects.into_iter().find_map(|e| match e {
                 Effect::Subscription { plan, .. } => plan,
                 _ => None,

@@ -172,13 +172,7 @@ pub(super) async fn fold_with(
         if beyond {
             continue;
         }
-        let decision = providers::decide(
-            config.kind,
-            &row.event_type,
-            payload,
-            &row.dedupe_key,
-            catalog,
-        );
+        let decision = providers::decide(config.kind, &row.event_type, payload, catalog);
         let excluded = provider.out_of_scope(payload, config.livemode);
         let settled: Settled = row
             .settled

@@ -96,10 +96,6 @@ pub(crate) mod tests {
         }
     }
 
-    pub(crate) fn key(raw: &str) -> crate::domain::DedupeKey {
-        crate::domain::DedupeKey::parse(raw).unwrap()
-    }
-
     /// The catalog the unit tests decide against.
     pub(crate) fn catalog() -> Catalog {
         Catalog::parse(

@@ -144,7 +144,6 @@ mod tests {
     use super::*;
     use crate::billing::Decision;
     use crate::domain::Catalog;
-    use crate::domain::DedupeKey;
     use crate::providers::decide;
 
     #[test]
@@ -167,10 +166,9 @@ mod tests {
                     cancel_at_period_end: false,
                     event_id: None,
                 };
-                let (id, payload) = payload(source, &spec).unwrap();
+                let (_, payload) = payload(source, &spec).unwrap();
                 let event_type = payload["type"].as_str().unwrap();
-                let key = DedupeKey::parse(&id).unwrap();
-                let decision = decide(source, event_type, &payload, &key, &catalog);
+                let decision = decide(source, event_type, &payload, &catalog);
                 assert!(
                     matches!(decision, Decision::Apply { .. }),
                     "{source:?} {kind}: {decision:?}"
@@ -205,11 +203,9 @@ mod tests {
                 cancel_at_period_end: true,
                 event_id: None,
             };
-            let (id, payload) = payload(source, &spec).unwrap();
+            let (_, payload) = payload(source, &spec).unwrap();
             let event_type = payload["type"].as_str().unwrap();
-            let key = DedupeKey::parse(&id).unwrap();
-            let Decision::Apply { effects, .. } =
-                decide(source, event_type, &payload, &key, &catalog)
+            let Decision::Apply { effects, .. } = decide(source, event_type, &payload, &catalog)
             else {
                 panic!("{source:?}: applied");
             };

@@ -53,13 +53,7 @@ pub trait Provider: Sync {
     ) -> Result<Box<dyn Verify>, ConfigError>;
 
     /// What one of this provider's events means for the billing state, from the event alone.
-    fn decide(
-        &self,
-        event_type: &str,
-        payload: &Value,
-        dedupe_key: &DedupeKey,
-        catalog: &Catalog,
-    ) -> Decided;
+    fn decide(&self, event_type: &str, payload: &Value, catalog: &Catalog) -> Decided;
 
     /// How this provider's API finds what the webhooks missed; `None`: not reconciled.
     fn reconciliation(&self, _api: Api) -> Option<Reconciliation> {
@@ -125,15 +119,9 @@ pub trait Provider: Sync {
 }
 
 /// Decides an event's effects from the event alone (never from what is stored).
-pub fn decide(
-    kind: SourceKind,
-    event_type: &str,
-    payload: &Value,
-    dedupe_key: &DedupeKey,
-    catalog: &Catalog,
-) -> Decision {
+pub fn decide(kind: SourceKind, event_type: &str, payload: &Value, catalog: &Catalog) -> Decision {
     provider(kind)
-        .decide(event_type, payload, dedupe_key, catalog)
+        .decide(event_type, payload, catalog)
         .unwrap_or_else(Decision::from)
 }
 

@@ -19,7 +19,7 @@ pub use verify::{content_hash, parse_claims, KindeVerifier, CUSTOMER_FIELDS, ID_
 
 use super::{refused, Api, Provider, Reconciliation, Setting, Verify};
 use crate::billing::Decided;
-use crate::domain::{Catalog, DedupeKey};
+use crate::domain::Catalog;
 use crate::platform::config::{ConfigError, SourceConfig};
 
 pub struct Kinde;
@@ -43,14 +43,7 @@ impl Provider for Kinde {
         )))
     }
 
-    fn decide(
-        &self,
-        event_type: &str,
-        payload: &Value,
-        _dedupe_key: &DedupeKey,
-        catalog: &Catalog,
-    ) -> Decided {
-        // Nothing here depends on the dedupe key, which may be the unsigned `webhook-id`.
+    fn decide(&self, event_type: &str, payload: &Value, catalog: &Catalog) -> Decided {
         decide::decide(event_type, payload, catalog)
     }
 

@@ -92,7 +92,7 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::catalog::tests::{catalog, key};
+    use crate::domain::catalog::tests::catalog;
     use crate::domain::SourceKind;
     use crate::providers::decide;
     use serde_json::json;
@@ -104,7 +104,6 @@ mod tests {
             SourceKind::StandardWebhooks,
             "subscription.revoked",
             &p,
-            &key("e"),
             &catalog(),
         ) else {
             panic!()
@@ -143,7 +142,6 @@ mod tests {
                 SourceKind::StandardWebhooks,
                 "subscription.updated",
                 &bad,
-                &key("e"),
                 &catalog()
             ),
             Decision::Unprocessable("/ends_at is not an RFC 3339 time".into())
@@ -158,7 +156,6 @@ mod tests {
                 SourceKind::StandardWebhooks,
                 "subscription.updated",
                 &p,
-                &key("e"),
                 &catalog()
             ),
             Decision::Unprocessable(_)

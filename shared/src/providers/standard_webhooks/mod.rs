@@ -19,7 +19,7 @@ pub use verify::{parse_event, StandardVerifier};
 
 use super::{Api, Provider, Reads, Reconciliation, Verify};
 use crate::billing::Decided;
-use crate::domain::{Catalog, DedupeKey};
+use crate::domain::Catalog;
 use crate::platform::config::{ConfigError, SourceConfig};
 use crate::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
@@ -50,13 +50,7 @@ impl Provider for StandardWebhooks {
         Ok(Box::new(StandardVerifier::new(keys, tolerance)))
     }
 
-    fn decide(
-        &self,
-        event_type: &str,
-        payload: &Value,
-        _dedupe_key: &DedupeKey,
-        catalog: &Catalog,
-    ) -> Decided {
+    fn decide(&self, event_type: &str, payload: &Value, catalog: &Catalog) -> Decided {
         decide::decide(event_type, payload, catalog)
     }
 

@@ -258,7 +258,7 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::catalog::tests::{catalog, key, pro};
+    use crate::domain::catalog::tests::{catalog, pro};
     use crate::domain::PlanRef;
     use crate::domain::SourceKind;
     use crate::providers::decide;
@@ -279,7 +279,6 @@ mod tests {
                 SourceKind::Stripe,
                 "customer.subscription.updated",
                 &p("past_due"),
-                &key("e"),
                 &catalog()
             ),
             Decision::apply(vec![Effect::Subscription {
@@ -296,7 +295,6 @@ mod tests {
             SourceKind::Stripe,
             "customer.subscription.created",
             &p("active"),
-            &key("e"),
             &catalog(),
         )
         else {
@@ -339,7 +337,6 @@ mod tests {
                 SourceKind::Stripe,
                 "customer.subscription.updated",
                 &json!({"data": {"object": bad}}),
-                &key("e"),
                 &catalog()
             ),
             Decision::Unprocessable("/cancel_at is not a time in unix seconds".into())
@@ -350,13 +347,7 @@ mod tests {
     fn stripe_full_refund_ends_the_invoice_payment() {
         let p = json!({"data": {"object": {"id": "ch_1", "invoice": "in_1", "refunded": true}}});
         assert_eq!(
-            decide(
-                SourceKind::Stripe,
-                "charge.refunded",
-                &p,
-                &key("e"),
-                &catalog()
-            ),
+            decide(SourceKind::Stripe, "charge.refunded", &p, &catalog()),
             Decision::apply(vec![Effect::Payment {
                 id: "in_1".into(),
                 status: PaymentStatus::Refunded,
@@ -366,13 +357,7 @@ mod tests {
         let basil =
             json!({"data": {"object": {"id": "ch_1", "payment_intent": "pi_1", "refunded": true}}});
         assert_eq!(
-            decide(
-                SourceKind::Stripe,
-                "charge.refunded",
-                &basil,
-                &key("e"),
-                &catalog()
-            ),
+            decide(SourceKind::Stripe, "charge.refunded", &basil, &catalog()),
             Decision::apply(vec![Effect::RefundIntent {
                 charge: "ch_1".into(),
                 payment_intent: "pi_1".into(),
@@ -380,13 +365,7 @@ mod tests {
         );
         let partial = json!({"data": {"object": {"id": "ch_1", "refunded": false}}});
         assert!(matches!(
-            decide(
-                SourceKind::Stripe,
-                "charge.refunded",
-                &partial,
-                &key("e"),
-                &catalog()
-            ),
+            decide(SourceKind::Stripe, "charge.refunded", &partial, &catalog()),
             Decision::Ignore(_)
         ));
     }

@@ -19,7 +19,7 @@ pub use verify::{content_hash, parse_event, StripeVerifier, SIGNATURE_HEADER};
 use super::{Api, Fetched, Notice, Provider, ReadFor, Reads, Reconciliation, Setting, Verify};
 use crate::billing::registers::StoredSubscription;
 use crate::billing::Decided;
-use crate::domain::{Catalog, DedupeKey};
+use crate::domain::Catalog;
 use crate::platform::config::{ConfigError, SourceConfig};
 
 pub struct Stripe;
@@ -38,13 +38,7 @@ impl Provider for Stripe {
         )))
     }
 
-    fn decide(
-        &self,
-        event_type: &str,
-        payload: &Value,
-        _dedupe_key: &DedupeKey,
-        catalog: &Catalog,
-    ) -> Decided {
+    fn decide(&self, event_type: &str, payload: &Value, catalog: &Catalog) -> Decided {
         decide::decide(event_type, payload, catalog)
     }
 
