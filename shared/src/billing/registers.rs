@@ -33,29 +33,81 @@ pub async fn read(
     effects: &[Effect],
     plan: bool,
 ) -> Result<Registers, sqlx::Error> {
-    let mut subscriptions = Vec::new();
-    let mut payments = Vec::new();
-    let mut intents = Vec::new();
+    let mut named = Named {
+        period: Period::of(ctx.version.at),
+        subscriptions: Vec::new(),
+        payments: Vec::new(),
+        intents: Vec::new(),
+        plan,
+    };
     for effect in effects {
         match effect {
-            Effect::Subscription { id, .. } => subscriptions.push(id.as_str()),
+            Effect::Subscription { id, .. } => named.subscriptions.push(id.as_str()),
             // The invoice's subscriptions, for the plan their registers hold.
             Effect::GrantOfSubscription {
                 subscriptions: ids, ..
-            } => subscriptions.extend(ids.iter().map(String::as_str)),
-            Effect::Payment { id, .. } => payments.push(id.as_str()),
+            } => named.subscriptions.extend(ids.iter().map(String::as_str)),
+            Effect::Payment { id, .. } => named.payments.push(id.as_str()),
             Effect::PaymentIntent {
                 payment_intent,
                 invoice,
             } => {
-                intents.push(payment_intent.as_str());
-                payments.push(invoice.as_str());
+                named.intents.push(payment_intent.as_str());
+                named.payments.push(invoice.as_str());
             }
-            Effect::RefundIntent { payment_intent, .. } => intents.push(payment_intent.as_str()),
+            Effect::RefundIntent { payment_intent, .. } => {
+                named.intents.push(payment_intent.as_str())
+            }
             _ => {}
         }
     }
-    let period = Period::of(ctx.version.at);
+    let (mut registers, ledger) = select(conn, ctx.source, ctx.customer, Some(&named)).await?;
+    registers.ledger = ledger.into_iter().map(|(_, entry)| entry).collect();
+    Ok(registers)
+}
+
+/// Every register of an account as stored, in one statement: the account row, its plan and
+/// standing, its subscriptions, payments and payment intents, and its whole ledger by period
+/// — what the audit compares with the fold of its events (docs/design.md §4.11). `None` when
+/// the account does not exist.
+pub async fn of_account(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &CustomerId,
+) -> Result<Option<(Registers, BTreeMap<String, Vec<LedgerEntry>>)>, sqlx::Error> {
+    let (registers, entries) = select(conn, source, customer, None).await?;
+    if registers.account.version.is_none() {
+        return Ok(None);
+    }
+    let mut ledger: BTreeMap<String, Vec<LedgerEntry>> = BTreeMap::new();
+    for (period, entry) in entries {
+        ledger.entry(period).or_default().push(entry);
+    }
+    Ok(Some((registers, ledger)))
+}
+
+/// The rows of an account an event's read takes: those its effects name, the ledger of its
+/// period, and with `plan` the states of the other subscriptions and the period's spending.
+struct Named<'a> {
+    period: Period,
+    subscriptions: Vec<&'a str>,
+    payments: Vec<&'a str>,
+    intents: Vec<&'a str>,
+    plan: bool,
+}
+
+/// The one read of an account's registers, [`read`]'s and [`of_account`]'s: the rows
+/// `named` (`None`: all of the account's, the ledger of every period), each register's
+/// columns projected once, and the ledger's entries with their period, in the order written.
+async fn select(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &CustomerId,
+    named: Option<&Named<'_>>,
+) -> Result<(Registers, Vec<(String, LedgerEntry)>), sqlx::Error> {
+    let no_rows: &[&str] = &[];
+    // Each register's rows come from two branches, one gated off by `$8` (whole): the
+    // planner skips the other branch's scan, and each keeps its own index.
     let row = sqlx::query!(
         r#"
         SELECT a.version AS "version?", a.deleted_at AS "deleted_at?", a.deleted_by AS "deleted_by?",
@@ -74,8 +126,11 @@ pub async fn read(
                            'current_period_end', current_period_end,
                            'cancel_at_period_end', cancel_at_period_end, 'cancel_at', cancel_at,
                            'trial_end', trial_end, 'ended_at', ended_at)), '[]')
-                FROM subscriptions
-                WHERE source = $1 AND subscription_id = ANY($4)) AS "subscriptions!",
+                FROM (SELECT * FROM subscriptions
+                      WHERE NOT $8 AND source = $1 AND subscription_id = ANY($4)
+                      UNION ALL
+                      SELECT * FROM subscriptions
+                      WHERE $8 AND source = $1 AND customer_id = $2) AS s) AS "subscriptions!",
                -- Distinct states, not rows: an account may hold thousands of subscriptions.
                (SELECT COALESCE(jsonb_agg(jsonb_build_object('status', o.status, 'plan', o.plan)), '[]')
                 FROM (SELECT DISTINCT status, plan FROM subscriptions
@@ -84,32 +139,44 @@ pub async fn read(
                (SELECT COALESCE(jsonb_agg(jsonb_build_object(
                            'id', payment_id, 'status', status, 'plan_key', plan_key, 'at', version_at,
                            'rank', version_rank, 'version_key', version_key, 'event_id', event_id)), '[]')
-                FROM payments
-                WHERE source = $1
-                  AND (payment_id = ANY($5)
-                       OR payment_id IN (SELECT invoice_id FROM payment_intents
-                                         WHERE source = $1 AND payment_intent = ANY($6)))) AS "payments!",
+                FROM (SELECT * FROM payments
+                      WHERE NOT $8 AND source = $1
+                        AND (payment_id = ANY($5)
+                             OR payment_id IN (SELECT invoice_id FROM payment_intents
+                                               WHERE source = $1 AND payment_intent = ANY($6)))
+                      UNION ALL
+                      SELECT * FROM payments
+                      WHERE $8 AND source = $1 AND customer_id = $2) AS p) AS "payments!",
                (SELECT COALESCE(jsonb_agg(jsonb_build_object(
                            'id', payment_intent, 'invoice', invoice_id, 'customer', customer_id,
                            'refunded_charge', refunded_charge, 'refunded_by', refunded_by,
                            'linked_by', linked_by)), '[]')
-                FROM payment_intents WHERE source = $1 AND payment_intent = ANY($6)) AS "intents!",
+                FROM (SELECT * FROM payment_intents
+                      WHERE NOT $8 AND source = $1 AND payment_intent = ANY($6)
+                      UNION ALL
+                      SELECT * FROM payment_intents
+                      WHERE $8 AND source = $1 AND customer_id = $2) AS i) AS "intents!",
                (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'plan', plan, 'allowance', allowance, 'delta', delta,
-                           'entry_key', entry_key, 'event_id', event_id)), '[]')
-                FROM ledger WHERE source = $1 AND customer_id = $2 AND period = $3) AS "ledger!",
+                           'period', period, 'plan', plan, 'allowance', allowance, 'delta', delta,
+                           'entry_key', entry_key, 'event_id', event_id) ORDER BY id), '[]')
+                FROM (SELECT * FROM ledger
+                      WHERE NOT $8 AND source = $1 AND customer_id = $2 AND period = $3
+                      UNION ALL
+                      SELECT * FROM ledger
+                      WHERE $8 AND source = $1 AND customer_id = $2) AS g) AS "ledger!",
                COALESCE((SELECT used FROM usage_periods
                          WHERE $7 AND source = $1 AND customer_id = $2 AND period = $3), 0) AS "used!"
         FROM (VALUES (1)) AS one (n)
         LEFT JOIN accounts a ON a.source = $1 AND a.customer_id = $2
         "#,
-        ctx.source,
-        ctx.customer.as_str(),
-        period.as_str(),
-        &subscriptions as &[&str],
-        &payments as &[&str],
-        &intents as &[&str],
-        plan,
+        source,
+        customer.as_str(),
+        named.map(|n| n.period.as_str()),
+        named.map_or(no_rows, |n| n.subscriptions.as_slice()) as &[&str],
+        named.map_or(no_rows, |n| n.payments.as_slice()) as &[&str],
+        named.map_or(no_rows, |n| n.intents.as_slice()) as &[&str],
+        named.is_some_and(|n| n.plan),
+        named.is_none(),
     )
     .fetch_one(exec(conn))
     .await?;
@@ -120,7 +187,7 @@ pub async fn read(
     let one = |what: &str, value: Option<Value>| -> Result<Option<Stored>, sqlx::Error> {
         Ok(decode(what, Value::Array(value.into_iter().collect()))?.pop())
     };
-    Ok(Registers {
+    let registers = Registers {
         account: HeldAccount {
             version: row.version,
             deleted_at: row.deleted_at,
@@ -144,16 +211,18 @@ pub async fn read(
             .into_iter()
             .map(Stored::intent)
             .collect(),
-        ledger: decode("ledger", row.ledger)?
-            .into_iter()
-            .map(|r| r.entry())
-            .collect(),
+        ledger: Vec::new(),
         used: row.used,
         changed: Default::default(),
-    })
+    };
+    let ledger = decode("ledger", row.ledger)?
+        .into_iter()
+        .map(|mut r| (r.period.take().unwrap_or_default(), r.entry()))
+        .collect();
+    Ok((registers, ledger))
 }
 
-/// One register row as [`read`] returns it (each register's columns, as JSON).
+/// One register row as [`select`] returns it (each register's columns, as JSON).
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(default)]
 struct Stored {
@@ -171,6 +240,7 @@ struct Stored {
     allowance: Option<i64>,
     delta: Option<i64>,
     entry_key: Option<String>,
+    period: Option<String>,
     at: Option<DateTime<Utc>>,
     current_period_end: Option<DateTime<Utc>>,
     cancel_at_period_end: Option<bool>,
@@ -250,96 +320,6 @@ impl Stored {
             event_id: self.event_id,
         }
     }
-}
-
-/// Every register of an account as stored, in one statement: the account row, its plan and
-/// standing, its subscriptions, payments and payment intents, and its whole ledger by period
-/// — what the audit compares with the fold of its events (docs/design.md §4.11). `None` when
-/// the account does not exist.
-pub async fn of_account(
-    conn: &mut PgConnection,
-    source: &str,
-    customer: &CustomerId,
-) -> Result<Option<(Registers, BTreeMap<String, Vec<LedgerEntry>>)>, sqlx::Error> {
-    let row = sqlx::query!(
-        r#"
-        SELECT a.version, a.deleted_at, a.deleted_by,
-               (SELECT jsonb_build_object('key', plan_key, 'plan', plan, 'at', version_at,
-                                          'rank', version_rank, 'version_key', version_key,
-                                          'event_id', event_id)
-                FROM customer_plans WHERE source = $1 AND customer_id = $2) AS customer_plan,
-               (SELECT jsonb_build_object('past_due', past_due, 'at', version_at,
-                                          'rank', version_rank, 'version_key', version_key,
-                                          'event_id', event_id)
-                FROM customer_standing WHERE source = $1 AND customer_id = $2) AS standing,
-               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'id', subscription_id, 'customer', customer_id, 'status', status,
-                           'plan_key', plan_key, 'plan', plan, 'at', version_at,
-                           'rank', version_rank, 'version_key', version_key, 'event_id', event_id,
-                           'current_period_end', current_period_end,
-                           'cancel_at_period_end', cancel_at_period_end, 'cancel_at', cancel_at,
-                           'trial_end', trial_end, 'ended_at', ended_at)), '[]')
-                FROM subscriptions WHERE source = $1 AND customer_id = $2) AS "subscriptions!",
-               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'id', payment_id, 'status', status, 'plan_key', plan_key, 'at', version_at,
-                           'rank', version_rank, 'version_key', version_key, 'event_id', event_id)), '[]')
-                FROM payments WHERE source = $1 AND customer_id = $2) AS "payments!",
-               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'id', payment_intent, 'invoice', invoice_id, 'customer', customer_id,
-                           'refunded_charge', refunded_charge, 'refunded_by', refunded_by,
-                           'linked_by', linked_by)), '[]')
-                FROM payment_intents WHERE source = $1 AND customer_id = $2) AS "intents!",
-               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'id', period, 'plan', plan, 'allowance', allowance, 'delta', delta,
-                           'entry_key', entry_key, 'event_id', event_id) ORDER BY id), '[]')
-                FROM ledger WHERE source = $1 AND customer_id = $2) AS "ledger!"
-        FROM accounts a WHERE a.source = $1 AND a.customer_id = $2
-        "#,
-        source,
-        customer.as_str(),
-    )
-    .fetch_optional(exec(conn))
-    .await?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    let decode = |what: &str, value: Value| -> Result<Vec<Stored>, sqlx::Error> {
-        serde_json::from_value(value)
-            .map_err(|e| sqlx::Error::Decode(format!("{what}: {e}").into()))
-    };
-    let one = |what: &str, value: Option<Value>| -> Result<Option<Stored>, sqlx::Error> {
-        Ok(decode(what, Value::Array(value.into_iter().collect()))?.pop())
-    };
-    let mut ledger: BTreeMap<String, Vec<LedgerEntry>> = BTreeMap::new();
-    for r in decode("ledger", row.ledger)? {
-        ledger
-            .entry(r.id.clone().unwrap_or_default())
-            .or_default()
-            .push(r.entry());
-    }
-    let registers = Registers {
-        account: HeldAccount {
-            version: Some(row.version),
-            deleted_at: row.deleted_at,
-            deleted_by: row.deleted_by,
-        },
-        customer_plan: one("customer plan", row.customer_plan)?.map(|r| r.plan()),
-        standing: one("standing", row.standing)?.map(|r| r.held(r.past_due.unwrap_or(false))),
-        subscriptions: decode("subscriptions", row.subscriptions)?
-            .into_iter()
-            .map(|r| r.subscription())
-            .collect(),
-        payments: decode("payments", row.payments)?
-            .into_iter()
-            .map(|r| r.payment())
-            .collect(),
-        intents: decode("payment intents", row.intents)?
-            .into_iter()
-            .map(Stored::intent)
-            .collect(),
-        ..Registers::default()
-    };
-    Ok(Some((registers, ledger)))
 }
 
 /// Records that a payment intent paid an invoice, for an event that names no customer; the

@@ -12,7 +12,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::lease::Claimed;
-use crate::billing::model::{EventContext, SubscriptionEnds};
+use crate::billing::model::EventContext;
 use crate::billing::rules::{HeldIntent, Registers};
 use crate::domain::effect::NewEffect;
 use crate::domain::{EventStatus, Period};
@@ -48,95 +48,89 @@ pub async fn commit(
     (effects, settled): (&[NewEffect], Option<&Value>),
 ) -> Result<Committed, sqlx::Error> {
     debug_assert!(status.is_final());
-    let changed = &registers.changed;
-    let plan = registers
-        .customer_plan
-        .as_ref()
-        .filter(|_| changed.customer_plan);
-    let standing = registers.standing.as_ref().filter(|_| changed.standing);
-    let subscriptions: Vec<_> = changed
-        .subscriptions
-        .iter()
-        .filter_map(|(id, read)| Some((id.as_str(), registers.subscriptions.get(id)?, *read)))
-        .collect();
-    let payments: Vec<_> = changed
-        .payments
-        .iter()
-        .filter_map(|(id, read)| Some((id.as_str(), registers.payments.get(id)?, *read)))
-        .collect();
-    let intents: Vec<_> = changed
-        .intents
-        .iter()
-        .filter_map(|id| Some((id.as_str(), registers.intents.get(id)?)))
-        .collect();
-    let ends = |field: fn(&SubscriptionEnds) -> Option<DateTime<Utc>>| {
-        subscriptions
-            .iter()
-            .map(|(_, s, _)| field(&s.value.ends))
-            .collect::<Vec<_>>()
+    let w = BillingWrite {
+        every: EveryRow::of(event, ctx),
+        event: EventFinish::of(event, ctx, (status, reason), settled),
+        account: AccountRow::of(registers),
+        plan: PlanRow::of(registers),
+        standing: StandingRow::of(registers),
+        subscriptions: SubscriptionRows::of(registers),
+        payments: PaymentRows::of(registers),
+        ledger: LedgerRows::of(registers, ctx),
+        intents: IntentRows::of(registers),
+        effects: EffectRows::of(effects),
     };
-    let grants = &changed.grants;
-    let period = Period::of(ctx.version.at);
-    let ids: Vec<&str> = effects.iter().map(|e| e.id.as_str()).collect();
-    let kinds: Vec<&str> = effects.iter().map(|e| e.kind.as_str()).collect();
-    let causes: Vec<&str> = effects.iter().map(|e| e.cause.as_str()).collect();
-    let bodies: Vec<Value> = effects.iter().map(|e| e.body.clone()).collect();
+    // One group of parameters a table, bound in the order of `BillingWrite`'s fields.
     let row = sqlx::query!(
         r#"
+        -- The parameters come in groups, one a table, in the order of `BillingWrite`:
+        --   $1-$5    every row: the event's id, the account (source, customer), the version
+        --   $6-$10   inbox_events and account_log: the claim, status, reason, type, settled
+        --   $11-$13  accounts: the version read, deleted_at, deleted_by
+        --   $14-$16  customer_plans      $17-$18  customer_standing
+        --   $19-$29  subscriptions       $30-$34  payments         $35-$40  ledger
+        --   $41-$45  payment_intents     $46-$49  effects
         WITH as_read AS (
-            -- The account, still at the version read, and not held by another writer: one
-            -- that is held or moved fails the statement at once, before it locks or writes
-            -- anything (a failed attempt then costs no wait and no commit to the log). An
-            -- account the read did not find is created below.
+            -- accounts ($11): the account, still at the version read, and not held by
+            -- another writer: one that is held or moved fails the statement at once, before
+            -- it locks or writes anything (a failed attempt then costs no wait and no commit
+            -- to the log). An account the read did not find is created below.
             SELECT 1 FROM accounts
-            WHERE source = $3 AND customer_id = $4 AND version = $5
+            WHERE source = $2 AND customer_id = $3 AND version = $11
             FOR UPDATE SKIP LOCKED
         ), held AS (
+            -- inbox_events ($6): the lease re-check.
             SELECT id FROM inbox_events
-            WHERE id = $1 AND status = 'processing' AND claim_gen = $2
-              AND ($5::bigint IS NULL OR EXISTS (SELECT 1 FROM as_read))
+            WHERE id = $1 AND status = 'processing' AND claim_gen = $6
+              AND ($11::bigint IS NULL OR EXISTS (SELECT 1 FROM as_read))
             FOR UPDATE
         ), new_effects AS (
+            -- effects ($46-$49: id, kind, cause, body), those not written yet.
             SELECT e.id, e.kind, e.cause, e.body, row_number() OVER (ORDER BY e.n) AS k
-            FROM unnest($32::text[], $33::text[], $34::text[], $35::jsonb[])
+            FROM unnest($46::text[], $47::text[], $48::text[], $49::jsonb[])
                  WITH ORDINALITY AS e (id, kind, cause, body, n)
             WHERE NOT EXISTS (SELECT 1 FROM effects f WHERE f.id = e.id)
         ), account AS (
+            -- accounts ($11-$13: the version read, deleted_at, deleted_by).
             INSERT INTO accounts AS a (source, customer_id, version, deleted_at, deleted_by, effect_seq)
-            SELECT $3, $4, 1, $6, $47, (SELECT count(*) FROM new_effects) FROM held
+            SELECT $2, $3, 1, $12, $13, (SELECT count(*) FROM new_effects) FROM held
             ON CONFLICT (source, customer_id) DO UPDATE
                 SET version = a.version + 1, deleted_at = EXCLUDED.deleted_at,
                     deleted_by = EXCLUDED.deleted_by,
                     effect_seq = a.effect_seq + EXCLUDED.effect_seq
-                WHERE a.version = $5
+                WHERE a.version = $11
             RETURNING a.effect_seq - (SELECT count(*) FROM new_effects) AS base
         ), plan_written AS (
+            -- customer_plans ($14-$16: written, plan_key, plan).
             INSERT INTO customer_plans AS r
                 (source, customer_id, plan_key, plan, version_at, version_rank, version_key, event_id)
-            SELECT $3, $4, $10, $11, $7, 0, $8, $1 FROM account WHERE $9
+            SELECT $2, $3, $15, $16, $4, 0, $5, $1 FROM account WHERE $14
             ON CONFLICT (source, customer_id) DO UPDATE
                 SET plan_key = EXCLUDED.plan_key, plan = EXCLUDED.plan,
                     version_at = EXCLUDED.version_at, version_rank = EXCLUDED.version_rank,
                     version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
         ), standing_written AS (
+            -- customer_standing ($17-$18: written, past_due).
             INSERT INTO customer_standing AS r
                 (source, customer_id, past_due, version_at, version_rank, version_key, event_id)
-            SELECT $3, $4, $13, $7, 0, $8, $1 FROM account WHERE $12
+            SELECT $2, $3, $18, $4, 0, $5, $1 FROM account WHERE $17
             ON CONFLICT (source, customer_id) DO UPDATE
                 SET past_due = EXCLUDED.past_due, version_at = EXCLUDED.version_at,
                     version_rank = EXCLUDED.version_rank, version_key = EXCLUDED.version_key,
                     event_id = EXCLUDED.event_id
         ), subscriptions_written AS (
-            -- The ends go with the status: what the winning event says, nulls included.
+            -- subscriptions ($19-$29: id, status, plan_key, plan, rank, the event read, then
+            -- the ends). The ends go with the status: what the winning event says, nulls
+            -- included.
             INSERT INTO subscriptions AS r
                 (source, subscription_id, customer_id, status, plan_key, plan,
                  current_period_end, cancel_at_period_end, cancel_at, trial_end, ended_at,
                  version_at, version_rank, version_key, event_id)
-            SELECT $3, s.id, $4, s.status, s.plan_key, s.plan, s.current_period_end,
-                   s.cancel_at_period_end, s.cancel_at, s.trial_end, s.ended_at, $7, s.rank, $8, $1
-            FROM account, unnest($14::text[], $15::text[], $16::text[], $17::text[], $18::int8[],
-                                 $42::timestamptz[], $43::bool[], $44::timestamptz[],
-                                 $45::timestamptz[], $46::timestamptz[])
+            SELECT $2, s.id, $3, s.status, s.plan_key, s.plan, s.current_period_end,
+                   s.cancel_at_period_end, s.cancel_at, s.trial_end, s.ended_at, $4, s.rank, $5, $1
+            FROM account, unnest($19::text[], $20::text[], $21::text[], $22::text[], $23::int8[],
+                                 $25::timestamptz[], $26::bool[], $27::timestamptz[],
+                                 $28::timestamptz[], $29::timestamptz[])
                  AS s (id, status, plan_key, plan, rank, current_period_end, cancel_at_period_end,
                        cancel_at, trial_end, ended_at)
             ON CONFLICT (source, subscription_id) DO UPDATE
@@ -150,15 +144,16 @@ pub async fn commit(
                     version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
                 -- Another customer's event may have written it since the read: see `checked`.
                 WHERE r.event_id IS NOT DISTINCT FROM
-                      (SELECT x.read FROM unnest($14::text[], $40::int8[]) AS x (id, read)
+                      (SELECT x.read FROM unnest($19::text[], $24::int8[]) AS x (id, read)
                        WHERE x.id = r.subscription_id)
             RETURNING 1
         ), payments_written AS (
+            -- payments ($30-$34: id, status, plan_key, rank, the event read).
             INSERT INTO payments AS r
                 (source, payment_id, customer_id, status, plan_key, version_at, version_rank,
                  version_key, event_id)
-            SELECT $3, p.id, $4, p.status, p.plan_key, $7, p.rank, $8, $1
-            FROM account, unnest($19::text[], $20::text[], $21::text[], $22::int8[])
+            SELECT $2, p.id, $3, p.status, p.plan_key, $4, p.rank, $5, $1
+            FROM account, unnest($30::text[], $31::text[], $32::text[], $33::int8[])
                  AS p (id, status, plan_key, rank)
             ON CONFLICT (source, payment_id) DO UPDATE
                 SET customer_id = EXCLUDED.customer_id, status = EXCLUDED.status,
@@ -166,22 +161,25 @@ pub async fn commit(
                     version_at = EXCLUDED.version_at, version_rank = EXCLUDED.version_rank,
                     version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
                 WHERE r.event_id IS NOT DISTINCT FROM
-                      (SELECT x.read FROM unnest($19::text[], $41::int8[]) AS x (id, read)
+                      (SELECT x.read FROM unnest($30::text[], $34::int8[]) AS x (id, read)
                        WHERE x.id = r.payment_id)
             RETURNING 1
         ), ledger_written AS (
+            -- ledger ($35-$40: the period, then plan, allowance, delta, reason, entry_key).
             INSERT INTO ledger (source, customer_id, period, plan, allowance, delta, reason, entry_key, event_id)
-            SELECT $3, $4, $23, g.plan, g.allowance, g.delta, g.reason, g.entry_key, $1
-            FROM account, unnest($24::text[], $25::int8[], $26::int8[], $27::text[], $28::text[])
+            SELECT $2, $3, $35, g.plan, g.allowance, g.delta, g.reason, g.entry_key, $1
+            FROM account, unnest($36::text[], $37::int8[], $38::int8[], $39::text[], $40::text[])
                  AS g (plan, allowance, delta, reason, entry_key)
         ), intents_written AS (
-            -- Merged, not replaced: an event without a customer may have added a link meanwhile
-            -- (it takes no account lock); the caller compares what the intent holds now.
+            -- payment_intents ($41-$45: id, invoice, refunded_charge, refunded_by,
+            -- linked_by). Merged, not replaced: an event without a customer may have added a
+            -- link meanwhile (it takes no account lock); the caller compares what the intent
+            -- holds now.
             INSERT INTO payment_intents AS r
                 (source, payment_intent, invoice_id, customer_id, refunded_charge, refunded_by,
                  linked_by)
-            SELECT $3, i.id, i.invoice, $4, i.charge, i.refunded_by, i.linked_by
-            FROM account, unnest($29::text[], $30::text[], $31::text[], $36::int8[], $48::int8[])
+            SELECT $2, i.id, i.invoice, $3, i.charge, i.refunded_by, i.linked_by
+            FROM account, unnest($41::text[], $42::text[], $43::text[], $44::int8[], $45::int8[])
                  AS i (id, invoice, charge, refunded_by, linked_by)
             ON CONFLICT (source, payment_intent) DO UPDATE
                 SET invoice_id = COALESCE(r.invoice_id, EXCLUDED.invoice_id),
@@ -193,34 +191,36 @@ pub async fn commit(
             RETURNING payment_intent, invoice_id, customer_id, refunded_charge, refunded_by,
                       linked_by
         ), effects_written AS (
+            -- effects (new_effects above), with the account's next sequence numbers.
             INSERT INTO effects (id, kind, cause, source, customer_id, sequence, event_id,
                                  occurred_at, body, enqueued_at)
-            SELECT n.id, n.kind, n.cause, $3, $4, account.base + n.k, $1, $7,
+            SELECT n.id, n.kind, n.cause, $2, $3, account.base + n.k, $1, $4,
                    jsonb_set(n.body, '{data,sequence}', to_jsonb(account.base + n.k)), inbox_now()
             FROM account, new_effects n
             ORDER BY n.k
             RETURNING id
         ), logged AS (
-            -- A line that says `applied` stays: a replay that finds its work done does not
-            -- rewrite history.
+            -- account_log ($7-$9: outcome, reason, event type). A line that says `applied`
+            -- stays: a replay that finds its work done does not rewrite history.
             INSERT INTO account_log AS l (event_id, source, customer_id, event_type, occurred_at, outcome, reason)
-            SELECT $1, $3, $4, $39, $7, $37, $38 FROM account
+            SELECT $1, $2, $3, $9, $4, $7, $8 FROM account
             ON CONFLICT (event_id) DO UPDATE
                 SET outcome = EXCLUDED.outcome, reason = EXCLUDED.reason, logged_at = inbox_now()
                 WHERE l.outcome <> 'applied'
         ), finished AS (
+            -- inbox_events ($7, $8, $10: status, reason, settled): the finish.
             UPDATE inbox_events
-            SET status = $37, reason = $38, processed_at = inbox_now(), locked_until = NULL,
-                next_attempt_at = NULL, last_error = NULL, settled = $49
+            SET status = $7, reason = $8, processed_at = inbox_now(), locked_until = NULL,
+                next_attempt_at = NULL, last_error = NULL, settled = $10
             WHERE id = (SELECT id FROM held) AND EXISTS (SELECT 1 FROM account)
         )
-        SELECT ($5::bigint IS NOT NULL AND NOT EXISTS (SELECT 1 FROM as_read)) AS "moved!",
+        SELECT ($11::bigint IS NOT NULL AND NOT EXISTS (SELECT 1 FROM as_read)) AS "moved!",
                -- A subscription or payment row that no longer holds what was read fails the
                -- whole statement (serialization_failure): nothing of it is written.
-               CASE WHEN (SELECT count(*) FROM subscriptions_written) < cardinality($14::text[])
+               CASE WHEN (SELECT count(*) FROM subscriptions_written) < cardinality($19::text[])
                           AND EXISTS (SELECT 1 FROM account)
                     THEN inbox_register_moved('subscription')
-                    WHEN (SELECT count(*) FROM payments_written) < cardinality($19::text[])
+                    WHEN (SELECT count(*) FROM payments_written) < cardinality($30::text[])
                           AND EXISTS (SELECT 1 FROM account)
                     THEN inbox_register_moved('payment')
                END AS checked,
@@ -233,94 +233,65 @@ pub async fn commit(
                            'linked_by', linked_by)), '[]')
                 FROM intents_written) AS "intents!"
         "#,
-        event.id,
-        event.claim,
-        ctx.source,
-        ctx.customer.as_str(),
-        registers.account.version,
-        registers.account.deleted_at,
-        ctx.version.at.as_datetime(),
-        ctx.version.key.as_str(),
-        plan.is_some(),
-        plan.and_then(|p| p.value.key.as_deref()),
-        plan.and_then(|p| p.value.plan.as_deref()),
-        standing.is_some(),
-        standing.is_some_and(|s| s.value),
-        &subscriptions.iter().map(|(id, _, _)| *id).collect::<Vec<_>>() as &[&str],
-        &subscriptions
-            .iter()
-            .map(|(_, s, _)| s.value.status.as_str())
-            .collect::<Vec<_>>() as &[&str],
-        &subscriptions
-            .iter()
-            .map(|(_, s, _)| s.value.plan_key.as_deref())
-            .collect::<Vec<_>>() as &[Option<&str>],
-        &subscriptions
-            .iter()
-            .map(|(_, s, _)| s.value.plan.as_deref())
-            .collect::<Vec<_>>() as &[Option<&str>],
-        &subscriptions
-            .iter()
-            .map(|(_, s, _)| s.stamp.rank)
-            .collect::<Vec<_>>(),
-        &payments.iter().map(|(id, _, _)| *id).collect::<Vec<_>>() as &[&str],
-        &payments
-            .iter()
-            .map(|(_, p, _)| p.value.status.as_str())
-            .collect::<Vec<_>>() as &[&str],
-        &payments
-            .iter()
-            .map(|(_, p, _)| p.value.plan_key.as_deref())
-            .collect::<Vec<_>>() as &[Option<&str>],
-        &payments.iter().map(|(_, p, _)| p.stamp.rank).collect::<Vec<_>>(),
-        period.as_str(),
-        &grants
-            .iter()
-            .map(|g| g.entry.plan.as_str())
-            .collect::<Vec<_>>() as &[&str],
-        &grants.iter().map(|g| g.entry.allowance).collect::<Vec<_>>(),
-        &grants.iter().map(|g| g.entry.delta).collect::<Vec<_>>(),
-        &grants.iter().map(|g| g.reason.as_str()).collect::<Vec<_>>() as &[&str],
-        &grants
-            .iter()
-            .map(|g| g.entry.entry_key.as_str())
-            .collect::<Vec<_>>() as &[&str],
-        &intents.iter().map(|(id, _)| *id).collect::<Vec<_>>() as &[&str],
-        &intents
-            .iter()
-            .map(|(_, i)| i.invoice.as_deref())
-            .collect::<Vec<_>>() as &[Option<&str>],
-        &intents
-            .iter()
-            .map(|(_, i)| i.refunded_charge.as_deref())
-            .collect::<Vec<_>>() as &[Option<&str>],
-        &ids as &[&str],
-        &kinds as &[&str],
-        &causes as &[&str],
-        &bodies,
-        &intents
-            .iter()
-            .map(|(_, i)| i.refunded_by)
-            .collect::<Vec<_>>() as &[Option<i64>],
-        status.as_str(),
-        reason,
-        ctx.event_type,
-        &subscriptions.iter().map(|(_, _, read)| *read).collect::<Vec<_>>() as &[Option<i64>],
-        &payments.iter().map(|(_, _, read)| *read).collect::<Vec<_>>() as &[Option<i64>],
-        &ends(|e| e.current_period_end) as &[Option<DateTime<Utc>>],
-        &subscriptions
-            .iter()
-            .map(|(_, s, _)| s.value.ends.cancel_at_period_end)
-            .collect::<Vec<_>>(),
-        &ends(|e| e.cancel_at) as &[Option<DateTime<Utc>>],
-        &ends(|e| e.trial_end) as &[Option<DateTime<Utc>>],
-        &ends(|e| e.ended_at) as &[Option<DateTime<Utc>>],
-        registers.account.deleted_by,
-        &intents
-            .iter()
-            .map(|(_, i)| i.linked_by)
-            .collect::<Vec<_>>() as &[Option<i64>],
-        settled,
+        // $1-$5: every row
+        w.every.event_id,
+        w.every.source,
+        w.every.customer,
+        w.every.at,
+        w.every.version_key,
+        // $6-$10: inbox_events, account_log
+        w.event.claim,
+        w.event.status,
+        w.event.reason,
+        w.event.event_type,
+        w.event.settled,
+        // $11-$13: accounts
+        w.account.version_read,
+        w.account.deleted_at,
+        w.account.deleted_by,
+        // $14-$16: customer_plans
+        w.plan.written,
+        w.plan.plan_key,
+        w.plan.plan,
+        // $17-$18: customer_standing
+        w.standing.written,
+        w.standing.past_due,
+        // $19-$29: subscriptions
+        &w.subscriptions.id as &[&str],
+        &w.subscriptions.status as &[&str],
+        &w.subscriptions.plan_key as &[Option<&str>],
+        &w.subscriptions.plan as &[Option<&str>],
+        &w.subscriptions.rank,
+        &w.subscriptions.read as &[Option<i64>],
+        &w.subscriptions.current_period_end as &[Option<DateTime<Utc>>],
+        &w.subscriptions.cancel_at_period_end,
+        &w.subscriptions.cancel_at as &[Option<DateTime<Utc>>],
+        &w.subscriptions.trial_end as &[Option<DateTime<Utc>>],
+        &w.subscriptions.ended_at as &[Option<DateTime<Utc>>],
+        // $30-$34: payments
+        &w.payments.id as &[&str],
+        &w.payments.status as &[&str],
+        &w.payments.plan_key as &[Option<&str>],
+        &w.payments.rank,
+        &w.payments.read as &[Option<i64>],
+        // $35-$40: ledger
+        w.ledger.period.as_str(),
+        &w.ledger.plan as &[&str],
+        &w.ledger.allowance,
+        &w.ledger.delta,
+        &w.ledger.reason as &[&str],
+        &w.ledger.entry_key as &[&str],
+        // $41-$45: payment_intents
+        &w.intents.id as &[&str],
+        &w.intents.invoice as &[Option<&str>],
+        &w.intents.refunded_charge as &[Option<&str>],
+        &w.intents.refunded_by as &[Option<i64>],
+        &w.intents.linked_by as &[Option<i64>],
+        // $46-$49: effects
+        &w.effects.id as &[&str],
+        &w.effects.kind as &[&str],
+        &w.effects.cause as &[&str],
+        &w.effects.body,
     )
     .fetch_one(exec(conn))
     .await;
@@ -368,4 +339,276 @@ struct IntentRow {
     refunded_charge: Option<String>,
     refunded_by: Option<i64>,
     linked_by: Option<i64>,
+}
+
+/// What an event's one statement writes, one part a table it feeds (ten tables), in the
+/// order the statement takes its parameters: each part's columns are one run of `$n`.
+struct BillingWrite<'a> {
+    /// $1-$5: what every row written carries.
+    every: EveryRow<'a>,
+    /// $6-$10: `inbox_events` (the lease re-check, the finish) and `account_log`.
+    event: EventFinish<'a>,
+    /// $11-$13: `accounts`.
+    account: AccountRow,
+    /// $14-$16: `customer_plans`.
+    plan: PlanRow<'a>,
+    /// $17-$18: `customer_standing`.
+    standing: StandingRow,
+    /// $19-$29: `subscriptions`.
+    subscriptions: SubscriptionRows<'a>,
+    /// $30-$34: `payments`.
+    payments: PaymentRows<'a>,
+    /// $35-$40: `ledger`.
+    ledger: LedgerRows<'a>,
+    /// $41-$45: `payment_intents`.
+    intents: IntentRows<'a>,
+    /// $46-$49: `effects`.
+    effects: EffectRows<'a>,
+}
+
+/// The event and the account every row is written for, and the event's place in the
+/// provider's order (the registers' `version_at`, `version_key`).
+struct EveryRow<'a> {
+    event_id: i64,
+    source: &'a str,
+    customer: &'a str,
+    at: DateTime<Utc>,
+    version_key: &'a str,
+}
+
+impl<'a> EveryRow<'a> {
+    fn of(event: &'a Claimed, ctx: &'a EventContext<'_>) -> Self {
+        EveryRow {
+            event_id: event.id,
+            source: ctx.source,
+            customer: ctx.customer.as_str(),
+            at: ctx.version.at.as_datetime(),
+            version_key: ctx.version.key.as_str(),
+        }
+    }
+}
+
+/// The lease the event is written under, and its outcome: its `inbox_events` row's finish
+/// and its `account_log` line.
+struct EventFinish<'a> {
+    claim: i64,
+    status: &'static str,
+    reason: &'a str,
+    event_type: &'a str,
+    settled: Option<&'a Value>,
+}
+
+impl<'a> EventFinish<'a> {
+    fn of(
+        event: &Claimed,
+        ctx: &'a EventContext<'_>,
+        (status, reason): (EventStatus, &'a str),
+        settled: Option<&'a Value>,
+    ) -> Self {
+        EventFinish {
+            claim: event.claim,
+            status: status.as_str(),
+            reason,
+            event_type: ctx.event_type,
+            settled,
+        }
+    }
+}
+
+/// The `accounts` row: the version the read found (`None`: no row), which the write moves
+/// by one, and the deletion the account keeps.
+struct AccountRow {
+    version_read: Option<i64>,
+    deleted_at: Option<DateTime<Utc>>,
+    deleted_by: Option<i64>,
+}
+
+impl AccountRow {
+    fn of(registers: &Registers) -> Self {
+        let account = &registers.account;
+        AccountRow {
+            version_read: account.version,
+            deleted_at: account.deleted_at,
+            deleted_by: account.deleted_by,
+        }
+    }
+}
+
+/// The `customer_plans` row, written only if the rules changed it.
+struct PlanRow<'a> {
+    written: bool,
+    plan_key: Option<&'a str>,
+    plan: Option<&'a str>,
+}
+
+impl<'a> PlanRow<'a> {
+    fn of(registers: &'a Registers) -> Self {
+        let plan = registers
+            .customer_plan
+            .as_ref()
+            .filter(|_| registers.changed.customer_plan);
+        PlanRow {
+            written: plan.is_some(),
+            plan_key: plan.and_then(|p| p.value.key.as_deref()),
+            plan: plan.and_then(|p| p.value.plan.as_deref()),
+        }
+    }
+}
+
+/// The `customer_standing` row, written only if the rules changed it.
+struct StandingRow {
+    written: bool,
+    past_due: bool,
+}
+
+impl StandingRow {
+    fn of(registers: &Registers) -> Self {
+        let standing = registers
+            .standing
+            .as_ref()
+            .filter(|_| registers.changed.standing);
+        StandingRow {
+            written: standing.is_some(),
+            past_due: standing.is_some_and(|s| s.value),
+        }
+    }
+}
+
+/// The `subscriptions` rows the rules changed, a column an array; `read` is the event that
+/// held each row when it was read (`None`: no row), which the row must still hold.
+#[derive(Default)]
+struct SubscriptionRows<'a> {
+    id: Vec<&'a str>,
+    status: Vec<&'a str>,
+    plan_key: Vec<Option<&'a str>>,
+    plan: Vec<Option<&'a str>>,
+    rank: Vec<i64>,
+    read: Vec<Option<i64>>,
+    current_period_end: Vec<Option<DateTime<Utc>>>,
+    cancel_at_period_end: Vec<bool>,
+    cancel_at: Vec<Option<DateTime<Utc>>>,
+    trial_end: Vec<Option<DateTime<Utc>>>,
+    ended_at: Vec<Option<DateTime<Utc>>>,
+}
+
+impl<'a> SubscriptionRows<'a> {
+    fn of(registers: &'a Registers) -> Self {
+        let mut rows = Self::default();
+        for (id, read) in &registers.changed.subscriptions {
+            let Some(held) = registers.subscriptions.get(id) else {
+                continue;
+            };
+            let s = &held.value;
+            rows.id.push(id.as_str());
+            rows.status.push(s.status.as_str());
+            rows.plan_key.push(s.plan_key.as_deref());
+            rows.plan.push(s.plan.as_deref());
+            rows.rank.push(held.stamp.rank);
+            rows.read.push(*read);
+            rows.current_period_end.push(s.ends.current_period_end);
+            rows.cancel_at_period_end.push(s.ends.cancel_at_period_end);
+            rows.cancel_at.push(s.ends.cancel_at);
+            rows.trial_end.push(s.ends.trial_end);
+            rows.ended_at.push(s.ends.ended_at);
+        }
+        rows
+    }
+}
+
+/// The `payments` rows the rules changed, with the event each held when read.
+#[derive(Default)]
+struct PaymentRows<'a> {
+    id: Vec<&'a str>,
+    status: Vec<&'a str>,
+    plan_key: Vec<Option<&'a str>>,
+    rank: Vec<i64>,
+    read: Vec<Option<i64>>,
+}
+
+impl<'a> PaymentRows<'a> {
+    fn of(registers: &'a Registers) -> Self {
+        let mut rows = Self::default();
+        for (id, read) in &registers.changed.payments {
+            let Some(held) = registers.payments.get(id) else {
+                continue;
+            };
+            rows.id.push(id.as_str());
+            rows.status.push(held.value.status.as_str());
+            rows.plan_key.push(held.value.plan_key.as_deref());
+            rows.rank.push(held.stamp.rank);
+            rows.read.push(*read);
+        }
+        rows
+    }
+}
+
+/// The `ledger` rows the rules granted, in the event's period.
+struct LedgerRows<'a> {
+    period: Period,
+    plan: Vec<&'a str>,
+    allowance: Vec<i64>,
+    delta: Vec<i64>,
+    reason: Vec<&'a str>,
+    entry_key: Vec<&'a str>,
+}
+
+impl<'a> LedgerRows<'a> {
+    fn of(registers: &'a Registers, ctx: &EventContext<'_>) -> Self {
+        let grants = &registers.changed.grants;
+        LedgerRows {
+            period: Period::of(ctx.version.at),
+            plan: grants.iter().map(|g| g.entry.plan.as_str()).collect(),
+            allowance: grants.iter().map(|g| g.entry.allowance).collect(),
+            delta: grants.iter().map(|g| g.entry.delta).collect(),
+            reason: grants.iter().map(|g| g.reason.as_str()).collect(),
+            entry_key: grants.iter().map(|g| g.entry.entry_key.as_str()).collect(),
+        }
+    }
+}
+
+/// The `payment_intents` rows the rules changed (merged into what each holds).
+#[derive(Default)]
+struct IntentRows<'a> {
+    id: Vec<&'a str>,
+    invoice: Vec<Option<&'a str>>,
+    refunded_charge: Vec<Option<&'a str>>,
+    refunded_by: Vec<Option<i64>>,
+    linked_by: Vec<Option<i64>>,
+}
+
+impl<'a> IntentRows<'a> {
+    fn of(registers: &'a Registers) -> Self {
+        let mut rows = Self::default();
+        for id in &registers.changed.intents {
+            let Some(intent) = registers.intents.get(id) else {
+                continue;
+            };
+            rows.id.push(id.as_str());
+            rows.invoice.push(intent.invoice.as_deref());
+            rows.refunded_charge.push(intent.refunded_charge.as_deref());
+            rows.refunded_by.push(intent.refunded_by);
+            rows.linked_by.push(intent.linked_by);
+        }
+        rows
+    }
+}
+
+/// The `effects` rows, before their sequence numbers (the statement gives them the
+/// account's next ones).
+struct EffectRows<'a> {
+    id: Vec<&'a str>,
+    kind: Vec<&'static str>,
+    cause: Vec<&'a str>,
+    body: Vec<Value>,
+}
+
+impl<'a> EffectRows<'a> {
+    fn of(effects: &'a [NewEffect]) -> Self {
+        EffectRows {
+            id: effects.iter().map(|e| e.id.as_str()).collect(),
+            kind: effects.iter().map(|e| e.kind.as_str()).collect(),
+            cause: effects.iter().map(|e| e.cause.as_str()).collect(),
+            body: effects.iter().map(|e| e.body.clone()).collect(),
+        }
+    }
 }
