@@ -508,7 +508,15 @@ mod tests {
                 );
             }
         }
-        // The mock's expectation (exactly one fetch) is checked when it drops.
+        // The mock's expectation (exactly one fetch) is checked when it drops, in a blocking
+        // call on this task that cannot yield: with the task's cooperative budget spent (the
+        // 200 joins above may spend it to the last unit, made certain here) its lock would
+        // answer "not yet" forever. A yield hands the task a fresh budget first.
+        let spend = tokio::sync::Semaphore::new(1);
+        while tokio::task::coop::has_budget_remaining() {
+            drop(spend.acquire().await);
+        }
+        tokio::task::yield_now().await;
     }
 
     #[tokio::test]
