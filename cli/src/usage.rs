@@ -154,10 +154,6 @@ pub async fn run(args: &UsageArgs, pool: &PgPool, json_output: bool) -> anyhow::
     }
 }
 
-fn customer_of(customer_id: &str, account: &AccountArgs) -> anyhow::Result<CustomerId> {
-    account.stored_customer(customer_id)
-}
-
 async fn list(
     pool: &PgPool,
     customer_id: &str,
@@ -168,7 +164,7 @@ async fn list(
         anyhow::bail!("--limit must be at least 1, got {}", args.limit);
     }
     let period = parse_period(args.account.period.as_deref())?;
-    let customer = customer_of(customer_id, &args.account)?;
+    let customer = args.account.stored_customer(customer_id)?;
     let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
     let source = resolve_source(&mut conn, &customer, args.account.source.as_deref()).await?;
     let listed = match &source {
@@ -240,7 +236,7 @@ async fn record(
     account: &AccountArgs,
     json_output: bool,
 ) -> anyhow::Result<()> {
-    let customer = customer_of(customer_id, account)?;
+    let customer = account.stored_customer(customer_id)?;
     let today = Period::current();
     // The API's check, before the store is asked: what it refuses would otherwise be stored
     // under the key as a permanent refusal. The source is found below.

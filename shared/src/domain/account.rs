@@ -32,14 +32,6 @@ impl AccountRef {
         })
     }
 
-    /// The account a stored customer id names in `source`.
-    pub fn stored(source: impl Into<String>, customer: CustomerId) -> Self {
-        Self {
-            source: source.into(),
-            stored: customer,
-        }
-    }
-
     /// The customer as the store keys it.
     pub fn customer_id(&self) -> &CustomerId {
         &self.stored
@@ -118,8 +110,9 @@ mod tests {
         assert_eq!(account.customer_id().as_str(), "acct_1Conn/cus_1");
         assert_eq!(account.customer(), "cus_1");
         assert_eq!(account.connected_account(), Some("acct_1Conn"));
-        let again = AccountRef::stored("stripe", account.customer_id().clone());
-        assert_eq!(again, account);
+        let again = account.customer_id();
+        assert_eq!(again.connected_account(), Some("acct_1Conn"));
+        assert_eq!(again.at_provider(), "cus_1");
     }
 
     #[test]
