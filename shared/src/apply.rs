@@ -415,9 +415,9 @@ fn decide(
 ) -> Result<RulesOutcome, ApplyError> {
     let period = Period::of(ctx.version.at);
     let customer = ctx.customer.as_str();
-    let plan_before = applier
+    let before = applier
         .effects
-        .then(|| registers.state(customer, &period, applier.catalog).plan);
+        .then(|| registers.state(customer, &period, applier.catalog));
     let mut notes = notes.to_vec();
     // An invoice whose lines name no known price takes its subscription's plan as read
     // (from the register, else as the provider showed it).
@@ -444,8 +444,8 @@ fn decide(
     }
     let (status, reason) = outcome(&changes, &notes);
     let made = changes.iter().any(|c| matches!(c, Change::Made(_)));
-    let new = match (plan_before, made) {
-        (Some(plan_before), true) => {
+    let new = match (before, made) {
+        (Some(before), true) => {
             let after = registers.state(customer, &period, applier.catalog);
             let cause = Cause {
                 event_id: event.id,
@@ -454,7 +454,7 @@ fn decide(
                 customer,
                 occurred_at: ctx.version.at.as_datetime(),
             };
-            effects::effects_of(&cause, &facts, &plan_before, &after)
+            effects::effects_of(&cause, &facts, &before, &after)
         }
         _ => Vec::new(),
     };

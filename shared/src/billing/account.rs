@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
 use super::model::{status_entitles, AccountState, StateInputs};
+use crate::domain::features::{self, FeatureValue, Features};
 use crate::domain::{Catalog, CustomerId, Period};
 use crate::platform::db::exec;
 
@@ -46,6 +47,13 @@ pub struct AccountSnapshot {
     /// `max(allowance − used, 0)`.
     pub remaining: i64,
     pub subscriptions: Vec<SubscriptionView>,
+    /// What the customer may use (docs/design.md §4.12): the catalog's features of `plan`
+    /// joined with the provider's active entitlements.
+    pub features: Features,
+    /// Where each feature's value comes from and the event behind it. The feature check's
+    /// answer; not part of the account's JSON.
+    #[serde(skip)]
+    pub feature_origins: std::collections::BTreeMap<String, FeatureOrigin>,
     /// Counts the writes that can move the account's state: every event written about it
     /// (`accounts.version`) plus every accepted debit (of any period). It only grows; two
     /// snapshots with the same version and period are the same.
@@ -58,11 +66,104 @@ pub struct AccountSnapshot {
     pub past_due: bool,
 }
 
+/// A stored event as a feature's origin names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventRef {
+    pub event_id: i64,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub occurred_at: Option<DateTime<Utc>>,
+}
+
+/// Where a feature's value comes from: the catalog (through the plan, `decided_by` the
+/// register that gives the plan) or a provider's entitlement (`decided_by` the event its
+/// register holds).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FeatureOrigin {
+    pub source: &'static str,
+    pub decided_by: Option<EventRef>,
+}
+
+/// A register as the snapshot reads it for features: what it gives (a plan, or an
+/// entitlement's features) and the event it holds, at its version.
+#[derive(Debug, Clone, Deserialize)]
+struct Giver {
+    plan: Option<String>,
+    #[serde(default)]
+    active: bool,
+    #[serde(default)]
+    features: Features,
+    at: DateTime<Utc>,
+    #[serde(default)]
+    rank: i64,
+    version_key: String,
+    #[serde(flatten)]
+    event: EventRef,
+}
+
+impl Giver {
+    fn stamp(&self) -> (DateTime<Utc>, i64, &str) {
+        (self.at, self.rank, self.version_key.as_str())
+    }
+}
+
+/// Each feature's origin: the catalog when the plan's features give the account's value (a
+/// tie goes to the catalog), else the active entitlement that gives it (of several, the one
+/// at the earliest version, so the answer does not depend on arrival order). The plan's
+/// register is the latest entitling one that gives the derived plan.
+fn origins(
+    features: &Features,
+    plan: &str,
+    plan_givers: &[Giver],
+    entitlements: &[Giver],
+    catalog: &Catalog,
+) -> std::collections::BTreeMap<String, FeatureOrigin> {
+    let of_plan = catalog.features_of(plan);
+    let plan_event = plan_givers
+        .iter()
+        .filter(|g| g.plan.as_deref() == Some(plan))
+        .max_by(|a, b| a.stamp().cmp(&b.stamp()))
+        .map(|g| g.event.clone());
+    features
+        .iter()
+        .map(|(key, value)| {
+            let origin = if of_plan.get(key) == Some(value) {
+                FeatureOrigin {
+                    source: "catalog",
+                    decided_by: plan_event.clone(),
+                }
+            } else {
+                let giver = entitlements
+                    .iter()
+                    .filter(|g| g.active && g.features.get(key) == Some(value))
+                    .min_by(|a, b| a.stamp().cmp(&b.stamp()));
+                FeatureOrigin {
+                    source: "provider",
+                    decided_by: giver.map(|g| g.event.clone()),
+                }
+            };
+            (key.clone(), origin)
+        })
+        .collect()
+}
+
 impl AccountSnapshot {
+    /// A feature as the app checks it: `(allowed, value, origin)`; a feature the account lacks
+    /// is not allowed, with no value and no origin.
+    pub fn feature(&self, key: &str) -> (bool, Option<&FeatureValue>, Option<&FeatureOrigin>) {
+        let value = self.features.get(key);
+        (
+            value.is_some_and(FeatureValue::allows),
+            value,
+            self.feature_origins.get(key),
+        )
+    }
+
     /// The account as an effect tells it; `period` is the one the snapshot was read for.
     pub fn state(&self, period: &Period) -> AccountState {
         AccountState {
             plan: self.plan.clone(),
+            features: self.features.clone(),
             balance: self.allowance,
             used: self.used,
             remaining: self.remaining,
@@ -99,7 +200,28 @@ pub async fn snapshot(
                            'cancel_at_period_end', cancel_at_period_end, 'cancel_at', cancel_at,
                            'trial_end', trial_end, 'ended_at', ended_at)
                            ORDER BY subscription_id), '[]')
-                FROM subscriptions WHERE source = $1 AND customer_id = $2) AS "subscriptions!"
+                FROM subscriptions WHERE source = $1 AND customer_id = $2) AS "subscriptions!",
+               -- The registers that give the plan (for the features' origin) and the
+               -- entitlements, each with the event it holds.
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                           'plan', g.plan, 'at', g.version_at, 'rank', g.version_rank,
+                           'version_key', g.version_key, 'event_id', g.event_id,
+                           'type', e.type, 'occurred_at', e.occurred_at)), '[]')
+                FROM (SELECT plan, version_at, version_rank, version_key, event_id
+                      FROM customer_plans WHERE source = $1 AND customer_id = $2
+                      UNION ALL
+                      SELECT plan, version_at, version_rank, version_key, event_id
+                      FROM subscriptions
+                      WHERE source = $1 AND customer_id = $2 AND status IN ('active', 'trialing')
+                     ) AS g
+                LEFT JOIN inbox_events e ON e.id = g.event_id) AS "plan_givers!",
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                           'active', r.active, 'features', r.features, 'at', r.version_at,
+                           'rank', r.version_rank, 'version_key', r.version_key,
+                           'event_id', r.event_id, 'type', e.type,
+                           'occurred_at', e.occurred_at)), '[]')
+                FROM entitlements r LEFT JOIN inbox_events e ON e.id = r.event_id
+                WHERE r.source = $1 AND r.customer_id = $2) AS "entitlements!"
         FROM accounts a WHERE a.source = $1 AND a.customer_id = $2
         "#,
         source,
@@ -113,18 +235,35 @@ pub async fn snapshot(
     };
     let subscriptions: Vec<SubscriptionView> = serde_json::from_value(row.subscriptions)
         .map_err(|e| sqlx::Error::Decode(format!("subscriptions: {e}").into()))?;
+    let decode = |what: &str, value| -> Result<Vec<Giver>, sqlx::Error> {
+        serde_json::from_value(value).map_err(|e| sqlx::Error::Decode(format!("{what}: {e}").into()))
+    };
+    let plan_givers = decode("plan registers", row.plan_givers)?;
+    let entitlements = decode("entitlements", row.entitlements)?;
+    let mut entitled = Features::new();
+    for giver in entitlements.iter().filter(|g| g.active) {
+        features::join(&mut entitled, &giver.features);
+    }
     let inputs = StateInputs {
         deleted: row.deleted,
         customer_plan: row.customer_plan.as_deref(),
         past_due: row.past_due,
         granted: row.granted,
         used: row.used,
+        entitlements: &entitled,
     };
     let entitling = subscriptions
         .iter()
         .filter(|s| status_entitles(&s.status))
         .filter_map(|s| s.plan.as_deref());
     let state = AccountState::derive(inputs, entitling, period, catalog);
+    let feature_origins = origins(
+        &state.features,
+        &state.plan,
+        &plan_givers,
+        &entitlements,
+        catalog,
+    );
     Ok(Some(AccountSnapshot {
         source: source.to_owned(),
         customer_id: customer.as_str().to_owned(),
@@ -136,6 +275,8 @@ pub async fn snapshot(
         used: state.used,
         remaining: state.remaining,
         subscriptions,
+        features: state.features,
+        feature_origins,
         version: row.version,
         customer_plan: row.customer_plan,
         past_due: row.past_due,
@@ -188,6 +329,9 @@ pub struct AccountView {
     pub used: i64,
     pub remaining: i64,
     pub subscriptions: Vec<SubscriptionView>,
+    /// The account's features, and where each comes from (the snapshot's).
+    pub features: Features,
+    pub feature_origins: std::collections::BTreeMap<String, FeatureOrigin>,
     pub payments: Vec<PaymentView>,
     /// The log in provider order, the newest last: all of it, or its latest lines when the
     /// reader asked for fewer.
@@ -284,6 +428,8 @@ pub async fn load_with_log(
         used: snapshot.used,
         remaining: snapshot.remaining,
         subscriptions: snapshot.subscriptions,
+        features: snapshot.features,
+        feature_origins: snapshot.feature_origins,
         payments,
         log,
         log_total,
@@ -345,6 +491,12 @@ pub async fn state(
             Some(snapshot) => snapshot.state(period),
             None => AccountState {
                 plan: super::FREE.to_owned(),
+                features: super::model::account_features(
+                    false,
+                    super::FREE,
+                    &Features::new(),
+                    catalog,
+                ),
                 balance: 0,
                 used: 0,
                 remaining: 0,

@@ -62,6 +62,8 @@ pub enum Target {
         plan: String,
     },
     Deleted,
+    /// An entitlement register, by its grant's id.
+    Entitlement(String),
 }
 
 /// One write an event's effect attempted, and what it did then.
@@ -224,6 +226,7 @@ fn target_of(effect: &Effect, ctx: &EventContext<'_>, registers: &Registers) -> 
             plan: plan.plan.clone(),
         },
         Effect::DeleteCustomer => Target::Deleted,
+        Effect::Entitlement { grant, .. } => Target::Entitlement(grant.clone()),
         Effect::PaymentIntent { payment_intent, .. }
         | Effect::RefundIntent { payment_intent, .. } => {
             let intent = registers.intents.get(payment_intent)?;
@@ -236,7 +239,9 @@ fn target_of(effect: &Effect, ctx: &EventContext<'_>, registers: &Registers) -> 
 
 fn stamp_of(effect: &Effect, ctx: &EventContext<'_>) -> Option<Stamp> {
     match effect {
-        Effect::CustomerPlan { .. } | Effect::Standing { .. } => Some(Stamp::of(ctx, Rank(0))),
+        Effect::CustomerPlan { .. } | Effect::Standing { .. } | Effect::Entitlement { .. } => {
+            Some(Stamp::of(ctx, Rank(0)))
+        }
         Effect::Subscription { rank, .. } => Some(Stamp::of(ctx, *rank)),
         Effect::Payment { status, .. } => Some(Stamp::of(ctx, Rank::of_payment(*status))),
         Effect::PaymentIntent { .. } | Effect::RefundIntent { .. } => {

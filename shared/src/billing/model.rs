@@ -7,6 +7,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
+use crate::domain::features::{self, Features};
 use crate::domain::{Catalog, CustomerId, DedupeKey, EventStatus, Period, PlanRef, ProviderTime};
 
 /// A register's version: the provider's time, then the dedupe key, so the order is total.
@@ -194,6 +195,15 @@ pub enum Effect {
     },
     /// The customer is deleted: a tombstone later events cannot lift.
     DeleteCustomer,
+    /// One of the customer's entitlement registers (docs/design.md §4.12): a provider's grant
+    /// of features, by the grant's id — Stripe's active-entitlement summary (one per customer,
+    /// the whole set), a Polar benefit grant, Kinde's entitlements as read. `active: false`
+    /// (revoked, ended) gives nothing; the account has the features of its active ones.
+    Entitlement {
+        grant: String,
+        active: bool,
+        features: Features,
+    },
 }
 
 /// What an event means for the billing state.
@@ -591,6 +601,9 @@ pub fn derive_plan<'a>(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AccountState {
     pub plan: String,
+    /// The catalog's features of the plan joined with the provider's active entitlements
+    /// (docs/design.md §4.12); none for a deleted customer.
+    pub features: Features,
     pub balance: i64,
     pub used: i64,
     pub remaining: i64,
@@ -606,6 +619,8 @@ pub struct StateInputs<'a> {
     pub past_due: bool,
     pub granted: i64,
     pub used: i64,
+    /// The join of the features of the account's active entitlement registers.
+    pub entitlements: &'a Features,
 }
 
 impl AccountState {
@@ -627,14 +642,32 @@ impl AccountState {
             catalog,
         );
         let (balance, remaining) = period_totals(inputs.deleted, inputs.granted, inputs.used);
+        let features = account_features(inputs.deleted, &plan, inputs.entitlements, catalog);
         AccountState {
             plan,
+            features,
             balance,
             used: inputs.used,
             remaining,
             period: period.clone(),
         }
     }
+}
+
+/// An account's features (docs/design.md §4.12): its plan's in the catalog joined with its
+/// active entitlements' (the larger value of a key both give); a deleted customer has none.
+pub fn account_features(
+    deleted: bool,
+    plan: &str,
+    entitlements: &Features,
+    catalog: &Catalog,
+) -> Features {
+    if deleted {
+        return Features::new();
+    }
+    let mut out = catalog.features_of(plan);
+    features::join(&mut out, entitlements);
+    out
 }
 
 /// A period's allowance and what is left of it, from its ledger sum and accepted debits: a
@@ -665,6 +698,7 @@ mod tests {
             past_due: false,
             granted: 500,
             used: 120,
+            entitlements: &Features::new(),
         };
         let state = AccountState::derive(inputs, ["pro"], &period, &catalog());
         assert_eq!(

@@ -13,10 +13,10 @@ use serde_json::Value;
 
 use super::model::{Effect, EventContext, SubscriptionEnds};
 use super::rules::{
-    Held, HeldAccount, HeldIntent, HeldPayment, HeldPlan, HeldSubscription, LedgerEntry, Registers,
+    Held, HeldAccount, HeldEntitlement, HeldIntent, HeldPayment, HeldPlan, HeldSubscription, LedgerEntry, Registers,
     Stamp,
 };
-use crate::domain::{CustomerId, Period};
+use crate::domain::{CustomerId, Features, Period};
 use crate::platform::db::exec;
 
 /// Reads, in one statement, what the rules need to apply `effects` to the account: the
@@ -165,7 +165,14 @@ async fn select(
                       SELECT * FROM ledger
                       WHERE $8 AND source = $1 AND customer_id = $2) AS g) AS "ledger!",
                COALESCE((SELECT used FROM usage_periods
-                         WHERE $7 AND source = $1 AND customer_id = $2 AND period = $3), 0) AS "used!"
+                         WHERE $7 AND source = $1 AND customer_id = $2 AND period = $3), 0) AS "used!",
+               -- Every entitlement register of the account (few): its features before and
+               -- after the event are its effects' to compare.
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                           'id', grant_id, 'active', active, 'features', features,
+                           'at', version_at, 'rank', version_rank, 'version_key', version_key,
+                           'event_id', event_id)), '[]')
+                FROM entitlements WHERE source = $1 AND customer_id = $2) AS "entitlements!"
         FROM (VALUES (1)) AS one (n)
         LEFT JOIN accounts a ON a.source = $1 AND a.customer_id = $2
         "#,
@@ -212,6 +219,10 @@ async fn select(
             .map(Stored::intent)
             .collect(),
         ledger: Vec::new(),
+        entitlements: decode("entitlements", row.entitlements)?
+            .into_iter()
+            .map(Stored::entitlement)
+            .collect(),
         used: row.used,
         changed: Default::default(),
     };
@@ -233,6 +244,8 @@ struct Stored {
     plan: Option<String>,
     plan_key: Option<String>,
     past_due: Option<bool>,
+    active: Option<bool>,
+    features: Option<Features>,
     invoice: Option<String>,
     refunded_charge: Option<String>,
     refunded_by: Option<i64>,
@@ -286,6 +299,14 @@ impl Stored {
         };
         let held = self.held(value);
         (self.id.unwrap_or_default(), held)
+    }
+
+    fn entitlement(mut self) -> (String, Held<HeldEntitlement>) {
+        let value = HeldEntitlement {
+            active: self.active.unwrap_or(false),
+            features: self.features.take().unwrap_or_default(),
+        };
+        (self.id.clone().unwrap_or_default(), self.held(value))
     }
 
     fn intent(self) -> (String, HeldIntent) {

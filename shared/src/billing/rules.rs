@@ -12,6 +12,7 @@ use super::model::{
     allowance_entry_key, status_entitles, AccountState, Change, Effect, EventContext, Fact,
     PaymentStatus, Rank, StateInputs, SubscriptionEnds, SubscriptionState, Written,
 };
+use crate::domain::features::{self, Features};
 use crate::domain::{Catalog, Period, PlanRef};
 
 /// Where a write sits in one register's order: the provider time as Postgres keeps it (to
@@ -164,6 +165,66 @@ pub fn standing(held: Option<&Held<bool>>, ctx: &EventContext<'_>, past_due: boo
         return Ruled::new(true, Change::Unchanged(format!("{words} already")));
     }
     Ruled::new(true, Change::Made(words.to_owned()))
+}
+
+/// One entitlement register as it holds a provider's grant of features (docs/design.md
+/// §4.12): whether the grant is active, and the features it gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldEntitlement {
+    pub active: bool,
+    pub features: Features,
+}
+
+impl HeldEntitlement {
+    /// The grant in words: "gives sso, seats=20", "gives nothing", "revoked".
+    pub fn words(&self) -> String {
+        if !self.active {
+            return "revoked".to_owned();
+        }
+        if self.features.is_empty() {
+            return "gives nothing".to_owned();
+        }
+        let named: Vec<String> = self
+            .features
+            .iter()
+            .map(|(key, value)| match value {
+                features::FeatureValue::Flag(true) => key.clone(),
+                value => format!("{key}={value}"),
+            })
+            .collect();
+        format!("gives {}", named.join(", "))
+    }
+}
+
+/// An entitlement register: the last writer wins, like the plan register; the register holds
+/// what the winning event says of its grant, whole (a summary's set replaces the one before).
+pub fn entitlement(
+    held: Option<&Held<HeldEntitlement>>,
+    ctx: &EventContext<'_>,
+    grant: &str,
+    value: &HeldEntitlement,
+) -> Ruled {
+    if !newer(held, &Stamp::of(ctx, Rank(0))) {
+        let superseded = format!("a newer state of entitlement {grant} is already stored");
+        return Ruled::new(
+            false,
+            kept(
+                held.is_some_and(|h| h.is_of(ctx)),
+                "entitlement",
+                &superseded,
+            ),
+        );
+    }
+    if held.is_some_and(|h| h.value == *value) {
+        return Ruled::new(
+            true,
+            Change::Unchanged(format!("entitlement {grant} {} already", value.words())),
+        );
+    }
+    Ruled::new(
+        true,
+        Change::Made(format!("entitlement {grant} {}", value.words())),
+    )
 }
 
 /// The customer's plan as its register holds it: the plan key, and the catalog's name for it.
@@ -418,6 +479,9 @@ pub struct Changed {
     pub intents: BTreeSet<String>,
     pub grants: Vec<NewGrant>,
     pub deleted: bool,
+    /// The entitlement registers written (by grant id), each with the event that held it
+    /// when read.
+    pub entitlements: BTreeMap<String, Option<i64>>,
 }
 
 /// One account's registers as an event's read found them — the account row, its plan and
@@ -435,6 +499,8 @@ pub struct Registers {
     pub payments: BTreeMap<String, Held<HeldPayment>>,
     pub intents: BTreeMap<String, HeldIntent>,
     pub ledger: Vec<LedgerEntry>,
+    /// The account's entitlement registers, every one (an account holds few), by grant id.
+    pub entitlements: BTreeMap<String, Held<HeldEntitlement>>,
     /// What the account's accepted debits spent in the event's period, as read (debits
     /// do not move the account's version: the effects' `account` block tells it as read).
     pub used: i64,
@@ -653,6 +719,26 @@ impl Registers {
                 }
                 ruled.written
             }
+            Effect::Entitlement {
+                grant,
+                active,
+                features,
+            } => {
+                let value = HeldEntitlement {
+                    active: *active,
+                    features: features.clone(),
+                };
+                let ruled = entitlement(self.entitlements.get(grant), ctx, grant, &value);
+                if ruled.writes {
+                    let held = Held::written(value, ctx, Rank(0));
+                    let read = self.entitlements.insert(grant.clone(), held);
+                    self.changed
+                        .entitlements
+                        .entry(grant.clone())
+                        .or_insert(read.map(|r| r.event_id));
+                }
+                ruled.written
+            }
             Effect::PaymentIntent {
                 payment_intent,
                 invoice,
@@ -790,10 +876,20 @@ impl Registers {
         Written::from(change)
     }
 
+    /// The join of the features of the account's active entitlement registers.
+    pub fn entitled_features(&self) -> Features {
+        let mut out = Features::new();
+        for held in self.entitlements.values().filter(|h| h.value.active) {
+            features::join(&mut out, &held.value.features);
+        }
+        out
+    }
+
     /// The account as an effect tells it: the derived plan and the period's balance (read
     /// with the account's other subscriptions). An account that does not exist is on the
     /// free plan with nothing.
     pub fn state(&self, customer: &str, period: &Period, catalog: &Catalog) -> AccountState {
+        let entitled = self.entitled_features();
         let inputs = StateInputs {
             deleted: self.account.deleted_at.is_some(),
             customer_plan: self
@@ -803,6 +899,7 @@ impl Registers {
             past_due: self.standing.as_ref().is_some_and(|s| s.value),
             granted: self.ledger.iter().map(|e| e.delta).sum(),
             used: self.used,
+            entitlements: &entitled,
         };
         let entitling = self
             .subscriptions

@@ -1,9 +1,11 @@
 //! The plan catalog (`INBOX_PLANS`): what a provider's plan key, price id or product id means
-//! here — a plan name and its monthly allowance.
+//! here — a plan name, its monthly allowance and the features it gives.
 
 use std::collections::HashMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
+
+use super::features::{self, Features};
 
 /// A catalog entry.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -11,6 +13,15 @@ use serde::Deserialize;
 pub struct Plan {
     pub plan: String,
     pub monthly_allowance: i64,
+    /// The features the plan gives (docs/design.md §4.12); none when the entry has none.
+    #[serde(default, deserialize_with = "features_of_json")]
+    pub features: Features,
+}
+
+/// A catalog entry's `features`: an object of flags, whole numbers and strings.
+fn features_of_json<'de, D: Deserializer<'de>>(d: D) -> Result<Features, D::Error> {
+    let object = serde_json::Map::<String, serde_json::Value>::deserialize(d)?;
+    features::of_json_object(&object).map_err(serde::de::Error::custom)
 }
 
 /// A plan key resolved against the catalog.
@@ -64,6 +75,17 @@ impl Catalog {
             .max()
     }
 
+    /// The features of a plan by its name: the join of every entry that names it
+    /// (docs/design.md §4.12), so their order in the catalog does not matter. A plan the
+    /// catalog does not name (`free`, unless an entry names it) gives none.
+    pub fn features_of(&self, plan: &str) -> Features {
+        let mut out = Features::new();
+        for entry in self.0.values().filter(|p| p.plan == plan) {
+            features::join(&mut out, &entry.features);
+        }
+        out
+    }
+
     /// The first candidate key the catalog knows. `Err` names the first candidate when the
     /// event names keys but none is known; no key at all is no plan.
     pub fn resolve(&self, candidates: &[&str]) -> Result<Option<PlanRef>, String> {
@@ -112,6 +134,29 @@ pub(crate) mod tests {
         let negative = Catalog::parse(r#"{"x":{"plan":"x","monthly_allowance":-1}}"#).unwrap_err();
         assert_eq!(negative.key, "x");
         assert!(Catalog::parse(r#"{"x":{"plan":"x"}}"#).is_err());
+    }
+
+    #[test]
+    fn a_plans_features_are_the_join_of_its_entries_and_bad_values_are_refused() {
+        let c = Catalog::parse(
+            r#"{"price_pro":{"plan":"pro","monthly_allowance":500,
+                             "features":{"sso":true,"seats":20,"export":"csv"}},
+                "price_pro_y":{"plan":"pro","monthly_allowance":500,"features":{"seats":25}},
+                "free":{"plan":"free","monthly_allowance":10}}"#,
+        )
+        .unwrap();
+        let pro = c.features_of("pro");
+        assert_eq!(
+            serde_json::to_value(&pro).unwrap(),
+            serde_json::json!({"sso": true, "seats": 25, "export": "csv"})
+        );
+        assert!(c.features_of("free").is_empty());
+        assert!(c.features_of("team").is_empty());
+        let bad = Catalog::parse(
+            r#"{"x":{"plan":"x","monthly_allowance":1,"features":{"seats":2.5}}}"#,
+        )
+        .unwrap_err();
+        assert!(bad.detail.contains("feature 'seats' is 2.5"), "{}", bad.detail);
     }
 
     #[test]

@@ -10,6 +10,8 @@ use sha2::{Digest, Sha256};
 pub enum Kind {
     PlanChanged,
     SubscriptionUpdated,
+    /// The account's features moved (docs/design.md §4.12): a state, like the plan.
+    FeaturesChanged,
     AllowanceGranted,
     PaymentSucceeded,
     PaymentFailed,
@@ -25,6 +27,7 @@ impl Kind {
         match self {
             Kind::PlanChanged => "billing.plan_changed",
             Kind::SubscriptionUpdated => "billing.subscription_updated",
+            Kind::FeaturesChanged => "billing.features_changed",
             Kind::AllowanceGranted => "billing.allowance_granted",
             Kind::PaymentSucceeded => "billing.payment_succeeded",
             Kind::PaymentFailed => "billing.payment_failed",
@@ -38,7 +41,10 @@ impl Kind {
     /// latest-`sequence`-wins. The others are facts, applied once each by id, never dropped
     /// for an older sequence: retries reorder them.
     pub fn carries_state(self) -> bool {
-        matches!(self, Kind::PlanChanged | Kind::SubscriptionUpdated)
+        matches!(
+            self,
+            Kind::PlanChanged | Kind::SubscriptionUpdated | Kind::FeaturesChanged
+        )
     }
 }
 

@@ -16,6 +16,7 @@ pub use crate::billing::model::AccountState;
 use crate::billing::PaymentStatus;
 pub use crate::billing::{Fact, SubscriptionState};
 use crate::domain::effect::{effect_id, Kind, NewEffect};
+use crate::domain::FeaturesDiff;
 
 /// The kind of a payment's effect.
 fn kind_of_payment(status: PaymentStatus) -> Kind {
@@ -29,8 +30,12 @@ fn kind_of_payment(status: PaymentStatus) -> Kind {
 /// Whether an effect's `type` carries a state, as an app reads it: a kind it does not know is
 /// a fact (kinds are added; a fact dropped is lost, a state applied once more is not).
 pub fn type_carries_state(effect_type: &str) -> bool {
-    [Kind::PlanChanged, Kind::SubscriptionUpdated]
-        .iter()
+    [
+        Kind::PlanChanged,
+        Kind::SubscriptionUpdated,
+        Kind::FeaturesChanged,
+    ]
+    .iter()
         .any(|k| k.as_str() == effect_type)
 }
 
@@ -45,16 +50,19 @@ pub struct Cause<'a> {
     pub occurred_at: DateTime<Utc>,
 }
 
-/// The effects of one event's writes: one per fact, and `billing.plan_changed` when the
-/// account's plan moved. Subscription, payment and deletion effects come first, then the
-/// plan, then grants, so an app reading them in sequence order sees a cause before its
-/// consequence. No fact and no plan change: nothing.
+/// The effects of one event's writes: one per fact, `billing.plan_changed` when the
+/// account's plan moved and `billing.features_changed` when its features did (`before` and
+/// `after` compared, never a provider's account of what changed). Subscription, payment and
+/// deletion effects come first, then the plan, its features, then grants, so an app reading
+/// them in sequence order sees a cause before its consequence. No fact and no change of
+/// plan or features: nothing.
 pub fn effects_of(
     cause: &Cause<'_>,
     facts: &[Fact],
-    plan_before: &str,
+    before: &AccountState,
     after: &AccountState,
 ) -> Vec<NewEffect> {
+    let plan_before = before.plan.as_str();
     let (grants, others): (Vec<&Fact>, Vec<&Fact>) = facts
         .iter()
         .partition(|f| matches!(f, Fact::Granted { .. }));
@@ -73,6 +81,21 @@ pub fn effects_of(
             what,
             after,
             json!({"plan": after.plan, "previous_plan": plan_before}),
+        ));
+    }
+    let moved = FeaturesDiff::between(&before.features, &after.features);
+    if !moved.is_empty() {
+        let what = format!(
+            "features of {}/{} at {}",
+            cause.source, cause.customer, cause.provider_event_id
+        );
+        effects.push(effect(
+            cause,
+            Kind::FeaturesChanged,
+            what,
+            after,
+            json!({"added": moved.added, "removed": moved.removed, "changed": moved.changed,
+                   "features": after.features}),
         ));
     }
     effects.extend(grants.into_iter().map(|f| of_fact(cause, f, after)));
@@ -149,8 +172,9 @@ fn effect(
         "customer_id": cause.customer,
         "event_id": cause.event_id,
         "provider_event_id": cause.provider_event_id,
-        "account": {"plan": after.plan, "balance": after.balance, "used": after.used,
-                    "remaining": after.remaining, "period": after.period.as_str()},
+        "account": {"plan": after.plan, "features": after.features, "balance": after.balance,
+                    "used": after.used, "remaining": after.remaining,
+                    "period": after.period.as_str()},
     });
     if let (Some(data), Value::Object(own)) = (data.as_object_mut(), own) {
         data.extend(own);
@@ -209,6 +233,7 @@ mod tests {
     fn account(plan: &str) -> AccountState {
         AccountState {
             plan: plan.into(),
+            features: Default::default(),
             balance: 500,
             used: 0,
             remaining: 500,
@@ -241,7 +266,7 @@ mod tests {
 
     #[test]
     fn an_upgrade_tells_the_subscription_then_the_plan_then_the_grant() {
-        let effects = effects_of(&cause(), &upgrade(), "free", &account("pro"));
+        let effects = effects_of(&cause(), &upgrade(), &account("free"), &account("pro"));
         let kinds: Vec<&str> = effects.iter().map(|e| e.kind.as_str()).collect();
         assert_eq!(
             kinds,
@@ -274,14 +299,14 @@ mod tests {
 
     #[test]
     fn the_same_change_has_the_same_id_and_another_change_another() {
-        let once = effects_of(&cause(), &upgrade(), "free", &account("pro"));
-        let again = effects_of(&cause(), &upgrade(), "free", &account("pro"));
+        let once = effects_of(&cause(), &upgrade(), &account("free"), &account("pro"));
+        let again = effects_of(&cause(), &upgrade(), &account("free"), &account("pro"));
         assert_eq!(once, again);
         let other = Cause {
             provider_event_id: "evt_2",
             ..cause()
         };
-        let later = effects_of(&other, &upgrade(), "free", &account("pro"));
+        let later = effects_of(&other, &upgrade(), &account("free"), &account("pro"));
         assert_ne!(
             once[0].id, later[0].id,
             "another version of the subscription"
@@ -297,12 +322,12 @@ mod tests {
             status: PaymentStatus::Refunded,
             previous: Some("paid".into()),
         }];
-        let one = effects_of(&cause(), &refund, "pro", &account("pro"));
+        let one = effects_of(&cause(), &refund, &account("pro"), &account("pro"));
         let other = Cause {
             provider_event_id: "evt_9",
             ..cause()
         };
-        let two = effects_of(&other, &refund, "pro", &account("pro"));
+        let two = effects_of(&other, &refund, &account("pro"), &account("pro"));
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].kind, Kind::PaymentRefunded);
         assert_eq!(one[0].id, two[0].id);
@@ -311,8 +336,8 @@ mod tests {
 
     #[test]
     fn nothing_changed_writes_nothing() {
-        assert!(effects_of(&cause(), &[], "pro", &account("pro")).is_empty());
-        let only_plan = effects_of(&cause(), &[], "free", &account("pro"));
+        assert!(effects_of(&cause(), &[], &account("pro"), &account("pro")).is_empty());
+        let only_plan = effects_of(&cause(), &[], &account("free"), &account("pro"));
         assert_eq!(only_plan.len(), 1);
         assert_eq!(only_plan[0].kind, Kind::PlanChanged);
     }
@@ -343,10 +368,37 @@ mod tests {
             remaining: 380,
             ..account("pro")
         };
-        let effects = effects_of(&cause(), &upgrade(), "free", &after);
+        let effects = effects_of(&cause(), &upgrade(), &account("free"), &after);
         assert_eq!(
             effects[1].body["data"]["account"],
-            json!({"plan": "pro", "balance": 500, "used": 120, "remaining": 380, "period": "2026-11"})
+            json!({"plan": "pro", "features": {}, "balance": 500, "used": 120, "remaining": 380,
+                   "period": "2026-11"})
         );
+    }
+
+    #[test]
+    fn features_changed_compares_the_features_before_and_after_and_same_features_tell_nothing() {
+        let with = |features: Value| AccountState {
+            features: crate::domain::features::of_json_object(features.as_object().unwrap())
+                .unwrap(),
+            ..account("pro")
+        };
+        let before = with(json!({"sso": true, "seats": 5, "old": true}));
+        let after = with(json!({"sso": true, "seats": 20, "api": "v2"}));
+        let effects = effects_of(&cause(), &[], &before, &after);
+        assert_eq!(effects.len(), 1);
+        assert_eq!(effects[0].kind, Kind::FeaturesChanged);
+        assert!(Kind::FeaturesChanged.carries_state());
+        assert_eq!(
+            effects[0].body["data"],
+            json!({"source": "stripe", "customer_id": "cus_1", "event_id": 7,
+                   "provider_event_id": "evt_1",
+                   "account": {"plan": "pro", "features": {"sso": true, "seats": 20, "api": "v2"},
+                               "balance": 500, "used": 0, "remaining": 500, "period": "2026-11"},
+                   "added": ["api"], "removed": ["old"],
+                   "changed": [{"key": "seats", "from": 5, "to": 20}],
+                   "features": {"sso": true, "seats": 20, "api": "v2"}})
+        );
+        assert!(effects_of(&cause(), &[], &after, &after.clone()).is_empty());
     }
 }

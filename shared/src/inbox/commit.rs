@@ -59,6 +59,7 @@ pub async fn commit(
         ledger: LedgerRows::of(registers, ctx),
         intents: IntentRows::of(registers),
         effects: EffectRows::of(effects),
+        entitlements: EntitlementRows::of(registers),
     };
     // One group of parameters a table, bound in the order of `BillingWrite`'s fields.
     let row = sqlx::query!(
@@ -69,7 +70,7 @@ pub async fn commit(
         --   $11-$13  accounts: the version read, deleted_at, deleted_by
         --   $14-$16  customer_plans      $17-$18  customer_standing
         --   $19-$29  subscriptions       $30-$34  payments         $35-$40  ledger
-        --   $41-$45  payment_intents     $46-$49  effects
+        --   $41-$45  payment_intents     $46-$49  effects          $50-$52  entitlements
         WITH as_read AS (
             -- accounts ($11): the account, still at the version read, and not held by
             -- another writer: one that is held or moved fails the statement at once, before
@@ -190,6 +191,19 @@ pub async fn commit(
                     refunded_by = COALESCE(r.refunded_by, EXCLUDED.refunded_by)
             RETURNING payment_intent, invoice_id, customer_id, refunded_charge, refunded_by,
                       linked_by
+        ), entitlements_written AS (
+            -- entitlements ($50-$52: grant id, active, features). Keyed by the account,
+            -- whose version the statement holds: no other account's event writes them.
+            INSERT INTO entitlements AS r
+                (source, customer_id, grant_id, active, features, version_at, version_rank,
+                 version_key, event_id)
+            SELECT $2, $3, g.id, g.active, g.features, $4, 0, $5, $1
+            FROM account, unnest($50::text[], $51::bool[], $52::jsonb[])
+                 AS g (id, active, features)
+            ON CONFLICT (source, customer_id, grant_id) DO UPDATE
+                SET active = EXCLUDED.active, features = EXCLUDED.features,
+                    version_at = EXCLUDED.version_at, version_rank = EXCLUDED.version_rank,
+                    version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
         ), effects_written AS (
             -- effects (new_effects above), with the account's next sequence numbers.
             INSERT INTO effects (id, kind, cause, source, customer_id, sequence, event_id,
@@ -292,6 +306,10 @@ pub async fn commit(
         &w.effects.kind as &[&str],
         &w.effects.cause as &[&str],
         &w.effects.body,
+        // $50-$52: entitlements
+        &w.entitlements.id as &[&str],
+        &w.entitlements.active,
+        &w.entitlements.features,
     )
     .fetch_one(exec(conn))
     .await;
@@ -341,7 +359,7 @@ struct IntentRow {
     linked_by: Option<i64>,
 }
 
-/// What an event's one statement writes, one part a table it feeds (ten tables), in the
+/// What an event's one statement writes, one part a table it feeds (eleven tables), in the
 /// order the statement takes its parameters: each part's columns are one run of `$n`.
 struct BillingWrite<'a> {
     /// $1-$5: what every row written carries.
@@ -364,6 +382,8 @@ struct BillingWrite<'a> {
     intents: IntentRows<'a>,
     /// $46-$49: `effects`.
     effects: EffectRows<'a>,
+    /// $50-$52: `entitlements`.
+    entitlements: EntitlementRows<'a>,
 }
 
 /// The event and the account every row is written for, and the event's place in the
@@ -610,5 +630,29 @@ impl<'a> EffectRows<'a> {
             cause: effects.iter().map(|e| e.cause.as_str()).collect(),
             body: effects.iter().map(|e| e.body.clone()).collect(),
         }
+    }
+}
+
+/// The `entitlements` rows the rules changed, each whole.
+#[derive(Default)]
+struct EntitlementRows<'a> {
+    id: Vec<&'a str>,
+    active: Vec<bool>,
+    features: Vec<Value>,
+}
+
+impl<'a> EntitlementRows<'a> {
+    fn of(registers: &'a Registers) -> Self {
+        let mut rows = Self::default();
+        for id in registers.changed.entitlements.keys() {
+            let Some(held) = registers.entitlements.get(id) else {
+                continue;
+            };
+            rows.id.push(id.as_str());
+            rows.active.push(held.value.active);
+            rows.features
+                .push(serde_json::to_value(&held.value.features).unwrap_or(Value::Null));
+        }
+        rows
     }
 }
