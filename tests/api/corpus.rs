@@ -417,6 +417,7 @@ async fn billing_state(app: &TestApp) -> Vec<String> {
         "payments",
         "payment_intents",
         "ledger",
+        "entitlements",
     ] {
         let sql = format!(
             "SELECT '{table} ' || (to_jsonb(t) - 'id' - 'event_id' - 'refunded_by' - 'created_at' - 'version')::text
@@ -463,6 +464,7 @@ async fn delivered_again_after_the_purge(pool: PgPool, source: &str, dir: &str) 
              OR EXISTS (SELECT 1 FROM subscriptions r WHERE r.event_id = e.id)
              OR EXISTS (SELECT 1 FROM payments r WHERE r.event_id = e.id)
              OR EXISTS (SELECT 1 FROM ledger r WHERE r.event_id = e.id)
+             OR EXISTS (SELECT 1 FROM entitlements r WHERE r.event_id = e.id)
              OR EXISTS (SELECT 1 FROM payment_intents r WHERE e.id IN (r.linked_by, r.refunded_by))
              OR EXISTS (SELECT 1 FROM accounts r WHERE r.deleted_by = e.id)",
         )

@@ -323,6 +323,13 @@ pub fn fields_of(
         let by = largest(entries).map(|e| e.event_id);
         fields.insert(format!("allowance:{period}"), (json!(sum), by));
     }
+    for (grant, held) in &registers.entitlements {
+        let value = json!({"active": held.value.active, "features": held.value.features});
+        fields.insert(
+            format!("entitlement:{grant}"),
+            (value, Some(held.event_id)),
+        );
+    }
     if let Some(at) = registers.account.deleted_at {
         fields.insert(
             "deleted".to_owned(),
@@ -350,7 +357,9 @@ pub struct Beaten {
     /// settled by status rank`, `same-second tie settled by dedupe key`, `refunded is final`,
     /// `unknown price`, `other mode`, `customer deleted`, `payments past due`, `smaller plan`,
     /// `smaller allowance`, `already granted`, `later deletion`, `already held` (a later
-    /// write that found the same value there: its event is `ignored`, "… already").
+    /// write that found the same value there: its event is `ignored`, "… already"), and for
+    /// a feature `smaller value` (another source gives the key less) and `revoked` (a grant
+    /// that gave it is no longer active).
     pub reason: &'static str,
     pub detail: String,
 }
@@ -368,7 +377,10 @@ impl Folded {
     /// Every field of the fold, explained: the derived plan first, then the registers, the
     /// ledger's periods and the tombstone.
     pub fn explain(&self, customer: &CustomerId, catalog: &Catalog) -> Vec<Explained> {
-        let mut out = vec![self.explain_plan(customer, catalog)];
+        let plan = self.explain_plan(customer, catalog);
+        let features = self.explain_features(customer, catalog, &plan);
+        let mut out = vec![plan];
+        out.extend(features);
         let fields = self.fields();
         for (field, (value, by)) in fields {
             let beaten = match field.split(':').collect::<Vec<_>>().as_slice() {
@@ -380,6 +392,7 @@ impl Folded {
                 ["payment", id, _] => self.beaten_on(&Target::Payment((*id).into()), by),
                 ["allowance", period] => self.beaten_grants(period, by),
                 ["deleted"] => self.beaten_on(&Target::Deleted, by),
+                ["entitlement", grant] => self.beaten_on(&Target::Entitlement((*grant).into()), by),
                 _ => Vec::new(),
             };
             out.push(Explained {
@@ -593,6 +606,84 @@ impl Folded {
     }
 }
 
+impl Folded {
+    /// Each feature the account has (docs/design.md §4.12), as a field `feature:<key>`: its
+    /// value, the source that gives it — the catalog through the plan (`decided_by` the plan's
+    /// decider; a tie goes to the catalog) or the active entitlement that gives it (of
+    /// several with that value, the earliest by version; `decided_by` the event that set the
+    /// register) — and what it beat: the other sources that give the key less, the grants
+    /// that gave it and are revoked, and what the giving register beat.
+    fn explain_features(
+        &self,
+        customer: &CustomerId,
+        catalog: &Catalog,
+        plan: &Explained,
+    ) -> Vec<Explained> {
+        let r = &self.registers;
+        let state = r.state(customer.as_str(), &Period::current(), catalog);
+        let of_plan = catalog.features_of(&state.plan);
+        let mut out = Vec::new();
+        for (key, value) in &state.features {
+            let giver = (of_plan.get(key) != Some(value))
+                .then(|| {
+                    r.entitlements
+                        .iter()
+                        .filter(|(_, h)| h.value.active && h.value.features.get(key) == Some(value))
+                        .min_by(|a, b| a.1.stamp.cmp(&b.1.stamp))
+                })
+                .flatten();
+            let mut beaten = Vec::new();
+            let decided_by = match giver {
+                None => plan.decided_by,
+                Some((grant, held)) => {
+                    let target = Target::Entitlement(grant.clone());
+                    let by = self.set_by(target.clone(), held.event_id);
+                    beaten.extend(self.beaten_on(&target, Some(held.event_id)));
+                    Some(by)
+                }
+            };
+            if let (Some(less), Some(by), Some(_)) = (of_plan.get(key), plan.decided_by, giver) {
+                beaten.push(Beaten {
+                    event_id: by,
+                    reason: "smaller value",
+                    detail: format!("the catalog's {} gives {key}={less}", state.plan),
+                });
+            }
+            for (grant, held) in &r.entitlements {
+                let Some(given) = held.value.features.get(key) else {
+                    continue;
+                };
+                if giver.is_some_and(|(g, _)| g == grant) {
+                    continue;
+                }
+                let by = self.set_by(Target::Entitlement(grant.clone()), held.event_id);
+                let (reason, detail) = match held.value.active {
+                    false => ("revoked", format!("entitlement {grant} gave {key}={given}")),
+                    true if given == value => continue,
+                    true => (
+                        "smaller value",
+                        format!("entitlement {grant} gives {key}={given}"),
+                    ),
+                };
+                if Some(by) != decided_by && !beaten.iter().any(|b| b.event_id == by) {
+                    beaten.push(Beaten {
+                        event_id: by,
+                        reason,
+                        detail,
+                    });
+                }
+            }
+            out.push(Explained {
+                field: format!("feature:{key}"),
+                value: json!(value),
+                decided_by,
+                beaten,
+            });
+        }
+        out
+    }
+}
+
 // One story with the account's log: an event whose write found the register already
 // holding the same value took the register's version (so that a write between the two in
 // provider time cannot win, §4.2) but changed nothing, and its log line says `ignored`
@@ -635,6 +726,7 @@ impl Folded {
             ["standing"] => Target::Standing,
             ["subscription", id, _] => Target::Subscription((*id).into()),
             ["payment", id, _] => Target::Payment((*id).into()),
+            ["entitlement", grant] => Target::Entitlement((*grant).into()),
             _ => return holder,
         };
         self.decider(&target, holder)
@@ -893,5 +985,72 @@ mod tests {
         assert_eq!(plan.beaten[0].reason, "other mode");
         let status = explained(&events, "subscription:sub_1:status");
         assert_eq!(status.value, json!("canceled"));
+    }
+
+    /// An entitlement event of `grant` at `secs`.
+    fn grant(id: i64, key: &str, secs: i64, grant: &str, active: bool, features: Value) -> FoldEvent {
+        let effect = Effect::Entitlement {
+            grant: grant.into(),
+            active,
+            features: crate::domain::features::of_json_object(features.as_object().unwrap())
+                .unwrap(),
+        };
+        FoldEvent {
+            event_type: "benefit_grant.updated".into(),
+            decision: Decision::apply(vec![effect]),
+            ..event(id, key, secs, "active")
+        }
+    }
+
+    #[test]
+    fn each_feature_is_a_field_with_its_source_and_what_it_beat_in_every_order() {
+        let catalog = Catalog::parse(
+            r#"{"price_pro": {"plan": "pro", "monthly_allowance": 500,
+                              "features": {"sso": true, "seats": 5}}}"#,
+        )
+        .unwrap();
+        let customer = CustomerId::parse("cus_1").unwrap();
+        let events = [
+            event(1, "evt_sub", 100, "active"),
+            grant(2, "evt_g1", 200, "grant_1", true, json!({"seats": 20, "sso": true})),
+            grant(3, "evt_g2", 250, "grant_2", true, json!({"export": "csv"})),
+            grant(4, "evt_g2_off", 300, "grant_2", false, json!({"export": "csv"})),
+            grant(5, "evt_g1_old", 150, "grant_1", true, json!({"seats": 1})),
+        ];
+        let mut orders = vec![events.to_vec()];
+        let mut reversed = events.to_vec();
+        reversed.reverse();
+        orders.push(reversed);
+        let mut answers = Vec::new();
+        for order in &orders {
+            let folded = fold("stripe", &customer, order, &catalog);
+            let fields: BTreeMap<String, Explained> = folded
+                .explain(&customer, &catalog)
+                .into_iter()
+                .filter(|e| e.field.starts_with("feature:"))
+                .map(|e| (e.field.clone(), e))
+                .collect();
+            answers.push(format!("{fields:?}"));
+            let names: Vec<&str> = fields.keys().map(String::as_str).collect();
+            assert_eq!(names, ["feature:seats", "feature:sso"], "export was revoked");
+            let seats = &fields["feature:seats"];
+            assert_eq!((&seats.value, seats.decided_by), (&json!(20), Some(2)));
+            let reasons: Vec<(i64, &str)> =
+                seats.beaten.iter().map(|b| (b.event_id, b.reason)).collect();
+            assert_eq!(reasons, [(5, "older"), (1, "smaller value")]);
+            // A tie goes to the catalog, decided by the plan's register.
+            let sso = &fields["feature:sso"];
+            assert_eq!((&sso.value, sso.decided_by), (&json!(true), Some(1)));
+            let state = folded.state(&customer, &Period::current(), &catalog);
+            assert_eq!(
+                serde_json::to_value(&state.features).unwrap(),
+                json!({"seats": 20, "sso": true})
+            );
+            assert_eq!(
+                folded.fields()["entitlement:grant_2"].0,
+                json!({"active": false, "features": {"export": "csv"}})
+            );
+        }
+        assert_eq!(answers[0], answers[1]);
     }
 }

@@ -30,7 +30,7 @@ pub fn kept_since(retention: Duration, now: DateTime<Utc>) -> DateTime<Utc> {
 
 /// Deletes applied and ignored events (and their deliveries) older than the retention, in
 /// batches. Dead, conflicting and unprocessable rows are kept for the operator, and so is
-/// every event a register, a grant, a payment intent or a tombstone names, and every read
+/// every event a register (an entitlement's too), a grant, a payment intent or a tombstone names, and every read
 /// made for an event still stored: the fold of the account's kept events gives its registers
 /// again, and a replay applies what was read without reading again (docs/design.md §3.9,
 /// §4.11, §6.2).
@@ -51,6 +51,7 @@ pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> any
                   AND NOT EXISTS (SELECT 1 FROM subscriptions r WHERE r.event_id = e.id)
                   AND NOT EXISTS (SELECT 1 FROM payments r WHERE r.event_id = e.id)
                   AND NOT EXISTS (SELECT 1 FROM ledger r WHERE r.event_id = e.id)
+                  AND NOT EXISTS (SELECT 1 FROM entitlements r WHERE r.event_id = e.id)
                   AND NOT EXISTS (SELECT 1 FROM payment_intents r
                                   WHERE r.linked_by = e.id OR r.refunded_by = e.id)
                   AND NOT EXISTS (SELECT 1 FROM accounts r WHERE r.deleted_by = e.id)
