@@ -325,10 +325,7 @@ pub fn fields_of(
     }
     for (grant, held) in &registers.entitlements {
         let value = json!({"active": held.value.active, "features": held.value.features});
-        fields.insert(
-            format!("entitlement:{grant}"),
-            (value, Some(held.event_id)),
-        );
+        fields.insert(format!("entitlement:{grant}"), (value, Some(held.event_id)));
     }
     if let Some(at) = registers.account.deleted_at {
         fields.insert(
@@ -988,7 +985,14 @@ mod tests {
     }
 
     /// An entitlement event of `grant` at `secs`.
-    fn grant(id: i64, key: &str, secs: i64, grant: &str, active: bool, features: Value) -> FoldEvent {
+    fn grant(
+        id: i64,
+        key: &str,
+        secs: i64,
+        grant: &str,
+        active: bool,
+        features: Value,
+    ) -> FoldEvent {
         let effect = Effect::Entitlement {
             grant: grant.into(),
             active,
@@ -1012,9 +1016,23 @@ mod tests {
         let customer = CustomerId::parse("cus_1").unwrap();
         let events = [
             event(1, "evt_sub", 100, "active"),
-            grant(2, "evt_g1", 200, "grant_1", true, json!({"seats": 20, "sso": true})),
+            grant(
+                2,
+                "evt_g1",
+                200,
+                "grant_1",
+                true,
+                json!({"seats": 20, "sso": true}),
+            ),
             grant(3, "evt_g2", 250, "grant_2", true, json!({"export": "csv"})),
-            grant(4, "evt_g2_off", 300, "grant_2", false, json!({"export": "csv"})),
+            grant(
+                4,
+                "evt_g2_off",
+                300,
+                "grant_2",
+                false,
+                json!({"export": "csv"}),
+            ),
             grant(5, "evt_g1_old", 150, "grant_1", true, json!({"seats": 1})),
         ];
         let mut orders = vec![events.to_vec()];
@@ -1032,11 +1050,18 @@ mod tests {
                 .collect();
             answers.push(format!("{fields:?}"));
             let names: Vec<&str> = fields.keys().map(String::as_str).collect();
-            assert_eq!(names, ["feature:seats", "feature:sso"], "export was revoked");
+            assert_eq!(
+                names,
+                ["feature:seats", "feature:sso"],
+                "export was revoked"
+            );
             let seats = &fields["feature:seats"];
             assert_eq!((&seats.value, seats.decided_by), (&json!(20), Some(2)));
-            let reasons: Vec<(i64, &str)> =
-                seats.beaten.iter().map(|b| (b.event_id, b.reason)).collect();
+            let reasons: Vec<(i64, &str)> = seats
+                .beaten
+                .iter()
+                .map(|b| (b.event_id, b.reason))
+                .collect();
             assert_eq!(reasons, [(5, "older"), (1, "smaller value")]);
             // A tie goes to the catalog, decided by the plan's register.
             let sso = &fields["feature:sso"];
