@@ -5,7 +5,8 @@
 //! and every later one (a retry, a replay) apply the stored read under the thin event's
 //! lease, so a replay re-applies what was read, never reads again, and the billing state
 //! stays a function of stored events. A thin event whose snapshot twin is stored is carried
-//! by the twin.
+//! by the twin. A Stripe entitlement summary whose list is incomplete is a notice too: its
+//! read is the complete list, stored and applied the same way.
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -123,7 +124,7 @@ pub(super) async fn read_object(
         return finish(
             EventStatus::Unprocessable,
             format!(
-                "source '{}' needs an API key (api_key or api_key_secret_id) to fetch a thin event's object ({path})",
+                "source '{}' needs an API key (api_key or api_key_secret_id) to fetch the object the event names ({path})",
                 event.source
             ),
         );

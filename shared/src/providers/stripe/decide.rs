@@ -1,5 +1,6 @@
 //! What Stripe events mean for the billing registers: the subscription object is the state,
-//! an invoice is a payment that grants the plan its lines name, a full refund ends a payment.
+//! an invoice is a payment that grants the plan its lines name, a full refund ends a payment,
+//! an entitlement summary is the customer's whole set of active entitlements.
 
 use serde_json::Value;
 
@@ -93,7 +94,7 @@ pub(super) fn ends(object: &Value) -> Result<SubscriptionEnds, Problem> {
 }
 
 /// The event types `decide` gives a meaning (Stripe's `types[]` filter takes up to 20).
-pub const HANDLED_TYPES: [&str; 11] = [
+pub const HANDLED_TYPES: [&str; 12] = [
     "customer.subscription.created",
     "customer.subscription.updated",
     "customer.subscription.deleted",
@@ -105,6 +106,7 @@ pub const HANDLED_TYPES: [&str; 11] = [
     "invoice_payment.paid",
     "charge.refunded",
     "customer.deleted",
+    super::entitlements::SUMMARY_TYPE,
 ];
 
 /// The payment intent an object names, as an id or an expanded object.
@@ -251,6 +253,9 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
             }
         }
         "customer.deleted" => Decision::apply(vec![Effect::DeleteCustomer]),
+        // The whole set of the customer's active entitlements; `previous_attributes` is not
+        // read (docs/design.md §4.12).
+        super::entitlements::SUMMARY_TYPE => super::entitlements::decide(object)?,
         other => not_billing(other),
     })
 }
@@ -585,5 +590,177 @@ mod tests {
             );
             assert!(effects.iter().any(|e| matches!(e, Effect::Grant { .. })));
         }
+    }
+
+    /// A summary event shaped as Stripe sends it (`providers::stripe::fixtures`).
+    fn summary(keys: &[&str], has_more: bool, previous: Option<Value>) -> Value {
+        use crate::providers::stripe::fixtures::{
+            active_entitlement, entitlement_summary, summary_event,
+        };
+        let listed = keys
+            .iter()
+            .enumerate()
+            .map(|(n, key)| active_entitlement(&n.to_string(), key))
+            .collect();
+        let summary = entitlement_summary("cus_Ent1", listed, has_more);
+        summary_event("evt_1Ent", 1_767_225_600, summary, previous)
+    }
+
+    fn flags(keys: &[&str]) -> crate::domain::features::Features {
+        keys.iter()
+            .map(|k| {
+                (
+                    (*k).to_owned(),
+                    crate::domain::features::FeatureValue::Flag(true),
+                )
+            })
+            .collect()
+    }
+
+    const SUMMARY: &str = "entitlements.active_entitlement_summary.updated";
+
+    #[test]
+    fn a_complete_summary_is_the_customers_whole_set_of_lookup_keys() {
+        let decided = decide(
+            SourceKind::Stripe,
+            SUMMARY,
+            &summary(&["sso", "seats-20", "export"], false, None),
+            &catalog(),
+        );
+        assert_eq!(
+            decided,
+            Decision::apply(vec![Effect::Entitlement {
+                grant: "active_entitlement_summary".into(),
+                active: true,
+                features: flags(&["export", "seats-20", "sso"]),
+            }])
+        );
+        assert!(HANDLED_TYPES.contains(&SUMMARY), "the walk asks for it");
+    }
+
+    #[test]
+    fn an_empty_summary_gives_no_features_and_still_replaces_the_set() {
+        assert_eq!(
+            decide(
+                SourceKind::Stripe,
+                SUMMARY,
+                &summary(&[], false, None),
+                &catalog()
+            ),
+            Decision::apply(vec![Effect::Entitlement {
+                grant: "active_entitlement_summary".into(),
+                active: true,
+                features: flags(&[]),
+            }])
+        );
+    }
+
+    /// Stripe embeds a page of the list in the event: one that says `has_more`, or holds fewer
+    /// than its `total_count`, or does not say, is never applied (its complete list is read).
+    #[test]
+    fn an_incomplete_summary_is_never_applied() {
+        let keys: Vec<String> = (0..10).map(|n| format!("feature-{n}")).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let more = summary(&keys, true, None);
+        let mut counted = summary(&keys, false, None);
+        counted["data"]["object"]["entitlements"]["total_count"] = json!(12);
+        let mut unsaid = summary(&keys, false, None);
+        unsaid["data"]["object"]["entitlements"]
+            .as_object_mut()
+            .unwrap()
+            .remove("has_more");
+        let mut no_list = summary(&keys, false, None);
+        no_list["data"]["object"]
+            .as_object_mut()
+            .unwrap()
+            .remove("entitlements");
+        for (what, payload) in [
+            ("has_more", more),
+            ("total_count", counted),
+            ("no has_more", unsaid),
+            ("no list", no_list),
+        ] {
+            let decided = decide(SourceKind::Stripe, SUMMARY, &payload, &catalog());
+            assert!(
+                matches!(&decided, Decision::Unprocessable(reason) if reason.contains("never applied")),
+                "{what}: {decided:?}"
+            );
+            assert!(
+                crate::providers::stripe::entitlements::notice(&payload).is_some(),
+                "{what}: the worker reads its complete list"
+            );
+        }
+        let complete = summary(&keys, false, None);
+        assert_eq!(
+            crate::providers::stripe::entitlements::notice(&complete),
+            None
+        );
+    }
+
+    /// What changed is the account's features before and after, never Stripe's
+    /// `previous_attributes`, which may be absent (issue 39).
+    #[test]
+    fn previous_attributes_absent_or_present_change_nothing() {
+        let without = summary(&["sso"], false, None);
+        let with = summary(
+            &["sso"],
+            false,
+            Some(json!({"entitlements": {"data": [], "has_more": false}})),
+        );
+        let lying = summary(
+            &["sso"],
+            false,
+            Some(json!({"entitlements": {"data": [{"lookup_key": "sso"}]}})),
+        );
+        let decided = decide(SourceKind::Stripe, SUMMARY, &without, &catalog());
+        assert!(matches!(decided, Decision::Apply { .. }), "{decided:?}");
+        for payload in [with, lying] {
+            assert_eq!(
+                decide(SourceKind::Stripe, SUMMARY, &payload, &catalog()),
+                decided
+            );
+        }
+    }
+
+    #[test]
+    fn an_entitlement_without_a_lookup_key_is_unprocessable_not_dropped() {
+        let mut payload = summary(&["sso", "export"], false, None);
+        payload["data"]["object"]["entitlements"]["data"][1]
+            .as_object_mut()
+            .unwrap()
+            .remove("lookup_key");
+        assert_eq!(
+            decide(SourceKind::Stripe, SUMMARY, &payload, &catalog()),
+            Decision::Unprocessable("entitlements.data[1] has no lookup_key".into())
+        );
+    }
+
+    /// A Connect endpoint's summary names the connected account: the customer is that
+    /// account's, and its list is read as that account.
+    #[test]
+    fn a_connected_accounts_incomplete_summary_is_read_as_that_account() {
+        let mut payload = summary(&["sso"], true, None);
+        payload["account"] = json!("acct_1EntConnect01");
+        let verified = crate::providers::stripe::parse_event(
+            payload.to_string().as_bytes(),
+            chrono::Utc::now(),
+        );
+        assert_eq!(
+            verified.meta.unwrap().customer.unwrap().as_str(),
+            "acct_1EntConnect01/cus_Ent1"
+        );
+        let Some(crate::providers::Notice::Carrier(carrier)) =
+            crate::providers::stripe::entitlements::notice(&payload)
+        else {
+            panic!("a notice")
+        };
+        assert_eq!(carrier.id, "evt_1Ent");
+        assert_eq!(carrier.read_type, Some(SUMMARY));
+        assert_eq!(
+            carrier.path.as_deref(),
+            Ok("/v1/entitlements/active_entitlements?customer=cus_Ent1")
+        );
+        assert_eq!(carrier.context.as_deref(), Some("acct_1EntConnect01"));
+        assert_eq!(carrier.read_key().unwrap().as_str(), "read:evt_1Ent");
     }
 }

@@ -21,7 +21,42 @@ const KINDS: &[&str] = &[
     "invoice-paid",
     "payment-failed",
     "refund",
+    "entitlements",
 ];
+
+/// The lookup keys of the development kind `entitlements`: a customer's active features.
+pub const DEV_LOOKUP_KEYS: &[&str] = &["sso", "priority-support"];
+
+/// An active entitlement as Stripe lists it (`Entitlements.ActiveEntitlement` of stripe-node:
+/// `id`, `object`, `feature` — an id, unexpanded in events and lists — `livemode`,
+/// `lookup_key`), with ids of the shape of Stripe's (`ent_test_61…`, `feat_test_61…`) made
+/// from `tag`.
+pub fn active_entitlement(tag: &str, lookup_key: &str) -> Value {
+    json!({"id": format!("ent_test_61{tag:0>30}"), "object": "entitlements.active_entitlement",
+           "feature": format!("feat_test_61{tag:0>29}"), "livemode": false, "lookup_key": lookup_key})
+}
+
+/// A customer's active-entitlement summary (`Entitlements.ActiveEntitlementSummary`): the
+/// entitlements as an embedded list that says `has_more` as asked.
+pub fn entitlement_summary(customer: &str, entitlements: Vec<Value>, has_more: bool) -> Value {
+    json!({"object": "entitlements.active_entitlement_summary", "customer": customer,
+           "entitlements": {"object": "list", "data": entitlements, "has_more": has_more,
+                            "url": format!("/v1/customer/{customer}/entitlements")},
+           "livemode": false})
+}
+
+/// The event `entitlements.active_entitlement_summary.updated` of `summary`, created at
+/// `created`, with Stripe's `previous_attributes` when given (never read).
+pub fn summary_event(id: &str, created: i64, summary: Value, previous: Option<Value>) -> Value {
+    let mut data = json!({"object": summary});
+    if let Some(previous) = previous {
+        data["previous_attributes"] = previous;
+    }
+    json!({"id": id, "object": "event", "api_version": "2025-03-31.basil", "created": created,
+           "data": data, "livemode": false, "pending_webhooks": 1,
+           "request": {"id": null, "idempotency_key": null},
+           "type": "entitlements.active_entitlement_summary.updated"})
+}
 
 pub fn hmac_sha256_hex(key: &[u8], message: &[u8]) -> String {
     hex::encode(hmac_sha256(key, message))
@@ -97,6 +132,19 @@ impl Fixtures for StripeFixtures {
                 json!({"id": random_id("ch_"), "object": "charge", "customer": customer, "refunded": true,
                        "invoice": spec.object_id.clone().unwrap_or_else(|| random_id("in_"))}),
             ),
+            "entitlements" => {
+                // The whole payload is the summary event: it names no object id.
+                let entitlements = DEV_LOOKUP_KEYS
+                    .iter()
+                    .enumerate()
+                    .map(|(n, key)| active_entitlement(&format!("{customer}{n}"), key))
+                    .collect();
+                let summary = entitlement_summary(customer, entitlements, false);
+                return Ok((
+                    event_id.clone(),
+                    summary_event(&event_id, spec.at.timestamp(), summary, None),
+                ));
+            }
             other => return Err(unknown_kind(other, KINDS)),
         };
         Ok((

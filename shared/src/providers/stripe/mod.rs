@@ -1,9 +1,11 @@
 //! Stripe: `Stripe-Signature: t=…,v1=…` over `"{t}.{body}"` (any `v1` against any secret,
 //! `v0` never), the event `id` as the dedupe key, `created` as the provider time; subscription,
-//! invoice and refund events for the registers; `GET /v1/events` for reconciliation.
+//! invoice and refund events and entitlement summaries for the registers; `GET /v1/events` for
+//! reconciliation.
 
 mod api;
 mod decide;
+pub mod entitlements;
 #[cfg(any(test, feature = "dev"))]
 pub mod fixtures;
 pub mod thin;
@@ -75,9 +77,10 @@ impl Provider for Stripe {
         }
     }
 
-    /// Thin events and event generation failures (docs/design.md §6.2).
+    /// Thin events, event generation failures and entitlement summaries whose list is
+    /// incomplete (docs/design.md §6.2).
     fn notice(&self, payload: &Value) -> Option<Notice> {
-        thin::notice(payload)
+        thin::notice(payload).or_else(|| entitlements::notice(payload))
     }
 
     fn read_as_event(&self, read: &ReadFor<'_>, object: &Value) -> Option<Fetched> {

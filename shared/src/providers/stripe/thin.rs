@@ -6,13 +6,14 @@
 //! what it read as a snapshot event of its own (docs/design.md §6.2). Here is what is Stripe's
 //! of that, and of its event generation failures, behind the provider's hooks: how the events
 //! read (`notice`), the paths and headers of their reads, and the snapshot event a read is
-//! stored as (`read_as_event`); the worker's side is `apply/thin.rs` and `apply/health.rs`.
+//! stored as (`read_as_event`); the worker's side is `apply/thin.rs` and `apply/health.rs`. An
+//! entitlement summary whose list is incomplete is read the same way (`entitlements`).
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
 use super::decide::{ends, plan_keys, HANDLED_TYPES};
-use super::parse_event;
+use super::{entitlements, parse_event};
 use crate::billing::registers::StoredSubscription;
 use crate::domain::DedupeKey;
 use crate::providers::{
@@ -66,6 +67,10 @@ fn read(payload: &Value) -> Option<Carrier> {
         .strip_prefix(V1_PREFIX)
         .and_then(|t| HANDLED_TYPES.iter().copied().find(|h| *h == t));
     let path = match text("/related_object/url") {
+        // A thin summary names no related object: its read starts from its snapshot event.
+        None if read_type == Some(entitlements::SUMMARY_TYPE) => {
+            entitlements::thin_path(text("/snapshot_event").as_deref())
+        }
         None => Err("the thin event names no related_object.url".to_owned()),
         Some(url) => match related_path(&url) {
             Some(path) => Ok(path.to_owned()),
@@ -102,7 +107,11 @@ pub fn read_as_event(read: &ReadFor<'_>, object: &Value) -> Option<Fetched> {
             event_type: thin.read_type?,
             livemode: thin.livemode,
             account: account(thin.context.as_deref()),
-            because: ("thin_event", &thin.id),
+            // An entitlement summary whose list was incomplete is a snapshot event itself.
+            because: match thin.event_type == entitlements::SUMMARY_TYPE {
+                true => ("summary_event", &thin.id),
+                false => ("thin_event", &thin.id),
+            },
         },
         MadeFor::Swept(notice) => Read {
             key: read.key.clone(),
@@ -327,6 +336,10 @@ pub fn related_path(url: &str) -> Option<&str> {
 /// `Stripe-Context` for any other), and `Stripe-Request-Trigger: event=…`. `None`: 404, the
 /// object no longer exists.
 pub async fn fetch_related(api: &Api, thin: &Carrier, path: &str) -> anyhow::Result<Option<Value>> {
+    // An entitlement summary is no object of its own: it is its customer's list, read whole.
+    if thin.read_type == Some(entitlements::SUMMARY_TYPE) {
+        return entitlements::read_summary(api, thin, path).await;
+    }
     let trigger = format!("event={}", thin.id);
     let mut headers = vec![
         ("Stripe-Version", FETCH_VERSION),
@@ -480,6 +493,70 @@ mod tests {
         assert_eq!(
             impact(&older),
             Impact::Unreadable("invoice.paid of in_1".into())
+        );
+    }
+
+    /// The thin twin of a summary names no related object (stripe-ruby's
+    /// `V1EntitlementsActiveEntitlementSummaryUpdatedEventNotification` has none): its read
+    /// starts from the snapshot event it names.
+    #[test]
+    fn a_thin_summary_reads_its_customer_from_its_snapshot_event() {
+        let mut event = thin("v1.entitlements.active_entitlement_summary.updated");
+        event.as_object_mut().unwrap().remove("related_object");
+        let carrier = read(&event).unwrap();
+        assert_eq!(carrier.read_type, Some(entitlements::SUMMARY_TYPE));
+        assert_eq!(carrier.path.as_deref(), Ok("/v1/events/evt_1Snap"));
+        event.as_object_mut().unwrap().remove("snapshot_event");
+        assert_eq!(
+            read(&event).unwrap().path,
+            Err("the thin summary names no snapshot_event to read its customer from".into())
+        );
+    }
+
+    /// The complete list read for an incomplete summary is the summary event again, whole, at
+    /// the summary's time, under `read:` + its id, naming the event it was made for.
+    #[test]
+    fn the_complete_list_is_stored_as_a_summary_event_of_its_own() {
+        use crate::providers::stripe::fixtures::{
+            active_entitlement, entitlement_summary, summary_event,
+        };
+        let listed: Vec<Value> = (0..12)
+            .map(|n| active_entitlement(&n.to_string(), &format!("f{n}")))
+            .collect();
+        let mut partial = summary_event(
+            "evt_1EntMore",
+            1_767_225_600,
+            entitlement_summary("cus_Ent1", listed[..10].to_vec(), true),
+            None,
+        );
+        partial["account"] = json!("acct_1EntConnect01");
+        let Some(Notice::Carrier(carrier)) = entitlements::notice(&partial) else {
+            panic!("a notice")
+        };
+        let mut whole = entitlement_summary("cus_Ent1", listed, false);
+        whole["entitlements"]["url"] = json!(entitlements::LIST_PATH);
+        let at = DateTime::from_timestamp(1_767_225_600, 0).unwrap();
+        let read = ReadFor {
+            key: carrier.read_key().unwrap(),
+            at,
+            made_for: MadeFor::Carrier(&carrier),
+        };
+        let fetched = read_as_event(&read, &whole).unwrap();
+        let meta = fetched.event.meta.as_ref().unwrap();
+        assert_eq!(fetched.event.dedupe_key.as_str(), "read:evt_1EntMore");
+        assert_eq!(meta.event_type, entitlements::SUMMARY_TYPE);
+        assert_eq!(
+            meta.customer.as_ref().unwrap().as_str(),
+            "acct_1EntConnect01/cus_Ent1"
+        );
+        assert_eq!(meta.occurred_at.as_datetime(), at);
+        let stored = fetched.event.payload.as_ref().unwrap();
+        assert_eq!(stored["summary_event"], "evt_1EntMore");
+        assert_eq!(stored["data"]["object"], whole);
+        assert_eq!(
+            entitlements::notice(stored),
+            None,
+            "complete: applied as it is"
         );
     }
 }
