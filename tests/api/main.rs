@@ -30,6 +30,7 @@ mod scheduler;
 mod secrets;
 mod sim;
 mod sqs_calls;
+mod stripe_entitlements;
 mod subscription_read;
 mod thin;
 mod traffic;

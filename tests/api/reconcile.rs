@@ -21,7 +21,7 @@ use crate::scheduler::{
 };
 
 /// Stripe's `/v1/events`, over a fixed set of events.
-struct FakeStripe {
+pub(crate) struct FakeStripe {
     /// Every event, newest first (created, then id, descending), as Stripe lists them.
     events: Vec<Value>,
     /// What `delivery_success=false` lists.
@@ -34,7 +34,7 @@ struct FakeStripe {
 }
 
 impl FakeStripe {
-    fn new(mut events: Vec<Value>) -> Self {
+    pub(crate) fn new(mut events: Vec<Value>) -> Self {
         events.sort_by_key(|e| {
             std::cmp::Reverse((
                 e["created"].as_i64().unwrap(),
@@ -106,7 +106,7 @@ impl Respond for FakeStripe {
     }
 }
 
-async fn fake_stripe(fake: FakeStripe) -> MockServer {
+pub(crate) async fn fake_stripe(fake: FakeStripe) -> MockServer {
     let server = MockServer::start().await;
     Mock::given(wiremock::matchers::method("GET"))
         .and(wiremock::matchers::path("/v1/events"))

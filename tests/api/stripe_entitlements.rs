@@ -1,0 +1,480 @@
+//! Stripe's entitlement summaries (docs/design.md §6.2, §4.12) through the signed intake and
+//! the worker: a complete list is the customer's features; one that says `has_more` is never
+//! applied, and its complete list is read from a fake Stripe API (wiremock), page by page, and
+//! stored as an event of its own. The payloads and the pages are the corpus files in
+//! `testdata/providers/stripe/entitlements/` (sources in `testdata/providers/README.md`).
+
+use chrono::Utc;
+use serde_json::{json, Value};
+use shared::domain::features::{FeatureValue, Features};
+use shared::handlers::scheduler;
+use shared::handlers::worker::{process_event, Processed};
+use sqlx::PgPool;
+use wiremock::matchers::{header, method, path, query_param, query_param_is_missing};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::helpers::*;
+use crate::thin::{app_with_api, status_of};
+
+const CUSTOMER: &str = "cus_EntCust000001";
+const CONNECTED: &str = "acct_1EntConnect0001";
+const LIST: &str = "/v1/entitlements/active_entitlements";
+/// The last entitlement of the first page: where the second starts.
+const PAGE_ONE_ENDS: &str = "ent_test_61Ent07K7qW3xRb9mYv2Lp5Nc8Ht4Jdx";
+
+/// A file of the corpus directory, by its name without `.json`.
+fn file(name: &str) -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata/providers/stripe/entitlements")
+        .join(format!("{name}.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Three entitlements, the whole list.
+fn complete() -> Value {
+    file("1-entitlements.active_entitlement_summary.updated")
+}
+
+/// Twelve entitlements, of which the event embeds ten and says `has_more`.
+fn has_more() -> Value {
+    file("2-entitlements.active_entitlement_summary.updated.has_more")
+}
+
+/// The thin twin of `has_more()`.
+fn thin_summary() -> Value {
+    file("3-v1.entitlements.active_entitlement_summary.updated")
+}
+
+fn id_of(event: &Value) -> &str {
+    event["id"].as_str().unwrap()
+}
+
+/// The lookup keys of a list (an embedded one, or a page).
+fn keys_of(list: &Value) -> Vec<String> {
+    list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["lookup_key"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The twelve lookup keys of the corpus's two pages.
+fn every_key() -> Vec<String> {
+    let mut keys = keys_of(&file("objects/active_entitlements.page1"));
+    keys.extend(keys_of(&file("objects/active_entitlements.page2")));
+    keys
+}
+
+fn flags(keys: &[String]) -> Features {
+    keys.iter()
+        .map(|k| (k.clone(), FeatureValue::Flag(true)))
+        .collect()
+}
+
+/// The fake API lists the customer's active entitlements in the corpus's two pages, `limit=100`,
+/// the second after the first's last id, with the key and the pinned version; to a connected
+/// account's read (`Stripe-Account`) only when `account` says so.
+async fn lists_entitlements(api: &MockServer, account: Option<&str>) {
+    for (page, after) in [(1, None), (2, Some(PAGE_ONE_ENDS))] {
+        let mut mock = Mock::given(method("GET"))
+            .and(path(LIST))
+            .and(query_param("customer", CUSTOMER))
+            .and(query_param("limit", "100"))
+            .and(header("Stripe-Version", "2025-03-31.basil"))
+            .and(header("Authorization", "Bearer sk_test_reads"));
+        mock = match after {
+            Some(after) => mock.and(query_param("starting_after", after)),
+            None => mock.and(query_param_is_missing("starting_after")),
+        };
+        if let Some(account) = account {
+            mock = mock.and(header("Stripe-Account", account));
+        }
+        mock.respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(file(&format!("objects/active_entitlements.page{page}"))),
+        )
+        .mount(api)
+        .await;
+    }
+}
+
+/// The requests the fake API served at `path`.
+async fn requests_to(api: &MockServer, at: &str) -> Vec<wiremock::Request> {
+    api.received_requests()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.url.path() == at)
+        .collect()
+}
+
+async fn deliver(app: &TestApp, event: &Value) {
+    let (status, body) = app.post("stripe", &stripe_delivery(event)).await;
+    assert_eq!(status, http::StatusCode::OK, "{body}");
+    app.run_worker().await;
+}
+
+/// The account as the app reads it (`GET /v1/accounts/…`, the feature check): its one-statement
+/// snapshot.
+async fn snapshot(app: &TestApp, customer: &str) -> shared::billing::account::AccountSnapshot {
+    let mut conn = app.pool.acquire().await.unwrap();
+    shared::billing::account::snapshot(
+        &mut conn,
+        "stripe",
+        &shared::domain::CustomerId::parse(customer).unwrap(),
+        &shared::domain::Period::parse("2026-01").unwrap(),
+        &app.worker.catalog,
+    )
+    .await
+    .unwrap()
+    .unwrap_or_else(|| panic!("account {customer} exists"))
+}
+
+/// The `billing.features_changed` effects written, their data.
+async fn features_changed(app: &TestApp) -> Vec<Value> {
+    app.effects()
+        .await
+        .into_iter()
+        .filter(|e| e.kind == "billing.features_changed")
+        .map(|e| e.body["data"].clone())
+        .collect()
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_complete_summary_is_the_customers_features_and_copies_and_late_ones_change_nothing(
+    pool: PgPool,
+) {
+    let (mut app, api) = app_with_api(pool).await;
+    app.enable_effects().await;
+    let summary = complete();
+    for _ in 0..2 {
+        deliver(&app, &summary).await;
+    }
+    let row = status_of(&app, id_of(&summary)).await;
+    assert_eq!(row.status, "applied", "{:?}", row.reason);
+    let keys = keys_of(&summary["data"]["object"]["entitlements"]);
+    let account = snapshot(&app, CUSTOMER).await;
+    assert_eq!(account.features, flags(&keys));
+    // The app's check of one feature, and of one the customer lacks.
+    let (allowed, value, origin) = account.feature("audit-log");
+    assert_eq!((allowed, value), (true, Some(&FeatureValue::Flag(true))));
+    let origin = origin.unwrap();
+    assert_eq!(origin.source, "provider");
+    let decided_by = origin.decided_by.as_ref().unwrap();
+    assert_eq!(
+        decided_by.event_id,
+        app.event_id("stripe", id_of(&summary)).await
+    );
+    assert_eq!(
+        decided_by.event_type,
+        "entitlements.active_entitlement_summary.updated"
+    );
+    assert_eq!(account.feature("export-csv"), (false, None, None));
+    let told = features_changed(&app).await;
+    assert_eq!(told.len(), 1, "told once: {told:?}");
+    assert_eq!(
+        told[0]["added"],
+        json!(["audit-log", "priority-support", "sso"])
+    );
+
+    // A summary from an hour before (sso alone), arriving late: older than the register's.
+    let mut late = complete();
+    late["id"] = json!("evt_1Sk9U0En7tL3mQ8vLate0001");
+    late["created"] = json!(summary["created"].as_i64().unwrap() - 3600);
+    late["data"]["object"]["entitlements"]["data"] =
+        json!([summary["data"]["object"]["entitlements"]["data"][0].clone()]);
+    deliver(&app, &late).await;
+    let row = status_of(&app, id_of(&late)).await;
+    assert_eq!(row.status, "ignored");
+    assert!(
+        row.reason
+            .as_deref()
+            .unwrap()
+            .contains("a newer state of entitlement active_entitlement_summary is already stored"),
+        "{:?}",
+        row.reason
+    );
+    assert_eq!(snapshot(&app, CUSTOMER).await.features, flags(&keys));
+    assert_eq!(features_changed(&app).await.len(), 1, "nothing more told");
+    assert!(
+        api.received_requests().await.unwrap().is_empty(),
+        "a complete list needs no read"
+    );
+    assert_eq!(app.audit().await.divergent, []);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_later_summary_replaces_the_set_and_tells_what_moved(pool: PgPool) {
+    let (mut app, _api) = app_with_api(pool).await;
+    app.enable_effects().await;
+    deliver(&app, &complete()).await;
+    // An hour later: audit-log is gone, export-csv came.
+    let mut later = complete();
+    later["id"] = json!("evt_1Sk9Z0En7tL3mQ8vLater001");
+    later["created"] = json!(complete()["created"].as_i64().unwrap() + 3600);
+    let list = &mut later["data"]["object"]["entitlements"]["data"];
+    list[1]["lookup_key"] = json!("export-csv");
+    // `previous_attributes` as Stripe may send it, or not at all: never read.
+    later["data"]
+        .as_object_mut()
+        .unwrap()
+        .remove("previous_attributes");
+    deliver(&app, &later).await;
+    let keys = ["export-csv", "priority-support", "sso"].map(String::from);
+    assert_eq!(snapshot(&app, CUSTOMER).await.features, flags(&keys));
+    let told = features_changed(&app).await;
+    assert_eq!(told.len(), 2, "{told:?}");
+    assert_eq!(told[1]["added"], json!(["export-csv"]));
+    assert_eq!(told[1]["removed"], json!(["audit-log"]));
+}
+
+/// Stripe embeds ten of the twelve and says `has_more`. The ten are never applied: the worker
+/// reads the whole list (two pages from the fake API, as the connected account), stores it as
+/// `read:<event id>` and applies that, and the account has all twelve.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_summary_that_says_has_more_is_applied_as_its_complete_list_read_as_its_account(
+    pool: PgPool,
+) {
+    let (mut app, api) = app_with_api(pool).await;
+    app.enable_effects().await;
+    lists_entitlements(&api, Some(CONNECTED)).await;
+    let mut summary = has_more();
+    summary["account"] = json!(CONNECTED);
+    let embedded = &summary["data"]["object"]["entitlements"];
+    assert_eq!(
+        (
+            embedded["data"].as_array().unwrap().len(),
+            &embedded["has_more"]
+        ),
+        (10, &json!(true))
+    );
+    deliver(&app, &summary).await;
+
+    let row = status_of(&app, id_of(&summary)).await;
+    assert_eq!(row.status, "applied", "{:?}", row.reason);
+    let reads = requests_to(&api, LIST).await;
+    assert_eq!(reads.len(), 2, "two pages");
+    for read in &reads {
+        assert_eq!(read.headers["Stripe-Account"].to_str().unwrap(), CONNECTED);
+        assert_eq!(
+            read.headers["Stripe-Request-Trigger"].to_str().unwrap(),
+            format!("event={}", id_of(&summary))
+        );
+    }
+    // The read is an event of its own: the summary again, whole, at the summary's time.
+    let read = status_of(&app, &format!("read:{}", id_of(&summary))).await;
+    assert_eq!(read.status, "applied", "{:?}", read.reason);
+    assert_eq!(
+        read.event_type,
+        "entitlements.active_entitlement_summary.updated"
+    );
+    let customer = format!("{CONNECTED}/{CUSTOMER}");
+    assert_eq!(read.customer_key.as_deref(), Some(customer.as_str()));
+    assert_eq!(
+        read.occurred_at.map(|t| t.timestamp()),
+        summary["created"].as_i64()
+    );
+    let stored = read.payload.unwrap();
+    assert_eq!(stored["summary_event"], id_of(&summary));
+    assert_eq!(stored["data"]["object"]["entitlements"]["has_more"], false);
+    assert_eq!(
+        keys_of(&stored["data"]["object"]["entitlements"]),
+        every_key()
+    );
+
+    let account = snapshot(&app, &customer).await;
+    assert_eq!(account.features, flags(&every_key()));
+    assert!(account.features.len() > 10);
+    assert_eq!(
+        account.feature("data-retention-1y").0,
+        true,
+        "one of the two past the ten"
+    );
+    let told = features_changed(&app).await;
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(told[0]["added"].as_array().unwrap().len(), 12);
+
+    // A copy, and a replay: the read is found by its key, nothing is read again or told.
+    deliver(&app, &summary).await;
+    let id = app.event_id("stripe", id_of(&summary)).await;
+    shared::inbox::replay::replay(&app.pool, &app.state.queue, &[id])
+        .await
+        .unwrap();
+    app.run_worker().await;
+    assert_eq!(app.event(id).await.status, "applied");
+    assert_eq!(requests_to(&api, LIST).await.len(), 2, "read once");
+    assert_eq!(features_changed(&app).await.len(), 1);
+    assert_eq!(
+        snapshot(&app, &customer).await.features,
+        flags(&every_key())
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM inbox_events WHERE dedupe_key LIKE 'read:%'")
+            .await,
+        1
+    );
+    // The fold takes the read as the event (the summary it was made for carries nothing).
+    assert_eq!(app.audit().await.divergent, []);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_summarys_list_read_that_fails_is_retried_then_dead_with_its_reason_and_alert(
+    pool: PgPool,
+) {
+    let (app, api) = app_with_api(pool).await;
+    Mock::given(method("GET"))
+        .and(path(LIST))
+        .respond_with(ResponseTemplate::new(500))
+        .mount(&api)
+        .await;
+    let summary = has_more();
+    let (status, _) = app.post("stripe", &stripe_delivery(&summary)).await;
+    assert_eq!(status, http::StatusCode::OK);
+    let id = app.event_id("stripe", id_of(&summary)).await;
+
+    // The test worker's retries are due at once; the sixth failed attempt is the last.
+    for attempt in 1..=6 {
+        let processed = process_event(&app.worker, id).await.unwrap();
+        let expected = if attempt < 6 { "failed" } else { "dead" };
+        assert!(
+            matches!(&processed, Processed::Failed { status, error }
+                if status.as_str() == expected && error.contains("500") && error.contains(LIST)),
+            "attempt {attempt}: {processed:?}"
+        );
+    }
+    let (status, last_error): (String, Option<String>) =
+        sqlx::query_as("SELECT status, last_error FROM inbox_events WHERE id = $1")
+            .bind(id)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(status, "dead");
+    let last_error = last_error.unwrap();
+    assert!(
+        last_error.contains(&format!("GET {LIST} answered 500")),
+        "{last_error}"
+    );
+    assert_eq!(
+        requests_to(&api, LIST).await.len(),
+        6,
+        "one read per attempt"
+    );
+    // The ten embedded entitlements were never applied, nor anything read.
+    assert_eq!(app.count("SELECT count(*) FROM entitlements").await, 0);
+    assert_eq!(
+        app.count("SELECT count(*) FROM inbox_events WHERE dedupe_key LIKE 'read:%'")
+            .await,
+        0
+    );
+    let report = scheduler::run(&crate::scheduler::scheduler_for(&app, vec![])).await;
+    assert_eq!(report.alerts.dead, [id]);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_summary_with_has_more_on_a_source_without_an_api_key_is_unprocessable(pool: PgPool) {
+    // The test worker's sources have no API key.
+    let app = TestApp::spawn(pool).await;
+    let summary = has_more();
+    deliver(&app, &summary).await;
+    let row = status_of(&app, id_of(&summary)).await;
+    assert_eq!(row.status, "unprocessable");
+    let reason = row.reason.unwrap();
+    assert!(
+        reason.contains("source 'stripe' needs an API key (api_key or api_key_secret_id)")
+            && reason.contains(&format!("{LIST}?customer={CUSTOMER}")),
+        "{reason}"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM entitlements").await, 0);
+}
+
+/// The thin twin names no related object: its first read is the snapshot event it names (for
+/// the customer), then the list; the snapshot twin arriving after it reads the list for
+/// itself and changes nothing.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_thin_summary_reads_its_snapshot_event_then_the_complete_list(pool: PgPool) {
+    let (mut app, api) = app_with_api(pool).await;
+    app.enable_effects().await;
+    lists_entitlements(&api, None).await;
+    let twin = has_more();
+    let thin = thin_summary();
+    assert_eq!(thin["snapshot_event"], twin["id"], "the corpus pairs them");
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/events/{}", id_of(&twin))))
+        .and(header(
+            "Stripe-Request-Trigger",
+            format!("event={}", id_of(&thin)).as_str(),
+        ))
+        .respond_with(ResponseTemplate::new(200).set_body_json(&twin))
+        .mount(&api)
+        .await;
+    deliver(&app, &thin).await;
+    let row = status_of(&app, id_of(&thin)).await;
+    assert_eq!(row.status, "applied", "{:?}", row.reason);
+    assert_eq!(requests_to(&api, LIST).await.len(), 2);
+    let read = status_of(&app, &format!("read:{}", id_of(&thin))).await;
+    assert_eq!(read.customer_key.as_deref(), Some(CUSTOMER));
+    assert_eq!(read.payload.unwrap()["thin_event"], id_of(&thin));
+    assert_eq!(snapshot(&app, CUSTOMER).await.features, flags(&every_key()));
+
+    deliver(&app, &twin).await;
+    let twin_row = status_of(&app, id_of(&twin)).await;
+    assert!(
+        ["applied", "ignored"].contains(&twin_row.status.as_str()),
+        "{twin_row:?}"
+    );
+    assert_eq!(snapshot(&app, CUSTOMER).await.features, flags(&every_key()));
+    assert_eq!(features_changed(&app).await.len(), 1, "told once");
+    assert_eq!(app.audit().await.divergent, []);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_thin_summary_after_its_snapshot_twin_reads_nothing(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    lists_entitlements(&api, None).await;
+    let twin = has_more();
+    deliver(&app, &twin).await;
+    assert_eq!(requests_to(&api, LIST).await.len(), 2);
+    let thin = thin_summary();
+    deliver(&app, &thin).await;
+    let row = status_of(&app, id_of(&thin)).await;
+    assert_eq!(row.status, "ignored");
+    let reason = row.reason.unwrap();
+    assert!(
+        reason.starts_with(&format!("its snapshot event {} (event ", id_of(&twin))),
+        "{reason}"
+    );
+    assert_eq!(requests_to(&api, LIST).await.len(), 2, "nothing more read");
+    assert!(requests_to(&api, &format!("/v1/events/{}", id_of(&twin)))
+        .await
+        .is_empty());
+}
+
+/// A summary the webhooks missed is listed by the events walk (its type is among the
+/// `types[]` it asks for), stored, and its complete list read and applied like a delivered
+/// one's.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_missed_summary_is_found_by_the_events_walk_and_its_list_read(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    let mut missed = has_more();
+    // Inside the walk's first window (from three days back to the lag before now).
+    missed["created"] = json!(Utc::now().timestamp() - 3600);
+    missed["pending_webhooks"] = json!(0);
+    let server =
+        crate::reconcile::fake_stripe(crate::reconcile::FakeStripe::new(vec![missed.clone()]))
+            .await;
+    crate::traffic::with_stripe_api(&mut app.worker, &server);
+    lists_entitlements(&server, None).await;
+    let scheduler =
+        crate::scheduler::scheduler_for(&app, vec![crate::scheduler::stripe_reconciler(&server)]);
+    let report = scheduler::run(&scheduler).await.reconciliation[0].clone();
+    assert_eq!(
+        (report.stored_new, report.discrepancies),
+        (1, 1),
+        "{report:?}"
+    );
+    app.run_worker().await;
+    let row = status_of(&app, id_of(&missed)).await;
+    assert_eq!(row.status, "applied", "{:?}", row.reason);
+    assert_eq!(snapshot(&app, CUSTOMER).await.features, flags(&every_key()));
+}
