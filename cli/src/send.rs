@@ -14,9 +14,10 @@ pub const DEFAULT_INTAKE_URL: &str = "http://127.0.0.1:61900/lambda-url/intake";
 pub struct SendArgs {
     /// The source's name in INBOX_SOURCES (its route segment).
     pub source: String,
-    /// The event kind, e.g. subscription, invoice-paid, refund (Stripe); subscription, revoked,
-    /// order-paid, order-refunded (Standard Webhooks / Polar); plan-changed, plan-assigned,
-    /// agreement-cancelled, payment-succeeded, payment-failed, invoice-overdue (Kinde).
+    /// The event kind, e.g. subscription, invoice-paid, refund, entitlements (Stripe);
+    /// subscription, revoked, order-paid, order-refunded (Standard Webhooks / Polar);
+    /// plan-changed, plan-assigned, agreement-cancelled, payment-succeeded, payment-failed,
+    /// invoice-overdue (Kinde).
     pub kind: String,
     #[arg(long, default_value = "cus_demo")]
     pub customer: String,

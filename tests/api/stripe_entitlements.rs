@@ -316,6 +316,14 @@ async fn a_summary_that_says_has_more_is_applied_as_its_complete_list_read_as_it
     );
     // The fold takes the read as the event (the summary it was made for carries nothing).
     assert_eq!(app.audit().await.divergent, []);
+    let why = app.why("stripe", &customer, Cut::default()).await;
+    let register = why
+        .fields
+        .iter()
+        .find(|f| f.field == "entitlement:active_entitlement_summary")
+        .unwrap();
+    let by = register.decided_by.as_ref().unwrap();
+    assert_eq!(by.via, shared::billing::fold::Via::Fetch);
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
@@ -477,4 +485,51 @@ async fn a_missed_summary_is_found_by_the_events_walk_and_its_list_read(pool: Pg
     let row = status_of(&app, id_of(&missed)).await;
     assert_eq!(row.status, "applied", "{:?}", row.reason);
     assert_eq!(snapshot(&app, CUSTOMER).await.features, flags(&every_key()));
+}
+
+/// What `inboxctl send stripe entitlements` sends (its payload and signature, as the dev
+/// source signs them) is a summary the intake takes and the worker applies.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_dev_kind_entitlements_is_a_summary_the_pipeline_applies(pool: PgPool) {
+    use shared::providers::fixtures::{self, Spec};
+    let app = TestApp::spawn(pool).await;
+    let spec = Spec {
+        kind: "entitlements".into(),
+        customer: "cus_send".into(),
+        plan: None,
+        at: Utc::now(),
+        object_id: None,
+        status: None,
+        cancel_at_period_end: false,
+        event_id: None,
+    };
+    let (id, payload) = fixtures::payload(shared::domain::SourceKind::Stripe, &spec).unwrap();
+    let source = test_sources("http://127.0.0.1:9/unused")
+        .into_iter()
+        .find(|s| s.name == "stripe")
+        .unwrap();
+    let signed = fixtures::sign_delivery(&source, &id, &payload, None).unwrap();
+    let delivery = Delivery {
+        headers: signed.headers,
+        body: signed.body,
+    };
+    let (status, body) = app.post("stripe", &delivery).await;
+    assert_eq!(
+        (status, &body["status"]),
+        (http::StatusCode::OK, &json!("stored"))
+    );
+    app.run_worker().await;
+    assert_eq!(status_of(&app, &id).await.status, "applied");
+    let keys: Vec<String> = shared::providers::stripe::fixtures::DEV_LOOKUP_KEYS
+        .iter()
+        .map(|k| (*k).to_owned())
+        .collect();
+    let account = app
+        .account(
+            "stripe",
+            "cus_send",
+            &Utc::now().format("%Y-%m").to_string(),
+        )
+        .await;
+    assert_eq!(account.features, flags(&keys));
 }
