@@ -286,9 +286,8 @@ async fn a_summary_that_says_has_more_is_applied_as_its_complete_list_read_as_it
     let account = snapshot(&app, &customer).await;
     assert_eq!(account.features, flags(&every_key()));
     assert!(account.features.len() > 10);
-    assert_eq!(
+    assert!(
         account.feature("data-retention-1y").0,
-        true,
         "one of the two past the ten"
     );
     let told = features_changed(&app).await;
