@@ -532,3 +532,128 @@ async fn the_dev_kind_entitlements_is_a_summary_the_pipeline_applies(pool: PgPoo
         .await;
     assert_eq!(account.features, flags(&keys));
 }
+
+/// After the retention the purge keeps the summary (the entitlement register names it) and
+/// the read made for it (kept as long as its event): the audit still holds, and a replay
+/// applies what was read without reading again.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_purge_keeps_a_summary_and_its_read_so_a_replay_reads_nothing(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    lists_entitlements(&api, None).await;
+    let summary = has_more();
+    deliver(&app, &summary).await;
+    sqlx::query("UPDATE inbox_events SET received_at = now() - interval '40 days'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let retention = std::time::Duration::from_secs(30 * 86_400);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    shared::inbox::purge::purge(&app.pool, retention, deadline)
+        .await
+        .unwrap();
+    assert_eq!(
+        app.count("SELECT count(*) FROM inbox_events").await,
+        2,
+        "the summary and its read"
+    );
+    assert_eq!(app.audit().await.divergent, []);
+    api.reset().await;
+    let id = app.event_id("stripe", id_of(&summary)).await;
+    shared::inbox::replay::replay(&app.pool, &app.state.queue, &[id])
+        .await
+        .unwrap();
+    app.run_worker().await;
+    assert_eq!(app.event(id).await.status, "applied");
+    assert!(api.received_requests().await.unwrap().is_empty());
+    assert_eq!(snapshot(&app, CUSTOMER).await.features, flags(&every_key()));
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_summary_whose_customer_stripe_no_longer_knows_is_ignored_with_the_path(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    Mock::given(method("GET"))
+        .and(path(LIST))
+        .respond_with(ResponseTemplate::new(404).set_body_json(json!({"error": {
+            "code": "resource_missing", "type": "invalid_request_error", "param": "customer",
+            "message": format!("No such customer: '{CUSTOMER}'")}})))
+        .mount(&api)
+        .await;
+    let summary = has_more();
+    deliver(&app, &summary).await;
+    let row = status_of(&app, id_of(&summary)).await;
+    assert_eq!(row.status, "ignored");
+    assert_eq!(
+        row.reason.as_deref(),
+        Some(
+            format!(
+                "the object no longer exists at the provider (GET {LIST}?customer={CUSTOMER} answered 404)"
+            )
+            .as_str()
+        )
+    );
+    assert_eq!(
+        requests_to(&api, LIST).await.len(),
+        1,
+        "decided, not retried"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM entitlements").await, 0);
+}
+
+/// Three summaries of one customer — `sso` alone, then the first three, then all twelve (the
+/// event embedding ten and saying `has_more`) — delivered in each of the six orders, the
+/// second one twice: every order ends in the latest set, and the fold agrees.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn summaries_in_every_order_end_in_the_latest_set(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    // The list of whichever customer is asked for: the corpus's twelve, in two pages.
+    for (page, after) in [(1, None), (2, Some(PAGE_ONE_ENDS))] {
+        let mock = Mock::given(method("GET")).and(path(LIST));
+        let mock = match after {
+            Some(after) => mock.and(query_param("starting_after", after)),
+            None => mock.and(query_param_is_missing("starting_after")),
+        };
+        mock.respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(file(&format!("objects/active_entitlements.page{page}"))),
+        )
+        .mount(&api)
+        .await;
+    }
+    let base = complete()["created"].as_i64().unwrap();
+    let orders = [
+        [0, 1, 2],
+        [0, 2, 1],
+        [1, 0, 2],
+        [1, 2, 0],
+        [2, 0, 1],
+        [2, 1, 0],
+    ];
+    for (n, order) in orders.iter().enumerate() {
+        let customer = format!("cus_EntOrder{n:05}");
+        let summaries: Vec<Value> = (0..3)
+            .map(|step| {
+                let mut event = if step == 2 { has_more() } else { complete() };
+                event["id"] = json!(format!("evt_1EntOrder{n}Step{step}"));
+                event["created"] = json!(base + 3600 * step as i64);
+                event["data"]["object"]["customer"] = json!(customer);
+                if step == 0 {
+                    let first = event["data"]["object"]["entitlements"]["data"][0].clone();
+                    event["data"]["object"]["entitlements"]["data"] = json!([first]);
+                }
+                event
+            })
+            .collect();
+        for &step in order {
+            deliver(&app, &summaries[step]).await;
+            if step == 1 {
+                deliver(&app, &summaries[step]).await;
+            }
+        }
+        assert_eq!(
+            snapshot(&app, &customer).await.features,
+            flags(&every_key()),
+            "order {order:?}"
+        );
+    }
+    assert_eq!(app.audit().await.divergent, []);
+}
