@@ -53,8 +53,16 @@ pub struct KindeKey {
 
 /// What each provider folder offers for development.
 pub trait Fixtures: Sync {
-    /// The event kinds [`Fixtures::payload`] knows.
+    /// The event kinds [`Fixtures::payload`] knows that are each about an object of their
+    /// own: the bench's mix cycles through them, and each of its distinct events applies.
     fn kinds(&self) -> &'static [&'static str];
+
+    /// Kinds [`Fixtures::payload`] also builds whose events write a register a customer has one
+    /// of (Stripe's entitlement summary): a later one replaces an earlier one, so the bench's
+    /// mix leaves them out; `inboxctl send` takes them.
+    fn customer_kinds(&self) -> &'static [&'static str] {
+        &[]
+    }
 
     /// How this provider names the development catalog's `pro` plan in its payloads (a plan
     /// key, a price id or a product id), for samples that must resolve to a plan.
@@ -86,6 +94,12 @@ pub trait Fixtures: Sync {
 
 pub fn kinds(kind: SourceKind) -> &'static [&'static str] {
     provider(kind).fixtures().kinds()
+}
+
+/// Every kind [`payload`] builds for a source kind: [`kinds`], then its customer kinds.
+pub fn all_kinds(kind: SourceKind) -> Vec<&'static str> {
+    let fixtures = provider(kind).fixtures();
+    [fixtures.kinds(), fixtures.customer_kinds()].concat()
 }
 
 pub fn sample_plan(kind: SourceKind) -> &'static str {
@@ -155,9 +169,9 @@ mod tests {
         .unwrap();
         for &source in SourceKind::ALL {
             let plan = sample_plan(source);
-            for kind in kinds(source) {
+            for kind in all_kinds(source) {
                 let spec = Spec {
-                    kind: (*kind).to_owned(),
+                    kind: kind.to_owned(),
                     customer: "cus_1".into(),
                     plan: Some(plan.into()),
                     at: Utc::now(),
@@ -175,6 +189,26 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A summary replaces the one before for its customer: `inboxctl send` builds it, the
+    /// bench's mix (of events that each apply) leaves it out, and a wrong kind names it.
+    #[test]
+    fn a_customer_kind_is_sent_but_left_out_of_the_mix() {
+        assert!(all_kinds(SourceKind::Stripe).contains(&"entitlements"));
+        assert!(!kinds(SourceKind::Stripe).contains(&"entitlements"));
+        let spec = Spec {
+            kind: "entitlement".into(),
+            customer: "cus_1".into(),
+            plan: None,
+            at: Utc::now(),
+            object_id: None,
+            status: None,
+            cancel_at_period_end: false,
+            event_id: None,
+        };
+        let refused = payload(SourceKind::Stripe, &spec).unwrap_err();
+        assert!(refused.ends_with("refund, entitlements"), "{refused}");
     }
 
     #[test]

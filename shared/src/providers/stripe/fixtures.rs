@@ -21,8 +21,10 @@ const KINDS: &[&str] = &[
     "invoice-paid",
     "payment-failed",
     "refund",
-    "entitlements",
 ];
+
+/// The summary of a customer's active entitlements: one register per customer.
+const CUSTOMER_KINDS: &[&str] = &["entitlements"];
 
 /// The lookup keys of the development kind `entitlements`: a customer's active features.
 pub const DEV_LOOKUP_KEYS: &[&str] = &["sso", "priority-support"];
@@ -71,6 +73,10 @@ pub fn signature(secret: &[u8], t: i64, body: &[u8]) -> String {
 impl Fixtures for StripeFixtures {
     fn kinds(&self) -> &'static [&'static str] {
         KINDS
+    }
+
+    fn customer_kinds(&self) -> &'static [&'static str] {
+        CUSTOMER_KINDS
     }
 
     fn sample_plan(&self) -> &'static str {
@@ -145,7 +151,7 @@ impl Fixtures for StripeFixtures {
                     summary_event(&event_id, spec.at.timestamp(), summary, None),
                 ));
             }
-            other => return Err(unknown_kind(other, KINDS)),
+            other => return Err(unknown_kind(other, &[KINDS, CUSTOMER_KINDS].concat())),
         };
         Ok((
             event_id.clone(),
