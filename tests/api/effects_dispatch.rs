@@ -595,8 +595,8 @@ async fn a_grant_retried_after_a_later_effect_is_applied_by_an_app_that_follows_
         held.accounts["kinde/kc_late_grant"],
         (
             4,
-            json!({"plan": "team", "balance": 2000, "used": 0, "remaining": 2000,
-                   "period": "2026-03"})
+            json!({"plan": "team", "features": {}, "balance": 2000, "used": 0,
+                   "remaining": 2000, "period": "2026-03"})
         ),
         "the account's state is the newest"
     );

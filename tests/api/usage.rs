@@ -552,7 +552,8 @@ async fn the_effects_account_block_tells_used_and_remaining_beside_balance(pool:
         .expect("the upgrade is told");
     assert_eq!(
         plan.body["data"]["account"],
-        json!({"plan": "team", "period": MARCH, "balance": 2000, "used": 120, "remaining": 1880})
+        json!({"plan": "team", "features": {}, "period": MARCH, "balance": 2000, "used": 120,
+               "remaining": 1880})
     );
 }
 

@@ -70,33 +70,29 @@ pub fn effects_of(
         .into_iter()
         .map(|f| of_fact(cause, f, after))
         .collect();
-    if plan_before != after.plan {
-        let what = format!(
-            "plan of {}/{} at {}",
+    // The account's own states, each caused by the event that moved it.
+    let of_account = |what: &str| {
+        format!(
+            "{what} of {}/{} at {}",
             cause.source, cause.customer, cause.provider_event_id
-        );
+        )
+    };
+    if plan_before != after.plan {
+        let body = json!({"plan": after.plan, "previous_plan": plan_before});
         effects.push(effect(
             cause,
             Kind::PlanChanged,
-            what,
+            of_account("plan"),
             after,
-            json!({"plan": after.plan, "previous_plan": plan_before}),
+            body,
         ));
     }
     let moved = FeaturesDiff::between(&before.features, &after.features);
     if !moved.is_empty() {
-        let what = format!(
-            "features of {}/{} at {}",
-            cause.source, cause.customer, cause.provider_event_id
-        );
-        effects.push(effect(
-            cause,
-            Kind::FeaturesChanged,
-            what,
-            after,
-            json!({"added": moved.added, "removed": moved.removed, "changed": moved.changed,
-                   "features": after.features}),
-        ));
+        let body = json!({"added": moved.added, "removed": moved.removed,
+                          "changed": moved.changed, "features": after.features});
+        let what = of_account("features");
+        effects.push(effect(cause, Kind::FeaturesChanged, what, after, body));
     }
     effects.extend(grants.into_iter().map(|f| of_fact(cause, f, after)));
     effects
