@@ -236,7 +236,8 @@ pub async fn snapshot(
     let subscriptions: Vec<SubscriptionView> = serde_json::from_value(row.subscriptions)
         .map_err(|e| sqlx::Error::Decode(format!("subscriptions: {e}").into()))?;
     let decode = |what: &str, value| -> Result<Vec<Giver>, sqlx::Error> {
-        serde_json::from_value(value).map_err(|e| sqlx::Error::Decode(format!("{what}: {e}").into()))
+        serde_json::from_value(value)
+            .map_err(|e| sqlx::Error::Decode(format!("{what}: {e}").into()))
     };
     let plan_givers = decode("plan registers", row.plan_givers)?;
     let entitlements = decode("entitlements", row.entitlements)?;

@@ -13,8 +13,8 @@ use serde_json::Value;
 
 use super::model::{Effect, EventContext, SubscriptionEnds};
 use super::rules::{
-    Held, HeldAccount, HeldEntitlement, HeldIntent, HeldPayment, HeldPlan, HeldSubscription, LedgerEntry, Registers,
-    Stamp,
+    Held, HeldAccount, HeldEntitlement, HeldIntent, HeldPayment, HeldPlan, HeldSubscription,
+    LedgerEntry, Registers, Stamp,
 };
 use crate::domain::{CustomerId, Features, Period};
 use crate::platform::db::exec;

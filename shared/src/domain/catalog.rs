@@ -152,11 +152,14 @@ pub(crate) mod tests {
         );
         assert!(c.features_of("free").is_empty());
         assert!(c.features_of("team").is_empty());
-        let bad = Catalog::parse(
-            r#"{"x":{"plan":"x","monthly_allowance":1,"features":{"seats":2.5}}}"#,
-        )
-        .unwrap_err();
-        assert!(bad.detail.contains("feature 'seats' is 2.5"), "{}", bad.detail);
+        let bad =
+            Catalog::parse(r#"{"x":{"plan":"x","monthly_allowance":1,"features":{"seats":2.5}}}"#)
+                .unwrap_err();
+        assert!(
+            bad.detail.contains("feature 'seats' is 2.5"),
+            "{}",
+            bad.detail
+        );
     }
 
     #[test]

@@ -171,7 +171,8 @@ mod tests {
     #[test]
     fn the_larger_value_wins_whatever_the_order() {
         let catalog = features(json!({"sso": false, "seats": 20, "export": "csv", "api": true}));
-        let provider = features(json!({"sso": true, "seats": 5, "export": "parquet", "beta": true}));
+        let provider =
+            features(json!({"sso": true, "seats": 5, "export": "parquet", "beta": true}));
         let want = features(json!({"sso": true, "seats": 20, "export": "parquet",
                                    "api": true, "beta": true}));
         let mut one = catalog.clone();

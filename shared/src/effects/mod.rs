@@ -36,7 +36,7 @@ pub fn type_carries_state(effect_type: &str) -> bool {
         Kind::FeaturesChanged,
     ]
     .iter()
-        .any(|k| k.as_str() == effect_type)
+    .any(|k| k.as_str() == effect_type)
 }
 
 /// The event whose writes caused the effects.
