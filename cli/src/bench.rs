@@ -207,6 +207,7 @@ fn workload(
             status: None,
             cancel_at_period_end: false,
             event_id: Some(format!("{prefix}{n}")),
+            feature: None,
         };
         let (id, payload) = sender.build(&source.name, &spec)?;
         let signed = sender.sign(&source.name, &id, &payload)?;

@@ -332,6 +332,7 @@ async fn seed(
             status: None,
             cancel_at_period_end: false,
             event_id: None,
+            feature: None,
         };
         let (id, payload) = sender.build(&source.name, &spec)?;
         let signed = sender.sign(&source.name, &id, &payload)?;

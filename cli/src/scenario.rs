@@ -354,6 +354,7 @@ fn spec(
         status: status.map(str::to_owned),
         cancel_at_period_end: false,
         event_id: Some(event_id.to_owned()),
+        feature: None,
     }
 }
 

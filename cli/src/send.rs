@@ -15,9 +15,10 @@ pub struct SendArgs {
     /// The source's name in INBOX_SOURCES (its route segment).
     pub source: String,
     /// The event kind, e.g. subscription, invoice-paid, refund, entitlements (Stripe);
-    /// subscription, revoked, order-paid, order-refunded (Standard Webhooks / Polar);
-    /// plan-changed, plan-assigned, agreement-cancelled, payment-succeeded, payment-failed,
-    /// invoice-overdue (Kinde).
+    /// subscription, revoked, order-paid, order-refunded, benefit-grant-created,
+    /// benefit-grant-updated, benefit-grant-cycled, benefit-grant-revoked (Standard Webhooks /
+    /// Polar); plan-changed, plan-assigned, agreement-cancelled, payment-succeeded,
+    /// payment-failed, invoice-overdue (Kinde).
     pub kind: String,
     #[arg(long, default_value = "cus_demo")]
     pub customer: String,
@@ -42,6 +43,9 @@ pub struct SendArgs {
     /// The event's id (the dedupe key); random by default.
     #[arg(long)]
     pub id: Option<String>,
+    /// An entitlement event's feature: `sso`, or `key=value` (`seats=20`, `export=csv`).
+    #[arg(long)]
+    pub feature: Option<String>,
     /// The intake's base URL; the delivery goes to {url}/webhooks/{source}.
     #[arg(long, env = "INTAKE_URL", default_value = DEFAULT_INTAKE_URL)]
     pub intake_url: String,
@@ -110,6 +114,7 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
         status: args.status.clone(),
         cancel_at_period_end: args.cancel_at_period_end,
         event_id: args.id.clone(),
+        feature: args.feature.clone(),
     };
     let http = reqwest::Client::new();
     let mut answers = Vec::new();

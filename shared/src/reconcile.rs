@@ -12,8 +12,9 @@
 //! - A subscription sweep (Polar): the provider's current subscriptions; one the local
 //!   register shows in an older, different state becomes a corrective event.
 //! - A customer sweep (Kinde): the customers with events in the last [`RECENT`], in id order
-//!   from a saved position, at most [`MAX_CUSTOMERS`] a run; each one's plan at the provider
-//!   against its plan register, a difference becoming a corrective event. A customer whose
+//!   from a saved position, at most [`MAX_CUSTOMERS`] a run; each one's plan and entitlements
+//!   at the provider against its plan and entitlement registers, each difference becoming a
+//!   corrective event. A customer whose
 //!   read fails is passed over (the sweep goes on) and counted; after [`MAX_READ_FAILURES`]
 //!   runs in a row it is skipped, and reported, until [`SKIPPED_FOR`] after its last failure.
 
@@ -25,7 +26,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::billing::registers::{stored_plan, stored_subscription};
+use crate::billing::registers::{stored_entitlements, stored_plan, stored_subscription};
 use crate::domain::Verdict;
 use crate::inbox::enqueue_or_unmark;
 use crate::inbox::store::{store_verified, Origin};
@@ -33,7 +34,8 @@ use crate::platform::config::SourceConfig;
 use crate::platform::db::exec;
 use crate::platform::queue::Queue;
 use crate::providers::{
-    provider, Api, CustomerPlans, EventFeed, Fetched, Reconciliation, SubscriptionSweep, Window,
+    provider, Api, CustomerPlans, EventFeed, Fetched, Reconciliation, StoredCustomer,
+    SubscriptionSweep, Window,
 };
 
 /// How far behind now the feed's cursor stays: an event becomes listable a little after it is
@@ -380,8 +382,8 @@ impl Run<'_> {
 
 impl Run<'_> {
     /// The customer sweep: the next customers after the saved position, each read and
-    /// compared with its plan register; the position is saved after each customer, read or
-    /// not, and starts over once the last customer is read.
+    /// compared with its plan and entitlement registers; the position is saved after each
+    /// customer, read or not, and starts over once the last customer is read.
     ///
     /// A customer whose read fails is passed over, and the failure is counted against it only
     /// when the provider answered another read in the same run: reads that all fail say the
@@ -409,22 +411,23 @@ impl Run<'_> {
             } else {
                 let local = {
                     let mut conn = self.pool.acquire().await?;
-                    stored_plan(&mut conn, self.source, customer).await?
+                    StoredCustomer {
+                        plan: stored_plan(&mut conn, self.source, customer).await?,
+                        entitlements: stored_entitlements(&mut conn, self.source, customer).await?,
+                    }
                 };
-                match plans.correction(customer, local.as_ref(), Utc::now()).await {
+                match plans.corrections(customer, &local, Utc::now()).await {
                     Ok(found) => {
                         answered = true;
                         if failing.recorded.contains(customer) {
                             forget_failures(self.pool, self.source, customer).await?;
                         }
-                        match found {
-                            Some(corrective) => {
-                                self.store(&corrective).await?;
-                            }
-                            None => {
-                                self.report.read += 1;
-                                self.report.already_present += 1;
-                            }
+                        if found.is_empty() {
+                            self.report.read += 1;
+                            self.report.already_present += 1;
+                        }
+                        for corrective in &found {
+                            self.store(corrective).await?;
                         }
                     }
                     Err(e) => {

@@ -1233,6 +1233,80 @@ async fn send_exits_non_zero_when_the_intake_refuses_the_delivery(pool: PgPool) 
     );
 }
 
+/// `inboxctl send polar benefit-grant-*`: a Polar benefit grant of the feature `--feature`
+/// names (`key=value`), granted then revoked; a feature that names no key is refused before
+/// anything is sent.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn send_polar_benefit_grants_give_and_take_the_named_feature(pool: PgPool) {
+    let app = std::sync::Arc::new(TestApp::spawn(pool).await);
+    let intake = serve_intake(app.clone()).await;
+    let send = |args: Vec<&'static str>| {
+        let intake = intake.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut command = inboxctl();
+            command
+                .env_remove("INBOX_DEV_KINDE_KEY")
+                .args(["send", "polar"])
+                .args(args)
+                .args(["--customer", "cus_feat", "--object", "grant_1"])
+                .args(["--intake-url", &intake])
+                .env("INBOX_SOURCES", dev_sources(None));
+            let (output, stdout, stderr) = run(&mut command);
+            (output.status.code(), stdout, stderr)
+        })
+    };
+    let features = || async {
+        let mut conn = app.pool.acquire().await.unwrap();
+        let customer = shared::domain::CustomerId::parse("cus_feat").unwrap();
+        let period = shared::domain::Period::parse("2026-01").unwrap();
+        let snapshot = shared::billing::account::snapshot(
+            &mut conn,
+            "polar",
+            &customer,
+            &period,
+            &app.worker.catalog,
+        )
+        .await
+        .unwrap()
+        .expect("the account exists");
+        json!(snapshot.features)
+    };
+
+    let (code, stdout, stderr) = send(vec![
+        "benefit-grant-created",
+        "--feature",
+        "seats=20",
+        "--at",
+        "2026-01-05T10:00:00Z",
+    ])
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("benefit_grant.created -> 200"), "{stdout}");
+    app.run_worker().await;
+    assert_eq!(features().await, json!({"seats": 20}));
+
+    let (code, stdout, stderr) = send(vec![
+        "benefit-grant-revoked",
+        "--feature",
+        "seats=20",
+        "--at",
+        "2026-01-20T10:00:00Z",
+    ])
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    app.run_worker().await;
+    assert_eq!(features().await, json!({}));
+
+    let (code, _, stderr) = send(vec!["benefit-grant-created", "--feature", "=3"])
+        .await
+        .unwrap();
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("names no feature"), "{stderr}");
+    assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 2);
+}
+
 /// `scripts/stack.sh`'s `stack_env` points `inboxctl` (INTAKE_URL, INBOX_INVOKE_URL) at the
 /// intake port it is given, so that a second shell reaches a stack moved off 61900.
 #[test]

@@ -343,6 +343,17 @@ async fn polar(pool: PgPool, reverse: bool) {
         vec![("6ba7b106-d1ce-4c08-826f-cbb47601f6dd", "refunded")]
     );
     assert_eq!(account.balance, 500);
+    assert!(
+        account.features.is_empty(),
+        "the SSO grant was revoked after it was granted: {:?}",
+        account.features
+    );
+    if reverse {
+        assert_eq!(
+            reason_of(&account, "benefit_grant.created"),
+            "a newer state of entitlement 0f6d8a2e-3b71-4c59-9e04-b2a7c5d1e863 is already stored"
+        );
+    }
     let gone = app
         .account("polar", "a11631ae-4254-40cf-9591-87ec939431c4", "2025-12")
         .await;

@@ -1,13 +1,16 @@
 //! Kinde reconciliation (docs/design.md §6.1): the customers with recent Kinde events, each
-//! one's plan read from a fake Kinde Management API (an M2M token by client credentials, then
-//! `GET /api/v1/billing/entitlements?customer_id=…&expand=plans`, answered as Kinde documents
-//! it) and compared with its plan register; a difference becomes one corrective event.
+//! one's plan and entitlements read from a fake Kinde Management API (an M2M token by client
+//! credentials, then `GET /api/v1/billing/entitlements?customer_id=…&expand=plans`, answered
+//! as Kinde documents it, paged by `starting_after`) and compared with its plan register and
+//! its Kinde entitlements register; each difference becomes one corrective event.
 
 use chrono::{Duration, Utc};
 use serde_json::{json, Value};
 use shared::handlers::scheduler;
 use sqlx::PgPool;
-use wiremock::matchers::{body_string_contains, header, method, path, query_param};
+use wiremock::matchers::{
+    body_string_contains, header, method, path, query_param, query_param_is_missing,
+};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::helpers::*;
@@ -41,8 +44,15 @@ async fn token_endpoint(server: &MockServer, expected_requests: u64) {
         .await;
 }
 
-/// The entitlements read for `customer`, listing `plans` (`[{code, subscribed_on}]`).
+/// The entitlements read for `customer`, listing `plans` (`[{code, subscribed_on}]`) and no
+/// entitlements: these tests are about the plan.
 async fn entitlements(server: &MockServer, customer: &str, plans: Value) {
+    billing_customer(server, customer, plans, json!([])).await;
+}
+
+/// The entitlements read for `customer`, one page, as Kinde documents it: `plans` and
+/// `listed` (`[{id, feature_code, entitlement_limit_max, …}]`).
+async fn billing_customer(server: &MockServer, customer: &str, plans: Value, listed: Value) {
     Mock::given(method("GET"))
         .and(path("/api/v1/billing/entitlements"))
         .and(query_param("customer_id", customer))
@@ -50,16 +60,20 @@ async fn entitlements(server: &MockServer, customer: &str, plans: Value) {
         .and(header("authorization", format!("Bearer {TOKEN}").as_str()))
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({
             "code": "OK", "message": "Success", "has_more": false,
-            "entitlements": [{
-                "id": "entitlement_0195ac80a14e8d71f42b98e75d3c61ad",
-                "fixed_charge": null, "price_name": "Seats", "unit_amount": null,
-                "feature_code": "seats", "feature_name": "Seats",
-                "entitlement_limit_max": 10, "entitlement_limit_min": null
-            }],
-            "plans": plans
+            "entitlements": listed, "plans": plans
         })))
         .mount(server)
         .await;
+}
+
+/// An entitlement as Kinde lists it (`GetBillingEntitlementsResponse.entitlements[]`): the
+/// feature `code`, its maximum (`null`: none).
+fn entitlement(id: &str, code: &str, max: Value) -> Value {
+    json!({
+        "id": id, "fixed_charge": null, "price_name": code, "unit_amount": null,
+        "feature_code": code, "feature_name": code,
+        "entitlement_limit_max": max, "entitlement_limit_min": null
+    })
 }
 
 /// A Kinde plan event for `customer` at `at`, delivered and applied.
@@ -385,5 +399,249 @@ async fn a_kinde_api_that_answers_no_read_fails_the_run_and_counts_against_no_cu
         reads,
         3 + 2 + 3 + 2,
         "each run stops after three failed reads, the next goes on after them"
+    );
+}
+
+/// The account's features as the app reads them, and where each comes from.
+async fn features_of(app: &TestApp, customer: &str) -> (Value, Vec<(String, &'static str)>) {
+    let mut conn = app.pool.acquire().await.unwrap();
+    let customer = shared::domain::CustomerId::parse(customer).unwrap();
+    let period = shared::domain::Period::parse(&this_period()).unwrap();
+    let snapshot = shared::billing::account::snapshot(
+        &mut conn,
+        "kinde",
+        &customer,
+        &period,
+        &app.worker.catalog,
+    )
+    .await
+    .unwrap()
+    .expect("the account exists");
+    let origins = snapshot
+        .feature_origins
+        .iter()
+        .map(|(key, origin)| (key.clone(), origin.source))
+        .collect();
+    (json!(snapshot.features), origins)
+}
+
+/// The `billing.features_changed` effects of `customer`: (added, removed, changed).
+async fn features_changed(app: &TestApp, customer: &str) -> Vec<Value> {
+    app.effects()
+        .await
+        .into_iter()
+        .filter(|e| e.customer_id == customer && e.kind == "billing.features_changed")
+        .map(|e| {
+            let d = &e.body["data"];
+            json!([d["added"], d["removed"], d["changed"]])
+        })
+        .collect()
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn kindes_entitlements_the_account_lacks_are_read_into_its_features_once(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    app.enable_effects().await;
+    // The catalog's pro plan gives 5 seats and CSV export; Kinde's plan says 10 seats and SSO.
+    app.worker.catalog = shared::domain::Catalog::parse(
+        r#"{"pro": {"plan": "pro", "monthly_allowance": 500,
+                    "features": {"seats": 5, "export": "csv"}}}"#,
+    )
+    .unwrap();
+    let server = MockServer::start().await;
+    token_endpoint(&server, 1).await;
+    plan_event(&app, "evt_ent", "kc_ent", "pro", &days_ago(2)).await;
+    billing_customer(
+        &server,
+        "kc_ent",
+        json!([{"code": "pro", "subscribed_on": days_ago(40)}]),
+        json!([
+            entitlement(
+                "entitlement_0195ac80a14e8d71f42b98e75d3c61ad",
+                "seats",
+                json!(10)
+            ),
+            entitlement(
+                "entitlement_0195ac80a14e8d71f42b98e75d3c61ae",
+                "sso",
+                Value::Null
+            ),
+        ]),
+    )
+    .await;
+    let scheduler = scheduler_for(&app, vec![kinde_reconciler(&server)]);
+
+    let runs: Vec<(i32, i32, i32)> = reconcile_runs(&app, &scheduler, 3)
+        .await
+        .iter()
+        .map(|r| (r.read, r.discrepancies, r.already_present))
+        .collect();
+    assert_eq!(
+        runs,
+        [(1, 1, 0), (1, 0, 1), (1, 0, 1)],
+        "the plan agrees; the entitlements are stored once, then the register agrees"
+    );
+    let (features, origins) = features_of(&app, "kc_ent").await;
+    assert_eq!(features, json!({"export": "csv", "seats": 10, "sso": true}));
+    assert_eq!(
+        origins,
+        [
+            ("export".to_owned(), "catalog"),
+            ("seats".to_owned(), "provider"),
+            ("sso".to_owned(), "provider")
+        ],
+        "the larger of the catalog's 5 seats and Kinde's 10 is Kinde's"
+    );
+    let key = sqlx::query_scalar::<_, String>(
+        "SELECT dedupe_key FROM inbox_events WHERE type = 'customer.entitlements_read'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert!(key.starts_with("reconcile:kc_ent:entitlements:"), "{key}");
+    let read = app.event(app.event_id("kinde", &key).await).await;
+    assert_eq!(read.status, "applied");
+    assert_eq!(read.seen_count, 1);
+    assert_eq!(
+        features_changed(&app, "kc_ent").await,
+        [
+            json!([["export", "seats"], [], []]),
+            json!([["sso"], [], [{"key": "seats", "from": 5, "to": 10}]])
+        ],
+        "the plan's features with its event, then Kinde's with the read"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_change_at_kinde_moves_the_features_and_an_emptied_list_takes_them_away(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    app.enable_effects().await;
+    let server = MockServer::start().await;
+    token_endpoint(&server, 1).await;
+    plan_event(&app, "evt_mv", "kc_mv", "pro", &days_ago(2)).await;
+    let plans = json!([{"code": "pro", "subscribed_on": days_ago(40)}]);
+    let seats = |max: i64| json!([entitlement("entitlement_seats", "seats", json!(max))]);
+    billing_customer(&server, "kc_mv", plans.clone(), seats(10)).await;
+    let scheduler = scheduler_for(&app, vec![kinde_reconciler(&server)]);
+
+    let mut seen = Vec::new();
+    reconcile_runs(&app, &scheduler, 1).await;
+    seen.push(features_of(&app, "kc_mv").await.0);
+    // Kinde's plan now gives 25 seats, later none at all. The token is still good.
+    for listed in [seats(25), json!([])] {
+        server.reset().await;
+        billing_customer(&server, "kc_mv", plans.clone(), listed).await;
+        let runs = reconcile_runs(&app, &scheduler, 2).await;
+        assert_eq!(
+            runs.iter().map(|r| r.discrepancies).collect::<Vec<_>>(),
+            [1, 0],
+            "corrected once"
+        );
+        seen.push(features_of(&app, "kc_mv").await.0);
+    }
+    assert_eq!(
+        seen,
+        [json!({"seats": 10}), json!({"seats": 25}), json!({})]
+    );
+    assert_eq!(
+        features_changed(&app, "kc_mv").await,
+        [
+            json!([["seats"], [], []]),
+            json!([[], [], [{"key": "seats", "from": 10, "to": 25}]]),
+            json!([[], ["seats"], []])
+        ]
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM inbox_events WHERE type = 'customer.entitlements_read'")
+            .await,
+        3,
+        "one read event a finding"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_paged_list_of_kindes_entitlements_is_read_to_its_end_and_never_stored_in_part(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    let server = MockServer::start().await;
+    token_endpoint(&server, 1).await;
+    let plans = json!([{"code": "pro", "subscribed_on": days_ago(40)}]);
+    // kc_pages: two pages; kc_part: the second page is refused.
+    for (customer, second) in [("kc_pages", 200), ("kc_part", 400)] {
+        plan_event(
+            &app,
+            &format!("evt_{customer}"),
+            customer,
+            "pro",
+            &days_ago(2),
+        )
+        .await;
+        let first_id = format!("entitlement_{customer}_1");
+        Mock::given(method("GET"))
+            .and(path("/api/v1/billing/entitlements"))
+            .and(query_param("customer_id", customer))
+            .and(query_param_is_missing("starting_after"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+                "code": "OK", "message": "Success", "has_more": true, "plans": plans,
+                "entitlements": [entitlement(&first_id, "seats", json!(10))]
+            })))
+            .mount(&server)
+            .await;
+        let page_two = if second == 200 {
+            ResponseTemplate::new(200).set_body_json(json!({
+                "code": "OK", "message": "Success", "has_more": false, "plans": plans,
+                "entitlements": [entitlement(&format!("entitlement_{customer}_2"), "sso", Value::Null)]
+            }))
+        } else {
+            ResponseTemplate::new(400).set_body_json(json!({
+                "errors": [{"code": "INVALID_REQUEST", "message": "Invalid request"}]
+            }))
+        };
+        Mock::given(method("GET"))
+            .and(path("/api/v1/billing/entitlements"))
+            .and(query_param("customer_id", customer))
+            .and(query_param("starting_after", first_id.as_str()))
+            .respond_with(page_two)
+            .mount(&server)
+            .await;
+    }
+    let scheduler = scheduler_for(&app, vec![kinde_reconciler(&server)]);
+
+    let report = &reconcile_runs(&app, &scheduler, 1).await[0];
+    assert_eq!(report.error, None);
+    assert_eq!(report.discrepancies, 1, "kc_pages only");
+    assert_eq!(
+        report
+            .failed
+            .iter()
+            .map(|f| f.customer.as_str())
+            .collect::<Vec<_>>(),
+        ["kc_part"],
+        "a list that cannot be read to its end is a failed read"
+    );
+    assert!(
+        report.failed[0].error.contains("400"),
+        "{:?}",
+        report.failed
+    );
+    assert_eq!(reads_of(&server, "kc_pages").await, 2);
+    assert_eq!(
+        features_of(&app, "kc_pages").await.0,
+        json!({"seats": 10, "sso": true}),
+        "both pages"
+    );
+    assert_eq!(
+        features_of(&app, "kc_part").await.0,
+        json!({}),
+        "nothing of the first page alone"
+    );
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM inbox_events WHERE customer_key = 'kc_part' \
+             AND type = 'customer.entitlements_read'"
+        )
+        .await,
+        0
     );
 }

@@ -21,6 +21,7 @@ mod kinde_reconcile;
 mod migrate;
 mod model;
 mod order;
+mod polar_benefits;
 mod pooler;
 mod reconcile;
 mod round_trips;

@@ -1,5 +1,6 @@
 //! The product's promise as a property: the billing state is a pure function of the set of
-//! events stored. Random event sets over a few customers, subscriptions and payments are
+//! events stored. Random event sets over a few customers, subscriptions, payments and Polar
+//! benefit grants (the account's features among the state compared) are
 //! delivered in random order with random copies and injected failures, and must end in
 //! exactly the state that applying each once in provider-time order gives.
 
@@ -84,6 +85,16 @@ pub(crate) enum Event {
     },
     /// Polar `customer.deleted`.
     PolarCustomerDeleted { customer: u8, at: u32 },
+    /// A Polar benefit grant (`benefit_grant.created` or `.revoked`) of a feature-flag benefit
+    /// whose metadata names `feature` (`key` or `key=value`). Only the property test draws it
+    /// (the simulator's workload is [`case_strategy`]'s, unchanged).
+    PolarGrant {
+        customer: u8,
+        grant: u8,
+        granted: bool,
+        feature: &'static str,
+        at: u32,
+    },
 }
 
 /// A subscription's ends in the few shapes providers send: nothing scheduled, a
@@ -277,8 +288,41 @@ pub(crate) struct Case {
     pub(crate) deliveries: Vec<Delivery>,
 }
 
+/// Polar benefit grants over a few grants of each customer: granted and revoked, of one
+/// feature at several values (the larger wins) or another, at the same coarse times.
+fn grant_strategy() -> impl Strategy<Value = Event> {
+    let at = prop_oneof![4 => 0u32..3, 6 => 0u32..40];
+    let feature = prop_oneof![Just("sso"), Just("seats=5"), Just("seats=20")];
+    (
+        0..CUSTOMERS,
+        0u8..3,
+        proptest::bool::weighted(0.6),
+        feature,
+        at,
+    )
+        .prop_map(
+            |(customer, grant, granted, feature, at)| Event::PolarGrant {
+                customer,
+                grant,
+                granted,
+                feature,
+                at,
+            },
+        )
+}
+
+/// The simulator's workload and the property test's events without benefit grants.
 pub(crate) fn case_strategy() -> impl Strategy<Value = Case> {
-    proptest::collection::vec(event_strategy(), 1..12).prop_flat_map(|events| {
+    cases(event_strategy().boxed())
+}
+
+/// The property test's: the workload's events and Polar benefit grants.
+fn case_strategy_with_grants() -> impl Strategy<Value = Case> {
+    cases(prop_oneof![3 => event_strategy(), 1 => grant_strategy()].boxed())
+}
+
+fn cases(event: BoxedStrategy<Event>) -> impl Strategy<Value = Case> {
+    proptest::collection::vec(event, 1..12).prop_flat_map(|events| {
         let n = events.len();
         // Each event is delivered 1 to 3 times, in a shuffled order.
         let copies = proptest::collection::vec(1usize..=3, n);
@@ -501,6 +545,38 @@ pub(crate) fn payload(index: usize, event: &Event, ns: &str) -> (&'static str, V
                 "modified_at": time(*at).to_rfc3339(), "deleted_at": time(*at).to_rfc3339()});
             ("polar", polar_body("customer.deleted", *at, data), *at)
         }
+        Event::PolarGrant {
+            customer,
+            grant,
+            granted,
+            feature,
+            at,
+        } => {
+            // Polar's shape, as the development fixtures build it; the grant's time is its
+            // `modified_at` (a grant's later events carry one).
+            let kind = if *granted {
+                "benefit-grant-updated"
+            } else {
+                "benefit-grant-revoked"
+            };
+            let spec = shared::providers::fixtures::Spec {
+                kind: kind.into(),
+                customer: customer_id(*customer, ns),
+                plan: None,
+                at: time(*at),
+                object_id: Some(format!("pgrant{customer}{grant}_{ns}")),
+                status: None,
+                cancel_at_period_end: false,
+                event_id: Some(key.clone()),
+                feature: Some((*feature).to_owned()),
+            };
+            let (_, body) = shared::providers::fixtures::payload(
+                shared::domain::SourceKind::StandardWebhooks,
+                &spec,
+            )
+            .unwrap();
+            ("polar", body, *at)
+        }
     };
     (source, payload, at)
 }
@@ -566,7 +642,7 @@ pub(crate) async fn state_of(pool: &PgPool, worker: &WorkerState, ns: &str) -> V
             accounts.push(view.map(|v| {
                 json!({"source": source, "customer": customer, "plan": v.plan, "customer_plan": v.customer_plan,
                        "past_due": v.past_due, "balances": balances, "subscriptions": v.subscriptions,
-                       "payments": v.payments, "deleted": v.deleted})
+                       "payments": v.payments, "deleted": v.deleted, "features": v.features})
             }));
         }
     }
@@ -641,7 +717,7 @@ fn billing_state_is_the_same_for_every_order_copies_and_failures() {
         failure_persistence: None,
         ..Config::default()
     });
-    let result = runner.run(&case_strategy(), |case| {
+    let result = runner.run(&case_strategy_with_grants(), |case| {
         runtime.block_on(check(&pool, &worker, &case))
     });
     runtime.block_on(crate::helpers::drop_database(pool, &database));

@@ -1819,7 +1819,8 @@ fn workload(seed: u64) -> Case {
             | Event::StripeCustomerDeleted { at, .. }
             | Event::PolarSubscription { at, .. }
             | Event::PolarOrder { at, .. }
-            | Event::PolarCustomerDeleted { at, .. }) = event;
+            | Event::PolarCustomerDeleted { at, .. }
+            | Event::PolarGrant { at, .. }) = event;
             *at %= 2;
         }
     }
@@ -1891,7 +1892,8 @@ fn periods_of(case: &Case, ns: &str, shift: i64) -> HashSet<(String, String, Str
             | Event::StripeCustomerDeleted { customer, .. }
             | Event::PolarSubscription { customer, .. }
             | Event::PolarOrder { customer, .. }
-            | Event::PolarCustomerDeleted { customer, .. } => customer,
+            | Event::PolarCustomerDeleted { customer, .. }
+            | Event::PolarGrant { customer, .. } => customer,
         };
         let back = if source == "stripe" { shift } else { 0 };
         let time = order::time(at) - chrono::Duration::seconds(back);

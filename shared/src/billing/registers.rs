@@ -466,3 +466,41 @@ pub async fn stored_plan(
     .fetch_optional(exec(conn))
     .await
 }
+
+/// An entitlement register as stored: what Kinde reconciliation compares its read of the
+/// customer's entitlements with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEntitlement {
+    pub grant: String,
+    pub active: bool,
+    pub features: Features,
+    pub version_at: DateTime<Utc>,
+}
+
+/// The customer's entitlement registers (an account holds few), by grant id.
+pub async fn stored_entitlements(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &str,
+) -> Result<Vec<StoredEntitlement>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"
+        SELECT grant_id, active, features AS "features: sqlx::types::Json<Features>", version_at
+        FROM entitlements WHERE source = $1 AND customer_id = $2
+        ORDER BY grant_id
+        "#,
+        source,
+        customer
+    )
+    .fetch_all(exec(conn))
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| StoredEntitlement {
+            grant: r.grant_id,
+            active: r.active,
+            features: r.features.0,
+            version_at: r.version_at,
+        })
+        .collect())
+}

@@ -29,6 +29,8 @@ pub struct Spec {
     pub cancel_at_period_end: bool,
     /// The event's own id / message id; random when absent.
     pub event_id: Option<String>,
+    /// For entitlement events: the feature, `key` or `key=value` (`seats=20`).
+    pub feature: Option<String>,
 }
 
 /// A signed HTTP delivery: headers and body.
@@ -179,6 +181,7 @@ mod tests {
                     status: None,
                     cancel_at_period_end: false,
                     event_id: None,
+                    feature: None,
                 };
                 let (_, payload) = payload(source, &spec).unwrap();
                 let event_type = payload["type"].as_str().unwrap();
@@ -236,6 +239,7 @@ mod tests {
                 status: None,
                 cancel_at_period_end: true,
                 event_id: None,
+                feature: None,
             };
             let (_, payload) = payload(source, &spec).unwrap();
             let event_type = payload["type"].as_str().unwrap();

@@ -23,7 +23,7 @@ use chrono::{DateTime, Utc};
 use http::HeaderMap;
 use serde_json::Value;
 
-use crate::billing::registers::{StoredPlan, StoredSubscription};
+use crate::billing::registers::{StoredEntitlement, StoredPlan, StoredSubscription};
 use crate::billing::{Decided, Decision, Problem, SubscriptionEnds};
 use crate::domain::{Catalog, CustomerId, DedupeKey, SourceKind, VerifiedEvent};
 use crate::platform::config::{ConfigError, SourceConfig};
@@ -603,17 +603,26 @@ pub trait SubscriptionSweep: Send + Sync {
     ) -> anyhow::Result<Option<Fetched>>;
 }
 
-/// A provider that shows one customer's current plan (Kinde's entitlements), and the
-/// corrective event for a plan register that shows another.
+/// A customer's registers as a customer sweep compares them with the provider: its plan
+/// register and its entitlement registers.
+#[derive(Debug, Clone, Default)]
+pub struct StoredCustomer {
+    pub plan: Option<StoredPlan>,
+    pub entitlements: Vec<StoredEntitlement>,
+}
+
+/// A provider that shows one customer's current plans and entitlements (Kinde's billing
+/// entitlements), and the corrective events for the registers that show otherwise.
 pub trait CustomerPlans: Send + Sync {
-    /// Reads the customer's plan at the provider at `read_at`; `None` when the provider and
-    /// the register agree, or the provider does not know the customer.
-    fn correction<'a>(
+    /// Reads the customer at the provider at `read_at`: one corrective event for each register
+    /// that differs from what the provider shows; none when they agree, or the provider does
+    /// not know the customer.
+    fn corrections<'a>(
         &'a self,
         customer: &'a str,
-        local: Option<&'a StoredPlan>,
+        local: &'a StoredCustomer,
         read_at: DateTime<Utc>,
-    ) -> BoxFuture<'a, anyhow::Result<Option<Fetched>>>;
+    ) -> BoxFuture<'a, anyhow::Result<Vec<Fetched>>>;
 }
 
 /// How a provider is reconciled.

@@ -1,14 +1,19 @@
 //! Kinde's Management API as reconciliation reads it (docs/design.md §6.1). Kinde has no event
-//! feed; it shows one billing customer's current plans:
+//! feed; it shows one billing customer's current plans and entitlements:
 //! `GET /api/v1/billing/entitlements?customer_id=…&expand=plans` (scope
-//! `read:billing_entitlements`), answered `{"plans": [{"code", "subscribed_on"}], …}`. The
-//! call takes an M2M access token, fetched with the client-credentials grant
-//! (`POST /oauth2/token`, audience `{base}/api`) and kept until shortly before it expires.
+//! `read:billing_entitlements`), answered `{"plans": [{"code", "subscribed_on"}],
+//! "entitlements": [{"id", "feature_code", "entitlement_limit_max", …}], "has_more"}`, paged
+//! by `starting_after` (the last entitlement's id). The call takes an M2M access token,
+//! fetched with the client-credentials grant (`POST /oauth2/token`, audience `{base}/api`) and
+//! kept until shortly before it expires.
 //!
 //! A customer whose plan register shows another plan than Kinde does becomes a corrective
-//! event, `customer.plan_changed` (or `customer.agreement_cancelled` when Kinde shows none),
-//! stored under a key derived from what was read, so the same finding is stored once however
-//! many runs read it, and applied through the same ordering guard as any delivery.
+//! event, `customer.plan_changed` (or `customer.agreement_cancelled` when Kinde shows none);
+//! one whose Kinde entitlements register shows other features than Kinde lists becomes a
+//! `customer.entitlements_read` carrying the whole list. Each is stored under a key derived
+//! from what was read, so the same finding is stored once however many runs read it, and
+//! applied through the same ordering guard as any delivery. A list Kinde pages is read to its
+//! end: a partial list is never stored.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -18,15 +23,21 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use sha2::{Digest, Sha256};
+
+use super::decide::{entitlement_features, ENTITLEMENTS_GRANT, ENTITLEMENTS_READ};
 use super::parse_claims;
-use crate::billing::registers::StoredPlan;
-use crate::providers::{Api, CustomerPlans, Fetched};
+use crate::billing::registers::{StoredEntitlement, StoredPlan};
+use crate::providers::{Api, CustomerPlans, Fetched, StoredCustomer};
 use crate::BoxFuture;
 
 /// A token is renewed this long before Kinde says it expires.
 const TOKEN_MARGIN: Duration = Duration::from_secs(60);
 /// A register that moved this recently is not corrected yet.
 pub const SETTLE: chrono::Duration = chrono::Duration::minutes(15);
+/// The most pages of one customer's entitlements a read takes (Kinde's page is 10 by default);
+/// a longer list fails the read rather than store part of it.
+pub const MAX_ENTITLEMENT_PAGES: usize = 20;
 
 pub struct KindeEntitlements {
     api: Api,
@@ -45,6 +56,14 @@ struct TokenResponse {
     access_token: String,
     #[serde(default)]
     expires_in: Option<u64>,
+}
+
+/// One customer as the entitlements read shows it: its plans (from the first page) and every
+/// page of its entitlements, each as Kinde lists it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CustomerNow {
+    pub plans: Vec<PlanNow>,
+    pub entitlements: Vec<Value>,
 }
 
 /// A plan as the entitlements read lists it.
@@ -111,52 +130,137 @@ impl KindeEntitlements {
         self.token.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// The customer's current plans; `None` when Kinde does not know the customer.
-    async fn plans(&self, customer: &str) -> anyhow::Result<Option<Vec<PlanNow>>> {
+    /// The customer's current plans and entitlements, every page; `None` when Kinde does not
+    /// know the customer.
+    async fn read(&self, customer: &str) -> anyhow::Result<Option<CustomerNow>> {
         let api = Api {
             key: self.token().await?.into(),
             ..self.api.clone()
         };
-        let query = [
-            ("customer_id", customer.to_owned()),
-            ("expand", "plans".to_owned()),
-        ];
-        let Some(body) = api
-            .get_found("/api/v1/billing/entitlements", &query, &[])
-            .await?
-        else {
-            return Ok(None);
-        };
-        let plans = match body.get("plans") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(plans) => serde_json::from_value(plans.clone())
-                .context("the entitlements read lists plans Kinde does not document")?,
-        };
-        Ok(Some(plans))
+        let mut now = CustomerNow::default();
+        let mut after: Option<String> = None;
+        for page in 0..MAX_ENTITLEMENT_PAGES {
+            let mut query = vec![
+                ("customer_id", customer.to_owned()),
+                ("expand", "plans".to_owned()),
+            ];
+            query.extend(after.take().map(|id| ("starting_after", id)));
+            let Some(body) = api
+                .get_found("/api/v1/billing/entitlements", &query, &[])
+                .await?
+            else {
+                anyhow::ensure!(page == 0, "a later page of the entitlements answered 404");
+                return Ok(None);
+            };
+            if page == 0 {
+                now.plans = match body.get("plans") {
+                    None | Some(Value::Null) => Vec::new(),
+                    Some(plans) => serde_json::from_value(plans.clone())
+                        .context("the entitlements read lists plans Kinde does not document")?,
+                };
+            }
+            let listed = match body.get("entitlements") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(listed)) => listed.clone(),
+                Some(_) => bail!("the entitlements read's entitlements are not a list"),
+            };
+            let last = listed
+                .last()
+                .and_then(|e| e.get("id"))
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            now.entitlements.extend(listed);
+            if !body
+                .get("has_more")
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+            {
+                return Ok(Some(now));
+            }
+            after = Some(last.context(
+                "Kinde has more entitlements, but the page's last names no id to read on from",
+            )?);
+        }
+        bail!(
+            "the entitlements run past {MAX_ENTITLEMENT_PAGES} pages: a partial list is never \
+             stored"
+        )
     }
 
     async fn check(
         &self,
         customer: &str,
-        local: Option<&StoredPlan>,
+        local: &StoredCustomer,
         read_at: DateTime<Utc>,
-    ) -> anyhow::Result<Option<Fetched>> {
-        let Some(plans) = self.plans(customer).await? else {
-            return Ok(None);
+    ) -> anyhow::Result<Vec<Fetched>> {
+        let Some(now) = self.read(customer).await? else {
+            return Ok(Vec::new());
         };
-        Ok(correction(customer, &plans, local, read_at))
+        let held = local
+            .entitlements
+            .iter()
+            .find(|e| e.grant == ENTITLEMENTS_GRANT);
+        let mut found: Vec<Fetched> =
+            correction(customer, &now.plans, local.plan.as_ref(), read_at)
+                .into_iter()
+                .collect();
+        found.extend(entitlements_correction(
+            customer,
+            &now.entitlements,
+            held,
+            read_at,
+        )?);
+        Ok(found)
     }
 }
 
 impl CustomerPlans for KindeEntitlements {
-    fn correction<'a>(
+    fn corrections<'a>(
         &'a self,
         customer: &'a str,
-        local: Option<&'a StoredPlan>,
+        local: &'a StoredCustomer,
         read_at: DateTime<Utc>,
-    ) -> BoxFuture<'a, anyhow::Result<Option<Fetched>>> {
+    ) -> BoxFuture<'a, anyhow::Result<Vec<Fetched>>> {
         Box::pin(self.check(customer, local, read_at))
     }
+}
+
+/// The corrective event for a Kinde entitlements register that holds other features than
+/// Kinde lists, read at `read_at`: a `customer.entitlements_read` carrying the whole list as
+/// read (its decision maps it to features, docs/design.md §6.1); `None` when they agree. No
+/// webhook writes this register, so nothing can be crossing the read and no settling time
+/// applies. Its time is the read's, and its key is derived from the list read and the
+/// register it corrects: a later run that finds the same stores a copy.
+pub fn entitlements_correction(
+    customer: &str,
+    entitlements: &[Value],
+    held: Option<&StoredEntitlement>,
+    read_at: DateTime<Utc>,
+) -> anyhow::Result<Option<Fetched>> {
+    let features = entitlement_features(entitlements)
+        .map_err(|p| anyhow::anyhow!("the entitlements read: {}", p.0))?;
+    let agrees = match held {
+        None => features.is_empty(),
+        Some(held) => held.active && held.features == features,
+    };
+    if agrees {
+        return Ok(None);
+    }
+    let list = Value::Array(entitlements.to_vec());
+    let digest = hex::encode(&Sha256::digest(serde_json::to_vec(&list)?)[..8]);
+    let since = held.map_or(0, |h| h.version_at.timestamp_millis());
+    let claims = json!({
+        "type": ENTITLEMENTS_READ,
+        "event_id": format!("reconcile:{customer}:entitlements:{digest}:after:{since}"),
+        "timestamp": read_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+        "source": "reconcile",
+        "data": {"customer_id": customer, "entitlements": list},
+    });
+    let body = serde_json::to_vec(&claims)?;
+    Ok(Some(Fetched {
+        body,
+        event: parse_claims(claims, None, read_at),
+    }))
 }
 
 /// The corrective event for a plan register that shows another plan than Kinde, read at
@@ -288,6 +392,119 @@ mod tests {
         let later = correction("c", &plans, None, read_at() + chrono::Duration::hours(1)).unwrap();
         assert_eq!(first.event.dedupe_key, later.event.dedupe_key);
         assert_eq!(first.event.content_hash, later.event.content_hash);
+    }
+
+    /// An entitlement as Kinde's `GET /api/v1/billing/entitlements` lists it.
+    fn entitlement(code: &str, max: Option<i64>) -> Value {
+        json!({"id": format!("entitlement_{code}"), "fixed_charge": null,
+               "price_name": code, "unit_amount": null, "feature_code": code,
+               "feature_name": code, "entitlement_limit_max": max,
+               "entitlement_limit_min": null})
+    }
+
+    fn held(features: Value, at: &str) -> StoredEntitlement {
+        StoredEntitlement {
+            grant: ENTITLEMENTS_GRANT.into(),
+            active: true,
+            features: crate::domain::features::of_json_object(features.as_object().unwrap())
+                .unwrap(),
+            version_at: at.parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn entitlements_unlike_the_register_become_one_read_event_at_the_read_time() {
+        let read = [entitlement("seats", Some(10)), entitlement("sso", None)];
+        let fetched = entitlements_correction("kc_1", &read, None, read_at())
+            .unwrap()
+            .expect("a customer with no register but features at Kinde is corrected");
+        let payload = fetched.event.payload.as_ref().unwrap();
+        assert_eq!(payload["type"], ENTITLEMENTS_READ);
+        assert_eq!(
+            payload["data"]["entitlements"],
+            json!(read),
+            "the list as read"
+        );
+        let meta = fetched.event.meta.as_ref().unwrap();
+        assert_eq!(meta.customer.as_ref().map(|c| c.as_str()), Some("kc_1"));
+        assert_eq!(meta.occurred_at.as_datetime(), read_at());
+        let key = fetched.event.dedupe_key.as_str();
+        assert!(
+            key.starts_with("reconcile:kc_1:entitlements:") && key.ends_with(":after:0"),
+            "{key}"
+        );
+        // Its decision is the register Kinde's list gives.
+        let decision = crate::providers::decide(
+            crate::domain::SourceKind::Kinde,
+            ENTITLEMENTS_READ,
+            payload,
+            &crate::domain::Catalog::parse("{}").unwrap(),
+        );
+        assert_eq!(
+            decision,
+            crate::billing::Decision::apply(vec![crate::billing::Effect::Entitlement {
+                grant: ENTITLEMENTS_GRANT.into(),
+                active: true,
+                features: held(json!({"seats": 10, "sso": true}), "2026-01-01T00:00:00Z").features,
+            }])
+        );
+        // Another register: another finding, named after the register it corrects.
+        let other = held(json!({"seats": 5}), "2026-02-01T00:00:00Z");
+        let fetched = entitlements_correction("kc_1", &read, Some(&other), read_at())
+            .unwrap()
+            .unwrap();
+        assert!(fetched
+            .event
+            .dedupe_key
+            .as_str()
+            .ends_with(&format!(":after:{}", other.version_at.timestamp_millis())));
+    }
+
+    #[test]
+    fn entitlements_that_agree_with_the_register_correct_nothing() {
+        let read = [entitlement("seats", Some(10))];
+        let same = held(json!({"seats": 10}), "2026-03-10T11:59:00Z");
+        assert!(entitlements_correction("c", &read, Some(&same), read_at())
+            .unwrap()
+            .is_none());
+        assert!(entitlements_correction("c", &[], None, read_at())
+            .unwrap()
+            .is_none());
+        // Kinde lists none, the register gives some: corrected to none.
+        let fetched = entitlements_correction("c", &[], Some(&same), read_at())
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            fetched.event.payload.unwrap()["data"]["entitlements"],
+            json!([])
+        );
+    }
+
+    #[test]
+    fn the_same_entitlements_finding_is_the_same_event_on_every_run() {
+        let read = [entitlement("seats", Some(10))];
+        let first = entitlements_correction("c", &read, None, read_at())
+            .unwrap()
+            .unwrap();
+        let later =
+            entitlements_correction("c", &read, None, read_at() + chrono::Duration::hours(1))
+                .unwrap()
+                .unwrap();
+        assert_eq!(first.event.dedupe_key, later.event.dedupe_key);
+        assert_eq!(first.event.content_hash, later.event.content_hash);
+        let more = [entitlement("seats", Some(20))];
+        let other = entitlements_correction("c", &more, None, read_at())
+            .unwrap()
+            .unwrap();
+        assert_ne!(
+            first.event.dedupe_key, other.event.dedupe_key,
+            "another list read"
+        );
+        let odd = [
+            entitlement("seats", None),
+            json!({"feature_code": "x", "entitlement_limit_max": "10"}),
+        ];
+        assert!(entitlements_correction("c", &odd, None, read_at()).is_err());
     }
 
     #[test]

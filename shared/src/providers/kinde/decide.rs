@@ -1,5 +1,7 @@
 //! What Kinde billing events mean for the registers: plan events set the customer's plan
-//! register and grant their plan; payments and overdue invoices move the payment standing.
+//! register and grant their plan; payments and overdue invoices move the payment standing;
+//! the entitlements reconciliation read (`customer.entitlements_read`) sets the customer's
+//! Kinde entitlements.
 
 use serde_json::Value;
 
@@ -7,7 +9,37 @@ use super::{content_hash, CUSTOMER_FIELDS};
 use crate::billing::model::read::{first_text, resolve, text};
 use crate::billing::model::{no_meaning, not_billing, with_grant};
 use crate::billing::{Decided, Decision, Effect, PaymentStatus, Problem};
-use crate::domain::Catalog;
+use crate::domain::{features, Catalog, FeatureValue, Features};
+
+/// The event type of Kinde's entitlements as reconciliation read them: the project's own (Kinde
+/// sends no such webhook), stored as the read's corrective event (docs/design.md §6.1).
+pub const ENTITLEMENTS_READ: &str = "customer.entitlements_read";
+
+/// The one entitlement register that holds a customer's Kinde entitlements as read.
+pub const ENTITLEMENTS_GRANT: &str = "kinde_entitlements";
+
+/// The features a list of Kinde billing entitlements gives (`GET /api/v1/billing/entitlements`,
+/// `entitlements[]`): `feature_code` → `entitlement_limit_max`, or `true` when it has no
+/// maximum; an entitlement without a `feature_code` names no feature. Two of one feature
+/// (two plans' prices) give the larger value.
+pub fn entitlement_features(entitlements: &[Value]) -> Result<Features, Problem> {
+    let mut out = Features::new();
+    for entitlement in entitlements {
+        let Some(code) = text(entitlement, "/feature_code") else {
+            continue;
+        };
+        let value = match entitlement.get("entitlement_limit_max") {
+            None | Some(Value::Null) => FeatureValue::Flag(true),
+            Some(max) => max.as_i64().map(FeatureValue::Number).ok_or_else(|| {
+                Problem(format!(
+                    "entitlement {code}'s entitlement_limit_max is {max}: not a whole number"
+                ))
+            })?,
+        };
+        features::join(&mut out, &Features::from([(code.to_owned(), value)]));
+    }
+    Ok(out)
+}
 
 /// Where Kinde billing events name their plan (Kinde does not publish the layout; both are
 /// read in the wild, docs/design.md §6).
@@ -120,6 +152,17 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
             Effect::Standing { past_due: true },
         ]),
         "customer.invoice_overdue" => Decision::apply(vec![Effect::Standing { past_due: true }]),
+        ENTITLEMENTS_READ => {
+            let read = p
+                .pointer("/data/entitlements")
+                .and_then(Value::as_array)
+                .ok_or_else(|| Problem("no list at data.entitlements".to_owned()))?;
+            Decision::apply(vec![Effect::Entitlement {
+                grant: ENTITLEMENTS_GRANT.to_owned(),
+                active: true,
+                features: entitlement_features(read)?,
+            }])
+        }
         other => return Ok(not_billing(other)),
     }
     .noted(used))
@@ -265,6 +308,55 @@ mod tests {
         assert_ne!(
             first, next_month,
             "another signed payment is another payment"
+        );
+    }
+
+    /// An entitlement as Kinde's `GET /api/v1/billing/entitlements` lists it.
+    fn entitlement(code: &str, max: Value) -> Value {
+        json!({"id": format!("entitlement_{code}"), "fixed_charge": null,
+               "price_name": code, "unit_amount": null, "feature_code": code,
+               "feature_name": code, "entitlement_limit_max": max,
+               "entitlement_limit_min": null})
+    }
+
+    #[test]
+    fn kindes_entitlements_as_read_are_one_register_of_feature_codes_and_limits() {
+        let read = json!({"type": ENTITLEMENTS_READ, "data": {"customer_id": "c", "entitlements": [
+            entitlement("seats", json!(10)),
+            entitlement("sso", Value::Null),
+            entitlement("seats", json!(25)),
+            {"id": "entitlement_base", "fixed_charge": 2900, "price_name": "Base"},
+        ]}});
+        let want: Features = crate::domain::features::of_json_object(
+            json!({"seats": 25, "sso": true}).as_object().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            kinde(ENTITLEMENTS_READ, &read),
+            Decision::apply(vec![Effect::Entitlement {
+                grant: ENTITLEMENTS_GRANT.into(),
+                active: true,
+                features: want
+            }])
+        );
+        let none = json!({"data": {"customer_id": "c", "entitlements": []}});
+        assert!(matches!(
+            kinde(ENTITLEMENTS_READ, &none),
+            Decision::Apply { effects, .. }
+                if effects == [Effect::Entitlement { grant: ENTITLEMENTS_GRANT.into(),
+                                                     active: true, features: Features::new() }]
+        ));
+        let odd = json!({"data": {"customer_id": "c",
+                                  "entitlements": [entitlement("seats", json!(2.5))]}});
+        assert_eq!(
+            kinde(ENTITLEMENTS_READ, &odd),
+            Decision::Unprocessable(
+                "entitlement seats's entitlement_limit_max is 2.5: not a whole number".into()
+            )
+        );
+        assert_eq!(
+            kinde(ENTITLEMENTS_READ, &json!({"data": {"customer_id": "c"}})),
+            Decision::Unprocessable("no list at data.entitlements".into())
         );
     }
 

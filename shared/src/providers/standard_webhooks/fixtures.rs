@@ -15,11 +15,85 @@ use crate::signing::standard_webhooks::{
 
 pub struct StandardFixtures;
 
+/// A feature as `--feature` names it: `sso`, `seats=20`, `export=csv`, `beta=false`; as the
+/// benefit's metadata says it (`{"feature": "seats", "value": 20}`, docs/design.md §6.3).
+fn feature_metadata(feature: &str) -> Result<Value, String> {
+    let (key, value) = match feature.split_once('=') {
+        Some((key, value)) => (key, Some(value)),
+        None => (feature, None),
+    };
+    if key.trim().is_empty() {
+        return Err(format!("--feature '{feature}' names no feature"));
+    }
+    let mut metadata = json!({"feature": key});
+    if let Some(value) = value {
+        metadata["value"] = match value {
+            "true" | "false" => json!(value == "true"),
+            number if number.parse::<i64>().is_ok() => json!(number.parse::<i64>().ok()),
+            text => json!(text),
+        };
+    }
+    Ok(metadata)
+}
+
+/// A `BenefitGrantWebhook` as Polar sends it: a `feature_flag` benefit whose metadata names
+/// the spec's feature (`sso` by default), granted for the customer's subscription; revoked
+/// by `benefit_grant.revoked`. A new grant has no `modified_at` yet.
+fn benefit_grant(spec: &Spec, event_type: &str) -> Result<Value, String> {
+    let at = spec.at.to_rfc3339();
+    let customer = spec.customer.as_str();
+    let feature = spec.feature.as_deref().unwrap_or("sso");
+    let metadata = feature_metadata(feature)?;
+    let key = metadata["feature"].as_str().unwrap_or("sso").to_owned();
+    let revoked = event_type == "benefit_grant.revoked";
+    let created = event_type == "benefit_grant.created";
+    let benefit_id = format!("benefit_{key}");
+    Ok(json!({
+        "created_at": at, "modified_at": (!created).then_some(&at),
+        "id": spec.object_id.clone().unwrap_or_else(|| format!("grant_{customer}_{key}")),
+        "granted_at": (!revoked).then_some(&at), "is_granted": !revoked,
+        "revoked_at": revoked.then_some(&at), "is_revoked": revoked,
+        "subscription_id": format!("sub_{customer}"), "order_id": null,
+        "customer_id": customer, "member_id": null, "benefit_id": benefit_id, "error": null,
+        "customer": {
+            "id": customer, "created_at": at, "modified_at": null, "metadata": {},
+            "external_id": null, "email": format!("{customer}@example.com"),
+            "email_verified": false, "type": "individual", "name": null, "billing_name": null,
+            "billing_address": {"line1": null, "line2": null, "postal_code": null,
+                                "city": null, "state": null, "country": "US"},
+            "tax_id": null, "locale": null, "organization_id": ORGANIZATION,
+            "default_payment_method_id": null, "deleted_at": null,
+            "first_user_event_at": null, "avatar_url": null
+        },
+        "member": null,
+        "benefit": {
+            "id": benefit_id, "created_at": at, "modified_at": null, "type": "feature_flag",
+            "description": format!("Feature {key}"), "selectable": true, "deletable": true,
+            "is_deleted": false, "organization_id": ORGANIZATION, "metadata": metadata,
+            "visibility": "private", "properties": {}, "visibility_configurable": true
+        },
+        "properties": {}, "previous_properties": {},
+        "user_id": customer
+    }))
+}
+
 /// The development source's signing secret (a dev-only value), used as its raw bytes as
 /// Polar's secrets are (`secret_encoding: raw`, docs/design.md §6.3).
 pub const DEV_SECRET: &str = "polar_whs_devsecret_0123456789";
 
-const KINDS: &[&str] = &["subscription", "revoked", "order-paid", "order-refunded"];
+const KINDS: &[&str] = &[
+    "subscription",
+    "revoked",
+    "order-paid",
+    "order-refunded",
+    "benefit-grant-created",
+    "benefit-grant-updated",
+    "benefit-grant-cycled",
+    "benefit-grant-revoked",
+];
+
+/// The development organization that owns the benefits below.
+const ORGANIZATION: &str = "ba0685ff-8e13-446c-97b7-47b5a75ca925";
 
 impl Fixtures for StandardFixtures {
     fn kinds(&self) -> &'static [&'static str] {
@@ -87,6 +161,16 @@ impl Fixtures for StandardFixtures {
                            "modified_at": at.to_rfc3339(), "created_at": at.to_rfc3339()}),
                 )
             }
+            kind if kind.starts_with("benefit-grant-") => {
+                let event_type = match kind {
+                    "benefit-grant-created" => "benefit_grant.created",
+                    "benefit-grant-updated" => "benefit_grant.updated",
+                    "benefit-grant-cycled" => "benefit_grant.cycled",
+                    "benefit-grant-revoked" => "benefit_grant.revoked",
+                    other => return Err(unknown_kind(other, KINDS)),
+                };
+                (event_type, benefit_grant(spec, event_type)?)
+            }
             other => return Err(unknown_kind(other, KINDS)),
         };
         Ok((
@@ -118,5 +202,73 @@ impl Fixtures for StandardFixtures {
             ],
             body,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::billing::{Decision, Effect};
+    use crate::domain::{Catalog, Features};
+    use crate::providers::decide;
+
+    fn spec(kind: &str, feature: Option<&str>) -> Spec {
+        Spec {
+            kind: kind.into(),
+            customer: "cus_1".into(),
+            plan: None,
+            at: Utc::now(),
+            object_id: None,
+            status: None,
+            cancel_at_period_end: false,
+            event_id: None,
+            feature: feature.map(str::to_owned),
+        }
+    }
+
+    fn entitlement(kind: &str, feature: Option<&str>) -> (bool, Features) {
+        let (_, payload) = StandardFixtures.payload(&spec(kind, feature)).unwrap();
+        let event_type = payload["type"].as_str().unwrap();
+        let catalog = Catalog::parse("{}").unwrap();
+        match decide(SourceKind::StandardWebhooks, event_type, &payload, &catalog) {
+            Decision::Apply { effects, .. } => match effects.as_slice() {
+                [Effect::Entitlement {
+                    active, features, ..
+                }] => (*active, features.clone()),
+                other => panic!("{kind}: {other:?}"),
+            },
+            other => panic!("{kind}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_benefit_grant_kinds_give_and_take_the_named_feature() {
+        let seats =
+            crate::domain::features::of_json_object(json!({"seats": 20}).as_object().unwrap())
+                .unwrap();
+        for kind in [
+            "benefit-grant-created",
+            "benefit-grant-updated",
+            "benefit-grant-cycled",
+        ] {
+            assert_eq!(entitlement(kind, Some("seats=20")), (true, seats.clone()));
+        }
+        assert_eq!(
+            entitlement("benefit-grant-revoked", Some("seats=20")),
+            (false, Features::new())
+        );
+        let sso = entitlement("benefit-grant-created", None).1;
+        assert_eq!(sso.keys().collect::<Vec<_>>(), ["sso"], "sso unless told");
+        assert_eq!(
+            feature_metadata("export=csv").unwrap(),
+            json!({"feature": "export", "value": "csv"})
+        );
+        assert_eq!(
+            feature_metadata("beta=false").unwrap(),
+            json!({"feature": "beta", "value": false})
+        );
+        assert!(StandardFixtures
+            .payload(&spec("benefit-grant-created", Some("=3")))
+            .is_err());
     }
 }

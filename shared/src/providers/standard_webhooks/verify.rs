@@ -179,6 +179,33 @@ mod tests {
         assert_eq!(meta_time(&bare), ProviderTime::from(now()));
     }
 
+    #[test]
+    fn a_benefit_grant_is_its_customers_at_the_grants_time() {
+        let corpus = |name: &str| -> Value {
+            let path = format!(
+                "{}/../testdata/providers/polar/{name}.json",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+        };
+        // A new grant has no modified_at yet: the envelope's timestamp is its time.
+        let created = meta(&corpus("benefit_grant.created"), now()).unwrap();
+        assert_eq!(
+            created.customer.unwrap().as_str(),
+            "c1a124cb-d614-4eeb-91b9-1802cb91d276",
+            "Polar's customer id, as for its subscriptions, not the external id"
+        );
+        assert_eq!(
+            created.occurred_at,
+            ProviderTime::parse_rfc3339("2025-12-01T10:00:04.391207Z").unwrap()
+        );
+        let revoked = meta(&corpus("benefit_grant.revoked"), now()).unwrap();
+        assert_eq!(
+            revoked.occurred_at,
+            ProviderTime::parse_rfc3339("2026-01-22T10:02:32.107455Z").unwrap()
+        );
+    }
+
     fn meta_time(p: &Value) -> ProviderTime {
         meta(p, now()).unwrap().occurred_at
     }

@@ -1,0 +1,269 @@
+//! Polar benefit grants as features (docs/design.md §6.3): each grant is its own entitlement
+//! register, ordered by the grant's time; a feature stays while any active grant gives it and
+//! goes with the last one, in every arrival order, copies changing nothing, and
+//! `billing.features_changed` told only when the account's set of features moves.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+use shared::domain::{CustomerId, Features, Period};
+use sqlx::PgPool;
+
+use crate::corpus::corpus;
+use crate::helpers::*;
+
+/// A grant event of the Polar corpus's SSO grant, made `grant`'s (for `customer`, from a
+/// subscription of its own) at `at`: granted (`benefit_grant.created`; a grant revoked
+/// before is granted again in place) or revoked.
+fn grant_event(grant: &str, customer: &str, granted: bool, at: &str) -> Value {
+    let name = if granted {
+        "benefit_grant.created"
+    } else {
+        "benefit_grant.revoked"
+    };
+    let mut p = corpus("polar")
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .expect("the Polar corpus has its benefit grants")
+        .1;
+    p["timestamp"] = json!(at);
+    let data = &mut p["data"];
+    data["id"] = json!(grant);
+    data["subscription_id"] = json!(format!("sub_of_{grant}"));
+    data["customer_id"] = json!(customer);
+    data["user_id"] = json!(customer);
+    data["customer"]["id"] = json!(customer);
+    data["modified_at"] = json!(at);
+    if granted {
+        data["granted_at"] = json!(at);
+    } else {
+        data["revoked_at"] = json!(at);
+    }
+    p
+}
+
+/// One delivery of a test's event set: its grant, whether it grants, and its time.
+#[derive(Clone, Copy)]
+struct Grant {
+    grant: &'static str,
+    granted: bool,
+    at: &'static str,
+}
+
+impl Grant {
+    fn label(&self) -> String {
+        let what = if self.granted { "granted" } else { "revoked" };
+        format!("{}_{what}_{}", self.grant, self.at)
+    }
+}
+
+/// What the account's features must be once `delivered` are applied, whatever their order:
+/// each grant as its latest event says, `sso` while any grant is active.
+fn expected(delivered: &[Grant]) -> Features {
+    let mut latest: BTreeMap<&str, Grant> = BTreeMap::new();
+    for g in delivered {
+        if latest.get(g.grant).is_none_or(|held| held.at < g.at) {
+            latest.insert(g.grant, *g);
+        }
+    }
+    let mut features = Features::new();
+    if latest.values().any(|g| g.granted) {
+        features.insert("sso".into(), shared::domain::FeatureValue::Flag(true));
+    }
+    features
+}
+
+/// Every order of `n` items.
+fn orders(n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![Vec::new()];
+    }
+    let mut all = Vec::new();
+    for rest in orders(n - 1) {
+        for at in 0..=rest.len() {
+            let mut order = rest.clone();
+            order.insert(at, n - 1);
+            all.push(order);
+        }
+    }
+    all
+}
+
+/// The account's features as the app reads them (the snapshot).
+async fn features(app: &TestApp, customer: &str) -> Features {
+    let mut conn = app.pool.acquire().await.unwrap();
+    let customer = CustomerId::parse(customer).unwrap();
+    let period = Period::parse("2026-01").unwrap();
+    shared::billing::account::snapshot(&mut conn, "polar", &customer, &period, &app.worker.catalog)
+        .await
+        .unwrap()
+        .map(|s| s.features)
+        .unwrap_or_default()
+}
+
+/// Delivers `g` for `customer` and works it; the intake's answer.
+async fn deliver(app: &TestApp, customer: &str, g: &Grant) -> String {
+    let body = grant_event(g.grant, customer, g.granted, g.at);
+    let id = format!("msg_{customer}_{}", g.label());
+    let (status, answer) = app.post("polar", &polar_delivery(&id, &body)).await;
+    assert_eq!(status, 200, "{answer}");
+    app.run_worker().await;
+    answer["status"].as_str().unwrap().to_owned()
+}
+
+/// The `billing.features_changed` effects of `customer`, in sequence order: (added, removed).
+async fn features_changed(app: &TestApp, customer: &str) -> Vec<(Value, Value)> {
+    app.effects()
+        .await
+        .into_iter()
+        .filter(|e| e.customer_id == customer && e.kind == "billing.features_changed")
+        .map(|e| {
+            (
+                e.body["data"]["added"].clone(),
+                e.body["data"]["removed"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// Delivers `set` for a customer of its own in every order, and after each delivery checks
+/// the account's features against [`expected`], and the effects against each move of the
+/// set; then every delivery again, each a copy that changes nothing.
+async fn in_every_order(app: &TestApp, name: &str, set: &[Grant]) -> Vec<Features> {
+    let mut ends = Vec::new();
+    for (n, order) in orders(set.len()).into_iter().enumerate() {
+        let customer = format!("{name}_{n}");
+        let mut delivered = Vec::new();
+        let mut moves = Vec::new();
+        let mut before = Features::new();
+        for &i in &order {
+            assert_eq!(deliver(app, &customer, &set[i]).await, "stored");
+            delivered.push(set[i]);
+            let want = expected(&delivered);
+            let have = features(app, &customer).await;
+            assert_eq!(have, want, "{customer}: after {}", set[i].label());
+            if want != before {
+                let added: Vec<&String> =
+                    want.keys().filter(|k| !before.contains_key(*k)).collect();
+                let removed: Vec<&String> =
+                    before.keys().filter(|k| !want.contains_key(*k)).collect();
+                moves.push((json!(added), json!(removed)));
+            }
+            before = want;
+        }
+        assert_eq!(
+            features_changed(app, &customer).await,
+            moves,
+            "{customer}: told once for each move of the set, and only then"
+        );
+        for &i in &order {
+            assert_eq!(deliver(app, &customer, &set[i]).await, "duplicate");
+        }
+        assert_eq!(features(app, &customer).await, before, "{customer}: copies");
+        assert_eq!(
+            features_changed(app, &customer).await,
+            moves,
+            "{customer}: copies tell nothing"
+        );
+        ends.push(before);
+    }
+    ends
+}
+
+const G1_GRANTED: Grant = Grant {
+    grant: "g1",
+    granted: true,
+    at: "2026-01-05T10:00:00.100000Z",
+};
+const G2_GRANTED: Grant = Grant {
+    grant: "g2",
+    granted: true,
+    at: "2026-01-06T10:00:00.100000Z",
+};
+const G1_REVOKED: Grant = Grant {
+    grant: "g1",
+    granted: false,
+    at: "2026-01-20T10:00:00.100000Z",
+};
+const G2_REVOKED: Grant = Grant {
+    grant: "g2",
+    granted: false,
+    at: "2026-01-21T10:00:00.100000Z",
+};
+
+async fn benefits_app(pool: PgPool) -> TestApp {
+    let mut app = TestApp::spawn(pool).await;
+    app.enable_effects().await;
+    app
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_feature_two_polar_grants_give_stays_until_the_last_is_revoked_in_every_order(
+    pool: PgPool,
+) {
+    let app = benefits_app(pool).await;
+    let sso = expected(&[G1_GRANTED]);
+    // One of the two revoked: sso stays, whichever came first.
+    let ends = in_every_order(&app, "one_left", &[G1_GRANTED, G2_GRANTED, G1_REVOKED]).await;
+    assert_eq!(ends.len(), 6);
+    assert!(ends.iter().all(|f| *f == sso), "{ends:?}");
+    // Both revoked: gone, in all 24 orders (each prefix checked on the way).
+    let all = [G1_GRANTED, G2_GRANTED, G1_REVOKED, G2_REVOKED];
+    let ends = in_every_order(&app, "none_left", &all).await;
+    assert_eq!(ends.len(), 24);
+    assert!(ends.iter().all(Features::is_empty), "{ends:?}");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_polar_grant_revoked_and_granted_again_ends_as_its_latest_event_in_every_order(
+    pool: PgPool,
+) {
+    let app = benefits_app(pool).await;
+    let again = Grant {
+        at: "2026-01-25T10:00:00.100000Z",
+        ..G1_GRANTED
+    };
+    let ends = in_every_order(&app, "again", &[G1_GRANTED, G1_REVOKED, again]).await;
+    assert!(
+        ends.iter().all(|f| *f == expected(&[G1_GRANTED])),
+        "{ends:?}"
+    );
+
+    // A late revocation older than the grant it meets is ignored, and says why.
+    let customer = "late_revoke";
+    deliver(&app, customer, &again).await;
+    deliver(&app, customer, &G1_REVOKED).await;
+    let id = app
+        .event_id("polar", &format!("msg_{customer}_{}", G1_REVOKED.label()))
+        .await;
+    let late = app.event(id).await;
+    assert_eq!(late.status, "ignored");
+    assert_eq!(
+        late.reason.as_deref(),
+        Some("a newer state of entitlement g1 is already stored")
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_grant_and_its_revocation_at_the_same_time_end_alike_in_both_orders(pool: PgPool) {
+    let app = benefits_app(pool).await;
+    let at = "2026-01-05T10:00:00.100000Z";
+    let granted = Grant {
+        grant: "g1",
+        granted: true,
+        at,
+    };
+    let revoked = Grant {
+        granted: false,
+        ..granted
+    };
+    // In both orders the keys compare alike: the tie is decided by them, not by arrival.
+    let mut ends = Vec::new();
+    for (customer, order) in [("tie_a", [granted, revoked]), ("tie_b", [revoked, granted])] {
+        for g in &order {
+            assert_eq!(deliver(&app, customer, g).await, "stored");
+        }
+        ends.push(features(&app, customer).await);
+    }
+    assert_eq!(ends[0], ends[1], "the same end in both orders");
+}
