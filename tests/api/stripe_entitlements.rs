@@ -501,6 +501,7 @@ async fn the_dev_kind_entitlements_is_a_summary_the_pipeline_applies(pool: PgPoo
         status: None,
         cancel_at_period_end: false,
         event_id: None,
+        feature: None,
     };
     let (id, payload) = fixtures::payload(shared::domain::SourceKind::Stripe, &spec).unwrap();
     let source = test_sources("http://127.0.0.1:9/unused")

@@ -209,6 +209,7 @@ mod tests {
             status: None,
             cancel_at_period_end: false,
             event_id: None,
+            feature: None,
         };
         let refused = payload(SourceKind::Stripe, &spec).unwrap_err();
         assert!(refused.ends_with("refund, entitlements"), "{refused}");
