@@ -941,7 +941,7 @@ async fn the_api_bench_reports_every_phase_and_leaves_no_database_behind() {
         [Some(4), Some(16)]
     );
     for level in levels {
-        for phase in ["read", "debit", "hot_debit"] {
+        for phase in ["read", "feature", "debit", "hot_debit"] {
             assert!(positive(&level[phase]["ratio"]), "{phase}: {report}");
             for side in ["api", "raw"] {
                 let figures = &level[phase][side];
@@ -975,10 +975,11 @@ async fn the_api_bench_reports_every_phase_and_leaves_no_database_behind() {
             }
         }
     }
-    // Effects are off: a read and a debit are one round trip each, through the handler and raw.
+    // Effects are off: a read, a feature check and a debit are one round trip each, through
+    // the handler and raw.
     assert_eq!(report["round_trips"]["ops"], 50);
     for side in ["api", "raw"] {
-        for kind in ["read", "debit", "hot_debit"] {
+        for kind in ["read", "feature", "debit", "hot_debit"] {
             assert_eq!(
                 report["round_trips"][side][kind].as_f64(),
                 Some(1.0),
