@@ -127,7 +127,10 @@ stack_env() {
   local dev_plans
   : "${INBOX_JWKS_PORT:=61325}"
   export INBOX_JWKS_PORT
-  dev_plans='{"free":{"plan":"free","monthly_allowance":10},"pro":{"plan":"pro","monthly_allowance":500},"price_pro":{"plan":"pro","monthly_allowance":500},"prod_pro":{"plan":"pro","monthly_allowance":500},"team":{"plan":"team","monthly_allowance":2000},"price_team":{"plan":"team","monthly_allowance":2000},"prod_team":{"plan":"team","monthly_allowance":2000}}'
+  # (each plan's features, docs/design.md §4.12: what the app's feature check answers)
+  local pro_features='"features":{"sso":true,"seats":20,"export":"csv"}'
+  local team_features='"features":{"sso":true,"seats":100,"export":"csv","audit-log":true}'
+  dev_plans='{"free":{"plan":"free","monthly_allowance":10,"features":{"seats":1}},"pro":{"plan":"pro","monthly_allowance":500,'"$pro_features"'},"price_pro":{"plan":"pro","monthly_allowance":500,'"$pro_features"'},"prod_pro":{"plan":"pro","monthly_allowance":500,'"$pro_features"'},"team":{"plan":"team","monthly_allowance":2000,'"$team_features"'},"price_team":{"plan":"team","monthly_allowance":2000,'"$team_features"'},"prod_team":{"plan":"team","monthly_allowance":2000,'"$team_features"'}}'
   [ -n "${INBOX_PLANS:-}" ] || INBOX_PLANS="$dev_plans"
   export INBOX_PLANS
   if [ -x "$ROOT/target/debug/inboxctl" ]; then

@@ -47,8 +47,9 @@ pub struct BenchArgs {
     /// in one availability zone is about 0.3–0.5 ms.
     #[arg(long, default_value_t = 0.0)]
     pub pg_delay_ms: f64,
-    /// Measure the app API instead (`crate::bench_api`): reads and debits through the api
-    /// function's handler against the same library calls run raw, at concurrency 4 and 16.
+    /// Measure the app API instead (`crate::bench_api`): reads, feature checks and debits
+    /// through the api function's handler against the same library calls run raw, at
+    /// concurrency 4 and 16.
     #[arg(long)]
     pub api: bool,
     /// With --api: operations in each measured phase.

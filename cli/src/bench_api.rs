@@ -1,6 +1,7 @@
-//! `inboxctl bench --api`: the app API's reads and debits through the api function's handler
-//! against the same library calls run raw (the ceiling), at concurrency 4 and 16, with a hot
-//! account (every debit on one customer) beside them (docs/design.md §8, docs/api.md). In a
+//! `inboxctl bench --api`: the app API's reads, feature checks and debits through the api
+//! function's handler against the same library calls run raw (the ceiling), at concurrency 4
+//! and 16, with a hot account (every debit on one customer) beside them (docs/design.md §8,
+//! docs/api.md). In a
 //! database of its own, removed afterwards; every phase is bounded by `--requests`; loopback
 //! only. The accounts are seeded as the pipeline makes them: signed fixture deliveries,
 //! verified and stored, then applied by the worker's handler in process.
@@ -38,9 +39,12 @@ use crate::bench::{
 use crate::delay::DelayProxy;
 
 /// The bench-only catalog entry the seeded accounts are on: an allowance no phase can spend,
-/// so that every debit is accepted and the phases measure the same work throughout.
+/// so that every debit is accepted and the phases measure the same work throughout, and the
+/// features a feature check finds allowed.
 const BENCH_PLAN_KEY: &str = "price_bench_api";
 const BENCH_ALLOWANCE: i64 = 1_000_000_000;
+/// The feature each check asks for: one the bench plan gives.
+const BENCH_FEATURE: &str = "sso";
 /// The concurrent callers of each level: as many api function instances, each with its own
 /// held connection, against as many raw connections.
 const LEVELS: [usize; 2] = [4, 16];
@@ -53,8 +57,13 @@ const BENCH_KEY: &str = "bik_bench_local_only_read_and_usage";
 /// What a phase works on: the request through the handler, or the same call's values raw.
 enum Op {
     Read(CustomerId),
+    /// A feature check: the customer and the feature's key.
+    Feature(CustomerId, &'static str),
     Debit(CustomerId, String),
 }
+
+/// The phases of each level, by the name the report gives them.
+const PHASES: [&str; 4] = ["read", "feature", "debit", "hot_debit"];
 
 pub async fn run(
     args: &BenchArgs,
@@ -96,7 +105,8 @@ fn with_bench_plan(plans: &str) -> anyhow::Result<Catalog> {
         serde_json::from_str(plans).context("INBOX_PLANS is not a JSON object")?;
     entries.insert(
         BENCH_PLAN_KEY.into(),
-        json!({"plan": "bench_api", "monthly_allowance": BENCH_ALLOWANCE}),
+        json!({"plan": "bench_api", "monthly_allowance": BENCH_ALLOWANCE,
+               "features": {BENCH_FEATURE: true, "seats": 20, "export": "csv"}}),
     );
     Ok(parse_plans(&Value::Object(entries).to_string())?)
 }
@@ -199,13 +209,14 @@ async fn bench(
                     };
                     match kind {
                         "read" => Op::Read(customer),
+                        "feature" => Op::Feature(customer, BENCH_FEATURE),
                         _ => Op::Debit(customer, format!("c{concurrency}-{kind}-{side}-{n}")),
                     }
                 })
                 .collect()
         };
         let mut level = json!({"concurrency": concurrency});
-        for kind in ["read", "debit", "hot_debit"] {
+        for kind in PHASES {
             // Half of each side's operations, then the other half in the reverse order (raw,
             // api, api, raw), each on its own connections: a drift of the machine or of the
             // tables during the phase weighs on both sides alike.
@@ -400,12 +411,18 @@ async fn seed(
 }
 
 /// One request through an api instance's handler, as API Gateway hands it over; whether it
-/// was answered 200.
+/// was answered 200 (and a feature check found the feature allowed).
 async fn through_handler(state: &ApiState, source: &str, op: Op) -> bool {
+    let check = matches!(op, Op::Feature(..));
     let request = match op {
         Op::Read(customer) => http::Request::builder()
             .method("GET")
             .uri(format!("/v1/accounts/{source}/{customer}"))
+            .header("authorization", format!("Bearer {BENCH_KEY}"))
+            .body(lambda_http::Body::Empty),
+        Op::Feature(customer, key) => http::Request::builder()
+            .method("GET")
+            .uri(format!("/v1/accounts/{source}/{customer}/features/{key}"))
             .header("authorization", format!("Bearer {BENCH_KEY}"))
             .body(lambda_http::Body::Empty),
         Op::Debit(customer, key) => http::Request::builder()
@@ -416,10 +433,13 @@ async fn through_handler(state: &ApiState, source: &str, op: Op) -> bool {
             .header("content-type", "application/json")
             .body(lambda_http::Body::from(r#"{"amount":1}"#)),
     };
-    match request {
-        Ok(request) => api::handle(state, request, None).await.status() == http::StatusCode::OK,
-        Err(_) => false,
-    }
+    let Ok(request) = request else {
+        return false;
+    };
+    let answer = api::handle(state, request, None).await;
+    answer.status() == http::StatusCode::OK
+        && (!check
+            || matches!(answer.body(), lambda_http::Body::Text(t) if t.contains(r#""allowed":true"#)))
 }
 
 /// The same library call the handler makes, on a connection of its own: the ceiling.
@@ -435,6 +455,16 @@ async fn raw_call(
             account::snapshot(conn, source, &customer, period, catalog)
                 .await?
                 .context("a seeded account is missing")?;
+        }
+        // The handler's call: the account's snapshot, then the feature in it.
+        Op::Feature(customer, key) => {
+            let snapshot = account::snapshot(conn, source, &customer, period, catalog)
+                .await?
+                .context("a seeded account is missing")?;
+            anyhow::ensure!(
+                snapshot.feature(key).0,
+                "a seeded account lacks the feature {key}"
+            );
         }
         Op::Debit(customer, key) => {
             let ask = DebitRequest {
@@ -626,8 +656,9 @@ async fn backend_pid(conn: &mut PgConnection) -> anyhow::Result<String> {
     Ok(pid.to_string())
 }
 
-/// Round trips per read, debit and hot debit counted on the wire: through the handler of one
-/// api instance and on one raw connection, each through a counting proxy, after a warm-up.
+/// Round trips per read, feature check, debit and hot debit counted on the wire: through the
+/// handler of one api instance and on one raw connection, each through a counting proxy, after
+/// a warm-up.
 async fn wire_round_trips(
     server: &str,
     direct: PgConnectOptions,
@@ -646,6 +677,7 @@ async fn wire_round_trips(
         (0..WIRE_OPS)
             .map(|n| match kind {
                 "read" => Op::Read(spread[n % spread.len()].clone()),
+                "feature" => Op::Feature(spread[n % spread.len()].clone(), BENCH_FEATURE),
                 "debit" => Op::Debit(spread[n % spread.len()].clone(), format!("wire-{side}-{n}")),
                 _ => Op::Debit(hot.clone(), format!("wire-{side}-hot-{n}")),
             })
@@ -668,7 +700,7 @@ async fn wire_round_trips(
     }
     let mut api_trips = Map::new();
     let mut raw_trips = Map::new();
-    for kind in ["read", "debit", "hot_debit"] {
+    for kind in PHASES {
         wire.take();
         for op in ops(kind, "api") {
             anyhow::ensure!(
@@ -793,6 +825,7 @@ fn text(report: &Value) -> String {
         ]);
     let names = [
         ("read", "reads"),
+        ("feature", "feature checks"),
         ("debit", "debits"),
         ("hot_debit", "debits, one hot account"),
     ];
@@ -836,7 +869,7 @@ fn text(report: &Value) -> String {
         }
     }
     format!(
-        "{} operations per phase; reads and debits over {} customers of '{}', the hot account {}; \
+        "{} operations per phase; reads, feature checks and debits over {} customers of '{}', the hot account {}; \
          {} cores; Postgres round trip {} ms (median of 200 SELECT 1{})\n{t}\n\
          Round trips counted on the wire over {} operations of each kind, after a warm-up.",
         report["requests"],

@@ -12,6 +12,7 @@ mod bench_api;
 mod delay;
 mod dev;
 mod effects;
+mod features;
 mod listen;
 mod scenario;
 mod send;
@@ -56,6 +57,9 @@ enum Command {
         #[arg(long, value_name = "N")]
         log: Option<u32>,
     },
+    /// What the customer may use: each feature with its value, where it comes from (the
+    /// catalog or a provider's entitlement) and the event behind it.
+    Features(features::FeaturesArgs),
     /// Each field of the account as its kept events give it: the event that decided it, those
     /// it beat and why, and any register that differs (`--at`, `--received-before`: as then).
     Why(why::WhyArgs),
@@ -177,6 +181,7 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
             )
             .await
         }
+        Command::Features(args) => features::run(args, &connect(cli).await?, cli.json).await,
         Command::Why(args) => why::why(args, &connect(cli).await?, cli.json).await,
         Command::Audit(args) => why::audit(args, &connect(cli).await?, cli.json).await,
         Command::Events {

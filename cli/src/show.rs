@@ -1,9 +1,12 @@
-//! Read-only commands: account, events, event, stats.
+//! Read-only commands: account, events, event, stats (and the features table `features`
+//! shares with `account`).
 
 use anyhow::Context;
 use comfy_table::{presets::UTF8_BORDERS_ONLY, ContentArrangement, Table};
 use sqlx::PgPool;
 
+use shared::billing::account::FeatureOrigin;
+use shared::domain::features::{FeatureValue, Features};
 use shared::domain::Catalog;
 use shared::domain::{CustomerId, Period};
 use shared::platform::config::Env;
@@ -159,6 +162,10 @@ pub async fn account(
         }
         out!("{t}");
     }
+    match features_table(&view.features, &view.feature_origins, &view.plan) {
+        Some(t) => out!("{t}"),
+        None => out!("features  none"),
+    }
     if !view.payments.is_empty() {
         let mut t = table(&["payment", "status"]);
         for p in &view.payments {
@@ -189,6 +196,46 @@ pub async fn account(
         out!("event log, in provider order:\n{t}");
     }
     Ok(())
+}
+
+/// An account's features as a table: each key, its value, where it comes from (the catalog
+/// through `plan`, or a provider's entitlement) and the event behind it; `None` when it has
+/// none. `account` and `features` print the same.
+pub(crate) fn features_table(
+    features: &Features,
+    origins: &std::collections::BTreeMap<String, FeatureOrigin>,
+    plan: &str,
+) -> Option<Table> {
+    if features.is_empty() {
+        return None;
+    }
+    let mut t = table(&["feature", "value", "from", "decided by, provider time"]);
+    for (key, value) in features {
+        let origin = origins.get(key);
+        let from = match origin.map(|o| o.source) {
+            Some("catalog") => format!("catalog (plan {plan})"),
+            Some(source) => source.to_owned(),
+            None => "-".to_owned(),
+        };
+        let event = origin.and_then(|o| o.decided_by.as_ref()).map_or_else(
+            || "-".to_owned(),
+            |e| {
+                format!(
+                    "#{} {}\n{}",
+                    e.event_id,
+                    e.event_type,
+                    e.occurred_at.as_ref().map(when).unwrap_or_default()
+                )
+            },
+        );
+        let value = match value {
+            FeatureValue::Flag(false) => "false (not allowed)".to_owned(),
+            // A string quoted, so that "true" is not read as the flag.
+            other => other.to_string(),
+        };
+        t.add_row(vec![key.clone(), value, from, event]);
+    }
+    Some(t)
 }
 
 /// The log lines `account` shows in text unless told otherwise.

@@ -18,7 +18,7 @@ use sqlx::PgPool;
 use crate::helpers::*;
 
 pub const APP_KEY: &str = "bik_test_app_key_with_read_and_usage";
-const READER_KEY: &str = "bik_test_reader_key_with_read_only";
+pub const READER_KEY: &str = "bik_test_reader_key_with_read_only";
 
 fn keys() -> Vec<KeyEntry> {
     vec![
@@ -116,7 +116,9 @@ fn openapi() -> &'static Value {
 /// The document's path template for a request path, if it has one.
 fn template_of(path: &str) -> Option<&'static str> {
     let route = path.split('?').next().unwrap();
-    if route.ends_with("/usage") {
+    if route.starts_with("/v1/accounts/") && route.split('/').nth(5) == Some("features") {
+        Some("/v1/accounts/{source}/{customer}/features/{key}")
+    } else if route.ends_with("/usage") {
         Some("/v1/accounts/{source}/{customer}/usage")
     } else if route.ends_with("/why") {
         Some("/v1/accounts/{source}/{customer}/why")

@@ -941,7 +941,7 @@ async fn the_api_bench_reports_every_phase_and_leaves_no_database_behind() {
         [Some(4), Some(16)]
     );
     for level in levels {
-        for phase in ["read", "debit", "hot_debit"] {
+        for phase in ["read", "feature", "debit", "hot_debit"] {
             assert!(positive(&level[phase]["ratio"]), "{phase}: {report}");
             for side in ["api", "raw"] {
                 let figures = &level[phase][side];
@@ -975,10 +975,11 @@ async fn the_api_bench_reports_every_phase_and_leaves_no_database_behind() {
             }
         }
     }
-    // Effects are off: a read and a debit are one round trip each, through the handler and raw.
+    // Effects are off: a read, a feature check and a debit are one round trip each, through
+    // the handler and raw.
     assert_eq!(report["round_trips"]["ops"], 50);
     for side in ["api", "raw"] {
-        for kind in ["read", "debit", "hot_debit"] {
+        for kind in ["read", "feature", "debit", "hot_debit"] {
             assert_eq!(
                 report["round_trips"][side][kind].as_f64(),
                 Some(1.0),
@@ -1528,5 +1529,166 @@ async fn listen_applies_effects_by_the_state_and_fact_rules_and_says_so() {
     assert!(
         grant.contains("500") && grant.contains("applied"),
         "{said:#?}"
+    );
+}
+
+/// A Stripe customer on pro (whose catalog features include `audit-log: false`) with an
+/// active-entitlement summary that gives `sso` and `audit-log`: `inboxctl features` lists each
+/// feature with its value, where it comes from and the event behind it, as the API's feature
+/// check answers it; `inboxctl account` shows the same table, and its JSON the features with
+/// their origins.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn features_lists_each_feature_with_where_it_comes_from_and_its_event(pool: PgPool) {
+    use crate::feature_check::{entitlement_summary, plans_with_features, summary_register};
+    let app = TestApp::spawn(pool).await;
+    let now = chrono::Utc::now().timestamp();
+    let subscribed = app
+        .store_stripe_event("evt_cli_fsub", "cus_cli_f", now - 60)
+        .await;
+    let summary = entitlement_summary("evt_cli_fsum", "cus_cli_f", now, &["sso", "audit-log"]);
+    let (_, answer) = app.post("stripe", &stripe_delivery(&summary)).await;
+    let summarised = answer["event_id"].as_i64().unwrap();
+    app.run_worker().await;
+    summary_register(&app, "cus_cli_f", summarised, &["sso", "audit-log"]).await;
+    let url = database_url(&app.pool).await;
+    let plans = plans_with_features();
+    let inboxctl = || {
+        let mut command = inboxctl();
+        command.env("DATABASE_URL", &url).env("INBOX_PLANS", &plans);
+        command
+    };
+
+    let (output, stdout, stderr) = run(inboxctl().args(["features", "cus_cli_f", "--json"]));
+    assert!(output.status.success(), "{stderr}");
+    let listed: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (&listed["source"], &listed["customer_id"], &listed["plan"]),
+        (&json!("stripe"), &json!("cus_cli_f"), &json!("pro"))
+    );
+    let features = listed["features"].as_array().unwrap();
+    let keys: Vec<&str> = features.iter().filter_map(|f| f["key"].as_str()).collect();
+    assert_eq!(keys, ["audit-log", "export", "seats", "sso"]);
+    let audit = &features[0];
+    assert_eq!(
+        (&audit["allowed"], &audit["value"], &audit["source"]),
+        (&json!(true), &json!(true), &json!("provider"))
+    );
+    assert_eq!(audit["decided_by"]["event_id"], summarised);
+    assert_eq!(
+        audit["decided_by"]["type"],
+        "entitlements.active_entitlement_summary.updated"
+    );
+    let seats = &features[2];
+    assert_eq!(
+        (
+            &seats["value"],
+            &seats["source"],
+            &seats["decided_by"]["event_id"]
+        ),
+        (&json!(20), &json!("catalog"), &json!(subscribed))
+    );
+
+    let (output, text, stderr) = run(inboxctl().args(["features", "cus_cli_f"]));
+    assert!(output.status.success(), "{stderr}");
+    for shown in [
+        "customer  cus_cli_f (stripe), plan pro",
+        "catalog (plan pro)",
+        "provider",
+        &format!("#{summarised} entitlements.active_entitlement_summary.updated"),
+        &format!("#{subscribed} customer.subscription.updated"),
+        "\"csv\"",
+    ] {
+        assert!(text.contains(shown), "{shown}: {text}");
+    }
+
+    // `account` shows the same table, and its JSON the features with their origins.
+    let (output, text, stderr) = run(inboxctl().args(["account", "cus_cli_f"]));
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        text.contains(&format!(
+            "#{summarised} entitlements.active_entitlement_summary.updated"
+        )),
+        "{text}"
+    );
+    let (output, stdout, stderr) = run(inboxctl().args(["account", "cus_cli_f", "--json"]));
+    assert!(output.status.success(), "{stderr}");
+    let account: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        account["features"],
+        json!({"sso": true, "seats": 20, "export": "csv", "audit-log": true})
+    );
+    assert_eq!(
+        account["feature_origins"]["audit-log"]["source"],
+        "provider"
+    );
+    assert_eq!(
+        account["feature_origins"]["sso"]["decided_by"]["event_id"],
+        subscribed
+    );
+
+    // A customer with no account is an error, in text and in JSON.
+    let (output, _, stderr) = run(inboxctl().args(["features", "cus_nobody"]));
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr.contains("no account for customer 'cus_nobody'"),
+        "{stderr}"
+    );
+    let (output, stdout, _) = run(inboxctl().args(["features", "cus_nobody", "--json"]));
+    assert_eq!(output.status.code(), Some(1));
+    let error: Value = serde_json::from_str(&stdout).unwrap();
+    assert!(
+        error["error"].as_str().unwrap().contains("cus_nobody"),
+        "{error}"
+    );
+}
+
+/// A Connect customer is named with `--stripe-account`, as `account` and `usage` name it; a
+/// catalog that gives its plan no features says so.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn features_reads_a_connect_customer_and_says_when_there_are_none(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let mut event = stripe_event(
+        "evt_cli_fconn",
+        "cus_cli_fc",
+        chrono::Utc::now().timestamp(),
+    );
+    event["account"] = json!("acct_1CliF");
+    app.post("stripe", &stripe_delivery(&event)).await;
+    app.run_worker().await;
+    let url = database_url(&app.pool).await;
+    let with_plans = |plans: &str, args: &[&str]| {
+        run(inboxctl()
+            .args(args)
+            .env("DATABASE_URL", &url)
+            .env("INBOX_PLANS", plans))
+    };
+    let plans = crate::feature_check::plans_with_features();
+    let (output, stdout, stderr) = with_plans(
+        &plans,
+        &[
+            "features",
+            "cus_cli_fc",
+            "--stripe-account",
+            "acct_1CliF",
+            "--json",
+        ],
+    );
+    assert!(output.status.success(), "{stderr}");
+    let listed: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(listed["customer_id"], "acct_1CliF/cus_cli_fc");
+    assert_eq!(listed["features"].as_array().map(Vec::len), Some(4));
+    // Without the account, the platform's own cus_cli_fc: no such customer.
+    let (output, _, stderr) = with_plans(&plans, &["features", "cus_cli_fc"]);
+    assert!(!output.status.success());
+    assert!(stderr.contains("no account for customer"), "{stderr}");
+    // The test catalog without features: pro gives none.
+    let (output, text, stderr) = with_plans(
+        PLANS,
+        &["features", "cus_cli_fc", "--stripe-account", "acct_1CliF"],
+    );
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        text.contains("no features: the catalog gives plan 'pro' none"),
+        "{text}"
     );
 }

@@ -752,13 +752,16 @@ async fn an_ignored_event_about_an_account_is_one_round_trip(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
-async fn an_app_api_read_is_one_round_trip_and_a_debit_one_with_effects_off(pool: PgPool) {
+async fn an_app_api_read_and_feature_check_are_one_round_trip_and_a_debit_one_with_effects_off(
+    pool: PgPool,
+) {
     use crate::app_api::{api_state, call, debit, on_pro, APP_KEY};
     let app = TestApp::spawn(pool.clone()).await;
     on_pro(&app, "kc_rt").await;
     let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
     let state = api_state(&through(&pool, port));
     let path = "/v1/accounts/kinde/kc_rt";
+    let feature = "/v1/accounts/kinde/kc_rt/features/sso";
     // The first requests open the connection and prepare the statements.
     call(&state, "GET", path, Some(APP_KEY), &[], None).await;
     debit(&state, "kc_rt", "rt-warm", serde_json::json!({"amount": 1})).await;
@@ -768,6 +771,10 @@ async fn an_app_api_read_is_one_round_trip_and_a_debit_one_with_effects_off(pool
         let read = call(&state, "GET", path, Some(APP_KEY), &[], None).await;
         assert_eq!(read.status, StatusCode::OK);
         assert_eq!(trips.take(), 1, "read {n}");
+        // A feature check is the account's read: the same one statement.
+        let check = call(&state, "GET", feature, Some(APP_KEY), &[], None).await;
+        assert_eq!(check.status, StatusCode::OK);
+        assert_eq!(trips.take(), 1, "feature check {n}");
         let spent = debit(
             &state,
             "kc_rt",
@@ -931,6 +938,17 @@ async fn unnamed_statements_cost_what_the_pooler_test_says_when_run_as_a_child()
     let read = call(&state, "GET", path, Some(APP_KEY), &[], None).await;
     assert_eq!(read.status, StatusCode::OK);
     assert_eq!(trips.take(), 4, "a read: 1 with named statements");
+    let check = call(
+        &state,
+        "GET",
+        &format!("{path}/features/sso"),
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(check.status, StatusCode::OK);
+    assert_eq!(trips.take(), 4, "a feature check: 1 with named statements");
     let spent = debit(&state, "kc_un", "un-1", serde_json::json!({"amount": 2})).await;
     assert_eq!(spent.status, StatusCode::OK);
     assert_eq!(trips.take(), 4, "a debit: 1 with named statements");

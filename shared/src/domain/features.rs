@@ -103,9 +103,7 @@ pub fn of_json_object(
     object
         .iter()
         .map(|(key, value)| {
-            if key.trim().is_empty() {
-                return Err("a feature key is empty".to_owned());
-            }
+            check_key(key).map_err(|e| format!("feature key '{}': {e}", key.escape_debug()))?;
             FeatureValue::of_json(value)
                 .map(|v| (key.clone(), v))
                 .ok_or_else(|| {
@@ -113,6 +111,35 @@ pub fn of_json_object(
                 })
         })
         .collect()
+}
+
+/// The longest feature key, in characters (Stripe's lookup keys are at most 80).
+pub const MAX_KEY_CHARS: usize = 255;
+
+/// Why a string is no feature key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadKey {
+    #[error("a feature key is not empty or blank")]
+    Blank,
+    #[error("a feature key is at most {MAX_KEY_CHARS} characters")]
+    TooLong,
+    #[error("a feature key has no control characters")]
+    Control,
+}
+
+/// What a feature key may be, wherever one is named (a catalog entry, the app's check): not
+/// blank, at most [`MAX_KEY_CHARS`] characters, no control characters. So every key the
+/// catalog gives is one the app can ask for.
+pub fn check_key(key: &str) -> Result<(), BadKey> {
+    if key.trim().is_empty() {
+        Err(BadKey::Blank)
+    } else if key.chars().count() > MAX_KEY_CHARS {
+        Err(BadKey::TooLong)
+    } else if key.chars().any(char::is_control) {
+        Err(BadKey::Control)
+    } else {
+        Ok(())
+    }
 }
 
 /// A changed feature: its key, and its value before and after.
@@ -193,12 +220,30 @@ mod tests {
         assert!(of_json_object(json!({"x": null}).as_object().unwrap()).is_err());
         assert!(of_json_object(json!({"x": [1]}).as_object().unwrap()).is_err());
         assert!(of_json_object(json!({" ": true}).as_object().unwrap()).is_err());
+        assert!(of_json_object(json!({"a\u{7}b": true}).as_object().unwrap()).is_err());
+        let long = "k".repeat(MAX_KEY_CHARS + 1);
+        assert!(of_json_object(json!({long: true}).as_object().unwrap()).is_err());
         assert!(!FeatureValue::Flag(false).allows());
         assert!(FeatureValue::Number(0).allows());
         assert_eq!(
             serde_json::to_value(features(json!({"a": true, "b": 2, "c": "x"}))).unwrap(),
             json!({"a": true, "b": 2, "c": "x"})
         );
+    }
+
+    #[test]
+    fn a_key_is_not_blank_not_too_long_and_has_no_control_characters() {
+        assert_eq!(check_key("sso"), Ok(()));
+        assert_eq!(check_key("team seats/eu"), Ok(()));
+        assert_eq!(check_key(&"é".repeat(MAX_KEY_CHARS)), Ok(()));
+        assert_eq!(check_key(""), Err(BadKey::Blank));
+        assert_eq!(check_key(" \t"), Err(BadKey::Blank));
+        assert_eq!(
+            check_key(&"k".repeat(MAX_KEY_CHARS + 1)),
+            Err(BadKey::TooLong)
+        );
+        assert_eq!(check_key("a\u{0}b"), Err(BadKey::Control));
+        assert_eq!(check_key("a\u{85}b"), Err(BadKey::Control));
     }
 
     #[test]

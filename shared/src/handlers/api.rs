@@ -1,6 +1,6 @@
 //! The app API's handler (docs/design.md §12, docs/api.md): route, authenticate the caller
-//! by its key's scopes, read the account or debit its allowance through billing's `account`
-//! and `usage`, answer. Every error is mapped to its status code in one place, and every
+//! by its key's scopes, read the account (or one of its features) or debit its allowance
+//! through billing's `account` and `usage`, answer. Every error is mapped to its status code in one place, and every
 //! answer comes within the invocation's time. No SQL and no billing rule lives here.
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,6 +19,7 @@ use super::{body_bytes, json_response};
 use crate::audit::{self, Cut, FoldError};
 use crate::billing::account::{self, AccountSnapshot};
 use crate::billing::usage::{self, Debit, DebitRequest, Debited, Invalid, Listed, UsagePage};
+use crate::domain::features::{self, BadKey};
 use crate::domain::Catalog;
 use crate::domain::{AccountError, AccountRef, Period, SourceKind};
 use crate::platform::api_keys::{Caller, Keys, Scope};
@@ -263,18 +264,33 @@ fn mark_replayed(headers: &mut HeaderMap) {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Route {
     Account,
+    /// One feature of the account, by its key as the path gives it (decoded, not checked yet).
+    Feature(String),
     Why,
     RecordUsage,
     ListUsage,
 }
 
 impl Route {
+    /// Its name in the log (a feature's key is the request's, so not part of it).
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Account => "Account",
+            Self::Feature(_) => "Feature",
+            Self::Why => "Why",
+            Self::RecordUsage => "RecordUsage",
+            Self::ListUsage => "ListUsage",
+        }
+    }
+
     /// The query parameters the route takes. Any other is refused: a misspelt `period` (or a
     /// `period` on a debit, which names it in the body) would otherwise be answered for the
     /// current month as if it had been understood.
     fn parameters(&self) -> &'static [&'static str] {
         match self {
             Self::Account => &["period", "stripe_account"],
+            // Features hold for the account as it stands: no period.
+            Self::Feature(_) => &["stripe_account"],
             Self::Why => &["at", "received_before", "stripe_account"],
             Self::RecordUsage => &["stripe_account"],
             Self::ListUsage => &["period", "limit", "after", "stripe_account"],
@@ -283,8 +299,10 @@ impl Route {
 }
 
 /// The route and its path's source and customer, from a path ending in
-/// `/v1/accounts/{source}/{customer}[/usage|/why]` (API Gateway's path, or `cargo lambda watch`'s
-/// with its `/lambda-url/api` prefix). Segments are percent-decoded.
+/// `/v1/accounts/{source}/{customer}[/usage|/why|/features/{key}]` (API Gateway's path, or
+/// `cargo lambda watch`'s with its `/lambda-url/api` prefix). Segments are percent-decoded. A
+/// `…/features` path with no key (or an empty one) routes to the feature check, which refuses
+/// the key by name rather than answer 404 for a route that exists.
 fn route(method: &Method, path: &str) -> Result<(Route, String, String), ApiError> {
     let not_found = || ApiError::NotFound {
         method: method.clone(),
@@ -303,6 +321,8 @@ fn route(method: &Method, path: &str) -> Result<(Route, String, String), ApiErro
     };
     let (route, source, customer) = match &segments[start + 2..] {
         [source, customer] => (Route::Account, source, customer),
+        [source, customer, "features"] => (Route::Feature(String::new()), source, customer),
+        [source, customer, "features", key] => (Route::Feature(decode(key)?), source, customer),
         [source, customer, "why"] => (Route::Why, source, customer),
         [source, customer, "usage"] => match *method {
             Method::POST => (Route::RecordUsage, source, customer),
@@ -311,7 +331,7 @@ fn route(method: &Method, path: &str) -> Result<(Route, String, String), ApiErro
         _ => return Err(not_found()),
     };
     let allowed = match route {
-        Route::Account | Route::Why => *method == Method::GET,
+        Route::Account | Route::Feature(_) | Route::Why => *method == Method::GET,
         Route::RecordUsage | Route::ListUsage => matches!(*method, Method::GET | Method::POST),
     };
     if !allowed {
@@ -458,6 +478,20 @@ fn bad_cursor() -> ApiError {
         "bad_cursor",
         "after is the next of an earlier page of this account and period",
     )
+}
+
+/// A feature key named by a request's path: what no feature can be named (an empty key, one
+/// too long, one with control characters) is refused before the store is asked
+/// (`domain::features::check_key`, the catalog's rule too).
+fn feature_key(raw: &str) -> Result<&str, ApiError> {
+    features::check_key(raw).map_err(|e| {
+        let detail = match e {
+            BadKey::Blank => "a feature check names its key: …/features/{key}".to_owned(),
+            BadKey::TooLong | BadKey::Control => e.to_string(),
+        };
+        ApiError::bad("bad_feature_key", detail)
+    })?;
+    Ok(raw)
 }
 
 /// A time named by a request: RFC 3339.
@@ -611,7 +645,7 @@ async fn serve(state: &ApiState, request: &Request) -> Result<Response<Body>, Ap
     let span = tracing::Span::current();
     span.record("caller", caller.name.as_str());
     span.record("source", source.as_str());
-    span.record("route", format!("{route:?}"));
+    span.record("route", route.name());
     require(caller, Scope::Read)?;
     let query = Query::of(request);
     query.check(&route)?;
@@ -632,6 +666,19 @@ async fn serve(state: &ApiState, request: &Request) -> Result<Response<Body>, Ap
                 StatusCode::OK,
                 &account_body(&target, &snapshot),
             ))
+        }
+        Route::Feature(key) => {
+            let key = feature_key(&key)?;
+            // Features do not depend on the period: the current one is read, as any is.
+            let snapshot = on_held!(state, conn => account::snapshot(
+                conn,
+                &target.source,
+                target.customer_id(),
+                &now,
+                &state.catalog,
+            ))?
+            .ok_or_else(|| ApiError::UnknownCustomer(customer.clone()))?;
+            Ok(json_response(StatusCode::OK, &feature_body(key, &snapshot)))
         }
         Route::Why => {
             let cut = Cut {
@@ -796,6 +843,20 @@ fn as_the_app_names(target: &AccountRef, mut body: Value) -> Value {
     body
 }
 
+/// A feature check's answer (docs/api.md): whether the account may use `key`, its value, and
+/// where the value comes from with the event behind it; a feature the account lacks is not
+/// allowed, with nulls. `inboxctl features --json` lists each feature so.
+pub fn feature_body(key: &str, snapshot: &AccountSnapshot) -> Value {
+    let (allowed, value, origin) = snapshot.feature(key);
+    json!({
+        "key": key,
+        "allowed": allowed,
+        "value": value,
+        "source": origin.map(|o| o.source),
+        "decided_by": origin.and_then(|o| o.decided_by.as_ref()),
+    })
+}
+
 fn usage_page_body(page: &UsagePage) -> Value {
     json!({
         "period": page.period,
@@ -861,6 +922,28 @@ mod tests {
             route(&get, "/v1/accounts/stripe/cus_1/why").unwrap().0,
             Route::Why
         );
+        assert_eq!(
+            route(&get, "/v1/accounts/stripe/cus_1/features/team%20seats").unwrap(),
+            (
+                Route::Feature("team seats".into()),
+                "stripe".into(),
+                "cus_1".into()
+            )
+        );
+        assert_eq!(
+            route(&get, "/v1/accounts/stripe/cus_1/features/")
+                .unwrap()
+                .0,
+            Route::Feature(String::new())
+        );
+        assert!(matches!(
+            route(&Method::POST, "/v1/accounts/stripe/cus_1/features/sso"),
+            Err(ApiError::MethodNotAllowed(_))
+        ));
+        assert!(matches!(
+            route(&get, "/v1/accounts/stripe/cus_1/features/sso/more"),
+            Err(ApiError::NotFound { .. })
+        ));
         assert!(matches!(
             route(&Method::POST, "/v1/accounts/stripe/cus_1/why"),
             Err(ApiError::MethodNotAllowed(_))
@@ -967,11 +1050,38 @@ mod tests {
         );
         assert_eq!(
             code(
+                query(&[("period", "2026-11")]),
+                Route::Feature("sso".into())
+            ),
+            "unknown_parameter"
+        );
+        assert!(query(&[("stripe_account", "acct_1")])
+            .check(&Route::Feature("sso".into()))
+            .is_ok());
+        assert_eq!(
+            code(
                 query(&[("period", "2026-10"), ("period", "2026-11")]),
                 Route::Account
             ),
             "repeated_parameter"
         );
+    }
+
+    #[test]
+    fn a_feature_key_that_no_feature_can_have_is_refused_by_name() {
+        assert_eq!(feature_key("sso").unwrap(), "sso");
+        for bad in ["", " ", "a\u{0}b", "\u{1b}[2J", &"k".repeat(256)] {
+            assert!(
+                matches!(
+                    feature_key(bad),
+                    Err(ApiError::BadRequest {
+                        code: "bad_feature_key",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
