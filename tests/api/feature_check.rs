@@ -232,24 +232,19 @@ pub(crate) fn entitlement_summary(id: &str, customer: &str, created: i64, keys: 
     })
 }
 
-/// The customer's Stripe entitlement register as the worker's commit writes it for a complete
-/// summary (docs/design.md §4.12: grant `active_entitlement_summary`, one flag per lookup key,
-/// at the event's version). Where the worker already wrote it, it is left as it is.
+/// The customer's summary register as the worker wrote it from the event: `keys`, held by
+/// `event_id`.
 pub(crate) async fn summary_register(app: &TestApp, customer: &str, event_id: i64, keys: &[&str]) {
     let features: Map<String, Value> = keys.iter().map(|k| (k.to_string(), json!(true))).collect();
-    sqlx::query(
-        "INSERT INTO entitlements (source, customer_id, grant_id, active, features, version_at,
-                                   version_key, event_id)
-         SELECT 'stripe', $1, 'active_entitlement_summary', true, $2, occurred_at, dedupe_key, id
-         FROM inbox_events WHERE id = $3
-         ON CONFLICT (source, customer_id, grant_id) DO NOTHING",
+    let held: (Value, i64) = sqlx::query_as(
+        "SELECT features, event_id FROM entitlements
+         WHERE source = 'stripe' AND customer_id = $1 AND grant_id = 'active_entitlement_summary'",
     )
     .bind(customer)
-    .bind(Value::Object(features))
-    .bind(event_id)
-    .execute(&app.pool)
+    .fetch_one(&app.pool)
     .await
     .unwrap();
+    assert_eq!(held, (Value::Object(features), event_id));
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
