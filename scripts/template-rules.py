@@ -8,7 +8,10 @@ CloudFormation ignores Rules), so this evaluates both, as CloudFormation documen
 parameter sets that must deploy and for the usual mistakes, each of which must be refused
 for its own reason.
 
-    scripts/template-rules.py [template.yaml]
+    scripts/template-rules.py [template.yaml [docs/openapi.yaml]]
+
+It also checks that every operation of the app API's contract (docs/openapi.yaml) is routed
+to the api function with its own throttling: API Gateway answers any other route 404 itself.
 
 Run by scripts/check-template with the pinned tools' Python (it needs PyYAML). Exits 1 when a
 good set is refused, a bad set passes, or a bad set is refused for another reason.
@@ -456,10 +459,49 @@ BAD = {
 }
 
 
+# -- the app API's routes --------------------------------------------------------------------
+
+METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
+
+
+def route_errors(template, openapi):
+    """Each operation of docs/openapi.yaml is an HttpApi event of the api function and has
+    its own throttling in RouteSettings: any other route API Gateway answers 404 itself,
+    without invoking the function (a route served in tests and refused once deployed)."""
+    events = template["Resources"]["ApiFunction"]["Properties"]["Events"].values()
+    routed = {
+        f'{e["Properties"]["Method"].upper()} {e["Properties"]["Path"]}'
+        for e in events
+        if e.get("Type") == "HttpApi"
+    }
+    settings = template["Resources"]["HttpApi"]["Properties"]["RouteSettings"]
+    throttled = set(settings["Fn::If"][1]) if "Fn::If" in settings else set(settings)
+    problems = []
+    for path, item in openapi["paths"].items():
+        for method in METHODS:
+            if method not in item:
+                continue
+            route = f"{method.upper()} {path}"
+            if route not in routed:
+                problems.append(f"{route} (docs/openapi.yaml) is no event of ApiFunction")
+            if route not in throttled:
+                problems.append(f"{route} has no RouteSettings of its own")
+    for route in sorted(routed - {f"{m.upper()} {p}" for p, i in openapi["paths"].items()
+                                  for m in METHODS if m in i}):
+        problems.append(f"{route} is routed but not in docs/openapi.yaml")
+    return problems
+
+
 def main():
     path = sys.argv[1] if len(sys.argv) > 1 else "template.yaml"
     template = load(path)
     failures = 0
+    openapi_path = sys.argv[2] if len(sys.argv) > 2 else "docs/openapi.yaml"
+    with open(openapi_path, encoding="utf-8") as f:
+        openapi = yaml.safe_load(f)
+    for problem in route_errors(template, openapi):
+        print(f"FAIL  route: {problem}")
+        failures += 1
     for name, spec in template["Parameters"].items():
         if "Default" in spec:
             for problem in constraint_errors(name, spec, str(spec["Default"])):
