@@ -397,7 +397,7 @@ async fn the_first_exhaustion_of_a_period_is_told_once_with_effects_on(pool: PgP
     assert_eq!(data["period"], MARCH);
     assert_eq!(
         data["account"],
-        json!({"plan": "pro", "period": MARCH, "balance": 500, "used": 500, "remaining": 0})
+        json!({"plan": "pro", "features": {}, "period": MARCH, "balance": 500, "used": 500, "remaining": 0})
     );
     assert_eq!(data["usage"]["idempotency_key"], "req_2");
     assert_eq!(data["sequence"], effect.sequence);

@@ -244,7 +244,7 @@ pub async fn debit(
                     told: None,
                 });
             };
-            let plan = snapshot.plan;
+            let (plan, features) = (snapshot.plan, snapshot.features);
             let cause = exhausted_cause(req.source, req.customer, period);
             let id = effect_id(Kind::AllowanceExhausted, &cause);
             let body = json!({
@@ -254,7 +254,7 @@ pub async fn debit(
                     "source": req.source,
                     "customer_id": req.customer.as_str(),
                     "period": period.as_str(),
-                    "account": {"plan": plan, "period": period.as_str()},
+                    "account": {"plan": plan, "features": features, "period": period.as_str()},
                 },
             });
             Some(json!({"id": id, "cause": cause, "body": body}))
