@@ -85,9 +85,9 @@ pub(crate) enum Event {
     },
     /// Polar `customer.deleted`.
     PolarCustomerDeleted { customer: u8, at: u32 },
-    /// A Polar benefit grant (`benefit_grant.created` or `.revoked`) of a feature-flag benefit
-    /// whose metadata names `feature` (`key` or `key=value`). Only the property test draws it
-    /// (the simulator's workload is [`case_strategy`]'s, unchanged).
+    /// A Polar benefit grant (`benefit_grant.updated` or `.revoked`) of a feature-flag benefit
+    /// whose metadata names `feature` (`key` or `key=value`). The property test draws it
+    /// ([`grant_strategy`]), and the simulator beside its workload ([`entitlement_strategy`]).
     PolarGrant {
         customer: u8,
         grant: u8,
@@ -95,6 +95,44 @@ pub(crate) enum Event {
         feature: &'static str,
         at: u32,
     },
+    /// Stripe `entitlements.active_entitlement_summary.updated`: the customer's active
+    /// entitlements as of `at`, the [`LOOKUP_KEYS`] whose bits `keys` sets, in that order, of
+    /// which the event embeds the first `embedded` and says `has_more` when that is fewer
+    /// (Stripe embeds one page of a list). Only the simulator draws it: a list that says
+    /// `has_more` is read whole from its fake Stripe API.
+    StripeSummary {
+        customer: u8,
+        keys: u8,
+        embedded: u8,
+        at: u32,
+    },
+}
+
+/// The lookup keys of the features Stripe's summaries list (as the corpus's,
+/// `testdata/providers/stripe/entitlements/`); some are keys the catalog's plans or Polar's
+/// benefits give too, one (`export`) of another kind there.
+pub(crate) const LOOKUP_KEYS: [&str; 8] = [
+    "sso",
+    "audit-log",
+    "priority-support",
+    "api-access",
+    "custom-domain",
+    "export",
+    "webhooks",
+    "advanced-analytics",
+];
+
+/// The customer's active entitlements the bits of `keys` name, as Stripe lists them
+/// (`Entitlements.ActiveEntitlement`, one id per customer and feature), in [`LOOKUP_KEYS`]
+/// order: the summary's whole list, and what `GET /v1/entitlements/active_entitlements`
+/// lists.
+pub(crate) fn active_entitlements(customer: u8, keys: u8) -> Vec<Value> {
+    LOOKUP_KEYS
+        .iter()
+        .enumerate()
+        .filter(|(n, _)| keys & (1 << n) != 0)
+        .map(|(n, key)| stripe::fixtures::active_entitlement(&format!("{customer}{n}"), key))
+        .collect()
 }
 
 /// A subscription's ends in the few shapes providers send: nothing scheduled, a
@@ -313,16 +351,65 @@ fn grant_strategy() -> impl Strategy<Value = Event> {
 
 /// The simulator's workload and the property test's events without benefit grants.
 pub(crate) fn case_strategy() -> impl Strategy<Value = Case> {
-    cases(event_strategy().boxed())
+    cases(event_strategy().boxed(), 1..12)
 }
 
 /// The property test's: the workload's events and Polar benefit grants.
 fn case_strategy_with_grants() -> impl Strategy<Value = Case> {
-    cases(prop_oneof![3 => event_strategy(), 1 => grant_strategy()].boxed())
+    cases(
+        prop_oneof![3 => event_strategy(), 1 => grant_strategy()].boxed(),
+        1..12,
+    )
 }
 
-fn cases(event: BoxedStrategy<Event>) -> impl Strategy<Value = Case> {
-    proptest::collection::vec(event, 1..12).prop_flat_map(|events| {
+/// The simulator's entitlement events, drawn apart from its workload (none to four a seed):
+/// Polar benefit grants, each grant of one benefit (its feature fixed by the grant: `sso`,
+/// `seats` at 5 or at 20), granted and revoked at the workload's coarse times, so out of
+/// order; and Stripe summaries of a customer's features, four in ten saying `has_more` with
+/// only their first entries embedded.
+pub(crate) fn entitlement_strategy() -> impl Strategy<Value = Case> {
+    let at = prop_oneof![4 => 0u32..3, 6 => 0u32..40];
+    let grant = (
+        0..CUSTOMERS,
+        0u8..3,
+        proptest::bool::weighted(0.6),
+        at.clone(),
+    )
+        .prop_map(|(customer, grant, granted, at)| Event::PolarGrant {
+            customer,
+            grant,
+            granted,
+            feature: ["sso", "seats=5", "seats=20"][usize::from(grant)],
+            at,
+        });
+    let embedded = prop_oneof![6 => Just(LOOKUP_KEYS.len() as u8), 4 => 1u8..5];
+    let summary =
+        (0..CUSTOMERS, any::<u8>(), embedded, at).prop_map(|(customer, keys, embedded, at)| {
+            Event::StripeSummary {
+                customer,
+                keys,
+                embedded,
+                at,
+            }
+        });
+    cases(prop_oneof![grant, summary].boxed(), 0..5)
+}
+
+impl Case {
+    /// `more`'s events and deliveries after this case's (its indices moved past them).
+    pub(crate) fn extend(&mut self, more: Case) {
+        let base = self.events.len();
+        self.events.extend(more.events);
+        self.deliveries
+            .extend(more.deliveries.into_iter().map(|d| Delivery {
+                index: base + d.index,
+                fail: d.fail,
+            }));
+    }
+}
+
+fn cases(event: BoxedStrategy<Event>, size: std::ops::Range<usize>) -> impl Strategy<Value = Case> {
+    proptest::collection::vec(event, size).prop_flat_map(|events| {
         let n = events.len();
         // Each event is delivered 1 to 3 times, in a shuffled order.
         let copies = proptest::collection::vec(1usize..=3, n);
@@ -576,6 +663,23 @@ pub(crate) fn payload(index: usize, event: &Event, ns: &str) -> (&'static str, V
             )
             .unwrap();
             ("polar", body, *at)
+        }
+        Event::StripeSummary {
+            customer,
+            keys,
+            embedded,
+            at,
+        } => {
+            // As the corpus's summaries (`testdata/providers/stripe/entitlements/`), built by
+            // the development fixtures.
+            let mut listed = active_entitlements(*customer, *keys);
+            let has_more = usize::from(*embedded) < listed.len();
+            listed.truncate(usize::from(*embedded));
+            let id = customer_id(*customer, ns);
+            let summary = stripe::fixtures::entitlement_summary(&id, listed, has_more);
+            let created = time(*at).timestamp();
+            let body = stripe::fixtures::summary_event(&key, created, summary, None);
+            ("stripe", body, *at)
         }
     };
     (source, payload, at)

@@ -3,8 +3,10 @@
 //! single `u64` seed decides — the workload (Kinde, Stripe and Polar events over a few customers,
 //! same-second ties, late events, copies, unknown plans, refunds; Stripe subscription changes
 //! sent as thin events, with or without their snapshot twins, whose objects a fake Stripe API
-//! serves as it shows them at the read, now and then answering 500, timing out or 404) and
-//! every fault: a queue
+//! serves as it shows them at the read, now and then answering 500, timing out or 404; Stripe
+//! entitlement summaries, some saying `has_more`, whose complete lists the same API serves;
+//! Polar benefit grants granted and revoked out of order; a catalog whose plans carry features)
+//! and every fault: a queue
 //! that drops, duplicates, delays and redelivers messages; a crash at any point between two
 //! steps of the intake, the worker (each statement boundary of its transaction, and between
 //! its commit and the acknowledgement) and the rescue (between mark and send); Postgres
@@ -24,7 +26,10 @@
 //! one row per event (and one read per thin event applied), each event's copy count equal to
 //! its deliveries, one ledger row per entry key, every thin event applied by its read or
 //! ignored for its twin or a gone object (never read once its twin was stored), each
-//! subscription a read was applied to as Stripe shows it, and the billing state
+//! subscription a read was applied to as Stripe shows it, each summary that said `has_more`
+//! applied only as its complete list read and each Stripe customer's summary register the
+//! whole list Stripe shows, every account's features the fold's (and the last features
+//! effect's), and the billing state
 //! equal to the canonical fold of the same stored events, the reads included (each once, in
 //! provider-time order). A
 //! failing run prints its seed, its step-by-step trace and the one line that replays it:
@@ -67,6 +72,26 @@ const MAX_FAULTS_PER_EVENT: u32 = 3;
 /// Quiescence: rounds of (time +20 min, a scheduler run, the queue drained) before a pending
 /// row counts as stranded.
 const QUIET_ROUNDS: usize = 20;
+
+/// The simulator's catalog: the tests' plans, each with features (docs/design.md §4.12), so
+/// that a plan change moves the catalog's features. Its keys meet the providers': `sso` (a flag
+/// Stripe's summaries and Polar's benefits give too), `seats` (a number Polar's benefits give at
+/// 5 and 20), `export` (a string here, a flag in Stripe's summaries), `audit-log`.
+const CATALOG: &str = r#"{
+    "free": {"plan": "free", "monthly_allowance": 10, "features": {"seats": 1}},
+    "pro": {"plan": "pro", "monthly_allowance": 500,
+            "features": {"sso": true, "seats": 10, "export": "csv"}},
+    "price_pro": {"plan": "pro", "monthly_allowance": 500,
+                  "features": {"sso": true, "seats": 10, "export": "csv"}},
+    "prod_pro": {"plan": "pro", "monthly_allowance": 500,
+                 "features": {"sso": true, "seats": 10, "export": "csv"}},
+    "team": {"plan": "team", "monthly_allowance": 2000,
+             "features": {"sso": true, "seats": 50, "export": "pdf", "audit-log": true}},
+    "price_team": {"plan": "team", "monthly_allowance": 2000,
+                   "features": {"sso": true, "seats": 50, "export": "pdf", "audit-log": true}},
+    "prod_team": {"plan": "team", "monthly_allowance": 2000,
+                  "features": {"sso": true, "seats": 50, "export": "pdf", "audit-log": true}}
+}"#;
 
 /// The seeded source of every decision.
 struct Dice(TestRng);
@@ -386,6 +411,14 @@ static READ_FAULTS: AtomicUsize = AtomicUsize::new(0);
 /// month began (printed by `sim::seeds`).
 static INVOICE_READS: AtomicUsize = AtomicUsize::new(0);
 static READS_ACROSS_A_MONTH: AtomicUsize = AtomicUsize::new(0);
+/// Stripe summaries that came whole, and of those that said `has_more`, how many were applied
+/// as the complete list read and how many found their customer gone; list reads that answered
+/// 500 or timed out; Polar benefit-grant events (printed by `sim::seeds`).
+static SUMMARIES_WHOLE: AtomicUsize = AtomicUsize::new(0);
+static SUMMARIES_READ: AtomicUsize = AtomicUsize::new(0);
+static SUMMARIES_GONE: AtomicUsize = AtomicUsize::new(0);
+static LIST_READ_FAULTS: AtomicUsize = AtomicUsize::new(0);
+static GRANT_EVENTS: AtomicUsize = AtomicUsize::new(0);
 
 /// Fetch faults one thin event may suffer: with the schedule's three, fewer than its attempts.
 const MAX_READ_FAULTS: u32 = 2;
@@ -399,7 +432,9 @@ const MAX_READ_FAULTS: u32 = 2;
 /// read the same way, on dice of its own. On its own dice a read answers 500 or times out; a
 /// few subscriptions are deleted after a number of reads (their test data removed) and answer
 /// 404 from then on. A tie's read answers "unknown", so the status rank settles ties as it did
-/// before the source had a key.
+/// before the source had a key. A summary that says `has_more` reads its customer's active
+/// entitlements, which Stripe lists as they are at the read: its latest summary's whole list
+/// (404 for a customer Stripe deleted), with faults on dice of their own.
 #[derive(Clone)]
 struct SimReads(Arc<Mutex<ReadsState>>);
 
@@ -407,8 +442,15 @@ struct ReadsState {
     dice: Dice,
     /// The faults of invoices' subscription reads, apart from the thin events' dice.
     invoice_dice: Dice,
+    /// The faults of entitlement list reads, apart from the others.
+    list_dice: Dice,
     /// What Stripe shows per subscription id, in the shape of the pinned version (basil).
     objects: HashMap<String, Value>,
+    /// What Stripe lists per customer id: its latest summary (its case index) and that
+    /// summary's whole list of active entitlements.
+    entitlements: BTreeMap<String, (usize, Vec<Value>)>,
+    /// The customers Stripe deleted: their entitlements answer 404.
+    deleted: HashSet<String>,
     /// Subscriptions deleted after this many more reads.
     gone_after: HashMap<String, u32>,
     /// Fetch faults suffered per thin event.
@@ -460,6 +502,58 @@ impl SimReads {
             .push(format!("GET {path} for {thin} shows {shown}"));
         Ok(object)
     }
+
+    /// `GET /v1/entitlements/active_entitlements?customer=…`, every page, for the summary
+    /// `carrier`: the summary the worker's read assembles from the pages
+    /// (`entitlements::read_summary`), the customer's whole list as Stripe shows it at the
+    /// read; `None` (404) for a customer Stripe deleted or never had.
+    fn list(
+        &self,
+        carrier: &shared::providers::Carrier,
+        path: &str,
+    ) -> anyhow::Result<Option<Value>> {
+        use shared::providers::stripe::entitlements::LIST_PATH;
+        let mut reads = self.0.lock().unwrap();
+        let summary = carrier.id.as_str();
+        let faulted = reads.faulted.get(summary).copied().unwrap_or_default();
+        if reads.faults && faulted < MAX_READ_FAULTS {
+            let fault = match reads.list_dice.below(100) {
+                0..=7 => Some("answered 500 Internal Server Error"),
+                8..=12 => Some("timed out"),
+                _ => None,
+            };
+            if let Some(fault) = fault {
+                reads.faulted.insert(summary.to_owned(), faulted + 1);
+                LIST_READ_FAULTS.fetch_add(1, Ordering::Relaxed);
+                reads
+                    .trace
+                    .push(format!("GET {path} for {summary} {fault}"));
+                anyhow::bail!("GET {path}: {fault}");
+            }
+        }
+        let customer = path
+            .strip_prefix(LIST_PATH)
+            .and_then(|q| q.strip_prefix("?customer="))
+            .unwrap_or_default();
+        let listed = match reads.deleted.contains(customer) {
+            true => None,
+            false => reads.entitlements.get(customer).map(|(_, l)| l.clone()),
+        };
+        let Some(listed) = listed else {
+            reads
+                .trace
+                .push(format!("GET {path} for {summary} answered 404"));
+            return Ok(None);
+        };
+        reads
+            .trace
+            .push(format!("GET {path} for {summary} lists {}", listed.len()));
+        let mut whole =
+            shared::providers::stripe::fixtures::entitlement_summary(customer, listed, false);
+        whole["entitlements"]["url"] = json!(LIST_PATH);
+        whole["livemode"] = json!(carrier.livemode);
+        Ok(Some(whole))
+    }
 }
 
 impl Reads for SimReads {
@@ -476,7 +570,11 @@ impl Reads for SimReads {
         thin: &'a shared::providers::Carrier,
         path: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
-        Box::pin(std::future::ready(self.read(&thin.id, path, false)))
+        let listed = path.starts_with(shared::providers::stripe::entitlements::LIST_PATH);
+        Box::pin(std::future::ready(match listed {
+            true => self.list(thin, path),
+            false => self.read(&thin.id, path, false),
+        }))
     }
 
     fn subscription_object<'a>(
@@ -727,11 +825,15 @@ impl World {
                 Box::pin(set_clock(conn, offset))
             }));
         let mut worker = test_worker(pool.clone());
+        worker.catalog = shared::domain::Catalog::parse(CATALOG).unwrap();
         // The Stripe source has an API key: thin events read their object (docs/design.md §6.2).
         let reads = SimReads(Arc::new(Mutex::new(ReadsState {
             dice: Dice::new(seed ^ 0x7EAD),
             invoice_dice: Dice::new(seed ^ 0x1A7E_7EAD),
+            list_dice: Dice::new(seed ^ 0x5EA7_7EAD),
             objects: HashMap::new(),
+            entitlements: BTreeMap::new(),
+            deleted: HashSet::new(),
             gone_after: HashMap::new(),
             faulted: HashMap::new(),
             faults: true,
@@ -862,6 +964,14 @@ impl World {
 
     fn plan(&self, fault: Option<Fault>) -> Arc<Plan> {
         Plan::new(fault, &self.bugs, &self.faults_seen, &self.admin)
+    }
+
+    /// Runs `task` with the seed's planted bugs and no fault: the fold and the audit run the
+    /// library's code as the worker does, so a bug planted in code they share (a provider's
+    /// `decide`) is in both, as it would be in a release.
+    async fn with_bugs<T>(&self, task: impl std::future::Future<Output = T>) -> T {
+        let interrupts: Arc<dyn Interrupts> = self.plan(None);
+        with_interrupts(interrupts, task).await
     }
 
     /// Runs `task` under `plan`; a crash ends it where it stood.
@@ -1366,7 +1476,9 @@ impl World {
                 let cut = shared::audit::Cut::default();
                 let account = (source.as_str(), &id);
                 let catalog = &self.worker.catalog;
-                let fold = shared::audit::fold_account(&mut conn, sources, catalog, account, cut)
+                let fold = shared::audit::fold_account(&mut conn, sources, catalog, account, cut);
+                let fold = self
+                    .with_bugs(fold)
                     .await
                     .map_err(|e| self.fail(format!("folding {source}/{customer}: {e}")))?;
                 slot.insert(fold);
@@ -1500,6 +1612,30 @@ impl World {
                 reads.gone_after.insert(id.clone(), 0);
             }
         }
+        // Each customer's active entitlements: its latest summary's whole list (by time, then
+        // the case's order, as the dedupe keys sort); none for a customer Stripe deleted.
+        let mut latest: BTreeMap<String, (u32, usize)> = BTreeMap::new();
+        for (index, event) in case.events.iter().enumerate() {
+            match *event {
+                Event::StripeSummary { customer, at, .. } => {
+                    let id = order::customer_id(customer, &self.ns);
+                    if latest.get(&id).is_none_or(|held| (at, index) >= *held) {
+                        latest.insert(id, (at, index));
+                    }
+                }
+                Event::StripeCustomerDeleted { customer, .. } => {
+                    reads.deleted.insert(order::customer_id(customer, &self.ns));
+                }
+                _ => {}
+            }
+        }
+        for (id, (_, index)) in latest {
+            let Event::StripeSummary { customer, keys, .. } = case.events[index] else {
+                continue;
+            };
+            let listed = order::active_entitlements(customer, keys);
+            reads.entitlements.insert(id, (index, listed));
+        }
     }
 
     /// The thin events at rest: none `unprocessable` (the source has a key); each applied by its
@@ -1576,6 +1712,7 @@ impl World {
              JOIN accounts a ON (a.source, a.customer_id) = (r.source, r.customer_key)
              LEFT JOIN subscriptions s ON (s.source, s.subscription_id) = (r.source, r.payload #>> '{data,object,id}')
              WHERE r.dedupe_key LIKE 'read:%\\_' || $1 || '%' AND r.status = 'applied'
+               AND r.payload #>> '{data,object,object}' = 'subscription'
                AND a.deleted_at IS NULL
                AND NOT EXISTS (SELECT 1 FROM inbox_events o
                                WHERE o.source = r.source AND o.dedupe_key NOT LIKE 'read:%'
@@ -1611,11 +1748,11 @@ impl World {
         Ok(())
     }
 
-    /// The invariants at rest.
     /// Effects told each change once, whatever the faults: one grant effect per ledger
     /// entry that added to a balance, one deletion effect per deleted account, each
     /// account's effects numbered 1..n without a gap, and an app that follows the plan
-    /// changes in sequence order ends on the account's plan.
+    /// changes in sequence order ends on the account's plan, and one that follows the features
+    /// changes (from the free plan's) on its features.
     async fn check_effects(&mut self) -> Result<(), Failure> {
         let grants: Vec<(String, i64)> = sqlx::query_as(
             "SELECT l.entry_key, (SELECT count(*) FROM effects f
@@ -1639,6 +1776,7 @@ impl World {
             count: i64,
             deletions: i64,
             told_plan: Option<String>,
+            told_features: Option<Value>,
         }
         let accounts: Vec<Told> = sqlx::query_as(
             "SELECT a.source, a.customer_id AS customer, a.deleted_at IS NOT NULL AS deleted,
@@ -1648,7 +1786,10 @@ impl World {
                        AND f.kind = 'billing.customer_deleted') AS deletions,
                     (SELECT f.body #>> '{data,plan}' FROM effects f
                      WHERE (f.source, f.customer_id) = (a.source, a.customer_id)
-                       AND f.kind = 'billing.plan_changed' ORDER BY f.sequence DESC LIMIT 1) AS told_plan
+                       AND f.kind = 'billing.plan_changed' ORDER BY f.sequence DESC LIMIT 1) AS told_plan,
+                    (SELECT f.body #> '{data,features}' FROM effects f
+                     WHERE (f.source, f.customer_id) = (a.source, a.customer_id)
+                       AND f.kind = 'billing.features_changed' ORDER BY f.sequence DESC LIMIT 1) AS told_features
              FROM accounts a WHERE a.customer_id LIKE '%\\_' || $1 || '%'",
         )
         .bind(&self.ns)
@@ -1664,6 +1805,7 @@ impl World {
             count,
             deletions,
             told_plan,
+            told_features,
         } in accounts
         {
             if seq != count {
@@ -1694,7 +1836,128 @@ impl World {
                     now.plan
                 )));
             }
+            let free = || json!(self.worker.catalog.features_of(shared::billing::FREE));
+            let told = told_features.unwrap_or_else(free);
+            if told != json!(now.features) {
+                return Err(self.fail(format!(
+                    "{source}/{customer} has the features {} but its last features effect says {told}",
+                    json!(now.features)
+                )));
+            }
         }
+        Ok(())
+    }
+
+    /// Each live Stripe customer's summary register at rest holds the whole list of its latest
+    /// summary (by time, then dedupe key) as Stripe lists it (docs/design.md §4.12), whichever
+    /// of its summaries said `has_more`: a read shows the list as it is at the read, the latest.
+    /// The fold takes the stored events as they are, so it would agree with a worker whose
+    /// `decide` applied a partial list: only the provider's list tells.
+    async fn check_summary_registers(&mut self) -> Result<(), Failure> {
+        use shared::providers::stripe::entitlements::GRANT;
+        let held: Vec<(String, Option<bool>, Option<Value>)> = sqlx::query_as(
+            "SELECT a.customer_id, x.active, x.features
+             FROM accounts a
+             LEFT JOIN entitlements x
+                    ON (x.source, x.customer_id, x.grant_id) = (a.source, a.customer_id, $2)
+             WHERE a.source = 'stripe' AND a.customer_id LIKE '%\\_' || $1 || '%'
+               AND a.deleted_at IS NULL
+             ORDER BY 1",
+        )
+        .bind(&self.ns)
+        .bind(GRANT)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        let listed = self.reads.0.lock().unwrap().entitlements.clone();
+        let register =
+            |active: bool, features: Value| json!({"active": active, "features": features});
+        for (customer, active, features) in held {
+            let holds = active.zip(features).map(|(a, f)| register(a, f));
+            let (shown, latest) = match listed.get(&customer) {
+                Some((index, entitlements)) => {
+                    let keys = entitlements.iter().filter_map(|e| e["lookup_key"].as_str());
+                    let flags = keys.map(|k| (k.to_owned(), json!(true))).collect();
+                    let summary = format!("e{index:02}_{}", self.ns);
+                    (Some(register(true, Value::Object(flags))), summary)
+                }
+                None => (None, "none".to_owned()),
+            };
+            if holds != shown {
+                return Err(self.fail(format!(
+                    "stripe/{customer}: the summary register holds {}, but Stripe shows {} (its latest summary: {latest})",
+                    json!(holds),
+                    json!(shown)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every Stripe summary that said `has_more` was settled by its read at rest: applied as
+    /// the complete list read (the read's own row final), or ignored because Stripe no longer
+    /// knows its customer; never applied as it came (docs/design.md §6.2).
+    async fn check_summaries(&mut self) -> Result<(), Failure> {
+        use shared::providers::stripe::entitlements::SUMMARY_TYPE;
+        #[derive(sqlx::FromRow)]
+        struct Summary {
+            id: i64,
+            key: String,
+            status: String,
+            reason: Option<String>,
+            has_more: bool,
+            read: Option<String>,
+        }
+        let summaries: Vec<Summary> = sqlx::query_as(
+            "SELECT e.id, e.dedupe_key AS key, e.status, e.reason,
+                    COALESCE(e.payload #> '{data,object,entitlements,has_more}' = 'true', false) AS has_more,
+                    r.status AS read
+             FROM inbox_events e
+             LEFT JOIN inbox_events r ON (r.source, r.dedupe_key) = (e.source, 'read:' || e.dedupe_key)
+             WHERE e.dedupe_key LIKE '%\\_' || $1 || '%' AND e.dedupe_key NOT LIKE 'read:%'
+               AND e.type = $2
+             ORDER BY e.id",
+        )
+        .bind(&self.ns)
+        .bind(SUMMARY_TYPE)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        for summary in &summaries {
+            let Summary {
+                id,
+                key,
+                status,
+                reason,
+                has_more,
+                read,
+            } = summary;
+            let reason = reason.as_deref().unwrap_or_default();
+            let counter = match (has_more, status.as_str(), read.as_deref()) {
+                (false, ..) => &SUMMARIES_WHOLE,
+                (true, "applied" | "ignored", Some("applied" | "ignored")) => &SUMMARIES_READ,
+                (true, "ignored", None)
+                    if reason.starts_with("the object no longer exists at the provider") =>
+                {
+                    &SUMMARIES_GONE
+                }
+                (true, ..) => {
+                    return Err(self.fail(format!(
+                        "summary {id} ({key}) said has_more and ended {status} ({reason}), its read {read:?}: only the complete list read is applied"
+                    )))
+                }
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        let grants: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM inbox_events
+             WHERE dedupe_key LIKE '%\\_' || $1 || '%' AND type LIKE 'benefit\\_grant.%'",
+        )
+        .bind(&self.ns)
+        .fetch_one(&self.admin)
+        .await
+        .unwrap();
+        GRANT_EVENTS.fetch_add(grants as usize, Ordering::Relaxed);
         Ok(())
     }
 
@@ -1749,6 +2012,8 @@ impl World {
             return Err(self.fail(format!("ledger entries written twice: {doubled:?}")));
         }
         self.check_effects().await?;
+        self.check_summary_registers().await?;
+        self.check_summaries().await?;
 
         // The canonical state: the library's fold of each account's kept events, each once,
         // in provider order, a thin event's stored read as the event (docs/design.md §4.11);
@@ -1766,9 +2031,9 @@ impl World {
         for (source, customer) in &accounts {
             let id = shared::domain::CustomerId::parse(customer).unwrap();
             let account = (source.as_str(), &id);
-            let audited =
-                shared::audit::audit_account(&mut conn, &sources, &self.worker.catalog, account)
-                    .await;
+            let audit =
+                shared::audit::audit_account(&mut conn, &sources, &self.worker.catalog, account);
+            let audited = self.with_bugs(audit).await;
             match audited {
                 Ok(shared::audit::Audited::Checked(found)) if found.is_empty() => {}
                 other => {
@@ -1778,6 +2043,30 @@ impl World {
                     let _ = write!(what, "  {other:?}");
                     return Err(self.fail(what));
                 }
+            }
+            // The account's features as the app reads them (the snapshot's statement) are
+            // the fold's: its plan's in the catalog joined with its active grants' (§4.12).
+            let catalog = &self.worker.catalog;
+            let period = shared::domain::Period::parse(order::PERIODS[0]).unwrap();
+            let read = shared::billing::account::snapshot(&mut conn, source, &id, &period, catalog)
+                .await
+                .unwrap()
+                .map(|s| s.features);
+            let cut = shared::audit::Cut::default();
+            let fold = shared::audit::fold_account(&mut conn, &sources, catalog, account, cut);
+            let folded = self
+                .with_bugs(fold)
+                .await
+                .map_err(|e| self.fail(format!("folding {source}/{customer}: {e}")))?
+                .folded
+                .state(&id, &period, catalog)
+                .features;
+            if read.as_ref() != Some(&folded) {
+                return Err(self.fail(format!(
+                    "{source}/{customer} has the features {} but the fold of its events gives {}",
+                    json!(read),
+                    json!(folded)
+                )));
             }
         }
         drop(conn);
@@ -1797,16 +2086,23 @@ fn sqs_event(batch: &[(u64, i64)]) -> SqsEvent {
     event
 }
 
-/// The workload a seed decides: the order property test's events and deliveries.
+/// The workload a seed decides: the order property test's events and deliveries, then the
+/// entitlement events ([`order::entitlement_strategy`]), drawn on a generator of their own
+/// and numbered after the others, so that the events a seed drew before entitlements joined
+/// are the same events under the same keys.
 fn workload(seed: u64) -> Case {
-    let mut bytes = [0u8; 32];
-    bytes[..8].copy_from_slice(&seed.to_le_bytes());
-    bytes[8] = 1;
-    let mut runner = TestRunner::new_with_rng(
-        Config::default(),
-        TestRng::from_seed(RngAlgorithm::ChaCha, &bytes),
-    );
-    let mut case = case_strategy().new_tree(&mut runner).unwrap().current();
+    let runner = |stream: u8| {
+        let mut bytes = [0u8; 32];
+        bytes[..8].copy_from_slice(&seed.to_le_bytes());
+        bytes[8] = stream;
+        TestRunner::new_with_rng(
+            Config::default(),
+            TestRng::from_seed(RngAlgorithm::ChaCha, &bytes),
+        )
+    };
+    let mut case = case_strategy().new_tree(&mut runner(1)).unwrap().current();
+    let entitlements = order::entitlement_strategy().new_tree(&mut runner(2));
+    case.extend(entitlements.unwrap().current());
     // Every other seed crowds its events onto two instants: same-second ties everywhere.
     if seed.is_multiple_of(2) {
         for event in &mut case.events {
@@ -1820,7 +2116,8 @@ fn workload(seed: u64) -> Case {
             | Event::PolarSubscription { at, .. }
             | Event::PolarOrder { at, .. }
             | Event::PolarCustomerDeleted { at, .. }
-            | Event::PolarGrant { at, .. }) = event;
+            | Event::PolarGrant { at, .. }
+            | Event::StripeSummary { at, .. }) = event;
             *at %= 2;
         }
     }
@@ -1893,7 +2190,8 @@ fn periods_of(case: &Case, ns: &str, shift: i64) -> HashSet<(String, String, Str
             | Event::PolarSubscription { customer, .. }
             | Event::PolarOrder { customer, .. }
             | Event::PolarCustomerDeleted { customer, .. }
-            | Event::PolarGrant { customer, .. } => customer,
+            | Event::PolarGrant { customer, .. }
+            | Event::StripeSummary { customer, .. } => customer,
         };
         let back = if source == "stripe" { shift } else { 0 };
         let time = order::time(at) - chrono::Duration::seconds(back);
@@ -1937,14 +2235,20 @@ pub(crate) async fn simulate(
         }
     }
     // Stripe gives up on some events (only reconciliation finds them), and still lists some
-    // that its webhooks will bring after all.
+    // that its webhooks will bring after all; its summaries on dice of their own, so that the
+    // rest is drawn as before they joined.
     let mut undelivered = Vec::new();
+    let mut summaries = Dice::new(seed ^ 0x5E17_7135);
     for (index, event) in case.events.iter().enumerate() {
         let (source, payload) = world.payload(index, event);
         if source != "stripe" {
             continue;
         }
-        let listed = match world.dice.below(100) {
+        let dice = match event {
+            Event::StripeSummary { .. } => &mut summaries,
+            _ => &mut world.dice,
+        };
+        let listed = match dice.below(100) {
             0..=14 => Some(true),
             15..=24 => Some(false),
             _ => None,
@@ -2055,6 +2359,15 @@ async fn seeds(pool: PgPool) {
         INVOICE_READS.load(Ordering::Relaxed),
         READS_ACROSS_A_MONTH.load(Ordering::Relaxed),
     );
+    eprintln!(
+        "sim: entitlements: {} Stripe summaries whole, {} said has_more ({} applied as the complete list read, {} their customer gone); {} list reads answered 500 or timed out; {} Polar benefit-grant events",
+        SUMMARIES_WHOLE.load(Ordering::Relaxed),
+        SUMMARIES_READ.load(Ordering::Relaxed) + SUMMARIES_GONE.load(Ordering::Relaxed),
+        SUMMARIES_READ.load(Ordering::Relaxed),
+        SUMMARIES_GONE.load(Ordering::Relaxed),
+        LIST_READ_FAULTS.load(Ordering::Relaxed),
+        GRANT_EVENTS.load(Ordering::Relaxed),
+    );
 }
 
 /// Seeds that once failed, kept as they are.
@@ -2072,7 +2385,14 @@ async fn regression_seeds(pool: PgPool) {
     // 515: the simulator's own bug: quiescence counted a thin event's read among the events
     // sent, so it stopped before reconciliation found a Stripe event never delivered (the
     // count now leaves the reads out).
-    for seed in [72, 25, 208, 515] {
+    // 78: the same case under the workload with entitlement events, which moved seed 515's
+    // schedule away from it: an invoice's subscription read counted as an event sent.
+    // Each seed replays the schedule today's workload draws for it. 72, 25 and 208 were found
+    // under older workloads: 72 no longer meets its case (with the clock left unset on connect
+    // it passes, as do seeds 1-400), and the fixes of 25 and 208 have tests of their own
+    // (`round_trips::one_intake_delivery_is_one_round_trip_and_a_killed_connection_is_replaced`,
+    // `effects::a_second_deletion_stamped_earlier_tells_nothing_and_takes_no_number`).
+    for seed in [72, 25, 208, 515, 78] {
         if let Err(failure) = simulate(&pool, seed, HashSet::new()).await {
             panic!("{failure}");
         }
@@ -2103,6 +2423,7 @@ async fn planted_bugs_are_caught(pool: PgPool) {
         Bug::RescueSkipsLeases,
         Bug::ThinSkipsTwin,
         Bug::ReadByTheClock,
+        Bug::PartialSummaryApplied,
     ];
     let mut report = Vec::new();
     for (n, bug) in bugs.into_iter().enumerate() {

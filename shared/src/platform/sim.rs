@@ -58,6 +58,9 @@ pub enum Bug {
     ThinSkipsTwin,
     /// A provider read made for an event is stamped with the clock, not the event's time.
     ReadByTheClock,
+    /// A Stripe entitlement summary that says `has_more` applies the partial list it embeds
+    /// instead of reading the complete one.
+    PartialSummaryApplied,
 }
 
 /// Whether the simulation running this task planted `bug`; always false outside one.
