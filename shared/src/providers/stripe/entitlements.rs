@@ -12,7 +12,7 @@
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
-use super::thin::{account, FETCH_VERSION};
+use super::fetch::{account, FETCH_VERSION};
 use crate::billing::{Decision, Effect, Problem};
 use crate::domain::features::{FeatureValue, Features};
 use crate::providers::{path_id, Api, Carrier, Notice};

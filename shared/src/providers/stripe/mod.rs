@@ -6,6 +6,7 @@
 mod api;
 mod decide;
 pub mod entitlements;
+mod fetch;
 #[cfg(any(test, feature = "dev"))]
 pub mod fixtures;
 pub mod thin;

@@ -13,16 +13,13 @@ use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
 use super::decide::{ends, plan_keys, HANDLED_TYPES};
+use super::fetch::{account, FETCH_VERSION};
 use super::{entitlements, parse_event};
 use crate::billing::registers::StoredSubscription;
 use crate::domain::DedupeKey;
 use crate::providers::{
     path_id, Api, Carrier, Failure, Fetched, GenerationFailure, Impact, MadeFor, Notice, ReadFor,
 };
-
-/// The API version the fetched objects are read in: the one `decide` reads in both
-/// generations' shapes, and the one the worker's other reads pin (`api.rs`).
-pub const FETCH_VERSION: &str = "2025-03-31.basil";
 
 /// The prefix of the thin twins of API v1 snapshot types.
 const V1_PREFIX: &str = "v1.";
@@ -88,12 +85,6 @@ fn read(payload: &Value) -> Option<Carrier> {
         twin: text("/snapshot_event"),
         livemode: payload.get("livemode").and_then(Value::as_bool),
     })
-}
-
-/// The connected account a context names: a context of one `acct_…` segment. A deeper
-/// context (an organization's account path) is sent as `Stripe-Context` only.
-pub fn account(context: Option<&str>) -> Option<&str> {
-    context.filter(|c| c.starts_with("acct_") && !c.contains('/'))
 }
 
 /// A read the worker made for an event, as the snapshot event it is stored as: a thin event's
