@@ -339,11 +339,7 @@ async fn seed(
             customer: customer.clone(),
             plan: Some(BENCH_PLAN_KEY.to_owned()),
             at: Utc::now(),
-            object_id: None,
-            status: None,
-            cancel_at_period_end: false,
-            event_id: None,
-            feature: None,
+            ..Default::default()
         };
         let (id, payload) = sender.build(&source.name, &spec)?;
         let signed = sender.sign(&source.name, &id, &payload)?;

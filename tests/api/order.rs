@@ -649,13 +649,11 @@ pub(crate) fn payload(index: usize, event: &Event, ns: &str) -> (&'static str, V
             let spec = shared::providers::fixtures::Spec {
                 kind: kind.into(),
                 customer: customer_id(*customer, ns),
-                plan: None,
                 at: time(*at),
                 object_id: Some(format!("pgrant{customer}{grant}_{ns}")),
-                status: None,
-                cancel_at_period_end: false,
                 event_id: Some(key.clone()),
                 feature: Some((*feature).to_owned()),
+                ..Default::default()
             };
             let (_, body) = shared::providers::fixtures::payload(
                 shared::domain::SourceKind::StandardWebhooks,

@@ -495,13 +495,8 @@ async fn the_dev_kind_entitlements_is_a_summary_the_pipeline_applies(pool: PgPoo
     let spec = Spec {
         kind: "entitlements".into(),
         customer: "cus_send".into(),
-        plan: None,
         at: Utc::now(),
-        object_id: None,
-        status: None,
-        cancel_at_period_end: false,
-        event_id: None,
-        feature: None,
+        ..Default::default()
     };
     let (id, payload) = fixtures::payload(shared::domain::SourceKind::Stripe, &spec).unwrap();
     let source = test_sources("http://127.0.0.1:9/unused")

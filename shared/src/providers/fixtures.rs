@@ -10,8 +10,8 @@ use super::provider;
 use crate::domain::SourceKind;
 use crate::platform::config::SourceConfig;
 
-/// What to put in a delivery.
-#[derive(Debug, Clone)]
+/// What to put in a delivery; a field left out is none (`..Default::default()`).
+#[derive(Debug, Clone, Default)]
 pub struct Spec {
     /// The event kind, in the provider's own words (see [`kinds`]).
     pub kind: String,
@@ -177,11 +177,7 @@ mod tests {
                     customer: "cus_1".into(),
                     plan: Some(plan.into()),
                     at: Utc::now(),
-                    object_id: None,
-                    status: None,
-                    cancel_at_period_end: false,
-                    event_id: None,
-                    feature: None,
+                    ..Default::default()
                 };
                 let (_, payload) = payload(source, &spec).unwrap();
                 let event_type = payload["type"].as_str().unwrap();
@@ -203,13 +199,8 @@ mod tests {
         let spec = Spec {
             kind: "entitlement".into(),
             customer: "cus_1".into(),
-            plan: None,
             at: Utc::now(),
-            object_id: None,
-            status: None,
-            cancel_at_period_end: false,
-            event_id: None,
-            feature: None,
+            ..Default::default()
         };
         let refused = payload(SourceKind::Stripe, &spec).unwrap_err();
         assert!(refused.ends_with("refund, entitlements"), "{refused}");
@@ -234,13 +225,9 @@ mod tests {
             let spec = Spec {
                 kind: "subscription".into(),
                 customer: "cus_1".into(),
-                plan: None,
                 at: Utc::now(),
-                object_id: None,
-                status: None,
                 cancel_at_period_end: true,
-                event_id: None,
-                feature: None,
+                ..Default::default()
             };
             let (_, payload) = payload(source, &spec).unwrap();
             let event_type = payload["type"].as_str().unwrap();

@@ -216,13 +216,9 @@ mod tests {
         Spec {
             kind: kind.into(),
             customer: "cus_1".into(),
-            plan: None,
             at: Utc::now(),
-            object_id: None,
-            status: None,
-            cancel_at_period_end: false,
-            event_id: None,
             feature: feature.map(str::to_owned),
+            ..Default::default()
         }
     }
 
