@@ -136,11 +136,17 @@ stack_env() {
   if [ -x "$ROOT/target/debug/inboxctl" ]; then
     stack_sources_env "$ROOT/target/debug/inboxctl" 2>/dev/null || true
   fi
-  # the app API's dev key (dev-only; scripts/dev prints it): INBOX_API_KEYS lists its hash
+  # the app API's dev keys (dev-only; scripts/dev prints them): INBOX_API_KEYS lists their
+  # hashes. The app's key reads, debits and replays its accounts' events; the admin key opens
+  # the console and the admin API; the reader only reads (the console refuses it).
   : "${INBOX_DEV_API_KEY:=bik_dev_local_only_0123456789abcdef0123456789abcdef}"
-  export INBOX_DEV_API_KEY
+  : "${INBOX_DEV_ADMIN_KEY:=bik_dev_admin_local_only_0123456789abcdef01234567}"
+  : "${INBOX_DEV_READ_KEY:=bik_dev_reader_local_only_0123456789abcdef0123456}"
+  export INBOX_DEV_API_KEY INBOX_DEV_ADMIN_KEY INBOX_DEV_READ_KEY
   if [ -z "${INBOX_API_KEYS:-}" ]; then
-    INBOX_API_KEYS='[{"name":"dev","sha256":"'"$(printf %s "$INBOX_DEV_API_KEY" | sha256sum | cut -d' ' -f1)"'","scopes":["read","usage"]}]'
+    INBOX_API_KEYS='[{"name":"dev","sha256":"'"$(printf %s "$INBOX_DEV_API_KEY" | sha256sum | cut -d' ' -f1)"'","scopes":["read","usage","replay"]},'
+    INBOX_API_KEYS+='{"name":"dev-admin","sha256":"'"$(printf %s "$INBOX_DEV_ADMIN_KEY" | sha256sum | cut -d' ' -f1)"'","scopes":["admin"]},'
+    INBOX_API_KEYS+='{"name":"dev-reader","sha256":"'"$(printf %s "$INBOX_DEV_READ_KEY" | sha256sum | cut -d' ' -f1)"'","scopes":["read"]}]'
   fi
   export INBOX_API_KEYS
   # the local Kinde signing key, whose public half ensure_dev_kinde serves as a JWKS

@@ -19,7 +19,8 @@ enum ApiKeyCommand {
         /// The key's name, shown in the API's logs (e.g. the app's name).
         #[arg(long)]
         name: String,
-        /// Comma-separated scopes: read (GET), usage (POST usage).
+        /// Comma-separated scopes: read (GET an account), usage (POST usage), replay (replay
+        /// an account's own event), admin (the admin API and the console; never implied).
         #[arg(long, default_value = "read", value_delimiter = ',')]
         scopes: Vec<String>,
     },
@@ -33,13 +34,15 @@ pub fn run(args: &ApiKeyArgs, json_output: bool) -> anyhow::Result<()> {
     let mut parsed = Vec::new();
     for scope in scopes {
         let scope = Scope::parse(scope.trim())
-            .with_context(|| format!("unknown scope '{scope}' (read, usage)"))?;
+            .with_context(|| format!("unknown scope '{scope}' (read, usage, replay, admin)"))?;
         if !parsed.contains(&scope) {
             parsed.push(scope);
         }
     }
-    if parsed.contains(&Scope::Usage) && !parsed.contains(&Scope::Read) {
-        // A debit answers with the account's usage: it reads as well.
+    let acts_on_an_account = parsed.contains(&Scope::Usage) || parsed.contains(&Scope::Replay);
+    if acts_on_an_account && !parsed.contains(&Scope::Read) {
+        // A debit answers with the account's usage, a replay names the account's event: both
+        // read as well.
         parsed.insert(0, Scope::Read);
     }
     let key = api_keys::generate().context("reading the system's random source")?;

@@ -16,6 +16,11 @@ pub enum Scope {
     Read,
     /// Record usage (debit the allowance).
     Usage,
+    /// Replay one of an account's own events (`POST …/events/{event_id}/replay`).
+    Replay,
+    /// The admin API and the console: every account, event and effect, and acting on them.
+    /// Never granted with the others by default (docs/design.md §12.2).
+    Admin,
 }
 
 impl Scope {
@@ -23,6 +28,8 @@ impl Scope {
         match self {
             Scope::Read => "read",
             Scope::Usage => "usage",
+            Scope::Replay => "replay",
+            Scope::Admin => "admin",
         }
     }
 
@@ -30,6 +37,8 @@ impl Scope {
         match raw {
             "read" => Some(Scope::Read),
             "usage" => Some(Scope::Usage),
+            "replay" => Some(Scope::Replay),
+            "admin" => Some(Scope::Admin),
             _ => None,
         }
     }
@@ -286,7 +295,7 @@ mod tests {
             .unwrap_err()
             .detail
             .contains("another entry"));
-        let bad_scope = listed.replace("usage", "admin");
+        let bad_scope = listed.replace("usage", "owner");
         assert!(parse(&bad_scope, true).is_err());
         assert!(parse("[]", true).is_err());
         assert!(parse(r#"[{"name":"a","sha256":"00","scopes":[]}]"#, true).is_err());
