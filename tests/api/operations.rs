@@ -287,7 +287,7 @@ async fn an_app_replays_its_own_event_and_another_customers_is_not_found(pool: P
     );
     assert!(actions.iter().all(|a| a["who"] == "replayer"
         && a["action"] == "account_event.replay"
-        && a["target"] == mine.to_string()));
+        && a["target"].as_str() == Some(mine.to_string().as_str())));
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
