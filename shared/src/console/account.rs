@@ -142,7 +142,7 @@ fn why_fields(why: &Value, links: Links) -> Markup {
                 @let stored = field.get("stored");
                 details data-field=(name) id=[(name == "plan").then_some("why-plan")] {
                     summary {
-                        code.field { (name) } " " strong.value { (shown(&field["value"])) }
+                        code.why-field { (name) } " " strong.why-value { (shown(&field["value"])) }
                         @if let Some(stored) = stored {
                             " " span.status.tone-bad { "divergent" } " stored: " (shown(stored))
                         }

@@ -38,16 +38,13 @@ pub(super) fn render(data: &Value, query: &[(String, String)], links: Links) -> 
                 thead {
                     tr {
                         th scope="col" { "Effect" }
-                        th scope="col" { "Kind" }
+                        th scope="col" { "Kind" span.second { "sequence" } }
                         th scope="col" { "Account" }
-                        th scope="col" { "Sequence" }
-                        th scope="col" { "Event" }
-                        th scope="col" { "Occurred" }
+                        th scope="col" { "Event" span.second { "occurred" } }
                         th scope="col" { "Status" }
                         th scope="col" { "Attempts" }
                         th scope="col" { "Last error" }
-                        th scope="col" { "Created" }
-                        th scope="col" { "Sent" }
+                        th scope="col" { "Created" span.second { "sent" } }
                         th scope="col" { span.visually-hidden { "Action" } }
                     }
                 }
@@ -58,26 +55,27 @@ pub(super) fn render(data: &Value, query: &[(String, String)], links: Links) -> 
                         @let word = text(effect, "status");
                         tr data-effect-id=(id) {
                             th scope="row" { code { (id) } }
-                            td { (text(effect, "kind")) }
+                            td { (text(effect, "kind")) span.second { "sequence " (shown(&effect["sequence"])) } }
                             td {
                                 @match effect["customer_id"].as_str() {
                                     Some(customer) => a href=(links.account(source, customer)) { (source) " / " (customer) },
                                     None => (source),
                                 }
                             }
-                            td.num { (shown(&effect["sequence"])) }
                             td {
                                 @match int(effect, "event_id") {
                                     Some(event) => a href=(links.event(event)) { "#" (event) },
                                     None => "—",
                                 }
+                                span.second { (time(&effect["occurred_at"])) }
                             }
-                            td { (time(&effect["occurred_at"])) }
                             td { (status(word)) }
                             td.num { (shown(&effect["attempts"])) }
                             td.reason { (shown(&effect["last_error"])) }
-                            td { (time(&effect["created_at"])) }
-                            td { (time(&effect["sent_at"])) }
+                            td {
+                                (time(&effect["created_at"]))
+                                span.second { @if effect["sent_at"].is_null() { "not sent" } @else { (time(&effect["sent_at"])) } }
+                            }
                             td {
                                 @if word == "dead" || word == "pending" {
                                     (replay_form(

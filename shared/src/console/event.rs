@@ -121,15 +121,29 @@ pub(super) fn render(id: i64, data: &Value, links: Links) -> Markup {
             @if data["payload"].is_null() {
                 p.empty #payload-gone { "The payload is no longer kept." }
             } @else {
-                pre #payload tabindex="0" {
-                    (serde_json::to_string_pretty(&data["payload"]).unwrap_or_default())
-                }
+                pre #payload tabindex="0" { (payload(&data["payload"])) }
             }
         }
         @if int(event, "event_id").is_some_and(|shown_id| shown_id != id) {
             p.note { "The answer is about event #" (shown(&event["event_id"])) "." }
         }
     }
+}
+
+/// The payload, indented when it is JSON (a JWT or other text as it came).
+fn payload(value: &Value) -> String {
+    let parsed;
+    let json = match value {
+        Value::String(text) => match serde_json::from_str::<Value>(text) {
+            Ok(value) => {
+                parsed = value;
+                &parsed
+            }
+            Err(_) => return text.clone(),
+        },
+        other => other,
+    };
+    serde_json::to_string_pretty(json).unwrap_or_default()
 }
 
 /// A delivery's headers, one per line.

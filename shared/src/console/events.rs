@@ -97,8 +97,7 @@ fn table(events: &[Value], links: Links) -> Markup {
                         th scope="col" { "Source" }
                         th scope="col" { "Type" }
                         th scope="col" { "Customer" }
-                        th scope="col" { "Occurred" }
-                        th scope="col" { "Received" }
+                        th scope="col" { "Occurred" span.second { "received" } }
                         th scope="col" { "Status" }
                         th scope="col" { "Outcome and reason" }
                         th scope="col" { "Seen" }
@@ -120,8 +119,7 @@ fn table(events: &[Value], links: Links) -> Markup {
                                     None => "—",
                                 }
                             }
-                            td { (time(&event["occurred_at"])) }
-                            td { (time(&event["received_at"])) }
+                            td { (time(&event["occurred_at"])) span.second { (time(&event["received_at"])) } }
                             td { (status(text(event, "status"))) }
                             td {
                                 (status(text(event, "outcome")))

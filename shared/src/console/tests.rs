@@ -219,6 +219,20 @@ fn an_event_page_tells_its_whole_story_with_a_replay_button() {
 }
 
 #[test]
+fn a_payload_stored_as_text_is_shown_as_it_came_or_indented_when_it_is_json() {
+    let mut data = event_detail("");
+    data["payload"] = json!("eyJhbGciOiJSUzI1NiJ9.eyJ0eXBlIjoiY3VzdG9tZXIifQ.c2ln");
+    let html = rendered(&Page::Event(42), &data, &[]);
+    has(
+        &html,
+        &[">eyJhbGciOiJSUzI1NiJ9.eyJ0eXBlIjoiY3VzdG9tZXIifQ.c2ln</pre>"],
+    );
+    data["payload"] = json!(r#"{"id":"evt_1"}"#);
+    let html = rendered(&Page::Event(42), &data, &[]);
+    has(&html, &["{\n  &quot;id&quot;: &quot;evt_1&quot;\n}</pre>"]);
+}
+
+#[test]
 fn an_event_whose_payload_is_gone_says_so() {
     let mut data = event_detail("");
     data["payload"] = Value::Null;
