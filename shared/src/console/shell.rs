@@ -21,6 +21,8 @@ pub fn shell(base: &str) -> String {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { "billing-inbox console" }
+                // No icon to fetch: the browser would ask the origin's root for one.
+                link rel="icon" href="data:,";
                 link rel="stylesheet" href={ (console) "/assets/console.css" };
                 script src={ (console) "/assets/console.js" } defer {}
             }

@@ -544,6 +544,7 @@ fn the_shell_loads_the_assets_and_has_no_inline_code() {
         &[
             "<!DOCTYPE html>",
             r#"<html lang="en">"#,
+            r#"<link rel="icon" href="data:,">"#,
             r#"<script src="/lambda-url/api/console/assets/console.js" defer></script>"#,
             r#"<link rel="stylesheet" href="/lambda-url/api/console/assets/console.css">"#,
             r##"<a class="skip" href="#page">"##,

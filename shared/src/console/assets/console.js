@@ -173,7 +173,7 @@
     var event = step.event;
     var eventCell = event
       ? [el("a", { href: base + "/console/events/" + event.event_id }, ["#" + event.event_id]),
-         " " + event.status + (event.outcome ? " · " + event.outcome : "") +
+         " " + event.status + (event.outcome && event.outcome !== event.status ? " · " + event.outcome : "") +
          (event.reason ? " — " + event.reason : "")]
       : ["no event stored"];
     var answer = step.answer || {};
