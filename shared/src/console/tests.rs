@@ -108,6 +108,22 @@ fn the_overview_puts_what_needs_a_person_first_each_a_link() {
 }
 
 #[test]
+fn a_needs_attention_link_stays_under_the_console() {
+    let mut data = overview("");
+    data["needs_attention"][0]["link"] = json!("//evil.example/x");
+    data["needs_attention"][1]["link"] = json!("javascript:alert(1)");
+    let html = rendered(&Page::Overview, &data, &[]);
+    has(
+        &html,
+        &[
+            r#"href="/lambda-url/api/console/evil.example/x""#,
+            r#"href="/lambda-url/api/console/javascript:alert(1)""#,
+        ],
+    );
+    assert!(!html.contains(r#"href="//"#) && !html.contains(r#"href="javascript:"#));
+}
+
+#[test]
 fn an_overview_with_nothing_to_do_says_so() {
     let mut data = overview("");
     data["needs_attention"] = json!([]);
