@@ -2,62 +2,115 @@
 //! as a meter, features), `why` per field (the deciding event and those it beat), the state
 //! as of a chosen time, and its event log with a Replay button per event.
 
+use std::collections::BTreeMap;
+
 use maud::{html, Markup};
-use serde_json::Value;
+use serde_json::{json, Map, Value};
 
 use super::view::{
-    cursor, int, list, local_input, replay_form, shown, status, text, time, time_str, with_query,
-    Links,
+    cursor, int, list, local_input, replay_form, shown, status, text, time, time_str, value,
+    with_query, Links,
 };
 
 pub(super) fn render((source, customer): (&str, &str), data: &Value, links: Links) -> Markup {
-    let account = &data["account"];
     let why = &data["why"];
     let at = data["at"].as_str().filter(|at| !at.is_empty());
     let here = links.account(source, customer);
+    // As of a time, the state is what `why` folds from the events up to then; now, the
+    // account as the app reads it.
+    let as_of = at.and_then(|at| as_of(why, at));
+    let account = as_of.as_ref().unwrap_or(&data["account"]);
     html! {
         h1 { "Account " span.id { (source) " / " (customer) } }
-        @if let Some(stripe_account) = account["stripe_account"].as_str() {
+        @if let Some(stripe_account) = data["account"]["stripe_account"].as_str() {
             p.meta { "Connected account " code { (stripe_account) } }
         }
-        (state(account))
+        form #as-of.search method="get" action=(here) aria-label="The state as of a time" {
+            div.field {
+                label for="at" { "State as of (UTC)" }
+                input #at name="at" type="datetime-local" step="1" data-utc
+                    value=(at.map(local_input).unwrap_or_default());
+            }
+            div.actions {
+                button type="submit" { "Show" }
+                @if at.is_some() { " " a href=(here) { "Now" } }
+            }
+        }
+        @if let Some(at) = at {
+            p.note #as-of-note {
+                "As of " (time_str(at)) ": what the events the provider created up to then give. "
+                @if as_of.is_none() { "Why could not say it, so the state shown is the account now. " }
+                a href=(here) { "See the account now" } "."
+            }
+        }
+        (state(account, at.filter(|_| as_of.is_some())))
         section aria-labelledby="why-title" {
             h2 #why-title {
                 "Why"
                 @if let Some(at) = at { ", as of " (time_str(at)) }
             }
-            form #as-of.search method="get" action=(here) aria-label="The state as of a time" {
-                div.field {
-                    label for="at" { "State as of (UTC)" }
-                    input #at name="at" type="datetime-local" step="1" data-utc
-                        value=(at.map(local_input).unwrap_or_default());
-                }
-                div.actions {
-                    button type="submit" { "Show" }
-                    @if at.is_some() { " " a href=(here) { "Now" } }
-                }
-            }
-            @if at.is_some() {
-                p.note {
-                    "Each field below is what the events the provider created up to then give; "
-                    "the state above is the account now."
-                }
-            }
+            p.meta { "Open a field to see the event that decided it and those it beat." }
             (why_fields(why, links))
         }
         (log(&data["events"], (source, customer), at, links))
     }
 }
 
-/// The account as the app reads it now.
-fn state(account: &Value) -> Markup {
+/// The account as `why`'s fields give it as of `at`, shaped as the account's JSON: the plan,
+/// each subscription, the allowance and use of `at`'s month, the features. `None` when `why`
+/// has no fields (an error's answer).
+fn as_of(why: &Value, at: &str) -> Option<Value> {
+    let fields = why.get("fields")?.as_array()?;
+    let period = chrono::DateTime::parse_from_rfc3339(at)
+        .map(|t| t.with_timezone(&chrono::Utc).format("%Y-%m").to_string())
+        .unwrap_or_default();
+    let mut plan = Value::Null;
+    let mut deleted = false;
+    let (mut allowance, mut used) = (0, 0);
+    let mut subscriptions: BTreeMap<&str, Map<String, Value>> = BTreeMap::new();
+    let mut features = Map::new();
+    for field in fields {
+        let name = text(field, "field");
+        let value = field["value"].clone();
+        if name == "plan" {
+            plan = value;
+        } else if name == "deleted" {
+            deleted = !value.is_null();
+        } else if name == format!("allowance:{period}") {
+            allowance = value.as_i64().unwrap_or(0);
+        } else if name == format!("used:{period}") {
+            used = value.as_i64().unwrap_or(0);
+        } else if let Some(key) = name.strip_prefix("feature:") {
+            features.insert(key.to_owned(), value);
+        } else if let Some((id, part)) = name
+            .strip_prefix("subscription:")
+            .and_then(|rest| rest.rsplit_once(':'))
+        {
+            let sub = subscriptions.entry(id).or_default();
+            sub.insert("id".to_owned(), json!(id));
+            sub.insert(part.to_owned(), value);
+        }
+    }
+    Some(json!({
+        "plan": plan, "deleted": deleted, "period": period,
+        "allowance": allowance, "used": used, "remaining": (allowance - used).max(0),
+        "subscriptions": subscriptions.into_values().collect::<Vec<_>>(),
+        "features": features, "version": null,
+    }))
+}
+
+/// The account's state: as the app reads it now, or as of `at`.
+fn state(account: &Value, at: Option<&str>) -> Markup {
     let allowance = int(account, "allowance").unwrap_or(0);
     let used = int(account, "used").unwrap_or(0);
     let subscriptions = list(account, "subscriptions");
     let features = account["features"].as_object();
     html! {
         section aria-labelledby="state-title" {
-            h2 #state-title { "State" }
+            h2 #state-title {
+                "State"
+                @if let Some(at) = at { " as of " (time_str(at)) } @else { " now" }
+            }
             dl.facts {
                 dt { "Plan" }
                 dd { strong #plan { (text(account, "plan")) } }
@@ -76,8 +129,10 @@ fn state(account: &Value) -> Markup {
                     span #remaining { (shown(&account["remaining"])) } " remaining of "
                     span #allowance-total { (allowance) }
                 }
-                dt { "Version" }
-                dd { (shown(&account["version"])) }
+                @if !account["version"].is_null() {
+                    dt { "Version" }
+                    dd { (shown(&account["version"])) }
+                }
             }
             h3 { "Subscriptions" }
             div.scroll {
@@ -135,6 +190,11 @@ fn why_fields(why: &Value, links: Links) -> Markup {
     let fields = list(why, "fields");
     let pending = list(why, "pending");
     let purged = int(why, "purged").unwrap_or(0);
+    if let Some(code) = why.get("code").and_then(Value::as_str) {
+        return html! {
+            p.note #why-error { "Why cannot say: " strong { (code) } " " (text(why, "detail")) }
+        };
+    }
     html! {
         div #why {
             @for field in fields {
@@ -142,9 +202,9 @@ fn why_fields(why: &Value, links: Links) -> Markup {
                 @let stored = field.get("stored");
                 details data-field=(name) id=[(name == "plan").then_some("why-plan")] {
                     summary {
-                        code.why-field { (name) } " " strong.why-value { (shown(&field["value"])) }
+                        code.why-field { (name) } " " strong.why-value { (value(&field["value"])) }
                         @if let Some(stored) = stored {
-                            " " span.status.tone-bad { "divergent" } " stored: " (shown(stored))
+                            " " span.status.tone-bad { "divergent" } " stored: " (value(stored))
                         }
                     }
                     div.why-body {

@@ -401,22 +401,87 @@ fn the_account_page_shows_its_state_why_and_log() {
     has(summary, &["plan", "pro"]);
 }
 
+/// `why` as of a time, as `GET …/why?at=` serializes it: a starter trial then.
+fn why_as_of(at_time: &str) -> Value {
+    let field = |name: &str, value: Value| WhyField {
+        field: name.to_owned(),
+        value,
+        decided_by: Some(EventRef {
+            event_id: 1,
+            event_type: "customer.subscription.created".to_owned(),
+            occurred_at: at("2026-12-01T10:00:00Z"),
+            via: Via::Webhook,
+            replayed: false,
+        }),
+        beaten: vec![],
+        stored: None,
+    };
+    let why = Why {
+        source: "kinde".to_owned(),
+        customer_id: "kc_1".to_owned(),
+        at: Some(at(at_time)),
+        received_before: None,
+        fields: vec![
+            field("plan", json!("starter")),
+            field("subscription:sub_1:status", json!("trialing")),
+            field("subscription:sub_1:plan", json!("starter")),
+            field(
+                "subscription:sub_1:current_period_end",
+                json!("2026-12-31T00:00:00Z"),
+            ),
+            field("subscription:sub_1:cancel_at_period_end", json!(false)),
+            field("subscription:sub_1:cancel_at", Value::Null),
+            field("allowance:2026-11", json!(40)),
+            field("allowance:2026-12", json!(100)),
+            field("used:2026-12", json!(3)),
+            field("feature:seats", json!(5)),
+        ],
+        purged: 0,
+        complete_from: None,
+        pending: vec![],
+        divergent: vec![],
+    };
+    serde_json::to_value(&why).unwrap()
+}
+
 #[test]
-fn the_account_as_of_a_time_says_so_and_keeps_the_time_in_its_form() {
+fn the_account_as_of_a_time_shows_the_state_why_gives_then() {
+    let cut = "2026-12-01T10:01:00Z";
     let data = json!({"account": snapshot("kc_1"), "events": account_events(""),
-                      "why": why("kc_1", ""), "at": "2026-12-01T10:01:00Z"});
-    let html = rendered(
-        &account_page("kc_1"),
-        &data,
-        &[("at", "2026-12-01T10:01:00Z")],
-    );
+                      "why": why_as_of(cut), "at": cut});
+    let html = rendered(&account_page("kc_1"), &data, &[("at", cut)]);
     has(
         &html,
         &[
+            r#"<strong id="plan">starter</strong>"#,
+            r#"<meter id="allowance" min="0" max="100" value="3""#,
+            r#"<span id="remaining">97</span>"#,
+            r#"<tr data-subscription="sub_1">"#,
+            "trialing",
+            r#"<tr data-feature="seats"><th scope="row"><code>seats</code></th><td>5</td></tr>"#,
+            "State as of <time datetime=\"2026-12-01T10:01:00Z\">",
             r#"value="2026-12-01T10:01:00""#,
             ", as of <time datetime=\"2026-12-01T10:01:00Z\">",
-            ">Now</a>",
+            ">See the account now</a>",
             "?at=2026-12-01T10%3A01%3A00Z&amp;after=3",
+        ],
+    );
+    assert!(!html.contains(r#"<strong id="plan">pro</strong>"#));
+    assert!(!html.contains(r#"data-feature="sso""#));
+}
+
+#[test]
+fn an_account_whose_why_failed_says_so_and_shows_the_state_now() {
+    let data = json!({"account": snapshot("kc_1"), "events": account_events(""),
+                      "why": {"code": "not_folded", "detail": "the account has more than 10000 events"},
+                      "at": "2026-12-01T10:01:00Z"});
+    let html = rendered(&account_page("kc_1"), &data, &[]);
+    has(
+        &html,
+        &[
+            r#"<strong id="plan">pro</strong>"#,
+            r#"<p class="note" id="why-error">Why cannot say: <strong>not_folded</strong>"#,
+            "so the state shown is the account now",
         ],
     );
 }

@@ -103,6 +103,14 @@ pub(super) fn shown(value: &Value) -> String {
     }
 }
 
+/// A JSON value as [`shown`] gives it, a time as [`time_str`] does.
+pub(super) fn value(value: &Value) -> Markup {
+    match value {
+        Value::String(s) if DateTime::parse_from_rfc3339(s).is_ok() => time_str(s),
+        other => html! { (shown(other)) },
+    }
+}
+
 /// A cursor (`next`) as a query value; `None` on the last page.
 pub(super) fn cursor(value: &Value) -> Option<String> {
     match value {
