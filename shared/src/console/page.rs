@@ -60,6 +60,26 @@ impl Page {
         }
     }
 
+    /// The query parameters the page reads (each passed on to its route(s) by the handler):
+    /// the search's fields and the cursor of the next page, the account's cut (`at`) and the
+    /// cursor of its log. A page ignores any other.
+    pub fn params(&self) -> &'static [&'static str] {
+        match self {
+            Page::Events => &[
+                "status",
+                "source",
+                "type",
+                "customer",
+                "provider_event_id",
+                "after",
+            ],
+            Page::Account { .. } => &["at", "after"],
+            Page::Effects => &["status", "after"],
+            Page::AuditTrail => &["after"],
+            Page::Overview | Page::Event(_) | Page::EngineRoom => &[],
+        }
+    }
+
     /// The page's path below `{base}/console/`, segments percent-encoded: `Page::parse` of it
     /// gives the page back.
     pub fn path(&self) -> String {

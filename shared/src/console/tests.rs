@@ -694,3 +694,40 @@ fn a_fragment_holds_no_inline_script_or_style() {
         no_inline_code(&rendered(&page, &data, &[]));
     }
 }
+
+#[test]
+fn each_link_a_page_renders_to_itself_carries_only_the_parameters_it_reads() {
+    let account = json!({"account": snapshot("kc_1"), "events": account_events(""),
+                         "why": why("kc_1", ""), "at": "2026-12-01T10:01:00Z"});
+    let events = json!({"events": [event_row(42, "kc_1", "")], "next": "41"});
+    let effects = json!({"effects": [], "next": "e9"});
+    let trail = json!({"actions": [], "next": 9});
+    let query = [
+        ("status", "dead"),
+        ("source", "kinde"),
+        ("at", "2026-12-01T10:01:00Z"),
+    ];
+    for (page, data, own) in [
+        (Page::Events, events, "/console/events?"),
+        (
+            account_page("kc_1"),
+            account,
+            "/console/accounts/kinde/kc_1?",
+        ),
+        (Page::Effects, effects, "/console/effects?"),
+        (Page::AuditTrail, trail, "/console/audit-trail?"),
+    ] {
+        let html = rendered(&page, &data, &query);
+        let mut seen = 0;
+        for (at, _) in html.match_indices(own) {
+            let query = &html[at + own.len()..];
+            let query = &query[..query.find('"').unwrap()];
+            for pair in query.split("&amp;") {
+                let name = pair.split('=').next().unwrap();
+                assert!(page.params().contains(&name), "{page:?} links with {name}");
+            }
+            seen += 1;
+        }
+        assert!(seen > 0, "{page:?} links to a next page");
+    }
+}
