@@ -3,7 +3,8 @@
 //! the layers below it, no two files importing each other (docs/design.md §2.1):
 //!
 //! - [`handlers`]: one per function — adapt the Lambda event, orchestrate, answer; beside
-//!   them [`dev`] (local tools, `dev` feature only);
+//!   them [`dev`] (local tools, `dev` feature only) and [`engine_room`] (the reference
+//!   scenarios run through the intake in process, for the api function and `inboxctl`);
 //! - [`apply`] (one claimed event applied: decide, read, settle, rules, one write),
 //!   [`audit`] (the fold put to work: `why` and the audit) and [`reconcile`] (the providers'
 //!   APIs read back);
@@ -23,6 +24,7 @@ pub mod billing;
 pub mod dev;
 pub mod domain;
 pub mod effects;
+pub mod engine_room;
 pub mod handlers;
 pub mod inbox;
 pub mod platform;
