@@ -130,7 +130,8 @@ async fn inboxctl_scenario_runs_the_nine_deliveries_beside_applying_on_arrival(p
     );
 }
 
-/// The test sources, Kinde's verified with a JWKS that serves the test key's public half.
+/// The test sources, Kinde's verified with a JWKS that serves the test key's public half
+/// (key a).
 struct Stage {
     app: TestApp,
     url: String,
@@ -191,9 +192,13 @@ impl Stage {
     /// The Engine Room as the api function opens it at cold start, on the three development
     /// sources (Kinde signed with the test key), waiting as long as the worker here needs.
     async fn room(&self) -> EngineRoom {
+        self.room_signing_kinde_with(KINDE_KEY_FILE).await
+    }
+
+    async fn room_signing_kinde_with(&self, kinde_key_file: &str) -> EngineRoom {
         let engine_room = json!({
             "sources": ["kinde", "polar", "stripe"],
-            "kinde_key_file": KINDE_KEY_FILE,
+            "kinde_key_file": kinde_key_file,
             "kinde_kid": KINDE_KID,
         });
         let config = self
@@ -240,6 +245,15 @@ async fn the_engine_room_runs_the_nine_deliveries_to_pro_500_beside_applying_on_
             ("status", Some("stripe".into()), 3),
             ("refund", Some("polar".into()), 3),
         ]
+    );
+
+    assert_eq!(
+        serde_json::to_value(&room.scenarios()[2]).unwrap(),
+        json!({"name": "status", "source": "stripe", "steps": [
+            {"step": 1, "what": "subscription sub_status trialing, plan price_pro, at the start"},
+            {"step": 2, "what": "subscription sub_status past_due, plan price_pro, minute 2"},
+            {"step": 3, "what": "subscription sub_status active, plan price_pro, minute 1"},
+        ]})
     );
 
     let run = room.start("nine-deliveries").unwrap();
@@ -382,7 +396,9 @@ async fn the_subscriptions_scenario_runs_in_the_past_and_ends_free(pool: PgPool)
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
-async fn an_unknown_scenario_a_bad_run_or_step_is_refused_and_stores_nothing(pool: PgPool) {
+async fn an_unknown_scenario_a_bad_run_or_step_or_a_forged_delivery_is_refused_and_stores_nothing(
+    pool: PgPool,
+) {
     let stage = stage(pool).await;
     let room = stage.room().await;
     let refused = room.start("ten-deliveries").unwrap_err();
@@ -420,6 +436,29 @@ async fn an_unknown_scenario_a_bad_run_or_step_is_refused_and_stores_nothing(poo
         0
     );
     assert_eq!(stage.app.count("SELECT count(*) FROM deliveries").await, 0);
+
+    // Signed with a key the source's JWKS does not serve: the intake's refusal is the answer.
+    let forger = stage
+        .room_signing_kinde_with(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/testdata/kinde_test_key_b.pem"
+        ))
+        .await;
+    let run = forger.start("nine-deliveries").unwrap();
+    let refused = stage.step(&forger, &run.run, 2).await;
+    assert_eq!(
+        serde_json::to_value(&refused).unwrap()["answer"],
+        json!({"status": 401, "verdict": "unauthorized", "detail": refused.answer.detail})
+    );
+    assert!(refused.event.is_none());
+    assert_eq!(
+        serde_json::to_value(&refused.account).unwrap(),
+        json!({"plan": "free", "balance": 0, "status": "-"})
+    );
+    assert_eq!(
+        stage.app.count("SELECT count(*) FROM inbox_events").await,
+        0
+    );
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
