@@ -15,7 +15,7 @@ use super::answer::{
 use super::state::ApiState;
 use crate::domain::EventStatus;
 use crate::effects::outbox::EffectStatus;
-use crate::engine_room::EngineError;
+use crate::handlers::engine_room::EngineError;
 use crate::operate::{acts, lists, overview, trail, Place};
 use crate::platform::api_keys::Scope;
 
