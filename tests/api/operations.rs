@@ -631,3 +631,43 @@ async fn an_operator_finds_an_event_reads_its_story_and_replays_one_or_all_dead(
     .await;
     assert_eq!(rest.body["actions"][0]["action"], "event.replay");
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_divergence_the_audit_found_is_listed_and_needs_a_person(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let state = api_of(&app, &pool);
+    plan_change(&app, "kc_moved", "ev_moved", "pro", Utc::now()).await;
+    // A register moved by hand, as a bug or an operator's UPDATE would.
+    sqlx::query("UPDATE customer_plans SET plan_key = 'free' WHERE customer_id = 'kc_moved'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let config = test_audit();
+    let far = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    shared::audit::run(&pool, &config.sources, &config.catalog, far, 10)
+        .await
+        .unwrap();
+
+    let listed = get(&state, ADMIN_KEY, "/v1/admin/divergences").await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
+    let divergences = listed.body["divergences"].as_array().unwrap();
+    assert!(!divergences.is_empty(), "{}", listed.body);
+    let first = &divergences[0];
+    assert_eq!(
+        (first["source"].as_str(), first["customer_id"].as_str()),
+        (Some("kinde"), Some("kc_moved"))
+    );
+    assert!(first["first_seen"].is_string() && first["stored"] != first["folded"]);
+    let overview = get(&state, ADMIN_KEY, "/v1/admin/overview").await;
+    assert_eq!(
+        overview.body["divergences_open"].as_i64(),
+        Some(divergences.len() as i64)
+    );
+    let attention = overview.body["needs_attention"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["kind"] == "divergences")
+        .expect("divergences need a person");
+    assert_eq!(attention["link"], "accounts/kinde/kc%5Fmoved");
+}

@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgConnection;
 
-use super::Place;
+use super::{cut, Place};
 use crate::billing::fold::Via;
 use crate::domain::EventStatus;
 use crate::effects::outbox::EffectStatus;
@@ -84,7 +84,7 @@ pub async fn events(
     )
     .fetch_all(exec(conn))
     .await?;
-    let mut events: Vec<ListedEvent> = rows
+    let events: Vec<ListedEvent> = rows
         .into_iter()
         .map(|row| ListedEvent {
             via: Via::of(&row.dedupe_key, row.via.as_deref()),
@@ -102,13 +102,7 @@ pub async fn events(
             attempts: row.attempts,
         })
         .collect();
-    let next = (events.len() as i64 > limit).then(|| {
-        events.truncate(limit as usize);
-        events
-            .last()
-            .map(|e| e.event_id.to_string())
-            .unwrap_or_default()
-    });
+    let (events, next) = cut(events, limit, |last| last.event_id.to_string());
     Ok(EventsPage { events, next })
 }
 
@@ -261,7 +255,7 @@ pub async fn effects(
         Some(place) => (Some(place.at), Some(place.id.as_str())),
         None => (None, None),
     };
-    let mut effects = sqlx::query_as!(
+    let effects = sqlx::query_as!(
         ListedEffect,
         r#"
         SELECT id AS effect_id, kind, source, customer_id, sequence, event_id, occurred_at,
@@ -279,11 +273,7 @@ pub async fn effects(
     )
     .fetch_all(exec(conn))
     .await?;
-    let next = (effects.len() as i64 > limit).then(|| {
-        effects.truncate(limit as usize);
-        let last = effects
-            .last()
-            .expect("a page over its limit has a last effect");
+    let (effects, next) = cut(effects, limit, |last| {
         Place {
             at: last.created_at,
             id: last.effect_id.clone(),
@@ -293,14 +283,12 @@ pub async fn effects(
     Ok(EffectsPage { effects, next })
 }
 
-/// A difference the audit found and that still stands.
+/// A difference the audit found and that still stands: the audit's own, with when it was
+/// first and last seen.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Divergence {
-    pub source: String,
-    pub customer_id: String,
-    pub field: String,
-    pub stored: Value,
-    pub folded: Value,
+    #[serde(flatten)]
+    pub found: crate::audit::Divergence,
     pub first_seen: DateTime<Utc>,
     pub last_seen: DateTime<Utc>,
 }
@@ -309,12 +297,25 @@ pub struct Divergence {
 pub const MAX_DIVERGENCES: i64 = 500;
 
 pub async fn divergences(conn: &mut PgConnection) -> Result<Vec<Divergence>, sqlx::Error> {
-    sqlx::query_as!(
-        Divergence,
+    let rows = sqlx::query!(
         "SELECT source, customer_id, field, stored, folded, first_seen, last_seen
          FROM audit_divergences ORDER BY last_seen DESC, source, customer_id, field LIMIT $1",
         MAX_DIVERGENCES
     )
     .fetch_all(exec(conn))
-    .await
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| Divergence {
+            found: crate::audit::Divergence {
+                source: row.source,
+                customer_id: row.customer_id,
+                field: row.field,
+                stored: row.stored,
+                folded: row.folded,
+            },
+            first_seen: row.first_seen,
+            last_seen: row.last_seen,
+        })
+        .collect())
 }

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 
-use super::Place;
+use super::{cut, Place};
 use crate::billing::fold::Via;
 use crate::domain::CustomerId;
 use crate::platform::db::exec;
@@ -89,7 +89,7 @@ pub async fn account_events(
     )
     .fetch_all(exec(conn))
     .await?;
-    let mut events: Vec<LoggedEvent> = rows
+    let events: Vec<LoggedEvent> = rows
         .into_iter()
         .map(|row| LoggedEvent {
             via: row
@@ -107,11 +107,7 @@ pub async fn account_events(
             seen_count: row.seen_count,
         })
         .collect();
-    let next = (events.len() as i64 > limit).then(|| {
-        events.truncate(limit as usize);
-        let last = events
-            .last()
-            .expect("a page over its limit has a last event");
+    let (events, next) = cut(events, limit, |last| {
         Place {
             at: last.occurred_at,
             id: last.event_id,

@@ -33,9 +33,35 @@ impl<Id: std::fmt::Display + std::str::FromStr> Place<Id> {
     }
 }
 
+/// Cuts what a query read for a page (`limit` + 1 rows, so that one more says there are more)
+/// to the page, and names where the next one starts: `place` of the page's last row.
+pub fn cut<T>(
+    mut rows: Vec<T>,
+    limit: i64,
+    place: impl Fn(&T) -> String,
+) -> (Vec<T>, Option<String>) {
+    let limit = usize::try_from(limit).unwrap_or(0);
+    if rows.len() <= limit {
+        return (rows, None);
+    }
+    rows.truncate(limit);
+    let next = rows.last().map(place);
+    (rows, next)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_page_is_cut_at_its_limit_and_names_its_last_row_when_more_were_read() {
+        assert_eq!(
+            cut(vec![1, 2, 3], 2, i32::to_string),
+            (vec![1, 2], Some("2".into()))
+        );
+        assert_eq!(cut(vec![1, 2], 2, i32::to_string), (vec![1, 2], None));
+        assert_eq!(cut(Vec::<i32>::new(), 2, i32::to_string), (vec![], None));
+    }
 
     #[test]
     fn a_place_reads_back_what_it_wrote_and_nothing_else() {

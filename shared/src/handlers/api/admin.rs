@@ -307,11 +307,7 @@ pub(super) async fn answer(
             let limit = limit_param(query.first("limit"))?;
             let before = query.first("after").map(event_id_param).transpose()?;
             let actions = on_held!(state, conn => trail::list(conn, limit + 1, before))?;
-            let more = actions.len() as i64 > limit;
-            let actions = &actions[..actions.len().min(limit as usize)];
-            let next = more
-                .then(|| actions.last().map(|a| a.id.to_string()))
-                .flatten();
+            let (actions, next) = crate::operate::cut(actions, limit, |last| last.id.to_string());
             ok(json!({ "actions": actions, "next": next }))
         }
     }
