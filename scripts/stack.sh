@@ -159,6 +159,10 @@ stack_env() {
     INBOX_ENGINE_ROOM='{"sources":["kinde","polar","stripe"],"kinde_key_file":"'"$INBOX_DEV_KINDE_KEY"'","kinde_kid":"'"$INBOX_DEV_KINDE_KID"'"}'
   fi
   export INBOX_ENGINE_ROOM
+  # cargo lambda watch serves the api function at /lambda-url/api and hands it the path
+  # without: the console's links put it back
+  : "${INBOX_CONSOLE_BASE:=/lambda-url/api}"
+  export INBOX_CONSOLE_BASE
 }
 
 # --- the running pipeline (scripts/dev) -------------------------------------------

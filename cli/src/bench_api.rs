@@ -158,6 +158,7 @@ async fn bench(
         effects: None,
         events: None,
         silent_hours: shared::platform::config::DEFAULT_SILENT_HOURS,
+        console_base: String::new(),
         engine_room: None,
         clock: api::Clock::System,
     };

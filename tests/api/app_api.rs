@@ -63,6 +63,7 @@ pub fn api_state(pool: &PgPool) -> ApiState {
         effects: None,
         events: None,
         silent_hours: shared::platform::config::DEFAULT_SILENT_HOURS,
+        console_base: String::new(),
         engine_room: None,
         clock: api::Clock::System,
     }

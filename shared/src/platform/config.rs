@@ -272,6 +272,18 @@ pub const EFFECTS_QUEUE_VAR: &str = "EFFECTS_QUEUE_URL";
 /// Hours without a delivery after which the console's overview names a source as silent.
 pub const SILENT_HOURS_VAR: &str = "INBOX_SOURCE_SILENT_HOURS";
 pub const DEFAULT_SILENT_HOURS: f64 = 24.0;
+/// What precedes `/console` in the console's links, when the path the function sees lacks it.
+pub const CONSOLE_BASE_VAR: &str = "INBOX_CONSOLE_BASE";
+
+/// `/a/b`: a path prefix a link can start with (empty is none).
+fn is_path_prefix(base: &str) -> bool {
+    base.is_empty()
+        || (base.starts_with('/')
+            && !base.ends_with('/')
+            && base
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'<' && b != b'>'))
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -925,6 +937,10 @@ pub struct ApiConfig {
     /// `INBOX_SOURCE_SILENT_HOURS` (default 24): a source with no delivery for longer needs a
     /// person, on the console's overview (the `SourceSilentHours` alarm's threshold).
     pub source_silent_hours: f64,
+    /// `INBOX_CONSOLE_BASE` (default empty): what precedes `/console` in the console's links
+    /// when the server in front of the function cut it from the path (`cargo lambda watch`
+    /// serves the function at `/lambda-url/api` and hands it the path without).
+    pub console_base: String,
     /// `INBOX_ENGINE_ROOM`; unset: the Engine Room is off.
     pub engine_room: Option<EngineRoomConfig>,
 }
@@ -959,6 +975,16 @@ impl FromEnv for ApiConfig {
                     .ok_or_else(|| {
                         ConfigError::new(SILENT_HOURS_VAR, "is a number of hours above 0")
                     })?,
+            },
+            console_base: match env.optional(CONSOLE_BASE_VAR) {
+                None => String::new(),
+                Some(base) if is_path_prefix(&base) => base,
+                Some(_) => {
+                    return Err(ConfigError::new(
+                        CONSOLE_BASE_VAR,
+                        "is a path prefix: '/' and visible characters, no '/' at its end (/lambda-url/api)",
+                    ))
+                }
             },
             engine_room,
         })
@@ -1669,6 +1695,60 @@ mod tests {
             vars.push(("QUEUE_URL", "http://127.0.0.1:9/queue/q"));
         }
         ApiConfig::from_lookup(lookup(&vars))
+    }
+
+    #[test]
+    fn the_consoles_base_and_the_silence_hours_are_checked_and_default_to_none_and_a_day() {
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut vars = vec![
+                ("DATABASE_URL", "postgres://x"),
+                (
+                    "INBOX_SOURCES",
+                    r#"[{"name":"kinde","kind":"kinde","jwks_url":"http://127.0.0.1:9/jwks"}]"#,
+                ),
+                (
+                    "INBOX_PLANS",
+                    r#"{"pro":{"plan":"pro","monthly_allowance":500}}"#,
+                ),
+                ("INBOX_API_KEYS", API_KEYS),
+            ];
+            vars.extend_from_slice(extra);
+            ApiConfig::from_lookup(lookup(&vars))
+        };
+        let plain = with(&[]).unwrap();
+        assert_eq!(
+            (
+                plain.console_base.as_str(),
+                plain.source_silent_hours,
+                plain.queue_url
+            ),
+            ("", 24.0, None)
+        );
+        let set = with(&[
+            (CONSOLE_BASE_VAR, "/lambda-url/api"),
+            (SILENT_HOURS_VAR, "6"),
+            ("QUEUE_URL", "http://q"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (set.console_base.as_str(), set.source_silent_hours),
+            ("/lambda-url/api", 6.0)
+        );
+        assert_eq!(set.queue_url.as_deref(), Some("http://q"));
+        for bad in ["lambda-url/api", "/api/", "/a b", "/a\"<"] {
+            assert_eq!(
+                with(&[(CONSOLE_BASE_VAR, bad)]).unwrap_err().var,
+                CONSOLE_BASE_VAR,
+                "{bad:?}"
+            );
+        }
+        for bad in ["0", "-1", "soon", "NaN"] {
+            assert_eq!(
+                with(&[(SILENT_HOURS_VAR, bad)]).unwrap_err().var,
+                SILENT_HOURS_VAR,
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

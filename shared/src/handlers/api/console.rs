@@ -24,7 +24,9 @@ pub(super) async fn serve(
     segments: &[&str],
     at: usize,
 ) -> Response<Body> {
-    let base = segments[..at].join("/");
+    // The prefix the server in front cut from the path, then what the path shows before
+    // `/console` (`/lambda-url/api` under `cargo lambda watch`; nothing deployed).
+    let base = format!("{}{}", state.console_base, segments[..at].join("/"));
     let rest = &segments[at + 1..];
     if request.method() != Method::GET {
         return html(

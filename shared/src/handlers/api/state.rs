@@ -65,6 +65,9 @@ pub struct ApiState {
     pub events: Option<Queue>,
     /// Hours without a delivery after which the overview names a source as silent.
     pub silent_hours: f64,
+    /// What precedes `/console` in the console's links besides what the path shows
+    /// (`INBOX_CONSOLE_BASE`).
+    pub console_base: String,
     /// The Engine Room, when the deployment turns it on (`INBOX_ENGINE_ROOM`).
     pub engine_room: Option<crate::handlers::engine_room::EngineRoom>,
     /// The current month's clock.
@@ -101,6 +104,7 @@ impl ApiState {
                 None => None,
             },
             silent_hours: config.source_silent_hours,
+            console_base: config.console_base.clone(),
             engine_room: crate::handlers::engine_room::EngineRoom::open(config).await?,
             clock: Clock::System,
         })
