@@ -324,7 +324,10 @@ async fn replay(
 ) -> anyhow::Result<()> {
     let ids = match status {
         Some(status) => {
-            shared::inbox::replay::ids_with_status(pool, parse_status(status)?, source).await?
+            let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
+            let status = parse_status(status)?;
+            let rows = shared::inbox::ROWS_PER_STEP;
+            shared::inbox::replay::ids_with_status(&mut conn, status, source, rows).await?
         }
         None if ids.is_empty() => anyhow::bail!("name event ids to replay, or --status"),
         None => ids.to_vec(),

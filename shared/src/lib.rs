@@ -25,6 +25,7 @@ pub mod domain;
 pub mod effects;
 pub mod handlers;
 pub mod inbox;
+pub mod operate;
 pub mod platform;
 pub mod providers;
 pub mod reconcile;

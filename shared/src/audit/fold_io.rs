@@ -115,22 +115,8 @@ fn named_by(registers: &crate::billing::rules::Registers, ledger: &LedgerByPerio
 type LedgerByPeriod = BTreeMap<String, Vec<crate::billing::rules::LedgerEntry>>;
 type Stored = (crate::billing::rules::Registers, LedgerByPeriod);
 
-/// How the event reached the store: by its key (a worker's read, a reconciliation's
-/// correction) or what its first delivery row says.
 fn via_of(event: &KeptEvent) -> Via {
-    let key = event.dedupe_key.as_str();
-    if key.starts_with("read:") {
-        return Via::Fetch;
-    }
-    if key.starts_with("reconcile:") {
-        return Via::Correction;
-    }
-    match event.via.as_deref() {
-        Some("reconciliation") => Via::Reconciliation,
-        Some("eventbridge") => Via::EventBridge,
-        Some(_) => Via::Fetch,
-        None => Via::Webhook,
-    }
+    Via::of(event.dedupe_key.as_str(), event.via.as_deref())
 }
 
 /// Reads and folds the account's kept events; `stored` is the account's registers as read

@@ -33,6 +33,25 @@ pub enum Via {
     Fetch,
 }
 
+impl Via {
+    /// How an event reached the store: by its key (a worker's read, a reconciliation's
+    /// correction) or what its first delivery row says (`headers.via`).
+    pub fn of(dedupe_key: &str, first_delivery_via: Option<&str>) -> Self {
+        if dedupe_key.starts_with("read:") {
+            return Self::Fetch;
+        }
+        if dedupe_key.starts_with("reconcile:") {
+            return Self::Correction;
+        }
+        match first_delivery_via {
+            Some("reconciliation") => Self::Reconciliation,
+            Some("eventbridge") => Self::EventBridge,
+            Some(_) => Self::Fetch,
+            None => Self::Webhook,
+        }
+    }
+}
+
 /// One stored event, decided, as the fold takes it.
 #[derive(Debug, Clone)]
 pub struct FoldEvent {

@@ -345,7 +345,27 @@ pub async fn collect_alerts(pool: &PgPool) -> anyhow::Result<EffectAlerts> {
 /// replay after fixing the app's endpoint. A held effect is left alone. Returns those
 /// replayed.
 pub async fn replay(pool: &PgPool, queue: &Queue, ids: &[String]) -> anyhow::Result<Vec<String>> {
-    let replayed = sqlx::query_scalar!(
+    let mut conn = pool
+        .acquire()
+        .await
+        .context("connecting to replay effects")?;
+    let replayed = reset(&mut conn, ids).await.context("replaying effects")?;
+    drop(conn);
+    let unsent = enqueue_or_unmark(pool, queue, &replayed).await?;
+    if !unsent.is_empty() {
+        tracing::warn!(
+            count = unsent.len(),
+            "replayed effects not enqueued; the scheduler will"
+        );
+    }
+    Ok(replayed)
+}
+
+/// Puts effects back to `pending` with fresh attempts, marked as on their way to the queue
+/// (the caller sends them after its commit), except one a dispatcher holds right now.
+/// Returns those reset.
+pub async fn reset(conn: &mut PgConnection, ids: &[String]) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar!(
         r#"
         UPDATE effects
         SET status = 'pending', attempts = 0, next_attempt_at = NULL, locked_until = NULL,
@@ -355,17 +375,8 @@ pub async fn replay(pool: &PgPool, queue: &Queue, ids: &[String]) -> anyhow::Res
         "#,
         ids,
     )
-    .fetch_all(exec(pool))
+    .fetch_all(exec(conn))
     .await
-    .context("replaying effects")?;
-    let unsent = enqueue_or_unmark(pool, queue, &replayed).await?;
-    if !unsent.is_empty() {
-        tracing::warn!(
-            count = unsent.len(),
-            "replayed effects not enqueued; the scheduler will"
-        );
-    }
-    Ok(replayed)
 }
 
 /// The ids of every effect with this status, oldest first.

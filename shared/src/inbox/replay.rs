@@ -2,9 +2,9 @@
 //! harmless by construction, so this is the one repair operators need.
 
 use anyhow::Context;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
-use super::{enqueue_or_unmark, ROWS_PER_STEP};
+use super::enqueue_or_unmark;
 use crate::domain::EventStatus;
 use crate::platform::db::exec;
 use crate::platform::queue::Queue;
@@ -13,7 +13,21 @@ use crate::platform::queue::Queue;
 /// operators. Applying an event again is harmless by construction. A row a worker holds right
 /// now is left alone. Returns the ids replayed.
 pub async fn replay(pool: &PgPool, queue: &Queue, ids: &[i64]) -> anyhow::Result<Vec<i64>> {
-    let reset: Vec<i64> = sqlx::query_scalar!(
+    let mut conn = pool.acquire().await.context("connecting to reset events")?;
+    let reset = reset(&mut conn, ids)
+        .await
+        .context("resetting events for replay")?;
+    drop(conn);
+    // What the queue refused stays `received` and unmarked: the next rescue sends it.
+    enqueue_or_unmark(pool, queue, &reset).await?;
+    Ok(reset)
+}
+
+/// Puts the events back to `received`, marked as on their way to the queue (the caller sends
+/// them after its commit, [`enqueue_or_unmark`]; the rescue sends what it does not), except a
+/// row a worker holds right now. Returns the ids reset.
+pub async fn reset(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>, sqlx::Error> {
+    sqlx::query_scalar!(
         r#"
         UPDATE inbox_events
         SET status = 'received', attempts = 0, next_attempt_at = NULL, locked_until = NULL,
@@ -24,20 +38,17 @@ pub async fn replay(pool: &PgPool, queue: &Queue, ids: &[i64]) -> anyhow::Result
         "#,
         ids,
     )
-    .fetch_all(exec(pool))
+    .fetch_all(exec(conn))
     .await
-    .context("resetting events for replay")?;
-    // What the queue refused stays `received` and unmarked: the next rescue sends it.
-    enqueue_or_unmark(pool, queue, &reset).await?;
-    Ok(reset)
 }
 
-/// The ids of events in `status` (optionally of one source), oldest first, bounded.
+/// The ids of events in `status` (optionally of one source), oldest first, at most `limit`.
 pub async fn ids_with_status(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     status: EventStatus,
     source: Option<&str>,
-) -> anyhow::Result<Vec<i64>> {
+    limit: i64,
+) -> Result<Vec<i64>, sqlx::Error> {
     sqlx::query_scalar!(
         r#"
         SELECT id FROM inbox_events
@@ -46,9 +57,8 @@ pub async fn ids_with_status(
         "#,
         status.as_str(),
         source,
-        ROWS_PER_STEP,
+        limit,
     )
-    .fetch_all(exec(pool))
+    .fetch_all(exec(conn))
     .await
-    .context("listing events by status")
 }

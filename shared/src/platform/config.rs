@@ -269,6 +269,9 @@ pub(crate) fn value_free(error: &serde_json::Error, expected: &str) -> String {
 
 pub const EFFECTS_VAR: &str = "INBOX_EFFECTS";
 pub const EFFECTS_QUEUE_VAR: &str = "EFFECTS_QUEUE_URL";
+/// Hours without a delivery after which the console's overview names a source as silent.
+pub const SILENT_HOURS_VAR: &str = "INBOX_SOURCE_SILENT_HOURS";
+pub const DEFAULT_SILENT_HOURS: f64 = 24.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -892,6 +895,12 @@ pub struct ApiConfig {
     pub catalog: Catalog,
     pub keys: KeysConfig,
     pub effects: Option<EffectsConfig>,
+    /// `QUEUE_URL`, the worker's queue a replay hands its events to; unset, a replayed event
+    /// waits for the scheduler's rescue (at most a minute).
+    pub queue_url: Option<String>,
+    /// `INBOX_SOURCE_SILENT_HOURS` (default 24): a source with no delivery for longer needs a
+    /// person, on the console's overview (the `SourceSilentHours` alarm's threshold).
+    pub source_silent_hours: f64,
 }
 
 impl FromEnv for ApiConfig {
@@ -909,6 +918,18 @@ impl FromEnv for ApiConfig {
             catalog: env.plans()?,
             keys: parse_api_keys(&env.required(API_KEYS_VAR)?)?,
             effects: env.effects()?,
+            queue_url: env.optional("QUEUE_URL"),
+            source_silent_hours: match env.optional(SILENT_HOURS_VAR) {
+                None => DEFAULT_SILENT_HOURS,
+                Some(raw) => raw
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|h| h.is_finite() && *h > 0.0)
+                    .ok_or_else(|| {
+                        ConfigError::new(SILENT_HOURS_VAR, "is a number of hours above 0")
+                    })?,
+            },
         })
     }
 }

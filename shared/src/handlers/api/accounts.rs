@@ -1,264 +1,24 @@
-//! The app API's handler (docs/design.md §12, docs/api.md): route, authenticate the caller
-//! by its key's scopes, read the account (or one of its features) or debit its allowance
-//! through billing's `account` and `usage`, answer. Every error is mapped to its status code in one place, and every
-//! answer comes within the invocation's time. No SQL and no billing rule lives here.
+//! The app's routes (docs/api.md): read an account (or one of its features), `why` it is so,
+//! debit its allowance, list its usage, through billing's `account` and `usage`. No SQL and
+//! no billing rule lives here.
 
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
-
-use chrono::{DateTime, Utc};
 use http::{HeaderMap, Method, StatusCode};
-use lambda_http::{Body, Request, RequestExt, Response};
-
+use lambda_http::{Body, Request, Response};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use sqlx::PgPool;
-use tokio::time::Instant;
 
-use super::{body_bytes, json_response};
+use super::super::json_response;
+use super::answer::{
+    authenticate, kind_of, mark_replayed, on_held, require, serde_error_words, settle, time_param,
+    ApiError, Query, DEFAULT_LIMIT, MAX_CURSOR_LEN, MAX_LIMIT,
+};
+use super::state::ApiState;
 use crate::audit::{self, Cut, FoldError};
 use crate::billing::account::{self, AccountSnapshot};
 use crate::billing::usage::{self, Debit, DebitRequest, Debited, Invalid, Listed, UsagePage};
 use crate::domain::features::{self, BadKey};
-use crate::domain::Catalog;
 use crate::domain::{AccountError, AccountRef, Period, SourceKind};
-use crate::platform::api_keys::{Caller, Keys, Scope};
-use crate::platform::config::ApiConfig;
-use crate::platform::db::{Held, HeldConnection};
-use crate::platform::queue::Queue;
-
-pub use crate::billing::usage::{MAX_AMOUNT, MAX_KEY_LEN, MAX_NOTE_CHARS};
-
-/// Largest request body accepted: a debit is a few dozen bytes.
-pub const MAX_BODY_BYTES: usize = 4096;
-/// The longest `after` cursor: a usage id is 36 characters.
-const MAX_CURSOR_LEN: usize = 100;
-/// A usage page's default and largest sizes.
-pub const DEFAULT_LIMIT: i64 = 50;
-pub const MAX_LIMIT: i64 = 100;
-/// The time an answer may take when the invocation sets no deadline (`cargo lambda watch`).
-pub const DEFAULT_BUDGET: Duration = Duration::from_secs(5);
-/// What is kept back from the invocation's deadline to send the answer.
-const ANSWER_MARGIN: Duration = Duration::from_millis(250);
-/// Seconds a caller is asked to wait before retrying when the store cannot answer.
-pub const RETRY_AFTER_SECS: u64 = 2;
-
-/// The clock that says which month a request arrives in: the system's, or one a test sets
-/// (a debit at 23:59:59.9 and its retry at 00:00:01, without waiting for midnight).
-#[derive(Debug, Clone, Default)]
-pub enum Clock {
-    #[default]
-    System,
-    Set(SetClock),
-}
-
-impl Clock {
-    pub fn now(&self) -> DateTime<Utc> {
-        match self {
-            Self::System => Utc::now(),
-            Self::Set(clock) => clock.now(),
-        }
-    }
-}
-
-/// A clock that shows the time it was last set to.
-#[derive(Debug, Clone)]
-pub struct SetClock(Arc<Mutex<DateTime<Utc>>>);
-
-impl SetClock {
-    pub fn at(time: DateTime<Utc>) -> Self {
-        Self(Arc::new(Mutex::new(time)))
-    }
-
-    pub fn set(&self, time: DateTime<Utc>) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = time;
-    }
-
-    pub fn now(&self) -> DateTime<Utc> {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-pub struct ApiState {
-    /// The instance's own connection: one round trip per read.
-    pub conn: Held,
-    /// For what is rare (unmarking an effect the queue refused).
-    pub pool: PgPool,
-    pub sources: Vec<(String, SourceKind)>,
-    /// The same sources with their Stripe modes, as the fold `…/why` explains takes them.
-    pub fold_sources: audit::Sources,
-    pub catalog: Catalog,
-    pub keys: Keys,
-    /// Effects on: the queue an `allowance_exhausted` effect's id is handed to.
-    pub effects: Option<Queue>,
-    /// The current month's clock.
-    pub clock: Clock,
-}
-
-impl ApiState {
-    /// Builds the connection settings, reads the keys (from their secret, when they are in
-    /// one) and the effects queue once, at cold start; nothing connects to Postgres before
-    /// the first request.
-    pub async fn from_config(config: &ApiConfig) -> anyhow::Result<Self> {
-        crate::providers::check_sources(&config.sources)?;
-        let database = crate::platform::database::Database::open(&config.database).await?;
-        let pool = database.pool(1);
-        let entries = crate::platform::secrets::resolve_api_keys(&config.keys).await?;
-        let effects = match &config.effects {
-            Some(effects) => Some(Queue::from_env(effects.queue_url.clone()).await),
-            None => None,
-        };
-        Ok(Self {
-            conn: Held::on(database),
-            pool,
-            sources: config
-                .sources
-                .iter()
-                .map(|s| (s.name.clone(), s.kind))
-                .collect(),
-            fold_sources: audit::sources_of(&config.sources),
-            catalog: config.catalog.clone(),
-            keys: Keys::new(&entries),
-            effects,
-            clock: Clock::System,
-        })
-    }
-}
-
-/// Everything the API can answer besides success, mapped to a status in one place.
-#[derive(Debug, thiserror::Error)]
-pub enum ApiError {
-    #[error("no route for {method} {path}")]
-    NotFound { method: Method, path: String },
-    #[error("{0} is not allowed here")]
-    MethodNotAllowed(Method),
-    #[error("a valid API key is required: Authorization: Bearer <key>")]
-    Unauthorized,
-    #[error("this key lacks the '{0}' scope")]
-    Forbidden(&'static str),
-    #[error("unknown source '{0}'")]
-    UnknownSource(String),
-    #[error("no customer '{0}' in this source")]
-    UnknownCustomer(String),
-    #[error("{detail}")]
-    BadRequest { code: &'static str, detail: String },
-    #[error("the body is {0} bytes; the limit is {MAX_BODY_BYTES}")]
-    PayloadTooLarge(usize),
-    #[error("the period's allowance has {remaining} left")]
-    AllowanceExhausted { remaining: i64, replayed: bool },
-    #[error("the customer is deleted")]
-    CustomerDeleted,
-    #[error("this Idempotency-Key was used with another request body")]
-    IdempotencyConflict,
-    #[error("{0}")]
-    NotFolded(String),
-    #[error("the billing state could not be reached; retry later")]
-    Unavailable(#[source] sqlx::Error),
-    #[error("no answer in time; retry later")]
-    Timeout,
-}
-
-impl From<Invalid> for ApiError {
-    fn from(invalid: Invalid) -> Self {
-        Self::bad(invalid.code(), invalid.to_string())
-    }
-}
-
-impl ApiError {
-    fn bad(code: &'static str, detail: impl Into<String>) -> Self {
-        Self::BadRequest {
-            code,
-            detail: detail.into(),
-        }
-    }
-
-    fn status(&self) -> StatusCode {
-        match self {
-            Self::NotFound { .. } | Self::UnknownSource(_) | Self::UnknownCustomer(_) => {
-                StatusCode::NOT_FOUND
-            }
-            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::Forbidden(_) => StatusCode::FORBIDDEN,
-            Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
-            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::AllowanceExhausted { .. } | Self::CustomerDeleted => StatusCode::CONFLICT,
-            Self::IdempotencyConflict | Self::NotFolded(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::Unavailable(_) | Self::Timeout => StatusCode::SERVICE_UNAVAILABLE,
-        }
-    }
-
-    fn code(&self) -> &'static str {
-        match self {
-            Self::NotFound { .. } => "not_found",
-            Self::MethodNotAllowed(_) => "method_not_allowed",
-            Self::Unauthorized => "unauthorized",
-            Self::Forbidden(_) => "forbidden",
-            Self::UnknownSource(_) => "unknown_source",
-            Self::UnknownCustomer(_) => "unknown_customer",
-            Self::BadRequest { code, .. } => code,
-            Self::PayloadTooLarge(_) => "payload_too_large",
-            Self::AllowanceExhausted { .. } => "allowance_exhausted",
-            Self::CustomerDeleted => "customer_deleted",
-            Self::IdempotencyConflict => "idempotency_conflict",
-            Self::NotFolded(_) => "not_folded",
-            Self::Unavailable(_) => "unavailable",
-            Self::Timeout => "timeout",
-        }
-    }
-
-    /// The answer: 4xx say what was wrong, 5xx say nothing of the cause (it goes to the log).
-    pub fn into_response(self) -> Response<Body> {
-        let status = self.status();
-        match &self {
-            Self::Unavailable(e) => tracing::error!(error = %e, code = self.code(), "api failed"),
-            Self::Timeout => tracing::error!(code = self.code(), "api answered late"),
-            _ => tracing::info!(code = self.code(), detail = %self, "request refused"),
-        }
-        if status.is_server_error() {
-            // The alarm's count (ApiServerErrorsAlarm): API Gateway's own 5xx metric mixes the
-            // webhook route in.
-            println!("{}", server_error_metric(self.code(), chrono::Utc::now()));
-        }
-        let mut body = json!({"code": self.code(), "detail": self.to_string()});
-        if let Self::AllowanceExhausted { remaining, .. } = &self {
-            body["remaining"] = json!(remaining);
-        }
-        let mut response = json_response(status, &body);
-        let headers = response.headers_mut();
-        match &self {
-            Self::Unavailable(_) | Self::Timeout => {
-                headers.insert(http::header::RETRY_AFTER, RETRY_AFTER_SECS.into());
-            }
-            Self::Unauthorized => {
-                headers.insert(
-                    http::header::WWW_AUTHENTICATE,
-                    http::HeaderValue::from_static("Bearer"),
-                );
-            }
-            Self::AllowanceExhausted { replayed: true, .. } => mark_replayed(headers),
-            _ => {}
-        }
-        response
-    }
-}
-
-/// The Embedded Metric Format line for a 5xx answer: `ApiServerErrors` by `Stack`, with its
-/// code as a field.
-pub fn server_error_metric(code: &str, now: chrono::DateTime<chrono::Utc>) -> Value {
-    let mut line = crate::platform::metrics::document(now, &[&[]], &[("ApiServerErrors", "Count")]);
-    line["Code"] = json!(code);
-    line["ApiServerErrors"] = json!(1);
-    line
-}
-
-/// Stripe's header for an answer given before, under the same key.
-fn mark_replayed(headers: &mut HeaderMap) {
-    headers.insert(
-        "idempotent-replayed",
-        http::HeaderValue::from_static("true"),
-    );
-}
+use crate::platform::api_keys::Scope;
 
 /// What a request asks for, once routed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -340,85 +100,6 @@ fn route(method: &Method, path: &str) -> Result<(Route, String, String), ApiErro
     Ok((route, decode(source)?, decode(customer)?))
 }
 
-/// The caller behind `Authorization: Bearer <key>`, if the key is one of the listed ones.
-fn authenticate<'a>(keys: &'a Keys, headers: &HeaderMap) -> Result<&'a Caller, ApiError> {
-    let header = headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .ok_or(ApiError::Unauthorized)?;
-    let (scheme, key) = header
-        .trim()
-        .split_once(' ')
-        .ok_or(ApiError::Unauthorized)?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return Err(ApiError::Unauthorized);
-    }
-    keys.check(key.trim()).ok_or(ApiError::Unauthorized)
-}
-
-fn require(caller: &Caller, scope: Scope) -> Result<(), ApiError> {
-    match caller.may(scope) {
-        true => Ok(()),
-        false => Err(ApiError::Forbidden(scope.as_str())),
-    }
-}
-
-/// A request's query parameters, from its URI (API Gateway and function URLs put the raw
-/// query string there) or, when it has none, from what the Lambda event listed.
-struct Query(Vec<(String, String)>);
-
-impl Query {
-    fn of(request: &Request) -> Self {
-        if let Some(raw) = request.uri().query().filter(|q| !q.is_empty()) {
-            let pairs = url::form_urlencoded::parse(raw.as_bytes())
-                .into_owned()
-                .collect();
-            return Self(pairs);
-        }
-        let listed = request.query_string_parameters();
-        Self(
-            listed
-                .iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
-        )
-    }
-
-    /// The value of `name`, once checked by [`Query::check`] to be given at most once.
-    fn first(&self, name: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Each parameter is one `route` takes, and is given once: of two values, neither is
-    /// known to be the one meant.
-    fn check(&self, route: &Route) -> Result<(), ApiError> {
-        let taken = route.parameters();
-        for (i, (name, _)) in self.0.iter().enumerate() {
-            if !taken.contains(&name.as_str()) {
-                let name: String = name.chars().take(40).collect();
-                return Err(ApiError::bad(
-                    "unknown_parameter",
-                    format!(
-                        "this route takes no parameter '{}'; it takes {}",
-                        name.escape_debug(),
-                        taken.join(", ")
-                    ),
-                ));
-            }
-            if self.0[..i].iter().any(|(seen, _)| seen == name) {
-                return Err(ApiError::bad(
-                    "repeated_parameter",
-                    format!("{name} is given more than once"),
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
 /// A debit's body, as sent: `{"amount": N, "period"?: "YYYY-MM", "note"?: "…"}`, checked by
 /// [`DebitRequest::checked`].
 #[derive(Debug, Deserialize)]
@@ -494,24 +175,6 @@ fn feature_key(raw: &str) -> Result<&str, ApiError> {
     Ok(raw)
 }
 
-/// A time named by a request: RFC 3339.
-fn time_param(
-    query: &Query,
-    name: &'static str,
-) -> Result<Option<chrono::DateTime<chrono::Utc>>, ApiError> {
-    let Some(raw) = query.first(name) else {
-        return Ok(None);
-    };
-    chrono::DateTime::parse_from_rfc3339(raw)
-        .map(|t| Some(t.with_timezone(&chrono::Utc)))
-        .map_err(|_| {
-            ApiError::bad(
-                "bad_time",
-                format!("{name} is an RFC 3339 time (2026-03-05T10:00:00Z), not '{raw}'"),
-            )
-        })
-}
-
 /// What a debit's body is: a JSON object with the fields of [`DebitBody`]. serde would take a
 /// JSON array as the fields in order (`[3, "2026-12", "note"]`) and a `null` as a field left
 /// out; neither is what the contract says, so each is refused with its own code. The amount
@@ -554,92 +217,13 @@ fn debit_body(body: &[u8]) -> Result<(i64, DebitBody), ApiError> {
     Ok((amount, parsed))
 }
 
-fn kind_of(value: &Value) -> &'static str {
-    match value {
-        Value::Object(_) => "an object",
-        Value::Array(_) => "an array",
-        Value::String(_) => "a string",
-        Value::Number(_) => "a number",
-        Value::Bool(_) => "a boolean",
-        Value::Null => "null",
-    }
-}
-
-/// What serde says of a body, without quoting the body.
-fn serde_error_words(e: &serde_json::Error) -> String {
-    match e.classify() {
-        serde_json::error::Category::Data => e.to_string(),
-        _ => format!("not JSON (line {}, column {})", e.line(), e.column()),
-    }
-}
-
-/// Runs one library call (`conn => call`) on the held connection, once more on a new
-/// connection when the first is found broken (an instance frozen while Postgres closed it).
-/// Reads are safe to repeat, and so are debits: the key answers a repeat the same way.
-macro_rules! on_held {
-    ($state:expr, $conn:ident => $call:expr) => {{
-        let mut held = $state.conn.lock().await;
-        let mut retried = false;
-        loop {
-            let result = match held.get().await {
-                Ok($conn) => $call.await,
-                Err(e) => Err(e),
-            };
-            if let Some(answer) = settle(&mut held, &mut retried, result) {
-                break answer;
-            }
-        }
-    }};
-}
-
-/// What a call on the held connection comes to: its value, a retry (`None`: the connection
-/// broke and this was the first try), or the store's failure.
-fn settle<T>(
-    held: &mut HeldConnection<'_>,
-    retried: &mut bool,
-    result: Result<T, sqlx::Error>,
-) -> Option<Result<T, ApiError>> {
-    match result {
-        Ok(value) => Some(Ok(value)),
-        Err(e) if is_connection_error(&e) && !*retried => {
-            held.discard();
-            tracing::info!(error = %e, "the held connection failed; trying a new one");
-            *retried = true;
-            None
-        }
-        Err(e) => {
-            if is_connection_error(&e) {
-                held.discard();
-            }
-            Some(Err(ApiError::Unavailable(e)))
-        }
-    }
-}
-
-/// Handles one HTTP request within `until` (the invocation's deadline; [`DEFAULT_BUDGET`]
-/// from now without one); every outcome is an HTTP answer.
-pub async fn handle(state: &ApiState, request: Request, until: Option<Instant>) -> Response<Body> {
-    let until = until.map_or_else(
-        || Instant::now() + DEFAULT_BUDGET,
-        |until| until.checked_sub(ANSWER_MARGIN).unwrap_or(until),
-    );
-    let answer = match tokio::time::timeout_at(until, serve(state, &request)).await {
-        Ok(answer) => answer,
-        Err(_) => {
-            // A statement cut off mid-way leaves its connection in no known state.
-            state.conn.lock().await.discard();
-            Err(ApiError::Timeout)
-        }
-    };
-    answer.unwrap_or_else(ApiError::into_response)
-}
-
+/// Answers a request for one of the app's routes (`body` within the size limit).
 #[tracing::instrument(skip_all, fields(source, caller, route))]
-async fn serve(state: &ApiState, request: &Request) -> Result<Response<Body>, ApiError> {
-    let body = body_bytes(request.body());
-    if body.len() > MAX_BODY_BYTES {
-        return Err(ApiError::PayloadTooLarge(body.len()));
-    }
+pub(super) async fn serve(
+    state: &ApiState,
+    request: &Request,
+    body: &[u8],
+) -> Result<Response<Body>, ApiError> {
     let (route, source, customer) = route(request.method(), request.uri().path())?;
     let caller = authenticate(&state.keys, request.headers())?;
     let span = tracing::Span::current();
@@ -648,7 +232,7 @@ async fn serve(state: &ApiState, request: &Request) -> Result<Response<Body>, Ap
     span.record("route", route.name());
     require(caller, Scope::Read)?;
     let query = Query::of(request);
-    query.check(&route)?;
+    query.check(route.parameters())?;
     let target = target(state, source, &customer, query.first("stripe_account"))?;
     let now = Period::of(state.clock.now().into());
     match route {
@@ -798,18 +382,6 @@ fn target(
         AccountError::Customer(e) => ApiError::bad("bad_customer", e.to_string()),
         AccountError::Connected(_) | AccountError::ConnectedHasSeparator => not_connected(),
     })
-}
-
-fn is_connection_error(e: &sqlx::Error) -> bool {
-    matches!(
-        e,
-        sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::Protocol(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::WorkerCrashed
-    )
 }
 
 /// Hands a new `allowance_exhausted` effect to the dispatcher's queue. The effect is
@@ -1028,17 +600,17 @@ mod tests {
                     .collect(),
             )
         };
-        let code = |q: Query, route: Route| match q.check(&route) {
+        let code = |q: Query, route: Route| match q.check(route.parameters()) {
             Err(ApiError::BadRequest { code, .. }) => code,
             other => panic!("{other:?}"),
         };
         assert!(
             query(&[("period", "2026-11"), ("limit", "5"), ("after", "use_1")])
-                .check(&Route::ListUsage)
+                .check(Route::ListUsage.parameters())
                 .is_ok()
         );
         assert!(query(&[("at", "2026-11-01T00:00:00Z")])
-            .check(&Route::Why)
+            .check(Route::Why.parameters())
             .is_ok());
         assert_eq!(
             code(query(&[("perod", "2026-11")]), Route::Account),
@@ -1056,7 +628,7 @@ mod tests {
             "unknown_parameter"
         );
         assert!(query(&[("stripe_account", "acct_1")])
-            .check(&Route::Feature("sso".into()))
+            .check(Route::Feature("sso".into()).parameters())
             .is_ok());
         assert_eq!(
             code(

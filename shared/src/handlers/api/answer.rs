@@ -1,0 +1,337 @@
+//! What every route of the API shares: its errors and their statuses, the caller's key and
+//! scopes, the query's parameters, and the held connection's one retry (docs/design.md §12.3).
+
+use std::time::Duration;
+
+use http::{HeaderMap, Method, StatusCode};
+use lambda_http::{Body, Request, RequestExt, Response};
+use serde_json::{json, Value};
+
+use super::super::json_response;
+use crate::billing::usage::Invalid;
+use crate::platform::api_keys::{Caller, Keys, Scope};
+use crate::platform::db::HeldConnection;
+
+/// Largest request body accepted: a debit is a few dozen bytes.
+pub const MAX_BODY_BYTES: usize = 4096;
+/// The longest `after` cursor: a usage id is 36 characters.
+pub(super) const MAX_CURSOR_LEN: usize = 100;
+/// A usage page's default and largest sizes.
+pub const DEFAULT_LIMIT: i64 = 50;
+pub const MAX_LIMIT: i64 = 100;
+/// The time an answer may take when the invocation sets no deadline (`cargo lambda watch`).
+pub const DEFAULT_BUDGET: Duration = Duration::from_secs(5);
+/// What is kept back from the invocation's deadline to send the answer.
+pub(super) const ANSWER_MARGIN: Duration = Duration::from_millis(250);
+/// Seconds a caller is asked to wait before retrying when the store cannot answer.
+pub const RETRY_AFTER_SECS: u64 = 2;
+
+/// Everything the API can answer besides success, mapped to a status in one place.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("no route for {method} {path}")]
+    NotFound { method: Method, path: String },
+    #[error("{0} is not allowed here")]
+    MethodNotAllowed(Method),
+    #[error("a valid API key is required: Authorization: Bearer <key>")]
+    Unauthorized,
+    #[error("this key lacks the '{0}' scope")]
+    Forbidden(&'static str),
+    #[error("unknown source '{0}'")]
+    UnknownSource(String),
+    #[error("no customer '{0}' in this source")]
+    UnknownCustomer(String),
+    #[error("{detail}")]
+    BadRequest { code: &'static str, detail: String },
+    #[error("the body is {0} bytes; the limit is {MAX_BODY_BYTES}")]
+    PayloadTooLarge(usize),
+    #[error("the period's allowance has {remaining} left")]
+    AllowanceExhausted { remaining: i64, replayed: bool },
+    #[error("the customer is deleted")]
+    CustomerDeleted,
+    #[error("this Idempotency-Key was used with another request body")]
+    IdempotencyConflict,
+    #[error("{0}")]
+    NotFolded(String),
+    #[error("the billing state could not be reached; retry later")]
+    Unavailable(#[source] sqlx::Error),
+    #[error("no answer in time; retry later")]
+    Timeout,
+}
+
+impl From<Invalid> for ApiError {
+    fn from(invalid: Invalid) -> Self {
+        Self::bad(invalid.code(), invalid.to_string())
+    }
+}
+
+impl ApiError {
+    pub(super) fn bad(code: &'static str, detail: impl Into<String>) -> Self {
+        Self::BadRequest {
+            code,
+            detail: detail.into(),
+        }
+    }
+
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::NotFound { .. } | Self::UnknownSource(_) | Self::UnknownCustomer(_) => {
+                StatusCode::NOT_FOUND
+            }
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::AllowanceExhausted { .. } | Self::CustomerDeleted => StatusCode::CONFLICT,
+            Self::IdempotencyConflict | Self::NotFolded(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Unavailable(_) | Self::Timeout => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            Self::NotFound { .. } => "not_found",
+            Self::MethodNotAllowed(_) => "method_not_allowed",
+            Self::Unauthorized => "unauthorized",
+            Self::Forbidden(_) => "forbidden",
+            Self::UnknownSource(_) => "unknown_source",
+            Self::UnknownCustomer(_) => "unknown_customer",
+            Self::BadRequest { code, .. } => code,
+            Self::PayloadTooLarge(_) => "payload_too_large",
+            Self::AllowanceExhausted { .. } => "allowance_exhausted",
+            Self::CustomerDeleted => "customer_deleted",
+            Self::IdempotencyConflict => "idempotency_conflict",
+            Self::NotFolded(_) => "not_folded",
+            Self::Unavailable(_) => "unavailable",
+            Self::Timeout => "timeout",
+        }
+    }
+
+    /// The answer: 4xx say what was wrong, 5xx say nothing of the cause (it goes to the log).
+    pub fn into_response(self) -> Response<Body> {
+        let status = self.status();
+        match &self {
+            Self::Unavailable(e) => tracing::error!(error = %e, code = self.code(), "api failed"),
+            Self::Timeout => tracing::error!(code = self.code(), "api answered late"),
+            _ => tracing::info!(code = self.code(), detail = %self, "request refused"),
+        }
+        if status.is_server_error() {
+            // The alarm's count (ApiServerErrorsAlarm): API Gateway's own 5xx metric mixes the
+            // webhook route in.
+            println!("{}", server_error_metric(self.code(), chrono::Utc::now()));
+        }
+        let mut body = json!({"code": self.code(), "detail": self.to_string()});
+        if let Self::AllowanceExhausted { remaining, .. } = &self {
+            body["remaining"] = json!(remaining);
+        }
+        let mut response = json_response(status, &body);
+        let headers = response.headers_mut();
+        match &self {
+            Self::Unavailable(_) | Self::Timeout => {
+                headers.insert(http::header::RETRY_AFTER, RETRY_AFTER_SECS.into());
+            }
+            Self::Unauthorized => {
+                headers.insert(
+                    http::header::WWW_AUTHENTICATE,
+                    http::HeaderValue::from_static("Bearer"),
+                );
+            }
+            Self::AllowanceExhausted { replayed: true, .. } => mark_replayed(headers),
+            _ => {}
+        }
+        response
+    }
+}
+
+/// The Embedded Metric Format line for a 5xx answer: `ApiServerErrors` by `Stack`, with its
+/// code as a field.
+pub fn server_error_metric(code: &str, now: chrono::DateTime<chrono::Utc>) -> Value {
+    let mut line = crate::platform::metrics::document(now, &[&[]], &[("ApiServerErrors", "Count")]);
+    line["Code"] = json!(code);
+    line["ApiServerErrors"] = json!(1);
+    line
+}
+
+/// Stripe's header for an answer given before, under the same key.
+pub(super) fn mark_replayed(headers: &mut HeaderMap) {
+    headers.insert(
+        "idempotent-replayed",
+        http::HeaderValue::from_static("true"),
+    );
+}
+
+/// The caller behind `Authorization: Bearer <key>`, if the key is one of the listed ones.
+pub(super) fn authenticate<'a>(
+    keys: &'a Keys,
+    headers: &HeaderMap,
+) -> Result<&'a Caller, ApiError> {
+    let header = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .ok_or(ApiError::Unauthorized)?;
+    let (scheme, key) = header
+        .trim()
+        .split_once(' ')
+        .ok_or(ApiError::Unauthorized)?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(ApiError::Unauthorized);
+    }
+    keys.check(key.trim()).ok_or(ApiError::Unauthorized)
+}
+
+pub(super) fn require(caller: &Caller, scope: Scope) -> Result<(), ApiError> {
+    match caller.may(scope) {
+        true => Ok(()),
+        false => Err(ApiError::Forbidden(scope.as_str())),
+    }
+}
+
+/// A request's query parameters, from its URI (API Gateway and function URLs put the raw
+/// query string there) or, when it has none, from what the Lambda event listed.
+pub(super) struct Query(pub(super) Vec<(String, String)>);
+
+impl Query {
+    pub(super) fn of(request: &Request) -> Self {
+        if let Some(raw) = request.uri().query().filter(|q| !q.is_empty()) {
+            let pairs = url::form_urlencoded::parse(raw.as_bytes())
+                .into_owned()
+                .collect();
+            return Self(pairs);
+        }
+        let listed = request.query_string_parameters();
+        Self(
+            listed
+                .iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+        )
+    }
+
+    /// The value of `name`, once checked by [`Query::check`] to be given at most once.
+    pub(super) fn first(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Each parameter is one `route` takes, and is given once: of two values, neither is
+    /// known to be the one meant.
+    pub(super) fn check(&self, taken: &[&str]) -> Result<(), ApiError> {
+        for (i, (name, _)) in self.0.iter().enumerate() {
+            if !taken.contains(&name.as_str()) {
+                let name: String = name.chars().take(40).collect();
+                return Err(ApiError::bad(
+                    "unknown_parameter",
+                    format!(
+                        "this route takes no parameter '{}'; it takes {}",
+                        name.escape_debug(),
+                        taken.join(", ")
+                    ),
+                ));
+            }
+            if self.0[..i].iter().any(|(seen, _)| seen == name) {
+                return Err(ApiError::bad(
+                    "repeated_parameter",
+                    format!("{name} is given more than once"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A time named by a request: RFC 3339.
+pub(super) fn time_param(
+    query: &Query,
+    name: &'static str,
+) -> Result<Option<chrono::DateTime<chrono::Utc>>, ApiError> {
+    let Some(raw) = query.first(name) else {
+        return Ok(None);
+    };
+    chrono::DateTime::parse_from_rfc3339(raw)
+        .map(|t| Some(t.with_timezone(&chrono::Utc)))
+        .map_err(|_| {
+            ApiError::bad(
+                "bad_time",
+                format!("{name} is an RFC 3339 time (2026-03-05T10:00:00Z), not '{raw}'"),
+            )
+        })
+}
+
+pub(super) fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Object(_) => "an object",
+        Value::Array(_) => "an array",
+        Value::String(_) => "a string",
+        Value::Number(_) => "a number",
+        Value::Bool(_) => "a boolean",
+        Value::Null => "null",
+    }
+}
+
+/// What serde says of a body, without quoting the body.
+pub(super) fn serde_error_words(e: &serde_json::Error) -> String {
+    match e.classify() {
+        serde_json::error::Category::Data => e.to_string(),
+        _ => format!("not JSON (line {}, column {})", e.line(), e.column()),
+    }
+}
+
+/// Runs one library call (`conn => call`) on the held connection, once more on a new
+/// connection when the first is found broken (an instance frozen while Postgres closed it).
+/// Reads are safe to repeat, and so are debits: the key answers a repeat the same way.
+macro_rules! on_held {
+    ($state:expr, $conn:ident => $call:expr) => {{
+        let mut held = $state.conn.lock().await;
+        let mut retried = false;
+        loop {
+            let result = match held.get().await {
+                Ok($conn) => $call.await,
+                Err(e) => Err(e),
+            };
+            if let Some(answer) = settle(&mut held, &mut retried, result) {
+                break answer;
+            }
+        }
+    }};
+}
+
+/// What a call on the held connection comes to: its value, a retry (`None`: the connection
+/// broke and this was the first try), or the store's failure.
+pub(super) fn settle<T>(
+    held: &mut HeldConnection<'_>,
+    retried: &mut bool,
+    result: Result<T, sqlx::Error>,
+) -> Option<Result<T, ApiError>> {
+    match result {
+        Ok(value) => Some(Ok(value)),
+        Err(e) if is_connection_error(&e) && !*retried => {
+            held.discard();
+            tracing::info!(error = %e, "the held connection failed; trying a new one");
+            *retried = true;
+            None
+        }
+        Err(e) => {
+            if is_connection_error(&e) {
+                held.discard();
+            }
+            Some(Err(ApiError::Unavailable(e)))
+        }
+    }
+}
+
+pub(super) fn is_connection_error(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+    )
+}
+
+pub(super) use on_held;

@@ -1,0 +1,96 @@
+//! The app API's state: what an instance builds once, at cold start, and the clock it reads
+//! the current month from.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use crate::audit;
+use crate::domain::{Catalog, SourceKind};
+use crate::platform::api_keys::Keys;
+use crate::platform::config::ApiConfig;
+use crate::platform::db::Held;
+use crate::platform::queue::Queue;
+
+/// The clock that says which month a request arrives in: the system's, or one a test sets
+/// (a debit at 23:59:59.9 and its retry at 00:00:01, without waiting for midnight).
+#[derive(Debug, Clone, Default)]
+pub enum Clock {
+    #[default]
+    System,
+    Set(SetClock),
+}
+
+impl Clock {
+    pub fn now(&self) -> DateTime<Utc> {
+        match self {
+            Self::System => Utc::now(),
+            Self::Set(clock) => clock.now(),
+        }
+    }
+}
+
+/// A clock that shows the time it was last set to.
+#[derive(Debug, Clone)]
+pub struct SetClock(Arc<Mutex<DateTime<Utc>>>);
+
+impl SetClock {
+    pub fn at(time: DateTime<Utc>) -> Self {
+        Self(Arc::new(Mutex::new(time)))
+    }
+
+    pub fn set(&self, time: DateTime<Utc>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = time;
+    }
+
+    pub fn now(&self) -> DateTime<Utc> {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+pub struct ApiState {
+    /// The instance's own connection: one round trip per read.
+    pub conn: Held,
+    /// For what is rare (unmarking an effect the queue refused).
+    pub pool: PgPool,
+    pub sources: Vec<(String, SourceKind)>,
+    /// The same sources with their Stripe modes, as the fold `…/why` explains takes them.
+    pub fold_sources: audit::Sources,
+    pub catalog: Catalog,
+    pub keys: Keys,
+    /// Effects on: the queue an `allowance_exhausted` effect's id is handed to.
+    pub effects: Option<Queue>,
+    /// The current month's clock.
+    pub clock: Clock,
+}
+
+impl ApiState {
+    /// Builds the connection settings, reads the keys (from their secret, when they are in
+    /// one) and the effects queue once, at cold start; nothing connects to Postgres before
+    /// the first request.
+    pub async fn from_config(config: &ApiConfig) -> anyhow::Result<Self> {
+        crate::providers::check_sources(&config.sources)?;
+        let database = crate::platform::database::Database::open(&config.database).await?;
+        let pool = database.pool(1);
+        let entries = crate::platform::secrets::resolve_api_keys(&config.keys).await?;
+        let effects = match &config.effects {
+            Some(effects) => Some(Queue::from_env(effects.queue_url.clone()).await),
+            None => None,
+        };
+        Ok(Self {
+            conn: Held::on(database),
+            pool,
+            sources: config
+                .sources
+                .iter()
+                .map(|s| (s.name.clone(), s.kind))
+                .collect(),
+            fold_sources: audit::sources_of(&config.sources),
+            catalog: config.catalog.clone(),
+            keys: Keys::new(&entries),
+            effects,
+            clock: Clock::System,
+        })
+    }
+}

@@ -1,0 +1,207 @@
+//! Replays asked for through the API (docs/design.md §12.5): each one checked, counted against
+//! the key's replays of the minute and written to the audit trail in the transaction that
+//! resets the rows; the rows go to their queue after the commit (the rescue sends what the
+//! queue refuses). Replaying is harmless by construction, so a repeat only replays again.
+
+use serde::Serialize;
+use serde_json::json;
+use sqlx::{PgConnection, PgPool};
+
+use super::trail::{self, Limited};
+use crate::domain::{CustomerId, EventStatus};
+use crate::effects::outbox::{self, EffectStatus};
+use crate::inbox::replay::{ids_with_status, reset};
+use crate::inbox::{enqueue_or_unmark, unmark};
+use crate::platform::db::exec;
+use crate::platform::queue::Queue;
+
+/// The most events one bulk replay takes; the answer says when more are left.
+pub const MAX_BULK: i64 = 100;
+
+/// What a replay of one event or effect came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replay<T> {
+    Done(T),
+    /// No such event (for an account: none of that account's).
+    NotFound,
+    /// The account's own event, which the purge took: nothing is left to replay.
+    Purged,
+    Limited(Limited),
+}
+
+/// An event replayed: its status now (`received`, or `processing` when a worker held it and
+/// it was left alone).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReplayedEvent {
+    pub event_id: i64,
+    pub status: EventStatus,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReplayedEffect {
+    pub effect_id: String,
+    pub status: EffectStatus,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BulkReplay {
+    pub replayed: usize,
+    pub event_ids: Vec<i64>,
+    /// More events of that status are left: ask again.
+    pub more: bool,
+}
+
+/// Who asks for an event's replay, and for which events.
+#[derive(Debug, Clone, Copy)]
+pub enum Scope<'a> {
+    /// The admin API: any event.
+    Any,
+    /// An app's key: only the events of this account.
+    Account {
+        source: &'a str,
+        customer: &'a CustomerId,
+    },
+}
+
+/// Replays one event for `who` (a key's name), within `scope`.
+pub async fn replay_event(
+    pool: &PgPool,
+    queue: Option<&Queue>,
+    who: &str,
+    scope: Scope<'_>,
+    event_id: i64,
+) -> anyhow::Result<Replay<ReplayedEvent>> {
+    let mut tx = pool.begin().await?;
+    let owner = sqlx::query!(
+        "SELECT source, customer_key FROM inbox_events WHERE id = $1",
+        event_id
+    )
+    .fetch_optional(exec(&mut *tx))
+    .await?;
+    let (action, target_detail) = match (scope, &owner) {
+        (Scope::Any, Some(_)) => ("event.replay", json!({})),
+        (Scope::Any, None) => return Ok(Replay::NotFound),
+        (Scope::Account { source, customer }, Some(row))
+            if row.source == source && row.customer_key.as_deref() == Some(customer.as_str()) =>
+        {
+            (
+                "account_event.replay",
+                json!({"source": source, "customer_id": customer.as_str()}),
+            )
+        }
+        (Scope::Account { source, customer }, _) => {
+            // Another account's event answers as a missing one; the account's own purged
+            // event is told as such (it is in the account's log).
+            return Ok(
+                match super::log::logged(&mut tx, source, customer, event_id).await? {
+                    true if owner.is_none() => Replay::Purged,
+                    _ => Replay::NotFound,
+                },
+            );
+        }
+    };
+    let id = match trail::take(&mut tx, who, action, &event_id.to_string(), &target_detail).await? {
+        Ok(id) => id,
+        Err(limited) => return Ok(Replay::Limited(limited)),
+    };
+    let reset_ids = reset(&mut tx, &[event_id]).await?;
+    let status = status_of(&mut tx, event_id).await?;
+    trail::settle(&mut tx, id, &json!({"status": status.as_str()})).await?;
+    tx.commit().await?;
+    send(pool, queue, &reset_ids).await;
+    Ok(Replay::Done(ReplayedEvent { event_id, status }))
+}
+
+/// Replays up to [`MAX_BULK`] events in `status` (of one source when given), oldest first.
+pub async fn replay_events(
+    pool: &PgPool,
+    queue: Option<&Queue>,
+    who: &str,
+    status: EventStatus,
+    source: Option<&str>,
+) -> anyhow::Result<Result<BulkReplay, Limited>> {
+    let mut tx = pool.begin().await?;
+    let target = json!({"status": status.as_str(), "source": source});
+    let id = match trail::take(&mut tx, who, "events.replay", &target.to_string(), &target).await? {
+        Ok(id) => id,
+        Err(limited) => return Ok(Err(limited)),
+    };
+    let ids = ids_with_status(&mut tx, status, source, MAX_BULK + 1).await?;
+    let more = ids.len() as i64 > MAX_BULK;
+    let ids = &ids[..ids.len().min(MAX_BULK as usize)];
+    let event_ids = reset(&mut tx, ids).await?;
+    trail::settle(&mut tx, id, &json!({"event_ids": event_ids})).await?;
+    tx.commit().await?;
+    send(pool, queue, &event_ids).await;
+    Ok(Ok(BulkReplay {
+        replayed: event_ids.len(),
+        event_ids,
+        more,
+    }))
+}
+
+/// Replays one effect: back to `pending`, to every sink again.
+pub async fn replay_effect(
+    pool: &PgPool,
+    queue: Option<&Queue>,
+    who: &str,
+    effect_id: &str,
+) -> anyhow::Result<Replay<ReplayedEffect>> {
+    let mut tx = pool.begin().await?;
+    let exists = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM effects WHERE id = $1) AS "exists!""#,
+        effect_id
+    )
+    .fetch_one(exec(&mut *tx))
+    .await?;
+    if !exists {
+        return Ok(Replay::NotFound);
+    }
+    let id = match trail::take(&mut tx, who, "effect.replay", effect_id, &json!({})).await? {
+        Ok(id) => id,
+        Err(limited) => return Ok(Replay::Limited(limited)),
+    };
+    let reset_ids = outbox::reset(&mut tx, &[effect_id.to_owned()]).await?;
+    let status = sqlx::query_scalar!("SELECT status FROM effects WHERE id = $1", effect_id)
+        .fetch_one(exec(&mut *tx))
+        .await?;
+    let status = EffectStatus::parse(&status).unwrap_or(EffectStatus::Pending);
+    trail::settle(&mut tx, id, &json!({"status": status.as_str()})).await?;
+    tx.commit().await?;
+    if let Some(queue) = queue {
+        if let Err(e) = outbox::enqueue_or_unmark(pool, queue, &reset_ids).await {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "replayed effect not enqueued; the rescue will"
+            );
+        }
+    }
+    Ok(Replay::Done(ReplayedEffect {
+        effect_id: effect_id.to_owned(),
+        status,
+    }))
+}
+
+async fn status_of(conn: &mut PgConnection, event_id: i64) -> Result<EventStatus, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"SELECT status AS "status: EventStatus" FROM inbox_events WHERE id = $1"#,
+        event_id
+    )
+    .fetch_one(exec(conn))
+    .await
+}
+
+/// Hands the reset events to the worker's queue; without one (or when it refuses), the rows
+/// stay `received` and the rescue sends them.
+async fn send(pool: &PgPool, queue: Option<&Queue>, ids: &[i64]) {
+    let result = match queue {
+        Some(queue) => enqueue_or_unmark(pool, queue, ids).await.map(|_| ()),
+        None => unmark(pool, ids).await.map_err(anyhow::Error::from),
+    };
+    if let Err(e) = result {
+        tracing::warn!(
+            error = format!("{e:#}"),
+            "replayed events not enqueued; the rescue will"
+        );
+    }
+}

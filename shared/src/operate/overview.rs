@@ -1,0 +1,287 @@
+//! The overview (docs/design.md §12.5): per source what arrived in the last hour and what
+//! waits, the effects and the audit's divergences, and first what needs a person, each with
+//! the console page that shows it.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use serde::Serialize;
+use sqlx::PgConnection;
+
+use crate::domain::SourceKind;
+use crate::platform::db::exec;
+
+/// 401s in an hour from one source past which a person should look (a secret rolled on one
+/// side only, or someone probing the endpoint).
+pub const UNAUTHORIZED_SPIKE: i64 = 10;
+/// An event not applied after this long means the pipeline is stuck somewhere.
+pub const BACKLOG_AGE_SECS: f64 = 300.0;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SourceOverview {
+    pub source: String,
+    pub kind: &'static str,
+    /// Deliveries that passed authentication in the last hour (copies included).
+    pub deliveries_last_hour: i64,
+    /// Deliveries refused 401 in the last hour.
+    pub unauthorized_last_hour: i64,
+    /// The newest stored event's or delivery's time.
+    pub last_delivery_at: Option<DateTime<Utc>>,
+    /// Events not finished or finished badly, by status (`applied` and `ignored`, the bulk,
+    /// are not counted: that would read the whole table).
+    pub events_by_status: BTreeMap<String, i64>,
+    pub oldest_unapplied_age_secs: f64,
+    pub dead: i64,
+    pub unprocessable: i64,
+    /// Deliveries whose content differed from the stored event's under the same id.
+    pub conflicting: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct EffectCounts {
+    pub pending: i64,
+    pub dead: i64,
+}
+
+/// Something a person should look at, with the console page (relative to `/console/`) that
+/// shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Attention {
+    pub kind: &'static str,
+    pub source: Option<String>,
+    pub count: i64,
+    pub detail: String,
+    pub link: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Overview {
+    pub generated_at: DateTime<Utc>,
+    pub sources: Vec<SourceOverview>,
+    pub effects: EffectCounts,
+    pub divergences_open: i64,
+    pub needs_attention: Vec<Attention>,
+}
+
+/// The overview of the configured `sources`; a source silent for more than
+/// `silent_after_hours` needs a person.
+pub async fn overview(
+    conn: &mut PgConnection,
+    sources: &[(String, SourceKind)],
+    silent_after_hours: f64,
+) -> Result<Overview, sqlx::Error> {
+    let names: Vec<String> = sources.iter().map(|(name, _)| name.clone()).collect();
+    let per_source = sqlx::query!(
+        r#"
+        SELECT s.source AS "source!", inbox_now() AS "now!",
+               (SELECT count(*) FROM deliveries d JOIN inbox_events e ON e.id = d.event_id
+                WHERE d.received_at > inbox_now() - interval '1 hour' AND e.source = s.source)
+                 AS "deliveries!",
+               (SELECT COALESCE(sum(r.count), 0) FROM intake_refusals r
+                WHERE r.source = s.source AND r.minute > inbox_now() - interval '1 hour')::bigint
+                 AS "refused!",
+               GREATEST((SELECT max(e.received_at) FROM inbox_events e WHERE e.source = s.source),
+                        (SELECT max(d.received_at) FROM deliveries d
+                         JOIN inbox_events e ON e.id = d.event_id
+                         WHERE d.received_at > inbox_now() - interval '1 hour'
+                           AND e.source = s.source)) AS last_delivery,
+               (SELECT EXTRACT(EPOCH FROM inbox_now() - min(e.received_at))::float8
+                FROM inbox_events e
+                WHERE e.status IN ('received', 'processing', 'failed') AND e.source = s.source)
+                 AS oldest,
+               (SELECT count(*) FROM deliveries d JOIN inbox_events e ON e.id = d.event_id
+                WHERE d.verdict = 'conflict' AND e.source = s.source) AS "conflicting!"
+        FROM unnest($1::text[]) WITH ORDINALITY AS s(source, n)
+        ORDER BY s.n
+        "#,
+        &names,
+    )
+    .fetch_all(exec(&mut *conn))
+    .await?;
+    let by_status = sqlx::query!(
+        r#"SELECT source, status, count(*) AS "count!" FROM inbox_events
+           WHERE status IN ('received', 'processing', 'failed', 'dead', 'unprocessable')
+           GROUP BY source, status"#
+    )
+    .fetch_all(exec(&mut *conn))
+    .await?;
+    let others = sqlx::query!(
+        r#"SELECT (SELECT count(*) FROM effects WHERE status = 'pending') AS "pending!",
+                  (SELECT count(*) FROM effects WHERE status = 'dead') AS "dead!",
+                  (SELECT count(*) FROM audit_divergences) AS "divergences!",
+                  (SELECT source || '/' || customer_id FROM audit_divergences
+                   ORDER BY last_seen DESC LIMIT 1) AS first_divergent"#
+    )
+    .fetch_one(exec(&mut *conn))
+    .await?;
+    let generated_at = per_source.first().map_or_else(Utc::now, |row| row.now);
+    let sources: Vec<SourceOverview> = per_source
+        .into_iter()
+        .zip(sources)
+        .map(|(row, (_, kind))| {
+            let events_by_status: BTreeMap<String, i64> = by_status
+                .iter()
+                .filter(|s| s.source == row.source)
+                .map(|s| (s.status.clone(), s.count))
+                .collect();
+            let count = |status: &str| events_by_status.get(status).copied().unwrap_or(0);
+            SourceOverview {
+                kind: kind.as_str(),
+                deliveries_last_hour: row.deliveries,
+                unauthorized_last_hour: row.refused,
+                last_delivery_at: row.last_delivery,
+                oldest_unapplied_age_secs: row.oldest.unwrap_or(0.0),
+                dead: count("dead"),
+                unprocessable: count("unprocessable"),
+                conflicting: row.conflicting,
+                events_by_status,
+                source: row.source,
+            }
+        })
+        .collect();
+    let effects = EffectCounts {
+        pending: others.pending,
+        dead: others.dead,
+    };
+    let needs_attention = needs_attention(
+        &sources,
+        effects,
+        others.divergences,
+        others.first_divergent.as_deref(),
+        silent_after_hours,
+        generated_at,
+    );
+    Ok(Overview {
+        generated_at,
+        sources,
+        effects,
+        divergences_open: others.divergences,
+        needs_attention,
+    })
+}
+
+/// What needs a person, the worst first: events and effects given up on, then what the store
+/// and the audit disagree on, then a source that broke or went quiet, then a backlog.
+fn needs_attention(
+    sources: &[SourceOverview],
+    effects: EffectCounts,
+    divergences: i64,
+    first_divergent: Option<&str>,
+    silent_after_hours: f64,
+    now: DateTime<Utc>,
+) -> Vec<Attention> {
+    let mut all = Vec::new();
+    type Count = fn(&SourceOverview) -> i64;
+    let per_source = |all: &mut Vec<Attention>,
+                      kind,
+                      count: Count,
+                      words: &str,
+                      link: &dyn Fn(&str) -> String| {
+        for s in sources {
+            let n = count(s);
+            if n > 0 {
+                all.push(Attention {
+                    kind,
+                    source: Some(s.source.clone()),
+                    count: n,
+                    detail: format!("{n} {words} from {}", s.source),
+                    link: link(&segment(&s.source)),
+                });
+            }
+        }
+    };
+    per_source(&mut all, "dead_events", |s| s.dead, "dead event(s)", &|s| {
+        format!("events?status=dead&source={s}")
+    });
+    per_source(
+        &mut all,
+        "unprocessable_events",
+        |s| s.unprocessable,
+        "unprocessable event(s)",
+        &|s| format!("events?status=unprocessable&source={s}"),
+    );
+    if effects.dead > 0 {
+        all.push(Attention {
+            kind: "dead_effects",
+            source: None,
+            count: effects.dead,
+            detail: format!("{} effect(s) the app never acknowledged", effects.dead),
+            link: "effects?status=dead".into(),
+        });
+    }
+    if divergences > 0 {
+        let link = first_divergent
+            .and_then(|key| key.split_once('/'))
+            .map_or_else(String::new, |(source, customer)| {
+                format!("accounts/{}/{}", segment(source), segment(customer))
+            });
+        all.push(Attention {
+            kind: "divergences",
+            source: None,
+            count: divergences,
+            detail: format!(
+                "{divergences} field(s) where the store and the fold of the events differ"
+            ),
+            link,
+        });
+    }
+    per_source(
+        &mut all,
+        "conflicting_deliveries",
+        |s| s.conflicting,
+        "delivery(ies) that contradict a stored event",
+        &|s| format!("events?source={s}"),
+    );
+    for s in sources {
+        if s.unauthorized_last_hour >= UNAUTHORIZED_SPIKE {
+            all.push(Attention {
+                kind: "unauthorized_spike",
+                source: Some(s.source.clone()),
+                count: s.unauthorized_last_hour,
+                detail: format!(
+                    "{} deliveries from {} refused 401 in the last hour (a signing secret that no longer matches?)",
+                    s.unauthorized_last_hour, s.source
+                ),
+                link: format!("events?source={}", segment(&s.source)),
+            });
+        }
+        let silent_hours = s
+            .last_delivery_at
+            .map(|at| (now - at).num_seconds() as f64 / 3600.0);
+        if silent_hours.is_none_or(|h| h > silent_after_hours) {
+            all.push(Attention {
+                kind: "silent_source",
+                source: Some(s.source.clone()),
+                count: 0,
+                detail: match silent_hours {
+                    Some(h) => format!("nothing from {} for {h:.1} h", s.source),
+                    None => format!("nothing ever stored from {}", s.source),
+                },
+                link: format!("events?source={}", segment(&s.source)),
+            });
+        }
+        if s.oldest_unapplied_age_secs > BACKLOG_AGE_SECS {
+            let waiting: i64 = ["received", "processing", "failed"]
+                .iter()
+                .filter_map(|status| s.events_by_status.get(*status))
+                .sum();
+            all.push(Attention {
+                kind: "backlog",
+                source: Some(s.source.clone()),
+                count: waiting,
+                detail: format!(
+                    "{waiting} event(s) from {} waiting, the oldest for {:.0} s",
+                    s.source, s.oldest_unapplied_age_secs
+                ),
+                link: format!("events?status=failed&source={}", segment(&s.source)),
+            });
+        }
+    }
+    all
+}
+
+/// A name as one segment of a console path or query value.
+fn segment(raw: &str) -> String {
+    utf8_percent_encode(raw, NON_ALPHANUMERIC).to_string()
+}
