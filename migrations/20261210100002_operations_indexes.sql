@@ -1,5 +1,5 @@
 -- no-transaction
--- The overview's deliveries of the last hour, and the admin events list by a provider's event
--- id without its source. Built CONCURRENTLY, as inbox_events_source_received was (see there).
+-- The overview's deliveries of the last hour. Built CONCURRENTLY, as
+-- inbox_events_source_received was (see there); one statement a file, since Postgres runs
+-- several sent at once in one transaction.
 CREATE INDEX CONCURRENTLY IF NOT EXISTS deliveries_received ON deliveries (received_at);
-CREATE INDEX CONCURRENTLY IF NOT EXISTS inbox_events_dedupe_key ON inbox_events (dedupe_key);

@@ -156,6 +156,8 @@ async fn bench(
             scopes: vec![Scope::Read, Scope::Usage],
         }]),
         effects: None,
+        events: None,
+        silent_hours: shared::platform::config::DEFAULT_SILENT_HOURS,
         clock: api::Clock::System,
     };
     let period = Period::current();

@@ -19,9 +19,21 @@ use crate::helpers::*;
 
 pub const APP_KEY: &str = "bik_test_app_key_with_read_and_usage";
 pub const READER_KEY: &str = "bik_test_reader_key_with_read_only";
+pub const REPLAY_KEY: &str = "bik_test_replayer_key_with_read_and_replay";
+pub const ADMIN_KEY: &str = "bik_test_admin_key_with_admin_only";
 
 fn keys() -> Vec<KeyEntry> {
     vec![
+        KeyEntry {
+            name: "replayer".into(),
+            sha256: api_keys::hash(REPLAY_KEY),
+            scopes: vec![Scope::Read, Scope::Replay],
+        },
+        KeyEntry {
+            name: "ops".into(),
+            sha256: api_keys::hash(ADMIN_KEY),
+            scopes: vec![Scope::Admin],
+        },
         KeyEntry {
             name: "app".into(),
             sha256: api_keys::hash(APP_KEY),
@@ -49,6 +61,8 @@ pub fn api_state(pool: &PgPool) -> ApiState {
         catalog: shared::domain::Catalog::parse(PLANS).unwrap(),
         keys: Keys::new(&keys()),
         effects: None,
+        events: None,
+        silent_hours: shared::platform::config::DEFAULT_SILENT_HOURS,
         clock: api::Clock::System,
     }
 }
@@ -113,20 +127,29 @@ fn openapi() -> &'static Value {
     })
 }
 
-/// The document's path template for a request path, if it has one.
+/// The document's path template for a request path, if it has one: the template whose
+/// segments match (a `{name}` matches any one), the one with the most literal segments when
+/// several do (`/v1/admin/events/replay` before `/v1/admin/events/{event_id}`).
 fn template_of(path: &str) -> Option<&'static str> {
     let route = path.split('?').next().unwrap();
-    if route.starts_with("/v1/accounts/") && route.split('/').nth(5) == Some("features") {
-        Some("/v1/accounts/{source}/{customer}/features/{key}")
-    } else if route.ends_with("/usage") {
-        Some("/v1/accounts/{source}/{customer}/usage")
-    } else if route.ends_with("/why") {
-        Some("/v1/accounts/{source}/{customer}/why")
-    } else if route.starts_with("/v1/accounts/") && route.matches('/').count() == 4 {
-        Some("/v1/accounts/{source}/{customer}")
-    } else {
-        None
-    }
+    let segments: Vec<&str> = route.split('/').collect();
+    let paths = openapi()["paths"]
+        .as_object()
+        .expect("the document has paths");
+    paths
+        .keys()
+        .filter_map(|template| {
+            let parts: Vec<&str> = template.split('/').collect();
+            let matches = parts.len() == segments.len()
+                && parts
+                    .iter()
+                    .zip(&segments)
+                    .all(|(part, segment)| part.starts_with('{') || part == segment);
+            let literal = parts.iter().filter(|p| !p.starts_with('{')).count();
+            matches.then_some((literal, template.as_str()))
+        })
+        .max_by_key(|(literal, _)| *literal)
+        .map(|(_, template)| template)
 }
 
 /// The JSON pointer of an operation in the document.

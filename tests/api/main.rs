@@ -21,6 +21,7 @@ mod intake;
 mod kinde_reconcile;
 mod migrate;
 mod model;
+mod operations;
 mod order;
 mod polar_benefits;
 mod pooler;

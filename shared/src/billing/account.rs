@@ -526,6 +526,21 @@ pub async fn period_balance(
     Ok(balance)
 }
 
+/// Whether the source has the customer.
+pub async fn exists(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &CustomerId,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM accounts WHERE source = $1 AND customer_id = $2) AS "exists!""#,
+        source,
+        customer.as_str()
+    )
+    .fetch_one(exec(conn))
+    .await
+}
+
 /// The sources in which a customer has an account.
 pub async fn account_sources(
     conn: &mut PgConnection,

@@ -261,6 +261,7 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
                     "{}",
                     rejected_delivery_metric(&source_name, refused.reason(), Utc::now())
                 );
+                crate::operate::overview::count_refusal(&state.conn, &source_name).await;
             }
             return Err(IntakeError::Unauthorized(refused));
         }

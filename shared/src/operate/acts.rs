@@ -70,7 +70,7 @@ pub async fn replay_event(
     who: &str,
     scope: Scope<'_>,
     event_id: i64,
-) -> anyhow::Result<Replay<ReplayedEvent>> {
+) -> Result<Replay<ReplayedEvent>, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let owner = sqlx::query!(
         "SELECT source, customer_key FROM inbox_events WHERE id = $1",
@@ -119,7 +119,7 @@ pub async fn replay_events(
     who: &str,
     status: EventStatus,
     source: Option<&str>,
-) -> anyhow::Result<Result<BulkReplay, Limited>> {
+) -> Result<Result<BulkReplay, Limited>, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let target = json!({"status": status.as_str(), "source": source});
     let id = match trail::take(&mut tx, who, "events.replay", &target.to_string(), &target).await? {
@@ -146,7 +146,7 @@ pub async fn replay_effect(
     queue: Option<&Queue>,
     who: &str,
     effect_id: &str,
-) -> anyhow::Result<Replay<ReplayedEffect>> {
+) -> Result<Replay<ReplayedEffect>, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let exists = sqlx::query_scalar!(
         r#"SELECT EXISTS (SELECT 1 FROM effects WHERE id = $1) AS "exists!""#,

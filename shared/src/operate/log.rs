@@ -10,6 +10,9 @@ use crate::billing::fold::Via;
 use crate::domain::CustomerId;
 use crate::platform::db::exec;
 
+/// 0001-01-01T00:00:00Z, where the first page starts.
+const EARLIEST_SECS: i64 = -62_135_596_800;
+
 /// One event of an account's log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LoggedEvent {
@@ -49,7 +52,11 @@ pub async fn account_events(
 ) -> Result<LogPage, sqlx::Error> {
     let (at, id) = match after {
         Some(place) => (place.at, place.id),
-        None => (DateTime::<Utc>::MIN_UTC, i64::MIN),
+        // Before any provider's time (Postgres has no time as early as chrono's earliest).
+        None => (
+            DateTime::from_timestamp(EARLIEST_SECS, 0).expect("year 1 is a time"),
+            i64::MIN,
+        ),
     };
     let rows = sqlx::query!(
         r#"

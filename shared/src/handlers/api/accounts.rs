@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 
 use super::super::json_response;
 use super::answer::{
-    authenticate, kind_of, mark_replayed, on_held, require, serde_error_words, settle, time_param,
-    ApiError, Query, DEFAULT_LIMIT, MAX_CURSOR_LEN, MAX_LIMIT,
+    authenticate, event_id_param, kind_of, limit_param, mark_replayed, on_held, replay_answer,
+    require, serde_error_words, settle, time_param, ApiError, Query, MAX_CURSOR_LEN,
 };
 use super::state::ApiState;
 use crate::audit::{self, Cut, FoldError};
@@ -18,6 +18,7 @@ use crate::billing::account::{self, AccountSnapshot};
 use crate::billing::usage::{self, Debit, DebitRequest, Debited, Invalid, Listed, UsagePage};
 use crate::domain::features::{self, BadKey};
 use crate::domain::{AccountError, AccountRef, Period, SourceKind};
+use crate::operate::{acts, log, Place};
 use crate::platform::api_keys::Scope;
 
 /// What a request asks for, once routed.
@@ -29,6 +30,10 @@ enum Route {
     Why,
     RecordUsage,
     ListUsage,
+    /// The account's event log.
+    Events,
+    /// A replay of one of the account's events, by its id as the path gives it.
+    ReplayEvent(String),
 }
 
 impl Route {
@@ -40,6 +45,8 @@ impl Route {
             Self::Why => "Why",
             Self::RecordUsage => "RecordUsage",
             Self::ListUsage => "ListUsage",
+            Self::Events => "Events",
+            Self::ReplayEvent(_) => "ReplayEvent",
         }
     }
 
@@ -54,12 +61,15 @@ impl Route {
             Self::Why => &["at", "received_before", "stripe_account"],
             Self::RecordUsage => &["stripe_account"],
             Self::ListUsage => &["period", "limit", "after", "stripe_account"],
+            Self::Events => &["limit", "after", "stripe_account"],
+            Self::ReplayEvent(_) => &["stripe_account"],
         }
     }
 }
 
 /// The route and its path's source and customer, from a path ending in
-/// `/v1/accounts/{source}/{customer}[/usage|/why|/features/{key}]` (API Gateway's path, or
+/// `/v1/accounts/{source}/{customer}[/usage|/why|/features/{key}|/events[/{id}/replay]]`
+/// (API Gateway's path, or
 /// `cargo lambda watch`'s with its `/lambda-url/api` prefix). Segments are percent-decoded. A
 /// `…/features` path with no key (or an empty one) routes to the feature check, which refuses
 /// the key by name rather than answer 404 for a route that exists.
@@ -84,6 +94,10 @@ fn route(method: &Method, path: &str) -> Result<(Route, String, String), ApiErro
         [source, customer, "features"] => (Route::Feature(String::new()), source, customer),
         [source, customer, "features", key] => (Route::Feature(decode(key)?), source, customer),
         [source, customer, "why"] => (Route::Why, source, customer),
+        [source, customer, "events"] => (Route::Events, source, customer),
+        [source, customer, "events", id, "replay"] => {
+            (Route::ReplayEvent(decode(id)?), source, customer)
+        }
         [source, customer, "usage"] => match *method {
             Method::POST => (Route::RecordUsage, source, customer),
             _ => (Route::ListUsage, source, customer),
@@ -91,7 +105,8 @@ fn route(method: &Method, path: &str) -> Result<(Route, String, String), ApiErro
         _ => return Err(not_found()),
     };
     let allowed = match route {
-        Route::Account | Route::Feature(_) | Route::Why => *method == Method::GET,
+        Route::Account | Route::Feature(_) | Route::Why | Route::Events => *method == Method::GET,
+        Route::ReplayEvent(_) => *method == Method::POST,
         Route::RecordUsage | Route::ListUsage => matches!(*method, Method::GET | Method::POST),
     };
     if !allowed {
@@ -230,7 +245,12 @@ pub(super) async fn serve(
     span.record("caller", caller.name.as_str());
     span.record("source", source.as_str());
     span.record("route", route.name());
-    require(caller, Scope::Read)?;
+    match &route {
+        // An admin key reads `why` of any account (the console's account page).
+        Route::Why if caller.may(Scope::Admin) => {}
+        Route::ReplayEvent(_) => require(caller, Scope::Replay)?,
+        _ => require(caller, Scope::Read)?,
+    }
     let query = Query::of(request);
     query.check(route.parameters())?;
     let target = target(state, source, &customer, query.first("stripe_account"))?;
@@ -298,16 +318,7 @@ pub(super) async fn serve(
         }
         Route::ListUsage => {
             let period = period_param(query.first("period"), &now)?;
-            let limit = match query.first("limit") {
-                None => DEFAULT_LIMIT,
-                Some(raw) => raw
-                    .parse::<i64>()
-                    .ok()
-                    .filter(|l| (1..=MAX_LIMIT).contains(l))
-                    .ok_or_else(|| {
-                        ApiError::bad("bad_limit", format!("limit is from 1 to {MAX_LIMIT}"))
-                    })?,
-            };
+            let limit = limit_param(query.first("limit"))?;
             let after = cursor_param(query.first("after"))?;
             let listed = on_held!(state, conn => usage::list(
                 conn,
@@ -322,6 +333,53 @@ pub(super) async fn serve(
                 Listed::UnknownCustomer => Err(ApiError::UnknownCustomer(customer.clone())),
                 Listed::UnknownCursor => Err(bad_cursor()),
             }
+        }
+        Route::Events => {
+            let limit = limit_param(query.first("limit"))?;
+            let after = match query.first("after") {
+                None => None,
+                Some(raw) => Some(Place::parse(raw).ok_or_else(|| {
+                    ApiError::bad(
+                        "bad_cursor",
+                        "after is the next of an earlier page of this log",
+                    )
+                })?),
+            };
+            let page = on_held!(state, conn => async {
+                let page = log::account_events(
+                    &mut *conn,
+                    &target.source,
+                    target.customer_id(),
+                    limit,
+                    after.as_ref(),
+                )
+                .await?;
+                // An empty first page is a customer with no event, or no customer at all.
+                let known = !page.events.is_empty()
+                    || account::exists(&mut *conn, &target.source, target.customer_id()).await?;
+                Ok((page, known))
+            })?;
+            match page {
+                (page, true) => Ok(json_response(StatusCode::OK, &json!(page))),
+                (_, false) => Err(ApiError::UnknownCustomer(customer.clone())),
+            }
+        }
+        Route::ReplayEvent(raw) => {
+            let event_id = event_id_param(&raw)?;
+            let scope = acts::Scope::Account {
+                source: &target.source,
+                customer: target.customer_id(),
+            };
+            let replay = acts::replay_event(
+                &state.pool,
+                state.events.as_ref(),
+                &caller.name,
+                scope,
+                event_id,
+            )
+            .await
+            .map_err(ApiError::Unavailable)?;
+            replay_answer(replay, || format!("no event {event_id} of this account"))
         }
         Route::RecordUsage => {
             require(caller, Scope::Usage)?;

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use super::super::json_response;
 use crate::billing::usage::Invalid;
+use crate::operate::acts::Replay;
 use crate::platform::api_keys::{Caller, Keys, Scope};
 use crate::platform::db::HeldConnection;
 
@@ -31,6 +32,13 @@ pub const RETRY_AFTER_SECS: u64 = 2;
 pub enum ApiError {
     #[error("no route for {method} {path}")]
     NotFound { method: Method, path: String },
+    /// A thing the route names is not there (or is another account's, told the same way).
+    #[error("{0}")]
+    Missing(String),
+    #[error("the event's body was purged; there is nothing left to replay")]
+    Purged,
+    #[error("this key has had its replays for the minute; retry in {0} s")]
+    RateLimited(u64),
     #[error("{0} is not allowed here")]
     MethodNotAllowed(Method),
     #[error("a valid API key is required: Authorization: Bearer <key>")]
@@ -75,9 +83,12 @@ impl ApiError {
 
     fn status(&self) -> StatusCode {
         match self {
-            Self::NotFound { .. } | Self::UnknownSource(_) | Self::UnknownCustomer(_) => {
-                StatusCode::NOT_FOUND
-            }
+            Self::NotFound { .. }
+            | Self::Missing(_)
+            | Self::UnknownSource(_)
+            | Self::UnknownCustomer(_) => StatusCode::NOT_FOUND,
+            Self::Purged => StatusCode::CONFLICT,
+            Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
@@ -91,7 +102,9 @@ impl ApiError {
 
     fn code(&self) -> &'static str {
         match self {
-            Self::NotFound { .. } => "not_found",
+            Self::NotFound { .. } | Self::Missing(_) => "not_found",
+            Self::Purged => "event_purged",
+            Self::RateLimited(_) => "rate_limited",
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::Unauthorized => "unauthorized",
             Self::Forbidden(_) => "forbidden",
@@ -130,6 +143,9 @@ impl ApiError {
         match &self {
             Self::Unavailable(_) | Self::Timeout => {
                 headers.insert(http::header::RETRY_AFTER, RETRY_AFTER_SECS.into());
+            }
+            Self::RateLimited(secs) => {
+                headers.insert(http::header::RETRY_AFTER, (*secs).into());
             }
             Self::Unauthorized => {
                 headers.insert(
@@ -335,3 +351,36 @@ pub(super) fn is_connection_error(e: &sqlx::Error) -> bool {
 }
 
 pub(super) use on_held;
+
+/// A page's size as a request names it: 1 to [`MAX_LIMIT`], [`DEFAULT_LIMIT`] when not named.
+pub(super) fn limit_param(raw: Option<&str>) -> Result<i64, ApiError> {
+    match raw {
+        None => Ok(DEFAULT_LIMIT),
+        Some(raw) => raw
+            .parse::<i64>()
+            .ok()
+            .filter(|l| (1..=MAX_LIMIT).contains(l))
+            .ok_or_else(|| ApiError::bad("bad_limit", format!("limit is from 1 to {MAX_LIMIT}"))),
+    }
+}
+
+/// An event's id as a path names it: a positive whole number.
+pub(super) fn event_id_param(raw: &str) -> Result<i64, ApiError> {
+    raw.parse::<i64>()
+        .ok()
+        .filter(|id| *id > 0)
+        .ok_or_else(|| ApiError::bad("bad_event_id", "an event's id is a positive whole number"))
+}
+
+/// The answer to a replay: what it came to, or why not (`missing` says what was not found).
+pub(super) fn replay_answer<T: serde::Serialize>(
+    replay: Replay<T>,
+    missing: impl FnOnce() -> String,
+) -> Result<Response<Body>, ApiError> {
+    match replay {
+        Replay::Done(done) => Ok(json_response(StatusCode::OK, &json!(done))),
+        Replay::NotFound => Err(ApiError::Missing(missing())),
+        Replay::Purged => Err(ApiError::Purged),
+        Replay::Limited(limited) => Err(ApiError::RateLimited(limited.retry_after_secs)),
+    }
+}

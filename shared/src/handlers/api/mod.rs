@@ -4,6 +4,7 @@
 //! SQL and no billing rule lives here.
 
 mod accounts;
+mod admin;
 mod answer;
 mod state;
 
@@ -43,5 +44,13 @@ async fn serve(state: &ApiState, request: &Request) -> Result<Response<Body>, Ap
     if body.len() > MAX_BODY_BYTES {
         return Err(ApiError::PayloadTooLarge(body.len()));
     }
-    accounts::serve(state, request, body).await
+    let path = request.uri().path();
+    let segments: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    match segments.windows(2).position(|w| w == ["v1", "admin"]) {
+        Some(at) => {
+            let route = admin::route(request.method(), path, &segments[at + 2..])?;
+            admin::serve(state, request, route, body).await
+        }
+        None => accounts::serve(state, request, body).await,
+    }
 }

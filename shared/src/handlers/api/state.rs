@@ -61,6 +61,10 @@ pub struct ApiState {
     pub keys: Keys,
     /// Effects on: the queue an `allowance_exhausted` effect's id is handed to.
     pub effects: Option<Queue>,
+    /// The worker's queue a replay hands its events to; without one, the rescue sends them.
+    pub events: Option<Queue>,
+    /// Hours without a delivery after which the overview names a source as silent.
+    pub silent_hours: f64,
     /// The current month's clock.
     pub clock: Clock,
 }
@@ -90,6 +94,11 @@ impl ApiState {
             catalog: config.catalog.clone(),
             keys: Keys::new(&entries),
             effects,
+            events: match &config.queue_url {
+                Some(url) => Some(Queue::from_env(url.clone()).await),
+                None => None,
+            },
+            silent_hours: config.source_silent_hours,
             clock: Clock::System,
         })
     }

@@ -1,0 +1,269 @@
+//! The admin API (docs/api.md, `/v1/admin/…`; docs/design.md §12.5), for a key with the
+//! `admin` scope: the overview of what needs a person, events and effects with one event's
+//! whole story, the audit's divergences and the audit trail, and replays, each written to the
+//! trail under the key's name. Same errors, limits and deadline as the app's routes.
+
+use http::{Method, StatusCode};
+use lambda_http::{Body, Request, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::super::json_response;
+use super::answer::{
+    authenticate, event_id_param, limit_param, on_held, replay_answer, require, settle, ApiError,
+    Query,
+};
+use super::state::ApiState;
+use crate::domain::EventStatus;
+use crate::effects::outbox::EffectStatus;
+use crate::operate::{acts, lists, overview, trail, Place};
+use crate::platform::api_keys::Scope;
+
+/// What an admin request asks for, once routed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Route {
+    Overview,
+    Events,
+    Event(String),
+    ReplayEvent(String),
+    ReplayEvents,
+    Effects,
+    ReplayEffect(String),
+    Divergences,
+    AuditTrail,
+}
+
+impl Route {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Overview => "AdminOverview",
+            Self::Events => "AdminEvents",
+            Self::Event(_) => "AdminEvent",
+            Self::ReplayEvent(_) => "AdminReplayEvent",
+            Self::ReplayEvents => "AdminReplayEvents",
+            Self::Effects => "AdminEffects",
+            Self::ReplayEffect(_) => "AdminReplayEffect",
+            Self::Divergences => "AdminDivergences",
+            Self::AuditTrail => "AdminAuditTrail",
+        }
+    }
+
+    fn parameters(&self) -> &'static [&'static str] {
+        match self {
+            Self::Events => &[
+                "status",
+                "source",
+                "type",
+                "customer",
+                "provider_event_id",
+                "limit",
+                "after",
+            ],
+            Self::Effects => &["status", "limit", "after"],
+            Self::AuditTrail => &["limit", "after"],
+            _ => &[],
+        }
+    }
+
+    fn method(&self) -> Method {
+        match self {
+            Self::ReplayEvent(_) | Self::ReplayEvents | Self::ReplayEffect(_) => Method::POST,
+            _ => Method::GET,
+        }
+    }
+}
+
+/// The admin route of a path whose segments after `v1/admin` are `rest` (percent-decoded).
+pub(super) fn route(method: &Method, path: &str, rest: &[&str]) -> Result<Route, ApiError> {
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|s| s.into_owned())
+            .map_err(|_| ApiError::bad("bad_path", "a path segment is not UTF-8"))
+    };
+    let route = match rest {
+        ["overview"] => Route::Overview,
+        ["events"] => Route::Events,
+        ["events", "replay"] => Route::ReplayEvents,
+        ["events", id] => Route::Event(decode(id)?),
+        ["events", id, "replay"] => Route::ReplayEvent(decode(id)?),
+        ["effects"] => Route::Effects,
+        ["effects", id, "replay"] => Route::ReplayEffect(decode(id)?),
+        ["divergences"] => Route::Divergences,
+        ["audit-trail"] => Route::AuditTrail,
+        _ => {
+            return Err(ApiError::NotFound {
+                method: method.clone(),
+                path: path.chars().take(200).collect(),
+            })
+        }
+    };
+    if *method != route.method() {
+        return Err(ApiError::MethodNotAllowed(method.clone()));
+    }
+    Ok(route)
+}
+
+/// A bulk replay's body: which events, by status and, optionally, source.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BulkBody {
+    status: String,
+    #[serde(default)]
+    source: Option<String>,
+}
+
+/// Answers an admin request (`body` within the size limit).
+#[tracing::instrument(skip_all, fields(caller, route))]
+pub(super) async fn serve(
+    state: &ApiState,
+    request: &Request,
+    route: Route,
+    body: &[u8],
+) -> Result<Response<Body>, ApiError> {
+    let caller = authenticate(&state.keys, request.headers())?;
+    let span = tracing::Span::current();
+    span.record("caller", caller.name.as_str());
+    span.record("route", route.name());
+    require(caller, Scope::Admin)?;
+    let query = Query::of(request);
+    query.check(route.parameters())?;
+    let ok = |value: Value| Ok(json_response(StatusCode::OK, &value));
+    match route {
+        Route::Overview => {
+            let overview = on_held!(state, conn => overview::overview(
+                conn,
+                &state.sources,
+                state.silent_hours,
+            ))?;
+            ok(json!(overview))
+        }
+        Route::Events => {
+            let filter = lists::EventFilter {
+                status: query.first("status").map(event_status).transpose()?,
+                source: query
+                    .first("source")
+                    .map(|s| known_source(state, s))
+                    .transpose()?,
+                event_type: query.first("type").map(str::to_owned),
+                customer: query.first("customer").map(str::to_owned),
+                provider_event_id: query.first("provider_event_id").map(str::to_owned),
+            };
+            let limit = limit_param(query.first("limit"))?;
+            let before = query.first("after").map(event_id_param).transpose()?;
+            let page = on_held!(state, conn => lists::events(conn, &filter, limit, before))?;
+            ok(json!(page))
+        }
+        Route::Event(raw) => {
+            let id = event_id_param(&raw)?;
+            let story = on_held!(state, conn => lists::event_story(conn, id))?
+                .ok_or_else(|| ApiError::Missing(format!("no event {id}")))?;
+            ok(json!(story))
+        }
+        Route::ReplayEvent(raw) => {
+            let id = event_id_param(&raw)?;
+            let replay = acts::replay_event(
+                &state.pool,
+                state.events.as_ref(),
+                &caller.name,
+                acts::Scope::Any,
+                id,
+            )
+            .await
+            .map_err(ApiError::Unavailable)?;
+            replay_answer(replay, || format!("no event {id}"))
+        }
+        Route::ReplayEvents => {
+            let bulk: BulkBody = serde_json::from_slice(body).map_err(|_| {
+                ApiError::bad(
+                    "bad_body",
+                    r#"the body is {"status": "dead"|"unprocessable"|"failed", "source"?: "…"}"#,
+                )
+            })?;
+            let status = event_status(&bulk.status)?;
+            if !matches!(
+                status,
+                EventStatus::Dead | EventStatus::Unprocessable | EventStatus::Failed
+            ) {
+                return Err(ApiError::bad(
+                    "bad_status",
+                    "a bulk replay takes dead, unprocessable or failed events",
+                ));
+            }
+            let source = bulk
+                .source
+                .as_deref()
+                .map(|s| known_source(state, s))
+                .transpose()?;
+            let replayed = acts::replay_events(
+                &state.pool,
+                state.events.as_ref(),
+                &caller.name,
+                status,
+                source.as_deref(),
+            )
+            .await
+            .map_err(ApiError::Unavailable)?
+            .map_err(|limited| ApiError::RateLimited(limited.retry_after_secs))?;
+            ok(json!(replayed))
+        }
+        Route::Effects => {
+            let status = match query.first("status") {
+                None => None,
+                Some(raw) => Some(EffectStatus::parse(raw).ok_or_else(|| {
+                    ApiError::bad("bad_status", "an effect's status is pending, sent or dead")
+                })?),
+            };
+            let limit = limit_param(query.first("limit"))?;
+            let after = match query.first("after") {
+                None => None,
+                Some(raw) => Some(Place::<String>::parse(raw).ok_or_else(|| {
+                    ApiError::bad("bad_cursor", "after is the next of an earlier page")
+                })?),
+            };
+            let page =
+                on_held!(state, conn => lists::effects(conn, status, limit, after.as_ref()))?;
+            ok(json!(page))
+        }
+        Route::ReplayEffect(id) => {
+            let replay =
+                acts::replay_effect(&state.pool, state.effects.as_ref(), &caller.name, &id)
+                    .await
+                    .map_err(ApiError::Unavailable)?;
+            replay_answer(replay, || format!("no effect {}", id.escape_debug()))
+        }
+        Route::Divergences => {
+            let divergences = on_held!(state, conn => lists::divergences(conn))?;
+            ok(json!({ "divergences": divergences }))
+        }
+        Route::AuditTrail => {
+            let limit = limit_param(query.first("limit"))?;
+            let before = query.first("after").map(event_id_param).transpose()?;
+            let actions = on_held!(state, conn => trail::list(conn, limit + 1, before))?;
+            let more = actions.len() as i64 > limit;
+            let actions = &actions[..actions.len().min(limit as usize)];
+            let next = more
+                .then(|| actions.last().map(|a| a.id.to_string()))
+                .flatten();
+            ok(json!({ "actions": actions, "next": next }))
+        }
+    }
+}
+
+fn event_status(raw: &str) -> Result<EventStatus, ApiError> {
+    raw.parse().map_err(|_| {
+        ApiError::bad(
+            "bad_status",
+            "an event's status is received, processing, applied, ignored, failed, dead or unprocessable",
+        )
+    })
+}
+
+fn known_source(state: &ApiState, raw: &str) -> Result<String, ApiError> {
+    state
+        .sources
+        .iter()
+        .find(|(name, _)| name == raw)
+        .map(|(name, _)| name.clone())
+        .ok_or_else(|| ApiError::UnknownSource(raw.chars().take(100).collect()))
+}
