@@ -3,7 +3,8 @@
 //! the layers below it, no two files importing each other (docs/design.md §2.1):
 //!
 //! - [`handlers`]: one per function — adapt the Lambda event, orchestrate, answer; beside
-//!   them [`dev`] (local tools, `dev` feature only);
+//!   them [`dev`] (local tools, `dev` feature only) and [`console`] (the operator console's
+//!   pages, rendered from the admin API's JSON: no I/O);
 //! - [`apply`] (one claimed event applied: decide, read, settle, rules, one write),
 //!   [`audit`] (the fold put to work: `why` and the audit) and [`reconcile`] (the providers'
 //!   APIs read back);
@@ -19,6 +20,7 @@
 pub mod apply;
 pub mod audit;
 pub mod billing;
+pub mod console;
 #[cfg(feature = "dev")]
 pub mod dev;
 pub mod domain;

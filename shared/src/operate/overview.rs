@@ -72,27 +72,38 @@ pub async fn overview(
     silent_after_hours: f64,
 ) -> Result<Overview, sqlx::Error> {
     let names: Vec<String> = sources.iter().map(|(name, _)| name.clone()).collect();
+    // The last hour's deliveries are read from their own index, then each one's event by
+    // its key: never a source's whole history (the plan is in docs/design.md §12.5).
     let per_source = sqlx::query!(
         r#"
+        WITH recent AS (
+            SELECT (SELECT e.source FROM inbox_events e WHERE e.id = d.event_id) AS source,
+                   count(*) AS deliveries, max(d.received_at) AS last
+            FROM deliveries d
+            WHERE d.received_at > inbox_now() - interval '1 hour'
+            GROUP BY 1
+        ), conflicts AS (
+            SELECT (SELECT e.source FROM inbox_events e WHERE e.id = d.event_id) AS source,
+                   count(*) AS conflicting
+            FROM deliveries d
+            WHERE d.verdict = 'conflict'
+            GROUP BY 1
+        )
         SELECT s.source AS "source!", inbox_now() AS "now!",
-               (SELECT count(*) FROM deliveries d JOIN inbox_events e ON e.id = d.event_id
-                WHERE d.received_at > inbox_now() - interval '1 hour' AND e.source = s.source)
-                 AS "deliveries!",
-               (SELECT COALESCE(sum(r.count), 0) FROM intake_refusals r
-                WHERE r.source = s.source AND r.minute > inbox_now() - interval '1 hour')::bigint
+               COALESCE(r.deliveries, 0) AS "deliveries!",
+               (SELECT COALESCE(sum(f.count), 0) FROM intake_refusals f
+                WHERE f.source = s.source AND f.minute > inbox_now() - interval '1 hour')::bigint
                  AS "refused!",
                GREATEST((SELECT max(e.received_at) FROM inbox_events e WHERE e.source = s.source),
-                        (SELECT max(d.received_at) FROM deliveries d
-                         JOIN inbox_events e ON e.id = d.event_id
-                         WHERE d.received_at > inbox_now() - interval '1 hour'
-                           AND e.source = s.source)) AS last_delivery,
+                        r.last) AS last_delivery,
                (SELECT EXTRACT(EPOCH FROM inbox_now() - min(e.received_at))::float8
                 FROM inbox_events e
                 WHERE e.status IN ('received', 'processing', 'failed') AND e.source = s.source)
                  AS oldest,
-               (SELECT count(*) FROM deliveries d JOIN inbox_events e ON e.id = d.event_id
-                WHERE d.verdict = 'conflict' AND e.source = s.source) AS "conflicting!"
+               COALESCE(c.conflicting, 0) AS "conflicting!"
         FROM unnest($1::text[]) WITH ORDINALITY AS s(source, n)
+        LEFT JOIN recent r ON r.source = s.source
+        LEFT JOIN conflicts c ON c.source = s.source
         ORDER BY s.n
         "#,
         &names,

@@ -1,0 +1,733 @@
+//! Each page rendered from its route's JSON (the account and `why` from their real
+//! serializations), the ids the browser tests use, escaping, the headers and the assets.
+
+use std::collections::BTreeMap;
+
+use chrono::Utc;
+use serde_json::{json, Value};
+
+use super::*;
+use crate::audit::{EventRef, Why, WhyField};
+use crate::billing::account::{AccountSnapshot, SubscriptionView};
+use crate::billing::fold::{Beaten, Via};
+use crate::domain::features::FeatureValue;
+
+const BASE: &str = "/lambda-url/api";
+const XSS: &str = "<script>alert(1)</script>";
+
+fn rendered(page: &Page, data: &Value, query: &[(&str, &str)]) -> String {
+    let query: Vec<(String, String)> = query
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    render(page, data, &query, BASE)
+}
+
+fn has(html: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(html.contains(needle), "missing {needle:?} in:\n{html}");
+    }
+}
+
+/// No inline style, no event-handler attribute (`onclick=`…), no `javascript:` address.
+fn no_inline_code(html: &str) {
+    assert!(
+        !html.contains("<style") && !html.contains("style="),
+        "{html}"
+    );
+    assert!(!html.contains("javascript:"), "{html}");
+    for (at, _) in html.match_indices(" on") {
+        let name: String = html[at + 1..]
+            .chars()
+            .take_while(char::is_ascii_lowercase)
+            .collect();
+        assert!(
+            !html[at + 1 + name.len()..].starts_with('='),
+            "an inline handler {name} in:\n{html}"
+        );
+    }
+}
+
+fn escaped(html: &str) {
+    assert!(!html.contains("<script"), "unescaped script in:\n{html}");
+    assert!(
+        html.contains("&lt;script&gt;"),
+        "the value is not shown in:\n{html}"
+    );
+}
+
+pub(super) fn overview(customer_detail: &str) -> Value {
+    json!({
+        "generated_at": "2026-12-03T10:00:00Z",
+        "sources": [
+            {"source": "kinde", "kind": "kinde", "deliveries_last_hour": 12,
+             "unauthorized_last_hour": 0, "last_delivery_at": "2026-12-03T09:59:30Z",
+             "events_by_status": {"applied": 40, "dead": 1, "ignored": 3},
+             "oldest_unapplied_age_secs": 95, "dead": 1, "unprocessable": 0, "conflicting": 0},
+            {"source": "stripe", "kind": "stripe", "deliveries_last_hour": 0,
+             "unauthorized_last_hour": 7, "last_delivery_at": null,
+             "events_by_status": {}, "oldest_unapplied_age_secs": null,
+             "dead": 0, "unprocessable": 2, "conflicting": 1}
+        ],
+        "effects": {"pending": 0, "dead": 2},
+        "divergences_open": 1,
+        "needs_attention": [
+            {"kind": "dead_events", "source": "kinde", "count": 1, "detail": customer_detail,
+             "link": "events?status=dead&source=kinde"},
+            {"kind": "unauthorized_spike", "source": "stripe", "count": 7,
+             "detail": "7 deliveries refused with 401 in the last hour", "link": "events?source=stripe"}
+        ]
+    })
+}
+
+#[test]
+fn the_overview_puts_what_needs_a_person_first_each_a_link() {
+    let html = rendered(&Page::Overview, &overview("1 dead event"), &[]);
+    has(
+        &html,
+        &[
+            r#"<ul id="needs-attention">"#,
+            r#"href="/lambda-url/api/console/events?status=dead&amp;source=kinde""#,
+            "Dead events",
+            "Spike of 401s",
+            r#"<table id="sources">"#,
+            r#"<tr data-source="kinde">"#,
+            r#"<tr data-source="stripe">"#,
+            r#"data-count="dead"><a href="/lambda-url/api/console/events?status=dead&amp;source=kinde">1</a></td>"#,
+            r#"data-count="unprocessable"><a href="/lambda-url/api/console/events?status=unprocessable&amp;source=stripe">2</a></td>"#,
+            r#"data-count="unauthorized_last_hour">7</td>"#,
+            r#"data-count="effects_dead">"#,
+            r#"data-count="divergences_open">1</td>"#,
+            r#"<time datetime="2026-12-03T09:59:30Z">2026-12-03 09:59:30 UTC</time>"#,
+            "never",
+            "95 s",
+        ],
+    );
+    assert!(html.find("needs-attention") < html.find("id=\"sources\""));
+    assert!(!html.contains("Nothing needs a person"));
+}
+
+#[test]
+fn a_needs_attention_link_stays_under_the_console() {
+    let mut data = overview("");
+    data["needs_attention"][0]["link"] = json!("//evil.example/x");
+    data["needs_attention"][1]["link"] = json!("javascript:alert(1)");
+    let html = rendered(&Page::Overview, &data, &[]);
+    has(
+        &html,
+        &[
+            r#"href="/lambda-url/api/console/evil.example/x""#,
+            r#"href="/lambda-url/api/console/javascript:alert(1)""#,
+        ],
+    );
+    assert!(!html.contains(r#"href="//"#) && !html.contains(r#"href="javascript:"#));
+}
+
+#[test]
+fn an_overview_with_nothing_to_do_says_so() {
+    let mut data = overview("");
+    data["needs_attention"] = json!([]);
+    let html = rendered(&Page::Overview, &data, &[]);
+    has(&html, &[r#"<li class="ok">Nothing needs a person</li>"#]);
+}
+
+fn event_row(id: i64, customer: &str, reason: &str) -> Value {
+    json!({"event_id": id, "source": "kinde", "provider_event_id": format!("evt_{id}"),
+           "type": "customer.plan_changed", "customer_id": customer,
+           "occurred_at": "2026-12-03T09:00:00Z", "received_at": "2026-12-03T09:00:01.250Z",
+           "status": "dead", "outcome": null, "reason": reason, "seen_count": 2,
+           "attempts": 6, "via": "webhook"})
+}
+
+#[test]
+fn events_are_listed_with_the_search_replay_all_and_the_next_page() {
+    let data = json!({"events": [event_row(42, "kc_1", "gave up after 6 attempts"),
+                                 event_row(41, "kc_2", "")],
+                      "next": "41"});
+    let html = rendered(
+        &Page::Events,
+        &data,
+        &[("status", "dead"), ("source", "kinde")],
+    );
+    has(
+        &html,
+        &[
+            r#"id="event-search""#,
+            r#"method="get" action="/lambda-url/api/console/events""#,
+            r#"name="status""#,
+            r#"<option value="dead" selected>dead</option>"#,
+            r#"name="source" type="text" value="kinde""#,
+            r#"name="type""#,
+            r#"name="customer""#,
+            r#"name="provider_event_id""#,
+            r#"<table id="events">"#,
+            r#"<tr data-event-id="42">"#,
+            r#"<a href="/lambda-url/api/console/events/42">#42</a>"#,
+            r#"<a href="/lambda-url/api/console/accounts/kinde/kc_1">kc_1</a>"#,
+            r#"data-action="POST" action="/lambda-url/api/v1/admin/events/replay""#,
+            r#"<input type="hidden" name="status" value="dead">"#,
+            r#"<input type="hidden" name="source" value="kinde">"#,
+            r#"<a id="next" href="/lambda-url/api/console/events?status=dead&amp;source=kinde&amp;after=41""#,
+            "gave up after 6 attempts",
+        ],
+    );
+}
+
+#[test]
+fn the_last_page_of_events_has_no_next_link() {
+    let html = rendered(&Page::Events, &json!({"events": [], "next": null}), &[]);
+    assert!(!html.contains(r#"id="next""#));
+    has(
+        &html,
+        &[
+            "No event matches.",
+            r#"<option value="" selected>any</option>"#,
+        ],
+    );
+}
+
+fn event_detail(reason: &str) -> Value {
+    let mut event = event_row(42, "kc_1", reason);
+    event["last_error"] = json!("connection reset");
+    event["next_attempt_at"] = json!(null);
+    event["locked_until"] = json!(null);
+    event["enqueued_at"] = json!("2026-12-03T09:00:01Z");
+    event["processed_at"] = json!(null);
+    event["replays"] = json!(0);
+    json!({
+        "event": event,
+        "deliveries": [
+            {"delivery_id": 7, "received_at": "2026-12-03T09:00:01Z", "verdict": "stored",
+             "provider_delivery_id": null, "sent_at": "2026-12-03T09:00:00Z",
+             "headers": {"content-type": "application/json", "user-agent": "Kinde"}},
+            {"delivery_id": 8, "received_at": "2026-12-03T09:05:01Z", "verdict": "duplicate",
+             "provider_delivery_id": null, "sent_at": null, "headers": {}}
+        ],
+        "payload": {"type": "customer.plan_changed", "data": {"customer": {"id": "kc_1"}, "note": reason}},
+        "effects": [{"effect_id": "eff_1", "kind": "plan_changed", "status": "dead"}]
+    })
+}
+
+#[test]
+fn an_event_page_tells_its_whole_story_with_a_replay_button() {
+    let html = rendered(
+        &Page::Event(42),
+        &event_detail("gave up after 6 attempts"),
+        &[],
+    );
+    has(
+        &html,
+        &[
+            r#"<span id="event-status" class="status tone-bad">dead</span>"#,
+            r#"<dd id="event-reason">gave up after 6 attempts</dd>"#,
+            r#"<table id="deliveries">"#,
+            r#"<tr data-delivery-id="7">"#,
+            "duplicate",
+            "content-type: application/json",
+            "connection reset",
+            r#"<pre id="payload""#,
+            "&quot;customer.plan_changed&quot;",
+            r#"<form class="inline" data-action="POST" action="/lambda-url/api/v1/admin/events/42/replay"><button id="replay" type="submit">Replay</button></form>"#,
+            r#"href="/lambda-url/api/console/accounts/kinde/kc_1""#,
+            "eff_1",
+        ],
+    );
+}
+
+#[test]
+fn a_payload_stored_as_text_is_shown_as_it_came_or_indented_when_it_is_json() {
+    let mut data = event_detail("");
+    data["payload"] = json!("eyJhbGciOiJSUzI1NiJ9.eyJ0eXBlIjoiY3VzdG9tZXIifQ.c2ln");
+    let html = rendered(&Page::Event(42), &data, &[]);
+    has(
+        &html,
+        &[">eyJhbGciOiJSUzI1NiJ9.eyJ0eXBlIjoiY3VzdG9tZXIifQ.c2ln</pre>"],
+    );
+    data["payload"] = json!(r#"{"id":"evt_1"}"#);
+    let html = rendered(&Page::Event(42), &data, &[]);
+    has(&html, &["{\n  &quot;id&quot;: &quot;evt_1&quot;\n}</pre>"]);
+}
+
+#[test]
+fn an_event_whose_payload_is_gone_says_so() {
+    let mut data = event_detail("");
+    data["payload"] = Value::Null;
+    data["event"]["customer_id"] = Value::Null;
+    let html = rendered(&Page::Event(42), &data, &[]);
+    has(&html, &["The payload is no longer kept."]);
+    assert!(!html.contains(r#"id="payload""#));
+    assert!(!html.contains("/console/accounts/"));
+}
+
+fn at(s: &str) -> chrono::DateTime<Utc> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .unwrap()
+        .with_timezone(&Utc)
+}
+
+/// The account as `GET /v1/accounts/{s}/{c}` serializes it.
+fn snapshot(customer: &str) -> Value {
+    let snapshot = AccountSnapshot {
+        source: "kinde".to_owned(),
+        customer_id: customer.to_owned(),
+        plan: "pro".to_owned(),
+        entitled: true,
+        deleted: false,
+        period: "2026-12".to_owned(),
+        allowance: 500,
+        used: 3,
+        remaining: 497,
+        subscriptions: vec![SubscriptionView {
+            id: "sub_1".to_owned(),
+            status: "active".to_owned(),
+            plan: Some("pro".to_owned()),
+            current_period_end: Some(at("2026-12-31T00:00:00Z")),
+            cancel_at_period_end: true,
+            cancel_at: None,
+            trial_end: None,
+            ended_at: None,
+        }],
+        features: BTreeMap::from([
+            ("sso".to_owned(), FeatureValue::Flag(true)),
+            ("seats".to_owned(), FeatureValue::Number(20)),
+        ]),
+        feature_origins: BTreeMap::new(),
+        version: 12,
+        customer_plan: None,
+        past_due: false,
+    };
+    serde_json::to_value(&snapshot).unwrap()
+}
+
+/// `why` as `GET …/why` serializes it.
+fn why(customer: &str, detail: &str) -> Value {
+    let decided = |id: i64, occurred: &str| EventRef {
+        event_id: id,
+        event_type: "customer.plan_changed".to_owned(),
+        occurred_at: at(occurred),
+        via: Via::Webhook,
+        replayed: false,
+    };
+    let why = Why {
+        source: "kinde".to_owned(),
+        customer_id: customer.to_owned(),
+        at: None,
+        received_before: None,
+        fields: vec![
+            WhyField {
+                field: "plan".to_owned(),
+                value: json!("pro"),
+                decided_by: Some(decided(1, "2026-12-01T10:03:00Z")),
+                beaten: vec![Beaten {
+                    event_id: 3,
+                    reason: "older",
+                    detail: detail.to_owned(),
+                }],
+                stored: None,
+            },
+            WhyField {
+                field: "allowance:2026-12".to_owned(),
+                value: json!(500),
+                decided_by: Some(decided(1, "2026-12-01T10:03:00Z")),
+                beaten: vec![],
+                stored: Some(json!(400)),
+            },
+        ],
+        purged: 0,
+        complete_from: None,
+        pending: vec![5],
+        divergent: vec!["allowance:2026-12".to_owned()],
+    };
+    serde_json::to_value(&why).unwrap()
+}
+
+fn account_events(reason: &str) -> Value {
+    json!({"events": [
+        {"event_id": 1, "provider_event_id": "evt_1", "type": "customer.plan_changed",
+         "occurred_at": "2026-12-01T10:03:00Z", "received_at": "2026-12-01T10:03:01Z",
+         "status": "applied", "outcome": "applied", "reason": "plan set to pro; granted 500 for pro in 2026-12",
+         "seen_count": 3, "via": "webhook"},
+        {"event_id": 3, "provider_event_id": "evt_3", "type": "customer.plan_changed",
+         "occurred_at": "2026-12-01T10:00:00Z", "received_at": "2026-12-01T10:05:00Z",
+         "status": "ignored", "outcome": "ignored", "reason": reason,
+         "seen_count": 1, "via": "webhook"}
+    ], "next": "3"})
+}
+
+fn account_page(customer: &str) -> Page {
+    Page::Account {
+        source: "kinde".to_owned(),
+        customer: customer.to_owned(),
+    }
+}
+
+#[test]
+fn the_account_page_shows_its_state_why_and_log() {
+    let data = json!({"account": snapshot("kc_1"),
+                      "events": account_events("a newer plan change is already stored"),
+                      "why": why("kc_1", "its provider time is before"), "at": null});
+    let html = rendered(&account_page("kc_1"), &data, &[]);
+    has(
+        &html,
+        &[
+            r#"<strong id="plan">pro</strong>"#,
+            r#"<table id="subscriptions">"#,
+            r#"<tr data-subscription="sub_1">"#,
+            r#"<time datetime="2026-12-31T00:00:00Z">2026-12-31 00:00:00 UTC</time>"#,
+            "at the period's end",
+            r#"<meter id="allowance" min="0" max="500" value="3""#,
+            r#"<span id="used">3</span>"#,
+            r#"<span id="remaining">497</span>"#,
+            r#"<table id="features">"#,
+            r#"<tr data-feature="seats">"#,
+            r#"<table id="log">"#,
+            r#"<tr data-event-id="3">"#,
+            "a newer plan change is already stored",
+            r#"data-action="POST" action="/lambda-url/api/v1/admin/events/3/replay""#,
+            r#"<details data-field="plan" id="why-plan">"#,
+            r#"<details data-field="allowance:2026-12">"#,
+            r#"<a href="/lambda-url/api/console/events/1">event #1</a>"#,
+            r#"<a href="/lambda-url/api/console/events/3">event #3</a> <strong>older</strong>: its provider time is before"#,
+            "stored: 400",
+            r#"id="as-of" method="get" action="/lambda-url/api/console/accounts/kinde/kc_1""#,
+            r#"name="at" type="datetime-local""#,
+            r#"<a id="log-next" href="/lambda-url/api/console/accounts/kinde/kc_1?after=3""#,
+            r#"<a href="/lambda-url/api/console/events/5">#5</a>"#,
+        ],
+    );
+    // The plan's summary is the field and its value.
+    let plan = &html[html.find(r#"id="why-plan""#).unwrap()..];
+    let summary = &plan[plan.find("<summary>").unwrap()..plan.find("</summary>").unwrap()];
+    has(summary, &["plan", "pro"]);
+}
+
+/// `why` as of a time, as `GET …/why?at=` serializes it: a starter trial then.
+fn why_as_of(at_time: &str) -> Value {
+    let field = |name: &str, value: Value| WhyField {
+        field: name.to_owned(),
+        value,
+        decided_by: Some(EventRef {
+            event_id: 1,
+            event_type: "customer.subscription.created".to_owned(),
+            occurred_at: at("2026-12-01T10:00:00Z"),
+            via: Via::Webhook,
+            replayed: false,
+        }),
+        beaten: vec![],
+        stored: None,
+    };
+    let why = Why {
+        source: "kinde".to_owned(),
+        customer_id: "kc_1".to_owned(),
+        at: Some(at(at_time)),
+        received_before: None,
+        fields: vec![
+            field("plan", json!("starter")),
+            field("subscription:sub_1:status", json!("trialing")),
+            field("subscription:sub_1:plan", json!("starter")),
+            field(
+                "subscription:sub_1:current_period_end",
+                json!("2026-12-31T00:00:00Z"),
+            ),
+            field("subscription:sub_1:cancel_at_period_end", json!(false)),
+            field("subscription:sub_1:cancel_at", Value::Null),
+            field("allowance:2026-11", json!(40)),
+            field("allowance:2026-12", json!(100)),
+            field("used:2026-12", json!(3)),
+            field("feature:seats", json!(5)),
+        ],
+        purged: 0,
+        complete_from: None,
+        pending: vec![],
+        divergent: vec![],
+    };
+    serde_json::to_value(&why).unwrap()
+}
+
+#[test]
+fn the_account_as_of_a_time_shows_the_state_why_gives_then() {
+    let cut = "2026-12-01T10:01:00Z";
+    let data = json!({"account": snapshot("kc_1"), "events": account_events(""),
+                      "why": why_as_of(cut), "at": cut});
+    let html = rendered(&account_page("kc_1"), &data, &[("at", cut)]);
+    has(
+        &html,
+        &[
+            r#"<strong id="plan">starter</strong>"#,
+            r#"<meter id="allowance" min="0" max="100" value="3""#,
+            r#"<span id="remaining">97</span>"#,
+            r#"<tr data-subscription="sub_1">"#,
+            "trialing",
+            r#"<tr data-feature="seats"><th scope="row"><code>seats</code></th><td>5</td></tr>"#,
+            "State as of <time datetime=\"2026-12-01T10:01:00Z\">",
+            r#"value="2026-12-01T10:01:00""#,
+            ", as of <time datetime=\"2026-12-01T10:01:00Z\">",
+            ">See the account now</a>",
+            "?at=2026-12-01T10%3A01%3A00Z&amp;after=3",
+        ],
+    );
+    assert!(!html.contains(r#"<strong id="plan">pro</strong>"#));
+    assert!(!html.contains(r#"data-feature="sso""#));
+}
+
+#[test]
+fn an_account_whose_why_failed_says_so_and_shows_the_state_now() {
+    let data = json!({"account": snapshot("kc_1"), "events": account_events(""),
+                      "why": {"code": "not_folded", "detail": "the account has more than 10000 events"},
+                      "at": "2026-12-01T10:01:00Z"});
+    let html = rendered(&account_page("kc_1"), &data, &[]);
+    has(
+        &html,
+        &[
+            r#"<strong id="plan">pro</strong>"#,
+            r#"<p class="note" id="why-error">Why cannot say: <strong>not_folded</strong>"#,
+            "so the state shown is the account now",
+        ],
+    );
+}
+
+#[test]
+fn a_connect_customer_is_linked_with_its_slash_encoded() {
+    let customer = "acct_1/cus_1";
+    let data = json!({"account": snapshot(customer), "events": account_events(""),
+                      "why": why(customer, ""), "at": null});
+    let html = rendered(&account_page(customer), &data, &[]);
+    has(&html, &["/console/accounts/kinde/acct_1%2Fcus_1"]);
+}
+
+fn effects() -> Value {
+    json!({"effects": [
+        {"effect_id": "eff_dead", "kind": "plan_changed", "source": "kinde", "customer_id": "kc_1",
+         "sequence": 4, "event_id": 42, "occurred_at": "2026-12-03T09:00:00Z", "status": "dead",
+         "attempts": 8, "last_error": "503 from the app", "created_at": "2026-12-03T09:00:02Z",
+         "sent_at": null},
+        {"effect_id": "eff_sent", "kind": "allowance_granted", "source": "kinde", "customer_id": "kc_1",
+         "sequence": 5, "event_id": 43, "occurred_at": "2026-12-03T09:00:00Z", "status": "sent",
+         "attempts": 1, "last_error": null, "created_at": "2026-12-03T09:00:02Z",
+         "sent_at": "2026-12-03T09:00:03Z"}
+    ], "next": null})
+}
+
+#[test]
+fn effects_are_listed_with_a_replay_for_each_not_sent() {
+    let html = rendered(&Page::Effects, &effects(), &[("status", "")]);
+    has(
+        &html,
+        &[
+            r#"<table id="effects">"#,
+            r#"<tr data-effect-id="eff_dead">"#,
+            r#"<tr data-effect-id="eff_sent">"#,
+            r#"action="/lambda-url/api/v1/admin/effects/eff_dead/replay""#,
+            "503 from the app",
+        ],
+    );
+    assert!(!html.contains("effects/eff_sent/replay"));
+    assert!(!html.contains(r#"id="next""#));
+}
+
+#[test]
+fn the_engine_room_offers_the_scenarios_and_empty_tables_for_the_script() {
+    let data = json!({"enabled": true, "scenarios": [
+        {"name": "nine-deliveries", "source": "kinde-test",
+         "steps": [{"step": 1, "what": "plan change to pro (crashes)"}, {"step": 2, "what": "payment"}]},
+        {"name": "refund", "source": "stripe-test", "steps": [{"step": 1, "what": "charge"}]}
+    ]});
+    let html = rendered(&Page::EngineRoom, &data, &[]);
+    has(
+        &html,
+        &[
+            r#"<select id="scenario" name="scenario">"#,
+            r#"<option value="nine-deliveries">"#,
+            r#"<option value="refund">"#,
+            r#"<button id="run" type="button">Run</button>"#,
+            r#"<table id="engine-steps">"#,
+            r#"<p id="engine-result""#,
+            r#"data-runs="/lambda-url/api/v1/admin/engine-room/runs""#,
+            "plan change to pro (crashes)",
+        ],
+    );
+    assert!(!html.contains("engine-off"));
+}
+
+#[test]
+fn an_engine_room_that_is_off_says_so() {
+    let html = rendered(&Page::EngineRoom, &json!({"enabled": false}), &[]);
+    has(&html, &[r#"id="engine-off""#]);
+    assert!(!html.contains(r#"id="run""#));
+}
+
+#[test]
+fn the_audit_trail_lists_each_action_and_who_took_it() {
+    let data = json!({"actions": [
+        {"id": 9, "at": "2026-12-03T10:00:00Z", "who": "dev-admin", "action": "event.replay",
+         "target": "event 42", "detail": {"status": "received"}}
+    ], "next": 9});
+    let html = rendered(&Page::AuditTrail, &data, &[]);
+    has(
+        &html,
+        &[
+            r#"<table id="trail">"#,
+            "dev-admin",
+            "event.replay",
+            "{&quot;status&quot;:&quot;received&quot;}",
+            r#"<a id="next" href="/lambda-url/api/console/audit-trail?after=9""#,
+        ],
+    );
+}
+
+#[test]
+fn every_value_from_the_data_is_escaped() {
+    let overview = overview(XSS);
+    let mut events = json!({"events": [event_row(42, XSS, XSS)], "next": XSS});
+    events["events"][0]["type"] = json!(XSS);
+    let event = event_detail(XSS);
+    let account = json!({"account": snapshot(XSS), "events": account_events(XSS),
+                         "why": why(XSS, XSS), "at": XSS});
+    let mut effects = effects();
+    effects["effects"][0]["effect_id"] = json!(XSS);
+    effects["effects"][0]["last_error"] = json!(XSS);
+    let engine = json!({"enabled": true, "scenarios": [{"name": XSS, "source": XSS, "steps": [{"step": 1, "what": XSS}]}]});
+    let trail = json!({"actions": [{"id": 1, "at": XSS, "who": XSS, "action": XSS, "target": XSS, "detail": XSS}], "next": null});
+    let query = [
+        ("source", XSS),
+        ("type", XSS),
+        ("status", XSS),
+        ("after", XSS),
+    ];
+    for (page, data) in [
+        (Page::Overview, overview),
+        (Page::Events, events),
+        (Page::Event(42), event),
+        (account_page(XSS), account),
+        (Page::Effects, effects),
+        (Page::EngineRoom, engine),
+        (Page::AuditTrail, trail),
+    ] {
+        escaped(&rendered(&page, &data, &query));
+    }
+    escaped(&error_fragment("bad_time", XSS));
+    assert!(!shell("/x\"><script>").contains("<script>"));
+}
+
+#[test]
+fn an_error_is_a_fragment_with_its_code_and_detail() {
+    assert_eq!(
+        error_fragment("forbidden", "this key lacks the admin scope"),
+        r#"<div id="error" role="alert"><strong>forbidden</strong> this key lacks the admin scope</div>"#
+    );
+}
+
+#[test]
+fn the_shell_loads_the_assets_and_has_no_inline_code() {
+    let html = shell(BASE);
+    has(
+        &html,
+        &[
+            "<!DOCTYPE html>",
+            r#"<html lang="en">"#,
+            r#"<link rel="icon" href="data:,">"#,
+            r#"<script src="/lambda-url/api/console/assets/console.js" defer></script>"#,
+            r#"<link rel="stylesheet" href="/lambda-url/api/console/assets/console.css">"#,
+            r##"<a class="skip" href="#page">"##,
+            r#"<form id="account-form""#,
+            r#"<button id="forget-key" type="button">"#,
+            r#"<div id="flash" role="status""#,
+            r#"<main id="page" tabindex="-1"></main>"#,
+            r#"href="/lambda-url/api/console/" data-section="">Overview</a>"#,
+            r#"href="/lambda-url/api/console/events""#,
+            r#"href="/lambda-url/api/console/effects""#,
+            r#"href="/lambda-url/api/console/engine-room""#,
+            r#"href="/lambda-url/api/console/audit-trail""#,
+        ],
+    );
+    assert_eq!(html.matches("<script").count(), 1);
+    no_inline_code(&html);
+    assert!(shell("").contains(r#"src="/console/assets/console.js""#));
+}
+
+#[test]
+fn the_csp_allows_no_inline_code_and_every_answer_carries_it() {
+    assert!(!CSP.contains("unsafe-inline") && !CSP.contains("unsafe-eval"));
+    assert!(CSP.contains("script-src 'self'") && CSP.contains("frame-ancestors 'none'"));
+    let headers = security_headers();
+    assert!(headers.contains(&("content-security-policy", CSP)));
+    assert!(headers.contains(&("x-content-type-options", "nosniff")));
+    assert!(headers.contains(&("referrer-policy", "no-referrer")));
+    assert!(headers.contains(&("cache-control", "no-store")));
+    for (name, _) in headers {
+        assert_eq!(name, name.to_ascii_lowercase());
+    }
+}
+
+#[test]
+fn the_assets_are_embedded_by_name_and_nothing_else_is() {
+    let (js_type, js) = asset("console.js").unwrap();
+    assert!(js_type.starts_with("text/javascript"));
+    has(
+        js,
+        &[
+            "billing-inbox-key",
+            "/console/fragment/",
+            "engine-result",
+            "key-form",
+        ],
+    );
+    // No request leaves the origin: every fetch is of a path under `base`.
+    assert!(!js.contains("http://") && !js.contains("https://"));
+    let (css_type, css) = asset("console.css").unwrap();
+    assert!(css_type.starts_with("text/css"));
+    assert!(!css.contains("url("), "the stylesheet loads nothing");
+    assert_eq!(asset("../mod.rs"), None);
+    assert_eq!(asset("console.js.map"), None);
+}
+
+#[test]
+fn a_fragment_holds_no_inline_script_or_style() {
+    let account = json!({"account": snapshot("kc_1"), "events": account_events(""),
+                         "why": why("kc_1", ""), "at": null});
+    for (page, data) in [
+        (Page::Overview, overview("x")),
+        (Page::Event(42), event_detail("x")),
+        (account_page("kc_1"), account),
+        (Page::Effects, effects()),
+    ] {
+        no_inline_code(&rendered(&page, &data, &[]));
+    }
+}
+
+#[test]
+fn each_link_a_page_renders_to_itself_carries_only_the_parameters_it_reads() {
+    let account = json!({"account": snapshot("kc_1"), "events": account_events(""),
+                         "why": why("kc_1", ""), "at": "2026-12-01T10:01:00Z"});
+    let events = json!({"events": [event_row(42, "kc_1", "")], "next": "41"});
+    let effects = json!({"effects": [], "next": "e9"});
+    let trail = json!({"actions": [], "next": 9});
+    let query = [
+        ("status", "dead"),
+        ("source", "kinde"),
+        ("at", "2026-12-01T10:01:00Z"),
+    ];
+    for (page, data, own) in [
+        (Page::Events, events, "/console/events?"),
+        (
+            account_page("kc_1"),
+            account,
+            "/console/accounts/kinde/kc_1?",
+        ),
+        (Page::Effects, effects, "/console/effects?"),
+        (Page::AuditTrail, trail, "/console/audit-trail?"),
+    ] {
+        let html = rendered(&page, &data, &query);
+        let mut seen = 0;
+        for (at, _) in html.match_indices(own) {
+            let query = &html[at + own.len()..];
+            let query = &query[..query.find('"').unwrap()];
+            for pair in query.split("&amp;") {
+                let name = pair.split('=').next().unwrap();
+                assert!(page.params().contains(&name), "{page:?} links with {name}");
+            }
+            seen += 1;
+        }
+        assert!(seen > 0, "{page:?} links to a next page");
+    }
+}
