@@ -6,6 +6,7 @@ mod app_api;
 mod audit;
 mod bridge;
 mod cli;
+mod console;
 mod corpus;
 mod database;
 mod effects;

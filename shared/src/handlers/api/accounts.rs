@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 
 use super::super::json_response;
 use super::answer::{
-    authenticate, event_id_param, kind_of, limit_param, mark_replayed, on_held, replay_answer,
-    require, serde_error_words, settle, time_param, ApiError, Query, MAX_CURSOR_LEN,
+    authenticate, event_id_param, kind_of, limit_param, mark_replayed, on_held, replayed, require,
+    serde_error_words, settle, time_param, ApiError, Query, MAX_CURSOR_LEN,
 };
 use super::state::ApiState;
 use crate::audit::{self, Cut, FoldError};
@@ -258,17 +258,9 @@ pub(super) async fn serve(
     match route {
         Route::Account => {
             let period = period_param(query.first("period"), &now)?;
-            let snapshot = on_held!(state, conn => account::snapshot(
-                conn,
-                &target.source,
-                target.customer_id(),
-                &period,
-                &state.catalog,
-            ))?
-            .ok_or_else(|| ApiError::UnknownCustomer(customer.clone()))?;
             Ok(json_response(
                 StatusCode::OK,
-                &account_body(&target, &snapshot),
+                &account_value(state, &target, &period).await?,
             ))
         }
         Route::Feature(key) => {
@@ -289,31 +281,9 @@ pub(super) async fn serve(
                 at: time_param(&query, "at")?,
                 received_before: time_param(&query, "received_before")?,
             };
-            let why = on_held!(state, conn => async {
-                // The store's failure is retried or answered as any read's; the rest is the
-                // fold's own answer.
-                match audit::why(
-                    conn,
-                    &state.fold_sources,
-                    &state.catalog,
-                    (&target.source, target.customer_id()),
-                    cut,
-                )
-                .await
-                {
-                    Err(FoldError::Database(e)) => Err(e),
-                    other => Ok(other),
-                }
-            })?
-            .map_err(|e| match e {
-                FoldError::UnknownSource(source) => ApiError::UnknownSource(source),
-                other => ApiError::NotFolded(other.to_string()),
-            })?
-            .ok_or_else(|| ApiError::UnknownCustomer(customer.clone()))?;
-            let body = serde_json::to_value(&why).unwrap_or_else(|_| json!({}));
             Ok(json_response(
                 StatusCode::OK,
-                &as_the_app_names(&target, body),
+                &why_value(state, &target, cut).await?,
             ))
         }
         Route::ListUsage => {
@@ -336,33 +306,8 @@ pub(super) async fn serve(
         }
         Route::Events => {
             let limit = limit_param(query.first("limit"))?;
-            let after = match query.first("after") {
-                None => None,
-                Some(raw) => Some(Place::parse(raw).ok_or_else(|| {
-                    ApiError::bad(
-                        "bad_cursor",
-                        "after is the next of an earlier page of this log",
-                    )
-                })?),
-            };
-            let page = on_held!(state, conn => async {
-                let page = log::account_events(
-                    &mut *conn,
-                    &target.source,
-                    target.customer_id(),
-                    limit,
-                    after.as_ref(),
-                )
-                .await?;
-                // An empty first page is a customer with no event, or no customer at all.
-                let known = !page.events.is_empty()
-                    || account::exists(&mut *conn, &target.source, target.customer_id()).await?;
-                Ok((page, known))
-            })?;
-            match page {
-                (page, true) => Ok(json_response(StatusCode::OK, &json!(page))),
-                (_, false) => Err(ApiError::UnknownCustomer(customer.clone())),
-            }
+            let body = events_value(state, &target, limit, query.first("after")).await?;
+            Ok(json_response(StatusCode::OK, &body))
         }
         Route::ReplayEvent(raw) => {
             let event_id = event_id_param(&raw)?;
@@ -379,7 +324,8 @@ pub(super) async fn serve(
             )
             .await
             .map_err(ApiError::Unavailable)?;
-            replay_answer(replay, || format!("no event {event_id} of this account"))
+            let body = replayed(replay, || format!("no event {event_id} of this account"))?;
+            Ok(json_response(StatusCode::OK, &body))
         }
         Route::RecordUsage => {
             require(caller, Scope::Usage)?;
@@ -402,9 +348,93 @@ pub(super) async fn serve(
     }
 }
 
+/// The account as `GET /v1/accounts/{source}/{customer}` answers it, for `period`.
+pub(super) async fn account_value(
+    state: &ApiState,
+    target: &AccountRef,
+    period: &Period,
+) -> Result<Value, ApiError> {
+    let snapshot = on_held!(state, conn => account::snapshot(
+        conn,
+        &target.source,
+        target.customer_id(),
+        period,
+        &state.catalog,
+    ))?
+    .ok_or_else(|| ApiError::UnknownCustomer(target.customer().to_owned()))?;
+    Ok(account_body(target, &snapshot))
+}
+
+/// A page of the account's event log as `GET …/events` answers it.
+pub(super) async fn events_value(
+    state: &ApiState,
+    target: &AccountRef,
+    limit: i64,
+    after: Option<&str>,
+) -> Result<Value, ApiError> {
+    let after = match after {
+        None => None,
+        Some(raw) => Some(Place::parse(raw).ok_or_else(|| {
+            ApiError::bad(
+                "bad_cursor",
+                "after is the next of an earlier page of this log",
+            )
+        })?),
+    };
+    let (page, known) = on_held!(state, conn => async {
+        let page = log::account_events(
+            &mut *conn,
+            &target.source,
+            target.customer_id(),
+            limit,
+            after.as_ref(),
+        )
+        .await?;
+        // An empty first page is a customer with no event, or no customer at all.
+        let known = !page.events.is_empty()
+            || account::exists(&mut *conn, &target.source, target.customer_id()).await?;
+        Ok((page, known))
+    })?;
+    match known {
+        true => Ok(json!(page)),
+        false => Err(ApiError::UnknownCustomer(target.customer().to_owned())),
+    }
+}
+
+/// The account's fields explained as `GET …/why` answers them, as of `cut`.
+pub(super) async fn why_value(
+    state: &ApiState,
+    target: &AccountRef,
+    cut: Cut,
+) -> Result<Value, ApiError> {
+    let why = on_held!(state, conn => async {
+        // The store's failure is retried or answered as any read's; the rest is the
+        // fold's own answer.
+        match audit::why(
+            conn,
+            &state.fold_sources,
+            &state.catalog,
+            (&target.source, target.customer_id()),
+            cut,
+        )
+        .await
+        {
+            Err(FoldError::Database(e)) => Err(e),
+            other => Ok(other),
+        }
+    })?
+    .map_err(|e| match e {
+        FoldError::UnknownSource(source) => ApiError::UnknownSource(source),
+        other => ApiError::NotFolded(other.to_string()),
+    })?
+    .ok_or_else(|| ApiError::UnknownCustomer(target.customer().to_owned()))?;
+    let body = serde_json::to_value(&why).unwrap_or_else(|_| json!({}));
+    Ok(as_the_app_names(target, body))
+}
+
 /// The account a route names: the source, and the customer in the connected Stripe account
 /// `stripe_account` names, if any (only a Stripe source has those).
-fn target(
+pub(super) fn target(
     state: &ApiState,
     source: String,
     customer: &str,

@@ -10,8 +10,7 @@ use serde_json::{json, Value};
 
 use super::super::json_response;
 use super::answer::{
-    authenticate, event_id_param, limit_param, on_held, replay_answer, require, settle, ApiError,
-    Query,
+    authenticate, event_id_param, limit_param, on_held, replayed, require, settle, ApiError, Query,
 };
 use super::state::ApiState;
 use crate::domain::EventStatus;
@@ -127,8 +126,21 @@ pub(super) async fn serve(
     span.record("route", route.name());
     require(caller, Scope::Admin)?;
     let query = Query::of(request);
+    let body = answer(state, &caller.name, &route, &query, body).await?;
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+/// The body of an admin route's answer (every one is a 200 with JSON), for the key named
+/// `who` (already checked to hold the `admin` scope); the console's pages take theirs here.
+pub(super) async fn answer(
+    state: &ApiState,
+    who: &str,
+    route: &Route,
+    query: &Query,
+    body: &[u8],
+) -> Result<Value, ApiError> {
     query.check(route.parameters())?;
-    let ok = |value: Value| Ok(json_response(StatusCode::OK, &value));
+    let ok = Ok;
     match route {
         Route::Overview => {
             let overview = on_held!(state, conn => overview::overview(
@@ -155,23 +167,23 @@ pub(super) async fn serve(
             ok(json!(page))
         }
         Route::Event(raw) => {
-            let id = event_id_param(&raw)?;
+            let id = event_id_param(raw)?;
             let story = on_held!(state, conn => lists::event_story(conn, id))?
                 .ok_or_else(|| ApiError::Missing(format!("no event {id}")))?;
             ok(json!(story))
         }
         Route::ReplayEvent(raw) => {
-            let id = event_id_param(&raw)?;
+            let id = event_id_param(raw)?;
             let replay = acts::replay_event(
                 &state.pool,
                 state.events.as_ref(),
-                &caller.name,
+                who,
                 acts::Scope::Any,
                 id,
             )
             .await
             .map_err(ApiError::Unavailable)?;
-            replay_answer(replay, || format!("no event {id}"))
+            replayed(replay, || format!("no event {id}"))
         }
         Route::ReplayEvents => {
             let bulk: BulkBody = serde_json::from_slice(body).map_err(|_| {
@@ -198,7 +210,7 @@ pub(super) async fn serve(
             let replayed = acts::replay_events(
                 &state.pool,
                 state.events.as_ref(),
-                &caller.name,
+                who,
                 status,
                 source.as_deref(),
             )
@@ -226,11 +238,10 @@ pub(super) async fn serve(
             ok(json!(page))
         }
         Route::ReplayEffect(id) => {
-            let replay =
-                acts::replay_effect(&state.pool, state.effects.as_ref(), &caller.name, &id)
-                    .await
-                    .map_err(ApiError::Unavailable)?;
-            replay_answer(replay, || format!("no effect {}", id.escape_debug()))
+            let replay = acts::replay_effect(&state.pool, state.effects.as_ref(), who, &id)
+                .await
+                .map_err(ApiError::Unavailable)?;
+            replayed(replay, || format!("no effect {}", id.escape_debug()))
         }
         Route::Divergences => {
             let divergences = on_held!(state, conn => lists::divergences(conn))?;

@@ -81,7 +81,7 @@ impl ApiError {
         }
     }
 
-    fn status(&self) -> StatusCode {
+    pub(super) fn status(&self) -> StatusCode {
         match self {
             Self::NotFound { .. }
             | Self::Missing(_)
@@ -100,7 +100,7 @@ impl ApiError {
         }
     }
 
-    fn code(&self) -> &'static str {
+    pub(super) fn code(&self) -> &'static str {
         match self {
             Self::NotFound { .. } | Self::Missing(_) => "not_found",
             Self::Purged => "event_purged",
@@ -372,13 +372,14 @@ pub(super) fn event_id_param(raw: &str) -> Result<i64, ApiError> {
         .ok_or_else(|| ApiError::bad("bad_event_id", "an event's id is a positive whole number"))
 }
 
-/// The answer to a replay: what it came to, or why not (`missing` says what was not found).
-pub(super) fn replay_answer<T: serde::Serialize>(
+/// What a replay came to, as its answer's body, or why not (`missing` says what was not
+/// found).
+pub(super) fn replayed<T: serde::Serialize>(
     replay: Replay<T>,
     missing: impl FnOnce() -> String,
-) -> Result<Response<Body>, ApiError> {
+) -> Result<Value, ApiError> {
     match replay {
-        Replay::Done(done) => Ok(json_response(StatusCode::OK, &json!(done))),
+        Replay::Done(done) => Ok(json!(done)),
         Replay::NotFound => Err(ApiError::Missing(missing())),
         Replay::Purged => Err(ApiError::Purged),
         Replay::Limited(limited) => Err(ApiError::RateLimited(limited.retry_after_secs)),

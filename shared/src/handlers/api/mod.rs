@@ -6,6 +6,7 @@
 mod accounts;
 mod admin;
 mod answer;
+mod console;
 mod state;
 
 use lambda_http::{Body, Request, Response};
@@ -46,6 +47,12 @@ async fn serve(state: &ApiState, request: &Request) -> Result<Response<Body>, Ap
     }
     let path = request.uri().path();
     let segments: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    if let Some(at) = segments.iter().position(|s| *s == "console") {
+        // `{base}/console[/…]`, never a segment of an account's path (those start `/v1`).
+        if !segments[..at].contains(&"v1") {
+            return Ok(console::serve(state, request, &segments, at).await);
+        }
+    }
     match segments.windows(2).position(|w| w == ["v1", "admin"]) {
         Some(at) => {
             let route = admin::route(request.method(), path, &segments[at + 2..])?;

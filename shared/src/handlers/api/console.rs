@@ -1,0 +1,137 @@
+//! The console's HTTP side (docs/design.md §12.6): under `{base}/console/` the static shell
+//! (no key needed: it holds no data), its two embedded assets, and each page's HTML fragment,
+//! which needs an `admin` key and reads what the admin API and the app's routes answer. The
+//! pages themselves are `crate::console`'s. Every answer carries the strict CSP.
+
+use http::{Method, StatusCode};
+use lambda_http::{Body, Request, Response};
+use serde_json::json;
+
+use super::accounts::{account_value, events_value, target, why_value};
+use super::admin::{self, Route as AdminRoute};
+use super::answer::{authenticate, require, time_param, ApiError, Query, DEFAULT_LIMIT};
+use super::state::ApiState;
+use crate::audit::Cut;
+use crate::console::{self, Page};
+use crate::domain::Period;
+use crate::platform::api_keys::Scope;
+
+/// Answers a request whose path's segment `at` is `console`: the base is what precedes it.
+pub(super) async fn serve(
+    state: &ApiState,
+    request: &Request,
+    segments: &[&str],
+    at: usize,
+) -> Response<Body> {
+    let base = segments[..at].join("/");
+    let rest = &segments[at + 1..];
+    if request.method() != Method::GET {
+        return html(
+            StatusCode::METHOD_NOT_ALLOWED,
+            console::error_fragment(
+                "method_not_allowed",
+                "the console's pages are read with GET",
+            ),
+        );
+    }
+    match rest {
+        ["assets", name] => match console::asset(name) {
+            Some((content_type, content)) => {
+                let mut response = answer(StatusCode::OK, content_type, content.to_owned());
+                response.headers_mut().insert(
+                    http::header::CACHE_CONTROL,
+                    http::HeaderValue::from_static(console::ASSET_CACHE_CONTROL),
+                );
+                response
+            }
+            None => html(
+                StatusCode::NOT_FOUND,
+                console::error_fragment("not_found", "no such asset"),
+            ),
+        },
+        ["fragment", page @ ..] => match fragment(state, request, &page.join("/"), &base).await {
+            Ok(body) => html(StatusCode::OK, body),
+            Err(e) => {
+                let status = e.status();
+                tracing::info!(code = e.code(), "console fragment refused");
+                html(status, console::error_fragment(e.code(), &e.to_string()))
+            }
+        },
+        _ => html(StatusCode::OK, console::shell(&base)),
+    }
+}
+
+/// A page's fragment, for an `admin` key.
+async fn fragment(
+    state: &ApiState,
+    request: &Request,
+    path: &str,
+    base: &str,
+) -> Result<String, ApiError> {
+    let caller = authenticate(&state.keys, request.headers())?;
+    require(caller, Scope::Admin)?;
+    let page = Page::parse(path).ok_or_else(|| ApiError::Missing("no such console page".into()))?;
+    let query = Query::of(request);
+    query.check(page.params())?;
+    let admin = |route: AdminRoute, query: Query| async move {
+        admin::answer(state, &caller.name, &route, &query, &[]).await
+    };
+    let with_limit = |query: &Query| {
+        let mut pairs = query.0.clone();
+        pairs.push(("limit".into(), DEFAULT_LIMIT.to_string()));
+        Query(pairs)
+    };
+    let data = match &page {
+        Page::Overview => admin(AdminRoute::Overview, Query(Vec::new())).await?,
+        Page::Events => admin(AdminRoute::Events, with_limit(&query)).await?,
+        Page::Event(id) => admin(AdminRoute::Event(id.to_string()), Query(Vec::new())).await?,
+        Page::Effects => admin(AdminRoute::Effects, with_limit(&query)).await?,
+        Page::AuditTrail => admin(AdminRoute::AuditTrail, with_limit(&query)).await?,
+        Page::EngineRoom => json!({"enabled": false}),
+        Page::Account { source, customer } => {
+            // A Connect customer's page is `acct_…/cus_…`: the customer in its account.
+            let (connected, customer) = match customer.split_once('/') {
+                Some((account, customer)) => (Some(account), customer),
+                None => (None, customer.as_str()),
+            };
+            let target = target(state, source.clone(), customer, connected)?;
+            let at = time_param(&query, "at")?;
+            let period = Period::of(at.unwrap_or_else(|| state.clock.now()).into());
+            let account = account_value(state, &target, &period).await?;
+            let events = events_value(state, &target, DEFAULT_LIMIT, query.first("after")).await?;
+            // The page still shows the state now when the fold cannot answer.
+            let why = match why_value(
+                state,
+                &target,
+                Cut {
+                    at,
+                    received_before: None,
+                },
+            )
+            .await
+            {
+                Ok(why) => why,
+                Err(e @ (ApiError::Unavailable(_) | ApiError::Timeout)) => return Err(e),
+                Err(e) => json!({"code": e.code(), "detail": e.to_string()}),
+            };
+            json!({"account": account, "events": events, "why": why, "at": at})
+        }
+    };
+    Ok(console::render(&page, &data, &query.0, base))
+}
+
+fn html(status: StatusCode, body: String) -> Response<Body> {
+    answer(status, console::HTML, body)
+}
+
+fn answer(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
+    let mut builder = Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, content_type);
+    for (name, value) in console::security_headers() {
+        builder = builder.header(name, value);
+    }
+    builder
+        .body(Body::Text(body))
+        .expect("static headers always build a response")
+}
