@@ -453,6 +453,18 @@ impl Browser {
         .await
     }
 
+    /// Scrolls the element `css` to the middle of the window, so that its screenshot shows it.
+    pub async fn scroll_to(&self, css: &str) -> anyhow::Result<()> {
+        self.client
+            .execute(
+                "const e = document.querySelector(arguments[0]); if (e) { e.scrollIntoView({block: 'center'}); }",
+                vec![json!(css)],
+            )
+            .await
+            .with_context(|| format!("scrolling to {css}"))?;
+        Ok(())
+    }
+
     /// The number of rows with cells (not the header's) in the table `css`.
     pub async fn rows(&self, css: &str) -> anyhow::Result<u64> {
         let count = self

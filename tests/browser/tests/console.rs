@@ -200,6 +200,7 @@ async fn an_operator_reads_why_an_account_is_on_pro() {
             .find(&format!("#why-plan a[href$='/console/events/{free}']"))
             .await
             .map_err(|e| e.context("the event it beat is linked"))?;
+        browser.scroll_to("#why-plan").await?;
         browser.screenshot("account-why-plan").await?;
         anyhow::Ok(())
     }
@@ -253,6 +254,7 @@ async fn the_engine_room_runs_nine_deliveries_to_pro_and_500() {
         let balance = browser
             .attr("#engine-result", "data-balance", PAGE_WAIT)
             .await?;
+        browser.scroll_to("#engine-result").await?;
         browser.screenshot("engine-room-result").await?;
         anyhow::ensure!(
             (plan.as_str(), balance.as_str()) == ("pro", "500"),
