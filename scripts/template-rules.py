@@ -220,6 +220,8 @@ EVERYTHING = {
     "SourceSilentHours": "0",
     "StripeEventSourceName": "aws.partner/stripe.com/ed_61RBridgeTest0001",
     "StripeEventSourceFor": "stripe",
+    "EngineRoomSources": "stripe,polar",
+    "EngineRoomSecretArns": f"{ARN}billing-inbox/stripe-AbC123,{ARN}billing-inbox/polar-??????",
 }
 CREATED = {
     **REQUIRED,
@@ -451,6 +453,22 @@ BAD = {
     "deletion protection for a database the stack does not make": (
         {**EVERYTHING, "DatabaseDeletionProtection": "true"},
         "rule ExistingModeCreatesNoDatabase:",
+    ),
+    "an Engine Room without the app API": (
+        {**REQUIRED, "EngineRoomSources": "stripe"},
+        "rule EngineRoomNeedsTheApi:",
+    ),
+    "the Engine Room's secrets without its sources": (
+        {**EVERYTHING, "EngineRoomSources": ""},
+        "rule EngineRoomSecretsNeedItsSources:",
+    ),
+    "the Engine Room's sources with a space": (
+        {**EVERYTHING, "EngineRoomSources": "stripe, polar"},
+        "EngineRoomSources:",
+    ),
+    "the Engine Room's secret by its name": (
+        {**EVERYTHING, "EngineRoomSecretArns": "billing-inbox/stripe"},
+        "EngineRoomSecretArns:",
     ),
     "a partner event source's name over 256 characters": (
         {**EVERYTHING, "StripeEventSourceName": "aws.partner/stripe.com/ed_" + "1" * 240},

@@ -179,6 +179,8 @@ SETS = {
             "LogRetentionDays": "90",
             "StripeEventSourceName": "aws.partner/stripe.com/ed_61RBridgeTest0001",
             "StripeEventSourceFor": "stripe",
+            "EngineRoomSources": "stripe",
+            "EngineRoomSecretArns": "{arn:billing-inbox/stripe}",
         },
         "outputs": {
             "AlarmDestinations": ["e-mail to oncall@example.com", "and the AlertHttpsEndpoint on-call tool"],

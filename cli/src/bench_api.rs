@@ -158,6 +158,7 @@ async fn bench(
         effects: None,
         events: None,
         silent_hours: shared::platform::config::DEFAULT_SILENT_HOURS,
+        engine_room: None,
         clock: api::Clock::System,
     };
     let period = Period::current();

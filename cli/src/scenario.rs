@@ -1,5 +1,6 @@
 //! `inboxctl scenario`: the reference delivery scripts (docs/design.md §4.9) against the running stack,
-//! printed as a timeline beside what a handler that applies each delivery on arrival shows.
+//! printed as a timeline beside what a handler that applies each delivery on arrival shows. The
+//! scripts and that handler's model are the Engine Room's (`shared::engine_room::scenario`).
 
 use std::time::{Duration, Instant};
 
@@ -11,8 +12,8 @@ use serde_json::json;
 use sqlx::PgPool;
 
 use crate::send::{Sender, DEFAULT_INTAKE_URL};
-use shared::domain::Catalog;
 use shared::domain::{CustomerId, Period, ProviderTime};
+use shared::engine_room::scenario::{AccountLine, OnArrival, Scenario};
 use shared::providers::fixtures::Spec;
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -27,6 +28,17 @@ pub enum Name {
     Refund,
 }
 
+impl Name {
+    fn scenario(self) -> Scenario {
+        match self {
+            Self::NineDeliveries => Scenario::NineDeliveries,
+            Self::Subscriptions => Scenario::Subscriptions,
+            Self::Status => Scenario::Status,
+            Self::Refund => Scenario::Refund,
+        }
+    }
+}
+
 #[derive(Args)]
 pub struct ScenarioArgs {
     pub name: Name,
@@ -38,238 +50,51 @@ pub struct ScenarioArgs {
     pub signing: crate::send::SigningArgs,
 }
 
-/// What a handler that applies on arrival does with one delivery.
-#[derive(Clone, Copy)]
-enum Naive {
-    /// Moves the plan and tops the balance up to it.
-    Plan(&'static str),
-    /// Tops the balance up to the current plan's allowance again.
-    Payment,
-    /// Drops to free.
-    Cancel,
-    /// Sets the status it reads.
-    Status(&'static str),
-}
-
-struct Step {
-    source: &'static str,
-    kind: &'static str,
-    /// Which event this delivery carries: the same tag is the same event (a copy).
-    tag: &'static str,
-    plan: Option<&'static str>,
-    object: Option<&'static str>,
-    status: Option<&'static str>,
-    /// Minutes after the scenario's start, in provider time.
-    at_minutes: i64,
-    naive: Naive,
-}
-
-impl Step {
-    fn new(
-        source: &'static str,
-        kind: &'static str,
-        tag: &'static str,
-        at_minutes: i64,
-        naive: Naive,
-    ) -> Self {
-        Self {
-            source,
-            kind,
-            tag,
-            plan: None,
-            object: None,
-            status: None,
-            at_minutes,
-            naive,
-        }
-    }
-
-    fn plan(mut self, plan: &'static str) -> Self {
-        self.plan = Some(plan);
-        self
-    }
-
-    fn object(mut self, object: &'static str) -> Self {
-        self.object = Some(object);
-        self
-    }
-
-    fn status(mut self, status: &'static str) -> Self {
-        self.status = Some(status);
-        self
-    }
-}
-
-fn script(name: Name) -> (&'static str, Vec<Step>) {
-    use Naive::*;
-    match name {
-        Name::NineDeliveries => {
-            let up = || Step::new("kinde", "plan-changed", "up", 10, Plan("pro")).plan("pro");
-            let pay = || {
-                Step::new("kinde", "payment-succeeded", "pay", 11, Payment)
-                    .plan("pro")
-                    .object("pay_1")
-            };
-            let cancel = Step::new("kinde", "agreement-cancelled", "cancel", 7, Cancel);
-            (
-                "kinde",
-                vec![up(), up(), up(), pay(), pay(), pay(), cancel, pay(), pay()],
-            )
-        }
-        Name::Subscriptions => {
-            let s = |tag, kind, object, days: i64, naive| {
-                Step::new("polar", kind, tag, days * 1440, naive)
-                    .plan("prod_pro")
-                    .object(object)
-            };
-            (
-                "polar",
-                vec![
-                    s("a1", "subscription", "sub_old", 0, Plan("pro")),
-                    s("r1", "revoked", "sub_old", 31, Cancel),
-                    s("a1b", "subscription", "sub_old", 0, Plan("pro")),
-                    s("a2", "subscription", "sub_new", 59, Plan("pro")),
-                    s("r2", "revoked", "sub_old", 90, Cancel),
-                    s("r3", "revoked", "sub_new", 45, Cancel),
-                    s("r4", "revoked", "sub_new", 120, Cancel),
-                ],
-            )
-        }
-        Name::Status => {
-            let s = |tag, status, at, naive| {
-                Step::new("stripe", "subscription", tag, at, naive)
-                    .plan("price_pro")
-                    .object("sub_status")
-                    .status(status)
-            };
-            (
-                "stripe",
-                vec![
-                    s("trial", "trialing", 0, Status("trialing")),
-                    s("past_due", "past_due", 2, Status("past_due")),
-                    s("active", "active", 1, Status("active")),
-                ],
-            )
-        }
-        Name::Refund => {
-            let s = |tag, kind, at, naive| {
-                Step::new("polar", kind, tag, at, naive)
-                    .plan("prod_pro")
-                    .object("ord_1")
-            };
-            (
-                "polar",
-                vec![
-                    s("paid", "order-paid", 0, Status("paid")),
-                    s("refund", "order-refunded", 1, Status("refunded")),
-                    s("late", "order-paid", 2, Status("paid")),
-                ],
-            )
-        }
-    }
-}
-
-/// The account as the naive handler leaves it.
-struct NaiveState {
-    plan: String,
-    balance: i64,
-    status: String,
-}
-
-impl NaiveState {
-    fn apply(&mut self, naive: Naive, catalog: &Catalog) {
-        let allowance = |plan: &str| catalog.allowance_of(plan).unwrap_or(0);
-        let free = allowance("free");
-        match naive {
-            Naive::Plan(key) => {
-                let plan = catalog
-                    .get(key)
-                    .map(|p| p.plan.clone())
-                    .unwrap_or_else(|| key.to_owned());
-                self.balance += allowance(&plan) - free;
-                self.plan = plan;
-                self.status = "active".into();
-            }
-            Naive::Payment => self.balance += allowance(&self.plan) - free,
-            Naive::Cancel => {
-                self.plan = "free".into();
-                self.status = "canceled".into();
-            }
-            Naive::Status(status) => self.status = status.into(),
-        }
-    }
-}
-
 pub async fn run(args: &ScenarioArgs, pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
     let catalog = shared::platform::config::parse_plans(&args.plans)?;
     let sender = args.signing.sender(&args.intake_url).await?;
-    let (source, steps) = script(args.name);
+    let script = args.name.scenario().script();
+    let source = script.source;
     let run_id = &uuid_suffix();
     let customer = format!("scn_{run_id}");
     let start: DateTime<Utc> = Utc::now() - Span::days(1);
     let http = reqwest::Client::new();
 
-    // The starting point of the nine deliveries: Free, with its allowance.
-    if matches!(args.name, Name::NineDeliveries) {
-        let spec = spec(
-            "plan-assigned",
-            &customer,
-            Some("free"),
-            start - Span::minutes(60),
-            None,
-            None,
-            &format!("{run_id}_start"),
-        );
+    // The starting point (nine deliveries: Free, with its allowance).
+    if let Some(first) = &script.start {
+        let spec = first.spec(&customer, run_id, start);
         deliver(&sender, &http, pool, source, &spec).await?;
     }
-    let mut naive = NaiveState {
-        plan: "free".into(),
-        balance: catalog.allowance_of("free").unwrap_or(0),
-        status: "-".into(),
-    };
+    let mut on_arrival = OnArrival::start(&catalog);
     let mut rows = Vec::new();
     let progress = if json_output {
         indicatif::ProgressBar::hidden()
     } else {
-        indicatif::ProgressBar::new(steps.len() as u64)
+        indicatif::ProgressBar::new(script.steps.len() as u64)
     };
     progress.set_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} deliveries applied {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    for (n, s) in steps.iter().enumerate() {
-        let at = start + Span::minutes(s.at_minutes);
-        let object = s.object.map(|o| format!("{o}_{run_id}"));
-        let spec = spec(
-            s.kind,
-            &customer,
-            s.plan,
-            at,
-            object,
-            s.status,
-            &format!("{run_id}_{}", s.tag),
-        );
-        let (answer, outcome) = deliver(&sender, &http, pool, s.source, &spec).await?;
-        naive.apply(s.naive, &catalog);
+    for (n, s) in script.steps.iter().enumerate() {
+        let spec = s.spec(&customer, run_id, start);
+        let at = spec.at;
+        let (answer, outcome) = deliver(&sender, &http, pool, source, &spec).await?;
+        on_arrival.apply(s.naive, &catalog);
         let mut conn = pool.acquire().await?;
         let period = Period::of(ProviderTime::from(at));
         let customer_id = CustomerId::parse(&customer)?;
         let account =
-            shared::billing::account::load(&mut conn, s.source, &customer_id, &period, &catalog)
+            shared::billing::account::load(&mut conn, source, &customer_id, &period, &catalog)
                 .await?;
-        let (plan, balance, status) = account
-            .map(|a| {
-                let status = a
-                    .subscriptions
-                    .first()
-                    .map(|x| x.status.clone())
-                    .or_else(|| a.payments.first().map(|p| p.status.clone()))
-                    .unwrap_or_else(|| "-".into());
-                (a.plan, a.balance, status)
-            })
-            .unwrap_or_else(|| ("free".into(), 0, "-".into()));
+        let AccountLine {
+            plan,
+            balance,
+            status,
+        } = AccountLine::of(account.as_ref());
+        let naive = &on_arrival.0;
         rows.push(json!({
-            "n": n + 1, "delivery": format!("{} {}", s.kind, s.object.unwrap_or("")).trim().to_owned(),
+            "n": n + 1, "delivery": s.label(),
             "provider_time": at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true), "answer": answer, "outcome": outcome,
             "plan": plan, "balance": balance, "status": status,
             "naive_plan": naive.plan, "naive_balance": naive.balance, "naive_status": naive.status,
@@ -334,28 +159,6 @@ pub async fn run(args: &ScenarioArgs, pool: &PgPool, json_output: bool) -> anyho
 fn uuid_suffix() -> String {
     let id = uuid::Uuid::new_v4().simple().to_string();
     id[..8].to_owned()
-}
-
-fn spec(
-    kind: &str,
-    customer: &str,
-    plan: Option<&str>,
-    at: DateTime<Utc>,
-    object: Option<String>,
-    status: Option<&str>,
-    event_id: &str,
-) -> Spec {
-    Spec {
-        kind: kind.to_owned(),
-        customer: customer.to_owned(),
-        plan: plan.map(str::to_owned),
-        at,
-        object_id: object,
-        status: status.map(str::to_owned),
-        cancel_at_period_end: false,
-        event_id: Some(event_id.to_owned()),
-        feature: None,
-    }
 }
 
 /// Sends one delivery and waits (bounded) until the pipeline has finished its event.

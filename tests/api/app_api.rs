@@ -63,6 +63,7 @@ pub fn api_state(pool: &PgPool) -> ApiState {
         effects: None,
         events: None,
         silent_hours: shared::platform::config::DEFAULT_SILENT_HOURS,
+        engine_room: None,
         clock: api::Clock::System,
     }
 }

@@ -1106,7 +1106,7 @@ async fn account_shows_an_unknown_plan_key_and_past_due_and_why_tells_the_logs_s
 
 /// The intake handler of `app`, served over HTTP on a free port (what `cargo lambda watch`
 /// does locally): its base URL, where `inboxctl send` posts to `{url}/webhooks/{source}`.
-async fn serve_intake(app: std::sync::Arc<TestApp>) -> String {
+pub(crate) async fn serve_intake(app: std::sync::Arc<TestApp>) -> String {
     use http_body_util::{BodyExt, Full};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -1151,7 +1151,7 @@ async fn serve_intake(app: std::sync::Arc<TestApp>) -> String {
 
 /// The development sources (what `stack_env` gives `inboxctl send`), the Stripe source's
 /// secret replaced by `stripe_secret` when given.
-fn dev_sources(stripe_secret: Option<&str>) -> String {
+pub(crate) fn dev_sources(stripe_secret: Option<&str>) -> String {
     let local = shared::providers::fixtures::Local {
         jwks_url: "http://127.0.0.1:9/unused",
     };

@@ -12,6 +12,7 @@ mod database;
 mod effects;
 mod effects_dispatch;
 mod ends;
+mod engine_room;
 mod feature_check;
 mod features;
 mod fold;

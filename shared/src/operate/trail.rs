@@ -18,7 +18,8 @@ pub struct Action {
     pub at: DateTime<Utc>,
     /// The key's name.
     pub who: String,
-    /// What was done: `event.replay`, `events.replay`, `effect.replay`, `account_event.replay`.
+    /// What was done: `event.replay`, `events.replay`, `effect.replay`,
+    /// `account_event.replay`, `engine_room.run`.
     pub action: String,
     /// What it was done to: an event's or effect's id, or the bulk request's filter.
     pub target: String,
@@ -75,6 +76,26 @@ pub async fn take(
     .fetch_one(exec(&mut *tx))
     .await?;
     Ok(Ok(id))
+}
+
+/// Writes an action that counts against no limit (an Engine Room run on a test customer).
+pub async fn record(
+    pool: &sqlx::PgPool,
+    who: &str,
+    action: &str,
+    target: &str,
+    detail: &Value,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "INSERT INTO api_actions (who, action, target, detail) VALUES ($1, $2, $3, $4)",
+        who,
+        action,
+        target,
+        detail,
+    )
+    .execute(exec(pool))
+    .await?;
+    Ok(())
 }
 
 /// Writes what an action came to (the ids replayed, the status) once it is known.

@@ -725,6 +725,30 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         }))
     }
 
+    /// `INBOX_ENGINE_ROOM` against `sources` (with their secrets), and when it is set the
+    /// intake's `QUEUE_URL` and tolerance; unset: the Engine Room is off.
+    pub fn engine_room(
+        &self,
+        sources: &[SourceConfig],
+    ) -> Result<Option<EngineRoomConfig>, ConfigError> {
+        let Some(raw) = self.optional(ENGINE_ROOM_VAR) else {
+            return Ok(None);
+        };
+        let (sources, kinde_key) = parse_engine_room(&raw, sources)?;
+        let queue_url = self.optional("QUEUE_URL").ok_or_else(|| {
+            ConfigError::new(
+                "QUEUE_URL",
+                "is not set: the Engine Room (INBOX_ENGINE_ROOM) hands its events to the intake's queue",
+            )
+        })?;
+        Ok(Some(EngineRoomConfig {
+            sources,
+            queue_url,
+            tolerance: self.tolerance()?,
+            kinde_key,
+        }))
+    }
+
     /// A whole number at least `min`, or `default` when the variable is unset.
     fn number(&self, var: &'static str, default: u64, min: u64) -> Result<u64, ConfigError> {
         match self.optional(var) {
@@ -886,8 +910,8 @@ pub fn parse_api_keys(raw: &str) -> Result<KeysConfig, ConfigError> {
 
 /// What the app API function needs: its sources (each one's name, kind and Stripe mode, for
 /// its routes and the fold `…/why` explains; never their secrets), the plan catalog, the
-/// keys, and the effects queue when effects are on (a debit that exhausts the allowance tells
-/// the app).
+/// keys, the effects queue when effects are on (a debit that exhausts the allowance tells
+/// the app), and the Engine Room when the deployment turns it on.
 #[derive(Debug, Clone)]
 pub struct ApiConfig {
     pub database: DatabaseConfig,
@@ -901,12 +925,18 @@ pub struct ApiConfig {
     /// `INBOX_SOURCE_SILENT_HOURS` (default 24): a source with no delivery for longer needs a
     /// person, on the console's overview (the `SourceSilentHours` alarm's threshold).
     pub source_silent_hours: f64,
+    /// `INBOX_ENGINE_ROOM`; unset: the Engine Room is off.
+    pub engine_room: Option<EngineRoomConfig>,
 }
 
 impl FromEnv for ApiConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
+        let sources = env.sources()?;
+        // Read before the secrets go: the Engine Room signs its deliveries with its test-mode
+        // sources' signing secrets.
+        let engine_room = env.engine_room(&sources)?;
         // The app API verifies no delivery and reads no provider: their secrets stay out of
-        // its memory.
+        // its memory (but the Engine Room's test-mode sources', above).
         let without_secrets = |mut source: SourceConfig| {
             source.secrets.clear();
             source.api_key = None;
@@ -914,7 +944,7 @@ impl FromEnv for ApiConfig {
         };
         Ok(Self {
             database: env.database()?,
-            sources: env.sources()?.into_iter().map(without_secrets).collect(),
+            sources: sources.into_iter().map(without_secrets).collect(),
             catalog: env.plans()?,
             keys: parse_api_keys(&env.required(API_KEYS_VAR)?)?,
             effects: env.effects()?,
@@ -930,8 +960,120 @@ impl FromEnv for ApiConfig {
                         ConfigError::new(SILENT_HOURS_VAR, "is a number of hours above 0")
                     })?,
             },
+            engine_room,
         })
     }
+}
+
+/// `INBOX_ENGINE_ROOM`: the Engine Room's settings (docs/design.md §12.5), e.g.
+/// `{"sources": ["kinde", "polar", "stripe"]}`; unset, the Engine Room is off.
+pub const ENGINE_ROOM_VAR: &str = "INBOX_ENGINE_ROOM";
+
+/// `INBOX_ENGINE_ROOM` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EngineRoomSettings {
+    sources: Vec<String>,
+    #[serde(default)]
+    kinde_key_file: Option<PathBuf>,
+    #[serde(default)]
+    kinde_kid: Option<String>,
+}
+
+/// The Engine Room (docs/design.md §12.5): the test-mode sources the reference scenarios may
+/// run on, through the intake run in process by the api function.
+#[derive(Debug, Clone)]
+pub struct EngineRoomConfig {
+    /// The sources `INBOX_ENGINE_ROOM` names, as `INBOX_SOURCES` gives them, signing secrets
+    /// (or their `secret_id`) kept: the Engine Room signs its deliveries with them, and the
+    /// intake it runs verifies them with them. Never a live-mode source.
+    pub sources: Vec<SourceConfig>,
+    /// `QUEUE_URL`, the intake's queue: the worker takes the Engine Room's events from it.
+    pub queue_url: String,
+    /// `INBOX_TOLERANCE_SECS`, as the intake reads it.
+    pub tolerance: Duration,
+    /// For a source whose provider signs with a private key of its own (Kinde): the PEM key
+    /// whose public half the source's `jwks_url` serves (the dev stack's
+    /// `INBOX_DEV_KINDE_KEY`), and the `kid` it names.
+    pub kinde_key: Option<KeyFile>,
+}
+
+/// A private key in a file, and the `kid` its JWKS names it by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyFile {
+    pub path: PathBuf,
+    pub kid: String,
+}
+
+/// Parses `INBOX_ENGINE_ROOM` against the sources: each name a source of `INBOX_SOURCES`,
+/// once, none of them live-mode (a Stripe source's `livemode: true`). What a source needs to
+/// be signed for (a Kinde source's key) is checked where the Engine Room is built.
+fn parse_engine_room(
+    raw: &str,
+    sources: &[SourceConfig],
+) -> Result<(Vec<SourceConfig>, Option<KeyFile>), ConfigError> {
+    let settings: EngineRoomSettings = serde_json::from_str(raw).map_err(|e| {
+        ConfigError::new(
+            ENGINE_ROOM_VAR,
+            value_free(&e, r#"{"sources": [the names of test-mode sources]}"#),
+        )
+    })?;
+    if settings.sources.is_empty() {
+        return Err(ConfigError::at(
+            ENGINE_ROOM_VAR,
+            "sources",
+            "lists no source (leave INBOX_ENGINE_ROOM unset to keep the Engine Room off)",
+        ));
+    }
+    let mut chosen: Vec<SourceConfig> = Vec::new();
+    for name in &settings.sources {
+        let name = name.trim();
+        let Some(source) = sources.iter().find(|s| s.name == name) else {
+            let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
+            return Err(ConfigError::at(
+                ENGINE_ROOM_VAR,
+                "sources",
+                format!(
+                    "'{name}' is not a source of {SOURCES_VAR} (its sources: {})",
+                    names.join(", ")
+                ),
+            ));
+        };
+        if chosen.iter().any(|s| s.name == name) {
+            return Err(ConfigError::at(
+                ENGINE_ROOM_VAR,
+                "sources",
+                format!("'{name}' is named twice"),
+            ));
+        }
+        if source.livemode == Some(true) {
+            return Err(ConfigError::at(
+                ENGINE_ROOM_VAR,
+                "sources",
+                format!(
+                    "'{name}' is a live-mode source (livemode: true in {SOURCES_VAR}): the \
+                     Engine Room runs only on test-mode sources"
+                ),
+            ));
+        }
+        chosen.push(source.clone());
+    }
+    let kinde_key = match (settings.kinde_key_file, settings.kinde_kid) {
+        (None, None) => None,
+        (Some(path), Some(kid)) if !kid.trim().is_empty() => Some(KeyFile {
+            path,
+            kid: kid.trim().to_owned(),
+        }),
+        _ => {
+            return Err(ConfigError::at(
+                ENGINE_ROOM_VAR,
+                "kinde_key_file",
+                "kinde_key_file and kinde_kid go together: the key's PEM file and the kid \
+                 its JWKS names it by",
+            ))
+        }
+    };
+    Ok((chosen, kinde_key))
 }
 
 /// What the dispatcher function needs: the sinks (their secrets are resolved at cold start).
@@ -1500,6 +1642,107 @@ mod tests {
         ];
         for (raw, expected) in cases {
             assert_eq!(parse_sinks(raw).unwrap_err().to_string(), expected, "{raw}");
+        }
+    }
+
+    const API_KEYS: &str = r#"[{"name":"ops","sha256":"0000000000000000000000000000000000000000000000000000000000000000","scopes":["admin"]}]"#;
+
+    /// The app API's variables, with `INBOX_ENGINE_ROOM` and `QUEUE_URL` as given.
+    fn api_config(engine_room: Option<&str>, queue: bool) -> Result<ApiConfig, ConfigError> {
+        let sources = r#"[{"name":"kinde","kind":"kinde","jwks_url":"http://127.0.0.1:9/jwks"},
+            {"name":"stripe","kind":"stripe","secrets":["whsec_test"],"livemode":false},
+            {"name":"stripe-live","kind":"stripe","secrets":["whsec_live"],"livemode":true},
+            {"name":"polar","kind":"standard-webhooks","secrets":["polar_secret"],"secret_encoding":"raw"}]"#;
+        let mut vars = vec![
+            ("DATABASE_URL", "postgres://x"),
+            ("INBOX_SOURCES", sources),
+            (
+                "INBOX_PLANS",
+                r#"{"pro":{"plan":"pro","monthly_allowance":500}}"#,
+            ),
+            ("INBOX_API_KEYS", API_KEYS),
+        ];
+        if let Some(raw) = engine_room {
+            vars.push(("INBOX_ENGINE_ROOM", raw));
+        }
+        if queue {
+            vars.push(("QUEUE_URL", "http://127.0.0.1:9/queue/q"));
+        }
+        ApiConfig::from_lookup(lookup(&vars))
+    }
+
+    #[test]
+    fn the_engine_room_is_off_unless_set_and_keeps_only_its_test_sources_secrets() {
+        let off = api_config(None, true).unwrap();
+        assert!(off.engine_room.is_none());
+        assert!(off.sources.iter().all(|s| s.secrets.is_empty()));
+
+        let on = api_config(Some(r#"{"sources":["stripe"," polar"]}"#), true).unwrap();
+        let room = on.engine_room.unwrap();
+        let names: Vec<&str> = room.sources.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["stripe", "polar"]);
+        assert_eq!(room.sources[0].secrets, ["whsec_test"]);
+        assert_eq!(room.queue_url, "http://127.0.0.1:9/queue/q");
+        assert_eq!(room.tolerance, Duration::from_secs(DEFAULT_TOLERANCE_SECS));
+        assert_eq!(room.kinde_key, None);
+        // The API's own view of every source is still without secrets.
+        assert!(on.sources.iter().all(|s| s.secrets.is_empty()));
+
+        let kinde = api_config(
+            Some(r#"{"sources":["kinde"],"kinde_key_file":"/k.pem","kinde_kid":"dev-key"}"#),
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            kinde.engine_room.unwrap().kinde_key,
+            Some(KeyFile {
+                path: "/k.pem".into(),
+                kid: "dev-key".into()
+            })
+        );
+    }
+
+    #[test]
+    fn an_engine_room_naming_a_live_unknown_or_repeated_source_is_refused_at_cold_start() {
+        for (raw, queue, message) in [
+            (
+                r#"{"sources":["stripe-live"]}"#,
+                true,
+                "INBOX_ENGINE_ROOM: sources: 'stripe-live' is a live-mode source (livemode: true in INBOX_SOURCES): the Engine Room runs only on test-mode sources",
+            ),
+            (
+                r#"{"sources":["paddle"]}"#,
+                true,
+                "INBOX_ENGINE_ROOM: sources: 'paddle' is not a source of INBOX_SOURCES (its sources: kinde, stripe, stripe-live, polar)",
+            ),
+            (
+                r#"{"sources":["stripe","stripe"]}"#,
+                true,
+                "INBOX_ENGINE_ROOM: sources: 'stripe' is named twice",
+            ),
+            (
+                r#"{"sources":[]}"#,
+                true,
+                "INBOX_ENGINE_ROOM: sources: lists no source (leave INBOX_ENGINE_ROOM unset to keep the Engine Room off)",
+            ),
+            (
+                r#"{"sources":["kinde"],"kinde_key_file":"/k.pem"}"#,
+                true,
+                "INBOX_ENGINE_ROOM: kinde_key_file: kinde_key_file and kinde_kid go together: the key's PEM file and the kid its JWKS names it by",
+            ),
+            (
+                r#"{"source":["stripe"]}"#,
+                true,
+                r#"INBOX_ENGINE_ROOM: not {"sources": [the names of test-mode sources]}: unknown field `source`, expected one of `sources`, `kinde_key_file`, `kinde_kid` (line 1, column 9)"#,
+            ),
+            (
+                r#"{"sources":["stripe"]}"#,
+                false,
+                "QUEUE_URL: is not set: the Engine Room (INBOX_ENGINE_ROOM) hands its events to the intake's queue",
+            ),
+        ] {
+            let refused = api_config(Some(raw), queue).unwrap_err();
+            assert_eq!(refused.to_string(), message, "{raw}");
         }
     }
 }

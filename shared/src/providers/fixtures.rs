@@ -1,6 +1,7 @@
-//! The contract for development fixtures (`dev` feature): each provider folder builds
-//! realistic payloads of its event kinds and signs deliveries exactly as the provider does,
-//! for tests, `inboxctl send`, `scenario` and `bench`.
+//! The contract for fixtures: each provider folder builds realistic payloads of its event
+//! kinds and signs deliveries exactly as the provider does, for tests, `inboxctl send`,
+//! `scenario` and `bench`, and the Engine Room (docs/design.md §12.5), which runs them through
+//! a deployed stack's intake on test-mode sources: compiled into every build for that.
 
 use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};

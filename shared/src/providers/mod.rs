@@ -1,14 +1,14 @@
 //! Providers: everything one billing provider means, one folder each — how its deliveries are
 //! verified and read (type, customer, provider time, dedupe key), what its event types mean
-//! for the billing registers (`decide`), its API for reconciliation, and (behind the `dev`
-//! feature) realistic payloads and the signer for test deliveries (docs/design.md §6).
+//! for the billing registers (`decide`), its API for reconciliation, and realistic payloads
+//! with the signer for test deliveries (the tests, `inboxctl` and the Engine Room's, docs/design.md
+//! §6, §12.5).
 //!
 //! This module is the registry: the [`Provider`] contract each folder implements and
 //! [`provider`], the one line per provider that registers it. Adding a provider is its folder,
 //! a [`SourceKind`] variant and that line.
 
 mod common;
-#[cfg(any(test, feature = "dev"))]
 pub mod fixtures;
 pub mod kinde;
 mod settings;
@@ -113,8 +113,8 @@ pub trait Provider: Sync {
         true
     }
 
-    /// Realistic payloads and the signer for test deliveries.
-    #[cfg(any(test, feature = "dev"))]
+    /// Realistic payloads and the signer for test deliveries (the tests', `inboxctl`'s and
+    /// the Engine Room's).
     fn fixtures(&self) -> &'static dyn fixtures::Fixtures;
 }
 

@@ -15,6 +15,7 @@ use super::answer::{
 use super::state::ApiState;
 use crate::domain::EventStatus;
 use crate::effects::outbox::EffectStatus;
+use crate::engine_room::EngineError;
 use crate::operate::{acts, lists, overview, trail, Place};
 use crate::platform::api_keys::Scope;
 
@@ -30,6 +31,9 @@ pub(super) enum Route {
     ReplayEffect(String),
     Divergences,
     AuditTrail,
+    EngineRoom,
+    EngineRun,
+    EngineStep { run: String, step: String },
 }
 
 impl Route {
@@ -44,6 +48,9 @@ impl Route {
             Self::ReplayEffect(_) => "AdminReplayEffect",
             Self::Divergences => "AdminDivergences",
             Self::AuditTrail => "AdminAuditTrail",
+            Self::EngineRoom => "EngineRoom",
+            Self::EngineRun => "EngineRun",
+            Self::EngineStep { .. } => "EngineStep",
         }
     }
 
@@ -66,7 +73,11 @@ impl Route {
 
     fn method(&self) -> Method {
         match self {
-            Self::ReplayEvent(_) | Self::ReplayEvents | Self::ReplayEffect(_) => Method::POST,
+            Self::ReplayEvent(_)
+            | Self::ReplayEvents
+            | Self::ReplayEffect(_)
+            | Self::EngineRun
+            | Self::EngineStep { .. } => Method::POST,
             _ => Method::GET,
         }
     }
@@ -90,6 +101,12 @@ pub(super) fn route(method: &Method, path: &str, rest: &[&str]) -> Result<Route,
         ["effects", id, "replay"] => Route::ReplayEffect(decode(id)?),
         ["divergences"] => Route::Divergences,
         ["audit-trail"] => Route::AuditTrail,
+        ["engine-room"] => Route::EngineRoom,
+        ["engine-room", "runs"] => Route::EngineRun,
+        ["engine-room", "runs", run, "steps", step] => Route::EngineStep {
+            run: decode(run)?,
+            step: decode(step)?,
+        },
         _ => {
             return Err(ApiError::NotFound {
                 method: method.clone(),
@@ -110,6 +127,13 @@ struct BulkBody {
     status: String,
     #[serde(default)]
     source: Option<String>,
+}
+
+/// An Engine Room run's body: which scenario.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunBody {
+    scenario: String,
 }
 
 /// Answers an admin request (`body` within the size limit).
@@ -238,7 +262,7 @@ pub(super) async fn answer(
             ok(json!(page))
         }
         Route::ReplayEffect(id) => {
-            let replay = acts::replay_effect(&state.pool, state.effects.as_ref(), who, &id)
+            let replay = acts::replay_effect(&state.pool, state.effects.as_ref(), who, id)
                 .await
                 .map_err(ApiError::Unavailable)?;
             replayed(replay, || format!("no effect {}", id.escape_debug()))
@@ -246,6 +270,38 @@ pub(super) async fn answer(
         Route::Divergences => {
             let divergences = on_held!(state, conn => lists::divergences(conn))?;
             ok(json!({ "divergences": divergences }))
+        }
+        Route::EngineRoom => {
+            let room = state.engine_room.as_ref().ok_or(EngineError::Off)?;
+            ok(json!({"enabled": true, "scenarios": room.scenarios()}))
+        }
+        Route::EngineRun => {
+            let room = state.engine_room.as_ref().ok_or(EngineError::Off)?;
+            let asked: RunBody = serde_json::from_slice(body).map_err(|_| {
+                ApiError::bad(
+                    "bad_body",
+                    r#"the body is {"scenario": "nine-deliveries"|…}"#,
+                )
+            })?;
+            let run = room.start(&asked.scenario)?;
+            trail::record(
+                &state.pool,
+                who,
+                "engine_room.run",
+                &run.run,
+                &json!({"customer": run.customer}),
+            )
+            .await
+            .map_err(ApiError::Unavailable)?;
+            ok(json!(run))
+        }
+        Route::EngineStep { run, step } => {
+            let room = state.engine_room.as_ref().ok_or(EngineError::Off)?;
+            let step: usize = step
+                .parse()
+                .map_err(|_| ApiError::bad("bad_step", "a step is its number, from 1"))?;
+            let mut conn = state.pool.acquire().await.map_err(ApiError::Unavailable)?;
+            ok(json!(room.step(&mut conn, run, step).await?))
         }
         Route::AuditTrail => {
             let limit = limit_param(query.first("limit"))?;

@@ -39,6 +39,8 @@ pub enum ApiError {
     Purged,
     #[error("this key has had its replays for the minute; retry in {0} s")]
     RateLimited(u64),
+    #[error(transparent)]
+    EngineRoom(#[from] crate::engine_room::EngineError),
     #[error("{0} is not allowed here")]
     MethodNotAllowed(Method),
     #[error("a valid API key is required: Authorization: Bearer <key>")]
@@ -89,6 +91,7 @@ impl ApiError {
             | Self::UnknownCustomer(_) => StatusCode::NOT_FOUND,
             Self::Purged => StatusCode::CONFLICT,
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::EngineRoom(e) => e.status(),
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
@@ -105,6 +108,7 @@ impl ApiError {
             Self::NotFound { .. } | Self::Missing(_) => "not_found",
             Self::Purged => "event_purged",
             Self::RateLimited(_) => "rate_limited",
+            Self::EngineRoom(e) => e.code(),
             Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::Unauthorized => "unauthorized",
             Self::Forbidden(_) => "forbidden",

@@ -14,6 +14,7 @@ use super::state::ApiState;
 use crate::audit::Cut;
 use crate::console::{self, Page};
 use crate::domain::Period;
+use crate::engine_room::EngineError;
 use crate::platform::api_keys::Scope;
 
 /// Answers a request whose path's segment `at` is `console`: the base is what precedes it.
@@ -87,7 +88,10 @@ async fn fragment(
         Page::Event(id) => admin(AdminRoute::Event(id.to_string()), Query(Vec::new())).await?,
         Page::Effects => admin(AdminRoute::Effects, with_limit(&query)).await?,
         Page::AuditTrail => admin(AdminRoute::AuditTrail, with_limit(&query)).await?,
-        Page::EngineRoom => json!({"enabled": false}),
+        Page::EngineRoom => match admin(AdminRoute::EngineRoom, Query(Vec::new())).await {
+            Err(ApiError::EngineRoom(EngineError::Off)) => json!({"enabled": false}),
+            other => other?,
+        },
         Page::Account { source, customer } => {
             // A Connect customer's page is `acct_…/cus_…`: the customer in its account.
             let (connected, customer) = match customer.split_once('/') {

@@ -6,7 +6,6 @@
 
 pub mod api;
 mod decide;
-#[cfg(any(test, feature = "dev"))]
 pub mod fixtures;
 pub mod jwks;
 mod verify;
@@ -92,7 +91,6 @@ impl Provider for Kinde {
         Some(url.origin().ascii_serialization())
     }
 
-    #[cfg(any(test, feature = "dev"))]
     fn fixtures(&self) -> &'static dyn super::fixtures::Fixtures {
         &fixtures::KindeFixtures
     }

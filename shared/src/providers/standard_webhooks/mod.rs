@@ -6,7 +6,6 @@
 
 mod api;
 mod decide;
-#[cfg(any(test, feature = "dev"))]
 pub mod fixtures;
 mod verify;
 
@@ -68,7 +67,6 @@ impl Provider for StandardWebhooks {
         Some(Box::new(PolarReads::new(api)))
     }
 
-    #[cfg(any(test, feature = "dev"))]
     fn fixtures(&self) -> &'static dyn super::fixtures::Fixtures {
         &fixtures::StandardFixtures
     }

@@ -7,7 +7,6 @@ mod api;
 mod decide;
 pub mod entitlements;
 mod fetch;
-#[cfg(any(test, feature = "dev"))]
 pub mod fixtures;
 pub mod thin;
 mod verify;
@@ -96,7 +95,6 @@ impl Provider for Stripe {
         thin::differs(subscription, local)
     }
 
-    #[cfg(any(test, feature = "dev"))]
     fn fixtures(&self) -> &'static dyn super::fixtures::Fixtures {
         &fixtures::StripeFixtures
     }
