@@ -315,11 +315,17 @@ impl Browser {
                     .map(|u| u.to_string())
                     .unwrap_or_else(|_| "?".into());
                 let text = self.page_text().await;
+                let failed = self.failed_loads().await;
                 let shot = self.screenshot("failure").await;
                 Err(anyhow!(
-                    "{e:#}\n  at {url}\n  screenshot: {}\n  page text: {text}",
+                    "{e:#}\n  at {url}\n  screenshot: {}\n  page text: {text}{}",
                     shot.map(|p| p.display().to_string())
-                        .unwrap_or_else(|e| format!("none ({e:#})"))
+                        .unwrap_or_else(|e| format!("none ({e:#})")),
+                    if failed.is_empty() {
+                        String::new()
+                    } else {
+                        format!("\n  loads that failed: {}", failed.join(", "))
+                    }
                 ))
             }
         };
@@ -363,6 +369,27 @@ impl Browser {
         };
         let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
         text.chars().take(600).collect()
+    }
+
+    /// What the page loaded (its script, its stylesheet, the fragments it fetched) that was
+    /// answered 400 or more: `url status`, for a failure's message.
+    pub async fn failed_loads(&self) -> Vec<String> {
+        let answer = self
+            .client
+            .execute(
+                "return performance.getEntriesByType('resource')
+                   .filter(e => e.responseStatus >= 400)
+                   .map(e => e.name + ' ' + e.responseStatus);",
+                vec![],
+            )
+            .await;
+        match answer {
+            Ok(Value::Array(items)) => items
+                .iter()
+                .filter_map(|i| i.as_str().map(str::to_owned))
+                .collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// Waits until an element matches `css` and answers it.
