@@ -1,6 +1,6 @@
 //! `inboxctl scenario`: the reference delivery scripts (docs/design.md §4.9) against the running stack,
 //! printed as a timeline beside what a handler that applies each delivery on arrival shows. The
-//! scripts and that handler's model are the Engine Room's (`shared::engine_room::scenario`).
+//! scripts and that handler's model are the Engine Room's (`shared::handlers::engine_room::scenario`).
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use sqlx::PgPool;
 
 use crate::send::{Sender, DEFAULT_INTAKE_URL};
 use shared::domain::{CustomerId, Period, ProviderTime};
-use shared::engine_room::scenario::{AccountLine, OnArrival, Scenario};
+use shared::handlers::engine_room::scenario::{AccountLine, OnArrival, Scenario};
 use shared::providers::fixtures::Spec;
 
 #[derive(Clone, Copy, ValueEnum)]

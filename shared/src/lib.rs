@@ -3,9 +3,10 @@
 //! the layers below it, no two files importing each other (docs/design.md §2.1):
 //!
 //! - [`handlers`]: one per function — adapt the Lambda event, orchestrate, answer; beside
-//!   them [`dev`] (local tools, `dev` feature only), [`console`] (the operator console's
-//!   pages, rendered from the admin API's JSON: no I/O) and [`engine_room`] (the reference
-//!   scenarios run through the intake in process, for the api function and `inboxctl`);
+//!   them [`dev`] (local tools, `dev` feature only) and [`console`] (the operator console's
+//!   pages, rendered from the admin API's JSON: no I/O); among them `handlers::engine_room`
+//!   (the reference scenarios run through the intake in process, for the api function and
+//!   `inboxctl`);
 //! - [`apply`] (one claimed event applied: decide, read, settle, rules, one write),
 //!   [`audit`] (the fold put to work: `why` and the audit) and [`reconcile`] (the providers'
 //!   APIs read back);
@@ -26,7 +27,6 @@ pub mod console;
 pub mod dev;
 pub mod domain;
 pub mod effects;
-pub mod engine_room;
 pub mod handlers;
 pub mod inbox;
 pub mod operate;

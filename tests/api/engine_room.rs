@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use shared::engine_room::{EngineRoom, StepAnswer};
+use shared::handlers::engine_room::{EngineRoom, StepAnswer};
 use shared::platform::config::{ApiConfig, FromEnv};
 use sqlx::PgPool;
 use wiremock::matchers::{method, path};

@@ -1,4 +1,4 @@
-//! The operator console's pages (issue 40; served by the `api` function, docs/design.md §12):
+//! The operator console's pages (served by the `api` function, docs/design.md §12.7):
 //! the static shell, its two embedded assets, and each page's HTML fragment rendered from the
 //! admin API's JSON. Pure rendering: no database, no HTTP. Every value is escaped by `maud`;
 //! no page holds an inline script or style, so the strict [`CSP`] holds.

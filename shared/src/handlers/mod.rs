@@ -6,6 +6,7 @@
 pub mod api;
 pub mod bridge;
 pub mod dispatcher;
+pub mod engine_room;
 pub mod intake;
 pub mod migrate;
 pub mod scheduler;

@@ -612,6 +612,26 @@ mod tests {
             route(&Method::POST, "/v1/accounts/kinde/kc_demo"),
             Err(ApiError::MethodNotAllowed(_))
         ));
+        assert_eq!(
+            route(&get, "/v1/accounts/kinde/kc_1/events").unwrap().0,
+            Route::Events
+        );
+        assert_eq!(
+            route(&Method::POST, "/v1/accounts/kinde/kc_1/events/42/replay").unwrap(),
+            (
+                Route::ReplayEvent("42".into()),
+                "kinde".into(),
+                "kc_1".into()
+            )
+        );
+        assert!(matches!(
+            route(&get, "/v1/accounts/kinde/kc_1/events/42/replay"),
+            Err(ApiError::MethodNotAllowed(_))
+        ));
+        assert!(matches!(
+            route(&Method::POST, "/v1/accounts/kinde/kc_1/events"),
+            Err(ApiError::MethodNotAllowed(_))
+        ));
         assert!(matches!(
             route(&get, "/webhooks/kinde"),
             Err(ApiError::NotFound { .. })

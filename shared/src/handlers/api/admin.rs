@@ -15,7 +15,7 @@ use super::answer::{
 use super::state::ApiState;
 use crate::domain::EventStatus;
 use crate::effects::outbox::EffectStatus;
-use crate::engine_room::EngineError;
+use crate::handlers::engine_room::EngineError;
 use crate::operate::{acts, lists, overview, trail, Place};
 use crate::platform::api_keys::Scope;
 
@@ -333,4 +333,63 @@ fn known_source(state: &ApiState, raw: &str) -> Result<String, ApiError> {
         .find(|(name, _)| name == raw)
         .map(|(name, _)| name.clone())
         .ok_or_else(|| ApiError::UnknownSource(raw.chars().take(100).collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routed(method: Method, path: &str) -> Result<Route, ApiError> {
+        let segments: Vec<&str> = path.split('/').collect();
+        let at = segments.iter().position(|s| *s == "admin").unwrap();
+        route(&method, path, &segments[at + 1..])
+    }
+
+    #[test]
+    fn an_admin_path_routes_by_its_segments_and_its_method() {
+        assert_eq!(
+            routed(Method::GET, "/v1/admin/overview").unwrap(),
+            Route::Overview
+        );
+        assert_eq!(
+            routed(Method::POST, "/v1/admin/events/replay").unwrap(),
+            Route::ReplayEvents,
+            "the bulk replay, not an event named replay"
+        );
+        assert_eq!(
+            routed(Method::GET, "/v1/admin/events/7").unwrap(),
+            Route::Event("7".into())
+        );
+        assert_eq!(
+            routed(
+                Method::POST,
+                "/lambda-url/api/v1/admin/effects/eff_1/replay"
+            )
+            .unwrap(),
+            Route::ReplayEffect("eff_1".into())
+        );
+        assert_eq!(
+            routed(
+                Method::POST,
+                "/v1/admin/engine-room/runs/status.er_1_ab/steps/2"
+            )
+            .unwrap(),
+            Route::EngineStep {
+                run: "status.er_1_ab".into(),
+                step: "2".into()
+            }
+        );
+        assert!(matches!(
+            routed(Method::POST, "/v1/admin/overview"),
+            Err(ApiError::MethodNotAllowed(_))
+        ));
+        assert!(matches!(
+            routed(Method::GET, "/v1/admin/events/7/replay"),
+            Err(ApiError::MethodNotAllowed(_))
+        ));
+        assert!(matches!(
+            routed(Method::GET, "/v1/admin/accounts"),
+            Err(ApiError::NotFound { .. })
+        ));
+    }
 }

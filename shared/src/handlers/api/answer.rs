@@ -40,7 +40,7 @@ pub enum ApiError {
     #[error("this key has had its replays for the minute; retry in {0} s")]
     RateLimited(u64),
     #[error(transparent)]
-    EngineRoom(#[from] crate::engine_room::EngineError),
+    EngineRoom(#[from] crate::handlers::engine_room::EngineError),
     #[error("{0} is not allowed here")]
     MethodNotAllowed(Method),
     #[error("a valid API key is required: Authorization: Bearer <key>")]

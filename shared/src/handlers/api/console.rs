@@ -14,7 +14,7 @@ use super::state::ApiState;
 use crate::audit::Cut;
 use crate::console::{self, Page};
 use crate::domain::Period;
-use crate::engine_room::EngineError;
+use crate::handlers::engine_room::EngineError;
 use crate::platform::api_keys::Scope;
 
 /// Answers a request whose path's segment `at` is `console`: the base is what precedes it.

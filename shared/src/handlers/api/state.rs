@@ -66,7 +66,7 @@ pub struct ApiState {
     /// Hours without a delivery after which the overview names a source as silent.
     pub silent_hours: f64,
     /// The Engine Room, when the deployment turns it on (`INBOX_ENGINE_ROOM`).
-    pub engine_room: Option<crate::engine_room::EngineRoom>,
+    pub engine_room: Option<crate::handlers::engine_room::EngineRoom>,
     /// The current month's clock.
     pub clock: Clock,
 }
@@ -101,7 +101,7 @@ impl ApiState {
                 None => None,
             },
             silent_hours: config.source_silent_hours,
-            engine_room: crate::engine_room::EngineRoom::open(config).await?,
+            engine_room: crate::handlers::engine_room::EngineRoom::open(config).await?,
             clock: Clock::System,
         })
     }
