@@ -157,6 +157,8 @@ async fn bench(
         }]),
         effects: None,
         events: None,
+        outbox: None,
+        meters: Default::default(),
         silent_hours: shared::platform::config::DEFAULT_SILENT_HOURS,
         console_base: String::new(),
         engine_room: None,
@@ -476,6 +478,7 @@ async fn raw_call(
                 period: DebitPeriod::Arrival(period.clone()),
                 note: None,
                 effects: None,
+                meter: None,
             };
             let debited = usage::debit(conn, &ask).await?;
             anyhow::ensure!(

@@ -258,17 +258,31 @@ async fn record(
     else {
         return Err(unknown(&customer, None).into());
     };
+    // The source's meter, when INBOX_SOURCES gives it one: the debit's report is written with
+    // it, as the API writes it.
+    let meter = env
+        .sources_or_none()?
+        .into_iter()
+        .find(|s| s.name == source)
+        .and_then(|s| s.meter)
+        .and_then(|m| m.name().map(str::to_owned));
     let request = DebitRequest {
         source: &source,
         effects: effects.as_ref().map(|_| &catalog),
+        meter: meter.as_deref(),
         ..asked
     };
     let debited = usage::debit(&mut conn, &request).await?;
     drop(conn);
+    // What the queue refuses, or what finds no queue, the scheduler's rescue sends.
     if let (Some(told), Some(effects)) = (&debited.told, &effects) {
-        // What the queue refuses, the scheduler's rescue sends.
         let queue = shared::platform::queue::Queue::from_env(effects.queue_url.clone()).await;
         shared::effects::outbox::enqueue_or_unmark(pool, &queue, std::slice::from_ref(told))
+            .await?;
+    }
+    if let (Some(reported), Some(url)) = (&debited.reported, env.outbox_queue_url()) {
+        let queue = shared::platform::queue::Queue::from_env(url).await;
+        shared::meters::outbox::enqueue_or_unmark(pool, &queue, std::slice::from_ref(reported))
             .await?;
     }
     let who = format!("customer '{customer}' in source '{source}'");

@@ -29,6 +29,7 @@ pub mod domain;
 pub mod effects;
 pub mod handlers;
 pub mod inbox;
+pub mod meters;
 pub mod operate;
 pub mod platform;
 pub mod providers;

@@ -62,6 +62,8 @@ pub fn api_state(pool: &PgPool) -> ApiState {
         keys: Keys::new(&keys()),
         effects: None,
         events: None,
+        outbox: None,
+        meters: Default::default(),
         silent_hours: shared::platform::config::DEFAULT_SILENT_HOURS,
         console_base: String::new(),
         engine_room: None,

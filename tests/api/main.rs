@@ -21,6 +21,7 @@ mod health;
 mod helpers;
 mod intake;
 mod kinde_reconcile;
+mod meters;
 mod migrate;
 mod model;
 mod operations;

@@ -152,6 +152,7 @@ async fn pipeline(direct: PgPool, bouncer: PgPool) -> (usize, usize, Option<i64>
         sources: ["stripe", "polar", "kinde"].map(String::from).to_vec(),
         retention: Duration::from_secs(30 * 86_400),
         effects: None,
+        outbox: None,
         budget: Duration::from_secs(30),
         database: None,
         audit: Some(test_audit()),

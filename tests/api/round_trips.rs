@@ -817,6 +817,7 @@ async fn an_account_read_is_one_round_trip_and_a_debit_one_or_two_with_effects(p
         period: DebitPeriod::Named(Period::parse("2026-04").unwrap()),
         note: None,
         effects: Some(&catalog),
+        meter: None,
     };
     usage::debit(&mut conn, &warm).await.unwrap();
     trips.take();
@@ -837,6 +838,7 @@ async fn an_account_read_is_one_round_trip_and_a_debit_one_or_two_with_effects(p
         period: DebitPeriod::Named(period.clone()),
         note: None,
         effects: None,
+        meter: None,
     };
     let debited = usage::debit(&mut conn, &request).await.unwrap();
     assert!(matches!(

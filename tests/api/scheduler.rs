@@ -26,6 +26,7 @@ pub(crate) fn scheduler_for(app: &TestApp, reconcilers: Vec<Reconciler>) -> Sche
         sources: ["stripe", "polar", "kinde"].map(String::from).to_vec(),
         retention: Duration::from_secs(30 * 86_400),
         effects: None,
+        outbox: None,
         budget: Duration::from_secs(30),
         database: None,
         audit: Some(test_audit()),

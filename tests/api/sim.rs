@@ -869,6 +869,7 @@ impl World {
             sources: vec![],
             retention: Duration::from_secs(30 * 86_400),
             effects: None,
+            outbox: None,
             budget: Duration::from_secs(30),
             database: None,
             audit: None,
@@ -1275,6 +1276,7 @@ impl World {
             period: usage::DebitPeriod::Named(shared::domain::Period::parse(asked.period).unwrap()),
             note: None,
             effects: Some(&self.worker.catalog),
+            meter: None,
         };
         let mut conn = self.pool.acquire().await.unwrap();
         let debited = usage::debit(&mut conn, &request)

@@ -48,6 +48,7 @@ fn request<'a>(customer: &'a CustomerId, key: &'a str, amount: i64) -> DebitRequ
         period: DebitPeriod::Named(march()),
         note: None,
         effects: None,
+        meter: None,
     }
 }
 

@@ -13,6 +13,7 @@ use sqlx::PgConnection;
 use super::account;
 use super::model::period_totals;
 use crate::domain::effect::{effect_id, Kind};
+use crate::domain::meter::{identifier, report_id};
 use crate::domain::{Catalog, CustomerId, Period};
 use crate::platform::db::exec;
 
@@ -117,6 +118,9 @@ pub struct DebitRequest<'a> {
     /// `account` block naming the plan the catalog derives. Then a debit costs two round
     /// trips (the account's snapshot, then the debit), else one.
     pub effects: Option<&'a Catalog>,
+    /// `Some(meter)` when the source reports its debits to a provider's meter (its name
+    /// there, docs/design.md §4.13): an accepted debit writes its report in the same call.
+    pub meter: Option<&'a str>,
 }
 
 /// What a debit got. A key asked again gets the same answer, but `replayed`.
@@ -181,6 +185,7 @@ impl<'a> DebitRequest<'a> {
             period,
             note,
             effects: None,
+            meter: None,
         })
     }
 }
@@ -211,12 +216,14 @@ impl Debit {
     }
 }
 
-/// A debit's answer, and the id of the `billing.allowance_exhausted` outbox row it wrote, if
-/// it did: the caller hands it to the effects queue (the rescue sends it otherwise).
+/// A debit's answer, and the ids of the `billing.allowance_exhausted` outbox row and of the
+/// meter report it wrote, if it did: the caller hands them to the dispatcher's queue (the
+/// rescue sends them otherwise).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Debited {
     pub debit: Debit,
     pub told: Option<String>,
+    pub reported: Option<String>,
 }
 
 /// The cause of the period's `billing.allowance_exhausted`: once per account and period.
@@ -242,6 +249,7 @@ pub async fn debit(
                 return Ok(Debited {
                     debit: Debit::UnknownCustomer,
                     told: None,
+                    reported: None,
                 });
             };
             let (plan, features) = (snapshot.plan, snapshot.features);
@@ -262,10 +270,17 @@ pub async fn debit(
         None => None,
     };
     let usage_id = format!("use_{}", uuid::Uuid::new_v4().simple());
+    let meter = req.meter.map(|meter| {
+        json!({
+            "id": report_id(),
+            "identifier": identifier(req.source, req.customer, req.key),
+            "meter": meter,
+        })
+    });
     let row = sqlx::query!(
         r#"SELECT outcome AS "outcome!", usage_id, period, used, remaining,
-                  replayed AS "replayed!", told
-           FROM inbox_debit($1, $2, $3, $4, $5, $6, $7, $8, $9)"#,
+                  replayed AS "replayed!", told, reported
+           FROM inbox_debit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"#,
         req.source,
         req.customer.as_str(),
         req.key,
@@ -275,6 +290,7 @@ pub async fn debit(
         req.note,
         usage_id,
         effect,
+        meter,
     )
     .fetch_one(exec(conn))
     .await?;
@@ -312,6 +328,7 @@ pub async fn debit(
     Ok(Debited {
         debit,
         told: row.told,
+        reported: row.reported,
     })
 }
 

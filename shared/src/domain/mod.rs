@@ -13,6 +13,7 @@ pub mod effect;
 mod event;
 pub mod features;
 mod ids;
+pub mod meter;
 pub mod retry;
 mod status;
 mod time;

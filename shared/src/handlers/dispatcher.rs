@@ -1,8 +1,9 @@
-//! The dispatcher function's handler: each SQS message names one effect; claim it under a
-//! hold, deliver it to every configured sink that does not have it yet, record what landed
-//! (docs/design.md §11). A delivery that failed is retried on the events' retry policy
-//! (`domain::retry`; the scheduler's rescue enqueues due effects again); only a database
-//! that cannot be reached is reported back to SQS.
+//! The dispatcher function's handler: each SQS message names one effect or one meter report.
+//! An effect is claimed under a hold, delivered to every configured sink that does not have
+//! it yet, and what landed recorded (docs/design.md §11); a meter report is sent to its
+//! provider's meter by `meters::send` (§4.13). A delivery that failed is retried on the
+//! events' retry policy (`domain::retry`; the scheduler's rescue enqueues due rows again);
+//! only a database that cannot be reached is reported back to SQS.
 
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use sqlx::PgPool;
 use crate::domain::retry::{RetryPolicy, RETRY};
 use crate::effects::outbox::{self, Attempt, EffectStatus, DISPATCH_LEASE};
 use crate::effects::sinks::{Outgoing, Sinks};
+use crate::meters::{self, Meters};
 use crate::platform::config::DispatcherConfig;
 
 #[cfg(feature = "dev")]
@@ -20,6 +22,8 @@ pub use faults::Faults;
 pub struct DispatcherState {
     pub pool: PgPool,
     pub sinks: Sinks,
+    /// The meters of the sources that report their debits.
+    pub meters: Meters,
     pub lease: Duration,
     /// The waits after a failed delivery ([`RETRY`], the events' own; the tests wait less).
     pub retry: RetryPolicy,
@@ -36,6 +40,7 @@ impl DispatcherState {
         Self {
             pool,
             sinks,
+            meters: Meters::default(),
             lease: DISPATCH_LEASE,
             retry: RETRY,
             #[cfg(feature = "dev")]
@@ -44,16 +49,37 @@ impl DispatcherState {
         }
     }
 
-    /// Builds the pool and the sinks, reading their signing secrets from Secrets Manager.
+    /// Builds the pool, the sinks (their signing secrets read from Secrets Manager) and the
+    /// meters (their sources' API keys read the same way).
     pub async fn from_config(
         config: &DispatcherConfig,
         max_connections: u32,
     ) -> anyhow::Result<Self> {
+        crate::providers::check_sources(&config.sources)?;
         let database = crate::platform::database::Database::open(&config.database).await?;
         let pool = database.pool(max_connections);
-        let sinks = Sinks::resolve(&config.effects.sinks).await?;
+        let sinks = match &config.effects {
+            Some(effects) => Sinks::resolve(&effects.sinks).await?,
+            None => Sinks::resolve(&[]).await?,
+        };
+        let metered: Vec<_> = config
+            .sources
+            .iter()
+            .filter(|s| s.meter.is_some())
+            .cloned()
+            .collect();
+        let metered = crate::platform::secrets::resolve(
+            &metered,
+            crate::platform::secrets::Needs::ApiKey,
+            crate::platform::secrets::OnFailure::RetryOnUse("dispatcher"),
+        )
+        .await?;
+        let http = reqwest::Client::builder()
+            .timeout(meters::SEND_TIMEOUT)
+            .build()?;
         Ok(Self {
             database: Some(database),
+            meters: Meters::build(&metered, &http),
             ..Self::new(pool, sinks)
         })
     }
@@ -143,16 +169,33 @@ pub async fn handle_batch(state: &DispatcherState, event: SqsEvent) -> SqsBatchR
         let Some(message_id) = message.message_id.clone() else {
             continue;
         };
-        let Some(id) = message.body.as_deref().and_then(parse_effect_id) else {
-            // Not ours to retry: a body that is not an effect id never will be.
-            tracing::error!(message_id, "message body is not an effect id; dropping it");
+        let body = message.body.as_deref().unwrap_or_default().trim();
+        let handled = if crate::domain::meter::is_report_id(body) {
+            meters::send(
+                &state.pool,
+                &state.meters,
+                body,
+                meters::outbox::SEND_LEASE,
+                &state.retry,
+            )
+            .await
+            .map(|_| false)
+        } else if let Some(id) = parse_effect_id(body) {
+            dispatch(state, id)
+                .await
+                .map(|dispatched| dispatched == Dispatched::Crashed)
+        } else {
+            // Not ours to retry: a body that names nothing never will.
+            tracing::error!(
+                message_id,
+                "message body is neither an effect id nor a meter report id; dropping it"
+            );
             continue;
         };
-        let retry = match dispatch(state, id).await {
-            Ok(Dispatched::Crashed) => true,
-            Ok(_) => false,
+        let retry = match handled {
+            Ok(crashed) => crashed,
             Err(error) => {
-                tracing::error!(effect_id = id, error = %error, "database unavailable; the message will be delivered again");
+                tracing::error!(id = body, error = %error, "database unavailable; the message will be delivered again");
                 if let Some(database) = &state.database {
                     database.after_pool_error().await;
                 }

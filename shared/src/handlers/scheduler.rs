@@ -19,6 +19,7 @@ use crate::inbox::alerts::{collect_alerts, Alerts};
 use crate::inbox::purge::{kept_since, purge};
 use crate::inbox::read::{backlog, source_silence, Backlog, SourceSilence};
 use crate::inbox::rescue::rescue;
+use crate::meters::outbox::{self as meter_outbox, ReportAlerts};
 use crate::platform::config::SchedulerConfig;
 use crate::platform::queue::Queue;
 use crate::reconcile::{self, ReconcileReport, Reconciler};
@@ -32,6 +33,8 @@ pub struct SchedulerState {
     pub retention: Duration,
     /// Effects on: the dispatcher's queue, for effects the queue lost or that are due again.
     pub effects: Option<Queue>,
+    /// The dispatcher's queue whenever it is configured, for the meter reports it lost.
+    pub outbox: Option<Queue>,
     /// The run's time budget, well inside the function's timeout.
     pub budget: Duration,
     /// Where the pool's options come from, when it is a secret that a rotation changes
@@ -86,6 +89,10 @@ impl SchedulerState {
                 Some(effects) => Some(Queue::from_env(effects.queue_url.clone()).await),
                 None => None,
             },
+            outbox: match &config.outbox_queue_url {
+                Some(url) => Some(Queue::from_env(url.clone()).await),
+                None => None,
+            },
             budget: Duration::from_secs(50),
             database: Some(database),
             audit: Some(Audit::new(
@@ -108,6 +115,9 @@ pub struct RunReport {
     /// Sent effects older than the retention, deleted this run.
     pub purged_effects: u64,
     pub effect_alerts: EffectAlerts,
+    /// Meter reports re-enqueued (lost by the queue, or due for another attempt).
+    pub rescued_reports: Vec<String>,
+    pub report_alerts: ReportAlerts,
     /// Each configured source's silence (hours since its newest stored event).
     pub silence: Vec<SourceSilence>,
     /// Accounts the audit compared with the fold of their events, and those it left for a
@@ -150,6 +160,16 @@ pub async fn run(state: &SchedulerState) -> RunReport {
     match outbox::collect_alerts(&state.pool).await {
         Ok(alerts) => report.effect_alerts = alerts,
         Err(e) => report.errors.push(format!("effect alerts: {e:#}")),
+    }
+    if let Some(queue) = &state.outbox {
+        match meter_outbox::rescue(&state.pool, queue, deadline).await {
+            Ok(ids) => report.rescued_reports = ids,
+            Err(e) => report.errors.push(format!("rescue meter reports: {e:#}")),
+        }
+    }
+    match meter_outbox::collect_alerts(&state.pool).await {
+        Ok(alerts) => report.report_alerts = alerts,
+        Err(e) => report.errors.push(format!("meter report alerts: {e:#}")),
     }
     // Lists the providers keep for longer than this store keeps events are read back only as
     // far as the purge has left everything in place.
@@ -257,6 +277,9 @@ pub fn silence_metric(silence: &SourceSilence, now: DateTime<Utc>) -> Option<Val
 /// failing too many runs in a row; `StateDivergence` counts the fields the audit found
 /// differing from the fold this run (a recorded difference is checked again every run, so it
 /// counts for as long as it lasts) and `AccountsAudited` the accounts it compared;
+/// `DeadMeterReports` counts the meter reports dead and not replayed (an alarm),
+/// `PendingMeterReports` those on their way, `MeterProviderErrors` those the provider took
+/// and then said it could not count (Stripe's meter error reports, an alarm);
 /// `StepErrors` counts the steps that failed in this run (their numbers are then missing or
 /// zero).
 pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
@@ -288,7 +311,8 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
     let failed_reads: usize = report.reconciliation.iter().map(|r| r.failed.len()).sum();
     let skipped: usize = report.reconciliation.iter().map(|r| r.skipped.len()).sum();
     let effects = &report.effect_alerts;
-    let metrics: [(&str, f64, &str); 21] = [
+    let reports = &report.report_alerts;
+    let metrics: [(&str, f64, &str); 25] = [
         ("StepErrors", step_errors as f64, "Count"),
         ("DeadEvents", status("dead") as f64, "Count"),
         (
@@ -326,6 +350,18 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
         ),
         ("StateDivergence", report.divergent as f64, "Count"),
         ("AccountsAudited", report.audited as f64, "Count"),
+        ("DeadMeterReports", reports.dead_total as f64, "Count"),
+        ("PendingMeterReports", reports.pending as f64, "Count"),
+        (
+            "MeterProviderErrors",
+            reports.provider_errors as f64,
+            "Count",
+        ),
+        (
+            "RescuedMeterReports",
+            report.rescued_reports.len() as f64,
+            "Count",
+        ),
     ];
     let names: Vec<(&str, &str)> = metrics
         .iter()

@@ -111,10 +111,35 @@ pub struct SourceConfig {
     /// secret of its own, so that IAM can keep the key from the intake (docs/design.md §5.3).
     #[serde(default)]
     pub api_key_secret_id: Option<String>,
+    /// The provider's meter every accepted debit of this source is reported to
+    /// (docs/design.md §4.13); each provider says which field it takes
+    /// (`providers::check_sources`).
+    #[serde(default)]
+    pub meter: Option<MeterSetting>,
     /// The API key's read from its secret, when it failed at cold start: a provider read
     /// tries it again (set by [`crate::platform::secrets::resolve`], never by the configuration).
     #[serde(skip)]
     pub api_key_read: Option<std::sync::Arc<dyn ApiKeyOnUse>>,
+}
+
+/// A source's meter, `"meter"` in its `INBOX_SOURCES` entry: what its provider calls the meter
+/// a debit is reported to (docs/design.md §4.13).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeterSetting {
+    /// Stripe: the meter's `event_name`; Polar: the name of the events its meter counts.
+    #[serde(default)]
+    pub event_name: Option<String>,
+    /// Kinde: the metered feature's code (`billing_feature_code`).
+    #[serde(default)]
+    pub feature_code: Option<String>,
+}
+
+impl MeterSetting {
+    /// The meter's name, as a report row keeps it.
+    pub fn name(&self) -> Option<&str> {
+        self.event_name.as_deref().or(self.feature_code.as_deref())
+    }
 }
 
 /// A source's API key whose read failed at cold start, read again when a provider read needs
@@ -147,6 +172,7 @@ impl fmt::Debug for SourceConfig {
             .field("secret_id", &self.secret_id)
             .field("api_key_secret_id", &self.api_key_secret_id)
             .field("api_key_read", &self.api_key_read)
+            .field("meter", &self.meter)
             .finish()
     }
 }
@@ -714,6 +740,19 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         parse_sources(&self.required(SOURCES_VAR)?)
     }
 
+    /// `INBOX_SOURCES` when it is set, else none (for tools that only look a source up).
+    pub fn sources_or_none(&self) -> Result<Vec<SourceConfig>, ConfigError> {
+        match self.optional(SOURCES_VAR) {
+            Some(raw) => parse_sources(&raw),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// `EFFECTS_QUEUE_URL`, the dispatcher's queue, when it is set.
+    pub fn outbox_queue_url(&self) -> Option<String> {
+        self.optional(EFFECTS_QUEUE_VAR)
+    }
+
     pub fn plans(&self) -> Result<Catalog, ConfigError> {
         parse_plans(&self.required(PLANS_VAR)?)
     }
@@ -894,6 +933,9 @@ pub struct SchedulerConfig {
     pub retention: Duration,
     /// Effects on: the scheduler rescues pending effects and reports dead ones.
     pub effects: Option<EffectsConfig>,
+    /// `EFFECTS_QUEUE_URL`, the dispatcher's queue, whenever it is set (effects on, or a
+    /// source with a meter): the scheduler rescues the meter reports the queue lost.
+    pub outbox_queue_url: Option<String>,
 }
 
 impl FromEnv for SchedulerConfig {
@@ -905,6 +947,7 @@ impl FromEnv for SchedulerConfig {
             catalog: env.plans()?,
             retention: env.retention()?,
             effects: env.effects()?,
+            outbox_queue_url: env.outbox_queue_url(),
         })
     }
 }
@@ -931,6 +974,9 @@ pub struct ApiConfig {
     pub catalog: Catalog,
     pub keys: KeysConfig,
     pub effects: Option<EffectsConfig>,
+    /// `EFFECTS_QUEUE_URL`, the dispatcher's queue, whenever it is set: a debit's meter
+    /// report is handed to it (unset, the scheduler's rescue sends it).
+    pub outbox_queue_url: Option<String>,
     /// `QUEUE_URL`, the worker's queue a replay hands its events to; unset, a replayed event
     /// waits for the scheduler's rescue (at most a minute).
     pub queue_url: Option<String>,
@@ -964,6 +1010,7 @@ impl FromEnv for ApiConfig {
             catalog: env.plans()?,
             keys: parse_api_keys(&env.required(API_KEYS_VAR)?)?,
             effects: env.effects()?,
+            outbox_queue_url: env.outbox_queue_url(),
             queue_url: env.optional("QUEUE_URL"),
             source_silent_hours: match env.optional(SILENT_HOURS_VAR) {
                 None => DEFAULT_SILENT_HOURS,
@@ -1106,16 +1153,27 @@ fn parse_engine_room(
 #[derive(Debug, Clone)]
 pub struct DispatcherConfig {
     pub database: DatabaseConfig,
-    pub effects: EffectsConfig,
+    /// Effects on: the sinks each effect is delivered to.
+    pub effects: Option<EffectsConfig>,
+    /// The sources (`INBOX_SOURCES`, optional here): those with a `meter` have their debits'
+    /// reports sent by the dispatcher (docs/design.md §4.13), with their API keys.
+    pub sources: Vec<SourceConfig>,
 }
 
 impl FromEnv for DispatcherConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
+        let sources = env.sources_or_none()?;
+        let effects = env.effects()?;
+        if effects.is_none() && !sources.iter().any(|s| s.meter.is_some()) {
+            return Err(ConfigError::new(
+                EFFECTS_VAR,
+                "is not set, and no source of INBOX_SOURCES has a meter: the dispatcher has nothing to send",
+            ));
+        }
         Ok(Self {
             database: env.database()?,
-            effects: env
-                .effects()?
-                .ok_or_else(|| ConfigError::new(EFFECTS_VAR, "is not set"))?,
+            effects,
+            sources,
         })
     }
 }

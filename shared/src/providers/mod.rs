@@ -11,6 +11,7 @@
 mod common;
 pub mod fixtures;
 pub mod kinde;
+pub mod meter;
 mod settings;
 pub mod standard_webhooks;
 pub mod stripe;
@@ -111,6 +112,17 @@ pub trait Provider: Sync {
         _local: Option<&StoredSubscription>,
     ) -> bool {
         true
+    }
+
+    /// The field of a source's `meter` this provider reads, and the longest value it takes;
+    /// `None`: this provider's meters take no reports from here (docs/design.md §4.13).
+    fn meter_field(&self) -> Option<(&'static str, usize)> {
+        None
+    }
+
+    /// The sender of one source's meter reports; `meter` is the meter's name there.
+    fn meter(&self, _api: Api, _meter: &str) -> Option<Box<dyn meter::Meter>> {
+        None
     }
 
     /// Realistic payloads and the signer for test deliveries (the tests', `inboxctl`'s and

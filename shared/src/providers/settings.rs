@@ -53,6 +53,63 @@ pub fn check_sources(configs: &[SourceConfig]) -> Result<(), ConfigError> {
             }
         }
         provider(config.kind).check(config)?;
+        check_meter(config)?;
+    }
+    Ok(())
+}
+
+/// A source's `meter` (docs/design.md §4.13): the one field its provider reads, within its
+/// length, and an API key to send with.
+fn check_meter(config: &SourceConfig) -> Result<(), ConfigError> {
+    let Some(meter) = &config.meter else {
+        return Ok(());
+    };
+    let Some((field, longest)) = provider(config.kind).meter_field() else {
+        return Err(refused(
+            config,
+            "meter",
+            "this provider's meters take no reports from billing-inbox",
+        ));
+    };
+    for (name, value) in [
+        ("event_name", &meter.event_name),
+        ("feature_code", &meter.feature_code),
+    ] {
+        let at = format!("meter.{name}");
+        match value {
+            Some(_) if name != field => {
+                return Err(refused(
+                    config,
+                    &at,
+                    &format!("is not this provider's: its meter is named by meter.{field}"),
+                ))
+            }
+            Some(v)
+                if v.trim().is_empty() || v.len() > longest || v.chars().any(char::is_control) =>
+            {
+                return Err(refused(
+                    config,
+                    &at,
+                    &format!("must be 1 to {longest} characters, without control characters"),
+                ))
+            }
+            None if name == field => {
+                return Err(refused(
+                    config,
+                    &at,
+                    "is required: the meter's name at the provider",
+                ))
+            }
+            _ => {}
+        }
+    }
+    if config.api_key.is_none() && config.api_key_secret_id.is_none() {
+        return Err(refused(
+            config,
+            "meter",
+            "needs the source's API key (api_key_secret_id, or api_key locally): reports are \
+             sent through the provider's API",
+        ));
     }
     Ok(())
 }
@@ -106,6 +163,36 @@ mod tests {
         for (raw, expected) in cases {
             assert_eq!(checked(raw).unwrap_err(), expected, "{raw}");
         }
+    }
+
+    #[test]
+    fn a_meter_is_named_by_its_providers_field_and_needs_an_api_key() {
+        checked(r#"[{"name":"s","kind":"stripe","secrets":["x"],"api_key":"sk","meter":{"event_name":"api_calls"}}]"#).unwrap();
+        checked(r#"[{"name":"p","kind":"standard-webhooks","secrets":["x"],"api_key":"pk","meter":{"event_name":"api_calls"}}]"#).unwrap();
+        checked(r#"[{"name":"k","kind":"kinde","jwks_url":"https://x.kinde.com/.well-known/jwks","api_client_id":"m2m","api_key":"s","meter":{"feature_code":"api_calls"}}]"#).unwrap();
+        let cases = [
+            (
+                r#"[{"name":"s","kind":"stripe","secrets":["x"],"meter":{"event_name":"api_calls"}}]"#,
+                "INBOX_SOURCES: source 's': meter: needs the source's API key (api_key_secret_id, or api_key locally): reports are sent through the provider's API",
+            ),
+            (
+                r#"[{"name":"s","kind":"stripe","secrets":["x"],"api_key":"sk","meter":{"feature_code":"api_calls"}}]"#,
+                "INBOX_SOURCES: source 's': meter.event_name: is required: the meter's name at the provider",
+            ),
+            (
+                r#"[{"name":"k","kind":"kinde","jwks_url":"https://x.kinde.com/.well-known/jwks","api_client_id":"m2m","api_key":"s","meter":{"event_name":"api_calls"}}]"#,
+                "INBOX_SOURCES: source 'k': meter.event_name: is not this provider's: its meter is named by meter.feature_code",
+            ),
+            (
+                r#"[{"name":"s","kind":"stripe","secrets":["x"],"api_key":"sk","meter":{"event_name":" "}}]"#,
+                "INBOX_SOURCES: source 's': meter.event_name: must be 1 to 100 characters, without control characters",
+            ),
+        ];
+        for (raw, expected) in cases {
+            assert_eq!(checked(raw).unwrap_err(), expected, "{raw}");
+        }
+        let unknown = checked(r#"[{"name":"s","kind":"stripe","secrets":["x"],"api_key":"sk","meter":{"event":"x"}}]"#).unwrap_err();
+        assert!(unknown.contains("unknown field `event`"), "{unknown}");
     }
 
     #[test]

@@ -341,6 +341,7 @@ pub(super) async fn serve(
                 &now,
             )?;
             ask.effects = state.effects.as_ref().map(|_| &state.catalog);
+            ask.meter = state.meters.get(&target.source).map(String::as_str);
             let debited = on_held!(state, conn => usage::debit(conn, &ask))?;
             tell(state, &debited).await;
             debit_answer(debited.debit, &customer)
@@ -472,15 +473,21 @@ pub(super) fn target(
     })
 }
 
-/// Hands a new `allowance_exhausted` effect to the dispatcher's queue. The effect is
-/// committed with the debit; if the queue refuses it, the scheduler's rescue sends it.
+/// Hands a debit's new `allowance_exhausted` effect and its meter report to the dispatcher's
+/// queue. Both are committed with the debit; if the queue refuses one, the scheduler's rescue
+/// sends it.
 async fn tell(state: &ApiState, debited: &Debited) {
-    let (Some(queue), Some(id)) = (&state.effects, &debited.told) else {
-        return;
-    };
-    let ids = std::slice::from_ref(id);
-    if let Err(e) = crate::effects::outbox::enqueue_or_unmark(&state.pool, queue, ids).await {
-        tracing::warn!(effect_id = %id, error = format!("{e:#}"), "could not hand the effect to its queue");
+    if let (Some(queue), Some(id)) = (&state.effects, &debited.told) {
+        let ids = std::slice::from_ref(id);
+        if let Err(e) = crate::effects::outbox::enqueue_or_unmark(&state.pool, queue, ids).await {
+            tracing::warn!(effect_id = %id, error = format!("{e:#}"), "could not hand the effect to its queue");
+        }
+    }
+    if let (Some(queue), Some(id)) = (&state.outbox, &debited.reported) {
+        let ids = std::slice::from_ref(id);
+        if let Err(e) = crate::meters::outbox::enqueue_or_unmark(&state.pool, queue, ids).await {
+            tracing::warn!(report_id = %id, error = format!("{e:#}"), "could not hand the meter report to its queue");
+        }
     }
 }
 

@@ -61,6 +61,11 @@ pub struct ApiState {
     pub keys: Keys,
     /// Effects on: the queue an `allowance_exhausted` effect's id is handed to.
     pub effects: Option<Queue>,
+    /// The dispatcher's queue, whenever it is configured: a debit's meter report is handed
+    /// to it.
+    pub outbox: Option<Queue>,
+    /// Each metered source's meter, by source name (docs/design.md §4.13).
+    pub meters: std::collections::HashMap<String, String>,
     /// The worker's queue a replay hands its events to; without one, the rescue sends them.
     pub events: Option<Queue>,
     /// Hours without a delivery after which the overview names a source as silent.
@@ -83,7 +88,14 @@ impl ApiState {
         let database = crate::platform::database::Database::open(&config.database).await?;
         let pool = database.pool(1);
         let entries = crate::platform::secrets::resolve_api_keys(&config.keys).await?;
+        let outbox = match &config.outbox_queue_url {
+            Some(url) => Some(Queue::from_env(url.clone()).await),
+            None => None,
+        };
         let effects = match &config.effects {
+            Some(effects) if config.outbox_queue_url.as_ref() == Some(&effects.queue_url) => {
+                outbox.clone()
+            }
             Some(effects) => Some(Queue::from_env(effects.queue_url.clone()).await),
             None => None,
         };
@@ -99,6 +111,12 @@ impl ApiState {
             catalog: config.catalog.clone(),
             keys: Keys::new(&entries),
             effects,
+            outbox,
+            meters: config
+                .sources
+                .iter()
+                .filter_map(|s| Some((s.name.clone(), s.meter.as_ref()?.name()?.to_owned())))
+                .collect(),
             events: match &config.queue_url {
                 Some(url) => Some(Queue::from_env(url.clone()).await),
                 None => None,

@@ -130,13 +130,18 @@ impl KindeEntitlements {
         self.token.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// The Management API, with a current access token as its key.
+    pub(super) async fn authorized(&self) -> anyhow::Result<Api> {
+        Ok(Api {
+            key: self.token().await?.into(),
+            ..self.api.clone()
+        })
+    }
+
     /// The customer's current plans and entitlements, every page; `None` when Kinde does not
     /// know the customer.
     async fn read(&self, customer: &str) -> anyhow::Result<Option<CustomerNow>> {
-        let api = Api {
-            key: self.token().await?.into(),
-            ..self.api.clone()
-        };
+        let api = self.authorized().await?;
         let mut now = CustomerNow::default();
         let mut after: Option<String> = None;
         for page in 0..MAX_ENTITLEMENT_PAGES {

@@ -8,6 +8,7 @@ pub mod api;
 mod decide;
 pub mod fixtures;
 pub mod jwks;
+pub mod meter;
 mod verify;
 
 use std::time::Duration;
@@ -89,6 +90,20 @@ impl Provider for Kinde {
     fn api_base(&self, config: &SourceConfig) -> Option<String> {
         let url = url::Url::parse(config.jwks_url.as_deref()?).ok()?;
         Some(url.origin().ascii_serialization())
+    }
+
+    fn meter_field(&self) -> Option<(&'static str, usize)> {
+        Some(("feature_code", meter::MAX_FEATURE_CODE))
+    }
+
+    /// Kinde's Management API takes the M2M client's id beside its secret.
+    fn meter(&self, api: Api, feature_code: &str) -> Option<Box<dyn super::meter::Meter>> {
+        let client_id = api.client_id.clone()?;
+        Some(Box::new(meter::KindeMeter::new(
+            api,
+            client_id,
+            feature_code,
+        )))
     }
 
     fn fixtures(&self) -> &'static dyn super::fixtures::Fixtures {

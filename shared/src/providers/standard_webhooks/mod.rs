@@ -7,6 +7,7 @@
 mod api;
 mod decide;
 pub mod fixtures;
+pub mod meter;
 mod verify;
 
 use std::time::Duration;
@@ -65,6 +66,14 @@ impl Provider for StandardWebhooks {
 
     fn reads(&self, api: Api) -> Option<Box<dyn Reads>> {
         Some(Box::new(PolarReads::new(api)))
+    }
+
+    fn meter_field(&self) -> Option<(&'static str, usize)> {
+        Some(("event_name", meter::MAX_EVENT_NAME))
+    }
+
+    fn meter(&self, api: Api, event_name: &str) -> Option<Box<dyn super::meter::Meter>> {
+        Some(Box::new(meter::PolarMeter::new(api, event_name)))
     }
 
     fn fixtures(&self) -> &'static dyn super::fixtures::Fixtures {

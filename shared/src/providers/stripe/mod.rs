@@ -8,6 +8,7 @@ mod decide;
 pub mod entitlements;
 mod fetch;
 pub mod fixtures;
+pub mod meter;
 pub mod thin;
 mod verify;
 
@@ -61,6 +62,14 @@ impl Provider for Stripe {
 
     fn reads(&self, api: Api) -> Option<Box<dyn Reads>> {
         Some(Box::new(StripeReads::new(api)))
+    }
+
+    fn meter_field(&self) -> Option<(&'static str, usize)> {
+        Some(("event_name", meter::MAX_EVENT_NAME))
+    }
+
+    fn meter(&self, api: Api, event_name: &str) -> Option<Box<dyn super::meter::Meter>> {
+        Some(Box::new(meter::StripeMeter::new(api, event_name)))
     }
 
     /// Every Stripe event says whether it is live; a source that declares its mode takes only

@@ -1,0 +1,459 @@
+//! The one home of a meter report row's life after its birth in `inbox_debit` (docs/design.md
+//! §4.13): the dispatcher's claim and record, the scheduler's rescue and alerts, an
+//! operator's replay, and the lists. The row is the fact; a queue message only names it.
+//!
+//! ```text
+//!  inbox_debit ──▶ pending ──claim──▶ (held) ──record──▶ sent
+//!                   ▲   ▲                │
+//!                   │   └── retry due ───┘ not taken, or unanswered: later (dead after the
+//!                   │                      last attempt); refused: dead at once
+//!                   └────── replay (dead) ◀─────────────────────
+//! ```
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool};
+
+use crate::domain::meter::MeterReport;
+use crate::domain::retry::RetryPolicy;
+use crate::domain::CustomerId;
+use crate::inbox::{ROWS_PER_STEP, STUCK_AFTER};
+use crate::platform::db::exec;
+use crate::platform::queue::Queue;
+
+/// How long a dispatcher holds a report: longer than a send and a read-back together.
+pub const SEND_LEASE: Duration = Duration::from_secs(60);
+
+/// A report's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReportStatus {
+    Pending,
+    Sent,
+    Dead,
+}
+
+impl ReportStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Sent => "sent",
+            Self::Dead => "dead",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        [Self::Pending, Self::Sent, Self::Dead]
+            .into_iter()
+            .find(|s| s.as_str() == raw)
+    }
+}
+
+/// A report a dispatcher holds, with this attempt's number (which, with the id, names the
+/// hold).
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub report: MeterReport,
+    pub attempts: i32,
+}
+
+/// Takes a pending report for one attempt, if no other dispatcher holds it and no retry wait
+/// is running; the attempt's start is its first send's when it has none yet (the start of the
+/// provider's dedupe window, never later than the provider's own). A hold that expired
+/// unrecorded was a holder that stopped, perhaps after its send: the report is taken as one
+/// the provider may hold. Commits at once.
+pub async fn claim(
+    pool: &PgPool,
+    id: &str,
+    lease: Duration,
+) -> Result<Option<Claimed>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"
+        UPDATE meter_reports r
+        SET locked_until = inbox_now() + make_interval(secs => $2), attempts = r.attempts + 1,
+            first_sent_at = COALESCE(r.first_sent_at, inbox_now()),
+            unanswered_at = CASE WHEN r.locked_until IS NOT NULL
+                                 THEN COALESCE(r.unanswered_at, r.locked_until)
+                                 ELSE r.unanswered_at END
+        WHERE r.id = (
+            SELECT id FROM meter_reports
+            WHERE id = $1 AND status = 'pending' AND attempts < $3
+              AND (locked_until IS NULL OR locked_until < inbox_now())
+              AND (next_attempt_at IS NULL OR next_attempt_at <= inbox_now())
+            FOR UPDATE SKIP LOCKED
+        )
+        RETURNING r.id, r.source, r.customer_id, r.identifier, r.meter, r.value, r.occurred_at,
+                  r.first_sent_at AS "first_sent_at!", r.unanswered_at, r.attempts
+        "#,
+        id,
+        lease.as_secs_f64(),
+        RetryPolicy::MAX_ATTEMPTS,
+    )
+    .fetch_optional(exec(pool))
+    .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let customer = CustomerId::parse(&row.customer_id)
+        .map_err(|e| sqlx::Error::Decode(format!("meter report {id}: {e}").into()))?;
+    Ok(Some(Claimed {
+        report: MeterReport {
+            id: row.id,
+            source: row.source,
+            customer,
+            identifier: row.identifier,
+            meter: row.meter,
+            value: row.value,
+            occurred_at: row.occurred_at,
+            first_sent_at: Some(row.first_sent_at),
+            unanswered: row.unanswered_at.is_some(),
+        },
+        attempts: row.attempts,
+    }))
+}
+
+/// What an attempt came to, as it is recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The provider holds it: it took the send, or the read-back found it.
+    Taken,
+    /// Never: dead at once, with the provider's reason.
+    Refused(String),
+    /// Not taken: tried again later.
+    NotTaken(String),
+    /// Sent without an answer: tried again later, and from now on as a report the provider
+    /// may hold.
+    Unanswered(String),
+}
+
+/// Records an attempt; only the holder's record lands. Returns the status it left.
+pub async fn record(
+    pool: &PgPool,
+    claimed: &Claimed,
+    outcome: &Outcome,
+    retry: &RetryPolicy,
+) -> Result<ReportStatus, sqlx::Error> {
+    let delay = retry.wait_after(claimed.attempts);
+    let (status, error, unanswered) = match outcome {
+        Outcome::Taken => (ReportStatus::Sent, None, false),
+        Outcome::Refused(e) => (ReportStatus::Dead, Some(e), false),
+        Outcome::NotTaken(e) | Outcome::Unanswered(e) => (
+            match delay {
+                Some(_) => ReportStatus::Pending,
+                None => ReportStatus::Dead,
+            },
+            Some(e),
+            matches!(outcome, Outcome::Unanswered(_)),
+        ),
+    };
+    if let Some(error) = error {
+        tracing::warn!(report_id = %claimed.report.id, attempts = claimed.attempts,
+            status = status.as_str(), error = %error, "meter report not sent");
+    }
+    sqlx::query!(
+        r#"
+        UPDATE meter_reports
+        SET status = $2, last_error = COALESCE($3, last_error), locked_until = NULL,
+            next_attempt_at = CASE WHEN $2 = 'pending' THEN inbox_now() + make_interval(secs => $4) END,
+            sent_at = CASE WHEN $2 = 'sent' THEN inbox_now() END,
+            unanswered_at = CASE WHEN $5 THEN COALESCE(unanswered_at, inbox_now()) ELSE unanswered_at END
+        WHERE id = $1 AND status = 'pending' AND attempts = $6
+        "#,
+        claimed.report.id,
+        status.as_str(),
+        error,
+        delay.map(|d| d.as_secs_f64()).unwrap_or_default(),
+        unanswered,
+        claimed.attempts,
+    )
+    .execute(exec(pool))
+    .await?;
+    Ok(status)
+}
+
+/// The value of this account's other reports to the same meter the provider took, timed in
+/// the same minute as `report`: what a provider that reads back totals counts besides it.
+pub async fn others_in_minute(pool: &PgPool, report: &MeterReport) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"
+        SELECT COALESCE(sum(value), 0)::bigint AS "total!" FROM meter_reports
+        WHERE source = $1 AND customer_id = $2 AND meter = $3 AND id <> $4 AND status = 'sent'
+          AND date_trunc('minute', occurred_at) = date_trunc('minute', $5::timestamptz)
+        "#,
+        report.source,
+        report.customer.as_str(),
+        report.meter,
+        report.id,
+        report.occurred_at,
+    )
+    .fetch_one(exec(pool))
+    .await
+}
+
+/// Sends report ids to the dispatcher's queue; what the queue refused is unmarked, so the
+/// rescue sends it at its next run. Returns the ids not sent.
+pub async fn enqueue_or_unmark(
+    pool: &PgPool,
+    queue: &Queue,
+    ids: &[String],
+) -> anyhow::Result<Vec<String>> {
+    let unsent = queue.send_bodies(ids).await;
+    if !unsent.is_empty() {
+        crate::inbox::bounded_unmark(unmark(pool, &unsent))
+            .await
+            .context("unmarking meter reports the queue refused")?;
+    }
+    Ok(unsent)
+}
+
+async fn unmark(pool: &PgPool, ids: &[String]) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE meter_reports SET enqueued_at = NULL WHERE id = ANY($1) AND status = 'pending'",
+        ids
+    )
+    .execute(exec(pool))
+    .await?;
+    Ok(())
+}
+
+/// Buries reports whose dispatcher died on the last allowed attempt, then marks (and
+/// returns) the pending reports the queue lost, as the effects' rescue does.
+async fn mark_lost(pool: &PgPool) -> anyhow::Result<Vec<String>> {
+    sqlx::query!(
+        r#"
+        UPDATE meter_reports
+        SET status = 'dead', locked_until = NULL, next_attempt_at = NULL,
+            unanswered_at = COALESCE(unanswered_at, inbox_now()),
+            last_error = COALESCE(last_error || '; ', '') || 'the dispatcher stopped during the last attempt (hold expired)'
+        WHERE status = 'pending' AND locked_until < inbox_now() AND attempts >= $1
+        "#,
+        RetryPolicy::MAX_ATTEMPTS,
+    )
+    .execute(exec(pool))
+    .await
+    .context("burying meter reports whose last attempt crashed")?;
+    // A hold that expired may have sent: the attempt it held is unanswered.
+    sqlx::query!(
+        r#"
+        UPDATE meter_reports SET unanswered_at = COALESCE(unanswered_at, locked_until)
+        WHERE status = 'pending' AND locked_until < inbox_now()
+        "#
+    )
+    .execute(exec(pool))
+    .await
+    .context("marking meter reports whose hold expired")?;
+    let mut ids = sqlx::query_scalar!(
+        r#"
+        UPDATE meter_reports SET enqueued_at = inbox_now()
+        WHERE id IN (
+            SELECT id FROM meter_reports
+            WHERE status = 'pending'
+              AND (locked_until IS NULL OR locked_until < inbox_now())
+              AND (next_attempt_at IS NULL OR next_attempt_at <= inbox_now())
+              AND (enqueued_at IS NULL
+                   OR enqueued_at < inbox_now() - make_interval(secs => $2)
+                   OR enqueued_at < next_attempt_at
+                   OR enqueued_at < locked_until)
+            ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED
+        )
+        RETURNING id
+        "#,
+        ROWS_PER_STEP,
+        STUCK_AFTER.as_secs_f64(),
+    )
+    .fetch_all(exec(pool))
+    .await
+    .context("picking meter reports to rescue")?;
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Re-enqueues the reports the queue lost, ten to a request, while `deadline` allows.
+pub async fn rescue(
+    pool: &PgPool,
+    queue: &Queue,
+    deadline: Instant,
+) -> anyhow::Result<Vec<String>> {
+    let ids = mark_lost(pool).await?;
+    let mut sent = Vec::with_capacity(ids.len());
+    for (n, chunk) in ids.chunks(10).enumerate() {
+        if Instant::now() >= deadline {
+            unmark(pool, &ids[n * 10..]).await?;
+            break;
+        }
+        let unsent = enqueue_or_unmark(pool, queue, chunk).await?;
+        sent.extend(chunk.iter().filter(|id| !unsent.contains(id)).cloned());
+    }
+    if !sent.is_empty() {
+        tracing::info!(count = sent.len(), "rescued meter reports enqueued");
+    }
+    Ok(sent)
+}
+
+/// What the scheduler reports of meter reports.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReportAlerts {
+    /// Reports that died since the last run (each reported once).
+    pub dead: Vec<String>,
+    pub dead_total: i64,
+    pub pending: i64,
+    /// Reports the provider took and later said it could not count (Stripe's meter error
+    /// reports), not yet looked at.
+    pub provider_errors: i64,
+}
+
+/// Reports each newly dead report once, and counts the dead, the pending and those the
+/// provider named in an error report.
+pub async fn collect_alerts(pool: &PgPool) -> anyhow::Result<ReportAlerts> {
+    let dead = sqlx::query!(
+        r#"
+        UPDATE meter_reports SET alerted_at = inbox_now()
+        WHERE id IN (
+            SELECT id FROM meter_reports WHERE status = 'dead' AND alerted_at IS NULL
+            ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED
+        )
+        RETURNING id, source, customer_id, value, unanswered_at, last_error
+        "#,
+        ROWS_PER_STEP,
+    )
+    .fetch_all(exec(pool))
+    .await
+    .context("collecting dead meter reports")?;
+    for r in &dead {
+        tracing::error!(
+            alert = "dead_meter_report", report_id = %r.id, source = %r.source,
+            customer_id = %r.customer_id, value = r.value,
+            maybe_held = r.unanswered_at.is_some(),
+            last_error = r.last_error.as_deref().unwrap_or(""),
+            "a debit could not be reported to the provider's meter; it needs an operator"
+        );
+    }
+    let counts = sqlx::query!(
+        r#"
+        SELECT count(*) FILTER (WHERE status = 'dead') AS "dead!",
+               count(*) FILTER (WHERE status = 'pending') AS "pending!",
+               count(*) FILTER (WHERE provider_error IS NOT NULL) AS "provider_errors!"
+        FROM meter_reports WHERE status <> 'sent' OR provider_error IS NOT NULL
+        "#
+    )
+    .fetch_one(exec(pool))
+    .await
+    .context("counting pending and dead meter reports")?;
+    Ok(ReportAlerts {
+        dead: dead.into_iter().map(|r| r.id).collect(),
+        dead_total: counts.dead,
+        pending: counts.pending,
+        provider_errors: counts.provider_errors,
+    })
+}
+
+/// Puts dead reports back to `pending` with fresh attempts, marked as on their way to the
+/// queue (the caller sends them after its commit). A report whose send may have reached the
+/// provider keeps that mark, so its next send reads back or resends under its key first;
+/// `not_held` clears it, when the operator has seen that the provider does not hold it.
+pub async fn reset(
+    conn: &mut PgConnection,
+    ids: &[String],
+    not_held: bool,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"
+        UPDATE meter_reports
+        SET status = 'pending', attempts = 0, next_attempt_at = NULL, locked_until = NULL,
+            alerted_at = NULL, enqueued_at = inbox_now(),
+            unanswered_at = CASE WHEN $2 THEN NULL ELSE unanswered_at END
+        WHERE id = ANY($1) AND status = 'dead'
+        RETURNING id
+        "#,
+        ids,
+        not_held,
+    )
+    .fetch_all(exec(conn))
+    .await
+}
+
+/// Replays dead reports: reset, then enqueued. Returns those replayed.
+pub async fn replay(
+    pool: &PgPool,
+    queue: Option<&Queue>,
+    ids: &[String],
+    not_held: bool,
+) -> anyhow::Result<Vec<String>> {
+    let mut conn = pool
+        .acquire()
+        .await
+        .context("connecting to replay meter reports")?;
+    let replayed = reset(&mut conn, ids, not_held)
+        .await
+        .context("replaying meter reports")?;
+    drop(conn);
+    if let Some(queue) = queue {
+        enqueue_or_unmark(pool, queue, &replayed).await?;
+    }
+    Ok(replayed)
+}
+
+/// The ids of every report with this status, oldest first.
+pub async fn ids_with_status(
+    pool: &PgPool,
+    status: ReportStatus,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "SELECT id FROM meter_reports WHERE status = $1 ORDER BY created_at, id",
+        status.as_str()
+    )
+    .fetch_all(exec(pool))
+    .await
+}
+
+/// One line of `inboxctl meters`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReportLine {
+    pub id: String,
+    pub status: String,
+    pub source: String,
+    pub customer_id: String,
+    pub usage_id: String,
+    pub idempotency_key: String,
+    pub identifier: String,
+    pub meter: String,
+    pub value: i64,
+    pub period: String,
+    pub occurred_at: DateTime<Utc>,
+    pub attempts: i32,
+    /// Whether a send ended without an answer (the provider may hold it).
+    pub unanswered: bool,
+    pub last_error: Option<String>,
+    pub provider_error: Option<String>,
+    pub sent_at: Option<DateTime<Utc>>,
+}
+
+/// The newest reports, with this status (and of this account) when given.
+pub async fn list(
+    conn: &mut PgConnection,
+    status: Option<ReportStatus>,
+    account: Option<(&str, &CustomerId)>,
+    limit: i64,
+) -> Result<Vec<ReportLine>, sqlx::Error> {
+    sqlx::query_as!(
+        ReportLine,
+        r#"
+        SELECT id, status, source, customer_id, usage_id, idempotency_key, identifier, meter,
+               value, period, occurred_at, attempts, unanswered_at IS NOT NULL AS "unanswered!",
+               last_error, provider_error, sent_at
+        FROM meter_reports
+        WHERE ($1::text IS NULL OR status = $1)
+          AND ($2::text IS NULL OR (source = $2 AND customer_id = $3))
+        ORDER BY created_at DESC, id LIMIT $4
+        "#,
+        status.map(ReportStatus::as_str),
+        account.map(|(source, _)| source),
+        account.map(|(_, customer)| customer.as_str()),
+        limit,
+    )
+    .fetch_all(exec(conn))
+    .await
+}

@@ -1,0 +1,130 @@
+//! The contract of a provider's meter (docs/design.md §4.13): how one report is sent, how long
+//! the provider takes a resend under the same dedupe key as the same report, and how a report
+//! whose send went unanswered is read back. What a send's answer says is read here, once for
+//! every provider: a report the provider may hold is never taken for one it does not.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::domain::meter::MeterReport;
+use crate::BoxFuture;
+
+/// What became of one send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sent {
+    /// The provider took it, or answered that it holds it already.
+    Taken,
+    /// The provider will never take it as it is (an unknown customer or meter, a time out of
+    /// its window): retrying changes nothing.
+    Refused(String),
+    /// The provider did not take it (no connection, refused for the rate or the key): a send
+    /// later is the first it sees.
+    NotTaken(String),
+    /// No answer, or one that does not say (a timeout after the request went out, a 5xx): the
+    /// provider may hold it.
+    Unanswered(String),
+}
+
+/// How long the provider takes a resend under the same dedupe key for the report it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dedupe {
+    /// For as long as it keeps the report (Polar's `external_id`).
+    Always,
+    /// Within this long of its first receipt (Stripe's `identifier`: a rolling 24 hours).
+    Within(Duration),
+    /// No dedupe key: a resend is a second report (Kinde).
+    Never,
+}
+
+/// One source's meter at its provider.
+pub trait Meter: Send + Sync {
+    /// Sends one report.
+    fn send<'a>(&'a self, report: &'a MeterReport) -> BoxFuture<'a, Sent>;
+
+    /// How a resend of the same report is taken.
+    fn dedupe(&self) -> Dedupe;
+
+    /// Whether the provider holds this report, read back: `Ok(None)` when it cannot tell.
+    /// `others` is what the provider should count besides it in the same place (the value of
+    /// this account's other reports taken at the same minute), for a provider that reads
+    /// back totals rather than reports.
+    fn holds<'a>(
+        &'a self,
+        _report: &'a MeterReport,
+        _others: i64,
+    ) -> BoxFuture<'a, anyhow::Result<Option<bool>>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+}
+
+/// What a provider's answer to a send says, the same for every provider but what `own`
+/// reads first (Stripe's "already exists", a provider's clock behind ours): a 2xx took it;
+/// 408, 429, 401 and 403 did not take it; a 5xx or no answer may have; any other 4xx refuses
+/// it for good.
+pub async fn answer(
+    response: Result<reqwest::Response, reqwest::Error>,
+    own: fn(reqwest::StatusCode, &Value) -> Option<Sent>,
+) -> Sent {
+    let response = match response {
+        Ok(response) => response,
+        // Never connected: the request did not go out.
+        Err(error) if error.is_connect() => {
+            return Sent::NotTaken(format!("no connection: {error}"))
+        }
+        Err(error) => return Sent::Unanswered(format!("no answer: {error}")),
+    };
+    let status = response.status();
+    if status.is_success() {
+        return Sent::Taken;
+    }
+    // A body that does not come whole is read as none: the status alone decides.
+    let body: Value = response.json().await.unwrap_or(Value::Null);
+    if let Some(sent) = own(status, &body) {
+        return sent;
+    }
+    let said = message(&body)
+        .map(|m| format!("{status}: {m}"))
+        .unwrap_or_else(|| status.to_string());
+    match status.as_u16() {
+        408 | 429 | 401 | 403 => Sent::NotTaken(said),
+        500..=599 => Sent::Unanswered(said),
+        _ => Sent::Refused(said),
+    }
+}
+
+/// No answer of the provider's own: the common reading decides.
+pub fn common(_status: reqwest::StatusCode, _body: &Value) -> Option<Sent> {
+    None
+}
+
+/// The provider's words in an error body: Stripe's `error.message`, Polar's `detail`, Kinde's
+/// `errors[0].message`; at most 300 characters of it.
+fn message(body: &Value) -> Option<String> {
+    let text = body
+        .pointer("/error/message")
+        .or_else(|| body.get("detail"))
+        .or_else(|| body.pointer("/errors/0/message"))?;
+    let text = match text {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    Some(text.chars().take(300).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_body_gives_the_providers_words() {
+        let stripe = serde_json::json!({"error": {"message": "No such customer", "type": "invalid_request_error"}});
+        assert_eq!(message(&stripe).as_deref(), Some("No such customer"));
+        let polar = serde_json::json!({"detail": [{"loc": ["body"], "msg": "x"}]});
+        assert!(message(&polar).unwrap().contains("\"msg\""));
+        let kinde =
+            serde_json::json!({"errors": [{"code": "X", "message": "Agreement not found"}]});
+        assert_eq!(message(&kinde).as_deref(), Some("Agreement not found"));
+        assert_eq!(message(&Value::Null), None);
+    }
+}

@@ -1,0 +1,196 @@
+//! A debit told to a Stripe meter (docs/design.md §4.13): `POST /v1/billing/meter_events`
+//! with the report's `identifier` (Stripe dedupes it within a rolling 24 hours) and the same
+//! value as the request's `Idempotency-Key` (a retried request gets the first one's answer),
+//! `timestamp` the debit's second, `payload[stripe_customer_id]` the customer's id at Stripe
+//! (`cus_…`, or `acct_…` for a customer that is an Account) and `payload[value]` the amount;
+//! a connected account's customer's report is made as that account (`Stripe-Account`).
+//!
+//! A report whose send went unanswered more than a day ago is read back from the meter's event
+//! summaries (`GET /v1/billing/meters/{id}/event_summaries`, the meter found by its event name
+//! in `GET /v1/billing/meters`) before it is sent again: the minute of its timestamp holds it
+//! when Stripe's total there reaches this report's value beside the others taken at that minute.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use chrono::{DurationRound, TimeDelta};
+use serde_json::Value;
+
+use super::fetch::FETCH_VERSION;
+use crate::domain::meter::MeterReport;
+use crate::providers::meter::{answer, Dedupe, Meter, Sent};
+use crate::providers::{path_id, Api};
+use crate::BoxFuture;
+
+/// Stripe's longest meter `event_name` and `identifier`.
+pub const MAX_EVENT_NAME: usize = 100;
+/// How long Stripe dedupes an `identifier`: "a rolling period of at least 24 hours".
+pub const DEDUPE_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+pub struct StripeMeter {
+    api: Api,
+    event_name: String,
+    /// The meter's id, found once by its event name.
+    meter_id: OnceLock<String>,
+}
+
+impl StripeMeter {
+    pub fn new(api: Api, event_name: &str) -> Self {
+        Self {
+            api,
+            event_name: event_name.to_owned(),
+            meter_id: OnceLock::new(),
+        }
+    }
+
+    async fn post(&self, report: &MeterReport) -> Sent {
+        let key = match self.api.key.get().await {
+            Ok(key) => key,
+            Err(error) => return Sent::NotTaken(format!("no API key: {error:#}")),
+        };
+        let customer = report.customer.at_provider();
+        let form = [
+            ("event_name", self.event_name.clone()),
+            ("identifier", report.identifier.clone()),
+            ("timestamp", report.occurred_at.timestamp().to_string()),
+            ("payload[stripe_customer_id]", customer.to_owned()),
+            ("payload[value]", report.value.to_string()),
+        ];
+        let mut request = self
+            .api
+            .http
+            .post(format!("{}/v1/billing/meter_events", self.api.base_url))
+            .bearer_auth(key)
+            .header("Stripe-Version", FETCH_VERSION)
+            .header("Idempotency-Key", &report.identifier)
+            .form(&form);
+        if let Some(account) = report.customer.connected_account() {
+            request = request.header("Stripe-Account", account);
+        }
+        answer(request.send().await, duplicate).await
+    }
+
+    /// The meter's id: the active meter whose `event_name` is this source's.
+    async fn meter_id(&self) -> anyhow::Result<String> {
+        if let Some(id) = self.meter_id.get() {
+            return Ok(id.clone());
+        }
+        let mut after: Option<String> = None;
+        loop {
+            let mut query = vec![("limit", "100".to_owned()), ("status", "active".to_owned())];
+            if let Some(after) = &after {
+                query.push(("starting_after", after.clone()));
+            }
+            let page = self.api.get_json("/v1/billing/meters", &query).await?;
+            let meters = page
+                .get("data")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let found = meters
+                .iter()
+                .find(|m| m.get("event_name").and_then(Value::as_str) == Some(&self.event_name));
+            if let Some(id) = found.and_then(|m| m.get("id")).and_then(Value::as_str) {
+                let _ = self.meter_id.set(id.to_owned());
+                return Ok(id.to_owned());
+            }
+            let more = page.get("has_more").and_then(Value::as_bool) == Some(true);
+            after = meters
+                .last()
+                .and_then(|m| m.get("id"))
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            if !more || after.is_none() {
+                anyhow::bail!(
+                    "no active Stripe meter has the event name '{}'",
+                    self.event_name
+                );
+            }
+        }
+    }
+
+    async fn read_back(&self, report: &MeterReport, others: i64) -> anyhow::Result<Option<bool>> {
+        let meter = self.meter_id().await?;
+        let start = report
+            .occurred_at
+            .duration_trunc(TimeDelta::minutes(1))
+            .map_err(|e| anyhow::anyhow!("the report's minute: {e}"))?;
+        let query = [
+            ("customer", report.customer.at_provider().to_owned()),
+            ("start_time", start.timestamp().to_string()),
+            (
+                "end_time",
+                (start + TimeDelta::minutes(1)).timestamp().to_string(),
+            ),
+        ];
+        let path = format!("/v1/billing/meters/{}/event_summaries", path_id(&meter)?);
+        let summaries = self.api.get_json(&path, &query).await?;
+        let total: f64 = summaries
+            .get("data")
+            .and_then(Value::as_array)
+            .map(|data| {
+                data.iter()
+                    .filter_map(|s| s.get("aggregated_value").and_then(Value::as_f64))
+                    .sum()
+            })
+            .unwrap_or_default();
+        Ok(Some(total >= (others + report.value) as f64))
+    }
+}
+
+/// Stripe's answer to an `identifier` it holds already, within its window: a 400 whose
+/// error says so ("An event already exists with identifier …"; Stripe documents no code for
+/// it). Taken, not refused.
+fn duplicate(status: reqwest::StatusCode, body: &Value) -> Option<Sent> {
+    let code = body.pointer("/error/code").and_then(Value::as_str);
+    let message = body
+        .pointer("/error/message")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let held = status.as_u16() == 400
+        && (code == Some("resource_already_exists")
+            || (message.contains("identifier") && message.contains("already")));
+    held.then_some(Sent::Taken)
+}
+
+impl Meter for StripeMeter {
+    fn send<'a>(&'a self, report: &'a MeterReport) -> BoxFuture<'a, Sent> {
+        Box::pin(self.post(report))
+    }
+
+    fn dedupe(&self) -> Dedupe {
+        Dedupe::Within(DEDUPE_WINDOW)
+    }
+
+    fn holds<'a>(
+        &'a self,
+        report: &'a MeterReport,
+        others: i64,
+    ) -> BoxFuture<'a, anyhow::Result<Option<bool>>> {
+        Box::pin(self.read_back(report, others))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_identifier_stripe_holds_already_is_taken() {
+        let bad = reqwest::StatusCode::BAD_REQUEST;
+        let held = json!({"error": {"type": "invalid_request_error",
+            "message": "An event already exists with identifier bi_1."}});
+        assert_eq!(duplicate(bad, &held), Some(Sent::Taken));
+        let coded = json!({"error": {"code": "resource_already_exists", "message": "x"}});
+        assert_eq!(duplicate(bad, &coded), Some(Sent::Taken));
+        let other =
+            json!({"error": {"code": "resource_missing", "message": "No such customer: 'cus_1'"}});
+        assert_eq!(duplicate(bad, &other), None);
+        assert_eq!(
+            duplicate(reqwest::StatusCode::INTERNAL_SERVER_ERROR, &held),
+            None
+        );
+    }
+}

@@ -1,0 +1,733 @@
+//! Meter reports (docs/design.md §4.13): an accepted debit of a metered source writes its
+//! report in the statement that accepts it, and the dispatcher tells the provider's meter
+//! once — against fake provider APIs (wiremock) that take a report, fail, refuse, and answer
+//! after the client gave up while keeping what they were sent, as Stripe does with an
+//! `identifier` it holds. Retries run with zero waits.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use http::StatusCode;
+use serde_json::{json, Value};
+use shared::billing::usage::{self, Debit, DebitPeriod, DebitRequest, Debited};
+use shared::domain::meter::{identifier, MeterReport};
+use shared::domain::retry::RetryPolicy;
+use shared::domain::{CustomerId, Period, SourceKind};
+use shared::handlers::dispatcher::{self, DispatcherState};
+use shared::meters::outbox::{self, ReportStatus};
+use shared::meters::{self, Meters, Reported};
+use shared::platform::config::{parse_sources, DispatcherConfig, FromEnv, SourceConfig};
+use shared::platform::queue::Queue;
+use shared::providers::meter::Sent;
+use shared::providers::{provider, Api};
+use sqlx::PgPool;
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+use crate::app_api::{api_state, call, on_pro};
+use crate::helpers::*;
+
+const NO_WAITS: RetryPolicy = RetryPolicy::new([Duration::ZERO; 5]);
+/// The client gives up on a send after this; the slow fake answers after three times as long.
+const CLIENT_TIMEOUT: Duration = Duration::from_millis(400);
+
+fn customer(id: &str) -> CustomerId {
+    CustomerId::parse(id).unwrap()
+}
+
+/// A debit of `amount` under `key` in this month, reported to `meter` when given.
+fn ask<'a>(
+    source: &'a str,
+    customer: &'a CustomerId,
+    key: &'a str,
+    amount: i64,
+    meter: Option<&'a str>,
+) -> DebitRequest<'a> {
+    DebitRequest {
+        source,
+        customer,
+        key,
+        amount,
+        period: DebitPeriod::Arrival(Period::current()),
+        note: None,
+        effects: None,
+        meter,
+    }
+}
+
+async fn debit(pool: &PgPool, request: &DebitRequest<'_>) -> Debited {
+    let mut conn = pool.acquire().await.unwrap();
+    usage::debit(&mut conn, request).await.unwrap()
+}
+
+async fn reports(pool: &PgPool) -> Vec<outbox::ReportLine> {
+    let mut conn = pool.acquire().await.unwrap();
+    outbox::list(&mut conn, None, None, 100).await.unwrap()
+}
+
+async fn report(pool: &PgPool, id: &str) -> outbox::ReportLine {
+    reports(pool)
+        .await
+        .into_iter()
+        .find(|r| r.id == id)
+        .unwrap_or_else(|| panic!("report {id}"))
+}
+
+/// The source `name` of the test sources, its API at `base` with a key, and its meter.
+fn metered(name: &str, base: &str, meter: Value) -> SourceConfig {
+    let mut sources: Vec<Value> = serde_json::from_str(
+        &serde_json::to_string(&shared::providers::fixtures::dev_sources(
+            &shared::providers::fixtures::Local {
+                jwks_url: &format!("{base}/.well-known/jwks"),
+            },
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let source = sources
+        .iter_mut()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("no test source {name}"));
+    source["api_key"] = json!("key_for_meters");
+    source["api_base_url"] = json!(base);
+    source["meter"] = meter;
+    if source["kind"] == "kinde" {
+        source["api_client_id"] = json!("m2m_client");
+    }
+    parse_sources(&Value::Array(vec![source.clone()]).to_string())
+        .unwrap()
+        .remove(0)
+}
+
+fn meters_of(sources: &[SourceConfig]) -> Meters {
+    let http = reqwest::Client::builder()
+        .timeout(CLIENT_TIMEOUT)
+        .build()
+        .unwrap();
+    Meters::build(sources, &http)
+}
+
+async fn send(pool: &PgPool, meters: &Meters, id: &str) -> Reported {
+    meters::send(pool, meters, id, outbox::SEND_LEASE, &NO_WAITS)
+        .await
+        .unwrap()
+}
+
+/// A fake Stripe meter API: it keeps each `identifier` once (a repeat within its window is
+/// a 400 "already exists", as Stripe answers), and answers the first `slow` sends only after
+/// the client gave up — keeping what they carried.
+#[derive(Clone, Default)]
+struct FakeStripe {
+    held: Arc<Mutex<HashMap<String, HashMap<String, String>>>>,
+    posts: Arc<Mutex<u32>>,
+    slow: Arc<Mutex<u32>>,
+    /// Answer every send with this status and body instead.
+    fail: Option<(u16, Value)>,
+}
+
+impl Respond for FakeStripe {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        *self.posts.lock().unwrap() += 1;
+        if let Some((status, body)) = &self.fail {
+            return ResponseTemplate::new(*status).set_body_json(body);
+        }
+        let form: HashMap<String, String> = url::form_urlencoded::parse(&request.body)
+            .into_owned()
+            .collect();
+        let id = form["identifier"].clone();
+        let mut held = self.held.lock().unwrap();
+        if held.contains_key(&id) {
+            return ResponseTemplate::new(400).set_body_json(json!({"error": {
+                "type": "invalid_request_error",
+                "message": format!("An event already exists with identifier {id}.")}}));
+        }
+        held.insert(id.clone(), form.clone());
+        let answer = ResponseTemplate::new(200).set_body_json(json!({
+            "object": "billing.meter_event", "created": Utc::now().timestamp(),
+            "event_name": form["event_name"], "identifier": id, "livemode": false,
+            "payload": {"stripe_customer_id": form["payload[stripe_customer_id]"],
+                        "value": form["payload[value]"]},
+            "timestamp": form["timestamp"].parse::<i64>().unwrap()}));
+        let mut slow = self.slow.lock().unwrap();
+        if *slow > 0 {
+            *slow -= 1;
+            return answer.set_delay(CLIENT_TIMEOUT * 3);
+        }
+        answer
+    }
+}
+
+impl FakeStripe {
+    async fn serve(&self) -> MockServer {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/v1/billing/meter_events"))
+            .respond_with(self.clone())
+            .mount(&server)
+            .await;
+        server
+    }
+
+    fn posts(&self) -> u32 {
+        *self.posts.lock().unwrap()
+    }
+
+    fn held(&self) -> HashMap<String, HashMap<String, String>> {
+        self.held.lock().unwrap().clone()
+    }
+}
+
+/// `customer` on Stripe's pro plan (500 this month), through the intake and the worker.
+async fn stripe_on_pro(app: &TestApp, customer: &str) {
+    let event = stripe_event(
+        &format!("evt_{customer}_pro"),
+        customer,
+        Utc::now().timestamp(),
+    );
+    let (status, answer) = app.post("stripe", &stripe_delivery(&event)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    app.run_worker().await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_accepted_debit_writes_its_report_in_its_own_statement_and_nothing_else_does(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_meter").await;
+    let who = customer("kc_meter");
+
+    let first = debit(&pool, &ask("kinde", &who, "req_1", 7, Some("api_calls"))).await;
+    assert!(matches!(
+        first.debit,
+        Debit::Accepted {
+            replayed: false,
+            ..
+        }
+    ));
+    let id = first.reported.clone().expect("an accepted debit's report");
+    let row = report(&pool, &id).await;
+    assert_eq!(
+        (row.value, row.meter.as_str(), row.status.as_str()),
+        (7, "api_calls", "pending")
+    );
+    assert_eq!(row.identifier, identifier("kinde", &who, "req_1"));
+    assert_eq!(row.idempotency_key, "req_1");
+    let recorded_at: chrono::DateTime<Utc> =
+        sqlx::query_scalar("SELECT recorded_at FROM usage_debits WHERE usage_id = $1")
+            .bind(&row.usage_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        row.occurred_at, recorded_at,
+        "the report is timed by its debit"
+    );
+
+    // The same request again: its first answer, and no second report.
+    let again = debit(&pool, &ask("kinde", &who, "req_1", 7, Some("api_calls"))).await;
+    assert!(matches!(
+        again.debit,
+        Debit::Accepted { replayed: true, .. }
+    ));
+    assert_eq!(again.reported, None);
+    // The key with another amount: a conflict, reported nowhere.
+    let conflict = debit(&pool, &ask("kinde", &who, "req_1", 8, Some("api_calls"))).await;
+    assert_eq!(conflict.debit, Debit::KeyConflict);
+    assert_eq!(conflict.reported, None);
+    // Past the allowance: refused, never reported.
+    let refused = debit(
+        &pool,
+        &ask("kinde", &who, "req_big", 10_000, Some("api_calls")),
+    )
+    .await;
+    assert!(matches!(refused.debit, Debit::Exhausted { .. }));
+    assert_eq!(refused.reported, None);
+    // A source without a meter reports nothing.
+    let unmetered = debit(&pool, &ask("kinde", &who, "req_2", 1, None)).await;
+    assert!(matches!(unmetered.debit, Debit::Accepted { .. }));
+    assert_eq!(unmetered.reported, None);
+
+    assert_eq!(
+        reports(&pool).await.len(),
+        1,
+        "one report: the one accepted metered debit"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_debit_through_the_api_reaches_stripes_meter_once_after_its_commit(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_metered").await;
+    let fake = FakeStripe::default();
+    let server = fake.serve().await;
+    let source = metered("stripe", &server.uri(), json!({"event_name": "api_calls"}));
+
+    // The app's API, metered, handing reports to the dispatcher's queue.
+    let outbox_url = create_queue(&app.sqs).await;
+    let outbox_queue = Queue::new(app.sqs.clone(), outbox_url.clone());
+    let mut api = api_state(&pool);
+    api.outbox = Some(outbox_queue.clone());
+    api.meters = HashMap::from([("stripe".to_owned(), "api_calls".to_owned())]);
+    let answer = call(
+        &api,
+        "POST",
+        "/v1/accounts/stripe/cus_metered/usage",
+        Some(crate::app_api::APP_KEY),
+        &[("idempotency-key", "req-42")],
+        Some(json!({"amount": 3})),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+
+    // The dispatcher, fed by the queue as its event source mapping feeds it.
+    let mut state = DispatcherState::new(
+        pool.clone(),
+        shared::effects::sinks::Sinks::from_config(&[]).unwrap(),
+    );
+    state.meters = meters_of(&[source]);
+    state.retry = NO_WAITS;
+    let pumped = app.drain(&outbox_url).await;
+    assert_eq!(pumped.len(), 1, "one message: the report's id");
+    let batch = sqs_bodies(&pumped);
+    let response = dispatcher::handle_batch(&state, batch.clone()).await;
+    assert!(response.batch_item_failures.is_empty());
+    // SQS delivers a message twice now and then: the second finds the report sent.
+    dispatcher::handle_batch(&state, batch).await;
+
+    assert_eq!(fake.posts(), 1, "one request reached Stripe");
+    let held = fake.held();
+    let expected = identifier("stripe", &customer("cus_metered"), "req-42");
+    let sent = &held[&expected];
+    assert_eq!(sent["event_name"], "api_calls");
+    assert_eq!(sent["payload[stripe_customer_id]"], "cus_metered");
+    assert_eq!(sent["payload[value]"], "3");
+    let row = &reports(&pool).await[0];
+    assert_eq!(row.status, "sent");
+    assert_eq!(sent["timestamp"], row.occurred_at.timestamp().to_string());
+    let requests = server.received_requests().await.unwrap();
+    assert_eq!(
+        requests[0].headers.get("idempotency-key").unwrap(),
+        expected.as_str(),
+        "a retried request gets Stripe's first answer"
+    );
+    assert_eq!(
+        requests[0].headers.get("authorization").unwrap(),
+        "Bearer key_for_meters"
+    );
+}
+
+/// The bodies `drain` received, as one SQS batch.
+fn sqs_bodies(bodies: &[String]) -> aws_lambda_events::event::sqs::SqsEvent {
+    let mut event = aws_lambda_events::event::sqs::SqsEvent::default();
+    for (n, body) in bodies.iter().enumerate() {
+        let mut message = aws_lambda_events::event::sqs::SqsMessage::default();
+        message.message_id = Some(format!("m{n}"));
+        message.body = Some(body.clone());
+        event.records.push(message);
+    }
+    event
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_send_stripe_took_but_never_answered_is_resent_under_its_identifier_and_counted_once(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_slow").await;
+    let fake = FakeStripe::default();
+    *fake.slow.lock().unwrap() = 1;
+    let server = fake.serve().await;
+    let meters = meters_of(&[metered(
+        "stripe",
+        &server.uri(),
+        json!({"event_name": "api_calls"}),
+    )]);
+    let who = customer("cus_slow");
+    let id = debit(
+        &pool,
+        &ask("stripe", &who, "req_slow", 5, Some("api_calls")),
+    )
+    .await
+    .reported
+    .unwrap();
+
+    // The first send reaches Stripe, which keeps it; its answer comes after the client gave up.
+    let first = send(&pool, &meters, &id).await;
+    assert!(
+        matches!(&first, Reported::Failed { status: ReportStatus::Pending, error } if error.contains("no answer")),
+        "{first:?}"
+    );
+    assert!(report(&pool, &id).await.unanswered);
+    // The retry is the same identifier: Stripe says it has it, which is taken as the receipt.
+    assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
+    assert_eq!(fake.posts(), 2);
+    assert_eq!(fake.held().len(), 1, "Stripe counts the report once");
+    assert_eq!(report(&pool, &id).await.status, "sent");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_failing_meter_is_retried_then_dead_alerted_once_and_replayed(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_down").await;
+    let down = FakeStripe {
+        fail: Some((503, json!({"error": {"message": "Service unavailable"}}))),
+        ..Default::default()
+    };
+    let server = down.serve().await;
+    let meters = meters_of(&[metered(
+        "stripe",
+        &server.uri(),
+        json!({"event_name": "api_calls"}),
+    )]);
+    let who = customer("cus_down");
+    let id = debit(
+        &pool,
+        &ask("stripe", &who, "req_down", 2, Some("api_calls")),
+    )
+    .await
+    .reported
+    .unwrap();
+    for _ in 0..RetryPolicy::MAX_ATTEMPTS {
+        assert!(matches!(
+            send(&pool, &meters, &id).await,
+            Reported::Failed { .. }
+        ));
+    }
+    let row = report(&pool, &id).await;
+    assert_eq!(
+        (row.status.as_str(), row.attempts),
+        ("dead", RetryPolicy::MAX_ATTEMPTS)
+    );
+    assert!(row.last_error.unwrap().contains("Service unavailable"));
+    assert_eq!(send(&pool, &meters, &id).await, Reported::Skipped);
+
+    let alerts = outbox::collect_alerts(&pool).await.unwrap();
+    assert_eq!(alerts.dead, vec![id.clone()]);
+    assert_eq!(alerts.dead_total, 1);
+    assert!(
+        outbox::collect_alerts(&pool).await.unwrap().dead.is_empty(),
+        "alerted once"
+    );
+
+    // Replayed after Stripe is back, the report is still one Stripe may hold: its identifier
+    // is sent again, within Stripe's window.
+    let queue = Queue::new(app.sqs.clone(), create_queue(&app.sqs).await);
+    let replayed = outbox::replay(&pool, Some(&queue), std::slice::from_ref(&id), false)
+        .await
+        .unwrap();
+    assert_eq!(replayed, vec![id.clone()]);
+    let up = FakeStripe::default();
+    let server = up.serve().await;
+    let meters = meters_of(&[metered(
+        "stripe",
+        &server.uri(),
+        json!({"event_name": "api_calls"}),
+    )]);
+    assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
+    assert_eq!(up.held().len(), 1);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_report_stripe_refuses_is_dead_at_once(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_unknown_there").await;
+    let refusing = FakeStripe {
+        fail: Some((
+            400,
+            json!({"error": {"type": "invalid_request_error", "code": "resource_missing",
+                             "message": "No such customer: 'cus_unknown_there'"}}),
+        )),
+        ..Default::default()
+    };
+    let server = refusing.serve().await;
+    let meters = meters_of(&[metered(
+        "stripe",
+        &server.uri(),
+        json!({"event_name": "api_calls"}),
+    )]);
+    let who = customer("cus_unknown_there");
+    let id = debit(&pool, &ask("stripe", &who, "req_1", 1, Some("api_calls")))
+        .await
+        .reported
+        .unwrap();
+    let sent = send(&pool, &meters, &id).await;
+    assert!(
+        matches!(&sent, Reported::Failed { status: ReportStatus::Dead, error } if error.contains("No such customer")),
+        "{sent:?}"
+    );
+    assert_eq!(refusing.posts(), 1);
+}
+
+/// An unanswered report whose first send is older than Stripe's window is read back from the
+/// meter's event summaries: found there, it is not sent again; not found, it is.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_unanswered_report_older_than_stripes_window_is_read_back_before_any_resend(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_old").await;
+    let who = customer("cus_old");
+    let mut ids = Vec::new();
+    for key in ["req_held", "req_lost"] {
+        let id = debit(&pool, &ask("stripe", &who, key, 4, Some("api_calls")))
+            .await
+            .reported
+            .unwrap();
+        ids.push(id);
+    }
+    // Both went out two days ago and were never answered; they are minutes apart.
+    sqlx::query(
+        "UPDATE meter_reports SET first_sent_at = now() - interval '2 days',
+                unanswered_at = now() - interval '2 days',
+                occurred_at = date_trunc('minute', now()) - interval '2 days'
+                              + CASE WHEN idempotency_key = 'req_lost' THEN interval '5 minutes'
+                                     ELSE interval '10 seconds' END",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let held_minute = (Utc::now() - chrono::Duration::days(2))
+        .timestamp()
+        .div_euclid(60)
+        * 60;
+
+    let fake = FakeStripe::default();
+    let server = fake.serve().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/billing/meters"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "object": "list", "url": "/v1/billing/meters", "has_more": false,
+            "data": [{"id": "mtr_other", "object": "billing.meter", "event_name": "seats"},
+                     {"id": "mtr_123", "object": "billing.meter", "event_name": "api_calls"}]})))
+        .mount(&server)
+        .await;
+    // Stripe counted 4 in the first report's minute, and nothing in the second's.
+    Mock::given(method("GET"))
+        .and(path("/v1/billing/meters/mtr_123/event_summaries"))
+        .respond_with(move |request: &Request| {
+            let query: HashMap<String, String> = request.url.query_pairs().into_owned().collect();
+            let start: i64 = query["start_time"].parse().unwrap();
+            let value = if start == held_minute { 4 } else { 0 };
+            ResponseTemplate::new(200).set_body_json(json!({
+                "object": "list", "has_more": false,
+                "url": "/v1/billing/meters/mtr_123/event_summaries",
+                "data": [{"id": "mtrusg_1", "object": "billing.meter_event_summary",
+                          "aggregated_value": value, "start_time": start, "end_time": start + 60,
+                          "livemode": false, "meter": "mtr_123"}]}))
+        })
+        .mount(&server)
+        .await;
+    let meters = meters_of(&[metered(
+        "stripe",
+        &server.uri(),
+        json!({"event_name": "api_calls"}),
+    )]);
+    assert_eq!(send(&pool, &meters, &ids[0]).await, Reported::Sent);
+    assert_eq!(
+        fake.posts(),
+        0,
+        "found in Stripe's summaries: not sent again"
+    );
+    assert_eq!(send(&pool, &meters, &ids[1]).await, Reported::Sent);
+    assert_eq!(fake.posts(), 1, "missing from Stripe's summaries: sent");
+}
+
+/// Kinde documents no dedupe key and no read-back: after a send without an answer, the report
+/// is never sent again by itself; an operator who sees Kinde without it replays it.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_unanswered_kinde_report_is_never_sent_twice_by_itself(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_metered").await;
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/oauth2/token"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(
+            json!({"access_token": "m2m_token", "expires_in": 86399, "token_type": "bearer"}),
+        ))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/api/v1/billing/agreements"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "code": "OK", "message": "Success", "has_more": false,
+            "agreements": [{"id": "agreement_0195ac80a14c2ca2cec97d026d864de0", "plan_code": "pro",
+                            "expires_on": null, "billing_group_id": null,
+                            "current_period_start": "2026-12-01T00:00:00Z",
+                            "current_period_end": "2027-01-01T00:00:00Z",
+                            "entitlements": [{"feature_code": "api_calls",
+                                              "entitlement_id": "entitlement_0195ac80a14e8d71f42b98e75d3c61ad"}]}]})))
+        .mount(&server)
+        .await;
+    let usage = Mock::given(method("POST"))
+        .and(path("/api/v1/billing/meter_usage"))
+        .respond_with(ResponseTemplate::new(500))
+        .up_to_n_times(1)
+        .mount_as_scoped(&server)
+        .await;
+    let meters = meters_of(&[metered(
+        "kinde",
+        &server.uri(),
+        json!({"feature_code": "api_calls"}),
+    )]);
+    let who = customer("kc_metered");
+    let id = debit(&pool, &ask("kinde", &who, "req_k", 6, Some("api_calls")))
+        .await
+        .reported
+        .unwrap();
+    let first = send(&pool, &meters, &id).await;
+    assert!(
+        matches!(
+            first,
+            Reported::Failed {
+                status: ReportStatus::Pending,
+                ..
+            }
+        ),
+        "{first:?}"
+    );
+    let posted = usage.received_requests().await;
+    assert_eq!(posted.len(), 1);
+    let body: Value = serde_json::from_slice(&posted[0].body).unwrap();
+    assert_eq!(
+        body,
+        json!({"customer_agreement_id": "agreement_0195ac80a14c2ca2cec97d026d864de0",
+               "billing_feature_code": "api_calls", "meter_value": "6",
+               "meter_usage_timestamp": report(&pool, &id).await.occurred_at
+                   .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+               "meter_type_code": "delta"})
+    );
+    assert_eq!(
+        posted[0].headers.get("authorization").unwrap(),
+        "Bearer m2m_token"
+    );
+    drop(usage);
+    let accepted = Mock::given(method("POST"))
+        .and(path("/api/v1/billing/meter_usage"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(json!({"message": "Success", "code": "OK"})),
+        )
+        .mount_as_scoped(&server)
+        .await;
+    // Every later attempt stops short of Kinde, and the report dies for an operator to see.
+    for _ in 1..RetryPolicy::MAX_ATTEMPTS {
+        let attempt = send(&pool, &meters, &id).await;
+        assert!(
+            matches!(&attempt, Reported::Failed { error, .. } if error.contains("not sent again")),
+            "{attempt:?}"
+        );
+    }
+    assert_eq!(
+        accepted.received_requests().await.len(),
+        0,
+        "never a blind second send"
+    );
+    let row = report(&pool, &id).await;
+    assert_eq!((row.status.as_str(), row.unanswered), ("dead", true));
+    // The operator saw Kinde without it: replayed as not held, it is sent.
+    outbox::replay(&pool, None, std::slice::from_ref(&id), true)
+        .await
+        .unwrap();
+    assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
+    assert_eq!(accepted.received_requests().await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_polar_report_is_one_ingested_event_that_polar_dedupes_by_external_id() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/events/ingest"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(json!({"inserted": 1, "duplicates": 0})),
+        )
+        .mount(&server)
+        .await;
+    let source = metered("polar", &server.uri(), json!({"event_name": "api_calls"}));
+    let http = reqwest::Client::new();
+    let meter = provider(SourceKind::StandardWebhooks)
+        .meter(Api::for_source(&source, &http).unwrap(), "api_calls")
+        .unwrap();
+    let report = MeterReport {
+        id: "mrp_00000000000000000000000000000001".into(),
+        source: "polar".into(),
+        customer: customer("992fae2a-2a17-4b7a-8d9e-e287cf90131b"),
+        identifier: "bi_x".into(),
+        meter: "api_calls".into(),
+        value: 12,
+        occurred_at: "2026-12-03T09:00:00Z".parse().unwrap(),
+        first_sent_at: None,
+        unanswered: false,
+    };
+    assert_eq!(meter.send(&report).await, Sent::Taken);
+    assert_eq!(meter.dedupe(), shared::providers::meter::Dedupe::Always);
+    let requests = server.received_requests().await.unwrap();
+    let body: Value = serde_json::from_slice(&requests[0].body).unwrap();
+    assert_eq!(body["events"][0]["external_id"], "bi_x");
+    assert_eq!(
+        body["events"][0]["customer_id"],
+        "992fae2a-2a17-4b7a-8d9e-e287cf90131b"
+    );
+    assert_eq!(body["events"][0]["metadata"]["value"], 12);
+    assert_eq!(
+        requests[0].headers.get("authorization").unwrap(),
+        "Bearer key_for_meters"
+    );
+}
+
+#[test]
+fn the_dispatcher_runs_for_effects_or_for_meters_and_refuses_neither() {
+    let stripe = metered(
+        "stripe",
+        "http://127.0.0.1:9",
+        json!({"event_name": "api_calls"}),
+    );
+    let sources = serde_json::to_string(&json!([{
+        "name": stripe.name, "kind": "stripe", "secrets": ["whsec_x"], "api_key": "sk_test",
+        "meter": {"event_name": "api_calls"}}]))
+    .unwrap();
+    let env = |sources: Option<String>| {
+        move |var: &str| match var {
+            "DATABASE_URL" => Some("postgres://u@127.0.0.1:1/db".to_owned()),
+            "INBOX_SOURCES" => sources.clone(),
+            _ => None,
+        }
+    };
+    let config = DispatcherConfig::from_lookup(env(Some(sources))).unwrap();
+    assert!(config.effects.is_none());
+    assert_eq!(config.sources.len(), 1);
+    let error = DispatcherConfig::from_lookup(env(None))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("the dispatcher has nothing to send"),
+        "{error}"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_report_the_queue_lost_is_sent_by_the_scheduler(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_lost").await;
+    let who = customer("kc_lost");
+    let id = debit(&pool, &ask("kinde", &who, "req_lost", 1, Some("api_calls")))
+        .await
+        .reported
+        .unwrap();
+    // The API's send to the queue never happened (it crashed right after the commit).
+    sqlx::query("UPDATE meter_reports SET enqueued_at = NULL")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let outbox_url = create_queue(&app.sqs).await;
+    let scheduler = shared::handlers::scheduler::SchedulerState {
+        outbox: Some(Queue::new(app.sqs.clone(), outbox_url.clone())),
+        ..crate::scheduler::scheduler_for(&app, vec![])
+    };
+    let run = shared::handlers::scheduler::run(&scheduler).await;
+    assert!(run.errors.is_empty(), "{:?}", run.errors);
+    assert_eq!(run.rescued_reports, vec![id.clone()]);
+    assert_eq!(app.drain(&outbox_url).await, vec![id]);
+    assert_eq!(run.report_alerts.pending, 1);
+}
