@@ -884,8 +884,8 @@ async fn a_customer_that_is_an_account_is_read_by_its_account_id(pool: PgPool) {
     assert_eq!(read.body["plan"], "pro");
     assert_eq!(read.body["subscriptions"][0]["id"], "sub_1");
 
-    let read = get("/v1/accounts/stripe/acct_cust?stripe_account=acct_platformconnected".into())
-        .await;
+    let read =
+        get("/v1/accounts/stripe/acct_cust?stripe_account=acct_platformconnected".into()).await;
     assert_eq!(read.status, StatusCode::OK, "{}", read.body);
     assert_eq!(read.body["customer_id"], "acct_cust");
     assert_eq!(read.body["stripe_account"], "acct_platformconnected");
@@ -903,7 +903,11 @@ async fn a_customer_that_is_an_account_is_read_by_its_account_id(pool: PgPool) {
         assert_eq!(answer.status, StatusCode::OK, "{path}: {}", answer.body);
     }
     let log = get("/v1/accounts/stripe/acct_cust/events".into()).await;
-    assert_eq!(log.body["events"][0]["provider_event_id"], "evt_acct_own_1", "{}", log.body);
+    assert_eq!(
+        log.body["events"][0]["provider_event_id"], "evt_acct_own_1",
+        "{}",
+        log.body
+    );
 
     // The connected account is not a customer, of the platform or of itself.
     for path in [

@@ -635,13 +635,11 @@ async fn send_accounts_v2(
 
 /// How many accounts of the stripe source are keyed `customer`.
 async fn accounts_keyed(app: &TestApp, customer: &str) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM accounts WHERE source = 'stripe' AND customer_id = $1",
-    )
-    .bind(customer)
-    .fetch_one(&app.pool)
-    .await
-    .unwrap()
+    sqlx::query_scalar("SELECT count(*) FROM accounts WHERE source = 'stripe' AND customer_id = $1")
+        .bind(customer)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
 }
 
 /// A customer that is an Account (Accounts v2): its subscription, invoice and refund are the
@@ -669,7 +667,9 @@ async fn accounts_v2_corpus(pool: PgPool, reverse: bool) {
         .iter()
         .any(|r| r.url.path() == format!("/v1/payment_intents/{ACCOUNT_INTENT}")));
     assert!(
-        reads.iter().all(|r| r.headers.get("Stripe-Account").is_none()),
+        reads
+            .iter()
+            .all(|r| r.headers.get("Stripe-Account").is_none()),
         "{reads:?}"
     );
 }
@@ -703,7 +703,9 @@ async fn a_connected_accounts_customer_that_is_an_account_is_keyed_under_the_con
     assert!(!reads.is_empty());
     for read in reads {
         assert_eq!(
-            read.headers.get("Stripe-Account").map(|v| v.to_str().unwrap()),
+            read.headers
+                .get("Stripe-Account")
+                .map(|v| v.to_str().unwrap()),
             Some(CONNECTED),
             "{}",
             read.url

@@ -293,17 +293,14 @@ async fn the_why_route_answers_the_fold_as_the_cli_does(pool: PgPool) {
 
 /// `customer_subscription_updated` of a customer that is an Account (`customer` null,
 /// `customer_account` set), from a Connect endpoint when `connected` is named.
-fn account_customer_event(
-    id: &str,
-    status: &str,
-    price: &str,
-    connected: Option<&str>,
-) -> Value {
+fn account_customer_event(id: &str, status: &str, price: &str, connected: Option<&str>) -> Value {
     let mut event = subscription_event(id, status, price, T);
     event["data"]["object"]["customer"] = Value::Null;
     event["data"]["object"]["customer_account"] = json!("acct_1WhyCust");
     if let Some(connected) = connected {
         event["account"] = json!(connected);
+        // Stripe's ids are unique across accounts: the connected account's is another.
+        event["data"]["object"]["id"] = json!("sub_why_connected");
     }
     event
 }

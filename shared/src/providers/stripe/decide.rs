@@ -745,7 +745,10 @@ mod tests {
         let mut payload = summary_event("evt_1EntAcct", 1_767_225_600, summary, None);
         for (account, key) in [
             (None, "acct_1EntCust"),
-            (Some("acct_1EntConnect01"), "acct_1EntConnect01/acct_1EntCust"),
+            (
+                Some("acct_1EntConnect01"),
+                "acct_1EntConnect01/acct_1EntCust",
+            ),
         ] {
             if let Some(account) = account {
                 payload["account"] = json!(account);
@@ -813,7 +816,10 @@ mod tests {
                 &event,
                 &catalog(),
             );
-            assert!(matches!(decided, Decision::Apply { .. }), "{name}: {decided:?}");
+            assert!(
+                matches!(decided, Decision::Apply { .. }),
+                "{name}: {decided:?}"
+            );
             read += 1;
         }
         assert!(read >= 5, "the accounts-v2 corpus has its files");
