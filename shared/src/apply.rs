@@ -214,8 +214,13 @@ async fn apply_event(
     let mut customer = event.customer.clone();
     if let (None, Decision::Apply { effects, .. }) = (&customer, &decision) {
         // An event that only links a payment intent to an invoice names no customer (Stripe's
-        // `invoice_payment.paid`): it belongs to the customer the intent is known under.
+        // `invoice_payment.paid`), nor does a refund of a customer that is an Account (its
+        // charge has no `customer_account`): it belongs to the customer the intent is known
+        // under, else to the one the provider shows the intent for.
         customer = links_only_customer(conn, &event.source, effects).await?;
+        if customer.is_none() {
+            customer = refunded_intent_customer(source, event, effects).await?;
+        }
     }
     let ctx = customer
         .as_ref()
@@ -641,8 +646,8 @@ async fn settle(
     (ties_read, settled)
 }
 
-/// Whether every effect is a payment-intent link; then the customer the intent is known
-/// under, if any.
+/// Whether every effect is a payment-intent link or refund; then the customer the intent is
+/// known under, if any.
 async fn links_only_customer(
     conn: &mut PgConnection,
     source: &str,
@@ -650,7 +655,9 @@ async fn links_only_customer(
 ) -> Result<Option<crate::domain::CustomerId>, sqlx::Error> {
     let mut customer = None;
     for effect in effects {
-        let Effect::PaymentIntent { payment_intent, .. } = effect else {
+        let (Effect::PaymentIntent { payment_intent, .. }
+        | Effect::RefundIntent { payment_intent, .. }) = effect
+        else {
             return Ok(None);
         };
         if customer.is_none() {
@@ -658,6 +665,31 @@ async fn links_only_customer(
         }
     }
     Ok(customer)
+}
+
+/// The customer of a refund that names none, as the provider shows its payment intent
+/// (docs/design.md §6.2): read before any lock, as a tie's read is. A read that fails fails the
+/// attempt (the event's retry schedule); none without an API key, or when the provider does not
+/// know the intent or it names no customer. Once applied, the intent is known under the
+/// customer, so a retry or a replay finds it there and reads nothing again.
+async fn refunded_intent_customer(
+    source: &WorkerSource,
+    event: &Claimed,
+    effects: &[Effect],
+) -> Result<Option<crate::domain::CustomerId>, ApplyError> {
+    let (Some(reads), Some(payload)) = (&source.reads, &event.payload) else {
+        return Ok(None);
+    };
+    let Some(payment_intent) = effects.iter().find_map(|e| match e {
+        Effect::RefundIntent { payment_intent, .. } => Some(payment_intent),
+        _ => None,
+    }) else {
+        return Ok(None);
+    };
+    reads
+        .payment_intent_customer(payload, payment_intent)
+        .await
+        .map_err(|e| ApplyError::Fetch(format!("{e:#}")))
 }
 
 /// A links-only event whose intents no customer is known under yet: the links are kept for
@@ -683,7 +715,12 @@ async fn remember_links_without_customer(
         } = effect
         else {
             status = EventStatus::Ignored;
-            learned = vec!["the event names no customer".to_owned()];
+            learned = vec![match effect {
+                Effect::RefundIntent { payment_intent, .. } => format!(
+                    "the event names no customer, and none is known for {payment_intent} (nor read: the provider names none, or the source has no API key)"
+                ),
+                _ => "the event names no customer".to_owned(),
+            }];
             break;
         };
         let source = &event.source;

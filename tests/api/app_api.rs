@@ -851,6 +851,81 @@ async fn a_connect_customer_is_read_by_its_provider_id_beside_its_account(pool: 
     }
 }
 
+/// A customer that is an Account (Accounts v2: `customer_account`, `customer` null) is read by
+/// its `acct_…` id (docs/api.md, docs/design.md §4.6a): the path names the customer, and
+/// `?stripe_account=` the Connect platform's connected account it lives in, if any. The same
+/// Account id in a connected account is another account, and a connected account is no
+/// customer.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_customer_that_is_an_account_is_read_by_its_account_id(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let now = Utc::now().timestamp();
+    let mut own = stripe_event("evt_acct_own_1", "unused", now - 60);
+    own["data"]["object"]["customer"] = Value::Null;
+    own["data"]["object"]["customer_account"] = json!("acct_cust");
+    let mut connected = own.clone();
+    connected["id"] = json!("evt_acct_conn_1");
+    connected["account"] = json!("acct_platformconnected");
+    connected["data"]["object"]["id"] = json!("sub_conn");
+    connected["data"]["object"]["status"] = json!("past_due");
+    for event in [&own, &connected] {
+        let (status, answer) = app.post("stripe", &stripe_delivery(event)).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+    app.run_worker().await;
+    let state = api_state(&pool);
+    let get = |path: String| {
+        let state = &state;
+        async move { call(state, "GET", &path, Some(APP_KEY), &[], None).await }
+    };
+
+    let read = get("/v1/accounts/stripe/acct_cust".into()).await;
+    assert_eq!(read.status, StatusCode::OK, "{}", read.body);
+    assert_eq!(read.body["customer_id"], "acct_cust");
+    assert_eq!(read.body.get("stripe_account"), None);
+    assert_eq!(read.body["plan"], "pro");
+    assert_eq!(read.body["subscriptions"][0]["id"], "sub_1");
+
+    let read =
+        get("/v1/accounts/stripe/acct_cust?stripe_account=acct_platformconnected".into()).await;
+    assert_eq!(read.status, StatusCode::OK, "{}", read.body);
+    assert_eq!(read.body["customer_id"], "acct_cust");
+    assert_eq!(read.body["stripe_account"], "acct_platformconnected");
+    assert_eq!(read.body["subscriptions"][0]["id"], "sub_conn");
+    assert_eq!(read.body["subscriptions"][0]["status"], "past_due");
+
+    // Its feature check, its log and its why take the same names.
+    for path in [
+        "/v1/accounts/stripe/acct_cust/features/sso",
+        "/v1/accounts/stripe/acct_cust/events",
+        "/v1/accounts/stripe/acct_cust/why",
+        "/v1/accounts/stripe/acct_cust/events?stripe_account=acct_platformconnected",
+    ] {
+        let answer = get(path.into()).await;
+        assert_eq!(answer.status, StatusCode::OK, "{path}: {}", answer.body);
+    }
+    let log = get("/v1/accounts/stripe/acct_cust/events".into()).await;
+    assert_eq!(
+        log.body["events"][0]["provider_event_id"], "evt_acct_own_1",
+        "{}",
+        log.body
+    );
+
+    // The connected account is not a customer, of the platform or of itself.
+    for path in [
+        "/v1/accounts/stripe/acct_platformconnected",
+        "/v1/accounts/stripe/acct_platformconnected?stripe_account=acct_platformconnected",
+    ] {
+        let answer = get(path.into()).await;
+        assert_eq!(answer.status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(answer.body["code"], "unknown_customer", "{path}");
+    }
+    // Nor is the stored key a path: the two ids are named apart.
+    let joined = get("/v1/accounts/stripe/acct_platformconnected%2Facct_cust".into()).await;
+    assert_eq!(joined.status, StatusCode::BAD_REQUEST);
+    assert_eq!(joined.body["code"], "bad_customer");
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_deleted_customer_has_nothing_to_spend(pool: PgPool) {
     let app = TestApp::spawn(pool.clone()).await;

@@ -560,3 +560,192 @@ async fn polar_corpus_delivered_again_after_its_purge_changes_nothing(pool: PgPo
 async fn kinde_corpus_delivered_again_after_its_purge_changes_nothing(pool: PgPool) {
     delivered_again_after_the_purge(pool, "kinde", "kinde").await;
 }
+
+/// The customer that is an Account in `stripe/accounts-v2/` (testdata/providers/README.md).
+pub(crate) const ACCOUNT_CUSTOMER: &str = "acct_1AcctV2Cust0001";
+const ACCOUNT_SUB: &str = "sub_1AcctV2Sub00001";
+const ACCOUNT_INVOICE: &str = "in_1AcctV2Inv00001";
+const ACCOUNT_INTENT: &str = "pi_3AcctV2Pi000001";
+/// A Connect platform's connected account, as a Connect endpoint's events name it.
+const CONNECTED: &str = "acct_1PlatformConn01";
+
+/// The objects the worker reads for the accounts-v2 corpus, at a fake Stripe API: the
+/// refunded charge's payment intent (the charge names no customer) and the invoice payment
+/// that links it to its invoice; each answered only as `connected` (or as the platform).
+async fn accounts_v2_api(connected: Option<&str>) -> wiremock::MockServer {
+    use wiremock::matchers::{header, method, path, query_param};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let api = MockServer::start().await;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/providers/stripe/accounts-v2");
+    let intent: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("objects/payment_intent.json")).unwrap(),
+    )
+    .unwrap();
+    let (_, paid) = corpus("stripe/accounts-v2")
+        .into_iter()
+        .find(|(name, _)| name == "invoice_payment.paid")
+        .unwrap();
+    let list = serde_json::json!({"object": "list", "url": "/v1/invoice_payments",
+        "has_more": false, "data": [paid["data"]["object"]]});
+    let as_account = |mock: wiremock::MockBuilder| match connected {
+        Some(account) => mock.and(header("Stripe-Account", account)),
+        None => mock,
+    };
+    as_account(
+        Mock::given(method("GET"))
+            .and(path(format!("/v1/payment_intents/{ACCOUNT_INTENT}")))
+            .and(header("Stripe-Version", "2025-03-31.basil")),
+    )
+    .respond_with(ResponseTemplate::new(200).set_body_json(intent))
+    .mount(&api)
+    .await;
+    as_account(
+        Mock::given(method("GET"))
+            .and(path("/v1/invoice_payments"))
+            .and(query_param("payment[payment_intent]", ACCOUNT_INTENT)),
+    )
+    .respond_with(ResponseTemplate::new(200).set_body_json(list))
+    .mount(&api)
+    .await;
+    api
+}
+
+/// The accounts-v2 corpus sent as `source` would send it, each event from the connected
+/// account `connected` if named, in file order or reversed, with the worker reading `api`.
+async fn send_accounts_v2(
+    pool: PgPool,
+    api: &wiremock::MockServer,
+    connected: Option<&str>,
+    reverse: bool,
+) -> TestApp {
+    let mut app = corpus_app(pool).await;
+    crate::traffic::with_stripe_api(&mut app.worker, api);
+    let mut files = corpus("stripe/accounts-v2");
+    if reverse {
+        files.reverse();
+    }
+    for (name, mut body) in files {
+        if let Some(account) = connected {
+            body["account"] = account.into();
+        }
+        send_one(&app, "stripe", &format!("accounts-v2/{name}"), &body).await;
+    }
+    app
+}
+
+/// How many accounts of the stripe source are keyed `customer`.
+async fn accounts_keyed(app: &TestApp, customer: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM accounts WHERE source = 'stripe' AND customer_id = $1")
+        .bind(customer)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap()
+}
+
+/// A customer that is an Account (Accounts v2): its subscription, invoice and refund are the
+/// account `acct_…`, the refund found through its payment intent (docs/design.md §6.2).
+async fn accounts_v2_corpus(pool: PgPool, reverse: bool) {
+    let api = accounts_v2_api(None).await;
+    let app = send_accounts_v2(pool, &api, None, reverse).await;
+    let account = app.account("stripe", ACCOUNT_CUSTOMER, "2025-12").await;
+    assert_eq!(account.subscriptions.len(), 1);
+    assert_eq!(account.subscriptions[0].id, ACCOUNT_SUB);
+    assert_eq!(account.subscriptions[0].status, "active");
+    assert_eq!(payments(&account), vec![(ACCOUNT_INVOICE, "refunded")]);
+    assert_eq!(account.balance, 500, "pro granted once for 2025-12");
+    assert_eq!(
+        app.count("SELECT count(*) FROM accounts").await,
+        1,
+        "one account: the Account's"
+    );
+    let audit = app.audit().await;
+    assert!(audit.checked > 0 && audit.skipped == 0, "{audit:?}");
+    assert_eq!(audit.divergent, [], "the fold gives every register again");
+    // The platform's own customer: its intent is read, and no read goes as a connected account.
+    let reads = api.received_requests().await.unwrap();
+    assert!(reads
+        .iter()
+        .any(|r| r.url.path() == format!("/v1/payment_intents/{ACCOUNT_INTENT}")));
+    assert!(
+        reads
+            .iter()
+            .all(|r| r.headers.get("Stripe-Account").is_none()),
+        "{reads:?}"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_accounts_v2_corpus_in_file_order(pool: PgPool) {
+    accounts_v2_corpus(pool, false).await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn stripe_accounts_v2_corpus_in_reverse(pool: PgPool) {
+    accounts_v2_corpus(pool, true).await;
+}
+
+/// docs/design.md §4.6a: from a Connect endpoint (`account`), a customer that is an Account
+/// is that connected account's customer, `acct_…/acct_…`, and every read goes as the
+/// connected account; the Account is no account of the platform's own.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_connected_accounts_customer_that_is_an_account_is_keyed_under_the_connected_account(
+    pool: PgPool,
+) {
+    let api = accounts_v2_api(Some(CONNECTED)).await;
+    let app = send_accounts_v2(pool, &api, Some(CONNECTED), false).await;
+    let key = format!("{CONNECTED}/{ACCOUNT_CUSTOMER}");
+    let account = app.account("stripe", &key, "2025-12").await;
+    assert_eq!(account.subscriptions[0].status, "active");
+    assert_eq!(payments(&account), vec![(ACCOUNT_INVOICE, "refunded")]);
+    assert_eq!(account.balance, 500);
+    assert_eq!(accounts_keyed(&app, ACCOUNT_CUSTOMER).await, 0);
+    let reads = api.received_requests().await.unwrap();
+    assert!(!reads.is_empty());
+    for read in reads {
+        assert_eq!(
+            read.headers
+                .get("Stripe-Account")
+                .map(|v| v.to_str().unwrap()),
+            Some(CONNECTED),
+            "{}",
+            read.url
+        );
+    }
+}
+
+/// docs/design.md §6.2: a customer its account migrated to Accounts v2 has a Customer id and an
+/// Account id; its events before the migration name the Customer, those after name both. One
+/// account, keyed by the Customer id.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_customer_named_by_both_ids_is_one_account_keyed_by_its_customer_id(pool: PgPool) {
+    let app = corpus_app(pool).await;
+    let ids = ids("Dahlia");
+    for (name, mut body) in corpus("stripe/dahlia") {
+        let object = &mut body["data"]["object"];
+        // Subscriptions and invoices after the migration name the Account too.
+        if object.get("customer_account").is_some() && name != "customer.subscription.created" {
+            object["customer_account"] = "acct_1DahliaMigrated1".into();
+        }
+        send_one(&app, "stripe", &format!("dahlia/{name}"), &body).await;
+    }
+    assert_generation(&app, ids.each_ref().map(String::as_str)).await;
+    assert_eq!(accounts_keyed(&app, "acct_1DahliaMigrated1").await, 0);
+}
+
+/// Without an API key nothing tells whose a refund is when its charge names no customer and
+/// its payment intent is known under none: it is ignored, and says why.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_account_customers_refund_without_a_key_or_a_known_intent_says_why(pool: PgPool) {
+    let app = corpus_app(pool).await;
+    let (_, refund) = corpus("stripe/accounts-v2")
+        .into_iter()
+        .find(|(name, _)| name == "charge.refunded")
+        .unwrap();
+    let reason = send_one(&app, "stripe", "accounts-v2/charge.refunded", &refund).await;
+    assert!(
+        reason.contains(&format!(
+            "the event names no customer, and none is known for {ACCOUNT_INTENT}"
+        )),
+        "{reason}"
+    );
+}

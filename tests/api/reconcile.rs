@@ -284,6 +284,54 @@ async fn an_event_stripe_failed_to_deliver_is_applied_and_counted_once(pool: PgP
     );
 }
 
+/// Reconciliation reads the events list, whose objects name a customer that is an Account by
+/// `customer_account` (`customer` null, docs/design.md §6.2): a listed event of one is that
+/// Account's, the platform's own or a connected account's customer (the event's `account`).
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_listed_event_of_a_customer_that_is_an_account_is_that_accounts(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let created = Utc::now().timestamp() - 60;
+    let account_event = |id: &str, subscription: &str, connected: Option<&str>| {
+        let mut event = stripe_api_event(id, "unused", created);
+        event["data"]["object"]["id"] = json!(subscription);
+        event["data"]["object"]["customer"] = Value::Null;
+        event["data"]["object"]["customer_account"] = json!("acct_1RecCust");
+        if let Some(connected) = connected {
+            event["account"] = json!(connected);
+        }
+        event
+    };
+    let mut fake = FakeStripe::new(Vec::new());
+    fake.undelivered = vec![
+        account_event("evt_rec_acct_own", "sub_rec_own", None),
+        account_event("evt_rec_acct_conn", "sub_rec_conn", Some("acct_1RecConn")),
+    ];
+    let server = fake_stripe(fake).await;
+    let scheduler = scheduler_for(&app, vec![stripe_reconciler(&server)]);
+    let run = scheduler::run(&scheduler).await.reconciliation[0].clone();
+    assert_eq!((run.stored_new, run.discrepancies), (2, 2), "{run:?}");
+    app.run_worker().await;
+    for (id, customer, subscription) in [
+        ("evt_rec_acct_own", "acct_1RecCust", "sub_rec_own"),
+        (
+            "evt_rec_acct_conn",
+            "acct_1RecConn/acct_1RecCust",
+            "sub_rec_conn",
+        ),
+    ] {
+        let event = app.event(app.event_id("stripe", id).await).await;
+        assert_eq!(event.status, "applied", "{id}: {:?}", event.reason);
+        assert_eq!(event.customer_key.as_deref(), Some(customer), "{id}");
+        let why = app.why("stripe", customer, Cut::default()).await;
+        let status = why
+            .fields
+            .iter()
+            .find(|f| f.field == format!("subscription:{subscription}:status"));
+        let by = status.and_then(|f| f.decided_by.as_ref()).unwrap();
+        assert_eq!(by.via, shared::billing::fold::Via::Reconciliation, "{id}");
+    }
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_purged_event_stripe_still_lists_as_undelivered_is_not_stored_again(pool: PgPool) {
     let app = TestApp::spawn(pool).await;

@@ -9,7 +9,9 @@ use sqlx::PgPool;
 use wiremock::matchers::{header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::corpus::{corpus, corpus_app, payments, renewal_without_price, send_one};
+use crate::corpus::{
+    corpus, corpus_app, payments, renewal_without_price, send_one, ACCOUNT_CUSTOMER,
+};
 use crate::helpers::*;
 use crate::traffic::with_stripe_api;
 
@@ -341,4 +343,73 @@ async fn a_subscription_event_before_its_invoice_at_the_month_boundary_grants_th
         renewal_at_the_month_boundary(pool, false).await,
         [(previous, 500)]
     );
+}
+
+/// The renewal of a customer that is an Account (`customer_account`, `customer` null): the
+/// endive renewal without a price, as the accounts-v2 corpus names its customer, from the
+/// connected account `connected` if named.
+fn account_renewal(connected: Option<&str>) -> Value {
+    let mut renewal = renewal_without_price(SUB);
+    renewal["data"]["object"]["customer"] = Value::Null;
+    renewal["data"]["object"]["customer_account"] = ACCOUNT_CUSTOMER.into();
+    if let Some(connected) = connected {
+        renewal["account"] = connected.into();
+    }
+    renewal
+}
+
+/// An invoice of a customer that is an Account, before its subscription (docs/design.md
+/// §6.2): the subscription is read as the account the customer lives in (no `Stripe-Account`
+/// for the platform's own, the connected account's for a Connect endpoint's), the read names
+/// the same Account (`customer_account`), and the invoice grants its plan.
+async fn account_customers_invoice_reads_its_subscription(pool: PgPool, connected: Option<&str>) {
+    let (app, api) = app_with_api(pool).await;
+    let mut shown = subscription();
+    shown["customer"] = Value::Null;
+    shown["customer_account"] = ACCOUNT_CUSTOMER.into();
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/subscriptions/{SUB}")))
+        .and(header("Stripe-Version", "2025-03-31.basil"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(shown))
+        .mount(&api)
+        .await;
+    let reason = send_one(&app, "stripe", "renewal", &account_renewal(connected)).await;
+    let key = match connected {
+        Some(connected) => format!("{connected}/{ACCOUNT_CUSTOMER}"),
+        None => ACCOUNT_CUSTOMER.to_owned(),
+    };
+    assert!(
+        reason.contains(&format!(
+            "plan pro from subscription {SUB} as the provider shows it"
+        )),
+        "{key}: {reason}"
+    );
+    let account = app.account("stripe", &key, "2026-01").await;
+    assert_eq!(account.balance, 500, "{key}");
+    let read = app.event(app.event_id("stripe", &read_key()).await).await;
+    assert_eq!(read.customer_key.as_deref(), Some(key.as_str()));
+    let sent: Vec<Option<String>> = api
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r.headers
+                .get("Stripe-Account")
+                .map(|v| v.to_str().unwrap().to_owned())
+        })
+        .collect();
+    assert_eq!(sent, [connected.map(str::to_owned)], "{key}");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_account_customers_invoice_reads_its_subscription_as_the_platform(pool: PgPool) {
+    account_customers_invoice_reads_its_subscription(pool, None).await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_account_customers_invoice_reads_its_subscription_as_its_connected_account(
+    pool: PgPool,
+) {
+    account_customers_invoice_reads_its_subscription(pool, Some("acct_1SubReadConn01")).await;
 }

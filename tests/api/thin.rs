@@ -388,6 +388,56 @@ async fn a_connected_accounts_thin_event_reads_its_object_as_that_account(pool: 
     assert_eq!(account.plan, "pro");
 }
 
+/// A thin event about the subscription of a customer that is an Account: the read object names
+/// `customer_account` (and `customer` null, docs/design.md §6.2), and the read is that
+/// Account's: the platform's own with a `null` context, the connected account's customer
+/// (`acct_…/acct_…`, read with `Stripe-Account`) with one.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_thin_events_read_of_a_customer_that_is_an_account_is_that_accounts(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    // Stripe's ids are unique across accounts: the connected account's subscription is another.
+    const CONNECTED_SUB: &str = "sub_1ThinSubConn0001";
+    for id in [SUB, CONNECTED_SUB] {
+        let mut active = object("subscription.active");
+        active["id"] = json!(id);
+        active["customer"] = Value::Null;
+        active["customer_account"] = json!("acct_1ThinCustAcct1");
+        Mock::given(method("GET"))
+            .and(path(format!("/v1/subscriptions/{id}")))
+            .respond_with(ResponseTemplate::new(200).set_body_json(active))
+            .mount(&api)
+            .await;
+    }
+    let own = thin_events().remove(1);
+    let mut connected = own.clone();
+    connected["id"] = json!("evt_test_65TcR1ThinCustAcctConnected0001");
+    connected["context"] = json!("acct_1ThinConnect01");
+    connected["related_object"]["id"] = json!(CONNECTED_SUB);
+    connected["related_object"]["url"] = json!(format!("/v1/subscriptions/{CONNECTED_SUB}"));
+    connected.as_object_mut().unwrap().remove("snapshot_event");
+    for (event, key) in [
+        (&own, "acct_1ThinCustAcct1".to_owned()),
+        (
+            &connected,
+            "acct_1ThinConnect01/acct_1ThinCustAcct1".to_owned(),
+        ),
+    ] {
+        deliver(&app, event).await;
+        let row = status_of(&app, id_of(event)).await;
+        assert_eq!(row.status, "applied", "{:?}", row.reason);
+        let read = status_of(&app, &format!("read:{}", id_of(event))).await;
+        assert_eq!(read.customer_key.as_deref(), Some(key.as_str()));
+        let account = app.account("stripe", &key, &period()).await;
+        assert_eq!(account.plan, "pro", "{key}");
+    }
+    let reads = api.received_requests().await.unwrap();
+    let accounts: Vec<Option<&str>> = reads
+        .iter()
+        .map(|r| r.headers.get("Stripe-Account").map(|v| v.to_str().unwrap()))
+        .collect();
+    assert_eq!(accounts, [None, Some("acct_1ThinConnect01")]);
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_replayed_thin_event_applies_its_stored_read_without_reading_again(pool: PgPool) {
     let (mut app, api) = app_with_api(pool).await;

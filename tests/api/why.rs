@@ -290,3 +290,90 @@ async fn the_why_route_answers_the_fold_as_the_cli_does(pool: PgPool) {
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
     assert_eq!(unknown.body["code"], "unknown_customer");
 }
+
+/// `customer_subscription_updated` of a customer that is an Account (`customer` null,
+/// `customer_account` set), from a Connect endpoint when `connected` is named.
+fn account_customer_event(id: &str, status: &str, price: &str, connected: Option<&str>) -> Value {
+    let mut event = subscription_event(id, status, price, T);
+    event["data"]["object"]["customer"] = Value::Null;
+    event["data"]["object"]["customer_account"] = json!("acct_1WhyCust");
+    if let Some(connected) = connected {
+        event["account"] = json!(connected);
+        // Stripe's ids are unique across accounts: the connected account's is another.
+        event["data"]["object"]["id"] = json!("sub_why_connected");
+    }
+    event
+}
+
+/// A customer that is an Account (docs/design.md §4.6a, §6.2): `why`, its route and the audit
+/// name it by its `acct_…`; the platform's own and a connected account's are two accounts,
+/// told apart by `?stripe_account=` / `--stripe-account`.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn why_and_the_audit_name_a_customer_that_is_an_account(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let mut ids = Vec::new();
+    for event in [
+        account_customer_event("evt_why_acct_own", "active", "price_pro", None),
+        account_customer_event(
+            "evt_why_acct_conn",
+            "trialing",
+            "price_team",
+            Some("acct_1WhyConn"),
+        ),
+    ] {
+        let (status, answer) = app.post("stripe", &stripe_delivery(&event)).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        ids.push(answer["event_id"].as_i64().unwrap());
+        app.run_worker().await;
+    }
+    let state = api_state(&pool);
+    let url = database_url(&app.pool).await;
+    for (query, plan, event_id, stripe_account, cli_args) in [
+        ("", "pro", ids[0], Value::Null, vec![]),
+        (
+            "?stripe_account=acct_1WhyConn",
+            "team",
+            ids[1],
+            json!("acct_1WhyConn"),
+            vec!["--stripe-account", "acct_1WhyConn"],
+        ),
+    ] {
+        let path = format!("/v1/accounts/stripe/acct_1WhyCust/why{query}");
+        let answer = call(&state, "GET", &path, Some(APP_KEY), &[], None).await;
+        assert_eq!(answer.status, StatusCode::OK, "{path}: {}", answer.body);
+        assert_eq!(answer.body["customer_id"], "acct_1WhyCust", "{path}");
+        assert_eq!(answer.body["stripe_account"], stripe_account, "{path}");
+        assert_eq!(field(&answer.body, "plan")["value"], plan, "{path}");
+        assert_eq!(
+            field(&answer.body, "plan")["decided_by"]["event_id"],
+            event_id,
+            "{path}"
+        );
+        let mut args = vec!["why", "acct_1WhyCust", "--json"];
+        args.extend(cli_args);
+        let (output, stdout, stderr) = cli(&url, &args);
+        assert!(output.status.success(), "{stderr}");
+        let cli_why: Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(field(&cli_why, "plan")["value"], plan, "{args:?}");
+    }
+    // The connected account itself is no customer.
+    let connected = call(
+        &state,
+        "GET",
+        "/v1/accounts/stripe/acct_1WhyConn/why",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(connected.body["code"], "unknown_customer");
+
+    let (output, stdout, stderr) = cli(&url, &["audit", "--all", "--json"]);
+    assert!(output.status.success(), "{stdout}{stderr}");
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report, json!({"checked": 2, "skipped": 0, "divergent": []}));
+    for customer in ["acct_1WhyCust", "acct_1WhyConn/acct_1WhyCust"] {
+        let (output, stdout, stderr) = cli(&url, &["audit", "--customer", customer]);
+        assert!(output.status.success(), "{customer}: {stdout}{stderr}");
+    }
+}

@@ -2,7 +2,9 @@
 //! for a provider that keeps accounts inside another's (Stripe Connect: a connected account's
 //! customers are that account's, not the platform's), the connected account the customer
 //! belongs to. The store keys such a customer as one [`CustomerId`], `acct_…/cus_…`; that key
-//! is built and taken apart here and nowhere else.
+//! is built and taken apart here and nowhere else. The customer's own id may be an `acct_…`
+//! too (a Stripe customer that is an Account): what is before the separator is the connected
+//! account, what is after it (or the whole key) the customer.
 
 use super::{parse_id, CustomerId, DomainError};
 
@@ -113,6 +115,28 @@ mod tests {
         let again = account.customer_id();
         assert_eq!(again.connected_account(), Some("acct_1Conn"));
         assert_eq!(again.at_provider(), "cus_1");
+    }
+
+    /// A customer that is an Account (Accounts v2) has an `acct_…` id of its own: the stored
+    /// key tells it from a connected account by place alone (docs/design.md §4.6a).
+    #[test]
+    fn a_customer_that_is_an_account_is_told_from_a_connected_account_by_its_place() {
+        let own = AccountRef::new("stripe", "acct_cust", None).unwrap();
+        assert_eq!(own.customer_id().as_str(), "acct_cust");
+        assert_eq!(own.customer(), "acct_cust");
+        assert_eq!(own.connected_account(), None);
+        let connected =
+            AccountRef::new("stripe", "acct_cust", Some("acct_platformconnected")).unwrap();
+        assert_eq!(
+            connected.customer_id().as_str(),
+            "acct_platformconnected/acct_cust"
+        );
+        assert_eq!(connected.customer(), "acct_cust");
+        assert_eq!(
+            connected.connected_account(),
+            Some("acct_platformconnected")
+        );
+        assert_ne!(own.customer_id(), connected.customer_id());
     }
 
     #[test]

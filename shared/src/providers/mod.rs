@@ -403,6 +403,18 @@ pub trait Reads: Send + Sync {
         Box::pin(std::future::ready(Ok(None)))
     }
 
+    /// The customer a payment intent is for, read from the provider for an event about it that
+    /// names no customer (`payload`, the event as stored: Stripe's charge of a customer that is
+    /// an Account names neither `customer` nor `customer_account`, docs/design.md §6.2); `None`
+    /// when the provider does not know the intent or it names no customer.
+    fn payment_intent_customer<'a>(
+        &'a self,
+        _payload: &'a Value,
+        _payment_intent: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<CustomerId>>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
     /// The subscription object as the provider shows it now, whole (Stripe: an invoice whose
     /// plan its subscription's register does not know yet, docs/design.md §6.2); `None` when
     /// the provider does not know it (404).

@@ -447,6 +447,19 @@ pub(super) fn target(
         .find(|(name, _)| *name == source)
         .map(|(_, kind)| *kind)
         .ok_or_else(|| ApiError::UnknownSource(source.clone()))?;
+    account_of(source, kind, customer, stripe_account)
+}
+
+/// The account a route names in a source of `kind` (docs/design.md §4.6a): the path's
+/// `customer` is the customer, whichever id it is (`cus_…`, or `acct_…` for a customer that
+/// is an Account), and `stripe_account` the Connect platform's connected account it lives in;
+/// the two are never read from each other.
+fn account_of(
+    source: String,
+    kind: SourceKind,
+    customer: &str,
+    stripe_account: Option<&str>,
+) -> Result<AccountRef, ApiError> {
     let not_connected = || {
         ApiError::bad(
             "bad_stripe_account",
@@ -647,6 +660,57 @@ mod tests {
             route(&get, "/v1/accounts/kinde"),
             Err(ApiError::NotFound { .. })
         ));
+    }
+
+    /// A customer that is an Account is named by its `acct_…` in the path; a connected
+    /// account only by `stripe_account` (docs/design.md §4.6a).
+    #[test]
+    fn a_customer_that_is_an_account_is_the_paths_customer_and_a_connected_account_the_querys() {
+        let get = Method::GET;
+        assert_eq!(
+            route(&get, "/v1/accounts/stripe/acct_cust/why").unwrap(),
+            (Route::Why, "stripe".into(), "acct_cust".into())
+        );
+        let own = account_of("stripe".into(), SourceKind::Stripe, "acct_cust", None).unwrap();
+        assert_eq!(own.customer_id().as_str(), "acct_cust");
+        assert_eq!(own.customer(), "acct_cust");
+        assert_eq!(own.connected_account(), None);
+        let connected = account_of(
+            "stripe".into(),
+            SourceKind::Stripe,
+            "acct_cust",
+            Some("acct_platformconnected"),
+        )
+        .unwrap();
+        assert_eq!(
+            connected.customer_id().as_str(),
+            "acct_platformconnected/acct_cust"
+        );
+        assert_eq!(connected.customer(), "acct_cust");
+        assert_eq!(
+            connected.connected_account(),
+            Some("acct_platformconnected")
+        );
+        let joined = account_of(
+            "stripe".into(),
+            SourceKind::Stripe,
+            "acct_platformconnected/acct_cust",
+            None,
+        );
+        assert!(
+            matches!(joined, Err(ApiError::BadRequest { .. })),
+            "{joined:?}"
+        );
+        let not_stripe = account_of(
+            "polar".into(),
+            SourceKind::StandardWebhooks,
+            "acct_cust",
+            Some("acct_1"),
+        );
+        assert!(
+            matches!(not_stripe, Err(ApiError::BadRequest { .. })),
+            "{not_stripe:?}"
+        );
     }
 
     #[test]

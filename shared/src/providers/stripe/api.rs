@@ -1,14 +1,16 @@
 //! Stripe's API as reconciliation reads it: `GET /v1/events` within a window of `created`,
 //! newest first, paginated with `starting_after`, filtered to the handled `types[]`; and
 //! `delivery_success=false`, what Stripe failed to deliver (Stripe keeps 30 days of events). And the object reads the
-//! worker makes: a subscription, to settle a same-second tie, and the invoice payment of a
-//! payment intent, to link a refund (docs/design.md §4.2, §4.5).
+//! worker makes: a subscription, to settle a same-second tie, the invoice payment of a
+//! payment intent, to link a refund, and a payment intent's customer, for a refund whose charge
+//! names none (docs/design.md §4.2, §4.5, §6.2).
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::decide::{ends, plan_keys, HANDLED_TYPES};
 use super::parse_event;
+use super::verify::object_customer;
 use crate::domain::CustomerId;
 use crate::providers::{
     path_id, Api, Carrier, EventFeed, Failure, FeedPage, Fetched, Reads, SubscriptionNow, Window,
@@ -170,6 +172,30 @@ impl StripeReads {
             })
             .map(str::to_owned))
     }
+
+    /// `GET /v1/payment_intents/{id}`, as the connected account the event names (its
+    /// `account`, as the event's own customer would be keyed): the customer the intent names,
+    /// read as an event's object is (`customer`, else `customer_account`), in that account.
+    async fn read_payment_intent_customer(
+        &self,
+        payload: &Value,
+        payment_intent: &str,
+    ) -> anyhow::Result<Option<CustomerId>> {
+        let path = format!("/v1/payment_intents/{}", path_id(payment_intent)?);
+        let connected = payload
+            .get("account")
+            .and_then(Value::as_str)
+            .filter(|a| !a.trim().is_empty());
+        let mut headers = vec![("Stripe-Version", READ_VERSION)];
+        if let Some(account) = connected {
+            headers.push(("Stripe-Account", account));
+        }
+        let Some(intent) = self.api.get_found(&path, &[], &headers).await? else {
+            return Ok(None);
+        };
+        Ok(object_customer(&intent)
+            .and_then(|customer| CustomerId::of_account(customer.as_str(), connected).ok()))
+    }
 }
 
 impl Reads for StripeReads {
@@ -187,6 +213,14 @@ impl Reads for StripeReads {
         payment_intent: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<String>>> {
         Box::pin(self.read_invoice_of(customer, payment_intent))
+    }
+
+    fn payment_intent_customer<'a>(
+        &'a self,
+        payload: &'a Value,
+        payment_intent: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<CustomerId>>> {
+        Box::pin(self.read_payment_intent_customer(payload, payment_intent))
     }
 
     fn subscription_object<'a>(

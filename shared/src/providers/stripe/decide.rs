@@ -735,6 +735,96 @@ mod tests {
         );
     }
 
+    /// stripe-node types the summary with `customer` alone: a customer that is an Account is
+    /// the id the summary names, its list read by that id (the list takes `customer` alone),
+    /// as the connected account the event names, if any.
+    #[test]
+    fn a_summary_of_a_customer_that_is_an_account_is_read_and_keyed_by_its_id() {
+        use crate::providers::stripe::fixtures::{entitlement_summary, summary_event};
+        let summary = entitlement_summary("acct_1EntCust", vec![], true);
+        let mut payload = summary_event("evt_1EntAcct", 1_767_225_600, summary, None);
+        for (account, key) in [
+            (None, "acct_1EntCust"),
+            (
+                Some("acct_1EntConnect01"),
+                "acct_1EntConnect01/acct_1EntCust",
+            ),
+        ] {
+            if let Some(account) = account {
+                payload["account"] = json!(account);
+            }
+            let verified = crate::providers::stripe::parse_event(
+                payload.to_string().as_bytes(),
+                chrono::Utc::now(),
+            );
+            assert_eq!(verified.meta.unwrap().customer.unwrap().as_str(), key);
+            let Some(crate::providers::Notice::Carrier(carrier)) =
+                crate::providers::stripe::entitlements::notice(&payload)
+            else {
+                panic!("a notice")
+            };
+            assert_eq!(
+                carrier.path.as_deref(),
+                Ok("/v1/entitlements/active_entitlements?customer=acct_1EntCust")
+            );
+            assert_eq!(carrier.context.as_deref(), account);
+        }
+    }
+
+    /// The accounts-v2 corpus (a customer that is an Account: `customer` null,
+    /// `customer_account` set): every event is that Account's, and every decision field is
+    /// read as in the version's own corpus.
+    #[test]
+    fn every_accounts_v2_event_is_the_accounts_and_reads_as_its_versions() {
+        let dir = format!(
+            "{}/../testdata/providers/stripe/accounts-v2",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let mut read = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|x| x != "json") {
+                continue;
+            }
+            let event: Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let object = &event["data"]["object"];
+            let meta = crate::providers::stripe::parse_event(
+                event.to_string().as_bytes(),
+                chrono::Utc::now(),
+            )
+            .meta
+            .unwrap();
+            let name = path.display();
+            match object["object"].as_str() {
+                // A charge has no customer_account (stripe-node): its customer is its intent's.
+                Some("charge") | Some("invoice_payment") => {
+                    assert_eq!(meta.customer, None, "{name}")
+                }
+                _ => {
+                    assert_eq!(object["customer"], Value::Null, "{name}");
+                    assert_eq!(
+                        meta.customer.unwrap().as_str(),
+                        "acct_1AcctV2Cust0001",
+                        "{name}"
+                    );
+                }
+            }
+            let decided = decide(
+                SourceKind::Stripe,
+                meta.event_type.as_str(),
+                &event,
+                &catalog(),
+            );
+            assert!(
+                matches!(decided, Decision::Apply { .. }),
+                "{name}: {decided:?}"
+            );
+            read += 1;
+        }
+        assert!(read >= 5, "the accounts-v2 corpus has its files");
+    }
+
     /// A Connect endpoint's summary names the connected account: the customer is that
     /// account's, and its list is read as that account.
     #[test]

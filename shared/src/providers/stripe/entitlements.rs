@@ -149,13 +149,23 @@ fn list_of(customer: &str) -> String {
     format!("{LIST_PATH}?customer={customer}")
 }
 
-/// The summary's customer: an id, or an expanded customer's.
+/// The summary's customer: an id, or an expanded customer's. stripe-node types the summary
+/// with `customer` alone (no `customer_account`, unlike the v1 billing objects), and the list
+/// it is read from takes `customer` alone: a customer that is an Account is whatever id the
+/// summary names, and is listed by it. A `customer_account` beside it is read as the event's
+/// customer is (`verify::object_customer`), so the notice and the event name one customer.
 fn customer(summary: &Value) -> Option<&str> {
-    let found = summary.get("customer")?;
-    found
-        .as_str()
-        .or_else(|| found.get("id").and_then(Value::as_str))
-        .filter(|c| !c.trim().is_empty())
+    fn id(found: &Value) -> Option<&str> {
+        found
+            .as_str()
+            .or_else(|| found.get("id").and_then(Value::as_str))
+            .filter(|c| !c.trim().is_empty())
+            .map(str::trim)
+    }
+    summary
+        .get("customer")
+        .and_then(id)
+        .or_else(|| summary.get("customer_account").and_then(id))
 }
 
 /// The complete summary the carrier stands for, read from Stripe: the customer its path names

@@ -439,6 +439,36 @@ mod tests {
         );
     }
 
+    /// A thin event's object of a customer that is an Account (`customer` null,
+    /// `customer_account` set): the read is that Account's, under the connected account the
+    /// thin event's `context` names, and the platform's own with no context.
+    #[test]
+    fn a_read_of_a_customer_accounts_object_is_that_accounts() {
+        let object = json!({"id": "sub_1", "object": "subscription", "customer": null,
+            "customer_account": "acct_1Cust", "status": "active"});
+        let at = DateTime::from_timestamp(1_790_000_000, 0).unwrap();
+        let connected = read(&thin("v1.customer.subscription.updated")).unwrap();
+        let mut own = thin("v1.customer.subscription.updated");
+        own["context"] = Value::Null;
+        let own = read(&own).unwrap();
+        for (carrier, customer, account) in [
+            (&connected, "acct_1Conn/acct_1Cust", Some("acct_1Conn")),
+            (&own, "acct_1Cust", None),
+        ] {
+            let read = ReadFor {
+                key: carrier.read_key().unwrap(),
+                at,
+                made_for: MadeFor::Carrier(carrier),
+            };
+            let fetched = read_as_event(&read, &object).unwrap();
+            let meta = fetched.event.meta.as_ref().unwrap();
+            let stored = meta.customer.as_ref().unwrap();
+            assert_eq!(stored.as_str(), customer);
+            assert_eq!(stored.connected_account(), account);
+            assert_eq!(stored.at_provider(), "acct_1Cust");
+        }
+    }
+
     /// `data.impact` as stripe-node's types give it (an API path) and as Stripe's guide shows
     /// it (a Dashboard URL, and the older `related_object_id`).
     #[test]

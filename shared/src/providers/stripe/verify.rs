@@ -137,21 +137,31 @@ fn meta(payload: &Value) -> Result<EventMeta, String> {
     })
 }
 
-/// The customer an event is about: the object's `customer`, or the object itself when
-/// the event is about a customer. An event from a Connect endpoint names the connected
+/// The customer an event is about: the object's customer, or the object itself when the
+/// event is about a customer. An event from a Connect endpoint names the connected
 /// `account`; its customers are that account's, so the account is part of the id:
-/// `acct_…/cus_…` (docs/design.md §4.6).
+/// `acct_…/cus_…` (docs/design.md §4.6a). The connected account is the event's and the
+/// customer the object's, whichever ids they are: a customer that is an Account of a
+/// connected account is `acct_…/acct_…`.
 fn customer(payload: &Value) -> Option<CustomerId> {
     let object = payload.pointer("/data/object")?;
     let customer = if str_at(object, "/object") == Some("customer") {
         str_at(object, "/id").and_then(|id| CustomerId::parse(id).ok())
     } else {
-        customer_at(object, "/customer")
+        object_customer(object)
     }?;
-    match str_at(payload, "/account").filter(|a| !a.trim().is_empty()) {
-        Some(account) => CustomerId::of_account(customer.as_str(), Some(account)).ok(),
-        None => Some(customer),
-    }
+    let connected = str_at(payload, "/account").filter(|a| !a.trim().is_empty());
+    CustomerId::of_account(customer.as_str(), connected).ok()
+}
+
+/// The customer an object names (docs/design.md §6.2): its `customer` (a Customer, `cus_…`,
+/// as an id or expanded), else its `customer_account` (an Account configured as a customer,
+/// `acct_…`, which v1 objects name from 2025-12-15.clover on, with `customer` null when the
+/// customer has no Customer object). An object naming both is one customer, and its Customer
+/// id wins: it is the id every earlier event of that customer named, before its account named
+/// an Account as well.
+pub(crate) fn object_customer(object: &Value) -> Option<CustomerId> {
+    customer_at(object, "/customer").or_else(|| customer_at(object, "/customer_account"))
 }
 
 #[cfg(test)]
@@ -377,5 +387,75 @@ mod tests {
         let expanded = json!({"id": "evt_3", "type": "invoice.paid", "created": NOW,
             "data": {"object": {"object": "invoice", "customer": {"id": "cus_8"}}}});
         assert_eq!(meta(&expanded).unwrap().customer.unwrap().as_str(), "cus_8");
+    }
+
+    fn customer_of(object: Value, account: Option<&str>) -> Option<String> {
+        let mut p = json!({"id": "evt_4", "type": "invoice.paid", "created": NOW,
+            "data": {"object": object}});
+        if let Some(account) = account {
+            p["account"] = json!(account);
+        }
+        meta(&p).unwrap().customer.map(|c| c.as_str().to_owned())
+    }
+
+    /// docs/design.md §6.2: a customer that is an Account (Accounts v2) is named by
+    /// `customer_account`, with `customer` null; that Account is the customer.
+    #[test]
+    fn a_customer_that_is_an_account_is_the_account_of_its_id() {
+        for object in ["subscription", "invoice", "payment_intent", "refund"] {
+            let named = json!({"id": "x_1", "object": object, "customer": null,
+                "customer_account": "acct_1Cust"});
+            assert_eq!(
+                customer_of(named, None).as_deref(),
+                Some("acct_1Cust"),
+                "{object}"
+            );
+        }
+        // An object of an API version before customer_account has only `customer`.
+        let before = json!({"object": "invoice", "customer": "cus_1"});
+        assert_eq!(customer_of(before, None).as_deref(), Some("cus_1"));
+        // Neither: no customer.
+        let neither = json!({"object": "charge", "customer": null});
+        assert_eq!(customer_of(neither, None), None);
+    }
+
+    /// docs/design.md §6.2: an object naming both a Customer and an Account is one customer,
+    /// keyed by its Customer id, the id its events named before its Account was named too.
+    #[test]
+    fn an_object_naming_both_ids_is_the_account_of_its_customer_id() {
+        let before = json!({"object": "subscription", "customer": "cus_1Mig",
+            "customer_account": null});
+        let after = json!({"object": "subscription", "customer": "cus_1Mig",
+            "customer_account": "acct_1Mig"});
+        let expanded = json!({"object": "invoice", "customer": {"id": "cus_1Mig",
+            "object": "customer", "customer_account": "acct_1Mig"},
+            "customer_account": "acct_1Mig"});
+        for object in [before, after, expanded] {
+            assert_eq!(customer_of(object, None).as_deref(), Some("cus_1Mig"));
+        }
+        // An empty `customer` is no id: the Account is the customer.
+        let empty = json!({"object": "invoice", "customer": "", "customer_account": "acct_1A"});
+        assert_eq!(customer_of(empty, None).as_deref(), Some("acct_1A"));
+    }
+
+    /// docs/design.md §4.6a: the event's `account` is the connected account the event came
+    /// from, the object's `customer_account` the customer; the key is `connected/customer`.
+    #[test]
+    fn a_connected_accounts_customer_that_is_an_account_is_keyed_under_the_connected_account() {
+        let object = json!({"object": "subscription", "customer": null,
+            "customer_account": "acct_cust"});
+        assert_eq!(
+            customer_of(object.clone(), Some("acct_platformconnected")).as_deref(),
+            Some("acct_platformconnected/acct_cust")
+        );
+        // The platform's own customer that is an Account: no connected account.
+        let id = CustomerId::parse(&customer_of(object, None).unwrap()).unwrap();
+        assert_eq!(id.as_str(), "acct_cust");
+        assert_eq!(id.connected_account(), None);
+        assert_eq!(id.at_provider(), "acct_cust");
+        // An id holding the separator names no customer rather than a wrong one.
+        let slashed = json!({"object": "invoice", "customer": null,
+            "customer_account": "acct_a/acct_b"});
+        assert_eq!(customer_of(slashed, Some("acct_c")), None);
     }
 }
