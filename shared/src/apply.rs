@@ -24,9 +24,10 @@ use crate::inbox::commit::{self, Committed};
 use crate::inbox::lease::{self, Claimed};
 use crate::platform::config::SourceConfig;
 use crate::platform::sim::{self, Bug, Injected, Point};
-use crate::providers::{self, Api, GenerationFailure, Notice, Reads, Shown};
+use crate::providers::{self, Api, GenerationFailure, MeterErrorsNotice, Notice, Reads, Shown};
 
 mod health;
+mod meter_errors;
 pub(crate) mod subscription_read;
 mod thin;
 pub use health::{generation_failure_metric, SWEEP_BUDGET};
@@ -171,10 +172,14 @@ pub async fn apply_claimed(
         Some(Notice::GenerationFailure(failure)) if health::in_scope(event, source) => {
             health::carried_within(conn, event, source, &failure, applier.sweep_budget).await?
         }
+        Some(Notice::MeterErrors(errors)) if health::in_scope(event, source) => {
+            meter_errors::carried(conn, event, source, &errors).await?
+        }
         // A thin event, or a notice of the other mode, which is ignored as a thin event is.
         Some(
             Notice::Carrier(thin)
-            | Notice::GenerationFailure(GenerationFailure { notice: thin, .. }),
+            | Notice::GenerationFailure(GenerationFailure { notice: thin, .. })
+            | Notice::MeterErrors(MeterErrorsNotice { notice: thin, .. }),
         ) => thin::carried(conn, event, source, &thin).await?,
     };
     match carried {

@@ -731,3 +731,81 @@ async fn a_report_the_queue_lost_is_sent_by_the_scheduler(pool: PgPool) {
     assert_eq!(app.drain(&outbox_url).await, vec![id]);
     assert_eq!(run.report_alerts.pending, 1);
 }
+
+const METER_NOTICE: &str = "evt_test_65TmeterErr0rReport16T2Kfo4Q8lSA4GfMwNYbNqc";
+
+/// Stripe's notice that meter events it took could not be counted: delivered thin (no
+/// `data`), read back as `GET /v2/core/events/{id}` in the shape of stripe-node's
+/// `V1BillingMeterErrorReportTriggeredEvent`. The reports it names are marked dead with
+/// Stripe's reason, alerted, and counted.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_meter_error_report_from_stripe_marks_the_reports_it_names(pool: PgPool) {
+    let mut app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_counted").await;
+    let api = MockServer::start().await;
+    crate::traffic::with_stripe_api(&mut app.worker, &api);
+    let who = customer("cus_counted");
+    let bad = debit(&pool, &ask("stripe", &who, "req_bad", 2, Some("api_calls")))
+        .await
+        .reported
+        .unwrap();
+    let good = debit(
+        &pool,
+        &ask("stripe", &who, "req_good", 3, Some("api_calls")),
+    )
+    .await
+    .reported
+    .unwrap();
+    sqlx::query("UPDATE meter_reports SET status = 'sent', sent_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let bad_identifier = report(&pool, &bad).await.identifier;
+
+    let notification = json!({
+        "id": METER_NOTICE, "object": "v2.core.event",
+        "type": "v1.billing.meter.error_report_triggered", "livemode": false,
+        "created": "2026-12-03T10:00:00.000Z", "context": null, "reason": null,
+        "related_object": {"id": "mtr_123", "type": "billing.meter",
+                           "url": "/v1/billing/meters/mtr_123"}
+    });
+    let mut read = notification.clone();
+    read["data"] = json!({
+        "developer_message_summary": "There is 1 invalid event",
+        "validation_start": "2026-12-03T09:00:00.000Z",
+        "validation_end": "2026-12-03T10:00:00.000Z",
+        "reason": {"error_count": 1, "error_types": [{
+            "code": "meter_event_customer_not_found", "error_count": 1,
+            "sample_errors": [{"error_message": "Customer cus_counted not found",
+                               "request": {"identifier": bad_identifier}}]}]}
+    });
+    Mock::given(method("GET"))
+        .and(path(format!("/v2/core/events/{METER_NOTICE}")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(read))
+        .mount(&api)
+        .await;
+    let (status, body) = app.post("stripe", &stripe_delivery(&notification)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    app.run_worker().await;
+
+    let event = app.event(app.event_id("stripe", METER_NOTICE).await).await;
+    assert_eq!(event.status, "applied", "{:?}", event.reason);
+    assert!(
+        event.reason.as_deref().unwrap().contains(&bad),
+        "{:?}",
+        event.reason
+    );
+    let marked = report(&pool, &bad).await;
+    assert_eq!(marked.status, "dead");
+    assert_eq!(
+        marked.provider_error.as_deref(),
+        Some("meter_event_customer_not_found: Customer cus_counted not found")
+    );
+    assert_eq!(
+        report(&pool, &good).await.status,
+        "sent",
+        "a report it does not name stands"
+    );
+    let alerts = outbox::collect_alerts(&pool).await.unwrap();
+    assert_eq!((alerts.dead, alerts.provider_errors), (vec![bad], 1));
+}

@@ -174,6 +174,37 @@ pub async fn record(
     Ok(status)
 }
 
+/// Marks the reports of `source` that the provider named as not counted (its samples, by
+/// identifier): the provider's reason kept, the report dead and alerted anew. Returns their
+/// ids.
+pub async fn mark_provider_errors(
+    conn: &mut PgConnection,
+    source: &str,
+    samples: &[crate::providers::MeterErrorSample],
+) -> Result<Vec<String>, sqlx::Error> {
+    let identifiers: Vec<&str> = samples.iter().map(|s| s.identifier.as_str()).collect();
+    let reasons: Vec<String> = samples
+        .iter()
+        .map(|s| format!("{}: {}", s.code, s.message))
+        .collect();
+    sqlx::query_scalar!(
+        r#"
+        UPDATE meter_reports r
+        SET provider_error = e.reason, provider_error_at = inbox_now(), status = 'dead',
+            locked_until = NULL, next_attempt_at = NULL, alerted_at = NULL,
+            last_error = 'the provider could not count it: ' || e.reason
+        FROM unnest($2::text[], $3::text[]) AS e(identifier, reason)
+        WHERE r.source = $1 AND r.identifier = e.identifier
+        RETURNING r.id
+        "#,
+        source,
+        &identifiers as &[&str],
+        &reasons,
+    )
+    .fetch_all(exec(conn))
+    .await
+}
+
 /// The value of this account's other reports to the same meter the provider took, timed in
 /// the same minute as `report`: what a provider that reads back totals counts besides it.
 pub async fn others_in_minute(pool: &PgPool, report: &MeterReport) -> Result<i64, sqlx::Error> {

@@ -440,6 +440,17 @@ pub trait Reads: Send + Sync {
         ))))
     }
 
+    /// What a meter error notice says, when the notification does not carry it (Stripe: the
+    /// v2 event, `GET /v2/core/events/{id}`, its `data` included).
+    fn meter_errors<'a>(
+        &'a self,
+        _notice: &'a Carrier,
+    ) -> BoxFuture<'a, anyhow::Result<MeterErrors>> {
+        Box::pin(std::future::ready(Err(anyhow::anyhow!(
+            "this provider's API has no v2 events"
+        ))))
+    }
+
     /// One page of every subscription (Stripe: `status=all`), in the account the `context`
     /// names (a notice's [`Carrier::context`]), after `after`: the subscriptions and where
     /// the next page starts.
@@ -469,6 +480,30 @@ pub trait Reads: Send + Sync {
 /// An event that carries no billing state of its own, as its provider reads it
 /// (docs/design.md §6.2). The worker stores what it reads for one as an event of its own, at
 /// the notice's time, and applies that under the notice's lease.
+/// A notice that the provider could not count meter reports it took: the notification, and
+/// what it says when it carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MeterErrorsNotice {
+    pub notice: Carrier,
+    pub told: Option<MeterErrors>,
+}
+
+/// What a meter error notice says: the provider's summary, how many reports it could not
+/// count in its window, and the samples it names (by the report's identifier).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MeterErrors {
+    pub summary: String,
+    pub error_count: i64,
+    pub samples: Vec<MeterErrorSample>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MeterErrorSample {
+    pub identifier: String,
+    pub code: String,
+    pub message: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
     /// It names an object that changed and carries none of it (Stripe's thin events): the
@@ -477,6 +512,10 @@ pub enum Notice {
     /// The provider failed to generate events (Stripe's event generation failures): the
     /// object they were about is read, or the source's subscriptions are swept.
     GenerationFailure(GenerationFailure),
+    /// The provider took meter reports it then could not count (Stripe's
+    /// `v1.billing.meter.error_report_triggered` and `v1.billing.meter.no_meter_found`): the
+    /// reports it names are marked (docs/design.md §4.13).
+    MeterErrors(MeterErrorsNotice),
 }
 
 /// A provider's notice that it failed to generate events.

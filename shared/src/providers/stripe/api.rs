@@ -238,6 +238,13 @@ impl Reads for StripeReads {
         Box::pin(super::thin::generation_failure(&self.api, notice))
     }
 
+    fn meter_errors<'a>(
+        &'a self,
+        notice: &'a Carrier,
+    ) -> BoxFuture<'a, anyhow::Result<crate::providers::MeterErrors>> {
+        Box::pin(super::thin::meter_errors(&self.api, notice))
+    }
+
     fn subscriptions_page<'a>(
         &'a self,
         context: Option<&'a str>,

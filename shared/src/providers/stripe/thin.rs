@@ -18,7 +18,8 @@ use super::{entitlements, parse_event};
 use crate::billing::registers::StoredSubscription;
 use crate::domain::DedupeKey;
 use crate::providers::{
-    path_id, Api, Carrier, Failure, Fetched, GenerationFailure, Impact, MadeFor, Notice, ReadFor,
+    path_id, Api, Carrier, Failure, Fetched, GenerationFailure, Impact, MadeFor, MeterErrorSample,
+    MeterErrors, MeterErrorsNotice, Notice, ReadFor,
 };
 
 /// The prefix of the thin twins of API v1 snapshot types.
@@ -31,6 +32,17 @@ const SUBSCRIPTION_READ_TYPE: &str = "customer.subscription.updated";
 /// for anything else (a snapshot event).
 pub fn notice(payload: &Value) -> Option<Notice> {
     let carrier = read(payload)?;
+    if METER_ERRORS.contains(&carrier.event_type.as_str()) {
+        // As a generation failure's, the notification carries no `data`.
+        let told = payload
+            .get("data")
+            .filter(|d| d.is_object())
+            .map(meter_errors_named);
+        return Some(Notice::MeterErrors(MeterErrorsNotice {
+            notice: carrier,
+            told,
+        }));
+    }
     if carrier.event_type != GENERATION_FAILURE {
         return Some(Notice::Carrier(carrier));
     }
@@ -236,6 +248,64 @@ pub fn impact(data: &Value) -> Impact {
         },
         None => Impact::Unreadable(format!("{event_type} of {id}")),
     }
+}
+
+/// Stripe's notices that meter events it took could not be counted: their `data` (stripe-node
+/// `V1BillingMeterErrorReportTriggeredEvent`, `V1BillingMeterNoMeterFoundEvent`) is
+/// `{developer_message_summary, validation_start, validation_end, reason: {error_count,
+/// error_types: [{code, error_count, sample_errors: [{error_message, request: {identifier}}]}]}}`.
+pub const METER_ERRORS: [&str; 2] = [
+    "v1.billing.meter.error_report_triggered",
+    "v1.billing.meter.no_meter_found",
+];
+
+/// What a meter error notice's `data` says; the samples it names by their identifier (the
+/// request's idempotency key, which a report sends as its `identifier` too).
+pub fn meter_errors_named(data: &Value) -> MeterErrors {
+    let text = |v: &Value, p: &str| {
+        v.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let mut samples = Vec::new();
+    let types = data
+        .pointer("/reason/error_types")
+        .and_then(Value::as_array);
+    for kind in types.into_iter().flatten() {
+        let code = text(kind, "/code");
+        let errors = kind.get("sample_errors").and_then(Value::as_array);
+        for sample in errors.into_iter().flatten() {
+            let identifier = text(sample, "/request/identifier");
+            if !identifier.is_empty() {
+                samples.push(MeterErrorSample {
+                    identifier,
+                    code: code.clone(),
+                    message: text(sample, "/error_message"),
+                });
+            }
+        }
+    }
+    MeterErrors {
+        summary: text(data, "/developer_message_summary"),
+        error_count: data
+            .pointer("/reason/error_count")
+            .and_then(Value::as_i64)
+            .unwrap_or(samples.len() as i64),
+        samples,
+    }
+}
+
+/// What a meter error notice says, read as `GET /v2/core/events/{id}` in its context.
+pub async fn meter_errors(api: &Api, notice: &Carrier) -> anyhow::Result<MeterErrors> {
+    let data = match fetch_v2_event(api, notice).await? {
+        Some(read) => read.get("data").cloned().unwrap_or(Value::Null),
+        None => anyhow::bail!(
+            "Stripe does not know the event {} (events are kept 30 days)",
+            notice.id
+        ),
+    };
+    Ok(meter_errors_named(&data))
 }
 
 /// What the generation failure `notice` names, read as `GET /v2/core/events/{id}`: the event,
