@@ -240,6 +240,7 @@ GOOD = {
     "the defaults (Kinde alone, the stack's own database)": REQUIRED,
     "bring your own database with every option": EVERYTHING,
     "the stack's own database with a proxy, effects and the API": CREATED,
+    "meter reports with every option": {**EVERYTHING, "MeterReports": "on"},
     "bring your own database without a VPC": {
         **REQUIRED,
         "DatabaseMode": "existing",
@@ -365,6 +366,10 @@ BAD = {
     "the plans' secret as a partial ARN": (
         {**EVERYTHING, "PlansSecretArn": f"{ARN}billing-inbox/plans"},
         "PlansSecretArn:",
+    ),
+    "meter reports without an API key secret to send with": (
+        {**EVERYTHING, "MeterReports": "on", "SourceApiKeySecretArns": ""},
+        "rule MeterReportsNeedApiKeys:",
     ),
     "a bus to create without its name": (
         {**EVERYTHING, "EffectsEventBus": ""},

@@ -247,6 +247,27 @@ SETS = {
         },
         "protected": [],
     },
+    # (f) meter reports without effects: the dispatcher is there for the reports alone, and
+    # may read the metered source's API key
+    "meter reports, no effects": {
+        "params": {
+            "Sources": '[{"name":"stripe","kind":"stripe","secret_id":"billing-inbox/stripe",'
+            '"api_key_secret_id":"billing-inbox/stripe-api-key","meter":{"event_name":"api_calls"}}]',
+            "SourceSecretArns": "{arn:billing-inbox/stripe}",
+            "SourceApiKeySecretArns": "{arn:billing-inbox/stripe-api-key}",
+            "PlansSecretArn": "billing-inbox/plans",
+            "MeterReports": "on",
+            "ApiKeysSecretArn": "{arn:billing-inbox/api-keys}",
+            "AlertEmail": "oncall@example.com",
+        },
+        "protected": [],
+        "outputs": {
+            "LogGroups": [
+                f"/aws/lambda/{STACK}/{f}"
+                for f in ("intake", "worker", "scheduler", "migrate", "dispatcher", "api")
+            ],
+        },
+    },
 }
 
 # -- what moto cannot create -----------------------------------------------------------------

@@ -384,7 +384,8 @@ pub async fn collect_alerts(pool: &PgPool) -> anyhow::Result<ReportAlerts> {
 /// Puts dead reports back to `pending` with fresh attempts, marked as on their way to the
 /// queue (the caller sends them after its commit). A report whose send may have reached the
 /// provider keeps that mark, so its next send reads back or resends under its key first;
-/// `not_held` clears it, when the operator has seen that the provider does not hold it.
+/// `not_held` clears it, when the operator has seen that the provider does not hold it. The
+/// provider's reason for not counting it is dropped from the count (`last_error` keeps it).
 pub async fn reset(
     conn: &mut PgConnection,
     ids: &[String],
@@ -394,7 +395,7 @@ pub async fn reset(
         r#"
         UPDATE meter_reports
         SET status = 'pending', attempts = 0, next_attempt_at = NULL, locked_until = NULL,
-            alerted_at = NULL, enqueued_at = inbox_now(),
+            alerted_at = NULL, enqueued_at = inbox_now(), provider_error = NULL,
             unanswered_at = CASE WHEN $2 THEN NULL ELSE unanswered_at END
         WHERE id = ANY($1) AND status = 'dead'
         RETURNING id
