@@ -239,15 +239,13 @@ pub async fn rescue(
     deadline: Instant,
 ) -> anyhow::Result<Vec<String>> {
     let ids = mark_lost(pool).await?;
-    let mut sent = Vec::with_capacity(ids.len());
-    for (n, chunk) in ids.chunks(10).enumerate() {
-        if Instant::now() >= deadline {
-            unmark(pool, &ids[n * 10..]).await?;
-            break;
-        }
-        let unsent = enqueue_or_unmark(pool, queue, chunk).await?;
-        sent.extend(chunk.iter().filter(|id| !unsent.contains(id)).cloned());
-    }
+    let sent = crate::inbox::send_in_tens(
+        &ids,
+        deadline,
+        async |chunk: &[String]| enqueue_or_unmark(pool, queue, chunk).await,
+        async |rest: &[String]| unmark(pool, rest).await,
+    )
+    .await?;
     if !sent.is_empty() {
         tracing::info!(count = sent.len(), "rescued effects enqueued");
     }

@@ -29,6 +29,28 @@ pub async fn bounded_unmark(
         .map_err(Into::into)
 }
 
+/// Sends rows a rescue marked, ten ids to a request, while `deadline` allows: `send` hands a
+/// chunk to the queue and answers the ids it refused (unmarked already), `unmark` clears the
+/// marks of those the time left unsent, for the next run. Returns the ids sent. Outbox rows
+/// (effects, meter reports) go this way; events have their own batches (`rescue`).
+pub async fn send_in_tens(
+    ids: &[String],
+    deadline: std::time::Instant,
+    send: impl AsyncFn(&[String]) -> anyhow::Result<Vec<String>>,
+    unmark: impl AsyncFn(&[String]) -> Result<(), sqlx::Error>,
+) -> anyhow::Result<Vec<String>> {
+    let mut sent = Vec::with_capacity(ids.len());
+    for (n, chunk) in ids.chunks(10).enumerate() {
+        if std::time::Instant::now() >= deadline {
+            unmark(&ids[n * 10..]).await?;
+            break;
+        }
+        let unsent = send(chunk).await?;
+        sent.extend(chunk.iter().filter(|id| !unsent.contains(id)).cloned());
+    }
+    Ok(sent)
+}
+
 /// Sends event ids already marked `enqueued_at`; unmarks those the queue refused. Returns the
 /// refused ids. A failure to unmark, or no answer within [`UNMARK_TIMEOUT`], leaves them
 /// marked: the rescue of stuck rows sends them, a few minutes later.

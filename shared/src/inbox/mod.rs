@@ -39,7 +39,7 @@ pub mod thin;
 
 use std::time::Duration;
 
-pub use enqueue::{bounded_unmark, enqueue_or_unmark, unmark, UNMARK_TIMEOUT};
+pub use enqueue::{bounded_unmark, enqueue_or_unmark, send_in_tens, unmark, UNMARK_TIMEOUT};
 
 use crate::domain::EventStatus;
 
