@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use comfy_table::{ColumnConstraint, Width};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -125,13 +126,11 @@ async fn list(pool: &PgPool, args: &MetersArgs, json_output: bool) -> anyhow::Re
     if json_output {
         return print_json(&reports);
     }
-    let mut t = table(&[
-        "report",
-        "account",
-        "value, period",
-        "status, tries",
-        "error",
-    ]);
+    let mut t = table(&["report", "account", "value", "status, tries", "error"]);
+    // A report's id whole (36 characters and the padding): `meters replay` takes it.
+    if let Some(column) = t.column_mut(0) {
+        column.set_constraint(ColumnConstraint::LowerBoundary(Width::Fixed(38)));
+    }
     for r in &reports {
         let error = match (&r.last_error, &r.provider_error) {
             (_, Some(provider)) => format!("provider: {provider}"),
