@@ -14,6 +14,7 @@ mod dev;
 mod effects;
 mod features;
 mod listen;
+mod meters;
 mod scenario;
 mod send;
 mod show;
@@ -97,6 +98,9 @@ enum Command {
     Effects(effects::EffectsArgs),
     /// One effect: its cause, attempts, last error and the body the sinks receive.
     Effect { id: String },
+    /// List meter reports (debits told to the provider's meter), newest first; `meters
+    /// replay` sends dead ones again, `meters audit` compares them with the provider's totals.
+    Meters(meters::MetersArgs),
     /// Build, sign and POST a realistic delivery to the intake.
     Send(send::SendArgs),
     /// Run a reference delivery script against the running stack and print its timeline.
@@ -143,6 +147,7 @@ async fn main() -> ExitCode {
             // The audit's JSON already says what differs, and send's what the intake
             // answered; the exit code says that it went wrong.
             let diverged = e.downcast_ref::<why::Diverged>().is_some()
+                || e.downcast_ref::<meters::Differ>().is_some()
                 || e.downcast_ref::<send::Refused>().is_some();
             match (cli.json, diverged) {
                 (true, true) => {}
@@ -218,6 +223,7 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
         }
         Command::Effects(args) => effects::run(args, &connect(cli).await?, cli.json).await,
         Command::Effect { id } => effects::show(&connect(cli).await?, id, cli.json).await,
+        Command::Meters(args) => meters::run(args, &connect(cli).await?, cli.json).await,
         Command::Send(args) => send::run(args, cli.json).await,
         Command::Dev(args) => dev::run(args).await,
         Command::Listen(args) => listen::run(args, cli.json).await,

@@ -21,6 +21,7 @@ mod health;
 mod helpers;
 mod intake;
 mod kinde_reconcile;
+mod meter_audit;
 mod meters;
 mod migrate;
 mod model;

@@ -1,6 +1,7 @@
 //! The scheduler function's handler: one scheduled run — rescue what the queue lost, report
-//! what died, reconcile with the providers, purge what is done, measure the backlog, audit a
-//! sample of accounts against the fold of their events — and its metrics as one CloudWatch
+//! what died, compare the meter reports sent with the providers' meters, reconcile with the
+//! providers, purge what is done, measure the backlog, audit a sample of accounts against the
+//! fold of their events — and its metrics as one CloudWatch
 //! EMF line. Every step is bounded in rows and time, safe to run twice at once, and fails
 //! alone: one step's error is reported, the others still run.
 
@@ -19,7 +20,9 @@ use crate::inbox::alerts::{collect_alerts, Alerts};
 use crate::inbox::purge::{kept_since, purge};
 use crate::inbox::read::{backlog, source_silence, Backlog, SourceSilence};
 use crate::inbox::rescue::rescue;
+use crate::meters::audit::{self as meter_audit, Difference};
 use crate::meters::outbox::{self as meter_outbox, ReportAlerts};
+use crate::meters::Meters;
 use crate::platform::config::SchedulerConfig;
 use crate::platform::queue::Queue;
 use crate::reconcile::{self, ReconcileReport, Reconciler};
@@ -45,11 +48,14 @@ pub struct SchedulerState {
 }
 
 /// The sources and catalog the audit folds accounts with (docs/design.md §4.11), and how
-/// many accounts a run takes at most.
+/// many accounts a run takes at most; and the sources' meters whose totals the meter audit
+/// compares with the reports sent (§4.13a; none: no meter audit).
 pub struct Audit {
     pub sources: audit::Sources,
     pub catalog: Catalog,
     pub max: i64,
+    pub meters: Meters,
+    pub meter_max: i64,
 }
 
 impl Audit {
@@ -58,6 +64,8 @@ impl Audit {
             sources,
             catalog,
             max: audit::MAX_AUDITED_PER_RUN,
+            meters: Meters::default(),
+            meter_max: meter_audit::MAX_CHECKED_PER_RUN,
         }
     }
 }
@@ -79,6 +87,7 @@ impl SchedulerState {
         )
         .await?;
         let reconcilers = reconcile::reconcilers(&configs, &http);
+        let meters = Meters::build(&configs, &http);
         Ok(Self {
             pool,
             queue,
@@ -95,10 +104,10 @@ impl SchedulerState {
             },
             budget: Duration::from_secs(50),
             database: Some(database),
-            audit: Some(Audit::new(
-                audit::sources_of(&config.sources),
-                config.catalog.clone(),
-            )),
+            audit: Some(Audit {
+                meters,
+                ..Audit::new(audit::sources_of(&config.sources), config.catalog.clone())
+            }),
         })
     }
 }
@@ -118,6 +127,13 @@ pub struct RunReport {
     /// Meter reports re-enqueued (lost by the queue, or due for another attempt).
     pub rescued_reports: Vec<String>,
     pub report_alerts: ReportAlerts,
+    /// Open differences between the meter reports sent and the providers' meters, those
+    /// first seen this run, and the accounts compared (docs/design.md §4.13a).
+    pub meter_differences: u64,
+    pub new_meter_differences: u64,
+    pub meter_accounts_checked: u64,
+    /// The first of those differences (all are in `meter_audit_differences`).
+    pub meter_difference_list: Vec<Difference>,
     /// Each configured source's silence (hours since its newest stored event).
     pub silence: Vec<SourceSilence>,
     /// Accounts the audit compared with the fold of their events, and those it left for a
@@ -170,6 +186,26 @@ pub async fn run(state: &SchedulerState) -> RunReport {
     match meter_outbox::collect_alerts(&state.pool).await {
         Ok(alerts) => report.report_alerts = alerts,
         Err(e) => report.errors.push(format!("meter report alerts: {e:#}")),
+    }
+    // Each comparison is a provider read: an eighth of the budget at most, the accounts it
+    // leaves wait their turn.
+    if let Some(config) = state.audit.as_ref().filter(|a| !a.meters.is_empty()) {
+        let until = deadline.min(Instant::now() + state.budget / 8);
+        match meter_audit::run(&state.pool, &config.meters, None, config.meter_max, until).await {
+            Ok(found) => {
+                report.meter_differences = found.differences.len() as u64;
+                report.new_meter_differences = found.new;
+                report.meter_accounts_checked = found.checked;
+                report.meter_difference_list = found.differences;
+                report
+                    .meter_difference_list
+                    .truncate(MAX_REPORTED_DIVERGENCES);
+                for error in found.errors {
+                    tracing::warn!(error = %error, "meter audit: a provider's meter could not be read");
+                }
+            }
+            Err(e) => report.errors.push(format!("meter audit: {e:#}")),
+        }
     }
     // Lists the providers keep for longer than this store keeps events are read back only as
     // far as the purge has left everything in place.
@@ -280,6 +316,8 @@ pub fn silence_metric(silence: &SourceSilence, now: DateTime<Utc>) -> Option<Val
 /// `DeadMeterReports` counts the meter reports dead and not replayed (an alarm),
 /// `PendingMeterReports` those on their way, `MeterProviderErrors` those the provider took
 /// and then said it could not count (Stripe's meter error reports, an alarm);
+/// `MeterDifferences` counts the open differences between the meter reports sent and the
+/// provider's meter totals (an alarm; it stays raised until the totals agree again);
 /// `StepErrors` counts the steps that failed in this run (their numbers are then missing or
 /// zero).
 pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
@@ -312,7 +350,7 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
     let skipped: usize = report.reconciliation.iter().map(|r| r.skipped.len()).sum();
     let effects = &report.effect_alerts;
     let reports = &report.report_alerts;
-    let metrics: [(&str, f64, &str); 25] = [
+    let metrics: [(&str, f64, &str); 26] = [
         ("StepErrors", step_errors as f64, "Count"),
         ("DeadEvents", status("dead") as f64, "Count"),
         (
@@ -362,6 +400,7 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
             report.rescued_reports.len() as f64,
             "Count",
         ),
+        ("MeterDifferences", report.meter_differences as f64, "Count"),
     ];
     let names: Vec<(&str, &str)> = metrics
         .iter()

@@ -4,8 +4,10 @@
 //! sent through its provider's [`Meter`], recorded. A send that went unanswered may have
 //! reached the provider: the next one resends under the report's dedupe key while the
 //! provider dedupes it, and otherwise reads the report back first — never a blind second
-//! send. **outbox** holds the row's life.
+//! send. **outbox** holds the row's life, **audit** compares what was sent with what the
+//! provider's meter counts (§4.13a).
 
+pub mod audit;
 pub mod outbox;
 
 use std::collections::HashMap;
@@ -29,7 +31,13 @@ const WINDOW_MARGIN: Duration = Duration::from_secs(3600);
 
 /// Each source's meter, by source name: the sources with a `meter` and an API key.
 #[derive(Default)]
-pub struct Meters(HashMap<String, Box<dyn Meter>>);
+pub struct Meters(HashMap<String, SourceMeter>);
+
+/// One source's meter, with its name there (the `meter` its reports carry).
+struct SourceMeter {
+    name: String,
+    meter: Box<dyn Meter>,
+}
 
 impl Meters {
     pub fn build(configs: &[SourceConfig], http: &reqwest::Client) -> Self {
@@ -42,7 +50,8 @@ impl Meters {
                 continue;
             };
             if let Some(meter) = provider(config.kind).meter(api, name) {
-                meters.insert(config.name.clone(), meter);
+                let name = name.to_owned();
+                meters.insert(config.name.clone(), SourceMeter { name, meter });
             }
         }
         Self(meters)
@@ -50,6 +59,17 @@ impl Meters {
 
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    /// Each source's name, its meter's name and its meter, by source name.
+    pub fn each(&self) -> impl Iterator<Item = (&str, &str, &dyn Meter)> {
+        let mut each: Vec<_> = self
+            .0
+            .iter()
+            .map(|(source, m)| (source.as_str(), m.name.as_str(), m.meter.as_ref()))
+            .collect();
+        each.sort_by_key(|(source, _, _)| *source);
+        each.into_iter()
     }
 }
 
@@ -97,7 +117,7 @@ async fn attempt(
     claimed: &Claimed,
 ) -> Result<Outcome, sqlx::Error> {
     let report = &claimed.report;
-    let Some(meter) = meters.0.get(&report.source) else {
+    let Some(meter) = meters.0.get(&report.source).map(|m| &m.meter) else {
         return Ok(Outcome::NotTaken(format!(
             "source '{}' has no meter (or no API key) configured here",
             report.source

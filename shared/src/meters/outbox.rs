@@ -426,17 +426,34 @@ pub async fn replay(
     Ok(replayed)
 }
 
-/// The ids of every report with this status, oldest first.
+/// The ids of every report with this status (of this source when given), oldest first.
 pub async fn ids_with_status(
     pool: &PgPool,
     status: ReportStatus,
+    source: Option<&str>,
 ) -> Result<Vec<String>, sqlx::Error> {
     sqlx::query_scalar!(
-        "SELECT id FROM meter_reports WHERE status = $1 ORDER BY created_at, id",
-        status.as_str()
+        r#"
+        SELECT id FROM meter_reports
+        WHERE status = $1 AND ($2::text IS NULL OR source = $2)
+        ORDER BY created_at, id
+        "#,
+        status.as_str(),
+        source,
     )
     .fetch_all(exec(pool))
     .await
+}
+
+/// The status of each of these reports that exists.
+pub async fn statuses(pool: &PgPool, ids: &[String]) -> Result<Vec<(String, String)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "SELECT id, status FROM meter_reports WHERE id = ANY($1) ORDER BY id",
+        ids
+    )
+    .fetch_all(exec(pool))
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.id, r.status)).collect())
 }
 
 /// One line of `inboxctl meters`.

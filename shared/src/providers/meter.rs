@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use chrono::{DateTime, Utc};
+
 use crate::domain::meter::MeterReport;
+use crate::domain::CustomerId;
 use crate::BoxFuture;
 
 /// What became of one send.
@@ -54,6 +57,17 @@ pub trait Meter: Send + Sync {
         _report: &'a MeterReport,
         _others: i64,
     ) -> BoxFuture<'a, anyhow::Result<Option<bool>>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// The total the provider's meter counts for this customer over `[start, end)` (by the
+    /// reports' timestamps), for the meter audit: `Ok(None)` when the provider cannot be read.
+    fn total<'a>(
+        &'a self,
+        _customer: &'a CustomerId,
+        _start: DateTime<Utc>,
+        _end: DateTime<Utc>,
+    ) -> BoxFuture<'a, anyhow::Result<Option<f64>>> {
         Box::pin(std::future::ready(Ok(None)))
     }
 }

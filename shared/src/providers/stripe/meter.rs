@@ -9,15 +9,20 @@
 //! summaries (`GET /v1/billing/meters/{id}/event_summaries`, the meter found by its event name
 //! in `GET /v1/billing/meters`) before it is sent again: the minute of its timestamp holds it
 //! when Stripe's total there reaches this report's value beside the others taken at that minute.
+//! The meter audit reads the same summaries over a month (one summary: no grouping window),
+//! its end never past the current minute (Stripe takes only whole minutes).
 
 use std::sync::OnceLock;
+
+use anyhow::Context;
 use std::time::Duration;
 
-use chrono::{DurationRound, TimeDelta};
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use serde_json::Value;
 
 use super::fetch::FETCH_VERSION;
 use crate::domain::meter::MeterReport;
+use crate::domain::CustomerId;
 use crate::providers::meter::{answer, Dedupe, Meter, Sent};
 use crate::providers::{path_id, Api};
 use crate::BoxFuture;
@@ -125,17 +130,58 @@ impl StripeMeter {
         ];
         let path = format!("/v1/billing/meters/{}/event_summaries", path_id(&meter)?);
         let summaries = self.api.get_json(&path, &query).await?;
-        let total: f64 = summaries
-            .get("data")
-            .and_then(Value::as_array)
-            .map(|data| {
-                data.iter()
-                    .filter_map(|s| s.get("aggregated_value").and_then(Value::as_f64))
-                    .sum()
-            })
-            .unwrap_or_default();
-        Ok(Some(total >= (others + report.value) as f64))
+        Ok(Some(
+            aggregated(&summaries) >= (others + report.value) as f64,
+        ))
     }
+
+    /// The meter's total for the customer over `[start, end)`, both taken to the minute and
+    /// the end to the current minute at the latest; a connected account's customer is read as
+    /// that account.
+    async fn summed(
+        &self,
+        customer: &CustomerId,
+        start: DateTime<Utc>,
+        end: DateTime<Utc>,
+    ) -> anyhow::Result<Option<f64>> {
+        let minute = |t: DateTime<Utc>| {
+            t.duration_trunc(TimeDelta::minutes(1))
+                .map_err(|e| anyhow::anyhow!("a time to the minute: {e}"))
+        };
+        let start = minute(start)?;
+        let end = minute(end.min(Utc::now()))?;
+        if end <= start {
+            return Ok(Some(0.0));
+        }
+        let meter = self.meter_id().await?;
+        let query = [
+            ("customer", customer.at_provider().to_owned()),
+            ("start_time", start.timestamp().to_string()),
+            ("end_time", end.timestamp().to_string()),
+        ];
+        let account = customer.connected_account();
+        let headers: Vec<(&str, &str)> = account.iter().map(|a| ("Stripe-Account", *a)).collect();
+        let path = format!("/v1/billing/meters/{}/event_summaries", path_id(&meter)?);
+        let summaries = self
+            .api
+            .get_found(&path, &query, &headers)
+            .await?
+            .with_context(|| format!("GET {path} answered 404 Not Found"))?;
+        Ok(Some(aggregated(&summaries)))
+    }
+}
+
+/// The sum of a list of event summaries' `aggregated_value`.
+fn aggregated(summaries: &Value) -> f64 {
+    summaries
+        .get("data")
+        .and_then(Value::as_array)
+        .map(|data| {
+            data.iter()
+                .filter_map(|s| s.get("aggregated_value").and_then(Value::as_f64))
+                .sum()
+        })
+        .unwrap_or_default()
 }
 
 /// Stripe's answer to an `identifier` it holds already, within its window: a 400 whose
@@ -169,6 +215,15 @@ impl Meter for StripeMeter {
         others: i64,
     ) -> BoxFuture<'a, anyhow::Result<Option<bool>>> {
         Box::pin(self.read_back(report, others))
+    }
+
+    fn total<'a>(
+        &'a self,
+        customer: &'a CustomerId,
+        start: DateTime<Utc>,
+        end: DateTime<Utc>,
+    ) -> BoxFuture<'a, anyhow::Result<Option<f64>>> {
+        Box::pin(self.summed(customer, start, end))
     }
 }
 
