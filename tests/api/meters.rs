@@ -809,3 +809,63 @@ async fn a_meter_error_report_from_stripe_marks_the_reports_it_names(pool: PgPoo
     let alerts = outbox::collect_alerts(&pool).await.unwrap();
     assert_eq!((alerts.dead, alerts.provider_errors), (vec![bad], 1));
 }
+
+/// A connected account's customer's report is read back in that account: its meter and its
+/// summaries are the connected account's own (`Stripe-Account`), not the platform's.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_connected_customers_report_is_read_back_in_its_account(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let mut event = stripe_event("evt_conn_meter", "cus_conn", Utc::now().timestamp());
+    event["account"] = json!("acct_1Conn");
+    let (status, answer) = app.post("stripe", &stripe_delivery(&event)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    app.run_worker().await;
+    let who = customer("acct_1Conn/cus_conn");
+    let id = debit(
+        &pool,
+        &ask("stripe", &who, "req_conn", 4, Some("api_calls")),
+    )
+    .await
+    .reported
+    .unwrap();
+    sqlx::query(
+        "UPDATE meter_reports SET first_sent_at = now() - interval '2 days',
+                unanswered_at = now() - interval '2 days',
+                occurred_at = date_trunc('minute', now()) - interval '2 days'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let fake = FakeStripe::default();
+    let server = fake.serve().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/billing/meters"))
+        .and(wiremock::matchers::header("Stripe-Account", "acct_1Conn"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "object": "list", "url": "/v1/billing/meters", "has_more": false,
+            "data": [{"id": "mtr_conn", "object": "billing.meter", "event_name": "api_calls"}]})))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/billing/meters/mtr_conn/event_summaries"))
+        .and(wiremock::matchers::header("Stripe-Account", "acct_1Conn"))
+        .and(wiremock::matchers::query_param("customer", "cus_conn"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "object": "list", "has_more": false,
+            "url": "/v1/billing/meters/mtr_conn/event_summaries",
+            "data": [{"id": "mtrusg_1", "object": "billing.meter_event_summary",
+                      "aggregated_value": 4, "livemode": false, "meter": "mtr_conn"}]})))
+        .mount(&server)
+        .await;
+    let meters = meters_of(&[metered(
+        "stripe",
+        &server.uri(),
+        json!({"event_name": "api_calls"}),
+    )]);
+    assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
+    assert_eq!(
+        fake.posts(),
+        0,
+        "found in the connected account's summaries"
+    );
+}

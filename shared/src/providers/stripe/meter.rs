@@ -12,11 +12,11 @@
 //! The meter audit reads the same summaries over a month (one summary: no grouping window),
 //! its end never past the current minute (Stripe takes only whole minutes).
 
-use std::sync::OnceLock;
-
-use anyhow::Context;
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
+use anyhow::Context;
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use serde_json::Value;
 
@@ -35,8 +35,8 @@ pub const DEDUPE_WINDOW: Duration = Duration::from_secs(24 * 3600);
 pub struct StripeMeter {
     api: Api,
     event_name: String,
-    /// The meter's id, found once by its event name.
-    meter_id: OnceLock<String>,
+    /// The meter's id in each account, found once by its event name.
+    meter_ids: Mutex<HashMap<Option<String>, String>>,
 }
 
 impl StripeMeter {
@@ -44,7 +44,7 @@ impl StripeMeter {
         Self {
             api,
             event_name: event_name.to_owned(),
-            meter_id: OnceLock::new(),
+            meter_ids: Mutex::new(HashMap::new()),
         }
     }
 
@@ -75,18 +75,31 @@ impl StripeMeter {
         answer(request.send().await, duplicate).await
     }
 
-    /// The meter's id: the active meter whose `event_name` is this source's.
-    async fn meter_id(&self) -> anyhow::Result<String> {
-        if let Some(id) = self.meter_id.get() {
-            return Ok(id.clone());
+    /// The meter's id: the active meter whose `event_name` is this source's, in the platform's
+    /// account or, for a connected account's customer, in that account (a connected account's
+    /// meters are its own).
+    async fn meter_id(&self, account: Option<&str>) -> anyhow::Result<String> {
+        let known = self
+            .meter_ids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&account.map(str::to_owned))
+            .cloned();
+        if let Some(id) = known {
+            return Ok(id);
         }
+        let headers: Vec<(&str, &str)> = account.iter().map(|a| ("Stripe-Account", *a)).collect();
         let mut after: Option<String> = None;
         loop {
             let mut query = vec![("limit", "100".to_owned()), ("status", "active".to_owned())];
             if let Some(after) = &after {
                 query.push(("starting_after", after.clone()));
             }
-            let page = self.api.get_json("/v1/billing/meters", &query).await?;
+            let page = self
+                .api
+                .get_found("/v1/billing/meters", &query, &headers)
+                .await?
+                .context("GET /v1/billing/meters answered 404 Not Found")?;
             let meters = page
                 .get("data")
                 .and_then(Value::as_array)
@@ -96,7 +109,10 @@ impl StripeMeter {
                 .iter()
                 .find(|m| m.get("event_name").and_then(Value::as_str) == Some(&self.event_name));
             if let Some(id) = found.and_then(|m| m.get("id")).and_then(Value::as_str) {
-                let _ = self.meter_id.set(id.to_owned());
+                self.meter_ids
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(account.map(str::to_owned), id.to_owned());
                 return Ok(id.to_owned());
             }
             let more = page.get("has_more").and_then(Value::as_bool) == Some(true);
@@ -114,25 +130,17 @@ impl StripeMeter {
         }
     }
 
+    /// Whether Stripe counted the report: the meter's total for its customer over the report's
+    /// minute reaches its value beside the `others` taken in that minute.
     async fn read_back(&self, report: &MeterReport, others: i64) -> anyhow::Result<Option<bool>> {
-        let meter = self.meter_id().await?;
         let start = report
             .occurred_at
             .duration_trunc(TimeDelta::minutes(1))
             .map_err(|e| anyhow::anyhow!("the report's minute: {e}"))?;
-        let query = [
-            ("customer", report.customer.at_provider().to_owned()),
-            ("start_time", start.timestamp().to_string()),
-            (
-                "end_time",
-                (start + TimeDelta::minutes(1)).timestamp().to_string(),
-            ),
-        ];
-        let path = format!("/v1/billing/meters/{}/event_summaries", path_id(&meter)?);
-        let summaries = self.api.get_json(&path, &query).await?;
-        Ok(Some(
-            aggregated(&summaries) >= (others + report.value) as f64,
-        ))
+        let total = self
+            .summed(&report.customer, start, start + TimeDelta::minutes(1))
+            .await?;
+        Ok(total.map(|total| total >= (others + report.value) as f64))
     }
 
     /// The meter's total for the customer over `[start, end)`, both taken to the minute and
@@ -153,13 +161,13 @@ impl StripeMeter {
         if end <= start {
             return Ok(Some(0.0));
         }
-        let meter = self.meter_id().await?;
+        let account = customer.connected_account();
+        let meter = self.meter_id(account).await?;
         let query = [
             ("customer", customer.at_provider().to_owned()),
             ("start_time", start.timestamp().to_string()),
             ("end_time", end.timestamp().to_string()),
         ];
-        let account = customer.connected_account();
         let headers: Vec<(&str, &str)> = account.iter().map(|a| ("Stripe-Account", *a)).collect();
         let path = format!("/v1/billing/meters/{}/event_summaries", path_id(&meter)?);
         let summaries = self
