@@ -1575,8 +1575,14 @@ impl World {
             "app debits {} under {} -> {:?} (its report sent before the commit)",
             request.amount, request.key, debited.debit
         ));
+        let decided = matches!(
+            debited.debit,
+            Debit::Accepted { .. } | Debit::Exhausted { .. }
+        );
         if let Some(first) = self.asked.iter_mut().find(|a| a.key == request.key) {
-            first.heard = Some(debited.debit);
+            if decided && first.heard.is_none() {
+                first.heard = Some(debited.debit);
+            }
         }
         Ok(())
     }
