@@ -676,7 +676,7 @@ impl wiremock::Respond for SimMeter {
 impl SimMeter {
     fn new(seed: u64) -> Self {
         Self(Arc::new(Mutex::new(MeterState {
-            dice: Dice::new(seed ^ 0x3E7E_12),
+            dice: Dice::new(seed ^ 0x003E_7E12),
             held: BTreeMap::new(),
             faulted: HashMap::new(),
             faults: true,
