@@ -55,6 +55,14 @@ pub struct BenchArgs {
     /// With --api: operations in each measured phase.
     #[arg(long, default_value_t = 5_000, requires = "api")]
     pub requests: usize,
+    /// Measure meter reports instead (`crate::bench_meters`): this many debits with reports
+    /// written, then sent by `meters::send` from concurrent tasks to a fake Stripe meter on
+    /// loopback that counts identifiers and duplicates.
+    #[arg(long, conflicts_with = "api")]
+    pub meters: Option<usize>,
+    /// With --meters: the concurrent senders.
+    #[arg(long, default_value_t = 32, requires = "meters")]
+    pub senders: usize,
     #[arg(long, env = "INBOX_PLANS", hide_env_values = true)]
     pub plans: String,
     #[command(flatten)]

@@ -42,7 +42,7 @@ use crate::delay::DelayProxy;
 /// so that every debit is accepted and the phases measure the same work throughout, and the
 /// features a feature check finds allowed.
 const BENCH_PLAN_KEY: &str = "price_bench_api";
-const BENCH_ALLOWANCE: i64 = 1_000_000_000;
+pub(crate) const BENCH_ALLOWANCE: i64 = 1_000_000_000;
 /// The feature each check asks for: one the bench plan gives.
 const BENCH_FEATURE: &str = "sso";
 /// The concurrent callers of each level: as many api function instances, each with its own
@@ -99,7 +99,7 @@ pub async fn run(
 
 /// The configured catalog with the bench's own plan added (`--plans` is left as it is for
 /// everything else: the seeded customers name only this key).
-fn with_bench_plan(plans: &str) -> anyhow::Result<Catalog> {
+pub(crate) fn with_bench_plan(plans: &str) -> anyhow::Result<Catalog> {
     parse_plans(plans)?;
     let mut entries: Map<String, Value> =
         serde_json::from_str(plans).context("INBOX_PLANS is not a JSON object")?;
@@ -300,7 +300,7 @@ async fn bench(
 
 /// The source the accounts are seeded on: Stripe when it is configured (its signing needs only
 /// the source's secret), else the first the bench can sign for.
-fn seed_source(sender: &crate::send::Sender) -> anyhow::Result<SourceConfig> {
+pub(crate) fn seed_source(sender: &crate::send::Sender) -> anyhow::Result<SourceConfig> {
     let usable: Vec<&SourceConfig> = sender
         .sources()
         .iter()
@@ -319,7 +319,7 @@ fn seed_source(sender: &crate::send::Sender) -> anyhow::Result<SourceConfig> {
 /// bench plan, signed, verified and stored as the intake stores it, then applied by the
 /// worker's handler in batches of 10 as the event source mapping hands them over. Checks
 /// that every customer came out on the plan with its allowance.
-async fn seed(
+pub(crate) async fn seed(
     sender: &crate::send::Sender,
     source: &SourceConfig,
     configs: &[SourceConfig],

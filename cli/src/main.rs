@@ -9,6 +9,7 @@ macro_rules! out {
 mod api_key;
 mod bench;
 mod bench_api;
+mod bench_meters;
 mod delay;
 mod dev;
 mod effects;
@@ -235,6 +236,8 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
                 .context("DATABASE_URL is not set (or pass --database-url)")?;
             if args.api {
                 bench_api::run(args, server, counter, cli.json).await
+            } else if let Some(reports) = args.meters {
+                bench_meters::run(args, reports, server, cli.json).await
             } else {
                 bench::run(args, server, counter, cli.json).await
             }

@@ -587,6 +587,131 @@ impl Reads for SimReads {
     }
 }
 
+/// The simulation's Stripe meter: the event name its debits are reported under.
+const METER: &str = "api_calls";
+/// The dispatcher's client gives up on a send after this; a slow answer comes three times later.
+const METER_TIMEOUT: Duration = Duration::from_millis(100);
+/// Faults the fake meter injects per identifier at most: with a crash or a kill at each of
+/// three more attempts, fewer than a report's six attempts.
+const MAX_METER_FAULTS: u32 = 2;
+
+static METER_SENDS: AtomicUsize = AtomicUsize::new(0);
+static METER_RESENDS: AtomicUsize = AtomicUsize::new(0);
+static METER_FAULTS: AtomicUsize = AtomicUsize::new(0);
+static METER_HELD: AtomicUsize = AtomicUsize::new(0);
+
+/// A fake Stripe meter API (`POST /v1/billing/meter_events`, docs/design.md §10), served in
+/// process by wiremock: it keeps each `identifier` once and answers a repeat with Stripe's
+/// 400 "An event already exists with identifier …"; on its own dice, at most twice an
+/// identifier, it answers 503 without keeping the event (8%), or keeps it and answers only
+/// after the client gave up (5%). It refuses nothing.
+#[derive(Clone)]
+struct SimMeter(Arc<Mutex<MeterState>>);
+
+struct MeterState {
+    dice: Dice,
+    /// identifier → (customer, value), as first taken.
+    held: BTreeMap<String, (String, i64)>,
+    faulted: HashMap<String, u32>,
+    faults: bool,
+    trace: Vec<String>,
+}
+
+impl wiremock::Respond for SimMeter {
+    fn respond(&self, request: &wiremock::Request) -> wiremock::ResponseTemplate {
+        use wiremock::ResponseTemplate;
+        let form: HashMap<String, String> = url::form_urlencoded::parse(&request.body)
+            .into_owned()
+            .collect();
+        let id = form.get("identifier").cloned().unwrap_or_default();
+        let customer = form
+            .get("payload[stripe_customer_id]")
+            .cloned()
+            .unwrap_or_default();
+        let value: i64 = form
+            .get("payload[value]")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default();
+        let mut state = self.0.lock().unwrap();
+        METER_SENDS.fetch_add(1, Ordering::Relaxed);
+        let short = &id[..id.len().min(11)];
+        let faulted = state.faulted.get(&id).copied().unwrap_or_default();
+        let roll = state.dice.below(100);
+        let fault = state.faults && faulted < MAX_METER_FAULTS;
+        if fault && roll < 8 {
+            *state.faulted.entry(id.clone()).or_default() += 1;
+            METER_FAULTS.fetch_add(1, Ordering::Relaxed);
+            state.trace.push(format!("meter {short}…: 503, not kept"));
+            return ResponseTemplate::new(503).set_body_json(json!({"error": {
+                "type": "api_error", "message": "Service unavailable"}}));
+        }
+        if state.held.contains_key(&id) {
+            METER_RESENDS.fetch_add(1, Ordering::Relaxed);
+            state
+                .trace
+                .push(format!("meter {short}…: held already (400)"));
+            return ResponseTemplate::new(400).set_body_json(json!({"error": {
+                "type": "invalid_request_error",
+                "message": format!("An event already exists with identifier {id}.")}}));
+        }
+        state.held.insert(id.clone(), (customer.clone(), value));
+        let answer = ResponseTemplate::new(200).set_body_json(json!({
+            "object": "billing.meter_event", "created": chrono::Utc::now().timestamp(),
+            "event_name": form.get("event_name"), "identifier": id, "livemode": false,
+            "payload": {"stripe_customer_id": customer, "value": value.to_string()},
+            "timestamp": form.get("timestamp").and_then(|t| t.parse::<i64>().ok())}));
+        if fault && roll < 13 {
+            *state.faulted.entry(id.clone()).or_default() += 1;
+            METER_FAULTS.fetch_add(1, Ordering::Relaxed);
+            state.trace.push(format!(
+                "meter {short}…: kept, answered after the client gave up"
+            ));
+            return answer.set_delay(METER_TIMEOUT * 3);
+        }
+        state.trace.push(format!("meter {short}…: kept ({value})"));
+        answer
+    }
+}
+
+impl SimMeter {
+    fn new(seed: u64) -> Self {
+        Self(Arc::new(Mutex::new(MeterState {
+            dice: Dice::new(seed ^ 0x003E_7E12),
+            held: BTreeMap::new(),
+            faulted: HashMap::new(),
+            faults: true,
+            trace: Vec::new(),
+        })))
+    }
+
+    async fn serve(&self) -> wiremock::MockServer {
+        let server = wiremock::MockServer::start().await;
+        wiremock::Mock::given(wiremock::matchers::method("POST"))
+            .and(wiremock::matchers::path("/v1/billing/meter_events"))
+            .respond_with(self.clone())
+            .mount(&server)
+            .await;
+        server
+    }
+
+    /// A Stripe meter whose API is this fake's, its client giving up after [`METER_TIMEOUT`].
+    fn meter(server: &wiremock::MockServer) -> Box<dyn shared::providers::meter::Meter> {
+        let http = reqwest::Client::builder()
+            .timeout(METER_TIMEOUT)
+            .build()
+            .unwrap();
+        let api = shared::providers::Api {
+            base_url: server.uri(),
+            key: shared::platform::secrets::ApiKey::Known("sk_test_sim".into()),
+            client_id: None,
+            http,
+        };
+        Box::new(shared::providers::stripe::meter::StripeMeter::new(
+            api, METER,
+        ))
+    }
+}
+
 /// What one actor's run meets at its points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
@@ -721,6 +846,12 @@ struct World {
     spender: Dice,
     asked: Vec<Asked>,
     used_high: BTreeMap<(String, String, String), i64>,
+    /// The fake Stripe meter, its server, the dispatcher's meters (every source's the fake) and the
+    /// dispatcher's own dice (so that sending reports leaves the other dice as they were).
+    meter: SimMeter,
+    _meter_server: wiremock::MockServer,
+    meters: shared::meters::Meters,
+    dispatcher: Dice,
     ns: String,
 }
 
@@ -876,6 +1007,14 @@ impl World {
         };
         let scheduler = scheduler_with(&feed);
         let other_scheduler = scheduler_with(&feed);
+        let meter = SimMeter::new(seed);
+        let meter_server = meter.serve().await;
+        // Every source's debits are told to the one fake meter, Stripe's: the identifiers
+        // differ by source.
+        let meters = ["kinde", "stripe", "polar"]
+            .into_iter()
+            .map(|source| (source.to_owned(), SimMeter::meter(&meter_server)))
+            .collect();
         Self {
             seed,
             dice: Dice::new(seed),
@@ -900,6 +1039,10 @@ impl World {
             spender: Dice::new(seed ^ 0xDEB1_7000),
             asked: Vec::new(),
             used_high: BTreeMap::new(),
+            meter,
+            _meter_server: meter_server,
+            meters,
+            dispatcher: Dice::new(seed ^ 0xD15_9A7C),
             ns: format!("s{seed}x"),
         }
     }
@@ -922,7 +1065,15 @@ impl World {
     fn note(&mut self, line: String) {
         let fed = std::mem::take(&mut self.feed.0.lock().unwrap().trace);
         let read = std::mem::take(&mut self.reads.0.lock().unwrap().trace);
-        for queued in self.queue.take_trace().into_iter().chain(fed).chain(read) {
+        let metered = std::mem::take(&mut self.meter.0.lock().unwrap().trace);
+        for queued in self
+            .queue
+            .take_trace()
+            .into_iter()
+            .chain(fed)
+            .chain(read)
+            .chain(metered)
+        {
             self.trace
                 .push(format!("t+{:>7.1}s   {queued}", self.elapsed_secs()));
         }
@@ -1220,6 +1371,7 @@ impl World {
     async fn spend(&mut self) -> Result<(), Failure> {
         use shared::billing::usage::{self, Debit, DebitRequest};
         let choice = self.spender.below(100);
+        let before = self.asked.len();
         let (asked, conflicting) = match choice {
             0..=29 if !self.asked.is_empty() => {
                 let pick = self.spender.below(self.asked.len() as u64) as usize;
@@ -1268,6 +1420,7 @@ impl World {
             }
         };
         let customer = shared::domain::CustomerId::parse(&asked.customer).unwrap();
+        let worker = self.worker.clone();
         let request = DebitRequest {
             source: asked.source,
             customer: &customer,
@@ -1275,9 +1428,14 @@ impl World {
             amount: asked.amount,
             period: usage::DebitPeriod::Named(shared::domain::Period::parse(asked.period).unwrap()),
             note: None,
-            effects: Some(&self.worker.catalog),
-            meter: None,
+            effects: Some(&worker.catalog),
+            // Every debit is told to the meter (§4.13).
+            meter: Some(METER),
         };
+        let fresh = self.asked.len() > before;
+        if fresh && self.bugs.contains(&Bug::ReportSentBeforeCommit) {
+            return self.spend_reporting_first(&request).await;
+        }
         let mut conn = self.pool.acquire().await.unwrap();
         let debited = usage::debit(&mut conn, &request)
             .await
@@ -1366,6 +1524,232 @@ impl World {
                 return Err(self.fail(what));
             }
         }
+        Ok(())
+    }
+
+    /// `Bug::ReportSentBeforeCommit`: the app debits in a transaction of its own, sends the
+    /// accepted debit's report to the meter itself before the commit, and then three times in
+    /// ten the transaction fails and rolls back; the app asks again later under a new key.
+    async fn spend_reporting_first(
+        &mut self,
+        request: &shared::billing::usage::DebitRequest<'_>,
+    ) -> Result<(), Failure> {
+        use shared::billing::usage::{self, Debit};
+        let mut tx = self.pool.begin().await.unwrap();
+        let debited = usage::debit(&mut tx, request)
+            .await
+            .map_err(|e| self.fail(format!("debit {}: {e}", request.key)))?;
+        if let Debit::Accepted { .. } = debited.debit {
+            let report = shared::domain::meter::MeterReport {
+                id: shared::domain::meter::report_id(),
+                source: request.source.to_owned(),
+                customer: request.customer.clone(),
+                identifier: shared::domain::meter::identifier(
+                    request.source,
+                    request.customer,
+                    request.key,
+                ),
+                meter: METER.to_owned(),
+                value: request.amount,
+                occurred_at: chrono::Utc::now(),
+                first_sent_at: None,
+                unanswered: false,
+            };
+            let meter = SimMeter::meter(&self._meter_server);
+            let sent = meter.send(&report).await;
+            if self.spender.chance(30) {
+                drop(tx);
+                let retry_key = format!("{}r", request.key);
+                if let Some(last) = self.asked.last_mut() {
+                    last.key = retry_key;
+                }
+                self.note(format!(
+                    "app sent the report of {} ({sent:?}), then its debit rolled back; it will ask under a new key",
+                    request.key
+                ));
+                return Ok(());
+            }
+        }
+        tx.commit().await.unwrap();
+        self.note(format!(
+            "app debits {} under {} -> {:?} (its report sent before the commit)",
+            request.amount, request.key, debited.debit
+        ));
+        let decided = matches!(
+            debited.debit,
+            Debit::Accepted { .. } | Debit::Exhausted { .. }
+        );
+        if let Some(first) = self.asked.iter_mut().find(|a| a.key == request.key) {
+            if decided && first.heard.is_none() {
+                first.heard = Some(debited.debit);
+            }
+        }
+        Ok(())
+    }
+
+    /// The dispatcher sends one pending meter report of this seed (§4.13) with a short client
+    /// timeout; now and then it dies, or every other connection is killed, after the attempt
+    /// and before its record: the hold expires and the next attempt resends under the
+    /// report's identifier.
+    async fn dispatch(&mut self, faults: bool) -> bool {
+        let pending: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM meter_reports
+             WHERE customer_id LIKE '%\\_' || $1 || '%' AND status = 'pending' ORDER BY id",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        if pending.is_empty() {
+            return false;
+        }
+        let id = pending[self.dispatcher.below(pending.len() as u64) as usize].clone();
+        let fault = match (faults, self.dispatcher.below(100)) {
+            (true, 0..=9) => Some(Fault::Crash(0)),
+            (true, 10..=15) => Some(Fault::Kill(0)),
+            _ => None,
+        };
+        let plan = self.plan(fault);
+        let (pool, meters) = (self.pool.clone(), &self.meters);
+        let send = shared::meters::send(
+            &pool,
+            meters,
+            &id,
+            shared::meters::outbox::SEND_LEASE,
+            &RETRY,
+        );
+        let line = match self.run(&plan, send).await {
+            Ran::Done(Ok(reported)) => format!("dispatcher sent {id}: {reported:?}"),
+            Ran::Done(Err(error)) => format!(
+                "dispatcher sent {id} and could not record it: {error} ({})",
+                plan.hit.lock().unwrap().clone().unwrap_or_default()
+            ),
+            Ran::Crashed => format!(
+                "dispatcher sent {id} and died before its record ({})",
+                plan.hit.lock().unwrap().clone().unwrap_or_default()
+            ),
+        };
+        self.note(line);
+        true
+    }
+
+    /// At rest, without faults: every pending report sent, rounds of time moving past holds
+    /// and retry waits.
+    async fn drain_reports(&mut self) -> Result<(), Failure> {
+        self.meter.0.lock().unwrap().faults = false;
+        for _ in 0..QUIET_ROUNDS {
+            let mut any = false;
+            while self.dispatch(false).await {
+                any = true;
+                let left: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM meter_reports WHERE customer_id LIKE '%\\_' || $1 || '%'
+                       AND status = 'pending'
+                       AND (locked_until IS NULL OR locked_until < inbox_now())
+                       AND (next_attempt_at IS NULL OR next_attempt_at <= inbox_now())",
+                )
+                .bind(&self.ns)
+                .fetch_one(&self.pool)
+                .await
+                .unwrap();
+                if left == 0 {
+                    break;
+                }
+            }
+            if !any {
+                return Ok(());
+            }
+            self.clock.advance(20 * 60_000);
+            self.note("time +20 min".into());
+        }
+        Err(self.fail(format!(
+            "meter reports still pending after {QUIET_ROUNDS} rounds of sending"
+        )))
+    }
+
+    /// At rest: every accepted debit has one report, sent, and the fake meter holds
+    /// its identifier once with the debit's customer and amount; it holds no other (no
+    /// refused or rolled-back debit is reported), and its total per customer is the sum of
+    /// the customer's accepted debits.
+    async fn check_meter_reports(&mut self) -> Result<(), Failure> {
+        #[derive(sqlx::FromRow)]
+        struct Told {
+            source: String,
+            customer_id: String,
+            idempotency_key: String,
+            amount: i64,
+            accepted: bool,
+            reports: i64,
+            identifier: Option<String>,
+            status: Option<String>,
+        }
+        let debits: Vec<Told> = sqlx::query_as(
+            "SELECT d.source, d.customer_id, d.idempotency_key, d.amount, d.accepted,
+                    (SELECT count(*) FROM meter_reports r WHERE r.usage_id = d.usage_id) AS reports,
+                    r.identifier, r.status
+             FROM usage_debits d LEFT JOIN meter_reports r ON r.usage_id = d.usage_id
+             WHERE d.customer_id LIKE '%\\_' || $1 || '%'
+             ORDER BY d.seq",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        let held = self.meter.0.lock().unwrap().held.clone();
+        let mut expected: BTreeMap<String, i64> = BTreeMap::new();
+        let mut told: HashSet<&str> = HashSet::new();
+        for d in &debits {
+            let customer = shared::domain::CustomerId::parse(&d.customer_id).unwrap();
+            let identifier =
+                shared::domain::meter::identifier(&d.source, &customer, &d.idempotency_key);
+            if !d.accepted {
+                if d.reports != 0 || held.contains_key(&identifier) {
+                    return Err(self.fail(format!(
+                        "{}/{} {}: refused, yet reported ({} reports, at the meter: {})",
+                        d.source,
+                        d.customer_id,
+                        d.idempotency_key,
+                        d.reports,
+                        held.contains_key(&identifier)
+                    )));
+                }
+                continue;
+            }
+            *expected.entry(d.customer_id.clone()).or_default() += d.amount;
+            let ok = d.reports == 1
+                && d.status.as_deref() == Some("sent")
+                && d.identifier.as_deref() == Some(identifier.as_str())
+                && held.get(&identifier) == Some(&(d.customer_id.clone(), d.amount));
+            if !ok {
+                return Err(self.fail(format!(
+                    "{}/{} {} (accepted, {}): {} report(s), status {:?}; the meter holds {:?}",
+                    d.source,
+                    d.customer_id,
+                    d.idempotency_key,
+                    d.amount,
+                    d.reports,
+                    d.status,
+                    held.get(&identifier)
+                )));
+            }
+            told.insert(d.identifier.as_deref().unwrap_or_default());
+        }
+        if let Some((identifier, (customer, value))) =
+            held.iter().find(|(id, _)| !told.contains(id.as_str()))
+        {
+            return Err(self.fail(format!(
+                "the meter holds {identifier} ({customer}, {value}), the report of no accepted debit"
+            )));
+        }
+        let mut totals: BTreeMap<String, i64> = BTreeMap::new();
+        for (customer, value) in held.values() {
+            *totals.entry(customer.clone()).or_default() += value;
+        }
+        if totals != expected {
+            return Err(self.fail(format!(
+                "the meter's totals {totals:?} are not the accepted debits' {expected:?}"
+            )));
+        }
+        METER_HELD.fetch_add(held.len(), Ordering::Relaxed);
         Ok(())
     }
 
@@ -2304,12 +2688,17 @@ pub(crate) async fn simulate(
             world.spend().await?;
         }
         world.check_usage().await?;
+        if world.dispatcher.chance(30) {
+            world.dispatch(true).await;
+        }
         if steps > 2_000 {
             return Err(world.fail("the schedule did not end"));
         }
     }
     world.quiesce(&case, &mut pending).await?;
+    world.drain_reports().await?;
     world.check_at_rest().await?;
+    world.check_meter_reports().await?;
     world.note(format!(
         "at rest after {steps} steps; every invariant holds"
     ));
@@ -2370,6 +2759,13 @@ async fn seeds(pool: PgPool) {
         LIST_READ_FAULTS.load(Ordering::Relaxed),
         GRANT_EVENTS.load(Ordering::Relaxed),
     );
+    eprintln!(
+        "sim: meter reports: {} held by the fake meter at rest; {} sends, {} of them resends it held already, {} answered 503 or after the client gave up",
+        METER_HELD.load(Ordering::Relaxed),
+        METER_SENDS.load(Ordering::Relaxed),
+        METER_RESENDS.load(Ordering::Relaxed),
+        METER_FAULTS.load(Ordering::Relaxed),
+    );
 }
 
 /// Seeds that once failed, kept as they are.
@@ -2426,6 +2822,7 @@ async fn planted_bugs_are_caught(pool: PgPool) {
         Bug::ThinSkipsTwin,
         Bug::ReadByTheClock,
         Bug::PartialSummaryApplied,
+        Bug::ReportSentBeforeCommit,
     ];
     let mut report = Vec::new();
     for (n, bug) in bugs.into_iter().enumerate() {

@@ -18,6 +18,7 @@ use sqlx::PgPool;
 
 use crate::domain::retry::RetryPolicy;
 use crate::platform::config::SourceConfig;
+use crate::platform::sim::Point;
 use crate::providers::meter::{Dedupe, Meter, Sent};
 use crate::providers::{provider, Api};
 use outbox::{Claimed, Outcome, ReportStatus};
@@ -73,6 +74,20 @@ impl Meters {
     }
 }
 
+/// Meters built elsewhere (a simulation's, a bench's), by source name.
+impl FromIterator<(String, Box<dyn Meter>)> for Meters {
+    fn from_iter<I: IntoIterator<Item = (String, Box<dyn Meter>)>>(iter: I) -> Self {
+        Self(iter.into_iter().collect())
+    }
+}
+
+/// A report's number at a simulation's points: the first 60 bits of its id's hex digits.
+fn point_id(id: &str) -> i64 {
+    id.get(4..19)
+        .and_then(|hex| i64::from_str_radix(hex, 16).ok())
+        .unwrap_or_default()
+}
+
 /// What became of one message naming a report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reported {
@@ -98,6 +113,7 @@ pub async fn send(
         return Ok(Reported::Skipped);
     };
     let outcome = attempt(pool, meters, &claimed).await?;
+    crate::platform::sim::point(Point::MeterAttempted, point_id(&claimed.report.id)).await;
     let status = outbox::record(pool, &claimed, &outcome, retry).await?;
     Ok(match outcome {
         Outcome::Taken => {

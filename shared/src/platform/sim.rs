@@ -32,6 +32,9 @@ pub enum Point {
     WorkerCommitted,
     /// The rescue marked rows as enqueued; it has not sent them.
     RescueMarked,
+    /// A meter report's attempt at the provider is over (sent, perhaps taken); its outcome
+    /// is not recorded yet (docs/design.md §4.13).
+    MeterAttempted,
 }
 
 impl fmt::Display for Point {
@@ -61,6 +64,10 @@ pub enum Bug {
     /// A Stripe entitlement summary that says `has_more` applies the partial list it embeds
     /// instead of reading the complete one.
     PartialSummaryApplied,
+    /// The simulated app sends a debit's meter report itself before the debit commits, and
+    /// the debit may then roll back (the library writes the report with the debit and sends
+    /// it after the commit, §4.13).
+    ReportSentBeforeCommit,
 }
 
 /// Whether the simulation running this task planted `bug`; always false outside one.
