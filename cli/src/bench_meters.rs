@@ -146,7 +146,7 @@ async fn bench(args: &BenchArgs, reports: usize, server: &str, db: &str) -> anyh
         "{} debits were not accepted",
         refused.load(Ordering::Relaxed)
     );
-    let ids = outbox::ids_with_status(&pool, ReportStatus::Pending).await?;
+    let ids = outbox::ids_with_status(&pool, ReportStatus::Pending, None).await?;
     anyhow::ensure!(
         ids.len() == reports,
         "{} reports written for {reports} debits",
@@ -166,7 +166,11 @@ async fn bench(args: &BenchArgs, reports: usize, server: &str, db: &str) -> anyh
         http,
     };
     let meter: Box<dyn shared::providers::meter::Meter> = Box::new(StripeMeter::new(api, METER));
-    let meters: Arc<Meters> = Arc::new([(source.name.clone(), meter)].into_iter().collect());
+    let meters: Arc<Meters> = Arc::new(
+        [(source.name.clone(), METER.to_owned(), meter)]
+            .into_iter()
+            .collect(),
+    );
 
     let started = Instant::now();
     let sent = Arc::new(AtomicU64::new(0));
@@ -213,10 +217,10 @@ async fn bench(args: &BenchArgs, reports: usize, server: &str, db: &str) -> anyh
 }
 
 async fn remaining(pool: &PgPool) -> anyhow::Result<usize> {
-    Ok(outbox::ids_with_status(pool, ReportStatus::Pending)
+    Ok(outbox::ids_with_status(pool, ReportStatus::Pending, None)
         .await?
         .len()
-        + outbox::ids_with_status(pool, ReportStatus::Dead)
+        + outbox::ids_with_status(pool, ReportStatus::Dead, None)
             .await?
             .len())
 }

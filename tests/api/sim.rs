@@ -1013,7 +1013,10 @@ impl World {
         // differ by source.
         let meters = ["kinde", "stripe", "polar"]
             .into_iter()
-            .map(|source| (source.to_owned(), SimMeter::meter(&meter_server)))
+            .map(|source| {
+                let meter = SimMeter::meter(&meter_server);
+                (source.to_owned(), "api_calls".to_owned(), meter)
+            })
             .collect();
         Self {
             seed,

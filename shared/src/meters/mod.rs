@@ -74,10 +74,15 @@ impl Meters {
     }
 }
 
-/// Meters built elsewhere (a simulation's, a bench's), by source name.
-impl FromIterator<(String, Box<dyn Meter>)> for Meters {
-    fn from_iter<I: IntoIterator<Item = (String, Box<dyn Meter>)>>(iter: I) -> Self {
-        Self(iter.into_iter().collect())
+/// Meters built elsewhere (a simulation's, a bench's): each source's name, its meter's name
+/// there, and the meter.
+impl FromIterator<(String, String, Box<dyn Meter>)> for Meters {
+    fn from_iter<I: IntoIterator<Item = (String, String, Box<dyn Meter>)>>(iter: I) -> Self {
+        Self(
+            iter.into_iter()
+                .map(|(source, name, meter)| (source, SourceMeter { name, meter }))
+                .collect(),
+        )
     }
 }
 
