@@ -7,50 +7,40 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use http::StatusCode;
 use serde_json::{json, Value};
-use shared::billing::usage::{self, DebitPeriod, DebitRequest};
-use shared::domain::{CustomerId, Period};
+use shared::domain::CustomerId;
 use shared::handlers::scheduler::{self, SchedulerState};
 use shared::meters::audit::{self, MeterAudit};
 use shared::meters::Meters;
-use shared::platform::config::{parse_sources, SourceConfig};
+use shared::platform::config::SourceConfig;
 use sqlx::PgPool;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
 use crate::cli::{database_url, inboxctl, run};
 use crate::helpers::*;
+use crate::meters::{self, ask, metered_entry, meters_within, stripe_on_pro};
 
-/// The test source `stripe`, its API at `base` with a key, metered on `api_calls`: as
-/// `INBOX_SOURCES` holds it.
+/// The test source `stripe`, its API at `base`, metered on `api_calls`: as `INBOX_SOURCES`
+/// holds it.
 fn metered_json(base: &str) -> Value {
-    let sources = shared::providers::fixtures::dev_sources(&shared::providers::fixtures::Local {
-        jwks_url: &format!("{base}/.well-known/jwks"),
-    });
-    let mut source = sources
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "stripe")
-        .unwrap()
-        .clone();
-    source["api_key"] = json!("key_for_meters");
-    source["api_base_url"] = json!(base);
-    source["meter"] = json!({"event_name": "api_calls"});
-    json!([source])
+    json!([metered_entry(
+        "stripe",
+        base,
+        json!({"event_name": "api_calls"})
+    )])
 }
 
 fn metered(base: &str) -> Vec<SourceConfig> {
-    parse_sources(&metered_json(base).to_string()).unwrap()
+    vec![meters::metered(
+        "stripe",
+        base,
+        json!({"event_name": "api_calls"}),
+    )]
 }
 
 fn meters_of(sources: &[SourceConfig]) -> Meters {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    Meters::build(sources, &http)
+    meters_within(sources, Duration::from_secs(5))
 }
 
 /// A fake Stripe meter API: the meters list, and event summaries whose `aggregated_value` is
@@ -105,35 +95,11 @@ impl FakeStripe {
     }
 }
 
-/// `customer` on Stripe's pro plan, through the intake and the worker.
-async fn stripe_on_pro(app: &TestApp, customer: &str) {
-    let event = stripe_event(
-        &format!("evt_{customer}_pro"),
-        customer,
-        Utc::now().timestamp(),
-    );
-    let (status, answer) = app.post("stripe", &stripe_delivery(&event)).await;
-    assert_eq!(status, StatusCode::OK, "{answer}");
-    app.run_worker().await;
-}
-
 /// A debit of `amount` under `key`, reported to `api_calls`: the report's id.
 async fn debit(pool: &PgPool, customer: &str, key: &str, amount: i64) -> String {
     let who = CustomerId::parse(customer).unwrap();
-    let request = DebitRequest {
-        source: "stripe",
-        customer: &who,
-        key,
-        amount,
-        period: DebitPeriod::Arrival(Period::current()),
-        note: None,
-        effects: None,
-        meter: Some("api_calls"),
-    };
-    let mut conn = pool.acquire().await.unwrap();
-    usage::debit(&mut conn, &request)
+    meters::debit(pool, &ask("stripe", &who, key, amount, Some("api_calls")))
         .await
-        .unwrap()
         .reported
         .unwrap()
 }

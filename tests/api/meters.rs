@@ -38,7 +38,7 @@ fn customer(id: &str) -> CustomerId {
 }
 
 /// A debit of `amount` under `key` in this month, reported to `meter` when given.
-fn ask<'a>(
+pub(crate) fn ask<'a>(
     source: &'a str,
     customer: &'a CustomerId,
     key: &'a str,
@@ -57,7 +57,7 @@ fn ask<'a>(
     }
 }
 
-async fn debit(pool: &PgPool, request: &DebitRequest<'_>) -> Debited {
+pub(crate) async fn debit(pool: &PgPool, request: &DebitRequest<'_>) -> Debited {
     let mut conn = pool.acquire().await.unwrap();
     usage::debit(&mut conn, request).await.unwrap()
 }
@@ -75,38 +75,52 @@ async fn report(pool: &PgPool, id: &str) -> outbox::ReportLine {
         .unwrap_or_else(|| panic!("report {id}"))
 }
 
-/// The source `name` of the test sources, its API at `base` with a key, and its meter.
-fn metered(name: &str, base: &str, meter: Value) -> SourceConfig {
-    let mut sources: Vec<Value> = serde_json::from_str(
-        &serde_json::to_string(&shared::providers::fixtures::dev_sources(
-            &shared::providers::fixtures::Local {
-                jwks_url: &format!("{base}/.well-known/jwks"),
-            },
-        ))
-        .unwrap(),
-    )
-    .unwrap();
-    let source = sources
-        .iter_mut()
+/// The source `name` of the test sources, its API at `base` with a key, and its meter: its
+/// `INBOX_SOURCES` entry.
+pub(crate) fn metered_entry(name: &str, base: &str, meter: Value) -> Value {
+    let sources = shared::providers::fixtures::dev_sources(&shared::providers::fixtures::Local {
+        jwks_url: &format!("{base}/.well-known/jwks"),
+    });
+    let mut source = sources
+        .as_array()
+        .unwrap()
+        .iter()
         .find(|s| s["name"] == name)
-        .unwrap_or_else(|| panic!("no test source {name}"));
+        .unwrap_or_else(|| panic!("no test source {name}"))
+        .clone();
     source["api_key"] = json!("key_for_meters");
     source["api_base_url"] = json!(base);
     source["meter"] = meter;
     if source["kind"] == "kinde" {
         source["api_client_id"] = json!("m2m_client");
     }
-    parse_sources(&Value::Array(vec![source.clone()]).to_string())
+    source
+}
+
+/// [`metered_entry`], as the configuration reads it.
+pub(crate) fn metered(name: &str, base: &str, meter: Value) -> SourceConfig {
+    parse_sources(&json!([metered_entry(name, base, meter)]).to_string())
         .unwrap()
         .remove(0)
 }
 
-fn meters_of(sources: &[SourceConfig]) -> Meters {
-    let http = reqwest::Client::builder()
-        .timeout(CLIENT_TIMEOUT)
-        .build()
-        .unwrap();
+/// The meters of `sources`, their client giving up after `timeout`.
+pub(crate) fn meters_within(sources: &[SourceConfig], timeout: Duration) -> Meters {
+    let http = reqwest::Client::builder().timeout(timeout).build().unwrap();
     Meters::build(sources, &http)
+}
+
+fn meters_of(sources: &[SourceConfig]) -> Meters {
+    meters_within(sources, CLIENT_TIMEOUT)
+}
+
+/// The test source `stripe`, metered on `api_calls`, its API `server`.
+fn stripe_meters(server: &MockServer) -> Meters {
+    meters_of(&[metered(
+        "stripe",
+        &server.uri(),
+        json!({"event_name": "api_calls"}),
+    )])
 }
 
 async fn send(pool: &PgPool, meters: &Meters, id: &str) -> Reported {
@@ -180,7 +194,7 @@ impl FakeStripe {
 }
 
 /// `customer` on Stripe's pro plan (500 this month), through the intake and the worker.
-async fn stripe_on_pro(app: &TestApp, customer: &str) {
+pub(crate) async fn stripe_on_pro(app: &TestApp, customer: &str) {
     let event = stripe_event(
         &format!("evt_{customer}_pro"),
         customer,
@@ -340,11 +354,7 @@ async fn a_send_stripe_took_but_never_answered_is_resent_under_its_identifier_an
     let fake = FakeStripe::default();
     *fake.slow.lock().unwrap() = 1;
     let server = fake.serve().await;
-    let meters = meters_of(&[metered(
-        "stripe",
-        &server.uri(),
-        json!({"event_name": "api_calls"}),
-    )]);
+    let meters = stripe_meters(&server);
     let who = customer("cus_slow");
     let id = debit(
         &pool,
@@ -377,11 +387,7 @@ async fn a_failing_meter_is_retried_then_dead_alerted_once_and_replayed(pool: Pg
         ..Default::default()
     };
     let server = down.serve().await;
-    let meters = meters_of(&[metered(
-        "stripe",
-        &server.uri(),
-        json!({"event_name": "api_calls"}),
-    )]);
+    let meters = stripe_meters(&server);
     let who = customer("cus_down");
     let id = debit(
         &pool,
@@ -421,11 +427,7 @@ async fn a_failing_meter_is_retried_then_dead_alerted_once_and_replayed(pool: Pg
     assert_eq!(replayed, vec![id.clone()]);
     let up = FakeStripe::default();
     let server = up.serve().await;
-    let meters = meters_of(&[metered(
-        "stripe",
-        &server.uri(),
-        json!({"event_name": "api_calls"}),
-    )]);
+    let meters = stripe_meters(&server);
     assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
     assert_eq!(up.held().len(), 1);
 }
@@ -443,11 +445,7 @@ async fn a_report_stripe_refuses_is_dead_at_once(pool: PgPool) {
         ..Default::default()
     };
     let server = refusing.serve().await;
-    let meters = meters_of(&[metered(
-        "stripe",
-        &server.uri(),
-        json!({"event_name": "api_calls"}),
-    )]);
+    let meters = stripe_meters(&server);
     let who = customer("cus_unknown_there");
     let id = debit(&pool, &ask("stripe", &who, "req_1", 1, Some("api_calls")))
         .await
@@ -520,11 +518,7 @@ async fn an_unanswered_report_older_than_stripes_window_is_read_back_before_any_
         })
         .mount(&server)
         .await;
-    let meters = meters_of(&[metered(
-        "stripe",
-        &server.uri(),
-        json!({"event_name": "api_calls"}),
-    )]);
+    let meters = stripe_meters(&server);
     assert_eq!(send(&pool, &meters, &ids[0]).await, Reported::Sent);
     assert_eq!(
         fake.posts(),
@@ -857,11 +851,7 @@ async fn a_connected_customers_report_is_read_back_in_its_account(pool: PgPool) 
                       "aggregated_value": 4, "livemode": false, "meter": "mtr_conn"}]})))
         .mount(&server)
         .await;
-    let meters = meters_of(&[metered(
-        "stripe",
-        &server.uri(),
-        json!({"event_name": "api_calls"}),
-    )]);
+    let meters = stripe_meters(&server);
     assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
     assert_eq!(
         fake.posts(),
