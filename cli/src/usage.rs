@@ -1,11 +1,12 @@
-//! `inboxctl usage`: a period's usage of an account, and `usage record`, a debit of its
-//! allowance (docs/design.md §4.10), through the library the API uses.
+//! `inboxctl usage`: a period's usage of an account, `usage record`, a debit of its
+//! allowance, and `usage reverse`, a debit taken back (docs/design.md §4.10), through the
+//! library the API uses.
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use sqlx::PgPool;
 
-use shared::billing::usage::{self, Debit, DebitRequest, Invalid, Listed};
+use shared::billing::usage::{self, Debit, DebitRequest, Invalid, Listed, Reversal};
 use shared::domain::{CustomerId, Period};
 use shared::platform::config::Env;
 
@@ -85,6 +86,16 @@ enum UsageCommand {
         #[command(flatten)]
         account: AccountArgs,
     },
+    /// Take the accepted debit USAGE_ID back, once: its amount returns to its period's
+    /// allowance, and its meter report is withdrawn or corrected at the provider. Asked again,
+    /// the same answer. Exit codes: 6 unknown customer, 7 no such debit of the account, 8 the
+    /// debit was refused (nothing to reverse).
+    Reverse {
+        customer_id: String,
+        usage_id: String,
+        #[command(flatten)]
+        account: AccountArgs,
+    },
 }
 
 /// A usage request refused (a debit answered but not accepted, or one the check refuses, or a
@@ -147,6 +158,11 @@ pub async fn run(args: &UsageArgs, pool: &PgPool, json_output: bool) -> anyhow::
             )
             .await
         }
+        Some(UsageCommand::Reverse {
+            customer_id,
+            usage_id,
+            account,
+        }) => reverse(pool, customer_id, usage_id, account, json_output).await,
         None => {
             let customer_id = args.customer_id.as_deref().context("name a customer")?;
             list(pool, customer_id, args, json_output).await
@@ -227,6 +243,95 @@ async fn list(
     Ok(())
 }
 
+/// Hands what a debit or a reversal wrote to the dispatcher's queue: its effect, its meter
+/// report or correction. What the queue refuses, or what finds no queue, the scheduler's
+/// rescue sends.
+async fn hand_over(
+    pool: &PgPool,
+    env: &Env<fn(&str) -> Option<String>>,
+    told: Option<&String>,
+    reported: Option<&String>,
+) -> anyhow::Result<()> {
+    if let (Some(told), Some(effects)) = (told, env.effects()?) {
+        let queue = shared::platform::queue::Queue::from_env(effects.queue_url.clone()).await;
+        shared::effects::outbox::enqueue_or_unmark(pool, &queue, std::slice::from_ref(told))
+            .await?;
+    }
+    if let (Some(reported), Some(url)) = (reported, env.outbox_queue_url()) {
+        let queue = shared::platform::queue::Queue::from_env(url).await;
+        shared::meters::outbox::enqueue_or_unmark(pool, &queue, std::slice::from_ref(reported))
+            .await?;
+    }
+    Ok(())
+}
+
+async fn reverse(
+    pool: &PgPool,
+    customer_id: &str,
+    usage_id: &str,
+    account: &AccountArgs,
+    json_output: bool,
+) -> anyhow::Result<()> {
+    if account.period.is_some() {
+        anyhow::bail!("--period: a reversal names its debit, whose period is its own");
+    }
+    let customer = account.stored_customer(customer_id)?;
+    let env = Env::process();
+    let catalog = env.plans_or_empty()?;
+    let effects = env.effects()?.map(|_| &catalog);
+    let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
+    let Some(source) = resolve_source(&mut conn, &customer, account.source.as_deref()).await?
+    else {
+        return Err(unknown(&customer, None).into());
+    };
+    let today = Period::current();
+    let reversed =
+        usage::reverse(&mut conn, (&source, &customer), usage_id, effects, &today).await?;
+    drop(conn);
+    hand_over(pool, &env, reversed.told.as_ref(), reversed.correction.as_ref()).await?;
+    let refused = |code, exit, detail: String| Refused {
+        code,
+        detail,
+        remaining: None,
+        exit,
+    };
+    if let (true, Some(body)) = (json_output, reversed.reversal.body()) {
+        return print_json(&body);
+    }
+    match reversed.reversal {
+        Reversal::Reversed {
+            amount,
+            period,
+            used,
+            remaining,
+            replayed,
+            ..
+        } => {
+            out!(
+                "{usage_id}: {amount} reversed for {period}; {used} used, {remaining} remaining{}",
+                if replayed {
+                    " (replayed: it was reversed before)"
+                } else {
+                    ""
+                }
+            );
+            Ok(())
+        }
+        Reversal::UnknownUsage => Err(refused(
+            "not_found",
+            7,
+            format!("no debit {usage_id} of customer '{customer}' in source '{source}'"),
+        )
+        .into()),
+        Reversal::NotAccepted => Err(refused(
+            "not_accepted",
+            8,
+            format!("refused: the debit {usage_id} was refused; it spent nothing to reverse"),
+        )
+        .into()),
+    }
+}
+
 async fn record(
     pool: &PgPool,
     customer_id: &str,
@@ -274,17 +379,7 @@ async fn record(
     };
     let debited = usage::debit(&mut conn, &request).await?;
     drop(conn);
-    // What the queue refuses, or what finds no queue, the scheduler's rescue sends.
-    if let (Some(told), Some(effects)) = (&debited.told, &effects) {
-        let queue = shared::platform::queue::Queue::from_env(effects.queue_url.clone()).await;
-        shared::effects::outbox::enqueue_or_unmark(pool, &queue, std::slice::from_ref(told))
-            .await?;
-    }
-    if let (Some(reported), Some(url)) = (&debited.reported, env.outbox_queue_url()) {
-        let queue = shared::platform::queue::Queue::from_env(url).await;
-        shared::meters::outbox::enqueue_or_unmark(pool, &queue, std::slice::from_ref(reported))
-            .await?;
-    }
+    hand_over(pool, &env, debited.told.as_ref(), debited.reported.as_ref()).await?;
     let who = format!("customer '{customer}' in source '{source}'");
     let refused = |code, exit, remaining: Option<i64>, detail: String| Refused {
         code,

@@ -30,6 +30,7 @@ mod order;
 mod polar_benefits;
 mod pooler;
 mod reconcile;
+mod reversals;
 mod round_trips;
 mod scale;
 mod scenarios;

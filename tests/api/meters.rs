@@ -33,7 +33,7 @@ const NO_WAITS: RetryPolicy = RetryPolicy::new([Duration::ZERO; 5]);
 /// The client gives up on a send after this; the slow fake answers after three times as long.
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(400);
 
-fn customer(id: &str) -> CustomerId {
+pub(crate) fn customer(id: &str) -> CustomerId {
     CustomerId::parse(id).unwrap()
 }
 
@@ -62,12 +62,12 @@ pub(crate) async fn debit(pool: &PgPool, request: &DebitRequest<'_>) -> Debited 
     usage::debit(&mut conn, request).await.unwrap()
 }
 
-async fn reports(pool: &PgPool) -> Vec<outbox::ReportLine> {
+pub(crate) async fn reports(pool: &PgPool) -> Vec<outbox::ReportLine> {
     let mut conn = pool.acquire().await.unwrap();
     outbox::list(&mut conn, None, None, 100).await.unwrap()
 }
 
-async fn report(pool: &PgPool, id: &str) -> outbox::ReportLine {
+pub(crate) async fn report(pool: &PgPool, id: &str) -> outbox::ReportLine {
     reports(pool)
         .await
         .into_iter()
@@ -110,12 +110,12 @@ pub(crate) fn meters_within(sources: &[SourceConfig], timeout: Duration) -> Mete
     Meters::build(sources, &http)
 }
 
-fn meters_of(sources: &[SourceConfig]) -> Meters {
+pub(crate) fn meters_of(sources: &[SourceConfig]) -> Meters {
     meters_within(sources, CLIENT_TIMEOUT)
 }
 
 /// The test source `stripe`, metered on `api_calls`, its API `server`.
-fn stripe_meters(server: &MockServer) -> Meters {
+pub(crate) fn stripe_meters(server: &MockServer) -> Meters {
     meters_of(&[metered(
         "stripe",
         &server.uri(),
@@ -123,7 +123,7 @@ fn stripe_meters(server: &MockServer) -> Meters {
     )])
 }
 
-async fn send(pool: &PgPool, meters: &Meters, id: &str) -> Reported {
+pub(crate) async fn send(pool: &PgPool, meters: &Meters, id: &str) -> Reported {
     meters::send(pool, meters, id, outbox::SEND_LEASE, &NO_WAITS)
         .await
         .unwrap()
@@ -133,8 +133,10 @@ async fn send(pool: &PgPool, meters: &Meters, id: &str) -> Reported {
 /// a 400 "already exists", as Stripe answers), and answers the first `slow` sends only after
 /// the client gave up — keeping what they carried.
 #[derive(Clone, Default)]
-struct FakeStripe {
+pub(crate) struct FakeStripe {
     held: Arc<Mutex<HashMap<String, HashMap<String, String>>>>,
+    /// The meter event adjustments taken, as sent.
+    adjustments: Arc<Mutex<Vec<HashMap<String, String>>>>,
     posts: Arc<Mutex<u32>>,
     slow: Arc<Mutex<u32>>,
     /// Answer every send with this status and body instead.
@@ -150,6 +152,14 @@ impl Respond for FakeStripe {
         let form: HashMap<String, String> = url::form_urlencoded::parse(&request.body)
             .into_owned()
             .collect();
+        if request.url.path() == "/v1/billing/meter_event_adjustments" {
+            // stripe-node `Billing.MeterEventAdjustment`.
+            self.adjustments.lock().unwrap().push(form.clone());
+            return ResponseTemplate::new(200).set_body_json(json!({
+                "object": "billing.meter_event_adjustment", "livemode": false,
+                "status": "pending", "type": form["type"], "event_name": form["event_name"],
+                "cancel": {"identifier": form["cancel[identifier]"]}}));
+        }
         let id = form["identifier"].clone();
         let mut held = self.held.lock().unwrap();
         if held.contains_key(&id) {
@@ -174,22 +184,39 @@ impl Respond for FakeStripe {
 }
 
 impl FakeStripe {
-    async fn serve(&self) -> MockServer {
+    /// One that answers every send with `status` and `body`.
+    pub(crate) fn failing(status: u16, body: Value) -> Self {
+        Self {
+            fail: Some((status, body)),
+            ..Self::default()
+        }
+    }
+
+    pub(crate) async fn serve(&self) -> MockServer {
         let server = MockServer::start().await;
-        Mock::given(method("POST"))
-            .and(path("/v1/billing/meter_events"))
-            .respond_with(self.clone())
-            .mount(&server)
-            .await;
+        for endpoint in [
+            "/v1/billing/meter_events",
+            "/v1/billing/meter_event_adjustments",
+        ] {
+            Mock::given(method("POST"))
+                .and(path(endpoint))
+                .respond_with(self.clone())
+                .mount(&server)
+                .await;
+        }
         server
     }
 
-    fn posts(&self) -> u32 {
+    pub(crate) fn posts(&self) -> u32 {
         *self.posts.lock().unwrap()
     }
 
-    fn held(&self) -> HashMap<String, HashMap<String, String>> {
+    pub(crate) fn held(&self) -> HashMap<String, HashMap<String, String>> {
         self.held.lock().unwrap().clone()
+    }
+
+    pub(crate) fn adjustments(&self) -> Vec<HashMap<String, String>> {
+        self.adjustments.lock().unwrap().clone()
     }
 }
 
@@ -382,10 +409,7 @@ async fn a_send_stripe_took_but_never_answered_is_resent_under_its_identifier_an
 async fn a_failing_meter_is_retried_then_dead_alerted_once_and_replayed(pool: PgPool) {
     let app = TestApp::spawn(pool.clone()).await;
     stripe_on_pro(&app, "cus_down").await;
-    let down = FakeStripe {
-        fail: Some((503, json!({"error": {"message": "Service unavailable"}}))),
-        ..Default::default()
-    };
+    let down = FakeStripe::failing(503, json!({"error": {"message": "Service unavailable"}}));
     let server = down.serve().await;
     let meters = stripe_meters(&server);
     let who = customer("cus_down");
@@ -436,14 +460,11 @@ async fn a_failing_meter_is_retried_then_dead_alerted_once_and_replayed(pool: Pg
 async fn a_report_stripe_refuses_is_dead_at_once(pool: PgPool) {
     let app = TestApp::spawn(pool.clone()).await;
     stripe_on_pro(&app, "cus_unknown_there").await;
-    let refusing = FakeStripe {
-        fail: Some((
-            400,
-            json!({"error": {"type": "invalid_request_error", "code": "resource_missing",
-                             "message": "No such customer: 'cus_unknown_there'"}}),
-        )),
-        ..Default::default()
-    };
+    let refusing = FakeStripe::failing(
+        400,
+        json!({"error": {"type": "invalid_request_error", "code": "resource_missing",
+                         "message": "No such customer: 'cus_unknown_there'"}}),
+    );
     let server = refusing.serve().await;
     let meters = stripe_meters(&server);
     let who = customer("cus_unknown_there");
@@ -653,6 +674,7 @@ async fn a_polar_report_is_one_ingested_event_that_polar_dedupes_by_external_id(
         occurred_at: "2026-12-03T09:00:00Z".parse().unwrap(),
         first_sent_at: None,
         unanswered: false,
+        take_back: None,
     };
     assert_eq!(meter.send(&report).await, Sent::Taken);
     assert_eq!(meter.dedupe(), shared::providers::meter::Dedupe::Always);

@@ -1557,6 +1557,7 @@ impl World {
                 occurred_at: chrono::Utc::now(),
                 first_sent_at: None,
                 unanswered: false,
+                take_back: None,
             };
             let meter = SimMeter::meter(&self._meter_server);
             let sent = meter.send(&report).await;

@@ -346,7 +346,7 @@ pub(super) fn compare(
     out
 }
 
-/// Each period's `used` as stored, and the sum of its accepted debits.
+/// Each period's `used` as stored, and the sum of its accepted debits not reversed.
 pub(super) async fn used_by_period(
     conn: &mut PgConnection,
     source: &str,
@@ -357,7 +357,8 @@ pub(super) async fn used_by_period(
         SELECT p.period, p.used,
                COALESCE((SELECT sum(d.amount) FROM usage_debits d
                          WHERE d.source = p.source AND d.customer_id = p.customer_id
-                           AND d.period = p.period AND d.accepted), 0)::bigint AS "debited!"
+                           AND d.period = p.period AND d.accepted
+                           AND d.reversed_at IS NULL), 0)::bigint AS "debited!"
         FROM usage_periods p WHERE p.source = $1 AND p.customer_id = $2
         ORDER BY p.period
         "#,

@@ -185,7 +185,7 @@ pub async fn snapshot(
     let Some(row) = sqlx::query!(
         r#"
         SELECT a.deleted_at IS NOT NULL AS "deleted!",
-               (a.version + COALESCE((SELECT sum(accepted) FROM usage_periods
+               (a.version + COALESCE((SELECT sum(accepted + reversed) FROM usage_periods
                                       WHERE source = $1 AND customer_id = $2), 0))::bigint AS "version!",
                (SELECT plan FROM customer_plans WHERE source = $1 AND customer_id = $2) AS customer_plan,
                COALESCE((SELECT past_due FROM customer_standing

@@ -13,7 +13,7 @@ use sqlx::PgConnection;
 use super::account;
 use super::model::period_totals;
 use crate::domain::effect::{effect_id, Kind};
-use crate::domain::meter::{identifier, report_id};
+use crate::domain::meter::{correction_identifier, identifier, report_id};
 use crate::domain::{Catalog, CustomerId, Period};
 use crate::platform::db::exec;
 
@@ -231,6 +231,32 @@ fn exhausted_cause(source: &str, customer: &CustomerId, period: &Period) -> Stri
     format!("allowance of {source}/{customer} for {period} exhausted")
 }
 
+/// The body of an effect a debit or a reversal writes (`billing.allowance_exhausted`,
+/// `billing.usage_reversed`): the account's plan and features as read just before, which
+/// neither moves (nor depends on the period); the statement that writes it adds the
+/// sequence, the period's totals and the debit. `None` for an account that does not exist.
+async fn usage_effect(
+    conn: &mut PgConnection,
+    (source, customer): (&str, &CustomerId),
+    period: &Period,
+    catalog: &Catalog,
+    (kind, id): (Kind, &str),
+) -> Result<Option<serde_json::Value>, sqlx::Error> {
+    let Some(snapshot) = account::snapshot(conn, source, customer, period, catalog).await? else {
+        return Ok(None);
+    };
+    Ok(Some(json!({
+        "id": id,
+        "type": kind.as_str(),
+        "data": {
+            "source": source,
+            "customer_id": customer.as_str(),
+            "period": period.as_str(),
+            "account": {"plan": snapshot.plan, "features": snapshot.features, "period": period.as_str()},
+        },
+    })))
+}
+
 /// Spends `req.amount` of the period's allowance, once per key: at most two round trips, one
 /// when effects are off.
 #[tracing::instrument(skip_all, fields(source = req.source, period = req.period.period().as_str()))]
@@ -241,31 +267,20 @@ pub async fn debit(
     let period = req.period.period();
     let effect = match req.effects {
         Some(catalog) => {
+            let cause = exhausted_cause(req.source, req.customer, period);
+            let id = effect_id(Kind::AllowanceExhausted, &cause);
             // The plan as read just before the debit: the debit does not move it. No
             // account, no debit either (accounts are never deleted, so no key of it exists).
-            let Some(snapshot) =
-                account::snapshot(conn, req.source, req.customer, period, catalog).await?
-            else {
+            let account = (req.source, req.customer);
+            let made = (Kind::AllowanceExhausted, id.as_str());
+            let Some(effect) = usage_effect(conn, account, period, catalog, made).await? else {
                 return Ok(Debited {
                     debit: Debit::UnknownCustomer,
                     told: None,
                     reported: None,
                 });
             };
-            let (plan, features) = (snapshot.plan, snapshot.features);
-            let cause = exhausted_cause(req.source, req.customer, period);
-            let id = effect_id(Kind::AllowanceExhausted, &cause);
-            let body = json!({
-                "id": id,
-                "type": Kind::AllowanceExhausted.as_str(),
-                "data": {
-                    "source": req.source,
-                    "customer_id": req.customer.as_str(),
-                    "period": period.as_str(),
-                    "account": {"plan": plan, "features": features, "period": period.as_str()},
-                },
-            });
-            Some(json!({"id": id, "cause": cause, "body": body}))
+            Some(json!({"id": id, "cause": cause, "body": effect}))
         }
         None => None,
     };
@@ -332,6 +347,144 @@ pub async fn debit(
     })
 }
 
+/// What a reversal got. Asked again, the same answer, but `replayed`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reversal {
+    Reversed {
+        usage_id: String,
+        amount: i64,
+        period: Period,
+        /// The period's used and remaining right after the reversal.
+        used: i64,
+        remaining: i64,
+        reversed_at: DateTime<Utc>,
+        replayed: bool,
+    },
+    /// No debit of this account has the id.
+    UnknownUsage,
+    /// The debit was refused: it spent nothing, so there is nothing to take back.
+    NotAccepted,
+}
+
+impl Reversal {
+    /// The answer's body (docs/api.md: `{usage_id, amount, period, used, remaining,
+    /// reversed_at, replayed}`); `None` for a refusal.
+    pub fn body(&self) -> Option<serde_json::Value> {
+        let Reversal::Reversed {
+            usage_id,
+            amount,
+            period,
+            used,
+            remaining,
+            reversed_at,
+            replayed,
+        } = self
+        else {
+            return None;
+        };
+        Some(json!({
+            "usage_id": usage_id,
+            "amount": amount,
+            "period": period.as_str(),
+            "used": used,
+            "remaining": remaining,
+            "reversed_at": reversed_at,
+            "replayed": replayed,
+        }))
+    }
+}
+
+/// A reversal's answer, and the ids of what it wrote for the dispatcher: its
+/// `billing.usage_reversed` effect and the meter's correction (a report withdrawn needs no
+/// send).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reversed {
+    pub reversal: Reversal,
+    pub told: Option<String>,
+    pub correction: Option<String>,
+}
+
+/// Takes the accepted debit `usage_id` of the account back, once (docs/design.md §4.10): its
+/// amount returns to its period's allowance, and its meter report, if it has one, is
+/// withdrawn when it never went out or corrected at the provider otherwise (§4.13), in the
+/// same statement. `effects`: the catalog when effects are on (`billing.usage_reversed`, its
+/// `account` block naming the plan as of `today`); then two round trips, else one. An
+/// unknown account is `UnknownUsage`: none of its debits exists.
+#[tracing::instrument(skip_all, fields(source))]
+pub async fn reverse(
+    conn: &mut PgConnection,
+    (source, customer): (&str, &CustomerId),
+    usage_id: &str,
+    effects: Option<&Catalog>,
+    today: &Period,
+) -> Result<Reversed, sqlx::Error> {
+    let effect = match effects {
+        Some(catalog) => {
+            let cause = format!("debit {usage_id} of {source}/{customer} reversed");
+            let id = effect_id(Kind::UsageReversed, &cause);
+            let made = (Kind::UsageReversed, id.as_str());
+            match usage_effect(conn, (source, customer), today, catalog, made).await? {
+                Some(body) => Some(json!({"id": id, "cause": cause, "body": body})),
+                None => {
+                    return Ok(Reversed {
+                        reversal: Reversal::UnknownUsage,
+                        told: None,
+                        correction: None,
+                    })
+                }
+            }
+        }
+        None => None,
+    };
+    // The correction's dedupe key at the provider: its debit's, marked as the reversal's.
+    let correction = json!({
+        "id": report_id(),
+        "identifier": correction_identifier(source, customer, usage_id),
+    });
+    let row = sqlx::query!(
+        r#"SELECT outcome AS "outcome!", period, amount, used, remaining, reversed_at,
+                  replayed AS "replayed!", told, correction
+           FROM inbox_reverse_debit($1, $2, $3, $4, $5)"#,
+        source,
+        customer.as_str(),
+        usage_id,
+        effect,
+        correction,
+    )
+    .fetch_one(exec(conn))
+    .await?;
+    let missing = |what: &str| sqlx::Error::Decode(format!("inbox_reverse_debit: no {what}").into());
+    let reversal = match row.outcome.as_str() {
+        "reversed" => Reversal::Reversed {
+            usage_id: usage_id.to_owned(),
+            amount: row.amount.ok_or_else(|| missing("amount"))?,
+            period: row
+                .period
+                .as_deref()
+                .map(Period::parse)
+                .transpose()
+                .map_err(|e| sqlx::Error::Decode(format!("inbox_reverse_debit: {e}").into()))?
+                .ok_or_else(|| missing("period"))?,
+            used: row.used.ok_or_else(|| missing("used"))?,
+            remaining: row.remaining.ok_or_else(|| missing("remaining"))?,
+            reversed_at: row.reversed_at.ok_or_else(|| missing("reversed_at"))?,
+            replayed: row.replayed,
+        },
+        "unknown_usage" => Reversal::UnknownUsage,
+        "not_accepted" => Reversal::NotAccepted,
+        other => {
+            return Err(sqlx::Error::Decode(
+                format!("inbox_reverse_debit: unknown outcome '{other}'").into(),
+            ))
+        }
+    };
+    Ok(Reversed {
+        reversal,
+        told: row.told,
+        correction: row.correction,
+    })
+}
+
 /// One accepted debit, as the usage list shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct UsageLine {
@@ -394,6 +547,7 @@ pub async fn list(
                            'recorded_at', d.recorded_at) ORDER BY d.seq), '[]')
                 FROM (SELECT * FROM usage_debits u
                       WHERE u.source = $1 AND u.customer_id = $2 AND u.period = $3 AND u.accepted
+                        AND u.reversed_at IS NULL
                         AND u.seq > COALESCE((SELECT seq FROM usage_debits c
                                               WHERE c.usage_id = $4 AND c.source = $1
                                                 AND c.customer_id = $2 AND c.period = $3), 0)

@@ -20,6 +20,10 @@ pub enum Kind {
     /// A period's allowance ran out (a debit left nothing, or one was refused): once per
     /// account and period, written by the debit (`billing::usage`), not by an event.
     AllowanceExhausted,
+    /// The app took an accepted debit back (docs/design.md §4.10): its amount is returned to
+    /// the period's allowance and the provider's meter withdrawn or corrected (§4.13). A fact,
+    /// once per debit, written by the reversal (`billing::usage`).
+    UsageReversed,
 }
 
 impl Kind {
@@ -34,6 +38,7 @@ impl Kind {
             Kind::PaymentRefunded => "billing.payment_refunded",
             Kind::CustomerDeleted => "billing.customer_deleted",
             Kind::AllowanceExhausted => "billing.allowance_exhausted",
+            Kind::UsageReversed => "billing.usage_reversed",
         }
     }
 

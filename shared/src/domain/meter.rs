@@ -29,6 +29,36 @@ pub fn identifier(source: &str, customer: &CustomerId, key: &str) -> String {
     format!("bi_{}", hex::encode(digest))
 }
 
+/// The dedupe key of the correction that takes a reversed debit's report back: derived from
+/// the account and the debit, marked as a reversal's, so that it is never a report's.
+pub fn correction_identifier(source: &str, customer: &CustomerId, usage_id: &str) -> String {
+    let digest = Sha256::digest(format!(
+        "{source}\n{}\n{usage_id}\nreversal",
+        customer.as_str()
+    ));
+    format!("bi_{}", hex::encode(digest))
+}
+
+/// How a correction takes its report's value back at the provider (docs/design.md §4.13).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TakeBack {
+    /// The provider's own adjustment cancels the report of this identifier (Stripe's meter
+    /// event adjustment, `type=cancel`, within its window).
+    Cancel { identifier: String },
+    /// A report of the opposite value (Stripe: "recording negative quantities"; a Polar
+    /// meter that sums the value).
+    Compensate,
+}
+
+impl TakeBack {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Cancel { .. } => "cancel",
+            Self::Compensate => "compensate",
+        }
+    }
+}
+
 /// One report as a sender sends it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MeterReport {
@@ -46,6 +76,19 @@ pub struct MeterReport {
     pub first_sent_at: Option<DateTime<Utc>>,
     /// Whether a send ended without the provider's answer: the provider may hold it.
     pub unanswered: bool,
+    /// `Some` for a correction: how it takes back the value of the report it corrects
+    /// (`value` is that report's).
+    pub take_back: Option<TakeBack>,
+}
+
+impl MeterReport {
+    /// The value as the provider's meter adds it: a compensating report's is negative.
+    pub fn signed_value(&self) -> i64 {
+        match self.take_back {
+            Some(TakeBack::Compensate) => -self.value,
+            _ => self.value,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -65,6 +108,9 @@ mod tests {
         assert!(id.len() <= 100, "Stripe's identifier takes at most 100");
         let longest_key = "k".repeat(255);
         assert_eq!(identifier("s", &customer, &longest_key).len(), 67);
+        let correction = correction_identifier("stripe", &customer, "use_1");
+        assert_eq!(correction.len(), 67);
+        assert_ne!(correction, identifier("stripe", &customer, "use_1"));
     }
 
     #[test]

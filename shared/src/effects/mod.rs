@@ -348,6 +348,7 @@ mod tests {
             Kind::PaymentRefunded,
             Kind::CustomerDeleted,
             Kind::AllowanceExhausted,
+            Kind::UsageReversed,
         ];
         assert!(state.iter().all(|k| k.carries_state()));
         assert!(facts.iter().all(|k| !k.carries_state()));

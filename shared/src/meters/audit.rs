@@ -240,7 +240,8 @@ async fn sum_sent(
 ) -> anyhow::Result<Option<i64>> {
     let row = sqlx::query!(
         r#"
-        SELECT COALESCE(sum(value) FILTER (WHERE status = 'sent'), 0)::bigint AS "sent!",
+        SELECT COALESCE(sum(CASE kind WHEN 'correction' THEN -value ELSE value END)
+                            FILTER (WHERE status = 'sent'), 0)::bigint AS "sent!",
                count(*) FILTER (WHERE status = 'pending'
                                    OR (status = 'sent' AND sent_at > inbox_now() - make_interval(secs => $6)))
                    AS "unsettled!"

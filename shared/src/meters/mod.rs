@@ -17,6 +17,7 @@ use chrono::Utc;
 use sqlx::PgPool;
 
 use crate::domain::retry::RetryPolicy;
+use crate::domain::meter::{MeterReport, TakeBack};
 use crate::platform::config::SourceConfig;
 use crate::platform::sim::Point;
 use crate::providers::meter::{Dedupe, Meter, Sent};
@@ -117,7 +118,10 @@ pub async fn send(
     let Some(claimed) = outbox::claim(pool, id, lease).await? else {
         return Ok(Reported::Skipped);
     };
-    let outcome = attempt(pool, meters, &claimed).await?;
+    let outcome = match &claimed.corrects {
+        Some(corrected) => correct(pool, meters, &claimed, corrected).await?,
+        None => attempt(pool, meters, &claimed).await?,
+    };
     crate::platform::sim::point(Point::MeterAttempted, point_id(&claimed.report.id)).await;
     let status = outbox::record(pool, &claimed, &outcome, retry).await?;
     Ok(match outcome {
@@ -125,9 +129,10 @@ pub async fn send(
             tracing::info!(report_id = %claimed.report.id, source = %claimed.report.source, "meter report sent");
             Reported::Sent
         }
-        Outcome::Refused(error) | Outcome::NotTaken(error) | Outcome::Unanswered(error) => {
-            Reported::Failed { status, error }
-        }
+        Outcome::Refused(error)
+        | Outcome::NotTaken(error)
+        | Outcome::Unanswered(error)
+        | Outcome::Withdrawn(error) => Reported::Failed { status, error },
     })
 }
 
@@ -139,10 +144,7 @@ async fn attempt(
 ) -> Result<Outcome, sqlx::Error> {
     let report = &claimed.report;
     let Some(meter) = meters.0.get(&report.source).map(|m| &m.meter) else {
-        return Ok(Outcome::NotTaken(format!(
-            "source '{}' has no meter (or no API key) configured here",
-            report.source
-        )));
+        return Ok(no_meter(report));
     };
     if report.unanswered && !resend_is_deduped(meter.dedupe(), report.first_sent_at) {
         let others = outbox::others_in_minute(pool, report).await?;
@@ -160,12 +162,96 @@ async fn attempt(
             Err(error) => return Ok(Outcome::NotTaken(format!("read-back: {error:#}"))),
         }
     }
-    Ok(match meter.send(report).await {
+    Ok(sent(meter.send(report).await))
+}
+
+/// One attempt at a correction (docs/design.md §4.13): it waits while the report it corrects
+/// is on its way; it has nothing to take back when that report never reached the provider;
+/// it gives up to an operator when that report died where the provider may hold it. Else it
+/// takes the report back by the provider's adjustment while the provider's window for it
+/// lasts (counted from the report's first send, which its receipt can only follow), by a
+/// compensating report otherwise; the way is chosen once and kept. An unanswered correction
+/// is resent only under its dedupe key, within the provider's window: a correction is not
+/// read back.
+async fn correct(
+    pool: &PgPool,
+    meters: &Meters,
+    claimed: &Claimed,
+    corrected: &outbox::Corrected,
+) -> Result<Outcome, sqlx::Error> {
+    match (corrected.status, corrected.maybe_held) {
+        (ReportStatus::Sent, _) => {}
+        (ReportStatus::Pending, _) => {
+            return Ok(Outcome::NotTaken(format!(
+                "waits for the report it corrects, {}, to be settled",
+                corrected.id
+            )))
+        }
+        (ReportStatus::Dead | ReportStatus::Withdrawn, false) => {
+            return Ok(Outcome::Withdrawn(format!(
+                "the report it corrects, {}, never reached the provider",
+                corrected.id
+            )))
+        }
+        (ReportStatus::Dead | ReportStatus::Withdrawn, true) => {
+            return Ok(Outcome::Refused(format!(
+                "the report it corrects, {}, is dead and the provider may hold it: check the \
+                 provider, then replay both (the report with --not-held if it is not there)",
+                corrected.id
+            )))
+        }
+    }
+    let report = &claimed.report;
+    let Some(meter) = meters.0.get(&report.source).map(|m| &m.meter) else {
+        return Ok(no_meter(report));
+    };
+    if report.unanswered && !resend_is_deduped(meter.dedupe(), report.first_sent_at) {
+        return Ok(Outcome::NotTaken(
+            "an earlier send of this correction went unanswered and the provider's dedupe \
+             window for it has passed; a correction is not read back: not sent again (check \
+             the provider, then replay with --not-held)"
+                .to_owned(),
+        ));
+    }
+    let how = match &corrected.how {
+        Some(how) => how.clone(),
+        None => {
+            let cancel = meter.cancel_window().is_some_and(|window| {
+                resend_is_deduped(Dedupe::Within(window), corrected.first_sent_at)
+            });
+            let chosen = if cancel { "cancel" } else { "compensate" };
+            outbox::keep_how(pool, claimed, chosen).await?
+        }
+    };
+    let take_back = match how.as_str() {
+        "cancel" => TakeBack::Cancel {
+            identifier: corrected.identifier.clone(),
+        },
+        _ => TakeBack::Compensate,
+    };
+    let correction = MeterReport {
+        take_back: Some(take_back),
+        ..report.clone()
+    };
+    Ok(sent(meter.send(&correction).await))
+}
+
+/// A report of a source with no meter here.
+fn no_meter(report: &MeterReport) -> Outcome {
+    Outcome::NotTaken(format!(
+        "source '{}' has no meter (or no API key) configured here",
+        report.source
+    ))
+}
+
+/// A send's answer as it is recorded.
+fn sent(sent: Sent) -> Outcome {
+    match sent {
         Sent::Taken => Outcome::Taken,
         Sent::Refused(e) => Outcome::Refused(e),
         Sent::NotTaken(e) => Outcome::NotTaken(e),
         Sent::Unanswered(e) => Outcome::Unanswered(e),
-    })
+    }
 }
 
 /// Whether a resend now is taken by the provider as the report it may hold already.

@@ -8,6 +8,9 @@
 //!                   │   └── retry due ───┘ not taken, or unanswered: later (dead after the
 //!                   │                      last attempt); refused: dead at once
 //!                   └────── replay (dead) ◀─────────────────────
+//!
+//!  inbox_reverse_debit ──▶ the report withdrawn (never went out), or a correction born
+//!                          pending, which lives as a report does
 //! ```
 
 use std::time::{Duration, Instant};
@@ -34,6 +37,9 @@ pub enum ReportStatus {
     Pending,
     Sent,
     Dead,
+    /// Never sent now: its debit was reversed before it went out, or, for a correction, the
+    /// report it corrects never reached the provider.
+    Withdrawn,
 }
 
 impl ReportStatus {
@@ -42,11 +48,12 @@ impl ReportStatus {
             Self::Pending => "pending",
             Self::Sent => "sent",
             Self::Dead => "dead",
+            Self::Withdrawn => "withdrawn",
         }
     }
 
     pub fn parse(raw: &str) -> Option<Self> {
-        [Self::Pending, Self::Sent, Self::Dead]
+        [Self::Pending, Self::Sent, Self::Dead, Self::Withdrawn]
             .into_iter()
             .find(|s| s.as_str() == raw)
     }
@@ -58,6 +65,22 @@ impl ReportStatus {
 pub struct Claimed {
     pub report: MeterReport,
     pub attempts: i32,
+    /// For a correction: the report it takes back, as it stands now.
+    pub corrects: Option<Corrected>,
+}
+
+/// The report a correction takes back, as the correction's attempt finds it.
+#[derive(Debug, Clone)]
+pub struct Corrected {
+    pub id: String,
+    pub identifier: String,
+    pub status: ReportStatus,
+    /// When its first send went out: the start of the provider's window for an adjustment.
+    pub first_sent_at: Option<DateTime<Utc>>,
+    /// Whether the provider holds it or may (taken, or a send unanswered).
+    pub maybe_held: bool,
+    /// How the correction takes it back, once chosen (`cancel` or `compensate`).
+    pub how: Option<String>,
 }
 
 /// Takes a pending report for one attempt, if no other dispatcher holds it and no retry wait
@@ -86,7 +109,8 @@ pub async fn claim(
             FOR UPDATE SKIP LOCKED
         )
         RETURNING r.id, r.source, r.customer_id, r.identifier, r.meter, r.value, r.occurred_at,
-                  r.first_sent_at AS "first_sent_at!", r.unanswered_at, r.attempts
+                  r.first_sent_at AS "first_sent_at!", r.unanswered_at, r.attempts, r.corrects,
+                  r.how
         "#,
         id,
         lease.as_secs_f64(),
@@ -99,6 +123,10 @@ pub async fn claim(
     };
     let customer = CustomerId::parse(&row.customer_id)
         .map_err(|e| sqlx::Error::Decode(format!("meter report {id}: {e}").into()))?;
+    let corrects = match &row.corrects {
+        Some(corrected) => Some(corrected_report(pool, corrected, row.how).await?),
+        None => None,
+    };
     Ok(Some(Claimed {
         report: MeterReport {
             id: row.id,
@@ -110,9 +138,52 @@ pub async fn claim(
             occurred_at: row.occurred_at,
             first_sent_at: Some(row.first_sent_at),
             unanswered: row.unanswered_at.is_some(),
+            take_back: None,
         },
         attempts: row.attempts,
+        corrects,
     }))
+}
+
+/// The report a correction takes back, as it stands.
+async fn corrected_report(
+    pool: &PgPool,
+    id: &str,
+    how: Option<String>,
+) -> Result<Corrected, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"
+        SELECT identifier, status, first_sent_at,
+               (sent_at IS NOT NULL OR unanswered_at IS NOT NULL) AS "maybe_held!"
+        FROM meter_reports WHERE id = $1
+        "#,
+        id,
+    )
+    .fetch_one(exec(pool))
+    .await?;
+    let status = ReportStatus::parse(&row.status).ok_or_else(|| {
+        sqlx::Error::Decode(format!("meter report {id}: status '{}'", row.status).into())
+    })?;
+    Ok(Corrected {
+        id: id.to_owned(),
+        identifier: row.identifier,
+        status,
+        first_sent_at: row.first_sent_at,
+        maybe_held: row.maybe_held,
+        how,
+    })
+}
+
+/// Keeps the way a correction takes its report back, chosen at its first attempt: every later
+/// attempt is the same request. Returns the way kept (an earlier holder's, if it chose).
+pub async fn keep_how(pool: &PgPool, claimed: &Claimed, how: &str) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"UPDATE meter_reports SET how = COALESCE(how, $2) WHERE id = $1 RETURNING how AS "how!""#,
+        claimed.report.id,
+        how,
+    )
+    .fetch_one(exec(pool))
+    .await
 }
 
 /// What an attempt came to, as it is recorded.
@@ -127,6 +198,9 @@ pub enum Outcome {
     /// Sent without an answer: tried again later, and from now on as a report the provider
     /// may hold.
     Unanswered(String),
+    /// A correction with nothing to take back: the report it corrects never reached the
+    /// provider (which is withdrawn with it).
+    Withdrawn(String),
 }
 
 /// Records an attempt; only the holder's record lands. Returns the status it left.
@@ -139,6 +213,7 @@ pub async fn record(
     let delay = retry.wait_after(claimed.attempts);
     let (status, error, unanswered) = match outcome {
         Outcome::Taken => (ReportStatus::Sent, None, false),
+        Outcome::Withdrawn(e) => (ReportStatus::Withdrawn, Some(e), false),
         Outcome::Refused(e) => (ReportStatus::Dead, Some(e), false),
         Outcome::NotTaken(e) | Outcome::Unanswered(e) => (
             match delay {
@@ -171,6 +246,21 @@ pub async fn record(
     )
     .execute(exec(pool))
     .await?;
+    if let (Outcome::Withdrawn(_), Some(corrected)) = (outcome, &claimed.corrects) {
+        // The report never reached the provider, and its debit is reversed: a replay must not
+        // send it.
+        sqlx::query!(
+            r#"
+            UPDATE meter_reports
+            SET status = 'withdrawn',
+                last_error = COALESCE(last_error || '; ', '') || 'withdrawn: its debit was reversed'
+            WHERE id = $1 AND status = 'dead' AND sent_at IS NULL AND unanswered_at IS NULL
+            "#,
+            corrected.id,
+        )
+        .execute(exec(pool))
+        .await?;
+    }
     Ok(status)
 }
 
@@ -206,11 +296,15 @@ pub async fn mark_provider_errors(
 }
 
 /// The value of this account's other reports to the same meter the provider took, timed in
-/// the same minute as `report`: what a provider that reads back totals counts besides it.
+/// the same minute as `report`, less the corrections it took there (an adjustment's
+/// cancelled report no longer counts; a compensating report counts its negative value): what
+/// a provider that reads back totals counts besides it.
 pub async fn others_in_minute(pool: &PgPool, report: &MeterReport) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar!(
         r#"
-        SELECT COALESCE(sum(value), 0)::bigint AS "total!" FROM meter_reports
+        SELECT COALESCE(sum(CASE kind WHEN 'correction' THEN -value ELSE value END), 0)::bigint
+                   AS "total!"
+        FROM meter_reports
         WHERE source = $1 AND customer_id = $2 AND meter = $3 AND id <> $4 AND status = 'sent'
           AND date_trunc('minute', occurred_at) = date_trunc('minute', $5::timestamptz)
         "#,
@@ -460,6 +554,10 @@ pub async fn statuses(pool: &PgPool, ids: &[String]) -> Result<Vec<(String, Stri
 #[derive(Debug, Clone, Serialize)]
 pub struct ReportLine {
     pub id: String,
+    /// `report`, or `correction` (of the report `corrects`, by `how`).
+    pub kind: String,
+    pub corrects: Option<String>,
+    pub how: Option<String>,
     pub status: String,
     pub source: String,
     pub customer_id: String,
@@ -488,7 +586,8 @@ pub async fn list(
     sqlx::query_as!(
         ReportLine,
         r#"
-        SELECT id, status, source, customer_id, usage_id, idempotency_key, identifier, meter,
+        SELECT id, kind, corrects, how, status, source, customer_id, usage_id, idempotency_key,
+               identifier, meter,
                value, period, occurred_at, attempts, unanswered_at IS NOT NULL AS "unanswered!",
                last_error, provider_error, sent_at
         FROM meter_reports

@@ -48,6 +48,13 @@ pub trait Meter: Send + Sync {
     /// How a resend of the same report is taken.
     fn dedupe(&self) -> Dedupe;
 
+    /// How long after its receipt the provider's own adjustment cancels a report it took
+    /// (`MeterReport::take_back` = `Cancel`); `None`: it has none, and a correction is a
+    /// compensating report.
+    fn cancel_window(&self) -> Option<Duration> {
+        None
+    }
+
     /// Whether the provider holds this report, read back: `Ok(None)` when it cannot tell.
     /// `others` is what the provider should count besides it in the same place (the value of
     /// this account's other reports taken at the same minute), for a provider that reads

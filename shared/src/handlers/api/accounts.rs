@@ -15,7 +15,7 @@ use super::answer::{
 use super::state::ApiState;
 use crate::audit::{self, Cut, FoldError};
 use crate::billing::account::{self, AccountSnapshot};
-use crate::billing::usage::{self, Debit, DebitRequest, Debited, Invalid, Listed, UsagePage};
+use crate::billing::usage::{self, Debit, DebitRequest, Invalid, Listed, Reversal, UsagePage};
 use crate::domain::features::{self, BadKey};
 use crate::domain::{AccountError, AccountRef, Period, SourceKind};
 use crate::operate::{acts, log, Place};
@@ -30,6 +30,8 @@ enum Route {
     Why,
     RecordUsage,
     ListUsage,
+    /// A reversal of one of the account's debits, by its usage id as the path gives it.
+    ReverseUsage(String),
     /// The account's event log.
     Events,
     /// A replay of one of the account's events, by its id as the path gives it.
@@ -45,6 +47,7 @@ impl Route {
             Self::Why => "Why",
             Self::RecordUsage => "RecordUsage",
             Self::ListUsage => "ListUsage",
+            Self::ReverseUsage(_) => "ReverseUsage",
             Self::Events => "Events",
             Self::ReplayEvent(_) => "ReplayEvent",
         }
@@ -61,6 +64,7 @@ impl Route {
             Self::Why => &["at", "received_before", "stripe_account"],
             Self::RecordUsage => &["stripe_account"],
             Self::ListUsage => &["period", "limit", "after", "stripe_account"],
+            Self::ReverseUsage(_) => &["stripe_account"],
             Self::Events => &["limit", "after", "stripe_account"],
             Self::ReplayEvent(_) => &["stripe_account"],
         }
@@ -68,8 +72,8 @@ impl Route {
 }
 
 /// The route and its path's source and customer, from a path ending in
-/// `/v1/accounts/{source}/{customer}[/usage|/why|/features/{key}|/events[/{id}/replay]]`
-/// (API Gateway's path, or
+/// `/v1/accounts/{source}/{customer}[/usage[/{usage_id}/reversal]|/why|/features/{key}|
+/// /events[/{id}/replay]]` (API Gateway's path, or
 /// `cargo lambda watch`'s with its `/lambda-url/api` prefix). Segments are percent-decoded. A
 /// `…/features` path with no key (or an empty one) routes to the feature check, which refuses
 /// the key by name rather than answer 404 for a route that exists.
@@ -102,11 +106,14 @@ fn route(method: &Method, path: &str) -> Result<(Route, String, String), ApiErro
             Method::POST => (Route::RecordUsage, source, customer),
             _ => (Route::ListUsage, source, customer),
         },
+        [source, customer, "usage", id, "reversal"] => {
+            (Route::ReverseUsage(decode(id)?), source, customer)
+        }
         _ => return Err(not_found()),
     };
     let allowed = match route {
         Route::Account | Route::Feature(_) | Route::Why | Route::Events => *method == Method::GET,
-        Route::ReplayEvent(_) => *method == Method::POST,
+        Route::ReplayEvent(_) | Route::ReverseUsage(_) => *method == Method::POST,
         Route::RecordUsage | Route::ListUsage => matches!(*method, Method::GET | Method::POST),
     };
     if !allowed {
@@ -343,8 +350,18 @@ pub(super) async fn serve(
             ask.effects = state.effects.as_ref().map(|_| &state.catalog);
             ask.meter = state.meters.get(&target.source).map(String::as_str);
             let debited = on_held!(state, conn => usage::debit(conn, &ask))?;
-            tell(state, &debited).await;
+            tell(state, debited.told.as_ref(), debited.reported.as_ref()).await;
             debit_answer(debited.debit, &customer)
+        }
+        Route::ReverseUsage(usage_id) => {
+            require(caller, Scope::Usage)?;
+            let usage_id = usage_id_param(&usage_id)?;
+            let effects = state.effects.as_ref().map(|_| &state.catalog);
+            let account = (target.source.as_str(), target.customer_id());
+            let reversed =
+                on_held!(state, conn => usage::reverse(conn, account, usage_id, effects, &now))?;
+            tell(state, reversed.told.as_ref(), reversed.correction.as_ref()).await;
+            reversal_answer(reversed.reversal, usage_id)
         }
     }
 }
@@ -486,17 +503,17 @@ fn account_of(
     })
 }
 
-/// Hands a debit's new `allowance_exhausted` effect and its meter report to the dispatcher's
-/// queue. Both are committed with the debit; if the queue refuses one, the scheduler's rescue
-/// sends it.
-async fn tell(state: &ApiState, debited: &Debited) {
-    if let (Some(queue), Some(id)) = (&state.effects, &debited.told) {
+/// Hands what a debit or a reversal wrote for the dispatcher to its queue: the new effect
+/// (`allowance_exhausted`, `usage_reversed`) and the meter report (or correction). Both are
+/// committed with it; if the queue refuses one, the scheduler's rescue sends it.
+async fn tell(state: &ApiState, told: Option<&String>, reported: Option<&String>) {
+    if let (Some(queue), Some(id)) = (&state.effects, told) {
         let ids = std::slice::from_ref(id);
         if let Err(e) = crate::effects::outbox::enqueue_or_unmark(&state.pool, queue, ids).await {
             tracing::warn!(effect_id = %id, error = format!("{e:#}"), "could not hand the effect to its queue");
         }
     }
-    if let (Some(queue), Some(id)) = (&state.outbox, &debited.reported) {
+    if let (Some(queue), Some(id)) = (&state.outbox, reported) {
         let ids = std::slice::from_ref(id);
         if let Err(e) = crate::meters::outbox::enqueue_or_unmark(&state.pool, queue, ids).await {
             tracing::warn!(report_id = %id, error = format!("{e:#}"), "could not hand the meter report to its queue");
@@ -552,6 +569,35 @@ fn usage_page_body(page: &UsagePage) -> Value {
         })).collect::<Vec<_>>(),
         "next": page.next,
     })
+}
+
+/// A usage id named by a reversal's path: what no usage id can be is refused before the
+/// store is asked, as a cursor is.
+fn usage_id_param(raw: &str) -> Result<&str, ApiError> {
+    match raw.is_empty() || raw.len() > MAX_CURSOR_LEN || raw.chars().any(char::is_control) {
+        true => Err(ApiError::bad(
+            "bad_usage_id",
+            "a reversal names the usage_id its debit was answered with",
+        )),
+        false => Ok(raw),
+    }
+}
+
+fn reversal_answer(reversal: Reversal, usage_id: &str) -> Result<Response<Body>, ApiError> {
+    match reversal {
+        Reversal::Reversed { replayed, .. } => {
+            let body = reversal.body().unwrap_or_default();
+            let mut response = json_response(StatusCode::OK, &body);
+            if replayed {
+                mark_replayed(response.headers_mut());
+            }
+            Ok(response)
+        }
+        Reversal::UnknownUsage => Err(ApiError::Missing(format!(
+            "no debit {usage_id} of this account"
+        ))),
+        Reversal::NotAccepted => Err(ApiError::NotAccepted(usage_id.to_owned())),
+    }
 }
 
 fn debit_answer(debit: Debit, customer: &str) -> Result<Response<Body>, ApiError> {

@@ -59,6 +59,8 @@ pub enum ApiError {
     AllowanceExhausted { remaining: i64, replayed: bool },
     #[error("the customer is deleted")]
     CustomerDeleted,
+    #[error("the debit {0} was refused: it spent nothing, so there is nothing to reverse")]
+    NotAccepted(String),
     #[error("this Idempotency-Key was used with another request body")]
     IdempotencyConflict,
     #[error("{0}")]
@@ -97,7 +99,9 @@ impl ApiError {
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::AllowanceExhausted { .. } | Self::CustomerDeleted => StatusCode::CONFLICT,
+            Self::AllowanceExhausted { .. } | Self::CustomerDeleted | Self::NotAccepted(_) => {
+                StatusCode::CONFLICT
+            }
             Self::IdempotencyConflict | Self::NotFolded(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unavailable(_) | Self::Timeout => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -118,6 +122,7 @@ impl ApiError {
             Self::PayloadTooLarge(_) => "payload_too_large",
             Self::AllowanceExhausted { .. } => "allowance_exhausted",
             Self::CustomerDeleted => "customer_deleted",
+            Self::NotAccepted(_) => "not_accepted",
             Self::IdempotencyConflict => "idempotency_conflict",
             Self::NotFolded(_) => "not_folded",
             Self::Unavailable(_) => "unavailable",

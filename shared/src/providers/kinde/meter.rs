@@ -7,7 +7,8 @@
 //! Kinde documents no dedupe key and answers no record id, and no API reads usage back: a send
 //! that went unanswered is never sent again by itself ([`Dedupe::Never`], no read-back). It
 //! waits for an operator, who sees in Kinde whether the usage is there and replays it with
-//! `--not-held` when it is not.
+//! `--not-held` when it is not. A correction (a reversed debit's) is refused for the same
+//! operator: Kinde documents neither an adjustment nor a negative usage.
 
 use anyhow::Context;
 use chrono::Utc;
@@ -37,6 +38,13 @@ impl KindeMeter {
     }
 
     async fn post(&self, report: &MeterReport) -> Sent {
+        if report.take_back.is_some() {
+            return Sent::Refused(
+                "Kinde documents no correction of meter usage (no adjustment, and a delta is \
+                 a usage): correct it in Kinde"
+                    .to_owned(),
+            );
+        }
         let api = match self.api.authorized().await {
             Ok(api) => api,
             Err(error) => return Sent::NotTaken(format!("no access token: {error:#}")),

@@ -6,6 +6,10 @@
 //! `metadata.value` the amount as a number, which a meter aggregating
 //! `{"func": "sum", "property": "value"}` adds up.
 //!
+//! A correction (a reversed debit's) is a compensating event of the negative value under its
+//! own `external_id`: Polar documents no adjustment of an ingested event, and a meter that sums
+//! `value` adds it.
+//!
 //! Polar refuses a `timestamp` in its future ("Timestamp must be in the past.", 422): a
 //! report timed by a clock ahead of Polar's is sent again later, not dead.
 
@@ -54,7 +58,7 @@ fn body(event_name: &str, report: &MeterReport) -> Value {
         "customer_id": report.customer.as_str(),
         "external_id": report.identifier,
         "timestamp": report.occurred_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-        "metadata": {"value": report.value},
+        "metadata": {"value": report.signed_value()},
     }]})
 }
 
@@ -99,6 +103,7 @@ mod tests {
             occurred_at: "2026-12-03T10:00:00.250Z".parse().unwrap(),
             first_sent_at: None,
             unanswered: false,
+            take_back: None,
         };
         assert_eq!(
             body("api_calls", &report),

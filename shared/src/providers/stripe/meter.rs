@@ -5,6 +5,14 @@
 //! (`cus_…`, or `acct_…` for a customer that is an Account) and `payload[value]` the amount;
 //! a connected account's customer's report is made as that account (`Stripe-Account`).
 //!
+//! A correction (a reversed debit's) within 24 hours of the report's receipt is Stripe's meter
+//! event adjustment, `POST /v1/billing/meter_event_adjustments` `{event_name, type: cancel,
+//! cancel[identifier]}` (stripe-node `types/Billing/MeterEventAdjustmentsResource.d.ts`: "You
+//! can only cancel events within 24 hours of Stripe receiving them"), under the correction's
+//! own identifier as its `Idempotency-Key`; after that, a meter event of the negative value
+//! under that identifier (Stripe: "You can also fix incorrectly recorded usage data by
+//! recording negative quantities").
+//!
 //! A report whose send went unanswered more than a day ago is read back from the meter's event
 //! summaries (`GET /v1/billing/meters/{id}/event_summaries`, the meter found by its event name
 //! in `GET /v1/billing/meters`) before it is sent again: the minute of its timestamp holds it
@@ -21,7 +29,7 @@ use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use serde_json::Value;
 
 use super::fetch::FETCH_VERSION;
-use crate::domain::meter::MeterReport;
+use crate::domain::meter::{MeterReport, TakeBack};
 use crate::domain::CustomerId;
 use crate::providers::meter::{answer, Dedupe, Meter, Sent};
 use crate::providers::{path_id, Api};
@@ -31,6 +39,8 @@ use crate::BoxFuture;
 pub const MAX_EVENT_NAME: usize = 100;
 /// How long Stripe dedupes an `identifier`: "a rolling period of at least 24 hours".
 pub const DEDUPE_WINDOW: Duration = Duration::from_secs(24 * 3600);
+/// How long after its receipt Stripe cancels a meter event by an adjustment.
+pub const CANCEL_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 pub struct StripeMeter {
     api: Api,
@@ -54,17 +64,32 @@ impl StripeMeter {
             Err(error) => return Sent::NotTaken(format!("no API key: {error:#}")),
         };
         let customer = report.customer.at_provider();
-        let form = [
-            ("event_name", self.event_name.clone()),
-            ("identifier", report.identifier.clone()),
-            ("timestamp", report.occurred_at.timestamp().to_string()),
-            ("payload[stripe_customer_id]", customer.to_owned()),
-            ("payload[value]", report.value.to_string()),
-        ];
+        let (path, form) = match &report.take_back {
+            // A correction within Stripe's window: the report it corrects, cancelled.
+            Some(TakeBack::Cancel { identifier }) => (
+                "/v1/billing/meter_event_adjustments",
+                vec![
+                    ("event_name", self.event_name.clone()),
+                    ("type", "cancel".to_owned()),
+                    ("cancel[identifier]", identifier.clone()),
+                ],
+            ),
+            // A report, or a correction as a report of the opposite value.
+            _ => (
+                "/v1/billing/meter_events",
+                vec![
+                    ("event_name", self.event_name.clone()),
+                    ("identifier", report.identifier.clone()),
+                    ("timestamp", report.occurred_at.timestamp().to_string()),
+                    ("payload[stripe_customer_id]", customer.to_owned()),
+                    ("payload[value]", report.signed_value().to_string()),
+                ],
+            ),
+        };
         let mut request = self
             .api
             .http
-            .post(format!("{}/v1/billing/meter_events", self.api.base_url))
+            .post(format!("{}{path}", self.api.base_url))
             .bearer_auth(key)
             .header("Stripe-Version", FETCH_VERSION)
             .header("Idempotency-Key", &report.identifier)
@@ -215,6 +240,10 @@ impl Meter for StripeMeter {
 
     fn dedupe(&self) -> Dedupe {
         Dedupe::Within(DEDUPE_WINDOW)
+    }
+
+    fn cancel_window(&self) -> Option<Duration> {
+        Some(CANCEL_WINDOW)
     }
 
     fn holds<'a>(

@@ -1,0 +1,463 @@
+//! Reversals of accepted debits (docs/design.md §4.10, §4.13): the app takes a debit back, its
+//! amount returns to the period's allowance, once, and the provider's meter is withdrawn from
+//! (the report never went out) or corrected (Stripe's meter event adjustment within its window,
+//! a compensating report after it, Polar's compensating event) — against the fake provider
+//! APIs of `meters`. Retries run with zero waits.
+
+use http::StatusCode;
+use serde_json::{json, Value};
+use shared::billing::usage::{self, Reversal, Reversed};
+use shared::domain::meter::{correction_identifier, identifier, MeterReport, TakeBack};
+use shared::domain::{CustomerId, Period, SourceKind};
+use shared::meters::outbox::ReportStatus;
+use shared::meters::Reported;
+use shared::providers::meter::Sent;
+use shared::providers::{provider, Api};
+use sqlx::PgPool;
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::app_api::{api_state, call, on_pro, APP_KEY};
+use crate::helpers::*;
+use crate::meters::{
+    ask, customer, debit, metered, meters_of, report, reports, send, stripe_meters,
+    stripe_on_pro, FakeStripe,
+};
+
+async fn reverse(pool: &PgPool, source: &str, who: &CustomerId, usage_id: &str) -> Reversed {
+    let mut conn = pool.acquire().await.unwrap();
+    usage::reverse(&mut conn, (source, who), usage_id, None, &Period::current())
+        .await
+        .unwrap()
+}
+
+/// `customer` on Polar's pro plan from now (500 this month), through the intake and the worker.
+async fn polar_on_pro(app: &TestApp, customer: &str) {
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let active = json!({
+        "type": "subscription.active",
+        "timestamp": now,
+        "data": {"id": "sub_rev", "customer_id": customer, "status": "active",
+                 "product_id": "prod_pro", "modified_at": now}
+    });
+    let (status, answer) = app.post("polar", &polar_delivery("msg_rev", &active)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    app.run_worker().await;
+}
+
+/// The usage id of an accepted debit.
+fn usage_id_of(debited: &usage::Debited) -> String {
+    match &debited.debit {
+        usage::Debit::Accepted { usage_id, .. } => usage_id.clone(),
+        other => panic!("accepted, not {other:?}"),
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_reversed_debit_returns_its_amount_once_and_answers_the_same_when_asked_again(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_rev").await;
+    let api = api_state(&pool);
+    let debit_of = |key: &'static str, amount: i64| {
+        let api = &api;
+        async move {
+            call(
+                api,
+                "POST",
+                "/v1/accounts/kinde/kc_rev/usage",
+                Some(APP_KEY),
+                &[("idempotency-key", key)],
+                Some(json!({"amount": amount})),
+            )
+            .await
+        }
+    };
+    let kept = debit_of("req_kept", 100).await;
+    let taken = debit_of("req_taken", 150).await;
+    assert_eq!(taken.body["used"], 250, "{}", taken.body);
+    let usage_id = taken.body["usage_id"].as_str().unwrap().to_owned();
+    let before: Value = call(&api, "GET", "/v1/accounts/kinde/kc_rev", Some(APP_KEY), &[], None)
+        .await
+        .body;
+
+    let reversal_path = format!("/v1/accounts/kinde/kc_rev/usage/{usage_id}/reversal");
+    let first = call(&api, "POST", &reversal_path, Some(APP_KEY), &[], None).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    assert_eq!(
+        (
+            &first.body["amount"],
+            &first.body["used"],
+            &first.body["remaining"],
+            &first.body["replayed"]
+        ),
+        (&json!(150), &json!(100), &json!(400), &json!(false))
+    );
+    // Asked again (the answer lost): the same answer, replayed, and nothing moves twice.
+    let again = call(&api, "POST", &reversal_path, Some(APP_KEY), &[], None).await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert!(again.replayed_header);
+    assert_eq!(again.body["replayed"], true);
+    assert_eq!(again.body["reversed_at"], first.body["reversed_at"]);
+    assert_eq!(again.body["used"], 100);
+    let after: Value = call(&api, "GET", "/v1/accounts/kinde/kc_rev", Some(APP_KEY), &[], None)
+        .await
+        .body;
+    assert_eq!((&after["used"], &after["remaining"]), (&json!(100), &json!(400)));
+    assert_ne!(after["version"], before["version"], "a reversal moves the version");
+
+    // The usage list shows what counts: the debit kept.
+    let listed = call(&api, "GET", "/v1/accounts/kinde/kc_rev/usage", Some(APP_KEY), &[], None)
+        .await
+        .body;
+    let listed_ids: Vec<&Value> = listed["usage"].as_array().unwrap().iter().map(|u| &u["usage_id"]).collect();
+    assert_eq!(listed_ids, vec![&kept.body["usage_id"]]);
+    assert_eq!(listed["used"], 100);
+
+    // The key of the reversed debit still answers as it first did: a debit is a stored fact.
+    let retried = debit_of("req_taken", 150).await;
+    assert_eq!(retried.body["usage_id"], usage_id.as_str());
+    assert!(retried.replayed_header);
+
+    // A refused debit spent nothing; an unknown id, or another account's, is not found.
+    let refused = debit_of("req_refused", 10_000).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT);
+    let refused_id: String = sqlx::query_scalar(
+        "SELECT usage_id FROM usage_debits WHERE idempotency_key = 'req_refused'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let not_accepted = call(
+        &api,
+        "POST",
+        &format!("/v1/accounts/kinde/kc_rev/usage/{refused_id}/reversal"),
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (not_accepted.status, not_accepted.body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("not_accepted"))
+    );
+    on_pro(&app, "kc_other").await;
+    let elsewhere = call(
+        &api,
+        "POST",
+        &format!("/v1/accounts/kinde/kc_other/usage/{usage_id}/reversal"),
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(elsewhere.status, StatusCode::NOT_FOUND, "{}", elsewhere.body);
+    // A reader may not reverse; GET is not a reversal.
+    let reader = call(
+        &api,
+        "POST",
+        &reversal_path,
+        Some(crate::app_api::READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(reader.status, StatusCode::FORBIDDEN);
+    let get = call(&api, "GET", &reversal_path, Some(APP_KEY), &[], None).await;
+    assert_eq!(get.status, StatusCode::METHOD_NOT_ALLOWED);
+
+    // The audit's fold agrees with the stored used: the reversed debit does not count.
+    let audit = app.audit().await;
+    assert!(audit.divergent.is_empty(), "{:?}", audit.divergent);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn concurrent_reversals_of_one_debit_return_its_amount_once(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_race").await;
+    let who = customer("kc_race");
+    let usage_id = usage_id_of(&debit(&pool, &ask("kinde", &who, "req_race", 40, None)).await);
+    let tries = (0..8).map(|_| {
+        let pool = pool.clone();
+        let (who, usage_id) = (who.clone(), usage_id.clone());
+        tokio::spawn(async move { reverse(&pool, "kinde", &who, &usage_id).await })
+    });
+    let answers = futures::future::join_all(tries).await;
+    let firsts = answers
+        .iter()
+        .filter(|a| {
+            matches!(
+                a.as_ref().unwrap().reversal,
+                Reversal::Reversed {
+                    replayed: false,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(firsts, 1, "one reversal; the others are its answer again");
+    let used: i64 = sqlx::query_scalar("SELECT used FROM usage_periods WHERE customer_id = 'kc_race'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(used, 0);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_report_that_never_went_out_is_withdrawn_and_never_reaches_the_provider(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_withdrawn").await;
+    let fake = FakeStripe::default();
+    let server = fake.serve().await;
+    let meters = stripe_meters(&server);
+    let who = customer("cus_withdrawn");
+    let debited = debit(&pool, &ask("stripe", &who, "req_w", 4, Some("api_calls"))).await;
+    let id = debited.reported.clone().unwrap();
+
+    let reversed = reverse(&pool, "stripe", &who, &usage_id_of(&debited)).await;
+    assert_eq!(reversed.correction, None, "nothing to correct");
+    assert_eq!(report(&pool, &id).await.status, "withdrawn");
+    // The queue's message for the report still comes: it finds nothing to send.
+    assert_eq!(send(&pool, &meters, &id).await, Reported::Skipped);
+    assert_eq!(fake.posts(), 0);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_report_stripe_holds_is_cancelled_by_an_adjustment_within_its_window(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_cancel").await;
+    let fake = FakeStripe::default();
+    let server = fake.serve().await;
+    let meters = stripe_meters(&server);
+    let who = customer("cus_cancel");
+    let debited = debit(&pool, &ask("stripe", &who, "req_c", 6, Some("api_calls"))).await;
+    let id = debited.reported.clone().unwrap();
+    assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
+    let usage_id = usage_id_of(&debited);
+
+    let correction = reverse(&pool, "stripe", &who, &usage_id)
+        .await
+        .correction
+        .expect("a correction of the report Stripe holds");
+    // Asked again, the reversal writes no second one.
+    assert_eq!(reverse(&pool, "stripe", &who, &usage_id).await.correction, None);
+    assert_eq!(send(&pool, &meters, &correction).await, Reported::Sent);
+    // SQS delivers twice now and then: the second finds it sent.
+    assert_eq!(send(&pool, &meters, &correction).await, Reported::Skipped);
+
+    let adjustments = fake.adjustments();
+    assert_eq!(adjustments.len(), 1, "{adjustments:?}");
+    assert_eq!(adjustments[0]["event_name"], "api_calls");
+    assert_eq!(adjustments[0]["type"], "cancel");
+    assert_eq!(
+        adjustments[0]["cancel[identifier]"],
+        identifier("stripe", &who, "req_c")
+    );
+    let requests = server.received_requests().await.unwrap();
+    let adjustment = requests
+        .iter()
+        .find(|r| r.url.path() == "/v1/billing/meter_event_adjustments")
+        .unwrap();
+    assert_eq!(
+        adjustment.headers.get("idempotency-key").unwrap(),
+        correction_identifier("stripe", &who, &usage_id).as_str(),
+        "a retried adjustment gets Stripe's first answer"
+    );
+    let row = report(&pool, &correction).await;
+    assert_eq!(
+        (row.kind.as_str(), row.how.as_deref(), row.status.as_str()),
+        ("correction", Some("cancel"), "sent")
+    );
+    assert_eq!(row.corrects.as_deref(), Some(id.as_str()));
+    assert_eq!(fake.held().len(), 1, "no meter event but the report");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn past_stripes_window_a_correction_is_a_report_of_the_negative_value(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_late").await;
+    let fake = FakeStripe::default();
+    let server = fake.serve().await;
+    let meters = stripe_meters(&server);
+    let who = customer("cus_late");
+    let debited = debit(&pool, &ask("stripe", &who, "req_l", 9, Some("api_calls"))).await;
+    let id = debited.reported.clone().unwrap();
+    assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
+    // Stripe took it two days ago: past the 24 hours in which an adjustment cancels it.
+    sqlx::query("UPDATE meter_reports SET first_sent_at = first_sent_at - interval '2 days' WHERE id = $1")
+        .bind(&id)
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let usage_id = usage_id_of(&debited);
+    let correction = reverse(&pool, "stripe", &who, &usage_id).await.correction.unwrap();
+    assert_eq!(send(&pool, &meters, &correction).await, Reported::Sent);
+    assert!(fake.adjustments().is_empty());
+    let held = fake.held();
+    let compensating = &held[&correction_identifier("stripe", &who, &usage_id)];
+    assert_eq!(compensating["payload[value]"], "-9");
+    assert_eq!(compensating["payload[stripe_customer_id]"], "cus_late");
+    let original = &held[&identifier("stripe", &who, "req_l")];
+    assert_eq!(
+        compensating["timestamp"], original["timestamp"],
+        "timed as the report it takes back: the same month at Stripe"
+    );
+    assert_eq!(report(&pool, &correction).await.how.as_deref(), Some("compensate"));
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_correction_waits_for_its_report_and_is_withdrawn_with_one_the_provider_never_took(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_wait").await;
+    let fake = FakeStripe::default();
+    let server = fake.serve().await;
+    let meters = stripe_meters(&server);
+    let who = customer("cus_wait");
+
+    // A report on its way (claimed, its send not recorded): reversed now, it is corrected
+    // once it is settled, never before.
+    let on_way = debit(&pool, &ask("stripe", &who, "req_on_way", 2, Some("api_calls"))).await;
+    let on_way_id = on_way.reported.clone().unwrap();
+    let refusing =
+        FakeStripe::failing(500, json!({"error": {"type": "api_error", "message": "try again"}}));
+    let refusing_server = refusing.serve().await;
+    let first = send(&pool, &stripe_meters(&refusing_server), &on_way_id).await;
+    assert!(matches!(first, Reported::Failed { status: ReportStatus::Pending, .. }), "{first:?}");
+    let correction = reverse(&pool, "stripe", &who, &usage_id_of(&on_way))
+        .await
+        .correction
+        .expect("the provider may hold it: a correction");
+    let early = send(&pool, &meters, &correction).await;
+    assert!(
+        matches!(&early, Reported::Failed { status: ReportStatus::Pending, error } if error.contains("waits")),
+        "{early:?}"
+    );
+    assert_eq!(fake.posts(), 0, "nothing sent before the report is settled");
+    assert_eq!(send(&pool, &meters, &on_way_id).await, Reported::Sent);
+    assert_eq!(send(&pool, &meters, &correction).await, Reported::Sent);
+    assert_eq!(fake.adjustments().len(), 1);
+
+    // A report that died refused (the provider never took it), reversed later: withdrawn, and
+    // its correction with it, if one was written.
+    let refused = debit(&pool, &ask("stripe", &who, "req_refused", 3, Some("api_calls"))).await;
+    let refused_id = refused.reported.clone().unwrap();
+    let refusing = FakeStripe::failing(
+        400,
+        json!({"error": {"type": "invalid_request_error", "message": "No such customer"}}),
+    );
+    let refusing_server = refusing.serve().await;
+    send(&pool, &stripe_meters(&refusing_server), &refused_id).await;
+    assert_eq!(report(&pool, &refused_id).await.status, "dead");
+    let reversed = reverse(&pool, "stripe", &who, &usage_id_of(&refused)).await;
+    assert_eq!(reversed.correction, None);
+    assert_eq!(report(&pool, &refused_id).await.status, "withdrawn");
+    assert_eq!(fake.posts(), 2, "the on-way report and its adjustment");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_polar_correction_is_a_compensating_event_and_kinde_refuses_one_for_an_operator(
+    pool: PgPool,
+) {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/events/ingest"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(json!({"inserted": 1, "duplicates": 0})),
+        )
+        .mount(&server)
+        .await;
+    let app = TestApp::spawn(pool.clone()).await;
+    let polar_customer = "992fae2a-2a17-4b7a-8d9e-e287cf90131b";
+    polar_on_pro(&app, polar_customer).await;
+    let who = customer(polar_customer);
+    let meters = meters_of(&[metered("polar", &server.uri(), json!({"event_name": "api_calls"}))]);
+    let debited = debit(&pool, &ask("polar", &who, "req_p", 5, Some("api_calls"))).await;
+    assert_eq!(send(&pool, &meters, &debited.reported.clone().unwrap()).await, Reported::Sent);
+    let usage_id = usage_id_of(&debited);
+    let correction = reverse(&pool, "polar", &who, &usage_id).await.correction.unwrap();
+    assert_eq!(send(&pool, &meters, &correction).await, Reported::Sent);
+    let requests = server.received_requests().await.unwrap();
+    assert_eq!(requests.len(), 2);
+    let body: Value = serde_json::from_slice(&requests[1].body).unwrap();
+    let event = &body["events"][0];
+    assert_eq!(event["external_id"], correction_identifier("polar", &who, &usage_id).as_str());
+    assert_eq!(event["metadata"]["value"], -5);
+    assert_eq!(event["name"], "api_calls");
+    assert_eq!(report(&pool, &correction).await.how.as_deref(), Some("compensate"));
+
+    // Kinde documents neither an adjustment nor a negative usage: its correction is refused
+    // before any request, for an operator to make in Kinde.
+    let kinde = metered("kinde", &server.uri(), json!({"feature_code": "api_calls"}));
+    let http = reqwest::Client::new();
+    let meter = provider(SourceKind::Kinde)
+        .meter(Api::for_source(&kinde, &http).unwrap(), "api_calls")
+        .unwrap();
+    let correction = MeterReport {
+        id: "mrp_00000000000000000000000000000002".into(),
+        source: "kinde".into(),
+        customer: customer("kc_1"),
+        identifier: "bi_y".into(),
+        meter: "api_calls".into(),
+        value: 5,
+        occurred_at: chrono::Utc::now(),
+        first_sent_at: None,
+        unanswered: false,
+        take_back: Some(TakeBack::Compensate),
+    };
+    assert!(matches!(meter.send(&correction).await, Sent::Refused(e) if e.contains("Kinde")));
+    assert_eq!(server.received_requests().await.unwrap().len(), 2, "no request for it");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_reversal_tells_the_app_once_with_what_became_of_the_meter(pool: PgPool) {
+    let mut app = TestApp::spawn(pool.clone()).await;
+    let effects_url = app.enable_effects().await;
+    stripe_on_pro(&app, "cus_told").await;
+    let fake = FakeStripe::default();
+    let server = fake.serve().await;
+    let meters = stripe_meters(&server);
+    let mut api = api_state(&pool);
+    api.effects = Some(shared::platform::queue::Queue::new(app.sqs.clone(), effects_url.clone()));
+    api.meters = std::collections::HashMap::from([("stripe".to_owned(), "api_calls".to_owned())]);
+    let debited = call(
+        &api,
+        "POST",
+        "/v1/accounts/stripe/cus_told/usage",
+        Some(APP_KEY),
+        &[("idempotency-key", "req_t")],
+        Some(json!({"amount": 8})),
+    )
+    .await;
+    let usage_id = debited.body["usage_id"].as_str().unwrap().to_owned();
+    let report_id = reports(&pool).await[0].id.clone();
+    assert_eq!(send(&pool, &meters, &report_id).await, Reported::Sent);
+    let reversal_path = format!("/v1/accounts/stripe/cus_told/usage/{usage_id}/reversal");
+    for _ in 0..2 {
+        let answer = call(&api, "POST", &reversal_path, Some(APP_KEY), &[], None).await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    }
+    let told: Vec<EffectRow> = app
+        .effects()
+        .await
+        .into_iter()
+        .filter(|e| e.kind == "billing.usage_reversed")
+        .collect();
+    assert_eq!(told.len(), 1, "once, whatever the retries");
+    let body = &told[0].body;
+    assert_eq!(body["type"], "billing.usage_reversed");
+    assert_eq!(body["data"]["usage"]["usage_id"], usage_id.as_str());
+    assert_eq!(body["data"]["usage"]["amount"], 8);
+    assert_eq!(body["data"]["account"]["used"], 0);
+    assert_eq!(body["data"]["account"]["remaining"], 500);
+    assert_eq!(body["data"]["account"]["plan"], "pro");
+    assert_eq!(body["data"]["meter"]["report_id"], report_id.as_str());
+    assert_eq!(body["data"]["meter"]["correction"], "correcting");
+    assert!(body["data"]["meter"]["correction_id"].as_str().unwrap().starts_with("mrp_"));
+    assert!(body["data"]["sequence"].as_i64().unwrap() > 0);
+    let queued = app.drain(&effects_url).await;
+    assert!(queued.contains(&told[0].id), "handed to the dispatcher: {queued:?}");
+}
