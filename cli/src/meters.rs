@@ -21,7 +21,7 @@ use crate::show::{opt, print_json, table};
 pub struct MetersArgs {
     #[command(subcommand)]
     action: Option<MetersAction>,
-    /// Only reports in this status (pending, sent, dead).
+    /// Only reports in this status (pending, sent, dead, withdrawn).
     #[arg(long)]
     status: Option<String>,
     /// Only this account's reports: its source...
@@ -76,7 +76,7 @@ pub struct Differ(pub usize);
 
 fn parse_status(raw: &str) -> anyhow::Result<ReportStatus> {
     ReportStatus::parse(raw)
-        .ok_or_else(|| anyhow::anyhow!("unknown report status '{raw}' (pending, sent, dead)"))
+        .ok_or_else(|| anyhow::anyhow!("unknown report status '{raw}' (pending, sent, dead, withdrawn)"))
 }
 
 pub async fn run(args: &MetersArgs, pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
@@ -137,10 +137,20 @@ async fn list(pool: &PgPool, args: &MetersArgs, json_output: bool) -> anyhow::Re
             (Some(last), None) => last.clone(),
             (None, None) => "-".to_owned(),
         };
+        // A correction takes its report's value back: shown negative, with the way.
+        let value = match (&r.corrects, &r.how) {
+            (Some(corrects), how) => format!(
+                "-{} ({})\n{}\ncorrects {corrects}",
+                r.value,
+                how.as_deref().unwrap_or("way not chosen yet"),
+                r.period
+            ),
+            (None, _) => format!("{}\n{}", r.value, r.period),
+        };
         t.add_row(vec![
             format!("{}\n{}", r.id, crate::show::when(&r.occurred_at)),
             format!("{}/{}\n{}", r.source, r.customer_id, r.meter),
-            format!("{}\n{}", r.value, r.period),
+            value,
             format!(
                 "{}, tries {}{}\nsent {}",
                 r.status,

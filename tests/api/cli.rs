@@ -1692,3 +1692,67 @@ async fn features_reads_a_connect_customer_and_says_when_there_are_none(pool: Pg
         "{text}"
     );
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn usage_record_reports_to_the_sources_meter_and_usage_reverse_takes_it_back(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    upgraded_customer(&app).await;
+    let url = database_url(&app.pool).await;
+    // INBOX_SOURCES gives the Kinde source a meter: the debit writes its report, as the API's.
+    let sources = json!([crate::meters::metered_entry(
+        "kinde",
+        "http://127.0.0.1:9",
+        json!({"feature_code": "api_calls"}),
+    )])
+    .to_string();
+    let metered = |args: &[&str]| {
+        let (output, stdout, stderr) = run(inboxctl()
+            .args(args)
+            .arg("--json")
+            .env("DATABASE_URL", &url)
+            .env("INBOX_SOURCES", &sources));
+        let value = serde_json::from_str::<Value>(&stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout} {stderr}"));
+        (output.status.code(), value)
+    };
+    let (code, debit) = metered(&[
+        "usage", "record", "kc_cli", "7", "--key", "req_m", "--period", "2026-03",
+    ]);
+    assert_eq!(code, Some(0), "{debit}");
+    let usage_id = debit["usage_id"].as_str().unwrap().to_owned();
+    let (_, listed) = metered(&["meters"]);
+    let report = &listed.as_array().unwrap()[0];
+    assert_eq!(
+        (&report["usage_id"], &report["value"], &report["meter"], &report["status"]),
+        (&json!(usage_id), &json!(7), &json!("api_calls"), &json!("pending"))
+    );
+
+    // Reversed before the dispatcher sent it: the amount is back and the report withdrawn.
+    let (code, reversed) = metered(&["usage", "reverse", "kc_cli", &usage_id]);
+    assert_eq!(code, Some(0), "{reversed}");
+    assert_eq!(
+        (&reversed["used"], &reversed["remaining"], &reversed["replayed"]),
+        (&json!(0), &json!(500), &json!(false))
+    );
+    let (code, again) = metered(&["usage", "reverse", "kc_cli", &usage_id]);
+    assert_eq!((code, &again["replayed"]), (Some(0), &json!(true)));
+    let (_, listed) = metered(&["meters"]);
+    assert_eq!(listed[0]["status"], "withdrawn");
+    assert_eq!(listed.as_array().unwrap().len(), 1, "no correction of what never went out");
+
+    // What cannot be reversed exits with its own code, and says why.
+    let (code, unknown) = metered(&["usage", "reverse", "kc_cli", "use_nothing"]);
+    assert_eq!((code, &unknown["code"]), (Some(7), &json!("not_found")));
+    let (code, _) = metered(&[
+        "usage", "record", "kc_cli", "900", "--key", "req_big", "--period", "2026-03",
+    ]);
+    assert_eq!(code, Some(3));
+    let refused: String = sqlx::query_scalar(
+        "SELECT usage_id FROM usage_debits WHERE idempotency_key = 'req_big'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    let (code, not_accepted) = metered(&["usage", "reverse", "kc_cli", &refused]);
+    assert_eq!((code, &not_accepted["code"]), (Some(8), &json!("not_accepted")));
+}
