@@ -75,8 +75,9 @@ enum MetersAction {
 pub struct Differ(pub usize);
 
 fn parse_status(raw: &str) -> anyhow::Result<ReportStatus> {
-    ReportStatus::parse(raw)
-        .ok_or_else(|| anyhow::anyhow!("unknown report status '{raw}' (pending, sent, dead, withdrawn)"))
+    ReportStatus::parse(raw).ok_or_else(|| {
+        anyhow::anyhow!("unknown report status '{raw}' (pending, sent, dead, withdrawn)")
+    })
 }
 
 pub async fn run(args: &MetersArgs, pool: &PgPool, json_output: bool) -> anyhow::Result<()> {

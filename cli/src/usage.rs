@@ -288,7 +288,13 @@ async fn reverse(
     let reversed =
         usage::reverse(&mut conn, (&source, &customer), usage_id, effects, &today).await?;
     drop(conn);
-    hand_over(pool, &env, reversed.told.as_ref(), reversed.correction.as_ref()).await?;
+    hand_over(
+        pool,
+        &env,
+        reversed.told.as_ref(),
+        reversed.correction.as_ref(),
+    )
+    .await?;
     let refused = |code, exit, detail: String| Refused {
         code,
         detail,

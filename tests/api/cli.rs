@@ -1723,22 +1723,40 @@ async fn usage_record_reports_to_the_sources_meter_and_usage_reverse_takes_it_ba
     let (_, listed) = metered(&["meters"]);
     let report = &listed.as_array().unwrap()[0];
     assert_eq!(
-        (&report["usage_id"], &report["value"], &report["meter"], &report["status"]),
-        (&json!(usage_id), &json!(7), &json!("api_calls"), &json!("pending"))
+        (
+            &report["usage_id"],
+            &report["value"],
+            &report["meter"],
+            &report["status"]
+        ),
+        (
+            &json!(usage_id),
+            &json!(7),
+            &json!("api_calls"),
+            &json!("pending")
+        )
     );
 
     // Reversed before the dispatcher sent it: the amount is back and the report withdrawn.
     let (code, reversed) = metered(&["usage", "reverse", "kc_cli", &usage_id]);
     assert_eq!(code, Some(0), "{reversed}");
     assert_eq!(
-        (&reversed["used"], &reversed["remaining"], &reversed["replayed"]),
+        (
+            &reversed["used"],
+            &reversed["remaining"],
+            &reversed["replayed"]
+        ),
         (&json!(0), &json!(500), &json!(false))
     );
     let (code, again) = metered(&["usage", "reverse", "kc_cli", &usage_id]);
     assert_eq!((code, &again["replayed"]), (Some(0), &json!(true)));
     let (_, listed) = metered(&["meters"]);
     assert_eq!(listed[0]["status"], "withdrawn");
-    assert_eq!(listed.as_array().unwrap().len(), 1, "no correction of what never went out");
+    assert_eq!(
+        listed.as_array().unwrap().len(),
+        1,
+        "no correction of what never went out"
+    );
 
     // What cannot be reversed exits with its own code, and says why.
     let (code, unknown) = metered(&["usage", "reverse", "kc_cli", "use_nothing"]);
@@ -1747,12 +1765,14 @@ async fn usage_record_reports_to_the_sources_meter_and_usage_reverse_takes_it_ba
         "usage", "record", "kc_cli", "900", "--key", "req_big", "--period", "2026-03",
     ]);
     assert_eq!(code, Some(3));
-    let refused: String = sqlx::query_scalar(
-        "SELECT usage_id FROM usage_debits WHERE idempotency_key = 'req_big'",
-    )
-    .fetch_one(&app.pool)
-    .await
-    .unwrap();
+    let refused: String =
+        sqlx::query_scalar("SELECT usage_id FROM usage_debits WHERE idempotency_key = 'req_big'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
     let (code, not_accepted) = metered(&["usage", "reverse", "kc_cli", &refused]);
-    assert_eq!((code, &not_accepted["code"]), (Some(8), &json!("not_accepted")));
+    assert_eq!(
+        (code, &not_accepted["code"]),
+        (Some(8), &json!("not_accepted"))
+    );
 }

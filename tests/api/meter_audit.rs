@@ -1,12 +1,13 @@
 //! The meter audit (docs/design.md §4.13a): the reports sent to a Stripe meter compared with
 //! the meter's event summaries over the month — against a fake Stripe (wiremock) whose total
-//! the test sets — and the `inboxctl meters` commands.
+//! the test sets —, those sent to Polar compared with its meter's quantities — against a fake
+//! Polar that counts the events it holds as Polar does —, and the `inboxctl meters` commands.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use serde_json::{json, Value};
 use shared::domain::CustomerId;
 use shared::handlers::scheduler::{self, SchedulerState};
@@ -14,12 +15,12 @@ use shared::meters::audit::{self, MeterAudit};
 use shared::meters::Meters;
 use shared::platform::config::SourceConfig;
 use sqlx::PgPool;
-use wiremock::matchers::{method, path};
+use wiremock::matchers::{method, path, path_regex};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
 use crate::cli::{database_url, inboxctl, run};
 use crate::helpers::*;
-use crate::meters::{self, ask, metered_entry, meters_within, stripe_on_pro};
+use crate::meters::{self, ask, metered_entry, meters_within, polar_on_pro, stripe_on_pro};
 
 /// The test source `stripe`, its API at `base`, metered on `api_calls`: as `INBOX_SOURCES`
 /// holds it.
@@ -372,4 +373,344 @@ async fn meters_commands_list_replay_and_audit(pool: PgPool) {
         .env("INBOX_SOURCES", &sources));
     assert!(output.status.success(), "{stdout} {stderr}");
     assert!(stdout.contains("1 resolved"), "{stdout}");
+}
+
+/// A meter as Polar's `Meter` schema writes it (polarsource/polar
+/// `server/polar/meter/schemas.py`, `filter.py`, `aggregation.py`), created `n` minutes after
+/// the first.
+fn polar_meter(id: &str, n: i64, clauses: Value, aggregation: Value) -> Value {
+    let created =
+        DateTime::parse_from_rfc3339("2026-01-05T09:00:00Z").unwrap() + TimeDelta::minutes(n);
+    json!({"id": id, "created_at": created.to_rfc3339(), "modified_at": null, "metadata": {},
+        "name": format!("Meter {n}"), "unit": "scalar", "custom_label": null,
+        "custom_multiplier": null, "filter": {"conjunction": "and", "clauses": clauses},
+        "aggregation": aggregation, "organization_id": "1dbfc517-0bbf-4301-9ba8-555ca42b9737",
+        "archived_at": null})
+}
+
+fn named(event_name: &str) -> Value {
+    json!([{"property": "name", "operator": "eq", "value": event_name}])
+}
+
+fn summed() -> Value {
+    json!({"func": "sum", "property": "value"})
+}
+
+/// The meter of `api_calls` reports, after a hundred meters of other events: on the list's
+/// second page.
+const POLAR_METER: &str = "7b2b8ef7-7a3b-4bd4-9a63-55d0b45a2c63";
+
+fn polar_meters() -> Vec<Value> {
+    let mut meters: Vec<Value> = (0..100)
+        .map(|n| {
+            polar_meter(
+                &format!("00000000-0000-4000-8000-{n:012}"),
+                n,
+                named(&format!("event_{n}")),
+                summed(),
+            )
+        })
+        .collect();
+    meters.push(polar_meter(POLAR_METER, 100, named("api_calls"), summed()));
+    meters
+}
+
+/// A fake Polar meter API (polarsource/polar `server/polar/meter/endpoints.py`): `GET
+/// /v1/meters/` paged as `ListResource` (`page`, `limit` up to 100, `items`, `pagination
+/// {total_count, max_page}`), and `GET /v1/meters/{id}/quantities` counting the events it holds
+/// as `service.py` `get_quantities` does: a bucket at each `interval` from `start_timestamp` to
+/// `end_timestamp` included, each the whole `date_trunc(interval)` of its time in UTC, each
+/// the sum of the customer's events' `value` there, and `total` their sum.
+#[derive(Clone, Default)]
+struct FakePolar {
+    events: Arc<Mutex<Vec<PolarEvent>>>,
+}
+
+/// An event of `api_calls` the fake holds: its customer, `timestamp` and `metadata.value`.
+type PolarEvent = (String, DateTime<Utc>, f64);
+
+impl FakePolar {
+    async fn serve(&self, meters: Vec<Value>) -> MockServer {
+        let server = MockServer::start().await;
+        let listed = meters.clone();
+        Mock::given(method("GET"))
+            .and(path("/v1/meters/"))
+            .respond_with(move |request: &Request| {
+                let query: HashMap<String, String> =
+                    request.url.query_pairs().into_owned().collect();
+                let page: usize = query.get("page").map_or(1, |p| p.parse().unwrap());
+                let limit: usize = query
+                    .get("limit")
+                    .map_or(10, |l| l.parse::<usize>().unwrap().min(100));
+                assert_eq!(query.get("sorting").map(String::as_str), Some("created_at"));
+                let items: Vec<Value> = listed
+                    .iter()
+                    .skip((page - 1) * limit)
+                    .take(limit)
+                    .cloned()
+                    .collect();
+                ResponseTemplate::new(200).set_body_json(json!({"items": items,
+                    "pagination": {"total_count": listed.len(),
+                                   "max_page": listed.len().div_ceil(limit)}}))
+            })
+            .mount(&server)
+            .await;
+        let fake = self.clone();
+        Mock::given(method("GET"))
+            .and(path_regex(r"^/v1/meters/[^/]+/quantities$"))
+            .respond_with(move |request: &Request| {
+                let id = request.url.path().split('/').nth(3).unwrap().to_owned();
+                if !meters.iter().any(|m| m["id"] == json!(id)) {
+                    return ResponseTemplate::new(404).set_body_json(
+                        json!({"error": "ResourceNotFound", "detail": "Not found"}),
+                    );
+                }
+                let query: HashMap<String, String> =
+                    request.url.query_pairs().into_owned().collect();
+                fake.quantities(id == POLAR_METER, &query)
+            })
+            .mount(&server)
+            .await;
+        server
+    }
+
+    fn quantities(&self, counts: bool, query: &HashMap<String, String>) -> ResponseTemplate {
+        let time = |name: &str| -> DateTime<Utc> { query[name].parse().unwrap() };
+        let (start, end) = (time("start_timestamp"), time("end_timestamp"));
+        assert_eq!(query.get("timezone").map_or("UTC", String::as_str), "UTC");
+        let (step, max_days) = match query["interval"].as_str() {
+            "hour" => (TimeDelta::hours(1), 7),
+            "day" => (TimeDelta::days(1), 366),
+            other => panic!("an interval this fake does not count: {other}"),
+        };
+        // `time_queries.is_under_limits`, on the dates.
+        if start > end || (end.date_naive() - start.date_naive()).num_days() > max_days {
+            return ResponseTemplate::new(422).set_body_json(json!({"detail": [{
+                "loc": ["query"], "type": "value_error",
+                "msg": "The interval is too small for the given date range. Use a larger interval or reduce the date range."}]}));
+        }
+        let customer = query.get("customer_id").cloned();
+        let events = self.events.lock().unwrap().clone();
+        let mut quantities = Vec::new();
+        let mut total = 0.0;
+        let mut at = start;
+        while at <= end {
+            let bucket = at.duration_trunc(step).unwrap();
+            let quantity: f64 = events
+                .iter()
+                .filter(|(c, t, _)| {
+                    counts
+                        && customer.as_ref().is_none_or(|x| x == c)
+                        && t.duration_trunc(step).unwrap() == bucket
+                })
+                .map(|(_, _, v)| v)
+                .sum();
+            total += quantity;
+            quantities.push(
+                json!({"timestamp": at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                                   "quantity": quantity}),
+            );
+            at += step;
+        }
+        ResponseTemplate::new(200).set_body_json(json!({"quantities": quantities, "total": total}))
+    }
+
+    fn hold(&self, customer: &str, at: DateTime<Utc>, value: f64) {
+        self.events
+            .lock()
+            .unwrap()
+            .push((customer.to_owned(), at, value));
+    }
+}
+
+/// The test source `polar`, its API at `base`, metered on `api_calls`.
+fn polar_metered(base: &str) -> Vec<SourceConfig> {
+    vec![meters::metered(
+        "polar",
+        base,
+        json!({"event_name": "api_calls"}),
+    )]
+}
+
+/// A Polar debit of `amount` under `key`, reported to `api_calls`, sent an hour ago and timed
+/// at `at`.
+async fn polar_sent(pool: &PgPool, customer: &str, key: &str, amount: i64, at: DateTime<Utc>) {
+    let who = CustomerId::parse(customer).unwrap();
+    let id = meters::debit(pool, &ask("polar", &who, key, amount, Some("api_calls")))
+        .await
+        .reported
+        .unwrap();
+    sent(pool, &id, "1 hour").await;
+    sqlx::query("UPDATE meter_reports SET occurred_at = $2 WHERE id = $1")
+        .bind(&id)
+        .bind(at)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// Where the audit's window ends for Polar: the last whole hour by the settled minute.
+fn polar_window_end() -> DateTime<Utc> {
+    (Utc::now() - TimeDelta::from_std(audit::SETTLE).unwrap())
+        .duration_trunc(TimeDelta::hours(1))
+        .unwrap()
+}
+
+async fn requests_to(server: &MockServer, suffix: &str) -> Vec<HashMap<String, String>> {
+    server
+        .received_requests()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.url.path().ends_with(suffix))
+        .map(|r| r.url.query_pairs().into_owned().collect())
+        .collect()
+}
+
+const POLAR_CUSTOMER: &str = "992fae2a-2a17-4b7a-8d9e-e287cf90131b";
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn reports_polar_counts_in_full_make_no_difference_over_whole_hours(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    polar_on_pro(&app, POLAR_CUSTOMER).await;
+    let earlier = Utc::now() - TimeDelta::hours(2);
+    let end = polar_window_end();
+    polar_sent(&pool, POLAR_CUSTOMER, "req_1", 3, earlier).await;
+    polar_sent(&pool, POLAR_CUSTOMER, "req_2", 4, earlier).await;
+    // Timed in the hour not over yet: outside the window, here and at Polar alike.
+    polar_sent(&pool, POLAR_CUSTOMER, "req_3", 5, end).await;
+    let fake = FakePolar::default();
+    for (at, value) in [(earlier, 3.0), (earlier, 4.0), (end, 5.0)] {
+        fake.hold(POLAR_CUSTOMER, at, value);
+    }
+    fake.hold("0f0e2c57-0a47-4bb5-9f0e-2b0e4f3a6d11", earlier, 100.0);
+    let server = fake.serve(polar_meters()).await;
+    let meters = meters_of(&polar_metered(&server.uri()));
+
+    let found = audit_now(&pool, &meters).await;
+    assert!(found.checked >= 1, "{found:?}");
+    assert_eq!(found.unreadable, 0, "{found:?}");
+    assert!(found.errors.is_empty(), "{found:?}");
+    assert!(found.differences.is_empty(), "{found:?}");
+    assert!(recorded(&pool).await.is_empty());
+    let asked = requests_to(&server, "/quantities").await;
+    assert!(!asked.is_empty());
+    for query in &asked {
+        assert_eq!(query["customer_id"], POLAR_CUSTOMER);
+        let last: DateTime<Utc> = query["end_timestamp"].parse().unwrap();
+        assert!(
+            last < end,
+            "the window's last bucket starts before its end: {query:?}"
+        );
+    }
+    assert_eq!(
+        requests_to(&server, "/v1/meters/").await.len(),
+        2,
+        "the meter found on the list's second page"
+    );
+    let again = audit_now(&pool, &meters).await;
+    assert!(again.differences.is_empty(), "{again:?}");
+    assert_eq!(
+        requests_to(&server, "/v1/meters/").await.len(),
+        2,
+        "the meter's id is kept"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn polar_counting_less_is_one_difference_reported_once_and_resolved_when_it_agrees(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    polar_on_pro(&app, POLAR_CUSTOMER).await;
+    let earlier = Utc::now() - TimeDelta::hours(2);
+    polar_sent(&pool, POLAR_CUSTOMER, "req_1", 5, earlier).await;
+    let fake = FakePolar::default();
+    fake.hold(POLAR_CUSTOMER, earlier, 2.0);
+    let server = fake.serve(polar_meters()).await;
+    let meters = meters_of(&polar_metered(&server.uri()));
+
+    let first = audit_now(&pool, &meters).await;
+    assert_eq!((first.checked, first.new), (1, 1), "{first:?}");
+    assert_eq!(first.differences.len(), 1);
+    let difference = &first.differences[0];
+    assert_eq!(
+        (
+            difference.source.as_str(),
+            difference.customer_id.as_str(),
+            difference.meter.as_str(),
+            difference.ours,
+            difference.theirs
+        ),
+        ("polar", POLAR_CUSTOMER, "api_calls", 5, 2.0)
+    );
+    assert_eq!(difference.period, earlier.format("%Y-%m").to_string());
+
+    let again = audit_now(&pool, &meters).await;
+    assert_eq!(
+        (again.new, again.differences.len()),
+        (0, 1),
+        "reported once: {again:?}"
+    );
+    assert_eq!(recorded(&pool).await, vec![(5, 2.0, false)]);
+
+    fake.hold(POLAR_CUSTOMER, earlier, 3.0);
+    let agreed = audit_now(&pool, &meters).await;
+    assert_eq!((agreed.new, agreed.resolved), (0, 1), "{agreed:?}");
+    assert!(agreed.differences.is_empty());
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn without_a_polar_meter_summing_exactly_the_event_name_the_audit_does_not_compare(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    polar_on_pro(&app, POLAR_CUSTOMER).await;
+    let earlier = Utc::now() - TimeDelta::hours(2);
+    polar_sent(&pool, POLAR_CUSTOMER, "req_1", 5, earlier).await;
+    let fake = FakePolar::default();
+    fake.hold(POLAR_CUSTOMER, earlier, 2.0);
+    // Each counts something else than the reports: their number, a part of them, or another
+    // event's.
+    let narrower = json!([{"property": "name", "operator": "eq", "value": "api_calls"},
+                          {"property": "region", "operator": "eq", "value": "eu"}]);
+    let server = fake
+        .serve(vec![
+            polar_meter(
+                "11111111-1111-4111-8111-111111111111",
+                0,
+                named("api_calls"),
+                json!({"func": "count"}),
+            ),
+            polar_meter(
+                "22222222-2222-4222-8222-222222222222",
+                1,
+                narrower,
+                summed(),
+            ),
+            polar_meter(
+                "33333333-3333-4333-8333-333333333333",
+                2,
+                named("seats"),
+                summed(),
+            ),
+        ])
+        .await;
+    let meters = meters_of(&polar_metered(&server.uri()));
+
+    let found = audit_now(&pool, &meters).await;
+    assert_eq!((found.checked, found.unreadable), (0, 1), "{found:?}");
+    assert!(found.errors.is_empty(), "{found:?}");
+    assert!(
+        found.differences.is_empty(),
+        "never a wrong total: {found:?}"
+    );
+    assert!(requests_to(&server, "/quantities").await.is_empty());
+    let again = audit_now(&pool, &meters).await;
+    assert_eq!(again.unreadable, 1, "{again:?}");
+    assert_eq!(
+        requests_to(&server, "/v1/meters/").await.len(),
+        1,
+        "the list is not read again at once"
+    );
 }

@@ -232,6 +232,23 @@ pub(crate) async fn stripe_on_pro(app: &TestApp, customer: &str) {
     app.run_worker().await;
 }
 
+/// `customer` on Polar's pro product (500 this month): its `subscription.active`, through the
+/// intake and the worker.
+pub(crate) async fn polar_on_pro(app: &TestApp, customer: &str) {
+    let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let event = json!({"type": "subscription.active", "timestamp": now,
+        "data": {"id": format!("sub_{customer}"), "customer_id": customer, "status": "active",
+                 "product_id": "prod_pro", "modified_at": now}});
+    let (status, answer) = app
+        .post(
+            "polar",
+            &polar_delivery(&format!("msg_{customer}_pro"), &event),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    app.run_worker().await;
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn an_accepted_debit_writes_its_report_in_its_own_statement_and_nothing_else_does(
     pool: PgPool,

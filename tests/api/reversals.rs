@@ -20,7 +20,7 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 use crate::app_api::{api_state, call, on_pro, APP_KEY};
 use crate::helpers::*;
 use crate::meters::{
-    ask, customer, debit, metered, meters_of, report, reports, send, stripe_meters,
+    ask, customer, debit, metered, meters_of, polar_on_pro, report, reports, send, stripe_meters,
     stripe_on_pro, FakeStripe,
 };
 
@@ -29,20 +29,6 @@ async fn reverse(pool: &PgPool, source: &str, who: &CustomerId, usage_id: &str) 
     usage::reverse(&mut conn, (source, who), usage_id, None, &Period::current())
         .await
         .unwrap()
-}
-
-/// `customer` on Polar's pro plan from now (500 this month), through the intake and the worker.
-async fn polar_on_pro(app: &TestApp, customer: &str) {
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let active = json!({
-        "type": "subscription.active",
-        "timestamp": now,
-        "data": {"id": "sub_rev", "customer_id": customer, "status": "active",
-                 "product_id": "prod_pro", "modified_at": now}
-    });
-    let (status, answer) = app.post("polar", &polar_delivery("msg_rev", &active)).await;
-    assert_eq!(status, StatusCode::OK, "{answer}");
-    app.run_worker().await;
 }
 
 /// The usage id of an accepted debit.
@@ -78,9 +64,16 @@ async fn a_reversed_debit_returns_its_amount_once_and_answers_the_same_when_aske
     let taken = debit_of("req_taken", 150).await;
     assert_eq!(taken.body["used"], 250, "{}", taken.body);
     let usage_id = taken.body["usage_id"].as_str().unwrap().to_owned();
-    let before: Value = call(&api, "GET", "/v1/accounts/kinde/kc_rev", Some(APP_KEY), &[], None)
-        .await
-        .body;
+    let before: Value = call(
+        &api,
+        "GET",
+        "/v1/accounts/kinde/kc_rev",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await
+    .body;
 
     let reversal_path = format!("/v1/accounts/kinde/kc_rev/usage/{usage_id}/reversal");
     let first = call(&api, "POST", &reversal_path, Some(APP_KEY), &[], None).await;
@@ -101,17 +94,42 @@ async fn a_reversed_debit_returns_its_amount_once_and_answers_the_same_when_aske
     assert_eq!(again.body["replayed"], true);
     assert_eq!(again.body["reversed_at"], first.body["reversed_at"]);
     assert_eq!(again.body["used"], 100);
-    let after: Value = call(&api, "GET", "/v1/accounts/kinde/kc_rev", Some(APP_KEY), &[], None)
-        .await
-        .body;
-    assert_eq!((&after["used"], &after["remaining"]), (&json!(100), &json!(400)));
-    assert_ne!(after["version"], before["version"], "a reversal moves the version");
+    let after: Value = call(
+        &api,
+        "GET",
+        "/v1/accounts/kinde/kc_rev",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await
+    .body;
+    assert_eq!(
+        (&after["used"], &after["remaining"]),
+        (&json!(100), &json!(400))
+    );
+    assert_ne!(
+        after["version"], before["version"],
+        "a reversal moves the version"
+    );
 
     // The usage list shows what counts: the debit kept.
-    let listed = call(&api, "GET", "/v1/accounts/kinde/kc_rev/usage", Some(APP_KEY), &[], None)
-        .await
-        .body;
-    let listed_ids: Vec<&Value> = listed["usage"].as_array().unwrap().iter().map(|u| &u["usage_id"]).collect();
+    let listed = call(
+        &api,
+        "GET",
+        "/v1/accounts/kinde/kc_rev/usage",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await
+    .body;
+    let listed_ids: Vec<&Value> = listed["usage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| &u["usage_id"])
+        .collect();
     assert_eq!(listed_ids, vec![&kept.body["usage_id"]]);
     assert_eq!(listed["used"], 100);
 
@@ -152,7 +170,12 @@ async fn a_reversed_debit_returns_its_amount_once_and_answers_the_same_when_aske
         None,
     )
     .await;
-    assert_eq!(elsewhere.status, StatusCode::NOT_FOUND, "{}", elsewhere.body);
+    assert_eq!(
+        elsewhere.status,
+        StatusCode::NOT_FOUND,
+        "{}",
+        elsewhere.body
+    );
     // A reader may not reverse; GET is not a reversal.
     let reader = call(
         &api,
@@ -197,10 +220,11 @@ async fn concurrent_reversals_of_one_debit_return_its_amount_once(pool: PgPool) 
         })
         .count();
     assert_eq!(firsts, 1, "one reversal; the others are its answer again");
-    let used: i64 = sqlx::query_scalar("SELECT used FROM usage_periods WHERE customer_id = 'kc_race'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let used: i64 =
+        sqlx::query_scalar("SELECT used FROM usage_periods WHERE customer_id = 'kc_race'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(used, 0);
 }
 
@@ -241,7 +265,10 @@ async fn a_report_stripe_holds_is_cancelled_by_an_adjustment_within_its_window(p
         .correction
         .expect("a correction of the report Stripe holds");
     // Asked again, the reversal writes no second one.
-    assert_eq!(reverse(&pool, "stripe", &who, &usage_id).await.correction, None);
+    assert_eq!(
+        reverse(&pool, "stripe", &who, &usage_id).await.correction,
+        None
+    );
     assert_eq!(send(&pool, &meters, &correction).await, Reported::Sent);
     // SQS delivers twice now and then: the second finds it sent.
     assert_eq!(send(&pool, &meters, &correction).await, Reported::Skipped);
@@ -285,14 +312,19 @@ async fn past_stripes_window_a_correction_is_a_report_of_the_negative_value(pool
     let id = debited.reported.clone().unwrap();
     assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
     // Stripe took it two days ago: past the 24 hours in which an adjustment cancels it.
-    sqlx::query("UPDATE meter_reports SET first_sent_at = first_sent_at - interval '2 days' WHERE id = $1")
-        .bind(&id)
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE meter_reports SET first_sent_at = first_sent_at - interval '2 days' WHERE id = $1",
+    )
+    .bind(&id)
+    .execute(&pool)
+    .await
+    .unwrap();
 
     let usage_id = usage_id_of(&debited);
-    let correction = reverse(&pool, "stripe", &who, &usage_id).await.correction.unwrap();
+    let correction = reverse(&pool, "stripe", &who, &usage_id)
+        .await
+        .correction
+        .unwrap();
     assert_eq!(send(&pool, &meters, &correction).await, Reported::Sent);
     assert!(fake.adjustments().is_empty());
     let held = fake.held();
@@ -304,7 +336,10 @@ async fn past_stripes_window_a_correction_is_a_report_of_the_negative_value(pool
         compensating["timestamp"], original["timestamp"],
         "timed as the report it takes back: the same month at Stripe"
     );
-    assert_eq!(report(&pool, &correction).await.how.as_deref(), Some("compensate"));
+    assert_eq!(
+        report(&pool, &correction).await.how.as_deref(),
+        Some("compensate")
+    );
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
@@ -320,13 +355,28 @@ async fn a_correction_waits_for_its_report_and_is_withdrawn_with_one_the_provide
 
     // A report on its way (claimed, its send not recorded): reversed now, it is corrected
     // once it is settled, never before.
-    let on_way = debit(&pool, &ask("stripe", &who, "req_on_way", 2, Some("api_calls"))).await;
+    let on_way = debit(
+        &pool,
+        &ask("stripe", &who, "req_on_way", 2, Some("api_calls")),
+    )
+    .await;
     let on_way_id = on_way.reported.clone().unwrap();
-    let refusing =
-        FakeStripe::failing(500, json!({"error": {"type": "api_error", "message": "try again"}}));
+    let refusing = FakeStripe::failing(
+        500,
+        json!({"error": {"type": "api_error", "message": "try again"}}),
+    );
     let refusing_server = refusing.serve().await;
     let first = send(&pool, &stripe_meters(&refusing_server), &on_way_id).await;
-    assert!(matches!(first, Reported::Failed { status: ReportStatus::Pending, .. }), "{first:?}");
+    assert!(
+        matches!(
+            first,
+            Reported::Failed {
+                status: ReportStatus::Pending,
+                ..
+            }
+        ),
+        "{first:?}"
+    );
     let correction = reverse(&pool, "stripe", &who, &usage_id_of(&on_way))
         .await
         .correction
@@ -343,7 +393,11 @@ async fn a_correction_waits_for_its_report_and_is_withdrawn_with_one_the_provide
 
     // A report that died refused (the provider never took it), reversed later: withdrawn, and
     // its correction with it, if one was written.
-    let refused = debit(&pool, &ask("stripe", &who, "req_refused", 3, Some("api_calls"))).await;
+    let refused = debit(
+        &pool,
+        &ask("stripe", &who, "req_refused", 3, Some("api_calls")),
+    )
+    .await;
     let refused_id = refused.reported.clone().unwrap();
     let refusing = FakeStripe::failing(
         400,
@@ -374,20 +428,36 @@ async fn a_polar_correction_is_a_compensating_event_and_kinde_refuses_one_for_an
     let polar_customer = "992fae2a-2a17-4b7a-8d9e-e287cf90131b";
     polar_on_pro(&app, polar_customer).await;
     let who = customer(polar_customer);
-    let meters = meters_of(&[metered("polar", &server.uri(), json!({"event_name": "api_calls"}))]);
+    let meters = meters_of(&[metered(
+        "polar",
+        &server.uri(),
+        json!({"event_name": "api_calls"}),
+    )]);
     let debited = debit(&pool, &ask("polar", &who, "req_p", 5, Some("api_calls"))).await;
-    assert_eq!(send(&pool, &meters, &debited.reported.clone().unwrap()).await, Reported::Sent);
+    assert_eq!(
+        send(&pool, &meters, &debited.reported.clone().unwrap()).await,
+        Reported::Sent
+    );
     let usage_id = usage_id_of(&debited);
-    let correction = reverse(&pool, "polar", &who, &usage_id).await.correction.unwrap();
+    let correction = reverse(&pool, "polar", &who, &usage_id)
+        .await
+        .correction
+        .unwrap();
     assert_eq!(send(&pool, &meters, &correction).await, Reported::Sent);
     let requests = server.received_requests().await.unwrap();
     assert_eq!(requests.len(), 2);
     let body: Value = serde_json::from_slice(&requests[1].body).unwrap();
     let event = &body["events"][0];
-    assert_eq!(event["external_id"], correction_identifier("polar", &who, &usage_id).as_str());
+    assert_eq!(
+        event["external_id"],
+        correction_identifier("polar", &who, &usage_id).as_str()
+    );
     assert_eq!(event["metadata"]["value"], -5);
     assert_eq!(event["name"], "api_calls");
-    assert_eq!(report(&pool, &correction).await.how.as_deref(), Some("compensate"));
+    assert_eq!(
+        report(&pool, &correction).await.how.as_deref(),
+        Some("compensate")
+    );
 
     // Kinde documents neither an adjustment nor a negative usage: its correction is refused
     // before any request, for an operator to make in Kinde.
@@ -409,7 +479,11 @@ async fn a_polar_correction_is_a_compensating_event_and_kinde_refuses_one_for_an
         take_back: Some(TakeBack::Compensate),
     };
     assert!(matches!(meter.send(&correction).await, Sent::Refused(e) if e.contains("Kinde")));
-    assert_eq!(server.received_requests().await.unwrap().len(), 2, "no request for it");
+    assert_eq!(
+        server.received_requests().await.unwrap().len(),
+        2,
+        "no request for it"
+    );
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
@@ -421,7 +495,10 @@ async fn a_reversal_tells_the_app_once_with_what_became_of_the_meter(pool: PgPoo
     let server = fake.serve().await;
     let meters = stripe_meters(&server);
     let mut api = api_state(&pool);
-    api.effects = Some(shared::platform::queue::Queue::new(app.sqs.clone(), effects_url.clone()));
+    api.effects = Some(shared::platform::queue::Queue::new(
+        app.sqs.clone(),
+        effects_url.clone(),
+    ));
     api.meters = std::collections::HashMap::from([("stripe".to_owned(), "api_calls".to_owned())]);
     let debited = call(
         &api,
@@ -456,8 +533,14 @@ async fn a_reversal_tells_the_app_once_with_what_became_of_the_meter(pool: PgPoo
     assert_eq!(body["data"]["account"]["plan"], "pro");
     assert_eq!(body["data"]["meter"]["report_id"], report_id.as_str());
     assert_eq!(body["data"]["meter"]["correction"], "correcting");
-    assert!(body["data"]["meter"]["correction_id"].as_str().unwrap().starts_with("mrp_"));
+    assert!(body["data"]["meter"]["correction_id"]
+        .as_str()
+        .unwrap()
+        .starts_with("mrp_"));
     assert!(body["data"]["sequence"].as_i64().unwrap() > 0);
     let queued = app.drain(&effects_url).await;
-    assert!(queued.contains(&told[0].id), "handed to the dispatcher: {queued:?}");
+    assert!(
+        queued.contains(&told[0].id),
+        "handed to the dispatcher: {queued:?}"
+    );
 }

@@ -453,7 +453,8 @@ pub async fn reverse(
     )
     .fetch_one(exec(conn))
     .await?;
-    let missing = |what: &str| sqlx::Error::Decode(format!("inbox_reverse_debit: no {what}").into());
+    let missing =
+        |what: &str| sqlx::Error::Decode(format!("inbox_reverse_debit: no {what}").into());
     let reversal = match row.outcome.as_str() {
         "reversed" => Reversal::Reversed {
             usage_id: usage_id.to_owned(),

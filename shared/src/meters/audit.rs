@@ -4,9 +4,9 @@
 //! long as it lasts, and resolved when the totals agree again.
 //!
 //! A provider counts what it took asynchronously (Stripe's summaries lag), so only settled
-//! windows are compared: from the month's start to [`SETTLE`] before now, and an account with
-//! a report in that window still on its way, or sent less than [`SETTLE`] ago, waits for a
-//! later run.
+//! windows are compared: from the month's start to [`SETTLE`] before now (to the provider's
+//! step: Stripe's minute, Polar's hour), and an account with a report in that window still on
+//! its way, or sent less than [`SETTLE`] ago, waits for a later run.
 
 use std::time::{Duration, Instant};
 
@@ -100,7 +100,14 @@ pub async fn run(
         let Some((_, _, meter)) = audited.iter().find(|(s, _, _)| *s == candidate.source) else {
             continue;
         };
-        let Some((start, end)) = window(&candidate.period, settled) else {
+        // The provider's totals end on its step (Polar's whole hours): the window ends on the
+        // last one by the settled minute, and ours is summed over that same window.
+        let readable = settled
+            .duration_trunc(meter.total_step())
+            .context("the settled minute to the provider's step")?;
+        let Some((start, end)) = window(&candidate.period, readable) else {
+            // The month's first readable step is not over yet: a later run.
+            found.unsettled += 1;
             continue;
         };
         // Compared now, whatever comes of it: the others get their turn before it comes again.

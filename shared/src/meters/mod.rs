@@ -16,8 +16,8 @@ use std::time::Duration;
 use chrono::Utc;
 use sqlx::PgPool;
 
-use crate::domain::retry::RetryPolicy;
 use crate::domain::meter::{MeterReport, TakeBack};
+use crate::domain::retry::RetryPolicy;
 use crate::platform::config::SourceConfig;
 use crate::platform::sim::Point;
 use crate::providers::meter::{Dedupe, Meter, Sent};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 
 use crate::domain::meter::MeterReport;
 use crate::domain::CustomerId;
@@ -65,6 +65,13 @@ pub trait Meter: Send + Sync {
         _others: i64,
     ) -> BoxFuture<'a, anyhow::Result<Option<bool>>> {
         Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// The step the times of a [`Meter::total`] fall on (docs/design.md §4.13a): Stripe's
+    /// summaries take whole minutes (the default), Polar's quantities whole UTC hours. The
+    /// meter audit ends its window on one, so the provider is asked for exactly its window.
+    fn total_step(&self) -> TimeDelta {
+        TimeDelta::minutes(1)
     }
 
     /// The total the provider's meter counts for this customer over `[start, end)` (by the
