@@ -180,6 +180,21 @@ fn change(body: &Value) -> String {
                 text(&account["balance"])
             )
         }
+        "billing.usage_reversed" => {
+            let (usage, account) = (&data["usage"], &data["account"]);
+            let meter = match data["meter"]["correction"].as_str() {
+                Some(correction) => format!("; meter report {correction}"),
+                None => String::new(),
+            };
+            format!(
+                "debit {} of {} reversed in {}: {} used of {}{meter}",
+                text(&usage["usage_id"]),
+                text(&usage["amount"]),
+                text(&account["period"]),
+                text(&account["used"]),
+                text(&account["balance"])
+            )
+        }
         other => format!("{other}, a kind this receiver does not know, kept as a fact"),
     }
 }
@@ -193,6 +208,14 @@ mod tests {
         let plan = json!({"type": "billing.plan_changed",
                           "data": {"plan": "pro", "previous_plan": "free"}});
         assert_eq!(said(&plan, &Applied::State), "applied: plan free → pro");
+        let reversed = json!({"type": "billing.usage_reversed",
+            "data": {"usage": {"usage_id": "use_1", "amount": 8},
+                     "account": {"period": "2026-12", "used": 0, "balance": 500},
+                     "meter": {"correction": "withdrawn"}}});
+        assert_eq!(
+            said(&reversed, &Applied::Fact),
+            "applied once: debit use_1 of 8 reversed in 2026-12: 0 used of 500; meter report withdrawn"
+        );
         let grant = json!({"type": "billing.allowance_granted",
                            "data": {"grant": {"plan": "pro", "period": "2026-12", "amount": 500}}});
         assert_eq!(
