@@ -12,6 +12,7 @@ mod common;
 pub mod fixtures;
 pub mod kinde;
 pub mod meter;
+pub mod paddle;
 mod settings;
 pub mod standard_webhooks;
 pub mod stripe;
@@ -40,6 +41,7 @@ pub fn provider(kind: SourceKind) -> &'static dyn Provider {
         SourceKind::Kinde => &kinde::Kinde,
         SourceKind::Stripe => &stripe::Stripe,
         SourceKind::StandardWebhooks => &standard_webhooks::StandardWebhooks,
+        SourceKind::Paddle => &paddle::Paddle,
     }
 }
 

@@ -45,9 +45,12 @@ pub fn refused(config: &SourceConfig, setting: &str, detail: &str) -> ConfigErro
 /// refused with that provider's reason, then the source's own provider checks the rest.
 pub fn check_sources(configs: &[SourceConfig]) -> Result<(), ConfigError> {
     for config in configs {
+        let own = provider(config.kind).own_settings();
         for &kind in SourceKind::ALL.iter().filter(|&&k| k != config.kind) {
             for &(setting, why) in provider(kind).own_settings() {
-                if setting.given(config) {
+                // A setting two providers take (`livemode`: Stripe's, Paddle's) is refused
+                // only to the others.
+                if setting.given(config) && !own.iter().any(|&(s, _)| s == setting) {
                     return Err(refused(config, setting.name(), why));
                 }
             }
