@@ -19,6 +19,8 @@ pub(crate) const CORPUS_PLANS: &str = r#"{
     "price_1ProMonthlyClo01": {"plan": "pro", "monthly_allowance": 500},
     "price_1ProMonthlyDah01": {"plan": "pro", "monthly_allowance": 500},
     "price_1ProMonthlyEnd01": {"plan": "pro", "monthly_allowance": 500},
+    "pri_01gsz8x8sawmvhz1pv30nge1ke": {"plan": "pro", "monthly_allowance": 500},
+    "pri_01h84cdy3xatsp16afda2gekzy": {"plan": "team", "monthly_allowance": 2000},
     "ab440482-0ee4-41c0-b579-bae502ba592b": {"plan": "pro", "monthly_allowance": 500},
     "1bd0bcfe-5205-4fab-af9f-a0162303a64c": {"plan": "pro", "monthly_allowance": 500}
 }"#;
@@ -73,6 +75,7 @@ fn delivery_of(source: &str, name: &str, body: &Value) -> Delivery {
     match source {
         "stripe" => stripe_delivery(body),
         "polar" => polar_delivery(&format!("msg_{name}"), body),
+        "paddle" => paddle_delivery(body),
         _ => kinde_delivery(&format!("wh_{name}"), body),
     }
 }
@@ -417,6 +420,60 @@ async fn kinde_corpus_in_reverse(pool: PgPool) {
 
 /// Every billing table's rows, without what only records which stored event wrote a row
 /// (its inbox id), when, and the account's version (which every finished event moves): the
+/// Paddle's SDK notifications (testdata/providers/paddle/): one subscription through its
+/// life, a trial, a one-off purchase with a failed attempt first, a partial refund.
+async fn paddle(pool: PgPool, reverse: bool) {
+    let app = send_all(pool, "paddle", "paddle", reverse).await;
+    let account = app
+        .account("paddle", "ctm_01h7hswb86rtps5ggbq7ybydcw", "2023-08")
+        .await;
+    assert_eq!(account.subscriptions.len(), 1);
+    assert_eq!(account.subscriptions[0].status, "canceled", "canceled last");
+    assert_eq!(account.plan, "free");
+    assert_eq!(account.balance, 500, "pro's allowance, granted once");
+    if reverse {
+        assert_eq!(
+            reason_of(&account, "subscription.created"),
+            "a newer state of subscription sub_01h7ht5z5wdg9pz18jx1fagp8k is already stored"
+        );
+    }
+    let trial = app
+        .account("paddle", "ctm_01h84cjfwmdph1k8kgsyjt3k7g", "2023-08")
+        .await;
+    assert_eq!((trial.plan.as_str(), trial.balance), ("team", 2000));
+    let buyer = app
+        .account("paddle", "ctm_01h8e18bxp9hby49dnm8ewf0m0", "2023-08")
+        .await;
+    assert_eq!(
+        payments(&buyer),
+        vec![("txn_01h8dzxgkvdwemdhbpcapj2tbj", "paid")],
+        "the failed attempt came first"
+    );
+    assert_eq!(buyer.balance, 500);
+    let refunded = app
+        .account("paddle", "ctm_01h8441jn5pcwrfhwh78jqt8hk", "2023-08")
+        .await;
+    assert_eq!(
+        reason_of(&refunded, "adjustment.updated"),
+        "a partial refund changes no billing state"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn paddle_corpus_in_file_order(pool: PgPool) {
+    paddle(pool, false).await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn paddle_corpus_in_reverse(pool: PgPool) {
+    paddle(pool, true).await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn paddle_corpus_delivered_again_after_its_purge_changes_nothing(pool: PgPool) {
+    delivered_again_after_the_purge(pool, "paddle", "paddle").await;
+}
+
 /// billing state, comparable across a purge.
 async fn billing_state(app: &TestApp) -> Vec<String> {
     let mut rows = Vec::new();

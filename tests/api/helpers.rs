@@ -494,6 +494,23 @@ pub fn polar_delivery(id: &str, payload: &Value) -> Delivery {
     }
 }
 
+/// A Paddle Billing delivery of `event`, signed now with the development destination's secret.
+pub fn paddle_delivery(event: &Value) -> Delivery {
+    let body = serde_json::to_vec(event).unwrap();
+    let signature = shared::providers::paddle::fixtures::signature(
+        shared::providers::paddle::fixtures::DEV_SECRET.as_bytes(),
+        Utc::now().timestamp(),
+        &body,
+    );
+    Delivery {
+        headers: vec![
+            ("content-type".into(), "application/json".into()),
+            ("paddle-signature".into(), signature),
+        ],
+        body,
+    }
+}
+
 /// A Kinde delivery: a JWT of `claims` (with `timestamp` set to now) under `webhook-id`.
 pub fn kinde_delivery(webhook_id: &str, claims: &Value) -> Delivery {
     let mut claims = claims.clone();

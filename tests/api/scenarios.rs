@@ -516,3 +516,150 @@ async fn a_late_payment_does_not_undo_a_refund(pool: PgPool) {
         )
     );
 }
+
+/// A Paddle Billing notification built as Paddle sends it (the development fixtures'
+/// shape), with the event id and provider time given.
+fn paddle_event(
+    kind: &str,
+    event_id: &str,
+    happened: &str,
+    object: &str,
+    status: Option<&str>,
+) -> Value {
+    let spec = shared::providers::fixtures::Spec {
+        kind: kind.into(),
+        customer: "ctm_scenario".into(),
+        plan: Some("pro".into()),
+        at: at(happened),
+        object_id: Some(object.into()),
+        status: status.map(str::to_owned),
+        event_id: Some(event_id.into()),
+        ..Default::default()
+    };
+    shared::providers::fixtures::payload(shared::domain::SourceKind::Paddle, &spec)
+        .unwrap()
+        .1
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn paddle_copies_are_one_event_whatever_their_notification(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let created = paddle_event(
+        "subscription",
+        "evt_copy",
+        "2026-03-01T00:00:00Z",
+        "sub_c",
+        None,
+    );
+    let mut replayed = created.clone();
+    // The same event to another destination, or replayed: a notification id of its own.
+    replayed["notification_id"] = json!("ntf_replayed");
+    let mut answers = Vec::new();
+    for event in [&created, &created, &replayed] {
+        let (status, answer) = app.post("paddle", &paddle_delivery(event)).await;
+        assert_eq!(status, http::StatusCode::OK, "{answer}");
+        answers.push(answer["status"].as_str().unwrap().to_owned());
+        app.run_worker().await;
+    }
+    assert_eq!(answers, ["stored", "duplicate", "duplicate"]);
+    assert_eq!(
+        app.count("SELECT seen_count::bigint FROM inbox_events WHERE dedupe_key = 'evt_copy'")
+            .await,
+        3
+    );
+    let account = app.account("paddle", "ctm_scenario", "2026-03").await;
+    assert_eq!((account.plan.as_str(), account.balance), ("pro", 500));
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn paddle_out_of_order_and_a_late_cancellation_end_on_the_newest_state(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let created = paddle_event(
+        "subscription",
+        "evt_a",
+        "2026-03-01T00:00:00Z",
+        "sub_o",
+        None,
+    );
+    let past_due = paddle_event(
+        "subscription",
+        "evt_b",
+        "2026-03-05T00:00:00Z",
+        "sub_o",
+        Some("past_due"),
+    );
+    let resumed = paddle_event(
+        "subscription",
+        "evt_c",
+        "2026-03-10T00:00:00Z",
+        "sub_o",
+        Some("active"),
+    );
+    // A cancellation stamped before the resumption, arriving last.
+    let canceled = paddle_event(
+        "subscription-canceled",
+        "evt_d",
+        "2026-03-07T00:00:00Z",
+        "sub_o",
+        None,
+    );
+    for event in [&resumed, &past_due, &created, &canceled] {
+        app.post("paddle", &paddle_delivery(event)).await;
+        app.run_worker().await;
+    }
+    let account = app.account("paddle", "ctm_scenario", "2026-03").await;
+    assert_eq!(account.subscriptions[0].status, "active");
+    assert_eq!((account.plan.as_str(), account.balance), ("pro", 500));
+    for key in ["evt_a", "evt_b", "evt_d"] {
+        let row = app.event(app.event_id("paddle", key).await).await;
+        assert_eq!(row.status, "ignored", "{key}");
+        assert_eq!(
+            row.reason.as_deref(),
+            Some("a newer state of subscription sub_o is already stored"),
+            "{key}"
+        );
+    }
+    let why = app.why("paddle", "ctm_scenario", Cut::default()).await;
+    assert!(why.divergent.is_empty(), "{:?}", why.divergent);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn paddle_a_late_payment_does_not_undo_a_full_refund(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let completed = paddle_event(
+        "transaction-completed",
+        "evt_p1",
+        "2026-03-01T00:00:00Z",
+        "txn_r",
+        None,
+    );
+    let refund = paddle_event("refund", "evt_p2", "2026-03-02T00:00:00Z", "txn_r", None);
+    let mut late = paddle_event(
+        "transaction-completed",
+        "evt_p3",
+        "2026-03-03T00:00:00Z",
+        "txn_r",
+        None,
+    );
+    late["event_type"] = json!("transaction.paid");
+    for event in [&completed, &refund, &late] {
+        app.post("paddle", &paddle_delivery(event)).await;
+        app.run_worker().await;
+    }
+    let account = app.account("paddle", "ctm_scenario", "2026-03").await;
+    assert_eq!(
+        account.payments,
+        [shared::billing::account::PaymentView {
+            id: "txn_r".into(),
+            status: "refunded".into()
+        }]
+    );
+    let row = app.event(app.event_id("paddle", "evt_p3").await).await;
+    assert_eq!(row.status, "ignored");
+    assert_eq!(
+        row.reason.as_deref(),
+        Some("payment txn_r is refunded, which is final")
+    );
+    let why = app.why("paddle", "ctm_scenario", Cut::default()).await;
+    assert!(why.divergent.is_empty(), "{:?}", why.divergent);
+}
