@@ -27,6 +27,7 @@ mod migrate;
 mod model;
 mod operations;
 mod order;
+mod paddle_reconcile;
 mod polar_benefits;
 mod pooler;
 mod reconcile;

@@ -562,6 +562,14 @@ async fn paddle_copies_are_one_event_whatever_their_notification(pool: PgPool) {
         app.run_worker().await;
     }
     assert_eq!(answers, ["stored", "duplicate", "duplicate"]);
+    // Each delivery keeps the notification id it came with (docs/design.md §6.5).
+    assert_eq!(
+        app.count(
+            "SELECT count(DISTINCT delivery_id) FROM deliveries WHERE delivery_id LIKE 'ntf_%'"
+        )
+        .await,
+        2
+    );
     assert_eq!(
         app.count("SELECT seen_count::bigint FROM inbox_events WHERE dedupe_key = 'evt_copy'")
             .await,

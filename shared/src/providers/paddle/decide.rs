@@ -21,6 +21,24 @@ pub(super) const SUBSCRIPTION_TYPES: &[&str] = &[
     "subscription.canceled",
 ];
 
+/// Every event type `decide` gives a meaning: the reconciliation walk asks Paddle for these
+/// alone.
+pub(super) const HANDLED_TYPES: &[&str] = &[
+    "subscription.created",
+    "subscription.updated",
+    "subscription.activated",
+    "subscription.trialing",
+    "subscription.past_due",
+    "subscription.paused",
+    "subscription.resumed",
+    "subscription.canceled",
+    "transaction.completed",
+    "transaction.paid",
+    "transaction.payment_failed",
+    "adjustment.created",
+    "adjustment.updated",
+];
+
 /// The price ids, then the product ids, a subscription's or transaction's items name
 /// (`items[].price.id`, `items[].price.product_id`), most specific first.
 pub(super) fn plan_keys(data: &Value) -> Vec<&str> {

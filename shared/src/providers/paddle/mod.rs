@@ -6,6 +6,7 @@
 //! secrets and API: the payload carries no mode, so a source's `livemode` (required) says
 //! which environment it is, and with it which API it reads.
 
+mod api;
 mod decide;
 pub mod fixtures;
 mod verify;
@@ -14,9 +15,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+pub use api::PaddleEvents;
 pub use verify::{content_hash, parse_event, PaddleVerifier, SIGNATURE_HEADER};
 
-use super::{refused, Provider, Setting, Verify};
+use super::{refused, Api, Provider, Reconciliation, Setting, Verify};
 use crate::billing::Decided;
 use crate::domain::Catalog;
 use crate::platform::config::{ConfigError, SourceConfig};
@@ -43,6 +45,11 @@ impl Provider for Paddle {
 
     fn decide(&self, event_type: &str, payload: &Value, catalog: &Catalog) -> Decided {
         decide::decide(event_type, payload, catalog)
+    }
+
+    /// Paddle's events list, walked like Stripe's, what it failed to deliver first.
+    fn reconciliation(&self, api: Api) -> Option<Reconciliation> {
+        Some(Reconciliation::Feed(Box::new(PaddleEvents::new(api))))
     }
 
     /// The environment's API: sandbox for a source that is not live.
