@@ -1776,3 +1776,49 @@ async fn usage_record_reports_to_the_sources_meter_and_usage_reverse_takes_it_ba
         (Some(8), &json!("not_accepted"))
     );
 }
+
+/// `inboxctl send paddle <kind>`, every kind, signed as Paddle signs (`Paddle-Signature`) with
+/// the development source's secret: each is stored, and a second `--copies` is a copy.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn send_paddle_signs_every_kind_as_paddle_does(pool: PgPool) {
+    let app = std::sync::Arc::new(TestApp::spawn(pool.clone()).await);
+    let intake = serve_intake(app.clone()).await;
+    let sources = dev_sources(None);
+    for kind in shared::providers::fixtures::kinds(shared::domain::SourceKind::Paddle) {
+        let (intake, sources, kind) = (intake.clone(), sources.clone(), kind.to_string());
+        let (code, stdout, stderr) = tokio::task::spawn_blocking(move || {
+            let mut command = inboxctl();
+            // Paddle signs with a secret: no Kinde key is read.
+            command
+                .env_remove("INBOX_DEV_KINDE_KEY")
+                .args([
+                    "send",
+                    "paddle",
+                    &kind,
+                    "--customer",
+                    "ctm_send",
+                    "--copies",
+                    "2",
+                ])
+                .args(["--intake-url", &intake])
+                .env("INBOX_SOURCES", &sources);
+            let (output, stdout, stderr) = run(&mut command);
+            (output.status.code(), stdout, stderr)
+        })
+        .await
+        .unwrap();
+        assert_eq!(code, Some(0), "{stdout}{stderr}");
+        assert!(stdout.contains("\"status\":\"stored\""), "{stdout}");
+        assert!(stdout.contains("\"status\":\"duplicate\""), "{stdout}");
+    }
+    app.run_worker().await;
+    let account = app
+        .account(
+            "paddle",
+            "ctm_send",
+            &chrono::Utc::now().format("%Y-%m").to_string(),
+        )
+        .await;
+    assert_eq!(account.payments.len(), 3, "{:?}", account.payments);
+    assert_eq!(account.subscriptions[0].status, "canceled");
+}

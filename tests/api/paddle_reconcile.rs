@@ -1,4 +1,4 @@
-//! Paddle Billing's reconciliation (docs/design.md §6.5): `GET /notifications` of what Paddle
+//! Paddle Billing's reconciliation (docs/design.md §6.4): `GET /notifications` of what Paddle
 //! failed to deliver first, then `GET /events` walked newest first by `after`; reads are not
 //! deliveries.
 

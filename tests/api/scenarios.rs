@@ -562,7 +562,7 @@ async fn paddle_copies_are_one_event_whatever_their_notification(pool: PgPool) {
         app.run_worker().await;
     }
     assert_eq!(answers, ["stored", "duplicate", "duplicate"]);
-    // Each delivery keeps the notification id it came with (docs/design.md §6.5).
+    // Each delivery keeps the notification id it came with (docs/design.md §6.4).
     assert_eq!(
         app.count(
             "SELECT count(DISTINCT delivery_id) FROM deliveries WHERE delivery_id LIKE 'ntf_%'"
