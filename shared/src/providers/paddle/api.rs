@@ -1,18 +1,21 @@
-//! Paddle's API as reconciliation reads it (docs/design.md §6.5): `GET /events`, newest first
+//! Paddle's API as reconciliation reads it (docs/design.md §6.4): `GET /events`, newest first
 //! (`order_by=id[desc]`), paged by `after` (the last event id of a page), filtered to the
 //! handled `event_type`s; Paddle lists events by id with no time filter, so a window's walk
 //! skips what is newer than the window and stops at the first page that reaches past its
 //! start. What Paddle failed to deliver is `GET /notifications` with
 //! `status=failed,needs_retry` from the walk's start (`from`), each notification carrying its
-//! event as `payload`.
+//! event as `payload`. And the one object read the worker makes: `GET /subscriptions/{id}`,
+//! to settle a same-second tie (docs/design.md §4.2).
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::Value;
 
-use super::decide::HANDLED_TYPES;
+use super::decide::{ends, plan_keys, HANDLED_TYPES};
 use super::parse_event;
-use crate::domain::ProviderTime;
-use crate::providers::{Api, EventFeed, FeedPage, Fetched, Window};
+use crate::domain::{CustomerId, ProviderTime};
+use crate::providers::{
+    path_id, Api, EventFeed, FeedPage, Fetched, Reads, SubscriptionNow, Window,
+};
 use crate::BoxFuture;
 
 /// The largest page Paddle serves.
@@ -136,5 +139,106 @@ impl EventFeed for PaddleEvents {
             );
             Ok(FeedPage { events, next })
         })
+    }
+}
+
+pub struct PaddleReads {
+    api: Api,
+}
+
+impl PaddleReads {
+    pub fn new(api: Api) -> Self {
+        Self { api }
+    }
+
+    /// `GET /subscriptions/{id}`: the subscription in the answer's `data`, read as `decide`
+    /// reads a subscription event's.
+    async fn read_subscription(&self, id: &str) -> anyhow::Result<Option<SubscriptionNow>> {
+        use anyhow::Context;
+        let path = format!("/subscriptions/{}", path_id(id)?);
+        let Some(answer) = self.api.get_found(&path, &[], &[]).await? else {
+            return Ok(None);
+        };
+        let subscription = answer
+            .get("data")
+            .context("the subscription read has no data")?;
+        let status = subscription
+            .get("status")
+            .and_then(Value::as_str)
+            .context("the subscription read has no status")?;
+        let ends = ends(subscription)
+            .map_err(|problem| anyhow::anyhow!("the subscription read: {}", problem.0))?;
+        Ok(Some(SubscriptionNow {
+            status: status.to_owned(),
+            plan_keys: plan_keys(subscription)
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            ends,
+        }))
+    }
+}
+
+impl Reads for PaddleReads {
+    fn subscription<'a>(
+        &'a self,
+        _customer: &'a CustomerId,
+        id: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<SubscriptionNow>>> {
+        Box::pin(self.read_subscription(id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::platform::secrets::ApiKey;
+    use wiremock::matchers::{header, method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    /// The python SDK's `GET /subscriptions/{id}` answer
+    /// (`tests/Functional/Resources/Subscriptions/_fixtures/response/full_entity.json`).
+    fn answer() -> Value {
+        let file = format!(
+            "{}/../testdata/providers/paddle/api/subscription.get.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_subscription_read_is_its_data_read_as_decide_reads_it() {
+        let server = MockServer::start().await;
+        Mock::given(method("GET"))
+            .and(path("/subscriptions/sub_01hp463gxfvndqjjyqn2n7tkth"))
+            .and(header("authorization", "Bearer pdl_sdbx_apikey_test"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(answer()))
+            .mount(&server)
+            .await;
+        let reads = PaddleReads::new(Api {
+            base_url: server.uri(),
+            key: ApiKey::Known("pdl_sdbx_apikey_test".into()),
+            client_id: None,
+            http: reqwest::Client::new(),
+        });
+        let customer = CustomerId::parse("ctm_01hp462x4578nc20acj9g956yy").unwrap();
+        let now = reads
+            .subscription(&customer, "sub_01hp463gxfvndqjjyqn2n7tkth")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(now.status, "active");
+        assert_eq!(now.plan_keys[0], "pri_01gsz8x8sawmvhz1pv30nge1ke");
+        assert_eq!(
+            now.ends.current_period_end.unwrap().to_rfc3339(),
+            "2024-03-08T11:02:03.946454+00:00"
+        );
+        // Unknown to Paddle: none; an id that is not one is never sent.
+        assert!(reads
+            .subscription(&customer, "sub_gone")
+            .await
+            .unwrap()
+            .is_none());
+        assert!(reads.subscription(&customer, "../x").await.is_err());
     }
 }

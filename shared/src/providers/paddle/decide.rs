@@ -1,4 +1,4 @@
-//! What Paddle Billing's events mean for the registers (docs/design.md §6.5): the
+//! What Paddle Billing's events mean for the registers (docs/design.md §6.4): the
 //! subscription object is the state; a paid or completed transaction is a payment that grants
 //! the plan its items name; an approved full refund ends its transaction's payment.
 

@@ -1,7 +1,7 @@
 //! Paddle Billing: `Paddle-Signature: ts=…;h1=…` over `"{ts}:{body}"` (any `h1` against any
 //! secret of the notification destination), the event's `event_id` as the dedupe key and its
 //! per-destination `notification_id` as the delivery id, `occurred_at` as the provider time;
-//! subscription, transaction and adjustment events for the registers (docs/design.md §6.5).
+//! subscription, transaction and adjustment events for the registers (docs/design.md §6.4).
 //! Sandbox and live are separate Paddle environments, each with its own destinations,
 //! secrets and API: the payload carries no mode, so a source's `livemode` (required) says
 //! which environment it is, and with it which API it reads.
@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub use api::PaddleEvents;
+pub use api::{PaddleEvents, PaddleReads};
 pub use verify::{content_hash, parse_event, PaddleVerifier, SIGNATURE_HEADER};
 
-use super::{refused, Api, Provider, Reconciliation, Setting, Verify};
+use super::{refused, Api, Provider, Reads, Reconciliation, Setting, Verify};
 use crate::billing::Decided;
 use crate::domain::Catalog;
 use crate::platform::config::{ConfigError, SourceConfig};
@@ -50,6 +50,11 @@ impl Provider for Paddle {
     /// Paddle's events list, walked like Stripe's, what it failed to deliver first.
     fn reconciliation(&self, api: Api) -> Option<Reconciliation> {
         Some(Reconciliation::Feed(Box::new(PaddleEvents::new(api))))
+    }
+
+    /// A subscription read, to settle a same-second tie.
+    fn reads(&self, api: Api) -> Option<Box<dyn Reads>> {
+        Some(Box::new(PaddleReads::new(api)))
     }
 
     /// The environment's API: sandbox for a source that is not live.

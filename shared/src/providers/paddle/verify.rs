@@ -1,6 +1,6 @@
 //! Paddle Billing: `Paddle-Signature: ts=…;h1=…` over `"{ts}:{body}"` (any `h1` against any
 //! secret), the event's `event_id` as the dedupe key, `occurred_at` as the provider time,
-//! the per-destination `notification_id` kept as the delivery id (docs/design.md §6.5).
+//! the per-destination `notification_id` kept as the delivery id (docs/design.md §6.4).
 
 use std::time::Duration;
 
