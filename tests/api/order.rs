@@ -85,6 +85,25 @@ pub(crate) enum Event {
     },
     /// Polar `customer.deleted`.
     PolarCustomerDeleted { customer: u8, at: u32 },
+    /// Paddle Billing: a subscription's state (`subscription.*`), with its price.
+    PaddleSubscription {
+        customer: u8,
+        sub: u8,
+        status: &'static str,
+        price: &'static str,
+        ends: u8,
+        at: u32,
+    },
+    /// Paddle Billing: a transaction of one of the customer's subscriptions
+    /// (`transaction.completed`, `transaction.payment_failed`) or its full refund
+    /// (`adjustment.updated`), as `outcome` 0, 1 or 2.
+    PaddleTransaction {
+        customer: u8,
+        txn: u8,
+        price: &'static str,
+        outcome: u8,
+        at: u32,
+    },
     /// A Polar benefit grant (`benefit_grant.updated` or `.revoked`) of a feature-flag benefit
     /// whose metadata names `feature` (`key` or `key=value`). The property test draws it
     /// ([`grant_strategy`]), and the simulator beside its workload ([`entitlement_strategy`]).
@@ -229,6 +248,49 @@ fn event_strategy() -> impl Strategy<Value = Event> {
                 }
             ),
     ];
+    let paddle_price = prop_oneof![Just("pro"), Just("team"), Just("pri_legacy")];
+    let paddle = prop_oneof![
+        (
+            customer.clone(),
+            0u8..2,
+            prop_oneof![
+                Just("trialing"),
+                Just("active"),
+                Just("past_due"),
+                Just("paused"),
+                Just("canceled")
+            ],
+            paddle_price.clone(),
+            0..ENDS,
+            at.clone()
+        )
+            .prop_map(|(customer, sub, status, price, ends, at)| {
+                Event::PaddleSubscription {
+                    customer,
+                    sub,
+                    status,
+                    price,
+                    ends,
+                    at,
+                }
+            }),
+        (
+            customer.clone(),
+            0u8..3,
+            paddle_price,
+            prop_oneof![6 => Just(0u8), 2 => Just(1u8), 2 => Just(2u8)],
+            at.clone()
+        )
+            .prop_map(|(customer, txn, price, outcome, at)| {
+                Event::PaddleTransaction {
+                    customer,
+                    txn,
+                    price,
+                    outcome,
+                    at,
+                }
+            }),
+    ];
     let billing = prop_oneof![
         (
             customer.clone(),
@@ -309,7 +371,7 @@ fn event_strategy() -> impl Strategy<Value = Event> {
             }
         }),
     ];
-    prop_oneof![14 => billing, 4 => polar, 1 => deletion]
+    prop_oneof![14 => billing, 4 => polar, 3 => paddle, 1 => deletion]
 }
 
 /// A delivery of event `index`: copies deliver the same event again; `fail` injects a
@@ -449,6 +511,7 @@ pub(crate) fn materialize(index: usize, event: &Event, ns: &str) -> Materialized
     let verified = match source {
         "kinde" => kinde::parse_claims(payload, Some(key.clone()), Utc::now()),
         "polar" => standard_webhooks::parse_event(&key, &body, Utc::now()),
+        "paddle" => shared::providers::paddle::parse_event(&body, Utc::now()),
         _ => stripe::parse_event(&body, Utc::now()),
     };
     Materialized {
@@ -626,6 +689,82 @@ pub(crate) fn payload(index: usize, event: &Event, ns: &str) -> (&'static str, V
             };
             ("polar", polar_body(event_type, *at, data), *at)
         }
+        Event::PaddleSubscription {
+            customer,
+            sub,
+            status,
+            price,
+            ends,
+            at,
+        } => {
+            let ends = Ends::of(*ends, status, *at);
+            let iso = |t: DateTime<Utc>| t.to_rfc3339();
+            let data = json!({"id": format!("pdsub{customer}{sub}_{ns}"), "status": status,
+                "customer_id": customer_id(*customer, ns), "currency_code": "USD",
+                "collection_mode": "automatic", "created_at": iso(time(0)),
+                "updated_at": iso(time(*at)), "started_at": iso(time(0)),
+                "canceled_at": ends.ended_at.map(iso), "custom_data": null,
+                "billing_cycle": {"interval": "month", "frequency": 1},
+                "current_billing_period": {"starts_at": iso(time(0)),
+                                           "ends_at": iso(ends.current_period_end)},
+                "scheduled_change": ends.cancel_at.map(|t| json!({"action": "cancel",
+                    "effective_at": iso(t), "resume_at": null})),
+                "items": [{"status": "active", "quantity": 1, "recurring": true,
+                           "trial_dates": ends.trial_end.map(|t| json!({"starts_at": iso(time(0)),
+                                                                         "ends_at": iso(t)})),
+                           "price": {"id": price, "product_id": "pro_01gsz4t5hdjse780zja8vvr7jg"}}]});
+            let event_type = match *status {
+                "active" => "subscription.activated",
+                "trialing" => "subscription.trialing",
+                "past_due" => "subscription.past_due",
+                "paused" => "subscription.paused",
+                "canceled" => "subscription.canceled",
+                _ => "subscription.updated",
+            };
+            let event = json!({"event_id": format!("e{index:02}_{ns}"), "event_type": event_type,
+                "occurred_at": iso(time(*at)), "notification_id": format!("ntf_{index:02}_{ns}"),
+                "data": data});
+            ("paddle", event, *at)
+        }
+        Event::PaddleTransaction {
+            customer,
+            txn,
+            price,
+            outcome,
+            at,
+        } => {
+            let iso = |t: DateTime<Utc>| t.to_rfc3339();
+            let id = format!("pdtxn{customer}{txn}_{ns}");
+            let (event_type, data) = match outcome {
+                0 | 1 => (
+                    if *outcome == 0 {
+                        "transaction.completed"
+                    } else {
+                        "transaction.payment_failed"
+                    },
+                    json!({"id": id, "status": if *outcome == 0 { "completed" } else { "ready" },
+                        "customer_id": customer_id(*customer, ns),
+                        "subscription_id": format!("pdsub{customer}{}_{ns}", txn % 2),
+                        "origin": "subscription_recurring", "currency_code": "USD",
+                        "created_at": iso(time(0)), "updated_at": iso(time(*at)),
+                        "custom_data": null,
+                        "items": [{"price": {"id": price, "product_id": "pro_01gsz4t5hdjse780zja8vvr7jg"},
+                                   "quantity": 1}]}),
+                ),
+                _ => (
+                    "adjustment.updated",
+                    json!({"id": format!("adj{customer}{txn}_{ns}"), "action": "refund",
+                        "type": "full", "status": "approved", "reason": "error",
+                        "customer_id": customer_id(*customer, ns), "transaction_id": id,
+                        "currency_code": "USD", "created_at": iso(time(*at)),
+                        "updated_at": iso(time(*at))}),
+                ),
+            };
+            let event = json!({"event_id": format!("e{index:02}_{ns}"), "event_type": event_type,
+                "occurred_at": iso(time(*at)), "notification_id": format!("ntf_{index:02}_{ns}"),
+                "data": data});
+            ("paddle", event, *at)
+        }
         Event::PolarCustomerDeleted { customer, at } => {
             let data = json!({"id": customer_id(*customer, ns), "email": "gone@example.com",
                 "organization_id": "org_1", "created_at": time(0).to_rfc3339(),
@@ -722,7 +861,7 @@ pub(crate) async fn state_of(pool: &PgPool, worker: &WorkerState, ns: &str) -> V
     let mut conn = pool.acquire().await.unwrap();
     let mut accounts = Vec::new();
     for customer in 0..CUSTOMERS {
-        for source in ["kinde", "stripe", "polar"] {
+        for source in ["kinde", "stripe", "polar", "paddle"] {
             let id = customer_id(customer, ns);
             let mut balances = Vec::new();
             for period in PERIODS {
@@ -825,5 +964,76 @@ fn billing_state_is_the_same_for_every_order_copies_and_failures() {
     runtime.block_on(crate::helpers::drop_database(pool, &database));
     if let Err(failure) = result {
         panic!("{failure}");
+    }
+}
+
+/// The property's Paddle events are read and applied as Paddle's own would be: none is
+/// unprocessable, so the property compares real Paddle state.
+#[test]
+fn the_propertys_paddle_events_are_applied() {
+    let catalog = shared::domain::Catalog::parse(crate::helpers::PLANS).unwrap();
+    let events = [
+        Event::PaddleSubscription {
+            customer: 0,
+            sub: 1,
+            status: "trialing",
+            price: "pro",
+            ends: 3,
+            at: 2,
+        },
+        Event::PaddleSubscription {
+            customer: 0,
+            sub: 1,
+            status: "active",
+            price: "team",
+            ends: 1,
+            at: 3,
+        },
+        Event::PaddleSubscription {
+            customer: 0,
+            sub: 1,
+            status: "canceled",
+            price: "team",
+            ends: 2,
+            at: 4,
+        },
+        Event::PaddleTransaction {
+            customer: 0,
+            txn: 1,
+            price: "pri_legacy",
+            outcome: 0,
+            at: 5,
+        },
+        Event::PaddleTransaction {
+            customer: 0,
+            txn: 1,
+            price: "pro",
+            outcome: 1,
+            at: 5,
+        },
+        Event::PaddleTransaction {
+            customer: 0,
+            txn: 1,
+            price: "pro",
+            outcome: 2,
+            at: 6,
+        },
+    ];
+    for (index, event) in events.iter().enumerate() {
+        let m = materialize(index, event, "t");
+        assert_eq!(m.source, "paddle");
+        let meta = m.verified.meta.as_ref().unwrap();
+        assert_eq!(meta.customer.as_ref().unwrap().as_str(), "c0_t");
+        let payload = m.verified.payload.as_ref().unwrap();
+        let decision = shared::providers::decide(
+            shared::domain::SourceKind::Paddle,
+            &meta.event_type,
+            payload,
+            &catalog,
+        );
+        assert!(
+            matches!(decision, shared::billing::Decision::Apply { .. }),
+            "{event:?}: {decision:?}"
+        );
     }
 }

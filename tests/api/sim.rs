@@ -1160,6 +1160,7 @@ impl World {
         let delivery = match source {
             "kinde" => kinde_delivery(&key, &payload),
             "polar" => polar_delivery(&key, &payload),
+            "paddle" => paddle_delivery(&payload),
             _ => stripe_delivery(&payload),
         };
         let plan = self.crash_plan(faults);
@@ -2507,6 +2508,8 @@ fn workload(seed: u64) -> Case {
             | Event::PolarOrder { at, .. }
             | Event::PolarCustomerDeleted { at, .. }
             | Event::PolarGrant { at, .. }
+            | Event::PaddleSubscription { at, .. }
+            | Event::PaddleTransaction { at, .. }
             | Event::StripeSummary { at, .. }) = event;
             *at %= 2;
         }
@@ -2581,6 +2584,8 @@ fn periods_of(case: &Case, ns: &str, shift: i64) -> HashSet<(String, String, Str
             | Event::PolarOrder { customer, .. }
             | Event::PolarCustomerDeleted { customer, .. }
             | Event::PolarGrant { customer, .. }
+            | Event::PaddleSubscription { customer, .. }
+            | Event::PaddleTransaction { customer, .. }
             | Event::StripeSummary { customer, .. } => customer,
         };
         let back = if source == "stripe" { shift } else { 0 };
