@@ -113,7 +113,18 @@ fn adjustment(data: &Value) -> Decided {
             status.replace('_', " ")
         )));
     }
-    if text(data, "/type") != Some("full") {
+    // The adjustment's `type`; an adjustment that carries none is full when each of its
+    // items is (`items[].type`, as every adjustment carries).
+    let full = match text(data, "/type") {
+        Some(kind) => kind == "full",
+        None => data
+            .pointer("/items")
+            .and_then(Value::as_array)
+            .is_some_and(|items| {
+                !items.is_empty() && items.iter().all(|item| text(item, "/type") == Some("full"))
+            }),
+    };
+    if !full {
         return Ok(Decision::Ignore(
             "a partial refund changes no billing state".into(),
         ));
@@ -336,6 +347,15 @@ mod tests {
                 plan_key: None,
             }])
         );
+        // Without a `type`, its items tell.
+        let mut untyped = full.clone();
+        untyped["data"].as_object_mut().unwrap().remove("type");
+        assert!(
+            matches!(paddle(&untyped), Decision::Ignore(_)),
+            "a partial item"
+        );
+        untyped["data"]["items"][0]["type"] = json!("full");
+        assert_eq!(paddle(&untyped), paddle(&full));
         full["data"]["status"] = json!("pending_approval");
         assert_eq!(
             paddle(&full),

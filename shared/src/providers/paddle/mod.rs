@@ -78,6 +78,20 @@ impl Provider for Paddle {
 
     /// A Paddle source says its environment: its events do not.
     fn check(&self, config: &SourceConfig) -> Result<(), ConfigError> {
+        // A live API key says so (`pdl_live_apikey_…`, the SDKs' `api_key.*` notification
+        // mocks): on a sandbox source it would read another environment's events.
+        if config.livemode == Some(false)
+            && config
+                .api_key
+                .as_deref()
+                .is_some_and(|key| key.starts_with("pdl_live_"))
+        {
+            return Err(refused(
+                config,
+                "api_key",
+                "is a live Paddle API key (pdl_live_…) on a sandbox source (livemode: false)",
+            ));
+        }
         if config.livemode.is_none() {
             return Err(refused(
                 config,
@@ -121,6 +135,14 @@ mod tests {
              not say whether they are from the sandbox (false) or live (true), and the API it \
              reads is that environment's"
         );
+        assert_eq!(
+            checked(r#"[{"name":"p","kind":"paddle","secrets":["s"],"api_key":"pdl_live_apikey_01x","livemode":false}]"#)
+                .unwrap_err(),
+            "INBOX_SOURCES: source 'p': api_key: is a live Paddle API key (pdl_live_…) on a sandbox \
+             source (livemode: false)"
+        );
+        checked(r#"[{"name":"p","kind":"paddle","secrets":["s"],"api_key":"pdl_live_apikey_01x","livemode":true}]"#)
+            .unwrap();
         let http = reqwest::Client::new();
         for (live, base) in [("false", SANDBOX_API), ("true", LIVE_API)] {
             let raw = format!(
