@@ -450,6 +450,16 @@ async fn paddle(pool: PgPool, reverse: bool) {
         "the failed attempt came first"
     );
     assert_eq!(buyer.balance, 500);
+    // A subscription imported from another billing system, then its transaction paid.
+    let imported = app
+        .account("paddle", "ctm_01gxwxe6vzgz6hcsbwjs6zrszr", "2023-04")
+        .await;
+    assert_eq!(
+        (imported.plan.as_str(), imported.balance),
+        ("pro", 500),
+        "granted once"
+    );
+    assert_eq!(imported.subscriptions[0].status, "active");
     let refunded = app
         .account("paddle", "ctm_01h8441jn5pcwrfhwh78jqt8hk", "2023-08")
         .await;

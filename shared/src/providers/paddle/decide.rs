@@ -19,6 +19,8 @@ pub(super) const SUBSCRIPTION_TYPES: &[&str] = &[
     "subscription.paused",
     "subscription.resumed",
     "subscription.canceled",
+    // A subscription brought over from another billing system: its state as imported.
+    "subscription.imported",
 ];
 
 /// Every event type `decide` gives a meaning: the reconciliation walk asks Paddle for these
@@ -32,6 +34,7 @@ pub(super) const HANDLED_TYPES: &[&str] = &[
     "subscription.paused",
     "subscription.resumed",
     "subscription.canceled",
+    "subscription.imported",
     "transaction.completed",
     "transaction.paid",
     "transaction.payment_failed",
@@ -241,6 +244,7 @@ mod tests {
             ("subscription.paused", "paused", false),
             ("subscription.resumed", "active", true),
             ("subscription.canceled", "canceled", false),
+            ("subscription.imported", "active", true),
         ] {
             let (read, plan, _, effects) = subscription(&corpus(name));
             assert_eq!(read, status, "{name}");
