@@ -31,6 +31,30 @@ async fn reverse(pool: &PgPool, source: &str, who: &CustomerId, usage_id: &str) 
         .unwrap()
 }
 
+/// A Stripe customer on pro, its meter a fake Stripe (`api_calls`).
+struct StripeMetered {
+    _app: TestApp,
+    fake: FakeStripe,
+    server: MockServer,
+    meters: shared::meters::Meters,
+    who: CustomerId,
+}
+
+async fn stripe_metered(pool: &PgPool, customer_id: &str) -> StripeMetered {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, customer_id).await;
+    let fake = FakeStripe::default();
+    let server = fake.serve().await;
+    let meters = stripe_meters(&server);
+    StripeMetered {
+        _app: app,
+        fake,
+        server,
+        meters,
+        who: customer(customer_id),
+    }
+}
+
 /// The usage id of an accepted debit.
 fn usage_id_of(debited: &usage::Debited) -> String {
     match &debited.debit {
@@ -230,12 +254,14 @@ async fn concurrent_reversals_of_one_debit_return_its_amount_once(pool: PgPool) 
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_report_that_never_went_out_is_withdrawn_and_never_reaches_the_provider(pool: PgPool) {
-    let app = TestApp::spawn(pool.clone()).await;
-    stripe_on_pro(&app, "cus_withdrawn").await;
-    let fake = FakeStripe::default();
-    let server = fake.serve().await;
-    let meters = stripe_meters(&server);
-    let who = customer("cus_withdrawn");
+    // The fake's server lives as long as its binding.
+    let StripeMetered {
+        fake,
+        server: _server,
+        meters,
+        who,
+        ..
+    } = stripe_metered(&pool, "cus_withdrawn").await;
     let debited = debit(&pool, &ask("stripe", &who, "req_w", 4, Some("api_calls"))).await;
     let id = debited.reported.clone().unwrap();
 
@@ -249,12 +275,13 @@ async fn a_report_that_never_went_out_is_withdrawn_and_never_reaches_the_provide
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_report_stripe_holds_is_cancelled_by_an_adjustment_within_its_window(pool: PgPool) {
-    let app = TestApp::spawn(pool.clone()).await;
-    stripe_on_pro(&app, "cus_cancel").await;
-    let fake = FakeStripe::default();
-    let server = fake.serve().await;
-    let meters = stripe_meters(&server);
-    let who = customer("cus_cancel");
+    let StripeMetered {
+        fake,
+        server,
+        meters,
+        who,
+        ..
+    } = stripe_metered(&pool, "cus_cancel").await;
     let debited = debit(&pool, &ask("stripe", &who, "req_c", 6, Some("api_calls"))).await;
     let id = debited.reported.clone().unwrap();
     assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
@@ -302,12 +329,14 @@ async fn a_report_stripe_holds_is_cancelled_by_an_adjustment_within_its_window(p
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn past_stripes_window_a_correction_is_a_report_of_the_negative_value(pool: PgPool) {
-    let app = TestApp::spawn(pool.clone()).await;
-    stripe_on_pro(&app, "cus_late").await;
-    let fake = FakeStripe::default();
-    let server = fake.serve().await;
-    let meters = stripe_meters(&server);
-    let who = customer("cus_late");
+    // The fake's server lives as long as its binding.
+    let StripeMetered {
+        fake,
+        server: _server,
+        meters,
+        who,
+        ..
+    } = stripe_metered(&pool, "cus_late").await;
     let debited = debit(&pool, &ask("stripe", &who, "req_l", 9, Some("api_calls"))).await;
     let id = debited.reported.clone().unwrap();
     assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
@@ -346,12 +375,14 @@ async fn past_stripes_window_a_correction_is_a_report_of_the_negative_value(pool
 async fn a_correction_waits_for_its_report_and_is_withdrawn_with_one_the_provider_never_took(
     pool: PgPool,
 ) {
-    let app = TestApp::spawn(pool.clone()).await;
-    stripe_on_pro(&app, "cus_wait").await;
-    let fake = FakeStripe::default();
-    let server = fake.serve().await;
-    let meters = stripe_meters(&server);
-    let who = customer("cus_wait");
+    // The fake's server lives as long as its binding.
+    let StripeMetered {
+        fake,
+        server: _server,
+        meters,
+        who,
+        ..
+    } = stripe_metered(&pool, "cus_wait").await;
 
     // A report on its way (claimed, its send not recorded): reversed now, it is corrected
     // once it is settled, never before.
