@@ -575,3 +575,126 @@ async fn a_reversal_tells_the_app_once_with_what_became_of_the_meter(pool: PgPoo
         "handed to the dispatcher: {queued:?}"
     );
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_operator_sees_meter_reports_and_replays_a_dead_one_through_the_admin_api(pool: PgPool) {
+    use crate::app_api::ADMIN_KEY;
+    // The fake's server lives as long as its binding.
+    let StripeMetered {
+        fake,
+        server: _server,
+        meters,
+        who,
+        ..
+    } = stripe_metered(&pool, "cus_ops").await;
+    let admin_queue = {
+        let app = TestApp::spawn(pool.clone()).await;
+        let url = create_queue(&app.sqs).await;
+        (app, url)
+    };
+    let mut api = api_state(&pool);
+    api.outbox = Some(shared::platform::queue::Queue::new(
+        admin_queue.0.sqs.clone(),
+        admin_queue.1.clone(),
+    ));
+    // One report sent, one refused for good (dead), one withdrawn by its reversal.
+    let sent = debit(&pool, &ask("stripe", &who, "req_ok", 2, Some("api_calls"))).await;
+    assert_eq!(
+        send(&pool, &meters, &sent.reported.clone().unwrap()).await,
+        Reported::Sent
+    );
+    let refusing = FakeStripe::failing(
+        400,
+        json!({"error": {"type": "invalid_request_error", "message": "No such meter"}}),
+    );
+    let refusing_server = refusing.serve().await;
+    let dead = debit(
+        &pool,
+        &ask("stripe", &who, "req_dead", 3, Some("api_calls")),
+    )
+    .await;
+    let dead_id = dead.reported.clone().unwrap();
+    send(&pool, &stripe_meters(&refusing_server), &dead_id).await;
+    let gone = debit(
+        &pool,
+        &ask("stripe", &who, "req_gone", 1, Some("api_calls")),
+    )
+    .await;
+    reverse(&pool, "stripe", &who, &usage_id_of(&gone)).await;
+
+    let get = |path: &'static str| {
+        let api = &api;
+        async move { call(api, "GET", path, Some(ADMIN_KEY), &[], None).await }
+    };
+    let overview = get("/v1/admin/overview").await;
+    assert_eq!(
+        overview.body["meter_reports"],
+        json!({"pending": 0, "dead": 1, "differences_open": 0})
+    );
+    let attention = overview.body["needs_attention"].as_array().unwrap();
+    let dead_item = attention
+        .iter()
+        .find(|a| a["kind"] == "dead_meter_reports")
+        .expect("a dead report needs a person");
+    assert_eq!(dead_item["link"], "meters?status=dead");
+
+    let all = get("/v1/admin/meter-reports").await;
+    assert_eq!(all.status, StatusCode::OK, "{}", all.body);
+    let statuses: Vec<&str> = all.body["reports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, vec!["withdrawn", "dead", "sent"], "newest first");
+    let only_dead = get("/v1/admin/meter-reports?status=dead&source=stripe&customer=cus_ops").await;
+    assert_eq!(only_dead.body["reports"].as_array().unwrap().len(), 1);
+    assert_eq!(only_dead.body["reports"][0]["id"], dead_id.as_str());
+    assert_eq!(
+        get("/v1/admin/meter-reports?status=lost").await.body["code"],
+        "bad_status"
+    );
+    assert_eq!(
+        get("/v1/admin/meter-reports?customer=cus_ops").await.body["code"],
+        "bad_customer"
+    );
+
+    // The operator fixed the meter at Stripe and replays the dead report: pending again,
+    // handed to the dispatcher, written to the trail; then the dispatcher sends it.
+    let replay_path = format!("/v1/admin/meter-reports/{dead_id}/replay");
+    let replayed = call(&api, "POST", &replay_path, Some(ADMIN_KEY), &[], None).await;
+    assert_eq!(
+        replayed.body,
+        json!({"report_id": dead_id, "status": "pending"})
+    );
+    assert_eq!(
+        admin_queue.0.drain(&admin_queue.1).await,
+        vec![dead_id.clone()]
+    );
+    assert_eq!(send(&pool, &meters, &dead_id).await, Reported::Sent);
+    assert_eq!(fake.held().len(), 2);
+    let trail = get("/v1/admin/audit-trail?limit=1").await;
+    assert_eq!(trail.body["actions"][0]["action"], "meter_report.replay");
+    assert_eq!(trail.body["actions"][0]["target"], dead_id.as_str());
+    let unknown = call(
+        &api,
+        "POST",
+        "/v1/admin/meter-reports/mrp_none/replay",
+        Some(ADMIN_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    // An app's key is not an operator's.
+    let app_key = call(
+        &api,
+        "GET",
+        "/v1/admin/meter-reports",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(app_key.status, StatusCode::FORBIDDEN);
+}
