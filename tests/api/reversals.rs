@@ -698,3 +698,40 @@ async fn an_operator_sees_meter_reports_and_replays_a_dead_one_through_the_admin
     .await;
     assert_eq!(app_key.status, StatusCode::FORBIDDEN);
 }
+
+/// The deployed api function holds a pool of one connection (`ApiState::from_config`): a
+/// meter report's replay that asked the pool for a second connection inside its transaction
+/// waited for itself and answered 503 (found by the console's browser test).
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_meter_report_is_replayed_by_an_api_of_one_connection(pool: PgPool) {
+    use crate::app_api::ADMIN_KEY;
+    let StripeMetered {
+        server: _server,
+        who,
+        ..
+    } = stripe_metered(&pool, "cus_one").await;
+    let refusing = FakeStripe::failing(
+        400,
+        json!({"error": {"type": "invalid_request_error", "message": "No such meter"}}),
+    );
+    let refusing_server = refusing.serve().await;
+    let dead = debit(&pool, &ask("stripe", &who, "req_one", 2, Some("api_calls"))).await;
+    let dead_id = dead.reported.clone().unwrap();
+    send(&pool, &stripe_meters(&refusing_server), &dead_id).await;
+
+    let mut api = api_state(&pool);
+    api.pool = shared::platform::database::pool_options(1)
+        .acquire_timeout(std::time::Duration::from_secs(3))
+        .connect_lazy_with(pool.connect_options().as_ref().clone());
+    let replayed = call(
+        &api,
+        "POST",
+        &format!("/v1/admin/meter-reports/{dead_id}/replay"),
+        Some(ADMIN_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(replayed.status, StatusCode::OK, "{}", replayed.body);
+    assert_eq!(replayed.body["status"], "pending");
+}
