@@ -69,6 +69,13 @@ fn resolved(catalog: &Catalog, keys: &[String]) -> Resolved {
     resolve(catalog, &keys)
 }
 
+/// A payment's id: Lemon Squeezy's orders and subscription invoices number apart (order 1 and
+/// invoice 1 are two payments), so the id is the object's API path, `orders/1`,
+/// `subscription-invoices/1` (docs/design.md §6.5).
+fn payment_id(object_type: &str, id: &str) -> String {
+    format!("{object_type}/{id}")
+}
+
 /// The object of an event, checked to be of the type its event carries.
 fn object<'a>(p: &'a Value, object_type: &str) -> Result<(&'a str, &'a Value), Problem> {
     let data = p
@@ -111,6 +118,7 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
         // price do, docs/design.md §6.2).
         "subscription_payment_success" | "subscription_payment_recovered" => {
             let (id, attributes) = object(p, "subscription-invoices")?;
+            let id = &payment_id("subscription-invoices", id);
             if text(attributes, "/status") != Some("paid") {
                 return Ok(Decision::Ignore(format!(
                     "the subscription invoice is {}, not paid",
@@ -140,19 +148,22 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
         "subscription_payment_failed" => {
             let (id, _) = object(p, "subscription-invoices")?;
             Decision::apply(vec![Effect::Payment {
-                id: id.to_owned(),
+                id: payment_id("subscription-invoices", id),
                 status: PaymentStatus::Failed,
                 plan_key: None,
             }])
         }
         "subscription_payment_refunded" => {
             let (id, attributes) = object(p, "subscription-invoices")?;
-            refund(id, attributes)?
+            refund(&payment_id("subscription-invoices", id), attributes)?
         }
         "order_created" => {
             let (id, attributes) = object(p, "orders")?;
             match text(attributes, "/status") {
-                Some("paid") => paid(id.to_owned(), resolved(catalog, &plan_keys(attributes))),
+                Some("paid") => paid(
+                    payment_id("orders", id),
+                    resolved(catalog, &plan_keys(attributes)),
+                ),
                 other => Decision::Ignore(format!(
                     "the order is {}, not paid",
                     other.unwrap_or("without a status")
@@ -161,7 +172,7 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
         }
         "order_refunded" => {
             let (id, attributes) = object(p, "orders")?;
-            refund(id, attributes)?
+            refund(&payment_id("orders", id), attributes)?
         }
         other => not_billing(other),
     })
@@ -287,15 +298,17 @@ mod tests {
         };
         assert!(
             matches!(&effects[0], Effect::Payment { id, status: PaymentStatus::Paid, plan_key }
-            if id == "1" && plan_key.as_deref() == Some("1"))
+            if id == "orders/1" && plan_key.as_deref() == Some("1"))
         );
         assert!(effects.iter().any(|e| matches!(e, Effect::Grant { .. })));
         let Decision::Apply { effects, .. } = ls(&corpus("subscription_payment_success")) else {
             panic!()
         };
-        assert!(effects.iter().any(|e| matches!(e,
+        assert!(
+            effects.iter().any(|e| matches!(e,
             Effect::GrantOfSubscription { payment, subscriptions, .. }
-                if payment == "1" && subscriptions == &vec!["1".to_owned()])));
+                if payment == "subscription-invoices/1" && subscriptions == &vec!["1".to_owned()]))
+        );
         let Decision::Apply { effects, .. } = ls(&corpus("subscription_payment_failed")) else {
             panic!()
         };
@@ -310,7 +323,7 @@ mod tests {
             panic!()
         };
         assert!(
-            matches!(&effects[0], Effect::Payment { id, status: PaymentStatus::Refunded, .. } if id == "1")
+            matches!(&effects[0], Effect::Payment { id, status: PaymentStatus::Refunded, .. } if id == "orders/1")
         );
         let mut partial = corpus("order_refunded");
         partial["data"]["attributes"]["status"] = json!("paid");
