@@ -2,8 +2,10 @@
 //! the raw body with the webhook's signing secret; a dedupe key made of what the notification
 //! signs (its payloads carry no event id), `data.attributes.updated_at` as the provider time,
 //! `data.attributes.customer_id` as the customer, `meta.test_mode` as the mode; subscription,
-//! subscription invoice and order events for the registers.
+//! subscription invoice and order events for the registers; `GET /v1/subscriptions` for
+//! reconciliation.
 
+mod api;
 mod decide;
 pub mod fixtures;
 mod verify;
@@ -12,9 +14,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+pub use api::LemonSqueezySubscriptions;
 pub use verify::{content_hash, dedupe_key, parse_event, LemonSqueezyVerifier, SIGNATURE_HEADER};
 
-use super::{Provider, Setting, Verify};
+use super::{Api, Provider, Reconciliation, Setting, Verify};
 use crate::billing::Decided;
 use crate::domain::Catalog;
 use crate::platform::config::{ConfigError, SourceConfig};
@@ -38,6 +41,12 @@ impl Provider for LemonSqueezy {
 
     fn decide(&self, event_type: &str, payload: &Value, catalog: &Catalog) -> Decided {
         decide::decide(event_type, payload, catalog)
+    }
+
+    fn reconciliation(&self, api: Api) -> Option<Reconciliation> {
+        Some(Reconciliation::Sweep(Box::new(
+            LemonSqueezySubscriptions::new(api),
+        )))
     }
 
     fn api_base(&self, _config: &SourceConfig) -> Option<String> {
