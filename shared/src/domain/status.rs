@@ -35,6 +35,7 @@ source_kinds! {
     Kinde = "kinde",
     Stripe = "stripe",
     StandardWebhooks = "standard-webhooks",
+    LemonSqueezy = "lemonsqueezy",
 }
 
 /// Where a stored event is in its life (docs/design.md §3):

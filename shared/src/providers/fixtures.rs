@@ -181,7 +181,10 @@ mod tests {
                     ..Default::default()
                 };
                 let (_, payload) = payload(source, &spec).unwrap();
-                let event_type = payload["type"].as_str().unwrap();
+                let event_type = payload["type"]
+                    .as_str()
+                    .or(payload["meta"]["event_name"].as_str())
+                    .unwrap();
                 let decision = decide(source, event_type, &payload, &catalog);
                 assert!(
                     matches!(decision, Decision::Apply { .. }),
@@ -216,7 +219,7 @@ mod tests {
         let kinds: Vec<SourceKind> = sources.iter().map(|s| s.kind).collect();
         assert_eq!(kinds, SourceKind::ALL);
         let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["kinde", "stripe", "polar"]);
+        assert_eq!(names, ["kinde", "stripe", "polar", "lemonsqueezy"]);
     }
 
     #[test]

@@ -47,7 +47,7 @@ pub fn check_sources(configs: &[SourceConfig]) -> Result<(), ConfigError> {
     for config in configs {
         for &kind in SourceKind::ALL.iter().filter(|&&k| k != config.kind) {
             for &(setting, why) in provider(kind).own_settings() {
-                if setting.given(config) {
+                if setting.given(config) && !takes(config.kind, setting) {
                     return Err(refused(config, setting.name(), why));
                 }
             }
@@ -56,6 +56,14 @@ pub fn check_sources(configs: &[SourceConfig]) -> Result<(), ConfigError> {
         check_meter(config)?;
     }
     Ok(())
+}
+
+/// Whether a provider takes a setting of its own (several may own one: `livemode`).
+fn takes(kind: SourceKind, setting: Setting) -> bool {
+    provider(kind)
+        .own_settings()
+        .iter()
+        .any(|&(own, _)| own == setting)
 }
 
 /// A source's `meter` (docs/design.md §4.13): the one field its provider reads, within its
@@ -198,6 +206,8 @@ mod tests {
     #[test]
     fn livemode_is_a_stripe_setting() {
         checked(r#"[{"name":"s","kind":"stripe","secrets":["x"],"livemode":true}]"#).unwrap();
+        checked(r#"[{"name":"l","kind":"lemonsqueezy","secrets":["x"],"livemode":false}]"#)
+            .unwrap();
         let polar =
             checked(r#"[{"name":"p","kind":"standard-webhooks","secrets":["x"],"livemode":true}]"#)
                 .unwrap_err();
