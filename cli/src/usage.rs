@@ -109,6 +109,17 @@ pub struct Refused {
     pub exit: u8,
 }
 
+impl Refused {
+    fn new(code: &'static str, exit: u8, detail: String) -> Self {
+        Self {
+            code,
+            detail,
+            remaining: None,
+            exit,
+        }
+    }
+}
+
 /// A debit the library's check refuses, before anything is looked up or stored.
 fn invalid(invalid: Invalid) -> Refused {
     let detail = match &invalid {
@@ -295,12 +306,6 @@ async fn reverse(
         reversed.correction.as_ref(),
     )
     .await?;
-    let refused = |code, exit, detail: String| Refused {
-        code,
-        detail,
-        remaining: None,
-        exit,
-    };
     if let (true, Some(body)) = (json_output, reversed.reversal.body()) {
         return print_json(&body);
     }
@@ -323,13 +328,13 @@ async fn reverse(
             );
             Ok(())
         }
-        Reversal::UnknownUsage => Err(refused(
+        Reversal::UnknownUsage => Err(Refused::new(
             "not_found",
             7,
             format!("no debit {usage_id} of customer '{customer}' in source '{source}'"),
         )
         .into()),
-        Reversal::NotAccepted => Err(refused(
+        Reversal::NotAccepted => Err(Refused::new(
             "not_accepted",
             8,
             format!("refused: the debit {usage_id} was refused; it spent nothing to reverse"),
@@ -388,10 +393,8 @@ async fn record(
     hand_over(pool, &env, debited.told.as_ref(), debited.reported.as_ref()).await?;
     let who = format!("customer '{customer}' in source '{source}'");
     let refused = |code, exit, remaining: Option<i64>, detail: String| Refused {
-        code,
-        detail,
         remaining,
-        exit,
+        ..Refused::new(code, exit, detail)
     };
     if let (true, Some(body)) = (json_output, debited.debit.accepted_body()) {
         return print_json(&body);

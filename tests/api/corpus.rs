@@ -22,7 +22,9 @@ pub(crate) const CORPUS_PLANS: &str = r#"{
     "pri_01gsz8x8sawmvhz1pv30nge1ke": {"plan": "pro", "monthly_allowance": 500},
     "pri_01h84cdy3xatsp16afda2gekzy": {"plan": "team", "monthly_allowance": 2000},
     "ab440482-0ee4-41c0-b579-bae502ba592b": {"plan": "pro", "monthly_allowance": 500},
-    "1bd0bcfe-5205-4fab-af9f-a0162303a64c": {"plan": "pro", "monthly_allowance": 500}
+    "1bd0bcfe-5205-4fab-af9f-a0162303a64c": {"plan": "pro", "monthly_allowance": 500},
+    "1": {"plan": "pro", "monthly_allowance": 500},
+    "2": {"plan": "pro", "monthly_allowance": 500}
 }"#;
 
 pub(crate) fn corpus(dir: &str) -> Vec<(String, Value)> {
@@ -75,6 +77,7 @@ fn delivery_of(source: &str, name: &str, body: &Value) -> Delivery {
     match source {
         "stripe" => stripe_delivery(body),
         "polar" => polar_delivery(&format!("msg_{name}"), body),
+        "lemonsqueezy" => lemonsqueezy_delivery(body),
         "paddle" => paddle_delivery(body),
         _ => kinde_delivery(&format!("wh_{name}"), body),
     }
@@ -374,6 +377,48 @@ async fn polar_corpus_in_file_order(pool: PgPool) {
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn polar_corpus_in_reverse(pool: PgPool) {
     polar(pool, true).await;
+}
+
+/// The Lemon Squeezy corpus (testdata/providers/README.md): one customer's subscription,
+/// created in November 2025 with its order, renewed in December after a failed payment,
+/// cancelled, resumed, paused, unpaused, moved to the yearly variant, expired; its order
+/// refunded.
+async fn lemonsqueezy(pool: PgPool, reverse: bool) {
+    let app = send_all(pool, "lemonsqueezy", "lemonsqueezy", reverse).await;
+    let account = app.account("lemonsqueezy", "1", "2025-12").await;
+    assert_eq!(account.subscriptions.len(), 1);
+    assert_eq!(account.subscriptions[0].id, "1");
+    assert_eq!(account.subscriptions[0].status, "canceled", "expired last");
+    assert_eq!(account.plan, "free");
+    // An order and a subscription invoice may share a number: each payment is its API path.
+    let mut paid = payments(&account);
+    paid.sort();
+    assert_eq!(
+        paid,
+        vec![
+            ("orders/1", "refunded"),
+            ("subscription-invoices/1", "paid"),
+            ("subscription-invoices/2", "paid")
+        ]
+    );
+    assert_eq!(account.balance, 500, "pro granted once for 2025-12");
+    let november = app.account("lemonsqueezy", "1", "2025-11").await;
+    assert_eq!(november.balance, 500, "and once for 2025-11");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn lemonsqueezy_corpus_in_file_order(pool: PgPool) {
+    lemonsqueezy(pool, false).await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn lemonsqueezy_corpus_in_reverse(pool: PgPool) {
+    lemonsqueezy(pool, true).await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn lemonsqueezy_corpus_delivered_again_after_its_purge_changes_nothing(pool: PgPool) {
+    delivered_again_after_the_purge(pool, "lemonsqueezy", "lemonsqueezy").await;
 }
 
 async fn kinde(pool: PgPool, reverse: bool) {

@@ -484,7 +484,7 @@ async fn an_engine_room_naming_a_live_mode_or_unknown_source_is_refused_at_cold_
         .unwrap_err();
     assert_eq!(
         unknown,
-        "INBOX_ENGINE_ROOM: sources: 'stripe-test' is not a source of INBOX_SOURCES (its sources: kinde, stripe, polar, paddle)"
+        "INBOX_ENGINE_ROOM: sources: 'stripe-test' is not a source of INBOX_SOURCES (its sources: kinde, stripe, polar, lemonsqueezy, paddle)"
     );
     // A Kinde source without the key its JWKS serves cannot be signed for.
     let config = stage

@@ -14,7 +14,7 @@ use shared::handlers::intake::{self, IntakeState};
 use shared::handlers::worker::WorkerState;
 use shared::platform::config::{parse_sources, SourceConfig};
 use shared::platform::queue::Queue;
-use shared::providers::{fixtures, kinde, standard_webhooks, stripe, Sources};
+use shared::providers::{fixtures, kinde, lemonsqueezy, standard_webhooks, stripe, Sources};
 use sqlx::PgPool;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -23,6 +23,7 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 /// Kinde's tokens are signed with the test key below and verified with a mocked JWKS.
 pub const STRIPE_SECRET: &str = stripe::fixtures::DEV_SECRET;
 pub const POLAR_SECRET: &str = standard_webhooks::fixtures::DEV_SECRET;
+pub const LEMONSQUEEZY_SECRET: &str = lemonsqueezy::fixtures::DEV_SECRET;
 pub const KINDE_KEY: &[u8] = include_bytes!("../../testdata/kinde_test_key_a.pem");
 pub const KINDE_KID: &str = "test-key-a";
 const JWKS: &str = include_str!("../../testdata/jwks_a.json");
@@ -489,6 +490,27 @@ pub fn polar_delivery(id: &str, payload: &Value) -> Delivery {
                     &body,
                 ),
             ),
+        ],
+        body,
+    }
+}
+
+/// A Lemon Squeezy delivery: the body, `X-Event-Name` and `X-Signature` (hex HMAC-SHA256 of
+/// the body with the development secret).
+pub fn lemonsqueezy_delivery(payload: &Value) -> Delivery {
+    let body = serde_json::to_vec(payload).unwrap();
+    let signature = hex::encode(fixtures::hmac_sha256(LEMONSQUEEZY_SECRET.as_bytes(), &body));
+    Delivery {
+        headers: vec![
+            ("content-type".into(), "application/json".into()),
+            (
+                "x-event-name".into(),
+                payload["meta"]["event_name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .into(),
+            ),
+            ("x-signature".into(), signature),
         ],
         body,
     }

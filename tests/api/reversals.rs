@@ -31,6 +31,30 @@ async fn reverse(pool: &PgPool, source: &str, who: &CustomerId, usage_id: &str) 
         .unwrap()
 }
 
+/// A Stripe customer on pro, its meter a fake Stripe (`api_calls`).
+struct StripeMetered {
+    _app: TestApp,
+    fake: FakeStripe,
+    server: MockServer,
+    meters: shared::meters::Meters,
+    who: CustomerId,
+}
+
+async fn stripe_metered(pool: &PgPool, customer_id: &str) -> StripeMetered {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, customer_id).await;
+    let fake = FakeStripe::default();
+    let server = fake.serve().await;
+    let meters = stripe_meters(&server);
+    StripeMetered {
+        _app: app,
+        fake,
+        server,
+        meters,
+        who: customer(customer_id),
+    }
+}
+
 /// The usage id of an accepted debit.
 fn usage_id_of(debited: &usage::Debited) -> String {
     match &debited.debit {
@@ -230,12 +254,14 @@ async fn concurrent_reversals_of_one_debit_return_its_amount_once(pool: PgPool) 
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_report_that_never_went_out_is_withdrawn_and_never_reaches_the_provider(pool: PgPool) {
-    let app = TestApp::spawn(pool.clone()).await;
-    stripe_on_pro(&app, "cus_withdrawn").await;
-    let fake = FakeStripe::default();
-    let server = fake.serve().await;
-    let meters = stripe_meters(&server);
-    let who = customer("cus_withdrawn");
+    // The fake's server lives as long as its binding.
+    let StripeMetered {
+        fake,
+        server: _server,
+        meters,
+        who,
+        ..
+    } = stripe_metered(&pool, "cus_withdrawn").await;
     let debited = debit(&pool, &ask("stripe", &who, "req_w", 4, Some("api_calls"))).await;
     let id = debited.reported.clone().unwrap();
 
@@ -249,12 +275,13 @@ async fn a_report_that_never_went_out_is_withdrawn_and_never_reaches_the_provide
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_report_stripe_holds_is_cancelled_by_an_adjustment_within_its_window(pool: PgPool) {
-    let app = TestApp::spawn(pool.clone()).await;
-    stripe_on_pro(&app, "cus_cancel").await;
-    let fake = FakeStripe::default();
-    let server = fake.serve().await;
-    let meters = stripe_meters(&server);
-    let who = customer("cus_cancel");
+    let StripeMetered {
+        fake,
+        server,
+        meters,
+        who,
+        ..
+    } = stripe_metered(&pool, "cus_cancel").await;
     let debited = debit(&pool, &ask("stripe", &who, "req_c", 6, Some("api_calls"))).await;
     let id = debited.reported.clone().unwrap();
     assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
@@ -302,12 +329,14 @@ async fn a_report_stripe_holds_is_cancelled_by_an_adjustment_within_its_window(p
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn past_stripes_window_a_correction_is_a_report_of_the_negative_value(pool: PgPool) {
-    let app = TestApp::spawn(pool.clone()).await;
-    stripe_on_pro(&app, "cus_late").await;
-    let fake = FakeStripe::default();
-    let server = fake.serve().await;
-    let meters = stripe_meters(&server);
-    let who = customer("cus_late");
+    // The fake's server lives as long as its binding.
+    let StripeMetered {
+        fake,
+        server: _server,
+        meters,
+        who,
+        ..
+    } = stripe_metered(&pool, "cus_late").await;
     let debited = debit(&pool, &ask("stripe", &who, "req_l", 9, Some("api_calls"))).await;
     let id = debited.reported.clone().unwrap();
     assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
@@ -346,12 +375,14 @@ async fn past_stripes_window_a_correction_is_a_report_of_the_negative_value(pool
 async fn a_correction_waits_for_its_report_and_is_withdrawn_with_one_the_provider_never_took(
     pool: PgPool,
 ) {
-    let app = TestApp::spawn(pool.clone()).await;
-    stripe_on_pro(&app, "cus_wait").await;
-    let fake = FakeStripe::default();
-    let server = fake.serve().await;
-    let meters = stripe_meters(&server);
-    let who = customer("cus_wait");
+    // The fake's server lives as long as its binding.
+    let StripeMetered {
+        fake,
+        server: _server,
+        meters,
+        who,
+        ..
+    } = stripe_metered(&pool, "cus_wait").await;
 
     // A report on its way (claimed, its send not recorded): reversed now, it is corrected
     // once it is settled, never before.
@@ -543,4 +574,164 @@ async fn a_reversal_tells_the_app_once_with_what_became_of_the_meter(pool: PgPoo
         queued.contains(&told[0].id),
         "handed to the dispatcher: {queued:?}"
     );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_operator_sees_meter_reports_and_replays_a_dead_one_through_the_admin_api(pool: PgPool) {
+    use crate::app_api::ADMIN_KEY;
+    // The fake's server lives as long as its binding.
+    let StripeMetered {
+        fake,
+        server: _server,
+        meters,
+        who,
+        ..
+    } = stripe_metered(&pool, "cus_ops").await;
+    let admin_queue = {
+        let app = TestApp::spawn(pool.clone()).await;
+        let url = create_queue(&app.sqs).await;
+        (app, url)
+    };
+    let mut api = api_state(&pool);
+    api.outbox = Some(shared::platform::queue::Queue::new(
+        admin_queue.0.sqs.clone(),
+        admin_queue.1.clone(),
+    ));
+    // One report sent, one refused for good (dead), one withdrawn by its reversal.
+    let sent = debit(&pool, &ask("stripe", &who, "req_ok", 2, Some("api_calls"))).await;
+    assert_eq!(
+        send(&pool, &meters, &sent.reported.clone().unwrap()).await,
+        Reported::Sent
+    );
+    let refusing = FakeStripe::failing(
+        400,
+        json!({"error": {"type": "invalid_request_error", "message": "No such meter"}}),
+    );
+    let refusing_server = refusing.serve().await;
+    let dead = debit(
+        &pool,
+        &ask("stripe", &who, "req_dead", 3, Some("api_calls")),
+    )
+    .await;
+    let dead_id = dead.reported.clone().unwrap();
+    send(&pool, &stripe_meters(&refusing_server), &dead_id).await;
+    let gone = debit(
+        &pool,
+        &ask("stripe", &who, "req_gone", 1, Some("api_calls")),
+    )
+    .await;
+    reverse(&pool, "stripe", &who, &usage_id_of(&gone)).await;
+
+    let get = |path: &'static str| {
+        let api = &api;
+        async move { call(api, "GET", path, Some(ADMIN_KEY), &[], None).await }
+    };
+    let overview = get("/v1/admin/overview").await;
+    assert_eq!(
+        overview.body["meter_reports"],
+        json!({"pending": 0, "dead": 1, "differences_open": 0})
+    );
+    let attention = overview.body["needs_attention"].as_array().unwrap();
+    let dead_item = attention
+        .iter()
+        .find(|a| a["kind"] == "dead_meter_reports")
+        .expect("a dead report needs a person");
+    assert_eq!(dead_item["link"], "meters?status=dead");
+
+    let all = get("/v1/admin/meter-reports").await;
+    assert_eq!(all.status, StatusCode::OK, "{}", all.body);
+    let statuses: Vec<&str> = all.body["reports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, vec!["withdrawn", "dead", "sent"], "newest first");
+    let only_dead = get("/v1/admin/meter-reports?status=dead&source=stripe&customer=cus_ops").await;
+    assert_eq!(only_dead.body["reports"].as_array().unwrap().len(), 1);
+    assert_eq!(only_dead.body["reports"][0]["id"], dead_id.as_str());
+    assert_eq!(
+        get("/v1/admin/meter-reports?status=lost").await.body["code"],
+        "bad_status"
+    );
+    assert_eq!(
+        get("/v1/admin/meter-reports?customer=cus_ops").await.body["code"],
+        "bad_customer"
+    );
+
+    // The operator fixed the meter at Stripe and replays the dead report: pending again,
+    // handed to the dispatcher, written to the trail; then the dispatcher sends it.
+    let replay_path = format!("/v1/admin/meter-reports/{dead_id}/replay");
+    let replayed = call(&api, "POST", &replay_path, Some(ADMIN_KEY), &[], None).await;
+    assert_eq!(
+        replayed.body,
+        json!({"report_id": dead_id, "status": "pending"})
+    );
+    assert_eq!(
+        admin_queue.0.drain(&admin_queue.1).await,
+        vec![dead_id.clone()]
+    );
+    assert_eq!(send(&pool, &meters, &dead_id).await, Reported::Sent);
+    assert_eq!(fake.held().len(), 2);
+    let trail = get("/v1/admin/audit-trail?limit=1").await;
+    assert_eq!(trail.body["actions"][0]["action"], "meter_report.replay");
+    assert_eq!(trail.body["actions"][0]["target"], dead_id.as_str());
+    let unknown = call(
+        &api,
+        "POST",
+        "/v1/admin/meter-reports/mrp_none/replay",
+        Some(ADMIN_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    // An app's key is not an operator's.
+    let app_key = call(
+        &api,
+        "GET",
+        "/v1/admin/meter-reports",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(app_key.status, StatusCode::FORBIDDEN);
+}
+
+/// The deployed api function holds a pool of one connection (`ApiState::from_config`): a
+/// meter report's replay that asked the pool for a second connection inside its transaction
+/// waited for itself and answered 503 (found by the console's browser test).
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_meter_report_is_replayed_by_an_api_of_one_connection(pool: PgPool) {
+    use crate::app_api::ADMIN_KEY;
+    let StripeMetered {
+        server: _server,
+        who,
+        ..
+    } = stripe_metered(&pool, "cus_one").await;
+    let refusing = FakeStripe::failing(
+        400,
+        json!({"error": {"type": "invalid_request_error", "message": "No such meter"}}),
+    );
+    let refusing_server = refusing.serve().await;
+    let dead = debit(&pool, &ask("stripe", &who, "req_one", 2, Some("api_calls"))).await;
+    let dead_id = dead.reported.clone().unwrap();
+    send(&pool, &stripe_meters(&refusing_server), &dead_id).await;
+
+    let mut api = api_state(&pool);
+    api.pool = shared::platform::database::pool_options(1)
+        .acquire_timeout(std::time::Duration::from_secs(3))
+        .connect_lazy_with(pool.connect_options().as_ref().clone());
+    let replayed = call(
+        &api,
+        "POST",
+        &format!("/v1/admin/meter-reports/{dead_id}/replay"),
+        Some(ADMIN_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(replayed.status, StatusCode::OK, "{}", replayed.body);
+    assert_eq!(replayed.body["status"], "pending");
 }

@@ -671,3 +671,171 @@ async fn paddle_a_late_payment_does_not_undo_a_full_refund(pool: PgPool) {
     let why = app.why("paddle", "ctm_scenario", Cut::default()).await;
     assert!(why.divergent.is_empty(), "{:?}", why.divergent);
 }
+
+/// A Lemon Squeezy subscription event of the corpus's subscription (testdata/providers/
+/// lemonsqueezy/), for `customer`, at `updated_at`, with Lemon Squeezy's `status`.
+fn ls_subscription(event: &str, customer: u64, status: &str, updated_at: &str) -> Value {
+    let (_, mut body) = crate::corpus::corpus("lemonsqueezy")
+        .into_iter()
+        .find(|(name, _)| name == "subscription_created")
+        .unwrap();
+    let cancelled = status == "cancelled";
+    body["meta"]["event_name"] = json!(event);
+    let attributes = &mut body["data"]["attributes"];
+    attributes["customer_id"] = json!(customer);
+    attributes["status"] = json!(status);
+    attributes["cancelled"] = json!(cancelled);
+    attributes["renews_at"] = json!("2026-04-01T00:00:00.000000Z");
+    attributes["ends_at"] = if cancelled {
+        json!("2026-04-01T00:00:00.000000Z")
+    } else {
+        Value::Null
+    };
+    attributes["updated_at"] = json!(updated_at);
+    body
+}
+
+/// Posts a Lemon Squeezy body; the intake's verdict.
+async fn ls_post(app: &TestApp, body: &Value) -> String {
+    let (status, answer) = app.post("lemonsqueezy", &lemonsqueezy_delivery(body)).await;
+    assert_eq!(status, http::StatusCode::OK, "{answer}");
+    answer["status"].as_str().unwrap().to_owned()
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn lemonsqueezy_a_retry_is_a_copy_and_two_changes_are_two_events(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    app.worker.catalog = shared::domain::Catalog::parse(crate::corpus::CORPUS_PLANS).unwrap();
+    let first = ls_subscription(
+        "subscription_updated",
+        7,
+        "active",
+        "2026-03-01T10:00:00.000000Z",
+    );
+    assert_eq!(ls_post(&app, &first).await, "stored");
+    // Lemon Squeezy's retry of the notification: the same body, signed again.
+    assert_eq!(ls_post(&app, &first).await, "duplicate");
+    // Rendered again: its pre-signed URLs differ, nothing else.
+    let mut rendered = first.clone();
+    rendered["data"]["attributes"]["urls"]["customer_portal"] =
+        json!("https://my-store.lemonsqueezy.com/billing?expires=2&signature=ff");
+    assert_eq!(ls_post(&app, &rendered).await, "duplicate");
+    // Another change of the subscription in the same second: another event.
+    let other = ls_subscription(
+        "subscription_updated",
+        7,
+        "past_due",
+        "2026-03-01T10:00:00.000000Z",
+    );
+    assert_eq!(ls_post(&app, &other).await, "stored");
+    // The subscription_updated sent beside a cancellation: two events too.
+    let cancelled = ls_subscription(
+        "subscription_cancelled",
+        7,
+        "cancelled",
+        "2026-03-02T10:00:00.000000Z",
+    );
+    let mut beside = cancelled.clone();
+    beside["meta"]["event_name"] = json!("subscription_updated");
+    assert_eq!(ls_post(&app, &cancelled).await, "stored");
+    assert_eq!(ls_post(&app, &beside).await, "stored");
+    app.run_worker().await;
+    let account = app.account("lemonsqueezy", "7", "2026-03").await;
+    assert_eq!(account.subscriptions[0].status, "active");
+    assert_eq!(account.plan, "pro", "valid until its end");
+    assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 4);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn lemonsqueezy_out_of_order_and_a_late_cancellation(pool: PgPool) {
+    let mut app = TestApp::spawn(pool).await;
+    app.worker.catalog = shared::domain::Catalog::parse(crate::corpus::CORPUS_PLANS).unwrap();
+    let created = ls_subscription(
+        "subscription_created",
+        8,
+        "active",
+        "2026-03-01T10:00:00.000000Z",
+    );
+    let cancelled = ls_subscription(
+        "subscription_cancelled",
+        8,
+        "cancelled",
+        "2026-03-05T10:00:00.000000Z",
+    );
+    let resumed = ls_subscription(
+        "subscription_resumed",
+        8,
+        "active",
+        "2026-03-06T10:00:00.000000Z",
+    );
+    // Out of order: the resumption first, then the creation, then the cancellation it undid.
+    for body in [&resumed, &created, &cancelled] {
+        assert_eq!(ls_post(&app, body).await, "stored");
+        app.run_worker().await;
+    }
+    let account = app.account("lemonsqueezy", "8", "2026-03").await;
+    assert_eq!(account.subscriptions[0].status, "active");
+    assert_eq!(account.plan, "pro");
+    assert!(
+        !account.subscriptions[0].cancel_at_period_end
+            && account.subscriptions[0].cancel_at.is_none(),
+        "the late cancellation was undone before it came"
+    );
+    let late = app
+        .event(
+            app.event_id(
+                "lemonsqueezy",
+                shared::providers::lemonsqueezy::dedupe_key(&cancelled)
+                    .unwrap()
+                    .as_str(),
+            )
+            .await,
+        )
+        .await;
+    assert_eq!(late.status, "ignored");
+    assert_eq!(
+        late.reason.as_deref(),
+        Some("a newer state of subscription 1 is already stored")
+    );
+    assert_eq!(account.balance, 500, "granted once");
+    // Expired later: it ends.
+    let mut expired = ls_subscription(
+        "subscription_expired",
+        8,
+        "expired",
+        "2026-03-20T10:00:00.000000Z",
+    );
+    expired["data"]["attributes"]["ends_at"] = json!("2026-03-20T10:00:00.000000Z");
+    ls_post(&app, &expired).await;
+    app.run_worker().await;
+    let account = app.account("lemonsqueezy", "8", "2026-03").await;
+    assert_eq!(account.subscriptions[0].status, "canceled");
+    assert_eq!(account.plan, "free");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn lemonsqueezy_a_late_order_does_not_undo_its_refund(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let files = crate::corpus::corpus("lemonsqueezy");
+    let file = |name: &str| files.iter().find(|(n, _)| n == name).unwrap().1.clone();
+    let (created, refunded) = (file("order_created"), file("order_refunded"));
+    assert_eq!(ls_post(&app, &refunded).await, "stored");
+    app.run_worker().await;
+    // The order's creation arrives after its refund, then again (a retry).
+    assert_eq!(ls_post(&app, &created).await, "stored");
+    assert_eq!(ls_post(&app, &created).await, "duplicate");
+    app.run_worker().await;
+    let account = app.account("lemonsqueezy", "1", "2025-11").await;
+    assert_eq!(
+        account.payments,
+        [shared::billing::account::PaymentView {
+            id: "orders/1".into(),
+            status: "refunded".into()
+        }]
+    );
+    let key = shared::providers::lemonsqueezy::dedupe_key(&created).unwrap();
+    let late = app
+        .event(app.event_id("lemonsqueezy", key.as_str()).await)
+        .await;
+    assert_eq!(late.status, "ignored", "{:?}", late.reason);
+}

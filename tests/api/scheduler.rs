@@ -570,3 +570,78 @@ async fn each_source_s_silence_is_the_hours_since_its_newest_event_and_a_metric(
     assert_eq!(line["SourceSilenceHours"], json!(polar));
     assert!(scheduler::silence_metric(&report.silence[2], Utc::now()).is_none());
 }
+
+/// A Lemon Squeezy source reconciled against `server` (its `GET /v1/subscriptions`).
+fn lemonsqueezy_reconciler(server: &MockServer) -> Reconciler {
+    reconciler(json!({"name": "lemonsqueezy", "kind": "lemonsqueezy",
+        "secrets": [LEMONSQUEEZY_SECRET], "livemode": false, "api_key": "ls_test_key",
+        "api_base_url": server.uri()}))
+}
+
+/// The JSON:API page `GET /v1/subscriptions` answers: `subscriptions` on page 1 of 2, and an
+/// empty page 2 (as lemonsqueezy.js's `ListSubscriptions` types it: `data`, `meta.page`).
+async fn lemonsqueezy_api_returns(server: &MockServer, subscriptions: Vec<Value>) {
+    use wiremock::matchers::{header, query_param};
+    server.reset().await;
+    for (number, data) in [("1", subscriptions), ("2", vec![])] {
+        Mock::given(method("GET"))
+            .and(path("/v1/subscriptions"))
+            .and(query_param("page[number]", number))
+            .and(query_param("page[size]", "100"))
+            .and(header("authorization", "Bearer ls_test_key"))
+            .and(header("accept", "application/vnd.api+json"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+                "meta": {"page": {"currentPage": number.parse::<u64>().unwrap(), "from": 1,
+                                  "lastPage": 2, "perPage": 100, "to": 1, "total": 1}},
+                "jsonapi": {"version": "1.0"},
+                "links": {"first": "https://api.lemonsqueezy.com/v1/subscriptions?page%5Bnumber%5D=1&page%5Bsize%5D=100",
+                          "last": "https://api.lemonsqueezy.com/v1/subscriptions?page%5Bnumber%5D=2&page%5Bsize%5D=100"},
+                "data": data
+            })))
+            .mount(server)
+            .await;
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_lemonsqueezy_sweep_corrects_a_newer_state_the_webhooks_missed_and_no_other(
+    pool: PgPool,
+) {
+    let mut app = TestApp::spawn(pool).await;
+    app.worker.catalog = shared::domain::Catalog::parse(crate::corpus::CORPUS_PLANS).unwrap();
+    let files = crate::corpus::corpus("lemonsqueezy");
+    let file = |name: &str| files.iter().find(|(n, _)| n == name).unwrap().1.clone();
+    // Delivered: the subscription's creation.
+    let created = file("subscription_created");
+    app.post("lemonsqueezy", &lemonsqueezy_delivery(&created))
+        .await;
+    app.run_worker().await;
+    let server = MockServer::start().await;
+    let scheduler = scheduler_for(&app, vec![lemonsqueezy_reconciler(&server)]);
+
+    // The API shows the state the webhooks brought: nothing is stored.
+    lemonsqueezy_api_returns(&server, vec![created["data"].clone()]).await;
+    let report = scheduler::run(&scheduler).await;
+    assert_eq!(report.reconciliation[0].discrepancies, 0, "{report:?}");
+    assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 1);
+
+    // An older state: ours is newer, nothing is stored.
+    let mut older = file("subscription_expired")["data"].clone();
+    older["attributes"]["updated_at"] = json!("2025-10-01T00:00:00.000000Z");
+    lemonsqueezy_api_returns(&server, vec![older]).await;
+    let report = scheduler::run(&scheduler).await;
+    assert_eq!(report.reconciliation[0].discrepancies, 0, "{report:?}");
+
+    // The expiry the webhooks never brought: a corrective event applies it.
+    lemonsqueezy_api_returns(&server, vec![file("subscription_expired")["data"].clone()]).await;
+    let report = scheduler::run(&scheduler).await;
+    assert_eq!(report.reconciliation[0].discrepancies, 1, "{report:?}");
+    app.run_worker().await;
+    let account = app.account("lemonsqueezy", "1", "2025-12").await;
+    assert_eq!(account.subscriptions[0].status, "canceled");
+    assert_eq!(account.plan, "free");
+
+    // Read again: local and remote agree.
+    let report = scheduler::run(&scheduler).await;
+    assert_eq!(report.reconciliation[0].discrepancies, 0, "{report:?}");
+}

@@ -5,7 +5,7 @@
 //!
 //! - `page`: the pages and their paths ([`Page::parse`]);
 //! - `shell`: the page every console address answers with, before any data;
-//! - `overview`, `events`, `event`, `account`, `effects`, `engine_room`, `audit_trail`: one
+//! - `overview`, `events`, `event`, `account`, `effects`, `meters`, `engine_room`, `audit_trail`: one
 //!   fragment each, from the JSON its route answers;
 //! - `view`: what they share (links, times, statuses).
 
@@ -15,6 +15,7 @@ mod effects;
 mod engine_room;
 mod event;
 mod events;
+mod meters;
 mod overview;
 mod page;
 mod shell;
@@ -72,6 +73,7 @@ pub fn asset(name: &str) -> Option<(&'static str, &'static str)> {
 /// - `Account`: `{"account": GET /v1/accounts/{s}/{c}, "events": GET …/events, "why": GET
 ///   …/why, "at": the cut or null}`;
 /// - `Effects`: `GET /v1/admin/effects`;
+/// - `Meters`: `GET /v1/admin/meter-reports`;
 /// - `EngineRoom`: `GET /v1/admin/engine-room`, or `{"enabled": false}`;
 /// - `AuditTrail`: `GET /v1/admin/audit-trail`.
 ///
@@ -84,6 +86,7 @@ pub fn render(page: &Page, data: &Value, query: &[(String, String)], base: &str)
         Page::Event(id) => event::render(*id, data, links),
         Page::Account { source, customer } => account::render((source, customer), data, links),
         Page::Effects => effects::render(data, query, links),
+        Page::Meters => meters::render(data, query, links),
         Page::EngineRoom => engine_room::render(data, links),
         Page::AuditTrail => audit_trail::render(data, query, links),
     }

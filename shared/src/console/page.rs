@@ -17,6 +17,8 @@ pub enum Page {
     Account { source: String, customer: String },
     /// `effects`.
     Effects,
+    /// `meters`: meter reports and corrections (docs/design.md §4.13).
+    Meters,
     /// `engine-room`.
     EngineRoom,
     /// `audit-trail`.
@@ -54,6 +56,7 @@ impl Page {
                 })
             }
             ["effects"] => Some(Page::Effects),
+            ["meters"] => Some(Page::Meters),
             ["engine-room"] => Some(Page::EngineRoom),
             ["audit-trail"] => Some(Page::AuditTrail),
             _ => None,
@@ -75,6 +78,7 @@ impl Page {
             ],
             Page::Account { .. } => &["at", "after"],
             Page::Effects => &["status", "after"],
+            Page::Meters => &["status", "source", "customer"],
             Page::AuditTrail => &["after"],
             Page::Overview | Page::Event(_) | Page::EngineRoom => &[],
         }
@@ -92,6 +96,7 @@ impl Page {
                 format!("accounts/{}/{}", segment(source), segment(customer))
             }
             Page::Effects => "effects".to_owned(),
+            Page::Meters => "meters".to_owned(),
             Page::EngineRoom => "engine-room".to_owned(),
             Page::AuditTrail => "audit-trail".to_owned(),
         }
@@ -176,6 +181,7 @@ mod tests {
                 customer: "acct_1/cus ?#1".to_owned(),
             },
             Page::Effects,
+            Page::Meters,
             Page::EngineRoom,
             Page::AuditTrail,
         ] {

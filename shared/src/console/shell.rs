@@ -11,6 +11,7 @@ pub fn shell(base: &str) -> String {
         ("", "Overview"),
         ("events", "Events"),
         ("effects", "Effects"),
+        ("meters", "Meters"),
         ("engine-room", "Engine Room"),
         ("audit-trail", "Audit trail"),
     ];

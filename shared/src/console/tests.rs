@@ -525,6 +525,46 @@ fn effects_are_listed_with_a_replay_for_each_not_sent() {
     assert!(!html.contains(r#"id="next""#));
 }
 
+fn meter_reports() -> Value {
+    json!({"reports": [
+        {"id": "mrp_dead", "kind": "report", "corrects": null, "how": null, "status": "dead",
+         "source": "stripe", "customer_id": "cus_1", "usage_id": "use_1", "idempotency_key": "req_1",
+         "identifier": "bi_1", "meter": "api_calls", "value": 7, "period": "2026-12",
+         "occurred_at": "2026-12-03T09:00:00Z", "attempts": 5, "unanswered": true,
+         "last_error": "503: Service unavailable", "provider_error": null, "sent_at": null},
+        {"id": "mrp_fix", "kind": "correction", "corrects": "mrp_sent", "how": "cancel",
+         "status": "sent", "source": "stripe", "customer_id": "cus_1", "usage_id": "use_2",
+         "idempotency_key": "req_2", "identifier": "bi_2", "meter": "api_calls", "value": 3,
+         "period": "2026-12", "occurred_at": "2026-12-03T09:01:00Z", "attempts": 1,
+         "unanswered": false, "last_error": null, "provider_error": null,
+         "sent_at": "2026-12-03T09:02:00Z"}
+    ]})
+}
+
+#[test]
+fn meter_reports_are_listed_with_corrections_and_a_replay_for_each_dead_one() {
+    let html = rendered(&Page::Meters, &meter_reports(), &[("status", "dead")]);
+    has(
+        &html,
+        &[
+            r#"<table id="meter-reports">"#,
+            r#"<tr data-report-id="mrp_dead">"#,
+            r#"<tr data-report-id="mrp_fix">"#,
+            r#"action="/lambda-url/api/v1/admin/meter-reports/mrp_dead/replay""#,
+            "503: Service unavailable",
+            "one unanswered",
+            "−3",
+            "by cancel",
+            r#"<option value="dead" selected>dead</option>"#,
+        ],
+    );
+    assert!(
+        !html.contains("mrp_fix/replay"),
+        "only a dead report is replayed"
+    );
+    no_inline_code(&html);
+}
+
 #[test]
 fn the_engine_room_offers_the_scenarios_and_empty_tables_for_the_script() {
     let data = json!({"enabled": true, "scenarios": [
@@ -600,6 +640,12 @@ fn every_value_from_the_data_is_escaped() {
         (Page::Event(42), event),
         (account_page(XSS), account),
         (Page::Effects, effects),
+        (
+            Page::Meters,
+            json!({"reports": [{"id": XSS, "source": XSS, "customer_id": XSS,
+            "meter": XSS, "status": XSS, "corrects": XSS, "how": XSS, "last_error": XSS,
+            "usage_id": XSS, "value": 1}]}),
+        ),
         (Page::EngineRoom, engine),
         (Page::AuditTrail, trail),
     ] {

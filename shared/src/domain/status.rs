@@ -35,6 +35,7 @@ source_kinds! {
     Kinde = "kinde",
     Stripe = "stripe",
     StandardWebhooks = "standard-webhooks",
+    LemonSqueezy = "lemonsqueezy",
     Paddle = "paddle",
 }
 

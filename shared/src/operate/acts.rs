@@ -12,6 +12,7 @@ use crate::domain::{CustomerId, EventStatus};
 use crate::effects::outbox::{self, EffectStatus};
 use crate::inbox::replay::{ids_with_status, reset};
 use crate::inbox::{enqueue_or_unmark, unmark};
+use crate::meters::outbox::{self as meter_outbox, ReportStatus};
 use crate::platform::db::exec;
 use crate::platform::queue::Queue;
 
@@ -41,6 +42,13 @@ pub struct ReplayedEvent {
 pub struct ReplayedEffect {
     pub effect_id: String,
     pub status: EffectStatus,
+}
+
+/// A meter report replayed: its status now (`pending`, or as it was when it was not dead).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReplayedReport {
+    pub report_id: String,
+    pub status: ReportStatus,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -204,4 +212,52 @@ async fn send(pool: &PgPool, queue: Option<&Queue>, ids: &[i64]) {
             "replayed events not enqueued; the rescue will"
         );
     }
+}
+
+/// Replays one dead meter report (docs/design.md §4.13): back to `pending` with fresh attempts,
+/// keeping the mark of a send that may have reached the provider (so it is resent under its
+/// key or read back first: `inboxctl meters replay --not-held` is the operator's way past
+/// that), written to the trail, then handed to the dispatcher's queue. A report not dead is
+/// left as it is and its status said.
+pub async fn replay_meter_report(
+    pool: &PgPool,
+    queue: Option<&Queue>,
+    who: &str,
+    report_id: &str,
+) -> Result<Replay<ReplayedReport>, sqlx::Error> {
+    // Everything in the transaction's one connection: the api function's pool holds no
+    // other (`reversals::a_meter_report_is_replayed_by_an_api_of_one_connection`).
+    let mut tx = pool.begin().await?;
+    let exists = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM meter_reports WHERE id = $1) AS "exists!""#,
+        report_id
+    )
+    .fetch_one(exec(&mut *tx))
+    .await?;
+    if !exists {
+        return Ok(Replay::NotFound);
+    }
+    let id = match trail::take(&mut tx, who, "meter_report.replay", report_id, &json!({})).await? {
+        Ok(id) => id,
+        Err(limited) => return Ok(Replay::Limited(limited)),
+    };
+    let reset_ids = meter_outbox::reset(&mut tx, &[report_id.to_owned()], false).await?;
+    let status = sqlx::query_scalar!("SELECT status FROM meter_reports WHERE id = $1", report_id)
+        .fetch_one(exec(&mut *tx))
+        .await?;
+    let status = ReportStatus::parse(&status).unwrap_or(ReportStatus::Pending);
+    trail::settle(&mut tx, id, &json!({"status": status.as_str()})).await?;
+    tx.commit().await?;
+    if let Some(queue) = queue {
+        if let Err(e) = meter_outbox::enqueue_or_unmark(pool, queue, &reset_ids).await {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "replayed meter report not enqueued; the rescue will"
+            );
+        }
+    }
+    Ok(Replay::Done(ReplayedReport {
+        report_id: report_id.to_owned(),
+        status,
+    }))
 }

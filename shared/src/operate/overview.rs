@@ -55,11 +55,21 @@ pub struct Attention {
     pub link: String,
 }
 
+/// Meter reports (docs/design.md §4.13): those on their way, those given up on, and the open
+/// differences between what was sent and what the provider's meter counts (§4.13a).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MeterCounts {
+    pub pending: i64,
+    pub dead: i64,
+    pub differences_open: i64,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Overview {
     pub generated_at: DateTime<Utc>,
     pub sources: Vec<SourceOverview>,
     pub effects: EffectCounts,
+    pub meter_reports: MeterCounts,
     pub divergences_open: i64,
     pub needs_attention: Vec<Attention>,
 }
@@ -121,6 +131,10 @@ pub async fn overview(
         r#"SELECT (SELECT count(*) FROM effects WHERE status = 'pending') AS "pending!",
                   (SELECT count(*) FROM effects WHERE status = 'dead') AS "dead!",
                   (SELECT count(*) FROM audit_divergences) AS "divergences!",
+                  (SELECT count(*) FROM meter_reports WHERE status = 'pending') AS "meter_pending!",
+                  (SELECT count(*) FROM meter_reports WHERE status = 'dead') AS "meter_dead!",
+                  (SELECT count(*) FROM meter_audit_differences WHERE resolved_at IS NULL)
+                    AS "meter_differences!",
                   (SELECT source || '/' || customer_id FROM audit_divergences
                    ORDER BY last_seen DESC LIMIT 1) AS first_divergent"#
     )
@@ -155,9 +169,14 @@ pub async fn overview(
         pending: others.pending,
         dead: others.dead,
     };
+    let meter_reports = MeterCounts {
+        pending: others.meter_pending,
+        dead: others.meter_dead,
+        differences_open: others.meter_differences,
+    };
     let needs_attention = needs_attention(
         &sources,
-        effects,
+        (effects, meter_reports),
         others.divergences,
         others.first_divergent.as_deref(),
         silent_after_hours,
@@ -167,6 +186,7 @@ pub async fn overview(
         generated_at,
         sources,
         effects,
+        meter_reports,
         divergences_open: others.divergences,
         needs_attention,
     })
@@ -176,7 +196,7 @@ pub async fn overview(
 /// and the audit disagree on, then a source that broke or went quiet, then a backlog.
 fn needs_attention(
     sources: &[SourceOverview],
-    effects: EffectCounts,
+    (effects, meters): (EffectCounts, MeterCounts),
     divergences: i64,
     first_divergent: Option<&str>,
     silent_after_hours: f64,
@@ -219,6 +239,30 @@ fn needs_attention(
             count: effects.dead,
             detail: format!("{} effect(s) the app never acknowledged", effects.dead),
             link: "effects?status=dead".into(),
+        });
+    }
+    if meters.dead > 0 {
+        all.push(Attention {
+            kind: "dead_meter_reports",
+            source: None,
+            count: meters.dead,
+            detail: format!(
+                "{} debit(s) or correction(s) the provider's meter was never told of",
+                meters.dead
+            ),
+            link: "meters?status=dead".into(),
+        });
+    }
+    if meters.differences_open > 0 {
+        all.push(Attention {
+            kind: "meter_differences",
+            source: None,
+            count: meters.differences_open,
+            detail: format!(
+                "{} account-month(s) where the provider's meter counts otherwise than the reports sent",
+                meters.differences_open
+            ),
+            link: "meters".into(),
         });
     }
     if divergences > 0 {

@@ -183,6 +183,7 @@ mod tests {
                 let (_, payload) = payload(source, &spec).unwrap();
                 let event_type = payload["type"]
                     .as_str()
+                    .or(payload["meta"]["event_name"].as_str())
                     .or(payload["event_type"].as_str())
                     .unwrap();
                 let decision = decide(source, event_type, &payload, &catalog);
@@ -219,7 +220,10 @@ mod tests {
         let kinds: Vec<SourceKind> = sources.iter().map(|s| s.kind).collect();
         assert_eq!(kinds, SourceKind::ALL);
         let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["kinde", "stripe", "polar", "paddle"]);
+        assert_eq!(
+            names,
+            ["kinde", "stripe", "polar", "lemonsqueezy", "paddle"]
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@
 mod common;
 pub mod fixtures;
 pub mod kinde;
+pub mod lemonsqueezy;
 pub mod meter;
 pub mod paddle;
 mod settings;
@@ -41,6 +42,7 @@ pub fn provider(kind: SourceKind) -> &'static dyn Provider {
         SourceKind::Kinde => &kinde::Kinde,
         SourceKind::Stripe => &stripe::Stripe,
         SourceKind::StandardWebhooks => &standard_webhooks::StandardWebhooks,
+        SourceKind::LemonSqueezy => &lemonsqueezy::LemonSqueezy,
         SourceKind::Paddle => &paddle::Paddle,
     }
 }

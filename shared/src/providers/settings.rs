@@ -45,12 +45,9 @@ pub fn refused(config: &SourceConfig, setting: &str, detail: &str) -> ConfigErro
 /// refused with that provider's reason, then the source's own provider checks the rest.
 pub fn check_sources(configs: &[SourceConfig]) -> Result<(), ConfigError> {
     for config in configs {
-        let own = provider(config.kind).own_settings();
         for &kind in SourceKind::ALL.iter().filter(|&&k| k != config.kind) {
             for &(setting, why) in provider(kind).own_settings() {
-                // A setting two providers take (`livemode`: Stripe's, Paddle's) is refused
-                // only to the others.
-                if setting.given(config) && !own.iter().any(|&(s, _)| s == setting) {
+                if setting.given(config) && !takes(config.kind, setting) {
                     return Err(refused(config, setting.name(), why));
                 }
             }
@@ -59,6 +56,14 @@ pub fn check_sources(configs: &[SourceConfig]) -> Result<(), ConfigError> {
         check_meter(config)?;
     }
     Ok(())
+}
+
+/// Whether a provider takes a setting of its own (several may own one: `livemode`).
+fn takes(kind: SourceKind, setting: Setting) -> bool {
+    provider(kind)
+        .own_settings()
+        .iter()
+        .any(|&(own, _)| own == setting)
 }
 
 /// A source's `meter` (docs/design.md §4.13): the one field its provider reads, within its
@@ -201,6 +206,8 @@ mod tests {
     #[test]
     fn livemode_is_a_stripe_setting() {
         checked(r#"[{"name":"s","kind":"stripe","secrets":["x"],"livemode":true}]"#).unwrap();
+        checked(r#"[{"name":"l","kind":"lemonsqueezy","secrets":["x"],"livemode":false}]"#)
+            .unwrap();
         let polar =
             checked(r#"[{"name":"p","kind":"standard-webhooks","secrets":["x"],"livemode":true}]"#)
                 .unwrap_err();

@@ -1,6 +1,6 @@
-//! The console in a real browser (issue 40; docs/design.md §1.5): an operator logs in with a
-//! key, sees what needs them, replays a dead event, reads why an account is on its plan, runs
-//! the Engine Room; a read-only key and another customer's replay are refused. Each test
+//! The console in a real browser (docs/design.md §12.7): an operator logs in with a
+//! key, sees what needs them, replays a dead event and a dead meter report, reads why an
+//! account is on its plan, runs the Engine Room; a read-only key and another customer's replay are refused. Each test
 //! drives its own headless Chromium against the running stack (scripts/e2e) and saves every
 //! page it visits under CONSOLE_SCREENSHOTS.
 
@@ -202,6 +202,96 @@ async fn an_operator_reads_why_an_account_is_on_pro() {
             .map_err(|e| e.context("the event it beat is linked"))?;
         browser.scroll_to("#why-plan").await?;
         browser.screenshot("account-why-plan").await?;
+        anyhow::Ok(())
+    }
+    .await;
+    browser.finish(outcome).await;
+}
+
+#[tokio::test]
+async fn an_operator_finds_a_dead_meter_report_and_replays_it() {
+    let mut browser = Browser::open("meters").await.expect("a browser");
+    let outcome = async {
+        let stack = browser.stack.clone();
+        let db = stack.database().await?;
+        let customer = fresh_customer("kc_brw_meter");
+        let pro = stack
+            .send(&[
+                "kinde",
+                "plan-changed",
+                "--customer",
+                &customer,
+                "--plan",
+                "pro",
+            ])
+            .await?;
+        stack
+            .wait_event_status(&db, pro, &["applied", "ignored"], WORKER_WAIT)
+            .await?;
+        let debit = stack
+            .inboxctl(&["usage", "record", &customer, "5", "--key", "brw-meter"])
+            .await?;
+        let usage_id = debit["usage_id"]
+            .as_str()
+            .ok_or_else(|| anyhow::anyhow!("no usage id in {debit}"))?;
+        // The local stack's sources have no meter: the debit's report is written as a
+        // metered source's is, then left as the dispatcher leaves one the provider refused.
+        let report: String = sqlx::query_scalar(
+            "INSERT INTO meter_reports (id, source, customer_id, usage_id, idempotency_key,
+                 identifier, meter, value, period, occurred_at, status, attempts, last_error)
+             SELECT 'mrp_' || md5(usage_id), source, customer_id, usage_id, idempotency_key,
+                    'bi_' || md5(usage_id), 'api_calls', amount, period, recorded_at, 'dead', 1,
+                    '400 Bad Request: Agreement not found'
+             FROM usage_debits WHERE usage_id = $1
+             RETURNING id",
+        )
+        .bind(usage_id)
+        .fetch_one(&db)
+        .await?;
+
+        // The overview says it needs a person, and links the dead reports.
+        browser.log_in("", &stack.admin_key).await?;
+        browser
+            .find("#needs-attention a[href$='meters?status=dead']")
+            .await
+            .map_err(|e| e.context("the overview links the dead meter reports"))?
+            .click()
+            .await?;
+        let row = format!("#meter-reports tr[data-report-id='{report}']");
+        browser.find(&row).await?;
+        browser
+            .text_where(&row, "says Kinde's reason", PAGE_WAIT, |t| {
+                t.contains("Agreement not found")
+            })
+            .await?;
+        browser.scroll_to(&row).await?;
+        browser.screenshot("meters-dead").await?;
+
+        // Replay: the admin API's answer in the flash, the report pending again.
+        browser
+            .find(&format!("{row} form button"))
+            .await?
+            .click()
+            .await?;
+        let answered = format!("\"report_id\":\"{report}\"");
+        browser
+            .text_where("#flash", "shows the replay's answer", PAGE_WAIT, |t| {
+                t.replace(' ', "").contains(&answered)
+            })
+            .await?;
+        browser.screenshot("meters-replayed").await?;
+        let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM meter_reports WHERE id = $1")
+            .bind(&report)
+            .fetch_one(&db)
+            .await?;
+        anyhow::ensure!(attempts <= 1, "replayed with fresh attempts ({attempts})");
+
+        browser.console("audit-trail").await?;
+        browser
+            .text_where("#trail", "names the meter replay", PAGE_WAIT, |t| {
+                t.contains("meter_report.replay")
+            })
+            .await?;
         anyhow::Ok(())
     }
     .await;

@@ -13,9 +13,11 @@ use super::answer::{
     authenticate, event_id_param, limit_param, on_held, replayed, require, settle, ApiError, Query,
 };
 use super::state::ApiState;
+use crate::domain::CustomerId;
 use crate::domain::EventStatus;
 use crate::effects::outbox::EffectStatus;
 use crate::handlers::engine_room::EngineError;
+use crate::meters::outbox::{self as meter_outbox, ReportStatus};
 use crate::operate::{acts, lists, overview, trail, Place};
 use crate::platform::api_keys::Scope;
 
@@ -29,6 +31,8 @@ pub(super) enum Route {
     ReplayEvents,
     Effects,
     ReplayEffect(String),
+    MeterReports,
+    ReplayMeterReport(String),
     Divergences,
     AuditTrail,
     EngineRoom,
@@ -46,6 +50,8 @@ impl Route {
             Self::ReplayEvents => "AdminReplayEvents",
             Self::Effects => "AdminEffects",
             Self::ReplayEffect(_) => "AdminReplayEffect",
+            Self::MeterReports => "AdminMeterReports",
+            Self::ReplayMeterReport(_) => "AdminReplayMeterReport",
             Self::Divergences => "AdminDivergences",
             Self::AuditTrail => "AdminAuditTrail",
             Self::EngineRoom => "EngineRoom",
@@ -66,6 +72,7 @@ impl Route {
                 "after",
             ],
             Self::Effects => &["status", "limit", "after"],
+            Self::MeterReports => &["status", "source", "customer", "limit"],
             Self::AuditTrail => &["limit", "after"],
             _ => &[],
         }
@@ -76,6 +83,7 @@ impl Route {
             Self::ReplayEvent(_)
             | Self::ReplayEvents
             | Self::ReplayEffect(_)
+            | Self::ReplayMeterReport(_)
             | Self::EngineRun
             | Self::EngineStep { .. } => Method::POST,
             _ => Method::GET,
@@ -99,6 +107,8 @@ pub(super) fn route(method: &Method, path: &str, rest: &[&str]) -> Result<Route,
         ["events", id, "replay"] => Route::ReplayEvent(decode(id)?),
         ["effects"] => Route::Effects,
         ["effects", id, "replay"] => Route::ReplayEffect(decode(id)?),
+        ["meter-reports"] => Route::MeterReports,
+        ["meter-reports", id, "replay"] => Route::ReplayMeterReport(decode(id)?),
         ["divergences"] => Route::Divergences,
         ["audit-trail"] => Route::AuditTrail,
         ["engine-room"] => Route::EngineRoom,
@@ -266,6 +276,45 @@ pub(super) async fn answer(
                 .await
                 .map_err(ApiError::Unavailable)?;
             replayed(replay, || format!("no effect {}", id.escape_debug()))
+        }
+        Route::MeterReports => {
+            let status = match query.first("status") {
+                None => None,
+                Some(raw) => Some(ReportStatus::parse(raw).ok_or_else(|| {
+                    ApiError::bad(
+                        "bad_status",
+                        "a meter report's status is pending, sent, dead or withdrawn",
+                    )
+                })?),
+            };
+            let source = query
+                .first("source")
+                .map(|s| known_source(state, s))
+                .transpose()?;
+            let customer = match (query.first("customer"), &source) {
+                (None, _) => None,
+                (Some(raw), Some(_)) => Some(
+                    CustomerId::parse(raw)
+                        .map_err(|e| ApiError::bad("bad_customer", format!("customer: {e}")))?,
+                ),
+                (Some(_), None) => {
+                    return Err(ApiError::bad(
+                        "bad_customer",
+                        "a customer is named with its source",
+                    ))
+                }
+            };
+            let limit = limit_param(query.first("limit"))?;
+            let account = source.as_deref().zip(customer.as_ref());
+            let reports =
+                on_held!(state, conn => meter_outbox::list(conn, status, account, limit))?;
+            ok(json!({ "reports": reports }))
+        }
+        Route::ReplayMeterReport(id) => {
+            let replay = acts::replay_meter_report(&state.pool, state.outbox.as_ref(), who, id)
+                .await
+                .map_err(ApiError::Unavailable)?;
+            replayed(replay, || format!("no meter report {}", id.escape_debug()))
         }
         Route::Divergences => {
             let divergences = on_held!(state, conn => lists::divergences(conn))?;

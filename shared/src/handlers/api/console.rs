@@ -89,6 +89,7 @@ async fn fragment(
         Page::Events => admin(AdminRoute::Events, with_limit(&query)).await?,
         Page::Event(id) => admin(AdminRoute::Event(id.to_string()), Query(Vec::new())).await?,
         Page::Effects => admin(AdminRoute::Effects, with_limit(&query)).await?,
+        Page::Meters => admin(AdminRoute::MeterReports, with_limit(&query)).await?,
         Page::AuditTrail => admin(AdminRoute::AuditTrail, with_limit(&query)).await?,
         Page::EngineRoom => match admin(AdminRoute::EngineRoom, Query(Vec::new())).await {
             Err(ApiError::EngineRoom(EngineError::Off)) => json!({"enabled": false}),

@@ -72,7 +72,7 @@ impl Provider for Paddle {
     fn own_settings(&self) -> &'static [(Setting, &'static str)] {
         &[(
             Setting::Livemode,
-            "is a Stripe or Paddle setting (the mode of their events)",
+            "is a Stripe, Lemon Squeezy or Paddle setting (the mode of their events)",
         )]
     }
 
