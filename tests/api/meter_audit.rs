@@ -335,7 +335,7 @@ async fn meters_commands_list_replay_and_audit(pool: PgPool) {
         ),
         (
             vec!["meters", "--status", "lost"],
-            "unknown report status 'lost' (pending, sent, dead)",
+            "unknown report status 'lost' (pending, sent, dead, withdrawn)",
         ),
     ] {
         let (output, _, stderr) = run(inboxctl()
