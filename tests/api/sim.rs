@@ -1859,8 +1859,17 @@ impl World {
         let Some(asked) = self.heard_accepted(usage_id).cloned() else {
             return Ok(());
         };
+        // The debit as it was answered: its key's first request decided may have asked
+        // another amount than the one the app sent first (that one was answered "unknown").
+        let Some(usage::Debit::Accepted {
+            amount: debited,
+            period,
+            ..
+        }) = asked.heard.clone()
+        else {
+            return Ok(());
+        };
         let customer = shared::domain::CustomerId::parse(&asked.customer).unwrap();
-        let period = shared::domain::Period::parse(asked.period).unwrap();
         let report: Option<(String, bool)> = sqlx::query_as(
             "SELECT status, first_sent_at IS NOT NULL FROM meter_reports
              WHERE usage_id = $1 AND kind = 'report'",
@@ -1882,10 +1891,10 @@ impl World {
         self.note(format!(
             "app reverses {} ({} of {}/{} for {}){}{}, its report {} -> {:?}{}{}",
             usage_id,
-            asked.amount,
+            debited,
             asked.source,
             asked.customer,
-            asked.period,
+            period,
             if when.is_empty() { "" } else { " " },
             when,
             match &report {
@@ -1932,7 +1941,7 @@ impl World {
         .unwrap();
         let answer = (Some(*reversed_at), Some(*used), Some(*remaining));
         let right = answered == usage_id
-            && *amount == asked.amount
+            && *amount == debited
             && reversed_period == &period
             && (stored.0, stored.1, stored.2) == answer
             && *used >= 0
@@ -1942,7 +1951,7 @@ impl World {
         if !right {
             return Err(self.fail(format!(
                 "{usage_id} ({} for {}, reversed before: {before}): answered {:?}, stored {stored:?}",
-                asked.amount, asked.period, reversed.reversal
+                debited, period, reversed.reversal
             )));
         }
         if let Some(Some(Reversal::Reversed {
@@ -1968,7 +1977,7 @@ impl World {
             let key = (
                 asked.source.to_owned(),
                 asked.customer.clone(),
-                asked.period.to_owned(),
+                period.as_str().to_owned(),
             );
             *self.used_high.entry(key).or_default() -= amount;
             if report.is_some() && reversed.correction.is_none() {
