@@ -16,13 +16,23 @@
 //! retries take milliseconds.
 //!
 //! The app spends the allowance meanwhile (debits, retried keys, a key reused with another
-//! amount, lost answers), on its own dice so the pipeline's schedule stays the seed's.
+//! amount, lost answers) and now and then reverses one of its accepted debits (asked again
+//! too, and some while the dispatcher holds the debit's meter report between its send and its
+//! record, when a correction taken meanwhile must wait), on its own dice so the pipeline's
+//! schedule stays the seed's. Every debit is told to
+//! a fake Stripe meter that keeps each identifier once, cancels by meter event adjustment and
+//! counts a negative value as a compensation (the Polar source's corrections compensate).
 //!
 //! After every step the monotonic invariants are checked (a period's balance never goes
-//! down and always equals its largest grant; accepted used never passes the allowance and
-//! never goes down; a key answers as it first did); at quiescence, the rest: no key debited
-//! twice, used equal to the sum of the accepted debits (and to what the same debits leave
-//! on the canonical fold's accounts), one exhaustion told per period that ran out, every event final,
+//! down and always equals its largest grant; accepted used never passes the allowance, never
+//! goes below 0 and never goes down but by the amounts of the debits reversed since; a key
+//! answers as it first did; a reversal answers as it first did, `replayed` when asked again);
+//! at quiescence, the rest: no key debited twice, used equal to the sum of the accepted debits
+//! not reversed (and to what the same debits leave on the canonical fold's accounts); at the
+//! meter, an accepted debit not reversed held once, a reversed one withdrawn (never held) or
+//! held once and taken back once by its correction (cancelled or compensated), none for a
+//! refused debit, and each customer's net total the sum of its accepted debits not reversed;
+//! one exhaustion told per period that ran out, every event final,
 //! one row per event (and one read per thin event applied), each event's copy count equal to
 //! its deliveries, one ledger row per entry key, every thin event applied by its read or
 //! ignored for its twin or a gone object (never read once its twin was stored), each
@@ -1780,6 +1790,9 @@ impl World {
                         self.note(format!("dispatcher sent {id}, its record not yet made"));
                         self.reverse_debit(usage_id, "while its report is in flight")
                             .await?;
+                        if self.reverser.chance(50) {
+                            self.correct_in_flight(usage_id).await?;
+                        }
                         plan.release.notify_one();
                         Ran::Done(send.await)
                     }
@@ -1799,6 +1812,37 @@ impl World {
         };
         self.note(line);
         Ok(true)
+    }
+
+    /// Another dispatcher takes the correction of `usage_id` while the report it corrects is
+    /// in flight (sent, its record not yet made): the correction waits for it (docs/design.md
+    /// §4.13), never sent before the report is settled.
+    async fn correct_in_flight(&mut self, usage_id: &str) -> Result<(), Failure> {
+        let correction: Option<String> = sqlx::query_scalar(
+            "SELECT id FROM meter_reports
+             WHERE usage_id = $1 AND kind = 'correction' AND status = 'pending'",
+        )
+        .bind(usage_id)
+        .fetch_optional(&self.admin)
+        .await
+        .unwrap();
+        let Some(id) = correction else {
+            return Ok(());
+        };
+        let lease = shared::meters::outbox::SEND_LEASE;
+        let sent = shared::meters::send(&self.pool, &self.meters, &id, lease, &RETRY).await;
+        self.note(format!(
+            "another dispatcher takes the correction {id} meanwhile: {sent:?}"
+        ));
+        match sent {
+            Ok(shared::meters::Reported::Failed {
+                status: shared::meters::outbox::ReportStatus::Pending,
+                ..
+            }) => Ok(()),
+            other => Err(self.fail(format!(
+                "the correction {id} was taken while its report was in flight: {other:?}"
+            ))),
+        }
     }
 
     /// The debit whose report `report` is, when the app heard it accepted (and so knows its
