@@ -653,7 +653,8 @@ impl MeterState {
         Some(roll < 8)
     }
 
-    /// `POST /v1/billing/meter_event_adjustments` (stripe-node `Billing.MeterEventAdjustment`).
+    /// `POST /v1/billing/meter_event_adjustments`, answered as stripe-node
+    /// `types/Billing/MeterEventAdjustments.d.ts` shows a `Billing.MeterEventAdjustment`.
     fn adjust(&mut self, form: &HashMap<String, String>, key: &str) -> wiremock::ResponseTemplate {
         use wiremock::ResponseTemplate;
         let id = form.get("cancel[identifier]").cloned().unwrap_or_default();
