@@ -32,7 +32,8 @@
 //! meter, an accepted debit not reversed held once, a reversed one withdrawn (never held) or
 //! held once and taken back once by its correction (cancelled or compensated), none for a
 //! refused debit, and each customer's net total the sum of its accepted debits not reversed;
-//! one exhaustion told per period that ran out, every event final,
+//! one exhaustion told per period that ran out, one `billing.usage_reversed` per reversed
+//! debit naming what became of its report, every event final,
 //! one row per event (and one read per thin event applied), each event's copy count equal to
 //! its deliveries, one ledger row per entry key, every thin event applied by its read or
 //! ignored for its twin or a gone object (never read once its twin was stored), each
@@ -2312,6 +2313,52 @@ impl World {
         if let Some((source, customer, period, n)) = told.iter().find(|t| t.3 != 1) {
             return Err(self.fail(format!(
                 "{source}/{customer} {period} ran out and was told {n} times"
+            )));
+        }
+        // Each reversed debit told once (`billing.usage_reversed`, §11.1), with the period's
+        // used after it and what became of its meter report; no other debit told reversed.
+        #[derive(sqlx::FromRow)]
+        struct Told {
+            usage_id: String,
+            reversed: bool,
+            told: i64,
+            used: Option<i64>,
+            told_used: Option<i64>,
+            meter_as_it_is: bool,
+        }
+        let reversals: Vec<Told> = sqlx::query_as(
+            "SELECT d.usage_id, d.reversed_at IS NOT NULL AS reversed,
+                    (SELECT count(*) FROM effects f
+                     WHERE f.kind = 'billing.usage_reversed'
+                       AND f.body #>> '{data,usage,usage_id}' = d.usage_id) AS told,
+                    d.reversed_used AS used,
+                    (SELECT (f.body #>> '{data,account,used}')::bigint FROM effects f
+                     WHERE f.kind = 'billing.usage_reversed'
+                       AND f.body #>> '{data,usage,usage_id}' = d.usage_id LIMIT 1) AS told_used,
+                    COALESCE((SELECT CASE f.body #>> '{data,meter,correction}'
+                                     WHEN 'withdrawn' THEN r.status = 'withdrawn'
+                                     WHEN 'correcting' THEN c.id = f.body #>> '{data,meter,correction_id}'
+                                     ELSE false END
+                              FROM effects f
+                              WHERE f.kind = 'billing.usage_reversed'
+                                AND f.body #>> '{data,usage,usage_id}' = d.usage_id LIMIT 1),
+                             d.reversed_at IS NULL) AS meter_as_it_is
+             FROM usage_debits d
+             LEFT JOIN meter_reports r ON r.usage_id = d.usage_id AND r.kind = 'report'
+             LEFT JOIN meter_reports c ON c.usage_id = d.usage_id AND c.kind = 'correction'
+             WHERE d.customer_id LIKE '%\\_' || $1 || '%' AND d.accepted",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        if let Some(wrong) = reversals
+            .iter()
+            .find(|r| r.told != i64::from(r.reversed) || r.used != r.told_used || !r.meter_as_it_is)
+        {
+            return Err(self.fail(format!(
+                "{} (reversed: {}, used after it {:?}) was told reversed {} times, used {:?}, its meter as it is: {}",
+                wrong.usage_id, wrong.reversed, wrong.used, wrong.told, wrong.told_used, wrong.meter_as_it_is
             )));
         }
         // The accepted debits not reversed, in the order they were decided, spent on the
