@@ -1818,7 +1818,7 @@ impl World {
 
     /// Another dispatcher takes the correction of `usage_id` while the report it corrects is
     /// in flight (sent, its record not yet made): the correction waits for it (docs/design.md
-    /// §4.13), never sent before the report is settled.
+    /// §4.13), never sent before the report is settled, nor dead for waiting.
     async fn correct_in_flight(&mut self, usage_id: &str) -> Result<(), Failure> {
         let correction: Option<String> = sqlx::query_scalar(
             "SELECT id FROM meter_reports
@@ -1836,8 +1836,10 @@ impl World {
         self.note(format!(
             "another dispatcher takes the correction {id} meanwhile: {sent:?}"
         ));
+        // Not due yet (a debit reversed before, whose correction waits its retry) is skipped.
         match sent {
-            Ok(shared::meters::Reported::Failed {
+            Ok(shared::meters::Reported::Skipped)
+            | Ok(shared::meters::Reported::Failed {
                 status: shared::meters::outbox::ReportStatus::Pending,
                 ..
             }) => Ok(()),
