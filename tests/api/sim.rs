@@ -16,13 +16,24 @@
 //! retries take milliseconds.
 //!
 //! The app spends the allowance meanwhile (debits, retried keys, a key reused with another
-//! amount, lost answers), on its own dice so the pipeline's schedule stays the seed's.
+//! amount, lost answers) and now and then reverses one of its accepted debits (asked again
+//! too, and some while the dispatcher holds the debit's meter report between its send and its
+//! record, when a correction taken meanwhile must wait), on its own dice so the pipeline's
+//! schedule stays the seed's. Every debit is told to
+//! a fake Stripe meter that keeps each identifier once, cancels by meter event adjustment and
+//! counts a negative value as a compensation (the Polar source's corrections compensate).
 //!
 //! After every step the monotonic invariants are checked (a period's balance never goes
-//! down and always equals its largest grant; accepted used never passes the allowance and
-//! never goes down; a key answers as it first did); at quiescence, the rest: no key debited
-//! twice, used equal to the sum of the accepted debits (and to what the same debits leave
-//! on the canonical fold's accounts), one exhaustion told per period that ran out, every event final,
+//! down and always equals its largest grant; accepted used never passes the allowance, never
+//! goes below 0 and never goes down but by the amounts of the debits reversed since; a key
+//! answers as it first did; a reversal answers as it first did, `replayed` when asked again);
+//! at quiescence, the rest: no key debited twice, used equal to the sum of the accepted debits
+//! not reversed (and to what the same debits leave on the canonical fold's accounts); at the
+//! meter, an accepted debit not reversed held once, a reversed one withdrawn (never held) or
+//! held once and taken back once by its correction (cancelled or compensated), none for a
+//! refused debit, and each customer's net total the sum of its accepted debits not reversed;
+//! one exhaustion told per period that ran out, one `billing.usage_reversed` per reversed
+//! debit naming what became of its report, every event final,
 //! one row per event (and one read per thin event applied), each event's copy count equal to
 //! its deliveries, one ledger row per entry key, every thin event applied by its read or
 //! ignored for its twin or a gone object (never read once its twin was stored), each
@@ -599,12 +610,22 @@ static METER_SENDS: AtomicUsize = AtomicUsize::new(0);
 static METER_RESENDS: AtomicUsize = AtomicUsize::new(0);
 static METER_FAULTS: AtomicUsize = AtomicUsize::new(0);
 static METER_HELD: AtomicUsize = AtomicUsize::new(0);
+static METER_CANCELLED: AtomicUsize = AtomicUsize::new(0);
+static METER_COMPENSATED: AtomicUsize = AtomicUsize::new(0);
+static REVERSALS: AtomicUsize = AtomicUsize::new(0);
+static REVERSALS_AGAIN: AtomicUsize = AtomicUsize::new(0);
+static REVERSED_WITHDRAWN: AtomicUsize = AtomicUsize::new(0);
+static REVERSED_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 
-/// A fake Stripe meter API (`POST /v1/billing/meter_events`, docs/design.md §10), served in
-/// process by wiremock: it keeps each `identifier` once and answers a repeat with Stripe's
-/// 400 "An event already exists with identifier …"; on its own dice, at most twice an
-/// identifier, it answers 503 without keeping the event (8%), or keeps it and answers only
-/// after the client gave up (5%). It refuses nothing.
+/// A fake Stripe meter API (docs/design.md §10), served in process by wiremock.
+/// `POST /v1/billing/meter_events` keeps each `identifier` once and answers a repeat with
+/// Stripe's 400 "An event already exists with identifier …"; a negative `payload[value]` is
+/// a compensation, counted as it comes. `POST /v1/billing/meter_event_adjustments`
+/// (`event_name`, `type=cancel`, `cancel[identifier]`) cancels an event it holds, once: the
+/// request's `Idempotency-Key` asked again gets the first answer, another adjustment of the
+/// same event or one of an event it does not hold is refused (400). On its own dice, at most
+/// twice an identifier (an adjustment's: its `Idempotency-Key`), it answers 503 without
+/// keeping the request (8%), or keeps it and answers only after the client gave up (5%).
 #[derive(Clone)]
 struct SimMeter(Arc<Mutex<MeterState>>);
 
@@ -612,9 +633,90 @@ struct MeterState {
     dice: Dice,
     /// identifier → (customer, value), as first taken.
     held: BTreeMap<String, (String, i64)>,
+    /// identifier cancelled → the `Idempotency-Key` of the adjustment that cancelled it.
+    cancelled: BTreeMap<String, String>,
     faulted: HashMap<String, u32>,
     faults: bool,
     trace: Vec<String>,
+}
+
+impl MeterState {
+    /// A fault for this request, if the dice and the identifier's count allow one: 503 not
+    /// kept, or kept and answered late.
+    fn fault(&mut self, id: &str) -> Option<bool> {
+        let faulted = self.faulted.get(id).copied().unwrap_or_default();
+        let roll = self.dice.below(100);
+        if !self.faults || faulted >= MAX_METER_FAULTS || roll >= 13 {
+            return None;
+        }
+        *self.faulted.entry(id.to_owned()).or_default() += 1;
+        METER_FAULTS.fetch_add(1, Ordering::Relaxed);
+        Some(roll < 8)
+    }
+
+    /// `POST /v1/billing/meter_event_adjustments`, answered as stripe-node
+    /// `types/Billing/MeterEventAdjustments.d.ts` shows a `Billing.MeterEventAdjustment`.
+    fn adjust(&mut self, form: &HashMap<String, String>, key: &str) -> wiremock::ResponseTemplate {
+        use wiremock::ResponseTemplate;
+        let id = form.get("cancel[identifier]").cloned().unwrap_or_default();
+        let short = &id[..id.len().min(11)];
+        let fault = self.fault(key);
+        if fault == Some(true) {
+            self.trace
+                .push(format!("meter cancel of {short}…: 503, not kept"));
+            return ResponseTemplate::new(503).set_body_json(json!({"error": {
+                "type": "api_error", "message": "Service unavailable"}}));
+        }
+        let answer = ResponseTemplate::new(200).set_body_json(json!({
+            "object": "billing.meter_event_adjustment", "livemode": false,
+            "status": "pending", "type": form.get("type"), "event_name": form.get("event_name"),
+            "cancel": {"identifier": id}}));
+        match self.cancelled.get(&id) {
+            // The same request again: Stripe answers as it first did.
+            Some(by) if by == key => {
+                METER_RESENDS.fetch_add(1, Ordering::Relaxed);
+                self.trace.push(format!(
+                    "meter cancel of {short}…: asked again, same answer"
+                ));
+                return answer;
+            }
+            Some(_) => {
+                self.trace
+                    .push(format!("meter cancel of {short}…: cancelled already (400)"));
+                return ResponseTemplate::new(400).set_body_json(json!({"error": {
+                    "type": "invalid_request_error",
+                    "message": format!("The meter event {id} is already cancelled.")}}));
+            }
+            None => {}
+        }
+        if form.get("type").map(String::as_str) != Some("cancel") || !self.held.contains_key(&id) {
+            self.trace
+                .push(format!("meter cancel of {short}…: no such event (400)"));
+            return ResponseTemplate::new(400).set_body_json(json!({"error": {
+                "type": "invalid_request_error",
+                "message": format!("No meter event with identifier {id} to cancel.")}}));
+        }
+        self.cancelled.insert(id.clone(), key.to_owned());
+        if fault == Some(false) {
+            self.trace.push(format!(
+                "meter cancel of {short}…: kept, answered after the client gave up"
+            ));
+            return answer.set_delay(METER_TIMEOUT * 3);
+        }
+        self.trace.push(format!("meter cancel of {short}…: kept"));
+        answer
+    }
+
+    /// What the meter counts per customer: the events it holds, less those cancelled.
+    fn totals(&self) -> BTreeMap<String, i64> {
+        let mut totals: BTreeMap<String, i64> = BTreeMap::new();
+        for (id, (customer, value)) in &self.held {
+            if !self.cancelled.contains_key(id) {
+                *totals.entry(customer.clone()).or_default() += value;
+            }
+        }
+        totals
+    }
 }
 
 impl wiremock::Respond for SimMeter {
@@ -623,6 +725,16 @@ impl wiremock::Respond for SimMeter {
         let form: HashMap<String, String> = url::form_urlencoded::parse(&request.body)
             .into_owned()
             .collect();
+        let mut state = self.0.lock().unwrap();
+        METER_SENDS.fetch_add(1, Ordering::Relaxed);
+        if request.url.path() == "/v1/billing/meter_event_adjustments" {
+            let key = request
+                .headers
+                .get("idempotency-key")
+                .and_then(|k| k.to_str().ok())
+                .unwrap_or_default();
+            return state.adjust(&form, key);
+        }
         let id = form.get("identifier").cloned().unwrap_or_default();
         let customer = form
             .get("payload[stripe_customer_id]")
@@ -632,15 +744,9 @@ impl wiremock::Respond for SimMeter {
             .get("payload[value]")
             .and_then(|v| v.parse().ok())
             .unwrap_or_default();
-        let mut state = self.0.lock().unwrap();
-        METER_SENDS.fetch_add(1, Ordering::Relaxed);
         let short = &id[..id.len().min(11)];
-        let faulted = state.faulted.get(&id).copied().unwrap_or_default();
-        let roll = state.dice.below(100);
-        let fault = state.faults && faulted < MAX_METER_FAULTS;
-        if fault && roll < 8 {
-            *state.faulted.entry(id.clone()).or_default() += 1;
-            METER_FAULTS.fetch_add(1, Ordering::Relaxed);
+        let fault = state.fault(&id);
+        if fault == Some(true) {
             state.trace.push(format!("meter {short}…: 503, not kept"));
             return ResponseTemplate::new(503).set_body_json(json!({"error": {
                 "type": "api_error", "message": "Service unavailable"}}));
@@ -660,9 +766,7 @@ impl wiremock::Respond for SimMeter {
             "event_name": form.get("event_name"), "identifier": id, "livemode": false,
             "payload": {"stripe_customer_id": customer, "value": value.to_string()},
             "timestamp": form.get("timestamp").and_then(|t| t.parse::<i64>().ok())}));
-        if fault && roll < 13 {
-            *state.faulted.entry(id.clone()).or_default() += 1;
-            METER_FAULTS.fetch_add(1, Ordering::Relaxed);
+        if fault == Some(false) {
             state.trace.push(format!(
                 "meter {short}…: kept, answered after the client gave up"
             ));
@@ -678,6 +782,7 @@ impl SimMeter {
         Self(Arc::new(Mutex::new(MeterState {
             dice: Dice::new(seed ^ 0x003E_7E12),
             held: BTreeMap::new(),
+            cancelled: BTreeMap::new(),
             faulted: HashMap::new(),
             faults: true,
             trace: Vec::new(),
@@ -686,11 +791,16 @@ impl SimMeter {
 
     async fn serve(&self) -> wiremock::MockServer {
         let server = wiremock::MockServer::start().await;
-        wiremock::Mock::given(wiremock::matchers::method("POST"))
-            .and(wiremock::matchers::path("/v1/billing/meter_events"))
-            .respond_with(self.clone())
-            .mount(&server)
-            .await;
+        for endpoint in [
+            "/v1/billing/meter_events",
+            "/v1/billing/meter_event_adjustments",
+        ] {
+            wiremock::Mock::given(wiremock::matchers::method("POST"))
+                .and(wiremock::matchers::path(endpoint))
+                .respond_with(self.clone())
+                .mount(&server)
+                .await;
+        }
         server
     }
 
@@ -709,6 +819,32 @@ impl SimMeter {
         Box::new(shared::providers::stripe::meter::StripeMeter::new(
             api, METER,
         ))
+    }
+}
+
+/// A meter that offers no adjustment (as Polar's offers none): its corrections are
+/// compensating reports of the negative value. The simulation's Polar source reports through
+/// it to the same Stripe-shaped fake, so that both ways of taking a report back are run.
+struct Compensating(Box<dyn shared::providers::meter::Meter>);
+
+impl shared::providers::meter::Meter for Compensating {
+    fn send<'a>(
+        &'a self,
+        report: &'a shared::domain::meter::MeterReport,
+    ) -> BoxFuture<'a, shared::providers::meter::Sent> {
+        self.0.send(report)
+    }
+
+    fn dedupe(&self) -> shared::providers::meter::Dedupe {
+        self.0.dedupe()
+    }
+
+    fn holds<'a>(
+        &'a self,
+        report: &'a shared::domain::meter::MeterReport,
+        others: i64,
+    ) -> BoxFuture<'a, anyhow::Result<Option<bool>>> {
+        self.0.holds(report, others)
     }
 }
 
@@ -846,11 +982,16 @@ struct World {
     spender: Dice,
     asked: Vec<Asked>,
     used_high: BTreeMap<(String, String, String), i64>,
+    /// The app's reversals, on dice of their own (so that its debits are drawn as before
+    /// reversals existed): each reversed debit's first answer heard (`None` while every
+    /// answer was lost).
+    reverser: Dice,
+    reversed: BTreeMap<String, Option<shared::billing::usage::Reversal>>,
     /// The fake Stripe meter, its server, the dispatcher's meters (every source's the fake) and the
     /// dispatcher's own dice (so that sending reports leaves the other dice as they were).
     meter: SimMeter,
     _meter_server: wiremock::MockServer,
-    meters: shared::meters::Meters,
+    meters: Arc<shared::meters::Meters>,
     dispatcher: Dice,
     ns: String,
 }
@@ -1010,11 +1151,15 @@ impl World {
         let meter = SimMeter::new(seed);
         let meter_server = meter.serve().await;
         // Every source's debits are told to the one fake meter, Stripe's: the identifiers
-        // differ by source.
+        // differ by source. Polar's corrections compensate (it has no adjustment), the
+        // others' cancel.
         let meters = ["kinde", "stripe", "polar"]
             .into_iter()
             .map(|source| {
-                let meter = SimMeter::meter(&meter_server);
+                let mut meter = SimMeter::meter(&meter_server);
+                if source == "polar" {
+                    meter = Box::new(Compensating(meter));
+                }
                 (source.to_owned(), "api_calls".to_owned(), meter)
             })
             .collect();
@@ -1042,9 +1187,11 @@ impl World {
             spender: Dice::new(seed ^ 0xDEB1_7000),
             asked: Vec::new(),
             used_high: BTreeMap::new(),
+            reverser: Dice::new(seed ^ 0x2E7E_25E0),
+            reversed: BTreeMap::new(),
             meter,
             _meter_server: meter_server,
-            meters,
+            meters: Arc::new(meters),
             dispatcher: Dice::new(seed ^ 0xD15_9A7C),
             ns: format!("s{seed}x"),
         }
@@ -1595,8 +1742,9 @@ impl World {
     /// The dispatcher sends one pending meter report of this seed (§4.13) with a short client
     /// timeout; now and then it dies, or every other connection is killed, after the attempt
     /// and before its record: the hold expires and the next attempt resends under the
-    /// report's identifier.
-    async fn dispatch(&mut self, faults: bool) -> bool {
+    /// report's identifier. Now and then, on the app's dice, the app reverses the report's
+    /// debit while the dispatcher holds it, between its send and its record.
+    async fn dispatch(&mut self, faults: bool) -> Result<bool, Failure> {
         let pending: Vec<String> = sqlx::query_scalar(
             "SELECT id FROM meter_reports
              WHERE customer_id LIKE '%\\_' || $1 || '%' AND status = 'pending' ORDER BY id",
@@ -1606,7 +1754,7 @@ impl World {
         .await
         .unwrap();
         if pending.is_empty() {
-            return false;
+            return Ok(false);
         }
         let id = pending[self.dispatcher.below(pending.len() as u64) as usize].clone();
         let fault = match (faults, self.dispatcher.below(100)) {
@@ -1614,16 +1762,47 @@ impl World {
             (true, 10..=15) => Some(Fault::Kill(0)),
             _ => None,
         };
-        let plan = self.plan(fault);
-        let (pool, meters) = (self.pool.clone(), &self.meters);
-        let send = shared::meters::send(
-            &pool,
-            meters,
-            &id,
-            shared::meters::outbox::SEND_LEASE,
-            &RETRY,
-        );
-        let line = match self.run(&plan, send).await {
+        let in_flight = match (faults, fault) {
+            (true, None) if self.reverser.chance(15) => self.known_debit_of(&id).await,
+            _ => None,
+        };
+        let plan = self.plan(in_flight.as_ref().map(|_| Fault::Pause(0)).or(fault));
+        let (pool, meters, sent_id) = (self.pool.clone(), self.meters.clone(), id.clone());
+        let send = async move {
+            let lease = shared::meters::outbox::SEND_LEASE;
+            shared::meters::send(&pool, &meters, &sent_id, lease, &RETRY).await
+        };
+        let ran = match &in_flight {
+            None => self.run(&plan, send).await,
+            Some(usage_id) => {
+                let interrupts: Arc<dyn Interrupts> = plan.clone();
+                let send = with_interrupts(interrupts, send);
+                tokio::pin!(send);
+                let done = tokio::select! {
+                    out = &mut send => Some(out),
+                    _ = plan.paused.notified() => None,
+                };
+                match done {
+                    Some(out) => {
+                        self.note(format!("dispatcher sent {id}: {out:?}"));
+                        self.reverse_debit(usage_id, "after its report's send")
+                            .await?;
+                        return Ok(true);
+                    }
+                    None => {
+                        self.note(format!("dispatcher sent {id}, its record not yet made"));
+                        self.reverse_debit(usage_id, "while its report is in flight")
+                            .await?;
+                        if self.reverser.chance(50) {
+                            self.correct_in_flight(usage_id).await?;
+                        }
+                        plan.release.notify_one();
+                        Ran::Done(send.await)
+                    }
+                }
+            }
+        };
+        let line = match ran {
             Ran::Done(Ok(reported)) => format!("dispatcher sent {id}: {reported:?}"),
             Ran::Done(Err(error)) => format!(
                 "dispatcher sent {id} and could not record it: {error} ({})",
@@ -1635,7 +1814,233 @@ impl World {
             ),
         };
         self.note(line);
-        true
+        Ok(true)
+    }
+
+    /// Another dispatcher takes the correction of `usage_id` while the report it corrects is
+    /// in flight (sent, its record not yet made): the correction waits for it (docs/design.md
+    /// §4.13), never sent before the report is settled, nor dead for waiting.
+    async fn correct_in_flight(&mut self, usage_id: &str) -> Result<(), Failure> {
+        let correction: Option<String> = sqlx::query_scalar(
+            "SELECT id FROM meter_reports
+             WHERE usage_id = $1 AND kind = 'correction' AND status = 'pending'",
+        )
+        .bind(usage_id)
+        .fetch_optional(&self.admin)
+        .await
+        .unwrap();
+        let Some(id) = correction else {
+            return Ok(());
+        };
+        let lease = shared::meters::outbox::SEND_LEASE;
+        let sent = shared::meters::send(&self.pool, &self.meters, &id, lease, &RETRY).await;
+        self.note(format!(
+            "another dispatcher takes the correction {id} meanwhile: {sent:?}"
+        ));
+        // Not due yet (a debit reversed before, whose correction waits its retry) is skipped.
+        match sent {
+            Ok(shared::meters::Reported::Skipped)
+            | Ok(shared::meters::Reported::Failed {
+                status: shared::meters::outbox::ReportStatus::Pending,
+                ..
+            }) => Ok(()),
+            other => Err(self.fail(format!(
+                "the correction {id} was taken while its report was in flight: {other:?}"
+            ))),
+        }
+    }
+
+    /// The debit whose report `report` is, when the app heard it accepted (and so knows its
+    /// usage id).
+    async fn known_debit_of(&self, report: &str) -> Option<String> {
+        let usage_id: Option<String> = sqlx::query_scalar(
+            "SELECT usage_id FROM meter_reports WHERE id = $1 AND kind = 'report'",
+        )
+        .bind(report)
+        .fetch_optional(&self.admin)
+        .await
+        .unwrap();
+        usage_id.filter(|id| self.heard_accepted(id).is_some())
+    }
+
+    /// The debit the app heard accepted under `usage_id`.
+    fn heard_accepted(&self, usage_id: &str) -> Option<&Asked> {
+        self.asked.iter().find(|a| {
+            matches!(&a.heard, Some(shared::billing::usage::Debit::Accepted { usage_id: u, .. }) if u == usage_id)
+        })
+    }
+
+    /// The app takes back a debit it was answered accepted (docs/design.md §4.10): one it has
+    /// not reversed yet, or one it has (a retry: its answer was lost, or the app asks again).
+    async fn reverse(&mut self) -> Result<(), Failure> {
+        let known: Vec<String> = self
+            .asked
+            .iter()
+            .filter_map(|a| match &a.heard {
+                Some(shared::billing::usage::Debit::Accepted { usage_id, .. }) => {
+                    Some(usage_id.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        let again: Vec<String> = self.reversed.keys().cloned().collect();
+        let fresh: Vec<&String> = known
+            .iter()
+            .filter(|u| !self.reversed.contains_key(*u))
+            .collect();
+        let usage_id = match self.reverser.below(100) {
+            0..=29 if !again.is_empty() => {
+                again[self.reverser.below(again.len() as u64) as usize].clone()
+            }
+            _ if !fresh.is_empty() => {
+                fresh[self.reverser.below(fresh.len() as u64) as usize].clone()
+            }
+            _ => return Ok(()),
+        };
+        self.reverse_debit(&usage_id, "").await
+    }
+
+    /// One reversal as the API makes it (`usage::reverse`, effects on), its answer checked
+    /// against what is stored and against the first answer heard; one answer in ten is lost
+    /// on the way back. The period's used goes down by the amount once, never below 0.
+    async fn reverse_debit(&mut self, usage_id: &str, when: &str) -> Result<(), Failure> {
+        use shared::billing::usage::{self, Reversal};
+        let Some(asked) = self.heard_accepted(usage_id).cloned() else {
+            return Ok(());
+        };
+        // The debit as it was answered: its key's first request decided may have asked
+        // another amount than the one the app sent first (that one was answered "unknown").
+        let Some(usage::Debit::Accepted {
+            amount: debited,
+            period,
+            ..
+        }) = asked.heard.clone()
+        else {
+            return Ok(());
+        };
+        let customer = shared::domain::CustomerId::parse(&asked.customer).unwrap();
+        let report: Option<(String, bool)> = sqlx::query_as(
+            "SELECT status, first_sent_at IS NOT NULL FROM meter_reports
+             WHERE usage_id = $1 AND kind = 'report'",
+        )
+        .bind(usage_id)
+        .fetch_optional(&self.admin)
+        .await
+        .unwrap();
+        let worker = self.worker.clone();
+        let mut conn = self.pool.acquire().await.unwrap();
+        let account = (asked.source, &customer);
+        let catalog = Some(&worker.catalog);
+        let reversed = usage::reverse(&mut conn, account, usage_id, catalog, &period)
+            .await
+            .map_err(|e| self.fail(format!("reversal of {usage_id}: {e}")))?;
+        drop(conn);
+        let lost = self.reverser.chance(10);
+        let before = self.reversed.contains_key(usage_id);
+        self.note(format!(
+            "app reverses {} ({} of {}/{} for {}){}{}, its report {} -> {:?}{}{}",
+            usage_id,
+            debited,
+            asked.source,
+            asked.customer,
+            period,
+            if when.is_empty() { "" } else { " " },
+            when,
+            match &report {
+                Some((status, true)) => format!("{status} (sent once)"),
+                Some((status, false)) => status.clone(),
+                None => "none".to_owned(),
+            },
+            reversed.reversal,
+            reversed
+                .correction
+                .as_ref()
+                .map(|c| format!(", correction {c}"))
+                .unwrap_or_default(),
+            if lost { " (the answer is lost)" } else { "" }
+        ));
+        let Reversal::Reversed {
+            usage_id: answered,
+            amount,
+            period: reversed_period,
+            used,
+            remaining,
+            reversed_at,
+            replayed,
+        } = &reversed.reversal
+        else {
+            return Err(self.fail(format!(
+                "{usage_id}, accepted, reversed: {:?}",
+                reversed.reversal
+            )));
+        };
+        let stored: (
+            Option<chrono::DateTime<chrono::Utc>>,
+            Option<i64>,
+            Option<i64>,
+            i64,
+        ) = sqlx::query_as(
+            "SELECT d.reversed_at, d.reversed_used, d.reversed_remaining, p.used
+             FROM usage_debits d JOIN usage_periods p USING (source, customer_id, period)
+             WHERE d.usage_id = $1",
+        )
+        .bind(usage_id)
+        .fetch_one(&self.admin)
+        .await
+        .unwrap();
+        let answer = (Some(*reversed_at), Some(*used), Some(*remaining));
+        let right = answered == usage_id
+            && *amount == debited
+            && reversed_period == &period
+            && (stored.0, stored.1, stored.2) == answer
+            && *used >= 0
+            && *replayed == before
+            // Nothing else moved the period since: its used is the answer's.
+            && (*replayed || stored.3 == *used);
+        if !right {
+            return Err(self.fail(format!(
+                "{usage_id} ({} for {}, reversed before: {before}): answered {:?}, stored {stored:?}",
+                debited, period, reversed.reversal
+            )));
+        }
+        if let Some(Some(Reversal::Reversed {
+            used: u,
+            remaining: r,
+            reversed_at: at,
+            ..
+        })) = self.reversed.get(usage_id)
+        {
+            if (u, r, at) != (used, remaining, reversed_at) {
+                let first = self.reversed[usage_id].clone();
+                return Err(self.fail(format!(
+                    "{usage_id}: its reversal answered {first:?}, then {:?}",
+                    reversed.reversal
+                )));
+            }
+        }
+        REVERSALS.fetch_add(1, Ordering::Relaxed);
+        if *replayed {
+            REVERSALS_AGAIN.fetch_add(1, Ordering::Relaxed);
+        } else {
+            // The one decrease the period's used may take: the debit's amount, once.
+            let key = (
+                asked.source.to_owned(),
+                asked.customer.clone(),
+                period.as_str().to_owned(),
+            );
+            *self.used_high.entry(key).or_default() -= amount;
+            if report.is_some() && reversed.correction.is_none() {
+                REVERSED_WITHDRAWN.fetch_add(1, Ordering::Relaxed);
+            }
+            if when.starts_with("while") {
+                REVERSED_IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let heard = self.reversed.entry(usage_id.to_owned()).or_default();
+        if !lost && heard.is_none() {
+            *heard = Some(reversed.reversal);
+        }
+        Ok(())
     }
 
     /// At rest, without faults: every pending report sent, rounds of time moving past holds
@@ -1644,7 +2049,7 @@ impl World {
         self.meter.0.lock().unwrap().faults = false;
         for _ in 0..QUIET_ROUNDS {
             let mut any = false;
-            while self.dispatch(false).await {
+            while self.dispatch(false).await? {
                 any = true;
                 let left: i64 = sqlx::query_scalar(
                     "SELECT count(*) FROM meter_reports WHERE customer_id LIKE '%\\_' || $1 || '%'
@@ -1671,27 +2076,44 @@ impl World {
         )))
     }
 
-    /// At rest: every accepted debit has one report, sent, and the fake meter holds
-    /// its identifier once with the debit's customer and amount; it holds no other (no
-    /// refused or rolled-back debit is reported), and its total per customer is the sum of
-    /// the customer's accepted debits.
+    /// At rest, per debit at the fake meter: an accepted debit not reversed has one report,
+    /// sent, whose identifier the meter holds once with the debit's customer and amount; a
+    /// reversed one's report was either withdrawn (the meter never held it, no correction) or
+    /// held once and taken back once by its correction, sent: cancelled by the correction's
+    /// adjustment, or compensated by a report of the negative amount under the correction's
+    /// identifier. The meter holds and cancels nothing else (no refused or rolled-back debit
+    /// is reported), and its net total per customer is the sum of the customer's accepted
+    /// debits not reversed.
     async fn check_meter_reports(&mut self) -> Result<(), Failure> {
         #[derive(sqlx::FromRow)]
         struct Told {
             source: String,
             customer_id: String,
             idempotency_key: String,
+            usage_id: String,
             amount: i64,
             accepted: bool,
+            reversed: bool,
             reports: i64,
             identifier: Option<String>,
             status: Option<String>,
+            corrections: i64,
+            correction: Option<String>,
+            correction_status: Option<String>,
+            how: Option<String>,
         }
         let debits: Vec<Told> = sqlx::query_as(
-            "SELECT d.source, d.customer_id, d.idempotency_key, d.amount, d.accepted,
-                    (SELECT count(*) FROM meter_reports r WHERE r.usage_id = d.usage_id) AS reports,
-                    r.identifier, r.status
-             FROM usage_debits d LEFT JOIN meter_reports r ON r.usage_id = d.usage_id
+            "SELECT d.source, d.customer_id, d.idempotency_key, d.usage_id, d.amount, d.accepted,
+                    d.reversed_at IS NOT NULL AS reversed,
+                    (SELECT count(*) FROM meter_reports r
+                     WHERE r.usage_id = d.usage_id AND r.kind = 'report') AS reports,
+                    r.identifier, r.status,
+                    (SELECT count(*) FROM meter_reports c
+                     WHERE c.usage_id = d.usage_id AND c.kind = 'correction') AS corrections,
+                    c.identifier AS correction, c.status AS correction_status, c.how
+             FROM usage_debits d
+             LEFT JOIN meter_reports r ON r.usage_id = d.usage_id AND r.kind = 'report'
+             LEFT JOIN meter_reports c ON c.usage_id = d.usage_id AND c.kind = 'correction'
              WHERE d.customer_id LIKE '%\\_' || $1 || '%'
              ORDER BY d.seq",
         )
@@ -1699,44 +2121,80 @@ impl World {
         .fetch_all(&self.admin)
         .await
         .unwrap();
-        let held = self.meter.0.lock().unwrap().held.clone();
+        let (held, cancelled, totals) = {
+            let state = self.meter.0.lock().unwrap();
+            (state.held.clone(), state.cancelled.clone(), state.totals())
+        };
         let mut expected: BTreeMap<String, i64> = BTreeMap::new();
-        let mut told: HashSet<&str> = HashSet::new();
+        let mut told: HashSet<String> = HashSet::new();
+        let mut taken_back: HashSet<String> = HashSet::new();
         for d in &debits {
             let customer = shared::domain::CustomerId::parse(&d.customer_id).unwrap();
             let identifier =
                 shared::domain::meter::identifier(&d.source, &customer, &d.idempotency_key);
+            let undo =
+                shared::domain::meter::correction_identifier(&d.source, &customer, &d.usage_id);
+            let at_meter = |id: &str| (held.get(id), cancelled.get(id));
+            let account = format!("{}/{} {}", d.source, d.customer_id, d.idempotency_key);
             if !d.accepted {
-                if d.reports != 0 || held.contains_key(&identifier) {
+                if d.reports + d.corrections != 0 || at_meter(&identifier) != (None, None) {
                     return Err(self.fail(format!(
-                        "{}/{} {}: refused, yet reported ({} reports, at the meter: {})",
-                        d.source,
-                        d.customer_id,
-                        d.idempotency_key,
-                        d.reports,
-                        held.contains_key(&identifier)
+                        "{account}: refused, yet reported ({} reports; at the meter {:?})",
+                        d.reports + d.corrections,
+                        at_meter(&identifier)
                     )));
                 }
                 continue;
             }
-            *expected.entry(d.customer_id.clone()).or_default() += d.amount;
-            let ok = d.reports == 1
-                && d.status.as_deref() == Some("sent")
-                && d.identifier.as_deref() == Some(identifier.as_str())
-                && held.get(&identifier) == Some(&(d.customer_id.clone(), d.amount));
-            if !ok {
+            let mine = d.reports == 1 && d.identifier.as_deref() == Some(identifier.as_str());
+            let full = (d.customer_id.clone(), d.amount);
+            let negative = (d.customer_id.clone(), -d.amount);
+            let correction_sent = d.corrections == 1
+                && d.correction.as_deref() == Some(undo.as_str())
+                && d.correction_status.as_deref() == Some("sent");
+            let ok = match (d.reversed, d.status.as_deref()) {
+                (false, Some("sent")) => {
+                    d.corrections == 0 && at_meter(&identifier) == (Some(&full), None)
+                }
+                // Withdrawn before it went out: never at the meter, nothing to take back.
+                (true, Some("withdrawn")) => {
+                    d.corrections == 0 && at_meter(&identifier) == (None, None)
+                }
+                // Held once, taken back once: cancelled, or compensated.
+                (true, Some("sent")) => {
+                    let cancel = d.how.as_deref() == Some("cancel")
+                        && at_meter(&identifier) == (Some(&full), Some(&undo))
+                        && at_meter(&undo) == (None, None);
+                    let compensate = d.how.as_deref() == Some("compensate")
+                        && at_meter(&identifier) == (Some(&full), None)
+                        && at_meter(&undo) == (Some(&negative), None);
+                    correction_sent && (cancel || compensate)
+                }
+                _ => false,
+            };
+            if !(mine && ok) {
                 return Err(self.fail(format!(
-                    "{}/{} {} (accepted, {}): {} report(s), status {:?}; the meter holds {:?}",
-                    d.source,
-                    d.customer_id,
-                    d.idempotency_key,
+                    "{account} (accepted, {}, reversed: {}): {} report(s), status {:?}; {} correction(s) {:?}, status {:?}, {:?}; the meter holds {:?} and of the correction {:?}",
                     d.amount,
+                    d.reversed,
                     d.reports,
                     d.status,
-                    held.get(&identifier)
+                    d.corrections,
+                    d.correction,
+                    d.correction_status,
+                    d.how,
+                    at_meter(&identifier),
+                    at_meter(&undo),
                 )));
             }
-            told.insert(d.identifier.as_deref().unwrap_or_default());
+            if !d.reversed {
+                *expected.entry(d.customer_id.clone()).or_default() += d.amount;
+            }
+            told.insert(identifier.clone());
+            if d.reversed && d.status.as_deref() == Some("sent") {
+                told.insert(undo);
+                taken_back.insert(identifier);
+            }
         }
         if let Some((identifier, (customer, value))) =
             held.iter().find(|(id, _)| !told.contains(id.as_str()))
@@ -1745,21 +2203,31 @@ impl World {
                 "the meter holds {identifier} ({customer}, {value}), the report of no accepted debit"
             )));
         }
-        let mut totals: BTreeMap<String, i64> = BTreeMap::new();
-        for (customer, value) in held.values() {
-            *totals.entry(customer.clone()).or_default() += value;
+        if let Some((identifier, by)) = cancelled.iter().find(|(id, _)| !taken_back.contains(*id)) {
+            return Err(self.fail(format!(
+                "the meter cancelled {identifier} (by {by}), the report of no reversed debit"
+            )));
         }
+        // The net total: a customer whose reports were all taken back counts 0, as none.
+        let totals: BTreeMap<String, i64> = totals.into_iter().filter(|(_, v)| *v != 0).collect();
+        expected.retain(|_, v| *v != 0);
         if totals != expected {
             return Err(self.fail(format!(
-                "the meter's totals {totals:?} are not the accepted debits' {expected:?}"
+                "the meter's net totals {totals:?} are not the accepted, unreversed debits' {expected:?}"
             )));
         }
         METER_HELD.fetch_add(held.len(), Ordering::Relaxed);
+        METER_CANCELLED.fetch_add(cancelled.len(), Ordering::Relaxed);
+        METER_COMPENSATED.fetch_add(
+            held.values().filter(|(_, value)| *value < 0).count(),
+            Ordering::Relaxed,
+        );
         Ok(())
     }
 
     /// What the app spent: within the allowance at every step (the period's grants; a
-    /// deletion afterwards takes the allowance, not what was spent), and never less.
+    /// deletion afterwards takes the allowance, not what was spent), never below 0, and never
+    /// less than before but by the amounts of the debits reversed since.
     async fn check_usage(&mut self) -> Result<(), Failure> {
         let rows: Vec<(String, String, String, i64, i64)> = sqlx::query_as(
             "SELECT u.source, u.customer_id, u.period, u.used,
@@ -1772,6 +2240,11 @@ impl World {
         .await
         .unwrap();
         for (source, customer, period, used, granted) in rows {
+            if used < 0 {
+                return Err(self.fail(format!(
+                    "{source}/{customer} {period}: used {used} is below 0"
+                )));
+            }
             if used > granted {
                 return Err(self.fail(format!(
                     "{source}/{customer} {period}: used {used} is past the allowance {granted}"
@@ -1781,7 +2254,7 @@ impl World {
             let high = self.used_high.get(&key).copied().unwrap_or_default();
             if used < high {
                 return Err(self.fail(format!(
-                    "{source}/{customer} {period}: used went down from {high} to {used}"
+                    "{source}/{customer} {period}: used went down to {used}, below {high} (the highest seen less the debits reversed since)"
                 )));
             }
             self.used_high.insert(key, used);
@@ -1789,10 +2262,10 @@ impl World {
         Ok(())
     }
 
-    /// At rest: each key debited once, each period's used the sum of its accepted debits,
-    /// one exhaustion told per period that ran out, and the same debits spent on the
-    /// canonical fold's accounts leave the same used (the state is a function of the events
-    /// and the accepted debits).
+    /// At rest: each key debited once, each period's used the sum of its accepted debits not
+    /// reversed, one exhaustion told per period that ran out, and the same debits spent on
+    /// the canonical fold's accounts leave the same used (the state is a function of the
+    /// events and the accepted debits not reversed).
     async fn check_usage_at_rest(
         &mut self,
         sources: &shared::audit::Sources,
@@ -1813,7 +2286,7 @@ impl World {
             "SELECT u.source, u.customer_id, u.period, u.used,
                     COALESCE((SELECT sum(d.amount) FROM usage_debits d
                               WHERE (d.source, d.customer_id, d.period) = (u.source, u.customer_id, u.period)
-                                AND d.accepted), 0)::bigint AS summed
+                                AND d.accepted AND d.reversed_at IS NULL), 0)::bigint AS summed
              FROM usage_periods u WHERE u.customer_id LIKE '%\\_' || $1 || '%'",
         )
         .bind(&self.ns)
@@ -1824,7 +2297,7 @@ impl World {
             off.iter().find(|(.., used, summed)| used != summed)
         {
             return Err(self.fail(format!(
-                "{source}/{customer} {period}: used {used}, accepted debits sum to {summed}"
+                "{source}/{customer} {period}: used {used}, accepted debits not reversed sum to {summed}"
             )));
         }
         let told: Vec<(String, String, String, i64)> = sqlx::query_as(
@@ -1845,12 +2318,60 @@ impl World {
                 "{source}/{customer} {period} ran out and was told {n} times"
             )));
         }
-        // The accepted debits, in the order they were decided, spent on the fold's live
-        // accounts: each one fits in the period's allowance the fold gives.
+        // Each reversed debit told once (`billing.usage_reversed`, §11.1), with the period's
+        // used after it and what became of its meter report; no other debit told reversed.
+        #[derive(sqlx::FromRow)]
+        struct Told {
+            usage_id: String,
+            reversed: bool,
+            told: i64,
+            used: Option<i64>,
+            told_used: Option<i64>,
+            meter_as_it_is: bool,
+        }
+        let reversals: Vec<Told> = sqlx::query_as(
+            "SELECT d.usage_id, d.reversed_at IS NOT NULL AS reversed,
+                    (SELECT count(*) FROM effects f
+                     WHERE f.kind = 'billing.usage_reversed'
+                       AND f.body #>> '{data,usage,usage_id}' = d.usage_id) AS told,
+                    d.reversed_used AS used,
+                    (SELECT (f.body #>> '{data,account,used}')::bigint FROM effects f
+                     WHERE f.kind = 'billing.usage_reversed'
+                       AND f.body #>> '{data,usage,usage_id}' = d.usage_id LIMIT 1) AS told_used,
+                    COALESCE((SELECT CASE f.body #>> '{data,meter,correction}'
+                                     WHEN 'withdrawn' THEN r.status = 'withdrawn'
+                                     WHEN 'correcting' THEN c.id = f.body #>> '{data,meter,correction_id}'
+                                     ELSE false END
+                              FROM effects f
+                              WHERE f.kind = 'billing.usage_reversed'
+                                AND f.body #>> '{data,usage,usage_id}' = d.usage_id LIMIT 1),
+                             d.reversed_at IS NULL) AS meter_as_it_is
+             FROM usage_debits d
+             LEFT JOIN meter_reports r ON r.usage_id = d.usage_id AND r.kind = 'report'
+             LEFT JOIN meter_reports c ON c.usage_id = d.usage_id AND c.kind = 'correction'
+             WHERE d.customer_id LIKE '%\\_' || $1 || '%' AND d.accepted",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        if let Some(wrong) = reversals
+            .iter()
+            .find(|r| r.told != i64::from(r.reversed) || r.used != r.told_used || !r.meter_as_it_is)
+        {
+            return Err(self.fail(format!(
+                "{} (reversed: {}, used after it {:?}) was told reversed {} times, used {:?}, its meter as it is: {}",
+                wrong.usage_id, wrong.reversed, wrong.used, wrong.told, wrong.told_used, wrong.meter_as_it_is
+            )));
+        }
+        // The accepted debits not reversed, in the order they were decided, spent on the
+        // fold's live accounts: each one fits in the period's allowance the fold gives (a
+        // reversed one only left more room to those decided after it).
         let accepted: Vec<(String, String, String, i64, String)> = sqlx::query_as(
             "SELECT d.source, d.customer_id, d.period, d.amount, d.idempotency_key
              FROM usage_debits d JOIN accounts a USING (source, customer_id)
-             WHERE d.customer_id LIKE '%\\_' || $1 || '%' AND d.accepted AND a.deleted_at IS NULL
+             WHERE d.customer_id LIKE '%\\_' || $1 || '%' AND d.accepted AND d.reversed_at IS NULL
+               AND a.deleted_at IS NULL
              ORDER BY d.seq",
         )
         .bind(&self.ns)
@@ -2696,9 +3217,13 @@ pub(crate) async fn simulate(
         if world.spender.chance(25) {
             world.spend().await?;
         }
+        // The app's reversals, on dice of their own (docs/design.md §4.10).
+        if world.reverser.chance(5) {
+            world.reverse().await?;
+        }
         world.check_usage().await?;
         if world.dispatcher.chance(30) {
-            world.dispatch(true).await;
+            world.dispatch(true).await?;
         }
         if steps > 2_000 {
             return Err(world.fail("the schedule did not end"));
@@ -2769,11 +3294,20 @@ async fn seeds(pool: PgPool) {
         GRANT_EVENTS.load(Ordering::Relaxed),
     );
     eprintln!(
-        "sim: meter reports: {} held by the fake meter at rest; {} sends, {} of them resends it held already, {} answered 503 or after the client gave up",
+        "sim: meter reports: {} held by the fake meter at rest ({} of them compensations), {} cancelled; {} sends, {} of them resends it held already, {} answered 503 or after the client gave up",
         METER_HELD.load(Ordering::Relaxed),
+        METER_COMPENSATED.load(Ordering::Relaxed),
+        METER_CANCELLED.load(Ordering::Relaxed),
         METER_SENDS.load(Ordering::Relaxed),
         METER_RESENDS.load(Ordering::Relaxed),
         METER_FAULTS.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "sim: reversals: {} asked, {} of them again; {} reports withdrawn, {} debits reversed while their report was in flight",
+        REVERSALS.load(Ordering::Relaxed),
+        REVERSALS_AGAIN.load(Ordering::Relaxed),
+        REVERSED_WITHDRAWN.load(Ordering::Relaxed),
+        REVERSED_IN_FLIGHT.load(Ordering::Relaxed),
     );
 }
 
