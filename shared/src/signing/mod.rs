@@ -4,6 +4,7 @@
 //! format the inbox both receives and sends (docs/design.md §2.1).
 
 pub mod standard_webhooks;
+pub(crate) mod timestamped;
 
 use std::time::Duration;
 

@@ -4,52 +4,36 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use http::HeaderMap;
 use serde_json::Value;
 
 use crate::domain::{ContentHash, DedupeKey, EventMeta, ProviderTime, VerifiedEvent};
 use crate::providers::common::{customer_at, str_at};
 use crate::providers::CheckNow;
-use crate::signing::{candidates, check_tolerance, header, signing_key, AuthError};
+use crate::signing::timestamped::{self, Scheme};
+use crate::signing::AuthError;
 
 pub const SIGNATURE_HEADER: &str = "paddle-signature";
+
+/// Paddle-Signature: `ts=…;h1=…` over `"{ts}:{body}"` (`signing::timestamped`), one `h1` per
+/// active secret while a destination's secret rotates; other schemes (`h2`, as the SDK's tests
+/// send) are skipped.
+const SCHEME: Scheme = Scheme {
+    header: SIGNATURE_HEADER,
+    shown: "Paddle-Signature",
+    separator: ';',
+    time_key: "ts",
+    signature_key: "h1",
+    joiner: b":",
+    bad_time: "Paddle-Signature timestamp",
+    no_time: "Paddle-Signature: no ts=",
+    no_signature: "Paddle-Signature: no h1 signature",
+};
 
 pub struct PaddleVerifier {
     secrets: Vec<Vec<u8>>,
     tolerance: Duration,
-}
-
-struct SignatureHeader {
-    timestamp: i64,
-    h1: Vec<Vec<u8>>,
-}
-
-/// `ts=…;h1=…[;h1=…]`: Paddle sends one `h1` per active secret while a destination's secret
-/// rotates; other schemes (`h2`, as the SDK's tests send) are skipped.
-fn parse_signature_header(raw: &str) -> Result<SignatureHeader, AuthError> {
-    let mut timestamp = None;
-    let mut h1 = Vec::new();
-    for part in raw.split(';') {
-        let Some((key, value)) = part.trim().split_once('=') else {
-            continue;
-        };
-        match key {
-            "ts" => {
-                let t = value
-                    .parse::<i64>()
-                    .map_err(|_| AuthError::Malformed("Paddle-Signature timestamp"))?;
-                timestamp = Some(t);
-            }
-            // A signature that is not hex can never match; it is skipped, not fatal, so that
-            // a valid one beside it still counts.
-            "h1" => h1.push(hex::decode(value).ok()),
-            _ => {}
-        }
-    }
-    let timestamp = timestamp.ok_or(AuthError::Malformed("Paddle-Signature: no ts="))?;
-    let h1 = candidates(h1.into_iter(), "Paddle-Signature: no h1 signature")?;
-    Ok(SignatureHeader { timestamp, h1 })
 }
 
 impl PaddleVerifier {
@@ -67,18 +51,8 @@ impl CheckNow for PaddleVerifier {
         body: &[u8],
         now: DateTime<Utc>,
     ) -> Result<VerifiedEvent, AuthError> {
-        let raw =
-            header(headers, SIGNATURE_HEADER).ok_or(AuthError::Missing("Paddle-Signature"))?;
-        let signature = parse_signature_header(raw)?;
-        let sent_at = Utc
-            .timestamp_opt(signature.timestamp, 0)
-            .single()
-            .ok_or(AuthError::Malformed("Paddle-Signature timestamp"))?;
-        check_tolerance(sent_at, now, self.tolerance)?;
-        let ts = signature.timestamp.to_string();
-        let message: [&[u8]; 3] = [ts.as_bytes(), b":", body];
-        let secret =
-            signing_key(&self.secrets, &signature.h1, &message).ok_or(AuthError::BadSignature)?;
+        let (sent_at, secret) =
+            timestamped::check(&SCHEME, &self.secrets, self.tolerance, (headers, body), now)?;
         let mut event = parse_event(body, sent_at);
         event.signed_with = Some(secret);
         Ok(event)
@@ -155,6 +129,7 @@ fn meta(payload: &Value) -> Result<EventMeta, String> {
 mod tests {
     use super::*;
     use crate::providers::paddle::fixtures::signature;
+    use chrono::TimeZone;
 
     /// The Paddle Node SDK's validator tests (`src/__tests__/notifications/
     /// webhooks-validator.node.test.ts`): signed with `VALID_SECRET` at 2023-11-01T00:00:00Z.

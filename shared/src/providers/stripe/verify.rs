@@ -2,14 +2,15 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use http::HeaderMap;
 use serde_json::Value;
 
 use crate::domain::{ContentHash, CustomerId, DedupeKey, EventMeta, ProviderTime, VerifiedEvent};
 use crate::providers::common::{customer_at, str_at};
 use crate::providers::CheckNow;
-use crate::signing::{candidates, check_tolerance, header, signing_key, AuthError};
+use crate::signing::timestamped::{self, Scheme};
+use crate::signing::AuthError;
 
 pub const SIGNATURE_HEADER: &str = "stripe-signature";
 
@@ -17,40 +18,22 @@ pub const SIGNATURE_HEADER: &str = "stripe-signature";
 /// attempts, and between a webhook and the same event read back from the API.
 const ENVELOPE_FIELDS: &[&str] = &["pending_webhooks"];
 
+/// Stripe-Signature: `t=…,v1=…` over `"{t}.{body}"` (`signing::timestamped`).
+const SCHEME: Scheme = Scheme {
+    header: SIGNATURE_HEADER,
+    shown: "Stripe-Signature",
+    separator: ',',
+    time_key: "t",
+    signature_key: "v1",
+    joiner: b".",
+    bad_time: "Stripe-Signature timestamp",
+    no_time: "Stripe-Signature: no t=",
+    no_signature: "Stripe-Signature: no v1 signature",
+};
+
 pub struct StripeVerifier {
     secrets: Vec<Vec<u8>>,
     tolerance: Duration,
-}
-
-struct SignatureHeader {
-    timestamp: i64,
-    v1: Vec<Vec<u8>>,
-}
-
-fn parse_signature_header(raw: &str) -> Result<SignatureHeader, AuthError> {
-    let mut timestamp = None;
-    let mut v1 = Vec::new();
-    for part in raw.split(',') {
-        let Some((key, value)) = part.trim().split_once('=') else {
-            continue;
-        };
-        match key {
-            "t" => {
-                let t = value
-                    .parse::<i64>()
-                    .map_err(|_| AuthError::Malformed("Stripe-Signature timestamp"))?;
-                timestamp = Some(t);
-            }
-            // A signature that is not hex can never match; it is skipped, not fatal, so
-            // that a valid one beside it still counts.
-            "v1" => v1.push(hex::decode(value).ok()),
-            // v0 is Stripe's test-mode scheme and is never trusted.
-            _ => {}
-        }
-    }
-    let timestamp = timestamp.ok_or(AuthError::Malformed("Stripe-Signature: no t="))?;
-    let v1 = candidates(v1.into_iter(), "Stripe-Signature: no v1 signature")?;
-    Ok(SignatureHeader { timestamp, v1 })
 }
 
 impl StripeVerifier {
@@ -68,19 +51,8 @@ impl CheckNow for StripeVerifier {
         body: &[u8],
         now: DateTime<Utc>,
     ) -> Result<VerifiedEvent, AuthError> {
-        let raw =
-            header(headers, SIGNATURE_HEADER).ok_or(AuthError::Missing("Stripe-Signature"))?;
-        let signature = parse_signature_header(raw)?;
-        let sent_at = Utc
-            .timestamp_opt(signature.timestamp, 0)
-            .single()
-            .ok_or(AuthError::Malformed("Stripe-Signature timestamp"))?;
-        check_tolerance(sent_at, now, self.tolerance)?;
-        let t = signature.timestamp.to_string();
-        // Any v1 against any configured secret: secrets roll, and Stripe signs with each.
-        let message: [&[u8]; 3] = [t.as_bytes(), b".", body];
-        let secret =
-            signing_key(&self.secrets, &signature.v1, &message).ok_or(AuthError::BadSignature)?;
+        let (sent_at, secret) =
+            timestamped::check(&SCHEME, &self.secrets, self.tolerance, (headers, body), now)?;
         let mut event = parse_event(body, sent_at);
         event.signed_with = Some(secret);
         Ok(event)
@@ -167,6 +139,7 @@ pub(crate) fn object_customer(object: &Value) -> Option<CustomerId> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::TimeZone;
 
     use crate::providers::stripe::fixtures::{hmac_sha256_hex, signature};
     use serde_json::json;
