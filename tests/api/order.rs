@@ -248,7 +248,11 @@ fn event_strategy() -> impl Strategy<Value = Event> {
                 }
             ),
     ];
-    let paddle_price = prop_oneof![Just("pro"), Just("team"), Just("pri_legacy")];
+    // Known prices only: a renewal of a price the catalog does not know takes its
+    // subscription's plan from the register, which depends on the subscription's event having
+    // come first (docs/design.md §9, the fold's limits; Stripe's invoices escape it by reading
+    // the subscription, which no fake here serves for Paddle). The decide tests keep it.
+    let paddle_price = prop_oneof![Just("pro"), Just("team")];
     let paddle = prop_oneof![
         (
             customer.clone(),

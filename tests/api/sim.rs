@@ -3015,18 +3015,6 @@ fn workload(seed: u64) -> Case {
     let mut case = case_strategy().new_tree(&mut runner(1)).unwrap().current();
     let entitlements = order::entitlement_strategy().new_tree(&mut runner(2));
     case.extend(entitlements.unwrap().current());
-    // A Paddle renewal whose price the catalog does not know takes its subscription's plan
-    // from the register, which depends on the subscription's event having arrived first
-    // unless the subscription is read (docs/design.md §9, the fold's limits): the fake API
-    // serves Stripe's reads, not Paddle's, so here every Paddle transaction names a known
-    // price (the unknown one stays in the order property and the decide tests).
-    for event in &mut case.events {
-        if let Event::PaddleTransaction { price, .. } = event {
-            if *price == "pri_legacy" {
-                *price = "pro";
-            }
-        }
-    }
     // Every other seed crowds its events onto two instants: same-second ties everywhere.
     if seed.is_multiple_of(2) {
         for event in &mut case.events {
