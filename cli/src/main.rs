@@ -139,6 +139,9 @@ async fn main() -> ExitCode {
         )
         .with(counter.clone().with_filter(statements))
         .init();
+    // What the functions' code prints as metrics (EMF) goes to stderr here: stdout is
+    // inboxctl's answer (`--json`).
+    shared::platform::metrics::print_to_stderr();
     let cli = Cli::parse();
     match run(&cli, &counter).await {
         Ok(()) => ExitCode::SUCCESS,

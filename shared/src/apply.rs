@@ -504,10 +504,7 @@ pub fn payment_without_plan_metric(source: &str, now: chrono::DateTime<chrono::U
 /// Says, once the event's write committed, what only a metric shows.
 fn committed(ctx: &EventContext<'_>, decided: &RulesOutcome) {
     if decided.ungranted {
-        println!(
-            "{}",
-            payment_without_plan_metric(ctx.source, chrono::Utc::now())
-        );
+        crate::platform::metrics::emit(payment_without_plan_metric(ctx.source, chrono::Utc::now()));
     }
 }
 

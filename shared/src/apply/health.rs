@@ -52,7 +52,7 @@ pub(super) async fn carried_within(
 ) -> Result<Carried, ApplyError> {
     let until = Instant::now() + budget;
     let carried = decide(conn, event, source, failure, until).await?;
-    println!("{}", generation_failure_metric(&event.source, Utc::now()));
+    crate::platform::metrics::emit(generation_failure_metric(&event.source, Utc::now()));
     Ok(carried)
 }
 

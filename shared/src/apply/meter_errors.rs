@@ -41,10 +41,11 @@ pub(super) async fn carried(
         }
     };
     let marked = outbox::mark_provider_errors(conn, &event.source, &said.samples).await?;
-    println!(
-        "{}",
-        meter_errors_metric(&event.source, said.error_count, Utc::now())
-    );
+    crate::platform::metrics::emit(meter_errors_metric(
+        &event.source,
+        said.error_count,
+        Utc::now(),
+    ));
     let (status, named) = match marked.len() {
         0 => (EventStatus::Ignored, "none of them this store's".to_owned()),
         n => (

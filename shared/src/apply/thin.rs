@@ -120,7 +120,7 @@ pub(super) async fn read_object(
         Err(reason) => return finish(EventStatus::Unprocessable, reason.clone()),
     };
     let Some(reads) = &source.reads else {
-        println!("{}", thin_without_api_key_metric(&event.source, Utc::now()));
+        crate::platform::metrics::emit(thin_without_api_key_metric(&event.source, Utc::now()));
         return finish(
             EventStatus::Unprocessable,
             format!(

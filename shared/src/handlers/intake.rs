@@ -257,10 +257,11 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
             // signing secret that no longer matches pages someone. (KeysUnavailable is ours,
             // a 503 that the intake's 5xx alarm covers.)
             if refused != AuthError::KeysUnavailable {
-                println!(
-                    "{}",
-                    rejected_delivery_metric(&source_name, refused.reason(), Utc::now())
-                );
+                crate::platform::metrics::emit(rejected_delivery_metric(
+                    &source_name,
+                    refused.reason(),
+                    Utc::now(),
+                ));
                 crate::operate::overview::count_refusal(&state.conn, &source_name).await;
             }
             return Err(IntakeError::Unauthorized(refused));
@@ -269,7 +270,7 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
     if let Some(index) = verified.signed_with.filter(|i| *i > 0) {
         // Verified only by a secret after the first listed: while a secret rolls, this shows
         // which source still signs with the old one. One line per such delivery, no more.
-        println!("{}", older_secret_metric(&source_name, index, Utc::now()));
+        crate::platform::metrics::emit(older_secret_metric(&source_name, index, Utc::now()));
     }
     let headers = kept_headers(request.headers());
     let stored = store_verified_held(

@@ -281,10 +281,10 @@ pub async fn run(state: &SchedulerState) -> RunReport {
     // Metrics go to stdout as EMF documents, which CloudWatch turns into metrics: the run's,
     // then one per source with a silence to tell.
     let now = Utc::now();
-    println!("{}", emf(&report, now));
+    crate::platform::metrics::emit(emf(&report, now));
     for silence in &report.silence {
         if let Some(line) = silence_metric(silence, now) {
-            println!("{line}");
+            crate::platform::metrics::emit(line);
         }
     }
     report

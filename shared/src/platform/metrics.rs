@@ -1,6 +1,7 @@
 //! What every metric line shares, whichever layer prints it: the CloudWatch namespace, the
 //! `Stack` dimension, and the Embedded Metric Format envelope around them.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
@@ -26,6 +27,24 @@ static STACK: LazyLock<String> = LazyLock::new(|| {
         .filter(|s| !s.trim().is_empty())
         .unwrap_or_else(|| LOCAL_STACK.to_owned())
 });
+
+/// Whether metric lines go to stderr instead of stdout ([`print_to_stderr`]).
+static TO_STDERR: AtomicBool = AtomicBool::new(false);
+
+/// Sends this process's metric lines to stderr: for a command-line tool running the
+/// functions' code in process, whose stdout is its answer (`inboxctl --json`).
+pub fn print_to_stderr() {
+    TO_STDERR.store(true, Ordering::Relaxed);
+}
+
+/// Prints one metric line: to stdout, which the Lambda runtime ships to CloudWatch Logs, where
+/// the Embedded Metric Format makes it a metric; to stderr after [`print_to_stderr`].
+pub fn emit(line: impl std::fmt::Display) {
+    match TO_STDERR.load(Ordering::Relaxed) {
+        true => eprintln!("{line}"),
+        false => println!("{line}"),
+    }
+}
 
 /// The stack's name, as every metric line carries it.
 pub fn stack() -> &'static str {

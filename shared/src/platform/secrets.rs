@@ -214,10 +214,11 @@ impl ApiKeyRead {
         tracing::error!(source = %self.source, function = self.function, failures,
             retry_in_secs = wait.as_secs(), error,
             "a source's secret could not be read; going on without its API key, read again on use");
-        println!(
-            "{}",
-            secret_read_failure_metric(&self.source, self.function, Utc::now())
-        );
+        crate::platform::metrics::emit(secret_read_failure_metric(
+            &self.source,
+            self.function,
+            Utc::now(),
+        ));
         Instant::now() + wait
     }
 }

@@ -141,7 +141,7 @@ impl ApiError {
         if status.is_server_error() {
             // The alarm's count (ApiServerErrorsAlarm): API Gateway's own 5xx metric mixes the
             // webhook route in.
-            println!("{}", server_error_metric(self.code(), chrono::Utc::now()));
+            crate::platform::metrics::emit(server_error_metric(self.code(), chrono::Utc::now()));
         }
         let mut body = json!({"code": self.code(), "detail": self.to_string()});
         if let Self::AllowanceExhausted { remaining, .. } = &self {
