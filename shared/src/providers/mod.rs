@@ -655,6 +655,24 @@ pub struct SweepPage {
     pub last: bool,
 }
 
+impl SweepPage {
+    /// Page `page` (numbered from 1) of a list answered as `body`: its subscriptions the
+    /// array at `items` (a JSON pointer), the last page the number at `last_page` (1 when
+    /// absent); an empty page is the last too.
+    pub fn of(body: &Value, items: &str, last_page: &str, page: u32) -> anyhow::Result<Self> {
+        let subscriptions = body
+            .pointer(items)
+            .and_then(Value::as_array)
+            .with_context(|| format!("the subscriptions list has no {items}"))?
+            .clone();
+        let last_page = body.pointer(last_page).and_then(Value::as_u64).unwrap_or(1);
+        Ok(Self {
+            last: subscriptions.is_empty() || u64::from(page) >= last_page,
+            subscriptions,
+        })
+    }
+}
+
 /// A provider's current subscriptions, page by page (Polar's `/v1/subscriptions/`), and the
 /// corrective event for one the local register shows in an older, different state.
 pub trait SubscriptionSweep: Send + Sync {

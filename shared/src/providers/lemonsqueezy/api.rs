@@ -40,19 +40,7 @@ impl LemonSqueezySubscriptions {
             .get_found("/v1/subscriptions", &query, &[("accept", JSON_API)])
             .await?
             .context("GET /v1/subscriptions answered 404 Not Found")?;
-        let subscriptions = body
-            .get("data")
-            .and_then(Value::as_array)
-            .context("the subscriptions list has no data")?
-            .clone();
-        let last_page = body
-            .pointer("/meta/page/lastPage")
-            .and_then(Value::as_u64)
-            .unwrap_or(1);
-        Ok(SweepPage {
-            last: subscriptions.is_empty() || u64::from(page) >= last_page,
-            subscriptions,
-        })
+        SweepPage::of(&body, "/data", "/meta/page/lastPage", page)
     }
 }
 

@@ -35,19 +35,7 @@ impl PolarSubscriptions {
             ("sorting", "-modified_at".to_owned()),
         ];
         let body = self.api.get_json("/v1/subscriptions/", &query).await?;
-        let subscriptions = body
-            .get("items")
-            .and_then(Value::as_array)
-            .context("the subscriptions list has no items")?
-            .clone();
-        let max_page = body
-            .pointer("/pagination/max_page")
-            .and_then(Value::as_u64)
-            .unwrap_or(1);
-        Ok(SweepPage {
-            last: subscriptions.is_empty() || u64::from(page) >= max_page,
-            subscriptions,
-        })
+        SweepPage::of(&body, "/items", "/pagination/max_page", page)
     }
 }
 
