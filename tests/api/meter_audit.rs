@@ -168,6 +168,47 @@ async fn reports_stripe_counts_in_full_make_no_difference(pool: PgPool) {
     );
 }
 
+/// A reversed debit's correction takes its report's value back in the audit as Stripe's meter
+/// does (docs/design.md §4.13, "Corrections"): Stripe no longer counts a cancelled event.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_sent_correction_takes_its_reports_value_back_in_the_audit(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_audit_fix").await;
+    let kept = debit(&pool, "cus_audit_fix", "req_kept", 3).await;
+    sent(&pool, &kept, "1 hour").await;
+    let taken = debit(&pool, "cus_audit_fix", "req_taken", 4).await;
+    sent(&pool, &taken, "1 hour").await;
+    let usage_id: String = sqlx::query_scalar("SELECT usage_id FROM meter_reports WHERE id = $1")
+        .bind(&taken)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let who = CustomerId::parse("cus_audit_fix").unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let correction = shared::billing::usage::reverse(
+        &mut conn,
+        ("stripe", &who),
+        &usage_id,
+        None,
+        &shared::domain::Period::current(),
+    )
+    .await
+    .unwrap()
+    .correction
+    .expect("Stripe holds the report: a correction");
+    drop(conn);
+    sent(&pool, &correction, "1 hour").await;
+    let fake = FakeStripe::default();
+    fake.set(3.0);
+    let server = fake.serve().await;
+    let meters = meters_of(&metered(&server.uri()));
+
+    let found = audit_now(&pool, &meters).await;
+    assert_eq!(found.checked, 1, "{found:?}");
+    assert!(found.differences.is_empty(), "{found:?}");
+    assert!(recorded(&pool).await.is_empty());
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_report_sent_moments_ago_waits_until_stripe_has_counted_it(pool: PgPool) {
     let app = TestApp::spawn(pool.clone()).await;
