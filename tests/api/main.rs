@@ -30,6 +30,7 @@ mod order;
 mod paddle_reconcile;
 mod polar_benefits;
 mod pooler;
+mod provider_reads;
 mod reconcile;
 mod reversals;
 mod round_trips;

@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub use api::LemonSqueezySubscriptions;
+pub use api::{LemonSqueezyReads, LemonSqueezySubscriptions};
 pub use verify::{content_hash, dedupe_key, parse_event, LemonSqueezyVerifier, SIGNATURE_HEADER};
 
-use super::{Api, Provider, Reconciliation, Setting, Verify};
+use super::{Api, Fetched, Provider, ReadFor, Reads, Reconciliation, Setting, Verify};
 use crate::billing::Decided;
 use crate::domain::Catalog;
 use crate::platform::config::{ConfigError, SourceConfig};
@@ -47,6 +47,16 @@ impl Provider for LemonSqueezy {
         Some(Reconciliation::Sweep(Box::new(
             LemonSqueezySubscriptions::new(api),
         )))
+    }
+
+    /// A subscription read, for a payment before any event of its subscription or to settle
+    /// a tie.
+    fn reads(&self, api: Api) -> Option<Box<dyn Reads>> {
+        Some(Box::new(LemonSqueezyReads::new(api)))
+    }
+
+    fn read_as_event(&self, read: &ReadFor<'_>, object: &Value) -> Option<Fetched> {
+        api::read_as_event(read, object)
     }
 
     fn api_base(&self, _config: &SourceConfig) -> Option<String> {

@@ -8,13 +8,13 @@
 //! to settle a same-second tie (docs/design.md §4.2).
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::decide::{ends, plan_keys, HANDLED_TYPES};
 use super::parse_event;
 use crate::domain::{CustomerId, ProviderTime};
 use crate::providers::{
-    path_id, Api, EventFeed, FeedPage, Fetched, Reads, SubscriptionNow, Window,
+    path_id, Api, EventFeed, FeedPage, Fetched, MadeFor, ReadFor, Reads, SubscriptionNow, Window,
 };
 use crate::BoxFuture;
 
@@ -66,6 +66,29 @@ fn fetched(event: &Value) -> anyhow::Result<Fetched> {
     let body = serde_json::to_vec(event)?;
     let event = parse_event(&body, Utc::now());
     Ok(Fetched { body, event })
+}
+
+/// The type a subscription read is stored as: the state of the subscription, as Paddle's
+/// `subscription.updated` carries it.
+pub const SUBSCRIPTION_READ_TYPE: &str = "subscription.updated";
+
+/// The subscription a transaction asked the plan of, read, as the event it is stored as
+/// (docs/design.md §6.2, §6.4): a `subscription.updated` whose `event_id` is the read's key
+/// and whose `occurred_at` is the transaction's (never the clock's), so its place in the
+/// order and the period it grants in are the transaction's; `transaction_event` names the
+/// event it was read for. Only a transaction's read is made for Paddle.
+pub fn read_as_event(read: &ReadFor<'_>, object: &Value) -> Option<Fetched> {
+    let MadeFor::Invoice { key, .. } = &read.made_for else {
+        return None;
+    };
+    let event = json!({
+        "event_id": read.key.as_str(),
+        "event_type": SUBSCRIPTION_READ_TYPE,
+        "occurred_at": read.at.to_rfc3339_opts(SecondsFormat::Micros, true),
+        "data": object,
+        "transaction_event": key.as_str(),
+    });
+    fetched(&event).ok()
 }
 
 fn occurred_at(event: &Value) -> Option<DateTime<Utc>> {
@@ -151,26 +174,35 @@ impl PaddleReads {
         Self { api }
     }
 
-    /// `GET /subscriptions/{id}`: the subscription in the answer's `data`, read as `decide`
-    /// reads a subscription event's.
-    async fn read_subscription(&self, id: &str) -> anyhow::Result<Option<SubscriptionNow>> {
+    /// `GET /subscriptions/{id}`: the subscription, the answer's `data`; `None` on a 404.
+    async fn subscription_data(&self, id: &str) -> anyhow::Result<Option<Value>> {
         use anyhow::Context;
         let path = format!("/subscriptions/{}", path_id(id)?);
-        let Some(answer) = self.api.get_found(&path, &[], &[]).await? else {
+        let Some(mut answer) = self.api.get_found(&path, &[], &[]).await? else {
             return Ok(None);
         };
-        let subscription = answer
-            .get("data")
+        let data = answer
+            .get_mut("data")
+            .map(Value::take)
             .context("the subscription read has no data")?;
+        Ok(Some(data))
+    }
+
+    /// The subscription read as `decide` reads a subscription event's.
+    async fn read_subscription(&self, id: &str) -> anyhow::Result<Option<SubscriptionNow>> {
+        use anyhow::Context;
+        let Some(subscription) = self.subscription_data(id).await? else {
+            return Ok(None);
+        };
         let status = subscription
             .get("status")
             .and_then(Value::as_str)
             .context("the subscription read has no status")?;
-        let ends = ends(subscription)
+        let ends = ends(&subscription)
             .map_err(|problem| anyhow::anyhow!("the subscription read: {}", problem.0))?;
         Ok(Some(SubscriptionNow {
             status: status.to_owned(),
-            plan_keys: plan_keys(subscription)
+            plan_keys: plan_keys(&subscription)
                 .into_iter()
                 .map(str::to_owned)
                 .collect(),
@@ -186,6 +218,16 @@ impl Reads for PaddleReads {
         id: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<SubscriptionNow>>> {
         Box::pin(self.read_subscription(id))
+    }
+
+    /// A transaction whose items name no known price, before any event of its subscription
+    /// (docs/design.md §6.4).
+    fn subscription_object<'a>(
+        &'a self,
+        _customer: &'a CustomerId,
+        id: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
+        Box::pin(self.subscription_data(id))
     }
 }
 

@@ -18,7 +18,7 @@ use serde_json::Value;
 pub use api::{PaddleEvents, PaddleReads};
 pub use verify::{content_hash, parse_event, PaddleVerifier, SIGNATURE_HEADER};
 
-use super::{refused, Api, Provider, Reads, Reconciliation, Setting, Verify};
+use super::{refused, Api, Fetched, Provider, ReadFor, Reads, Reconciliation, Setting, Verify};
 use crate::billing::Decided;
 use crate::domain::Catalog;
 use crate::platform::config::{ConfigError, SourceConfig};
@@ -52,9 +52,14 @@ impl Provider for Paddle {
         Some(Reconciliation::Feed(Box::new(PaddleEvents::new(api))))
     }
 
-    /// A subscription read, to settle a same-second tie.
+    /// A subscription read, to settle a same-second tie, or for a transaction whose items
+    /// name no known price before any event of its subscription.
     fn reads(&self, api: Api) -> Option<Box<dyn Reads>> {
         Some(Box::new(PaddleReads::new(api)))
+    }
+
+    fn read_as_event(&self, read: &ReadFor<'_>, object: &Value) -> Option<Fetched> {
+        api::read_as_event(read, object)
     }
 
     /// The environment's API: sandbox for a source that is not live.

@@ -1,0 +1,337 @@
+//! A payment whose plan is its subscription's, arriving before any event of that subscription,
+//! for Paddle (a transaction whose items name no known price) and Lemon Squeezy (every
+//! subscription invoice: it names its subscription, not its variant), docs/design.md §6.2,
+//! §6.4, §6.5: the worker reads the subscription from a fake API (wiremock) with the source's
+//! key, stores the read as an event of its own at the payment's time, and grants the plan the
+//! read shows. The payments and the API answers are the corpus's (testdata/providers/).
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use shared::apply::WorkerSource;
+use shared::audit::Cut;
+use shared::domain::SourceKind;
+use shared::handlers::worker::{process_event, Processed};
+use shared::providers::{self, Api};
+use sqlx::PgPool;
+use wiremock::matchers::{header, method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::corpus::{corpus, corpus_app, payments, send_one};
+use crate::helpers::*;
+
+/// Gives the worker's `source` (of `kind`) its provider's API at `server`, with a key.
+fn with_api(app: &mut TestApp, source: &str, kind: SourceKind, server: &MockServer, key: &str) {
+    let api = Api {
+        base_url: server.uri(),
+        key: key.into(),
+        client_id: None,
+        http: reqwest::Client::new(),
+    };
+    app.worker.sources.insert(
+        source.into(),
+        WorkerSource {
+            kind,
+            livemode: None,
+            reads: providers::provider(kind).reads(api),
+        },
+    );
+}
+
+fn file(path: &str) -> Value {
+    let file = format!("{}/testdata/providers/{path}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
+}
+
+fn corpus_file(dir: &str, name: &str) -> Value {
+    corpus(dir)
+        .into_iter()
+        .find(|(file, _)| file == name)
+        .unwrap()
+        .1
+}
+
+async fn requests(api: &MockServer) -> usize {
+    api.received_requests().await.unwrap().len()
+}
+
+/// What the fold says of `customer` agrees with the registers, and the grant of `period` is
+/// the payment's or its read's (`granted_by`: the two stand at one time; the first by key
+/// decides).
+async fn fold_agrees(app: &TestApp, source: &str, customer: &str, period: &str, granted_by: i64) {
+    let why = app.why(source, customer, Cut::default()).await;
+    assert!(why.divergent.is_empty(), "{:?}", why.divergent);
+    let of = |name: &str| why.fields.iter().find(|f| f.field == name).unwrap();
+    let grant = of(&format!("allowance:{period}"))
+        .decided_by
+        .as_ref()
+        .unwrap();
+    assert_eq!(grant.event_id, granted_by);
+    assert_eq!(app.audit().await.divergent, []);
+}
+
+// --- Paddle ---------------------------------------------------------------------------------
+
+/// The subscription of the python SDK's `GET /subscriptions/{id}` answer.
+const PADDLE_SUB: &str = "sub_01hp463gxfvndqjjyqn2n7tkth";
+const PADDLE_CUSTOMER: &str = "ctm_01hp462x4578nc20acj9g956yy";
+
+/// The node SDK's `transaction.completed`, as the renewal of that subscription, its items on a
+/// price the catalog does not know (one retired from it): its event id and its body.
+fn paddle_renewal() -> (String, Value) {
+    let mut event = corpus_file("paddle", "transaction.completed");
+    event["data"]["subscription_id"] = PADDLE_SUB.into();
+    event["data"]["customer_id"] = PADDLE_CUSTOMER.into();
+    for item in event["data"]["items"].as_array_mut().unwrap() {
+        item["price"]["id"] = "pri_01retiredfromcatalog0000".into();
+        item["price_id"] = "pri_01retiredfromcatalog0000".into();
+    }
+    (event["event_id"].as_str().unwrap().to_owned(), event)
+}
+
+async fn paddle_app(pool: PgPool) -> (TestApp, MockServer) {
+    let mut app = corpus_app(pool).await;
+    let api = MockServer::start().await;
+    with_api(
+        &mut app,
+        "paddle",
+        SourceKind::Paddle,
+        &api,
+        "pdl_sdbx_apikey_reads",
+    );
+    (app, api)
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_paddle_renewal_of_an_unknown_price_before_its_subscription_reads_it_and_grants_its_plan(
+    pool: PgPool,
+) {
+    let (app, api) = paddle_app(pool).await;
+    Mock::given(method("GET"))
+        .and(path(format!("/subscriptions/{PADDLE_SUB}")))
+        .and(header("authorization", "Bearer pdl_sdbx_apikey_reads"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(file("paddle/api/subscription.get.json")),
+        )
+        .mount(&api)
+        .await;
+    let (event_id, renewal) = paddle_renewal();
+    let reason = send_one(&app, "paddle", "renewal", &renewal).await;
+    assert!(
+        reason.contains(&format!(
+            "plan pro from subscription {PADDLE_SUB} as the provider shows it (read, event "
+        )),
+        "{reason}"
+    );
+    let account = app.account("paddle", PADDLE_CUSTOMER, "2023-08").await;
+    assert_eq!(account.balance, 500, "the pro allowance for 2023-08");
+    assert_eq!(
+        payments(&account),
+        vec![("txn_01h8dzxgkvdwemdhbpcapj2tbj", "paid")]
+    );
+    assert_eq!(requests(&api).await, 1);
+
+    // The read is an event of its own: Paddle's subscription.updated at the transaction's
+    // time, applied as the queue drained.
+    let read = app
+        .event(
+            app.event_id("paddle", &format!("read:{event_id}:{PADDLE_SUB}"))
+                .await,
+        )
+        .await;
+    assert_eq!(read.event_type, "subscription.updated");
+    assert_eq!(read.customer_key.as_deref(), Some(PADDLE_CUSTOMER));
+    assert_eq!(
+        read.occurred_at,
+        Some(at("2023-08-22T07:15:45.366122Z")),
+        "the transaction's time"
+    );
+    assert_eq!(read.status, "applied");
+    assert_eq!(account.subscriptions.len(), 1);
+    assert_eq!(account.subscriptions[0].status, "active");
+
+    // Sent again, the renewal finds its read stored: nothing is read twice.
+    let renewal_id = app.event_id("paddle", &event_id).await;
+    shared::inbox::replay::replay(&app.pool, &app.state.queue, &[renewal_id])
+        .await
+        .unwrap();
+    app.run_worker().await;
+    assert_eq!(requests(&api).await, 1, "the replay reads nothing");
+    let account = app.account("paddle", PADDLE_CUSTOMER, "2023-08").await;
+    assert_eq!(account.balance, 500, "granted once");
+    fold_agrees(&app, "paddle", PADDLE_CUSTOMER, "2023-08", renewal_id).await;
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_paddle_renewal_whose_subscription_paddle_does_not_know_grants_nothing_and_says_so(
+    pool: PgPool,
+) {
+    let (app, api) = paddle_app(pool).await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(404).set_body_json(serde_json::json!({
+            "error": {"type": "request_error", "code": "entity_not_found",
+                      "detail": "Entity sub_01hp463gxfvndqjjyqn2n7tkth not found"},
+            "meta": {"request_id": "req_1"}
+        })))
+        .mount(&api)
+        .await;
+    let reason = send_one(&app, "paddle", "renewal", &paddle_renewal().1).await;
+    assert!(
+        reason.contains(&format!("the provider does not know {PADDLE_SUB}")),
+        "{reason}"
+    );
+    assert_eq!(requests(&api).await, 1, "decided, not retried");
+    let account = app.account("paddle", PADDLE_CUSTOMER, "2023-08").await;
+    assert_eq!(account.balance, 0);
+    assert_eq!(
+        payments(&account),
+        vec![("txn_01h8dzxgkvdwemdhbpcapj2tbj", "paid")]
+    );
+}
+
+// --- Lemon Squeezy --------------------------------------------------------------------------
+
+async fn lemonsqueezy_app(pool: PgPool) -> (TestApp, MockServer) {
+    let mut app = corpus_app(pool).await;
+    let api = MockServer::start().await;
+    with_api(
+        &mut app,
+        "lemonsqueezy",
+        SourceKind::LemonSqueezy,
+        &api,
+        "ls_test_reads",
+    );
+    (app, api)
+}
+
+fn at(text: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(text)
+        .unwrap()
+        .with_timezone(&Utc)
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_lemonsqueezy_payment_before_its_subscription_reads_it_and_grants_its_plan(pool: PgPool) {
+    let (app, api) = lemonsqueezy_app(pool).await;
+    Mock::given(method("GET"))
+        .and(path("/v1/subscriptions/1"))
+        .and(header("authorization", "Bearer ls_test_reads"))
+        .and(header("accept", "application/vnd.api+json"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(file("lemonsqueezy/api/subscription.get.json")),
+        )
+        .mount(&api)
+        .await;
+    let payment = corpus_file("lemonsqueezy", "subscription_payment_success");
+    let reason = send_one(&app, "lemonsqueezy", "payment", &payment).await;
+    assert!(
+        reason.contains("plan pro from subscription 1 as the provider shows it (read, event "),
+        "{reason}"
+    );
+    let account = app.account("lemonsqueezy", "1", "2025-11").await;
+    assert_eq!(account.balance, 500, "the pro allowance for 2025-11");
+    assert_eq!(
+        payments(&account),
+        vec![("subscription-invoices/1", "paid")]
+    );
+    assert_eq!(requests(&api).await, 1);
+
+    // The read is an event of its own: a subscription_updated at the payment's time (not the
+    // object's updated_at), applied as the queue drained.
+    let payment_key = shared::providers::lemonsqueezy::dedupe_key(&payment).unwrap();
+    let read = app
+        .event(
+            app.event_id("lemonsqueezy", &format!("read:{}:1", payment_key.as_str()))
+                .await,
+        )
+        .await;
+    assert_eq!(read.event_type, "subscription_updated");
+    assert_eq!(read.customer_key.as_deref(), Some("1"));
+    assert_eq!(read.occurred_at, Some(at("2025-11-01T10:00:02Z")));
+    assert_eq!(read.status, "applied");
+    assert_eq!(account.subscriptions.len(), 1);
+    assert_eq!(account.subscriptions[0].status, "active");
+
+    // The read's key (`read:…`) sorts before the payment's (`subscription_payment_success:…`).
+    let read_id = app
+        .event_id("lemonsqueezy", &format!("read:{}:1", payment_key.as_str()))
+        .await;
+    fold_agrees(&app, "lemonsqueezy", "1", "2025-11", read_id).await;
+
+    // The subscription's own event, arriving after, grants nothing more.
+    let created = corpus_file("lemonsqueezy", "subscription_created");
+    send_one(&app, "lemonsqueezy", "created", &created).await;
+    let account = app.account("lemonsqueezy", "1", "2025-11").await;
+    assert_eq!(account.balance, 500, "granted once");
+    assert_eq!(requests(&api).await, 1);
+    assert_eq!(app.audit().await.divergent, []);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_lemonsqueezy_payment_before_its_subscription_without_an_api_key_grants_nothing_and_says_why(
+    pool: PgPool,
+) {
+    // The test worker's sources have no API key.
+    let app = corpus_app(pool).await;
+    let payment = corpus_file("lemonsqueezy", "subscription_payment_success");
+    let reason = send_one(&app, "lemonsqueezy", "payment", &payment).await;
+    for said in [
+        "no allowance granted",
+        "the subscription register holds no known plan for 1",
+        "the source has no API key to read it from the provider",
+    ] {
+        assert!(reason.contains(said), "{said:?} in {reason}");
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_lemonsqueezy_subscription_read_that_fails_is_retried_then_grants_its_plan(pool: PgPool) {
+    let (app, api) = lemonsqueezy_app(pool).await;
+    Mock::given(method("GET"))
+        .and(path("/v1/subscriptions/1"))
+        .respond_with(ResponseTemplate::new(500))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&api)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/subscriptions/1"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(file("lemonsqueezy/api/subscription.get.json")),
+        )
+        .with_priority(2)
+        .mount(&api)
+        .await;
+    let payment = corpus_file("lemonsqueezy", "subscription_payment_success");
+    let (status, _) = app
+        .post("lemonsqueezy", &lemonsqueezy_delivery(&payment))
+        .await;
+    assert_eq!(status, http::StatusCode::OK);
+    let key = shared::providers::lemonsqueezy::dedupe_key(&payment).unwrap();
+    let id = app.event_id("lemonsqueezy", key.as_str()).await;
+
+    let first = process_event(&app.worker, id).await.unwrap();
+    assert!(
+        matches!(&first, Processed::Failed { status, error }
+            if status.as_str() == "failed" && error.contains("500")),
+        "{first:?}"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM inbox_events WHERE dedupe_key LIKE 'read:%'")
+            .await,
+        0,
+        "a failed read stores nothing"
+    );
+    // The test worker's retries are due at once.
+    let second = process_event(&app.worker, id).await.unwrap();
+    assert!(
+        matches!(&second, Processed::Finished { status, .. } if status.as_str() == "applied"),
+        "{second:?}"
+    );
+    assert_eq!(
+        app.account("lemonsqueezy", "1", "2025-11").await.balance,
+        500
+    );
+    assert_eq!(requests(&api).await, 2);
+}
