@@ -7,6 +7,8 @@
 #   scripts/tools/cargo-lambda.txt  cargo-lambda and the zig it links with (dev, e2e, builds)
 #   scripts/tools/moto.txt          moto_server (Secrets Manager, EventBridge in dev and tests);
 #                                   moto and the SAM translator (scripts/template-stack.py)
+#   scripts/tools/paddle-sdk.txt    paddle-python-sdk, Paddle's verifier for our signatures
+#                                   (scripts/paddle-verify.py, tests/api/paddle_sdk.rs)
 #
 # Each file is a full `pip freeze` (every dependency pinned too), headed by the line
 # `# requested: <what was asked for>`. To upgrade on purpose, edit that line and run
@@ -111,7 +113,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     bin) tools_bin "${2:?set}" ;;
     lock) tools_lock "${2:?set}" ;;
     *)
-      sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+      sed -n '2,/^$/{/^$/!p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
       exit 2
       ;;
   esac

@@ -28,6 +28,7 @@ mod model;
 mod operations;
 mod order;
 mod paddle_reconcile;
+mod paddle_sdk;
 mod polar_benefits;
 mod pooler;
 mod provider_reads;
