@@ -131,6 +131,10 @@ stack_env() {
   local pro_features='"features":{"sso":true,"seats":20,"export":"csv"}'
   local team_features='"features":{"sso":true,"seats":100,"export":"csv","audit-log":true}'
   dev_plans='{"free":{"plan":"free","monthly_allowance":10,"features":{"seats":1}},"pro":{"plan":"pro","monthly_allowance":500,'"$pro_features"'},"price_pro":{"plan":"pro","monthly_allowance":500,'"$pro_features"'},"prod_pro":{"plan":"pro","monthly_allowance":500,'"$pro_features"'},"team":{"plan":"team","monthly_allowance":2000,'"$team_features"'},"price_team":{"plan":"team","monthly_allowance":2000,'"$team_features"'},"prod_team":{"plan":"team","monthly_allowance":2000,'"$team_features"'}}'
+  # Paddle's catalogs are keyed by price ids, Lemon Squeezy's by variant ids: the ones the
+  # development deliveries carry (the providers' fixtures: DEV_PRICE, DEV_VARIANT and the team's)
+  dev_plans="${dev_plans%\}},"'"pri_01gsz8x8sawmvhz1pv30nge1ke":{"plan":"pro","monthly_allowance":500,'"$pro_features"'},"pri_01h84cdy3xatsp16afda2gekzy":{"plan":"team","monthly_allowance":2000,'"$team_features"'}}'
+  dev_plans="${dev_plans%\}},"'"101":{"plan":"pro","monthly_allowance":500,'"$pro_features"'},"102":{"plan":"team","monthly_allowance":2000,'"$team_features"'}}'
   [ -n "${INBOX_PLANS:-}" ] || INBOX_PLANS="$dev_plans"
   export INBOX_PLANS
   if [ -x "$ROOT/target/debug/inboxctl" ]; then

@@ -1822,3 +1822,146 @@ async fn send_paddle_signs_every_kind_as_paddle_does(pool: PgPool) {
     assert_eq!(account.payments.len(), 3, "{:?}", account.payments);
     assert_eq!(account.subscriptions[0].status, "canceled");
 }
+
+/// The dev stack's catalog as `scripts/stack.sh`'s `stack_env` sets it (`INBOX_PLANS`).
+fn dev_stack_plans() -> String {
+    let output = Command::new("bash")
+        .arg("-c")
+        .arg(r#"source scripts/stack.sh && stack_env && printf '%s' "$INBOX_PLANS""#)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("INBOX_PLANS")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// On the dev stack, `inboxctl send paddle subscription` and `inboxctl send lemonsqueezy
+/// subscription` / `order-created` carry the ids Paddle and Lemon Squeezy send (a `pri_…`
+/// price, a numeric variant), and the dev stack's catalog keys them: each grants its plan,
+/// `--plan` the team's too.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn paddle_and_lemonsqueezy_sends_grant_their_plan_on_the_dev_stacks_catalog(pool: PgPool) {
+    use shared::providers::{lemonsqueezy, paddle};
+    let mut app = TestApp::spawn(pool).await;
+    app.worker.catalog = shared::platform::config::parse_plans(&dev_stack_plans()).unwrap();
+    let app = std::sync::Arc::new(app);
+    let intake = serve_intake(app.clone()).await;
+    let send = |args: Vec<String>| {
+        let intake = intake.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut command = inboxctl();
+            command
+                .env_remove("INBOX_DEV_KINDE_KEY")
+                .arg("send")
+                .args(&args)
+                .args(["--intake-url", &intake, "--json"])
+                .env("INBOX_SOURCES", dev_sources(None));
+            let (output, stdout, stderr) = run(&mut command);
+            assert!(output.status.success(), "{args:?}: {stdout}{stderr}");
+            let answer: Value = serde_json::from_str(&stdout).unwrap();
+            answer["answers"][0]["body"]["event_id"].as_i64().unwrap()
+        })
+    };
+    let args = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let at = chrono::Utc::now() - chrono::Duration::minutes(5);
+    let at = at.to_rfc3339();
+    let period = chrono::Utc::now().format("%Y-%m").to_string();
+
+    let paddle_sub = send(args(&[
+        "paddle",
+        "subscription",
+        "--customer",
+        "ctm_devplan",
+        "--at",
+        &at,
+    ]))
+    .await
+    .unwrap();
+    let ls_sub = send(args(&[
+        "lemonsqueezy",
+        "subscription",
+        "--customer",
+        "9001",
+        "--at",
+        &at,
+    ]))
+    .await
+    .unwrap();
+    let ls_order = send(args(&[
+        "lemonsqueezy",
+        "order-created",
+        "--customer",
+        "9002",
+        "--at",
+        &at,
+    ]))
+    .await
+    .unwrap();
+    let paddle_team = send(args(&[
+        "paddle",
+        "subscription",
+        "--customer",
+        "ctm_devteam",
+        "--plan",
+        paddle::fixtures::DEV_TEAM_PRICE,
+        "--at",
+        &at,
+    ]))
+    .await
+    .unwrap();
+    let ls_team = send(args(&[
+        "lemonsqueezy",
+        "subscription",
+        "--customer",
+        "9003",
+        "--plan",
+        lemonsqueezy::fixtures::DEV_TEAM_VARIANT,
+        "--at",
+        &at,
+    ]))
+    .await
+    .unwrap();
+    app.run_worker().await;
+
+    // What they carry: Paddle's price ids, Lemon Squeezy's variant ids as numbers.
+    let payload = |id| {
+        let app = app.clone();
+        async move { app.event(id).await.payload.unwrap() }
+    };
+    let price = &payload(paddle_sub).await["data"]["items"][0]["price"]["id"];
+    assert_eq!(price, paddle::fixtures::DEV_PRICE);
+    assert!(price.as_str().unwrap().starts_with("pri_"), "{price}");
+    let variant = &payload(ls_sub).await["data"]["attributes"]["variant_id"];
+    assert!(variant.is_u64(), "{variant}");
+    assert_eq!(variant.to_string(), lemonsqueezy::fixtures::DEV_VARIANT);
+    let item = &payload(ls_order).await["data"]["attributes"]["first_order_item"];
+    assert!(item["variant_id"].is_u64(), "{item}");
+
+    for (source, customer, plan, balance, status) in [
+        ("paddle", "ctm_devplan", "pro", 500, "active"),
+        ("lemonsqueezy", "9001", "pro", 500, "active"),
+        // An order grants its plan's allowance; the plan is a subscription's.
+        ("lemonsqueezy", "9002", "free", 500, "paid"),
+        ("paddle", "ctm_devteam", "team", 2000, "active"),
+        ("lemonsqueezy", "9003", "team", 2000, "active"),
+    ] {
+        let account = app.account(source, customer, &period).await;
+        let line = shared::handlers::engine_room::scenario::AccountLine::of(Some(&account));
+        assert_eq!(
+            (line.plan.as_str(), line.balance, line.status.as_str()),
+            (plan, balance, status),
+            "{source} {customer}: {account:?}"
+        );
+    }
+    for id in [paddle_sub, ls_sub, ls_order, paddle_team, ls_team] {
+        assert_eq!(app.event(id).await.status, "applied", "event {id}");
+    }
+    let order = app.account("lemonsqueezy", "9002", &period).await;
+    let granted = format!("granted 500 for pro in {period}");
+    assert!(order.log[0].reason.ends_with(&granted), "{:?}", order.log);
+}

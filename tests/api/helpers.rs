@@ -269,7 +269,11 @@ pub const PLANS: &str = r#"{
     "prod_pro": {"plan": "pro", "monthly_allowance": 500},
     "team": {"plan": "team", "monthly_allowance": 2000},
     "price_team": {"plan": "team", "monthly_allowance": 2000},
-    "prod_team": {"plan": "team", "monthly_allowance": 2000}
+    "prod_team": {"plan": "team", "monthly_allowance": 2000},
+    "pri_01gsz8x8sawmvhz1pv30nge1ke": {"plan": "pro", "monthly_allowance": 500},
+    "pri_01h84cdy3xatsp16afda2gekzy": {"plan": "team", "monthly_allowance": 2000},
+    "101": {"plan": "pro", "monthly_allowance": 500},
+    "102": {"plan": "team", "monthly_allowance": 2000}
 }"#;
 
 /// The test sources: the development source of every registered provider, Kinde's verified

@@ -167,7 +167,9 @@ mod tests {
     fn every_kind_builds_a_payload_the_billing_model_applies() {
         let catalog = Catalog::parse(
             r#"{"pro":{"plan":"pro","monthly_allowance":500},"price_pro":{"plan":"pro","monthly_allowance":500},
-                "prod_pro":{"plan":"pro","monthly_allowance":500}}"#,
+                "prod_pro":{"plan":"pro","monthly_allowance":500},
+                "pri_01gsz8x8sawmvhz1pv30nge1ke":{"plan":"pro","monthly_allowance":500},
+                "101":{"plan":"pro","monthly_allowance":500}}"#,
         )
         .unwrap();
         for &source in SourceKind::ALL {

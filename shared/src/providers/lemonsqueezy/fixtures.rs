@@ -18,6 +18,14 @@ pub struct LemonSqueezyFixtures;
 /// characters, used as their bytes).
 pub const DEV_SECRET: &str = "ls_dev_signing_secret_0123";
 
+/// The variant a development delivery names unless told another, sent as a number as Lemon
+/// Squeezy sends ids; the development catalog (`scripts/stack.sh`) keys it as `pro`, Lemon
+/// Squeezy's catalogs being keyed by variant ids (§6.5). Not 1: the fixtures' product and
+/// store are 1, and a product id is a plan key too.
+pub const DEV_VARIANT: &str = "101";
+/// The development catalog's `team` variant.
+pub const DEV_TEAM_VARIANT: &str = "102";
+
 const KINDS: &[&str] = &[
     "subscription",
     "expired",
@@ -70,7 +78,7 @@ fn subscription(spec: &Spec, expired: bool) -> (String, Value) {
         (false, None) => "active".to_owned(),
     };
     let renews = if expired { at } else { at + Duration::days(30) };
-    let variant = spec.plan.clone().unwrap_or_else(|| "pro".into());
+    let variant = spec.plan.clone().unwrap_or_else(|| DEV_VARIANT.into());
     let trialing = status == "on_trial";
     let attributes = json!({
         "store_id": 1, "customer_id": number_or_text(&spec.customer), "order_id": 1,
@@ -104,7 +112,7 @@ fn subscription(spec: &Spec, expired: bool) -> (String, Value) {
 fn order(spec: &Spec, refunded: bool) -> Value {
     let at = time(spec.at);
     let id = spec.object_id.clone().unwrap_or_else(|| random_id(""));
-    let variant = spec.plan.clone().unwrap_or_else(|| "pro".into());
+    let variant = spec.plan.clone().unwrap_or_else(|| DEV_VARIANT.into());
     let attributes = json!({
         "store_id": 1, "customer_id": number_or_text(&spec.customer),
         "identifier": uuid::Uuid::new_v4().to_string(), "order_number": 1,
@@ -152,7 +160,7 @@ impl Fixtures for LemonSqueezyFixtures {
     }
 
     fn sample_plan(&self) -> &'static str {
-        "pro"
+        DEV_VARIANT
     }
 
     fn dev_source(&self, _local: &Local) -> Value {

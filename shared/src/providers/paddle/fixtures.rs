@@ -15,6 +15,13 @@ pub struct PaddleFixtures;
 /// The development source's notification destination secret (a dev-only value).
 pub const DEV_SECRET: &str = "pdl_ntfset_01devsecretpaddle00000000_devonly0123456789";
 
+/// The price a development delivery names unless told another: the paddle-node-sdk mocks'
+/// "Monthly (per seat)" price of the product its items carry, which the development catalog
+/// (`scripts/stack.sh`) keys as `pro`; Paddle's catalogs are keyed by price ids (§6.4).
+pub const DEV_PRICE: &str = "pri_01gsz8x8sawmvhz1pv30nge1ke";
+/// The development catalog's `team` price (the mocks' "Annual plan" price).
+pub const DEV_TEAM_PRICE: &str = "pri_01h84cdy3xatsp16afda2gekzy";
+
 const KINDS: &[&str] = &[
     "subscription",
     "subscription-canceled",
@@ -46,7 +53,7 @@ impl Fixtures for PaddleFixtures {
     }
 
     fn sample_plan(&self) -> &'static str {
-        "pro"
+        DEV_PRICE
     }
 
     fn dev_source(&self, _local: &Local) -> Value {
@@ -57,7 +64,7 @@ impl Fixtures for PaddleFixtures {
     fn payload(&self, spec: &Spec) -> Result<(String, Value), String> {
         let customer = spec.customer.as_str();
         let event_id = spec.event_id.clone().unwrap_or_else(|| random_id("evt_"));
-        let price_id = spec.plan.clone().unwrap_or_else(|| "pro".into());
+        let price_id = spec.plan.clone().unwrap_or_else(|| DEV_PRICE.into());
         let (start, end) = (time(spec.at), time(spec.at + Duration::days(30)));
         let (event_type, data) = match spec.kind.as_str() {
             "subscription" | "subscription-canceled" => {
