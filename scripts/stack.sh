@@ -157,10 +157,10 @@ stack_env() {
   : "${INBOX_DEV_KINDE_KEY:=$ROOT/.dev/kinde/key.pem}"
   : "${INBOX_DEV_KINDE_KID:=dev-key}"
   export INBOX_DEV_KINDE_KEY INBOX_DEV_KINDE_KID
-  # the console's Engine Room on the three dev sources (all test mode), Kinde signed with the
-  # dev key its JWKS serves
+  # the console's Engine Room on the dev sources its scenarios run on (all test mode), Kinde
+  # signed with the dev key its JWKS serves
   if [ -z "${INBOX_ENGINE_ROOM:-}" ]; then
-    INBOX_ENGINE_ROOM='{"sources":["kinde","polar","stripe"],"kinde_key_file":"'"$INBOX_DEV_KINDE_KEY"'","kinde_kid":"'"$INBOX_DEV_KINDE_KID"'"}'
+    INBOX_ENGINE_ROOM='{"sources":["kinde","polar","stripe","paddle","lemonsqueezy"],"kinde_key_file":"'"$INBOX_DEV_KINDE_KEY"'","kinde_kid":"'"$INBOX_DEV_KINDE_KID"'"}'
   fi
   export INBOX_ENGINE_ROOM
   # cargo lambda watch serves the api function at /lambda-url/api and hands it the path

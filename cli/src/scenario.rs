@@ -26,6 +26,11 @@ pub enum Name {
     Status,
     /// paid, refunded, then a late paid.
     Refund,
+    /// status, on Paddle Billing.
+    StatusPaddle,
+    /// refund, on Lemon Squeezy orders.
+    #[value(name = "refund-lemonsqueezy")]
+    RefundLemonSqueezy,
 }
 
 impl Name {
@@ -35,6 +40,8 @@ impl Name {
             Self::Subscriptions => Scenario::Subscriptions,
             Self::Status => Scenario::Status,
             Self::Refund => Scenario::Refund,
+            Self::StatusPaddle => Scenario::StatusPaddle,
+            Self::RefundLemonSqueezy => Scenario::RefundLemonSqueezy,
         }
     }
 }

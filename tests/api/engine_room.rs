@@ -189,15 +189,16 @@ impl Stage {
         .map_err(|e| e.to_string())
     }
 
-    /// The Engine Room as the api function opens it at cold start, on the three development
-    /// sources (Kinde signed with the test key), waiting as long as the worker here needs.
+    /// The Engine Room as the api function opens it at cold start, on the development sources
+    /// its scenarios run on (Kinde signed with the test key), waiting as long as the worker
+    /// here needs.
     async fn room(&self) -> EngineRoom {
         self.room_signing_kinde_with(KINDE_KEY_FILE).await
     }
 
     async fn room_signing_kinde_with(&self, kinde_key_file: &str) -> EngineRoom {
         let engine_room = json!({
-            "sources": ["kinde", "polar", "stripe"],
+            "sources": ["kinde", "polar", "stripe", "paddle", "lemonsqueezy"],
             "kinde_key_file": kinde_key_file,
             "kinde_kid": KINDE_KID,
         });
@@ -244,6 +245,8 @@ async fn the_engine_room_runs_the_nine_deliveries_to_pro_500_beside_applying_on_
             ("subscriptions", Some("polar".into()), 7),
             ("status", Some("stripe".into()), 3),
             ("refund", Some("polar".into()), 3),
+            ("status-paddle", Some("paddle".into()), 3),
+            ("refund-lemonsqueezy", Some("lemonsqueezy".into()), 3),
         ]
     );
 
@@ -408,7 +411,7 @@ async fn an_unknown_scenario_a_bad_run_or_step_or_a_forged_delivery_is_refused_a
     );
     assert_eq!(
         refused.to_string(),
-        "unknown scenario 'ten-deliveries'; the scenarios are nine-deliveries, subscriptions, status and refund"
+        "unknown scenario 'ten-deliveries'; the scenarios are nine-deliveries, subscriptions, status, refund, status-paddle and refund-lemonsqueezy"
     );
 
     let run = room.start("refund").unwrap();
@@ -502,7 +505,10 @@ async fn an_engine_room_naming_a_live_mode_or_unknown_source_is_refused_at_cold_
         .unwrap();
     let room = EngineRoom::open(&config).await.unwrap().unwrap();
     let sources: Vec<Option<String>> = room.scenarios().into_iter().map(|s| s.source).collect();
-    assert_eq!(sources, [None, None, Some("stripe".into()), None]);
+    assert_eq!(
+        sources,
+        [None, None, Some("stripe".into()), None, None, None]
+    );
     let refused = room.start("nine-deliveries").unwrap_err();
     assert_eq!(
         (refused.code(), refused.status().as_u16(), refused.to_string().as_str()),
@@ -556,7 +562,7 @@ async fn the_admin_api_runs_the_engine_room_and_answers_engine_room_off_without_
         None,
     )
     .await;
-    assert_eq!(listed.body["scenarios"].as_array().map(Vec::len), Some(4));
+    assert_eq!(listed.body["scenarios"].as_array().map(Vec::len), Some(6));
     let refused = call(
         &state,
         "GET",
@@ -632,4 +638,125 @@ async fn the_admin_api_runs_the_engine_room_and_answers_engine_room_off_without_
     .await;
     assert_eq!(trail.body["actions"][0]["action"], "engine_room.run");
     assert_eq!(trail.body["actions"][0]["target"], id.as_str());
+}
+
+/// Status on Paddle Billing and refund on Lemon Squeezy orders, run on those kinds' test-mode
+/// sources: each delivery stored and finished by the worker, and each run ends where the
+/// provider's order says (`past_due`; `refunded`, the late order ignored) while applying on
+/// arrival ends on the delivery that landed last (`active`; `paid`).
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_paddle_and_lemonsqueezy_scenarios_end_right_where_applying_on_arrival_ends_wrong(
+    pool: PgPool,
+) {
+    let stage = stage(pool).await;
+    let room = stage.room().await;
+    let mut finals = Vec::new();
+    for (name, source) in [
+        ("status-paddle", "paddle"),
+        ("refund-lemonsqueezy", "lemonsqueezy"),
+    ] {
+        let run = room.start(name).unwrap();
+        assert_eq!(
+            (run.scenario, run.source.as_str(), run.steps),
+            (name, source, 3)
+        );
+        let mut answers = Vec::new();
+        for n in 1..=run.steps {
+            answers.push(stage.step(&room, &run.run, n).await);
+        }
+        let outcomes: Vec<(&str, &str, Option<&str>)> = answers
+            .iter()
+            .map(|a| {
+                let event = a.event.as_ref().expect("stored");
+                (
+                    a.answer.verdict.as_str(),
+                    event.status,
+                    event.outcome.as_deref(),
+                )
+            })
+            .collect();
+        let (applied, ignored) = (
+            ("stored", "applied", Some("applied")),
+            ("stored", "ignored", Some("ignored")),
+        );
+        assert_eq!(outcomes, [applied, applied, ignored], "{name}");
+        for answer in &answers {
+            let event = stage
+                .app
+                .event(answer.event.as_ref().unwrap().event_id)
+                .await;
+            assert_eq!(event.source, source);
+            assert_eq!(event.customer_key.as_deref(), Some(run.customer.as_str()));
+            assert!(answer.provider_time < chrono::Utc::now(), "{name}");
+        }
+        let last = answers.last().unwrap();
+        finals.push(serde_json::to_value((&last.account, &last.on_arrival, &last.event)).unwrap());
+    }
+    let paddle = &finals[0];
+    // trialing → past_due, with `active` landing last: past_due (the trial's grant kept).
+    assert_eq!(
+        (&paddle[0], &paddle[1]),
+        (
+            &json!({"plan": "free", "balance": 500, "status": "past_due"}),
+            &json!({"plan": "free", "balance": 10, "status": "active"})
+        )
+    );
+    assert!(
+        paddle[2]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("is already stored"),
+        "{paddle}"
+    );
+    let lemonsqueezy = &finals[1];
+    // paid, refunded, a late paid: refunded, which is final (the paid grant is not taken back).
+    assert_eq!(
+        lemonsqueezy[0],
+        json!({"plan": "free", "balance": 500, "status": "refunded"})
+    );
+    assert_eq!(
+        lemonsqueezy[1],
+        json!({"plan": "free", "balance": 10, "status": "paid"})
+    );
+    assert!(
+        lemonsqueezy[2]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("is refunded, which is final"),
+        "{lemonsqueezy}"
+    );
+}
+
+/// `inboxctl scenario status-paddle` and `refund-lemonsqueezy` send the same scripts to the
+/// development sources of those kinds, beside what applying on arrival shows.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn inboxctl_scenario_runs_the_paddle_and_lemonsqueezy_variants(pool: PgPool) {
+    let url = database_url(&pool).await;
+    let app = Arc::new(TestApp::spawn(pool).await);
+    let intake = serve_intake(app.clone()).await;
+    for (name, status, naive) in [
+        (
+            "status-paddle",
+            "past_due",
+            ["free/10/trialing", "free/10/past_due", "free/10/active"],
+        ),
+        (
+            "refund-lemonsqueezy",
+            "refunded",
+            ["free/10/paid", "free/10/refunded", "free/10/paid"],
+        ),
+    ] {
+        let stdout = scenario_cli(&app, &intake, &url, name, true).await;
+        let report: Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(report["final"]["status"], status, "{report}");
+        assert_eq!(naive_columns(&report["timeline"]), naive, "{name}");
+        let outcomes: Vec<&str> = report["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| row["outcome"].as_str().unwrap_or("?"))
+            .collect();
+        assert_eq!(outcomes[..2], ["applied", "applied"], "{report}");
+        assert!(outcomes[2].starts_with("ignored: "), "{report}");
+    }
 }

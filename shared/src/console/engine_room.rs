@@ -8,7 +8,14 @@ use serde_json::Value;
 use super::view::{list, text, Links};
 
 /// The reference scenarios, offered when the answer names none.
-const SCENARIOS: [&str; 4] = ["nine-deliveries", "subscriptions", "status", "refund"];
+const SCENARIOS: [&str; 6] = [
+    "nine-deliveries",
+    "subscriptions",
+    "status",
+    "refund",
+    "status-paddle",
+    "refund-lemonsqueezy",
+];
 
 pub(super) fn render(data: &Value, links: Links) -> Markup {
     if data["enabled"].as_bool() != Some(true) {

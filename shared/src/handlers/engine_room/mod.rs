@@ -116,7 +116,7 @@ pub enum EngineError {
     #[error("the Engine Room is off in this deployment ({ENGINE_ROOM_VAR} is not set)")]
     Off,
     #[error(
-        "unknown scenario '{0}'; the scenarios are nine-deliveries, subscriptions, status and refund"
+        "unknown scenario '{0}'; the scenarios are nine-deliveries, subscriptions, status, refund, status-paddle and refund-lemonsqueezy"
     )]
     UnknownScenario(String),
     #[error(

@@ -20,14 +20,20 @@ pub enum Scenario {
     Status,
     /// paid, refunded, then a late paid.
     Refund,
+    /// [`Scenario::Status`] on Paddle Billing.
+    StatusPaddle,
+    /// [`Scenario::Refund`] on Lemon Squeezy orders.
+    RefundLemonSqueezy,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 4] = [
+    pub const ALL: [Scenario; 6] = [
         Self::NineDeliveries,
         Self::Subscriptions,
         Self::Status,
         Self::Refund,
+        Self::StatusPaddle,
+        Self::RefundLemonSqueezy,
     ];
 
     pub fn name(self) -> &'static str {
@@ -36,6 +42,8 @@ impl Scenario {
             Self::Subscriptions => "subscriptions",
             Self::Status => "status",
             Self::Refund => "refund",
+            Self::StatusPaddle => "status-paddle",
+            Self::RefundLemonSqueezy => "refund-lemonsqueezy",
         }
     }
 
@@ -105,6 +113,25 @@ impl Scenario {
                     ],
                 }
             }
+            Self::StatusPaddle => {
+                // Paddle's subscription notifications, the catalog keyed by price id (§6.4).
+                let s = |tag, status, at, naive| {
+                    Step::new("subscription", tag, at, naive)
+                        .plan(crate::providers::paddle::fixtures::DEV_PRICE)
+                        .object("sub_status")
+                        .status(status)
+                };
+                Script {
+                    source: "paddle",
+                    kind: SourceKind::Paddle,
+                    start: None,
+                    steps: vec![
+                        s("trial", "trialing", 0, Status("trialing")),
+                        s("past_due", "past_due", 2, Status("past_due")),
+                        s("active", "active", 1, Status("active")),
+                    ],
+                }
+            }
             Self::Refund => {
                 let s = |tag, kind, at, naive| {
                     Step::new(kind, tag, at, naive)
@@ -119,6 +146,25 @@ impl Scenario {
                         s("paid", "order-paid", 0, Status("paid")),
                         s("refund", "order-refunded", 1, Status("refunded")),
                         s("late", "order-paid", 2, Status("paid")),
+                    ],
+                }
+            }
+            Self::RefundLemonSqueezy => {
+                // Lemon Squeezy's orders, the catalog keyed by variant id (§6.5). Its payloads
+                // carry no event id: each step is an event of its own by what it says.
+                let s = |tag, kind, at, naive| {
+                    Step::new(kind, tag, at, naive)
+                        .plan(crate::providers::lemonsqueezy::fixtures::DEV_VARIANT)
+                        .object("ord_1")
+                };
+                Script {
+                    source: "lemonsqueezy",
+                    kind: SourceKind::LemonSqueezy,
+                    start: None,
+                    steps: vec![
+                        s("paid", "order-created", 0, Status("paid")),
+                        s("refund", "order-refunded", 1, Status("refunded")),
+                        s("late", "order-created", 2, Status("paid")),
                     ],
                 }
             }
@@ -358,7 +404,9 @@ mod tests {
     fn catalog() -> Catalog {
         Catalog::parse(
             r#"{"free":{"plan":"free","monthly_allowance":10},"pro":{"plan":"pro","monthly_allowance":500},
-                "price_pro":{"plan":"pro","monthly_allowance":500},"prod_pro":{"plan":"pro","monthly_allowance":500}}"#,
+                "price_pro":{"plan":"pro","monthly_allowance":500},"prod_pro":{"plan":"pro","monthly_allowance":500},
+                "pri_01gsz8x8sawmvhz1pv30nge1ke":{"plan":"pro","monthly_allowance":500},
+                "101":{"plan":"pro","monthly_allowance":500}}"#,
         )
         .unwrap()
     }
@@ -424,6 +472,91 @@ mod tests {
         assert_eq!(
             Scenario::Status.script().what(1),
             "subscription sub_status trialing, plan price_pro, at the start"
+        );
+        assert_eq!(
+            Scenario::parse("status-paddle"),
+            Some(Scenario::StatusPaddle)
+        );
+        assert_eq!(
+            Scenario::StatusPaddle.script().what(3),
+            "subscription sub_status active, plan pri_01gsz8x8sawmvhz1pv30nge1ke, minute 1"
+        );
+        assert_eq!(
+            Scenario::parse("refund-lemonsqueezy"),
+            Some(Scenario::RefundLemonSqueezy)
+        );
+        assert_eq!(
+            Scenario::RefundLemonSqueezy.script().what(2),
+            "order-refunded ord_1, plan 101, minute 1"
+        );
+    }
+
+    /// Each script is shaped for its source kind: every step (and the starting point) is a kind
+    /// that provider's fixtures build, its plan key one the development catalog names for it,
+    /// and it goes to that kind's development source (`inboxctl scenario`).
+    #[test]
+    fn every_step_is_a_delivery_its_providers_fixtures_build() {
+        use crate::providers::fixtures;
+        let start = DateTime::from_timestamp(1_764_700_000, 0).unwrap();
+        let sources = fixtures::dev_sources(&fixtures::Local { jwks_url: "" });
+        for scenario in Scenario::ALL {
+            let script = scenario.script();
+            let dev = sources
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["name"] == script.source)
+                .unwrap_or_else(|| panic!("{}: no dev source {}", scenario.name(), script.source));
+            assert_eq!(dev["kind"], script.kind.as_str(), "{}", scenario.name());
+            for step in script.start.iter().chain(&script.steps) {
+                assert!(
+                    fixtures::all_kinds(script.kind).contains(&step.kind),
+                    "{}: {}",
+                    scenario.name(),
+                    step.kind
+                );
+                let spec = step.spec("er_1", "1_ab", start);
+                fixtures::payload(script.kind, &spec)
+                    .unwrap_or_else(|e| panic!("{}: {e}", scenario.name()));
+            }
+            assert!(
+                script
+                    .plan_keys()
+                    .iter()
+                    .all(|key| catalog().get(key).is_some()),
+                "{}: {:?}",
+                scenario.name(),
+                script.plan_keys()
+            );
+        }
+        assert_eq!(
+            (
+                Scenario::StatusPaddle.script().kind,
+                Scenario::RefundLemonSqueezy.script().kind
+            ),
+            (SourceKind::Paddle, SourceKind::LemonSqueezy)
+        );
+    }
+
+    /// On arrival, Paddle's status scenario ends `active` (the delivery that landed last), and
+    /// Lemon Squeezy's refund ends `paid` (the late order): where the pipeline ends
+    /// `past_due` and `refunded`.
+    #[test]
+    fn applied_on_arrival_the_provider_variants_end_on_the_last_delivery() {
+        let catalog = catalog();
+        let paddle = Scenario::StatusPaddle.script();
+        assert_eq!(
+            OnArrival::after(&paddle, 3, &catalog),
+            line("free", 10, "active")
+        );
+        let lemonsqueezy = Scenario::RefundLemonSqueezy.script();
+        assert_eq!(
+            OnArrival::after(&lemonsqueezy, 2, &catalog),
+            line("free", 10, "refunded")
+        );
+        assert_eq!(
+            OnArrival::after(&lemonsqueezy, 3, &catalog),
+            line("free", 10, "paid")
         );
     }
 
