@@ -6,7 +6,9 @@
 Runs paddle-python-sdk's `paddle_billing.Notifications.Verifier` as a Paddle integration
 would: a request object with the raw body and its headers, the destination's secrets as
 `Secret`s (a list, the SDK's rotation form), the SDK's own time check (5 s either side of
-this machine's clock). Prints `valid` (exit 0) or `invalid` (exit 1); anything the SDK
+this machine's clock). Prints `valid` (exit 0) or `invalid` (exit 1), or `stale` (exit 3)
+when the SDK refused a header whose `ts` was outside its 5 s by then (a caller that signed just
+before may sign again: a loaded machine can take that long to start this); anything the SDK
 raises other than its refusal is an error (exit 2). Run it with the python of the tool set
 `paddle-sdk` (scripts/tools/paddle-sdk.txt): `$(bash scripts/tools.sh bin paddle-sdk)/python`.
 """
@@ -15,8 +17,9 @@ import argparse
 import logging
 import os
 import sys
+from time import time
 
-from paddle_billing.Notifications import Secret, Verifier
+from paddle_billing.Notifications import PaddleSignature, Secret, Verifier
 
 
 class Headers:
@@ -47,14 +50,21 @@ def main() -> int:
     logging.disable(logging.CRITICAL)
     request = Request(sys.stdin.buffer.read(), {"Paddle-Signature": args.header})
     secrets = [Secret(s) for s in args.secret]
+    verifier = Verifier()
     try:
-        verdict = Verifier().verify(request, secrets)
+        verdict = verifier.verify(request, secrets)
     except ConnectionRefusedError:
         # The SDK raises this when no secret of a list verifies.
         verdict = False
     except Exception as e:  # noqa: BLE001 - any other failure is not a verdict
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    if not verdict:
+        # The SDK's own time check (Verifier.verify), read again to say why it refused.
+        ts, _ = PaddleSignature.parse(args.header)
+        if abs(time() - ts) > verifier.maximum_variance:
+            print("stale")
+            return 3
     print("valid" if verdict else "invalid")
     return 0 if verdict else 1
 
