@@ -167,7 +167,7 @@ fn paddles_sdk_verifies_our_signatures_and_refuses_what_ours_refuses() {
             &python,
             &format!("rotation, secrets {secrets:?}"),
             &body,
-            &rotated,
+            rotated,
             secrets
         ));
     }
@@ -175,7 +175,7 @@ fn paddles_sdk_verifies_our_signatures_and_refuses_what_ours_refuses() {
         &python,
         "rotation, a third secret",
         &body,
-        &rotated,
+        rotated,
         &["pdl_ntfset_01third"]
     ));
     let mut tampered = body.clone();
@@ -184,7 +184,7 @@ fn paddles_sdk_verifies_our_signatures_and_refuses_what_ours_refuses() {
         &python,
         "rotation, the body cut",
         &tampered,
-        &rotated,
+        rotated,
         &[new, old]
     ));
 
