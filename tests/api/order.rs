@@ -4,16 +4,19 @@
 //! delivered in random order with random copies and injected failures, and must end in
 //! exactly the state that applying each once in provider-time order gives.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{json, Value};
-use shared::domain::EventStatus;
+use shared::domain::{CustomerId, EventStatus, SourceKind};
 use shared::handlers::worker::{Processed, WorkerState};
 use shared::platform::sim::{with_interrupts, Fault, FaultAction, Point};
-use shared::providers::{kinde, standard_webhooks, stripe};
+use shared::providers::{kinde, standard_webhooks, stripe, Reads, SubscriptionNow};
+use shared::BoxFuture;
 use sqlx::PgPool;
 
 use crate::helpers::test_worker;
@@ -104,6 +107,32 @@ pub(crate) enum Event {
         outcome: u8,
         at: u32,
     },
+    /// Lemon Squeezy: a subscription's state (`subscription_*`, by its status), its variant
+    /// fixed by `sub` ([`ls_variant`]): a subscription invoice names its subscription, never a
+    /// variant, so it grants the plan of its subscription (docs/design.md §6.5).
+    LsSubscription {
+        customer: u8,
+        sub: u8,
+        status: &'static str,
+        ends: u8,
+        at: u32,
+    },
+    /// Lemon Squeezy: an invoice of one of the customer's subscriptions
+    /// (`subscription_payment_success`, `_failed`, `_refunded`), as `outcome` 0, 1 or 2.
+    LsInvoice {
+        customer: u8,
+        invoice: u8,
+        outcome: u8,
+        at: u32,
+    },
+    /// Lemon Squeezy: an order of a variant (`order_created`, or `order_refunded`).
+    LsOrder {
+        customer: u8,
+        order: u8,
+        variant: u32,
+        refunded: bool,
+        at: u32,
+    },
     /// A Polar benefit grant (`benefit_grant.updated` or `.revoked`) of a feature-flag benefit
     /// whose metadata names `feature` (`key` or `key=value`). The property test draws it
     /// ([`grant_strategy`]), and the simulator beside its workload ([`entitlement_strategy`]).
@@ -152,6 +181,48 @@ pub(crate) fn active_entitlements(customer: u8, keys: u8) -> Vec<Value> {
         .filter(|(n, _)| keys & (1 << n) != 0)
         .map(|(n, key)| stripe::fixtures::active_entitlement(&format!("{customer}{n}"), key))
         .collect()
+}
+
+/// The Lemon Squeezy variants of subscription 0 and 1 (the catalog's `101` pro and `102`
+/// team), and one the catalog does not know; every variant is of product 9, which it does not
+/// know either.
+pub(crate) const LS_VARIANTS: [u32; 2] = [101, 102];
+const LS_UNKNOWN_VARIANT: u32 = 109;
+const LS_PRODUCT: u32 = 9;
+
+/// The variant of the customer's Lemon Squeezy subscription `sub`.
+pub(crate) fn ls_variant(sub: u8) -> u32 {
+    LS_VARIANTS[usize::from(sub % 2)]
+}
+
+/// The id of the customer's Lemon Squeezy subscription `sub` (the namespace makes it text).
+pub(crate) fn ls_subscription_id(customer: u8, sub: u8, ns: &str) -> String {
+    format!("ls{customer}{sub}_{ns}")
+}
+
+/// A Lemon Squeezy time, as its objects write them (microseconds).
+fn ls_time(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+/// The `data` of corpus file `name` (testdata/providers/lemonsqueezy/): the shape every
+/// Lemon Squeezy event of the property is made from.
+fn ls_template(name: &str) -> Value {
+    static FILES: std::sync::LazyLock<std::collections::HashMap<String, Value>> =
+        std::sync::LazyLock::new(|| {
+            crate::corpus::corpus("lemonsqueezy")
+                .into_iter()
+                .map(|(name, body)| (name, body["data"].clone()))
+                .collect()
+        });
+    FILES[name].clone()
+}
+
+/// A Lemon Squeezy delivery's body: `meta` as the corpus's, `data` the object.
+fn ls_body(event_name: &str, data: Value) -> Value {
+    json!({"meta": {"test_mode": true, "event_name": event_name,
+                    "webhook_id": "9a3c1d52-7e1b-4f0a-8c55-2b6f4a1e9d07"},
+           "data": data})
 }
 
 /// A subscription's ends in the few shapes providers send: nothing scheduled, a
@@ -248,10 +319,12 @@ fn event_strategy() -> impl Strategy<Value = Event> {
                 }
             ),
     ];
-    // Known prices only: a renewal of a price the catalog does not know takes its
-    // subscription's plan from the register, which depends on the subscription's event having
-    // come first (docs/design.md §9, the fold's limits; Stripe's invoices escape it by reading
-    // the subscription, which no fake here serves for Paddle). The decide tests keep it.
+    // Subscription 1 stays on one price (team) and its transactions may name a price the
+    // catalog does not know (`pri_legacy`): such a renewal grants its subscription's plan, from
+    // the register or, before any event of the subscription, from its read (the property's
+    // worker reads [`CaseObjects`]). A plan that changed between the two events' times would
+    // make it depend on their arrival (docs/design.md §9, the fold's limits), so subscription
+    // 0, whose price changes, has only renewals that name theirs.
     let paddle_price = prop_oneof![Just("pro"), Just("team")];
     let paddle = prop_oneof![
         (
@@ -273,7 +346,7 @@ fn event_strategy() -> impl Strategy<Value = Event> {
                     customer,
                     sub,
                     status,
-                    price,
+                    price: if sub == 1 { "team" } else { price },
                     ends,
                     at,
                 }
@@ -282,17 +355,76 @@ fn event_strategy() -> impl Strategy<Value = Event> {
             customer.clone(),
             0u8..3,
             paddle_price,
+            proptest::bool::weighted(0.4),
             prop_oneof![6 => Just(0u8), 2 => Just(1u8), 2 => Just(2u8)],
             at.clone()
         )
-            .prop_map(|(customer, txn, price, outcome, at)| {
+            .prop_map(|(customer, txn, price, unknown, outcome, at)| {
                 Event::PaddleTransaction {
                     customer,
                     txn,
-                    price,
+                    price: if unknown && txn % 2 == 1 {
+                        "pri_legacy"
+                    } else {
+                        price
+                    },
                     outcome,
                     at,
                 }
+            }),
+    ];
+    let lemonsqueezy = prop_oneof![
+        (
+            customer.clone(),
+            0u8..2,
+            prop_oneof![
+                Just("on_trial"),
+                Just("active"),
+                Just("paused"),
+                Just("past_due"),
+                Just("unpaid"),
+                Just("cancelled"),
+                Just("expired")
+            ],
+            0..ENDS,
+            at.clone()
+        )
+            .prop_map(|(customer, sub, status, ends, at)| Event::LsSubscription {
+                customer,
+                sub,
+                status,
+                ends,
+                at
+            }),
+        (
+            customer.clone(),
+            0u8..3,
+            prop_oneof![6 => Just(0u8), 2 => Just(1u8), 2 => Just(2u8)],
+            at.clone()
+        )
+            .prop_map(|(customer, invoice, outcome, at)| Event::LsInvoice {
+                customer,
+                invoice,
+                outcome,
+                at
+            }),
+        (
+            customer.clone(),
+            0u8..2,
+            prop_oneof![
+                Just(LS_VARIANTS[0]),
+                Just(LS_VARIANTS[1]),
+                Just(LS_UNKNOWN_VARIANT)
+            ],
+            proptest::bool::weighted(0.2),
+            at.clone()
+        )
+            .prop_map(|(customer, order, variant, refunded, at)| Event::LsOrder {
+                customer,
+                order,
+                variant,
+                refunded,
+                at
             }),
     ];
     let billing = prop_oneof![
@@ -375,7 +507,7 @@ fn event_strategy() -> impl Strategy<Value = Event> {
             }
         }),
     ];
-    prop_oneof![14 => billing, 4 => polar, 3 => paddle, 1 => deletion]
+    prop_oneof![14 => billing, 4 => polar, 3 => paddle, 3 => lemonsqueezy, 1 => deletion]
 }
 
 /// A delivery of event `index`: copies deliver the same event again; `fail` injects a
@@ -516,15 +648,29 @@ pub(crate) fn materialize(index: usize, event: &Event, ns: &str) -> Materialized
         "kinde" => kinde::parse_claims(payload, Some(key.clone()), Utc::now()),
         "polar" => standard_webhooks::parse_event(&key, &body, Utc::now()),
         "paddle" => shared::providers::paddle::parse_event(&body, Utc::now()),
+        "lemonsqueezy" => shared::providers::lemonsqueezy::parse_event(&body, Utc::now()),
         _ => stripe::parse_event(&body, Utc::now()),
+    };
+    let (dedupe_key, at) = match source {
+        // Its key is made from the body (no event id), its time has microseconds.
+        "lemonsqueezy" => (verified.dedupe_key.as_str().to_owned(), ls_at(index, at)),
+        _ => (key, time(at)),
     };
     Materialized {
         source,
-        dedupe_key: key,
-        at: time(at),
+        dedupe_key,
+        at,
         verified,
         body,
     }
+}
+
+/// A Lemon Squeezy event's time: its coarse time and, in microseconds, its index. Its key is
+/// a digest of its body, which the namespace changes, so two states of one object at one time
+/// would be ordered apart in two namespaces: its times never tie (Lemon Squeezy's are in
+/// microseconds, where ties are rare).
+fn ls_at(index: usize, at: u32) -> DateTime<Utc> {
+    time(at) + Duration::microseconds(index as i64 + 1)
 }
 
 /// The event's source, its payload (Stripe's event, Kinde's claims) and its time.
@@ -769,6 +915,97 @@ pub(crate) fn payload(index: usize, event: &Event, ns: &str) -> (&'static str, V
                 "data": data});
             ("paddle", event, *at)
         }
+        Event::LsSubscription {
+            customer,
+            sub,
+            status,
+            ends,
+            at,
+        } => {
+            let t = ls_at(index, *at);
+            let ends = Ends::of(*ends, status, *at);
+            let mut data = ls_template("subscription_created");
+            data["id"] = json!(ls_subscription_id(*customer, *sub, ns));
+            let a = &mut data["attributes"];
+            a["customer_id"] = json!(customer_id(*customer, ns));
+            a["variant_id"] = json!(ls_variant(*sub));
+            a["product_id"] = json!(LS_PRODUCT);
+            a["status"] = json!(status);
+            a["cancelled"] = json!(*status == "cancelled");
+            a["renews_at"] = json!(ls_time(ends.current_period_end));
+            a["trial_ends_at"] = json!(ends.trial_end.map(ls_time));
+            a["ends_at"] = match *status {
+                "cancelled" => json!(ls_time(ends.current_period_end)),
+                "expired" => json!(ls_time(t)),
+                _ => Value::Null,
+            };
+            a["created_at"] = json!(ls_time(time(0)));
+            a["updated_at"] = json!(ls_time(t));
+            let event_name = match *status {
+                "cancelled" => "subscription_cancelled",
+                "expired" => "subscription_expired",
+                "paused" => "subscription_paused",
+                _ => "subscription_updated",
+            };
+            ("lemonsqueezy", ls_body(event_name, data), *at)
+        }
+        Event::LsInvoice {
+            customer,
+            invoice,
+            outcome,
+            at,
+        } => {
+            let t = ls_at(index, *at);
+            let mut data = ls_template("subscription_payment_success");
+            data["id"] = json!(format!("lsinv{customer}{invoice}_{ns}"));
+            let a = &mut data["attributes"];
+            a["subscription_id"] = json!(ls_subscription_id(*customer, invoice % 2, ns));
+            a["customer_id"] = json!(customer_id(*customer, ns));
+            a["billing_reason"] = json!("renewal");
+            let (event_name, status) = match outcome {
+                0 => ("subscription_payment_success", "paid"),
+                1 => ("subscription_payment_failed", "pending"),
+                _ => ("subscription_payment_refunded", "refunded"),
+            };
+            a["status"] = json!(status);
+            a["refunded"] = json!(*outcome == 2);
+            if *outcome == 2 {
+                a["refunded_amount"] = a["total"].clone();
+                a["refunded_at"] = json!(ls_time(t));
+            }
+            a["created_at"] = json!(ls_time(time(0)));
+            a["updated_at"] = json!(ls_time(t));
+            ("lemonsqueezy", ls_body(event_name, data), *at)
+        }
+        Event::LsOrder {
+            customer,
+            order,
+            variant,
+            refunded,
+            at,
+        } => {
+            let t = ls_at(index, *at);
+            let mut data = ls_template("order_created");
+            data["id"] = json!(format!("lsord{customer}{order}_{ns}"));
+            let a = &mut data["attributes"];
+            a["customer_id"] = json!(customer_id(*customer, ns));
+            a["first_order_item"]["variant_id"] = json!(variant);
+            a["first_order_item"]["product_id"] = json!(LS_PRODUCT);
+            a["status"] = json!(if *refunded { "refunded" } else { "paid" });
+            a["refunded"] = json!(refunded);
+            if *refunded {
+                a["refunded_amount"] = a["total"].clone();
+                a["refunded_at"] = json!(ls_time(t));
+            }
+            a["created_at"] = json!(ls_time(time(0)));
+            a["updated_at"] = json!(ls_time(t));
+            let event_name = if *refunded {
+                "order_refunded"
+            } else {
+                "order_created"
+            };
+            ("lemonsqueezy", ls_body(event_name, data), *at)
+        }
         Event::PolarCustomerDeleted { customer, at } => {
             let data = json!({"id": customer_id(*customer, ns), "email": "gone@example.com",
                 "organization_id": "org_1", "created_at": time(0).to_rfc3339(),
@@ -865,7 +1102,7 @@ pub(crate) async fn state_of(pool: &PgPool, worker: &WorkerState, ns: &str) -> V
     let mut conn = pool.acquire().await.unwrap();
     let mut accounts = Vec::new();
     for customer in 0..CUSTOMERS {
-        for source in ["kinde", "stripe", "polar", "paddle"] {
+        for source in ["kinde", "stripe", "polar", "paddle", "lemonsqueezy"] {
             let id = customer_id(customer, ns);
             let mut balances = Vec::new();
             for period in PERIODS {
@@ -897,9 +1134,155 @@ pub(crate) async fn state_of(pool: &PgPool, worker: &WorkerState, ns: &str) -> V
     serde_json::from_str(&text).unwrap()
 }
 
+/// What Paddle and Lemon Squeezy show of each subscription the case names, as their
+/// `GET /subscriptions/{id}` and `GET /v1/subscriptions/{id}` would answer once every event
+/// happened: its latest state, by provider time then key (the same in every namespace); one
+/// no event names is unknown (404). A tie's read shows that state too, so the provider
+/// settles a same-time tie, in every order alike (docs/design.md §4.2).
+#[derive(Clone, Default)]
+pub(crate) struct CaseObjects(Arc<Mutex<HashMap<String, Shown>>>);
+
+/// A subscription's latest event: its place in the order, its provider's kind and the event.
+struct Shown {
+    at: DateTime<Utc>,
+    key: String,
+    kind: SourceKind,
+    event_type: String,
+    payload: Value,
+}
+
+impl CaseObjects {
+    /// Takes the subscriptions of `events` (one namespace's) as their providers show them.
+    pub(crate) fn show(&self, events: &[Materialized]) {
+        let mut objects = self.0.lock().unwrap();
+        for m in events {
+            let (Some(payload), Ok(meta)) = (m.verified.payload.as_ref(), &m.verified.meta) else {
+                continue;
+            };
+            let kind = match m.source {
+                "paddle" if meta.event_type.starts_with("subscription.") => SourceKind::Paddle,
+                "lemonsqueezy" if payload["data"]["type"] == "subscriptions" => {
+                    SourceKind::LemonSqueezy
+                }
+                _ => continue,
+            };
+            let Some(id) = payload["data"]["id"].as_str() else {
+                continue;
+            };
+            let newer = objects
+                .get(id)
+                .is_none_or(|held| (m.at, &m.dedupe_key) > (held.at, &held.key));
+            if newer {
+                objects.insert(
+                    id.to_owned(),
+                    Shown {
+                        at: m.at,
+                        key: m.dedupe_key.clone(),
+                        kind,
+                        event_type: meta.event_type.clone(),
+                        payload: payload.clone(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// The subscription as its provider's API answers it (the `data` of its latest event).
+    fn object(&self, id: &str) -> Option<Value> {
+        let objects = self.0.lock().unwrap();
+        objects.get(id).map(|shown| shown.payload["data"].clone())
+    }
+
+    /// The subscription as `decide` reads its latest event, with the ids it names.
+    fn now(&self, id: &str) -> Option<SubscriptionNow> {
+        let objects = self.0.lock().unwrap();
+        let shown = objects.get(id)?;
+        let catalog = shared::domain::Catalog::parse(crate::helpers::PLANS).unwrap();
+        let decision =
+            shared::providers::decide(shown.kind, &shown.event_type, &shown.payload, &catalog);
+        let shared::billing::Decision::Apply { effects, .. } = decision else {
+            return None;
+        };
+        let (status, ends) = effects.into_iter().find_map(|e| match e {
+            shared::billing::Effect::Subscription { status, ends, .. } => Some((status, ends)),
+            _ => None,
+        })?;
+        let data = &shown.payload["data"];
+        let text = |v: &Value| match v {
+            Value::Number(n) => Some(n.to_string()),
+            Value::String(s) => Some(s.clone()),
+            _ => None,
+        };
+        let plan_keys = match shown.kind {
+            SourceKind::Paddle => data["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|item| [&item["price"]["id"], &item["price"]["product_id"]])
+                .filter_map(text)
+                .collect(),
+            _ => [
+                &data["attributes"]["variant_id"],
+                &data["attributes"]["product_id"],
+            ]
+            .into_iter()
+            .filter_map(text)
+            .collect(),
+        };
+        Some(SubscriptionNow {
+            status,
+            plan_keys,
+            ends,
+        })
+    }
+}
+
+impl Reads for CaseObjects {
+    fn subscription<'a>(
+        &'a self,
+        _customer: &'a CustomerId,
+        id: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<SubscriptionNow>>> {
+        Box::pin(std::future::ready(Ok(self.now(id))))
+    }
+
+    fn subscription_object<'a>(
+        &'a self,
+        _customer: &'a CustomerId,
+        id: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
+        Box::pin(std::future::ready(Ok(self.object(id))))
+    }
+}
+
+/// The property's worker: the test worker, whose Paddle and Lemon Squeezy sources read
+/// `objects`.
+pub(crate) fn reading_worker(pool: PgPool, objects: &CaseObjects) -> WorkerState {
+    let mut worker = test_worker(pool);
+    for (name, kind) in [
+        ("paddle", SourceKind::Paddle),
+        ("lemonsqueezy", SourceKind::LemonSqueezy),
+    ] {
+        worker.sources.insert(
+            name.into(),
+            shared::handlers::worker::WorkerSource {
+                kind,
+                livemode: None,
+                reads: Some(Box::new(objects.clone())),
+            },
+        );
+    }
+    worker
+}
+
 static CASE: AtomicUsize = AtomicUsize::new(0);
 
-async fn check(pool: &PgPool, worker: &WorkerState, case: &Case) -> Result<(), TestCaseError> {
+async fn check(
+    pool: &PgPool,
+    worker: &WorkerState,
+    objects: &CaseObjects,
+    case: &Case,
+) -> Result<(), TestCaseError> {
     let n = CASE.fetch_add(1, Ordering::Relaxed);
     let (canon, shuffled) = (format!("k{n}"), format!("s{n}"));
 
@@ -910,6 +1293,7 @@ async fn check(pool: &PgPool, worker: &WorkerState, case: &Case) -> Result<(), T
         .enumerate()
         .map(|(i, e)| materialize(i, e, &canon))
         .collect();
+    objects.show(&reference);
     reference.sort_by(|a, b| (a.at, &a.dedupe_key).cmp(&(b.at, &b.dedupe_key)));
     for m in &reference {
         let id = store(pool, m).await;
@@ -923,6 +1307,7 @@ async fn check(pool: &PgPool, worker: &WorkerState, case: &Case) -> Result<(), T
         .enumerate()
         .map(|(i, e)| materialize(i, e, &shuffled))
         .collect();
+    objects.show(&events);
     let mut ids = Vec::new();
     for delivery in &case.deliveries {
         let id = store(pool, &events[delivery.index]).await;
@@ -952,7 +1337,8 @@ async fn check(pool: &PgPool, worker: &WorkerState, case: &Case) -> Result<(), T
 fn billing_state_is_the_same_for_every_order_copies_and_failures() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let (pool, database) = runtime.block_on(crate::helpers::fresh_database());
-    let worker = test_worker(pool.clone());
+    let objects = CaseObjects::default();
+    let worker = reading_worker(pool.clone(), &objects);
     let cases = std::env::var("INBOX_PROPTEST_CASES")
         .ok()
         .and_then(|c| c.parse().ok())
@@ -963,7 +1349,66 @@ fn billing_state_is_the_same_for_every_order_copies_and_failures() {
         ..Config::default()
     });
     let result = runner.run(&case_strategy_with_grants(), |case| {
-        runtime.block_on(check(&pool, &worker, &case))
+        runtime.block_on(check(&pool, &worker, &objects, &case))
+    });
+    runtime.block_on(crate::helpers::drop_database(pool, &database));
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+}
+
+/// A payment that takes its subscription's plan, delivered before the subscription's only
+/// event (a month earlier), ends as in provider order: its worker reads the subscription
+/// (Paddle's renewal of a price the catalog does not know, a Lemon Squeezy invoice). Without
+/// the read it granted nothing in its month (docs/design.md §6.4, §6.5).
+#[test]
+fn a_payment_before_its_subscription_ends_as_in_provider_order() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (pool, database) = runtime.block_on(crate::helpers::fresh_database());
+    let objects = CaseObjects::default();
+    let worker = reading_worker(pool.clone(), &objects);
+    let paddle = vec![
+        Event::PaddleSubscription {
+            customer: 0,
+            sub: 1,
+            status: "active",
+            price: "team",
+            ends: 0,
+            at: 0,
+        },
+        Event::PaddleTransaction {
+            customer: 0,
+            txn: 1,
+            price: "pri_legacy",
+            outcome: 0,
+            at: 30,
+        },
+    ];
+    let lemonsqueezy = vec![
+        Event::LsSubscription {
+            customer: 1,
+            sub: 1,
+            status: "active",
+            ends: 0,
+            at: 0,
+        },
+        Event::LsInvoice {
+            customer: 1,
+            invoice: 1,
+            outcome: 0,
+            at: 30,
+        },
+    ];
+    let payment_first = || [1, 0].map(|index| Delivery { index, fail: false }).to_vec();
+    let result = runtime.block_on(async {
+        for events in [paddle, lemonsqueezy] {
+            let case = Case {
+                events,
+                deliveries: payment_first(),
+            };
+            check(&pool, &worker, &objects, &case).await?;
+        }
+        Ok::<(), TestCaseError>(())
     });
     runtime.block_on(crate::helpers::drop_database(pool, &database));
     if let Err(failure) = result {
@@ -1031,6 +1476,56 @@ fn the_propertys_paddle_events_are_applied() {
         let payload = m.verified.payload.as_ref().unwrap();
         let decision = shared::providers::decide(
             shared::domain::SourceKind::Paddle,
+            &meta.event_type,
+            payload,
+            &catalog,
+        );
+        assert!(
+            matches!(decision, shared::billing::Decision::Apply { .. }),
+            "{event:?}: {decision:?}"
+        );
+    }
+}
+
+/// The property's Lemon Squeezy events are read and applied as Lemon Squeezy's own would be:
+/// none is unprocessable, so the property compares real Lemon Squeezy state.
+#[test]
+fn the_propertys_lemonsqueezy_events_are_applied() {
+    let catalog = shared::domain::Catalog::parse(crate::helpers::PLANS).unwrap();
+    let mut events: Vec<Event> = ["on_trial", "active", "paused", "past_due", "unpaid"]
+        .into_iter()
+        .chain(["cancelled", "expired"])
+        .enumerate()
+        .map(|(n, status)| Event::LsSubscription {
+            customer: 0,
+            sub: (n % 2) as u8,
+            status,
+            ends: (n % 4) as u8,
+            at: n as u32,
+        })
+        .collect();
+    events.extend((0..3).map(|outcome| Event::LsInvoice {
+        customer: 0,
+        invoice: 1,
+        outcome,
+        at: 8,
+    }));
+    events.extend([false, true].map(|refunded| Event::LsOrder {
+        customer: 0,
+        order: 1,
+        variant: LS_VARIANTS[1],
+        refunded,
+        at: 9,
+    }));
+    for (index, event) in events.iter().enumerate() {
+        let m = materialize(index, event, "t");
+        assert_eq!(m.source, "lemonsqueezy");
+        let meta = m.verified.meta.as_ref().unwrap();
+        assert_eq!(meta.customer.as_ref().unwrap().as_str(), "c0_t");
+        assert_eq!(meta.occurred_at.as_datetime(), m.at);
+        let payload = m.verified.payload.as_ref().unwrap();
+        let decision = shared::providers::decide(
+            SourceKind::LemonSqueezy,
             &meta.event_type,
             payload,
             &catalog,

@@ -101,7 +101,11 @@ const CATALOG: &str = r#"{
     "price_team": {"plan": "team", "monthly_allowance": 2000,
                    "features": {"sso": true, "seats": 50, "export": "pdf", "audit-log": true}},
     "prod_team": {"plan": "team", "monthly_allowance": 2000,
-                  "features": {"sso": true, "seats": 50, "export": "pdf", "audit-log": true}}
+                  "features": {"sso": true, "seats": 50, "export": "pdf", "audit-log": true}},
+    "101": {"plan": "pro", "monthly_allowance": 500,
+            "features": {"sso": true, "seats": 10, "export": "csv"}},
+    "102": {"plan": "team", "monthly_allowance": 2000,
+            "features": {"sso": true, "seats": 50, "export": "pdf", "audit-log": true}}
 }"#;
 
 /// The seeded source of every decision.
@@ -421,6 +425,9 @@ static READ_FAULTS: AtomicUsize = AtomicUsize::new(0);
 /// Invoices' subscription reads stored and applied, and those made for a change 2 s before a
 /// month began (printed by `sim::seeds`).
 static INVOICE_READS: AtomicUsize = AtomicUsize::new(0);
+/// Of those, the reads made for a Paddle renewal and for a Lemon Squeezy invoice.
+static PADDLE_READS: AtomicUsize = AtomicUsize::new(0);
+static LEMONSQUEEZY_READS: AtomicUsize = AtomicUsize::new(0);
 static READS_ACROSS_A_MONTH: AtomicUsize = AtomicUsize::new(0);
 /// Stripe summaries that came whole, and of those that said `has_more`, how many were applied
 /// as the complete list read and how many found their customer gone; list reads that answered
@@ -506,7 +513,7 @@ impl SimReads {
         let object = reads.objects.get(id).cloned();
         let shown = object
             .as_ref()
-            .and_then(|o| o["status"].as_str())
+            .and_then(|o| o["status"].as_str().or(o["attributes"]["status"].as_str()))
             .unwrap_or("404");
         reads
             .trace
@@ -962,6 +969,9 @@ struct World {
     reads: SimReads,
     /// How each event of the case is sent (`Snapshot` for all but Stripe subscriptions).
     sent: Vec<Sent>,
+    /// The dedupe key each event of the case is stored under (`e{index}_{ns}`, or what a
+    /// Lemon Squeezy body makes).
+    keys: Vec<String>,
     /// The invoices (by index) that name a subscription no event names: its plan is known
     /// only by the provider read the worker makes for the invoice.
     invoice_reads: HashMap<usize, String>,
@@ -1111,14 +1121,21 @@ impl World {
             faults: true,
             trace: Vec::new(),
         })));
-        worker.sources.insert(
-            "stripe".into(),
-            shared::handlers::worker::WorkerSource {
-                kind: shared::domain::SourceKind::Stripe,
-                livemode: None,
-                reads: Some(Box::new(reads.clone())),
-            },
-        );
+        // So do Paddle's and Lemon Squeezy's: a payment before its subscription reads it.
+        for (name, kind) in [
+            ("stripe", shared::domain::SourceKind::Stripe),
+            ("paddle", shared::domain::SourceKind::Paddle),
+            ("lemonsqueezy", shared::domain::SourceKind::LemonSqueezy),
+        ] {
+            worker.sources.insert(
+                name.into(),
+                shared::handlers::worker::WorkerSource {
+                    kind,
+                    livemode: None,
+                    reads: Some(Box::new(reads.clone())),
+                },
+            );
+        }
         worker.retry = RETRY;
         worker.lease = DEFAULT_LEASE;
         // Effects are written under every fault; no dispatcher runs, so they stay pending.
@@ -1175,6 +1192,7 @@ impl World {
             feed,
             reads,
             sent: Vec::new(),
+            keys: Vec::new(),
             invoice_reads: HashMap::new(),
             shift: stripe_shift(seed),
             periods: HashSet::new(),
@@ -1301,13 +1319,14 @@ impl World {
             }
             false => {
                 let (source, payload) = self.payload(index, &case.events[index]);
-                (source, payload, format!("e{index:02}_{}", self.ns))
+                (source, payload, self.keys[index].clone())
             }
         };
         let delivery = match source {
             "kinde" => kinde_delivery(&key, &payload),
             "polar" => polar_delivery(&key, &payload),
             "paddle" => paddle_delivery(&payload),
+            "lemonsqueezy" => lemonsqueezy_delivery(&payload),
             _ => stripe_delivery(&payload),
         };
         let plan = self.crash_plan(faults);
@@ -2460,7 +2479,7 @@ impl World {
         let mut keys = HashSet::new();
         for (index, sent) in self.sent.iter().enumerate() {
             if *sent != Sent::ThinOnly {
-                keys.insert(format!("e{index:02}_{}", self.ns));
+                keys.insert(self.keys[index].clone());
             }
             if *sent != Sent::Snapshot {
                 keys.insert(thin_id(index, &self.ns));
@@ -2497,6 +2516,34 @@ impl World {
             {
                 object["items"]["data"][0]["current_period_end"] = end;
             }
+            if dice.chance(10) {
+                reads.gone_after.insert(id.clone(), dice.below(3) as u32);
+            }
+            reads.objects.insert(id, object);
+        }
+        // Paddle's and Lemon Squeezy's subscriptions: the object of each one's latest event.
+        let mut latest: BTreeMap<String, (chrono::DateTime<chrono::Utc>, usize, Value)> =
+            BTreeMap::new();
+        for (index, event) in case.events.iter().enumerate() {
+            if !matches!(
+                event,
+                Event::PaddleSubscription { .. } | Event::LsSubscription { .. }
+            ) {
+                continue;
+            }
+            let m = order::materialize(index, event, &self.ns);
+            let (_, payload, _) = order::payload(index, event, &self.ns);
+            let Some(id) = payload["data"]["id"].as_str() else {
+                continue;
+            };
+            let newer = latest
+                .get(id)
+                .is_none_or(|held| (m.at, index) >= (held.0, held.1));
+            if newer {
+                latest.insert(id.to_owned(), (m.at, index, payload["data"].clone()));
+            }
+        }
+        for (id, (_, _, object)) in latest {
             if dice.chance(10) {
                 reads.gone_after.insert(id.clone(), dice.below(3) as u32);
             }
@@ -2637,8 +2684,10 @@ impl World {
         .unwrap();
         // What the seeds cover: invoices' subscription reads, and reads of a change made 2 s
         // before a month began (each read is made months later, in the run).
-        let (invoices, across): (i64, i64) = sqlx::query_as(
+        let (invoices, paddle, lemonsqueezy, across): (i64, i64, i64, i64) = sqlx::query_as(
             "SELECT count(*) FILTER (WHERE dedupe_key LIKE 'read:%:%'),
+                    count(*) FILTER (WHERE dedupe_key LIKE 'read:%:%' AND source = 'paddle'),
+                    count(*) FILTER (WHERE dedupe_key LIKE 'read:%:%' AND source = 'lemonsqueezy'),
                     count(*) FILTER (WHERE date_trunc('month', occurred_at + interval '2 seconds')
                                            = occurred_at + interval '2 seconds')
              FROM inbox_events WHERE dedupe_key LIKE 'read:%\\_' || $1 || '%' AND status = 'applied'",
@@ -2648,6 +2697,8 @@ impl World {
         .await
         .unwrap();
         INVOICE_READS.fetch_add(invoices as usize, Ordering::Relaxed);
+        PADDLE_READS.fetch_add(paddle as usize, Ordering::Relaxed);
+        LEMONSQUEEZY_READS.fetch_add(lemonsqueezy as usize, Ordering::Relaxed);
         READS_ACROSS_A_MONTH.fetch_add(across as usize, Ordering::Relaxed);
         if let Some((sub, read, held)) = shown
             .iter()
@@ -2898,7 +2949,10 @@ impl World {
         let keys: HashSet<&str> = rows.iter().map(|r| r.1.as_str()).collect();
         let sent = self.sent_keys();
         let extra = keys.iter().any(|k| match k.strip_prefix("read:") {
-            Some(read) => !sent.contains(read.split(':').next().unwrap_or(read)),
+            Some(read) => !sent.iter().any(|k| {
+                read.strip_prefix(k.as_str())
+                    .is_some_and(|id| id.is_empty() || id.starts_with(':'))
+            }),
             None => !sent.contains(*k),
         });
         if extra || keys.len() != rows.len() || sent.iter().any(|k| !keys.contains(k.as_str())) {
@@ -3031,6 +3085,9 @@ fn workload(seed: u64) -> Case {
             | Event::PolarGrant { at, .. }
             | Event::PaddleSubscription { at, .. }
             | Event::PaddleTransaction { at, .. }
+            | Event::LsSubscription { at, .. }
+            | Event::LsInvoice { at, .. }
+            | Event::LsOrder { at, .. }
             | Event::StripeSummary { at, .. }) = event;
             *at %= 2;
         }
@@ -3107,6 +3164,9 @@ fn periods_of(case: &Case, ns: &str, shift: i64) -> HashSet<(String, String, Str
             | Event::PolarGrant { customer, .. }
             | Event::PaddleSubscription { customer, .. }
             | Event::PaddleTransaction { customer, .. }
+            | Event::LsSubscription { customer, .. }
+            | Event::LsInvoice { customer, .. }
+            | Event::LsOrder { customer, .. }
             | Event::StripeSummary { customer, .. } => customer,
         };
         let back = if source == "stripe" { shift } else { 0 };
@@ -3129,6 +3189,9 @@ pub(crate) async fn simulate(
     let case = workload(seed);
     let mut world = World::new(base, seed, bugs).await;
     world.sent = sent_as(seed, &case);
+    world.keys = (case.events.iter().enumerate())
+        .map(|(index, event)| order::materialize(index, event, &world.ns).dedupe_key)
+        .collect();
     world.invoice_reads = invoice_reads(seed, &case, &world.ns);
     world.periods = periods_of(&case, &world.ns, world.shift);
     world.show_provider_state(seed, &case);
@@ -3280,8 +3343,10 @@ async fn seeds(pool: PgPool) {
         READ_FAULTS.load(Ordering::Relaxed),
     );
     eprintln!(
-        "sim: {} invoices' subscription reads applied; {} reads of a change made 2 s before a month began",
+        "sim: {} invoices' subscription reads applied ({} for Paddle renewals, {} for Lemon Squeezy invoices); {} reads of a change made 2 s before a month began",
         INVOICE_READS.load(Ordering::Relaxed),
+        PADDLE_READS.load(Ordering::Relaxed),
+        LEMONSQUEEZY_READS.load(Ordering::Relaxed),
         READS_ACROSS_A_MONTH.load(Ordering::Relaxed),
     );
     eprintln!(
