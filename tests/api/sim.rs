@@ -1227,6 +1227,13 @@ impl World {
                 payload["data"]["object"]["subscription"] = json!(sub);
             }
         }
+        if let Some(sub) = self.invoice_reads.get(&index) {
+            match source {
+                "paddle" => payload["data"]["subscription_id"] = json!(sub),
+                "lemonsqueezy" => payload["data"]["attributes"]["subscription_id"] = json!(sub),
+                _ => {}
+            }
+        }
         (source, payload)
     }
 
@@ -2552,8 +2559,40 @@ impl World {
         // The subscriptions only invoices name, as Stripe shows them; one in ten unknown (404).
         let mut dice = Dice::new(seed ^ 0x5AB5_1A7E);
         for (index, id) in &self.invoice_reads {
-            let Event::StripeInvoicePaid { customer, .. } = case.events[*index] else {
-                continue;
+            let customer = match case.events[*index] {
+                Event::StripeInvoicePaid { customer, .. } => customer,
+                // Paddle's and Lemon Squeezy's, as their own subscription events shape them.
+                Event::PaddleTransaction { customer, .. } | Event::LsInvoice { customer, .. } => {
+                    let status = dice.below(5) as usize;
+                    let shown = match case.events[*index] {
+                        Event::PaddleTransaction { .. } => Event::PaddleSubscription {
+                            customer,
+                            sub: 1,
+                            status: ["active", "trialing", "past_due", "paused", "canceled"]
+                                [status],
+                            price: ["pro", "team", "pri_legacy"][dice.below(3) as usize],
+                            ends: dice.below(u64::from(order::ENDS)) as u8,
+                            at: 0,
+                        },
+                        _ => Event::LsSubscription {
+                            customer,
+                            sub: dice.below(2) as u8,
+                            status: ["active", "on_trial", "past_due", "cancelled", "expired"]
+                                [status],
+                            ends: dice.below(u64::from(order::ENDS)) as u8,
+                            at: 0,
+                        },
+                    };
+                    let (_, payload, _) = order::payload(*index, &shown, &self.ns);
+                    let mut object = payload["data"].clone();
+                    object["id"] = json!(id);
+                    reads.objects.insert(id.clone(), object);
+                    if dice.chance(10) {
+                        reads.gone_after.insert(id.clone(), 0);
+                    }
+                    continue;
+                }
+                _ => continue,
             };
             let status =
                 ["active", "active", "trialing", "past_due", "canceled"][dice.below(5) as usize];
@@ -3139,6 +3178,16 @@ fn invoice_reads(seed: u64, case: &Case, ns: &str) -> HashMap<usize, String> {
                 plan: None | Some("price_legacy"),
                 ..
             } if dice.chance(50) => Some((index, format!("subinv{index:02}_{ns}"))),
+            // A Paddle renewal of an unknown price and a paid Lemon Squeezy invoice: the plan
+            // is their subscription's.
+            Event::PaddleTransaction {
+                price: "pri_legacy",
+                outcome: 0,
+                ..
+            } if dice.chance(50) => Some((index, format!("pdsubinv{index:02}_{ns}"))),
+            Event::LsInvoice { outcome: 0, .. } if dice.chance(50) => {
+                Some((index, format!("lssubinv{index:02}_{ns}")))
+            }
             _ => None,
         })
         .collect()
@@ -3189,10 +3238,16 @@ pub(crate) async fn simulate(
     let case = workload(seed);
     let mut world = World::new(base, seed, bugs).await;
     world.sent = sent_as(seed, &case);
-    world.keys = (case.events.iter().enumerate())
-        .map(|(index, event)| order::materialize(index, event, &world.ns).dedupe_key)
-        .collect();
     world.invoice_reads = invoice_reads(seed, &case, &world.ns);
+    world.keys = (case.events.iter().enumerate())
+        .map(|(index, event)| match world.payload(index, event) {
+            ("lemonsqueezy", payload) => shared::providers::lemonsqueezy::dedupe_key(&payload)
+                .unwrap()
+                .as_str()
+                .to_owned(),
+            _ => format!("e{index:02}_{}", world.ns),
+        })
+        .collect();
     world.periods = periods_of(&case, &world.ns, world.shift);
     world.show_provider_state(seed, &case);
     // A thin event is delivered as often as its change's snapshot would be; a twin is the

@@ -312,17 +312,12 @@ impl Api {
         let Some(object) = self.get_found(path, &[], headers).await? else {
             return Ok(None);
         };
-        let status = object
-            .get("status")
-            .and_then(Value::as_str)
-            .context("the subscription read has no status")?;
-        let ends = ends(&object)
-            .map_err(|problem| anyhow::anyhow!("the subscription read: {}", problem.0))?;
-        Ok(Some(SubscriptionNow {
-            status: status.to_owned(),
-            plan_keys: plan_keys(&object).into_iter().map(str::to_owned).collect(),
-            ends,
-        }))
+        SubscriptionNow::read(
+            object.get("status").and_then(Value::as_str),
+            plan_keys(&object).into_iter().map(str::to_owned).collect(),
+            ends(&object),
+        )
+        .map(Some)
     }
 }
 
@@ -358,6 +353,23 @@ pub enum Shown {
 }
 
 impl SubscriptionNow {
+    /// What a subscription read shows: its status (in the model's words), and the plan keys
+    /// and ends its provider's `decide` reads in it.
+    pub fn read(
+        status: Option<&str>,
+        plan_keys: Vec<String>,
+        ends: Result<SubscriptionEnds, Problem>,
+    ) -> anyhow::Result<Self> {
+        let status = status.context("the subscription read has no status")?;
+        let ends =
+            ends.map_err(|problem| anyhow::anyhow!("the subscription read: {}", problem.0))?;
+        Ok(Self {
+            status: status.to_owned(),
+            plan_keys,
+            ends,
+        })
+    }
+
     /// Whether a register state (status and plan key) is what the provider shows.
     pub fn shows(&self, status: &str, plan_key: Option<&str>) -> bool {
         self.status == status && plan_key.is_none_or(|key| self.plan_keys.iter().any(|k| k == key))

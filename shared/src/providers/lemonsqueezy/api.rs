@@ -144,17 +144,12 @@ impl LemonSqueezyReads {
             return Ok(None);
         };
         let attributes = &subscription["attributes"];
-        let ls_status = attributes
-            .get("status")
-            .and_then(Value::as_str)
-            .context("the subscription read has no status")?;
-        let ends = ends(attributes)
-            .map_err(|problem| anyhow::anyhow!("the subscription read: {}", problem.0))?;
-        Ok(Some(SubscriptionNow {
-            status: status(ls_status).to_owned(),
-            plan_keys: plan_keys(attributes),
-            ends,
-        }))
+        SubscriptionNow::read(
+            attributes.get("status").and_then(Value::as_str).map(status),
+            plan_keys(attributes),
+            ends(attributes),
+        )
+        .map(Some)
     }
 }
 

@@ -190,24 +190,18 @@ impl PaddleReads {
 
     /// The subscription read as `decide` reads a subscription event's.
     async fn read_subscription(&self, id: &str) -> anyhow::Result<Option<SubscriptionNow>> {
-        use anyhow::Context;
         let Some(subscription) = self.subscription_data(id).await? else {
             return Ok(None);
         };
-        let status = subscription
-            .get("status")
-            .and_then(Value::as_str)
-            .context("the subscription read has no status")?;
-        let ends = ends(&subscription)
-            .map_err(|problem| anyhow::anyhow!("the subscription read: {}", problem.0))?;
-        Ok(Some(SubscriptionNow {
-            status: status.to_owned(),
-            plan_keys: plan_keys(&subscription)
+        SubscriptionNow::read(
+            subscription.get("status").and_then(Value::as_str),
+            plan_keys(&subscription)
                 .into_iter()
                 .map(str::to_owned)
                 .collect(),
-            ends,
-        }))
+            ends(&subscription),
+        )
+        .map(Some)
     }
 }
 
