@@ -63,6 +63,18 @@ pub struct BenchArgs {
     /// With --meters: the concurrent senders.
     #[arg(long, default_value_t = 32, requires = "meters")]
     pub senders: usize,
+    /// Measure billing-inbox beside the Stripe sync engine instead (`crate::bench_peer`): the
+    /// same signed subscription deliveries through each, in process and over HTTP on
+    /// loopback, at concurrency 4 and 16.
+    #[arg(long, conflicts_with_all = ["api", "meters"], requires = "peer_dir")]
+    pub peer: bool,
+    /// With --peer: the folder where scripts/peer-bench installed the engine (its
+    /// node_modules and drive.js).
+    #[arg(long)]
+    pub peer_dir: Option<std::path::PathBuf>,
+    /// With --peer: the local SQS server's process id, for its share of the CPU.
+    #[arg(long)]
+    pub peer_sqs_pid: Option<u32>,
     #[arg(long, env = "INBOX_PLANS", hide_env_values = true)]
     pub plans: String,
     #[command(flatten)]
@@ -87,10 +99,10 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StatementCounter {
     }
 }
 
-struct Delivery {
-    source: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
+pub(crate) struct Delivery {
+    pub(crate) source: String,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Vec<u8>,
 }
 
 /// The machine's CPU time so far (every process: Postgres, the SQS server, this one), in the
@@ -130,15 +142,15 @@ pub(crate) fn process_ticks(pid: &str) -> Option<u64> {
 }
 
 /// Ticks read at one moment: the machine's busy and all, and this process's own.
-type Ticks = Option<((u64, u64), u64)>;
+pub(crate) type Ticks = Option<((u64, u64), u64)>;
 
-fn ticks() -> Ticks {
+pub(crate) fn ticks() -> Ticks {
     cpu_ticks().zip(own_ticks())
 }
 
 /// How much of the machine's cores a phase used, from its start, and how much of that was
 /// this process's.
-pub(crate) struct CpuMeter(Ticks);
+pub(crate) struct CpuMeter(pub(crate) Ticks);
 
 impl CpuMeter {
     /// /proc/stat counts in USER_HZ, 100 a second on Linux whatever the kernel's own tick.
@@ -156,7 +168,7 @@ impl CpuMeter {
     }
 
     /// The same, up to `end` (ticks read earlier).
-    fn until(&self, end: Ticks, operations: usize) -> Value {
+    pub(crate) fn until(&self, end: Ticks, operations: usize) -> Value {
         let (Some(((busy0, all0), own0)), Some(((busy1, all1), own1))) = (self.0, end) else {
             return json!({"busy": null, "ms_per_op": null, "own_ms_per_op": null,
                           "others_ms_per_op": null});
@@ -677,7 +689,7 @@ async fn bench(
     Ok(outcome)
 }
 
-async fn create_queue(sqs: &aws_sdk_sqs::Client, name: &str) -> anyhow::Result<String> {
+pub(crate) async fn create_queue(sqs: &aws_sdk_sqs::Client, name: &str) -> anyhow::Result<String> {
     sqs.create_queue()
         .queue_name(name)
         .send()
@@ -713,7 +725,7 @@ async fn send_alone(
 }
 
 /// One delivery through an intake instance's handler, as API Gateway hands it over.
-async fn deliver(state: &IntakeState, d: Delivery) {
+pub(crate) async fn deliver(state: &IntakeState, d: Delivery) {
     let mut builder = http::Request::builder()
         .method("POST")
         .uri(format!("/webhooks/{}", d.source));
@@ -732,7 +744,7 @@ fn worker_rate(applied: i64, secs: f64) -> f64 {
 
 /// How the pollers receive.
 #[derive(Clone, Copy)]
-enum Polls {
+pub(crate) enum Polls {
     /// Long polls of a second: for a backlog, where every receive fills its batch at once.
     Long,
     /// A receive that does not wait, and 10 ms between receives that found nothing. The local
@@ -758,7 +770,7 @@ impl Polls {
 /// SQS). Each stops after `idle` empty polls in a row once `stop` is set, or at the deadline;
 /// each batch with work stamps `last_work`.
 #[allow(clippy::too_many_arguments)]
-fn spawn_pollers(
+pub(crate) fn spawn_pollers(
     worker: &Arc<WorkerState>,
     sqs: &aws_sdk_sqs::Client,
     queue_url: &str,
@@ -975,7 +987,7 @@ async fn receive_floor_on(sqs: &aws_sdk_sqs::Client, queue_url: &str) -> anyhow:
 
 /// Bytes of write-ahead log the server has written so far (every database on it: the bench
 /// runs one phase at a time).
-async fn wal_bytes(pool: &PgPool) -> anyhow::Result<f64> {
+pub(crate) async fn wal_bytes(pool: &PgPool) -> anyhow::Result<f64> {
     Ok(
         sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8")
             .fetch_one(pool)

@@ -10,6 +10,7 @@ mod api_key;
 mod bench;
 mod bench_api;
 mod bench_meters;
+mod bench_peer;
 mod delay;
 mod dev;
 mod effects;
@@ -239,6 +240,8 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
                 .context("DATABASE_URL is not set (or pass --database-url)")?;
             if args.api {
                 bench_api::run(args, server, counter, cli.json).await
+            } else if args.peer {
+                bench_peer::run(args, server, cli.json).await
             } else if let Some(reports) = args.meters {
                 bench_meters::run(args, reports, server, cli.json).await
             } else {
