@@ -231,40 +231,108 @@ fn write_file(path: &Path, deliveries: &[(String, Vec<u8>)]) -> anyhow::Result<(
     std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
 }
 
+/// A Postgres server's CPU time so far, in /proc/stat's ticks: its postmaster's own and that
+/// of the children it has reaped (the backends that ended), and every live child's (the
+/// backends, the WAL writer, the checkpointer). `None` where /proc cannot be read.
+pub(crate) fn postgres_ticks(postmaster: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{postmaster}/stat")).ok()?;
+    let fields: Vec<u64> = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let mut total: u64 = fields.iter().sum();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let parent = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if parent == Some(postmaster) {
+            total += process_ticks(pid).unwrap_or(0);
+        }
+    }
+    Some(total)
+}
+
+/// The postmaster of the server `pool` reaches: its backend's parent (the server runs here).
+async fn postmaster_of(pool: &PgPool) -> Option<u32> {
+    let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(pool)
+        .await
+        .ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{backend}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Where a named share of the CPU is read from.
+#[derive(Clone)]
+enum Counted {
+    Process(String),
+    Postgres(u32),
+}
+
+impl Counted {
+    fn ticks(&self) -> Option<u64> {
+        match self {
+            Self::Process(pid) => process_ticks(pid),
+            Self::Postgres(postmaster) => postgres_ticks(*postmaster),
+        }
+    }
+}
+
 /// CPU time of named processes over a run, beside the machine's.
 struct Processes {
     machine: CpuMeter,
-    named: Vec<(String, String, Option<u64>)>,
+    named: Vec<(String, Counted, Option<u64>)>,
 }
 
 impl Processes {
-    fn start(named: &[(&str, String)]) -> Self {
+    fn start(named: &[(&str, Counted)]) -> Self {
         Self {
             machine: CpuMeter::start(),
             named: named
                 .iter()
-                .map(|(label, pid)| (label.to_string(), pid.clone(), process_ticks(pid)))
+                .map(|(label, what)| (label.to_string(), what.clone(), what.ticks()))
                 .collect(),
         }
     }
 
-    /// CPU ms per delivery: the machine's, each named process's, and the rest (Postgres, and
-    /// whatever else runs: the kernel's network work, the machine's other tenants).
+    /// CPU ms per delivery: the machine's, each named process's, and the rest (whatever else
+    /// runs: the kernel's network work, the machine's other tenants).
     fn since(&self, end: Ticks, deliveries: usize) -> Value {
         let machine = self.machine.until(end, deliveries);
         let per = |ticks: u64| ticks as f64 * CpuMeter::MS_PER_TICK / deliveries.max(1) as f64;
         let mut by = serde_json::Map::new();
         let mut named = 0.0;
-        for (label, pid, start) in &self.named {
+        for (label, what, start) in &self.named {
             let used = start
-                .zip(process_ticks(pid))
+                .zip(what.ticks())
                 .map(|(a, b)| per(b.saturating_sub(a)));
             named += used.unwrap_or(0.0);
             by.insert(label.clone(), json!(used));
         }
         let total = machine["ms_per_op"].as_f64();
         by.insert(
-            "Postgres and the rest".into(),
+            "the rest".into(),
             json!(total.map(|t| (t - named).max(0.0))),
         );
         json!({"busy": machine["busy"], "ms_per_delivery": total, "by_process": by})
@@ -515,9 +583,15 @@ impl Peer<'_> {
         ));
         let deliveries = signed(&self.workload.bodies, &self.secret);
         let total = deliveries.len();
-        let mut named = vec![("inboxctl (intake and worker)", "self".to_owned())];
+        let mut named = vec![(
+            "inboxctl (intake and worker)",
+            Counted::Process("self".into()),
+        )];
         if let Some(pid) = &self.sqs_pid {
-            named.push(("SQS server", pid.clone()));
+            named.push(("SQS server", Counted::Process(pid.clone())));
+        }
+        if let Some(postmaster) = postmaster_of(&pool).await {
+            named.push(("Postgres", Counted::Postgres(postmaster)));
         }
         let wal_before = wal_bytes(&pool).await?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -533,7 +607,7 @@ impl Peer<'_> {
                     ("PEER_URL", format!("http://{addr}/webhooks/stripe")),
                 ],
             )?;
-            named.push(("node client", client.pid()));
+            named.push(("node client", Counted::Process(client.pid())));
             client.line("start").await?;
             let start = Instant::now();
             let meter = Processes::start(&named);
@@ -680,6 +754,7 @@ impl Peer<'_> {
         let total = deliveries.len();
         write_file(&self.file, &deliveries)?;
         let wal_before = wal_bytes(&admin).await?;
+        let postmaster = postmaster_of(&admin).await;
         let (result, cpu) = if mode == "http" {
             let port = free_port()?;
             let mut server =
@@ -693,10 +768,11 @@ impl Peer<'_> {
                     format!("http://127.0.0.1:{port}/webhooks/stripe"),
                 )]),
             )?;
-            let named = [
-                ("node server (the engine)", server.pid()),
-                ("node client", client.pid()),
+            let mut named = vec![
+                ("node server (the engine)", Counted::Process(server.pid())),
+                ("node client", Counted::Process(client.pid())),
             ];
+            named.extend(postmaster.map(|p| ("Postgres", Counted::Postgres(p))));
             client.line("start").await?;
             let meter = Processes::start(&named);
             let line = client.line("{").await?;
@@ -706,7 +782,8 @@ impl Peer<'_> {
             (node_result(&line)?, cpu)
         } else {
             let mut driver = Node::spawn(&self.dir, "inproc", &env(&[]))?;
-            let named = [("node (the engine)", driver.pid())];
+            let mut named = vec![("node (the engine)", Counted::Process(driver.pid()))];
+            named.extend(postmaster.map(|p| ("Postgres", Counted::Postgres(p))));
             driver.line("start").await?;
             let meter = Processes::start(&named);
             let line = driver.line("{").await?;
