@@ -75,6 +75,10 @@ pub struct BenchArgs {
     /// With --peer: the local SQS server's process id, for its share of the CPU.
     #[arg(long)]
     pub peer_sqs_pid: Option<u32>,
+    /// With --peer: measure instead the stack `scripts/dev` runs, its intake at this base URL
+    /// (as INTAKE_URL), with --database-url its database: 16 concurrent senders.
+    #[arg(long, requires = "peer")]
+    pub peer_dev_intake: Option<String>,
     #[arg(long, env = "INBOX_PLANS", hide_env_values = true)]
     pub plans: String,
     #[command(flatten)]

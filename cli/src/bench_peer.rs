@@ -70,7 +70,7 @@ pub(crate) struct Workload {
 /// (created `incomplete`, `active` a minute later, `past_due` an hour later), half on
 /// Stripe's same-second pair (created `incomplete`, then updated `active` in the same
 /// second). Event ids are random, as Stripe's are: their order says nothing.
-pub(crate) fn histories(events: usize, start: i64) -> Vec<SubEvent> {
+pub(crate) fn histories(events: usize, start: i64, prefix: &str) -> Vec<SubEvent> {
     use rand::Rng;
     let mut rng = rand::thread_rng();
     let id = |rng: &mut rand::rngs::ThreadRng| {
@@ -81,7 +81,7 @@ pub(crate) fn histories(events: usize, start: i64) -> Vec<SubEvent> {
     while out.len() < events {
         let at = start + (n as i64 % 3600) * 2;
         if n % 2 == 0 {
-            let sub = format!("sub_peer{n:07}a");
+            let sub = format!("sub_{prefix}{n:07}a");
             for (offset, status, previous) in [
                 (0, "incomplete", None),
                 (60, "active", Some("incomplete")),
@@ -96,7 +96,7 @@ pub(crate) fn histories(events: usize, start: i64) -> Vec<SubEvent> {
                 });
             }
         } else {
-            let sub = format!("sub_peer{n:07}p");
+            let sub = format!("sub_{prefix}{n:07}p");
             for (status, previous) in [("incomplete", None), ("active", Some("incomplete"))] {
                 out.push(SubEvent {
                     id: id(&mut rng),
@@ -181,11 +181,15 @@ pub(crate) fn payload(e: &SubEvent, plan: &str) -> anyhow::Result<Value> {
     Ok(event)
 }
 
-fn workload(total: usize, plan: &str) -> anyhow::Result<Workload> {
+fn workload(total: usize, plan: &str, prefix: &str) -> anyhow::Result<Workload> {
     use rand::seq::SliceRandom;
     use rand::Rng;
     let distinct = total * 7 / 10;
-    let events = histories(distinct, chrono::Utc::now().timestamp() - 30 * 86_400);
+    let events = histories(
+        distinct,
+        chrono::Utc::now().timestamp() - 30 * 86_400,
+        prefix,
+    );
     let expected = expected(&events);
     let mut bodies = events
         .iter()
@@ -288,6 +292,8 @@ async fn postmaster_of(pool: &PgPool) -> Option<u32> {
 enum Counted {
     Process(String),
     Postgres(u32),
+    /// Every live process whose command name (`/proc/<pid>/comm`) is one of these.
+    Named(&'static [&'static str]),
 }
 
 impl Counted {
@@ -295,6 +301,18 @@ impl Counted {
         match self {
             Self::Process(pid) => process_ticks(pid),
             Self::Postgres(postmaster) => postgres_ticks(*postmaster),
+            Self::Named(names) => {
+                let mut total = 0;
+                for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+                    let pid = entry.file_name();
+                    let Some(pid) = pid.to_str() else { continue };
+                    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"));
+                    if comm.is_ok_and(|c| names.contains(&c.trim())) {
+                        total += process_ticks(pid).unwrap_or(0);
+                    }
+                }
+                Some(total)
+            }
         }
     }
 }
@@ -470,11 +488,21 @@ pub async fn run(args: &BenchArgs, server: &str, json_output: bool) -> anyhow::R
         file: std::env::temp_dir().join(format!("inbox-peer-{tag}.jsonl")),
         dir,
         secret,
-        workload: workload(args.deliveries, fixtures::sample_plan(SourceKind::Stripe))?,
+        workload: workload(
+            args.deliveries,
+            fixtures::sample_plan(SourceKind::Stripe),
+            &format!("p{tag}x"),
+        )?,
         source,
         sqs_pid: args.peer_sqs_pid.map(|p| p.to_string()),
         tag,
     };
+    if let Some(intake_url) = &args.peer_dev_intake {
+        let report = peer.dev(intake_url, 16).await;
+        let _ = std::fs::remove_file(&peer.file);
+        crate::emit(&report?.to_string());
+        return Ok(());
+    }
     let mut runs = Vec::new();
     for c in [4, 16] {
         for mode in ["in-process", "http"] {
@@ -537,6 +565,84 @@ impl Peer<'_> {
         }
         json!({"distinct": distinct, "distinct_right": distinct_right,
                "paired": paired, "paired_right": paired_right})
+    }
+
+    /// The local stack as `scripts/dev` runs it: the deliveries sent by the node client from
+    /// `c` senders to its intake, until every event of them is final in its database.
+    async fn dev(&self, intake_url: &str, c: usize) -> anyhow::Result<Value> {
+        eprintln!("bench --peer: scripts/dev's stack at {intake_url}, c{c}");
+        let pool = PgPool::connect(self.server)
+            .await
+            .context("connecting to the stack's database")?;
+        let deliveries = signed(&self.workload.bodies, &self.secret);
+        let total = deliveries.len();
+        write_file(&self.file, &deliveries)?;
+        let since: chrono::DateTime<chrono::Utc> =
+            sqlx::query_scalar("SELECT now()").fetch_one(&pool).await?;
+        let url = format!(
+            "{}/webhooks/{}",
+            intake_url.trim_end_matches('/'),
+            self.source.name
+        );
+        let mut client = Node::spawn(
+            &self.dir,
+            "send",
+            &[
+                ("PEER_FILE", self.file.display().to_string()),
+                ("PEER_CONCURRENCY", c.to_string()),
+                ("PEER_URL", url),
+            ],
+        )?;
+        let mut named = vec![
+            ("node client", Counted::Process(client.pid())),
+            (
+                "the functions (debug builds)",
+                Counted::Named(&["intake", "worker", "dispatcher", "scheduler", "api"]),
+            ),
+            ("cargo lambda watch", Counted::Named(&["cargo-lambda"])),
+            ("inboxctl dev (the bridge)", Counted::Named(&["inboxctl"])),
+        ];
+        if let Some(pid) = &self.sqs_pid {
+            named.push(("SQS server", Counted::Process(pid.clone())));
+        }
+        if let Some(postmaster) = postmaster_of(&pool).await {
+            named.push(("Postgres", Counted::Postgres(postmaster)));
+        }
+        client.line("start").await?;
+        let start = Instant::now();
+        let meter = Processes::start(&named);
+        let result = node_result(&client.line("{").await?)?;
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let unfinished = loop {
+            let waiting: i64 = sqlx::query_scalar(&format!(
+                "SELECT count(*) FROM inbox_events WHERE received_at >= $1 AND status NOT IN {FINAL}"
+            ))
+            .bind(since)
+            .fetch_one(&pool)
+            .await?;
+            if waiting == 0 || Instant::now() >= deadline {
+                break waiting;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let final_secs = start.elapsed().as_secs_f64();
+        let cpu = meter.since(ticks(), total);
+        let stored: Vec<(String, String)> = sqlx::query_as(
+            "SELECT subscription_id, status FROM subscriptions WHERE subscription_id LIKE $1",
+        )
+        .bind(format!("sub_p{}x%", self.tag))
+        .fetch_all(&pool)
+        .await?;
+        let measured = Measured {
+            accepted_secs: result.secs,
+            final_secs,
+            accepted: result.ok,
+            cpu,
+            wal: 0.0,
+            unfinished,
+            first_error: result.first_error,
+        };
+        Ok(measured.report("scripts/dev", "http", c, total, self.score(&stored)))
     }
 
     /// billing-inbox: deliveries through the intake's handler (in process, or behind a hyper
@@ -893,7 +999,7 @@ mod tests {
 
     #[test]
     fn a_same_second_pair_ends_on_the_update_and_a_history_on_its_newest_event() {
-        let events = histories(10, 1_700_000_000);
+        let events = histories(10, 1_700_000_000, "peer");
         let expected = expected(&events);
         let pairs: Vec<_> = expected.iter().filter(|(_, (_, p))| *p).collect();
         let spread: Vec<_> = expected.iter().filter(|(_, (_, p))| !*p).collect();
