@@ -335,8 +335,9 @@ impl Processes {
     }
 
     /// CPU ms per delivery: the machine's, each named process's, and the rest (whatever else
-    /// runs: the kernel's network work, the machine's other tenants).
-    fn since(&self, end: Ticks, deliveries: usize) -> Value {
+    /// runs: the kernel's network work, the machine's other tenants). A process that ended
+    /// before the reading counts what it `reported` of itself (ms, by label).
+    fn since(&self, end: Ticks, deliveries: usize, reported: &[(&str, f64)]) -> Value {
         let machine = self.machine.until(end, deliveries);
         let per = |ticks: u64| ticks as f64 * CpuMeter::MS_PER_TICK / deliveries.max(1) as f64;
         let mut by = serde_json::Map::new();
@@ -344,7 +345,13 @@ impl Processes {
         for (label, what, start) in &self.named {
             let used = start
                 .zip(what.ticks())
-                .map(|(a, b)| per(b.saturating_sub(a)));
+                .map(|(a, b)| per(b.saturating_sub(a)))
+                .or_else(|| {
+                    reported
+                        .iter()
+                        .find(|(l, _)| l == label)
+                        .map(|(_, ms)| ms / deliveries.max(1) as f64)
+                });
             named += used.unwrap_or(0.0);
             by.insert(label.clone(), json!(used));
         }
@@ -436,6 +443,8 @@ impl Node {
 struct NodeResult {
     secs: f64,
     ok: usize,
+    /// The node process's own CPU over its clock.
+    cpu_ms: f64,
     first_error: Option<String>,
 }
 
@@ -444,6 +453,7 @@ fn node_result(line: &str) -> anyhow::Result<NodeResult> {
     Ok(NodeResult {
         secs: v["secs"].as_f64().context("node's result has no secs")?,
         ok: v["ok"].as_u64().unwrap_or(0) as usize,
+        cpu_ms: v["cpu_ms"].as_f64().unwrap_or(0.0),
         first_error: v["first_error"].as_str().map(str::to_owned),
     })
 }
@@ -498,11 +508,16 @@ pub async fn run(args: &BenchArgs, server: &str, json_output: bool) -> anyhow::R
         tag,
     };
     if let Some(intake_url) = &args.peer_dev_intake {
+        let load_before = load_average();
         let report = peer.dev(intake_url, 16).await;
         let _ = std::fs::remove_file(&peer.file);
-        crate::emit(&report?.to_string());
+        let mut report = report?;
+        report["load_average_before"] = load_before;
+        report["load_average_after"] = load_average();
+        crate::emit(&report.to_string());
         return Ok(());
     }
+    let load_before = load_average();
     let mut runs = Vec::new();
     for c in [4, 16] {
         for mode in ["in-process", "http"] {
@@ -518,6 +533,8 @@ pub async fn run(args: &BenchArgs, server: &str, json_output: bool) -> anyhow::R
         "subscriptions": peer.workload.expected.len(),
         "paired_subscriptions": paired,
         "api_version": API_VERSION,
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
         "runs": runs,
     });
     if json_output {
@@ -626,7 +643,7 @@ impl Peer<'_> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         let final_secs = start.elapsed().as_secs_f64();
-        let cpu = meter.since(ticks(), total);
+        let cpu = meter.since(ticks(), total, &[("node client", result.cpu_ms)]);
         let stored: Vec<(String, String)> = sqlx::query_as(
             "SELECT subscription_id, status FROM subscriptions WHERE subscription_id LIKE $1",
         )
@@ -701,6 +718,7 @@ impl Peer<'_> {
         }
         let wal_before = wal_bytes(&pool).await?;
         let stop = Arc::new(AtomicBool::new(false));
+        let mut client_cpu_ms = Vec::new();
         let (accepted_secs, accepted, first_error, start, meter, pollers) = if mode == "http" {
             let addr = serve_intake(instances.clone(), self.source.name.clone()).await?;
             write_file(&self.file, &deliveries)?;
@@ -719,6 +737,7 @@ impl Peer<'_> {
             let meter = Processes::start(&named);
             let pollers = self.pollers(&worker, &sqs, &queue_url, c, &stop, start);
             let result = node_result(&client.line("{").await?)?;
+            client_cpu_ms.push(("node client", result.cpu_ms));
             (
                 result.secs,
                 result.ok,
@@ -773,7 +792,7 @@ impl Peer<'_> {
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
         let final_secs = start.elapsed().as_secs_f64();
-        let cpu = meter.since(ticks(), total);
+        let cpu = meter.since(ticks(), total, &client_cpu_ms);
         let wal = wal_bytes(&pool).await? - wal_before;
         stop.store(true, Ordering::SeqCst);
         for p in pollers {
@@ -882,7 +901,7 @@ impl Peer<'_> {
             client.line("start").await?;
             let meter = Processes::start(&named);
             let line = client.line("{").await?;
-            let cpu = meter.since(ticks(), total);
+            let cpu = meter.since(ticks(), total, &[]);
             let _ = server.child.start_kill();
             let _ = server.child.wait().await;
             (node_result(&line)?, cpu)
@@ -893,7 +912,7 @@ impl Peer<'_> {
             driver.line("start").await?;
             let meter = Processes::start(&named);
             let line = driver.line("{").await?;
-            let cpu = meter.since(ticks(), total);
+            let cpu = meter.since(ticks(), total, &[]);
             let _ = driver.child.wait().await;
             (node_result(&line)?, cpu)
         };
@@ -916,6 +935,17 @@ impl Peer<'_> {
         };
         Ok(measured.report("engine", mode, c, total, self.score(&stored)))
     }
+}
+
+/// The machine's load averages (1, 5 and 15 minutes), from /proc/loadavg: the machine may be
+/// shared, and the figures say so.
+fn load_average() -> Value {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    json!(load
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" "))
 }
 
 fn free_port() -> anyhow::Result<u16> {
