@@ -227,7 +227,7 @@ pub(crate) struct Step {
     pub at: &'static str,
 }
 
-fn polar_subscription(customer: &str, sub: &str, kind: &str, at: &str) -> Value {
+pub(crate) fn polar_subscription(customer: &str, sub: &str, kind: &str, at: &str) -> Value {
     let status = if kind == "revoked" {
         "canceled"
     } else {

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 
 use crate::apply::subscription_read;
-use crate::billing::fold::{fields_of, fold, FoldEvent, Folded, Via};
+use crate::billing::fold::{fields_of, fold_from, FoldEvent, Folded, Via};
 use crate::billing::rules::SubscriptionRead;
 use crate::billing::{registers, Decision, Effect, Settled};
 use crate::domain::{Catalog, CustomerId, SourceKind};
@@ -19,6 +19,8 @@ use crate::inbox::thin::StoredEvent;
 use crate::platform::config::SourceConfig;
 use crate::platform::db::exec;
 use crate::providers;
+
+use super::points::{self, Resume};
 
 /// What the fold knows of a configured source.
 #[derive(Debug, Clone, Copy)]
@@ -80,6 +82,10 @@ pub enum FoldError {
     UnknownSource(String),
     #[error("the account has more than {MAX_FOLDED_EVENTS} events; it is not folded")]
     TooLarge,
+    /// The checked point no longer holds the fold of the events it covers (the events its
+    /// registers name that it does not own are not those it folded): fold from nothing.
+    #[error("the account's checked point does not cover its events")]
+    StalePoint,
     #[error(transparent)]
     Database(#[from] sqlx::Error),
 }
@@ -93,6 +99,29 @@ pub struct AccountFold {
     pub pending: Vec<i64>,
     /// The ids of events the store still has among those the registers name.
     pub kept_ids: BTreeSet<i64>,
+    /// How far the fold reached, for the audit's checked point.
+    pub(super) reach: Reach,
+}
+
+/// How far a fold reached: the point it leaves (`None`: the account has no event), whether
+/// it folded anything the point it started from did not hold, and whether it stopped short
+/// of the newest events (an account folded in steps).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Reach {
+    pub point: Option<Resume>,
+    pub moved: bool,
+    pub partial: bool,
+}
+
+/// How `fold_with` reads: up to a cut; whether it counts what the purge took; from a checked
+/// point; and, for the audit, at most `in_steps_of` events at once (the rest left for the
+/// next audit from the point this one leaves) instead of refusing an account with more.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Reading<'a> {
+    pub cut: Cut,
+    pub with_purged: bool,
+    pub from: Option<&'a Resume>,
+    pub in_steps_of: Option<i64>,
 }
 
 /// The events the registers of an account name (holders, grants, links, refunds, the
@@ -120,23 +149,60 @@ fn via_of(event: &KeptEvent) -> Via {
 }
 
 /// Reads and folds the account's kept events; `stored` is the account's registers as read
-/// in the same snapshot (they name events the account does not own). `with_purged`: also
-/// count what the purge took of the account's log.
+/// in the same snapshot (they name events the account does not own). From a checked point,
+/// only the events after its cut are read and folded, onto its state (docs/design.md §4.11).
 pub(super) async fn fold_with(
     conn: &mut PgConnection,
     sources: &Sources,
     catalog: &Catalog,
     (source, customer): (&str, &CustomerId),
     stored: Option<&Stored>,
-    (cut, with_purged): (Cut, bool),
+    reading: Reading<'_>,
 ) -> Result<AccountFold, FoldError> {
+    let Reading {
+        cut,
+        with_purged,
+        from,
+        in_steps_of,
+    } = reading;
     let config = *sources
         .get(source)
         .ok_or_else(|| FoldError::UnknownSource(source.to_owned()))?;
     let named = stored.map(|(r, l)| named_by(r, l)).unwrap_or_default();
-    let rows = kept::account_events(conn, source, customer, &named).await?;
-    if rows.len() as i64 > MAX_FOLDED_EVENTS {
-        return Err(FoldError::TooLarge);
+    let cap = in_steps_of.unwrap_or(MAX_FOLDED_EVENTS);
+    let after = from.map(|p| p.cut);
+    // The named events the point covers come too (to say they are kept), beside the cap.
+    let limit = cap + 1 + named.len() as i64;
+    let rows = kept::account_events(conn, source, customer, &named, (after, limit)).await?;
+    // Past the cap, the audit folds the events before the first one left out (a whole
+    // provider time: a read sorts at its event's) and keeps a point there.
+    let mut before = None;
+    let new: Vec<DateTime<Utc>> = rows
+        .iter()
+        .map(|r| r.occurred_at.as_datetime())
+        .filter(|at| after.is_none_or(|t| *at > t))
+        .collect();
+    if new.len() as i64 > cap {
+        let next = new[cap as usize];
+        if in_steps_of.is_none() || new[0] >= next {
+            return Err(FoldError::TooLarge);
+        }
+        before = Some(next);
+    }
+    let owned = |row: &KeptEvent| row.customer.as_ref() == Some(customer);
+    // The events the registers name that the account does not own are folded wherever they
+    // sort: those at or before the point must be the ones it folded.
+    let mut foreign: BTreeSet<i64> = BTreeSet::new();
+    if let Some(point) = from {
+        let covered: BTreeSet<i64> = rows
+            .iter()
+            .filter(|r| !owned(r) && r.occurred_at.as_datetime() <= point.cut)
+            .map(|r| r.id)
+            .collect();
+        if covered != point.foreign_ids.iter().copied().collect() {
+            return Err(FoldError::StalePoint);
+        }
+        foreign = covered;
     }
     let kept_ids = rows.iter().map(|r| r.id).collect();
     let by_key: HashMap<&str, &KeptEvent> =
@@ -144,7 +210,16 @@ pub(super) async fn fold_with(
     let provider = providers::provider(config.kind);
     let mut events = Vec::with_capacity(rows.len());
     let mut refs = BTreeMap::new();
+    let mut reached = after;
     for row in &rows {
+        let at = row.occurred_at.as_datetime();
+        if after.is_some_and(|t| at <= t) || before.is_some_and(|t| at >= t) {
+            continue;
+        }
+        reached = reached.max(Some(at));
+        if !owned(row) {
+            foreign.insert(row.id);
+        }
         let Some(payload) = &row.payload else {
             continue;
         };
@@ -152,7 +227,6 @@ pub(super) async fn fold_with(
         if provider.notice(payload).is_some() {
             continue;
         }
-        let at = row.occurred_at.as_datetime();
         let beyond = cut.at.is_some_and(|t| at > t)
             || cut.received_before.is_some_and(|t| row.received_at >= t);
         if beyond {
@@ -187,7 +261,19 @@ pub(super) async fn fold_with(
             shown,
         });
     }
-    let folded = fold(source, customer, &events, catalog);
+    let start = from.map(|p| p.state.clone()).unwrap_or_default();
+    let folded = fold_from(start, source, customer, &events, catalog);
+    let moved = reached != after;
+    let reach = Reach {
+        point: reached.map(|cut| Resume {
+            cut,
+            state: folded.state_at_cut(),
+            foreign_ids: foreign.into_iter().collect(),
+            events: from.map_or(0, |p| p.events) + events.len() as i64,
+        }),
+        moved: moved || from.is_none(),
+        partial: before.is_some(),
+    };
     Ok(AccountFold {
         folded,
         events: refs,
@@ -199,6 +285,7 @@ pub(super) async fn fold_with(
         },
         pending: kept::pending(conn, source, customer).await?,
         kept_ids,
+        reach,
     })
 }
 
@@ -213,15 +300,12 @@ pub async fn fold_account(
 ) -> Result<AccountFold, FoldError> {
     let mut tx = snapshot(conn).await?;
     let stored = registers::of_account(&mut tx, account.0, account.1).await?;
-    let folded = fold_with(
-        &mut tx,
-        sources,
-        catalog,
-        account,
-        stored.as_ref(),
-        (cut, true),
-    )
-    .await?;
+    let reading = Reading {
+        cut,
+        with_purged: true,
+        ..Reading::default()
+    };
+    let folded = fold_with(&mut tx, sources, catalog, account, stored.as_ref(), reading).await?;
     tx.commit().await?;
     Ok(folded)
 }
@@ -383,42 +467,108 @@ pub enum Audited {
 }
 
 /// Compares one account's registers (and each period's `used` with its accepted debits)
-/// with the fold of its kept events, in one snapshot.
+/// with the fold of its kept events, in one snapshot: from its checked point when it has one,
+/// and when it is found clean, the point moves to its newest event (docs/design.md §4.11).
 pub async fn audit_account(
     conn: &mut PgConnection,
     sources: &Sources,
     catalog: &Catalog,
-    (source, customer): (&str, &CustomerId),
+    account: (&str, &CustomerId),
 ) -> Result<Audited, FoldError> {
+    audit_account_in_steps_of(conn, sources, catalog, account, MAX_FOLDED_EVENTS).await
+}
+
+/// [`audit_account`], folding at most `cap` events at once: an account with more since its
+/// point is folded `cap` events further each audit, and compared once the fold reaches its
+/// newest event.
+pub async fn audit_account_in_steps_of(
+    conn: &mut PgConnection,
+    sources: &Sources,
+    catalog: &Catalog,
+    (source, customer): (&str, &CustomerId),
+    cap: i64,
+) -> Result<Audited, FoldError> {
+    let config = sources
+        .get(source)
+        .ok_or_else(|| FoldError::UnknownSource(source.to_owned()))?;
+    let fingerprint = points::fingerprint(config, catalog);
+    points::claim(conn, source, customer).await?;
     let mut tx = snapshot(conn).await?;
     let stored = registers::of_account(&mut tx, source, customer).await?;
     let Some(stored) = stored else {
         tx.commit().await?;
         return Ok(Audited::Checked(Vec::new()));
     };
-    let account = match fold_with(
+    let point = points::read(&mut tx, (source, customer), &fingerprint).await?;
+    let from = point.as_ref().and_then(|p| p.resume.as_ref());
+    let reading = |from| Reading {
+        from,
+        in_steps_of: Some(cap),
+        ..Reading::default()
+    };
+    let account = (source, customer);
+    let folded = match fold_with(
         &mut tx,
         sources,
         catalog,
-        (source, customer),
+        account,
         Some(&stored),
-        (Cut::default(), false),
+        reading(from),
     )
     .await
     {
+        Err(FoldError::StalePoint) => {
+            fold_with(
+                &mut tx,
+                sources,
+                catalog,
+                account,
+                Some(&stored),
+                reading(None),
+            )
+            .await
+        }
+        other => other,
+    };
+    let folded = match folded {
         Err(FoldError::TooLarge) => return Ok(Audited::Skipped("too many events")),
         other => other?,
     };
-    if !account.pending.is_empty() {
+    if !folded.pending.is_empty() {
         tx.commit().await?;
         return Ok(Audited::Skipped("events in flight"));
     }
     let used = used_by_period(&mut tx, source, customer).await?;
     tx.commit().await?;
-    Ok(Audited::Checked(compare(
-        &stored,
-        &account,
-        &used,
-        (source, customer),
-    )))
+    let moves = point.as_ref().map_or(0, |p| p.moves);
+    let reached = folded.reach.point.as_ref().filter(|_| folded.reach.moved);
+    if folded.reach.partial {
+        // Not compared yet: the registers hold events past the point.
+        keep(conn, account, moves, reached, &fingerprint).await;
+        return Ok(Audited::Skipped(
+            "too many events: folded up to a point, the next audit goes on",
+        ));
+    }
+    let found = compare(&stored, &folded, &used, account);
+    if found.is_empty() {
+        keep(conn, account, moves, reached, &fingerprint).await;
+    }
+    Ok(Audited::Checked(found))
+}
+
+/// Keeps the point the audit reached; one not kept (an event changed meanwhile, or the write
+/// failed) leaves the next audit to fold from the point before.
+async fn keep(
+    conn: &mut PgConnection,
+    (source, customer): (&str, &CustomerId),
+    moves: i64,
+    reached: Option<&Resume>,
+    fingerprint: &str,
+) {
+    let Some(reached) = reached else {
+        return;
+    };
+    if let Err(e) = points::keep(conn, (source, customer), moves, reached, fingerprint).await {
+        tracing::warn!(source, error = %e, "an account's checked point was not kept");
+    }
 }

@@ -5,15 +5,18 @@
 //!
 //! - `fold_io`: the account read in one snapshot and folded; the registers compared with it;
 //! - `why`: the fold explained field by field;
+//! - `points`: the checked point an account's audit resumes the fold from;
 //! - `run`: the audit over many accounts, the scheduler's and `inboxctl audit`'s.
 
 mod fold_io;
+mod points;
 mod run;
 mod why;
 
 pub use fold_io::{
-    audit_account, fold_account, sources_of, AccountFold, AuditSource, Audited, Cut, Divergence,
-    EventRef, FoldError, Sources,
+    audit_account, audit_account_in_steps_of, fold_account, sources_of, AccountFold, AuditSource,
+    Audited, Cut, Divergence, EventRef, FoldError, Sources,
 };
+pub use points::{checked_point, CheckedPoint};
 pub use run::{audit_all, run, AuditReport, MAX_AUDITED_PER_RUN};
 pub use why::{why, Why, WhyField};

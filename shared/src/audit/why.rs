@@ -14,7 +14,7 @@ use crate::billing::registers;
 use crate::domain::{Catalog, CustomerId};
 
 use super::fold_io::{
-    compare, fold_with, snapshot, used_by_period, Cut, EventRef, FoldError, Sources,
+    compare, fold_with, snapshot, used_by_period, Cut, EventRef, FoldError, Reading, Sources,
 };
 
 /// One field of `why`.
@@ -60,13 +60,18 @@ pub async fn why(
 ) -> Result<Option<Why>, FoldError> {
     let mut tx = snapshot(conn).await?;
     let stored = registers::of_account(&mut tx, source, customer).await?;
+    let reading = Reading {
+        cut,
+        with_purged: true,
+        ..Reading::default()
+    };
     let account = fold_with(
         &mut tx,
         sources,
         catalog,
         (source, customer),
         stored.as_ref(),
-        (cut, true),
+        reading,
     )
     .await?;
     let used = used_by_period(&mut tx, source, customer).await?;

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::model::{outcome, Change, Decision, Effect, EventContext, PaymentStatus, Rank, Settled};
@@ -106,9 +106,32 @@ pub struct Folded {
     pub attempts: Vec<Attempt>,
 }
 
+/// What the fold carries from one event to the next: the registers and the ledger by period,
+/// all that the register rules read. The audit's checked point keeps it at a cut and the
+/// next audit goes on from it (`fold_from`, docs/design.md §4.11); each event's outcome and
+/// attempts, which only explain, are not carried.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FoldState {
+    pub registers: Registers,
+    pub ledger: BTreeMap<String, Vec<LedgerEntry>>,
+}
+
 /// Applies `events` once each, in provider order (time to the microsecond, then dedupe key),
 /// to an empty account.
 pub fn fold(
+    source: &str,
+    customer: &CustomerId,
+    events: &[FoldEvent],
+    catalog: &Catalog,
+) -> Folded {
+    fold_from(FoldState::default(), source, customer, events, catalog)
+}
+
+/// Applies `events` once each, in provider order, to the account as `start` leaves it: the
+/// fold of a set of events is the fold of those up to a cut, from nothing, then of the rest
+/// from there, when every event of the rest comes after the cut in that order.
+pub fn fold_from(
+    start: FoldState,
     source: &str,
     customer: &CustomerId,
     events: &[FoldEvent],
@@ -119,7 +142,11 @@ pub fn fold(
         let at = |e: &FoldEvent| e.at.as_datetime().timestamp_micros();
         (at(a), a.key.as_str(), a.id).cmp(&(at(b), b.key.as_str(), b.id))
     });
-    let mut folded = Folded::default();
+    let mut folded = Folded {
+        registers: start.registers,
+        ledger: start.ledger,
+        ..Folded::default()
+    };
     for event in order {
         let ctx = EventContext {
             event_id: event.id,
@@ -224,6 +251,14 @@ impl Folded {
             .cloned()
             .unwrap_or_default();
         registers.state(customer.as_str(), period, catalog)
+    }
+
+    /// What the next event's rules would read: the state a checked point keeps.
+    pub fn state_at_cut(&self) -> FoldState {
+        FoldState {
+            registers: self.registers.clone(),
+            ledger: self.ledger.clone(),
+        }
     }
 
     /// The fields the fold gives and the event each register's holder is, by field name.

@@ -398,7 +398,7 @@ pub struct SubscriptionState {
 /// When a subscription's period, trial and the subscription itself end, as the object the
 /// winning event carries says (docs/design.md §4.4): each `None` (`false`) when it says
 /// nothing. Part of the state: scheduling or withdrawing a cancellation is a change.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SubscriptionEnds {
     pub current_period_end: Option<DateTime<Utc>>,
     /// It ends when the current period does (a cancellation scheduled, not yet effective).

@@ -18,7 +18,7 @@ use crate::domain::{Catalog, Period, PlanRef};
 /// Where a write sits in one register's order: the provider time as Postgres keeps it (to
 /// the microsecond), the rank among same-second states, then the dedupe key compared byte by
 /// byte (the `C` collation of the `version_key` columns).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct Stamp {
     pub at: DateTime<Utc>,
     pub rank: i64,
@@ -38,7 +38,7 @@ impl Stamp {
 }
 
 /// What a register held before the write: the event that wrote it, at its stamp.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Held<T> {
     pub value: T,
     pub stamp: Stamp,
@@ -169,7 +169,7 @@ pub fn standing(held: Option<&Held<bool>>, ctx: &EventContext<'_>, past_due: boo
 
 /// One entitlement register as it holds a provider's grant of features (docs/design.md
 /// §4.12): whether the grant is active, and the features it gives.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HeldEntitlement {
     pub active: bool,
     pub features: Features,
@@ -228,14 +228,14 @@ pub fn entitlement(
 }
 
 /// The customer's plan as its register holds it: the plan key, and the catalog's name for it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HeldPlan {
     pub key: Option<String>,
     pub plan: Option<String>,
 }
 
 /// A subscription as its register holds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HeldSubscription {
     pub customer: String,
     pub status: String,
@@ -318,7 +318,7 @@ pub fn subscription(
 /// refund moves any other state whatever its time, so the end state does not depend on the
 /// order. Of a failure and a payment in the same second, paid is the later state.
 /// A payment as its register holds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HeldPayment {
     pub status: String,
     pub plan_key: Option<String>,
@@ -428,7 +428,7 @@ pub fn delete_customer(deleted_at: Option<DateTime<Utc>>, ctx: &EventContext<'_>
 
 /// The account row: its version, which every event's write moves (so a write finds out
 /// whether the account moved since it was read), and its tombstone.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HeldAccount {
     /// `None`: the account did not exist when it was read.
     pub version: Option<i64>,
@@ -439,7 +439,7 @@ pub struct HeldAccount {
 
 /// What the payment-intent register knows of one intent: the invoice it paid, its
 /// customer, and a full refund received for its charge.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HeldIntent {
     pub invoice: Option<String>,
     pub customer: Option<String>,
@@ -450,7 +450,7 @@ pub struct HeldIntent {
 }
 
 /// One entry of the ledger in the event's period.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LedgerEntry {
     pub plan: String,
     pub allowance: i64,
@@ -488,7 +488,7 @@ pub struct Changed {
 /// standing, the subscriptions, payments and payment intents the event names, the states of
 /// the account's other subscriptions (for its derived plan, with effects on), its ledger in
 /// the event's period — and, once the event's effects are applied, as they leave them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Registers {
     pub account: HeldAccount,
     pub customer_plan: Option<Held<HeldPlan>>,
@@ -504,6 +504,7 @@ pub struct Registers {
     /// What the account's accepted debits spent in the event's period, as read (debits
     /// do not move the account's version: the effects' `account` block tells it as read).
     pub used: i64,
+    #[serde(skip)]
     pub changed: Changed,
 }
 

@@ -62,6 +62,16 @@ impl Catalog {
         Ok(Self(plans))
     }
 
+    /// A digest of every entry, whatever order they came in: what a value folded under this
+    /// catalog keeps, so that it is not taken for the fold under another (docs/design.md
+    /// §4.11).
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut entries: Vec<(&String, &Plan)> = self.0.iter().collect();
+        entries.sort_by(|a, b| a.0.cmp(b.0));
+        hex::encode(Sha256::digest(format!("{entries:?}")))
+    }
+
     pub fn get(&self, key: &str) -> Option<&Plan> {
         self.0.get(key)
     }

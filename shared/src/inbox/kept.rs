@@ -10,8 +10,9 @@ use sqlx::PgConnection;
 use crate::domain::{CustomerId, DedupeKey, ProviderTime};
 use crate::platform::db::exec;
 
-/// At most this many events are folded for one account; an account with more is not folded
-/// (the audit counts it as too large, `why` says so).
+/// At most this many events are folded for one account at once: `why` says an account with
+/// more is too large; the audit folds it in steps, from its checked point (docs/design.md
+/// §4.11).
 pub const MAX_FOLDED_EVENTS: i64 = 20_000;
 
 /// A stored event as the fold takes it.
@@ -32,18 +33,24 @@ pub struct KeptEvent {
 
 /// The finished events of the account, with the finished events `named` (by its registers)
 /// and the reads made for its finished events (a thin event's object, an invoice's
-/// subscription), in provider order; at most
-/// [`MAX_FOLDED_EVENTS`] + 1, so that the caller sees when there are more.
+/// subscription), in provider order; at most `limit` (the caller asks one more than it folds,
+/// so that it sees when there are more). With `after` (an audit's checked point), only the
+/// account's events the provider created after it, and the `named` ones wherever they sort,
+/// those at or before it without their payload (the point folded them; the audit needs to
+/// know they are kept).
 pub async fn account_events(
     conn: &mut PgConnection,
     source: &str,
     customer: &CustomerId,
     named: &[i64],
+    (after, limit): (Option<DateTime<Utc>>, i64),
 ) -> Result<Vec<KeptEvent>, sqlx::Error> {
     sqlx::query_as!(
         KeptEvent,
         r#"
-        SELECT e.id, e.dedupe_key AS "dedupe_key: DedupeKey", e.type AS event_type, e.payload,
+        SELECT e.id, e.dedupe_key AS "dedupe_key: DedupeKey", e.type AS event_type,
+               CASE WHEN e.occurred_at > COALESCE($5::timestamptz, '-infinity') THEN e.payload
+               END AS payload,
                e.customer_key AS "customer: CustomerId",
                e.occurred_at AS "occurred_at!: ProviderTime", e.received_at, e.settled, e.replays,
                (SELECT d.headers->>'via' FROM deliveries d WHERE d.event_id = e.id
@@ -51,6 +58,7 @@ pub async fn account_events(
         FROM inbox_events e
         WHERE e.source = $1 AND e.occurred_at IS NOT NULL
           AND ((e.customer_key = $2
+                AND e.occurred_at > COALESCE($5::timestamptz, '-infinity')
                 AND (e.status IN ('applied', 'ignored')
                      -- A read stands for the event it was made for, which finished with it:
                      -- a thin event applies its read under its own id before the read's row is
@@ -69,7 +77,8 @@ pub async fn account_events(
         source,
         customer.as_str(),
         named,
-        MAX_FOLDED_EVENTS + 1,
+        limit,
+        after,
     )
     .fetch_all(exec(conn))
     .await
