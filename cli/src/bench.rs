@@ -145,6 +145,18 @@ pub(crate) fn process_ticks(pid: &str) -> Option<u64> {
     Some(user + system)
 }
 
+/// A process's CPU time so far in nanoseconds, every thread's (`/proc/<pid>/task/*/schedstat`,
+/// whose first field is the time on a CPU), by its /proc name (a pid, or `self`); finer than
+/// the ticks, for phases of a few milliseconds. `None` where it cannot be read.
+pub(crate) fn cpu_ns(pid: &str) -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
 /// Ticks read at one moment: the machine's busy and all, and this process's own.
 pub(crate) type Ticks = Option<((u64, u64), u64)>;
 
@@ -1256,14 +1268,47 @@ async fn measure(
     // own histories (30% copies, shuffled), and whether any register differs from its fold.
     eprintln!("bench: audit of every account");
     let audit_sources = shared::audit::sources_of(&configs);
-    let statements_before = counter.get();
-    let audit_start = Instant::now();
-    let cpu = CpuMeter::start();
-    let audit = shared::audit::audit_all(&pool, &audit_sources, catalog, None, None).await?;
-    let audit_secs = audit_start.elapsed().as_secs_f64();
-    let audit_accounts = (audit.checked + audit.skipped) as usize;
-    let audit_cpu = cpu.since(audit_accounts);
-    let audit_statements = counter.get() - statements_before;
+    // One connection, as the scheduler's run holds one: its backend's CPU and this process's
+    // are the audit's own, whatever else the machine runs meanwhile.
+    let audit_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*pool.connect_options()).clone())
+        .await?;
+    let audit_backend = {
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&audit_pool)
+            .await?;
+        pid.to_string()
+    };
+    let audit_pass = || async {
+        let statements_before = counter.get();
+        let start = Instant::now();
+        let cpu = CpuMeter::start();
+        let own = (cpu_ns("self"), cpu_ns(&audit_backend));
+        let report =
+            shared::audit::audit_all(&audit_pool, &audit_sources, catalog, None, None).await?;
+        let secs = start.elapsed().as_secs_f64();
+        let accounts = (report.checked + report.skipped) as usize;
+        let per_account = |before: Option<u64>, after: Option<u64>| {
+            before
+                .zip(after)
+                .map(|(b, a)| (a - b) as f64 / 1e6 / accounts.max(1) as f64)
+        };
+        let own = json!({
+            "process_ms_per_account": per_account(own.0, cpu_ns("self")),
+            "postgres_ms_per_account": per_account(own.1, cpu_ns(&audit_backend)),
+        });
+        let statements = counter.get() - statements_before;
+        let figures = json!({
+            "accounts": report.checked, "skipped": report.skipped,
+            "divergent": report.divergent.len(), "secs": secs,
+            "accounts_per_sec": report.checked as f64 / secs.max(f64::MIN_POSITIVE),
+            "statements_per_account": statements as f64 / accounts.max(1) as f64,
+            "own_cpu": own,
+        });
+        anyhow::Ok((report, figures, cpu.since(accounts)))
+    };
+    let (audit, audit_figures, audit_cpu) = audit_pass().await?;
     if !audit.divergent.is_empty() {
         eprintln!(
             "bench: the audit found {} fields differing from the fold, e.g. {:?}",
@@ -1274,14 +1319,8 @@ async fn measure(
     // Again, as the scheduler's next run finds the accounts: each from the checked point the
     // first audit kept (docs/design.md §4.11), with no event since it.
     eprintln!("bench: audit of every account again, from its checked point");
-    let statements_before = counter.get();
-    let again_start = Instant::now();
-    let cpu = CpuMeter::start();
-    let again = shared::audit::audit_all(&pool, &audit_sources, catalog, None, None).await?;
-    let again_secs = again_start.elapsed().as_secs_f64();
-    let again_accounts = (again.checked + again.skipped) as usize;
-    let again_cpu = cpu.since(again_accounts);
-    let again_statements = counter.get() - statements_before;
+    let (_, again_figures, again_cpu) = audit_pass().await?;
+    audit_pool.close().await;
 
     let per_sec = total as f64 / intake_secs;
     let raw_per_sec = total as f64 / raw_secs;
@@ -1314,18 +1353,10 @@ async fn measure(
             "statements_per_delivery": intake_statements as f64 / total as f64,
             "wal_bytes_per_delivery": intake_wal / total as f64,
         },
-        "audit_accounts_per_sec": audit.checked as f64 / audit_secs.max(f64::MIN_POSITIVE),
-        "audit": {
-            "accounts": audit.checked, "skipped": audit.skipped, "divergent": audit.divergent.len(),
-            "secs": audit_secs,
-            "statements_per_account": audit_statements as f64 / audit_accounts.max(1) as f64,
-        },
-        "audit_again_accounts_per_sec": again.checked as f64 / again_secs.max(f64::MIN_POSITIVE),
-        "audit_again": {
-            "accounts": again.checked, "skipped": again.skipped, "divergent": again.divergent.len(),
-            "secs": again_secs,
-            "statements_per_account": again_statements as f64 / again_accounts.max(1) as f64,
-        },
+        "audit_accounts_per_sec": audit_figures["accounts_per_sec"],
+        "audit": audit_figures,
+        "audit_again_accounts_per_sec": again_figures["accounts_per_sec"],
+        "audit_again": again_figures,
         "worker": {
             "applied": applied, "per_sec": worker_per_sec, "raw_per_sec": raw_worker_per_sec,
             "ratio": worker_per_sec / raw_worker_per_sec, "drain_secs": drain_secs,

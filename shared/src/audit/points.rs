@@ -5,7 +5,7 @@
 //! moves the row, over which alone a point is written.
 
 use chrono::{DateTime, Utc};
-use sqlx::PgConnection;
+use sqlx::{Connection, PgConnection};
 
 use crate::billing::fold::FoldState;
 use crate::domain::{Catalog, CustomerId};
@@ -102,7 +102,9 @@ pub(super) async fn read(
 }
 
 /// Keeps `point` as the account's, unless one of its events changed since the snapshot that
-/// read `moves` (the row moved): then the next audit folds again. Whether it was kept.
+/// read `moves` (the row moved): then the next audit folds again. Whether it was kept. A point
+/// is derived from the events and nothing else, so its write does not wait for the disk: one
+/// lost in a crash leaves the point before it, and the next audit folds from there.
 pub(super) async fn keep(
     conn: &mut PgConnection,
     (source, customer): (&str, &CustomerId),
@@ -111,6 +113,9 @@ pub(super) async fn keep(
     fingerprint: &str,
 ) -> anyhow::Result<bool> {
     let state = serde_json::to_value(&point.state)?;
+    let mut tx = conn
+        .begin_with("BEGIN; SET LOCAL synchronous_commit = off")
+        .await?;
     let kept = sqlx::query!(
         r#"
         UPDATE audit_points
@@ -127,9 +132,10 @@ pub(super) async fn keep(
         fingerprint,
         point.events,
     )
-    .execute(exec(conn))
+    .execute(exec(&mut *tx))
     .await?
     .rows_affected();
+    tx.commit().await?;
     Ok(kept == 1)
 }
 
