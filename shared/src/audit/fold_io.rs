@@ -491,7 +491,7 @@ pub async fn audit_account_in_steps_of(
     let config = sources
         .get(source)
         .ok_or_else(|| FoldError::UnknownSource(source.to_owned()))?;
-    let fingerprint = points::fingerprint(config, catalog);
+    let fingerprint = points::fingerprint(config.kind, config.livemode, catalog);
     points::claim(conn, source, customer).await?;
     let mut tx = snapshot(conn).await?;
     let stored = registers::of_account(&mut tx, source, customer).await?;

@@ -8,10 +8,8 @@ use chrono::{DateTime, Utc};
 use sqlx::{Connection, PgConnection};
 
 use crate::billing::fold::FoldState;
-use crate::domain::{Catalog, CustomerId};
+use crate::domain::{Catalog, CustomerId, SourceKind};
 use crate::platform::db::exec;
-
-use super::fold_io::AuditSource;
 
 /// The fold's own version: a release that changes what the fold gives of the same events
 /// moves it, and the points folded before are not resumed.
@@ -37,12 +35,10 @@ pub(super) struct Point {
 }
 
 /// What a state is folded under: the fold's version, the source's kind and mode, the catalog.
-pub(super) fn fingerprint(source: &AuditSource, catalog: &Catalog) -> String {
+pub(super) fn fingerprint(kind: SourceKind, livemode: Option<bool>, catalog: &Catalog) -> String {
     format!(
-        "{FOLD_VERSION}/{}/{:?}/{:?}/{}",
+        "{FOLD_VERSION}/{}/{kind:?}/{livemode:?}/{}",
         env!("CARGO_PKG_VERSION"),
-        source.kind,
-        source.livemode,
         catalog.fingerprint()
     )
 }
