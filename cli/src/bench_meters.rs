@@ -6,7 +6,6 @@
 //! database of its own, removed afterwards; bounded by N and by a deadline.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,6 +29,7 @@ use shared::providers::Api;
 
 use crate::bench::{drop_database, fresh_database, percentile, run_concurrently, BenchArgs};
 use crate::bench_api::{seed, seed_source, with_bench_plan};
+use crate::bench_serve;
 
 /// The meter's event name at the fake.
 const METER: &str = "bench_api_calls";
@@ -231,28 +231,14 @@ async fn serve(held: Arc<Held>) -> anyhow::Result<SocketAddr> {
         .await
         .context("binding the fake meter to loopback")?;
     let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let held = held.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request| {
-                    let held = held.clone();
-                    async move { Ok::<_, Infallible>(answer(&held, request).await) }
-                });
-                let io = hyper_util::rt::TokioIo::new(stream);
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(io, service)
-                    .await;
-            });
-        }
-    });
+    bench_serve::serve(listener, move || held.clone(), answer);
     Ok(addr)
 }
 
 /// Stripe's answer to `POST /v1/billing/meter_events`: the event, or for an identifier held
 /// already its 400 "An event already exists with identifier …".
 async fn answer(
-    held: &Held,
+    held: Arc<Held>,
     request: hyper::Request<hyper::body::Incoming>,
 ) -> hyper::Response<Full<Bytes>> {
     let respond = |status: u16, body: Value| {

@@ -9,10 +9,9 @@
 //! WAL bytes, and how many subscriptions end on their newest event's status.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,6 +35,7 @@ use crate::bench::{
     create_queue, deliver, drop_database, fresh_database, process_ticks, spawn_pollers, ticks,
     wal_bytes, BenchArgs, CpuMeter, Delivery, Polls, Ticks,
 };
+use crate::bench_serve;
 
 /// The corpus's subscription events (stripe-node v16 shapes, the subscription's period at its
 /// top level as in 2023-10-16; testdata/providers/README.md), the templates of every delivery.
@@ -964,30 +964,21 @@ async fn serve_intake(
 ) -> anyhow::Result<std::net::SocketAddr> {
     let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
     let addr = listener.local_addr()?;
-    let next = Arc::new(AtomicUsize::new(0));
-    let instances = Arc::new(instances);
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let slot = next.fetch_add(1, Ordering::Relaxed) % instances.len();
-            let (state, source) = (instances[slot].clone(), source.clone());
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request| {
-                    let (state, source) = (state.clone(), source.clone());
-                    async move { Ok::<_, Infallible>(answer(&state, &source, request).await) }
-                });
-                let io = hyper_util::rt::TokioIo::new(stream);
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(io, service)
-                    .await;
-            });
-        }
+    let mut slot = 0;
+    let round_robin = move || {
+        let state = instances[slot].clone();
+        slot = (slot + 1) % instances.len();
+        state
+    };
+    bench_serve::serve(listener, round_robin, move |state, request| {
+        answer(state, source.clone(), request)
     });
     Ok(addr)
 }
 
 async fn answer(
-    state: &IntakeState,
-    source: &str,
+    state: Arc<IntakeState>,
+    source: String,
     request: hyper::Request<hyper::body::Incoming>,
 ) -> hyper::Response<Full<Bytes>> {
     let (parts, body) = request.into_parts();
@@ -1012,7 +1003,7 @@ async fn answer(
             .body(Full::new(Bytes::new()))
             .unwrap_or_default();
     };
-    let response = shared::handlers::intake::handle(state, lambda_request).await;
+    let response = shared::handlers::intake::handle(&state, lambda_request).await;
     let status = response.status();
     let bytes = match response.into_body() {
         lambda_http::Body::Empty => Bytes::new(),

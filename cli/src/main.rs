@@ -11,6 +11,7 @@ mod bench;
 mod bench_api;
 mod bench_meters;
 mod bench_peer;
+mod bench_serve;
 mod delay;
 mod dev;
 mod effects;

@@ -319,6 +319,28 @@ impl Api {
         )
         .map(Some)
     }
+
+    /// An object read (`GET {path}` with `headers`): what stands at `pointer` in the answer,
+    /// taken out of it, which must hold each of `members`; `None` when the provider does not
+    /// know the object. An answer without it is the error `missing`.
+    pub async fn object(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+        pointer: &str,
+        members: &[&str],
+        missing: &'static str,
+    ) -> anyhow::Result<Option<Value>> {
+        let Some(mut answer) = self.get_found(path, &[], headers).await? else {
+            return Ok(None);
+        };
+        answer
+            .pointer_mut(pointer)
+            .map(Value::take)
+            .filter(|object| members.iter().all(|m| object.get(m).is_some()))
+            .context(missing)
+            .map(Some)
+    }
 }
 
 /// An object id as a path segment: provider ids are letters, digits, `_` and `-`; anything

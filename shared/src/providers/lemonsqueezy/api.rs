@@ -123,19 +123,15 @@ impl LemonSqueezyReads {
     /// a 404.
     async fn subscription_data(&self, id: &str) -> anyhow::Result<Option<Value>> {
         let path = format!("/v1/subscriptions/{}", path_id(id)?);
-        let Some(mut answer) = self
-            .api
-            .get_found(&path, &[], &[("accept", JSON_API)])
-            .await?
-        else {
-            return Ok(None);
-        };
-        let data = answer
-            .get_mut("data")
-            .map(Value::take)
-            .filter(|data| data.get("attributes").is_some())
-            .context("the subscription read has no data.attributes")?;
-        Ok(Some(data))
+        self.api
+            .object(
+                &path,
+                &[("accept", JSON_API)],
+                "/data",
+                &["attributes"],
+                "the subscription read has no data.attributes",
+            )
+            .await
     }
 
     /// The subscription read as `decide` reads a subscription event's.
@@ -225,6 +221,14 @@ mod tests {
             .respond_with(ResponseTemplate::new(200).set_body_json(answer()))
             .mount(&server)
             .await;
+        Mock::given(method("GET"))
+            .and(path("/v1/subscriptions/3"))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!({"data": {"type": "subscriptions", "id": "3"}})),
+            )
+            .mount(&server)
+            .await;
         let reads = LemonSqueezyReads::new(Api {
             base_url: server.uri(),
             key: ApiKey::Known("ls_test_key".into()),
@@ -245,6 +249,12 @@ mod tests {
         // Unknown to Lemon Squeezy: none; an id that is not one is never sent.
         assert!(reads.subscription(&customer, "2").await.unwrap().is_none());
         assert!(reads.subscription(&customer, "../x").await.is_err());
+        // An answer without the subscription's attributes is an error, not a subscription.
+        let error = reads.subscription_object(&customer, "3").await.unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "the subscription read has no data.attributes"
+        );
     }
 
     #[test]

@@ -176,16 +176,16 @@ impl PaddleReads {
 
     /// `GET /subscriptions/{id}`: the subscription, the answer's `data`; `None` on a 404.
     async fn subscription_data(&self, id: &str) -> anyhow::Result<Option<Value>> {
-        use anyhow::Context;
         let path = format!("/subscriptions/{}", path_id(id)?);
-        let Some(mut answer) = self.api.get_found(&path, &[], &[]).await? else {
-            return Ok(None);
-        };
-        let data = answer
-            .get_mut("data")
-            .map(Value::take)
-            .context("the subscription read has no data")?;
-        Ok(Some(data))
+        self.api
+            .object(
+                &path,
+                &[],
+                "/data",
+                &[],
+                "the subscription read has no data",
+            )
+            .await
     }
 
     /// The subscription read as `decide` reads a subscription event's.
@@ -251,6 +251,11 @@ mod tests {
             .respond_with(ResponseTemplate::new(200).set_body_json(answer()))
             .mount(&server)
             .await;
+        Mock::given(method("GET"))
+            .and(path("/subscriptions/sub_without_data"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({"meta": {}})))
+            .mount(&server)
+            .await;
         let reads = PaddleReads::new(Api {
             base_url: server.uri(),
             key: ApiKey::Known("pdl_sdbx_apikey_test".into()),
@@ -276,5 +281,11 @@ mod tests {
             .unwrap()
             .is_none());
         assert!(reads.subscription(&customer, "../x").await.is_err());
+        // An answer without its data is an error, not a subscription.
+        let error = reads
+            .subscription_object(&customer, "sub_without_data")
+            .await
+            .unwrap_err();
+        assert_eq!(error.to_string(), "the subscription read has no data");
     }
 }
