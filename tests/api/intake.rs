@@ -858,3 +858,61 @@ fn every_refusal_reason_is_a_fixed_name_of_its_own() {
         .iter()
         .all(|r| r.chars().all(|c| c.is_ascii_lowercase() || c == '_')));
 }
+
+/// The payload and the raw body of an event the size of a real subscription event live out of
+/// line, so the worker's updates of the row (its claim, its finish) copy two pointers, not the
+/// raw body again (docs/design.md §8, migration `20261213100001`). Under Postgres's default the
+/// raw body stayed inline once the payload had gone out, and each update wrote it to the WAL.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_real_sized_events_payload_and_raw_body_stay_out_of_line_through_its_updates(
+    pool: PgPool,
+) {
+    let app = crate::corpus::corpus_app(pool.clone()).await;
+    let (_, event) = crate::corpus::corpus("stripe/pre-basil")
+        .into_iter()
+        .find(|(name, _)| name == "customer.subscription.updated")
+        .expect("the corpus's subscription update");
+    let (status, body) = app.post("stripe", &stripe_delivery(&event)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let id = body["event_id"].as_i64().expect("the event id");
+    let toast: String = sqlx::query_scalar(
+        "SELECT reltoastrelid::regclass::text FROM pg_class WHERE oid = 'inbox_events'::regclass",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let values = format!("SELECT count(DISTINCT chunk_id) FROM {toast}");
+    let out_of_line = |pool: PgPool, sql: String| async move {
+        sqlx::query_scalar::<_, i64>(&sql)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let (raw, payload): (i32, i32) = sqlx::query_as(
+        "SELECT pg_column_size(raw_body), pg_column_size(payload) FROM inbox_events WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        raw > 512 && payload > 512,
+        "a real-sized event: {raw} and {payload} bytes"
+    );
+    assert_eq!(
+        out_of_line(pool.clone(), values.clone()).await,
+        2,
+        "the payload and the raw body, each a value of its own out of line"
+    );
+    app.run_worker().await;
+    let final_status = app.event(id).await.status;
+    assert!(
+        ["applied", "ignored"].contains(&final_status.as_str()),
+        "{final_status}"
+    );
+    assert_eq!(
+        out_of_line(pool, values).await,
+        2,
+        "the claim and the finish kept the same two values, not copies"
+    );
+}
