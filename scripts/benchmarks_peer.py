@@ -27,8 +27,9 @@ def engine_version(root):
 
 
 def shared_note(report):
-    """Says so when the machine's other tenants were busy (a load above its cores)."""
-    loads = [float(x) for key in ("load_average_before", "load_average_after") for x in str(report.get(key, "")).split()[:1]]
+    """Says so when the machine's other tenants were busy (a load above its cores before the run; the
+    load after holds the run's own callers and backends)."""
+    loads = [float(x) for x in str(report.get("load_average_before", "")).split()[:1]]
     if loads and max(loads) > (os.cpu_count() or 1):
         return (": **the machine was shared** with other work while this ran, so \"the rest\" below holds other tenants' CPU and "
                 "every rate is lower and noisier than on a quiet machine; compare the two sides' ratios and their named processes, not the rates")
@@ -228,7 +229,8 @@ def goal_lines(report):
         "",
         "What would close it where a goal is missed: on AWS the intake and the worker are separate functions on cores of their own and the "
         "queue is SQS, not a process on the same 2 cores, so the intake's rate is its own statement and send, not that and the worker's apply "
-        "on the same cores (the pipeline's intake alone, in the table at the top of this page from an earlier run, accepted several times these rates); the Postgres work per event is the price of the stored payload and the event's life, "
+        "on the same cores (the run above with the worker started at the intake's last answer: the same intake alone, beside the "
+        "engine's request); the Postgres work per event is the price of the stored payload and the event's life, "
         "which is what the audit, replays and the right answer to a same-second pair are built on. Part of it is gone: the event's row kept "
         "its raw body inline (compressed, under Postgres's 2 kB default once the payload had gone out of line), so each of the worker's "
         "updates of the row (its claim, its finish) wrote it to the WAL again; with both out of line past 512 bytes "
@@ -265,7 +267,9 @@ def c16_lines(report):
         f"From c4 to c16 (in process) billing-inbox's Postgres work per delivery went from {share(o4, 'Postgres')[0]:.2f} to "
         f"{share(o16, 'Postgres')[0]:.2f} ms and its own process's from {share(o4, 'inboxctl')[0]:.2f} to {share(o16, 'inboxctl')[0]:.2f}; "
         f"the engine's Postgres from {share(e4, 'Postgres')[0]:.2f} to {share(e16, 'Postgres')[0]:.2f} and node's from "
-        f"{share(e4, 'node')[0]:.2f} to {share(e16, 'node')[0]:.2f}. At c16 billing-inbox runs 16 intake instances, each with its own "
+        f"{share(e4, 'node')[0]:.2f} to {share(e16, 'node')[0]:.2f} (what no named process used, the kernel's and any other "
+        f"tenant's: billing-inbox {share(o4, 'the rest')[0]:.2f} to {share(o16, 'the rest')[0]:.2f}, the engine "
+        f"{share(e4, 'the rest')[0]:.2f} to {share(e16, 'the rest')[0]:.2f}). At c16 billing-inbox runs 16 intake instances, each with its own "
         "connection, and 16 worker invocations fed by their pollers on the same 2 cores as Postgres's backends for both: more "
         "processes contend for the cores and the account's rows, where the engine's 16 callers share one node event loop."
     )
