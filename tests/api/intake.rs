@@ -916,3 +916,27 @@ async fn a_real_sized_events_payload_and_raw_body_stay_out_of_line_through_its_u
         "the claim and the finish kept the same two values, not copies"
     );
 }
+
+/// AWS-LC is built without its CPU-jitter entropy source (`.cargo/config.toml`,
+/// docs/design.md §8 "Cold start"): with it, the first TLS handshake of every process (the
+/// intake's first store, its first send) spent 30–40 ms gathering jitter. This binary links the
+/// same AWS-LC as the functions (through sqlx's and the SDK's rustls), so its symbols say how
+/// AWS-LC was built.
+#[test]
+fn aws_lc_is_built_without_cpu_jitter_entropy() {
+    let exe = std::env::current_exe().unwrap();
+    // Put together at run time: the whole name written here would be in this binary itself.
+    let symbol = ["jent", "read", "entropy"].join("_");
+    let found = std::process::Command::new("grep")
+        .args(["-c", "-a", &symbol])
+        .arg(&exe)
+        .output()
+        .expect("grep runs");
+    let count = String::from_utf8_lossy(&found.stdout).trim().to_owned();
+    assert_eq!(
+        count,
+        "0",
+        "{} carries AWS-LC's jitter entropy; build from the checkout so cargo reads .cargo/config.toml",
+        exe.display()
+    );
+}
