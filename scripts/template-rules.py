@@ -96,6 +96,68 @@ class Unsupported(Exception):
     pass
 
 
+# What CloudFormation accepts inside a rule's RuleCondition and Assertions: Ref and the rule
+# functions, no other ("Rule functions", AWS CloudFormation Template Reference,
+# docs.aws.amazon.com/AWSCloudFormation/latest/TemplateReference/intrinsic-function-reference-rules.html;
+# "CloudFormation template Rules syntax", the User Guide's rules-section-structure.html). Any
+# other function (Fn::Join, Fn::Sub, Fn::If, Fn::Select, ...) fails the change set when it is
+# created, whatever the parameters, and cfn-lint 1.58 does not say so (cfn-lint#3710).
+# (Service Catalog's template constraint rules, where Rules come from, also take Fn::If;
+# CloudFormation's reference does not list it, so it is refused here.)
+RULE_FUNCTIONS = frozenset(
+    {
+        "Fn::And",
+        "Fn::Contains",
+        "Fn::EachMemberEquals",
+        "Fn::EachMemberIn",
+        "Fn::Equals",
+        "Fn::Not",
+        "Fn::Or",
+        "Fn::RefAll",
+        "Fn::ValueOf",
+        "Fn::ValueOfAll",
+    }
+)
+# "The minimum number of conditions that you can include is two, and the maximum is ten"
+# (Fn::And and Fn::Or, the same page).
+CONDITIONS_PER_AND_OR = (2, 10)
+
+
+def rules_syntax_errors(rules):
+    """What CloudFormation refuses in the Rules section whatever the parameters: a function
+    that is neither Ref nor a rule function, an Fn::And or Fn::Or outside 2..10 conditions."""
+    problems = []
+
+    def walk(rule, where, expr):
+        if isinstance(expr, list):
+            for item in expr:
+                walk(rule, where, item)
+            return
+        if not isinstance(expr, dict):
+            return
+        for key, arg in expr.items():
+            if key == "Ref":
+                continue
+            if key.startswith("Fn::") or key == "Condition":
+                if key not in RULE_FUNCTIONS:
+                    problems.append(
+                        f"rule {rule}: {key} in its {where} (only Ref and the rule functions "
+                        f"are accepted in Rules: {', '.join(sorted(RULE_FUNCTIONS))})"
+                    )
+                elif key in ("Fn::And", "Fn::Or"):
+                    low, high = CONDITIONS_PER_AND_OR
+                    if not isinstance(arg, list) or not low <= len(arg) <= high:
+                        problems.append(f"rule {rule}: {key} in its {where} takes {low} to {high} conditions")
+            walk(rule, where, arg)
+
+    for name, rule in (rules or {}).items():
+        if "RuleCondition" in rule:
+            walk(name, "RuleCondition", rule["RuleCondition"])
+        for assertion in rule.get("Assertions", []):
+            walk(name, "Assert", assertion.get("Assert"))
+    return problems
+
+
 def evaluate(expr, params):
     """A rule condition or assertion, with the rule-specific functions CloudFormation has."""
     if isinstance(expr, (str, int, float, bool)):
@@ -127,9 +189,6 @@ def evaluate(expr, params):
     if fn == "Fn::EachMemberIn":
         members, allowed = (evaluate(x, params) for x in arg)
         return all(m in allowed for m in members)
-    if fn == "Fn::Join":
-        sep, items = arg
-        return evaluate(sep, params).join(evaluate(items, params))
     raise Unsupported(f"{fn} is not a rule function this evaluator knows")
 
 
@@ -375,6 +434,14 @@ BAD = {
         {**EVERYTHING, "EffectsEventBus": ""},
         "rule EffectsBusCreateNeedsBus:",
     ),
+    "an effects endpoint over plain http": (
+        {**EVERYTHING, "EffectsWebhookUrl": "http://app.example/billing-events"},
+        "EffectsWebhookUrl:",
+    ),
+    "sources past what every function's 4 KB environment can carry": (
+        {**EVERYTHING, "Sources": "[" + ",".join(['{"name":"s%03d","kind":"kinde","jwks_url":"https://example.kinde.com/.well-known/jwks"}' % i for i in range(25)]) + "]"},
+        "Sources: longer than MaxLength",
+    ),
     "an alert endpoint over plain http": (
         {**EVERYTHING, "AlertHttpsEndpoint": "http://events.pagerduty.com/integration/x/enqueue"},
         "AlertHttpsEndpoint:",
@@ -520,6 +587,237 @@ def route_errors(template, openapi):
     return problems
 
 
+# -- names the template builds -----------------------------------------------------------------
+
+# The longest stack name CloudFormation takes (128 characters, "[a-zA-Z][-a-zA-Z0-9]*"; the
+# Stack name quota, "Understand CloudFormation quotas", User Guide cloudformation-limits.html),
+# with the '--' some names refuse; the longest Region code and its stack id.
+WORST_STACK_NAME = "b--" + "x" * 125
+WORST_REGION = "ap-southeast-7"
+WORST_STACK_ID = (
+    f"arn:aws:cloudformation:{WORST_REGION}:123456789012:stack/{WORST_STACK_NAME}/"
+    "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+)
+PSEUDO = {
+    "AWS::StackName": WORST_STACK_NAME,
+    "AWS::StackId": WORST_STACK_ID,
+    "AWS::Region": WORST_REGION,
+    "AWS::AccountId": "123456789012",
+    "AWS::Partition": "aws-us-gov",
+    "AWS::URLSuffix": "amazonaws.com.cn",
+}
+# Each name a resource's property gives, its longest and its form, from the page that says so.
+NAME_LIMITS = {
+    ("AWS::RDS::DBProxy", "DBProxyName"): (
+        63,
+        r"[A-Za-z](?!.*--)[A-Za-z0-9-]*[A-Za-z0-9]",
+        "AWS::RDS::DBProxy DBProxyName: 1 to 63 letters, digits or hyphens, a letter first, "
+        "no hyphen last, no two hyphens together (CloudFormation's AWS::RDS::DBProxy reference)",
+    ),
+    ("AWS::Logs::LogGroup", "LogGroupName"): (
+        512,
+        r"[.\-_/#A-Za-z0-9]+",
+        "log group names: 1 to 512 of a-z A-Z 0-9 _ - / . # (CloudWatch Logs CreateLogGroup API reference)",
+    ),
+    ("AWS::Logs::MetricFilter", "MetricNamespace"): (
+        255,
+        r"[^:*$]+",
+        "metric namespaces: at most 255 characters, no ':', '*' or '$' (CloudWatch Logs MetricTransformation API reference)",
+    ),
+    ("AWS::Events::EventBus", "Name"): (
+        256,
+        r"(aws\.partner/[.\-_A-Za-z0-9/]+|[/.\-_A-Za-z0-9]+)",
+        "event bus names: at most 256 of a-z A-Z 0-9 . - _ / (EventBridge CreateEventBus API reference)",
+    ),
+    ("AWS::SQS::Queue", "QueueName"): (
+        80,
+        r"[A-Za-z0-9_-]+(\.fifo)?",
+        "queue names: 1 to 80 of a-z A-Z 0-9 - _ (SQS CreateQueue API reference)",
+    ),
+    ("AWS::Lambda::Function", "FunctionName"): (
+        64,
+        r"[A-Za-z0-9_-]+",
+        "function names: 1 to 64 of a-z A-Z 0-9 - _ (Lambda CreateFunction API reference)",
+    ),
+    ("AWS::IAM::Role", "RoleName"): (
+        64,
+        r"[\w+=,.@-]+",
+        "role names: 1 to 64 (IAM CreateRole API reference)",
+    ),
+}
+
+
+class NotStatic(Exception):
+    pass
+
+
+def worst_value(expr, specs):
+    """The longest text an expression can give: pseudo parameters at their worst, a parameter
+    at its MaxLength (CloudFormation's 4,096 bytes when it has none, the Parameter value quota).
+    NotStatic for what only the deploy knows (a GetAtt, a resource's Ref)."""
+    if isinstance(expr, (str, int, float)):
+        return str(expr)
+    if isinstance(expr, dict) and len(expr) == 1:
+        (fn, arg), = expr.items()
+        if fn == "Ref":
+            if arg in PSEUDO:
+                return PSEUDO[arg]
+            if arg in specs:
+                spec = specs[arg]
+                return "x" * int(spec.get("MaxLength", 4096))
+            raise NotStatic(arg)
+        if fn == "Fn::Sub":
+            text, variables = (arg, {}) if isinstance(arg, str) else arg
+            values = {k: worst_value(v, specs) for k, v in variables.items()}
+
+            def swap(m):
+                name = m.group(1)
+                if name in values:
+                    return values[name]
+                return worst_value({"Ref": name}, specs)
+
+            return re.sub(r"\$\{([^!}][^}]*)\}", swap, text)
+        if fn == "Fn::Join":
+            sep, items = arg
+            return sep.join(worst_value(i, specs) for i in items)
+        if fn == "Fn::Select":
+            index, items = arg
+            return worst_list(items, specs)[int(index)]
+    raise NotStatic(repr(expr))
+
+
+def worst_list(expr, specs):
+    if isinstance(expr, list):
+        return [worst_value(e, specs) for e in expr]
+    if isinstance(expr, dict) and set(expr) == {"Fn::Split"}:
+        sep, text = expr["Fn::Split"]
+        return worst_value(text, specs).split(sep)
+    raise NotStatic(repr(expr))
+
+
+def name_errors(template):
+    """Each name the template builds that the worst stack name, Region or parameter would
+    push past its resource's limit or out of its form (the deploy fails there, after what
+    came before it was made: a DBProxy named after a 61-character stack failed after the
+    cluster existed)."""
+    specs = template["Parameters"]
+    problems = []
+    for lid, resource in template["Resources"].items():
+        for (type_, prop), (longest, form, source) in NAME_LIMITS.items():
+            if resource.get("Type") != type_ or prop not in resource.get("Properties", {}):
+                continue
+            try:
+                value = worst_value(resource["Properties"][prop], specs)
+            except NotStatic:
+                continue  # a resource's id or attribute: AWS made it, within its own limits
+            if len(value) > longest or not re.fullmatch(form, value):
+                problems.append(f"{lid}.{prop} can be {value[:80]!r}... ({len(value)} characters): {source}")
+    return problems
+
+
+# -- the template's own quotas ---------------------------------------------------------------
+
+# "Understand CloudFormation quotas" (User Guide, cloudformation-limits.html): the template as
+# `sam deploy` uploads it to S3 and as the SAM transform expands it (scripts/template-stack.py
+# counts the expanded resources per parameter set).
+TEMPLATE_QUOTAS = {
+    "template body in S3 (bytes)": 1_048_576,
+    "parameters": 200,
+    "outputs": 200,
+    "resources": 500,
+    "description (bytes)": 1024,
+}
+
+
+def quota_errors(path, template):
+    counts = {
+        "template body in S3 (bytes)": len(open(path, "rb").read()),
+        "parameters": len(template.get("Parameters", {})),
+        "outputs": len(template.get("Outputs", {})),
+        "resources": len(template.get("Resources", {})),
+        "description (bytes)": len(str(template.get("Description", "")).encode()),
+    }
+    return [
+        f"{what}: {counts[what]}, over CloudFormation's {limit}"
+        for what, limit in TEMPLATE_QUOTAS.items()
+        if counts[what] > limit
+    ]
+
+
+# Functions CloudFormation refuses in Rules, each put in a rule of its own that must be
+# refused: the check above must never come to allow one of them (as this script's evaluator
+# once evaluated Fn::Join, and the template shipped a rule no account could create).
+NOT_RULE_FUNCTIONS = {
+    "Fn::Join": ["", {"Ref": "EngineRoomSecretArns"}],
+    "Fn::Sub": "${EngineRoomSources}",
+    "Fn::If": ["HasSourceSecrets", "a", "b"],
+    "Fn::Select": ["0", {"Ref": "SubnetIds"}],
+    "Fn::Split": [",", {"Ref": "EngineRoomSources"}],
+    "Fn::GetAtt": ["Queue", "Arn"],
+    "Fn::FindInMap": ["Map", "Key", "Value"],
+    "Fn::Base64": "x",
+    "Fn::ImportValue": "exported",
+    "Fn::GetAZs": "",
+    "Fn::Length": [{"Ref": "SubnetIds"}],
+    "Fn::ToJsonString": {"Ref": "Sources"},
+    "Fn::Cidr": ["10.0.0.0/16", "2", "8"],
+    "Condition": "HasSourceSecrets",
+}
+
+
+def refused_functions_selftest():
+    """Each function CloudFormation refuses in Rules fails the check, in a rule's condition
+    and in an assertion, nested as deep as the template nests its own; each rule function
+    passes. Returns the number of failures."""
+    failures = 0
+    for fn, arg in NOT_RULE_FUNCTIONS.items():
+        inner = {"Fn::Equals": [{fn: arg}, ""]}
+        for where, rule in (
+            ("RuleCondition", {"RuleCondition": {"Fn::Not": [inner]}, "Assertions": [{"Assert": {"Fn::Equals": ["a", "a"]}, "AssertDescription": "x"}]}),
+            ("Assert", {"Assertions": [{"Assert": {"Fn::Or": [inner, {"Fn::Equals": ["a", "b"]}]}, "AssertDescription": "x"}]}),
+        ):
+            problems = rules_syntax_errors({"Probe": rule})
+            if not any(fn in p and where in p for p in problems):
+                print(f"FAIL  the Rules check let {fn} through in a {where}: {problems}")
+                failures += 1
+    allowed = {
+        "Fn::And": [{"Fn::Equals": ["a", "a"]}, {"Fn::Contains": [["a"], {"Ref": "DatabaseMode"}]}],
+        "Fn::EachMemberEquals": [{"Ref": "SubnetIds"}, ""],
+        "Fn::EachMemberIn": [{"Fn::ValueOfAll": ["AWS::EC2::Subnet::Id", "VpcId"]}, {"Fn::RefAll": "AWS::EC2::VPC::Id"}],
+        "Fn::Not": [{"Fn::Equals": [{"Fn::ValueOf": ["SubnetIds", "VpcId"]}, ""]}],
+    }
+    problems = rules_syntax_errors({"Probe": {"Assertions": [{"Assert": {"Fn::Or": [{k: v} for k, v in allowed.items()]}, "AssertDescription": "x"}]}})
+    if problems:
+        print(f"FAIL  the Rules check refused rule functions: {problems}")
+        failures += 1
+    for count in (1, 11):
+        problems = rules_syntax_errors({"Probe": {"Assertions": [{"Assert": {"Fn::And": [{"Fn::Equals": ["a", "a"]}] * count}, "AssertDescription": "x"}]}})
+        if not problems:
+            print(f"FAIL  the Rules check took an Fn::And of {count} conditions")
+            failures += 1
+    if not failures:
+        print(f"ok    Rules: only Ref and the rule functions ({len(NOT_RULE_FUNCTIONS)} other functions refused, each as a condition and an assertion)")
+    return failures
+
+
+def names_selftest(template):
+    """The name check refuses what AWS refuses: the stack-named proxy of the release before
+    (over 63 characters, and '--'), a log group name with a space."""
+    failures = 0
+    probes = {
+        "a proxy named after the stack": ("AWS::RDS::DBProxy", "DBProxyName", {"Fn::Sub": "${AWS::StackName}-db"}),
+        "a log group with a space": ("AWS::Logs::LogGroup", "LogGroupName", {"Fn::Sub": "/aws/lambda/${AWS::StackName} x"}),
+    }
+    for label, (type_, prop, value) in probes.items():
+        probe = {"Parameters": template["Parameters"], "Resources": {"Probe": {"Type": type_, "Properties": {prop: value}}}}
+        if not name_errors(probe):
+            print(f"FAIL  the name check took {label}")
+            failures += 1
+    if not failures:
+        print(f"ok    names: {len(NAME_LIMITS)} kinds of name checked at a 128-character stack name with '--' ({len(probes)} bad names refused)")
+    return failures
+
+
 def main():
     path = sys.argv[1] if len(sys.argv) > 1 else "template.yaml"
     template = load(path)
@@ -535,6 +833,21 @@ def main():
             for problem in constraint_errors(name, spec, str(spec["Default"])):
                 print(f"FAIL  default of {name} refused by its own constraints: {problem}")
                 failures += 1
+    failures += refused_functions_selftest()
+    for problem in quota_errors(path, template):
+        print(f"FAIL  quota: {problem}")
+        failures += 1
+    for problem in name_errors(template):
+        print(f"FAIL  name: {problem}")
+        failures += 1
+    failures += names_selftest(template)
+    refused = rules_syntax_errors(template.get("Rules", {}))
+    for problem in refused:
+        print(f"FAIL  {problem}")
+    if refused:
+        # the parameter sets cannot be evaluated, and CloudFormation would refuse every one
+        print(f"template-rules: {len(refused)} refused in Rules; CloudFormation creates no stack from this template")
+        sys.exit(1)
     for rule, body in template.get("Rules", {}).items():
         for assertion in body["Assertions"]:
             if not assertion.get("AssertDescription", "").strip():

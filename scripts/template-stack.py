@@ -696,6 +696,10 @@ def run_set(rules, template, label, entry):
         sam = sam_transform(template, raw)
     except InvalidDocumentException as e:
         raise Failure(f"the SAM transform failed: {e}; {' '.join(str(c) for c in e.causes)}") from e
+    # CloudFormation's resource quota counts the template as the transform expands it
+    # ("Understand CloudFormation quotas": 500 resources).
+    if len(sam["Resources"]) > rules.TEMPLATE_QUOTAS["resources"]:
+        raise Failure(f"{len(sam['Resources'])} resources after the SAM transform, over CloudFormation's 500")
     protected = protected_resources(sam, params)
     if protected != sorted(entry.get("protected", [])):
         raise Failure(
@@ -745,6 +749,7 @@ def run_set(rules, template, label, entry):
         failures.append(f"listed but not in the template: {extra}")
 
     seen = Checks(aws, ready, params, physical, failures)
+    seen.specs = specs
     for lid, resource in ready["Resources"].items():
         check = CHECKS.get(resource["Type"])
         if check and lid in physical:
@@ -914,6 +919,90 @@ def check_queue(c, lid, props):
         c.expect(lid, "RedrivePolicy.maxReceiveCount", policy.get("maxReceiveCount"), props["RedrivePolicy"]["maxReceiveCount"])
 
 
+# Lambda's documented limits a first deploy can meet (Lambda quotas, "Function configuration,
+# deployment, and execution", docs.aws.amazon.com/lambda/latest/dg/gettingstarted-limits.html;
+# CreateFunction API reference for timeout and memory): the deploy fails at the function,
+# after what came before it was created.
+LAMBDA_ENV_BYTES = 4096  # "Environment variables: 4 KB, for all environment variables associated with the function, combined"
+LAMBDA_TIMEOUT_MAX = 900  # "Function timeout: 900 seconds (15 minutes)"
+LAMBDA_MEMORY = (128, 10240)  # "Function memory allocation: 128 MB to 10,240 MB"
+LAMBDA_LAYERS_MAX = 5  # "Lambda layers: five layers"
+# "Defined runtime environment variables" the runtime sets and a function may not (Lambda's
+# "Working with Lambda environment variables", reserved keys).
+LAMBDA_RESERVED_ENV = {
+    "_HANDLER", "_X_AMZN_TRACE_ID", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_EXECUTION_ENV",
+    "AWS_LAMBDA_FUNCTION_NAME", "AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "AWS_LAMBDA_FUNCTION_VERSION",
+    "AWS_LAMBDA_INITIALIZATION_TYPE", "AWS_LAMBDA_LOG_GROUP_NAME", "AWS_LAMBDA_LOG_STREAM_NAME",
+    "AWS_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+    "AWS_LAMBDA_RUNTIME_API", "LAMBDA_TASK_ROOT", "LAMBDA_RUNTIME_DIR",
+}
+# CloudFormation's "Parameter value" quota: a parameter without MaxLength can be this long.
+PARAMETER_VALUE_BYTES = 4096
+
+
+def parameters_in(node, specs):
+    """The template parameters an expression reads (Ref and ${} in Fn::Sub)."""
+    found = set()
+    if isinstance(node, dict):
+        for key, arg in node.items():
+            if key == "Ref" and arg in specs:
+                found.add(arg)
+            elif key == "Fn::Sub":
+                text = arg if isinstance(arg, str) else arg[0]
+                found |= {n for n in re.findall(r"\$\{([^!}.][^}.]*)\}", text) if n in specs}
+                if not isinstance(arg, str):
+                    found |= parameters_in(arg[1], specs)
+            else:
+                found |= parameters_in(arg, specs)
+    elif isinstance(node, list):
+        for item in node:
+            found |= parameters_in(item, specs)
+    return found
+
+
+def parameter_cap(spec):
+    """The longest value CloudFormation accepts for a parameter: its longest allowed value, a
+    Number's widest within its bounds, its MaxLength, else the Parameter value quota."""
+    if "AllowedValues" in spec:
+        return max(len(str(v)) for v in spec["AllowedValues"])
+    if spec["Type"] == "Number" and "MaxValue" in spec:
+        return max(len(str(spec["MaxValue"])), len(str(spec.get("MinValue", 0))))
+    return int(spec.get("MaxLength", PARAMETER_VALUE_BYTES))
+
+
+def env_bytes(variables):
+    return sum(len(k.encode()) + len(str(v).encode()) for k, v in variables.items())
+
+
+def env_budget_errors(c, lid, want_env, got_env):
+    """The environment as created, and at its longest: every parameter it reads at its
+    MaxLength (or CloudFormation's 4,096 bytes), so that a value CloudFormation accepts can
+    never make a function Lambda refuses."""
+    problems = []
+    size = env_bytes(got_env)
+    if size > LAMBDA_ENV_BYTES:
+        problems.append(f"environment of {size} bytes, over Lambda's {LAMBDA_ENV_BYTES}")
+    worst = size
+    specs = getattr(c, "specs", {})
+    grows = []
+    for name in sorted(parameters_in(want_env, specs)):
+        value = c.params.get(name)
+        given = len((",".join(value) if isinstance(value, list) else str(value or "")).encode())
+        cap = parameter_cap(specs[name])
+        if cap > given:
+            worst += cap - given
+            grows.append(f"{name} {given}->{cap}")
+    if worst > LAMBDA_ENV_BYTES:
+        problems.append(
+            f"environment of up to {worst} bytes with every parameter it reads at its MaxLength "
+            f"({', '.join(grows)}), over Lambda's {LAMBDA_ENV_BYTES}: lower those MaxLength"
+        )
+    reserved = sorted(set(got_env) & LAMBDA_RESERVED_ENV)
+    if reserved:
+        problems.append(f"sets {reserved}, which the Lambda runtime reserves")
+    return problems
+
+
 @checks("AWS::Lambda::Function")
 def check_function(c, lid, props):
     lam = c.client("lambda")
@@ -962,6 +1051,15 @@ def check_function(c, lid, props):
             c.fail(lid, f"LoggingConfig.LogGroup names {group['Ref']} ({target}), not a log group of the stack")
     want_env = props.get("Environment", {}).get("Variables", {})
     got_env = conf.get("Environment", {}).get("Variables", {})
+    for problem in env_budget_errors(c, lid, want_env, got_env):
+        c.fail(lid, problem)
+    timeout, memory = conf.get("Timeout", 3), conf.get("MemorySize", 128)
+    if not 1 <= timeout <= LAMBDA_TIMEOUT_MAX:
+        c.fail(lid, f"timeout {timeout} s, Lambda takes 1 to {LAMBDA_TIMEOUT_MAX}")
+    if not LAMBDA_MEMORY[0] <= memory <= LAMBDA_MEMORY[1]:
+        c.fail(lid, f"memory {memory} MB, Lambda takes {LAMBDA_MEMORY[0]} to {LAMBDA_MEMORY[1]}")
+    if len(c.resolve(props.get("Layers", [])) or []) > LAMBDA_LAYERS_MAX:
+        c.fail(lid, f"more than {LAMBDA_LAYERS_MAX} layers")
     if sorted(got_env) != sorted(want_env):
         c.fail(lid, f"variables {sorted(got_env)}, the template gives {sorted(want_env)}")
     for name, node in want_env.items():
@@ -1075,6 +1173,16 @@ def check_mapping(c, lid, props):
     if "ScalingConfig" in props:
         c.expect(lid, "ScalingConfig.MaximumConcurrency", (m.get("ScalingConfig") or {}).get("MaximumConcurrency"),
                  c.value(props["ScalingConfig"]["MaximumConcurrency"]))
+    # Lambda refuses a mapping whose queue hides a message for less than the function may run
+    # (CreateEventSourceMapping: "Queue visibility timeout ... is less than Function timeout"),
+    # and advises six times the timeout ("Using Lambda with Amazon SQS", Configuring a queue),
+    # which docs/design.md makes the rule.
+    if isinstance(source, dict) and "Fn::GetAtt" in source and isinstance(function, dict) and "Ref" in function:
+        queue = c.template["Resources"].get(source["Fn::GetAtt"][0], {}).get("Properties", {})
+        fn = c.template["Resources"].get(function["Ref"], {}).get("Properties", {})
+        visibility, timeout = c.value(queue.get("VisibilityTimeout", 30)), c.value(fn.get("Timeout", 3))
+        if visibility is not None and timeout is not None and int(visibility) < 6 * int(timeout):
+            c.fail(lid, f"queue visibility {visibility} s under six times the function's timeout {timeout} s")
 
 
 # EC2 objects that must exist under their physical id: the describe call and its list key.
