@@ -281,13 +281,15 @@ EVERYTHING = {
     "StripeEventSourceFor": "stripe",
     "EngineRoomSources": "stripe,polar",
     "EngineRoomSecretArns": f"{ARN}billing-inbox/stripe-AbC123,{ARN}billing-inbox/polar-??????",
+    "SecretsKmsKeyArns": "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
 }
 CREATED = {
     **REQUIRED,
     "Sources": EVERYTHING["Sources"],
     "SourceSecretArns": EVERYTHING["SourceSecretArns"],
     "RdsProxy": "true",
-    "CreateNatGateway": "false",
+    # the app's webhook is reached through the NAT gateway (rule NoNatNoCallsOut)
+    "CreateNatGateway": "true",
     "DatabaseMinCapacity": "0",
     "DatabaseMaxCapacity": "8",
     "EffectsWebhookUrl": "https://app.example/billing-events",
@@ -344,6 +346,9 @@ GOOD = {
     "production: the stack's own database protected from deletion": {
         **CREATED,
         "DatabaseDeletionProtection": "true",
+    },
+    "no NAT gateway, effects on EventBridge alone, no API key": {
+        **REQUIRED, "CreateNatGateway": "false", "EffectsEventBus": "billing", "EffectsEventBusCreate": "true",
     },
     "the least capacity equal to the most": {**CREATED, "DatabaseMinCapacity": "8", "DatabaseMaxCapacity": "8"},
     "a cluster that pauses, at most 1 ACU": {**CREATED, "DatabaseMinCapacity": "0", "DatabaseMaxCapacity": "1"},
@@ -433,6 +438,22 @@ BAD = {
     "a bus to create without its name": (
         {**EVERYTHING, "EffectsEventBus": ""},
         "rule EffectsBusCreateNeedsBus:",
+    ),
+    "a KMS key by its alias": (
+        {**EVERYTHING, "SecretsKmsKeyArns": "alias/billing"},
+        "SecretsKmsKeyArns:",
+    ),
+    "no NAT gateway, and meter reports to send": (
+        {**REQUIRED, "CreateNatGateway": "false", "MeterReports": "on", "SourceApiKeySecretArns": EVERYTHING["SourceApiKeySecretArns"]},
+        "rule NoNatNoCallsOut:",
+    ),
+    "no NAT gateway, and a provider API key to read with": (
+        {**REQUIRED, "CreateNatGateway": "false", "SourceApiKeySecretArns": EVERYTHING["SourceApiKeySecretArns"]},
+        "rule NoNatNoCallsOut:",
+    ),
+    "no NAT gateway, and an effects webhook": (
+        {**REQUIRED, "CreateNatGateway": "false", "EffectsWebhookUrl": EVERYTHING["EffectsWebhookUrl"]},
+        "rule NoNatNoCallsOut:",
     ),
     "an effects endpoint over plain http": (
         {**EVERYTHING, "EffectsWebhookUrl": "http://app.example/billing-events"},
