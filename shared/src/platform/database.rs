@@ -370,6 +370,20 @@ pub fn with_tls(
         return Ok(options);
     }
     let Some(ca_file) = config.ca_file.as_deref() else {
+        if let Some(region) = uncarried_rds_region(options.get_host()) {
+            // Every connection would fail its handshake, first the deploy's migration twenty
+            // minutes in: say it at the cold start, naming what to give instead.
+            return Err(ConfigError::new(
+                DATABASE_CA_VAR,
+                format!(
+                    "the database '{}' is an RDS endpoint of {region}, whose root CA the \
+                     carried roots do not hold (they cover {}): give DatabaseCaFile with \
+                     RDS's current global bundle (docs/deploy.md, The database's secret and TLS)",
+                    options.get_host(),
+                    carried_rds_regions().join(", "),
+                ),
+            ));
+        }
         return Ok(options.ssl_root_cert_from_pem(AWS_DATABASE_ROOTS.to_vec()));
     };
     if !ca_file.is_file() {
@@ -384,10 +398,100 @@ pub fn with_tls(
     Ok(options.ssl_root_cert(ca_file))
 }
 
+/// The AWS Regions whose RDS root CA the carried roots hold, from their subject lines
+/// (`CN = Amazon RDS <region> Root CA …`; the Beta and Preview roots are not Regions).
+pub fn carried_rds_regions() -> Vec<String> {
+    let text = std::str::from_utf8(AWS_DATABASE_ROOTS).unwrap_or_default();
+    let mut regions: Vec<String> = text
+        .lines()
+        .filter(|line| line.starts_with("# "))
+        .filter_map(|line| line.split("CN = Amazon RDS ").nth(1))
+        .filter_map(|cn| cn.split(" Root CA").next())
+        .filter(|region| !region.contains(' '))
+        .map(str::to_owned)
+        .collect();
+    regions.sort();
+    regions.dedup();
+    regions
+}
+
+/// The Region of an RDS or Aurora endpoint whose root the carried roots lack: a host
+/// `<name>.<id>.<region>.rds.amazonaws.com` (`.com.cn` in China). RDS Proxy's endpoints
+/// (`….proxy-<id>.<region>.rds.amazonaws.com`) present ACM certificates, which chain to the
+/// Amazon Trust Services roots carried beside them, in every Region.
+fn uncarried_rds_region(host: &str) -> Option<String> {
+    let host = host.to_ascii_lowercase();
+    let rest = host
+        .strip_suffix(".rds.amazonaws.com")
+        .or_else(|| host.strip_suffix(".rds.amazonaws.com.cn"))?;
+    let mut labels = rest.rsplit('.');
+    let region = labels.next()?;
+    if labels.next().is_some_and(|id| id.starts_with("proxy-")) {
+        return None;
+    }
+    let carried = carried_rds_regions();
+    (!carried.is_empty() && !carried.iter().any(|r| r == region)).then(|| region.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::platform::config::{DATABASE_NAME_VAR, DATABASE_PORT_VAR, DATABASE_TLS_VAR};
+
+    /// docs/deploy.md names the Regions whose RDS endpoints the carried roots verify; each
+    /// has its root in the file, and no other is claimed.
+    #[test]
+    fn the_regions_the_docs_claim_have_their_root_carried() {
+        let docs = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/deploy.md"));
+        let line = docs
+            .lines()
+            .find(|l| l.starts_with("  Regions the carried roots cover: "))
+            .expect("docs/deploy.md lists the Regions the carried roots cover");
+        let claimed: Vec<String> = line
+            .trim_start_matches("  Regions the carried roots cover: ")
+            .trim_end_matches('.')
+            .split(", ")
+            .map(|r| r.trim_matches('`').to_owned())
+            .collect();
+        assert_eq!(claimed, carried_rds_regions());
+        for region in ["us-east-1", "eu-west-1", "ap-southeast-4", "me-central-1"] {
+            assert!(
+                carried_rds_regions().iter().any(|r| r == region),
+                "{region}"
+            );
+        }
+    }
+
+    /// An RDS endpoint of a Region the roots lack stops the cold start, naming
+    /// DATABASE_CA_FILE and the Region; a proxy's endpoint there verifies against the Amazon
+    /// Trust Services roots; a bundle of one's own takes any.
+    #[test]
+    fn an_rds_endpoint_of_a_region_without_its_root_is_refused_by_name() {
+        let secret = (DATABASE_SECRET_VAR, "db");
+        let at = |host: &str, vars: &[(&str, &str)]| {
+            with_tls(PgConnectOptions::new().host(host), &config(vars).unwrap())
+        };
+        let newer = "billing.cluster-c0ffee.ca-west-1.rds.amazonaws.com";
+        let refused = at(newer, &[secret]).unwrap_err();
+        assert_eq!(refused.var, DATABASE_CA_VAR);
+        assert!(refused.detail.contains("ca-west-1"), "{}", refused.detail);
+        assert!(at(
+            "billing.cluster-c0ffee.eu-west-1.rds.amazonaws.com",
+            &[secret]
+        )
+        .is_ok());
+        assert!(at(
+            "billing.proxy-c0ffee.ca-west-1.rds.amazonaws.com",
+            &[secret]
+        )
+        .is_ok());
+        assert!(at("db.example.com", &[secret]).is_ok());
+        assert!(at(newer, &[secret, (DATABASE_TLS_VAR, "require")]).is_ok());
+        let bundle = std::env::temp_dir().join("billing-inbox-test-ca.pem");
+        std::fs::write(&bundle, AWS_DATABASE_ROOTS).unwrap();
+        let own = bundle.to_str().unwrap();
+        assert!(at(newer, &[secret, (DATABASE_CA_VAR, own)]).is_ok());
+    }
     use sqlx::postgres::PgSslMode;
 
     fn config(vars: &[(&str, &str)]) -> Result<DatabaseConfig, ConfigError> {
