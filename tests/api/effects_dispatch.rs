@@ -282,6 +282,43 @@ async fn an_endpoint_that_fails_is_retried_then_dead_and_nothing_is_lost(pool: P
     assert_eq!(dispatch.row(&id).await.status, "sent");
 }
 
+/// A message whose whole budget (a read-back and a send) is no longer left before the
+/// invocation's end is given back to the queue untouched: no attempt is spent on it and no
+/// hold is left to expire.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_message_without_its_budget_before_the_deadline_is_given_back_untouched(pool: PgPool) {
+    let (secret, key) = new_secret();
+    let app = receiver(&key).await;
+    let dispatch = Dispatch::new(pool.clone(), &json!([webhook("app", &app.url(), &secret)])).await;
+    let id = write_effect(&pool, "cus_deadline").await;
+    let mut event = aws_lambda_events::event::sqs::SqsEvent::default();
+    let mut record = aws_lambda_events::event::sqs::SqsMessage::default();
+    record.message_id = Some("m-late".into());
+    record.body = Some(id.clone());
+    event.records.push(record);
+    let until = tokio::time::Instant::now() + dispatcher::ITEM_BUDGET / 2;
+
+    let response =
+        dispatcher::handle_batch_until(&dispatch.state, event.clone(), Some(until)).await;
+
+    let given_back: Vec<_> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect();
+    assert_eq!(given_back, ["m-late"]);
+    let row = dispatch.row(&id).await;
+    assert_eq!((row.status.as_str(), row.attempts), ("pending", 0));
+    assert_eq!(app.count(&id), 0);
+
+    // With its budget left, the same message is sent.
+    let until = tokio::time::Instant::now() + dispatcher::ITEM_BUDGET * 2;
+    let response = dispatcher::handle_batch_until(&dispatch.state, event, Some(until)).await;
+    assert!(response.batch_item_failures.is_empty());
+    assert_eq!(dispatch.row(&id).await.status, "sent");
+    assert_eq!(app.count(&id), 1);
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn an_endpoint_that_is_not_listening_leaves_the_effect_pending_with_the_sink_named(
     pool: PgPool,

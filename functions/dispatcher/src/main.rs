@@ -18,7 +18,8 @@ pub(crate) async fn handler(
     state: &DispatcherState,
     event: LambdaEvent<SqsEvent>,
 ) -> Result<SqsBatchResponse, Error> {
-    Ok(shared::handlers::dispatcher::handle_batch(state, event.payload).await)
+    let until = shared::handlers::invocation_deadline(event.context.deadline);
+    Ok(shared::handlers::dispatcher::handle_batch_until(state, event.payload, until).await)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use sqlx::PgPool;
+use tokio::time::Instant;
 
 use crate::domain::retry::{RetryPolicy, RETRY};
 use crate::effects::outbox::{self, Attempt, EffectStatus, DISPATCH_LEASE};
@@ -160,15 +161,39 @@ pub async fn dispatch(state: &DispatcherState, id: &str) -> Result<Dispatched, s
     })
 }
 
+/// The longest one message can take: a meter report's read-back (the meter, then its
+/// summary) and its send, each within [`meters::SEND_TIMEOUT`]; an effect's webhook takes one
+/// request of at most as long.
+pub const ITEM_BUDGET: Duration = Duration::from_secs(3 * meters::SEND_TIMEOUT.as_secs());
+
 /// Handles an SQS batch: every message names one effect. Only messages whose effect could
 /// not be reached in the database (or whose attempt crashed) are reported, so SQS delivers
 /// them again; a delivery failure is the outbox's to retry.
 pub async fn handle_batch(state: &DispatcherState, event: SqsEvent) -> SqsBatchResponse {
+    handle_batch_until(state, event, None).await
+}
+
+/// [`handle_batch`] within an invocation that ends at `until` (the Lambda deadline): a
+/// message is worked on only while its whole [`ITEM_BUDGET`] is left, so a batch of reports
+/// that each read back and send never runs past the function's timeout (which would leave
+/// holds to expire, and each of their attempts counted as unanswered); the rest are given
+/// back to the queue, untouched.
+pub async fn handle_batch_until(
+    state: &DispatcherState,
+    event: SqsEvent,
+    until: Option<Instant>,
+) -> SqsBatchResponse {
     let mut response = SqsBatchResponse::default();
     for message in event.records {
         let Some(message_id) = message.message_id.clone() else {
             continue;
         };
+        if until.is_some_and(|until| Instant::now() + ITEM_BUDGET > until) {
+            let mut failure = BatchItemFailure::default();
+            failure.item_identifier = message_id;
+            response.batch_item_failures.push(failure);
+            continue;
+        }
         let body = message.body.as_deref().unwrap_or_default().trim();
         let handled = if crate::domain::meter::is_report_id(body) {
             meters::send(
