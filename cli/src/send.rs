@@ -269,7 +269,6 @@ fn event_type(sender: &Sender, source: &str, payload: &Value) -> Option<String> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Args as _;
     use shared::domain::SourceKind;
 
     /// `send` says each delivery by its event's type, for every provider's every kind.
