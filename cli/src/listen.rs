@@ -11,6 +11,7 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::{json, Value};
 use shared::dev::listen::{Applied, Heard, Listener, DEFAULT_PORT};
+use shared::domain::effect::Kind;
 use shared::platform::config::SinkKind;
 use shared::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
@@ -129,16 +130,22 @@ fn said(body: &Value, applied: &Applied) -> String {
     }
 }
 
-/// The change an effect tells, as a person reads it.
+/// The change an effect tells, as a person reads it. Each kind the library writes has its
+/// words (the match is over [`Kind`], so a new kind cannot go without); a kind this build does
+/// not know is applied as a fact, as docs/effects.md tells an app to.
 fn change(body: &Value) -> String {
     let data = &body["data"];
-    match body["type"].as_str().unwrap_or_default() {
-        "billing.plan_changed" => format!(
+    let kind = body["type"].as_str().unwrap_or_default();
+    let Some(known) = Kind::parse(kind) else {
+        return format!("{kind}, a kind this receiver does not know, kept as a fact");
+    };
+    match known {
+        Kind::PlanChanged => format!(
             "plan {} → {}",
             text(&data["previous_plan"]),
             text(&data["plan"])
         ),
-        "billing.subscription_updated" => {
+        Kind::SubscriptionUpdated => {
             let (now, before) = (&data["subscription"], &data["previous"]);
             let id = text(&now["id"]);
             match before["status"].as_str() {
@@ -153,7 +160,27 @@ fn change(body: &Value) -> String {
                 Some(status) => format!("subscription {id} {status} → {}", text(&now["status"])),
             }
         }
-        "billing.allowance_granted" => {
+        Kind::FeaturesChanged => {
+            let keys = |list: &Value, sign: &str| -> Vec<String> {
+                list.as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|key| format!("{sign}{}", text(key)))
+                    .collect()
+            };
+            let mut moved = keys(&data["added"], "+");
+            moved.extend(keys(&data["removed"], "-"));
+            moved.extend(data["changed"].as_array().into_iter().flatten().map(|c| {
+                format!(
+                    "{} {} → {}",
+                    text(&c["key"]),
+                    text(&c["from"]),
+                    text(&c["to"])
+                )
+            }));
+            format!("features {}", moved.join(", "))
+        }
+        Kind::AllowanceGranted => {
             let grant = &data["grant"];
             format!(
                 "+{} for {} in {}",
@@ -162,7 +189,7 @@ fn change(body: &Value) -> String {
                 text(&grant["period"])
             )
         }
-        "billing.payment_succeeded" | "billing.payment_failed" | "billing.payment_refunded" => {
+        Kind::PaymentSucceeded | Kind::PaymentFailed | Kind::PaymentRefunded => {
             let previous = data["previous_status"].as_str().unwrap_or("new");
             format!(
                 "payment {} {previous} → {}",
@@ -170,8 +197,8 @@ fn change(body: &Value) -> String {
                 text(&data["payment"]["status"])
             )
         }
-        "billing.customer_deleted" => format!("customer deleted at {}", text(&data["deleted_at"])),
-        "billing.allowance_exhausted" => {
+        Kind::CustomerDeleted => format!("customer deleted at {}", text(&data["deleted_at"])),
+        Kind::AllowanceExhausted => {
             let account = &data["account"];
             format!(
                 "allowance of {} exhausted: {} used of {}",
@@ -180,7 +207,7 @@ fn change(body: &Value) -> String {
                 text(&account["balance"])
             )
         }
-        "billing.usage_reversed" => {
+        Kind::UsageReversed => {
             let (usage, account) = (&data["usage"], &data["account"]);
             let meter = match data["meter"]["correction"].as_str() {
                 Some(correction) => format!("; meter report {correction}"),
@@ -195,7 +222,6 @@ fn change(body: &Value) -> String {
                 text(&account["balance"])
             )
         }
-        other => format!("{other}, a kind this receiver does not know, kept as a fact"),
     }
 }
 
@@ -234,6 +260,25 @@ mod tests {
             "older than sequence 4, the state applied: not applied"
         );
         assert!(said(&plan, &Applied::Copy).contains("not applied again"));
+    }
+
+    /// `billing.features_changed` is a state (docs/effects.md): the receiver applies it as one
+    /// and says what moved, never that it does not know the kind.
+    #[test]
+    fn a_features_change_is_said_as_the_features_that_moved() {
+        let features = json!({"type": "billing.features_changed",
+            "data": {"added": ["sso"], "removed": ["beta"],
+                     "changed": [{"key": "seats", "from": 5, "to": 20}],
+                     "features": {"sso": true, "seats": 20}}});
+        assert_eq!(
+            said(&features, &Applied::State),
+            "applied: features +sso, -beta, seats 5 → 20"
+        );
+        let unknown = json!({"type": "billing.something_new", "data": {}});
+        assert_eq!(
+            said(&unknown, &Applied::Fact),
+            "applied once: billing.something_new, a kind this receiver does not know, kept as a fact"
+        );
     }
 
     #[test]

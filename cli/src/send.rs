@@ -14,11 +14,14 @@ pub const DEFAULT_INTAKE_URL: &str = "http://127.0.0.1:61900/lambda-url/intake";
 pub struct SendArgs {
     /// The source's name in INBOX_SOURCES (its route segment).
     pub source: String,
-    /// The event kind, e.g. subscription, invoice-paid, refund, entitlements (Stripe);
-    /// subscription, revoked, order-paid, order-refunded, benefit-grant-created,
-    /// benefit-grant-updated, benefit-grant-cycled, benefit-grant-revoked (Standard Webhooks /
-    /// Polar); plan-changed, plan-assigned, agreement-cancelled, payment-succeeded,
-    /// payment-failed, invoice-overdue (Kinde).
+    /// The event kind: subscription, subscription-deleted, invoice-paid, payment-failed,
+    /// refund, entitlements (Stripe); subscription, revoked, order-paid, order-refunded,
+    /// benefit-grant-created, benefit-grant-updated, benefit-grant-cycled,
+    /// benefit-grant-revoked (Standard Webhooks / Polar); plan-assigned, plan-changed,
+    /// agreement-cancelled, payment-succeeded, payment-failed, invoice-overdue (Kinde);
+    /// subscription, subscription-canceled, transaction-completed, payment-failed, refund
+    /// (Paddle); subscription, expired, order-created, order-refunded, payment-success,
+    /// payment-failed (Lemon Squeezy).
     pub kind: String,
     #[arg(long, default_value = "cus_demo")]
     pub customer: String,
@@ -121,6 +124,7 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
     let sender = args.signing.sender(&args.intake_url).await?;
     let (id, payload) = sender.build(&args.source, &spec)?;
     let delivery = sender.sign(&args.source, &id, &payload)?;
+    let event_type = event_type(&sender, &args.source, &payload);
     let mut refused = None;
     for _ in 0..args.copies {
         let answer = sender.post(&http, &args.source, &delivery).await?;
@@ -128,7 +132,7 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
             out!(
                 "{} {} -> {} {}",
                 args.source,
-                payload["type"].as_str().unwrap_or("?"),
+                event_type.as_deref().unwrap_or("?"),
                 answer.status,
                 answer.body
             );
@@ -141,7 +145,7 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
     if json_output {
         out!(
             "{}",
-            json!({"id": id, "type": payload["type"], "answers": answers})
+            json!({"id": id, "type": event_type, "answers": answers})
         );
     }
     // 200 is stored (or a copy counted); anything else stored nothing.
@@ -249,5 +253,63 @@ impl Sender {
         let status = response.status().as_u16();
         let body = response.json().await.unwrap_or(Value::Null);
         Ok(Answer { status, body })
+    }
+}
+
+/// The event's type where the source kind's payloads name it.
+fn type_in(source: shared::domain::SourceKind, payload: &Value) -> Option<String> {
+    fixtures::event_type(source, payload).map(str::to_owned)
+}
+
+/// The type of the event a delivery carries, as the source's provider names it.
+fn event_type(sender: &Sender, source: &str, payload: &Value) -> Option<String> {
+    type_in(sender.source(source).ok()?.kind, payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::domain::SourceKind;
+
+    /// `send` says each delivery by its event's type, for every provider's every kind.
+    #[test]
+    fn every_kind_of_every_provider_is_said_by_its_event_type() {
+        for &source in SourceKind::ALL {
+            for kind in fixtures::all_kinds(source) {
+                let spec = Spec {
+                    kind: kind.to_owned(),
+                    customer: "cus_1".into(),
+                    plan: Some(fixtures::sample_plan(source).into()),
+                    at: Utc::now(),
+                    ..Default::default()
+                };
+                let (_, payload) = fixtures::payload(source, &spec).unwrap();
+                let said = type_in(source, &payload);
+                assert!(
+                    said.as_deref().is_some_and(|t| !t.is_empty()),
+                    "{source:?} {kind}: {said:?}"
+                );
+            }
+        }
+    }
+
+    /// `send --help` names every kind `send` builds, of every provider.
+    #[test]
+    fn the_help_names_every_kind_of_every_provider() {
+        let command = SendArgs::augment_args(clap::Command::new("send"));
+        let help = command
+            .get_arguments()
+            .find(|a| a.get_id() == "kind")
+            .and_then(|a| a.get_help())
+            .unwrap()
+            .to_string();
+        for &source in SourceKind::ALL {
+            for kind in fixtures::all_kinds(source) {
+                let named = help
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                    .any(|word| word == kind);
+                assert!(named, "{source:?} {kind} is not in: {help}");
+            }
+        }
     }
 }

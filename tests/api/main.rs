@@ -16,6 +16,7 @@ mod ends;
 mod engine_room;
 mod feature_check;
 mod features;
+mod first_use;
 mod fold;
 mod fuzz;
 mod health;

@@ -477,7 +477,7 @@ async fn an_operator_finds_an_event_reads_its_story_and_replays_one_or_all_dead(
     }
     for (query, code) in [
         ("status=lost", "bad_status"),
-        ("after=x", "bad_event_id"),
+        ("after=x", "bad_cursor"),
         ("sort=id", "unknown_parameter"),
     ] {
         let answer = get(&state, ADMIN_KEY, &format!("/v1/admin/events?{query}")).await;

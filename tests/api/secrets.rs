@@ -681,11 +681,11 @@ async fn a_worker_without_provider_reads_reads_no_api_key_secret(pool: PgPool) {
         on.sources["stripe"].reads.is_some(),
         "with provider reads on, the missing secret is read again on use"
     );
-    let config = worker(Some("false"));
+    let read = worker(Some("false")).sources_read();
     assert_eq!(
         (
-            config.sources[0].api_key_secret_id.as_deref(),
-            config.sources[0].secret_id.as_deref()
+            read[0].api_key_secret_id.as_deref(),
+            read[0].secret_id.as_deref()
         ),
         (None, None)
     );

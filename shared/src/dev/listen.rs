@@ -414,6 +414,42 @@ mod tests {
         );
     }
 
+    /// docs/effects.md's table of states and facts is the rule an app follows: it names every
+    /// kind this build writes, each once, as the receiver applies it.
+    #[test]
+    fn docs_effects_table_names_every_kind_as_the_receiver_applies_it() {
+        use crate::domain::effect::Kind;
+        let doc = include_str!("../../../docs/effects.md");
+        let row = |are: &str| -> Vec<String> {
+            let line = doc
+                .lines()
+                .find(|l| l.starts_with("| `billing.") && l.contains(are))
+                .unwrap_or_else(|| panic!("docs/effects.md has a row of kinds that are {are}"));
+            let kinds = line.split('|').nth(1).unwrap();
+            kinds
+                .split('`')
+                .filter(|k| k.starts_with("billing."))
+                .map(str::to_owned)
+                .collect()
+        };
+        let (states, facts) = (row("| a state"), row("| a fact"));
+        let mut named: Vec<&String> = states.iter().chain(&facts).collect();
+        named.sort();
+        named.dedup();
+        assert_eq!(named.len(), states.len() + facts.len(), "each kind once");
+        assert_eq!(named.len(), Kind::ALL.len(), "every kind: {named:?}");
+        for (kinds, state) in [(&states, true), (&facts, false)] {
+            for kind in kinds {
+                let known = Kind::parse(kind).unwrap_or_else(|| panic!("{kind} is a kind"));
+                assert_eq!(known.carries_state(), state, "{kind}");
+                let mut app = AppState::default();
+                let applied = app.apply(&effect("e1", kind, 1, serde_json::json!({})));
+                let expected = if state { Applied::State } else { Applied::Fact };
+                assert_eq!(applied, expected, "{kind}");
+            }
+        }
+    }
+
     #[tokio::test]
     async fn a_signed_request_is_kept_and_a_forged_one_refused_with_its_reason() {
         let listener = Listener::start(([127, 0, 0, 1], 0).into(), vec![b"key".to_vec()])

@@ -27,6 +27,26 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Every kind, the one list the dispatcher, `inboxctl listen` and docs/effects.md's
+    /// table of states and facts are checked against.
+    pub const ALL: [Kind; 10] = [
+        Kind::PlanChanged,
+        Kind::SubscriptionUpdated,
+        Kind::FeaturesChanged,
+        Kind::AllowanceGranted,
+        Kind::PaymentSucceeded,
+        Kind::PaymentFailed,
+        Kind::PaymentRefunded,
+        Kind::CustomerDeleted,
+        Kind::AllowanceExhausted,
+        Kind::UsageReversed,
+    ];
+
+    /// The kind an effect's `type` names; `None` for a kind this build does not know.
+    pub fn parse(effect_type: &str) -> Option<Kind> {
+        Self::ALL.into_iter().find(|k| k.as_str() == effect_type)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::PlanChanged => "billing.plan_changed",

@@ -30,13 +30,7 @@ fn kind_of_payment(status: PaymentStatus) -> Kind {
 /// Whether an effect's `type` carries a state, as an app reads it: a kind it does not know is
 /// a fact (kinds are added; a fact dropped is lost, a state applied once more is not).
 pub fn type_carries_state(effect_type: &str) -> bool {
-    [
-        Kind::PlanChanged,
-        Kind::SubscriptionUpdated,
-        Kind::FeaturesChanged,
-    ]
-    .iter()
-    .any(|k| k.as_str() == effect_type)
+    Kind::parse(effect_type).is_some_and(Kind::carries_state)
 }
 
 /// The event whose writes caused the effects.

@@ -95,7 +95,7 @@ impl WorkerState {
             .build()
             .context("building the HTTP client")?;
         let configs = crate::platform::secrets::resolve(
-            &config.sources,
+            &config.sources_read(),
             crate::platform::secrets::Needs::ApiKey,
             crate::platform::secrets::OnFailure::RetryOnUse("worker"),
         )

@@ -874,9 +874,11 @@ impl FromEnv for IntakeConfig {
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     pub database: DatabaseConfig,
-    /// With `INBOX_PROVIDER_READS=false`, without their API keys and the secrets that hold
-    /// them: the worker reads no such secret and makes no provider read.
+    /// As `INBOX_SOURCES` writes them: the providers' rules check them as every function
+    /// does; what the worker reads of them is [`WorkerConfig::sources_read`].
     pub sources: Vec<SourceConfig>,
+    /// `INBOX_PROVIDER_READS` (default `true`).
+    pub provider_reads: bool,
     pub catalog: Catalog,
     /// Effects on: the worker writes them and sends their ids to the dispatcher's queue.
     pub effects: Option<EffectsConfig>,
@@ -890,6 +892,24 @@ pub struct WorkerConfig {
 /// template's `WorkerProviderReads`, whose role then grants no such read); default `true`.
 pub const PROVIDER_READS_VAR: &str = "INBOX_PROVIDER_READS";
 
+impl WorkerConfig {
+    /// The sources as the worker reads them: with `INBOX_PROVIDER_READS=false`, without their
+    /// API keys and the secrets that hold them, so the worker reads no such secret and makes
+    /// no provider read (nothing the role would refuse at each cold start and each use: ties
+    /// are settled by the status rank, thin events wait for a key, §6.2).
+    pub fn sources_read(&self) -> Vec<SourceConfig> {
+        let mut sources = self.sources.clone();
+        if !self.provider_reads {
+            for source in &mut sources {
+                source.api_key = None;
+                source.api_key_secret_id = None;
+                source.secret_id = None;
+            }
+        }
+        sources
+    }
+}
+
 impl FromEnv for WorkerConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
         let provider_reads = match env.optional(PROVIDER_READS_VAR).as_deref() {
@@ -902,19 +922,10 @@ impl FromEnv for WorkerConfig {
                 ))
             }
         };
-        let mut sources = env.sources()?;
-        if !provider_reads {
-            // Nothing to read that the role would refuse at each cold start and each use:
-            // ties are settled by the status rank, thin events wait for a key (§6.2).
-            for source in &mut sources {
-                source.api_key = None;
-                source.api_key_secret_id = None;
-                source.secret_id = None;
-            }
-        }
         Ok(Self {
             database: env.database()?,
-            sources,
+            sources: env.sources()?,
+            provider_reads,
             catalog: env.plans()?,
             effects: env.effects()?,
             queue_url: env.optional("QUEUE_URL"),
@@ -964,12 +975,15 @@ pub fn parse_api_keys(raw: &str) -> Result<KeysConfig, ConfigError> {
 }
 
 /// What the app API function needs: its sources (each one's name, kind and Stripe mode, for
-/// its routes and the fold `…/why` explains; never their secrets), the plan catalog, the
+/// its routes and the fold `…/why` explains; its state keeps nothing else), the plan catalog, the
 /// keys, the effects queue when effects are on (a debit that exhausts the allowance tells
 /// the app), and the Engine Room when the deployment turns it on.
 #[derive(Debug, Clone)]
 pub struct ApiConfig {
     pub database: DatabaseConfig,
+    /// As `INBOX_SOURCES` writes them: the providers' rules check them as every function does
+    /// (a metered source needs its API key, even where the api sends no report), then the
+    /// api's state keeps of each its name, kind and mode.
     pub sources: Vec<SourceConfig>,
     pub catalog: Catalog,
     pub keys: KeysConfig,
@@ -994,19 +1008,11 @@ pub struct ApiConfig {
 impl FromEnv for ApiConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
         let sources = env.sources()?;
-        // Read before the secrets go: the Engine Room signs its deliveries with its test-mode
-        // sources' signing secrets.
+        // The Engine Room signs its deliveries with its test-mode sources' signing secrets.
         let engine_room = env.engine_room(&sources)?;
-        // The app API verifies no delivery and reads no provider: their secrets stay out of
-        // its memory (but the Engine Room's test-mode sources', above).
-        let without_secrets = |mut source: SourceConfig| {
-            source.secrets.clear();
-            source.api_key = None;
-            source
-        };
         Ok(Self {
             database: env.database()?,
-            sources: sources.into_iter().map(without_secrets).collect(),
+            sources,
             catalog: env.plans()?,
             keys: parse_api_keys(&env.required(API_KEYS_VAR)?)?,
             effects: env.effects()?,
@@ -1620,7 +1626,7 @@ mod tests {
         let keys = |reads| {
             WorkerConfig::from_lookup(lookup(&vars(reads)))
                 .unwrap()
-                .sources
+                .sources_read()
                 .iter()
                 .map(|s| {
                     (
@@ -1813,7 +1819,6 @@ mod tests {
     fn the_engine_room_is_off_unless_set_and_keeps_only_its_test_sources_secrets() {
         let off = api_config(None, true).unwrap();
         assert!(off.engine_room.is_none());
-        assert!(off.sources.iter().all(|s| s.secrets.is_empty()));
 
         let on = api_config(Some(r#"{"sources":["stripe"," polar"]}"#), true).unwrap();
         let room = on.engine_room.unwrap();
@@ -1823,8 +1828,6 @@ mod tests {
         assert_eq!(room.queue_url, "http://127.0.0.1:9/queue/q");
         assert_eq!(room.tolerance, Duration::from_secs(DEFAULT_TOLERANCE_SECS));
         assert_eq!(room.kinde_key, None);
-        // The API's own view of every source is still without secrets.
-        assert!(on.sources.iter().all(|s| s.secrets.is_empty()));
 
         let kinde = api_config(
             Some(r#"{"sources":["kinde"],"kinde_key_file":"/k.pem","kinde_kid":"dev-key"}"#),

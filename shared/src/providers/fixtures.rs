@@ -85,6 +85,12 @@ pub trait Fixtures: Sync {
     /// The event's payload, and its id (the dedupe key the provider would use).
     fn payload(&self, spec: &Spec) -> Result<(String, Value), String>;
 
+    /// The event's type where this provider's payloads name it (`type`, unless it says
+    /// otherwise), for a person reading what was sent.
+    fn event_type<'a>(&self, payload: &'a Value) -> Option<&'a str> {
+        payload["type"].as_str()
+    }
+
     /// Signs a payload as the provider would, with the source's first secret (Kinde: the key).
     fn sign(
         &self,
@@ -103,6 +109,11 @@ pub fn kinds(kind: SourceKind) -> &'static [&'static str] {
 pub fn all_kinds(kind: SourceKind) -> Vec<&'static str> {
     let fixtures = provider(kind).fixtures();
     [fixtures.kinds(), fixtures.customer_kinds()].concat()
+}
+
+/// The type of the event a payload of this source kind carries.
+pub fn event_type(kind: SourceKind, payload: &Value) -> Option<&str> {
+    provider(kind).fixtures().event_type(payload)
 }
 
 pub fn sample_plan(kind: SourceKind) -> &'static str {
@@ -183,11 +194,7 @@ mod tests {
                     ..Default::default()
                 };
                 let (_, payload) = payload(source, &spec).unwrap();
-                let event_type = payload["type"]
-                    .as_str()
-                    .or(payload["meta"]["event_name"].as_str())
-                    .or(payload["event_type"].as_str())
-                    .unwrap();
+                let event_type = event_type(source, &payload).unwrap();
                 let decision = decide(source, event_type, &payload, &catalog);
                 assert!(
                     matches!(decision, Decision::Apply { .. }),

@@ -203,6 +203,86 @@ mod tests {
         assert!(unknown.contains("unknown field `event`"), "{unknown}");
     }
 
+    /// Each function's verdict on the sources, as its start makes it: its configuration read
+    /// from the same variables, then the providers' rules on the sources it holds.
+    fn verdicts(sources: &str) -> Vec<(&'static str, Result<(), String>)> {
+        use crate::platform::config::{
+            ApiConfig, DispatcherConfig, FromEnv, IntakeConfig, SchedulerConfig, WorkerConfig,
+        };
+        let env = |reads: &'static str| {
+            let sources = sources.to_owned();
+            move |var: &str| {
+                Some(match var {
+                    "DATABASE_URL" => "postgres://x".to_owned(),
+                    "QUEUE_URL" => "http://127.0.0.1:9/queue/events".to_owned(),
+                    "EFFECTS_QUEUE_URL" => "http://127.0.0.1:9/queue/effects".to_owned(),
+                    "INBOX_SOURCES" => sources.clone(),
+                    "INBOX_PLANS" => r#"{"pro":{"plan":"pro","monthly_allowance":500}}"#.to_owned(),
+                    "INBOX_API_KEYS" => r#"[{"name":"app","sha256":"0000000000000000000000000000000000000000000000000000000000000000","scopes":["read","usage"]}]"#.to_owned(),
+                    "INBOX_PROVIDER_READS" => reads.to_owned(),
+                    _ => return None,
+                })
+            }
+        };
+        fn verdict<C>(
+            config: Result<C, ConfigError>,
+            sources: impl Fn(&C) -> &[SourceConfig],
+        ) -> Result<(), String> {
+            let config = config.map_err(|e| e.to_string())?;
+            check_sources(sources(&config)).map_err(|e| e.to_string())
+        }
+        vec![
+            (
+                "intake",
+                verdict(IntakeConfig::from_lookup(env("true")), |c| &c.sources),
+            ),
+            (
+                "worker",
+                verdict(WorkerConfig::from_lookup(env("true")), |c| &c.sources),
+            ),
+            (
+                "worker without provider reads",
+                verdict(WorkerConfig::from_lookup(env("false")), |c| &c.sources),
+            ),
+            (
+                "scheduler",
+                verdict(SchedulerConfig::from_lookup(env("true")), |c| &c.sources),
+            ),
+            (
+                "dispatcher",
+                verdict(DispatcherConfig::from_lookup(env("true")), |c| &c.sources),
+            ),
+            (
+                "api",
+                verdict(ApiConfig::from_lookup(env("true")), |c| &c.sources),
+            ),
+        ]
+    }
+
+    /// A rule on `INBOX_SOURCES` is one rule: every function checks the sources as written,
+    /// whatever it keeps of them afterwards (the api keeps no key, a worker without provider
+    /// reads keeps none either), so a source one function takes is taken by all.
+    #[test]
+    fn every_function_gives_the_same_verdict_on_the_same_sources() {
+        let inline = r#"[{"name":"s","kind":"stripe","secrets":["x"],"api_key":"sk_test_x","meter":{"event_name":"api_calls"}}]"#;
+        let deployed = r#"[{"name":"s","kind":"stripe","secret_id":"billing-inbox/s","api_key_secret_id":"billing-inbox/s-api-key","meter":{"event_name":"api_calls"}},
+            {"name":"k","kind":"kinde","jwks_url":"https://x.kinde.com/.well-known/jwks","api_client_id":"m2m","api_key_secret_id":"billing-inbox/k-api-key","meter":{"feature_code":"api_calls"}}]"#;
+        for sources in [inline, deployed] {
+            for (function, verdict) in verdicts(sources) {
+                assert_eq!(verdict, Ok(()), "{function}: {sources}");
+            }
+        }
+        let keyless =
+            r#"[{"name":"s","kind":"stripe","secrets":["x"],"meter":{"event_name":"api_calls"}}]"#;
+        let refused = "INBOX_SOURCES: source 's': meter: needs the source's API key (api_key_secret_id, or api_key locally): reports are sent through the provider's API";
+        let kinde_inline = r#"[{"name":"k","kind":"kinde","jwks_url":"https://x.kinde.com/.well-known/jwks","api_key":"s","meter":{"feature_code":"api_calls"}}]"#;
+        for (sources, expected) in [(keyless, refused), (kinde_inline, "INBOX_SOURCES: source 'k': api_client_id: is required with api_key or api_key_secret_id: Kinde's Management API takes an M2M application's client id and secret (the secret is the API key)")] {
+            for (function, verdict) in verdicts(sources) {
+                assert_eq!(verdict, Err(expected.to_owned()), "{function}: {sources}");
+            }
+        }
+    }
+
     #[test]
     fn livemode_is_a_stripe_setting() {
         checked(r#"[{"name":"s","kind":"stripe","secrets":["x"],"livemode":true}]"#).unwrap();

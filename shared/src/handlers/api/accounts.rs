@@ -256,6 +256,8 @@ pub(super) async fn serve(
         // An admin key reads `why` of any account (the console's account page).
         Route::Why if caller.may(Scope::Admin) => {}
         Route::ReplayEvent(_) => require(caller, Scope::Replay)?,
+        // A debit and its reversal need `usage` alone (docs/api.md, Keys).
+        Route::RecordUsage | Route::ReverseUsage(_) => require(caller, Scope::Usage)?,
         _ => require(caller, Scope::Read)?,
     }
     let query = Query::of(request);
@@ -335,7 +337,6 @@ pub(super) async fn serve(
             Ok(json_response(StatusCode::OK, &body))
         }
         Route::RecordUsage => {
-            require(caller, Scope::Usage)?;
             let key = idempotency_key(request.headers())?;
             let (amount, body) = debit_body(body)?;
             let mut ask = DebitRequest::checked(
@@ -354,7 +355,6 @@ pub(super) async fn serve(
             debit_answer(debited.debit, &customer)
         }
         Route::ReverseUsage(usage_id) => {
-            require(caller, Scope::Usage)?;
             let usage_id = usage_id_param(&usage_id)?;
             let effects = state.effects.as_ref().map(|_| &state.catalog);
             let account = (target.source.as_str(), target.customer_id());

@@ -196,7 +196,7 @@ pub(super) async fn answer(
                 provider_event_id: query.first("provider_event_id").map(str::to_owned),
             };
             let limit = limit_param(query.first("limit"))?;
-            let before = query.first("after").map(event_id_param).transpose()?;
+            let before = query.first("after").map(id_cursor).transpose()?;
             let page = on_held!(state, conn => lists::events(conn, &filter, limit, before))?;
             ok(json!(page))
         }
@@ -354,7 +354,7 @@ pub(super) async fn answer(
         }
         Route::AuditTrail => {
             let limit = limit_param(query.first("limit"))?;
-            let before = query.first("after").map(event_id_param).transpose()?;
+            let before = query.first("after").map(id_cursor).transpose()?;
             let actions = on_held!(state, conn => trail::list(conn, limit + 1, before))?;
             let (actions, next) = crate::operate::cut(actions, limit, |last| last.id.to_string());
             ok(json!({ "actions": actions, "next": next }))
@@ -369,6 +369,13 @@ fn event_status(raw: &str) -> Result<EventStatus, ApiError> {
             "an event's status is received, processing, applied, ignored, failed, dead or unprocessable",
         )
     })
+}
+
+/// A list's `after` where the list pages by id (the events, the audit trail): the previous
+/// page's `next`, a positive whole number; anything else is no cursor of this list.
+fn id_cursor(raw: &str) -> Result<i64, ApiError> {
+    event_id_param(raw)
+        .map_err(|_| ApiError::bad("bad_cursor", "after is the next of an earlier page"))
 }
 
 fn known_source(state: &ApiState, raw: &str) -> Result<String, ApiError> {

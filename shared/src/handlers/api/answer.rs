@@ -247,13 +247,16 @@ impl Query {
         for (i, (name, _)) in self.0.iter().enumerate() {
             if !taken.contains(&name.as_str()) {
                 let name: String = name.chars().take(40).collect();
+                let name = name.escape_debug();
                 return Err(ApiError::bad(
                     "unknown_parameter",
-                    format!(
-                        "this route takes no parameter '{}'; it takes {}",
-                        name.escape_debug(),
-                        taken.join(", ")
-                    ),
+                    match taken {
+                        [] => format!("this route takes no query parameter ('{name}' given)"),
+                        _ => format!(
+                            "this route takes no parameter '{name}'; it takes {}",
+                            taken.join(", ")
+                        ),
+                    },
                 ));
             }
             if self.0[..i].iter().any(|(seen, _)| seen == name) {

@@ -159,6 +159,11 @@ impl Fixtures for LemonSqueezyFixtures {
         KINDS
     }
 
+    /// A Lemon Squeezy webhook names its event at `meta.event_name`.
+    fn event_type<'a>(&self, payload: &'a Value) -> Option<&'a str> {
+        payload["meta"]["event_name"].as_str()
+    }
+
     fn sample_plan(&self) -> &'static str {
         DEV_VARIANT
     }

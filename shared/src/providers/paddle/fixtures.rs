@@ -52,6 +52,11 @@ impl Fixtures for PaddleFixtures {
         KINDS
     }
 
+    /// A Paddle notification names its event at `event_type`.
+    fn event_type<'a>(&self, payload: &'a Value) -> Option<&'a str> {
+        payload["event_type"].as_str()
+    }
+
     fn sample_plan(&self) -> &'static str {
         DEV_PRICE
     }
