@@ -300,6 +300,31 @@ pub const SILENT_HOURS_VAR: &str = "INBOX_SOURCE_SILENT_HOURS";
 pub const DEFAULT_SILENT_HOURS: f64 = 24.0;
 /// What precedes `/console` in the console's links, when the path the function sees lacks it.
 pub const CONSOLE_BASE_VAR: &str = "INBOX_CONSOLE_BASE";
+/// `on` or `off`, as the stack's `MeterReports` says (deployed only): whether anything sends
+/// the meter reports a metered source's debits write.
+pub const METER_REPORTS_VAR: &str = "INBOX_METER_REPORTS";
+
+/// A stack deployed with `MeterReports` off has no dispatcher to send meter reports, while a
+/// source with a `meter` writes one with every debit: they would wait unsent (or die
+/// unalarmed) and the provider would bill none of that usage. The api refuses to start, so the
+/// first deploy's `InitErrorsAlarm` says it (unset, as locally: nothing to check).
+fn meter_reports_sent(setting: Option<&str>, sources: &[SourceConfig]) -> Result<(), ConfigError> {
+    match setting.map(str::trim) {
+        None | Some("on") => Ok(()),
+        Some("off") => match sources.iter().find(|s| s.meter.is_some()) {
+            Some(source) => Err(ConfigError::new(
+                METER_REPORTS_VAR,
+                format!(
+                    "is off, but source '{}' has a meter: its debits' reports would never be \
+                     sent. Deploy with MeterReports on, or take the meter out of Sources",
+                    source.name
+                ),
+            )),
+            None => Ok(()),
+        },
+        Some(_) => Err(ConfigError::new(METER_REPORTS_VAR, "is on or off")),
+    }
+}
 
 /// `/a/b`: a path prefix a link can start with (empty is none).
 fn is_path_prefix(base: &str) -> bool {
@@ -1008,6 +1033,7 @@ pub struct ApiConfig {
 impl FromEnv for ApiConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
         let sources = env.sources()?;
+        meter_reports_sent(env.optional(METER_REPORTS_VAR).as_deref(), &sources)?;
         // The Engine Room signs its deliveries with its test-mode sources' signing secrets.
         let engine_room = env.engine_room(&sources)?;
         Ok(Self {
@@ -1759,6 +1785,36 @@ mod tests {
             vars.push(("QUEUE_URL", "http://127.0.0.1:9/queue/q"));
         }
         ApiConfig::from_lookup(lookup(&vars))
+    }
+
+    /// With meter reports off (the stack's `MeterReports`), a source with a meter stops the
+    /// api's cold start, naming the source; on, or unset, it starts.
+    #[test]
+    fn a_metered_source_with_meter_reports_off_is_refused_at_cold_start() {
+        let with = |reports: Option<&'static str>| {
+            let mut vars = vec![
+                ("DATABASE_URL", "postgres://x"),
+                (
+                    "INBOX_SOURCES",
+                    r#"[{"name":"stripe","kind":"stripe","secrets":["whsec_test"],"api_key":"rk_test_1","meter":{"event_name":"api_calls"}}]"#,
+                ),
+                (
+                    "INBOX_PLANS",
+                    r#"{"pro":{"plan":"pro","monthly_allowance":500}}"#,
+                ),
+                ("INBOX_API_KEYS", API_KEYS),
+            ];
+            if let Some(reports) = reports {
+                vars.push((METER_REPORTS_VAR, reports));
+            }
+            ApiConfig::from_lookup(lookup(&vars))
+        };
+        let refused = with(Some("off")).unwrap_err();
+        assert_eq!(refused.var, METER_REPORTS_VAR);
+        assert!(refused.detail.contains("'stripe'"), "{}", refused.detail);
+        assert!(with(Some("on")).is_ok());
+        assert!(with(None).is_ok());
+        assert_eq!(with(Some("maybe")).unwrap_err().var, METER_REPORTS_VAR);
     }
 
     #[test]
