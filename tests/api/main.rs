@@ -44,6 +44,7 @@ mod secrets;
 mod sim;
 mod sqs_calls;
 mod stripe_entitlements;
+mod stripe_fake;
 mod subscription_read;
 mod thin;
 mod traffic;

@@ -5,7 +5,6 @@
 //! `identifier` it holds. Retries run with zero waits.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -24,10 +23,11 @@ use shared::providers::meter::Sent;
 use shared::providers::{provider, Api};
 use sqlx::PgPool;
 use wiremock::matchers::{method, path};
-use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
 use crate::app_api::{api_state, call, on_pro};
 use crate::helpers::*;
+pub(crate) use crate::stripe_fake::{FakeStripe, Fault};
 
 const NO_WAITS: RetryPolicy = RetryPolicy::new([Duration::ZERO; 5]);
 /// The client gives up on a send after this; the slow fake answers after three times as long.
@@ -127,97 +127,6 @@ pub(crate) async fn send(pool: &PgPool, meters: &Meters, id: &str) -> Reported {
     meters::send(pool, meters, id, outbox::SEND_LEASE, &NO_WAITS)
         .await
         .unwrap()
-}
-
-/// A fake Stripe meter API: it keeps each `identifier` once (a repeat within its window is
-/// a 400 "already exists", as Stripe answers), and answers the first `slow` sends only after
-/// the client gave up — keeping what they carried.
-#[derive(Clone, Default)]
-pub(crate) struct FakeStripe {
-    held: Arc<Mutex<HashMap<String, HashMap<String, String>>>>,
-    /// The meter event adjustments taken, as sent.
-    adjustments: Arc<Mutex<Vec<HashMap<String, String>>>>,
-    posts: Arc<Mutex<u32>>,
-    slow: Arc<Mutex<u32>>,
-    /// Answer every send with this status and body instead.
-    fail: Option<(u16, Value)>,
-}
-
-impl Respond for FakeStripe {
-    fn respond(&self, request: &Request) -> ResponseTemplate {
-        *self.posts.lock().unwrap() += 1;
-        if let Some((status, body)) = &self.fail {
-            return ResponseTemplate::new(*status).set_body_json(body);
-        }
-        let form: HashMap<String, String> = url::form_urlencoded::parse(&request.body)
-            .into_owned()
-            .collect();
-        if request.url.path() == "/v1/billing/meter_event_adjustments" {
-            // stripe-node `Billing.MeterEventAdjustment`.
-            self.adjustments.lock().unwrap().push(form.clone());
-            return ResponseTemplate::new(200).set_body_json(json!({
-                "object": "billing.meter_event_adjustment", "livemode": false,
-                "status": "pending", "type": form["type"], "event_name": form["event_name"],
-                "cancel": {"identifier": form["cancel[identifier]"]}}));
-        }
-        let id = form["identifier"].clone();
-        let mut held = self.held.lock().unwrap();
-        if held.contains_key(&id) {
-            return ResponseTemplate::new(400).set_body_json(json!({"error": {
-                "type": "invalid_request_error",
-                "message": format!("An event already exists with identifier {id}.")}}));
-        }
-        held.insert(id.clone(), form.clone());
-        let answer = ResponseTemplate::new(200).set_body_json(json!({
-            "object": "billing.meter_event", "created": Utc::now().timestamp(),
-            "event_name": form["event_name"], "identifier": id, "livemode": false,
-            "payload": {"stripe_customer_id": form["payload[stripe_customer_id]"],
-                        "value": form["payload[value]"]},
-            "timestamp": form["timestamp"].parse::<i64>().unwrap()}));
-        let mut slow = self.slow.lock().unwrap();
-        if *slow > 0 {
-            *slow -= 1;
-            return answer.set_delay(CLIENT_TIMEOUT * 3);
-        }
-        answer
-    }
-}
-
-impl FakeStripe {
-    /// One that answers every send with `status` and `body`.
-    pub(crate) fn failing(status: u16, body: Value) -> Self {
-        Self {
-            fail: Some((status, body)),
-            ..Self::default()
-        }
-    }
-
-    pub(crate) async fn serve(&self) -> MockServer {
-        let server = MockServer::start().await;
-        for endpoint in [
-            "/v1/billing/meter_events",
-            "/v1/billing/meter_event_adjustments",
-        ] {
-            Mock::given(method("POST"))
-                .and(path(endpoint))
-                .respond_with(self.clone())
-                .mount(&server)
-                .await;
-        }
-        server
-    }
-
-    pub(crate) fn posts(&self) -> u32 {
-        *self.posts.lock().unwrap()
-    }
-
-    pub(crate) fn held(&self) -> HashMap<String, HashMap<String, String>> {
-        self.held.lock().unwrap().clone()
-    }
-
-    pub(crate) fn adjustments(&self) -> Vec<HashMap<String, String>> {
-        self.adjustments.lock().unwrap().clone()
-    }
 }
 
 /// `customer` on Stripe's pro plan (500 this month), through the intake and the worker.
@@ -368,8 +277,8 @@ async fn a_debit_through_the_api_reaches_stripes_meter_once_after_its_commit(poo
     let requests = server.received_requests().await.unwrap();
     assert_eq!(
         requests[0].headers.get("idempotency-key").unwrap(),
-        expected.as_str(),
-        "a retried request gets Stripe's first answer"
+        format!("{}-1", row.id).as_str(),
+        "the attempt's own key, never the identifier"
     );
     assert_eq!(
         requests[0].headers.get("authorization").unwrap(),
@@ -396,7 +305,7 @@ async fn a_send_stripe_took_but_never_answered_is_resent_under_its_identifier_an
     let app = TestApp::spawn(pool.clone()).await;
     stripe_on_pro(&app, "cus_slow").await;
     let fake = FakeStripe::default();
-    *fake.slow.lock().unwrap() = 1;
+    fake.then(Fault::Slow(CLIENT_TIMEOUT * 3));
     let server = fake.serve().await;
     let meters = stripe_meters(&server);
     let who = customer("cus_slow");
@@ -692,6 +601,7 @@ async fn a_polar_report_is_one_ingested_event_that_polar_dedupes_by_external_id(
         first_sent_at: None,
         unanswered: false,
         take_back: None,
+        send_key: None,
     };
     assert_eq!(meter.send(&report).await, Sent::Taken);
     assert_eq!(meter.dedupe(), shared::providers::meter::Dedupe::Always);
@@ -767,10 +677,63 @@ async fn a_report_the_queue_lost_is_sent_by_the_scheduler(pool: PgPool) {
 
 const METER_NOTICE: &str = "evt_test_65TmeterErr0rReport16T2Kfo4Q8lSA4GfMwNYbNqc";
 
-/// Stripe's notice that meter events it took could not be counted: delivered thin (no
-/// `data`), read back as `GET /v2/core/events/{id}` in the shape of stripe-node's
-/// `V1BillingMeterErrorReportTriggeredEvent`. The reports it names are marked dead with
-/// Stripe's reason, alerted, and counted.
+/// Stripe's notice `METER_NOTICE`, made an hour ago, that it could not count the meter event
+/// `identifier`: delivered thin (no `data`), read back as `GET /v2/core/events/{id}` from
+/// `api` in the shape of stripe-node's `V1BillingMeterErrorReportTriggeredEvent`, and applied.
+/// Returns the stored event's id.
+async fn meter_error_notice(app: &TestApp, api: &MockServer, identifier: &str) -> i64 {
+    let made = Utc::now() - chrono::Duration::hours(1);
+    let at = |t: chrono::DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let notification = json!({
+        "id": METER_NOTICE, "object": "v2.core.event",
+        "type": "v1.billing.meter.error_report_triggered", "livemode": false,
+        "created": at(made), "context": null, "reason": null,
+        "related_object": {"id": "mtr_123", "type": "billing.meter",
+                           "url": "/v1/billing/meters/mtr_123"}
+    });
+    let mut read = notification.clone();
+    read["data"] = json!({
+        "developer_message_summary": "There is 1 invalid event",
+        "validation_start": at(made - chrono::Duration::hours(1)),
+        "validation_end": at(made),
+        "reason": {"error_count": 1, "error_types": [{
+            "code": "meter_event_customer_not_found", "error_count": 1,
+            "sample_errors": [{"error_message": "Customer cus_counted not found",
+                               "request": {"identifier": identifier}}]}]}
+    });
+    Mock::given(method("GET"))
+        .and(path(format!("/v2/core/events/{METER_NOTICE}")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(read))
+        .mount(api)
+        .await;
+    let (status, body) = app.post("stripe", &stripe_delivery(&notification)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    app.run_worker().await;
+    app.event_id("stripe", METER_NOTICE).await
+}
+
+/// Two reports Stripe took two hours ago.
+async fn two_sent_reports(pool: &PgPool, who: &CustomerId) -> (String, String) {
+    let bad = debit(pool, &ask("stripe", who, "req_bad", 2, Some("api_calls")))
+        .await
+        .reported
+        .unwrap();
+    let good = debit(pool, &ask("stripe", who, "req_good", 3, Some("api_calls")))
+        .await
+        .reported
+        .unwrap();
+    sqlx::query(
+        "UPDATE meter_reports SET status = 'sent', sent_at = now() - interval '2 hours',
+                first_sent_at = now() - interval '2 hours', last_sent_at = now() - interval '2 hours'",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    (bad, good)
+}
+
+/// Stripe's notice that meter events it took could not be counted marks the reports it names
+/// dead with Stripe's reason, alerted, and counted.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_meter_error_report_from_stripe_marks_the_reports_it_names(pool: PgPool) {
     let mut app = TestApp::spawn(pool.clone()).await;
@@ -778,50 +741,11 @@ async fn a_meter_error_report_from_stripe_marks_the_reports_it_names(pool: PgPoo
     let api = MockServer::start().await;
     crate::traffic::with_stripe_api(&mut app.worker, &api);
     let who = customer("cus_counted");
-    let bad = debit(&pool, &ask("stripe", &who, "req_bad", 2, Some("api_calls")))
-        .await
-        .reported
-        .unwrap();
-    let good = debit(
-        &pool,
-        &ask("stripe", &who, "req_good", 3, Some("api_calls")),
-    )
-    .await
-    .reported
-    .unwrap();
-    sqlx::query("UPDATE meter_reports SET status = 'sent', sent_at = now()")
-        .execute(&pool)
-        .await
-        .unwrap();
+    let (bad, good) = two_sent_reports(&pool, &who).await;
     let bad_identifier = report(&pool, &bad).await.identifier;
 
-    let notification = json!({
-        "id": METER_NOTICE, "object": "v2.core.event",
-        "type": "v1.billing.meter.error_report_triggered", "livemode": false,
-        "created": "2026-12-03T10:00:00.000Z", "context": null, "reason": null,
-        "related_object": {"id": "mtr_123", "type": "billing.meter",
-                           "url": "/v1/billing/meters/mtr_123"}
-    });
-    let mut read = notification.clone();
-    read["data"] = json!({
-        "developer_message_summary": "There is 1 invalid event",
-        "validation_start": "2026-12-03T09:00:00.000Z",
-        "validation_end": "2026-12-03T10:00:00.000Z",
-        "reason": {"error_count": 1, "error_types": [{
-            "code": "meter_event_customer_not_found", "error_count": 1,
-            "sample_errors": [{"error_message": "Customer cus_counted not found",
-                               "request": {"identifier": bad_identifier}}]}]}
-    });
-    Mock::given(method("GET"))
-        .and(path(format!("/v2/core/events/{METER_NOTICE}")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(read))
-        .mount(&api)
-        .await;
-    let (status, body) = app.post("stripe", &stripe_delivery(&notification)).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    app.run_worker().await;
-
-    let event = app.event(app.event_id("stripe", METER_NOTICE).await).await;
+    let event_id = meter_error_notice(&app, &api, &bad_identifier).await;
+    let event = app.event(event_id).await;
     assert_eq!(event.status, "applied", "{:?}", event.reason);
     assert!(
         event.reason.as_deref().unwrap().contains(&bad),
@@ -841,6 +765,65 @@ async fn a_meter_error_report_from_stripe_marks_the_reports_it_names(pool: PgPoo
     );
     let alerts = outbox::collect_alerts(&pool).await.unwrap();
     assert_eq!((alerts.dead, alerts.provider_errors), (vec![bad], 1));
+}
+
+/// Stripe names a sample by the request's idempotency key (stripe-node: `request.identifier`,
+/// "The request idempotency key"): an attempt's key, which begins with the report's id, names
+/// the report as its identifier does.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_meter_error_report_naming_an_attempts_key_marks_its_report(pool: PgPool) {
+    let mut app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_counted").await;
+    let api = MockServer::start().await;
+    crate::traffic::with_stripe_api(&mut app.worker, &api);
+    let who = customer("cus_counted");
+    let (bad, good) = two_sent_reports(&pool, &who).await;
+    meter_error_notice(&app, &api, &format!("{bad}-1")).await;
+    assert_eq!(report(&pool, &bad).await.status, "dead");
+    assert_eq!(report(&pool, &good).await.status, "sent");
+}
+
+/// A replayed notice speaks of the sends before it: the report it named, fixed by an operator
+/// and sent again since (Stripe counted it), is not marked dead again.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_replayed_meter_error_notice_leaves_a_report_sent_again_since_alone(pool: PgPool) {
+    let mut app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_counted").await;
+    let api = MockServer::start().await;
+    crate::traffic::with_stripe_api(&mut app.worker, &api);
+    let who = customer("cus_counted");
+    let (bad, _good) = two_sent_reports(&pool, &who).await;
+    let bad_identifier = report(&pool, &bad).await.identifier;
+    let event_id = meter_error_notice(&app, &api, &bad_identifier).await;
+    assert_eq!(report(&pool, &bad).await.status, "dead");
+
+    // The operator fixes the customer at Stripe and replays the report: Stripe counts it.
+    let fake = FakeStripe::default();
+    let server = fake.serve().await;
+    outbox::replay(&pool, None, std::slice::from_ref(&bad), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        send(&pool, &stripe_meters(&server), &bad).await,
+        Reported::Sent
+    );
+    assert_eq!(fake.total("cus_counted"), 2.0);
+
+    // The notice is replayed (an operator's bulk replay, a reconciliation's copy).
+    let queue = Queue::new(app.sqs.clone(), app.queue_url.clone());
+    shared::inbox::replay::replay(&pool, &queue, &[event_id])
+        .await
+        .unwrap();
+    app.run_worker().await;
+    let again = report(&pool, &bad).await;
+    assert_eq!(
+        (again.status.as_str(), again.provider_error.as_deref()),
+        ("sent", None),
+        "{:?}",
+        again.last_error
+    );
+    let event = app.event(event_id).await;
+    assert_eq!(event.status, "ignored", "{:?}", event.reason);
 }
 
 /// A connected account's customer's report is read back in that account: its meter and its
@@ -897,4 +880,208 @@ async fn a_connected_customers_report_is_read_back_in_its_account(pool: PgPool) 
         0,
         "found in the connected account's summaries"
     );
+}
+
+/// Stripe's answer to a server error, as its API gives one.
+fn api_error() -> Value {
+    json!({"error": {"type": "api_error", "message": "An unknown error occurred"}})
+}
+
+/// Stripe saves the first answer to an `Idempotency-Key` for 24 hours, 500s included: each
+/// attempt sends a key of its own, so a report whose first send got a 500 is sent on its next
+/// attempt, and one Stripe took before its 500 is found by its identifier, counted once.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_report_whose_first_send_got_a_500_is_delivered_on_its_next_attempt(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_saved").await;
+    let fake = FakeStripe::default();
+    let server = fake.serve().await;
+    let meters = stripe_meters(&server);
+    let who = customer("cus_saved");
+    let lost = debit(
+        &pool,
+        &ask("stripe", &who, "req_lost", 3, Some("api_calls")),
+    )
+    .await
+    .reported
+    .unwrap();
+    let taken = debit(
+        &pool,
+        &ask("stripe", &who, "req_taken", 4, Some("api_calls")),
+    )
+    .await
+    .reported
+    .unwrap();
+    fake.then(Fault::Fails(500, api_error()))
+        .then(Fault::TakesThenFails(500, api_error()));
+    for id in [&lost, &taken] {
+        let first = send(&pool, &meters, id).await;
+        assert!(
+            matches!(
+                &first,
+                Reported::Failed {
+                    status: ReportStatus::Pending,
+                    ..
+                }
+            ),
+            "{first:?}"
+        );
+    }
+    assert_eq!(send(&pool, &meters, &lost).await, Reported::Sent);
+    assert_eq!(send(&pool, &meters, &taken).await, Reported::Sent);
+    assert_eq!(fake.total("cus_saved"), 7.0, "each counted once");
+    assert_eq!(fake.events().len(), 2);
+}
+
+/// Two reports of one minute (of `values`), the debits of the same account at Stripe's
+/// meter. Both went out a day ago, during an incident: the first before Stripe took it, the
+/// second after (its 500 lost the receipt). Neither was answered. Returns their ids, now 25
+/// hours later.
+async fn an_incidents_minute(
+    pool: &PgPool,
+    fake: &FakeStripe,
+    meters: &Meters,
+    who: &CustomerId,
+    values: [i64; 2],
+) -> (String, String) {
+    let first = debit(
+        pool,
+        &ask("stripe", who, "req_first", values[0], Some("api_calls")),
+    )
+    .await
+    .reported
+    .unwrap();
+    let second = debit(
+        pool,
+        &ask("stripe", who, "req_second", values[1], Some("api_calls")),
+    )
+    .await
+    .reported
+    .unwrap();
+    let (three, five) = (first, second);
+    // One minute of a day ago.
+    sqlx::query(
+        "UPDATE meter_reports SET occurred_at = date_trunc('minute', now()) - interval '25 hours'
+                + CASE WHEN idempotency_key = 'req_first' THEN interval '10 seconds'
+                       ELSE interval '40 seconds' END",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    fake.then(Fault::Fails(500, api_error()))
+        .then(Fault::TakesThenFails(500, api_error()));
+    for id in [&three, &five] {
+        let sent = send(pool, meters, id).await;
+        assert!(matches!(sent, Reported::Failed { .. }), "{sent:?}");
+        assert!(report(pool, id).await.unanswered);
+    }
+    // 25 hours pass: past Stripe's 24 hours for an identifier, so each is read back.
+    fake.age(chrono::Duration::hours(25));
+    sqlx::query(
+        "UPDATE meter_reports SET first_sent_at = first_sent_at - interval '25 hours',
+                last_sent_at = last_sent_at - interval '25 hours',
+                unanswered_at = unanswered_at - interval '25 hours'",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    (three, five)
+}
+
+/// What this store says it sent to the meter for the account.
+async fn ours(pool: &PgPool, customer_id: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COALESCE(sum(CASE kind WHEN 'correction' THEN -value ELSE value END), 0)::bigint
+         FROM meter_reports WHERE customer_id = $1 AND status = 'sent'",
+    )
+    .bind(customer_id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Stripe's summary of the minute says 5: the 5's. Read back one after the other, the 3 asks
+/// first and must not be credited with it; it is sent, and the 5 is found. Stripe counts 8,
+/// as this store does, and the meter audit finds no difference.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_minutes_total_is_never_credited_to_the_report_that_reads_it_back_first(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_minute").await;
+    let fake = FakeStripe::default();
+    let server = fake.serve().await;
+    let meters = stripe_meters(&server);
+    let who = customer("cus_minute");
+    let (three, five) = an_incidents_minute(&pool, &fake, &meters, &who, [3, 5]).await;
+
+    assert_eq!(send(&pool, &meters, &three).await, Reported::Sent);
+    assert_eq!(send(&pool, &meters, &five).await, Reported::Sent);
+    assert_eq!(
+        (fake.total("cus_minute"), ours(&pool, "cus_minute").await),
+        (8.0, 8),
+        "Stripe counts what this store says it sent"
+    );
+    assert_eq!(fake.events().len(), 2, "the 3 sent once, the 5 never again");
+
+    // Later, the meter audit compares the month: no difference.
+    sqlx::query("UPDATE meter_reports SET sent_at = sent_at - interval '20 minutes'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let audit = shared::meters::audit::run(&pool, &meters, None, 50, deadline)
+        .await
+        .unwrap();
+    assert_eq!(audit.checked, 1, "{audit:?}");
+    assert!(audit.differences.is_empty(), "{audit:?}");
+}
+
+/// The same minute, both read back at once (two dispatchers): each reads Stripe's 5 before
+/// the other is settled. Neither takes the 5 as its own but the 5: the 3 is sent.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_minutes_reports_read_back_at_once_are_not_both_taken_as_held(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_both").await;
+    let fake = FakeStripe::default();
+    let server = fake.serve().await;
+    let meters = stripe_meters(&server);
+    let who = customer("cus_both");
+    let (three, five) = an_incidents_minute(&pool, &fake, &meters, &who, [3, 5]).await;
+
+    // The summaries answer slowly: both reads are out before either answer comes.
+    fake.summaries_after(Duration::from_millis(200));
+    let (a, b) = tokio::join!(send(&pool, &meters, &three), send(&pool, &meters, &five));
+    assert_eq!((a, b), (Reported::Sent, Reported::Sent));
+    assert_eq!(
+        (fake.total("cus_both"), ours(&pool, "cus_both").await),
+        (8.0, 8)
+    );
+}
+
+/// Two reports of 3 in one minute, both unanswered a day ago; Stripe counts 3. Either may be
+/// the one it holds, and nothing here can tell: each goes to an operator, with both totals,
+/// never credited nor sent blindly.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn reports_a_minutes_total_cannot_tell_apart_go_to_an_operator_with_both_totals(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_twins").await;
+    let fake = FakeStripe::default();
+    let server = fake.serve().await;
+    let meters = stripe_meters(&server);
+    let who = customer("cus_twins");
+    let (first, second) = an_incidents_minute(&pool, &fake, &meters, &who, [3, 3]).await;
+    assert_eq!(fake.events().len(), 1, "Stripe took the second");
+
+    for id in [&first, &second] {
+        let sent = send(&pool, &meters, id).await;
+        assert!(
+            matches!(&sent, Reported::Failed { status: ReportStatus::Dead, error }
+                if error.contains("cannot tell") && error.contains("counts 3")),
+            "{sent:?}"
+        );
+    }
+    assert_eq!(fake.events().len(), 1, "nothing sent blindly");
+    let alerts = outbox::collect_alerts(&pool).await.unwrap();
+    assert_eq!(alerts.dead.len(), 2);
 }

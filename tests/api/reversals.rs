@@ -21,8 +21,9 @@ use crate::app_api::{api_state, call, on_pro, APP_KEY};
 use crate::helpers::*;
 use crate::meters::{
     ask, customer, debit, metered, meters_of, polar_on_pro, report, reports, send, stripe_meters,
-    stripe_on_pro, FakeStripe,
+    stripe_on_pro,
 };
+use crate::stripe_fake::{FakeStripe, Fault};
 
 async fn reverse(pool: &PgPool, source: &str, who: &CustomerId, usage_id: &str) -> Reversed {
     let mut conn = pool.acquire().await.unwrap();
@@ -315,8 +316,8 @@ async fn a_report_stripe_holds_is_cancelled_by_an_adjustment_within_its_window(p
         .unwrap();
     assert_eq!(
         adjustment.headers.get("idempotency-key").unwrap(),
-        correction_identifier("stripe", &who, &usage_id).as_str(),
-        "a retried adjustment gets Stripe's first answer"
+        format!("{correction}-1").as_str(),
+        "the attempt's own key"
     );
     let row = report(&pool, &correction).await;
     assert_eq!(
@@ -508,6 +509,7 @@ async fn a_polar_correction_is_a_compensating_event_and_kinde_refuses_one_for_an
         first_sent_at: None,
         unanswered: false,
         take_back: Some(TakeBack::Compensate),
+        send_key: None,
     };
     assert!(matches!(meter.send(&correction).await, Sent::Refused(e) if e.contains("Kinde")));
     assert_eq!(
@@ -734,4 +736,170 @@ async fn a_meter_report_is_replayed_by_an_api_of_one_connection(pool: PgPool) {
     .await;
     assert_eq!(replayed.status, StatusCode::OK, "{}", replayed.body);
     assert_eq!(replayed.body["status"], "pending");
+}
+
+fn api_error() -> Value {
+    json!({"error": {"type": "api_error", "message": "An unknown error occurred"}})
+}
+
+/// A correction taken while its report is still being retried waits, and waiting is not an
+/// attempt: however long the report takes, the correction is sent once it is settled, and the
+/// reversed debit is not billed.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_correction_waiting_for_its_report_spends_no_attempts_and_is_sent_once_it_settles(
+    pool: PgPool,
+) {
+    let StripeMetered {
+        fake,
+        server: _server,
+        meters,
+        who,
+        ..
+    } = stripe_metered(&pool, "cus_patient").await;
+    let debited = debit(&pool, &ask("stripe", &who, "req_p", 3, Some("api_calls"))).await;
+    let id = debited.reported.clone().unwrap();
+    // Stripe takes the report and answers 500: it may hold it, so its reversal corrects it.
+    fake.then(Fault::TakesThenFails(500, api_error()));
+    send(&pool, &meters, &id).await;
+    let correction = reverse(&pool, "stripe", &who, &usage_id_of(&debited))
+        .await
+        .correction
+        .expect("a correction");
+    // The report is retried through an outage; the correction's message comes each time.
+    for _ in 0..4 {
+        let early = send(&pool, &meters, &correction).await;
+        assert!(
+            matches!(&early, Reported::Failed { status: ReportStatus::Pending, error } if error.contains("waits")),
+            "{early:?}"
+        );
+        fake.then(Fault::Fails(503, api_error()));
+        send(&pool, &meters, &id).await;
+    }
+    for _ in 0..4 {
+        send(&pool, &meters, &correction).await;
+    }
+    assert_eq!(
+        (
+            report(&pool, &correction).await.status.as_str(),
+            report(&pool, &correction).await.attempts
+        ),
+        ("pending", 0),
+        "waiting spends no attempt"
+    );
+    assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
+    assert_eq!(send(&pool, &meters, &correction).await, Reported::Sent);
+    assert_eq!(
+        fake.total("cus_patient"),
+        0.0,
+        "the reversed debit is not billed"
+    );
+}
+
+/// A correction dies beside a report that died where Stripe may hold it; once an operator
+/// replays the report and it is sent, the correction is armed again and takes it back.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_correction_that_died_beside_its_report_is_armed_again_when_the_report_is_sent(
+    pool: PgPool,
+) {
+    let StripeMetered {
+        fake,
+        server: _server,
+        meters,
+        who,
+        ..
+    } = stripe_metered(&pool, "cus_rearmed").await;
+    let debited = debit(&pool, &ask("stripe", &who, "req_r", 4, Some("api_calls"))).await;
+    let id = debited.reported.clone().unwrap();
+    fake.then(Fault::TakesThenFails(500, api_error()));
+    for _ in 1..shared::domain::retry::RetryPolicy::MAX_ATTEMPTS {
+        fake.then(Fault::Fails(503, api_error()));
+    }
+    for _ in 0..shared::domain::retry::RetryPolicy::MAX_ATTEMPTS {
+        send(&pool, &meters, &id).await;
+    }
+    assert_eq!(report(&pool, &id).await.status, "dead");
+    let correction = reverse(&pool, "stripe", &who, &usage_id_of(&debited))
+        .await
+        .correction
+        .expect("Stripe may hold it: a correction");
+    let refused = send(&pool, &meters, &correction).await;
+    assert!(
+        matches!(&refused, Reported::Failed { status: ReportStatus::Dead, error } if error.contains("may hold it")),
+        "{refused:?}"
+    );
+
+    // The operator replays the report (not the correction): Stripe says it holds it.
+    shared::meters::outbox::replay(&pool, None, std::slice::from_ref(&id), false)
+        .await
+        .unwrap();
+    assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
+    assert_eq!(report(&pool, &correction).await.status, "pending");
+    assert_eq!(send(&pool, &meters, &correction).await, Reported::Sent);
+    assert_eq!(
+        fake.total("cus_rearmed"),
+        0.0,
+        "the reversed debit is not billed"
+    );
+}
+
+/// A cancel that did not land (Stripe refused it for the rate, before taking it) while the
+/// report was still within Stripe's 24 hours is, once those have passed, a compensating
+/// report: the way is chosen at each attempt until one may have landed.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_cancel_that_did_not_land_within_stripes_window_becomes_a_compensating_report(
+    pool: PgPool,
+) {
+    let StripeMetered {
+        fake,
+        server: _server,
+        meters,
+        who,
+        ..
+    } = stripe_metered(&pool, "cus_window").await;
+    let debited = debit(&pool, &ask("stripe", &who, "req_w", 6, Some("api_calls"))).await;
+    let id = debited.reported.clone().unwrap();
+    assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
+    let correction = reverse(&pool, "stripe", &who, &usage_id_of(&debited))
+        .await
+        .correction
+        .unwrap();
+    // "Too many requests hit the API too quickly" (docs.stripe.com/api/errors): a 429 is
+    // answered before anything executes.
+    fake.then(Fault::Fails(
+        429,
+        json!({"error": {"type": "invalid_request_error", "code": "rate_limit",
+                         "message": "Too many requests hit the API too quickly."}}),
+    ));
+    let first = send(&pool, &meters, &correction).await;
+    assert!(
+        matches!(
+            &first,
+            Reported::Failed {
+                status: ReportStatus::Pending,
+                ..
+            }
+        ),
+        "{first:?}"
+    );
+    assert_eq!(
+        report(&pool, &correction).await.how.as_deref(),
+        Some("cancel")
+    );
+    // A day later, Stripe no longer cancels the report.
+    fake.age(chrono::Duration::hours(25));
+    sqlx::query(
+        "UPDATE meter_reports SET first_sent_at = first_sent_at - interval '25 hours',
+                sent_at = sent_at - interval '25 hours' WHERE id = $1",
+    )
+    .bind(&id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(send(&pool, &meters, &correction).await, Reported::Sent);
+    assert_eq!(
+        report(&pool, &correction).await.how.as_deref(),
+        Some("compensate")
+    );
+    assert!(fake.adjustments().is_empty());
+    assert_eq!(fake.total("cus_window"), 0.0, "6 and its compensation");
 }

@@ -846,12 +846,11 @@ impl shared::providers::meter::Meter for Compensating {
         self.0.dedupe()
     }
 
-    fn holds<'a>(
+    fn minute_total<'a>(
         &'a self,
         report: &'a shared::domain::meter::MeterReport,
-        others: i64,
-    ) -> BoxFuture<'a, anyhow::Result<Option<bool>>> {
-        self.0.holds(report, others)
+    ) -> BoxFuture<'a, anyhow::Result<Option<f64>>> {
+        self.0.minute_total(report)
     }
 }
 
@@ -1742,6 +1741,7 @@ impl World {
                 first_sent_at: None,
                 unanswered: false,
                 take_back: None,
+                send_key: None,
             };
             let meter = SimMeter::meter(&self._meter_server);
             let sent = meter.send(&report).await;
@@ -2137,6 +2137,7 @@ impl World {
             correction: Option<String>,
             correction_status: Option<String>,
             how: Option<String>,
+            correction_id: Option<String>,
         }
         let debits: Vec<Told> = sqlx::query_as(
             "SELECT d.source, d.customer_id, d.idempotency_key, d.usage_id, d.amount, d.accepted,
@@ -2146,7 +2147,8 @@ impl World {
                     r.identifier, r.status,
                     (SELECT count(*) FROM meter_reports c
                      WHERE c.usage_id = d.usage_id AND c.kind = 'correction') AS corrections,
-                    c.identifier AS correction, c.status AS correction_status, c.how
+                    c.identifier AS correction, c.status AS correction_status, c.how,
+                    c.id AS correction_id
              FROM usage_debits d
              LEFT JOIN meter_reports r ON r.usage_id = d.usage_id AND r.kind = 'report'
              LEFT JOIN meter_reports c ON c.usage_id = d.usage_id AND c.kind = 'correction'
@@ -2198,8 +2200,16 @@ impl World {
                 }
                 // Held once, taken back once: cancelled, or compensated.
                 (true, Some("sent")) => {
+                    // Cancelled by an attempt of the correction: its `Idempotency-Key` is the
+                    // correction's id and the attempt's number.
+                    let by_correction = cancelled.get(&identifier).is_some_and(|key| {
+                        d.correction_id
+                            .as_deref()
+                            .is_some_and(|id| key.starts_with(&format!("{id}-")))
+                    });
                     let cancel = d.how.as_deref() == Some("cancel")
-                        && at_meter(&identifier) == (Some(&full), Some(&undo))
+                        && held.get(&identifier) == Some(&full)
+                        && by_correction
                         && at_meter(&undo) == (None, None);
                     let compensate = d.how.as_deref() == Some("compensate")
                         && at_meter(&identifier) == (Some(&full), None)

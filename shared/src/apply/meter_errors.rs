@@ -3,9 +3,10 @@
 //! `v1.billing.meter.no_meter_found`). What it says is told by the notice or read from the
 //! provider (`Reads::meter_errors`); the reports it names by identifier are marked with the
 //! provider's reason and made dead, for an operator to see and replay once the cause is fixed,
-//! and `MeterErrorReports` counts the errors per source, which an alarm watches. The notice is
-//! about no account: it finishes as applied, or ignored when it names none of this store's
-//! reports.
+//! and `MeterErrorReports` counts the errors per source, which an alarm watches. A report sent
+//! again after the notice's time (an operator fixed the cause and replayed it) is not marked:
+//! the notice, replayed, speaks only of the sends before it. The notice is about no account:
+//! it finishes as applied, or ignored when it names none of this store's reports.
 
 use chrono::Utc;
 use serde_json::{json, Value};
@@ -40,14 +41,19 @@ pub(super) async fn carried(
             ))
         }
     };
-    let marked = outbox::mark_provider_errors(conn, &event.source, &said.samples).await?;
+    let notice_at = event.occurred_at.as_ref().map(|t| t.as_datetime());
+    let marked =
+        outbox::mark_provider_errors(conn, &event.source, &said.samples, notice_at).await?;
     crate::platform::metrics::emit(meter_errors_metric(
         &event.source,
         said.error_count,
         Utc::now(),
     ));
     let (status, named) = match marked.len() {
-        0 => (EventStatus::Ignored, "none of them this store's".to_owned()),
+        0 => (
+            EventStatus::Ignored,
+            "none of them this store's, or sent again since".to_owned(),
+        ),
         n => (
             EventStatus::Applied,
             format!("{n} marked dead: {}", marked.join(", ")),

@@ -79,6 +79,10 @@ pub struct MeterReport {
     /// `Some` for a correction: how it takes back the value of the report it corrects
     /// (`value` is that report's).
     pub take_back: Option<TakeBack>,
+    /// This attempt's key for the provider's idempotency layer (`None`: a send outside a
+    /// claim). Never the dedupe key: Stripe replays the first answer to a key for 24 hours,
+    /// 500s included, so a key reused by a later attempt gets an earlier attempt's failure.
+    pub send_key: Option<String>,
 }
 
 impl MeterReport {

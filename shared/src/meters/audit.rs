@@ -1,7 +1,8 @@
 //! The meter audit (docs/design.md §4.13a): per account, meter and UTC month, the value of the
 //! reports sent compared with the total the provider's meter counts over the same window. A
-//! difference is recorded in `meter_audit_differences` and alerted once, seen again for as
-//! long as it lasts, and resolved when the totals agree again.
+//! difference is recorded in `meter_audit_differences` and alerted once, naming the reports of
+//! the window that died where the provider may hold them, seen again for as long as it lasts,
+//! and resolved when the totals agree again.
 //!
 //! A provider counts what it took asynchronously (Stripe's summaries lag), so only settled
 //! windows are compared: from the month's start to [`SETTLE`] before now (to the provider's
@@ -151,10 +152,11 @@ pub async fn run(
             }
         } else if record(pool, &candidate, ours, theirs).await? {
             found.new += 1;
+            let maybe_held = maybe_held(pool, &candidate, start, end).await?;
             tracing::error!(
                 alert = "meter_difference", source = %candidate.source,
                 customer_id = %candidate.customer_id, meter = %candidate.meter,
-                period = %candidate.period, ours, theirs,
+                period = %candidate.period, ours, theirs, maybe_held = %maybe_held,
                 "the provider's meter counts a different total than the reports sent to it"
             );
         }
@@ -267,6 +269,40 @@ async fn sum_sent(
     .await
     .context("summing sent meter reports")?;
     Ok((row.unsettled == 0).then_some(row.sent))
+}
+
+/// The reports of the window that died where the provider may hold them (an unanswered send,
+/// a read-back that could not tell, a provider's error notice), with their values: what may
+/// explain a difference, named beside it for the operator who replays or withdraws them.
+async fn maybe_held(
+    pool: &PgPool,
+    c: &Candidate,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+) -> anyhow::Result<String> {
+    let rows = sqlx::query!(
+        r#"
+        SELECT id, CASE kind WHEN 'correction' THEN -value ELSE value END AS "value!"
+        FROM meter_reports
+        WHERE source = $1 AND customer_id = $2 AND meter = $3
+          AND occurred_at >= $4 AND occurred_at < $5
+          AND status = 'dead' AND (unanswered_at IS NOT NULL OR sent_at IS NOT NULL)
+        ORDER BY occurred_at, id LIMIT 20
+        "#,
+        c.source,
+        c.customer_id,
+        c.meter,
+        start,
+        end,
+    )
+    .fetch_all(exec(pool))
+    .await
+    .context("naming the reports that may explain a meter difference")?;
+    Ok(rows
+        .iter()
+        .map(|r| format!("{} ({})", r.id, r.value))
+        .collect::<Vec<_>>()
+        .join(", "))
 }
 
 /// Records a difference: a new one (true), or one still open seen again.

@@ -6,7 +6,9 @@
 //!  inbox_debit ──▶ pending ──claim──▶ (held) ──record──▶ sent
 //!                   ▲   ▲                │
 //!                   │   └── retry due ───┘ not taken, or unanswered: later (dead after the
-//!                   │                      last attempt); refused: dead at once
+//!                   │                      last attempt); refused: dead at once; waiting (for
+//!                   │                      other reports to settle): later, no attempt spent,
+//!                   │                      armed again when they settle
 //!                   └────── replay (dead) ◀─────────────────────
 //!
 //!  inbox_reverse_debit ──▶ the report withdrawn (never went out), or a correction born
@@ -87,7 +89,9 @@ pub struct Corrected {
 /// is running; the attempt's start is its first send's when it has none yet (the start of the
 /// provider's dedupe window, never later than the provider's own). A hold that expired
 /// unrecorded was a holder that stopped, perhaps after its send: the report is taken as one
-/// the provider may hold. Commits at once.
+/// the provider may hold. The attempt gets a key of its own for the provider's idempotency
+/// layer, but for a cancel adjustment that may have landed, which is sent again as the same
+/// request. Commits at once.
 pub async fn claim(
     pool: &PgPool,
     id: &str,
@@ -100,7 +104,12 @@ pub async fn claim(
             first_sent_at = COALESCE(r.first_sent_at, inbox_now()),
             unanswered_at = CASE WHEN r.locked_until IS NOT NULL
                                  THEN COALESCE(r.unanswered_at, r.locked_until)
-                                 ELSE r.unanswered_at END
+                                 ELSE r.unanswered_at END,
+            sends = r.sends + 1, last_sent_at = inbox_now(),
+            send_key = CASE WHEN r.how = 'cancel' AND r.send_key IS NOT NULL
+                             AND (r.unanswered_at IS NOT NULL OR r.locked_until IS NOT NULL)
+                            THEN r.send_key
+                            ELSE r.id || '-' || (r.sends + 1) END
         WHERE r.id = (
             SELECT id FROM meter_reports
             WHERE id = $1 AND status = 'pending' AND attempts < $3
@@ -110,7 +119,7 @@ pub async fn claim(
         )
         RETURNING r.id, r.source, r.customer_id, r.identifier, r.meter, r.value, r.occurred_at,
                   r.first_sent_at AS "first_sent_at!", r.unanswered_at, r.attempts, r.corrects,
-                  r.how
+                  r.how, r.send_key AS "send_key!"
         "#,
         id,
         lease.as_secs_f64(),
@@ -139,6 +148,7 @@ pub async fn claim(
             first_sent_at: Some(row.first_sent_at),
             unanswered: row.unanswered_at.is_some(),
             take_back: None,
+            send_key: Some(row.send_key),
         },
         attempts: row.attempts,
         corrects,
@@ -174,16 +184,18 @@ async fn corrected_report(
     })
 }
 
-/// Keeps the way a correction takes its report back, chosen at its first attempt: every later
-/// attempt is the same request. Returns the way kept (an earlier holder's, if it chose).
-pub async fn keep_how(pool: &PgPool, claimed: &Claimed, how: &str) -> Result<String, sqlx::Error> {
-    sqlx::query_scalar!(
-        r#"UPDATE meter_reports SET how = COALESCE(how, $2) WHERE id = $1 RETURNING how AS "how!""#,
+/// Keeps the way this attempt of a correction takes its report back, before it is sent:
+/// once an attempt may have reached the provider, every later one is the same request.
+pub async fn keep_how(pool: &PgPool, claimed: &Claimed, how: &str) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "UPDATE meter_reports SET how = $2 WHERE id = $1 AND attempts = $3",
         claimed.report.id,
         how,
+        claimed.attempts,
     )
-    .fetch_one(exec(pool))
-    .await
+    .execute(exec(pool))
+    .await?;
+    Ok(())
 }
 
 /// What an attempt came to, as it is recorded.
@@ -201,9 +213,14 @@ pub enum Outcome {
     /// A correction with nothing to take back: the report it corrects never reached the
     /// provider (which is withdrawn with it).
     Withdrawn(String),
+    /// Not tried: it waits for other reports to settle (a correction for its report; a
+    /// read-back for the other reports of its minute). Not an attempt: it is armed again when
+    /// they settle, or after the longest retry wait.
+    Waits(String),
 }
 
-/// Records an attempt; only the holder's record lands. Returns the status it left.
+/// Records an attempt; only the holder's record lands. Returns the status it left. A report
+/// settled (sent, dead or withdrawn) arms again what waited for it.
 pub async fn record(
     pool: &PgPool,
     claimed: &Claimed,
@@ -215,6 +232,7 @@ pub async fn record(
         Outcome::Taken => (ReportStatus::Sent, None, false),
         Outcome::Withdrawn(e) => (ReportStatus::Withdrawn, Some(e), false),
         Outcome::Refused(e) => (ReportStatus::Dead, Some(e), false),
+        Outcome::Waits(e) => (ReportStatus::Pending, Some(e), false),
         Outcome::NotTaken(e) | Outcome::Unanswered(e) => (
             match delay {
                 Some(_) => ReportStatus::Pending,
@@ -228,13 +246,22 @@ pub async fn record(
         tracing::warn!(report_id = %claimed.report.id, attempts = claimed.attempts,
             status = status.as_str(), error = %error, "meter report not sent");
     }
+    let waits = matches!(outcome, Outcome::Waits(_));
+    // A wait gives its attempt back and comes again after the longest retry wait at the
+    // latest (what it waits for arms it sooner).
+    let delay = match waits {
+        true => retry.wait_after(RetryPolicy::MAX_ATTEMPTS - 1),
+        false => delay,
+    };
     sqlx::query!(
         r#"
         UPDATE meter_reports
         SET status = $2, last_error = COALESCE($3, last_error), locked_until = NULL,
             next_attempt_at = CASE WHEN $2 = 'pending' THEN inbox_now() + make_interval(secs => $4) END,
             sent_at = CASE WHEN $2 = 'sent' THEN inbox_now() END,
-            unanswered_at = CASE WHEN $5 THEN COALESCE(unanswered_at, inbox_now()) ELSE unanswered_at END
+            unanswered_at = CASE WHEN $5 THEN COALESCE(unanswered_at, inbox_now()) ELSE unanswered_at END,
+            attempts = CASE WHEN $7 THEN attempts - 1 ELSE attempts END,
+            waiting_since = CASE WHEN $7 THEN COALESCE(waiting_since, inbox_now()) END
         WHERE id = $1 AND status = 'pending' AND attempts = $6
         "#,
         claimed.report.id,
@@ -243,6 +270,7 @@ pub async fn record(
         delay.map(|d| d.as_secs_f64()).unwrap_or_default(),
         unanswered,
         claimed.attempts,
+        waits,
     )
     .execute(exec(pool))
     .await?;
@@ -261,16 +289,60 @@ pub async fn record(
         .execute(exec(pool))
         .await?;
     }
+    if status != ReportStatus::Pending {
+        arm_waiting(pool, &claimed.report.id, status).await?;
+    }
     Ok(status)
 }
 
+/// What waited for a report that is settled now is due at once: its correction, and the
+/// reports of its minute waiting to be read back. A report the provider took arms again a
+/// correction of it that died before reaching the provider (it died beside a report that
+/// may have been held; an operator replayed the report): a reversed debit is never left
+/// billed.
+async fn arm_waiting(pool: &PgPool, id: &str, status: ReportStatus) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        r#"
+        UPDATE meter_reports w SET next_attempt_at = inbox_now()
+        FROM meter_reports s
+        WHERE s.id = $1 AND w.id <> s.id AND w.status = 'pending'
+          AND w.waiting_since IS NOT NULL
+          AND (w.corrects = s.id
+               OR (w.source = s.source AND w.customer_id = s.customer_id AND w.meter = s.meter
+                   AND date_trunc('minute', w.occurred_at) = date_trunc('minute', s.occurred_at)))
+        "#,
+        id,
+    )
+    .execute(exec(pool))
+    .await?;
+    if status == ReportStatus::Sent {
+        sqlx::query!(
+            r#"
+            UPDATE meter_reports
+            SET status = 'pending', attempts = 0, next_attempt_at = NULL, locked_until = NULL,
+                alerted_at = NULL, enqueued_at = NULL,
+                last_error = COALESCE(last_error || '; ', '')
+                             || 'armed again: the report it corrects is sent'
+            WHERE corrects = $1 AND status = 'dead' AND sent_at IS NULL AND unanswered_at IS NULL
+            "#,
+            id,
+        )
+        .execute(exec(pool))
+        .await?;
+    }
+    Ok(())
+}
+
 /// Marks the reports of `source` that the provider named as not counted (its samples, by
-/// identifier): the provider's reason kept, the report dead and alerted anew. Returns their
-/// ids.
+/// the report's identifier or by the `Idempotency-Key` of an attempt of it, which begins with
+/// the report's id): the provider's reason kept, the report dead and alerted anew. A report
+/// sent again since the notice (`notice_at`, the notice's own time), as an operator's replay
+/// sends it, is left alone: the notice speaks of an earlier send. Returns their ids.
 pub async fn mark_provider_errors(
     conn: &mut PgConnection,
     source: &str,
     samples: &[crate::providers::MeterErrorSample],
+    notice_at: Option<DateTime<Utc>>,
 ) -> Result<Vec<String>, sqlx::Error> {
     let identifiers: Vec<&str> = samples.iter().map(|s| s.identifier.as_str()).collect();
     let reasons: Vec<String> = samples
@@ -284,29 +356,52 @@ pub async fn mark_provider_errors(
             locked_until = NULL, next_attempt_at = NULL, alerted_at = NULL,
             last_error = 'the provider could not count it: ' || e.reason
         FROM unnest($2::text[], $3::text[]) AS e(identifier, reason)
-        WHERE r.source = $1 AND r.identifier = e.identifier
+        WHERE r.source = $1
+          AND (r.identifier = e.identifier OR r.id = split_part(e.identifier, '-', 1))
+          AND ($4::timestamptz IS NULL
+               OR COALESCE(r.last_sent_at, r.sent_at, r.first_sent_at) IS NULL
+               OR COALESCE(r.last_sent_at, r.sent_at, r.first_sent_at) <= $4)
         RETURNING r.id
         "#,
         source,
         &identifiers as &[&str],
         &reasons,
+        notice_at,
     )
     .fetch_all(exec(conn))
     .await
 }
 
-/// The value of this account's other reports to the same meter the provider took, timed in
-/// the same minute as `report`, less the corrections it took there (an adjustment's
-/// cancelled report no longer counts; a compensating report counts its negative value): what
-/// a provider that reads back totals counts besides it.
-pub async fn others_in_minute(pool: &PgPool, report: &MeterReport) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar!(
+/// Another report of the same account, meter and minute as one being read back, as it
+/// stands (`meters::read_back` decides what the provider's total of the minute holds of it).
+#[derive(Debug, Clone)]
+pub struct MinuteOther {
+    pub id: String,
+    /// As the provider's meter adds it: a correction's is negative.
+    pub value: i64,
+    pub status: ReportStatus,
+    /// When its first send went out, and whether a send of it went unanswered.
+    pub first_sent_at: Option<DateTime<Utc>>,
+    pub unanswered: bool,
+    /// When the provider took it (`sent`).
+    pub sent_at: Option<DateTime<Utc>>,
+}
+
+/// This account's other reports to the same meter timed in the same minute as `report`,
+/// corrections included but those of `report` itself (they wait for it).
+pub async fn minute_others(
+    pool: &PgPool,
+    report: &MeterReport,
+) -> Result<Vec<MinuteOther>, sqlx::Error> {
+    let rows = sqlx::query!(
         r#"
-        SELECT COALESCE(sum(CASE kind WHEN 'correction' THEN -value ELSE value END), 0)::bigint
-                   AS "total!"
+        SELECT id, CASE kind WHEN 'correction' THEN -value ELSE value END AS "value!", status,
+               first_sent_at, unanswered_at IS NOT NULL AS "unanswered!", sent_at
         FROM meter_reports
-        WHERE source = $1 AND customer_id = $2 AND meter = $3 AND id <> $4 AND status = 'sent'
+        WHERE source = $1 AND customer_id = $2 AND meter = $3 AND id <> $4
+          AND corrects IS DISTINCT FROM $4
           AND date_trunc('minute', occurred_at) = date_trunc('minute', $5::timestamptz)
+        ORDER BY id
         "#,
         report.source,
         report.customer.as_str(),
@@ -314,8 +409,23 @@ pub async fn others_in_minute(pool: &PgPool, report: &MeterReport) -> Result<i64
         report.id,
         report.occurred_at,
     )
-    .fetch_one(exec(pool))
-    .await
+    .fetch_all(exec(pool))
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            let status = ReportStatus::parse(&r.status).ok_or_else(|| {
+                sqlx::Error::Decode(format!("meter report {}: status '{}'", r.id, r.status).into())
+            })?;
+            Ok(MinuteOther {
+                id: r.id,
+                value: r.value,
+                status,
+                first_sent_at: r.first_sent_at,
+                unanswered: r.unanswered,
+                sent_at: r.sent_at,
+            })
+        })
+        .collect()
 }
 
 /// Sends report ids to the dispatcher's queue; what the queue refused is unmarked, so the

@@ -55,15 +55,14 @@ pub trait Meter: Send + Sync {
         None
     }
 
-    /// Whether the provider holds this report, read back: `Ok(None)` when it cannot tell.
-    /// `others` is what the provider should count besides it in the same place (the value of
-    /// this account's other reports taken at the same minute), for a provider that reads
-    /// back totals rather than reports.
-    fn holds<'a>(
+    /// The provider's total for the report's customer over the report's UTC minute (Stripe's
+    /// event summaries), for a provider that reads back totals rather than reports;
+    /// `Ok(None)` when it cannot be read back. Whether the report is in it is decided with
+    /// the other reports of that minute (`meters::read_back`).
+    fn minute_total<'a>(
         &'a self,
         _report: &'a MeterReport,
-        _others: i64,
-    ) -> BoxFuture<'a, anyhow::Result<Option<bool>>> {
+    ) -> BoxFuture<'a, anyhow::Result<Option<f64>>> {
         Box::pin(std::future::ready(Ok(None)))
     }
 

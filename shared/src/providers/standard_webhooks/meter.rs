@@ -396,6 +396,7 @@ mod tests {
             first_sent_at: None,
             unanswered: false,
             take_back: None,
+            send_key: None,
         };
         assert_eq!(
             body("api_calls", &report),

@@ -1,24 +1,24 @@
 //! A debit told to a Stripe meter (docs/design.md §4.13): `POST /v1/billing/meter_events`
-//! with the report's `identifier` (Stripe dedupes it within a rolling 24 hours) and the same
-//! value as the request's `Idempotency-Key` (a retried request gets the first one's answer),
-//! `timestamp` the debit's second, `payload[stripe_customer_id]` the customer's id at Stripe
-//! (`cus_…`, or `acct_…` for a customer that is an Account) and `payload[value]` the amount;
-//! a connected account's customer's report is made as that account (`Stripe-Account`).
+//! with the report's `identifier` (Stripe dedupes it within a rolling 24 hours), `timestamp`
+//! the debit's second, `payload[stripe_customer_id]` the customer's id at Stripe (`cus_…`, or
+//! `acct_…` for a customer that is an Account) and `payload[value]` the amount; a connected
+//! account's customer's report is made as that account (`Stripe-Account`). The request's
+//! `Idempotency-Key` is the attempt's own (`MeterReport::send_key`), never the identifier:
+//! Stripe saves the first answer to a key for 24 hours, 500s included.
 //!
 //! A correction (a reversed debit's) within 24 hours of the report's receipt is Stripe's meter
 //! event adjustment, `POST /v1/billing/meter_event_adjustments` `{event_name, type: cancel,
 //! cancel[identifier]}` (stripe-node `types/Billing/MeterEventAdjustmentsResource.d.ts`: "You
-//! can only cancel events within 24 hours of Stripe receiving them"), under the correction's
-//! own identifier as its `Idempotency-Key`; after that, a meter event of the negative value
-//! under that identifier (Stripe: "You can also fix incorrectly recorded usage data by
-//! recording negative quantities").
+//! can only cancel events within 24 hours of Stripe receiving them"); after that, a meter
+//! event of the negative value under the correction's identifier (Stripe: "You can also fix
+//! incorrectly recorded usage data by recording negative quantities").
 //!
 //! A report whose send went unanswered more than a day ago is read back from the meter's event
 //! summaries (`GET /v1/billing/meters/{id}/event_summaries`, the meter found by its event name
-//! in `GET /v1/billing/meters`) before it is sent again: the minute of its timestamp holds it
-//! when Stripe's total there reaches this report's value beside the others taken at that minute.
-//! The meter audit reads the same summaries over a month (one summary: no grouping window),
-//! its end never past the current minute (Stripe takes only whole minutes).
+//! in `GET /v1/billing/meters`): the total of its minute, which `meters::read_back` explains
+//! with the other reports of that minute before it is sent again. The meter audit reads the
+//! same summaries over a month (one summary: no grouping window), its end never past the
+//! current minute (Stripe takes only whole minutes).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -92,12 +92,16 @@ impl StripeMeter {
             .post(format!("{}{path}", self.api.base_url))
             .bearer_auth(key)
             .header("Stripe-Version", FETCH_VERSION)
-            .header("Idempotency-Key", &report.identifier)
             .form(&form);
+        // This attempt's key, never the identifier: Stripe saves the first answer to a key
+        // for 24 hours, 500s included, and would give every later attempt that one.
+        if let Some(send_key) = &report.send_key {
+            request = request.header("Idempotency-Key", send_key);
+        }
         if let Some(account) = report.customer.connected_account() {
             request = request.header("Stripe-Account", account);
         }
-        answer(request.send().await, duplicate).await
+        answer(request.send().await, stripes_own).await
     }
 
     /// The meter's id: the active meter whose `event_name` is this source's, in the platform's
@@ -155,17 +159,14 @@ impl StripeMeter {
         }
     }
 
-    /// Whether Stripe counted the report: the meter's total for its customer over the report's
-    /// minute reaches its value beside the `others` taken in that minute.
-    async fn read_back(&self, report: &MeterReport, others: i64) -> anyhow::Result<Option<bool>> {
+    /// The meter's total for the report's customer over the report's minute.
+    async fn minute(&self, report: &MeterReport) -> anyhow::Result<Option<f64>> {
         let start = report
             .occurred_at
             .duration_trunc(TimeDelta::minutes(1))
             .map_err(|e| anyhow::anyhow!("the report's minute: {e}"))?;
-        let total = self
-            .summed(&report.customer, start, start + TimeDelta::minutes(1))
-            .await?;
-        Ok(total.map(|total| total >= (others + report.value) as f64))
+        self.summed(&report.customer, start, start + TimeDelta::minutes(1))
+            .await
     }
 
     /// The meter's total for the customer over `[start, end)`, both taken to the minute and
@@ -217,20 +218,36 @@ fn aggregated(summaries: &Value) -> f64 {
         .unwrap_or_default()
 }
 
-/// Stripe's answer to an `identifier` it holds already, within its window: a 400 whose
-/// error says so ("An event already exists with identifier …"; Stripe documents no code for
-/// it). Taken, not refused.
-fn duplicate(status: reqwest::StatusCode, body: &Value) -> Option<Sent> {
+/// What Stripe's answers say beyond the common reading:
+/// - a 400 saying the `identifier` is held already, within its window ("An event already
+///   exists with identifier …"; Stripe documents no code for it): taken, not refused;
+/// - a 409, the same `Idempotency-Key` still executing ("the request conflicted with another
+///   that was executing concurrently", Stripe's idempotent-requests reference): that request
+///   may yet land, so this one is unanswered, tried again;
+/// - a 400 `idempotency_error`, the key used before with other parameters: Stripe executed
+///   nothing, so it is not taken, tried again under the next attempt's key.
+fn stripes_own(status: reqwest::StatusCode, body: &Value) -> Option<Sent> {
     let code = body.pointer("/error/code").and_then(Value::as_str);
+    let kind = body.pointer("/error/type").and_then(Value::as_str);
     let message = body
         .pointer("/error/message")
         .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_ascii_lowercase();
-    let held = status.as_u16() == 400
-        && (code == Some("resource_already_exists")
-            || (message.contains("identifier") && message.contains("already")));
-    held.then_some(Sent::Taken)
+        .unwrap_or_default();
+    let lower = message.to_ascii_lowercase();
+    match status.as_u16() {
+        400 if code == Some("resource_already_exists")
+            || (lower.contains("identifier") && lower.contains("already")) =>
+        {
+            Some(Sent::Taken)
+        }
+        400 if kind == Some("idempotency_error") => {
+            Some(Sent::NotTaken(format!("400 idempotency_error: {message}")))
+        }
+        409 => Some(Sent::Unanswered(format!(
+            "409: the same key still executing at Stripe: {message}"
+        ))),
+        _ => None,
+    }
 }
 
 impl Meter for StripeMeter {
@@ -246,12 +263,11 @@ impl Meter for StripeMeter {
         Some(CANCEL_WINDOW)
     }
 
-    fn holds<'a>(
+    fn minute_total<'a>(
         &'a self,
         report: &'a MeterReport,
-        others: i64,
-    ) -> BoxFuture<'a, anyhow::Result<Option<bool>>> {
-        Box::pin(self.read_back(report, others))
+    ) -> BoxFuture<'a, anyhow::Result<Option<f64>>> {
+        Box::pin(self.minute(report))
     }
 
     fn total<'a>(
@@ -274,15 +290,31 @@ mod tests {
         let bad = reqwest::StatusCode::BAD_REQUEST;
         let held = json!({"error": {"type": "invalid_request_error",
             "message": "An event already exists with identifier bi_1."}});
-        assert_eq!(duplicate(bad, &held), Some(Sent::Taken));
+        assert_eq!(stripes_own(bad, &held), Some(Sent::Taken));
         let coded = json!({"error": {"code": "resource_already_exists", "message": "x"}});
-        assert_eq!(duplicate(bad, &coded), Some(Sent::Taken));
+        assert_eq!(stripes_own(bad, &coded), Some(Sent::Taken));
         let other =
             json!({"error": {"code": "resource_missing", "message": "No such customer: 'cus_1'"}});
-        assert_eq!(duplicate(bad, &other), None);
+        assert_eq!(stripes_own(bad, &other), None);
         assert_eq!(
-            duplicate(reqwest::StatusCode::INTERNAL_SERVER_ERROR, &held),
+            stripes_own(reqwest::StatusCode::INTERNAL_SERVER_ERROR, &held),
             None
         );
+    }
+
+    #[test]
+    fn a_key_still_executing_is_tried_again_and_one_used_with_other_parameters_was_not_taken() {
+        let executing = json!({"error": {"type": "idempotency_error",
+            "message": "There is currently another in-progress request using this Idempotent Key."}});
+        assert!(matches!(
+            stripes_own(reqwest::StatusCode::CONFLICT, &executing),
+            Some(Sent::Unanswered(_))
+        ));
+        let reused = json!({"error": {"type": "idempotency_error",
+            "message": "Keys for idempotent requests can only be used with the same parameters they were first used with."}});
+        assert!(matches!(
+            stripes_own(reqwest::StatusCode::BAD_REQUEST, &reused),
+            Some(Sent::NotTaken(_))
+        ));
     }
 }
