@@ -231,7 +231,8 @@ async fn sweep_page(
         let Some(snapshot) = provider.read_as_event(&read, subscription) else {
             continue;
         };
-        let kept = sweep::store_read(&mut tx, &event.source, &snapshot.body, &snapshot.event)
+        let (body, verified) = (&snapshot.body, &snapshot.event);
+        let kept = sweep::store_read(&mut tx, &event.source, body, verified, event.id)
             .await
             .map_err(|e| ApplyError::Fetch(format!("storing a swept subscription: {e}")))?;
         if kept.verdict == crate::domain::Verdict::Stored {
