@@ -297,8 +297,8 @@ async fn a_sweep_longer_than_its_budget_goes_on_from_its_place_until_every_subsc
         .mount(&api)
         .await;
     // Most registers show what the provider lists; every 50th subscription has none, and
-    // every 50th another status, written after the notice (a read at the notice's time
-    // cannot move it).
+    // every 50th another status, written after the notice. Every one is stored as a read,
+    // whatever its register holds (what is stored does not depend on the events' order).
     sqlx::query("INSERT INTO accounts (source, customer_id) VALUES ('stripe', 'cus_SweepKnown')")
         .execute(&app.pool)
         .await
@@ -354,7 +354,7 @@ async fn a_sweep_longer_than_its_budget_goes_on_from_its_place_until_every_subsc
     };
     assert!(attempts > 2, "the sweep took several attempts ({attempts})");
     assert!(
-        reason.contains("swept 5000 subscriptions in 50 pages: 100 differ from their registers, 100 stored as reads"),
+        reason.contains("swept 5000 subscriptions in 50 pages: 200 differ from their registers, 5000 stored as reads"),
         "{reason}"
     );
     // Every page read once, each from where the one before ended; the event once.
@@ -386,14 +386,10 @@ async fn a_sweep_longer_than_its_budget_goes_on_from_its_place_until_every_subsc
     .fetch_all(&app.pool)
     .await
     .unwrap();
-    let unknown: Vec<String> = (0..5_000)
-        .step_by(50)
+    let listed: Vec<String> = (0..5_000)
         .map(|n| format!("read:{ID}:sub_1Sweep{n:06}"))
         .collect();
-    assert_eq!(
-        reads, unknown,
-        "a read of each subscription with no register"
-    );
+    assert_eq!(reads, listed, "a read of each subscription listed, once");
 }
 
 /// The first instant of the month `now` is in.
@@ -473,4 +469,113 @@ async fn a_sweeps_reads_are_left_unmarked_for_the_rescue_to_send_a_minute_later(
         .unwrap();
     let rescued = shared::inbox::rescue::mark_lost(&app.pool).await.unwrap();
     assert_eq!(rescued, vec![read_id]);
+}
+
+/// The reads a sweep stored, applied as the rescue's send would bring them.
+async fn apply_swept_reads(app: &TestApp) {
+    let reads: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM inbox_events WHERE dedupe_key LIKE 'read:%' AND status = 'received'
+         ORDER BY id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    for id in reads {
+        let applied = process_event(&app.worker, id).await.unwrap();
+        assert!(
+            matches!(&applied, Processed::Finished { .. }),
+            "{applied:?}"
+        );
+    }
+}
+
+/// A change of the subscription at 23:59:00 on October 31 (a snapshot event) and a notice
+/// that names no object at 00:00:30 on November 1, whose sweep lists the subscription as the
+/// change left it, delivered and applied in the order asked: the account's ledger by period,
+/// its subscription's status and plan, and what the audit finds.
+async fn change_and_notice_across_a_month(
+    pool: PgPool,
+    change_first: bool,
+) -> (Vec<(String, i64)>, (String, String), usize) {
+    let (app, api) = app_with_api(pool).await;
+    let sent = "2026-11-01T00:00:30.000Z";
+    let mut notice = notification();
+    notice["created"] = json!(sent);
+    let mut event = v2_event(None);
+    event["created"] = json!(sent);
+    serves_event(&api, event).await;
+    Mock::given(method("GET"))
+        .and(path("/v1/subscriptions"))
+        .and(query_param("status", "all"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(
+            json!({"object": "list", "data": [subscription(SUB)], "has_more": false}),
+        ))
+        .mount(&api)
+        .await;
+    let changed_at = chrono::DateTime::parse_from_rfc3339("2026-10-31T23:59:00Z").unwrap();
+    let change = json!({
+        "id": "evt_1ChangeBeforeNov0001", "object": "event", "api_version": "2025-03-31.basil",
+        "created": changed_at.timestamp(), "livemode": false, "pending_webhooks": 1,
+        "type": "customer.subscription.updated", "data": {"object": subscription(SUB)}
+    });
+    let deliveries = match change_first {
+        true => [change, notice],
+        false => [notice, change],
+    };
+    for delivery in &deliveries {
+        let (status, body) = app.post("stripe", &stripe_delivery(delivery)).await;
+        assert_eq!(status, http::StatusCode::OK, "{body}");
+        app.run_worker().await;
+        apply_swept_reads(&app).await;
+    }
+    let ledger: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT period, sum(delta)::bigint FROM ledger WHERE customer_id = $1
+         GROUP BY period ORDER BY period",
+    )
+    .bind(CUSTOMER)
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    let account = app.account("stripe", CUSTOMER, "2026-11").await;
+    let subscription = (
+        account.subscriptions[0].status.clone(),
+        account.plan.clone(),
+    );
+    (ledger, subscription, app.audit().await.divergent.len())
+}
+
+/// Regression: a sweep stored a subscription's read only where its register did not show what
+/// Stripe lists, so what was stored depended on whether the subscription's own change came
+/// first. The change at 23:59:00 on October 31 first, the sweep found the register matching
+/// and stored nothing: `[(2026-10, 500)]`; the notice first, it stored the read, which granted
+/// November at the notice's time: `[(2026-10, 500), (2026-11, 500)]`. Every listed
+/// subscription is stored, so both orders store the same reads and end the same.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_change_before_the_month_began_then_a_sweep_after_it_store_what_the_other_order_does(
+    pool: PgPool,
+) {
+    let ended = change_and_notice_across_a_month(pool, true).await;
+    assert_eq!(
+        ended,
+        (
+            vec![("2026-10".to_owned(), 500), ("2026-11".to_owned(), 500)],
+            ("active".to_owned(), "pro".to_owned()),
+            0
+        )
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_sweep_after_the_month_began_then_the_change_before_it_store_what_the_other_order_does(
+    pool: PgPool,
+) {
+    let ended = change_and_notice_across_a_month(pool, false).await;
+    assert_eq!(
+        ended,
+        (
+            vec![("2026-10".to_owned(), 500), ("2026-11".to_owned(), 500)],
+            ("active".to_owned(), "pro".to_owned()),
+            0
+        )
+    );
 }

@@ -335,3 +335,140 @@ async fn a_lemonsqueezy_subscription_read_that_fails_is_retried_then_grants_its_
     );
     assert_eq!(requests(&api).await, 2);
 }
+
+/// Ages every stored row past a 30-day retention and purges, as the scheduler does.
+pub(crate) async fn purge_after_retention(app: &TestApp) -> u64 {
+    sqlx::query("UPDATE inbox_events SET received_at = now() - interval '40 days'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let retention = std::time::Duration::from_secs(30 * 86_400);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    shared::inbox::purge::purge(&app.pool, retention, deadline)
+        .await
+        .unwrap()
+}
+
+/// Whether a register, a grant, an intent or a tombstone names the event `id` (what the purge
+/// keeps for itself, docs/design.md §3.9).
+pub(crate) async fn named_by_state(app: &TestApp, id: i64) -> bool {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM subscriptions WHERE event_id = $1)
+             OR EXISTS (SELECT 1 FROM payments WHERE event_id = $1)
+             OR EXISTS (SELECT 1 FROM ledger WHERE event_id = $1)
+             OR EXISTS (SELECT 1 FROM customer_plans WHERE event_id = $1)
+             OR EXISTS (SELECT 1 FROM customer_standing WHERE event_id = $1)",
+    )
+    .bind(id)
+    .fetch_one(&app.pool)
+    .await
+    .unwrap()
+}
+
+/// Regression: the purge found a read's event by parsing the read's key (`read:<key>:<object>`
+/// cut at its first `:`), and a Lemon Squeezy key holds `:` itself. Once the subscription's
+/// register moved on, the read that decided the payment's plan was purged while the payment
+/// (its grant names it) was kept: `why` lost the grant's decider and the audit found
+/// `allowance:2025-11` stored 500, folded nothing, for good. The read names its event's row.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_lemonsqueezy_payments_subscription_read_is_kept_across_a_purge_with_the_payment(
+    pool: PgPool,
+) {
+    let (app, api) = lemonsqueezy_app(pool).await;
+    Mock::given(method("GET"))
+        .and(path("/v1/subscriptions/1"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(file("lemonsqueezy/api/subscription.get.json")),
+        )
+        .mount(&api)
+        .await;
+    let payment = corpus_file("lemonsqueezy", "subscription_payment_success");
+    send_one(&app, "lemonsqueezy", "payment", &payment).await;
+    let payment_key = shared::providers::lemonsqueezy::dedupe_key(&payment).unwrap();
+    let payment_id = app.event_id("lemonsqueezy", payment_key.as_str()).await;
+    let read_key = format!("read:{}:1", payment_key.as_str());
+    let read_id = app.event_id("lemonsqueezy", &read_key).await;
+    assert_eq!(app.event(read_id).await.status, "applied");
+    // The subscription's own later change (past due, 2025-12-01) takes its register from the
+    // read: nothing but the payment it was made for keeps the read now.
+    let updated = corpus_file("lemonsqueezy", "subscription_updated");
+    send_one(&app, "lemonsqueezy", "updated", &updated).await;
+    assert!(!named_by_state(&app, read_id).await);
+    assert!(named_by_state(&app, payment_id).await);
+    fold_agrees(&app, "lemonsqueezy", "1", "2025-11", read_id).await;
+
+    purge_after_retention(&app).await;
+    let kept: Vec<String> =
+        sqlx::query_scalar("SELECT dedupe_key FROM inbox_events WHERE id = ANY($1) ORDER BY id")
+            .bind([payment_id, read_id])
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        kept,
+        vec![payment_key.as_str().to_owned(), read_key],
+        "the payment its grant names, and the read made for it"
+    );
+    // `why` still names the read as the grant's decider, and the audit holds.
+    fold_agrees(&app, "lemonsqueezy", "1", "2025-11", read_id).await;
+}
+
+/// A store from before reads named their event: the migration that adds the column finds each
+/// read's event by its key, the key without `read:`, else without its last `:<object>` too, so
+/// that a Lemon Squeezy payment's read, a thin invoice's subscription read and a sweep's read
+/// name their event as a thin event's read does; a read whose event is gone names none.
+#[sqlx::test(migrations = false)]
+async fn the_reads_stored_before_name_their_event_once_migrated(pool: PgPool) {
+    const MADE_FOR: i64 = 20261214110001;
+    for migration in shared::MIGRATOR.iter().filter(|m| m.version < MADE_FOR) {
+        sqlx::raw_sql(&migration.sql).execute(&pool).await.unwrap();
+    }
+    let ls =
+        "subscription_payment_success:subscription-invoices:1:2025-11-01T10:00:02.000000Z:bd82";
+    let rows = [
+        ("lemonsqueezy", ls.to_owned()),
+        ("lemonsqueezy", format!("read:{ls}:1")),
+        ("stripe", "evt_thin".to_owned()),
+        ("stripe", "read:evt_thin".to_owned()),
+        ("stripe", "read:read:evt_thin:sub_1".to_owned()),
+        ("stripe", "evt_notice".to_owned()),
+        ("stripe", "read:evt_notice:sub_2".to_owned()),
+        ("stripe", "read:evt_purged:sub_3".to_owned()),
+    ];
+    for (source, key) in &rows {
+        sqlx::query(
+            "INSERT INTO inbox_events (source, dedupe_key, type, raw_body, payload_hash)
+             VALUES ($1, $2, 'test', '', sha256($2::bytea))",
+        )
+        .bind(source)
+        .bind(key)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let migration = shared::MIGRATOR
+        .iter()
+        .find(|m| m.version == MADE_FOR)
+        .unwrap();
+    sqlx::raw_sql(&migration.sql).execute(&pool).await.unwrap();
+    let named: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT r.dedupe_key, m.dedupe_key FROM inbox_events r
+         LEFT JOIN inbox_events m ON m.id = r.made_for
+         WHERE r.dedupe_key LIKE 'read:%' ORDER BY r.id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let of = |key: &str| Some(key.to_owned());
+    assert_eq!(
+        named,
+        vec![
+            (format!("read:{ls}:1"), of(ls)),
+            ("read:evt_thin".to_owned(), of("evt_thin")),
+            ("read:read:evt_thin:sub_1".to_owned(), of("read:evt_thin")),
+            ("read:evt_notice:sub_2".to_owned(), of("evt_notice")),
+            ("read:evt_purged:sub_3".to_owned(), None),
+        ]
+    );
+}

@@ -621,3 +621,95 @@ async fn a_thin_event_whose_read_an_older_purge_took_is_not_read_again_by_a_repl
         ("pro", "active")
     );
 }
+
+/// A basil corpus file's event (testdata/providers/stripe/basil/).
+fn basil(name: &str) -> Value {
+    corpus("stripe/basil")
+        .into_iter()
+        .find(|(file, _)| file == name)
+        .unwrap()
+        .1
+}
+
+/// Regression: a thin `v1.invoice.paid` whose invoice names no known price reads its
+/// subscription for the plan, and that read is made for a read (`read:read:evt_…:sub_…`).
+/// The purge found a read's event by cutting its key at the first `:` after `read:`, here
+/// `read`, found none, and purged the subscription read once the subscription's register had
+/// moved on, while the thin event (the payment and the grant name it) and its invoice read were
+/// kept: the audit found `allowance:2025-12` stored 500, folded nothing, for good. The read
+/// names its event's row.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_thin_invoices_subscription_read_is_kept_across_a_purge_with_the_thin_event(
+    pool: PgPool,
+) {
+    let (app, api) = app_with_api(pool).await;
+    let paid = basil("invoice.paid");
+    let mut invoice = paid["data"]["object"].clone();
+    // A price the catalog does not know (retired from it): the plan is the subscription's.
+    invoice["lines"]["data"][0]["pricing"]["price_details"]["price"] = json!("price_1Retired0001");
+    let invoice_id = invoice["id"].as_str().unwrap().to_owned();
+    let subscription = basil("customer.subscription.updated")["data"]["object"].clone();
+    let sub = subscription["id"].as_str().unwrap().to_owned();
+    let customer = subscription["customer"].as_str().unwrap().to_owned();
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/invoices/{invoice_id}")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(invoice))
+        .mount(&api)
+        .await;
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/subscriptions/{sub}")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(subscription))
+        .mount(&api)
+        .await;
+    let thin_id = "evt_test_65ThinInvoicePaid0001";
+    let thin = json!({
+        "id": thin_id, "object": "v2.core.event", "type": "v1.invoice.paid",
+        "livemode": false, "created": "2025-12-01T00:00:01.000Z", "context": null,
+        "reason": null,
+        "related_object": {"id": invoice_id, "type": "invoice",
+                           "url": format!("/v1/invoices/{invoice_id}")}
+    });
+    deliver(&app, &thin).await;
+    assert_eq!(status_of(&app, thin_id).await.status, "applied");
+    let read_key = format!("read:read:{thin_id}:{sub}");
+    let read = status_of(&app, &read_key).await;
+    assert_eq!(read.status, "applied", "{:?}", read.reason);
+    assert_eq!(ledger(&app, &customer).await, [("2025-12".to_owned(), 500)]);
+    // The subscription's deletion (2026-02-01) takes its register from the read: nothing but
+    // the event it was made for keeps the read now.
+    deliver(&app, &basil("customer.subscription.deleted")).await;
+    let read_id = app.event_id("stripe", &read_key).await;
+    let named: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM subscriptions WHERE event_id = $1) OR EXISTS (SELECT 1 FROM ledger WHERE event_id = $1)")
+        .bind(read_id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert!(!named);
+    assert_eq!(app.audit().await.divergent, []);
+
+    purge_after_retention(&app).await;
+    for key in [thin_id.to_owned(), format!("read:{thin_id}"), read_key] {
+        assert_eq!(
+            app.count(&format!(
+                "SELECT count(*) FROM inbox_events WHERE dedupe_key = '{key}'"
+            ))
+            .await,
+            1,
+            "{key} is kept"
+        );
+    }
+    let audit = app.audit().await;
+    assert_eq!(audit.divergent, [], "{audit:?}");
+    // `why` still names the grant's decider, and the read among what the deletion beat.
+    let why = app
+        .why("stripe", &customer, shared::audit::Cut::default())
+        .await;
+    assert!(why.divergent.is_empty(), "{:?}", why.divergent);
+    let field = |name: &str| why.fields.iter().find(|f| f.field == name).unwrap();
+    assert!(field("allowance:2025-12").decided_by.is_some());
+    let status = field(&format!("subscription:{sub}:status"));
+    assert!(
+        status.beaten.iter().any(|b| b.event_id == read_id),
+        "{status:?}"
+    );
+}

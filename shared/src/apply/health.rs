@@ -4,15 +4,15 @@
 //! names is told by the notice or read from the provider (`Reads::generation_failure`). When
 //! that is an object of a handled type's event, the object is read, stored and applied as a
 //! thin event's is; when it names none, the source's subscriptions are swept
-//! (`Reads::subscriptions_page`, as Polar's reconciliation sweeps), each one its register does
-//! not show as the provider does stored as a read of its own at the notice's time, for the
-//! rescue to send. The sweep keeps its place between attempts (`inbox::sweep`): an attempt
+//! (`Reads::subscriptions_page`), each one stored as a read of its own at the notice's time,
+//! whatever its register holds (so that what is stored does not depend on the events' order),
+//! for the rescue to send. The sweep keeps its place between attempts (`inbox::sweep`): an attempt
 //! reads pages while its budget lasts and gives the notice back to be continued. Either way
 //! `EventGenerationFailures` counts it per source once it is done, and an alarm watches that.
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 use tokio::time::Instant;
@@ -171,11 +171,16 @@ fn progress(position: &SweepPosition, why: &str) -> String {
 }
 
 /// Reads the page after `position` and, in one transaction under the notice's lease, stores
-/// each subscription on it that the register does not show as the provider does as a
-/// `customer.subscription.updated` read at the notice's time (keyed by the notice and the
-/// subscription, so a retry or a replay stores nothing twice), and moves the sweep past the
-/// page. A subscription whose register already holds a state newer than the notice is not
-/// stored: a read at the notice's time cannot move it.
+/// every subscription on it as a `customer.subscription.updated` read at the notice's time
+/// (keyed by the notice and the subscription, so a retry or a replay stores nothing twice),
+/// and moves the sweep past the page. Every one, whatever its register holds: what is stored
+/// is then the same in every order of the events, and so is the state, a function of what is
+/// stored (docs/design.md §6.2). Stored only where the register differed, a read depended on
+/// whether the subscription's own event came first: a change at 23:59 and a notice at 00:00
+/// granted the new month from the read when the notice came first and not when the change did.
+/// A read whose register is newer loses to it in provider order; one that shows the register's
+/// state takes its version and grants its plan for the notice's month, as a snapshot event of
+/// that time would. The registers are read only to count, for the reason, how many differed.
 async fn sweep_page(
     conn: &mut PgConnection,
     event: &Claimed,
@@ -213,13 +218,10 @@ async fn sweep_page(
         let Some(id) = subscription.get("id").and_then(Value::as_str) else {
             continue;
         };
-        let local = registers.get(id);
-        if !provider.subscription_differs(subscription, local)
-            || local.is_some_and(|l| newer(l.version_at, at))
-        {
-            continue;
+        // Counted for the operator only: what is stored does not depend on the registers.
+        if provider.subscription_differs(subscription, registers.get(id)) {
+            page.differing += 1;
         }
-        page.differing += 1;
         let Ok(key) = DedupeKey::parse(&format!("read:{}:{id}", notice.id)) else {
             continue;
         };
@@ -231,7 +233,8 @@ async fn sweep_page(
         let Some(snapshot) = provider.read_as_event(&read, subscription) else {
             continue;
         };
-        let kept = sweep::store_read(&mut tx, &event.source, &snapshot.body, &snapshot.event)
+        let (body, verified) = (&snapshot.body, &snapshot.event);
+        let kept = sweep::store_read(&mut tx, &event.source, body, verified, event.id)
             .await
             .map_err(|e| ApplyError::Fetch(format!("storing a swept subscription: {e}")))?;
         if kept.verdict == crate::domain::Verdict::Stored {
@@ -251,12 +254,6 @@ async fn sweep_page(
         stored: position.stored + i32::try_from(page.stored.len()).unwrap_or(i32::MAX),
         finished: page.next.is_none(),
     })
-}
-
-/// Whether a register's version is later than the second a read at `at` is stamped with
-/// (a read's time has whole seconds, as its provider's events' have).
-fn newer(version_at: DateTime<Utc>, at: DateTime<Utc>) -> bool {
-    version_at.timestamp() > at.timestamp()
 }
 
 /// The Embedded Metric Format line for each generation failure a source's worker handles:

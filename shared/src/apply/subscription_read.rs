@@ -92,7 +92,10 @@ pub(super) async fn read(
         .ok_or_else(|| {
             ApplyError::Fetch("the subscription read could not be written as an event".into())
         })?;
-    stored::store_subscription_read(conn, &event.source, &snapshot.body, &snapshot.event)
+    // The read names the row it was made for (the invoice's, or the thin event that carried
+    // it), so the purge keeps it as long as that row (docs/design.md §3.9).
+    let (body, verified) = (&snapshot.body, &snapshot.event);
+    stored::store_subscription_read(conn, &event.source, body, verified, event.id)
         .await
         .map_err(|e| ApplyError::Fetch(format!("storing the subscription read: {e}")))?;
     match stored::find(conn, &event.source, &key).await? {

@@ -157,7 +157,7 @@ pub(super) async fn read_object(
             "the thin event's read could not be written as an event".into(),
         );
     };
-    stored::store_read(conn, &event.source, &fetched.body, &fetched.event)
+    stored::store_read(conn, &event.source, &fetched.body, &fetched.event, event.id)
         .await
         .map_err(|e| ApplyError::Fetch(format!("storing the read: {e}")))?;
     match stored::find(conn, &event.source, &read_key).await? {

@@ -60,16 +60,12 @@ pub async fn account_events(
           AND ((e.customer_key = $2
                 AND e.occurred_at > COALESCE($5::timestamptz, '-infinity')
                 AND (e.status IN ('applied', 'ignored')
-                     -- A read stands for the event it was made for, which finished with it:
-                     -- a thin event applies its read under its own id before the read's row is
-                     -- finished, an invoice its subscription's read before that read is applied
-                     -- on its own (`read:<its key>` and `read:<its key>:<object>`).
-                     OR (e.dedupe_key LIKE 'read:%'
-                         AND EXISTS (SELECT 1 FROM inbox_events t
-                                     WHERE t.source = e.source
-                                       AND t.dedupe_key IN (substr(e.dedupe_key, 6),
-                                                            split_part(substr(e.dedupe_key, 6), ':', 1))
-                                       AND t.status IN ('applied', 'ignored')))))
+                     -- A read stands for the event it was made for (the row it names),
+                     -- which finished with it: a thin event applies its read under its own id
+                     -- before the read's row is finished, an invoice its subscription's read
+                     -- before that read is applied on its own.
+                     OR EXISTS (SELECT 1 FROM inbox_events t
+                                WHERE t.id = e.made_for AND t.status IN ('applied', 'ignored'))))
                OR (e.id = ANY($3) AND e.status IN ('applied', 'ignored')))
         ORDER BY e.occurred_at, e.id
         LIMIT $4

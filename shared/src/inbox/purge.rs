@@ -55,15 +55,11 @@ pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> any
                   AND NOT EXISTS (SELECT 1 FROM payment_intents r
                                   WHERE r.linked_by = e.id OR r.refunded_by = e.id)
                   AND NOT EXISTS (SELECT 1 FROM accounts r WHERE r.deleted_by = e.id)
-                  -- A read the worker made for an event (`read:<its key>`, or
-                  -- `read:<its key>:<object>`) decided what that event applied: a thin event's
-                  -- registers name the thin event, an invoice's grant the invoice. It stays as
-                  -- long as that event does, so the fold and a replay find it.
-                  AND NOT (e.dedupe_key LIKE 'read:%' AND EXISTS (
-                      SELECT 1 FROM inbox_events m
-                      WHERE m.source = e.source
-                        AND m.dedupe_key IN (substr(e.dedupe_key, 6),
-                                             split_part(substr(e.dedupe_key, 6), ':', 1))))
+                  -- A read the worker made for an event decided what that event applied: a
+                  -- thin event's registers name the thin event, an invoice's grant the
+                  -- invoice. It stays as long as that event does (the row it names, one
+                  -- primary-key probe), so the fold and a replay find it.
+                  AND NOT EXISTS (SELECT 1 FROM inbox_events m WHERE m.id = e.made_for)
                 LIMIT $2 FOR UPDATE SKIP LOCKED
             )
             "#,

@@ -37,6 +37,9 @@ pub struct NewDelivery<'a> {
     /// The request's own id, recorded on its delivery row (a UUID): a second attempt of the
     /// request finds its first's row by it ([`store_verified_held`]).
     pub attempt: Option<&'a str>,
+    /// For a read the worker made for an event, that event's row (docs/design.md §3.9): the
+    /// purge keeps the read while it is stored.
+    pub made_for: Option<i64>,
 }
 
 /// Where a verified event came from.
@@ -46,12 +49,24 @@ pub enum Origin<'a> {
     Delivery(&'a Value),
     /// A read from the provider's API (reconciliation).
     Fetched,
-    /// The read of a thin event's object (docs/design.md §6.2): stored as a read is.
-    ThinRead,
-    /// The read of an invoice's subscription whose register held none (docs/design.md §6.2).
-    SubscriptionRead,
-    /// A subscription read by a health notice's sweep (docs/design.md §6.2).
-    SweptRead,
+    /// The read of a thin event's object (docs/design.md §6.2), made for the event of this
+    /// row: stored as a read is.
+    ThinRead(i64),
+    /// The read of an invoice's subscription whose register held none (docs/design.md §6.2),
+    /// made for the event of this row.
+    SubscriptionRead(i64),
+    /// A subscription read by the sweep of the health notice of this row (docs/design.md §6.2).
+    SweptRead(i64),
+}
+
+impl Origin<'_> {
+    /// The row of the event a read was made for; `None` for anything delivered or listed.
+    fn made_for(self) -> Option<i64> {
+        match self {
+            Self::ThinRead(id) | Self::SubscriptionRead(id) | Self::SweptRead(id) => Some(id),
+            Self::Delivery(_) | Self::Fetched => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,10 +146,10 @@ pub async fn store_delivery(
         WITH upsert AS (
             INSERT INTO inbox_events AS e
                 (source, dedupe_key, type, payload, raw_body, payload_hash, customer_key,
-                 occurred_at, status, reason, processed_at, enqueued_at)
+                 occurred_at, status, reason, processed_at, enqueued_at, made_for)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
                     CASE WHEN $9 = 'unprocessable' THEN inbox_now() END,
-                    CASE WHEN $9 = 'received' THEN inbox_now() END)
+                    CASE WHEN $9 = 'received' THEN inbox_now() END, $19)
             ON CONFLICT (source, dedupe_key) DO UPDATE
                 SET seen_count = e.seen_count
                         + (e.payload_hash = EXCLUDED.payload_hash AND NOT $16)::int,
@@ -184,6 +199,7 @@ pub async fn store_delivery(
         d.fetched,
         super::STUCK_AFTER.as_secs_f64(),
         d.attempt,
+        d.made_for,
     )
     .fetch_one(exec(conn))
     .await?;
@@ -309,6 +325,7 @@ struct Prepared<'a> {
     /// The delivery's kept headers; for a read, what says it was one.
     headers: Cow<'a, Value>,
     fetched: bool,
+    made_for: Option<i64>,
     event_type: String,
     customer: Option<&'a CustomerId>,
     occurred_at: Option<ProviderTime>,
@@ -327,12 +344,12 @@ impl<'a> Prepared<'a> {
         let (headers, fetched) = match origin {
             Origin::Delivery(headers) => (Cow::Borrowed(headers), false),
             Origin::Fetched => (Cow::Owned(json!({"via": "reconciliation"})), true),
-            Origin::ThinRead => (Cow::Owned(json!({"via": "thin event read"})), true),
-            Origin::SubscriptionRead => (
+            Origin::ThinRead(_) => (Cow::Owned(json!({"via": "thin event read"})), true),
+            Origin::SubscriptionRead(_) => (
                 Cow::Owned(json!({"via": "invoice's subscription read"})),
                 true,
             ),
-            Origin::SweptRead => (Cow::Owned(json!({"via": "health notice's sweep"})), true),
+            Origin::SweptRead(_) => (Cow::Owned(json!({"via": "health notice's sweep"})), true),
         };
         let meta = match &verified.meta {
             Ok(meta) => match untrusted_time(meta.occurred_at, Utc::now()) {
@@ -363,6 +380,7 @@ impl<'a> Prepared<'a> {
             verified,
             headers,
             fetched,
+            made_for: origin.made_for(),
             event_type,
             customer,
             occurred_at,
@@ -393,6 +411,7 @@ impl<'a> Prepared<'a> {
                 .and_then(|i| i16::try_from(i).ok()),
             fetched: self.fetched,
             attempt: None,
+            made_for: self.made_for,
         }
     }
 }

@@ -108,14 +108,16 @@ pub async fn advance(
     Ok(moved.is_some())
 }
 
-/// Stores a subscription a sweep read through the store's one statement, as reconciliation
-/// stores what it reads (a read, not a delivery: no copy counted). [`advance`] unmarks it in
-/// the same transaction.
+/// Stores a subscription the sweep of the notice `event_id` read through the store's one
+/// statement, as reconciliation stores what it reads (a read, not a delivery: no copy
+/// counted); the read names the notice, which the purge keeps it with. [`advance`] unmarks it
+/// in the same transaction.
 pub async fn store_read(
     conn: &mut PgConnection,
     source: &str,
     body: &[u8],
     verified: &VerifiedEvent,
+    event_id: i64,
 ) -> Result<Stored, StoreError> {
-    store_verified_on(conn, source, body, verified, Origin::SweptRead).await
+    store_verified_on(conn, source, body, verified, Origin::SweptRead(event_id)).await
 }

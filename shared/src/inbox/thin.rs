@@ -55,28 +55,39 @@ pub async fn applied_a_read(conn: &mut PgConnection, thin_id: i64) -> Result<boo
     .await
 }
 
-/// Stores a read made for a thin event through the store's one statement, as reconciliation
-/// stores what it reads (a read, not a delivery: no copy counted, no delivery row).
+/// Stores a read made for the thin event of row `made_for` through the store's one statement,
+/// as reconciliation stores what it reads (a read, not a delivery: no copy counted, no
+/// delivery row); the read names that row, which the purge keeps it with.
 pub async fn store_read(
     conn: &mut PgConnection,
     source: &str,
     body: &[u8],
     verified: &VerifiedEvent,
+    made_for: i64,
 ) -> Result<Stored, StoreError> {
-    store_verified_on(conn, source, body, verified, Origin::ThinRead).await
+    store_verified_on(conn, source, body, verified, Origin::ThinRead(made_for)).await
 }
 
 /// Stores the read of an invoice's subscription made because its register held none (a read,
-/// not a delivery): marked for the queue, the worker sends it after the invoice's commit (the
-/// rescue, if that send never happens), and it applies as the subscription's state at the
-/// invoice's time.
+/// not a delivery), for the event of row `made_for` (the invoice's, or the thin event that
+/// carried it), which the purge keeps it with: marked for the queue, the worker sends it after
+/// the invoice's commit (the rescue, if that send never happens), and it applies as the
+/// subscription's state at the invoice's time.
 pub async fn store_subscription_read(
     conn: &mut PgConnection,
     source: &str,
     body: &[u8],
     verified: &VerifiedEvent,
+    made_for: i64,
 ) -> Result<Stored, StoreError> {
-    store_verified_on(conn, source, body, verified, Origin::SubscriptionRead).await
+    store_verified_on(
+        conn,
+        source,
+        body,
+        verified,
+        Origin::SubscriptionRead(made_for),
+    )
+    .await
 }
 
 /// Finishes a read the thin event `thin_id` has applied: `applied`, with the reason naming
