@@ -24,7 +24,9 @@ use crate::inbox::commit::{self, Committed};
 use crate::inbox::lease::{self, Claimed};
 use crate::platform::config::SourceConfig;
 use crate::platform::sim::{self, Bug, Injected, Point};
-use crate::providers::{self, Api, GenerationFailure, MeterErrorsNotice, Notice, Reads, Shown};
+use crate::providers::{
+    self, Api, Carrier, GenerationFailure, MeterErrorsNotice, Notice, Reads, Shown,
+};
 
 mod health;
 mod meter_errors;
@@ -122,7 +124,9 @@ pub enum ApplyError {
     LeaseLost,
     #[error("another event wrote the same payment intent meanwhile; retrying")]
     Raced,
-    #[error("another event of the same second reached the subscription during the provider read; retrying")]
+    #[error(
+        "another event of the same second reached the register during the provider read; retrying"
+    )]
     TieMoved,
     #[error("the account, or a subscription or payment another customer's event wrote, moved during the write; retrying")]
     Moved,
@@ -182,6 +186,18 @@ pub async fn apply_claimed(
             | Notice::MeterErrors(MeterErrorsNotice { notice: thin, .. }),
         ) => thin::carried(conn, event, source, &thin).await?,
     };
+    apply_carried(applier, conn, event, source, carried).await
+}
+
+/// An event as its notice made it: applied as stored, finished as decided, or applied as its
+/// read under its own id and lease (the read's row finished after).
+async fn apply_carried(
+    applier: &Applier<'_>,
+    conn: &mut PgConnection,
+    event: &Claimed,
+    source: &WorkerSource,
+    carried: Carried,
+) -> Result<Applied, ApplyError> {
     match carried {
         Carried::NotThin => apply_event(applier, conn, event, source).await,
         Carried::Finish(status, reason) => {
@@ -285,6 +301,18 @@ async fn apply_to_account(
         false => Registers::default(),
     };
     sim::point(Point::WorkerRead, event.id).await;
+    // A same-second tie the provider settles with a read stored as an event of its own (a
+    // Stripe summary's list): the read is applied in this event's place (§4.2, §4.12).
+    let read_ties = read_ties(source, event, &effects);
+    if let Some((tie, carrier)) = tied(ctx, &registers, &read_ties) {
+        tracing::info!(
+            event_id = event.id,
+            tie,
+            "same-second tie settled by the provider's read, applied in the event's place"
+        );
+        let carried = thin::settled_by_read(conn, event, source, carrier).await?;
+        return Box::pin(apply_carried(applier, conn, event, source, carried)).await;
+    }
     let (ties_read, settled) = settle(source, ctx, &registers, &mut effects, &mut notes).await;
     let settled = (!settled.is_empty()).then(|| json!(settled));
     // An invoice whose subscription the register does not hold yet: the provider's read.
@@ -311,7 +339,7 @@ async fn apply_to_account(
             registers,
             (&effects, &notes),
             reads,
-            (&ties_read, &shown),
+            (&ties_read, &shown, &read_ties),
         )
     };
     if unlocked {
@@ -421,8 +449,17 @@ fn decide(
     registers: &mut Registers,
     (effects, notes): (&[Effect], &[String]),
     reads: bool,
-    (ties_read, shown): (&HashMap<String, Option<i64>>, &SubscriptionRead),
+    (ties_read, shown, read_ties): (
+        &HashMap<String, Option<i64>>,
+        &SubscriptionRead,
+        &[(String, Carrier)],
+    ),
 ) -> Result<RulesOutcome, ApplyError> {
+    // A tie a read settles that the first read of the account did not find: another event of
+    // the same second was written since. The retry reads the account again, and the provider.
+    if tied(ctx, registers, read_ties).is_some() {
+        return Err(ApplyError::TieMoved);
+    }
     let period = Period::of(ctx.version.at);
     let customer = ctx.customer.as_str();
     let before = applier
@@ -646,6 +683,47 @@ async fn settle(
     // the refund, which then finds it.
     settled.apply_to(effects);
     (ties_read, settled)
+}
+
+/// The entitlement registers this event writes whose same-second tie its provider settles
+/// with a read stored as an event of its own, each with that read's carrier (docs/design.md
+/// §4.2); none without an API key.
+fn read_ties(source: &WorkerSource, event: &Claimed, effects: &[Effect]) -> Vec<(String, Carrier)> {
+    let (Some(_), Some(payload)) = (&source.reads, &event.payload) else {
+        return Vec::new();
+    };
+    let provider = providers::provider(source.kind);
+    effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::Entitlement { grant, .. } => provider
+                .tie_read(payload, effect)
+                .map(|carrier| (grant.clone(), carrier)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The first of `read_ties` whose register holds another event's state stamped with this
+/// event's provider time: the event it ties with, and the read that settles it. A register
+/// that holds the provider's word read once that second had passed is settled already: what
+/// the provider showed then takes every change of the second in (a replay of the other event
+/// of the tie reads nothing).
+fn tied<'a>(
+    ctx: &EventContext<'_>,
+    registers: &Registers,
+    read_ties: &'a [(String, Carrier)],
+) -> Option<(i64, &'a Carrier)> {
+    let at = Stamp::of(ctx, Rank(0)).at;
+    let second_passed = Rank::confirmed(at + chrono::Duration::seconds(1));
+    read_ties.iter().find_map(|(grant, carrier)| {
+        registers
+            .entitlements
+            .get(grant)
+            .filter(|held| held.stamp.at == at && !held.is_of(ctx))
+            .filter(|held| held.stamp.rank < second_passed.0)
+            .map(|held| (held.event_id, carrier))
+    })
 }
 
 /// Whether every effect is a payment-intent link or refund; then the customer the intent is

@@ -210,6 +210,19 @@ async fn every_register_field_the_api_shows_moved_by_hand_is_named_by_the_audit(
     });
     let (status, _) = app.post("stripe", &stripe_delivery(&subscription)).await;
     assert_eq!(status, http::StatusCode::OK);
+    // Its active entitlements, the whole list (an entitlement register).
+    let summary = json!({
+        "id": "evt_fields_ent", "object": "event", "api_version": "2025-03-31.basil",
+        "created": t, "livemode": false, "type": "entitlements.active_entitlement_summary.updated",
+        "data": {"object": {"object": "entitlements.active_entitlement_summary",
+            "customer": "cus_fields", "livemode": false,
+            "entitlements": {"object": "list", "has_more": false,
+                "url": "/v1/customer/cus_fields/entitlements",
+                "data": [{"id": "ent_fields", "object": "entitlements.active_entitlement",
+                          "feature": "feat_fields", "livemode": false, "lookup_key": "sso"}]}}}
+    });
+    let (status, _) = app.post("stripe", &stripe_delivery(&summary)).await;
+    assert_eq!(status, http::StatusCode::OK);
     // A Kinde customer on pro, paid, then overdue.
     let kinde = |event_type: &str, id: &str, at: &str, data: Value| {
         let mut data = data;
@@ -248,8 +261,15 @@ async fn every_register_field_the_api_shows_moved_by_hand_is_named_by_the_audit(
         let (status, _) = app.post("kinde", &kinde_delivery(webhook, &claims)).await;
         assert_eq!(status, http::StatusCode::OK);
     }
-    assert_eq!(app.run_worker().await, 4);
+    assert_eq!(app.run_worker().await, 5);
+    // Found clean, each account keeps a checked point: every move below is audited from it.
     assert_eq!(app.audit().await.divergent, []);
+    assert_eq!(
+        app.count("SELECT count(*) FROM audit_points WHERE state IS NOT NULL")
+            .await,
+        2,
+        "a point per account"
+    );
 
     let stripe = "source = 'stripe' AND customer_id = 'cus_fields'";
     let kinde = "source = 'kinde' AND customer_id = 'kc_fields'";
@@ -338,6 +358,18 @@ async fn every_register_field_the_api_shows_moved_by_hand_is_named_by_the_audit(
             "status = 'failed'",
             "status = 'paid'",
             "payment:pay_fields:status",
+        ),
+        (
+            "entitlements",
+            r#"features = '{"sso": true, "seats": 20}'"#,
+            r#"features = '{"sso": true}'"#,
+            "entitlement:active_entitlement_summary",
+        ),
+        (
+            "entitlements",
+            "active = false",
+            "active = true",
+            "entitlement:active_entitlement_summary",
         ),
     ];
     for (table, change, undo, field) in moves {

@@ -1,6 +1,7 @@
 //! The product's promise as a property: the billing state is a pure function of the set of
-//! events stored. Random event sets over a few customers, subscriptions, payments and Polar
-//! benefit grants (the account's features among the state compared) are
+//! events stored. Random event sets over a few customers, subscriptions, payments, Polar
+//! benefit grants and Stripe entitlement summaries (the account's features among the state
+//! compared; two summaries of one second are common, settled by the list Stripe shows) are
 //! delivered in random order with random copies and injected failures, and must end in
 //! exactly the state that applying each once in provider-time order gives.
 
@@ -146,8 +147,9 @@ pub(crate) enum Event {
     /// Stripe `entitlements.active_entitlement_summary.updated`: the customer's active
     /// entitlements as of `at`, the [`LOOKUP_KEYS`] whose bits `keys` sets, in that order, of
     /// which the event embeds the first `embedded` and says `has_more` when that is fewer
-    /// (Stripe embeds one page of a list). Only the simulator draws it: a list that says
-    /// `has_more` is read whole from its fake Stripe API.
+    /// (Stripe embeds one page of a list). A list that says `has_more`, or a summary that finds
+    /// another of the same second in its register, is read whole from the fake Stripe API (the
+    /// simulator's; the property's [`CaseObjects`]).
     StripeSummary {
         customer: u8,
         keys: u8,
@@ -552,12 +554,28 @@ pub(crate) fn case_strategy() -> impl Strategy<Value = Case> {
     cases(event_strategy().boxed(), 1..12)
 }
 
-/// The property test's: the workload's events and Polar benefit grants.
+/// The property test's: the workload's events, Polar benefit grants and Stripe summaries.
 fn case_strategy_with_grants() -> impl Strategy<Value = Case> {
     cases(
-        prop_oneof![3 => event_strategy(), 1 => grant_strategy()].boxed(),
+        prop_oneof![3 => event_strategy(), 1 => grant_strategy(), 1 => summary_strategy()].boxed(),
         1..12,
     )
+}
+
+/// Stripe summaries of a customer's features at the workload's coarse times, so two of one
+/// second are common (their ids sort either way); four in ten say `has_more` with only their
+/// first entries embedded.
+fn summary_strategy() -> impl Strategy<Value = Event> {
+    let at = prop_oneof![4 => 0u32..3, 6 => 0u32..40];
+    let embedded = prop_oneof![6 => Just(LOOKUP_KEYS.len() as u8), 4 => 1u8..5];
+    (0..CUSTOMERS, any::<u8>(), embedded, at).prop_map(|(customer, keys, embedded, at)| {
+        Event::StripeSummary {
+            customer,
+            keys,
+            embedded,
+            at,
+        }
+    })
 }
 
 /// The simulator's entitlement events, drawn apart from its workload (none to four a seed):
@@ -580,17 +598,7 @@ pub(crate) fn entitlement_strategy() -> impl Strategy<Value = Case> {
             feature: ["sso", "seats=5", "seats=20"][usize::from(grant)],
             at,
         });
-    let embedded = prop_oneof![6 => Just(LOOKUP_KEYS.len() as u8), 4 => 1u8..5];
-    let summary =
-        (0..CUSTOMERS, any::<u8>(), embedded, at).prop_map(|(customer, keys, embedded, at)| {
-            Event::StripeSummary {
-                customer,
-                keys,
-                embedded,
-                at,
-            }
-        });
-    cases(prop_oneof![grant, summary].boxed(), 0..5)
+    cases(prop_oneof![grant, summary_strategy()].boxed(), 0..5)
 }
 
 impl Case {
@@ -1138,9 +1146,17 @@ pub(crate) async fn state_of(pool: &PgPool, worker: &WorkerState, ns: &str) -> V
 /// `GET /subscriptions/{id}` and `GET /v1/subscriptions/{id}` would answer once every event
 /// happened: its latest state, by provider time then key (the same in every namespace); one
 /// no event names is unknown (404). A tie's read shows that state too, so the provider
-/// settles a same-time tie, in every order alike (docs/design.md §4.2).
+/// settles a same-time tie, in every order alike (docs/design.md §4.2). And what Stripe lists
+/// of each customer's active entitlements (`GET /v1/entitlements/active_entitlements`): the
+/// whole set of its latest summary, of two in one second the one whose key sorts first, so
+/// that a tie left to the keys ends elsewhere than Stripe's list.
 #[derive(Clone, Default)]
 pub(crate) struct CaseObjects(Arc<Mutex<HashMap<String, Shown>>>);
+
+/// Where [`CaseObjects`] keeps what Stripe lists of a customer's active entitlements.
+fn listed_key(customer: &str) -> String {
+    format!("active_entitlements:{customer}")
+}
 
 /// A subscription's latest event: its place in the order, its provider's kind and the event.
 struct Shown {
@@ -1185,6 +1201,52 @@ impl CaseObjects {
                 );
             }
         }
+    }
+
+    /// Takes each Stripe summary of `events` (materialized in namespace `ns`) as what Stripe
+    /// lists of its customer: its whole set, of the latest summary (of one second, the one whose
+    /// key sorts first).
+    pub(crate) fn show_summaries(&self, events: &[Event], ns: &str) {
+        let mut objects = self.0.lock().unwrap();
+        for (index, event) in events.iter().enumerate() {
+            let Event::StripeSummary {
+                customer, keys, at, ..
+            } = event
+            else {
+                continue;
+            };
+            let (id, at, key) = (
+                customer_id(*customer, ns),
+                time(*at),
+                format!("e{index:02}_{ns}"),
+            );
+            let listed = listed_key(&id);
+            let newer = objects
+                .get(&listed)
+                .is_none_or(|held| at > held.at || (at == held.at && key < held.key));
+            if newer {
+                let all = active_entitlements(*customer, *keys);
+                let payload = stripe::fixtures::entitlement_summary(&id, all, false);
+                let event_type = stripe::entitlements::SUMMARY_TYPE.to_owned();
+                let kind = SourceKind::Stripe;
+                let shown = Shown {
+                    at,
+                    key,
+                    kind,
+                    event_type,
+                    payload,
+                };
+                objects.insert(listed, shown);
+            }
+        }
+    }
+
+    /// The lookup keys Stripe lists for `customer`, if any summary of it was shown.
+    fn listed(&self, customer: &str) -> Option<Value> {
+        let objects = self.0.lock().unwrap();
+        objects
+            .get(&listed_key(customer))
+            .map(|shown| shown.payload.clone())
     }
 
     /// The subscription as its provider's API answers it (the `data` of its latest event).
@@ -1253,15 +1315,30 @@ impl Reads for CaseObjects {
     ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
         Box::pin(std::future::ready(Ok(self.object(id))))
     }
+
+    /// Stripe's list of a summary's customer, whole (what `read_summary` makes of its pages).
+    fn carried_object<'a>(
+        &'a self,
+        _carrier: &'a shared::providers::Carrier,
+        path: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
+        let customer = path
+            .strip_prefix(stripe::entitlements::LIST_PATH)
+            .and_then(|q| q.strip_prefix("?customer="));
+        Box::pin(std::future::ready(
+            Ok(customer.and_then(|c| self.listed(c))),
+        ))
+    }
 }
 
-/// The property's worker: the test worker, whose Paddle and Lemon Squeezy sources read
-/// `objects`.
+/// The property's worker: the test worker, whose Paddle, Lemon Squeezy and Stripe sources
+/// read `objects`.
 pub(crate) fn reading_worker(pool: PgPool, objects: &CaseObjects) -> WorkerState {
     let mut worker = test_worker(pool);
     for (name, kind) in [
         ("paddle", SourceKind::Paddle),
         ("lemonsqueezy", SourceKind::LemonSqueezy),
+        ("stripe", SourceKind::Stripe),
     ] {
         worker.sources.insert(
             name.into(),
@@ -1294,6 +1371,7 @@ async fn check(
         .map(|(i, e)| materialize(i, e, &canon))
         .collect();
     objects.show(&reference);
+    objects.show_summaries(&case.events, &canon);
     reference.sort_by(|a, b| (a.at, &a.dedupe_key).cmp(&(b.at, &b.dedupe_key)));
     for m in &reference {
         let id = store(pool, m).await;
@@ -1308,6 +1386,7 @@ async fn check(
         .map(|(i, e)| materialize(i, e, &shuffled))
         .collect();
     objects.show(&events);
+    objects.show_summaries(&case.events, &shuffled);
     let mut ids = Vec::new();
     for delivery in &case.deliveries {
         let id = store(pool, &events[delivery.index]).await;
@@ -1330,6 +1409,46 @@ async fn check(
     let expected = state_of(pool, worker, &canon).await;
     let actual = state_of(pool, worker, &shuffled).await;
     prop_assert_eq!(actual, expected);
+    // In both, each customer's summary register is what Stripe lists, its latest
+    // summary's set, whatever the keys of two summaries of one second say.
+    for ns in [&canon, &shuffled] {
+        summaries_are_stripes_lists(pool, objects, case, ns).await?;
+    }
+    Ok(())
+}
+
+/// Each Stripe customer's summary register holds the set Stripe lists for it (a deleted
+/// customer's, which its later summaries do not move, aside).
+async fn summaries_are_stripes_lists(
+    pool: &PgPool,
+    objects: &CaseObjects,
+    case: &Case,
+    ns: &str,
+) -> Result<(), TestCaseError> {
+    for customer in 0..CUSTOMERS {
+        let deleted = case.events.iter().any(
+            |e| matches!(e, Event::StripeCustomerDeleted { customer: c, .. } if *c == customer),
+        );
+        let id = customer_id(customer, ns);
+        let Some(listed) = objects.listed(&id).filter(|_| !deleted) else {
+            continue;
+        };
+        let held: Option<Value> = sqlx::query_scalar(
+            "SELECT features FROM entitlements WHERE source = 'stripe' AND customer_id = $1
+               AND grant_id = 'active_entitlement_summary'",
+        )
+        .bind(&id)
+        .fetch_optional(pool)
+        .await
+        .unwrap();
+        let lookup_keys: serde_json::Map<String, Value> = listed["entitlements"]["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["lookup_key"].as_str().unwrap().to_owned(), json!(true)))
+            .collect();
+        prop_assert_eq!(held, Some(Value::Object(lookup_keys)), "customer {}", id);
+    }
     Ok(())
 }
 

@@ -267,3 +267,116 @@ async fn a_grant_and_its_revocation_at_the_same_time_end_alike_in_both_orders(po
     }
     assert_eq!(ends[0], ends[1], "the same end in both orders");
 }
+
+/// Polar stamps a new object's `created_at` when its row is inserted and leaves `modified_at`
+/// null until its first update (`TimestampedModel`, polarsource/polar
+/// server/polar/kit/db/models/base.py); the envelope's `timestamp` is the clock when the
+/// webhook is sent (`WebhookService.send`, server/polar/webhook/service.py), after the grant's
+/// strategy ran (`BenefitGrantService.grant_benefit`, server/polar/benefit/grant/service.py).
+/// A grant created at T whose webhook went out at T+5s, revoked at T+2s (its webhook at T+3s):
+/// the revocation is the later change, and wins in both orders.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_grant_revoked_before_its_created_webhook_was_sent_ends_revoked_in_both_orders(
+    pool: PgPool,
+) {
+    let app = benefits_app(pool).await;
+    let created = |customer: &str| {
+        let mut p = grant_event("g_fast", customer, true, "2026-01-05T10:00:05Z");
+        p["data"]["created_at"] = json!("2026-01-05T10:00:00Z");
+        p["data"]["granted_at"] = json!("2026-01-05T10:00:00Z");
+        p["data"]["modified_at"] = Value::Null;
+        p
+    };
+    let revoked = |customer: &str| {
+        let mut p = grant_event("g_fast", customer, false, "2026-01-05T10:00:03Z");
+        p["data"]["created_at"] = json!("2026-01-05T10:00:00Z");
+        p["data"]["modified_at"] = json!("2026-01-05T10:00:02Z");
+        p["data"]["revoked_at"] = json!("2026-01-05T10:00:02Z");
+        p
+    };
+    for (customer, created_first) in [("fast_a", true), ("fast_b", false)] {
+        let events = [
+            ("created", created(customer)),
+            ("revoked", revoked(customer)),
+        ];
+        let order: Vec<_> = match created_first {
+            true => events.iter().collect(),
+            false => events.iter().rev().collect(),
+        };
+        for (what, body) in order {
+            let id = format!("msg_{customer}_{what}");
+            let (status, answer) = app.post("polar", &polar_delivery(&id, body)).await;
+            assert_eq!(status, 200, "{answer}");
+            app.run_worker().await;
+        }
+        assert_eq!(
+            features(&app, customer).await,
+            Features::new(),
+            "{customer}: the revocation is the later change"
+        );
+        let id = app
+            .event_id("polar", &format!("msg_{customer}_revoked"))
+            .await;
+        let revoked = app.event(id).await;
+        assert_eq!(
+            revoked.status, "applied",
+            "{customer}: {:?}",
+            revoked.reason
+        );
+    }
+    assert_eq!(app.audit().await.divergent, []);
+}
+
+/// The same rule for a subscription: `subscription.created` (no `modified_at`, created at T,
+/// sent at T+5s) and `subscription.revoked` of the same subscription (modified at T+2s, sent at
+/// T+3s) end canceled in both orders.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_subscription_revoked_before_its_created_webhook_was_sent_ends_canceled_in_both_orders(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    let of = |name: &str| {
+        corpus("polar")
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .unwrap()
+            .1
+    };
+    for (customer, created_first) in [("subfast_a", true), ("subfast_b", false)] {
+        let sub = format!("sub_{customer}");
+        let mut created = of("subscription.created");
+        created["timestamp"] = json!("2026-01-05T10:00:05Z");
+        created["data"]["created_at"] = json!("2026-01-05T10:00:00Z");
+        created["data"]["modified_at"] = Value::Null;
+        let mut revoked = of("subscription.revoked");
+        revoked["timestamp"] = json!("2026-01-05T10:00:03Z");
+        revoked["data"]["created_at"] = json!("2026-01-05T10:00:00Z");
+        revoked["data"]["modified_at"] = json!("2026-01-05T10:00:02Z");
+        for p in [&mut created, &mut revoked] {
+            p["data"]["id"] = json!(sub);
+            p["data"]["customer_id"] = json!(customer);
+            p["data"]["customer"]["id"] = json!(customer);
+        }
+        assert_eq!(created["data"]["status"], "active");
+        assert_eq!(revoked["data"]["status"], "canceled");
+        let events = [("created", created), ("revoked", revoked)];
+        let order: Vec<_> = match created_first {
+            true => events.iter().collect(),
+            false => events.iter().rev().collect(),
+        };
+        for (what, body) in order {
+            let id = format!("msg_{customer}_{what}");
+            let (status, answer) = app.post("polar", &polar_delivery(&id, body)).await;
+            assert_eq!(status, 200, "{answer}");
+            app.run_worker().await;
+        }
+        let status: String =
+            sqlx::query_scalar("SELECT status FROM subscriptions WHERE subscription_id = $1")
+                .bind(&sub)
+                .fetch_one(&app.pool)
+                .await
+                .unwrap();
+        assert_eq!(status, "canceled", "{customer}");
+    }
+    assert_eq!(app.audit().await.divergent, []);
+}

@@ -2917,8 +2917,9 @@ impl World {
     }
 
     /// Every Stripe summary that said `has_more` was settled by its read at rest: applied as
-    /// the complete list read (the read's own row final), or ignored because Stripe no longer
-    /// knows its customer; never applied as it came (docs/design.md §6.2).
+    /// the complete list read (the read's own row final), or unprocessable because Stripe no
+    /// longer knows its customer (alerted; the features stay); never applied as it came
+    /// (docs/design.md §6.2).
     async fn check_summaries(&mut self) -> Result<(), Failure> {
         use shared::providers::stripe::entitlements::SUMMARY_TYPE;
         #[derive(sqlx::FromRow)]
@@ -2958,8 +2959,8 @@ impl World {
             let counter = match (has_more, status.as_str(), read.as_deref()) {
                 (false, ..) => &SUMMARIES_WHOLE,
                 (true, "applied" | "ignored", Some("applied" | "ignored")) => &SUMMARIES_READ,
-                (true, "ignored", None)
-                    if reason.starts_with("the object no longer exists at the provider") =>
+                (true, "unprocessable", None)
+                    if reason.starts_with("Stripe does not find the customer's active entitlements") =>
                 {
                     &SUMMARIES_GONE
                 }

@@ -564,35 +564,211 @@ async fn a_purge_keeps_a_summary_and_its_read_so_a_replay_reads_nothing(pool: Pg
     assert_eq!(snapshot(&app, CUSTOMER).await.features, flags(&every_key()));
 }
 
+/// Stripe answers a list of a customer it does not have with 404 and its error body (the
+/// Errors reference, https://docs.stripe.com/api/errors: "404 Not Found — The requested
+/// resource doesn't exist", `{"error": {"type", "code", "message", "param", "doc_url"}}`; the
+/// code `resource_missing`, https://docs.stripe.com/error-codes#resource-missing). A key of the
+/// other mode or of another account gets the same answer for a customer that does exist, so a
+/// 404 says nothing of the customer's features: the summary is unprocessable with its reason,
+/// alerted once, and the features stay as they were.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
-async fn a_summary_whose_customer_stripe_no_longer_knows_is_ignored_with_the_path(pool: PgPool) {
+async fn a_summary_whose_list_stripe_does_not_find_is_unprocessable_alerted_once_and_changes_nothing(
+    pool: PgPool,
+) {
     let (app, api) = app_with_api(pool).await;
+    let before = complete();
+    deliver(&app, &before).await;
+    let keys = keys_of(&before["data"]["object"]["entitlements"]);
+    assert_eq!(snapshot(&app, CUSTOMER).await.features, flags(&keys));
     Mock::given(method("GET"))
         .and(path(LIST))
         .respond_with(ResponseTemplate::new(404).set_body_json(json!({"error": {
-            "code": "resource_missing", "type": "invalid_request_error", "param": "customer",
-            "message": format!("No such customer: '{CUSTOMER}'")}})))
+            "code": "resource_missing",
+            "doc_url": "https://stripe.com/docs/error-codes/resource-missing",
+            "message": format!("No such customer: '{CUSTOMER}'"),
+            "param": "customer",
+            "type": "invalid_request_error"}})))
         .mount(&api)
         .await;
-    let summary = has_more();
+    // A day later, the twelve (ten embedded, has_more): the list is read, and not found.
+    let mut summary = has_more();
+    summary["created"] = json!(before["created"].as_i64().unwrap() + 86_400);
     deliver(&app, &summary).await;
     let row = status_of(&app, id_of(&summary)).await;
-    assert_eq!(row.status, "ignored");
-    assert_eq!(
-        row.reason.as_deref(),
-        Some(
-            format!(
-                "the object no longer exists at the provider (GET {LIST}?customer={CUSTOMER} answered 404)"
-            )
-            .as_str()
-        )
+    assert_eq!(row.status, "unprocessable", "{:?}", row.reason);
+    let reason = row.reason.unwrap();
+    assert!(
+        reason.contains(&format!("GET {LIST}?customer={CUSTOMER} answered 404"))
+            && reason.contains("the features stay as they were"),
+        "{reason}"
     );
     assert_eq!(
         requests_to(&api, LIST).await.len(),
         1,
         "decided, not retried"
     );
-    assert_eq!(app.count("SELECT count(*) FROM entitlements").await, 0);
+    assert_eq!(
+        snapshot(&app, CUSTOMER).await.features,
+        flags(&keys),
+        "the features stay as they were"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM inbox_events WHERE dedupe_key LIKE 'read:%'")
+            .await,
+        0
+    );
+    // Alerted once, as every unprocessable event is.
+    let id = app.event_id("stripe", id_of(&summary)).await;
+    let report = scheduler::run(&crate::scheduler::scheduler_for(&app, vec![])).await;
+    assert_eq!(report.alerts.unprocessable, [id]);
+    let again = scheduler::run(&crate::scheduler::scheduler_for(&app, vec![])).await;
+    assert!(again.alerts.unprocessable.is_empty(), "{:?}", again.alerts);
+    assert_eq!(app.audit().await.divergent, []);
+}
+
+/// Two summaries of one customer in the same second (Stripe's `created` has one-second
+/// resolution; its event ids are random): the first says `sso`, the later one `sso` and
+/// `audit-log`, and their ids sort the other way. The second to arrive finds the register
+/// holding the other at the same second: the worker reads the customer's list, as Stripe shows
+/// it, stores it as `read:<its id>` at its time and applies that in its place. In both orders
+/// the features are Stripe's list, the fold agrees, and a replay reads nothing again.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn two_summaries_of_one_second_end_as_stripes_list_in_both_orders(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    let entitlement = |n: u32, key: &str| {
+        json!({"id": format!("ent_test_61TieEnt{n:02}K7qW3xRb9mYv2Lp5Nc8Ht4Jdx"),
+               "object": "entitlements.active_entitlement",
+               "feature": format!("feat_test_61TieFeat{n:02}Q2wE8rT5yU1iO9pA3sD7fG4h"),
+               "livemode": false, "lookup_key": key})
+    };
+    let newest = [entitlement(1, "sso"), entitlement(2, "audit-log")];
+    // Stripe's list now: the later summary's set.
+    Mock::given(method("GET"))
+        .and(path(LIST))
+        .and(query_param("limit", "100"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(
+            json!({"object": "list", "data": newest, "has_more": false, "url": LIST}),
+        ))
+        .mount(&api)
+        .await;
+    let created = complete()["created"].as_i64().unwrap();
+    let summary = |customer: &str, id: &str, listed: &[Value]| {
+        let mut event = complete();
+        event["id"] = json!(id);
+        event["created"] = json!(created);
+        event["data"]["object"]["customer"] = json!(customer);
+        event["data"]["object"]["entitlements"]["data"] = json!(listed);
+        event
+    };
+    let stripes = flags(&["audit-log", "sso"].map(String::from));
+    for (n, earlier_first) in [(0, true), (1, false)] {
+        let customer = format!("cus_EntTie{n:06}");
+        // The earlier change's id sorts last, the later one's first: the ids say the wrong way.
+        let earlier = summary(&customer, &format!("evt_1TieZz{n}Earlier"), &newest[..1]);
+        let later = summary(&customer, &format!("evt_1TieAa{n}Later"), &newest);
+        assert!(id_of(&later) < id_of(&earlier));
+        let (first, second) = match earlier_first {
+            true => (&earlier, &later),
+            false => (&later, &earlier),
+        };
+        let reads = requests_to(&api, LIST).await.len();
+        deliver(&app, first).await;
+        deliver(&app, second).await;
+        let order = format!("{} then {}", id_of(first), id_of(second));
+        assert_eq!(
+            snapshot(&app, &customer).await.features,
+            stripes,
+            "{order}: Stripe's list"
+        );
+        for event in [first, second] {
+            let row = status_of(&app, id_of(event)).await;
+            assert!(
+                ["applied", "ignored"].contains(&row.status.as_str()),
+                "{order}: {row:?}"
+            );
+        }
+        assert_eq!(
+            requests_to(&api, LIST).await.len(),
+            reads + 1,
+            "{order}: one read, by the second"
+        );
+        let read = status_of(&app, &format!("read:{}", id_of(second))).await;
+        assert_eq!(read.status, "applied", "{order}: {:?}", read.reason);
+        assert_eq!(read.occurred_at.map(|t| t.timestamp()), Some(created));
+        let stored = read.payload.unwrap();
+        assert_eq!(stored["summary_event"], id_of(second));
+        assert!(stored["read_at"].is_string(), "{stored}");
+        // A replay of each applies what was stored: nothing is read again, nothing moves.
+        let ids = [
+            app.event_id("stripe", id_of(first)).await,
+            app.event_id("stripe", id_of(second)).await,
+        ];
+        shared::inbox::replay::replay(&app.pool, &app.state.queue, &ids)
+            .await
+            .unwrap();
+        app.run_worker().await;
+        assert_eq!(requests_to(&api, LIST).await.len(), reads + 1, "{order}");
+        assert_eq!(snapshot(&app, &customer).await.features, stripes, "{order}");
+    }
+    assert_eq!(app.audit().await.divergent, []);
+}
+
+/// The audit compares a summary register whatever event holds it: here the thin summary,
+/// under whose id its read was applied (the thin event names no customer). Moved by hand after
+/// the account was found clean and its point kept, the register is named.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_summary_register_a_thin_summary_holds_is_audited_from_the_accounts_point(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    lists_entitlements(&api, None).await;
+    let twin = has_more();
+    let thin = thin_summary();
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/events/{}", id_of(&twin))))
+        .respond_with(ResponseTemplate::new(200).set_body_json(&twin))
+        .mount(&api)
+        .await;
+    deliver(&app, &thin).await;
+    assert_eq!(status_of(&app, id_of(&thin)).await.status, "applied");
+    let holder: i64 = sqlx::query_scalar("SELECT event_id FROM entitlements")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(holder, app.event_id("stripe", id_of(&thin)).await);
+    assert_eq!(app.audit().await.divergent, []);
+    assert_eq!(
+        app.count("SELECT count(*) FROM audit_points WHERE state IS NOT NULL")
+            .await,
+        1,
+        "the account keeps a point"
+    );
+    for change in [r#"features = '{"sso": true}'"#, "active = false"] {
+        let whole = sqlx::query_scalar::<_, Value>("SELECT features FROM entitlements")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+        sqlx::query(&format!("UPDATE entitlements SET {change}"))
+            .execute(&app.pool)
+            .await
+            .unwrap();
+        let found: Vec<String> = app
+            .audit()
+            .await
+            .divergent
+            .iter()
+            .map(|d| format!("{}/{}", d.customer_id, d.field))
+            .collect();
+        assert_eq!(
+            found,
+            [format!("{CUSTOMER}/entitlement:active_entitlement_summary")],
+            "{change}"
+        );
+        sqlx::query("UPDATE entitlements SET active = true, features = $1")
+            .bind(whole)
+            .execute(&app.pool)
+            .await
+            .unwrap();
+        assert_eq!(app.audit().await.divergent, [], "{change} undone");
+    }
 }
 
 /// Three summaries of one customer — `sso` alone, then the first three, then all twelve (the

@@ -100,6 +100,23 @@ pub(super) async fn carried(
     read_object(conn, event, source, thin).await
 }
 
+/// The read that settles a same-second tie for `event` (a Stripe summary's list, docs/design.md
+/// §4.2): found when an attempt stored it already — a retry or a replay applies what was read
+/// and reads nothing again — else read now and stored; applied in the event's place.
+pub(super) async fn settled_by_read(
+    conn: &mut PgConnection,
+    event: &Claimed,
+    source: &WorkerSource,
+    carrier: &Carrier,
+) -> Result<Carried, ApplyError> {
+    if let Some(key) = carrier.read_key() {
+        if let Some(read) = stored::find(conn, &event.source, &key).await? {
+            return Ok(view(event, read));
+        }
+    }
+    read_object(conn, event, source, carrier).await
+}
+
 /// The thin event's related object: read now, stored, and the read applied under the thin
 /// event's id and lease.
 pub(super) async fn read_object(
@@ -135,14 +152,22 @@ pub(super) async fn read_object(
             "the thin event has no provider time for its read to stand at".into(),
         );
     };
+    let provider = providers::provider(source.kind);
     let object = match reads.carried_object(thin, path).await {
         Ok(Some(object)) => object,
-        Ok(None) => {
-            return finish(
-                EventStatus::Ignored,
-                format!("the object no longer exists at the provider (GET {path} answered 404)"),
-            )
-        }
+        // A read whose absence tells nothing of the state (a customer the key cannot see)
+        // leaves the registers as they are and needs an operator: unprocessable, alerted once.
+        Ok(None) => match provider.missing_read(thin, path) {
+            Some(reason) => return finish(EventStatus::Unprocessable, reason),
+            None => {
+                return finish(
+                    EventStatus::Ignored,
+                    format!(
+                        "the object no longer exists at the provider (GET {path} answered 404)"
+                    ),
+                )
+            }
+        },
         Err(e) => return Err(ApplyError::Fetch(format!("{e:#}"))),
     };
     let read = ReadFor {
@@ -150,7 +175,6 @@ pub(super) async fn read_object(
         at: made_for,
         made_for: MadeFor::Carrier(thin),
     };
-    let provider = providers::provider(source.kind);
     let Some(fetched) = provider.read_as_event(&read, &object) else {
         return finish(
             EventStatus::Unprocessable,

@@ -125,13 +125,17 @@ pub(super) struct Reading<'a> {
 }
 
 /// The events the registers of an account name (holders, grants, links, refunds, the
-/// tombstone).
+/// tombstone). Every register's holder is named, whatever the event that holds it (a thin
+/// event or a summary whose read it applied under its own id, which the account may not
+/// own): a register whose holder is not among the events read is one the audit cannot speak
+/// for, and is not compared.
 fn named_by(registers: &crate::billing::rules::Registers, ledger: &LedgerByPeriod) -> Vec<i64> {
     let mut ids: BTreeSet<i64> = BTreeSet::new();
     ids.extend(registers.customer_plan.as_ref().map(|h| h.event_id));
     ids.extend(registers.standing.as_ref().map(|h| h.event_id));
     ids.extend(registers.subscriptions.values().map(|h| h.event_id));
     ids.extend(registers.payments.values().map(|h| h.event_id));
+    ids.extend(registers.entitlements.values().map(|h| h.event_id));
     for intent in registers.intents.values() {
         ids.extend(intent.linked_by);
         ids.extend(intent.refunded_by);

@@ -1052,6 +1052,7 @@ mod tests {
             active,
             features: crate::domain::features::of_json_object(features.as_object().unwrap())
                 .unwrap(),
+            rank: crate::billing::Rank(0),
         };
         FoldEvent {
             event_type: "benefit_grant.updated".into(),

@@ -199,10 +199,13 @@ pub enum Effect {
     /// of features, by the grant's id — Stripe's active-entitlement summary (one per customer,
     /// the whole set), a Polar benefit grant, Kinde's entitlements as read. `active: false`
     /// (revoked, ended) gives nothing; the account has the features of its active ones.
+    /// `rank` orders it among same-second states: 0, unless it is the provider's word read
+    /// for a tie (a Stripe summary's list read, confirmed at the read's time).
     Entitlement {
         grant: String,
         active: bool,
         features: Features,
+        rank: Rank,
     },
 }
 

@@ -198,13 +198,16 @@ impl HeldEntitlement {
 
 /// An entitlement register: the last writer wins, like the plan register; the register holds
 /// what the winning event says of its grant, whole (a summary's set replaces the one before).
+/// `rank` orders writes stamped with the same provider time: 0 for an event's own word, a
+/// confirmed rank for the provider's, read to settle such a tie (docs/design.md §4.2), so
+/// the random event id never decides between two states the provider has spoken on.
 pub fn entitlement(
     held: Option<&Held<HeldEntitlement>>,
     ctx: &EventContext<'_>,
     grant: &str,
-    value: &HeldEntitlement,
+    (value, rank): (&HeldEntitlement, Rank),
 ) -> Ruled {
-    if !newer(held, &Stamp::of(ctx, Rank(0))) {
+    if !newer(held, &Stamp::of(ctx, rank)) {
         let superseded = format!("a newer state of entitlement {grant} is already stored");
         return Ruled::new(
             false,
@@ -724,14 +727,15 @@ impl Registers {
                 grant,
                 active,
                 features,
+                rank,
             } => {
                 let value = HeldEntitlement {
                     active: *active,
                     features: features.clone(),
                 };
-                let ruled = entitlement(self.entitlements.get(grant), ctx, grant, &value);
+                let ruled = entitlement(self.entitlements.get(grant), ctx, grant, (&value, *rank));
                 if ruled.writes {
-                    let held = Held::written(value, ctx, Rank(0));
+                    let held = Held::written(value, ctx, *rank);
                     let read = self.entitlements.insert(grant.clone(), held);
                     self.changed
                         .entitlements

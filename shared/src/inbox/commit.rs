@@ -70,7 +70,7 @@ pub async fn commit(
         --   $11-$13  accounts: the version read, deleted_at, deleted_by
         --   $14-$16  customer_plans      $17-$18  customer_standing
         --   $19-$29  subscriptions       $30-$34  payments         $35-$40  ledger
-        --   $41-$45  payment_intents     $46-$49  effects          $50-$52  entitlements
+        --   $41-$45  payment_intents     $46-$49  effects          $50-$53  entitlements
         WITH as_read AS (
             -- accounts ($11): the account, still at the version read, and not held by
             -- another writer: one that is held or moved fails the statement at once, before
@@ -192,14 +192,14 @@ pub async fn commit(
             RETURNING payment_intent, invoice_id, customer_id, refunded_charge, refunded_by,
                       linked_by
         ), entitlements_written AS (
-            -- entitlements ($50-$52: grant id, active, features). Keyed by the account,
-            -- whose version the statement holds: no other account's event writes them.
+            -- entitlements ($50-$53: grant id, active, features, rank). Keyed by the
+            -- account, whose version the statement holds: no other account's event writes them.
             INSERT INTO entitlements AS r
                 (source, customer_id, grant_id, active, features, version_at, version_rank,
                  version_key, event_id)
-            SELECT $2, $3, g.id, g.active, g.features, $4, 0, $5, $1
-            FROM account, unnest($50::text[], $51::bool[], $52::jsonb[])
-                 AS g (id, active, features)
+            SELECT $2, $3, g.id, g.active, g.features, $4, g.rank, $5, $1
+            FROM account, unnest($50::text[], $51::bool[], $52::jsonb[], $53::bigint[])
+                 AS g (id, active, features, rank)
             ON CONFLICT (source, customer_id, grant_id) DO UPDATE
                 SET active = EXCLUDED.active, features = EXCLUDED.features,
                     version_at = EXCLUDED.version_at, version_rank = EXCLUDED.version_rank,
@@ -306,10 +306,11 @@ pub async fn commit(
         &w.effects.kind as &[&str],
         &w.effects.cause as &[&str],
         &w.effects.body,
-        // $50-$52: entitlements
+        // $50-$53: entitlements
         &w.entitlements.id as &[&str],
         &w.entitlements.active,
         &w.entitlements.features,
+        &w.entitlements.rank,
     )
     .fetch_one(exec(conn))
     .await;
@@ -382,7 +383,7 @@ struct BillingWrite<'a> {
     intents: IntentRows<'a>,
     /// $46-$49: `effects`.
     effects: EffectRows<'a>,
-    /// $50-$52: `entitlements`.
+    /// $50-$53: `entitlements`.
     entitlements: EntitlementRows<'a>,
 }
 
@@ -639,6 +640,7 @@ struct EntitlementRows<'a> {
     id: Vec<&'a str>,
     active: Vec<bool>,
     features: Vec<Value>,
+    rank: Vec<i64>,
 }
 
 impl<'a> EntitlementRows<'a> {
@@ -652,6 +654,7 @@ impl<'a> EntitlementRows<'a> {
             rows.active.push(held.value.active);
             rows.features
                 .push(serde_json::to_value(&held.value.features).unwrap_or(Value::Null));
+            rows.rank.push(held.stamp.rank);
         }
         rows
     }

@@ -107,6 +107,21 @@ pub trait Provider: Sync {
         None
     }
 
+    /// The read that settles a same-second tie on the register `effect` writes, when this
+    /// provider's word on it is a read stored as an event of its own and applied in the
+    /// event's place (Stripe's entitlement summaries: the customer's list, docs/design.md
+    /// §4.2); `None` for every other effect, and for an event that is such a read.
+    fn tie_read(&self, _payload: &Value, _effect: &crate::billing::Effect) -> Option<Carrier> {
+        None
+    }
+
+    /// Why a carrier whose object the provider does not find (404) is unprocessable, when it
+    /// is: a read whose absence says nothing about the state (Stripe's list of a customer's
+    /// entitlements). `None`: the object is gone, and the carrier is ignored.
+    fn missing_read(&self, _carrier: &Carrier, _path: &str) -> Option<String> {
+        None
+    }
+
     /// Whether a subscription as its API lists it differs from its register (or the register
     /// has none), as `decide` would read it: a generation failure's sweep stores a read only
     /// of those (docs/design.md §6.2).

@@ -451,6 +451,7 @@ mod tests {
                 grant: ENTITLEMENTS_GRANT.into(),
                 active: true,
                 features: held(json!({"seats": 10, "sso": true}), "2026-01-01T00:00:00Z").features,
+                rank: crate::billing::Rank(0),
             }])
         );
         // Another register: another finding, named after the register it corrects.

@@ -161,6 +161,7 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
                 grant: ENTITLEMENTS_GRANT.to_owned(),
                 active: true,
                 features: entitlement_features(read)?,
+                rank: crate::billing::Rank(0),
             }])
         }
         other => return Ok(not_billing(other)),
@@ -336,7 +337,8 @@ mod tests {
             Decision::apply(vec![Effect::Entitlement {
                 grant: ENTITLEMENTS_GRANT.into(),
                 active: true,
-                features: want
+                features: want,
+                rank: crate::billing::Rank(0),
             }])
         );
         let none = json!({"data": {"customer_id": "c", "entitlements": []}});
@@ -344,7 +346,7 @@ mod tests {
             kinde(ENTITLEMENTS_READ, &none),
             Decision::Apply { effects, .. }
                 if effects == [Effect::Entitlement { grant: ENTITLEMENTS_GRANT.into(),
-                                                     active: true, features: Features::new() }]
+                                                     active: true, features: Features::new(), .. }]
         ));
         let odd = json!({"data": {"customer_id": "c",
                                   "entitlements": [entitlement("seats", json!(2.5))]}});

@@ -73,6 +73,7 @@ fn benefit_grant(event_type: &str, data: &Value) -> Decided {
         grant,
         active,
         features,
+        rank: crate::billing::Rank(0),
     }]))
 }
 
@@ -242,6 +243,7 @@ mod tests {
                     grant,
                     active,
                     features,
+                    ..
                 }] => (grant.clone(), *active, features.clone()),
                 other => panic!("one entitlement: {other:?}"),
             },

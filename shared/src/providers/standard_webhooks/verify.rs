@@ -68,11 +68,18 @@ pub fn parse_event(id: &str, body: &[u8], sent_at: DateTime<Utc>) -> VerifiedEve
     }
 }
 
-/// Provider time: the object's `modified_at`, else the envelope's `timestamp`, else the
-/// signed send time (the latest the event can have happened).
+/// Provider time: the object's own times first — its `modified_at`, else its `created_at` —
+/// then the envelope's `timestamp`, else the signed send time (the latest the event can have
+/// happened). Polar stamps an object's `created_at` when its row is inserted and `modified_at`
+/// on every later update, null until then (`TimestampedModel`, server/polar/kit/db/models/
+/// base.py); the envelope's `timestamp` is the clock when the webhook is sent
+/// (`WebhookService.send`, server/polar/webhook/service.py), after the change and whatever
+/// work came between. A new object (`subscription.created`, `benefit_grant.created`, an order
+/// paid at once) has no `modified_at` yet: ordered by its envelope, it would sort after a
+/// change made to it before its webhook went out (a grant revoked at once), and win.
 fn meta(payload: &Value, sent_at: DateTime<Utc>) -> Result<EventMeta, String> {
     let event_type = str_at(payload, "/type").ok_or("the event has no type")?;
-    let occurred_at = ["/data/modified_at", "/timestamp"]
+    let occurred_at = ["/data/modified_at", "/data/created_at", "/timestamp"]
         .iter()
         .filter_map(|p| payload.pointer(p))
         .find(|v| !v.is_null())
@@ -188,7 +195,8 @@ mod tests {
             );
             serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
         };
-        // A new grant has no modified_at yet: the envelope's timestamp is its time.
+        // A new grant has no modified_at yet: its created_at is its time, not the later
+        // envelope timestamp (2025-12-01T10:00:04.391207Z).
         let created = meta(&corpus("benefit_grant.created"), now()).unwrap();
         assert_eq!(
             created.customer.unwrap().as_str(),
@@ -197,13 +205,34 @@ mod tests {
         );
         assert_eq!(
             created.occurred_at,
-            ProviderTime::parse_rfc3339("2025-12-01T10:00:04.391207Z").unwrap()
+            ProviderTime::parse_rfc3339("2025-12-01T10:00:04.321977Z").unwrap()
         );
         let revoked = meta(&corpus("benefit_grant.revoked"), now()).unwrap();
         assert_eq!(
             revoked.occurred_at,
             ProviderTime::parse_rfc3339("2026-01-22T10:02:32.107455Z").unwrap()
         );
+    }
+
+    #[test]
+    fn an_objects_own_times_come_before_the_envelopes() {
+        let at = |data: Value| {
+            let p = json!({"type": "subscription.created", "timestamp": "2026-01-01T00:00:05Z",
+                           "data": data});
+            meta_time(&p)
+        };
+        let time = |s: &str| ProviderTime::parse_rfc3339(s).unwrap();
+        assert_eq!(
+            at(
+                json!({"created_at": "2026-01-01T00:00:00Z", "modified_at": "2026-01-01T00:00:02Z"})
+            ),
+            time("2026-01-01T00:00:02Z")
+        );
+        assert_eq!(
+            at(json!({"created_at": "2026-01-01T00:00:00Z", "modified_at": null})),
+            time("2026-01-01T00:00:00Z")
+        );
+        assert_eq!(at(json!({"id": "sub_1"})), time("2026-01-01T00:00:05Z"));
     }
 
     fn meta_time(p: &Value) -> ProviderTime {

@@ -255,7 +255,7 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
         "customer.deleted" => Decision::apply(vec![Effect::DeleteCustomer]),
         // The whole set of the customer's active entitlements; `previous_attributes` is not
         // read (docs/design.md §4.12).
-        super::entitlements::SUMMARY_TYPE => super::entitlements::decide(object)?,
+        super::entitlements::SUMMARY_TYPE => super::entitlements::decide(p, object)?,
         other => not_billing(other),
     })
 }
@@ -633,6 +633,7 @@ mod tests {
                 grant: "active_entitlement_summary".into(),
                 active: true,
                 features: flags(&["export", "seats-20", "sso"]),
+                rank: crate::billing::Rank(0),
             }])
         );
         assert!(HANDLED_TYPES.contains(&SUMMARY), "the walk asks for it");
@@ -651,6 +652,7 @@ mod tests {
                 grant: "active_entitlement_summary".into(),
                 active: true,
                 features: flags(&[]),
+                rank: crate::billing::Rank(0),
             }])
         );
     }

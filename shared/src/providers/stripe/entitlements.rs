@@ -6,14 +6,19 @@
 //! `{lookup_key: true}` for each. A list that says `has_more` (Stripe embeds at most a page of a
 //! list in an event) is never applied: the summary is a notice, and the complete list, read from
 //! `GET /v1/entitlements/active_entitlements?customer=…` page by page, is stored as an event of
-//! its own and applied as a thin event's read is (`apply::thin`). `previous_attributes` is
-//! never read: what changed is the account's features before and after (§4.12).
+//! its own and applied as a thin event's read is (`apply::thin`). So is a complete summary that
+//! finds the register holding another summary of its second: Stripe's `created` has one-second
+//! resolution and its ids are random, so the list read settles the tie (§4.2). A list Stripe
+//! does not find (404) leaves the summary unprocessable, the features as they were.
+//! `previous_attributes` is never read: what changed is the account's features before and
+//! after (§4.12).
 
 use anyhow::{bail, Context};
+use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 
 use super::fetch::{account, FETCH_VERSION};
-use crate::billing::{Decision, Effect, Problem};
+use crate::billing::{Decision, Effect, Problem, Rank};
 use crate::domain::features::{FeatureValue, Features};
 use crate::providers::{path_id, Api, Carrier, Notice};
 
@@ -65,9 +70,16 @@ pub fn incomplete(summary: &Value) -> Option<String> {
     }
 }
 
+/// The field of a summary read (an event the worker stores, docs/design.md §6.2) that says
+/// when Stripe's list was read.
+pub const READ_AT: &str = "read_at";
+
 /// What a summary means: with a complete list, the customer's entitlement register holds the
-/// list's `lookup_key`s (an empty list: no features); an incomplete one is never applied.
-pub fn decide(summary: &Value) -> Result<Decision, Problem> {
+/// list's `lookup_key`s (an empty list: no features); an incomplete one is never applied. A
+/// summary read from Stripe's list (`payload` says when) is Stripe's word on the customer's
+/// set at that moment: its write takes a confirmed rank at the read's time, above every
+/// summary stamped with the same second, and below a later read (docs/design.md §4.2).
+pub fn decide(payload: &Value, summary: &Value) -> Result<Decision, Problem> {
     if let Some(why) = incomplete(summary).filter(|_| !partial_applied()) {
         return Ok(Decision::Unprocessable(format!(
             "{why}: a partial list is never applied (the complete list is read from the provider)"
@@ -87,21 +99,71 @@ pub fn decide(summary: &Value) -> Result<Decision, Problem> {
             .ok_or_else(|| Problem(format!("entitlements.data[{n}] has no lookup_key")))?;
         features.insert(key.to_owned(), FeatureValue::Flag(true));
     }
+    let rank = match payload.get(READ_AT) {
+        None => Rank(0),
+        Some(at) => at
+            .as_str()
+            .and_then(|at| DateTime::parse_from_rfc3339(at).ok())
+            .map(|at| Rank::confirmed(at.with_timezone(&Utc)))
+            .ok_or_else(|| Problem(format!("the summary read's {READ_AT} is not a time")))?,
+    };
     Ok(Decision::apply(vec![Effect::Entitlement {
         grant: GRANT.to_owned(),
         active: true,
         features,
+        rank,
     }]))
+}
+
+/// Whether a stored summary is a read of Stripe's list the worker made, not Stripe's event.
+fn is_read(payload: &Value) -> bool {
+    payload.get(READ_AT).is_some()
 }
 
 /// A summary event whose list is incomplete, as the notice the worker settles by reading the
 /// complete list; `None` for a complete one (applied as it is) and for any other event.
 pub fn notice(payload: &Value) -> Option<Notice> {
+    let carrier = carrier(payload)?;
+    incomplete(payload.pointer("/data/object")?).filter(|_| !partial_applied())?;
+    Some(Notice::Carrier(carrier))
+}
+
+/// The read that settles a tie on the summary register (docs/design.md §4.2, §4.12): when the
+/// register holds another summary stamped with the same second as this one (Stripe's
+/// `created` has one-second resolution, its event ids are random), the customer's list as
+/// Stripe shows it, read for this summary and stored as an event of its own that is applied
+/// in its place, as an incomplete summary's list is. `None` for another effect, and for a
+/// summary that is itself such a read (it is Stripe's word already).
+pub fn tie_read(payload: &Value, effect: &Effect) -> Option<Carrier> {
+    let Effect::Entitlement { grant, .. } = effect else {
+        return None;
+    };
+    if grant != GRANT || is_read(payload) {
+        return None;
+    }
+    carrier(payload)
+}
+
+/// Why a summary whose list Stripe does not find (404) is unprocessable: the customer's features
+/// cannot be known, and they stay as they were until an operator looks. Stripe answers 404
+/// `resource_missing` for a customer it does not have, and so for one of the other mode or
+/// another account than the key's (a test-mode key reading a live customer).
+pub fn missing(carrier: &Carrier, path: &str) -> Option<String> {
+    (carrier.read_type == Some(SUMMARY_TYPE)).then(|| {
+        format!(
+            "Stripe does not find the customer's active entitlements (GET {path} answered 404): \
+             the customer is unknown to the source's API key (deleted, or of the other mode or \
+             another account than the key); the features stay as they were"
+        )
+    })
+}
+
+/// The summary event as the carrier of its list's read; `None` for any other event.
+fn carrier(payload: &Value) -> Option<Carrier> {
     if payload.get("type").and_then(Value::as_str) != Some(SUMMARY_TYPE) {
         return None;
     }
     let summary = payload.pointer("/data/object")?;
-    incomplete(summary).filter(|_| !partial_applied())?;
     let text = |p: &str| {
         payload
             .pointer(p)
@@ -115,7 +177,7 @@ pub fn notice(payload: &Value) -> Option<Notice> {
             .map_err(|_| format!("the summary's customer '{customer}' is not a customer id")),
         None => Err("the summary names no customer".to_owned()),
     };
-    Some(Notice::Carrier(Carrier {
+    Some(Carrier {
         id: text("/id").unwrap_or_default(),
         event_type: SUMMARY_TYPE.to_owned(),
         read_type: Some(SUMMARY_TYPE),
@@ -124,7 +186,7 @@ pub fn notice(payload: &Value) -> Option<Notice> {
         context: text("/account"),
         twin: None,
         livemode: payload.get("livemode").and_then(Value::as_bool),
-    }))
+    })
 }
 
 /// Whether the simulation running this task planted the bug of applying a partial list as it

@@ -19,7 +19,9 @@ use serde_json::Value;
 pub use api::{StripeEvents, StripeReads};
 pub use verify::{content_hash, parse_event, StripeVerifier, SIGNATURE_HEADER};
 
-use super::{Api, Fetched, Notice, Provider, ReadFor, Reads, Reconciliation, Setting, Verify};
+use super::{
+    Api, Carrier, Fetched, Notice, Provider, ReadFor, Reads, Reconciliation, Setting, Verify,
+};
 use crate::billing::registers::StoredSubscription;
 use crate::billing::Decided;
 use crate::domain::Catalog;
@@ -94,6 +96,14 @@ impl Provider for Stripe {
 
     fn read_as_event(&self, read: &ReadFor<'_>, object: &Value) -> Option<Fetched> {
         thin::read_as_event(read, object)
+    }
+
+    fn tie_read(&self, payload: &Value, effect: &crate::billing::Effect) -> Option<Carrier> {
+        entitlements::tie_read(payload, effect)
+    }
+
+    fn missing_read(&self, carrier: &Carrier, path: &str) -> Option<String> {
+        entitlements::missing(carrier, path)
     }
 
     fn subscription_differs(

@@ -110,11 +110,15 @@ pub fn read_as_event(read: &ReadFor<'_>, object: &Value) -> Option<Fetched> {
             event_type: thin.read_type?,
             livemode: thin.livemode,
             account: account(thin.context.as_deref()),
-            // An entitlement summary whose list was incomplete is a snapshot event itself.
+            // An entitlement summary whose list was incomplete, or tied with another's, is a
+            // snapshot event itself.
             because: match thin.event_type == entitlements::SUMMARY_TYPE {
                 true => ("summary_event", &thin.id),
                 false => ("thin_event", &thin.id),
             },
+            // A summary's list is Stripe's word on the customer's set when it was read: the
+            // later read of two in one second is the newer (`entitlements::decide`).
+            read_at: (thin.read_type == Some(entitlements::SUMMARY_TYPE)).then(Utc::now),
         },
         MadeFor::Swept(notice) => Read {
             key: read.key.clone(),
@@ -122,6 +126,7 @@ pub fn read_as_event(read: &ReadFor<'_>, object: &Value) -> Option<Fetched> {
             livemode: notice.livemode,
             account: account(notice.context.as_deref()),
             because: ("generation_failure_event", &notice.id),
+            read_at: None,
         },
         MadeFor::Invoice {
             key,
@@ -135,6 +140,7 @@ pub fn read_as_event(read: &ReadFor<'_>, object: &Value) -> Option<Fetched> {
                 .and_then(Value::as_bool),
             account: customer.connected_account(),
             because: ("invoice_event", key.as_str()),
+            read_at: None,
         },
     };
     snapshot.snapshot(object, read.at)
@@ -152,6 +158,8 @@ struct Read<'a> {
     pub account: Option<&'a str>,
     /// The field that names the event the read was made for, and that event's id.
     pub because: (&'a str, &'a str),
+    /// When it was read, where the read's rank depends on it (an entitlement summary's list).
+    pub read_at: Option<DateTime<Utc>>,
 }
 
 impl Read<'_> {
@@ -175,6 +183,9 @@ impl Read<'_> {
             "data": {"object": object},
         });
         event[self.because.0] = json!(self.because.1);
+        if let Some(read_at) = self.read_at {
+            event[entitlements::READ_AT] = json!(read_at.to_rfc3339());
+        }
         if let Some(account) = self.account {
             event["account"] = json!(account);
         }
