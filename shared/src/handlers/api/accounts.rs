@@ -134,7 +134,11 @@ struct DebitBody {
     note: Option<String>,
 }
 
-/// An `Idempotency-Key`, given once: 1 to 255 visible ASCII characters.
+/// An `Idempotency-Key`, given once: 1 to 255 visible ASCII characters, no comma. Two headers
+/// reach the function as two values here, but behind API Gateway as one: an HTTP API joins
+/// repeated headers with commas ("Duplicate headers are combined with commas and included in
+/// the headers field", AWS's "Create AWS Lambda proxy integrations for HTTP APIs in API
+/// Gateway", payload format 2.0), so `k1,k2` would otherwise be one key of the two.
 fn idempotency_key(headers: &HeaderMap) -> Result<&str, ApiError> {
     let mut given = headers.get_all("idempotency-key").iter();
     let raw = given.next().ok_or_else(|| {
@@ -151,6 +155,13 @@ fn idempotency_key(headers: &HeaderMap) -> Result<&str, ApiError> {
     }
     let key = raw.to_str().map_err(|_| Invalid::Key)?;
     usage::check_key(key)?;
+    if key.contains(',') {
+        return Err(ApiError::bad(
+            "bad_idempotency_key",
+            "a debit has one Idempotency-Key, with no comma: two headers are joined into one \
+             with commas on their way here",
+        ));
+    }
     Ok(key)
 }
 
@@ -779,6 +790,10 @@ mod tests {
         assert!(
             with(&[b"order-17", b"order-18"]).is_err(),
             "one key, not two"
+        );
+        assert!(
+            with(&[b"order-17,order-18"]).is_err(),
+            "one key, not two joined by API Gateway"
         );
         assert!(matches!(
             idempotency_key(&HeaderMap::new()),
