@@ -1289,7 +1289,12 @@ async fn a_request_the_contract_does_not_describe_is_refused_with_its_own_code(p
         ),
         (get(format!("{path}?after=garbage")).await, "bad_cursor"),
         (get(format!("{path}?after=")).await, "bad_cursor"),
-        (get(format!("{path}?after=use_%00")).await, "bad_cursor"),
+        // No parameter's value holds a control character (a NUL would fail the statement).
+        (get(format!("{path}?after=use_%00")).await, "bad_parameter"),
+        (
+            get(format!("{path}?period=2026-%0001")).await,
+            "bad_parameter",
+        ),
         // A cursor of another period's list (or another account's) is no cursor of this one.
         (
             get(format!("{path}?period=2026-01&after={spent_id}")).await,

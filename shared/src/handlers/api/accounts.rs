@@ -403,15 +403,10 @@ pub(super) async fn events_value(
 ) -> Result<Value, ApiError> {
     let after = match after {
         None => None,
-        Some(raw) => Some(Place::parse(raw).ok_or_else(|| {
-            ApiError::bad(
-                "bad_cursor",
-                "after is the next of an earlier page of this log",
-            )
-        })?),
+        Some(raw) => Some(Place::parse(raw).ok_or_else(bad_log_cursor)?),
     };
-    let (page, known) = on_held!(state, conn => async {
-        let page = log::account_events(
+    let (logged, known) = on_held!(state, conn => async {
+        let logged = log::account_events(
             &mut *conn,
             &target.source,
             target.customer_id(),
@@ -419,15 +414,24 @@ pub(super) async fn events_value(
             after.as_ref(),
         )
         .await?;
-        // An empty first page is a customer with no event, or no customer at all.
-        let known = !page.events.is_empty()
+        // An empty first page is a customer with no event, or no customer at all; so is a
+        // place of no event of theirs.
+        let known = matches!(&logged, log::Logged::Page(page) if !page.events.is_empty())
             || account::exists(&mut *conn, &target.source, target.customer_id()).await?;
-        Ok((page, known))
+        Ok((logged, known))
     })?;
-    match known {
-        true => Ok(json!(page)),
-        false => Err(ApiError::UnknownCustomer(target.customer().to_owned())),
+    match (logged, known) {
+        (_, false) => Err(ApiError::UnknownCustomer(target.customer().to_owned())),
+        (log::Logged::Page(page), true) => Ok(json!(page)),
+        (log::Logged::UnknownPlace, true) => Err(bad_log_cursor()),
     }
+}
+
+fn bad_log_cursor() -> ApiError {
+    ApiError::bad(
+        "bad_cursor",
+        "after is the next of an earlier page of this account's log",
+    )
 }
 
 /// The account's fields explained as `GET …/why` answers them, as of `cut`.

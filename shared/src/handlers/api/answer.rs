@@ -242,9 +242,11 @@ impl Query {
     }
 
     /// Each parameter is one `route` takes, and is given once: of two values, neither is
-    /// known to be the one meant.
+    /// known to be the one meant. No value holds a control character: none of the API's
+    /// parameters can (a time, a cursor, a status, an id), and a NUL asked of the store would
+    /// fail its statement, a 503 for a bad request.
     pub(super) fn check(&self, taken: &[&str]) -> Result<(), ApiError> {
-        for (i, (name, _)) in self.0.iter().enumerate() {
+        for (i, (name, value)) in self.0.iter().enumerate() {
             if !taken.contains(&name.as_str()) {
                 let name: String = name.chars().take(40).collect();
                 return Err(ApiError::bad(
@@ -260,6 +262,12 @@ impl Query {
                 return Err(ApiError::bad(
                     "repeated_parameter",
                     format!("{name} is given more than once"),
+                ));
+            }
+            if value.chars().any(char::is_control) {
+                return Err(ApiError::bad(
+                    "bad_parameter",
+                    format!("{name} holds a control character; no value of it can"),
                 ));
             }
         }
