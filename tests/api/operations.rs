@@ -347,7 +347,9 @@ async fn a_keys_replays_are_bounded_per_minute_with_a_retry_after(pool: PgPool) 
 async fn the_overview_counts_a_dead_event_and_refused_deliveries_and_says_what_needs_a_person(
     pool: PgPool,
 ) {
-    let app = TestApp::spawn(pool.clone()).await;
+    let mut app = TestApp::spawn(pool.clone()).await;
+    let clock = shared::handlers::api::SetClock::at(Utc::now());
+    app.state.clock = shared::handlers::api::Clock::Set(clock.clone());
     let state = api_of(&app, &pool);
     let dead = plan_change(&app, "kc_dead", "ev_dead", "pro", Utc::now()).await;
     // As the retry sweep leaves an event whose every attempt failed.
@@ -360,12 +362,42 @@ async fn the_overview_counts_a_dead_event_and_refused_deliveries_and_says_what_n
     .unwrap();
     let mut tampered = stripe_delivery(&stripe_event("evt_x", "cus_x", Utc::now().timestamp()));
     tampered.body = b"{}".to_vec();
-    for _ in 0..2 {
+    for _ in 0..3 {
         assert_eq!(
             app.post("stripe", &tampered).await.0,
             StatusCode::UNAUTHORIZED
         );
     }
+    // The first refusal is written at once, the others with the instance's next request once
+    // the window is over (whatever that request is).
+    let refused = |overview: &Answer| {
+        overview.body["sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["source"] == "stripe")
+            .unwrap()["unauthorized_last_hour"]
+            .clone()
+    };
+    assert_eq!(
+        refused(&get(&state, ADMIN_KEY, "/v1/admin/overview").await),
+        1
+    );
+    clock.set(clock.now() + shared::operate::refusals::WINDOW);
+    let (status, _) = app
+        .post(
+            "kinde",
+            &kinde_delivery(
+                "wh_after",
+                &json!({
+                    "type": "customer.plan_changed", "event_id": "ev_after",
+                    "event_timestamp": Utc::now().to_rfc3339(), "source": "api",
+                    "data": {"customer_id": "kc_after", "plan": {"key": "pro", "name": "pro"}}
+                }),
+            ),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
 
     let overview = get(&state, ADMIN_KEY, "/v1/admin/overview").await;
     assert_eq!(overview.status, StatusCode::OK, "{}", overview.body);
@@ -386,9 +418,9 @@ async fn the_overview_counts_a_dead_event_and_refused_deliveries_and_says_what_n
         ),
         (Some(1), Some(1))
     );
-    assert_eq!(kinde["deliveries_last_hour"], 1);
+    assert_eq!(kinde["deliveries_last_hour"], 2);
     assert!(kinde["last_delivery_at"].is_string());
-    assert_eq!(source("stripe")["unauthorized_last_hour"], 2);
+    assert_eq!(source("stripe")["unauthorized_last_hour"], 3);
     let first = &overview.body["needs_attention"][0];
     assert_eq!(
         (

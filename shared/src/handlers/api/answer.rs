@@ -132,24 +132,32 @@ impl ApiError {
 
     /// The answer: 4xx say what was wrong, 5xx say nothing of the cause (it goes to the log).
     pub fn into_response(self) -> Response<Body> {
-        let status = self.status();
-        match &self {
-            Self::Unavailable(e) => tracing::error!(error = %e, code = self.code(), "api failed"),
-            Self::Timeout => tracing::error!(code = self.code(), "api answered late"),
-            _ => tracing::info!(code = self.code(), detail = %self, "request refused"),
-        }
-        if status.is_server_error() {
-            // The alarm's count (ApiServerErrorsAlarm): API Gateway's own 5xx metric mixes the
-            // webhook route in.
-            crate::platform::metrics::emit(server_error_metric(self.code(), chrono::Utc::now()));
-        }
+        let headers = self.report();
         let mut body = json!({"code": self.code(), "detail": self.to_string()});
         if let Self::AllowanceExhausted { remaining, .. } = &self {
             body["remaining"] = json!(remaining);
         }
-        let mut response = json_response(status, &body);
-        let headers = response.headers_mut();
-        match &self {
+        let mut response = json_response(self.status(), &body);
+        response.headers_mut().extend(headers);
+        response
+    }
+
+    /// What every answer of this error does besides its body, whichever function page or
+    /// route gives it (the JSON routes here, the console's pages in HTML): the log line, with
+    /// the cause of a 5xx; the `ApiServerErrors` count of a 5xx (the alarm's: API Gateway's
+    /// own 5xx metric mixes the webhook route in); and the headers the answer carries
+    /// (`Retry-After`, `WWW-Authenticate`, the replay mark).
+    pub(super) fn report(&self) -> HeaderMap {
+        match self {
+            Self::Unavailable(e) => tracing::error!(error = %e, code = self.code(), "api failed"),
+            Self::Timeout => tracing::error!(code = self.code(), "api answered late"),
+            _ => tracing::info!(code = self.code(), detail = %self, "request refused"),
+        }
+        if self.status().is_server_error() {
+            crate::platform::metrics::emit(server_error_metric(self.code(), chrono::Utc::now()));
+        }
+        let mut headers = HeaderMap::new();
+        match self {
             Self::Unavailable(_) | Self::Timeout => {
                 headers.insert(http::header::RETRY_AFTER, RETRY_AFTER_SECS.into());
             }
@@ -162,10 +170,10 @@ impl ApiError {
                     http::HeaderValue::from_static("Bearer"),
                 );
             }
-            Self::AllowanceExhausted { replayed: true, .. } => mark_replayed(headers),
+            Self::AllowanceExhausted { replayed: true, .. } => mark_replayed(&mut headers),
             _ => {}
         }
-        response
+        headers
     }
 }
 
