@@ -1289,7 +1289,12 @@ async fn a_request_the_contract_does_not_describe_is_refused_with_its_own_code(p
         ),
         (get(format!("{path}?after=garbage")).await, "bad_cursor"),
         (get(format!("{path}?after=")).await, "bad_cursor"),
-        (get(format!("{path}?after=use_%00")).await, "bad_cursor"),
+        // No parameter's value holds a control character (a NUL would fail the statement).
+        (get(format!("{path}?after=use_%00")).await, "bad_parameter"),
+        (
+            get(format!("{path}?period=2026-%0001")).await,
+            "bad_parameter",
+        ),
         // A cursor of another period's list (or another account's) is no cursor of this one.
         (
             get(format!("{path}?period=2026-01&after={spent_id}")).await,
@@ -1330,4 +1335,86 @@ async fn a_request_the_contract_does_not_describe_is_refused_with_its_own_code(p
         (fresh.status, fresh.body["replayed"].as_bool()),
         (StatusCode::OK, Some(false))
     );
+}
+
+/// Two `Idempotency-Key` headers name no one key: the debit is refused and nothing is spent,
+/// in both shapes they reach the function. Sent as two headers; and behind API Gateway,
+/// whose HTTP API joins them into one: "Duplicate headers are combined with commas and
+/// included in the headers field" (AWS, "Create AWS Lambda proxy integrations for HTTP APIs
+/// in API Gateway", payload format 2.0), so `k1,k2` is one header there and a comma is no
+/// part of a key.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn two_idempotency_keys_as_two_headers_or_joined_by_api_gateway_debit_nothing(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    on_pro(&app, "kc_two_keys").await;
+    let state = api_state(&pool);
+    let path = usage_path("kc_two_keys");
+    let body = json!({"amount": 1});
+    let two = call(
+        &state,
+        "POST",
+        &path,
+        Some(APP_KEY),
+        &[("idempotency-key", "k1"), ("idempotency-key", "k2")],
+        Some(body.clone()),
+    )
+    .await;
+    let joined = call(
+        &state,
+        "POST",
+        &path,
+        Some(APP_KEY),
+        &[("idempotency-key", "k1,k2")],
+        Some(body.clone()),
+    )
+    .await;
+    // The event API Gateway's HTTP API (payload v2) sends for a request with two headers.
+    let event = json!({
+        "version": "2.0",
+        "routeKey": "$default",
+        "rawPath": path,
+        "rawQueryString": "",
+        "headers": {
+            "authorization": format!("Bearer {APP_KEY}"),
+            "content-type": "application/json",
+            "idempotency-key": "k1,k2"
+        },
+        "requestContext": {
+            "accountId": "123456789012", "apiId": "api", "domainName": "api.example.test",
+            "domainPrefix": "api", "requestId": "req-1", "routeKey": "$default",
+            "stage": "$default", "time": "01/Jan/2026:00:00:00 +0000", "timeEpoch": 1767225600000u64,
+            "http": {"method": "POST", "path": path, "protocol": "HTTP/1.1",
+                     "sourceIp": "203.0.113.1", "userAgent": "app/1.0"}
+        },
+        "body": body.to_string(),
+        "isBase64Encoded": false
+    });
+    let request = lambda_http::request::from_str(&event.to_string()).unwrap();
+    let response = api::handle(&state, request, None).await;
+    let gateway_status = response.status();
+    let gateway: Value = match response.body() {
+        Body::Text(t) => serde_json::from_str(t).unwrap(),
+        other => panic!("a JSON body, not {other:?}"),
+    };
+    for (status, answer) in [
+        (two.status, &two.body),
+        (joined.status, &joined.body),
+        (gateway_status, &gateway),
+    ] {
+        assert_eq!(
+            (status, answer["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("bad_idempotency_key")),
+            "{answer}"
+        );
+    }
+    let read = call(
+        &state,
+        "GET",
+        "/v1/accounts/kinde/kc_two_keys",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(read.body["used"], 0, "nothing debited");
 }

@@ -17,6 +17,7 @@ struct Page {
     status: StatusCode,
     content_type: String,
     csp: String,
+    retry_after: Option<String>,
     body: String,
 }
 
@@ -39,6 +40,10 @@ async fn open(state: &ApiState, path: &str, key: Option<&str>) -> Page {
         status: response.status(),
         content_type: header("content-type"),
         csp: header("content-security-policy"),
+        retry_after: response
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned()),
         body: match response.body() {
             Body::Text(t) => t.clone(),
             other => panic!("a text body, not {other:?}"),
@@ -160,4 +165,41 @@ async fn the_shell_needs_no_key_and_each_page_needs_an_admin_one(pool: PgPool) {
     assert!(missing.body.contains("unknown_customer"));
     let bad = open(&state, "/console/fragment/events?sort=id", Some(ADMIN_KEY)).await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+}
+
+/// A page the store cannot answer is a 5xx as the API's are: `Retry-After` for the browser,
+/// its cause in the log and the `ApiServerErrors` count the alarm reads (one path for both),
+/// the store's words never on the page.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_page_the_store_cannot_answer_is_a_503_with_retry_after_as_the_apis_are(pool: PgPool) {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut state = api_state(&pool);
+    state.conn = shared::platform::db::Held::new(
+        pool.connect_options()
+            .as_ref()
+            .clone()
+            .host("127.0.0.1")
+            .port(closed),
+    );
+    let page = open(&state, "/console/fragment/", Some(ADMIN_KEY)).await;
+    assert_eq!(
+        page.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("id=\"error\"") && page.body.contains("unavailable"));
+    assert!(
+        !page.body.contains(&closed.to_string()),
+        "no cause on the page"
+    );
+    assert_eq!(
+        page.retry_after.as_deref(),
+        Some(shared::handlers::api::RETRY_AFTER_SECS.to_string().as_str())
+    );
+    assert!(page.csp.contains("default-src 'none'"));
 }

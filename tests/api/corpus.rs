@@ -684,7 +684,7 @@ const CONNECTED: &str = "acct_1PlatformConn01";
 /// The objects the worker reads for the accounts-v2 corpus, at a fake Stripe API: the
 /// refunded charge's payment intent (the charge names no customer) and the invoice payment
 /// that links it to its invoice; each answered only as `connected` (or as the platform).
-async fn accounts_v2_api(connected: Option<&str>) -> wiremock::MockServer {
+pub(crate) async fn accounts_v2_api(connected: Option<&str>) -> wiremock::MockServer {
     use wiremock::matchers::{header, method, path, query_param};
     use wiremock::{Mock, MockServer, ResponseTemplate};
     let api = MockServer::start().await;
@@ -724,7 +724,7 @@ async fn accounts_v2_api(connected: Option<&str>) -> wiremock::MockServer {
 
 /// The accounts-v2 corpus sent as `source` would send it, each event from the connected
 /// account `connected` if named, in file order or reversed, with the worker reading `api`.
-async fn send_accounts_v2(
+pub(crate) async fn send_accounts_v2(
     pool: PgPool,
     api: &wiremock::MockServer,
     connected: Option<&str>,

@@ -347,7 +347,9 @@ async fn a_keys_replays_are_bounded_per_minute_with_a_retry_after(pool: PgPool) 
 async fn the_overview_counts_a_dead_event_and_refused_deliveries_and_says_what_needs_a_person(
     pool: PgPool,
 ) {
-    let app = TestApp::spawn(pool.clone()).await;
+    let mut app = TestApp::spawn(pool.clone()).await;
+    let clock = shared::handlers::api::SetClock::at(Utc::now());
+    app.state.clock = shared::handlers::api::Clock::Set(clock.clone());
     let state = api_of(&app, &pool);
     let dead = plan_change(&app, "kc_dead", "ev_dead", "pro", Utc::now()).await;
     // As the retry sweep leaves an event whose every attempt failed.
@@ -360,12 +362,42 @@ async fn the_overview_counts_a_dead_event_and_refused_deliveries_and_says_what_n
     .unwrap();
     let mut tampered = stripe_delivery(&stripe_event("evt_x", "cus_x", Utc::now().timestamp()));
     tampered.body = b"{}".to_vec();
-    for _ in 0..2 {
+    for _ in 0..3 {
         assert_eq!(
             app.post("stripe", &tampered).await.0,
             StatusCode::UNAUTHORIZED
         );
     }
+    // The first refusal is written at once, the others with the instance's next request once
+    // the window is over (whatever that request is).
+    let refused = |overview: &Answer| {
+        overview.body["sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["source"] == "stripe")
+            .unwrap()["unauthorized_last_hour"]
+            .clone()
+    };
+    assert_eq!(
+        refused(&get(&state, ADMIN_KEY, "/v1/admin/overview").await),
+        1
+    );
+    clock.set(clock.now() + shared::operate::refusals::WINDOW);
+    let (status, _) = app
+        .post(
+            "kinde",
+            &kinde_delivery(
+                "wh_after",
+                &json!({
+                    "type": "customer.plan_changed", "event_id": "ev_after",
+                    "event_timestamp": Utc::now().to_rfc3339(), "source": "api",
+                    "data": {"customer_id": "kc_after", "plan": {"key": "pro", "name": "pro"}}
+                }),
+            ),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
 
     let overview = get(&state, ADMIN_KEY, "/v1/admin/overview").await;
     assert_eq!(overview.status, StatusCode::OK, "{}", overview.body);
@@ -386,9 +418,9 @@ async fn the_overview_counts_a_dead_event_and_refused_deliveries_and_says_what_n
         ),
         (Some(1), Some(1))
     );
-    assert_eq!(kinde["deliveries_last_hour"], 1);
+    assert_eq!(kinde["deliveries_last_hour"], 2);
     assert!(kinde["last_delivery_at"].is_string());
-    assert_eq!(source("stripe")["unauthorized_last_hour"], 2);
+    assert_eq!(source("stripe")["unauthorized_last_hour"], 3);
     let first = &overview.body["needs_attention"][0];
     assert_eq!(
         (
@@ -670,4 +702,251 @@ async fn a_divergence_the_audit_found_is_listed_and_needs_a_person(pool: PgPool)
         .find(|a| a["kind"] == "divergences")
         .expect("divergences need a person");
     assert_eq!(attention["link"], "accounts/kinde/kc%5Fmoved");
+}
+
+/// What no request can mean (a cursor at a time before any Postgres holds, a NUL in a filter,
+/// an id or a cursor) is the caller's mistake, told with its own code: never a 503, which asks
+/// the caller to retry, counts toward the server-errors alarm and pages the operator. A
+/// well-formed cursor that is not one of the account's places is refused as the usage list
+/// refuses one, rather than read as "from the start".
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_cursor_or_value_no_page_can_hold_is_a_400_with_its_code_never_a_503(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let state = api_of(&app, &pool);
+    let now = Utc::now();
+    for customer in ["kc_edge", "kc_else"] {
+        plan_change(
+            &app,
+            customer,
+            &format!("ev_{customer}_1"),
+            "pro",
+            now - Span::minutes(1),
+        )
+        .await;
+        plan_change(&app, customer, &format!("ev_{customer}_2"), "free", now).await;
+    }
+    let theirs = get(
+        &state,
+        READER_KEY,
+        "/v1/accounts/kinde/kc_else/events?limit=1",
+    )
+    .await;
+    let their_next = theirs.body["next"]
+        .as_str()
+        .expect("a next page")
+        .to_owned();
+    let mine = get(
+        &state,
+        READER_KEY,
+        "/v1/accounts/kinde/kc_edge/events?limit=1",
+    )
+    .await;
+    let my_next = mine.body["next"].as_str().expect("a next page").to_owned();
+
+    let log = "/v1/accounts/kinde/kc_edge/events";
+    let reads = [
+        (
+            READER_KEY,
+            format!("{log}?after=-1000000000000000000.1"),
+            "bad_cursor",
+        ),
+        (
+            READER_KEY,
+            format!("{log}?after=99999999999999999.1"),
+            "bad_cursor",
+        ),
+        (READER_KEY, format!("{log}?after=-1.-1"), "bad_cursor"),
+        (READER_KEY, format!("{log}?after=0.0"), "bad_cursor"),
+        (
+            READER_KEY,
+            format!("{log}?after={their_next}"),
+            "bad_cursor",
+        ),
+        (READER_KEY, format!("{log}?after=1%00.1"), "bad_parameter"),
+        (
+            ADMIN_KEY,
+            "/v1/admin/events?type=%00".into(),
+            "bad_parameter",
+        ),
+        (
+            ADMIN_KEY,
+            "/v1/admin/events?customer=kc_edge%00".into(),
+            "bad_parameter",
+        ),
+        (
+            ADMIN_KEY,
+            "/v1/admin/events?provider_event_id=ev%00".into(),
+            "bad_parameter",
+        ),
+        (
+            ADMIN_KEY,
+            "/v1/admin/effects?after=1.eff_%00".into(),
+            "bad_parameter",
+        ),
+        (
+            ADMIN_KEY,
+            "/v1/admin/effects?after=-1000000000000000000.eff_1".into(),
+            "bad_cursor",
+        ),
+    ];
+    for (key, path, code) in &reads {
+        let answer = get(&state, key, path).await;
+        assert_eq!(
+            (answer.status, answer.body["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some(*code)),
+            "{path}: {}",
+            answer.body
+        );
+    }
+    for path in [
+        "/v1/admin/effects/eff_%00/replay",
+        "/v1/admin/meter-reports/mr_%00/replay",
+    ] {
+        let answer = post(&state, ADMIN_KEY, path, None).await;
+        assert_eq!(
+            (answer.status, answer.body["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("bad_path")),
+            "{path}: {}",
+            answer.body
+        );
+    }
+    // The account's own place still pages on.
+    let rest = get(&state, READER_KEY, &format!("{log}?after={my_next}")).await;
+    assert_eq!(rest.status, StatusCode::OK, "{}", rest.body);
+    assert_eq!(rest.body["events"][0]["provider_event_id"], "ev_kc_edge_2");
+}
+
+/// The event ids of an account's log as the app reads it (`GET …/events`, every page).
+async fn logged_ids(state: &ApiState, source: &str, customer: &str) -> Vec<i64> {
+    let mut ids = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let path = match &after {
+            Some(next) => format!("/v1/accounts/{source}/{customer}/events?limit=2&after={next}"),
+            None => format!("/v1/accounts/{source}/{customer}/events?limit=2"),
+        };
+        let page = get(state, READER_KEY, &path).await;
+        assert_eq!(page.status, StatusCode::OK, "{path}: {}", page.body);
+        ids.extend(
+            page.body["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["event_id"].as_i64().unwrap()),
+        );
+        match page.body["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => return ids,
+        }
+    }
+}
+
+/// An account's log is its events whichever row names the account: a Stripe thin event's row
+/// names no customer (its read does), yet the thin event is the account's, listed in its log
+/// (its read is not: it stands for the thin event) and replayed by the app's key. The route
+/// lists what `inboxctl account` lists.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_accounts_log_lists_its_thin_events_as_the_cli_does_and_the_app_replays_them(
+    pool: PgPool,
+) {
+    use crate::thin::{app_with_api, period, shows, thin_events, CUSTOMER};
+    let (app, api) = app_with_api(pool.clone()).await;
+    let state = api_of(&app, &pool);
+    let shown = [
+        "subscription.incomplete",
+        "subscription.active",
+        "subscription.canceled",
+    ];
+    let mut thin = Vec::new();
+    for (event, shown) in thin_events().iter().zip(shown) {
+        shows(&api, shown).await;
+        let (status, answer) = app.post("stripe", &stripe_delivery(event)).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        app.run_worker().await;
+        thin.push(answer["event_id"].as_i64().unwrap());
+    }
+    let read = app
+        .event_id(
+            "stripe",
+            &format!("read:{}", thin_events()[0]["id"].as_str().unwrap()),
+        )
+        .await;
+
+    let listed = logged_ids(&state, "stripe", CUSTOMER).await;
+    assert_eq!(listed, thin, "the thin events, in provider order; no read");
+    let cli: Vec<i64> = app
+        .account("stripe", CUSTOMER, &period())
+        .await
+        .log
+        .iter()
+        .map(|line| line.event_id)
+        .collect();
+    assert_eq!(
+        listed, cli,
+        "the route and inboxctl account list the same events"
+    );
+
+    let replay = post(
+        &state,
+        REPLAY_KEY,
+        &format!("/v1/accounts/stripe/{CUSTOMER}/events/{}/replay", thin[1]),
+        None,
+    )
+    .await;
+    assert_eq!(replay.status, StatusCode::OK, "{}", replay.body);
+    assert_eq!(replay.body["event_id"], thin[1]);
+    let of_read = post(
+        &state,
+        REPLAY_KEY,
+        &format!("/v1/accounts/stripe/{CUSTOMER}/events/{read}/replay"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (of_read.status, of_read.body["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found")),
+        "a read is not an event of the log: its thin event is"
+    );
+}
+
+/// A customer that is an Account (Accounts v2): Stripe's links-only `invoice_payment.paid`
+/// and the refund of its charge name no customer on their rows; both are the account's, in its
+/// log as `inboxctl account` shows it.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_account_customers_log_lists_its_links_and_refunds_as_the_cli_does(pool: PgPool) {
+    use crate::corpus::{accounts_v2_api, send_accounts_v2, ACCOUNT_CUSTOMER};
+    let api = accounts_v2_api(None).await;
+    let app = send_accounts_v2(pool.clone(), &api, None, false).await;
+    let state = api_of(&app, &pool);
+    let links: i64 = app
+        .count("SELECT id FROM inbox_events WHERE type = 'invoice_payment.paid'")
+        .await;
+    let refund: i64 = app
+        .count("SELECT id FROM inbox_events WHERE type = 'charge.refunded'")
+        .await;
+
+    let listed = logged_ids(&state, "stripe", ACCOUNT_CUSTOMER).await;
+    assert!(
+        listed.contains(&links) && listed.contains(&refund),
+        "{listed:?} lists {links} and {refund}"
+    );
+    let cli: Vec<i64> = app
+        .account("stripe", ACCOUNT_CUSTOMER, "2025-12")
+        .await
+        .log
+        .iter()
+        .map(|line| line.event_id)
+        .collect();
+    assert_eq!(
+        listed, cli,
+        "the route and inboxctl account list the same events"
+    );
+    let stored: i64 = app
+        .count("SELECT count(*) FROM inbox_events WHERE dedupe_key NOT LIKE 'read:%'")
+        .await;
+    assert_eq!(
+        listed.len() as i64,
+        stored,
+        "every event the account was sent"
+    );
 }

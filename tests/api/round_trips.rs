@@ -980,3 +980,33 @@ async fn with_the_pooler_setting_an_autocommit_statement_is_four_round_trips(poo
     assert_eq!(code, Some(0), "the child's output:\n{output}");
     assert!(output.contains("1 passed"), "{output}");
 }
+
+/// A flood of junk at the webhook route (each delivery refused 401) costs the database one
+/// write for the instance's window, not one a refusal: written each, the count's one hot row
+/// (a source's minute) would hold a connection per request for up to the count's budget. The
+/// first refusal is written at once, so a source whose secret stopped matching shows at once.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_flood_of_refused_deliveries_is_counted_without_a_write_each(pool: PgPool) {
+    let (mut app, trips) = app_through_proxy(&pool).await;
+    let clock = shared::handlers::api::SetClock::at(Utc::now());
+    app.state.clock = shared::handlers::api::Clock::Set(clock.clone());
+    let t = Utc::now().timestamp();
+    let mut junk = stripe_delivery(&stripe_event("evt_junk", "cus_junk", t));
+    junk.body = b"{}".to_vec();
+    // The connection is open and the count's statement prepared.
+    assert_eq!(app.post("stripe", &junk).await.0, StatusCode::UNAUTHORIZED);
+    trips.take();
+
+    clock.set(clock.now() + shared::operate::refusals::WINDOW);
+    for _ in 0..50 {
+        assert_eq!(app.post("stripe", &junk).await.0, StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(trips.take(), 1, "one write for fifty refusals");
+    let written: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(sum(count), 0)::bigint FROM intake_refusals WHERE source = 'stripe'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(written, 2, "the first of each window, written at once");
+}

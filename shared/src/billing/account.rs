@@ -290,12 +290,15 @@ pub struct PaymentView {
     pub status: String,
 }
 
+/// One event of the account's log: the events `GET …/events` lists, in the same order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LogLine {
     pub event_id: i64,
     #[serde(rename = "type")]
     pub event_type: String,
     pub occurred_at: Option<DateTime<Utc>>,
+    /// `applied`, `ignored` or `unprocessable` once the event is finished; else its status
+    /// (`received`, `processing`, `failed`, `dead`).
     pub outcome: String,
     pub reason: String,
 }
@@ -389,12 +392,16 @@ pub async fn load_with_log(
     )
     .fetch_all(exec(&mut *conn))
     .await?;
-    // LIMIT NULL is no limit.
+    // The account's log as the app's route lists it (the view `account_events`, one list for
+    // both): a line per finished event, and the events not finished or given up, whose
+    // outcome is their status. LIMIT NULL is no limit.
     let log: Vec<LogLine> = sqlx::query_as!(
         LogLine,
         r#"SELECT event_id AS "event_id!", event_type AS "event_type!",
-                  occurred_at, outcome AS "outcome!", reason AS "reason!"
-           FROM (SELECT event_id, event_type, occurred_at, outcome, reason FROM account_log
+                  occurred_at, COALESCE(outcome, status) AS "outcome!",
+                  COALESCE(reason, '') AS "reason!"
+           FROM (SELECT event_id, event_type, occurred_at, outcome, status, reason
+                 FROM account_events
                  WHERE source = $1 AND customer_id = $2
                  ORDER BY occurred_at DESC, event_id DESC LIMIT $3) latest
            ORDER BY occurred_at, event_id"#,
@@ -406,7 +413,7 @@ pub async fn load_with_log(
     .await?;
     let log_total = match log_lines {
         Some(lines) if log.len() as i64 >= lines => sqlx::query_scalar!(
-            r#"SELECT count(*) AS "count!" FROM account_log WHERE source = $1 AND customer_id = $2"#,
+            r#"SELECT count(*) AS "count!" FROM account_events WHERE source = $1 AND customer_id = $2"#,
             source,
             customer
         )

@@ -49,6 +49,10 @@ pub struct IntakeState {
     /// Sources that take their events through Amazon EventBridge alone (no signing secret):
     /// not verifiable here, so their route answers that it is not theirs.
     pub bus_only: Vec<String>,
+    /// The deliveries refused 401 and not written yet (`operate::refusals`).
+    pub refusals: crate::operate::refusals::Tally,
+    /// The time the tally's window is read on.
+    pub clock: crate::platform::clock::Clock,
 }
 
 impl IntakeState {
@@ -60,6 +64,8 @@ impl IntakeState {
             queue,
             sources,
             bus_only: Vec::new(),
+            refusals: Default::default(),
+            clock: Default::default(),
         }
     }
 
@@ -102,6 +108,8 @@ impl IntakeState {
             queue,
             sources,
             bus_only,
+            refusals: Default::default(),
+            clock: Default::default(),
         })
     }
 }
@@ -219,12 +227,15 @@ pub fn kept_headers(headers: &HeaderMap) -> Value {
     Value::Object(kept)
 }
 
-/// Handles one HTTP request; every outcome is an HTTP answer.
+/// Handles one HTTP request; every outcome is an HTTP answer. Whatever it was, the refusals
+/// the instance holds are written once their window is over (the first at once).
 pub async fn handle(state: &IntakeState, request: Request) -> Response<Body> {
-    match accept(state, &request).await {
+    let response = match accept(state, &request).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
-    }
+    };
+    crate::operate::refusals::write_due(&state.conn, &state.refusals, state.clock.now()).await;
+    response
 }
 
 #[tracing::instrument(skip_all, fields(source, event_id, verdict))]
@@ -254,15 +265,17 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
         Ok(verified) => verified,
         Err(refused) => {
             // A known source's delivery refused as the sender's fault: counted, so that a
-            // signing secret that no longer matches pages someone. (KeysUnavailable is ours,
-            // a 503 that the intake's 5xx alarm covers.)
+            // signing secret that no longer matches pages someone (the metric line, each) and
+            // shows in the overview (the tally, written at most once a window: no database
+            // write per junk request). KeysUnavailable is ours, a 503 that the intake's 5xx
+            // alarm covers.
             if refused != AuthError::KeysUnavailable {
                 crate::platform::metrics::emit(rejected_delivery_metric(
                     &source_name,
                     refused.reason(),
                     Utc::now(),
                 ));
-                crate::operate::overview::count_refusal(&state.conn, &source_name).await;
+                state.refusals.count(&source_name, state.clock.now());
             }
             return Err(IntakeError::Unauthorized(refused));
         }

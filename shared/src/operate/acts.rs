@@ -80,32 +80,31 @@ pub async fn replay_event(
     event_id: i64,
 ) -> Result<Replay<ReplayedEvent>, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let owner = sqlx::query!(
-        "SELECT source, customer_key FROM inbox_events WHERE id = $1",
-        event_id
-    )
-    .fetch_optional(exec(&mut *tx))
-    .await?;
-    let (action, target_detail) = match (scope, &owner) {
-        (Scope::Any, Some(_)) => ("event.replay", json!({})),
-        (Scope::Any, None) => return Ok(Replay::NotFound),
-        (Scope::Account { source, customer }, Some(row))
-            if row.source == source && row.customer_key.as_deref() == Some(customer.as_str()) =>
-        {
-            (
-                "account_event.replay",
-                json!({"source": source, "customer_id": customer.as_str()}),
+    let (action, target_detail) = match scope {
+        Scope::Any => {
+            let stored = sqlx::query_scalar!(
+                r#"SELECT EXISTS (SELECT 1 FROM inbox_events WHERE id = $1) AS "stored!""#,
+                event_id
             )
+            .fetch_one(exec(&mut *tx))
+            .await?;
+            if !stored {
+                return Ok(Replay::NotFound);
+            }
+            ("event.replay", json!({}))
         }
-        (Scope::Account { source, customer }, _) => {
-            // Another account's event answers as a missing one; the account's own purged
-            // event is told as such (it is in the account's log).
-            return Ok(
-                match super::log::logged(&mut tx, source, customer, event_id).await? {
-                    true if owner.is_none() => Replay::Purged,
-                    _ => Replay::NotFound,
-                },
-            );
+        // The account's events are what its log lists (`operate::log`), whichever row names
+        // the account: a thin event's row names no customer, its line does. Another account's
+        // event answers as a missing one; the account's own purged event is told as such.
+        Scope::Account { source, customer } => {
+            match super::log::status_in_log(&mut tx, source, customer, event_id).await? {
+                None => return Ok(Replay::NotFound),
+                Some(status) if status == super::log::PURGED => return Ok(Replay::Purged),
+                Some(_) => (
+                    "account_event.replay",
+                    json!({"source": source, "customer_id": customer.as_str()}),
+                ),
+            }
         }
     };
     let id = match trail::take(&mut tx, who, action, &event_id.to_string(), &target_detail).await? {

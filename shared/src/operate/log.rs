@@ -1,5 +1,7 @@
 //! An account's event log as the app reads it (docs/api.md, `GET …/events`): its events in
-//! provider order, those the purge took still listed from the account's log.
+//! provider order, those the purge took still listed from the account's log. The list is the
+//! view `account_events`, which `inboxctl account` reads too (`billing::account`): what the
+//! account's log names, and its events not finished or given up.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -9,6 +11,9 @@ use super::{cut, Place};
 use crate::billing::fold::Via;
 use crate::domain::CustomerId;
 use crate::platform::db::exec;
+
+/// The status of an event only the log remembers: the purge took its row.
+pub const PURGED: &str = "purged";
 
 /// 0001-01-01T00:00:00Z, where the first page starts.
 const EARLIEST_SECS: i64 = -62_135_596_800;
@@ -24,7 +29,7 @@ pub struct LoggedEvent {
     pub occurred_at: DateTime<Utc>,
     /// `None` once purged.
     pub received_at: Option<DateTime<Utc>>,
-    /// The inbox's status, or `purged` for an event only the log remembers.
+    /// The inbox's status, or [`PURGED`] for an event only the log remembers.
     pub status: String,
     /// `applied`, `ignored` or `unprocessable` once the event is finished.
     pub outcome: Option<String>,
@@ -40,16 +45,25 @@ pub struct LogPage {
     pub next: Option<String>,
 }
 
+/// A page of the log, or why there is none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Logged {
+    Page(LogPage),
+    /// `after` is no place of this account's log (another account's `next`, a made-up one).
+    UnknownPlace,
+}
+
 /// The account's events after `after` in provider order (provider time, then id), `limit` of
 /// them. An event whose provider time could not be read has no place in that order; the admin
-/// events list shows it.
+/// events list shows it. `after` must be one of the account's own places, as a page's `next`
+/// names them: any other is refused rather than read as a position.
 pub async fn account_events(
     conn: &mut PgConnection,
     source: &str,
     customer: &CustomerId,
     limit: i64,
     after: Option<&Place<i64>>,
-) -> Result<LogPage, sqlx::Error> {
+) -> Result<Logged, sqlx::Error> {
     let (at, id) = match after {
         Some(place) => (place.at, place.id),
         // Before any provider's time (Postgres has no time as early as chrono's earliest).
@@ -58,53 +72,62 @@ pub async fn account_events(
             i64::MIN,
         ),
     };
+    // One row at least: whether the place is the account's, with the page beside it.
     let rows = sqlx::query!(
         r#"
-        SELECT id AS "id!", dedupe_key, event_type AS "event_type!", occurred_at AS "occurred_at!",
-               received_at, status AS "status!", outcome, reason, seen_count, via
-        FROM (
-            SELECT e.id, e.dedupe_key, e.type AS event_type, e.occurred_at, e.received_at,
-                   e.status, l.outcome, COALESCE(l.reason, e.reason) AS reason, e.seen_count,
-                   (SELECT d.headers->>'via' FROM deliveries d WHERE d.event_id = e.id
+        WITH place AS (
+            SELECT NOT $6::bool OR EXISTS (
+                SELECT 1 FROM account_events c
+                WHERE c.source = $1 AND c.customer_id = $2 AND c.event_id = $4
+                  AND c.occurred_at = $3) AS known
+        )
+        SELECT place.known AS "known!", page.event_id AS "event_id?", page.dedupe_key,
+               page.event_type AS "event_type?", page.occurred_at AS "occurred_at?",
+               page.received_at, page.status AS "status?", page.outcome, page.reason,
+               page.seen_count, page.via
+        FROM place LEFT JOIN LATERAL (
+            SELECT a.event_id, a.dedupe_key, a.event_type, a.occurred_at, a.received_at,
+                   a.status, a.outcome, a.reason, a.seen_count,
+                   (SELECT d.headers->>'via' FROM deliveries d WHERE d.event_id = a.event_id
                     ORDER BY d.id LIMIT 1) AS via
-            FROM inbox_events e LEFT JOIN account_log l ON l.event_id = e.id
-            WHERE e.source = $1 AND e.customer_key = $2
-              AND e.occurred_at >= $3 AND (e.occurred_at, e.id) > ($3, $4)
-            UNION ALL
-            SELECT l.event_id, NULL, l.event_type, l.occurred_at, NULL, 'purged', l.outcome,
-                   l.reason, NULL, NULL
-            FROM account_log l
-            WHERE l.source = $1 AND l.customer_id = $2
-              AND l.occurred_at >= $3 AND (l.occurred_at, l.event_id) > ($3, $4)
-              AND NOT EXISTS (SELECT 1 FROM inbox_events e WHERE e.id = l.event_id)
-        ) page
-        ORDER BY occurred_at, id
-        LIMIT $5
+            FROM account_events a
+            WHERE place.known AND a.source = $1 AND a.customer_id = $2
+              AND a.occurred_at >= $3 AND (a.occurred_at, a.event_id) > ($3, $4)
+            ORDER BY a.occurred_at, a.event_id
+            LIMIT $5
+        ) page ON true
+        ORDER BY page.occurred_at, page.event_id
         "#,
         source,
         customer.as_str(),
         at,
         id,
         limit + 1,
+        after.is_some(),
     )
     .fetch_all(exec(conn))
     .await?;
+    if rows.first().is_some_and(|row| !row.known) {
+        return Ok(Logged::UnknownPlace);
+    }
     let events: Vec<LoggedEvent> = rows
         .into_iter()
-        .map(|row| LoggedEvent {
-            via: row
-                .dedupe_key
-                .as_deref()
-                .map(|key| Via::of(key, row.via.as_deref())),
-            event_id: row.id,
-            provider_event_id: row.dedupe_key,
-            event_type: row.event_type,
-            occurred_at: row.occurred_at,
-            received_at: row.received_at,
-            status: row.status,
-            outcome: row.outcome,
-            reason: row.reason,
-            seen_count: row.seen_count,
+        .filter_map(|row| {
+            Some(LoggedEvent {
+                via: row
+                    .dedupe_key
+                    .as_deref()
+                    .map(|key| Via::of(key, row.via.as_deref())),
+                event_id: row.event_id?,
+                provider_event_id: row.dedupe_key,
+                event_type: row.event_type?,
+                occurred_at: row.occurred_at?,
+                received_at: row.received_at,
+                status: row.status?,
+                outcome: row.outcome,
+                reason: row.reason,
+                seen_count: row.seen_count,
+            })
         })
         .collect();
     let (events, next) = cut(events, limit, |last| {
@@ -114,23 +137,25 @@ pub async fn account_events(
         }
         .encode()
     });
-    Ok(LogPage { events, next })
+    Ok(Logged::Page(LogPage { events, next }))
 }
 
-/// Whether the account's log names the event (an event of the account that the purge took).
-pub async fn logged(
+/// Where one of the account's events stands in its log: its status (`purged` when only its
+/// line is left), or `None` when the log does not list it (another account's event, a read
+/// made for one, no event at all). A replay by the account's key takes only what its log lists.
+pub async fn status_in_log(
     conn: &mut PgConnection,
     source: &str,
     customer: &CustomerId,
     event_id: i64,
-) -> Result<bool, sqlx::Error> {
+) -> Result<Option<String>, sqlx::Error> {
     sqlx::query_scalar!(
-        r#"SELECT EXISTS (SELECT 1 FROM account_log
-                          WHERE event_id = $1 AND source = $2 AND customer_id = $3) AS "logged!""#,
-        event_id,
+        r#"SELECT status AS "status!" FROM account_events
+           WHERE source = $1 AND customer_id = $2 AND event_id = $3"#,
         source,
         customer.as_str(),
+        event_id,
     )
-    .fetch_one(exec(conn))
+    .fetch_optional(exec(conn))
     .await
 }

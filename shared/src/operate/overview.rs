@@ -340,32 +340,3 @@ fn needs_attention(
 fn segment(raw: &str) -> String {
     utf8_percent_encode(raw, NON_ALPHANUMERIC).to_string()
 }
-
-/// How long the intake gives the count of a refused delivery before it answers without it.
-pub const REFUSAL_COUNT_BUDGET: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// Counts one delivery of `source` refused 401 in the current minute (the overview's "401s in
-/// the last hour"), and lets the source's counts older than a day go. Best effort: the intake
-/// answers 401 whether or not this is written.
-pub async fn count_refusal(held: &crate::platform::db::Held, source: &str) {
-    let count = async {
-        let mut conn = held.lock().await;
-        let conn = conn.get().await?;
-        sqlx::query!(
-            "WITH gone AS (DELETE FROM intake_refusals
-                           WHERE source = $1 AND minute < inbox_now() - interval '1 day')
-             INSERT INTO intake_refusals (source, minute, count)
-             VALUES ($1, date_trunc('minute', inbox_now()), 1)
-             ON CONFLICT (source, minute) DO UPDATE SET count = intake_refusals.count + 1",
-            source
-        )
-        .execute(exec(conn))
-        .await
-        .map(|_| ())
-    };
-    match tokio::time::timeout(REFUSAL_COUNT_BUDGET, count).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "could not count a refused delivery"),
-        Err(_) => tracing::warn!("counting a refused delivery took too long"),
-    }
-}

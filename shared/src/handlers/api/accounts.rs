@@ -134,7 +134,11 @@ struct DebitBody {
     note: Option<String>,
 }
 
-/// An `Idempotency-Key`, given once: 1 to 255 visible ASCII characters.
+/// An `Idempotency-Key`, given once: 1 to 255 visible ASCII characters, no comma. Two headers
+/// reach the function as two values here, but behind API Gateway as one: an HTTP API joins
+/// repeated headers with commas ("Duplicate headers are combined with commas and included in
+/// the headers field", AWS's "Create AWS Lambda proxy integrations for HTTP APIs in API
+/// Gateway", payload format 2.0), so `k1,k2` would otherwise be one key of the two.
 fn idempotency_key(headers: &HeaderMap) -> Result<&str, ApiError> {
     let mut given = headers.get_all("idempotency-key").iter();
     let raw = given.next().ok_or_else(|| {
@@ -151,6 +155,13 @@ fn idempotency_key(headers: &HeaderMap) -> Result<&str, ApiError> {
     }
     let key = raw.to_str().map_err(|_| Invalid::Key)?;
     usage::check_key(key)?;
+    if key.contains(',') {
+        return Err(ApiError::bad(
+            "bad_idempotency_key",
+            "a debit has one Idempotency-Key, with no comma: two headers are joined into one \
+             with commas on their way here",
+        ));
+    }
     Ok(key)
 }
 
@@ -392,15 +403,10 @@ pub(super) async fn events_value(
 ) -> Result<Value, ApiError> {
     let after = match after {
         None => None,
-        Some(raw) => Some(Place::parse(raw).ok_or_else(|| {
-            ApiError::bad(
-                "bad_cursor",
-                "after is the next of an earlier page of this log",
-            )
-        })?),
+        Some(raw) => Some(Place::parse(raw).ok_or_else(bad_log_cursor)?),
     };
-    let (page, known) = on_held!(state, conn => async {
-        let page = log::account_events(
+    let (logged, known) = on_held!(state, conn => async {
+        let logged = log::account_events(
             &mut *conn,
             &target.source,
             target.customer_id(),
@@ -408,15 +414,24 @@ pub(super) async fn events_value(
             after.as_ref(),
         )
         .await?;
-        // An empty first page is a customer with no event, or no customer at all.
-        let known = !page.events.is_empty()
+        // An empty first page is a customer with no event, or no customer at all; so is a
+        // place of no event of theirs.
+        let known = matches!(&logged, log::Logged::Page(page) if !page.events.is_empty())
             || account::exists(&mut *conn, &target.source, target.customer_id()).await?;
-        Ok((page, known))
+        Ok((logged, known))
     })?;
-    match known {
-        true => Ok(json!(page)),
-        false => Err(ApiError::UnknownCustomer(target.customer().to_owned())),
+    match (logged, known) {
+        (_, false) => Err(ApiError::UnknownCustomer(target.customer().to_owned())),
+        (log::Logged::Page(page), true) => Ok(json!(page)),
+        (log::Logged::UnknownPlace, true) => Err(bad_log_cursor()),
     }
+}
+
+fn bad_log_cursor() -> ApiError {
+    ApiError::bad(
+        "bad_cursor",
+        "after is the next of an earlier page of this account's log",
+    )
 }
 
 /// The account's fields explained as `GET …/why` answers them, as of `cut`.
@@ -779,6 +794,10 @@ mod tests {
         assert!(
             with(&[b"order-17", b"order-18"]).is_err(),
             "one key, not two"
+        );
+        assert!(
+            with(&[b"order-17,order-18"]).is_err(),
+            "one key, not two joined by API Gateway"
         );
         assert!(matches!(
             idempotency_key(&HeaderMap::new()),

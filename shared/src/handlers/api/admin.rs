@@ -92,12 +92,21 @@ impl Route {
 }
 
 /// The admin route of a path whose segments after `v1/admin` are `rest` (percent-decoded).
+/// Every segment an admin path names is an id the store gave (an event's, an effect's, a
+/// report's, a run's) or a step's number: one with a control character names nothing, and is
+/// refused before the store is asked (a NUL would fail its statement).
 pub(super) fn route(method: &Method, path: &str, rest: &[&str]) -> Result<Route, ApiError> {
     let decode = |s: &str| {
-        percent_encoding::percent_decode_str(s)
+        let decoded = percent_encoding::percent_decode_str(s)
             .decode_utf8()
-            .map(|s| s.into_owned())
-            .map_err(|_| ApiError::bad("bad_path", "a path segment is not UTF-8"))
+            .map_err(|_| ApiError::bad("bad_path", "a path segment is not UTF-8"))?;
+        match decoded.chars().any(char::is_control) {
+            true => Err(ApiError::bad(
+                "bad_path",
+                "a path segment holds a control character; no id can",
+            )),
+            false => Ok(decoded.into_owned()),
+        }
     };
     let route = match rest {
         ["overview"] => Route::Overview,
@@ -443,5 +452,21 @@ mod tests {
             routed(Method::GET, "/v1/admin/accounts"),
             Err(ApiError::NotFound { .. })
         ));
+        for path in [
+            "/v1/admin/effects/eff_%00/replay",
+            "/v1/admin/meter-reports/mr_%0A/replay",
+            "/v1/admin/engine-room/runs/r%00/steps/1",
+        ] {
+            assert!(
+                matches!(
+                    routed(Method::POST, path),
+                    Err(ApiError::BadRequest {
+                        code: "bad_path",
+                        ..
+                    })
+                ),
+                "{path}"
+            );
+        }
     }
 }

@@ -132,24 +132,32 @@ impl ApiError {
 
     /// The answer: 4xx say what was wrong, 5xx say nothing of the cause (it goes to the log).
     pub fn into_response(self) -> Response<Body> {
-        let status = self.status();
-        match &self {
-            Self::Unavailable(e) => tracing::error!(error = %e, code = self.code(), "api failed"),
-            Self::Timeout => tracing::error!(code = self.code(), "api answered late"),
-            _ => tracing::info!(code = self.code(), detail = %self, "request refused"),
-        }
-        if status.is_server_error() {
-            // The alarm's count (ApiServerErrorsAlarm): API Gateway's own 5xx metric mixes the
-            // webhook route in.
-            crate::platform::metrics::emit(server_error_metric(self.code(), chrono::Utc::now()));
-        }
+        let headers = self.report();
         let mut body = json!({"code": self.code(), "detail": self.to_string()});
         if let Self::AllowanceExhausted { remaining, .. } = &self {
             body["remaining"] = json!(remaining);
         }
-        let mut response = json_response(status, &body);
-        let headers = response.headers_mut();
-        match &self {
+        let mut response = json_response(self.status(), &body);
+        response.headers_mut().extend(headers);
+        response
+    }
+
+    /// What every answer of this error does besides its body, whichever function page or
+    /// route gives it (the JSON routes here, the console's pages in HTML): the log line, with
+    /// the cause of a 5xx; the `ApiServerErrors` count of a 5xx (the alarm's: API Gateway's
+    /// own 5xx metric mixes the webhook route in); and the headers the answer carries
+    /// (`Retry-After`, `WWW-Authenticate`, the replay mark).
+    pub(super) fn report(&self) -> HeaderMap {
+        match self {
+            Self::Unavailable(e) => tracing::error!(error = %e, code = self.code(), "api failed"),
+            Self::Timeout => tracing::error!(code = self.code(), "api answered late"),
+            _ => tracing::info!(code = self.code(), detail = %self, "request refused"),
+        }
+        if self.status().is_server_error() {
+            crate::platform::metrics::emit(server_error_metric(self.code(), chrono::Utc::now()));
+        }
+        let mut headers = HeaderMap::new();
+        match self {
             Self::Unavailable(_) | Self::Timeout => {
                 headers.insert(http::header::RETRY_AFTER, RETRY_AFTER_SECS.into());
             }
@@ -162,10 +170,10 @@ impl ApiError {
                     http::HeaderValue::from_static("Bearer"),
                 );
             }
-            Self::AllowanceExhausted { replayed: true, .. } => mark_replayed(headers),
+            Self::AllowanceExhausted { replayed: true, .. } => mark_replayed(&mut headers),
             _ => {}
         }
-        response
+        headers
     }
 }
 
@@ -242,9 +250,11 @@ impl Query {
     }
 
     /// Each parameter is one `route` takes, and is given once: of two values, neither is
-    /// known to be the one meant.
+    /// known to be the one meant. No value holds a control character: none of the API's
+    /// parameters can (a time, a cursor, a status, an id), and a NUL asked of the store would
+    /// fail its statement, a 503 for a bad request.
     pub(super) fn check(&self, taken: &[&str]) -> Result<(), ApiError> {
-        for (i, (name, _)) in self.0.iter().enumerate() {
+        for (i, (name, value)) in self.0.iter().enumerate() {
             if !taken.contains(&name.as_str()) {
                 let name: String = name.chars().take(40).collect();
                 let name = name.escape_debug();
@@ -263,6 +273,12 @@ impl Query {
                 return Err(ApiError::bad(
                     "repeated_parameter",
                     format!("{name} is given more than once"),
+                ));
+            }
+            if value.chars().any(char::is_control) {
+                return Err(ApiError::bad(
+                    "bad_parameter",
+                    format!("{name} holds a control character; no value of it can"),
                 ));
             }
         }

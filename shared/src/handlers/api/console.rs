@@ -54,10 +54,16 @@ pub(super) async fn serve(
         },
         ["fragment", page @ ..] => match fragment(state, request, &page.join("/"), &base).await {
             Ok(body) => html(StatusCode::OK, body),
+            // As the API's routes answer an error (its log line, a 5xx's count for the alarm
+            // and `Retry-After`), with the words of its code and detail, never its cause.
             Err(e) => {
-                let status = e.status();
-                tracing::info!(code = e.code(), "console fragment refused");
-                html(status, console::error_fragment(e.code(), &e.to_string()))
+                let headers = e.report();
+                let mut response = html(
+                    e.status(),
+                    console::error_fragment(e.code(), &e.to_string()),
+                );
+                response.headers_mut().extend(headers);
+                response
             }
         },
         _ => html(StatusCode::OK, console::shell(&base)),

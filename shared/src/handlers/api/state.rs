@@ -1,53 +1,15 @@
 //! The app API's state: what an instance builds once, at cold start, and the clock it reads
-//! the current month from.
+//! the current month from (`platform::clock`).
 
-use std::sync::{Arc, Mutex, PoisonError};
-
-use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use crate::audit;
 use crate::domain::{Catalog, SourceKind};
 use crate::platform::api_keys::Keys;
+pub use crate::platform::clock::{Clock, SetClock};
 use crate::platform::config::ApiConfig;
 use crate::platform::db::Held;
 use crate::platform::queue::Queue;
-
-/// The clock that says which month a request arrives in: the system's, or one a test sets
-/// (a debit at 23:59:59.9 and its retry at 00:00:01, without waiting for midnight).
-#[derive(Debug, Clone, Default)]
-pub enum Clock {
-    #[default]
-    System,
-    Set(SetClock),
-}
-
-impl Clock {
-    pub fn now(&self) -> DateTime<Utc> {
-        match self {
-            Self::System => Utc::now(),
-            Self::Set(clock) => clock.now(),
-        }
-    }
-}
-
-/// A clock that shows the time it was last set to.
-#[derive(Debug, Clone)]
-pub struct SetClock(Arc<Mutex<DateTime<Utc>>>);
-
-impl SetClock {
-    pub fn at(time: DateTime<Utc>) -> Self {
-        Self(Arc::new(Mutex::new(time)))
-    }
-
-    pub fn set(&self, time: DateTime<Utc>) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = time;
-    }
-
-    pub fn now(&self) -> DateTime<Utc> {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
 
 pub struct ApiState {
     /// The instance's own connection: one round trip per read.

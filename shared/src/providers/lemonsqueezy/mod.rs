@@ -70,8 +70,24 @@ impl Provider for LemonSqueezy {
         )]
     }
 
+    /// A source says which mode it takes: a store's test and live modes can deliver to one URL
+    /// signed with one secret, and a source that took both would let a test-mode order grant
+    /// a real plan.
+    fn check(&self, config: &SourceConfig) -> Result<(), ConfigError> {
+        match config.livemode {
+            Some(_) => Ok(()),
+            None => Err(super::refused(
+                config,
+                "livemode",
+                "is required for a Lemon Squeezy source (true or false): test and live mode can \
+                 share a URL and a signing secret, and a test-mode order would grant a real plan",
+            )),
+        }
+    }
+
     /// Every Lemon Squeezy event says whether it is a test-mode one (`meta.test_mode`); a
-    /// source that declares its mode takes only that mode's events (docs/design.md §4.6).
+    /// source takes only the mode it declares ([`Provider::check`] requires it; docs/design.md
+    /// §4.6).
     fn out_of_scope(&self, payload: &Value, livemode: Option<bool>) -> Option<String> {
         let expected = livemode?;
         let live = !payload
@@ -113,5 +129,23 @@ mod tests {
         );
         assert_eq!(LemonSqueezy.out_of_scope(&live, None), None);
         assert_eq!(LemonSqueezy.out_of_scope(&json!({}), Some(true)), None);
+    }
+
+    /// Test and live mode can share a URL and a signing secret: a source that does not say
+    /// which mode it takes would let a test-mode order grant a real plan.
+    #[test]
+    fn a_source_must_say_which_mode_it_takes() {
+        use crate::platform::config::parse_sources;
+        use crate::providers::check_sources;
+        let checked =
+            |raw: &str| check_sources(&parse_sources(raw).unwrap()).map_err(|e| e.to_string());
+        assert_eq!(
+            checked(r#"[{"name":"shop","kind":"lemonsqueezy","secrets":["x"]}]"#).unwrap_err(),
+            "INBOX_SOURCES: source 'shop': livemode: is required for a Lemon Squeezy source \
+             (true or false): test and live mode can share a URL and a signing secret, and a \
+             test-mode order would grant a real plan"
+        );
+        checked(r#"[{"name":"shop","kind":"lemonsqueezy","secrets":["x"],"livemode":true}]"#)
+            .unwrap();
     }
 }
