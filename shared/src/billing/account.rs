@@ -394,17 +394,19 @@ pub async fn load_with_log(
     .await?;
     // The account's log as the app's route lists it (the view `account_events`, one list for
     // both): a line per finished event, and the events not finished or given up, whose
-    // outcome is their status. LIMIT NULL is no limit.
+    // outcome is their status (their row read only for them). LIMIT NULL is no limit.
     let log: Vec<LogLine> = sqlx::query_as!(
         LogLine,
-        r#"SELECT event_id AS "event_id!", event_type AS "event_type!",
-                  occurred_at, COALESCE(outcome, status) AS "outcome!",
-                  COALESCE(reason, '') AS "reason!"
-           FROM (SELECT event_id, event_type, occurred_at, outcome, status, reason
+        r#"SELECT l.event_id AS "event_id!", l.event_type AS "event_type!", l.occurred_at,
+                  COALESCE(l.outcome,
+                           (SELECT e.status FROM inbox_events e WHERE e.id = l.event_id))
+                    AS "outcome!",
+                  COALESCE(l.reason, '') AS "reason!"
+           FROM (SELECT event_id, event_type, occurred_at, outcome, reason
                  FROM account_events
                  WHERE source = $1 AND customer_id = $2
-                 ORDER BY occurred_at DESC, event_id DESC LIMIT $3) latest
-           ORDER BY occurred_at, event_id"#,
+                 ORDER BY occurred_at DESC, event_id DESC LIMIT $3) l
+           ORDER BY l.occurred_at, l.event_id"#,
         source,
         customer,
         log_lines

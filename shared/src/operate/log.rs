@@ -72,7 +72,8 @@ pub async fn account_events(
             i64::MIN,
         ),
     };
-    // One row at least: whether the place is the account's, with the page beside it.
+    // One row at least: whether the place is the account's, with the page beside it. The
+    // page is cut from the log's lines first, then each of its events' rows read by key.
     let rows = sqlx::query!(
         r#"
         WITH place AS (
@@ -81,21 +82,21 @@ pub async fn account_events(
                 WHERE c.source = $1 AND c.customer_id = $2 AND c.event_id = $4
                   AND c.occurred_at = $3) AS known
         )
-        SELECT place.known AS "known!", page.event_id AS "event_id?", page.dedupe_key,
+        SELECT place.known AS "known!", page.event_id AS "event_id?", e.dedupe_key AS "dedupe_key?",
                page.event_type AS "event_type?", page.occurred_at AS "occurred_at?",
-               page.received_at, page.status AS "status?", page.outcome, page.reason,
-               page.seen_count, page.via
+               e.received_at AS "received_at?", COALESCE(e.status, $7) AS "status?",
+               page.outcome, page.reason, e.seen_count AS "seen_count?",
+               (SELECT d.headers->>'via' FROM deliveries d WHERE d.event_id = page.event_id
+                ORDER BY d.id LIMIT 1) AS via
         FROM place LEFT JOIN LATERAL (
-            SELECT a.event_id, a.dedupe_key, a.event_type, a.occurred_at, a.received_at,
-                   a.status, a.outcome, a.reason, a.seen_count,
-                   (SELECT d.headers->>'via' FROM deliveries d WHERE d.event_id = a.event_id
-                    ORDER BY d.id LIMIT 1) AS via
+            SELECT a.event_id, a.event_type, a.occurred_at, a.outcome, a.reason
             FROM account_events a
             WHERE place.known AND a.source = $1 AND a.customer_id = $2
               AND a.occurred_at >= $3 AND (a.occurred_at, a.event_id) > ($3, $4)
             ORDER BY a.occurred_at, a.event_id
             LIMIT $5
         ) page ON true
+        LEFT JOIN inbox_events e ON e.id = page.event_id
         ORDER BY page.occurred_at, page.event_id
         "#,
         source,
@@ -104,6 +105,7 @@ pub async fn account_events(
         id,
         limit + 1,
         after.is_some(),
+        PURGED,
     )
     .fetch_all(exec(conn))
     .await?;
@@ -150,11 +152,13 @@ pub async fn status_in_log(
     event_id: i64,
 ) -> Result<Option<String>, sqlx::Error> {
     sqlx::query_scalar!(
-        r#"SELECT status AS "status!" FROM account_events
-           WHERE source = $1 AND customer_id = $2 AND event_id = $3"#,
+        r#"SELECT COALESCE(e.status, $4) AS "status!"
+           FROM account_events a LEFT JOIN inbox_events e ON e.id = a.event_id
+           WHERE a.source = $1 AND a.customer_id = $2 AND a.event_id = $3"#,
         source,
         customer.as_str(),
         event_id,
+        PURGED,
     )
     .fetch_optional(exec(conn))
     .await

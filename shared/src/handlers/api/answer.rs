@@ -142,11 +142,11 @@ impl ApiError {
         response
     }
 
-    /// What every answer of this error does besides its body, whichever function page or
-    /// route gives it (the JSON routes here, the console's pages in HTML): the log line, with
-    /// the cause of a 5xx; the `ApiServerErrors` count of a 5xx (the alarm's: API Gateway's
-    /// own 5xx metric mixes the webhook route in); and the headers the answer carries
-    /// (`Retry-After`, `WWW-Authenticate`, the replay mark).
+    /// What every answer of this error does besides its body, whether a route answers it in
+    /// JSON or a console page in HTML: the log line, with the cause of a 5xx; the
+    /// `ApiServerErrors` count of a 5xx (the alarm's: API Gateway's own 5xx metric mixes the
+    /// webhook route in); and the headers the answer carries (`Retry-After`,
+    /// `WWW-Authenticate`, the replay mark).
     pub(super) fn report(&self) -> HeaderMap {
         match self {
             Self::Unavailable(e) => tracing::error!(error = %e, code = self.code(), "api failed"),
