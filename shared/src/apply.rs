@@ -439,6 +439,14 @@ fn applied(event: &Claimed, status: EventStatus, reason: String, effects: Vec<St
     }
 }
 
+/// What the attempt read of the provider before deciding: each tie's read, the subscription
+/// as shown, and the ties a read settled.
+type ReadsSeen<'a> = (
+    &'a HashMap<String, Option<i64>>,
+    &'a SubscriptionRead,
+    &'a [(String, Carrier)],
+);
+
 /// The register rules applied to the account as read: the event's outcome and reason, and,
 /// with effects on, the effects its changes tell. With provider reads, a subscription whose
 /// tie is not the one the read settled fails the attempt (the retry reads again).
@@ -449,11 +457,7 @@ fn decide(
     registers: &mut Registers,
     (effects, notes): (&[Effect], &[String]),
     reads: bool,
-    (ties_read, shown, read_ties): (
-        &HashMap<String, Option<i64>>,
-        &SubscriptionRead,
-        &[(String, Carrier)],
-    ),
+    (ties_read, shown, read_ties): ReadsSeen<'_>,
 ) -> Result<RulesOutcome, ApplyError> {
     // A tie a read settles that the first read of the account did not find: another event of
     // the same second was written since. The retry reads the account again, and the provider.
