@@ -935,8 +935,9 @@ async fn a_report_whose_first_send_got_a_500_is_delivered_on_its_next_attempt(po
 
 /// Two reports of one minute (of `values`), the debits of the same account at Stripe's
 /// meter. Both went out a day ago, during an incident: the first before Stripe took it, the
-/// second after (its 500 lost the receipt). Neither was answered. Returns their ids, now 25
-/// hours later.
+/// second after (its 500 lost the receipt); every later attempt met a 503, and both died
+/// unanswered. 25 hours later, past Stripe's 24 hours for an identifier, an operator replays
+/// them (as ones Stripe may hold). Returns their ids.
 async fn an_incidents_minute(
     pool: &PgPool,
     fake: &FakeStripe,
@@ -958,7 +959,6 @@ async fn an_incidents_minute(
     .await
     .reported
     .unwrap();
-    let (three, five) = (first, second);
     // One minute of a day ago.
     sqlx::query(
         "UPDATE meter_reports SET occurred_at = date_trunc('minute', now()) - interval '25 hours'
@@ -968,14 +968,20 @@ async fn an_incidents_minute(
     .execute(pool)
     .await
     .unwrap();
-    fake.then(Fault::Fails(500, api_error()))
-        .then(Fault::TakesThenFails(500, api_error()));
-    for id in [&three, &five] {
-        let sent = send(pool, meters, id).await;
-        assert!(matches!(sent, Reported::Failed { .. }), "{sent:?}");
-        assert!(report(pool, id).await.unanswered);
+    fake.then(Fault::Fails(500, api_error()));
+    send(pool, meters, &first).await;
+    fake.then(Fault::TakesThenFails(500, api_error()));
+    send(pool, meters, &second).await;
+    for _ in 1..RetryPolicy::MAX_ATTEMPTS {
+        for id in [&first, &second] {
+            fake.then(Fault::Fails(503, api_error()));
+            send(pool, meters, id).await;
+        }
     }
-    // 25 hours pass: past Stripe's 24 hours for an identifier, so each is read back.
+    for id in [&first, &second] {
+        let died = report(pool, id).await;
+        assert_eq!((died.status.as_str(), died.unanswered), ("dead", true));
+    }
     fake.age(chrono::Duration::hours(25));
     sqlx::query(
         "UPDATE meter_reports SET first_sent_at = first_sent_at - interval '25 hours',
@@ -985,7 +991,11 @@ async fn an_incidents_minute(
     .execute(pool)
     .await
     .unwrap();
-    (three, five)
+    let replayed = outbox::replay(pool, None, &[first.clone(), second.clone()], false)
+        .await
+        .unwrap();
+    assert_eq!(replayed.len(), 2);
+    (first, second)
 }
 
 /// What this store says it sent to the meter for the account.

@@ -903,3 +903,52 @@ async fn a_cancel_that_did_not_land_within_stripes_window_becomes_a_compensating
     assert!(fake.adjustments().is_empty());
     assert_eq!(fake.total("cus_window"), 0.0, "6 and its compensation");
 }
+
+/// A cancel that may have landed (Stripe took it, then answered 500) is never followed by a
+/// compensating report, which would take the value back twice: past Stripe's window it stops
+/// for an operator.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_cancel_that_may_have_landed_is_never_followed_by_a_compensation(pool: PgPool) {
+    let StripeMetered {
+        fake,
+        server: _server,
+        meters,
+        who,
+        ..
+    } = stripe_metered(&pool, "cus_twice").await;
+    let debited = debit(&pool, &ask("stripe", &who, "req_t", 5, Some("api_calls"))).await;
+    let id = debited.reported.clone().unwrap();
+    assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
+    let correction = reverse(&pool, "stripe", &who, &usage_id_of(&debited))
+        .await
+        .correction
+        .unwrap();
+    fake.then(Fault::TakesThenFails(500, api_error()));
+    let first = send(&pool, &meters, &correction).await;
+    assert!(
+        matches!(
+            &first,
+            Reported::Failed {
+                status: ReportStatus::Pending,
+                ..
+            }
+        ),
+        "{first:?}"
+    );
+    assert_eq!(fake.total("cus_twice"), 0.0, "Stripe cancelled it");
+    // The report's 24 hours at Stripe pass before the next attempt.
+    sqlx::query(
+        "UPDATE meter_reports SET first_sent_at = first_sent_at - interval '25 hours' WHERE id = $1",
+    )
+    .bind(&id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let next = send(&pool, &meters, &correction).await;
+    assert!(
+        matches!(&next, Reported::Failed { status: ReportStatus::Dead, error } if error.contains("went unanswered")),
+        "{next:?}"
+    );
+    assert_eq!(fake.total("cus_twice"), 0.0, "not taken back twice");
+    assert_eq!(fake.events().len(), 1, "no compensating report");
+}

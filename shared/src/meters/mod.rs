@@ -391,7 +391,7 @@ async fn correct(
         // An earlier attempt may have landed: the same request again, or an operator.
         (Some(how), true) => {
             if how == "cancel" && !cancel_now {
-                return Ok(Outcome::NotTaken(format!(
+                return Ok(Outcome::Refused(format!(
                     "an earlier cancel of {} went unanswered and the provider's window for a \
                      cancel has passed: not sent again (check whether the provider cancelled \
                      it; if not, replay with --not-held, which sends a compensating report)",
