@@ -346,6 +346,21 @@ async fn a_failing_meter_is_retried_then_dead_alerted_once_and_replayed(pool: Pg
     .await
     .reported
     .unwrap();
+    // While it waits, its age is what the pending-report alarm watches (written two hours ago).
+    sqlx::query(
+        "UPDATE meter_reports SET created_at = created_at - interval '2 hours' WHERE id = $1",
+    )
+    .bind(&id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let waiting = outbox::collect_alerts(&pool).await.unwrap();
+    assert_eq!(waiting.pending, 1);
+    assert!(
+        waiting.oldest_pending_secs >= 7200.0,
+        "{}",
+        waiting.oldest_pending_secs
+    );
     for _ in 0..RetryPolicy::MAX_ATTEMPTS {
         assert!(matches!(
             send(&pool, &meters, &id).await,
@@ -363,6 +378,11 @@ async fn a_failing_meter_is_retried_then_dead_alerted_once_and_replayed(pool: Pg
     let alerts = outbox::collect_alerts(&pool).await.unwrap();
     assert_eq!(alerts.dead, vec![id.clone()]);
     assert_eq!(alerts.dead_total, 1);
+    assert_eq!(
+        (alerts.pending, alerts.oldest_pending_secs),
+        (0, 0.0),
+        "no report waits"
+    );
     assert!(
         outbox::collect_alerts(&pool).await.unwrap().dead.is_empty(),
         "alerted once"

@@ -314,7 +314,8 @@ pub fn silence_metric(silence: &SourceSilence, now: DateTime<Utc>) -> Option<Val
 /// differing from the fold this run (a recorded difference is checked again every run, so it
 /// counts for as long as it lasts) and `AccountsAudited` the accounts it compared;
 /// `DeadMeterReports` counts the meter reports dead and not replayed (an alarm),
-/// `PendingMeterReports` those on their way, `MeterProviderErrors` those the provider took
+/// `PendingMeterReports` those on their way and `OldestPendingMeterReportSeconds` how long
+/// the oldest has waited (an alarm past 3 hours), `MeterProviderErrors` those the provider took
 /// and then said it could not count (Stripe's meter error reports, an alarm);
 /// `MeterDifferences` counts the open differences between the meter reports sent and the
 /// provider's meter totals (an alarm; it stays raised until the totals agree again);
@@ -350,7 +351,7 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
     let skipped: usize = report.reconciliation.iter().map(|r| r.skipped.len()).sum();
     let effects = &report.effect_alerts;
     let reports = &report.report_alerts;
-    let metrics: [(&str, f64, &str); 26] = [
+    let metrics: [(&str, f64, &str); 27] = [
         ("StepErrors", step_errors as f64, "Count"),
         ("DeadEvents", status("dead") as f64, "Count"),
         (
@@ -390,6 +391,11 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
         ("AccountsAudited", report.audited as f64, "Count"),
         ("DeadMeterReports", reports.dead_total as f64, "Count"),
         ("PendingMeterReports", reports.pending as f64, "Count"),
+        (
+            "OldestPendingMeterReportSeconds",
+            reports.oldest_pending_secs,
+            "Seconds",
+        ),
         (
             "MeterProviderErrors",
             reports.provider_errors as f64,

@@ -533,6 +533,9 @@ pub struct ReportAlerts {
     pub dead: Vec<String>,
     pub dead_total: i64,
     pub pending: i64,
+    /// How long the oldest pending report has waited since its debit wrote it, in seconds (0
+    /// with none): usage the provider has not billed yet, which an alarm watches.
+    pub oldest_pending_secs: f64,
     /// Reports the provider took and later said it could not count (Stripe's meter error
     /// reports), not yet looked at.
     pub provider_errors: i64,
@@ -568,6 +571,8 @@ pub async fn collect_alerts(pool: &PgPool) -> anyhow::Result<ReportAlerts> {
         r#"
         SELECT count(*) FILTER (WHERE status = 'dead') AS "dead!",
                count(*) FILTER (WHERE status = 'pending') AS "pending!",
+               COALESCE(extract(epoch FROM inbox_now() - min(created_at) FILTER (WHERE status = 'pending')), 0)::float8
+                   AS "oldest_pending_secs!",
                count(*) FILTER (WHERE provider_error IS NOT NULL) AS "provider_errors!"
         FROM meter_reports WHERE status <> 'sent' OR provider_error IS NOT NULL
         "#
@@ -579,6 +584,7 @@ pub async fn collect_alerts(pool: &PgPool) -> anyhow::Result<ReportAlerts> {
         dead: dead.into_iter().map(|r| r.id).collect(),
         dead_total: counts.dead,
         pending: counts.pending,
+        oldest_pending_secs: counts.oldest_pending_secs,
         provider_errors: counts.provider_errors,
     })
 }
