@@ -346,7 +346,8 @@ mod tests {
             kinde(ENTITLEMENTS_READ, &none),
             Decision::Apply { effects, .. }
                 if effects == [Effect::Entitlement { grant: ENTITLEMENTS_GRANT.into(),
-                                                     active: true, features: Features::new(), .. }]
+                                                     active: true, features: Features::new(),
+                                                     rank: crate::billing::Rank(0) }]
         ));
         let odd = json!({"data": {"customer_id": "c",
                                   "entitlements": [entitlement("seats", json!(2.5))]}});
