@@ -681,6 +681,8 @@ mod tests {
             "/v1/entitlements/active_entitlements?customer=cus_Ent1"
         )
         .is_some_and(|why| why.contains("answered 404")));
+        assert!(missing(&carrier, "/v1/events/evt_1Ent")
+            .is_some_and(|why| why.contains("snapshot event") && why.contains("answered 404")));
         let mut other = carrier.clone();
         other.read_type = Some("customer.subscription.updated");
         assert_eq!(missing(&other, "/v1/subscriptions/sub_1"), None);
