@@ -439,14 +439,6 @@ fn applied(event: &Claimed, status: EventStatus, reason: String, effects: Vec<St
     }
 }
 
-/// What the attempt read of the provider before deciding: each tie's read, the subscription
-/// as shown, and the ties a read settled.
-type ReadsSeen<'a> = (
-    &'a HashMap<String, Option<i64>>,
-    &'a SubscriptionRead,
-    &'a [(String, Carrier)],
-);
-
 /// The register rules applied to the account as read: the event's outcome and reason, and,
 /// with effects on, the effects its changes tell. With provider reads, a subscription whose
 /// tie is not the one the read settled fails the attempt (the retry reads again).
@@ -457,7 +449,7 @@ fn decide(
     registers: &mut Registers,
     (effects, notes): (&[Effect], &[String]),
     reads: bool,
-    (ties_read, shown, read_ties): ReadsSeen<'_>,
+    (ties_read, shown, read_ties): (&TiesRead, &SubscriptionRead, &[ReadTie]),
 ) -> Result<RulesOutcome, ApplyError> {
     // A tie a read settles that the first read of the account did not find: another event of
     // the same second was written since. The retry reads the account again, and the provider.
@@ -689,10 +681,16 @@ async fn settle(
     (ties_read, settled)
 }
 
+/// Each subscription's same-second tie as the provider reads found it (the other event, if any).
+type TiesRead = HashMap<String, Option<i64>>;
+
+/// An entitlement register whose same-second tie a read settles, and that read's carrier.
+type ReadTie = (String, Carrier);
+
 /// The entitlement registers this event writes whose same-second tie its provider settles
 /// with a read stored as an event of its own, each with that read's carrier (docs/design.md
 /// §4.2); none without an API key.
-fn read_ties(source: &WorkerSource, event: &Claimed, effects: &[Effect]) -> Vec<(String, Carrier)> {
+fn read_ties(source: &WorkerSource, event: &Claimed, effects: &[Effect]) -> Vec<ReadTie> {
     let (Some(_), Some(payload)) = (&source.reads, &event.payload) else {
         return Vec::new();
     };
@@ -716,7 +714,7 @@ fn read_ties(source: &WorkerSource, event: &Claimed, effects: &[Effect]) -> Vec<
 fn tied<'a>(
     ctx: &EventContext<'_>,
     registers: &Registers,
-    read_ties: &'a [(String, Carrier)],
+    read_ties: &'a [ReadTie],
 ) -> Option<(i64, &'a Carrier)> {
     let at = Stamp::of(ctx, Rank(0)).at;
     let second_passed = Rank::confirmed(at + chrono::Duration::seconds(1));

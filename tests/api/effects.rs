@@ -80,7 +80,9 @@ async fn a_subscription_delivered_three_times_and_replayed_three_times_is_told_o
     let subscription = &effects[0].body;
     assert_eq!(subscription["id"], effects[0].id.as_str());
     assert_eq!(subscription["type"], "billing.subscription_updated");
-    assert_eq!(subscription["occurred_at"], "2025-12-01T10:00:03.214Z");
+    // The subscription's own time: a new one has no `modified_at`, so its `created_at`, not
+    // the envelope's later `timestamp` (docs/design.md §6.3).
+    assert_eq!(subscription["occurred_at"], "2025-12-01T10:00:03.118Z");
     let data = &subscription["data"];
     assert_eq!(data["source"], "polar");
     assert_eq!(data["customer_id"], "c1a124cb-d614-4eeb-91b9-1802cb91d276");

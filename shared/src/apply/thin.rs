@@ -6,7 +6,8 @@
 //! lease, so a replay re-applies what was read, never reads again, and the billing state
 //! stays a function of stored events. A thin event whose snapshot twin is stored is carried
 //! by the twin. A Stripe entitlement summary whose list is incomplete is a notice too: its
-//! read is the complete list, stored and applied the same way.
+//! read is the complete list, stored and applied the same way; so is the list read for a
+//! summary that meets another of its second in the register (`settled_by_read`, §4.2).
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};

@@ -345,8 +345,9 @@ mod tests {
         assert!(matches!(
             kinde(ENTITLEMENTS_READ, &none),
             Decision::Apply { effects, .. }
-                if matches!(effects.as_slice(), [Effect::Entitlement { grant, active: true, features, .. }]
-                    if grant == ENTITLEMENTS_GRANT && features.is_empty())
+                if effects == [Effect::Entitlement { grant: ENTITLEMENTS_GRANT.into(),
+                                                     active: true, features: Features::new(),
+                                                     rank: crate::billing::Rank(0) }]
         ));
         let odd = json!({"data": {"customer_id": "c",
                                   "entitlements": [entitlement("seats", json!(2.5))]}});

@@ -639,6 +639,60 @@ mod tests {
         assert!(HANDLED_TYPES.contains(&SUMMARY), "the walk asks for it");
     }
 
+    /// A summary read from Stripe's list (it says when) is Stripe's word at that moment: a
+    /// confirmed rank at the read's time, above a summary of the same second; it settles no tie
+    /// of its own, and only a summary's list that Stripe does not find is unprocessable.
+    #[test]
+    fn a_summary_read_writes_at_the_confirmed_rank_of_its_read_and_reads_no_tie() {
+        use crate::providers::stripe::entitlements::{missing, tie_read, READ_AT};
+        let rank_of =
+            |payload: &Value| match decide(SourceKind::Stripe, SUMMARY, payload, &catalog()) {
+                Decision::Apply { effects, .. } => match effects.as_slice() {
+                    [Effect::Entitlement { rank, .. }] => *rank,
+                    other => panic!("{other:?}"),
+                },
+                other => panic!("{other:?}"),
+            };
+        let event = summary(&["sso"], false, None);
+        assert_eq!(rank_of(&event), crate::billing::Rank(0));
+        let mut read = event.clone();
+        read["id"] = json!("read:evt_1Ent");
+        read["summary_event"] = json!("evt_1Ent");
+        read[READ_AT] = json!("2026-01-01T00:00:07.250000+00:00");
+        let at = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:07.25Z").unwrap();
+        assert_eq!(rank_of(&read), crate::billing::Rank::confirmed(at.into()));
+        let Decision::Apply { effects, .. } =
+            decide(SourceKind::Stripe, SUMMARY, &event, &catalog())
+        else {
+            panic!("applied")
+        };
+        let carrier = tie_read(&event, &effects[0]).expect("an event's tie is read");
+        assert_eq!(
+            carrier.path.as_deref(),
+            Ok("/v1/entitlements/active_entitlements?customer=cus_Ent1")
+        );
+        assert_eq!(
+            tie_read(&read, &effects[0]),
+            None,
+            "a read is Stripe's word"
+        );
+        assert!(missing(
+            &carrier,
+            "/v1/entitlements/active_entitlements?customer=cus_Ent1"
+        )
+        .is_some_and(|why| why.contains("answered 404")));
+        assert!(missing(&carrier, "/v1/events/evt_1Ent")
+            .is_some_and(|why| why.contains("snapshot event") && why.contains("answered 404")));
+        let mut other = carrier.clone();
+        other.read_type = Some("customer.subscription.updated");
+        assert_eq!(missing(&other, "/v1/subscriptions/sub_1"), None);
+        read[READ_AT] = json!("yesterday");
+        assert!(matches!(
+            decide(SourceKind::Stripe, SUMMARY, &read, &catalog()),
+            Decision::Unprocessable(_)
+        ));
+    }
+
     #[test]
     fn an_empty_summary_gives_no_features_and_still_replaces_the_set() {
         assert_eq!(

@@ -148,13 +148,23 @@ pub fn tie_read(payload: &Value, effect: &Effect) -> Option<Carrier> {
 /// cannot be known, and they stay as they were until an operator looks. Stripe answers 404
 /// `resource_missing` for a customer it does not have, and so for one of the other mode or
 /// another account than the key's (a test-mode key reading a live customer).
+/// A thin summary's first read, its snapshot event, is missing for the same reasons, or
+/// because Stripe keeps events 30 days.
 pub fn missing(carrier: &Carrier, path: &str) -> Option<String> {
-    (carrier.read_type == Some(SUMMARY_TYPE)).then(|| {
-        format!(
+    if carrier.read_type != Some(SUMMARY_TYPE) {
+        return None;
+    }
+    Some(match path.starts_with("/v1/events/") {
+        true => format!(
+            "Stripe does not find the summary's snapshot event (GET {path} answered 404): it is \
+             past Stripe's 30 days of events, or of the other mode or another account than the \
+             source's API key; the features stay as they were"
+        ),
+        false => format!(
             "Stripe does not find the customer's active entitlements (GET {path} answered 404): \
              the customer is unknown to the source's API key (deleted, or of the other mode or \
              another account than the key); the features stay as they were"
-        )
+        ),
     })
 }
 
