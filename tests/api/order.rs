@@ -159,7 +159,7 @@ pub(crate) enum Event {
     /// ([`CaseObjects`]: each one's latest state), each stored as a read at the notice's time.
     /// Delivered after the subscriptions' events (the reference order, when it is later), the
     /// sweep finds registers that already show what Stripe lists; before them, none. Only the
-    /// property test draws it ([`notice_strategy`]).
+    /// property test and the simulator draw it ([`notice_strategy`], [`notice_cases`]).
     StripeHealthNotice { at: u32 },
 }
 
@@ -560,6 +560,11 @@ fn grant_strategy() -> impl Strategy<Value = Event> {
 /// finds registers that already show what Stripe lists.
 fn notice_strategy() -> impl Strategy<Value = Event> {
     (0u32..40).prop_map(|at| Event::StripeHealthNotice { at })
+}
+
+/// The simulator's notices, drawn apart from its workload (none to two a seed).
+pub(crate) fn notice_cases() -> impl Strategy<Value = Case> {
+    cases(notice_strategy().boxed(), 0..3)
 }
 
 /// The simulator's workload and the property test's events without benefit grants.
