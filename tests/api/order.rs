@@ -156,6 +156,13 @@ pub(crate) enum Event {
         embedded: u8,
         at: u32,
     },
+    /// Stripe `v2.core.health.event_generation_failure.resolved` that names no object
+    /// (docs/design.md §6.2): the worker sweeps every Stripe subscription as Stripe lists it
+    /// ([`CaseObjects`]: each one's latest state), each stored as a read at the notice's time.
+    /// Delivered after the subscriptions' events (the reference order, when it is later), the
+    /// sweep finds registers that already show what Stripe lists; before them, none. Only the
+    /// property test and the simulator draw it ([`notice_strategy`], [`notice_cases`]).
+    StripeHealthNotice { at: u32 },
 }
 
 /// The lookup keys of the features Stripe's summaries list (as the corpus's,
@@ -549,15 +556,29 @@ fn grant_strategy() -> impl Strategy<Value = Event> {
         )
 }
 
+/// Stripe's notices that it failed to generate events, each sweeping the case's Stripe
+/// subscriptions, at the workload's coarse times but not crowded at its first instants: most
+/// come after the subscriptions' changes, in a later month, where the reference order's sweep
+/// finds registers that already show what Stripe lists.
+fn notice_strategy() -> impl Strategy<Value = Event> {
+    (0u32..40).prop_map(|at| Event::StripeHealthNotice { at })
+}
+
+/// The simulator's notices, drawn apart from its workload (none to two a seed).
+pub(crate) fn notice_cases() -> impl Strategy<Value = Case> {
+    cases(notice_strategy().boxed(), 0..3)
+}
+
 /// The simulator's workload and the property test's events without benefit grants.
 pub(crate) fn case_strategy() -> impl Strategy<Value = Case> {
     cases(event_strategy().boxed(), 1..12)
 }
 
-/// The property test's: the workload's events, Polar benefit grants and Stripe summaries.
+/// The property test's: the workload's events, Polar benefit grants, Stripe summaries and
+/// Stripe's notices of events it failed to generate.
 fn case_strategy_with_grants() -> impl Strategy<Value = Case> {
     cases(
-        prop_oneof![3 => event_strategy(), 1 => grant_strategy(), 1 => summary_strategy()].boxed(),
+        prop_oneof![12 => event_strategy(), 4 => grant_strategy(), 4 => summary_strategy(), 3 => notice_strategy()].boxed(),
         1..12,
     )
 }
@@ -1067,6 +1088,21 @@ pub(crate) fn payload(index: usize, event: &Event, ns: &str) -> (&'static str, V
             let body = stripe::fixtures::summary_event(&key, created, summary, None);
             ("stripe", body, *at)
         }
+        Event::StripeHealthNotice { at } => {
+            // The notification with the `data` its v2 event shows (stripe-node's
+            // `V2CoreHealthEventGenerationFailureResolvedEvent.Data`), without `impact`: it names
+            // no object, so the worker sweeps the subscriptions (tests/api/health.rs reads the
+            // same `data` from a fake `GET /v2/core/events/{id}`).
+            let created = time(*at).to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+            let body = json!({"id": key, "object": "v2.core.event",
+                "type": "v2.core.health.event_generation_failure.resolved", "livemode": false,
+                "created": created, "context": null, "reason": null,
+                "data": {"alert_id": format!("halert_{index:02}"), "resolved_at": created,
+                         "grouping_key": format!("_grouping_{index:02}"),
+                         "summary": "We have failed to create a notification for your Stripe account.",
+                         "severity": "critical"}});
+            ("stripe", body, *at)
+        }
     };
     (source, payload, at)
 }
@@ -1078,6 +1114,28 @@ pub(crate) async fn store(pool: &PgPool, m: &Materialized) -> i64 {
         .await
         .unwrap()
         .event_id
+}
+
+/// Works the reads the sweeps of namespace `ns` stored and nothing sent yet (the rescue sends
+/// them a minute later, docs/design.md §6.2) until each is final.
+async fn apply_swept_reads(
+    pool: &PgPool,
+    worker: &WorkerState,
+    ns: &str,
+) -> Result<(), TestCaseError> {
+    let reads: Vec<i64> = sqlx::query_scalar(
+        "SELECT r.id FROM inbox_events r JOIN inbox_events n ON n.id = r.made_for
+         WHERE r.status = 'received' AND n.type = 'v2.core.health.event_generation_failure.resolved'
+           AND n.dedupe_key LIKE '%\\_' || $1 ORDER BY r.id",
+    )
+    .bind(ns)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    for id in reads {
+        process(worker, id).await?;
+    }
+    Ok(())
 }
 
 /// Works the event until it is final (a failed attempt is retried at once).
@@ -1146,12 +1204,17 @@ pub(crate) async fn state_of(pool: &PgPool, worker: &WorkerState, ns: &str) -> V
 /// `GET /subscriptions/{id}` and `GET /v1/subscriptions/{id}` would answer once every event
 /// happened: its latest state, by provider time then key (the same in every namespace); one
 /// no event names is unknown (404). A tie's read shows that state too, so the provider
-/// settles a same-time tie, in every order alike (docs/design.md §4.2). And what Stripe lists
-/// of each customer's active entitlements (`GET /v1/entitlements/active_entitlements`): the
-/// whole set of its latest summary, of two in one second the one whose key sorts first, so
-/// that a tie left to the keys ends elsewhere than Stripe's list.
+/// settles a same-time tie, in every order alike (docs/design.md §4.2). Stripe's
+/// subscriptions are kept the same way for `GET /v1/subscriptions?status=all`, which a
+/// notice's sweep reads ([`Event::StripeHealthNotice`]): every subscription of the namespace
+/// being worked ([`CaseObjects::list_for`]) as its latest event shows it. A Stripe tie's read
+/// answers "unknown", so the status rank settles Stripe's ties as before its source had a key.
+/// And what Stripe lists of each customer's active entitlements
+/// (`GET /v1/entitlements/active_entitlements`): the whole set of its latest summary, of two in
+/// one second the one whose key sorts first, so that a tie left to the keys ends elsewhere
+/// than Stripe's list.
 #[derive(Clone, Default)]
-pub(crate) struct CaseObjects(Arc<Mutex<HashMap<String, Shown>>>);
+pub(crate) struct CaseObjects(Arc<Mutex<HashMap<String, Shown>>>, Arc<Mutex<String>>);
 
 /// Where [`CaseObjects`] keeps what Stripe lists of a customer's active entitlements.
 fn listed_key(customer: &str) -> String {
@@ -1180,9 +1243,16 @@ impl CaseObjects {
                 "lemonsqueezy" if payload["data"]["type"] == "subscriptions" => {
                     SourceKind::LemonSqueezy
                 }
+                "stripe" if meta.event_type.starts_with("customer.subscription.") => {
+                    SourceKind::Stripe
+                }
                 _ => continue,
             };
-            let Some(id) = payload["data"]["id"].as_str() else {
+            let id = match kind {
+                SourceKind::Stripe => payload["data"]["object"]["id"].as_str(),
+                _ => payload["data"]["id"].as_str(),
+            };
+            let Some(id) = id else {
                 continue;
             };
             let newer = objects
@@ -1249,16 +1319,42 @@ impl CaseObjects {
             .map(|shown| shown.payload.clone())
     }
 
-    /// The subscription as its provider's API answers it (the `data` of its latest event).
+    /// From now on, Stripe's list of subscriptions is namespace `ns`'s (the one being worked).
+    pub(crate) fn list_for(&self, ns: &str) {
+        *self.1.lock().unwrap() = ns.to_owned();
+    }
+
+    /// The subscription as its provider's API answers it (the `data` of its latest event;
+    /// Stripe's: its `data.object`).
     fn object(&self, id: &str) -> Option<Value> {
         let objects = self.0.lock().unwrap();
-        objects.get(id).map(|shown| shown.payload["data"].clone())
+        objects.get(id).map(|shown| match shown.kind {
+            SourceKind::Stripe => shown.payload["data"]["object"].clone(),
+            _ => shown.payload["data"].clone(),
+        })
+    }
+
+    /// Every Stripe subscription of the namespace being worked, by id, as Stripe lists them.
+    fn stripe_list(&self) -> Vec<Value> {
+        let ns = format!("_{}", self.1.lock().unwrap());
+        let objects = self.0.lock().unwrap();
+        let mut listed: Vec<(&String, Value)> = objects
+            .iter()
+            .filter(|(id, shown)| {
+                shown.kind == SourceKind::Stripe
+                    && id.ends_with(&ns)
+                    && !id.starts_with(&listed_key(""))
+            })
+            .map(|(id, shown)| (id, shown.payload["data"]["object"].clone()))
+            .collect();
+        listed.sort_by(|a, b| a.0.cmp(b.0));
+        listed.into_iter().map(|(_, object)| object).collect()
     }
 
     /// The subscription as `decide` reads its latest event, with the ids it names.
     fn now(&self, id: &str) -> Option<SubscriptionNow> {
         let objects = self.0.lock().unwrap();
-        let shown = objects.get(id)?;
+        let shown = objects.get(id).filter(|s| s.kind != SourceKind::Stripe)?;
         let catalog = shared::domain::Catalog::parse(crate::helpers::PLANS).unwrap();
         let decision =
             shared::providers::decide(shown.kind, &shown.event_type, &shown.payload, &catalog);
@@ -1329,10 +1425,19 @@ impl Reads for CaseObjects {
             Ok(customer.and_then(|c| self.listed(c))),
         ))
     }
+
+    /// `GET /v1/subscriptions?status=all`: one page, every subscription.
+    fn subscriptions_page<'a>(
+        &'a self,
+        _context: Option<&'a str>,
+        _after: Option<&'a str>,
+    ) -> BoxFuture<'a, anyhow::Result<(Vec<Value>, Option<String>)>> {
+        Box::pin(std::future::ready(Ok((self.stripe_list(), None))))
+    }
 }
 
-/// The property's worker: the test worker, whose Paddle, Lemon Squeezy and Stripe sources
-/// read `objects`.
+/// The property's worker: the test worker, whose Paddle, Lemon Squeezy and Stripe sources read
+/// `objects`.
 pub(crate) fn reading_worker(pool: PgPool, objects: &CaseObjects) -> WorkerState {
     let mut worker = test_worker(pool);
     for (name, kind) in [
@@ -1372,10 +1477,12 @@ async fn check(
         .collect();
     objects.show(&reference);
     objects.show_summaries(&case.events, &canon);
+    objects.list_for(&canon);
     reference.sort_by(|a, b| (a.at, &a.dedupe_key).cmp(&(b.at, &b.dedupe_key)));
     for m in &reference {
         let id = store(pool, m).await;
         process(worker, id).await?;
+        apply_swept_reads(pool, worker, &canon).await?;
     }
 
     // The same set delivered shuffled, with copies and failures.
@@ -1387,6 +1494,7 @@ async fn check(
         .collect();
     objects.show(&events);
     objects.show_summaries(&case.events, &shuffled);
+    objects.list_for(&shuffled);
     let mut ids = Vec::new();
     for delivery in &case.deliveries {
         let id = store(pool, &events[delivery.index]).await;
@@ -1401,10 +1509,12 @@ async fn check(
         let attempt = shared::handlers::worker::process_event(worker, id);
         with_interrupts(fault, attempt).await.unwrap();
     }
-    // Then the retries, until every event is final.
+    // Then the retries, until every event is final, and the sweeps' reads, as the rescue
+    // sends them.
     for id in ids {
         process(worker, id).await?;
     }
+    apply_swept_reads(pool, worker, &shuffled).await?;
 
     let expected = state_of(pool, worker, &canon).await;
     let actual = state_of(pool, worker, &shuffled).await;
@@ -1527,6 +1637,50 @@ fn a_payment_before_its_subscription_ends_as_in_provider_order() {
             };
             check(&pool, &worker, &objects, &case).await?;
         }
+        Ok::<(), TestCaseError>(())
+    });
+    runtime.block_on(crate::helpers::drop_database(pool, &database));
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+}
+
+/// A Stripe subscription's change near the end of a month and Stripe's notice that it failed
+/// to generate events early in the next, the notice delivered first: its sweep finds no
+/// register, while in provider order it finds the register showing what Stripe lists. The
+/// sweep stores the same reads either way, so the state is the same (docs/design.md §6.2).
+#[test]
+fn a_sweep_before_the_change_it_lists_ends_as_in_provider_order() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (pool, database) = runtime.block_on(crate::helpers::fresh_database());
+    let objects = CaseObjects::default();
+    let worker = reading_worker(pool.clone(), &objects);
+    // 73 h apart from March 1: `at` 9 is March 28, 10 is March 31, 11 is April 3.
+    let events = vec![
+        Event::StripeSubscription {
+            customer: 0,
+            sub: 0,
+            status: "active",
+            plan: "price_pro",
+            ends: 0,
+            basil: true,
+            at: 10,
+        },
+        Event::StripeHealthNotice { at: 11 },
+    ];
+    let notice_first = [1, 0].map(|index| Delivery { index, fail: false }).to_vec();
+    let result = runtime.block_on(async {
+        let case = Case {
+            events,
+            deliveries: notice_first,
+        };
+        check(&pool, &worker, &objects, &case).await?;
+        let swept: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM inbox_events WHERE dedupe_key LIKE 'read:%'")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        prop_assert_eq!(swept, 2, "a read of the subscription in each order");
         Ok::<(), TestCaseError>(())
     });
     runtime.block_on(crate::helpers::drop_database(pool, &database));

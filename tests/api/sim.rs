@@ -5,7 +5,9 @@
 //! sent as thin events, with or without their snapshot twins, whose objects a fake Stripe API
 //! serves as it shows them at the read, now and then answering 500, timing out or 404; Stripe
 //! entitlement summaries, some saying `has_more`, whose complete lists the same API serves;
-//! Polar benefit grants granted and revoked out of order; a catalog whose plans carry features)
+//! Polar benefit grants granted and revoked out of order; Stripe's notices that it failed to
+//! generate events, whose sweeps list every subscription Stripe shows, the registers already
+//! matching or not; a catalog whose plans carry features)
 //! and every fault: a queue
 //! that drops, duplicates, delays and redelivers messages; a crash at any point between two
 //! steps of the intake, the worker (each statement boundary of its transaction, and between
@@ -437,6 +439,10 @@ static SUMMARIES_READ: AtomicUsize = AtomicUsize::new(0);
 static SUMMARIES_GONE: AtomicUsize = AtomicUsize::new(0);
 static LIST_READ_FAULTS: AtomicUsize = AtomicUsize::new(0);
 static GRANT_EVENTS: AtomicUsize = AtomicUsize::new(0);
+/// Subscriptions Stripe's notices of events it failed to generate swept (printed by
+/// `sim::seeds`).
+static SWEPT: AtomicUsize = AtomicUsize::new(0);
+static SWEPT_MATCHING: AtomicUsize = AtomicUsize::new(0);
 
 /// Fetch faults one thin event may suffer: with the schedule's three, fewer than its attempts.
 const MAX_READ_FAULTS: u32 = 2;
@@ -521,6 +527,33 @@ impl SimReads {
         Ok(object)
     }
 
+    /// `GET /v1/subscriptions?status=all` for a notice's sweep, one page: every Stripe
+    /// subscription as Stripe shows it now (those already deleted left out), by id. Not the
+    /// subscriptions only invoices name (`subinv…`): an invoice takes such a subscription's
+    /// plan from the register as the worker finds it, so a swept read stamped after the invoice
+    /// and applied before it gives the invoice a plan the fold, in provider order, does not
+    /// (docs/design.md §4.11, what the fold does not settle); the seeds keep to what it settles.
+    fn list_subscriptions(&self) -> Vec<Value> {
+        let mut reads = self.0.lock().unwrap();
+        let listed: Vec<Value> = reads
+            .objects
+            .iter()
+            .filter(|(id, object)| {
+                object["object"] == "subscription"
+                    && !id.starts_with("subinv")
+                    && reads.gone_after.get(*id) != Some(&0)
+            })
+            .map(|(id, object)| (id.clone(), object.clone()))
+            .collect::<BTreeMap<_, _>>()
+            .into_values()
+            .collect();
+        let ids: Vec<&str> = listed.iter().filter_map(|o| o["id"].as_str()).collect();
+        let line = format!("GET /v1/subscriptions?status=all lists {ids:?}");
+        SWEPT.fetch_add(listed.len(), Ordering::Relaxed);
+        reads.trace.push(line);
+        listed
+    }
+
     /// `GET /v1/entitlements/active_entitlements?customer=…`, every page, for the summary
     /// `carrier`: the summary the worker's read assembles from the pages
     /// (`entitlements::read_summary`), the customer's whole list as Stripe shows it at the
@@ -602,6 +635,14 @@ impl Reads for SimReads {
     ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
         let path = format!("/v1/subscriptions/{id}");
         Box::pin(std::future::ready(self.read(id, &path, true)))
+    }
+
+    fn subscriptions_page<'a>(
+        &'a self,
+        _context: Option<&'a str>,
+        _after: Option<&'a str>,
+    ) -> BoxFuture<'a, anyhow::Result<(Vec<Value>, Option<String>)>> {
+        Box::pin(std::future::ready(Ok((self.list_subscriptions(), None))))
     }
 }
 
@@ -1230,8 +1271,17 @@ impl World {
     fn payload(&self, index: usize, event: &Event) -> (&'static str, Value) {
         let (source, mut payload, _) = order::payload(index, event, &self.ns);
         if source == "stripe" {
-            let created = payload["created"].as_i64().unwrap_or_default();
-            payload["created"] = json!(created - self.shift);
+            payload["created"] = match &payload["created"] {
+                // A v2 event's (a notice's) time is RFC 3339.
+                Value::String(at) => {
+                    let at = chrono::DateTime::parse_from_rfc3339(at).unwrap()
+                        - chrono::Duration::seconds(self.shift);
+                    json!(at
+                        .to_utc()
+                        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+                }
+                created => json!(created.as_i64().unwrap_or_default() - self.shift),
+            };
             if let Some(sub) = self.invoice_reads.get(&index) {
                 payload["data"]["object"]["subscription"] = json!(sub);
             }
@@ -2741,20 +2791,34 @@ impl World {
         .fetch_all(&self.admin)
         .await
         .unwrap();
-        // What the seeds cover: invoices' subscription reads, and reads of a change made 2 s
-        // before a month began (each read is made months later, in the run).
+        // What the seeds cover: invoices' subscription reads (not a sweep's), and reads of a
+        // change made 2 s before a month began (each read is made months later, in the run).
         let (invoices, paddle, lemonsqueezy, across): (i64, i64, i64, i64) = sqlx::query_as(
             "SELECT count(*) FILTER (WHERE dedupe_key LIKE 'read:%:%'),
                     count(*) FILTER (WHERE dedupe_key LIKE 'read:%:%' AND source = 'paddle'),
                     count(*) FILTER (WHERE dedupe_key LIKE 'read:%:%' AND source = 'lemonsqueezy'),
                     count(*) FILTER (WHERE date_trunc('month', occurred_at + interval '2 seconds')
                                            = occurred_at + interval '2 seconds')
-             FROM inbox_events WHERE dedupe_key LIKE 'read:%\\_' || $1 || '%' AND status = 'applied'",
+             FROM inbox_events r WHERE dedupe_key LIKE 'read:%\\_' || $1 || '%' AND status = 'applied'
+               AND NOT EXISTS (SELECT 1 FROM inbox_events n WHERE n.id = r.made_for
+                               AND n.type LIKE 'v2.core.health.%')",
         )
         .bind(&self.ns)
         .fetch_one(&self.admin)
         .await
         .unwrap();
+        // Of the subscriptions the notices swept, those whose register already showed what
+        // Stripe lists (stored as reads all the same, docs/design.md §6.2).
+        let matched: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(sum(h.listed - h.differing), 0)::bigint
+             FROM health_sweeps h JOIN inbox_events n ON n.id = h.event_id
+             WHERE n.dedupe_key LIKE '%\\_' || $1",
+        )
+        .bind(&self.ns)
+        .fetch_one(&self.admin)
+        .await
+        .unwrap();
+        SWEPT_MATCHING.fetch_add(matched as usize, Ordering::Relaxed);
         INVOICE_READS.fetch_add(invoices as usize, Ordering::Relaxed);
         PADDLE_READS.fetch_add(paddle as usize, Ordering::Relaxed);
         LEMONSQUEEZY_READS.fetch_add(lemonsqueezy as usize, Ordering::Relaxed);
@@ -3113,9 +3177,10 @@ fn sqs_event(batch: &[(u64, i64)]) -> SqsEvent {
 }
 
 /// The workload a seed decides: the order property test's events and deliveries, then the
-/// entitlement events ([`order::entitlement_strategy`]), drawn on a generator of their own
-/// and numbered after the others, so that the events a seed drew before entitlements joined
-/// are the same events under the same keys.
+/// entitlement events ([`order::entitlement_strategy`]), then Stripe's notices of events it
+/// failed to generate ([`order::notice_cases`]), each drawn on a generator of its own and
+/// numbered after the others, so that the events a seed drew before they joined are the same
+/// events under the same keys.
 fn workload(seed: u64) -> Case {
     let runner = |stream: u8| {
         let mut bytes = [0u8; 32];
@@ -3129,6 +3194,8 @@ fn workload(seed: u64) -> Case {
     let mut case = case_strategy().new_tree(&mut runner(1)).unwrap().current();
     let entitlements = order::entitlement_strategy().new_tree(&mut runner(2));
     case.extend(entitlements.unwrap().current());
+    let notices = order::notice_cases().new_tree(&mut runner(3));
+    case.extend(notices.unwrap().current());
     // Every other seed crowds its events onto two instants: same-second ties everywhere.
     if seed.is_multiple_of(2) {
         for event in &mut case.events {
@@ -3148,7 +3215,8 @@ fn workload(seed: u64) -> Case {
             | Event::LsSubscription { at, .. }
             | Event::LsInvoice { at, .. }
             | Event::LsOrder { at, .. }
-            | Event::StripeSummary { at, .. }) = event;
+            | Event::StripeSummary { at, .. }
+            | Event::StripeHealthNotice { at }) = event;
             *at %= 2;
         }
     }
@@ -3221,6 +3289,19 @@ fn periods_of(case: &Case, ns: &str, shift: i64) -> HashSet<(String, String, Str
     for (index, event) in case.events.iter().enumerate() {
         let (source, _, at) = order::payload(index, event, ns);
         let customer = match *event {
+            // A notice is about no customer: its sweep stores a read of every subscription,
+            // which grants in the notice's month for any customer Stripe lists one of.
+            Event::StripeHealthNotice { at } => {
+                let time = order::time(at) - chrono::Duration::seconds(shift);
+                for customer in 0..order::CUSTOMERS {
+                    periods.insert((
+                        source.to_owned(),
+                        order::customer_id(customer, ns),
+                        time.format("%Y-%m").to_string(),
+                    ));
+                }
+                continue;
+            }
             Event::KindePlan { customer, .. }
             | Event::KindePayment { customer, .. }
             | Event::StripeSubscription { customer, .. }
@@ -3301,6 +3382,8 @@ pub(crate) async fn simulate(
         }
         let dice = match event {
             Event::StripeSummary { .. } => &mut summaries,
+            // A v2 notice is in no `/v1/events` list.
+            Event::StripeHealthNotice { .. } => continue,
             _ => &mut world.dice,
         };
         let listed = match dice.below(100) {
@@ -3433,6 +3516,11 @@ async fn seeds(pool: PgPool) {
         SUMMARIES_GONE.load(Ordering::Relaxed),
         LIST_READ_FAULTS.load(Ordering::Relaxed),
         GRANT_EVENTS.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "sim: notices of events Stripe failed to generate listed {} subscriptions, each stored as a read; {} of those swept had a register that already showed it",
+        SWEPT.load(Ordering::Relaxed),
+        SWEPT_MATCHING.load(Ordering::Relaxed),
     );
     eprintln!(
         "sim: meter reports: {} held by the fake meter at rest ({} of them compensations), {} cancelled; {} sends, {} of them resends it held already, {} answered 503 or after the client gave up",
