@@ -443,6 +443,10 @@ static GRANT_EVENTS: AtomicUsize = AtomicUsize::new(0);
 /// `sim::seeds`).
 static SWEPT: AtomicUsize = AtomicUsize::new(0);
 static SWEPT_MATCHING: AtomicUsize = AtomicUsize::new(0);
+/// Reads still stored once the seed's events were purged past the retention, and of those
+/// Lemon Squeezy's (printed by `sim::seeds`).
+static READS_KEPT: AtomicUsize = AtomicUsize::new(0);
+static LEMONSQUEEZY_READS_KEPT: AtomicUsize = AtomicUsize::new(0);
 
 /// Fetch faults one thin event may suffer: with the schedule's three, fewer than its attempts.
 const MAX_READ_FAULTS: u32 = 2;
@@ -3164,6 +3168,97 @@ impl World {
     }
 }
 
+impl World {
+    /// Past the retention: the seed's events aged 40 days and purged as the scheduler purges
+    /// them (30 days, docs/design.md §3.9), every account's registers are still the fold of
+    /// what is kept: the purge keeps each read while the event it was made for is kept (a Lemon
+    /// Squeezy invoice's or a Paddle renewal's subscription read, a thin event's object, a
+    /// sweep's), and each event a register, a grant, an intent or a tombstone names.
+    async fn check_after_the_retention(&mut self) -> Result<(), Failure> {
+        sqlx::query(
+            "UPDATE inbox_events SET received_at = received_at - interval '40 days'
+             WHERE dedupe_key LIKE '%\\_' || $1 || '%'",
+        )
+        .bind(&self.ns)
+        .execute(&self.admin)
+        .await
+        .unwrap();
+        // Each read and the event it was made for, before the purge.
+        let made: Vec<(i64, String, i64)> = sqlx::query_as(
+            "SELECT id, dedupe_key, made_for FROM inbox_events
+             WHERE dedupe_key LIKE 'read:%\\_' || $1 || '%' AND made_for IS NOT NULL",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        let retention = Duration::from_secs(30 * 86_400);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let purged = shared::inbox::purge::purge(&self.pool, retention, deadline)
+            .await
+            .map_err(|e| self.fail(format!("purging: {e:#}")))?;
+        // A read is kept as long as the event it was made for.
+        let ids: Vec<i64> = made.iter().flat_map(|(read, _, by)| [*read, *by]).collect();
+        let kept: HashSet<i64> =
+            sqlx::query_scalar::<_, i64>("SELECT id FROM inbox_events WHERE id = ANY($1)")
+                .bind(&ids)
+                .fetch_all(&self.admin)
+                .await
+                .unwrap()
+                .into_iter()
+                .collect();
+        if let Some((read, key, by)) = made
+            .iter()
+            .find(|(read, _, by)| kept.contains(by) && !kept.contains(read))
+        {
+            return Err(self.fail(format!(
+                "the purge took read {read} ({key}) while event {by}, which it was made for, is kept"
+            )));
+        }
+        let (reads, lemonsqueezy): (i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE source = 'lemonsqueezy')
+             FROM inbox_events WHERE dedupe_key LIKE 'read:%\\_' || $1 || '%'",
+        )
+        .bind(&self.ns)
+        .fetch_one(&self.admin)
+        .await
+        .unwrap();
+        READS_KEPT.fetch_add(reads as usize, Ordering::Relaxed);
+        LEMONSQUEEZY_READS_KEPT.fetch_add(lemonsqueezy as usize, Ordering::Relaxed);
+        self.note(format!(
+            "40 days later: purged {purged} events, {reads} reads kept ({lemonsqueezy} Lemon Squeezy)"
+        ));
+        let accounts: Vec<(String, String)> = sqlx::query_as(
+            "SELECT source, customer_id FROM accounts WHERE customer_id LIKE '%\\_' || $1 || '%'
+             ORDER BY 1, 2",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        let sources = crate::helpers::audit_sources(&self.worker);
+        let mut conn = self.pool.acquire().await.unwrap();
+        for (source, customer) in &accounts {
+            let id = shared::domain::CustomerId::parse(customer).unwrap();
+            let audit = shared::audit::audit_account(
+                &mut conn,
+                &sources,
+                &self.worker.catalog,
+                (source.as_str(), &id),
+            );
+            match self.with_bugs(audit).await {
+                Ok(shared::audit::Audited::Checked(found)) if found.is_empty() => {}
+                other => {
+                    return Err(self.fail(format!(
+                        "after the purge, the billing state of {source}/{customer} is not the fold of its kept events\n  {other:?}"
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// An SQS event as the event source mapping builds it; the message id is the queue's.
 fn sqs_event(batch: &[(u64, i64)]) -> SqsEvent {
     let mut event = SqsEvent::default();
@@ -3455,6 +3550,7 @@ pub(crate) async fn simulate(
     world.drain_reports().await?;
     world.check_at_rest().await?;
     world.check_meter_reports().await?;
+    world.check_after_the_retention().await?;
     world.note(format!(
         "at rest after {steps} steps; every invariant holds"
     ));
@@ -3521,6 +3617,11 @@ async fn seeds(pool: PgPool) {
         "sim: notices of events Stripe failed to generate listed {} subscriptions, each stored as a read; {} of those swept had a register that already showed it",
         SWEPT.load(Ordering::Relaxed),
         SWEPT_MATCHING.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "sim: past the retention, {} reads kept with the events they were made for ({} Lemon Squeezy), every account still the fold of its kept events",
+        READS_KEPT.load(Ordering::Relaxed),
+        LEMONSQUEEZY_READS_KEPT.load(Ordering::Relaxed),
     );
     eprintln!(
         "sim: meter reports: {} held by the fake meter at rest ({} of them compensations), {} cancelled; {} sends, {} of them resends it held already, {} answered 503 or after the client gave up",

@@ -679,12 +679,7 @@ async fn a_thin_invoices_subscription_read_is_kept_across_a_purge_with_the_thin_
     // the event it was made for keeps the read now.
     deliver(&app, &basil("customer.subscription.deleted")).await;
     let read_id = app.event_id("stripe", &read_key).await;
-    let named: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM subscriptions WHERE event_id = $1) OR EXISTS (SELECT 1 FROM ledger WHERE event_id = $1)")
-        .bind(read_id)
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
-    assert!(!named);
+    assert!(!crate::provider_reads::named_by_state(&app, read_id).await);
     assert_eq!(app.audit().await.divergent, []);
 
     purge_after_retention(&app).await;

@@ -6,9 +6,10 @@
 //! thin event's is; when it names none, the source's subscriptions are swept
 //! (`Reads::subscriptions_page`), each one stored as a read of its own at the notice's time,
 //! whatever its register holds (so that what is stored does not depend on the events' order),
-//! for the rescue to send. The sweep keeps its place between attempts (`inbox::sweep`): an attempt
-//! reads pages while its budget lasts and gives the notice back to be continued. Either way
-//! `EventGenerationFailures` counts it per source once it is done, and an alarm watches that.
+//! for the rescue to send. The sweep keeps its place between attempts (`inbox::sweep`): an
+//! attempt reads pages while its budget lasts and gives the notice back to be continued.
+//! Either way `EventGenerationFailures` counts it per source once it is done, and an alarm
+//! watches that.
 
 use std::time::Duration;
 
