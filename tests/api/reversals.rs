@@ -56,6 +56,28 @@ async fn stripe_metered(pool: &PgPool, customer_id: &str) -> StripeMetered {
     }
 }
 
+impl StripeMetered {
+    /// A debit of `value` under the app's `key`, its report sent and taken by Stripe.
+    async fn sent(&self, pool: &PgPool, key: &str, value: i64) -> (usage::Debited, String) {
+        let debited = debit(
+            pool,
+            &ask("stripe", &self.who, key, value, Some("api_calls")),
+        )
+        .await;
+        let id = debited.reported.clone().unwrap();
+        assert_eq!(send(pool, &self.meters, &id).await, Reported::Sent);
+        (debited, id)
+    }
+
+    /// The correction the reversal of `debited` writes.
+    async fn correction_of(&self, pool: &PgPool, debited: &usage::Debited) -> String {
+        reverse(pool, "stripe", &self.who, &usage_id_of(debited))
+            .await
+            .correction
+            .unwrap()
+    }
+}
+
 /// The usage id of an accepted debit.
 fn usage_id_of(debited: &usage::Debited) -> String {
     match &debited.debit {
@@ -849,20 +871,10 @@ async fn a_correction_that_died_beside_its_report_is_armed_again_when_the_report
 async fn a_cancel_that_did_not_land_within_stripes_window_becomes_a_compensating_report(
     pool: PgPool,
 ) {
-    let StripeMetered {
-        fake,
-        server: _server,
-        meters,
-        who,
-        ..
-    } = stripe_metered(&pool, "cus_window").await;
-    let debited = debit(&pool, &ask("stripe", &who, "req_w", 6, Some("api_calls"))).await;
-    let id = debited.reported.clone().unwrap();
-    assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
-    let correction = reverse(&pool, "stripe", &who, &usage_id_of(&debited))
-        .await
-        .correction
-        .unwrap();
+    let metered = stripe_metered(&pool, "cus_window").await;
+    let (fake, meters) = (&metered.fake, &metered.meters);
+    let (debited, id) = metered.sent(&pool, "req_w", 6).await;
+    let correction = metered.correction_of(&pool, &debited).await;
     // "Too many requests hit the API too quickly" (docs.stripe.com/api/errors): a 429 is
     // answered before anything executes.
     fake.then(Fault::Fails(
@@ -870,7 +882,7 @@ async fn a_cancel_that_did_not_land_within_stripes_window_becomes_a_compensating
         json!({"error": {"type": "invalid_request_error", "code": "rate_limit",
                          "message": "Too many requests hit the API too quickly."}}),
     ));
-    let first = send(&pool, &meters, &correction).await;
+    let first = send(&pool, meters, &correction).await;
     assert!(
         matches!(
             &first,
@@ -895,7 +907,7 @@ async fn a_cancel_that_did_not_land_within_stripes_window_becomes_a_compensating
     .execute(&pool)
     .await
     .unwrap();
-    assert_eq!(send(&pool, &meters, &correction).await, Reported::Sent);
+    assert_eq!(send(&pool, meters, &correction).await, Reported::Sent);
     assert_eq!(
         report(&pool, &correction).await.how.as_deref(),
         Some("compensate")
@@ -909,22 +921,12 @@ async fn a_cancel_that_did_not_land_within_stripes_window_becomes_a_compensating
 /// for an operator.
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_cancel_that_may_have_landed_is_never_followed_by_a_compensation(pool: PgPool) {
-    let StripeMetered {
-        fake,
-        server: _server,
-        meters,
-        who,
-        ..
-    } = stripe_metered(&pool, "cus_twice").await;
-    let debited = debit(&pool, &ask("stripe", &who, "req_t", 5, Some("api_calls"))).await;
-    let id = debited.reported.clone().unwrap();
-    assert_eq!(send(&pool, &meters, &id).await, Reported::Sent);
-    let correction = reverse(&pool, "stripe", &who, &usage_id_of(&debited))
-        .await
-        .correction
-        .unwrap();
+    let metered = stripe_metered(&pool, "cus_twice").await;
+    let (fake, meters) = (&metered.fake, &metered.meters);
+    let (debited, id) = metered.sent(&pool, "req_t", 5).await;
+    let correction = metered.correction_of(&pool, &debited).await;
     fake.then(Fault::TakesThenFails(500, api_error()));
-    let first = send(&pool, &meters, &correction).await;
+    let first = send(&pool, meters, &correction).await;
     assert!(
         matches!(
             &first,
@@ -944,7 +946,7 @@ async fn a_cancel_that_may_have_landed_is_never_followed_by_a_compensation(pool:
     .execute(&pool)
     .await
     .unwrap();
-    let next = send(&pool, &meters, &correction).await;
+    let next = send(&pool, meters, &correction).await;
     assert!(
         matches!(&next, Reported::Failed { status: ReportStatus::Dead, error } if error.contains("went unanswered")),
         "{next:?}"
