@@ -7,9 +7,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use shared::handlers::migrate::{self, MigrateState, PHYSICAL_ID};
 use shared::platform::config::{DatabaseConfig, DatabaseSource};
-use shared::platform::database::Database;
+use shared::platform::database::{Database, AWS_DATABASE_ROOTS};
 use sqlx::migrate::Migrate;
-use sqlx::postgres::PgConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::{Connection, PgPool};
 use tokio::time::Instant;
 use wiremock::matchers::method;
@@ -277,6 +277,37 @@ async fn an_unreachable_database_fails_the_deploy_saying_where_and_why() {
         "{reason}"
     );
     assert!(!reason.contains("s3cret-password"), "{reason}");
+}
+
+/// A server whose certificate chains to none of the roots (here the local CA's, checked
+/// against the carried AWS roots) fails the deploy naming the issuer its chain ends at, so
+/// that the missing root can be found: "invalid peer certificate: UnknownIssuer" alone names
+/// none.
+#[tokio::test]
+async fn a_server_no_root_signed_fails_the_deploy_naming_its_issuer() {
+    let server = response_server().await;
+    let port: u16 = std::env::var("INBOX_PG_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(61320);
+    let options = PgConnectOptions::new()
+        .host("localhost")
+        .port(port)
+        .username("postgres")
+        .database("postgres")
+        .ssl_mode(PgSslMode::VerifyFull)
+        .ssl_root_cert_from_pem(AWS_DATABASE_ROOTS.to_vec());
+    let state = MigrateState::on(Database::fixed(options));
+
+    let body = answer(&state, &server, request(&server, "Create", 1)).await;
+
+    assert_eq!(body["Status"], "FAILED");
+    let reason = body["Reason"].as_str().unwrap();
+    assert!(reason.contains("invalid peer certificate"), "{reason}");
+    assert!(
+        reason.contains("chains to 'CN=billing-inbox local CA'"),
+        "the issuer is named: {reason}"
+    );
 }
 
 #[sqlx::test(migrations = false)]

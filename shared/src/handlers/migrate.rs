@@ -22,6 +22,7 @@ use crate::platform::config::ConfigError;
 use crate::platform::config::DatabaseConfig;
 use crate::platform::database::Database;
 use crate::platform::http_client::LazyClient;
+use crate::platform::presented_chain::presented_issuer;
 use crate::platform::schema::{self, Applied};
 
 /// The resource's one physical id: the same on every Create and Update, so that
@@ -261,21 +262,46 @@ async fn connect(state: &MigrateState, database: &Database) -> Result<PgConnecti
         Err(error) if database.after_connect_error(&error, generation).await => attempt().await,
         other => other,
     };
-    conn.map_err(|error| {
-        let options = database.options();
-        let what = match error {
-            sqlx::Error::PoolTimedOut => {
-                format!("no answer within {} s", state.connect_timeout.as_secs())
-            }
-            error => schema::database_message(&error),
-        };
-        // The host and port, never the user's password (the options are not printed).
-        format!(
-            "cannot connect to the database at {}:{}: {what}",
-            options.get_host(),
-            options.get_port()
-        )
-    })
+    let error = match conn {
+        Ok(conn) => return Ok(conn),
+        Err(error) => error,
+    };
+    let options = database.options();
+    let mut what = match &error {
+        sqlx::Error::PoolTimedOut => {
+            format!("no answer within {} s", state.connect_timeout.as_secs())
+        }
+        error => schema::database_message(error),
+    };
+    if refused_certificate(&error) {
+        // A refused chain's message names no issuer: read the one the server presents.
+        if let Some(issuer) = presented_issuer(options.get_host(), options.get_port()).await {
+            what.push_str(&format!(
+                "; the server's certificate chains to '{issuer}', which none of the roots it \
+                 is checked against is (the carried roots, or the bundle DATABASE_CA_FILE \
+                 names: docs/deploy.md, The database's secret and TLS)"
+            ));
+        }
+    }
+    // The host and port, never the user's password (the options are not printed).
+    Err(format!(
+        "cannot connect to the database at {}:{}: {what}",
+        options.get_host(),
+        options.get_port()
+    ))
+}
+
+/// Whether the handshake refused the server's certificate: rustls's error, which sqlx passes
+/// on as an I/O error of the connection.
+fn refused_certificate(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Tls(_) => true,
+        sqlx::Error::Io(io) => io
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .is_some_and(|tls| matches!(tls, rustls::Error::InvalidCertificate(_))),
+        _ => false,
+    }
 }
 
 /// How long cancelling an abandoned run may take, its connection included.

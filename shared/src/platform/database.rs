@@ -454,7 +454,17 @@ mod tests {
             .map(|r| r.trim_matches('`').to_owned())
             .collect();
         assert_eq!(claimed, carried_rds_regions());
-        for region in ["us-east-1", "eu-west-1", "ap-southeast-4", "me-central-1"] {
+        for region in [
+            "us-east-1",
+            "eu-west-1",
+            "ap-southeast-4",
+            "me-central-1",
+            "ca-west-1",
+            "il-central-1",
+            "ap-southeast-5",
+            "ap-southeast-7",
+            "mx-central-1",
+        ] {
             assert!(
                 carried_rds_regions().iter().any(|r| r == region),
                 "{region}"
@@ -471,17 +481,17 @@ mod tests {
         let at = |host: &str, vars: &[(&str, &str)]| {
             with_tls(PgConnectOptions::new().host(host), &config(vars).unwrap())
         };
-        let newer = "billing.cluster-c0ffee.ca-west-1.rds.amazonaws.com";
+        let newer = "billing.cluster-c0ffee.ap-east-2.rds.amazonaws.com";
         let refused = at(newer, &[secret]).unwrap_err();
         assert_eq!(refused.var, DATABASE_CA_VAR);
-        assert!(refused.detail.contains("ca-west-1"), "{}", refused.detail);
+        assert!(refused.detail.contains("ap-east-2"), "{}", refused.detail);
         assert!(at(
             "billing.cluster-c0ffee.eu-west-1.rds.amazonaws.com",
             &[secret]
         )
         .is_ok());
         assert!(at(
-            "billing.proxy-c0ffee.ca-west-1.rds.amazonaws.com",
+            "billing.proxy-c0ffee.ap-east-2.rds.amazonaws.com",
             &[secret]
         )
         .is_ok());
@@ -543,7 +553,8 @@ mod tests {
     }
 
     /// What the library trusts by default is Amazon's: RDS's roots, and the Amazon Trust
-    /// Services roots RDS Proxy's certificates chain to; each block a certificate (DER).
+    /// Services roots RDS Proxy's certificates chain to; each block a root certificate (its
+    /// issuer its subject), under the comment line that names it.
     #[test]
     fn the_carried_roots_are_rds_and_amazon_trust_services() {
         use base64::Engine;
@@ -554,7 +565,7 @@ mod tests {
             .skip(1)
             .map(|b| b.split("-----END CERTIFICATE-----").next().unwrap())
             .collect();
-        assert_eq!(blocks.len(), 92);
+        assert_eq!(blocks.len(), 107);
         assert_eq!(
             subjects.len(),
             blocks.len(),
@@ -571,12 +582,28 @@ mod tests {
                     || s.contains("CN = Starfield Services Root Certificate Authority - G2")
             })
             .count();
-        assert_eq!((rds, amazon), (87, 5));
-        for block in blocks {
+        assert_eq!((rds, amazon), (102, 5));
+        for (subject, block) in subjects.iter().zip(blocks) {
+            use der::Decode;
             let der = base64::engine::general_purpose::STANDARD
                 .decode(block.split_whitespace().collect::<String>())
                 .unwrap();
-            assert_eq!(der[0], 0x30, "a DER SEQUENCE");
+            let certificate = x509_cert::Certificate::from_der(&der).unwrap();
+            let tbs = certificate.tbs_certificate;
+            assert_eq!(tbs.issuer, tbs.subject, "a root: {subject}");
+            let names = subject.split(" (until ").next().unwrap();
+            let cn = names
+                .split("CN = ")
+                .nth(1)
+                .unwrap()
+                .split(',')
+                .next()
+                .unwrap();
+            assert!(
+                tbs.subject.to_string().contains(cn.trim_matches('"')),
+                "{subject} names {}",
+                tbs.subject
+            );
         }
     }
 

@@ -2,10 +2,12 @@
 //! importing nothing of theirs (only `domain` and `signing`). [`config`] reads every
 //! environment variable once at cold start into plain values; [`secrets`] fills in what
 //! Secrets Manager holds; [`database`] turns the database's configuration into connection
-//! options and reads its secret again after a rotation; [`db`] holds an instance's connection
-//! and sends every statement; [`queue`] is SQS; [`http_client`] reaches providers' hosts;
-//! [`metrics`] names the EMF namespace; [`schema`] applies the migrations; [`api_keys`] checks
-//! the app API's keys; [`clock`] is the time a test can set; [`sim`] holds the points a simulation interrupts and its queue.
+//! options and reads its secret again after a rotation; [`presented_chain`] names what a
+//! refused server's certificate chains to; [`db`] holds an instance's connection and sends
+//! every statement; [`queue`] is SQS; [`http_client`] reaches providers' hosts; [`metrics`]
+//! names the EMF namespace; [`schema`] applies the migrations; [`api_keys`] checks the app
+//! API's keys; [`clock`] is the time a test can set; [`sim`] holds the points a simulation
+//! interrupts and its queue.
 
 pub mod api_keys;
 pub mod clock;
@@ -14,6 +16,7 @@ pub mod database;
 pub mod db;
 pub mod http_client;
 pub mod metrics;
+pub mod presented_chain;
 pub mod queue;
 pub mod schema;
 pub mod secrets;
