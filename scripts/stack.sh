@@ -36,6 +36,10 @@
 # with and without `set -euo pipefail`.
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The inboxctl a build of this tree makes: under CARGO_TARGET_DIR when it is set, as cargo
+# puts it (a relative one is taken from the tree's root, where the scripts run cargo).
+INBOXCTL="${CARGO_TARGET_DIR:-target}/debug/inboxctl"
+case "$INBOXCTL" in /*) ;; *) INBOXCTL="$ROOT/$INBOXCTL" ;; esac
 # the pinned PyPI tools (moto, cargo-lambda; sam and cfn-lint for check-template)
 # shellcheck source=scripts/tools.sh
 source "$ROOT/scripts/tools.sh"
@@ -137,8 +141,8 @@ stack_env() {
   dev_plans="${dev_plans%\}},"'"101":{"plan":"pro","monthly_allowance":500,'"$pro_features"'},"102":{"plan":"team","monthly_allowance":2000,'"$team_features"'}}'
   [ -n "${INBOX_PLANS:-}" ] || INBOX_PLANS="$dev_plans"
   export INBOX_PLANS
-  if [ -x "$ROOT/target/debug/inboxctl" ]; then
-    stack_sources_env "$ROOT/target/debug/inboxctl" 2>/dev/null || true
+  if [ -x "$INBOXCTL" ]; then
+    stack_sources_env "$INBOXCTL" 2>/dev/null || true
   fi
   # the app API's dev keys (dev-only; scripts/dev prints them): INBOX_API_KEYS lists their
   # hashes. The app's key reads, debits and replays its accounts' events; the admin key opens
@@ -239,11 +243,11 @@ stack_port_holder() {
 # stack_sources_env [inboxctl]: export INBOX_SOURCES (caller's value wins), the development
 # sources: one per provider, with its dev-only secret (Kinde: the local JWKS), as each provider
 # folder's fixtures configure it (`inboxctl dev sources`). $1 is the inboxctl to ask (default
-# target/debug/inboxctl), so a script calls this after building it. A value this function set
+# $INBOXCTL), so a script calls this after building it. A value this function set
 # before is made again: the binary may be newer than when it was set.
 _STACK_DEV_SOURCES=${_STACK_DEV_SOURCES:-}
 stack_sources_env() {
-  local bin="${1:-$ROOT/target/debug/inboxctl}" sources
+  local bin="${1:-$INBOXCTL}" sources
   if [ -n "${INBOX_SOURCES:-}" ] && [ "$INBOX_SOURCES" != "$_STACK_DEV_SOURCES" ]; then
     return 0
   fi
