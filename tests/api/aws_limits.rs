@@ -28,7 +28,7 @@ use shared::platform::config::parse_sinks;
 use sqlx::PgPool;
 
 use crate::effects_dispatch::write_effect_for;
-use crate::helpers::create_queue;
+use crate::helpers::{create_queue, stripe_delivery, stripe_event, TestApp};
 
 /// One request as the code made it: enough of it to check each documented limit.
 #[derive(Debug, Clone, PartialEq)]
@@ -483,12 +483,7 @@ async fn an_effect_too_large_for_eventbridge_is_not_put_and_the_error_says_why(p
     let (state, sent) = bus_dispatcher(&pool).await;
     let id = write_effect_for(&pool, "cus_bus_large", "evt_large").await;
     // A body of 300 KB (moto takes it; EventBridge refuses an entry of 256 KB or more).
-    sqlx::query("UPDATE effects SET body = jsonb_set(body, '{data,note}', to_jsonb($2::text)) WHERE id = $1")
-        .bind(&id)
-        .bind("n".repeat(300_000))
-        .execute(&pool)
-        .await
-        .unwrap();
+    pad_effect(&pool, &id, 300_000).await;
 
     let dispatched = dispatcher::dispatch(&state, &id).await.unwrap();
 
@@ -506,4 +501,111 @@ async fn an_effect_too_large_for_eventbridge_is_not_put_and_the_error_says_why(p
     );
     assert!(error.contains("262144"), "{error}");
     assert!(put_events(&sent.calls()).is_empty(), "no request was made");
+}
+
+/// Pads an effect's body with `bytes` of text, as a large catalog's features would.
+async fn pad_effect(pool: &PgPool, id: &str, bytes: usize) {
+    sqlx::query(
+        "UPDATE effects SET body = jsonb_set(body, '{data,note}', to_jsonb($2::text)) WHERE id = $1",
+    )
+    .bind(id)
+    .bind("n".repeat(bytes))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_event_near_the_intakes_1_mib_limit_is_enqueued_as_its_id_alone(pool: PgPool) {
+    let (sqs, sent) = checked_sqs_client().await;
+    let url = create_queue(&sqs).await;
+    let queue = Queue::new(sqs.clone(), url.clone());
+    let app = TestApp::with_parts(pool.clone(), pool, sqs.clone(), url.clone(), queue).await;
+    let mut event = stripe_event("evt_large", "cus_large", chrono::Utc::now().timestamp());
+    // 900 KB of metadata: under the intake's 1 MiB, over SQS's 256 KiB.
+    event["data"]["object"]["metadata"] = json!({"note": "m".repeat(900_000)});
+
+    let (status, body) = app.post("stripe", &stripe_delivery(&event)).await;
+
+    assert_eq!(status, 200, "{body}");
+    let event_id = body["event_id"].as_i64().unwrap();
+    assert_eq!(
+        sent.calls(),
+        [Call::SendMessage {
+            body: event_id.to_string()
+        }],
+        "the message names the stored row; the row is the fact"
+    );
+    assert_eq!(drain(&sqs, &url).await, [event_id.to_string()]);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_effect_of_300_kb_is_enqueued_as_its_id_alone(pool: PgPool) {
+    let (sqs, sent) = checked_sqs_client().await;
+    let url = create_queue(&sqs).await;
+    let queue = Queue::new(sqs.clone(), url.clone());
+    let id = write_effect_for(&pool, "cus_large_effect", "evt_1").await;
+    pad_effect(&pool, &id, 300_000).await;
+
+    let unsent = shared::effects::outbox::enqueue_or_unmark(&pool, &queue, &[id.clone()])
+        .await
+        .unwrap();
+
+    assert!(unsent.is_empty());
+    assert_eq!(
+        sent.calls(),
+        [Call::SendMessageBatch {
+            entries: vec![("m0".into(), id.clone())]
+        }]
+    );
+    assert_eq!(drain(&sqs, &url).await, [id]);
+}
+
+#[tokio::test]
+async fn the_bridge_drains_a_backlog_receiving_and_deleting_ten_at_most() {
+    let (sqs, sent) = checked_sqs_client().await;
+    let url = create_queue(&sqs).await;
+    let ids: Vec<i64> = (1..=25).collect();
+    assert!(Queue::new(sqs.clone(), url.clone())
+        .send_events(&ids)
+        .await
+        .is_empty());
+
+    let mut handled = Vec::new();
+    // As `inboxctl dev` (no wait) and `inboxctl bench` (a 1 s long poll) pump.
+    for wait in [0, 1].into_iter().cycle() {
+        let report = shared::dev::bridge::pump_once(&sqs, &url, wait, |event| {
+            handled.extend(event.records.iter().filter_map(|r| r.body.clone()));
+            async { Ok(Default::default()) }
+        })
+        .await
+        .unwrap();
+        if report.received == 0 {
+            break;
+        }
+        assert_eq!(
+            report.deleted, report.received,
+            "each handled message acknowledged"
+        );
+    }
+
+    handled.sort_by_key(|b| parse_message_body(b));
+    assert_eq!(handled, ids.iter().map(i64::to_string).collect::<Vec<_>>());
+    let calls = sent.calls();
+    let deletes: Vec<usize> = calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::DeleteMessageBatch { ids } => Some(ids.len()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deletes.iter().sum::<usize>(), 25);
+    assert!(calls.iter().any(|c| matches!(
+        c,
+        Call::ReceiveMessage {
+            max: Some(10),
+            wait: Some(1),
+            ..
+        }
+    )));
 }
