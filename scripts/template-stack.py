@@ -10,12 +10,14 @@ what was made:
 * the stack is CREATE_COMPLETE and every resource of the transformed template is listed
   CREATE_COMPLETE with a physical id (NO_PHYSICAL_ID: the types moto lists without one);
 * the objects are there with the template's settings: the queues (visibility timeout,
-  retention, encryption, redrive policy to the stack's own DLQ), the functions (role,
+  retention, encryption, redrive policy to the stack's own DLQ; each attribute inside the
+  range SQS documents, which moto does not hold), the functions (role,
   timeout, memory, description, VPC, reserved concurrency, and exactly the variables the
   template gives, none of them empty or an unresolved `{"Ref": ...}`, `${...}` or
   `{{resolve:...}}`), the roles' inline policies (every Resource an ARN, or "*" for EC2's
   unscoped actions), the log groups' names and retention, the topic, the bus, the schedule
-  rule and its target, the event source mappings (queue, batch, concurrency), the invoke
+  rule and its target, the event source mappings (queue, batch, concurrency, each inside
+  Lambda's documented range for SQS), the invoke
   permissions, a security group's ingress rule, a DB subnet group. The function properties
   moto does not pass on (LAMBDA_IGNORED: architectures, layers, logging) are checked to
   resolve to parameters and created resources instead;
@@ -900,8 +902,40 @@ def queue_arn(c, lid):
     return c.client("sqs").get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
 
 
+# SQS's documented ranges for a queue's attributes (CreateQueue, "Attributes",
+# docs.aws.amazon.com/AWSSimpleQueueService/latest/APIReference/API_CreateQueue.html; the
+# message size's upper bound raised from 262,144 to 1,048,576 in 2025). moto creates a queue
+# outside them (a VisibilityTimeout of 43,201 s, a ReceiveMessageWaitTimeSeconds of 21 were
+# seen), so they are checked here.
+SQS_QUEUE_RANGES = {
+    "DelaySeconds": (0, 900),
+    "MaximumMessageSize": (1024, 1_048_576),
+    "MessageRetentionPeriod": (60, 1_209_600),
+    "ReceiveMessageWaitTimeSeconds": (0, 20),
+    "VisibilityTimeout": (0, 43_200),
+}
+
+
+def as_int(value):
+    """A resolved property value as an integer; None when unresolved or absent."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def out_of_range(value, low, high):
+    """Whether a resolved property value lies outside [low, high] (an unresolved one is not
+    this check's to judge)."""
+    n = as_int(value)
+    return n is not None and not low <= n <= high
+
+
 @checks("AWS::SQS::Queue")
 def check_queue(c, lid, props):
+    for key, (low, high) in SQS_QUEUE_RANGES.items():
+        if key in props and out_of_range(c.value(props[key]), low, high):
+            c.fail(lid, f"{key} {c.value(props[key])} is outside SQS's {low} to {high}")
     attrs = c.client("sqs").get_queue_attributes(QueueUrl=c.physical[lid], AttributeNames=["All"])["Attributes"]
     for key in ("VisibilityTimeout", "MessageRetentionPeriod", "DelaySeconds", "ReceiveMessageWaitTimeSeconds"):
         if key in props:
@@ -1168,6 +1202,21 @@ def check_mapping(c, lid, props):
     for key in ("BatchSize", "MaximumBatchingWindowInSeconds"):
         if key in props:
             c.expect(lid, key, m.get(key), props[key])
+    # An SQS mapping's documented ranges (CreateEventSourceMapping,
+    # docs.aws.amazon.com/lambda/latest/api/API_CreateEventSourceMapping.html): a batch of 1 to
+    # 10,000 for a standard queue, over 10 only with a batching window of at least 1 s; a window
+    # of 0 to 300 s; a maximum concurrency of 2 to 1,000.
+    batch, window = c.value(props.get("BatchSize", 10)), c.value(props.get("MaximumBatchingWindowInSeconds", 0))
+    if out_of_range(batch, 1, 10_000):
+        c.fail(lid, f"BatchSize {batch} is outside SQS's 1 to 10,000")
+    if out_of_range(window, 0, 300):
+        c.fail(lid, f"MaximumBatchingWindowInSeconds {window} is outside 0 to 300")
+    if (as_int(batch) or 0) > 10 and out_of_range(window, 1, 300):
+        c.fail(lid, f"BatchSize {batch} over 10 needs a batching window of at least 1 s")
+    scaling = props.get("ScalingConfig") or {}
+    concurrency = c.value(scaling["MaximumConcurrency"]) if "MaximumConcurrency" in scaling else None
+    if out_of_range(concurrency, 2, 1000):
+        c.fail(lid, f"ScalingConfig.MaximumConcurrency {concurrency} is outside 2 to 1,000")
     if "FunctionResponseTypes" in props:
         c.expect(lid, "FunctionResponseTypes", m.get("FunctionResponseTypes"), props["FunctionResponseTypes"])
     if "ScalingConfig" in props:

@@ -18,7 +18,9 @@ use crate::thin::{app_with_api, period, shows, status_of, thin_events, CUSTOMER}
 const PARTNER: &str = "aws.partner/stripe.com/ed_test_61RBridge00000001";
 
 /// The EventBridge event carrying `detail` from `source`, as Stripe's destination puts it on
-/// the partner bus, and parsed as the Lambda runtime parses the invocation.
+/// the partner bus, and parsed as the Lambda runtime parses the invocation: the envelope AWS
+/// documents for every event on a bus (`id` a version 4 UUID, `account` 12 digits;
+/// https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-events-structure.html).
 fn envelope_from(
     source: &str,
     detail: &Value,

@@ -75,7 +75,8 @@ fn database_name(pool: &PgPool) -> String {
         .to_owned()
 }
 
-/// The secret RDS rotation keeps, as Secrets Manager documents it for PostgreSQL.
+/// The secret RDS rotation keeps, as Secrets Manager documents it for PostgreSQL (`port` a
+/// number; https://docs.aws.amazon.com/secretsmanager/latest/userguide/reference_secret_json_structure.html).
 fn rds_secret(pool: &PgPool, host: &str, role: &str, password: &str) -> serde_json::Value {
     json!({
         "engine": "postgres",
@@ -169,16 +170,25 @@ async fn a_url_secret_the_rds_json_and_the_secret_rds_manages_all_connect(pool: 
     let rds = rds_secret(&pool, "127.0.0.1", &role, AWKWARD).to_string();
     // The secret RDS manages for a master user: the endpoint comes beside it.
     let managed = json!({"username": role, "password": AWKWARD}).to_string();
+    // A secret attached to an Aurora cluster, as the console writes it: the rotation shape
+    // with the cluster's identifier, and `masterarn` for alternating users.
+    let mut attached = rds_secret(&pool, "127.0.0.1", &role, AWKWARD);
+    attached["dbClusterIdentifier"] = json!("billing");
+    attached["masterarn"] =
+        json!("arn:aws:secretsmanager:us-east-1:123456789012:secret:billing-master-AbCdEf");
     let endpoint = vec![
         ("DATABASE_HOST", "127.0.0.1".to_owned()),
         ("DATABASE_PORT", port(&pool).to_string()),
         ("DATABASE_NAME", database_name(&pool)),
     ];
     let mut app = TestApp::spawn(pool.clone()).await;
-    for (n, (text, mut vars)) in [(url, vec![]), (rds, vec![]), (managed, endpoint)]
-        .into_iter()
-        .enumerate()
-    {
+    let shapes = [
+        (url, vec![]),
+        (rds, vec![]),
+        (managed, endpoint),
+        (attached.to_string(), vec![]),
+    ];
+    for (n, (text, mut vars)) in shapes.into_iter().enumerate() {
         vars.push(("DATABASE_SECRET_ID", create_secret(&text).await));
         let config = intake_config(&app.queue_url, &vars);
         app.state = IntakeState::from_config(&config).await.unwrap();

@@ -102,7 +102,13 @@ impl Dispatch {
 /// (the account, then the outbox row with the account's first sequence number, marked
 /// enqueued); its id.
 async fn write_effect(pool: &PgPool, customer: &str) -> String {
-    let what = format!("plan of stripe/{customer} at evt_1");
+    write_effect_for(pool, customer, "evt_1").await
+}
+
+/// [`write_effect`] for the event `cause` (one effect per cause: several for one customer
+/// take its next sequence numbers).
+pub(crate) async fn write_effect_for(pool: &PgPool, customer: &str, cause: &str) -> String {
+    let what = format!("plan of stripe/{customer} at {cause}");
     let id = effect_id(Kind::PlanChanged, &what);
     let occurred_at = chrono::Utc::now();
     let body = json!({

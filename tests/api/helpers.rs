@@ -43,8 +43,10 @@ pub struct Delivery {
     pub body: Vec<u8>,
 }
 
+/// The tests' SQS client: every request it sends is checked against AWS's documented limits
+/// (`crate::aws_limits`), which the local server does not all hold.
 pub async fn sqs_client() -> SqsClient {
-    SqsClient::new(&shared::platform::queue::sdk_config().await)
+    crate::aws_limits::checked_sqs_client().await.0
 }
 
 /// A queue whose server is gone: every send fails at once (connection refused).

@@ -4,6 +4,7 @@
 
 mod app_api;
 mod audit;
+mod aws_limits;
 mod bridge;
 mod checked_points;
 mod cli;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::OnceCell;
 
+use crate::platform::aws_limits;
 use crate::platform::config::{ConfigError, SinkConfig, SinkKind, EFFECTS_VAR};
 use crate::signing::standard_webhooks::{
     decode_secret, signature, SecretEncoding, ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER,
@@ -127,6 +128,15 @@ impl Sinks {
         Self::from_config(&crate::platform::secrets::resolve_sinks(configs).await?)
     }
 
+    /// These sinks with `client` for their EventBridge deliveries in place of one configured
+    /// from the environment (the tests' client, which checks every request it sends).
+    pub fn with_eventbridge_client(self, client: aws_sdk_eventbridge::Client) -> Self {
+        Self {
+            eventbridge: Arc::new(OnceCell::new_with(Some(client))),
+            ..self
+        }
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = &Sink> {
         self.sinks.iter()
     }
@@ -170,10 +180,18 @@ impl Sinks {
     }
 
     /// Puts the effect on the bus: `Source` billing-inbox, `DetailType` the kind, `Detail`
-    /// the body. An entry the bus refused is a failure.
+    /// the body, one entry a request. An entry the bus refused is a failure, and so is one
+    /// EventBridge would refuse ([`aws_limits::put_events_entry_problem`]: 256 KB or more, a
+    /// detail that is not a JSON object), which is not sent: the effect is retried on the
+    /// outbox's schedule and ends `dead`, alerted on, with the reason as its last error.
     async fn put_event(&self, bus: &str, effect: Outgoing<'_>) -> Result<(), String> {
         use aws_sdk_eventbridge::types::PutEventsRequestEntry;
         let detail = std::str::from_utf8(effect.body).map_err(|_| "the body is not UTF-8")?;
+        if let Some(problem) =
+            aws_limits::put_events_entry_problem(EVENT_SOURCE, effect.kind, detail)
+        {
+            return Err(format!("not put on the bus: {problem}"));
+        }
         let client = self.eventbridge().await;
         let entry = PutEventsRequestEntry::builder()
             .source(EVENT_SOURCE)

@@ -40,6 +40,9 @@ pub const AWS_DATABASE_ROOTS: &[u8] = include_bytes!(concat!(
     "/certs/aws-database-roots.pem"
 ));
 
+/// The database a JSON secret means when neither it nor `DATABASE_NAME` names one.
+pub const DEFAULT_DATABASE: &str = "postgres";
+
 /// The RDS-shaped secret: what Secrets Manager's RDS rotation keeps, or what a secret RDS
 /// manages itself holds (`username` and `password`, the rest from [`Endpoint`]).
 #[derive(Deserialize)]
@@ -109,19 +112,21 @@ pub fn options_from_secret(
     };
     // Each field set on its own, never pasted into a URL: `#`, `%`, `?`, `@` or `/` in a
     // generated password mean themselves.
-    let mut options = PgConnectOptions::new_without_pgpass()
+    let options = PgConnectOptions::new_without_pgpass()
         .host(&host)
         .port(port)
         .username(&secret.username)
         .password(&secret.password);
-    if let Some(dbname) = secret
+    // A secret without `dbname` names the database `postgres`, as Secrets Manager documents
+    // its PostgreSQL secret ("If not specified, defaults to 'postgres'",
+    // https://docs.aws.amazon.com/secretsmanager/latest/userguide/reference_secret_json_structure.html),
+    // and as RDS creates it; left unset, the server would take the user's name.
+    let dbname = secret
         .dbname
         .filter(|d| !d.is_empty())
         .or_else(|| endpoint.dbname.clone())
-    {
-        options = options.database(&dbname);
-    }
-    Ok(options)
+        .unwrap_or_else(|| DEFAULT_DATABASE.to_owned());
+    Ok(options.database(&dbname))
 }
 
 /// Whether the database refused the login itself (SQLSTATE 28P01: a wrong password; 28000:
@@ -627,6 +632,34 @@ mod tests {
         )
         .unwrap();
         assert_eq!(text_port.get_port(), 6432);
+    }
+
+    #[test]
+    fn a_secret_without_dbname_names_postgres_as_secrets_manager_documents() {
+        // The shape Secrets Manager keeps for an Aurora PostgreSQL cluster's secret, with
+        // the keys the console adds; no `dbname`, so the database is `postgres`.
+        let options = options_from_secret(
+            "db",
+            r#"{"engine":"postgres","host":"billing.cluster-abc.eu-west-1.rds.amazonaws.com","username":"inbox","password":"p","port":5432,"dbClusterIdentifier":"billing","masterarn":"arn:aws:secretsmanager:eu-west-1:123456789012:secret:master-AbCdEf"}"#,
+            &Endpoint::default(),
+        )
+        .unwrap();
+        assert_eq!(options.get_database(), Some("postgres"));
+        assert_eq!(options.get_port(), 5432);
+        let managed = options_from_secret(
+            "db",
+            r#"{"username":"inbox_admin","password":"p"}"#,
+            &Endpoint {
+                host: Some("db.example".into()),
+                ..Endpoint::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            managed.get_database(),
+            Some("postgres"),
+            "not the user's name, which libpq would take"
+        );
     }
 
     #[test]

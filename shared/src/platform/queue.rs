@@ -9,6 +9,8 @@ use aws_config::stalled_stream_protection::StalledStreamProtectionConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::BehaviorVersion;
 
+use crate::platform::aws_limits;
+
 /// A message body is the event's row id in decimal; the row is the fact, the message a nudge.
 pub fn message_body(event_id: i64) -> String {
     event_id.to_string()
@@ -116,7 +118,8 @@ impl Queue {
 }
 
 impl Queue {
-    /// Sends event ids, with SendMessageBatch (10 per call) when there are several. Returns the
+    /// Sends event ids, with SendMessageBatch (10 per call) when there are several; a message
+    /// is the id alone, a few bytes whatever the event's size. Returns the
     /// ids that did not reach the queue, so the caller can leave them for a later attempt.
     pub async fn send_events(&self, event_ids: &[i64]) -> Vec<i64> {
         if let [event_id] = event_ids {
@@ -142,8 +145,10 @@ impl Queue {
             .collect()
     }
 
-    /// Sends each body as one message, with SendMessageBatch (10 per call). Returns the
-    /// bodies that did not reach the queue.
+    /// Sends each body as one message, with SendMessageBatch: at most 10 entries and 256 KiB
+    /// of bodies a request, as SQS documents ([`aws_limits::sqs_batches`]; the local server
+    /// takes more). Returns the bodies that did not reach the queue, a body SQS would refuse
+    /// on its own (empty, over 256 KiB, a character outside its set) among them, never sent.
     pub async fn send_bodies(&self, bodies: &[String]) -> Vec<String> {
         use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
         let (client, url) = match &self.transport {
@@ -151,8 +156,13 @@ impl Queue {
             #[cfg(feature = "dev")]
             Transport::Sim(_) => return bodies.to_vec(),
         };
+        let (batches, refused) = aws_limits::sqs_batches(bodies);
         let mut unsent = Vec::new();
-        for chunk in bodies.chunks(10) {
+        for (body, problem) in refused {
+            tracing::error!(problem, "a message SQS would refuse is not sent");
+            unsent.push(body.clone());
+        }
+        for chunk in batches {
             // Entry ids are the body's place in its chunk: SQS wants them short and plain.
             let entries: Result<Vec<_>, _> = chunk
                 .iter()
@@ -160,7 +170,7 @@ impl Queue {
                 .map(|(i, body)| {
                     SendMessageBatchRequestEntry::builder()
                         .id(format!("m{i}"))
-                        .message_body(body)
+                        .message_body(*body)
                         .build()
                 })
                 .collect();
@@ -175,7 +185,7 @@ impl Queue {
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "building an SQS batch");
-                    unsent.extend_from_slice(chunk);
+                    unsent.extend(chunk.into_iter().cloned());
                     continue;
                 }
             };
@@ -187,13 +197,13 @@ impl Queue {
                             .strip_prefix('m')
                             .and_then(|s| s.parse::<usize>().ok());
                         if let Some(body) = place.and_then(|i| chunk.get(i)) {
-                            unsent.push(body.clone());
+                            unsent.push((*body).clone());
                         }
                     }
                 }
                 Err(e) => {
                     tracing::warn!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "SQS SendMessageBatch failed");
-                    unsent.extend_from_slice(chunk);
+                    unsent.extend(chunk.into_iter().cloned());
                 }
             }
         }
