@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Cuts a provider's published OpenAPI description down to the routes billing-inbox calls.
+
+    trim-openapi.py PROVIDER UPSTREAM_FILE > testdata/openapi/PROVIDER.json
+
+The tests check every request a provider fake receives against the file this writes
+(tests/api/provider_api.rs, docs/design.md §9.4). A published description is megabytes
+(Stripe's is over 7 MB); the project keeps, for each route below, the request side of the
+operation only: its `parameters` and `requestBody`, with the `components` they reference,
+and none of the prose (`description`, `summary`, `example`, `examples`) or `responses`. The
+result names what it was cut from (`x-trimmed-from`), so the same command on the same
+upstream file gives the same bytes.
+
+Where a provider documents a change its published file does not carry yet, the change is
+added here, as a patch beside the page that announces it (PATCHES), never by editing the
+output by hand.
+
+The upstream files (each at the version UPSTREAM names):
+- stripe: github.com/stripe/openapi `latest/openapi.spec3.json`
+- paddle: github.com/PaddleHQ/paddle-openapi `v1/openapi.yaml`
+"""
+
+import copy
+import json
+import sys
+
+import yaml
+
+# Where each description comes from: repository, path in it, commit, and the API version
+# the file describes.
+UPSTREAM = {
+    "stripe": {
+        "repository": "stripe/openapi",
+        "path": "latest/openapi.spec3.json",
+        "commit": "18fa2cc768024b47789dc6fa243acd48478acac2",
+        "version": "2026-09-30.endive",
+    },
+    "paddle": {
+        "repository": "PaddleHQ/paddle-openapi",
+        "path": "v1/openapi.yaml",
+        "commit": "792a49e66b1c6cecdb5a9d54a04b2c7186cb44e9",
+        "version": "1.0 (2025-05-27)",
+    },
+}
+
+# The routes the project calls, per provider: path template -> methods.
+ROUTES = {
+    "stripe": {
+        # Meter reports and their corrections (shared/src/providers/stripe/meter.rs).
+        "/v1/billing/meter_events": ["post"],
+        "/v1/billing/meter_event_adjustments": ["post"],
+        # The meter by its event name, and its totals (the read-back and the meter audit).
+        "/v1/billing/meters": ["get"],
+        "/v1/billing/meters/{id}/event_summaries": ["get"],
+    },
+    "paddle": {
+        # Reconciliation's walk and what Paddle failed to deliver (providers/paddle/api.rs).
+        "/events": ["get"],
+        "/notifications": ["get"],
+        # The subscription read at a transaction.
+        "/subscriptions/{subscription_id}": ["get"],
+    },
+}
+
+
+def paddle_event_type(doc):
+    """`GET /events?event_type=`: "We added a new event_type query parameter that you can use
+    when working with the list events operation … Use a comma-separated list to specify
+    multiple event types" (developer.paddle.com/changelog/2025/filter-events-by-type, released
+    July 25, 2025, after the pinned file)."""
+    parameters = doc["paths"]["/events"]["get"].setdefault("parameters", [])
+    if not any(p.get("name") == "event_type" for p in parameters):
+        parameters.append(
+            {
+                "name": "event_type",
+                "in": "query",
+                "required": False,
+                "style": "form",
+                "explode": False,
+                "schema": {"type": "array", "items": {"type": "string"}},
+            }
+        )
+
+
+PATCHES = {"paddle": [paddle_event_type]}
+
+PROSE = {"description", "summary", "example", "examples"}
+
+
+def without_prose(node, under_properties=False):
+    """`node` without the prose keywords; a schema's `properties` keep every name, a
+    property called `description` included."""
+    if isinstance(node, dict):
+        return {
+            k: without_prose(v, k == "properties" and not under_properties)
+            for k, v in node.items()
+            if under_properties or k not in PROSE
+        }
+    if isinstance(node, list):
+        return [without_prose(v) for v in node]
+    return node
+
+
+def refs(node):
+    """Every local `$ref` under `node`."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "$ref" and isinstance(v, str) and v.startswith("#/"):
+                yield v
+            else:
+                yield from refs(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from refs(v)
+
+
+def pointer(doc, ref):
+    node = doc
+    for part in ref[2:].split("/"):
+        node = node[part.replace("~1", "/").replace("~0", "~")]
+    return node
+
+
+def trim(provider, doc):
+    doc = copy.deepcopy(doc)
+    for patch in PATCHES.get(provider, []):
+        patch(doc)
+    paths = {}
+    for template, methods in ROUTES[provider].items():
+        item = doc["paths"][template]
+        kept = {}
+        if "parameters" in item:
+            kept["parameters"] = item["parameters"]
+        for method in methods:
+            operation = item[method]
+            kept[method] = {
+                k: operation[k]
+                for k in ("operationId", "parameters", "requestBody")
+                if k in operation
+            }
+        paths[template] = without_prose(kept)
+    # The components the kept operations reference, and the ones those reference.
+    components = {}
+    pending = list(refs(paths))
+    while pending:
+        ref = pending.pop()
+        section, name = ref.split("/")[2], "/".join(ref.split("/")[3:])
+        if name in components.get(section, {}):
+            continue
+        target = without_prose(pointer(doc, ref))
+        components.setdefault(section, {})[name] = target
+        pending.extend(refs(target))
+    trimmed = {
+        "openapi": doc["openapi"],
+        "info": {"title": doc["info"]["title"], "version": doc["info"]["version"]},
+        "x-trimmed-from": UPSTREAM[provider],
+        "paths": paths,
+    }
+    if components:
+        trimmed["components"] = {s: dict(sorted(c.items())) for s, c in sorted(components.items())}
+    return trimmed
+
+
+def main():
+    provider, upstream = sys.argv[1], sys.argv[2]
+    with open(upstream, encoding="utf-8") as f:
+        doc = json.load(f) if upstream.endswith(".json") else yaml.safe_load(f)
+    json.dump(trim(provider, doc), sys.stdout, indent=2, sort_keys=False, ensure_ascii=False)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
