@@ -52,6 +52,20 @@ ROUTES = {
         # The meter by its event name, and its totals (the read-back and the meter audit).
         "/v1/billing/meters": ["get"],
         "/v1/billing/meters/{id}/event_summaries": ["get"],
+        # Reconciliation's walk (providers/stripe/api.rs) and an entitlement summary's
+        # snapshot event (providers/stripe/entitlements.rs).
+        "/v1/events": ["get"],
+        "/v1/events/{id}": ["get"],
+        # A customer's active entitlements, read whole.
+        "/v1/entitlements/active_entitlements": ["get"],
+        # The subscription read at a tie or a payment, and the thin events' walk of every
+        # subscription (providers/stripe/thin.rs).
+        "/v1/subscriptions": ["get"],
+        "/v1/subscriptions/{subscription_exposed_id}": ["get"],
+        # A refund's invoice, through its payment intent's invoice payment; a thin event's
+        # related invoice payment.
+        "/v1/invoice_payments": ["get"],
+        "/v1/invoice_payments/{invoice_payment}": ["get"],
     },
     "paddle": {
         # Reconciliation's walk and what Paddle failed to deliver (providers/paddle/api.rs).
@@ -82,7 +96,36 @@ def paddle_event_type(doc):
         )
 
 
-PATCHES = {"paddle": [paddle_event_type]}
+def operations(provider, doc):
+    """The kept operations of `doc`."""
+    for template, methods in ROUTES[provider].items():
+        for method in methods:
+            yield doc["paths"][template][method]
+
+
+def stripe_list_limits(doc):
+    """Every list's `limit`: "Limit can range between 1 and 100, and the default is 10" (the
+    parameter's own description; its schema says only `integer`)."""
+    for operation in operations("stripe", doc):
+        for parameter in operation.get("parameters", []):
+            if parameter["name"] == "limit" and "between 1 and 100" in parameter.get(
+                "description", ""
+            ):
+                parameter["schema"].update({"minimum": 1, "maximum": 100})
+
+
+def stripe_event_types(doc):
+    """`GET /v1/events?types[]=`: "An array of up to 20 strings containing specific event
+    names" (the parameter's own description; its schema sets no `maxItems`)."""
+    for parameter in doc["paths"]["/v1/events"]["get"]["parameters"]:
+        if parameter["name"] == "types" and "up to 20 strings" in parameter.get("description", ""):
+            parameter["schema"]["maxItems"] = 20
+
+
+PATCHES = {
+    "stripe": [stripe_list_limits, stripe_event_types],
+    "paddle": [paddle_event_type],
+}
 
 PROSE = {"description", "summary", "example", "examples"}
 

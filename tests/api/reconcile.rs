@@ -15,6 +15,7 @@ use sqlx::PgPool;
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
 use crate::helpers::*;
+use crate::provider_api::{ProviderServer, STRIPE};
 use crate::scheduler::{
     exec, polar_api_returns, polar_reconciler, reconcile_runs, scheduler_for, soon, status_of,
     stored_unapplied, stripe_api_event, stripe_reconciler,
@@ -106,8 +107,8 @@ impl Respond for FakeStripe {
     }
 }
 
-pub(crate) async fn fake_stripe(fake: FakeStripe) -> MockServer {
-    let server = MockServer::start().await;
+pub(crate) async fn fake_stripe(fake: FakeStripe) -> ProviderServer {
+    let server = ProviderServer::start(&STRIPE).await;
     Mock::given(wiremock::matchers::method("GET"))
         .and(wiremock::matchers::path("/v1/events"))
         .respond_with(fake)
