@@ -18,6 +18,7 @@ output by hand.
 The upstream files (each at the version UPSTREAM names):
 - stripe: github.com/stripe/openapi `latest/openapi.spec3.json`
 - paddle: github.com/PaddleHQ/paddle-openapi `v1/openapi.yaml`
+- polar: github.com/polarsource/polar `docs/openapi/2026-10.openapi.json`
 """
 
 import copy
@@ -40,6 +41,12 @@ UPSTREAM = {
         "path": "v1/openapi.yaml",
         "commit": "792a49e66b1c6cecdb5a9d54a04b2c7186cb44e9",
         "version": "1.0 (2025-05-27)",
+    },
+    "polar": {
+        "repository": "polarsource/polar",
+        "path": "docs/openapi/2026-10.openapi.json",
+        "commit": "790b7ebcd6dfaa5469217eee498b9e21d38c8b8f",
+        "version": "2026-10",
     },
 }
 
@@ -73,6 +80,15 @@ ROUTES = {
         "/notifications": ["get"],
         # The subscription read at a transaction.
         "/subscriptions/{subscription_id}": ["get"],
+    },
+    "polar": {
+        # The subscription sweep and the subscription read (providers/standard_webhooks/api.rs).
+        "/v1/subscriptions/": ["get"],
+        "/v1/subscriptions/{id}": ["get"],
+        # Meter reports, the meter by its filter, and its quantities (.../meter.rs).
+        "/v1/events/ingest": ["post"],
+        "/v1/meters/": ["get"],
+        "/v1/meters/{id}/quantities": ["get"],
     },
 }
 

@@ -10,7 +10,7 @@ use sqlx::PgPool;
 use crate::cli::{database_url, inboxctl, run};
 use crate::corpus::{corpus, CORPUS_PLANS};
 use crate::helpers::*;
-use crate::provider_api::{ProviderServer, STRIPE};
+use crate::provider_api::{ProviderServer, POLAR, STRIPE};
 
 /// The corpus file `name` of `dir`.
 fn file(dir: &str, name: &str) -> Value {
@@ -392,7 +392,7 @@ async fn polars_sweep_corrects_a_cancellation_the_webhooks_never_brought(pool: P
     app.post("polar", &polar_delivery("msg_sweep", &webhook))
         .await;
     app.run_worker().await;
-    let server = wiremock::MockServer::start().await;
+    let server = ProviderServer::start(&POLAR).await;
     let scheduler = scheduler_for(&app, vec![polar_reconciler(&server)]);
 
     // Same status and product, a cancellation scheduled since: a correction applies it.

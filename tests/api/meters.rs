@@ -27,6 +27,7 @@ use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
 use crate::app_api::{api_state, call, on_pro};
 use crate::helpers::*;
+use crate::provider_api::{ProviderServer, POLAR};
 pub(crate) use crate::stripe_fake::{FakeStripe, Fault};
 
 const NO_WAITS: RetryPolicy = RetryPolicy::new([Duration::ZERO; 5]);
@@ -597,7 +598,7 @@ async fn an_unanswered_kinde_report_is_never_sent_twice_by_itself(pool: PgPool) 
 
 #[tokio::test]
 async fn a_polar_report_is_one_ingested_event_that_polar_dedupes_by_external_id() {
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&POLAR).await;
     Mock::given(method("POST"))
         .and(path("/v1/events/ingest"))
         .respond_with(

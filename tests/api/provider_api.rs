@@ -38,6 +38,10 @@ pub(crate) static PADDLE: LazyLock<Description> = LazyLock::new(|| {
     Description::load("Paddle", include_str!("../../testdata/openapi/paddle.json"))
 });
 
+/// Polar's API: `docs/openapi/2026-10.openapi.json` of polarsource/polar, trimmed.
+pub(crate) static POLAR: LazyLock<Description> =
+    LazyLock::new(|| Description::load("Polar", include_str!("../../testdata/openapi/polar.json")));
+
 /// One provider's API description, its `$ref`s resolved.
 pub(crate) struct Description {
     name: &'static str,
@@ -173,8 +177,8 @@ impl Description {
             };
             // An array in the `form` style: repeated (`explode`, the default), or one
             // comma-separated value (`explode: false`).
-            let value = match (value, type_of(&schema)) {
-                (Value::String(s), Some("array")) => {
+            let value = match (value, takes_array(&schema)) {
+                (Value::String(s), true) => {
                     if p.get("explode").and_then(Value::as_bool) == Some(false) {
                         Value::Array(s.split(',').map(|v| Value::String(v.into())).collect())
                     } else {
@@ -457,6 +461,16 @@ fn insert(slot: &mut Value, segments: &[String], value: String) {
             value,
         );
     }
+}
+
+/// Whether a parameter's schema takes an array: its own type, or one of its `anyOf`/`oneOf`
+/// branches' (OpenAPI 3.1's optional list is `anyOf: [{type: array}, {type: null}]`).
+fn takes_array(schema: &Value) -> bool {
+    let branches = ["anyOf", "oneOf"]
+        .iter()
+        .filter_map(|k| schema.get(*k).and_then(Value::as_array))
+        .flatten();
+    type_of(schema) == Some("array") || branches.into_iter().any(takes_array)
 }
 
 /// A schema's type: `type`, or the first of a list that is not `"null"` (OpenAPI 3.1).

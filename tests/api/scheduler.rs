@@ -16,6 +16,7 @@ use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::helpers::*;
+use crate::provider_api::{ProviderServer, POLAR};
 
 pub(crate) fn scheduler_for(app: &TestApp, reconcilers: Vec<Reconciler>) -> SchedulerState {
     SchedulerState {
@@ -264,7 +265,7 @@ pub(crate) fn polar_reconciler(server: &MockServer) -> Reconciler {
     )
 }
 
-pub(crate) async fn polar_api_returns(server: &MockServer, subscription: Value) {
+pub(crate) async fn polar_api_returns(server: &ProviderServer, subscription: Value) {
     server.reset().await;
     Mock::given(method("GET"))
         .and(path("/v1/subscriptions/"))
@@ -288,7 +289,7 @@ async fn a_polar_read_older_than_the_stored_state_changes_nothing_and_a_newer_on
                          "data": subscription("active", "2026-02-01T00:00:00Z")});
     app.post("polar", &polar_delivery("msg_rc", &webhook)).await;
     app.run_worker().await;
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&POLAR).await;
     let scheduler = scheduler_for(&app, vec![polar_reconciler(&server)]);
 
     // The API shows an older state: ours is newer, nothing is stored.
