@@ -19,6 +19,8 @@ The upstream files (each at the version UPSTREAM names):
 - stripe: github.com/stripe/openapi `latest/openapi.spec3.json`
 - paddle: github.com/PaddleHQ/paddle-openapi `v1/openapi.yaml`
 - polar: github.com/polarsource/polar `docs/openapi/2026-10.openapi.json`
+- kinde: github.com/kinde-oss/kinde-dotnet-sdk `api/openapi.yaml` (Kinde's Management API
+  specification, as Kinde's .NET SDK is generated from it)
 """
 
 import copy
@@ -47,6 +49,12 @@ UPSTREAM = {
         "path": "docs/openapi/2026-10.openapi.json",
         "commit": "790b7ebcd6dfaa5469217eee498b9e21d38c8b8f",
         "version": "2026-10",
+    },
+    "kinde": {
+        "repository": "kinde-oss/kinde-dotnet-sdk",
+        "path": "api/openapi.yaml",
+        "commit": "929ced820c69d555cf6851c26fc075b0b4fdf462",
+        "version": "Kinde Management API 1 (2026-06-01)",
     },
 }
 
@@ -89,6 +97,15 @@ ROUTES = {
         "/v1/events/ingest": ["post"],
         "/v1/meters/": ["get"],
         "/v1/meters/{id}/quantities": ["get"],
+    },
+    "kinde": {
+        # The M2M token the Management API is called with (providers/kinde/api.rs).
+        "/oauth2/token": ["post"],
+        # A customer's plans and entitlements, and meter reports to the customer's agreement
+        # (providers/kinde/api.rs, meter.rs).
+        "/api/v1/billing/entitlements": ["get"],
+        "/api/v1/billing/agreements": ["get"],
+        "/api/v1/billing/meter_usage": ["post"],
     },
 }
 
@@ -138,9 +155,45 @@ def stripe_event_types(doc):
             parameter["schema"]["maxItems"] = 20
 
 
+def kinde_token(doc):
+    """`POST /oauth2/token`, which the Management API's description leaves out (it is Kinde's
+    OAuth endpoint): "perform a POST request to the https://<your_subdomain>.kinde.com/oauth2/token
+    endpoint … content-type: application/x-www-form-urlencoded … grant_type=client_credentials
+    … client_id … client_secret … audience=https://<your_subdomain>.kinde.com/api"
+    (docs.kinde.com/developer-tools/kinde-api/access-token-for-api); "If your app has scopes
+    assigned, you can optionally request them: &scope=…"
+    (docs.kinde.com/machine-to-machine-applications/about-m2m/authenticate-with-m2m)."""
+    text = {"type": "string"}
+    doc["paths"]["/oauth2/token"] = {
+        "post": {
+            "operationId": "requestM2MToken",
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/x-www-form-urlencoded": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["grant_type", "client_id", "client_secret", "audience"],
+                            "properties": {
+                                "grant_type": {"type": "string", "enum": ["client_credentials"]},
+                                "client_id": text,
+                                "client_secret": text,
+                                "audience": text,
+                                "scope": text,
+                            },
+                            "additionalProperties": False,
+                        }
+                    }
+                },
+            },
+        }
+    }
+
+
 PATCHES = {
     "stripe": [stripe_list_limits, stripe_event_types],
     "paddle": [paddle_event_type],
+    "kinde": [kinde_token],
 }
 
 PROSE = {"description", "summary", "example", "examples"}

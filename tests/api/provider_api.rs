@@ -42,6 +42,11 @@ pub(crate) static PADDLE: LazyLock<Description> = LazyLock::new(|| {
 pub(crate) static POLAR: LazyLock<Description> =
     LazyLock::new(|| Description::load("Polar", include_str!("../../testdata/openapi/polar.json")));
 
+/// Kinde's Management API: `api/openapi.yaml` of kinde-oss/kinde-dotnet-sdk, trimmed, and
+/// its OAuth token endpoint written from Kinde's docs (scripts/trim-openapi.py).
+pub(crate) static KINDE: LazyLock<Description> =
+    LazyLock::new(|| Description::load("Kinde", include_str!("../../testdata/openapi/kinde.json")));
+
 /// One provider's API description, its `$ref`s resolved.
 pub(crate) struct Description {
     name: &'static str,
