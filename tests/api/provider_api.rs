@@ -47,6 +47,15 @@ pub(crate) static POLAR: LazyLock<Description> =
 pub(crate) static KINDE: LazyLock<Description> =
     LazyLock::new(|| Description::load("Kinde", include_str!("../../testdata/openapi/kinde.json")));
 
+/// Lemon Squeezy's API, which publishes no description: the routes the project calls, written
+/// from Lemon Squeezy's API reference (the pages are named in the file).
+pub(crate) static LEMONSQUEEZY: LazyLock<Description> = LazyLock::new(|| {
+    Description::load(
+        "Lemon Squeezy",
+        include_str!("../../testdata/openapi/lemonsqueezy.json"),
+    )
+});
+
 /// One provider's API description, its `$ref`s resolved.
 pub(crate) struct Description {
     name: &'static str,

@@ -16,7 +16,7 @@ use sqlx::PgPool;
 use wiremock::matchers::{header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::provider_api::{ProviderServer, PADDLE};
+use crate::provider_api::{ProviderServer, LEMONSQUEEZY, PADDLE};
 
 use crate::corpus::{corpus, corpus_app, payments, send_one};
 use crate::helpers::*;
@@ -192,9 +192,9 @@ async fn a_paddle_renewal_whose_subscription_paddle_does_not_know_grants_nothing
 
 // --- Lemon Squeezy --------------------------------------------------------------------------
 
-async fn lemonsqueezy_app(pool: PgPool) -> (TestApp, MockServer) {
+async fn lemonsqueezy_app(pool: PgPool) -> (TestApp, ProviderServer) {
     let mut app = corpus_app(pool).await;
-    let api = MockServer::start().await;
+    let api = ProviderServer::start(&LEMONSQUEEZY).await;
     with_api(
         &mut app,
         "lemonsqueezy",

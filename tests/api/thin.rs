@@ -12,6 +12,7 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::corpus::{corpus, CORPUS_PLANS};
 use crate::helpers::*;
+use crate::provider_api::{ProviderServer, STRIPE};
 use crate::traffic::with_stripe_api;
 
 const SUB: &str = "sub_1ThinSub0000001";
@@ -31,7 +32,18 @@ fn object(name: &str) -> Value {
 }
 
 /// A test app knowing the corpus's plans, its worker reading Stripe at a fresh fake API.
-pub(crate) async fn app_with_api(pool: PgPool) -> (TestApp, MockServer) {
+pub(crate) async fn app_with_api(pool: PgPool) -> (TestApp, ProviderServer) {
+    let mut app = TestApp::spawn(pool).await;
+    app.worker.catalog = shared::domain::Catalog::parse(CORPUS_PLANS).unwrap();
+    let api = ProviderServer::start(&STRIPE).await;
+    with_stripe_api(&mut app.worker, &api);
+    (app, api)
+}
+
+/// As [`app_with_api`], its API not checked against Stripe's description: it serves
+/// `GET /v1/invoices/{invoice}`, which testdata/openapi/stripe.json does not hold yet
+/// (docs/design.md §9.4).
+async fn app_with_unchecked_api(pool: PgPool) -> (TestApp, MockServer) {
     let mut app = TestApp::spawn(pool).await;
     app.worker.catalog = shared::domain::Catalog::parse(CORPUS_PLANS).unwrap();
     let api = MockServer::start().await;
@@ -642,7 +654,7 @@ fn basil(name: &str) -> Value {
 async fn a_thin_invoices_subscription_read_is_kept_across_a_purge_with_the_thin_event(
     pool: PgPool,
 ) {
-    let (app, api) = app_with_api(pool).await;
+    let (app, api) = app_with_unchecked_api(pool).await;
     let paid = basil("invoice.paid");
     let mut invoice = paid["data"]["object"].clone();
     // A price the catalog does not know (retired from it): the plan is the subscription's.
