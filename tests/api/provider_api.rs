@@ -1,5 +1,5 @@
 //! Every request a provider fake receives, checked against the provider's published API
-//! description (docs/design.md §9.4): the path and method are an operation it describes, every
+//! description (docs/design.md §6.6): the path and method are an operation it describes, every
 //! query and body parameter is one the operation takes, the required ones are there, and each
 //! value has the type, enum and length its schema gives. A fake answers what a test scripts;
 //! this says whether the real provider would have taken the request at all.

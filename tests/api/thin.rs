@@ -42,7 +42,7 @@ pub(crate) async fn app_with_api(pool: PgPool) -> (TestApp, ProviderServer) {
 
 /// As [`app_with_api`], its API not checked against Stripe's description: it serves
 /// `GET /v1/invoices/{invoice}`, which testdata/openapi/stripe.json does not hold yet
-/// (docs/design.md §9.4).
+/// (docs/design.md §6.6).
 async fn app_with_unchecked_api(pool: PgPool) -> (TestApp, MockServer) {
     let mut app = TestApp::spawn(pool).await;
     app.worker.catalog = shared::domain::Catalog::parse(CORPUS_PLANS).unwrap();
