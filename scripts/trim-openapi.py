@@ -81,6 +81,8 @@ ROUTES = {
         # related invoice payment.
         "/v1/invoice_payments": ["get"],
         "/v1/invoice_payments/{invoice_payment}": ["get"],
+        # A thin event's related invoice (providers/stripe/thin.rs).
+        "/v1/invoices/{invoice}": ["get"],
     },
     "paddle": {
         # Reconciliation's walk and what Paddle failed to deliver (providers/paddle/api.rs).

@@ -40,19 +40,8 @@ pub(crate) async fn app_with_api(pool: PgPool) -> (TestApp, ProviderServer) {
     (app, api)
 }
 
-/// As [`app_with_api`], its API not checked against Stripe's description: it serves
-/// `GET /v1/invoices/{invoice}`, which testdata/openapi/stripe.json does not hold yet
-/// (docs/design.md §6.6).
-async fn app_with_unchecked_api(pool: PgPool) -> (TestApp, MockServer) {
-    let mut app = TestApp::spawn(pool).await;
-    app.worker.catalog = shared::domain::Catalog::parse(CORPUS_PLANS).unwrap();
-    let api = MockServer::start().await;
-    with_stripe_api(&mut app.worker, &api);
-    (app, api)
-}
-
 /// The fake API shows the subscription as `name` (a file of `objects/`) from now on.
-pub(crate) async fn shows(api: &MockServer, name: &str) {
+pub(crate) async fn shows(api: &ProviderServer, name: &str) {
     api.reset().await;
     Mock::given(method("GET"))
         .and(path(format!("/v1/subscriptions/{SUB}")))
@@ -654,7 +643,7 @@ fn basil(name: &str) -> Value {
 async fn a_thin_invoices_subscription_read_is_kept_across_a_purge_with_the_thin_event(
     pool: PgPool,
 ) {
-    let (app, api) = app_with_unchecked_api(pool).await;
+    let (app, api) = app_with_api(pool).await;
     let paid = basil("invoice.paid");
     let mut invoice = paid["data"]["object"].clone();
     // A price the catalog does not know (retired from it): the plan is the subscription's.
