@@ -10,6 +10,7 @@ use sqlx::PgPool;
 use crate::cli::{database_url, inboxctl, run};
 use crate::corpus::{corpus, CORPUS_PLANS};
 use crate::helpers::*;
+use crate::provider_api::{ProviderServer, POLAR, STRIPE};
 
 /// The corpus file `name` of `dir`.
 fn file(dir: &str, name: &str) -> Value {
@@ -324,10 +325,10 @@ async fn polar_cancel_and_uncancel_are_applied_told_and_a_late_cancel_is_ignored
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_provider_read_settles_a_same_second_tie_that_differs_only_in_the_ends(pool: PgPool) {
     use wiremock::matchers::{method, path};
-    use wiremock::{Mock, MockServer, ResponseTemplate};
+    use wiremock::{Mock, ResponseTemplate};
 
     let mut app = app_with_effects(pool).await;
-    let api = MockServer::start().await;
+    let api = ProviderServer::start(&STRIPE).await;
     let active = stripe_active("basil");
     // Scheduled and withdrawn within one second; the provider shows it withdrawn. The
     // scheduling event's id sorts last, so the dedupe key alone would keep it.
@@ -391,7 +392,7 @@ async fn polars_sweep_corrects_a_cancellation_the_webhooks_never_brought(pool: P
     app.post("polar", &polar_delivery("msg_sweep", &webhook))
         .await;
     app.run_worker().await;
-    let server = wiremock::MockServer::start().await;
+    let server = ProviderServer::start(&POLAR).await;
     let scheduler = scheduler_for(&app, vec![polar_reconciler(&server)]);
 
     // Same status and product, a cancellation scheduled since: a correction applies it.

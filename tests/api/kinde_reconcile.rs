@@ -13,6 +13,8 @@ use wiremock::matchers::{
 };
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+use crate::provider_api::{ProviderServer, KINDE};
+
 use crate::helpers::*;
 use crate::scheduler::{reconcile_runs, reconciler, scheduler_for};
 
@@ -96,7 +98,7 @@ fn this_period() -> String {
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_kinde_plan_the_webhooks_missed_is_corrected_once_with_one_token(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&KINDE).await;
     token_endpoint(&server, 1).await;
     // kc_up upgraded to pro, kc_gone cancelled, kc_same agrees: no webhook said the first two.
     plan_event(&app, "evt_up", "kc_up", "basic", &days_ago(2)).await;
@@ -161,7 +163,7 @@ async fn a_kinde_plan_not_in_the_catalog_is_reported_once_and_a_later_webhook_st
     pool: PgPool,
 ) {
     let app = TestApp::spawn(pool).await;
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&KINDE).await;
     token_endpoint(&server, 1).await;
     plan_event(&app, "evt_g1", "kc_gold", "pro", &days_ago(3)).await;
     entitlements(
@@ -193,7 +195,7 @@ async fn a_kinde_plan_not_in_the_catalog_is_reported_once_and_a_later_webhook_st
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_refused_token_is_the_run_error_and_names_no_secret(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&KINDE).await;
     Mock::given(method("POST"))
         .and(path("/oauth2/token"))
         .respond_with(ResponseTemplate::new(401).set_body_json(json!({
@@ -227,7 +229,7 @@ async fn a_refused_token_is_the_run_error_and_names_no_secret(pool: PgPool) {
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_customer_kinde_does_not_know_is_left_alone(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&KINDE).await;
     token_endpoint(&server, 1).await;
     // No entitlements mock for kc_gone_at_kinde: the fake API answers 404, as Kinde does for
     // an unknown billing customer.
@@ -279,7 +281,7 @@ async fn a_customer_whose_read_fails_is_tried_three_runs_then_skipped_and_the_sw
     pool: PgPool,
 ) {
     let app = TestApp::spawn(pool).await;
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&KINDE).await;
     token_endpoint(&server, 1).await;
     plan_event(&app, "evt_fa", "kc_a", "pro", &days_ago(2)).await;
     plan_event(&app, "evt_fb", "kc_b", "pro", &days_ago(2)).await;
@@ -359,7 +361,7 @@ async fn a_kinde_api_that_answers_no_read_fails_the_run_and_counts_against_no_cu
     pool: PgPool,
 ) {
     let app = TestApp::spawn(pool).await;
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&KINDE).await;
     token_endpoint(&server, 1).await;
     for n in 0..5 {
         let customer = format!("kc_down_{n}");
@@ -448,7 +450,7 @@ async fn kindes_entitlements_the_account_lacks_are_read_into_its_features_once(p
                     "features": {"seats": 5, "export": "csv"}}}"#,
     )
     .unwrap();
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&KINDE).await;
     token_endpoint(&server, 1).await;
     plan_event(&app, "evt_ent", "kc_ent", "pro", &days_ago(2)).await;
     billing_customer(
@@ -516,7 +518,7 @@ async fn kindes_entitlements_the_account_lacks_are_read_into_its_features_once(p
 async fn a_change_at_kinde_moves_the_features_and_an_emptied_list_takes_them_away(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
     app.enable_effects().await;
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&KINDE).await;
     token_endpoint(&server, 1).await;
     plan_event(&app, "evt_mv", "kc_mv", "pro", &days_ago(2)).await;
     let plans = json!([{"code": "pro", "subscribed_on": days_ago(40)}]);
@@ -564,7 +566,7 @@ async fn a_paged_list_of_kindes_entitlements_is_read_to_its_end_and_never_stored
     pool: PgPool,
 ) {
     let app = TestApp::spawn(pool).await;
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&KINDE).await;
     token_endpoint(&server, 1).await;
     let plans = json!([{"code": "pro", "subscribed_on": days_ago(40)}]);
     // kc_pages: two pages; kc_part: the second page is refused.

@@ -34,6 +34,7 @@ mod paddle_reconcile;
 mod paddle_sdk;
 mod polar_benefits;
 mod pooler;
+mod provider_api;
 mod provider_reads;
 mod reconcile;
 mod reversals;

@@ -21,6 +21,7 @@ use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 use crate::cli::{database_url, inboxctl, run};
 use crate::helpers::*;
 use crate::meters::{self, ask, metered_entry, meters_within, polar_on_pro, stripe_on_pro};
+use crate::provider_api::{ProviderServer, POLAR, STRIPE};
 
 /// The test source `stripe`, its API at `base`, metered on `api_calls`: as `INBOX_SOURCES`
 /// holds it.
@@ -55,8 +56,8 @@ struct FakeStripe {
 }
 
 impl FakeStripe {
-    async fn serve(&self) -> MockServer {
-        let server = MockServer::start().await;
+    async fn serve(&self) -> ProviderServer {
+        let server = ProviderServer::start(&STRIPE).await;
         Mock::given(method("GET"))
             .and(path("/v1/billing/meters"))
             .respond_with(ResponseTemplate::new(200).set_body_json(json!({
@@ -471,8 +472,8 @@ struct FakePolar {
 type PolarEvent = (String, DateTime<Utc>, f64);
 
 impl FakePolar {
-    async fn serve(&self, meters: Vec<Value>) -> MockServer {
-        let server = MockServer::start().await;
+    async fn serve(&self, meters: Vec<Value>) -> ProviderServer {
+        let server = ProviderServer::start(&POLAR).await;
         let listed = meters.clone();
         Mock::given(method("GET"))
             .and(path("/v1/meters/"))

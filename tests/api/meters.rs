@@ -27,6 +27,7 @@ use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
 use crate::app_api::{api_state, call, on_pro};
 use crate::helpers::*;
+use crate::provider_api::{ProviderServer, KINDE, POLAR};
 pub(crate) use crate::stripe_fake::{FakeStripe, Fault};
 
 const NO_WAITS: RetryPolicy = RetryPolicy::new([Duration::ZERO; 5]);
@@ -502,7 +503,7 @@ async fn an_unanswered_report_older_than_stripes_window_is_read_back_before_any_
 async fn an_unanswered_kinde_report_is_never_sent_twice_by_itself(pool: PgPool) {
     let app = TestApp::spawn(pool.clone()).await;
     on_pro(&app, "kc_metered").await;
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&KINDE).await;
     Mock::given(method("POST"))
         .and(path("/oauth2/token"))
         .respond_with(ResponseTemplate::new(200).set_body_json(
@@ -597,7 +598,7 @@ async fn an_unanswered_kinde_report_is_never_sent_twice_by_itself(pool: PgPool) 
 
 #[tokio::test]
 async fn a_polar_report_is_one_ingested_event_that_polar_dedupes_by_external_id() {
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&POLAR).await;
     Mock::given(method("POST"))
         .and(path("/v1/events/ingest"))
         .respond_with(

@@ -11,6 +11,8 @@ use shared::reconcile::LAG;
 use sqlx::PgPool;
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
+use crate::provider_api::{ProviderServer, PADDLE};
+
 use crate::helpers::*;
 use crate::scheduler::{reconciler, scheduler_for};
 
@@ -72,13 +74,16 @@ impl Respond for FakePaddle {
     }
 }
 
-async fn fake_paddle(events: Vec<Value>, failed: Vec<Value>) -> (MockServer, &'static FakePaddle) {
+async fn fake_paddle(
+    events: Vec<Value>,
+    failed: Vec<Value>,
+) -> (ProviderServer, &'static FakePaddle) {
     let fake: &'static FakePaddle = Box::leak(Box::new(FakePaddle {
         events,
         failed,
         continued: AtomicUsize::new(0),
     }));
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&PADDLE).await;
     Mock::given(wiremock::matchers::method("GET"))
         .respond_with(Proxy(fake))
         .mount(&server)

@@ -16,6 +16,8 @@ use sqlx::PgPool;
 use wiremock::matchers::{header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+use crate::provider_api::{ProviderServer, LEMONSQUEEZY, PADDLE};
+
 use crate::corpus::{corpus, corpus_app, payments, send_one};
 use crate::helpers::*;
 
@@ -88,9 +90,9 @@ fn paddle_renewal() -> (String, Value) {
     (event["event_id"].as_str().unwrap().to_owned(), event)
 }
 
-async fn paddle_app(pool: PgPool) -> (TestApp, MockServer) {
+async fn paddle_app(pool: PgPool) -> (TestApp, ProviderServer) {
     let mut app = corpus_app(pool).await;
-    let api = MockServer::start().await;
+    let api = ProviderServer::start(&PADDLE).await;
     with_api(
         &mut app,
         "paddle",
@@ -190,9 +192,9 @@ async fn a_paddle_renewal_whose_subscription_paddle_does_not_know_grants_nothing
 
 // --- Lemon Squeezy --------------------------------------------------------------------------
 
-async fn lemonsqueezy_app(pool: PgPool) -> (TestApp, MockServer) {
+async fn lemonsqueezy_app(pool: PgPool) -> (TestApp, ProviderServer) {
     let mut app = corpus_app(pool).await;
-    let api = MockServer::start().await;
+    let api = ProviderServer::start(&LEMONSQUEEZY).await;
     with_api(
         &mut app,
         "lemonsqueezy",

@@ -15,6 +15,7 @@ use sqlx::PgPool;
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
 use crate::helpers::*;
+use crate::provider_api::{ProviderServer, POLAR, STRIPE};
 use crate::scheduler::{
     exec, polar_api_returns, polar_reconciler, reconcile_runs, scheduler_for, soon, status_of,
     stored_unapplied, stripe_api_event, stripe_reconciler,
@@ -106,8 +107,8 @@ impl Respond for FakeStripe {
     }
 }
 
-pub(crate) async fn fake_stripe(fake: FakeStripe) -> MockServer {
-    let server = MockServer::start().await;
+pub(crate) async fn fake_stripe(fake: FakeStripe) -> ProviderServer {
+    let server = ProviderServer::start(&STRIPE).await;
     Mock::given(wiremock::matchers::method("GET"))
         .and(wiremock::matchers::path("/v1/events"))
         .respond_with(fake)
@@ -427,7 +428,7 @@ async fn provider_reads_are_not_deliveries(pool: PgPool) {
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_polar_subscription_on_an_unknown_product_is_reported_once(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&POLAR).await;
     polar_api_returns(
         &server,
         json!({"id": "sub_unknown", "customer_id": "pc_unknown", "status": "active",

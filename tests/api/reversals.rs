@@ -23,6 +23,7 @@ use crate::meters::{
     ask, customer, debit, metered, meters_of, polar_on_pro, report, reports, send, stripe_meters,
     stripe_on_pro,
 };
+use crate::provider_api::ProviderServer;
 use crate::stripe_fake::{FakeStripe, Fault};
 
 async fn reverse(pool: &PgPool, source: &str, who: &CustomerId, usage_id: &str) -> Reversed {
@@ -36,7 +37,7 @@ async fn reverse(pool: &PgPool, source: &str, who: &CustomerId, usage_id: &str) 
 struct StripeMetered {
     _app: TestApp,
     fake: FakeStripe,
-    server: MockServer,
+    server: ProviderServer,
     meters: shared::meters::Meters,
     who: CustomerId,
 }

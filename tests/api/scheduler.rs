@@ -16,6 +16,7 @@ use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::helpers::*;
+use crate::provider_api::{ProviderServer, LEMONSQUEEZY, POLAR, STRIPE};
 
 pub(crate) fn scheduler_for(app: &TestApp, reconcilers: Vec<Reconciler>) -> SchedulerState {
     SchedulerState {
@@ -226,7 +227,7 @@ pub(crate) fn stripe_reconciler(server: &MockServer) -> Reconciler {
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_provider_api_error_fails_its_source_and_not_the_run(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&STRIPE).await;
     Mock::given(method("GET"))
         .respond_with(ResponseTemplate::new(500))
         .mount(&server)
@@ -264,7 +265,7 @@ pub(crate) fn polar_reconciler(server: &MockServer) -> Reconciler {
     )
 }
 
-pub(crate) async fn polar_api_returns(server: &MockServer, subscription: Value) {
+pub(crate) async fn polar_api_returns(server: &ProviderServer, subscription: Value) {
     server.reset().await;
     Mock::given(method("GET"))
         .and(path("/v1/subscriptions/"))
@@ -288,7 +289,7 @@ async fn a_polar_read_older_than_the_stored_state_changes_nothing_and_a_newer_on
                          "data": subscription("active", "2026-02-01T00:00:00Z")});
     app.post("polar", &polar_delivery("msg_rc", &webhook)).await;
     app.run_worker().await;
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&POLAR).await;
     let scheduler = scheduler_for(&app, vec![polar_reconciler(&server)]);
 
     // The API shows an older state: ours is newer, nothing is stored.
@@ -580,7 +581,7 @@ fn lemonsqueezy_reconciler(server: &MockServer) -> Reconciler {
 
 /// The JSON:API page `GET /v1/subscriptions` answers: `subscriptions` on page 1 of 2, and an
 /// empty page 2 (as lemonsqueezy.js's `ListSubscriptions` types it: `data`, `meta.page`).
-async fn lemonsqueezy_api_returns(server: &MockServer, subscriptions: Vec<Value>) {
+async fn lemonsqueezy_api_returns(server: &ProviderServer, subscriptions: Vec<Value>) {
     use wiremock::matchers::{header, query_param};
     server.reset().await;
     for (number, data) in [("1", subscriptions), ("2", vec![])] {
@@ -616,7 +617,7 @@ async fn a_lemonsqueezy_sweep_corrects_a_newer_state_the_webhooks_missed_and_no_
     app.post("lemonsqueezy", &lemonsqueezy_delivery(&created))
         .await;
     app.run_worker().await;
-    let server = MockServer::start().await;
+    let server = ProviderServer::start(&LEMONSQUEEZY).await;
     let scheduler = scheduler_for(&app, vec![lemonsqueezy_reconciler(&server)]);
 
     // The API shows the state the webhooks brought: nothing is stored.

@@ -15,6 +15,7 @@ use shared::platform::secrets::{resolve, Needs, OnFailure};
 use sqlx::PgPool;
 
 use crate::helpers::*;
+use crate::provider_api::{ProviderServer, STRIPE};
 use crate::scheduler::scheduler_for;
 
 /// A new secret holding `value`; its name.
@@ -168,9 +169,9 @@ async fn each_function_reads_only_the_secret_it_uses() {
 async fn the_scheduler_reconciles_with_the_key_from_api_key_secret_id(pool: PgPool) {
     use shared::handlers::scheduler;
     use wiremock::matchers::{header, method, path};
-    use wiremock::{Mock, MockServer, ResponseTemplate};
+    use wiremock::{Mock, ResponseTemplate};
 
-    let api = MockServer::start().await;
+    let api = ProviderServer::start(&STRIPE).await;
     Mock::given(method("GET"))
         .and(path("/v1/events"))
         .and(header("authorization", "Bearer sk_own_secret"))
@@ -489,12 +490,12 @@ async fn an_api_key_whose_secret_was_missing_at_cold_start_is_read_on_a_later_us
 ) {
     use shared::handlers::{scheduler, worker::WorkerSource};
     use wiremock::matchers::{header, method, path, path_regex};
-    use wiremock::{Mock, MockServer, ResponseTemplate};
+    use wiremock::{Mock, ResponseTemplate};
 
     // The API key's secret does not exist yet when the worker and the scheduler start (nor
     // is the signing secret there: they never read it).
     let name = unique_name();
-    let api = MockServer::start().await;
+    let api = ProviderServer::start(&STRIPE).await;
     let sub = |status: &str| {
         json!({"id": "sub_late", "object": "subscription", "customer": "cus_late", "status": status,
                "items": {"object": "list", "data": [{"id": "si_late", "object": "subscription_item",

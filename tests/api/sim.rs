@@ -76,6 +76,7 @@ use tokio::sync::Notify;
 
 use crate::helpers::*;
 use crate::order::{self, case_strategy, Case, Event};
+use crate::provider_api::{ProviderServer, STRIPE};
 
 /// How long a received message stays invisible (shorter than the lease, as it may be when a
 /// function's timeout is set short: the message comes back while the lease still holds).
@@ -841,8 +842,8 @@ impl SimMeter {
         })))
     }
 
-    async fn serve(&self) -> wiremock::MockServer {
-        let server = wiremock::MockServer::start().await;
+    async fn serve(&self) -> ProviderServer {
+        let server = ProviderServer::start(&STRIPE).await;
         for endpoint in [
             "/v1/billing/meter_events",
             "/v1/billing/meter_event_adjustments",
@@ -1044,7 +1045,7 @@ struct World {
     /// The fake Stripe meter, its server, the dispatcher's meters (every source's the fake) and the
     /// dispatcher's own dice (so that sending reports leaves the other dice as they were).
     meter: SimMeter,
-    _meter_server: wiremock::MockServer,
+    _meter_server: ProviderServer,
     meters: Arc<shared::meters::Meters>,
     dispatcher: Dice,
     ns: String,

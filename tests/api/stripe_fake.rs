@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::{json, Value};
 use wiremock::matchers::{method, path, path_regex};
-use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+use wiremock::{Mock, Request, Respond, ResponseTemplate};
+
+use crate::provider_api::{ProviderServer, STRIPE};
 
 /// How long Stripe keeps a saved answer: "You can remove keys from the system automatically
 /// after they're at least 24 hours old. We generate a new request if a key is reused after
@@ -126,8 +128,9 @@ impl FakeStripe {
         }
     }
 
-    pub(crate) async fn serve(&self) -> MockServer {
-        let server = MockServer::start().await;
+    /// Served as Stripe's API, every request checked against Stripe's published description.
+    pub(crate) async fn serve(&self) -> ProviderServer {
+        let server = ProviderServer::start(&STRIPE).await;
         for endpoint in [
             "/v1/billing/meter_events",
             "/v1/billing/meter_event_adjustments",
@@ -468,7 +471,7 @@ mod behaviour {
     use super::*;
 
     async fn post(
-        server: &MockServer,
+        server: &wiremock::MockServer,
         endpoint: &str,
         key: &str,
         form: &[(&str, &str)],

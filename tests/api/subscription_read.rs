@@ -13,6 +13,7 @@ use crate::corpus::{
     corpus, corpus_app, payments, renewal_without_price, send_one, ACCOUNT_CUSTOMER,
 };
 use crate::helpers::*;
+use crate::provider_api::{ProviderServer, STRIPE};
 use crate::traffic::with_stripe_api;
 
 const SUB: &str = "sub_1EndiveSub00001";
@@ -36,9 +37,9 @@ fn subscription() -> Value {
 }
 
 /// A corpus app whose worker reads Stripe at a fresh fake API.
-async fn app_with_api(pool: PgPool) -> (TestApp, MockServer) {
+async fn app_with_api(pool: PgPool) -> (TestApp, ProviderServer) {
     let mut app = corpus_app(pool).await;
-    let api = MockServer::start().await;
+    let api = ProviderServer::start(&STRIPE).await;
     with_stripe_api(&mut app.worker, &api);
     (app, api)
 }

@@ -12,6 +12,7 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::corpus::{corpus, CORPUS_PLANS};
 use crate::helpers::*;
+use crate::provider_api::{ProviderServer, STRIPE};
 use crate::traffic::with_stripe_api;
 
 const SUB: &str = "sub_1ThinSub0000001";
@@ -31,16 +32,16 @@ fn object(name: &str) -> Value {
 }
 
 /// A test app knowing the corpus's plans, its worker reading Stripe at a fresh fake API.
-pub(crate) async fn app_with_api(pool: PgPool) -> (TestApp, MockServer) {
+pub(crate) async fn app_with_api(pool: PgPool) -> (TestApp, ProviderServer) {
     let mut app = TestApp::spawn(pool).await;
     app.worker.catalog = shared::domain::Catalog::parse(CORPUS_PLANS).unwrap();
-    let api = MockServer::start().await;
+    let api = ProviderServer::start(&STRIPE).await;
     with_stripe_api(&mut app.worker, &api);
     (app, api)
 }
 
 /// The fake API shows the subscription as `name` (a file of `objects/`) from now on.
-pub(crate) async fn shows(api: &MockServer, name: &str) {
+pub(crate) async fn shows(api: &ProviderServer, name: &str) {
     api.reset().await;
     Mock::given(method("GET"))
         .and(path(format!("/v1/subscriptions/{SUB}")))

@@ -17,6 +17,7 @@ use wiremock::matchers::{header, method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::helpers::*;
+use crate::provider_api::{ProviderServer, STRIPE};
 
 /// 2026-03-10T12:00:00Z.
 const T: i64 = 1_773_144_000;
@@ -147,7 +148,7 @@ async fn same_second_created_and_updated_end_active_in_both_orders(pool: PgPool)
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_provider_read_settles_a_same_second_tie(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
-    let api = MockServer::start().await;
+    let api = ProviderServer::start(&STRIPE).await;
     // The provider says: active (the payment retried within the second succeeded). The status
     // rank alone would pick past_due.
     for n in 0..2 {
@@ -200,7 +201,7 @@ async fn a_provider_read_settles_a_same_second_tie(pool: PgPool) {
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn of_two_states_a_provider_read_confirmed_the_one_confirmed_last_wins(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
-    let api = MockServer::start().await;
+    let api = ProviderServer::start(&STRIPE).await;
     with_stripe_api(&mut app.worker, &api);
     for (n, order) in [[0, 1, 2], [0, 2, 1]].iter().enumerate() {
         let (customer, sub) = (format!("cus_conf{n}"), format!("sub_conf{n}"));
@@ -251,7 +252,7 @@ async fn of_two_states_a_provider_read_confirmed_the_one_confirmed_last_wins(poo
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_slow_batch_works_no_event_after_its_lease_ends(pool: PgPool) {
     let mut app = TestApp::spawn(pool.clone()).await;
-    let api = MockServer::start().await;
+    let api = ProviderServer::start(&STRIPE).await;
     with_stripe_api(&mut app.worker, &api);
     app.worker.lease = std::time::Duration::from_secs(3);
     app.worker.event_budget = std::time::Duration::from_secs(2);
@@ -340,7 +341,7 @@ async fn a_connected_accounts_same_second_tie_is_settled_by_a_read_made_as_that_
     pool: PgPool,
 ) {
     let mut app = TestApp::spawn(pool).await;
-    let api = MockServer::start().await;
+    let api = ProviderServer::start(&STRIPE).await;
     // The subscription lives on the connected account: Stripe finds it only when the read
     // names that account in `Stripe-Account`.
     Mock::given(method("GET"))
@@ -397,9 +398,9 @@ async fn a_connected_accounts_same_second_tie_is_settled_by_a_read_made_as_that_
 /// A Stripe API that shows subscription `sub_{tag}` of `cus_{tag}` as active after 2 s (long
 /// enough that a test sees what holds while the read waits); and the updates of that
 /// subscription at `T`, by event id and status.
-async fn slow_subscription_read(tag: &str) -> (MockServer, impl Fn(&str, &str) -> Value) {
+async fn slow_subscription_read(tag: &str) -> (ProviderServer, impl Fn(&str, &str) -> Value) {
     let (sub, customer) = (format!("sub_{tag}"), format!("cus_{tag}"));
-    let api = MockServer::start().await;
+    let api = ProviderServer::start(&STRIPE).await;
     Mock::given(method("GET"))
         .and(path(format!("/v1/subscriptions/{sub}")))
         .respond_with(
@@ -628,7 +629,7 @@ async fn an_account_moved_between_the_read_and_the_write_is_read_again_under_its
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_failed_provider_read_falls_back_to_the_status_rank(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
-    let api = MockServer::start().await;
+    let api = ProviderServer::start(&STRIPE).await;
     Mock::given(method("GET"))
         .respond_with(ResponseTemplate::new(500))
         .mount(&api)
@@ -797,7 +798,7 @@ async fn an_unlinked_basil_refund_is_recorded_on_the_charge_and_said(pool: PgPoo
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_provider_read_links_a_basil_refund(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
-    let api = MockServer::start().await;
+    let api = ProviderServer::start(&STRIPE).await;
     Mock::given(method("GET"))
         .and(path("/v1/invoice_payments"))
         .and(query_param("payment[payment_intent]", "pi_b0"))

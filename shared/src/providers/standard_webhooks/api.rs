@@ -1,5 +1,5 @@
-//! Polar's API as reconciliation reads it: `GET /v1/subscriptions/` (the current state, most
-//! recently modified first). A subscription the local register shows in another state, when
+//! Polar's API as reconciliation reads it: `GET /v1/subscriptions/` (the current state, the
+//! most recently started first). A subscription the local register shows in another state, when
 //! the provider's `modified_at` is newer, becomes a corrective `subscription.updated` event
 //! with the provider's time: it goes through the same ordering guard as any delivery and can
 //! never overwrite newer state.
@@ -19,6 +19,12 @@ use crate::BoxFuture;
 
 const PAGE_SIZE: usize = 100;
 
+/// The order the sweep reads in: Polar's own default, the most recently started first. Polar
+/// sorts subscriptions by none of their times but `started_at`, `ended_at`, `ends_at` and
+/// `current_period_end` (`SubscriptionSortProperty` in its OpenAPI); any other `sorting` is
+/// refused with a 422.
+const SORTING: &str = "-started_at";
+
 pub struct PolarSubscriptions {
     api: Api,
 }
@@ -32,7 +38,7 @@ impl PolarSubscriptions {
         let query = [
             ("page", page.to_string()),
             ("limit", PAGE_SIZE.to_string()),
-            ("sorting", "-modified_at".to_owned()),
+            ("sorting", SORTING.to_owned()),
         ];
         let body = self.api.get_json("/v1/subscriptions/", &query).await?;
         SweepPage::of(&body, "/items", "/pagination/max_page", page)
