@@ -35,6 +35,7 @@ mod polar_benefits;
 mod pooler;
 mod provider_reads;
 mod reconcile;
+mod rest_api;
 mod reversals;
 mod round_trips;
 mod scale;
