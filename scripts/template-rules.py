@@ -352,6 +352,13 @@ GOOD = {
     },
     "the least capacity equal to the most": {**CREATED, "DatabaseMinCapacity": "8", "DatabaseMaxCapacity": "8"},
     "a cluster that pauses, at most 1 ACU": {**CREATED, "DatabaseMinCapacity": "0", "DatabaseMaxCapacity": "1"},
+    "the console and the admin API behind AWS WAF (ConsoleFirewall on)": {
+        **EVERYTHING,
+        "ConsoleFirewall": "on",
+        "ConsoleRateLimit": "600",
+        "ConsoleAnonymousRateLimit": "10",
+    },
+    "the stack's own database, the console behind AWS WAF at its default limits": {**CREATED, "ConsoleFirewall": "on"},
 }
 # Each mistake, and what must refuse it: a parameter's constraint or a rule.
 BAD = {
@@ -563,6 +570,14 @@ BAD = {
         {**EVERYTHING, "EngineRoomSecretArns": "billing-inbox/stripe"},
         "EngineRoomSecretArns:",
     ),
+    "the console behind AWS WAF without the app API": (
+        {**REQUIRED, "ConsoleFirewall": "on"},
+        "rule ConsoleFirewallNeedsTheApi:",
+    ),
+    "a rate limit AWS WAF refuses (under 10 requests in 5 minutes)": (
+        {**EVERYTHING, "ConsoleFirewall": "on", "ConsoleAnonymousRateLimit": "5"},
+        "ConsoleAnonymousRateLimit: below MinValue",
+    ),
     "a partner event source's name over 256 characters": (
         {**EVERYTHING, "StripeEventSourceName": "aws.partner/stripe.com/ed_" + "1" * 240},
         "StripeEventSourceName: longer than MaxLength",
@@ -575,26 +590,63 @@ BAD = {
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
 
 
+def routes_of_body(paths, condition):
+    """The routes an API's OpenAPI body writes under `condition` (each path item `Fn::If`)."""
+    routes = {}
+    for path, item in paths.items():
+        if isinstance(item, dict) and "Fn::If" in item:
+            if item["Fn::If"][0] != condition:
+                continue
+            item = item["Fn::If"][1]
+        for method in item:
+            routes[f"{method.upper()} {path}"] = item[method]
+    return routes
+
+
 def route_errors(template, openapi):
-    """Each operation of docs/openapi.yaml is an HttpApi event of the api function and has
-    its own throttling in RouteSettings: any other route API Gateway answers 404 itself,
-    without invoking the function (a route served in tests and refused once deployed)."""
-    events = template["Resources"]["ApiFunction"]["Properties"]["Events"].values()
-    routed = {
+    """Each operation of docs/openapi.yaml is routed to the api function and has its own
+    throttling in RouteSettings: any other route API Gateway answers 404 itself, without
+    invoking the function (a route served in tests and refused once deployed).
+
+    The app's routes are HttpApi events of the api function, throttled whatever
+    ConsoleFirewall says; the admin API's and the console's are routes of HttpApi's body
+    under ConsoleOnHttpApi, throttled there, and with ConsoleFirewall on, routes of
+    ConsoleApi's body (its web ACL limits them) and none of the HTTP API's."""
+    resources = template["Resources"]
+    events = resources["ApiFunction"]["Properties"]["Events"].values()
+    app_routes = {
         f'{e["Properties"]["Method"].upper()} {e["Properties"]["Path"]}'
         for e in events
         if e.get("Type") == "HttpApi"
     }
-    settings = template["Resources"]["HttpApi"]["Properties"]["RouteSettings"]
-    throttled = set(settings["Fn::If"][1]) if "Fn::If" in settings else set(settings)
+    http_body = resources["HttpApi"]["Properties"]["DefinitionBody"]["paths"]
+    console_routes = set(routes_of_body(http_body, "ConsoleOnHttpApi"))
+    settings = resources["HttpApi"]["Properties"]["RouteSettings"]["Fn::If"]
     problems = []
+    if settings[0] != "ConsoleOnHttpApi":
+        return ["HttpApi's RouteSettings: Fn::If on ConsoleOnHttpApi first"]
+    throttled = set(settings[1])
+    # ConsoleFirewall on, with the app API: a route setting on a route the API does not have
+    # fails the deploy, and every app route keeps its own.
+    with_api = settings[2]["Fn::If"]
+    throttled_firewall_on = set(with_api[1]) if with_api[0] == "HasApi" else set()
+    for route in sorted(throttled_firewall_on - app_routes - {"POST /webhooks/{source}"}):
+        problems.append(f"{route} has RouteSettings with ConsoleFirewall on, where the HTTP API has no such route")
+    for route in sorted(app_routes - throttled_firewall_on):
+        problems.append(f"{route} has no RouteSettings of its own with ConsoleFirewall on")
+    for route in sorted(app_routes & console_routes):
+        problems.append(f"{route} is both an event of ApiFunction and a route of HttpApi's body")
+    for route in sorted(app_routes):
+        if route.split(" ", 1)[1].startswith(("/v1/admin", "/console")):
+            problems.append(f"{route} is an HttpApi event of ApiFunction: it would stay on the HTTP API with ConsoleFirewall on")
+    routed = app_routes | console_routes
     for path, item in openapi["paths"].items():
         for method in METHODS:
             if method not in item:
                 continue
             route = f"{method.upper()} {path}"
             if route not in routed:
-                problems.append(f"{route} (docs/openapi.yaml) is no event of ApiFunction")
+                problems.append(f"{route} (docs/openapi.yaml) is no route of the api function on the HTTP API")
             if route not in throttled:
                 problems.append(f"{route} has no RouteSettings of its own")
     documented = {f"{m.upper()} {p}" for p, i in openapi["paths"].items() for m in METHODS if m in i}
@@ -605,6 +657,17 @@ def route_errors(template, openapi):
                 problems.append(f"{route} has no RouteSettings of its own")
             continue
         problems.append(f"{route} is routed but not in docs/openapi.yaml")
+    # ConsoleFirewall on: the REST API serves every admin and console route the HTTP API did.
+    rest = routes_of_body(resources["ConsoleApi"]["Properties"]["DefinitionBody"]["paths"], None)
+    for route in sorted(console_routes):
+        method, path = route.split(" ", 1)
+        served = (
+            route in rest
+            or (path.startswith("/console/") and "GET /console/{proxy+}" in rest)
+            or (path.startswith("/v1/admin/") and "X-AMAZON-APIGATEWAY-ANY-METHOD /v1/admin/{proxy+}" in rest)
+        )
+        if not served:
+            problems.append(f"{route} is not served by ConsoleApi (ConsoleFirewall on)")
     return problems
 
 

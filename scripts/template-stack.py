@@ -186,6 +186,9 @@ SETS = {
         },
         "outputs": {
             "AlarmDestinations": ["e-mail to oncall@example.com", "and the AlertHttpsEndpoint on-call tool"],
+            # ConsoleFirewall off: the console and the admin API on the HTTP API, with the app's
+            "ConsoleUrl": [".execute-api.us-east-1.amazonaws.com/console/"],
+            "AdminApiBaseUrl": [".execute-api.us-east-1.amazonaws.com/v1/admin"],
             # every function's group, the seven of them
             "LogGroups": [
                 f"/aws/lambda/{STACK}/{f}"
@@ -270,6 +273,26 @@ SETS = {
             ],
         },
     },
+    # (g) the console and the admin API on a REST API of their own behind AWS WAF: the HTTP
+    # API keeps the webhook and the app's routes, the outputs point at the REST API's stage
+    "the console behind AWS WAF (ConsoleFirewall on)": {
+        "needs": ["ConsoleFirewall"],
+        "params": {
+            "Sources": KINDE,
+            "PlansSecretArn": "billing-inbox/plans",
+            "ApiKeysSecretArn": "{arn:billing-inbox/api-keys}",
+            "AlertEmail": "oncall@example.com",
+            "ConsoleFirewall": "on",
+            "ConsoleRateLimit": "600",
+            "ConsoleAnonymousRateLimit": "60",
+        },
+        "protected": [],
+        "outputs": {
+            "ConsoleUrl": [".execute-api.us-east-1.amazonaws.com/ops/console/"],
+            "AdminApiBaseUrl": [".execute-api.us-east-1.amazonaws.com/ops/v1/admin"],
+            "ConsoleWebAclArn": ["DROPPED-ConsoleWebAcl.Arn"],
+        },
+    },
 }
 
 # -- what moto cannot create -----------------------------------------------------------------
@@ -291,6 +314,11 @@ SETS = {
 DROP = {
     "AWS::ApiGatewayV2::Api": "no moto model (it has REST APIs, AWS::ApiGateway::*, only)",
     "AWS::ApiGatewayV2::Stage": "no moto model (it has REST APIs, AWS::ApiGateway::*, only)",
+    "AWS::ApiGateway::Stage": "no moto model (RestApi, Resource, Method and Deployment only)",
+    "AWS::ApiGateway::Deployment": "moto creates a RestApi without importing its Body (OpenAPI), "
+    "and refuses a deployment of it: 'The REST API doesn't contain any methods'",
+    "AWS::WAFv2::WebACL": "no moto model in CloudFormation (moto's wafv2 has no CloudFormation resources)",
+    "AWS::WAFv2::WebACLAssociation": "no moto model in CloudFormation (moto's wafv2 has no CloudFormation resources)",
     "AWS::CloudWatch::Alarm": "no moto model (CloudWatch::Dashboard only)",
     "AWS::Logs::MetricFilter": "no moto model (Logs::LogGroup and Logs::ResourcePolicy only)",
     "AWS::SNS::Subscription": "no moto model (SNS::Topic only)",

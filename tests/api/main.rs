@@ -37,6 +37,7 @@ mod pooler;
 mod provider_api;
 mod provider_reads;
 mod reconcile;
+mod rest_api;
 mod reversals;
 mod round_trips;
 mod scale;
