@@ -5,9 +5,11 @@
 //! options and reads its secret again after a rotation; [`db`] holds an instance's connection
 //! and sends every statement; [`queue`] is SQS; [`http_client`] reaches providers' hosts;
 //! [`metrics`] names the EMF namespace; [`schema`] applies the migrations; [`api_keys`] checks
-//! the app API's keys; [`clock`] is the time a test can set; [`sim`] holds the points a simulation interrupts and its queue.
+//! the app API's keys; [`clock`] is the time a test can set; [`budget`] is each source's
+//! share of its provider's rate limit, shared by every instance; [`sim`] holds the points a simulation interrupts and its queue.
 
 pub mod api_keys;
+pub mod budget;
 pub mod clock;
 pub mod config;
 pub mod database;

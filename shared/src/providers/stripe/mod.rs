@@ -55,6 +55,28 @@ impl Provider for Stripe {
         Some("https://api.stripe.com".to_owned())
     }
 
+    /// "The basic rate limiter restricts the number of API requests per second as follows: Live
+    /// mode: 100 read operations and 100 write operations; Test mode: 25 read operations and 25
+    /// write operations" (docs.stripe.com/rate-limits). A bucket of 80 a second and 20 at once
+    /// lets at most 100 out in any second; 20 and 5 at most 25. A source that takes both modes
+    /// (no `livemode`) is held to test mode's. Endpoint limits ("individual API endpoints: 25
+    /// requests per second" unless noted) are not modelled: a 429 from one pauses the source.
+    fn api_limit(&self, config: &SourceConfig) -> crate::platform::budget::Limit {
+        use crate::platform::budget::Limit;
+        match config.livemode {
+            Some(true) => Limit {
+                per_second: 80.0,
+                burst: 20,
+                reserved: 5,
+            },
+            _ => Limit {
+                per_second: 20.0,
+                burst: 5,
+                reserved: 1,
+            },
+        }
+    }
+
     fn own_settings(&self) -> &'static [(Setting, &'static str)] {
         &[(
             Setting::Livemode,
