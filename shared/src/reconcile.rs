@@ -225,7 +225,10 @@ impl Run<'_> {
     /// The run stops early for the rate: its source's budget is spent, or the provider asked
     /// for a pause.
     fn throttled(&mut self, error: &anyhow::Error) {
-        tracing::info!(error = format!("{error:#}"), "reconciliation stops for the provider's rate; the next run goes on");
+        tracing::info!(
+            error = format!("{error:#}"),
+            "reconciliation stops for the provider's rate; the next run goes on"
+        );
         self.report.stopped_early = true;
     }
 

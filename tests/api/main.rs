@@ -5,6 +5,7 @@
 mod app_api;
 mod audit;
 mod bridge;
+mod budget;
 mod checked_points;
 mod cli;
 mod console;

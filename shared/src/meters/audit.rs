@@ -17,8 +17,8 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use super::Meters;
-use crate::platform::budget::Throttled;
 use crate::domain::CustomerId;
+use crate::platform::budget::Throttled;
 use crate::platform::db::exec;
 
 /// How long after a send a provider's totals are trusted to count it.

@@ -262,7 +262,11 @@ impl Budget {
 /// its 429s carry no `Retry-After`: docs.stripe.com/rate-limits). `None` for any other answer,
 /// and for a 429 with `Stripe-Should-Retry: false`, Stripe's word that retrying the same
 /// request will not help (an ordinary failure then).
-pub fn pause_asked(status: StatusCode, headers: &HeaderMap, now: DateTime<Utc>) -> Option<Duration> {
+pub fn pause_asked(
+    status: StatusCode,
+    headers: &HeaderMap,
+    now: DateTime<Utc>,
+) -> Option<Duration> {
     if status != StatusCode::TOO_MANY_REQUESTS {
         return None;
     }
@@ -339,7 +343,11 @@ mod tests {
             "Stripe says the same request will not go through"
         );
         assert_eq!(
-            pause_asked(StatusCode::SERVICE_UNAVAILABLE, &headers(&[("retry-after", "7")]), now),
+            pause_asked(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &headers(&[("retry-after", "7")]),
+                now
+            ),
             None
         );
         assert_eq!(

@@ -10,9 +10,9 @@ use serde_json::Value;
 use chrono::{DateTime, TimeDelta, Utc};
 
 use crate::domain::meter::MeterReport;
+use crate::domain::CustomerId;
 use crate::platform::budget::Throttled;
 use crate::providers::CallError;
-use crate::domain::CustomerId;
 use crate::BoxFuture;
 
 /// What became of one send.

@@ -322,6 +322,16 @@ pub enum CallError {
     Http(#[from] reqwest::Error),
 }
 
+impl CallError {
+    /// As an error whose chain holds the [`Throttled`] itself, for [`Throttled::find`].
+    pub fn into_error(self) -> anyhow::Error {
+        match self {
+            Self::Throttled(throttled) => throttled.into(),
+            other => other.into(),
+        }
+    }
+}
+
 impl Api {
     /// The API of a source that has an API key and whose provider has an API; else `None`.
     /// Its calls take from the source's budget when `client` has the store of budgets.
@@ -358,12 +368,13 @@ impl Api {
         request: reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, CallError> {
         if let Some(budget) = &self.budget {
-            budget.take().await.map_err(|error| {
-                match Throttled::find(&error) {
+            budget
+                .take()
+                .await
+                .map_err(|error| match Throttled::find(&error) {
                     Some(throttled) => CallError::Throttled(throttled.clone()),
                     None => CallError::Budget(error),
-                }
-            })?;
+                })?;
         }
         let response = request.send().await?;
         let now = chrono::Utc::now();
@@ -371,10 +382,16 @@ impl Api {
             return Ok(response);
         };
         let until = match &self.budget {
-            Some(budget) => budget.hold_off(pause).await.map_err(|e| CallError::Budget(e.into()))?,
+            Some(budget) => budget
+                .hold_off(pause)
+                .await
+                .map_err(|e| CallError::Budget(e.into()))?,
             None => now + chrono::Duration::from_std(pause).unwrap_or_default(),
         };
-        let source = self.budget.as_ref().map(Budget::source).unwrap_or_default();
+        let source = match &self.budget {
+            Some(budget) => budget.source(),
+            None => &self.base_url,
+        };
         Err(CallError::Throttled(Throttled {
             source_name: source.to_owned(),
             until,
@@ -407,6 +424,7 @@ impl Api {
         let response = self
             .send(request)
             .await
+            .map_err(CallError::into_error)
             .with_context(|| format!("GET {path}"))?;
         let status = response.status();
         if status == reqwest::StatusCode::NOT_FOUND {

@@ -102,6 +102,7 @@ impl KindeEntitlements {
             .api
             .send(request)
             .await
+            .map_err(crate::providers::CallError::into_error)
             .context("POST /oauth2/token")?;
         let status = response.status();
         if !status.is_success() {
