@@ -1,5 +1,5 @@
 -- One budget of provider API calls per source, shared by every function instance
--- (docs/design.md §5.4): a token bucket, taken by one statement per call. `tokens` is what was
+-- (docs/design.md §6.6): a token bucket, taken by one statement per call. `tokens` is what was
 -- left at `refilled_at`; a take adds what the source's rate refilled since, up to its burst,
 -- and takes one if the caller's lane may. `held_until` is the provider's own word: after a
 -- 429 nothing is sent to it before then (its `Retry-After`), by any instance.

@@ -74,7 +74,7 @@ impl WorkerSource {
         Self {
             kind: config.kind,
             livemode: config.livemode,
-            reads: Api::for_source(config, &client.into())
+            reads: Api::for_source(config, client)
                 .and_then(|api| providers::provider(config.kind).reads(api)),
         }
     }
@@ -143,7 +143,7 @@ pub enum ApplyError {
     Injected(#[from] Injected),
     /// A provider read not made for the rate (the source's budget is spent, or the provider
     /// answered 429): the event waits until then, the attempt not counted against it
-    /// (docs/design.md §5.4).
+    /// (docs/design.md §6.6).
     #[error(transparent)]
     Throttled(#[from] Throttled),
 }
@@ -592,7 +592,7 @@ fn planted_version(event: &Claimed, at: crate::domain::ProviderTime) -> Version 
 /// as another event's takes the rank a provider read gives it (else its status rank decides,
 /// and the note says so); a refund known only by its payment intent is linked to its invoice
 /// by a read when no event has. A failed read settles nothing and says why (a read not made
-/// for the rate is not a failure: the event waits for it, §5.4): the status rank
+/// for the rate is not a failure: the event waits for it, §6.6): the status rank
 /// still gives one order. With reads, returns each subscription's tie as read (the other
 /// event, if any), which the rules must find again when the event is written, and what the
 /// reads settled, kept with the event for the fold (docs/design.md §4.11).
@@ -662,7 +662,7 @@ async fn settle(
                         "same-second tie with event {tie_id}: the provider does not know {id}; resolved by status rank"
                     ),
                     // Not read for the rate: the event waits for the read rather than settle
-                    // without it (docs/design.md §5.4).
+                    // without it (docs/design.md §6.6).
                     Err(error) if Throttled::find(&error).is_some() => {
                         return Err(ApplyError::fetch(error))
                     }

@@ -336,7 +336,7 @@ impl Run<'_> {
             {
                 Ok(page) => page,
                 // The budget is spent, or the provider asked for a pause: the next run goes
-                // on from here (docs/design.md §5.4).
+                // on from here (docs/design.md §6.6).
                 Err(e) if Throttled::find(&e).is_some() => {
                     self.throttled(&e);
                     break Ok(());

@@ -1,4 +1,4 @@
-//! One budget of provider API calls per source (docs/design.md §5.4): taken from Postgres by
+//! One budget of provider API calls per source (docs/design.md §6.6): taken from Postgres by
 //! every instance, so that two instances together never take more than it holds; a meter
 //! report's share that reads never take; and a provider's 429, which puts the item off for
 //! the time the provider said without spending its attempt. The buckets here refill at one

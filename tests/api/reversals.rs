@@ -908,7 +908,7 @@ async fn a_cancel_that_did_not_land_within_stripes_window_becomes_a_compensating
     .await
     .unwrap();
     // The pause a 429 asks for is over too (the correction waited it out, its attempt not
-    // spent: docs/design.md §5.4).
+    // spent: docs/design.md §6.6).
     sqlx::query("UPDATE meter_reports SET next_attempt_at = inbox_now() WHERE id = $1")
         .bind(&correction)
         .execute(&pool)

@@ -146,7 +146,7 @@ pub enum Processed {
     /// continued (`received`, the attempt not counted): a health notice's sweep.
     Unfinished { progress: String },
     /// A provider read was not made for the rate: the event is `failed` and due again at
-    /// `until`, the attempt not counted (docs/design.md §5.4).
+    /// `until`, the attempt not counted (docs/design.md §6.6).
     Deferred {
         until: chrono::DateTime<chrono::Utc>,
         reason: String,

@@ -293,7 +293,7 @@ pub async fn give_back(
 }
 
 /// Puts off an event whose attempt could not make a provider read for the rate (its source's
-/// budget was spent, or the provider answered 429, docs/design.md §5.4): `failed`, due again
+/// budget was spent, or the provider answered 429, docs/design.md §6.6): `failed`, due again
 /// at `until` (the time the budget or the provider said), and its attempt not counted, since
 /// nothing of the event failed. The rescue sends it when it is due. Only the lease holder's
 /// record lands; returns whether it did.

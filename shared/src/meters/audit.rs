@@ -54,7 +54,7 @@ pub struct MeterAudit {
     /// Not compared: the provider's meter cannot be read back.
     pub unreadable: u64,
     /// Left for a later run: the source's API budget was spent, or its provider asked for a
-    /// pause (docs/design.md §5.4); its other accounts wait for that run too.
+    /// pause (docs/design.md §6.6); its other accounts wait for that run too.
     pub throttled: u64,
     /// Differences seen for the first time this run, and those resolved this run.
     pub new: u64,

@@ -44,7 +44,7 @@ struct SourceMeter {
 
 impl Meters {
     /// Each source's meter, its calls through `client` (the dispatcher's take from the meter
-    /// reports' share of their source's budget, docs/design.md §5.4).
+    /// reports' share of their source's budget, docs/design.md §6.6).
     pub fn build(configs: &[SourceConfig], client: impl Into<ApiClient>) -> Self {
         let client = client.into();
         let mut meters = HashMap::new();

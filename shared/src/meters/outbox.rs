@@ -219,7 +219,7 @@ pub enum Outcome {
     /// they settle, or after the longest retry wait.
     Waits(String),
     /// Not sent for the rate (the source's budget, or the provider's 429): not an attempt; it
-    /// is due again at the time said (docs/design.md §5.4).
+    /// is due again at the time said (docs/design.md §6.6).
     Throttled(Throttled),
 }
 

@@ -1,5 +1,5 @@
 //! One budget of provider API calls per source, shared by every function instance through
-//! Postgres (docs/design.md §5.4): a token bucket in a row of `api_budgets`, taken by one
+//! Postgres (docs/design.md §6.6): a token bucket in a row of `api_budgets`, taken by one
 //! statement per call, so that thin-event reads, reconciliation, sweeps and meter reports of
 //! a source, in however many Lambda instances, together stay under the provider's rate limit;
 //! and the provider's own word after a 429, which holds every instance off until the time it

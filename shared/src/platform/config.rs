@@ -116,7 +116,7 @@ pub struct SourceConfig {
     /// (`providers::check_sources`).
     #[serde(default)]
     pub meter: Option<MeterSetting>,
-    /// The source's budget of provider API calls (docs/design.md §5.4), over its provider's
+    /// The source's budget of provider API calls (docs/design.md §6.6), over its provider's
     /// documented default for its mode: `{"per_second", "burst", "reserved"}`.
     #[serde(default)]
     pub api_budget: Option<crate::platform::budget::LimitSetting>,

@@ -145,7 +145,7 @@ pub trait Provider: Sync {
         None
     }
 
-    /// The default budget of a source's API calls (docs/design.md §5.4): under the rate limit
+    /// The default budget of a source's API calls (docs/design.md §6.6): under the rate limit
     /// the provider documents for the source's mode, each default beside the page that says
     /// so. This one is for a provider that publishes no number.
     fn api_limit(&self, _config: &SourceConfig) -> Limit {
@@ -260,7 +260,7 @@ impl Sources {
 
 /// What a source's provider API is called through: the HTTP client, and the store of the
 /// sources' budgets (`None`: calls are not budgeted, as in tests of other things) with the
-/// lane the calls take from (docs/design.md §5.4).
+/// lane the calls take from (docs/design.md §6.6).
 #[derive(Clone)]
 pub struct ApiClient {
     pub http: reqwest::Client,
@@ -304,7 +304,7 @@ pub struct Api {
     /// (Kinde's Management API).
     pub client_id: Option<String>,
     pub http: reqwest::Client,
-    /// The source's budget every call takes from (docs/design.md §5.4); `None`: unbudgeted.
+    /// The source's budget every call takes from (docs/design.md §6.6); `None`: unbudgeted.
     pub budget: Option<Budget>,
 }
 
@@ -360,7 +360,7 @@ impl Api {
     }
 
     /// Sends a request to the provider, every call of the source through this one door: a
-    /// token of the source's budget first (docs/design.md §5.4), then the request; a 429 that
+    /// token of the source's budget first (docs/design.md §6.6), then the request; a 429 that
     /// asks for a pause holds every instance off for as long as the provider asked, and comes
     /// back as [`Throttled`]. Any other answer is the caller's to read.
     pub async fn send(
