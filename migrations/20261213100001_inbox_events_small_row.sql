@@ -1,4 +1,4 @@
--- The event's row small (docs/design.md §8, §6.6): the payload and the raw body out of line once
+-- The event's row small (docs/design.md §8, §5.4): the payload and the raw body out of line once
 -- the row passes 512 bytes. The worker updates an event's row about twice (its claim, its
 -- finish), and an update writes the whole new row to the WAL; with the raw body inline (it
 -- stayed there compressed, under the default 2 kB target, once the payload had gone out of
