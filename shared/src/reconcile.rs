@@ -291,7 +291,16 @@ impl Run<'_> {
             if self.time_is_up() {
                 break;
             }
-            let page = feed.undelivered(self.kept_since, after.as_deref()).await?;
+            let page = match feed.undelivered(self.kept_since, after.as_deref()).await {
+                Ok(page) => page,
+                // The budget is spent, or the provider asked for a pause: the next run reads
+                // the list again, and walks on (docs/design.md §6.6).
+                Err(e) if Throttled::find(&e).is_some() => {
+                    self.throttled(&e);
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            };
             for fetched in &page.events {
                 self.store(fetched).await?;
             }

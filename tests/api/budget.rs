@@ -363,3 +363,50 @@ async fn a_burst_of_thin_events_leaves_meter_reports_their_share_of_the_budget(p
     assert!(due_in > 500.0, "{due_in} s");
     assert_eq!(stripe.posts(), 1);
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_reconciliation_stripe_refuses_for_the_rate_stops_early_and_goes_on_next_run(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let api = MockServer::start().await;
+    let created = Utc::now().timestamp() - shared::reconcile::LAG.as_secs() as i64 - 600;
+    let listed = crate::scheduler::stripe_api_event("evt_listed_late", "cus_listed", created);
+    Mock::given(method("GET"))
+        .and(path_regex("^/v1/events$"))
+        .respond_with(rate_limited().insert_header("Retry-After", "30"))
+        .up_to_n_times(1)
+        .mount(&api)
+        .await;
+    Mock::given(method("GET"))
+        .and(path_regex("^/v1/events$"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "object": "list", "url": "/v1/events", "has_more": false, "data": [listed]
+        })))
+        .mount(&api)
+        .await;
+    let source = stripe_source(&api.uri(), json!({"per_second": 10, "burst": 10}));
+    let reconciler =
+        shared::reconcile::Reconciler::for_source(&source, client(&pool, Lane::Reads)).unwrap();
+    let queue = crate::scheduler::scheduler_for(&app, vec![]).queue;
+    let run = || {
+        shared::reconcile::run(
+            &reconciler,
+            &pool,
+            &queue,
+            Utc::now() - chrono::Duration::days(30),
+            crate::scheduler::soon(),
+        )
+    };
+
+    let first = run().await;
+    assert!(first.error.is_none(), "not a failure of the run: {first:?}");
+    assert!(first.stopped_early, "{first:?}");
+    assert_eq!(first.stored_new, 0);
+    assert_eq!(api.received_requests().await.unwrap().len(), 1);
+
+    time_passes(&pool).await;
+    let next = run().await;
+    assert!(next.error.is_none(), "{next:?}");
+    assert_eq!(next.stored_new, 1, "{next:?}");
+}

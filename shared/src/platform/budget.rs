@@ -173,7 +173,8 @@ impl Budget {
                 }
                 .into());
             }
-            tokio::time::sleep(wait).await;
+            // Never a busy loop: a take that lost a token to another instance waits a little.
+            tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
         }
     }
 
