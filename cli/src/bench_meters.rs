@@ -164,6 +164,7 @@ async fn bench(args: &BenchArgs, reports: usize, server: &str, db: &str) -> anyh
         key: ApiKey::Known("sk_test_bench_local_only".into()),
         client_id: None,
         http,
+        budget: None,
     };
     let meter: Box<dyn shared::providers::meter::Meter> = Box::new(StripeMeter::new(api, METER));
     let meters: Arc<Meters> = Arc::new(

@@ -253,7 +253,13 @@ async fn run_audit(
         .timeout(shared::meters::SEND_TIMEOUT)
         .build()
         .context("building the HTTP client")?;
-    let meters = Meters::build(&sources, &http);
+    // The audit reads through the sources' budgets, as the scheduler's does.
+    let client = shared::providers::ApiClient::budgeted(
+        &http,
+        shared::platform::budget::Budgets::new(pool.clone()),
+        shared::platform::budget::Lane::Reads,
+    );
+    let meters = Meters::build(&sources, &client);
     anyhow::ensure!(
         !meters.is_empty(),
         "no source has a meter and an API key: nothing to compare"

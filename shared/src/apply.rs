@@ -22,10 +22,11 @@ use crate::domain::{Catalog, EventStatus, Period, SourceKind};
 use crate::effects::{self, Cause};
 use crate::inbox::commit::{self, Committed};
 use crate::inbox::lease::{self, Claimed};
+use crate::platform::budget::Throttled;
 use crate::platform::config::SourceConfig;
 use crate::platform::sim::{self, Bug, Injected, Point};
 use crate::providers::{
-    self, Api, Carrier, GenerationFailure, MeterErrorsNotice, Notice, Reads, Shown,
+    self, Api, ApiClient, Carrier, GenerationFailure, MeterErrorsNotice, Notice, Reads, Shown,
 };
 
 mod health;
@@ -69,11 +70,11 @@ impl From<SourceKind> for WorkerSource {
 }
 
 impl WorkerSource {
-    pub fn from_config(config: &SourceConfig, http: &reqwest::Client) -> Self {
+    pub fn from_config(config: &SourceConfig, client: impl Into<ApiClient>) -> Self {
         Self {
             kind: config.kind,
             livemode: config.livemode,
-            reads: Api::for_source(config, http)
+            reads: Api::for_source(config, client)
                 .and_then(|api| providers::provider(config.kind).reads(api)),
         }
     }
@@ -140,6 +141,22 @@ pub enum ApplyError {
     Unfinished(String),
     #[error(transparent)]
     Injected(#[from] Injected),
+    /// A provider read not made for the rate (the source's budget is spent, or the provider
+    /// answered 429): the event waits until then, the attempt not counted against it
+    /// (docs/design.md §6.7).
+    #[error(transparent)]
+    Throttled(#[from] Throttled),
+}
+
+impl ApplyError {
+    /// A provider read that failed: [`ApplyError::Throttled`] when it was not made for the
+    /// rate, else [`ApplyError::Fetch`] with the whole chain.
+    pub fn fetch(error: anyhow::Error) -> Self {
+        match Throttled::find(&error) {
+            Some(throttled) => Self::Throttled(throttled.clone()),
+            None => Self::Fetch(format!("{error:#}")),
+        }
+    }
 }
 
 /// What one event's write committed: its final status and reason, the ids of the effects it
@@ -313,7 +330,7 @@ async fn apply_to_account(
         let carried = thin::settled_by_read(conn, event, source, carrier).await?;
         return Box::pin(apply_carried(applier, conn, event, source, carried)).await;
     }
-    let (ties_read, settled) = settle(source, ctx, &registers, &mut effects, &mut notes).await;
+    let (ties_read, settled) = settle(source, ctx, &registers, &mut effects, &mut notes).await?;
     let settled = (!settled.is_empty()).then(|| json!(settled));
     // An invoice whose subscription the register does not hold yet: the provider's read.
     let subscription_read::Shown {
@@ -574,7 +591,8 @@ fn planted_version(event: &Claimed, at: crate::domain::ProviderTime) -> Version 
 /// transaction (docs/design.md §4.2, §4.6): a subscription state stamped with the same second
 /// as another event's takes the rank a provider read gives it (else its status rank decides,
 /// and the note says so); a refund known only by its payment intent is linked to its invoice
-/// by a read when no event has. A failed read settles nothing and says why: the status rank
+/// by a read when no event has. A failed read settles nothing and says why (a read not made
+/// for the rate is not a failure: the event waits for it, §6.7): the status rank
 /// still gives one order. With reads, returns each subscription's tie as read (the other
 /// event, if any), which the rules must find again when the event is written, and what the
 /// reads settled, kept with the event for the fold (docs/design.md §4.11).
@@ -584,13 +602,13 @@ async fn settle(
     registers: &Registers,
     effects: &mut Vec<Effect>,
     notes: &mut Vec<String>,
-) -> (HashMap<String, Option<i64>>, Settled) {
+) -> Result<(HashMap<String, Option<i64>>, Settled), ApplyError> {
     let mut ties_read = HashMap::new();
     let mut settled = Settled::default();
     let Some(reads) = &source.reads else {
         // Without a provider read the status rank settles a tie: the rules say whether
         // there was one.
-        return (ties_read, settled);
+        return Ok((ties_read, settled));
     };
     let at = Stamp::of(ctx, Rank(0)).at;
     for effect in effects.iter() {
@@ -643,6 +661,11 @@ async fn settle(
                     Ok(None) => format!(
                         "same-second tie with event {tie_id}: the provider does not know {id}; resolved by status rank"
                     ),
+                    // Not read for the rate: the event waits for the read rather than settle
+                    // without it (docs/design.md §6.7).
+                    Err(error) if Throttled::find(&error).is_some() => {
+                        return Err(ApplyError::fetch(error))
+                    }
                     Err(error) => format!(
                         "same-second tie with event {tie_id}: the provider read failed ({error:#}); resolved by status rank"
                     ),
@@ -666,6 +689,9 @@ async fn settle(
                     Ok(None) => {
                         notes.push(format!("the provider links {payment_intent} to no invoice"))
                     }
+                    Err(error) if Throttled::find(&error).is_some() => {
+                        return Err(ApplyError::fetch(error))
+                    }
                     Err(error) => notes.push(format!(
                         "the provider read of {payment_intent}'s invoice failed ({error:#})"
                     )),
@@ -678,7 +704,7 @@ async fn settle(
     // settled rank in place of the status's, and a link read from the provider written before
     // the refund, which then finds it.
     settled.apply_to(effects);
-    (ties_read, settled)
+    Ok((ties_read, settled))
 }
 
 /// Each subscription's same-second tie as the provider reads found it (the other event, if any).
@@ -771,7 +797,7 @@ async fn refunded_intent_customer(
     reads
         .payment_intent_customer(payload, payment_intent)
         .await
-        .map_err(|e| ApplyError::Fetch(format!("{e:#}")))
+        .map_err(ApplyError::fetch)
 }
 
 /// A links-only event whose intents no customer is known under yet: the links are kept for

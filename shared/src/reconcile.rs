@@ -30,11 +30,12 @@ use crate::billing::registers::{stored_entitlements, stored_plan, stored_subscri
 use crate::domain::Verdict;
 use crate::inbox::enqueue_or_unmark;
 use crate::inbox::store::{store_verified, Origin};
+use crate::platform::budget::Throttled;
 use crate::platform::config::SourceConfig;
 use crate::platform::db::exec;
 use crate::platform::queue::Queue;
 use crate::providers::{
-    provider, Api, CustomerPlans, EventFeed, Fetched, Reconciliation, StoredCustomer,
+    provider, Api, ApiClient, CustomerPlans, EventFeed, Fetched, Reconciliation, StoredCustomer,
     SubscriptionSweep, Window,
 };
 
@@ -69,9 +70,10 @@ pub struct Reconciler {
 impl Reconciler {
     /// The source's reconciliation, when it has an API key and its provider can be
     /// reconciled.
-    pub fn for_source(config: &SourceConfig, http: &reqwest::Client) -> Option<Self> {
-        let how =
-            Api::for_source(config, http).and_then(|api| provider(config.kind).reconciliation(api));
+    pub fn for_source(config: &SourceConfig, client: impl Into<ApiClient>) -> Option<Self> {
+        let client = client.into();
+        let how = Api::for_source(config, &client)
+            .and_then(|api| provider(config.kind).reconciliation(api));
         if how.is_none() && config.api_key.is_some() {
             tracing::warn!(source = %config.name, kind = config.kind.as_str(),
                 "not reconciled: this kind of source needs more than an api_key \
@@ -97,10 +99,11 @@ impl Reconciler {
 }
 
 /// One reconciler per source that can be reconciled; the other sources are skipped.
-pub fn reconcilers(sources: &[SourceConfig], http: &reqwest::Client) -> Vec<Reconciler> {
+pub fn reconcilers(sources: &[SourceConfig], client: impl Into<ApiClient>) -> Vec<Reconciler> {
+    let client = client.into();
     sources
         .iter()
-        .filter_map(|source| Reconciler::for_source(source, http))
+        .filter_map(|source| Reconciler::for_source(source, &client))
         .collect()
 }
 
@@ -219,6 +222,16 @@ async fn record(pool: &PgPool, r: &ReconcileReport) -> Result<(), sqlx::Error> {
 }
 
 impl Run<'_> {
+    /// The run stops early for the rate: its source's budget is spent, or the provider asked
+    /// for a pause.
+    fn throttled(&mut self, error: &anyhow::Error) {
+        tracing::info!(
+            error = format!("{error:#}"),
+            "reconciliation stops for the provider's rate; the next run goes on"
+        );
+        self.report.stopped_early = true;
+    }
+
     fn time_is_up(&self) -> bool {
         Instant::now() >= self.deadline
     }
@@ -278,7 +291,16 @@ impl Run<'_> {
             if self.time_is_up() {
                 break;
             }
-            let page = feed.undelivered(self.kept_since, after.as_deref()).await?;
+            let page = match feed.undelivered(self.kept_since, after.as_deref()).await {
+                Ok(page) => page,
+                // The budget is spent, or the provider asked for a pause: the next run reads
+                // the list again, and walks on (docs/design.md §6.7).
+                Err(e) if Throttled::find(&e).is_some() => {
+                    self.throttled(&e);
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            };
             for fetched in &page.events {
                 self.store(fetched).await?;
             }
@@ -322,6 +344,12 @@ impl Run<'_> {
                 .await
             {
                 Ok(page) => page,
+                // The budget is spent, or the provider asked for a pause: the next run goes
+                // on from here (docs/design.md §6.7).
+                Err(e) if Throttled::find(&e).is_some() => {
+                    self.throttled(&e);
+                    break Ok(());
+                }
                 Err(e) => break Err(e),
             };
             pages += 1;
@@ -353,7 +381,14 @@ impl Run<'_> {
             if self.time_is_up() {
                 break;
             }
-            let listed = sweep.page(page).await?;
+            let listed = match sweep.page(page).await {
+                Ok(listed) => listed,
+                Err(e) if Throttled::find(&e).is_some() => {
+                    self.throttled(&e);
+                    break;
+                }
+                Err(e) => return Err(e),
+            };
             for subscription in &listed.subscriptions {
                 let Some(id) = sweep.subscription_id(subscription) else {
                     continue;
@@ -429,6 +464,13 @@ impl Run<'_> {
                         for corrective in &found {
                             self.store(corrective).await?;
                         }
+                    }
+                    // Not read for the rate: not the customer's failure; the next run starts
+                    // with it.
+                    Err(e) if Throttled::find(&e).is_some() => {
+                        self.throttled(&e);
+                        swept = false;
+                        break;
                     }
                     Err(e) => {
                         tracing::warn!(

@@ -647,3 +647,55 @@ async fn a_paged_list_of_kindes_entitlements_is_read_to_its_end_and_never_stored
         0
     );
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_read_kinde_refuses_for_the_rate_stops_the_sweep_and_counts_against_no_customer(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    let server = MockServer::start().await;
+    token_endpoint(&server, 1).await;
+    plan_event(&app, "evt_ra", "kc_ra", "pro", &days_ago(2)).await;
+    plan_event(&app, "evt_rb", "kc_rb", "pro", &days_ago(2)).await;
+    // Kinde's limiter: a 429 that says in `RateLimit-Reset` when the limit resets
+    // (docs.kinde.com/developer-tools/kinde-api/api-rate-limits).
+    Mock::given(method("GET"))
+        .and(path("/api/v1/billing/entitlements"))
+        .and(query_param("customer_id", "kc_ra"))
+        .respond_with(ResponseTemplate::new(429).insert_header("RateLimit-Reset", "20"))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    for customer in ["kc_ra", "kc_rb"] {
+        entitlements(
+            &server,
+            customer,
+            json!([{"code": "pro", "subscribed_on": days_ago(40)}]),
+        )
+        .await;
+    }
+    let scheduler = scheduler_for(&app, vec![kinde_reconciler(&server)]);
+
+    let runs = reconcile_runs(&app, &scheduler, 2).await;
+    let first = &runs[0];
+    assert_eq!(first.error, None, "{first:?}");
+    assert!(first.stopped_early, "{first:?}");
+    assert!(
+        first.failed.is_empty(),
+        "not the customer's failure: {first:?}"
+    );
+    assert_eq!(
+        reads_of(&server, "kc_rb").await,
+        1,
+        "the sweep stopped at kc_ra"
+    );
+    let failures: i64 = sqlx::query_scalar("SELECT count(*) FROM reconcile_failures")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(failures, 0);
+    // The next run starts with the customer it stopped at.
+    assert_eq!(runs[1].error, None);
+    assert_eq!(reads_of(&server, "kc_ra").await, 2);
+}

@@ -6,6 +6,7 @@ mod app_api;
 mod audit;
 mod aws_limits;
 mod bridge;
+mod budget;
 mod checked_points;
 mod cli;
 mod console;

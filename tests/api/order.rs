@@ -1153,7 +1153,9 @@ pub(crate) async fn process(worker: &WorkerState, event_id: i64) -> Result<(), T
                     "event {event_id} died: {error}"
                 )))
             }
-            Processed::Failed { .. } | Processed::Unfinished { .. } => continue,
+            Processed::Failed { .. }
+            | Processed::Unfinished { .. }
+            | Processed::Deferred { .. } => continue,
             Processed::Finished { .. } | Processed::Skipped => return Ok(()),
         }
     }

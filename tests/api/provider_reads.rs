@@ -28,6 +28,7 @@ fn with_api(app: &mut TestApp, source: &str, kind: SourceKind, server: &MockServ
         key: key.into(),
         client_id: None,
         http: reqwest::Client::new(),
+        budget: None,
     };
     app.worker.sources.insert(
         source.into(),

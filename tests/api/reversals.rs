@@ -908,6 +908,13 @@ async fn a_cancel_that_did_not_land_within_stripes_window_becomes_a_compensating
     .execute(&pool)
     .await
     .unwrap();
+    // The pause a 429 asks for is over too (the correction waited it out, its attempt not
+    // spent: docs/design.md §6.7).
+    sqlx::query("UPDATE meter_reports SET next_attempt_at = inbox_now() WHERE id = $1")
+        .bind(&correction)
+        .execute(&pool)
+        .await
+        .unwrap();
     assert_eq!(send(&pool, meters, &correction).await, Reported::Sent);
     assert_eq!(
         report(&pool, &correction).await.how.as_deref(),

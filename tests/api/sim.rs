@@ -868,6 +868,7 @@ impl SimMeter {
             key: shared::platform::secrets::ApiKey::Known("sk_test_sim".into()),
             client_id: None,
             http,
+            budget: None,
         };
         Box::new(shared::providers::stripe::meter::StripeMeter::new(
             api, METER,

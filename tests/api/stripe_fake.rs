@@ -49,6 +49,24 @@ pub(crate) enum Fault {
     TakesThenFails(u16, Value),
     /// Stripe takes it and answers after this long: the key is executing until then.
     Slow(Duration),
+    /// Stripe's rate limiter refuses it before anything runs (see [`rate_limited`]), with a
+    /// `Retry-After` of so many seconds when given.
+    RateLimited(Option<u32>),
+}
+
+/// Stripe's answer past its rate limit: "If you send many requests in quick succession, you
+/// might see error responses with status code 429" (docs.stripe.com/rate-limits); "rate
+/// limiters run before the API's idempotency layer", so nothing is saved under the key
+/// (docs.stripe.com/error-low-level); the `Stripe-Should-Retry` header tells a client whether
+/// to retry (ibid., and read by Stripe's SDKs, stripe-php #755), and `rate_limit` is the
+/// error's code (docs.stripe.com/error-codes).
+pub(crate) fn rate_limited() -> ResponseTemplate {
+    ResponseTemplate::new(429)
+        .insert_header("Stripe-Should-Retry", "true")
+        .set_body_json(json!({"error": {
+            "type": "invalid_request_error",
+            "code": "rate_limit",
+            "message": "Too many requests hit the API too quickly. We recommend an exponential backoff of your requests."}}))
 }
 
 /// A meter event Stripe took.
@@ -251,6 +269,13 @@ impl Respond for FakeStripe {
             None => state.faults.pop_front(),
         };
         let (status, body, delay) = match fault {
+            Some(Fault::RateLimited(retry_after)) => {
+                let answer = rate_limited();
+                return match retry_after {
+                    Some(secs) => answer.insert_header("Retry-After", secs.to_string().as_str()),
+                    None => answer,
+                };
+            }
             Some(Fault::Fails(status, body)) => (status, body, None),
             Some(Fault::TakesThenFails(status, body)) => {
                 state.execute(request.url.path(), &form, account, now);

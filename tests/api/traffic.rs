@@ -86,6 +86,7 @@ pub(crate) fn with_stripe_api(worker: &mut WorkerState, server: &MockServer) {
         key: "sk_test_reads".into(),
         client_id: None,
         http: reqwest::Client::new(),
+        budget: None,
     };
     worker.sources.insert(
         "stripe".into(),

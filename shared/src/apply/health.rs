@@ -92,7 +92,7 @@ async fn decide(
         None => reads
             .generation_failure(thin)
             .await
-            .map_err(|e| ApplyError::Fetch(format!("{e:#}")))?,
+            .map_err(ApplyError::fetch)?,
     };
     let alert = named.alert.as_deref().unwrap_or("unnamed").to_owned();
     match named.impact {
@@ -200,7 +200,7 @@ async fn sweep_page(
     let (listed, next) = reads
         .subscriptions_page(notice.context.as_deref(), position.page_after.as_deref())
         .await
-        .map_err(|e| ApplyError::Fetch(format!("{e:#}")))?;
+        .map_err(ApplyError::fetch)?;
     let ids: Vec<&str> = listed
         .iter()
         .filter_map(|s| s.get("id").and_then(Value::as_str))

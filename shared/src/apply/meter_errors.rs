@@ -30,7 +30,7 @@ pub(super) async fn carried(
         (None, Some(reads)) => reads
             .meter_errors(&notice.notice)
             .await
-            .map_err(|e| ApplyError::Fetch(format!("{e:#}")))?,
+            .map_err(ApplyError::fetch)?,
         (None, None) => {
             return Ok(Carried::Finish(
                 EventStatus::Unprocessable,

@@ -76,7 +76,7 @@ pub(super) async fn read(
     let object = match reads.subscription_object(ctx.customer, id).await {
         Ok(Some(object)) => object,
         Ok(None) => return Ok(Shown::not_read(SubscriptionRead::Unknown(id.to_owned()))),
-        Err(e) => return Err(ApplyError::Fetch(format!("{e:#}"))),
+        Err(e) => return Err(ApplyError::fetch(e)),
     };
     let read = ReadFor {
         key: key.clone(),

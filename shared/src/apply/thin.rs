@@ -169,7 +169,7 @@ pub(super) async fn read_object(
                 )
             }
         },
-        Err(e) => return Err(ApplyError::Fetch(format!("{e:#}"))),
+        Err(e) => return Err(ApplyError::fetch(e)),
     };
     let read = ReadFor {
         key: read_key.clone(),

@@ -78,9 +78,15 @@ impl DispatcherState {
         let http = reqwest::Client::builder()
             .timeout(meters::SEND_TIMEOUT)
             .build()?;
+        // Meter reports take from their sources' budgets, from the share reads leave them.
+        let client = crate::providers::ApiClient::budgeted(
+            &http,
+            crate::platform::budget::Budgets::new(pool.clone()),
+            crate::platform::budget::Lane::Meter,
+        );
         Ok(Self {
             database: Some(database),
-            meters: Meters::build(&metered, &http),
+            meters: Meters::build(&metered, &client),
             ..Self::new(pool, sinks)
         })
     }

@@ -86,8 +86,14 @@ impl SchedulerState {
             crate::platform::secrets::OnFailure::RetryOnUse("scheduler"),
         )
         .await?;
-        let reconcilers = reconcile::reconcilers(&configs, &http);
-        let meters = Meters::build(&configs, &http);
+        // Reconciliation and the meter audit read through their sources' budgets.
+        let client = crate::providers::ApiClient::budgeted(
+            &http,
+            crate::platform::budget::Budgets::new(pool.clone()),
+            crate::platform::budget::Lane::Reads,
+        );
+        let reconcilers = reconcile::reconcilers(&configs, &client);
+        let meters = Meters::build(&configs, &client);
         Ok(Self {
             pool,
             queue,

@@ -100,9 +100,15 @@ impl WorkerState {
             crate::platform::secrets::OnFailure::RetryOnUse("worker"),
         )
         .await?;
+        // Every read takes from its source's budget, shared with every other instance.
+        let client = crate::providers::ApiClient::budgeted(
+            &http,
+            crate::platform::budget::Budgets::new(pool.clone()),
+            crate::platform::budget::Lane::Reads,
+        );
         let sources = configs
             .iter()
-            .map(|s| (s.name.clone(), WorkerSource::from_config(s, &http)))
+            .map(|s| (s.name.clone(), WorkerSource::from_config(s, &client)))
             .collect();
         let mut state = Self::new(pool, sources, config.catalog.clone());
         state.database = Some(database);
@@ -139,6 +145,12 @@ pub enum Processed {
     /// This attempt did part of the event's work, kept it, and gave the event back to be
     /// continued (`received`, the attempt not counted): a health notice's sweep.
     Unfinished { progress: String },
+    /// A provider read was not made for the rate: the event is `failed` and due again at
+    /// `until`, the attempt not counted (docs/design.md §6.7).
+    Deferred {
+        until: chrono::DateTime<chrono::Utc>,
+        reason: String,
+    },
 }
 
 /// Processes one stored event. An error means the database could not be reached at all;
@@ -194,6 +206,22 @@ async fn process_claimed(
                     "lease lost; another worker has the event"
                 );
                 Ok(Processed::Skipped)
+            }
+        }
+        Err(ApplyError::Throttled(throttled)) => {
+            let reason = throttled.to_string();
+            let until = throttled.until;
+            let deferred = match lease::defer(conn, event, until, &reason).await {
+                Ok(deferred) => deferred,
+                // The connection may be what failed: the record goes through a fresh one.
+                Err(_) => {
+                    let mut fresh = state.pool.acquire().await?;
+                    lease::defer(&mut fresh, event, until, &reason).await?
+                }
+            };
+            match deferred {
+                true => Ok(Processed::Deferred { until, reason }),
+                false => Ok(no_longer_held(state, event.id, &reason).await),
             }
         }
         Err(error) => {
@@ -400,6 +428,11 @@ pub async fn handle_batch_until(
                     retry(message_id);
                 }
                 true
+            }
+            // Due again later: the queue's redelivery finds it waiting, or it comes due.
+            Ok(Processed::Deferred { .. }) => {
+                retry(message_id);
+                false
             }
             Ok(_) => false,
             Err(error) => {

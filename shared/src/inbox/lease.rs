@@ -292,6 +292,35 @@ pub async fn give_back(
     Ok(given.rows_affected() == 1)
 }
 
+/// Puts off an event whose attempt could not make a provider read for the rate (its source's
+/// budget was spent, or the provider answered 429, docs/design.md §6.7): `failed`, due again
+/// at `until` (the time the budget or the provider said), and its attempt not counted, since
+/// nothing of the event failed. The rescue sends it when it is due. Only the lease holder's
+/// record lands; returns whether it did.
+pub async fn defer(
+    conn: &mut PgConnection,
+    event: &Claimed,
+    until: chrono::DateTime<chrono::Utc>,
+    reason: &str,
+) -> Result<bool, sqlx::Error> {
+    tracing::info!(event_id = event.id, %until, reason, "event put off for the provider's rate");
+    let deferred = sqlx::query!(
+        r#"
+        UPDATE inbox_events
+        SET status = 'failed', attempts = greatest(attempts - 1, 0), last_error = $3,
+            next_attempt_at = greatest($4, inbox_now()), locked_until = NULL
+        WHERE id = $1 AND status = 'processing' AND claim_gen = $2
+        "#,
+        event.id,
+        event.claim,
+        reason,
+        until,
+    )
+    .execute(exec(conn))
+    .await?;
+    Ok(deferred.rows_affected() == 1)
+}
+
 /// Records a failed attempt: `failed` with the next attempt's time, or `dead` after the last.
 /// Only the lease holder's record lands (the status and claim must still be its own):
 /// `None` when the event is no longer this attempt's, because another worker took it after

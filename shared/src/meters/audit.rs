@@ -18,6 +18,7 @@ use sqlx::PgPool;
 
 use super::Meters;
 use crate::domain::CustomerId;
+use crate::platform::budget::Throttled;
 use crate::platform::db::exec;
 
 /// How long after a send a provider's totals are trusted to count it.
@@ -52,6 +53,9 @@ pub struct MeterAudit {
     pub unsettled: u64,
     /// Not compared: the provider's meter cannot be read back.
     pub unreadable: u64,
+    /// Left for a later run: the source's API budget was spent, or its provider asked for a
+    /// pause (docs/design.md §6.7); its other accounts wait for that run too.
+    pub throttled: u64,
     /// Differences seen for the first time this run, and those resolved this run.
     pub new: u64,
     pub resolved: u64,
@@ -94,9 +98,14 @@ pub async fn run(
     let settled = (now - TimeDelta::from_std(SETTLE)?)
         .duration_trunc(TimeDelta::minutes(1))
         .context("the settled minute")?;
+    let mut throttled: Vec<String> = Vec::new();
     for candidate in candidates(pool, &sources, &names, settled, max).await? {
         if Instant::now() >= deadline {
             break;
+        }
+        if throttled.contains(&candidate.source) {
+            found.throttled += 1;
+            continue;
         }
         let Some((_, _, meter)) = audited.iter().find(|(s, _, _)| *s == candidate.source) else {
             continue;
@@ -135,6 +144,11 @@ pub async fn run(
             Ok(Some(theirs)) => theirs,
             Ok(None) => {
                 found.unreadable += 1;
+                continue;
+            }
+            Err(e) if Throttled::find(&e).is_some() => {
+                found.throttled += 1;
+                throttled.push(candidate.source.clone());
                 continue;
             }
             Err(e) => {

@@ -18,10 +18,11 @@ use sqlx::PgPool;
 
 use crate::domain::meter::{MeterReport, TakeBack};
 use crate::domain::retry::RetryPolicy;
+use crate::platform::budget::Throttled;
 use crate::platform::config::SourceConfig;
 use crate::platform::sim::Point;
 use crate::providers::meter::{Dedupe, Meter, Sent};
-use crate::providers::{provider, Api};
+use crate::providers::{provider, Api, ApiClient};
 use outbox::{Claimed, Outcome, ReportStatus};
 
 /// How long one request to a provider's meter may take (a send, a read-back's page).
@@ -42,13 +43,16 @@ struct SourceMeter {
 }
 
 impl Meters {
-    pub fn build(configs: &[SourceConfig], http: &reqwest::Client) -> Self {
+    /// Each source's meter, its calls through `client` (the dispatcher's take from the meter
+    /// reports' share of their source's budget, docs/design.md §6.7).
+    pub fn build(configs: &[SourceConfig], client: impl Into<ApiClient>) -> Self {
+        let client = client.into();
         let mut meters = HashMap::new();
         for config in configs {
             let Some(name) = config.meter.as_ref().and_then(|m| m.name()) else {
                 continue;
             };
-            let Some(api) = Api::for_source(config, http) else {
+            let Some(api) = Api::for_source(config, &client) else {
                 continue;
             };
             if let Some(meter) = provider(config.kind).meter(api, name) {
@@ -134,6 +138,10 @@ pub async fn send(
         | Outcome::Unanswered(error)
         | Outcome::Withdrawn(error)
         | Outcome::Waits(error) => Reported::Failed { status, error },
+        Outcome::Throttled(throttled) => Reported::Failed {
+            status,
+            error: throttled.to_string(),
+        },
     })
 }
 
@@ -154,6 +162,7 @@ async fn attempt(
             ReadBack::Waits(why) => return Ok(Outcome::Waits(why)),
             ReadBack::Operator(why) => return Ok(Outcome::Refused(why)),
             ReadBack::Unreadable(why) => return Ok(Outcome::NotTaken(why)),
+            ReadBack::Throttled(throttled) => return Ok(Outcome::Throttled(throttled)),
         }
     }
     Ok(sent(meter.send(report).await))
@@ -170,6 +179,8 @@ enum ReadBack {
     Operator(String),
     /// The provider could not be read (tried again later).
     Unreadable(String),
+    /// Not read for the rate (tried again from the time said, not an attempt).
+    Throttled(Throttled),
 }
 
 /// Reads the report back (docs/design.md §4.13): the provider's total of its minute is
@@ -201,7 +212,12 @@ async fn read_back(
                     .to_owned(),
             ))
         }
-        Err(error) => return Ok(ReadBack::Unreadable(format!("read-back: {error:#}"))),
+        Err(error) => {
+            return Ok(match Throttled::find(&error) {
+                Some(throttled) => ReadBack::Throttled(throttled.clone()),
+                None => ReadBack::Unreadable(format!("read-back: {error:#}")),
+            })
+        }
     };
     let counted: i64 = minute
         .iter()
@@ -434,6 +450,7 @@ fn sent(sent: Sent) -> Outcome {
         Sent::Refused(e) => Outcome::Refused(e),
         Sent::NotTaken(e) => Outcome::NotTaken(e),
         Sent::Unanswered(e) => Outcome::Unanswered(e),
+        Sent::Throttled(throttled) => Outcome::Throttled(throttled),
     }
 }
 

@@ -26,6 +26,7 @@ use crate::domain::meter::MeterReport;
 use crate::domain::retry::RetryPolicy;
 use crate::domain::CustomerId;
 use crate::inbox::{ROWS_PER_STEP, STUCK_AFTER};
+use crate::platform::budget::Throttled;
 use crate::platform::db::exec;
 use crate::platform::queue::Queue;
 
@@ -217,6 +218,9 @@ pub enum Outcome {
     /// read-back for the other reports of its minute). Not an attempt: it is armed again when
     /// they settle, or after the longest retry wait.
     Waits(String),
+    /// Not sent for the rate (the source's budget, or the provider's 429): not an attempt; it
+    /// is due again at the time said (docs/design.md §6.7).
+    Throttled(Throttled),
 }
 
 /// Records an attempt; only the holder's record lands. Returns the status it left. A report
@@ -233,6 +237,7 @@ pub async fn record(
         Outcome::Withdrawn(e) => (ReportStatus::Withdrawn, Some(e), false),
         Outcome::Refused(e) => (ReportStatus::Dead, Some(e), false),
         Outcome::Waits(e) => (ReportStatus::Pending, Some(e), false),
+        Outcome::Throttled(_) => (ReportStatus::Pending, None, false),
         Outcome::NotTaken(e) | Outcome::Unanswered(e) => (
             match delay {
                 Some(_) => ReportStatus::Pending,
@@ -242,13 +247,20 @@ pub async fn record(
             matches!(outcome, Outcome::Unanswered(_)),
         ),
     };
+    let throttled = match outcome {
+        Outcome::Throttled(throttled) => Some(throttled),
+        _ => None,
+    };
+    let said = throttled.map(ToString::to_string);
+    let error = error.or(said.as_ref());
     if let Some(error) = error {
         tracing::warn!(report_id = %claimed.report.id, attempts = claimed.attempts,
             status = status.as_str(), error = %error, "meter report not sent");
     }
     let waits = matches!(outcome, Outcome::Waits(_));
     // A wait gives its attempt back and comes again after the longest retry wait at the
-    // latest (what it waits for arms it sooner).
+    // latest (what it waits for arms it sooner); a throttled send gives it back too, and is
+    // due at the time its budget or its provider said.
     let delay = match waits {
         true => retry.wait_after(RetryPolicy::MAX_ATTEMPTS - 1),
         false => delay,
@@ -257,10 +269,11 @@ pub async fn record(
         r#"
         UPDATE meter_reports
         SET status = $2, last_error = COALESCE($3, last_error), locked_until = NULL,
-            next_attempt_at = CASE WHEN $2 = 'pending' THEN inbox_now() + make_interval(secs => $4) END,
+            next_attempt_at = CASE WHEN $2 = 'pending'
+                THEN coalesce($8, inbox_now() + make_interval(secs => $4)) END,
             sent_at = CASE WHEN $2 = 'sent' THEN inbox_now() END,
             unanswered_at = CASE WHEN $5 THEN COALESCE(unanswered_at, inbox_now()) ELSE unanswered_at END,
-            attempts = CASE WHEN $7 THEN attempts - 1 ELSE attempts END,
+            attempts = CASE WHEN $7 OR $8::timestamptz IS NOT NULL THEN attempts - 1 ELSE attempts END,
             waiting_since = CASE WHEN $7 THEN COALESCE(waiting_since, inbox_now()) END
         WHERE id = $1 AND status = 'pending' AND attempts = $6
         "#,
@@ -271,6 +284,7 @@ pub async fn record(
         unanswered,
         claimed.attempts,
         waits,
+        throttled.map(|t| t.until),
     )
     .execute(exec(pool))
     .await?;

@@ -116,6 +116,10 @@ pub struct SourceConfig {
     /// (`providers::check_sources`).
     #[serde(default)]
     pub meter: Option<MeterSetting>,
+    /// The source's budget of provider API calls (docs/design.md §6.7), over its provider's
+    /// documented default for its mode: `{"per_second", "burst", "reserved"}`.
+    #[serde(default)]
+    pub api_budget: Option<crate::platform::budget::LimitSetting>,
     /// The API key's read from its secret, when it failed at cold start: a provider read
     /// tries it again (set by [`crate::platform::secrets::resolve`], never by the configuration).
     #[serde(skip)]

@@ -5,12 +5,14 @@
 //! options and reads its secret again after a rotation; [`presented_chain`] names what a
 //! refused server's certificate chains to; [`db`] holds an instance's connection and sends
 //! every statement; [`queue`] is SQS, [`aws_limits`] the limits AWS documents for its calls;
-//! [`http_client`] reaches providers' hosts; [`metrics`] names the EMF namespace; [`schema`]
-//! applies the migrations; [`api_keys`] checks the app API's keys; [`clock`] is the time a
-//! test can set; [`sim`] holds the points a simulation interrupts and its queue.
+//! [`http_client`] reaches providers' hosts; [`budget`] is each source's share of its
+//! provider's rate limit, shared by every instance; [`metrics`] names the EMF namespace;
+//! [`schema`] applies the migrations; [`api_keys`] checks the app API's keys; [`clock`] is the
+//! time a test can set; [`sim`] holds the points a simulation interrupts and its queue.
 
 pub mod api_keys;
 pub mod aws_limits;
+pub mod budget;
 pub mod clock;
 pub mod config;
 pub mod database;

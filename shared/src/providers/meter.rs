@@ -11,6 +11,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 
 use crate::domain::meter::MeterReport;
 use crate::domain::CustomerId;
+use crate::platform::budget::Throttled;
+use crate::providers::CallError;
 use crate::BoxFuture;
 
 /// What became of one send.
@@ -27,6 +29,9 @@ pub enum Sent {
     /// No answer, or one that does not say (a timeout after the request went out, a 5xx): the
     /// provider may hold it.
     Unanswered(String),
+    /// Not sent for the rate: the source's budget is spent, or the provider answered 429
+    /// (which takes nothing). Tried again from the time said, the attempt not spent.
+    Throttled(Throttled),
 }
 
 /// How long the provider takes a resend under the same dedupe key for the report it holds.
@@ -86,20 +91,20 @@ pub trait Meter: Send + Sync {
 }
 
 /// What a provider's answer to a send says, the same for every provider but what `own`
-/// reads first (Stripe's "already exists", a provider's clock behind ours): a 2xx took it;
-/// 408, 429, 401 and 403 did not take it; a 5xx or no answer may have; any other 4xx refuses
-/// it for good.
+/// reads first (Stripe's "already exists", a provider's clock behind ours): a 2xx took it; a
+/// 429 that asks for a pause, or no token of the source's budget, is [`Sent::Throttled`]
+/// (`Api::send`); 408, any other 429, 401 and 403 did not take it; a 5xx or no answer may
+/// have; any other 4xx refuses it for good.
 pub async fn answer(
-    response: Result<reqwest::Response, reqwest::Error>,
+    response: Result<reqwest::Response, CallError>,
     own: fn(reqwest::StatusCode, &Value) -> Option<Sent>,
 ) -> Sent {
     let response = match response {
         Ok(response) => response,
-        // Never connected: the request did not go out.
-        Err(error) if error.is_connect() => {
-            return Sent::NotTaken(format!("no connection: {error}"))
-        }
-        Err(error) => return Sent::Unanswered(format!("no answer: {error}")),
+        Err(CallError::Throttled(throttled)) => return Sent::Throttled(throttled),
+        // The budget could not be read: nothing went out.
+        Err(CallError::Budget(error)) => return Sent::NotTaken(format!("not sent: {error:#}")),
+        Err(CallError::Http(error)) => return sent_without_answer(error),
     };
     let status = response.status();
     if status.is_success() {
@@ -117,6 +122,24 @@ pub async fn answer(
         408 | 429 | 401 | 403 => Sent::NotTaken(said),
         500..=599 => Sent::Unanswered(said),
         _ => Sent::Refused(said),
+    }
+}
+
+/// A send that got no answer: never connected, the request did not go out; else the provider
+/// may hold it.
+fn sent_without_answer(error: reqwest::Error) -> Sent {
+    match error.is_connect() {
+        true => Sent::NotTaken(format!("no connection: {error}")),
+        false => Sent::Unanswered(format!("no answer: {error}")),
+    }
+}
+
+/// A send given up before its request, for `what` failed: [`Sent::Throttled`] when that was
+/// the rate (a read it needs first found the budget spent), else not taken.
+pub fn not_sent(what: &str, error: anyhow::Error) -> Sent {
+    match Throttled::find(&error) {
+        Some(throttled) => Sent::Throttled(throttled.clone()),
+        None => Sent::NotTaken(format!("{what}: {error:#}")),
     }
 }
 

@@ -29,6 +29,7 @@ use serde_json::Value;
 use crate::billing::registers::{StoredEntitlement, StoredPlan, StoredSubscription};
 use crate::billing::{Decided, Decision, Problem, SubscriptionEnds};
 use crate::domain::{Catalog, CustomerId, DedupeKey, SourceKind, VerifiedEvent};
+use crate::platform::budget::{self, Budget, Budgets, Lane, Limit, Throttled};
 use crate::platform::config::{ConfigError, SourceConfig};
 use crate::platform::http_client::LazyClient;
 use crate::platform::secrets::ApiKey;
@@ -144,10 +145,25 @@ pub trait Provider: Sync {
         None
     }
 
+    /// The default budget of a source's API calls (docs/design.md §6.7): under the rate limit
+    /// the provider documents for the source's mode, each default beside the page that says
+    /// so. This one is for a provider that publishes no number.
+    fn api_limit(&self, _config: &SourceConfig) -> Limit {
+        UNPUBLISHED_LIMIT
+    }
+
     /// Realistic payloads and the signer for test deliveries (the tests', `inboxctl`'s and
     /// the Engine Room's).
     fn fixtures(&self) -> &'static dyn fixtures::Fixtures;
 }
+
+/// The budget of a provider that publishes no rate limit: two calls a second, five at once,
+/// one of them kept for meter reports.
+pub const UNPUBLISHED_LIMIT: Limit = Limit {
+    per_second: 2.0,
+    burst: 5,
+    reserved: 1,
+};
 
 /// Decides an event's effects from the event alone (never from what is stored).
 pub fn decide(kind: SourceKind, event_type: &str, payload: &Value, catalog: &Catalog) -> Decision {
@@ -242,6 +258,43 @@ impl Sources {
     }
 }
 
+/// What a source's provider API is called through: the HTTP client, and the store of the
+/// sources' budgets (`None`: calls are not budgeted, as in tests of other things) with the
+/// lane the calls take from (docs/design.md §6.7).
+#[derive(Clone)]
+pub struct ApiClient {
+    pub http: reqwest::Client,
+    pub budgets: Option<Budgets>,
+    pub lane: Lane,
+}
+
+impl ApiClient {
+    /// Calls through `http`, each taking from its source's budget in `budgets`.
+    pub fn budgeted(http: &reqwest::Client, budgets: Budgets, lane: Lane) -> Self {
+        Self {
+            http: http.clone(),
+            budgets: Some(budgets),
+            lane,
+        }
+    }
+}
+
+impl From<&reqwest::Client> for ApiClient {
+    fn from(http: &reqwest::Client) -> Self {
+        Self {
+            http: http.clone(),
+            budgets: None,
+            lane: Lane::Reads,
+        }
+    }
+}
+
+impl From<&ApiClient> for ApiClient {
+    fn from(client: &ApiClient) -> Self {
+        client.clone()
+    }
+}
+
 /// A provider's API, as reconciliation reads it.
 #[derive(Clone)]
 pub struct Api {
@@ -251,11 +304,39 @@ pub struct Api {
     /// (Kinde's Management API).
     pub client_id: Option<String>,
     pub http: reqwest::Client,
+    /// The source's budget every call takes from (docs/design.md §6.7); `None`: unbudgeted.
+    pub budget: Option<Budget>,
+}
+
+/// Why a call to a provider's API got no answer of its own.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// Not sent, or answered 429: the item waits until the time said, its attempt not spent.
+    #[error(transparent)]
+    Throttled(#[from] Throttled),
+    /// Not sent: the budget could not be read.
+    #[error("the source's API budget: {0:#}")]
+    Budget(anyhow::Error),
+    /// Sent, and no answer came (or none could be read).
+    #[error(transparent)]
+    Http(#[from] reqwest::Error),
+}
+
+impl CallError {
+    /// As an error whose chain holds the [`Throttled`] itself, for [`Throttled::find`].
+    pub fn into_error(self) -> anyhow::Error {
+        match self {
+            Self::Throttled(throttled) => throttled.into(),
+            other => other.into(),
+        }
+    }
 }
 
 impl Api {
     /// The API of a source that has an API key and whose provider has an API; else `None`.
-    pub fn for_source(config: &SourceConfig, http: &reqwest::Client) -> Option<Self> {
+    /// Its calls take from the source's budget when `client` has the store of budgets.
+    pub fn for_source(config: &SourceConfig, client: impl Into<ApiClient>) -> Option<Self> {
+        let client = client.into();
         let key = match (&config.api_key, &config.api_key_read) {
             (Some(key), _) => ApiKey::Known(key.clone()),
             (None, Some(read)) => ApiKey::OnUse(read.clone()),
@@ -265,12 +346,57 @@ impl Api {
             .api_base_url
             .clone()
             .or_else(|| provider(config.kind).api_base(config))?;
+        let budget = client
+            .budgets
+            .as_ref()
+            .map(|budgets| budgets.of(&config.name, api_limit(config), client.lane));
         Some(Self {
             base_url: base_url.trim_end_matches('/').to_owned(),
             key,
             client_id: config.api_client_id.clone(),
-            http: http.clone(),
+            http: client.http.clone(),
+            budget,
         })
+    }
+
+    /// Sends a request to the provider, every call of the source through this one door: a
+    /// token of the source's budget first (docs/design.md §6.7), then the request; a 429 that
+    /// asks for a pause holds every instance off for as long as the provider asked, and comes
+    /// back as [`Throttled`]. Any other answer is the caller's to read.
+    pub async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, CallError> {
+        if let Some(budget) = &self.budget {
+            budget
+                .take()
+                .await
+                .map_err(|error| match Throttled::find(&error) {
+                    Some(throttled) => CallError::Throttled(throttled.clone()),
+                    None => CallError::Budget(error),
+                })?;
+        }
+        let response = request.send().await?;
+        let now = chrono::Utc::now();
+        let Some(pause) = budget::pause_asked(response.status(), response.headers(), now) else {
+            return Ok(response);
+        };
+        let until = match &self.budget {
+            Some(budget) => budget
+                .hold_off(pause)
+                .await
+                .map_err(|e| CallError::Budget(e.into()))?,
+            None => now + chrono::Duration::from_std(pause).unwrap_or_default(),
+        };
+        let source = match &self.budget {
+            Some(budget) => budget.source(),
+            None => &self.base_url,
+        };
+        Err(CallError::Throttled(Throttled {
+            source_name: source.to_owned(),
+            until,
+            why: format!("the provider answered {}", response.status()),
+        }))
     }
 
     /// `GET {base}{path}?{query}` with the key as a bearer token; the body as JSON.
@@ -295,9 +421,10 @@ impl Api {
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        let response = request
-            .send()
+        let response = self
+            .send(request)
             .await
+            .map_err(CallError::into_error)
             .with_context(|| format!("GET {path}"))?;
         let status = response.status();
         if status == reqwest::StatusCode::NOT_FOUND {
@@ -311,6 +438,24 @@ impl Api {
             .await
             .map(Some)
             .with_context(|| format!("reading GET {path} as JSON"))
+    }
+}
+
+/// A source's budget of API calls: its `api_budget` over its provider's documented default
+/// for its mode (checked by [`check_sources`], so a refused setting never gets here). A source
+/// without a meter keeps no share for meter reports.
+pub fn api_limit(config: &SourceConfig) -> Limit {
+    let default = provider(config.kind).api_limit(config);
+    let limit = match &config.api_budget {
+        Some(setting) => Limit::set(default, setting).unwrap_or(default),
+        None => default,
+    };
+    match config.meter {
+        Some(_) => limit,
+        None => Limit {
+            reserved: 0,
+            ..limit
+        },
     }
 }
 

@@ -54,6 +54,11 @@ pub fn check_sources(configs: &[SourceConfig]) -> Result<(), ConfigError> {
         }
         provider(config.kind).check(config)?;
         check_meter(config)?;
+        if let Some(setting) = &config.api_budget {
+            let default = provider(config.kind).api_limit(config);
+            crate::platform::budget::Limit::set(default, setting)
+                .map_err(|why| refused(config, "api_budget", &why))?;
+        }
     }
     Ok(())
 }

@@ -92,18 +92,17 @@ impl KindeEntitlements {
         }
         let base = &self.api.base_url;
         let secret = self.api.key.get().await?;
+        let request = self.api.http.post(format!("{base}/oauth2/token")).form(&[
+            ("grant_type", "client_credentials"),
+            ("client_id", self.client_id.as_str()),
+            ("client_secret", secret.as_str()),
+            ("audience", &format!("{base}/api")),
+        ]);
         let response = self
             .api
-            .http
-            .post(format!("{base}/oauth2/token"))
-            .form(&[
-                ("grant_type", "client_credentials"),
-                ("client_id", self.client_id.as_str()),
-                ("client_secret", secret.as_str()),
-                ("audience", &format!("{base}/api")),
-            ])
-            .send()
+            .send(request)
             .await
+            .map_err(crate::providers::CallError::into_error)
             .context("POST /oauth2/token")?;
         let status = response.status();
         if !status.is_success() {

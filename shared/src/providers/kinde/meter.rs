@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use super::api::KindeEntitlements;
 use crate::domain::meter::MeterReport;
-use crate::providers::meter::{answer, common, Dedupe, Meter, Sent};
+use crate::providers::meter::{answer, common, not_sent, Dedupe, Meter, Sent};
 use crate::providers::Api;
 use crate::BoxFuture;
 
@@ -47,7 +47,7 @@ impl KindeMeter {
         }
         let api = match self.api.authorized().await {
             Ok(api) => api,
-            Err(error) => return Sent::NotTaken(format!("no access token: {error:#}")),
+            Err(error) => return not_sent("no access token", error),
         };
         let agreement = match self.agreement(&api, report.customer.as_str()).await {
             Ok(Some(agreement)) => agreement,
@@ -57,7 +57,7 @@ impl KindeMeter {
                     self.feature_code
                 ))
             }
-            Err(error) => return Sent::NotTaken(format!("reading the agreements: {error:#}")),
+            Err(error) => return not_sent("reading the agreements", error),
         };
         let key = match api.key.get().await {
             Ok(key) => key,
@@ -68,7 +68,7 @@ impl KindeMeter {
             .post(format!("{}/api/v1/billing/meter_usage", api.base_url))
             .bearer_auth(key)
             .json(&body(&agreement, &self.feature_code, report));
-        answer(request.send().await, common).await
+        answer(api.send(request).await, common).await
     }
 
     /// The customer's agreement that includes the feature and has not expired.

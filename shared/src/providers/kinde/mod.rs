@@ -47,6 +47,14 @@ impl Provider for Kinde {
         decide::decide(event_type, payload, catalog)
     }
 
+    /// Kinde limits its Management API "per minute" and by concurrency, and publishes no number;
+    /// a 429 says when the limit resets in `RateLimit-Reset` (docs.kinde.com/developer-tools/
+    /// kinde-api/api-rate-limits). The budget of a provider without a published limit, until
+    /// a source's `api_budget` says what Kinde agreed to.
+    fn api_limit(&self, _config: &SourceConfig) -> crate::platform::budget::Limit {
+        super::UNPUBLISHED_LIMIT
+    }
+
     fn own_settings(&self) -> &'static [(Setting, &'static str)] {
         &[(
             Setting::ApiClientId,

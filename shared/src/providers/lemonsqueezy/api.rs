@@ -234,6 +234,7 @@ mod tests {
             key: ApiKey::Known("ls_test_key".into()),
             client_id: None,
             http: reqwest::Client::new(),
+            budget: None,
         });
         let customer = CustomerId::parse("1").unwrap();
         let now = reads.subscription(&customer, "1").await.unwrap().unwrap();

@@ -63,6 +63,17 @@ impl Provider for LemonSqueezy {
         Some("https://api.lemonsqueezy.com".to_owned())
     }
 
+    /// "The API has a rate limit of 300 calls per minute", test mode and live alike
+    /// (docs.lemonsqueezy.com/api, Rate limiting). A bucket of 4 a second and 20 at once lets
+    /// at most 260 out in any minute.
+    fn api_limit(&self, _config: &SourceConfig) -> crate::platform::budget::Limit {
+        crate::platform::budget::Limit {
+            per_second: 4.0,
+            burst: 20,
+            reserved: 2,
+        }
+    }
+
     fn own_settings(&self) -> &'static [(Setting, &'static str)] {
         &[(
             Setting::Livemode,

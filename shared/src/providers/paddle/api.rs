@@ -261,6 +261,7 @@ mod tests {
             key: ApiKey::Known("pdl_sdbx_apikey_test".into()),
             client_id: None,
             http: reqwest::Client::new(),
+            budget: None,
         });
         let customer = CustomerId::parse("ctm_01hp462x4578nc20acj9g956yy").unwrap();
         let now = reads

@@ -74,6 +74,17 @@ impl Provider for Paddle {
         )
     }
 
+    /// "Most operations are limited to 240 requests per minute" per IP address, in sandbox and
+    /// live alike; a 429 carries `Retry-After` (developer.paddle.com/api-reference/about/
+    /// rate-limiting). A bucket of 3 a second and 20 at once lets at most 200 out in any minute.
+    fn api_limit(&self, _config: &SourceConfig) -> crate::platform::budget::Limit {
+        crate::platform::budget::Limit {
+            per_second: 3.0,
+            burst: 20,
+            reserved: 2,
+        }
+    }
+
     fn own_settings(&self) -> &'static [(Setting, &'static str)] {
         &[(
             Setting::Livemode,

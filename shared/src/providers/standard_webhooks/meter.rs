@@ -75,7 +75,7 @@ impl PolarMeter {
             .post(format!("{}/v1/events/ingest", self.api.base_url))
             .bearer_auth(key)
             .json(&body(&self.event_name, report));
-        answer(request.send().await, clock_behind).await
+        answer(self.api.send(request).await, clock_behind).await
     }
 
     /// The id of the meter that counts this source's events (see [`counts_reports`]): `None`,

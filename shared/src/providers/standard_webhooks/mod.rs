@@ -60,6 +60,27 @@ impl Provider for StandardWebhooks {
         ))))
     }
 
+    /// Polar's limits are per organization, per minute: 500 in production, 100 in the sandbox
+    /// (`sandbox-api.polar.sh`), a 429 with `Retry-After` past them (polar.sh/docs/
+    /// api-reference/introduction, Rate limits). Buckets of 6 a second and 30 at once (at most
+    /// 390 in any minute) and of 1.25 and 10 (at most 85).
+    fn api_limit(&self, config: &SourceConfig) -> crate::platform::budget::Limit {
+        use crate::platform::budget::Limit;
+        let base = config.api_base_url.as_deref().unwrap_or_default();
+        match base.contains("sandbox") {
+            true => Limit {
+                per_second: 1.25,
+                burst: 10,
+                reserved: 2,
+            },
+            false => Limit {
+                per_second: 6.0,
+                burst: 30,
+                reserved: 3,
+            },
+        }
+    }
+
     fn api_base(&self, _config: &SourceConfig) -> Option<String> {
         Some("https://api.polar.sh".to_owned())
     }

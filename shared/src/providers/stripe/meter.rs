@@ -101,7 +101,7 @@ impl StripeMeter {
         if let Some(account) = report.customer.connected_account() {
             request = request.header("Stripe-Account", account);
         }
-        answer(request.send().await, stripes_own).await
+        answer(self.api.send(request).await, stripes_own).await
     }
 
     /// The meter's id: the active meter whose `event_name` is this source's, in the platform's

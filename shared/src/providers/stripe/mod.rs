@@ -55,6 +55,35 @@ impl Provider for Stripe {
         Some("https://api.stripe.com".to_owned())
     }
 
+    /// "The basic rate limiter restricts the number of API requests per second as follows: Live
+    /// mode: 100 read operations and 100 write operations; Test mode: 25 read operations and 25
+    /// write operations" (docs.stripe.com/rate-limits). A bucket of 80 a second and 20 at once
+    /// lets at most 100 out in any second; 20 and 5 at most 25. The mode is the API key's
+    /// (`sk_live_…`, `rk_live_…`: its calls count against live mode's limit), else the
+    /// source's `livemode`; a source whose key is read later and that takes both modes is held
+    /// to test mode's. Endpoint limits ("individual API endpoints: 25 requests per second"
+    /// unless noted) are not modelled: a 429 from one pauses the source.
+    fn api_limit(&self, config: &SourceConfig) -> crate::platform::budget::Limit {
+        use crate::platform::budget::Limit;
+        let live = config
+            .api_key
+            .as_deref()
+            .and_then(key_is_live)
+            .or(config.livemode);
+        match live {
+            Some(true) => Limit {
+                per_second: 80.0,
+                burst: 20,
+                reserved: 5,
+            },
+            _ => Limit {
+                per_second: 20.0,
+                burst: 5,
+                reserved: 1,
+            },
+        }
+    }
+
     fn own_settings(&self) -> &'static [(Setting, &'static str)] {
         &[(
             Setting::Livemode,
@@ -124,5 +153,66 @@ fn mode(live: bool) -> &'static str {
         "live-mode"
     } else {
         "test-mode"
+    }
+}
+
+/// The mode of a Stripe API key, by its prefix (secret `sk_`, restricted `rk_`); `None` for a
+/// key that names none.
+fn key_is_live(key: &str) -> Option<bool> {
+    match key.get(..8) {
+        Some("sk_live_" | "rk_live_") => Some(true),
+        Some("sk_test_" | "rk_test_") => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::platform::config::parse_sources;
+
+    fn limit_of(entry: serde_json::Value) -> f64 {
+        let config = parse_sources(&serde_json::json!([entry]).to_string())
+            .unwrap()
+            .remove(0);
+        Stripe.api_limit(&config).per_second
+    }
+
+    #[test]
+    fn a_sources_budget_is_under_the_limit_of_its_keys_mode() {
+        let source = |extra: serde_json::Value| {
+            let mut entry = serde_json::json!({"name": "stripe", "kind": "stripe",
+                "secrets": ["whsec_test"]});
+            entry
+                .as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            entry
+        };
+        assert_eq!(
+            limit_of(source(serde_json::json!({"api_key": "rk_live_x"}))),
+            80.0
+        );
+        assert_eq!(
+            limit_of(source(serde_json::json!({"api_key": "sk_test_x"}))),
+            20.0
+        );
+        assert_eq!(
+            limit_of(source(
+                serde_json::json!({"api_key": "sk_test_x", "livemode": true})
+            )),
+            20.0,
+            "a test key's calls count against test mode's limit"
+        );
+        assert_eq!(
+            limit_of(source(serde_json::json!({"livemode": true}))),
+            80.0
+        );
+        assert_eq!(
+            limit_of(source(serde_json::json!({}))),
+            20.0,
+            "both modes: the lower"
+        );
+        assert_eq!(key_is_live("whatever"), None);
     }
 }
