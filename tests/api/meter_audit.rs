@@ -21,7 +21,8 @@ use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 use crate::cli::{database_url, inboxctl, run};
 use crate::helpers::*;
 use crate::meters::{self, ask, metered_entry, meters_within, polar_on_pro, stripe_on_pro};
-use crate::provider_api::{ProviderServer, POLAR, STRIPE};
+use crate::provider_api::{ProviderServer, POLAR};
+use crate::stripe_fake::FakeStripe;
 
 /// The test source `stripe`, its API at `base`, metered on `api_calls`: as `INBOX_SOURCES`
 /// holds it.
@@ -45,56 +46,17 @@ fn meters_of(sources: &[SourceConfig]) -> Meters {
     meters_within(sources, Duration::from_secs(5))
 }
 
-/// A fake Stripe meter API: the meters list, and event summaries whose `aggregated_value` is
-/// what the test set (the same for any window), as `GET /v1/billing/meters/{id}/event_summaries`
-/// answers without a grouping window: one summary over the range asked.
-#[derive(Clone, Default)]
-struct FakeStripe {
-    total: Arc<Mutex<f64>>,
-    /// Each summaries request's query.
-    asked: Arc<Mutex<Vec<HashMap<String, String>>>>,
-}
-
-impl FakeStripe {
-    async fn serve(&self) -> ProviderServer {
-        let server = ProviderServer::start(&STRIPE).await;
-        Mock::given(method("GET"))
-            .and(path("/v1/billing/meters"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-                "object": "list", "url": "/v1/billing/meters", "has_more": false,
-                "data": [{"id": "mtr_seats", "object": "billing.meter", "event_name": "seats"},
-                         {"id": "mtr_api", "object": "billing.meter", "event_name": "api_calls"}]})))
-            .mount(&server)
-            .await;
-        let fake = self.clone();
-        Mock::given(method("GET"))
-            .and(path("/v1/billing/meters/mtr_api/event_summaries"))
-            .respond_with(move |request: &Request| {
-                let query: HashMap<String, String> =
-                    request.url.query_pairs().into_owned().collect();
-                let start: i64 = query["start_time"].parse().unwrap();
-                let end: i64 = query["end_time"].parse().unwrap();
-                fake.asked.lock().unwrap().push(query);
-                ResponseTemplate::new(200).set_body_json(json!({
-                    "object": "list", "has_more": false,
-                    "url": "/v1/billing/meters/mtr_api/event_summaries",
-                    "data": [{"id": "mtrusg_1", "object": "billing.meter_event_summary",
-                              "aggregated_value": *fake.total.lock().unwrap(),
-                              "start_time": start, "end_time": end,
-                              "livemode": false, "meter": "mtr_api"}]}))
-            })
-            .mount(&server)
-            .await;
-        server
-    }
-
-    fn set(&self, total: f64) {
-        *self.total.lock().unwrap() = total;
-    }
-
-    fn asked(&self) -> Vec<HashMap<String, String>> {
-        self.asked.lock().unwrap().clone()
-    }
+/// Makes what Stripe's `api_calls` counts for `customer` `total`: the events it took, timed as
+/// [`sent`] times the reports (half an hour ago, inside the month's settled window). Stripe's
+/// count only grows, as events are taken.
+fn stripe_counts(fake: &FakeStripe, customer: &str, total: f64) {
+    let counted = fake.total(customer);
+    assert!(total >= counted, "Stripe counts {counted} already");
+    fake.takes(
+        customer,
+        Utc::now() - TimeDelta::minutes(30),
+        total - counted,
+    );
 }
 
 /// A debit of `amount` under `key`, reported to `api_calls`: the report's id.
@@ -146,7 +108,7 @@ async fn reports_stripe_counts_in_full_make_no_difference(pool: PgPool) {
         sent(&pool, &id, "1 hour").await;
     }
     let fake = FakeStripe::default();
-    fake.set(7.0);
+    stripe_counts(&fake, "cus_audit_ok", 7.0);
     let server = fake.serve().await;
     let meters = meters_of(&metered(&server.uri()));
 
@@ -155,7 +117,7 @@ async fn reports_stripe_counts_in_full_make_no_difference(pool: PgPool) {
     assert!(found.differences.is_empty(), "{found:?}");
     assert!(found.errors.is_empty(), "{found:?}");
     assert!(recorded(&pool).await.is_empty());
-    let asked = &fake.asked()[0];
+    let asked = &fake.summaries_asked()[0];
     assert_eq!(asked["customer"], "cus_audit_ok");
     let (start, end): (i64, i64) = (
         asked["start_time"].parse().unwrap(),
@@ -200,7 +162,7 @@ async fn a_sent_correction_takes_its_reports_value_back_in_the_audit(pool: PgPoo
     drop(conn);
     sent(&pool, &correction, "1 hour").await;
     let fake = FakeStripe::default();
-    fake.set(3.0);
+    stripe_counts(&fake, "cus_audit_fix", 3.0);
     let server = fake.serve().await;
     let meters = meters_of(&metered(&server.uri()));
 
@@ -223,7 +185,7 @@ async fn a_report_sent_moments_ago_waits_until_stripe_has_counted_it(pool: PgPoo
     let found = audit_now(&pool, &meters).await;
     assert_eq!((found.checked, found.unsettled), (0, 1), "{found:?}");
     assert!(found.differences.is_empty());
-    assert!(fake.asked().is_empty(), "Stripe is not asked yet");
+    assert!(fake.summaries_asked().is_empty(), "Stripe is not asked yet");
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
@@ -233,7 +195,7 @@ async fn a_difference_is_recorded_and_reported_once_and_resolved_when_stripe_agr
     let id = debit(&pool, "cus_audit_off", "req_1", 5).await;
     sent(&pool, &id, "1 hour").await;
     let fake = FakeStripe::default();
-    fake.set(2.0);
+    stripe_counts(&fake, "cus_audit_off", 2.0);
     let server = fake.serve().await;
     let meters = meters_of(&metered(&server.uri()));
 
@@ -254,14 +216,14 @@ async fn a_difference_is_recorded_and_reported_once_and_resolved_when_stripe_agr
     assert_eq!(difference.period, Utc::now().format("%Y-%m").to_string());
 
     // Seen again: the same row, not a new alert.
-    fake.set(3.0);
+    stripe_counts(&fake, "cus_audit_off", 3.0);
     let again = audit_now(&pool, &meters).await;
     assert_eq!(again.new, 0, "{again:?}");
     assert_eq!(again.differences.len(), 1);
     assert_eq!(recorded(&pool).await, vec![(5, 3.0, false)]);
 
     // Stripe catches up: resolved, and nothing open.
-    fake.set(5.0);
+    stripe_counts(&fake, "cus_audit_off", 5.0);
     let agreed = audit_now(&pool, &meters).await;
     assert_eq!((agreed.new, agreed.resolved), (0, 1), "{agreed:?}");
     assert!(agreed.differences.is_empty());
@@ -277,7 +239,7 @@ async fn the_scheduler_counts_open_meter_differences_in_its_metrics(pool: PgPool
     let id = debit(&pool, "cus_audit_run", "req_1", 5).await;
     sent(&pool, &id, "1 hour").await;
     let fake = FakeStripe::default();
-    fake.set(4.0);
+    stripe_counts(&fake, "cus_audit_run", 4.0);
     let server = fake.serve().await;
     let mut state: SchedulerState = crate::scheduler::scheduler_for(&app, vec![]);
     state.audit.as_mut().unwrap().meters = meters_of(&metered(&server.uri()));
@@ -301,7 +263,11 @@ async fn the_scheduler_counts_open_meter_differences_in_its_metrics(pool: PgPool
     let unmetered = crate::scheduler::scheduler_for(&app, vec![]);
     let report = scheduler::run(&unmetered).await;
     assert_eq!(report.meter_differences, 0);
-    assert_eq!(fake.asked().len(), 2, "one read per run with a meter");
+    assert_eq!(
+        fake.summaries_asked().len(),
+        2,
+        "one read per run with a meter"
+    );
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
@@ -396,7 +362,7 @@ async fn meters_commands_list_replay_and_audit(pool: PgPool) {
         .await
         .unwrap();
     let fake = FakeStripe::default();
-    fake.set(4.0);
+    stripe_counts(&fake, "cus_audit_cli", 4.0);
     let server = fake.serve().await;
     let sources = metered_json(&server.uri()).to_string();
     let (output, stdout, stderr) = run(inboxctl()
@@ -408,7 +374,7 @@ async fn meters_commands_list_replay_and_audit(pool: PgPool) {
     assert_eq!(found["new"], json!(1));
     assert_eq!(found["differences"][0]["ours"], json!(5));
     assert_eq!(found["differences"][0]["theirs"], json!(4.0));
-    fake.set(5.0);
+    stripe_counts(&fake, "cus_audit_cli", 5.0);
     let (output, stdout, stderr) = run(inboxctl()
         .args(["meters", "audit"])
         .env("DATABASE_URL", &url)

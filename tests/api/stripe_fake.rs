@@ -110,6 +110,8 @@ struct State {
     always: Option<(u16, Value)>,
     /// How long the event summaries take to answer.
     summaries_delay: Duration,
+    /// Each event summaries request's query, in order.
+    summaries_asked: Vec<HashMap<String, String>>,
 }
 
 /// A fake Stripe; clones share one account.
@@ -193,6 +195,34 @@ impl FakeStripe {
     /// The meter event adjustments it took, as sent.
     pub(crate) fn adjustments(&self) -> Vec<HashMap<String, String>> {
         self.0.lock().unwrap().adjustments.clone()
+    }
+
+    /// Takes a meter event of `value` on `api_calls` for `customer`, timed `at`, as if another
+    /// of the account's clients had sent it: what Stripe counts beyond what a store sent.
+    pub(crate) fn takes(&self, customer: &str, at: DateTime<Utc>, value: f64) {
+        let mut state = self.0.lock().unwrap();
+        let identifier = format!("elsewhere_{}", state.events.len());
+        let form = HashMap::from([
+            ("event_name".to_owned(), "api_calls".to_owned()),
+            ("identifier".to_owned(), identifier),
+            ("timestamp".to_owned(), at.timestamp().to_string()),
+            (
+                "payload[stripe_customer_id]".to_owned(),
+                customer.to_owned(),
+            ),
+            ("payload[value]".to_owned(), value.to_string()),
+        ]);
+        state.events.push(MeterEvent {
+            form,
+            account: None,
+            received_at: Utc::now(),
+            cancelled: false,
+        });
+    }
+
+    /// The event summaries asked of it, each request's query, in order.
+    pub(crate) fn summaries_asked(&self) -> Vec<HashMap<String, String>> {
+        self.0.lock().unwrap().summaries_asked.clone()
     }
 
     /// What the meter `api_calls` counts for `customer` (of the platform's account): the
@@ -415,7 +445,7 @@ impl State {
     }
 
     /// `GET /v1/billing/meters` and a meter's event summaries.
-    fn read(&self, request: &Request) -> ResponseTemplate {
+    fn read(&mut self, request: &Request) -> ResponseTemplate {
         let account = request
             .headers
             .get("stripe-account")
@@ -440,6 +470,7 @@ impl State {
                 "message": format!("No such billing meter: '{meter}'")}}));
         };
         let query: HashMap<String, String> = request.url.query_pairs().into_owned().collect();
+        self.summaries_asked.push(query.clone());
         let (Some(customer), Some(start), Some(end)) = (
             query.get("customer"),
             query.get("start_time").and_then(|t| t.parse::<i64>().ok()),
