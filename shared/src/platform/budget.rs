@@ -12,6 +12,7 @@ use http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use sqlx::PgPool;
 
+use crate::platform::config::LimitSetting;
 use crate::platform::db::exec;
 
 /// Whose call takes from a budget. Meter reports keep a share of the bucket that reads never
@@ -32,18 +33,6 @@ pub struct Limit {
     pub per_second: f64,
     pub burst: u32,
     pub reserved: u32,
-}
-
-/// A source's `api_budget` setting: any of the three, the rest the provider's default.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LimitSetting {
-    #[serde(default)]
-    pub per_second: Option<f64>,
-    #[serde(default)]
-    pub burst: Option<u32>,
-    #[serde(default)]
-    pub reserved: Option<u32>,
 }
 
 impl Limit {

@@ -119,11 +119,23 @@ pub struct SourceConfig {
     /// The source's budget of provider API calls (docs/design.md §6.7), over its provider's
     /// documented default for its mode: `{"per_second", "burst", "reserved"}`.
     #[serde(default)]
-    pub api_budget: Option<crate::platform::budget::LimitSetting>,
+    pub api_budget: Option<LimitSetting>,
     /// The API key's read from its secret, when it failed at cold start: a provider read
     /// tries it again (set by [`crate::platform::secrets::resolve`], never by the configuration).
     #[serde(skip)]
     pub api_key_read: Option<std::sync::Arc<dyn ApiKeyOnUse>>,
+}
+
+/// A source's `api_budget` setting: any of the three, the rest the provider's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitSetting {
+    #[serde(default)]
+    pub per_second: Option<f64>,
+    #[serde(default)]
+    pub burst: Option<u32>,
+    #[serde(default)]
+    pub reserved: Option<u32>,
 }
 
 /// A source's meter, `"meter"` in its `INBOX_SOURCES` entry: what its provider calls the meter
