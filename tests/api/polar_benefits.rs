@@ -295,20 +295,14 @@ async fn a_grant_revoked_before_its_created_webhook_was_sent_ends_revoked_in_bot
         p
     };
     for (customer, created_first) in [("fast_a", true), ("fast_b", false)] {
-        let events = [
-            ("created", created(customer)),
-            ("revoked", revoked(customer)),
-        ];
-        let order: Vec<_> = match created_first {
-            true => events.iter().collect(),
-            false => events.iter().rev().collect(),
-        };
-        for (what, body) in order {
-            let id = format!("msg_{customer}_{what}");
-            let (status, answer) = app.post("polar", &polar_delivery(&id, body)).await;
-            assert_eq!(status, 200, "{answer}");
-            app.run_worker().await;
-        }
+        deliver_created_and_revoked(
+            &app,
+            customer,
+            created(customer),
+            revoked(customer),
+            created_first,
+        )
+        .await;
         assert_eq!(
             features(&app, customer).await,
             Features::new(),
@@ -359,17 +353,7 @@ async fn a_subscription_revoked_before_its_created_webhook_was_sent_ends_cancele
         }
         assert_eq!(created["data"]["status"], "active");
         assert_eq!(revoked["data"]["status"], "canceled");
-        let events = [("created", created), ("revoked", revoked)];
-        let order: Vec<_> = match created_first {
-            true => events.iter().collect(),
-            false => events.iter().rev().collect(),
-        };
-        for (what, body) in order {
-            let id = format!("msg_{customer}_{what}");
-            let (status, answer) = app.post("polar", &polar_delivery(&id, body)).await;
-            assert_eq!(status, 200, "{answer}");
-            app.run_worker().await;
-        }
+        deliver_created_and_revoked(&app, customer, created, revoked, created_first).await;
         let status: String =
             sqlx::query_scalar("SELECT status FROM subscriptions WHERE subscription_id = $1")
                 .bind(&sub)
@@ -379,4 +363,25 @@ async fn a_subscription_revoked_before_its_created_webhook_was_sent_ends_cancele
         assert_eq!(status, "canceled", "{customer}");
     }
     assert_eq!(app.audit().await.divergent, []);
+}
+
+/// Delivers an object's `created` and `revoked` events in the order asked, each applied by the
+/// worker before the next arrives.
+async fn deliver_created_and_revoked(
+    app: &TestApp,
+    customer: &str,
+    created: Value,
+    revoked: Value,
+    created_first: bool,
+) {
+    let mut events = vec![("created", created), ("revoked", revoked)];
+    if !created_first {
+        events.reverse();
+    }
+    for (what, body) in &events {
+        let id = format!("msg_{customer}_{what}");
+        let (status, answer) = app.post("polar", &polar_delivery(&id, body)).await;
+        assert_eq!(status, 200, "{answer}");
+        app.run_worker().await;
+    }
 }
