@@ -4,7 +4,7 @@
     trim-openapi.py PROVIDER UPSTREAM_FILE > testdata/openapi/PROVIDER.json
 
 The tests check every request a provider fake receives against the file this writes
-(tests/api/provider_api.rs, docs/design.md §6.6). A published description is megabytes
+(fakes/src/described.rs, docs/design.md §6.6). A published description is megabytes
 (Stripe's is over 7 MB); the project keeps, for each route below, the request side of the
 operation only: its `parameters` and `requestBody`, with the `components` they reference,
 and none of the prose (`description`, `summary`, `example`, `examples`) or `responses`. The

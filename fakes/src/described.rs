@@ -29,27 +29,27 @@ use serde_json::{Map, Value};
 use wiremock::{Match, Mock, MockServer, Request, ResponseTemplate};
 
 /// Stripe's API: `latest/openapi.spec3.json` of stripe/openapi, trimmed.
-pub(crate) static STRIPE: LazyLock<Description> = LazyLock::new(|| {
+pub static STRIPE: LazyLock<Description> = LazyLock::new(|| {
     Description::load("Stripe", include_str!("../../testdata/openapi/stripe.json"))
 });
 
 /// Paddle Billing's API: `v1/openapi.yaml` of PaddleHQ/paddle-openapi, trimmed.
-pub(crate) static PADDLE: LazyLock<Description> = LazyLock::new(|| {
+pub static PADDLE: LazyLock<Description> = LazyLock::new(|| {
     Description::load("Paddle", include_str!("../../testdata/openapi/paddle.json"))
 });
 
 /// Polar's API: `docs/openapi/2026-10.openapi.json` of polarsource/polar, trimmed.
-pub(crate) static POLAR: LazyLock<Description> =
+pub static POLAR: LazyLock<Description> =
     LazyLock::new(|| Description::load("Polar", include_str!("../../testdata/openapi/polar.json")));
 
 /// Kinde's Management API: `api/openapi.yaml` of kinde-oss/kinde-dotnet-sdk, trimmed, and
 /// its OAuth token endpoint written from Kinde's docs (scripts/trim-openapi.py).
-pub(crate) static KINDE: LazyLock<Description> =
+pub static KINDE: LazyLock<Description> =
     LazyLock::new(|| Description::load("Kinde", include_str!("../../testdata/openapi/kinde.json")));
 
 /// Lemon Squeezy's API, which publishes no description: the routes the project calls, written
 /// from Lemon Squeezy's API reference (the pages are named in the file).
-pub(crate) static LEMONSQUEEZY: LazyLock<Description> = LazyLock::new(|| {
+pub static LEMONSQUEEZY: LazyLock<Description> = LazyLock::new(|| {
     Description::load(
         "Lemon Squeezy",
         include_str!("../../testdata/openapi/lemonsqueezy.json"),
@@ -57,7 +57,7 @@ pub(crate) static LEMONSQUEEZY: LazyLock<Description> = LazyLock::new(|| {
 });
 
 /// One provider's API description, its `$ref`s resolved.
-pub(crate) struct Description {
+pub struct Description {
     name: &'static str,
     /// OpenAPI 3.0 schemas are judged as JSON Schema draft 4, 3.1's as 2020-12.
     draft: jsonschema::Draft,
@@ -97,7 +97,7 @@ impl Description {
     }
 
     /// What the description refuses of `request`, one sentence each; empty when it conforms.
-    pub(crate) fn refusals(&self, request: &Request) -> Vec<String> {
+    pub fn refusals(&self, request: &Request) -> Vec<String> {
         let path = request.url.path();
         let Some((template, params, operation)) = self.operation(request.method.as_str(), path)
         else {
@@ -530,14 +530,14 @@ fn resolved(node: &Value, doc: &Value, depth: usize) -> Value {
 /// A test's stand-in for a provider's API: a wiremock server whose every request is checked
 /// against the provider's description as it arrives. Dropped at the end of the test, it fails
 /// the test with what the description refused, if anything.
-pub(crate) struct ProviderServer {
+pub struct ProviderServer {
     server: MockServer,
     description: &'static Description,
     refused: Arc<Mutex<Vec<String>>>,
 }
 
 impl ProviderServer {
-    pub(crate) async fn start(description: &'static Description) -> Self {
+    pub async fn start(description: &'static Description) -> Self {
         let provider = Self {
             server: MockServer::start().await,
             description,
@@ -548,13 +548,13 @@ impl ProviderServer {
     }
 
     /// Forgets the mounted answers, as `MockServer::reset` does, and goes on checking.
-    pub(crate) async fn reset(&self) {
+    pub async fn reset(&self) {
         self.server.reset().await;
         self.watch().await;
     }
 
     /// What the description refused of the requests so far.
-    pub(crate) fn refused(&self) -> Vec<String> {
+    pub fn refused(&self) -> Vec<String> {
         self.refused
             .lock()
             .unwrap_or_else(|e| e.into_inner())

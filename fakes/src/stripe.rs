@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use wiremock::matchers::{method, path, path_regex};
 use wiremock::{Mock, Request, Respond, ResponseTemplate};
 
-use crate::provider_api::{ProviderServer, STRIPE};
+use crate::described::{ProviderServer, STRIPE};
 
 /// How long Stripe keeps a saved answer: "You can remove keys from the system automatically
 /// after they're at least 24 hours old. We generate a new request if a key is reused after
@@ -41,7 +41,7 @@ const METERS: [(&str, &str); 2] = [("mtr_seats", "seats"), ("mtr_api", "api_call
 /// What goes wrong with the next request that reaches an endpoint (not one Stripe answers from
 /// its saved answers).
 #[derive(Debug, Clone)]
-pub(crate) enum Fault {
+pub enum Fault {
     /// Stripe fails before taking anything, with this status and body (a 5xx is saved under
     /// the key, as every answer once the endpoint began).
     Fails(u16, Value),
@@ -60,7 +60,7 @@ pub(crate) enum Fault {
 /// (docs.stripe.com/error-low-level); the `Stripe-Should-Retry` header tells a client whether
 /// to retry (ibid., and read by Stripe's SDKs, stripe-php #755), and `rate_limit` is the
 /// error's code (docs.stripe.com/error-codes).
-pub(crate) fn rate_limited() -> ResponseTemplate {
+pub fn rate_limited() -> ResponseTemplate {
     ResponseTemplate::new(429)
         .insert_header("Stripe-Should-Retry", "true")
         .set_body_json(json!({"error": {
@@ -71,7 +71,7 @@ pub(crate) fn rate_limited() -> ResponseTemplate {
 
 /// A meter event Stripe took.
 #[derive(Debug, Clone)]
-pub(crate) struct MeterEvent {
+pub struct MeterEvent {
     pub form: HashMap<String, String>,
     /// The connected account it was made as (`Stripe-Account`), if any.
     pub account: Option<String>,
@@ -116,29 +116,29 @@ struct State {
 
 /// A fake Stripe; clones share one account.
 #[derive(Clone, Default)]
-pub(crate) struct FakeStripe(Arc<Mutex<State>>);
+pub struct FakeStripe(Arc<Mutex<State>>);
 
 impl FakeStripe {
     /// One whose every request that reaches an endpoint fails with `status` and `body`.
-    pub(crate) fn failing(status: u16, body: Value) -> Self {
+    pub fn failing(status: u16, body: Value) -> Self {
         let fake = Self::default();
         fake.0.lock().unwrap().always = Some((status, body));
         fake
     }
 
     /// What goes wrong with the next request that reaches an endpoint (in turn).
-    pub(crate) fn then(&self, fault: Fault) -> &Self {
+    pub fn then(&self, fault: Fault) -> &Self {
         self.0.lock().unwrap().faults.push_back(fault);
         self
     }
 
     /// The event summaries answer after `delay` (requests made together overlap).
-    pub(crate) fn summaries_after(&self, delay: Duration) {
+    pub fn summaries_after(&self, delay: Duration) {
         self.0.lock().unwrap().summaries_delay = delay;
     }
 
     /// Moves everything it took and saved `by` into the past (a test's "a day later").
-    pub(crate) fn age(&self, by: TimeDelta) {
+    pub fn age(&self, by: TimeDelta) {
         let mut state = self.0.lock().unwrap();
         for event in &mut state.events {
             event.received_at -= by;
@@ -149,7 +149,7 @@ impl FakeStripe {
     }
 
     /// Served as Stripe's API, every request checked against Stripe's published description.
-    pub(crate) async fn serve(&self) -> ProviderServer {
+    pub async fn serve(&self) -> ProviderServer {
         let server = ProviderServer::start(&STRIPE).await;
         for endpoint in [
             "/v1/billing/meter_events",
@@ -172,12 +172,12 @@ impl FakeStripe {
     }
 
     /// POST requests that reached it, answered from a saved answer or not.
-    pub(crate) fn posts(&self) -> u32 {
+    pub fn posts(&self) -> u32 {
         self.0.lock().unwrap().posts
     }
 
     /// The meter events it holds, by identifier (the latest taken under each).
-    pub(crate) fn held(&self) -> HashMap<String, HashMap<String, String>> {
+    pub fn held(&self) -> HashMap<String, HashMap<String, String>> {
         let state = self.0.lock().unwrap();
         state
             .events
@@ -188,18 +188,18 @@ impl FakeStripe {
 
     /// Every meter event it took, in order (an identifier taken again after its 24 hours is
     /// two).
-    pub(crate) fn events(&self) -> Vec<MeterEvent> {
+    pub fn events(&self) -> Vec<MeterEvent> {
         self.0.lock().unwrap().events.clone()
     }
 
     /// The meter event adjustments it took, as sent.
-    pub(crate) fn adjustments(&self) -> Vec<HashMap<String, String>> {
+    pub fn adjustments(&self) -> Vec<HashMap<String, String>> {
         self.0.lock().unwrap().adjustments.clone()
     }
 
     /// Takes a meter event of `value` on `api_calls` for `customer`, timed `at`, as if another
     /// of the account's clients had sent it: what Stripe counts beyond what a store sent.
-    pub(crate) fn takes(&self, customer: &str, at: DateTime<Utc>, value: f64) {
+    pub fn takes(&self, customer: &str, at: DateTime<Utc>, value: f64) {
         let mut state = self.0.lock().unwrap();
         let identifier = format!("elsewhere_{}", state.events.len());
         let form = HashMap::from([
@@ -221,13 +221,13 @@ impl FakeStripe {
     }
 
     /// The event summaries asked of it, each request's query, in order.
-    pub(crate) fn summaries_asked(&self) -> Vec<HashMap<String, String>> {
+    pub fn summaries_asked(&self) -> Vec<HashMap<String, String>> {
         self.0.lock().unwrap().summaries_asked.clone()
     }
 
     /// What the meter `api_calls` counts for `customer` (of the platform's account): the
     /// events it took, less those cancelled.
-    pub(crate) fn total(&self, customer: &str) -> f64 {
+    pub fn total(&self, customer: &str) -> f64 {
         let state = self.0.lock().unwrap();
         state
             .events
@@ -523,6 +523,7 @@ impl IntoTemplate for (u16, Value) {
 }
 
 /// The fake itself, asked directly: each behaviour as Stripe's pages say.
+#[cfg(test)]
 mod behaviour {
     use super::*;
 

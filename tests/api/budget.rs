@@ -23,8 +23,8 @@ use crate::meters::{
     ask, customer, debit, metered_entry, report, send, stripe_meters, stripe_on_pro, FakeStripe,
     Fault,
 };
-use crate::stripe_fake::rate_limited;
 use crate::thin::{app_with_api, status_of, thin_events};
+use provider_fakes::stripe::rate_limited;
 
 /// A bucket that does not refill within a test: `burst` calls, `reserved` of them kept for
 /// meter reports.

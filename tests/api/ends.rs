@@ -10,7 +10,7 @@ use sqlx::PgPool;
 use crate::cli::{database_url, inboxctl, run};
 use crate::corpus::{corpus, CORPUS_PLANS};
 use crate::helpers::*;
-use crate::provider_api::{ProviderServer, POLAR, STRIPE};
+use provider_fakes::{ProviderServer, POLAR, STRIPE};
 
 /// The corpus file `name` of `dir`.
 fn file(dir: &str, name: &str) -> Value {

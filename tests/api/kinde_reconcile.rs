@@ -13,7 +13,7 @@ use wiremock::matchers::{
 };
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::provider_api::{ProviderServer, KINDE};
+use provider_fakes::{ProviderServer, KINDE};
 
 use crate::helpers::*;
 use crate::scheduler::{reconcile_runs, reconciler, scheduler_for};

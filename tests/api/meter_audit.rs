@@ -21,8 +21,8 @@ use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 use crate::cli::{database_url, inboxctl, run};
 use crate::helpers::*;
 use crate::meters::{self, ask, metered_entry, meters_within, polar_on_pro, stripe_on_pro};
-use crate::provider_api::{ProviderServer, POLAR};
-use crate::stripe_fake::FakeStripe;
+use provider_fakes::stripe::FakeStripe;
+use provider_fakes::{ProviderServer, POLAR};
 
 /// The test source `stripe`, its API at `base`, metered on `api_calls`: as `INBOX_SOURCES`
 /// holds it.

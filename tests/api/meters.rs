@@ -27,8 +27,8 @@ use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
 use crate::app_api::{api_state, call, on_pro};
 use crate::helpers::*;
-use crate::provider_api::{ProviderServer, KINDE, POLAR};
-pub(crate) use crate::stripe_fake::{FakeStripe, Fault};
+pub(crate) use provider_fakes::stripe::{FakeStripe, Fault};
+use provider_fakes::{ProviderServer, KINDE, POLAR};
 
 const NO_WAITS: RetryPolicy = RetryPolicy::new([Duration::ZERO; 5]);
 /// The client gives up on a send after this; the slow fake answers after three times as long.

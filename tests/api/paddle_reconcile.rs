@@ -11,7 +11,7 @@ use shared::reconcile::LAG;
 use sqlx::PgPool;
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
-use crate::provider_api::{ProviderServer, PADDLE};
+use provider_fakes::{ProviderServer, PADDLE};
 
 use crate::helpers::*;
 use crate::scheduler::{reconciler, scheduler_for};

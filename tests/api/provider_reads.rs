@@ -16,7 +16,7 @@ use sqlx::PgPool;
 use wiremock::matchers::{header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::provider_api::{ProviderServer, LEMONSQUEEZY, PADDLE};
+use provider_fakes::{ProviderServer, LEMONSQUEEZY, PADDLE};
 
 use crate::corpus::{corpus, corpus_app, payments, send_one};
 use crate::helpers::*;

@@ -15,11 +15,11 @@ use sqlx::PgPool;
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
 use crate::helpers::*;
-use crate::provider_api::{ProviderServer, POLAR, STRIPE};
 use crate::scheduler::{
     exec, polar_api_returns, polar_reconciler, reconcile_runs, scheduler_for, soon, status_of,
     stored_unapplied, stripe_api_event, stripe_reconciler,
 };
+use provider_fakes::{ProviderServer, POLAR, STRIPE};
 
 /// Stripe's `/v1/events`, over a fixed set of events.
 pub(crate) struct FakeStripe {

@@ -23,8 +23,8 @@ use crate::meters::{
     ask, customer, debit, metered, meters_of, polar_on_pro, report, reports, send, stripe_meters,
     stripe_on_pro,
 };
-use crate::provider_api::ProviderServer;
-use crate::stripe_fake::{FakeStripe, Fault};
+use provider_fakes::stripe::{FakeStripe, Fault};
+use provider_fakes::ProviderServer;
 
 async fn reverse(pool: &PgPool, source: &str, who: &CustomerId, usage_id: &str) -> Reversed {
     let mut conn = pool.acquire().await.unwrap();

@@ -16,7 +16,7 @@ use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::helpers::*;
-use crate::provider_api::{ProviderServer, LEMONSQUEEZY, POLAR, STRIPE};
+use provider_fakes::{ProviderServer, LEMONSQUEEZY, POLAR, STRIPE};
 
 pub(crate) fn scheduler_for(app: &TestApp, reconcilers: Vec<Reconciler>) -> SchedulerState {
     SchedulerState {

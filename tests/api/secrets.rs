@@ -15,8 +15,8 @@ use shared::platform::secrets::{resolve, Needs, OnFailure};
 use sqlx::PgPool;
 
 use crate::helpers::*;
-use crate::provider_api::{ProviderServer, STRIPE};
 use crate::scheduler::scheduler_for;
+use provider_fakes::{ProviderServer, STRIPE};
 
 /// A new secret holding `value`; its name.
 async fn secret(value: &serde_json::Value) -> String {

@@ -76,7 +76,7 @@ use tokio::sync::Notify;
 
 use crate::helpers::*;
 use crate::order::{self, case_strategy, Case, Event};
-use crate::provider_api::{ProviderServer, STRIPE};
+use provider_fakes::{ProviderServer, STRIPE};
 
 /// How long a received message stays invisible (shorter than the lease, as it may be when a
 /// function's timeout is set short: the message comes back while the lease still holds).

@@ -13,8 +13,8 @@ use crate::corpus::{
     corpus, corpus_app, payments, renewal_without_price, send_one, ACCOUNT_CUSTOMER,
 };
 use crate::helpers::*;
-use crate::provider_api::{ProviderServer, STRIPE};
 use crate::traffic::with_stripe_api;
+use provider_fakes::{ProviderServer, STRIPE};
 
 const SUB: &str = "sub_1EndiveSub00001";
 const CUSTOMER: &str = "cus_EndiveCust001";

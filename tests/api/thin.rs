@@ -12,8 +12,8 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::corpus::{corpus, CORPUS_PLANS};
 use crate::helpers::*;
-use crate::provider_api::{ProviderServer, STRIPE};
 use crate::traffic::with_stripe_api;
+use provider_fakes::{ProviderServer, STRIPE};
 
 const SUB: &str = "sub_1ThinSub0000001";
 pub(crate) const CUSTOMER: &str = "cus_ThinCust00001";

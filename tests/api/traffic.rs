@@ -17,7 +17,7 @@ use wiremock::matchers::{header, method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::helpers::*;
-use crate::provider_api::{ProviderServer, STRIPE};
+use provider_fakes::{ProviderServer, STRIPE};
 
 /// 2026-03-10T12:00:00Z.
 const T: i64 = 1_773_144_000;
