@@ -3,6 +3,15 @@
 //! place for the integration tests, the simulator and `inboxctl`.
 
 pub mod described;
+pub mod kinde;
+pub mod lemonsqueezy;
+pub mod paddle;
+pub mod polar;
 pub mod stripe;
+pub mod traffic;
 
 pub use described::{Description, ProviderServer, KINDE, LEMONSQUEEZY, PADDLE, POLAR, STRIPE};
+pub use kinde::FakeKinde;
+pub use lemonsqueezy::FakeLemonSqueezy;
+pub use paddle::FakePaddle;
+pub use polar::FakePolar;
