@@ -104,11 +104,12 @@ impl FakeKinde {
         self
     }
 
-    /// Lists `entitlement` (`{id, feature_code, entitlement_limit_max, …}`) for `customer`.
-    pub fn entitlement(&self, customer: &str, entitlement: Value) -> &Self {
+    /// Lists `listed` (`[{id, feature_code, entitlement_limit_max, …}]`) as `customer`'s
+    /// entitlements, in place of what it listed.
+    pub fn entitlements(&self, customer: &str, listed: Value) -> &Self {
         let mut state = self.state.lock().unwrap();
         let held = state.customers.entry(customer.to_owned()).or_default();
-        held.entitlements.push(entitlement);
+        held.entitlements = listed.as_array().cloned().unwrap_or_default();
         self
     }
 
@@ -195,12 +196,17 @@ impl Respond for FakeKinde {
             let mut traffic = self.traffic.lock().unwrap();
             (traffic.arrive(), traffic.fault(&path))
         };
-        if let Err(refused) = taken {
+        let refused = match (&taken, &fault) {
+            (Err(refused), _) => Some(refused.retry_after),
+            (_, Some(Fault::RateLimited(secs))) => Some(*secs),
+            _ => None,
+        };
+        if let Some(reset) = refused {
             // "Graceful handling involves monitoring for 429 status codes and triggering a retry
             // method. The header `RateLimit-Reset` will return the number of seconds until the
             // rate limit is reset." (docs.kinde.com/developer-tools/kinde-api/api-rate-limits)
             return error(429, "TOO_MANY_REQUESTS", "Too many requests")
-                .insert_header("RateLimit-Reset", refused.retry_after.to_string().as_str());
+                .insert_header("RateLimit-Reset", reset.to_string().as_str());
         }
         let mut state = self.state.lock().unwrap();
         let (answer, delay) = match fault {
@@ -210,7 +216,7 @@ impl Respond for FakeKinde {
                 return error(status, "ERROR", "An error occurred");
             }
             Some(Fault::Slow(delay)) => (state.answer(&path, request), Some(delay)),
-            None => (state.answer(&path, request), None),
+            Some(Fault::RateLimited(_)) | None => (state.answer(&path, request), None),
         };
         match delay {
             Some(delay) => answer.set_delay(delay),
@@ -409,12 +415,12 @@ mod tests {
             "kp_1",
             json!([{"code": "pro", "subscribed_on": "2026-01-01T00:00:00Z"}]),
         );
-        for i in 1..=3 {
-            fake.entitlement(
-                "kp_1",
-                json!({"id": format!("ent_{i}"), "feature_code": format!("f{i}")}),
-            );
-        }
+        fake.entitlements(
+            "kp_1",
+            (1..=3)
+                .map(|i| json!({"id": format!("ent_{i}"), "feature_code": format!("f{i}")}))
+                .collect(),
+        );
         let server = fake.serve().await;
         assert_eq!(token(&server, "wrong").await.1["error"], "invalid_client");
         let (status, issued) = token(&server, "m2m_secret").await;

@@ -129,19 +129,22 @@ impl Respond for FakeLemonSqueezy {
             let mut traffic = self.traffic.lock().unwrap();
             (traffic.arrive(), traffic.fault(&path))
         };
-        let taken = match taken {
-            Ok(taken) => taken,
+        let taken = match (taken, &fault) {
+            (Ok(_), Some(Fault::RateLimited(_))) => {
+                return error(429, "Too Many Requests", "Too Many Attempts.")
+            }
+            (Ok(taken), _) => taken,
             // "If you exceed the limit you will receive a 429 Too Many Requests response."
             // (docs.lemonsqueezy.com/api/getting-started, Rate limiting): no Retry-After is
             // documented, so none is sent.
-            Err(_) => return error(429, "Too Many Requests", "Too Many Attempts."),
+            (Err(_), _) => return error(429, "Too Many Requests", "Too Many Attempts."),
         };
         let delay = match fault {
             Some(Fault::Fails(status) | Fault::TakesThenFails(status)) => {
                 return error(status, title_of(status), "An error occurred.")
             }
             Some(Fault::Slow(delay)) => Some(delay),
-            None => None,
+            Some(Fault::RateLimited(_)) | None => None,
         };
         let held = self.subscriptions.lock().unwrap();
         let answer = match path.strip_prefix("/v1/subscriptions/") {

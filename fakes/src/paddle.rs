@@ -156,7 +156,12 @@ impl Respond for FakePaddle {
         let mut state = self.state.lock().unwrap();
         state.requests += 1;
         let request_id = format!("00000000-0000-4000-8000-{:012}", state.requests);
-        if let Err(refused) = taken {
+        let refused = match (&taken, &fault) {
+            (Err(refused), _) => Some(refused.retry_after),
+            (_, Some(Fault::RateLimited(secs))) => Some(*secs),
+            _ => None,
+        };
+        if let Some(retry_after) = refused {
             // "429 - Too Many Requests … IP address exceeded the allowed rate limit. Retry
             // after the number of seconds in the Retry-After header."
             // (developer.paddle.com/errors/shared/too_many_requests)
@@ -166,7 +171,7 @@ impl Respond for FakePaddle {
                 "IP address exceeded the allowed rate limit. Retry after the number of seconds in the Retry-After header.",
                 &request_id,
             )
-            .insert_header("Retry-After", refused.retry_after.to_string().as_str());
+            .insert_header("Retry-After", retry_after.to_string().as_str());
         }
         let failed = |status: u16| {
             error(
@@ -180,7 +185,7 @@ impl Respond for FakePaddle {
             Some(Fault::Fails(status)) => return failed(status),
             Some(Fault::TakesThenFails(status)) => return failed(status),
             Some(Fault::Slow(delay)) => Some(delay),
-            None => None,
+            Some(Fault::RateLimited(_)) | None => None,
         };
         let query: Vec<(String, String)> = request.url.query_pairs().into_owned().collect();
         let answer_of = |template: ResponseTemplate| match answer {

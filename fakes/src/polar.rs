@@ -162,12 +162,17 @@ impl Respond for FakePolar {
             let mut traffic = self.traffic.lock().unwrap();
             (traffic.arrive(), traffic.fault(&path))
         };
-        if let Err(refused) = taken {
+        let refused = match (&taken, &fault) {
+            (Err(refused), _) => Some(refused.retry_after),
+            (_, Some(Fault::RateLimited(secs))) => Some(*secs),
+            _ => None,
+        };
+        if let Some(retry_after) = refused {
             // "If you exceed the rate limit, you will receive a 429 Too Many Requests response.
             // The response will include a Retry-After header indicating how long you should wait
             // before making another request." (introduction.mdx, Rate Limits)
             return error(429, "TooManyRequests", "Rate limit exceeded")
-                .insert_header("Retry-After", refused.retry_after.to_string().as_str());
+                .insert_header("Retry-After", retry_after.to_string().as_str());
         }
         let mut state = self.state.lock().unwrap();
         let (answer, delay) = match fault {
@@ -179,7 +184,7 @@ impl Respond for FakePolar {
                 return error(status, name_of(status), "An error occurred");
             }
             Some(Fault::Slow(delay)) => (state.answer(&path, request), Some(delay)),
-            None => (state.answer(&path, request), None),
+            Some(Fault::RateLimited(_)) | None => (state.answer(&path, request), None),
         };
         match delay {
             Some(delay) => answer.set_delay(delay),

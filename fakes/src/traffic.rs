@@ -22,6 +22,9 @@ pub enum Fault {
     TakesThenFails(u16),
     /// The provider answers after this long (a client with a shorter timeout gives up).
     Slow(Duration),
+    /// The provider's limiter refuses it, as its 429 says, the wait given as this many
+    /// seconds where the provider gives one (a limit reached by traffic the fake does not see).
+    RateLimited(u64),
 }
 
 /// A provider's rate limit and the requests it has seen.

@@ -10,7 +10,7 @@ use sqlx::PgPool;
 use crate::cli::{database_url, inboxctl, run};
 use crate::corpus::{corpus, CORPUS_PLANS};
 use crate::helpers::*;
-use provider_fakes::{ProviderServer, POLAR, STRIPE};
+use provider_fakes::{ProviderServer, STRIPE};
 
 /// The corpus file `name` of `dir`.
 fn file(dir: &str, name: &str) -> Value {
@@ -392,11 +392,12 @@ async fn polars_sweep_corrects_a_cancellation_the_webhooks_never_brought(pool: P
     app.post("polar", &polar_delivery("msg_sweep", &webhook))
         .await;
     app.run_worker().await;
-    let server = ProviderServer::start(&POLAR).await;
+    let polar = provider_fakes::FakePolar::default();
+    let server = polar.serve().await;
     let scheduler = scheduler_for(&app, vec![polar_reconciler(&server)]);
 
     // Same status and product, a cancellation scheduled since: a correction applies it.
-    polar_api_returns(&server, subscription(true, "2026-02-10T00:00:00Z")).await;
+    polar_api_returns(&polar, subscription(true, "2026-02-10T00:00:00Z"));
     let report = shared::handlers::scheduler::run(&scheduler).await;
     assert_eq!(report.reconciliation[0].discrepancies, 1, "{report:?}");
     app.run_worker().await;

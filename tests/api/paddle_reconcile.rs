@@ -2,101 +2,40 @@
 //! failed to deliver first, then `GET /events` walked newest first by `after`; reads are not
 //! deliveries.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use chrono::{Duration, Utc};
 use serde_json::{json, Value};
 use shared::handlers::scheduler;
 use shared::reconcile::LAG;
 use sqlx::PgPool;
-use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+use wiremock::MockServer;
 
-use provider_fakes::{ProviderServer, PADDLE};
+use provider_fakes::{FakePaddle, ProviderServer};
 
 use crate::helpers::*;
 use crate::scheduler::{reconciler, scheduler_for};
 
-/// Paddle's `/events` (every event, listed by id) and `/notifications` (the failed ones).
-struct FakePaddle {
-    events: Vec<Value>,
-    failed: Vec<Value>,
-    /// The requests for a page after the first.
-    continued: AtomicUsize,
-}
-
-impl Respond for FakePaddle {
-    fn respond(&self, request: &Request) -> ResponseTemplate {
-        let query: Vec<(String, String)> = request.url.query_pairs().into_owned().collect();
-        let get = |name: &str| {
-            query
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
-        let per_page: usize = get("per_page").and_then(|p| p.parse().ok()).unwrap_or(50);
-        let (mut listed, id_of): (Vec<&Value>, fn(&Value) -> &str) =
-            if request.url.path() == "/notifications" {
-                assert_eq!(get("status").as_deref(), Some("failed,needs_retry"));
-                assert!(get("from").is_some());
-                (self.failed.iter().collect(), |n| n["id"].as_str().unwrap())
-            } else {
-                let types = get("event_type").unwrap_or_default();
-                (
-                    self.events
-                        .iter()
-                        .filter(|e| types.split(',').any(|t| e["event_type"] == t))
-                        .collect(),
-                    |e| e["event_id"].as_str().unwrap(),
-                )
-            };
-        listed.sort_by_key(|e| id_of(e).to_owned());
-        if get("order_by").as_deref() == Some("id[desc]") {
-            listed.reverse();
-        }
-        if get("after").is_some() {
-            self.continued.fetch_add(1, Ordering::SeqCst);
-        }
-        let start = match get("after") {
-            Some(after) => listed
-                .iter()
-                .position(|e| id_of(e) == after)
-                .map_or(listed.len(), |i| i + 1),
-            None => 0,
-        };
-        let page: Vec<&Value> = listed.iter().skip(start).take(per_page).copied().collect();
-        let has_more = start + page.len() < listed.len();
-        ResponseTemplate::new(200).set_body_json(json!({
-            "data": page,
-            "meta": {"request_id": "req_1", "pagination": {"per_page": per_page,
-                     "next": format!("{}?after={}", request.url.path(), page.last().map(|e| id_of(e)).unwrap_or_default()),
-                     "has_more": has_more, "estimated_total": listed.len()}}
-        }))
+/// Paddle's `/events` (every event, listed by id) and `/notifications` (the failed ones), as
+/// the fake Paddle serves them.
+async fn fake_paddle(events: Vec<Value>, failed: Vec<Value>) -> (ProviderServer, FakePaddle) {
+    let fake = FakePaddle::default();
+    for event in events {
+        fake.event(event);
     }
-}
-
-async fn fake_paddle(
-    events: Vec<Value>,
-    failed: Vec<Value>,
-) -> (ProviderServer, &'static FakePaddle) {
-    let fake: &'static FakePaddle = Box::leak(Box::new(FakePaddle {
-        events,
-        failed,
-        continued: AtomicUsize::new(0),
-    }));
-    let server = ProviderServer::start(&PADDLE).await;
-    Mock::given(wiremock::matchers::method("GET"))
-        .respond_with(Proxy(fake))
-        .mount(&server)
-        .await;
-    (server, fake)
-}
-
-struct Proxy(&'static FakePaddle);
-
-impl Respond for Proxy {
-    fn respond(&self, request: &Request) -> ResponseTemplate {
-        self.0.respond(request)
+    for notification in failed {
+        fake.notification(notification);
     }
+    (fake.serve().await, fake)
+}
+
+/// The list requests for a page after the first.
+async fn continued(server: &ProviderServer) -> usize {
+    server
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| r.url.query_pairs().any(|(k, _)| k == "after"))
+        .count()
 }
 
 /// A subscription event of `customer` as Paddle lists it (the development fixtures' shape),
@@ -141,7 +80,12 @@ async fn an_event_paddle_failed_to_deliver_is_applied_and_counted_once(pool: PgP
     let other = json!({"id": "ntf_02other", "type": "business.updated", "status": "failed",
         "payload": {"event_id": "evt_02business", "event_type": "business.updated",
                     "occurred_at": missing["occurred_at"], "data": {"id": "biz_1"}}});
-    let (server, _) = fake_paddle(Vec::new(), vec![failed, other]).await;
+    // Delivered: Paddle lists it only to a request that does not ask for the failed ones.
+    let mut on_time = event("evt_01delivered", "ctm_d", Duration::seconds(60));
+    on_time["notification_id"] = json!("ntf_00delivered");
+    let delivered = json!({"id": "ntf_00delivered", "type": "subscription.updated",
+        "status": "delivered", "payload": on_time, "occurred_at": on_time["occurred_at"]});
+    let (server, _) = fake_paddle(Vec::new(), vec![failed, other, delivered]).await;
     let scheduler = scheduler_for(&app, vec![paddle_reconciler(&server)]);
 
     let first = scheduler::run(&scheduler).await.reconciliation[0].clone();
@@ -185,7 +129,7 @@ async fn paddle_reads_are_not_deliveries_and_the_walk_stops_at_its_window(pool: 
             Duration::days(20) + Duration::seconds(n),
         ));
     }
-    let (server, fake) = fake_paddle(listed, Vec::new()).await;
+    let (server, _fake) = fake_paddle(listed, Vec::new()).await;
     let scheduler = scheduler_for(&app, vec![paddle_reconciler(&server)]);
 
     let mut present = 0;
@@ -209,7 +153,7 @@ async fn paddle_reads_are_not_deliveries_and_the_walk_stops_at_its_window(pool: 
         "older than the walk's windows"
     );
     assert_eq!(
-        fake.continued.load(Ordering::SeqCst),
+        continued(&server).await,
         0,
         "each window's walk ends on the page that reaches past its start"
     );

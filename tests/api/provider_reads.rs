@@ -1,7 +1,7 @@
 //! A payment whose plan is its subscription's, arriving before any event of that subscription,
 //! for Paddle (a transaction whose items name no known price) and Lemon Squeezy (every
 //! subscription invoice: it names its subscription, not its variant), docs/design.md §6.2,
-//! §6.4, §6.5: the worker reads the subscription from a fake API (wiremock) with the source's
+//! §6.4, §6.5: the worker reads the subscription from the provider's fake (provider-fakes) with the source's
 //! key, stores the read as an event of its own at the payment's time, and grants the plan the
 //! read shows. The payments and the API answers are the corpus's (testdata/providers/).
 
@@ -13,10 +13,10 @@ use shared::domain::SourceKind;
 use shared::handlers::worker::{process_event, Processed};
 use shared::providers::{self, Api};
 use sqlx::PgPool;
-use wiremock::matchers::{header, method, path};
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::MockServer;
 
-use provider_fakes::{ProviderServer, LEMONSQUEEZY, PADDLE};
+use provider_fakes::traffic::Fault;
+use provider_fakes::{FakeLemonSqueezy, FakePaddle, ProviderServer};
 
 use crate::corpus::{corpus, corpus_app, payments, send_one};
 use crate::helpers::*;
@@ -57,6 +57,15 @@ async fn requests(api: &MockServer) -> usize {
     api.received_requests().await.unwrap().len()
 }
 
+/// Whether every request `api` received carried `header` as `value`.
+async fn all_carry(api: &MockServer, header: &str, value: &str) -> bool {
+    api.received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .all(|r| r.headers.get(header).is_some_and(|v| v == value))
+}
+
 /// What the fold says of `customer` agrees with the registers, and the grant of `period` is
 /// the payment's or its read's (`granted_by`: the two stand at one time; the first by key
 /// decides).
@@ -91,9 +100,10 @@ fn paddle_renewal() -> (String, Value) {
     (event["event_id"].as_str().unwrap().to_owned(), event)
 }
 
-async fn paddle_app(pool: PgPool) -> (TestApp, ProviderServer) {
+async fn paddle_app(pool: PgPool) -> (TestApp, ProviderServer, FakePaddle) {
     let mut app = corpus_app(pool).await;
-    let api = ProviderServer::start(&PADDLE).await;
+    let fake = FakePaddle::default();
+    let api = fake.serve().await;
     with_api(
         &mut app,
         "paddle",
@@ -101,22 +111,15 @@ async fn paddle_app(pool: PgPool) -> (TestApp, ProviderServer) {
         &api,
         "pdl_sdbx_apikey_reads",
     );
-    (app, api)
+    (app, api, fake)
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_paddle_renewal_of_an_unknown_price_before_its_subscription_reads_it_and_grants_its_plan(
     pool: PgPool,
 ) {
-    let (app, api) = paddle_app(pool).await;
-    Mock::given(method("GET"))
-        .and(path(format!("/subscriptions/{PADDLE_SUB}")))
-        .and(header("authorization", "Bearer pdl_sdbx_apikey_reads"))
-        .respond_with(
-            ResponseTemplate::new(200).set_body_json(file("paddle/api/subscription.get.json")),
-        )
-        .mount(&api)
-        .await;
+    let (app, api, paddle) = paddle_app(pool).await;
+    paddle.subscription(file("paddle/api/subscription.get.json")["data"].clone());
     let (event_id, renewal) = paddle_renewal();
     let reason = send_one(&app, "paddle", "renewal", &renewal).await;
     assert!(
@@ -132,6 +135,7 @@ async fn a_paddle_renewal_of_an_unknown_price_before_its_subscription_reads_it_a
         vec![("txn_01h8dzxgkvdwemdhbpcapj2tbj", "paid")]
     );
     assert_eq!(requests(&api).await, 1);
+    assert!(all_carry(&api, "authorization", "Bearer pdl_sdbx_apikey_reads").await);
 
     // The read is an event of its own: Paddle's subscription.updated at the transaction's
     // time, applied as the queue drained.
@@ -168,15 +172,8 @@ async fn a_paddle_renewal_of_an_unknown_price_before_its_subscription_reads_it_a
 async fn a_paddle_renewal_whose_subscription_paddle_does_not_know_grants_nothing_and_says_so(
     pool: PgPool,
 ) {
-    let (app, api) = paddle_app(pool).await;
-    Mock::given(method("GET"))
-        .respond_with(ResponseTemplate::new(404).set_body_json(serde_json::json!({
-            "error": {"type": "request_error", "code": "entity_not_found",
-                      "detail": "Entity sub_01hp463gxfvndqjjyqn2n7tkth not found"},
-            "meta": {"request_id": "req_1"}
-        })))
-        .mount(&api)
-        .await;
+    // Paddle holds no such subscription: its 404 `not_found`.
+    let (app, api, _paddle) = paddle_app(pool).await;
     let reason = send_one(&app, "paddle", "renewal", &paddle_renewal().1).await;
     assert!(
         reason.contains(&format!("the provider does not know {PADDLE_SUB}")),
@@ -193,9 +190,12 @@ async fn a_paddle_renewal_whose_subscription_paddle_does_not_know_grants_nothing
 
 // --- Lemon Squeezy --------------------------------------------------------------------------
 
-async fn lemonsqueezy_app(pool: PgPool) -> (TestApp, ProviderServer) {
+/// The Lemon Squeezy store's fake API, holding the corpus's subscription 1.
+async fn lemonsqueezy_app(pool: PgPool) -> (TestApp, ProviderServer, FakeLemonSqueezy) {
     let mut app = corpus_app(pool).await;
-    let api = ProviderServer::start(&LEMONSQUEEZY).await;
+    let fake = FakeLemonSqueezy::default();
+    fake.subscription(file("lemonsqueezy/api/subscription.get.json")["data"].clone());
+    let api = fake.serve().await;
     with_api(
         &mut app,
         "lemonsqueezy",
@@ -203,7 +203,7 @@ async fn lemonsqueezy_app(pool: PgPool) -> (TestApp, ProviderServer) {
         &api,
         "ls_test_reads",
     );
-    (app, api)
+    (app, api, fake)
 }
 
 fn at(text: &str) -> DateTime<Utc> {
@@ -214,17 +214,7 @@ fn at(text: &str) -> DateTime<Utc> {
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_lemonsqueezy_payment_before_its_subscription_reads_it_and_grants_its_plan(pool: PgPool) {
-    let (app, api) = lemonsqueezy_app(pool).await;
-    Mock::given(method("GET"))
-        .and(path("/v1/subscriptions/1"))
-        .and(header("authorization", "Bearer ls_test_reads"))
-        .and(header("accept", "application/vnd.api+json"))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(file("lemonsqueezy/api/subscription.get.json")),
-        )
-        .mount(&api)
-        .await;
+    let (app, api, _store) = lemonsqueezy_app(pool).await;
     let payment = corpus_file("lemonsqueezy", "subscription_payment_success");
     let reason = send_one(&app, "lemonsqueezy", "payment", &payment).await;
     assert!(
@@ -238,6 +228,8 @@ async fn a_lemonsqueezy_payment_before_its_subscription_reads_it_and_grants_its_
         vec![("subscription-invoices/1", "paid")]
     );
     assert_eq!(requests(&api).await, 1);
+    assert!(all_carry(&api, "authorization", "Bearer ls_test_reads").await);
+    assert!(all_carry(&api, "accept", "application/vnd.api+json").await);
 
     // The read is an event of its own: a subscription_updated at the payment's time (not the
     // object's updated_at), applied as the queue drained.
@@ -289,23 +281,8 @@ async fn a_lemonsqueezy_payment_before_its_subscription_without_an_api_key_grant
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_lemonsqueezy_subscription_read_that_fails_is_retried_then_grants_its_plan(pool: PgPool) {
-    let (app, api) = lemonsqueezy_app(pool).await;
-    Mock::given(method("GET"))
-        .and(path("/v1/subscriptions/1"))
-        .respond_with(ResponseTemplate::new(500))
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&api)
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/v1/subscriptions/1"))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(file("lemonsqueezy/api/subscription.get.json")),
-        )
-        .with_priority(2)
-        .mount(&api)
-        .await;
+    let (app, api, store) = lemonsqueezy_app(pool).await;
+    store.then(Some("/v1/subscriptions/1"), Fault::Fails(500));
     let payment = corpus_file("lemonsqueezy", "subscription_payment_success");
     let (status, _) = app
         .post("lemonsqueezy", &lemonsqueezy_delivery(&payment))
@@ -377,15 +354,7 @@ pub(crate) async fn named_by_state(app: &TestApp, id: i64) -> bool {
 async fn a_lemonsqueezy_payments_subscription_read_is_kept_across_a_purge_with_the_payment(
     pool: PgPool,
 ) {
-    let (app, api) = lemonsqueezy_app(pool).await;
-    Mock::given(method("GET"))
-        .and(path("/v1/subscriptions/1"))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(file("lemonsqueezy/api/subscription.get.json")),
-        )
-        .mount(&api)
-        .await;
+    let (app, _api, _store) = lemonsqueezy_app(pool).await;
     let payment = corpus_file("lemonsqueezy", "subscription_payment_success");
     send_one(&app, "lemonsqueezy", "payment", &payment).await;
     let payment_key = shared::providers::lemonsqueezy::dedupe_key(&payment).unwrap();

@@ -19,7 +19,7 @@ use crate::scheduler::{
     exec, polar_api_returns, polar_reconciler, reconcile_runs, scheduler_for, soon, status_of,
     stored_unapplied, stripe_api_event, stripe_reconciler,
 };
-use provider_fakes::{ProviderServer, POLAR, STRIPE};
+use provider_fakes::{FakePolar, ProviderServer, STRIPE};
 
 /// Stripe's `/v1/events`, over a fixed set of events.
 pub(crate) struct FakeStripe {
@@ -428,14 +428,14 @@ async fn provider_reads_are_not_deliveries(pool: PgPool) {
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_polar_subscription_on_an_unknown_product_is_reported_once(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    let server = ProviderServer::start(&POLAR).await;
+    let polar = FakePolar::default();
+    let server = polar.serve().await;
     polar_api_returns(
-        &server,
+        &polar,
         json!({"id": "sub_unknown", "customer_id": "pc_unknown", "status": "active",
                "product_id": "prod_not_in_catalog", "modified_at": "2026-03-01T00:00:00Z",
                "created_at": "2026-01-01T00:00:00Z"}),
-    )
-    .await;
+    );
     let scheduler = scheduler_for(&app, vec![polar_reconciler(&server)]);
 
     let found: Vec<i32> = reconcile_runs(&app, &scheduler, 3)

@@ -12,11 +12,11 @@ use shared::platform::config::parse_sources;
 use shared::platform::queue::Queue;
 use shared::reconcile::Reconciler;
 use sqlx::PgPool;
-use wiremock::matchers::{method, path};
+use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::helpers::*;
-use provider_fakes::{ProviderServer, LEMONSQUEEZY, POLAR, STRIPE};
+use provider_fakes::{FakeLemonSqueezy, FakePolar, ProviderServer, STRIPE};
 
 pub(crate) fn scheduler_for(app: &TestApp, reconcilers: Vec<Reconciler>) -> SchedulerState {
     SchedulerState {
@@ -265,15 +265,9 @@ pub(crate) fn polar_reconciler(server: &MockServer) -> Reconciler {
     )
 }
 
-pub(crate) async fn polar_api_returns(server: &ProviderServer, subscription: Value) {
-    server.reset().await;
-    Mock::given(method("GET"))
-        .and(path("/v1/subscriptions/"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "items": [subscription], "pagination": {"total_count": 1, "max_page": 1}
-        })))
-        .mount(server)
-        .await;
+/// Polar now shows `subscription` (replacing what it showed of the same id).
+pub(crate) fn polar_api_returns(polar: &FakePolar, subscription: Value) {
+    polar.subscription(subscription);
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
@@ -289,17 +283,18 @@ async fn a_polar_read_older_than_the_stored_state_changes_nothing_and_a_newer_on
                          "data": subscription("active", "2026-02-01T00:00:00Z")});
     app.post("polar", &polar_delivery("msg_rc", &webhook)).await;
     app.run_worker().await;
-    let server = ProviderServer::start(&POLAR).await;
+    let polar = FakePolar::default();
+    let server = polar.serve().await;
     let scheduler = scheduler_for(&app, vec![polar_reconciler(&server)]);
 
     // The API shows an older state: ours is newer, nothing is stored.
-    polar_api_returns(&server, subscription("canceled", "2026-01-15T00:00:00Z")).await;
+    polar_api_returns(&polar, subscription("canceled", "2026-01-15T00:00:00Z"));
     let report = scheduler::run(&scheduler).await;
     assert_eq!(report.reconciliation[0].discrepancies, 0, "{report:?}");
     assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 1);
 
     // The API shows a newer state the webhooks never brought: a corrective event applies it.
-    polar_api_returns(&server, subscription("canceled", "2026-03-01T00:00:00Z")).await;
+    polar_api_returns(&polar, subscription("canceled", "2026-03-01T00:00:00Z"));
     let report = scheduler::run(&scheduler).await;
     assert_eq!(report.reconciliation[0].discrepancies, 1, "{report:?}");
     app.run_worker().await;
@@ -579,29 +574,24 @@ fn lemonsqueezy_reconciler(server: &MockServer) -> Reconciler {
         "api_base_url": server.uri()}))
 }
 
-/// The JSON:API page `GET /v1/subscriptions` answers: `subscriptions` on page 1 of 2, and an
-/// empty page 2 (as lemonsqueezy.js's `ListSubscriptions` types it: `data`, `meta.page`).
-async fn lemonsqueezy_api_returns(server: &ProviderServer, subscriptions: Vec<Value>) {
-    use wiremock::matchers::{header, query_param};
-    server.reset().await;
-    for (number, data) in [("1", subscriptions), ("2", vec![])] {
-        Mock::given(method("GET"))
-            .and(path("/v1/subscriptions"))
-            .and(query_param("page[number]", number))
-            .and(query_param("page[size]", "100"))
-            .and(header("authorization", "Bearer ls_test_key"))
-            .and(header("accept", "application/vnd.api+json"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-                "meta": {"page": {"currentPage": number.parse::<u64>().unwrap(), "from": 1,
-                                  "lastPage": 2, "perPage": 100, "to": 1, "total": 1}},
-                "jsonapi": {"version": "1.0"},
-                "links": {"first": "https://api.lemonsqueezy.com/v1/subscriptions?page%5Bnumber%5D=1&page%5Bsize%5D=100",
-                          "last": "https://api.lemonsqueezy.com/v1/subscriptions?page%5Bnumber%5D=2&page%5Bsize%5D=100"},
-                "data": data
-            })))
-            .mount(server)
-            .await;
+/// The store now holds `subscriptions` (each replacing what it held of the same id), listed in
+/// JSON:API pages by the fake Lemon Squeezy.
+fn lemonsqueezy_api_returns(store: &FakeLemonSqueezy, subscriptions: Vec<Value>) {
+    for subscription in subscriptions {
+        store.subscription(subscription);
     }
+}
+
+/// Whether every request `server` received carried the store's key and JSON:API's media type.
+async fn keyed_json_api(server: &ProviderServer) -> bool {
+    server.received_requests().await.unwrap().iter().all(|r| {
+        r.headers
+            .get("authorization")
+            .is_some_and(|v| v == "Bearer ls_test_key")
+            && r.headers
+                .get("accept")
+                .is_some_and(|v| v == "application/vnd.api+json")
+    })
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
@@ -617,11 +607,12 @@ async fn a_lemonsqueezy_sweep_corrects_a_newer_state_the_webhooks_missed_and_no_
     app.post("lemonsqueezy", &lemonsqueezy_delivery(&created))
         .await;
     app.run_worker().await;
-    let server = ProviderServer::start(&LEMONSQUEEZY).await;
+    let store = FakeLemonSqueezy::default();
+    let server = store.serve().await;
     let scheduler = scheduler_for(&app, vec![lemonsqueezy_reconciler(&server)]);
 
     // The API shows the state the webhooks brought: nothing is stored.
-    lemonsqueezy_api_returns(&server, vec![created["data"].clone()]).await;
+    lemonsqueezy_api_returns(&store, vec![created["data"].clone()]);
     let report = scheduler::run(&scheduler).await;
     assert_eq!(report.reconciliation[0].discrepancies, 0, "{report:?}");
     assert_eq!(app.count("SELECT count(*) FROM inbox_events").await, 1);
@@ -629,12 +620,12 @@ async fn a_lemonsqueezy_sweep_corrects_a_newer_state_the_webhooks_missed_and_no_
     // An older state: ours is newer, nothing is stored.
     let mut older = file("subscription_expired")["data"].clone();
     older["attributes"]["updated_at"] = json!("2025-10-01T00:00:00.000000Z");
-    lemonsqueezy_api_returns(&server, vec![older]).await;
+    lemonsqueezy_api_returns(&store, vec![older]);
     let report = scheduler::run(&scheduler).await;
     assert_eq!(report.reconciliation[0].discrepancies, 0, "{report:?}");
 
     // The expiry the webhooks never brought: a corrective event applies it.
-    lemonsqueezy_api_returns(&server, vec![file("subscription_expired")["data"].clone()]).await;
+    lemonsqueezy_api_returns(&store, vec![file("subscription_expired")["data"].clone()]);
     let report = scheduler::run(&scheduler).await;
     assert_eq!(report.reconciliation[0].discrepancies, 1, "{report:?}");
     app.run_worker().await;
@@ -645,4 +636,5 @@ async fn a_lemonsqueezy_sweep_corrects_a_newer_state_the_webhooks_missed_and_no_
     // Read again: local and remote agree.
     let report = scheduler::run(&scheduler).await;
     assert_eq!(report.reconciliation[0].discrepancies, 0, "{report:?}");
+    assert!(keyed_json_api(&server).await);
 }
