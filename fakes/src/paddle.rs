@@ -25,7 +25,9 @@ use crate::traffic::{Fault, Traffic};
 /// the number of requests that an IP address can make in a certain timeframe"
 /// (developer.paddle.com/api-reference/about/rate-limiting).
 pub const RATE_LIMIT: u32 = 240;
-/// `per_page`: "default: 50, maximum: 200" (paddle-openapi, `per_page_query`).
+/// `per_page`: default 50, maximum 200 (paddle-openapi, `per_page_query`); the answer's
+/// `per_page` "May differ from the number requested if the requested number is greater than
+/// the maximum" (developer.paddle.com/api-reference/about/pagination).
 const PER_PAGE: usize = 50;
 const MAX_PER_PAGE: usize = 200;
 
@@ -117,9 +119,10 @@ impl FakePaddle {
     }
 }
 
-/// An error as Paddle shapes every one: "`error`: `type` (`request_error` or `api_error`),
-/// `code`, `detail`, `documentation_url`" and `meta.request_id`
-/// (developer.paddle.com/api-reference/about/errors).
+/// An error as Paddle shapes every one: "the API returns an `error` object rather than a `data`
+/// object or array", `{type, code, detail, documentation_url}`, with `meta.request_id`
+/// (developer.paddle.com/api-reference/about/errors; the examples of
+/// developer.paddle.com/errors/shared/…).
 fn error(status: u16, code: &str, detail: &str, request_id: &str) -> ResponseTemplate {
     let kind = if status >= 500 || status == 429 {
         "api_error"
@@ -197,11 +200,11 @@ impl Respond for FakePaddle {
                 Some(subscription) => ResponseTemplate::new(200).set_body_json(
                     json!({"data": subscription, "meta": {"request_id": request_id}}),
                 ),
-                // "not_found: Entity not found" (developer.paddle.com/errors/shared/not_found)
+                // 404 `not_found`, "%s %s not found." (developer.paddle.com/errors/shared/not_found)
                 None => error(
                     404,
                     "not_found",
-                    &format!("Entity {id} not found"),
+                    &format!("Subscription {id} not found."),
                     &request_id,
                 ),
             });
@@ -212,18 +215,10 @@ impl Respond for FakePaddle {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.as_str())
         };
-        let per_page = match get("per_page").map(str::parse::<usize>) {
-            None => PER_PAGE,
-            Some(Ok(n)) if (1..=MAX_PER_PAGE).contains(&n) => n,
-            Some(_) => {
-                return error(
-                    400,
-                    "bad_request",
-                    &format!("per_page must be between 1 and {MAX_PER_PAGE}"),
-                    &request_id,
-                )
-            }
-        };
+        let per_page = get("per_page")
+            .and_then(|p| p.parse::<usize>().ok())
+            .unwrap_or(PER_PAGE)
+            .clamp(1, MAX_PER_PAGE);
         let (listed, id_key): (Vec<&Value>, &str) = if path == "/notifications" {
             // `status` and `from`: "Return entities that match the specified status",
             // "Return entities from a specific time" (paddle-openapi, `status_notification_query`,

@@ -8,6 +8,8 @@
 //! - `GET /v1/subscriptions/{id}`: the object, or `ResourceNotFound`;
 //! - `POST /v1/events/ingest`: one event kept per `external_id`, a repeat counted in
 //!   `duplicates`; a `timestamp` in the future refused with a 422;
+//! - `GET /v1/meters/`, `GET /v1/meters/{id}/quantities`: the meters a test seeds, and each
+//!   one's buckets summed from the events it kept;
 //! - the rate limit (500 requests a minute in production, 100 in the sandbox), answered 429
 //!   with `Retry-After`;
 //! - errors as Polar shapes them: `{"error": <name>, "detail": <message>}`, and FastAPI's
@@ -39,6 +41,7 @@ const MAX_LIMIT: usize = 100;
 #[derive(Default)]
 struct State {
     subscriptions: Vec<Value>,
+    meters: Vec<Value>,
     events: Vec<Value>,
     external_ids: HashSet<String>,
 }
@@ -74,6 +77,13 @@ impl FakePolar {
         let id = subscription["id"].clone();
         state.subscriptions.retain(|s| s["id"] != id);
         state.subscriptions.push(subscription);
+        self
+    }
+
+    /// Holds `meter` (Polar's Meter: `id`, `name`, `filter: {conjunction, clauses: [{property,
+    /// operator, value}]}`, `aggregation: {func, property}`, `archived_at`).
+    pub fn meter(&self, meter: Value) -> &Self {
+        self.state.lock().unwrap().meters.push(meter);
         self
     }
 
@@ -123,7 +133,9 @@ impl FakePolar {
     pub async fn serve(&self) -> ProviderServer {
         let server = ProviderServer::start(&POLAR).await;
         Mock::given(method("GET"))
-            .and(path_regex(r"^/v1/subscriptions/([^/]+)?$"))
+            .and(path_regex(
+                r"^/v1/(subscriptions/([^/]+)?|meters/|meters/[^/]+/quantities)$",
+            ))
             .respond_with(self.clone())
             .with_priority(10)
             .mount(&server)
@@ -198,6 +210,18 @@ impl State {
         if path == "/v1/events/ingest" {
             return self.ingest(request);
         }
+        if path == "/v1/meters/" {
+            return page_of(&self.meters.iter().collect::<Vec<_>>(), request);
+        }
+        if let Some(id) = path
+            .strip_prefix("/v1/meters/")
+            .and_then(|p| p.strip_suffix("/quantities"))
+        {
+            return match self.meters.iter().find(|m| m["id"] == id) {
+                Some(meter) => self.quantities(meter, request),
+                None => error(404, "ResourceNotFound", "Not found"),
+            };
+        }
         match path
             .strip_prefix("/v1/subscriptions/")
             .filter(|id| !id.is_empty())
@@ -223,14 +247,6 @@ impl State {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.as_str())
         };
-        let page = get("page")
-            .and_then(|p| p.parse::<usize>().ok())
-            .unwrap_or(1)
-            .max(1);
-        let limit = get("limit")
-            .and_then(|l| l.parse::<usize>().ok())
-            .unwrap_or(LIMIT)
-            .clamp(1, MAX_LIMIT);
         let customers: Vec<&str> = query
             .iter()
             .filter(|(k, _)| k == "customer_id")
@@ -248,15 +264,83 @@ impl State {
         if get("sorting") == Some("started_at") {
             listed.reverse();
         }
-        let total = listed.len();
-        let items: Vec<&Value> = listed
-            .into_iter()
-            .skip((page - 1) * limit)
-            .take(limit)
+        page_of(&listed, request)
+    }
+
+    /// A meter's quantities: a bucket at each `interval` from `start_timestamp` to
+    /// `end_timestamp` included, each the whole hour or day from its start, its `quantity` the
+    /// meter's aggregation over the customer's events in it, and their `total`
+    /// (Polar's `get_quantities`, a `generate_series` of `date_trunc(interval, …)` buckets, as
+    /// the meter audit reads it in shared/src/providers/standard_webhooks/meter.rs; the
+    /// description's `MeterQuantities`).
+    /// Only what the project's meters use is modelled: `name eq` clauses and a `sum` or `count`.
+    fn quantities(&self, meter: &Value, request: &Request) -> ResponseTemplate {
+        let query: Vec<(String, String)> = request.url.query_pairs().into_owned().collect();
+        let get = |name: &str| {
+            query
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let time = |name: &str| {
+            get(name)
+                .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+                .map(|t| t.with_timezone(&Utc))
+        };
+        let (Some(start), Some(end)) = (time("start_timestamp"), time("end_timestamp")) else {
+            return validation(vec![
+                json!({"type": "missing", "loc": ["query", "start_timestamp"],
+                                          "msg": "Field required"}),
+            ]);
+        };
+        let step = match get("interval") {
+            Some("hour") => chrono::TimeDelta::hours(1),
+            Some("day") => chrono::TimeDelta::days(1),
+            other => {
+                return validation(vec![json!({"type": "enum", "loc": ["query", "interval"],
+                                              "msg": format!("not modelled: {other:?}")})])
+            }
+        };
+        let truncate = |t: DateTime<Utc>| {
+            let secs = t.timestamp();
+            let unit = step.num_seconds();
+            DateTime::from_timestamp(secs - secs.rem_euclid(unit), 0).unwrap_or(t)
+        };
+        let customer = get("customer_id");
+        let counted: Vec<(DateTime<Utc>, f64)> = self
+            .events
+            .iter()
+            .filter(|e| customer.is_none_or(|c| e["customer_id"] == c))
+            .filter(|e| selects(meter, e))
+            .filter_map(|e| {
+                let at = e["timestamp"]
+                    .as_str()
+                    .and_then(|t| DateTime::parse_from_rfc3339(t).ok())?
+                    .with_timezone(&Utc);
+                let value = match meter["aggregation"]["func"].as_str() {
+                    Some("count") => 1.0,
+                    _ => {
+                        let property = meter["aggregation"]["property"].as_str().unwrap_or("value");
+                        e["metadata"][property].as_f64().unwrap_or_default()
+                    }
+                };
+                Some((at, value))
+            })
             .collect();
-        ResponseTemplate::new(200).set_body_json(json!({
-            "items": items,
-            "pagination": {"total_count": total, "max_page": total.div_ceil(limit)}}))
+        let mut quantities = Vec::new();
+        let mut bucket = truncate(start);
+        let mut total = 0.0;
+        while bucket <= end {
+            let quantity: f64 = counted
+                .iter()
+                .filter(|(at, _)| *at >= bucket && *at < bucket + step)
+                .map(|(_, v)| v)
+                .sum();
+            total += quantity;
+            quantities.push(json!({"timestamp": bucket.to_rfc3339(), "quantity": quantity}));
+            bucket += step;
+        }
+        ResponseTemplate::new(200).set_body_json(json!({"quantities": quantities, "total": total}))
     }
 
     /// `POST /v1/events/ingest`: each event is kept once per `external_id`, a repeat skipped
@@ -304,6 +388,40 @@ impl State {
         ResponseTemplate::new(200)
             .set_body_json(json!({"inserted": inserted, "duplicates": duplicates}))
     }
+}
+
+/// Whether `meter`'s filter takes `event`: each clause `name eq <value>` (the only clauses the
+/// project's meters have), joined by the filter's `conjunction`.
+fn selects(meter: &Value, event: &Value) -> bool {
+    let clauses = meter["filter"]["clauses"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let holds =
+        |c: &Value| c["property"] == "name" && c["operator"] == "eq" && event["name"] == c["value"];
+    match meter["filter"]["conjunction"].as_str() {
+        Some("or") => clauses.iter().any(holds),
+        _ => clauses.iter().all(holds),
+    }
+}
+
+/// One page of `listed`: `page` and `limit` (10 by default, a larger `limit` served as 100),
+/// with `pagination.total_count` and `pagination.max_page` (introduction.mdx, Pagination).
+fn page_of(listed: &[&Value], request: &Request) -> ResponseTemplate {
+    let query: Vec<(String, String)> = request.url.query_pairs().into_owned().collect();
+    let get = |name: &str| {
+        query
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.parse::<usize>().ok())
+    };
+    let page = get("page").unwrap_or(1).max(1);
+    let limit = get("limit").unwrap_or(LIMIT).clamp(1, MAX_LIMIT);
+    let total = listed.len();
+    let items: Vec<&&Value> = listed.iter().skip((page - 1) * limit).take(limit).collect();
+    ResponseTemplate::new(200).set_body_json(json!({
+        "items": items,
+        "pagination": {"total_count": total, "max_page": total.div_ceil(limit)}}))
 }
 
 /// FastAPI's answer to a request its schema refuses: 422, `{"detail": [{type, loc, msg}]}`.
@@ -354,6 +472,55 @@ mod tests {
             .unwrap()
             .contains("must be in the past"));
         assert_eq!(fake.total("api_calls", CUSTOMER), 3.0);
+    }
+
+    #[tokio::test]
+    async fn a_meters_quantities_are_the_events_it_kept_in_whole_buckets() {
+        let fake = FakePolar::default();
+        fake.meter(json!({"id": "mtr_1", "name": "API calls",
+                          "filter": {"conjunction": "and",
+                                     "clauses": [{"property": "name", "operator": "eq", "value": "api_calls"}]},
+                          "aggregation": {"func": "sum", "property": "value"}, "archived_at": null}));
+        let server = fake.serve().await;
+        let hour = |h: i64| {
+            DateTime::parse_from_rfc3339("2026-12-01T00:00:00Z")
+                .unwrap()
+                .with_timezone(&Utc)
+                + chrono::TimeDelta::minutes(h * 60 + 30)
+        };
+        ingest(&server, "bi_a", hour(0)).await;
+        ingest(&server, "bi_b", hour(2)).await;
+        let answer: Value = reqwest::Client::new()
+            .get(format!("{}/v1/meters/mtr_1/quantities", server.uri()))
+            .query(&[
+                ("start_timestamp", "2026-12-01T00:00:00Z"),
+                ("end_timestamp", "2026-12-01T01:00:00Z"),
+                ("interval", "hour"),
+                ("timezone", "UTC"),
+                ("customer_id", CUSTOMER),
+            ])
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            answer["quantities"].as_array().unwrap().len(),
+            2,
+            "{answer}"
+        );
+        assert_eq!(
+            answer["total"], 3.0,
+            "the 02:30 event is past the last bucket"
+        );
+        let meters: Value = reqwest::get(format!("{}/v1/meters/?page=1&limit=100", server.uri()))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(meters["items"][0]["id"], "mtr_1");
     }
 
     #[tokio::test]
