@@ -452,6 +452,46 @@ async fn a_polar_subscription_on_an_unknown_product_is_reported_once(pool: PgPoo
     );
 }
 
+/// Polar pages its subscriptions by `page` and `limit` up to `pagination.max_page`: a sweep of
+/// 150 subscriptions reads two pages of 100, every one of them, within Polar's limit.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_polar_sweep_reads_every_page_polar_lists_and_no_more(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let polar = FakePolar::sandbox();
+    for n in 0..150 {
+        polar.subscription(json!({
+            "id": format!("sub_page_{n:03}"), "customer_id": format!("pc_page_{n:03}"),
+            "status": "active", "product_id": "prod_pro",
+            "started_at": format!("2026-01-01T00:{:02}:{:02}Z", n / 60, n % 60),
+            "modified_at": "2026-03-01T00:00:00Z", "created_at": "2026-01-01T00:00:00Z"}));
+    }
+    let server = polar.serve().await;
+    let scheduler = scheduler_for(&app, vec![polar_reconciler(&server)]);
+
+    let report = &reconcile_runs(&app, &scheduler, 1).await[0];
+    assert_eq!(report.error, None);
+    assert_eq!(
+        report.discrepancies, 150,
+        "every subscription of both pages: {report:?}"
+    );
+    let pages: Vec<String> = server
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| r.url.path() == "/v1/subscriptions/")
+        .filter_map(|r| r.url.query_pairs().find(|(k, _)| k == "page"))
+        .map(|(_, v)| v.into_owned())
+        .collect();
+    assert_eq!(pages, ["1", "2"], "up to max_page, not past it");
+    assert_eq!((polar.over_limit(), polar.peak_per_minute()), (0, 2));
+    app.run_worker().await;
+    assert_eq!(
+        app.account("polar", "pc_page_149", "2026-03").await.plan,
+        "pro"
+    );
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_run_that_dies_between_mark_and_send_strands_nothing(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
