@@ -33,6 +33,7 @@ fn bucket(burst: u32, reserved: u32) -> Limit {
         per_second: 0.001,
         burst,
         reserved,
+        window: shared::platform::budget::PER_SECOND,
     }
 }
 
@@ -409,4 +410,41 @@ async fn a_reconciliation_stripe_refuses_for_the_rate_stops_early_and_goes_on_ne
     let next = run().await;
     assert!(next.error.is_none(), "{next:?}");
     assert_eq!(next.stored_new, 1, "{next:?}");
+}
+
+/// Lemon Squeezy counts its limit per minute and its 429 names no pause
+/// (docs.lemonsqueezy.com/api/getting-started, Rate limiting): a source it refused waits for
+/// the rest of that minute, not a second that would draw a 429 again at every try.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_lemonsqueezy_429_naming_no_pause_holds_the_source_off_for_its_minute(pool: PgPool) {
+    let store = provider_fakes::FakeLemonSqueezy::default();
+    store.subscription(json!({"type": "subscriptions", "id": "1", "attributes": {}}));
+    store.rate_limit(1);
+    let api = store.serve().await;
+    let mut entry = metered_entry(
+        "lemonsqueezy",
+        &api.uri(),
+        json!({"event_name": "api_calls"}),
+    );
+    entry.as_object_mut().unwrap().remove("meter");
+    let source = parse_sources(&json!([entry]).to_string())
+        .unwrap()
+        .remove(0);
+    let reads = Api::for_source(&source, client(&pool, Lane::Reads)).unwrap();
+    let path = "/v1/subscriptions/1";
+    assert!(reads.get_found(path, &[], &[]).await.unwrap().is_some());
+
+    let before = Utc::now();
+    let refused = reads.get_found(path, &[], &[]).await.unwrap_err();
+    let refused = Throttled::find(&refused).expect("a 429 is a pause").clone();
+    assert_eq!(store.over_limit(), 1);
+    assert!(
+        refused.until >= before + chrono::Duration::seconds(59),
+        "held off until {}, {} s after the refusal: Lemon Squeezy's limit is per minute",
+        refused.until,
+        (refused.until - before).num_milliseconds() as f64 / 1000.0
+    );
+    // Until then no instance asks again.
+    assert!(reads.get_found(path, &[], &[]).await.is_err());
+    assert_eq!(store.requests(), 2);
 }

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use http::{HeaderMap, StatusCode};
-use serde::Deserialize;
 use sqlx::PgPool;
 
 use crate::platform::config::LimitSetting;
@@ -28,11 +27,14 @@ pub enum Lane {
 /// A source's budget: the calls per second its bucket refills, the most it holds (a burst),
 /// and the part of it only meter reports take. In any span of `t` seconds at most
 /// `burst + per_second × t` calls go out, whatever the number of instances.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limit {
     pub per_second: f64,
     pub burst: u32,
     pub reserved: u32,
+    /// The span the provider counts its published limit over (a second for Stripe, a minute
+    /// for the others): a 429 that names no pause holds the source off for one.
+    pub window: Duration,
 }
 
 impl Limit {
@@ -42,6 +44,7 @@ impl Limit {
             per_second: setting.per_second.unwrap_or(default.per_second),
             burst: setting.burst.unwrap_or(default.burst),
             reserved: setting.reserved.unwrap_or(default.reserved),
+            window: default.window,
         };
         if !(limit.per_second.is_finite() && limit.per_second > 0.0) {
             return Err("per_second must be a number above 0".into());
@@ -247,15 +250,18 @@ impl Budget {
 }
 
 /// How long a provider's answer asks the client to pause, when it is a 429 that asks for
-/// one: `Retry-After` in seconds (Paddle, Polar, Lemon Squeezy) or as an HTTP date, else
-/// `RateLimit-Reset` in seconds (Kinde), else one second (Stripe's limits are per second and
-/// its 429s carry no `Retry-After`: docs.stripe.com/rate-limits). `None` for any other answer,
-/// and for a 429 with `Stripe-Should-Retry: false`, Stripe's word that retrying the same
-/// request will not help (an ordinary failure then).
+/// one: `Retry-After` in seconds (Paddle, Polar) or as an HTTP date, else `RateLimit-Reset` in
+/// seconds (Kinde), else `unnamed`, the span the provider counts its limit over
+/// ([`Limit::window`]: Stripe's limits are per second and its 429s carry no `Retry-After`,
+/// docs.stripe.com/rate-limits; Lemon Squeezy's are per minute and its 429 documents no
+/// header, docs.lemonsqueezy.com/api/getting-started). `None` for any other answer, and for a
+/// 429 with `Stripe-Should-Retry: false`, Stripe's word that retrying the same request will
+/// not help (an ordinary failure then).
 pub fn pause_asked(
     status: StatusCode,
     headers: &HeaderMap,
     now: DateTime<Utc>,
+    unnamed: Duration,
 ) -> Option<Duration> {
     if status != StatusCode::TOO_MANY_REQUESTS {
         return None;
@@ -285,11 +291,12 @@ pub fn pause_asked(
             })
         })
         .or_else(|| header("ratelimit-reset").and_then(seconds));
-    Some(asked.unwrap_or(DEFAULT_PAUSE).min(LONGEST_PAUSE))
+    Some(asked.unwrap_or(unnamed).min(LONGEST_PAUSE))
 }
 
-/// The pause after a 429 that names none.
-pub const DEFAULT_PAUSE: Duration = Duration::from_secs(1);
+/// The span a limit is counted over, per provider.
+pub const PER_SECOND: Duration = Duration::from_secs(1);
+pub const PER_MINUTE: Duration = Duration::from_secs(60);
 /// The longest pause taken from a provider's answer: past it, the item's own retry schedule
 /// takes over.
 pub const LONGEST_PAUSE: Duration = Duration::from_secs(3600);
@@ -311,24 +318,50 @@ mod tests {
         let now = Utc::now();
         let too_many = StatusCode::TOO_MANY_REQUESTS;
         assert_eq!(
-            pause_asked(too_many, &headers(&[("retry-after", "7")]), now),
+            pause_asked(too_many, &headers(&[("retry-after", "7")]), now, PER_MINUTE),
             Some(Duration::from_secs(7))
         );
         let date = (now + chrono::Duration::seconds(30)).to_rfc2822();
-        let pause = pause_asked(too_many, &headers(&[("retry-after", &date)]), now).unwrap();
+        let pause = pause_asked(
+            too_many,
+            &headers(&[("retry-after", &date)]),
+            now,
+            PER_MINUTE,
+        )
+        .unwrap();
         assert!(pause <= Duration::from_secs(30) && pause >= Duration::from_secs(29));
         assert_eq!(
-            pause_asked(too_many, &headers(&[("ratelimit-reset", "12")]), now),
+            pause_asked(
+                too_many,
+                &headers(&[("ratelimit-reset", "12")]),
+                now,
+                PER_MINUTE
+            ),
             Some(Duration::from_secs(12)),
             "Kinde says when its limit resets"
         );
         assert_eq!(
-            pause_asked(too_many, &headers(&[("stripe-should-retry", "true")]), now),
-            Some(DEFAULT_PAUSE),
+            pause_asked(
+                too_many,
+                &headers(&[("stripe-should-retry", "true")]),
+                now,
+                PER_SECOND
+            ),
+            Some(PER_SECOND),
             "Stripe's 429 names no time: its limits are per second"
         );
         assert_eq!(
-            pause_asked(too_many, &headers(&[("stripe-should-retry", "false")]), now),
+            pause_asked(too_many, &HeaderMap::new(), now, PER_MINUTE),
+            Some(PER_MINUTE),
+            "Lemon Squeezy's names none either: its limit is per minute"
+        );
+        assert_eq!(
+            pause_asked(
+                too_many,
+                &headers(&[("stripe-should-retry", "false")]),
+                now,
+                PER_MINUTE
+            ),
             None,
             "Stripe says the same request will not go through"
         );
@@ -336,12 +369,18 @@ mod tests {
             pause_asked(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &headers(&[("retry-after", "7")]),
-                now
+                now,
+                PER_MINUTE
             ),
             None
         );
         assert_eq!(
-            pause_asked(too_many, &headers(&[("retry-after", "999999")]), now),
+            pause_asked(
+                too_many,
+                &headers(&[("retry-after", "999999")]),
+                now,
+                PER_MINUTE
+            ),
             Some(LONGEST_PAUSE)
         );
     }
@@ -352,6 +391,7 @@ mod tests {
             per_second: 20.0,
             burst: 5,
             reserved: 2,
+            window: PER_SECOND,
         };
         assert_eq!(Limit::set(default, &LimitSetting::default()), Ok(default));
         let set = Limit::set(

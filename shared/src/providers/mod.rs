@@ -163,6 +163,7 @@ pub const UNPUBLISHED_LIMIT: Limit = Limit {
     per_second: 2.0,
     burst: 5,
     reserved: 1,
+    window: budget::PER_MINUTE,
 };
 
 /// Decides an event's effects from the event alone (never from what is stored).
@@ -378,7 +379,12 @@ impl Api {
         }
         let response = request.send().await?;
         let now = chrono::Utc::now();
-        let Some(pause) = budget::pause_asked(response.status(), response.headers(), now) else {
+        let unnamed = match &self.budget {
+            Some(budget) => budget.limit().window,
+            None => budget::PER_SECOND,
+        };
+        let Some(pause) = budget::pause_asked(response.status(), response.headers(), now, unnamed)
+        else {
             return Ok(response);
         };
         let until = match &self.budget {

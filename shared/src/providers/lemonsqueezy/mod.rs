@@ -71,6 +71,7 @@ impl Provider for LemonSqueezy {
             per_second: 4.0,
             burst: 20,
             reserved: 2,
+            window: crate::platform::budget::PER_MINUTE,
         }
     }
 

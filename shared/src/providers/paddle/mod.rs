@@ -82,6 +82,7 @@ impl Provider for Paddle {
             per_second: 3.0,
             burst: 20,
             reserved: 2,
+            window: crate::platform::budget::PER_MINUTE,
         }
     }
 

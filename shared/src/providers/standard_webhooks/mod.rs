@@ -72,11 +72,13 @@ impl Provider for StandardWebhooks {
                 per_second: 1.25,
                 burst: 10,
                 reserved: 2,
+                window: crate::platform::budget::PER_MINUTE,
             },
             false => Limit {
                 per_second: 6.0,
                 burst: 30,
                 reserved: 3,
+                window: crate::platform::budget::PER_MINUTE,
             },
         }
     }

@@ -75,11 +75,13 @@ impl Provider for Stripe {
                 per_second: 80.0,
                 burst: 20,
                 reserved: 5,
+                window: crate::platform::budget::PER_SECOND,
             },
             _ => Limit {
                 per_second: 20.0,
                 burst: 5,
                 reserved: 1,
+                window: crate::platform::budget::PER_SECOND,
             },
         }
     }
