@@ -92,9 +92,17 @@ def test_an_error_is_one_typed_error_with_code_and_detail_and_retries_end():
     assert (e.value.status, e.value.code) == (0, "unreachable")
 
 
-def test_an_unknown_enum_value_passes_through_the_account_read():
-    client, _, _ = scripted([(200, ACCOUNT)])
+def test_an_unknown_enum_value_passes_through():
+    feature = {"key": "sso", "allowed": True, "value": True, "source": "a_new_source", "decided_by": None}
+    events = {"next": None, "events": [{
+        "event_id": 1, "provider_event_id": "e", "type": "t", "occurred_at": "2026-12-01T00:00:00Z",
+        "received_at": None, "status": "a_new_status", "outcome": "a_new_outcome", "reason": None,
+        "seen_count": 1, "via": "a_new_way"}]}
+    client, _, _ = scripted([(200, ACCOUNT), (200, feature), (200, events)])
     assert client.account("kc_1").subscriptions[0].status == "paused_by_a_new_rule"
+    assert client.feature("kc_1", "sso").source == "a_new_source"
+    event = next(client.events("kc_1"))
+    assert (event.status, event.outcome, event.via) == ("a_new_status", "a_new_outcome", "a_new_way")
 
 
 def test_the_usage_is_paged_to_the_end():

@@ -84,10 +84,15 @@ test("an error answer is one typed error with code and detail; retries end", asy
   assert.equal(unavailable.requests.length, 1 + DEFAULT_RETRY.retries);
 });
 
-test("an unknown enum value passes through the account read", async () => {
-  const { c } = client([{ status: 200, body: account }]);
-  const read = await c.account("kc_1");
-  assert.equal(read.subscriptions[0]!.status, "paused_by_a_new_rule");
+test("an unknown enum value passes through", async () => {
+  const feature = { key: "sso", allowed: true, value: true, source: "a_new_source", decided_by: null };
+  const events = { next: null, events: [{ event_id: 1, provider_event_id: "e", type: "t", occurred_at: "2026-12-01T00:00:00Z",
+    received_at: null, status: "a_new_status", outcome: "a_new_outcome", reason: null, seen_count: 1, via: "a_new_way" }] };
+  const { c } = client([{ status: 200, body: account }, { status: 200, body: feature }, { status: 200, body: events }]);
+  assert.equal((await c.account("kc_1")).subscriptions[0]!.status, "paused_by_a_new_rule");
+  const source: string | null = (await c.feature("kc_1", "sso")).source;
+  assert.equal(source, "a_new_source");
+  for await (const event of c.events("kc_1")) assert.deepEqual([event.status, event.outcome, event.via], ["a_new_status", "a_new_outcome", "a_new_way"]);
 });
 
 test("the usage and the event log are paged to the end", async () => {
