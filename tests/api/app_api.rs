@@ -123,7 +123,7 @@ pub async fn call(
 }
 
 /// docs/openapi.yaml as JSON.
-fn openapi() -> &'static Value {
+pub(crate) fn openapi() -> &'static Value {
     static DOC: OnceLock<Value> = OnceLock::new();
     DOC.get_or_init(|| {
         let text = include_str!("../../docs/openapi.yaml");
@@ -298,7 +298,7 @@ fn assert_valid(doc: &Value, pointer: &str, body: &Value) {
 }
 
 /// What a value breaks of the document's schema at `pointer`, resolved through its `$ref`s.
-fn schema_errors(doc: &Value, pointer: &str, body: &Value) -> Vec<String> {
+pub(crate) fn schema_errors(doc: &Value, pointer: &str, body: &Value) -> Vec<String> {
     let mut root = doc.clone();
     root["$schema"] = json!("https://json-schema.org/draft/2020-12/schema");
     // A JSON pointer in a URI fragment: braces are not URI characters.

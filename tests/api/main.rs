@@ -12,6 +12,7 @@ mod cli;
 mod console;
 mod corpus;
 mod database;
+mod effect_schemas;
 mod effects;
 mod effects_dispatch;
 mod ends;
