@@ -16,12 +16,25 @@ use super::{body_bytes, json_response};
 use crate::domain::Verdict;
 use crate::inbox::enqueue_or_unmark;
 use crate::inbox::store::{store_verified_held, Origin, StoreError};
-use crate::platform::config::IntakeConfig;
+use crate::platform::config::{ConfigError, Env, FromEnv, IntakeConfig};
 use crate::platform::db::Held;
 use crate::platform::queue::Queue;
 use crate::platform::secrets::Needs;
+use crate::providers::stripe::event_destination::EVENT_SOURCE_FOR_VAR;
 use crate::providers::Sources;
 use crate::signing::AuthError;
+
+impl FromEnv for IntakeConfig {
+    fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
+        Ok(Self {
+            database: env.database()?,
+            queue_url: env.required("QUEUE_URL")?,
+            sources: env.sources()?,
+            tolerance: env.tolerance()?,
+            bus_fed: env.optional(EVENT_SOURCE_FOR_VAR),
+        })
+    }
+}
 
 /// Largest body accepted (1 MiB); providers send far less.
 pub const MAX_BODY_BYTES: usize = 1_048_576;

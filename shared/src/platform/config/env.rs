@@ -32,7 +32,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         Env(lookup)
     }
 
-    pub(super) fn optional(&self, var: &str) -> Option<String> {
+    pub fn optional(&self, var: &str) -> Option<String> {
         (self.0)(var)
             .map(|v| v.trim().to_owned())
             .filter(|v| !v.is_empty())

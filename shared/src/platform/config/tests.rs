@@ -150,52 +150,6 @@ const SOURCES: &str = r#"[{"name":"stripe","kind":"stripe","secrets":["whsec_x"]
     {"name":"kinde","kind":"kinde","jwks_url":"https://x.kinde.com/.well-known/jwks"}]"#;
 
 #[test]
-fn the_bridge_takes_a_stripe_partner_source_for_a_stripe_source_and_refuses_the_rest() {
-    let config = |event_source: &str, source: &str| {
-        BridgeConfig::from_lookup(lookup(&[
-            ("DATABASE_URL", "postgres://x"),
-            ("QUEUE_URL", "http://q"),
-            ("INBOX_SOURCES", SOURCES),
-            ("INBOX_STRIPE_EVENT_SOURCE", event_source),
-            ("INBOX_STRIPE_EVENT_SOURCE_FOR", source),
-        ]))
-    };
-    let ok = config("aws.partner/stripe.com/ed_test_61Abc", "stripe").unwrap();
-    assert_eq!(ok.event_source, "aws.partner/stripe.com/ed_test_61Abc");
-    assert_eq!(ok.source, "stripe");
-    for (event_source, source, said) in [
-        (
-            "aws.partner/other.com/x",
-            "stripe",
-            "not a Stripe partner event source",
-        ),
-        (
-            "aws.partner/stripe.com/",
-            "stripe",
-            "not an event source name",
-        ),
-        (
-            "aws.partner/stripe.com/a b",
-            "stripe",
-            "not an event source name",
-        ),
-        (
-            "aws.partner/stripe.com/ed_1",
-            "polar",
-            "not a Stripe source",
-        ),
-        (
-            "aws.partner/stripe.com/ed_1",
-            "paypal",
-            "not in INBOX_SOURCES",
-        ),
-    ] {
-        let error = config(event_source, source).unwrap_err().to_string();
-        assert!(error.contains(said), "{event_source} {source}: {error}");
-    }
-}
-
-#[test]
 fn full_config_parses() {
     let c = IntakeConfig::from_lookup(lookup(&[
         ("DATABASE_URL", "postgres://x"),

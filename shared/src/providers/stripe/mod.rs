@@ -6,6 +6,7 @@
 mod api;
 mod decide;
 pub mod entitlements;
+pub mod event_destination;
 mod fetch;
 pub mod fixtures;
 pub mod meter;
