@@ -5,6 +5,7 @@
 //! serves it; nothing here applies an event or keeps a run: a run is its id.
 
 pub mod scenario;
+pub mod settings;
 
 use std::time::Duration;
 

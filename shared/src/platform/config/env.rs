@@ -3,11 +3,12 @@
 use std::time::Duration;
 
 use crate::domain::Catalog;
+use crate::handlers::engine_room::settings::parse_engine_room;
 
 use super::{
-    parse_engine_room, parse_plans, parse_sinks, parse_sources, ConfigError, DatabaseConfig,
-    EffectsConfig, EngineRoomConfig, SourceConfig, EFFECTS_QUEUE_VAR, EFFECTS_VAR, ENGINE_ROOM_VAR,
-    PLANS_VAR, SOURCES_VAR,
+    parse_plans, parse_sinks, parse_sources, ConfigError, DatabaseConfig, EffectsConfig,
+    EngineRoomConfig, SourceConfig, EFFECTS_QUEUE_VAR, EFFECTS_VAR, ENGINE_ROOM_VAR, PLANS_VAR,
+    SOURCES_VAR,
 };
 
 pub const DEFAULT_TOLERANCE_SECS: u64 = 300;

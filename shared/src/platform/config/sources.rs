@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::domain::{Catalog, SourceKind};
+use crate::platform::provider_key::ApiKeyOnUse;
 use crate::signing::standard_webhooks::SecretEncoding;
 
 use super::{value_free, ConfigError};
@@ -96,16 +97,6 @@ impl MeterSetting {
     pub fn name(&self) -> Option<&str> {
         self.event_name.as_deref().or(self.feature_code.as_deref())
     }
-}
-
-/// A source's API key whose read failed at cold start, read again when a provider read needs
-/// it ([`crate::platform::secrets::ApiKeyRead`], with a backoff). The configuration only
-/// carries it beside its source; the secrets module makes it.
-pub trait ApiKeyOnUse: fmt::Debug + Send + Sync {
-    /// The key: the one read, or a read now when the backoff allows it, or why not.
-    fn key(&self) -> crate::BoxFuture<'_, anyhow::Result<String>>;
-    /// Failed reads of its secret so far.
-    fn failures(&self) -> u32;
 }
 
 /// Secrets never reach a log line, not even through `{:?}`.

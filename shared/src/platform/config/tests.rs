@@ -4,6 +4,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::domain::SourceKind;
+use crate::handlers::engine_room::settings::KeyFile;
 use crate::signing::standard_webhooks::SecretEncoding;
 
 fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
