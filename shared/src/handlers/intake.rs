@@ -20,10 +20,11 @@ use crate::platform::config::{ConfigError, Env, FromEnv, IntakeConfig};
 use crate::platform::db::Held;
 use crate::platform::queue::Queue;
 use crate::platform::secrets::Needs;
-use crate::providers::stripe::event_destination::EVENT_SOURCE_FOR_VAR;
 use crate::providers::Sources;
 use crate::signing::AuthError;
 
+/// The intake's variables: the ground floor's values, and the source a provider's event bus
+/// feeds, in the variable that provider names.
 impl FromEnv for IntakeConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
         Ok(Self {
@@ -31,7 +32,7 @@ impl FromEnv for IntakeConfig {
             queue_url: env.required("QUEUE_URL")?,
             sources: env.sources()?,
             tolerance: env.tolerance()?,
-            bus_fed: env.optional(EVENT_SOURCE_FOR_VAR),
+            bus_fed: crate::providers::bus_fed(|var| env.optional(var)),
         })
     }
 }

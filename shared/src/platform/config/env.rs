@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use crate::domain::Catalog;
-use crate::handlers::engine_room::settings::parse_engine_room;
 
 use super::{
     parse_plans, parse_sinks, parse_sources, ConfigError, DatabaseConfig, EffectsConfig,
@@ -15,8 +14,8 @@ pub const DEFAULT_TOLERANCE_SECS: u64 = 300;
 /// How long the purge keeps finished events when `INBOX_RETENTION_DAYS` is not set
 /// (docs/design.md §3.9).
 pub const DEFAULT_RETENTION_DAYS: u64 = 30;
-/// Twice the longest provider retry window (Stripe retries for 3 days): a webhook copy comes
-/// while its event is still stored.
+/// Twice the longest provider retry window (three days, docs/design.md §3.9): a webhook copy
+/// comes while its event is still stored.
 pub const MIN_RETENTION_DAYS: u64 = 6;
 
 /// Where variables come from: the process environment, or a map in tests.
@@ -89,16 +88,13 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         }))
     }
 
-    /// `INBOX_ENGINE_ROOM` against `sources` (with their secrets), and when it is set the
-    /// intake's `QUEUE_URL` and tolerance; unset: the Engine Room is off.
-    pub fn engine_room(
-        &self,
-        sources: &[SourceConfig],
-    ) -> Result<Option<EngineRoomConfig>, ConfigError> {
-        let Some(raw) = self.optional(ENGINE_ROOM_VAR) else {
+    /// `INBOX_ENGINE_ROOM` as written, and when it is set the intake's `QUEUE_URL` and
+    /// tolerance; unset: the Engine Room is off. The Engine Room reads its settings against the
+    /// sources when it opens, at the same cold start.
+    pub fn engine_room(&self) -> Result<Option<EngineRoomConfig>, ConfigError> {
+        let Some(settings) = self.optional(ENGINE_ROOM_VAR) else {
             return Ok(None);
         };
-        let (sources, kinde_key) = parse_engine_room(&raw, sources)?;
         let queue_url = self.optional("QUEUE_URL").ok_or_else(|| {
             ConfigError::new(
                 "QUEUE_URL",
@@ -106,10 +102,9 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             )
         })?;
         Ok(Some(EngineRoomConfig {
-            sources,
+            settings,
             queue_url,
             tolerance: self.tolerance()?,
-            kinde_key,
         }))
     }
 

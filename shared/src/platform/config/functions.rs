@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use crate::domain::Catalog;
-use crate::handlers::engine_room::settings::KeyFile;
 use crate::platform::api_keys::KeysConfig;
 
 use super::{ConfigError, DatabaseConfig, EffectsConfig, Env, FromEnv, SourceConfig, EFFECTS_VAR};
@@ -57,8 +56,9 @@ pub struct IntakeConfig {
     pub queue_url: String,
     pub sources: Vec<SourceConfig>,
     pub tolerance: Duration,
-    /// The Stripe source the EventBridge bridge feeds (`INBOX_STRIPE_EVENT_SOURCE_FOR`), if
-    /// any: without signing secrets it is left off the intake, whose route for it says so.
+    /// The source its provider's event bus feeds, if any (the variable that names it is the
+    /// provider's: `providers::bus_fed`): without signing secrets it is left off the intake,
+    /// whose route for it says so.
     pub bus_fed: Option<String>,
 }
 
@@ -167,7 +167,7 @@ pub fn parse_api_keys(raw: &str) -> Result<KeysConfig, ConfigError> {
     })
 }
 
-/// What the app API function needs: its sources (each one's name, kind and Stripe mode, for
+/// What the app API function needs: its sources (each one's name, kind and mode, for
 /// its routes and the fold `…/why` explains; its state keeps nothing else), the plan catalog, the
 /// keys, the effects queue when effects are on (a debit that exhausts the allowance tells
 /// the app), and the Engine Room when the deployment turns it on.
@@ -202,8 +202,9 @@ impl FromEnv for ApiConfig {
     fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
         let sources = env.sources()?;
         meter_reports_sent(env.optional(METER_REPORTS_VAR).as_deref(), &sources)?;
-        // The Engine Room signs its deliveries with its test-mode sources' signing secrets.
-        let engine_room = env.engine_room(&sources)?;
+        // The sources as written keep their signing secrets: the Engine Room signs its
+        // deliveries with its test-mode sources' ones.
+        let engine_room = env.engine_room()?;
         Ok(Self {
             database: env.database()?,
             sources,
@@ -238,26 +239,21 @@ impl FromEnv for ApiConfig {
     }
 }
 
-/// `INBOX_ENGINE_ROOM`: the Engine Room's settings (docs/design.md §12.5), e.g.
-/// `{"sources": ["kinde", "polar", "stripe"]}`; unset, the Engine Room is off.
+/// `INBOX_ENGINE_ROOM`: the Engine Room's settings (docs/design.md §12.5), a JSON object
+/// naming the test-mode sources it runs on; unset, the Engine Room is off.
 pub const ENGINE_ROOM_VAR: &str = "INBOX_ENGINE_ROOM";
 
-/// The Engine Room (docs/design.md §12.5): the test-mode sources the reference scenarios may
-/// run on, through the intake run in process by the api function.
+/// The Engine Room (docs/design.md §12.5): the reference scenarios run on test-mode sources
+/// through the intake run in process by the api function.
 #[derive(Debug, Clone)]
 pub struct EngineRoomConfig {
-    /// The sources `INBOX_ENGINE_ROOM` names, as `INBOX_SOURCES` gives them, signing secrets
-    /// (or their `secret_id`) kept: the Engine Room signs its deliveries with them, and the
-    /// intake it runs verifies them with them. Never a live-mode source.
-    pub sources: Vec<SourceConfig>,
+    /// `INBOX_ENGINE_ROOM` as written: the Engine Room reads it against `INBOX_SOURCES` when it
+    /// opens (`handlers::engine_room::settings`).
+    pub settings: String,
     /// `QUEUE_URL`, the intake's queue: the worker takes the Engine Room's events from it.
     pub queue_url: String,
     /// `INBOX_TOLERANCE_SECS`, as the intake reads it.
     pub tolerance: Duration,
-    /// For a source whose provider signs with a private key of its own (Kinde): the PEM key
-    /// whose public half the source's `jwks_url` serves (the dev stack's
-    /// `INBOX_DEV_KINDE_KEY`), and the `kid` it names.
-    pub kinde_key: Option<KeyFile>,
 }
 
 /// What the dispatcher function needs: the sinks (their secrets are resolved at cold start).

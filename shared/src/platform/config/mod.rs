@@ -1,5 +1,10 @@
 //! Configuration: every environment variable the functions and `inboxctl` read, parsed and
-//! validated once at cold start (docs/design.md §5). One error type names the variable, and
+//! validated once at cold start (docs/design.md §5), as plain values, in parts: `env` (where
+//! variables come from, and how a configuration is read from them), `sources`
+//! (`INBOX_SOURCES`, `INBOX_PLANS`), `sinks` (`INBOX_EFFECTS`), `database` (where the database
+//! is) and `functions` (what each function reads). It names no provider: what a setting means
+//! to one provider, and the variables only one provider's features read, are that provider's
+//! (`providers::check_sources`, the `Provider` hooks). One error type names the variable, and
 //! the field within it, that is missing or malformed.
 
 mod database;
@@ -22,7 +27,7 @@ use std::fmt;
 #[derive(thiserror::Error, PartialEq, Eq)]
 pub struct ConfigError {
     pub var: &'static str,
-    /// Where in the variable's value, e.g. `source 'polar': secrets[0]`.
+    /// Where in the variable's value, e.g. `source 'shop': secrets[0]`.
     pub field: Option<String>,
     pub detail: String,
 }

@@ -31,14 +31,15 @@ pub struct SourceConfig {
     /// The provider's API key, for reconciliation; without it the source is not reconciled.
     #[serde(default)]
     pub api_key: Option<String>,
-    /// The provider's API base URL (default: the provider's public API; Kinde: the origin of
-    /// `jwks_url`).
+    /// The provider's API base URL (default: the one its provider says, `Provider::api_base`).
     #[serde(default)]
     pub api_base_url: Option<String>,
-    /// Kinde: the M2M application's client id; `api_key` is its client secret.
+    /// The OAuth client whose secret `api_key` is, for a provider whose API takes client
+    /// credentials (its rules say which, `Provider::own_settings`).
     #[serde(default)]
     pub api_client_id: Option<String>,
-    /// Stripe: the mode this source takes; an event of the other mode is stored and ignored.
+    /// The mode this source takes, for a provider whose events or keys have one: an event of
+    /// the other mode is stored and ignored (`Provider::out_of_scope`).
     #[serde(default)]
     pub livemode: Option<bool>,
     /// The AWS Secrets Manager secret (ARN or name) holding the source's signing secrets,
@@ -84,10 +85,11 @@ pub struct LimitSetting {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MeterSetting {
-    /// Stripe: the meter's `event_name`; Polar: the name of the events its meter counts.
+    /// The name of the events the provider's meter counts (the field a provider reads is its
+    /// own, `Provider::meter_field`).
     #[serde(default)]
     pub event_name: Option<String>,
-    /// Kinde: the metered feature's code (`billing_feature_code`).
+    /// The code of the provider's metered feature.
     #[serde(default)]
     pub feature_code: Option<String>,
 }

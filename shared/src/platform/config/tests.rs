@@ -4,7 +4,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::domain::SourceKind;
-use crate::handlers::engine_room::settings::KeyFile;
 use crate::signing::standard_webhooks::SecretEncoding;
 
 fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
@@ -146,9 +145,9 @@ fn the_source_never_shows_its_url() {
     assert!(!shown.contains("hunter2"), "{shown}");
 }
 
-const SOURCES: &str = r#"[{"name":"stripe","kind":"stripe","secrets":["whsec_x"]},
-    {"name":"polar","kind":"standard-webhooks","secrets":["p"],"secret_encoding":"raw","tolerance_secs":60},
-    {"name":"kinde","kind":"kinde","jwks_url":"https://x.kinde.com/.well-known/jwks"}]"#;
+const SOURCES: &str = r#"[{"name":"app","kind":"standard-webhooks","secrets":["whsec_x"]},
+    {"name":"shop","kind":"standard-webhooks","secrets":["p"],"secret_encoding":"raw","tolerance_secs":60},
+    {"name":"store","kind":"standard-webhooks","secrets":["whsec_y"]}]"#;
 
 #[test]
 fn full_config_parses() {
@@ -183,15 +182,17 @@ fn malformed_sources_are_named() {
             .starts_with("INBOX_SOURCES: not a valid list"),
         "{err}"
     );
-    assert!(parse_sources(r#"[{"name":"a/b","kind":"stripe"}]"#).is_err());
+    assert!(parse_sources(r#"[{"name":"a/b","kind":"standard-webhooks"}]"#).is_err());
     assert!(parse_sources("[]").is_err());
-    assert!(parse_sources(r#"[{"name":"s","kind":"stripe","secret":["typo"]}]"#).is_err());
+    assert!(
+        parse_sources(r#"[{"name":"s","kind":"standard-webhooks","secret":["typo"]}]"#).is_err()
+    );
 }
 
 #[test]
 fn debug_output_redacts_secrets() {
     let sources = parse_sources(
-        r#"[{"name":"s","kind":"stripe","secrets":["whsec_topsecret"],"api_key":"sk_live_topsecret"}]"#,
+        r#"[{"name":"s","kind":"standard-webhooks","secrets":["whsec_topsecret"],"api_key":"key_topsecret"}]"#,
     )
     .unwrap();
     let shown = format!("{sources:?}");
@@ -219,14 +220,14 @@ fn tolerance_must_be_positive() {
 #[test]
 fn errors_name_the_variable_and_the_field() {
     let twice = parse_sources(
-        r#"[{"name":"s","kind":"stripe","secrets":["a"]},{"name":"s","kind":"stripe","secrets":["b"]}]"#,
+        r#"[{"name":"s","kind":"standard-webhooks","secrets":["a"]},{"name":"s","kind":"standard-webhooks","secrets":["b"]}]"#,
     )
     .unwrap_err();
     assert_eq!(
         twice.to_string(),
         "INBOX_SOURCES: source 's': is configured twice"
     );
-    let bad_name = parse_sources(r#"[{"name":"a/b","kind":"stripe"}]"#).unwrap_err();
+    let bad_name = parse_sources(r#"[{"name":"a/b","kind":"standard-webhooks"}]"#).unwrap_err();
     assert_eq!(bad_name.field.as_deref(), Some("[0].name"));
     let plans = parse_plans(r#"{"gold":{"plan":"gold","monthly_allowance":-5}}"#).unwrap_err();
     assert_eq!(plans.var, PLANS_VAR);
@@ -236,29 +237,29 @@ fn errors_name_the_variable_and_the_field() {
 #[test]
 fn the_api_key_has_a_secret_of_its_own_and_one_place() {
     let split = parse_sources(
-        r#"[{"name":"s","kind":"stripe","secret_id":"billing-inbox/stripe","api_key_secret_id":"billing-inbox/stripe-api-key"},
-            {"name":"k","kind":"kinde","jwks_url":"https://x.kinde.com/.well-known/jwks","api_client_id":"m2m","api_key_secret_id":"billing-inbox/kinde-api-key"}]"#,
+        r#"[{"name":"s","kind":"standard-webhooks","secret_id":"billing-inbox/s","api_key_secret_id":"billing-inbox/s-api-key"},
+            {"name":"k","kind":"standard-webhooks","secret_id":"billing-inbox/k","api_key_secret_id":"billing-inbox/k-api-key"}]"#,
     )
     .unwrap();
     assert_eq!(
         split[0].api_key_secret_id.as_deref(),
-        Some("billing-inbox/stripe-api-key")
+        Some("billing-inbox/s-api-key")
     );
     let cases = [
         (
-            r#"[{"name":"s","kind":"stripe","secret_id":"a","api_key":"sk_inline_value","api_key_secret_id":"b"}]"#,
+            r#"[{"name":"s","kind":"standard-webhooks","secret_id":"a","api_key":"sk_inline_value","api_key_secret_id":"b"}]"#,
             "INBOX_SOURCES: source 's': api_key: is given inline and in api_key_secret_id: the API key must be in one place (deployed: its secret; remove the inline api_key)",
         ),
         (
-            r#"[{"name":"s","kind":"stripe","secret_id":"same","api_key_secret_id":"same"}]"#,
+            r#"[{"name":"s","kind":"standard-webhooks","secret_id":"same","api_key_secret_id":"same"}]"#,
             r#"INBOX_SOURCES: source 's': api_key_secret_id: names the secret_id secret: the API key needs a secret of its own, {"api_key": "..."}, so that the intake may not read it"#,
         ),
         (
-            r#"[{"name":"s","kind":"stripe","secret_id":"a","api_key_secret_id":" "}]"#,
+            r#"[{"name":"s","kind":"standard-webhooks","secret_id":"a","api_key_secret_id":" "}]"#,
             "INBOX_SOURCES: source 's': api_key_secret_id: is empty: name a Secrets Manager secret (ARN or name), or leave the field out",
         ),
         (
-            r#"[{"name":"s","kind":"stripe","secret_id":""}]"#,
+            r#"[{"name":"s","kind":"standard-webhooks","secret_id":""}]"#,
             "INBOX_SOURCES: source 's': secret_id: is empty: name a Secrets Manager secret (ARN or name), or leave the field out",
         ),
     ];
@@ -269,7 +270,7 @@ fn the_api_key_has_a_secret_of_its_own_and_one_place() {
     }
     let shown = format!("{:?}", split[0]);
     assert!(
-        shown.contains(r#"api_key_secret_id: Some("billing-inbox/stripe-api-key")"#),
+        shown.contains(r#"api_key_secret_id: Some("billing-inbox/s-api-key")"#),
         "{shown}"
     );
 }
@@ -295,7 +296,7 @@ fn worker_and_scheduler_read_their_variables() {
     assert!(worker
         .sources
         .iter()
-        .any(|s| s.name == "kinde" && s.kind == SourceKind::Kinde));
+        .any(|s| s.name == "shop" && s.kind == SourceKind::StandardWebhooks));
     // The queue the reads it stores go to; without it the rescue sends them.
     assert_eq!(worker.queue_url.as_deref(), Some("http://q"));
     let without: Vec<_> = vars
@@ -314,8 +315,8 @@ fn worker_and_scheduler_read_their_variables() {
 
 #[test]
 fn a_worker_without_provider_reads_keeps_no_api_key_nor_its_secret() {
-    let sources = r#"[{"name":"stripe","kind":"stripe","secret_id":"billing-inbox/stripe","api_key_secret_id":"billing-inbox/stripe-api-key"},
-        {"name":"polar","kind":"standard-webhooks","secrets":["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"],"api_key":"polar_oat_x"}]"#;
+    let sources = r#"[{"name":"app","kind":"standard-webhooks","secret_id":"billing-inbox/app","api_key_secret_id":"billing-inbox/app-api-key"},
+        {"name":"shop","kind":"standard-webhooks","secrets":["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"],"api_key":"oat_x"}]"#;
     let vars = |reads: &'static str| {
         vec![
             ("DATABASE_URL", "postgres://x"),
@@ -443,10 +444,7 @@ const API_KEYS: &str = r#"[{"name":"ops","sha256":"00000000000000000000000000000
 
 /// The app API's variables, with `INBOX_ENGINE_ROOM` and `QUEUE_URL` as given.
 fn api_config(engine_room: Option<&str>, queue: bool) -> Result<ApiConfig, ConfigError> {
-    let sources = r#"[{"name":"kinde","kind":"kinde","jwks_url":"http://127.0.0.1:9/jwks"},
-        {"name":"stripe","kind":"stripe","secrets":["whsec_test"],"livemode":false},
-        {"name":"stripe-live","kind":"stripe","secrets":["whsec_live"],"livemode":true},
-        {"name":"polar","kind":"standard-webhooks","secrets":["polar_secret"],"secret_encoding":"raw"}]"#;
+    let sources = r#"[{"name":"shop","kind":"standard-webhooks","secrets":["shop_secret"],"secret_encoding":"raw"}]"#;
     let mut vars = vec![
         ("DATABASE_URL", "postgres://x"),
         ("INBOX_SOURCES", sources),
@@ -474,7 +472,7 @@ fn a_metered_source_with_meter_reports_off_is_refused_at_cold_start() {
             ("DATABASE_URL", "postgres://x"),
             (
                 "INBOX_SOURCES",
-                r#"[{"name":"stripe","kind":"stripe","secrets":["whsec_test"],"api_key":"rk_test_1","meter":{"event_name":"api_calls"}}]"#,
+                r#"[{"name":"shop","kind":"standard-webhooks","secrets":["whsec_test"],"api_key":"key_1","meter":{"event_name":"api_calls"}}]"#,
             ),
             (
                 "INBOX_PLANS",
@@ -489,7 +487,7 @@ fn a_metered_source_with_meter_reports_off_is_refused_at_cold_start() {
     };
     let refused = with(Some("off")).unwrap_err();
     assert_eq!(refused.var, METER_REPORTS_VAR);
-    assert!(refused.detail.contains("'stripe'"), "{}", refused.detail);
+    assert!(refused.detail.contains("'shop'"), "{}", refused.detail);
     assert!(with(Some("on")).is_ok());
     assert!(with(None).is_ok());
     assert_eq!(with(Some("maybe")).unwrap_err().var, METER_REPORTS_VAR);
@@ -502,7 +500,7 @@ fn the_consoles_base_and_the_silence_hours_are_checked_and_default_to_none_and_a
             ("DATABASE_URL", "postgres://x"),
             (
                 "INBOX_SOURCES",
-                r#"[{"name":"kinde","kind":"kinde","jwks_url":"http://127.0.0.1:9/jwks"}]"#,
+                r#"[{"name":"shop","kind":"standard-webhooks","secrets":["whsec_test"]}]"#,
             ),
             (
                 "INBOX_PLANS",
@@ -550,73 +548,21 @@ fn the_consoles_base_and_the_silence_hours_are_checked_and_default_to_none_and_a
 }
 
 #[test]
-fn the_engine_room_is_off_unless_set_and_keeps_only_its_test_sources_secrets() {
+fn the_engine_room_is_off_unless_set_and_needs_the_intakes_queue() {
     let off = api_config(None, true).unwrap();
     assert!(off.engine_room.is_none());
 
-    let on = api_config(Some(r#"{"sources":["stripe"," polar"]}"#), true).unwrap();
-    let room = on.engine_room.unwrap();
-    let names: Vec<&str> = room.sources.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(names, ["stripe", "polar"]);
-    assert_eq!(room.sources[0].secrets, ["whsec_test"]);
+    let settings = r#"{"sources":["shop"]}"#;
+    let room = api_config(Some(settings), true)
+        .unwrap()
+        .engine_room
+        .unwrap();
+    assert_eq!(room.settings, settings);
     assert_eq!(room.queue_url, "http://127.0.0.1:9/queue/q");
     assert_eq!(room.tolerance, Duration::from_secs(DEFAULT_TOLERANCE_SECS));
-    assert_eq!(room.kinde_key, None);
 
-    let kinde = api_config(
-        Some(r#"{"sources":["kinde"],"kinde_key_file":"/k.pem","kinde_kid":"dev-key"}"#),
-        true,
-    )
-    .unwrap();
     assert_eq!(
-        kinde.engine_room.unwrap().kinde_key,
-        Some(KeyFile {
-            path: "/k.pem".into(),
-            kid: "dev-key".into()
-        })
+        api_config(Some(settings), false).unwrap_err().to_string(),
+        "QUEUE_URL: is not set: the Engine Room (INBOX_ENGINE_ROOM) hands its events to the intake's queue"
     );
-}
-
-#[test]
-fn an_engine_room_naming_a_live_unknown_or_repeated_source_is_refused_at_cold_start() {
-    for (raw, queue, message) in [
-        (
-            r#"{"sources":["stripe-live"]}"#,
-            true,
-            "INBOX_ENGINE_ROOM: sources: 'stripe-live' is a live-mode source (livemode: true in INBOX_SOURCES): the Engine Room runs only on test-mode sources",
-        ),
-        (
-            r#"{"sources":["paddle"]}"#,
-            true,
-            "INBOX_ENGINE_ROOM: sources: 'paddle' is not a source of INBOX_SOURCES (its sources: kinde, stripe, stripe-live, polar)",
-        ),
-        (
-            r#"{"sources":["stripe","stripe"]}"#,
-            true,
-            "INBOX_ENGINE_ROOM: sources: 'stripe' is named twice",
-        ),
-        (
-            r#"{"sources":[]}"#,
-            true,
-            "INBOX_ENGINE_ROOM: sources: lists no source (leave INBOX_ENGINE_ROOM unset to keep the Engine Room off)",
-        ),
-        (
-            r#"{"sources":["kinde"],"kinde_key_file":"/k.pem"}"#,
-            true,
-            "INBOX_ENGINE_ROOM: kinde_key_file: kinde_key_file and kinde_kid go together: the key's PEM file and the kid its JWKS names it by",
-        ),
-        (
-            r#"{"source":["stripe"]}"#,
-            true,
-            r#"INBOX_ENGINE_ROOM: not {"sources": [the names of test-mode sources]}: unknown field `source`, expected one of `sources`, `kinde_key_file`, `kinde_kid` (line 1, column 9)"#,
-        ),
-        (
-            r#"{"sources":["stripe"]}"#,
-            false,
-            "QUEUE_URL: is not set: the Engine Room (INBOX_ENGINE_ROOM) hands its events to the intake's queue",
-        ),
-    ] {
-        let refused = api_config(Some(raw), queue).unwrap_err();
-        assert_eq!(refused.to_string(), message, "{raw}");
-    }
 }

@@ -96,6 +96,10 @@ impl Provider for Stripe {
         Some(Box::new(StripeReads::new(api)))
     }
 
+    fn bus_fed_var(&self) -> Option<&'static str> {
+        Some(event_destination::EVENT_SOURCE_FOR_VAR)
+    }
+
     fn meter_field(&self) -> Option<(&'static str, usize)> {
         Some(("event_name", meter::MAX_EVENT_NAME))
     }
