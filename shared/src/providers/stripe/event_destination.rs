@@ -129,4 +129,13 @@ mod tests {
             assert!(error.contains(said), "{event_source} {source}: {error}");
         }
     }
+
+    /// The intake learns which source the bus feeds through the providers, as the bridge's
+    /// variable names it; unset, no source is bus-fed.
+    #[test]
+    fn the_intake_reads_the_bus_fed_source_through_the_provider_hook() {
+        let set = |var: &str| (var == EVENT_SOURCE_FOR_VAR).then(|| "stripe".to_owned());
+        assert_eq!(crate::providers::bus_fed(set), Some("stripe".to_owned()));
+        assert_eq!(crate::providers::bus_fed(|_| None), None);
+    }
 }
