@@ -425,7 +425,7 @@ pub async fn run(
     }
     let report = result?;
     if json_output {
-        crate::emit(&report.to_string());
+        crate::output::emit(&report.to_string());
         return Ok(());
     }
     let mut t = comfy_table::Table::new();
@@ -577,7 +577,7 @@ pub async fn run(
         })
         .collect::<Vec<_>>()
         .join("\n");
-    crate::emit(&format!(
+    crate::output::emit(&format!(
         "{} deliveries ({} events, 30% copies, shuffled) over {}, concurrency {}\n\
          Postgres round trip (median of 200 SELECT 1): {round_trip}\n{t}\n\
          Audit: {} accounts compared, {} skipped, {} fields differing from the fold\n\
@@ -822,15 +822,19 @@ pub(crate) fn spawn_pollers(
             tokio::spawn(async move {
                 let mut empty = 0;
                 while !(empty >= idle && stop.load(Ordering::SeqCst)) && Instant::now() < deadline {
-                    let pumped =
-                        shared::dev::bridge::pump_once(&sqs, &queue_url, wait_secs, |event| {
+                    let pumped = shared::dev::lambda_triggers::pump_once(
+                        &sqs,
+                        &queue_url,
+                        wait_secs,
+                        |event| {
                             let (worker, invocations) = (worker.clone(), invocations.clone());
                             async move {
                                 let _invocation = invocations.acquire().await?;
                                 Ok(shared::handlers::worker::handle_batch(&worker, event).await)
                             }
-                        })
-                        .await;
+                        },
+                    )
+                    .await;
                     empty = match pumped {
                         Ok(r) if r.received > 0 => {
                             *last_work.lock().unwrap_or_else(|e| e.into_inner()) =
@@ -1248,7 +1252,7 @@ async fn measure(
                         .build()
                 })
                 .collect();
-            shared::dev::bridge::sqs_event(&messages, "raw")
+            shared::dev::lambda_triggers::sqs_event(&messages, "raw")
         })
         .collect();
     let raw_worker_start = Instant::now();

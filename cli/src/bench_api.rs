@@ -90,9 +90,9 @@ pub async fn run(
     drop_database(server, &db).await;
     let report = result?;
     if json_output {
-        crate::emit(&report.to_string());
+        crate::output::emit(&report.to_string());
     } else {
-        crate::emit(&text(&report));
+        crate::output::emit(&text(&report));
     }
     Ok(())
 }
@@ -389,7 +389,7 @@ pub(crate) async fn seed(
                     .build()
             })
             .collect();
-        let event = shared::dev::bridge::sqs_event(&messages, "bench-api");
+        let event = shared::dev::lambda_triggers::sqs_event(&messages, "bench-api");
         let answer = shared::handlers::worker::handle_batch(&worker, event).await;
         anyhow::ensure!(
             answer.batch_item_failures.is_empty(),

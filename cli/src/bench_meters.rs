@@ -66,9 +66,9 @@ pub async fn run(
     drop_database(server, &db).await;
     let report = result?;
     if json_output {
-        crate::emit(&report.to_string());
+        crate::output::emit(&report.to_string());
     } else {
-        crate::emit(&format!(
+        crate::output::emit(&format!(
             "meter reports: {} debits with reports written in {:.2} s ({:.0}/s); {} sent by {} senders in {:.2} s: {:.0} reports/s (p50 {:.2} ms, p99 {:.2} ms per send); the fake meter holds {} identifiers, {} duplicates; {} not sent",
             report["reports"], report["write_secs"].as_f64().unwrap_or_default(),
             report["written_per_sec"].as_f64().unwrap_or_default(), report["sent"],

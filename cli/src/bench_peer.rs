@@ -520,7 +520,7 @@ pub async fn run(args: &BenchArgs, server: &str, json_output: bool) -> anyhow::R
         let mut report = report?;
         report["load_average_before"] = load_before;
         report["load_average_after"] = load_average();
-        crate::emit(&report.to_string());
+        crate::output::emit(&report.to_string());
         return Ok(());
     }
     let load_before = load_average();
@@ -545,7 +545,7 @@ pub async fn run(args: &BenchArgs, server: &str, json_output: bool) -> anyhow::R
         "runs": runs,
     });
     if json_output {
-        crate::emit(&report.to_string());
+        crate::output::emit(&report.to_string());
         return Ok(());
     }
     let mut lines = Vec::new();
@@ -565,7 +565,7 @@ pub async fn run(args: &BenchArgs, server: &str, json_output: bool) -> anyhow::R
             r["correct"]["paired"],
         ));
     }
-    crate::emit(&lines.join("\n"));
+    crate::output::emit(&lines.join("\n"));
     Ok(())
 }
 

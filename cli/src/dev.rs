@@ -17,7 +17,7 @@ use serde_json::Value;
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
-use shared::dev::bridge;
+use shared::dev::lambda_triggers;
 use shared::providers::fixtures;
 
 #[derive(Args)]
@@ -344,7 +344,8 @@ impl Invoker<'_> {
         } else {
             self.args.invoke_timeout_secs * 10
         });
-        let call = bridge::invoke_function(&self.http, &self.args.invoke_url, function, payload);
+        let call =
+            lambda_triggers::invoke_function(&self.http, &self.args.invoke_url, function, payload);
         let (result, timed_out) = match tokio::time::timeout(limit, call).await {
             Ok(result) => (result, false),
             Err(_) => (
@@ -465,7 +466,7 @@ pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
         loop {
             interval.tick().await;
             match invoker
-                .invoke("scheduler", &bridge::scheduled_event())
+                .invoke("scheduler", &lambda_triggers::scheduled_event())
                 .await
             {
                 Ok(report) => eprintln!(
@@ -540,7 +541,7 @@ async fn bridge_loop(
             serde_json::from_value(value)
                 .with_context(|| format!("reading the {function}'s SqsBatchResponse"))
         };
-        match bridge::pump_once(sqs, queue_url, 0, invoke).await {
+        match lambda_triggers::pump_once(sqs, queue_url, 0, invoke).await {
             Ok(r) if r.received > 0 => {
                 eprintln!(
                     "bridge: {} message(s) -> {function}, {} done, {} left for redelivery",

@@ -1,10 +1,7 @@
 //! inboxctl: operate and develop billing-inbox.
 
-/// Prints a line to stdout. A reader that went away (`inboxctl events | head`) ends the
-/// program quietly instead of panicking.
-macro_rules! out {
-    ($($arg:tt)*) => { $crate::emit(&format!($($arg)*)) };
-}
+#[macro_use]
+mod output;
 
 mod api_key;
 mod bench;
@@ -18,6 +15,8 @@ mod effects;
 mod features;
 mod listen;
 mod meters;
+mod migrate;
+mod replay;
 mod scenario;
 mod send;
 mod show;
@@ -176,7 +175,7 @@ async fn main() -> ExitCode {
 
 async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()> {
     match &cli.command {
-        Command::Migrate => migrate(&connect(cli).await?, cli.json).await,
+        Command::Migrate => migrate::run(&connect(cli).await?, cli.json).await,
         Command::Account {
             customer_id,
             account,
@@ -217,7 +216,7 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
             source,
             queue_url,
         } => {
-            replay(
+            replay::run(
                 &connect(cli).await?,
                 ids,
                 status.as_deref(),
@@ -254,18 +253,6 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
     }
 }
 
-pub(crate) fn emit(line: &str) {
-    use std::io::Write;
-    let mut stdout = std::io::stdout().lock();
-    if let Err(e) = writeln!(stdout, "{line}") {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(0);
-        }
-        eprintln!("error: writing to stdout: {e}");
-        std::process::exit(1);
-    }
-}
-
 /// The database: `DATABASE_URL` (or `--database-url`), or, as a deployed stack's functions
 /// find it, the secret `DATABASE_SECRET_ID` names with `DATABASE_HOST`/`PORT`/`NAME` and
 /// `DATABASE_CA_FILE` beside it (docs/deploy.md, *Operating a deployed stack*): an operator's
@@ -286,94 +273,4 @@ async fn connect(cli: &Cli) -> anyhow::Result<PgPool> {
         .connect_with(database.options())
         .await
         .context("connecting to the database DATABASE_SECRET_ID names")
-}
-
-async fn migrate(pool: &PgPool, json_output: bool) -> anyhow::Result<()> {
-    let before = applied_versions(pool).await?;
-    shared::MIGRATOR
-        .run(pool)
-        .await
-        .context("applying migrations")?;
-    let after = applied_versions(pool).await?;
-    let new: Vec<i64> = after
-        .iter()
-        .copied()
-        .filter(|v| !before.contains(v))
-        .collect();
-    if json_output {
-        out!("{}", json!({"applied": new, "total": after.len()}));
-    } else if new.is_empty() {
-        out!("schema is up to date ({} migrations)", after.len());
-    } else {
-        out!(
-            "applied {} migration(s): {:?}; {} in all",
-            new.len(),
-            new,
-            after.len()
-        );
-    }
-    Ok(())
-}
-
-/// Versions recorded by earlier runs; none when the table does not exist yet.
-async fn applied_versions(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
-        .fetch_one(pool)
-        .await
-        .context("reading the migration table")?;
-    if !exists {
-        return Ok(Vec::new());
-    }
-    sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
-        .fetch_all(pool)
-        .await
-        .context("reading the migration table")
-}
-
-async fn replay(
-    pool: &PgPool,
-    ids: &[i64],
-    status: Option<&str>,
-    source: Option<&str>,
-    queue_url: &str,
-    json_output: bool,
-) -> anyhow::Result<()> {
-    let ids = match status {
-        Some(status) => {
-            let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
-            let status = parse_status(status)?;
-            let rows = shared::inbox::ROWS_PER_STEP;
-            shared::inbox::replay::ids_with_status(&mut conn, status, source, rows).await?
-        }
-        None if ids.is_empty() => anyhow::bail!("name event ids to replay, or --status"),
-        None => ids.to_vec(),
-    };
-    let queue = shared::platform::queue::Queue::from_env(queue_url.to_owned()).await;
-    let replayed = shared::inbox::replay::replay(pool, &queue, &ids).await?;
-    let skipped: Vec<i64> = ids
-        .iter()
-        .copied()
-        .filter(|id| !replayed.contains(id))
-        .collect();
-    if json_output {
-        out!("{}", json!({"replayed": replayed, "skipped": skipped}));
-    } else {
-        out!("replayed {} event(s): {replayed:?}", replayed.len());
-        if !skipped.is_empty() {
-            out!("skipped (unknown, or held by a worker right now): {skipped:?}");
-        }
-    }
-    if !ids.is_empty() && replayed.is_empty() {
-        anyhow::bail!("no event was replayed");
-    }
-    Ok(())
-}
-
-/// An event status named on the command line.
-pub(crate) fn parse_status(raw: &str) -> anyhow::Result<shared::domain::EventStatus> {
-    raw.parse().map_err(|_| {
-        anyhow::anyhow!(
-            "unknown status '{raw}' (received, processing, applied, ignored, failed, dead, unprocessable)"
-        )
-    })
 }

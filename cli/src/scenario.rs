@@ -111,7 +111,9 @@ pub async fn run(args: &ScenarioArgs, pool: &PgPool, json_output: bool) -> anyho
     progress.finish_and_clear();
     let last = rows.last().cloned().unwrap_or_default();
     if json_output {
-        crate::emit(&json!({"customer_id": customer, "timeline": rows, "final": last}).to_string());
+        crate::output::emit(
+            &json!({"customer_id": customer, "timeline": rows, "final": last}).to_string(),
+        );
         return Ok(());
     }
     let mut t = Table::new();

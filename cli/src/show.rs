@@ -252,7 +252,7 @@ pub async fn events(
         (1..=10_000).contains(&limit),
         "--limit must be between 1 and 10000"
     );
-    let status = status.map(crate::parse_status).transpose()?;
+    let status = status.map(parse_status).transpose()?;
     let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
     let events = shared::inbox::read::list_events(&mut conn, status, source, limit).await?;
     if json_output {
@@ -405,6 +405,15 @@ pub fn human_duration(secs: f64) -> String {
         }
         format!("{grouped} d {h} h")
     }
+}
+
+/// An event status named on the command line.
+pub(crate) fn parse_status(raw: &str) -> anyhow::Result<shared::domain::EventStatus> {
+    raw.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "unknown status '{raw}' (received, processing, applied, ignored, failed, dead, unprocessable)"
+        )
+    })
 }
 
 #[cfg(test)]

@@ -575,7 +575,7 @@ async fn the_bridge_drains_a_backlog_receiving_and_deleting_ten_at_most() {
     let mut handled = Vec::new();
     // As `inboxctl dev` (no wait) and `inboxctl bench` (a 1 s long poll) pump.
     for wait in [0, 1].into_iter().cycle() {
-        let report = shared::dev::bridge::pump_once(&sqs, &url, wait, |event| {
+        let report = shared::dev::lambda_triggers::pump_once(&sqs, &url, wait, |event| {
             handled.extend(event.records.iter().filter_map(|r| r.body.clone()));
             async { Ok(Default::default()) }
         })

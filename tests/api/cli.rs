@@ -317,11 +317,12 @@ async fn the_bridge_deletes_what_the_worker_finished_and_leaves_what_failed(pool
     // The first event the worker takes fails; the other two finish.
     let crash = Fault::new(Point::WorkerDecided, FaultAction::Fail(1));
 
-    let mut total = shared::dev::bridge::PumpReport::default();
+    let mut total = shared::dev::lambda_triggers::PumpReport::default();
     while total.received < 3 {
-        let pump = shared::dev::bridge::pump_once(&app.sqs, &app.queue_url, 1, |event| async {
-            Ok(shared::handlers::worker::handle_batch(&app.worker, event).await)
-        });
+        let pump =
+            shared::dev::lambda_triggers::pump_once(&app.sqs, &app.queue_url, 1, |event| async {
+                Ok(shared::handlers::worker::handle_batch(&app.worker, event).await)
+            });
         let report = with_interrupts(crash.clone(), pump).await.unwrap();
         total.received += report.received;
         total.deleted += report.deleted;

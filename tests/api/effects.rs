@@ -319,12 +319,14 @@ async fn the_app_is_told_once_however_often_the_provider_and_the_operator_repeat
     );
     let dispatch = || async {
         loop {
-            let report =
-                shared::dev::bridge::pump_once(&app.sqs, &effects_queue, 0, |event| async {
-                    Ok(dispatcher::handle_batch(&dispatcher, event).await)
-                })
-                .await
-                .unwrap();
+            let report = shared::dev::lambda_triggers::pump_once(
+                &app.sqs,
+                &effects_queue,
+                0,
+                |event| async { Ok(dispatcher::handle_batch(&dispatcher, event).await) },
+            )
+            .await
+            .unwrap();
             if report.received == 0 {
                 return;
             }

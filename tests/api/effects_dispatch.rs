@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use serde_json::{json, Value};
-use shared::dev::bridge::{pump_once, PumpReport};
+use shared::dev::lambda_triggers::{pump_once, PumpReport};
 use shared::dev::listen::Listener;
 use shared::domain::effect::{effect_id, Kind};
 use shared::domain::retry::RetryPolicy;

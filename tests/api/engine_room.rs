@@ -475,16 +475,18 @@ async fn an_engine_room_naming_a_live_mode_or_unknown_source_is_refused_at_cold_
             source["livemode"] = json!(true);
         }
     }
-    let live = stage
+    let config = stage
         .config(&sources.to_string(), r#"{"sources":["stripe"]}"#)
-        .unwrap_err();
+        .unwrap();
+    let live = EngineRoom::open(&config).await.err().unwrap().to_string();
     assert_eq!(
         live,
         "INBOX_ENGINE_ROOM: sources: 'stripe' is a live-mode source (livemode: true in INBOX_SOURCES): the Engine Room runs only on test-mode sources"
     );
-    let unknown = stage
+    let config = stage
         .config(&stage.sources, r#"{"sources":["stripe-test"]}"#)
-        .unwrap_err();
+        .unwrap();
+    let unknown = EngineRoom::open(&config).await.err().unwrap().to_string();
     assert_eq!(
         unknown,
         "INBOX_ENGINE_ROOM: sources: 'stripe-test' is not a source of INBOX_SOURCES (its sources: kinde, stripe, polar, lemonsqueezy, paddle)"

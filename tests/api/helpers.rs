@@ -327,12 +327,16 @@ impl TestApp {
     pub async fn run_worker(&self) -> usize {
         let mut handed = 0;
         loop {
-            let report =
-                shared::dev::bridge::pump_once(&self.sqs, &self.queue_url, 0, |event| async {
+            let report = shared::dev::lambda_triggers::pump_once(
+                &self.sqs,
+                &self.queue_url,
+                0,
+                |event| async {
                     Ok(shared::handlers::worker::handle_batch(&self.worker, event).await)
-                })
-                .await
-                .unwrap();
+                },
+            )
+            .await
+            .unwrap();
             handed += report.received;
             if report.received == 0 {
                 return handed;

@@ -401,7 +401,7 @@ async fn two_workers_racing_on_one_batch_apply_each_event_exactly_once(pool: PgP
     let ids = store_all(&app, &three_customers("race")).await;
 
     let messages = receive(&app, ids.len()).await;
-    let event = shared::dev::bridge::sqs_event(&messages, &app.queue_url);
+    let event = shared::dev::lambda_triggers::sqs_event(&messages, &app.queue_url);
     let mut received: Vec<i64> = messages
         .iter()
         .map(|m| shared::platform::queue::parse_message_body(m.body().unwrap()).unwrap())

@@ -6,7 +6,8 @@ use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 use serde_json::Value;
 use shared::handlers::bridge::BridgeState;
-use shared::platform::config::{BridgeConfig, FromEnv};
+use shared::platform::config::FromEnv;
+use shared::providers::stripe::event_destination::BridgeConfig;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {

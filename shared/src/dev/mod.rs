@@ -3,5 +3,5 @@
 //! Realistic payloads and the test-delivery signers live with their provider
 //! (`providers::<name>::fixtures`, `providers::fixtures`).
 
-pub mod bridge;
+pub mod lambda_triggers;
 pub mod listen;

@@ -20,9 +20,9 @@ use sqlx::PgPool;
 
 use crate::inbox::enqueue_or_unmark;
 use crate::inbox::store::{store_verified_held, Origin, StoreError};
-use crate::platform::config::BridgeConfig;
 use crate::platform::db::Held;
 use crate::platform::queue::Queue;
+use crate::providers::stripe::event_destination::BridgeConfig;
 use crate::providers::stripe::parse_event;
 
 pub struct BridgeState {

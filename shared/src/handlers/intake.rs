@@ -16,12 +16,26 @@ use super::{body_bytes, json_response};
 use crate::domain::Verdict;
 use crate::inbox::enqueue_or_unmark;
 use crate::inbox::store::{store_verified_held, Origin, StoreError};
-use crate::platform::config::IntakeConfig;
+use crate::platform::config::{ConfigError, Env, FromEnv, IntakeConfig};
 use crate::platform::db::Held;
 use crate::platform::queue::Queue;
 use crate::platform::secrets::Needs;
 use crate::providers::Sources;
 use crate::signing::AuthError;
+
+/// The intake's variables: the ground floor's values, and the source a provider's event bus
+/// feeds, in the variable that provider names.
+impl FromEnv for IntakeConfig {
+    fn read<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Self, ConfigError> {
+        Ok(Self {
+            database: env.database()?,
+            queue_url: env.required("QUEUE_URL")?,
+            sources: env.sources()?,
+            tolerance: env.tolerance()?,
+            bus_fed: crate::providers::bus_fed(|var| env.optional(var)),
+        })
+    }
+}
 
 /// Largest body accepted (1 MiB); providers send far less.
 pub const MAX_BODY_BYTES: usize = 1_048_576;

@@ -20,6 +20,7 @@ pub mod db;
 pub mod http_client;
 pub mod metrics;
 pub mod presented_chain;
+pub mod provider_key;
 pub mod queue;
 pub mod schema;
 pub mod secrets;

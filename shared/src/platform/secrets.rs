@@ -20,9 +20,9 @@ use serde_json::{json, Value};
 
 use crate::platform::api_keys::{KeyEntry, KeysConfig};
 use crate::platform::config::{
-    value_free, ApiKeyOnUse, ConfigError, SinkConfig, SourceConfig, API_KEYS_VAR, EFFECTS_VAR,
-    SOURCES_VAR,
+    value_free, ConfigError, SinkConfig, SourceConfig, API_KEYS_VAR, EFFECTS_VAR, SOURCES_VAR,
 };
+pub use crate::platform::provider_key::{ApiKey, ApiKeyOnUse};
 use crate::signing::standard_webhooks::{decode_secret, SecretEncoding};
 
 /// What a source's `secret_id` secret holds: its signing secrets. An `api_key` beside them is
@@ -245,36 +245,6 @@ pub fn secret_read_failure_metric(source: &str, function: &str, now: DateTime<Ut
     line["Function"] = json!(function);
     line["SecretReadFailures"] = json!(1);
     line
-}
-
-/// A provider API key as a source's reads use it.
-#[derive(Clone)]
-pub enum ApiKey {
-    /// Inline, or read from the source's secret at cold start.
-    Known(String),
-    /// Read from the source's secret on use: the read at cold start failed.
-    OnUse(Arc<dyn ApiKeyOnUse>),
-}
-
-impl ApiKey {
-    pub async fn get(&self) -> anyhow::Result<String> {
-        match self {
-            Self::Known(key) => Ok(key.clone()),
-            Self::OnUse(read) => read.key().await,
-        }
-    }
-}
-
-impl From<&str> for ApiKey {
-    fn from(key: &str) -> Self {
-        Self::Known(key.to_owned())
-    }
-}
-
-impl From<String> for ApiKey {
-    fn from(key: String) -> Self {
-        Self::Known(key)
-    }
 }
 
 /// A Secrets Manager client configured like every AWS client here (`AWS_ENDPOINT_URL`

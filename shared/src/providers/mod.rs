@@ -152,6 +152,13 @@ pub trait Provider: Sync {
         UNPUBLISHED_LIMIT
     }
 
+    /// The variable naming the source this provider's event bus feeds, when the provider has
+    /// such a door besides signed deliveries (Stripe's Amazon EventBridge destination): that
+    /// source needs no signing secret on the intake ([`bus_fed`]).
+    fn bus_fed_var(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Realistic payloads and the signer for test deliveries (the tests', `inboxctl`'s and
     /// the Engine Room's).
     fn fixtures(&self) -> &'static dyn fixtures::Fixtures;
@@ -165,6 +172,15 @@ pub const UNPUBLISHED_LIMIT: Limit = Limit {
     reserved: 1,
     window: budget::PER_MINUTE,
 };
+
+/// The source an event bus feeds, as the variable its provider names says (read once, at the
+/// intake's cold start); `None` when no provider's variable is set.
+pub fn bus_fed(lookup: impl Fn(&str) -> Option<String>) -> Option<String> {
+    SourceKind::ALL
+        .iter()
+        .filter_map(|&kind| provider(kind).bus_fed_var())
+        .find_map(lookup)
+}
 
 /// Decides an event's effects from the event alone (never from what is stored).
 pub fn decide(kind: SourceKind, event_type: &str, payload: &Value, catalog: &Catalog) -> Decision {

@@ -5,6 +5,7 @@
 //! serves it; nothing here applies an event or keeps a run: a run is its id.
 
 pub mod scenario;
+pub mod settings;
 
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use crate::domain::{Catalog, CustomerId, Period, ProviderTime};
 use crate::handlers::intake::{self, IntakeState};
 use crate::inbox::read::event_detail;
 use crate::platform::config::{
-    ApiConfig, ConfigError, EngineRoomConfig, IntakeConfig, SourceConfig, ENGINE_ROOM_VAR,
+    ApiConfig, ConfigError, IntakeConfig, SourceConfig, ENGINE_ROOM_VAR,
 };
 use crate::platform::secrets::{Needs, OnFailure};
 use crate::providers::fixtures::{self, KindeKey, Spec};
@@ -221,9 +222,10 @@ impl EngineRoom {
         let Some(room) = &config.engine_room else {
             return Ok(None);
         };
-        crate::providers::check_sources(&room.sources)?;
+        let settings = settings::parse(&room.settings, &config.sources)?;
+        crate::providers::check_sources(&settings.sources)?;
         let resolved: Vec<SourceConfig> =
-            crate::platform::secrets::resolve(&room.sources, Needs::Signing, OnFailure::Stop)
+            crate::platform::secrets::resolve(&settings.sources, Needs::Signing, OnFailure::Stop)
                 .await?
                 .into_iter()
                 .map(|mut source| {
@@ -243,23 +245,23 @@ impl EngineRoom {
         })
         .await?;
         Ok(Some(Self::from_config(
-            room,
+            &settings,
             resolved,
             config.catalog.clone(),
             intake,
         )?))
     }
 
-    /// The Engine Room over `sources` (`config`'s, their signing secrets read) and the intake
+    /// The Engine Room over `sources` (`settings`', their signing secrets read) and the intake
     /// `intake` runs them through. A source it cannot sign for — one whose provider signs with
     /// a private key (Kinde), without `kinde_key_file` — is refused, naming it.
     pub fn from_config(
-        config: &EngineRoomConfig,
+        settings: &settings::Settings,
         sources: Vec<SourceConfig>,
         catalog: Catalog,
         intake: IntakeState,
     ) -> Result<Self, ConfigError> {
-        let kinde_key = match &config.kinde_key {
+        let kinde_key = match &settings.kinde_key {
             Some(file) => Some(KindeKey {
                 pem: std::fs::read(&file.path).map_err(|e| {
                     ConfigError::at(

@@ -6,6 +6,7 @@
 mod api;
 mod decide;
 pub mod entitlements;
+pub mod event_destination;
 mod fetch;
 pub mod fixtures;
 pub mod meter;
@@ -95,6 +96,10 @@ impl Provider for Stripe {
 
     fn reads(&self, api: Api) -> Option<Box<dyn Reads>> {
         Some(Box::new(StripeReads::new(api)))
+    }
+
+    fn bus_fed_var(&self) -> Option<&'static str> {
+        Some(event_destination::EVENT_SOURCE_FOR_VAR)
     }
 
     fn meter_field(&self) -> Option<(&'static str, usize)> {
