@@ -4,5 +4,6 @@
 
 pub mod described;
 pub mod stripe;
+pub mod stripe_reads;
 
 pub use described::{Description, ProviderServer, KINDE, LEMONSQUEEZY, PADDLE, POLAR, STRIPE};
