@@ -155,7 +155,13 @@ impl FakeStripe {
     /// Served as Stripe's API, every request checked against Stripe's published description.
     pub async fn serve(&self) -> ProviderServer {
         let server = ProviderServer::start(&STRIPE).await;
-        crate::stripe_reads::mount(self, &server).await;
+        self.mount(&server).await;
+        server
+    }
+
+    /// Mounts its routes on `server` (again, after the server's `reset`).
+    pub async fn mount(&self, server: &ProviderServer) {
+        crate::stripe_reads::mount(self, server).await;
         for endpoint in [
             "/v1/billing/meter_events",
             "/v1/billing/meter_event_adjustments",
@@ -163,7 +169,7 @@ impl FakeStripe {
             Mock::given(method("POST"))
                 .and(path(endpoint))
                 .respond_with(crate::stripe_reads::WithRequestId(self.clone()))
-                .mount(&server)
+                .mount(server)
                 .await;
         }
         // A test's own mock of these reads comes first.
@@ -171,9 +177,8 @@ impl FakeStripe {
             .and(path_regex(r"^/v1/billing/meters(/[^/]+/event_summaries)?$"))
             .respond_with(crate::stripe_reads::WithRequestId(self.clone()))
             .with_priority(10)
-            .mount(&server)
+            .mount(server)
             .await;
-        server
     }
 
     /// POST requests that reached it, answered from a saved answer or not.

@@ -144,15 +144,32 @@ pub(crate) struct Reads {
     reads: usize,
     /// The mode of a request whose key names none.
     mode: Mode,
-    /// The fake's clock: set by a test, else the wall clock.
-    clock: Option<DateTime<Utc>>,
+    /// The fake's clock: the wall clock's unless a test set it.
+    clock: Clock,
     limiter: Limiter,
     request_ids: u64,
 }
 
+/// The fake's clock.
+#[derive(Default, Clone, Copy)]
+enum Clock {
+    #[default]
+    Wall,
+    /// Stopped at a time (a test moves it).
+    Stopped(DateTime<Utc>),
+    /// Running from a time, set at an instant of the wall clock.
+    Running(DateTime<Utc>, std::time::Instant),
+}
+
 impl Reads {
     fn now(&self) -> DateTime<Utc> {
-        self.clock.unwrap_or_else(Utc::now)
+        match self.clock {
+            Clock::Wall => Utc::now(),
+            Clock::Stopped(at) => at,
+            Clock::Running(from, set) => {
+                from + TimeDelta::from_std(set.elapsed()).unwrap_or_default()
+            }
+        }
     }
 
     fn request_id(&mut self) -> String {
@@ -324,15 +341,33 @@ impl Respond for ReadSide {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let mut reads = self.0.reads();
         let id = reads.request_id();
-        let (status, body, delay) = reads.answer(request);
-        let answer = ResponseTemplate::new(status)
-            .insert_header("Request-Id", id.as_str())
-            .set_body_json(body);
-        match delay {
-            Some(delay) => answer.set_delay(delay),
-            None => answer,
-        }
+        let answer = match reads.answer(request) {
+            Answered::Is(status, body, delay) => {
+                let answer = ResponseTemplate::new(status).set_body_json(body);
+                match delay {
+                    Some(delay) => answer.set_delay(delay),
+                    None => answer,
+                }
+            }
+            // A 429 the test scripts, as the limiter answers one, with a `Retry-After` when
+            // given (read by Stripe's SDKs, stripe-php #755).
+            Answered::RateLimited(retry_after) => {
+                let answer =
+                    rate_limited().insert_header("Stripe-Rate-Limited-Reason", "global-rate");
+                match retry_after {
+                    Some(secs) => answer.insert_header("Retry-After", secs.to_string().as_str()),
+                    None => answer,
+                }
+            }
+        };
+        answer.insert_header("Request-Id", id.as_str())
     }
+}
+
+/// A read's answer: its status, body and how late it comes, or a scripted 429.
+enum Answered {
+    Is(u16, Value, Option<Duration>),
+    RateLimited(Option<u32>),
 }
 
 /// Mounts the limiter (in front of every route) and the read routes on `server`; the meter
@@ -354,8 +389,8 @@ pub(crate) async fn mount(fake: &FakeStripe, server: &ProviderServer) {
 }
 
 impl Reads {
-    /// The answer to a read: its status, body, and how late it comes.
-    fn answer(&mut self, request: &Request) -> (u16, Value, Option<Duration>) {
+    /// The answer to a read.
+    fn answer(&mut self, request: &Request) -> Answered {
         self.reads += 1;
         let path = request.url.path().to_owned();
         let n = self.reads;
@@ -372,17 +407,9 @@ impl Reads {
             *left -= 1;
             match fault.clone() {
                 Fault::Fails(status, body) | Fault::TakesThenFails(status, body) => {
-                    return (status, body, None)
+                    return Answered::Is(status, body, None)
                 }
-                Fault::RateLimited(_) => {
-                    let (status, body) = error(
-                        429,
-                        Some("rate_limit"),
-                        "Too many requests hit the API too quickly. We recommend an exponential backoff of your requests.".into(),
-                        None,
-                    );
-                    return (status, body, None);
-                }
+                Fault::RateLimited(retry_after) => return Answered::RateLimited(retry_after),
                 Fault::Slow(after) => delay = Some(after),
             }
         }
@@ -395,7 +422,7 @@ impl Reads {
         } else {
             self.route(request, &path)
         };
-        (status, body, delay)
+        Answered::Is(status, body, delay)
     }
 
     fn route(&self, request: &Request, path: &str) -> (u16, Value) {
@@ -733,10 +760,11 @@ impl FakeStripe {
             .get("account")
             .and_then(Value::as_str)
             .map(str::to_owned);
-        // Listed by the platform, whatever account an event is of: a platform's
-        // `GET /v1/events` without `Stripe-Account` lists its connected accounts' events too
-        // ("Connect webhooks", docs.stripe.com/connect/webhooks, carry `account`); read with
-        // `Stripe-Account`, the account's own.
+        // Listed with `Stripe-Account` as the account's own. Listed by the platform too: its
+        // pages say only that Connect platforms "receive event notifications that occur in
+        // their connected accounts" (docs.stripe.com/api/events), not whether the platform's
+        // `GET /v1/events` lists them; reconciliation's walk relies on it, so the fake does,
+        // until Stripe's answer is known (docs/design.md §6.6).
         let mut reads = self.reads();
         reads.events.push(Held {
             context: None,
@@ -786,6 +814,20 @@ impl FakeStripe {
         self
     }
 
+    /// `customer`'s active entitlements in `context`, as given (each an
+    /// `entitlements.active_entitlement` with its `id`), in list order.
+    pub fn entitlements_of(
+        &self,
+        context: Option<&str>,
+        customer: &str,
+        listed: Vec<Value>,
+    ) -> &Self {
+        self.reads()
+            .entitlements
+            .insert((context.map(str::to_owned), customer.to_owned()), listed);
+        self
+    }
+
     /// The next `times` reads `on` go wrong as `fault` says (a 5xx, a slow answer, a 429), in
     /// the order scripted.
     pub fn read_fails(&self, on: On, fault: Fault, times: usize) -> &Self {
@@ -799,17 +841,23 @@ impl FakeStripe {
         self
     }
 
-    /// Sets the fake's clock (the rate limiter's seconds, the events' 30 days) to `at`.
+    /// Stops the fake's clock (the rate limiter's seconds, the events' 30 days) at `at`.
     pub fn clock_at(&self, at: DateTime<Utc>) -> &Self {
-        self.reads().clock = Some(at);
+        self.reads().clock = Clock::Stopped(at);
         self
     }
 
-    /// Moves the fake's clock on by `by` (from the wall clock's now when it was not set).
+    /// Sets the fake's clock to `at`, running on from there (a corpus's day, say).
+    pub fn clock_from(&self, at: DateTime<Utc>) -> &Self {
+        self.reads().clock = Clock::Running(at, std::time::Instant::now());
+        self
+    }
+
+    /// Moves the fake's clock on by `by` (stopped there).
     pub fn clock_advance(&self, by: TimeDelta) -> &Self {
         let mut reads = self.reads();
         let now = reads.now();
-        reads.clock = Some(now + by);
+        reads.clock = Clock::Stopped(now + by);
         self
     }
 
@@ -1109,6 +1157,17 @@ mod behaviour {
             "slow: the client gave up"
         );
         assert_eq!(get(&server, "sk_test_x", path, &[], None).await.0, 500);
+        assert_eq!(get(&server, "sk_test_x", path, &[], None).await.0, 200);
+        fake.read_fails(On::Any, Fault::RateLimited(Some(30)), 1);
+        let (status, body, headers) = get(&server, "sk_test_x", path, &[], None).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (429, Some("rate_limit"))
+        );
+        assert_eq!(
+            (&headers["retry-after"], &headers["stripe-should-retry"]),
+            (&"30".parse().unwrap(), &"true".parse().unwrap())
+        );
         assert_eq!(get(&server, "sk_test_x", path, &[], None).await.0, 200);
     }
 }
