@@ -30,7 +30,14 @@ use wiremock::{Match, Mock, MockServer, Request, ResponseTemplate};
 
 /// Stripe's API: `latest/openapi.spec3.json` of stripe/openapi, trimmed.
 pub static STRIPE: LazyLock<Description> = LazyLock::new(|| {
-    Description::load("Stripe", include_str!("../../testdata/openapi/stripe.json"))
+    Description::load("Stripe", include_str!("../../testdata/openapi/stripe.json")).unchecked(&[
+        // Object reads of a thin event's related object, a refund's intent and a health
+        // notice's v2 event, which the trimmed file does not hold yet (docs/design.md §6.6).
+        ("GET", "/v1/customers/{customer}"),
+        ("GET", "/v1/payment_intents/{intent}"),
+        ("GET", "/v1/charges/{charge}"),
+        ("GET", "/v2/core/events/{id}"),
+    ])
 });
 
 /// Paddle Billing's API: `v1/openapi.yaml` of PaddleHQ/paddle-openapi, trimmed.
@@ -63,6 +70,9 @@ pub struct Description {
     draft: jsonschema::Draft,
     /// Each path template, split into segments (`None` for a `{parameter}`), and its item.
     routes: Vec<(String, Vec<Option<String>>, Value)>,
+    /// Operations the provider has that the file does not describe yet: let through unchecked,
+    /// each named (method, template).
+    unchecked: Vec<(&'static str, Vec<Option<String>>)>,
 }
 
 impl Description {
@@ -79,28 +89,42 @@ impl Description {
         let routes = paths
             .iter()
             .map(|(template, item)| {
-                let segments = template
-                    .split('/')
-                    .map(|s| {
-                        let parameter = s.starts_with('{') && s.ends_with('}');
-                        (!parameter).then(|| s.to_owned())
-                    })
-                    .collect();
-                (template.clone(), segments, resolved(item, &doc, 0))
+                (
+                    template.clone(),
+                    segments(template),
+                    resolved(item, &doc, 0),
+                )
             })
             .collect();
         Self {
             name,
             draft,
             routes,
+            unchecked: Vec::new(),
         }
+    }
+
+    /// The description, letting `operations` (method, path template) through unchecked.
+    fn unchecked(mut self, operations: &[(&'static str, &'static str)]) -> Self {
+        self.unchecked = operations
+            .iter()
+            .map(|(method, template)| (*method, segments(template)))
+            .collect();
+        self
     }
 
     /// What the description refuses of `request`, one sentence each; empty when it conforms.
     pub fn refusals(&self, request: &Request) -> Vec<String> {
         let path = request.url.path();
-        let Some((template, params, operation)) = self.operation(request.method.as_str(), path)
-        else {
+        let method = request.method.as_str();
+        if self
+            .unchecked
+            .iter()
+            .any(|(m, segments)| *m == method && matches(segments, path))
+        {
+            return Vec::new();
+        }
+        let Some((template, params, operation)) = self.operation(method, path) else {
             let known = self
                 .routes
                 .iter()
@@ -411,6 +435,17 @@ impl Description {
     fn is_valid(&self, schema: &Value, value: &Value) -> bool {
         self.validator(schema).is_ok_and(|v| v.is_valid(value))
     }
+}
+
+/// A path template's segments, `None` for a `{parameter}`.
+fn segments(template: &str) -> Vec<Option<String>> {
+    template
+        .split('/')
+        .map(|s| {
+            let parameter = s.starts_with('{') && s.ends_with('}');
+            (!parameter).then(|| s.to_owned())
+        })
+        .collect()
 }
 
 /// Whether `path` fits a template's segments.

@@ -8,6 +8,7 @@ pub mod lemonsqueezy;
 pub mod paddle;
 pub mod polar;
 pub mod stripe;
+pub mod stripe_reads;
 pub mod traffic;
 
 pub use described::{Description, ProviderServer, KINDE, LEMONSQUEEZY, PADDLE, POLAR, STRIPE};

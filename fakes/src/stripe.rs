@@ -114,9 +114,13 @@ struct State {
     summaries_asked: Vec<HashMap<String, String>>,
 }
 
-/// A fake Stripe; clones share one account.
+/// A fake Stripe; clones share one account. Its read side and rate limiter are
+/// `stripe_reads.rs`'s.
 #[derive(Clone, Default)]
-pub struct FakeStripe(Arc<Mutex<State>>);
+pub struct FakeStripe(
+    Arc<Mutex<State>>,
+    pub(crate) Arc<Mutex<crate::stripe_reads::Reads>>,
+);
 
 impl FakeStripe {
     /// One whose every request that reaches an endpoint fails with `status` and `body`.
@@ -151,24 +155,30 @@ impl FakeStripe {
     /// Served as Stripe's API, every request checked against Stripe's published description.
     pub async fn serve(&self) -> ProviderServer {
         let server = ProviderServer::start(&STRIPE).await;
+        self.mount(&server).await;
+        server
+    }
+
+    /// Mounts its routes on `server` (again, after the server's `reset`).
+    pub async fn mount(&self, server: &ProviderServer) {
+        crate::stripe_reads::mount(self, server).await;
         for endpoint in [
             "/v1/billing/meter_events",
             "/v1/billing/meter_event_adjustments",
         ] {
             Mock::given(method("POST"))
                 .and(path(endpoint))
-                .respond_with(self.clone())
-                .mount(&server)
+                .respond_with(crate::stripe_reads::WithRequestId(self.clone()))
+                .mount(server)
                 .await;
         }
         // A test's own mock of these reads comes first.
         Mock::given(method("GET"))
             .and(path_regex(r"^/v1/billing/meters(/[^/]+/event_summaries)?$"))
-            .respond_with(self.clone())
+            .respond_with(crate::stripe_reads::WithRequestId(self.clone()))
             .with_priority(10)
-            .mount(&server)
+            .mount(server)
             .await;
-        server
     }
 
     /// POST requests that reached it, answered from a saved answer or not.

@@ -15,8 +15,6 @@ use shared::platform::budget::{Budgets, Lane, Limit, Throttled};
 use shared::platform::config::{parse_sources, SourceConfig};
 use shared::providers::{Api, ApiClient};
 use sqlx::PgPool;
-use wiremock::matchers::{method, path_regex};
-use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::helpers::*;
 use crate::meters::{
@@ -24,7 +22,7 @@ use crate::meters::{
     Fault,
 };
 use crate::thin::{app_with_api, status_of, thin_events};
-use provider_fakes::stripe::rate_limited;
+use provider_fakes::stripe_reads::On;
 
 /// A bucket that does not refill within a test: `burst` calls, `reserved` of them kept for
 /// meter reports.
@@ -165,11 +163,8 @@ async fn a_thin_read_stripe_refuses_for_the_rate_waits_the_time_said_without_spe
 ) {
     let (app, api) = app_with_api(pool.clone()).await;
     // Stripe's 429, and a `Retry-After` (read by Stripe's own SDKs, stripe-php #755).
-    Mock::given(method("GET"))
-        .and(path_regex("^/v1/subscriptions/"))
-        .respond_with(rate_limited().insert_header("Retry-After", "60"))
-        .mount(&api)
-        .await;
+    api.fake
+        .read_fails(On::Any, Fault::RateLimited(Some(60)), 1);
     let event = &thin_events()[0];
     let (status, body) = app.post("stripe", &stripe_delivery(event)).await;
     assert_eq!(status, http::StatusCode::OK, "{body}");
@@ -208,18 +203,13 @@ async fn a_thin_read_stripe_refuses_for_the_rate_waits_the_time_said_without_spe
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_pause_stripe_asked_of_one_instance_holds_every_instance_off(pool: PgPool) {
-    let api = MockServer::start().await;
-    Mock::given(method("GET"))
-        .and(path_regex("^/v1/subscriptions/"))
-        .respond_with(rate_limited().insert_header("Retry-After", "30"))
-        .up_to_n_times(1)
-        .mount(&api)
-        .await;
-    Mock::given(method("GET"))
-        .and(path_regex("^/v1/subscriptions/"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(object("subscription.active")))
-        .mount(&api)
-        .await;
+    let stripe = FakeStripe::default();
+    stripe.holds(object("subscription.active")).read_fails(
+        On::Any,
+        Fault::RateLimited(Some(30)),
+        1,
+    );
+    let api = stripe.serve().await;
     let source = stripe_source(&api.uri(), json!({"per_second": 10, "burst": 10}));
     let other = second_pool(&pool).await;
     let one = Api::for_source(&source, client(&pool, Lane::Reads)).unwrap();
@@ -300,11 +290,7 @@ async fn a_burst_of_thin_events_leaves_meter_reports_their_share_of_the_budget(p
     let (mut app, api) = app_with_api(pool.clone()).await;
     // The test plans, which price the meter's customer's plan.
     app.worker.catalog = shared::domain::Catalog::parse(PLANS).unwrap();
-    Mock::given(method("GET"))
-        .and(path_regex("^/v1/subscriptions/"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(object("subscription.active")))
-        .mount(&api)
-        .await;
+    api.fake.holds(object("subscription.active"));
     // Three calls at once, one of them kept for meter reports, and no refill in the test.
     let budget = json!({"per_second": 0.001, "burst": 3, "reserved": 1});
     let reads = stripe_source(&api.uri(), budget.clone());
@@ -370,22 +356,16 @@ async fn a_reconciliation_stripe_refuses_for_the_rate_stops_early_and_goes_on_ne
     pool: PgPool,
 ) {
     let app = TestApp::spawn(pool.clone()).await;
-    let api = MockServer::start().await;
-    let created = Utc::now().timestamp() - shared::reconcile::LAG.as_secs() as i64 - 600;
+    // In the walk's first window (its first six hours, three days back): Stripe lists an event
+    // only in a window of `created` that holds it.
+    let created =
+        Utc::now().timestamp() - shared::reconcile::FIRST_LOOKBACK.as_secs() as i64 + 3_600;
     let listed = crate::scheduler::stripe_api_event("evt_listed_late", "cus_listed", created);
-    Mock::given(method("GET"))
-        .and(path_regex("^/v1/events$"))
-        .respond_with(rate_limited().insert_header("Retry-After", "30"))
-        .up_to_n_times(1)
-        .mount(&api)
-        .await;
-    Mock::given(method("GET"))
-        .and(path_regex("^/v1/events$"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "object": "list", "url": "/v1/events", "has_more": false, "data": [listed]
-        })))
-        .mount(&api)
-        .await;
+    let stripe = FakeStripe::default();
+    stripe
+        .has_event(listed)
+        .read_fails(On::Any, Fault::RateLimited(Some(30)), 1);
+    let api = stripe.serve().await;
     let source = stripe_source(&api.uri(), json!({"per_second": 10, "burst": 10}));
     let reconciler =
         shared::reconcile::Reconciler::for_source(&source, client(&pool, Lane::Reads)).unwrap();

@@ -681,13 +681,12 @@ const ACCOUNT_INTENT: &str = "pi_3AcctV2Pi000001";
 /// A Connect platform's connected account, as a Connect endpoint's events name it.
 const CONNECTED: &str = "acct_1PlatformConn01";
 
-/// The objects the worker reads for the accounts-v2 corpus, at a fake Stripe API: the
+/// The objects the worker reads for the accounts-v2 corpus, held by the fake Stripe: the
 /// refunded charge's payment intent (the charge names no customer) and the invoice payment
-/// that links it to its invoice; each answered only as `connected` (or as the platform).
-pub(crate) async fn accounts_v2_api(connected: Option<&str>) -> wiremock::MockServer {
-    use wiremock::matchers::{header, method, path, query_param};
-    use wiremock::{Mock, MockServer, ResponseTemplate};
-    let api = MockServer::start().await;
+/// that links it to its invoice; each held by `connected` (or by the platform), so read as
+/// another account it is Stripe's 404.
+pub(crate) async fn accounts_v2_api(connected: Option<&str>) -> crate::thin::StripeApi {
+    let api = crate::thin::StripeApi::start().await;
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/providers/stripe/accounts-v2");
     let intent: Value = serde_json::from_str(
         &std::fs::read_to_string(root.join("objects/payment_intent.json")).unwrap(),
@@ -697,29 +696,18 @@ pub(crate) async fn accounts_v2_api(connected: Option<&str>) -> wiremock::MockSe
         .into_iter()
         .find(|(name, _)| name == "invoice_payment.paid")
         .unwrap();
-    let list = serde_json::json!({"object": "list", "url": "/v1/invoice_payments",
-        "has_more": false, "data": [paid["data"]["object"]]});
-    let as_account = |mock: wiremock::MockBuilder| match connected {
-        Some(account) => mock.and(header("Stripe-Account", account)),
-        None => mock,
-    };
-    as_account(
-        Mock::given(method("GET"))
-            .and(path(format!("/v1/payment_intents/{ACCOUNT_INTENT}")))
-            .and(header("Stripe-Version", "2025-03-31.basil")),
-    )
-    .respond_with(ResponseTemplate::new(200).set_body_json(intent))
-    .mount(&api)
-    .await;
-    as_account(
-        Mock::given(method("GET"))
-            .and(path("/v1/invoice_payments"))
-            .and(query_param("payment[payment_intent]", ACCOUNT_INTENT)),
-    )
-    .respond_with(ResponseTemplate::new(200).set_body_json(list))
-    .mount(&api)
-    .await;
+    api.fake
+        .holds_in(connected, intent)
+        .holds_in(connected, paid["data"]["object"].clone());
     api
+}
+
+/// Every read of the intent was made in the API version the reads are written against.
+fn intent_read_as_written(reads: &[wiremock::Request]) {
+    let intent = format!("/v1/payment_intents/{ACCOUNT_INTENT}");
+    for read in reads.iter().filter(|r| r.url.path() == intent) {
+        assert_eq!(read.headers["Stripe-Version"], "2025-03-31.basil");
+    }
 }
 
 /// The accounts-v2 corpus sent as `source` would send it, each event from the connected
@@ -778,6 +766,7 @@ async fn accounts_v2_corpus(pool: PgPool, reverse: bool) {
     assert!(reads
         .iter()
         .any(|r| r.url.path() == format!("/v1/payment_intents/{ACCOUNT_INTENT}")));
+    intent_read_as_written(&reads);
     assert!(
         reads
             .iter()
@@ -813,6 +802,7 @@ async fn a_connected_accounts_customer_that_is_an_account_is_keyed_under_the_con
     assert_eq!(accounts_keyed(&app, ACCOUNT_CUSTOMER).await, 0);
     let reads = api.received_requests().await.unwrap();
     assert!(!reads.is_empty());
+    intent_read_as_written(&reads);
     for read in reads {
         assert_eq!(
             read.headers

@@ -10,7 +10,6 @@ use sqlx::PgPool;
 use crate::cli::{database_url, inboxctl, run};
 use crate::corpus::{corpus, CORPUS_PLANS};
 use crate::helpers::*;
-use provider_fakes::{ProviderServer, STRIPE};
 
 /// The corpus file `name` of `dir`.
 fn file(dir: &str, name: &str) -> Value {
@@ -324,11 +323,8 @@ async fn polar_cancel_and_uncancel_are_applied_told_and_a_late_cancel_is_ignored
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_provider_read_settles_a_same_second_tie_that_differs_only_in_the_ends(pool: PgPool) {
-    use wiremock::matchers::{method, path};
-    use wiremock::{Mock, ResponseTemplate};
-
     let mut app = app_with_effects(pool).await;
-    let api = ProviderServer::start(&STRIPE).await;
+    let api = crate::thin::StripeApi::start().await;
     let active = stripe_active("basil");
     // Scheduled and withdrawn within one second; the provider shows it withdrawn. The
     // scheduling event's id sorts last, so the dedupe key alone would keep it.
@@ -342,11 +338,7 @@ async fn a_provider_read_settles_a_same_second_tie_that_differs_only_in_the_ends
     };
     for n in 0..2 {
         let (_, _, withdrawn) = pair(n);
-        Mock::given(method("GET"))
-            .and(path(format!("/v1/subscriptions/sub_1BasilTie{n}")))
-            .respond_with(ResponseTemplate::new(200).set_body_json(&withdrawn["data"]["object"]))
-            .mount(&api)
-            .await;
+        api.fake.holds(withdrawn["data"]["object"].clone());
     }
     crate::traffic::with_stripe_api(&mut app.worker, &api);
     for n in 0..2 {

@@ -5,17 +5,18 @@
 //! related_object {id, type, url}}`, `resolved_at`, `summary`: stripe-node's
 //! `V2CoreHealthEventGenerationFailureResolvedEvent.Data`, and the example in Stripe's guide
 //! "Handle irrecoverable webhook events", whose `related_object.url` is a Dashboard URL). The
-//! Stripe API is a fake (wiremock).
+//! Stripe API is the fake Stripe (`provider_fakes::stripe`).
 
 use serde_json::{json, Value};
 use shared::handlers::worker::{process_event, Processed};
 use sqlx::PgPool;
-use wiremock::matchers::{header, method, path, query_param};
-use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::corpus::CORPUS_PLANS;
 use crate::helpers::*;
+use crate::thin::StripeApi;
 use crate::traffic::with_stripe_api;
+use provider_fakes::stripe::Fault;
+use provider_fakes::stripe_reads::On;
 
 const ID: &str = "evt_test_65TdHe4lThGenFail16T2Kfo4Q8lSA4GfMwNYbNqcHlth";
 const SUB: &str = "sub_1ThinSub0000001";
@@ -55,21 +56,16 @@ fn subscription(id: &str) -> Value {
     object
 }
 
-async fn app_with_api(pool: PgPool) -> (TestApp, MockServer) {
+async fn app_with_api(pool: PgPool) -> (TestApp, StripeApi) {
     let mut app = TestApp::spawn(pool).await;
     app.worker.catalog = shared::domain::Catalog::parse(CORPUS_PLANS).unwrap();
-    let api = MockServer::start().await;
+    let api = StripeApi::start().await;
     with_stripe_api(&mut app.worker, &api);
     (app, api)
 }
 
-async fn serves_event(api: &MockServer, event: Value) {
-    Mock::given(method("GET"))
-        .and(path(format!("/v2/core/events/{ID}")))
-        .and(header("Authorization", "Bearer sk_test_reads"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(event))
-        .mount(api)
-        .await;
+async fn serves_event(api: &StripeApi, event: Value) {
+    api.fake.has_v2_event(event);
 }
 
 async fn deliver(app: &TestApp) -> EventRow {
@@ -96,12 +92,7 @@ async fn a_generation_failure_that_names_a_subscription_reads_and_applies_it(poo
         }))),
     )
     .await;
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/subscriptions/{SUB}")))
-        .and(header("Stripe-Version", "2025-03-31.basil"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(subscription(SUB)))
-        .mount(&api)
-        .await;
+    api.fake.holds(subscription(SUB));
     let row = deliver(&app).await;
     assert_eq!(row.status, "applied", "{:?}", row.reason);
     let account = app.account("stripe", CUSTOMER, &period()).await;
@@ -134,32 +125,21 @@ async fn a_generation_failure_that_names_a_subscription_reads_and_applies_it(poo
 async fn a_generation_failure_that_names_no_object_sweeps_the_subscriptions(pool: PgPool) {
     let (app, api) = app_with_api(pool).await;
     serves_event(&api, v2_event(None)).await;
+    // Two pages of Stripe's 100: the customer's two subscriptions after 100 of others.
     let (first, second) = ("sub_1ThinSweep00001", "sub_1ThinSweep00002");
-    Mock::given(method("GET"))
-        .and(path("/v1/subscriptions"))
-        .and(query_param("status", "all"))
-        .and(query_param("starting_after", first))
-        .respond_with(ResponseTemplate::new(200).set_body_json(
-            json!({"object": "list", "data": [subscription(second)], "has_more": false}),
-        ))
-        .with_priority(1)
-        .mount(&api)
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/v1/subscriptions"))
-        .and(query_param("status", "all"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(
-            json!({"object": "list", "data": [subscription(first)], "has_more": true}),
-        ))
-        .with_priority(2)
-        .mount(&api)
-        .await;
+    let base = subscription(SUB);
+    for n in 0..100 {
+        api.fake.holds(nth_subscription(&base, n));
+    }
+    api.fake
+        .holds(subscription(first))
+        .holds(subscription(second));
     let row = deliver(&app).await;
     assert_eq!(row.status, "applied", "{:?}", row.reason);
     let reason = row.reason.unwrap();
     assert!(
         reason.contains(
-            "swept 2 subscriptions in 2 pages: 2 differ from their registers, 2 stored as reads"
+            "swept 102 subscriptions in 2 pages: 102 differ from their registers, 102 stored as reads"
         ),
         "{reason}"
     );
@@ -224,11 +204,15 @@ async fn a_generation_failure_without_an_api_key_is_unprocessable(pool: PgPool) 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_generation_failure_whose_event_read_fails_is_retried(pool: PgPool) {
     let (app, api) = app_with_api(pool).await;
-    Mock::given(method("GET"))
-        .and(path(format!("/v2/core/events/{ID}")))
-        .respond_with(ResponseTemplate::new(503))
-        .mount(&api)
-        .await;
+    serves_event(&api, v2_event(None)).await;
+    api.fake.read_fails(
+        On::Path(format!("/v2/core/events/{ID}")),
+        Fault::Fails(
+            503,
+            json!({"error": {"type": "api_error", "message": "Service unavailable"}}),
+        ),
+        usize::MAX,
+    );
     let (status, _) = app.post("stripe", &stripe_delivery(&notification())).await;
     assert_eq!(status, http::StatusCode::OK);
     let id = app.event_id("stripe", ID).await;
@@ -248,31 +232,21 @@ fn nth_subscription(base: &Value, n: usize) -> Value {
     object
 }
 
-/// `GET /v1/subscriptions` of an account with `total` subscriptions, 100 a page after
-/// `starting_after`, each page answered `delay` late (a slow API).
-fn slow_subscriptions(total: usize, delay: std::time::Duration) -> impl wiremock::Respond {
+/// The account holds `total` subscriptions, listed in the order of `n` (newest first: the
+/// first made last), and answers `GET /v1/subscriptions` each time `delay` late (a slow API,
+/// never more than Stripe's 25 requests a second of a sandbox).
+fn slow_subscriptions(api: &StripeApi, total: usize, delay: std::time::Duration) {
     let base = subscription(SUB);
-    move |request: &wiremock::Request| {
-        let after = request
-            .url
-            .query_pairs()
-            .find(|(k, _)| k == "starting_after")
-            .map(|(_, v)| v.into_owned());
-        let start = match after {
-            Some(id) => {
-                id.trim_start_matches("sub_1Sweep")
-                    .parse::<usize>()
-                    .unwrap()
-                    + 1
-            }
-            None => 0,
-        };
-        let end = (start + 100).min(total);
-        let data: Vec<Value> = (start..end).map(|n| nth_subscription(&base, n)).collect();
-        ResponseTemplate::new(200)
-            .set_body_json(json!({"object": "list", "url": "/v1/subscriptions", "data": data, "has_more": end < total}))
-            .set_delay(delay)
+    for n in 0..total {
+        let mut object = nth_subscription(&base, n);
+        object["created"] = json!(1_764_547_200 - n as i64);
+        api.fake.holds(object);
     }
+    api.fake.read_fails(
+        On::Path("/v1/subscriptions".into()),
+        Fault::Slow(delay),
+        usize::MAX,
+    );
 }
 
 /// A sweep larger than one attempt's budget (5,000 subscriptions, 50 pages, through an API
@@ -287,15 +261,7 @@ async fn a_sweep_longer_than_its_budget_goes_on_from_its_place_until_every_subsc
     // Small, so that the sweep takes several attempts and the test a few seconds.
     app.worker.sweep_budget = std::time::Duration::from_millis(150);
     serves_event(&api, v2_event(None)).await;
-    Mock::given(method("GET"))
-        .and(path("/v1/subscriptions"))
-        .and(query_param("status", "all"))
-        .respond_with(slow_subscriptions(
-            5_000,
-            std::time::Duration::from_millis(20),
-        ))
-        .mount(&api)
-        .await;
+    slow_subscriptions(&api, 5_000, std::time::Duration::from_millis(50));
     // Most registers show what the provider lists; every 50th subscription has none, and
     // every 50th another status, written after the notice. Every one is stored as a read,
     // whatever its register holds (what is stored does not depend on the events' order).
@@ -413,14 +379,7 @@ async fn a_sweeps_read_takes_the_notices_time_and_month_across_a_month_boundary(
     let mut event = v2_event(None);
     event["created"] = notice["created"].clone();
     serves_event(&api, event).await;
-    Mock::given(method("GET"))
-        .and(path("/v1/subscriptions"))
-        .and(query_param("status", "all"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(
-            json!({"object": "list", "data": [subscription(SUB)], "has_more": false}),
-        ))
-        .mount(&api)
-        .await;
+    api.fake.holds(subscription(SUB));
     let (status, body) = app.post("stripe", &stripe_delivery(&notice)).await;
     assert_eq!(status, http::StatusCode::OK, "{body}");
     app.run_worker().await;
@@ -448,14 +407,7 @@ async fn a_sweeps_read_takes_the_notices_time_and_month_across_a_month_boundary(
 async fn a_sweeps_reads_are_left_unmarked_for_the_rescue_to_send_a_minute_later(pool: PgPool) {
     let (app, api) = app_with_api(pool).await;
     serves_event(&api, v2_event(None)).await;
-    Mock::given(method("GET"))
-        .and(path("/v1/subscriptions"))
-        .and(query_param("status", "all"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(
-            json!({"object": "list", "data": [subscription(SUB)], "has_more": false}),
-        ))
-        .mount(&api)
-        .await;
+    api.fake.holds(subscription(SUB));
     let row = deliver(&app).await;
     assert_eq!(row.status, "applied", "{:?}", row.reason);
     let read_id = app.event_id("stripe", &format!("read:{ID}:{SUB}")).await;
@@ -504,14 +456,7 @@ async fn change_and_notice_across_a_month(
     let mut event = v2_event(None);
     event["created"] = json!(sent);
     serves_event(&api, event).await;
-    Mock::given(method("GET"))
-        .and(path("/v1/subscriptions"))
-        .and(query_param("status", "all"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(
-            json!({"object": "list", "data": [subscription(SUB)], "has_more": false}),
-        ))
-        .mount(&api)
-        .await;
+    api.fake.holds(subscription(SUB));
     let changed_at = chrono::DateTime::parse_from_rfc3339("2026-10-31T23:59:00Z").unwrap();
     let change = json!({
         "id": "evt_1ChangeBeforeNov0001", "object": "event", "api_version": "2025-03-31.basil",

@@ -3,118 +3,35 @@
 //! `starting_after`, `delivery_success=false`), thousands of events, runs that stop on their
 //! budget or fail midway, reads that are not deliveries, and marks that are never stranded.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
-
 use chrono::Utc;
 use serde_json::{json, Value};
 use shared::handlers::scheduler;
 use shared::inbox::rescue::{mark_lost, rescue, send_marked};
 use shared::reconcile::{LAG, MAX_PAGES};
 use sqlx::PgPool;
-use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+use wiremock::MockServer;
 
 use crate::helpers::*;
 use crate::scheduler::{
     exec, polar_api_returns, polar_reconciler, reconcile_runs, scheduler_for, soon, status_of,
     stored_unapplied, stripe_api_event, stripe_reconciler,
 };
-use provider_fakes::{FakePolar, ProviderServer, STRIPE};
+use provider_fakes::stripe::{FakeStripe, Fault};
+use provider_fakes::stripe_reads::On;
+use provider_fakes::{FakePolar, ProviderServer};
 
-/// Stripe's `/v1/events`, over a fixed set of events.
-pub(crate) struct FakeStripe {
-    /// Every event, newest first (created, then id, descending), as Stripe lists them.
-    events: Vec<Value>,
-    /// What `delivery_success=false` lists.
-    undelivered: Vec<Value>,
-    /// Answer 500 to the request with this number (counting from 1), once.
-    fail_request: Option<usize>,
-    requests: AtomicUsize,
-    /// The windows asked for, to show the walk goes forward.
-    windows: Mutex<Vec<(i64, i64)>>,
-}
-
-impl FakeStripe {
-    pub(crate) fn new(mut events: Vec<Value>) -> Self {
-        events.sort_by_key(|e| {
-            std::cmp::Reverse((
-                e["created"].as_i64().unwrap(),
-                e["id"].as_str().unwrap().to_owned(),
-            ))
-        });
-        Self {
-            events,
-            undelivered: Vec::new(),
-            fail_request: None,
-            requests: AtomicUsize::new(0),
-            windows: Mutex::new(Vec::new()),
-        }
+/// The fake Stripe's account holding `events`, each delivered (`/v1/events` lists them as
+/// Stripe does: newest first, `created[…]`, `types[]`, `starting_after`, 30 days).
+pub(crate) fn stripe_with_events(events: Vec<Value>) -> FakeStripe {
+    let fake = FakeStripe::default();
+    for event in events {
+        fake.has_event(event);
     }
-}
-
-impl Respond for FakeStripe {
-    fn respond(&self, request: &Request) -> ResponseTemplate {
-        let n = self.requests.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.fail_request == Some(n) {
-            return ResponseTemplate::new(500);
-        }
-        let query: Vec<(String, String)> = request.url.query_pairs().into_owned().collect();
-        let get = |name: &str| {
-            query
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
-        let types: Vec<String> = query
-            .iter()
-            .filter(|(k, _)| k == "types[]")
-            .map(|(_, v)| v.clone())
-            .collect();
-        let limit: usize = get("limit").and_then(|l| l.parse().ok()).unwrap_or(10);
-        let gte: i64 = get("created[gte]")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(i64::MIN);
-        let lt: i64 = get("created[lt]")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(i64::MAX);
-        // Stripe takes the `created` filters on either list.
-        let listed: Vec<&Value> = if get("delivery_success").as_deref() == Some("false") {
-            self.undelivered.iter().collect()
-        } else {
-            self.windows.lock().unwrap().push((gte, lt));
-            self.events.iter().collect()
-        };
-        let listed: Vec<&Value> = listed
-            .into_iter()
-            .filter(|e| (gte..lt).contains(&e["created"].as_i64().unwrap()))
-            .collect();
-        let listed: Vec<&Value> = listed
-            .into_iter()
-            .filter(|e| types.is_empty() || types.iter().any(|t| e["type"] == t.as_str()))
-            .collect();
-        let start = match get("starting_after") {
-            Some(after) => listed
-                .iter()
-                .position(|e| e["id"] == after.as_str())
-                .map_or(listed.len(), |i| i + 1),
-            None => 0,
-        };
-        let page: Vec<&Value> = listed.iter().skip(start).take(limit).copied().collect();
-        let has_more = start + page.len() < listed.len();
-        ResponseTemplate::new(200).set_body_json(json!({
-            "object": "list", "url": "/v1/events", "has_more": has_more, "data": page
-        }))
-    }
+    fake
 }
 
 pub(crate) async fn fake_stripe(fake: FakeStripe) -> ProviderServer {
-    let server = ProviderServer::start(&STRIPE).await;
-    Mock::given(wiremock::matchers::method("GET"))
-        .and(wiremock::matchers::path("/v1/events"))
-        .respond_with(fake)
-        .mount(&server)
-        .await;
-    server
+    fake.serve().await
 }
 
 /// A scheduler for thousands of events: a generous time budget, so that the page budget is
@@ -182,7 +99,7 @@ async fn stripe_reconciliation_completes_any_volume_in_bounded_runs(pool: PgPool
         .map(|e| e["created"].as_i64().unwrap())
         .max()
         .unwrap();
-    let server = fake_stripe(FakeStripe::new(events)).await;
+    let server = fake_stripe(stripe_with_events(events)).await;
     let scheduler = volume_scheduler(&app, &server).await;
     let per_run = MAX_PAGES as usize * 100;
     let runs = 5_000usize.div_ceil(per_run) + 1;
@@ -229,8 +146,15 @@ async fn stripe_reconciliation_completes_any_volume_in_bounded_runs(pool: PgPool
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_run_that_fails_midway_is_resumed_without_gaps_or_repeats(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    let mut fake = FakeStripe::new(many_events(1_500));
-    fake.fail_request = Some(9);
+    let fake = stripe_with_events(many_events(1_500));
+    fake.read_fails(
+        On::Nth(9),
+        Fault::Fails(
+            500,
+            json!({"error": {"type": "api_error", "message": "An unknown error occurred"}}),
+        ),
+        1,
+    );
     let server = fake_stripe(fake).await;
     let scheduler = volume_scheduler(&app, &server).await;
 
@@ -250,10 +174,10 @@ async fn a_run_that_fails_midway_is_resumed_without_gaps_or_repeats(pool: PgPool
 async fn an_event_stripe_failed_to_deliver_is_applied_and_counted_once(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     // Created a minute ago: the walk will not reach it for a while; the undelivered list has it.
-    let mut fake = FakeStripe::new(Vec::new());
+    let fake = FakeStripe::default();
     let mut missing = stripe_api_event("evt_undelivered", "cus_u", Utc::now().timestamp() - 60);
     missing["data"]["object"]["id"] = json!("sub_u");
-    fake.undelivered = vec![missing];
+    fake.has_undelivered_event(missing);
     let server = fake_stripe(fake).await;
     let scheduler = scheduler_for(&app, vec![stripe_reconciler(&server)]);
 
@@ -302,11 +226,13 @@ async fn a_listed_event_of_a_customer_that_is_an_account_is_that_accounts(pool: 
         }
         event
     };
-    let mut fake = FakeStripe::new(Vec::new());
-    fake.undelivered = vec![
-        account_event("evt_rec_acct_own", "sub_rec_own", None),
-        account_event("evt_rec_acct_conn", "sub_rec_conn", Some("acct_1RecConn")),
-    ];
+    let fake = FakeStripe::default();
+    fake.has_undelivered_event(account_event("evt_rec_acct_own", "sub_rec_own", None));
+    fake.has_undelivered_event(account_event(
+        "evt_rec_acct_conn",
+        "sub_rec_conn",
+        Some("acct_1RecConn"),
+    ));
     let server = fake_stripe(fake).await;
     let scheduler = scheduler_for(&app, vec![stripe_reconciler(&server)]);
     let run = scheduler::run(&scheduler).await.reconciliation[0].clone();
@@ -357,10 +283,10 @@ async fn a_purged_event_stripe_still_lists_as_undelivered_is_not_stored_again(po
         .execute(&app.pool)
         .await
         .unwrap();
-    let mut fake = FakeStripe::new(Vec::new());
+    let fake = FakeStripe::default();
     let mut listed = stripe_api_event("evt_purged", "cus_purged", created);
     listed["data"]["object"]["status"] = json!("incomplete");
-    fake.undelivered = vec![listed];
+    fake.has_undelivered_event(listed);
     let server = fake_stripe(fake).await;
     let scheduler = scheduler::SchedulerState {
         sources: vec![],
@@ -403,8 +329,9 @@ async fn provider_reads_are_not_deliveries(pool: PgPool) {
     let id = body["event_id"].as_i64().unwrap();
     app.run_worker().await;
     // Listed by the walk's first window, and still in the undelivered list every run.
-    let mut fake = FakeStripe::new(vec![stripe_api_event("evt_once", "cus_once", created)]);
-    fake.undelivered = vec![stripe_api_event("evt_once", "cus_once", created)];
+    // Stripe lists an event it failed to deliver among all the others too.
+    let fake = FakeStripe::default();
+    fake.has_undelivered_event(stripe_api_event("evt_once", "cus_once", created));
     let server = fake_stripe(fake).await;
     let scheduler = scheduler_for(&app, vec![stripe_reconciler(&server)]);
 
@@ -561,7 +488,7 @@ async fn a_reconciliation_read_of_a_due_row_leaves_it_rescuable(pool: PgPool) {
         .await;
     app.drain_queue().await;
     exec(&app, "UPDATE inbox_events SET status = 'failed', attempts = 1, enqueued_at = now() - interval '10 seconds', next_attempt_at = now() - interval '5 seconds'").await;
-    let fake = FakeStripe::new(vec![stripe_api_event("evt_due_read", "cus_d", created)]);
+    let fake = stripe_with_events(vec![stripe_api_event("evt_due_read", "cus_d", created)]);
     let server = fake_stripe(fake).await;
     let scheduler = scheduler_for(&app, vec![stripe_reconciler(&server)]);
 

@@ -12,11 +12,12 @@ use shared::platform::config::parse_sources;
 use shared::platform::queue::Queue;
 use shared::reconcile::Reconciler;
 use sqlx::PgPool;
-use wiremock::matchers::method;
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::MockServer;
 
 use crate::helpers::*;
-use provider_fakes::{FakeLemonSqueezy, FakePolar, ProviderServer, STRIPE};
+use provider_fakes::stripe::{FakeStripe, Fault};
+use provider_fakes::stripe_reads::On;
+use provider_fakes::{FakeLemonSqueezy, FakePolar, ProviderServer};
 
 pub(crate) fn scheduler_for(app: &TestApp, reconcilers: Vec<Reconciler>) -> SchedulerState {
     SchedulerState {
@@ -227,11 +228,16 @@ pub(crate) fn stripe_reconciler(server: &MockServer) -> Reconciler {
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_provider_api_error_fails_its_source_and_not_the_run(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    let server = ProviderServer::start(&STRIPE).await;
-    Mock::given(method("GET"))
-        .respond_with(ResponseTemplate::new(500))
-        .mount(&server)
-        .await;
+    let stripe = FakeStripe::default();
+    stripe.read_fails(
+        On::Any,
+        Fault::Fails(
+            500,
+            json!({"error": {"type": "api_error", "message": "An unknown error occurred"}}),
+        ),
+        usize::MAX,
+    );
+    let server = stripe.serve().await;
     let id = stored_unapplied(&app, "evt_rescued_anyway").await;
     exec(
         &app,

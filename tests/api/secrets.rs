@@ -16,7 +16,7 @@ use sqlx::PgPool;
 
 use crate::helpers::*;
 use crate::scheduler::scheduler_for;
-use provider_fakes::{ProviderServer, STRIPE};
+use provider_fakes::stripe::FakeStripe;
 
 /// A new secret holding `value`; its name.
 async fn secret(value: &serde_json::Value) -> String {
@@ -168,19 +168,8 @@ async fn each_function_reads_only_the_secret_it_uses() {
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn the_scheduler_reconciles_with_the_key_from_api_key_secret_id(pool: PgPool) {
     use shared::handlers::scheduler;
-    use wiremock::matchers::{header, method, path};
-    use wiremock::{Mock, ResponseTemplate};
-
-    let api = ProviderServer::start(&STRIPE).await;
-    Mock::given(method("GET"))
-        .and(path("/v1/events"))
-        .and(header("authorization", "Bearer sk_own_secret"))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(json!({"object": "list", "data": [], "has_more": false})),
-        )
-        .mount(&api)
-        .await;
+    // A Stripe account with no events: the walk lists nothing.
+    let api = FakeStripe::default().serve().await;
     let key = secret(&json!({"api_key": "sk_own_secret"})).await;
     // The signing secret is not there to read: the scheduler's role may not read it.
     let sources = parse_sources(
@@ -204,6 +193,12 @@ async fn the_scheduler_reconciles_with_the_key_from_api_key_secret_id(pool: PgPo
     assert!(
         reads.iter().any(|r| r.url.path() == "/v1/events"),
         "{reads:?}"
+    );
+    assert!(
+        reads
+            .iter()
+            .all(|r| r.headers["authorization"] == "Bearer sk_own_secret"),
+        "read with the key from the secret"
     );
 }
 
@@ -489,33 +484,17 @@ async fn an_api_key_whose_secret_was_missing_at_cold_start_is_read_on_a_later_us
     pool: PgPool,
 ) {
     use shared::handlers::{scheduler, worker::WorkerSource};
-    use wiremock::matchers::{header, method, path, path_regex};
-    use wiremock::{Mock, ResponseTemplate};
-
     // The API key's secret does not exist yet when the worker and the scheduler start (nor
     // is the signing secret there: they never read it).
     let name = unique_name();
-    let api = ProviderServer::start(&STRIPE).await;
+    let fake = FakeStripe::default();
+    let api = fake.serve().await;
     let sub = |status: &str| {
         json!({"id": "sub_late", "object": "subscription", "customer": "cus_late", "status": status,
                "items": {"object": "list", "data": [{"id": "si_late", "object": "subscription_item",
                          "price": {"id": "price_pro", "object": "price"}}]}})
     };
-    Mock::given(method("GET"))
-        .and(path("/v1/subscriptions/sub_late"))
-        .and(header("authorization", "Bearer sk_late"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(sub("active")))
-        .mount(&api)
-        .await;
-    Mock::given(method("GET"))
-        .and(path_regex("^/v1/events$"))
-        .and(header("authorization", "Bearer sk_late"))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(json!({"object": "list", "data": [], "has_more": false})),
-        )
-        .mount(&api)
-        .await;
+    fake.holds(sub("active"));
     let sources = parse_sources(
         &json!([{"name": "stripe", "kind": "stripe", "secret_id": unique_name(),
                  "api_key_secret_id": name, "api_base_url": api.uri()}])
@@ -611,6 +590,12 @@ async fn an_api_key_whose_secret_was_missing_at_cold_start_is_read_on_a_later_us
         .iter()
         .any(|r| r.url.path() == "/v1/subscriptions/sub_late"));
     assert!(reads.iter().any(|r| r.url.path() == "/v1/events"));
+    assert!(
+        reads
+            .iter()
+            .all(|r| r.headers["authorization"] == "Bearer sk_late"),
+        "every read with the key read late"
+    );
     let late = app.account("stripe", "cus_late", "2026-03").await;
     let settled = late
         .subscriptions

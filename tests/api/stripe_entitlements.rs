@@ -1,7 +1,7 @@
 //! Stripe's entitlement summaries (docs/design.md §6.2, §4.12) through the signed intake and
 //! the worker: a complete list is the customer's features; one that says `has_more` is never
-//! applied, and its complete list is read from a fake Stripe API (wiremock), page by page, and
-//! stored as an event of its own. The payloads and the pages are the corpus files in
+//! applied, and its complete list is read from the fake Stripe (`provider_fakes::stripe`), page
+//! by page, and stored as an event of its own. The payloads and the pages are the corpus files in
 //! `testdata/providers/stripe/entitlements/` (sources in `testdata/providers/README.md`).
 
 use chrono::Utc;
@@ -10,17 +10,16 @@ use shared::domain::features::{FeatureValue, Features};
 use shared::handlers::scheduler;
 use shared::handlers::worker::{process_event, Processed};
 use sqlx::PgPool;
-use wiremock::matchers::{header, method, path, query_param, query_param_is_missing};
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::MockServer;
 
 use crate::helpers::*;
-use crate::thin::{app_with_api, status_of};
+use crate::thin::{app_with_api, status_of, StripeApi};
+use provider_fakes::stripe::Fault;
+use provider_fakes::stripe_reads::On;
 
 const CUSTOMER: &str = "cus_EntCust000001";
 const CONNECTED: &str = "acct_1EntConnect0001";
 const LIST: &str = "/v1/entitlements/active_entitlements";
-/// The last entitlement of the first page: where the second starts.
-const PAGE_ONE_ENDS: &str = "ent_test_61Ent07K7qW3xRb9mYv2Lp5Nc8Ht4Jdx";
 
 /// A file of the corpus directory, by its name without `.json`.
 fn file(name: &str) -> Value {
@@ -59,11 +58,26 @@ fn keys_of(list: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The twelve lookup keys of the corpus's two pages.
+/// The customer's active entitlements as Stripe lists them: the corpus's twelve (its two
+/// pages), then a hundred more, so that Stripe's pages of 100 make two.
+fn listed() -> Vec<Value> {
+    let mut listed = Vec::new();
+    for page in 1..=2 {
+        let page = file(&format!("objects/active_entitlements.page{page}"));
+        listed.extend(page["data"].as_array().unwrap().iter().cloned());
+    }
+    listed.extend((0..100).map(|n| {
+        json!({"id": format!("ent_test_61EntMore{n:03}qW3xRb9mYv2Lp5Nc8Ht4J"),
+               "object": "entitlements.active_entitlement",
+               "feature": format!("feat_test_61EntMore{n:03}wE8rT5yU1iO9pA3sD7fG4h"),
+               "livemode": false, "lookup_key": format!("more-{n:03}")})
+    }));
+    listed
+}
+
+/// Every lookup key the customer's list holds.
 fn every_key() -> Vec<String> {
-    let mut keys = keys_of(&file("objects/active_entitlements.page1"));
-    keys.extend(keys_of(&file("objects/active_entitlements.page2")));
-    keys
+    keys_of(&json!({ "data": listed() }))
 }
 
 fn flags(keys: &[String]) -> Features {
@@ -72,31 +86,29 @@ fn flags(keys: &[String]) -> Features {
         .collect()
 }
 
-/// The fake API lists the customer's active entitlements in the corpus's two pages, `limit=100`,
-/// the second after the first's last id, with the key and the pinned version; to a connected
-/// account's read (`Stripe-Account`) only when `account` says so.
-async fn lists_entitlements(api: &MockServer, account: Option<&str>) {
-    for (page, after) in [(1, None), (2, Some(PAGE_ONE_ENDS))] {
-        let mut mock = Mock::given(method("GET"))
-            .and(path(LIST))
-            .and(query_param("customer", CUSTOMER))
-            .and(query_param("limit", "100"))
-            .and(header("Stripe-Version", "2025-03-31.basil"))
-            .and(header("Authorization", "Bearer sk_test_reads"));
-        mock = match after {
-            Some(after) => mock.and(query_param("starting_after", after)),
-            None => mock.and(query_param_is_missing("starting_after")),
-        };
-        if let Some(account) = account {
-            mock = mock.and(header("Stripe-Account", account));
-        }
-        mock.respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(file(&format!("objects/active_entitlements.page{page}"))),
-        )
-        .mount(api)
-        .await;
+/// The fake Stripe lists the customer's active entitlements ([`listed`]), held by the
+/// connected account `account` (read as another, Stripe's 404), or the platform.
+async fn lists_entitlements(api: &StripeApi, account: Option<&str>) {
+    api.fake.entitlements_of(account, CUSTOMER, listed());
+}
+
+/// Every list read `api` received was made as the source's reads are: Stripe's largest page,
+/// the key, and the API version the reads are written against.
+async fn listed_as_the_source(api: &MockServer) {
+    for read in requests_to(api, LIST).await {
+        assert!(read
+            .url
+            .query_pairs()
+            .any(|(k, v)| k == "limit" && v == "100"));
+        assert_eq!(read.headers["Stripe-Version"], "2025-03-31.basil");
+        assert_eq!(read.headers["Authorization"], "Bearer sk_test_reads");
     }
+}
+
+/// The fake Stripe's clock at the corpus's day: `event`'s time, running on.
+fn at_the_corpus_day(api: &StripeApi, event: &Value) {
+    let created = chrono::DateTime::from_timestamp(event["created"].as_i64().unwrap(), 0).unwrap();
+    api.fake.clock_from(created + chrono::Duration::minutes(10));
 }
 
 /// The requests the fake API served at `path`.
@@ -255,6 +267,7 @@ async fn a_summary_that_says_has_more_is_applied_as_its_complete_list_read_as_it
     assert_eq!(row.status, "applied", "{:?}", row.reason);
     let reads = requests_to(&api, LIST).await;
     assert_eq!(reads.len(), 2, "two pages");
+    listed_as_the_source(&api).await;
     for read in &reads {
         assert_eq!(read.headers["Stripe-Account"].to_str().unwrap(), CONNECTED);
         assert_eq!(
@@ -292,7 +305,10 @@ async fn a_summary_that_says_has_more_is_applied_as_its_complete_list_read_as_it
     );
     let told = features_changed(&app).await;
     assert_eq!(told.len(), 1, "{told:?}");
-    assert_eq!(told[0]["added"].as_array().unwrap().len(), 12);
+    assert_eq!(
+        told[0]["added"].as_array().unwrap().len(),
+        every_key().len()
+    );
 
     // A copy, and a replay: the read is found by its key, nothing is read again or told.
     deliver(&app, &summary).await;
@@ -330,11 +346,15 @@ async fn a_summarys_list_read_that_fails_is_retried_then_dead_with_its_reason_an
     pool: PgPool,
 ) {
     let (app, api) = app_with_api(pool).await;
-    Mock::given(method("GET"))
-        .and(path(LIST))
-        .respond_with(ResponseTemplate::new(500))
-        .mount(&api)
-        .await;
+    lists_entitlements(&api, None).await;
+    api.fake.read_fails(
+        On::Path(LIST.into()),
+        Fault::Fails(
+            500,
+            json!({"error": {"type": "api_error", "message": "An unknown error occurred"}}),
+        ),
+        usize::MAX,
+    );
     let summary = has_more();
     let (status, _) = app.post("stripe", &stripe_delivery(&summary)).await;
     assert_eq!(status, http::StatusCode::OK);
@@ -406,18 +426,18 @@ async fn a_thin_summary_reads_its_snapshot_event_then_the_complete_list(pool: Pg
     let twin = has_more();
     let thin = thin_summary();
     assert_eq!(thin["snapshot_event"], twin["id"], "the corpus pairs them");
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/events/{}", id_of(&twin))))
-        .and(header(
-            "Stripe-Request-Trigger",
-            format!("event={}", id_of(&thin)).as_str(),
-        ))
-        .respond_with(ResponseTemplate::new(200).set_body_json(&twin))
-        .mount(&api)
-        .await;
+    // Stripe keeps an event 30 days: the corpus's day, not today's.
+    at_the_corpus_day(&api, &twin);
+    api.fake.has_event(twin.clone());
     deliver(&app, &thin).await;
     let row = status_of(&app, id_of(&thin)).await;
     assert_eq!(row.status, "applied", "{:?}", row.reason);
+    let twin_reads = requests_to(&api, &format!("/v1/events/{}", id_of(&twin))).await;
+    assert_eq!(twin_reads.len(), 1);
+    assert_eq!(
+        twin_reads[0].headers["Stripe-Request-Trigger"],
+        format!("event={}", id_of(&thin)).as_str()
+    );
     assert_eq!(requests_to(&api, LIST).await.len(), 2);
     let read = status_of(&app, &format!("read:{}", id_of(&thin))).await;
     assert_eq!(read.customer_key.as_deref(), Some(CUSTOMER));
@@ -467,9 +487,8 @@ async fn a_missed_summary_is_found_by_the_events_walk_and_its_list_read(pool: Pg
     // Inside the walk's first window (from three days back to the lag before now).
     missed["created"] = json!(Utc::now().timestamp() - 3600);
     missed["pending_webhooks"] = json!(0);
-    let server =
-        crate::reconcile::fake_stripe(crate::reconcile::FakeStripe::new(vec![missed.clone()]))
-            .await;
+    let server = StripeApi::start().await;
+    server.fake.has_event(missed.clone());
     crate::traffic::with_stripe_api(&mut app.worker, &server);
     lists_entitlements(&server, None).await;
     let scheduler =
@@ -580,16 +599,19 @@ async fn a_summary_whose_list_stripe_does_not_find_is_unprocessable_alerted_once
     deliver(&app, &before).await;
     let keys = keys_of(&before["data"]["object"]["entitlements"]);
     assert_eq!(snapshot(&app, CUSTOMER).await.features, flags(&keys));
-    Mock::given(method("GET"))
-        .and(path(LIST))
-        .respond_with(ResponseTemplate::new(404).set_body_json(json!({"error": {
-            "code": "resource_missing",
-            "doc_url": "https://stripe.com/docs/error-codes/resource-missing",
-            "message": format!("No such customer: '{CUSTOMER}'"),
-            "param": "customer",
-            "type": "invalid_request_error"}})))
-        .mount(&api)
-        .await;
+    api.fake.read_fails(
+        On::Path(LIST.into()),
+        Fault::Fails(
+            404,
+            json!({"error": {
+                "code": "resource_missing",
+                "doc_url": "https://stripe.com/docs/error-codes/resource-missing",
+                "message": format!("No such customer: '{CUSTOMER}'"),
+                "param": "customer",
+                "type": "invalid_request_error"}}),
+        ),
+        usize::MAX,
+    );
     // A day later, the twelve (ten embedded, has_more): the list is read, and not found.
     let mut summary = has_more();
     summary["created"] = json!(before["created"].as_i64().unwrap() + 86_400);
@@ -643,14 +665,10 @@ async fn two_summaries_of_one_second_end_as_stripes_list_in_both_orders(pool: Pg
     };
     let newest = [entitlement(1, "sso"), entitlement(2, "audit-log")];
     // Stripe's list now: the later summary's set.
-    Mock::given(method("GET"))
-        .and(path(LIST))
-        .and(query_param("limit", "100"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(
-            json!({"object": "list", "data": newest, "has_more": false, "url": LIST}),
-        ))
-        .mount(&api)
-        .await;
+    for n in 0..2 {
+        api.fake
+            .entitlements_of(None, &format!("cus_EntTie{n:06}"), newest.to_vec());
+    }
     let created = complete()["created"].as_i64().unwrap();
     let summary = |customer: &str, id: &str, listed: &[Value]| {
         let mut event = complete();
@@ -722,11 +740,8 @@ async fn a_summary_register_a_thin_summary_holds_is_audited_from_the_accounts_po
     lists_entitlements(&api, None).await;
     let twin = has_more();
     let thin = thin_summary();
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/events/{}", id_of(&twin))))
-        .respond_with(ResponseTemplate::new(200).set_body_json(&twin))
-        .mount(&api)
-        .await;
+    at_the_corpus_day(&api, &twin);
+    api.fake.has_event(twin.clone());
     deliver(&app, &thin).await;
     assert_eq!(status_of(&app, id_of(&thin)).await.status, "applied");
     let holder: i64 = sqlx::query_scalar("SELECT event_id FROM entitlements")
@@ -777,19 +792,10 @@ async fn a_summary_register_a_thin_summary_holds_is_audited_from_the_accounts_po
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn summaries_in_every_order_end_in_the_latest_set(pool: PgPool) {
     let (app, api) = app_with_api(pool).await;
-    // The list of whichever customer is asked for: the corpus's twelve, in two pages.
-    for (page, after) in [(1, None), (2, Some(PAGE_ONE_ENDS))] {
-        let mock = Mock::given(method("GET")).and(path(LIST));
-        let mock = match after {
-            Some(after) => mock.and(query_param("starting_after", after)),
-            None => mock.and(query_param_is_missing("starting_after")),
-        };
-        mock.respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(file(&format!("objects/active_entitlements.page{page}"))),
-        )
-        .mount(&api)
-        .await;
+    // Each customer's list: the corpus's twelve and a hundred more, in two pages.
+    for n in 0..6 {
+        api.fake
+            .entitlements_of(None, &format!("cus_EntOrder{n:05}"), listed());
     }
     let base = complete()["created"].as_i64().unwrap();
     let orders = [

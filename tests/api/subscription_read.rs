@@ -6,15 +6,16 @@
 use serde_json::Value;
 use shared::handlers::worker::{process_event, Processed};
 use sqlx::PgPool;
-use wiremock::matchers::{header, method, path};
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::MockServer;
 
 use crate::corpus::{
     corpus, corpus_app, payments, renewal_without_price, send_one, ACCOUNT_CUSTOMER,
 };
 use crate::helpers::*;
+use crate::thin::StripeApi;
 use crate::traffic::with_stripe_api;
-use provider_fakes::{ProviderServer, STRIPE};
+use provider_fakes::stripe::Fault;
+use provider_fakes::stripe_reads::On;
 
 const SUB: &str = "sub_1EndiveSub00001";
 const CUSTOMER: &str = "cus_EndiveCust001";
@@ -37,9 +38,9 @@ fn subscription() -> Value {
 }
 
 /// A corpus app whose worker reads Stripe at a fresh fake API.
-async fn app_with_api(pool: PgPool) -> (TestApp, ProviderServer) {
+async fn app_with_api(pool: PgPool) -> (TestApp, StripeApi) {
     let mut app = corpus_app(pool).await;
-    let api = ProviderServer::start(&STRIPE).await;
+    let api = StripeApi::start().await;
     with_stripe_api(&mut app.worker, &api);
     (app, api)
 }
@@ -53,14 +54,12 @@ async fn an_invoice_before_its_subscription_reads_it_from_the_provider_and_grant
     pool: PgPool,
 ) {
     let (app, api) = app_with_api(pool).await;
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/subscriptions/{SUB}")))
-        .and(header("Stripe-Version", "2025-03-31.basil"))
-        .and(header("Authorization", "Bearer sk_test_reads"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(subscription()))
-        .mount(&api)
-        .await;
+    api.fake.holds(subscription());
     let reason = send_one(&app, "stripe", "renewal", &renewal_without_price(SUB)).await;
+    // Read with the source's key, in the API version the reads are written against.
+    let read = &api.received_requests().await.unwrap()[0];
+    assert_eq!(read.headers["Stripe-Version"], "2025-03-31.basil");
+    assert_eq!(read.headers["Authorization"], "Bearer sk_test_reads");
     assert!(
         reason.contains(&format!(
             "plan pro from subscription {SUB} as the provider shows it (read, event "
@@ -146,19 +145,12 @@ async fn an_invoice_before_its_subscription_without_an_api_key_grants_nothing_an
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn an_invoices_subscription_read_that_fails_is_retried_then_grants_its_plan(pool: PgPool) {
     let (app, api) = app_with_api(pool).await;
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/subscriptions/{SUB}")))
-        .respond_with(ResponseTemplate::new(500))
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&api)
-        .await;
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/subscriptions/{SUB}")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(subscription()))
-        .with_priority(2)
-        .mount(&api)
-        .await;
+    api.fake.holds(subscription());
+    api.fake.read_fails(
+        On::Path(format!("/v1/subscriptions/{SUB}")),
+        Fault::Fails(500, serde_json::json!({"error": {"type": "api_error"}})),
+        1,
+    );
     let (status, _) = app
         .post("stripe", &stripe_delivery(&renewal_without_price(SUB)))
         .await;
@@ -194,12 +186,8 @@ async fn an_invoices_subscription_read_that_fails_is_retried_then_grants_its_pla
 async fn an_invoices_subscription_the_provider_does_not_know_grants_nothing_and_says_so(
     pool: PgPool,
 ) {
+    // The account does not hold it: Stripe's 404 `resource_missing`.
     let (app, api) = app_with_api(pool).await;
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/subscriptions/{SUB}")))
-        .respond_with(ResponseTemplate::new(404))
-        .mount(&api)
-        .await;
     let reason = send_one(&app, "stripe", "renewal", &renewal_without_price(SUB)).await;
     assert!(
         reason.contains(&format!("the provider does not know {SUB}")),
@@ -237,11 +225,7 @@ async fn an_invoice_whose_subscription_the_register_holds_reads_nothing(pool: Pg
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn an_invoices_subscription_read_lands_when_the_worker_drains_the_queue(pool: PgPool) {
     let (app, api) = app_with_api(pool).await;
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/subscriptions/{SUB}")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(subscription()))
-        .mount(&api)
-        .await;
+    api.fake.holds(subscription());
     let (status, _) = app
         .post("stripe", &stripe_delivery(&renewal_without_price(SUB)))
         .await;
@@ -272,11 +256,7 @@ fn month_start(at: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Ut
 /// subscription's own event of that second, in one order: the ledger.
 async fn renewal_at_the_month_boundary(pool: PgPool, invoice_first: bool) -> Vec<(String, i64)> {
     let (app, api) = app_with_api(pool).await;
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/subscriptions/{SUB}")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(subscription()))
-        .mount(&api)
-        .await;
+    api.fake.holds(subscription());
     let change = month_start(chrono::Utc::now()).timestamp() - 2;
     let mut renewal = renewal_without_price(SUB);
     renewal["created"] = change.into();
@@ -368,12 +348,8 @@ async fn account_customers_invoice_reads_its_subscription(pool: PgPool, connecte
     let mut shown = subscription();
     shown["customer"] = Value::Null;
     shown["customer_account"] = ACCOUNT_CUSTOMER.into();
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/subscriptions/{SUB}")))
-        .and(header("Stripe-Version", "2025-03-31.basil"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(shown))
-        .mount(&api)
-        .await;
+    // Held in the account the customer lives in: read as another, it is a 404.
+    api.fake.holds_in(connected, shown);
     let reason = send_one(&app, "stripe", "renewal", &account_renewal(connected)).await;
     let key = match connected {
         Some(connected) => format!("{connected}/{ACCOUNT_CUSTOMER}"),

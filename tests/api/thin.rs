@@ -7,13 +7,14 @@ use chrono::{DateTime, Datelike, Utc};
 use serde_json::{json, Value};
 use shared::handlers::worker::{process_event, Processed};
 use sqlx::PgPool;
-use wiremock::matchers::{header, method, path};
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::MockServer;
 
 use crate::corpus::{corpus, CORPUS_PLANS};
 use crate::helpers::*;
 use crate::traffic::with_stripe_api;
-use provider_fakes::{ProviderServer, STRIPE};
+use provider_fakes::stripe::{FakeStripe, Fault};
+use provider_fakes::stripe_reads::On;
+use provider_fakes::ProviderServer;
 
 const SUB: &str = "sub_1ThinSub0000001";
 pub(crate) const CUSTOMER: &str = "cus_ThinCust00001";
@@ -31,25 +32,70 @@ fn object(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
 }
 
+/// The fake Stripe (`provider_fakes::stripe`) served: its account, and its server.
+pub(crate) struct StripeApi {
+    pub(crate) fake: FakeStripe,
+    pub(crate) server: ProviderServer,
+}
+
+impl StripeApi {
+    pub(crate) async fn start() -> Self {
+        let fake = FakeStripe::default();
+        let server = fake.serve().await;
+        Self { fake, server }
+    }
+
+    /// Forgets the requests received so far (the account keeps what it holds).
+    pub(crate) async fn reset(&self) {
+        self.server.reset().await;
+        self.fake.mount(&self.server).await;
+    }
+}
+
+impl std::ops::Deref for StripeApi {
+    type Target = ProviderServer;
+
+    fn deref(&self) -> &ProviderServer {
+        &self.server
+    }
+}
+
 /// A test app knowing the corpus's plans, its worker reading Stripe at a fresh fake API.
-pub(crate) async fn app_with_api(pool: PgPool) -> (TestApp, ProviderServer) {
+pub(crate) async fn app_with_api(pool: PgPool) -> (TestApp, StripeApi) {
     let mut app = TestApp::spawn(pool).await;
     app.worker.catalog = shared::domain::Catalog::parse(CORPUS_PLANS).unwrap();
-    let api = ProviderServer::start(&STRIPE).await;
+    let api = StripeApi::start().await;
     with_stripe_api(&mut app.worker, &api);
     (app, api)
 }
 
-/// The fake API shows the subscription as `name` (a file of `objects/`) from now on.
-pub(crate) async fn shows(api: &ProviderServer, name: &str) {
+/// The fake API shows the subscription as `name` (a file of `objects/`) from now on, and has
+/// received nothing yet.
+pub(crate) async fn shows(api: &StripeApi, name: &str) {
     api.reset().await;
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/subscriptions/{SUB}")))
-        .and(header("Stripe-Version", "2025-03-31.basil"))
-        .and(header("Authorization", "Bearer sk_test_reads"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(object(name)))
-        .mount(api)
-        .await;
+    api.fake.holds(object(name));
+}
+
+/// Every read `api` received was made as the source's reads are: its key, and the API version
+/// the reads are written against.
+async fn read_as_the_source(api: &MockServer) {
+    for read in api.received_requests().await.unwrap() {
+        let header = |name: &str| {
+            read.headers
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        assert_eq!(
+            header("Stripe-Version").as_deref(),
+            Some("2025-03-31.basil"),
+            "{}",
+            read.url
+        );
+        assert_eq!(
+            header("Authorization").as_deref(),
+            Some("Bearer sk_test_reads")
+        );
+    }
 }
 
 async fn deliver(app: &TestApp, event: &Value) {
@@ -136,6 +182,7 @@ async fn thin_events_take_a_subscription_through_its_life_as_snapshots_do(pool: 
             1,
             "one read per thin event"
         );
+        read_as_the_source(&api).await;
     }
     // The fold takes each read as the event (the thin event carries nothing): the status was
     // decided by the last read, a fetch, and the registers are what the reads give.
@@ -293,19 +340,15 @@ async fn a_thin_event_of_a_source_without_an_api_key_is_unprocessable_and_counte
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_fetch_that_fails_is_retried_on_the_events_schedule_then_applied(pool: PgPool) {
     let (app, api) = app_with_api(pool).await;
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/subscriptions/{SUB}")))
-        .respond_with(ResponseTemplate::new(500))
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&api)
-        .await;
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/subscriptions/{SUB}")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(object("subscription.active")))
-        .with_priority(2)
-        .mount(&api)
-        .await;
+    api.fake.holds(object("subscription.active"));
+    api.fake.read_fails(
+        On::Path(format!("/v1/subscriptions/{SUB}")),
+        Fault::Fails(
+            500,
+            json!({"error": {"type": "api_error", "message": "An unknown error occurred"}}),
+        ),
+        1,
+    );
     let event = &thin_events()[1];
     let (status, _) = app.post("stripe", &stripe_delivery(event)).await;
     assert_eq!(status, http::StatusCode::OK);
@@ -334,14 +377,8 @@ async fn a_fetch_that_fails_is_retried_on_the_events_schedule_then_applied(pool:
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_thin_event_whose_object_is_gone_is_ignored_with_the_reason(pool: PgPool) {
+    // The account does not hold the subscription: Stripe's 404 `resource_missing`.
     let (app, api) = app_with_api(pool).await;
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/subscriptions/{SUB}")))
-        .respond_with(ResponseTemplate::new(404).set_body_json(json!({"error": {
-            "code": "resource_missing", "type": "invalid_request_error",
-            "message": format!("No such subscription: '{SUB}'"), "param": "id"}})))
-        .mount(&api)
-        .await;
     let event = &thin_events()[1];
     deliver(&app, event).await;
     let row = status_of(&app, id_of(event)).await;
@@ -364,16 +401,9 @@ async fn a_thin_event_whose_object_is_gone_is_ignored_with_the_reason(pool: PgPo
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_connected_accounts_thin_event_reads_its_object_as_that_account(pool: PgPool) {
     let (app, api) = app_with_api(pool).await;
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/subscriptions/{SUB}")))
-        .and(header("Stripe-Account", "acct_1ThinConnect01"))
-        .and(header(
-            "Stripe-Request-Trigger",
-            "event=evt_test_65TcR1s3HZyaYmgzU16T2Kfo4Q8lSA4GfMwNYbNqcUvL",
-        ))
-        .respond_with(ResponseTemplate::new(200).set_body_json(object("subscription.active")))
-        .mount(&api)
-        .await;
+    // Held by the connected account only: read as the platform, it is a 404.
+    api.fake
+        .holds_in(Some("acct_1ThinConnect01"), object("subscription.active"));
     let mut event = thin_events().remove(1);
     event["context"] = json!("acct_1ThinConnect01");
     deliver(&app, &event).await;
@@ -387,6 +417,14 @@ async fn a_connected_accounts_thin_event_reads_its_object_as_that_account(pool: 
         )
         .await;
     assert_eq!(account.plan, "pro");
+    assert_eq!(
+        reads_for(
+            &api,
+            "evt_test_65TcR1s3HZyaYmgzU16T2Kfo4Q8lSA4GfMwNYbNqcUvL"
+        )
+        .await,
+        1
+    );
 }
 
 /// A thin event about the subscription of a customer that is an Account: the read object names
@@ -398,16 +436,12 @@ async fn a_thin_events_read_of_a_customer_that_is_an_account_is_that_accounts(po
     let (app, api) = app_with_api(pool).await;
     // Stripe's ids are unique across accounts: the connected account's subscription is another.
     const CONNECTED_SUB: &str = "sub_1ThinSubConn0001";
-    for id in [SUB, CONNECTED_SUB] {
+    for (id, account) in [(SUB, None), (CONNECTED_SUB, Some("acct_1ThinConnect01"))] {
         let mut active = object("subscription.active");
         active["id"] = json!(id);
         active["customer"] = Value::Null;
         active["customer_account"] = json!("acct_1ThinCustAcct1");
-        Mock::given(method("GET"))
-            .and(path(format!("/v1/subscriptions/{id}")))
-            .respond_with(ResponseTemplate::new(200).set_body_json(active))
-            .mount(&api)
-            .await;
+        api.fake.holds_in(account, active);
     }
     let own = thin_events().remove(1);
     let mut connected = own.clone();
@@ -652,16 +686,7 @@ async fn a_thin_invoices_subscription_read_is_kept_across_a_purge_with_the_thin_
     let subscription = basil("customer.subscription.updated")["data"]["object"].clone();
     let sub = subscription["id"].as_str().unwrap().to_owned();
     let customer = subscription["customer"].as_str().unwrap().to_owned();
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/invoices/{invoice_id}")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(invoice))
-        .mount(&api)
-        .await;
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/subscriptions/{sub}")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(subscription))
-        .mount(&api)
-        .await;
+    api.fake.holds(invoice).holds(subscription);
     let thin_id = "evt_test_65ThinInvoicePaid0001";
     let thin = json!({
         "id": thin_id, "object": "v2.core.event", "type": "v1.invoice.paid",

@@ -13,11 +13,12 @@ use shared::providers::stripe::StripeReads;
 use shared::providers::Api;
 use shared::BoxFuture;
 use sqlx::PgPool;
-use wiremock::matchers::{header, method, path, query_param};
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::MockServer;
 
 use crate::helpers::*;
-use provider_fakes::{ProviderServer, STRIPE};
+use crate::thin::StripeApi;
+use provider_fakes::stripe::Fault;
+use provider_fakes::stripe_reads::On;
 
 /// 2026-03-10T12:00:00Z.
 const T: i64 = 1_773_144_000;
@@ -149,20 +150,16 @@ async fn same_second_created_and_updated_end_active_in_both_orders(pool: PgPool)
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_provider_read_settles_a_same_second_tie(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
-    let api = ProviderServer::start(&STRIPE).await;
+    let api = StripeApi::start().await;
     // The provider says: active (the payment retried within the second succeeded). The status
     // rank alone would pick past_due.
     for n in 0..2 {
-        Mock::given(method("GET"))
-            .and(path(format!("/v1/subscriptions/sub_read{n}")))
-            .respond_with(ResponseTemplate::new(200).set_body_json(subscription(
-                &format!("sub_read{n}"),
-                &format!("cus_read{n}"),
-                "active",
-                "price_pro",
-            )))
-            .mount(&api)
-            .await;
+        api.fake.holds(subscription(
+            &format!("sub_read{n}"),
+            &format!("cus_read{n}"),
+            "active",
+            "price_pro",
+        ));
     }
     with_stripe_api(&mut app.worker, &api);
     for n in 0..2 {
@@ -202,7 +199,7 @@ async fn a_provider_read_settles_a_same_second_tie(pool: PgPool) {
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn of_two_states_a_provider_read_confirmed_the_one_confirmed_last_wins(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
-    let api = ProviderServer::start(&STRIPE).await;
+    let api = StripeApi::start().await;
     with_stripe_api(&mut app.worker, &api);
     for (n, order) in [[0, 1, 2], [0, 2, 1]].iter().enumerate() {
         let (customer, sub) = (format!("cus_conf{n}"), format!("sub_conf{n}"));
@@ -222,17 +219,8 @@ async fn of_two_states_a_provider_read_confirmed_the_one_confirmed_last_wins(poo
         ];
         deliver(&app, &[&events[order[0]]]).await;
         for (read, at) in [("active", order[1]), ("past_due", order[2])] {
-            api.reset().await;
-            Mock::given(method("GET"))
-                .and(path(format!("/v1/subscriptions/{sub}")))
-                .respond_with(ResponseTemplate::new(200).set_body_json(subscription(
-                    &sub,
-                    &customer,
-                    read,
-                    "price_pro",
-                )))
-                .mount(&api)
-                .await;
+            api.fake
+                .holds(subscription(&sub, &customer, read, "price_pro"));
             deliver(&app, &[&events[at]]).await;
         }
         let account = app.account("stripe", &customer, "2026-03").await;
@@ -253,7 +241,7 @@ async fn of_two_states_a_provider_read_confirmed_the_one_confirmed_last_wins(poo
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_slow_batch_works_no_event_after_its_lease_ends(pool: PgPool) {
     let mut app = TestApp::spawn(pool.clone()).await;
-    let api = ProviderServer::start(&STRIPE).await;
+    let api = StripeApi::start().await;
     with_stripe_api(&mut app.worker, &api);
     app.worker.lease = std::time::Duration::from_secs(3);
     app.worker.event_budget = std::time::Duration::from_secs(2);
@@ -261,15 +249,13 @@ async fn a_slow_batch_works_no_event_after_its_lease_ends(pool: PgPool) {
         .map(|n| (format!("sub_slow{n}"), format!("cus_slow{n}")))
         .collect();
     for (sub, customer) in &subs {
-        Mock::given(method("GET"))
-            .and(path(format!("/v1/subscriptions/{sub}")))
-            .respond_with(
-                ResponseTemplate::new(200)
-                    .set_body_json(subscription(sub, customer, "active", "price_pro"))
-                    .set_delay(std::time::Duration::from_millis(700)),
-            )
-            .mount(&api)
-            .await;
+        api.fake
+            .holds(subscription(sub, customer, "active", "price_pro"))
+            .read_fails(
+                On::Path(format!("/v1/subscriptions/{sub}")),
+                Fault::Slow(std::time::Duration::from_millis(700)),
+                usize::MAX,
+            );
         let created = subscription(sub, customer, "incomplete", "price_pro");
         deliver(
             &app,
@@ -342,20 +328,13 @@ async fn a_connected_accounts_same_second_tie_is_settled_by_a_read_made_as_that_
     pool: PgPool,
 ) {
     let mut app = TestApp::spawn(pool).await;
-    let api = ProviderServer::start(&STRIPE).await;
+    let api = StripeApi::start().await;
     // The subscription lives on the connected account: Stripe finds it only when the read
     // names that account in `Stripe-Account`.
-    Mock::given(method("GET"))
-        .and(path("/v1/subscriptions/sub_conn"))
-        .and(header("Stripe-Account", "acct_1Connected"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(subscription(
-            "sub_conn",
-            "cus_conn",
-            "active",
-            "price_pro",
-        )))
-        .mount(&api)
-        .await;
+    api.fake.holds_in(
+        Some("acct_1Connected"),
+        subscription("sub_conn", "cus_conn", "active", "price_pro"),
+    );
     with_stripe_api(&mut app.worker, &api);
     // A Connect endpoint's events name the connected account at the top level.
     let connected = |id: &str, status: &str| {
@@ -399,18 +378,16 @@ async fn a_connected_accounts_same_second_tie_is_settled_by_a_read_made_as_that_
 /// A Stripe API that shows subscription `sub_{tag}` of `cus_{tag}` as active after 2 s (long
 /// enough that a test sees what holds while the read waits); and the updates of that
 /// subscription at `T`, by event id and status.
-async fn slow_subscription_read(tag: &str) -> (ProviderServer, impl Fn(&str, &str) -> Value) {
+async fn slow_subscription_read(tag: &str) -> (StripeApi, impl Fn(&str, &str) -> Value) {
     let (sub, customer) = (format!("sub_{tag}"), format!("cus_{tag}"));
-    let api = ProviderServer::start(&STRIPE).await;
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/subscriptions/{sub}")))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(subscription(&sub, &customer, "active", "price_pro"))
-                .set_delay(std::time::Duration::from_secs(2)),
-        )
-        .mount(&api)
-        .await;
+    let api = StripeApi::start().await;
+    api.fake
+        .holds(subscription(&sub, &customer, "active", "price_pro"))
+        .read_fails(
+            On::Path(format!("/v1/subscriptions/{sub}")),
+            Fault::Slow(std::time::Duration::from_secs(2)),
+            usize::MAX,
+        );
     let event = move |id: &str, status: &str| {
         stripe(
             id,
@@ -630,11 +607,15 @@ async fn an_account_moved_between_the_read_and_the_write_is_read_again_under_its
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_failed_provider_read_falls_back_to_the_status_rank(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
-    let api = ProviderServer::start(&STRIPE).await;
-    Mock::given(method("GET"))
-        .respond_with(ResponseTemplate::new(500))
-        .mount(&api)
-        .await;
+    let api = StripeApi::start().await;
+    api.fake.read_fails(
+        On::Any,
+        Fault::Fails(
+            500,
+            json!({"error": {"type": "api_error", "message": "An unknown error occurred"}}),
+        ),
+        usize::MAX,
+    );
     with_stripe_api(&mut app.worker, &api);
     let first = stripe(
         "evt_x1",
@@ -799,18 +780,11 @@ async fn an_unlinked_basil_refund_is_recorded_on_the_charge_and_said(pool: PgPoo
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_provider_read_links_a_basil_refund(pool: PgPool) {
     let mut app = TestApp::spawn(pool).await;
-    let api = ProviderServer::start(&STRIPE).await;
-    Mock::given(method("GET"))
-        .and(path("/v1/invoice_payments"))
-        .and(query_param("payment[payment_intent]", "pi_b0"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "object": "list", "has_more": false, "url": "/v1/invoice_payments",
-            "data": [{"id": "inpay_b0", "object": "invoice_payment", "invoice": "in_b0",
-                      "status": "paid", "payment": {"type": "payment_intent", "payment_intent": "pi_b0"}}]
-        })))
-        .expect(1)
-        .mount(&api)
-        .await;
+    let api = StripeApi::start().await;
+    api.fake.holds(
+        json!({"id": "inpay_b0", "object": "invoice_payment", "invoice": "in_b0",
+        "status": "paid", "payment": {"type": "payment_intent", "payment_intent": "pi_b0"}}),
+    );
     with_stripe_api(&mut app.worker, &api);
     let [paid, _, refund] = basil_refund_events(0);
     deliver(&app, &[&refund, &paid]).await;
@@ -823,6 +797,12 @@ async fn a_provider_read_links_a_basil_refund(pool: PgPool) {
     assert_eq!(payments, vec![("in_b0", "refunded")]);
     let said = log_reason(&account, "charge.refunded");
     assert!(said.contains("by a provider read"), "{said}");
+    let reads = api.received_requests().await.unwrap();
+    let linked = reads
+        .iter()
+        .filter(|r| r.url.path() == "/v1/invoice_payments")
+        .count();
+    assert_eq!(linked, 1, "the intent's invoice payment read once");
 }
 
 /// Runs its task once, when the worker's event is decided and the statement that writes it
