@@ -59,6 +59,14 @@
     showKeyForm("That key was refused (401 unauthorized): enter another.");
   }
 
+  // A key the API knows but that lacks the admin scope: the console's pages need one that has
+  // it, so the form is offered again (the key is dropped, as a refused one is).
+  function notAdmin() {
+    forgetKey();
+    showKeyForm("That key has no admin scope (403 forbidden): the console's pages need an " +
+      "admin key. Enter another.");
+  }
+
   // --- the page's fragment -------------------------------------------------------------------
   function localTimes(root) {
     Array.prototype.forEach.call(root.querySelectorAll("time[datetime]"), function (t) {
@@ -84,6 +92,7 @@
     }).then(function (answer) {
       return answer.text().then(function (body) {
         if (answer.status === 401) { refused(); return; }
+        if (answer.status === 403 && /forbidden/.test(body)) { notAdmin(); return; }
         var type = answer.headers.get("content-type") || "";
         if (type.indexOf("text/html") === 0) {
           page.innerHTML = body;
@@ -91,6 +100,7 @@
           showError(String(answer.status), body.slice(0, 300));
         }
         localTimes(page);
+        openWhy(location.hash);
         var h1 = page.querySelector("h1");
         document.title = (h1 ? h1.textContent + " · " : "") + "billing-inbox console";
         page.removeAttribute("aria-busy");
@@ -116,6 +126,7 @@
         var json = null;
         try { json = JSON.parse(text); } catch (e) { json = null; }
         if (answer.status === 401) { refused(); }
+        if (answer.status === 403 && json && json.code === "forbidden") { notAdmin(); }
         if (!answer.ok) {
           var error = new Error(json && json.code
             ? json.code + ": " + json.detail
@@ -138,13 +149,39 @@
     Array.prototype.forEach.call(buttons, function (b) { b.disabled = true; });
     say("Working…", "wait");
     call("POST", form.getAttribute("action"), any ? body : undefined).then(function (json) {
-      say("Done: " + JSON.stringify(json), "good");
+      say(told(json), "good");
       load();
     }, function (error) {
-      if (error.status === 401) { return; }
+      if (error.status === 401 || error.status === 403) { return; }
       say("Refused: " + error.message, "bad");
       Array.prototype.forEach.call(buttons, function (b) { b.disabled = false; });
     });
+  }
+
+  // A replay's answer in words (the admin API's JSON: docs/api.md).
+  function told(json) {
+    if (!json) { return "Done."; }
+    if (json.event_id !== undefined) {
+      return "Replayed event #" + json.event_id + ": it is " + json.status + " now; the worker applies it again.";
+    }
+    if (json.report_id !== undefined) {
+      return "Replayed meter report " + json.report_id + ": it is " + json.status + " now; the dispatcher sends it again.";
+    }
+    if (json.effect_id !== undefined) {
+      return "Replayed effect " + json.effect_id + ": it is " + json.status + " now; the dispatcher tells the app again.";
+    }
+    if (json.replayed !== undefined) {
+      return "Replayed " + json.replayed + " event(s)" +
+        (json.more ? "; more are left: replay again." : ".");
+    }
+    return "Done.";
+  }
+
+  // A Why row named by a link's address (#why-…) is opened, so that what it explains shows.
+  function openWhy(hash) {
+    if (!hash || hash.indexOf("#why-") !== 0) { return; }
+    var row = document.getElementById(hash.slice(1));
+    if (row && row.tagName === "DETAILS") { row.open = true; }
   }
 
   // A console GET form: its non-empty fields as the query (a datetime-local field marked
@@ -261,6 +298,11 @@
   document.addEventListener("click", function (e) {
     var target = e.target;
     if (!(target instanceof Element)) { return; }
+    var why = target.closest("a[href^='#why-']");
+    if (why) {
+      openWhy(why.getAttribute("href"));
+      return;
+    }
     if (target.id === "forget-key") {
       forgetKey();
       say("The key is forgotten.", "plain");

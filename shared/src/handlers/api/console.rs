@@ -95,7 +95,13 @@ async fn fragment(
         Page::Events => admin(AdminRoute::Events, with_limit(&query)).await?,
         Page::Event(id) => admin(AdminRoute::Event(id.to_string()), Query(Vec::new())).await?,
         Page::Effects => admin(AdminRoute::Effects, with_limit(&query)).await?,
-        Page::Meters => admin(AdminRoute::MeterReports, with_limit(&query)).await?,
+        Page::Meters => {
+            let mut reports = admin(AdminRoute::MeterReports, with_limit(&query)).await?;
+            // The page's empty state says whether any source has a meter at all.
+            reports["meters"] = json!(state.meters);
+            reports
+        }
+        Page::Divergences => admin(AdminRoute::Divergences, Query(Vec::new())).await?,
         Page::AuditTrail => admin(AdminRoute::AuditTrail, with_limit(&query)).await?,
         Page::EngineRoom => match admin(AdminRoute::EngineRoom, Query(Vec::new())).await {
             Err(ApiError::EngineRoom(EngineError::Off)) => json!({"enabled": false}),
