@@ -248,6 +248,20 @@ fn state(account: &Value, why: &Value, at: Option<&str>) -> Markup {
         .find(|f| text(f, "field") == "plan")
         .and_then(|f| f["value"].as_str())
         .filter(|folded| at.is_none() && *folded != text(account, "plan"));
+    // The plan register's plan is no candidate while the account is past due (docs/design.md §4.5):
+    // the plan it holds, held back.
+    let value_of = |name: &str| {
+        list(why, "fields")
+            .iter()
+            .find(|f| text(f, "field") == name)
+            .map(|f| &f["value"])
+    };
+    let held_back = value_of("customer_plan")
+        .and_then(Value::as_str)
+        .filter(|held| {
+            value_of("standing").and_then(Value::as_str) == Some("past_due")
+                && *held != text(account, "plan")
+        });
     html! {
         section aria-labelledby="state-title" {
             h2 #state-title {
@@ -258,6 +272,12 @@ fn state(account: &Value, why: &Value, at: Option<&str>) -> Markup {
                 dt { "Plan" }
                 dd {
                     strong #plan { (text(account, "plan")) }
+                    @if let Some(held) = held_back {
+                        " " span.status.tone-bad { "past due" }
+                        " its plan register holds " strong #held-plan { (held) }
+                        ", which the account gets back once it is paid "
+                        a href="#why-standing" data-why="standing" { "Why" }
+                    }
                     @if let Some(folded) = folded_plan {
                         " " span.status.tone-bad { "divergent" }
                         " its events give " strong #folded-plan { (folded) } " "
@@ -452,14 +472,11 @@ fn log(events: &Value, (source, customer): (&str, &str), at: Option<&str>, links
                 table #log {
                     thead {
                         tr {
-                            th scope="col" { "Event" }
+                            th scope="col" { "Event" span.second { "via" } }
                             th scope="col" { "Occurred" }
                             th scope="col" { "Type" }
-                            th scope="col" { "Status" }
-                            th scope="col" { "Outcome" }
-                            th scope="col" { "Reason" }
-                            th scope="col" { "Seen" }
-                            th scope="col" { "Via" }
+                            th scope="col" { "Status" span.second { "copies seen" } }
+                            th scope="col" { "Outcome and reason" }
                             th scope="col" { span.visually-hidden { "Action" } }
                         }
                     }
@@ -467,14 +484,20 @@ fn log(events: &Value, (source, customer): (&str, &str), at: Option<&str>, links
                         @for event in rows {
                             @let id = int(event, "event_id").unwrap_or(0);
                             tr data-event-id=(id) {
-                                th scope="row" { a href=(links.event(id)) { "#" (id) } }
+                                th scope="row" {
+                                    a href=(links.event(id)) { "#" (id) }
+                                    span.second { (text(event, "via")) }
+                                }
                                 td { (time(&event["occurred_at"])) }
-                                td { code { (text(event, "type")) } }
-                                td { (status(text(event, "status"))) }
-                                td data-outcome=(text(event, "outcome")) { (status(text(event, "outcome"))) }
-                                td.reason { (shown(&event["reason"])) }
-                                td.num { (shown(&event["seen_count"])) }
-                                td { (text(event, "via")) }
+                                td.id { code { (text(event, "type")) } }
+                                td {
+                                    (status(text(event, "status")))
+                                    span.second { "seen " (shown(&event["seen_count"])) "×" }
+                                }
+                                td.reason data-outcome=(text(event, "outcome")) {
+                                    (status(text(event, "outcome")))
+                                    @if let Some(reason) = event["reason"].as_str() { " " span.reason { (reason) } }
+                                }
                                 td {
                                     (replay_form(
                                         &links.api(&format!("/v1/admin/events/{id}/replay")),

@@ -842,8 +842,10 @@ fn the_top_of_an_account_says_past_due_an_unknown_plan_key_and_a_divergence_each
             r#"<details data-field="standing" id="why-standing">"#,
             r#"<details data-field="subscription:sub_9:plan_key" id="why-subscription-sub_9-plan_key">"#,
             r#"<details data-field="customer_plan" id="why-customer_plan">"#,
-            // the header's plan is the stored one, with what the events give beside it
-            r#"<strong id="plan">team</strong> <span class="status tone-bad">divergent</span> its events give <strong id="folded-plan">pro</strong>"#,
+            // the header's plan is the stored one, with the plan held back while past due and
+            // what the events give beside it
+            r#"<strong id="plan">team</strong> <span class="status tone-bad">past due</span> its plan register holds <strong id="held-plan">pro</strong>"#,
+            r#"<span class="status tone-bad">divergent</span> its events give <strong id="folded-plan">pro</strong>"#,
         ],
     );
     // what needs a person comes before the state, past due first
