@@ -148,6 +148,8 @@ async fn the_shell_needs_no_key_and_each_page_needs_an_admin_one(pool: PgPool) {
         "/console/fragment/effects",
         "/console/fragment/audit-trail",
         "/console/fragment/engine-room",
+        "/console/fragment/divergences",
+        "/console/fragment/meters",
     ] {
         assert_eq!(
             open(&state, path, Some(ADMIN_KEY)).await.status,

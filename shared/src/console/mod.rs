@@ -8,10 +8,12 @@
 //! - `overview`, `events`, `event`, `account`, `effects`, `meters`, `divergences`, `engine_room`,
 //!   `audit_trail`: one
 //!   fragment each, from the JSON its route answers;
+//! - `chart`: the overview's picture of the last 24 hours, SVG with a table beside it;
 //! - `view`: what they share (links, times, statuses).
 
 mod account;
 mod audit_trail;
+mod chart;
 mod divergences;
 mod effects;
 mod engine_room;
@@ -68,7 +70,8 @@ pub fn asset(name: &str) -> Option<(&'static str, &'static str)> {
 
 /// A page's fragment from the JSON of its route(s):
 ///
-/// - `Overview`: `GET /v1/admin/overview`;
+/// - `Overview`: `GET /v1/admin/overview`, with `"traffic"`: the last 24 hours' events by hour
+///   and status (`[{hour, status, count}]`);
 /// - `Events`: `GET /v1/admin/events` (`query` is the page's: the search form's values and
 ///   `after`);
 /// - `Event`: `GET /v1/admin/events/{id}`;

@@ -152,6 +152,7 @@ pub(super) fn render(data: &Value, links: Links) -> Markup {
                 }
             }
         }
+        (super::chart::render(data, links))
         section aria-labelledby="totals-title" {
             h2 #totals-title { "Waiting" }
             table #totals {

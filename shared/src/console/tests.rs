@@ -569,6 +569,7 @@ fn meter_reports_are_listed_with_corrections_and_a_replay_for_each_dead_one() {
 fn the_engine_room_offers_the_scenarios_and_empty_tables_for_the_script() {
     let data = json!({"enabled": true, "scenarios": [
         {"name": "nine-deliveries", "source": "kinde-test",
+         "setup": "plan-assigned, plan free, 60 minutes before the start",
          "steps": [{"step": 1, "what": "plan change to pro (crashes)"}, {"step": 2, "what": "payment"}]},
         {"name": "refund", "source": "stripe-test", "steps": [{"step": 1, "what": "charge"}]}
     ]});
@@ -577,16 +578,20 @@ fn the_engine_room_offers_the_scenarios_and_empty_tables_for_the_script() {
         &html,
         &[
             r#"<select id="scenario" name="scenario">"#,
-            r#"<option value="nine-deliveries">"#,
             r#"<option value="refund">"#,
             r#"<button id="run" type="button">Run</button>"#,
             r#"<table id="engine-steps">"#,
             r#"<p id="engine-result""#,
             r#"data-runs="/lambda-url/api/v1/admin/engine-room/runs""#,
             "plan change to pro (crashes)",
+            // the setup delivery is said, apart from the steps, and given to the script
+            r#"<p class="setup">First, with step 1 and not a step of its own, the setup: plan-assigned, plan free, 60 minutes before the start."#,
+            r#"<option value="nine-deliveries" data-setup="plan-assigned, plan free, 60 minutes before the start">"#,
         ],
     );
     assert!(!html.contains("engine-off"));
+    // a scenario without a setup says none
+    assert_eq!(html.matches(r#"class="setup""#).count(), 1);
 }
 
 #[test]
@@ -1027,4 +1032,89 @@ fn the_audit_trail_says_targets_and_details_in_words_with_links() {
         ],
     );
     assert!(!html.contains("{&quot;"), "no JSON left: {html}");
+}
+
+/// The value of attribute `name` in a tag's text (`<rect … name="v" …>`).
+fn attribute<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
+    let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+    Some(&tag[at..at + tag[at..].find('"')?])
+}
+
+/// Each `<{element} …>` tag's `key` and `value` attributes, summed by key.
+fn summed(html: &str, element: &str, key: &str, value: &str) -> BTreeMap<String, i64> {
+    let mut sums = BTreeMap::new();
+    for (at, _) in html.match_indices(&format!("<{element} ")) {
+        let tag = &html[at..at + html[at..].find('>').unwrap()];
+        if let (Some(k), Some(v)) = (attribute(tag, key), attribute(tag, value)) {
+            *sums.entry(k.to_owned()).or_insert(0) += v.parse::<i64>().unwrap();
+        }
+    }
+    sums
+}
+
+#[test]
+fn the_overviews_picture_of_24_hours_has_the_numbers_of_its_table() {
+    let mut data = overview("");
+    data["traffic"] = json!([
+        {"hour": "2026-12-02T09:00:00Z", "status": "applied", "count": 50},
+        {"hour": "2026-12-02T11:00:00Z", "status": "ignored", "count": 2},
+        {"hour": "2026-12-03T08:00:00Z", "status": "applied", "count": 4},
+        {"hour": "2026-12-03T10:00:00Z", "status": "applied", "count": 3},
+        {"hour": "2026-12-03T10:00:00Z", "status": "dead", "count": 1},
+        {"hour": "2026-12-03T10:00:00Z", "status": "unprocessable", "count": 2}
+    ]);
+    let html = rendered(&Page::Overview, &data, &[]);
+    // the 24 hours end with generated_at's (10:00): 09:00 the day before is left out
+    let bars = summed(&html, "rect", "data-status", "data-count");
+    let mut totals = BTreeMap::new();
+    for (at, _) in html.match_indices(r#"<td class="num" data-total=""#) {
+        let tag = &html[at..];
+        let status = attribute(tag, "data-total").unwrap();
+        let n: i64 = tag[tag.find('>').unwrap() + 1..tag.find("</td>").unwrap()]
+            .parse()
+            .unwrap();
+        totals.insert(status.to_owned(), n);
+    }
+    let expected = BTreeMap::from([
+        ("applied".to_owned(), 7),
+        ("dead".to_owned(), 1),
+        ("ignored".to_owned(), 2),
+        ("unprocessable".to_owned(), 2),
+    ]);
+    assert_eq!(bars, expected, "the bars");
+    assert_eq!(totals, expected, "the table's totals");
+    has(
+        &html,
+        &[
+            r#"<figure id="traffic-chart" data-total="12" data-dead="1">"#,
+            r#"role="img" aria-labelledby="traffic-title traffic-desc""#,
+            // the hour's title says its numbers; the dead and unprocessable are marked
+            "<title>10:00 UTC: 3 applied, 2 unprocessable, 1 dead</title>",
+            ">✕3</text>",
+            // the legend links each status's list
+            r#"<a href="/lambda-url/api/console/events?status=dead">dead</a> <span data-total="dead">1</span>"#,
+            // the table beside it, hour by hour
+            r#"<th scope="row">2026-12-03 10:00</th>"#,
+            r#"<th scope="row">2026-12-02 11:00</th>"#,
+        ],
+    );
+    assert!(!html.contains("2026-12-02 09:00"));
+    no_inline_code(&html);
+    // the overview reads first what needs a person, then the picture
+    assert!(html.find("needs-attention") < html.find("traffic-chart"));
+}
+
+#[test]
+fn a_quiet_day_is_drawn_empty_and_says_so() {
+    let mut data = overview("");
+    data["traffic"] = json!([]);
+    let html = rendered(&Page::Overview, &data, &[]);
+    has(
+        &html,
+        &[
+            r#"data-total="0" data-dead="0""#,
+            "No event received in the last 24 hours.",
+        ],
+    );
+    assert!(!html.contains("<rect"));
 }

@@ -206,6 +206,26 @@
     return "plan " + s.plan + ", balance " + s.balance + (s.status ? ", " + s.status : "");
   }
 
+  // The fields of two account lines that differ; a status either side lacks ("-", a
+  // placeholder) is not compared.
+  function differing(account, onArrival) {
+    if (!account || !onArrival) { return []; }
+    return ["plan", "balance", "status"].filter(function (field) {
+      var a = account[field];
+      var b = onArrival[field];
+      if (field === "status" && (a === "-" || b === "-")) { return false; }
+      return String(a) !== String(b);
+    });
+  }
+
+  function setupRow(what) {
+    return el("tr", { "data-step": "setup" }, [
+      el("th", { scope: "row" }, ["setup"]),
+      el("td", { colspan: "5" }, ["Sent with step 1, before it, and not a step of its own: " + what +
+        ". Step 1's account includes it (its grant counts toward step 1's)."])
+    ]);
+  }
+
   function stepRow(step) {
     var event = step.event;
     var eventCell = event
@@ -214,14 +234,15 @@
          (event.reason ? " — " + event.reason : "")]
       : ["no event stored"];
     var answer = step.answer || {};
-    var differs = JSON.stringify(step.account) !== JSON.stringify(step.on_arrival);
+    var differs = differing(step.account, step.on_arrival);
     return el("tr", { "data-step": String(step.step) }, [
       el("th", { scope: "row" }, [String(step.step)]),
       el("td", {}, [step.what || ""]),
       el("td", {}, [String(answer.status) + (answer.verdict ? " " + answer.verdict : "")]),
       el("td", {}, eventCell),
       el("td", {}, [state(step.account)]),
-      el("td", differs ? { "class": "differs" } : {}, [state(step.on_arrival) + (differs ? " (differs)" : "")])
+      el("td", differs.length ? { "class": "differs", "data-differs": differs.join(" ") } : {},
+        [state(step.on_arrival) + (differs.length ? " (differs: " + differs.join(", ") + ")" : "")])
     ]);
   }
 
@@ -237,7 +258,10 @@
       result.removeAttribute(a);
     });
     var last = null;
+    var chosen = document.querySelector("#scenario option:checked");
+    var setup = chosen && chosen.getAttribute("data-setup");
     call("POST", form.getAttribute("data-runs"), { scenario: scenario }).then(function (run) {
+      if (setup) { body.appendChild(setupRow(setup)); }
       var where = run.source + "/" + run.customer;
       function step(n) {
         if (n > run.steps) { return null; }
