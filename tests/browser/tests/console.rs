@@ -679,6 +679,28 @@ async fn each_page_says_at_its_top_what_needs_a_person() {
         );
         anyhow::ensure!(!attention.contains("(0)"), "a figure says (0): {attention}");
         browser.screenshot("overview").await?;
+        // The picture's dead events of the last 24 hours are the list's (every event of this
+        // stack was received within them).
+        let pictured: u64 = browser
+            .attr("#traffic-chart", "data-dead", PAGE_WAIT)
+            .await?
+            .parse()?;
+        let tabled: u64 = browser
+            .text_where(
+                "#traffic-table tfoot td[data-total='dead']",
+                "totals the dead",
+                PAGE_WAIT,
+                |t| !t.is_empty(),
+            )
+            .await?
+            .parse()?;
+        browser.page("events?status=dead").await?;
+        let listed = browser.rows("#events").await?;
+        anyhow::ensure!(
+            (pictured, tabled) == (listed, listed),
+            "the picture counts {pictured} dead events, its table {tabled}, the list {listed}"
+        );
+        browser.page("").await?;
 
         // The divergences' item opens the list of every divergent account.
         browser
