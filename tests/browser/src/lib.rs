@@ -517,12 +517,37 @@ impl Browser {
 
     /// Opens the console's page at `path` and waits until its fragment is in place
     /// (`#page[data-state='ready']`).
+    ///
+    /// A fragment answered 500 by `cargo lambda watch` itself (its own problem JSON, as
+    /// `log_in` meets it for an asset) is loaded once more, said on stderr; a second failure
+    /// fails the test.
     pub async fn page(&self, path: &str) -> anyhow::Result<()> {
-        self.console(path).await?;
-        self.find("#page[data-state='ready']")
-            .await
-            .map_err(|e| e.context(format!("the page /console/{path}")))?;
-        Ok(())
+        for attempt in 0..2 {
+            self.console(path).await?;
+            self.find("#page[data-state='ready'], #page[data-state='error']")
+                .await
+                .map_err(|e| e.context(format!("the page /console/{path}")))?;
+            if self
+                .client
+                .find(Locator::Css("#page[data-state='ready']"))
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            let failed = self.failed_loads().await;
+            if attempt > 0 || !failed.iter().any(|load| load.ends_with(" 500")) {
+                break;
+            }
+            eprintln!(
+                "{}: loading /console/{path} again after {failed:?}",
+                self.test
+            );
+        }
+        bail!(
+            "the page /console/{path} answered an error: {}",
+            self.page_text().await
+        )
     }
 
     /// What the window cuts: each table wider than the box that holds it (its columns behind
