@@ -65,7 +65,7 @@ fn never_delivered(source: &Value) -> bool {
 
 /// What needs a person: the overview's list, without the "silent source" of a source that
 /// has never received a delivery (the sources' table says "no delivery yet" of it).
-pub(super) fn attention<'a>(data: &'a Value) -> Vec<&'a Value> {
+pub(super) fn attention(data: &Value) -> Vec<&Value> {
     let unused: Vec<&str> = list(data, "sources")
         .iter()
         .filter(|s| never_delivered(s))
