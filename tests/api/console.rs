@@ -113,6 +113,27 @@ async fn the_shell_needs_no_key_and_each_page_needs_an_admin_one(pool: PgPool) {
         overview.body.contains("id=\"needs-attention\"")
             && overview.body.contains("data-source=\"kinde\"")
     );
+    // The overview's picture counts the events the list lists: the applied one, received now.
+    let listed = crate::app_api::call(
+        &state,
+        "GET",
+        "/v1/admin/events?status=applied",
+        Some(ADMIN_KEY),
+        &[],
+        None,
+    )
+    .await;
+    let applied = listed.body["events"].as_array().map_or(0, Vec::len);
+    assert_eq!(applied, 1, "{}", listed.body);
+    assert!(
+        overview.body.contains(&format!(
+            r#"<td class="num" data-total="applied">{applied}</td>"#
+        )) && overview
+            .body
+            .contains(&format!(r#"<span data-total="applied">{applied}</span>"#)),
+        "the picture's applied events are the list's: {}",
+        overview.body
+    );
     let account = open(
         &state,
         "/console/fragment/accounts/kinde/kc_console",
@@ -148,6 +169,8 @@ async fn the_shell_needs_no_key_and_each_page_needs_an_admin_one(pool: PgPool) {
         "/console/fragment/effects",
         "/console/fragment/audit-trail",
         "/console/fragment/engine-room",
+        "/console/fragment/divergences",
+        "/console/fragment/meters",
     ] {
         assert_eq!(
             open(&state, path, Some(ADMIN_KEY)).await.status,

@@ -1,4 +1,6 @@
-//! The account page: its state (plan, subscriptions with their ends, the period's allowance
+//! The account page: first what an operator must not miss (its payment standing, a plan key
+//! the catalog does not know, a stored field that differs from its events), each linked to
+//! its Why row; then its state (plan, subscriptions with their ends, the period's allowance
 //! as a meter, features), `why` per field (the deciding event and those it beat), the state
 //! as of a chosen time, and its event log with a Replay button per event.
 
@@ -43,7 +45,8 @@ pub(super) fn render((source, customer): (&str, &str), data: &Value, links: Link
                 a href=(here) { "See the account now" } "."
             }
         }
-        (state(account, at.filter(|_| as_of.is_some())))
+        (truth(account, why, at))
+        (state(account, why, at.filter(|_| as_of.is_some())))
         section aria-labelledby="why-title" {
             h2 #why-title {
                 "Why"
@@ -99,12 +102,166 @@ fn as_of(why: &Value, at: &str) -> Option<Value> {
     }))
 }
 
+/// Something the top of the account says, with the field of `why` whose row explains it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Finding {
+    /// `past-due`, `good-standing`, `unknown-plan-key` or `divergent`.
+    pub kind: &'static str,
+    /// The `why` field that explains it (its row is `#why-{field}`, see [`why_id`]).
+    pub field: String,
+    pub words: String,
+}
+
+impl Finding {
+    fn needs_a_person(&self) -> bool {
+        self.kind != "good-standing"
+    }
+}
+
+/// What `why` says an operator must see before the state: the payment standing, each plan key
+/// the catalog does not name (a plan register whose plan is null while its key is not), and
+/// each field whose register differs from the fold of the events, worst first.
+pub(super) fn findings(why: &Value) -> Vec<Finding> {
+    let fields = list(why, "fields");
+    let value_of = |name: &str| {
+        fields
+            .iter()
+            .find(|f| text(f, "field") == name)
+            .map(|f| &f["value"])
+    };
+    let mut found = Vec::new();
+    let mut standing = None;
+    for field in fields {
+        let name = text(field, "field");
+        if name == "standing" {
+            standing = Some(match text(field, "value") {
+                "past_due" => Finding {
+                    kind: "past-due",
+                    field: name.to_owned(),
+                    words: "Past due: its latest payment event left it in arrears.".to_owned(),
+                },
+                _ => Finding {
+                    kind: "good-standing",
+                    field: name.to_owned(),
+                    words: "Payments in good standing.".to_owned(),
+                },
+            });
+        }
+        let Some(key) = field["value"].as_str() else {
+            continue;
+        };
+        // The register's plan next to this key: `customer_plan` beside `customer_plan_key`,
+        // `subscription:{id}:plan` beside `subscription:{id}:plan_key`.
+        let Some(plan_field) = name.strip_suffix("_key") else {
+            continue;
+        };
+        if value_of(plan_field).is_some_and(Value::is_null) {
+            let whose = match name.strip_prefix("subscription:") {
+                Some(rest) => format!(
+                    "Subscription {}'s plan key",
+                    rest.trim_end_matches(":plan_key")
+                ),
+                None => "The plan key".to_owned(),
+            };
+            found.push(Finding {
+                kind: "unknown-plan-key",
+                field: name.to_owned(),
+                words: format!("{whose} {key} is not in the catalog: it entitles nothing."),
+            });
+        }
+    }
+    for name in list(why, "divergent").iter().filter_map(Value::as_str) {
+        let field = fields.iter().find(|f| text(f, "field") == name);
+        let stored = field.and_then(|f| f.get("stored")).unwrap_or(&Value::Null);
+        let folded = field.map_or(&Value::Null, |f| &f["value"]);
+        found.push(Finding {
+            kind: "divergent",
+            field: name.to_owned(),
+            words: format!(
+                "Stored {name} is {}, but its events give {}.",
+                shown(stored),
+                shown(folded)
+            ),
+        });
+    }
+    if let Some(standing) = standing {
+        match standing.needs_a_person() {
+            true => found.insert(0, standing),
+            false => found.push(standing),
+        }
+    }
+    found
+}
+
+/// The id of a `why` field's row: `why-` and the field, each character that is not a letter,
+/// a digit, `-` or `_` as `-` (a field holds `:`; an id is also a CSS selector).
+pub(super) fn why_id(field: &str) -> String {
+    let slug: String = field
+        .chars()
+        .map(
+            |c| match c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                true => c,
+                false => '-',
+            },
+        )
+        .collect();
+    format!("why-{slug}")
+}
+
+/// The top of the page: each finding, linked to its Why row; a word that all is well when
+/// `why` could compare the registers with the events and found nothing.
+fn truth(account: &Value, why: &Value, at: Option<&str>) -> Markup {
+    let found = findings(why);
+    let compared = at.is_none() && why.get("fields").is_some();
+    let plan = text(account, "plan");
+    html! {
+        section #truth aria-label="What this account needs" {
+            ul #account-findings {
+                @for finding in &found {
+                    @let tone = if finding.needs_a_person() { "bad" } else { "good" };
+                    li data-finding=(finding.kind) class={ "finding tone-" (tone) } {
+                        (finding.words) " "
+                        a href={ "#" (why_id(&finding.field)) } data-why=(finding.field) {
+                            "Why " code { (finding.field) }
+                        }
+                    }
+                }
+                @if compared && !found.iter().any(Finding::needs_a_person) {
+                    li.ok data-finding="none" {
+                        "On " (plan) ", and every stored field is what its events give."
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The account's state: as the app reads it now, or as of `at`.
-fn state(account: &Value, at: Option<&str>) -> Markup {
+fn state(account: &Value, why: &Value, at: Option<&str>) -> Markup {
     let allowance = int(account, "allowance").unwrap_or(0);
     let used = int(account, "used").unwrap_or(0);
     let subscriptions = list(account, "subscriptions");
     let features = account["features"].as_object();
+    // Now, the plan the registers give; the events may give another (a divergence).
+    let folded_plan = list(why, "fields")
+        .iter()
+        .find(|f| text(f, "field") == "plan")
+        .and_then(|f| f["value"].as_str())
+        .filter(|folded| at.is_none() && *folded != text(account, "plan"));
+    // The plan register's plan is no candidate while the account is past due (docs/design.md §4.5):
+    // the plan it holds, held back.
+    let value_of = |name: &str| {
+        list(why, "fields")
+            .iter()
+            .find(|f| text(f, "field") == name)
+            .map(|f| &f["value"])
+    };
+    let held_back = value_of("customer_plan")
+        .and_then(Value::as_str)
+        .filter(|held| {
+            value_of("standing").and_then(Value::as_str) == Some("past_due")
+                && *held != text(account, "plan")
+        });
     html! {
         section aria-labelledby="state-title" {
             h2 #state-title {
@@ -113,7 +270,20 @@ fn state(account: &Value, at: Option<&str>) -> Markup {
             }
             dl.facts {
                 dt { "Plan" }
-                dd { strong #plan { (text(account, "plan")) } }
+                dd {
+                    strong #plan { (text(account, "plan")) }
+                    @if let Some(held) = held_back {
+                        " " span.status.tone-bad { "past due" }
+                        " its plan register holds " strong #held-plan { (held) }
+                        ", which the account gets back once it is paid "
+                        a href="#why-standing" data-why="standing" { "Why" }
+                    }
+                    @if let Some(folded) = folded_plan {
+                        " " span.status.tone-bad { "divergent" }
+                        " its events give " strong #folded-plan { (folded) } " "
+                        a href="#why-plan" data-why="plan" { "Why" }
+                    }
+                }
                 @if account["deleted"].as_bool() == Some(true) {
                     dt { "Customer" }
                     dd { span.status.tone-bad { "deleted" } " by the provider" }
@@ -129,9 +299,12 @@ fn state(account: &Value, at: Option<&str>) -> Markup {
                     span #remaining { (shown(&account["remaining"])) } " remaining of "
                     span #allowance-total { (allowance) }
                 }
-                @if !account["version"].is_null() {
-                    dt { "Version" }
-                    dd { (shown(&account["version"])) }
+            }
+            @if !account["version"].is_null() {
+                p.meta #version {
+                    "Version " (shown(&account["version"])) ": the writes to this account so far "
+                    "(its events and debits), as the app API's " code { "version" } " counts them; "
+                    "two reads with the same version and period are the same."
                 }
             }
             h3 { "Subscriptions" }
@@ -200,7 +373,7 @@ fn why_fields(why: &Value, links: Links) -> Markup {
             @for field in fields {
                 @let name = text(field, "field");
                 @let stored = field.get("stored");
-                details data-field=(name) id=[(name == "plan").then_some("why-plan")] {
+                details data-field=(name) id=(why_id(name)) {
                     summary {
                         code.why-field { (name) } " " strong.why-value { (value(&field["value"])) }
                         @if let Some(stored) = stored {
@@ -299,14 +472,11 @@ fn log(events: &Value, (source, customer): (&str, &str), at: Option<&str>, links
                 table #log {
                     thead {
                         tr {
-                            th scope="col" { "Event" }
+                            th scope="col" { "Event" span.second { "via" } }
                             th scope="col" { "Occurred" }
                             th scope="col" { "Type" }
-                            th scope="col" { "Status" }
-                            th scope="col" { "Outcome" }
-                            th scope="col" { "Reason" }
-                            th scope="col" { "Seen" }
-                            th scope="col" { "Via" }
+                            th scope="col" { "Status" span.second { "copies seen" } }
+                            th scope="col" { "Outcome and reason" }
                             th scope="col" { span.visually-hidden { "Action" } }
                         }
                     }
@@ -314,14 +484,20 @@ fn log(events: &Value, (source, customer): (&str, &str), at: Option<&str>, links
                         @for event in rows {
                             @let id = int(event, "event_id").unwrap_or(0);
                             tr data-event-id=(id) {
-                                th scope="row" { a href=(links.event(id)) { "#" (id) } }
+                                th scope="row" {
+                                    a href=(links.event(id)) { "#" (id) }
+                                    span.second { (text(event, "via")) }
+                                }
                                 td { (time(&event["occurred_at"])) }
-                                td { code { (text(event, "type")) } }
-                                td { (status(text(event, "status"))) }
-                                td data-outcome=(text(event, "outcome")) { (status(text(event, "outcome"))) }
-                                td.reason { (shown(&event["reason"])) }
-                                td.num { (shown(&event["seen_count"])) }
-                                td { (text(event, "via")) }
+                                td.id { code { (text(event, "type")) } }
+                                td {
+                                    (status(text(event, "status")))
+                                    span.second { "seen " (shown(&event["seen_count"])) "×" }
+                                }
+                                td.reason data-outcome=(text(event, "outcome")) {
+                                    (status(text(event, "outcome")))
+                                    @if let Some(reason) = event["reason"].as_str() { " " span.reason { (reason) } }
+                                }
                                 td {
                                     (replay_form(
                                         &links.api(&format!("/v1/admin/events/{id}/replay")),

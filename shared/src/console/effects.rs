@@ -37,12 +37,10 @@ pub(super) fn render(data: &Value, query: &[(String, String)], links: Links) -> 
             table #effects {
                 thead {
                     tr {
-                        th scope="col" { "Effect" }
-                        th scope="col" { "Kind" span.second { "sequence" } }
+                        th scope="col" { "Effect" span.second { "kind, sequence" } }
                         th scope="col" { "Account" }
                         th scope="col" { "Event" span.second { "occurred" } }
-                        th scope="col" { "Status" }
-                        th scope="col" { "Attempts" }
+                        th scope="col" { "Status" span.second { "attempts" } }
                         th scope="col" { "Last error" }
                         th scope="col" { "Created" span.second { "sent" } }
                         th scope="col" { span.visually-hidden { "Action" } }
@@ -54,9 +52,11 @@ pub(super) fn render(data: &Value, query: &[(String, String)], links: Links) -> 
                         @let source = text(effect, "source");
                         @let word = text(effect, "status");
                         tr data-effect-id=(id) {
-                            th scope="row" { code { (id) } }
-                            td { (text(effect, "kind")) span.second { "sequence " (shown(&effect["sequence"])) } }
-                            td {
+                            th.id scope="row" {
+                                code { (id) }
+                                span.second { (text(effect, "kind")) ", sequence " (shown(&effect["sequence"])) }
+                            }
+                            td.id {
                                 @match effect["customer_id"].as_str() {
                                     Some(customer) => a href=(links.account(source, customer)) { (source) " / " (customer) },
                                     None => (source),
@@ -69,8 +69,10 @@ pub(super) fn render(data: &Value, query: &[(String, String)], links: Links) -> 
                                 }
                                 span.second { (time(&effect["occurred_at"])) }
                             }
-                            td { (status(word)) }
-                            td.num { (shown(&effect["attempts"])) }
+                            td {
+                                (status(word))
+                                span.second { (shown(&effect["attempts"])) " attempt(s)" }
+                            }
                             td.reason { (shown(&effect["last_error"])) }
                             td {
                                 (time(&effect["created_at"]))

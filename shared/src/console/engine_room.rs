@@ -34,7 +34,9 @@ pub(super) fn render(data: &Value, links: Links) -> Markup {
         p.meta {
             "Runs a reference scenario's deliveries, one at a time, through the real intake and "
             "worker on a fresh test-mode customer, and shows each answer and the account after "
-            "it beside what a handler that applies each event on arrival would hold."
+            "it beside what a handler that applies each event on arrival would hold. Only what "
+            "differs between the two is marked (a status neither side has, shown as -, is not "
+            "compared)."
         }
         div #engine-form.search data-runs=(links.api("/v1/admin/engine-room/runs"))
             data-console=(links.console("")) {
@@ -45,10 +47,13 @@ pub(super) fn render(data: &Value, links: Links) -> Markup {
                         @for name in SCENARIOS { option value=(name) { (name) } }
                     }
                     @for scenario in scenarios {
-                        option value=(text(scenario, "name")) {
+                        option value=(text(scenario, "name")) data-setup=[scenario["setup"].as_str()] {
                             (text(scenario, "name"))
                             @let n = list(scenario, "steps").len();
-                            @if n > 0 { " (" (text(scenario, "source")) ", " (n) " deliveries)" }
+                            @if n > 0 {
+                                " (" (text(scenario, "source")) ", " (n)
+                                @if n == 1 { " delivery)" } @else { " deliveries)" }
+                            }
                         }
                     }
                 }
@@ -58,6 +63,13 @@ pub(super) fn render(data: &Value, links: Links) -> Markup {
         @for scenario in scenarios {
             details.scenario data-scenario=(text(scenario, "name")) {
                 summary { "What " (text(scenario, "name")) " sends" }
+                @if let Some(setup) = scenario["setup"].as_str() {
+                    p.setup {
+                        "First, with step 1 and not a step of its own, the setup: " (setup)
+                        ". The account starts there (its grant counts toward step 1's); applying "
+                        "on arrival starts from the same place."
+                    }
+                }
                 ol {
                     @for step in list(scenario, "steps") { li { (text(step, "what")) } }
                 }

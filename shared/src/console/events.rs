@@ -87,22 +87,20 @@ pub(super) fn render(data: &Value, query: &[(String, String)], links: Links) -> 
     }
 }
 
+/// The list, six columns so that a laptop's window shows them all: the event and how it came,
+/// its account, its type, when, its status with its attempts and copies, its outcome and why.
 fn table(events: &[Value], links: Links) -> Markup {
     html! {
         div.scroll {
             table #events {
                 thead {
                     tr {
-                        th scope="col" { "Event" }
-                        th scope="col" { "Source" }
+                        th scope="col" { "Event" span.second { "via" } }
+                        th scope="col" { "Customer" span.second { "source" } }
                         th scope="col" { "Type" }
-                        th scope="col" { "Customer" }
                         th scope="col" { "Occurred" span.second { "received" } }
-                        th scope="col" { "Status" }
+                        th scope="col" { "Status" span.second { "attempts, copies" } }
                         th scope="col" { "Outcome and reason" }
-                        th scope="col" { "Seen" }
-                        th scope="col" { "Attempts" }
-                        th scope="col" { "Via" }
                     }
                 }
                 tbody {
@@ -110,24 +108,30 @@ fn table(events: &[Value], links: Links) -> Markup {
                         @let id = int(event, "event_id").unwrap_or(0);
                         @let source = text(event, "source");
                         tr data-event-id=(id) {
-                            th scope="row" { a href=(links.event(id)) { "#" (id) } }
-                            td { (source) }
-                            td { code { (text(event, "type")) } }
-                            td {
+                            th scope="row" {
+                                a href=(links.event(id)) { "#" (id) }
+                                span.second { (text(event, "via")) }
+                            }
+                            td.id {
                                 @match event["customer_id"].as_str() {
                                     Some(customer) => a href=(links.account(source, customer)) { (customer) },
                                     None => "—",
                                 }
+                                span.second { (source) }
                             }
+                            td.id { code { (text(event, "type")) } }
                             td { (time(&event["occurred_at"])) span.second { (time(&event["received_at"])) } }
-                            td { (status(text(event, "status"))) }
                             td {
+                                (status(text(event, "status")))
+                                span.second data-attempts=(shown(&event["attempts"])) {
+                                    (shown(&event["attempts"])) " attempt(s), seen "
+                                    (shown(&event["seen_count"])) "×"
+                                }
+                            }
+                            td.reason {
                                 (status(text(event, "outcome")))
                                 @if let Some(reason) = event["reason"].as_str() { " " span.reason { (reason) } }
                             }
-                            td.num { (shown(&event["seen_count"])) }
-                            td.num { (shown(&event["attempts"])) }
-                            td { (text(event, "via")) }
                         }
                     }
                 }

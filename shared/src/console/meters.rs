@@ -113,6 +113,36 @@ pub(super) fn render(data: &Value, query: &[(String, String)], links: Links) -> 
                 }
             }
         }
-        @if reports.is_empty() { p.empty { "No meter report matches." } }
+        @if reports.is_empty() { (empty(data, query)) }
+    }
+}
+
+/// Why the list is empty: no source of this deployment has a meter (then no report is ever
+/// written), none was written yet, or none matches the search.
+fn empty(data: &Value, query: &[(String, String)]) -> Markup {
+    let metered: Vec<(&String, &Value)> = data["meters"]
+        .as_object()
+        .map(|m| m.iter().collect())
+        .unwrap_or_default();
+    let searched = ["status", "source", "customer"]
+        .iter()
+        .any(|name| !param(query, name).is_empty());
+    html! {
+        p.empty #meters-empty {
+            @if metered.is_empty() && data.get("meters").is_some() {
+                "No source of this deployment has a meter, so no debit is reported to a provider: "
+                "a source's " code { "meter" } " in INBOX_SOURCES turns its reports on "
+                "(docs/operating.md)."
+            } @else if searched {
+                "No meter report matches."
+            } @else {
+                "No meter report yet: each accepted debit of a metered source ("
+                @for (i, (source, meter)) in metered.iter().enumerate() {
+                    @if i > 0 { ", " }
+                    (source) " to " code { (shown(meter)) }
+                }
+                ") writes one."
+            }
+        }
     }
 }

@@ -5,12 +5,16 @@
 //!
 //! - `page`: the pages and their paths ([`Page::parse`]);
 //! - `shell`: the page every console address answers with, before any data;
-//! - `overview`, `events`, `event`, `account`, `effects`, `meters`, `engine_room`, `audit_trail`: one
+//! - `overview`, `events`, `event`, `account`, `effects`, `meters`, `divergences`, `engine_room`,
+//!   `audit_trail`: one
 //!   fragment each, from the JSON its route answers;
+//! - `chart`: the overview's picture of the last 24 hours, SVG with a table beside it;
 //! - `view`: what they share (links, times, statuses).
 
 mod account;
 mod audit_trail;
+mod chart;
+mod divergences;
 mod effects;
 mod engine_room;
 mod event;
@@ -66,14 +70,16 @@ pub fn asset(name: &str) -> Option<(&'static str, &'static str)> {
 
 /// A page's fragment from the JSON of its route(s):
 ///
-/// - `Overview`: `GET /v1/admin/overview`;
+/// - `Overview`: `GET /v1/admin/overview`, with `"traffic"`: the last 24 hours' events by hour
+///   and status (`[{hour, status, count}]`);
 /// - `Events`: `GET /v1/admin/events` (`query` is the page's: the search form's values and
 ///   `after`);
 /// - `Event`: `GET /v1/admin/events/{id}`;
 /// - `Account`: `{"account": GET /v1/accounts/{s}/{c}, "events": GET …/events, "why": GET
 ///   …/why, "at": the cut or null}`;
 /// - `Effects`: `GET /v1/admin/effects`;
-/// - `Meters`: `GET /v1/admin/meter-reports`;
+/// - `Meters`: `GET /v1/admin/meter-reports`, with `"meters"`: each metered source's meter;
+/// - `Divergences`: `GET /v1/admin/divergences`;
 /// - `EngineRoom`: `GET /v1/admin/engine-room`, or `{"enabled": false}`;
 /// - `AuditTrail`: `GET /v1/admin/audit-trail`.
 ///
@@ -87,6 +93,7 @@ pub fn render(page: &Page, data: &Value, query: &[(String, String)], base: &str)
         Page::Account { source, customer } => account::render((source, customer), data, links),
         Page::Effects => effects::render(data, query, links),
         Page::Meters => meters::render(data, query, links),
+        Page::Divergences => divergences::render(data, links),
         Page::EngineRoom => engine_room::render(data, links),
         Page::AuditTrail => audit_trail::render(data, query, links),
     }

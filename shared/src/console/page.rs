@@ -19,6 +19,8 @@ pub enum Page {
     Effects,
     /// `meters`: meter reports and corrections (docs/design.md §4.13).
     Meters,
+    /// `divergences`: every stored field that differs from its account's events.
+    Divergences,
     /// `engine-room`.
     EngineRoom,
     /// `audit-trail`.
@@ -57,6 +59,7 @@ impl Page {
             }
             ["effects"] => Some(Page::Effects),
             ["meters"] => Some(Page::Meters),
+            ["divergences"] => Some(Page::Divergences),
             ["engine-room"] => Some(Page::EngineRoom),
             ["audit-trail"] => Some(Page::AuditTrail),
             _ => None,
@@ -80,7 +83,7 @@ impl Page {
             Page::Effects => &["status", "after"],
             Page::Meters => &["status", "source", "customer"],
             Page::AuditTrail => &["after"],
-            Page::Overview | Page::Event(_) | Page::EngineRoom => &[],
+            Page::Overview | Page::Event(_) | Page::Divergences | Page::EngineRoom => &[],
         }
     }
 
@@ -97,6 +100,7 @@ impl Page {
             }
             Page::Effects => "effects".to_owned(),
             Page::Meters => "meters".to_owned(),
+            Page::Divergences => "divergences".to_owned(),
             Page::EngineRoom => "engine-room".to_owned(),
             Page::AuditTrail => "audit-trail".to_owned(),
         }
@@ -131,6 +135,7 @@ mod tests {
         assert_eq!(Page::parse("events/42"), Some(Page::Event(42)));
         assert_eq!(Page::parse("accounts/kinde/kc_1"), account("kinde", "kc_1"));
         assert_eq!(Page::parse("effects"), Some(Page::Effects));
+        assert_eq!(Page::parse("divergences"), Some(Page::Divergences));
         assert_eq!(Page::parse("engine-room"), Some(Page::EngineRoom));
         assert_eq!(Page::parse("audit-trail"), Some(Page::AuditTrail));
     }
@@ -182,6 +187,7 @@ mod tests {
             },
             Page::Effects,
             Page::Meters,
+            Page::Divergences,
             Page::EngineRoom,
             Page::AuditTrail,
         ] {

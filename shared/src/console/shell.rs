@@ -12,6 +12,7 @@ pub fn shell(base: &str) -> String {
         ("events", "Events"),
         ("effects", "Effects"),
         ("meters", "Meters"),
+        ("divergences", "Divergences"),
         ("engine-room", "Engine Room"),
         ("audit-trail", "Audit trail"),
     ];

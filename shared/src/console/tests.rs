@@ -63,7 +63,7 @@ pub(super) fn overview(customer_detail: &str) -> Value {
             {"source": "kinde", "kind": "kinde", "deliveries_last_hour": 12,
              "unauthorized_last_hour": 0, "last_delivery_at": "2026-12-03T09:59:30Z",
              "events_by_status": {"applied": 40, "dead": 1, "ignored": 3},
-             "oldest_unapplied_age_secs": 95, "dead": 1, "unprocessable": 0, "conflicting": 0},
+             "oldest_unapplied_age_secs": 95.4, "dead": 1, "unprocessable": 0, "conflicting": 0},
             {"source": "stripe", "kind": "stripe", "deliveries_last_hour": 0,
              "unauthorized_last_hour": 7, "last_delivery_at": null,
              "events_by_status": {}, "oldest_unapplied_age_secs": null,
@@ -96,10 +96,10 @@ fn the_overview_puts_what_needs_a_person_first_each_a_link() {
             r#"data-count="dead"><a href="/lambda-url/api/console/events?status=dead&amp;source=kinde">1</a></td>"#,
             r#"data-count="unprocessable"><a href="/lambda-url/api/console/events?status=unprocessable&amp;source=stripe">2</a></td>"#,
             r#"data-count="unauthorized_last_hour">7</td>"#,
-            r#"data-count="effects_dead">"#,
-            r#"data-count="divergences_open">1</td>"#,
+            r#"data-count="effects_dead"><a href="/lambda-url/api/console/effects?status=dead">2</a>"#,
+            r#"data-count="divergences_open"><a href="/lambda-url/api/console/divergences">1</a></td>"#,
             r#"<time datetime="2026-12-03T09:59:30Z">2026-12-03 09:59:30 UTC</time>"#,
-            "never",
+            "no delivery yet",
             "95 s",
         ],
     );
@@ -385,7 +385,7 @@ fn the_account_page_shows_its_state_why_and_log() {
             "a newer plan change is already stored",
             r#"data-action="POST" action="/lambda-url/api/v1/admin/events/3/replay""#,
             r#"<details data-field="plan" id="why-plan">"#,
-            r#"<details data-field="allowance:2026-12">"#,
+            r#"<details data-field="allowance:2026-12" id="why-allowance-2026-12">"#,
             r#"<a href="/lambda-url/api/console/events/1">event #1</a>"#,
             r#"<a href="/lambda-url/api/console/events/3">event #3</a> <strong>older</strong>: its provider time is before"#,
             "stored: 400",
@@ -569,6 +569,7 @@ fn meter_reports_are_listed_with_corrections_and_a_replay_for_each_dead_one() {
 fn the_engine_room_offers_the_scenarios_and_empty_tables_for_the_script() {
     let data = json!({"enabled": true, "scenarios": [
         {"name": "nine-deliveries", "source": "kinde-test",
+         "setup": "plan-assigned, plan free, 60 minutes before the start",
          "steps": [{"step": 1, "what": "plan change to pro (crashes)"}, {"step": 2, "what": "payment"}]},
         {"name": "refund", "source": "stripe-test", "steps": [{"step": 1, "what": "charge"}]}
     ]});
@@ -577,16 +578,20 @@ fn the_engine_room_offers_the_scenarios_and_empty_tables_for_the_script() {
         &html,
         &[
             r#"<select id="scenario" name="scenario">"#,
-            r#"<option value="nine-deliveries">"#,
             r#"<option value="refund">"#,
             r#"<button id="run" type="button">Run</button>"#,
             r#"<table id="engine-steps">"#,
             r#"<p id="engine-result""#,
             r#"data-runs="/lambda-url/api/v1/admin/engine-room/runs""#,
             "plan change to pro (crashes)",
+            // the setup delivery is said, apart from the steps, and given to the script
+            r#"<p class="setup">First, with step 1 and not a step of its own, the setup: plan-assigned, plan free, 60 minutes before the start."#,
+            r#"<option value="nine-deliveries" data-setup="plan-assigned, plan free, 60 minutes before the start">"#,
         ],
     );
     assert!(!html.contains("engine-off"));
+    // a scenario without a setup says none
+    assert_eq!(html.matches(r#"class="setup""#).count(), 1);
 }
 
 #[test]
@@ -600,7 +605,7 @@ fn an_engine_room_that_is_off_says_so() {
 fn the_audit_trail_lists_each_action_and_who_took_it() {
     let data = json!({"actions": [
         {"id": 9, "at": "2026-12-03T10:00:00Z", "who": "dev-admin", "action": "event.replay",
-         "target": "event 42", "detail": {"status": "received"}}
+         "target": "42", "detail": {"status": "received"}}
     ], "next": 9});
     let html = rendered(&Page::AuditTrail, &data, &[]);
     has(
@@ -609,7 +614,8 @@ fn the_audit_trail_lists_each_action_and_who_took_it() {
             r#"<table id="trail">"#,
             "dev-admin",
             "event.replay",
-            "{&quot;status&quot;:&quot;received&quot;}",
+            r#"<a href="/lambda-url/api/console/events/42">event #42</a>"#,
+            r#"now <span class="status tone-wait">received</span>"#,
             r#"<a id="next" href="/lambda-url/api/console/audit-trail?after=9""#,
         ],
     );
@@ -648,6 +654,11 @@ fn every_value_from_the_data_is_escaped() {
         ),
         (Page::EngineRoom, engine),
         (Page::AuditTrail, trail),
+        (
+            Page::Divergences,
+            json!({"divergences": [{"source": XSS, "customer_id": XSS, "field": XSS,
+            "stored": XSS, "folded": XSS, "first_seen": XSS, "last_seen": XSS}]}),
+        ),
     ] {
         escaped(&rendered(&page, &data, &query));
     }
@@ -776,4 +787,334 @@ fn each_link_a_page_renders_to_itself_carries_only_the_parameters_it_reads() {
         }
         assert!(seen > 0, "{page:?} links to a next page");
     }
+}
+
+/// `why` of an account in arrears whose plan register holds a key the catalog does not name
+/// and whose stored plan was moved by hand: `team` stored, `pro` given by its events.
+fn why_in_trouble() -> Value {
+    let field = |name: &str, value: Value, stored: Option<Value>| WhyField {
+        field: name.to_owned(),
+        value,
+        decided_by: Some(EventRef {
+            event_id: 7,
+            event_type: "customer.payment_failed".to_owned(),
+            occurred_at: at("2026-12-01T10:00:00Z"),
+            via: Via::Webhook,
+            replayed: false,
+        }),
+        beaten: vec![],
+        stored,
+    };
+    let why = Why {
+        source: "kinde".to_owned(),
+        customer_id: "kc_1".to_owned(),
+        at: None,
+        received_before: None,
+        fields: vec![
+            field("plan", json!("pro"), None),
+            field("customer_plan", json!("pro"), Some(json!("team"))),
+            field("customer_plan_key", json!("pro"), None),
+            field("standing", json!("past_due"), None),
+            field("subscription:sub_9:plan", Value::Null, None),
+            field("subscription:sub_9:plan_key", json!("mystery"), None),
+        ],
+        purged: 0,
+        complete_from: None,
+        pending: vec![],
+        divergent: vec!["customer_plan".to_owned()],
+    };
+    serde_json::to_value(&why).unwrap()
+}
+
+#[test]
+fn the_top_of_an_account_says_past_due_an_unknown_plan_key_and_a_divergence_each_linked_to_its_why_row(
+) {
+    let mut account = snapshot("kc_1");
+    account["plan"] = json!("team");
+    let data = json!({"account": account, "events": account_events(""),
+                      "why": why_in_trouble(), "at": null});
+    let html = rendered(&account_page("kc_1"), &data, &[]);
+    has(
+        &html,
+        &[
+            r#"<li data-finding="past-due" class="finding tone-bad">Past due"#,
+            r##"href="#why-standing""##,
+            r#"<li data-finding="unknown-plan-key" class="finding tone-bad">Subscription sub_9's plan key mystery is not in the catalog"#,
+            r##"href="#why-subscription-sub_9-plan_key""##,
+            r#"<li data-finding="divergent" class="finding tone-bad">Stored customer_plan is team, but its events give pro."#,
+            r##"href="#why-customer_plan""##,
+            // each link's row is there to open
+            r#"<details data-field="standing" id="why-standing">"#,
+            r#"<details data-field="subscription:sub_9:plan_key" id="why-subscription-sub_9-plan_key">"#,
+            r#"<details data-field="customer_plan" id="why-customer_plan">"#,
+            // the header's plan is the stored one, with the plan held back while past due and
+            // what the events give beside it
+            r#"<strong id="plan">team</strong> <span class="status tone-bad">past due</span> its plan register holds <strong id="held-plan">pro</strong>"#,
+            r#"<span class="status tone-bad">divergent</span> its events give <strong id="folded-plan">pro</strong>"#,
+        ],
+    );
+    // what needs a person comes before the state, past due first
+    let top = html.find(r#"id="account-findings""#).unwrap();
+    assert!(top < html.find(r#"id="state-title""#).unwrap());
+    assert!(html.find("past-due").unwrap() < html.find("unknown-plan-key").unwrap());
+    assert!(!html.contains(r#"data-finding="none""#));
+    // the customer's own plan key is in the catalog: no finding names it
+    assert!(!html.contains("The plan key pro"));
+}
+
+#[test]
+fn an_account_in_step_with_its_events_says_so_and_its_version_explains_itself() {
+    let mut why = why("kc_1", "");
+    why["divergent"] = json!([]);
+    why["fields"][1]["stored"] = Value::Null;
+    let data = json!({"account": snapshot("kc_1"), "events": account_events(""),
+                      "why": why, "at": null});
+    let html = rendered(&account_page("kc_1"), &data, &[]);
+    has(
+        &html,
+        &[
+            r#"<li class="ok" data-finding="none">On pro, and every stored field is what its events give.</li>"#,
+            r#"<p class="meta" id="version">Version 12: the writes to this account so far"#,
+        ],
+    );
+    assert!(!html.contains("<dt>Version</dt>"));
+    assert!(!html.contains("folded-plan"));
+}
+
+#[test]
+fn findings_name_only_a_key_whose_plan_is_null() {
+    let why = json!({"fields": [
+        {"field": "customer_plan", "value": null},
+        {"field": "customer_plan_key", "value": "gold"},
+        {"field": "subscription:s1:plan", "value": "pro"},
+        {"field": "subscription:s1:plan_key", "value": "pro_v2"},
+        {"field": "standing", "value": "good"}
+    ], "divergent": []});
+    let found = account::findings(&why);
+    let kinds: Vec<(&str, &str)> = found.iter().map(|f| (f.kind, f.field.as_str())).collect();
+    assert_eq!(
+        kinds,
+        [
+            ("unknown-plan-key", "customer_plan_key"),
+            ("good-standing", "standing")
+        ]
+    );
+    assert_eq!(
+        found[0].words,
+        "The plan key gold is not in the catalog: it entitles nothing."
+    );
+    assert_eq!(
+        account::why_id("allowance:2026-12"),
+        "why-allowance-2026-12"
+    );
+    assert_eq!(account::why_id("plan"), "why-plan");
+}
+
+#[test]
+fn an_unused_source_is_no_alarm_and_says_no_delivery_yet() {
+    let mut data = overview("1 dead event");
+    data["needs_attention"].as_array_mut().unwrap().push(
+        json!({"kind": "silent_source", "source": "stripe", "count": 0,
+                     "detail": "nothing ever stored from stripe", "link": "events?source=stripe"}),
+    );
+    let html = rendered(&Page::Overview, &data, &[]);
+    assert!(!html.contains(r#"data-kind="silent_source""#), "{html}");
+    assert!(!html.contains("(0)"));
+    has(
+        &html,
+        &[
+            r#"<span class="quiet">no delivery yet</span>"#,
+            r#"id="unused-sources""#,
+        ],
+    );
+    // a source that did send, then went quiet, still needs a person
+    data["needs_attention"][2]["source"] = json!("kinde");
+    let html = rendered(&Page::Overview, &data, &[]);
+    has(&html, &[r#"data-kind="silent_source""#]);
+}
+
+#[test]
+fn every_overview_figure_says_what_it_counts_and_links_its_list() {
+    let mut data = overview("");
+    data["meter_reports"] = json!({"pending": 3, "dead": 1, "differences_open": 2});
+    data["needs_attention"].as_array_mut().unwrap().push(
+        json!({"kind": "divergences", "count": 4, "detail": "4 field(s) differ",
+                     "link": "accounts/kinde/kc_1"}),
+    );
+    let html = rendered(&Page::Overview, &data, &[]);
+    has(
+        &html,
+        &[
+            r#"<th scope="row">Meter reports waiting to be sent to a provider's meter</th><td class="num" data-count="meter_reports_pending"><a href="/lambda-url/api/console/meters?status=pending">3</a>"#,
+            r#"data-count="meter_reports_dead"><a href="/lambda-url/api/console/meters?status=dead">1</a>"#,
+            r#"data-count="meter_differences_open"><a href="/lambda-url/api/console/meters">2</a>"#,
+            // the divergences' item opens the list of them all, not one account
+            r#"<li class="attention" data-kind="divergences"><a href="/lambda-url/api/console/divergences">"#,
+            // a source with nothing waiting says none; applied events are not counted there
+            r#"<span class="quiet">none</span>"#,
+            r#"data-count="dead">dead 1</a>"#,
+        ],
+    );
+    assert!(!html.contains(">applied 40<"));
+    // the oldest waiting event's age is read as the number it is (seconds, a fraction)
+    assert_eq!(overview::age(Some(95.4)), "95 s");
+    assert_eq!(overview::age(Some(0.0)), "—");
+}
+
+#[test]
+fn the_divergences_page_lists_every_account_and_field_each_linked_to_its_why_row() {
+    let data = json!({"divergences": [
+        {"source": "kinde", "customer_id": "kc_1", "field": "customer_plan", "stored": "team",
+         "folded": "pro", "first_seen": "2026-12-03T09:00:00Z", "last_seen": "2026-12-03T10:00:00Z"},
+        {"source": "kinde", "customer_id": "kc_1", "field": "allowance:2026-12", "stored": 400,
+         "folded": 500, "first_seen": "2026-12-03T09:00:00Z", "last_seen": "2026-12-03T10:00:00Z"},
+        {"source": "stripe", "customer_id": "acct_1/cus_2", "field": "subscription:sub_1:status",
+         "stored": "canceled", "folded": "active", "first_seen": "2026-12-03T09:00:00Z",
+         "last_seen": "2026-12-03T10:00:00Z"}
+    ]});
+    let html = rendered(&Page::Divergences, &data, &[]);
+    has(
+        &html,
+        &[
+            "3 stored field(s) of 2 account(s) differ",
+            r#"<tr data-account="kinde/kc_1" data-field="customer_plan">"#,
+            r##"<a href="/lambda-url/api/console/accounts/kinde/kc_1#why-allowance-2026-12"><code>allowance:2026-12</code></a>"##,
+            r##"href="/lambda-url/api/console/accounts/stripe/acct_1%2Fcus_2#why-subscription-sub_1-status""##,
+            "<td><strong>team</strong></td><td>pro</td>",
+        ],
+    );
+    no_inline_code(&html);
+    let none = rendered(&Page::Divergences, &json!({"divergences": []}), &[]);
+    has(&none, &["No stored field differs"]);
+}
+
+#[test]
+fn the_meters_page_says_when_no_source_has_a_meter() {
+    let html = rendered(&Page::Meters, &json!({"reports": [], "meters": {}}), &[]);
+    has(&html, &["No source of this deployment has a meter"]);
+    let html = rendered(
+        &Page::Meters,
+        &json!({"reports": [], "meters": {"stripe": "api_calls"}}),
+        &[],
+    );
+    has(
+        &html,
+        &["No meter report yet", "stripe to <code>api_calls</code>"],
+    );
+    let html = rendered(
+        &Page::Meters,
+        &json!({"reports": [], "meters": {"stripe": "api_calls"}}),
+        &[("status", "dead")],
+    );
+    has(&html, &["No meter report matches."]);
+}
+
+#[test]
+fn the_audit_trail_says_targets_and_details_in_words_with_links() {
+    let data = json!({"actions": [
+        {"id": 3, "at": "2026-12-03T10:00:00Z", "who": "dev-admin", "action": "events.replay",
+         "target": "{\"source\":null,\"status\":\"dead\"}",
+         "detail": {"source": null, "status": "dead", "event_ids": [4, 5]}},
+        {"id": 2, "at": "2026-12-03T09:00:00Z", "who": "dev-admin", "action": "account_event.replay",
+         "target": "4", "detail": {"source": "kinde", "customer_id": "kc_1", "status": "received"}},
+        {"id": 1, "at": "2026-12-03T08:00:00Z", "who": "dev-admin", "action": "meter_report.replay",
+         "target": "mrp_1", "detail": {}}
+    ], "next": null});
+    let html = rendered(&Page::AuditTrail, &data, &[]);
+    has(
+        &html,
+        &[
+            r#"every <span class="status tone-bad">dead</span> event of every source"#,
+            r#"2 event(s) replayed: <a href="/lambda-url/api/console/events/4">#4</a>, <a href="/lambda-url/api/console/events/5">#5</a>"#,
+            r#"<a href="/lambda-url/api/console/events/4">event #4</a>"#,
+            r#"for <a href="/lambda-url/api/console/accounts/kinde/kc_1">kinde / kc_1</a>"#,
+            "meter report",
+        ],
+    );
+    assert!(!html.contains("{&quot;"), "no JSON left: {html}");
+}
+
+/// The value of attribute `name` in a tag's text (`<rect … name="v" …>`).
+fn attribute<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
+    let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+    Some(&tag[at..at + tag[at..].find('"')?])
+}
+
+/// Each `<{element} …>` tag's `key` and `value` attributes, summed by key.
+fn summed(html: &str, element: &str, key: &str, value: &str) -> BTreeMap<String, i64> {
+    let mut sums = BTreeMap::new();
+    for (at, _) in html.match_indices(&format!("<{element} ")) {
+        let tag = &html[at..at + html[at..].find('>').unwrap()];
+        if let (Some(k), Some(v)) = (attribute(tag, key), attribute(tag, value)) {
+            *sums.entry(k.to_owned()).or_insert(0) += v.parse::<i64>().unwrap();
+        }
+    }
+    sums
+}
+
+#[test]
+fn the_overviews_picture_of_24_hours_has_the_numbers_of_its_table() {
+    let mut data = overview("");
+    data["traffic"] = json!([
+        {"hour": "2026-12-02T09:00:00Z", "status": "applied", "count": 50},
+        {"hour": "2026-12-02T11:00:00Z", "status": "ignored", "count": 2},
+        {"hour": "2026-12-03T08:00:00Z", "status": "applied", "count": 4},
+        {"hour": "2026-12-03T10:00:00Z", "status": "applied", "count": 3},
+        {"hour": "2026-12-03T10:00:00Z", "status": "dead", "count": 1},
+        {"hour": "2026-12-03T10:00:00Z", "status": "unprocessable", "count": 2}
+    ]);
+    let html = rendered(&Page::Overview, &data, &[]);
+    // the 24 hours end with generated_at's (10:00): 09:00 the day before is left out
+    let bars = summed(&html, "rect", "data-status", "data-count");
+    let mut totals = BTreeMap::new();
+    for (at, _) in html.match_indices(r#"<td class="num" data-total=""#) {
+        let tag = &html[at..];
+        let status = attribute(tag, "data-total").unwrap();
+        let n: i64 = tag[tag.find('>').unwrap() + 1..tag.find("</td>").unwrap()]
+            .parse()
+            .unwrap();
+        totals.insert(status.to_owned(), n);
+    }
+    let expected = BTreeMap::from([
+        ("applied".to_owned(), 7),
+        ("dead".to_owned(), 1),
+        ("ignored".to_owned(), 2),
+        ("unprocessable".to_owned(), 2),
+    ]);
+    assert_eq!(bars, expected, "the bars");
+    assert_eq!(totals, expected, "the table's totals");
+    has(
+        &html,
+        &[
+            r#"<figure id="traffic-chart" data-total="12" data-dead="1">"#,
+            r#"role="img" aria-labelledby="traffic-title traffic-desc""#,
+            // the hour's title says its numbers; the dead and unprocessable are marked
+            "<title>10:00 UTC: 3 applied, 2 unprocessable, 1 dead</title>",
+            ">✕3</text>",
+            // the legend links each status's list
+            r#"<a href="/lambda-url/api/console/events?status=dead">dead</a> <span data-total="dead">1</span>"#,
+            // the table beside it, hour by hour
+            r#"<th scope="row">2026-12-03 10:00</th>"#,
+            r#"<th scope="row">2026-12-02 11:00</th>"#,
+        ],
+    );
+    assert!(!html.contains("2026-12-02 09:00"));
+    no_inline_code(&html);
+    // the overview reads first what needs a person, then the picture
+    assert!(html.find("needs-attention") < html.find("traffic-chart"));
+}
+
+#[test]
+fn a_quiet_day_is_drawn_empty_and_says_so() {
+    let mut data = overview("");
+    data["traffic"] = json!([]);
+    let html = rendered(&Page::Overview, &data, &[]);
+    has(
+        &html,
+        &[
+            r#"data-total="0" data-dead="0""#,
+            "No event received in the last 24 hours.",
+        ],
+    );
+    assert!(!html.contains("<rect"));
 }

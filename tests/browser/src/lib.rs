@@ -507,6 +507,76 @@ impl Browser {
         Ok(())
     }
 
+    /// Sets the window's width (its height stays 1,000 pixels), for a page's look at that width.
+    pub async fn width(&self, width: u32) -> anyhow::Result<()> {
+        self.client
+            .set_window_size(width, 1000)
+            .await
+            .with_context(|| format!("setting the window {width} pixels wide"))
+    }
+
+    /// Opens the console's page at `path` and waits until its fragment is in place
+    /// (`#page[data-state='ready']`).
+    ///
+    /// A fragment answered 500 by `cargo lambda watch` itself (its own problem JSON, as
+    /// `log_in` meets it for an asset) is loaded once more, said on stderr; a second failure
+    /// fails the test.
+    pub async fn page(&self, path: &str) -> anyhow::Result<()> {
+        for attempt in 0..2 {
+            self.console(path).await?;
+            self.find("#page[data-state='ready'], #page[data-state='error']")
+                .await
+                .map_err(|e| e.context(format!("the page /console/{path}")))?;
+            if self
+                .client
+                .find(Locator::Css("#page[data-state='ready']"))
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            let failed = self.failed_loads().await;
+            if attempt > 0 || !failed.iter().any(|load| load.ends_with(" 500")) {
+                break;
+            }
+            eprintln!(
+                "{}: loading /console/{path} again after {failed:?}",
+                self.test
+            );
+        }
+        bail!(
+            "the page /console/{path} answered an error: {}",
+            self.page_text().await
+        )
+    }
+
+    /// What the window cuts: each table wider than the box that holds it (its columns behind
+    /// a scrollbar), and the page itself when it is wider than the window; by id or tag.
+    pub async fn cut(&self) -> anyhow::Result<Vec<String>> {
+        let cut = self
+            .client
+            .execute(
+                "const cut = [...document.querySelectorAll('#page table')]
+                   .filter(t => t.parentElement.clientWidth + 1 < t.scrollWidth)
+                   .map(t => (t.id || 'table') + ' ' + t.scrollWidth + ' > ' + t.parentElement.clientWidth);
+                 const page = document.documentElement;
+                 if (page.scrollWidth > window.innerWidth + 1) {
+                   cut.push('the page ' + page.scrollWidth + ' > ' + window.innerWidth);
+                 }
+                 return cut;",
+                vec![],
+            )
+            .await?;
+        Ok(cut
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
     /// The number of rows with cells (not the header's) in the table `css`.
     pub async fn rows(&self, css: &str) -> anyhow::Result<u64> {
         let count = self

@@ -59,6 +59,14 @@
     showKeyForm("That key was refused (401 unauthorized): enter another.");
   }
 
+  // A key the API knows but that lacks the admin scope: the console's pages need one that has
+  // it, so the form is offered again (the key is dropped, as a refused one is).
+  function notAdmin() {
+    forgetKey();
+    showKeyForm("That key has no admin scope (403 forbidden): the console's pages need an " +
+      "admin key. Enter another.");
+  }
+
   // --- the page's fragment -------------------------------------------------------------------
   function localTimes(root) {
     Array.prototype.forEach.call(root.querySelectorAll("time[datetime]"), function (t) {
@@ -84,6 +92,7 @@
     }).then(function (answer) {
       return answer.text().then(function (body) {
         if (answer.status === 401) { refused(); return; }
+        if (answer.status === 403 && /forbidden/.test(body)) { notAdmin(); return; }
         var type = answer.headers.get("content-type") || "";
         if (type.indexOf("text/html") === 0) {
           page.innerHTML = body;
@@ -91,6 +100,7 @@
           showError(String(answer.status), body.slice(0, 300));
         }
         localTimes(page);
+        openWhy(location.hash);
         var h1 = page.querySelector("h1");
         document.title = (h1 ? h1.textContent + " · " : "") + "billing-inbox console";
         page.removeAttribute("aria-busy");
@@ -116,6 +126,7 @@
         var json = null;
         try { json = JSON.parse(text); } catch (e) { json = null; }
         if (answer.status === 401) { refused(); }
+        if (answer.status === 403 && json && json.code === "forbidden") { notAdmin(); }
         if (!answer.ok) {
           var error = new Error(json && json.code
             ? json.code + ": " + json.detail
@@ -138,13 +149,39 @@
     Array.prototype.forEach.call(buttons, function (b) { b.disabled = true; });
     say("Working…", "wait");
     call("POST", form.getAttribute("action"), any ? body : undefined).then(function (json) {
-      say("Done: " + JSON.stringify(json), "good");
+      say(told(json), "good");
       load();
     }, function (error) {
-      if (error.status === 401) { return; }
+      if (error.status === 401 || error.status === 403) { return; }
       say("Refused: " + error.message, "bad");
       Array.prototype.forEach.call(buttons, function (b) { b.disabled = false; });
     });
+  }
+
+  // A replay's answer in words (the admin API's JSON: docs/api.md).
+  function told(json) {
+    if (!json) { return "Done."; }
+    if (json.event_id !== undefined) {
+      return "Replayed event #" + json.event_id + ": it is " + json.status + " now; the worker applies it again.";
+    }
+    if (json.report_id !== undefined) {
+      return "Replayed meter report " + json.report_id + ": it is " + json.status + " now; the dispatcher sends it again.";
+    }
+    if (json.effect_id !== undefined) {
+      return "Replayed effect " + json.effect_id + ": it is " + json.status + " now; the dispatcher tells the app again.";
+    }
+    if (json.replayed !== undefined) {
+      return "Replayed " + json.replayed + " event(s)" +
+        (json.more ? "; more are left: replay again." : ".");
+    }
+    return "Done.";
+  }
+
+  // A Why row named by a link's address (#why-…) is opened, so that what it explains shows.
+  function openWhy(hash) {
+    if (!hash || hash.indexOf("#why-") !== 0) { return; }
+    var row = document.getElementById(hash.slice(1));
+    if (row && row.tagName === "DETAILS") { row.open = true; }
   }
 
   // A console GET form: its non-empty fields as the query (a datetime-local field marked
@@ -169,6 +206,26 @@
     return "plan " + s.plan + ", balance " + s.balance + (s.status ? ", " + s.status : "");
   }
 
+  // The fields of two account lines that differ; a status either side lacks ("-", a
+  // placeholder) is not compared.
+  function differing(account, onArrival) {
+    if (!account || !onArrival) { return []; }
+    return ["plan", "balance", "status"].filter(function (field) {
+      var a = account[field];
+      var b = onArrival[field];
+      if (field === "status" && (a === "-" || b === "-")) { return false; }
+      return String(a) !== String(b);
+    });
+  }
+
+  function setupRow(what) {
+    return el("tr", { "data-step": "setup" }, [
+      el("th", { scope: "row" }, ["setup"]),
+      el("td", { colspan: "5" }, ["Sent with step 1, before it, and not a step of its own: " + what +
+        ". Step 1's account includes it (its grant counts toward step 1's)."])
+    ]);
+  }
+
   function stepRow(step) {
     var event = step.event;
     var eventCell = event
@@ -177,14 +234,15 @@
          (event.reason ? " — " + event.reason : "")]
       : ["no event stored"];
     var answer = step.answer || {};
-    var differs = JSON.stringify(step.account) !== JSON.stringify(step.on_arrival);
+    var differs = differing(step.account, step.on_arrival);
     return el("tr", { "data-step": String(step.step) }, [
       el("th", { scope: "row" }, [String(step.step)]),
       el("td", {}, [step.what || ""]),
       el("td", {}, [String(answer.status) + (answer.verdict ? " " + answer.verdict : "")]),
       el("td", {}, eventCell),
       el("td", {}, [state(step.account)]),
-      el("td", differs ? { "class": "differs" } : {}, [state(step.on_arrival) + (differs ? " (differs)" : "")])
+      el("td", differs.length ? { "class": "differs", "data-differs": differs.join(" ") } : {},
+        [state(step.on_arrival) + (differs.length ? " (differs: " + differs.join(", ") + ")" : "")])
     ]);
   }
 
@@ -200,7 +258,10 @@
       result.removeAttribute(a);
     });
     var last = null;
+    var chosen = document.querySelector("#scenario option:checked");
+    var setup = chosen && chosen.getAttribute("data-setup");
     call("POST", form.getAttribute("data-runs"), { scenario: scenario }).then(function (run) {
+      if (setup) { body.appendChild(setupRow(setup)); }
       var where = run.source + "/" + run.customer;
       function step(n) {
         if (n > run.steps) { return null; }
@@ -261,6 +322,11 @@
   document.addEventListener("click", function (e) {
     var target = e.target;
     if (!(target instanceof Element)) { return; }
+    var why = target.closest("a[href^='#why-']");
+    if (why) {
+      openWhy(why.getAttribute("href"));
+      return;
+    }
     if (target.id === "forget-key") {
       forgetKey();
       say("The key is forgotten.", "plain");

@@ -3,19 +3,25 @@
 //! which needs an `admin` key and reads what the admin API and the app's routes answer. The
 //! pages themselves are `crate::console`'s. Every answer carries the strict CSP.
 
+use chrono::{DateTime, Utc};
 use http::{Method, StatusCode};
 use lambda_http::{Body, Request, Response};
+use serde::Serialize;
 use serde_json::json;
+use sqlx::PgConnection;
 
 use super::accounts::{account_value, events_value, target, why_value};
 use super::admin::{self, Route as AdminRoute};
-use super::answer::{authenticate, require, time_param, ApiError, Query, DEFAULT_LIMIT};
+use super::answer::{
+    authenticate, on_held, require, settle, time_param, ApiError, Query, DEFAULT_LIMIT,
+};
 use super::state::ApiState;
 use crate::audit::Cut;
 use crate::console::{self, Page};
 use crate::domain::Period;
 use crate::handlers::engine_room::EngineError;
 use crate::platform::api_keys::Scope;
+use crate::platform::db::exec;
 
 /// Answers a request whose path's segment `at` is `console`: the base is what precedes it.
 pub(super) async fn serve(
@@ -91,11 +97,22 @@ async fn fragment(
         Query(pairs)
     };
     let data = match &page {
-        Page::Overview => admin(AdminRoute::Overview, Query(Vec::new())).await?,
+        Page::Overview => {
+            let mut overview = admin(AdminRoute::Overview, Query(Vec::new())).await?;
+            let names: Vec<String> = state.sources.iter().map(|(name, _)| name.clone()).collect();
+            overview["traffic"] = json!(on_held!(state, conn => traffic(conn, &names))?);
+            overview
+        }
         Page::Events => admin(AdminRoute::Events, with_limit(&query)).await?,
         Page::Event(id) => admin(AdminRoute::Event(id.to_string()), Query(Vec::new())).await?,
         Page::Effects => admin(AdminRoute::Effects, with_limit(&query)).await?,
-        Page::Meters => admin(AdminRoute::MeterReports, with_limit(&query)).await?,
+        Page::Meters => {
+            let mut reports = admin(AdminRoute::MeterReports, with_limit(&query)).await?;
+            // The page's empty state says whether any source has a meter at all.
+            reports["meters"] = json!(state.meters);
+            reports
+        }
+        Page::Divergences => admin(AdminRoute::Divergences, Query(Vec::new())).await?,
         Page::AuditTrail => admin(AdminRoute::AuditTrail, with_limit(&query)).await?,
         Page::EngineRoom => match admin(AdminRoute::EngineRoom, Query(Vec::new())).await {
             Err(ApiError::EngineRoom(EngineError::Off)) => json!({"enabled": false}),
@@ -131,6 +148,32 @@ async fn fragment(
         }
     };
     Ok(console::render(&page, &data, &query.0, base))
+}
+
+/// The events of `sources` received in one hour, in one status now.
+#[derive(Debug, Serialize)]
+struct Traffic {
+    hour: DateTime<Utc>,
+    status: String,
+    count: i64,
+}
+
+/// The overview's picture: the events received in the last 24 hours by hour and status, read
+/// through their `(source, received_at)` index.
+async fn traffic(conn: &mut PgConnection, sources: &[String]) -> Result<Vec<Traffic>, sqlx::Error> {
+    sqlx::query_as!(
+        Traffic,
+        r#"
+        SELECT date_trunc('hour', received_at) AS "hour!", status, count(*) AS "count!"
+        FROM inbox_events
+        WHERE source = ANY($1) AND received_at > inbox_now() - interval '24 hours'
+        GROUP BY 1, 2
+        ORDER BY 1, 2
+        "#,
+        sources,
+    )
+    .fetch_all(exec(conn))
+    .await
 }
 
 fn html(status: StatusCode, body: String) -> Response<Body> {

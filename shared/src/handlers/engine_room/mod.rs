@@ -55,6 +55,9 @@ pub struct ScenarioInfo {
     pub name: &'static str,
     /// The test-mode source it runs on; `None` when the Engine Room has no source of its kind.
     pub source: Option<String>,
+    /// The delivery step 1 sends first, so the account starts where the scenario says (none:
+    /// the account starts free).
+    pub setup: Option<String>,
     pub steps: Vec<StepInfo>,
 }
 
@@ -328,6 +331,7 @@ impl EngineRoom {
                 ScenarioInfo {
                     name: scenario.name(),
                     source: self.source_for(&script).map(|s| s.name.clone()),
+                    setup: script.setup(),
                     steps: (1..=script.steps.len())
                         .map(|step| StepInfo {
                             step,

@@ -205,6 +205,22 @@ impl Script {
         self.steps.iter().map(|s| s.at_minutes).max().unwrap_or(0)
     }
 
+    /// The setup delivery in a line, when the script has one: delivered with step 1, before
+    /// it, so the account starts where the scenario says; not a step of its own.
+    pub fn setup(&self) -> Option<String> {
+        let start = self.start.as_ref()?;
+        let mut what = start.label();
+        if let Some(plan) = start.plan {
+            what.push_str(&format!(", plan {plan}"));
+        }
+        let before = -start.at_minutes;
+        match before {
+            m if m > 0 => what.push_str(&format!(", {m} minutes before the start")),
+            _ => what.push_str(", at the start"),
+        }
+        Some(what)
+    }
+
     /// Step `n` (1-based) in a line: the delivery, its provider time, and whether it is a
     /// copy of an earlier step (the same event).
     pub fn what(&self, n: usize) -> String {
@@ -417,6 +433,29 @@ mod tests {
             balance,
             status: status.into(),
         })
+    }
+
+    /// The Engine Room says what a scenario delivers before its first step: the nine
+    /// deliveries start free (its grant is why step 1 grants pro's 500 less free's 10); a
+    /// scenario without a starting point says nothing.
+    #[test]
+    fn the_setup_delivery_is_said_in_a_line() {
+        assert_eq!(
+            Scenario::NineDeliveries.script().setup().as_deref(),
+            Some("plan-assigned, plan free, 60 minutes before the start")
+        );
+        let without: Vec<&str> = Scenario::ALL
+            .into_iter()
+            .filter(|s| s.script().start.is_none())
+            .map(|s| s.name())
+            .collect();
+        for name in without {
+            let scenario = Scenario::ALL
+                .into_iter()
+                .find(|s| s.name() == name)
+                .unwrap();
+            assert_eq!(scenario.script().setup(), None, "{name}");
+        }
     }
 
     /// docs/design.md §4.9: a handler that applies on arrival ends the nine deliveries at
