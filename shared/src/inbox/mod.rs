@@ -26,7 +26,6 @@
 
 pub mod alerts;
 pub mod commit;
-mod enqueue;
 pub mod kept;
 pub mod lease;
 pub mod purge;
@@ -39,7 +38,9 @@ pub mod thin;
 
 use std::time::Duration;
 
-pub use enqueue::{bounded_unmark, enqueue_or_unmark, send_in_tens, unmark, UNMARK_TIMEOUT};
+pub use crate::platform::queued::{
+    bounded_unmark, enqueue_or_unmark, send_in_tens, unmark, UNMARK_TIMEOUT,
+};
 
 use crate::domain::EventStatus;
 

@@ -21,6 +21,7 @@ pub mod http_client;
 pub mod metrics;
 pub mod presented_chain;
 pub mod queue;
+pub mod queued;
 pub mod schema;
 pub mod secrets;
 pub mod sim;
