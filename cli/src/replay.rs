@@ -16,7 +16,7 @@ pub async fn run(
         Some(status) => {
             let mut conn = pool.acquire().await.context("connecting to DATABASE_URL")?;
             let status = crate::show::parse_status(status)?;
-            let rows = shared::inbox::ROWS_PER_STEP;
+            let rows = shared::platform::queued::ROWS_PER_STEP;
             shared::inbox::replay::ids_with_status(&mut conn, status, source, rows).await?
         }
         None if ids.is_empty() => anyhow::bail!("name event ids to replay, or --status"),

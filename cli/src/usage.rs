@@ -8,7 +8,10 @@ use sqlx::PgPool;
 
 use shared::billing::usage::{self, Debit, DebitRequest, Invalid, Listed, Reversal};
 use shared::domain::{CustomerId, Period};
+use shared::effects::outbox::Effects;
+use shared::meters::outbox::MeterReports;
 use shared::platform::config::Env;
+use shared::platform::queued;
 
 use crate::show::{opt, parse_period, print_json, resolve_source, table};
 
@@ -265,12 +268,11 @@ async fn hand_over(
 ) -> anyhow::Result<()> {
     if let (Some(told), Some(effects)) = (told, env.effects()?) {
         let queue = shared::platform::queue::Queue::from_env(effects.queue_url.clone()).await;
-        shared::effects::outbox::enqueue_or_unmark(pool, &queue, std::slice::from_ref(told))
-            .await?;
+        queued::enqueue_or_unmark::<Effects>(pool, &queue, std::slice::from_ref(told)).await?;
     }
     if let (Some(reported), Some(url)) = (reported, env.outbox_queue_url()) {
         let queue = shared::platform::queue::Queue::from_env(url).await;
-        shared::meters::outbox::enqueue_or_unmark(pool, &queue, std::slice::from_ref(reported))
+        queued::enqueue_or_unmark::<MeterReports>(pool, &queue, std::slice::from_ref(reported))
             .await?;
     }
     Ok(())

@@ -547,10 +547,13 @@ async fn an_effect_of_300_kb_is_enqueued_as_its_id_alone(pool: PgPool) {
     let id = write_effect_for(&pool, "cus_large_effect", "evt_1").await;
     pad_effect(&pool, &id, 300_000).await;
 
-    let unsent =
-        shared::effects::outbox::enqueue_or_unmark(&pool, &queue, std::slice::from_ref(&id))
-            .await
-            .unwrap();
+    let unsent = shared::platform::queued::enqueue_or_unmark::<shared::effects::outbox::Effects>(
+        &pool,
+        &queue,
+        std::slice::from_ref(&id),
+    )
+    .await
+    .unwrap();
 
     assert!(unsent.is_empty());
     assert_eq!(

@@ -6,7 +6,9 @@
 use chrono::Utc;
 use serde_json::{json, Value};
 use shared::handlers::scheduler;
-use shared::inbox::rescue::{mark_lost, rescue, send_marked};
+use shared::inbox::rescue::{mark_lost, rescue};
+use shared::inbox::Events;
+use shared::platform::queued::send_in_tens;
 use shared::reconcile::{LAG, MAX_PAGES};
 use sqlx::PgPool;
 use wiremock::MockServer;
@@ -432,7 +434,7 @@ async fn a_run_that_dies_between_mark_and_send_strands_nothing(pool: PgPool) {
     // A run marks them all, sends ten, and dies.
     let marked = mark_lost(&app.pool).await.unwrap();
     assert_eq!(marked, ids);
-    let sent = send_marked(&app.pool, &scheduler.queue, &marked[..10], soon())
+    let sent = send_in_tens::<Events>(&app.pool, &scheduler.queue, &marked[..10], soon())
         .await
         .unwrap();
     assert_eq!(sent, marked[..10]);

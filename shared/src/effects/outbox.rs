@@ -13,8 +13,9 @@
 //! A message on the effects queue only names an effect; the row is the fact. A failed
 //! delivery waits and is tried again on the events' retry policy (`domain::retry`). The
 //! scheduler's rescue re-enqueues what the queue lost, expired holds and due retries; its
-//! purge deletes sent effects once older than the retention. Both share the inbox's bounds
-//! of a scheduled step and the purge's batches.
+//! purge deletes sent effects once older than the retention. The loops of the send, the
+//! rescue, the replay and the purge are the life every queued row shares
+//! (`platform::queued`); [`Effects`] gives them the effects' statements.
 
 use std::time::{Duration, Instant};
 
@@ -25,10 +26,9 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 
 use crate::domain::retry::RetryPolicy;
-use crate::inbox::purge::{in_batches, PURGE_BATCH};
-use crate::inbox::{ROWS_PER_STEP, STUCK_AFTER};
 use crate::platform::db::exec;
 use crate::platform::queue::Queue;
+use crate::platform::queued::{self, Rows, PURGE_BATCH, ROWS_PER_STEP, STUCK_AFTER};
 
 /// How long a dispatcher holds an effect: longer than its sinks' timeouts together.
 pub const DISPATCH_LEASE: Duration = Duration::from_secs(60);
@@ -60,23 +60,6 @@ impl EffectStatus {
     }
 }
 
-/// Sends effect ids to the dispatcher's queue; what the queue refused is unmarked, so the
-/// rescue sends it at its next run (or, if the unmark fails or is not answered within
-/// [`crate::inbox::UNMARK_TIMEOUT`], once its mark is old). Returns the ids not sent.
-pub async fn enqueue_or_unmark(
-    pool: &PgPool,
-    queue: &Queue,
-    ids: &[String],
-) -> anyhow::Result<Vec<String>> {
-    let unsent = queue.send_bodies(ids).await;
-    if !unsent.is_empty() {
-        crate::inbox::bounded_unmark(unmark(pool, &unsent))
-            .await
-            .context("unmarking effects the queue refused")?;
-    }
-    Ok(unsent)
-}
-
 /// The pending effects of an event that are marked as on their way to the queue.
 pub async fn marked_of_event(pool: &PgPool, event_id: i64) -> Result<Vec<String>, sqlx::Error> {
     sqlx::query_scalar!(
@@ -87,18 +70,6 @@ pub async fn marked_of_event(pool: &PgPool, event_id: i64) -> Result<Vec<String>
     )
     .fetch_all(exec(pool))
     .await
-}
-
-/// Clears the enqueue mark of pending effects whose message was not sent, so the next
-/// rescue sends them at once.
-async fn unmark(pool: &PgPool, ids: &[String]) -> Result<(), sqlx::Error> {
-    sqlx::query!(
-        "UPDATE effects SET enqueued_at = NULL WHERE id = ANY($1) AND status = 'pending'",
-        ids
-    )
-    .execute(exec(pool))
-    .await?;
-    Ok(())
 }
 
 /// An effect a dispatcher holds: what it delivers, and where it was already delivered.
@@ -127,8 +98,7 @@ pub async fn claim(
         WHERE f.id = (
             SELECT id FROM effects
             WHERE id = $1 AND status = 'pending' AND attempts < $3
-              AND (locked_until IS NULL OR locked_until < inbox_now())
-              AND (next_attempt_at IS NULL OR next_attempt_at <= inbox_now())
+              AND outbox_free(locked_until, next_attempt_at)
             FOR UPDATE SKIP LOCKED
         )
         RETURNING f.id, f.kind, f.body, f.sent_to, f.attempts
@@ -189,73 +159,71 @@ pub async fn record(
     Ok(status)
 }
 
-/// Buries effects whose dispatcher died on the last allowed attempt, then marks (and
-/// returns) the pending effects the queue lost: never enqueued (the worker's send failed),
-/// enqueued long ago and not held, expired holds and due retries not enqueued since.
-pub async fn mark_lost(pool: &PgPool) -> anyhow::Result<Vec<String>> {
-    sqlx::query!(
-        r#"
-        UPDATE effects
-        SET status = 'dead', locked_until = NULL, next_attempt_at = NULL,
-            last_error = COALESCE(last_error || '; ', '') || 'the dispatcher stopped during the last attempt (hold expired)'
-        WHERE status = 'pending' AND locked_until < inbox_now() AND attempts >= $1
-        "#,
-        RetryPolicy::MAX_ATTEMPTS,
-    )
-    .execute(exec(pool))
-    .await
-    .context("burying effects whose last attempt crashed")?;
-    let mut ids = sqlx::query_scalar!(
-        r#"
-        UPDATE effects SET enqueued_at = inbox_now()
-        WHERE id IN (
-            SELECT id FROM effects
-            WHERE status = 'pending'
-              AND (locked_until IS NULL OR locked_until < inbox_now())
-              AND (next_attempt_at IS NULL OR next_attempt_at <= inbox_now())
-              AND (enqueued_at IS NULL
-                   OR enqueued_at < inbox_now() - make_interval(secs => $2)
-                   OR enqueued_at < next_attempt_at
-                   OR enqueued_at < locked_until)
-            ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED
-        )
-        RETURNING id
-        "#,
-        ROWS_PER_STEP,
-        STUCK_AFTER.as_secs_f64(),
-    )
-    .fetch_all(exec(pool))
-    .await
-    .context("picking effects to rescue")?;
-    ids.sort_unstable();
-    Ok(ids)
-}
+/// The effects as queued rows: the statements of their life that `platform::queued` runs.
+pub struct Effects;
 
-/// Re-enqueues the effects the queue lost, ten to a request, while `deadline` allows. What
-/// is not sent is unmarked, for the next run.
-pub async fn rescue(
-    pool: &PgPool,
-    queue: &Queue,
-    deadline: Instant,
-) -> anyhow::Result<Vec<String>> {
-    let ids = mark_lost(pool).await?;
-    let sent = crate::inbox::send_in_tens(
-        &ids,
-        deadline,
-        async |chunk: &[String]| enqueue_or_unmark(pool, queue, chunk).await,
-        async |rest: &[String]| unmark(pool, rest).await,
-    )
-    .await?;
-    if !sent.is_empty() {
-        tracing::info!(count = sent.len(), "rescued effects enqueued");
+impl Rows for Effects {
+    type Id = String;
+    type Alerts = EffectAlerts;
+    const NAME: &'static str = "effects";
+
+    async fn send(queue: &Queue, ids: &[String]) -> Vec<String> {
+        queue.send_bodies(ids).await
     }
-    Ok(sent)
-}
 
-/// Deletes sent effects older than the retention, in the events' purge batches while
-/// `deadline` allows (docs/design.md §11.2). Pending and dead effects stay for the operator.
-pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> anyhow::Result<u64> {
-    in_batches(deadline, || async {
+    async fn unmark(pool: &PgPool, ids: &[String]) -> Result<(), sqlx::Error> {
+        sqlx::query!(
+            "UPDATE effects SET enqueued_at = NULL WHERE id = ANY($1) AND status = 'pending'",
+            ids
+        )
+        .execute(exec(pool))
+        .await?;
+        Ok(())
+    }
+
+    async fn bury(pool: &PgPool) -> Result<u64, sqlx::Error> {
+        let buried = sqlx::query!(
+            r#"
+            UPDATE effects
+            SET status = 'dead', locked_until = NULL, next_attempt_at = NULL,
+                last_error = COALESCE(last_error || '; ', '') || 'the dispatcher stopped during the last attempt (hold expired)'
+            WHERE status = 'pending' AND locked_until < inbox_now() AND attempts >= $1
+            "#,
+            RetryPolicy::MAX_ATTEMPTS,
+        )
+        .execute(exec(pool))
+        .await?;
+        Ok(buried.rows_affected())
+    }
+
+    /// The pending effects the queue lost, oldest first: never enqueued (the worker's send
+    /// failed), enqueued long ago and not held, expired holds and due retries not enqueued
+    /// since (`outbox_lost`, the rule every outbox row shares).
+    async fn mark(pool: &PgPool) -> anyhow::Result<Vec<String>> {
+        let marked = sqlx::query_scalar!(
+            r#"
+            UPDATE effects SET enqueued_at = inbox_now()
+            WHERE id IN (
+                SELECT id FROM effects
+                WHERE status = 'pending'
+                  AND outbox_lost(locked_until, next_attempt_at, enqueued_at, $2)
+                ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED
+            )
+            RETURNING id
+            "#,
+            ROWS_PER_STEP,
+            STUCK_AFTER.as_secs_f64(),
+        );
+        Ok(marked.fetch_all(exec(pool)).await?)
+    }
+
+    async fn alerts(pool: &PgPool) -> anyhow::Result<EffectAlerts> {
+        collect_alerts(pool).await
+    }
+
+    /// Sent effects older than the retention (docs/design.md §11.2); pending and dead
+    /// effects stay for the operator.
+    async fn purge_batch(pool: &PgPool, retention: Duration) -> anyhow::Result<u64> {
         Ok(sqlx::query!(
             r#"
             DELETE FROM effects
@@ -272,8 +240,13 @@ pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> any
         .await
         .context("purging sent effects")?
         .rows_affected())
-    })
-    .await
+    }
+}
+
+/// Deletes sent effects older than the retention, in batches while `deadline` allows
+/// (docs/design.md §11.2).
+pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> anyhow::Result<u64> {
+    queued::purge::<Effects>(pool, retention, deadline).await
 }
 
 /// What the scheduler reports of effects.
@@ -339,26 +312,6 @@ pub async fn collect_alerts(pool: &PgPool) -> anyhow::Result<EffectAlerts> {
     })
 }
 
-/// Puts effects back to `pending` with fresh attempts and enqueues them: an operator's
-/// replay after fixing the app's endpoint. A held effect is left alone. Returns those
-/// replayed.
-pub async fn replay(pool: &PgPool, queue: &Queue, ids: &[String]) -> anyhow::Result<Vec<String>> {
-    let mut conn = pool
-        .acquire()
-        .await
-        .context("connecting to replay effects")?;
-    let replayed = reset(&mut conn, ids).await.context("replaying effects")?;
-    drop(conn);
-    let unsent = enqueue_or_unmark(pool, queue, &replayed).await?;
-    if !unsent.is_empty() {
-        tracing::warn!(
-            count = unsent.len(),
-            "replayed effects not enqueued; the scheduler will"
-        );
-    }
-    Ok(replayed)
-}
-
 /// Puts effects back to `pending` with fresh attempts, marked as on their way to the queue
 /// (the caller sends them after its commit), except one a dispatcher holds right now.
 /// Returns those reset.
@@ -375,6 +328,13 @@ pub async fn reset(conn: &mut PgConnection, ids: &[String]) -> Result<Vec<String
     )
     .fetch_all(exec(conn))
     .await
+}
+
+/// Puts effects back to `pending` with fresh attempts and enqueues them: an operator's
+/// replay after fixing the app's endpoint. A held effect is left alone. Returns those
+/// replayed.
+pub async fn replay(pool: &PgPool, queue: &Queue, ids: &[String]) -> anyhow::Result<Vec<String>> {
+    queued::replay::<Effects>(pool, Some(queue), async |conn| reset(conn, ids).await).await
 }
 
 /// The ids of every effect with this status, oldest first.

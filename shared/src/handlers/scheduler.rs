@@ -15,17 +15,19 @@ use sqlx::PgPool;
 
 use crate::audit::{self, Divergence};
 use crate::domain::Catalog;
-use crate::effects::outbox::{self, EffectAlerts};
-use crate::inbox::alerts::{collect_alerts, Alerts};
-use crate::inbox::purge::{kept_since, purge};
+use crate::effects::outbox::{EffectAlerts, Effects};
+use crate::inbox::alerts::Alerts;
+use crate::inbox::purge::kept_since;
 use crate::inbox::read::{backlog, source_silence, Backlog, SourceSilence};
-use crate::inbox::rescue::rescue;
+use crate::inbox::Events;
 use crate::meters::audit::{self as meter_audit, Difference};
-use crate::meters::outbox::{self as meter_outbox, ReportAlerts};
+use crate::meters::outbox::{MeterReports, ReportAlerts};
 use crate::meters::Meters;
 use crate::platform::config::SchedulerConfig;
 use crate::platform::queue::Queue;
+use crate::platform::queued::{self, Rows};
 use crate::reconcile::{self, ReconcileReport, Reconciler};
+use crate::BoxFuture;
 
 pub struct SchedulerState {
     pub pool: PgPool,
@@ -163,35 +165,12 @@ const MAX_REPORTED_DIVERGENCES: usize = 20;
 pub async fn run(state: &SchedulerState) -> RunReport {
     let deadline = Instant::now() + state.budget;
     let mut report = RunReport::default();
-    match rescue(&state.pool, &state.queue, deadline).await {
-        Ok(ids) => report.rescued = ids,
-        Err(e) => report.errors.push(format!("rescue: {e:#}")),
-    }
-    match collect_alerts(&state.pool).await {
-        Ok(alerts) => report.alerts = alerts,
-        Err(e) => report.errors.push(format!("alerts: {e:#}")),
-    }
-    // Effects are rescued and counted whenever they exist, so a stuck one is seen even after
-    // the sinks were turned off.
-    if let Some(queue) = &state.effects {
-        match outbox::rescue(&state.pool, queue, deadline).await {
-            Ok(ids) => report.rescued_effects = ids,
-            Err(e) => report.errors.push(format!("rescue effects: {e:#}")),
-        }
-    }
-    match outbox::collect_alerts(&state.pool).await {
-        Ok(alerts) => report.effect_alerts = alerts,
-        Err(e) => report.errors.push(format!("effect alerts: {e:#}")),
-    }
-    if let Some(queue) = &state.outbox {
-        match meter_outbox::rescue(&state.pool, queue, deadline).await {
-            Ok(ids) => report.rescued_reports = ids,
-            Err(e) => report.errors.push(format!("rescue meter reports: {e:#}")),
-        }
-    }
-    match meter_outbox::collect_alerts(&state.pool).await {
-        Ok(alerts) => report.report_alerts = alerts,
-        Err(e) => report.errors.push(format!("meter report alerts: {e:#}")),
+    // Effects and meter reports are rescued whenever their queue is configured, and counted
+    // whenever they exist, so a stuck one is seen even after the sinks were turned off.
+    let kinds = queued_kinds(state);
+    for kind in &kinds {
+        kind.rescue_and_alert(&state.pool, deadline, &mut report)
+            .await;
     }
     // Each comparison is a provider read: an eighth of the budget at most, the accounts it
     // leaves wait their turn.
@@ -228,13 +207,9 @@ pub async fn run(state: &SchedulerState) -> RunReport {
             .reconciliation
             .push(reconcile::run(reconciler, &state.pool, &state.queue, kept, deadline).await);
     }
-    match purge(&state.pool, state.retention, deadline).await {
-        Ok(n) => report.purged = n,
-        Err(e) => report.errors.push(format!("purge: {e:#}")),
-    }
-    match outbox::purge(&state.pool, state.retention, deadline).await {
-        Ok(n) => report.purged_effects = n,
-        Err(e) => report.errors.push(format!("purge effects: {e:#}")),
+    for kind in &kinds {
+        kind.purge(&state.pool, state.retention, deadline, &mut report)
+            .await;
     }
     let measured = async {
         let mut conn = state.pool.acquire().await?;
@@ -294,6 +269,100 @@ pub async fn run(state: &SchedulerState) -> RunReport {
         }
     }
     report
+}
+
+/// Each kind of queued row a run rescues, alerts on and purges, in the order it takes them:
+/// the queue its lost rows go back to, and where its numbers go in the report.
+fn queued_kinds(state: &SchedulerState) -> [Box<dyn QueuedSteps + '_>; 3] {
+    [
+        Box::new(QueuedKind::<Events> {
+            queue: Some(&state.queue),
+            rescued: |r| &mut r.rescued,
+            alerts: |r| &mut r.alerts,
+            purged: Some(|r| &mut r.purged),
+        }),
+        Box::new(QueuedKind::<Effects> {
+            queue: state.effects.as_ref(),
+            rescued: |r| &mut r.rescued_effects,
+            alerts: |r| &mut r.effect_alerts,
+            purged: Some(|r| &mut r.purged_effects),
+        }),
+        Box::new(QueuedKind::<MeterReports> {
+            queue: state.outbox.as_ref(),
+            rescued: |r| &mut r.rescued_reports,
+            alerts: |r| &mut r.report_alerts,
+            purged: None,
+        }),
+    ]
+}
+
+/// A kind of queued row as a run takes it.
+struct QueuedKind<'a, R: Rows> {
+    /// Where its lost rows go back to (`None`: not rescued this run).
+    queue: Option<&'a Queue>,
+    rescued: fn(&mut RunReport) -> &mut Vec<R::Id>,
+    alerts: fn(&mut RunReport) -> &mut R::Alerts,
+    /// `None`: the rows are kept.
+    purged: Option<fn(&mut RunReport) -> &mut u64>,
+}
+
+/// A run's steps for one kind of queued row, each failing alone (its error goes to the
+/// report, the next step runs): a trait object, so that the run loops over the kinds.
+trait QueuedSteps: Sync {
+    fn rescue_and_alert<'a>(
+        &'a self,
+        pool: &'a PgPool,
+        deadline: Instant,
+        report: &'a mut RunReport,
+    ) -> BoxFuture<'a, ()>;
+
+    fn purge<'a>(
+        &'a self,
+        pool: &'a PgPool,
+        retention: Duration,
+        deadline: Instant,
+        report: &'a mut RunReport,
+    ) -> BoxFuture<'a, ()>;
+}
+
+impl<R: Rows + 'static> QueuedSteps for QueuedKind<'_, R> {
+    fn rescue_and_alert<'a>(
+        &'a self,
+        pool: &'a PgPool,
+        deadline: Instant,
+        report: &'a mut RunReport,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if let Some(queue) = self.queue {
+                match queued::rescue::<R>(pool, queue, deadline).await {
+                    Ok(ids) => *(self.rescued)(report) = ids,
+                    Err(e) => report.errors.push(format!("rescue {}: {e:#}", R::NAME)),
+                }
+            }
+            match R::alerts(pool).await {
+                Ok(alerts) => *(self.alerts)(report) = alerts,
+                Err(e) => report.errors.push(format!("alerts of {}: {e:#}", R::NAME)),
+            }
+        })
+    }
+
+    fn purge<'a>(
+        &'a self,
+        pool: &'a PgPool,
+        retention: Duration,
+        deadline: Instant,
+        report: &'a mut RunReport,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let Some(purged) = self.purged else {
+                return;
+            };
+            match queued::purge::<R>(pool, retention, deadline).await {
+                Ok(n) => *purged(report) = n,
+                Err(e) => report.errors.push(format!("purge {}: {e:#}", R::NAME)),
+            }
+        })
+    }
 }
 
 /// The Embedded Metric Format line for one source's silence: `SourceSilenceHours` by `Stack`

@@ -24,6 +24,7 @@ use crate::inbox::lease::{self, Claimed, Unclaimed};
 use crate::inbox::DEFAULT_LEASE;
 use crate::platform::config::WorkerConfig;
 use crate::platform::queue::{parse_message_body, Queue};
+use crate::platform::queued;
 use crate::platform::sim::{self, Point};
 
 pub use crate::apply::WorkerSource;
@@ -271,7 +272,8 @@ async fn send_effects(state: &WorkerState, event_id: i64, ids: &[String]) {
     let Some(queue) = state.effects.as_ref().filter(|_| !ids.is_empty()) else {
         return;
     };
-    if let Err(error) = outbox::enqueue_or_unmark(&state.pool, queue, ids).await {
+    if let Err(error) = queued::enqueue_or_unmark::<outbox::Effects>(&state.pool, queue, ids).await
+    {
         tracing::warn!(
             event_id,
             error = format!("{error:#}"),

@@ -5,9 +5,9 @@ use anyhow::Context;
 use serde::Serialize;
 use sqlx::PgPool;
 
-use super::ROWS_PER_STEP;
 use crate::domain::EventStatus;
 use crate::platform::db::exec;
+use crate::platform::queued::ROWS_PER_STEP;
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Alerts {

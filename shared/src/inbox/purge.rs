@@ -2,18 +2,17 @@
 //! long, and what must be kept. Applied and ignored events older than the retention go, with
 //! their deliveries, in batches. Dead, unprocessable and pending rows stay for the operator.
 //! What reads the provider's lists again asks [`kept_since`] how far back the store still
-//! holds everything it stored. Sent effects are purged with the rest of an effect row's life,
-//! in `effects::outbox`, in the same batches ([`in_batches`]); the scheduler runs both.
+//! holds everything it stored. The batches are the loop every queued row's purge shares
+//! (`platform::queued::purge`); sent effects give theirs in `effects::outbox`.
 
 use std::time::{Duration, Instant};
 
 use crate::platform::db::exec;
+use crate::platform::queued::{self, PURGE_BATCH};
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-/// Rows deleted per statement.
-pub(crate) const PURGE_BATCH: i64 = 500;
 /// The clocks of a provider (which stamps `created`) and of this store (which stamps
 /// `received_at`) may disagree by this much.
 const CLOCK_MARGIN: Duration = Duration::from_secs(3600);
@@ -29,15 +28,20 @@ pub fn kept_since(retention: Duration, now: DateTime<Utc>) -> DateTime<Utc> {
 }
 
 /// Deletes applied and ignored events (and their deliveries) older than the retention, in
-/// batches. Dead, conflicting and unprocessable rows are kept for the operator, and so is
+/// batches while `deadline` allows ([`queued::purge`]); the events deleted.
+pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> anyhow::Result<u64> {
+    queued::purge::<super::Events>(pool, retention, deadline).await
+}
+
+/// Deletes at most [`PURGE_BATCH`] applied and ignored events (and their deliveries) older
+/// than the retention. Dead, conflicting and unprocessable rows are kept for the operator, and so is
 /// every event a register (an entitlement's too), a grant, a payment intent or a tombstone names, and every read
 /// made for an event still stored: the fold of the account's kept events gives its registers
 /// again, and a replay applies what was read without reading again (docs/design.md §3.9,
 /// §4.11, §6.2).
-pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> anyhow::Result<u64> {
-    in_batches(deadline, || async {
-        Ok(sqlx::query!(
-            r#"
+pub(super) async fn purge_batch(pool: &PgPool, retention: Duration) -> anyhow::Result<u64> {
+    Ok(sqlx::query!(
+        r#"
             DELETE FROM inbox_events
             WHERE id IN (
                 SELECT e.id FROM inbox_events e
@@ -63,35 +67,13 @@ pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> any
                 LIMIT $2 FOR UPDATE SKIP LOCKED
             )
             "#,
-            retention.as_secs_f64(),
-            PURGE_BATCH,
-        )
-        .execute(exec(pool))
-        .await
-        .context("purging finished events")?
-        .rows_affected())
-    })
+        retention.as_secs_f64(),
+        PURGE_BATCH,
+    )
+    .execute(exec(pool))
     .await
-}
-
-/// Runs `delete_batch` (one statement deleting at most [`PURGE_BATCH`] rows) until a batch
-/// comes back short or `deadline` has passed; the rows deleted in all.
-pub(crate) async fn in_batches<F, Fut>(
-    deadline: Instant,
-    mut delete_batch: F,
-) -> anyhow::Result<u64>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<u64>>,
-{
-    let mut purged = 0;
-    loop {
-        let deleted = delete_batch().await?;
-        purged += deleted;
-        if deleted < PURGE_BATCH as u64 || Instant::now() >= deadline {
-            return Ok(purged);
-        }
-    }
+    .context("purging finished events")?
+    .rows_affected())
 }
 
 #[cfg(test)]

@@ -1,30 +1,24 @@
 //! Replay: stored events go back to `received` and to the queue. Applying an event again is
 //! harmless by construction, so this is the one repair operators need.
 
-use anyhow::Context;
 use sqlx::{PgConnection, PgPool};
 
-use super::enqueue_or_unmark;
+use super::Events;
 use crate::domain::EventStatus;
 use crate::platform::db::exec;
 use crate::platform::queue::Queue;
+use crate::platform::queued;
 
 /// Puts stored events back to `received` and enqueues them: the one way to replay, used by
 /// operators. Applying an event again is harmless by construction. A row a worker holds right
 /// now is left alone. Returns the ids replayed.
 pub async fn replay(pool: &PgPool, queue: &Queue, ids: &[i64]) -> anyhow::Result<Vec<i64>> {
-    let mut conn = pool.acquire().await.context("connecting to reset events")?;
-    let reset = reset(&mut conn, ids)
-        .await
-        .context("resetting events for replay")?;
-    drop(conn);
     // What the queue refused stays `received` and unmarked: the next rescue sends it.
-    enqueue_or_unmark(pool, queue, &reset).await?;
-    Ok(reset)
+    queued::replay::<Events>(pool, Some(queue), async |conn| reset(conn, ids).await).await
 }
 
 /// Puts the events back to `received`, marked as on their way to the queue (the caller sends
-/// them after its commit, [`enqueue_or_unmark`]; the rescue sends what it does not), except a
+/// them after its commit, [`super::enqueue_or_unmark`]; the rescue sends what it does not), except a
 /// row a worker holds right now. Returns the ids reset.
 pub async fn reset(conn: &mut PgConnection, ids: &[i64]) -> Result<Vec<i64>, sqlx::Error> {
     sqlx::query_scalar!(

@@ -131,7 +131,7 @@ impl StoreError {
 /// follows the commit: one round trip per delivery. A copy of a pending event is marked (and
 /// sent) again only when a worker could take the event now (not a retry that is not due, not
 /// a live lease) and no message is on its way: the mark was cleared, is older than the
-/// rescue's grace period ([`super::STUCK_AFTER`]), or predates the retry's time or the
+/// rescue's grace period ([`crate::platform::queued::STUCK_AFTER`]), or predates the retry's time or the
 /// lease's end — the rescue's own rule (§3.7). A send
 /// that fails unmarks the event ([`super::enqueue_or_unmark`]); a crash between the commit
 /// and the send leaves it marked, and the scheduler's rescue of stuck `received` rows sends
@@ -197,7 +197,7 @@ pub async fn store_delivery(
         &super::pending_names()[..] as &[&str],
         d.secret_index,
         d.fetched,
-        super::STUCK_AFTER.as_secs_f64(),
+        crate::platform::queued::STUCK_AFTER.as_secs_f64(),
         d.attempt,
         d.made_for,
     )

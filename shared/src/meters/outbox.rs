@@ -1,6 +1,8 @@
 //! The one home of a meter report row's life after its birth in `inbox_debit` (docs/design.md
 //! §4.13): the dispatcher's claim and record, the scheduler's rescue and alerts, an
-//! operator's replay, and the lists. The row is the fact; a queue message only names it.
+//! operator's replay, and the lists. The row is the fact; a queue message only names it. The
+//! loops of the send, the rescue and the replay are the life every queued row shares
+//! (`platform::queued`); [`MeterReports`] gives them the reports' statements.
 //!
 //! ```text
 //!  inbox_debit ──▶ pending ──claim──▶ (held) ──record──▶ sent
@@ -15,7 +17,7 @@
 //!                          pending, which lives as a report does
 //! ```
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
@@ -25,10 +27,10 @@ use sqlx::{PgConnection, PgPool};
 use crate::domain::meter::MeterReport;
 use crate::domain::retry::RetryPolicy;
 use crate::domain::CustomerId;
-use crate::inbox::{ROWS_PER_STEP, STUCK_AFTER};
 use crate::platform::budget::Throttled;
 use crate::platform::db::exec;
 use crate::platform::queue::Queue;
+use crate::platform::queued::{self, Rows, ROWS_PER_STEP, STUCK_AFTER};
 
 /// How long a dispatcher holds a report: longer than a send and a read-back together.
 pub const SEND_LEASE: Duration = Duration::from_secs(60);
@@ -114,8 +116,7 @@ pub async fn claim(
         WHERE r.id = (
             SELECT id FROM meter_reports
             WHERE id = $1 AND status = 'pending' AND attempts < $3
-              AND (locked_until IS NULL OR locked_until < inbox_now())
-              AND (next_attempt_at IS NULL OR next_attempt_at <= inbox_now())
+              AND outbox_free(locked_until, next_attempt_at)
             FOR UPDATE SKIP LOCKED
         )
         RETURNING r.id, r.source, r.customer_id, r.identifier, r.meter, r.value, r.occurred_at,
@@ -442,102 +443,78 @@ pub async fn minute_others(
         .collect()
 }
 
-/// Sends report ids to the dispatcher's queue; what the queue refused is unmarked, so the
-/// rescue sends it at its next run. Returns the ids not sent.
-pub async fn enqueue_or_unmark(
-    pool: &PgPool,
-    queue: &Queue,
-    ids: &[String],
-) -> anyhow::Result<Vec<String>> {
-    let unsent = queue.send_bodies(ids).await;
-    if !unsent.is_empty() {
-        crate::inbox::bounded_unmark(unmark(pool, &unsent))
-            .await
-            .context("unmarking meter reports the queue refused")?;
+/// The meter reports as queued rows: the statements of their life that `platform::queued`
+/// runs. Reports are kept: nothing purges them.
+pub struct MeterReports;
+
+impl Rows for MeterReports {
+    type Id = String;
+    type Alerts = ReportAlerts;
+    const NAME: &'static str = "meter reports";
+
+    async fn send(queue: &Queue, ids: &[String]) -> Vec<String> {
+        queue.send_bodies(ids).await
     }
-    Ok(unsent)
-}
 
-async fn unmark(pool: &PgPool, ids: &[String]) -> Result<(), sqlx::Error> {
-    sqlx::query!(
-        "UPDATE meter_reports SET enqueued_at = NULL WHERE id = ANY($1) AND status = 'pending'",
-        ids
-    )
-    .execute(exec(pool))
-    .await?;
-    Ok(())
-}
-
-/// Buries reports whose dispatcher died on the last allowed attempt, then marks (and
-/// returns) the pending reports the queue lost, as the effects' rescue does.
-async fn mark_lost(pool: &PgPool) -> anyhow::Result<Vec<String>> {
-    sqlx::query!(
-        r#"
-        UPDATE meter_reports
-        SET status = 'dead', locked_until = NULL, next_attempt_at = NULL,
-            unanswered_at = COALESCE(unanswered_at, inbox_now()),
-            last_error = COALESCE(last_error || '; ', '') || 'the dispatcher stopped during the last attempt (hold expired)'
-        WHERE status = 'pending' AND locked_until < inbox_now() AND attempts >= $1
-        "#,
-        RetryPolicy::MAX_ATTEMPTS,
-    )
-    .execute(exec(pool))
-    .await
-    .context("burying meter reports whose last attempt crashed")?;
-    // A hold that expired may have sent: the attempt it held is unanswered.
-    sqlx::query!(
-        r#"
-        UPDATE meter_reports SET unanswered_at = COALESCE(unanswered_at, locked_until)
-        WHERE status = 'pending' AND locked_until < inbox_now()
-        "#
-    )
-    .execute(exec(pool))
-    .await
-    .context("marking meter reports whose hold expired")?;
-    let mut ids = sqlx::query_scalar!(
-        r#"
-        UPDATE meter_reports SET enqueued_at = inbox_now()
-        WHERE id IN (
-            SELECT id FROM meter_reports
-            WHERE status = 'pending'
-              AND (locked_until IS NULL OR locked_until < inbox_now())
-              AND (next_attempt_at IS NULL OR next_attempt_at <= inbox_now())
-              AND (enqueued_at IS NULL
-                   OR enqueued_at < inbox_now() - make_interval(secs => $2)
-                   OR enqueued_at < next_attempt_at
-                   OR enqueued_at < locked_until)
-            ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED
+    async fn unmark(pool: &PgPool, ids: &[String]) -> Result<(), sqlx::Error> {
+        sqlx::query!(
+            "UPDATE meter_reports SET enqueued_at = NULL WHERE id = ANY($1) AND status = 'pending'",
+            ids
         )
-        RETURNING id
-        "#,
-        ROWS_PER_STEP,
-        STUCK_AFTER.as_secs_f64(),
-    )
-    .fetch_all(exec(pool))
-    .await
-    .context("picking meter reports to rescue")?;
-    ids.sort_unstable();
-    Ok(ids)
-}
-
-/// Re-enqueues the reports the queue lost, ten to a request, while `deadline` allows.
-pub async fn rescue(
-    pool: &PgPool,
-    queue: &Queue,
-    deadline: Instant,
-) -> anyhow::Result<Vec<String>> {
-    let ids = mark_lost(pool).await?;
-    let sent = crate::inbox::send_in_tens(
-        &ids,
-        deadline,
-        async |chunk: &[String]| enqueue_or_unmark(pool, queue, chunk).await,
-        async |rest: &[String]| unmark(pool, rest).await,
-    )
-    .await?;
-    if !sent.is_empty() {
-        tracing::info!(count = sent.len(), "rescued meter reports enqueued");
+        .execute(exec(pool))
+        .await?;
+        Ok(())
     }
-    Ok(sent)
+
+    /// Buries reports whose dispatcher died on the last allowed attempt, then takes the attempt
+    /// each other expired hold held as unanswered: it may have sent.
+    async fn bury(pool: &PgPool) -> Result<u64, sqlx::Error> {
+        let buried = sqlx::query!(
+            r#"
+            UPDATE meter_reports
+            SET status = 'dead', locked_until = NULL, next_attempt_at = NULL,
+                unanswered_at = COALESCE(unanswered_at, inbox_now()),
+                last_error = COALESCE(last_error || '; ', '') || 'the dispatcher stopped during the last attempt (hold expired)'
+            WHERE status = 'pending' AND locked_until < inbox_now() AND attempts >= $1
+            "#,
+            RetryPolicy::MAX_ATTEMPTS,
+        )
+        .execute(exec(pool))
+        .await?;
+        sqlx::query!(
+            r#"
+            UPDATE meter_reports SET unanswered_at = COALESCE(unanswered_at, locked_until)
+            WHERE status = 'pending' AND locked_until < inbox_now()
+            "#
+        )
+        .execute(exec(pool))
+        .await?;
+        Ok(buried.rows_affected())
+    }
+
+    /// The pending reports the queue lost, oldest first, as the effects' rescue finds them
+    /// (`outbox_lost`, the rule every outbox row shares).
+    async fn mark(pool: &PgPool) -> anyhow::Result<Vec<String>> {
+        let marked = sqlx::query_scalar!(
+            r#"
+            UPDATE meter_reports SET enqueued_at = inbox_now()
+            WHERE id IN (
+                SELECT id FROM meter_reports
+                WHERE status = 'pending'
+                  AND outbox_lost(locked_until, next_attempt_at, enqueued_at, $2)
+                ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED
+            )
+            RETURNING id
+            "#,
+            ROWS_PER_STEP,
+            STUCK_AFTER.as_secs_f64(),
+        );
+        Ok(marked.fetch_all(exec(pool)).await?)
+    }
+
+    async fn alerts(pool: &PgPool) -> anyhow::Result<ReportAlerts> {
+        collect_alerts(pool).await
+    }
 }
 
 /// What the scheduler reports of meter reports.
@@ -636,18 +613,8 @@ pub async fn replay(
     ids: &[String],
     not_held: bool,
 ) -> anyhow::Result<Vec<String>> {
-    let mut conn = pool
-        .acquire()
-        .await
-        .context("connecting to replay meter reports")?;
-    let replayed = reset(&mut conn, ids, not_held)
-        .await
-        .context("replaying meter reports")?;
-    drop(conn);
-    if let Some(queue) = queue {
-        enqueue_or_unmark(pool, queue, &replayed).await?;
-    }
-    Ok(replayed)
+    let put_back = async |conn: &mut PgConnection| reset(conn, ids, not_held).await;
+    queued::replay::<MeterReports>(pool, queue, put_back).await
 }
 
 /// The ids of every report with this status (of this source when given), oldest first.

@@ -9,12 +9,13 @@ use sqlx::{PgConnection, PgPool};
 
 use super::trail::{self, Limited};
 use crate::domain::{CustomerId, EventStatus};
-use crate::effects::outbox::{self, EffectStatus};
+use crate::effects::outbox::{self, EffectStatus, Effects};
 use crate::inbox::replay::{ids_with_status, reset};
 use crate::inbox::{enqueue_or_unmark, unmark};
-use crate::meters::outbox::{self as meter_outbox, ReportStatus};
+use crate::meters::outbox::{self as meter_outbox, MeterReports, ReportStatus};
 use crate::platform::db::exec;
 use crate::platform::queue::Queue;
+use crate::platform::queued;
 
 /// The most events one bulk replay takes; the answer says when more are left.
 pub const MAX_BULK: i64 = 100;
@@ -176,7 +177,7 @@ pub async fn replay_effect(
     trail::settle(&mut tx, id, &json!({"status": status.as_str()})).await?;
     tx.commit().await?;
     if let Some(queue) = queue {
-        if let Err(e) = outbox::enqueue_or_unmark(pool, queue, &reset_ids).await {
+        if let Err(e) = queued::enqueue_or_unmark::<Effects>(pool, queue, &reset_ids).await {
             tracing::warn!(
                 error = format!("{e:#}"),
                 "replayed effect not enqueued; the rescue will"
@@ -248,7 +249,7 @@ pub async fn replay_meter_report(
     trail::settle(&mut tx, id, &json!({"status": status.as_str()})).await?;
     tx.commit().await?;
     if let Some(queue) = queue {
-        if let Err(e) = meter_outbox::enqueue_or_unmark(pool, queue, &reset_ids).await {
+        if let Err(e) = queued::enqueue_or_unmark::<MeterReports>(pool, queue, &reset_ids).await {
             tracing::warn!(
                 error = format!("{e:#}"),
                 "replayed meter report not enqueued; the rescue will"

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod presented_chain;
 pub mod provider_key;
 pub mod queue;
+pub mod queued;
 pub mod schema;
 pub mod secrets;
 pub mod sim;

@@ -1,5 +1,5 @@
 //! The SQS client: a message names one stored event by its row id; the row is the fact, the
-//! message a nudge. Sending goes through `inbox::enqueue_or_unmark`.
+//! message a nudge. Sending goes through `queued::enqueue_or_unmark`.
 
 use std::time::Duration;
 

@@ -18,8 +18,11 @@ use crate::billing::account::{self, AccountSnapshot};
 use crate::billing::usage::{self, Debit, DebitRequest, Invalid, Listed, Reversal, UsagePage};
 use crate::domain::features::{self, BadKey};
 use crate::domain::{AccountError, AccountRef, Period, SourceKind};
+use crate::effects::outbox::Effects;
+use crate::meters::outbox::MeterReports;
 use crate::operate::{acts, log, Place};
 use crate::platform::api_keys::Scope;
+use crate::platform::queued;
 
 /// What a request asks for, once routed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -524,13 +527,13 @@ fn account_of(
 async fn tell(state: &ApiState, told: Option<&String>, reported: Option<&String>) {
     if let (Some(queue), Some(id)) = (&state.effects, told) {
         let ids = std::slice::from_ref(id);
-        if let Err(e) = crate::effects::outbox::enqueue_or_unmark(&state.pool, queue, ids).await {
+        if let Err(e) = queued::enqueue_or_unmark::<Effects>(&state.pool, queue, ids).await {
             tracing::warn!(effect_id = %id, error = format!("{e:#}"), "could not hand the effect to its queue");
         }
     }
     if let (Some(queue), Some(id)) = (&state.outbox, reported) {
         let ids = std::slice::from_ref(id);
-        if let Err(e) = crate::meters::outbox::enqueue_or_unmark(&state.pool, queue, ids).await {
+        if let Err(e) = queued::enqueue_or_unmark::<MeterReports>(&state.pool, queue, ids).await {
             tracing::warn!(report_id = %id, error = format!("{e:#}"), "could not hand the meter report to its queue");
         }
     }
