@@ -2,7 +2,10 @@
 //! it behaves, every request checked against the provider's published description, in one
 //! place for the integration tests, the simulator and `inboxctl`.
 
+#[cfg(feature = "described")]
 pub mod described;
+pub mod polar_meter;
 pub mod stripe;
 
+#[cfg(feature = "described")]
 pub use described::{Description, ProviderServer, KINDE, LEMONSQUEEZY, PADDLE, POLAR, STRIPE};
