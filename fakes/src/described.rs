@@ -409,7 +409,12 @@ impl Description {
 
     fn validator(&self, schema: &Value) -> Result<Arc<jsonschema::Validator>, String> {
         let key = schema.to_string();
-        if let Some(built) = self.built.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        if let Some(built) = self
+            .built
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
             return Ok(built.clone());
         }
         let built = jsonschema::options()

@@ -159,10 +159,7 @@ impl State {
             inserted += 1;
         }
         self.duplicates += duplicates;
-        (
-            200,
-            json!({"inserted": inserted, "duplicates": duplicates}),
-        )
+        (200, json!({"inserted": inserted, "duplicates": duplicates}))
     }
 }
 
@@ -200,12 +197,16 @@ impl Respond for FakePolarMeter {
             }
             Some(Fault::TakesThenFails(status, body)) => {
                 let (taken, _) = state.ingest(&events);
-                state.said.push(format!("{what}…: {taken} then answered {status}"));
+                state
+                    .said
+                    .push(format!("{what}…: {taken} then answered {status}"));
                 (status, body, None)
             }
             Some(Fault::Slow(delay)) => {
                 let (status, body) = state.ingest(&events);
-                state.said.push(format!("{what}…: {status} {body}, answered after {delay:?}"));
+                state.said.push(format!(
+                    "{what}…: {status} {body}, answered after {delay:?}"
+                ));
                 (status, body, Some(delay))
             }
             None => {
@@ -281,14 +282,8 @@ mod behaviour {
             Fault::Fails(503, json!({"detail": "Service Unavailable"})),
         ];
         fake.deciding(move |_: &Asked<'_>| faults.pop());
-        assert_eq!(
-            ingest(&server, json!([event("bi_4", 2, now)])).await.0,
-            503
-        );
-        assert_eq!(
-            ingest(&server, json!([event("bi_4", 2, now)])).await.0,
-            500
-        );
+        assert_eq!(ingest(&server, json!([event("bi_4", 2, now)])).await.0, 503);
+        assert_eq!(ingest(&server, json!([event("bi_4", 2, now)])).await.0, 500);
         assert_eq!(
             ingest(&server, json!([event("bi_4", 2, now)])).await,
             (200, json!({"inserted": 0, "duplicates": 1}))

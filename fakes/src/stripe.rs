@@ -300,7 +300,11 @@ impl FakeStripe {
     pub fn totals(&self) -> HashMap<String, f64> {
         let state = self.0.lock().unwrap();
         let mut totals: HashMap<String, f64> = HashMap::new();
-        for event in state.events.iter().filter(|e| !e.cancelled && e.account.is_none()) {
+        for event in state
+            .events
+            .iter()
+            .filter(|e| !e.cancelled && e.account.is_none())
+        {
             let customer = event.form["payload[stripe_customer_id]"].clone();
             *totals.entry(customer).or_default() += event.value();
         }
@@ -409,7 +413,9 @@ impl Respond for FakeStripe {
             // request and errors if they're not the same to prevent accidental misuse."
             // (ibid.): a 400 `idempotency_error`, nothing executed, nothing saved.
             if !same {
-                state.said.push(format!("{what}…: 400 idempotency_error (key reused)"));
+                state
+                    .said
+                    .push(format!("{what}…: 400 idempotency_error (key reused)"));
                 return ResponseTemplate::new(400).set_body_json(json!({"error": {
                     "type": "idempotency_error",
                     "message": format!("Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '{key}' if you meant to execute a different request.")}}));
@@ -419,13 +425,17 @@ impl Respond for FakeStripe {
             // request (perhaps due to using the same idempotent key)"
             // (docs.stripe.com/api/errors, HTTP status codes).
             if executing {
-                state.said.push(format!("{what}…: 409, its key still executing"));
+                state
+                    .said
+                    .push(format!("{what}…: 409, its key still executing"));
                 return ResponseTemplate::new(409).set_body_json(json!({"error": {
                     "type": "idempotency_error",
                     "message": "There is currently another in-progress request using this Idempotent Key (that probably means you submitted twice, and the other request is still going through): please try again later."}}));
             }
             state.replayed += 1;
-            state.said.push(format!("{what}…: {status} replayed (the key's saved answer)"));
+            state.said.push(format!(
+                "{what}…: {status} replayed (the key's saved answer)"
+            ));
             return ResponseTemplate::new(status)
                 .insert_header("Idempotent-Replayed", "true")
                 .set_body_json(body);
@@ -459,12 +469,16 @@ impl Respond for FakeStripe {
             }
             Some(Fault::TakesThenFails(status, body)) => {
                 let (taken, _) = state.execute(endpoint, &form, key.clone(), account, now);
-                state.said.push(format!("{what}…: {taken} then answered {status}"));
+                state
+                    .said
+                    .push(format!("{what}…: {taken} then answered {status}"));
                 (status, body, None)
             }
             Some(Fault::Slow(delay)) => {
                 let (status, body) = state.execute(endpoint, &form, key.clone(), account, now);
-                state.said.push(format!("{what}…: {status}, answered after {delay:?}"));
+                state
+                    .said
+                    .push(format!("{what}…: {status}, answered after {delay:?}"));
                 (status, body, Some(delay))
             }
             None => {
@@ -945,9 +959,14 @@ mod behaviour {
             ("cancel[identifier]", "bi_3"),
         ];
         assert_eq!(
-            post(&server, "/v1/billing/meter_event_adjustments", "k6", &cancel)
-                .await
-                .0,
+            post(
+                &server,
+                "/v1/billing/meter_event_adjustments",
+                "k6",
+                &cancel
+            )
+            .await
+            .0,
             200
         );
         let cancels = fake.cancels();

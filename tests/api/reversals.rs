@@ -1009,5 +1009,8 @@ async fn a_cancel_answered_500_is_sent_again_under_a_new_key_not_the_saved_one(p
         "each attempt under its own key"
     );
     assert_eq!(fake.total("cus_saved_cancel"), 0.0, "taken back once");
-    assert_eq!(report(&pool, &correction).await.how.as_deref(), Some("cancel"));
+    assert_eq!(
+        report(&pool, &correction).await.how.as_deref(),
+        Some("cancel")
+    );
 }
