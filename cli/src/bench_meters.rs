@@ -1,22 +1,19 @@
 //! `inboxctl bench --meters N`: meter reports (docs/design.md §4.13, §8). N debits of metered
 //! customers are accepted with their reports written (`usage::debit`, as the api function
 //! does), then every report is sent by `meters::send` — claim, send, record — from concurrent
-//! tasks to a fake Stripe meter API served in this process on loopback, which keeps each
-//! `identifier` once (a repeat is Stripe's 400 "already exists") and counts the repeats. In a
-//! database of its own, removed afterwards; bounded by N and by a deadline.
+//! tasks to the project's fake Stripe (`provider_fakes::stripe::FakeStripe`, the one the tests
+//! use, without its description checks) served in this process on loopback: it keeps each
+//! `identifier` once for 24 hours (a repeat is Stripe's 400 "already exists", counted) and
+//! replays each `Idempotency-Key`'s first answer. In a database of its own, removed afterwards;
+//! bounded by N and by a deadline.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
+use provider_fakes::stripe::FakeStripe;
 use serde_json::{json, Value};
 use sqlx::PgPool;
-use tokio::net::TcpListener;
 
 use shared::billing::usage::{self, Debit, DebitPeriod, DebitRequest};
 use shared::domain::retry::RETRY;
@@ -29,7 +26,6 @@ use shared::providers::Api;
 
 use crate::bench::{drop_database, fresh_database, percentile, run_concurrently, BenchArgs};
 use crate::bench_api::{seed, seed_source, with_bench_plan};
-use crate::bench_serve;
 
 /// The meter's event name at the fake.
 const METER: &str = "bench_api_calls";
@@ -37,14 +33,6 @@ const METER: &str = "bench_api_calls";
 const CUSTOMERS: usize = 50;
 /// The whole send phase ends by then, whatever is left.
 const DEADLINE: Duration = Duration::from_secs(120);
-
-/// What the fake meter saw: each identifier's value, and the repeats it answered.
-#[derive(Default)]
-struct Held {
-    values: Mutex<HashMap<String, i64>>,
-    posts: AtomicU64,
-    duplicates: AtomicU64,
-}
 
 pub async fn run(
     args: &BenchArgs,
@@ -153,14 +141,14 @@ async fn bench(args: &BenchArgs, reports: usize, server: &str, db: &str) -> anyh
         ids.len()
     );
 
-    // The fake meter and the dispatcher's meter pointed at it.
-    let held = Arc::new(Held::default());
-    let addr = serve(held.clone()).await?;
+    // The fake Stripe and the dispatcher's meter pointed at it.
+    let stripe = FakeStripe::default();
+    let server = stripe.serve_unchecked().await;
     let http = reqwest::Client::builder()
         .timeout(meters::SEND_TIMEOUT)
         .build()?;
     let api = Api {
-        base_url: format!("http://{addr}"),
+        base_url: server.uri(),
         key: ApiKey::Known("sk_test_bench_local_only".into()),
         client_id: None,
         http,
@@ -192,12 +180,9 @@ async fn bench(args: &BenchArgs, reports: usize, server: &str, db: &str) -> anyh
     let send_secs = started.elapsed().as_secs_f64();
     let sent = sent.load(Ordering::Relaxed);
     let not_sent = remaining(&pool).await?;
-    let values = held
-        .values
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    let held_total: i64 = values.values().sum();
+    let held = stripe.held();
+    let held_total: f64 = stripe.totals().values().sum();
+    let (_, duplicates) = stripe.resends();
     Ok(json!({
         "reports": reports,
         "customers": CUSTOMERS,
@@ -209,10 +194,10 @@ async fn bench(args: &BenchArgs, reports: usize, server: &str, db: &str) -> anyh
         "reports_per_sec": sent as f64 / send_secs,
         "send_p50_ms": percentile(&latencies, 0.50),
         "send_p99_ms": percentile(&latencies, 0.99),
-        "posts": held.posts.load(Ordering::Relaxed),
-        "held": values.len(),
-        "held_total": held_total,
-        "duplicates": held.duplicates.load(Ordering::Relaxed),
+        "posts": stripe.posts(),
+        "held": held.len(),
+        "held_total": held_total as i64,
+        "duplicates": duplicates,
         "not_sent": not_sent,
     }))
 }
@@ -224,68 +209,4 @@ async fn remaining(pool: &PgPool) -> anyhow::Result<usize> {
         + outbox::ids_with_status(pool, ReportStatus::Dead, None)
             .await?
             .len())
-}
-
-/// Serves the fake meter on a loopback port of the system's choosing, until the process ends.
-async fn serve(held: Arc<Held>) -> anyhow::Result<SocketAddr> {
-    let listener = TcpListener::bind(("127.0.0.1", 0))
-        .await
-        .context("binding the fake meter to loopback")?;
-    let addr = listener.local_addr()?;
-    bench_serve::serve(listener, move || held.clone(), answer);
-    Ok(addr)
-}
-
-/// Stripe's answer to `POST /v1/billing/meter_events`: the event, or for an identifier held
-/// already its 400 "An event already exists with identifier …".
-async fn answer(
-    held: Arc<Held>,
-    request: hyper::Request<hyper::body::Incoming>,
-) -> hyper::Response<Full<Bytes>> {
-    let respond = |status: u16, body: Value| {
-        hyper::Response::builder()
-            .status(status)
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.to_string())))
-            .unwrap_or_default()
-    };
-    if request.uri().path() != "/v1/billing/meter_events" {
-        return respond(
-            404,
-            json!({"error": {"type": "invalid_request_error", "message": "Unrecognized request URL"}}),
-        );
-    }
-    let body = match request.into_body().collect().await {
-        Ok(body) => body.to_bytes(),
-        Err(_) => return respond(400, json!({"error": {"message": "unreadable body"}})),
-    };
-    held.posts.fetch_add(1, Ordering::Relaxed);
-    let form: HashMap<String, String> = url::form_urlencoded::parse(&body).into_owned().collect();
-    let id = form.get("identifier").cloned().unwrap_or_default();
-    let value: i64 = form
-        .get("payload[value]")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_default();
-    let new = {
-        let mut values = held.values.lock().unwrap_or_else(|e| e.into_inner());
-        values.insert(id.clone(), value).is_none()
-    };
-    if !new {
-        held.duplicates.fetch_add(1, Ordering::Relaxed);
-        return respond(
-            400,
-            json!({"error": {"type": "invalid_request_error",
-            "message": format!("An event already exists with identifier {id}.")}}),
-        );
-    }
-    respond(
-        200,
-        json!({
-            "object": "billing.meter_event", "event_name": form.get("event_name"),
-            "identifier": id, "livemode": false,
-            "created": chrono::Utc::now().timestamp(),
-            "payload": {"stripe_customer_id": form.get("payload[stripe_customer_id]"), "value": value.to_string()},
-            "timestamp": form.get("timestamp").and_then(|t| t.parse::<i64>().ok()),
-        }),
-    )
 }

@@ -1,5 +1,5 @@
 //! The plain HTTP/1 server the benches put a stand-in behind on loopback: the intake's handler
-//! (`crate::bench_peer`), a fake meter API (`crate::bench_meters`).
+//! (`crate::bench_peer`).
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -22,6 +22,7 @@
 //! `serde_json`'s `arbitrary_precision` for the whole test build, which changes how the
 //! project's own code reads numbers under test, so the routing is written here.
 
+use std::collections::HashMap;
 use std::ops::Deref;
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -73,6 +74,10 @@ pub struct Description {
     /// Operations the provider has that the file does not describe yet: let through unchecked,
     /// each named (method, template).
     unchecked: Vec<(&'static str, Vec<Option<String>>)>,
+    /// Each schema's validator, built once: building one per request made a checked request
+    /// slower than a simulation's 100 ms client timeout (Polar's ingest schema, in a debug
+    /// build on a loaded machine).
+    built: Mutex<HashMap<String, Arc<jsonschema::Validator>>>,
 }
 
 impl Description {
@@ -101,6 +106,7 @@ impl Description {
             draft,
             routes,
             unchecked: Vec::new(),
+            built: Mutex::default(),
         }
     }
 
@@ -425,11 +431,26 @@ impl Description {
         }
     }
 
-    fn validator(&self, schema: &Value) -> Result<jsonschema::Validator, String> {
-        jsonschema::options()
+    fn validator(&self, schema: &Value) -> Result<Arc<jsonschema::Validator>, String> {
+        let key = schema.to_string();
+        if let Some(built) = self
+            .built
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return Ok(built.clone());
+        }
+        let built = jsonschema::options()
             .with_draft(self.draft)
             .build(schema)
-            .map_err(|e| e.to_string())
+            .map(Arc::new)
+            .map_err(|e| e.to_string())?;
+        self.built
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, built.clone());
+        Ok(built)
     }
 
     fn is_valid(&self, schema: &Value, value: &Value) -> bool {

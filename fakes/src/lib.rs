@@ -2,17 +2,28 @@
 //! it behaves, every request checked against the provider's published description, in one
 //! place for the integration tests, the simulator and `inboxctl`.
 
+#[cfg(feature = "described")]
 pub mod described;
+#[cfg(feature = "described")]
 pub mod kinde;
+#[cfg(feature = "described")]
 pub mod lemonsqueezy;
+#[cfg(feature = "described")]
 pub mod paddle;
+#[cfg(feature = "described")]
 pub mod polar;
+pub mod polar_meter;
 pub mod stripe;
 pub mod stripe_reads;
 pub mod traffic;
 
+#[cfg(feature = "described")]
 pub use described::{Description, ProviderServer, KINDE, LEMONSQUEEZY, PADDLE, POLAR, STRIPE};
+#[cfg(feature = "described")]
 pub use kinde::FakeKinde;
+#[cfg(feature = "described")]
 pub use lemonsqueezy::FakeLemonSqueezy;
+#[cfg(feature = "described")]
 pub use paddle::FakePaddle;
+#[cfg(feature = "described")]
 pub use polar::FakePolar;

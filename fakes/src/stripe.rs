@@ -11,7 +11,11 @@
 //!   their totals summed from the events it took.
 //!
 //! A test scripts what goes wrong ([`Fault`]): a failure before or after the event is taken,
-//! or an answer that comes after the client gave up.
+//! or an answer that comes after the client gave up — queued in turn ([`FakeStripe::then`]) or
+//! decided per request by the test's own [`Faults`] (a simulation's seeded dice). Every window
+//! (a saved key's 24 hours, an identifier's, the cancel window, a `timestamp`'s 35 days past
+//! and 5 minutes ahead) is read on the fake's [`Clock`]: the wall clock, or one a simulation
+//! runs ahead of it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -20,9 +24,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::{json, Value};
 use wiremock::matchers::{method, path, path_regex};
-use wiremock::{Mock, Request, Respond, ResponseTemplate};
-
-use crate::described::{ProviderServer, STRIPE};
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
 /// How long Stripe keeps a saved answer: "You can remove keys from the system automatically
 /// after they're at least 24 hours old. We generate a new request if a key is reused after
@@ -34,6 +36,31 @@ const IDENTIFIER_KEPT: TimeDelta = TimeDelta::hours(24);
 /// "You can only cancel events within 24 hours of Stripe receiving them." (stripe-node
 /// `types/Billing/MeterEventAdjustmentsResource.d.ts`, `cancel.identifier`)
 const CANCEL_WINDOW: TimeDelta = TimeDelta::hours(24);
+
+/// The time as the fake reads it.
+pub type Clock = Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>;
+
+/// A request that reached an endpoint, as a [`Faults`] decider sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a> {
+    /// `/v1/billing/meter_events` or `/v1/billing/meter_event_adjustments`.
+    pub endpoint: &'a str,
+    /// The meter event's `identifier`, or the one an adjustment cancels.
+    pub identifier: &'a str,
+    pub idempotency_key: Option<&'a str>,
+}
+
+/// What goes wrong with a request that reaches an endpoint, decided per request by a test or a
+/// simulation (after any fault queued by [`FakeStripe::then`]).
+pub trait Faults: Send {
+    fn decide(&mut self, asked: &Asked<'_>) -> Option<Fault>;
+}
+
+impl<F: FnMut(&Asked<'_>) -> Option<Fault> + Send> Faults for F {
+    fn decide(&mut self, asked: &Asked<'_>) -> Option<Fault> {
+        self(asked)
+    }
+}
 
 /// The meters this Stripe account has: `(id, event_name)`.
 const METERS: [(&str, &str); 2] = [("mtr_seats", "seats"), ("mtr_api", "api_calls")];
@@ -79,6 +106,14 @@ pub struct MeterEvent {
     pub cancelled: bool,
 }
 
+/// A meter event adjustment Stripe took (a cancel), with the `Idempotency-Key` it came under.
+#[derive(Debug, Clone)]
+pub struct Adjustment {
+    pub form: HashMap<String, String>,
+    pub idempotency_key: Option<String>,
+    pub account: Option<String>,
+}
+
 impl MeterEvent {
     fn value(&self) -> f64 {
         self.form
@@ -103,9 +138,19 @@ struct Saved {
 struct State {
     saved: HashMap<String, Saved>,
     events: Vec<MeterEvent>,
-    adjustments: Vec<HashMap<String, String>>,
+    /// The latest event taken under each `(account, identifier)`: its place in `events`.
+    latest: HashMap<(Option<String>, String), usize>,
+    adjustments: Vec<Adjustment>,
     posts: u32,
+    /// Answers given from a saved answer, and identifiers answered "already exists".
+    replayed: u32,
+    repeats: u32,
     faults: VecDeque<Fault>,
+    /// The test's own per-request decider, after the queued faults.
+    decider: Option<Box<dyn Faults>>,
+    clock: Option<Clock>,
+    /// One line per POST that reached it: what it answered and why (`FakeStripe::take_said`).
+    said: Vec<String>,
     /// Every request that reaches an endpoint fails so (`FakeStripe::failing`).
     always: Option<(u16, Value)>,
     /// How long the event summaries take to answer.
@@ -136,6 +181,24 @@ impl FakeStripe {
         self
     }
 
+    /// Reads time on `clock` from now on (a simulation's, ahead of the wall clock).
+    pub fn clocked(&self, clock: Clock) -> &Self {
+        self.0.lock().unwrap().clock = Some(clock);
+        self
+    }
+
+    /// Asks `faults` what goes wrong with each request that reaches an endpoint (once no
+    /// fault queued by [`FakeStripe::then`] is left).
+    pub fn deciding(&self, faults: impl Faults + 'static) -> &Self {
+        self.0.lock().unwrap().decider = Some(Box::new(faults));
+        self
+    }
+
+    /// Stops asking the decider: every request from now on goes as Stripe would have it.
+    pub fn no_more_faults(&self) {
+        self.0.lock().unwrap().decider = None;
+    }
+
     /// The event summaries answer after `delay` (requests made together overlap).
     pub fn summaries_after(&self, delay: Duration) {
         self.0.lock().unwrap().summaries_delay = delay;
@@ -153,15 +216,33 @@ impl FakeStripe {
     }
 
     /// Served as Stripe's API, every request checked against Stripe's published description.
-    pub async fn serve(&self) -> ProviderServer {
-        let server = ProviderServer::start(&STRIPE).await;
+    #[cfg(feature = "described")]
+    pub async fn serve(&self) -> crate::described::ProviderServer {
+        let server = crate::described::ProviderServer::start(&crate::described::STRIPE).await;
         self.mount(&server).await;
         server
     }
 
-    /// Mounts its routes on `server` (again, after the server's `reset`).
-    pub async fn mount(&self, server: &ProviderServer) {
+    /// Mounts its routes on `server` (again, after the server's `reset`): the rate limiter
+    /// and the read routes (stripe_reads.rs), and the meter routes.
+    pub async fn mount(&self, server: &MockServer) {
         crate::stripe_reads::mount(self, server).await;
+        self.mount_meters(server).await;
+    }
+
+    /// Served as Stripe's meter routes alone, without the description's checks or the rate
+    /// limiter (`inboxctl bench`, which measures the sender, not the fake).
+    pub async fn serve_unchecked(&self) -> MockServer {
+        let server = MockServer::builder()
+            .disable_request_recording()
+            .start()
+            .await;
+        self.mount_meters(&server).await;
+        server
+    }
+
+    /// The meter routes: meter events and adjustments, the meters and their event summaries.
+    async fn mount_meters(&self, server: &MockServer) {
         for endpoint in [
             "/v1/billing/meter_events",
             "/v1/billing/meter_event_adjustments",
@@ -204,7 +285,41 @@ impl FakeStripe {
 
     /// The meter event adjustments it took, as sent.
     pub fn adjustments(&self) -> Vec<HashMap<String, String>> {
+        let state = self.0.lock().unwrap();
+        state.adjustments.iter().map(|a| a.form.clone()).collect()
+    }
+
+    /// The meter event adjustments it took, each with the key it came under.
+    pub fn cancels(&self) -> Vec<Adjustment> {
         self.0.lock().unwrap().adjustments.clone()
+    }
+
+    /// POST requests answered from a saved answer (`Idempotent-Replayed`), and meter events
+    /// answered "already exists".
+    pub fn resends(&self) -> (u32, u32) {
+        let state = self.0.lock().unwrap();
+        (state.replayed, state.repeats)
+    }
+
+    /// What it answered each POST since the last call, one line each.
+    pub fn take_said(&self) -> Vec<String> {
+        std::mem::take(&mut self.0.lock().unwrap().said)
+    }
+
+    /// What the meter `api_calls` counts per customer of the platform's account: the events
+    /// it took, less those cancelled.
+    pub fn totals(&self) -> HashMap<String, f64> {
+        let state = self.0.lock().unwrap();
+        let mut totals: HashMap<String, f64> = HashMap::new();
+        for event in state
+            .events
+            .iter()
+            .filter(|e| !e.cancelled && e.account.is_none())
+        {
+            let customer = event.form["payload[stripe_customer_id]"].clone();
+            *totals.entry(customer).or_default() += event.value();
+        }
+        totals
     }
 
     /// Takes a meter event of `value` on `api_calls` for `customer`, timed `at`, as if another
@@ -222,10 +337,11 @@ impl FakeStripe {
             ),
             ("payload[value]".to_owned(), value.to_string()),
         ]);
+        let received_at = state.now();
         state.events.push(MeterEvent {
             form,
             account: None,
-            received_at: Utc::now(),
+            received_at,
             cancelled: false,
         });
     }
@@ -268,65 +384,117 @@ impl Respond for FakeStripe {
         };
         let key = header("idempotency-key");
         let account = header("stripe-account");
-        let now = Utc::now();
+        let now = state.now();
+        let endpoint = request.url.path();
+        let identifier = form
+            .get("identifier")
+            .or_else(|| form.get("cancel[identifier]"))
+            .cloned()
+            .unwrap_or_default();
+        let what = format!(
+            "{} {}",
+            if endpoint.ends_with("adjustments") {
+                "cancel of"
+            } else {
+                "event"
+            },
+            &identifier[..identifier.len().min(11)]
+        );
         // "Stripe's idempotency works by saving the resulting status code and body of the first
         // request made for any given idempotency key, regardless of whether it succeeds or
         // fails. Subsequent requests with the same key return the same result, including 500
         // errors." (docs.stripe.com/api/idempotent_requests)
         let asked = format!(
             "POST {} {:?} {}",
-            request.url.path(),
+            endpoint,
             account,
             String::from_utf8_lossy(&request.body)
         );
-        if let Some(key) = &key {
-            state.saved.retain(|_, s| now - s.saved_at < KEY_KEPT);
-            if let Some(saved) = state.saved.get(key) {
-                // "The idempotency layer compares incoming parameters to those of the original
-                // request and errors if they're not the same to prevent accidental misuse."
-                // (ibid.): a 400 `idempotency_error`, nothing executed, nothing saved.
-                if saved.request != asked {
-                    return ResponseTemplate::new(400).set_body_json(json!({"error": {
-                        "type": "idempotency_error",
-                        "message": format!("Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '{key}' if you meant to execute a different request.")}}));
-                }
-                // "If ... the request conflicts with another that's executing concurrently, no
-                // idempotent result is saved" (ibid.); a 409 "The request conflicts with another
-                // request (perhaps due to using the same idempotent key)"
-                // (docs.stripe.com/api/errors, HTTP status codes).
-                if saved.executing_until.is_some_and(|t| Instant::now() < t) {
-                    return ResponseTemplate::new(409).set_body_json(json!({"error": {
-                        "type": "idempotency_error",
-                        "message": "There is currently another in-progress request using this Idempotent Key (that probably means you submitted twice, and the other request is still going through): please try again later."}}));
-                }
-                return ResponseTemplate::new(saved.status)
-                    .insert_header("Idempotent-Replayed", "true")
-                    .set_body_json(saved.body.clone());
+        // A key is pruned once 24 hours old (`KEY_KEPT`): reused after that, it is a new request.
+        let saved = key
+            .as_ref()
+            .and_then(|k| state.saved.get(k))
+            .filter(|s| now - s.saved_at < KEY_KEPT)
+            .map(|s| {
+                let executing = s.executing_until.is_some_and(|t| Instant::now() < t);
+                (s.request == asked, executing, s.status, s.body.clone())
+            });
+        if let (Some(key), Some((same, executing, status, body))) = (&key, saved) {
+            // "The idempotency layer compares incoming parameters to those of the original
+            // request and errors if they're not the same to prevent accidental misuse."
+            // (ibid.): a 400 `idempotency_error`, nothing executed, nothing saved.
+            if !same {
+                state
+                    .said
+                    .push(format!("{what}…: 400 idempotency_error (key reused)"));
+                return ResponseTemplate::new(400).set_body_json(json!({"error": {
+                    "type": "idempotency_error",
+                    "message": format!("Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '{key}' if you meant to execute a different request.")}}));
             }
+            // "If ... the request conflicts with another that's executing concurrently, no
+            // idempotent result is saved" (ibid.); a 409 "The request conflicts with another
+            // request (perhaps due to using the same idempotent key)"
+            // (docs.stripe.com/api/errors, HTTP status codes).
+            if executing {
+                state
+                    .said
+                    .push(format!("{what}…: 409, its key still executing"));
+                return ResponseTemplate::new(409).set_body_json(json!({"error": {
+                    "type": "idempotency_error",
+                    "message": "There is currently another in-progress request using this Idempotent Key (that probably means you submitted twice, and the other request is still going through): please try again later."}}));
+            }
+            state.replayed += 1;
+            state.said.push(format!(
+                "{what}…: {status} replayed (the key's saved answer)"
+            ));
+            return ResponseTemplate::new(status)
+                .insert_header("Idempotent-Replayed", "true")
+                .set_body_json(body);
         }
         let fault = match &state.always {
             Some((status, body)) => Some(Fault::Fails(*status, body.clone())),
-            None => state.faults.pop_front(),
+            None => match state.faults.pop_front() {
+                Some(fault) => Some(fault),
+                None => {
+                    let asked = Asked {
+                        endpoint,
+                        identifier: &identifier,
+                        idempotency_key: key.as_deref(),
+                    };
+                    state.decider.as_mut().and_then(|d| d.decide(&asked))
+                }
+            },
         };
         let (status, body, delay) = match fault {
             Some(Fault::RateLimited(retry_after)) => {
+                state.said.push(format!("{what}…: 429, nothing taken"));
                 let answer = rate_limited();
                 return match retry_after {
                     Some(secs) => answer.insert_header("Retry-After", secs.to_string().as_str()),
                     None => answer,
                 };
             }
-            Some(Fault::Fails(status, body)) => (status, body, None),
+            Some(Fault::Fails(status, body)) => {
+                state.said.push(format!("{what}…: {status}, nothing taken"));
+                (status, body, None)
+            }
             Some(Fault::TakesThenFails(status, body)) => {
-                state.execute(request.url.path(), &form, account, now);
+                let (taken, _) = state.execute(endpoint, &form, key.clone(), account, now);
+                state
+                    .said
+                    .push(format!("{what}…: {taken} then answered {status}"));
                 (status, body, None)
             }
             Some(Fault::Slow(delay)) => {
-                let (status, body) = state.execute(request.url.path(), &form, account, now);
+                let (status, body) = state.execute(endpoint, &form, key.clone(), account, now);
+                state
+                    .said
+                    .push(format!("{what}…: {status}, answered after {delay:?}"));
                 (status, body, Some(delay))
             }
             None => {
-                let (status, body) = state.execute(request.url.path(), &form, account, now);
+                let (status, body) = state.execute(endpoint, &form, key.clone(), account, now);
+                state.said.push(format!("{what}…: {status}"));
                 (status, body, None)
             }
         };
@@ -364,16 +532,21 @@ fn invalid(message: String) -> (u16, Value) {
 }
 
 impl State {
+    fn now(&self) -> DateTime<Utc> {
+        self.clock.as_ref().map_or_else(Utc::now, |clock| clock())
+    }
+
     /// An endpoint's own work: the answer it gives.
     fn execute(
         &mut self,
         endpoint: &str,
         form: &HashMap<String, String>,
+        key: Option<String>,
         account: Option<String>,
         now: DateTime<Utc>,
     ) -> (u16, Value) {
         if endpoint == "/v1/billing/meter_event_adjustments" {
-            return self.cancel(form, account, now);
+            return self.cancel(form, key, account, now);
         }
         let identifier = form.get("identifier").cloned().unwrap_or_default();
         let timestamp: i64 = form
@@ -391,16 +564,18 @@ impl State {
         }
         // The identifier's uniqueness, within a rolling 24 hours (`IDENTIFIER_KEPT`); a repeat
         // is answered "An event already exists with identifier …" (docs/design.md §4.13).
-        let repeat = self.events.iter().any(|e| {
-            e.form.get("identifier") == Some(&identifier)
-                && e.account == account
-                && now - e.received_at < IDENTIFIER_KEPT
-        });
+        let slot = (account.clone(), identifier.clone());
+        let repeat = self
+            .latest
+            .get(&slot)
+            .is_some_and(|&at| now - self.events[at].received_at < IDENTIFIER_KEPT);
         if repeat {
+            self.repeats += 1;
             return invalid(format!(
                 "An event already exists with identifier {identifier}."
             ));
         }
+        self.latest.insert(slot, self.events.len());
         self.events.push(MeterEvent {
             form: form.clone(),
             account,
@@ -423,16 +598,38 @@ impl State {
     fn cancel(
         &mut self,
         form: &HashMap<String, String>,
+        key: Option<String>,
         account: Option<String>,
         now: DateTime<Utc>,
     ) -> (u16, Value) {
         let identifier = form.get("cancel[identifier]").cloned().unwrap_or_default();
-        let found = self.events.iter_mut().rev().find(|e| {
-            e.form.get("identifier") == Some(&identifier) && e.account == account && !e.cancelled
-        });
-        // Stripe documents no answer for an event it does not hold or holds cancelled: this
-        // fake refuses both, as a request it cannot carry out.
-        let Some(event) = found else {
+        let found = self
+            .latest
+            .get(&(account.clone(), identifier.clone()))
+            .map(|&at| &mut self.events[at]);
+        let answer = json!({
+            "object": "billing.meter_event_adjustment", "livemode": false,
+            "status": "pending", "type": form.get("type"),
+            "event_name": form.get("event_name"),
+            "cancel": {"identifier": identifier}});
+        // A cancel names its event by identifier, and an event is cancelled once: Stripe takes
+        // an adjustment to process it after (`status` "pending": "The event adjustment is still
+        // being processed", docs.stripe.com/api/billing/meter-event-adjustment/object) and
+        // documents no refusal of a second one, so the fake answers it as the first and takes
+        // nothing more back.
+        if let Some(event) = found.as_ref().filter(|e| e.cancelled) {
+            if now - event.received_at < CANCEL_WINDOW {
+                self.adjustments.push(Adjustment {
+                    form: form.clone(),
+                    idempotency_key: key,
+                    account,
+                });
+                return (200, answer);
+            }
+        }
+        // Stripe documents no answer for an event it does not hold: this fake refuses it, as
+        // a request it cannot carry out.
+        let Some(event) = found.filter(|e| !e.cancelled) else {
             return invalid(format!(
                 "No meter event with identifier {identifier} to cancel."
             ));
@@ -443,15 +640,12 @@ impl State {
             ));
         }
         event.cancelled = true;
-        self.adjustments.push(form.clone());
-        (
-            200,
-            json!({
-                "object": "billing.meter_event_adjustment", "livemode": false,
-                "status": "pending", "type": form.get("type"),
-                "event_name": form.get("event_name"),
-                "cancel": {"identifier": identifier}}),
-        )
+        self.adjustments.push(Adjustment {
+            form: form.clone(),
+            idempotency_key: key,
+            account,
+        });
+        (200, answer)
     }
 
     /// `GET /v1/billing/meters` and a meter's event summaries.
@@ -533,7 +727,7 @@ impl IntoTemplate for (u16, Value) {
 }
 
 /// The fake itself, asked directly: each behaviour as Stripe's pages say.
-#[cfg(test)]
+#[cfg(all(test, feature = "described"))]
 mod behaviour {
     use super::*;
 
@@ -694,5 +888,101 @@ mod behaviour {
         ];
         fake.age(TimeDelta::hours(25));
         assert_eq!(post(&server, adjustments, "k7", &too_late).await.0, 400);
+    }
+
+    #[tokio::test]
+    async fn the_fake_reads_every_window_on_its_clock_and_asks_its_decider_per_request() {
+        let fake = FakeStripe::default();
+        let ahead = Utc::now() + TimeDelta::days(400);
+        let clock = Arc::new(Mutex::new(ahead));
+        let read = clock.clone();
+        fake.clocked(Arc::new(move || *read.lock().unwrap()));
+        let server = fake.serve().await;
+        let events = "/v1/billing/meter_events";
+        // A timestamp of the fake's time is taken, 400 days ahead of the wall clock; one of the
+        // wall clock's is more than 35 days past.
+        let at = ahead.timestamp().to_string();
+        assert_eq!(
+            post(&server, events, "k1", &event("bi_1", "2", &at))
+                .await
+                .0,
+            200
+        );
+        let wall = Utc::now().timestamp().to_string();
+        assert_eq!(
+            post(&server, events, "k2", &event("bi_2", "2", &wall))
+                .await
+                .0,
+            400
+        );
+        // 25 hours on by its clock, the identifier is new again.
+        *clock.lock().unwrap() = ahead + TimeDelta::hours(25);
+        assert_eq!(
+            post(&server, events, "k3", &event("bi_1", "2", &at))
+                .await
+                .0,
+            200
+        );
+
+        // The decider is asked for each request that reaches an endpoint, never for one
+        // answered from a saved key.
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let (seen, mut first) = (asked.clone(), true);
+        fake.deciding(move |a: &Asked<'_>| {
+            let key = a.idempotency_key.map(str::to_owned);
+            seen.lock().unwrap().push((a.identifier.to_owned(), key));
+            std::mem::take(&mut first)
+                .then(|| Fault::TakesThenFails(500, json!({"error": {"type": "api_error"}})))
+        });
+        assert_eq!(
+            post(&server, events, "k4", &event("bi_3", "1", &at))
+                .await
+                .0,
+            500
+        );
+        assert_eq!(
+            post(&server, events, "k4", &event("bi_3", "1", &at))
+                .await
+                .0,
+            500,
+            "the saved 500"
+        );
+        let (status, body) = post(&server, events, "k5", &event("bi_3", "1", &at)).await;
+        assert_eq!(status, 400);
+        assert!(body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("already exists"));
+        assert_eq!(
+            *asked.lock().unwrap(),
+            [
+                ("bi_3".to_owned(), Some("k4".to_owned())),
+                ("bi_3".to_owned(), Some("k5".to_owned()))
+            ]
+        );
+        assert_eq!(fake.resends(), (1, 1), "one replay, one repeat");
+
+        // A cancel is kept with the key it came under.
+        fake.no_more_faults();
+        let cancel = [
+            ("event_name", "api_calls"),
+            ("type", "cancel"),
+            ("cancel[identifier]", "bi_3"),
+        ];
+        assert_eq!(
+            post(
+                &server,
+                "/v1/billing/meter_event_adjustments",
+                "k6",
+                &cancel
+            )
+            .await
+            .0,
+            200
+        );
+        let cancels = fake.cancels();
+        assert_eq!(cancels.len(), 1);
+        assert_eq!(cancels[0].idempotency_key.as_deref(), Some("k6"));
+        assert_eq!(fake.totals()["cus_fake"], 4.0, "bi_1 twice, bi_3 cancelled");
     }
 }

@@ -24,7 +24,6 @@ use serde_json::{json, Value};
 use wiremock::matchers::{method, path_regex};
 use wiremock::{Match, Mock, Request, Respond, ResponseTemplate};
 
-use crate::described::ProviderServer;
 use crate::stripe::{rate_limited, FakeStripe, Fault};
 
 /// Where the read routes are: the v1 objects and lists the project reads, and v2 events.
@@ -372,7 +371,7 @@ enum Answered {
 
 /// Mounts the limiter (in front of every route) and the read routes on `server`; the meter
 /// side's own routes are mounted beside them by [`FakeStripe::serve`].
-pub(crate) async fn mount(fake: &FakeStripe, server: &ProviderServer) {
+pub(crate) async fn mount(fake: &FakeStripe, server: &wiremock::MockServer) {
     Mock::given(Limited(fake.clone()))
         .respond_with(Limited(fake.clone()))
         .with_priority(2)
@@ -879,9 +878,10 @@ impl FakeStripe {
 }
 
 /// The read side, asked directly: each behaviour as Stripe's pages say.
-#[cfg(test)]
+#[cfg(all(test, feature = "described"))]
 mod behaviour {
     use super::*;
+    use crate::described::ProviderServer;
 
     async fn get(
         server: &ProviderServer,

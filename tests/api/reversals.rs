@@ -962,3 +962,55 @@ async fn a_cancel_that_may_have_landed_is_never_followed_by_a_compensation(pool:
     assert_eq!(fake.total("cus_twice"), 0.0, "not taken back twice");
     assert_eq!(fake.events().len(), 1, "no compensating report");
 }
+
+/// A cancel Stripe took and then answered 500 is sent again on the next attempt under a key of
+/// its own, and taken: Stripe saved that 500 under the first attempt's key for 24 hours and
+/// would give it to every later request with that key (docs.stripe.com/api/idempotent_requests),
+/// while a second cancel of the same event takes nothing more back. Found by the simulator
+/// against the faithful fake (seeds 13 and 24): the correction resent the first key until it
+/// died, though Stripe had cancelled the report.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_cancel_answered_500_is_sent_again_under_a_new_key_not_the_saved_one(pool: PgPool) {
+    let metered = stripe_metered(&pool, "cus_saved_cancel").await;
+    let (fake, meters) = (&metered.fake, &metered.meters);
+    let (debited, _) = metered.sent(&pool, "req_c", 4).await;
+    let correction = metered.correction_of(&pool, &debited).await;
+    fake.then(Fault::TakesThenFails(500, api_error()));
+    let first = send(&pool, meters, &correction).await;
+    assert!(
+        matches!(
+            &first,
+            Reported::Failed {
+                status: ReportStatus::Pending,
+                ..
+            }
+        ),
+        "{first:?}"
+    );
+    assert_eq!(fake.total("cus_saved_cancel"), 0.0, "Stripe cancelled it");
+    // The retry's wait is over.
+    sqlx::query("UPDATE meter_reports SET next_attempt_at = inbox_now() WHERE id = $1")
+        .bind(&correction)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(send(&pool, meters, &correction).await, Reported::Sent);
+    let keys: Vec<Option<String>> = fake
+        .cancels()
+        .into_iter()
+        .map(|c| c.idempotency_key)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            Some(format!("{correction}-1")),
+            Some(format!("{correction}-2"))
+        ],
+        "each attempt under its own key"
+    );
+    assert_eq!(fake.total("cus_saved_cancel"), 0.0, "taken back once");
+    assert_eq!(
+        report(&pool, &correction).await.how.as_deref(),
+        Some("cancel")
+    );
+}

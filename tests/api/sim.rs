@@ -22,8 +22,12 @@
 //! too, and some while the dispatcher holds the debit's meter report between its send and its
 //! record, when a correction taken meanwhile must wait), on its own dice so the pipeline's
 //! schedule stays the seed's. Every debit is told to
-//! a fake Stripe meter that keeps each identifier once, cancels by meter event adjustment and
-//! counts a negative value as a compensation (the Polar source's corrections compensate).
+//! a meter through the faithful fakes of `provider_fakes` on the simulated clock: Stripe's
+//! (its idempotency layer replaying each key's first answer, 5xx included; an identifier kept
+//! 24 hours; a timestamp within 35 days past and 5 minutes ahead; cancels by meter event
+//! adjustment within 24 hours of receipt) for the Kinde and Stripe sources, Polar's event
+//! ingestion (an `external_id` kept for good) for the Polar source, whose corrections
+//! compensate; each fails now and then before or after taking a request, or answers late.
 //!
 //! After every step the monotonic invariants are checked (a period's balance never goes
 //! down and always equals its largest grant; accepted used never passes the allowance, never
@@ -76,7 +80,9 @@ use tokio::sync::Notify;
 
 use crate::helpers::*;
 use crate::order::{self, case_strategy, Case, Event};
-use provider_fakes::{ProviderServer, STRIPE};
+use provider_fakes::polar_meter::FakePolarMeter;
+use provider_fakes::stripe::{Asked as MeterRequest, FakeStripe, Fault as MeterFault};
+use provider_fakes::ProviderServer;
 
 /// How long a received message stays invisible (shorter than the lease, as it may be when a
 /// function's timeout is set short: the message comes back while the lease still holds).
@@ -146,6 +152,11 @@ impl Clock {
 
     fn advance(&self, ms: i64) {
         self.0.fetch_add(ms, Ordering::SeqCst);
+    }
+
+    /// The simulated time, as `inbox_now()` reads it.
+    fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        chrono::Utc::now() + chrono::TimeDelta::milliseconds(self.ms())
     }
 }
 
@@ -661,6 +672,7 @@ const MAX_METER_FAULTS: u32 = 2;
 
 static METER_SENDS: AtomicUsize = AtomicUsize::new(0);
 static METER_RESENDS: AtomicUsize = AtomicUsize::new(0);
+static METER_REPLAYED: AtomicUsize = AtomicUsize::new(0);
 static METER_FAULTS: AtomicUsize = AtomicUsize::new(0);
 static METER_HELD: AtomicUsize = AtomicUsize::new(0);
 static METER_CANCELLED: AtomicUsize = AtomicUsize::new(0);
@@ -670,234 +682,53 @@ static REVERSALS_AGAIN: AtomicUsize = AtomicUsize::new(0);
 static REVERSED_WITHDRAWN: AtomicUsize = AtomicUsize::new(0);
 static REVERSED_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 
-/// A fake Stripe meter API (docs/design.md §10), served in process by wiremock.
-/// `POST /v1/billing/meter_events` keeps each `identifier` once and answers a repeat with
-/// Stripe's 400 "An event already exists with identifier …"; a negative `payload[value]` is
-/// a compensation, counted as it comes. `POST /v1/billing/meter_event_adjustments`
-/// (`event_name`, `type=cancel`, `cancel[identifier]`) cancels an event it holds, once: the
-/// request's `Idempotency-Key` asked again gets the first answer, another adjustment of the
-/// same event or one of an event it does not hold is refused (400). On its own dice, at most
-/// twice an identifier (an adjustment's: its `Idempotency-Key`), it answers 503 without
-/// keeping the request (8%), or keeps it and answers only after the client gave up (5%).
-#[derive(Clone)]
-struct SimMeter(Arc<Mutex<MeterState>>);
-
-struct MeterState {
-    dice: Dice,
-    /// identifier → (customer, value), as first taken.
-    held: BTreeMap<String, (String, i64)>,
-    /// identifier cancelled → the `Idempotency-Key` of the adjustment that cancelled it.
-    cancelled: BTreeMap<String, String>,
-    faulted: HashMap<String, u32>,
-    faults: bool,
-    trace: Vec<String>,
-}
-
-impl MeterState {
-    /// A fault for this request, if the dice and the identifier's count allow one: 503 not
-    /// kept, or kept and answered late.
-    fn fault(&mut self, id: &str) -> Option<bool> {
-        let faulted = self.faulted.get(id).copied().unwrap_or_default();
-        let roll = self.dice.below(100);
-        if !self.faults || faulted >= MAX_METER_FAULTS || roll >= 13 {
+/// The simulation's faults at the meters (docs/design.md §10), on their own dice, asked by the
+/// faithful fakes (`provider_fakes`) for each request that reaches an endpoint: 6% fail before
+/// anything is taken (503), 3% are taken and then answered 500, 4% are taken and answered only
+/// after the client gave up; at most [`MAX_METER_FAULTS`] an identifier (an adjustment's: its
+/// `Idempotency-Key`, each attempt's own). What a fault leaves behind is the fake's: Stripe
+/// saves a 5xx under the request's key and replays it to every later request with that key.
+fn meter_faults(dice: Dice) -> impl FnMut(&MeterRequest<'_>) -> Option<MeterFault> + Send {
+    let mut dice = dice;
+    let mut faulted: HashMap<String, u32> = HashMap::new();
+    move |asked: &MeterRequest<'_>| {
+        let id = match asked.endpoint {
+            "/v1/billing/meter_event_adjustments" => asked.idempotency_key.unwrap_or_default(),
+            _ => asked.identifier,
+        };
+        let count = faulted.get(id).copied().unwrap_or_default();
+        let roll = dice.below(100);
+        if count >= MAX_METER_FAULTS || roll >= 13 {
             return None;
         }
-        *self.faulted.entry(id.to_owned()).or_default() += 1;
+        *faulted.entry(id.to_owned()).or_default() += 1;
         METER_FAULTS.fetch_add(1, Ordering::Relaxed);
-        Some(roll < 8)
-    }
-
-    /// `POST /v1/billing/meter_event_adjustments`, answered as stripe-node
-    /// `types/Billing/MeterEventAdjustments.d.ts` shows a `Billing.MeterEventAdjustment`.
-    fn adjust(&mut self, form: &HashMap<String, String>, key: &str) -> wiremock::ResponseTemplate {
-        use wiremock::ResponseTemplate;
-        let id = form.get("cancel[identifier]").cloned().unwrap_or_default();
-        let short = &id[..id.len().min(11)];
-        let fault = self.fault(key);
-        if fault == Some(true) {
-            self.trace
-                .push(format!("meter cancel of {short}…: 503, not kept"));
-            return ResponseTemplate::new(503).set_body_json(json!({"error": {
-                "type": "api_error", "message": "Service unavailable"}}));
-        }
-        let answer = ResponseTemplate::new(200).set_body_json(json!({
-            "object": "billing.meter_event_adjustment", "livemode": false,
-            "status": "pending", "type": form.get("type"), "event_name": form.get("event_name"),
-            "cancel": {"identifier": id}}));
-        match self.cancelled.get(&id) {
-            // The same request again: Stripe answers as it first did.
-            Some(by) if by == key => {
-                METER_RESENDS.fetch_add(1, Ordering::Relaxed);
-                self.trace.push(format!(
-                    "meter cancel of {short}…: asked again, same answer"
-                ));
-                return answer;
-            }
-            Some(_) => {
-                self.trace
-                    .push(format!("meter cancel of {short}…: cancelled already (400)"));
-                return ResponseTemplate::new(400).set_body_json(json!({"error": {
-                    "type": "invalid_request_error",
-                    "message": format!("The meter event {id} is already cancelled.")}}));
-            }
-            None => {}
-        }
-        if form.get("type").map(String::as_str) != Some("cancel") || !self.held.contains_key(&id) {
-            self.trace
-                .push(format!("meter cancel of {short}…: no such event (400)"));
-            return ResponseTemplate::new(400).set_body_json(json!({"error": {
-                "type": "invalid_request_error",
-                "message": format!("No meter event with identifier {id} to cancel.")}}));
-        }
-        self.cancelled.insert(id.clone(), key.to_owned());
-        if fault == Some(false) {
-            self.trace.push(format!(
-                "meter cancel of {short}…: kept, answered after the client gave up"
-            ));
-            return answer.set_delay(METER_TIMEOUT * 3);
-        }
-        self.trace.push(format!("meter cancel of {short}…: kept"));
-        answer
-    }
-
-    /// What the meter counts per customer: the events it holds, less those cancelled.
-    fn totals(&self) -> BTreeMap<String, i64> {
-        let mut totals: BTreeMap<String, i64> = BTreeMap::new();
-        for (id, (customer, value)) in &self.held {
-            if !self.cancelled.contains_key(id) {
-                *totals.entry(customer.clone()).or_default() += value;
-            }
-        }
-        totals
+        Some(match roll {
+            0..=5 => MeterFault::Fails(
+                503,
+                json!({"error": {"type": "api_error", "message": "Service unavailable"}}),
+            ),
+            6..=8 => MeterFault::TakesThenFails(
+                500,
+                json!({"error": {"type": "api_error", "message": "An unknown error occurred"}}),
+            ),
+            _ => MeterFault::Slow(METER_TIMEOUT * 3),
+        })
     }
 }
 
-impl wiremock::Respond for SimMeter {
-    fn respond(&self, request: &wiremock::Request) -> wiremock::ResponseTemplate {
-        use wiremock::ResponseTemplate;
-        let form: HashMap<String, String> = url::form_urlencoded::parse(&request.body)
-            .into_owned()
-            .collect();
-        let mut state = self.0.lock().unwrap();
-        METER_SENDS.fetch_add(1, Ordering::Relaxed);
-        if request.url.path() == "/v1/billing/meter_event_adjustments" {
-            let key = request
-                .headers
-                .get("idempotency-key")
-                .and_then(|k| k.to_str().ok())
-                .unwrap_or_default();
-            return state.adjust(&form, key);
-        }
-        let id = form.get("identifier").cloned().unwrap_or_default();
-        let customer = form
-            .get("payload[stripe_customer_id]")
-            .cloned()
-            .unwrap_or_default();
-        let value: i64 = form
-            .get("payload[value]")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_default();
-        let short = &id[..id.len().min(11)];
-        let fault = state.fault(&id);
-        if fault == Some(true) {
-            state.trace.push(format!("meter {short}…: 503, not kept"));
-            return ResponseTemplate::new(503).set_body_json(json!({"error": {
-                "type": "api_error", "message": "Service unavailable"}}));
-        }
-        if state.held.contains_key(&id) {
-            METER_RESENDS.fetch_add(1, Ordering::Relaxed);
-            state
-                .trace
-                .push(format!("meter {short}…: held already (400)"));
-            return ResponseTemplate::new(400).set_body_json(json!({"error": {
-                "type": "invalid_request_error",
-                "message": format!("An event already exists with identifier {id}.")}}));
-        }
-        state.held.insert(id.clone(), (customer.clone(), value));
-        let answer = ResponseTemplate::new(200).set_body_json(json!({
-            "object": "billing.meter_event", "created": chrono::Utc::now().timestamp(),
-            "event_name": form.get("event_name"), "identifier": id, "livemode": false,
-            "payload": {"stripe_customer_id": customer, "value": value.to_string()},
-            "timestamp": form.get("timestamp").and_then(|t| t.parse::<i64>().ok())}));
-        if fault == Some(false) {
-            state.trace.push(format!(
-                "meter {short}…: kept, answered after the client gave up"
-            ));
-            return answer.set_delay(METER_TIMEOUT * 3);
-        }
-        state.trace.push(format!("meter {short}…: kept ({value})"));
-        answer
-    }
-}
-
-impl SimMeter {
-    fn new(seed: u64) -> Self {
-        Self(Arc::new(Mutex::new(MeterState {
-            dice: Dice::new(seed ^ 0x003E_7E12),
-            held: BTreeMap::new(),
-            cancelled: BTreeMap::new(),
-            faulted: HashMap::new(),
-            faults: true,
-            trace: Vec::new(),
-        })))
-    }
-
-    async fn serve(&self) -> ProviderServer {
-        let server = ProviderServer::start(&STRIPE).await;
-        for endpoint in [
-            "/v1/billing/meter_events",
-            "/v1/billing/meter_event_adjustments",
-        ] {
-            wiremock::Mock::given(wiremock::matchers::method("POST"))
-                .and(wiremock::matchers::path(endpoint))
-                .respond_with(self.clone())
-                .mount(&server)
-                .await;
-        }
-        server
-    }
-
-    /// A Stripe meter whose API is this fake's, its client giving up after [`METER_TIMEOUT`].
-    fn meter(server: &wiremock::MockServer) -> Box<dyn shared::providers::meter::Meter> {
-        let http = reqwest::Client::builder()
-            .timeout(METER_TIMEOUT)
-            .build()
-            .unwrap();
-        let api = shared::providers::Api {
-            base_url: server.uri(),
-            key: shared::platform::secrets::ApiKey::Known("sk_test_sim".into()),
-            client_id: None,
-            http,
-            budget: None,
-        };
-        Box::new(shared::providers::stripe::meter::StripeMeter::new(
-            api, METER,
-        ))
-    }
-}
-
-/// A meter that offers no adjustment (as Polar's offers none): its corrections are
-/// compensating reports of the negative value. The simulation's Polar source reports through
-/// it to the same Stripe-shaped fake, so that both ways of taking a report back are run.
-struct Compensating(Box<dyn shared::providers::meter::Meter>);
-
-impl shared::providers::meter::Meter for Compensating {
-    fn send<'a>(
-        &'a self,
-        report: &'a shared::domain::meter::MeterReport,
-    ) -> BoxFuture<'a, shared::providers::meter::Sent> {
-        self.0.send(report)
-    }
-
-    fn dedupe(&self) -> shared::providers::meter::Dedupe {
-        self.0.dedupe()
-    }
-
-    fn minute_total<'a>(
-        &'a self,
-        report: &'a shared::domain::meter::MeterReport,
-    ) -> BoxFuture<'a, anyhow::Result<Option<f64>>> {
-        self.0.minute_total(report)
+/// The dispatcher's client for a provider's meter: it gives up after [`METER_TIMEOUT`].
+fn meter_api(server: &wiremock::MockServer) -> shared::providers::Api {
+    let http = reqwest::Client::builder()
+        .timeout(METER_TIMEOUT)
+        .build()
+        .unwrap();
+    shared::providers::Api {
+        base_url: server.uri(),
+        key: shared::platform::secrets::ApiKey::Known("sk_test_sim".into()),
+        client_id: None,
+        http,
+        budget: None,
     }
 }
 
@@ -1043,10 +874,13 @@ struct World {
     /// answer was lost).
     reverser: Dice,
     reversed: BTreeMap<String, Option<shared::billing::usage::Reversal>>,
-    /// The fake Stripe meter, its server, the dispatcher's meters (every source's the fake) and the
+    /// The faithful fakes of Stripe's meter API and Polar's event ingestion (clocked on the
+    /// simulated time, faulted on their own dice), their servers, the dispatcher's meters and the
     /// dispatcher's own dice (so that sending reports leaves the other dice as they were).
-    meter: SimMeter,
+    meter: FakeStripe,
     _meter_server: ProviderServer,
+    polar_meter: FakePolarMeter,
+    _polar_server: ProviderServer,
     meters: Arc<shared::meters::Meters>,
     dispatcher: Dice,
     ns: String,
@@ -1221,19 +1055,42 @@ impl World {
         };
         let scheduler = scheduler_with(&feed);
         let other_scheduler = scheduler_with(&feed);
-        let meter = SimMeter::new(seed);
+        // Both fakes read the simulated time: Stripe's windows (a key's and an identifier's 24
+        // hours, a cancel's, a timestamp's 35 days past and 5 minutes ahead) and Polar's
+        // "must be in the past" are the simulation's, not the wall clock's.
+        let fake_clock: provider_fakes::stripe::Clock = {
+            let clock = clock.clone();
+            Arc::new(move || clock.now())
+        };
+        let meter = FakeStripe::default();
+        meter
+            .clocked(fake_clock.clone())
+            .deciding(meter_faults(Dice::new(seed ^ 0x003E_7E12)));
         let meter_server = meter.serve().await;
-        // Every source's debits are told to the one fake meter, Stripe's: the identifiers
-        // differ by source. Polar's corrections compensate (it has no adjustment), the
-        // others' cancel.
+        let polar_meter = FakePolarMeter::default();
+        polar_meter
+            .clocked(fake_clock)
+            .deciding(meter_faults(Dice::new(seed ^ 0x9014_7E12)));
+        let polar_server = polar_meter.serve().await;
+        // The Kinde and Stripe sources' debits are told to Stripe's meter (the identifiers
+        // differ by source), the Polar source's to Polar's ingestion: Stripe's corrections
+        // cancel within its window, Polar's compensate (it has no adjustment).
         let meters = ["kinde", "stripe", "polar"]
             .into_iter()
             .map(|source| {
-                let mut meter = SimMeter::meter(&meter_server);
-                if source == "polar" {
-                    meter = Box::new(Compensating(meter));
-                }
-                (source.to_owned(), "api_calls".to_owned(), meter)
+                let meter: Box<dyn shared::providers::meter::Meter> = match source {
+                    "polar" => Box::new(
+                        shared::providers::standard_webhooks::meter::PolarMeter::new(
+                            meter_api(&polar_server),
+                            METER,
+                        ),
+                    ),
+                    _ => Box::new(shared::providers::stripe::meter::StripeMeter::new(
+                        meter_api(&meter_server),
+                        METER,
+                    )),
+                };
+                (source.to_owned(), METER.to_owned(), meter)
             })
             .collect();
         Self {
@@ -1265,6 +1122,8 @@ impl World {
             reversed: BTreeMap::new(),
             meter,
             _meter_server: meter_server,
+            polar_meter,
+            _polar_server: polar_server,
             meters: Arc::new(meters),
             dispatcher: Dice::new(seed ^ 0xD15_9A7C),
             ns: format!("s{seed}x"),
@@ -1305,7 +1164,9 @@ impl World {
     fn note(&mut self, line: String) {
         let fed = std::mem::take(&mut self.feed.0.lock().unwrap().trace);
         let read = std::mem::take(&mut self.reads.0.lock().unwrap().trace);
-        let metered = std::mem::take(&mut self.meter.0.lock().unwrap().trace);
+        let metered = (self.meter.take_said().into_iter())
+            .chain(self.polar_meter.take_said())
+            .map(|line| format!("meter {line}"));
         for queued in self
             .queue
             .take_trace()
@@ -1793,14 +1654,20 @@ impl World {
                 ),
                 meter: METER.to_owned(),
                 value: request.amount,
-                occurred_at: chrono::Utc::now(),
+                occurred_at: self.clock.now(),
                 first_sent_at: None,
                 unanswered: false,
                 take_back: None,
                 send_key: None,
             };
-            let meter = SimMeter::meter(&self._meter_server);
-            let sent = meter.send(&report).await;
+            let meter = self
+                .meters
+                .each()
+                .find(|(source, ..)| *source == request.source);
+            let sent = match meter {
+                Some((_, _, meter)) => meter.send(&report).await,
+                None => shared::providers::meter::Sent::NotTaken("no meter".into()),
+            };
             if self.spender.chance(30) {
                 drop(tx);
                 let retry_key = format!("{}r", request.key);
@@ -2138,7 +2005,8 @@ impl World {
     /// At rest, without faults: every pending report sent, rounds of time moving past holds
     /// and retry waits.
     async fn drain_reports(&mut self) -> Result<(), Failure> {
-        self.meter.0.lock().unwrap().faults = false;
+        self.meter.no_more_faults();
+        self.polar_meter.no_more_faults();
         for _ in 0..QUIET_ROUNDS {
             let mut any = false;
             while self.dispatch(false).await? {
@@ -2215,9 +2083,9 @@ impl World {
         .fetch_all(&self.admin)
         .await
         .unwrap();
-        let (held, cancelled, totals) = {
-            let state = self.meter.0.lock().unwrap();
-            (state.held.clone(), state.cancelled.clone(), state.totals())
+        let (held, cancelled, totals) = match self.at_the_meters() {
+            Ok(at) => at,
+            Err(what) => return Err(self.fail(what)),
         };
         let mut expected: BTreeMap<String, i64> = BTreeMap::new();
         let mut told: HashSet<String> = HashSet::new();
@@ -2324,7 +2192,63 @@ impl World {
             held.values().filter(|(_, value)| *value < 0).count(),
             Ordering::Relaxed,
         );
+        let (stripe_posts, (polar_posts, duplicates)) =
+            (self.meter.posts(), self.polar_meter.posts());
+        let (replayed, repeats) = self.meter.resends();
+        METER_SENDS.fetch_add((stripe_posts + polar_posts) as usize, Ordering::Relaxed);
+        METER_RESENDS.fetch_add((repeats + duplicates) as usize, Ordering::Relaxed);
+        METER_REPLAYED.fetch_add(replayed as usize, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// What the meters hold at rest: each identifier Stripe or Polar took with its customer
+    /// and value, each identifier an adjustment cancelled with the adjustment's key, and the
+    /// net total per customer. An identifier taken twice (Stripe's 24 hours passed between
+    /// two sends, a report sent to both) is said, as counted twice.
+    #[allow(clippy::type_complexity)]
+    fn at_the_meters(
+        &self,
+    ) -> Result<
+        (
+            BTreeMap<String, (String, i64)>,
+            BTreeMap<String, String>,
+            BTreeMap<String, i64>,
+        ),
+        String,
+    > {
+        let mut held: BTreeMap<String, (String, i64)> = BTreeMap::new();
+        let stripe = self.meter.events().into_iter().map(|e| {
+            let value = e.form["payload[value]"].parse::<i64>().unwrap_or_default();
+            let customer = e.form["payload[stripe_customer_id]"].clone();
+            (e.form["identifier"].clone(), customer, value)
+        });
+        let polar = self.polar_meter.events().into_iter().map(|e| {
+            let id = e.external_id.unwrap_or_default();
+            (id, e.customer_id, e.value as i64)
+        });
+        for (identifier, customer, value) in stripe.chain(polar) {
+            if let Some(first) = held.insert(identifier.clone(), (customer, value)) {
+                return Err(format!(
+                    "the meters took {identifier} twice ({first:?}, then {:?})",
+                    held[&identifier]
+                ));
+            }
+        }
+        // An event is cancelled once, by the first adjustment that named it; a later one (a
+        // cancel sent again after an answer that did not say) takes nothing more back.
+        let mut cancelled: BTreeMap<String, String> = BTreeMap::new();
+        for adjustment in self.meter.cancels() {
+            let identifier = adjustment.form["cancel[identifier]"].clone();
+            let key = adjustment.idempotency_key.unwrap_or_default();
+            cancelled.entry(identifier).or_insert(key);
+        }
+        let mut totals: BTreeMap<String, i64> = BTreeMap::new();
+        for (id, (customer, value)) in &held {
+            if !cancelled.contains_key(id) {
+                *totals.entry(customer.clone()).or_default() += value;
+            }
+        }
+        Ok((held, cancelled, totals))
     }
 
     /// What the app spent: within the allowance at every step (the period's grants; a
@@ -3626,12 +3550,13 @@ async fn seeds(pool: PgPool) {
         LEMONSQUEEZY_READS_KEPT.load(Ordering::Relaxed),
     );
     eprintln!(
-        "sim: meter reports: {} held by the fake meter at rest ({} of them compensations), {} cancelled; {} sends, {} of them resends it held already, {} answered 503 or after the client gave up",
+        "sim: meter reports: {} held by the meters at rest ({} of them compensations), {} cancelled; {} sends, {} of them resends held already, {} answered from a saved key; {} faulted (503 before taking, 500 after, or answered after the client gave up)",
         METER_HELD.load(Ordering::Relaxed),
         METER_COMPENSATED.load(Ordering::Relaxed),
         METER_CANCELLED.load(Ordering::Relaxed),
         METER_SENDS.load(Ordering::Relaxed),
         METER_RESENDS.load(Ordering::Relaxed),
+        METER_REPLAYED.load(Ordering::Relaxed),
         METER_FAULTS.load(Ordering::Relaxed),
     );
     eprintln!(

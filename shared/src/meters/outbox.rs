@@ -92,9 +92,11 @@ pub struct Corrected {
 /// is running; the attempt's start is its first send's when it has none yet (the start of the
 /// provider's dedupe window, never later than the provider's own). A hold that expired
 /// unrecorded was a holder that stopped, perhaps after its send: the report is taken as one
-/// the provider may hold. The attempt gets a key of its own for the provider's idempotency
-/// layer, but for a cancel adjustment that may have landed, which is sent again as the same
-/// request. Commits at once.
+/// the provider may hold. Every attempt gets a key of its own for the provider's idempotency
+/// layer, a cancel adjustment's too: Stripe replays a key's first answer for 24 hours, 500s
+/// included, so a cancel resent under the key of an attempt answered 500 would get that 500
+/// until it died, while a cancel sent again under a new key takes nothing more back (the event
+/// is cancelled once). Commits at once.
 pub async fn claim(
     pool: &PgPool,
     id: &str,
@@ -109,10 +111,7 @@ pub async fn claim(
                                  THEN COALESCE(r.unanswered_at, r.locked_until)
                                  ELSE r.unanswered_at END,
             sends = r.sends + 1, last_sent_at = inbox_now(),
-            send_key = CASE WHEN r.how = 'cancel' AND r.send_key IS NOT NULL
-                             AND (r.unanswered_at IS NOT NULL OR r.locked_until IS NOT NULL)
-                            THEN r.send_key
-                            ELSE r.id || '-' || (r.sends + 1) END
+            send_key = r.id || '-' || (r.sends + 1)
         WHERE r.id = (
             SELECT id FROM meter_reports
             WHERE id = $1 AND status = 'pending' AND attempts < $3
