@@ -29,13 +29,12 @@ use crate::providers::{
     self, Api, ApiClient, Carrier, GenerationFailure, MeterErrorsNotice, Notice, Reads, Shown,
 };
 
-mod health;
-mod meter_errors;
+mod notice;
 pub(crate) mod subscription_read;
-mod thin;
-pub use health::{generation_failure_metric, SWEEP_BUDGET};
-pub use thin::thin_without_api_key_metric;
-use thin::Carried;
+pub use notice::health::{generation_failure_metric, SWEEP_BUDGET};
+pub use notice::thin::thin_without_api_key_metric;
+use notice::thin::Carried;
+use notice::{health, meter_errors, thin};
 
 /// What applying an event needs of the worker: its sources, the plan catalog, whether
 /// effects are written (docs/design.md §11), and the accounts it found contended lately.

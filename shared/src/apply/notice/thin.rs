@@ -13,14 +13,14 @@ use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
-use super::{ApplyError, WorkerSource};
+use crate::apply::{ApplyError, WorkerSource};
 use crate::domain::{DedupeKey, EventStatus};
 use crate::inbox::lease::Claimed;
 use crate::inbox::thin::{self as stored, StoredEvent};
 use crate::providers::{self, Carrier, MadeFor, Notice, ReadFor};
 
 /// What a claimed event is, as far as thin events go.
-pub(super) enum Carried {
+pub(in crate::apply) enum Carried {
     /// Not a thin event: applied as stored.
     NotThin,
     /// A thin event decided without its object: finished with this status and reason.
@@ -32,7 +32,7 @@ pub(super) enum Carried {
 
 /// The notice a claimed event of a source is, if its provider reads it as one (a thin event,
 /// a generation failure).
-pub(super) fn notice(event: &Claimed, source: &WorkerSource) -> Option<Notice> {
+pub(in crate::apply) fn notice(event: &Claimed, source: &WorkerSource) -> Option<Notice> {
     providers::provider(source.kind).notice(event.payload.as_ref()?)
 }
 
@@ -40,7 +40,7 @@ pub(super) fn notice(event: &Claimed, source: &WorkerSource) -> Option<Notice> {
 /// when no attempt has yet. A fetch that fails fails the attempt (the event's own retry
 /// schedule); a 404 is decided: the object is gone, and a deletion, if there was one, has its
 /// own event.
-pub(super) async fn carried(
+pub(in crate::apply) async fn carried(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
@@ -104,7 +104,7 @@ pub(super) async fn carried(
 /// The read that settles a same-second tie for `event` (a Stripe summary's list, docs/design.md
 /// §4.2): found when an attempt stored it already — a retry or a replay applies what was read
 /// and reads nothing again — else read now and stored; applied in the event's place.
-pub(super) async fn settled_by_read(
+pub(in crate::apply) async fn settled_by_read(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
@@ -120,7 +120,7 @@ pub(super) async fn settled_by_read(
 
 /// The thin event's related object: read now, stored, and the read applied under the thin
 /// event's id and lease.
-pub(super) async fn read_object(
+pub(in crate::apply) async fn read_object(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
@@ -199,7 +199,7 @@ pub(super) async fn read_object(
 /// the worker stores for an event takes its time from here (a thin event's object, an
 /// invoice's subscription, a health notice's object and its sweep's subscriptions), and the
 /// provider's `read_as_event` writes it at that time, in the provider's resolution. `None`: the event has no provider time.
-pub(super) fn stands_at(event: &Claimed) -> Option<DateTime<Utc>> {
+pub(in crate::apply) fn stands_at(event: &Claimed) -> Option<DateTime<Utc>> {
     if crate::platform::sim::planted(crate::platform::sim::Bug::ReadByTheClock) {
         return Some(Utc::now());
     }
@@ -208,7 +208,7 @@ pub(super) fn stands_at(event: &Claimed) -> Option<DateTime<Utc>> {
 
 /// The read, applied under the thin event's id and lease: its version (time, key) is the
 /// read's, so the read's own row, applied later or replayed, finds the work done.
-pub(super) fn view(event: &Claimed, read: StoredEvent) -> Carried {
+pub(in crate::apply) fn view(event: &Claimed, read: StoredEvent) -> Carried {
     Carried::Read {
         read_id: read.id,
         view: Claimed {
@@ -227,7 +227,7 @@ pub(super) fn view(event: &Claimed, read: StoredEvent) -> Carried {
 
 /// Finishes the read's own row once the thin event applied it. A failure leaves it pending:
 /// the rescue sends it, and it applies as a replay would, finding its work done.
-pub(super) async fn finish_read(conn: &mut PgConnection, read_id: i64, thin_id: i64) {
+pub(in crate::apply) async fn finish_read(conn: &mut PgConnection, read_id: i64, thin_id: i64) {
     if let Err(e) = stored::finish_read(conn, read_id, thin_id).await {
         tracing::warn!(read_id, thin_id, error = %e, "could not finish a thin event's read");
     }

@@ -19,7 +19,7 @@ use sqlx::PgConnection;
 use tokio::time::Instant;
 
 use super::thin::{read_object, view, Carried};
-use super::{ApplyError, WorkerSource};
+use crate::apply::{ApplyError, WorkerSource};
 use crate::billing::registers::stored_subscriptions;
 use crate::domain::{DedupeKey, EventStatus};
 use crate::inbox::lease::{self, Claimed};
@@ -35,7 +35,7 @@ pub const SWEEP_BUDGET: Duration = Duration::from_secs(10);
 
 /// Whether a claimed notice is in its source's scope (a notice of the other mode is the thin
 /// events' to ignore).
-pub(super) fn in_scope(event: &Claimed, source: &WorkerSource) -> bool {
+pub(in crate::apply) fn in_scope(event: &Claimed, source: &WorkerSource) -> bool {
     let payload = event.payload.as_ref().unwrap_or(&Value::Null);
     providers::provider(source.kind)
         .out_of_scope(payload, source.livemode)
@@ -44,7 +44,7 @@ pub(super) fn in_scope(event: &Claimed, source: &WorkerSource) -> bool {
 
 /// What the notice stands for; its sweep goes on until `budget` has passed since the attempt
 /// began, and then the attempt ends as [`ApplyError::Unfinished`].
-pub(super) async fn carried_within(
+pub(in crate::apply) async fn carried_within(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
@@ -205,7 +205,7 @@ async fn sweep_page(
         .iter()
         .filter_map(|s| s.get("id").and_then(Value::as_str))
         .collect();
-    let mut tx = super::begin(conn).await?;
+    let mut tx = crate::apply::begin(conn).await?;
     if !lease::still_held(&mut tx, event).await? {
         return Err(ApplyError::LeaseLost);
     }

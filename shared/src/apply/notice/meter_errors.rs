@@ -13,13 +13,13 @@ use serde_json::{json, Value};
 use sqlx::PgConnection;
 
 use super::thin::Carried;
-use super::{ApplyError, WorkerSource};
+use crate::apply::{ApplyError, WorkerSource};
 use crate::domain::EventStatus;
 use crate::inbox::lease::Claimed;
 use crate::meters::outbox;
 use crate::providers::MeterErrorsNotice;
 
-pub(super) async fn carried(
+pub(in crate::apply) async fn carried(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
