@@ -25,16 +25,12 @@ use crate::inbox::lease::{self, Claimed};
 use crate::platform::budget::Throttled;
 use crate::platform::config::SourceConfig;
 use crate::platform::sim::{self, Bug, Injected, Point};
-use crate::providers::{
-    self, Api, ApiClient, Carrier, GenerationFailure, MeterErrorsNotice, Notice, Reads, Shown,
-};
+use crate::providers::{self, Api, ApiClient, Carrier, Notice, Reads, Shown};
 
 mod notice;
 pub(crate) mod subscription_read;
 pub use notice::health::{generation_failure_metric, SWEEP_BUDGET};
 pub use notice::thin::thin_without_api_key_metric;
-use notice::thin::Carried;
-use notice::{health, meter_errors, thin};
 
 /// What applying an event needs of the worker: its sources, the plan catalog, whether
 /// effects are written (docs/design.md §11), and the accounts it found contended lately.
@@ -76,6 +72,13 @@ impl WorkerSource {
             reads: Api::for_source(config, client)
                 .and_then(|api| providers::provider(config.kind).reads(api)),
         }
+    }
+
+    /// The notice a claimed event is, when its provider's hook reads it as one (a thin event,
+    /// a generation failure, a meter error notice: docs/design.md §6.2); `None` for every
+    /// other event, and for every event of a provider that sends none.
+    fn notice(&self, event: &Claimed) -> Option<Notice> {
+        providers::provider(self.kind).notice(event.payload.as_ref()?)
     }
 }
 
@@ -169,15 +172,14 @@ pub struct Applied {
     pub enqueue: Vec<i64>,
 }
 
-/// Decides what the event means and applies it: for an event about an account, one read of
-/// the account's registers, the register rules, and one statement that writes it all if the
-/// account has not moved meanwhile — else again under the account's lock (docs/design.md
-/// §8); for one its rules ignore outright, or any other, one statement that finishes it.
+/// Applies one claimed event: for an event about an account, one read of the account's
+/// registers, the register rules, and one statement that writes it all if the account has not
+/// moved meanwhile — else again under the account's lock (docs/design.md §8); for one its
+/// rules ignore outright, or any other, one statement that finishes it.
 ///
-/// A thin event (docs/design.md §6.2) is applied as the read of its object: fetched and stored
-/// as an event of its own by its first attempt, found again by every later one. Stripe's
-/// notice of events it failed to generate reads the object it names, or sweeps the source's
-/// subscriptions over as many attempts as the sweep budget needs (`health`).
+/// A notice (a thin event, a provider's notice of events it failed to generate or of meter
+/// reports it could not count, docs/design.md §6.2) is the provider's hook's to name, asked
+/// once here; what it stands for is read and applied in its place (`notice`).
 pub async fn apply_claimed(
     applier: &Applier<'_>,
     conn: &mut PgConnection,
@@ -187,51 +189,13 @@ pub async fn apply_claimed(
         .sources
         .get(&event.source)
         .ok_or_else(|| ApplyError::UnknownSource(event.source.clone()))?;
-    let carried = match thin::notice(event, source) {
-        None => Carried::NotThin,
-        Some(Notice::GenerationFailure(failure)) if health::in_scope(event, source) => {
-            health::carried_within(conn, event, source, &failure, applier.sweep_budget).await?
-        }
-        Some(Notice::MeterErrors(errors)) if health::in_scope(event, source) => {
-            meter_errors::carried(conn, event, source, &errors).await?
-        }
-        // A thin event, or a notice of the other mode, which is ignored as a thin event is.
-        Some(
-            Notice::Carrier(thin)
-            | Notice::GenerationFailure(GenerationFailure { notice: thin, .. })
-            | Notice::MeterErrors(MeterErrorsNotice { notice: thin, .. }),
-        ) => thin::carried(conn, event, source, &thin).await?,
-    };
-    apply_carried(applier, conn, event, source, carried).await
-}
-
-/// An event as its notice made it: applied as stored, finished as decided, or applied as its
-/// read under its own id and lease (the read's row finished after).
-async fn apply_carried(
-    applier: &Applier<'_>,
-    conn: &mut PgConnection,
-    event: &Claimed,
-    source: &WorkerSource,
-    carried: Carried,
-) -> Result<Applied, ApplyError> {
-    match carried {
-        Carried::NotThin => apply_event(applier, conn, event, source).await,
-        Carried::Finish(status, reason) => {
-            sim::fallible_point(Point::WorkerDecided, event.id).await?;
-            if !lease::finish_held(conn, event, status, &reason, None).await? {
-                return Err(ApplyError::LeaseLost);
-            }
-            Ok(applied(event, status, reason, Vec::new()))
-        }
-        Carried::Read { view, read_id } => {
-            let done = apply_event(applier, conn, &view, source).await?;
-            thin::finish_read(conn, read_id, event.id).await;
-            Ok(done)
-        }
+    match source.notice(event) {
+        None => apply_event(applier, conn, event, source).await,
+        Some(notice) => notice::apply(applier, conn, event, source, notice).await,
     }
 }
 
-/// An event as stored (or a thin event's read, under the thin event's lease).
+/// An event as stored (or a notice's read, under the notice's id and lease).
 async fn apply_event(
     applier: &Applier<'_>,
     conn: &mut PgConnection,
@@ -281,8 +245,20 @@ async fn apply_event(
         (Decision::Unprocessable(reason), _) => (EventStatus::Unprocessable, reason, None),
         (Decision::Ignore(reason), None) => (EventStatus::Ignored, reason, None),
     };
+    finish(conn, event, status, reason, account.as_ref()).await
+}
+
+/// Finishes an event that wrote nothing but its finish (and its log line, for an event about
+/// an account), while its lease holds.
+async fn finish(
+    conn: &mut PgConnection,
+    event: &Claimed,
+    status: EventStatus,
+    reason: String,
+    account: Option<&EventContext<'_>>,
+) -> Result<Applied, ApplyError> {
     sim::fallible_point(Point::WorkerDecided, event.id).await?;
-    if !lease::finish_held(conn, event, status, &reason, account.as_ref()).await? {
+    if !lease::finish_held(conn, event, status, &reason, account).await? {
         return Err(ApplyError::LeaseLost);
     }
     Ok(applied(event, status, reason, Vec::new()))
@@ -326,8 +302,10 @@ async fn apply_to_account(
             tie,
             "same-second tie settled by the provider's read, applied in the event's place"
         );
-        let carried = thin::settled_by_read(conn, event, source, carrier).await?;
-        return Box::pin(apply_carried(applier, conn, event, source, carried)).await;
+        return Box::pin(notice::apply_tie_read(
+            applier, conn, event, source, carrier,
+        ))
+        .await;
     }
     let (ties_read, settled) = settle(source, ctx, &registers, &mut effects, &mut notes).await?;
     let settled = (!settled.is_empty()).then(|| json!(settled));

@@ -18,7 +18,8 @@ use serde_json::{json, Value};
 use sqlx::PgConnection;
 use tokio::time::Instant;
 
-use super::thin::{read_object, view, Carried};
+use super::thin::{read_object, view};
+use super::Carried;
 use crate::apply::{ApplyError, WorkerSource};
 use crate::billing::registers::stored_subscriptions;
 use crate::domain::{DedupeKey, EventStatus};
@@ -33,18 +34,9 @@ use crate::providers::{self, Carrier, GenerationFailure, Impact, MadeFor, ReadFo
 /// the invocation. A sweep that is not done by then is continued by the next attempt.
 pub const SWEEP_BUDGET: Duration = Duration::from_secs(10);
 
-/// Whether a claimed notice is in its source's scope (a notice of the other mode is the thin
-/// events' to ignore).
-pub(in crate::apply) fn in_scope(event: &Claimed, source: &WorkerSource) -> bool {
-    let payload = event.payload.as_ref().unwrap_or(&Value::Null);
-    providers::provider(source.kind)
-        .out_of_scope(payload, source.livemode)
-        .is_none()
-}
-
 /// What the notice stands for; its sweep goes on until `budget` has passed since the attempt
 /// began, and then the attempt ends as [`ApplyError::Unfinished`].
-pub(in crate::apply) async fn carried_within(
+pub(super) async fn carried_within(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,

@@ -12,14 +12,14 @@ use chrono::Utc;
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
-use super::thin::Carried;
+use super::Carried;
 use crate::apply::{ApplyError, WorkerSource};
 use crate::domain::EventStatus;
 use crate::inbox::lease::Claimed;
 use crate::meters::outbox;
 use crate::providers::MeterErrorsNotice;
 
-pub(in crate::apply) async fn carried(
+pub(super) async fn carried(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,

@@ -13,34 +13,18 @@ use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
+use super::Carried;
 use crate::apply::{ApplyError, WorkerSource};
 use crate::domain::{DedupeKey, EventStatus};
 use crate::inbox::lease::Claimed;
 use crate::inbox::thin::{self as stored, StoredEvent};
-use crate::providers::{self, Carrier, MadeFor, Notice, ReadFor};
-
-/// What a claimed event is, as far as thin events go.
-pub(in crate::apply) enum Carried {
-    /// Not a thin event: applied as stored.
-    NotThin,
-    /// A thin event decided without its object: finished with this status and reason.
-    Finish(EventStatus, String),
-    /// A thin event applied as its read (`view`: the read's type, payload, customer, time and
-    /// key under the thin event's id and lease); `read_id` is the read's own row.
-    Read { view: Claimed, read_id: i64 },
-}
-
-/// The notice a claimed event of a source is, if its provider reads it as one (a thin event,
-/// a generation failure).
-pub(in crate::apply) fn notice(event: &Claimed, source: &WorkerSource) -> Option<Notice> {
-    providers::provider(source.kind).notice(event.payload.as_ref()?)
-}
+use crate::providers::{self, Carrier, MadeFor, ReadFor};
 
 /// What the thin event `event` (read as `thin`) stands for; its object fetched and stored
 /// when no attempt has yet. A fetch that fails fails the attempt (the event's own retry
 /// schedule); a 404 is decided: the object is gone, and a deletion, if there was one, has its
 /// own event.
-pub(in crate::apply) async fn carried(
+pub(super) async fn carried(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
@@ -104,7 +88,7 @@ pub(in crate::apply) async fn carried(
 /// The read that settles a same-second tie for `event` (a Stripe summary's list, docs/design.md
 /// §4.2): found when an attempt stored it already — a retry or a replay applies what was read
 /// and reads nothing again — else read now and stored; applied in the event's place.
-pub(in crate::apply) async fn settled_by_read(
+pub(super) async fn settled_by_read(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
@@ -120,7 +104,7 @@ pub(in crate::apply) async fn settled_by_read(
 
 /// The thin event's related object: read now, stored, and the read applied under the thin
 /// event's id and lease.
-pub(in crate::apply) async fn read_object(
+pub(super) async fn read_object(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
@@ -208,7 +192,7 @@ pub(in crate::apply) fn stands_at(event: &Claimed) -> Option<DateTime<Utc>> {
 
 /// The read, applied under the thin event's id and lease: its version (time, key) is the
 /// read's, so the read's own row, applied later or replayed, finds the work done.
-pub(in crate::apply) fn view(event: &Claimed, read: StoredEvent) -> Carried {
+pub(super) fn view(event: &Claimed, read: StoredEvent) -> Carried {
     Carried::Read {
         read_id: read.id,
         view: Claimed {
@@ -227,7 +211,7 @@ pub(in crate::apply) fn view(event: &Claimed, read: StoredEvent) -> Carried {
 
 /// Finishes the read's own row once the thin event applied it. A failure leaves it pending:
 /// the rescue sends it, and it applies as a replay would, finding its work done.
-pub(in crate::apply) async fn finish_read(conn: &mut PgConnection, read_id: i64, thin_id: i64) {
+pub(super) async fn finish_read(conn: &mut PgConnection, read_id: i64, thin_id: i64) {
     if let Err(e) = stored::finish_read(conn, read_id, thin_id).await {
         tracing::warn!(read_id, thin_id, error = %e, "could not finish a thin event's read");
     }

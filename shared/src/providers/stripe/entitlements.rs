@@ -6,7 +6,7 @@
 //! `{lookup_key: true}` for each. A list that says `has_more` (Stripe embeds at most a page of a
 //! list in an event) is never applied: the summary is a notice, and the complete list, read from
 //! `GET /v1/entitlements/active_entitlements?customer=…` page by page, is stored as an event of
-//! its own and applied as a thin event's read is (`apply::thin`). So is a complete summary that
+//! its own and applied as a thin event's read is (`apply::notice`). So is a complete summary that
 //! finds the register holding another summary of its second: Stripe's `created` has one-second
 //! resolution and its ids are random, so the list read settles the tie (§4.2). A list Stripe
 //! does not find (404) leaves the summary unprocessable, the features as they were.
