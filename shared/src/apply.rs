@@ -19,7 +19,7 @@ use crate::billing::{
 };
 use crate::domain::effect::NewEffect;
 use crate::domain::{Catalog, EventStatus, Period, SourceKind};
-use crate::effects::{self, Cause};
+use crate::effects;
 use crate::inbox::commit::{self, Committed};
 use crate::inbox::lease::{self, Claimed};
 use crate::platform::budget::Throttled;
@@ -484,14 +484,7 @@ fn decide(
     let new = match (before, made) {
         (Some(before), true) => {
             let after = registers.state(customer, &period, applier.catalog);
-            let cause = Cause {
-                event_id: event.id,
-                provider_event_id: event.dedupe_key.as_str(),
-                source: ctx.source,
-                customer,
-                occurred_at: ctx.version.at.as_datetime(),
-            };
-            effects::effects_of(&cause, &facts, &before, &after)
+            effects::effects_of(ctx, &facts, &before, &after)
         }
         _ => Vec::new(),
     };
@@ -546,6 +539,7 @@ fn event_context<'a>(
         source: &event.source,
         customer,
         event_type: &event.event_type,
+        dedupe_key: &event.dedupe_key,
         version: version.clone()?,
     })
 }
