@@ -324,16 +324,16 @@ async fn apply_to_account(
     )
     .await?;
     let enqueue: Vec<i64> = to_send.into_iter().collect();
+    let tie_grants: Vec<&str> = read_ties.iter().map(|(grant, _)| grant.as_str()).collect();
     let decide = |registers: &mut Registers| {
         let reads = source.reads.is_some();
         decide(
-            applier,
-            event,
             ctx,
             registers,
+            (applier.catalog, applier.effects),
             (&effects, &notes),
             reads,
-            (&ties_read, &shown, &read_ties),
+            (&ties_read, &shown, &tie_grants),
         )
     };
     if unlocked {
@@ -434,32 +434,34 @@ fn applied(event: &Claimed, status: EventStatus, reason: String, effects: Vec<St
 }
 
 /// The register rules applied to the account as read: the event's outcome and reason, and,
-/// with effects on, the effects its changes tell. With provider reads, a subscription whose
-/// tie is not the one the read settled fails the attempt (the retry reads again).
+/// with effects on (`effects_on`), the effects its changes tell. With provider reads, a
+/// subscription whose tie is not the one the read settled, or an entitlement register of
+/// `tie_grants` found tied that the first read found not, is a [`TieMoved`] (the retry reads
+/// again).
 fn decide(
-    applier: &Applier<'_>,
-    event: &Claimed,
     ctx: &EventContext<'_>,
     registers: &mut Registers,
+    (catalog, effects_on): (&Catalog, bool),
     (effects, notes): (&[Effect], &[String]),
     reads: bool,
-    (ties_read, shown, read_ties): (&TiesRead, &SubscriptionRead, &[ReadTie]),
-) -> Result<RulesOutcome, ApplyError> {
+    (ties_read, shown, tie_grants): (&TiesRead, &SubscriptionRead, &[&str]),
+) -> Result<RulesOutcome, TieMoved> {
     // A tie a read settles that the first read of the account did not find: another event of
     // the same second was written since. The retry reads the account again, and the provider.
-    if tied(ctx, registers, read_ties).is_some() {
-        return Err(ApplyError::TieMoved);
+    if tie_grants
+        .iter()
+        .any(|grant| tie_on(ctx, registers, grant).is_some())
+    {
+        return Err(TieMoved);
     }
     let period = Period::of(ctx.version.at);
     let customer = ctx.customer.as_str();
-    let before = applier
-        .effects
-        .then(|| registers.state(customer, &period, applier.catalog));
+    let before = effects_on.then(|| registers.state(customer, &period, catalog));
     let mut notes = notes.to_vec();
     // An invoice whose lines name no known price takes its subscription's plan as read
     // (from the register, else as the provider showed it).
     let (effects, resolved, ungranted) =
-        registers.plan_of_subscription(ctx, effects, applier.catalog, shown);
+        registers.plan_of_subscription(ctx, effects, catalog, shown);
     notes.extend(resolved);
     let mut changes = Vec::with_capacity(effects.len());
     let mut facts = Vec::new();
@@ -470,9 +472,7 @@ fn decide(
                 (false, Some(tie)) => notes.push(format!(
                     "same-second tie with event {tie} resolved by status rank"
                 )),
-                (true, tied) if ties_read.get(id) != Some(&tied) => {
-                    return Err(ApplyError::TieMoved)
-                }
+                (true, tied) if ties_read.get(id) != Some(&tied) => return Err(TieMoved),
                 _ => {}
             }
         }
@@ -483,7 +483,7 @@ fn decide(
     let made = changes.iter().any(|c| matches!(c, Change::Made(_)));
     let new = match (before, made) {
         (Some(before), true) => {
-            let after = registers.state(customer, &period, applier.catalog);
+            let after = registers.state(customer, &period, catalog);
             effects::effects_of(ctx, &facts, &before, &after)
         }
         _ => Vec::new(),
@@ -494,6 +494,17 @@ fn decide(
         new,
         ungranted,
     })
+}
+
+/// A tie a provider read settled that the registers no longer show as it was read: another
+/// event of the same second was written since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TieMoved;
+
+impl From<TieMoved> for ApplyError {
+    fn from(_: TieMoved) -> Self {
+        Self::TieMoved
+    }
 }
 
 /// What the rules made of an event against the registers as read.
@@ -704,25 +715,30 @@ fn read_ties(source: &WorkerSource, event: &Claimed, effects: &[Effect]) -> Vec<
 }
 
 /// The first of `read_ties` whose register holds another event's state stamped with this
-/// event's provider time: the event it ties with, and the read that settles it. A register
-/// that holds the provider's word read once that second had passed is settled already: what
-/// the provider showed then takes every change of the second in (a replay of the other event
-/// of the tie reads nothing).
+/// event's provider time (`tie_on`): the event it ties with, and the read that settles it.
 fn tied<'a>(
     ctx: &EventContext<'_>,
     registers: &Registers,
     read_ties: &'a [ReadTie],
 ) -> Option<(i64, &'a Carrier)> {
+    read_ties
+        .iter()
+        .find_map(|(grant, carrier)| tie_on(ctx, registers, grant).map(|tie| (tie, carrier)))
+}
+
+/// The event whose state the entitlement register `grant` holds stamped with this event's
+/// provider time, if another event's. A register that holds the provider's word read once
+/// that second had passed is settled already: what the provider showed then takes every
+/// change of the second in (a replay of the other event of the tie reads nothing).
+fn tie_on(ctx: &EventContext<'_>, registers: &Registers, grant: &str) -> Option<i64> {
     let at = Stamp::of(ctx, Rank(0)).at;
     let second_passed = Rank::confirmed(at + chrono::Duration::seconds(1));
-    read_ties.iter().find_map(|(grant, carrier)| {
-        registers
-            .entitlements
-            .get(grant)
-            .filter(|held| held.stamp.at == at && !held.is_of(ctx))
-            .filter(|held| held.stamp.rank < second_passed.0)
-            .map(|held| (held.event_id, carrier))
-    })
+    registers
+        .entitlements
+        .get(grant)
+        .filter(|held| held.stamp.at == at && !held.is_of(ctx))
+        .filter(|held| held.stamp.rank < second_passed.0)
+        .map(|held| held.event_id)
 }
 
 /// Whether every effect is a payment-intent link or refund; then the customer the intent is
