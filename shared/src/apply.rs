@@ -15,9 +15,9 @@ use sqlx::{Connection, PgConnection};
 use crate::billing::registers;
 use crate::billing::rules::{Registers, Stamp, SubscriptionRead};
 use crate::billing::{
-    outcome, Change, Decision, Effect, EventContext, Rank, Settled, SubscriptionEnds, Version,
+    outcome, AccountState, Change, Decision, Effect, EventContext, Fact, Rank, Settled,
+    SubscriptionEnds, Version,
 };
-use crate::domain::effect::NewEffect;
 use crate::domain::{Catalog, EventStatus, Period, SourceKind};
 use crate::effects;
 use crate::inbox::commit::{self, Committed};
@@ -325,22 +325,28 @@ async fn apply_to_account(
     .await?;
     let enqueue: Vec<i64> = to_send.into_iter().collect();
     let tie_grants: Vec<&str> = read_ties.iter().map(|(grant, _)| grant.as_str()).collect();
+    // The rules' outcome, and the effects its changes tell.
     let decide = |registers: &mut Registers| {
         let reads = source.reads.is_some();
-        decide(
+        let decided = decide(
             ctx,
             registers,
             (applier.catalog, applier.effects),
             (&effects, &notes),
             reads,
             (&ties_read, &shown, &tie_grants),
-        )
+        )?;
+        let new = match &decided.told {
+            Some(told) => effects::effects_of(ctx, &told.facts, &told.before, &told.after),
+            None => Vec::new(),
+        };
+        Ok::<_, TieMoved>((decided, new))
     };
     if unlocked {
-        let decided = decide(&mut registers)?;
+        let (decided, new) = decide(&mut registers)?;
         sim::fallible_point(Point::WorkerDecided, event.id).await?;
         let outcome = (decided.status, decided.reason.as_str());
-        let written = (&decided.new[..], settled.as_ref());
+        let written = (&new[..], settled.as_ref());
         match commit::commit(conn, event, ctx, &registers, outcome, written).await? {
             Committed::Done { effects, .. } => {
                 committed(ctx, &decided);
@@ -362,7 +368,7 @@ async fn apply_to_account(
     }
     sim::point(Point::WorkerLocked, event.id).await;
     let mut registers = registers::read(&mut tx, ctx, &effects, plan).await?;
-    let decided = decide(&mut registers)?;
+    let (decided, new) = decide(&mut registers)?;
     sim::fallible_point(Point::WorkerDecided, event.id).await?;
     let outcome = (decided.status, decided.reason.as_str());
     let written = match commit::commit(
@@ -371,7 +377,7 @@ async fn apply_to_account(
         ctx,
         &registers,
         outcome,
-        (&decided.new, settled.as_ref()),
+        (&new, settled.as_ref()),
     )
     .await?
     {
@@ -434,7 +440,7 @@ fn applied(event: &Claimed, status: EventStatus, reason: String, effects: Vec<St
 }
 
 /// The register rules applied to the account as read: the event's outcome and reason, and,
-/// with effects on (`effects_on`), the effects its changes tell. With provider reads, a
+/// with effects on (`effects_on`) and a change made, what its effects are told from. With provider reads, a
 /// subscription whose tie is not the one the read settled, or an entitlement register of
 /// `tie_grants` found tied that the first read found not, is a [`TieMoved`] (the retry reads
 /// again).
@@ -481,17 +487,18 @@ fn decide(
     }
     let (status, reason) = outcome(&changes, &notes);
     let made = changes.iter().any(|c| matches!(c, Change::Made(_)));
-    let new = match (before, made) {
-        (Some(before), true) => {
-            let after = registers.state(customer, &period, catalog);
-            effects::effects_of(ctx, &facts, &before, &after)
-        }
-        _ => Vec::new(),
+    let told = match (before, made) {
+        (Some(before), true) => Some(Told {
+            facts,
+            before,
+            after: registers.state(customer, &period, catalog),
+        }),
+        _ => None,
     };
     Ok(RulesOutcome {
         status,
         reason,
-        new,
+        told,
         ungranted,
     })
 }
@@ -511,10 +518,18 @@ impl From<TieMoved> for ApplyError {
 struct RulesOutcome {
     status: EventStatus,
     reason: String,
-    /// With effects on, the effects its changes tell.
-    new: Vec<NewEffect>,
+    /// With effects on and a change made, what its effects are told from.
+    told: Option<Told>,
     /// A paid invoice was left without a plan: nothing told it (docs/design.md §6.2).
     ungranted: bool,
+}
+
+/// What the effects of an event's writes are told from (`effects::effects_of`): the facts
+/// its register writes made, and the account's state before and after them.
+struct Told {
+    facts: Vec<Fact>,
+    before: AccountState,
+    after: AccountState,
 }
 
 /// The Embedded Metric Format line for a paid invoice applied without an allowance because
