@@ -13,12 +13,10 @@ use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 
 use crate::billing::registers;
-use crate::billing::rules::{Registers, Stamp, SubscriptionRead};
-use crate::billing::{
-    outcome, AccountState, Change, Decision, Effect, EventContext, Fact, Rank, Settled,
-    SubscriptionEnds, Version,
-};
-use crate::domain::{Catalog, EventStatus, Period, SourceKind};
+use crate::billing::rules::{Registers, Stamp};
+use crate::billing::ruling::{decide, tie_on, RulesOutcome, TieMoved};
+use crate::billing::{Decision, Effect, EventContext, Rank, Settled, SubscriptionEnds, Version};
+use crate::domain::{Catalog, EventStatus, SourceKind};
 use crate::effects;
 use crate::inbox::commit::{self, Committed};
 use crate::inbox::lease::{self, Claimed};
@@ -439,97 +437,10 @@ fn applied(event: &Claimed, status: EventStatus, reason: String, effects: Vec<St
     }
 }
 
-/// The register rules applied to the account as read: the event's outcome and reason, and,
-/// with effects on (`effects_on`) and a change made, what its effects are told from. With provider reads, a
-/// subscription whose tie is not the one the read settled, or an entitlement register of
-/// `tie_grants` found tied that the first read found not, is a [`TieMoved`] (the retry reads
-/// again).
-fn decide(
-    ctx: &EventContext<'_>,
-    registers: &mut Registers,
-    (catalog, effects_on): (&Catalog, bool),
-    (effects, notes): (&[Effect], &[String]),
-    reads: bool,
-    (ties_read, shown, tie_grants): (&TiesRead, &SubscriptionRead, &[&str]),
-) -> Result<RulesOutcome, TieMoved> {
-    // A tie a read settles that the first read of the account did not find: another event of
-    // the same second was written since. The retry reads the account again, and the provider.
-    if tie_grants
-        .iter()
-        .any(|grant| tie_on(ctx, registers, grant).is_some())
-    {
-        return Err(TieMoved);
-    }
-    let period = Period::of(ctx.version.at);
-    let customer = ctx.customer.as_str();
-    let before = effects_on.then(|| registers.state(customer, &period, catalog));
-    let mut notes = notes.to_vec();
-    // An invoice whose lines name no known price takes its subscription's plan as read
-    // (from the register, else as the provider showed it).
-    let (effects, resolved, ungranted) =
-        registers.plan_of_subscription(ctx, effects, catalog, shown);
-    notes.extend(resolved);
-    let mut changes = Vec::with_capacity(effects.len());
-    let mut facts = Vec::new();
-    for effect in &effects {
-        let written = registers.apply(ctx, effect);
-        if let Effect::Subscription { id, .. } = effect {
-            match (reads, written.tied_with) {
-                (false, Some(tie)) => notes.push(format!(
-                    "same-second tie with event {tie} resolved by status rank"
-                )),
-                (true, tied) if ties_read.get(id) != Some(&tied) => return Err(TieMoved),
-                _ => {}
-            }
-        }
-        changes.push(written.change);
-        facts.extend(written.fact);
-    }
-    let (status, reason) = outcome(&changes, &notes);
-    let made = changes.iter().any(|c| matches!(c, Change::Made(_)));
-    let told = match (before, made) {
-        (Some(before), true) => Some(Told {
-            facts,
-            before,
-            after: registers.state(customer, &period, catalog),
-        }),
-        _ => None,
-    };
-    Ok(RulesOutcome {
-        status,
-        reason,
-        told,
-        ungranted,
-    })
-}
-
-/// A tie a provider read settled that the registers no longer show as it was read: another
-/// event of the same second was written since.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct TieMoved;
-
 impl From<TieMoved> for ApplyError {
     fn from(_: TieMoved) -> Self {
         Self::TieMoved
     }
-}
-
-/// What the rules made of an event against the registers as read.
-struct RulesOutcome {
-    status: EventStatus,
-    reason: String,
-    /// With effects on and a change made, what its effects are told from.
-    told: Option<Told>,
-    /// A paid invoice was left without a plan: nothing told it (docs/design.md §6.2).
-    ungranted: bool,
-}
-
-/// What the effects of an event's writes are told from (`effects::effects_of`): the facts
-/// its register writes made, and the account's state before and after them.
-struct Told {
-    facts: Vec<Fact>,
-    before: AccountState,
-    after: AccountState,
 }
 
 /// The Embedded Metric Format line for a paid invoice applied without an allowance because
@@ -704,9 +615,6 @@ async fn settle(
     Ok((ties_read, settled))
 }
 
-/// Each subscription's same-second tie as the provider reads found it (the other event, if any).
-type TiesRead = HashMap<String, Option<i64>>;
-
 /// An entitlement register whose same-second tie a read settles, and that read's carrier.
 type ReadTie = (String, Carrier);
 
@@ -739,21 +647,6 @@ fn tied<'a>(
     read_ties
         .iter()
         .find_map(|(grant, carrier)| tie_on(ctx, registers, grant).map(|tie| (tie, carrier)))
-}
-
-/// The event whose state the entitlement register `grant` holds stamped with this event's
-/// provider time, if another event's. A register that holds the provider's word read once
-/// that second had passed is settled already: what the provider showed then takes every
-/// change of the second in (a replay of the other event of the tie reads nothing).
-fn tie_on(ctx: &EventContext<'_>, registers: &Registers, grant: &str) -> Option<i64> {
-    let at = Stamp::of(ctx, Rank(0)).at;
-    let second_passed = Rank::confirmed(at + chrono::Duration::seconds(1));
-    registers
-        .entitlements
-        .get(grant)
-        .filter(|held| held.stamp.at == at && !held.is_of(ctx))
-        .filter(|held| held.stamp.rank < second_passed.0)
-        .map(|held| held.event_id)
 }
 
 /// Whether every effect is a payment-intent link or refund; then the customer the intent is
