@@ -14,7 +14,7 @@ use sqlx::{Connection, PgConnection};
 
 use crate::billing::registers;
 use crate::billing::rules::{Registers, Stamp};
-use crate::billing::ruling::{decide, tie_on, RulesOutcome, TieMoved};
+use crate::billing::ruling::{rule, tie_on, Ruling, TieMoved};
 use crate::billing::{Decision, Effect, EventContext, Rank, Settled, SubscriptionEnds, Version};
 use crate::domain::{Catalog, EventStatus, SourceKind};
 use crate::effects;
@@ -324,9 +324,9 @@ async fn apply_to_account(
     let enqueue: Vec<i64> = to_send.into_iter().collect();
     let tie_grants: Vec<&str> = read_ties.iter().map(|(grant, _)| grant.as_str()).collect();
     // The rules' outcome, and the effects its changes tell.
-    let decide = |registers: &mut Registers| {
+    let rule = |registers: &mut Registers| {
         let reads = source.reads.is_some();
-        let decided = decide(
+        let ruling = rule(
             ctx,
             registers,
             (applier.catalog, applier.effects),
@@ -334,21 +334,21 @@ async fn apply_to_account(
             reads,
             (&ties_read, &shown, &tie_grants),
         )?;
-        let new = match &decided.told {
+        let new = match &ruling.told {
             Some(told) => effects::effects_of(ctx, &told.facts, &told.before, &told.after),
             None => Vec::new(),
         };
-        Ok::<_, TieMoved>((decided, new))
+        Ok::<_, TieMoved>((ruling, new))
     };
     if unlocked {
-        let (decided, new) = decide(&mut registers)?;
+        let (ruling, new) = rule(&mut registers)?;
         sim::fallible_point(Point::WorkerDecided, event.id).await?;
-        let outcome = (decided.status, decided.reason.as_str());
+        let outcome = (ruling.status, ruling.reason.as_str());
         let written = (&new[..], settled.as_ref());
         match commit::commit(conn, event, ctx, &registers, outcome, written).await? {
             Committed::Done { effects, .. } => {
-                committed(ctx, &decided);
-                let done = applied(event, decided.status, decided.reason, effects);
+                committed(ctx, &ruling);
+                let done = applied(event, ruling.status, ruling.reason, effects);
                 return Ok(Applied { enqueue, ..done });
             }
             Committed::LeaseLost => return Err(ApplyError::LeaseLost),
@@ -366,9 +366,9 @@ async fn apply_to_account(
     }
     sim::point(Point::WorkerLocked, event.id).await;
     let mut registers = registers::read(&mut tx, ctx, &effects, plan).await?;
-    let (decided, new) = decide(&mut registers)?;
+    let (ruling, new) = rule(&mut registers)?;
     sim::fallible_point(Point::WorkerDecided, event.id).await?;
-    let outcome = (decided.status, decided.reason.as_str());
+    let outcome = (ruling.status, ruling.reason.as_str());
     let written = match commit::commit(
         &mut tx,
         event,
@@ -395,8 +395,8 @@ async fn apply_to_account(
     };
     sim::point(Point::WorkerWritten, event.id).await;
     tx.commit().await?;
-    committed(ctx, &decided);
-    let done = applied(event, decided.status, decided.reason, written);
+    committed(ctx, &ruling);
+    let done = applied(event, ruling.status, ruling.reason, written);
     Ok(Applied { enqueue, ..done })
 }
 
@@ -459,8 +459,8 @@ pub fn payment_without_plan_metric(source: &str, now: chrono::DateTime<chrono::U
 }
 
 /// Says, once the event's write committed, what only a metric shows.
-fn committed(ctx: &EventContext<'_>, decided: &RulesOutcome) {
-    if decided.ungranted {
+fn committed(ctx: &EventContext<'_>, ruling: &Ruling) {
+    if ruling.ungranted {
         crate::platform::metrics::emit(payment_without_plan_metric(ctx.source, chrono::Utc::now()));
     }
 }

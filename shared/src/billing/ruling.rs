@@ -14,14 +14,14 @@ use crate::domain::{Catalog, EventStatus, Period};
 /// subscription whose tie is not the one the read settled, or an entitlement register of
 /// `tie_grants` found tied that the first read found not, is a [`TieMoved`] (the retry reads
 /// again).
-pub fn decide(
+pub fn rule(
     ctx: &EventContext<'_>,
     registers: &mut Registers,
     (catalog, effects_on): (&Catalog, bool),
     (effects, notes): (&[Effect], &[String]),
     reads: bool,
     (ties_read, shown, tie_grants): (&TiesRead, &SubscriptionRead, &[&str]),
-) -> Result<RulesOutcome, TieMoved> {
+) -> Result<Ruling, TieMoved> {
     // A tie a read settles that the first read of the account did not find: another event of
     // the same second was written since. The retry reads the account again, and the provider.
     if tie_grants
@@ -65,7 +65,7 @@ pub fn decide(
         }),
         _ => None,
     };
-    Ok(RulesOutcome {
+    Ok(Ruling {
         status,
         reason,
         told,
@@ -78,8 +78,8 @@ pub fn decide(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TieMoved;
 
-/// What the rules made of an event against the registers as read.
-pub struct RulesOutcome {
+/// What the rules made of an event against the registers as read: its ruling.
+pub struct Ruling {
     pub status: EventStatus,
     pub reason: String,
     /// With effects on and a change made, what its effects are told from.
