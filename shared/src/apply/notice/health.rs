@@ -44,12 +44,12 @@ pub(super) async fn carried_within(
     budget: Duration,
 ) -> Result<Carried, ApplyError> {
     let until = Instant::now() + budget;
-    let carried = decide(conn, event, source, failure, until).await?;
+    let carried = read_or_sweep(conn, event, source, failure, until).await?;
     crate::platform::metrics::emit(generation_failure_metric(&event.source, Utc::now()));
     Ok(carried)
 }
 
-async fn decide(
+async fn read_or_sweep(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
