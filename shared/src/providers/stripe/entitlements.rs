@@ -79,7 +79,7 @@ pub const READ_AT: &str = "read_at";
 /// summary read from Stripe's list (`payload` says when) is Stripe's word on the customer's
 /// set at that moment: its write takes a confirmed rank at the read's time, above every
 /// summary stamped with the same second, and below a later read (docs/design.md §4.2).
-pub fn decide(payload: &Value, summary: &Value) -> Result<Decision, Problem> {
+pub fn decide_summary(payload: &Value, summary: &Value) -> Result<Decision, Problem> {
     if let Some(why) = incomplete(summary).filter(|_| !partial_applied()) {
         return Ok(Decision::Unprocessable(format!(
             "{why}: a partial list is never applied (the complete list is read from the provider)"

@@ -118,7 +118,7 @@ pub fn read_as_event(read: &ReadFor<'_>, object: &Value) -> Option<Fetched> {
                 false => ("thin_event", &thin.id),
             },
             // A summary's list is Stripe's word on the customer's set when it was read: the
-            // later read of two in one second is the newer (`entitlements::decide`).
+            // later read of two in one second is the newer (`entitlements::decide_summary`).
             read_at: (thin.read_type == Some(entitlements::SUMMARY_TYPE)).then(Utc::now),
         },
         MadeFor::Swept(notice) => Read {
