@@ -209,7 +209,7 @@ async fn apply_event(
         _ => Decision::Unprocessable("the stored event has no parsed payload".into()),
     };
     // The event's place in the provider's order: one for the reads and the writes.
-    let version = event.occurred_at.map(|at| planted_version(event, at));
+    let version = event.occurred_at.map(|at| version_of(event, at));
     let mut customer = event.customer.clone();
     if let (None, Decision::Apply { effects, .. }) = (&customer, &decision) {
         // An event that only links a payment intent to an invoice names no customer (Stripe's
@@ -481,18 +481,16 @@ fn event_context<'a>(
     })
 }
 
-/// The event's version: its provider time and dedupe key (or a planted bug's).
-fn planted_version(event: &Claimed, at: crate::domain::ProviderTime) -> Version {
-    let at = match sim::planted(Bug::ArrivalTime) {
-        true => chrono::Utc::now().into(),
-        false => at,
-    };
-    let key = match sim::planted(Bug::TieByArrival) {
-        true => crate::domain::DedupeKey::parse(&format!("{:020}", event.id))
-            .unwrap_or_else(|_| event.dedupe_key.clone()),
-        false => event.dedupe_key.clone(),
-    };
-    Version { at, key }
+/// The event's version: its provider time and dedupe key (or a planted bug's, §10).
+fn version_of(event: &Claimed, at: crate::domain::ProviderTime) -> Version {
+    let key = event.dedupe_key.clone();
+    Version {
+        at: sim::or_planted(Bug::ArrivalTime, at, || chrono::Utc::now().into()),
+        key: sim::or_planted(Bug::TieByArrival, key, || {
+            crate::domain::DedupeKey::parse(&format!("{:020}", event.id))
+                .unwrap_or_else(|_| event.dedupe_key.clone())
+        }),
+    }
 }
 
 /// What only the provider can settle, settled after the read and before any lock or

@@ -18,6 +18,7 @@ use crate::apply::{ApplyError, WorkerSource};
 use crate::domain::{DedupeKey, EventStatus};
 use crate::inbox::lease::Claimed;
 use crate::inbox::thin::{self as stored, StoredEvent};
+use crate::platform::sim::{planted, Bug};
 use crate::providers::{self, Carrier, MadeFor, ReadFor};
 
 /// What the thin event `event` (read as `thin`) stands for; its object fetched and stored
@@ -66,7 +67,7 @@ pub(super) async fn carried(
     let twin = thin
         .twin
         .as_deref()
-        .filter(|_| !crate::platform::sim::planted(crate::platform::sim::Bug::ThinSkipsTwin));
+        .filter(|_| !planted(Bug::ThinSkipsTwin));
     if let Some(twin) = twin {
         let found = match DedupeKey::parse(twin) {
             Ok(key) => stored::find(conn, &event.source, &key).await?,
@@ -184,7 +185,7 @@ pub(super) async fn read_object(
 /// invoice's subscription, a health notice's object and its sweep's subscriptions), and the
 /// provider's `read_as_event` writes it at that time, in the provider's resolution. `None`: the event has no provider time.
 pub(in crate::apply) fn stands_at(event: &Claimed) -> Option<DateTime<Utc>> {
-    if crate::platform::sim::planted(crate::platform::sim::Bug::ReadByTheClock) {
+    if planted(Bug::ReadByTheClock) {
         return Some(Utc::now());
     }
     event.occurred_at.map(|at| at.as_datetime())

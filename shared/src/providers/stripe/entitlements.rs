@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use super::fetch::{account, FETCH_VERSION};
 use crate::billing::{Decision, Effect, Problem, Rank};
 use crate::domain::features::{FeatureValue, Features};
+use crate::platform::sim::{planted, Bug};
 use crate::providers::{path_id, Api, Carrier, Notice};
 
 /// The event type of a summary, and (with `v1.`) of its thin twin.
@@ -202,7 +203,7 @@ fn carrier(payload: &Value) -> Option<Carrier> {
 /// Whether the simulation running this task planted the bug of applying a partial list as it
 /// is embedded (docs/design.md §10); never outside one.
 fn partial_applied() -> bool {
-    crate::platform::sim::planted(crate::platform::sim::Bug::PartialSummaryApplied)
+    planted(Bug::PartialSummaryApplied)
 }
 
 /// The path a thin summary reads its customer from: the snapshot event it names
