@@ -493,6 +493,21 @@ fn version_of(event: &Claimed, at: crate::domain::ProviderTime) -> Version {
     }
 }
 
+/// The provider time a read made for `event` stands at: the event's own, never the clock's
+/// (docs/design.md §6.2). A read is the event it was made for, told by the provider: stamped
+/// when it is made, it took a later place in the order than its event and granted in the
+/// month of the read, so a change made just before a month began granted that month too when
+/// its thin event came first, and only the month before when its snapshot twin did. Every read
+/// the worker stores for an event takes its time from here (a thin event's object, an
+/// invoice's subscription, a health notice's object and its sweep's subscriptions), and the
+/// provider's `read_as_event` writes it at that time, in the provider's resolution. `None`: the event has no provider time.
+pub(crate) fn stands_at(event: &Claimed) -> Option<chrono::DateTime<chrono::Utc>> {
+    if sim::planted(Bug::ReadByTheClock) {
+        return Some(chrono::Utc::now());
+    }
+    event.occurred_at.map(|at| at.as_datetime())
+}
+
 /// What only the provider can settle, settled after the read and before any lock or
 /// transaction (docs/design.md §4.2, §4.6): a subscription state stamped with the same second
 /// as another event's takes the rank a provider read gives it (else its status rank decides,

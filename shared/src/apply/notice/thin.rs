@@ -9,12 +9,12 @@
 //! read is the complete list, stored and applied the same way; so is the list read for a
 //! summary that meets another of its second in the register (`settled_by_read`, §4.2).
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
 use super::Carried;
-use crate::apply::{ApplyError, WorkerSource};
+use crate::apply::{stands_at, ApplyError, WorkerSource};
 use crate::domain::{DedupeKey, EventStatus};
 use crate::inbox::lease::Claimed;
 use crate::inbox::thin::{self as stored, StoredEvent};
@@ -174,21 +174,6 @@ pub(super) async fn read_object(
         Some(read) => Ok(view(event, read)),
         None => Err(ApplyError::Fetch("the stored read is not found".into())),
     }
-}
-
-/// The provider time a read made for `event` stands at: the event's own, never the clock's
-/// (docs/design.md §6.2). A read is the event it was made for, told by the provider: stamped
-/// when it is made, it took a later place in the order than its event and granted in the
-/// month of the read, so a change made just before a month began granted that month too when
-/// its thin event came first, and only the month before when its snapshot twin did. Every read
-/// the worker stores for an event takes its time from here (a thin event's object, an
-/// invoice's subscription, a health notice's object and its sweep's subscriptions), and the
-/// provider's `read_as_event` writes it at that time, in the provider's resolution. `None`: the event has no provider time.
-pub(in crate::apply) fn stands_at(event: &Claimed) -> Option<DateTime<Utc>> {
-    if planted(Bug::ReadByTheClock) {
-        return Some(Utc::now());
-    }
-    event.occurred_at.map(|at| at.as_datetime())
 }
 
 /// The read, applied under the thin event's id and lease: its version (time, key) is the
