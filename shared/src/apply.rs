@@ -500,7 +500,8 @@ fn version_of(event: &Claimed, at: crate::domain::ProviderTime) -> Version {
 /// its thin event came first, and only the month before when its snapshot twin did. Every read
 /// the worker stores for an event takes its time from here (a thin event's object, an
 /// invoice's subscription, a health notice's object and its sweep's subscriptions), and the
-/// provider's `read_as_event` writes it at that time, in the provider's resolution. `None`: the event has no provider time.
+/// provider's `read_as_event` writes it at that time, in the provider's resolution. `None`:
+/// the event has no provider time.
 pub(crate) fn stands_at(event: &Claimed) -> Option<chrono::DateTime<chrono::Utc>> {
     if sim::planted(Bug::ReadByTheClock) {
         return Some(chrono::Utc::now());

@@ -10,10 +10,10 @@ use super::{outcome, AccountState, Change, Effect, EventContext, Fact, Rank};
 use crate::domain::{Catalog, EventStatus, Period};
 
 /// The register rules applied to the account as read: the event's outcome and reason, and,
-/// with effects on (`effects_on`) and a change made, what its effects are told from. With provider reads, a
-/// subscription whose tie is not the one the read settled, or an entitlement register of
-/// `tie_grants` found tied that the first read found not, is a [`TieMoved`] (the retry reads
-/// again).
+/// with effects on (`effects_on`) and a change made, what its effects are told from. With
+/// provider reads, a subscription whose tie is not the one the read settled, or an entitlement
+/// register of `tie_grants` found tied that the first read found not, is a [`TieMoved`] (the
+/// retry reads again).
 pub fn rule(
     ctx: &EventContext<'_>,
     registers: &mut Registers,
