@@ -13,29 +13,22 @@ use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 
 use crate::billing::registers;
-use crate::billing::rules::{Registers, Stamp, SubscriptionRead};
-use crate::billing::{
-    outcome, Change, Decision, Effect, EventContext, Rank, Settled, SubscriptionEnds, Version,
-};
-use crate::domain::effect::NewEffect;
-use crate::domain::{Catalog, EventStatus, Period, SourceKind};
-use crate::effects::{self, Cause};
+use crate::billing::rules::{Registers, Stamp};
+use crate::billing::ruling::{rule, tie_on, Ruling, TieMoved};
+use crate::billing::{Decision, Effect, EventContext, Rank, Settled, SubscriptionEnds, Version};
+use crate::domain::{Catalog, EventStatus, SourceKind};
+use crate::effects;
 use crate::inbox::commit::{self, Committed};
 use crate::inbox::lease::{self, Claimed};
 use crate::platform::budget::Throttled;
 use crate::platform::config::SourceConfig;
 use crate::platform::sim::{self, Bug, Injected, Point};
-use crate::providers::{
-    self, Api, ApiClient, Carrier, GenerationFailure, MeterErrorsNotice, Notice, Reads, Shown,
-};
+use crate::providers::{self, Api, ApiClient, Carrier, Notice, Reads, Shown};
 
-mod health;
-mod meter_errors;
+mod notice;
 pub(crate) mod subscription_read;
-mod thin;
-pub use health::{generation_failure_metric, SWEEP_BUDGET};
-pub use thin::thin_without_api_key_metric;
-use thin::Carried;
+pub use notice::health::{generation_failure_metric, SWEEP_BUDGET};
+pub use notice::thin::thin_without_api_key_metric;
 
 /// What applying an event needs of the worker: its sources, the plan catalog, whether
 /// effects are written (docs/design.md §11), and the accounts it found contended lately.
@@ -77,6 +70,13 @@ impl WorkerSource {
             reads: Api::for_source(config, client)
                 .and_then(|api| providers::provider(config.kind).reads(api)),
         }
+    }
+
+    /// The notice a claimed event is, when its provider's hook reads it as one (a thin event,
+    /// a generation failure, a meter error notice: docs/design.md §6.2); `None` for every
+    /// other event, and for every event of a provider that sends none.
+    fn notice(&self, event: &Claimed) -> Option<Notice> {
+        providers::provider(self.kind).notice(event.payload.as_ref()?)
     }
 }
 
@@ -170,15 +170,14 @@ pub struct Applied {
     pub enqueue: Vec<i64>,
 }
 
-/// Decides what the event means and applies it: for an event about an account, one read of
-/// the account's registers, the register rules, and one statement that writes it all if the
-/// account has not moved meanwhile — else again under the account's lock (docs/design.md
-/// §8); for one its rules ignore outright, or any other, one statement that finishes it.
+/// Applies one claimed event: for an event about an account, one read of the account's
+/// registers, the register rules, and one statement that writes it all if the account has not
+/// moved meanwhile — else again under the account's lock (docs/design.md §8); for one its
+/// rules ignore outright, or any other, one statement that finishes it.
 ///
-/// A thin event (docs/design.md §6.2) is applied as the read of its object: fetched and stored
-/// as an event of its own by its first attempt, found again by every later one. Stripe's
-/// notice of events it failed to generate reads the object it names, or sweeps the source's
-/// subscriptions over as many attempts as the sweep budget needs (`health`).
+/// A notice (a thin event, a provider's notice of events it failed to generate or of meter
+/// reports it could not count, docs/design.md §6.2) is the provider's hook's to name, asked
+/// once here; what it stands for is read and applied in its place (`notice`).
 pub async fn apply_claimed(
     applier: &Applier<'_>,
     conn: &mut PgConnection,
@@ -188,51 +187,13 @@ pub async fn apply_claimed(
         .sources
         .get(&event.source)
         .ok_or_else(|| ApplyError::UnknownSource(event.source.clone()))?;
-    let carried = match thin::notice(event, source) {
-        None => Carried::NotThin,
-        Some(Notice::GenerationFailure(failure)) if health::in_scope(event, source) => {
-            health::carried_within(conn, event, source, &failure, applier.sweep_budget).await?
-        }
-        Some(Notice::MeterErrors(errors)) if health::in_scope(event, source) => {
-            meter_errors::carried(conn, event, source, &errors).await?
-        }
-        // A thin event, or a notice of the other mode, which is ignored as a thin event is.
-        Some(
-            Notice::Carrier(thin)
-            | Notice::GenerationFailure(GenerationFailure { notice: thin, .. })
-            | Notice::MeterErrors(MeterErrorsNotice { notice: thin, .. }),
-        ) => thin::carried(conn, event, source, &thin).await?,
-    };
-    apply_carried(applier, conn, event, source, carried).await
-}
-
-/// An event as its notice made it: applied as stored, finished as decided, or applied as its
-/// read under its own id and lease (the read's row finished after).
-async fn apply_carried(
-    applier: &Applier<'_>,
-    conn: &mut PgConnection,
-    event: &Claimed,
-    source: &WorkerSource,
-    carried: Carried,
-) -> Result<Applied, ApplyError> {
-    match carried {
-        Carried::NotThin => apply_event(applier, conn, event, source).await,
-        Carried::Finish(status, reason) => {
-            sim::fallible_point(Point::WorkerDecided, event.id).await?;
-            if !lease::finish_held(conn, event, status, &reason, None).await? {
-                return Err(ApplyError::LeaseLost);
-            }
-            Ok(applied(event, status, reason, Vec::new()))
-        }
-        Carried::Read { view, read_id } => {
-            let done = apply_event(applier, conn, &view, source).await?;
-            thin::finish_read(conn, read_id, event.id).await;
-            Ok(done)
-        }
+    match source.notice(event) {
+        None => apply_event(applier, conn, event, source).await,
+        Some(notice) => notice::apply(applier, conn, event, source, notice).await,
     }
 }
 
-/// An event as stored (or a thin event's read, under the thin event's lease).
+/// An event as stored (or a notice's read, under the notice's id and lease).
 async fn apply_event(
     applier: &Applier<'_>,
     conn: &mut PgConnection,
@@ -248,7 +209,7 @@ async fn apply_event(
         _ => Decision::Unprocessable("the stored event has no parsed payload".into()),
     };
     // The event's place in the provider's order: one for the reads and the writes.
-    let version = event.occurred_at.map(|at| planted_version(event, at));
+    let version = event.occurred_at.map(|at| version_of(event, at));
     let mut customer = event.customer.clone();
     if let (None, Decision::Apply { effects, .. }) = (&customer, &decision) {
         // An event that only links a payment intent to an invoice names no customer (Stripe's
@@ -282,8 +243,20 @@ async fn apply_event(
         (Decision::Unprocessable(reason), _) => (EventStatus::Unprocessable, reason, None),
         (Decision::Ignore(reason), None) => (EventStatus::Ignored, reason, None),
     };
+    finish(conn, event, status, reason, account.as_ref()).await
+}
+
+/// Finishes an event that wrote nothing but its finish (and its log line, for an event about
+/// an account), while its lease holds.
+async fn finish(
+    conn: &mut PgConnection,
+    event: &Claimed,
+    status: EventStatus,
+    reason: String,
+    account: Option<&EventContext<'_>>,
+) -> Result<Applied, ApplyError> {
     sim::fallible_point(Point::WorkerDecided, event.id).await?;
-    if !lease::finish_held(conn, event, status, &reason, account.as_ref()).await? {
+    if !lease::finish_held(conn, event, status, &reason, account).await? {
         return Err(ApplyError::LeaseLost);
     }
     Ok(applied(event, status, reason, Vec::new()))
@@ -327,8 +300,10 @@ async fn apply_to_account(
             tie,
             "same-second tie settled by the provider's read, applied in the event's place"
         );
-        let carried = thin::settled_by_read(conn, event, source, carrier).await?;
-        return Box::pin(apply_carried(applier, conn, event, source, carried)).await;
+        return Box::pin(notice::apply_tie_read(
+            applier, conn, event, source, carrier,
+        ))
+        .await;
     }
     let (ties_read, settled) = settle(source, ctx, &registers, &mut effects, &mut notes).await?;
     let settled = (!settled.is_empty()).then(|| json!(settled));
@@ -347,27 +322,33 @@ async fn apply_to_account(
     )
     .await?;
     let enqueue: Vec<i64> = to_send.into_iter().collect();
-    let decide = |registers: &mut Registers| {
+    let tie_grants: Vec<&str> = read_ties.iter().map(|(grant, _)| grant.as_str()).collect();
+    // The rules' outcome, and the effects its changes tell.
+    let rule = |registers: &mut Registers| {
         let reads = source.reads.is_some();
-        decide(
-            applier,
-            event,
+        let ruling = rule(
             ctx,
             registers,
+            (applier.catalog, applier.effects),
             (&effects, &notes),
             reads,
-            (&ties_read, &shown, &read_ties),
-        )
+            (&ties_read, &shown, &tie_grants),
+        )?;
+        let new = match &ruling.told {
+            Some(told) => effects::effects_of(ctx, &told.facts, &told.before, &told.after),
+            None => Vec::new(),
+        };
+        Ok::<_, TieMoved>((ruling, new))
     };
     if unlocked {
-        let decided = decide(&mut registers)?;
+        let (ruling, new) = rule(&mut registers)?;
         sim::fallible_point(Point::WorkerDecided, event.id).await?;
-        let outcome = (decided.status, decided.reason.as_str());
-        let written = (&decided.new[..], settled.as_ref());
+        let outcome = (ruling.status, ruling.reason.as_str());
+        let written = (&new[..], settled.as_ref());
         match commit::commit(conn, event, ctx, &registers, outcome, written).await? {
             Committed::Done { effects, .. } => {
-                committed(ctx, &decided);
-                let done = applied(event, decided.status, decided.reason, effects);
+                committed(ctx, &ruling);
+                let done = applied(event, ruling.status, ruling.reason, effects);
                 return Ok(Applied { enqueue, ..done });
             }
             Committed::LeaseLost => return Err(ApplyError::LeaseLost),
@@ -385,16 +366,16 @@ async fn apply_to_account(
     }
     sim::point(Point::WorkerLocked, event.id).await;
     let mut registers = registers::read(&mut tx, ctx, &effects, plan).await?;
-    let decided = decide(&mut registers)?;
+    let (ruling, new) = rule(&mut registers)?;
     sim::fallible_point(Point::WorkerDecided, event.id).await?;
-    let outcome = (decided.status, decided.reason.as_str());
+    let outcome = (ruling.status, ruling.reason.as_str());
     let written = match commit::commit(
         &mut tx,
         event,
         ctx,
         &registers,
         outcome,
-        (&decided.new, settled.as_ref()),
+        (&new, settled.as_ref()),
     )
     .await?
     {
@@ -414,8 +395,8 @@ async fn apply_to_account(
     };
     sim::point(Point::WorkerWritten, event.id).await;
     tx.commit().await?;
-    committed(ctx, &decided);
-    let done = applied(event, decided.status, decided.reason, written);
+    committed(ctx, &ruling);
+    let done = applied(event, ruling.status, ruling.reason, written);
     Ok(Applied { enqueue, ..done })
 }
 
@@ -456,84 +437,10 @@ fn applied(event: &Claimed, status: EventStatus, reason: String, effects: Vec<St
     }
 }
 
-/// The register rules applied to the account as read: the event's outcome and reason, and,
-/// with effects on, the effects its changes tell. With provider reads, a subscription whose
-/// tie is not the one the read settled fails the attempt (the retry reads again).
-fn decide(
-    applier: &Applier<'_>,
-    event: &Claimed,
-    ctx: &EventContext<'_>,
-    registers: &mut Registers,
-    (effects, notes): (&[Effect], &[String]),
-    reads: bool,
-    (ties_read, shown, read_ties): (&TiesRead, &SubscriptionRead, &[ReadTie]),
-) -> Result<RulesOutcome, ApplyError> {
-    // A tie a read settles that the first read of the account did not find: another event of
-    // the same second was written since. The retry reads the account again, and the provider.
-    if tied(ctx, registers, read_ties).is_some() {
-        return Err(ApplyError::TieMoved);
+impl From<TieMoved> for ApplyError {
+    fn from(_: TieMoved) -> Self {
+        Self::TieMoved
     }
-    let period = Period::of(ctx.version.at);
-    let customer = ctx.customer.as_str();
-    let before = applier
-        .effects
-        .then(|| registers.state(customer, &period, applier.catalog));
-    let mut notes = notes.to_vec();
-    // An invoice whose lines name no known price takes its subscription's plan as read
-    // (from the register, else as the provider showed it).
-    let (effects, resolved, ungranted) =
-        registers.plan_of_subscription(ctx, effects, applier.catalog, shown);
-    notes.extend(resolved);
-    let mut changes = Vec::with_capacity(effects.len());
-    let mut facts = Vec::new();
-    for effect in &effects {
-        let written = registers.apply(ctx, effect);
-        if let Effect::Subscription { id, .. } = effect {
-            match (reads, written.tied_with) {
-                (false, Some(tie)) => notes.push(format!(
-                    "same-second tie with event {tie} resolved by status rank"
-                )),
-                (true, tied) if ties_read.get(id) != Some(&tied) => {
-                    return Err(ApplyError::TieMoved)
-                }
-                _ => {}
-            }
-        }
-        changes.push(written.change);
-        facts.extend(written.fact);
-    }
-    let (status, reason) = outcome(&changes, &notes);
-    let made = changes.iter().any(|c| matches!(c, Change::Made(_)));
-    let new = match (before, made) {
-        (Some(before), true) => {
-            let after = registers.state(customer, &period, applier.catalog);
-            let cause = Cause {
-                event_id: event.id,
-                provider_event_id: event.dedupe_key.as_str(),
-                source: ctx.source,
-                customer,
-                occurred_at: ctx.version.at.as_datetime(),
-            };
-            effects::effects_of(&cause, &facts, &before, &after)
-        }
-        _ => Vec::new(),
-    };
-    Ok(RulesOutcome {
-        status,
-        reason,
-        new,
-        ungranted,
-    })
-}
-
-/// What the rules made of an event against the registers as read.
-struct RulesOutcome {
-    status: EventStatus,
-    reason: String,
-    /// With effects on, the effects its changes tell.
-    new: Vec<NewEffect>,
-    /// A paid invoice was left without a plan: nothing told it (docs/design.md §6.2).
-    ungranted: bool,
 }
 
 /// The Embedded Metric Format line for a paid invoice applied without an allowance because
@@ -552,8 +459,8 @@ pub fn payment_without_plan_metric(source: &str, now: chrono::DateTime<chrono::U
 }
 
 /// Says, once the event's write committed, what only a metric shows.
-fn committed(ctx: &EventContext<'_>, decided: &RulesOutcome) {
-    if decided.ungranted {
+fn committed(ctx: &EventContext<'_>, ruling: &Ruling) {
+    if ruling.ungranted {
         crate::platform::metrics::emit(payment_without_plan_metric(ctx.source, chrono::Utc::now()));
     }
 }
@@ -569,22 +476,37 @@ fn event_context<'a>(
         source: &event.source,
         customer,
         event_type: &event.event_type,
+        dedupe_key: &event.dedupe_key,
         version: version.clone()?,
     })
 }
 
-/// The event's version: its provider time and dedupe key (or a planted bug's).
-fn planted_version(event: &Claimed, at: crate::domain::ProviderTime) -> Version {
-    let at = match sim::planted(Bug::ArrivalTime) {
-        true => chrono::Utc::now().into(),
-        false => at,
-    };
-    let key = match sim::planted(Bug::TieByArrival) {
-        true => crate::domain::DedupeKey::parse(&format!("{:020}", event.id))
-            .unwrap_or_else(|_| event.dedupe_key.clone()),
-        false => event.dedupe_key.clone(),
-    };
-    Version { at, key }
+/// The event's version: its provider time and dedupe key (or a planted bug's, §10).
+fn version_of(event: &Claimed, at: crate::domain::ProviderTime) -> Version {
+    let key = event.dedupe_key.clone();
+    Version {
+        at: sim::or_planted(Bug::ArrivalTime, at, || chrono::Utc::now().into()),
+        key: sim::or_planted(Bug::TieByArrival, key, || {
+            crate::domain::DedupeKey::parse(&format!("{:020}", event.id))
+                .unwrap_or_else(|_| event.dedupe_key.clone())
+        }),
+    }
+}
+
+/// The provider time a read made for `event` stands at: the event's own, never the clock's
+/// (docs/design.md §6.2). A read is the event it was made for, told by the provider: stamped
+/// when it is made, it took a later place in the order than its event and granted in the
+/// month of the read, so a change made just before a month began granted that month too when
+/// its thin event came first, and only the month before when its snapshot twin did. Every read
+/// the worker stores for an event takes its time from here (a thin event's object, an
+/// invoice's subscription, a health notice's object and its sweep's subscriptions), and the
+/// provider's `read_as_event` writes it at that time, in the provider's resolution. `None`:
+/// the event has no provider time.
+pub(crate) fn stands_at(event: &Claimed) -> Option<chrono::DateTime<chrono::Utc>> {
+    if sim::planted(Bug::ReadByTheClock) {
+        return Some(chrono::Utc::now());
+    }
+    event.occurred_at.map(|at| at.as_datetime())
 }
 
 /// What only the provider can settle, settled after the read and before any lock or
@@ -707,9 +629,6 @@ async fn settle(
     Ok((ties_read, settled))
 }
 
-/// Each subscription's same-second tie as the provider reads found it (the other event, if any).
-type TiesRead = HashMap<String, Option<i64>>;
-
 /// An entitlement register whose same-second tie a read settles, and that read's carrier.
 type ReadTie = (String, Carrier);
 
@@ -733,25 +652,15 @@ fn read_ties(source: &WorkerSource, event: &Claimed, effects: &[Effect]) -> Vec<
 }
 
 /// The first of `read_ties` whose register holds another event's state stamped with this
-/// event's provider time: the event it ties with, and the read that settles it. A register
-/// that holds the provider's word read once that second had passed is settled already: what
-/// the provider showed then takes every change of the second in (a replay of the other event
-/// of the tie reads nothing).
+/// event's provider time (`tie_on`): the event it ties with, and the read that settles it.
 fn tied<'a>(
     ctx: &EventContext<'_>,
     registers: &Registers,
     read_ties: &'a [ReadTie],
 ) -> Option<(i64, &'a Carrier)> {
-    let at = Stamp::of(ctx, Rank(0)).at;
-    let second_passed = Rank::confirmed(at + chrono::Duration::seconds(1));
-    read_ties.iter().find_map(|(grant, carrier)| {
-        registers
-            .entitlements
-            .get(grant)
-            .filter(|held| held.stamp.at == at && !held.is_of(ctx))
-            .filter(|held| held.stamp.rank < second_passed.0)
-            .map(|held| (held.event_id, carrier))
-    })
+    read_ties
+        .iter()
+        .find_map(|(grant, carrier)| tie_on(ctx, registers, grant).map(|tie| (tie, carrier)))
 }
 
 /// Whether every effect is a payment-intent link or refund; then the customer the intent is

@@ -70,7 +70,7 @@ pub(super) async fn read(
         return Ok(Shown::not_read(SubscriptionRead::NoApiKey));
     };
     // The invoice's time: the read stands for it (docs/design.md §6.2).
-    let Some(made_for) = super::thin::stands_at(event) else {
+    let Some(made_for) = super::stands_at(event) else {
         return Ok(Shown::not_read(SubscriptionRead::NotRead));
     };
     let object = match reads.subscription_object(ctx.customer, id).await {

@@ -153,6 +153,7 @@ pub fn fold_from(
             source,
             customer,
             event_type: &event.event_type,
+            dedupe_key: &event.key,
             version: Version {
                 at: event.at,
                 key: event.key.clone(),

@@ -9,6 +9,7 @@ pub mod fold;
 pub mod model;
 pub mod registers;
 pub mod rules;
+pub mod ruling;
 pub mod usage;
 
 pub use model::{

@@ -17,13 +17,16 @@ pub struct Version {
     pub key: DedupeKey,
 }
 
-/// Who an event is about and where it sits in the provider's order.
+/// Who an event is about and where it sits in the provider's order: what the register rules
+/// stamp its writes with, and the cause the effects of those writes name (`effects`).
 #[derive(Debug, Clone)]
 pub struct EventContext<'a> {
     pub event_id: i64,
     pub source: &'a str,
     pub customer: &'a CustomerId,
     pub event_type: &'a str,
+    /// The provider's id of the event (its dedupe key), as its effects name it.
+    pub dedupe_key: &'a DedupeKey,
     pub version: Version,
 }
 

@@ -935,6 +935,7 @@ mod tests {
             source: "stripe",
             customer,
             event_type: "customer.subscription.updated",
+            dedupe_key: Box::leak(Box::new(DedupeKey::parse(key).unwrap())),
             version: Version {
                 at: ProviderTime::from_unix_secs(secs).unwrap(),
                 key: DedupeKey::parse(key).unwrap(),

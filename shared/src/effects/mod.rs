@@ -13,7 +13,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{json, Value};
 
 pub use crate::billing::model::AccountState;
-use crate::billing::PaymentStatus;
+use crate::billing::{EventContext, PaymentStatus};
 pub use crate::billing::{Fact, SubscriptionState};
 use crate::domain::effect::{effect_id, Kind, NewEffect};
 use crate::domain::FeaturesDiff;
@@ -33,25 +33,15 @@ pub fn type_carries_state(effect_type: &str) -> bool {
     Kind::parse(effect_type).is_some_and(Kind::carries_state)
 }
 
-/// The event whose writes caused the effects.
-#[derive(Debug, Clone)]
-pub struct Cause<'a> {
-    pub event_id: i64,
-    /// The provider's id of the event (its dedupe key): the version of what it wrote.
-    pub provider_event_id: &'a str,
-    pub source: &'a str,
-    pub customer: &'a str,
-    pub occurred_at: DateTime<Utc>,
-}
-
-/// The effects of one event's writes: one per fact, `billing.plan_changed` when the
+/// The effects of one event's writes (`cause`: the event, its provider's id the version of
+/// what it wrote): one per fact, `billing.plan_changed` when the
 /// account's plan moved and `billing.features_changed` when its features did (`before` and
 /// `after` compared, never a provider's account of what changed). Subscription, payment and
 /// deletion effects come first, then the plan, its features, then grants, so an app reading
 /// them in sequence order sees a cause before its consequence. No fact and no change of
 /// plan or features: nothing.
 pub fn effects_of(
-    cause: &Cause<'_>,
+    cause: &EventContext<'_>,
     facts: &[Fact],
     before: &AccountState,
     after: &AccountState,
@@ -68,7 +58,9 @@ pub fn effects_of(
     let of_account = |what: &str| {
         format!(
             "{what} of {}/{} at {}",
-            cause.source, cause.customer, cause.provider_event_id
+            cause.source,
+            cause.customer,
+            cause.dedupe_key.as_str()
         )
     };
     if plan_before != after.plan {
@@ -92,8 +84,8 @@ pub fn effects_of(
     effects
 }
 
-fn of_fact(cause: &Cause<'_>, fact: &Fact, after: &AccountState) -> NewEffect {
-    let (source, at) = (cause.source, cause.provider_event_id);
+fn of_fact(cause: &EventContext<'_>, fact: &Fact, after: &AccountState) -> NewEffect {
+    let (source, at) = (cause.source, cause.dedupe_key.as_str());
     match fact {
         Fact::Subscription { id, now, previous } => effect(
             cause,
@@ -143,14 +135,14 @@ fn of_fact(cause: &Cause<'_>, fact: &Fact, after: &AccountState) -> NewEffect {
             Kind::CustomerDeleted,
             format!("customer {source}/{} deleted", cause.customer),
             after,
-            json!({"deleted_at": timestamp(cause.occurred_at)}),
+            json!({"deleted_at": timestamp(cause.version.at.as_datetime())}),
         ),
     }
 }
 
 /// An effect's body: the common part (who, which event, the account now) and the kind's own.
 fn effect(
-    cause: &Cause<'_>,
+    cause: &EventContext<'_>,
     kind: Kind,
     what: String,
     after: &AccountState,
@@ -159,9 +151,9 @@ fn effect(
     let id = effect_id(kind, &what);
     let mut data = json!({
         "source": cause.source,
-        "customer_id": cause.customer,
+        "customer_id": cause.customer.as_str(),
         "event_id": cause.event_id,
-        "provider_event_id": cause.provider_event_id,
+        "provider_event_id": cause.dedupe_key.as_str(),
         "account": {"plan": after.plan, "features": after.features, "balance": after.balance,
                     "used": after.used, "remaining": after.remaining,
                     "period": after.period.as_str()},
@@ -173,7 +165,7 @@ fn effect(
         body: json!({
             "id": id,
             "type": kind.as_str(),
-            "occurred_at": timestamp(cause.occurred_at),
+            "occurred_at": timestamp(cause.version.at.as_datetime()),
             "data": data,
         }),
         id,
@@ -208,15 +200,25 @@ fn timestamp(at: DateTime<Utc>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::Period;
+    use crate::billing::Version;
+    use crate::domain::{CustomerId, DedupeKey, Period};
 
-    fn cause() -> Cause<'static> {
-        Cause {
+    fn key(key: &str) -> &'static DedupeKey {
+        Box::leak(Box::new(DedupeKey::parse(key).unwrap()))
+    }
+
+    fn cause() -> EventContext<'static> {
+        let at: DateTime<Utc> = "2026-11-30T10:00:00Z".parse().unwrap();
+        EventContext {
             event_id: 7,
-            provider_event_id: "evt_1",
             source: "stripe",
-            customer: "cus_1",
-            occurred_at: "2026-11-30T10:00:00Z".parse().unwrap(),
+            customer: Box::leak(Box::new(CustomerId::parse("cus_1").unwrap())),
+            event_type: "customer.subscription.updated",
+            dedupe_key: key("evt_1"),
+            version: Version {
+                at: at.into(),
+                key: key("evt_1").clone(),
+            },
         }
     }
 
@@ -292,8 +294,8 @@ mod tests {
         let once = effects_of(&cause(), &upgrade(), &account("free"), &account("pro"));
         let again = effects_of(&cause(), &upgrade(), &account("free"), &account("pro"));
         assert_eq!(once, again);
-        let other = Cause {
-            provider_event_id: "evt_2",
+        let other = EventContext {
+            dedupe_key: key("evt_2"),
             ..cause()
         };
         let later = effects_of(&other, &upgrade(), &account("free"), &account("pro"));
@@ -313,8 +315,8 @@ mod tests {
             previous: Some("paid".into()),
         }];
         let one = effects_of(&cause(), &refund, &account("pro"), &account("pro"));
-        let other = Cause {
-            provider_event_id: "evt_9",
+        let other = EventContext {
+            dedupe_key: key("evt_9"),
             ..cause()
         };
         let two = effects_of(&other, &refund, &account("pro"), &account("pro"));

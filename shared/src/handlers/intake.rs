@@ -20,6 +20,7 @@ use crate::platform::config::{ConfigError, Env, FromEnv, IntakeConfig};
 use crate::platform::db::Held;
 use crate::platform::queue::Queue;
 use crate::platform::secrets::Needs;
+use crate::platform::sim::{planted, Bug};
 use crate::providers::Sources;
 use crate::signing::AuthError;
 
@@ -315,9 +316,7 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
             IntakeError::StoreRefused(e)
         }
     })?;
-    let stored = match stored.verdict == Verdict::Duplicate
-        && crate::platform::sim::planted(crate::platform::sim::Bug::CopyCountsNew)
-    {
+    let stored = match stored.verdict == Verdict::Duplicate && planted(Bug::CopyCountsNew) {
         true => planted_copy(state, &source_name, body, &verified, &headers).await?,
         false => stored,
     };

@@ -79,6 +79,15 @@ pub fn planted(_bug: Bug) -> bool {
     false
 }
 
+/// `value`, or what `planted_value` makes in its place when the simulation running this task
+/// planted `bug`: a planted bug's departure at the one place it departs.
+pub fn or_planted<T>(bug: Bug, value: T, planted_value: impl FnOnce() -> T) -> T {
+    match planted(bug) {
+        true => planted_value(),
+        false => value,
+    }
+}
+
 /// Passes `point` (for the event or row `id`): straight through, unless the task runs under
 /// [`with_interrupts`] and they say otherwise.
 pub async fn point(_point: Point, _id: i64) {

@@ -255,7 +255,7 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
         "customer.deleted" => Decision::apply(vec![Effect::DeleteCustomer]),
         // The whole set of the customer's active entitlements; `previous_attributes` is not
         // read (docs/design.md §4.12).
-        super::entitlements::SUMMARY_TYPE => super::entitlements::decide(p, object)?,
+        super::entitlements::SUMMARY_TYPE => super::entitlements::decide_summary(p, object)?,
         other => not_billing(other),
     })
 }

@@ -6,7 +6,7 @@
 //! `{lookup_key: true}` for each. A list that says `has_more` (Stripe embeds at most a page of a
 //! list in an event) is never applied: the summary is a notice, and the complete list, read from
 //! `GET /v1/entitlements/active_entitlements?customer=…` page by page, is stored as an event of
-//! its own and applied as a thin event's read is (`apply::thin`). So is a complete summary that
+//! its own and applied as a thin event's read is (`apply::notice`). So is a complete summary that
 //! finds the register holding another summary of its second: Stripe's `created` has one-second
 //! resolution and its ids are random, so the list read settles the tie (§4.2). A list Stripe
 //! does not find (404) leaves the summary unprocessable, the features as they were.
@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use super::fetch::{account, FETCH_VERSION};
 use crate::billing::{Decision, Effect, Problem, Rank};
 use crate::domain::features::{FeatureValue, Features};
+use crate::platform::sim::{planted, Bug};
 use crate::providers::{path_id, Api, Carrier, Notice};
 
 /// The event type of a summary, and (with `v1.`) of its thin twin.
@@ -79,7 +80,7 @@ pub const READ_AT: &str = "read_at";
 /// summary read from Stripe's list (`payload` says when) is Stripe's word on the customer's
 /// set at that moment: its write takes a confirmed rank at the read's time, above every
 /// summary stamped with the same second, and below a later read (docs/design.md §4.2).
-pub fn decide(payload: &Value, summary: &Value) -> Result<Decision, Problem> {
+pub fn decide_summary(payload: &Value, summary: &Value) -> Result<Decision, Problem> {
     if let Some(why) = incomplete(summary).filter(|_| !partial_applied()) {
         return Ok(Decision::Unprocessable(format!(
             "{why}: a partial list is never applied (the complete list is read from the provider)"
@@ -202,7 +203,7 @@ fn carrier(payload: &Value) -> Option<Carrier> {
 /// Whether the simulation running this task planted the bug of applying a partial list as it
 /// is embedded (docs/design.md §10); never outside one.
 fn partial_applied() -> bool {
-    crate::platform::sim::planted(crate::platform::sim::Bug::PartialSummaryApplied)
+    planted(Bug::PartialSummaryApplied)
 }
 
 /// The path a thin summary reads its customer from: the snapshot event it names

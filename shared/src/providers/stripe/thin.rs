@@ -6,8 +6,9 @@
 //! what it read as a snapshot event of its own (docs/design.md §6.2). Here is what is Stripe's
 //! of that, and of its event generation failures, behind the provider's hooks: how the events
 //! read (`notice`), the paths and headers of their reads, and the snapshot event a read is
-//! stored as (`read_as_event`); the worker's side is `apply/thin.rs` and `apply/health.rs`. An
-//! entitlement summary whose list is incomplete is read the same way (`entitlements`).
+//! stored as (`read_as_event`); the worker's side is `apply/notice/thin.rs` and
+//! `apply/notice/health.rs`. An entitlement summary whose list is incomplete is read the same
+//! way (`entitlements`).
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -117,7 +118,7 @@ pub fn read_as_event(read: &ReadFor<'_>, object: &Value) -> Option<Fetched> {
                 false => ("thin_event", &thin.id),
             },
             // A summary's list is Stripe's word on the customer's set when it was read: the
-            // later read of two in one second is the newer (`entitlements::decide`).
+            // later read of two in one second is the newer (`entitlements::decide_summary`).
             read_at: (thin.read_type == Some(entitlements::SUMMARY_TYPE)).then(Utc::now),
         },
         MadeFor::Swept(notice) => Read {

@@ -9,32 +9,17 @@
 //! read is the complete list, stored and applied the same way; so is the list read for a
 //! summary that meets another of its second in the register (`settled_by_read`, §4.2).
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
-use super::{ApplyError, WorkerSource};
+use super::Carried;
+use crate::apply::{stands_at, ApplyError, WorkerSource};
 use crate::domain::{DedupeKey, EventStatus};
 use crate::inbox::lease::Claimed;
 use crate::inbox::thin::{self as stored, StoredEvent};
-use crate::providers::{self, Carrier, MadeFor, Notice, ReadFor};
-
-/// What a claimed event is, as far as thin events go.
-pub(super) enum Carried {
-    /// Not a thin event: applied as stored.
-    NotThin,
-    /// A thin event decided without its object: finished with this status and reason.
-    Finish(EventStatus, String),
-    /// A thin event applied as its read (`view`: the read's type, payload, customer, time and
-    /// key under the thin event's id and lease); `read_id` is the read's own row.
-    Read { view: Claimed, read_id: i64 },
-}
-
-/// The notice a claimed event of a source is, if its provider reads it as one (a thin event,
-/// a generation failure).
-pub(super) fn notice(event: &Claimed, source: &WorkerSource) -> Option<Notice> {
-    providers::provider(source.kind).notice(event.payload.as_ref()?)
-}
+use crate::platform::sim::{planted, Bug};
+use crate::providers::{self, Carrier, MadeFor, ReadFor};
 
 /// What the thin event `event` (read as `thin`) stands for; its object fetched and stored
 /// when no attempt has yet. A fetch that fails fails the attempt (the event's own retry
@@ -82,7 +67,7 @@ pub(super) async fn carried(
     let twin = thin
         .twin
         .as_deref()
-        .filter(|_| !crate::platform::sim::planted(crate::platform::sim::Bug::ThinSkipsTwin));
+        .filter(|_| !planted(Bug::ThinSkipsTwin));
     if let Some(twin) = twin {
         let found = match DedupeKey::parse(twin) {
             Ok(key) => stored::find(conn, &event.source, &key).await?,
@@ -189,21 +174,6 @@ pub(super) async fn read_object(
         Some(read) => Ok(view(event, read)),
         None => Err(ApplyError::Fetch("the stored read is not found".into())),
     }
-}
-
-/// The provider time a read made for `event` stands at: the event's own, never the clock's
-/// (docs/design.md §6.2). A read is the event it was made for, told by the provider: stamped
-/// when it is made, it took a later place in the order than its event and granted in the
-/// month of the read, so a change made just before a month began granted that month too when
-/// its thin event came first, and only the month before when its snapshot twin did. Every read
-/// the worker stores for an event takes its time from here (a thin event's object, an
-/// invoice's subscription, a health notice's object and its sweep's subscriptions), and the
-/// provider's `read_as_event` writes it at that time, in the provider's resolution. `None`: the event has no provider time.
-pub(super) fn stands_at(event: &Claimed) -> Option<DateTime<Utc>> {
-    if crate::platform::sim::planted(crate::platform::sim::Bug::ReadByTheClock) {
-        return Some(Utc::now());
-    }
-    event.occurred_at.map(|at| at.as_datetime())
 }
 
 /// The read, applied under the thin event's id and lease: its version (time, key) is the

@@ -12,8 +12,8 @@ use chrono::Utc;
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
-use super::thin::Carried;
-use super::{ApplyError, WorkerSource};
+use super::Carried;
+use crate::apply::{ApplyError, WorkerSource};
 use crate::domain::EventStatus;
 use crate::inbox::lease::Claimed;
 use crate::meters::outbox;

@@ -18,8 +18,9 @@ use serde_json::{json, Value};
 use sqlx::PgConnection;
 use tokio::time::Instant;
 
-use super::thin::{read_object, view, Carried};
-use super::{ApplyError, WorkerSource};
+use super::thin::{read_object, view};
+use super::Carried;
+use crate::apply::{ApplyError, WorkerSource};
 use crate::billing::registers::stored_subscriptions;
 use crate::domain::{DedupeKey, EventStatus};
 use crate::inbox::lease::{self, Claimed};
@@ -33,15 +34,6 @@ use crate::providers::{self, Carrier, GenerationFailure, Impact, MadeFor, ReadFo
 /// the invocation. A sweep that is not done by then is continued by the next attempt.
 pub const SWEEP_BUDGET: Duration = Duration::from_secs(10);
 
-/// Whether a claimed notice is in its source's scope (a notice of the other mode is the thin
-/// events' to ignore).
-pub(super) fn in_scope(event: &Claimed, source: &WorkerSource) -> bool {
-    let payload = event.payload.as_ref().unwrap_or(&Value::Null);
-    providers::provider(source.kind)
-        .out_of_scope(payload, source.livemode)
-        .is_none()
-}
-
 /// What the notice stands for; its sweep goes on until `budget` has passed since the attempt
 /// began, and then the attempt ends as [`ApplyError::Unfinished`].
 pub(super) async fn carried_within(
@@ -52,12 +44,12 @@ pub(super) async fn carried_within(
     budget: Duration,
 ) -> Result<Carried, ApplyError> {
     let until = Instant::now() + budget;
-    let carried = decide(conn, event, source, failure, until).await?;
+    let carried = read_or_sweep(conn, event, source, failure, until).await?;
     crate::platform::metrics::emit(generation_failure_metric(&event.source, Utc::now()));
     Ok(carried)
 }
 
-async fn decide(
+async fn read_or_sweep(
     conn: &mut PgConnection,
     event: &Claimed,
     source: &WorkerSource,
@@ -205,7 +197,7 @@ async fn sweep_page(
         .iter()
         .filter_map(|s| s.get("id").and_then(Value::as_str))
         .collect();
-    let mut tx = super::begin(conn).await?;
+    let mut tx = crate::apply::begin(conn).await?;
     if !lease::still_held(&mut tx, event).await? {
         return Err(ApplyError::LeaseLost);
     }
