@@ -252,7 +252,7 @@ async fn the_engine_room_runs_the_nine_deliveries_to_pro_500_beside_applying_on_
 
     assert_eq!(
         serde_json::to_value(&room.scenarios()[2]).unwrap(),
-        json!({"name": "status", "source": "stripe", "steps": [
+        json!({"name": "status", "source": "stripe", "setup": null, "steps": [
             {"step": 1, "what": "subscription sub_status trialing, plan price_pro, at the start"},
             {"step": 2, "what": "subscription sub_status past_due, plan price_pro, minute 2"},
             {"step": 3, "what": "subscription sub_status active, plan price_pro, minute 1"},
