@@ -28,7 +28,7 @@ use sqlx::{PgConnection, PgPool};
 use crate::domain::retry::RetryPolicy;
 use crate::platform::db::exec;
 use crate::platform::queue::Queue;
-use crate::platform::queued::{self, Rows, PURGE_BATCH, ROWS_PER_STEP, STUCK_AFTER};
+use crate::platform::queued::{self, Outbox, Rows, PURGE_BATCH, ROWS_PER_STEP};
 
 /// How long a dispatcher holds an effect: longer than its sinks' timeouts together.
 pub const DISPATCH_LEASE: Duration = Duration::from_secs(60);
@@ -162,6 +162,8 @@ pub async fn record(
 /// The effects as queued rows: the statements of their life that `platform::queued` runs.
 pub struct Effects;
 
+const EFFECTS: Outbox = Outbox("effects");
+
 impl Rows for Effects {
     type Id = String;
     type Alerts = EffectAlerts;
@@ -182,39 +184,11 @@ impl Rows for Effects {
     }
 
     async fn bury(pool: &PgPool) -> Result<u64, sqlx::Error> {
-        let buried = sqlx::query!(
-            r#"
-            UPDATE effects
-            SET status = 'dead', locked_until = NULL, next_attempt_at = NULL,
-                last_error = COALESCE(last_error || '; ', '') || 'the dispatcher stopped during the last attempt (hold expired)'
-            WHERE status = 'pending' AND locked_until < inbox_now() AND attempts >= $1
-            "#,
-            RetryPolicy::MAX_ATTEMPTS,
-        )
-        .execute(exec(pool))
-        .await?;
-        Ok(buried.rows_affected())
+        EFFECTS.bury(pool, RetryPolicy::MAX_ATTEMPTS).await
     }
 
-    /// The pending effects the queue lost, oldest first: never enqueued (the worker's send
-    /// failed), enqueued long ago and not held, expired holds and due retries not enqueued
-    /// since (`outbox_lost`, the rule every outbox row shares).
     async fn mark(pool: &PgPool) -> anyhow::Result<Vec<String>> {
-        let marked = sqlx::query_scalar!(
-            r#"
-            UPDATE effects SET enqueued_at = inbox_now()
-            WHERE id IN (
-                SELECT id FROM effects
-                WHERE status = 'pending'
-                  AND outbox_lost(locked_until, next_attempt_at, enqueued_at, $2)
-                ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED
-            )
-            RETURNING id
-            "#,
-            ROWS_PER_STEP,
-            STUCK_AFTER.as_secs_f64(),
-        );
-        Ok(marked.fetch_all(exec(pool)).await?)
+        Ok(EFFECTS.mark(pool).await?)
     }
 
     async fn alerts(pool: &PgPool) -> anyhow::Result<EffectAlerts> {

@@ -30,7 +30,7 @@ use crate::domain::CustomerId;
 use crate::platform::budget::Throttled;
 use crate::platform::db::exec;
 use crate::platform::queue::Queue;
-use crate::platform::queued::{self, Rows, ROWS_PER_STEP, STUCK_AFTER};
+use crate::platform::queued::{self, Outbox, Rows, ROWS_PER_STEP};
 
 /// How long a dispatcher holds a report: longer than a send and a read-back together.
 pub const SEND_LEASE: Duration = Duration::from_secs(60);
@@ -446,6 +446,8 @@ pub async fn minute_others(
 /// runs. Reports are kept: nothing purges them.
 pub struct MeterReports;
 
+const METER_REPORTS: Outbox = Outbox("meter_reports");
+
 impl Rows for MeterReports {
     type Id = String;
     type Alerts = ReportAlerts;
@@ -467,19 +469,18 @@ impl Rows for MeterReports {
 
     /// Buries reports whose dispatcher died on the last allowed attempt, then takes the attempt
     /// each other expired hold held as unanswered: it may have sent.
+    /// A report buried so was sent and got no answer: it says since when.
     async fn bury(pool: &PgPool) -> Result<u64, sqlx::Error> {
-        let buried = sqlx::query!(
+        sqlx::query!(
             r#"
-            UPDATE meter_reports
-            SET status = 'dead', locked_until = NULL, next_attempt_at = NULL,
-                unanswered_at = COALESCE(unanswered_at, inbox_now()),
-                last_error = COALESCE(last_error || '; ', '') || 'the dispatcher stopped during the last attempt (hold expired)'
+            UPDATE meter_reports SET unanswered_at = COALESCE(unanswered_at, inbox_now())
             WHERE status = 'pending' AND locked_until < inbox_now() AND attempts >= $1
             "#,
             RetryPolicy::MAX_ATTEMPTS,
         )
         .execute(exec(pool))
         .await?;
+        let buried = METER_REPORTS.bury(pool, RetryPolicy::MAX_ATTEMPTS).await?;
         sqlx::query!(
             r#"
             UPDATE meter_reports SET unanswered_at = COALESCE(unanswered_at, locked_until)
@@ -488,27 +489,11 @@ impl Rows for MeterReports {
         )
         .execute(exec(pool))
         .await?;
-        Ok(buried.rows_affected())
+        Ok(buried)
     }
 
-    /// The pending reports the queue lost, oldest first, as the effects' rescue finds them
-    /// (`outbox_lost`, the rule every outbox row shares).
     async fn mark(pool: &PgPool) -> anyhow::Result<Vec<String>> {
-        let marked = sqlx::query_scalar!(
-            r#"
-            UPDATE meter_reports SET enqueued_at = inbox_now()
-            WHERE id IN (
-                SELECT id FROM meter_reports
-                WHERE status = 'pending'
-                  AND outbox_lost(locked_until, next_attempt_at, enqueued_at, $2)
-                ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED
-            )
-            RETURNING id
-            "#,
-            ROWS_PER_STEP,
-            STUCK_AFTER.as_secs_f64(),
-        );
-        Ok(marked.fetch_all(exec(pool)).await?)
+        Ok(METER_REPORTS.mark(pool).await?)
     }
 
     async fn alerts(pool: &PgPool) -> anyhow::Result<ReportAlerts> {

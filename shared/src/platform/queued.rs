@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context};
 use sqlx::{PgConnection, PgPool};
 
+use crate::platform::db::exec;
 use crate::platform::queue::Queue;
 
 /// The most rows one scheduled step touches.
@@ -147,6 +148,40 @@ pub async fn mark_lost<R: Rows>(pool: &PgPool) -> anyhow::Result<Vec<R::Id>> {
         .with_context(|| format!("picking {} to rescue", R::NAME))?;
     ids.sort_unstable();
     Ok(ids)
+}
+
+/// An outbox table (`effects`, `meter_reports`): its rescue's bury and mark are one SQL
+/// function each for both tables (`outbox_bury`, `outbox_mark`, migration
+/// `20261220000002_outbox_rescue.sql`), the table an argument, as pgmq's functions take a
+/// queue's name.
+#[derive(Debug, Clone, Copy)]
+pub struct Outbox(pub &'static str);
+
+impl Outbox {
+    /// Buries the pending rows whose last attempt's hold expired (no attempt left).
+    pub async fn bury(self, pool: &PgPool, max_attempts: i32) -> Result<u64, sqlx::Error> {
+        let buried = sqlx::query_scalar!(
+            r#"SELECT outbox_bury($1::text::regclass, $2) AS "buried!""#,
+            self.0,
+            max_attempts,
+        )
+        .fetch_one(exec(pool))
+        .await?;
+        Ok(u64::try_from(buried).unwrap_or_default())
+    }
+
+    /// Marks and returns the pending rows the queue lost, oldest first, at most
+    /// [`ROWS_PER_STEP`] (`outbox_lost`, the rule every outbox row shares).
+    pub async fn mark(self, pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar!(
+            r#"SELECT id AS "id!" FROM outbox_mark($1::text::regclass, $2, $3) AS id"#,
+            self.0,
+            ROWS_PER_STEP,
+            STUCK_AFTER.as_secs_f64(),
+        )
+        .fetch_all(exec(pool))
+        .await
+    }
 }
 
 /// Re-enqueues the rows the queue lost, within the run's time: [`mark_lost`], then
