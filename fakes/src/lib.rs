@@ -14,7 +14,6 @@ pub mod paddle;
 pub mod polar;
 pub mod polar_meter;
 pub mod stripe;
-pub mod stripe_reads;
 pub mod traffic;
 
 #[cfg(feature = "described")]

@@ -19,7 +19,7 @@ use crate::scheduler::{
     stored_unapplied, stripe_api_event, stripe_reconciler,
 };
 use provider_fakes::stripe::{FakeStripe, Fault};
-use provider_fakes::stripe_reads::On;
+use provider_fakes::stripe::On;
 use provider_fakes::{FakePolar, ProviderServer};
 
 /// The fake Stripe's account holding `events`, each delivered (`/v1/events` lists them as
