@@ -12,7 +12,6 @@ pub mod lemonsqueezy;
 pub mod paddle;
 #[cfg(feature = "described")]
 pub mod polar;
-pub mod polar_meter;
 pub mod stripe;
 pub mod traffic;
 
