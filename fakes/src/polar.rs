@@ -126,7 +126,10 @@ impl FakePolar {
         &self,
         decider: impl FnMut(&str, &str) -> Option<Fault> + Send + 'static,
     ) -> &Self {
-        self.traffic.lock().unwrap().deciding(Some(Box::new(decider)));
+        self.traffic
+            .lock()
+            .unwrap()
+            .deciding(Some(Box::new(decider)));
         self
     }
 
@@ -267,7 +270,11 @@ impl Respond for FakePolar {
             }
             Some(Fault::Slow(delay)) => {
                 let (answer, taken) = state.answer(&path, request);
-                (answer, format!("{taken}, answered after {delay:?}"), Some(delay))
+                (
+                    answer,
+                    format!("{taken}, answered after {delay:?}"),
+                    Some(delay),
+                )
             }
             Some(Fault::RateLimited(_)) | None => {
                 let (answer, taken) = state.answer(&path, request);
@@ -462,7 +469,10 @@ impl State {
             .collect();
         // A body that fails validation is refused whole (FastAPI's 422), nothing inserted.
         if !faults.is_empty() {
-            return (validation(faults), "422 a timestamp in the future".to_owned());
+            return (
+                validation(faults),
+                "422 a timestamp in the future".to_owned(),
+            );
         }
         let (mut inserted, mut duplicates) = (0, 0);
         for event in events {
@@ -605,7 +615,10 @@ mod tests {
             ingest(&server, "bi_4", now).await,
             (200, json!({"inserted": 0, "duplicates": 1}))
         );
-        assert_eq!(asked.lock().unwrap()[0], ("/v1/events/ingest".to_owned(), "bi_4".to_owned()));
+        assert_eq!(
+            asked.lock().unwrap()[0],
+            ("/v1/events/ingest".to_owned(), "bi_4".to_owned())
+        );
         fake.no_more_faults();
         let events = fake.events();
         let kept: Vec<&str> = events
@@ -613,7 +626,11 @@ mod tests {
             .filter_map(|e| e["external_id"].as_str())
             .collect();
         assert_eq!(kept, ["bi_1", "bi_2", "bi_4"]);
-        assert_eq!(fake.ingests(), (7, 2), "every request that reached the route");
+        assert_eq!(
+            fake.ingests(),
+            (7, 2),
+            "every request that reached the route"
+        );
         assert_eq!(fake.take_said().len(), 7);
     }
 

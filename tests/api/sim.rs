@@ -2215,8 +2215,7 @@ impl World {
             held.values().filter(|(_, value)| *value < 0).count(),
             Ordering::Relaxed,
         );
-        let (stripe_posts, (polar_posts, duplicates)) =
-            (self.meter.posts(), self.polar.ingests());
+        let (stripe_posts, (polar_posts, duplicates)) = (self.meter.posts(), self.polar.ingests());
         let (replayed, repeats) = self.meter.resends();
         METER_SENDS.fetch_add((stripe_posts + polar_posts) as usize, Ordering::Relaxed);
         METER_RESENDS.fetch_add((repeats + duplicates) as usize, Ordering::Relaxed);
@@ -2248,7 +2247,11 @@ impl World {
         let polar = self.polar.events().into_iter().map(|e| {
             let id = e["external_id"].as_str().unwrap_or_default().to_owned();
             let customer = e["customer_id"].as_str().unwrap_or_default().to_owned();
-            (id, customer, e["metadata"]["value"].as_f64().unwrap_or_default() as i64)
+            (
+                id,
+                customer,
+                e["metadata"]["value"].as_f64().unwrap_or_default() as i64,
+            )
         });
         for (identifier, customer, value) in stripe.chain(polar) {
             if let Some(first) = held.insert(identifier.clone(), (customer, value)) {

@@ -273,8 +273,8 @@ mod reads {
     use chrono::{DateTime, TimeDelta, Utc};
     use serde_json::{json, Value};
 
-    use crate::stripe::{FakeStripe, Fault, On, RateSeen};
     use crate::described::ProviderServer;
+    use crate::stripe::{FakeStripe, Fault, On, RateSeen};
 
     async fn get(
         server: &ProviderServer,
@@ -448,8 +448,15 @@ mod reads {
         // The meter side: a timestamp of the account's time is taken, one of the wall clock's
         // is more than 35 days past.
         assert_eq!(meter_event(&server, "bi_1", ahead.timestamp()).await, 200);
-        assert_eq!(meter_event(&server, "bi_2", Utc::now().timestamp()).await, 400);
-        assert_eq!(meter_event(&server, "bi_1", ahead.timestamp()).await, 400, "repeat");
+        assert_eq!(
+            meter_event(&server, "bi_2", Utc::now().timestamp()).await,
+            400
+        );
+        assert_eq!(
+            meter_event(&server, "bi_1", ahead.timestamp()).await,
+            400,
+            "repeat"
+        );
         // Moved on 25 hours: the identifier is new again, and the event still listed.
         fake.clock_advance(TimeDelta::hours(25));
         assert_eq!(meter_event(&server, "bi_1", ahead.timestamp()).await, 200);
