@@ -12,9 +12,7 @@ pub mod lemonsqueezy;
 pub mod paddle;
 #[cfg(feature = "described")]
 pub mod polar;
-pub mod polar_meter;
 pub mod stripe;
-pub mod stripe_reads;
 pub mod traffic;
 
 #[cfg(feature = "described")]

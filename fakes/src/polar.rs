@@ -6,8 +6,10 @@
 //! - `GET /v1/subscriptions/`: pages by `page` and `limit` (10 by default, at most 100), the
 //!   most recently started first, `pagination.total_count` and `pagination.max_page`;
 //! - `GET /v1/subscriptions/{id}`: the object, or `ResourceNotFound`;
-//! - `POST /v1/events/ingest`: one event kept per `external_id`, a repeat counted in
-//!   `duplicates`; a `timestamp` in the future refused with a 422;
+//! - `POST /v1/events/ingest`, the route a Polar source's meter reports use (docs/design.md
+//!   §4.13): one event kept per `external_id` for good (no time window), a repeat counted in
+//!   `duplicates`; a `timestamp` ahead of Polar's clock refused with a 422, the whole body
+//!   with it; no idempotency layer besides `external_id`;
 //! - `GET /v1/meters/`, `GET /v1/meters/{id}/quantities`: the meters a test seeds, and each
 //!   one's buckets summed from the events it kept;
 //! - the rate limit (500 requests a minute in production, 100 in the sandbox), answered 429
@@ -15,7 +17,11 @@
 //! - errors as Polar shapes them: `{"error": <name>, "detail": <message>}`, and FastAPI's
 //!   `{"detail": [{loc, msg, type}]}` for a request that fails validation.
 //!
-//! A test adds faults on top ([`Fault`]).
+//! A test adds faults on top ([`Fault`]): queued in turn ([`FakePolar::then`]) or decided per
+//! request by its own decider ([`FakePolar::deciding`], a simulation's dice), before Polar takes
+//! anything or after (the "held" case), or an answer after the client gave up. Polar's time
+//! (the ingestion's "must be in the past") is the wall clock's, or the test's
+//! ([`FakePolar::clocked`]).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -26,7 +32,7 @@ use wiremock::matchers::{method, path, path_regex};
 use wiremock::{Mock, Request, Respond, ResponseTemplate};
 
 use crate::described::{ProviderServer, POLAR};
-use crate::traffic::{Fault, Traffic};
+use crate::traffic::{Clock, Fault, Traffic};
 
 /// "Production: 500 requests per minute per organization/customer or OAuth2 Client. Sandbox:
 /// 100 requests per minute" (polarsource/polar `docs/api-reference/2026-10/introduction.mdx`,
@@ -44,6 +50,14 @@ struct State {
     meters: Vec<Value>,
     events: Vec<Value>,
     external_ids: HashSet<String>,
+    /// Ingest requests that reached the route (faulted ones included), and events in them
+    /// answered as duplicates.
+    ingests: u32,
+    duplicates: u32,
+    /// Polar's time: the wall clock's unless a test set it.
+    clock: Option<Clock>,
+    /// One line per ingest request: what it answered and why (`FakePolar::take_said`).
+    said: Vec<String>,
 }
 
 /// A fake Polar organization; clones share it.
@@ -97,6 +111,42 @@ impl FakePolar {
     pub fn then(&self, path: Option<&str>, fault: Fault) -> &Self {
         self.traffic.lock().unwrap().then(path, fault);
         self
+    }
+
+    /// Reads Polar's time on `clock` from now on (a simulation's, ahead of the wall clock).
+    pub fn clocked(&self, clock: Clock) -> &Self {
+        self.state.lock().unwrap().clock = Some(clock);
+        self
+    }
+
+    /// Asks `decider` what goes wrong with each request once no fault queued by
+    /// [`FakePolar::then`] is left: given the path and, for an ingestion, the first event's
+    /// `external_id` (empty for the other routes).
+    pub fn deciding(
+        &self,
+        decider: impl FnMut(&str, &str) -> Option<Fault> + Send + 'static,
+    ) -> &Self {
+        self.traffic
+            .lock()
+            .unwrap()
+            .deciding(Some(Box::new(decider)));
+        self
+    }
+
+    /// Stops asking the decider: every request from now on goes as Polar would have it.
+    pub fn no_more_faults(&self) {
+        self.traffic.lock().unwrap().deciding(None);
+    }
+
+    /// Ingest requests that reached the route, and the events in them answered as duplicates.
+    pub fn ingests(&self) -> (u32, u32) {
+        let state = self.state.lock().unwrap();
+        (state.ingests, state.duplicates)
+    }
+
+    /// What it answered each ingest request since the last call, one line each.
+    pub fn take_said(&self) -> Vec<String> {
+        std::mem::take(&mut self.state.lock().unwrap().said)
     }
 
     /// The events Polar kept, in the order ingested.
@@ -170,34 +220,70 @@ fn name_of(status: u16) -> &'static str {
 impl Respond for FakePolar {
     fn respond(&self, request: &Request) -> ResponseTemplate {
         let path = request.url.path().to_owned();
+        let ingest = path == "/v1/events/ingest";
+        // The key a decider is asked with: the first ingested event's `external_id`.
+        let key = match ingest {
+            true => serde_json::from_slice::<Value>(&request.body)
+                .ok()
+                .and_then(|b| b.pointer("/events/0/external_id").cloned())
+                .and_then(|id| id.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            false => String::new(),
+        };
         let (taken, fault) = {
             let mut traffic = self.traffic.lock().unwrap();
-            (traffic.arrive(), traffic.fault(&path))
+            (traffic.arrive(), traffic.fault_for(&path, &key))
         };
+        let what = format!("polar event {}", &key[..key.len().min(11)]);
         let refused = match (&taken, &fault) {
             (Err(refused), _) => Some(refused.retry_after),
             (_, Some(Fault::RateLimited(secs))) => Some(*secs),
             _ => None,
         };
+        let mut state = self.state.lock().unwrap();
         if let Some(retry_after) = refused {
+            if ingest {
+                state.said.push(format!("{what}…: 429, nothing taken"));
+            }
             // "If you exceed the rate limit, you will receive a 429 Too Many Requests response.
             // The response will include a Retry-After header indicating how long you should wait
             // before making another request." (introduction.mdx, Rate Limits)
             return error(429, "TooManyRequests", "Rate limit exceeded")
                 .insert_header("Retry-After", retry_after.to_string().as_str());
         }
-        let mut state = self.state.lock().unwrap();
-        let (answer, delay) = match fault {
-            Some(Fault::Fails(status)) => {
-                return error(status, name_of(status), "An error occurred")
-            }
+        if ingest {
+            state.ingests += 1;
+        }
+        let (answer, said, delay) = match fault {
+            Some(Fault::Fails(status)) => (
+                error(status, name_of(status), "An error occurred"),
+                format!("{status}, nothing taken"),
+                None,
+            ),
             Some(Fault::TakesThenFails(status)) => {
-                state.answer(&path, request);
-                return error(status, name_of(status), "An error occurred");
+                let (_, taken) = state.answer(&path, request);
+                (
+                    error(status, name_of(status), "An error occurred"),
+                    format!("{taken} then answered {status}"),
+                    None,
+                )
             }
-            Some(Fault::Slow(delay)) => (state.answer(&path, request), Some(delay)),
-            Some(Fault::RateLimited(_)) | None => (state.answer(&path, request), None),
+            Some(Fault::Slow(delay)) => {
+                let (answer, taken) = state.answer(&path, request);
+                (
+                    answer,
+                    format!("{taken}, answered after {delay:?}"),
+                    Some(delay),
+                )
+            }
+            Some(Fault::RateLimited(_)) | None => {
+                let (answer, taken) = state.answer(&path, request);
+                (answer, taken, None)
+            }
         };
+        if ingest {
+            state.said.push(format!("{what}…: {said}"));
+        }
         match delay {
             Some(delay) => answer.set_delay(delay),
             None => answer,
@@ -206,10 +292,19 @@ impl Respond for FakePolar {
 }
 
 impl State {
-    fn answer(&mut self, path: &str, request: &Request) -> ResponseTemplate {
+    fn now(&self) -> DateTime<Utc> {
+        self.clock.as_ref().map_or_else(Utc::now, |clock| clock())
+    }
+
+    /// A route's answer, and a line saying what it did.
+    fn answer(&mut self, path: &str, request: &Request) -> (ResponseTemplate, String) {
         if path == "/v1/events/ingest" {
             return self.ingest(request);
         }
+        (self.read(path, request), "read".to_owned())
+    }
+
+    fn read(&mut self, path: &str, request: &Request) -> ResponseTemplate {
         if path == "/v1/meters/" {
             return page_of(&self.meters.iter().collect::<Vec<_>>(), request);
         }
@@ -349,13 +444,14 @@ impl State {
     /// with no time window (the project relies on it: shared/src/providers/standard_webhooks/meter.rs).
     /// A timestamp ahead of Polar's clock is refused: "Timestamp must be in the past." (ibid.,
     /// the event's timestamp validator), a 422 in FastAPI's validation shape.
-    fn ingest(&mut self, request: &Request) -> ResponseTemplate {
+    fn ingest(&mut self, request: &Request) -> (ResponseTemplate, String) {
         let Ok(body) = serde_json::from_slice::<Value>(&request.body) else {
-            return validation(vec![json!({"type": "json_invalid", "loc": ["body"],
-                                          "msg": "JSON decode error"})]);
+            let refused = validation(vec![json!({"type": "json_invalid", "loc": ["body"],
+                                                 "msg": "JSON decode error"})]);
+            return (refused, "422 JSON decode error".to_owned());
         };
         let events = body["events"].as_array().cloned().unwrap_or_default();
-        let now = Utc::now();
+        let now = self.now();
         let faults: Vec<Value> = events
             .iter()
             .enumerate()
@@ -371,8 +467,12 @@ impl State {
                        "input": e["timestamp"]})
             })
             .collect();
+        // A body that fails validation is refused whole (FastAPI's 422), nothing inserted.
         if !faults.is_empty() {
-            return validation(faults);
+            return (
+                validation(faults),
+                "422 a timestamp in the future".to_owned(),
+            );
         }
         let (mut inserted, mut duplicates) = (0, 0);
         for event in events {
@@ -385,8 +485,12 @@ impl State {
             self.events.push(event);
             inserted += 1;
         }
-        ResponseTemplate::new(200)
-            .set_body_json(json!({"inserted": inserted, "duplicates": duplicates}))
+        self.duplicates += duplicates;
+        let answer = json!({"inserted": inserted, "duplicates": duplicates});
+        (
+            ResponseTemplate::new(200).set_body_json(&answer),
+            format!("200 {answer}"),
+        )
     }
 }
 
@@ -472,6 +576,62 @@ mod tests {
             .unwrap()
             .contains("must be in the past"));
         assert_eq!(fake.total("api_calls", CUSTOMER), 3.0);
+    }
+
+    #[tokio::test]
+    async fn an_external_id_is_kept_for_good_on_polars_clock_and_faults_come_before_or_after() {
+        let fake = FakePolar::default();
+        let server = fake.serve().await;
+        let now = Utc::now() - chrono::TimeDelta::minutes(1);
+        assert_eq!(ingest(&server, "bi_1", now).await.0, 200);
+        // A year later by Polar's clock, the same external id is still a duplicate, and a time
+        // the wall clock calls the future is Polar's past.
+        let later = now + chrono::TimeDelta::days(365);
+        fake.clocked(Arc::new(move || later));
+        assert_eq!(
+            ingest(&server, "bi_1", now).await,
+            (200, json!({"inserted": 0, "duplicates": 1}))
+        );
+        assert_eq!(
+            ingest(&server, "bi_2", now + chrono::TimeDelta::days(100))
+                .await
+                .0,
+            200
+        );
+        let (status, _) = ingest(&server, "bi_3", later + chrono::TimeDelta::days(1)).await;
+        assert_eq!(status, 422, "ahead of Polar's clock");
+        // A fault before the ingestion takes nothing; one after it takes the event. The
+        // decider is asked with the first event's external id.
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = asked.clone();
+        let mut faults = vec![Fault::TakesThenFails(500), Fault::Fails(503)];
+        fake.deciding(move |path: &str, key: &str| {
+            seen.lock().unwrap().push((path.to_owned(), key.to_owned()));
+            faults.pop()
+        });
+        assert_eq!(ingest(&server, "bi_4", now).await.0, 503);
+        assert_eq!(ingest(&server, "bi_4", now).await.0, 500);
+        assert_eq!(
+            ingest(&server, "bi_4", now).await,
+            (200, json!({"inserted": 0, "duplicates": 1}))
+        );
+        assert_eq!(
+            asked.lock().unwrap()[0],
+            ("/v1/events/ingest".to_owned(), "bi_4".to_owned())
+        );
+        fake.no_more_faults();
+        let events = fake.events();
+        let kept: Vec<&str> = events
+            .iter()
+            .filter_map(|e| e["external_id"].as_str())
+            .collect();
+        assert_eq!(kept, ["bi_1", "bi_2", "bi_4"]);
+        assert_eq!(
+            fake.ingests(),
+            (7, 2),
+            "every request that reached the route"
+        );
+        assert_eq!(fake.take_said().len(), 7);
     }
 
     #[tokio::test]

@@ -5,7 +5,18 @@
 //! the most that arrived in any one minute.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+
+/// A time source a test hands a fake (a simulation's clock, ahead of the wall clock), read for
+/// the provider's own time limits.
+pub type Clock = Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>;
+
+/// A test's per-request decider: given a request's path and the key it names (an ingested
+/// event's `external_id`, say), what goes wrong with it, if anything.
+pub type Decider = Box<dyn FnMut(&str, &str) -> Option<Fault> + Send>;
 
 /// The window the providers' limits are stated over.
 const MINUTE: Duration = Duration::from_secs(60);
@@ -28,7 +39,6 @@ pub enum Fault {
 }
 
 /// A provider's rate limit and the requests it has seen.
-#[derive(Debug)]
 pub struct Traffic {
     /// Requests taken per rolling minute; `None`: the provider publishes no number.
     limit: Option<u32>,
@@ -40,6 +50,7 @@ pub struct Traffic {
     peak: u32,
     requests: u32,
     faults: VecDeque<(Option<String>, Fault)>,
+    decider: Option<Decider>,
 }
 
 /// A request the limit refused: the seconds until a place in the window frees.
@@ -65,6 +76,7 @@ impl Traffic {
             peak: 0,
             requests: 0,
             faults: VecDeque::new(),
+            decider: None,
         }
     }
 
@@ -119,6 +131,20 @@ impl Traffic {
             .iter()
             .position(|(p, _)| p.as_deref().is_none_or(|p| p == path))?;
         self.faults.remove(at).map(|(_, f)| f)
+    }
+
+    /// Asks `decider` what goes wrong with each request once no queued fault is left (`None`:
+    /// stops asking).
+    pub fn deciding(&mut self, decider: Option<Decider>) {
+        self.decider = decider;
+    }
+
+    /// The first queued fault for a request to `path`, else the decider's for it and `key`.
+    pub fn fault_for(&mut self, path: &str, key: &str) -> Option<Fault> {
+        match self.fault(path) {
+            Some(fault) => Some(fault),
+            None => self.decider.as_mut().and_then(|d| d(path, key)),
+        }
     }
 
     /// Requests refused for the limit so far.

@@ -22,7 +22,7 @@ use crate::meters::{
     Fault,
 };
 use crate::thin::{app_with_api, status_of, thin_events};
-use provider_fakes::stripe_reads::On;
+use provider_fakes::stripe::On;
 
 /// A bucket that does not refill within a test: `burst` calls, `reserved` of them kept for
 /// meter reports.

@@ -16,7 +16,7 @@ use crate::helpers::*;
 use crate::thin::StripeApi;
 use crate::traffic::with_stripe_api;
 use provider_fakes::stripe::Fault;
-use provider_fakes::stripe_reads::On;
+use provider_fakes::stripe::On;
 
 const ID: &str = "evt_test_65TdHe4lThGenFail16T2Kfo4Q8lSA4GfMwNYbNqcHlth";
 const SUB: &str = "sub_1ThinSub0000001";

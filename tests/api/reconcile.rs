@@ -18,8 +18,8 @@ use crate::scheduler::{
     exec, polar_api_returns, polar_reconciler, reconcile_runs, scheduler_for, soon, status_of,
     stored_unapplied, stripe_api_event, stripe_reconciler,
 };
+use provider_fakes::stripe::On;
 use provider_fakes::stripe::{FakeStripe, Fault};
-use provider_fakes::stripe_reads::On;
 use provider_fakes::{FakePolar, ProviderServer};
 
 /// The fake Stripe's account holding `events`, each delivered (`/v1/events` lists them as

@@ -1014,3 +1014,39 @@ async fn a_cancel_answered_500_is_sent_again_under_a_new_key_not_the_saved_one(p
         Some("cancel")
     );
 }
+
+/// The store's clock (`inbox_now()`, which a report's `first_sent_at` is written on) is the one
+/// a correction reads Stripe's 24 hours on, not the machine's: a day after the report by the
+/// store's time, and by Stripe's, a correction compensates, though the machine's clock has
+/// barely moved (as in the simulator, whose time runs ahead of it).
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_correction_a_day_after_its_report_by_the_stores_clock_compensates(pool: PgPool) {
+    let metered = stripe_metered(&pool, "cus_ahead").await;
+    let (fake, meters) = (&metered.fake, &metered.meters);
+    let (debited, _) = metered.sent(&pool, "req_ahead", 4).await;
+    let correction = metered.correction_of(&pool, &debited).await;
+    // A day and an hour on, for the store and for Stripe alike.
+    let day = chrono::Duration::hours(25);
+    fake.clock_from(chrono::Utc::now() + day);
+    let ahead = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                sqlx::query("SELECT set_config('inbox.clock_offset_secs', '90000', false)")
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap();
+    assert_eq!(send(&ahead, meters, &correction).await, Reported::Sent);
+    assert_eq!(
+        report(&ahead, &correction).await.how.as_deref(),
+        Some("compensate"),
+        "past Stripe's cancel window by the store's clock"
+    );
+    assert!(fake.adjustments().is_empty());
+    assert_eq!(fake.total("cus_ahead"), 0.0, "4 and its compensation");
+}

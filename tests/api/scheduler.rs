@@ -15,8 +15,8 @@ use sqlx::PgPool;
 use wiremock::MockServer;
 
 use crate::helpers::*;
+use provider_fakes::stripe::On;
 use provider_fakes::stripe::{FakeStripe, Fault};
-use provider_fakes::stripe_reads::On;
 use provider_fakes::{FakeLemonSqueezy, FakePolar, ProviderServer};
 
 pub(crate) fn scheduler_for(app: &TestApp, reconcilers: Vec<Reconciler>) -> SchedulerState {

@@ -80,9 +80,9 @@ use tokio::sync::Notify;
 
 use crate::helpers::*;
 use crate::order::{self, case_strategy, Case, Event};
-use provider_fakes::polar_meter::FakePolarMeter;
 use provider_fakes::stripe::{Asked as MeterRequest, FakeStripe, Fault as MeterFault};
-use provider_fakes::ProviderServer;
+use provider_fakes::traffic::Fault as PolarFault;
+use provider_fakes::{FakePolar, ProviderServer};
 
 /// How long a received message stays invisible (shorter than the lease, as it may be when a
 /// function's timeout is set short: the message comes back while the lease still holds).
@@ -717,6 +717,29 @@ fn meter_faults(dice: Dice) -> impl FnMut(&MeterRequest<'_>) -> Option<MeterFaul
     }
 }
 
+/// The same faults at Polar's event ingestion, on the same draws: asked per request with the
+/// first ingested event's `external_id`, each answered in Polar's own error shape (its other
+/// routes draw nothing).
+fn polar_faults(dice: Dice) -> impl FnMut(&str, &str) -> Option<PolarFault> + Send {
+    let mut stripe = meter_faults(dice);
+    move |path: &str, external_id: &str| {
+        if path != "/v1/events/ingest" {
+            return None;
+        }
+        let asked = MeterRequest {
+            endpoint: path,
+            identifier: external_id,
+            idempotency_key: None,
+        };
+        stripe(&asked).map(|fault| match fault {
+            MeterFault::Fails(status, _) => PolarFault::Fails(status),
+            MeterFault::TakesThenFails(status, _) => PolarFault::TakesThenFails(status),
+            MeterFault::Slow(delay) => PolarFault::Slow(delay),
+            MeterFault::RateLimited(secs) => PolarFault::RateLimited(secs.unwrap_or(1).into()),
+        })
+    }
+}
+
 /// The dispatcher's client for a provider's meter: it gives up after [`METER_TIMEOUT`].
 fn meter_api(server: &wiremock::MockServer) -> shared::providers::Api {
     let http = reqwest::Client::builder()
@@ -874,12 +897,12 @@ struct World {
     /// answer was lost).
     reverser: Dice,
     reversed: BTreeMap<String, Option<shared::billing::usage::Reversal>>,
-    /// The faithful fakes of Stripe's meter API and Polar's event ingestion (clocked on the
+    /// The faithful fakes of Stripe's meter API and Polar's (its event ingestion; clocked on the
     /// simulated time, faulted on their own dice), their servers, the dispatcher's meters and the
     /// dispatcher's own dice (so that sending reports leaves the other dice as they were).
     meter: FakeStripe,
     _meter_server: ProviderServer,
-    polar_meter: FakePolarMeter,
+    polar: FakePolar,
     _polar_server: ProviderServer,
     meters: Arc<shared::meters::Meters>,
     dispatcher: Dice,
@@ -1067,11 +1090,11 @@ impl World {
             .clocked(fake_clock.clone())
             .deciding(meter_faults(Dice::new(seed ^ 0x003E_7E12)));
         let meter_server = meter.serve().await;
-        let polar_meter = FakePolarMeter::default();
-        polar_meter
+        let polar = FakePolar::default();
+        polar
             .clocked(fake_clock)
-            .deciding(meter_faults(Dice::new(seed ^ 0x9014_7E12)));
-        let polar_server = polar_meter.serve().await;
+            .deciding(polar_faults(Dice::new(seed ^ 0x9014_7E12)));
+        let polar_server = polar.serve().await;
         // The Kinde and Stripe sources' debits are told to Stripe's meter (the identifiers
         // differ by source), the Polar source's to Polar's ingestion: Stripe's corrections
         // cancel within its window, Polar's compensate (it has no adjustment).
@@ -1122,7 +1145,7 @@ impl World {
             reversed: BTreeMap::new(),
             meter,
             _meter_server: meter_server,
-            polar_meter,
+            polar,
             _polar_server: polar_server,
             meters: Arc::new(meters),
             dispatcher: Dice::new(seed ^ 0xD15_9A7C),
@@ -1165,7 +1188,7 @@ impl World {
         let fed = std::mem::take(&mut self.feed.0.lock().unwrap().trace);
         let read = std::mem::take(&mut self.reads.0.lock().unwrap().trace);
         let metered = (self.meter.take_said().into_iter())
-            .chain(self.polar_meter.take_said())
+            .chain(self.polar.take_said())
             .map(|line| format!("meter {line}"));
         for queued in self
             .queue
@@ -2006,7 +2029,7 @@ impl World {
     /// and retry waits.
     async fn drain_reports(&mut self) -> Result<(), Failure> {
         self.meter.no_more_faults();
-        self.polar_meter.no_more_faults();
+        self.polar.no_more_faults();
         for _ in 0..QUIET_ROUNDS {
             let mut any = false;
             while self.dispatch(false).await? {
@@ -2192,8 +2215,7 @@ impl World {
             held.values().filter(|(_, value)| *value < 0).count(),
             Ordering::Relaxed,
         );
-        let (stripe_posts, (polar_posts, duplicates)) =
-            (self.meter.posts(), self.polar_meter.posts());
+        let (stripe_posts, (polar_posts, duplicates)) = (self.meter.posts(), self.polar.ingests());
         let (replayed, repeats) = self.meter.resends();
         METER_SENDS.fetch_add((stripe_posts + polar_posts) as usize, Ordering::Relaxed);
         METER_RESENDS.fetch_add((repeats + duplicates) as usize, Ordering::Relaxed);
@@ -2222,9 +2244,14 @@ impl World {
             let customer = e.form["payload[stripe_customer_id]"].clone();
             (e.form["identifier"].clone(), customer, value)
         });
-        let polar = self.polar_meter.events().into_iter().map(|e| {
-            let id = e.external_id.unwrap_or_default();
-            (id, e.customer_id, e.value as i64)
+        let polar = self.polar.events().into_iter().map(|e| {
+            let id = e["external_id"].as_str().unwrap_or_default().to_owned();
+            let customer = e["customer_id"].as_str().unwrap_or_default().to_owned();
+            (
+                id,
+                customer,
+                e["metadata"]["value"].as_f64().unwrap_or_default() as i64,
+            )
         });
         for (identifier, customer, value) in stripe.chain(polar) {
             if let Some(first) = held.insert(identifier.clone(), (customer, value)) {

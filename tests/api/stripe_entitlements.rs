@@ -15,7 +15,7 @@ use wiremock::MockServer;
 use crate::helpers::*;
 use crate::thin::{app_with_api, status_of, StripeApi};
 use provider_fakes::stripe::Fault;
-use provider_fakes::stripe_reads::On;
+use provider_fakes::stripe::On;
 
 const CUSTOMER: &str = "cus_EntCust000001";
 const CONNECTED: &str = "acct_1EntConnect0001";

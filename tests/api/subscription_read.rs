@@ -15,7 +15,7 @@ use crate::helpers::*;
 use crate::thin::StripeApi;
 use crate::traffic::with_stripe_api;
 use provider_fakes::stripe::Fault;
-use provider_fakes::stripe_reads::On;
+use provider_fakes::stripe::On;
 
 const SUB: &str = "sub_1EndiveSub00001";
 const CUSTOMER: &str = "cus_EndiveCust001";

@@ -12,8 +12,8 @@ use wiremock::MockServer;
 use crate::corpus::{corpus, CORPUS_PLANS};
 use crate::helpers::*;
 use crate::traffic::with_stripe_api;
+use provider_fakes::stripe::On;
 use provider_fakes::stripe::{FakeStripe, Fault};
-use provider_fakes::stripe_reads::On;
 use provider_fakes::ProviderServer;
 
 const SUB: &str = "sub_1ThinSub0000001";

@@ -18,7 +18,7 @@ use wiremock::MockServer;
 use crate::helpers::*;
 use crate::thin::StripeApi;
 use provider_fakes::stripe::Fault;
-use provider_fakes::stripe_reads::On;
+use provider_fakes::stripe::On;
 
 /// 2026-03-10T12:00:00Z.
 const T: i64 = 1_773_144_000;

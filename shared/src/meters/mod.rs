@@ -13,7 +13,7 @@ pub mod outbox;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use crate::domain::meter::{MeterReport, TakeBack};
@@ -155,8 +155,8 @@ async fn attempt(
     let Some(meter) = meters.0.get(&report.source).map(|m| &m.meter) else {
         return Ok(no_meter(report));
     };
-    if report.unanswered && !resend_is_deduped(meter.dedupe(), report.first_sent_at) {
-        match read_back(pool, meter.as_ref(), report).await? {
+    if report.unanswered && !resend_is_deduped(meter.dedupe(), report.first_sent_at, claimed.now) {
+        match read_back(pool, meter.as_ref(), report, claimed.now).await? {
             ReadBack::Held => return Ok(Outcome::Taken),
             ReadBack::NotHeld => {}
             ReadBack::Waits(why) => return Ok(Outcome::Waits(why)),
@@ -195,9 +195,9 @@ async fn read_back(
     pool: &PgPool,
     meter: &dyn Meter,
     report: &MeterReport,
+    now: DateTime<Utc>,
 ) -> Result<ReadBack, sqlx::Error> {
     let others = outbox::minute_others(pool, report).await?;
-    let now = Utc::now();
     let minute: Vec<(Place, &outbox::MinuteOther)> = others
         .iter()
         .map(|o| (place(o, meter.dedupe(), now), o))
@@ -287,7 +287,7 @@ enum Place {
 }
 
 /// Where `other` stands now.
-fn place(other: &outbox::MinuteOther, dedupe: Dedupe, now: chrono::DateTime<Utc>) -> Place {
+fn place(other: &outbox::MinuteOther, dedupe: Dedupe, now: DateTime<Utc>) -> Place {
     let settle = chrono::Duration::from_std(audit::SETTLE).unwrap_or_default();
     match other.status {
         ReportStatus::Withdrawn => Place::Absent,
@@ -301,7 +301,7 @@ fn place(other: &outbox::MinuteOther, dedupe: Dedupe, now: chrono::DateTime<Utc>
         ReportStatus::Dead => Place::Absent,
         // On its way: it is sent without a read-back, unless it is one to read back too.
         ReportStatus::Pending => Place::Maybe {
-            settles: !other.unanswered || resend_is_deduped(dedupe, other.first_sent_at),
+            settles: !other.unanswered || resend_is_deduped(dedupe, other.first_sent_at, now),
         },
     }
 }
@@ -392,7 +392,7 @@ async fn correct(
     let Some(meter) = meters.0.get(&report.source).map(|m| &m.meter) else {
         return Ok(no_meter(report));
     };
-    if report.unanswered && !resend_is_deduped(meter.dedupe(), report.first_sent_at) {
+    if report.unanswered && !resend_is_deduped(meter.dedupe(), report.first_sent_at, claimed.now) {
         return Ok(Outcome::NotTaken(
             "an earlier send of this correction went unanswered and the provider's dedupe \
              window for it has passed; a correction is not read back: not sent again (check \
@@ -400,9 +400,9 @@ async fn correct(
                 .to_owned(),
         ));
     }
-    let cancel_now = meter
-        .cancel_window()
-        .is_some_and(|window| resend_is_deduped(Dedupe::Within(window), corrected.first_sent_at));
+    let cancel_now = meter.cancel_window().is_some_and(|window| {
+        resend_is_deduped(Dedupe::Within(window), corrected.first_sent_at, claimed.now)
+    });
     let how = match (&corrected.how, report.unanswered) {
         // An earlier attempt may have landed: the same request again, or an operator.
         (Some(how), true) => {
@@ -454,14 +454,21 @@ fn sent(sent: Sent) -> Outcome {
     }
 }
 
-/// Whether a resend now is taken by the provider as the report it may hold already.
-fn resend_is_deduped(dedupe: Dedupe, first_sent_at: Option<chrono::DateTime<Utc>>) -> bool {
+/// Whether a resend at `now` is taken by the provider as the report it may hold already.
+/// `now` and `first_sent_at` are the store's clock (`inbox_now()`): the one the row was written
+/// on, so the provider's window is measured as it ran for the row, wherever the machine's
+/// clock stands.
+fn resend_is_deduped(
+    dedupe: Dedupe,
+    first_sent_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> bool {
     match dedupe {
         Dedupe::Always => true,
         Dedupe::Never => false,
         Dedupe::Within(window) => first_sent_at.is_some_and(|first| {
             let trusted = window.saturating_sub(WINDOW_MARGIN);
-            Utc::now() < first + chrono::Duration::from_std(trusted).unwrap_or_default()
+            now < first + chrono::Duration::from_std(trusted).unwrap_or_default()
         }),
     }
 }
@@ -471,30 +478,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_resend_is_trusted_only_inside_the_providers_window() {
+    fn a_resend_is_trusted_only_inside_the_providers_window_on_the_stores_clock() {
         let day = Duration::from_secs(24 * 3600);
-        let now = Utc::now();
-        assert!(resend_is_deduped(
-            Dedupe::Always,
-            Some(now - chrono::Duration::days(30))
-        ));
-        assert!(!resend_is_deduped(Dedupe::Never, Some(now)));
-        assert!(resend_is_deduped(
+        // The store's time, years ahead of the machine's (a simulation's): the window is read
+        // on it.
+        let now = "2031-01-01T00:00:00Z".parse::<DateTime<Utc>>().unwrap();
+        let ago = |d: chrono::Duration| Some(now - d);
+        let deduped = |dedupe, first| resend_is_deduped(dedupe, first, now);
+        assert!(deduped(Dedupe::Always, ago(chrono::Duration::days(30))));
+        assert!(!deduped(Dedupe::Never, Some(now)));
+        assert!(deduped(
             Dedupe::Within(day),
-            Some(now - chrono::Duration::hours(1))
+            ago(chrono::Duration::hours(1))
         ));
         assert!(
-            !resend_is_deduped(
+            !deduped(
                 Dedupe::Within(day),
-                Some(now - chrono::Duration::hours(23) - chrono::Duration::minutes(1))
+                ago(chrono::Duration::hours(23) + chrono::Duration::minutes(1))
             ),
             "within the last hour of the window, the report is read back"
         );
-        assert!(!resend_is_deduped(
+        assert!(!deduped(
             Dedupe::Within(day),
-            Some(now - chrono::Duration::hours(25))
+            ago(chrono::Duration::hours(25))
         ));
-        assert!(!resend_is_deduped(Dedupe::Within(day), None));
+        assert!(!deduped(Dedupe::Within(day), None));
     }
 
     #[test]

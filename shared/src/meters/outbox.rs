@@ -70,6 +70,9 @@ impl ReportStatus {
 pub struct Claimed {
     pub report: MeterReport,
     pub attempts: i32,
+    /// The store's time at the claim (`inbox_now()`, the clock `first_sent_at` and `sent_at` are
+    /// written on): the provider's windows are read on it.
+    pub now: DateTime<Utc>,
     /// For a correction: the report it takes back, as it stands now.
     pub corrects: Option<Corrected>,
 }
@@ -120,7 +123,7 @@ pub async fn claim(
         )
         RETURNING r.id, r.source, r.customer_id, r.identifier, r.meter, r.value, r.occurred_at,
                   r.first_sent_at AS "first_sent_at!", r.unanswered_at, r.attempts, r.corrects,
-                  r.how, r.send_key AS "send_key!"
+                  r.how, r.send_key AS "send_key!", inbox_now() AS "now!"
         "#,
         id,
         lease.as_secs_f64(),
@@ -152,6 +155,7 @@ pub async fn claim(
             send_key: Some(row.send_key),
         },
         attempts: row.attempts,
+        now: row.now,
         corrects,
     }))
 }

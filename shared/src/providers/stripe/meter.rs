@@ -169,9 +169,11 @@ impl StripeMeter {
             .await
     }
 
-    /// The meter's total for the customer over `[start, end)`, both taken to the minute and
-    /// the end to the current minute at the latest; a connected account's customer is read as
-    /// that account.
+    /// The meter's total for the customer over `[start, end)`, both taken to the minute; a
+    /// connected account's customer is read as that account. The times are the caller's, on
+    /// the store's clock (a report's minute, an audit's settled window): no machine clock cuts
+    /// them (Stripe documents no limit on `end_time` but its minute alignment,
+    /// docs.stripe.com/api/billing/meter-event-summary/list).
     async fn summed(
         &self,
         customer: &CustomerId,
@@ -183,7 +185,7 @@ impl StripeMeter {
                 .map_err(|e| anyhow::anyhow!("a time to the minute: {e}"))
         };
         let start = minute(start)?;
-        let end = minute(end.min(Utc::now()))?;
+        let end = minute(end)?;
         if end <= start {
             return Ok(Some(0.0));
         }

@@ -1,5 +1,7 @@
 //! The fake Stripe's read side and its front door (docs/design.md §6.6): the objects a test
 //! seeds, read back as Stripe's API serves them, and the limiter every request meets first.
+//! It holds its own state; the clock and the request ids are the account's, shared with the
+//! meter side.
 //!
 //! - object reads: `GET /v1/{subscriptions,invoices,invoice_payments,customers,payment_intents,
 //!   charges,events}/{id}` and `GET /v2/core/events/{id}`, each in the account its
@@ -13,10 +15,12 @@
 //!   the key's mode, per-endpoint limits, the live meter events' own; counted per second of the
 //!   fake's clock, with what came over the limit and the peak rate kept for a test to read;
 //! - a `Request-Id` on every answer;
-//! - what a test scripts on top ([`On`], with the meter side's [`Fault`]): a 5xx, a slow answer
-//!   (a timeout, to a client that gives up first), a 429 of its own.
+//! - what a test scripts on top ([`On`], with [`Fault`]): a 5xx, a slow answer (a timeout, to
+//!   a client that gives up first), a 429 of its own; or, per request, a decider's ([`Faults`],
+//!   a simulation's dice) once nothing scripted is left.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -24,7 +28,8 @@ use serde_json::{json, Value};
 use wiremock::matchers::{method, path_regex};
 use wiremock::{Match, Mock, Request, Respond, ResponseTemplate};
 
-use crate::stripe::{rate_limited, FakeStripe, Fault};
+use super::answers::{rate_limited, Asked, Fault, Faults, RequestIds};
+use super::clock::Time;
 
 /// Where the read routes are: the v1 objects and lists the project reads, and v2 events.
 const READ_ROUTES: &str = r"^(/v1/(events|subscriptions|invoices|invoice_payments|customers|payment_intents|charges)(/[^/]+)?|/v1/entitlements/active_entitlements|/v2/core/events/[^/]+)$";
@@ -130,50 +135,54 @@ struct Limiter {
     refused: Option<&'static str>,
 }
 
-/// The read side's state: objects, scripted faults, the limiter, the clock.
+/// The read side's state: objects, scripted faults, the limiter.
 #[derive(Default)]
-pub(crate) struct Reads {
+struct Reads {
     objects: Vec<Held>,
     events: Vec<Held>,
     v2_events: Vec<Held>,
     /// A customer's active entitlements, by (context, customer).
     entitlements: HashMap<(Option<String>, String), Vec<Value>>,
     faults: Vec<(On, Fault, usize)>,
+    /// The test's own per-request decider, after the scripted faults.
+    decider: Option<Box<dyn Faults>>,
     /// Read requests so far (for [`On::Nth`]).
     reads: usize,
     /// The mode of a request whose key names none.
     mode: Mode,
-    /// The fake's clock: the wall clock's unless a test set it.
-    clock: Clock,
+    /// The account's clock, which the meter side reads too.
+    clock: Time,
+    ids: RequestIds,
     limiter: Limiter,
-    request_ids: u64,
-}
-
-/// The fake's clock.
-#[derive(Default, Clone, Copy)]
-enum Clock {
-    #[default]
-    Wall,
-    /// Stopped at a time (a test moves it).
-    Stopped(DateTime<Utc>),
-    /// Running from a time, set at an instant of the wall clock.
-    Running(DateTime<Utc>, std::time::Instant),
 }
 
 impl Reads {
     fn now(&self) -> DateTime<Utc> {
-        match self.clock {
-            Clock::Wall => Utc::now(),
-            Clock::Stopped(at) => at,
-            Clock::Running(from, set) => {
-                from + TimeDelta::from_std(set.elapsed()).unwrap_or_default()
-            }
-        }
+        self.clock.now()
     }
 
     fn request_id(&mut self) -> String {
-        self.request_ids += 1;
-        format!("req_fake{:010}", self.request_ids)
+        self.ids.next()
+    }
+}
+
+/// The read side of one Stripe account; clones share it.
+#[derive(Clone)]
+pub(super) struct ReadSide(Arc<Mutex<Reads>>);
+
+impl ReadSide {
+    /// The read side reading the account's clock, numbering its answers with the account's
+    /// request ids.
+    pub(super) fn new(clock: Time, ids: RequestIds) -> Self {
+        Self(Arc::new(Mutex::new(Reads {
+            clock,
+            ids,
+            ..Reads::default()
+        })))
+    }
+
+    fn reads(&self) -> MutexGuard<'_, Reads> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -264,7 +273,7 @@ fn missing(noun: &str, id: &str, param: &str) -> (u16, Value) {
 /// check, which answers nothing). A request over a limit is answered 429 here, before any
 /// endpoint or idempotency layer sees it: "rate limiters run before the API's idempotency
 /// layer" (docs.stripe.com/error-low-level).
-struct Limited(FakeStripe);
+struct Limited(ReadSide);
 
 impl Match for Limited {
     fn matches(&self, request: &Request) -> bool {
@@ -321,24 +330,11 @@ impl Respond for Limited {
     }
 }
 
-/// An answer of the meter side, with its `Request-Id`.
-pub(crate) struct WithRequestId(pub(crate) FakeStripe);
-
-impl Respond for WithRequestId {
-    fn respond(&self, request: &Request) -> ResponseTemplate {
-        let answer = self.0.respond(request);
-        let id = self.0.reads().request_id();
-        answer.insert_header("Request-Id", id.as_str())
-    }
-}
-
 /// "Each API request has an associated request identifier. You can find this value in the
 /// response headers, under `Request-Id`." (docs.stripe.com/api/request_ids)
-struct ReadSide(FakeStripe);
-
 impl Respond for ReadSide {
     fn respond(&self, request: &Request) -> ResponseTemplate {
-        let mut reads = self.0.reads();
+        let mut reads = self.reads();
         let id = reads.request_id();
         let answer = match reads.answer(request) {
             Answered::Is(status, body, delay) => {
@@ -369,22 +365,24 @@ enum Answered {
     RateLimited(Option<u32>),
 }
 
-/// Mounts the limiter (in front of every route) and the read routes on `server`; the meter
-/// side's own routes are mounted beside them by [`FakeStripe::serve`].
-pub(crate) async fn mount(fake: &FakeStripe, server: &wiremock::MockServer) {
-    Mock::given(Limited(fake.clone()))
-        .respond_with(Limited(fake.clone()))
-        .with_priority(2)
-        .named("Stripe's rate limiter")
-        .mount(server)
-        .await;
-    // A test's own mock of a read comes first (the default priority, 5).
-    Mock::given(method("GET"))
-        .and(path_regex(READ_ROUTES))
-        .respond_with(ReadSide(fake.clone()))
-        .with_priority(10)
-        .mount(server)
-        .await;
+impl ReadSide {
+    /// Mounts the limiter (in front of every route) and the read routes on `server`; the meter
+    /// side's own routes are mounted beside them.
+    pub(super) async fn mount(&self, server: &wiremock::MockServer) {
+        Mock::given(Limited(self.clone()))
+            .respond_with(Limited(self.clone()))
+            .with_priority(2)
+            .named("Stripe's rate limiter")
+            .mount(server)
+            .await;
+        // A test's own mock of a read comes first (the default priority, 5).
+        Mock::given(method("GET"))
+            .and(path_regex(READ_ROUTES))
+            .respond_with(self.clone())
+            .with_priority(10)
+            .mount(server)
+            .await;
+    }
 }
 
 impl Reads {
@@ -401,10 +399,25 @@ impl Reads {
                     On::Any => true,
                 }
         });
-        let mut delay = None;
-        if let Some((_, fault, left)) = scripted {
+        let scripted = scripted.map(|(_, fault, left)| {
             *left -= 1;
-            match fault.clone() {
+            fault.clone()
+        });
+        let decided = match scripted {
+            Some(fault) => Some(fault),
+            None => {
+                let query = request.url.query().unwrap_or_default();
+                let asked = Asked {
+                    endpoint: &path,
+                    identifier: query,
+                    idempotency_key: None,
+                };
+                self.decider.as_mut().and_then(|d| d.decide(&asked))
+            }
+        };
+        let mut delay = None;
+        if let Some(fault) = decided {
+            match fault {
                 Fault::Fails(status, body) | Fault::TakesThenFails(status, body) => {
                     return Answered::Is(status, body, None)
                 }
@@ -711,15 +724,10 @@ fn page(url: &str, listed: Vec<Value>, query: &[(String, String)]) -> (u16, Valu
     )
 }
 
-impl FakeStripe {
-    /// The account holds `object` (a v1 object with its `id` and `object`: a subscription,
-    /// invoice, invoice payment, customer, payment intent, charge), replacing one of its id.
-    pub fn holds(&self, object: Value) -> &Self {
-        self.holds_in(None, object)
-    }
-
-    /// The connected account (or context) `context` holds `object`.
-    pub fn holds_in(&self, context: Option<&str>, object: Value) -> &Self {
+impl ReadSide {
+    /// The account (`None`) or the connected account (or context) `context` holds `object`
+    /// (a v1 object with its `id` and `object`), replacing one of its id.
+    pub(super) fn holds_in(&self, context: Option<&str>, object: Value) {
         assert!(
             object.get("id").is_some() && object.get("object").is_some(),
             "an object Stripe holds has its id and object: {object}"
@@ -734,27 +742,25 @@ impl FakeStripe {
             object,
             delivered: true,
         });
-        self
     }
 
     /// The account no longer holds the object `id` (deleted: reads of it are 404s).
-    pub fn forgets(&self, id: &str) -> &Self {
+    pub(super) fn forgets(&self, id: &str) {
         self.reads().objects.retain(|h| h.object["id"] != id);
-        self
     }
 
     /// The account's event (`GET /v1/events`, `/v1/events/{id}`), of the context its
     /// `account` names, delivered to every endpoint.
-    pub fn has_event(&self, event: Value) -> &Self {
+    pub(super) fn has_event(&self, event: Value) {
         self.add_event(event, true)
     }
 
     /// An event Stripe failed to deliver (`delivery_success=false` lists it).
-    pub fn has_undelivered_event(&self, event: Value) -> &Self {
+    pub(super) fn has_undelivered_event(&self, event: Value) {
         self.add_event(event, false)
     }
 
-    fn add_event(&self, event: Value, delivered: bool) -> &Self {
+    fn add_event(&self, event: Value, delivered: bool) {
         let context = event
             .get("account")
             .and_then(Value::as_str)
@@ -777,11 +783,10 @@ impl FakeStripe {
                 delivered,
             });
         }
-        self
     }
 
     /// A v2 event (`GET /v2/core/events/{id}`), read in the context it names.
-    pub fn has_v2_event(&self, event: Value) -> &Self {
+    pub(super) fn has_v2_event(&self, event: Value) {
         let context = event
             .get("context")
             .and_then(Value::as_str)
@@ -791,14 +796,13 @@ impl FakeStripe {
             object: event,
             delivered: true,
         });
-        self
     }
 
     /// `customer`'s active entitlements in `context` (`GET
     /// /v1/entitlements/active_entitlements?customer=…`), in list order: each
     /// `{id, object: "entitlements.active_entitlement", feature, livemode, lookup_key}`
     /// (stripe-node `Entitlements.ActiveEntitlement`).
-    pub fn entitles(&self, context: Option<&str>, customer: &str, lookup_keys: &[&str]) -> &Self {
+    pub(super) fn entitles(&self, context: Option<&str>, customer: &str, lookup_keys: &[&str]) {
         let listed = lookup_keys
             .iter()
             .enumerate()
@@ -810,364 +814,44 @@ impl FakeStripe {
         self.reads()
             .entitlements
             .insert((context.map(str::to_owned), customer.to_owned()), listed);
-        self
     }
 
     /// `customer`'s active entitlements in `context`, as given (each an
     /// `entitlements.active_entitlement` with its `id`), in list order.
-    pub fn entitlements_of(
+    pub(super) fn entitlements_of(
         &self,
         context: Option<&str>,
         customer: &str,
         listed: Vec<Value>,
-    ) -> &Self {
+    ) {
         self.reads()
             .entitlements
             .insert((context.map(str::to_owned), customer.to_owned()), listed);
-        self
     }
 
     /// The next `times` reads `on` go wrong as `fault` says (a 5xx, a slow answer, a 429), in
     /// the order scripted.
-    pub fn read_fails(&self, on: On, fault: Fault, times: usize) -> &Self {
+    pub(super) fn read_fails(&self, on: On, fault: Fault, times: usize) {
         self.reads().faults.push((on, fault, times));
-        self
+    }
+
+    /// Asks `faults` what goes wrong with each read once no scripted fault is left.
+    pub(super) fn deciding(&self, faults: Option<Box<dyn Faults>>) {
+        self.reads().decider = faults;
     }
 
     /// The mode of a request whose key names none (`sk_live_…`/`sk_test_…` name theirs).
-    pub fn in_mode(&self, mode: Mode) -> &Self {
+    pub(super) fn in_mode(&self, mode: Mode) {
         self.reads().mode = mode;
-        self
-    }
-
-    /// Stops the fake's clock (the rate limiter's seconds, the events' 30 days) at `at`.
-    pub fn clock_at(&self, at: DateTime<Utc>) -> &Self {
-        self.reads().clock = Clock::Stopped(at);
-        self
-    }
-
-    /// Sets the fake's clock to `at`, running on from there (a corpus's day, say).
-    pub fn clock_from(&self, at: DateTime<Utc>) -> &Self {
-        self.reads().clock = Clock::Running(at, std::time::Instant::now());
-        self
-    }
-
-    /// Moves the fake's clock on by `by` (stopped there).
-    pub fn clock_advance(&self, by: TimeDelta) -> &Self {
-        let mut reads = self.reads();
-        let now = reads.now();
-        reads.clock = Clock::Stopped(now + by);
-        self
     }
 
     /// What the rate limiter saw so far.
-    pub fn rate_seen(&self) -> RateSeen {
+    pub(super) fn rate_seen(&self) -> RateSeen {
         self.reads().limiter.seen.clone()
     }
 
     /// Read requests answered by the read routes so far.
-    pub fn read_count(&self) -> usize {
+    pub(super) fn read_count(&self) -> usize {
         self.reads().reads
-    }
-}
-
-impl FakeStripe {
-    pub(crate) fn reads(&self) -> std::sync::MutexGuard<'_, Reads> {
-        self.1.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// The read side, asked directly: each behaviour as Stripe's pages say.
-#[cfg(all(test, feature = "described"))]
-mod behaviour {
-    use super::*;
-    use crate::described::ProviderServer;
-
-    async fn get(
-        server: &ProviderServer,
-        key: &str,
-        path: &str,
-        query: &[(&str, &str)],
-        context: Option<&str>,
-    ) -> (u16, Value, reqwest::header::HeaderMap) {
-        let mut request = reqwest::Client::new()
-            .get(format!("{}{path}", server.uri()))
-            .bearer_auth(key)
-            .query(query);
-        if let Some(account) = context {
-            request = request.header("Stripe-Account", account);
-        }
-        let answer = request.send().await.unwrap();
-        let status = answer.status().as_u16();
-        let headers = answer.headers().clone();
-        (status, answer.json().await.unwrap_or(Value::Null), headers)
-    }
-
-    fn event(id: &str, created: i64, kind: &str) -> Value {
-        json!({"id": id, "object": "event", "type": kind, "created": created,
-               "livemode": false, "data": {"object": {"id": "sub_1", "object": "subscription"}}})
-    }
-
-    fn ids(body: &Value) -> Vec<&str> {
-        body["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|o| o["id"].as_str().unwrap())
-            .collect()
-    }
-
-    #[tokio::test]
-    async fn lists_page_newest_first_with_stripes_cursors_limits_and_filters() {
-        let fake = FakeStripe::default();
-        let now = Utc::now();
-        fake.clock_at(now);
-        let t = now.timestamp() - 3_600;
-        for n in 0..5 {
-            fake.has_event(event(
-                &format!("evt_{n}"),
-                t + n,
-                "customer.subscription.updated",
-            ));
-        }
-        fake.has_event(event("evt_paid", t + 10, "invoice.paid"));
-        fake.has_undelivered_event(event("evt_lost", t + 20, "invoice.paid"));
-        fake.has_event(event(
-            "evt_old",
-            (now - TimeDelta::days(31)).timestamp(),
-            "invoice.paid",
-        ));
-        let server = fake.serve().await;
-        let key = "sk_test_fake";
-
-        let (status, all, headers) = get(&server, key, "/v1/events", &[], None).await;
-        assert_eq!(status, 200);
-        assert!(headers.get("request-id").is_some());
-        assert_eq!(
-            ids(&all),
-            ["evt_lost", "evt_paid", "evt_4", "evt_3", "evt_2", "evt_1", "evt_0"],
-            "newest first, 30 days"
-        );
-        assert_eq!(
-            (all["object"].as_str(), all["url"].as_str()),
-            (Some("list"), Some("/v1/events"))
-        );
-        assert_eq!(all["has_more"], false);
-
-        let (_, first, _) = get(
-            &server,
-            key,
-            "/v1/events",
-            &[("limit", "2"), ("types[]", "customer.subscription.updated")],
-            None,
-        )
-        .await;
-        assert_eq!(
-            (ids(&first), first["has_more"].as_bool()),
-            (vec!["evt_4", "evt_3"], Some(true))
-        );
-        let (_, next, _) = get(
-            &server,
-            key,
-            "/v1/events",
-            &[
-                ("limit", "2"),
-                ("types[]", "customer.subscription.updated"),
-                ("starting_after", "evt_3"),
-            ],
-            None,
-        )
-        .await;
-        assert_eq!(ids(&next), ["evt_2", "evt_1"]);
-        let (_, before, _) = get(
-            &server,
-            key,
-            "/v1/events",
-            &[("limit", "2"), ("ending_before", "evt_2")],
-            None,
-        )
-        .await;
-        assert_eq!(
-            (ids(&before), before["has_more"].as_bool()),
-            (vec!["evt_4", "evt_3"], Some(true))
-        );
-        let gte = (t + 3).to_string();
-        let lt = (t + 10).to_string();
-        let (_, window, _) = get(
-            &server,
-            key,
-            "/v1/events",
-            &[("created[gte]", gte.as_str()), ("created[lt]", lt.as_str())],
-            None,
-        )
-        .await;
-        assert_eq!(ids(&window), ["evt_4", "evt_3"]);
-        let (_, wildcard, _) =
-            get(&server, key, "/v1/events", &[("type", "invoice.*")], None).await;
-        assert_eq!(ids(&wildcard), ["evt_lost", "evt_paid"]);
-        let (_, lost, _) = get(
-            &server,
-            key,
-            "/v1/events",
-            &[("delivery_success", "false")],
-            None,
-        )
-        .await;
-        assert_eq!(ids(&lost), ["evt_lost"]);
-        let (status, _, _) = get(&server, key, "/v1/events/evt_old", &[], None).await;
-        assert_eq!(status, 404, "an event past 30 days is gone");
-
-        // Out of range: refused by the description (limit 1-100) and by the fake alike.
-        let checked = server.refused();
-        assert!(checked.is_empty(), "{checked:?}");
-    }
-
-    #[tokio::test]
-    async fn objects_are_read_in_their_account_and_a_missing_one_is_stripes_404() {
-        let fake = FakeStripe::default();
-        fake.holds(
-            json!({"id": "sub_1", "object": "subscription", "status": "active", "created": 1}),
-        );
-        fake.holds_in(
-            Some("acct_1"),
-            json!({"id": "sub_2", "object": "subscription", "status": "active", "created": 2}),
-        );
-        fake.holds(
-            json!({"id": "sub_3", "object": "subscription", "status": "canceled", "created": 3}),
-        );
-        let server = fake.serve().await;
-        let key = "sk_test_fake";
-
-        let (status, sub, _) = get(&server, key, "/v1/subscriptions/sub_1", &[], None).await;
-        assert_eq!((status, sub["status"].as_str()), (200, Some("active")));
-        let (status, body, headers) = get(&server, key, "/v1/subscriptions/sub_2", &[], None).await;
-        assert_eq!(status, 404, "another account's object");
-        assert_eq!(
-            body["error"],
-            json!({"type": "invalid_request_error", "code": "resource_missing",
-                   "message": "No such subscription: 'sub_2'", "param": "id",
-                   "doc_url": "https://stripe.com/docs/error-codes/resource-missing"})
-        );
-        assert!(headers.get("request-id").is_some());
-        let (status, _, _) =
-            get(&server, key, "/v1/subscriptions/sub_2", &[], Some("acct_1")).await;
-        assert_eq!(status, 200);
-        let (_, listed, _) = get(&server, key, "/v1/subscriptions", &[], None).await;
-        assert_eq!(ids(&listed), ["sub_1"], "canceled ones only with a status");
-        let (_, listed, _) = get(
-            &server,
-            key,
-            "/v1/subscriptions",
-            &[("status", "all")],
-            None,
-        )
-        .await;
-        assert_eq!(ids(&listed), ["sub_3", "sub_1"]);
-        let (status, body, _) = get(
-            &server,
-            key,
-            "/v1/subscriptions",
-            &[("starting_after", "sub_9")],
-            None,
-        )
-        .await;
-        assert_eq!(
-            (status, body["error"]["param"].as_str()),
-            (404, Some("starting_after"))
-        );
-        let (status, _, _) = get(&server, "", "/v1/subscriptions/sub_1", &[], None).await;
-        assert_eq!(status, 401, "no key");
-    }
-
-    #[tokio::test]
-    async fn the_limiter_answers_429_past_each_modes_limit_per_second_and_says_what_it_saw() {
-        let fake = FakeStripe::default();
-        let second = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
-        fake.clock_at(second);
-        fake.holds(json!({"id": "sub_1", "object": "subscription", "created": 1}));
-        fake.holds(json!({"id": "cus_1", "object": "customer", "created": 1}));
-        let server = fake.serve().await;
-        let path = "/v1/subscriptions/sub_1";
-
-        // A sandbox: 25 a second, the 26th refused before anything runs.
-        for _ in 0..25 {
-            assert_eq!(get(&server, "sk_test_x", path, &[], None).await.0, 200);
-        }
-        let (status, body, headers) = get(&server, "sk_test_x", path, &[], None).await;
-        assert_eq!(
-            (status, body["error"]["code"].as_str()),
-            (429, Some("rate_limit"))
-        );
-        assert_eq!(headers["stripe-should-retry"], "true");
-        assert_eq!(headers["stripe-rate-limited-reason"], "global-rate");
-        assert_eq!(fake.read_count(), 25, "the endpoint never saw it");
-
-        // The next second counts afresh; live mode takes 100, but one endpoint 25.
-        fake.clock_advance(TimeDelta::seconds(1));
-        for _ in 0..25 {
-            assert_eq!(get(&server, "sk_live_x", path, &[], None).await.0, 200);
-        }
-        let (status, _, headers) = get(&server, "sk_live_x", path, &[], None).await;
-        assert_eq!(
-            (status, &headers["stripe-rate-limited-reason"]),
-            (429, &"endpoint-rate".parse().unwrap())
-        );
-        assert_eq!(
-            get(&server, "sk_live_x", "/v1/customers/cus_1", &[], None)
-                .await
-                .0,
-            200
-        );
-
-        assert_eq!(
-            fake.rate_seen(),
-            RateSeen {
-                requests: 53,
-                over_limit: 2,
-                peak_per_second: 27,
-                peak_endpoint: 26
-            }
-        );
-    }
-
-    #[tokio::test]
-    async fn a_scripted_fault_comes_on_top_of_the_faithful_answer() {
-        let fake = FakeStripe::default();
-        fake.holds(json!({"id": "sub_1", "object": "subscription", "created": 1}));
-        fake.read_fails(
-            On::Nth(2),
-            Fault::Fails(500, json!({"error": {"type": "api_error"}})),
-            1,
-        );
-        fake.read_fails(
-            On::Path("/v1/subscriptions/sub_1".into()),
-            Fault::Slow(Duration::from_secs(2)),
-            1,
-        );
-        let server = fake.serve().await;
-        let path = "/v1/subscriptions/sub_1";
-        let timed_out = reqwest::Client::new()
-            .get(format!("{}{path}", server.uri()))
-            .bearer_auth("sk_test_x")
-            .timeout(Duration::from_millis(50))
-            .send()
-            .await;
-        assert!(
-            timed_out.unwrap_err().is_timeout(),
-            "slow: the client gave up"
-        );
-        assert_eq!(get(&server, "sk_test_x", path, &[], None).await.0, 500);
-        assert_eq!(get(&server, "sk_test_x", path, &[], None).await.0, 200);
-        fake.read_fails(On::Any, Fault::RateLimited(Some(30)), 1);
-        let (status, body, headers) = get(&server, "sk_test_x", path, &[], None).await;
-        assert_eq!(
-            (status, body["error"]["code"].as_str()),
-            (429, Some("rate_limit"))
-        );
-        assert_eq!(
-            (&headers["retry-after"], &headers["stripe-should-retry"]),
-            (&"30".parse().unwrap(), &"true".parse().unwrap())
-        );
-        assert_eq!(get(&server, "sk_test_x", path, &[], None).await.0, 200);
     }
 }

@@ -1,7 +1,6 @@
-//! A fake Stripe: a small copy of the parts of Stripe's API that meter reports use (docs/design.md
-//! §4.13, §4.13a), served in process by wiremock, each behaviour beside the sentence of Stripe's
-//! documentation that says so. It keeps what it took and answers from it, so a test sees what
-//! Stripe would count, not what a test hoped it would:
+//! The fake Stripe's meter side (docs/design.md §4.13, §4.13a): what meter reports use, kept
+//! and answered from what it took, so a test sees what Stripe would count, not what a test
+//! hoped it would:
 //!
 //! - `POST /v1/billing/meter_events`, `POST /v1/billing/meter_event_adjustments`: Stripe's
 //!   idempotency layer (the first answer per `Idempotency-Key` saved and replayed, 500s
@@ -11,11 +10,10 @@
 //!   their totals summed from the events it took.
 //!
 //! A test scripts what goes wrong ([`Fault`]): a failure before or after the event is taken,
-//! or an answer that comes after the client gave up — queued in turn ([`FakeStripe::then`]) or
-//! decided per request by the test's own [`Faults`] (a simulation's seeded dice). Every window
-//! (a saved key's 24 hours, an identifier's, the cancel window, a `timestamp`'s 35 days past
-//! and 5 minutes ahead) is read on the fake's [`Clock`]: the wall clock, or one a simulation
-//! runs ahead of it.
+//! or an answer that comes after the client gave up — queued in turn or decided per request by
+//! the test's own [`Faults`] (a simulation's seeded dice). Every window (a saved key's 24
+//! hours, an identifier's, the cancel window, a `timestamp`'s 35 days past and 5 minutes
+//! ahead) is read on the account's one clock ([`Time`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -25,6 +23,9 @@ use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::{json, Value};
 use wiremock::matchers::{method, path, path_regex};
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+use super::answers::{rate_limited, Asked, Fault, Faults, RequestIds};
+use super::clock::Time;
 
 /// How long Stripe keeps a saved answer: "You can remove keys from the system automatically
 /// after they're at least 24 hours old. We generate a new request if a key is reused after
@@ -37,64 +38,8 @@ const IDENTIFIER_KEPT: TimeDelta = TimeDelta::hours(24);
 /// `types/Billing/MeterEventAdjustmentsResource.d.ts`, `cancel.identifier`)
 const CANCEL_WINDOW: TimeDelta = TimeDelta::hours(24);
 
-/// The time as the fake reads it.
-pub type Clock = Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>;
-
-/// A request that reached an endpoint, as a [`Faults`] decider sees it.
-#[derive(Debug, Clone, Copy)]
-pub struct Asked<'a> {
-    /// `/v1/billing/meter_events` or `/v1/billing/meter_event_adjustments`.
-    pub endpoint: &'a str,
-    /// The meter event's `identifier`, or the one an adjustment cancels.
-    pub identifier: &'a str,
-    pub idempotency_key: Option<&'a str>,
-}
-
-/// What goes wrong with a request that reaches an endpoint, decided per request by a test or a
-/// simulation (after any fault queued by [`FakeStripe::then`]).
-pub trait Faults: Send {
-    fn decide(&mut self, asked: &Asked<'_>) -> Option<Fault>;
-}
-
-impl<F: FnMut(&Asked<'_>) -> Option<Fault> + Send> Faults for F {
-    fn decide(&mut self, asked: &Asked<'_>) -> Option<Fault> {
-        self(asked)
-    }
-}
-
 /// The meters this Stripe account has: `(id, event_name)`.
 const METERS: [(&str, &str); 2] = [("mtr_seats", "seats"), ("mtr_api", "api_calls")];
-
-/// What goes wrong with the next request that reaches an endpoint (not one Stripe answers from
-/// its saved answers).
-#[derive(Debug, Clone)]
-pub enum Fault {
-    /// Stripe fails before taking anything, with this status and body (a 5xx is saved under
-    /// the key, as every answer once the endpoint began).
-    Fails(u16, Value),
-    /// Stripe takes it, then answers this status and body (saved under the key).
-    TakesThenFails(u16, Value),
-    /// Stripe takes it and answers after this long: the key is executing until then.
-    Slow(Duration),
-    /// Stripe's rate limiter refuses it before anything runs (see [`rate_limited`]), with a
-    /// `Retry-After` of so many seconds when given.
-    RateLimited(Option<u32>),
-}
-
-/// Stripe's answer past its rate limit: "If you send many requests in quick succession, you
-/// might see error responses with status code 429" (docs.stripe.com/rate-limits); "rate
-/// limiters run before the API's idempotency layer", so nothing is saved under the key
-/// (docs.stripe.com/error-low-level); the `Stripe-Should-Retry` header tells a client whether
-/// to retry (ibid., and read by Stripe's SDKs, stripe-php #755), and `rate_limit` is the
-/// error's code (docs.stripe.com/error-codes).
-pub fn rate_limited() -> ResponseTemplate {
-    ResponseTemplate::new(429)
-        .insert_header("Stripe-Should-Retry", "true")
-        .set_body_json(json!({"error": {
-            "type": "invalid_request_error",
-            "code": "rate_limit",
-            "message": "Too many requests hit the API too quickly. We recommend an exponential backoff of your requests."}}))
-}
 
 /// A meter event Stripe took.
 #[derive(Debug, Clone)]
@@ -148,7 +93,10 @@ struct State {
     faults: VecDeque<Fault>,
     /// The test's own per-request decider, after the queued faults.
     decider: Option<Box<dyn Faults>>,
-    clock: Option<Clock>,
+    /// The account's clock, which the read side reads too.
+    clock: Time,
+    /// The account's request ids.
+    ids: RequestIds,
     /// One line per POST that reached it: what it answered and why (`FakeStripe::take_said`).
     said: Vec<String>,
     /// Every request that reaches an endpoint fails so (`FakeStripe::failing`).
@@ -159,53 +107,49 @@ struct State {
     summaries_asked: Vec<HashMap<String, String>>,
 }
 
-/// A fake Stripe; clones share one account. Its read side and rate limiter are
-/// `stripe_reads.rs`'s.
-#[derive(Clone, Default)]
-pub struct FakeStripe(
-    Arc<Mutex<State>>,
-    pub(crate) Arc<Mutex<crate::stripe_reads::Reads>>,
-);
+/// The meter side of one Stripe account; clones share it.
+#[derive(Clone)]
+pub(super) struct MeterSide(Arc<Mutex<State>>);
 
-impl FakeStripe {
-    /// One whose every request that reaches an endpoint fails with `status` and `body`.
-    pub fn failing(status: u16, body: Value) -> Self {
-        let fake = Self::default();
-        fake.0.lock().unwrap().always = Some((status, body));
-        fake
+impl MeterSide {
+    /// The meter side reading the account's clock, numbering its answers with the account's
+    /// request ids.
+    pub(super) fn new(clock: Time, ids: RequestIds) -> Self {
+        Self(Arc::new(Mutex::new(State {
+            clock,
+            ids,
+            ..State::default()
+        })))
+    }
+
+    /// Every request that reaches an endpoint fails with `status` and `body`.
+    pub(super) fn always_fails(&self, status: u16, body: Value) {
+        self.0.lock().unwrap().always = Some((status, body));
     }
 
     /// What goes wrong with the next request that reaches an endpoint (in turn).
-    pub fn then(&self, fault: Fault) -> &Self {
+    pub(super) fn then(&self, fault: Fault) {
         self.0.lock().unwrap().faults.push_back(fault);
-        self
-    }
-
-    /// Reads time on `clock` from now on (a simulation's, ahead of the wall clock).
-    pub fn clocked(&self, clock: Clock) -> &Self {
-        self.0.lock().unwrap().clock = Some(clock);
-        self
     }
 
     /// Asks `faults` what goes wrong with each request that reaches an endpoint (once no
-    /// fault queued by [`FakeStripe::then`] is left).
-    pub fn deciding(&self, faults: impl Faults + 'static) -> &Self {
-        self.0.lock().unwrap().decider = Some(Box::new(faults));
-        self
+    /// fault queued by [`MeterSide::then`] is left).
+    pub(super) fn deciding(&self, faults: Box<dyn Faults>) {
+        self.0.lock().unwrap().decider = Some(faults);
     }
 
     /// Stops asking the decider: every request from now on goes as Stripe would have it.
-    pub fn no_more_faults(&self) {
+    pub(super) fn no_more_faults(&self) {
         self.0.lock().unwrap().decider = None;
     }
 
     /// The event summaries answer after `delay` (requests made together overlap).
-    pub fn summaries_after(&self, delay: Duration) {
+    pub(super) fn summaries_after(&self, delay: Duration) {
         self.0.lock().unwrap().summaries_delay = delay;
     }
 
     /// Moves everything it took and saved `by` into the past (a test's "a day later").
-    pub fn age(&self, by: TimeDelta) {
+    pub(super) fn age(&self, by: TimeDelta) {
         let mut state = self.0.lock().unwrap();
         for event in &mut state.events {
             event.received_at -= by;
@@ -215,60 +159,34 @@ impl FakeStripe {
         }
     }
 
-    /// Served as Stripe's API, every request checked against Stripe's published description.
-    #[cfg(feature = "described")]
-    pub async fn serve(&self) -> crate::described::ProviderServer {
-        let server = crate::described::ProviderServer::start(&crate::described::STRIPE).await;
-        self.mount(&server).await;
-        server
-    }
-
-    /// Mounts its routes on `server` (again, after the server's `reset`): the rate limiter
-    /// and the read routes (stripe_reads.rs), and the meter routes.
-    pub async fn mount(&self, server: &MockServer) {
-        crate::stripe_reads::mount(self, server).await;
-        self.mount_meters(server).await;
-    }
-
-    /// Served as Stripe's meter routes alone, without the description's checks or the rate
-    /// limiter (`inboxctl bench`, which measures the sender, not the fake).
-    pub async fn serve_unchecked(&self) -> MockServer {
-        let server = MockServer::builder()
-            .disable_request_recording()
-            .start()
-            .await;
-        self.mount_meters(&server).await;
-        server
-    }
-
     /// The meter routes: meter events and adjustments, the meters and their event summaries.
-    async fn mount_meters(&self, server: &MockServer) {
+    pub(super) async fn mount(&self, server: &MockServer) {
         for endpoint in [
             "/v1/billing/meter_events",
             "/v1/billing/meter_event_adjustments",
         ] {
             Mock::given(method("POST"))
                 .and(path(endpoint))
-                .respond_with(crate::stripe_reads::WithRequestId(self.clone()))
+                .respond_with(self.clone())
                 .mount(server)
                 .await;
         }
         // A test's own mock of these reads comes first.
         Mock::given(method("GET"))
             .and(path_regex(r"^/v1/billing/meters(/[^/]+/event_summaries)?$"))
-            .respond_with(crate::stripe_reads::WithRequestId(self.clone()))
+            .respond_with(self.clone())
             .with_priority(10)
             .mount(server)
             .await;
     }
 
     /// POST requests that reached it, answered from a saved answer or not.
-    pub fn posts(&self) -> u32 {
+    pub(super) fn posts(&self) -> u32 {
         self.0.lock().unwrap().posts
     }
 
     /// The meter events it holds, by identifier (the latest taken under each).
-    pub fn held(&self) -> HashMap<String, HashMap<String, String>> {
+    pub(super) fn held(&self) -> HashMap<String, HashMap<String, String>> {
         let state = self.0.lock().unwrap();
         state
             .events
@@ -279,36 +197,36 @@ impl FakeStripe {
 
     /// Every meter event it took, in order (an identifier taken again after its 24 hours is
     /// two).
-    pub fn events(&self) -> Vec<MeterEvent> {
+    pub(super) fn events(&self) -> Vec<MeterEvent> {
         self.0.lock().unwrap().events.clone()
     }
 
     /// The meter event adjustments it took, as sent.
-    pub fn adjustments(&self) -> Vec<HashMap<String, String>> {
+    pub(super) fn adjustments(&self) -> Vec<HashMap<String, String>> {
         let state = self.0.lock().unwrap();
         state.adjustments.iter().map(|a| a.form.clone()).collect()
     }
 
     /// The meter event adjustments it took, each with the key it came under.
-    pub fn cancels(&self) -> Vec<Adjustment> {
+    pub(super) fn cancels(&self) -> Vec<Adjustment> {
         self.0.lock().unwrap().adjustments.clone()
     }
 
     /// POST requests answered from a saved answer (`Idempotent-Replayed`), and meter events
     /// answered "already exists".
-    pub fn resends(&self) -> (u32, u32) {
+    pub(super) fn resends(&self) -> (u32, u32) {
         let state = self.0.lock().unwrap();
         (state.replayed, state.repeats)
     }
 
     /// What it answered each POST since the last call, one line each.
-    pub fn take_said(&self) -> Vec<String> {
+    pub(super) fn take_said(&self) -> Vec<String> {
         std::mem::take(&mut self.0.lock().unwrap().said)
     }
 
     /// What the meter `api_calls` counts per customer of the platform's account: the events
     /// it took, less those cancelled.
-    pub fn totals(&self) -> HashMap<String, f64> {
+    pub(super) fn totals(&self) -> HashMap<String, f64> {
         let state = self.0.lock().unwrap();
         let mut totals: HashMap<String, f64> = HashMap::new();
         for event in state
@@ -324,7 +242,7 @@ impl FakeStripe {
 
     /// Takes a meter event of `value` on `api_calls` for `customer`, timed `at`, as if another
     /// of the account's clients had sent it: what Stripe counts beyond what a store sent.
-    pub fn takes(&self, customer: &str, at: DateTime<Utc>, value: f64) {
+    pub(super) fn takes(&self, customer: &str, at: DateTime<Utc>, value: f64) {
         let mut state = self.0.lock().unwrap();
         let identifier = format!("elsewhere_{}", state.events.len());
         let form = HashMap::from([
@@ -347,13 +265,13 @@ impl FakeStripe {
     }
 
     /// The event summaries asked of it, each request's query, in order.
-    pub fn summaries_asked(&self) -> Vec<HashMap<String, String>> {
+    pub(super) fn summaries_asked(&self) -> Vec<HashMap<String, String>> {
         self.0.lock().unwrap().summaries_asked.clone()
     }
 
     /// What the meter `api_calls` counts for `customer` (of the platform's account): the
     /// events it took, less those cancelled.
-    pub fn total(&self, customer: &str) -> f64 {
+    pub(super) fn total(&self, customer: &str) -> f64 {
         let state = self.0.lock().unwrap();
         state
             .events
@@ -365,8 +283,16 @@ impl FakeStripe {
     }
 }
 
-impl Respond for FakeStripe {
+impl Respond for MeterSide {
     fn respond(&self, request: &Request) -> ResponseTemplate {
+        let answer = self.answer(request);
+        let ids = self.0.lock().unwrap().ids.clone();
+        ids.on(answer)
+    }
+}
+
+impl MeterSide {
+    fn answer(&self, request: &Request) -> ResponseTemplate {
         let mut state = self.0.lock().unwrap();
         if request.method.as_str() == "GET" {
             return state.read(request);
@@ -533,7 +459,7 @@ fn invalid(message: String) -> (u16, Value) {
 
 impl State {
     fn now(&self) -> DateTime<Utc> {
-        self.clock.as_ref().map_or_else(Utc::now, |clock| clock())
+        self.clock.now()
     }
 
     /// An endpoint's own work: the answer it gives.
@@ -723,266 +649,5 @@ trait IntoTemplate {
 impl IntoTemplate for (u16, Value) {
     fn into_template(self) -> ResponseTemplate {
         ResponseTemplate::new(self.0).set_body_json(self.1)
-    }
-}
-
-/// The fake itself, asked directly: each behaviour as Stripe's pages say.
-#[cfg(all(test, feature = "described"))]
-mod behaviour {
-    use super::*;
-
-    async fn post(
-        server: &wiremock::MockServer,
-        endpoint: &str,
-        key: &str,
-        form: &[(&str, &str)],
-    ) -> (u16, Value) {
-        let answer = reqwest::Client::new()
-            .post(format!("{}{endpoint}", server.uri()))
-            .header("Idempotency-Key", key)
-            .form(form)
-            .send()
-            .await
-            .unwrap();
-        let status = answer.status().as_u16();
-        (status, answer.json().await.unwrap_or(Value::Null))
-    }
-
-    fn event<'a>(identifier: &'a str, value: &'a str, at: &'a str) -> Vec<(&'a str, &'a str)> {
-        vec![
-            ("event_name", "api_calls"),
-            ("identifier", identifier),
-            ("timestamp", at),
-            ("payload[stripe_customer_id]", "cus_fake"),
-            ("payload[value]", value),
-        ]
-    }
-
-    #[tokio::test]
-    async fn the_fake_replays_saved_answers_and_dedupes_identifiers_as_stripe_does() {
-        let fake = FakeStripe::default();
-        let server = fake.serve().await;
-        let minute = (Utc::now().timestamp() / 60 - 1) * 60;
-        let at = (minute + 5).to_string();
-        let events = "/v1/billing/meter_events";
-
-        // A 500 is saved: the same key gets it again, though Stripe is well now.
-        fake.then(Fault::Fails(500, json!({"error": {"type": "api_error"}})));
-        assert_eq!(
-            post(&server, events, "k1", &event("bi_1", "3", &at))
-                .await
-                .0,
-            500
-        );
-        assert_eq!(
-            post(&server, events, "k1", &event("bi_1", "3", &at))
-                .await
-                .0,
-            500
-        );
-        // Another key reaches the endpoint.
-        assert_eq!(
-            post(&server, events, "k2", &event("bi_1", "3", &at))
-                .await
-                .0,
-            200
-        );
-        // The same key with other parameters: 400 idempotency_error.
-        let (status, body) = post(&server, events, "k2", &event("bi_1", "4", &at)).await;
-        assert_eq!(
-            (status, body["error"]["type"].as_str()),
-            (400, Some("idempotency_error"))
-        );
-        // The identifier again under a new key: "already exists".
-        let (status, body) = post(&server, events, "k3", &event("bi_1", "3", &at)).await;
-        assert_eq!(status, 400);
-        assert!(body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("already exists"));
-        // After 24 hours the identifier is new again, and the old key pruned.
-        fake.age(TimeDelta::hours(25));
-        assert_eq!(
-            post(&server, events, "k3", &event("bi_1", "3", &at))
-                .await
-                .0,
-            200
-        );
-        assert_eq!(fake.events().len(), 2);
-        // Out of its window: refused.
-        let old = (Utc::now() - TimeDelta::days(36)).timestamp().to_string();
-        assert_eq!(
-            post(&server, events, "k4", &event("bi_2", "1", &old))
-                .await
-                .0,
-            400
-        );
-
-        // A key still executing: 409, and the first request's answer is saved when it ends.
-        fake.then(Fault::Slow(Duration::from_millis(600)));
-        let slow = {
-            let server_uri = server.uri();
-            let form: Vec<(String, String)> = event("bi_3", "2", &at)
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect();
-            tokio::spawn(async move {
-                reqwest::Client::new()
-                    .post(format!("{server_uri}{events}"))
-                    .header("Idempotency-Key", "k5")
-                    .form(&form)
-                    .send()
-                    .await
-                    .unwrap()
-                    .status()
-                    .as_u16()
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        assert_eq!(
-            post(&server, events, "k5", &event("bi_3", "2", &at))
-                .await
-                .0,
-            409
-        );
-        assert_eq!(slow.await.unwrap(), 200);
-        assert_eq!(
-            post(&server, events, "k5", &event("bi_3", "2", &at))
-                .await
-                .0,
-            200
-        );
-
-        // The summaries count what it took: 3 (twice, a day apart) and 2 in that minute.
-        let summary: Value = reqwest::Client::new()
-            .get(format!(
-                "{}/v1/billing/meters/mtr_api/event_summaries",
-                server.uri()
-            ))
-            .query(&[
-                ("customer", "cus_fake"),
-                ("start_time", &minute.to_string()),
-                ("end_time", &(minute + 60).to_string()),
-            ])
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(summary["data"][0]["aggregated_value"], 8.0);
-
-        // A cancel within 24 hours of receipt takes an event out; after, it is refused.
-        let adjustments = "/v1/billing/meter_event_adjustments";
-        let cancel = [
-            ("event_name", "api_calls"),
-            ("type", "cancel"),
-            ("cancel[identifier]", "bi_3"),
-        ];
-        assert_eq!(post(&server, adjustments, "k6", &cancel).await.0, 200);
-        assert_eq!(fake.total("cus_fake"), 6.0);
-        let too_late = [
-            ("event_name", "api_calls"),
-            ("type", "cancel"),
-            ("cancel[identifier]", "bi_1"),
-        ];
-        fake.age(TimeDelta::hours(25));
-        assert_eq!(post(&server, adjustments, "k7", &too_late).await.0, 400);
-    }
-
-    #[tokio::test]
-    async fn the_fake_reads_every_window_on_its_clock_and_asks_its_decider_per_request() {
-        let fake = FakeStripe::default();
-        let ahead = Utc::now() + TimeDelta::days(400);
-        let clock = Arc::new(Mutex::new(ahead));
-        let read = clock.clone();
-        fake.clocked(Arc::new(move || *read.lock().unwrap()));
-        let server = fake.serve().await;
-        let events = "/v1/billing/meter_events";
-        // A timestamp of the fake's time is taken, 400 days ahead of the wall clock; one of the
-        // wall clock's is more than 35 days past.
-        let at = ahead.timestamp().to_string();
-        assert_eq!(
-            post(&server, events, "k1", &event("bi_1", "2", &at))
-                .await
-                .0,
-            200
-        );
-        let wall = Utc::now().timestamp().to_string();
-        assert_eq!(
-            post(&server, events, "k2", &event("bi_2", "2", &wall))
-                .await
-                .0,
-            400
-        );
-        // 25 hours on by its clock, the identifier is new again.
-        *clock.lock().unwrap() = ahead + TimeDelta::hours(25);
-        assert_eq!(
-            post(&server, events, "k3", &event("bi_1", "2", &at))
-                .await
-                .0,
-            200
-        );
-
-        // The decider is asked for each request that reaches an endpoint, never for one
-        // answered from a saved key.
-        let asked = Arc::new(Mutex::new(Vec::new()));
-        let (seen, mut first) = (asked.clone(), true);
-        fake.deciding(move |a: &Asked<'_>| {
-            let key = a.idempotency_key.map(str::to_owned);
-            seen.lock().unwrap().push((a.identifier.to_owned(), key));
-            std::mem::take(&mut first)
-                .then(|| Fault::TakesThenFails(500, json!({"error": {"type": "api_error"}})))
-        });
-        assert_eq!(
-            post(&server, events, "k4", &event("bi_3", "1", &at))
-                .await
-                .0,
-            500
-        );
-        assert_eq!(
-            post(&server, events, "k4", &event("bi_3", "1", &at))
-                .await
-                .0,
-            500,
-            "the saved 500"
-        );
-        let (status, body) = post(&server, events, "k5", &event("bi_3", "1", &at)).await;
-        assert_eq!(status, 400);
-        assert!(body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("already exists"));
-        assert_eq!(
-            *asked.lock().unwrap(),
-            [
-                ("bi_3".to_owned(), Some("k4".to_owned())),
-                ("bi_3".to_owned(), Some("k5".to_owned()))
-            ]
-        );
-        assert_eq!(fake.resends(), (1, 1), "one replay, one repeat");
-
-        // A cancel is kept with the key it came under.
-        fake.no_more_faults();
-        let cancel = [
-            ("event_name", "api_calls"),
-            ("type", "cancel"),
-            ("cancel[identifier]", "bi_3"),
-        ];
-        assert_eq!(
-            post(
-                &server,
-                "/v1/billing/meter_event_adjustments",
-                "k6",
-                &cancel
-            )
-            .await
-            .0,
-            200
-        );
-        let cancels = fake.cancels();
-        assert_eq!(cancels.len(), 1);
-        assert_eq!(cancels[0].idempotency_key.as_deref(), Some("k6"));
-        assert_eq!(fake.totals()["cus_fake"], 4.0, "bi_1 twice, bi_3 cancelled");
     }
 }
