@@ -23,6 +23,7 @@
 //! project's own code reads numbers under test, so the routing is written here.
 
 use std::collections::HashMap;
+use std::net::TcpListener;
 use std::ops::Deref;
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -556,6 +557,10 @@ fn resolved(node: &Value, doc: &Value, depth: usize) -> Value {
     }
 }
 
+/// Where a fake's own routes are (what it is told to hold, by `inboxctl`): no provider has
+/// them, so they are not checked against its description.
+pub const ADMIN: &str = "/_fake/";
+
 /// A test's stand-in for a provider's API: a wiremock server whose every request is checked
 /// against the provider's description as it arrives. Dropped at the end of the test, it fails
 /// the test with what the description refused, if anything.
@@ -574,6 +579,23 @@ impl ProviderServer {
         };
         provider.watch().await;
         provider
+    }
+
+    /// A provider server on `listener` (a fixed port: `inboxctl fakes`), checked the same way.
+    pub async fn listening(description: &'static Description, listener: TcpListener) -> Self {
+        let provider = Self {
+            server: MockServer::builder().listener(listener).start().await,
+            description,
+            refused: Arc::default(),
+        };
+        provider.watch().await;
+        provider
+    }
+
+    /// What the description refused since the last call, taken: a long-running server says
+    /// each refusal once, as it comes.
+    pub fn take_refused(&self) -> Vec<String> {
+        std::mem::take(&mut *self.refused.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Forgets the mounted answers, as `MockServer::reset` does, and goes on checking.
@@ -635,6 +657,9 @@ struct Checked {
 
 impl Match for Checked {
     fn matches(&self, request: &Request) -> bool {
+        if request.url.path().starts_with(ADMIN) {
+            return false;
+        }
         let faults = self.description.refusals(request);
         if !faults.is_empty() {
             let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
