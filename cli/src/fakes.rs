@@ -41,7 +41,11 @@ const KINDE_CLIENT_SECRET: &str = "dev_fakes_m2m_secret_local_only";
 /// limits, docs.stripe.com/keys).
 const SERVED: [(SourceKind, u16, &str); 5] = [
     (SourceKind::Stripe, 0, "sk_test_dev_fakes_local_only"),
-    (SourceKind::StandardWebhooks, 1, "polar_oat_dev_fakes_local_only"),
+    (
+        SourceKind::StandardWebhooks,
+        1,
+        "polar_oat_dev_fakes_local_only",
+    ),
     (SourceKind::Kinde, 2, KINDE_CLIENT_SECRET),
     (
         SourceKind::Paddle,
@@ -91,10 +95,16 @@ pub async fn run(args: &FakesArgs) -> anyhow::Result<()> {
     let lemonsqueezy = FakeLemonSqueezy::default();
 
     let servers = [
-        ("Stripe", ProviderServer::listening(&STRIPE, listen(0)?).await),
+        (
+            "Stripe",
+            ProviderServer::listening(&STRIPE, listen(0)?).await,
+        ),
         ("Polar", ProviderServer::listening(&POLAR, listen(1)?).await),
         ("Kinde", ProviderServer::listening(&KINDE, listen(2)?).await),
-        ("Paddle", ProviderServer::listening(&PADDLE, listen(3)?).await),
+        (
+            "Paddle",
+            ProviderServer::listening(&PADDLE, listen(3)?).await,
+        ),
         (
             "Lemon Squeezy",
             ProviderServer::listening(&LEMONSQUEEZY, listen(4)?).await,
@@ -157,8 +167,9 @@ impl Respond for Hold {
             // A v1 object with its `id` and `object`, in the account its `account` names.
             Self::Stripe(fake) => {
                 if !(object["id"].is_string() && object["object"].is_string()) {
-                    return ResponseTemplate::new(400)
-                        .set_body_json(json!({"detail": "a Stripe object has an id and an object"}));
+                    return ResponseTemplate::new(400).set_body_json(
+                        json!({"detail": "a Stripe object has an id and an object"}),
+                    );
                 }
                 fake.holds(object);
             }
@@ -186,14 +197,15 @@ impl Respond for Hold {
 }
 
 /// Tells the fake at `api_base_url` to hold `object` (docs/design.md §6.6).
-pub async fn hold(http: &reqwest::Client, api_base_url: &str, object: &Value) -> anyhow::Result<()> {
+pub async fn hold(
+    http: &reqwest::Client,
+    api_base_url: &str,
+    object: &Value,
+) -> anyhow::Result<()> {
     let url = format!("{}{HOLD}", api_base_url.trim_end_matches('/'));
-    let answer = http
-        .post(&url)
-        .json(object)
-        .send()
-        .await
-        .with_context(|| format!("telling the fake at {url} to hold the object (is `inboxctl fakes` running?)"))?;
+    let answer = http.post(&url).json(object).send().await.with_context(|| {
+        format!("telling the fake at {url} to hold the object (is `inboxctl fakes` running?)")
+    })?;
     anyhow::ensure!(
         answer.status().is_success(),
         "the fake at {url} answered {}",
@@ -232,7 +244,10 @@ mod tests {
                 "http://127.0.0.1:61344",
             ]
         );
-        assert!(sources[0]["api_key"].as_str().unwrap().starts_with("sk_test_"));
+        assert!(sources[0]["api_key"]
+            .as_str()
+            .unwrap()
+            .starts_with("sk_test_"));
         assert_eq!(sources[2]["api_client_id"], KINDE_CLIENT_ID);
     }
 }

@@ -183,7 +183,9 @@ async fn thin(
     let twin = shared::providers::stripe::fixtures::thin_twin(snapshot)
         .context("this kind of event has no thin twin")?;
     let api = config.api_base_url.as_deref().with_context(|| {
-        format!("a thin event's object is read from the provider API: '{source}' has no api_base_url")
+        format!(
+            "a thin event's object is read from the provider API: '{source}' has no api_base_url"
+        )
     })?;
     crate::fakes::hold(http, api, &snapshot["data"]["object"]).await?;
     Ok(twin)
