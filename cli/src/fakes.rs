@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use provider_fakes::described::ADMIN;
+use provider_fakes::hold::{Hold, HOLD};
 use provider_fakes::stripe::FakeStripe;
 use provider_fakes::{
     FakeKinde, FakeLemonSqueezy, FakePaddle, FakePolar, ProviderServer, KINDE, LEMONSQUEEZY,
@@ -23,14 +23,9 @@ use provider_fakes::{
 };
 use serde_json::{json, Value};
 use shared::domain::SourceKind;
-use wiremock::matchers::{method, path};
-use wiremock::{Mock, Request, Respond, ResponseTemplate};
 
 /// The first of the fakes' five ports (scripts/stack.sh: INBOX_FAKES_PORT).
 pub const DEFAULT_PORT: u16 = 61340;
-
-/// The route a fake is told to hold an object on.
-pub const HOLD: &str = "/_fake/objects";
 
 /// The Kinde M2M application the dev Kinde source calls the fake with (dev-only values).
 const KINDE_CLIENT_ID: &str = "dev_fakes_m2m";
@@ -115,7 +110,7 @@ pub async fn run(args: &FakesArgs) -> anyhow::Result<()> {
     kinde.mount(&servers[2].1).await;
     paddle.mount(&servers[3].1).await;
     lemonsqueezy.mount(&servers[4].1).await;
-    let holds: [Hold; 5] = [
+    let holds = [
         Hold::Stripe(stripe),
         Hold::Polar(polar),
         Hold::Kinde(kinde),
@@ -123,17 +118,11 @@ pub async fn run(args: &FakesArgs) -> anyhow::Result<()> {
         Hold::LemonSqueezy(lemonsqueezy),
     ];
     for ((_, server), hold) in servers.iter().zip(holds) {
-        Mock::given(method("POST"))
-            .and(path(HOLD))
-            .respond_with(hold)
-            .with_priority(2)
-            .mount(server)
-            .await;
+        hold.mount(server).await;
     }
     for (name, server) in &servers {
         eprintln!("fakes: {name} at {}", server.uri());
     }
-    debug_assert!(HOLD.starts_with(ADMIN));
     let mut every = tokio::time::interval(Duration::from_millis(250));
     loop {
         tokio::select! {
@@ -145,54 +134,6 @@ pub async fn run(args: &FakesArgs) -> anyhow::Result<()> {
                 eprintln!("fakes: {name} would refuse {refused}");
             }
         }
-    }
-}
-
-/// A fake told to hold an object, each by its own seeding method.
-enum Hold {
-    Stripe(FakeStripe),
-    Polar(FakePolar),
-    Kinde(FakeKinde),
-    Paddle(FakePaddle),
-    LemonSqueezy(FakeLemonSqueezy),
-}
-
-impl Respond for Hold {
-    fn respond(&self, request: &Request) -> ResponseTemplate {
-        let Ok(object) = serde_json::from_slice::<Value>(&request.body) else {
-            return ResponseTemplate::new(400).set_body_json(json!({"detail": "not JSON"}));
-        };
-        let id = object["id"].clone();
-        match self {
-            // A v1 object with its `id` and `object`, in the account its `account` names.
-            Self::Stripe(fake) => {
-                if !(object["id"].is_string() && object["object"].is_string()) {
-                    return ResponseTemplate::new(400).set_body_json(
-                        json!({"detail": "a Stripe object has an id and an object"}),
-                    );
-                }
-                fake.holds(object);
-            }
-            Self::Polar(fake) => {
-                fake.subscription(object);
-            }
-            Self::Paddle(fake) => {
-                fake.subscription(object);
-            }
-            Self::LemonSqueezy(fake) => {
-                fake.subscription(object);
-            }
-            // `{"customer", "plans": [...]}`: the plans Kinde lists for a customer.
-            Self::Kinde(fake) => {
-                let Some(customer) = object["customer"].as_str() else {
-                    return ResponseTemplate::new(400)
-                        .set_body_json(json!({"detail": "a Kinde customer names its customer"}));
-                };
-                fake.customer(customer, object["plans"].clone());
-                return ResponseTemplate::new(200).set_body_json(json!({"held": customer}));
-            }
-        }
-        ResponseTemplate::new(200).set_body_json(json!({"held": id}))
     }
 }
 
