@@ -30,6 +30,8 @@
 #        moto     127.0.0.1:${INBOX_AWS_PORT:-61324} (AWS_ENDPOINT_URL, every other service),
 #        PgBouncer 127.0.0.1:${INBOX_PGBOUNCER_PORT:-61327} (transaction mode, 2 server
 #                 connections per database; tests/api/pooler.rs, docs/deploy.md "RDS Proxy").
+#        provider fakes 127.0.0.1:${INBOX_FAKES_PORT:-61340} to +4 (`inboxctl fakes`, started by
+#                 scripts/dev: Stripe, Polar, Kinde, Paddle, Lemon Squeezy; docs/design.md §6.6).
 #
 # Functions return non-zero (with a message on stderr) on failure; they never
 # `exit`, so the file can also be sourced into an interactive shell. They work
@@ -107,6 +109,9 @@ stack_env() {
   export EFFECTS_QUEUE_URL
   : "${INBOX_LISTEN_PORT:=61920}"
   export INBOX_LISTEN_PORT
+  # the provider fakes' first port (`inboxctl fakes`: one port per provider, from this one)
+  : "${INBOX_FAKES_PORT:=61340}"
+  export INBOX_FAKES_PORT
 
   # Where inboxctl finds the functions (send, scenario, dev): one port, the intake's. A shell
   # that did not choose one follows the scripts/dev running in this checkout, if any. A URL
@@ -244,7 +249,10 @@ stack_port_holder() {
 # sources: one per provider, with its dev-only secret (Kinde: the local JWKS), as each provider
 # folder's fixtures configure it (`inboxctl dev sources`). $1 is the inboxctl to ask (default
 # $INBOXCTL), so a script calls this after building it. A value this function set
-# before is made again: the binary may be newer than when it was set.
+# before is made again: the binary may be newer than when it was set. When the provider fakes
+# run (scripts/dev starts them; STACK_DEV_FAKES=1 says they will), each source's provider API
+# is the fake's (`api_base_url`, a test-mode `api_key`); else the sources have none, and
+# nothing reads a provider.
 _STACK_DEV_SOURCES=${_STACK_DEV_SOURCES:-}
 stack_sources_env() {
   local bin="${1:-$INBOXCTL}" sources
@@ -252,13 +260,19 @@ stack_sources_env() {
     return 0
   fi
   : "${INBOX_JWKS_PORT:=61325}"
-  sources="$("$bin" dev sources --jwks-url "http://127.0.0.1:$INBOX_JWKS_PORT/jwks.json")" || {
+  : "${INBOX_FAKES_PORT:=61340}"
+  local fakes=()
+  if [ "${STACK_DEV_FAKES:-0}" = 1 ] \
+    || curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$INBOX_FAKES_PORT/_fake/" 2>/dev/null; then
+    fakes=(--fakes-port "$INBOX_FAKES_PORT")
+  fi
+  sources="$("$bin" dev sources --jwks-url "http://127.0.0.1:$INBOX_JWKS_PORT/jwks.json" "${fakes[@]}")" || {
     _stack_err "sources: \`$bin dev sources\` failed (is inboxctl built?)"
     return 1
   }
   INBOX_SOURCES="$sources"
   _STACK_DEV_SOURCES="$sources"
-  export INBOX_SOURCES INBOX_JWKS_PORT
+  export INBOX_SOURCES INBOX_JWKS_PORT INBOX_FAKES_PORT
 }
 
 # stack_effects_env: turn effects on (export INBOX_EFFECTS, caller's value wins): one webhook

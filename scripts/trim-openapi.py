@@ -41,6 +41,12 @@ UPSTREAM = {
         # an excerpt of its operations as a public-code index holds them. This command on the
         # full file should give the same bytes; until that is run, the note stays.
         "cut-from": "an excerpt of the file's operations for these routes, not the whole file",
+        # The object reads of a thin event, a refund and a health notice (GetCustomersCustomer,
+        # GetPaymentIntentsIntent, GetChargesCharge, GetV2CoreEventsId) were cut later, from
+        # the same file's operations at a2de9917ac9c7be3ba11abd5151b5c2df3add59e.
+        "cut-from-later": "GetCustomersCustomer, GetPaymentIntentsIntent, GetChargesCharge and "
+        "GetV2CoreEventsId from latest/openapi.spec3.json at "
+        "a2de9917ac9c7be3ba11abd5151b5c2df3add59e",
     },
     "paddle": {
         "repository": "PaddleHQ/paddle-openapi",
@@ -87,6 +93,13 @@ ROUTES = {
         "/v1/invoice_payments/{invoice_payment}": ["get"],
         # A thin event's related invoice (providers/stripe/thin.rs).
         "/v1/invoices/{invoice}": ["get"],
+        # A thin event's related customer, and a refund's charge and payment intent
+        # (providers/stripe/thin.rs, api.rs).
+        "/v1/customers/{customer}": ["get"],
+        "/v1/payment_intents/{intent}": ["get"],
+        "/v1/charges/{charge}": ["get"],
+        # A health notice's v2 event, read whole (providers/stripe/thin.rs `fetch_v2_event`).
+        "/v2/core/events/{id}": ["get"],
     },
     "paddle": {
         # Reconciliation's walk and what Paddle failed to deliver (providers/paddle/api.rs).

@@ -66,6 +66,11 @@ pub enum DevCommand {
         /// Where the local JWKS serves the public half of the dev Kinde key.
         #[arg(long, default_value = "http://127.0.0.1:61325/jwks.json")]
         jwks_url: String,
+        /// Point each source's provider API at `inboxctl fakes` on this first port (with a
+        /// test-mode key the fake takes): thin-event reads, subscription reads, reconciliation,
+        /// health sweeps and meter reports reach a provider API locally.
+        #[arg(long)]
+        fakes_port: Option<u16>,
     },
 }
 
@@ -411,9 +416,17 @@ async fn wait_until_up(functions: &Functions, invoke_url: &str) -> anyhow::Resul
 }
 
 pub async fn run(args: &DevArgs) -> anyhow::Result<()> {
-    if let Some(DevCommand::Sources { jwks_url }) = &args.command {
+    if let Some(DevCommand::Sources {
+        jwks_url,
+        fakes_port,
+    }) = &args.command
+    {
         let local = fixtures::Local { jwks_url };
-        out!("{}", fixtures::dev_sources(&local));
+        let mut sources = fixtures::dev_sources(&local);
+        if let Some(port) = fakes_port {
+            crate::fakes::point_at(&mut sources, *port);
+        }
+        out!("{sources}");
         return Ok(());
     }
     let queue_url = args

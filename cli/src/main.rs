@@ -12,6 +12,7 @@ mod bench_serve;
 mod delay;
 mod dev;
 mod effects;
+mod fakes;
 mod features;
 mod listen;
 mod meters;
@@ -115,6 +116,9 @@ enum Command {
     Dev(dev::DevArgs),
     /// Receive effects locally as the app would: verify each signature, print each effect.
     Listen(listen::ListenArgs),
+    /// Serve the provider fakes (Stripe, Polar, Kinde, Paddle, Lemon Squeezy) on loopback,
+    /// one port each from --port, every request checked against the provider's description.
+    Fakes(fakes::FakesArgs),
     /// Keys for the app API: `api-key new --name app --scopes read,usage`.
     ApiKey(api_key::ApiKeyArgs),
     /// A period's usage of the allowance (`usage <customer>`), or spend it (`usage record`).
@@ -232,6 +236,7 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
         Command::Send(args) => send::run(args, cli.json).await,
         Command::Dev(args) => dev::run(args).await,
         Command::Listen(args) => listen::run(args, cli.json).await,
+        Command::Fakes(args) => fakes::run(args).await,
         Command::ApiKey(args) => api_key::run(args, cli.json),
         Command::Bench(args) => {
             let server = cli

@@ -49,6 +49,11 @@ pub struct SendArgs {
     /// An entitlement event's feature: `sso`, or `key=value` (`seats=20`, `export=csv`).
     #[arg(long)]
     pub feature: Option<String>,
+    /// Stripe: deliver the event's thin twin (`v1.<type>`, its object named, not carried), and
+    /// first tell the source's provider API (`inboxctl fakes`, at its `api_base_url`) to hold
+    /// the object the worker will read.
+    #[arg(long)]
+    pub thin: bool,
     /// The intake's base URL; the delivery goes to {url}/webhooks/{source}.
     #[arg(long, env = "INTAKE_URL", default_value = DEFAULT_INTAKE_URL)]
     pub intake_url: String,
@@ -122,7 +127,10 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
     let mut answers = Vec::new();
     let sender = args.signing.sender(&args.intake_url).await?;
-    let (id, payload) = sender.build(&args.source, &spec)?;
+    let (id, mut payload) = sender.build(&args.source, &spec)?;
+    if args.thin {
+        payload = thin(&sender, &http, &args.source, &payload).await?;
+    }
     let delivery = sender.sign(&args.source, &id, &payload)?;
     let event_type = event_type(&sender, &args.source, &payload);
     let mut refused = None;
@@ -157,6 +165,30 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
         .into()),
         None => Ok(()),
     }
+}
+
+/// The thin twin of the Stripe `snapshot`, once the fake at the source's `api_base_url` holds
+/// its object.
+async fn thin(
+    sender: &Sender,
+    http: &reqwest::Client,
+    source: &str,
+    snapshot: &Value,
+) -> anyhow::Result<Value> {
+    let config = sender.source(source)?;
+    anyhow::ensure!(
+        config.kind == shared::domain::SourceKind::Stripe,
+        "--thin is for Stripe sources; '{source}' is not one"
+    );
+    let twin = shared::providers::stripe::fixtures::thin_twin(snapshot)
+        .context("this kind of event has no thin twin")?;
+    let api = config.api_base_url.as_deref().with_context(|| {
+        format!(
+            "a thin event's object is read from the provider API: '{source}' has no api_base_url"
+        )
+    })?;
+    crate::fakes::hold(http, api, &snapshot["data"]["object"]).await?;
+    Ok(twin)
 }
 
 /// Builds, signs and posts deliveries for the configured sources.

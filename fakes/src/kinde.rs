@@ -158,19 +158,24 @@ impl FakeKinde {
     /// mock of a route comes first.
     pub async fn serve(&self) -> ProviderServer {
         let server = ProviderServer::start(&KINDE).await;
+        self.mount(&server).await;
+        server
+    }
+
+    /// Mounts its routes on `server` (one of `inboxctl fakes`'s, say).
+    pub async fn mount(&self, server: &wiremock::MockServer) {
         Mock::given(method("POST"))
             .and(path_regex(r"^/(oauth2/token|api/v1/billing/meter_usage)$"))
             .respond_with(self.clone())
             .with_priority(10)
-            .mount(&server)
+            .mount(server)
             .await;
         Mock::given(method("GET"))
             .and(path_regex(r"^/api/v1/billing/(entitlements|agreements)$"))
             .respond_with(self.clone())
             .with_priority(10)
-            .mount(&server)
+            .mount(server)
             .await;
-        server
     }
 }
 

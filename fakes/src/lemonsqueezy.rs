@@ -90,13 +90,18 @@ impl FakeLemonSqueezy {
     /// test's own mock of a route comes first.
     pub async fn serve(&self) -> ProviderServer {
         let server = ProviderServer::start(&LEMONSQUEEZY).await;
+        self.mount(&server).await;
+        server
+    }
+
+    /// Mounts its routes on `server` (one of `inboxctl fakes`'s, say).
+    pub async fn mount(&self, server: &wiremock::MockServer) {
         Mock::given(method("GET"))
             .and(path_regex(r"^/v1/subscriptions(/[^/]+)?$"))
             .respond_with(self.clone())
             .with_priority(10)
-            .mount(&server)
+            .mount(server)
             .await;
-        server
     }
 }
 

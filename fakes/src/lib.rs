@@ -5,6 +5,8 @@
 #[cfg(feature = "described")]
 pub mod described;
 #[cfg(feature = "described")]
+pub mod hold;
+#[cfg(feature = "described")]
 pub mod kinde;
 #[cfg(feature = "described")]
 pub mod lemonsqueezy;

@@ -109,13 +109,18 @@ impl FakePaddle {
     /// test's own mock of a route comes first.
     pub async fn serve(&self) -> ProviderServer {
         let server = ProviderServer::start(&PADDLE).await;
+        self.mount(&server).await;
+        server
+    }
+
+    /// Mounts its routes on `server` (one of `inboxctl fakes`'s, say).
+    pub async fn mount(&self, server: &wiremock::MockServer) {
         Mock::given(method("GET"))
             .and(path_regex(r"^/(events|notifications|subscriptions/[^/]+)$"))
             .respond_with(self.clone())
             .with_priority(10)
-            .mount(&server)
+            .mount(server)
             .await;
-        server
     }
 }
 

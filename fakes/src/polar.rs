@@ -182,21 +182,26 @@ impl FakePolar {
     /// test's own mock of a route comes first.
     pub async fn serve(&self) -> ProviderServer {
         let server = ProviderServer::start(&POLAR).await;
+        self.mount(&server).await;
+        server
+    }
+
+    /// Mounts its routes on `server` (one of `inboxctl fakes`'s, say).
+    pub async fn mount(&self, server: &wiremock::MockServer) {
         Mock::given(method("GET"))
             .and(path_regex(
                 r"^/v1/(subscriptions/([^/]+)?|meters/|meters/[^/]+/quantities)$",
             ))
             .respond_with(self.clone())
             .with_priority(10)
-            .mount(&server)
+            .mount(server)
             .await;
         Mock::given(method("POST"))
             .and(path("/v1/events/ingest"))
             .respond_with(self.clone())
             .with_priority(10)
-            .mount(&server)
+            .mount(server)
             .await;
-        server
     }
 }
 

@@ -734,3 +734,71 @@ async fn a_thin_invoices_subscription_read_is_kept_across_a_purge_with_the_thin_
         "{status:?}"
     );
 }
+
+/// `inboxctl send stripe subscription --thin` (the dev stack on `inboxctl fakes`, docs/design.md
+/// §6.6): the fake Stripe is told to hold the subscription the snapshot would have carried, the
+/// thin event is delivered instead, and the worker's read finds it at the fake and applies it.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn send_thin_gives_the_fake_the_object_the_worker_then_reads(pool: PgPool) {
+    let (app, api) = app_with_api(pool).await;
+    provider_fakes::hold::Hold::Stripe(api.fake.clone())
+        .mount(&api)
+        .await;
+    let app = std::sync::Arc::new(app);
+    let intake = crate::cli::serve_intake(app.clone()).await;
+    let mut sources: Value = serde_json::from_str(&crate::cli::dev_sources(None)).unwrap();
+    for source in sources.as_array_mut().unwrap() {
+        if source["name"] == "stripe" {
+            source["api_base_url"] = json!(api.uri());
+        }
+    }
+    let (status, stdout, stderr) = tokio::task::spawn_blocking(move || {
+        let mut command = crate::cli::inboxctl();
+        command
+            .env_remove("INBOX_DEV_KINDE_KEY")
+            .args([
+                "send",
+                "stripe",
+                "subscription",
+                "--thin",
+                "--id",
+                "evt_thin_send",
+            ])
+            .args(["--customer", "cus_thin_send", "--object", "sub_thin_send"])
+            .args(["--intake-url", &intake])
+            .env("INBOX_SOURCES", sources.to_string());
+        let (output, stdout, stderr) = crate::cli::run(&mut command);
+        (output.status.code(), stdout, stderr)
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("v1.customer.subscription.updated -> 200"),
+        "{stdout}"
+    );
+    app.run_worker().await;
+
+    let thin = status_of(&app, "evt_thin_send").await;
+    assert_eq!(thin.status, "applied", "{:?}", thin.reason);
+    let read = status_of(&app, "read:evt_thin_send").await;
+    assert_eq!(read.status, "applied", "{:?}", read.reason);
+    assert_eq!(
+        api.received_requests()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| r.url.path() == "/v1/subscriptions/sub_thin_send")
+            .count(),
+        1,
+        "the worker read the subscription from the fake"
+    );
+    let account = app
+        .account(
+            "stripe",
+            "cus_thin_send",
+            &Utc::now().format("%Y-%m").to_string(),
+        )
+        .await;
+    assert_eq!(account.subscriptions[0].status, "active");
+}

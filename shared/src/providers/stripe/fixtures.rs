@@ -1,7 +1,7 @@
 //! Stripe deliveries for development: event payloads as Stripe sends them, signed with
 //! `Stripe-Signature: t=…,v1=…`.
 
-use chrono::{Duration, Utc};
+use chrono::{DateTime, Duration, SecondsFormat, Utc};
 use serde_json::{json, Value};
 
 use crate::domain::SourceKind;
@@ -68,6 +68,25 @@ pub fn hmac_sha256_hex(key: &[u8], message: &[u8]) -> String {
 pub fn signature(secret: &[u8], t: i64, body: &[u8]) -> String {
     let signed = [format!("{t}.").as_bytes(), body].concat();
     format!("t={t},v1={}", hmac_sha256_hex(secret, &signed))
+}
+
+/// The thin twin of the snapshot `event` (docs/design.md §5, Stripe): `v1.<its type>`, no
+/// `data`, its object named by `related_object` `{id, type, url}` for the worker to read from
+/// the provider API, as a destination of thin events would receive it. `None` for an event
+/// whose object is not a v1 resource with an id (an entitlement summary).
+pub fn thin_twin(event: &Value) -> Option<Value> {
+    let object = event.pointer("/data/object")?;
+    let id = object["id"].as_str()?;
+    let resource = object["object"].as_str().filter(|r| !r.contains('.'))?;
+    let created = DateTime::<Utc>::from_timestamp(event["created"].as_i64()?, 0)?;
+    Some(json!({
+        "id": event["id"], "object": "v2.core.event",
+        "type": format!("v1.{}", event["type"].as_str()?),
+        "livemode": event["livemode"],
+        "created": created.to_rfc3339_opts(SecondsFormat::Millis, true),
+        "context": event.get("account").cloned().unwrap_or(Value::Null),
+        "related_object": {"id": id, "type": resource, "url": format!("/v1/{resource}s/{id}")},
+    }))
 }
 
 impl Fixtures for StripeFixtures {
@@ -181,5 +200,32 @@ impl Fixtures for StripeFixtures {
             ],
             body,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::Notice;
+
+    /// `inboxctl send --thin` delivers this: the worker reads it as a thin event whose read is
+    /// stored as the snapshot's type, from the object's own API path.
+    #[test]
+    fn a_thin_twin_names_the_snapshots_object_for_the_worker_to_read() {
+        let spec = Spec {
+            kind: "subscription".into(),
+            customer: "cus_1".into(),
+            object_id: Some("sub_1".into()),
+            at: Utc::now(),
+            ..Default::default()
+        };
+        let (_, snapshot) = StripeFixtures.payload(&spec).unwrap();
+        let thin = thin_twin(&snapshot).unwrap();
+        let Some(Notice::Carrier(carrier)) = super::super::thin::notice(&thin) else {
+            panic!("not read as a thin event: {thin}");
+        };
+        assert_eq!(carrier.read_type, Some("customer.subscription.updated"));
+        assert_eq!(carrier.path.as_deref(), Ok("/v1/subscriptions/sub_1"));
+        assert_eq!(carrier.id, snapshot["id"].as_str().unwrap());
     }
 }
