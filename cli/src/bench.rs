@@ -4,7 +4,7 @@
 //! `--pg-delay-ms` the measured phases reach Postgres through a proxy that adds that much to
 //! each round trip (`crate::delay`). Its arguments and tools (the databases, the proxy, the
 //! meters) serve `inboxctl bench --api` too (`crate::bench_api`, which uses them; `main`
-//! chooses between the two).
+//! chooses between them), and `--meters`, `--budget` and `--peer` likewise.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -63,10 +63,18 @@ pub struct BenchArgs {
     /// With --meters: the concurrent senders.
     #[arg(long, default_value_t = 32, requires = "meters")]
     pub senders: usize,
+    /// Measure one source's budget of provider API calls instead (`crate::bench_budget`): this
+    /// many thin events in a burst, each read back, while the scheduler's reconciliation walks
+    /// as many events and debits are reported, against the fake Stripe's documented limits.
+    #[arg(long, conflicts_with_all = ["api", "meters"])]
+    pub budget: Option<usize>,
+    /// With --budget: the debits with meter reports written meanwhile, at a steady pace.
+    #[arg(long, default_value_t = 300, requires = "budget")]
+    pub debits: usize,
     /// Measure billing-inbox beside the Stripe sync engine instead (`crate::bench_peer`): the
     /// same signed subscription deliveries through each, in process and over HTTP on
     /// loopback, at concurrency 4 and 16.
-    #[arg(long, conflicts_with_all = ["api", "meters"], requires = "peer_dir")]
+    #[arg(long, conflicts_with_all = ["api", "meters", "budget"], requires = "peer_dir")]
     pub peer: bool,
     /// With --peer: the folder where scripts/peer-bench installed the engine (its
     /// node_modules and drive.js).

@@ -6,6 +6,7 @@ mod output;
 mod api_key;
 mod bench;
 mod bench_api;
+mod bench_budget;
 mod bench_meters;
 mod bench_peer;
 mod bench_serve;
@@ -247,6 +248,8 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
                 bench_api::run(args, server, counter, cli.json).await
             } else if args.peer {
                 bench_peer::run(args, server, cli.json).await
+            } else if let Some(events) = args.budget {
+                bench_budget::run(args, events, server, cli.json).await
             } else if let Some(reports) = args.meters {
                 bench_meters::run(args, reports, server, cli.json).await
             } else {

@@ -896,6 +896,53 @@ fn the_bridge_without_a_queue_says_which_variable_is_missing() {
     );
 }
 
+/// `inboxctl bench --budget` with tiny counts (docs/design.md §6.7): thin events, a
+/// reconciliation and meter reports at once through one Stripe source's budget, against the
+/// fake Stripe's rate limiter at its sandbox limits. Every thin event is applied, every missed
+/// event the walk lists is stored, every report is sent, the fake refused nothing over its
+/// limit, and the bench's database is gone afterwards. No figure's size is asserted beyond
+/// those counts: timing belongs to the bench.
+#[tokio::test]
+async fn the_budget_bench_applies_every_event_with_no_request_over_the_limit() {
+    let server = std::env::var("DATABASE_URL").unwrap();
+    let admin = PgPool::connect(&server).await.unwrap();
+    let benches = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_database WHERE datname LIKE 'inbox\\_budgetbench\\_%'",
+        )
+        .fetch_one(&admin)
+        .await
+        .unwrap()
+    };
+    let before = benches().await;
+    let (output, stdout, stderr) = run(inboxctl().env_remove("INBOX_DEV_KINDE_KEY").args([
+        "--json",
+        "--database-url",
+        &server,
+        "bench",
+        "--budget",
+        "50",
+        "--debits",
+        "10",
+    ]));
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(report["quiet"], true, "{report}");
+    assert_eq!(report["thin_applied"], 50, "{report}");
+    assert_eq!(report["reconciled"], 50, "{report}");
+    assert_eq!(report["fake"]["over_limit"], 0, "{report}");
+    let peak = report["fake"]["peak_per_second"].as_u64().unwrap();
+    assert!((1..=25).contains(&peak), "{report}");
+    let reports = &report["meter_reports"];
+    assert_eq!(
+        (reports["written"].as_i64(), reports["sent"].as_i64()),
+        (Some(10), Some(10)),
+        "{report}"
+    );
+    assert_eq!(report["meter_reports"]["sent_first_claim"], 10, "{report}");
+    assert_eq!(benches().await, before, "the bench removes its database");
+}
+
 /// `inboxctl bench --api` with tiny counts: every level and phase reports its rate, its ratio
 /// to the raw call, its latencies, its statements and cores' shares, nothing failed, the round
 /// trips were counted on the wire, every debit of the hot account landed on it, and its
