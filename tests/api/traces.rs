@@ -36,8 +36,8 @@ async fn one_delivery_is_one_trace_from_intake_to_its_effects(pool: PgPool) {
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(exporter.clone())
         .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(shared::platform::telemetry::layer(&provider, "tests"));
+    let subscriber =
+        tracing_subscriber::registry().with(shared::platform::telemetry::layer(&provider, "tests"));
     let _traced = tracing::subscriber::set_default(subscriber);
 
     let mut app = TestApp::spawn(pool.clone()).await;
@@ -50,7 +50,8 @@ async fn one_delivery_is_one_trace_from_intake_to_its_effects(pool: PgPool) {
     let receiver = Listener::start(([127, 0, 0, 1], 0).into(), vec![key])
         .await
         .unwrap();
-    let sinks = json!([{"name": "app", "kind": "webhook", "url": receiver.url(), "secret": secret}]);
+    let sinks =
+        json!([{"name": "app", "kind": "webhook", "url": receiver.url(), "secret": secret}]);
     let sinks = Sinks::from_config(&parse_sinks(&sinks.to_string()).unwrap()).unwrap();
     let dispatcher = DispatcherState::new(pool.clone(), sinks);
 

@@ -74,13 +74,14 @@ pub fn init(service: &'static str) -> Telemetry {
         env("AWS_LAMBDA_LOG_LEVEL").as_deref(),
         env("RUST_LOG").as_deref(),
     ));
-    // Lambda stamps every line with its own time.
+    // Lambda stamps every line with its own time. A JSON line lists its spans, outermost
+    // first, so that a line written deep inside an event's work still names the event.
     let lines = match format {
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .with_target(false)
             .with_current_span(true)
-            .with_span_list(false)
+            .with_span_list(true)
             .without_time()
             .boxed(),
         LogFormat::Plain => tracing_subscriber::fmt::layer().with_target(false).boxed(),
