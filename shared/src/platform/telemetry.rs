@@ -122,15 +122,18 @@ fn exporting_provider(service: &'static str) -> anyhow::Result<SdkTracerProvider
 }
 
 /// The layer that turns this process's spans into OpenTelemetry spans of `provider`, only
-/// those of the library and the functions (not every crate's debug spans). The tests build
-/// their subscriber with it too.
+/// the library's: not other crates' debug spans, nor the runtime's own invocation span, which
+/// ends after the flush (it would reach the collector an invocation late, or never, leaving
+/// each trace a missing root). The tests build their subscriber with it too.
 pub fn layer<S>(provider: &SdkTracerProvider, service: &'static str) -> impl Layer<S>
 where
     S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
 {
     tracing_opentelemetry::layer()
         .with_tracer(provider.tracer(service))
-        .with_filter(EnvFilter::new("info"))
+        .with_filter(
+            tracing_subscriber::filter::Targets::new().with_target("shared", tracing::Level::INFO),
+        )
 }
 
 impl Telemetry {
