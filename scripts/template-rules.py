@@ -256,6 +256,7 @@ EVERYTHING = {
     "DatabaseName": "billing",
     "DatabaseCaFile": "/opt/global-bundle.pem",
     "DatabaseCaLayerArn": "arn:aws:lambda:eu-west-1:123456789012:layer:rds-ca:3",
+    "TracesLayerArn": "arn:aws:lambda:eu-west-1:901920570463:layer:aws-otel-collector-arm64-ver-0-117-0:1",
     "VpcId": "vpc-0123456789abcdef0",
     "RouteTableIds": "rtb-0123456789abcdef0",
     "DatabasePooler": "transaction",

@@ -147,6 +147,7 @@ SETS = {
             "DatabaseName": "inbox",
             "DatabaseCaFile": "/opt/global-bundle.pem",
             "DatabaseCaLayerArn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:layer:rds-ca:3",
+            "TracesLayerArn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:layer:aws-otel-collector-arm64-ver-0-117-0:1",
             "Sources": '[{"name":"stripe","kind":"stripe","secret_id":"billing-inbox/stripe",'
             '"api_key_secret_id":"billing-inbox/stripe-api-key"},'
             '{"name":"polar","kind":"standard-webhooks","secret_encoding":"raw","secret_id":"billing-inbox/polar"}]',

@@ -50,6 +50,7 @@ mod sqs_calls;
 mod stripe_entitlements;
 mod subscription_read;
 mod thin;
+mod traces;
 mod traffic;
 mod usage;
 mod why;

@@ -7,7 +7,7 @@ use shared::platform::config::{ApiConfig, FromEnv};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    lambda_http::tracing::init_default_subscriber();
+    let telemetry = shared::platform::telemetry::init("api");
     // Configuration, the keys and the clients are built once per cold start; a bad variable
     // or an unreadable keys secret stops here, with a message that names it.
     let config = ApiConfig::from_env()?;
@@ -15,7 +15,10 @@ async fn main() -> Result<(), Error> {
     // The state keeps each source's name, kind, mode and meter; the sources as written (an
     // inline key, locally) go with the configuration.
     drop(config);
-    run(service_fn(|request| handler(&state, request))).await
+    run(service_fn(|request| {
+        telemetry.invocation(handler(&state, request))
+    }))
+    .await
 }
 
 pub(crate) async fn handler(state: &ApiState, request: Request) -> Result<Response<Body>, Error> {

@@ -11,12 +11,15 @@ use shared::providers::stripe::event_destination::BridgeConfig;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    lambda_runtime::tracing::init_default_subscriber();
+    let telemetry = shared::platform::telemetry::init("bridge");
     // A bad variable (a partner source that is not Stripe's, a source that is not a Stripe
     // source) stops the cold start here, with a message that names it.
     let config = BridgeConfig::from_env()?;
     let state = BridgeState::from_config(&config).await?;
-    run(service_fn(|event| handler(&state, event))).await
+    run(service_fn(|event| {
+        telemetry.invocation(handler(&state, event))
+    }))
+    .await
 }
 
 pub(crate) async fn handler(

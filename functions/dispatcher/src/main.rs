@@ -7,11 +7,14 @@ use shared::platform::config::{DispatcherConfig, FromEnv};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    lambda_runtime::tracing::init_default_subscriber();
+    let telemetry = shared::platform::telemetry::init("dispatcher");
     let config = DispatcherConfig::from_env()?;
     // The sinks' signing secrets are read here, once per cold start.
     let state = DispatcherState::from_config(&config, 2).await?;
-    run(service_fn(|event| handler(&state, event))).await
+    run(service_fn(|event| {
+        telemetry.invocation(handler(&state, event))
+    }))
+    .await
 }
 
 pub(crate) async fn handler(

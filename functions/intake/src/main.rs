@@ -6,12 +6,15 @@ use shared::platform::config::{FromEnv, IntakeConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    lambda_http::tracing::init_default_subscriber();
+    let telemetry = shared::platform::telemetry::init("intake");
     // Configuration and clients are built once per cold start; a bad variable stops here,
     // with a message that names it.
     let config = IntakeConfig::from_env()?;
     let state = IntakeState::from_config(&config).await?;
-    run(service_fn(|request| handler(&state, request))).await
+    run(service_fn(|request| {
+        telemetry.invocation(handler(&state, request))
+    }))
+    .await
 }
 
 pub(crate) async fn handler(

@@ -8,11 +8,14 @@ use shared::platform::config::Env;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    lambda_runtime::tracing::init_default_subscriber();
+    let telemetry = shared::platform::telemetry::init("migrate");
     // Read once per cold start; an error here is every request's FAILED reason, not a
     // function that cannot start (CloudFormation would hear nothing until its timeout).
     let state = MigrateState::new(Env::process().database());
-    run(service_fn(|event| handler(&state, event))).await
+    run(service_fn(|event| {
+        telemetry.invocation(handler(&state, event))
+    }))
+    .await
 }
 
 pub(crate) async fn handler(state: &MigrateState, event: LambdaEvent<Value>) -> Result<(), Error> {

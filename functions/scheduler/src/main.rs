@@ -8,10 +8,13 @@ use shared::platform::config::{FromEnv, SchedulerConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    lambda_runtime::tracing::init_default_subscriber();
+    let telemetry = shared::platform::telemetry::init("scheduler");
     let config = SchedulerConfig::from_env()?;
     let state = SchedulerState::from_config(&config).await?;
-    run(service_fn(|event| handler(&state, event))).await
+    run(service_fn(|event| {
+        telemetry.invocation(handler(&state, event))
+    }))
+    .await
 }
 
 pub(crate) async fn handler(

@@ -7,12 +7,15 @@ use shared::platform::config::{FromEnv, WorkerConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    lambda_runtime::tracing::init_default_subscriber();
+    let telemetry = shared::platform::telemetry::init("worker");
     let config = WorkerConfig::from_env()?;
     // One event at a time per instance; the event source mapping's maximum concurrency
     // bounds the connections all instances hold together.
     let state = WorkerState::from_config(&config, 2).await?;
-    run(service_fn(|event| handler(&state, event))).await
+    run(service_fn(|event| {
+        telemetry.invocation(handler(&state, event))
+    }))
+    .await
 }
 
 pub(crate) async fn handler(

@@ -35,6 +35,14 @@ pub fn sqs_event(messages: &[aws_sdk_sqs::types::Message], queue_url: &str) -> S
         record.receipt_handle = m.receipt_handle.clone();
         record.body = m.body.clone();
         record.md5_of_body = m.md5_of_body.clone();
+        // The trace context the sender put on the message (platform::telemetry), as the event
+        // source mapping passes message attributes on.
+        for (name, value) in m.message_attributes().into_iter().flatten() {
+            let mut attribute = aws_lambda_events::event::sqs::SqsMessageAttribute::default();
+            attribute.string_value = value.string_value.clone();
+            attribute.data_type = Some(value.data_type.clone());
+            record.message_attributes.insert(name.clone(), attribute);
+        }
         record.event_source = Some("aws:sqs".into());
         record.event_source_arn = Some(arn.clone());
         record.aws_region = Some("us-east-1".into());
@@ -60,6 +68,7 @@ where
         .receive_message()
         .queue_url(queue_url)
         .max_number_of_messages(10)
+        .message_attribute_names("All")
         .wait_time_seconds(wait_secs)
         .send()
         .await

@@ -10,12 +10,14 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use sqlx::PgPool;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::domain::retry::{RetryPolicy, RETRY};
 use crate::effects::outbox::{self, Attempt, EffectStatus, DISPATCH_LEASE};
 use crate::effects::sinks::{Outgoing, Sinks};
 use crate::meters::{self, Meters};
 use crate::platform::config::DispatcherConfig;
+use crate::platform::queue::message_traceparent;
 
 #[cfg(feature = "dev")]
 pub use faults::Faults;
@@ -117,11 +119,16 @@ pub enum Dispatched {
 
 /// Delivers one effect. An error means the database could not be reached; every delivery
 /// failure is recorded on the effect.
-#[tracing::instrument(skip_all, fields(effect_id = id))]
+#[tracing::instrument(
+    name = "dispatch",
+    skip_all,
+    fields(effect_id = id, kind, source, event_id, account)
+)]
 pub async fn dispatch(state: &DispatcherState, id: &str) -> Result<Dispatched, sqlx::Error> {
     let Some(effect) = outbox::claim(&state.pool, id, state.lease).await? else {
         return Ok(Dispatched::Skipped);
     };
+    record_cause(&effect);
     // Serialized once: the bytes signed are the bytes every sink receives.
     let body = serde_json::to_vec(&effect.body).unwrap_or_default();
     let outgoing = Outgoing {
@@ -167,6 +174,23 @@ pub async fn dispatch(state: &DispatcherState, id: &str) -> Result<Dispatched, s
     })
 }
 
+/// The effect's cause on its span, read from its body's common part (`data.source`,
+/// `data.event_id`, `data.customer_id`): an effect is followed by the event that made it.
+fn record_cause(effect: &outbox::Claimed) {
+    let span = tracing::Span::current();
+    span.record("kind", effect.kind.as_str());
+    let data = &effect.body["data"];
+    if let Some(source) = data["source"].as_str() {
+        span.record("source", source);
+    }
+    if let Some(event_id) = data["event_id"].as_i64() {
+        span.record("event_id", event_id);
+    }
+    if let Some(account) = data["customer_id"].as_str() {
+        span.record("account", account);
+    }
+}
+
 /// The longest one message can take: a meter report's read-back (the meter, then its
 /// summary) and its send, each within [`meters::SEND_TIMEOUT`]; an effect's webhook takes one
 /// request of at most as long.
@@ -201,26 +225,40 @@ pub async fn handle_batch_until(
             continue;
         }
         let body = message.body.as_deref().unwrap_or_default().trim();
-        let handled = if crate::domain::meter::is_report_id(body) {
-            meters::send(
-                &state.pool,
-                &state.meters,
-                body,
-                meters::outbox::SEND_LEASE,
-                &state.retry,
-            )
-            .await
-            .map(|_| false)
-        } else if let Some(id) = parse_effect_id(body) {
-            dispatch(state, id)
+        // The message's span continues the trace of whoever sent it (the worker's event, the
+        // rescue, the app API's debit); the effect's or report's own span sits inside it.
+        let span = tracing::info_span!("dispatcher message", id = body);
+        crate::platform::telemetry::continue_trace(&span, message_traceparent(&message));
+        let handled = async {
+            if crate::domain::meter::is_report_id(body) {
+                let sent = meters::send(
+                    &state.pool,
+                    &state.meters,
+                    body,
+                    meters::outbox::SEND_LEASE,
+                    &state.retry,
+                )
                 .await
-                .map(|dispatched| dispatched == Dispatched::Crashed)
-        } else {
-            // Not ours to retry: a body that names nothing never will.
-            tracing::error!(
-                message_id,
-                "message body is neither an effect id nor a meter report id; dropping it"
-            );
+                .map(|_| false);
+                Some(sent)
+            } else if let Some(id) = parse_effect_id(body) {
+                Some(
+                    dispatch(state, id)
+                        .await
+                        .map(|dispatched| dispatched == Dispatched::Crashed),
+                )
+            } else {
+                // Not ours to retry: a body that names nothing never will.
+                tracing::error!(
+                    message_id,
+                    "message body is neither an effect id nor a meter report id; dropping it"
+                );
+                None
+            }
+        }
+        .instrument(span)
+        .await;
+        let Some(handled) = handled else {
             continue;
         };
         let retry = match handled {

@@ -253,7 +253,13 @@ pub async fn handle(state: &IntakeState, request: Request) -> Response<Body> {
     response
 }
 
-#[tracing::instrument(skip_all, fields(source, event_id, verdict))]
+/// The delivery's span (docs/operating.md "Following one event"): the source, then what the
+/// signature proved (the provider's key, its delivery id, the account), then the stored row.
+#[tracing::instrument(
+    name = "intake",
+    skip_all,
+    fields(source, dedupe_key, delivery_id, account, event_id, verdict)
+)]
 async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>, IntakeError> {
     let Some(source_name) = route_source(request) else {
         return Err(IntakeError::NotFound {
@@ -295,6 +301,7 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
             return Err(IntakeError::Unauthorized(refused));
         }
     };
+    record_verified(&verified);
     if let Some(index) = verified.signed_with.filter(|i| *i > 0) {
         // Verified only by a secret after the first listed: while a secret rolls, this shows
         // which source still signs with the old one. One line per such delivery, no more.
@@ -329,6 +336,23 @@ async fn accept(state: &IntakeState, request: &Request) -> Result<Response<Body>
         StatusCode::OK,
         &json!({"status": stored.verdict.as_str(), "event_id": stored.event_id}),
     ))
+}
+
+/// What the signature proved, on the delivery's span: keys and ids only, never the payload.
+fn record_verified(verified: &crate::domain::VerifiedEvent) {
+    let span = tracing::Span::current();
+    span.record("dedupe_key", verified.dedupe_key.as_str());
+    if let Some(delivery_id) = &verified.delivery_id {
+        span.record("delivery_id", delivery_id.as_str());
+    }
+    if let Some(customer) = verified
+        .meta
+        .as_ref()
+        .ok()
+        .and_then(|m| m.customer.as_ref())
+    {
+        span.record("account", customer.as_str());
+    }
 }
 
 /// What a way in says of a stored delivery (this one, the EventBridge adapter): the span's

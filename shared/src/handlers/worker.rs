@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use sqlx::pool::PoolConnection;
@@ -23,7 +24,7 @@ use crate::effects::outbox;
 use crate::inbox::lease::{self, Claimed, Unclaimed};
 use crate::inbox::DEFAULT_LEASE;
 use crate::platform::config::WorkerConfig;
-use crate::platform::queue::{parse_message_body, Queue};
+use crate::platform::queue::{message_traceparent, parse_message_body, Queue};
 use crate::platform::queued;
 use crate::platform::sim::{self, Point};
 
@@ -161,13 +162,36 @@ pub async fn process_event(state: &WorkerState, event_id: i64) -> Result<Process
     let mut conn = state.pool.acquire().await?;
     let claimed = lease::claim(&mut conn, &[event_id], state.lease).await?;
     match claimed.into_iter().next() {
-        Some(event) => process_claimed(state, &mut conn, &event).await,
+        Some(event) => {
+            let span = event_span(&event, None);
+            process_claimed(state, &mut conn, &event)
+                .instrument(span)
+                .await
+        }
         None => Ok(Processed::Skipped),
     }
 }
 
+/// One event's span in the worker (docs/operating.md "Following one event"): its source,
+/// row id, provider key and account, continuing the trace its message carries (the
+/// intake's, or the rescue's), so that its effects' sends are part of it too.
+fn event_span(event: &Claimed, traceparent: Option<&str>) -> tracing::Span {
+    let span = tracing::info_span!(
+        "worker",
+        source = %event.source,
+        event_id = event.id,
+        dedupe_key = event.dedupe_key.as_str(),
+        account = tracing::field::Empty,
+        attempt = event.attempts,
+    );
+    if let Some(customer) = &event.customer {
+        span.record("account", customer.as_str());
+    }
+    crate::platform::telemetry::continue_trace(&span, traceparent);
+    span
+}
+
 /// Applies one claimed event on `conn`, or records why it could not be.
-#[tracing::instrument(skip_all, fields(event_id = event.id))]
 async fn process_claimed(
     state: &WorkerState,
     conn: &mut PgConnection,
@@ -317,12 +341,21 @@ pub async fn handle_batch_until(
     until: Option<Instant>,
 ) -> SqsBatchResponse {
     let mut messages = Vec::with_capacity(event.records.len());
+    // Each event's trace, from its message (the first, when a batch names an event twice).
+    let mut traces: HashMap<i64, String> = HashMap::new();
     for message in event.records {
         let Some(message_id) = message.message_id.clone() else {
             continue;
         };
         match message.body.as_deref().and_then(parse_message_body) {
-            Some(event_id) => messages.push((message_id, event_id)),
+            Some(event_id) => {
+                if let Some(traceparent) = message_traceparent(&message) {
+                    traces
+                        .entry(event_id)
+                        .or_insert_with(|| traceparent.to_owned());
+                }
+                messages.push((message_id, event_id))
+            }
             // Not ours to retry: a body that is not an event id never will be.
             None => tracing::error!(message_id, "message body is not an event id; dropping it"),
         }
@@ -404,9 +437,10 @@ pub async fn handle_batch_until(
             continue;
         };
         begun = true;
+        let span = event_span(&event, traces.get(&event_id).map(String::as_str));
         let processed = timeout(
             state.event_budget,
-            process_claimed(state, &mut conn, &event),
+            process_claimed(state, &mut conn, &event).instrument(span),
         );
         let Ok(processed) = processed.await else {
             tracing::error!(event_id, budget = ?state.event_budget, "the event took longer than its budget; its connection is closed and the message will be delivered again");

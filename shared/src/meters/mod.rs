@@ -111,7 +111,7 @@ pub enum Reported {
 
 /// Sends one report: claim, send (or read back first), record. An error means the database
 /// could not be reached; every provider failure is recorded on the report.
-#[tracing::instrument(skip_all, fields(report_id = id))]
+#[tracing::instrument(name = "meter send", skip_all, fields(report_id = id, source, account))]
 pub async fn send(
     pool: &PgPool,
     meters: &Meters,
@@ -122,6 +122,9 @@ pub async fn send(
     let Some(claimed) = outbox::claim(pool, id, lease).await? else {
         return Ok(Reported::Skipped);
     };
+    let span = tracing::Span::current();
+    span.record("source", claimed.report.source.as_str());
+    span.record("account", claimed.report.customer.as_str());
     let outcome = match &claimed.corrects {
         Some(corrected) => correct(pool, meters, &claimed, corrected).await?,
         None => attempt(pool, meters, &claimed).await?,

@@ -8,7 +8,8 @@
 //! [`http_client`] reaches providers' hosts; [`budget`] is each source's share of its
 //! provider's rate limit, shared by every instance; [`metrics`] names the EMF namespace;
 //! [`schema`] applies the migrations; [`api_keys`] checks the app API's keys; [`clock`] is the
-//! time a test can set; [`sim`] holds the points a simulation interrupts and its queue.
+//! time a test can set; [`sim`] holds the points a simulation interrupts and its queue; [`telemetry`] is every
+//! function's logs and traces.
 
 pub mod api_keys;
 pub mod aws_limits;
@@ -26,3 +27,4 @@ pub mod queued;
 pub mod schema;
 pub mod secrets;
 pub mod sim;
+pub mod telemetry;

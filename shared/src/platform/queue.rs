@@ -20,6 +20,32 @@ pub fn parse_message_body(body: &str) -> Option<i64> {
     body.trim().parse().ok()
 }
 
+/// The sending span's trace context as the message's `traceparent` attribute, so the function
+/// that takes the message continues the trace (platform::telemetry); none when no trace is
+/// recorded. One String attribute of 55 characters: well within SQS's 10 attributes a
+/// message, and its bytes count toward the 256 KiB message size (docs/design.md §2.1).
+fn trace_attributes(
+) -> Option<std::collections::HashMap<String, aws_sdk_sqs::types::MessageAttributeValue>> {
+    let traceparent = crate::platform::telemetry::traceparent()?;
+    let value = aws_sdk_sqs::types::MessageAttributeValue::builder()
+        .data_type("String")
+        .string_value(traceparent)
+        .build()
+        .ok()?;
+    Some(std::collections::HashMap::from([(
+        crate::platform::telemetry::TRACEPARENT.to_owned(),
+        value,
+    )]))
+}
+
+/// The `traceparent` a received message carries (Lambda's SQS event), if any.
+pub fn message_traceparent(message: &aws_lambda_events::event::sqs::SqsMessage) -> Option<&str> {
+    message
+        .message_attributes
+        .get(crate::platform::telemetry::TRACEPARENT)
+        .and_then(|attribute| attribute.string_value.as_deref())
+}
+
 #[derive(Clone)]
 pub struct Queue {
     transport: Transport,
@@ -110,6 +136,7 @@ impl Queue {
             .send_message()
             .queue_url(url)
             .message_body(message_body(event_id))
+            .set_message_attributes(trace_attributes())
             .send()
             .await
             .context("SQS SendMessage")?;
@@ -157,6 +184,7 @@ impl Queue {
             Transport::Sim(_) => return bodies.to_vec(),
         };
         let (batches, refused) = aws_limits::sqs_batches(bodies);
+        let traced = trace_attributes();
         let mut unsent = Vec::new();
         for (body, problem) in refused {
             tracing::error!(problem, "a message SQS would refuse is not sent");
@@ -171,6 +199,7 @@ impl Queue {
                     SendMessageBatchRequestEntry::builder()
                         .id(format!("m{i}"))
                         .message_body(*body)
+                        .set_message_attributes(traced.clone())
                         .build()
                 })
                 .collect();

@@ -187,7 +187,9 @@ impl Outbox {
 /// Re-enqueues the rows the queue lost, within the run's time: [`mark_lost`], then
 /// [`send_in_tens`] until `deadline`. A run that dies between the two (or a send that never
 /// happened for any other reason) leaves marks that the next runs treat as lost once they
-/// are [`STUCK_AFTER`] old, so no row is stranded, whatever wrote its mark.
+/// are [`STUCK_AFTER`] old, so no row is stranded, whatever wrote its mark. Its span, one per
+/// row kind, is the parent of the rescued rows' own (their messages carry it).
+#[tracing::instrument(name = "rescue", skip_all, fields(rows = R::NAME))]
 pub async fn rescue<R: Rows>(
     pool: &PgPool,
     queue: &Queue,
