@@ -1275,6 +1275,12 @@ fn an_accounts_allowance_is_drawn_day_by_day_ending_at_its_granted_and_used() {
         ],
     );
     no_inline_code(&html);
+    // In the current period the lines end today, not at the month's end.
+    assert!(!html.contains(">today</text>"));
+    let mut data = data;
+    data["allowance_history"]["as_of"] = json!("2026-12-09T10:00:00Z");
+    let html = rendered(&account_page("kc_1"), &data, &[]);
+    has(&html, &[">today</text>"]);
 }
 
 #[test]

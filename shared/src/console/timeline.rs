@@ -87,6 +87,11 @@ pub(super) fn allowance(history: &Value, links: Links) -> Markup {
     };
     let days = days(history);
     let grants = list(history, "grants");
+    // The lines end today in the current period, at the month's end in a past one.
+    let end = DateTime::parse_from_rfc3339(text(history, "as_of"))
+        .map(|t| t.with_timezone(&Utc).date_naive().clamp(first, last))
+        .unwrap_or(last)
+        .max(days.last().map_or(first, |d| d.day));
     let span = i64::from(last.day());
     let granted = days.last().map_or(0, |d| d.granted);
     let used = days.last().map_or(0, |d| d.used);
@@ -110,7 +115,7 @@ pub(super) fn allowance(history: &Value, links: Links) -> Markup {
             now = value(d);
             points.push((start, y(now)));
         }
-        points.push((x(last), y(now)));
+        points.push((x(end), y(now)));
         points
             .iter()
             .map(|(x, y)| format!("{x},{y}"))
@@ -129,6 +134,10 @@ pub(super) fn allowance(history: &Value, links: Links) -> Markup {
                 svg viewBox={ "0 0 " (WIDTH) " " (HEIGHT) } role="img" class="chart"
                     aria-labelledby="allowance-title allowance-desc" {
                     line.axis x1=(LEFT) y1=(y(0)) x2=(WIDTH - RIGHT) y2=(y(0)) {}
+                    @if end < last {
+                        text.tick x=(x(end)) y=(TOP - 2) text-anchor="middle" { "today" }
+                        line.today x1=(x(end)) y1=(TOP) x2=(x(end)) y2=(y(0)) {}
+                    }
                     @for day in [1, 8, 15, 22, 29].into_iter().filter(|d| *d <= last.day()) {
                         @if let Some(at) = first.with_day(day) {
                             text.tick x=(x(at) - plot_w / span / 2) y=(HEIGHT - 5) text-anchor="middle" {
@@ -138,8 +147,8 @@ pub(super) fn allowance(history: &Value, links: Links) -> Markup {
                     }
                     polyline.granted points=(steps(|d| d.granted)) {}
                     polyline.used points=(steps(|d| d.used)) {}
-                    text.line-label x=(WIDTH - RIGHT + 6) y=(y(granted) + 4) { "granted " (granted) }
-                    text.line-label x=(WIDTH - RIGHT + 6) y=(y(used) + 4 + if used == granted { 14 } else { 0 }) {
+                    text.line-label x=(x(end) + 6) y=(y(granted) + 4) { "granted " (granted) }
+                    text.line-label x=(x(end) + 6) y=(y(used) + 4 + if used == granted { 14 } else { 0 }) {
                         "used " (used)
                     }
                     @for grant in grants {

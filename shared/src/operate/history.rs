@@ -33,15 +33,18 @@ pub struct DayOfUse {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AllowanceHistory {
     pub period: String,
+    /// When it was read: a picture of the current period ends there, not at the month's end.
+    pub as_of: DateTime<Utc>,
     pub grants: Vec<Grant>,
     pub days: Vec<DayOfUse>,
 }
 
-/// The account's `period` (`YYYY-MM`) in time.
+/// The account's `period` (`YYYY-MM`) in time, read at `as_of`.
 pub async fn allowance_history(
     conn: &mut PgConnection,
     (source, customer): (&str, &str),
     period: &str,
+    as_of: DateTime<Utc>,
 ) -> Result<AllowanceHistory, sqlx::Error> {
     let grants = sqlx::query_as!(
         Grant,
@@ -84,6 +87,7 @@ pub async fn allowance_history(
     .await?;
     Ok(AllowanceHistory {
         period: period.to_owned(),
+        as_of,
         grants,
         days,
     })
