@@ -135,7 +135,7 @@ pub(super) fn allowance(history: &Value, links: Links) -> Markup {
                     aria-labelledby="allowance-title allowance-desc" {
                     line.axis x1=(LEFT) y1=(y(0)) x2=(WIDTH - RIGHT) y2=(y(0)) {}
                     @if end < last {
-                        text.tick x=(x(end)) y=(TOP - 2) text-anchor="middle" { "today" }
+                        text.tick x=(x(end) - 4) y=(y(0) - 4) text-anchor="end" { "today" }
                         line.today x1=(x(end)) y1=(TOP) x2=(x(end)) y2=(y(0)) {}
                     }
                     @for day in [1, 8, 15, 22, 29].into_iter().filter(|d| *d <= last.day()) {
