@@ -148,7 +148,7 @@ async fn fragment(
                 Err(e) => json!({"code": e.code(), "detail": e.to_string()}),
             };
             let account_id = (target.source.as_str(), target.customer_id().as_str());
-            let allowance = on_held!(state, conn => history::allowance_history(conn, account_id, period.as_str(), state.clock.now().into()))?;
+            let allowance = on_held!(state, conn => history::allowance_history(conn, account_id, period.as_str(), state.clock.now()))?;
             let plan = on_held!(state, conn => async {
                 match audit::plan_timeline(conn, &state.fold_sources, &state.catalog, (&target.source, target.customer_id())).await {
                     Err(FoldError::Database(e)) => Err(e),
