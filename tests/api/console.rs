@@ -226,3 +226,148 @@ async fn a_page_the_store_cannot_answer_is_a_503_with_retry_after_as_the_apis_ar
     );
     assert!(page.csp.contains("default-src 'none'"));
 }
+
+/// The `value` of `attribute` on the tag that carries `marker` in `html`.
+fn attr_of(html: &str, marker: &str, attribute: &str) -> i64 {
+    let at = html
+        .find(marker)
+        .unwrap_or_else(|| panic!("{marker} in {html}"));
+    let tag = &html[at..at + html[at..].find('>').unwrap()];
+    let from = tag.find(&format!(r#"{attribute}=""#)).unwrap() + attribute.len() + 2;
+    tag[from..from + tag[from..].find('"').unwrap()]
+        .parse()
+        .unwrap()
+}
+
+/// Every picture's numbers are the lists': the deliveries drawn are the event's deliveries
+/// listed in its story, the allowance drawn ends at the account's granted and at the sum of
+/// its usage list, and each point of the plan's timeline is an event of the account's log.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_pictures_numbers_are_the_lists_numbers(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let state = api_state(&pool);
+    let now = Utc::now();
+    for (id, plan, at) in [
+        ("ev_pic_1", "pro", now - chrono::Duration::seconds(20)),
+        ("ev_pic_2", "team", now - chrono::Duration::seconds(10)),
+    ] {
+        let claims = json!({
+            "type": "customer.plan_changed", "event_id": id, "event_timestamp": at.to_rfc3339(),
+            "source": "api", "data": {"customer_id": "kc_pic", "plan": {"key": plan, "name": plan}}
+        });
+        let delivery = kinde_delivery(&format!("wh_{id}"), &claims);
+        assert_eq!(app.post("kinde", &delivery).await.0, StatusCode::OK);
+        // A copy: a second delivery of the same event.
+        assert_eq!(app.post("kinde", &delivery).await.0, StatusCode::OK);
+    }
+    app.run_worker().await;
+    for (key, amount) in [("pic-1", 3), ("pic-2", 4)] {
+        let spent = crate::app_api::debit(&state, "kc_pic", key, json!({"amount": amount})).await;
+        assert_eq!(spent.status, StatusCode::OK, "{}", spent.body);
+    }
+
+    let overview = open(&state, "/console/fragment/", Some(ADMIN_KEY)).await;
+    assert_eq!(overview.status, StatusCode::OK, "{}", overview.body);
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM inbox_events ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let (mut stored, mut copies) = (0, 0);
+    for id in &ids {
+        let story = crate::app_api::call(
+            &state,
+            "GET",
+            &format!("/v1/admin/events/{id}"),
+            Some(ADMIN_KEY),
+            &[],
+            None,
+        )
+        .await;
+        for delivery in story.body["deliveries"].as_array().unwrap() {
+            match delivery["verdict"].as_str() {
+                Some("stored") => stored += 1,
+                Some("duplicate") => copies += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert_eq!((stored, copies), (2, 2));
+    for (outcome, n) in [("stored", stored), ("duplicate", copies)] {
+        assert!(
+            overview
+                .body
+                .contains(&format!(r#"<span data-total="{outcome}">{n}</span>"#)),
+            "the picture's {outcome} deliveries are the stories': {}",
+            overview.body
+        );
+    }
+    assert_eq!(
+        attr_of(
+            &overview.body,
+            r#"<figure id="deliveries-chart""#,
+            "data-total"
+        ),
+        stored + copies
+    );
+
+    let page = open(
+        &state,
+        "/console/fragment/accounts/kinde/kc_pic",
+        Some(ADMIN_KEY),
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let read = |path: &'static str| {
+        crate::app_api::call(
+            &state,
+            "GET",
+            path,
+            Some(crate::app_api::APP_KEY),
+            &[],
+            None,
+        )
+    };
+    let account = read("/v1/accounts/kinde/kc_pic").await.body;
+    let usage = read("/v1/accounts/kinde/kc_pic/usage").await.body;
+    let listed_used: i64 = usage["usage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|line| line["amount"].as_i64().unwrap())
+        .sum();
+    assert_eq!(listed_used, 7);
+    assert_eq!(account["used"].as_i64(), Some(listed_used));
+    let chart = r#"<figure id="allowance-chart""#;
+    assert_eq!(attr_of(&page.body, chart, "data-used"), listed_used);
+    assert_eq!(
+        Some(attr_of(&page.body, chart, "data-granted")),
+        account["allowance"].as_i64()
+    );
+
+    let log = read("/v1/accounts/kinde/kc_pic/events").await.body;
+    let logged: Vec<i64> = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event_id"].as_i64().unwrap())
+        .collect();
+    let points: Vec<i64> = page
+        .body
+        .match_indices(r#"<g class="plan-step" data-event-id=""#)
+        .map(|(at, m)| {
+            let rest = &page.body[at + m.len()..];
+            rest[..rest.find('"').unwrap()].parse().unwrap()
+        })
+        .collect();
+    assert_eq!(points.len(), 2, "free → pro → team: {}", page.body);
+    assert!(
+        points.iter().all(|p| logged.contains(p)),
+        "{points:?} in {logged:?}"
+    );
+    assert!(
+        page.body.contains(r#"pro → <strong>team</strong>"#),
+        "the last change is to the account's plan, {}: {}",
+        account["plan"],
+        page.body
+    );
+}

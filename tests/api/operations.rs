@@ -438,7 +438,10 @@ async fn the_overview_counts_a_dead_event_and_refused_deliveries_and_says_what_n
         .filter(|a| a["kind"] == "silent_source")
         .filter_map(|a| a["source"].as_str())
         .collect();
-    assert_eq!(silent, ["stripe", "polar"], "nothing ever stored from them");
+    assert!(
+        silent.is_empty(),
+        "stripe and polar never received a delivery: configured, not used yet, no alarm: {silent:?}"
+    );
 
     for key in [READER_KEY, APP_KEY, REPLAY_KEY] {
         let refused = get(&state, key, "/v1/admin/overview").await;
@@ -701,7 +704,52 @@ async fn a_divergence_the_audit_found_is_listed_and_needs_a_person(pool: PgPool)
         .iter()
         .find(|a| a["kind"] == "divergences")
         .expect("divergences need a person");
-    assert_eq!(attention["link"], "accounts/kinde/kc%5Fmoved");
+    assert_eq!(
+        attention["link"], "divergences",
+        "the page that lists every divergent account, not the latest one's"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_source_gone_quiet_needs_a_person_and_one_never_used_does_not(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let mut state = api_of(&app, &pool);
+    state.silent_hours = 24.0;
+    let id = plan_change(&app, "kc_quiet", "ev_quiet", "pro", Utc::now()).await;
+    let silent = |overview: &Answer| -> Vec<(String, String)> {
+        overview.body["needs_attention"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["kind"] == "silent_source")
+            .map(|a| (a["source"].to_string(), a["detail"].to_string()))
+            .collect()
+    };
+    let fresh = get(&state, ADMIN_KEY, "/v1/admin/overview").await;
+    assert_eq!(fresh.status, StatusCode::OK, "{}", fresh.body);
+    assert_eq!(silent(&fresh), [], "{}", fresh.body);
+    // Kinde's only delivery, 30 hours ago.
+    for moved in [
+        "UPDATE inbox_events SET received_at = received_at - interval '30 hours' WHERE id = $1",
+        "UPDATE deliveries SET received_at = received_at - interval '30 hours' WHERE event_id = $1",
+    ] {
+        sqlx::query(moved).bind(id).execute(&pool).await.unwrap();
+    }
+    let quiet = get(&state, ADMIN_KEY, "/v1/admin/overview").await;
+    let said = silent(&quiet);
+    assert_eq!(said.len(), 1, "{}", quiet.body);
+    assert_eq!(said[0].0, "\"kinde\"");
+    assert!(said[0].1.contains("nothing from kinde for 30"), "{said:?}");
+    let unused = quiet.body["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["last_delivery_at"].is_null())
+        .count();
+    assert_eq!(
+        unused, 2,
+        "stripe and polar say no delivery yet by a null last delivery"
+    );
 }
 
 /// What no request can mean (a cursor at a time before any Postgres holds, a NUL in a filter,

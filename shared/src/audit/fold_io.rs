@@ -10,10 +10,10 @@ use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 
 use crate::apply::subscription_read;
-use crate::billing::fold::{fields_of, fold_from, FoldEvent, Folded, Via};
+use crate::billing::fold::{fields_of, fold_from, FoldEvent, FoldState, Folded, Via};
 use crate::billing::rules::SubscriptionRead;
 use crate::billing::{registers, Decision, Effect, Settled};
-use crate::domain::{Catalog, CustomerId, SourceKind};
+use crate::domain::{Catalog, CustomerId, Period, SourceKind};
 use crate::inbox::kept::{self, KeptEvent, Purged, MAX_FOLDED_EVENTS};
 use crate::inbox::thin::StoredEvent;
 use crate::platform::config::SourceConfig;
@@ -101,6 +101,18 @@ pub struct AccountFold {
     pub kept_ids: BTreeSet<i64>,
     /// How far the fold reached, for the audit's checked point.
     pub(super) reach: Reach,
+    /// Each event after which the plan differs from before it, in provider order (only when
+    /// the reading asks for the plan's timeline).
+    pub plan_steps: Vec<PlanStep>,
+}
+
+/// An event that changed the account's plan, as the fold gives the plan: the plan before it
+/// and after it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlanStep {
+    pub event: EventRef,
+    pub from: String,
+    pub to: String,
 }
 
 /// How far a fold reached: the point it leaves (`None`: the account has no event), whether
@@ -122,6 +134,8 @@ pub(super) struct Reading<'a> {
     pub with_purged: bool,
     pub from: Option<&'a Resume>,
     pub in_steps_of: Option<i64>,
+    /// Whether to say each event that changed the plan (`AccountFold::plan_steps`).
+    pub plan_steps: bool,
 }
 
 /// The events the registers of an account name (holders, grants, links, refunds, the
@@ -168,6 +182,7 @@ pub(super) async fn fold_with(
         with_purged,
         from,
         in_steps_of,
+        plan_steps,
     } = reading;
     let config = *sources
         .get(source)
@@ -266,6 +281,10 @@ pub(super) async fn fold_with(
         });
     }
     let start = from.map(|p| p.state.clone()).unwrap_or_default();
+    let plan_steps = match plan_steps {
+        true => steps_of_plan(start.clone(), (source, customer), &events, &refs, catalog),
+        false => Vec::new(),
+    };
     let folded = fold_from(start, source, customer, &events, catalog);
     let moved = reached != after;
     let reach = Reach {
@@ -290,7 +309,59 @@ pub(super) async fn fold_with(
         pending: kept::pending(conn, source, customer).await?,
         kept_ids,
         reach,
+        plan_steps,
     })
+}
+
+/// The plan through `events`: each folded onto what those before it left (the fold of a set is
+/// the fold of its first part, then of the rest from there), the plan compared before and
+/// after it.
+fn steps_of_plan(
+    mut state: FoldState,
+    (source, customer): (&str, &CustomerId),
+    events: &[FoldEvent],
+    refs: &BTreeMap<i64, EventRef>,
+    catalog: &Catalog,
+) -> Vec<PlanStep> {
+    let mut order: Vec<&FoldEvent> = events.iter().collect();
+    order.sort_by(|a, b| {
+        let at = |e: &FoldEvent| e.at.as_datetime().timestamp_micros();
+        (at(a), a.key.as_str(), a.id).cmp(&(at(b), b.key.as_str(), b.id))
+    });
+    let plan_of = |folded: &Folded, event: &FoldEvent| {
+        folded.state(customer, &Period::of(event.at), catalog).plan
+    };
+    let mut steps = Vec::new();
+    let mut before = None;
+    for event in order {
+        let from = match before.take() {
+            Some(plan) => plan,
+            None => plan_of(
+                &fold_from(state.clone(), source, customer, &[], catalog),
+                event,
+            ),
+        };
+        let after = fold_from(
+            state,
+            source,
+            customer,
+            std::slice::from_ref(event),
+            catalog,
+        );
+        let to = plan_of(&after, event);
+        if from != to {
+            if let Some(event) = refs.get(&event.id) {
+                steps.push(PlanStep {
+                    event: event.clone(),
+                    from,
+                    to: to.clone(),
+                });
+            }
+        }
+        before = Some(to);
+        state = after.state_at_cut();
+    }
+    steps
 }
 
 /// The account's kept events folded, as of the cut, read in one snapshot with the registers

@@ -4,7 +4,7 @@
 //! a bounded sample each scheduler run).
 //!
 //! - `fold_io`: the account read in one snapshot and folded; the registers compared with it;
-//! - `why`: the fold explained field by field;
+//! - `why`: the fold explained field by field, and the plan's timeline through the events;
 //! - `points`: the checked point an account's audit resumes the fold from;
 //! - `run`: the audit over many accounts, the scheduler's and `inboxctl audit`'s.
 
@@ -15,8 +15,8 @@ mod why;
 
 pub use fold_io::{
     audit_account, audit_account_in_steps_of, fold_account, sources_of, AccountFold, AuditSource,
-    Audited, Cut, Divergence, EventRef, FoldError, Sources,
+    Audited, Cut, Divergence, EventRef, FoldError, PlanStep, Sources,
 };
 pub use points::{checked_point, CheckedPoint};
 pub use run::{audit_all, run, AuditReport, MAX_AUDITED_PER_RUN};
-pub use why::{why, Why, WhyField};
+pub use why::{plan_timeline, why, Why, WhyField};

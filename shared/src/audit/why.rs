@@ -14,7 +14,8 @@ use crate::billing::registers;
 use crate::domain::{Catalog, CustomerId};
 
 use super::fold_io::{
-    compare, fold_with, snapshot, used_by_period, Cut, EventRef, FoldError, Reading, Sources,
+    compare, fold_with, snapshot, used_by_period, Cut, EventRef, FoldError, PlanStep, Reading,
+    Sources,
 };
 
 /// One field of `why`.
@@ -136,4 +137,31 @@ pub async fn why(
         pending: account.pending,
         divergent,
     }))
+}
+
+/// The account's plan through its kept events, as the fold gives it (the console's timeline):
+/// each event after which the plan differs from before it, in provider order.
+pub async fn plan_timeline(
+    conn: &mut PgConnection,
+    sources: &Sources,
+    catalog: &Catalog,
+    (source, customer): (&str, &CustomerId),
+) -> Result<Vec<PlanStep>, FoldError> {
+    let mut tx = snapshot(conn).await?;
+    let stored = registers::of_account(&mut tx, source, customer).await?;
+    let reading = Reading {
+        plan_steps: true,
+        ..Reading::default()
+    };
+    let account = fold_with(
+        &mut tx,
+        sources,
+        catalog,
+        (source, customer),
+        stored.as_ref(),
+        reading,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(account.plan_steps)
 }

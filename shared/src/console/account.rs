@@ -1,7 +1,8 @@
 //! The account page: first what an operator must not miss (its payment standing, a plan key
 //! the catalog does not know, a stored field that differs from its events), each linked to
 //! its Why row; then its state (plan, subscriptions with their ends, the period's allowance
-//! as a meter, features), `why` per field (the deciding event and those it beat), the state
+//! as a meter, features), its pictures in time (`timeline`: the allowance over the period, the
+//! plan's changes), `why` per field (the deciding event and those it beat), the state
 //! as of a chosen time, and its event log with a Replay button per event.
 
 use std::collections::BTreeMap;
@@ -9,6 +10,7 @@ use std::collections::BTreeMap;
 use maud::{html, Markup};
 use serde_json::{json, Map, Value};
 
+use super::timeline;
 use super::view::{
     cursor, int, list, local_input, replay_form, shown, status, text, time, time_str, value,
     with_query, Links,
@@ -47,6 +49,17 @@ pub(super) fn render((source, customer): (&str, &str), data: &Value, links: Link
         }
         (truth(account, why, at))
         (state(account, why, at.filter(|_| as_of.is_some())))
+        @if data["allowance_history"].is_object() || data.get("plan_timeline").is_some() {
+            section #pictures aria-label="This account in time" {
+                h2 { "In time" }
+                @if data["allowance_history"].is_object() {
+                    (timeline::allowance(&data["allowance_history"], links))
+                }
+                @if data.get("plan_timeline").is_some() {
+                    (timeline::plan(&data["plan_timeline"], links))
+                }
+            }
+        }
         section aria-labelledby="why-title" {
             h2 #why-title {
                 "Why"

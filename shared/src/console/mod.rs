@@ -8,7 +8,9 @@
 //! - `overview`, `events`, `event`, `account`, `effects`, `meters`, `divergences`, `engine_room`,
 //!   `audit_trail`: one
 //!   fragment each, from the JSON its route answers;
-//! - `chart`: the overview's picture of the last 24 hours, SVG with a table beside it;
+//! - `chart`: the overview's pictures of the last 24 hours (events, deliveries) and of what
+//!   waits, SVG with a table beside each;
+//! - `timeline`: an account's pictures: its allowance over the period, its plan's changes;
 //! - `view`: what they share (links, times, statuses).
 
 mod account;
@@ -23,6 +25,7 @@ mod meters;
 mod overview;
 mod page;
 mod shell;
+mod timeline;
 mod view;
 
 use maud::html;
@@ -71,12 +74,14 @@ pub fn asset(name: &str) -> Option<(&'static str, &'static str)> {
 /// A page's fragment from the JSON of its route(s):
 ///
 /// - `Overview`: `GET /v1/admin/overview`, with `"traffic"`: the last 24 hours' events by hour
-///   and status (`[{hour, status, count}]`);
+///   and status (`[{hour, status, count}]`), and `"deliveries"`: their deliveries by hour and
+///   outcome (`[{hour, outcome, count}]`, `operate::overview::deliveries_by_hour`);
 /// - `Events`: `GET /v1/admin/events` (`query` is the page's: the search form's values and
 ///   `after`);
 /// - `Event`: `GET /v1/admin/events/{id}`;
 /// - `Account`: `{"account": GET /v1/accounts/{s}/{c}, "events": GET …/events, "why": GET
-///   …/why, "at": the cut or null}`;
+///   …/why, "at": the cut or null, "allowance_history": operate::history's of the period,
+///   "plan_timeline": audit::plan_timeline's steps, or null when the fold cannot say}`;
 /// - `Effects`: `GET /v1/admin/effects`;
 /// - `Meters`: `GET /v1/admin/meter-reports`, with `"meters"`: each metered source's meter;
 /// - `Divergences`: `GET /v1/admin/divergences`;

@@ -5,6 +5,7 @@
 use maud::{html, Markup};
 use serde_json::Value;
 
+use super::chart;
 use super::view::{list, shown, text, time, Links};
 
 /// A `needs_attention` kind in words.
@@ -49,34 +50,10 @@ fn count(name: &str, value: &Value, link: Option<String>) -> Markup {
     }
 }
 
-/// The console page an item links to: its `link`, but the divergences page for divergences
-/// (the overview's `link` names only the account seen last, of however many).
-fn link_of(item: &Value) -> &str {
-    match text(item, "kind") {
-        "divergences" => "divergences",
-        _ => text(item, "link"),
-    }
-}
-
-/// A source that never received anything: configured, not used yet. Not an alarm.
+/// A source that never received anything: configured, not used yet. Not an alarm (the admin
+/// API's `needs_attention` does not list it either).
 fn never_delivered(source: &Value) -> bool {
     source["last_delivery_at"].is_null()
-}
-
-/// What needs a person: the overview's list, without the "silent source" of a source that
-/// has never received a delivery (the sources' table says "no delivery yet" of it).
-pub(super) fn attention(data: &Value) -> Vec<&Value> {
-    let unused: Vec<&str> = list(data, "sources")
-        .iter()
-        .filter(|s| never_delivered(s))
-        .map(|s| text(s, "source"))
-        .collect();
-    list(data, "needs_attention")
-        .iter()
-        .filter(|item| {
-            !(text(item, "kind") == "silent_source" && unused.contains(&text(item, "source")))
-        })
-        .collect()
 }
 
 /// The figures that wait on something, each with what it counts and the list that shows it:
@@ -127,8 +104,24 @@ fn waiting<'a>(
     ]
 }
 
+/// The effects and meter reports waiting or given up on, as the picture's bars: the first
+/// four figures of [`waiting`], each with a short label.
+fn waiting_bars(data: &Value, links: Links) -> Vec<(&'static str, &'static str, i64, String)> {
+    let labels = [
+        "Effects pending",
+        "Effects dead",
+        "Meter reports pending",
+        "Meter reports dead",
+    ];
+    waiting(data, links)
+        .into_iter()
+        .zip(labels)
+        .map(|((name, _, value, link), label)| (name, label, value.as_i64().unwrap_or(0), link))
+        .collect()
+}
+
 pub(super) fn render(data: &Value, links: Links) -> Markup {
-    let attention = attention(data);
+    let attention = list(data, "needs_attention");
     let sources = list(data, "sources");
     html! {
         h1 { "Overview" }
@@ -136,10 +129,10 @@ pub(super) fn render(data: &Value, links: Links) -> Markup {
         section aria-labelledby="attention-title" {
             h2 #attention-title { "Needs a person" }
             ul #needs-attention {
-                @for item in &attention {
+                @for item in attention {
                     @let source = text(item, "source");
                     li.attention data-kind=(text(item, "kind")) {
-                        a href=(links.console(link_of(item))) {
+                        a href=(links.console(text(item, "link"))) {
                             strong { (kind_name(text(item, "kind"))) }
                             @if !source.is_empty() { " · " (source) }
                         }
@@ -152,9 +145,11 @@ pub(super) fn render(data: &Value, links: Links) -> Markup {
                 }
             }
         }
-        (super::chart::render(data, links))
+        (chart::render(&chart::EVENTS, data, links))
+        (chart::render(&chart::DELIVERIES, data, links))
         section aria-labelledby="totals-title" {
             h2 #totals-title { "Waiting" }
+            (chart::waiting(&waiting_bars(data, links)))
             table #totals {
                 thead { tr { th scope="col" { "What" } th scope="col" { "Now" } } }
                 tbody {

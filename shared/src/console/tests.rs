@@ -913,10 +913,6 @@ fn findings_name_only_a_key_whose_plan_is_null() {
 #[test]
 fn an_unused_source_is_no_alarm_and_says_no_delivery_yet() {
     let mut data = overview("1 dead event");
-    data["needs_attention"].as_array_mut().unwrap().push(
-        json!({"kind": "silent_source", "source": "stripe", "count": 0,
-                     "detail": "nothing ever stored from stripe", "link": "events?source=stripe"}),
-    );
     let html = rendered(&Page::Overview, &data, &[]);
     assert!(!html.contains(r#"data-kind="silent_source""#), "{html}");
     assert!(!html.contains("(0)"));
@@ -928,7 +924,10 @@ fn an_unused_source_is_no_alarm_and_says_no_delivery_yet() {
         ],
     );
     // a source that did send, then went quiet, still needs a person
-    data["needs_attention"][2]["source"] = json!("kinde");
+    data["needs_attention"].as_array_mut().unwrap().push(
+        json!({"kind": "silent_source", "source": "kinde", "count": 0,
+                     "detail": "nothing from kinde for 30.0 h", "link": "events?source=kinde"}),
+    );
     let html = rendered(&Page::Overview, &data, &[]);
     has(&html, &[r#"data-kind="silent_source""#]);
 }
@@ -939,7 +938,7 @@ fn every_overview_figure_says_what_it_counts_and_links_its_list() {
     data["meter_reports"] = json!({"pending": 3, "dead": 1, "differences_open": 2});
     data["needs_attention"].as_array_mut().unwrap().push(
         json!({"kind": "divergences", "count": 4, "detail": "4 field(s) differ",
-                     "link": "accounts/kinde/kc_1"}),
+                     "link": "divergences"}),
     );
     let html = rendered(&Page::Overview, &data, &[]);
     has(
@@ -1086,7 +1085,7 @@ fn the_overviews_picture_of_24_hours_has_the_numbers_of_its_table() {
     has(
         &html,
         &[
-            r#"<figure id="traffic-chart" data-total="12" data-dead="1">"#,
+            r#"<figure id="traffic-chart" data-total="12" data-marked="3" data-dead="1">"#,
             r#"role="img" aria-labelledby="traffic-title traffic-desc""#,
             // the hour's title says its numbers; the dead and unprocessable are marked
             "<title>10:00 UTC: 3 applied, 2 unprocessable, 1 dead</title>",
@@ -1112,9 +1111,205 @@ fn a_quiet_day_is_drawn_empty_and_says_so() {
     has(
         &html,
         &[
-            r#"data-total="0" data-dead="0""#,
+            r#"data-total="0" data-marked="0" data-dead="0""#,
             "No event received in the last 24 hours.",
+            "No delivery in the last 24 hours.",
         ],
     );
-    assert!(!html.contains("<rect"));
+    assert!(
+        !html.contains(r#"<rect class="bar s-"#),
+        "no hour has a bar"
+    );
+}
+
+/// The `<td class="num" data-total="…">` totals of the table whose id is `table`.
+fn table_totals(html: &str, table: &str) -> BTreeMap<String, i64> {
+    let start = html.find(&format!(r#"<table id="{table}">"#)).unwrap();
+    let html = &html[start..start + html[start..].find("</table>").unwrap()];
+    let mut totals = BTreeMap::new();
+    for (at, _) in html.match_indices(r#"<td class="num" data-total=""#) {
+        let tag = &html[at..];
+        let kind = attribute(tag, "data-total").unwrap();
+        let n: i64 = tag[tag.find('>').unwrap() + 1..tag.find("</td>").unwrap()]
+            .parse()
+            .unwrap();
+        totals.insert(kind.to_owned(), n);
+    }
+    totals
+}
+
+#[test]
+fn the_overviews_deliveries_are_drawn_by_outcome_with_the_numbers_of_their_table() {
+    let mut data = overview("");
+    data["deliveries"] = json!([
+        {"hour": "2026-12-03T09:00:00Z", "outcome": "stored", "count": 5},
+        {"hour": "2026-12-03T09:00:00Z", "outcome": "duplicate", "count": 2},
+        {"hour": "2026-12-03T10:00:00Z", "outcome": "stored", "count": 1},
+        {"hour": "2026-12-03T10:00:00Z", "outcome": "refused", "count": 7},
+        {"hour": "2026-12-03T10:00:00Z", "outcome": "conflict", "count": 1}
+    ]);
+    let html = rendered(&Page::Overview, &data, &[]);
+    let chart = &html[html.find(r#"id="deliveries-chart""#).unwrap()..];
+    let chart = &chart[..chart.find("</figure>").unwrap()];
+    let bars = summed(chart, "rect", "data-status", "data-count");
+    let expected = BTreeMap::from([
+        ("conflict".to_owned(), 1),
+        ("duplicate".to_owned(), 2),
+        ("refused".to_owned(), 7),
+        ("stored".to_owned(), 6),
+    ]);
+    assert_eq!(bars, expected, "the bars");
+    assert_eq!(
+        table_totals(&html, "deliveries-table"),
+        expected,
+        "the table"
+    );
+    has(
+        &html,
+        &[
+            r#"<figure id="deliveries-chart" data-total="16" data-marked="8" data-refused="7">"#,
+            "<title>10:00 UTC: 1 stored, 1 conflict, 7 refused</title>",
+            ">✕8</text>",
+            // no deliveries list to link: the outcome in words
+            r#"</span>refused <span data-total="refused">7</span>"#,
+        ],
+    );
+    no_inline_code(&html);
+}
+
+#[test]
+fn the_overviews_waiting_bars_have_the_numbers_of_the_waiting_table() {
+    let mut data = overview("");
+    data["effects"] = json!({"pending": 4, "dead": 2});
+    data["meter_reports"] = json!({"pending": 9, "dead": 0, "differences_open": 1});
+    let html = rendered(&Page::Overview, &data, &[]);
+    let chart = &html[html.find(r#"id="waiting-chart""#).unwrap()..];
+    let chart = &chart[..chart.find("</figure>").unwrap()];
+    for (figure, n) in [
+        ("effects_pending", 4),
+        ("effects_dead", 2),
+        ("meter_reports_pending", 9),
+        ("meter_reports_dead", 0),
+    ] {
+        let group = &chart[chart.find(&format!(r#"data-figure="{figure}""#)).unwrap()..];
+        assert!(
+            group.contains(&format!(r#"data-count="{n}""#)),
+            "{figure}'s bar: {group}"
+        );
+        let row = &html[html
+            .find(&format!(r#"<tr data-figure="{figure}">"#))
+            .unwrap()..];
+        let cell = &row[row.find("<td").unwrap()..row.find("</td>").unwrap()];
+        assert!(
+            cell.ends_with(&format!(">{n}")) || cell.ends_with(&format!(">{n}</a>")),
+            "{figure}'s row says {n}: {cell}"
+        );
+    }
+    has(
+        &html,
+        &[
+            r#"<a href="/lambda-url/api/console/meters?status=pending"><g class="waiting" data-figure="meter_reports_pending"><title>Meter reports pending: 9</title>"#,
+        ],
+    );
+    no_inline_code(&html);
+}
+
+fn allowance_history() -> Value {
+    json!({
+        "period": "2026-12",
+        "grants": [
+            {"at": "2026-12-02T09:00:00Z", "event_id": 1, "plan": "starter", "allowance": 100, "delta": 100},
+            {"at": "2026-12-05T12:00:00Z", "event_id": 4, "plan": "pro", "allowance": 500, "delta": 400}
+        ],
+        "days": [
+            {"day": "2026-12-03T00:00:00Z", "debited": 2, "reversed": 0},
+            {"day": "2026-12-05T00:00:00Z", "debited": 3, "reversed": 2}
+        ]
+    })
+}
+
+fn plan_timeline() -> Value {
+    json!([
+        {"event": {"event_id": 1, "type": "customer.plan_assigned", "occurred_at": "2026-12-02T09:00:00Z",
+                   "via": "webhook", "replayed": false}, "from": "free", "to": "starter"},
+        {"event": {"event_id": 4, "type": "customer.plan_changed", "occurred_at": "2026-12-05T12:00:00Z",
+                   "via": "webhook", "replayed": false}, "from": "starter", "to": "pro"}
+    ])
+}
+
+#[test]
+fn an_accounts_allowance_is_drawn_day_by_day_ending_at_its_granted_and_used() {
+    let history = allowance_history();
+    let days = timeline::days(&history);
+    let said: Vec<(String, i64, i64)> = days
+        .iter()
+        .map(|d| (d.day.to_string(), d.granted, d.used))
+        .collect();
+    assert_eq!(
+        said,
+        [
+            ("2026-12-02".to_owned(), 100, 0),
+            ("2026-12-03".to_owned(), 100, 2),
+            ("2026-12-05".to_owned(), 500, 3),
+        ]
+    );
+    // The account's snapshot says allowance 500, used 3: the picture ends there.
+    let data = json!({"account": snapshot("kc_1"),
+                      "events": account_events(""),
+                      "why": why("kc_1", ""), "at": null,
+                      "allowance_history": history, "plan_timeline": plan_timeline()});
+    let html = rendered(&account_page("kc_1"), &data, &[]);
+    has(
+        &html,
+        &[
+            r#"<figure id="allowance-chart" data-granted="500" data-used="3">"#,
+            ">granted 500</text>",
+            ">used 3</text>",
+            r#"<polyline class="granted""#,
+            r#"<polyline class="used""#,
+            // each grant a point linked to its event
+            r#"<a href="/lambda-url/api/console/events/4"><circle class="grant""#,
+            "<title>pro grants 500, +400, event #4</title>",
+            // the table beside it
+            r#"<tr data-day="2026-12-05"><th scope="row">2026-12-05</th><td class="num" data-granted>500</td><td class="num">3</td><td class="num">2</td><td class="num" data-used>3</td></tr>"#,
+        ],
+    );
+    no_inline_code(&html);
+    // In the current period the lines end today, not at the month's end.
+    assert!(!html.contains(">today</text>"));
+    let mut data = data;
+    data["allowance_history"]["as_of"] = json!("2026-12-09T10:00:00Z");
+    let html = rendered(&account_page("kc_1"), &data, &[]);
+    has(&html, &[">today</text>"]);
+}
+
+#[test]
+fn a_plans_timeline_has_a_point_per_change_each_linked_to_its_event() {
+    let data = json!({"account": snapshot("kc_1"),
+                      "events": account_events(""),
+                      "why": why("kc_1", ""), "at": null,
+                      "allowance_history": allowance_history(), "plan_timeline": plan_timeline()});
+    let html = rendered(&account_page("kc_1"), &data, &[]);
+    let figure = &html[html.find(r#"<figure id="plan-timeline""#).unwrap()..];
+    let figure = &figure[..figure.find("</figure>").unwrap()];
+    let points: Vec<&str> = figure
+        .match_indices(r#"<g class="plan-step" data-event-id=""#)
+        .map(|(at, _)| attribute(&figure[at..], "data-event-id").unwrap())
+        .collect();
+    assert_eq!(points, ["1", "4"]);
+    has(
+        &html,
+        &[
+            r#"<figure id="plan-timeline" data-changes="2">"#,
+            "<title>starter → pro, event #4 customer.plan_changed</title>",
+            r#"text-anchor="middle">pro</text>"#,
+            r#"<li data-event-id="4">"#,
+            r#"starter → <strong>pro</strong>, by <a href="/lambda-url/api/console/events/4">event #4</a>"#,
+        ],
+    );
+    // A fold that cannot say gives null: the page says so rather than draw nothing.
+    let mut data = data;
+    data["plan_timeline"] = Value::Null;
+    let html = rendered(&account_page("kc_1"), &data, &[]);
+    has(&html, &[r#"id="plan-timeline-none""#, "cannot be said"]);
 }

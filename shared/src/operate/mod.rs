@@ -1,10 +1,12 @@
 //! What an operator and an app see of the store and do to it through the API (docs/design.md
 //! §12.5): an account's event log, the events and effects lists with one event's whole story,
 //! the overview of what needs a person (with the intake's count of refused deliveries it
-//! reads), and replays, each written to the audit trail under the name of the key that asked.
+//! reads), an account's allowance in time (`history`, the console's picture of it), and
+//! replays, each written to the audit trail under the name of the key that asked.
 //! Every list is paged on an index (the plans are in §12.5).
 
 pub mod acts;
+pub mod history;
 pub mod lists;
 pub mod log;
 pub mod overview;

@@ -1,4 +1,4 @@
-//! The overview (docs/design.md §12.5): per source what arrived in the last hour and what
+//! The overview (docs/design.md §12.6): per source what arrived in the last hour and what
 //! waits, the effects and the audit's divergences, and first what needs a person, each with
 //! the console page that shows it.
 
@@ -75,7 +75,8 @@ pub struct Overview {
 }
 
 /// The overview of the configured `sources`; a source silent for more than
-/// `silent_after_hours` needs a person.
+/// `silent_after_hours` since its last delivery needs a person (one that never received any
+/// is configured and not used yet: no alarm).
 pub async fn overview(
     conn: &mut PgConnection,
     sources: &[(String, SourceKind)],
@@ -134,9 +135,7 @@ pub async fn overview(
                   (SELECT count(*) FROM meter_reports WHERE status = 'pending') AS "meter_pending!",
                   (SELECT count(*) FROM meter_reports WHERE status = 'dead') AS "meter_dead!",
                   (SELECT count(*) FROM meter_audit_differences WHERE resolved_at IS NULL)
-                    AS "meter_differences!",
-                  (SELECT source || '/' || customer_id FROM audit_divergences
-                   ORDER BY last_seen DESC LIMIT 1) AS first_divergent"#
+                    AS "meter_differences!""#
     )
     .fetch_one(exec(&mut *conn))
     .await?;
@@ -178,7 +177,6 @@ pub async fn overview(
         &sources,
         (effects, meter_reports),
         others.divergences,
-        others.first_divergent.as_deref(),
         silent_after_hours,
         generated_at,
     );
@@ -198,7 +196,6 @@ fn needs_attention(
     sources: &[SourceOverview],
     (effects, meters): (EffectCounts, MeterCounts),
     divergences: i64,
-    first_divergent: Option<&str>,
     silent_after_hours: f64,
     now: DateTime<Utc>,
 ) -> Vec<Attention> {
@@ -265,12 +262,9 @@ fn needs_attention(
             link: "meters".into(),
         });
     }
+    // Every divergent account and field is on one page; the latest account alone would hide
+    // the others.
     if divergences > 0 {
-        let link = first_divergent
-            .and_then(|key| key.split_once('/'))
-            .map_or_else(String::new, |(source, customer)| {
-                format!("accounts/{}/{}", segment(source), segment(customer))
-            });
         all.push(Attention {
             kind: "divergences",
             source: None,
@@ -278,7 +272,7 @@ fn needs_attention(
             detail: format!(
                 "{divergences} field(s) where the store and the fold of the events differ"
             ),
-            link,
+            link: "divergences".into(),
         });
     }
     per_source(
@@ -301,18 +295,12 @@ fn needs_attention(
                 link: format!("events?source={}", segment(&s.source)),
             });
         }
-        let silent_hours = s
-            .last_delivery_at
-            .map(|at| (now - at).num_seconds() as f64 / 3600.0);
-        if silent_hours.is_none_or(|h| h > silent_after_hours) {
+        if let Some(hours) = silent_hours(s, now).filter(|h| *h > silent_after_hours) {
             all.push(Attention {
                 kind: "silent_source",
                 source: Some(s.source.clone()),
                 count: 0,
-                detail: match silent_hours {
-                    Some(h) => format!("nothing from {} for {h:.1} h", s.source),
-                    None => format!("nothing ever stored from {}", s.source),
-                },
+                detail: format!("nothing from {} for {hours:.1} h", s.source),
                 link: format!("events?source={}", segment(&s.source)),
             });
         }
@@ -336,7 +324,54 @@ fn needs_attention(
     all
 }
 
+/// The hours since the source's last delivery; `None` for a source that never received one
+/// (configured, not used yet: its `last_delivery_at` is null, which says so).
+fn silent_hours(source: &SourceOverview, now: DateTime<Utc>) -> Option<f64> {
+    let last = source.last_delivery_at?;
+    Some((now - last).num_seconds() as f64 / 3600.0)
+}
+
 /// A name as one segment of a console path or query value.
 fn segment(raw: &str) -> String {
     utf8_percent_encode(raw, NON_ALPHANUMERIC).to_string()
+}
+
+/// The deliveries of one hour with one outcome: `stored` (a new event), `duplicate` (a copy),
+/// `conflict` (same key, other content), or `refused` (401, counted by the intake).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeliveriesInHour {
+    pub hour: DateTime<Utc>,
+    pub outcome: String,
+    pub count: i64,
+}
+
+/// The last 24 hours' deliveries by hour and outcome, for the overview's picture: those taken
+/// through `deliveries_received`, those refused from `intake_refusals` (a row per source and
+/// minute, a day kept). Every source's: a delivery's row does not name its source, and the
+/// intake takes or refuses only those of configured sources.
+pub async fn deliveries_by_hour(
+    conn: &mut PgConnection,
+) -> Result<Vec<DeliveriesInHour>, sqlx::Error> {
+    sqlx::query_as!(
+        DeliveriesInHour,
+        r#"
+        SELECT hour AS "hour!", outcome AS "outcome!", sum(n)::bigint AS "count!"
+        FROM (
+            SELECT date_trunc('hour', received_at, 'UTC') AS hour, verdict AS outcome,
+                   count(*) AS n
+            FROM deliveries
+            WHERE received_at > inbox_now() - interval '24 hours'
+            GROUP BY 1, 2
+            UNION ALL
+            SELECT date_trunc('hour', minute, 'UTC'), 'refused', sum(count)
+            FROM intake_refusals
+            WHERE minute > inbox_now() - interval '24 hours'
+            GROUP BY 1
+        ) taken
+        GROUP BY 1, 2
+        ORDER BY 1, 2
+        "#
+    )
+    .fetch_all(exec(conn))
+    .await
 }

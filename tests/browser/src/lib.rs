@@ -592,4 +592,18 @@ impl Browser {
             _ => bail!("no table {css}"),
         }
     }
+
+    /// How many elements `css` matches on the page now.
+    pub async fn count(&self, css: &str) -> anyhow::Result<u64> {
+        let count = self
+            .client
+            .execute(
+                "return document.querySelectorAll(arguments[0]).length;",
+                vec![json!(css)],
+            )
+            .await?;
+        count
+            .as_u64()
+            .ok_or_else(|| anyhow::anyhow!("no count of {css}"))
+    }
 }

@@ -703,6 +703,17 @@ async fn each_page_says_at_its_top_what_needs_a_person() {
             "the picture counts {pictured} dead events, its legend {tabled}, the list {listed}"
         );
         browser.page("").await?;
+        // The deliveries are drawn beside the events; the waiting bars hold the Waiting
+        // table's numbers (the pending meter reports are compared with their list below).
+        browser.find("#deliveries-chart svg").await?;
+        let pending_bar: u64 = browser
+            .attr(
+                "#waiting-chart g[data-figure='meter_reports_pending'] rect",
+                "data-count",
+                PAGE_WAIT,
+            )
+            .await?
+            .parse()?;
 
         // The divergences' item opens the list of every divergent account.
         browser
@@ -749,6 +760,14 @@ async fn each_page_says_at_its_top_what_needs_a_person() {
             .attr("#why-customer_plan", "open", PAGE_WAIT)
             .await?;
         browser.screenshot("account-divergent").await?;
+        // Its plan in time: a point per change listed, each linked to its event.
+        let points = browser.count("#plan-timeline g.plan-step").await?;
+        let changes = browser.count("#plan-changes li").await?;
+        anyhow::ensure!(
+            points > 0 && points == changes,
+            "the plan's timeline draws {points} changes and lists {changes}"
+        );
+        browser.find("#allowance-chart svg").await?;
 
         // The past-due account says so first; its link opens the standing's Why row.
         browser.page(&format!("accounts/kinde/{late}")).await?;
@@ -781,6 +800,11 @@ async fn each_page_says_at_its_top_what_needs_a_person() {
         browser
             .find(&format!("#meter-reports tr[data-report-id='{pending}']"))
             .await?;
+        let listed = browser.rows("#meter-reports").await?;
+        anyhow::ensure!(
+            pending_bar == listed,
+            "the overview's bar counts {pending_bar} pending meter reports, the list {listed}"
+        );
 
         // Every list fits a laptop's window and a narrow one: no table cut.
         let pages = [

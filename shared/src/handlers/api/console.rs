@@ -16,10 +16,11 @@ use super::answer::{
     authenticate, on_held, require, settle, time_param, ApiError, Query, DEFAULT_LIMIT,
 };
 use super::state::ApiState;
-use crate::audit::Cut;
+use crate::audit::{self, Cut, FoldError};
 use crate::console::{self, Page};
 use crate::domain::Period;
 use crate::handlers::engine_room::EngineError;
+use crate::operate::{history, overview};
 use crate::platform::api_keys::Scope;
 use crate::platform::db::exec;
 
@@ -101,6 +102,8 @@ async fn fragment(
             let mut overview = admin(AdminRoute::Overview, Query(Vec::new())).await?;
             let names: Vec<String> = state.sources.iter().map(|(name, _)| name.clone()).collect();
             overview["traffic"] = json!(on_held!(state, conn => traffic(conn, &names))?);
+            overview["deliveries"] =
+                json!(on_held!(state, conn => overview::deliveries_by_hour(conn))?);
             overview
         }
         Page::Events => admin(AdminRoute::Events, with_limit(&query)).await?,
@@ -144,7 +147,16 @@ async fn fragment(
                 Err(e @ (ApiError::Unavailable(_) | ApiError::Timeout)) => return Err(e),
                 Err(e) => json!({"code": e.code(), "detail": e.to_string()}),
             };
-            json!({"account": account, "events": events, "why": why, "at": at})
+            let account_id = (target.source.as_str(), target.customer_id().as_str());
+            let allowance = on_held!(state, conn => history::allowance_history(conn, account_id, period.as_str(), state.clock.now()))?;
+            let plan = on_held!(state, conn => async {
+                match audit::plan_timeline(conn, &state.fold_sources, &state.catalog, (&target.source, target.customer_id())).await {
+                    Err(FoldError::Database(e)) => Err(e),
+                    other => Ok(other.ok()),
+                }
+            })?;
+            json!({"account": account, "events": events, "why": why, "at": at,
+                   "allowance_history": allowance, "plan_timeline": plan})
         }
     };
     Ok(console::render(&page, &data, &query.0, base))
