@@ -228,6 +228,17 @@ impl TransactionKind {
         })
     }
 
+    /// Stripe's name of the type.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransactionKind::Granted => "credits_granted",
+            TransactionKind::ApplicationInvoiceVoided => "credits_application_invoice_voided",
+            TransactionKind::Applied => "credits_applied",
+            TransactionKind::Expired => "credits_expired",
+            TransactionKind::Voided => "credits_voided",
+        }
+    }
+
     fn sign(self) -> i128 {
         match self {
             TransactionKind::Granted | TransactionKind::ApplicationInvoiceVoided => 1,

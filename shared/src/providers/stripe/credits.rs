@@ -31,6 +31,31 @@ pub enum CreditEvent {
     Transaction(Transaction),
 }
 
+impl CreditEvent {
+    /// The event in words, for its log line: "credit grant credgr_1: 1000 usd, paid, for
+    /// price_type:metered" or "credit balance transaction cbtxn_1 of grant credgr_1:
+    /// credits_applied 300". The plan, subscription and payment registers take nothing from it.
+    pub fn described(&self) -> String {
+        match self {
+            CreditEvent::Grant { snapshot: g, .. } => format!(
+                "credit grant {}: {} {}, {}, for {}; Stripe Billing Credits move no plan, subscription or payment register",
+                g.grant_id,
+                g.amount,
+                g.unit,
+                g.category.as_str(),
+                g.scope
+            ),
+            CreditEvent::Transaction(t) => format!(
+                "credit balance transaction {} of grant {}: {} {}; Stripe Billing Credits move no plan, subscription or payment register",
+                t.transaction_id,
+                t.grant_id,
+                t.kind.as_str(),
+                t.amount
+            ),
+        }
+    }
+}
+
 /// Whether an event type is one of Stripe Billing Credits', snapshot or thin (`v1.` twin).
 pub fn is_credit_type(event_type: &str) -> bool {
     let snapshot = event_type.strip_prefix("v1.").unwrap_or(event_type);
@@ -208,8 +233,11 @@ mod tests {
             let event_type = event["type"].as_str().unwrap();
             assert!(is_credit_type(event_type), "{name}");
             if event_type.starts_with("v1.") {
-                // A thin twin names its object and carries none of it.
+                // A thin twin names its object and carries none of it; its object's path is
+                // one the worker reads.
                 assert_eq!(event["related_object"]["type"], "billing.credit_grant");
+                let url = event["related_object"]["url"].as_str().unwrap();
+                assert_eq!(super::super::thin::related_path(url), Some(url), "{name}");
                 continue;
             }
             let key = event["id"].as_str().unwrap();
@@ -293,6 +321,33 @@ mod tests {
         assert_eq!(snapshot.category, Category::Promotional);
         assert_eq!((snapshot.priority, snapshot.priority()), (None, 50));
         assert_eq!(snapshot.effective_from(), 100);
+    }
+
+    /// A credits event is read whole by `decide`: a good one is ignored with what it says, a
+    /// malformed one is unprocessable with its field, and no register moves.
+    #[test]
+    fn decide_reads_credits_events_and_moves_no_register() {
+        use crate::billing::Decision;
+        let catalog = crate::domain::Catalog::default();
+        for (name, event) in corpus() {
+            let event_type = event["type"].as_str().unwrap();
+            if event_type.starts_with("v1.") {
+                continue;
+            }
+            let decided = super::super::decide::decide(event_type, &event, &catalog).unwrap();
+            let Decision::Ignore(reason) = decided else {
+                panic!("{name}: {decided:?}")
+            };
+            assert!(
+                reason.contains("credgr_test_61CrdGrant01QxW3mR8tYb2Lp5"),
+                "{reason}"
+            );
+        }
+        let mut bad = corpus()[0].1.clone();
+        bad["data"]["object"]["category"] = "gift".into();
+        let err = super::super::decide::decide("billing.credit_grant.created", &bad, &catalog)
+            .unwrap_err();
+        assert!(err.0.contains("/category"), "{err:?}");
     }
 
     #[test]
