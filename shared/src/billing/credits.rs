@@ -563,6 +563,97 @@ pub fn allocate(
     })
 }
 
+/// A level a unit's available balance is watched at (docs/design.md §4.14): `Low(level)`
+/// crosses when the balance falls below `level`, `Depleted` when nothing is left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Threshold {
+    Low(Quantity),
+    Depleted,
+}
+
+impl Threshold {
+    /// The effect kind an app is told on a downward crossing.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Threshold::Low(_) => "billing.credits_low",
+            Threshold::Depleted => "billing.credits_depleted",
+        }
+    }
+
+    fn below(self, available: Quantity) -> bool {
+        match self {
+            Threshold::Low(level) => available < level,
+            Threshold::Depleted => !available.is_positive(),
+        }
+    }
+}
+
+/// One downward crossing: the state an app is told once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Crossing {
+    pub threshold: Threshold,
+    pub unit: String,
+    /// The provider time the balance crossed at: with the account, unit and threshold, the
+    /// effect's stable id.
+    pub at: i64,
+    pub available: Quantity,
+}
+
+impl Credits {
+    /// Every time a unit's available balance can move: a grant's effective, expiry and void
+    /// times and each counted transaction's time, in order.
+    fn moments(&self) -> Vec<i64> {
+        let mut at: Vec<i64> = self
+            .grants
+            .values()
+            .flat_map(|r| {
+                [
+                    Some(r.latest.effective_from()),
+                    r.latest.expires_at,
+                    r.voided_at,
+                ]
+            })
+            .flatten()
+            .chain(self.transactions.values().map(|t| t.effective_at))
+            .collect();
+        at.sort_unstable();
+        at.dedup();
+        at
+    }
+
+    /// The downward crossings of `unit`'s available balance (over every scope) up to `until`:
+    /// one each time the balance falls below a threshold having been at or above it, re-armed
+    /// only once it is back at or above. A balance that starts below (no grant yet) has
+    /// crossed nothing. Read from the balance as a function of time, so the same set of
+    /// grants and transactions tells the same crossings, at the same times, in every order.
+    pub fn crossings(&self, unit: &str, thresholds: &[Threshold], until: i64) -> Vec<Crossing> {
+        let mut armed = vec![false; thresholds.len()];
+        let mut out = Vec::new();
+        for at in self.moments().into_iter().filter(|&t| t <= until) {
+            let available: Quantity = self
+                .totals_at(at)
+                .into_iter()
+                .filter(|b| b.unit == unit)
+                .map(|b| b.available)
+                .sum();
+            for (i, threshold) in thresholds.iter().enumerate() {
+                if !threshold.below(available) {
+                    armed[i] = true;
+                } else if armed[i] {
+                    armed[i] = false;
+                    out.push(Crossing {
+                        threshold: *threshold,
+                        unit: unit.to_owned(),
+                        at,
+                        available,
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -863,5 +954,68 @@ mod tests {
         assert_eq!(c.totals_at(at)[0].available, Quantity::ZERO);
         // Before the void, b's 300 was spendable; a had 300 (1000 − 700) at 250.
         assert_eq!(c.totals_at(250)[0].available, q(800));
+    }
+
+    #[test]
+    fn low_and_depleted_are_told_once_per_downward_crossing_and_rearmed_at_or_above() {
+        use TransactionKind::*;
+        let mut c = Credits::new();
+        let mut g = grant("cg_1", 1000, 100);
+        g.unit = "credits".into();
+        c.grant(g);
+        let low = Threshold::Low(q(200));
+        let watch = [low, Threshold::Depleted];
+        // 1000 → 850 → 150 (low) → 100 (still low, not told again) → 0 (depleted).
+        for (id, amount, at) in [
+            ("t1", 150, 200),
+            ("t2", 700, 300),
+            ("t3", 50, 400),
+            ("t4", 100, 500),
+        ] {
+            c.transaction(txn(id, "cg_1", Applied, amount, at));
+        }
+        let told: Vec<(&str, i64)> = c
+            .crossings("credits", &watch, 10_000)
+            .iter()
+            .map(|x| (x.threshold.kind(), x.at))
+            .collect();
+        assert_eq!(
+            told,
+            [
+                ("billing.credits_low", 300),
+                ("billing.credits_depleted", 500)
+            ]
+        );
+        // A top-up to exactly the level re-arms low; the next fall below it is told again.
+        let mut top = grant("cg_2", 200, 600);
+        top.unit = "credits".into();
+        top.created = 600;
+        c.grant(top);
+        c.transaction(txn("t5", "cg_2", Applied, 1, 700));
+        let again: Vec<(&str, i64)> = c
+            .crossings("credits", &watch, 10_000)
+            .iter()
+            .map(|x| (x.threshold.kind(), x.at))
+            .collect();
+        assert_eq!(
+            again,
+            [
+                ("billing.credits_low", 300),
+                ("billing.credits_depleted", 500),
+                ("billing.credits_low", 700)
+            ]
+        );
+        // Another unit crosses nothing.
+        assert!(c.crossings("usd", &watch, 10_000).is_empty());
+    }
+
+    #[test]
+    fn crossings_are_the_same_in_every_order() {
+        let watch = [Threshold::Low(q(500)), Threshold::Depleted];
+        let canonical = fold(&workload()).crossings("usd", &watch, 2000);
+        assert!(!canonical.is_empty());
+        let mut reversed = workload();
+        reversed.reverse();
+        assert_eq!(fold(&reversed).crossings("usd", &watch, 2000), canonical);
     }
 }
