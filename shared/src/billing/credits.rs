@@ -654,6 +654,82 @@ impl Credits {
     }
 }
 
+/// The credits read as the app API answers it (docs/design.md §4.14, §12): amounts as decimal
+/// strings, times in RFC 3339. A grant's `remaining` is what it may still spend (0 once it has
+/// ended); `provisional` says the fold counted an amount or an end the provider has not told.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CreditsView {
+    pub balances: Vec<BalanceView>,
+    pub grants: Vec<GrantView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BalanceView {
+    pub unit: String,
+    pub scope: String,
+    pub available: String,
+    pub granted: String,
+    pub used: String,
+    pub expired: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GrantView {
+    pub grant_id: String,
+    pub origin: &'static str,
+    pub unit: String,
+    pub scope: String,
+    pub amount: String,
+    pub remaining: String,
+    pub priority: u8,
+    pub category: &'static str,
+    pub effective_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub voided_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub provisional: bool,
+}
+
+fn rfc3339(secs: i64) -> Option<chrono::DateTime<chrono::Utc>> {
+    chrono::DateTime::from_timestamp(secs, 0)
+}
+
+impl CreditsView {
+    /// The view of `credits` as of `at` (unix seconds); grants in burn order.
+    pub fn of(credits: &Credits, at: i64) -> CreditsView {
+        let balances = credits
+            .totals_at(at)
+            .into_iter()
+            .map(|b| BalanceView {
+                unit: b.unit,
+                scope: b.scope,
+                available: b.available.to_string(),
+                granted: b.granted.to_string(),
+                used: b.used.to_string(),
+                expired: b.expired.to_string(),
+            })
+            .collect();
+        let grants = credits
+            .balances_at(at)
+            .into_iter()
+            .map(|g| GrantView {
+                remaining: g.available().to_string(),
+                provisional: g.provisional,
+                voided_at: g.voided_at.and_then(rfc3339),
+                grant_id: g.grant.grant_id.clone(),
+                origin: g.grant.origin.as_str(),
+                unit: g.grant.unit.clone(),
+                scope: g.grant.scope.clone(),
+                amount: g.grant.amount.to_string(),
+                priority: g.grant.priority(),
+                category: g.grant.category.as_str(),
+                effective_at: rfc3339(g.grant.effective_from()),
+                expires_at: g.grant.expires_at.and_then(rfc3339),
+            })
+            .collect();
+        CreditsView { balances, grants }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1017,5 +1093,28 @@ mod tests {
         let mut reversed = workload();
         reversed.reverse();
         assert_eq!(fold(&reversed).crossings("usd", &watch, 2000), canonical);
+    }
+
+    #[test]
+    fn the_view_gives_decimal_strings_and_rfc3339_times_in_burn_order() {
+        let mut g = grant("cg_1", 1000, 100);
+        g.expires_at = Some(1767225600);
+        let mut c = Credits::new();
+        c.grant(g);
+        c.transaction(txn("t1", "cg_1", TransactionKind::Applied, 1100, 150));
+        let view = serde_json::to_value(CreditsView::of(&c, 200)).unwrap();
+        assert_eq!(
+            view,
+            serde_json::json!({
+                "balances": [{"unit": "usd", "scope": "price_type:metered", "available": "0",
+                              "granted": "1000", "used": "1100", "expired": "0"}],
+                "grants": [{"grant_id": "cg_1", "origin": "stripe_credit_grant", "unit": "usd",
+                            "scope": "price_type:metered", "amount": "1000", "remaining": "0",
+                            "priority": 50, "category": "paid",
+                            "effective_at": "1970-01-01T00:01:40Z",
+                            "expires_at": "2026-01-01T00:00:00Z", "voided_at": null,
+                            "provisional": true}]
+            })
+        );
     }
 }
