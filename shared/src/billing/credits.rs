@@ -563,6 +563,47 @@ pub fn allocate(
     })
 }
 
+/// The grant a paid payment of a catalog pack's price makes (docs/design.md §4.14): keyed by
+/// the payment, so a copy or a replay of the payment, or another event about it, meets the
+/// same register and never mints twice; effective from the payment's provider time, expiring
+/// `expires_after_days` after it.
+pub fn pack_grant(
+    pack: &crate::domain::catalog::CreditPack,
+    price_key: &str,
+    payment_id: &str,
+    paid_at: i64,
+    event_key: &str,
+) -> GrantSnapshot {
+    GrantSnapshot {
+        grant_id: format!("pack:{payment_id}:{price_key}"),
+        origin: Origin::CatalogPack,
+        unit: pack.unit.clone(),
+        scope: "all".to_owned(),
+        amount: Quantity::whole(pack.amount),
+        category: Category::Paid,
+        priority: pack.priority,
+        created: paid_at,
+        effective_at: Some(paid_at),
+        expires_at: pack
+            .expires_after_days
+            .map(|days| paid_at + i64::from(days) * 86_400),
+        voided_at: None,
+        updated: paid_at,
+        event_key: event_key.to_owned(),
+    }
+}
+
+/// The pack's grant as its payment's refund leaves it: voided at the refund's time, which
+/// takes what remains (a refund is terminal, §4.6, and a void is absorbing).
+pub fn pack_refunded(grant: &GrantSnapshot, refunded_at: i64, event_key: &str) -> GrantSnapshot {
+    GrantSnapshot {
+        voided_at: Some(refunded_at),
+        updated: refunded_at.max(grant.updated),
+        event_key: event_key.to_owned(),
+        ..grant.clone()
+    }
+}
+
 /// A level a unit's available balance is watched at (docs/design.md §4.14): `Low(level)`
 /// crosses when the balance falls below `level`, `Depleted` when nothing is left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -1116,5 +1157,38 @@ mod tests {
                             "provisional": true}]
             })
         );
+    }
+
+    #[test]
+    fn a_pack_bought_partly_used_and_refunded_voids_what_remains_and_mints_once() {
+        let pack = crate::domain::catalog::CreditPack {
+            amount: 1000,
+            unit: "credits".into(),
+            expires_after_days: Some(365),
+            priority: Some(10),
+        };
+        let paid = pack_grant(&pack, "price_pack", "in_1", 1_000, "evt_paid");
+        assert_eq!(paid.grant_id, "pack:in_1:price_pack");
+        assert_eq!(paid.expires_at, Some(1_000 + 365 * 86_400));
+        let copy = pack_grant(&pack, "price_pack", "in_1", 1_000, "evt_paid_copy");
+        let refunded = pack_refunded(&paid, 5_000, "evt_refund");
+        let spent = txn(
+            "debit:1",
+            &paid.grant_id,
+            TransactionKind::Applied,
+            300,
+            2_000,
+        );
+        let events = vec![Ok(paid.clone()), Ok(copy), Ok(refunded), Err(spent)];
+        for order in [events.clone(), events.into_iter().rev().collect()] {
+            let c = fold(&order);
+            let [before] = c.balances_at(4_999).try_into().unwrap();
+            assert_eq!(before.available(), q(700), "minted once");
+            let [after] = c.balances_at(5_000).try_into().unwrap();
+            assert_eq!(
+                (after.granted, after.used, after.expired, after.available()),
+                (q(1000), q(300), q(700), Quantity::ZERO)
+            );
+        }
     }
 }
