@@ -5,6 +5,7 @@
 //! provider.
 
 pub mod account;
+pub mod credits;
 pub mod fold;
 pub mod model;
 pub mod registers;

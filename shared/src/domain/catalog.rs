@@ -1,5 +1,6 @@
 //! The plan catalog (`INBOX_PLANS`): what a provider's plan key, price id or product id means
-//! here — a plan name, its monthly allowance and the features it gives.
+//! here — a plan name, its monthly allowance and the features it gives, and the credit pack a
+//! paid price grants.
 
 use std::collections::HashMap;
 
@@ -24,6 +25,38 @@ fn features_of_json<'de, D: Deserializer<'de>>(d: D) -> Result<Features, D::Erro
     features::of_json_object(&object).map_err(serde::de::Error::custom)
 }
 
+/// What a catalog entry may say: a plan, a credit pack, or both.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    plan: Option<String>,
+    monthly_allowance: Option<i64>,
+    #[serde(default, deserialize_with = "features_of_json")]
+    features: Features,
+    credits: Option<CreditPack>,
+}
+
+/// The credits a paid price grants (docs/design.md §4.14): `{"amount": 1000, "unit":
+/// "credits", "expires_after_days": 365, "priority": 10}`. A payment of the price is a grant
+/// keyed by the payment; its refund voids what remains.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreditPack {
+    /// Whole units of `unit`.
+    pub amount: i64,
+    /// The unit a debit names to spend it; the unit of the monthly allowance by default.
+    #[serde(default = "default_unit")]
+    pub unit: String,
+    /// `None`: the pack never expires.
+    pub expires_after_days: Option<u32>,
+    /// 0 (spent first) to 100; `None`: the provider's default, 50.
+    pub priority: Option<u8>,
+}
+
+fn default_unit() -> String {
+    "credits".to_owned()
+}
+
 /// A plan key resolved against the catalog.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanRef {
@@ -39,27 +72,80 @@ pub struct CatalogError {
     pub detail: String,
 }
 
-/// Provider key → plan.
+/// Provider key → plan, and provider key → the credit pack its payment grants.
 #[derive(Debug, Clone, Default)]
-pub struct Catalog(HashMap<String, Plan>);
+pub struct Catalog {
+    plans: HashMap<String, Plan>,
+    packs: HashMap<String, CreditPack>,
+}
 
 impl Catalog {
     pub fn parse(raw: &str) -> Result<Self, CatalogError> {
-        let plans: HashMap<String, Plan> = serde_json::from_str(raw).map_err(|e| CatalogError {
-            key: "(the whole value)".into(),
-            detail: format!("not a valid plan catalog: {e}"),
-        })?;
+        let entries: HashMap<String, Entry> =
+            serde_json::from_str(raw).map_err(|e| CatalogError {
+                key: "(the whole value)".into(),
+                detail: format!("not a valid plan catalog: {e}"),
+            })?;
         let refuse = |key: &str, detail: &str| CatalogError {
             key: key.to_owned(),
             detail: detail.to_owned(),
         };
+        let mut plans = HashMap::new();
+        let mut packs = HashMap::new();
+        for (key, entry) in entries {
+            if let Some(pack) = entry.credits {
+                if pack.amount <= 0 {
+                    return Err(refuse(
+                        &key,
+                        "credits.amount must be a positive whole number",
+                    ));
+                }
+                if pack.unit.trim().is_empty() {
+                    return Err(refuse(&key, "credits.unit is empty"));
+                }
+                if pack.expires_after_days == Some(0) {
+                    return Err(refuse(
+                        &key,
+                        "credits.expires_after_days must be at least 1",
+                    ));
+                }
+                if pack.priority.is_some_and(|p| p > 100) {
+                    return Err(refuse(&key, "credits.priority must be from 0 to 100"));
+                }
+                packs.insert(key.clone(), pack);
+            }
+            match (entry.plan, entry.monthly_allowance) {
+                (Some(plan), Some(monthly_allowance)) => {
+                    plans.insert(
+                        key,
+                        Plan {
+                            plan,
+                            monthly_allowance,
+                            features: entry.features,
+                        },
+                    );
+                }
+                (Some(_), None) => return Err(refuse(&key, "monthly_allowance is missing")),
+                (None, _) if packs.contains_key(&key) && entry.features.is_empty() => {
+                    if entry.monthly_allowance.is_some() {
+                        return Err(refuse(&key, "monthly_allowance without a plan"));
+                    }
+                }
+                (None, _) => return Err(refuse(&key, "the entry names no plan and no credits")),
+            }
+        }
         if let Some((key, _)) = plans.iter().find(|(_, p)| p.monthly_allowance < 0) {
             return Err(refuse(key, "monthly_allowance must not be negative"));
         }
         if let Some((key, _)) = plans.iter().find(|(_, p)| p.plan.trim().is_empty()) {
             return Err(refuse(key, "plan name is empty"));
         }
-        Ok(Self(plans))
+        Ok(Self { plans, packs })
+    }
+
+    /// The credit pack a payment of `key` grants, if the catalog names one.
+    pub fn pack(&self, key: &str) -> Option<&CreditPack> {
+        self.packs.get(key)
     }
 
     /// A digest of every entry, whatever order they came in: what a value folded under this
@@ -67,18 +153,26 @@ impl Catalog {
     /// §4.11).
     pub fn fingerprint(&self) -> String {
         use sha2::{Digest, Sha256};
-        let mut entries: Vec<(&String, &Plan)> = self.0.iter().collect();
+        let mut entries: Vec<(&String, &Plan)> = self.plans.iter().collect();
         entries.sort_by(|a, b| a.0.cmp(b.0));
-        hex::encode(Sha256::digest(format!("{entries:?}")))
+        let mut described = format!("{entries:?}");
+        // A catalog without packs keeps the digest it had before packs existed, so that the
+        // audit's points kept under it stay valid.
+        if !self.packs.is_empty() {
+            let mut packs: Vec<(&String, &CreditPack)> = self.packs.iter().collect();
+            packs.sort_by(|a, b| a.0.cmp(b.0));
+            described.push_str(&format!("{packs:?}"));
+        }
+        hex::encode(Sha256::digest(described))
     }
 
     pub fn get(&self, key: &str) -> Option<&Plan> {
-        self.0.get(key)
+        self.plans.get(key)
     }
 
     /// The allowance of a plan by its name (several keys may name one plan).
     pub fn allowance_of(&self, plan: &str) -> Option<i64> {
-        self.0
+        self.plans
             .values()
             .filter(|p| p.plan == plan)
             .map(|p| p.monthly_allowance)
@@ -90,7 +184,7 @@ impl Catalog {
     /// catalog does not name (`free`, unless an entry names it) gives none.
     pub fn features_of(&self, plan: &str) -> Features {
         let mut out = Features::new();
-        for entry in self.0.values().filter(|p| p.plan == plan) {
+        for entry in self.plans.values().filter(|p| p.plan == plan) {
             features::join(&mut out, &entry.features);
         }
         out
@@ -181,5 +275,66 @@ pub(crate) mod tests {
         );
         assert_eq!(c.resolve(&["price_x"]), Err("price_x".to_owned()));
         assert_eq!(c.resolve(&[]), Ok(None));
+    }
+
+    #[test]
+    fn a_price_may_grant_a_credit_pack_instead_of_or_besides_a_plan() {
+        let c = Catalog::parse(
+            r#"{"price_pack":{"credits":{"amount":1000,"unit":"credits","expires_after_days":365,"priority":10}},
+                "price_pro":{"plan":"pro","monthly_allowance":500,"credits":{"amount":50}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.pack("price_pack"),
+            Some(&CreditPack {
+                amount: 1000,
+                unit: "credits".into(),
+                expires_after_days: Some(365),
+                priority: Some(10)
+            })
+        );
+        assert!(c.get("price_pack").is_none(), "a pack alone is no plan");
+        assert_eq!(c.pack("price_pro").unwrap().unit, "credits");
+        assert_eq!(c.get("price_pro").unwrap().plan, "pro");
+        for (bad, says) in [
+            (r#"{"x":{"credits":{"amount":0}}}"#, "credits.amount"),
+            (
+                r#"{"x":{"credits":{"amount":5,"priority":101}}}"#,
+                "credits.priority",
+            ),
+            (
+                r#"{"x":{"credits":{"amount":5,"expires_after_days":0}}}"#,
+                "expires_after_days",
+            ),
+            (
+                r#"{"x":{"credits":{"amount":5},"monthly_allowance":5}}"#,
+                "without a plan",
+            ),
+            (r#"{"x":{}}"#, "no plan and no credits"),
+        ] {
+            let e = Catalog::parse(bad).unwrap_err();
+            assert!(e.detail.contains(says), "{bad}: {}", e.detail);
+        }
+        assert!(Catalog::parse(r#"{"x":{"credits":{"amount":5,"colour":"red"}}}"#).is_err());
+    }
+
+    #[test]
+    fn a_catalog_without_packs_keeps_its_fingerprint() {
+        let plans = r#"{"price_pro":{"plan":"pro","monthly_allowance":500}}"#;
+        // The digest of the same entries as the catalog kept them before packs existed.
+        let before = {
+            use sha2::{Digest, Sha256};
+            let plan = Plan {
+                plan: "pro".into(),
+                monthly_allowance: 500,
+                features: Features::new(),
+            };
+            let key = "price_pro".to_string();
+            hex::encode(Sha256::digest(format!("{:?}", vec![(&key, &plan)])))
+        };
+        assert_eq!(Catalog::parse(plans).unwrap().fingerprint(), before);
+        let with_pack = r#"{"price_pro":{"plan":"pro","monthly_allowance":500},
+                           "price_pack":{"credits":{"amount":5}}}"#;
+        assert_ne!(Catalog::parse(with_pack).unwrap().fingerprint(), before);
     }
 }

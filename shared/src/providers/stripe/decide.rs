@@ -256,6 +256,13 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
         // The whole set of the customer's active entitlements; `previous_attributes` is not
         // read (docs/design.md §4.12).
         super::entitlements::SUMMARY_TYPE => super::entitlements::decide_summary(p, object)?,
+        // Stripe Billing Credits (docs/design.md §4.14): read whole, so that a payload the
+        // credits fold could not read is unprocessable with its field named; no register of
+        // the plan, subscriptions or payments holds them.
+        t if super::credits::is_credit_type(t) => {
+            let key = p.get("id").and_then(Value::as_str).unwrap_or_default();
+            Decision::Ignore(super::credits::read(t, object, key)?.described())
+        }
         other => not_billing(other),
     })
 }

@@ -4,6 +4,7 @@
 //! reconciliation.
 
 mod api;
+pub mod credits;
 mod decide;
 pub mod entitlements;
 pub mod event_destination;

@@ -1,0 +1,1194 @@
+//! Prepaid credit grants as a fold (docs/design.md §4.14): each grant's register (its latest
+//! snapshot, voiding absorbing), each grant's ledger (the signed sum of its transactions, deduped
+//! by id, never clamped), the provisional expiry and void the fold counts until the provider's
+//! own transaction replaces them, the balances shown, and the documented burn order a debit
+//! spends grants in. Pure: the same set of grants and transactions gives the same balances in
+//! every order they are added.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// The version of [`burn_order`]. A debit's answer names it, so that an allocation read later
+/// says which rule made it; a change to the order is a new version, never an edit of this one.
+pub const BURN_ORDER_VERSION: u32 = 1;
+
+/// Stripe's priority for a grant that names none: "defaults to a value of 50. The highest
+/// priority is 0 and the lowest is 100" (Stripe API reference, `billing.credit_grant.priority`).
+pub const DEFAULT_PRIORITY: u8 = 50;
+
+/// Decimal places a [`Quantity`] keeps: Stripe's decimal strings (`unit_amount_decimal`, a
+/// custom pricing unit's `value`) carry at most 12.
+const SCALE: u32 = 12;
+const ONE: i128 = 10i128.pow(SCALE);
+
+/// An exact signed amount of a unit: minor units of a currency, or a decimal of a custom pricing
+/// unit or of the catalog's credits. Kept as an integer of 10⁻¹² so that sums are exact and
+/// associative (a float's sum depends on the order it is added in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Quantity(i128);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{0}' is not a decimal amount of at most 12 places")]
+pub struct NotAnAmount(pub String);
+
+impl Quantity {
+    pub const ZERO: Quantity = Quantity(0);
+
+    /// A whole number of units (minor units of a currency, or whole credits).
+    pub fn whole(n: i64) -> Quantity {
+        Quantity(i128::from(n) * ONE)
+    }
+
+    /// A decimal string as Stripe writes one (`"100"`, `"12.5"`, `"-3.25"`).
+    pub fn parse(s: &str) -> Result<Quantity, NotAnAmount> {
+        let bad = || NotAnAmount(s.to_owned());
+        let (negative, digits) = match s.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
+        let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+        let all_digits = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
+        if int.is_empty() || !all_digits(int) || !all_digits(frac) || frac.len() > SCALE as usize {
+            return Err(bad());
+        }
+        if digits.contains('.') && frac.is_empty() {
+            return Err(bad());
+        }
+        let int: i128 = int.parse().map_err(|_| bad())?;
+        let frac_value: i128 = if frac.is_empty() {
+            0
+        } else {
+            frac.parse::<i128>().map_err(|_| bad())? * 10i128.pow(SCALE - frac.len() as u32)
+        };
+        let value = int
+            .checked_mul(ONE)
+            .and_then(|v| v.checked_add(frac_value))
+            .ok_or_else(bad)?;
+        Ok(Quantity(if negative { -value } else { value }))
+    }
+
+    pub fn is_positive(self) -> bool {
+        self.0 > 0
+    }
+
+    pub fn is_negative(self) -> bool {
+        self.0 < 0
+    }
+
+    /// What is shown: never below zero. The fold keeps the signed value; only its reader clamps.
+    pub fn clamped(self) -> Quantity {
+        Quantity(self.0.max(0))
+    }
+}
+
+impl std::ops::Add for Quantity {
+    type Output = Quantity;
+    fn add(self, o: Quantity) -> Quantity {
+        Quantity(self.0 + o.0)
+    }
+}
+
+impl std::ops::Sub for Quantity {
+    type Output = Quantity;
+    fn sub(self, o: Quantity) -> Quantity {
+        Quantity(self.0 - o.0)
+    }
+}
+
+impl std::ops::Neg for Quantity {
+    type Output = Quantity;
+    fn neg(self) -> Quantity {
+        Quantity(-self.0)
+    }
+}
+
+impl std::iter::Sum for Quantity {
+    fn sum<I: Iterator<Item = Quantity>>(iter: I) -> Quantity {
+        iter.fold(Quantity::ZERO, |a, b| a + b)
+    }
+}
+
+/// The decimal string of the contract: no exponent, no trailing zeros (`"1000"`, `"12.5"`).
+impl fmt::Display for Quantity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sign = if self.0 < 0 { "-" } else { "" };
+        let abs = self.0.unsigned_abs();
+        let one = ONE as u128;
+        let (int, frac) = (abs / one, abs % one);
+        if frac == 0 {
+            return write!(f, "{sign}{int}");
+        }
+        let frac = format!("{frac:012}");
+        write!(f, "{sign}{int}.{}", frac.trim_end_matches('0'))
+    }
+}
+
+/// Where a grant comes from; each is its own source in `why` (docs/design.md §4.14).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Origin {
+    StripeCreditGrant,
+    CatalogPack,
+    PolarMeterCredit,
+}
+
+impl Origin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::StripeCreditGrant => "stripe_credit_grant",
+            Origin::CatalogPack => "catalog_pack",
+            Origin::PolarMeterCredit => "polar_meter_credit",
+        }
+    }
+}
+
+/// Stripe's `category`. Promotional credit is spent before paid credit of the same priority
+/// and expiry: what was given away goes first, what was bought is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Category {
+    Promotional,
+    Paid,
+}
+
+impl Category {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Category::Promotional => "promotional",
+            Category::Paid => "paid",
+        }
+    }
+}
+
+/// One snapshot of a grant, as one event gives it. Times are unix seconds.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GrantSnapshot {
+    pub grant_id: String,
+    pub origin: Origin,
+    /// A currency (`usd`, amounts in minor units), a custom pricing unit's id, or `credits`.
+    pub unit: String,
+    /// What the grant may pay for: `all`, or Stripe's scope in words (`price_type:metered`,
+    /// `prices:price_1,price_2`). Balances are kept per unit and scope.
+    pub scope: String,
+    pub amount: Quantity,
+    pub category: Category,
+    /// `None`: the provider's default ([`DEFAULT_PRIORITY`]).
+    pub priority: Option<u8>,
+    pub created: i64,
+    /// `None`: from `created`.
+    pub effective_at: Option<i64>,
+    pub expires_at: Option<i64>,
+    pub voided_at: Option<i64>,
+    /// The snapshot's own time (Stripe's `updated`): the latest wins the register.
+    pub updated: i64,
+    /// The event's dedupe key, the tie-break of two snapshots of one second.
+    pub event_key: String,
+}
+
+impl GrantSnapshot {
+    pub fn effective_from(&self) -> i64 {
+        self.effective_at.unwrap_or(self.created)
+    }
+
+    pub fn priority(&self) -> u8 {
+        self.priority.unwrap_or(DEFAULT_PRIORITY)
+    }
+
+    fn version(&self) -> (i64, &str) {
+        (self.updated, self.event_key.as_str())
+    }
+}
+
+/// A transaction's type (Stripe's `credit.type` / `debit.type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TransactionKind {
+    /// credit: the grant's amount became available.
+    Granted,
+    /// credit: an invoice the credits were applied to was voided, so they came back.
+    ApplicationInvoiceVoided,
+    /// debit: credits paid (part of) an invoice, or an app's debit spent them.
+    Applied,
+    /// debit: what remained at `expires_at`.
+    Expired,
+    /// debit: what remained when the grant was voided.
+    Voided,
+}
+
+impl TransactionKind {
+    /// Stripe's name of the type, by whether it is a `credit` or a `debit`.
+    pub fn parse(credit_or_debit: &str, kind: &str) -> Option<TransactionKind> {
+        Some(match (credit_or_debit, kind) {
+            ("credit", "credits_granted") => TransactionKind::Granted,
+            ("credit", "credits_application_invoice_voided") => {
+                TransactionKind::ApplicationInvoiceVoided
+            }
+            ("debit", "credits_applied") => TransactionKind::Applied,
+            ("debit", "credits_expired") => TransactionKind::Expired,
+            ("debit", "credits_voided") => TransactionKind::Voided,
+            _ => return None,
+        })
+    }
+
+    /// Stripe's name of the type.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransactionKind::Granted => "credits_granted",
+            TransactionKind::ApplicationInvoiceVoided => "credits_application_invoice_voided",
+            TransactionKind::Applied => "credits_applied",
+            TransactionKind::Expired => "credits_expired",
+            TransactionKind::Voided => "credits_voided",
+        }
+    }
+
+    fn sign(self) -> i128 {
+        match self {
+            TransactionKind::Granted | TransactionKind::ApplicationInvoiceVoided => 1,
+            TransactionKind::Applied | TransactionKind::Expired | TransactionKind::Voided => -1,
+        }
+    }
+}
+
+/// One ledger entry of a grant. It names its grant, not its customer.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Transaction {
+    pub transaction_id: String,
+    pub grant_id: String,
+    pub kind: TransactionKind,
+    /// As the provider writes it: not negative; the kind gives the sign.
+    pub amount: Quantity,
+    pub effective_at: i64,
+}
+
+impl Transaction {
+    pub fn signed(&self) -> Quantity {
+        Quantity(self.kind.sign() * self.amount.0)
+    }
+}
+
+/// A grant's register: the latest snapshot by (`updated`, event key), and the earliest
+/// `voided_at` any snapshot ever said, so that a later snapshot without it never revives the
+/// grant (a void is absorbing). Both are lattice joins, so the register is the same whatever
+/// order its snapshots come in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantRegister {
+    pub latest: GrantSnapshot,
+    pub voided_at: Option<i64>,
+}
+
+impl GrantRegister {
+    fn take(&mut self, s: GrantSnapshot) {
+        self.voided_at = earliest(self.voided_at, s.voided_at);
+        if s.version() > self.latest.version() {
+            self.latest = s;
+        }
+    }
+}
+
+fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The set of an account's grants and transactions, each once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Credits {
+    grants: BTreeMap<String, GrantRegister>,
+    transactions: BTreeMap<String, Transaction>,
+}
+
+/// A grant as of a time: the register and its ledger summed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantBalance {
+    pub grant: GrantSnapshot,
+    pub voided_at: Option<i64>,
+    /// Credits in (`credits_granted`, or the grant's amount until Stripe's transaction comes).
+    pub granted: Quantity,
+    /// Applied, net of applications whose invoice was voided.
+    pub used: Quantity,
+    /// Expired or voided (what ended unused).
+    pub expired: Quantity,
+    /// `granted − used − expired`, signed: an over-applied grant shows below zero here.
+    pub remaining: Quantity,
+    /// Whether it may be spent at the time asked: effective, not expired, not voided.
+    pub live: bool,
+    /// The transactions counted (ids), for `why`.
+    pub transactions: Vec<String>,
+    /// Whether the fold counted the amount, an expiry or a void the provider has not told yet.
+    pub provisional: bool,
+}
+
+impl GrantBalance {
+    /// What may be spent: the remaining of a live grant, never below zero.
+    pub fn available(&self) -> Quantity {
+        if self.live {
+            self.remaining.clamped()
+        } else {
+            Quantity::ZERO
+        }
+    }
+}
+
+/// Balances per (unit, scope), summed over grants.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Balance {
+    pub unit: String,
+    pub scope: String,
+    pub available: Quantity,
+    pub granted: Quantity,
+    pub used: Quantity,
+    pub expired: Quantity,
+}
+
+impl Credits {
+    pub fn new() -> Credits {
+        Credits::default()
+    }
+
+    /// A grant snapshot: the register takes it by its rule.
+    pub fn grant(&mut self, s: GrantSnapshot) {
+        match self.grants.get_mut(&s.grant_id) {
+            Some(r) => r.take(s),
+            None => {
+                let voided_at = s.voided_at;
+                self.grants.insert(
+                    s.grant_id.clone(),
+                    GrantRegister {
+                        latest: s,
+                        voided_at,
+                    },
+                );
+            }
+        }
+    }
+
+    /// A transaction, once by id. A provider never changes one; should two copies differ, the
+    /// smaller is kept, so the choice does not depend on which came first.
+    pub fn transaction(&mut self, t: Transaction) {
+        match self.transactions.get_mut(&t.transaction_id) {
+            Some(held) if t < *held => *held = t,
+            Some(_) => {}
+            None => {
+                self.transactions.insert(t.transaction_id.clone(), t);
+            }
+        }
+    }
+
+    /// Transactions whose grant is not known yet: held, counted when it comes, never dropped.
+    pub fn held(&self) -> Vec<&Transaction> {
+        self.transactions
+            .values()
+            .filter(|t| !self.grants.contains_key(&t.grant_id))
+            .collect()
+    }
+
+    /// Every known grant as of `at` (unix seconds), in [`burn_order`].
+    pub fn balances_at(&self, at: i64) -> Vec<GrantBalance> {
+        let mut by_grant: BTreeMap<&str, Vec<&Transaction>> = BTreeMap::new();
+        for t in self.transactions.values() {
+            by_grant.entry(t.grant_id.as_str()).or_default().push(t);
+        }
+        let mut out: Vec<GrantBalance> = self
+            .grants
+            .values()
+            .map(|r| grant_at(r, by_grant.get(r.latest.grant_id.as_str()), at))
+            .collect();
+        out.sort_by(|a, b| burn_order(&a.grant, &b.grant));
+        out
+    }
+
+    /// Balances per unit and scope as of `at`, in (unit, scope) order.
+    pub fn totals_at(&self, at: i64) -> Vec<Balance> {
+        let mut totals: BTreeMap<(String, String), Balance> = BTreeMap::new();
+        for g in self.balances_at(at) {
+            let b = totals
+                .entry((g.grant.unit.clone(), g.grant.scope.clone()))
+                .or_insert_with(|| Balance {
+                    unit: g.grant.unit.clone(),
+                    scope: g.grant.scope.clone(),
+                    ..Balance::default()
+                });
+            b.available = b.available + g.available();
+            b.granted = b.granted + g.granted;
+            b.used = b.used + g.used;
+            b.expired = b.expired + g.expired;
+        }
+        totals.into_values().collect()
+    }
+}
+
+/// One grant's ledger as of `at`. The provider's transactions count as they are; what it has
+/// not told yet the fold counts provisionally, and the provider's own transaction *replaces*
+/// the provisional one, never adds to it:
+/// - the amount, from `effective_at`, until a `credits_granted` is known;
+/// - at `expires_at`, an expiry of what then remains, until a `credits_expired` is known;
+/// - at `voided_at`, a void of what then remains, until a `credits_voided` is known.
+fn grant_at(r: &GrantRegister, txns: Option<&Vec<&Transaction>>, at: i64) -> GrantBalance {
+    let g = &r.latest;
+    let txns: Vec<&Transaction> = txns.map(|v| v.to_vec()).unwrap_or_default();
+    let has = |k: TransactionKind| txns.iter().any(|t| t.kind == k);
+    let told = |until: i64| -> Vec<&Transaction> {
+        txns.iter()
+            .copied()
+            .filter(|t| t.effective_at <= until)
+            .collect()
+    };
+    let mut provisional = false;
+    let mut granted = Quantity::ZERO;
+    let mut used = Quantity::ZERO;
+    let mut expired = Quantity::ZERO;
+    let mut ids = Vec::new();
+    let count = |t: &Transaction,
+                 granted: &mut Quantity,
+                 used: &mut Quantity,
+                 expired: &mut Quantity| match t.kind {
+        TransactionKind::Granted => *granted = *granted + t.amount,
+        TransactionKind::ApplicationInvoiceVoided => *used = *used - t.amount,
+        TransactionKind::Applied => *used = *used + t.amount,
+        TransactionKind::Expired | TransactionKind::Voided => *expired = *expired + t.amount,
+    };
+    for t in told(at) {
+        count(t, &mut granted, &mut used, &mut expired);
+        ids.push(t.transaction_id.clone());
+    }
+    let effective = g.effective_from();
+    if !has(TransactionKind::Granted) && effective <= at {
+        granted = granted + g.amount;
+        provisional = true;
+    }
+    // The end that comes first (its void or its expiry) closes the grant; what remains then
+    // is what the end takes, unless the provider told how the grant ended.
+    let end = earliest(r.voided_at, g.expires_at).filter(|&when| when <= at);
+    let closed = end.is_some();
+    if let Some(when) = end {
+        if !has(TransactionKind::Expired) && !has(TransactionKind::Voided) {
+            let remaining_then = remaining_until(g, &txns, when);
+            if remaining_then.is_positive() {
+                expired = expired + remaining_then;
+                provisional = true;
+            }
+        }
+    }
+    let remaining = granted - used - expired;
+    let live = effective <= at && !closed;
+    GrantBalance {
+        grant: g.clone(),
+        voided_at: r.voided_at,
+        granted,
+        used,
+        expired,
+        remaining,
+        live,
+        transactions: ids,
+        provisional,
+    }
+}
+
+/// What remained of a grant just before `when`: its amount (or Stripe's grant) and every
+/// transaction effective before then.
+fn remaining_until(g: &GrantSnapshot, txns: &[&Transaction], when: i64) -> Quantity {
+    let before: Vec<&&Transaction> = txns.iter().filter(|t| t.effective_at < when).collect();
+    let granted_told = before.iter().any(|t| t.kind == TransactionKind::Granted);
+    let base = if granted_told || g.effective_from() >= when {
+        Quantity::ZERO
+    } else {
+        g.amount
+    };
+    base + before.iter().map(|t| t.signed()).sum::<Quantity>()
+}
+
+/// The order a debit spends grants in, version [`BURN_ORDER_VERSION`]: priority ascending (0
+/// first), then `expires_at` ascending with none last, then promotional before paid, then
+/// `effective_at`, then the grant's id. A total order of the grants' own fields, never of
+/// arrival, so a replay spends the same grants.
+pub fn burn_order(a: &GrantSnapshot, b: &GrantSnapshot) -> Ordering {
+    let expiry = |g: &GrantSnapshot| (g.expires_at.is_none(), g.expires_at);
+    (a.priority(), expiry(a), a.category, a.effective_from())
+        .cmp(&(b.priority(), expiry(b), b.category, b.effective_from()))
+        .then_with(|| a.grant_id.cmp(&b.grant_id))
+}
+
+/// What a debit takes from where: the allowance first, then grants in [`burn_order`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    pub from_allowance: Quantity,
+    pub from_grants: Vec<(String, Quantity)>,
+    pub order_version: u32,
+}
+
+/// A debit that does not fit: what remains of the allowance and of each live grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exhausted {
+    pub allowance_remaining: Quantity,
+    pub grants: Vec<(String, Quantity)>,
+}
+
+/// Spends `amount` of the debit's unit: the allowance's remaining first, then the available of
+/// each grant of that unit (given in [`burn_order`], as [`Credits::balances_at`] gives them).
+/// All or nothing: a debit that does not fit takes nothing.
+pub fn allocate(
+    allowance_remaining: Quantity,
+    grants: &[GrantBalance],
+    unit: &str,
+    amount: Quantity,
+) -> Result<Allocation, Exhausted> {
+    let allowance = allowance_remaining.clamped();
+    let spendable: Vec<(String, Quantity)> = grants
+        .iter()
+        .filter(|g| g.grant.unit == unit && g.available().is_positive())
+        .map(|g| (g.grant.grant_id.clone(), g.available()))
+        .collect();
+    let total = allowance + spendable.iter().map(|(_, q)| *q).sum::<Quantity>();
+    if amount > total {
+        return Err(Exhausted {
+            allowance_remaining: allowance,
+            grants: spendable,
+        });
+    }
+    let from_allowance = amount.min(allowance);
+    let mut left = amount - from_allowance;
+    let mut from_grants = Vec::new();
+    for (id, available) in spendable {
+        if !left.is_positive() {
+            break;
+        }
+        let take = left.min(available);
+        from_grants.push((id, take));
+        left = left - take;
+    }
+    Ok(Allocation {
+        from_allowance,
+        from_grants,
+        order_version: BURN_ORDER_VERSION,
+    })
+}
+
+/// The grant a paid payment of a catalog pack's price makes (docs/design.md §4.14): keyed by
+/// the payment, so a copy or a replay of the payment, or another event about it, meets the
+/// same register and never mints twice; effective from the payment's provider time, expiring
+/// `expires_after_days` after it.
+pub fn pack_grant(
+    pack: &crate::domain::catalog::CreditPack,
+    price_key: &str,
+    payment_id: &str,
+    paid_at: i64,
+    event_key: &str,
+) -> GrantSnapshot {
+    GrantSnapshot {
+        grant_id: format!("pack:{payment_id}:{price_key}"),
+        origin: Origin::CatalogPack,
+        unit: pack.unit.clone(),
+        scope: "all".to_owned(),
+        amount: Quantity::whole(pack.amount),
+        category: Category::Paid,
+        priority: pack.priority,
+        created: paid_at,
+        effective_at: Some(paid_at),
+        expires_at: pack
+            .expires_after_days
+            .map(|days| paid_at + i64::from(days) * 86_400),
+        voided_at: None,
+        updated: paid_at,
+        event_key: event_key.to_owned(),
+    }
+}
+
+/// The pack's grant as its payment's refund leaves it: voided at the refund's time, which
+/// takes what remains (a refund is terminal, §4.6, and a void is absorbing).
+pub fn pack_refunded(grant: &GrantSnapshot, refunded_at: i64, event_key: &str) -> GrantSnapshot {
+    GrantSnapshot {
+        voided_at: Some(refunded_at),
+        updated: refunded_at.max(grant.updated),
+        event_key: event_key.to_owned(),
+        ..grant.clone()
+    }
+}
+
+/// A level a unit's available balance is watched at (docs/design.md §4.14): `Low(level)`
+/// crosses when the balance falls below `level`, `Depleted` when nothing is left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Threshold {
+    Low(Quantity),
+    Depleted,
+}
+
+impl Threshold {
+    /// The effect kind an app is told on a downward crossing.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Threshold::Low(_) => "billing.credits_low",
+            Threshold::Depleted => "billing.credits_depleted",
+        }
+    }
+
+    fn below(self, available: Quantity) -> bool {
+        match self {
+            Threshold::Low(level) => available < level,
+            Threshold::Depleted => !available.is_positive(),
+        }
+    }
+}
+
+/// One downward crossing: the state an app is told once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Crossing {
+    pub threshold: Threshold,
+    pub unit: String,
+    /// The provider time the balance crossed at: with the account, unit and threshold, the
+    /// effect's stable id.
+    pub at: i64,
+    pub available: Quantity,
+}
+
+impl Credits {
+    /// Every time a unit's available balance can move: a grant's effective, expiry and void
+    /// times and each counted transaction's time, in order.
+    fn moments(&self) -> Vec<i64> {
+        let mut at: Vec<i64> = self
+            .grants
+            .values()
+            .flat_map(|r| {
+                [
+                    Some(r.latest.effective_from()),
+                    r.latest.expires_at,
+                    r.voided_at,
+                ]
+            })
+            .flatten()
+            .chain(self.transactions.values().map(|t| t.effective_at))
+            .collect();
+        at.sort_unstable();
+        at.dedup();
+        at
+    }
+
+    /// The downward crossings of `unit`'s available balance (over every scope) up to `until`:
+    /// one each time the balance falls below a threshold having been at or above it, re-armed
+    /// only once it is back at or above. A balance that starts below (no grant yet) has
+    /// crossed nothing. Read from the balance as a function of time, so the same set of
+    /// grants and transactions tells the same crossings, at the same times, in every order.
+    pub fn crossings(&self, unit: &str, thresholds: &[Threshold], until: i64) -> Vec<Crossing> {
+        let mut armed = vec![false; thresholds.len()];
+        let mut out = Vec::new();
+        for at in self.moments().into_iter().filter(|&t| t <= until) {
+            let available: Quantity = self
+                .totals_at(at)
+                .into_iter()
+                .filter(|b| b.unit == unit)
+                .map(|b| b.available)
+                .sum();
+            for (i, threshold) in thresholds.iter().enumerate() {
+                if !threshold.below(available) {
+                    armed[i] = true;
+                } else if armed[i] {
+                    armed[i] = false;
+                    out.push(Crossing {
+                        threshold: *threshold,
+                        unit: unit.to_owned(),
+                        at,
+                        available,
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The credits read as the app API answers it (docs/design.md §4.14, §12): amounts as decimal
+/// strings, times in RFC 3339. A grant's `remaining` is what it may still spend (0 once it has
+/// ended); `provisional` says the fold counted an amount or an end the provider has not told.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CreditsView {
+    pub balances: Vec<BalanceView>,
+    pub grants: Vec<GrantView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BalanceView {
+    pub unit: String,
+    pub scope: String,
+    pub available: String,
+    pub granted: String,
+    pub used: String,
+    pub expired: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GrantView {
+    pub grant_id: String,
+    pub origin: &'static str,
+    pub unit: String,
+    pub scope: String,
+    pub amount: String,
+    pub remaining: String,
+    pub priority: u8,
+    pub category: &'static str,
+    pub effective_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub voided_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub provisional: bool,
+}
+
+fn rfc3339(secs: i64) -> Option<chrono::DateTime<chrono::Utc>> {
+    chrono::DateTime::from_timestamp(secs, 0)
+}
+
+impl CreditsView {
+    /// The view of `credits` as of `at` (unix seconds); grants in burn order.
+    pub fn of(credits: &Credits, at: i64) -> CreditsView {
+        let balances = credits
+            .totals_at(at)
+            .into_iter()
+            .map(|b| BalanceView {
+                unit: b.unit,
+                scope: b.scope,
+                available: b.available.to_string(),
+                granted: b.granted.to_string(),
+                used: b.used.to_string(),
+                expired: b.expired.to_string(),
+            })
+            .collect();
+        let grants = credits
+            .balances_at(at)
+            .into_iter()
+            .map(|g| GrantView {
+                remaining: g.available().to_string(),
+                provisional: g.provisional,
+                voided_at: g.voided_at.and_then(rfc3339),
+                grant_id: g.grant.grant_id.clone(),
+                origin: g.grant.origin.as_str(),
+                unit: g.grant.unit.clone(),
+                scope: g.grant.scope.clone(),
+                amount: g.grant.amount.to_string(),
+                priority: g.grant.priority(),
+                category: g.grant.category.as_str(),
+                effective_at: rfc3339(g.grant.effective_from()),
+                expires_at: g.grant.expires_at.and_then(rfc3339),
+            })
+            .collect();
+        CreditsView { balances, grants }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(n: i64) -> Quantity {
+        Quantity::whole(n)
+    }
+
+    fn grant(id: &str, amount: i64, updated: i64) -> GrantSnapshot {
+        GrantSnapshot {
+            grant_id: id.into(),
+            origin: Origin::StripeCreditGrant,
+            unit: "usd".into(),
+            scope: "price_type:metered".into(),
+            amount: q(amount),
+            category: Category::Paid,
+            priority: None,
+            created: 100,
+            effective_at: None,
+            expires_at: None,
+            voided_at: None,
+            updated,
+            event_key: format!("evt_{id}_{updated}"),
+        }
+    }
+
+    fn txn(id: &str, grant: &str, kind: TransactionKind, amount: i64, at: i64) -> Transaction {
+        Transaction {
+            transaction_id: id.into(),
+            grant_id: grant.into(),
+            kind,
+            amount: q(amount),
+            effective_at: at,
+        }
+    }
+
+    #[test]
+    fn a_decimal_amount_reads_and_writes_exactly() {
+        for (s, shown) in [
+            ("100", "100"),
+            ("12.5", "12.5"),
+            ("0.000000000001", "0.000000000001"),
+            ("-3.250", "-3.25"),
+        ] {
+            assert_eq!(Quantity::parse(s).unwrap().to_string(), shown);
+        }
+        for bad in ["", "1.", ".5", "1e3", "0.0000000000001", "1,5", "--1"] {
+            assert!(Quantity::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_snapshot_without_voided_at_never_revives_a_voided_grant() {
+        let mut voided = grant("cg_1", 1000, 200);
+        voided.voided_at = Some(200);
+        let later = grant("cg_1", 1000, 300);
+        for order in [[voided.clone(), later.clone()], [later, voided]] {
+            let mut c = Credits::new();
+            order.into_iter().for_each(|s| c.grant(s));
+            let [b] = c.balances_at(400).try_into().unwrap();
+            assert_eq!(b.voided_at, Some(200));
+            assert!(!b.live);
+            assert_eq!(b.available(), Quantity::ZERO);
+            assert_eq!(b.expired, q(1000), "the void takes what remained");
+        }
+    }
+
+    #[test]
+    fn the_latest_snapshot_by_updated_wins_in_either_order() {
+        let mut old = grant("cg_1", 1000, 200);
+        old.priority = Some(10);
+        let new = grant("cg_1", 1000, 300);
+        for order in [[old.clone(), new.clone()], [new.clone(), old.clone()]] {
+            let mut c = Credits::new();
+            order.into_iter().for_each(|s| c.grant(s));
+            assert_eq!(c.balances_at(400)[0].grant, new);
+        }
+    }
+
+    #[test]
+    fn a_transaction_before_its_grant_is_held_then_counted() {
+        let mut c = Credits::new();
+        c.transaction(txn("cbtxn_1", "cg_1", TransactionKind::Applied, 300, 150));
+        assert_eq!(c.held().len(), 1);
+        assert!(c.balances_at(400).is_empty());
+        c.grant(grant("cg_1", 1000, 100));
+        assert!(c.held().is_empty());
+        assert_eq!(c.balances_at(400)[0].remaining, q(700));
+    }
+
+    #[test]
+    fn a_copy_of_a_transaction_counts_once() {
+        let mut c = Credits::new();
+        c.grant(grant("cg_1", 1000, 100));
+        for _ in 0..3 {
+            c.transaction(txn("cbtxn_1", "cg_1", TransactionKind::Applied, 300, 150));
+        }
+        assert_eq!(c.balances_at(400)[0].used, q(300));
+    }
+
+    #[test]
+    fn the_ledger_is_never_clamped_in_the_fold_only_when_shown() {
+        let mut c = Credits::new();
+        c.grant(grant("cg_1", 100, 100));
+        c.transaction(txn("cbtxn_1", "cg_1", TransactionKind::Applied, 80, 150));
+        c.transaction(txn("cbtxn_2", "cg_1", TransactionKind::Applied, 80, 160));
+        let b = &c.balances_at(400)[0];
+        assert_eq!(b.remaining, q(-60));
+        assert_eq!(b.available(), Quantity::ZERO);
+        // An invoice voided gives back 80: the ledger shows 20, as it would have had it never
+        // been applied; a clamped fold would show 80.
+        c.transaction(txn(
+            "cbtxn_3",
+            "cg_1",
+            TransactionKind::ApplicationInvoiceVoided,
+            80,
+            170,
+        ));
+        assert_eq!(c.balances_at(400)[0].available(), q(20));
+    }
+
+    #[test]
+    fn stripes_grant_transaction_replaces_the_provisional_amount() {
+        let mut c = Credits::new();
+        c.grant(grant("cg_1", 1000, 100));
+        assert!(c.balances_at(400)[0].provisional);
+        c.transaction(txn("cbtxn_g", "cg_1", TransactionKind::Granted, 1000, 100));
+        let b = &c.balances_at(400)[0];
+        assert_eq!((b.granted, b.provisional), (q(1000), false));
+    }
+
+    #[test]
+    fn stripes_expiry_replaces_the_provisional_one_and_never_adds_to_it() {
+        let mut g = grant("cg_1", 1000, 100);
+        g.expires_at = Some(500);
+        let mut c = Credits::new();
+        c.grant(g);
+        c.transaction(txn("cbtxn_1", "cg_1", TransactionKind::Applied, 300, 200));
+        assert_eq!(c.balances_at(499)[0].available(), q(700));
+        let provisional = &c.balances_at(600)[0];
+        assert_eq!(
+            (provisional.expired, provisional.available()),
+            (q(700), Quantity::ZERO)
+        );
+        assert!(provisional.provisional);
+        // Stripe's own expiry, of a different amount (it saw a later application), is the end.
+        c.transaction(txn("cbtxn_2", "cg_1", TransactionKind::Expired, 650, 500));
+        let told = &c.balances_at(600)[0];
+        assert_eq!(told.expired, q(650), "replaced, not 1350");
+        assert_eq!(told.remaining, q(50));
+        assert_eq!(
+            told.available(),
+            Quantity::ZERO,
+            "an expired grant spends nothing"
+        );
+    }
+
+    #[test]
+    fn a_grant_not_yet_effective_is_listed_and_spends_nothing() {
+        let mut g = grant("cg_1", 1000, 100);
+        g.effective_at = Some(1000);
+        let mut c = Credits::new();
+        c.grant(g);
+        let b = &c.balances_at(500)[0];
+        assert_eq!(
+            (b.granted, b.available(), b.live),
+            (Quantity::ZERO, Quantity::ZERO, false)
+        );
+        assert_eq!(c.balances_at(1000)[0].available(), q(1000));
+    }
+
+    #[test]
+    fn debits_spend_the_allowance_then_grants_in_the_documented_order() {
+        let mk = |id: &str, priority: Option<u8>, expires: Option<i64>, cat: Category| {
+            let mut g = grant(id, 100, 100);
+            g.unit = "credits".into();
+            g.priority = priority;
+            g.expires_at = expires;
+            g.category = cat;
+            g
+        };
+        let mut c = Credits::new();
+        c.grant(mk("cg_e", None, None, Category::Paid));
+        c.grant(mk("cg_d", None, Some(5000), Category::Paid));
+        c.grant(mk("cg_c", None, Some(5000), Category::Promotional));
+        c.grant(mk("cg_b", None, Some(4000), Category::Paid));
+        c.grant(mk("cg_a", Some(10), None, Category::Paid));
+        let grants = c.balances_at(200);
+        let order: Vec<&str> = grants.iter().map(|g| g.grant.grant_id.as_str()).collect();
+        assert_eq!(order, ["cg_a", "cg_b", "cg_c", "cg_d", "cg_e"]);
+        let a = allocate(q(50), &grants, "credits", q(260)).unwrap();
+        assert_eq!(a.from_allowance, q(50));
+        assert_eq!(
+            a.from_grants,
+            vec![
+                ("cg_a".to_string(), q(100)),
+                ("cg_b".to_string(), q(100)),
+                ("cg_c".to_string(), q(10))
+            ]
+        );
+        assert_eq!(a.order_version, BURN_ORDER_VERSION);
+        let e = allocate(q(50), &grants, "credits", q(551)).unwrap_err();
+        assert_eq!(e.allowance_remaining, q(50));
+        assert_eq!(e.grants.len(), 5);
+        // Another unit's grants are not spent.
+        assert!(allocate(q(0), &grants, "usd", q(1)).is_err());
+    }
+
+    /// One set of grants and transactions for the property: two grants, snapshots that move
+    /// priority, a void, an expiry, applications, a voided invoice's return, and Stripe's own
+    /// expiry, with copies.
+    fn workload() -> Vec<Result<GrantSnapshot, Transaction>> {
+        use TransactionKind::*;
+        let mut a1 = grant("cg_a", 1000, 100);
+        a1.expires_at = Some(900);
+        let mut a2 = a1.clone();
+        a2.updated = 150;
+        a2.priority = Some(5);
+        a2.event_key = "evt_a2".into();
+        let b1 = grant("cg_b", 500, 100);
+        let mut b2 = b1.clone();
+        b2.updated = 400;
+        b2.voided_at = Some(400);
+        b2.event_key = "evt_b2".into();
+        let mut b3 = b1.clone();
+        b3.updated = 500;
+        b3.event_key = "evt_b3".into();
+        vec![
+            Ok(a1),
+            Ok(a2.clone()),
+            Ok(a2),
+            Ok(b1),
+            Ok(b2),
+            Ok(b3),
+            Err(txn("t1", "cg_a", Granted, 1000, 100)),
+            Err(txn("t2", "cg_a", Applied, 700, 200)),
+            Err(txn("t3", "cg_a", Applied, 700, 300)),
+            Err(txn("t3", "cg_a", Applied, 700, 300)),
+            Err(txn("t4", "cg_a", ApplicationInvoiceVoided, 700, 350)),
+            Err(txn("t5", "cg_a", Expired, 300, 900)),
+            Err(txn("t6", "cg_b", Applied, 200, 300)),
+        ]
+    }
+
+    fn fold(events: &[Result<GrantSnapshot, Transaction>]) -> Credits {
+        let mut c = Credits::new();
+        for e in events {
+            match e {
+                Ok(s) => c.grant(s.clone()),
+                Err(t) => c.transaction(t.clone()),
+            }
+        }
+        c
+    }
+
+    /// The balances are a function of the set of events: 500 shuffles, each read at every
+    /// time the workload names and between them.
+    #[test]
+    fn balances_are_the_same_in_every_order() {
+        let canonical = fold(&workload());
+        for seed in 0u64..500 {
+            let mut shuffled = workload();
+            let mut rng = seed;
+            for i in (1..shuffled.len()).rev() {
+                rng = rng
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                shuffled.swap(i, (rng >> 33) as usize % (i + 1));
+            }
+            let other = fold(&shuffled);
+            for at in (0..1200).step_by(50) {
+                assert_eq!(
+                    other.balances_at(at),
+                    canonical.balances_at(at),
+                    "seed {seed} at {at}"
+                );
+                assert_eq!(
+                    other.totals_at(at),
+                    canonical.totals_at(at),
+                    "seed {seed} at {at}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_workloads_balances_are_what_its_events_say() {
+        let c = fold(&workload());
+        let at = 1000;
+        let b = c.balances_at(at);
+        let a = b.iter().find(|g| g.grant.grant_id == "cg_a").unwrap();
+        // 1000 granted, 700 + 700 applied, 700 back, Stripe's expiry 300: 0 left.
+        assert_eq!((a.granted, a.used, a.expired), (q(1000), q(700), q(300)));
+        assert_eq!(a.remaining, Quantity::ZERO);
+        let bb = b.iter().find(|g| g.grant.grant_id == "cg_b").unwrap();
+        // Voided at 400 with 300 left; the later snapshot without voided_at keeps it voided.
+        assert_eq!((bb.expired, bb.live), (q(300), false));
+        assert_eq!(c.totals_at(at)[0].available, Quantity::ZERO);
+        // Before the void, b's 300 was spendable; a had 300 (1000 − 700) at 250.
+        assert_eq!(c.totals_at(250)[0].available, q(800));
+    }
+
+    #[test]
+    fn low_and_depleted_are_told_once_per_downward_crossing_and_rearmed_at_or_above() {
+        use TransactionKind::*;
+        let mut c = Credits::new();
+        let mut g = grant("cg_1", 1000, 100);
+        g.unit = "credits".into();
+        c.grant(g);
+        let low = Threshold::Low(q(200));
+        let watch = [low, Threshold::Depleted];
+        // 1000 → 850 → 150 (low) → 100 (still low, not told again) → 0 (depleted).
+        for (id, amount, at) in [
+            ("t1", 150, 200),
+            ("t2", 700, 300),
+            ("t3", 50, 400),
+            ("t4", 100, 500),
+        ] {
+            c.transaction(txn(id, "cg_1", Applied, amount, at));
+        }
+        let told: Vec<(&str, i64)> = c
+            .crossings("credits", &watch, 10_000)
+            .iter()
+            .map(|x| (x.threshold.kind(), x.at))
+            .collect();
+        assert_eq!(
+            told,
+            [
+                ("billing.credits_low", 300),
+                ("billing.credits_depleted", 500)
+            ]
+        );
+        // A top-up to exactly the level re-arms low; the next fall below it is told again.
+        let mut top = grant("cg_2", 200, 600);
+        top.unit = "credits".into();
+        top.created = 600;
+        c.grant(top);
+        c.transaction(txn("t5", "cg_2", Applied, 1, 700));
+        let again: Vec<(&str, i64)> = c
+            .crossings("credits", &watch, 10_000)
+            .iter()
+            .map(|x| (x.threshold.kind(), x.at))
+            .collect();
+        assert_eq!(
+            again,
+            [
+                ("billing.credits_low", 300),
+                ("billing.credits_depleted", 500),
+                ("billing.credits_low", 700)
+            ]
+        );
+        // Another unit crosses nothing.
+        assert!(c.crossings("usd", &watch, 10_000).is_empty());
+    }
+
+    #[test]
+    fn crossings_are_the_same_in_every_order() {
+        let watch = [Threshold::Low(q(500)), Threshold::Depleted];
+        let canonical = fold(&workload()).crossings("usd", &watch, 2000);
+        assert!(!canonical.is_empty());
+        let mut reversed = workload();
+        reversed.reverse();
+        assert_eq!(fold(&reversed).crossings("usd", &watch, 2000), canonical);
+    }
+
+    #[test]
+    fn the_view_gives_decimal_strings_and_rfc3339_times_in_burn_order() {
+        let mut g = grant("cg_1", 1000, 100);
+        g.expires_at = Some(1767225600);
+        let mut c = Credits::new();
+        c.grant(g);
+        c.transaction(txn("t1", "cg_1", TransactionKind::Applied, 1100, 150));
+        let view = serde_json::to_value(CreditsView::of(&c, 200)).unwrap();
+        assert_eq!(
+            view,
+            serde_json::json!({
+                "balances": [{"unit": "usd", "scope": "price_type:metered", "available": "0",
+                              "granted": "1000", "used": "1100", "expired": "0"}],
+                "grants": [{"grant_id": "cg_1", "origin": "stripe_credit_grant", "unit": "usd",
+                            "scope": "price_type:metered", "amount": "1000", "remaining": "0",
+                            "priority": 50, "category": "paid",
+                            "effective_at": "1970-01-01T00:01:40Z",
+                            "expires_at": "2026-01-01T00:00:00Z", "voided_at": null,
+                            "provisional": true}]
+            })
+        );
+    }
+
+    #[test]
+    fn a_pack_bought_partly_used_and_refunded_voids_what_remains_and_mints_once() {
+        let pack = crate::domain::catalog::CreditPack {
+            amount: 1000,
+            unit: "credits".into(),
+            expires_after_days: Some(365),
+            priority: Some(10),
+        };
+        let paid = pack_grant(&pack, "price_pack", "in_1", 1_000, "evt_paid");
+        assert_eq!(paid.grant_id, "pack:in_1:price_pack");
+        assert_eq!(paid.expires_at, Some(1_000 + 365 * 86_400));
+        let copy = pack_grant(&pack, "price_pack", "in_1", 1_000, "evt_paid_copy");
+        let refunded = pack_refunded(&paid, 5_000, "evt_refund");
+        let spent = txn(
+            "debit:1",
+            &paid.grant_id,
+            TransactionKind::Applied,
+            300,
+            2_000,
+        );
+        let events = vec![Ok(paid.clone()), Ok(copy), Ok(refunded), Err(spent)];
+        for order in [events.clone(), events.into_iter().rev().collect()] {
+            let c = fold(&order);
+            let [before] = c.balances_at(4_999).try_into().unwrap();
+            assert_eq!(before.available(), q(700), "minted once");
+            let [after] = c.balances_at(5_000).try_into().unwrap();
+            assert_eq!(
+                (after.granted, after.used, after.expired, after.available()),
+                (q(1000), q(300), q(700), Quantity::ZERO)
+            );
+        }
+    }
+}
