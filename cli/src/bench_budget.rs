@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use chrono::{SecondsFormat, Utc};
 use provider_fakes::stripe::FakeStripe;
-use provider_fakes::stripe_reads::Mode;
+use provider_fakes::stripe::Mode;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
