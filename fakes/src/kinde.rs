@@ -25,7 +25,7 @@ use wiremock::matchers::{method, path_regex};
 use wiremock::{Mock, Request, Respond, ResponseTemplate};
 
 use crate::described::{ProviderServer, KINDE};
-use crate::traffic::{Fault, Traffic};
+use crate::traffic::{Fault, Metered, Traffic};
 
 /// The token's lifetime in Kinde's example answer to the client-credentials grant,
 /// `"expires_in": 86399` (docs.kinde.com/developer-tools/kinde-api/access-token-for-api).
@@ -125,33 +125,6 @@ impl FakeKinde {
     /// The usage records it took, as sent.
     pub fn usage(&self) -> Vec<Value> {
         self.state.lock().unwrap().usage.clone()
-    }
-
-    /// A rate limit per minute, answered as Kinde's 429 (Kinde publishes no number).
-    pub fn rate_limit(&self, per_minute: u32) -> &Self {
-        self.traffic.lock().unwrap().set_limit(Some(per_minute));
-        self
-    }
-
-    /// What goes wrong with the next request to `path` (any when `None`), in turn.
-    pub fn then(&self, path: Option<&str>, fault: Fault) -> &Self {
-        self.traffic.lock().unwrap().then(path, fault);
-        self
-    }
-
-    /// Requests refused for the rate limit.
-    pub fn over_limit(&self) -> u32 {
-        self.traffic.lock().unwrap().over_limit()
-    }
-
-    /// The most requests that arrived within one minute.
-    pub fn peak_per_minute(&self) -> u32 {
-        self.traffic.lock().unwrap().peak_per_minute()
-    }
-
-    /// Requests that reached it.
-    pub fn requests(&self) -> u32 {
-        self.traffic.lock().unwrap().requests()
     }
 
     /// Served as Kinde's API, every request checked against Kinde's description. A test's own
@@ -378,6 +351,12 @@ impl State {
         }
         self.usage.push(record);
         success(json!({}))
+    }
+}
+
+impl Metered for FakeKinde {
+    fn traffic(&self) -> &Mutex<Traffic> {
+        &self.traffic
     }
 }
 

@@ -19,7 +19,7 @@ use wiremock::matchers::{method, path_regex};
 use wiremock::{Mock, Request, Respond, ResponseTemplate};
 
 use crate::described::{ProviderServer, LEMONSQUEEZY};
-use crate::traffic::{Fault, Traffic};
+use crate::traffic::{Fault, Metered, Traffic};
 
 /// "There is a limit of 300 API calls per minute." (docs.lemonsqueezy.com/api/getting-started,
 /// Rate limiting)
@@ -57,33 +57,6 @@ impl FakeLemonSqueezy {
         held.retain(|s| s["id"] != id);
         held.push(subscription);
         self
-    }
-
-    /// The rate limit per minute (Lemon Squeezy's is [`RATE_LIMIT`]; a test may lower it).
-    pub fn rate_limit(&self, per_minute: u32) -> &Self {
-        self.traffic.lock().unwrap().set_limit(Some(per_minute));
-        self
-    }
-
-    /// What goes wrong with the next request to `path` (any when `None`), in turn.
-    pub fn then(&self, path: Option<&str>, fault: Fault) -> &Self {
-        self.traffic.lock().unwrap().then(path, fault);
-        self
-    }
-
-    /// Requests refused for the rate limit.
-    pub fn over_limit(&self) -> u32 {
-        self.traffic.lock().unwrap().over_limit()
-    }
-
-    /// The most requests that arrived within one minute.
-    pub fn peak_per_minute(&self) -> u32 {
-        self.traffic.lock().unwrap().peak_per_minute()
-    }
-
-    /// Requests that reached it.
-    pub fn requests(&self) -> u32 {
-        self.traffic.lock().unwrap().requests()
     }
 
     /// Served as Lemon Squeezy's API, every request checked against the routes' description. A
@@ -252,6 +225,12 @@ fn list(held: &[Value], request: &Request) -> ResponseTemplate {
         "links": links,
         "data": page,
     }))
+}
+
+impl Metered for FakeLemonSqueezy {
+    fn traffic(&self) -> &Mutex<Traffic> {
+        &self.traffic
+    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,8 @@ pub mod polar;
 pub mod stripe;
 pub mod traffic;
 
+pub use traffic::Metered;
+
 #[cfg(feature = "described")]
 pub use described::{Description, ProviderServer, KINDE, LEMONSQUEEZY, PADDLE, POLAR, STRIPE};
 #[cfg(feature = "described")]

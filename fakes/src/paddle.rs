@@ -19,7 +19,7 @@ use wiremock::matchers::{method, path_regex};
 use wiremock::{Mock, Request, Respond, ResponseTemplate};
 
 use crate::described::{ProviderServer, PADDLE};
-use crate::traffic::{Fault, Traffic};
+use crate::traffic::{Fault, Metered, Traffic};
 
 /// "Most operations are limited to 240 requests per minute" and "It works by putting a cap on
 /// the number of requests that an IP address can make in a certain timeframe"
@@ -76,33 +76,6 @@ impl FakePaddle {
         state.subscriptions.retain(|s| s["id"] != id);
         state.subscriptions.push(subscription);
         self
-    }
-
-    /// The rate limit per minute (Paddle's is [`RATE_LIMIT`]; a test may lower it to reach it).
-    pub fn rate_limit(&self, per_minute: u32) -> &Self {
-        self.traffic.lock().unwrap().set_limit(Some(per_minute));
-        self
-    }
-
-    /// What goes wrong with the next request to `path` (any when `None`), in turn.
-    pub fn then(&self, path: Option<&str>, fault: Fault) -> &Self {
-        self.traffic.lock().unwrap().then(path, fault);
-        self
-    }
-
-    /// Requests refused for the rate limit.
-    pub fn over_limit(&self) -> u32 {
-        self.traffic.lock().unwrap().over_limit()
-    }
-
-    /// The most requests that arrived within one minute.
-    pub fn peak_per_minute(&self) -> u32 {
-        self.traffic.lock().unwrap().peak_per_minute()
-    }
-
-    /// Requests that reached it.
-    pub fn requests(&self) -> u32 {
-        self.traffic.lock().unwrap().requests()
     }
 
     /// Served as Paddle's API, every request checked against Paddle's published description. A
@@ -296,6 +269,12 @@ impl Respond for FakePaddle {
                      "pagination": {"per_page": per_page, "next": next.as_str(),
                                     "has_more": has_more, "estimated_total": listed.len()}}
         })))
+    }
+}
+
+impl Metered for FakePaddle {
+    fn traffic(&self) -> &Mutex<Traffic> {
+        &self.traffic
     }
 }
 

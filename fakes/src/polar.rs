@@ -32,7 +32,7 @@ use wiremock::matchers::{method, path, path_regex};
 use wiremock::{Mock, Request, Respond, ResponseTemplate};
 
 use crate::described::{ProviderServer, POLAR};
-use crate::traffic::{Clock, Fault, Traffic};
+use crate::traffic::{Clock, Fault, Metered, Traffic};
 
 /// "Production: 500 requests per minute per organization/customer or OAuth2 Client. Sandbox:
 /// 100 requests per minute" (polarsource/polar `docs/api-reference/2026-10/introduction.mdx`,
@@ -101,18 +101,6 @@ impl FakePolar {
         self
     }
 
-    /// The rate limit per minute (a test may lower it to reach it).
-    pub fn rate_limit(&self, per_minute: u32) -> &Self {
-        self.traffic.lock().unwrap().set_limit(Some(per_minute));
-        self
-    }
-
-    /// What goes wrong with the next request to `path` (any when `None`), in turn.
-    pub fn then(&self, path: Option<&str>, fault: Fault) -> &Self {
-        self.traffic.lock().unwrap().then(path, fault);
-        self
-    }
-
     /// Reads Polar's time on `clock` from now on (a simulation's, ahead of the wall clock).
     pub fn clocked(&self, clock: Clock) -> &Self {
         self.state.lock().unwrap().clock = Some(clock);
@@ -161,21 +149,6 @@ impl FakePolar {
             .filter(|e| e["name"] == name && e["customer_id"] == customer)
             .filter_map(|e| e["metadata"]["value"].as_f64())
             .sum()
-    }
-
-    /// Requests refused for the rate limit.
-    pub fn over_limit(&self) -> u32 {
-        self.traffic.lock().unwrap().over_limit()
-    }
-
-    /// The most requests that arrived within one minute.
-    pub fn peak_per_minute(&self) -> u32 {
-        self.traffic.lock().unwrap().peak_per_minute()
-    }
-
-    /// Requests that reached it.
-    pub fn requests(&self) -> u32 {
-        self.traffic.lock().unwrap().requests()
     }
 
     /// Served as Polar's API, every request checked against Polar's published description. A
@@ -536,6 +509,12 @@ fn page_of(listed: &[&Value], request: &Request) -> ResponseTemplate {
 /// FastAPI's answer to a request its schema refuses: 422, `{"detail": [{type, loc, msg}]}`.
 fn validation(detail: Vec<Value>) -> ResponseTemplate {
     ResponseTemplate::new(422).set_body_json(json!({"detail": detail}))
+}
+
+impl Metered for FakePolar {
+    fn traffic(&self) -> &Mutex<Traffic> {
+        &self.traffic
+    }
 }
 
 #[cfg(test)]

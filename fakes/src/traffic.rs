@@ -5,7 +5,7 @@
 //! the most that arrived in any one minute.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -161,6 +161,44 @@ impl Traffic {
     pub fn requests(&self) -> u32 {
         self.requests
     }
+}
+
+/// What a test asks of a fake whose traffic a [`Traffic`] counts (Polar, Kinde, Paddle,
+/// Lemon Squeezy): its limit lowered, faults in turn, and the counts.
+pub trait Metered {
+    /// The fake's traffic.
+    fn traffic(&self) -> &Mutex<Traffic>;
+
+    /// The rate limit per minute (each fake starts at its provider's; a test may lower it).
+    fn rate_limit(&self, per_minute: u32) -> &Self {
+        lock(self.traffic()).set_limit(Some(per_minute));
+        self
+    }
+
+    /// What goes wrong with the next request to `path` (any when `None`), in turn.
+    fn then(&self, path: Option<&str>, fault: Fault) -> &Self {
+        lock(self.traffic()).then(path, fault);
+        self
+    }
+
+    /// Requests refused for the rate limit.
+    fn over_limit(&self) -> u32 {
+        lock(self.traffic()).over_limit()
+    }
+
+    /// The most requests that arrived within one minute.
+    fn peak_per_minute(&self) -> u32 {
+        lock(self.traffic()).peak_per_minute()
+    }
+
+    /// Requests that reached it.
+    fn requests(&self) -> u32 {
+        lock(self.traffic()).requests()
+    }
+}
+
+fn lock(traffic: &Mutex<Traffic>) -> std::sync::MutexGuard<'_, Traffic> {
+    traffic.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ use crate::meters::{
 };
 use crate::thin::{app_with_api, status_of, thin_events};
 use provider_fakes::stripe::On;
+use provider_fakes::Metered;
 
 /// A bucket that does not refill within a test: `burst` calls, `reserved` of them kept for
 /// meter reports.

@@ -13,7 +13,7 @@ use wiremock::matchers::{method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use provider_fakes::traffic::Fault;
-use provider_fakes::{FakeKinde, ProviderServer};
+use provider_fakes::{FakeKinde, Metered, ProviderServer};
 
 use crate::helpers::*;
 use crate::scheduler::{reconcile_runs, reconciler, scheduler_for};

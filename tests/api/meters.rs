@@ -29,7 +29,7 @@ use crate::app_api::{api_state, call, on_pro};
 use crate::helpers::*;
 pub(crate) use provider_fakes::stripe::{FakeStripe, Fault};
 use provider_fakes::traffic::Fault as ApiFault;
-use provider_fakes::{FakeKinde, FakePolar};
+use provider_fakes::{FakeKinde, FakePolar, Metered};
 
 const NO_WAITS: RetryPolicy = RetryPolicy::new([Duration::ZERO; 5]);
 /// The client gives up on a send after this; the slow fake answers after three times as long.

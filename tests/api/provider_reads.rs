@@ -16,7 +16,7 @@ use sqlx::PgPool;
 use wiremock::MockServer;
 
 use provider_fakes::traffic::Fault;
-use provider_fakes::{FakeLemonSqueezy, FakePaddle, ProviderServer};
+use provider_fakes::{FakeLemonSqueezy, FakePaddle, Metered, ProviderServer};
 
 use crate::corpus::{corpus, corpus_app, payments, send_one};
 use crate::helpers::*;

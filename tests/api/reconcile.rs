@@ -20,7 +20,7 @@ use crate::scheduler::{
 };
 use provider_fakes::stripe::On;
 use provider_fakes::stripe::{FakeStripe, Fault};
-use provider_fakes::{FakePolar, ProviderServer};
+use provider_fakes::{FakePolar, Metered, ProviderServer};
 
 /// The fake Stripe's account holding `events`, each delivered (`/v1/events` lists them as
 /// Stripe does: newest first, `created[…]`, `types[]`, `starting_after`, 30 days).
