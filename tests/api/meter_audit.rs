@@ -188,6 +188,52 @@ async fn a_report_sent_moments_ago_waits_until_stripe_has_counted_it(pool: PgPoo
     assert!(fake.summaries_asked().is_empty(), "Stripe is not asked yet");
 }
 
+/// The audit's settled window is the store's (`inbox_now()`), the clock every report row is
+/// written on, not the machine's: with the store an hour ahead of the machine (as in the
+/// simulator), a report sent 45 minutes ago by the store's clock, timed 30 minutes ago, is
+/// settled and compared, and Stripe counting less is a difference.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_audit_settles_its_window_on_the_stores_clock_not_the_machines(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_audit_ahead").await;
+    let id = debit(&pool, "cus_audit_ahead", "req_1", 5).await;
+    let store_now = Utc::now() + TimeDelta::hours(1);
+    let occurred_at = store_now - TimeDelta::minutes(30);
+    sqlx::query(
+        "UPDATE meter_reports SET status = 'sent', attempts = 1, first_sent_at = $2,
+                sent_at = $2, occurred_at = $3
+         WHERE id = $1",
+    )
+    .bind(&id)
+    .bind(store_now - TimeDelta::minutes(45))
+    .bind(occurred_at)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let fake = FakeStripe::default();
+    fake.clock_from(store_now);
+    fake.takes("cus_audit_ahead", occurred_at, 2.0);
+    let server = fake.serve().await;
+    let meters = meters_of(&metered(&server.uri()));
+    let ahead = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query("SELECT set_config('inbox.clock_offset_secs', '3600', false)")
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap();
+
+    let found = audit_now(&ahead, &meters).await;
+    assert_eq!((found.checked, found.new), (1, 1), "{found:?}");
+    assert_eq!(recorded(&pool).await, vec![(5, 2.0, false)]);
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_difference_is_recorded_and_reported_once_and_resolved_when_stripe_agrees(pool: PgPool) {
     let app = TestApp::spawn(pool.clone()).await;
