@@ -20,8 +20,8 @@
 //! A test adds faults on top ([`Fault`]): queued in turn ([`FakePolar::then`]) or decided per
 //! request by its own decider ([`FakePolar::deciding`], a simulation's dice), before Polar takes
 //! anything or after (the "held" case), or an answer after the client gave up. Polar's time
-//! (the ingestion's "must be in the past") is the wall clock's, or the test's
-//! ([`FakePolar::clocked`]).
+//! (the ingestion's "must be in the past", the rate limit's minute) is the wall clock's, or the
+//! test's ([`FakePolar::clocked`]).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -101,8 +101,10 @@ impl FakePolar {
         self
     }
 
-    /// Reads Polar's time on `clock` from now on (a simulation's, ahead of the wall clock).
+    /// Reads Polar's time on `clock` from now on (a simulation's, ahead of the wall clock): the
+    /// ingestion's "must be in the past" and the rate limit's minute.
     pub fn clocked(&self, clock: Clock) -> &Self {
+        self.traffic.lock().unwrap().set_clock(clock.clone());
         self.state.lock().unwrap().clock = Some(clock);
         self
     }
@@ -560,6 +562,29 @@ mod tests {
             .unwrap()
             .contains("must be in the past"));
         assert_eq!(fake.total("api_calls", CUSTOMER), 3.0);
+    }
+
+    /// The rate limit's minute is Polar's clock's, as every other time of the fake: a test or a
+    /// simulation that moves the clock on a minute frees the window, whatever the wall clock
+    /// did meanwhile.
+    #[tokio::test]
+    async fn its_rate_limit_counts_a_minute_of_polars_clock() {
+        let fake = FakePolar::default();
+        let server = fake.serve().await;
+        let start = Utc::now() - chrono::TimeDelta::hours(1);
+        let polar_now = Arc::new(Mutex::new(start));
+        let read = polar_now.clone();
+        fake.clocked(Arc::new(move || *read.lock().unwrap()))
+            .rate_limit(1);
+        assert_eq!(ingest(&server, "bi_1", start).await.0, 200);
+        assert_eq!(ingest(&server, "bi_2", start).await.0, 429);
+        *polar_now.lock().unwrap() = start + chrono::TimeDelta::seconds(61);
+        assert_eq!(
+            ingest(&server, "bi_2", start).await.0,
+            200,
+            "a minute of Polar's clock later, the window has a place"
+        );
+        assert_eq!((fake.over_limit(), fake.peak_per_minute()), (1, 2));
     }
 
     #[tokio::test]
