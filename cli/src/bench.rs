@@ -71,6 +71,10 @@ pub struct BenchArgs {
     /// With --budget: the debits with meter reports written meanwhile, at a steady pace.
     #[arg(long, default_value_t = 300, requires = "budget")]
     pub debits: usize,
+    /// With --budget: the Stripe source and the fake in live mode (100 operations a second,
+    /// the meter events apart), not the sandbox's 25.
+    #[arg(long, requires = "budget")]
+    pub live: bool,
     /// Measure billing-inbox beside the Stripe sync engine instead (`crate::bench_peer`): the
     /// same signed subscription deliveries through each, in process and over HTTP on
     /// loopback, at concurrency 4 and 16.

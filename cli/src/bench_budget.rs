@@ -42,15 +42,31 @@ use crate::bench::{
 };
 use crate::bench_api::{seed, with_bench_plan};
 
-/// The source's key: a test-mode key, so the budget and the fake both take Stripe's sandbox
-/// limits (25 operations a second, docs.stripe.com/rate-limits), the tighter of the two modes
-/// and the one a developer meets first.
-const KEY: &str = "sk_test_bench_budget_local_only";
+/// The source's key in each mode: the mode's prefix makes the budget and the fake both take
+/// that mode's limits (docs.stripe.com/keys, docs.stripe.com/rate-limits): the sandbox's by
+/// default, the tighter of the two and the one a developer meets first; live mode's with
+/// `--live`.
+const SANDBOX_KEY: &str = "sk_test_bench_budget_local_only";
+const LIVE_KEY: &str = "sk_live_bench_budget_local_only";
 /// The meter the debits are reported to: the fake Stripe's `api_calls` meter, whose event
 /// summaries the scheduler's meter audit reads.
 const METER: &str = "api_calls";
-/// The sandbox's global limit, as the fake enforces it.
-const LIMIT_PER_SECOND: u32 = 25;
+/// Each mode's global limit, as the fake enforces it: "Live mode: 100 operations; Sandbox: 25
+/// operations" (docs.stripe.com/rate-limits).
+fn limit_per_second(mode: Mode) -> u32 {
+    match mode {
+        Mode::Live => 100,
+        Mode::Sandbox => 25,
+    }
+}
+
+/// The mode benched: `--live`'s, else the sandbox's.
+fn mode_of(args: &BenchArgs) -> Mode {
+    match args.live {
+        true => Mode::Live,
+        false => Mode::Sandbox,
+    }
+}
 /// The customers the debits are spread over, and those the thin events' subscriptions are.
 const METERED: usize = 20;
 const THIN_CUSTOMERS: usize = 500;
@@ -123,8 +139,19 @@ pub async fn run(
 }
 
 /// The Stripe source of INBOX_SOURCES (its name and signing secrets), with an API at `base`
-/// under the test key, in test mode, metered, and the documented default budget.
-fn budgeted_source(sender: &crate::send::Sender, base: &str) -> anyhow::Result<SourceConfig> {
+/// under the key of `mode`, metered, and the documented default budget of that mode (the key's).
+/// In live mode the source takes both modes' events (`livemode` unset), so that the seed's
+/// deliveries, the fixtures' test-mode ones, put the metered customers on the plan as in the
+/// sandbox; the bench's own events say live mode.
+fn budgeted_source(
+    sender: &crate::send::Sender,
+    base: &str,
+    mode: Mode,
+) -> anyhow::Result<SourceConfig> {
+    let (key, livemode) = match mode {
+        Mode::Live => (LIVE_KEY, Value::Null),
+        Mode::Sandbox => (SANDBOX_KEY, json!(false)),
+    };
     let stripe = sender
         .sources()
         .iter()
@@ -132,7 +159,7 @@ fn budgeted_source(sender: &crate::send::Sender, base: &str) -> anyhow::Result<S
         .context("INBOX_SOURCES has no Stripe source")?;
     let entry = json!([{
         "name": stripe.name, "kind": "stripe", "secrets": stripe.secrets,
-        "api_key": KEY, "api_base_url": base, "livemode": false,
+        "api_key": key, "api_base_url": base, "livemode": livemode,
         "meter": {"event_name": METER},
     }]);
     let configs = parse_sources(&entry.to_string()).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -140,14 +167,14 @@ fn budgeted_source(sender: &crate::send::Sender, base: &str) -> anyhow::Result<S
     configs.into_iter().next().context("no source parsed")
 }
 
-/// Subscription `sub` of `customer` on the pro price, as the fixtures write it, changed `at`.
+/// Subscription `sub` of `customer` on the pro price, as the fixtures write it, changed `at`,
+/// in live mode or not (an event of the other mode is stored and ignored).
 fn subscription_event(
     sender: &crate::send::Sender,
     source: &str,
-    customer: &str,
-    sub: &str,
-    event_id: &str,
+    (customer, sub, event_id): (&str, &str, &str),
     at: chrono::DateTime<Utc>,
+    live: bool,
 ) -> anyhow::Result<Value> {
     let spec = Spec {
         kind: "subscription".into(),
@@ -158,15 +185,18 @@ fn subscription_event(
         event_id: Some(event_id.into()),
         ..Default::default()
     };
-    Ok(sender.build(source, &spec)?.1)
+    let mut event = sender.build(source, &spec)?.1;
+    event["livemode"] = json!(live);
+    event["data"]["object"]["livemode"] = json!(live);
+    Ok(event)
 }
 
 /// A thin event for a change of `sub` (`v1.customer.subscription.updated`, a `v2.core.event`
 /// that names its related object and carries none of it; docs.stripe.com/event-destinations).
-fn thin_event(id: &str, sub: &str, at: chrono::DateTime<Utc>, twin: &str) -> Value {
+fn thin_event(id: &str, sub: &str, at: chrono::DateTime<Utc>, twin: &str, live: bool) -> Value {
     json!({
         "id": id, "object": "v2.core.event", "type": "v1.customer.subscription.updated",
-        "livemode": false, "created": at.to_rfc3339_opts(SecondsFormat::Millis, true),
+        "livemode": live, "created": at.to_rfc3339_opts(SecondsFormat::Millis, true),
         "context": null, "reason": null,
         "related_object": {"id": sub, "type": "subscription", "url": format!("/v1/subscriptions/{sub}")},
         "snapshot_event": twin,
@@ -183,14 +213,15 @@ async fn bench(
     let catalog = with_bench_plan(&args.plans)?;
     let sender = args.signing.sender("").await?;
 
-    // The fake Stripe in test mode: its limiter in front of the read and meter routes.
+    // The fake Stripe in the mode benched: its limiter in front of the read and meter routes.
+    let mode = mode_of(args);
+    let live = mode == Mode::Live;
     let stripe = FakeStripe::default();
-    stripe.in_mode(Mode::Sandbox);
+    stripe.in_mode(mode);
     let api = stripe.serve_unchecked().await;
     api.reset().await;
     stripe.mount(&api).await;
-    let source = budgeted_source(&sender, &api.uri())?;
-    let configs = std::slice::from_ref(&source);
+    let source = budgeted_source(&sender, &api.uri(), mode)?;
 
     let pool = fresh_database(
         server,
@@ -203,7 +234,15 @@ async fn bench(
         "bench --budget: seeding {METERED} metered customers on '{}'",
         source.name
     );
-    let metered = seed(&sender, &source, configs, &pool, &catalog, METERED - 1).await?;
+    let metered = seed(
+        &sender,
+        &source,
+        std::slice::from_ref(&source),
+        &pool,
+        &catalog,
+        METERED - 1,
+    )
+    .await?;
 
     // The account's objects and events: each thin event's subscription, and the events the
     // webhooks never brought, spread over the walk's first three days.
@@ -217,10 +256,10 @@ async fn bench(
         );
         let at = now - chrono::Duration::seconds((n % 600) as i64 + 1);
         let twin = format!("evt_bench_twin_{n}");
-        let object = subscription_event(&sender, &source.name, &customer, &sub, &twin, at)?;
+        let object = subscription_event(&sender, &source.name, (&customer, &sub, &twin), at, live)?;
         stripe.holds(object["data"]["object"].clone());
         let id = format!("{THIN_PREFIX}{n:06}");
-        let signed = sender.sign(&source.name, &id, &thin_event(&id, &sub, at, &twin))?;
+        let signed = sender.sign(&source.name, &id, &thin_event(&id, &sub, at, &twin, live))?;
         deliveries.push(Delivery {
             source: source.name.clone(),
             headers: signed.headers,
@@ -235,10 +274,13 @@ async fn bench(
         let event = subscription_event(
             &sender,
             &source.name,
-            &format!("bench_missed_{}", n % THIN_CUSTOMERS),
-            &format!("sub_bench_missed_{n}"),
-            &format!("{MISSED_PREFIX}{n:06}"),
+            (
+                &format!("bench_missed_{}", n % THIN_CUSTOMERS),
+                &format!("sub_bench_missed_{n}"),
+                &format!("{MISSED_PREFIX}{n:06}"),
+            ),
             at,
+            live,
         )?;
         stripe.has_event(event);
     }
@@ -406,7 +448,8 @@ async fn measure(
             metered.to_vec(),
             outbox(),
         );
-        let (count, per_second) = (args.debits, f64::from(LIMIT_PER_SECOND) * 0.8);
+        let limit = limit_per_second(mode_of(args));
+        let (count, per_second) = (args.debits, f64::from(limit) * 0.8);
         let every = Duration::from_secs_f64(events as f64 / per_second / count as f64);
         tokio::spawn(async move {
             let mut refused = 0u64;
@@ -528,7 +571,8 @@ async fn measure(
             "over_limit": seen.over_limit,
             "peak_per_second": seen.peak_per_second,
             "peak_endpoint": seen.peak_endpoint,
-            "limit_per_second": LIMIT_PER_SECOND,
+            "mode": match mode_of(args) { Mode::Live => "live", Mode::Sandbox => "sandbox" },
+            "limit_per_second": limit_per_second(mode_of(args)),
             "endpoint_limit_per_second": 25,
             "meter_events_taken": stripe.events().len(),
         },

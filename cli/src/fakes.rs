@@ -58,8 +58,15 @@ pub struct FakesArgs {
     pub port: u16,
 }
 
+/// The meter a dev source reports its debits to on the fakes (docs/design.md §4.13): the fake
+/// Stripe account's `api_calls` meter (`provider_fakes::stripe`), and the same event name at
+/// the fake Polar's ingestion, which takes any.
+const DEV_METER: &str = "api_calls";
+
 /// The dev sources in `sources` (`inboxctl dev sources`), each pointed at its provider's fake
-/// on the ports from `port`, with the test-mode key the fake takes.
+/// on the ports from `port`, with the test-mode key the fake takes; Stripe's and Polar's
+/// metered, so that a debit in the dev stack (`inboxctl usage`, the API) writes a report the
+/// dispatcher sends to the fake's meter.
 pub fn point_at(sources: &mut Value, port: u16) {
     let Some(list) = sources.as_array_mut() else {
         return;
@@ -74,6 +81,9 @@ pub fn point_at(sources: &mut Value, port: u16) {
         source["api_key"] = json!(key);
         if *kind == SourceKind::Kinde {
             source["api_client_id"] = json!(KINDE_CLIENT_ID);
+        }
+        if matches!(kind, SourceKind::Stripe | SourceKind::StandardWebhooks) {
+            source["meter"] = json!({ "event_name": DEV_METER });
         }
     }
 }
@@ -190,5 +200,7 @@ mod tests {
             .unwrap()
             .starts_with("sk_test_"));
         assert_eq!(sources[2]["api_client_id"], KINDE_CLIENT_ID);
+        assert_eq!(sources[0]["meter"], json!({"event_name": "api_calls"}));
+        assert_eq!(sources[1]["meter"], json!({"event_name": "api_calls"}));
     }
 }

@@ -31,6 +31,9 @@ pub enum Name {
     /// refund, on Lemon Squeezy orders.
     #[value(name = "refund-lemonsqueezy")]
     RefundLemonSqueezy,
+    /// status, sent as Stripe thin events whose objects the worker reads (the source's
+    /// `api_base_url` the provider fakes', `inboxctl fakes`).
+    StatusThin,
 }
 
 impl Name {
@@ -42,6 +45,7 @@ impl Name {
             Self::Refund => Scenario::Refund,
             Self::StatusPaddle => Scenario::StatusPaddle,
             Self::RefundLemonSqueezy => Scenario::RefundLemonSqueezy,
+            Self::StatusThin => Scenario::StatusThin,
         }
     }
 }
@@ -70,7 +74,7 @@ pub async fn run(args: &ScenarioArgs, pool: &PgPool, json_output: bool) -> anyho
     // The starting point (nine deliveries: Free, with its allowance).
     if let Some(first) = &script.start {
         let spec = first.spec(&customer, run_id, start);
-        deliver(&sender, &http, pool, source, &spec).await?;
+        deliver(&sender, &http, pool, source, &spec, script.thin).await?;
     }
     let mut on_arrival = OnArrival::start(&catalog);
     let mut rows = Vec::new();
@@ -86,7 +90,7 @@ pub async fn run(args: &ScenarioArgs, pool: &PgPool, json_output: bool) -> anyho
     for (n, s) in script.steps.iter().enumerate() {
         let spec = s.spec(&customer, run_id, start);
         let at = spec.at;
-        let (answer, outcome) = deliver(&sender, &http, pool, source, &spec).await?;
+        let (answer, outcome) = deliver(&sender, &http, pool, source, &spec, script.thin).await?;
         on_arrival.apply(s.naive, &catalog);
         let mut conn = pool.acquire().await?;
         let period = Period::of(ProviderTime::from(at));
@@ -177,8 +181,17 @@ async fn deliver(
     pool: &PgPool,
     source: &str,
     spec: &Spec,
+    thin: bool,
 ) -> anyhow::Result<(String, String)> {
     let (id, payload) = sender.build(source, spec)?;
+    // A thin event: the fake first holds the snapshot's object, which the worker reads.
+    let (id, payload) = match thin {
+        true => {
+            let twin = crate::send::thin(sender, http, source, &payload).await?;
+            (twin["id"].as_str().unwrap_or(&id).to_owned(), twin)
+        }
+        false => (id, payload),
+    };
     let delivery = sender.sign(source, &id, &payload)?;
     let answer = sender.post(http, source, &delivery).await?;
     anyhow::ensure!(

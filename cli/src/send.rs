@@ -169,7 +169,7 @@ pub async fn run(args: &SendArgs, json_output: bool) -> anyhow::Result<()> {
 
 /// The thin twin of the Stripe `snapshot`, once the fake at the source's `api_base_url` holds
 /// its object.
-async fn thin(
+pub(crate) async fn thin(
     sender: &Sender,
     http: &reqwest::Client,
     source: &str,

@@ -11,7 +11,8 @@
 //!   `duplicates`; a `timestamp` ahead of Polar's clock refused with a 422, the whole body
 //!   with it; no idempotency layer besides `external_id`;
 //! - `GET /v1/meters/`, `GET /v1/meters/{id}/quantities`: the meters a test seeds, and each
-//!   one's buckets summed from the events it kept;
+//!   one's buckets summed from the events it kept (or took from another client,
+//!   [`FakePolar::takes`]), within the range Polar allows an interval;
 //! - the rate limit (500 requests a minute in production, 100 in the sandbox), answered 429
 //!   with `Retry-After`;
 //! - errors as Polar shapes them: `{"error": <name>, "detail": <message>}`, and FastAPI's
@@ -20,8 +21,8 @@
 //! A test adds faults on top ([`Fault`]): queued in turn ([`FakePolar::then`]) or decided per
 //! request by its own decider ([`FakePolar::deciding`], a simulation's dice), before Polar takes
 //! anything or after (the "held" case), or an answer after the client gave up. Polar's time
-//! (the ingestion's "must be in the past") is the wall clock's, or the test's
-//! ([`FakePolar::clocked`]).
+//! (the ingestion's "must be in the past", the rate limit's minute) is the wall clock's, or the
+//! test's ([`FakePolar::clocked`]).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -101,8 +102,10 @@ impl FakePolar {
         self
     }
 
-    /// Reads Polar's time on `clock` from now on (a simulation's, ahead of the wall clock).
+    /// Reads Polar's time on `clock` from now on (a simulation's, ahead of the wall clock): the
+    /// ingestion's "must be in the past" and the rate limit's minute.
     pub fn clocked(&self, clock: Clock) -> &Self {
+        self.traffic.lock().unwrap().set_clock(clock.clone());
         self.state.lock().unwrap().clock = Some(clock);
         self
     }
@@ -140,6 +143,17 @@ impl FakePolar {
     /// The events Polar kept, in the order ingested.
     pub fn events(&self) -> Vec<Value> {
         self.state.lock().unwrap().events.clone()
+    }
+
+    /// Takes an event `name` of `value` (`metadata.value`) for `customer`, timed `at`, as if
+    /// another of the organization's clients had ingested it: what Polar counts beyond what a
+    /// store sent (no `external_id`, so never a duplicate).
+    pub fn takes(&self, name: &str, customer: &str, at: DateTime<Utc>, value: f64) -> &Self {
+        self.state.lock().unwrap().events.push(json!({
+            "name": name, "customer_id": customer,
+            "timestamp": at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            "metadata": {"value": value}}));
+        self
     }
 
     /// What a meter summing `metadata.value` over `name` counts for `customer`.
@@ -366,14 +380,27 @@ impl State {
                                           "msg": "Field required"}),
             ]);
         };
-        let step = match get("interval") {
-            Some("hour") => chrono::TimeDelta::hours(1),
-            Some("day") => chrono::TimeDelta::days(1),
+        // The longest range each interval may cover, on the dates (`is_under_limits`,
+        // polarsource/polar `server/polar/kit/time_queries.py`: an hour's buckets over at most
+        // a week, a day's over at most a year and a day); past it Polar refuses the request.
+        let (step, max_days) = match get("interval") {
+            Some("hour") => (chrono::TimeDelta::hours(1), 7),
+            Some("day") => (chrono::TimeDelta::days(1), 366),
             other => {
                 return validation(vec![json!({"type": "enum", "loc": ["query", "interval"],
                                               "msg": format!("not modelled: {other:?}")})])
             }
         };
+        if start > end || (end.date_naive() - start.date_naive()).num_days() > max_days {
+            return validation(vec![json!({"type": "value_error", "loc": ["query"],
+                "msg": "The interval is too small for the given date range. Use a larger interval or reduce the date range."})]);
+        }
+        // `timezone` (the description's default `UTC`) names the zone the buckets are cut in;
+        // only UTC's, the one the project asks for, is modelled.
+        if get("timezone").is_some_and(|zone| zone != "UTC") {
+            return validation(vec![json!({"type": "enum", "loc": ["query", "timezone"],
+                                          "msg": "not modelled: a zone other than UTC"})]);
+        }
         let truncate = |t: DateTime<Utc>| {
             let secs = t.timestamp();
             let unit = step.num_seconds();
@@ -562,6 +589,29 @@ mod tests {
         assert_eq!(fake.total("api_calls", CUSTOMER), 3.0);
     }
 
+    /// The rate limit's minute is Polar's clock's, as every other time of the fake: a test or a
+    /// simulation that moves the clock on a minute frees the window, whatever the wall clock
+    /// did meanwhile.
+    #[tokio::test]
+    async fn its_rate_limit_counts_a_minute_of_polars_clock() {
+        let fake = FakePolar::default();
+        let server = fake.serve().await;
+        let start = Utc::now() - chrono::TimeDelta::hours(1);
+        let polar_now = Arc::new(Mutex::new(start));
+        let read = polar_now.clone();
+        fake.clocked(Arc::new(move || *read.lock().unwrap()))
+            .rate_limit(1);
+        assert_eq!(ingest(&server, "bi_1", start).await.0, 200);
+        assert_eq!(ingest(&server, "bi_2", start).await.0, 429);
+        *polar_now.lock().unwrap() = start + chrono::TimeDelta::seconds(61);
+        assert_eq!(
+            ingest(&server, "bi_2", start).await.0,
+            200,
+            "a minute of Polar's clock later, the window has a place"
+        );
+        assert_eq!((fake.over_limit(), fake.peak_per_minute()), (1, 2));
+    }
+
     #[tokio::test]
     async fn an_external_id_is_kept_for_good_on_polars_clock_and_faults_come_before_or_after() {
         let fake = FakePolar::default();
@@ -665,6 +715,19 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(meters["items"][0]["id"], "mtr_1");
+        // An hour's buckets over more than a week are refused (`is_under_limits`).
+        let status = reqwest::Client::new()
+            .get(format!("{}/v1/meters/mtr_1/quantities", server.uri()))
+            .query(&[
+                ("start_timestamp", "2026-12-01T00:00:00Z"),
+                ("end_timestamp", "2026-12-09T00:00:00Z"),
+                ("interval", "hour"),
+            ])
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, 422);
     }
 
     #[tokio::test]

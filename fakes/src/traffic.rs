@@ -1,14 +1,15 @@
 //! What a provider fake does to a request before its endpoint sees it: the provider's rate
-//! limit (a rolling minute, as the providers state their limits in requests per minute) and the
+//! limit (a rolling minute of the fake's clock, the wall clock's unless a test set it, as the
+//! providers state their limits in requests per minute) and the
 //! test's own faults on top. Each provider's module says what its limit is and how its 429
 //! reads; this keeps the count, so a test can ask how many requests went over the limit and
 //! the most that arrived in any one minute.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 
 /// A time source a test hands a fake (a simulation's clock, ahead of the wall clock), read for
 /// the provider's own time limits.
@@ -19,7 +20,7 @@ pub type Clock = Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>;
 pub type Decider = Box<dyn FnMut(&str, &str) -> Option<Fault> + Send>;
 
 /// The window the providers' limits are stated over.
-const MINUTE: Duration = Duration::from_secs(60);
+const MINUTE: TimeDelta = TimeDelta::minutes(1);
 
 /// What goes wrong with a request, a test's choice on top of the provider's documented
 /// behaviour.
@@ -42,10 +43,13 @@ pub enum Fault {
 pub struct Traffic {
     /// Requests taken per rolling minute; `None`: the provider publishes no number.
     limit: Option<u32>,
+    /// The provider's time, which its minute is counted on: the wall clock's unless a test
+    /// set it (a simulation's, ahead of the wall clock).
+    clock: Option<Clock>,
     /// When each request taken in the last minute arrived.
-    taken: VecDeque<Instant>,
+    taken: VecDeque<DateTime<Utc>>,
     /// When each request that arrived in the last minute did, taken or not.
-    arrived: VecDeque<Instant>,
+    arrived: VecDeque<DateTime<Utc>>,
     over: u32,
     peak: u32,
     requests: u32,
@@ -70,6 +74,7 @@ impl Traffic {
     pub fn new(limit: Option<u32>) -> Self {
         Self {
             limit,
+            clock: None,
             taken: VecDeque::new(),
             arrived: VecDeque::new(),
             over: 0,
@@ -84,14 +89,20 @@ impl Traffic {
         self.limit = limit;
     }
 
-    /// Counts a request arriving now against the limit.
-    pub fn arrive(&mut self) -> Result<Taken, Refused> {
-        self.arrive_at(Instant::now())
+    /// Counts the minute on `clock` from now on.
+    pub fn set_clock(&mut self, clock: Clock) {
+        self.clock = Some(clock);
     }
 
-    fn arrive_at(&mut self, now: Instant) -> Result<Taken, Refused> {
+    /// Counts a request arriving now, by the provider's clock, against the limit.
+    pub fn arrive(&mut self) -> Result<Taken, Refused> {
+        let now = self.clock.as_ref().map_or_else(Utc::now, |clock| clock());
+        self.arrive_at(now)
+    }
+
+    fn arrive_at(&mut self, now: DateTime<Utc>) -> Result<Taken, Refused> {
         self.requests += 1;
-        let recent = |t: &Instant| now.duration_since(*t) < MINUTE;
+        let recent = |t: &DateTime<Utc>| now - *t < MINUTE;
         while self.arrived.front().is_some_and(|t| !recent(t)) {
             self.arrived.pop_front();
         }
@@ -104,7 +115,7 @@ impl Traffic {
             Some(limit) if self.taken.len() as u32 >= limit => {
                 self.over += 1;
                 let oldest = self.taken.front().copied().unwrap_or(now);
-                let wait = MINUTE.saturating_sub(now.duration_since(oldest));
+                let wait = (MINUTE - (now - oldest)).to_std().unwrap_or_default();
                 Err(Refused {
                     retry_after: wait.as_secs_f64().ceil().max(1.0) as u64,
                 })
@@ -208,8 +219,8 @@ mod tests {
     #[test]
     fn a_limit_takes_so_many_in_a_rolling_minute_and_counts_the_rest() {
         let mut traffic = Traffic::new(Some(2));
-        let start = Instant::now();
-        let at = |s: u64| start + Duration::from_secs(s);
+        let start = Utc::now();
+        let at = |s: i64| start + TimeDelta::seconds(s);
         assert_eq!(
             traffic.arrive_at(at(0)),
             Ok(Taken {

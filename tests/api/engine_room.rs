@@ -247,6 +247,8 @@ async fn the_engine_room_runs_the_nine_deliveries_to_pro_500_beside_applying_on_
             ("refund", Some("polar".into()), 3),
             ("status-paddle", Some("paddle".into()), 3),
             ("refund-lemonsqueezy", Some("lemonsqueezy".into()), 3),
+            // Offered only on a Stripe source whose provider API is given (the fakes').
+            ("status-thin", None, 3),
         ]
     );
 
@@ -411,7 +413,7 @@ async fn an_unknown_scenario_a_bad_run_or_step_or_a_forged_delivery_is_refused_a
     );
     assert_eq!(
         refused.to_string(),
-        "unknown scenario 'ten-deliveries'; the scenarios are nine-deliveries, subscriptions, status, refund, status-paddle and refund-lemonsqueezy"
+        "unknown scenario 'ten-deliveries'; the scenarios are nine-deliveries, subscriptions, status, refund, status-paddle, refund-lemonsqueezy and status-thin"
     );
 
     let run = room.start("refund").unwrap();
@@ -509,7 +511,7 @@ async fn an_engine_room_naming_a_live_mode_or_unknown_source_is_refused_at_cold_
     let sources: Vec<Option<String>> = room.scenarios().into_iter().map(|s| s.source).collect();
     assert_eq!(
         sources,
-        [None, None, Some("stripe".into()), None, None, None]
+        [None, None, Some("stripe".into()), None, None, None, None]
     );
     let refused = room.start("nine-deliveries").unwrap_err();
     assert_eq!(
@@ -564,7 +566,7 @@ async fn the_admin_api_runs_the_engine_room_and_answers_engine_room_off_without_
         None,
     )
     .await;
-    assert_eq!(listed.body["scenarios"].as_array().map(Vec::len), Some(6));
+    assert_eq!(listed.body["scenarios"].as_array().map(Vec::len), Some(7));
     let refused = call(
         &state,
         "GET",
@@ -760,5 +762,94 @@ async fn inboxctl_scenario_runs_the_paddle_and_lemonsqueezy_variants(pool: PgPoo
             .collect();
         assert_eq!(outcomes[..2], ["applied", "applied"], "{report}");
         assert!(outcomes[2].starts_with("ignored: "), "{report}");
+    }
+}
+
+/// Status sent as Stripe thin events, on a Stripe source whose provider API is the fake Stripe
+/// (docs/design.md §6.6, §12.5): each step has the fake hold the subscription as its change left
+/// it and delivers the change's thin event, and the worker reads the object from the fake; each
+/// read is stored and applied for its thin event, and the run ends where the snapshot events'
+/// `status` ends (`past_due`, the late `active` read older than it).
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_status_scenario_as_thin_events_reads_each_change_from_the_fake_stripe(pool: PgPool) {
+    let mut stage = stage(pool).await;
+    let fake = provider_fakes::stripe::FakeStripe::default();
+    let server = fake.serve().await;
+    provider_fakes::hold::Hold::Stripe(fake.clone())
+        .mount(&server)
+        .await;
+    let mut sources: Value = serde_json::from_str(&stage.sources).unwrap();
+    for source in sources.as_array_mut().unwrap() {
+        if source["kind"] == "stripe" {
+            source["api_base_url"] = json!(server.uri());
+        }
+    }
+    stage.sources = sources.to_string();
+    crate::traffic::with_stripe_api(&mut stage.app.worker, &server);
+    let room = stage.room().await;
+    let run = room.start("status-thin").unwrap();
+    assert_eq!(
+        (run.scenario, run.source.as_str(), run.steps),
+        ("status-thin", "stripe", 3)
+    );
+    let mut answers = Vec::new();
+    for n in 1..=run.steps {
+        answers.push(stage.step(&room, &run.run, n).await);
+    }
+    let outcomes: Vec<(&str, &str, Option<&str>)> = answers
+        .iter()
+        .map(|a| {
+            let event = a.event.as_ref().expect("stored");
+            (
+                a.answer.verdict.as_str(),
+                event.status,
+                event.outcome.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("stored", "applied", Some("applied")),
+            ("stored", "applied", Some("applied")),
+            ("stored", "ignored", Some("ignored")),
+        ]
+    );
+    // Each thin event's read, stored as an event of its own made for it (docs/design.md §6.2).
+    let thin_ids: Vec<i64> = answers
+        .iter()
+        .map(|a| a.event.as_ref().unwrap().event_id)
+        .collect();
+    let read_for: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM inbox_events WHERE made_for = ANY($1) AND dedupe_key LIKE 'read:%'",
+    )
+    .bind(&thin_ids)
+    .fetch_one(&stage.app.pool)
+    .await
+    .unwrap();
+    assert_eq!(read_for, 3, "each thin event applied by its read");
+    let reads: Vec<String> = server
+        .received_requests()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.url.path().starts_with("/v1/subscriptions/"))
+        .map(|r| r.url.path().to_owned())
+        .collect();
+    assert_eq!(reads.len(), 3, "one read a thin event: {reads:?}");
+    let last = answers.last().unwrap();
+    assert_eq!(
+        serde_json::to_value((&last.account, &last.on_arrival)).unwrap(),
+        json!([
+            {"plan": "free", "balance": 500, "status": "past_due"},
+            {"plan": "free", "balance": 10, "status": "active"}
+        ])
+    );
+    for answer in &answers {
+        let event = stage
+            .app
+            .event(answer.event.as_ref().unwrap().event_id)
+            .await;
+        assert_eq!(event.event_type, "v1.customer.subscription.updated");
     }
 }

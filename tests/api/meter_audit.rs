@@ -1,10 +1,10 @@
 //! The meter audit (docs/design.md §4.13a): the reports sent to a Stripe meter compared with
-//! the meter's event summaries over the month — against a fake Stripe (wiremock) whose total
-//! the test sets —, those sent to Polar compared with its meter's quantities — against a fake
-//! Polar that counts the events it holds as Polar does —, and the `inboxctl meters` commands.
+//! the meter's event summaries over the month — against the fake Stripe, whose total the test
+//! sets —, those sent to Polar compared with its meter's quantities — against the fake Polar,
+//! which counts the events it holds as Polar does (docs/design.md §6.6) —, and the `inboxctl
+//! meters` commands.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
@@ -15,14 +15,14 @@ use shared::meters::audit::{self, MeterAudit};
 use shared::meters::Meters;
 use shared::platform::config::SourceConfig;
 use sqlx::PgPool;
-use wiremock::matchers::{method, path, path_regex};
-use wiremock::{Mock, MockServer, Request, ResponseTemplate};
+use wiremock::MockServer;
 
 use crate::cli::{database_url, inboxctl, run};
 use crate::helpers::*;
 use crate::meters::{self, ask, metered_entry, meters_within, polar_on_pro, stripe_on_pro};
+use provider_fakes::polar::FakePolar;
 use provider_fakes::stripe::FakeStripe;
-use provider_fakes::{ProviderServer, POLAR};
+use provider_fakes::ProviderServer;
 
 /// The test source `stripe`, its API at `base`, metered on `api_calls`: as `INBOX_SOURCES`
 /// holds it.
@@ -186,6 +186,52 @@ async fn a_report_sent_moments_ago_waits_until_stripe_has_counted_it(pool: PgPoo
     assert_eq!((found.checked, found.unsettled), (0, 1), "{found:?}");
     assert!(found.differences.is_empty());
     assert!(fake.summaries_asked().is_empty(), "Stripe is not asked yet");
+}
+
+/// The audit's settled window is the store's (`inbox_now()`), the clock every report row is
+/// written on, not the machine's: with the store an hour ahead of the machine (as in the
+/// simulator), a report sent 45 minutes ago by the store's clock, timed 30 minutes ago, is
+/// settled and compared, and Stripe counting less is a difference.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_audit_settles_its_window_on_the_stores_clock_not_the_machines(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_audit_ahead").await;
+    let id = debit(&pool, "cus_audit_ahead", "req_1", 5).await;
+    let store_now = Utc::now() + TimeDelta::hours(1);
+    let occurred_at = store_now - TimeDelta::minutes(30);
+    sqlx::query(
+        "UPDATE meter_reports SET status = 'sent', attempts = 1, first_sent_at = $2,
+                sent_at = $2, occurred_at = $3
+         WHERE id = $1",
+    )
+    .bind(&id)
+    .bind(store_now - TimeDelta::minutes(45))
+    .bind(occurred_at)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let fake = FakeStripe::default();
+    fake.clock_from(store_now);
+    fake.takes("cus_audit_ahead", occurred_at, 2.0);
+    let server = fake.serve().await;
+    let meters = meters_of(&metered(&server.uri()));
+    let ahead = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query("SELECT set_config('inbox.clock_offset_secs', '3600', false)")
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap();
+
+    let found = audit_now(&ahead, &meters).await;
+    assert_eq!((found.checked, found.new), (1, 1), "{found:?}");
+    assert_eq!(recorded(&pool).await, vec![(5, 2.0, false)]);
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
@@ -423,112 +469,23 @@ fn polar_meters() -> Vec<Value> {
     meters
 }
 
-/// A fake Polar meter API (polarsource/polar `server/polar/meter/endpoints.py`): `GET
-/// /v1/meters/` paged as `ListResource` (`page`, `limit` up to 100, `items`, `pagination
-/// {total_count, max_page}`), and `GET /v1/meters/{id}/quantities` counting the events it holds
-/// as `service.py` `get_quantities` does: a bucket at each `interval` from `start_timestamp` to
-/// `end_timestamp` included, each the whole `date_trunc(interval)` of its time in UTC, each
-/// the sum of the customer's events' `value` there, and `total` their sum.
-#[derive(Clone, Default)]
-struct FakePolar {
-    events: Arc<Mutex<Vec<PolarEvent>>>,
-}
-
-/// An event of `api_calls` the fake holds: its customer, `timestamp` and `metadata.value`.
-type PolarEvent = (String, DateTime<Utc>, f64);
-
-impl FakePolar {
-    async fn serve(&self, meters: Vec<Value>) -> ProviderServer {
-        let server = ProviderServer::start(&POLAR).await;
-        let listed = meters.clone();
-        Mock::given(method("GET"))
-            .and(path("/v1/meters/"))
-            .respond_with(move |request: &Request| {
-                let query: HashMap<String, String> =
-                    request.url.query_pairs().into_owned().collect();
-                let page: usize = query.get("page").map_or(1, |p| p.parse().unwrap());
-                let limit: usize = query
-                    .get("limit")
-                    .map_or(10, |l| l.parse::<usize>().unwrap().min(100));
-                assert_eq!(query.get("sorting").map(String::as_str), Some("created_at"));
-                let items: Vec<Value> = listed
-                    .iter()
-                    .skip((page - 1) * limit)
-                    .take(limit)
-                    .cloned()
-                    .collect();
-                ResponseTemplate::new(200).set_body_json(json!({"items": items,
-                    "pagination": {"total_count": listed.len(),
-                                   "max_page": listed.len().div_ceil(limit)}}))
-            })
-            .mount(&server)
-            .await;
-        let fake = self.clone();
-        Mock::given(method("GET"))
-            .and(path_regex(r"^/v1/meters/[^/]+/quantities$"))
-            .respond_with(move |request: &Request| {
-                let id = request.url.path().split('/').nth(3).unwrap().to_owned();
-                if !meters.iter().any(|m| m["id"] == json!(id)) {
-                    return ResponseTemplate::new(404).set_body_json(
-                        json!({"error": "ResourceNotFound", "detail": "Not found"}),
-                    );
-                }
-                let query: HashMap<String, String> =
-                    request.url.query_pairs().into_owned().collect();
-                fake.quantities(id == POLAR_METER, &query)
-            })
-            .mount(&server)
-            .await;
-        server
+/// The fake Polar (`provider_fakes::polar::FakePolar`, docs/design.md §6.6) holding `meters`
+/// and, for `api_calls`, the events `counted` (customer, time, value), as if ingested: its
+/// `GET /v1/meters/` pages them as Polar's `ListResource`, its quantities count its events as
+/// Polar's `get_quantities` does.
+async fn polar_serving(
+    meters: Vec<Value>,
+    counted: &[(&str, DateTime<Utc>, f64)],
+) -> (FakePolar, ProviderServer) {
+    let fake = FakePolar::default();
+    for meter in meters {
+        fake.meter(meter);
     }
-
-    fn quantities(&self, counts: bool, query: &HashMap<String, String>) -> ResponseTemplate {
-        let time = |name: &str| -> DateTime<Utc> { query[name].parse().unwrap() };
-        let (start, end) = (time("start_timestamp"), time("end_timestamp"));
-        assert_eq!(query.get("timezone").map_or("UTC", String::as_str), "UTC");
-        let (step, max_days) = match query["interval"].as_str() {
-            "hour" => (TimeDelta::hours(1), 7),
-            "day" => (TimeDelta::days(1), 366),
-            other => panic!("an interval this fake does not count: {other}"),
-        };
-        // `time_queries.is_under_limits`, on the dates.
-        if start > end || (end.date_naive() - start.date_naive()).num_days() > max_days {
-            return ResponseTemplate::new(422).set_body_json(json!({"detail": [{
-                "loc": ["query"], "type": "value_error",
-                "msg": "The interval is too small for the given date range. Use a larger interval or reduce the date range."}]}));
-        }
-        let customer = query.get("customer_id").cloned();
-        let events = self.events.lock().unwrap().clone();
-        let mut quantities = Vec::new();
-        let mut total = 0.0;
-        let mut at = start;
-        while at <= end {
-            let bucket = at.duration_trunc(step).unwrap();
-            let quantity: f64 = events
-                .iter()
-                .filter(|(c, t, _)| {
-                    counts
-                        && customer.as_ref().is_none_or(|x| x == c)
-                        && t.duration_trunc(step).unwrap() == bucket
-                })
-                .map(|(_, _, v)| v)
-                .sum();
-            total += quantity;
-            quantities.push(
-                json!({"timestamp": at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                                   "quantity": quantity}),
-            );
-            at += step;
-        }
-        ResponseTemplate::new(200).set_body_json(json!({"quantities": quantities, "total": total}))
+    for (customer, at, value) in counted {
+        fake.takes("api_calls", customer, *at, *value);
     }
-
-    fn hold(&self, customer: &str, at: DateTime<Utc>, value: f64) {
-        self.events
-            .lock()
-            .unwrap()
-            .push((customer.to_owned(), at, value));
-    }
+    let server = fake.serve().await;
+    (fake, server)
 }
 
 /// The test source `polar`, its API at `base`, metered on `api_calls`.
@@ -587,12 +544,16 @@ async fn reports_polar_counts_in_full_make_no_difference_over_whole_hours(pool: 
     polar_sent(&pool, POLAR_CUSTOMER, "req_2", 4, earlier).await;
     // Timed in the hour not over yet: outside the window, here and at Polar alike.
     polar_sent(&pool, POLAR_CUSTOMER, "req_3", 5, end).await;
-    let fake = FakePolar::default();
-    for (at, value) in [(earlier, 3.0), (earlier, 4.0), (end, 5.0)] {
-        fake.hold(POLAR_CUSTOMER, at, value);
-    }
-    fake.hold("0f0e2c57-0a47-4bb5-9f0e-2b0e4f3a6d11", earlier, 100.0);
-    let server = fake.serve(polar_meters()).await;
+    let (_fake, server) = polar_serving(
+        polar_meters(),
+        &[
+            (POLAR_CUSTOMER, earlier, 3.0),
+            (POLAR_CUSTOMER, earlier, 4.0),
+            (POLAR_CUSTOMER, end, 5.0),
+            ("0f0e2c57-0a47-4bb5-9f0e-2b0e4f3a6d11", earlier, 100.0),
+        ],
+    )
+    .await;
     let meters = meters_of(&polar_metered(&server.uri()));
 
     let found = audit_now(&pool, &meters).await;
@@ -633,9 +594,7 @@ async fn polar_counting_less_is_one_difference_reported_once_and_resolved_when_i
     polar_on_pro(&app, POLAR_CUSTOMER).await;
     let earlier = Utc::now() - TimeDelta::hours(2);
     polar_sent(&pool, POLAR_CUSTOMER, "req_1", 5, earlier).await;
-    let fake = FakePolar::default();
-    fake.hold(POLAR_CUSTOMER, earlier, 2.0);
-    let server = fake.serve(polar_meters()).await;
+    let (fake, server) = polar_serving(polar_meters(), &[(POLAR_CUSTOMER, earlier, 2.0)]).await;
     let meters = meters_of(&polar_metered(&server.uri()));
 
     let first = audit_now(&pool, &meters).await;
@@ -662,7 +621,7 @@ async fn polar_counting_less_is_one_difference_reported_once_and_resolved_when_i
     );
     assert_eq!(recorded(&pool).await, vec![(5, 2.0, false)]);
 
-    fake.hold(POLAR_CUSTOMER, earlier, 3.0);
+    fake.takes("api_calls", POLAR_CUSTOMER, earlier, 3.0);
     let agreed = audit_now(&pool, &meters).await;
     assert_eq!((agreed.new, agreed.resolved), (0, 1), "{agreed:?}");
     assert!(agreed.differences.is_empty());
@@ -676,14 +635,12 @@ async fn without_a_polar_meter_summing_exactly_the_event_name_the_audit_does_not
     polar_on_pro(&app, POLAR_CUSTOMER).await;
     let earlier = Utc::now() - TimeDelta::hours(2);
     polar_sent(&pool, POLAR_CUSTOMER, "req_1", 5, earlier).await;
-    let fake = FakePolar::default();
-    fake.hold(POLAR_CUSTOMER, earlier, 2.0);
     // Each counts something else than the reports: their number, a part of them, or another
     // event's.
     let narrower = json!([{"property": "name", "operator": "eq", "value": "api_calls"},
                           {"property": "region", "operator": "eq", "value": "eu"}]);
-    let server = fake
-        .serve(vec![
+    let (_fake, server) = polar_serving(
+        vec![
             polar_meter(
                 "11111111-1111-4111-8111-111111111111",
                 0,
@@ -702,8 +659,10 @@ async fn without_a_polar_meter_summing_exactly_the_event_name_the_audit_does_not
                 named("seats"),
                 summed(),
             ),
-        ])
-        .await;
+        ],
+        &[(POLAR_CUSTOMER, earlier, 2.0)],
+    )
+    .await;
     let meters = meters_of(&polar_metered(&server.uri()));
 
     let found = audit_now(&pool, &meters).await;

@@ -1112,3 +1112,48 @@ async fn reports_a_minutes_total_cannot_tell_apart_go_to_an_operator_with_both_t
     let alerts = outbox::collect_alerts(&pool).await.unwrap();
     assert_eq!(alerts.dead.len(), 2);
 }
+
+/// The dev stack's sources on the fakes (`inboxctl dev sources --fakes-port P`, as scripts/dev
+/// gives them, docs/design.md §6.6) are metered: a debit's report is written under the Stripe
+/// source's meter and reaches the fake Stripe's meter on the fakes' port, as `inboxctl usage`
+/// in the dev stack writes and the dispatcher sends it.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_dev_sources_on_the_fakes_report_usage_to_the_fake_stripe_meter(pool: PgPool) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let fake = FakeStripe::default();
+    let server = provider_fakes::ProviderServer::listening(&provider_fakes::STRIPE, listener).await;
+    fake.mount(&server).await;
+    let (output, stdout, stderr) = crate::cli::run(crate::cli::inboxctl().args([
+        "dev",
+        "sources",
+        "--jwks-url",
+        "http://127.0.0.1:61999/jwks.json",
+        "--fakes-port",
+        &port.to_string(),
+    ]));
+    assert!(output.status.success(), "{stderr}");
+    let sources = parse_sources(stdout.trim()).unwrap();
+    let stripe = sources
+        .iter()
+        .find(|s| s.kind == SourceKind::Stripe)
+        .unwrap();
+    let meter = stripe
+        .meter
+        .as_ref()
+        .and_then(|m| m.name())
+        .expect("the dev Stripe source has a meter on the fakes");
+    let app = TestApp::spawn(pool.clone()).await;
+    stripe_on_pro(&app, "cus_dev_fakes").await;
+    let who = customer("cus_dev_fakes");
+    let id = debit(&pool, &ask(&stripe.name, &who, "req_dev", 3, Some(meter)))
+        .await
+        .reported
+        .expect("a metered debit writes its report");
+    assert_eq!(send(&pool, &meters_of(&sources), &id).await, Reported::Sent);
+    assert_eq!(
+        fake.total("cus_dev_fakes"),
+        3.0,
+        "the fake's api_calls counts it"
+    );
+}

@@ -80,7 +80,7 @@ use tokio::sync::Notify;
 
 use crate::helpers::*;
 use crate::order::{self, case_strategy, Case, Event};
-use provider_fakes::stripe::{Asked as MeterRequest, FakeStripe, Fault as MeterFault};
+use provider_fakes::stripe::{Asked as MeterRequest, FakeStripe, Fault as MeterFault, Forgets};
 use provider_fakes::traffic::Fault as PolarFault;
 use provider_fakes::{FakePolar, ProviderServer};
 
@@ -462,35 +462,45 @@ static LEMONSQUEEZY_READS_KEPT: AtomicUsize = AtomicUsize::new(0);
 
 /// Fetch faults one thin event may suffer: with the schedule's three, fewer than its attempts.
 const MAX_READ_FAULTS: u32 = 2;
+/// The worker's client gives up on a read after this; a read that times out answers three
+/// times later (long enough for a loaded machine's ordinary answer to come well before it).
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Stripe's API as the worker's reads meet it, served in process as the feed is. A thin
-/// event's object is the subscription as Stripe shows it at the read: the workload's changes
-/// all happened before the run (their times are months before its clock; the deliveries are
-/// a backlog), so that is each subscription's latest change. The read stands for its thin
-/// event (stamped with the thin event's time), so every read is made in a later month than
-/// the change it stands for. An invoice's subscription that no event names (`subinv…`) is
-/// read the same way, on dice of its own. On its own dice a read answers 500 or times out; a
-/// few subscriptions are deleted after a number of reads (their test data removed) and answer
-/// 404 from then on. A tie's read answers "unknown", so the status rank settles ties as it did
-/// before the source had a key. A summary that says `has_more` reads its customer's active
-/// entitlements, which Stripe lists as they are at the read: its latest summary's whole list
-/// (404 for a customer Stripe deleted), with faults on dice of their own.
+/// The providers' APIs as the worker's reads meet them. Stripe's is the faithful fake Stripe's
+/// read side (`provider_fakes`, docs/design.md §6.6), served in process and checked against
+/// Stripe's description; what it holds, and what goes wrong, is the simulation's, decided here
+/// on the dice this state keeps ([`SimReads::stripe_read`]). Paddle's and Lemon Squeezy's are
+/// served here ([`SimReads::read`]).
+///
+/// A thin event's object is the subscription as Stripe shows it at the read: the workload's
+/// changes all happened before the run (their times are months before its clock; the deliveries
+/// are a backlog), so that is each subscription's latest change. The read stands for its thin
+/// event (stamped with the thin event's time), so every read is made in a later month than the
+/// change it stands for. An invoice's subscription that no event names (`subinv…`) is read the
+/// same way, on dice of its own; it is on a test clock, so a list that names no customer
+/// leaves it out, as Stripe's does. On its own dice a read answers 500 or times out; a few
+/// subscriptions are deleted after a number of reads (their test data removed) and answer 404
+/// from then on. A tie's read answers what Stripe shows, the subscription's latest change, which
+/// settles the tie as the provider's word (docs/design.md §4.2). A summary that says `has_more`
+/// reads its customer's active entitlements, which Stripe lists as they are at the read: its
+/// latest summary's whole list (404 for a customer Stripe deleted), with faults on dice of
+/// their own.
 #[derive(Clone)]
 struct SimReads(Arc<Mutex<ReadsState>>);
 
 struct ReadsState {
     dice: Dice,
-    /// The faults of invoices' subscription reads, apart from the thin events' dice.
+    /// The faults of Stripe's thin events' reads.
+    /// The faults of invoices' subscription reads (every provider's), apart from the thin events' dice.
     invoice_dice: Dice,
     /// The faults of entitlement list reads, apart from the others.
     list_dice: Dice,
-    /// What Stripe shows per subscription id, in the shape of the pinned version (basil).
+    /// What each provider shows per subscription id (Stripe's in the shape of the pinned
+    /// version, basil; the fake Stripe holds those not deleted yet).
     objects: HashMap<String, Value>,
     /// What Stripe lists per customer id: its latest summary (its case index) and that
     /// summary's whole list of active entitlements.
     entitlements: BTreeMap<String, (usize, Vec<Value>)>,
-    /// The customers Stripe deleted: their entitlements answer 404.
-    deleted: HashSet<String>,
     /// Subscriptions deleted after this many more reads.
     gone_after: HashMap<String, u32>,
     /// Fetch faults suffered per thin event.
@@ -500,17 +510,13 @@ struct ReadsState {
 }
 
 impl SimReads {
-    /// `GET path` for the event `thin` (a thin event's id, or an invoice's subscription id);
-    /// `invoice`: an invoice's subscription read, on its own dice.
-    fn read(&self, thin: &str, path: &str, invoice: bool) -> anyhow::Result<Option<Value>> {
+    /// `GET path` of Paddle's or Lemon Squeezy's subscription `thin`, read for an invoice
+    /// that came before it, on the invoices' dice.
+    fn read(&self, thin: &str, path: &str) -> anyhow::Result<Option<Value>> {
         let mut reads = self.0.lock().unwrap();
         let faulted = reads.faulted.get(thin).copied().unwrap_or_default();
         if reads.faults && faulted < MAX_READ_FAULTS {
-            let dice = match invoice {
-                true => &mut reads.invoice_dice,
-                false => &mut reads.dice,
-            };
-            let fault = match dice.below(100) {
+            let fault = match reads.invoice_dice.below(100) {
                 0..=7 => Some("answered 500 Internal Server Error"),
                 8..=12 => Some("timed out"),
                 _ => None,
@@ -543,83 +549,78 @@ impl SimReads {
         Ok(object)
     }
 
-    /// `GET /v1/subscriptions?status=all` for a notice's sweep, one page: every Stripe
-    /// subscription as Stripe shows it now (those already deleted left out), by id. Not the
-    /// subscriptions only invoices name (`subinv…`): an invoice takes such a subscription's
-    /// plan from the register as the worker finds it, so a swept read stamped after the invoice
-    /// and applied before it gives the invoice a plan the fold, in provider order, does not
-    /// (docs/design.md §4.11, what the fold does not settle); the seeds keep to what it settles.
-    fn list_subscriptions(&self) -> Vec<Value> {
-        let mut reads = self.0.lock().unwrap();
-        let listed: Vec<Value> = reads
-            .objects
-            .iter()
-            .filter(|(id, object)| {
-                object["object"] == "subscription"
-                    && !id.starts_with("subinv")
-                    && reads.gone_after.get(*id) != Some(&0)
-            })
-            .map(|(id, object)| (id.clone(), object.clone()))
-            .collect::<BTreeMap<_, _>>()
-            .into_values()
-            .collect();
-        let ids: Vec<&str> = listed.iter().filter_map(|o| o["id"].as_str()).collect();
-        let line = format!("GET /v1/subscriptions?status=all lists {ids:?}");
-        SWEPT.fetch_add(listed.len(), Ordering::Relaxed);
-        reads.trace.push(line);
-        listed
-    }
-
-    /// `GET /v1/entitlements/active_entitlements?customer=…`, every page, for the summary
-    /// `carrier`: the summary the worker's read assembles from the pages
-    /// (`entitlements::read_summary`), the customer's whole list as Stripe shows it at the
-    /// read; `None` (404) for a customer Stripe deleted or never had.
-    fn list(
-        &self,
-        carrier: &shared::providers::Carrier,
-        path: &str,
-    ) -> anyhow::Result<Option<Value>> {
+    /// What goes wrong with a read at the fake Stripe (its decider, asked while its read side
+    /// is held), on the dice the reads were always drawn on: a thin event's read and a
+    /// summary's list read (each names its event, `Stripe-Request-Trigger`) on their own dice,
+    /// an invoice's subscription read (`subinv…`) on the invoices' (shared with Paddle's and
+    /// Lemon Squeezy's), at most [`MAX_READ_FAULTS`] for each; a tie's read, a sweep's list and
+    /// any other read draw nothing. A subscription deleted after so many reads is deleted
+    /// (`forgets`) once the last read it answers is answered.
+    fn stripe_read(&self, asked: &MeterRequest<'_>, forgets: &Forgets) -> Option<MeterFault> {
         use shared::providers::stripe::entitlements::LIST_PATH;
+        #[derive(PartialEq)]
+        enum Drawn {
+            Thin,
+            Invoice,
+            List,
+        }
+        let path = asked.endpoint;
+        let subscription = path.strip_prefix("/v1/subscriptions/");
+        let (key, drawn) = match (asked.trigger, subscription) {
+            (Some(event), _) if path == LIST_PATH => (event, Drawn::List),
+            (Some(event), _) => (event, Drawn::Thin),
+            (None, Some(id)) if id.starts_with("subinv") => (id, Drawn::Invoice),
+            _ => return None,
+        };
         let mut reads = self.0.lock().unwrap();
-        let summary = carrier.id.as_str();
-        let faulted = reads.faulted.get(summary).copied().unwrap_or_default();
+        let faulted = reads.faulted.get(key).copied().unwrap_or_default();
         if reads.faults && faulted < MAX_READ_FAULTS {
-            let fault = match reads.list_dice.below(100) {
-                0..=7 => Some("answered 500 Internal Server Error"),
-                8..=12 => Some("timed out"),
+            let dice = match drawn {
+                Drawn::Thin => &mut reads.dice,
+                Drawn::Invoice => &mut reads.invoice_dice,
+                Drawn::List => &mut reads.list_dice,
+            };
+            let fault = match dice.below(100) {
+                0..=7 => Some((
+                    "answered 500 Internal Server Error",
+                    MeterFault::Fails(
+                        500,
+                        json!({"error": {"type": "api_error", "message": "An unknown error occurred"}}),
+                    ),
+                )),
+                8..=12 => Some(("timed out", MeterFault::Slow(READ_TIMEOUT * 3))),
                 _ => None,
             };
-            if let Some(fault) = fault {
-                reads.faulted.insert(summary.to_owned(), faulted + 1);
-                LIST_READ_FAULTS.fetch_add(1, Ordering::Relaxed);
-                reads
-                    .trace
-                    .push(format!("GET {path} for {summary} {fault}"));
-                anyhow::bail!("GET {path}: {fault}");
+            if let Some((said, fault)) = fault {
+                reads.faulted.insert(key.to_owned(), faulted + 1);
+                match drawn {
+                    Drawn::List => LIST_READ_FAULTS.fetch_add(1, Ordering::Relaxed),
+                    _ => READ_FAULTS.fetch_add(1, Ordering::Relaxed),
+                };
+                reads.trace.push(format!("GET {path} for {key} {said}"));
+                return Some(fault);
             }
         }
-        let customer = path
-            .strip_prefix(LIST_PATH)
-            .and_then(|q| q.strip_prefix("?customer="))
-            .unwrap_or_default();
-        let listed = match reads.deleted.contains(customer) {
-            true => None,
-            false => reads.entitlements.get(customer).map(|(_, l)| l.clone()),
+        if let Some(id) = subscription {
+            if let Some(left) = reads.gone_after.get_mut(id) {
+                if *left == 0 {
+                    reads
+                        .trace
+                        .push(format!("GET {path} for {key} answered 404 (deleted)"));
+                    return None;
+                }
+                *left -= 1;
+                if *left == 0 {
+                    forgets.forget(id);
+                }
+            }
+        }
+        let line = match drawn {
+            Drawn::List => format!("GET {path}?{} for {key}", asked.identifier),
+            _ => format!("GET {path} for {key}"),
         };
-        let Some(listed) = listed else {
-            reads
-                .trace
-                .push(format!("GET {path} for {summary} answered 404"));
-            return Ok(None);
-        };
-        reads
-            .trace
-            .push(format!("GET {path} for {summary} lists {}", listed.len()));
-        let mut whole =
-            shared::providers::stripe::fixtures::entitlement_summary(customer, listed, false);
-        whole["entitlements"]["url"] = json!(LIST_PATH);
-        whole["livemode"] = json!(carrier.livemode);
-        Ok(Some(whole))
+        reads.trace.push(line);
+        None
     }
 }
 
@@ -632,33 +633,13 @@ impl Reads for SimReads {
         Box::pin(std::future::ready(Ok(None)))
     }
 
-    fn carried_object<'a>(
-        &'a self,
-        thin: &'a shared::providers::Carrier,
-        path: &'a str,
-    ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
-        let listed = path.starts_with(shared::providers::stripe::entitlements::LIST_PATH);
-        Box::pin(std::future::ready(match listed {
-            true => self.list(thin, path),
-            false => self.read(&thin.id, path, false),
-        }))
-    }
-
     fn subscription_object<'a>(
         &'a self,
         _customer: &'a shared::domain::CustomerId,
         id: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<Option<Value>>> {
         let path = format!("/v1/subscriptions/{id}");
-        Box::pin(std::future::ready(self.read(id, &path, true)))
-    }
-
-    fn subscriptions_page<'a>(
-        &'a self,
-        _context: Option<&'a str>,
-        _after: Option<&'a str>,
-    ) -> BoxFuture<'a, anyhow::Result<(Vec<Value>, Option<String>)>> {
-        Box::pin(std::future::ready(Ok((self.list_subscriptions(), None))))
+        Box::pin(std::future::ready(self.read(id, &path)))
     }
 }
 
@@ -674,6 +655,10 @@ static METER_SENDS: AtomicUsize = AtomicUsize::new(0);
 static METER_RESENDS: AtomicUsize = AtomicUsize::new(0);
 static METER_REPLAYED: AtomicUsize = AtomicUsize::new(0);
 static METER_FAULTS: AtomicUsize = AtomicUsize::new(0);
+/// Requests the fake Stripe's rate limiter refused (reads and meter reports together).
+static STRIPE_OVER_LIMIT: AtomicUsize = AtomicUsize::new(0);
+/// Requests the fake Stripe answered (reads and meter reports together).
+static STRIPE_REQUESTS: AtomicUsize = AtomicUsize::new(0);
 static METER_HELD: AtomicUsize = AtomicUsize::new(0);
 static METER_CANCELLED: AtomicUsize = AtomicUsize::new(0);
 static METER_COMPENSATED: AtomicUsize = AtomicUsize::new(0);
@@ -730,6 +715,7 @@ fn polar_faults(dice: Dice) -> impl FnMut(&str, &str) -> Option<PolarFault> + Se
             endpoint: path,
             identifier: external_id,
             idempotency_key: None,
+            trigger: None,
         };
         stripe(&asked).map(|fault| match fault {
             MeterFault::Fails(status, _) => PolarFault::Fails(status),
@@ -752,6 +738,17 @@ fn meter_api(server: &wiremock::MockServer) -> shared::providers::Api {
         client_id: None,
         http,
         budget: None,
+    }
+}
+
+/// The worker's client for Stripe's reads: it gives up after [`READ_TIMEOUT`].
+fn read_api(server: &wiremock::MockServer) -> shared::providers::Api {
+    shared::providers::Api {
+        http: reqwest::Client::builder()
+            .timeout(READ_TIMEOUT)
+            .build()
+            .unwrap(),
+        ..meter_api(server)
     }
 }
 
@@ -1018,15 +1015,39 @@ impl World {
             list_dice: Dice::new(seed ^ 0x5EA7_7EAD),
             objects: HashMap::new(),
             entitlements: BTreeMap::new(),
-            deleted: HashSet::new(),
             gone_after: HashMap::new(),
             faulted: HashMap::new(),
             faults: true,
             trace: Vec::new(),
         })));
+        // One fake Stripe account: the worker's reads and the dispatcher's meter reports. Its
+        // windows (a key's and an identifier's 24 hours, a cancel's, a timestamp's 35 days past
+        // and 5 minutes ahead, the rate limiter's seconds) are the simulation's time, not the
+        // wall clock's; its faults are the simulation's dice.
+        let fake_clock: provider_fakes::stripe::Clock = {
+            let clock = clock.clone();
+            Arc::new(move || clock.now())
+        };
+        let meter = FakeStripe::default();
+        let forgets = meter.forgetting();
+        let decides = reads.clone();
+        meter
+            .clocked(fake_clock.clone())
+            .deciding(meter_faults(Dice::new(seed ^ 0x003E_7E12)))
+            .deciding_reads(move |asked: &MeterRequest<'_>| decides.stripe_read(asked, &forgets));
+        let meter_server = meter.serve().await;
+        worker.sources.insert(
+            "stripe".into(),
+            shared::handlers::worker::WorkerSource {
+                kind: shared::domain::SourceKind::Stripe,
+                livemode: None,
+                reads: Some(Box::new(shared::providers::stripe::StripeReads::new(
+                    read_api(&meter_server),
+                ))),
+            },
+        );
         // So do Paddle's and Lemon Squeezy's: a payment before its subscription reads it.
         for (name, kind) in [
-            ("stripe", shared::domain::SourceKind::Stripe),
             ("paddle", shared::domain::SourceKind::Paddle),
             ("lemonsqueezy", shared::domain::SourceKind::LemonSqueezy),
         ] {
@@ -1078,18 +1099,8 @@ impl World {
         };
         let scheduler = scheduler_with(&feed);
         let other_scheduler = scheduler_with(&feed);
-        // Both fakes read the simulated time: Stripe's windows (a key's and an identifier's 24
-        // hours, a cancel's, a timestamp's 35 days past and 5 minutes ahead) and Polar's
-        // "must be in the past" are the simulation's, not the wall clock's.
-        let fake_clock: provider_fakes::stripe::Clock = {
-            let clock = clock.clone();
-            Arc::new(move || clock.now())
-        };
-        let meter = FakeStripe::default();
-        meter
-            .clocked(fake_clock.clone())
-            .deciding(meter_faults(Dice::new(seed ^ 0x003E_7E12)));
-        let meter_server = meter.serve().await;
+        // Polar reads the simulated time too: its "must be in the past" and its rate limit's
+        // minute are the simulation's.
         let polar = FakePolar::default();
         polar
             .clocked(fake_clock)
@@ -2210,6 +2221,9 @@ impl World {
             )));
         }
         METER_HELD.fetch_add(held.len(), Ordering::Relaxed);
+        let seen = self.meter.rate_seen();
+        STRIPE_REQUESTS.fetch_add(seen.requests as usize, Ordering::Relaxed);
+        STRIPE_OVER_LIMIT.fetch_add(seen.over_limit as usize, Ordering::Relaxed);
         METER_CANCELLED.fetch_add(cancelled.len(), Ordering::Relaxed);
         METER_COMPENSATED.fetch_add(
             held.values().filter(|(_, value)| *value < 0).count(),
@@ -2524,8 +2538,12 @@ impl World {
 
     /// What Stripe shows of each subscription: its latest change (ties by the case's order),
     /// in the pinned version's shape (basil: the period end on the items); some are deleted
-    /// after a few reads.
+    /// after a few reads. The fake Stripe holds Stripe's; the rest stays in [`SimReads`].
     fn show_provider_state(&mut self, seed: u64, case: &Case) {
+        // What the fake Stripe is given to hold, once this state is let go (its decider locks
+        // this state while its read side is held).
+        let mut stripe_holds: Vec<Value> = Vec::new();
+        let mut stripe_lists: Vec<(String, Vec<Value>)> = Vec::new();
         let mut dice = Dice::new(seed ^ 0x6013);
         let mut latest: BTreeMap<String, (u32, usize)> = BTreeMap::new();
         for (index, event) in case.events.iter().enumerate() {
@@ -2552,6 +2570,9 @@ impl World {
             }
             if dice.chance(10) {
                 reads.gone_after.insert(id.clone(), dice.below(3) as u32);
+            }
+            if reads.gone_after.get(&id) != Some(&0) {
+                stripe_holds.push(object.clone());
             }
             reads.objects.insert(id, object);
         }
@@ -2625,16 +2646,21 @@ impl World {
                 ["active", "active", "trialing", "past_due", "canceled"][dice.below(5) as usize];
             let price = ["price_pro", "price_team", "price_legacy"][dice.below(3) as usize];
             let period_end = order::time(0).timestamp() + 30 * 86_400;
-            reads.objects.insert(
-                id.clone(),
-                json!({"id": id, "object": "subscription",
-                       "customer": order::customer_id(customer, &self.ns), "status": status,
-                       "cancel_at_period_end": false, "cancel_at": null, "trial_end": null,
-                       "ended_at": null,
-                       "items": {"data": [{"price": {"id": price}, "current_period_end": period_end}]}}),
-            );
+            // On a test clock: a list that names no customer leaves it out, as a notice's sweep
+            // does (`test_clock`, docs/design.md §6.6). A swept read of it stamped after its
+            // invoice and applied before it would give the invoice a plan the fold, in
+            // provider order, does not (§4.11, what the fold does not settle): the seeds keep to
+            // what it settles.
+            let object = json!({"id": id, "object": "subscription",
+                   "customer": order::customer_id(customer, &self.ns), "status": status,
+                   "cancel_at_period_end": false, "cancel_at": null, "trial_end": null,
+                   "ended_at": null, "test_clock": format!("clock_{}", self.ns),
+                   "items": {"data": [{"price": {"id": price}, "current_period_end": period_end}]}});
+            reads.objects.insert(id.clone(), object.clone());
             if dice.chance(10) {
                 reads.gone_after.insert(id.clone(), 0);
+            } else {
+                stripe_holds.push(object);
             }
         }
         // Each customer's active entitlements: its latest summary's whole list (by time, then
@@ -2649,7 +2675,8 @@ impl World {
                     }
                 }
                 Event::StripeCustomerDeleted { customer, .. } => {
-                    reads.deleted.insert(order::customer_id(customer, &self.ns));
+                    let id = order::customer_id(customer, &self.ns);
+                    stripe_holds.push(json!({"id": id, "object": "customer", "deleted": true}));
                 }
                 _ => {}
             }
@@ -2659,7 +2686,15 @@ impl World {
                 continue;
             };
             let listed = order::active_entitlements(customer, keys);
+            stripe_lists.push((id.clone(), listed.clone()));
             reads.entitlements.insert(id, (index, listed));
+        }
+        drop(reads);
+        for object in stripe_holds {
+            self.meter.holds(object);
+        }
+        for (customer, listed) in stripe_lists {
+            self.meter.entitlements_of(None, &customer, listed);
         }
     }
 
@@ -2766,8 +2801,9 @@ impl World {
         .unwrap();
         // Of the subscriptions the notices swept, those whose register already showed what
         // Stripe lists (stored as reads all the same, docs/design.md §6.2).
-        let matched: i64 = sqlx::query_scalar(
-            "SELECT COALESCE(sum(h.listed - h.differing), 0)::bigint
+        let (listed, matched): (i64, i64) = sqlx::query_as(
+            "SELECT COALESCE(sum(h.listed), 0)::bigint,
+                    COALESCE(sum(h.listed - h.differing), 0)::bigint
              FROM health_sweeps h JOIN inbox_events n ON n.id = h.event_id
              WHERE n.dedupe_key LIKE '%\\_' || $1",
         )
@@ -2775,6 +2811,7 @@ impl World {
         .fetch_one(&self.admin)
         .await
         .unwrap();
+        SWEPT.fetch_add(listed as usize, Ordering::Relaxed);
         SWEPT_MATCHING.fetch_add(matched as usize, Ordering::Relaxed);
         INVOICE_READS.fetch_add(invoices as usize, Ordering::Relaxed);
         PADDLE_READS.fetch_add(paddle as usize, Ordering::Relaxed);
@@ -3549,6 +3586,11 @@ async fn seeds(pool: PgPool) {
         THIN_TWIN.load(Ordering::Relaxed),
         THIN_GONE.load(Ordering::Relaxed),
         READ_FAULTS.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "sim: the fake Stripe answered {} requests (reads and meter reports), {} of them refused for the rate",
+        STRIPE_REQUESTS.load(Ordering::Relaxed),
+        STRIPE_OVER_LIMIT.load(Ordering::Relaxed),
     );
     eprintln!(
         "sim: {} invoices' subscription reads applied ({} for Paddle renewals, {} for Lemon Squeezy invoices); {} reads of a change made 2 s before a month began",

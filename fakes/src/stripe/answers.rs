@@ -18,6 +18,9 @@ pub struct Asked<'a> {
     /// (`customer=cus_1`, empty when it has none).
     pub identifier: &'a str,
     pub idempotency_key: Option<&'a str>,
+    /// The event a read is made for, as the client names it (`Stripe-Request-Trigger:
+    /// event=evt_…`, sent with a thin event's read); `None` for a request that names none.
+    pub trigger: Option<&'a str>,
 }
 
 /// What goes wrong with a request that reaches an endpoint, decided per request by a test or a

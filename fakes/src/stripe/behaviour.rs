@@ -613,4 +613,78 @@ mod reads {
         );
         assert_eq!(get(&server, "sk_test_x", path, &[], None).await.0, 200);
     }
+
+    #[tokio::test]
+    async fn a_list_leaves_out_test_clock_subscriptions_and_a_deleted_customers_entitlements() {
+        let fake = FakeStripe::default();
+        fake.holds(
+            json!({"id": "sub_1", "object": "subscription", "created": 1,
+                          "customer": "cus_1", "status": "active"}),
+        );
+        fake.holds(
+            json!({"id": "sub_clock", "object": "subscription", "created": 2,
+                          "customer": "cus_1", "status": "active", "test_clock": "clock_1"}),
+        );
+        fake.entitles(None, "cus_gone", &["sso"]);
+        fake.holds(json!({"id": "cus_gone", "object": "customer", "deleted": true}));
+        let server = fake.serve().await;
+        let listed = |query: &'static [(&'static str, &'static str)]| {
+            let server = &server;
+            async move {
+                get(server, "sk_test_x", "/v1/subscriptions", query, None)
+                    .await
+                    .1
+            }
+        };
+        assert_eq!(ids(&listed(&[("status", "all")]).await), ["sub_1"]);
+        assert_eq!(
+            ids(&listed(&[("status", "all"), ("customer", "cus_1")]).await),
+            ["sub_clock", "sub_1"]
+        );
+        assert_eq!(
+            ids(&listed(&[("test_clock", "clock_1")]).await),
+            ["sub_clock"]
+        );
+        let (status, body, _) = get(
+            &server,
+            "sk_test_x",
+            "/v1/entitlements/active_entitlements",
+            &[("customer", "cus_gone")],
+            None,
+        )
+        .await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (404, Some("resource_missing"))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_decider_deletes_an_object_once_the_read_it_decides_is_answered() {
+        let fake = FakeStripe::default();
+        fake.holds(json!({"id": "sub_1", "object": "subscription", "created": 1}));
+        let forgets = fake.forgetting();
+        let triggers = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = triggers.clone();
+        fake.deciding_reads(move |asked: &crate::stripe::Asked<'_>| {
+            seen.lock().unwrap().push(asked.trigger.map(str::to_owned));
+            forgets.forget("sub_1");
+            None
+        });
+        let server = fake.serve().await;
+        let path = "/v1/subscriptions/sub_1";
+        let read = reqwest::Client::new()
+            .get(format!("{}{path}", server.uri()))
+            .bearer_auth("sk_test_x")
+            .header("Stripe-Request-Trigger", "event=evt_thin")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(read.status(), 200, "the read that deletes it finds it");
+        assert_eq!(get(&server, "sk_test_x", path, &[], None).await.0, 404);
+        assert_eq!(
+            *triggers.lock().unwrap(),
+            [Some("evt_thin".to_owned()), None]
+        );
+    }
 }

@@ -386,6 +386,7 @@ impl MeterSide {
                         endpoint,
                         identifier: &identifier,
                         idempotency_key: key.as_deref(),
+                        trigger: None,
                     };
                     state.decider.as_mut().and_then(|d| d.decide(&asked))
                 }

@@ -29,7 +29,7 @@ use wiremock::MockServer;
 pub use answers::{rate_limited, Asked, Fault, Faults};
 pub use clock::Clock;
 pub use meter::{Adjustment, MeterEvent};
-pub use reads::{Mode, On, RateSeen};
+pub use reads::{Forgets, Mode, On, RateSeen};
 
 use answers::RequestIds;
 use clock::Time;
@@ -144,6 +144,13 @@ impl FakeStripe {
     pub fn deciding_reads(&self, faults: impl Faults + 'static) -> &Self {
         self.reads.deciding(Some(Box::new(faults)));
         self
+    }
+
+    /// Where a read decider (which runs while the read side is held) deletes objects: each
+    /// deleted once the read being answered is answered ([`Forgets::forget`]), so a simulation
+    /// can delete its test data after so many reads.
+    pub fn forgetting(&self) -> Forgets {
+        self.reads.forgetting()
     }
 
     /// Stops asking the deciders: every request from now on goes as Stripe would have it.

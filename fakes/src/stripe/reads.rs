@@ -8,7 +8,7 @@
 //!   `Stripe-Account` (or `Stripe-Context`) names; an object it does not hold is a 404
 //!   `resource_missing` shaped as Stripe shapes errors;
 //! - lists: `GET /v1/events` (`created[…]`, `types[]`, `type` with `*`, `delivery_success`),
-//!   `GET /v1/subscriptions` (`status`, `customer`), `GET /v1/invoice_payments` (`invoice`,
+//!   `GET /v1/subscriptions` (`status`, `customer`, `test_clock`), `GET /v1/invoice_payments` (`invoice`,
 //!   `payment[…]`), `GET /v1/entitlements/active_entitlements` (`customer`): `limit` 1 to 100
 //!   (10 by default), `starting_after`/`ending_before`, `has_more`, `url`, newest first;
 //! - the rate limiter, before anything else (idempotency included): Stripe's global limit for
@@ -146,6 +146,9 @@ struct Reads {
     faults: Vec<(On, Fault, usize)>,
     /// The test's own per-request decider, after the scripted faults.
     decider: Option<Box<dyn Faults>>,
+    /// Objects to delete once the read being answered is answered (a decider's, which runs
+    /// while this state is held, through [`Forgets`]).
+    forgotten: Forgets,
     /// Read requests so far (for [`On::Nth`]).
     reads: usize,
     /// The mode of a request whose key names none.
@@ -163,6 +166,26 @@ impl Reads {
 
     fn request_id(&mut self) -> String {
         self.ids.next()
+    }
+}
+
+/// Deletions asked for while the read side answers (by a decider, which runs under its lock):
+/// each object named is deleted as soon as the read being answered, if any, is answered, so
+/// the read that deletes it still finds it and every later one is a 404. Clones share it.
+#[derive(Clone, Default)]
+pub struct Forgets(Arc<Mutex<Vec<String>>>);
+
+impl Forgets {
+    /// The account deletes the object `id` once the read being answered is answered.
+    pub fn forget(&self, id: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(id.to_owned());
+    }
+
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
@@ -386,8 +409,21 @@ impl ReadSide {
 }
 
 impl Reads {
-    /// The answer to a read.
+    /// The answer to a read, then the deletions asked for meanwhile.
     fn answer(&mut self, request: &Request) -> Answered {
+        self.delete_forgotten();
+        let answered = self.answer_now(request);
+        self.delete_forgotten();
+        answered
+    }
+
+    fn delete_forgotten(&mut self) {
+        for id in self.forgotten.take() {
+            self.objects.retain(|h| h.object["id"] != id.as_str());
+        }
+    }
+
+    fn answer_now(&mut self, request: &Request) -> Answered {
         self.reads += 1;
         let path = request.url.path().to_owned();
         let n = self.reads;
@@ -407,10 +443,16 @@ impl Reads {
             Some(fault) => Some(fault),
             None => {
                 let query = request.url.query().unwrap_or_default();
+                let trigger = request
+                    .headers
+                    .get("stripe-request-trigger")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("event="));
                 let asked = Asked {
                     endpoint: &path,
                     identifier: query,
                     idempotency_key: None,
+                    trigger,
                 };
                 self.decider.as_mut().and_then(|d| d.decide(&asked))
             }
@@ -455,6 +497,19 @@ impl Reads {
                         Some("customer"),
                     );
                 };
+                // A customer the account deleted ("Permanently deletes a customer. It cannot
+                // be undone.", docs.stripe.com/api/customers/delete) is no longer one a list
+                // can name: `resource_missing`, "No such customer" (the fake's reading: the
+                // list's page does not say).
+                let deleted = self.objects.iter().any(|h| {
+                    h.context == context
+                        && h.object["id"] == customer
+                        && h.object["object"] == "customer"
+                        && h.object["deleted"] == true
+                });
+                if deleted {
+                    return missing("customer", customer, "customer");
+                }
                 let listed = self
                     .entitlements
                     .get(&(context, customer.to_owned()))
@@ -466,6 +521,7 @@ impl Reads {
             ["v1", "subscriptions"] => {
                 let status = get(&query, "status");
                 let customer = get(&query, "customer");
+                let test_clock = get(&query, "test_clock");
                 let listed = self.newest_first(&self.objects, &context, "subscription", |s| {
                     let is = s.get("status").and_then(Value::as_str).unwrap_or_default();
                     // "If no value is supplied, all subscriptions that have not been canceled
@@ -478,7 +534,19 @@ impl Reads {
                         Some("ended") => is == "canceled" || is == "incomplete_expired",
                         Some(wanted) => is == wanted,
                     };
-                    status_fits && customer.is_none_or(|c| s.get("customer") == Some(&json!(c)))
+                    // "`test_clock`: Filter for subscriptions that are associated with the
+                    // specified test clock. The response will not include subscriptions with
+                    // test clocks if this and the customer parameter is not set."
+                    // (stripe/openapi, `GET /v1/subscriptions`' `test_clock`)
+                    let on_clock = s.get("test_clock").and_then(Value::as_str);
+                    let clock_fits = match (test_clock, customer) {
+                        (Some(wanted), _) => on_clock == Some(wanted),
+                        (None, Some(_)) => true,
+                        (None, None) => on_clock.is_none(),
+                    };
+                    status_fits
+                        && clock_fits
+                        && customer.is_none_or(|c| s.get("customer") == Some(&json!(c)))
                 });
                 page(path, listed, &query)
             }
@@ -838,6 +906,11 @@ impl ReadSide {
     /// Asks `faults` what goes wrong with each read once no scripted fault is left.
     pub(super) fn deciding(&self, faults: Option<Box<dyn Faults>>) {
         self.reads().decider = faults;
+    }
+
+    /// Where a decider asks for objects to be deleted.
+    pub(super) fn forgetting(&self) -> Forgets {
+        self.reads().forgotten.clone()
     }
 
     /// The mode of a request whose key names none (`sk_live_…`/`sk_test_…` name theirs).

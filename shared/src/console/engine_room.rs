@@ -8,13 +8,14 @@ use serde_json::Value;
 use super::view::{list, text, Links};
 
 /// The reference scenarios, offered when the answer names none.
-const SCENARIOS: [&str; 6] = [
+const SCENARIOS: [&str; 7] = [
     "nine-deliveries",
     "subscriptions",
     "status",
     "refund",
     "status-paddle",
     "refund-lemonsqueezy",
+    "status-thin",
 ];
 
 pub(super) fn render(data: &Value, links: Links) -> Markup {

@@ -94,7 +94,12 @@ pub async fn run(
     }
     let sources: Vec<String> = audited.iter().map(|(s, _, _)| s.to_string()).collect();
     let names: Vec<String> = audited.iter().map(|(_, n, _)| n.to_string()).collect();
-    let now = Utc::now();
+    // The store's clock, which every report row is written on (`first_sent_at`, `sent_at`,
+    // `occurred_at`), as the dispatcher reads it at the claim: the machine's may differ.
+    let now = sqlx::query_scalar!(r#"SELECT inbox_now() AS "now!""#)
+        .fetch_one(exec(pool))
+        .await
+        .context("the store's time")?;
     let settled = (now - TimeDelta::from_std(SETTLE)?)
         .duration_trunc(TimeDelta::minutes(1))
         .context("the settled minute")?;

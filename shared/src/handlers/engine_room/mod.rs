@@ -32,6 +32,11 @@ pub const STEP_WAIT: Duration = Duration::from_secs(3);
 const POLL: Duration = Duration::from_millis(100);
 /// A run's customers: `er_`, the run's start in Unix seconds, `_`, 12 hex digits.
 const CUSTOMER_PREFIX: &str = "er_";
+/// Where a provider fake is told to hold an object (`POST`, the object as the body): the
+/// fakes' own route (fakes/src/hold.rs, `inboxctl fakes`), which no provider has.
+const FAKE_HOLD: &str = "/_fake/objects";
+/// How long telling the fake to hold an object may take.
+const HOLD_TIMEOUT: Duration = Duration::from_secs(5);
 /// A run's latest provider time is this long before the run itself: every delivery happened
 /// in the past, as a provider's do (the worker does not trust a time more than a day ahead).
 const BACKDATE: Span = Span::days(1);
@@ -47,6 +52,8 @@ pub struct EngineRoom {
     kinde_key: Option<KindeKey>,
     /// How long a step waits for the worker ([`STEP_WAIT`]).
     pub wait: Duration,
+    /// What tells a provider fake to hold a thin event's object.
+    http: reqwest::Client,
 }
 
 /// A scenario as the Engine Room offers it.
@@ -120,7 +127,7 @@ pub enum EngineError {
     #[error("the Engine Room is off in this deployment ({ENGINE_ROOM_VAR} is not set)")]
     Off,
     #[error(
-        "unknown scenario '{0}'; the scenarios are nine-deliveries, subscriptions, status, refund, status-paddle and refund-lemonsqueezy"
+        "unknown scenario '{0}'; the scenarios are nine-deliveries, subscriptions, status, refund, status-paddle, refund-lemonsqueezy and status-thin"
     )]
     UnknownScenario(String),
     #[error(
@@ -299,6 +306,10 @@ impl EngineRoom {
             catalog,
             kinde_key,
             wait: STEP_WAIT,
+            http: reqwest::Client::builder()
+                .timeout(HOLD_TIMEOUT)
+                .build()
+                .map_err(|e| ConfigError::at(ENGINE_ROOM_VAR, "sources", e.to_string()))?,
         };
         for scenario in Scenario::ALL {
             let script = scenario.script();
@@ -387,13 +398,13 @@ impl EngineRoom {
         let until = tokio::time::Instant::now() + self.wait;
         if let (1, Some(start)) = (step, &script.start) {
             let spec = start.spec(&id.customer, &id.tag, id.start);
-            if let (_, Some(event_id)) = self.deliver(source, &spec).await? {
+            if let (_, Some(event_id)) = self.deliver(source, &spec, script.thin).await? {
                 self.wait_for(conn, event_id, until).await?;
             }
         }
         let this = &script.steps[step - 1];
         let spec = this.spec(&id.customer, &id.tag, id.start);
-        let (answer, event_id) = self.deliver(source, &spec).await?;
+        let (answer, event_id) = self.deliver(source, &spec, script.thin).await?;
         let status = match event_id {
             Some(event_id) => self.wait_for(conn, event_id, until).await?,
             None => None,
@@ -426,9 +437,14 @@ impl EngineRoom {
         })
     }
 
-    /// The test-mode source a script runs on: the first of the Engine Room's of its kind.
+    /// The test-mode source a script runs on: the first of the Engine Room's of its kind; for a
+    /// script of thin events, the first whose provider API is given (`api_base_url`: the
+    /// fakes', which can be told what to hold; a provider's own API holds only what was made
+    /// in it).
     fn source_for(&self, script: &Script) -> Option<&SourceConfig> {
-        self.sources.iter().find(|s| s.kind == script.kind)
+        self.sources
+            .iter()
+            .find(|s| s.kind == script.kind && (!script.thin || s.api_base_url.is_some()))
     }
 
     fn available(&self, scenario: Scenario, script: &Script) -> Result<&SourceConfig, EngineError> {
@@ -440,13 +456,19 @@ impl EngineRoom {
     }
 
     /// Builds and signs a delivery as the source's provider does, and hands it to the intake
-    /// handler: its answer, and the event id it names.
+    /// handler: its answer, and the event id it names. `thin`: the delivery is the thin twin of
+    /// the (Stripe) snapshot event, once the provider fake holds the snapshot's object.
     async fn deliver(
         &self,
         source: &SourceConfig,
         spec: &Spec,
+        thin: bool,
     ) -> Result<(DeliveryAnswer, Option<i64>), EngineError> {
         let (id, payload) = fixtures::payload(source.kind, spec).map_err(EngineError::Delivery)?;
+        let (id, payload) = match thin {
+            true => self.thin_twin(source, &payload).await?,
+            false => (id, payload),
+        };
         let signed = fixtures::sign_delivery(source, &id, &payload, self.kinde_key.as_ref())
             .map_err(EngineError::Delivery)?;
         let mut request = http::Request::builder()
@@ -484,6 +506,42 @@ impl EngineRoom {
                 None,
             ),
         })
+    }
+
+    /// The thin twin of the Stripe snapshot `payload`, with its id, once the provider fake at
+    /// the source's `api_base_url` holds the snapshot's object: the worker reads it there.
+    async fn thin_twin(
+        &self,
+        source: &SourceConfig,
+        payload: &Value,
+    ) -> Result<(String, Value), EngineError> {
+        let twin = crate::providers::stripe::fixtures::thin_twin(payload).ok_or_else(|| {
+            EngineError::Delivery("this kind of event has no thin twin".to_owned())
+        })?;
+        let id = twin["id"].as_str().unwrap_or_default().to_owned();
+        let base = source.api_base_url.as_deref().ok_or_else(|| {
+            EngineError::Delivery(format!(
+                "'{}' has no api_base_url to read from",
+                source.name
+            ))
+        })?;
+        let url = format!("{}{FAKE_HOLD}", base.trim_end_matches('/'));
+        let held = self
+            .http
+            .post(&url)
+            .json(&payload["data"]["object"])
+            .send()
+            .await
+            .map_err(|e| {
+                EngineError::Delivery(format!("telling the fake at {url} to hold the object: {e}"))
+            })?;
+        if !held.status().is_success() {
+            return Err(EngineError::Delivery(format!(
+                "the fake at {url} answered {} (only the provider fakes, `inboxctl fakes`, hold objects)",
+                held.status()
+            )));
+        }
+        Ok((id, twin))
     }
 
     /// Reads the event's row until the worker has finished it or `until` has passed: its

@@ -24,16 +24,20 @@ pub enum Scenario {
     StatusPaddle,
     /// [`Scenario::Refund`] on Lemon Squeezy orders.
     RefundLemonSqueezy,
+    /// [`Scenario::Status`] sent as Stripe thin events: each change's subscription is read
+    /// from the provider's API by the worker (docs/design.md §6.2).
+    StatusThin,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 7] = [
         Self::NineDeliveries,
         Self::Subscriptions,
         Self::Status,
         Self::Refund,
         Self::StatusPaddle,
         Self::RefundLemonSqueezy,
+        Self::StatusThin,
     ];
 
     pub fn name(self) -> &'static str {
@@ -44,6 +48,7 @@ impl Scenario {
             Self::Refund => "refund",
             Self::StatusPaddle => "status-paddle",
             Self::RefundLemonSqueezy => "refund-lemonsqueezy",
+            Self::StatusThin => "status-thin",
         }
     }
 
@@ -66,6 +71,7 @@ impl Scenario {
                 Script {
                     source: "kinde",
                     kind: SourceKind::Kinde,
+                    thin: false,
                     // The starting point: Free, with its allowance (where the model on arrival
                     // starts too).
                     start: Some(
@@ -83,6 +89,7 @@ impl Scenario {
                 Script {
                     source: "polar",
                     kind: SourceKind::StandardWebhooks,
+                    thin: false,
                     start: None,
                     steps: vec![
                         s("a1", "subscription", "sub_old", 0, Plan("pro")),
@@ -105,6 +112,7 @@ impl Scenario {
                 Script {
                     source: "stripe",
                     kind: SourceKind::Stripe,
+                    thin: false,
                     start: None,
                     steps: vec![
                         s("trial", "trialing", 0, Status("trialing")),
@@ -113,6 +121,10 @@ impl Scenario {
                     ],
                 }
             }
+            Self::StatusThin => Script {
+                thin: true,
+                ..Self::Status.script()
+            },
             Self::StatusPaddle => {
                 // Paddle's subscription notifications, the catalog keyed by price id (§6.4).
                 let s = |tag, status, at, naive| {
@@ -124,6 +136,7 @@ impl Scenario {
                 Script {
                     source: "paddle",
                     kind: SourceKind::Paddle,
+                    thin: false,
                     start: None,
                     steps: vec![
                         s("trial", "trialing", 0, Status("trialing")),
@@ -141,6 +154,7 @@ impl Scenario {
                 Script {
                     source: "polar",
                     kind: SourceKind::StandardWebhooks,
+                    thin: false,
                     start: None,
                     steps: vec![
                         s("paid", "order-paid", 0, Status("paid")),
@@ -160,6 +174,7 @@ impl Scenario {
                 Script {
                     source: "lemonsqueezy",
                     kind: SourceKind::LemonSqueezy,
+                    thin: false,
                     start: None,
                     steps: vec![
                         s("paid", "order-created", 0, Status("paid")),
@@ -179,6 +194,10 @@ pub struct Script {
     /// The kind of source its deliveries are shaped and signed for: the Engine Room runs it on
     /// a test-mode source of this kind.
     pub kind: SourceKind,
+    /// Each delivery is the thin twin of its (Stripe) snapshot event, whose object the
+    /// provider API at the source's `api_base_url` is first told to hold (the fakes' own
+    /// route, `inboxctl fakes`): the worker reads what the change made of it.
+    pub thin: bool,
     /// Delivered before the first step: the account's starting point, which the model on
     /// arrival starts from ([`OnArrival::start`]) rather than applies.
     pub start: Option<Step>,
