@@ -666,6 +666,31 @@ pub fn spent_by_grant(allocations: &[DebitAllocation]) -> BTreeMap<String, Quant
     spent
 }
 
+/// The account's credits with the app's spends counted: each grant a derived allocation took
+/// from becomes a local `credits_applied` transaction (`debit:{usage_id}:{grant_id}`, at the
+/// debit's time), so that the balances shown, the provisional expiry of what remains and the
+/// low and depleted crossings ([`Credits::crossings`]) count what the debits took. `debits`
+/// are the ones `allocations` was given, in the same order.
+pub fn with_spends(
+    credits: &Credits,
+    debits: &[SpentDebit],
+    allocations: &[DebitAllocation],
+) -> Credits {
+    let mut out = credits.clone();
+    for (d, a) in debits.iter().zip(allocations) {
+        for (grant, amount) in &a.allocation.from_grants {
+            out.transaction(Transaction {
+                transaction_id: format!("debit:{}:{grant}", d.usage_id),
+                grant_id: grant.clone(),
+                kind: TransactionKind::Applied,
+                amount: *amount,
+                effective_at: d.at,
+            });
+        }
+    }
+    out
+}
+
 /// The grant a paid payment of a catalog pack's price makes (docs/design.md §4.14): keyed by
 /// the payment, so a copy or a replay of the payment, or another event about it, meets the
 /// same register and never mints twice; effective from the payment's provider time, expiring
@@ -1199,6 +1224,36 @@ mod tests {
         let got = allocations(&c, &BTreeMap::new(), &[spent("u1", "2026-11", 60, 200)]);
         assert_eq!(got[0].allocation.from_grants, vec![("cg_a".into(), q(30))]);
         assert_eq!(got[0].unfunded, q(30));
+    }
+
+    #[test]
+    fn the_debits_spends_count_in_the_balances_and_the_crossings_they_cause() {
+        let mut c = Credits::new();
+        c.grant(credits_grant("cg_a", 100, None, Some(1_000)));
+        let debits = [
+            spent("u1", "2026-11", 60, 200),
+            spent("u2", "2026-11", 30, 300),
+        ];
+        let spends = allocations(&c, &BTreeMap::new(), &debits);
+        let counted = with_spends(&c, &debits, &spends);
+        let [before] = counted.balances_at(999).try_into().unwrap();
+        assert_eq!((before.used, before.available()), (q(90), q(10)));
+        // What expires is what the debits left, not the whole grant.
+        let [after] = counted.balances_at(1_000).try_into().unwrap();
+        assert_eq!((after.expired, after.remaining), (q(10), q(0)));
+        let watch = [Threshold::Low(q(50)), Threshold::Depleted];
+        let told: Vec<(&str, i64)> = counted
+            .crossings(ALLOWANCE_UNIT, &watch, 2_000)
+            .iter()
+            .map(|x| (x.threshold.kind(), x.at))
+            .collect();
+        assert_eq!(
+            told,
+            [
+                ("billing.credits_low", 200),
+                ("billing.credits_depleted", 1_000)
+            ]
+        );
     }
 
     /// One set of grants and transactions for the property: two grants, snapshots that move
