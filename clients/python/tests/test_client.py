@@ -22,7 +22,8 @@ ACCOUNT = {
                        "current_period_end": None, "cancel_at_period_end": None, "cancel_at": None,
                        "trial_end": None, "ended_at": None}],
 }
-DEBIT = {"usage_id": "use_1", "amount": 3, "period": "2026-12", "used": 3, "remaining": 497, "replayed": False}
+DEBIT = {"usage_id": "use_1", "amount": 3, "period": "2026-12", "used": 3, "remaining": 497, "replayed": False,
+         "unit": "credits", "allocation": {"from_allowance": 3, "from_grants": [], "order_version": 1}}
 
 
 def scripted(answers):
