@@ -305,6 +305,20 @@ async fn a_debit_names_its_unit_and_the_same_key_in_another_unit_is_a_conflict(p
             refused.body
         );
     }
+    let listed = call(
+        &state,
+        "GET",
+        "/v1/accounts/kinde/kc_unit/usage",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        listed.body["usage"][0]["unit"], "credits",
+        "{}",
+        listed.body
+    );
     let null = debit(&state, "kc_unit", "k-3", json!({"amount": 1, "unit": null})).await;
     assert_eq!(null.body["code"], "null_field");
     let stored: i64 =

@@ -96,7 +96,7 @@ test("an unknown enum value passes through", async () => {
 });
 
 test("the usage and the event log are paged to the end", async () => {
-  const usage = (id: string) => ({ usage_id: id, amount: 1, idempotency_key: id, note: null, recorded_at: "2026-12-01T00:00:00Z" });
+  const usage = (id: string) => ({ usage_id: id, amount: 1, unit: "credits", idempotency_key: id, note: null, recorded_at: "2026-12-01T00:00:00Z" });
   const page = (items: unknown[], next: string | null) => ({ period: "2026-12", allowance: 500, used: 2, remaining: 498, usage: items, next });
   const { c, requests } = client([
     { status: 200, body: page([usage("a")], "cur_1") },

@@ -696,6 +696,8 @@ pub async fn reverse(
 pub struct UsageLine {
     pub usage_id: String,
     pub amount: i64,
+    /// What it spent: `credits` (the allowance's unit), or the unit of the grants it spent.
+    pub unit: String,
     pub idempotency_key: String,
     pub note: Option<String>,
     pub recorded_at: DateTime<Utc>,
@@ -748,7 +750,7 @@ pub async fn list(
                COALESCE((SELECT used FROM usage_periods
                          WHERE source = $1 AND customer_id = $2 AND period = $3), 0) AS "used!",
                (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'usage_id', d.usage_id, 'amount', d.amount,
+                           'usage_id', d.usage_id, 'amount', d.amount, 'unit', d.unit,
                            'idempotency_key', d.idempotency_key, 'note', d.note,
                            'recorded_at', d.recorded_at) ORDER BY d.seq), '[]')
                 FROM (SELECT * FROM usage_debits u
@@ -778,6 +780,7 @@ pub async fn list(
     struct Line {
         usage_id: String,
         amount: i64,
+        unit: String,
         idempotency_key: String,
         note: Option<String>,
         recorded_at: DateTime<Utc>,
@@ -793,6 +796,7 @@ pub async fn list(
         .map(|l| UsageLine {
             usage_id: l.usage_id,
             amount: l.amount,
+            unit: l.unit,
             idempotency_key: l.idempotency_key,
             note: l.note,
             recorded_at: l.recorded_at,

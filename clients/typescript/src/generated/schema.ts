@@ -531,6 +531,8 @@ export interface components {
             usage: {
                 usage_id: string;
                 amount: number;
+                /** @description What the debit spent: credits, or the unit of the grants it spent */
+                unit: string;
                 idempotency_key: string;
                 note: string | null;
                 /** Format: date-time */

@@ -584,6 +584,7 @@ fn usage_page_body(page: &UsagePage) -> Value {
         "usage": page.usage.iter().map(|line| json!({
             "usage_id": line.usage_id,
             "amount": line.amount,
+            "unit": line.unit,
             "idempotency_key": line.idempotency_key,
             "note": line.note,
             "recorded_at": line.recorded_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
