@@ -60,7 +60,15 @@ enum Op {
     /// A feature check: the customer and the feature's key.
     Feature(CustomerId, &'static str),
     Debit(CustomerId, String),
+    /// A debit of [`SPANNING_DEBIT`] on an account whose allowance is spent and whose credit
+    /// packs hold [`SPANNING_PACK`] each: it takes from two grants.
+    SpanningDebit(CustomerId, String),
 }
+
+/// A debit that spans grants: packs of 2, debits of 3, so that each takes from two packs
+/// (2 + 1, then 1 + 2) under the account and unit's lock (docs/design.md §4.14).
+const SPANNING_DEBIT: i64 = 3;
+const SPANNING_PACK: i64 = 2;
 
 /// The phases of each level, by the name the report gives them.
 const PHASES: [&str; 4] = ["read", "feature", "debit", "hot_debit"];
@@ -434,6 +442,15 @@ async fn through_handler(state: &ApiState, source: &str, op: Op) -> bool {
             .header("idempotency-key", key)
             .header("content-type", "application/json")
             .body(lambda_http::Body::from(r#"{"amount":1}"#)),
+        Op::SpanningDebit(customer, key) => http::Request::builder()
+            .method("POST")
+            .uri(format!("/v1/accounts/{source}/{customer}/usage"))
+            .header("authorization", format!("Bearer {BENCH_KEY}"))
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(lambda_http::Body::from(
+                json!({"amount": SPANNING_DEBIT}).to_string(),
+            )),
     };
     let Ok(request) = request else {
         return false;
@@ -452,6 +469,7 @@ async fn raw_call(
     catalog: &Catalog,
     op: Op,
 ) -> anyhow::Result<()> {
+    let op_amount = matches!(op, Op::SpanningDebit(..));
     match op {
         Op::Read(customer) => {
             account::snapshot(conn, source, &customer, period, catalog)
@@ -468,17 +486,22 @@ async fn raw_call(
                 "a seeded account lacks the feature {key}"
             );
         }
-        Op::Debit(customer, key) => {
+        Op::Debit(customer, key) | Op::SpanningDebit(customer, key) => {
+            let amount = match op_amount {
+                true => SPANNING_DEBIT,
+                false => 1,
+            };
             let ask = DebitRequest {
                 source,
                 customer: &customer,
                 key: &key,
-                amount: 1,
+                amount,
                 // As the handler's body, which names no period.
                 period: DebitPeriod::Arrival(period.clone()),
                 note: None,
                 effects: None,
                 meter: None,
+                unit: shared::billing::credits::ALLOWANCE_UNIT,
             };
             let debited = usage::debit(conn, &ask).await?;
             anyhow::ensure!(
@@ -717,7 +740,90 @@ async fn wire_round_trips(
         }
         raw_trips.insert(kind.into(), json!(wire.take() as f64 / WIRE_OPS as f64));
     }
+    // A debit that spans grants: the first spread account's allowance spent, then packs
+    // enough for every counted debit and its warm-up.
+    let spender = &spread[0];
+    spend_the_allowance_and_buy_packs(&mut raw, (source, spender), period, catalog).await?;
+    for op in [
+        Op::SpanningDebit(spender.clone(), "wire-span-warm".into()),
+        Op::SpanningDebit(spender.clone(), "wire-span-warm-raw".into()),
+    ] {
+        raw_call(&mut raw, source, period, catalog, op).await?;
+    }
+    wire.take();
+    for n in 0..WIRE_OPS {
+        let op = Op::SpanningDebit(spender.clone(), format!("wire-span-api-{n}"));
+        anyhow::ensure!(
+            through_handler(&state, source, op).await,
+            "a debit spanning grants through the counting proxy failed"
+        );
+    }
+    api_trips.insert(
+        "spanning_debit".into(),
+        json!(wire.take() as f64 / WIRE_OPS as f64),
+    );
+    for n in 0..WIRE_OPS {
+        let op = Op::SpanningDebit(spender.clone(), format!("wire-span-raw-{n}"));
+        raw_call(&mut raw, source, period, catalog, op).await?;
+    }
+    raw_trips.insert(
+        "spanning_debit".into(),
+        json!(wire.take() as f64 / WIRE_OPS as f64),
+    );
     Ok(json!({"ops": WIRE_OPS, "api": api_trips, "raw": raw_trips}))
+}
+
+/// Spends what the account's allowance has left in one debit, then gives it the packs the
+/// spanning debits take from: the `credit_grants` rows the worker writes for a catalog pack's
+/// paid payment (`credits::pack_grant`), held by the account's latest event. Not counted.
+async fn spend_the_allowance_and_buy_packs(
+    conn: &mut PgConnection,
+    (source, customer): (&str, &CustomerId),
+    period: &Period,
+    catalog: &Catalog,
+) -> anyhow::Result<()> {
+    let left = account::snapshot(conn, source, customer, period, catalog)
+        .await?
+        .context("a seeded account is missing")?
+        .remaining;
+    if left > 0 {
+        let ask = DebitRequest {
+            source,
+            customer,
+            key: "wire-span-allowance",
+            amount: left,
+            period: DebitPeriod::Arrival(period.clone()),
+            note: None,
+            effects: None,
+            meter: None,
+            unit: shared::billing::credits::ALLOWANCE_UNIT,
+        };
+        let spent = usage::debit(conn, &ask).await?;
+        anyhow::ensure!(
+            matches!(spent.debit, Debit::Accepted { remaining: 0, .. }),
+            "the allowance was not spent: {:?}",
+            spent.debit
+        );
+    }
+    let packs = (WIRE_OPS as i64 + 1) * 2 * SPANNING_DEBIT / SPANNING_PACK + 1;
+    sqlx::query(
+        "INSERT INTO credit_grants (source, customer_id, grant_id, origin, unit, scope, amount,
+                                    category, created_at, effective_at, version_at, version_key,
+                                    event_id)
+         SELECT $1, $2, 'pack:bench_' || n || ':price_bench_pack', 'catalog_pack', 'credits',
+                'all', $3, 'paid', now() - interval '1 day', now() - interval '1 day',
+                now() - interval '1 day', 'bench_pack_' || n,
+                (SELECT max(id) FROM inbox_events)
+         FROM generate_series(1, $4::bigint) n",
+    )
+    .bind(source)
+    .bind(customer.as_str())
+    .bind(SPANNING_PACK)
+    .bind(packs)
+    .execute(&mut *conn)
+    .await
+    .context("giving the spanning debits' account its packs")?;
+    Ok(())
 }
 
 /// A loopback proxy in front of Postgres that counts the client's messages ending a round
@@ -874,7 +980,8 @@ fn text(report: &Value) -> String {
     format!(
         "{} operations per phase; reads, feature checks and debits over {} customers of '{}', the hot account {}; \
          {} cores; Postgres round trip {} ms (median of 200 SELECT 1{})\n{t}\n\
-         Round trips counted on the wire over {} operations of each kind, after a warm-up.",
+         Round trips counted on the wire over {} operations of each kind, after a warm-up; \
+         a debit spanning grants (allowance spent, {SPANNING_DEBIT} from packs of {SPANNING_PACK}): {} / {}.",
         report["requests"],
         report["customers"],
         report["source"].as_str().unwrap_or_default(),
@@ -886,6 +993,8 @@ fn text(report: &Value) -> String {
             _ => String::new(),
         },
         trips["ops"],
+        f(&trips["api"]["spanning_debit"], 2),
+        f(&trips["raw"]["spanning_debit"], 2),
     )
 }
 

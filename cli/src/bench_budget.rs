@@ -466,6 +466,7 @@ async fn measure(
                     note: None,
                     effects: None,
                     meter: Some(METER),
+                    unit: shared::billing::credits::ALLOWANCE_UNIT,
                 };
                 let debited = match pool.acquire().await {
                     Ok(mut conn) => usage::debit(&mut conn, &request).await.ok(),

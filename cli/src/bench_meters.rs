@@ -114,6 +114,7 @@ async fn bench(args: &BenchArgs, reports: usize, server: &str, db: &str) -> anyh
                 note: None,
                 effects: None,
                 meter: Some(METER),
+                unit: shared::billing::credits::ALLOWANCE_UNIT,
             };
             let accepted = match pool.acquire().await {
                 Ok(mut conn) => matches!(

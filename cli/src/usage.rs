@@ -129,7 +129,7 @@ fn invalid(invalid: Invalid) -> Refused {
         Invalid::Key => format!("--key: {invalid}"),
         Invalid::Period(_) | Invalid::FuturePeriod { .. } => format!("--period: {invalid}"),
         Invalid::Note => format!("--note: {invalid}"),
-        Invalid::Amount => invalid.to_string(),
+        Invalid::Amount | Invalid::Unit => invalid.to_string(),
     };
     Refused {
         code: invalid.code(),
@@ -365,6 +365,7 @@ async fn record(
         amount,
         account.period.as_deref(),
         note,
+        None,
         &today,
     )
     .map_err(invalid)?;
@@ -398,7 +399,7 @@ async fn record(
         remaining,
         ..Refused::new(code, exit, detail)
     };
-    if let (true, Some(body)) = (json_output, debited.debit.accepted_body()) {
+    if let (true, Some(body)) = (json_output, debited.debit.accepted_body(request.unit)) {
         return print_json(&body);
     }
     match debited.debit {
@@ -409,6 +410,7 @@ async fn record(
             used,
             remaining,
             replayed,
+            ..
         } => {
             out!(
                 "{usage_id}: {amount} recorded for {period}; {used} used, {remaining} remaining{}",

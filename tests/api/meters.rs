@@ -56,6 +56,7 @@ pub(crate) fn ask<'a>(
         note: None,
         effects: None,
         meter,
+        unit: shared::billing::credits::ALLOWANCE_UNIT,
     }
 }
 

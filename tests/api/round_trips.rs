@@ -818,6 +818,7 @@ async fn an_account_read_is_one_round_trip_and_a_debit_one_or_two_with_effects(p
         note: None,
         effects: Some(&catalog),
         meter: None,
+        unit: shared::billing::credits::ALLOWANCE_UNIT,
     };
     usage::debit(&mut conn, &warm).await.unwrap();
     trips.take();
@@ -839,6 +840,7 @@ async fn an_account_read_is_one_round_trip_and_a_debit_one_or_two_with_effects(p
         note: None,
         effects: None,
         meter: None,
+        unit: shared::billing::credits::ALLOWANCE_UNIT,
     };
     let debited = usage::debit(&mut conn, &request).await.unwrap();
     assert!(matches!(

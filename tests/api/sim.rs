@@ -1568,6 +1568,7 @@ impl World {
             effects: Some(&worker.catalog),
             // Every debit is told to the meter (§4.13).
             meter: Some(METER),
+            unit: shared::billing::credits::ALLOWANCE_UNIT,
         };
         let fresh = self.asked.len() > before;
         if fresh && self.bugs.contains(&Bug::ReportSentBeforeCommit) {

@@ -22,7 +22,8 @@ ACCOUNT = {
                        "current_period_end": None, "cancel_at_period_end": None, "cancel_at": None,
                        "trial_end": None, "ended_at": None}],
 }
-DEBIT = {"usage_id": "use_1", "amount": 3, "period": "2026-12", "used": 3, "remaining": 497, "replayed": False}
+DEBIT = {"usage_id": "use_1", "amount": 3, "period": "2026-12", "used": 3, "remaining": 497, "replayed": False,
+         "unit": "credits", "allocation": {"from_allowance": 3, "from_grants": [], "order_version": 1}}
 
 
 def scripted(answers):
@@ -108,7 +109,7 @@ def test_an_unknown_enum_value_passes_through():
 def test_the_usage_is_paged_to_the_end():
     def page(items, nxt):
         return {"period": "2026-12", "allowance": 500, "used": 2, "remaining": 498, "next": nxt,
-                "usage": [{"usage_id": i, "amount": 1, "idempotency_key": i, "note": None,
+                "usage": [{"usage_id": i, "amount": 1, "unit": "credits", "idempotency_key": i, "note": None,
                            "recorded_at": "2026-12-01T00:00:00Z"} for i in items]}
     client, requests, _ = scripted([(200, page(["a"], "cur_1")), (200, page(["b"], None))])
     assert [u.usage_id for u in client.usage("kc_1", limit=1)] == ["a", "b"]

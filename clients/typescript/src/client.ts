@@ -37,6 +37,8 @@ export interface DebitOptions extends CallOptions {
   /** The month to spend (YYYY-MM); the current UTC month when left out. */
   period?: string;
   note?: string;
+  /** What it spends past the allowance: grants of this unit. `credits` when left out. */
+  unit?: string;
   /** One per debit: retried with it, the debit happens once. Made for you when left out. */
   idempotencyKey?: string;
 }
@@ -106,6 +108,7 @@ export class BillingInbox {
     const body: components["schemas"]["DebitRequest"] = { amount };
     if (options.period !== undefined) body.period = options.period;
     if (options.note !== undefined) body.note = options.note;
+    if (options.unit !== undefined) body.unit = options.unit;
     const { data, error, response } = await this.api.POST("/v1/accounts/{source}/{customer}/usage", {
       params: { path: this.where(customer, options), query: this.query(options), header: { "Idempotency-Key": key } },
       body,

@@ -34,7 +34,7 @@ function client(answers: Answer[]) {
 }
 
 test("a debit retried after 503 and 429 keeps its one idempotency key, and is answered once", async () => {
-  const debit = { usage_id: "use_1", amount: 3, period: "2026-12", used: 3, remaining: 497, replayed: false };
+  const debit = { usage_id: "use_1", amount: 3, period: "2026-12", used: 3, remaining: 497, replayed: false, unit: "credits", allocation: { from_allowance: 3, from_grants: [], order_version: 1 } };
   const { c, requests } = client([
     { status: 503, body: { code: "unavailable", detail: "try again" }, headers: { "retry-after": "0" } },
     { status: 429, body: { code: "rate_limited", detail: "slow down" }, headers: { "retry-after": "0" } },
@@ -50,7 +50,7 @@ test("a debit retried after 503 and 429 keeps its one idempotency key, and is an
 });
 
 test("two debits get two keys", async () => {
-  const debit = { usage_id: "use_1", amount: 1, period: "2026-12", used: 1, remaining: 499, replayed: false };
+  const debit = { usage_id: "use_1", amount: 1, period: "2026-12", used: 1, remaining: 499, replayed: false, unit: "credits", allocation: { from_allowance: 1, from_grants: [], order_version: 1 } };
   const { c, requests } = client([{ status: 200, body: debit }, { status: 200, body: debit }]);
   await c.debit("kc_1", 1);
   await c.debit("kc_1", 1);
@@ -96,7 +96,7 @@ test("an unknown enum value passes through", async () => {
 });
 
 test("the usage and the event log are paged to the end", async () => {
-  const usage = (id: string) => ({ usage_id: id, amount: 1, idempotency_key: id, note: null, recorded_at: "2026-12-01T00:00:00Z" });
+  const usage = (id: string) => ({ usage_id: id, amount: 1, unit: "credits", idempotency_key: id, note: null, recorded_at: "2026-12-01T00:00:00Z" });
   const page = (items: unknown[], next: string | null) => ({ period: "2026-12", allowance: 500, used: 2, remaining: 498, usage: items, next });
   const { c, requests } = client([
     { status: 200, body: page([usage("a")], "cur_1") },

@@ -563,6 +563,134 @@ pub fn allocate(
     })
 }
 
+/// The unit of the monthly allowance and of catalog packs: a debit that names no unit spends
+/// it, and only a debit of this unit spends the period's allowance before its grants.
+pub const ALLOWANCE_UNIT: &str = "credits";
+
+/// An accepted debit as the allocation reads it (docs/design.md §4.14): not reversed, given in
+/// the order the debits were accepted (`usage_debits.seq`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpentDebit {
+    pub usage_id: String,
+    pub unit: String,
+    /// The month whose allowance a debit of [`ALLOWANCE_UNIT`] spends first.
+    pub period: String,
+    pub amount: Quantity,
+    /// When it was accepted (unix seconds): it spends the grants available then.
+    pub at: i64,
+}
+
+/// What one accepted debit took, as derived from the account's grants, allowances and the
+/// debits before it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DebitAllocation {
+    pub usage_id: String,
+    pub allocation: Allocation,
+    /// What neither the allowance nor the grants held once everything known is counted: 0
+    /// unless the provider told, after the debit was accepted, of applications that had taken
+    /// the credit first. An accepted debit stays accepted; the read shows what it lacks.
+    pub unfunded: Quantity,
+}
+
+/// Each accepted debit's allocation, derived, never stored as truth: the debits in the order
+/// they were accepted, each spending its period's allowance (`allowances`, by period; only for
+/// [`ALLOWANCE_UNIT`]) as the debits before it left it, then the grants of its unit in
+/// [`burn_order`] as they stood at the debit's time (effective, not ended, the provider's own
+/// transactions counted) less what the debits before it took. A grant told late, or told again
+/// with another priority, changes the allocation of every debit it comes before: recomputed
+/// from the same inputs, never edited.
+pub fn allocations(
+    credits: &Credits,
+    allowances: &BTreeMap<String, Quantity>,
+    debits: &[SpentDebit],
+) -> Vec<DebitAllocation> {
+    let mut allowance_used: BTreeMap<&str, Quantity> = BTreeMap::new();
+    let mut spent: BTreeMap<String, Quantity> = BTreeMap::new();
+    let mut out = Vec::with_capacity(debits.len());
+    for d in debits {
+        let allowance_left = match d.unit == ALLOWANCE_UNIT {
+            true => {
+                let granted = allowances.get(&d.period).copied().unwrap_or_default();
+                granted
+                    - allowance_used
+                        .get(d.period.as_str())
+                        .copied()
+                        .unwrap_or_default()
+            }
+            false => Quantity::ZERO,
+        };
+        let grants: Vec<GrantBalance> = credits
+            .balances_at(d.at)
+            .into_iter()
+            .map(|mut g| {
+                let taken = spent.get(&g.grant.grant_id).copied().unwrap_or_default();
+                g.remaining = g.remaining - taken;
+                g
+            })
+            .collect();
+        let (allocation, unfunded) = match allocate(allowance_left, &grants, &d.unit, d.amount) {
+            Ok(a) => (a, Quantity::ZERO),
+            // Accepted when it fitted; what it lacks now is shown, never taken from elsewhere.
+            Err(e) => {
+                let held = e.allowance_remaining + e.grants.iter().map(|(_, q)| *q).sum();
+                let a = Allocation {
+                    from_allowance: e.allowance_remaining,
+                    from_grants: e.grants,
+                    order_version: BURN_ORDER_VERSION,
+                };
+                (a, d.amount - held)
+            }
+        };
+        let used = allowance_used.entry(d.period.as_str()).or_default();
+        *used = *used + allocation.from_allowance;
+        for (grant, q) in &allocation.from_grants {
+            let taken = spent.entry(grant.clone()).or_default();
+            *taken = *taken + *q;
+        }
+        out.push(DebitAllocation {
+            usage_id: d.usage_id.clone(),
+            allocation,
+            unfunded,
+        });
+    }
+    out
+}
+
+/// What the app's debits took from each grant, summed over their allocations.
+pub fn spent_by_grant(allocations: &[DebitAllocation]) -> BTreeMap<String, Quantity> {
+    let mut spent: BTreeMap<String, Quantity> = BTreeMap::new();
+    for (grant, q) in allocations.iter().flat_map(|a| &a.allocation.from_grants) {
+        let total = spent.entry(grant.clone()).or_default();
+        *total = *total + *q;
+    }
+    spent
+}
+
+/// The account's credits with the app's spends counted: each grant a derived allocation took
+/// from becomes a local `credits_applied` transaction (`debit:{usage_id}:{grant_id}`, at the
+/// debit's time), so that the balances shown, the provisional expiry of what remains and the
+/// low and depleted crossings ([`Credits::crossings`]) count what the debits took. `debits`
+/// are the ones `allocations` was given, in the same order.
+pub fn with_spends(
+    credits: &Credits,
+    debits: &[SpentDebit],
+    allocations: &[DebitAllocation],
+) -> Credits {
+    let mut out = credits.clone();
+    for (d, a) in debits.iter().zip(allocations) {
+        for (grant, amount) in &a.allocation.from_grants {
+            out.transaction(Transaction {
+                transaction_id: format!("debit:{}:{grant}", d.usage_id),
+                grant_id: grant.clone(),
+                kind: TransactionKind::Applied,
+                amount: *amount,
+                effective_at: d.at,
+            });
+        }
+    }
+    out
+}
+
 /// The grant a paid payment of a catalog pack's price makes (docs/design.md §4.14): keyed by
 /// the payment, so a copy or a replay of the payment, or another event about it, meets the
 /// same register and never mints twice; effective from the payment's provider time, expiring
@@ -977,6 +1105,155 @@ mod tests {
         assert_eq!(e.grants.len(), 5);
         // Another unit's grants are not spent.
         assert!(allocate(q(0), &grants, "usd", q(1)).is_err());
+    }
+
+    fn credits_grant(
+        id: &str,
+        amount: i64,
+        priority: Option<u8>,
+        expires: Option<i64>,
+    ) -> GrantSnapshot {
+        let mut g = grant(id, amount, 100);
+        g.unit = ALLOWANCE_UNIT.into();
+        g.priority = priority;
+        g.expires_at = expires;
+        g
+    }
+
+    fn spent(id: &str, period: &str, amount: i64, at: i64) -> SpentDebit {
+        SpentDebit {
+            usage_id: id.into(),
+            unit: ALLOWANCE_UNIT.into(),
+            period: period.into(),
+            amount: q(amount),
+            at,
+        }
+    }
+
+    #[test]
+    fn debits_spend_their_periods_allowance_then_grants_as_the_debits_before_left_them() {
+        let mut c = Credits::new();
+        c.grant(credits_grant("cg_a", 100, Some(10), None));
+        c.grant(credits_grant("cg_b", 100, None, None));
+        let allowances = BTreeMap::from([
+            ("2026-11".to_string(), q(50)),
+            ("2026-12".to_string(), q(30)),
+        ]);
+        let debits = [
+            spent("u1", "2026-11", 80, 200),
+            spent("u2", "2026-11", 90, 210),
+            spent("u3", "2026-12", 40, 220),
+        ];
+        let got = allocations(&c, &allowances, &debits);
+        let shape = |a: &DebitAllocation| {
+            (
+                a.allocation.from_allowance,
+                a.allocation.from_grants.clone(),
+                a.unfunded,
+            )
+        };
+        assert_eq!(shape(&got[0]), (q(50), vec![("cg_a".into(), q(30))], q(0)));
+        assert_eq!(
+            shape(&got[1]),
+            (
+                q(0),
+                vec![("cg_a".into(), q(70)), ("cg_b".into(), q(20))],
+                q(0)
+            )
+        );
+        // Another month has its own allowance; the grants are the account's.
+        assert_eq!(shape(&got[2]), (q(30), vec![("cg_b".into(), q(10))], q(0)));
+        assert_eq!(
+            spent_by_grant(&got),
+            BTreeMap::from([("cg_a".to_string(), q(100)), ("cg_b".to_string(), q(30))])
+        );
+        // Another unit spends no allowance, and only its own grants.
+        let mut usd = spent("u4", "2026-12", 5, 230);
+        usd.unit = "usd".into();
+        let got = allocations(&c, &allowances, &[usd]);
+        assert_eq!(got[0].allocation.from_allowance, q(0));
+        assert_eq!(got[0].unfunded, q(5));
+    }
+
+    #[test]
+    fn a_late_grant_earlier_in_burn_order_is_spent_by_the_debits_it_comes_before() {
+        let mut c = Credits::new();
+        c.grant(credits_grant("cg_paid", 100, None, None));
+        let debits = [spent("u1", "2026-11", 60, 200)];
+        let none = BTreeMap::new();
+        let before = allocations(&c, &none, &debits);
+        assert_eq!(
+            before[0].allocation.from_grants,
+            vec![("cg_paid".into(), q(60))]
+        );
+        // A promotional grant of priority 10, effective before the debit, told after it.
+        let mut promo = credits_grant("cg_promo", 50, Some(10), Some(1_000));
+        promo.category = Category::Promotional;
+        c.grant(promo);
+        let after = allocations(&c, &none, &debits);
+        assert_eq!(
+            after[0].allocation.from_grants,
+            vec![("cg_promo".into(), q(50)), ("cg_paid".into(), q(10))]
+        );
+        // Once the promotional grant has expired, the paid one holds what the debit left it.
+        let at = c.balances_at(2_000);
+        let paid = at.iter().find(|g| g.grant.grant_id == "cg_paid").unwrap();
+        assert_eq!(paid.available() - spent_by_grant(&after)["cg_paid"], q(90));
+    }
+
+    #[test]
+    fn a_debit_spends_only_grants_available_at_its_time() {
+        let mut c = Credits::new();
+        let mut later = credits_grant("cg_later", 100, Some(0), None);
+        later.effective_at = Some(500);
+        c.grant(later);
+        c.grant(credits_grant("cg_ends", 100, Some(0), Some(300)));
+        c.grant(credits_grant("cg_rest", 100, None, None));
+        let got = allocations(&c, &BTreeMap::new(), &[spent("u1", "2026-11", 10, 400)]);
+        assert_eq!(
+            got[0].allocation.from_grants,
+            vec![("cg_rest".into(), q(10))]
+        );
+    }
+
+    #[test]
+    fn an_application_told_later_leaves_an_accepted_debit_unfunded_not_refused() {
+        let mut c = Credits::new();
+        c.grant(credits_grant("cg_a", 100, None, None));
+        c.transaction(txn("t1", "cg_a", TransactionKind::Applied, 70, 150));
+        let got = allocations(&c, &BTreeMap::new(), &[spent("u1", "2026-11", 60, 200)]);
+        assert_eq!(got[0].allocation.from_grants, vec![("cg_a".into(), q(30))]);
+        assert_eq!(got[0].unfunded, q(30));
+    }
+
+    #[test]
+    fn the_debits_spends_count_in_the_balances_and_the_crossings_they_cause() {
+        let mut c = Credits::new();
+        c.grant(credits_grant("cg_a", 100, None, Some(1_000)));
+        let debits = [
+            spent("u1", "2026-11", 60, 200),
+            spent("u2", "2026-11", 30, 300),
+        ];
+        let spends = allocations(&c, &BTreeMap::new(), &debits);
+        let counted = with_spends(&c, &debits, &spends);
+        let [before] = counted.balances_at(999).try_into().unwrap();
+        assert_eq!((before.used, before.available()), (q(90), q(10)));
+        // What expires is what the debits left, not the whole grant.
+        let [after] = counted.balances_at(1_000).try_into().unwrap();
+        assert_eq!((after.expired, after.remaining), (q(10), q(0)));
+        let watch = [Threshold::Low(q(50)), Threshold::Depleted];
+        let told: Vec<(&str, i64)> = counted
+            .crossings(ALLOWANCE_UNIT, &watch, 2_000)
+            .iter()
+            .map(|x| (x.threshold.kind(), x.at))
+            .collect();
+        assert_eq!(
+            told,
+            [
+                ("billing.credits_low", 200),
+                ("billing.credits_depleted", 1_000)
+            ]
+        );
     }
 
     /// One set of grants and transactions for the property: two grants, snapshots that move

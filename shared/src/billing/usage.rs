@@ -1,16 +1,19 @@
-//! Usage: the app spends a period's allowance (docs/design.md §4.10). A debit is a stored fact
-//! keyed by the account and the app's idempotency key, decided and stored with its answer in
-//! one call of `inbox_debit` (migrations/20261208310001_debit_period_as_asked.sql) under the
-//! lock of the account's period, so concurrent debits never spend past the allowance and a
-//! key asked again answers the same. `remaining = allowance − used`, the allowance being the period's
-//! largest grant.
+//! Usage: the app spends a period's allowance, then its credit grants (docs/design.md §4.10,
+//! §4.14). A debit is a stored fact keyed by the account and the app's idempotency key, decided
+//! and stored with its answer in one call of `inbox_debit`
+//! (migrations/20261231200001_debits_burn_credits.sql) under the lock of the account's period
+//! and, when it needs grants, of the account and unit, so concurrent debits never spend past
+//! the allowance and the grants and a key asked again answers the same. `remaining =
+//! allowance − used`, the allowance being the period's largest grant. What each debit took
+//! from the grants is derived ([`allocations`]), never stored as truth.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::PgConnection;
 
 use super::account;
+use super::credits::{self, Quantity, ALLOWANCE_UNIT, BURN_ORDER_VERSION};
 use super::model::period_totals;
 use crate::domain::effect::{effect_id, Kind};
 use crate::domain::meter::{correction_identifier, identifier, report_id};
@@ -23,6 +26,8 @@ pub const MAX_AMOUNT: i64 = 1_000_000_000;
 pub const MAX_KEY_LEN: usize = 255;
 /// The longest note kept with a debit, in characters.
 pub const MAX_NOTE_CHARS: usize = 500;
+/// The longest unit a debit names (a currency, a custom pricing unit's id, `credits`).
+pub const MAX_UNIT_LEN: usize = 100;
 
 /// The month a debit spends: the one its request named, or, when it named none, the month it
 /// arrived in. The two are kept apart in the stored request, so that a request naming no
@@ -66,6 +71,8 @@ pub enum Invalid {
         "a note is at most {MAX_NOTE_CHARS} characters, with no control characters but tab and newline"
     )]
     Note,
+    #[error("a unit is 1 to {MAX_UNIT_LEN} ASCII letters, digits, '_' or '-' ('credits', 'usd', a custom pricing unit's id)")]
+    Unit,
 }
 
 impl Invalid {
@@ -77,6 +84,7 @@ impl Invalid {
             Self::Period(_) => "bad_period",
             Self::FuturePeriod { .. } => "future_period",
             Self::Note => "bad_note",
+            Self::Unit => "bad_unit",
         }
     }
 }
@@ -102,6 +110,16 @@ pub fn check_key(key: &str) -> Result<(), Invalid> {
     }
 }
 
+/// A unit a debit names: what grants are kept in (a currency such as `usd`, a custom pricing
+/// unit's id, or [`ALLOWANCE_UNIT`]), 1 to [`MAX_UNIT_LEN`] ASCII letters, digits, `_` or `-`.
+pub fn check_unit(unit: &str) -> Result<(), Invalid> {
+    let kept = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
+    match !unit.is_empty() && unit.len() <= MAX_UNIT_LEN && unit.bytes().all(kept) {
+        true => Ok(()),
+        false => Err(Invalid::Unit),
+    }
+}
+
 /// One debit as the app asks for it.
 #[derive(Debug, Clone)]
 pub struct DebitRequest<'a> {
@@ -113,6 +131,10 @@ pub struct DebitRequest<'a> {
     pub amount: i64,
     pub period: DebitPeriod,
     pub note: Option<&'a str>,
+    /// What it spends ([`ALLOWANCE_UNIT`] unless the request names another): a debit of the
+    /// allowance's unit spends the period's allowance first, then the grants of its unit in
+    /// the burn order (docs/design.md §4.14); one of another unit spends only grants.
+    pub unit: &'a str,
     /// `Some(catalog)` when effects are configured (`INBOX_EFFECTS`): the period's
     /// `billing.allowance_exhausted` is written with the debit that exhausts it, its
     /// `account` block naming the plan the catalog derives. Then a debit costs two round
@@ -121,6 +143,39 @@ pub struct DebitRequest<'a> {
     /// `Some(meter)` when the source reports its debits to a provider's meter (its name
     /// there, docs/design.md §4.13): an accepted debit writes its report in the same call.
     pub meter: Option<&'a str>,
+}
+
+/// What an accepted debit took, as it was answered (docs/design.md §4.14): the allowance
+/// first, then grants in the burn order `order_version`. The answer is kept under the key; the
+/// allocation the account's state holds is derived ([`credits::allocations`]) and moves when a
+/// grant told later comes before these in the burn order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocated {
+    pub from_allowance: i64,
+    pub from_grants: Vec<GrantTaken>,
+    pub order_version: u32,
+}
+
+/// One grant a debit spent, and how much (a decimal string, as the credits read gives amounts).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantTaken {
+    pub grant_id: String,
+    pub amount: String,
+}
+
+/// What remained when a debit was refused: of the allowance, and of each grant of its unit that
+/// had any, in the burn order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Remains {
+    pub remaining_allowance: i64,
+    pub grants: Vec<GrantRemaining>,
+    pub order_version: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantRemaining {
+    pub grant_id: String,
+    pub remaining: String,
 }
 
 /// What a debit got. A key asked again gets the same answer, but `replayed`.
@@ -134,12 +189,16 @@ pub enum Debit {
         used: i64,
         remaining: i64,
         replayed: bool,
+        /// `None` for a debit stored before debits burned grants (all of it the allowance's).
+        allocation: Option<Allocated>,
     },
-    /// Refused for lack of allowance; stable under its key (a later grant does not turn it
-    /// into an acceptance: the app sends a new key).
+    /// Refused for lack of allowance and grants; stable under its key (a later grant does not
+    /// turn it into an acceptance: the app sends a new key).
     Exhausted {
         remaining: i64,
         replayed: bool,
+        /// `None` for a refusal stored before debits burned grants.
+        remains: Option<Remains>,
     },
     /// The key was used with another amount, period or note.
     KeyConflict,
@@ -154,6 +213,7 @@ impl<'a> DebitRequest<'a> {
     /// [`MAX_NOTE_CHARS`] characters without control characters (Postgres cannot store a
     /// NUL; an escape sequence would reach the operator's terminal through `inboxctl usage`).
     /// Effects off; the caller sets [`DebitRequest::effects`].
+    #[allow(clippy::too_many_arguments)]
     pub fn checked(
         source: &'a str,
         customer: &'a CustomerId,
@@ -161,9 +221,12 @@ impl<'a> DebitRequest<'a> {
         amount: i64,
         period: Option<&str>,
         note: Option<&'a str>,
+        unit: Option<&'a str>,
         today: &Period,
     ) -> Result<Self, Invalid> {
         check_key(key)?;
+        let unit = unit.unwrap_or(ALLOWANCE_UNIT);
+        check_unit(unit)?;
         if !(1..=MAX_AMOUNT).contains(&amount) {
             return Err(Invalid::Amount);
         }
@@ -184,6 +247,7 @@ impl<'a> DebitRequest<'a> {
             amount,
             period,
             note,
+            unit,
             effects: None,
             meter: None,
         })
@@ -191,9 +255,10 @@ impl<'a> DebitRequest<'a> {
 }
 
 impl Debit {
-    /// An accepted debit as the app is answered (docs/api.md: `{usage_id, amount, period,
-    /// used, remaining, replayed}`); `None` for a refusal.
-    pub fn accepted_body(&self) -> Option<serde_json::Value> {
+    /// An accepted debit as the app is answered (docs/api.md: `{usage_id, amount, unit,
+    /// period, used, remaining, replayed, allocation}`); `None` for a refusal. `unit` is the
+    /// request's.
+    pub fn accepted_body(&self, unit: &str) -> Option<serde_json::Value> {
         let Debit::Accepted {
             usage_id,
             amount,
@@ -201,17 +266,26 @@ impl Debit {
             used,
             remaining,
             replayed,
+            allocation,
         } = self
         else {
             return None;
         };
+        // A debit stored before grants burned took all of it from the allowance.
+        let allocation = allocation.clone().unwrap_or_else(|| Allocated {
+            from_allowance: *amount,
+            from_grants: Vec::new(),
+            order_version: BURN_ORDER_VERSION,
+        });
         Some(json!({
             "usage_id": usage_id,
             "amount": amount,
+            "unit": unit,
             "period": period.as_str(),
             "used": used,
             "remaining": remaining,
             "replayed": replayed,
+            "allocation": allocation,
         }))
     }
 }
@@ -257,8 +331,9 @@ async fn usage_effect(
     })))
 }
 
-/// Spends `req.amount` of the period's allowance, once per key: at most two round trips, one
-/// when effects are off.
+/// Spends `req.amount` of the period's allowance, then of the account's grants of `req.unit`
+/// in the burn order, once per key, all or nothing: at most two round trips, one when effects
+/// are off.
 #[tracing::instrument(skip_all, fields(source = req.source, period = req.period.period().as_str()))]
 pub async fn debit(
     conn: &mut PgConnection,
@@ -294,8 +369,9 @@ pub async fn debit(
     });
     let row = sqlx::query!(
         r#"SELECT outcome AS "outcome!", usage_id, period, used, remaining,
-                  replayed AS "replayed!", told, reported
-           FROM inbox_debit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"#,
+                  replayed AS "replayed!", told, reported,
+                  allocation
+           FROM inbox_debit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"#,
         req.source,
         req.customer.as_str(),
         req.key,
@@ -306,10 +382,12 @@ pub async fn debit(
         usage_id,
         effect,
         meter,
+        req.unit,
     )
     .fetch_one(exec(conn))
     .await?;
     let missing = |what: &str| sqlx::Error::Decode(format!("inbox_debit: no {what}").into());
+    let bad = |e: serde_json::Error| sqlx::Error::Decode(format!("inbox_debit: {e}").into());
     let debit = match row.outcome.as_str() {
         "accepted" => Debit::Accepted {
             usage_id: row.usage_id.ok_or_else(|| missing("usage_id"))?,
@@ -326,10 +404,20 @@ pub async fn debit(
             used: row.used.ok_or_else(|| missing("used"))?,
             remaining: row.remaining.ok_or_else(|| missing("remaining"))?,
             replayed: row.replayed,
+            allocation: row
+                .allocation
+                .map(serde_json::from_value)
+                .transpose()
+                .map_err(bad)?,
         },
         "allowance_exhausted" => Debit::Exhausted {
             remaining: row.remaining.ok_or_else(|| missing("remaining"))?,
             replayed: row.replayed,
+            remains: row
+                .allocation
+                .map(serde_json::from_value)
+                .transpose()
+                .map_err(bad)?,
         },
         "idempotency_conflict" => Debit::KeyConflict,
         "customer_deleted" => Debit::CustomerDeleted,
@@ -345,6 +433,123 @@ pub async fn debit(
         told: row.told,
         reported: row.reported,
     })
+}
+
+/// The allocation of the account's accepted debits of `unit`, derived from what is stored
+/// ([`credits::allocations`]): its grants of the unit and their ledger, its periods'
+/// allowances and its accepted debits not reversed, in the order they were accepted. The
+/// truth of what each debit took; `credit_spending` only caches its sum for the debit's check.
+#[tracing::instrument(skip_all, fields(source))]
+pub async fn allocations(
+    conn: &mut PgConnection,
+    (source, customer): (&str, &CustomerId),
+    unit: &str,
+) -> Result<Vec<credits::DebitAllocation>, sqlx::Error> {
+    let bad = |e: String| sqlx::Error::Decode(format!("credits: {e}").into());
+    let mut held = credits::Credits::new();
+    let grants = sqlx::query!(
+        r#"SELECT grant_id, origin, unit, scope, amount::text AS "amount!", category, priority,
+                  inbox_secs(created_at) AS "created!", inbox_secs(effective_at) AS effective_at,
+                  inbox_secs(expires_at) AS expires_at, inbox_secs(voided_at) AS voided_at,
+                  inbox_secs(version_at) AS "updated!", version_key
+           FROM credit_grants WHERE source = $1 AND customer_id = $2 AND unit = $3"#,
+        source,
+        customer.as_str(),
+        unit,
+    )
+    .fetch_all(exec(&mut *conn))
+    .await?;
+    for g in grants {
+        let origin = match g.origin.as_str() {
+            "stripe_credit_grant" => credits::Origin::StripeCreditGrant,
+            "catalog_pack" => credits::Origin::CatalogPack,
+            "polar_meter_credit" => credits::Origin::PolarMeterCredit,
+            other => return Err(bad(format!("unknown origin '{other}'"))),
+        };
+        let category = match g.category.as_str() {
+            "paid" => credits::Category::Paid,
+            "promotional" => credits::Category::Promotional,
+            other => return Err(bad(format!("unknown category '{other}'"))),
+        };
+        held.grant(credits::GrantSnapshot {
+            grant_id: g.grant_id,
+            origin,
+            unit: g.unit,
+            scope: g.scope,
+            amount: Quantity::parse(&g.amount).map_err(|e| bad(e.to_string()))?,
+            category,
+            priority: g.priority.and_then(|p| u8::try_from(p).ok()),
+            created: g.created,
+            effective_at: g.effective_at,
+            expires_at: g.expires_at,
+            voided_at: g.voided_at,
+            updated: g.updated,
+            event_key: g.version_key,
+        });
+    }
+    let transactions = sqlx::query!(
+        r#"SELECT t.transaction_id, t.grant_id, t.kind, t.amount::text AS "amount!",
+                  inbox_secs(t.effective_at) AS "at!"
+           FROM credit_transactions t JOIN credit_grants c
+             ON c.source = t.source AND c.grant_id = t.grant_id
+           WHERE c.source = $1 AND c.customer_id = $2 AND c.unit = $3"#,
+        source,
+        customer.as_str(),
+        unit,
+    )
+    .fetch_all(exec(&mut *conn))
+    .await?;
+    for t in transactions {
+        let kind = [
+            credits::TransactionKind::Granted,
+            credits::TransactionKind::ApplicationInvoiceVoided,
+            credits::TransactionKind::Applied,
+            credits::TransactionKind::Expired,
+            credits::TransactionKind::Voided,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == t.kind)
+        .ok_or_else(|| bad(format!("unknown transaction kind '{}'", t.kind)))?;
+        held.transaction(credits::Transaction {
+            transaction_id: t.transaction_id,
+            grant_id: t.grant_id,
+            kind,
+            amount: Quantity::parse(&t.amount).map_err(|e| bad(e.to_string()))?,
+            effective_at: t.at,
+        });
+    }
+    let allowances = sqlx::query!(
+        r#"SELECT period, COALESCE(sum(delta), 0)::bigint AS "granted!" FROM ledger
+           WHERE source = $1 AND customer_id = $2 GROUP BY period"#,
+        source,
+        customer.as_str(),
+    )
+    .fetch_all(exec(&mut *conn))
+    .await?
+    .into_iter()
+    .map(|r| (r.period, Quantity::whole(r.granted)))
+    .collect();
+    let debits: Vec<credits::SpentDebit> = sqlx::query!(
+        r#"SELECT usage_id, period, amount, inbox_secs(recorded_at) AS "at!" FROM usage_debits
+           WHERE source = $1 AND customer_id = $2 AND unit = $3 AND accepted
+             AND reversed_at IS NULL
+           ORDER BY seq"#,
+        source,
+        customer.as_str(),
+        unit,
+    )
+    .fetch_all(exec(&mut *conn))
+    .await?
+    .into_iter()
+    .map(|d| credits::SpentDebit {
+        usage_id: d.usage_id,
+        unit: unit.to_owned(),
+        period: d.period,
+        amount: Quantity::whole(d.amount),
+        at: d.at,
+    })
+    .collect();
+    Ok(credits::allocations(&held, &allowances, &debits))
 }
 
 /// What a reversal got. Asked again, the same answer, but `replayed`.
@@ -491,6 +696,8 @@ pub async fn reverse(
 pub struct UsageLine {
     pub usage_id: String,
     pub amount: i64,
+    /// What it spent: `credits` (the allowance's unit), or the unit of the grants it spent.
+    pub unit: String,
     pub idempotency_key: String,
     pub note: Option<String>,
     pub recorded_at: DateTime<Utc>,
@@ -543,7 +750,7 @@ pub async fn list(
                COALESCE((SELECT used FROM usage_periods
                          WHERE source = $1 AND customer_id = $2 AND period = $3), 0) AS "used!",
                (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'usage_id', d.usage_id, 'amount', d.amount,
+                           'usage_id', d.usage_id, 'amount', d.amount, 'unit', d.unit,
                            'idempotency_key', d.idempotency_key, 'note', d.note,
                            'recorded_at', d.recorded_at) ORDER BY d.seq), '[]')
                 FROM (SELECT * FROM usage_debits u
@@ -573,6 +780,7 @@ pub async fn list(
     struct Line {
         usage_id: String,
         amount: i64,
+        unit: String,
         idempotency_key: String,
         note: Option<String>,
         recorded_at: DateTime<Utc>,
@@ -588,6 +796,7 @@ pub async fn list(
         .map(|l| UsageLine {
             usage_id: l.usage_id,
             amount: l.amount,
+            unit: l.unit,
             idempotency_key: l.idempotency_key,
             note: l.note,
             recorded_at: l.recorded_at,
@@ -613,7 +822,7 @@ mod tests {
         let today = Period::parse("2026-12").unwrap();
         let ask =
             |key: &'static str, amount: i64, period: Option<&str>, note: Option<&'static str>| {
-                DebitRequest::checked("kinde", &customer, key, amount, period, note, &today)
+                DebitRequest::checked("kinde", &customer, key, amount, period, note, None, &today)
             };
         let named = ask("k", MAX_AMOUNT, Some("2026-11"), Some("a\tb\nc")).unwrap();
         assert_eq!(
@@ -633,13 +842,32 @@ mod tests {
         assert_eq!(invalid(ask("", 1, None, None)), "bad_idempotency_key");
         assert_eq!(invalid(ask("a b", 1, None, None)), "bad_idempotency_key");
         let long = "é".repeat(MAX_NOTE_CHARS + 1);
-        let too_long = DebitRequest::checked("kinde", &customer, "k", 1, None, Some(&long), &today);
+        let too_long =
+            DebitRequest::checked("kinde", &customer, "k", 1, None, Some(&long), None, &today);
         assert_eq!(invalid(too_long), "bad_note");
         let longest = "é".repeat(MAX_NOTE_CHARS);
-        assert!(
-            DebitRequest::checked("kinde", &customer, "k", 1, None, Some(&longest), &today).is_ok()
-        );
+        assert!(DebitRequest::checked(
+            "kinde",
+            &customer,
+            "k",
+            1,
+            None,
+            Some(&longest),
+            None,
+            &today
+        )
+        .is_ok());
         assert_eq!(invalid(ask("k", 1, None, Some("a\u{0}b"))), "bad_note");
         assert_eq!(invalid(ask("k", 1, None, Some("\u{1b}[2J"))), "bad_note");
+        assert_eq!(ask("k", 1, None, None).unwrap().unit, ALLOWANCE_UNIT);
+        let in_unit = |unit: &'static str| {
+            DebitRequest::checked("kinde", &customer, "k", 1, None, None, Some(unit), &today)
+        };
+        assert_eq!(in_unit("usd").unwrap().unit, "usd");
+        assert!(in_unit("cpu_61SsXy-2").is_ok());
+        for bad in ["", "us d", "usd\n", "é", &"u".repeat(MAX_UNIT_LEN + 1)] {
+            let bad: &'static str = Box::leak(bad.to_owned().into_boxed_str());
+            assert_eq!(invalid(in_unit(bad)), "bad_unit", "{bad:?}");
+        }
     }
 }

@@ -118,12 +118,15 @@ class BillingInbox:
 
     def debit(
         self, customer: str, amount: int, *, source: str | None = None,
-        period: str | None = None, note: str | None = None,
+        period: str | None = None, note: str | None = None, unit: str | None = None,
         idempotency_key: str | None = None, stripe_account: str | None = None,
     ) -> Debit:
-        """Spends ``amount`` of the period's allowance, once: the key (made here when not
-        given) is kept across every retry."""
-        body = DebitRequest(amount=amount, period=_given(period), note=_given(note))
+        """Spends ``amount`` of the period's allowance, then of the credit grants of ``unit``
+        (default ``credits``), once: the key (made here when not given) is kept across every
+        retry."""
+        body = DebitRequest(
+            amount=amount, period=_given(period), note=_given(note), unit=_given(unit)
+        )
         return self._call(
             record_usage.sync_detailed, source=self.source_of(source), customer=customer,
             body=body, idempotency_key=idempotency_key or new_idempotency_key(),

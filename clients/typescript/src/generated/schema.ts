@@ -77,7 +77,10 @@ export interface paths {
         /** The period's debits, oldest first, a page at a time */
         get: operations["listUsage"];
         put?: never;
-        /** Spend part of the period's allowance, once per Idempotency-Key */
+        /**
+         * Spend the period's allowance, then credit grants, once per Idempotency-Key
+         * @description A debit of the allowance's unit (`credits`, the default) spends what the period's allowance has left, then the account's credit grants of that unit in the burn order (version 1: priority ascending, expires_at ascending with none last, promotional before paid, effective_at, grant id), each as far as it is available at the debit's time; a debit of another unit spends grants of that unit only. All or nothing.
+         */
         post: operations["recordUsage"];
         delete?: never;
         options?: never;
@@ -384,7 +387,7 @@ export interface components {
             detail: string;
         };
         BadRequestError: {
-            /** @description Known values: missing_idempotency_key, bad_idempotency_key, bad_body, body_not_object, null_field, bad_amount, bad_note, bad_period, future_period, bad_time, bad_limit, bad_cursor, bad_usage_id, bad_customer, bad_stripe_account, bad_path, bad_feature_key, bad_event_id, bad_status, bad_step, unknown_scenario, unknown_parameter, repeated_parameter, bad_parameter (a client accepts others too). */
+            /** @description Known values: missing_idempotency_key, bad_idempotency_key, bad_body, body_not_object, null_field, bad_amount, bad_note, bad_unit, bad_period, future_period, bad_time, bad_limit, bad_cursor, bad_usage_id, bad_customer, bad_stripe_account, bad_path, bad_feature_key, bad_event_id, bad_status, bad_step, unknown_scenario, unknown_parameter, repeated_parameter, bad_parameter (a client accepts others too). */
             code: string;
             detail: string;
         };
@@ -392,7 +395,13 @@ export interface components {
             /** @constant */
             code: "allowance_exhausted";
             detail: string;
+            /** @description What the period's allowance had left */
             remaining: number;
+            /** @description Each grant of the debit's unit that had anything left, in the burn order, and what it had (absent from a refusal stored before debits burned grants) */
+            grants?: {
+                grant_id: string;
+                remaining: components["schemas"]["DebitDecimal"];
+            }[];
         };
         Account: {
             source: string;
@@ -478,14 +487,31 @@ export interface components {
             period?: string;
             /** @description At most 500 characters, with no control characters but tab and newline */
             note?: string;
+            /** @description What the debit spends; left out, `credits` (the unit of the monthly allowance and of catalog packs). Else a currency in its minor units (`usd`, a Stripe monetary grant's), or a custom pricing unit's id. Anything else is 400 bad_unit. The same key with another unit is 422 idempotency_conflict. */
+            unit?: string;
         };
+        /** @description An amount as a decimal string, exact to 12 places (a grant's unit may be a decimal) */
+        DebitDecimal: string;
         Debit: {
             usage_id: string;
             amount: number;
+            unit: string;
             period: string;
+            /** @description The period's accepted debits of the allowance's unit, what grants paid included */
             used: number;
+            /** @description What the period's allowance has left */
             remaining: number;
             replayed: boolean;
+            /** @description What the debit took, as it was decided: the allowance first, then grants in the burn order order_version. The account's credits read derives each debit's allocation again from everything known, so a grant told later that comes first in the burn order takes its place there; this answer stays as given. */
+            allocation: {
+                from_allowance: number;
+                from_grants: {
+                    grant_id: string;
+                    amount: components["schemas"]["DebitDecimal"];
+                }[];
+                /** @constant */
+                order_version: 1;
+            };
         };
         Reversal: {
             usage_id: string;
@@ -505,6 +531,8 @@ export interface components {
             usage: {
                 usage_id: string;
                 amount: number;
+                /** @description What the debit spent: credits, or the unit of the grants it spent */
+                unit: string;
                 idempotency_key: string;
                 note: string | null;
                 /** Format: date-time */
@@ -1025,7 +1053,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
-            /** @description allowance_exhausted (the debit would take used past the allowance; nothing was debited, and the same key answers so again) or customer_deleted */
+            /** @description allowance_exhausted (the allowance and the grants of the debit's unit together hold less than the amount; nothing was debited, and the same key answers so again: the body says what remained of the allowance and of each grant) or customer_deleted */
             409: {
                 headers: {
                     [name: string]: unknown;

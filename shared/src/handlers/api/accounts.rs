@@ -125,8 +125,8 @@ fn route(method: &Method, path: &str) -> Result<(Route, String, String), ApiErro
     Ok((route, decode(source)?, decode(customer)?))
 }
 
-/// A debit's body, as sent: `{"amount": N, "period"?: "YYYY-MM", "note"?: "…"}`, checked by
-/// [`DebitRequest::checked`].
+/// A debit's body, as sent: `{"amount": N, "period"?: "YYYY-MM", "note"?: "…", "unit"?:
+/// "credits"}`, checked by [`DebitRequest::checked`].
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DebitBody {
@@ -135,6 +135,8 @@ struct DebitBody {
     period: Option<String>,
     #[serde(default)]
     note: Option<String>,
+    #[serde(default)]
+    unit: Option<String>,
 }
 
 /// An `Idempotency-Key`, given once: 1 to 255 visible ASCII characters, no comma. Two headers
@@ -217,7 +219,7 @@ fn feature_key(raw: &str) -> Result<&str, ApiError> {
 /// comes as it was written (a whole number, checked with the rest by
 /// [`DebitRequest::checked`]).
 fn debit_body(body: &[u8]) -> Result<(i64, DebitBody), ApiError> {
-    const SHAPE: &str = r#"{"amount": N, "period"?: "YYYY-MM", "note"?: "…"}"#;
+    const SHAPE: &str = r#"{"amount": N, "period"?: "YYYY-MM", "note"?: "…", "unit"?: "credits"}"#;
     let bad_body = |e: serde_json::Error| {
         ApiError::bad(
             "bad_body",
@@ -237,7 +239,7 @@ fn debit_body(body: &[u8]) -> Result<(i64, DebitBody), ApiError> {
             ))
         }
     };
-    if let Some(name) = ["period", "note"]
+    if let Some(name) = ["period", "note", "unit"]
         .into_iter()
         .find(|name| fields.get(*name) == Some(&Value::Null))
     {
@@ -360,13 +362,14 @@ pub(super) async fn serve(
                 amount,
                 body.period.as_deref(),
                 body.note.as_deref(),
+                body.unit.as_deref(),
                 &now,
             )?;
             ask.effects = state.effects.as_ref().map(|_| &state.catalog);
             ask.meter = state.meters.get(&target.source).map(String::as_str);
             let debited = on_held!(state, conn => usage::debit(conn, &ask))?;
             tell(state, debited.told.as_ref(), debited.reported.as_ref()).await;
-            debit_answer(debited.debit, &customer)
+            debit_answer(debited.debit, ask.unit, &customer)
         }
         Route::ReverseUsage(usage_id) => {
             let usage_id = usage_id_param(&usage_id)?;
@@ -581,6 +584,7 @@ fn usage_page_body(page: &UsagePage) -> Value {
         "usage": page.usage.iter().map(|line| json!({
             "usage_id": line.usage_id,
             "amount": line.amount,
+            "unit": line.unit,
             "idempotency_key": line.idempotency_key,
             "note": line.note,
             "recorded_at": line.recorded_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
@@ -618,10 +622,10 @@ fn reversal_answer(reversal: Reversal, usage_id: &str) -> Result<Response<Body>,
     }
 }
 
-fn debit_answer(debit: Debit, customer: &str) -> Result<Response<Body>, ApiError> {
+fn debit_answer(debit: Debit, unit: &str, customer: &str) -> Result<Response<Body>, ApiError> {
     match debit {
         Debit::Accepted { replayed, .. } => {
-            let body = debit.accepted_body().unwrap_or_default();
+            let body = debit.accepted_body(unit).unwrap_or_default();
             let mut response = json_response(StatusCode::OK, &body);
             if replayed {
                 mark_replayed(response.headers_mut());
@@ -631,9 +635,11 @@ fn debit_answer(debit: Debit, customer: &str) -> Result<Response<Body>, ApiError
         Debit::Exhausted {
             remaining,
             replayed,
+            remains,
         } => Err(ApiError::AllowanceExhausted {
             remaining,
             replayed,
+            grants: remains.map(|r| r.grants).unwrap_or_default(),
         }),
         Debit::KeyConflict => Err(ApiError::IdempotencyConflict),
         Debit::CustomerDeleted => Err(ApiError::CustomerDeleted),

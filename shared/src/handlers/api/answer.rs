@@ -55,8 +55,16 @@ pub enum ApiError {
     BadRequest { code: &'static str, detail: String },
     #[error("the body is {0} bytes; the limit is {MAX_BODY_BYTES}")]
     PayloadTooLarge(usize),
-    #[error("the period's allowance has {remaining} left")]
-    AllowanceExhausted { remaining: i64, replayed: bool },
+    #[error(
+        "the period's allowance has {remaining} left, and the grants of the debit's unit {}",
+        grants_left(grants)
+    )]
+    AllowanceExhausted {
+        remaining: i64,
+        replayed: bool,
+        /// What each grant of the debit's unit still had, in the burn order.
+        grants: Vec<crate::billing::usage::GrantRemaining>,
+    },
     #[error("the customer is deleted")]
     CustomerDeleted,
     #[error("the debit {0} was refused: it spent nothing, so there is nothing to reverse")]
@@ -134,8 +142,12 @@ impl ApiError {
     pub fn into_response(self) -> Response<Body> {
         let headers = self.report();
         let mut body = json!({"code": self.code(), "detail": self.to_string()});
-        if let Self::AllowanceExhausted { remaining, .. } = &self {
+        if let Self::AllowanceExhausted {
+            remaining, grants, ..
+        } = &self
+        {
             body["remaining"] = json!(remaining);
+            body["grants"] = json!(grants);
         }
         let mut response = json_response(self.status(), &body);
         response.headers_mut().extend(headers);
@@ -174,6 +186,20 @@ impl ApiError {
             _ => {}
         }
         headers
+    }
+}
+
+/// The grants' remains in words, for the exhaustion's `detail`.
+fn grants_left(grants: &[crate::billing::usage::GrantRemaining]) -> String {
+    match grants {
+        [] => "have nothing".to_owned(),
+        _ => {
+            let each: Vec<String> = grants
+                .iter()
+                .map(|g| format!("{} has {}", g.grant_id, g.remaining))
+                .collect();
+            format!("have too little: {}", each.join(", "))
+        }
     }
 }
 

@@ -14,6 +14,8 @@ from .beaten import Beaten
 from .customer_deleted_effect import CustomerDeletedEffect
 from .customer_deleted_effect_data import CustomerDeletedEffectData
 from .debit import Debit
+from .debit_allocation import DebitAllocation
+from .debit_allocation_from_grants_item import DebitAllocationFromGrantsItem
 from .debit_request import DebitRequest
 from .effect import Effect
 from .effect_account import EffectAccount
@@ -22,6 +24,7 @@ from .effect_subscription_state import EffectSubscriptionState
 from .error import Error
 from .event_ref import EventRef
 from .exhausted import Exhausted
+from .exhausted_grants_item import ExhaustedGrantsItem
 from .feature_check import FeatureCheck
 from .feature_decider import FeatureDecider
 from .features import Features
@@ -64,6 +67,8 @@ __all__ = (
     "CustomerDeletedEffect",
     "CustomerDeletedEffectData",
     "Debit",
+    "DebitAllocation",
+    "DebitAllocationFromGrantsItem",
     "DebitRequest",
     "Effect",
     "EffectAccount",
@@ -72,6 +77,7 @@ __all__ = (
     "Error",
     "EventRef",
     "Exhausted",
+    "ExhaustedGrantsItem",
     "FeatureCheck",
     "FeatureDecider",
     "Features",

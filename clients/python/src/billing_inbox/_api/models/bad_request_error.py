@@ -13,9 +13,9 @@ class BadRequestError:
     """
     Attributes:
         code (str): Known values: missing_idempotency_key, bad_idempotency_key, bad_body, body_not_object, null_field,
-            bad_amount, bad_note, bad_period, future_period, bad_time, bad_limit, bad_cursor, bad_usage_id, bad_customer,
-            bad_stripe_account, bad_path, bad_feature_key, bad_event_id, bad_status, bad_step, unknown_scenario,
-            unknown_parameter, repeated_parameter, bad_parameter (a client accepts others too).
+            bad_amount, bad_note, bad_unit, bad_period, future_period, bad_time, bad_limit, bad_cursor, bad_usage_id,
+            bad_customer, bad_stripe_account, bad_path, bad_feature_key, bad_event_id, bad_status, bad_step,
+            unknown_scenario, unknown_parameter, repeated_parameter, bad_parameter (a client accepts others too).
         detail (str):
     """
 

@@ -20,11 +20,15 @@ class DebitRequest:
             same body in a later month is the same request. A past month may be debited, a later one may not (400
             future_period).
         note (str | Unset): At most 500 characters, with no control characters but tab and newline
+        unit (str | Unset): What the debit spends; left out, `credits` (the unit of the monthly allowance and of catalog
+            packs). Else a currency in its minor units (`usd`, a Stripe monetary grant's), or a custom pricing unit's id.
+            Anything else is 400 bad_unit. The same key with another unit is 422 idempotency_conflict.
     """
 
     amount: int
     period: str | Unset = UNSET
     note: str | Unset = UNSET
+    unit: str | Unset = UNSET
 
     def to_dict(self) -> dict[str, Any]:
         amount = self.amount
@@ -32,6 +36,8 @@ class DebitRequest:
         period = self.period
 
         note = self.note
+
+        unit = self.unit
 
         field_dict: dict[str, Any] = {}
 
@@ -44,6 +50,8 @@ class DebitRequest:
             field_dict["period"] = period
         if note is not UNSET:
             field_dict["note"] = note
+        if unit is not UNSET:
+            field_dict["unit"] = unit
 
         return field_dict
 
@@ -56,10 +64,13 @@ class DebitRequest:
 
         note = d.pop("note", UNSET)
 
+        unit = d.pop("unit", UNSET)
+
         debit_request = cls(
             amount=amount,
             period=period,
             note=note,
+            unit=unit,
         )
 
         return debit_request

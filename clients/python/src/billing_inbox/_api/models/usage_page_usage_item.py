@@ -15,6 +15,7 @@ class UsagePageUsageItem:
     Attributes:
         usage_id (str):
         amount (int):
+        unit (str): What the debit spent: credits, or the unit of the grants it spent
         idempotency_key (str):
         note (None | str):
         recorded_at (datetime.datetime):
@@ -22,6 +23,7 @@ class UsagePageUsageItem:
 
     usage_id: str
     amount: int
+    unit: str
     idempotency_key: str
     note: None | str
     recorded_at: datetime.datetime
@@ -30,6 +32,8 @@ class UsagePageUsageItem:
         usage_id = self.usage_id
 
         amount = self.amount
+
+        unit = self.unit
 
         idempotency_key = self.idempotency_key
 
@@ -44,6 +48,7 @@ class UsagePageUsageItem:
             {
                 "usage_id": usage_id,
                 "amount": amount,
+                "unit": unit,
                 "idempotency_key": idempotency_key,
                 "note": note,
                 "recorded_at": recorded_at,
@@ -59,6 +64,8 @@ class UsagePageUsageItem:
 
         amount = d.pop("amount")
 
+        unit = d.pop("unit")
+
         idempotency_key = d.pop("idempotency_key")
 
         def _parse_note(data: object) -> None | str:
@@ -73,6 +80,7 @@ class UsagePageUsageItem:
         usage_page_usage_item = cls(
             usage_id=usage_id,
             amount=amount,
+            unit=unit,
             idempotency_key=idempotency_key,
             note=note,
             recorded_at=recorded_at,

@@ -138,7 +138,13 @@ def sync_detailed(
     stripe_account: str | Unset = UNSET,
     idempotency_key: str,
 ) -> Response[BadRequestError | Debit | Error | Exhausted]:
-    """Spend part of the period's allowance, once per Idempotency-Key
+    """Spend the period's allowance, then credit grants, once per Idempotency-Key
+
+     A debit of the allowance's unit (`credits`, the default) spends what the period's allowance has
+    left, then the account's credit grants of that unit in the burn order (version 1: priority
+    ascending, expires_at ascending with none last, promotional before paid, effective_at, grant id),
+    each as far as it is available at the debit's time; a debit of another unit spends grants of that
+    unit only. All or nothing.
 
     Args:
         source (str):
@@ -180,7 +186,13 @@ def sync(
     stripe_account: str | Unset = UNSET,
     idempotency_key: str,
 ) -> BadRequestError | Debit | Error | Exhausted | None:
-    """Spend part of the period's allowance, once per Idempotency-Key
+    """Spend the period's allowance, then credit grants, once per Idempotency-Key
+
+     A debit of the allowance's unit (`credits`, the default) spends what the period's allowance has
+    left, then the account's credit grants of that unit in the burn order (version 1: priority
+    ascending, expires_at ascending with none last, promotional before paid, effective_at, grant id),
+    each as far as it is available at the debit's time; a debit of another unit spends grants of that
+    unit only. All or nothing.
 
     Args:
         source (str):
@@ -217,7 +229,13 @@ async def asyncio_detailed(
     stripe_account: str | Unset = UNSET,
     idempotency_key: str,
 ) -> Response[BadRequestError | Debit | Error | Exhausted]:
-    """Spend part of the period's allowance, once per Idempotency-Key
+    """Spend the period's allowance, then credit grants, once per Idempotency-Key
+
+     A debit of the allowance's unit (`credits`, the default) spends what the period's allowance has
+    left, then the account's credit grants of that unit in the burn order (version 1: priority
+    ascending, expires_at ascending with none last, promotional before paid, effective_at, grant id),
+    each as far as it is available at the debit's time; a debit of another unit spends grants of that
+    unit only. All or nothing.
 
     Args:
         source (str):
@@ -257,7 +275,13 @@ async def asyncio(
     stripe_account: str | Unset = UNSET,
     idempotency_key: str,
 ) -> BadRequestError | Debit | Error | Exhausted | None:
-    """Spend part of the period's allowance, once per Idempotency-Key
+    """Spend the period's allowance, then credit grants, once per Idempotency-Key
+
+     A debit of the allowance's unit (`credits`, the default) spends what the period's allowance has
+    left, then the account's credit grants of that unit in the burn order (version 1: priority
+    ascending, expires_at ascending with none last, promotional before paid, effective_at, grant id),
+    each as far as it is available at the debit's time; a debit of another unit spends grants of that
+    unit only. All or nothing.
 
     Args:
         source (str):
