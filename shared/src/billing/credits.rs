@@ -142,6 +142,16 @@ impl Origin {
             Origin::PolarMeterCredit => "polar_meter_credit",
         }
     }
+
+    pub fn parse(s: &str) -> Option<Origin> {
+        [
+            Origin::StripeCreditGrant,
+            Origin::CatalogPack,
+            Origin::PolarMeterCredit,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == s)
+    }
 }
 
 /// Stripe's `category`. Promotional credit is spent before paid credit of the same priority
@@ -158,6 +168,12 @@ impl Category {
             Category::Promotional => "promotional",
             Category::Paid => "paid",
         }
+    }
+
+    pub fn parse(s: &str) -> Option<Category> {
+        [Category::Promotional, Category::Paid]
+            .into_iter()
+            .find(|c| c.as_str() == s)
     }
 }
 
@@ -197,6 +213,28 @@ impl GrantSnapshot {
 
     fn version(&self) -> (i64, &str) {
         (self.updated, self.event_key.as_str())
+    }
+
+    /// The grant in words, for the log line: "credit grant credgr_1: 1000 usd, paid, for
+    /// price_type:metered, expires 2026-02-01T00:00:00Z".
+    pub fn words(&self) -> String {
+        let mut words = format!(
+            "credit grant {}: {} {}, {}, for {}",
+            self.grant_id,
+            self.amount,
+            self.unit,
+            self.category.as_str(),
+            self.scope
+        );
+        for (what, at) in [("expires", self.expires_at), ("voided", self.voided_at)] {
+            if let Some(at) = at.and_then(rfc3339) {
+                words.push_str(&format!(
+                    ", {what} {}",
+                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ));
+            }
+        }
+        words
     }
 }
 
@@ -239,6 +277,11 @@ impl TransactionKind {
             TransactionKind::Expired => "credits_expired",
             TransactionKind::Voided => "credits_voided",
         }
+    }
+
+    /// The kind by Stripe's name of the type, whichever side it is on.
+    pub fn named(name: &str) -> Option<TransactionKind> {
+        TransactionKind::parse("credit", name).or_else(|| TransactionKind::parse("debit", name))
     }
 
     fn sign(self) -> i128 {
@@ -374,6 +417,29 @@ impl Credits {
                 self.transactions.insert(t.transaction_id.clone(), t);
             }
         }
+    }
+
+    /// A grant's register, if the grant is known.
+    pub fn register(&self, grant_id: &str) -> Option<&GrantRegister> {
+        self.grants.get(grant_id)
+    }
+
+    /// Every grant's register, by grant id.
+    pub fn registers(&self) -> impl Iterator<Item = &GrantRegister> {
+        self.grants.values()
+    }
+
+    /// The latest provider time the credits say (a snapshot's `updated`, a transaction's
+    /// `effective_at`): the provider has told of them, so time has passed at least as far.
+    pub fn latest(&self) -> Option<i64> {
+        let snapshots = self.grants.values().map(|r| r.latest.updated);
+        let transactions = self.transactions.values().map(|t| t.effective_at);
+        snapshots.chain(transactions).max()
+    }
+
+    /// Whether a transaction is counted already (by its id).
+    pub fn counts(&self, transaction_id: &str) -> bool {
+        self.transactions.contains_key(transaction_id)
     }
 
     /// Transactions whose grant is not known yet: held, counted when it comes, never dropped.
@@ -704,6 +770,14 @@ pub fn watched(unit: &str, low: &BTreeMap<String, Quantity>) -> Vec<Threshold> {
         .map(|level| Threshold::Low(*level))
         .into_iter()
         .chain([Threshold::Depleted])
+        .collect()
+}
+
+/// The catalog's low levels (whole units) as the fold's amounts.
+pub fn low_levels(levels: &BTreeMap<String, i64>) -> BTreeMap<String, Quantity> {
+    levels
+        .iter()
+        .map(|(unit, level)| (unit.clone(), Quantity::whole(*level)))
         .collect()
 }
 
