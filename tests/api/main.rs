@@ -33,6 +33,7 @@ mod migrate;
 mod model;
 mod operations;
 mod order;
+mod order_credits;
 mod paddle_reconcile;
 mod paddle_sdk;
 mod polar_benefits;
