@@ -592,3 +592,41 @@ async fn the_schedulers_tick_tells_an_expiry_no_event_marks_once(pool: PgPool) {
     let sequences: Vec<i64> = app.effects().await.iter().map(|e| e.sequence).collect();
     assert_eq!(sequences, [1, 2, 3]);
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_thin_credit_grant_event_is_read_and_written_to_the_same_register(pool: PgPool) {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, ResponseTemplate};
+    let mut app = TestApp::spawn(pool.clone()).await;
+    let api = wiremock::MockServer::start().await;
+    crate::traffic::with_stripe_api(&mut app.worker, &api);
+    // `GET /v1/billing/credit_grants/{id}` answers the grant ("Retrieve a credit grant",
+    // docs.stripe.com/api/billing/credit-grant/retrieve; neither the pinned
+    // testdata/openapi/stripe.json nor the fake Stripe's description holds the credits paths
+    // yet, so a plain mock answers it): the corpus's grant as its later snapshot shows it.
+    let shown = credits_corpus("")[2]["data"]["object"].clone();
+    Mock::given(method("GET"))
+        .and(path(format!("/v1/billing/credit_grants/{GRANT}")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(shown))
+        .mount(&api)
+        .await;
+    let thin = corpus("stripe/credits")
+        .into_iter()
+        .find(|(name, _)| name.starts_with("6-v1."))
+        .unwrap()
+        .1;
+    deliver(&app, std::slice::from_ref(&thin)).await;
+    let notice = crate::thin::status_of(&app, thin["id"].as_str().unwrap()).await;
+    assert_eq!(notice.status, "applied", "{:?}", notice.reason);
+    let read =
+        crate::thin::status_of(&app, &format!("read:{}", thin["id"].as_str().unwrap())).await;
+    assert_eq!(read.event_type, "billing.credit_grant.updated");
+    // The same row the snapshot event writes, standing at the thin event's time.
+    let grants = grants_of(&pool, CUSTOMER, "").await;
+    assert_eq!(grants[0]["grant_id"], GRANT);
+    assert_eq!(grants[0]["amount"], "1000.000000000000");
+    assert_eq!(grants[0]["expires_at"], "2026-02-01T00:00:00+00:00");
+    // The snapshot event of the same change, delivered too, changes nothing more.
+    deliver(&app, &credits_corpus("")[2..3]).await;
+    assert_eq!(app.count("SELECT count(*) FROM credit_grants").await, 1);
+}
