@@ -588,6 +588,12 @@ async fn the_schedulers_tick_tells_an_expiry_no_event_marks_once(pool: PgPool) {
         .await
         .unwrap();
     assert!(again.is_empty(), "once: {again:?}");
+    // An account told is no longer due: the others get the tick's turn.
+    let mut conn = pool.acquire().await.unwrap();
+    let due = shared::effects::credits::due(&mut conn, Utc::now())
+        .await
+        .unwrap();
+    assert!(due.is_empty(), "{due:?}");
     // Numbered after the grant's effect, with no gap.
     let sequences: Vec<i64> = app.effects().await.iter().map(|e| e.sequence).collect();
     assert_eq!(sequences, [1, 2, 3]);

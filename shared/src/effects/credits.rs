@@ -21,8 +21,7 @@ pub const LOOK_BACK_DAYS: i64 = 7;
 /// Accounts a tick takes at most; the others wait for the next.
 pub const ACCOUNTS_PER_TICK: i64 = 500;
 
-/// Writes, for each account with a grant's effective, expiry or void time in the
-/// [`LOOK_BACK_DAYS`] before `now`, the credits effects due by `now` that are not written yet
+/// Writes, for each account [`due`], the credits effects due by `now` that are not written yet
 /// (low levels from the catalog's entry of the account's plan). Returns the ids written, for
 /// the rescue to enqueue (they are written unenqueued).
 #[tracing::instrument(skip_all)]
@@ -32,26 +31,15 @@ pub async fn tick(
     now: DateTime<Utc>,
 ) -> anyhow::Result<Vec<String>> {
     let mut conn = pool.acquire().await.context("credits tick: a connection")?;
-    let since = now - chrono::Duration::days(LOOK_BACK_DAYS);
-    let due = sqlx::query!(
-        r#"SELECT DISTINCT source AS "source!", customer_id AS "customer_id!" FROM credit_grants
-           WHERE (expires_at > $1 AND expires_at <= $2)
-              OR (voided_at > $1 AND voided_at <= $2)
-              OR (COALESCE(effective_at, created_at) > $1 AND COALESCE(effective_at, created_at) <= $2)
-           LIMIT $3"#,
-        since,
-        now,
-        ACCOUNTS_PER_TICK,
-    )
-    .fetch_all(exec(&mut *conn))
-    .await
-    .context("credits tick: the accounts due")?;
+    let due = due(&mut conn, now)
+        .await
+        .context("credits tick: the accounts due")?;
     let mut written = Vec::new();
-    for account in due {
-        let Ok(customer) = CustomerId::parse(&account.customer_id) else {
+    for (source, customer) in due {
+        let Ok(customer) = CustomerId::parse(&customer) else {
             continue;
         };
-        let Some((held, _)) = registers::of_account(&mut conn, &account.source, &customer)
+        let Some((held, _)) = registers::of_account(&mut conn, &source, &customer)
             .await
             .context("credits tick: an account's registers")?
         else {
@@ -66,18 +54,62 @@ pub async fn tick(
             .plan;
         let low = credits::low_levels(&catalog.credits_low_of(&plan));
         let told = credits::told(
-            (&account.source, customer.as_str()),
+            (&source, customer.as_str()),
             &held.credits,
             &low,
             now.timestamp(),
         );
         written.extend(
-            write(&mut conn, (&account.source, customer.as_str()), &told)
+            write(&mut conn, (&source, customer.as_str()), &told)
                 .await
                 .context("credits tick: writing an account's effects")?,
         );
     }
     Ok(written)
+}
+
+/// The accounts (source, customer) with a grant whose effective, expiry or void time passed in
+/// the [`LOOK_BACK_DAYS`] before `now` and whose effect of it is not written yet, at most
+/// [`ACCOUNTS_PER_TICK`]: an account told drops out, so the others get their turn. A crossing
+/// that time makes happens at one of those times, and is written with its fact.
+pub async fn due(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+) -> Result<Vec<(String, String)>, sqlx::Error> {
+    let since = now - chrono::Duration::days(LOOK_BACK_DAYS);
+    // The effect's id as `domain::effect::effect_id` makes it: `eff_` and 32 hex digits of
+    // SHA-256 over the kind, a newline and the cause (`billing::credits::told`'s causes).
+    let rows = sqlx::query!(
+        r#"SELECT DISTINCT g.source AS "source!", g.customer_id AS "customer_id!"
+           FROM credit_grants g
+           WHERE (g.expires_at > $1 AND g.expires_at <= $2
+                  AND (g.voided_at IS NULL OR g.voided_at > g.expires_at)
+                  AND NOT EXISTS (SELECT 1 FROM effects f WHERE f.id = 'eff_' || left(encode(sha256(
+                      convert_to('billing.credits_expired' || E'
+' || 'credit grant ' || g.source
+                                 || '/' || g.grant_id || ' expired', 'UTF8')), 'hex'), 32)))
+              OR (g.voided_at > $1 AND g.voided_at <= $2
+                  AND NOT EXISTS (SELECT 1 FROM effects f WHERE f.id = 'eff_' || left(encode(sha256(
+                      convert_to('billing.credits_voided' || E'
+' || 'credit grant ' || g.source
+                                 || '/' || g.grant_id || ' voided', 'UTF8')), 'hex'), 32)))
+              OR (COALESCE(g.effective_at, g.created_at) > $1
+                  AND COALESCE(g.effective_at, g.created_at) <= $2
+                  AND NOT EXISTS (SELECT 1 FROM effects f WHERE f.id = 'eff_' || left(encode(sha256(
+                      convert_to('billing.credits_granted' || E'
+' || 'credit grant ' || g.source
+                                 || '/' || g.grant_id || ' granted', 'UTF8')), 'hex'), 32)))
+           LIMIT $3"#,
+        since,
+        now,
+        ACCOUNTS_PER_TICK,
+    )
+    .fetch_all(exec(conn))
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.source, r.customer_id))
+        .collect())
 }
 
 /// Writes the effects not written yet with the account's next sequence numbers, in one
