@@ -222,6 +222,31 @@ fn change(body: &Value) -> String {
                 text(&account["balance"])
             )
         }
+        Kind::CreditsGranted | Kind::CreditsExpired | Kind::CreditsVoided => {
+            let grant = &data["grant"];
+            let what = match known {
+                Kind::CreditsGranted => "granted",
+                Kind::CreditsExpired => "expired",
+                _ => "voided",
+            };
+            format!(
+                "credit grant {} of {} {} {what}",
+                text(&grant["grant_id"]),
+                text(&grant["amount"]),
+                text(&grant["unit"])
+            )
+        }
+        Kind::CreditsLow => format!(
+            "credits in {} below {} at {}",
+            text(&data["unit"]),
+            text(&data["level"]),
+            text(&data["crossed_at"])
+        ),
+        Kind::CreditsDepleted => format!(
+            "credits in {} depleted at {}",
+            text(&data["unit"]),
+            text(&data["crossed_at"])
+        ),
     }
 }
 

@@ -12,9 +12,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 
-use crate::billing::registers;
 use crate::billing::rules::{Registers, Stamp};
 use crate::billing::ruling::{rule, tie_on, Ruling, TieMoved};
+use crate::billing::{credits, registers};
 use crate::billing::{Decision, Effect, EventContext, Rank, Settled, SubscriptionEnds, Version};
 use crate::domain::{Catalog, EventStatus, SourceKind};
 use crate::effects;
@@ -220,6 +220,11 @@ async fn apply_event(
         if customer.is_none() {
             customer = refunded_intent_customer(source, event, effects).await?;
         }
+        // A credit transaction names its grant, not its customer: it is the grant's
+        // customer's, once the grant is known (docs/design.md §4.14).
+        if let [Effect::CreditTransaction(t)] = effects.as_slice() {
+            customer = registers::grant_customer(conn, &event.source, &t.grant_id).await?;
+        }
     }
     let ctx = customer
         .as_ref()
@@ -233,7 +238,10 @@ async fn apply_event(
         // find the account moved (docs/design.md §3.5). Its finish writes its log line.
         (Decision::Ignore(reason), Some(ctx)) => (EventStatus::Ignored, reason, Some(ctx)),
         (Decision::Apply { effects, .. }, None) if customer.is_none() => {
-            return remember_links_without_customer(conn, event, &effects).await
+            if let [Effect::CreditTransaction(t)] = effects.as_slice() {
+                return keep_transaction_without_grant(conn, event, t).await;
+            }
+            return remember_links_without_customer(conn, event, &effects).await;
         }
         (Decision::Apply { .. }, None) => (
             EventStatus::Unprocessable,
@@ -334,10 +342,29 @@ async fn apply_to_account(
             reads,
             (&ties_read, &shown, &tie_grants),
         )?;
-        let new = match &ruling.told {
+        let mut new = match &ruling.told {
             Some(told) => effects::effects_of(ctx, &told.facts, &told.before, &told.after),
             None => Vec::new(),
         };
+        // What the account's credits tell as of the event's time, when they moved: each
+        // effect once by its id, whoever writes it first (docs/design.md §4.14).
+        if plan && registers.changed.credits() {
+            let period = crate::domain::Period::of(ctx.version.at);
+            let on = match &ruling.told {
+                Some(told) => told.after.plan.clone(),
+                None => {
+                    let customer = ctx.customer.as_str();
+                    registers.state(customer, &period, applier.catalog).plan
+                }
+            };
+            let low = credits::low_levels(&applier.catalog.credits_low_of(&on));
+            let account = (ctx.source, ctx.customer.as_str());
+            // As of the latest time the event or the credits it joins say: an event that came
+            // late tells what its set tells, as it would have had it come in order.
+            let at = ctx.version.at.as_datetime().timestamp();
+            let until = registers.credits.latest().map_or(at, |l| l.max(at));
+            new.extend(credits::told(account, &registers.credits, &low, until));
+        }
         Ok::<_, TieMoved>((ruling, new))
     };
     if unlocked {
@@ -707,6 +734,44 @@ async fn refunded_intent_customer(
         .payment_intent_customer(payload, payment_intent)
         .await
         .map_err(ApplyError::fetch)
+}
+
+/// A credit transaction whose grant is not known yet (docs/design.md §4.14): its row is kept,
+/// keyed by its grant, and counted when the grant comes, whose event also writes this one's
+/// line into the account's log; it is neither dropped nor given a guessed account. A grant
+/// that committed between the look-up and the write is a conflict: the attempt fails and is
+/// retried, and the retry applies it to the grant's account.
+async fn keep_transaction_without_grant(
+    conn: &mut PgConnection,
+    event: &Claimed,
+    t: &crate::billing::credits::Transaction,
+) -> Result<Applied, ApplyError> {
+    let mut tx = begin(conn).await?;
+    if !lease::still_held(&mut tx, event).await? {
+        return Err(ApplyError::LeaseLost);
+    }
+    sim::point(Point::WorkerLocked, event.id).await;
+    if registers::keep_transaction(&mut tx, &event.source, t, event.id)
+        .await?
+        .is_some()
+    {
+        return Err(ApplyError::Raced);
+    }
+    let reason = format!(
+        "credit balance transaction {} of grant {}: {} {}, kept: the grant is not known yet, nor so its account; counted when the grant comes",
+        t.transaction_id,
+        t.grant_id,
+        t.kind.as_str(),
+        t.amount
+    );
+    sim::fallible_point(Point::WorkerDecided, event.id).await?;
+    let status = EventStatus::Applied;
+    if !lease::finish_held(&mut tx, event, status, &reason, None).await? {
+        return Err(ApplyError::LeaseLost);
+    }
+    sim::point(Point::WorkerWritten, event.id).await;
+    tx.commit().await?;
+    Ok(applied(event, status, reason, Vec::new()))
 }
 
 /// A links-only event whose intents no customer is known under yet: the links are kept for

@@ -63,6 +63,10 @@ async fn every_effect_written_is_what_the_webhooks_section_describes(pool: PgPoo
             })
             .collect(),
     );
+    // A plan with no subscription watches usd credits at 800 (docs/effects.md, Credits).
+    let mut with_features = with_features;
+    with_features["free"] =
+        json!({"plan": "free", "monthly_allowance": 0, "credits_low": {"usd": 800}});
     app.worker.catalog = shared::domain::Catalog::parse(&with_features.to_string()).unwrap();
     let effects_url = app.enable_effects().await;
 
@@ -105,6 +109,24 @@ async fn every_effect_written_is_what_the_webhooks_section_describes(pool: PgPoo
     let path = format!("/v1/accounts/kinde/kc_schemas/usage/{usage_id}/reversal");
     let reversed = call(&api, "POST", &path, Some(APP_KEY), &[], None).await;
     assert_eq!(reversed.status, StatusCode::OK, "{}", reversed.body);
+
+    // Stripe Billing Credits: the corpus's grant, applied below 800 and expired (granted, low,
+    // expired, depleted), and a second grant voided.
+    let mut credits: Vec<Value> = corpus("stripe/credits")
+        .into_iter()
+        .map(|(_, event)| event)
+        .filter(|event| !event["type"].as_str().unwrap().starts_with("v1."))
+        .collect();
+    let mut voided = credits[0].clone();
+    voided["id"] = json!("evt_1CrdGrantVoidedSchema1");
+    voided["data"]["object"]["id"] = json!("credgr_test_61CrdGrant02Voided00Schema");
+    voided["data"]["object"]["voided_at"] = json!(1_767_300_000);
+    credits.push(voided);
+    for event in &credits {
+        let (status, answer) = app.post("stripe", &stripe_delivery(event)).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        app.run_worker().await;
+    }
 
     let effects = app.effects().await;
     let mut told = BTreeSet::new();

@@ -694,6 +694,20 @@ pub(crate) fn materialize(index: usize, event: &Event, ns: &str) -> Materialized
     }
 }
 
+/// A Stripe snapshot event as Stripe would send it, keyed by its `id`, at its `created`
+/// (the credits property's events, `order_credits`).
+pub(crate) fn stripe_materialized(payload: &Value) -> Materialized {
+    let body = serde_json::to_vec(payload).unwrap();
+    let verified = stripe::parse_event(&body, Utc::now());
+    Materialized {
+        source: "stripe",
+        dedupe_key: payload["id"].as_str().unwrap().to_owned(),
+        at: DateTime::from_timestamp(payload["created"].as_i64().unwrap(), 0).unwrap(),
+        verified,
+        body,
+    }
+}
+
 /// A Lemon Squeezy event's time: its coarse time and, in microseconds, its index. Its key is
 /// a digest of its body, which the namespace changes, so two states of one object at one time
 /// would be ordered apart in two namespaces: its times never tie (Lemon Squeezy's are in

@@ -11,6 +11,11 @@ export type PaymentEffect = S["PaymentEffect"];
 export type CustomerDeletedEffect = S["CustomerDeletedEffect"];
 export type AllowanceExhaustedEffect = S["AllowanceExhaustedEffect"];
 export type UsageReversedEffect = S["UsageReversedEffect"];
+export type CreditsGrantedEffect = S["CreditsGrantedEffect"];
+export type CreditsExpiredEffect = S["CreditsExpiredEffect"];
+export type CreditsVoidedEffect = S["CreditsVoidedEffect"];
+/** `billing.credits_low` and `billing.credits_depleted`: one downward crossing each, a fact. */
+export type CreditsCrossedEffect = S["CreditsCrossedEffect"];
 /** Any effect, one of a type this version does not know included: the envelope every effect has. */
 export type AnyEffect = S["Effect"];
 
@@ -26,6 +31,11 @@ export interface EffectTypes {
   "billing.customer_deleted": CustomerDeletedEffect;
   "billing.allowance_exhausted": AllowanceExhaustedEffect;
   "billing.usage_reversed": UsageReversedEffect;
+  "billing.credits_granted": CreditsGrantedEffect;
+  "billing.credits_expired": CreditsExpiredEffect;
+  "billing.credits_voided": CreditsVoidedEffect;
+  "billing.credits_low": CreditsCrossedEffect;
+  "billing.credits_depleted": CreditsCrossedEffect;
 }
 
 export type EffectType = keyof EffectTypes;

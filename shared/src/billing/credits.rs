@@ -9,6 +9,8 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::domain::effect::{effect_id, Kind, NewEffect};
+
 /// The version of [`burn_order`]. A debit's answer names it, so that an allocation read later
 /// says which rule made it; a change to the order is a new version, never an edit of this one.
 pub const BURN_ORDER_VERSION: u32 = 1;
@@ -140,6 +142,16 @@ impl Origin {
             Origin::PolarMeterCredit => "polar_meter_credit",
         }
     }
+
+    pub fn parse(s: &str) -> Option<Origin> {
+        [
+            Origin::StripeCreditGrant,
+            Origin::CatalogPack,
+            Origin::PolarMeterCredit,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == s)
+    }
 }
 
 /// Stripe's `category`. Promotional credit is spent before paid credit of the same priority
@@ -156,6 +168,12 @@ impl Category {
             Category::Promotional => "promotional",
             Category::Paid => "paid",
         }
+    }
+
+    pub fn parse(s: &str) -> Option<Category> {
+        [Category::Promotional, Category::Paid]
+            .into_iter()
+            .find(|c| c.as_str() == s)
     }
 }
 
@@ -195,6 +213,28 @@ impl GrantSnapshot {
 
     fn version(&self) -> (i64, &str) {
         (self.updated, self.event_key.as_str())
+    }
+
+    /// The grant in words, for the log line: "credit grant credgr_1: 1000 usd, paid, for
+    /// price_type:metered, expires 2026-02-01T00:00:00Z".
+    pub fn words(&self) -> String {
+        let mut words = format!(
+            "credit grant {}: {} {}, {}, for {}",
+            self.grant_id,
+            self.amount,
+            self.unit,
+            self.category.as_str(),
+            self.scope
+        );
+        for (what, at) in [("expires", self.expires_at), ("voided", self.voided_at)] {
+            if let Some(at) = at.and_then(rfc3339) {
+                words.push_str(&format!(
+                    ", {what} {}",
+                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ));
+            }
+        }
+        words
     }
 }
 
@@ -237,6 +277,11 @@ impl TransactionKind {
             TransactionKind::Expired => "credits_expired",
             TransactionKind::Voided => "credits_voided",
         }
+    }
+
+    /// The kind by Stripe's name of the type, whichever side it is on.
+    pub fn named(name: &str) -> Option<TransactionKind> {
+        TransactionKind::parse("credit", name).or_else(|| TransactionKind::parse("debit", name))
     }
 
     fn sign(self) -> i128 {
@@ -372,6 +417,29 @@ impl Credits {
                 self.transactions.insert(t.transaction_id.clone(), t);
             }
         }
+    }
+
+    /// A grant's register, if the grant is known.
+    pub fn register(&self, grant_id: &str) -> Option<&GrantRegister> {
+        self.grants.get(grant_id)
+    }
+
+    /// Every grant's register, by grant id.
+    pub fn registers(&self) -> impl Iterator<Item = &GrantRegister> {
+        self.grants.values()
+    }
+
+    /// The latest provider time the credits say (a snapshot's `updated`, a transaction's
+    /// `effective_at`): the provider has told of them, so time has passed at least as far.
+    pub fn latest(&self) -> Option<i64> {
+        let snapshots = self.grants.values().map(|r| r.latest.updated);
+        let transactions = self.transactions.values().map(|t| t.effective_at);
+        snapshots.chain(transactions).max()
+    }
+
+    /// Whether a transaction is counted already (by its id).
+    pub fn counts(&self, transaction_id: &str) -> bool {
+        self.transactions.contains_key(transaction_id)
     }
 
     /// Transactions whose grant is not known yet: held, counted when it comes, never dropped.
@@ -820,6 +888,142 @@ impl Credits {
             }
         }
         out
+    }
+}
+
+/// The levels each unit's available balance is watched at (docs/design.md §4.14): `Depleted`
+/// for every unit, and `Low(level)` for a unit the account's plan gives a `credits_low` level.
+pub fn watched(unit: &str, low: &BTreeMap<String, Quantity>) -> Vec<Threshold> {
+    low.get(unit)
+        .map(|level| Threshold::Low(*level))
+        .into_iter()
+        .chain([Threshold::Depleted])
+        .collect()
+}
+
+/// The catalog's low levels (whole units) as the fold's amounts.
+pub fn low_levels(levels: &BTreeMap<String, i64>) -> BTreeMap<String, Quantity> {
+    levels
+        .iter()
+        .map(|(unit, level)| (unit.clone(), Quantity::whole(*level)))
+        .collect()
+}
+
+/// What an account's credits tell the app as of `until` (unix seconds), each effect with its
+/// stable id, so that whoever writes them — an event's commit (`until` its provider time), a
+/// debit's (the debit's time), the scheduler's tick (now) — writes each once, and the same in
+/// every order (docs/design.md §4.14, §11):
+/// - `billing.credits_granted`, once per grant, from when it is effective;
+/// - `billing.credits_voided`, once per grant, from its (earliest) void;
+/// - `billing.credits_expired`, once per grant, from its expiry, unless a void came first;
+/// - `billing.credits_low` / `billing.credits_depleted`, once per downward crossing of a unit's
+///   available balance ([`Credits::crossings`] over [`watched`]).
+///
+/// The bodies say only what no later event can change (the grant's own fields, the crossing's
+/// unit, level and time); the amounts as of any time are the credits read's.
+/// `credits` is everything the account's balances count: the provider's grants and
+/// transactions, and the app's spends as local [`TransactionKind::Applied`] transactions.
+pub fn told(
+    (source, customer): (&str, &str),
+    credits: &Credits,
+    low: &BTreeMap<String, Quantity>,
+    until: i64,
+) -> Vec<NewEffect> {
+    let account = (source, customer);
+    let mut out = Vec::new();
+    for register in credits.grants.values() {
+        let g = &register.latest;
+        let of_grant = |what: &str| format!("credit grant {source}/{} {what}", g.grant_id);
+        let grant = serde_json::json!({
+            "grant_id": g.grant_id, "origin": g.origin.as_str(), "unit": g.unit,
+            "scope": g.scope, "amount": g.amount.to_string(), "category": g.category.as_str(),
+            "effective_at": rfc3339(g.effective_from()),
+        });
+        if g.effective_from() <= until {
+            out.push(credit_effect(
+                Kind::CreditsGranted,
+                of_grant("granted"),
+                account,
+                g.effective_from(),
+                serde_json::json!({ "grant": grant }),
+            ));
+        }
+        let voided = register.voided_at.filter(|&at| at <= until);
+        if let Some(at) = voided {
+            out.push(credit_effect(
+                Kind::CreditsVoided,
+                of_grant("voided"),
+                account,
+                at,
+                serde_json::json!({ "grant": grant, "voided_at": rfc3339(at) }),
+            ));
+        }
+        let expired = g
+            .expires_at
+            .filter(|&at| at <= until)
+            .filter(|&at| register.voided_at.is_none_or(|v| v > at));
+        if let Some(at) = expired {
+            out.push(credit_effect(
+                Kind::CreditsExpired,
+                of_grant("expired"),
+                account,
+                at,
+                serde_json::json!({ "grant": grant, "expired_at": rfc3339(at) }),
+            ));
+        }
+    }
+    let units: std::collections::BTreeSet<&str> = credits
+        .grants
+        .values()
+        .map(|r| r.latest.unit.as_str())
+        .collect();
+    for unit in units {
+        for x in credits.crossings(unit, &watched(unit, low), until) {
+            let (kind, level, what) = match x.threshold {
+                Threshold::Low(level) => (
+                    Kind::CreditsLow,
+                    Some(level.to_string()),
+                    format!("below {level}"),
+                ),
+                Threshold::Depleted => (Kind::CreditsDepleted, None, "depleted".to_owned()),
+            };
+            out.push(credit_effect(
+                kind,
+                format!(
+                    "credits of {source}/{customer} in {unit} {what} at {}",
+                    x.at
+                ),
+                account,
+                x.at,
+                serde_json::json!({"unit": unit, "level": level, "crossed_at": rfc3339(x.at)}),
+            ));
+        }
+    }
+    out
+}
+
+/// A credits effect's body: who, when, and the kind's own part (the statement that writes it
+/// adds `data.sequence`).
+fn credit_effect(
+    kind: Kind,
+    cause: String,
+    (source, customer): (&str, &str),
+    at: i64,
+    own: serde_json::Value,
+) -> NewEffect {
+    let id = effect_id(kind, &cause);
+    let mut data = serde_json::json!({"source": source, "customer_id": customer});
+    if let (Some(data), serde_json::Value::Object(own)) = (data.as_object_mut(), own) {
+        data.extend(own);
+    }
+    let occurred_at = rfc3339(at).map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    NewEffect {
+        body: serde_json::json!({
+            "id": id, "type": kind.as_str(), "occurred_at": occurred_at, "data": data,
+        }),
+        id,
+        kind,
+        cause,
     }
 }
 
@@ -1411,6 +1615,62 @@ mod tests {
         let mut reversed = workload();
         reversed.reverse();
         assert_eq!(fold(&reversed).crossings("usd", &watch, 2000), canonical);
+    }
+
+    #[test]
+    fn what_the_credits_tell_is_the_same_in_every_order_and_grows_with_time() {
+        let low: BTreeMap<String, Quantity> = [("usd".to_owned(), q(500))].into();
+        let account = ("stripe", "cus_1");
+        let ids = |c: &Credits, until: i64| -> Vec<(String, String)> {
+            let mut v: Vec<(String, String)> = told(account, c, &low, until)
+                .into_iter()
+                .map(|e| (e.id, e.body.to_string()))
+                .collect();
+            v.sort();
+            v
+        };
+        let canonical = fold(&workload());
+        let mut reversed = workload();
+        reversed.reverse();
+        assert_eq!(ids(&fold(&reversed), 2000), ids(&canonical, 2000));
+        let kinds: Vec<&str> = told(account, &canonical, &low, 2000)
+            .iter()
+            .map(|e| e.kind.as_str())
+            .collect();
+        // Two grants granted, b voided at 400 (not expired), a expired at 900, and the unit's
+        // crossings below 500 and to nothing.
+        for kind in [
+            "billing.credits_granted",
+            "billing.credits_voided",
+            "billing.credits_expired",
+            "billing.credits_low",
+            "billing.credits_depleted",
+        ] {
+            assert!(kinds.contains(&kind), "{kind} in {kinds:?}");
+        }
+        assert_eq!(
+            kinds
+                .iter()
+                .filter(|k| **k == "billing.credits_granted")
+                .count(),
+            2
+        );
+        assert_eq!(
+            kinds
+                .iter()
+                .filter(|k| **k == "billing.credits_expired")
+                .count(),
+            1
+        );
+        // Before a's expiry nothing of it is told; what is told earlier is told later too.
+        let early = ids(&canonical, 450);
+        assert!(!told(account, &canonical, &low, 450)
+            .iter()
+            .any(|e| e.kind == Kind::CreditsExpired));
+        let late = ids(&canonical, 2000);
+        assert!(early.iter().all(|e| late.contains(e)));
+        // A unit with no low level is watched for depletion only.
+        assert_eq!(watched("credits", &low), [Threshold::Depleted]);
     }
 
     #[test]

@@ -288,7 +288,11 @@ fn target_of(effect: &Effect, ctx: &EventContext<'_>, registers: &Registers) -> 
             intent.refunded_by?;
             Target::Payment(intent.invoice.clone()?)
         }
-        Effect::GrantOfSubscription { .. } => return None,
+        // Credits are compared with the provider's balances, not folded here (§4.14).
+        Effect::GrantOfSubscription { .. }
+        | Effect::CreditGrant(_)
+        | Effect::CreditTransaction(_)
+        | Effect::PackBought { .. } => return None,
     })
 }
 

@@ -7,6 +7,8 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
+use super::credits::{GrantSnapshot, Transaction};
+use crate::domain::catalog::CreditPack;
 use crate::domain::features::{self, Features};
 use crate::domain::{Catalog, CustomerId, DedupeKey, EventStatus, Period, PlanRef, ProviderTime};
 
@@ -210,6 +212,21 @@ pub enum Effect {
         features: Features,
         rank: Rank,
     },
+    /// A credit grant's snapshot (docs/design.md §4.14): Stripe's `billing.credit_grant`. Its
+    /// register keeps the latest snapshot and the earliest void.
+    CreditGrant(GrantSnapshot),
+    /// A ledger entry of a credit grant (Stripe's `billing.credit_balance_transaction`), once
+    /// by its id. It names its grant, not its customer: the event belongs to the grant's.
+    CreditTransaction(Transaction),
+    /// A paid payment of a price whose catalog entry is a credit pack: the pack's grant, keyed
+    /// by the payment (`pack:{payment}:{price}`), so a copy or a replay never mints twice;
+    /// `quantity` packs of the price in one grant. A refund of the payment voids it.
+    PackBought {
+        payment: String,
+        price: String,
+        pack: CreditPack,
+        quantity: u32,
+    },
 }
 
 /// What an event means for the billing state.
@@ -377,6 +394,59 @@ pub fn subscription_effects(
         &grant,
     ))
     .noted(resolved.note)
+}
+
+/// The keys of a payment that may name its plan: a key the catalog knows only as a credit pack
+/// names none (its payment is a pack's, not a plan's).
+pub fn plan_candidates<'a>(keys: &[&'a str], catalog: &Catalog) -> Vec<&'a str> {
+    keys.iter()
+        .copied()
+        .filter(|k| catalog.get(k).is_some() || catalog.pack(k).is_none())
+        .collect()
+}
+
+/// The credit packs a paid payment buys: one [`Effect::PackBought`] per (key, quantity) the
+/// catalog gives a pack (docs/design.md §4.14). A key named twice is one grant of the sum.
+pub fn packs_bought(payment: &str, keys: &[(&str, u32)], catalog: &Catalog) -> Vec<Effect> {
+    let mut bought: Vec<(&str, u32)> = Vec::new();
+    for (key, quantity) in keys {
+        if catalog.pack(key).is_none() {
+            continue;
+        }
+        match bought.iter_mut().find(|(k, _)| k == key) {
+            Some((_, q)) => *q = q.saturating_add(*quantity),
+            None => bought.push((key, *quantity)),
+        }
+    }
+    bought
+        .into_iter()
+        .filter_map(|(key, quantity)| {
+            Some(Effect::PackBought {
+                payment: payment.to_owned(),
+                price: key.to_owned(),
+                pack: catalog.pack(key)?.clone(),
+                quantity: quantity.max(1),
+            })
+        })
+        .collect()
+}
+
+/// A paid payment of the keys it names: the plan the first known one names (granted for the
+/// event's period), and the credit packs any of them buys.
+pub fn paid_with_packs(id: String, keys: &[&str], catalog: &Catalog) -> Decision {
+    let packs = packs_bought(
+        &id,
+        &keys.iter().map(|k| (*k, 1)).collect::<Vec<_>>(),
+        catalog,
+    );
+    let decision = paid(id, read::resolve(catalog, &plan_candidates(keys, catalog)));
+    match decision {
+        Decision::Apply { mut effects, notes } => {
+            effects.extend(packs);
+            Decision::Apply { effects, notes }
+        }
+        other => other,
+    }
 }
 
 /// A payment of the plan an event names (if any), which it grants for the event's period.

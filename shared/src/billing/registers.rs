@@ -11,10 +11,11 @@ use sqlx::PgConnection;
 
 use serde_json::Value;
 
+use super::credits::{Category, GrantSnapshot, Origin, Quantity, Transaction, TransactionKind};
 use super::model::{Effect, EventContext, SubscriptionEnds};
 use super::rules::{
-    Held, HeldAccount, HeldEntitlement, HeldIntent, HeldPayment, HeldPlan, HeldSubscription,
-    LedgerEntry, Registers, Stamp,
+    GrantRow, Held, HeldAccount, HeldEntitlement, HeldIntent, HeldPayment, HeldPlan,
+    HeldSubscription, LedgerEntry, Registers, Stamp,
 };
 use crate::domain::{CustomerId, Features, Period};
 use crate::platform::db::exec;
@@ -39,8 +40,29 @@ pub async fn read(
         payments: Vec::new(),
         intents: Vec::new(),
         plan,
+        credits: false,
+        grants: Vec::new(),
     };
     for effect in effects {
+        // The account's credits, for an event that writes them or may refund a payment that
+        // bought a pack (docs/design.md §4.14).
+        named.credits |= matches!(
+            effect,
+            Effect::CreditGrant(_)
+                | Effect::CreditTransaction(_)
+                | Effect::PackBought { .. }
+                | Effect::Payment { .. }
+                | Effect::PaymentIntent { .. }
+                | Effect::RefundIntent { .. }
+        );
+        match effect {
+            Effect::CreditGrant(g) => named.grants.push(g.grant_id.clone()),
+            Effect::CreditTransaction(t) => named.grants.push(t.grant_id.clone()),
+            Effect::PackBought { payment, price, .. } => {
+                named.grants.push(format!("pack:{payment}:{price}"))
+            }
+            _ => {}
+        }
         match effect {
             Effect::Subscription { id, .. } => named.subscriptions.push(id.as_str()),
             // The invoice's subscriptions, for the plan their registers hold.
@@ -94,6 +116,10 @@ struct Named<'a> {
     payments: Vec<&'a str>,
     intents: Vec<&'a str>,
     plan: bool,
+    /// Whether to read the account's credits, and the grants the event names (whose
+    /// transactions may have come before them).
+    credits: bool,
+    grants: Vec<String>,
 }
 
 /// The one read of an account's registers, [`read`]'s and [`of_account`]'s: the rows
@@ -172,7 +198,32 @@ async fn select(
                            'id', grant_id, 'active', active, 'features', features,
                            'at', version_at, 'rank', version_rank, 'version_key', version_key,
                            'event_id', event_id)), '[]')
-                FROM entitlements WHERE source = $1 AND customer_id = $2) AS "entitlements!"
+                FROM entitlements WHERE source = $1 AND customer_id = $2) AS "entitlements!",
+               -- The account's credit grants (few), when the event touches credits ($9)...
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                           'id', grant_id, 'origin', origin, 'unit', unit, 'scope', scope,
+                           'amount', amount::text, 'category', category, 'priority', priority,
+                           'created', extract(epoch FROM created_at)::bigint,
+                           'effective_at', extract(epoch FROM effective_at)::bigint,
+                           'expires_at', extract(epoch FROM expires_at)::bigint,
+                           'voided_at', extract(epoch FROM voided_at)::bigint,
+                           'updated', extract(epoch FROM version_at)::bigint,
+                           'version_key', version_key, 'event_id', event_id,
+                           'voided_by', voided_by)), '[]')
+                FROM credit_grants
+                WHERE ($8 OR $9) AND source = $1 AND customer_id = $2) AS "credit_grants!",
+               -- ...and their ledgers, with those of the grants it names ($10), which may
+               -- have come before their grant.
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                           'id', transaction_id, 'grant_id', grant_id, 'kind', kind,
+                           'amount', amount::text,
+                           'effective_at', extract(epoch FROM effective_at)::bigint)), '[]')
+                FROM credit_transactions t
+                WHERE ($8 OR $9) AND t.source = $1
+                  AND (t.grant_id = ANY($10)
+                       OR t.grant_id IN (SELECT grant_id FROM credit_grants
+                                         WHERE source = $1 AND customer_id = $2)))
+                AS "credit_transactions!"
         FROM (VALUES (1)) AS one (n)
         LEFT JOIN accounts a ON a.source = $1 AND a.customer_id = $2
         "#,
@@ -184,6 +235,8 @@ async fn select(
         named.map_or(no_rows, |n| n.intents.as_slice()) as &[&str],
         named.is_some_and(|n| n.plan),
         named.is_none(),
+        named.is_some_and(|n| n.credits),
+        named.map_or(&[][..], |n| n.grants.as_slice()) as &[String],
     )
     .fetch_one(exec(conn))
     .await?;
@@ -194,7 +247,7 @@ async fn select(
     let one = |what: &str, value: Option<Value>| -> Result<Option<Stored>, sqlx::Error> {
         Ok(decode(what, Value::Array(value.into_iter().collect()))?.pop())
     };
-    let registers = Registers {
+    let mut registers = Registers {
         account: HeldAccount {
             version: row.version,
             deleted_at: row.deleted_at,
@@ -224,13 +277,139 @@ async fn select(
             .map(Stored::entitlement)
             .collect(),
         used: row.used,
+        credits: Default::default(),
+        credit_rows: Default::default(),
         changed: Default::default(),
     };
+    read_credits(&mut registers, row.credit_grants, row.credit_transactions)?;
     let ledger = decode("ledger", row.ledger)?
         .into_iter()
         .map(|mut r| (r.period.take().unwrap_or_default(), r.entry()))
         .collect();
     Ok((registers, ledger))
+}
+
+/// A credit grant's row as [`select`] returns it.
+#[derive(Debug, serde::Deserialize)]
+struct StoredGrant {
+    id: String,
+    origin: String,
+    unit: String,
+    scope: String,
+    amount: String,
+    category: String,
+    priority: Option<u8>,
+    created: i64,
+    effective_at: Option<i64>,
+    expires_at: Option<i64>,
+    voided_at: Option<i64>,
+    updated: i64,
+    version_key: String,
+    event_id: i64,
+    voided_by: Option<i64>,
+}
+
+/// A credit transaction's row as [`select`] returns it.
+#[derive(Debug, serde::Deserialize)]
+struct StoredTransaction {
+    id: String,
+    grant_id: String,
+    kind: String,
+    amount: String,
+    effective_at: i64,
+}
+
+/// The account's credit rows, as the fold's values (docs/design.md §4.14).
+fn read_credits(
+    registers: &mut Registers,
+    grants: Value,
+    transactions: Value,
+) -> Result<(), sqlx::Error> {
+    let bad = |what: &str, e: String| sqlx::Error::Decode(format!("{what}: {e}").into());
+    let grants: Vec<StoredGrant> =
+        serde_json::from_value(grants).map_err(|e| bad("credit grants", e.to_string()))?;
+    let transactions: Vec<StoredTransaction> = serde_json::from_value(transactions)
+        .map_err(|e| bad("credit transactions", e.to_string()))?;
+    let amount = |s: &str| Quantity::parse(s).map_err(|e| bad("credit amount", e.to_string()));
+    for g in grants {
+        registers.credit_rows.insert(
+            g.id.clone(),
+            GrantRow {
+                event_id: g.event_id,
+                voided_by: g.voided_by,
+            },
+        );
+        registers.credits.grant(GrantSnapshot {
+            origin: Origin::parse(&g.origin).ok_or_else(|| bad("credit origin", g.origin))?,
+            category: Category::parse(&g.category)
+                .ok_or_else(|| bad("credit category", g.category))?,
+            amount: amount(&g.amount)?,
+            grant_id: g.id,
+            unit: g.unit,
+            scope: g.scope,
+            priority: g.priority,
+            created: g.created,
+            effective_at: g.effective_at,
+            expires_at: g.expires_at,
+            voided_at: g.voided_at,
+            updated: g.updated,
+            event_key: g.version_key,
+        });
+    }
+    for t in transactions {
+        registers.credits.transaction(Transaction {
+            kind: TransactionKind::named(&t.kind).ok_or_else(|| bad("credit kind", t.kind))?,
+            amount: amount(&t.amount)?,
+            transaction_id: t.id,
+            grant_id: t.grant_id,
+            effective_at: t.effective_at,
+        });
+    }
+    Ok(())
+}
+
+/// The customer a credit grant is for, if the grant is known: a transaction names its grant,
+/// not its customer, and belongs to the grant's (docs/design.md §4.14).
+pub async fn grant_customer(
+    conn: &mut PgConnection,
+    source: &str,
+    grant_id: &str,
+) -> Result<Option<CustomerId>, sqlx::Error> {
+    let customer = sqlx::query_scalar!(
+        "SELECT customer_id FROM credit_grants WHERE source = $1 AND grant_id = $2",
+        source,
+        grant_id
+    )
+    .fetch_optional(exec(conn))
+    .await?;
+    Ok(customer.and_then(|c| CustomerId::parse(&c).ok()))
+}
+
+/// Keeps a transaction whose grant is not known yet (docs/design.md §4.14): its row, keyed by
+/// its grant, is counted when the grant comes. Returns the grant's customer if the grant came
+/// meanwhile (then the event is the account's, and is applied to it).
+pub async fn keep_transaction(
+    conn: &mut PgConnection,
+    source: &str,
+    t: &Transaction,
+    event_id: i64,
+) -> Result<Option<CustomerId>, sqlx::Error> {
+    sqlx::query!(
+        r#"INSERT INTO credit_transactions
+               (source, transaction_id, grant_id, kind, amount, effective_at, event_id)
+           VALUES ($1, $2, $3, $4, $5::text::numeric, to_timestamp($6), $7)
+           ON CONFLICT (source, transaction_id) DO NOTHING"#,
+        source,
+        t.transaction_id,
+        t.grant_id,
+        t.kind.as_str(),
+        t.amount.to_string(),
+        t.effective_at as f64,
+        event_id,
+    )
+    .execute(exec(&mut *conn))
+    .await?;
+    grant_customer(conn, source, &t.grant_id).await
 }
 
 /// One register row as [`select`] returns it (each register's columns, as JSON).

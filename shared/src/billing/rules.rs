@@ -8,10 +8,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 
+use super::credits::{pack_grant, pack_refunded, Credits, GrantSnapshot, Transaction};
 use super::model::{
     allowance_entry_key, status_entitles, AccountState, Change, Effect, EventContext, Fact,
     PaymentStatus, Rank, StateInputs, SubscriptionEnds, SubscriptionState, Written,
 };
+use crate::domain::catalog::CreditPack;
 use crate::domain::features::{self, Features};
 use crate::domain::{Catalog, Period, PlanRef};
 
@@ -485,6 +487,26 @@ pub struct Changed {
     /// The entitlement registers written (by grant id), each with the event that held it
     /// when read.
     pub entitlements: BTreeMap<String, Option<i64>>,
+    /// The credit grant registers written (by grant id), each whole.
+    pub credit_grants: BTreeSet<String>,
+    /// The credit transactions counted now (each once by its id).
+    pub credit_transactions: Vec<Transaction>,
+}
+
+impl Changed {
+    /// Whether the account's credits moved: what they tell is told again (docs/design.md
+    /// §4.14).
+    pub fn credits(&self) -> bool {
+        !self.credit_grants.is_empty() || !self.credit_transactions.is_empty()
+    }
+}
+
+/// The events a credit grant's row names (docs/design.md §3.9): its latest snapshot's, and
+/// the one that said its earliest void.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GrantRow {
+    pub event_id: i64,
+    pub voided_by: Option<i64>,
 }
 
 /// One account's registers as an event's read found them — the account row, its plan and
@@ -504,6 +526,14 @@ pub struct Registers {
     pub ledger: Vec<LedgerEntry>,
     /// The account's entitlement registers, every one (an account holds few), by grant id.
     pub entitlements: BTreeMap<String, Held<HeldEntitlement>>,
+    /// The account's credit grants and their transactions (docs/design.md §4.14), read when
+    /// the event touches credits or a payment (a refund voids the packs it bought), with the
+    /// transactions of the grants the event names (kept before their grant came).
+    #[serde(skip)]
+    pub credits: Credits,
+    /// Per grant, the events its row names.
+    #[serde(skip)]
+    pub credit_rows: BTreeMap<String, GrantRow>,
     /// What the account's accepted debits spent in the event's period, as read (debits
     /// do not move the account's version: the effects' `account` block tells it as read).
     pub used: i64,
@@ -744,6 +774,36 @@ impl Registers {
                 }
                 ruled.written
             }
+            Effect::CreditGrant(snapshot) => self.credit_grant(ctx, snapshot.clone()),
+            Effect::CreditTransaction(t) => self.credit_transaction(t),
+            Effect::PackBought {
+                payment,
+                price,
+                pack,
+                quantity,
+            } => {
+                let pack = CreditPack {
+                    amount: pack.amount.saturating_mul(i64::from(*quantity)),
+                    ..pack.clone()
+                };
+                let stamp = Stamp::of(ctx, Rank(0));
+                let bought = pack_grant(&pack, price, payment, stamp.at.timestamp(), &stamp.key);
+                // A payment refunded before its pack was minted (the refund came first): the
+                // pack is minted voided at the refund's time, the register the refund would
+                // have left had it come second.
+                let refunded = self
+                    .payments
+                    .get(payment)
+                    .filter(|held| held.value.status == PaymentStatus::Refunded.as_str());
+                match refunded {
+                    Some(held) => {
+                        let at = held.stamp.at.timestamp();
+                        let (key, by) = (held.stamp.key.clone(), held.event_id);
+                        self.credit_grant_by(ctx, pack_refunded(&bought, at, &key), Some(by))
+                    }
+                    None => self.credit_grant(ctx, bought),
+                }
+            }
             Effect::PaymentIntent {
                 payment_intent,
                 invoice,
@@ -806,8 +866,86 @@ impl Registers {
                 .payments
                 .entry(id.to_owned())
                 .or_insert(read.map(|r| r.event_id));
+            if status == PaymentStatus::Refunded {
+                self.void_packs(ctx, id);
+            }
         }
         ruled.written
+    }
+
+    /// A refund of a payment voids the credit packs it bought, at the refund's time: what
+    /// remains of each is taken (docs/design.md §4.14).
+    fn void_packs(&mut self, ctx: &EventContext<'_>, payment: &str) {
+        let prefix = format!("pack:{payment}:");
+        let bought: Vec<GrantSnapshot> = self
+            .credits
+            .registers()
+            .filter(|r| r.latest.grant_id.starts_with(&prefix))
+            .map(|r| r.latest.clone())
+            .collect();
+        let stamp = Stamp::of(ctx, Rank(0));
+        for grant in bought {
+            let voided = pack_refunded(&grant, stamp.at.timestamp(), &stamp.key);
+            self.credit_grant(ctx, voided);
+        }
+    }
+
+    /// A credit grant's snapshot, under its register's rule (latest by `updated` then key;
+    /// the earliest void kept): written when the register moved.
+    fn credit_grant(&mut self, ctx: &EventContext<'_>, snapshot: GrantSnapshot) -> Written {
+        self.credit_grant_by(ctx, snapshot, None)
+    }
+
+    /// As [`Self::credit_grant`]; `said_by`: the event the snapshot stands for, when another
+    /// than this one (a refund that came before its payment: the pack as the refund leaves it).
+    fn credit_grant_by(
+        &mut self,
+        ctx: &EventContext<'_>,
+        snapshot: GrantSnapshot,
+        said_by: Option<i64>,
+    ) -> Written {
+        let by = said_by.unwrap_or(ctx.event_id);
+        let id = snapshot.grant_id.clone();
+        let words = snapshot.words();
+        let before = self.credits.register(&id).cloned();
+        self.credits.grant(snapshot.clone());
+        let after = self.credits.register(&id).cloned();
+        if before == after {
+            let this = before
+                .as_ref()
+                .is_some_and(|b| b.latest.event_key == snapshot.event_key);
+            let superseded = format!("a newer snapshot of credit grant {id} is already stored");
+            return kept(this, "credit grant snapshot", &superseded).into();
+        }
+        let row = self.credit_rows.entry(id.clone()).or_insert(GrantRow {
+            event_id: by,
+            voided_by: None,
+        });
+        if before.as_ref().map(|b| &b.latest) != after.as_ref().map(|a| &a.latest) {
+            row.event_id = by;
+        }
+        if before.as_ref().and_then(|b| b.voided_at) != after.as_ref().and_then(|a| a.voided_at) {
+            row.voided_by = Some(by);
+        }
+        self.changed.credit_grants.insert(id);
+        Change::Made(words).into()
+    }
+
+    /// A credit transaction, counted once by its id; never clamped (docs/design.md §4.14).
+    fn credit_transaction(&mut self, t: &Transaction) -> Written {
+        let words = format!(
+            "credit balance transaction {} of grant {}: {} {}",
+            t.transaction_id,
+            t.grant_id,
+            t.kind.as_str(),
+            t.amount
+        );
+        if self.credits.counts(&t.transaction_id) {
+            return Change::AlreadyApplied(format!("{words} is already counted")).into();
+        }
+        self.credits.transaction(t.clone());
+        self.changed.credit_transactions.push(t.clone());
+        Change::Made(words).into()
     }
 
     fn grant(&mut self, ctx: &EventContext<'_>, plan: &str, allowance: i64) -> Written {

@@ -101,15 +101,12 @@ impl AppState {
         let source = text("/data/source").unwrap_or_default();
         let account = format!("{source}/{}", text("/data/customer_id").unwrap_or_default());
         let newer = |held: Option<&(i64, Value)>| held.is_none_or(|(seq, _)| *seq < sequence);
-        // `data.account` is the account after the change: a state, whatever the kind.
+        // `data.account` is the account after the change: a state, whatever the kind that
+        // carries it (the credits kinds carry none).
         let held_account = self.accounts.get(&account).map(|(seq, _)| *seq);
         let account_newer = newer(self.accounts.get(&account));
-        if account_newer {
-            let state = body
-                .pointer("/data/account")
-                .cloned()
-                .unwrap_or(Value::Null);
-            self.accounts.insert(account, (sequence, state));
+        if let (true, Some(state)) = (account_newer, body.pointer("/data/account")) {
+            self.accounts.insert(account, (sequence, state.clone()));
         }
         if !type_carries_state(kind) {
             self.facts.insert(id.to_owned(), body.clone());

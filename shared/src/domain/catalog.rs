@@ -2,7 +2,7 @@
 //! here — a plan name, its monthly allowance and the features it gives, and the credit pack a
 //! paid price grants.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Deserializer};
 
@@ -34,6 +34,9 @@ struct Entry {
     #[serde(default, deserialize_with = "features_of_json")]
     features: Features,
     credits: Option<CreditPack>,
+    /// Per unit, the level below which the plan's account is told `billing.credits_low`.
+    #[serde(default)]
+    credits_low: BTreeMap<String, i64>,
 }
 
 /// The credits a paid price grants (docs/design.md §4.14): `{"amount": 1000, "unit":
@@ -77,6 +80,8 @@ pub struct CatalogError {
 pub struct Catalog {
     plans: HashMap<String, Plan>,
     packs: HashMap<String, CreditPack>,
+    /// Plan name → unit → low level, joined over the entries that name the plan.
+    credits_low: HashMap<String, BTreeMap<String, i64>>,
 }
 
 impl Catalog {
@@ -92,7 +97,25 @@ impl Catalog {
         };
         let mut plans = HashMap::new();
         let mut packs = HashMap::new();
+        let mut credits_low: HashMap<String, BTreeMap<String, i64>> = HashMap::new();
         for (key, entry) in entries {
+            if !entry.credits_low.is_empty() {
+                let Some(plan) = entry.plan.as_ref() else {
+                    return Err(refuse(&key, "credits_low without a plan"));
+                };
+                if entry.credits_low.values().any(|level| *level <= 0) {
+                    return Err(refuse(
+                        &key,
+                        "credits_low levels must be positive whole numbers",
+                    ));
+                }
+                // Of two entries of one plan, the higher level: the join, whatever their order.
+                let levels = credits_low.entry(plan.clone()).or_default();
+                for (unit, level) in entry.credits_low {
+                    let held = levels.entry(unit).or_insert(level);
+                    *held = (*held).max(level);
+                }
+            }
             if let Some(pack) = entry.credits {
                 if pack.amount <= 0 {
                     return Err(refuse(
@@ -140,12 +163,23 @@ impl Catalog {
         if let Some((key, _)) = plans.iter().find(|(_, p)| p.plan.trim().is_empty()) {
             return Err(refuse(key, "plan name is empty"));
         }
-        Ok(Self { plans, packs })
+        Ok(Self {
+            plans,
+            packs,
+            credits_low,
+        })
     }
 
     /// The credit pack a payment of `key` grants, if the catalog names one.
     pub fn pack(&self, key: &str) -> Option<&CreditPack> {
         self.packs.get(key)
+    }
+
+    /// Per unit, the level below which an account on `plan` is told `billing.credits_low`
+    /// (docs/design.md §4.14); a unit not named is watched for depletion only. Not part of the
+    /// fingerprint: it tells, it moves no balance.
+    pub fn credits_low_of(&self, plan: &str) -> BTreeMap<String, i64> {
+        self.credits_low.get(plan).cloned().unwrap_or_default()
     }
 
     /// A digest of every entry, whatever order they came in: what a value folded under this
@@ -316,6 +350,35 @@ pub(crate) mod tests {
             assert!(e.detail.contains(says), "{bad}: {}", e.detail);
         }
         assert!(Catalog::parse(r#"{"x":{"credits":{"amount":5,"colour":"red"}}}"#).is_err());
+    }
+
+    #[test]
+    fn a_plans_low_credit_levels_are_per_unit_and_joined_over_its_entries() {
+        let c = Catalog::parse(
+            r#"{"price_pro":{"plan":"pro","monthly_allowance":500,"credits_low":{"credits":100}},
+                "price_pro_y":{"plan":"pro","monthly_allowance":500,
+                               "credits_low":{"credits":150,"usd":2000}},
+                "free":{"plan":"free","monthly_allowance":10}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.credits_low_of("pro"),
+            [("credits".to_owned(), 150), ("usd".to_owned(), 2000)].into()
+        );
+        assert!(c.credits_low_of("free").is_empty());
+        for (bad, says) in [
+            (
+                r#"{"x":{"credits":{"amount":5},"credits_low":{"credits":1}}}"#,
+                "without a plan",
+            ),
+            (
+                r#"{"x":{"plan":"x","monthly_allowance":1,"credits_low":{"credits":0}}}"#,
+                "positive",
+            ),
+        ] {
+            let e = Catalog::parse(bad).unwrap_err();
+            assert!(e.detail.contains(says), "{bad}: {}", e.detail);
+        }
     }
 
     #[test]

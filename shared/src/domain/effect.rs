@@ -24,12 +24,25 @@ pub enum Kind {
     /// the period's allowance and the provider's meter withdrawn or corrected (§4.13). A fact,
     /// once per debit, written by the reversal (`billing::usage`).
     UsageReversed,
+    /// A credit grant became spendable (docs/design.md §4.14): a fact, once per grant.
+    CreditsGranted,
+    /// What remained of a credit grant expired: a fact, once per grant.
+    CreditsExpired,
+    /// A credit grant was voided (a pack's payment refunded, a Stripe grant voided): a fact,
+    /// once per grant.
+    CreditsVoided,
+    /// A unit's available credits fell below the plan's low level: the balance's state at a
+    /// downward crossing, told once per crossing and applied as a fact (a crossing dropped
+    /// for an older sequence would be a top-up missed).
+    CreditsLow,
+    /// A unit's available credits ran out: as `CreditsLow`, once per downward crossing.
+    CreditsDepleted,
 }
 
 impl Kind {
     /// Every kind, the one list the dispatcher, `inboxctl listen` and docs/effects.md's
     /// table of states and facts are checked against.
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 15] = [
         Kind::PlanChanged,
         Kind::SubscriptionUpdated,
         Kind::FeaturesChanged,
@@ -40,6 +53,11 @@ impl Kind {
         Kind::CustomerDeleted,
         Kind::AllowanceExhausted,
         Kind::UsageReversed,
+        Kind::CreditsGranted,
+        Kind::CreditsExpired,
+        Kind::CreditsVoided,
+        Kind::CreditsLow,
+        Kind::CreditsDepleted,
     ];
 
     /// The kind an effect's `type` names; `None` for a kind this build does not know.
@@ -59,6 +77,11 @@ impl Kind {
             Kind::CustomerDeleted => "billing.customer_deleted",
             Kind::AllowanceExhausted => "billing.allowance_exhausted",
             Kind::UsageReversed => "billing.usage_reversed",
+            Kind::CreditsGranted => "billing.credits_granted",
+            Kind::CreditsExpired => "billing.credits_expired",
+            Kind::CreditsVoided => "billing.credits_voided",
+            Kind::CreditsLow => "billing.credits_low",
+            Kind::CreditsDepleted => "billing.credits_depleted",
         }
     }
 

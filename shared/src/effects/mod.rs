@@ -6,6 +6,7 @@
 //! An effect's id is a hash of its kind and its cause — the register and the event version
 //! that moved it, or the ledger entry — so the same change always has the same id.
 
+pub mod credits;
 pub mod outbox;
 pub mod sinks;
 

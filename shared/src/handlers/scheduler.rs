@@ -129,6 +129,8 @@ pub struct RunReport {
     pub backlog: Backlog,
     /// Effects re-enqueued (lost by the queue, or due for another attempt).
     pub rescued_effects: Vec<String>,
+    /// Credits effects written at a time no event marked (docs/design.md §4.14).
+    pub credits_told: u64,
     /// Sent effects older than the retention, deleted this run.
     pub purged_effects: u64,
     pub effect_alerts: EffectAlerts,
@@ -168,6 +170,16 @@ pub async fn run(state: &SchedulerState) -> RunReport {
     // Effects and meter reports are rescued whenever their queue is configured, and counted
     // whenever they exist, so a stuck one is seen even after the sinks were turned off.
     let kinds = queued_kinds(state);
+    // What credits tell at a time no event marks (an expiry, a void, an effective time;
+    // docs/design.md §4.14), written before the rescue, which enqueues them.
+    if state.effects.is_some() {
+        let none = Catalog::default();
+        let catalog = state.audit.as_ref().map_or(&none, |a| &a.catalog);
+        match crate::effects::credits::tick(&state.pool, catalog, Utc::now()).await {
+            Ok(told) => report.credits_told = told.len() as u64,
+            Err(e) => report.errors.push(format!("credits: {e:#}")),
+        }
+    }
     for kind in &kinds {
         kind.rescue_and_alert(&state.pool, deadline, &mut report)
             .await;

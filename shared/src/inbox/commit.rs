@@ -60,6 +60,8 @@ pub async fn commit(
         intents: IntentRows::of(registers),
         effects: EffectRows::of(effects),
         entitlements: EntitlementRows::of(registers),
+        credit_grants: CreditGrantRows::of(registers),
+        credit_transactions: CreditTransactionRows::of(registers),
     };
     // One group of parameters a table, bound in the order of `BillingWrite`'s fields.
     let row = sqlx::query!(
@@ -71,6 +73,7 @@ pub async fn commit(
         --   $14-$16  customer_plans      $17-$18  customer_standing
         --   $19-$29  subscriptions       $30-$34  payments         $35-$40  ledger
         --   $41-$45  payment_intents     $46-$49  effects          $50-$53  entitlements
+        --   $54-$68  credit_grants       $69-$73  credit_transactions
         WITH as_read AS (
             -- accounts ($11): the account, still at the version read, and not held by
             -- another writer: one that is held or moved fails the statement at once, before
@@ -204,6 +207,50 @@ pub async fn commit(
                 SET active = EXCLUDED.active, features = EXCLUDED.features,
                     version_at = EXCLUDED.version_at, version_rank = EXCLUDED.version_rank,
                     version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id
+        ), credit_grants_written AS (
+            -- credit_grants ($54-$68), each whole: keyed by the account, whose version the
+            -- statement holds (docs/design.md §4.14).
+            INSERT INTO credit_grants AS r
+                (source, customer_id, grant_id, origin, unit, scope, amount, category, priority,
+                 created_at, effective_at, expires_at, voided_at, version_at, version_key,
+                 event_id, voided_by)
+            SELECT $2, $3, g.id, g.origin, g.unit, g.scope, g.amount::numeric, g.category,
+                   g.priority, g.created_at, g.effective_at, g.expires_at, g.voided_at,
+                   g.version_at, g.version_key, g.event_id, g.voided_by
+            FROM account, unnest($54::text[], $55::text[], $56::text[], $57::text[], $58::text[],
+                                 $59::text[], $60::int2[], $61::timestamptz[],
+                                 $62::timestamptz[], $63::timestamptz[], $64::timestamptz[],
+                                 $65::timestamptz[], $66::text[], $67::int8[], $68::int8[])
+                 AS g (id, origin, unit, scope, amount, category, priority, created_at,
+                       effective_at, expires_at, voided_at, version_at, version_key, event_id,
+                       voided_by)
+            ON CONFLICT (source, customer_id, grant_id) DO UPDATE
+                SET origin = EXCLUDED.origin, unit = EXCLUDED.unit, scope = EXCLUDED.scope,
+                    amount = EXCLUDED.amount, category = EXCLUDED.category,
+                    priority = EXCLUDED.priority, created_at = EXCLUDED.created_at,
+                    effective_at = EXCLUDED.effective_at, expires_at = EXCLUDED.expires_at,
+                    voided_at = EXCLUDED.voided_at, version_at = EXCLUDED.version_at,
+                    version_key = EXCLUDED.version_key, event_id = EXCLUDED.event_id,
+                    voided_by = EXCLUDED.voided_by
+        ), credit_transactions_written AS (
+            -- credit_transactions ($69-$73), each once by its id; one kept before its grant
+            -- came (written without an account) is already there.
+            INSERT INTO credit_transactions
+                (source, transaction_id, grant_id, kind, amount, effective_at, event_id)
+            SELECT $2, t.id, t.grant_id, t.kind, t.amount::numeric, t.effective_at, $1
+            FROM account, unnest($69::text[], $70::text[], $71::text[], $72::text[],
+                                 $73::timestamptz[]) AS t (id, grant_id, kind, amount, effective_at)
+            ON CONFLICT (source, transaction_id) DO NOTHING
+        ), held_logged AS (
+            -- account_log: the events of transactions kept before their grant came, which no
+            -- account's log showed, join this account's log now (their reason says so).
+            INSERT INTO account_log AS l
+                (event_id, source, customer_id, event_type, occurred_at, outcome, reason)
+            SELECT t.event_id, $2, $3, e.type, e.occurred_at, 'applied',
+                   e.reason || '; counted since its grant came (event ' || $1 || ')'
+            FROM account, credit_transactions t JOIN inbox_events e ON e.id = t.event_id
+            WHERE t.source = $2 AND t.grant_id = ANY($54::text[]) AND t.event_id <> $1
+            ON CONFLICT (event_id) DO NOTHING
         ), effects_written AS (
             -- effects (new_effects above), with the account's next sequence numbers.
             INSERT INTO effects (id, kind, cause, source, customer_id, sequence, event_id,
@@ -311,6 +358,28 @@ pub async fn commit(
         &w.entitlements.active,
         &w.entitlements.features,
         &w.entitlements.rank,
+        // $54-$68: credit_grants
+        &w.credit_grants.id as &[&str],
+        &w.credit_grants.origin as &[&str],
+        &w.credit_grants.unit as &[&str],
+        &w.credit_grants.scope as &[&str],
+        &w.credit_grants.amount,
+        &w.credit_grants.category as &[&str],
+        &w.credit_grants.priority as &[Option<i16>],
+        &w.credit_grants.created_at,
+        &w.credit_grants.effective_at as &[Option<DateTime<Utc>>],
+        &w.credit_grants.expires_at as &[Option<DateTime<Utc>>],
+        &w.credit_grants.voided_at as &[Option<DateTime<Utc>>],
+        &w.credit_grants.version_at,
+        &w.credit_grants.version_key as &[&str],
+        &w.credit_grants.event_id,
+        &w.credit_grants.voided_by as &[Option<i64>],
+        // $69-$73: credit_transactions
+        &w.credit_transactions.id as &[&str],
+        &w.credit_transactions.grant_id as &[&str],
+        &w.credit_transactions.kind as &[&str],
+        &w.credit_transactions.amount,
+        &w.credit_transactions.effective_at,
     )
     .fetch_one(exec(conn))
     .await;
@@ -360,7 +429,7 @@ struct IntentRow {
     linked_by: Option<i64>,
 }
 
-/// What an event's one statement writes, one part a table it feeds (eleven tables), in the
+/// What an event's one statement writes, one part a table it feeds (thirteen tables), in the
 /// order the statement takes its parameters: each part's columns are one run of `$n`.
 struct BillingWrite<'a> {
     /// $1-$5: what every row written carries.
@@ -385,6 +454,10 @@ struct BillingWrite<'a> {
     effects: EffectRows<'a>,
     /// $50-$53: `entitlements`.
     entitlements: EntitlementRows<'a>,
+    /// $54-$68: `credit_grants`.
+    credit_grants: CreditGrantRows<'a>,
+    /// $69-$73: `credit_transactions`.
+    credit_transactions: CreditTransactionRows<'a>,
 }
 
 /// The event and the account every row is written for, and the event's place in the
@@ -655,6 +728,86 @@ impl<'a> EntitlementRows<'a> {
             rows.features
                 .push(serde_json::to_value(&held.value.features).unwrap_or(Value::Null));
             rows.rank.push(held.stamp.rank);
+        }
+        rows
+    }
+}
+
+/// A time of the credits fold (unix seconds) as the tables keep it.
+fn at(secs: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(secs, 0).unwrap_or_default()
+}
+
+/// The `credit_grants` rows the rules changed, each whole (docs/design.md §4.14).
+#[derive(Default)]
+struct CreditGrantRows<'a> {
+    id: Vec<&'a str>,
+    origin: Vec<&'static str>,
+    unit: Vec<&'a str>,
+    scope: Vec<&'a str>,
+    amount: Vec<String>,
+    category: Vec<&'static str>,
+    priority: Vec<Option<i16>>,
+    created_at: Vec<DateTime<Utc>>,
+    effective_at: Vec<Option<DateTime<Utc>>>,
+    expires_at: Vec<Option<DateTime<Utc>>>,
+    voided_at: Vec<Option<DateTime<Utc>>>,
+    version_at: Vec<DateTime<Utc>>,
+    version_key: Vec<&'a str>,
+    event_id: Vec<i64>,
+    voided_by: Vec<Option<i64>>,
+}
+
+impl<'a> CreditGrantRows<'a> {
+    fn of(registers: &'a Registers) -> Self {
+        let mut rows = Self::default();
+        for id in &registers.changed.credit_grants {
+            let (Some(r), Some(row)) = (
+                registers.credits.register(id),
+                registers.credit_rows.get(id),
+            ) else {
+                continue;
+            };
+            let g = &r.latest;
+            rows.id.push(id.as_str());
+            rows.origin.push(g.origin.as_str());
+            rows.unit.push(g.unit.as_str());
+            rows.scope.push(g.scope.as_str());
+            rows.amount.push(g.amount.to_string());
+            rows.category.push(g.category.as_str());
+            rows.priority.push(g.priority.map(i16::from));
+            rows.created_at.push(at(g.created));
+            rows.effective_at.push(g.effective_at.map(at));
+            rows.expires_at.push(g.expires_at.map(at));
+            rows.voided_at.push(r.voided_at.map(at));
+            rows.version_at.push(at(g.updated));
+            rows.version_key.push(g.event_key.as_str());
+            rows.event_id.push(row.event_id);
+            rows.voided_by.push(row.voided_by);
+        }
+        rows
+    }
+}
+
+/// The `credit_transactions` rows counted now.
+#[derive(Default)]
+struct CreditTransactionRows<'a> {
+    id: Vec<&'a str>,
+    grant_id: Vec<&'a str>,
+    kind: Vec<&'static str>,
+    amount: Vec<String>,
+    effective_at: Vec<DateTime<Utc>>,
+}
+
+impl<'a> CreditTransactionRows<'a> {
+    fn of(registers: &'a Registers) -> Self {
+        let mut rows = Self::default();
+        for t in &registers.changed.credit_transactions {
+            rows.id.push(t.transaction_id.as_str());
+            rows.grant_id.push(t.grant_id.as_str());
+            rows.kind.push(t.kind.as_str());
+            rows.amount.push(t.amount.to_string());
+            rows.effective_at.push(at(t.effective_at));
         }
         rows
     }

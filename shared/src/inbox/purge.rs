@@ -35,7 +35,8 @@ pub async fn purge(pool: &PgPool, retention: Duration, deadline: Instant) -> any
 
 /// Deletes at most [`PURGE_BATCH`] applied and ignored events (and their deliveries) older
 /// than the retention. Dead, conflicting and unprocessable rows are kept for the operator, and so is
-/// every event a register (an entitlement's too), a grant, a payment intent or a tombstone names, and every read
+/// every event a register (an entitlement's, a credit grant's too), a grant, a credit
+/// transaction, a payment intent or a tombstone names, and every read
 /// made for an event still stored: the fold of the account's kept events gives its registers
 /// again, and a replay applies what was read without reading again (docs/design.md §3.9,
 /// §4.11, §6.2).
@@ -59,6 +60,11 @@ pub(super) async fn purge_batch(pool: &PgPool, retention: Duration) -> anyhow::R
                   AND NOT EXISTS (SELECT 1 FROM payment_intents r
                                   WHERE r.linked_by = e.id OR r.refunded_by = e.id)
                   AND NOT EXISTS (SELECT 1 FROM accounts r WHERE r.deleted_by = e.id)
+                  -- A credit grant's latest snapshot and the void it keeps, and every
+                  -- transaction counted (docs/design.md §4.14).
+                  AND NOT EXISTS (SELECT 1 FROM credit_grants r WHERE r.event_id = e.id)
+                  AND NOT EXISTS (SELECT 1 FROM credit_grants r WHERE r.voided_by = e.id)
+                  AND NOT EXISTS (SELECT 1 FROM credit_transactions r WHERE r.event_id = e.id)
                   -- A read the worker made for an event decided what that event applied: a
                   -- thin event's registers name the thin event, an invoice's grant the
                   -- invoice. It stays as long as that event does (the row it names, one

@@ -28,6 +28,11 @@ TYPED: dict[str, Any] = {
     "billing.customer_deleted": models.CustomerDeletedEffect,
     "billing.allowance_exhausted": models.AllowanceExhaustedEffect,
     "billing.usage_reversed": models.UsageReversedEffect,
+    "billing.credits_granted": models.CreditsGrantedEffect,
+    "billing.credits_expired": models.CreditsExpiredEffect,
+    "billing.credits_voided": models.CreditsVoidedEffect,
+    "billing.credits_low": models.CreditsCrossedEffect,
+    "billing.credits_depleted": models.CreditsCrossedEffect,
 }
 
 #: The kinds that carry a state: the highest sequence wins. Every other kind, one not known

@@ -373,6 +373,91 @@ export interface webhooks {
         patch?: never;
         trace?: never;
     };
+    "billing.credits_granted": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A credit grant became spendable, once per grant (a fact, applied once by id) */
+        post: operations["onCreditsGranted"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "billing.credits_expired": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** What remained of a credit grant expired, once per grant (a fact, applied once by id) */
+        post: operations["onCreditsExpired"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "billing.credits_voided": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A credit grant was voided (a pack's payment refunded, a Stripe grant voided), once per grant (a fact) */
+        post: operations["onCreditsVoided"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "billing.credits_low": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A unit's available credits fell below the plan's low level, once per downward crossing (applied once by id) */
+        post: operations["onCreditsLow"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "billing.credits_depleted": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** A unit's available credits ran out, once per downward crossing (applied once by id) */
+        post: operations["onCreditsDepleted"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export interface components {
     schemas: {
@@ -673,7 +758,8 @@ export interface components {
              */
             type: string;
             occurred_at: components["schemas"]["Time"];
-            data: components["schemas"]["EffectData"];
+            /** @description Every kind's data, but the credits kinds', which carry no account block */
+            data: components["schemas"]["EffectData"] | components["schemas"]["CreditsEffectData"];
         };
         PlanChangedEffect: {
             id: string;
@@ -786,6 +872,68 @@ export interface components {
                     amount: number;
                     accepted: boolean;
                 };
+            };
+        };
+        /** @description What a credits effect's data holds (docs/effects.md, Credits): no account block, since an expiry or a crossing may be told with no event; the balances are GET …/credits' */
+        CreditsEffectData: {
+            source: string;
+            customer_id: string;
+            sequence: number;
+        };
+        /** @description The grant's own fields, which no later event changes */
+        CreditGrantTold: {
+            /** @description Stripe's credgr_…, or pack:{payment}:{price} for a catalog pack */
+            grant_id: string;
+            /** @description Known values: stripe_credit_grant, catalog_pack, polar_meter_credit (a client accepts others too). */
+            origin: string;
+            /** @description A currency (minor units), a custom pricing unit's id, or credits */
+            unit: string;
+            scope: string;
+            /** @description A decimal string */
+            amount: string;
+            /** @description Known values: paid, promotional (a client accepts others too). */
+            category: string;
+            effective_at: components["schemas"]["Time"];
+        };
+        CreditsGrantedEffect: {
+            id: string;
+            /** @constant */
+            type: "billing.credits_granted";
+            occurred_at: components["schemas"]["Time"];
+            data: components["schemas"]["CreditsEffectData"] & {
+                grant: components["schemas"]["CreditGrantTold"];
+            };
+        };
+        CreditsExpiredEffect: {
+            id: string;
+            /** @constant */
+            type: "billing.credits_expired";
+            occurred_at: components["schemas"]["Time"];
+            data: components["schemas"]["CreditsEffectData"] & {
+                grant: components["schemas"]["CreditGrantTold"];
+                expired_at: components["schemas"]["Time"];
+            };
+        };
+        CreditsVoidedEffect: {
+            id: string;
+            /** @constant */
+            type: "billing.credits_voided";
+            occurred_at: components["schemas"]["Time"];
+            data: components["schemas"]["CreditsEffectData"] & {
+                grant: components["schemas"]["CreditGrantTold"];
+                voided_at: components["schemas"]["Time"];
+            };
+        };
+        CreditsCrossedEffect: {
+            id: string;
+            /** @description Known values: billing.credits_low, billing.credits_depleted (a client accepts others too). */
+            type: string;
+            occurred_at: components["schemas"]["Time"];
+            data: components["schemas"]["CreditsEffectData"] & {
+                unit: string;
+                /** @description The low level crossed (a decimal string); null for depleted */
+                level: null | string;
+                crossed_at: components["schemas"]["Time"];
             };
         };
         UsageReversedEffect: {
@@ -1529,6 +1677,151 @@ export interface operations {
         requestBody: {
             content: {
                 "application/json": components["schemas"]["UsageReversedEffect"];
+            };
+        };
+        responses: {
+            /** @description Any 2xx within 10 s acknowledges the effect; anything else is retried (5 s, 30 s, 2 min, 10 min, 1 h, then dead) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    onCreditsGranted: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The effect's id (the body's id), the same on every delivery of it; deduplicate on it */
+                "webhook-id": components["parameters"]["webhook_id"];
+                /** @description When this delivery was signed, in seconds since the epoch; refuse one more than 5 minutes away */
+                "webhook-timestamp": components["parameters"]["webhook_timestamp"];
+                /** @description Space-separated v1,<base64>: HMAC-SHA256 over "{webhook-id}.{webhook-timestamp}.{body}" with the sink's secret (whsec_ and base64, decoded); several while a secret rotates */
+                "webhook-signature": components["parameters"]["webhook_signature"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreditsGrantedEffect"];
+            };
+        };
+        responses: {
+            /** @description Any 2xx within 10 s acknowledges the effect; anything else is retried (5 s, 30 s, 2 min, 10 min, 1 h, then dead) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    onCreditsExpired: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The effect's id (the body's id), the same on every delivery of it; deduplicate on it */
+                "webhook-id": components["parameters"]["webhook_id"];
+                /** @description When this delivery was signed, in seconds since the epoch; refuse one more than 5 minutes away */
+                "webhook-timestamp": components["parameters"]["webhook_timestamp"];
+                /** @description Space-separated v1,<base64>: HMAC-SHA256 over "{webhook-id}.{webhook-timestamp}.{body}" with the sink's secret (whsec_ and base64, decoded); several while a secret rotates */
+                "webhook-signature": components["parameters"]["webhook_signature"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreditsExpiredEffect"];
+            };
+        };
+        responses: {
+            /** @description Any 2xx within 10 s acknowledges the effect; anything else is retried (5 s, 30 s, 2 min, 10 min, 1 h, then dead) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    onCreditsVoided: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The effect's id (the body's id), the same on every delivery of it; deduplicate on it */
+                "webhook-id": components["parameters"]["webhook_id"];
+                /** @description When this delivery was signed, in seconds since the epoch; refuse one more than 5 minutes away */
+                "webhook-timestamp": components["parameters"]["webhook_timestamp"];
+                /** @description Space-separated v1,<base64>: HMAC-SHA256 over "{webhook-id}.{webhook-timestamp}.{body}" with the sink's secret (whsec_ and base64, decoded); several while a secret rotates */
+                "webhook-signature": components["parameters"]["webhook_signature"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreditsVoidedEffect"];
+            };
+        };
+        responses: {
+            /** @description Any 2xx within 10 s acknowledges the effect; anything else is retried (5 s, 30 s, 2 min, 10 min, 1 h, then dead) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    onCreditsLow: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The effect's id (the body's id), the same on every delivery of it; deduplicate on it */
+                "webhook-id": components["parameters"]["webhook_id"];
+                /** @description When this delivery was signed, in seconds since the epoch; refuse one more than 5 minutes away */
+                "webhook-timestamp": components["parameters"]["webhook_timestamp"];
+                /** @description Space-separated v1,<base64>: HMAC-SHA256 over "{webhook-id}.{webhook-timestamp}.{body}" with the sink's secret (whsec_ and base64, decoded); several while a secret rotates */
+                "webhook-signature": components["parameters"]["webhook_signature"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreditsCrossedEffect"];
+            };
+        };
+        responses: {
+            /** @description Any 2xx within 10 s acknowledges the effect; anything else is retried (5 s, 30 s, 2 min, 10 min, 1 h, then dead) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    onCreditsDepleted: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The effect's id (the body's id), the same on every delivery of it; deduplicate on it */
+                "webhook-id": components["parameters"]["webhook_id"];
+                /** @description When this delivery was signed, in seconds since the epoch; refuse one more than 5 minutes away */
+                "webhook-timestamp": components["parameters"]["webhook_timestamp"];
+                /** @description Space-separated v1,<base64>: HMAC-SHA256 over "{webhook-id}.{webhook-timestamp}.{body}" with the sink's secret (whsec_ and base64, decoded); several while a secret rotates */
+                "webhook-signature": components["parameters"]["webhook_signature"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreditsCrossedEffect"];
             };
         };
         responses: {

@@ -5,7 +5,9 @@
 use serde_json::Value;
 
 use crate::billing::model::read::{iso_time, required, resolve, text};
-use crate::billing::model::{not_billing, paid, subscription_effects};
+use crate::billing::model::{
+    not_billing, packs_bought, paid, plan_candidates, subscription_effects,
+};
 use crate::billing::{Decided, Decision, Effect, PaymentStatus, Problem, SubscriptionEnds};
 use crate::domain::Catalog;
 
@@ -153,13 +155,20 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
         }
         "transaction.completed" | "transaction.paid" => {
             let id = required(data, "/id")?;
-            let resolved = resolve(catalog, &plan_keys(data));
+            let keys = plan_keys(data);
+            let candidates = plan_candidates(&keys, catalog);
+            let resolved = resolve(catalog, &candidates);
             let named = resolved.plan.is_some();
+            // The credit packs its items buy (docs/design.md §4.14).
+            let one_each: Vec<(&str, u32)> = keys.iter().map(|k| (*k, 1)).collect();
+            let packs = packs_bought(id, &one_each, catalog);
+            let packs_only = candidates.is_empty() && !packs.is_empty();
             match paid(id.to_owned(), resolved) {
                 Decision::Apply { mut effects, notes } => {
+                    effects.extend(packs);
                     // Items that name no known price: the plan is the subscription's, as its
                     // register holds it (docs/design.md §6.2, as for Stripe's invoices).
-                    if !named {
+                    if !named && !packs_only {
                         effects.push(Effect::GrantOfSubscription {
                             payment: id.to_owned(),
                             subscriptions: text(data, "/subscription_id")

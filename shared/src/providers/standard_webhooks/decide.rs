@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use crate::billing::model::read::{first_text, flag, iso_time, required, resolve, text};
-use crate::billing::model::{not_billing, paid, subscription_effects};
+use crate::billing::model::{not_billing, paid_with_packs, subscription_effects};
 use crate::billing::{Decided, Decision, Effect, PaymentStatus, Problem, SubscriptionEnds};
 use crate::domain::{Catalog, FeatureValue, Features};
 
@@ -143,10 +143,8 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
                 .to_owned();
             subscription_effects(id, status, ends(data)?, resolve(catalog, &plan_keys()))
         }
-        "order.paid" => paid(
-            required(data, "/id")?.to_owned(),
-            resolve(catalog, &plan_keys()),
-        ),
+        // A product the catalog gives a credit pack buys it (docs/design.md §4.14).
+        "order.paid" => paid_with_packs(required(data, "/id")?.to_owned(), &plan_keys(), catalog),
         "order.refunded" => {
             if text(data, "/status") == Some("partially_refunded") {
                 return Ok(Decision::Ignore(

@@ -5,7 +5,9 @@
 use serde_json::Value;
 
 use crate::billing::model::read::{first_text, flag, required, resolve, unix_time};
-use crate::billing::model::{not_billing, paid, subscription_effects};
+use crate::billing::model::{
+    not_billing, packs_bought, paid, plan_candidates, subscription_effects,
+};
 use crate::billing::{Decided, Decision, Effect, PaymentStatus, Problem, SubscriptionEnds};
 use crate::domain::Catalog;
 
@@ -25,6 +27,22 @@ pub(super) fn plan_keys(object: &Value) -> Vec<&str> {
     keys.extend(first_text(object, &["/plan/id", "/price/id"]));
     keys.dedup();
     keys
+}
+
+/// Each invoice line's price (as [`PRICE_PATHS`] find it) and quantity (1 when the line says
+/// none): the credit packs the invoice buys.
+fn line_quantities(invoice: &Value) -> Vec<(&str, u32)> {
+    invoice
+        .pointer("/lines/data")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|line| {
+            let price = first_text(line, PRICE_PATHS)?;
+            let quantity = line.get("quantity").and_then(Value::as_u64).unwrap_or(1);
+            Some((price, u32::try_from(quantity).unwrap_or(u32::MAX)))
+        })
+        .collect()
 }
 
 /// Where an item or an invoice line names its price, in every API version (docs/design.md
@@ -94,7 +112,7 @@ pub(super) fn ends(object: &Value) -> Result<SubscriptionEnds, Problem> {
 }
 
 /// The event types `decide` gives a meaning (Stripe's `types[]` filter takes up to 20).
-pub const HANDLED_TYPES: [&str; 12] = [
+pub const HANDLED_TYPES: [&str; 15] = [
     "customer.subscription.created",
     "customer.subscription.updated",
     "customer.subscription.deleted",
@@ -107,6 +125,10 @@ pub const HANDLED_TYPES: [&str; 12] = [
     "charge.refunded",
     "customer.deleted",
     super::entitlements::SUMMARY_TYPE,
+    // Stripe Billing Credits (docs/design.md §4.14): their thin twins read the object too.
+    super::credits::GRANT_TYPES[0],
+    super::credits::GRANT_TYPES[1],
+    super::credits::TRANSACTION_TYPE,
 ];
 
 /// The payment intent an object names, as an id or an expanded object.
@@ -164,13 +186,20 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
         }
         "invoice.paid" | "invoice.payment_succeeded" => {
             let id = required(object, "/id")?;
-            let resolved = resolve(catalog, &plan_keys(object));
+            let keys = plan_keys(object);
+            let candidates = plan_candidates(&keys, catalog);
+            let resolved = resolve(catalog, &candidates);
             let named = resolved.plan.is_some();
+            // The credit packs its lines buy (docs/design.md §4.14): an invoice of packs alone
+            // names no plan and asks for none.
+            let packs = packs_bought(id, &line_quantities(object), catalog);
+            let packs_only = candidates.is_empty() && !packs.is_empty();
             match paid(id.to_owned(), resolved) {
                 Decision::Apply { mut effects, notes } => {
+                    effects.extend(packs);
                     // Lines that name no known price: the plan is the subscription's, as its
                     // register holds it (docs/design.md §6.2).
-                    if !named {
+                    if !named && !packs_only {
                         effects.push(Effect::GrantOfSubscription {
                             payment: id.to_owned(),
                             subscriptions: invoice_subscriptions(object)
@@ -256,12 +285,17 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
         // The whole set of the customer's active entitlements; `previous_attributes` is not
         // read (docs/design.md §4.12).
         super::entitlements::SUMMARY_TYPE => super::entitlements::decide_summary(p, object)?,
-        // Stripe Billing Credits (docs/design.md §4.14): read whole, so that a payload the
-        // credits fold could not read is unprocessable with its field named; no register of
-        // the plan, subscriptions or payments holds them.
+        // Stripe Billing Credits (docs/design.md §4.14): a grant's snapshot is its register's
+        // write, a transaction its grant's ledger entry; one the credits fold cannot read is
+        // unprocessable with its field named. No plan, subscription or payment register moves.
         t if super::credits::is_credit_type(t) => {
             let key = p.get("id").and_then(Value::as_str).unwrap_or_default();
-            Decision::Ignore(super::credits::read(t, object, key)?.described())
+            Decision::apply(vec![match super::credits::read(t, object, key)? {
+                super::credits::CreditEvent::Grant { snapshot, .. } => {
+                    Effect::CreditGrant(snapshot)
+                }
+                super::credits::CreditEvent::Transaction(t) => Effect::CreditTransaction(t),
+            }])
         }
         other => not_billing(other),
     })

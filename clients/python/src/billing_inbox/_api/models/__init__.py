@@ -11,6 +11,16 @@ from .allowance_granted_effect_data import AllowanceGrantedEffectData
 from .allowance_granted_effect_data_grant import AllowanceGrantedEffectDataGrant
 from .bad_request_error import BadRequestError
 from .beaten import Beaten
+from .credit_grant_told import CreditGrantTold
+from .credits_crossed_effect import CreditsCrossedEffect
+from .credits_crossed_effect_data import CreditsCrossedEffectData
+from .credits_effect_data import CreditsEffectData
+from .credits_expired_effect import CreditsExpiredEffect
+from .credits_expired_effect_data import CreditsExpiredEffectData
+from .credits_granted_effect import CreditsGrantedEffect
+from .credits_granted_effect_data import CreditsGrantedEffectData
+from .credits_voided_effect import CreditsVoidedEffect
+from .credits_voided_effect_data import CreditsVoidedEffectData
 from .customer_deleted_effect import CustomerDeletedEffect
 from .customer_deleted_effect_data import CustomerDeletedEffectData
 from .debit import Debit
@@ -64,6 +74,16 @@ __all__ = (
     "AllowanceGrantedEffectDataGrant",
     "BadRequestError",
     "Beaten",
+    "CreditGrantTold",
+    "CreditsCrossedEffect",
+    "CreditsCrossedEffectData",
+    "CreditsEffectData",
+    "CreditsExpiredEffect",
+    "CreditsExpiredEffectData",
+    "CreditsGrantedEffect",
+    "CreditsGrantedEffectData",
+    "CreditsVoidedEffect",
+    "CreditsVoidedEffectData",
     "CustomerDeletedEffect",
     "CustomerDeletedEffectData",
     "Debit",

@@ -8,6 +8,7 @@ from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
 if TYPE_CHECKING:
+    from ..models.credits_effect_data import CreditsEffectData
     from ..models.effect_data import EffectData
 
 
@@ -23,23 +24,29 @@ class Effect:
             id (str): The effect id
             type_ (str):
             occurred_at (datetime.datetime):
-            data (EffectData): What every effect's data holds, before the fields of its type (docs/effects.md, The body)
+            data (CreditsEffectData | EffectData): Every kind's data, but the credits kinds', which carry no account block
     """
 
     id: str
     type_: str
     occurred_at: datetime.datetime
-    data: EffectData
+    data: CreditsEffectData | EffectData
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        from ..models.effect_data import EffectData
+
         id = self.id
 
         type_ = self.type_
 
         occurred_at = self.occurred_at.isoformat()
 
-        data = self.data.to_dict()
+        data: dict[str, Any]
+        if isinstance(self.data, EffectData):
+            data = self.data.to_dict()
+        else:
+            data = self.data.to_dict()
 
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
@@ -56,6 +63,7 @@ class Effect:
 
     @classmethod
     def from_dict(cls, src_dict: Mapping[str, Any]) -> Self:
+        from ..models.credits_effect_data import CreditsEffectData
         from ..models.effect_data import EffectData
 
         d = dict(src_dict)
@@ -65,7 +73,22 @@ class Effect:
 
         occurred_at = datetime.datetime.fromisoformat(d.pop("occurred_at"))
 
-        data = EffectData.from_dict(d.pop("data"))
+        def _parse_data(data: object) -> CreditsEffectData | EffectData:
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                data_type_0 = EffectData.from_dict(data)
+
+                return data_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            if not isinstance(data, dict):
+                raise TypeError()
+            data_type_1 = CreditsEffectData.from_dict(data)
+
+            return data_type_1
+
+        data = _parse_data(d.pop("data"))
 
         effect = cls(
             id=id,

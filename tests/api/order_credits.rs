@@ -1,0 +1,500 @@
+//! The order property for credits (docs/design.md §4.14): random sets of Stripe credit grant
+//! snapshots (priorities moved, voids), their transactions (Stripe's grant, applications past
+//! the grant's amount, an invoice voided that gives back, Stripe's own expiry), and catalog
+//! packs paid by an invoice and refunded, delivered in random order with copies and injected
+//! failures, end in the same grant registers, ledgers and balances as each applied once in
+//! provider-time order — and in the balances Stripe's ledger gives, computed here apart from
+//! the fold (so a fold that clamps inside its sums, or adds its provisional expiry to
+//! Stripe's, is caught). Every effect the complete set tells is written in every order, once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use serde_json::{json, Value};
+use shared::billing::credits::{self, Credits, Quantity};
+use shared::domain::{Catalog, CustomerId};
+use shared::handlers::worker::WorkerState;
+use shared::platform::sim::{with_interrupts, Fault, FaultAction, Point};
+use sqlx::PgPool;
+
+use crate::helpers::{create_queue, sqs_client, test_worker};
+use crate::order::{process, store, stripe_materialized};
+
+const CUSTOMERS: u8 = 2;
+const GRANTS: u8 = 3;
+/// A grant's amount (usd minor units) and a pack's (credits).
+const GRANT_AMOUNT: i64 = 1000;
+const PACK_AMOUNT: i64 = 500;
+/// Stripe's own expiry, as it would say it (it saw an application the set does not hold).
+const STRIPE_EXPIRED: i64 = 100;
+
+const CATALOG: &str = r#"{
+    "price_pack": {"credits": {"amount": 500, "unit": "credits", "expires_after_days": 30}},
+    "free": {"plan": "free", "monthly_allowance": 0,
+             "credits_low": {"usd": 500, "credits": 300}}
+}"#;
+
+fn time(at: u32) -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 3, 1, 0, 0, 0).unwrap() + Duration::hours(i64::from(at) * 73)
+}
+
+/// One event, in terms small enough to shrink. What Stripe fixes once (a grant's amount, its
+/// expiry, when it was voided; a transaction's kind, amount and time; when an invoice was paid
+/// and refunded) is a function of the ids, so that two events of one object never disagree.
+#[derive(Debug, Clone)]
+enum CreditsEvent {
+    /// A snapshot of grant `grant` (customer `grant % CUSTOMERS`) as of `at`, at `priority`,
+    /// voided (at its one void time) or not.
+    Grant {
+        grant: u8,
+        priority: Option<u8>,
+        voided: bool,
+        at: u32,
+    },
+    /// Transaction `txn` of grant `grant` ([`txn_of`]).
+    Txn { grant: u8, txn: u8 },
+    /// A paid invoice of one credit pack.
+    PackPaid { customer: u8, invoice: u8 },
+    /// The full refund of that invoice's charge.
+    PackRefund { customer: u8, invoice: u8 },
+}
+
+fn customer_of(grant: u8) -> u8 {
+    grant % CUSTOMERS
+}
+
+fn customer_id(customer: u8, ns: &str) -> String {
+    format!("cus_crd{customer}_{ns}")
+}
+
+/// Grant 2 never expires; the others at their own time, after the voids and applications.
+fn expires_at(grant: u8) -> Option<u32> {
+    (grant < 2).then_some(20 + u32::from(grant))
+}
+
+const VOID_AT: u32 = 12;
+
+/// A transaction's kind, amount and time: Stripe's grant; three applications (together more
+/// than the grant: over-applied); an invoice voided that gives 700 back; Stripe's expiry.
+fn txn_of(grant: u8, txn: u8) -> (&'static str, &'static str, i64, u32) {
+    match txn {
+        0 => ("credit", "credits_granted", GRANT_AMOUNT, 0),
+        1 => ("debit", "credits_applied", 600, 5),
+        2 => ("debit", "credits_applied", 700, 8),
+        3 => ("debit", "credits_applied", 300, 11),
+        4 => ("credit", "credits_application_invoice_voided", 700, 14),
+        _ => match expires_at(grant) {
+            Some(at) => ("debit", "credits_expired", STRIPE_EXPIRED, at),
+            None => ("debit", "credits_applied", 50, 16),
+        },
+    }
+}
+
+fn paid_at(customer: u8, invoice: u8) -> u32 {
+    2 + u32::from(customer) + 3 * u32::from(invoice)
+}
+
+fn refunded_at(customer: u8, invoice: u8) -> u32 {
+    paid_at(customer, invoice) + 4
+}
+
+fn strategy() -> impl Strategy<Value = CreditsEvent> {
+    prop_oneof![
+        4 => (0..GRANTS, proptest::option::of(Just(10u8)), proptest::bool::weighted(0.25), 0u32..30)
+            .prop_map(|(grant, priority, voided, at)| CreditsEvent::Grant { grant, priority, voided, at }),
+        6 => (0..GRANTS, 0u8..6).prop_map(|(grant, txn)| CreditsEvent::Txn { grant, txn }),
+        2 => (0..CUSTOMERS, 0u8..2).prop_map(|(customer, invoice)| CreditsEvent::PackPaid { customer, invoice }),
+        1 => (0..CUSTOMERS, 0u8..2).prop_map(|(customer, invoice)| CreditsEvent::PackRefund { customer, invoice }),
+    ]
+}
+
+/// The events, and each delivered one to three times, shuffled, a quarter of the attempts
+/// failing before their write.
+fn cases() -> impl Strategy<Value = (Vec<CreditsEvent>, Vec<(usize, bool)>)> {
+    proptest::collection::vec(strategy(), 1..14).prop_flat_map(|events| {
+        let n = events.len();
+        (
+            Just(events),
+            proptest::collection::vec((1usize..=3, proptest::bool::weighted(0.25)), n),
+        )
+            .prop_flat_map(|(events, copies)| {
+                let deliveries: Vec<(usize, bool)> = copies
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, (count, fail))| (0..*count).map(move |c| (i, *fail && c == 0)))
+                    .collect();
+                (Just(events), Just(deliveries).prop_shuffle())
+            })
+    })
+}
+
+/// The event as Stripe would send it, every id in namespace `ns`.
+fn payload(index: usize, event: &CreditsEvent, ns: &str) -> Value {
+    let key = format!("evt_crd{index:02}_{ns}");
+    let body = |event_type: &str, at: u32, object: Value| {
+        json!({"id": key, "object": "event", "type": event_type, "created": time(at).timestamp(),
+               "livemode": false, "pending_webhooks": 1, "data": {"object": object}})
+    };
+    match *event {
+        CreditsEvent::Grant {
+            grant,
+            priority,
+            voided,
+            at,
+        } => body(
+            "billing.credit_grant.updated",
+            at,
+            json!({"id": format!("credgr_{grant}_{ns}"), "object": "billing.credit_grant",
+                   "amount": {"type": "monetary", "monetary": {"currency": "usd", "value": GRANT_AMOUNT}},
+                   "applicability_config": {"scope": {"price_type": "metered"}},
+                   "category": "paid", "created": time(0).timestamp(),
+                   "customer": customer_id(customer_of(grant), ns), "customer_account": null,
+                   "effective_at": time(0).timestamp(),
+                   "expires_at": expires_at(grant).map(|e| time(e).timestamp()),
+                   "livemode": false, "metadata": {}, "name": "Credit", "priority": priority,
+                   "test_clock": null, "updated": time(at).timestamp(),
+                   "voided_at": voided.then(|| time(VOID_AT).timestamp())}),
+        ),
+        CreditsEvent::Txn { grant, txn } => {
+            let (side, kind, amount, at) = txn_of(grant, txn);
+            let entry = json!({"amount": {"type": "monetary",
+                                          "monetary": {"currency": "usd", "value": amount}},
+                               "type": kind});
+            let mut object = json!({"id": format!("cbtxn_{grant}_{txn}_{ns}"),
+                "object": "billing.credit_balance_transaction", "created": time(at).timestamp(),
+                "credit": null, "debit": null, "credit_grant": format!("credgr_{grant}_{ns}"),
+                "effective_at": time(at).timestamp(), "livemode": false, "test_clock": null,
+                "type": side});
+            object[side] = entry;
+            body("billing.credit_balance_transaction.created", at, object)
+        }
+        CreditsEvent::PackPaid { customer, invoice } => body(
+            "invoice.paid",
+            paid_at(customer, invoice),
+            json!({"id": format!("inpk{customer}{invoice}_{ns}"), "object": "invoice",
+                   "customer": customer_id(customer, ns),
+                   "lines": {"data": [{"price": {"id": "price_pack"}, "quantity": 1}]}}),
+        ),
+        CreditsEvent::PackRefund { customer, invoice } => body(
+            "charge.refunded",
+            refunded_at(customer, invoice),
+            json!({"id": format!("chpk{customer}{invoice}_{ns}"), "object": "charge",
+                   "refunded": true, "customer": customer_id(customer, ns),
+                   "invoice": format!("inpk{customer}{invoice}_{ns}")}),
+        ),
+    }
+}
+
+/// What Stripe's ledger (and the catalog's pack rule) gives each grant of the set, computed
+/// apart from the fold: `(granted, used, expired, remaining)` once every end has passed, and
+/// what is available at [`MID`], by grant id without the namespace.
+fn expected(events: &[CreditsEvent]) -> BTreeMap<String, ([i64; 4], i64)> {
+    let mut out = BTreeMap::new();
+    let txns: BTreeSet<(u8, u8)> = events
+        .iter()
+        .filter_map(|e| match *e {
+            CreditsEvent::Txn { grant, txn } => Some((grant, txn)),
+            _ => None,
+        })
+        .collect();
+    for grant in 0..GRANTS {
+        let snapshots: Vec<bool> = events
+            .iter()
+            .filter_map(|e| match *e {
+                CreditsEvent::Grant {
+                    grant: g, voided, ..
+                } if g == grant => Some(voided),
+                _ => None,
+            })
+            .collect();
+        if snapshots.is_empty() {
+            continue;
+        }
+        let voided = snapshots.iter().any(|v| *v).then_some(VOID_AT);
+        let end = match (voided, expires_at(grant)) {
+            (Some(v), Some(e)) => Some(v.min(e)),
+            (v, e) => v.or(e),
+        };
+        let ledger: Vec<(&str, i64, u32)> = txns
+            .iter()
+            .filter(|(g, _)| *g == grant)
+            .map(|(g, t)| {
+                let (_, kind, amount, at) = txn_of(*g, *t);
+                (kind, amount, at)
+            })
+            .collect();
+        let sum = |kind: &str, before: Option<u32>| -> i64 {
+            ledger
+                .iter()
+                .filter(|(k, _, at)| *k == kind && before.is_none_or(|b| *at < b))
+                .map(|(_, amount, _)| amount)
+                .sum()
+        };
+        let used = sum("credits_applied", None) - sum("credits_application_invoice_voided", None);
+        let stripes_end = sum("credits_expired", None);
+        let expired = match (stripes_end, end) {
+            (told, _) if told > 0 => told,
+            (_, Some(end)) => (GRANT_AMOUNT - sum("credits_applied", Some(end))
+                + sum("credits_application_invoice_voided", Some(end)))
+            .max(0),
+            (_, None) => 0,
+        };
+        let remaining = GRANT_AMOUNT - used - expired;
+        let at_mid = GRANT_AMOUNT - sum("credits_applied", Some(MID + 1))
+            + sum("credits_application_invoice_voided", Some(MID + 1));
+        out.insert(
+            format!("credgr_{grant}_"),
+            ([GRANT_AMOUNT, used, expired, remaining], at_mid.max(0)),
+        );
+    }
+    for event in events {
+        let CreditsEvent::PackPaid { customer, invoice } = *event else {
+            continue;
+        };
+        let refunded = events.iter().any(|e| {
+            matches!(*e, CreditsEvent::PackRefund { customer: c, invoice: i } if c == customer && i == invoice)
+        });
+        let mid = if paid_at(customer, invoice) <= MID
+            && !(refunded && refunded_at(customer, invoice) <= MID)
+        {
+            PACK_AMOUNT
+        } else {
+            0
+        };
+        out.insert(
+            format!("pack:inpk{customer}{invoice}_:price_pack"),
+            ([PACK_AMOUNT, 0, PACK_AMOUNT, 0], mid),
+        );
+    }
+    out
+}
+
+/// The coarse time the balances are compared at besides the end: after the first
+/// applications, before any void or expiry.
+const MID: u32 = 9;
+
+async fn credits_of(pool: &PgPool, customer: &str) -> Option<Credits> {
+    let mut conn = pool.acquire().await.unwrap();
+    let customer = CustomerId::parse(customer).unwrap();
+    shared::billing::registers::of_account(&mut conn, "stripe", &customer)
+        .await
+        .unwrap()
+        .map(|(registers, _)| registers.credits)
+}
+
+/// Everything the credits say of namespace `ns`'s customers, the namespace taken out: each
+/// grant's balance at [`MID`] and at the end, the totals, the rows.
+async fn state_of(pool: &PgPool, ns: &str) -> Value {
+    let mut out = Vec::new();
+    let end = time(60).timestamp();
+    for customer in 0..CUSTOMERS {
+        let Some(c) = credits_of(pool, &customer_id(customer, ns)).await else {
+            out.push(Value::Null);
+            continue;
+        };
+        let view = |at: i64| serde_json::to_value(credits::CreditsView::of(&c, at)).unwrap();
+        out.push(json!({"mid": view(time(MID).timestamp()), "end": view(end),
+                        "held": c.held().len()}));
+    }
+    let rows: Value = sqlx::query_scalar(
+        "SELECT COALESCE(jsonb_agg(jsonb_build_object('grant', grant_id, 'amount', amount::text,
+                    'priority', priority, 'voided_at', voided_at, 'expires_at', expires_at,
+                    'version_at', version_at) ORDER BY grant_id), '[]')
+         FROM credit_grants WHERE customer_id = ANY($1)",
+    )
+    .bind(
+        (0..CUSTOMERS)
+            .map(|c| customer_id(c, ns))
+            .collect::<Vec<_>>(),
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let txns: Value = sqlx::query_scalar(
+        "SELECT COALESCE(jsonb_agg(jsonb_build_object('id', transaction_id, 'kind', kind,
+                    'amount', amount::text, 'at', effective_at) ORDER BY transaction_id), '[]')
+         FROM credit_transactions WHERE transaction_id LIKE '%\\_' || $1",
+    )
+    .bind(ns)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let text = json!({"accounts": out, "grants": rows, "transactions": txns})
+        .to_string()
+        .replace(&format!("_{ns}"), "_");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Each grant's balances against what Stripe's ledger gives ([`expected`]).
+async fn is_stripes(pool: &PgPool, ns: &str, events: &[CreditsEvent]) -> Result<(), TestCaseError> {
+    let mut found = BTreeMap::new();
+    for customer in 0..CUSTOMERS {
+        let Some(c) = credits_of(pool, &customer_id(customer, ns)).await else {
+            continue;
+        };
+        let mid: BTreeMap<String, Quantity> = c
+            .balances_at(time(MID).timestamp())
+            .into_iter()
+            .map(|b| (b.grant.grant_id.clone(), b.available()))
+            .collect();
+        for b in c.balances_at(time(60).timestamp()) {
+            let id = b.grant.grant_id.replace(&format!("_{ns}"), "_");
+            let sums = [b.granted, b.used, b.expired, b.remaining];
+            found.insert(id, (sums, mid[&b.grant.grant_id]));
+        }
+    }
+    let expected: BTreeMap<String, ([Quantity; 4], Quantity)> = expected(events)
+        .into_iter()
+        .map(|(id, (sums, mid))| (id, (sums.map(Quantity::whole), Quantity::whole(mid))))
+        .collect();
+    prop_assert_eq!(found, expected, "namespace {}", ns);
+    Ok(())
+}
+
+/// The credits effects written for namespace `ns`: (kind, body without id, sequence and
+/// namespace), by effect id.
+async fn told_of(pool: &PgPool, ns: &str) -> BTreeMap<String, (String, Value)> {
+    let rows: Vec<(String, String, Value)> = sqlx::query_as(
+        "SELECT id, kind, body FROM effects
+         WHERE kind LIKE 'billing.credits\\_%' AND customer_id LIKE '%\\_' || $1",
+    )
+    .bind(ns)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    rows.into_iter()
+        .map(|(id, kind, mut body)| {
+            body.as_object_mut().unwrap().remove("id");
+            body["data"].as_object_mut().unwrap().remove("sequence");
+            let body =
+                serde_json::from_str(&body.to_string().replace(&format!("_{ns}"), "_")).unwrap();
+            (id, (kind, body))
+        })
+        .collect()
+}
+
+/// What the complete set tells, once every time has passed, written as the scheduler's tick
+/// writes it; returns it as [`told_of`] shows effects.
+async fn tell_at_rest(
+    pool: &PgPool,
+    catalog: &Catalog,
+    ns: &str,
+) -> BTreeMap<String, (String, Value)> {
+    let mut conn = pool.acquire().await.unwrap();
+    let mut all = BTreeMap::new();
+    for customer in 0..CUSTOMERS {
+        let id = customer_id(customer, ns);
+        let Some(c) = credits_of(pool, &id).await else {
+            continue;
+        };
+        let low = credits::low_levels(&catalog.credits_low_of("free"));
+        let told = credits::told(("stripe", &id), &c, &low, Utc::now().timestamp());
+        shared::effects::credits::write(&mut conn, ("stripe", &id), &told)
+            .await
+            .unwrap();
+        for e in told {
+            let mut body = e.body;
+            body.as_object_mut().unwrap().remove("id");
+            let body =
+                serde_json::from_str(&body.to_string().replace(&format!("_{ns}"), "_")).unwrap();
+            all.insert(e.id, (e.kind.as_str().to_owned(), body));
+        }
+    }
+    all
+}
+
+static CASE: AtomicUsize = AtomicUsize::new(0);
+
+async fn check(
+    pool: &PgPool,
+    worker: &WorkerState,
+    (events, deliveries): &(Vec<CreditsEvent>, Vec<(usize, bool)>),
+) -> Result<(), TestCaseError> {
+    let n = CASE.fetch_add(1, Ordering::Relaxed);
+    let (canon, shuffled) = (format!("k{n}"), format!("s{n}"));
+    // The reference: each once, in provider-time order (ties by key).
+    let mut reference: Vec<_> = events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| stripe_materialized(&payload(i, e, &canon)))
+        .collect();
+    reference.sort_by(|a, b| (a.at, &a.dedupe_key).cmp(&(b.at, &b.dedupe_key)));
+    for m in &reference {
+        let id = store(pool, m).await;
+        process(worker, id).await?;
+    }
+    // The same set, shuffled, with copies and failures.
+    let materialized: Vec<_> = events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| stripe_materialized(&payload(i, e, &shuffled)))
+        .collect();
+    let mut ids = Vec::new();
+    for (index, fail) in deliveries {
+        let id = store(pool, &materialized[*index]).await;
+        ids.push(id);
+        let fault = Fault::new(Point::WorkerDecided, FaultAction::Fail(u32::from(*fail)));
+        let attempt = shared::handlers::worker::process_event(worker, id);
+        with_interrupts(fault, attempt).await.unwrap();
+    }
+    for id in ids {
+        process(worker, id).await?;
+    }
+
+    prop_assert_eq!(
+        state_of(pool, &shuffled).await,
+        state_of(pool, &canon).await
+    );
+    for ns in [&canon, &shuffled] {
+        is_stripes(pool, ns, events).await?;
+    }
+    // Every effect the complete set tells was written in both orders with the same body (the
+    // tick writes those whose time no event passed), and none twice.
+    let written = (told_of(pool, &canon).await, told_of(pool, &shuffled).await);
+    let at_rest = (
+        tell_at_rest(pool, &worker.catalog, &canon).await,
+        tell_at_rest(pool, &worker.catalog, &shuffled).await,
+    );
+    let bodies = |told: &BTreeMap<String, (String, Value)>| -> BTreeSet<String> {
+        told.values().map(|(k, b)| format!("{k} {b}")).collect()
+    };
+    prop_assert_eq!(bodies(&at_rest.0), bodies(&at_rest.1));
+    for (told, at_rest) in [(&written.0, &at_rest.0), (&written.1, &at_rest.1)] {
+        for (id, effect) in at_rest {
+            if let Some(before) = told.get(id) {
+                prop_assert_eq!(before, effect, "one body per effect id");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn credits_are_the_same_for_every_order_copies_and_failures() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (pool, database) = runtime.block_on(crate::helpers::fresh_database());
+    let mut worker = test_worker(pool.clone());
+    worker.catalog = Catalog::parse(CATALOG).unwrap();
+    let sqs = runtime.block_on(sqs_client());
+    let url = runtime.block_on(create_queue(&sqs));
+    worker.effects = Some(shared::platform::queue::Queue::new(sqs, url));
+    let cases_run = std::env::var("INBOX_PROPTEST_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(96);
+    let mut runner = TestRunner::new(Config {
+        cases: cases_run,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&cases(), |case| {
+        runtime.block_on(check(&pool, &worker, &case))
+    });
+    runtime.block_on(crate::helpers::drop_database(pool, &database));
+    if let Err(failure) = result {
+        panic!("{failure}");
+    }
+}
