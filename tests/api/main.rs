@@ -11,6 +11,7 @@ mod checked_points;
 mod cli;
 mod console;
 mod corpus;
+mod credits_read;
 mod database;
 mod effect_schemas;
 mod effects;

@@ -295,6 +295,7 @@ fn snapshot(customer: &str) -> Value {
         version: 12,
         customer_plan: None,
         past_due: false,
+        credits: Vec::new(),
     };
     serde_json::to_value(&snapshot).unwrap()
 }
@@ -337,6 +338,7 @@ fn why(customer: &str, detail: &str) -> Value {
         complete_from: None,
         pending: vec![5],
         divergent: vec!["allowance:2026-12".to_owned()],
+        credits: vec![],
     };
     serde_json::to_value(&why).unwrap()
 }
@@ -440,6 +442,7 @@ fn why_as_of(at_time: &str) -> Value {
         complete_from: None,
         pending: vec![],
         divergent: vec![],
+        credits: vec![],
     };
     serde_json::to_value(&why).unwrap()
 }
@@ -822,6 +825,7 @@ fn why_in_trouble() -> Value {
         complete_from: None,
         pending: vec![],
         divergent: vec!["customer_plan".to_owned()],
+        credits: vec![],
     };
     serde_json::to_value(&why).unwrap()
 }
