@@ -11,6 +11,11 @@ from .allowance_granted_effect_data import AllowanceGrantedEffectData
 from .allowance_granted_effect_data_grant import AllowanceGrantedEffectDataGrant
 from .bad_request_error import BadRequestError
 from .beaten import Beaten
+from .credit_balance import CreditBalance
+from .credit_balance_why import CreditBalanceWhy
+from .credit_event import CreditEvent
+from .credit_grant import CreditGrant
+from .credits_ import Credits
 from .customer_deleted_effect import CustomerDeletedEffect
 from .customer_deleted_effect_data import CustomerDeletedEffectData
 from .debit import Debit
@@ -61,6 +66,11 @@ __all__ = (
     "AllowanceGrantedEffectDataGrant",
     "BadRequestError",
     "Beaten",
+    "CreditBalance",
+    "CreditBalanceWhy",
+    "CreditEvent",
+    "CreditGrant",
+    "Credits",
     "CustomerDeletedEffect",
     "CustomerDeletedEffectData",
     "Debit",
