@@ -1,10 +1,10 @@
-//! `inboxctl bench --api`: the app API's reads, feature checks and debits through the api
-//! function's handler against the same library calls run raw (the ceiling), at concurrency 4
-//! and 16, with a hot account (every debit on one customer) beside them (docs/design.md §8,
-//! docs/api.md). In a
-//! database of its own, removed afterwards; every phase is bounded by `--requests`; loopback
-//! only. The accounts are seeded as the pipeline makes them: signed fixture deliveries,
-//! verified and stored, then applied by the worker's handler in process.
+//! `inboxctl bench --api`: the app API's reads, feature checks, credits reads and debits
+//! through the api function's handler against the same library calls run raw (the ceiling),
+//! at concurrency 4 and 16, with a hot account (every debit on one customer) beside them
+//! (docs/design.md §8, docs/api.md). In a database of its own, removed afterwards; every phase
+//! is bounded by `--requests`; loopback only. The accounts are seeded as the pipeline makes
+//! them: signed fixture deliveries, verified and stored, then applied by the worker's handler
+//! in process; their credit grants as the worker's credits statements store them.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,8 +20,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Mutex;
 
-use shared::billing::account;
 use shared::billing::usage::{self, Debit, DebitPeriod, DebitRequest};
+use shared::billing::{account, credits_read};
 use shared::domain::Catalog;
 use shared::domain::{CustomerId, Period};
 use shared::handlers::api::{self, ApiState};
@@ -59,6 +59,8 @@ enum Op {
     Read(CustomerId),
     /// A feature check: the customer and the feature's key.
     Feature(CustomerId, &'static str),
+    /// The account's credits (`GET …/credits`, as of the store's clock).
+    Credits(CustomerId),
     Debit(CustomerId, String),
     /// A debit of [`SPANNING_DEBIT`] on an account whose allowance is spent and whose credit
     /// packs hold [`SPANNING_PACK`] each: it takes from two grants.
@@ -71,7 +73,11 @@ const SPANNING_DEBIT: i64 = 3;
 const SPANNING_PACK: i64 = 2;
 
 /// The phases of each level, by the name the report gives them.
-const PHASES: [&str; 4] = ["read", "feature", "debit", "hot_debit"];
+const PHASES: [&str; 5] = ["read", "feature", "credits", "debit", "hot_debit"];
+/// The grants each seeded account holds, and the transactions of each grant, for the credits
+/// read: a customer with a few grants, each partly spent.
+const BENCH_GRANTS: i32 = 3;
+const BENCH_TRANSACTIONS: i32 = 4;
 
 pub async fn run(
     args: &BenchArgs,
@@ -141,6 +147,7 @@ async fn bench(
         args.customers, source.name
     );
     let customers = seed(&sender, &source, &configs, &pool, catalog, args.customers).await?;
+    seed_credits(&pool, &source.name, &customers).await?;
     let hot = customers.last().context("no customer was seeded")?.clone();
     let spread = &customers[..customers.len() - 1];
 
@@ -189,7 +196,11 @@ async fn bench(
         let warm = format!("warm-c{concurrency}");
         for (n, state) in instances.iter().enumerate() {
             let id = format!("{warm}-api-{n}");
-            for op in [Op::Read(hot.clone()), Op::Debit(hot.clone(), id)] {
+            for op in [
+                Op::Read(hot.clone()),
+                Op::Credits(hot.clone()),
+                Op::Debit(hot.clone(), id),
+            ] {
                 anyhow::ensure!(
                     through_handler(state, &source.name, op).await,
                     "a warm-up request through the api handler failed"
@@ -199,7 +210,11 @@ async fn bench(
         for (n, conn) in raw.iter().enumerate() {
             let id = format!("{warm}-raw-{n}");
             let mut conn = conn.lock().await;
-            for op in [Op::Read(hot.clone()), Op::Debit(hot.clone(), id)] {
+            for op in [
+                Op::Read(hot.clone()),
+                Op::Credits(hot.clone()),
+                Op::Debit(hot.clone(), id),
+            ] {
                 raw_call(&mut conn, &source.name, &period, catalog, op).await?;
             }
         }
@@ -224,6 +239,7 @@ async fn bench(
                     match kind {
                         "read" => Op::Read(customer),
                         "feature" => Op::Feature(customer, BENCH_FEATURE),
+                        "credits" => Op::Credits(customer),
                         _ => Op::Debit(customer, format!("c{concurrency}-{kind}-{side}-{n}")),
                     }
                 })
@@ -420,6 +436,40 @@ pub(crate) async fn seed(
     Ok(customers)
 }
 
+/// [`BENCH_GRANTS`] Stripe credit grants for each customer, each with [`BENCH_TRANSACTIONS`]
+/// transactions (its `credits_granted`, then applications), as the worker's credits
+/// statements store them, so the credits read folds a realistic account.
+async fn seed_credits(pool: &PgPool, source: &str, customers: &[CustomerId]) -> anyhow::Result<()> {
+    let ids: Vec<String> = customers.iter().map(|c| c.as_str().to_owned()).collect();
+    sqlx::query!(
+        r#"
+        WITH g AS (
+            INSERT INTO credit_grants (source, customer_id, grant_id, origin, unit, scope, amount,
+                category, priority, created_at, effective_at, expires_at, version_at,
+                version_key, event_id)
+            SELECT $1, c, 'credgr_bench_' || c || '_' || n, 'stripe_credit_grant', 'usd',
+                   'price_type:metered', 1000 * n, 'paid', 10 * n, inbox_now(), inbox_now(),
+                   inbox_now() + interval '365 days', inbox_now(), 'evt_bench_' || c || '_' || n, 0
+            FROM unnest($2::text[]) AS c, generate_series(1, $3::int) AS n
+            RETURNING grant_id, amount)
+        INSERT INTO credit_transactions (source, transaction_id, grant_id, kind, amount,
+            effective_at, event_id)
+        SELECT $1, 'cbtxn_bench_' || g.grant_id || '_' || t,
+               g.grant_id, CASE WHEN t = 1 THEN 'credits_granted' ELSE 'credits_applied' END,
+               CASE WHEN t = 1 THEN g.amount ELSE 10 * t END, inbox_now(), 0
+        FROM g, generate_series(1, $4::int) AS t
+        "#,
+        source,
+        &ids,
+        BENCH_GRANTS,
+        BENCH_TRANSACTIONS,
+    )
+    .execute(pool)
+    .await
+    .context("seeding credit grants")?;
+    Ok(())
+}
+
 /// One request through an api instance's handler, as API Gateway hands it over; whether it
 /// was answered 200 (and a feature check found the feature allowed).
 async fn through_handler(state: &ApiState, source: &str, op: Op) -> bool {
@@ -433,6 +483,11 @@ async fn through_handler(state: &ApiState, source: &str, op: Op) -> bool {
         Op::Feature(customer, key) => http::Request::builder()
             .method("GET")
             .uri(format!("/v1/accounts/{source}/{customer}/features/{key}"))
+            .header("authorization", format!("Bearer {BENCH_KEY}"))
+            .body(lambda_http::Body::Empty),
+        Op::Credits(customer) => http::Request::builder()
+            .method("GET")
+            .uri(format!("/v1/accounts/{source}/{customer}/credits"))
             .header("authorization", format!("Bearer {BENCH_KEY}"))
             .body(lambda_http::Body::Empty),
         Op::Debit(customer, key) => http::Request::builder()
@@ -484,6 +539,16 @@ async fn raw_call(
             anyhow::ensure!(
                 snapshot.feature(key).0,
                 "a seeded account lacks the feature {key}"
+            );
+        }
+        // The handler's call: the one statement, folded into the answer's body.
+        Op::Credits(customer) => {
+            let read = credits_read::read(conn, source, &customer, None)
+                .await?
+                .context("a seeded account is missing")?;
+            anyhow::ensure!(
+                read.view().grants.len() == BENCH_GRANTS as usize,
+                "a seeded account lacks its credit grants"
             );
         }
         Op::Debit(customer, key) | Op::SpanningDebit(customer, key) => {
@@ -704,6 +769,7 @@ async fn wire_round_trips(
             .map(|n| match kind {
                 "read" => Op::Read(spread[n % spread.len()].clone()),
                 "feature" => Op::Feature(spread[n % spread.len()].clone(), BENCH_FEATURE),
+                "credits" => Op::Credits(spread[n % spread.len()].clone()),
                 "debit" => Op::Debit(spread[n % spread.len()].clone(), format!("wire-{side}-{n}")),
                 _ => Op::Debit(hot.clone(), format!("wire-{side}-hot-{n}")),
             })
@@ -711,6 +777,7 @@ async fn wire_round_trips(
     };
     for op in [
         Op::Read(hot.clone()),
+        Op::Credits(hot.clone()),
         Op::Debit(hot.clone(), "wire-warm".into()),
     ] {
         anyhow::ensure!(
@@ -720,6 +787,7 @@ async fn wire_round_trips(
     }
     for op in [
         Op::Read(hot.clone()),
+        Op::Credits(hot.clone()),
         Op::Debit(hot.clone(), "wire-warm-raw".into()),
     ] {
         raw_call(&mut raw, source, period, catalog, op).await?;

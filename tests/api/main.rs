@@ -13,6 +13,7 @@ mod console;
 mod corpus;
 mod credits_apply;
 mod credits_debit;
+mod credits_read;
 mod database;
 mod effect_schemas;
 mod effects;

@@ -1012,3 +1012,34 @@ async fn a_flood_of_refused_deliveries_is_counted_without_a_write_each(pool: PgP
     .unwrap();
     assert_eq!(written, 2, "the first of each window, written at once");
 }
+
+/// The credits read (docs/design.md §4.14) is one statement: the account's grants and their
+/// transactions, with the time they are read as of, in one round trip.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_credits_read_is_one_round_trip(pool: PgPool) {
+    use crate::app_api::{api_state, call, READER_KEY};
+    sqlx::raw_sql(
+        "INSERT INTO accounts (source, customer_id) VALUES ('stripe', 'cus_crt');
+         INSERT INTO credit_grants (source, customer_id, grant_id, origin, unit, scope, amount,
+             category, created_at, version_at, version_key, event_id)
+         VALUES ('stripe', 'cus_crt', 'credgr_1', 'stripe_credit_grant', 'usd', 'all', 1000,
+             'paid', now(), now(), 'evt_1', 1);
+         INSERT INTO credit_transactions (source, transaction_id, grant_id, kind, amount,
+             effective_at, event_id)
+         VALUES ('stripe', 'cbtxn_1', 'credgr_1', 'credits_applied', 300, now(), 2)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (port, trips) = counting_proxy(upstream_of(&pool).await).await;
+    let state = api_state(&through(&pool, port));
+    let path = "/v1/accounts/stripe/cus_crt/credits";
+    call(&state, "GET", path, Some(READER_KEY), &[], None).await;
+    trips.take();
+    for n in 0..5 {
+        let read = call(&state, "GET", path, Some(READER_KEY), &[], None).await;
+        assert_eq!(read.status, StatusCode::OK);
+        assert_eq!(read.body["balances"][0]["available"], "700");
+        assert_eq!(trips.take(), 1, "credits read {n}");
+    }
+}

@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
+use crate::billing::credits_read::{self, BalanceWhy};
 use crate::billing::fold::Beaten;
 use crate::billing::registers;
 use crate::domain::{Catalog, CustomerId};
@@ -48,6 +49,10 @@ pub struct Why {
     /// Fields whose register differs from the fold (empty for a cut in the past, which is
     /// not compared).
     pub divergent: Vec<String>,
+    /// Each prepaid credit balance as of `at` (now without one), with the events behind it:
+    /// each grant's (the one its register holds) and each counted transaction's
+    /// (docs/design.md §4.14). Grants are registers of their own, not the fold's fields.
+    pub credits: Vec<BalanceWhy>,
 }
 
 /// Explains the account, as of the cut. `None` when the account does not exist and has no
@@ -76,6 +81,7 @@ pub async fn why(
     )
     .await?;
     let used = used_by_period(&mut tx, source, customer).await?;
+    let credits = credits_read::read(&mut tx, source, customer, cut.at).await?;
     tx.commit().await?;
     if stored.is_none() && account.events.is_empty() {
         return Ok(None);
@@ -136,6 +142,7 @@ pub async fn why(
         complete_from: account.purged.latest,
         pending: account.pending,
         divergent,
+        credits: credits.map(|c| c.explain()).unwrap_or_default(),
     }))
 }
 

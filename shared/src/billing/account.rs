@@ -64,6 +64,10 @@ pub struct AccountSnapshot {
     /// The payment standing register (Kinde). Operators' view only.
     #[serde(skip)]
     pub past_due: bool,
+    /// Prepaid credit per unit and scope, as of the store's clock (docs/design.md §4.14). The
+    /// account read's `credits`; not part of the effects' `account` block.
+    #[serde(skip)]
+    pub credits: Vec<super::credits::BalanceView>,
 }
 
 /// A stored event as a feature's origin names it.
@@ -221,7 +225,30 @@ pub async fn snapshot(
                            'event_id', r.event_id, 'type', e.type,
                            'occurred_at', e.occurred_at)), '[]')
                 FROM entitlements r LEFT JOIN inbox_events e ON e.id = r.event_id
-                WHERE r.source = $1 AND r.customer_id = $2) AS "entitlements!"
+                WHERE r.source = $1 AND r.customer_id = $2) AS "entitlements!",
+               -- The credits read's rows (billing::credits_read), folded as of the store's
+               -- clock: the account's balances in the same one statement.
+               floor(extract(epoch FROM inbox_now()))::bigint AS "credits_at!",
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                           'grant_id', g.grant_id, 'origin', g.origin, 'unit', g.unit,
+                           'scope', g.scope, 'amount', g.amount::text, 'category', g.category,
+                           'priority', g.priority,
+                           'created', floor(extract(epoch FROM g.created_at))::bigint,
+                           'effective_at', floor(extract(epoch FROM g.effective_at))::bigint,
+                           'expires_at', floor(extract(epoch FROM g.expires_at))::bigint,
+                           'voided_at', floor(extract(epoch FROM g.voided_at))::bigint,
+                           'updated', floor(extract(epoch FROM g.version_at))::bigint,
+                           'version_key', g.version_key, 'event_id', g.event_id)), '[]')
+                FROM credit_grants g
+                WHERE g.source = $1 AND g.customer_id = $2) AS "credit_grants!",
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                           'transaction_id', t.transaction_id, 'grant_id', t.grant_id,
+                           'kind', t.kind, 'amount', t.amount::text,
+                           'effective_at', floor(extract(epoch FROM t.effective_at))::bigint,
+                           'event_id', t.event_id)), '[]')
+                FROM credit_grants g
+                JOIN credit_transactions t ON t.source = g.source AND t.grant_id = g.grant_id
+                WHERE g.source = $1 AND g.customer_id = $2) AS "credit_transactions!"
         FROM accounts a WHERE a.source = $1 AND a.customer_id = $2
         "#,
         source,
@@ -258,6 +285,10 @@ pub async fn snapshot(
         .filter(|s| status_entitles(&s.status))
         .filter_map(|s| s.plan.as_deref());
     let state = AccountState::derive(inputs, entitling, period, catalog);
+    let credits =
+        super::credits_read::decode(row.credit_grants, row.credit_transactions, row.credits_at)?
+            .view()
+            .balances;
     let feature_origins = origins(
         &state.features,
         &state.plan,
@@ -281,6 +312,7 @@ pub async fn snapshot(
         version: row.version,
         customer_plan: row.customer_plan,
         past_due: row.past_due,
+        credits,
     }))
 }
 

@@ -6,6 +6,7 @@
 
 pub mod account;
 pub mod credits;
+pub mod credits_read;
 pub mod fold;
 pub mod model;
 pub mod registers;

@@ -1,8 +1,8 @@
 //! The account page: first what an operator must not miss (its payment standing, a plan key
 //! the catalog does not know, a stored field that differs from its events), each linked to
 //! its Why row; then its state (plan, subscriptions with their ends, the period's allowance
-//! as a meter, features), its pictures in time (`timeline`: the allowance over the period, the
-//! plan's changes), `why` per field (the deciding event and those it beat), the state
+//! as a meter, features; its prepaid credits and each grant), its pictures in time
+//! (`timeline`: the allowance over the period, the plan's changes), `why` per field (the deciding event and those it beat), the state
 //! as of a chosen time, and its event log with a Replay button per event.
 
 use std::collections::BTreeMap;
@@ -49,6 +49,7 @@ pub(super) fn render((source, customer): (&str, &str), data: &Value, links: Link
         }
         (truth(account, why, at))
         (state(account, why, at.filter(|_| as_of.is_some())))
+        @if data["credits"].is_object() { (credits(&data["credits"])) }
         @if data["allowance_history"].is_object() || data.get("plan_timeline").is_some() {
             section #pictures aria-label="This account in time" {
                 h2 { "In time" }
@@ -366,6 +367,97 @@ fn state(account: &Value, why: &Value, at: Option<&str>) -> Markup {
                 }
             }
             @if features.is_none_or(|f| f.is_empty()) { p.empty { "No feature." } }
+        }
+    }
+}
+
+/// An amount as shown: a decimal string, never below zero (the fold keeps the signed sum, a
+/// reader clamps it; docs/design.md §4.14).
+fn clamped(amount: &Value) -> String {
+    match amount.as_str() {
+        Some(a) if a.starts_with('-') => "0".to_owned(),
+        Some(a) => a.to_owned(),
+        None => "—".to_owned(),
+    }
+}
+
+/// The account's prepaid credit (`GET …/credits`, as of the page's time): each balance per unit
+/// and scope, and each grant in the order a debit spends them.
+fn credits(credits: &Value) -> Markup {
+    let balances = list(credits, "balances");
+    let grants = list(credits, "grants");
+    html! {
+        section #credits aria-labelledby="credits-title" {
+            h2 #credits-title { "Credits" }
+            p.meta { "As of " (time(&credits["at"])) ". Amounts of a currency are in its minor units." }
+            @if balances.is_empty() {
+                p.empty { "No credit grant." }
+            } @else {
+                div.scroll {
+                    table #credit-balances {
+                        thead {
+                            tr {
+                                th scope="col" { "Unit" }
+                                th scope="col" { "Scope" }
+                                th scope="col" { "Available" }
+                                th scope="col" { "Granted" }
+                                th scope="col" { "Used" }
+                                th scope="col" { "Expired" }
+                            }
+                        }
+                        tbody {
+                            @for b in balances {
+                                tr data-unit=(text(b, "unit")) data-scope=(text(b, "scope")) {
+                                    th scope="row" { code { (text(b, "unit")) } }
+                                    td { code { (text(b, "scope")) } }
+                                    td.available { strong { (clamped(&b["available"])) } }
+                                    td { (clamped(&b["granted"])) }
+                                    td { (clamped(&b["used"])) }
+                                    td { (clamped(&b["expired"])) }
+                                }
+                            }
+                        }
+                    }
+                }
+                h3 { "Grants, in the order debits spend them" }
+                div.scroll {
+                    table #credit-grants {
+                        thead {
+                            tr {
+                                th scope="col" { "Grant" }
+                                th scope="col" { "Origin" }
+                                th scope="col" { "Remaining" }
+                                th scope="col" { "Amount" }
+                                th scope="col" { "Priority" }
+                                th scope="col" { "Category" }
+                                th scope="col" { "Effective" }
+                                th scope="col" { "Expires" }
+                                th scope="col" { "Voided" }
+                            }
+                        }
+                        tbody {
+                            @for g in grants {
+                                tr data-grant=(text(g, "grant_id")) {
+                                    th scope="row" {
+                                        code { (text(g, "grant_id")) }
+                                        @if g["provisional"].as_bool() == Some(true) {
+                                            " " span.status.tone-wait title="Counts an amount or an end the provider has not told yet" { "provisional" }
+                                        }
+                                    }
+                                    td { (text(g, "origin")) }
+                                    td.remaining { strong { (clamped(&g["remaining"])) } " " (text(g, "unit")) }
+                                    td { (clamped(&g["amount"])) }
+                                    td { (shown(&g["priority"])) }
+                                    td { (text(g, "category")) }
+                                    td { (time(&g["effective_at"])) }
+                                    td { (time(&g["expires_at"])) }
+                                    td { (time(&g["voided_at"])) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }

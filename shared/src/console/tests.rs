@@ -295,6 +295,7 @@ fn snapshot(customer: &str) -> Value {
         version: 12,
         customer_plan: None,
         past_due: false,
+        credits: Vec::new(),
     };
     serde_json::to_value(&snapshot).unwrap()
 }
@@ -337,6 +338,7 @@ fn why(customer: &str, detail: &str) -> Value {
         complete_from: None,
         pending: vec![5],
         divergent: vec!["allowance:2026-12".to_owned()],
+        credits: vec![],
     };
     serde_json::to_value(&why).unwrap()
 }
@@ -359,6 +361,42 @@ fn account_page(customer: &str) -> Page {
         source: "kinde".to_owned(),
         customer: customer.to_owned(),
     }
+}
+
+/// The credits read's answer is shown as it is, each figure clamped at zero: the fold keeps a
+/// signed sum (an invoice voided after more was applied), only its reader clamps.
+#[test]
+fn the_account_page_shows_each_credit_balance_and_grant_clamped() {
+    let credits = json!({"at": "2026-01-20T00:00:00Z",
+        "balances": [{"unit": "usd", "scope": "price_type:metered", "available": "700",
+                      "granted": "1000", "used": "-50", "expired": "0"}],
+        "grants": [{"grant_id": "credgr_1", "origin": "stripe_credit_grant", "unit": "usd",
+                    "scope": "price_type:metered", "amount": "1000", "remaining": "700",
+                    "priority": 50, "category": "paid", "effective_at": "2026-01-01T00:00:00Z",
+                    "expires_at": "2026-02-01T00:00:00Z", "voided_at": null,
+                    "provisional": true}]});
+    let data = json!({"account": snapshot("kc_1"), "events": account_events(""),
+                      "why": why("kc_1", ""), "at": null, "credits": credits});
+    let html = rendered(&account_page("kc_1"), &data, &[]);
+    has(
+        &html,
+        &[
+            r#"<section id="credits" aria-labelledby="credits-title">"#,
+            r#"<tr data-unit="usd" data-scope="price_type:metered">"#,
+            r#"<td class="available"><strong>700</strong></td><td>1000</td><td>0</td><td>0</td>"#,
+            r#"<tr data-grant="credgr_1">"#,
+            "provisional",
+            r#"<td class="remaining"><strong>700</strong> usd</td>"#,
+        ],
+    );
+    assert!(!html.contains("-50"), "never shown below zero");
+    let none = json!({"account": snapshot("kc_1"), "events": account_events(""),
+                      "why": why("kc_1", ""), "at": null,
+                      "credits": {"at": "2026-01-20T00:00:00Z", "balances": [], "grants": []}});
+    has(
+        &rendered(&account_page("kc_1"), &none, &[]),
+        &["No credit grant."],
+    );
 }
 
 #[test]
@@ -440,6 +478,7 @@ fn why_as_of(at_time: &str) -> Value {
         complete_from: None,
         pending: vec![],
         divergent: vec![],
+        credits: vec![],
     };
     serde_json::to_value(&why).unwrap()
 }
@@ -822,6 +861,7 @@ fn why_in_trouble() -> Value {
         complete_from: None,
         pending: vec![],
         divergent: vec!["customer_plan".to_owned()],
+        credits: vec![],
     };
     serde_json::to_value(&why).unwrap()
 }

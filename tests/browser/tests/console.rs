@@ -1,6 +1,7 @@
 //! The console in a real browser (docs/design.md §12.7): an operator logs in with a
 //! key, sees what needs them, replays a dead event and a dead meter report, reads why an
-//! account is on its plan, runs the Engine Room; a read-only key and another customer's replay are refused. Each test
+//! account is on its plan and what credit it holds, runs the Engine Room; a read-only key and
+//! another customer's replay are refused. Each test
 //! drives its own headless Chromium against the running stack (scripts/e2e) and saves every
 //! page it visits under CONSOLE_SCREENSHOTS.
 
@@ -202,6 +203,78 @@ async fn an_operator_reads_why_an_account_is_on_pro() {
             .map_err(|e| e.context("the event it beat is linked"))?;
         browser.scroll_to("#why-plan").await?;
         browser.screenshot("account-why-plan").await?;
+        anyhow::Ok(())
+    }
+    .await;
+    browser.finish(outcome).await;
+}
+
+/// A Stripe customer's account with a credit grant's register and two ledger entries, as the
+/// worker's credits statements store them: 1000 usd of metered credit, granted, 300 applied,
+/// expiring in 30 days.
+async fn stripe_credit_rows(db: &sqlx::PgPool, customer: &str) -> anyhow::Result<String> {
+    let grant = format!("credgr_{customer}");
+    sqlx::query("INSERT INTO accounts (source, customer_id) VALUES ('stripe', $1)")
+        .bind(customer)
+        .execute(db)
+        .await?;
+    sqlx::query(
+        "INSERT INTO credit_grants (source, customer_id, grant_id, origin, unit, scope, amount,
+             category, priority, created_at, effective_at, expires_at, version_at, version_key,
+             event_id)
+         VALUES ('stripe', $1, $2, 'stripe_credit_grant', 'usd', 'price_type:metered', 1000,
+             'paid', NULL, inbox_now() - interval '1 day', inbox_now() - interval '1 day',
+             inbox_now() + interval '30 days', inbox_now() - interval '1 day', 'evt_' || $2, 0)",
+    )
+    .bind(customer)
+    .bind(&grant)
+    .execute(db)
+    .await?;
+    sqlx::query(
+        "INSERT INTO credit_transactions (source, transaction_id, grant_id, kind, amount,
+             effective_at, event_id)
+         VALUES ('stripe', 'cbtxn_g_' || $1, $1, 'credits_granted', 1000,
+                 inbox_now() - interval '1 day', 0),
+                ('stripe', 'cbtxn_a_' || $1, $1, 'credits_applied', 300,
+                 inbox_now() - interval '1 hour', 0)",
+    )
+    .bind(&grant)
+    .execute(db)
+    .await?;
+    Ok(grant)
+}
+
+#[tokio::test]
+async fn an_operator_reads_an_accounts_credits_and_each_grant() {
+    let mut browser = Browser::open("account-credits").await.expect("a browser");
+    let outcome = async {
+        let stack = browser.stack.clone();
+        let db = stack.database().await?;
+        let customer = fresh_customer("cus_brw_credits");
+        let grant = stripe_credit_rows(&db, &customer).await?;
+
+        browser
+            .log_in(&format!("accounts/stripe/{customer}"), &stack.admin_key)
+            .await?;
+        let row = "#credit-balances tr[data-unit='usd'][data-scope='price_type:metered']";
+        browser
+            .text_where(
+                &format!("{row} td.available"),
+                "700 available",
+                PAGE_WAIT,
+                |t| t == "700",
+            )
+            .await?;
+        browser
+            .text_where(
+                &format!("#credit-grants tr[data-grant='{grant}'] td.remaining"),
+                "700 usd remaining",
+                PAGE_WAIT,
+                |t| t == "700 usd",
+            )
+            .await?;
+        browser.scroll_to("#credits").await?;
+        browser.screenshot("account-credits").await?;
         anyhow::Ok(())
     }
     .await;

@@ -118,6 +118,34 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/accounts/{source}/{customer}/credits": {
+        parameters: {
+            query?: {
+                /** @description A Stripe Connect customer's connected account (acct_…) */
+                stripe_account?: components["parameters"]["stripe_account"];
+            };
+            header?: never;
+            path: {
+                /** @description The source's name in INBOX_SOURCES (kinde, stripe, polar, …) */
+                source: components["parameters"]["source"];
+                /** @description The provider's customer id (kp_…, cus_…, a Stripe customer that is an Account by its acct_…, Polar's customer id) */
+                customer: components["parameters"]["customer"];
+            };
+            cookie?: never;
+        };
+        /**
+         * The account's prepaid credit, per unit and scope, and each grant, as of a time
+         * @description The fold of the account's grant registers and their ledgers (docs/design.md §4.14), read in one statement: Stripe Billing Credits grants, the catalog's credit packs and Polar meter credits, each with what remains of it. Amounts are decimal strings (a Stripe monetary grant's unit is its currency, in minor units); a balance is never shown below zero.
+         */
+        get: operations["getCredits"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/accounts/{source}/{customer}/why": {
         parameters: {
             query?: {
@@ -509,7 +537,76 @@ export interface components {
             features: components["schemas"]["Features"];
             /** @description Grows whenever the account's state moves */
             version: number;
+            /** @description Prepaid credit per unit and scope as of the store's clock, as GET …/credits gives its balances */
+            credits?: components["schemas"]["CreditBalance"][];
         };
+        Credits: {
+            /**
+             * Format: date-time
+             * @description The time the balances are as of: the at asked for, else the store's clock
+             */
+            at: string;
+            /** @description Per unit and scope, in (unit, scope) order */
+            balances: components["schemas"]["CreditBalance"][];
+            /** @description Every grant of the account, in the burn order a debit spends them in (priority, expiry, promotional before paid, effective_at, grant_id) */
+            grants: components["schemas"]["CreditGrant"][];
+        };
+        CreditBalance: {
+            /**
+             * @description A currency in its minor units (usd), a custom pricing unit's id, or credits
+             * @example usd
+             * @example credits
+             */
+            unit: string;
+            /** @description What the grants may pay for: all, price_type:metered, prices:<ids> */
+            scope: string;
+            /** @description What may be spent now: the remaining of live grants, never below zero */
+            available: components["schemas"]["Amount"];
+            granted: components["schemas"]["Amount"];
+            /** @description Applied, net of applications whose invoice was voided */
+            used: components["schemas"]["SignedAmount"];
+            /** @description What ended unused: expiries and voids */
+            expired: components["schemas"]["Amount"];
+        };
+        CreditGrant: {
+            /** @description credgr_… for Stripe; pack:{payment}:{price} for a catalog pack */
+            grant_id: string;
+            /**
+             * @description Where the grant comes from; each is its own source in why
+             * @example stripe_credit_grant
+             * @example catalog_pack
+             * @example polar_meter_credit
+             */
+            origin: string;
+            unit: string;
+            scope: string;
+            amount: components["schemas"]["Amount"];
+            /** @description What it may still spend: 0 once it has ended, never below zero */
+            remaining: components["schemas"]["Amount"];
+            /** @description 0 is spent first; Stripe's default is 50 */
+            priority: number;
+            /**
+             * @example paid
+             * @example promotional
+             */
+            category: string;
+            /** Format: date-time */
+            effective_at: string | null;
+            /** Format: date-time */
+            expires_at: string | null;
+            /** Format: date-time */
+            voided_at: string | null;
+            /** @description The figures count an amount, an expiry or a void the provider has not told yet */
+            provisional: boolean;
+        };
+        /**
+         * @description A decimal amount, exact, as a string: no exponent, no trailing zeros
+         * @example 1000
+         * @example 12.5
+         */
+        Amount: string;
+        /** @description A decimal amount that may be below zero (a voided invoice gave back more than was applied since) */
+        SignedAmount: string;
         /**
          * @description What the customer may use, by key: the catalog's features of its plan joined with the provider's active entitlements, the larger value winning for a key both give (docs/design.md §4.12). Empty for a deleted customer.
          * @example {
@@ -649,6 +746,8 @@ export interface components {
             pending: number[];
             /** @description Fields whose register differs from the fold (empty for a cut, which is not compared) */
             divergent: string[];
+            /** @description Each prepaid credit balance as of at (now without one), with the events behind it: each grant's (the one its register holds) and each transaction's counted */
+            credits: components["schemas"]["CreditBalanceWhy"][];
         };
         WhyField: {
             /**
@@ -665,6 +764,26 @@ export interface components {
             beaten: components["schemas"]["Beaten"][];
             /** @description What the register holds, present only when it differs from value */
             stored?: unknown;
+        };
+        /** @description A CreditBalance with the events behind it */
+        CreditBalanceWhy: {
+            unit: string;
+            scope: string;
+            available: components["schemas"]["Amount"];
+            granted: components["schemas"]["Amount"];
+            used: components["schemas"]["SignedAmount"];
+            expired: components["schemas"]["Amount"];
+            events: components["schemas"]["CreditEvent"][];
+        };
+        CreditEvent: {
+            event_id: number;
+            /** @description The provider's event type */
+            type: string | null;
+            /** Format: date-time */
+            occurred_at: string | null;
+            grant_id: string;
+            /** @description The ledger entry the event told; null for the grant's own event */
+            transaction_id: string | null;
         };
         EventRef: {
             event_id: number;
@@ -1265,6 +1384,42 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            413: components["responses"]["TooLarge"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    getCredits: {
+        parameters: {
+            query?: {
+                /** @description A Stripe Connect customer's connected account (acct_…) */
+                stripe_account?: components["parameters"]["stripe_account"];
+                /** @description Read the balances as of this time (RFC 3339; a bad one is 400 bad_time): a grant counts from its effective_at until its expiry or void. The store's clock by default. */
+                at?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The source's name in INBOX_SOURCES (kinde, stripe, polar, …) */
+                source: components["parameters"]["source"];
+                /** @description The provider's customer id (kp_…, cus_…, a Stripe customer that is an Account by its acct_…, Polar's customer id) */
+                customer: components["parameters"]["customer"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The account's credits as of at */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Credits"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
             413: components["responses"]["TooLarge"];
             503: components["responses"]["Unavailable"];
         };

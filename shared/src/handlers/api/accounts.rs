@@ -15,6 +15,7 @@ use super::answer::{
 use super::state::ApiState;
 use crate::audit::{self, Cut, FoldError};
 use crate::billing::account::{self, AccountSnapshot};
+use crate::billing::credits_read::{self, AccountCredits};
 use crate::billing::usage::{self, Debit, DebitRequest, Invalid, Listed, Reversal, UsagePage};
 use crate::domain::features::{self, BadKey};
 use crate::domain::{AccountError, AccountRef, Period, SourceKind};
@@ -30,6 +31,8 @@ enum Route {
     Account,
     /// One feature of the account, by its key as the path gives it (decoded, not checked yet).
     Feature(String),
+    /// The account's prepaid credits (docs/design.md §4.14).
+    Credits,
     Why,
     RecordUsage,
     ListUsage,
@@ -47,6 +50,7 @@ impl Route {
         match self {
             Self::Account => "Account",
             Self::Feature(_) => "Feature",
+            Self::Credits => "Credits",
             Self::Why => "Why",
             Self::RecordUsage => "RecordUsage",
             Self::ListUsage => "ListUsage",
@@ -64,6 +68,7 @@ impl Route {
             Self::Account => &["period", "stripe_account"],
             // Features hold for the account as it stands: no period.
             Self::Feature(_) => &["stripe_account"],
+            Self::Credits => &["at", "stripe_account"],
             Self::Why => &["at", "received_before", "stripe_account"],
             Self::RecordUsage => &["stripe_account"],
             Self::ListUsage => &["period", "limit", "after", "stripe_account"],
@@ -101,6 +106,7 @@ fn route(method: &Method, path: &str) -> Result<(Route, String, String), ApiErro
         [source, customer, "features"] => (Route::Feature(String::new()), source, customer),
         [source, customer, "features", key] => (Route::Feature(decode(key)?), source, customer),
         [source, customer, "why"] => (Route::Why, source, customer),
+        [source, customer, "credits"] => (Route::Credits, source, customer),
         [source, customer, "events"] => (Route::Events, source, customer),
         [source, customer, "events", id, "replay"] => {
             (Route::ReplayEvent(decode(id)?), source, customer)
@@ -115,7 +121,9 @@ fn route(method: &Method, path: &str) -> Result<(Route, String, String), ApiErro
         _ => return Err(not_found()),
     };
     let allowed = match route {
-        Route::Account | Route::Feature(_) | Route::Why | Route::Events => *method == Method::GET,
+        Route::Account | Route::Feature(_) | Route::Credits | Route::Why | Route::Events => {
+            *method == Method::GET
+        }
         Route::ReplayEvent(_) | Route::ReverseUsage(_) => *method == Method::POST,
         Route::RecordUsage | Route::ListUsage => matches!(*method, Method::GET | Method::POST),
     };
@@ -301,6 +309,13 @@ pub(super) async fn serve(
             .ok_or_else(|| ApiError::UnknownCustomer(customer.clone()))?;
             Ok(json_response(StatusCode::OK, &feature_body(key, &snapshot)))
         }
+        Route::Credits => {
+            let at = time_param(&query, "at")?;
+            Ok(json_response(
+                StatusCode::OK,
+                &credits_value(state, &target, at).await?,
+            ))
+        }
         Route::Why => {
             let cut = Cut {
                 at: time_param(&query, "at")?,
@@ -398,6 +413,30 @@ pub(super) async fn account_value(
     ))?
     .ok_or_else(|| ApiError::UnknownCustomer(target.customer().to_owned()))?;
     Ok(account_body(target, &snapshot))
+}
+
+/// The account's credits as `GET …/credits` answers them, as of `at` (the store's clock when
+/// `None`): one statement, folded by `billing::credits`.
+pub(super) async fn credits_value(
+    state: &ApiState,
+    target: &AccountRef,
+    at: Option<chrono::DateTime<chrono::Utc>>,
+) -> Result<Value, ApiError> {
+    let read = on_held!(state, conn => credits_read::read(
+        conn,
+        &target.source,
+        target.customer_id(),
+        at,
+    ))?
+    .ok_or_else(|| ApiError::UnknownCustomer(target.customer().to_owned()))?;
+    Ok(credits_body(&read))
+}
+
+/// The credits read's answer (docs/api.md): the time it is as of, the balances and the grants.
+pub fn credits_body(read: &AccountCredits) -> Value {
+    let mut body = serde_json::to_value(read.view()).unwrap_or_else(|_| json!({}));
+    body["at"] = json!(chrono::DateTime::from_timestamp(read.at, 0));
+    body
 }
 
 /// A page of the account's event log as `GET …/events` answers it.
@@ -545,10 +584,9 @@ async fn tell(state: &ApiState, told: Option<&String>, reported: Option<&String>
 /// The account as the app reads it: the store's customer id split back into the customer
 /// and its connected account.
 fn account_body(target: &AccountRef, snapshot: &AccountSnapshot) -> Value {
-    as_the_app_names(
-        target,
-        serde_json::to_value(snapshot).unwrap_or_else(|_| json!({})),
-    )
+    let mut body = serde_json::to_value(snapshot).unwrap_or_else(|_| json!({}));
+    body["credits"] = json!(snapshot.credits);
+    as_the_app_names(target, body)
 }
 
 /// A body whose `customer_id` is the store's, with the customer named as the app names it:
@@ -696,6 +734,14 @@ mod tests {
         ));
         assert!(matches!(
             route(&Method::POST, "/v1/accounts/stripe/cus_1/why"),
+            Err(ApiError::MethodNotAllowed(_))
+        ));
+        assert_eq!(
+            route(&get, "/v1/accounts/stripe/cus_1/credits").unwrap(),
+            (Route::Credits, "stripe".into(), "cus_1".into())
+        );
+        assert!(matches!(
+            route(&Method::POST, "/v1/accounts/stripe/cus_1/credits"),
             Err(ApiError::MethodNotAllowed(_))
         ));
         assert!(matches!(

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::json;
 use sqlx::PgConnection;
 
-use super::accounts::{account_value, events_value, target, why_value};
+use super::accounts::{account_value, credits_value, events_value, target, why_value};
 use super::admin::{self, Route as AdminRoute};
 use super::answer::{
     authenticate, on_held, require, settle, time_param, ApiError, Query, DEFAULT_LIMIT,
@@ -155,8 +155,9 @@ async fn fragment(
                     other => Ok(other.ok()),
                 }
             })?;
+            let credits = credits_value(state, &target, at).await?;
             json!({"account": account, "events": events, "why": why, "at": at,
-                   "allowance_history": allowance, "plan_timeline": plan})
+                   "allowance_history": allowance, "plan_timeline": plan, "credits": credits})
         }
     };
     Ok(console::render(&page, &data, &query.0, base))

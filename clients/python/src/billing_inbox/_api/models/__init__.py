@@ -11,7 +11,12 @@ from .allowance_granted_effect_data import AllowanceGrantedEffectData
 from .allowance_granted_effect_data_grant import AllowanceGrantedEffectDataGrant
 from .bad_request_error import BadRequestError
 from .beaten import Beaten
+from .credit_balance import CreditBalance
+from .credit_balance_why import CreditBalanceWhy
+from .credit_event import CreditEvent
+from .credit_grant import CreditGrant
 from .credit_grant_told import CreditGrantTold
+from .credits_ import Credits
 from .credits_crossed_effect import CreditsCrossedEffect
 from .credits_crossed_effect_data import CreditsCrossedEffectData
 from .credits_effect_data import CreditsEffectData
@@ -74,7 +79,12 @@ __all__ = (
     "AllowanceGrantedEffectDataGrant",
     "BadRequestError",
     "Beaten",
+    "CreditBalance",
+    "CreditBalanceWhy",
+    "CreditEvent",
+    "CreditGrant",
     "CreditGrantTold",
+    "Credits",
     "CreditsCrossedEffect",
     "CreditsCrossedEffectData",
     "CreditsEffectData",

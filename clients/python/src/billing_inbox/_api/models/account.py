@@ -8,6 +8,7 @@ from attrs import define as _attrs_define
 from ..types import UNSET, Unset
 
 if TYPE_CHECKING:
+    from ..models.credit_balance import CreditBalance
     from ..models.features import Features
     from ..models.subscription import Subscription
 
@@ -35,6 +36,8 @@ class Account:
             deleted customer.
         version (int): Grows whenever the account's state moves
         stripe_account (str | Unset): A Connect customer's connected account
+        credits_ (list[CreditBalance] | Unset): Prepaid credit per unit and scope as of the store's clock, as GET
+            …/credits gives its balances
     """
 
     source: str
@@ -50,6 +53,7 @@ class Account:
     features: Features
     version: int
     stripe_account: str | Unset = UNSET
+    credits_: list[CreditBalance] | Unset = UNSET
 
     def to_dict(self) -> dict[str, Any]:
         source = self.source
@@ -81,6 +85,13 @@ class Account:
 
         stripe_account = self.stripe_account
 
+        credits_: list[dict[str, Any]] | Unset = UNSET
+        if not isinstance(self.credits_, Unset):
+            credits_ = []
+            for credits_item_data in self.credits_:
+                credits_item = credits_item_data.to_dict()
+                credits_.append(credits_item)
+
         field_dict: dict[str, Any] = {}
 
         field_dict.update(
@@ -101,11 +112,14 @@ class Account:
         )
         if stripe_account is not UNSET:
             field_dict["stripe_account"] = stripe_account
+        if credits_ is not UNSET:
+            field_dict["credits"] = credits_
 
         return field_dict
 
     @classmethod
     def from_dict(cls, src_dict: Mapping[str, Any]) -> Self:
+        from ..models.credit_balance import CreditBalance
         from ..models.features import Features
         from ..models.subscription import Subscription
 
@@ -141,6 +155,15 @@ class Account:
 
         stripe_account = d.pop("stripe_account", UNSET)
 
+        _credits_ = d.pop("credits", UNSET)
+        credits_: list[CreditBalance] | Unset = UNSET
+        if _credits_ is not UNSET:
+            credits_ = []
+            for credits_item_data in _credits_:
+                credits_item = CreditBalance.from_dict(credits_item_data)
+
+                credits_.append(credits_item)
+
         account = cls(
             source=source,
             customer_id=customer_id,
@@ -155,6 +178,7 @@ class Account:
             features=features,
             version=version,
             stripe_account=stripe_account,
+            credits_=credits_,
         )
 
         return account

@@ -9,6 +9,7 @@ from attrs import define as _attrs_define
 from ..types import UNSET, Unset
 
 if TYPE_CHECKING:
+    from ..models.credit_balance_why import CreditBalanceWhy
     from ..models.why_field import WhyField
 
 
@@ -34,6 +35,8 @@ class Why:
         complete_from (datetime.datetime | None):
         pending (list[int]): Events of the account not finished yet: the registers do not show them yet
         divergent (list[str]): Fields whose register differs from the fold (empty for a cut, which is not compared)
+        credits_ (list[CreditBalanceWhy]): Each prepaid credit balance as of at (now without one), with the events
+            behind it: each grant's (the one its register holds) and each transaction's counted
         stripe_account (str | Unset): A Connect customer's connected account
     """
 
@@ -46,6 +49,7 @@ class Why:
     complete_from: datetime.datetime | None
     pending: list[int]
     divergent: list[str]
+    credits_: list[CreditBalanceWhy]
     stripe_account: str | Unset = UNSET
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,6 +86,11 @@ class Why:
 
         divergent = self.divergent
 
+        credits_ = []
+        for credits_item_data in self.credits_:
+            credits_item = credits_item_data.to_dict()
+            credits_.append(credits_item)
+
         stripe_account = self.stripe_account
 
         field_dict: dict[str, Any] = {}
@@ -97,6 +106,7 @@ class Why:
                 "complete_from": complete_from,
                 "pending": pending,
                 "divergent": divergent,
+                "credits": credits_,
             }
         )
         if stripe_account is not UNSET:
@@ -106,6 +116,7 @@ class Why:
 
     @classmethod
     def from_dict(cls, src_dict: Mapping[str, Any]) -> Self:
+        from ..models.credit_balance_why import CreditBalanceWhy
         from ..models.why_field import WhyField
 
         d = dict(src_dict)
@@ -171,6 +182,13 @@ class Why:
 
         divergent = cast(list[str], d.pop("divergent"))
 
+        credits_ = []
+        _credits_ = d.pop("credits")
+        for credits_item_data in _credits_:
+            credits_item = CreditBalanceWhy.from_dict(credits_item_data)
+
+            credits_.append(credits_item)
+
         stripe_account = d.pop("stripe_account", UNSET)
 
         why = cls(
@@ -183,6 +201,7 @@ class Why:
             complete_from=complete_from,
             pending=pending,
             divergent=divergent,
+            credits_=credits_,
             stripe_account=stripe_account,
         )
 

@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+from attrs import define as _attrs_define
+
+if TYPE_CHECKING:
+    from ..models.credit_event import CreditEvent
+
+
+T = TypeVar("T", bound="CreditBalanceWhy")
+
+
+@_attrs_define
+class CreditBalanceWhy:
+    """A CreditBalance with the events behind it
+
+    Attributes:
+        unit (str):
+        scope (str):
+        available (str): A decimal amount, exact, as a string: no exponent, no trailing zeros
+        granted (str): A decimal amount, exact, as a string: no exponent, no trailing zeros
+        used (str): A decimal amount that may be below zero (a voided invoice gave back more than was applied since)
+        expired (str): A decimal amount, exact, as a string: no exponent, no trailing zeros
+        events (list[CreditEvent]):
+    """
+
+    unit: str
+    scope: str
+    available: str
+    granted: str
+    used: str
+    expired: str
+    events: list[CreditEvent]
+
+    def to_dict(self) -> dict[str, Any]:
+        unit = self.unit
+
+        scope = self.scope
+
+        available = self.available
+
+        granted = self.granted
+
+        used = self.used
+
+        expired = self.expired
+
+        events = []
+        for events_item_data in self.events:
+            events_item = events_item_data.to_dict()
+            events.append(events_item)
+
+        field_dict: dict[str, Any] = {}
+
+        field_dict.update(
+            {
+                "unit": unit,
+                "scope": scope,
+                "available": available,
+                "granted": granted,
+                "used": used,
+                "expired": expired,
+                "events": events,
+            }
+        )
+
+        return field_dict
+
+    @classmethod
+    def from_dict(cls, src_dict: Mapping[str, Any]) -> Self:
+        from ..models.credit_event import CreditEvent
+
+        d = dict(src_dict)
+        unit = d.pop("unit")
+
+        scope = d.pop("scope")
+
+        available = d.pop("available")
+
+        granted = d.pop("granted")
+
+        used = d.pop("used")
+
+        expired = d.pop("expired")
+
+        events = []
+        _events = d.pop("events")
+        for events_item_data in _events:
+            events_item = CreditEvent.from_dict(events_item_data)
+
+            events.append(events_item)
+
+        credit_balance_why = cls(
+            unit=unit,
+            scope=scope,
+            available=available,
+            granted=granted,
+            used=used,
+            expired=expired,
+            events=events,
+        )
+
+        return credit_balance_why

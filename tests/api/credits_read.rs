@@ -1,0 +1,420 @@
+//! The credits read (docs/api.md, docs/design.md §4.14): `GET …/credits` as of a time, the
+//! account read's `credits` and `why`'s events behind each balance, through the real api
+//! handler on real Postgres, every answer checked against docs/openapi.yaml by `call`.
+//!
+//! The grants arrive as Stripe delivers them (the `testdata/providers/stripe/credits/` corpus,
+//! through intake and worker); their register and ledger rows are written by
+//! [`store_as_the_worker_does`], which writes what the worker's credits statements write for
+//! the same event.
+
+use http::StatusCode;
+use serde_json::{json, Value};
+use shared::providers::stripe::credits::{self, CreditEvent};
+use sqlx::PgPool;
+
+use crate::app_api::{api_state, call, APP_KEY, READER_KEY};
+use crate::helpers::*;
+
+const CORPUS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/testdata/providers/stripe/credits"
+);
+const CUSTOMER: &str = "cus_CreditCust0001";
+const GRANT: &str = "credgr_test_61CrdGrant01QxW3mR8tYb2Lp5";
+
+/// The corpus's event file `name`, as Stripe sent it.
+fn corpus_event(name: &str) -> Value {
+    let text = std::fs::read_to_string(format!("{CORPUS}/{name}")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Writes the register or ledger row a stored Stripe credits event makes, as the worker's
+/// credits statements write it: the grant's register by the latest (`updated`, dedupe key)
+/// with `voided_at` the earliest said, a transaction once by its id.
+async fn store_as_the_worker_does(pool: &PgPool, event_id: i64, event: &Value) {
+    let key = event["id"].as_str().unwrap();
+    let read = credits::read(
+        event["type"].as_str().unwrap(),
+        &event["data"]["object"],
+        key,
+    )
+    .expect("the corpus reads");
+    let secs = |t: i64| chrono::DateTime::from_timestamp(t, 0).unwrap();
+    match read {
+        CreditEvent::Grant { customer, snapshot } => {
+            sqlx::query(
+                "INSERT INTO accounts (source, customer_id) VALUES ('stripe', $1) \
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(&customer)
+            .execute(pool)
+            .await
+            .unwrap();
+            sqlx::query(
+                "INSERT INTO credit_grants (source, customer_id, grant_id, origin, unit, scope, \
+                   amount, category, priority, created_at, effective_at, expires_at, voided_at, \
+                   version_at, version_key, event_id) \
+                 VALUES ('stripe', $1, $2, 'stripe_credit_grant', $3, $4, $5::numeric, $6, $7, \
+                   $8, $9, $10, $11, $12, $13, $14) \
+                 ON CONFLICT (source, customer_id, grant_id) DO UPDATE SET \
+                   unit = EXCLUDED.unit, scope = EXCLUDED.scope, amount = EXCLUDED.amount, \
+                   category = EXCLUDED.category, priority = EXCLUDED.priority, \
+                   effective_at = EXCLUDED.effective_at, expires_at = EXCLUDED.expires_at, \
+                   version_at = EXCLUDED.version_at, version_key = EXCLUDED.version_key, \
+                   event_id = EXCLUDED.event_id, \
+                   voided_at = LEAST(credit_grants.voided_at, EXCLUDED.voided_at) \
+                 WHERE (credit_grants.version_at, credit_grants.version_key) \
+                     < (EXCLUDED.version_at, EXCLUDED.version_key)",
+            )
+            .bind(&customer)
+            .bind(&snapshot.grant_id)
+            .bind(&snapshot.unit)
+            .bind(&snapshot.scope)
+            .bind(snapshot.amount.to_string())
+            .bind(snapshot.category.as_str())
+            .bind(snapshot.priority.map(i16::from))
+            .bind(secs(snapshot.created))
+            .bind(snapshot.effective_at.map(secs))
+            .bind(snapshot.expires_at.map(secs))
+            .bind(snapshot.voided_at.map(secs))
+            .bind(secs(snapshot.updated))
+            .bind(&snapshot.event_key)
+            .bind(event_id)
+            .execute(pool)
+            .await
+            .unwrap();
+        }
+        CreditEvent::Transaction(t) => {
+            sqlx::query(
+                "INSERT INTO credit_transactions (source, transaction_id, grant_id, kind, amount, \
+                   effective_at, event_id) VALUES ('stripe', $1, $2, $3, $4::numeric, $5, $6) \
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(&t.transaction_id)
+            .bind(&t.grant_id)
+            .bind(t.kind.as_str())
+            .bind(t.amount.to_string())
+            .bind(secs(t.effective_at))
+            .bind(event_id)
+            .execute(pool)
+            .await
+            .unwrap();
+        }
+    }
+}
+
+/// Delivers the corpus file `name` through intake and worker, then writes its rows; returns
+/// the stored event's id.
+async fn deliver(app: &TestApp, name: &str) -> i64 {
+    let event = corpus_event(name);
+    let (status, answer) = app.post("stripe", &stripe_delivery(&event)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    app.run_worker().await;
+    let event_id = answer["event_id"].as_i64().unwrap();
+    store_as_the_worker_does(&app.pool, event_id, &event).await;
+    event_id
+}
+
+/// The corpus's grant (1000 usd for metered prices, expiring 2026-02-01), its
+/// `credits_granted`, a later snapshot, 300 applied, and Stripe's expiry of the 700 left.
+const WHOLE: [&str; 5] = [
+    "1-billing.credit_grant.created.json",
+    "2-billing.credit_balance_transaction.created.granted.json",
+    "3-billing.credit_grant.updated.json",
+    "4-billing.credit_balance_transaction.created.applied.json",
+    "5-billing.credit_balance_transaction.created.expired.json",
+];
+
+fn credits_path(at: Option<&str>) -> String {
+    match at {
+        Some(at) => format!("/v1/accounts/stripe/{CUSTOMER}/credits?at={at}"),
+        None => format!("/v1/accounts/stripe/{CUSTOMER}/credits"),
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_stripe_grant_reads_as_its_balance_as_of_each_time_asked(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    for name in WHOLE {
+        deliver(&app, name).await;
+    }
+    let state = api_state(&pool);
+
+    // Before the application: the whole grant, told by Stripe's own credits_granted.
+    let read = call(
+        &state,
+        "GET",
+        &credits_path(Some("2026-01-10T00:00:00Z")),
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(read.status, StatusCode::OK, "{}", read.body);
+    assert_eq!(read.body["at"], "2026-01-10T00:00:00Z");
+    assert_eq!(
+        read.body["balances"],
+        json!([{"unit": "usd", "scope": "price_type:metered", "available": "1000",
+                "granted": "1000", "used": "0", "expired": "0"}])
+    );
+    let grant = &read.body["grants"][0];
+    assert_eq!(grant["grant_id"], GRANT);
+    assert_eq!(grant["origin"], "stripe_credit_grant");
+    assert_eq!(
+        (grant["amount"].as_str(), grant["remaining"].as_str()),
+        (Some("1000"), Some("1000"))
+    );
+    assert_eq!(grant["expires_at"], "2026-02-01T00:00:00Z");
+    assert_eq!(grant["provisional"], false);
+
+    // After 300 applied on 2026-01-16.
+    let read = call(
+        &state,
+        "GET",
+        &credits_path(Some("2026-01-20T00:00:00Z")),
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(read.body["balances"][0]["available"], "700");
+    assert_eq!(read.body["balances"][0]["used"], "300");
+    assert_eq!(read.body["grants"][0]["remaining"], "700");
+
+    // After the expiry, and by default (now): Stripe's credits_expired took the 700, once.
+    for at in [Some("2026-02-02T00:00:00Z"), None] {
+        let read = call(
+            &state,
+            "GET",
+            &credits_path(at),
+            Some(READER_KEY),
+            &[],
+            None,
+        )
+        .await;
+        assert_eq!(
+            read.body["balances"],
+            json!([{"unit": "usd", "scope": "price_type:metered", "available": "0",
+                    "granted": "1000", "used": "300", "expired": "700"}]),
+            "{at:?}"
+        );
+        assert_eq!(read.body["grants"][0]["remaining"], "0");
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_grant_stripe_has_not_told_the_end_of_shows_its_provisional_expiry(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    // The grant and 300 applied; Stripe's own expiry is not stored yet.
+    for name in &WHOLE[..4] {
+        deliver(&app, name).await;
+    }
+    let state = api_state(&pool);
+    let read = call(
+        &state,
+        "GET",
+        &credits_path(Some("2026-03-01T00:00:00Z")),
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(read.body["balances"][0]["expired"], "700");
+    assert_eq!(read.body["balances"][0]["available"], "0");
+    assert_eq!(read.body["grants"][0]["provisional"], true);
+    // Stripe's word replaces the provisional expiry and never adds to it.
+    deliver(&app, WHOLE[4]).await;
+    let read = call(
+        &state,
+        "GET",
+        &credits_path(Some("2026-03-01T00:00:00Z")),
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(read.body["balances"][0]["expired"], "700");
+    assert_eq!(read.body["grants"][0]["provisional"], false);
+}
+
+/// A pool on the same database whose store clock (`inbox_now()`) reads `at`.
+fn clocked_at(pool: &PgPool, at: &str) -> PgPool {
+    let offset = chrono::DateTime::parse_from_rfc3339(at)
+        .unwrap()
+        .timestamp()
+        - chrono::Utc::now().timestamp();
+    let options = pool
+        .connect_options()
+        .as_ref()
+        .clone()
+        .options([("inbox.clock_offset_secs", offset.to_string())]);
+    sqlx::postgres::PgPoolOptions::new().connect_lazy_with(options)
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_account_read_carries_the_balances_of_the_credits_read_as_of_the_stores_clock(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    for name in &WHOLE[..4] {
+        deliver(&app, name).await;
+    }
+    let account_path = format!("/v1/accounts/stripe/{CUSTOMER}");
+    // Now (2026-12 or later): the grant ended on 2026-02-01.
+    let state = api_state(&pool);
+    let account = call(&state, "GET", &account_path, Some(READER_KEY), &[], None).await;
+    assert_eq!(account.status, StatusCode::OK, "{}", account.body);
+    let credits = call(
+        &state,
+        "GET",
+        &credits_path(None),
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(account.body["credits"], credits.body["balances"]);
+    assert_eq!(
+        account.body["credits"][0]["available"], "0",
+        "expired by now"
+    );
+    // With the store's clock on 2026-01-20, both read the 700 left.
+    let state = api_state(&clocked_at(&pool, "2026-01-20T00:00:00Z"));
+    let account = call(&state, "GET", &account_path, Some(READER_KEY), &[], None).await;
+    let credits = call(
+        &state,
+        "GET",
+        &credits_path(None),
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(account.body["credits"], credits.body["balances"]);
+    assert_eq!(account.body["credits"][0]["available"], "700");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn why_names_the_event_behind_each_grant_and_each_transaction_counted(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let mut ids = Vec::new();
+    for name in WHOLE {
+        ids.push(deliver(&app, name).await);
+    }
+    let state = api_state(&pool);
+    let why = call(
+        &state,
+        "GET",
+        &format!("/v1/accounts/stripe/{CUSTOMER}/why?at=2026-01-20T00:00:00Z"),
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(why.status, StatusCode::OK, "{}", why.body);
+    let balance = &why.body["credits"][0];
+    assert_eq!(
+        (balance["unit"].as_str(), balance["available"].as_str()),
+        (Some("usd"), Some("700"))
+    );
+    let named: Vec<(i64, Option<&str>)> = balance["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["event_id"].as_i64().unwrap(),
+                e["transaction_id"].as_str(),
+            )
+        })
+        .collect();
+    // The register holds the later snapshot's event; the expiry after `at` is not counted.
+    assert_eq!(
+        named,
+        vec![
+            (ids[2], None),
+            (ids[1], Some("cbtxn_test_61CrdTxn01Granted0001")),
+            (ids[3], Some("cbtxn_test_61CrdTxn02Applied0001")),
+        ]
+    );
+    assert_eq!(balance["events"][0]["type"], "billing.credit_grant.updated");
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_unknown_account_and_a_bad_time_are_refused_as_the_other_reads_refuse_them(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    deliver(&app, WHOLE[0]).await;
+    let state = api_state(&pool);
+    let unknown = call(
+        &state,
+        "GET",
+        "/v1/accounts/stripe/cus_nobody/credits",
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    let account = call(
+        &state,
+        "GET",
+        "/v1/accounts/stripe/cus_nobody",
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        unknown.body, account.body,
+        "the same 404 as the account read"
+    );
+    let bad = call(
+        &state,
+        "GET",
+        &credits_path(Some("yesterday")),
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert_eq!(bad.body["code"], "bad_time");
+    let misspelt = call(
+        &state,
+        "GET",
+        &format!("/v1/accounts/stripe/{CUSTOMER}/credits?as_of=2026-01-01T00:00:00Z"),
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(misspelt.body["code"], "unknown_parameter");
+    let nobody = call(&state, "GET", &credits_path(None), None, &[], None).await;
+    assert_eq!(nobody.status, StatusCode::UNAUTHORIZED);
+    let posted = call(
+        &state,
+        "POST",
+        &credits_path(None),
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(posted.status, StatusCode::METHOD_NOT_ALLOWED);
+    // An account with no grant has no balance, not an error.
+    crate::app_api::on_pro(&app, "kc_nocredit").await;
+    let none = call(
+        &state,
+        "GET",
+        "/v1/accounts/kinde/kc_nocredit/credits",
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(none.status, StatusCode::OK);
+    assert_eq!(none.body["balances"], json!([]));
+    assert_eq!(none.body["grants"], json!([]));
+}
