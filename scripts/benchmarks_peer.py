@@ -137,6 +137,8 @@ def lines(report, command, settings, commit, root, dev=None, previous=None):
     out += intake_first_lines(report)
     out += previous_lines(previous)
     out += goal_lines(report)
+    out += cost_goal_lines(report)
+    out += storage_lines(report)
     if dev is not None:
         out += dev_lines(dev, report)
     return out
@@ -256,6 +258,103 @@ def goal_lines(report):
         "or the arrival (no API key here: the status progression).",
         "",
     ]
+    return out
+
+
+def pg_ms(run):
+    return run["cpu"]["by_process"].get("Postgres") or 0.0
+
+
+def cost_goal_lines(report):
+    """The goals of issue 57: as fast as the engine in process, for at most 1.2× its CPU, no more Postgres CPU, at most 2× its WAL,
+    at most 2,000 bytes stored per event, final within 1.5×."""
+    out = [
+        "### Goals (issue 57): the cost per delivery",
+        "",
+        "Goals, in process (the intake and the worker sharing the cores): accepted deliveries per second ≥ 1.0× the engine's; CPU per delivery "
+        "of every process ≤ 1.2× the engine's; Postgres CPU per delivery ≤ the engine's; WAL per delivery ≤ 2× the engine's; "
+        "bytes stored per event ≤ 2,000 after the drain, indexes and TOAST included; final within 1.5× the engine's. Every event "
+        "is still kept whole: its signed raw body, for the audit, replays and `why`.",
+        "",
+        "| run | accepted | CPU per delivery | Postgres CPU per delivery | WAL per delivery | bytes stored per event | final |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    mark = lambda ok, text: text if ok else f"**not met** ({text})"
+    for c in (4, 16):
+        ours, engine = run_of(report, "billing-inbox", "in-process", c), run_of(report, "engine", "in-process", c)
+        accepted = ratio(ours["accepted_per_sec"], engine["accepted_per_sec"])
+        cpu = ratio(named_ms(ours), named_ms(engine))
+        pg = ratio(pg_ms(ours), pg_ms(engine))
+        wal = ratio(ours["wal_bytes_per_delivery"], engine["wal_bytes_per_delivery"])
+        stored = (ours.get("storage") or {}).get("bytes_per_event")
+        final = ratio(ours["final_secs"], engine["final_secs"])
+        wal_text = f"{wal:.2f}× ({ours['wal_bytes_per_delivery']:.0f} / {engine['wal_bytes_per_delivery']:.0f} B)"
+        out.append(
+            f"| in process, c{c} | {mark(accepted >= 1.0, f'{accepted:.2f}×')} | {mark(cpu <= 1.2, f'{cpu:.2f}×')} | "
+            f"{mark(pg <= 1.0, f'{pg:.2f}× ({pg_ms(ours):.2f} / {pg_ms(engine):.2f} ms)')} | "
+            f"{mark(wal <= 2.0, wal_text)} | "
+            + (mark(stored <= 2000, f"{stored:.0f}") if stored is not None else "?")
+            + f" | {mark(final <= 1.5, f'{final:.2f}×')} |"
+        )
+    out.append("")
+    return out
+
+
+def storage_lines(report):
+    """Where billing-inbox's bytes, row versions and WAL go, per run: read after the drain from its database (sizes,
+    `pg_stat_user_tables`) and, when the server loads it, `pg_stat_statements`."""
+    ours = [r for r in report["runs"] if r["side"] == "billing-inbox" and r.get("storage")]
+    if not ours:
+        return []
+    out = [
+        "### Where billing-inbox's bytes, row versions and WAL go",
+        "",
+        "Read after each run's drain from its own database: the bytes on disk per stored event (every table, indexes and TOAST "
+        "included; then `inbox_events` and `deliveries` part by part), and the event's and the delivery's rows written "
+        "(inserts, updates, and of the updates those that were HOT: a new row version on the same page that writes no index entry).",
+        "",
+        "| run | events | bytes per event, all tables | inbox_events: heap / TOAST / indexes | deliveries: heap / TOAST / indexes | inbox_events inserts / updates (HOT) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in ours:
+        st = r["storage"]
+        def part(table, which):
+            rows = [p for p in st["parts"] if p["table"] == table]
+            if which == "indexes":
+                return sum(p["bytes_per_event"] for p in rows if p["part"] not in ("heap", "TOAST"))
+            return sum(p["bytes_per_event"] for p in rows if p["part"] == which)
+        ev = next((u for u in st["updates"] if u["table"] == "inbox_events"), None)
+        out.append(
+            f"| {r['mode']}, c{r['concurrency']} | {st['events']} | {st['bytes_per_event']:.0f} | "
+            f"{part('inbox_events', 'heap'):.0f} / {part('inbox_events', 'TOAST'):.0f} / {part('inbox_events', 'indexes'):.0f} | "
+            f"{part('deliveries', 'heap'):.0f} / {part('deliveries', 'TOAST'):.0f} / {part('deliveries', 'indexes'):.0f} | "
+            + (f"{ev['inserted']} / {ev['updated']} ({ev['hot']})" if ev else "?") + " |"
+        )
+    first = ours[0]
+    idx = [p for p in first["storage"]["parts"] if p["part"] not in ("heap", "TOAST")]
+    out += [
+        "",
+        f"Each index's bytes per event ({first['mode']}, c{first['concurrency']}): "
+        + ", ".join(f"{p['part']} {p['bytes_per_event']:.0f}" for p in idx) + ".",
+        "",
+    ]
+    with_statements = [r for r in ours if r.get("by_statement")]
+    if with_statements:
+        r = with_statements[0]
+        out += [
+            f"By statement ({r['mode']}, c{r['concurrency']}; `pg_stat_statements` with `track = all`, so a trigger's statements "
+            "are their own lines), per delivery, most WAL first:",
+            "",
+            "| statement | calls | WAL bytes | of which full-page images (count) | execution ms |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for s in r["by_statement"]:
+            text = s["statement"].replace("|", "\\|")
+            out.append(
+                f"| `{text}` | {s['calls_per_delivery']:.2f} | {s['wal_bytes_per_delivery']:.0f} | "
+                f"{s['full_page_images_per_delivery']:.3f} | {s['exec_ms_per_delivery']:.3f} |"
+            )
+        out.append("")
     return out
 
 

@@ -398,6 +398,100 @@ impl Measured {
     }
 }
 
+/// Whether the server counts statements (`pg_stat_statements` loaded, as the measurement of
+/// where the WAL and Postgres's time go asks): the extension is made in the run's database
+/// and its counts of that database cleared, so only the run's own statements are read.
+async fn statements_counted(pool: &PgPool) -> bool {
+    sqlx::raw_sql(
+        "CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
+         SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database
+                                             WHERE datname = current_database()), 0);",
+    )
+    .execute(pool)
+    .await
+    .is_ok()
+}
+
+/// Each statement kind's WAL (full-page images apart) and execution time per delivery, most
+/// WAL first, from `pg_stat_statements` of the run's database.
+async fn by_statement(pool: &PgPool, deliveries: usize) -> anyhow::Result<Value> {
+    let rows: Vec<(String, i64, f64, f64, f64)> = sqlx::query_as(
+        "SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 90), calls,
+                wal_bytes::float8, wal_fpi::float8, total_exec_time
+         FROM pg_stat_statements
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND query NOT LIKE '%pg_stat_statements%'
+         ORDER BY wal_bytes DESC, total_exec_time DESC LIMIT 12",
+    )
+    .fetch_all(pool)
+    .await?;
+    let per = deliveries.max(1) as f64;
+    Ok(json!(rows
+        .into_iter()
+        .map(|(query, calls, wal, fpi, ms)| json!({
+            "statement": query,
+            "calls_per_delivery": calls as f64 / per,
+            "wal_bytes_per_delivery": wal / per,
+            "full_page_images_per_delivery": fpi / per,
+            "exec_ms_per_delivery": ms / per,
+        }))
+        .collect::<Vec<_>>()))
+}
+
+/// Where an event's bytes and row versions went, read after the drain on a connection of its
+/// own once the run's connections have closed (their counts flushed): every table's bytes per
+/// event with its indexes and TOAST, the event's and the delivery's tables part by part (the
+/// heap, the TOAST, each index), and how many of their row updates were HOT (no index
+/// written).
+async fn storage(server: &str, db: &str, deliveries: usize) -> anyhow::Result<Value> {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let options: sqlx::postgres::PgConnectOptions = server.parse()?;
+    let pool = PgPool::connect_with(options.database(db)).await?;
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_events")
+        .fetch_one(&pool)
+        .await?;
+    let per = events.max(1) as f64;
+    let all: f64 = sqlx::query_scalar(
+        "SELECT COALESCE(sum(pg_total_relation_size(c.oid)), 0)::float8 FROM pg_class c
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = 'public' AND c.relkind = 'r' AND c.relname <> '_sqlx_migrations'",
+    )
+    .fetch_one(&pool)
+    .await?;
+    let parts: Vec<(String, String, f64)> = sqlx::query_as(
+        "SELECT t.relname::text, 'heap', pg_relation_size(t.oid)::float8
+         FROM pg_class t WHERE t.relname IN ('inbox_events', 'deliveries')
+         UNION ALL
+         SELECT t.relname::text, 'TOAST', pg_total_relation_size(t.reltoastrelid)::float8
+         FROM pg_class t WHERE t.relname IN ('inbox_events', 'deliveries') AND t.reltoastrelid <> 0
+         UNION ALL
+         SELECT t.relname::text, i.relname::text, pg_relation_size(i.oid)::float8
+         FROM pg_index x JOIN pg_class t ON t.oid = x.indrelid JOIN pg_class i ON i.oid = x.indexrelid
+         WHERE t.relname IN ('inbox_events', 'deliveries')
+         ORDER BY 1 DESC, 3 DESC",
+    )
+    .fetch_all(&pool)
+    .await?;
+    let updates: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+         WHERE relname IN ('inbox_events', 'deliveries') ORDER BY 1 DESC",
+    )
+    .fetch_all(&pool)
+    .await?;
+    pool.close().await;
+    Ok(json!({
+        "events": events,
+        "deliveries": deliveries,
+        "bytes_per_event": all / per,
+        "parts": parts.into_iter().map(|(table, part, bytes)| json!({
+            "table": table, "part": part, "bytes_per_event": bytes / per,
+        })).collect::<Vec<_>>(),
+        "updates": updates.into_iter().map(|(table, inserted, updated, hot)| json!({
+            "table": table, "inserted": inserted, "updated": updated, "hot": hot,
+        })).collect::<Vec<_>>(),
+    }))
+}
+
 /// The node driver of one mode, its stdout read line by line.
 struct Node {
     child: tokio::process::Child,
@@ -723,6 +817,7 @@ impl Peer<'_> {
         if let Some(postmaster) = postmaster_of(&pool).await {
             named.push(("Postgres", Counted::Postgres(postmaster)));
         }
+        let statements = statements_counted(&pool).await;
         let wal_before = wal_bytes(&pool).await?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut client_cpu_ms = Vec::new();
@@ -809,7 +904,13 @@ impl Peer<'_> {
             sqlx::query_as("SELECT subscription_id, status FROM subscriptions")
                 .fetch_all(&pool)
                 .await?;
+        let by_statement = if statements {
+            by_statement(&pool, total).await.ok()
+        } else {
+            None
+        };
         pool.close().await;
+        let storage = storage(self.server, db, total).await.ok();
         let measured = Measured {
             accepted_secs,
             final_secs,
@@ -819,7 +920,10 @@ impl Peer<'_> {
             unfinished,
             first_error,
         };
-        Ok(measured.report("billing-inbox", mode, c, total, self.score(&stored)))
+        let mut report = measured.report("billing-inbox", mode, c, total, self.score(&stored));
+        report["storage"] = json!(storage);
+        report["by_statement"] = json!(by_statement);
+        Ok(report)
     }
 
     fn pollers(

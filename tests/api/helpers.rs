@@ -216,7 +216,7 @@ impl TestApp {
     pub async fn event(&self, id: i64) -> EventRow {
         sqlx::query_as::<_, EventRow>(
             "SELECT source, dedupe_key, type, status, seen_count, customer_key, occurred_at,
-                    enqueued_at, reason, payload
+                    enqueued_at, reason, inbox_payload(payload, raw_body, body_is_payload) AS payload
              FROM inbox_events WHERE id = $1",
         )
         .bind(id)

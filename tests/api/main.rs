@@ -20,6 +20,7 @@ mod effects;
 mod effects_dispatch;
 mod ends;
 mod engine_room;
+mod event_storage;
 mod feature_check;
 mod features;
 mod first_use;

@@ -2723,7 +2723,7 @@ impl World {
                     r.status AS read_status, r.reason AS read_reason, s.id AS twin_id
              FROM inbox_events t
              LEFT JOIN inbox_events r ON (r.source, r.dedupe_key) = (t.source, 'read:' || t.dedupe_key)
-             LEFT JOIN inbox_events s ON (s.source, s.dedupe_key) = (t.source, t.payload ->> 'snapshot_event')
+             LEFT JOIN inbox_events s ON (s.source, s.dedupe_key) = (t.source, inbox_payload(t.payload, t.raw_body, t.body_is_payload) ->> 'snapshot_event')
              WHERE t.dedupe_key LIKE '%\\_' || $1 || '%' AND t.type LIKE 'v1.%' ORDER BY t.id",
         )
         .bind(&self.ns)
@@ -2768,16 +2768,16 @@ impl World {
             }
         }
         let shown: Vec<(String, String, Option<String>)> = sqlx::query_as(
-            "SELECT r.payload #>> '{data,object,id}', r.payload #>> '{data,object,status}', s.status
+            "SELECT inbox_payload(r.payload, r.raw_body, r.body_is_payload) #>> '{data,object,id}', inbox_payload(r.payload, r.raw_body, r.body_is_payload) #>> '{data,object,status}', s.status
              FROM inbox_events r
              JOIN accounts a ON (a.source, a.customer_id) = (r.source, r.customer_key)
-             LEFT JOIN subscriptions s ON (s.source, s.subscription_id) = (r.source, r.payload #>> '{data,object,id}')
+             LEFT JOIN subscriptions s ON (s.source, s.subscription_id) = (r.source, inbox_payload(r.payload, r.raw_body, r.body_is_payload) #>> '{data,object,id}')
              WHERE r.dedupe_key LIKE 'read:%\\_' || $1 || '%' AND r.status = 'applied'
-               AND r.payload #>> '{data,object,object}' = 'subscription'
+               AND inbox_payload(r.payload, r.raw_body, r.body_is_payload) #>> '{data,object,object}' = 'subscription'
                AND a.deleted_at IS NULL
                AND NOT EXISTS (SELECT 1 FROM inbox_events o
                                WHERE o.source = r.source AND o.dedupe_key NOT LIKE 'read:%'
-                                 AND o.payload #>> '{data,object,id}' = r.payload #>> '{data,object,id}'
+                                 AND inbox_payload(o.payload, o.raw_body, o.body_is_payload) #>> '{data,object,id}' = inbox_payload(r.payload, r.raw_body, r.body_is_payload) #>> '{data,object,id}'
                                  AND o.occurred_at >= r.occurred_at)",
         )
         .bind(&self.ns)
@@ -2992,7 +2992,7 @@ impl World {
         }
         let summaries: Vec<Summary> = sqlx::query_as(
             "SELECT e.id, e.dedupe_key AS key, e.status, e.reason,
-                    COALESCE(e.payload #> '{data,object,entitlements,has_more}' = 'true', false) AS has_more,
+                    COALESCE(inbox_payload(e.payload, e.raw_body, e.body_is_payload) #> '{data,object,entitlements,has_more}' = 'true', false) AS has_more,
                     r.status AS read
              FROM inbox_events e
              LEFT JOIN inbox_events r ON (r.source, r.dedupe_key) = (e.source, 'read:' || e.dedupe_key)

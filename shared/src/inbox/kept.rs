@@ -49,7 +49,8 @@ pub async fn account_events(
         KeptEvent,
         r#"
         SELECT e.id, e.dedupe_key AS "dedupe_key: DedupeKey", e.type AS event_type,
-               CASE WHEN e.occurred_at > COALESCE($5::timestamptz, '-infinity') THEN e.payload
+               CASE WHEN e.occurred_at > COALESCE($5::timestamptz, '-infinity')
+                    THEN inbox_payload(e.payload, e.raw_body, e.body_is_payload)
                END AS payload,
                e.customer_key AS "customer: CustomerId",
                e.occurred_at AS "occurred_at!: ProviderTime", e.received_at, e.settled, e.replays,

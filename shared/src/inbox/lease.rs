@@ -46,8 +46,7 @@ pub async fn claim(
     event_ids: &[i64],
     lease: Duration,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
-    let mut claimed = sqlx::query_as!(
-        Claimed,
+    let rows = sqlx::query!(
         r#"
         UPDATE inbox_events e
         SET status = 'processing',
@@ -64,7 +63,8 @@ pub async fn claim(
             FOR UPDATE
         )
         RETURNING e.id, e.source, e.dedupe_key AS "dedupe_key: DedupeKey", e.type AS event_type,
-                  e.payload, e.customer_key AS "customer: CustomerId",
+                  e.payload, CASE WHEN e.body_is_payload THEN e.raw_body END AS body,
+                  e.customer_key AS "customer: CustomerId",
                   e.occurred_at AS "occurred_at: ProviderTime", e.attempts,
                   e.claim_gen AS claim
         "#,
@@ -74,8 +74,29 @@ pub async fn claim(
     )
     .fetch_all(exec(conn))
     .await?;
+    let mut claimed: Vec<Claimed> = rows
+        .into_iter()
+        .map(|r| Claimed {
+            id: r.id,
+            source: r.source,
+            dedupe_key: r.dedupe_key,
+            event_type: r.event_type,
+            payload: payload_of(r.payload, r.body.as_deref()),
+            customer: r.customer,
+            occurred_at: r.occurred_at,
+            attempts: r.attempts,
+            claim: r.claim,
+        })
+        .collect();
     claimed.sort_by_key(|c| event_ids.iter().position(|id| *id == c.id));
     Ok(claimed)
+}
+
+/// An event's payload as its row keeps it: its own column, or, for an event whose raw body is
+/// its JSON (`body_is_payload`), that body parsed here rather than in Postgres, which then
+/// only hands over the bytes (docs/design.md §3).
+pub fn payload_of(payload: Option<Value>, body: Option<&[u8]>) -> Option<Value> {
+    payload.or_else(|| serde_json::from_slice(body?).ok())
 }
 
 /// Why a claim did not take an event, as its row says after the claim.

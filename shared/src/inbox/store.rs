@@ -20,6 +20,9 @@ pub struct NewDelivery<'a> {
     pub event_type: &'a str,
     pub payload: Option<&'a Value>,
     pub raw_body: &'a [u8],
+    /// The payload is the raw body's JSON ([`body_is_payload`]): only the body is stored, and
+    /// every reader parses it (`inbox_payload`, docs/design.md §3).
+    pub body_is_payload: bool,
     pub payload_hash: &'a [u8],
     pub customer_key: Option<&'a CustomerId>,
     pub occurred_at: Option<ProviderTime>,
@@ -146,10 +149,11 @@ pub async fn store_delivery(
         WITH upsert AS (
             INSERT INTO inbox_events AS e
                 (source, dedupe_key, type, payload, raw_body, payload_hash, customer_key,
-                 occurred_at, status, reason, processed_at, enqueued_at, made_for)
+                 occurred_at, status, reason, processed_at, enqueued_at, made_for,
+                 body_is_payload)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
                     CASE WHEN $9 = 'unprocessable' THEN inbox_now() END,
-                    CASE WHEN $9 = 'received' THEN inbox_now() END, $19)
+                    CASE WHEN $9 = 'received' THEN inbox_now() END, $19, $20)
             ON CONFLICT (source, dedupe_key) DO UPDATE
                 SET seen_count = e.seen_count
                         + (e.payload_hash = EXCLUDED.payload_hash AND NOT $16)::int,
@@ -184,7 +188,7 @@ pub async fn store_delivery(
         d.source,
         d.dedupe_key.as_str(),
         d.event_type,
-        d.payload,
+        d.payload.filter(|_| !d.body_is_payload),
         d.raw_body,
         d.payload_hash,
         d.customer_key.map(CustomerId::as_str),
@@ -200,6 +204,7 @@ pub async fn store_delivery(
         crate::platform::queued::STUCK_AFTER.as_secs_f64(),
         d.attempt,
         d.made_for,
+        d.body_is_payload,
     )
     .fetch_one(exec(conn))
     .await?;
@@ -269,6 +274,14 @@ pub fn untrusted_time(at: ProviderTime, now: DateTime<Utc>) -> Option<String> {
     }
 }
 
+/// Whether `payload` is `body` read as JSON, so that the body alone keeps the event whole:
+/// the payload as stored (NUL removed, [`storable`]) must be exactly what parsing the body
+/// gives, as every reader parses it again. A body that is no JSON (a signed token), or a
+/// payload built around it (a read), keeps its payload.
+pub fn body_is_payload(body: &[u8], payload: &Value) -> bool {
+    serde_json::from_slice::<Value>(body).is_ok_and(|parsed| parsed == *payload)
+}
+
 /// JSON as Postgres' `jsonb` takes it: `\u0000` is refused there, so NUL is removed from
 /// every string and key. Borrowed unchanged when there is none (almost always). The raw body
 /// is kept exactly, as bytes.
@@ -332,6 +345,7 @@ struct Prepared<'a> {
     status: EventStatus,
     reason: Option<String>,
     payload: Option<Cow<'a, Value>>,
+    body_is_payload: bool,
 }
 
 impl<'a> Prepared<'a> {
@@ -374,6 +388,7 @@ impl<'a> Prepared<'a> {
                 Some(reason),
             ),
         };
+        let payload = verified.payload.as_ref().map(storable);
         Self {
             source,
             body,
@@ -386,7 +401,10 @@ impl<'a> Prepared<'a> {
             occurred_at,
             status,
             reason,
-            payload: verified.payload.as_ref().map(storable),
+            body_is_payload: payload
+                .as_deref()
+                .is_some_and(|payload| body_is_payload(body, payload)),
+            payload,
         }
     }
 
@@ -397,6 +415,7 @@ impl<'a> Prepared<'a> {
             event_type: &self.event_type,
             payload: self.payload.as_deref(),
             raw_body: self.body,
+            body_is_payload: self.body_is_payload,
             payload_hash: self.verified.content_hash.as_bytes(),
             customer_key: self.customer,
             occurred_at: self.occurred_at,
@@ -527,6 +546,7 @@ async fn store_or_refuse(
             let bare = NewDelivery {
                 event_type: "unknown",
                 payload: None,
+                body_is_payload: false,
                 customer_key: None,
                 occurred_at: None,
                 status: EventStatus::Unprocessable,

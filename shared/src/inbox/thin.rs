@@ -30,7 +30,8 @@ pub async fn find(
     sqlx::query_as!(
         StoredEvent,
         r#"
-        SELECT id, dedupe_key AS "dedupe_key: DedupeKey", type AS event_type, payload,
+        SELECT id, dedupe_key AS "dedupe_key: DedupeKey", type AS event_type,
+               inbox_payload(payload, raw_body, body_is_payload) AS payload,
                customer_key AS "customer: CustomerId",
                occurred_at AS "occurred_at: ProviderTime", status
         FROM inbox_events
