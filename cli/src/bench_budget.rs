@@ -538,12 +538,13 @@ async fn measure(
         .find(|(s, _)| s == "applied")
         .map_or(0, |(_, n)| *n);
     let (thin_final, reconciled, _) = progress(pool, &source.name).await?;
-    let (taken, refused): (i64, i64) =
-        sqlx::query_as("SELECT taken, refused FROM api_budgets WHERE source = $1")
-            .bind(&source.name)
-            .fetch_optional(pool)
-            .await?
-            .unwrap_or_default();
+    let (taken, refused): (i64, i64) = sqlx::query_as(
+        "SELECT taken, refused FROM api_budgets WHERE source = $1 AND endpoint = ''",
+    )
+    .bind(&source.name)
+    .fetch_optional(pool)
+    .await?
+    .unwrap_or_default();
     let reconciliation: Vec<Value> = runs
         .iter()
         .flat_map(|r| &r.reconciliation)

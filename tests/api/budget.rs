@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use shared::handlers::worker::WorkerSource;
 use shared::handlers::worker::{process_event, Processed};
 use shared::meters::{Meters, Reported};
-use shared::platform::budget::{Budgets, Lane, Limit, Throttled};
+use shared::platform::budget::{Budgets, Endpoints, Lane, Limit, Pause, Throttled};
 use shared::platform::config::{parse_sources, SourceConfig};
 use shared::providers::{Api, ApiClient};
 use sqlx::PgPool;
@@ -428,4 +428,143 @@ async fn a_lemonsqueezy_429_naming_no_pause_holds_the_source_off_for_its_minute(
     // Until then no instance asks again.
     assert!(reads.get_found(path, &[], &[]).await.is_err());
     assert_eq!(store.requests(), 2);
+}
+
+/// Stripe limits each endpoint apart inside its global limit ("individual API endpoints: 25
+/// requests per second", docs.stripe.com/rate-limits), and in live mode the global 100 is
+/// above it: a burst of one kind of read (every thin event's subscription) must stop at the
+/// endpoint's budget, whatever the source's holds, while another endpoint keeps its own.
+/// Stripe's clock is held, so every request here counts in one of its seconds.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_burst_of_reads_of_one_stripe_endpoint_stays_under_its_limit_from_every_instance(
+    pool: PgPool,
+) {
+    let stripe = FakeStripe::default();
+    stripe
+        .clock_at(Utc::now())
+        .holds(object("subscription.active"));
+    let api = stripe.serve().await;
+    // The source's own bucket holds 60 at once, well over the endpoint's 25.
+    let mut source = stripe_source(&api.uri(), json!({"per_second": 0.001, "burst": 60}));
+    source.api_key = Some("sk_live_endpoints".into());
+    let other = second_pool(&pool).await;
+    let one = Api::for_source(&source, client(&pool, Lane::Reads)).unwrap();
+    let two = Api::for_source(&source, client(&other, Lane::Reads)).unwrap();
+    let path = "/v1/subscriptions/sub_1ThinSub0000001";
+
+    let reads =
+        (0..20).flat_map(|_| [one.get_found(path, &[], &[]), two.get_found(path, &[], &[])]);
+    let results = futures::future::join_all(reads).await;
+    let seen = stripe.rate_seen();
+    assert_eq!(
+        seen.over_limit, 0,
+        "no request over Stripe's limits: {seen:?}"
+    );
+    for refused in results.iter().filter_map(|r| r.as_ref().err()) {
+        let throttled = Throttled::find(refused).expect("refused by the budget, not sent");
+        assert!(throttled.why.contains("endpoint"), "{throttled}");
+    }
+    let sent = results.iter().filter(|r| r.is_ok()).count();
+    assert!(
+        sent >= 1 && sent as u32 == seen.requests,
+        "{sent} sent, {seen:?}"
+    );
+
+    // Another endpoint's budget is its own: the list is read at once.
+    assert!(one
+        .get_found("/v1/subscriptions", &[("limit", "1".into())], &[])
+        .await
+        .is_ok());
+}
+
+/// Endpoints named as Stripe's are, each bucket holding `burst` and not refilling in a test.
+fn endpoints(burst: u32) -> Endpoints {
+    fn of(method: &http::Method, path: &str) -> Option<String> {
+        Some(format!(
+            "{method} {}",
+            path.trim_end_matches(char::is_numeric)
+        ))
+    }
+    Endpoints {
+        of,
+        limit: bucket(burst, 0),
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn two_instances_together_never_take_more_than_an_endpoints_budget_and_another_keeps_its_own(
+    pool: PgPool,
+) {
+    let other = second_pool(&pool).await;
+    let budget = |pool: &PgPool| {
+        Budgets::new(pool.clone())
+            .waiting(Duration::ZERO)
+            .of("stripe", bucket(100, 0), Lane::Reads)
+            .by_endpoint(Some(endpoints(3)))
+    };
+    let (one, two) = (budget(&pool), budget(&other));
+    let get = http::Method::GET;
+    let paths: Vec<String> = (0..10).map(|i| format!("/v1/subscriptions/{i}")).collect();
+    let takes = paths
+        .iter()
+        .flat_map(|path| [one.take_for(&get, path), two.take_for(&get, path)]);
+    let results = futures::future::join_all(takes).await;
+    assert_eq!(
+        results.iter().filter(|r| r.is_ok()).count(),
+        3,
+        "the endpoint's burst, though the source's holds 100"
+    );
+    for refused in results.iter().filter_map(|r| r.as_ref().err()) {
+        let throttled = Throttled::find(refused).expect("refused for the rate");
+        assert!(throttled.why.contains("endpoint"), "{throttled}");
+    }
+    two.take_for(&get, "/v1/invoices/1").await.unwrap();
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT endpoint, taken, refused FROM api_budgets WHERE source = 'stripe' ORDER BY endpoint",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        [
+            (String::new(), 4, 0),
+            ("GET /v1/invoices/".into(), 1, 0),
+            ("GET /v1/subscriptions/".into(), 3, 17),
+        ],
+        "a refused take takes from neither row, and is counted on the one that refused"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_429_stripe_names_an_endpoints_pauses_that_endpoint_alone(pool: PgPool) {
+    let budget = Budgets::new(pool.clone())
+        .waiting(Duration::ZERO)
+        .of("stripe", bucket(100, 0), Lane::Reads)
+        .by_endpoint(Some(endpoints(10)));
+    let get = http::Method::GET;
+    let pause = |endpoint| Pause {
+        wait: Duration::from_secs(600),
+        endpoint,
+    };
+    budget
+        .hold_off(pause(true), &get, "/v1/subscriptions/1")
+        .await
+        .unwrap();
+    let held = budget
+        .take_for(&get, "/v1/subscriptions/2")
+        .await
+        .unwrap_err();
+    assert!(
+        Throttled::find(&held).unwrap().why.contains("429"),
+        "{held:#}"
+    );
+    budget.take_for(&get, "/v1/invoices/1").await.unwrap();
+
+    // A 429 of the global limit holds the whole source.
+    budget
+        .hold_off(pause(false), &get, "/v1/subscriptions/1")
+        .await
+        .unwrap();
+    assert!(budget.take_for(&get, "/v1/invoices/1").await.is_err());
 }

@@ -3,7 +3,8 @@
 //! statement per call, so that thin-event reads, reconciliation, sweeps and meter reports of
 //! a source, in however many Lambda instances, together stay under the provider's rate limit;
 //! and the provider's own word after a 429, which holds every instance off until the time it
-//! said.
+//! said. A provider that limits each endpoint apart (Stripe) gives each endpoint a bucket of
+//! its own too, taken in the same statement as the source's.
 
 use std::time::Duration;
 
@@ -75,6 +76,27 @@ impl Limit {
     }
 }
 
+/// How a provider that limits each endpoint apart names an endpoint, and each one's budget
+/// (docs/design.md §6.7): the provider's rule, handed to the budget, which knows no provider.
+#[derive(Debug, Clone, Copy)]
+pub struct Endpoints {
+    /// The endpoint a request counts against (a method and path with its ids taken out), or
+    /// `None` for one the provider does not limit apart (or limits far above the source).
+    pub of: fn(&http::Method, &str) -> Option<String>,
+    /// Each endpoint's budget. Its `reserved` is 0: the meter reports' share is kept in the
+    /// source's bucket, and their sends have endpoints of their own.
+    pub limit: Limit,
+}
+
+/// One endpoint's bucket, for one call.
+struct Endpoint {
+    key: String,
+    limit: Limit,
+}
+
+/// The key of a source's own row in `api_budgets` (its endpoints' rows name theirs).
+const SOURCE_ROW: &str = "";
+
 /// Where every source's budget is kept, and how long a call waits for a token before it gives
 /// up on the call (and its item waits, its attempt not spent).
 #[derive(Clone, Debug)]
@@ -103,6 +125,7 @@ impl Budgets {
             source: source.to_owned(),
             limit,
             lane,
+            endpoints: None,
         }
     }
 }
@@ -114,6 +137,7 @@ pub struct Budget {
     source: String,
     limit: Limit,
     lane: Lane,
+    endpoints: Option<Endpoints>,
 }
 
 /// A call not made: the source's budget is spent, or its provider asked for a pause (429). The
@@ -136,7 +160,14 @@ impl Throttled {
 /// Why a take refused.
 struct Refusal {
     until: DateTime<Utc>,
-    why: &'static str,
+    why: String,
+}
+
+/// One row of a take, as the statement left it.
+struct Row {
+    endpoint: String,
+    tokens: f64,
+    held_until: Option<DateTime<Utc>>,
 }
 
 impl Budget {
@@ -148,12 +179,39 @@ impl Budget {
         &self.source
     }
 
-    /// Takes one call: at once when the bucket holds one for this lane, after a short wait when
-    /// one comes within [`Budgets::wait`], else [`Throttled`] with the time it will.
+    /// The same budget, each call also taking from its endpoint's bucket as `endpoints` names
+    /// it (a provider that limits each endpoint apart).
+    pub fn by_endpoint(self, endpoints: Option<Endpoints>) -> Self {
+        Self { endpoints, ..self }
+    }
+
+    /// The endpoint `method` `path` counts against, with its budget, when the provider limits
+    /// endpoints apart.
+    fn endpoint(&self, method: &http::Method, path: &str) -> Option<Endpoint> {
+        let endpoints = self.endpoints?;
+        (endpoints.of)(method, path).map(|key| Endpoint {
+            key,
+            limit: endpoints.limit,
+        })
+    }
+
+    /// Takes one call of the source's budget alone.
     pub async fn take(&self) -> anyhow::Result<()> {
+        self.take_at(None).await
+    }
+
+    /// Takes one call of `method` `path`: from the source's budget and, when the provider
+    /// limits endpoints apart, from its endpoint's, both or neither.
+    pub async fn take_for(&self, method: &http::Method, path: &str) -> anyhow::Result<()> {
+        self.take_at(self.endpoint(method, path).as_ref()).await
+    }
+
+    /// Takes one call: at once when the buckets hold one for this lane, after a short wait when
+    /// one comes within [`Budgets::wait`], else [`Throttled`] with the time it will.
+    async fn take_at(&self, endpoint: Option<&Endpoint>) -> anyhow::Result<()> {
         let started = tokio::time::Instant::now();
         loop {
-            let Some(refusal) = self.try_take().await? else {
+            let Some(refusal) = self.try_take(endpoint).await? else {
                 return Ok(());
             };
             let wait = (refusal.until - Utc::now()).to_std().unwrap_or_default();
@@ -161,7 +219,7 @@ impl Budget {
                 return Err(Throttled {
                     source_name: self.source.clone(),
                     until: refusal.until,
-                    why: refusal.why.to_owned(),
+                    why: refusal.why,
                 }
                 .into());
             }
@@ -170,83 +228,186 @@ impl Budget {
         }
     }
 
-    /// One statement takes a token, when the provider's pause is over and the bucket, refilled
-    /// for the time since its last take, holds one beyond what this lane must leave. A
-    /// refusal is counted and says when a token will be there (or the pause ends).
-    async fn try_take(&self) -> Result<Option<Refusal>, sqlx::Error> {
-        let burst = f64::from(self.limit.burst);
-        let leaves = f64::from(self.limit.leaves(self.lane));
-        let taken = sqlx::query_scalar!(
-            r#"
-            INSERT INTO api_budgets AS b (source, tokens, taken) VALUES ($1, $3::float8 - 1, 1)
-            ON CONFLICT (source) DO UPDATE
-            SET tokens = least($3::float8, b.tokens + $2::float8 * greatest(0, extract(epoch FROM inbox_now() - b.refilled_at)::float8)) - 1,
-                refilled_at = greatest(b.refilled_at, inbox_now()),
-                taken = b.taken + 1
-            WHERE (b.held_until IS NULL OR b.held_until <= inbox_now())
-              AND least($3::float8, b.tokens + $2::float8 * greatest(0, extract(epoch FROM inbox_now() - b.refilled_at)::float8)) >= 1 + $4::float8
-            RETURNING b.tokens
-            "#,
-            self.source,
-            self.limit.per_second,
-            burst,
-            leaves,
-        )
-        .fetch_optional(exec(&self.budgets.pool))
-        .await?;
-        if taken.is_some() {
-            return Ok(None);
+    /// The rows a take of `endpoint` takes from: the source's, and the endpoint's when there is
+    /// one; each with its rate, burst and the tokens its lane must leave.
+    fn rows(&self, endpoint: Option<&Endpoint>) -> (Vec<String>, Vec<f64>, Vec<f64>, Vec<f64>) {
+        let mut rows = (
+            vec![SOURCE_ROW.to_owned()],
+            vec![self.limit.per_second],
+            vec![f64::from(self.limit.burst)],
+            vec![f64::from(self.limit.leaves(self.lane))],
+        );
+        if let Some(endpoint) = endpoint {
+            rows.0.push(endpoint.key.clone());
+            rows.1.push(endpoint.limit.per_second);
+            rows.2.push(f64::from(endpoint.limit.burst));
+            rows.3.push(f64::from(endpoint.limit.leaves(self.lane)));
         }
-        let row = sqlx::query!(
-            r#"
-            UPDATE api_budgets AS b SET refused = b.refused + 1
-            WHERE source = $1
-            RETURNING b.held_until, inbox_now() AS "now!",
-                      least($3::float8, b.tokens + $2::float8 * greatest(0, extract(epoch FROM inbox_now() - b.refilled_at)::float8)) AS "tokens!"
-            "#,
-            self.source,
-            self.limit.per_second,
-            burst,
-        )
-        .fetch_optional(exec(&self.budgets.pool))
-        .await?;
-        // No row: another statement made it meanwhile; the next take sees it.
-        let Some(row) = row else {
-            return Ok(Some(Refusal {
-                until: Utc::now(),
-                why: "the source's API budget was being made",
-            }));
-        };
-        if let Some(held) = row.held_until.filter(|held| *held > row.now) {
-            return Ok(Some(Refusal {
-                until: held,
-                why: "the provider asked for a pause (429)",
-            }));
+        rows
+    }
+
+    /// One statement takes a token from the source's row and the endpoint's together, when no
+    /// pause the provider asked for holds either and each, refilled for the time since its last
+    /// take, holds one beyond what this lane must leave; else it takes from neither and counts
+    /// the refusal on the rows that refused. The rows are locked in one order (by endpoint), so
+    /// concurrent takes of any instance queue on them and never deadlock. A row not made yet is
+    /// made full (once per source and endpoint) and the take made again.
+    async fn try_take(&self, endpoint: Option<&Endpoint>) -> Result<Option<Refusal>, sqlx::Error> {
+        let (keys, rates, bursts, leaves) = self.rows(endpoint);
+        for _ in 0..2 {
+            let rows = sqlx::query!(
+                r#"
+                WITH wanted AS (
+                    SELECT * FROM unnest($2::text[], $3::float8[], $4::float8[], $5::float8[])
+                        AS w(endpoint, per_second, burst, leaves)
+                ),
+                locked AS (
+                    SELECT b.endpoint, w.leaves,
+                           (b.held_until IS NOT NULL AND b.held_until > inbox_now()) AS held,
+                           least(w.burst, b.tokens + w.per_second * greatest(0, extract(epoch FROM inbox_now() - b.refilled_at)::float8)) AS tokens
+                    FROM api_budgets b JOIN wanted w ON w.endpoint = b.endpoint
+                    WHERE b.source = $1
+                    ORDER BY b.endpoint
+                    FOR UPDATE OF b
+                ),
+                verdict AS (
+                    SELECT count(*) = cardinality($2::text[]) AS made,
+                           coalesce(bool_and(NOT held AND tokens >= 1 + leaves), false) AS go
+                    FROM locked
+                )
+                UPDATE api_budgets AS b
+                SET tokens = CASE WHEN v.go THEN l.tokens - 1 ELSE b.tokens END,
+                    refilled_at = CASE WHEN v.go THEN greatest(b.refilled_at, inbox_now()) ELSE b.refilled_at END,
+                    taken = b.taken + v.go::int,
+                    refused = b.refused + (NOT v.go AND (l.held OR l.tokens < 1 + l.leaves))::int
+                FROM locked l, verdict v
+                WHERE v.made AND b.source = $1 AND b.endpoint = l.endpoint
+                RETURNING b.endpoint, v.go AS "go!", l.tokens AS "tokens!", b.held_until,
+                          inbox_now() AS "now!"
+                "#,
+                self.source,
+                &keys,
+                &rates,
+                &bursts,
+                &leaves,
+            )
+            .fetch_all(exec(&self.budgets.pool))
+            .await?;
+            let Some(first) = rows.first() else {
+                sqlx::query!(
+                    r#"
+                    INSERT INTO api_budgets (source, endpoint, tokens)
+                    SELECT $1, w.endpoint, w.burst FROM unnest($2::text[], $3::float8[]) AS w(endpoint, burst)
+                    ON CONFLICT (source, endpoint) DO NOTHING
+                    "#,
+                    self.source,
+                    &keys,
+                    &bursts,
+                )
+                .execute(exec(&self.budgets.pool))
+                .await?;
+                continue;
+            };
+            if first.go {
+                return Ok(None);
+            }
+            let now = first.now;
+            let rows = rows.into_iter().map(|r| Row {
+                endpoint: r.endpoint,
+                tokens: r.tokens,
+                held_until: r.held_until,
+            });
+            return Ok(Some(self.refusal(rows, endpoint, now)));
         }
-        let short = (1.0 + leaves - row.tokens).max(0.0);
-        let secs = short / self.limit.per_second;
+        // Made meanwhile by another statement: the next take sees it.
         Ok(Some(Refusal {
-            until: row.now + chrono::Duration::milliseconds((secs * 1000.0).ceil() as i64),
-            why: "the source's API budget is spent for now",
+            until: Utc::now(),
+            why: "the source's API budget was being made".into(),
         }))
     }
 
+    /// When a refused take can be made: the latest of the pauses held and the times the short
+    /// rows refill to what this lane needs.
+    fn refusal(
+        &self,
+        rows: impl Iterator<Item = Row>,
+        endpoint: Option<&Endpoint>,
+        now: DateTime<Utc>,
+    ) -> Refusal {
+        let mut refusal = Refusal {
+            until: now,
+            why: String::new(),
+        };
+        for row in rows {
+            let limit = match (row.endpoint.as_str(), endpoint) {
+                (SOURCE_ROW, _) | (_, None) => self.limit,
+                (_, Some(endpoint)) => endpoint.limit,
+            };
+            let whose = match row.endpoint.as_str() {
+                SOURCE_ROW => "the source's API budget".to_owned(),
+                key => format!("the API budget of its endpoint {key}"),
+            };
+            let (until, why) = match row.held_until.filter(|held| *held > now) {
+                Some(held) => (
+                    held,
+                    format!("{whose}: the provider asked for a pause (429)"),
+                ),
+                None => {
+                    let short = (1.0 + f64::from(limit.leaves(self.lane)) - row.tokens).max(0.0);
+                    if short == 0.0 {
+                        continue;
+                    }
+                    let secs = short / limit.per_second;
+                    (
+                        now + chrono::Duration::milliseconds((secs * 1000.0).ceil() as i64),
+                        format!("{whose} is spent for now"),
+                    )
+                }
+            };
+            if refusal.why.is_empty() || until > refusal.until {
+                refusal = Refusal { until, why };
+            }
+        }
+        refusal
+    }
+
     /// The provider answered 429 and asked for `pause`: no instance calls it before that is
-    /// over. Returns the time the pause ends (the later of this and one already held).
-    pub async fn hold_off(&self, pause: Duration) -> Result<DateTime<Utc>, sqlx::Error> {
+    /// over; only `method` `path`'s endpoint when the provider said the endpoint's limit was
+    /// the one met ([`Pause::endpoint`]) and this budget has that endpoint. Returns the time
+    /// the pause ends (the later of this and one already held).
+    pub async fn hold_off(
+        &self,
+        pause: Pause,
+        method: &http::Method,
+        path: &str,
+    ) -> Result<DateTime<Utc>, sqlx::Error> {
+        let endpoint = match pause.endpoint {
+            true => self.endpoint(method, path).map(|e| e.key),
+            false => None,
+        };
         sqlx::query_scalar!(
             r#"
-            INSERT INTO api_budgets AS b (source, tokens, held_until)
-            VALUES ($1, 0, inbox_now() + make_interval(secs => $2))
-            ON CONFLICT (source) DO UPDATE SET held_until = greatest(b.held_until, EXCLUDED.held_until)
+            INSERT INTO api_budgets AS b (source, endpoint, tokens, held_until)
+            VALUES ($1, $3, 0, inbox_now() + make_interval(secs => $2))
+            ON CONFLICT (source, endpoint) DO UPDATE SET held_until = greatest(b.held_until, EXCLUDED.held_until)
             RETURNING b.held_until AS "held_until!"
             "#,
             self.source,
-            pause.as_secs_f64(),
+            pause.wait.as_secs_f64(),
+            endpoint.as_deref().unwrap_or(SOURCE_ROW),
         )
         .fetch_one(exec(&self.budgets.pool))
         .await
     }
+}
+
+/// A pause a provider's 429 asked for: how long, and whether only the endpoint called (Stripe's
+/// `Stripe-Rate-Limited-Reason: endpoint-rate` or `endpoint-concurrency`,
+/// docs.stripe.com/rate-limits) or the whole source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pause {
+    pub wait: Duration,
+    pub endpoint: bool,
 }
 
 /// How long a provider's answer asks the client to pause, when it is a 429 that asks for
@@ -292,6 +453,17 @@ pub fn pause_asked(
         })
         .or_else(|| header("ratelimit-reset").and_then(seconds));
     Some(asked.unwrap_or(unnamed).min(LONGEST_PAUSE))
+}
+
+/// Whether a 429 says the limit met was the endpoint's alone: Stripe names the limiter in
+/// `Stripe-Rate-Limited-Reason` (`global-rate`, `endpoint-rate`, `global-concurrency`,
+/// `endpoint-concurrency`, `resource-specific`; docs.stripe.com/rate-limits), and only the
+/// endpoint's need pause that endpoint alone.
+pub fn endpoint_limited(headers: &HeaderMap) -> bool {
+    headers
+        .get("stripe-rate-limited-reason")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|reason| reason.trim().starts_with("endpoint-"))
 }
 
 /// The span a limit is counted over, per provider.

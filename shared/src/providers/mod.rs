@@ -152,6 +152,12 @@ pub trait Provider: Sync {
         UNPUBLISHED_LIMIT
     }
 
+    /// How the provider's endpoints are limited apart, inside the source's limit, when its
+    /// documentation says they are (Stripe's); `None`: only the source's limit.
+    fn api_endpoints(&self, _config: &SourceConfig) -> Option<budget::Endpoints> {
+        None
+    }
+
     /// The variable naming the source this provider's event bus feeds, when the provider has
     /// such a door besides signed deliveries (Stripe's Amazon EventBridge destination): that
     /// source needs no signing secret on the intake ([`bus_fed`]).
@@ -363,10 +369,11 @@ impl Api {
             .api_base_url
             .clone()
             .or_else(|| provider(config.kind).api_base(config))?;
-        let budget = client
-            .budgets
-            .as_ref()
-            .map(|budgets| budgets.of(&config.name, api_limit(config), client.lane));
+        let budget = client.budgets.as_ref().map(|budgets| {
+            budgets
+                .of(&config.name, api_limit(config), client.lane)
+                .by_endpoint(provider(config.kind).api_endpoints(config))
+        });
         Some(Self {
             base_url: base_url.trim_end_matches('/').to_owned(),
             key,
@@ -377,23 +384,28 @@ impl Api {
     }
 
     /// Sends a request to the provider, every call of the source through this one door: a
-    /// token of the source's budget first (docs/design.md §6.7), then the request; a 429 that
-    /// asks for a pause holds every instance off for as long as the provider asked, and comes
-    /// back as [`Throttled`]. Any other answer is the caller's to read.
+    /// token of the source's budget first (and of its endpoint's, where the provider limits
+    /// endpoints apart; docs/design.md §6.7), then the request; a 429 that asks for a pause
+    /// holds every instance off that source (or that endpoint, when the provider says its
+    /// limit was the one met) for as long as the provider asked, and comes back as
+    /// [`Throttled`]. Any other answer is the caller's to read.
     pub async fn send(
         &self,
         request: reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, CallError> {
+        let (http, request) = request.build_split();
+        let request = request?;
+        let method = request.method().clone();
+        let path = request.url().path().to_owned();
         if let Some(budget) = &self.budget {
-            budget
-                .take()
-                .await
-                .map_err(|error| match Throttled::find(&error) {
+            budget.take_for(&method, &path).await.map_err(|error| {
+                match Throttled::find(&error) {
                     Some(throttled) => CallError::Throttled(throttled.clone()),
                     None => CallError::Budget(error),
-                })?;
+                }
+            })?;
         }
-        let response = request.send().await?;
+        let response = http.execute(request).await?;
         let now = chrono::Utc::now();
         let unnamed = match &self.budget {
             Some(budget) => budget.limit().window,
@@ -405,7 +417,14 @@ impl Api {
         };
         let until = match &self.budget {
             Some(budget) => budget
-                .hold_off(pause)
+                .hold_off(
+                    budget::Pause {
+                        wait: pause,
+                        endpoint: budget::endpoint_limited(response.headers()),
+                    },
+                    &method,
+                    &path,
+                )
                 .await
                 .map_err(|e| CallError::Budget(e.into()))?,
             None => now + chrono::Duration::from_std(pause).unwrap_or_default(),

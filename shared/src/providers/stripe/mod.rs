@@ -66,8 +66,7 @@ impl Provider for Stripe {
     /// mode is the API key's
     /// (`sk_live_…`, `rk_live_…`: its calls count against live mode's limit), else the
     /// source's `livemode`; a source whose key is read later and that takes both modes is held
-    /// to test mode's. Endpoint limits ("individual API endpoints: 25 requests per second"
-    /// unless noted) are not modelled: a 429 from one pauses the source.
+    /// to test mode's. Each endpoint has a budget of its own too ([`Self::api_endpoints`]).
     fn api_limit(&self, config: &SourceConfig) -> crate::platform::budget::Limit {
         use crate::platform::budget::Limit;
         let live = config
@@ -89,6 +88,35 @@ impl Provider for Stripe {
                 window: crate::platform::budget::PER_SECOND,
             },
         }
+    }
+
+    /// "Individual API endpoints: 25 requests per second" unless noted, and "Stripe considers
+    /// each named API operation as a separate endpoint (for example, `POST /v1/payment_intents`
+    /// and `GET /v1/payment_intents/{id}` are separate endpoints)" (docs.stripe.com/rate-limits).
+    /// Live mode's global limit (100) is above it, so a burst of one kind of read (every thin
+    /// event's subscription) meets the endpoint's first (`inboxctl bench --budget 200 --live`
+    /// drew 9 429s before endpoints had budgets). Each endpoint's bucket is test mode's
+    /// source bucket, 20 a second and 2 at once: at most 22 in any second, a tenth under, for
+    /// the same reason. Live meter events are noted apart ("1000 calls per second",
+    /// ibid.), far above the source's budget they take from: no endpoint bucket for them.
+    fn api_endpoints(&self, config: &SourceConfig) -> Option<crate::platform::budget::Endpoints> {
+        let live = config
+            .api_key
+            .as_deref()
+            .and_then(key_is_live)
+            .or(config.livemode);
+        Some(crate::platform::budget::Endpoints {
+            of: match live {
+                Some(true) => endpoint_live,
+                _ => endpoint,
+            },
+            limit: crate::platform::budget::Limit {
+                per_second: 20.0,
+                burst: 2,
+                reserved: 0,
+                window: crate::platform::budget::PER_SECOND,
+            },
+        })
     }
 
     fn own_settings(&self) -> &'static [(Setting, &'static str)] {
@@ -169,6 +197,52 @@ fn mode(live: bool) -> &'static str {
 
 /// The mode of a Stripe API key, by its prefix (secret `sk_`, restricted `rk_`); `None` for a
 /// key that names none.
+/// The words of Stripe's paths the project calls; any other segment is an object's id.
+/// A word missing here is read as an id, which puts two endpoints in one bucket: fewer calls,
+/// never more.
+const PATH_WORDS: &[&str] = &[
+    "",
+    "v1",
+    "v2",
+    "core",
+    "accounts",
+    "events",
+    "billing",
+    "meters",
+    "meter_events",
+    "meter_event_adjustments",
+    "event_summaries",
+    "subscriptions",
+    "invoices",
+    "invoice_payments",
+    "customers",
+    "payment_intents",
+    "charges",
+    "refunds",
+    "entitlements",
+    "active_entitlements",
+    "credit_grants",
+    "credit_balance_summary",
+    "credit_balance_transactions",
+    "search",
+];
+
+/// The endpoint a request counts against: its method and path with the ids taken out
+/// (`GET /v1/subscriptions/{id}`), as Stripe counts "each named API operation".
+fn endpoint(method: &http::Method, path: &str) -> Option<String> {
+    let path: Vec<&str> = path
+        .split('/')
+        .map(|s| if PATH_WORDS.contains(&s) { s } else { "{id}" })
+        .collect();
+    Some(format!("{method} {}", path.join("/")))
+}
+
+/// [`endpoint`] in live mode, where meter events have a limit of their own far above the
+/// source's budget.
+fn endpoint_live(method: &http::Method, path: &str) -> Option<String> {
+    endpoint(method, path).filter(|e| e != "POST /v1/billing/meter_events")
+}
+
 fn key_is_live(key: &str) -> Option<bool> {
     match key.get(..8) {
         Some("sk_live_" | "rk_live_") => Some(true),
@@ -225,6 +299,35 @@ mod tests {
             "both modes: the lower"
         );
         assert_eq!(key_is_live("whatever"), None);
+    }
+
+    #[test]
+    fn an_endpoint_is_its_method_and_path_with_the_ids_taken_out() {
+        let get = http::Method::GET;
+        assert_eq!(
+            endpoint(&get, "/v1/subscriptions/sub_1Thin").as_deref(),
+            Some("GET /v1/subscriptions/{id}")
+        );
+        assert_eq!(
+            endpoint(&get, "/v1/subscriptions/sub_other"),
+            endpoint(&get, "/v1/subscriptions/sub_1Thin"),
+            "reads of different objects count against one endpoint"
+        );
+        assert_ne!(
+            endpoint(&http::Method::POST, "/v1/subscriptions/sub_1Thin"),
+            endpoint(&get, "/v1/subscriptions/sub_1Thin")
+        );
+        assert_eq!(
+            endpoint(&get, "/v1/billing/meters/mtr_1/event_summaries").as_deref(),
+            Some("GET /v1/billing/meters/{id}/event_summaries")
+        );
+        let meter_events = "/v1/billing/meter_events";
+        assert!(endpoint(&http::Method::POST, meter_events).is_some());
+        assert_eq!(
+            endpoint_live(&http::Method::POST, meter_events),
+            None,
+            "live meter events have their own limit"
+        );
     }
 
     /// Stripe counts a request in the second it arrives (docs.stripe.com/rate-limits: "API
