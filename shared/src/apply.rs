@@ -362,8 +362,10 @@ async fn apply_to_account(
             // As of the latest time the event or the credits it joins say: an event that came
             // late tells what its set tells, as it would have had it come in order.
             let at = ctx.version.at.as_datetime().timestamp();
-            let until = registers.credits.latest().map_or(at, |l| l.max(at));
-            new.extend(credits::told(account, &registers.credits, &low, until));
+            // The debits' derived allocations counted, as every writer counts them.
+            let counted = registers.spends.counted(&registers.credits);
+            let until = counted.latest().map_or(at, |l| l.max(at));
+            new.extend(credits::told(account, &counted, &low, until));
         }
         Ok::<_, TieMoved>((ruling, new))
     };

@@ -538,3 +538,151 @@ async fn a_reversed_debit_gives_back_what_it_took_from_the_grants(pool: PgPool) 
         credits::spent_by_grant(&derivation)
     );
 }
+
+/// A paid Stripe invoice of `quantity` of a catalog pack's price (the pre-basil corpus's
+/// `invoice.paid`, its one line's price made the pack's), for `customer`, paid `at`.
+pub fn pack_invoice(customer: &str, invoice: &str, price: &str, quantity: u32, at: i64) -> Value {
+    let (_, mut paid) = crate::corpus::corpus("stripe/pre-basil")
+        .into_iter()
+        .find(|(n, _)| n == "invoice.paid")
+        .unwrap();
+    paid["id"] = json!(format!("evt_{invoice}"));
+    paid["created"] = json!(at);
+    let object = &mut paid["data"]["object"];
+    object["id"] = json!(invoice);
+    object["customer"] = json!(customer);
+    object["created"] = json!(at);
+    let line = &mut object["lines"]["data"][0];
+    line["price"]["id"] = json!(price);
+    line["quantity"] = json!(quantity);
+    paid
+}
+
+/// The crossings written for an account, in the order written: (kind, crossed_at).
+async fn crossings_of(pool: &PgPool, customer: &str) -> Vec<(String, Value)> {
+    sqlx::query_as::<_, (String, Value)>(
+        "SELECT kind, body FROM effects WHERE source = 'stripe' AND customer_id = $1
+           AND kind IN ('billing.credits_low', 'billing.credits_depleted') ORDER BY sequence",
+    )
+    .bind(customer)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(kind, body)| (kind, body["data"]["crossed_at"].clone()))
+    .collect()
+}
+
+/// A debit of `amount` credits with effects on, `offset_secs` from now on the store's clock;
+/// its time in unix seconds, as the fold counts it.
+async fn debit_told(
+    conn: &mut PgConnection,
+    catalog: &shared::domain::Catalog,
+    customer: &CustomerId,
+    key: &str,
+    (amount, offset_secs): (i64, i64),
+) -> i64 {
+    sqlx::query("SELECT set_config('inbox.clock_offset_secs', $1, false)")
+        .bind(offset_secs.to_string())
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let mut request = DebitRequest::checked(
+        "stripe",
+        customer,
+        key,
+        amount,
+        None,
+        None,
+        None,
+        &Period::current(),
+    )
+    .unwrap();
+    request.effects = Some(catalog);
+    let debited = usage::debit(conn, &request).await.unwrap();
+    assert!(
+        matches!(debited.debit, Debit::Accepted { .. }),
+        "{:?}",
+        debited.debit
+    );
+    sqlx::query_scalar(
+        "SELECT inbox_secs(recorded_at) FROM usage_debits WHERE idempotency_key = $1",
+    )
+    .bind(key)
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_debit_crossing_the_low_level_tells_it_once_and_again_after_a_pack_rearms_it(
+    pool: PgPool,
+) {
+    let mut app = TestApp::spawn(pool.clone()).await;
+    let catalog = shared::domain::Catalog::parse(
+        r#"{"price_1CwirePack01": {"credits": {"amount": 300}},
+            "free": {"plan": "free", "monthly_allowance": 0, "credits_low": {"credits": 100}}}"#,
+    )
+    .unwrap();
+    app.worker.catalog = catalog.clone();
+    app.enable_effects().await;
+    let customer = CustomerId::parse("cus_CwireLow01").unwrap();
+    let now = Utc::now().timestamp();
+    let deliver = |event: Value| {
+        let app = &app;
+        async move {
+            let (status, answer) = app.post("stripe", &stripe_delivery(&event)).await;
+            assert_eq!(status, StatusCode::OK, "{answer}");
+            app.run_worker().await;
+        }
+    };
+    deliver(pack_invoice(
+        customer.as_str(),
+        "in_1CwireA",
+        "price_1CwirePack01",
+        1,
+        now - 3600,
+    ))
+    .await;
+    let mut conn = pool.acquire().await.unwrap();
+    // 300 → 50: below 100, told by the debit itself.
+    let first = debit_told(&mut conn, &catalog, &customer, "low-1", (250, -1800)).await;
+    let at = |secs: i64| {
+        json!(DateTime::from_timestamp(secs, 0)
+            .unwrap()
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+    };
+    assert_eq!(
+        crossings_of(&pool, customer.as_str()).await,
+        [("billing.credits_low".to_owned(), at(first))]
+    );
+    // The tick and a later event count the debit the same way: the same crossing, not again.
+    shared::effects::credits::tick(&pool, &catalog, Utc::now())
+        .await
+        .unwrap();
+    // A second pack brings 50 back to 350: re-armed, and its commit tells nothing new.
+    deliver(pack_invoice(
+        customer.as_str(),
+        "in_1CwireB",
+        "price_1CwirePack01",
+        1,
+        now - 1200,
+    ))
+    .await;
+    assert_eq!(
+        crossings_of(&pool, customer.as_str()).await,
+        [("billing.credits_low".to_owned(), at(first))]
+    );
+    // 350 → 50 again: the next fall is told.
+    let second = debit_told(&mut conn, &catalog, &customer, "low-2", (300, 0)).await;
+    shared::effects::credits::tick(&pool, &catalog, Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        crossings_of(&pool, customer.as_str()).await,
+        [
+            ("billing.credits_low".to_owned(), at(first)),
+            ("billing.credits_low".to_owned(), at(second)),
+        ]
+    );
+}

@@ -3,13 +3,11 @@
 //! handler on real Postgres, every answer checked against docs/openapi.yaml by `call`.
 //!
 //! The grants arrive as Stripe delivers them (the `testdata/providers/stripe/credits/` corpus,
-//! through intake and worker); their register and ledger rows are written by
-//! [`store_as_the_worker_does`], which writes what the worker's credits statements write for
-//! the same event.
+//! through intake and worker, which stores their register and ledger rows); a pack arrives as
+//! the paid Stripe invoice that buys it.
 
 use http::StatusCode;
 use serde_json::{json, Value};
-use shared::providers::stripe::credits::{self, CreditEvent};
 use sqlx::PgPool;
 
 use crate::app_api::{api_state, call, APP_KEY, READER_KEY};
@@ -28,91 +26,14 @@ fn corpus_event(name: &str) -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
-/// Writes the register or ledger row a stored Stripe credits event makes, as the worker's
-/// credits statements write it: the grant's register by the latest (`updated`, dedupe key)
-/// with `voided_at` the earliest said, a transaction once by its id.
-async fn store_as_the_worker_does(pool: &PgPool, event_id: i64, event: &Value) {
-    let key = event["id"].as_str().unwrap();
-    let read = credits::read(
-        event["type"].as_str().unwrap(),
-        &event["data"]["object"],
-        key,
-    )
-    .expect("the corpus reads");
-    let secs = |t: i64| chrono::DateTime::from_timestamp(t, 0).unwrap();
-    match read {
-        CreditEvent::Grant { customer, snapshot } => {
-            sqlx::query(
-                "INSERT INTO accounts (source, customer_id) VALUES ('stripe', $1) \
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(&customer)
-            .execute(pool)
-            .await
-            .unwrap();
-            sqlx::query(
-                "INSERT INTO credit_grants (source, customer_id, grant_id, origin, unit, scope, \
-                   amount, category, priority, created_at, effective_at, expires_at, voided_at, \
-                   version_at, version_key, event_id) \
-                 VALUES ('stripe', $1, $2, 'stripe_credit_grant', $3, $4, $5::numeric, $6, $7, \
-                   $8, $9, $10, $11, $12, $13, $14) \
-                 ON CONFLICT (source, customer_id, grant_id) DO UPDATE SET \
-                   unit = EXCLUDED.unit, scope = EXCLUDED.scope, amount = EXCLUDED.amount, \
-                   category = EXCLUDED.category, priority = EXCLUDED.priority, \
-                   effective_at = EXCLUDED.effective_at, expires_at = EXCLUDED.expires_at, \
-                   version_at = EXCLUDED.version_at, version_key = EXCLUDED.version_key, \
-                   event_id = EXCLUDED.event_id, \
-                   voided_at = LEAST(credit_grants.voided_at, EXCLUDED.voided_at) \
-                 WHERE (credit_grants.version_at, credit_grants.version_key) \
-                     < (EXCLUDED.version_at, EXCLUDED.version_key)",
-            )
-            .bind(&customer)
-            .bind(&snapshot.grant_id)
-            .bind(&snapshot.unit)
-            .bind(&snapshot.scope)
-            .bind(snapshot.amount.to_string())
-            .bind(snapshot.category.as_str())
-            .bind(snapshot.priority.map(i16::from))
-            .bind(secs(snapshot.created))
-            .bind(snapshot.effective_at.map(secs))
-            .bind(snapshot.expires_at.map(secs))
-            .bind(snapshot.voided_at.map(secs))
-            .bind(secs(snapshot.updated))
-            .bind(&snapshot.event_key)
-            .bind(event_id)
-            .execute(pool)
-            .await
-            .unwrap();
-        }
-        CreditEvent::Transaction(t) => {
-            sqlx::query(
-                "INSERT INTO credit_transactions (source, transaction_id, grant_id, kind, amount, \
-                   effective_at, event_id) VALUES ('stripe', $1, $2, $3, $4::numeric, $5, $6) \
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(&t.transaction_id)
-            .bind(&t.grant_id)
-            .bind(t.kind.as_str())
-            .bind(t.amount.to_string())
-            .bind(secs(t.effective_at))
-            .bind(event_id)
-            .execute(pool)
-            .await
-            .unwrap();
-        }
-    }
-}
-
-/// Delivers the corpus file `name` through intake and worker, then writes its rows; returns
-/// the stored event's id.
+/// Delivers the corpus file `name` through intake and worker, which stores its register or
+/// ledger row; returns the stored event's id.
 async fn deliver(app: &TestApp, name: &str) -> i64 {
     let event = corpus_event(name);
     let (status, answer) = app.post("stripe", &stripe_delivery(&event)).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     app.run_worker().await;
-    let event_id = answer["event_id"].as_i64().unwrap();
-    store_as_the_worker_does(&app.pool, event_id, &event).await;
-    event_id
+    answer["event_id"].as_i64().unwrap()
 }
 
 /// The corpus's grant (1000 usd for metered prices, expiring 2026-02-01), its
@@ -417,4 +338,57 @@ async fn an_unknown_account_and_a_bad_time_are_refused_as_the_other_reads_refuse
     assert_eq!(none.status, StatusCode::OK);
     assert_eq!(none.body["balances"], json!([]));
     assert_eq!(none.body["grants"], json!([]));
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_read_counts_what_the_apps_debits_took_from_a_pack(pool: PgPool) {
+    let mut app = TestApp::spawn(pool.clone()).await;
+    app.worker.catalog = shared::domain::Catalog::parse(
+        r#"{"price_1ReadPack01": {"credits": {"amount": 300}},
+            "free": {"plan": "free", "monthly_allowance": 0}}"#,
+    )
+    .unwrap();
+    let customer = "cus_ReadPack01";
+    let bought = chrono::Utc::now().timestamp() - 3600;
+    let paid =
+        crate::credits_debit::pack_invoice(customer, "in_1ReadA", "price_1ReadPack01", 1, bought);
+    let (status, answer) = app.post("stripe", &stripe_delivery(&paid)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    app.run_worker().await;
+    // 100 past the allowance (none): all of it from the pack.
+    let id = shared::domain::CustomerId::parse(customer).unwrap();
+    let request = shared::billing::usage::DebitRequest::checked(
+        "stripe",
+        &id,
+        "read-1",
+        100,
+        None,
+        None,
+        None,
+        &shared::domain::Period::current(),
+    )
+    .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let debited = shared::billing::usage::debit(&mut conn, &request)
+        .await
+        .unwrap();
+    assert!(matches!(
+        debited.debit,
+        shared::billing::usage::Debit::Accepted { .. }
+    ));
+    let state = api_state(&pool);
+    let path = format!("/v1/accounts/stripe/{customer}/credits");
+    let read = call(&state, "GET", &path, Some(READER_KEY), &[], None).await;
+    assert_eq!(read.status, StatusCode::OK, "{}", read.body);
+    let balance = &read.body["balances"][0];
+    assert_eq!(
+        (&balance["granted"], &balance["used"], &balance["available"]),
+        (&json!("300"), &json!("100"), &json!("200")),
+        "{}",
+        read.body
+    );
+    assert_eq!(read.body["grants"][0]["remaining"], "200");
+    let account_path = format!("/v1/accounts/stripe/{customer}");
+    let account = call(&state, "GET", &account_path, Some(READER_KEY), &[], None).await;
+    assert_eq!(account.body["credits"], read.body["balances"]);
 }

@@ -248,7 +248,23 @@ pub async fn snapshot(
                            'event_id', t.event_id)), '[]')
                 FROM credit_grants g
                 JOIN credit_transactions t ON t.source = g.source AND t.grant_id = g.grant_id
-                WHERE g.source = $1 AND g.customer_id = $2) AS "credit_transactions!"
+                WHERE g.source = $1 AND g.customer_id = $2) AS "credit_transactions!",
+               -- The account's accepted debits, in the order they were accepted, and its
+               -- periods' allowances: their derived allocations count in the balances.
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                           'usage_id', u.usage_id, 'unit', u.unit, 'period', u.period,
+                           'amount', u.amount, 'at', inbox_secs(u.recorded_at)) ORDER BY u.seq), '[]')
+                FROM usage_debits u
+                WHERE u.source = $1 AND u.customer_id = $2 AND u.accepted
+                  AND u.reversed_at IS NULL
+                  AND EXISTS (SELECT 1 FROM credit_grants c
+                              WHERE c.source = $1 AND c.customer_id = $2)) AS "debits!",
+               (SELECT COALESCE(jsonb_object_agg(l.period, l.granted), '{}')
+                FROM (SELECT period, sum(delta)::bigint AS granted FROM ledger
+                      WHERE source = $1 AND customer_id = $2
+                        AND EXISTS (SELECT 1 FROM credit_grants c
+                                    WHERE c.source = $1 AND c.customer_id = $2)
+                      GROUP BY period) AS l) AS "allowances!"
         FROM accounts a WHERE a.source = $1 AND a.customer_id = $2
         "#,
         source,
@@ -285,10 +301,14 @@ pub async fn snapshot(
         .filter(|s| status_entitles(&s.status))
         .filter_map(|s| s.plan.as_deref());
     let state = AccountState::derive(inputs, entitling, period, catalog);
-    let credits =
-        super::credits_read::decode(row.credit_grants, row.credit_transactions, row.credits_at)?
-            .view()
-            .balances;
+    let credits = super::credits_read::decode(
+        row.credit_grants,
+        row.credit_transactions,
+        &super::credits_read::decode_spends(row.debits, row.allowances)?,
+        row.credits_at,
+    )?
+    .view()
+    .balances;
     let feature_origins = origins(
         &state.features,
         &state.plan,

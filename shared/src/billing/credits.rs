@@ -759,6 +759,28 @@ pub fn with_spends(
     out
 }
 
+/// The app's side of an account's credits (docs/design.md §4.14): its accepted debits not
+/// reversed, in the order they were accepted, and the allowance of each period (whole units,
+/// by month). What every writer of the credits' effects and the read count the same way.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Spends {
+    pub debits: Vec<SpentDebit>,
+    pub allowances: BTreeMap<String, Quantity>,
+}
+
+impl Spends {
+    /// The account's credits with the debits' derived allocations counted ([`with_spends`]):
+    /// the one set the balances shown and the crossings told ([`told`]) are read from, so the
+    /// same crossing has one id whoever writes it.
+    pub fn counted(&self, credits: &Credits) -> Credits {
+        if self.debits.is_empty() {
+            return credits.clone();
+        }
+        let allocations = allocations(credits, &self.allowances, &self.debits);
+        with_spends(credits, &self.debits, &allocations)
+    }
+}
+
 /// The grant a paid payment of a catalog pack's price makes (docs/design.md §4.14): keyed by
 /// the payment, so a copy or a replay of the payment, or another event about it, meets the
 /// same register and never mints twice; effective from the payment's provider time, expiring

@@ -10,7 +10,8 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::credits::{
-    Category, Credits, CreditsView, GrantSnapshot, Origin, Quantity, Transaction, TransactionKind,
+    Category, Credits, CreditsView, GrantSnapshot, Origin, Quantity, Spends, SpentDebit,
+    Transaction, TransactionKind,
 };
 use crate::domain::CustomerId;
 use crate::platform::db::exec;
@@ -168,8 +169,48 @@ fn amount(s: &str) -> Result<Quantity, sqlx::Error> {
     Quantity::parse(s).map_err(bad)
 }
 
-/// The rows of one statement (`grants` and `transactions` as JSON arrays) folded as of `at`.
-pub fn decode(grants: Value, transactions: Value, at: i64) -> Result<AccountCredits, sqlx::Error> {
+/// An accepted debit's row as the statements that read credits write it.
+#[derive(Debug, Deserialize)]
+struct DebitRow {
+    usage_id: String,
+    unit: String,
+    period: String,
+    amount: i64,
+    at: i64,
+}
+
+/// The account's accepted debits (a JSON array, in the order they were accepted) and its
+/// periods' allowances (a JSON object of whole units by month), as the allocation reads them.
+pub fn decode_spends(debits: Value, allowances: Value) -> Result<Spends, sqlx::Error> {
+    let debits: Vec<DebitRow> = serde_json::from_value(debits).map_err(bad)?;
+    let allowances: BTreeMap<String, i64> = serde_json::from_value(allowances).map_err(bad)?;
+    Ok(Spends {
+        debits: debits
+            .into_iter()
+            .map(|d| SpentDebit {
+                usage_id: d.usage_id,
+                unit: d.unit,
+                period: d.period,
+                amount: Quantity::whole(d.amount),
+                at: d.at,
+            })
+            .collect(),
+        allowances: allowances
+            .into_iter()
+            .map(|(period, granted)| (period, Quantity::whole(granted)))
+            .collect(),
+    })
+}
+
+/// The rows of one statement (`grants` and `transactions` as JSON arrays) folded as of `at`,
+/// the app's debits' derived allocations (`spends`) counted as local applications
+/// (`credits::with_spends`).
+pub fn decode(
+    grants: Value,
+    transactions: Value,
+    spends: &Spends,
+    at: i64,
+) -> Result<AccountCredits, sqlx::Error> {
     let grants: Vec<GrantRow> = serde_json::from_value(grants).map_err(bad)?;
     let transactions: Vec<TransactionRow> = serde_json::from_value(transactions).map_err(bad)?;
     let mut out = AccountCredits {
@@ -210,6 +251,7 @@ pub fn decode(grants: Value, transactions: Value, at: i64) -> Result<AccountCred
         });
         out.transaction_events.insert(t.transaction_id, t.event);
     }
+    out.credits = spends.counted(&out.credits);
     Ok(out)
 }
 
@@ -249,7 +291,23 @@ pub async fn read(
                 FROM credit_grants g
                 JOIN credit_transactions t ON t.source = g.source AND t.grant_id = g.grant_id
                 LEFT JOIN inbox_events e ON e.id = t.event_id
-                WHERE g.source = $1 AND g.customer_id = $2) AS "transactions!"
+                WHERE g.source = $1 AND g.customer_id = $2) AS "transactions!",
+               -- The account's accepted debits, in the order they were accepted, and its
+               -- periods' allowances: their derived allocations count in the balances.
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                           'usage_id', u.usage_id, 'unit', u.unit, 'period', u.period,
+                           'amount', u.amount, 'at', inbox_secs(u.recorded_at)) ORDER BY u.seq), '[]')
+                FROM usage_debits u
+                WHERE u.source = $1 AND u.customer_id = $2 AND u.accepted
+                  AND u.reversed_at IS NULL
+                  AND EXISTS (SELECT 1 FROM credit_grants c
+                              WHERE c.source = $1 AND c.customer_id = $2)) AS "debits!",
+               (SELECT COALESCE(jsonb_object_agg(l.period, l.granted), '{}')
+                FROM (SELECT period, sum(delta)::bigint AS granted FROM ledger
+                      WHERE source = $1 AND customer_id = $2
+                        AND EXISTS (SELECT 1 FROM credit_grants c
+                                    WHERE c.source = $1 AND c.customer_id = $2)
+                      GROUP BY period) AS l) AS "allowances!"
         FROM accounts a WHERE a.source = $1 AND a.customer_id = $2
         "#,
         source,
@@ -261,7 +319,8 @@ pub async fn read(
     else {
         return Ok(None);
     };
-    decode(row.grants, row.transactions, row.at).map(Some)
+    let spends = decode_spends(row.debits, row.allowances)?;
+    decode(row.grants, row.transactions, &spends, row.at).map(Some)
 }
 
 #[cfg(test)]
@@ -288,7 +347,7 @@ mod tests {
     #[test]
     fn rows_fold_to_the_view_and_each_balance_names_its_events() {
         let (grants, transactions) = rows();
-        let read = decode(grants, transactions, 500).unwrap();
+        let read = decode(grants, transactions, &Spends::default(), 500).unwrap();
         let view = read.view();
         assert_eq!(view.balances.len(), 1);
         let b = &view.balances[0];
@@ -309,7 +368,7 @@ mod tests {
     #[test]
     fn a_transaction_after_the_time_asked_is_neither_counted_nor_named() {
         let (grants, transactions) = rows();
-        let read = decode(grants, transactions, 150).unwrap();
+        let read = decode(grants, transactions, &Spends::default(), 150).unwrap();
         assert_eq!(read.view().balances[0].available, "1000");
         assert_eq!(read.explain()[0].events.len(), 1);
     }
@@ -318,6 +377,6 @@ mod tests {
     fn a_row_no_fold_can_read_is_a_decode_error_not_a_guess() {
         let (mut grants, transactions) = rows();
         grants[0]["origin"] = json!("stripe_customer_balance");
-        assert!(decode(grants, transactions, 500).is_err());
+        assert!(decode(grants, transactions, &Spends::default(), 500).is_err());
     }
 }

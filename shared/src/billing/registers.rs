@@ -223,7 +223,24 @@ async fn select(
                   AND (t.grant_id = ANY($10)
                        OR t.grant_id IN (SELECT grant_id FROM credit_grants
                                          WHERE source = $1 AND customer_id = $2)))
-                AS "credit_transactions!"
+                AS "credit_transactions!",
+               -- ...and, when it has a grant, the account's accepted debits in the order they
+               -- were accepted and its periods' allowances: their derived allocations count
+               -- in the balances the credits tell (docs/design.md §4.14).
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                           'usage_id', usage_id, 'unit', unit, 'period', period,
+                           'amount', amount, 'at', inbox_secs(recorded_at)) ORDER BY seq), '[]')
+                FROM usage_debits
+                WHERE ($8 OR $9) AND source = $1 AND customer_id = $2 AND accepted
+                  AND reversed_at IS NULL
+                  AND EXISTS (SELECT 1 FROM credit_grants
+                              WHERE source = $1 AND customer_id = $2)) AS "debits!",
+               (SELECT COALESCE(jsonb_object_agg(l.period, l.granted), '{}')
+                FROM (SELECT period, sum(delta)::bigint AS granted FROM ledger
+                      WHERE ($8 OR $9) AND source = $1 AND customer_id = $2
+                        AND EXISTS (SELECT 1 FROM credit_grants
+                                    WHERE source = $1 AND customer_id = $2)
+                      GROUP BY period) AS l) AS "allowances!"
         FROM (VALUES (1)) AS one (n)
         LEFT JOIN accounts a ON a.source = $1 AND a.customer_id = $2
         "#,
@@ -279,9 +296,11 @@ async fn select(
         used: row.used,
         credits: Default::default(),
         credit_rows: Default::default(),
+        spends: Default::default(),
         changed: Default::default(),
     };
     read_credits(&mut registers, row.credit_grants, row.credit_transactions)?;
+    registers.spends = super::credits_read::decode_spends(row.debits, row.allowances)?;
     let ledger = decode("ledger", row.ledger)?
         .into_iter()
         .map(|mut r| (r.period.take().unwrap_or_default(), r.entry()))

@@ -534,6 +534,10 @@ pub struct Registers {
     /// Per grant, the events its row names.
     #[serde(skip)]
     pub credit_rows: BTreeMap<String, GrantRow>,
+    /// The account's accepted debits and its periods' allowances, read with its credits
+    /// when it has a grant: their derived allocations count in what the credits tell.
+    #[serde(skip)]
+    pub spends: super::credits::Spends,
     /// What the account's accepted debits spent in the event's period, as read (debits
     /// do not move the account's version: the effects' `account` block tells it as read).
     pub used: i64,

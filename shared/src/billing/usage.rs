@@ -355,7 +355,13 @@ pub async fn debit(
                     reported: None,
                 });
             };
-            Some(json!({"id": id, "cause": cause, "body": effect}))
+            // The plan's low level of the debit's unit: a debit that takes the unit's credits
+            // below it writes the crossing (docs/design.md §4.14).
+            let plan = effect["data"]["account"]["plan"]
+                .as_str()
+                .unwrap_or_default();
+            let low = catalog.credits_low_of(plan).get(req.unit).copied();
+            Some(json!({"id": id, "cause": cause, "body": effect, "credits_low": low}))
         }
         None => None,
     };

@@ -53,9 +53,10 @@ pub async fn tick(
             )
             .plan;
         let low = credits::low_levels(&catalog.credits_low_of(&plan));
+        // The debits' derived allocations counted, as every writer counts them.
         let told = credits::told(
             (&source, customer.as_str()),
-            &held.credits,
+            &held.spends.counted(&held.credits),
             &low,
             now.timestamp(),
         );
