@@ -13,6 +13,7 @@
 
 mod answers;
 mod clock;
+mod credits;
 mod meter;
 mod reads;
 
