@@ -267,7 +267,12 @@ fn context_of(request: &Request) -> Option<String> {
 /// (docs.stripe.com/api/errors: `type` one of `api_error`, `card_error`, `idempotency_error`,
 /// `invalid_request_error`; `doc_url` "a URL to more information about the error code
 /// reported").
-pub(super) fn error(status: u16, code: Option<&str>, message: String, param: Option<&str>) -> (u16, Value) {
+pub(super) fn error(
+    status: u16,
+    code: Option<&str>,
+    message: String,
+    param: Option<&str>,
+) -> (u16, Value) {
     let mut error = json!({"type": "invalid_request_error", "message": message});
     if let Some(code) = code {
         error["code"] = json!(code);

@@ -209,7 +209,9 @@ pub async fn run(
             }
         };
         found.checked += 1;
-        found.grants += ours.keys().chain(theirs.keys()).count() as u64;
+        let compared: std::collections::BTreeSet<&String> =
+            ours.keys().chain(theirs.keys()).collect();
+        found.grants += compared.len() as u64;
         let differing = compare(&ours, &theirs);
         let said = |q: Option<Quantity>| q.map(|q| q.to_string());
         for d in &differing {
@@ -355,7 +357,10 @@ async fn candidates(
     .fetch_all(exec(pool))
     .await
     .context("picking accounts for the credits audit")?;
-    Ok(rows.into_iter().map(|r| (r.source, r.customer_id)).collect())
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.source, r.customer_id))
+        .collect())
 }
 
 async fn checked(pool: &PgPool, source: &str, customer_id: &str) -> anyhow::Result<()> {

@@ -231,10 +231,19 @@ pub async fn run(state: &SchedulerState) -> RunReport {
         }
     }
     // The credits audit: Stripe reads too, through the same read budget, another eighth.
-    if let Some(config) = state.audit.as_ref().filter(|a| !a.credit_sources.is_empty()) {
+    if let Some(config) = state
+        .audit
+        .as_ref()
+        .filter(|a| !a.credit_sources.is_empty())
+    {
         let until = deadline.min(Instant::now() + state.budget / 8);
-        match credit_audit::run(&state.pool, &config.credit_sources, config.credit_max, until)
-            .await
+        match credit_audit::run(
+            &state.pool,
+            &config.credit_sources,
+            config.credit_max,
+            until,
+        )
+        .await
         {
             Ok(found) => {
                 report.credit_differences = found.differences.len() as u64;
