@@ -12,6 +12,7 @@ mod cli;
 mod console;
 mod corpus;
 mod credits_apply;
+mod credits_audit;
 mod credits_debit;
 mod credits_read;
 mod database;

@@ -30,9 +30,10 @@ use wiremock::{Match, Mock, Request, Respond, ResponseTemplate};
 
 use super::answers::{rate_limited, Asked, Fault, Faults, RequestIds};
 use super::clock::Time;
+use super::credits;
 
 /// Where the read routes are: the v1 objects and lists the project reads, and v2 events.
-const READ_ROUTES: &str = r"^(/v1/(events|subscriptions|invoices|invoice_payments|customers|payment_intents|charges)(/[^/]+)?|/v1/entitlements/active_entitlements|/v2/core/events/[^/]+)$";
+const READ_ROUTES: &str = r"^(/v1/(events|subscriptions|invoices|invoice_payments|customers|payment_intents|charges)(/[^/]+)?|/v1/entitlements/active_entitlements|/v1/billing/(credit_grants|credit_balance_summary)|/v2/core/events/[^/]+)$";
 
 /// "Limit can range between 1 and 100, and the default is 10." (stripe/openapi, every list's
 /// `limit` parameter; docs.stripe.com/api/pagination)
@@ -212,7 +213,7 @@ impl ReadSide {
 /// The operation a request names, as the rate limiter counts it: its method and path with the
 /// ids taken out (`GET /v1/subscriptions/{id}`).
 fn endpoint(request: &Request) -> String {
-    const LITERAL: [&str; 19] = [
+    const LITERAL: [&str; 21] = [
         "v1",
         "v2",
         "core",
@@ -230,6 +231,8 @@ fn endpoint(request: &Request) -> String {
         "charges",
         "entitlements",
         "active_entitlements",
+        "credit_grants",
+        "credit_balance_summary",
         "search",
         "",
     ];
@@ -264,7 +267,12 @@ fn context_of(request: &Request) -> Option<String> {
 /// (docs.stripe.com/api/errors: `type` one of `api_error`, `card_error`, `idempotency_error`,
 /// `invalid_request_error`; `doc_url` "a URL to more information about the error code
 /// reported").
-fn error(status: u16, code: Option<&str>, message: String, param: Option<&str>) -> (u16, Value) {
+pub(super) fn error(
+    status: u16,
+    code: Option<&str>,
+    message: String,
+    param: Option<&str>,
+) -> (u16, Value) {
     let mut error = json!({"type": "invalid_request_error", "message": message});
     if let Some(code) = code {
         error["code"] = json!(code);
@@ -518,6 +526,14 @@ impl Reads {
                 page(path, listed, &query)
             }
             ["v1", "events"] => self.list_events(path, &context, &query),
+            ["v1", "billing", "credit_grants"] => {
+                let held = self.held_in(&context);
+                credits::list_grants(path, &held, &query)
+            }
+            ["v1", "billing", "credit_balance_summary"] => {
+                let held = self.held_in(&context);
+                credits::balance_summary(&held, &query, self.now().timestamp())
+            }
             ["v1", "subscriptions"] => {
                 let status = get(&query, "status");
                 let customer = get(&query, "customer");
@@ -591,6 +607,15 @@ impl Reads {
             }
             _ => missing("object", path, "id"),
         }
+    }
+
+    /// The objects the account (or connected account) `context` holds.
+    fn held_in(&self, context: &Option<String>) -> Vec<&Value> {
+        self.objects
+            .iter()
+            .filter(|h| h.context == *context)
+            .map(|h| &h.object)
+            .collect()
     }
 
     fn find<'a>(&self, held: &'a [Held], context: &Option<String>, id: &str) -> Option<&'a Value> {
@@ -684,14 +709,14 @@ fn type_fits(pattern: &str, kind: &str) -> bool {
     }
 }
 
-fn get<'a>(query: &'a [(String, String)], name: &str) -> Option<&'a str> {
+pub(super) fn get<'a>(query: &'a [(String, String)], name: &str) -> Option<&'a str> {
     query
         .iter()
         .find(|(k, _)| k == name)
         .map(|(_, v)| v.as_str())
 }
 
-fn created(object: &Value) -> i64 {
+pub(super) fn created(object: &Value) -> i64 {
     object
         .get("created")
         .and_then(Value::as_i64)
@@ -739,7 +764,7 @@ impl Created {
 /// set", "`url`: The URL for accessing this list" (docs.stripe.com/api/pagination). `limit`
 /// "can range between 1 and 100, and the default is 10"; `starting_after` "defines your place
 /// in the list", the page the objects after it; `ending_before` the page before it (ibid.).
-fn page(url: &str, listed: Vec<Value>, query: &[(String, String)]) -> (u16, Value) {
+pub(super) fn page(url: &str, listed: Vec<Value>, query: &[(String, String)]) -> (u16, Value) {
     let limit = match get(query, "limit").map(str::parse::<usize>) {
         None => DEFAULT_LIMIT,
         Some(Ok(limit)) if (1..=MAX_LIMIT).contains(&limit) => limit,

@@ -6,8 +6,10 @@
 //! - `fold_io`: the account read in one snapshot and folded; the registers compared with it;
 //! - `why`: the fold explained field by field, and the plan's timeline through the events;
 //! - `points`: the checked point an account's audit resumes the fold from;
-//! - `run`: the audit over many accounts, the scheduler's and `inboxctl audit`'s.
+//! - `run`: the audit over many accounts, the scheduler's and `inboxctl audit`'s;
+//! - `credits`: Stripe-mirrored credit grants compared with Stripe's balance summaries.
 
+pub mod credits;
 mod fold_io;
 mod points;
 mod run;

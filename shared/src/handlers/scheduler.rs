@@ -13,6 +13,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
+use crate::audit::credits::{self as credit_audit, CreditDifference, CreditSource};
 use crate::audit::{self, Divergence};
 use crate::domain::Catalog;
 use crate::effects::outbox::{EffectAlerts, Effects};
@@ -51,13 +52,17 @@ pub struct SchedulerState {
 
 /// The sources and catalog the audit folds accounts with (docs/design.md §4.11), and how
 /// many accounts a run takes at most; and the sources' meters whose totals the meter audit
-/// compares with the reports sent (§4.13a; none: no meter audit).
+/// compares with the reports sent (§4.13a; none: no meter audit); and the Stripe sources whose
+/// mirrored credit grants the credits audit compares with Stripe's balances (§4.14; none: no
+/// credits audit).
 pub struct Audit {
     pub sources: audit::Sources,
     pub catalog: Catalog,
     pub max: i64,
     pub meters: Meters,
     pub meter_max: i64,
+    pub credit_sources: Vec<CreditSource>,
+    pub credit_max: i64,
 }
 
 impl Audit {
@@ -68,6 +73,8 @@ impl Audit {
             max: audit::MAX_AUDITED_PER_RUN,
             meters: Meters::default(),
             meter_max: meter_audit::MAX_CHECKED_PER_RUN,
+            credit_sources: Vec::new(),
+            credit_max: credit_audit::MAX_CHECKED_PER_RUN,
         }
     }
 }
@@ -96,6 +103,17 @@ impl SchedulerState {
         );
         let reconcilers = reconcile::reconcilers(&configs, &client);
         let meters = Meters::build(&configs, &client);
+        let credit_sources = configs
+            .iter()
+            .filter(|c| c.kind == crate::domain::SourceKind::Stripe)
+            .filter_map(|c| {
+                let api = crate::providers::Api::for_source(c, &client)?;
+                Some(CreditSource {
+                    source: c.name.clone(),
+                    api,
+                })
+            })
+            .collect();
         Ok(Self {
             pool,
             queue,
@@ -114,6 +132,7 @@ impl SchedulerState {
             database: Some(database),
             audit: Some(Audit {
                 meters,
+                credit_sources,
                 ..Audit::new(audit::sources_of(&config.sources), config.catalog.clone())
             }),
         })
@@ -144,6 +163,13 @@ pub struct RunReport {
     pub meter_accounts_checked: u64,
     /// The first of those differences (all are in `meter_audit_differences`).
     pub meter_difference_list: Vec<Difference>,
+    /// Open differences between Stripe-mirrored credit grants' balances and Stripe's, those
+    /// first seen this run, and the accounts compared (docs/design.md §4.14).
+    pub credit_differences: u64,
+    pub new_credit_differences: u64,
+    pub credit_accounts_checked: u64,
+    /// The first of those differences (all are in `credit_audit_differences`).
+    pub credit_difference_list: Vec<CreditDifference>,
     /// Each configured source's silence (hours since its newest stored event).
     pub silence: Vec<SourceSilence>,
     /// Accounts the audit compared with the fold of their events, and those it left for a
@@ -202,6 +228,36 @@ pub async fn run(state: &SchedulerState) -> RunReport {
                 }
             }
             Err(e) => report.errors.push(format!("meter audit: {e:#}")),
+        }
+    }
+    // The credits audit: Stripe reads too, through the same read budget, another eighth.
+    if let Some(config) = state
+        .audit
+        .as_ref()
+        .filter(|a| !a.credit_sources.is_empty())
+    {
+        let until = deadline.min(Instant::now() + state.budget / 8);
+        match credit_audit::run(
+            &state.pool,
+            &config.credit_sources,
+            config.credit_max,
+            until,
+        )
+        .await
+        {
+            Ok(found) => {
+                report.credit_differences = found.differences.len() as u64;
+                report.new_credit_differences = found.new;
+                report.credit_accounts_checked = found.checked;
+                report.credit_difference_list = found.differences;
+                report
+                    .credit_difference_list
+                    .truncate(MAX_REPORTED_DIVERGENCES);
+                for error in found.errors {
+                    tracing::warn!(error = %error, "credits audit: Stripe's credits could not be read");
+                }
+            }
+            Err(e) => report.errors.push(format!("credits audit: {e:#}")),
         }
     }
     // Lists the providers keep for longer than this store keeps events are read back only as
@@ -406,6 +462,8 @@ pub fn silence_metric(silence: &SourceSilence, now: DateTime<Utc>) -> Option<Val
 /// and then said it could not count (Stripe's meter error reports, an alarm);
 /// `MeterDifferences` counts the open differences between the meter reports sent and the
 /// provider's meter totals (an alarm; it stays raised until the totals agree again);
+/// `CreditDifferences` counts the open differences between Stripe-mirrored credit grants'
+/// ledger balances and Stripe's (an alarm; raised until they agree again);
 /// `StepErrors` counts the steps that failed in this run (their numbers are then missing or
 /// zero).
 pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
@@ -438,7 +496,7 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
     let skipped: usize = report.reconciliation.iter().map(|r| r.skipped.len()).sum();
     let effects = &report.effect_alerts;
     let reports = &report.report_alerts;
-    let metrics: [(&str, f64, &str); 27] = [
+    let metrics: [(&str, f64, &str); 28] = [
         ("StepErrors", step_errors as f64, "Count"),
         ("DeadEvents", status("dead") as f64, "Count"),
         (
@@ -494,6 +552,11 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
             "Count",
         ),
         ("MeterDifferences", report.meter_differences as f64, "Count"),
+        (
+            "CreditDifferences",
+            report.credit_differences as f64,
+            "Count",
+        ),
     ];
     let names: Vec<(&str, &str)> = metrics
         .iter()
