@@ -23,7 +23,7 @@ use sqlx::PgPool;
 use crate::helpers::{create_queue, sqs_client, test_worker};
 use crate::order::{process, store, stripe_materialized};
 
-const CUSTOMERS: u8 = 2;
+pub(crate) const CUSTOMERS: u8 = 2;
 const GRANTS: u8 = 3;
 /// A grant's amount (usd minor units) and a pack's (credits).
 const GRANT_AMOUNT: i64 = 1000;
@@ -37,7 +37,7 @@ const CATALOG: &str = r#"{
              "credits_low": {"usd": 500, "credits": 300}}
 }"#;
 
-fn time(at: u32) -> DateTime<Utc> {
+pub(crate) fn time(at: u32) -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 3, 1, 0, 0, 0).unwrap() + Duration::hours(i64::from(at) * 73)
 }
 
@@ -45,7 +45,7 @@ fn time(at: u32) -> DateTime<Utc> {
 /// expiry, when it was voided; a transaction's kind, amount and time; when an invoice was paid
 /// and refunded) is a function of the ids, so that two events of one object never disagree.
 #[derive(Debug, Clone)]
-enum CreditsEvent {
+pub(crate) enum CreditsEvent {
     /// A snapshot of grant `grant` (customer `grant % CUSTOMERS`) as of `at`, at `priority`,
     /// voided (at its one void time) or not.
     Grant {
@@ -66,7 +66,7 @@ fn customer_of(grant: u8) -> u8 {
     grant % CUSTOMERS
 }
 
-fn customer_id(customer: u8, ns: &str) -> String {
+pub(crate) fn customer_id(customer: u8, ns: &str) -> String {
     format!("cus_crd{customer}_{ns}")
 }
 
@@ -113,7 +113,7 @@ fn strategy() -> impl Strategy<Value = CreditsEvent> {
 
 /// The events, and each delivered one to three times, shuffled, a quarter of the attempts
 /// failing before their write.
-fn cases() -> impl Strategy<Value = (Vec<CreditsEvent>, Vec<(usize, bool)>)> {
+pub(crate) fn cases() -> impl Strategy<Value = (Vec<CreditsEvent>, Vec<(usize, bool)>)> {
     proptest::collection::vec(strategy(), 1..14).prop_flat_map(|events| {
         let n = events.len();
         (
@@ -132,7 +132,7 @@ fn cases() -> impl Strategy<Value = (Vec<CreditsEvent>, Vec<(usize, bool)>)> {
 }
 
 /// The event as Stripe would send it, every id in namespace `ns`.
-fn payload(index: usize, event: &CreditsEvent, ns: &str) -> Value {
+pub(crate) fn payload(index: usize, event: &CreditsEvent, ns: &str) -> Value {
     let key = format!("evt_crd{index:02}_{ns}");
     let body = |event_type: &str, at: u32, object: Value| {
         json!({"id": key, "object": "event", "type": event_type, "created": time(at).timestamp(),
@@ -191,7 +191,7 @@ fn payload(index: usize, event: &CreditsEvent, ns: &str) -> Value {
 /// What Stripe's ledger (and the catalog's pack rule) gives each grant of the set, computed
 /// apart from the fold: `(granted, used, expired, remaining)` once every end has passed, and
 /// what is available at [`MID`], by grant id without the namespace.
-fn expected(events: &[CreditsEvent]) -> BTreeMap<String, ([i64; 4], i64)> {
+pub(crate) fn expected(events: &[CreditsEvent]) -> BTreeMap<String, ([i64; 4], i64)> {
     let mut out = BTreeMap::new();
     let txns: BTreeSet<(u8, u8)> = events
         .iter()
@@ -274,7 +274,7 @@ fn expected(events: &[CreditsEvent]) -> BTreeMap<String, ([i64; 4], i64)> {
 
 /// The coarse time the balances are compared at besides the end: after the first
 /// applications, before any void or expiry.
-const MID: u32 = 9;
+pub(crate) const MID: u32 = 9;
 
 async fn credits_of(pool: &PgPool, customer: &str) -> Option<Credits> {
     let mut conn = pool.acquire().await.unwrap();
@@ -356,7 +356,7 @@ async fn is_stripes(pool: &PgPool, ns: &str, events: &[CreditsEvent]) -> Result<
 
 /// The credits effects written for namespace `ns`: (kind, body without id, sequence and
 /// namespace), by effect id.
-async fn told_of(pool: &PgPool, ns: &str) -> BTreeMap<String, (String, Value)> {
+pub(crate) async fn told_of(pool: &PgPool, ns: &str) -> BTreeMap<String, (String, Value)> {
     let rows: Vec<(String, String, Value)> = sqlx::query_as(
         "SELECT id, kind, body FROM effects
          WHERE kind LIKE 'billing.credits\\_%' AND customer_id LIKE '%\\_' || $1",

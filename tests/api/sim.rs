@@ -52,7 +52,7 @@
 //! failing run prints its seed, its step-by-step trace and the one line that replays it:
 //! `SIM_SEED=<seed> cargo test -p billing-inbox --test api sim::one_seed -- --nocapture`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -63,6 +63,7 @@ use proptest::prelude::Rng;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use serde_json::{json, Value};
+use shared::billing::credits::{self, Quantity};
 use shared::domain::retry::RETRY;
 use shared::handlers::scheduler::{self, SchedulerState};
 use shared::handlers::worker::{handle_batch, WorkerState};
@@ -80,6 +81,7 @@ use tokio::sync::Notify;
 
 use crate::helpers::*;
 use crate::order::{self, case_strategy, Case, Event};
+use crate::order_credits::{self, CreditsEvent};
 use provider_fakes::stripe::{Asked as MeterRequest, FakeStripe, Fault as MeterFault, Forgets};
 use provider_fakes::traffic::Fault as PolarFault;
 use provider_fakes::{FakePolar, ProviderServer};
@@ -114,7 +116,8 @@ const CATALOG: &str = r#"{
     "101": {"plan": "pro", "monthly_allowance": 500,
             "features": {"sso": true, "seats": 10, "export": "csv"}},
     "102": {"plan": "team", "monthly_allowance": 2000,
-            "features": {"sso": true, "seats": 50, "export": "pdf", "audit-log": true}}
+            "features": {"sso": true, "seats": 50, "export": "pdf", "audit-log": true}},
+    "price_pack": {"credits": {"amount": 500, "unit": "credits", "expires_after_days": 30}}
 }"#;
 
 /// The seeded source of every decision.
@@ -393,11 +396,13 @@ enum Sent {
     ThinOnly,
 }
 
-/// One thing the provider delivers: event `index` of the case, or the thin event of it.
+/// One thing the provider delivers: event `index` of the case, or the thin event of it, or
+/// event `index` of the seed's credits events ([`World::credits`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Item {
     index: usize,
     thin: bool,
+    credits: bool,
 }
 
 /// The id of the thin event of change `index`; its twin is the change's snapshot event.
@@ -459,6 +464,11 @@ static SWEPT_MATCHING: AtomicUsize = AtomicUsize::new(0);
 /// Lemon Squeezy's (printed by `sim::seeds`).
 static READS_KEPT: AtomicUsize = AtomicUsize::new(0);
 static LEMONSQUEEZY_READS_KEPT: AtomicUsize = AtomicUsize::new(0);
+
+/// Credits events delivered and grants (Stripe's and packs) checked at rest (printed by
+/// `sim::seeds`).
+static CREDITS_EVENTS: AtomicUsize = AtomicUsize::new(0);
+static CREDITS_GRANTS: AtomicUsize = AtomicUsize::new(0);
 
 /// Fetch faults one thin event may suffer: with the schedule's three, fewer than its attempts.
 const MAX_READ_FAULTS: u32 = 2;
@@ -904,6 +914,9 @@ struct World {
     meters: Arc<shared::meters::Meters>,
     dispatcher: Dice,
     ns: String,
+    /// The seed's Stripe credits events (`order_credits`'s: grant snapshots, their
+    /// transactions, packs paid and refunded), delivered among the rest.
+    credits: Vec<CreditsEvent>,
 }
 
 /// A debit the simulated app asked for, and the first answer it heard for its key.
@@ -1161,6 +1174,7 @@ impl World {
             meters: Arc::new(meters),
             dispatcher: Dice::new(seed ^ 0xD15_9A7C),
             ns: format!("s{seed}x"),
+            credits: Vec::new(),
         }
     }
 
@@ -1278,6 +1292,11 @@ impl World {
         let item = pending.remove(pick);
         let index = item.index;
         let (source, payload, key) = match item.thin {
+            _ if item.credits => {
+                let payload = order_credits::payload(index, &self.credits[index], &self.ns);
+                let key = payload["id"].as_str().unwrap_or_default().to_owned();
+                ("stripe", payload, key)
+            }
             true => {
                 let twin = self.sent[index] == Sent::ThinAndTwin;
                 let event = &case.events[index];
@@ -2534,6 +2553,9 @@ impl World {
                 keys.insert(thin_id(index, &self.ns));
             }
         }
+        for index in 0..self.credits.len() {
+            keys.insert(credits_key(index, &self.ns));
+        }
         keys
     }
 
@@ -2834,6 +2856,107 @@ impl World {
     /// account's effects numbered 1..n without a gap, and an app that follows the plan
     /// changes in sequence order ends on the account's plan, and one that follows the features
     /// changes (from the free plan's) on its features.
+    /// The credits at rest: each grant's balances, read as the app reads them
+    /// (`credits_read::read`, at a time before any void or expiry and once every end has
+    /// passed), are what Stripe's ledger and the catalog's pack rule give the seed's credits
+    /// events (`order_credits::expected`, computed apart from the fold); and what the credits
+    /// tell is what the same events tell applied once each in provider-time order, every
+    /// credits effect written with the body the complete set gives its id.
+    async fn check_credits(&mut self) -> Result<(), Failure> {
+        let canon = format!("k{}y", self.seed);
+        let mut reference: Vec<_> = (self.credits.iter().enumerate())
+            .map(|(i, e)| order::stripe_materialized(&order_credits::payload(i, e, &canon)))
+            .collect();
+        reference.sort_by(|a, b| (a.at, &a.dedupe_key).cmp(&(b.at, &b.dedupe_key)));
+        // Applied as a task of its own, as the worker's batches are, under the seed's bugs.
+        let (pool, worker) = (self.pool.clone(), self.worker.clone());
+        let interrupts: Arc<dyn Interrupts> = self.plan(None);
+        let applied = tokio::spawn(with_interrupts(interrupts, async move {
+            for m in &reference {
+                let id = order::store(&pool, m).await;
+                order::process(&worker, id).await?;
+            }
+            Ok::<_, proptest::test_runner::TestCaseError>(())
+        }));
+        if let Err(e) = applied.await.unwrap() {
+            return Err(self.fail(format!("the credits reference did not apply: {e}")));
+        }
+        let mut found = BTreeMap::new();
+        let mut told = [BTreeSet::new(), BTreeSet::new()];
+        for (n, ns) in [&self.ns, &canon].into_iter().enumerate() {
+            for customer in 0..order_credits::CUSTOMERS {
+                let id =
+                    shared::domain::CustomerId::parse(&order_credits::customer_id(customer, ns))
+                        .unwrap();
+                let mut conn = self.pool.acquire().await.unwrap();
+                let mid = order_credits::time(order_credits::MID);
+                let end = order_credits::time(60);
+                let read = shared::billing::credits_read::read(&mut conn, "stripe", &id, Some(mid));
+                let Some(at_mid) = self.with_bugs(read).await.unwrap() else {
+                    continue;
+                };
+                let read = shared::billing::credits_read::read(&mut conn, "stripe", &id, Some(end));
+                let at_end = self.with_bugs(read).await.unwrap().unwrap();
+                let available: BTreeMap<String, Quantity> = (at_mid.credits)
+                    .balances_at(mid.timestamp())
+                    .into_iter()
+                    .map(|b| (b.grant.grant_id.clone(), b.available()))
+                    .collect();
+                for b in at_end.credits.balances_at(end.timestamp()) {
+                    if n == 0 {
+                        let grant = b.grant.grant_id.replace(&format!("_{ns}"), "_");
+                        let sums = [b.granted, b.used, b.expired, b.remaining];
+                        found.insert(grant, (sums, available[&b.grant.grant_id]));
+                    }
+                }
+                let low = credits::low_levels(&self.worker.catalog.credits_low_of("free"));
+                let account = ("stripe", id.as_str());
+                let effects = self
+                    .with_bugs(async {
+                        credits::told(account, &at_end.credits, &low, end.timestamp())
+                    })
+                    .await;
+                for e in effects {
+                    let body = e.body.to_string().replace(&format!("_{ns}"), "_");
+                    let mut body: Value = serde_json::from_str(&body).unwrap();
+                    body.as_object_mut().unwrap().remove("id");
+                    if n == 0 {
+                        let written = order_credits::told_of(&self.admin, ns).await;
+                        if let Some((kind, before)) = written.get(&e.id) {
+                            if kind != e.kind.as_str() || *before != body {
+                                return Err(self.fail(format!(
+                                    "credits effect {} written as {kind} {before}, the complete set tells {} {body}",
+                                    e.id,
+                                    e.kind.as_str()
+                                )));
+                            }
+                        }
+                    }
+                    told[n].insert(format!("{} {body}", e.kind.as_str()));
+                }
+            }
+        }
+        let expected: BTreeMap<String, ([Quantity; 4], Quantity)> =
+            order_credits::expected(&self.credits)
+                .into_iter()
+                .map(|(id, (sums, mid))| (id, (sums.map(Quantity::whole), Quantity::whole(mid))))
+                .collect();
+        if found != expected {
+            return Err(self.fail(format!(
+                "credits balances {found:?}, Stripe's ledger gives {expected:?}"
+            )));
+        }
+        if told[0] != told[1] {
+            return Err(self.fail(format!(
+                "the credits tell {:?} here, {:?} applied once in provider-time order",
+                told[0], told[1]
+            )));
+        }
+        CREDITS_EVENTS.fetch_add(self.credits.len(), Ordering::Relaxed);
+        CREDITS_GRANTS.fetch_add(found.len(), Ordering::Relaxed);
+        Ok(())
+    }
+
     async fn check_effects(&mut self) -> Result<(), Failure> {
         let grants: Vec<(String, i64)> = sqlx::query_as(
             "SELECT l.entry_key, (SELECT count(*) FROM effects f
@@ -3309,6 +3432,27 @@ fn workload(seed: u64) -> Case {
     case
 }
 
+/// A seed's credits events and their deliveries (`order_credits::cases`, drawn on a generator
+/// of their own, so that the rest of the seed is drawn as before they joined).
+fn credits_workload(seed: u64) -> (Vec<CreditsEvent>, Vec<(usize, bool)>) {
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    bytes[8] = 4;
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &bytes),
+    );
+    order_credits::cases()
+        .new_tree(&mut runner)
+        .unwrap()
+        .current()
+}
+
+/// The dedupe key of credits event `index` (its Stripe event id).
+fn credits_key(index: usize, ns: &str) -> String {
+    format!("evt_crd{index:02}_{ns}")
+}
+
 /// How a seed sends each event: of Stripe's subscription changes, on dice of their own (so the
 /// rest of the seed's schedule is drawn as before), 30% as snapshots only, 35% thin with the
 /// snapshot twin delivered too, 35% thin only.
@@ -3438,6 +3582,8 @@ pub(crate) async fn simulate(
         .collect();
     world.periods = periods_of(&case, &world.ns, world.shift);
     world.show_provider_state(seed, &case);
+    let (credits, credits_deliveries) = credits_workload(seed);
+    world.credits = credits;
     // A thin event is delivered as often as its change's snapshot would be; a twin is the
     // change's snapshot event itself.
     let mut pending: Vec<Item> = Vec::new();
@@ -3452,6 +3598,7 @@ pub(crate) async fn simulate(
                 pending.push(Item {
                     index: d.index,
                     thin,
+                    credits: false,
                 });
             }
         }
@@ -3483,13 +3630,28 @@ pub(crate) async fn simulate(
             continue;
         };
         if only_listed {
-            pending.retain(|i| *i != Item { index, thin: false });
+            pending.retain(|i| {
+                *i != Item {
+                    index,
+                    thin: false,
+                    credits: false,
+                }
+            });
         }
         let id = payload["id"].as_str().unwrap_or_default().to_owned();
         undelivered.push((id, serde_json::to_vec(&payload).unwrap()));
     }
     undelivered.reverse();
     world.feed.0.lock().unwrap().undelivered = undelivered;
+    // The credits events, each as often as the seed drew it (copies); the order property's
+    // injected failures are left to the simulation's own faults.
+    for (index, _) in credits_deliveries {
+        pending.push(Item {
+            index,
+            thin: false,
+            credits: true,
+        });
+    }
     let thin = world.sent.iter().filter(|s| **s != Sent::Snapshot).count();
     world.note(format!(
         "seed {seed}: {} events ({thin} sent thin, {} invoices read their subscription), {} deliveries{}",
@@ -3540,6 +3702,7 @@ pub(crate) async fn simulate(
     world.quiesce(&case, &mut pending).await?;
     world.drain_reports().await?;
     world.check_at_rest().await?;
+    Box::pin(world.check_credits()).await?;
     world.check_meter_reports().await?;
     world.check_after_the_retention().await?;
     world.note(format!(
@@ -3628,6 +3791,11 @@ async fn seeds(pool: PgPool) {
         METER_RESENDS.load(Ordering::Relaxed),
         METER_REPLAYED.load(Ordering::Relaxed),
         METER_FAULTS.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "sim: credits: {} Stripe credits events (grants, transactions, packs paid and refunded) delivered, {} grants at rest as Stripe's ledger gives them",
+        CREDITS_EVENTS.load(Ordering::Relaxed),
+        CREDITS_GRANTS.load(Ordering::Relaxed),
     );
     eprintln!(
         "sim: reversals: {} asked, {} of them again; {} reports withdrawn, {} debits reversed while their report was in flight",
