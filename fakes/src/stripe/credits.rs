@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::reads::{created, error, get, page};
+use super::lists::{created, error, get, page};
 
 /// `GET /v1/billing/credit_grants`: "Retrieve a list of credit grants." (stripe/openapi,
 /// GetBillingCreditGrants), filtered by "`customer`: Only return credit grants for this

@@ -16,6 +16,7 @@
 mod answers;
 mod clock;
 mod credits;
+mod lists;
 mod meter;
 mod reads;
 
