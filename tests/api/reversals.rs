@@ -14,8 +14,6 @@ use shared::meters::Reported;
 use shared::providers::meter::Sent;
 use shared::providers::{provider, Api};
 use sqlx::PgPool;
-use wiremock::matchers::{method, path};
-use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::app_api::{api_state, call, on_pro, APP_KEY};
 use crate::helpers::*;
@@ -471,14 +469,10 @@ async fn a_correction_waits_for_its_report_and_is_withdrawn_with_one_the_provide
 async fn a_polar_correction_is_a_compensating_event_and_kinde_refuses_one_for_an_operator(
     pool: PgPool,
 ) {
-    let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/v1/events/ingest"))
-        .respond_with(
-            ResponseTemplate::new(200).set_body_json(json!({"inserted": 1, "duplicates": 0})),
-        )
-        .mount(&server)
-        .await;
+    // Polar's ingest as the one fake Polar answers it (provider_fakes::polar, each behaviour
+    // cited there); Kinde's refusal below makes no request of it.
+    let polar = provider_fakes::FakePolar::default();
+    let server = polar.serve().await;
     let app = TestApp::spawn(pool.clone()).await;
     let polar_customer = "992fae2a-2a17-4b7a-8d9e-e287cf90131b";
     polar_on_pro(&app, polar_customer).await;
