@@ -321,28 +321,24 @@ mod tests {
             .find(|b| b.balance.balance.unit == "credits")
             .unwrap();
         assert_eq!(credits.balance.balance.available, "50");
-        let named: Vec<(&str, &str, Vec<(&str, &str, Option<i64>, &str)>)> = credits
-            .debits
+        let [debit] = credits.debits.as_slice() else {
+            panic!("one debit took from the packs: {:?}", credits.debits)
+        };
+        assert_eq!(
+            (debit.usage_id.as_str(), debit.from_allowance.as_str()),
+            ("use_2", "30")
+        );
+        let grants: Vec<(&str, &str, Option<i64>, &str)> = debit
+            .from_grants
             .iter()
-            .map(|d| {
-                let grants = d
-                    .from_grants
-                    .iter()
-                    .map(|g| (g.grant_id.as_str(), g.origin, g.event_id, g.amount.as_str()))
-                    .collect();
-                (d.usage_id.as_str(), d.from_allowance.as_str(), grants)
-            })
+            .map(|g| (g.grant_id.as_str(), g.origin, g.event_id, g.amount.as_str()))
             .collect();
         assert_eq!(
-            named,
-            vec![(
-                "use_2",
-                "30",
-                vec![
-                    ("pack:in_b:price_pack_first", "catalog_pack", Some(8), "100"),
-                    ("pack:in_a:price_pack", "catalog_pack", Some(7), "50"),
-                ]
-            )]
+            grants,
+            [
+                ("pack:in_b:price_pack_first", "catalog_pack", Some(8), "100"),
+                ("pack:in_a:price_pack", "catalog_pack", Some(7), "50"),
+            ]
         );
         let usd = why
             .iter()
