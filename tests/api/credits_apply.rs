@@ -355,13 +355,17 @@ async fn a_void_is_absorbing_and_told_once_whatever_snapshot_comes_after(pool: P
     );
 }
 
-/// The catalog of the pack tests: a Stripe price and a Polar product that each grant a pack,
-/// and the free plan's low level of credits.
+/// The catalog of the pack tests: a Stripe price, a Polar product, a Lemon Squeezy variant and
+/// a Kinde plan key that each grant a pack, Lemon Squeezy's product a plan, and the free plan's
+/// low level of credits.
 fn pack_catalog() -> Catalog {
     Catalog::parse(
         r#"{"price_1PackPre01": {"credits": {"amount": 1000, "unit": "credits",
                                              "expires_after_days": 365, "priority": 10}},
             "1bd0bcfe-5205-4fab-af9f-a0162303a64c": {"credits": {"amount": 250}},
+            "201": {"credits": {"amount": 500, "expires_after_days": 365}},
+            "1": {"plan": "pro", "monthly_allowance": 500},
+            "credits_1000": {"credits": {"amount": 1000}},
             "free": {"plan": "free", "monthly_allowance": 0, "credits_low": {"credits": 500}}}"#,
     )
     .unwrap()
@@ -495,6 +499,142 @@ async fn a_polar_order_of_a_pack_product_mints_it_and_its_refund_voids_it(pool: 
         chrono::DateTime::parse_from_rfc3339(refunded["data"]["modified_at"].as_str().unwrap())
             .unwrap();
     assert_eq!(row.3.unwrap().timestamp(), refunded_at.timestamp());
+}
+
+/// A Lemon Squeezy order of two packs of variant `201` (the corpus's `order_created`, an Order
+/// as docs.lemonsqueezy.com/api/orders gives it, whose `first_order_item` is an Order Item with
+/// its `quantity`, docs.lemonsqueezy.com/api/order-items) and its full refund (the corpus's
+/// `order_refunded`: `status: refunded`), for customer `customer`, order `order`.
+fn lemonsqueezy_pack_order_and_refund(customer: i64, order: &str) -> (Value, Value) {
+    let file = |name: &str| {
+        corpus("lemonsqueezy")
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .unwrap()
+            .1
+    };
+    let (mut paid, mut refunded) = (file("order_created"), file("order_refunded"));
+    for event in [&mut paid, &mut refunded] {
+        event["data"]["id"] = json!(order);
+        let attributes = &mut event["data"]["attributes"];
+        attributes["customer_id"] = json!(customer);
+        let item = &mut attributes["first_order_item"];
+        item["order_id"] = json!(order.parse::<i64>().unwrap());
+        item["variant_id"] = json!(201);
+        item["quantity"] = json!(2);
+    }
+    (paid, refunded)
+}
+
+/// The Lemon Squeezy pack's register of `customer`: (grant, amount, effective, expires, voided).
+async fn lemonsqueezy_pack_of(pool: &PgPool, customer: &str) -> (String, String, i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT grant_id, amount::text, inbox_secs(effective_at), inbox_secs(expires_at),
+                inbox_secs(voided_at)
+         FROM credit_grants WHERE source = 'lemonsqueezy' AND customer_id = $1",
+    )
+    .bind(customer)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_lemonsqueezy_order_of_a_pack_variant_mints_it_once_and_its_refund_voids_it_in_either_order(
+    pool: PgPool,
+) {
+    let mut app = TestApp::spawn(pool.clone()).await;
+    app.worker.catalog = pack_catalog();
+    let send = |events: Vec<Value>| {
+        let app = &app;
+        async move {
+            for event in events {
+                let (status, answer) = app
+                    .post("lemonsqueezy", &lemonsqueezy_delivery(&event))
+                    .await;
+                assert_eq!(status, http::StatusCode::OK, "{answer}");
+                app.run_worker().await;
+            }
+        }
+    };
+    // Paid, a copy (Lemon Squeezy's retry: the same body), then refunded; for another
+    // customer the refund first.
+    let (paid, refunded) = lemonsqueezy_pack_order_and_refund(31, "7031");
+    send(vec![paid.clone(), paid.clone(), refunded.clone()]).await;
+    let (paid_late, refund_early) = lemonsqueezy_pack_order_and_refund(32, "7032");
+    send(vec![refund_early, paid_late]).await;
+
+    let time = |event: &Value, field: &str| {
+        chrono::DateTime::parse_from_rfc3339(event["data"]["attributes"][field].as_str().unwrap())
+            .unwrap()
+            .timestamp()
+    };
+    let bought = time(&paid, "updated_at");
+    let voided = time(&refunded, "updated_at");
+    for (customer, order) in [("31", "7031"), ("32", "7032")] {
+        let register = lemonsqueezy_pack_of(&pool, customer).await;
+        assert_eq!(
+            register,
+            (
+                format!("pack:orders/{order}:201"),
+                "1000.000000000000".to_owned(),
+                bought,
+                bought + 365 * 86_400,
+                voided
+            ),
+            "customer {customer}: two packs keyed by the order, minted once, voided at the refund"
+        );
+    }
+    // The order granted no plan: its variant is a pack, so its product (a plan key) is not read.
+    let granted: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM ledger WHERE source = 'lemonsqueezy'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(granted, 0);
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_kinde_payment_of_a_pack_plan_key_mints_it_once_by_its_payment(pool: PgPool) {
+    let mut app = TestApp::spawn(pool.clone()).await;
+    app.worker.catalog = pack_catalog();
+    // Kinde's payment event (the corpus's `customer.payment_succeeded`), naming the pack at
+    // `data.plan.key` and the payment at `data.payment_id`; a copy, then another event of the
+    // same payment.
+    let (_, mut paid) = corpus("kinde")
+        .into_iter()
+        .find(|(n, _)| n == "customer.payment_succeeded")
+        .unwrap();
+    paid["data"]["customer_id"] = json!("kp_pack01");
+    paid["data"]["plan"]["key"] = json!("credits_1000");
+    paid["data"]["payment_id"] = json!("pay_kinde01");
+    let mut again = paid.clone();
+    again["event_id"] = json!("event_019ad7358c3a7e05b3f9a1c64d28e90b");
+    for (webhook, claims) in [("wh_1", &paid), ("wh_1", &paid), ("wh_2", &again)] {
+        let (status, answer) = app.post("kinde", &kinde_delivery(webhook, claims)).await;
+        assert_eq!(status, http::StatusCode::OK, "{answer}");
+        app.run_worker().await;
+    }
+    let rows: Vec<(String, String, String, i64)> = sqlx::query_as(
+        "SELECT grant_id, origin, amount::text, inbox_secs(effective_at) FROM credit_grants
+         WHERE source = 'kinde' AND customer_id = 'kp_pack01'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let paid_at = chrono::DateTime::parse_from_rfc3339(paid["event_timestamp"].as_str().unwrap())
+        .unwrap()
+        .timestamp();
+    assert_eq!(
+        rows,
+        [(
+            "pack:pay_kinde01:credits_1000".to_owned(),
+            "catalog_pack".to_owned(),
+            "1000.000000000000".to_owned(),
+            paid_at
+        )],
+        "one pack by the payment, whichever event of it came"
+    );
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]

@@ -1,11 +1,13 @@
 //! The app's debits burn the period's allowance, then credit grants in the burn order
 //! (docs/design.md §4.10, §4.14): all or nothing, never past what is there under concurrency,
-//! each answer naming what it took, and the check under the lock agreeing with the
-//! derivation (`usage::allocations`) even after a grant told late that comes first.
+//! each answer naming what it took, the check under the lock agreeing with the derivation
+//! (`usage::allocations`) even after a grant told late that comes first, and `why` naming
+//! each grant a debit took from as the derivation gives it.
 //!
-//! The grants are written by `grant_as_the_worker_stores_it`: the `credit_grants` row the
-//! worker's commit writes for a catalog pack's paid payment (`credits::pack_grant`), until the
-//! worker stores credits events.
+//! The account is a Stripe customer on pro (500 of allowance this month, its subscription's
+//! event delivered signed through intake and worker), and its packs are bought as a user buys
+//! them: a paid invoice of a pack's price, signed and delivered the same way, which the worker
+//! mints into the pack's grant (`credits::pack_grant`, keyed by the invoice).
 
 use std::collections::BTreeMap;
 
@@ -14,55 +16,91 @@ use http::StatusCode;
 use serde_json::{json, Value};
 use shared::billing::credits::{self, Quantity, ALLOWANCE_UNIT};
 use shared::billing::usage::{self, Debit, DebitPeriod, DebitRequest};
-use shared::domain::{CustomerId, Period};
+use shared::domain::{Catalog, CustomerId, Period};
 use sqlx::{PgConnection, PgPool};
 
-use crate::app_api::{api_state, call, debit, on_pro, APP_KEY};
+use crate::app_api::{api_state, call, APP_KEY, READER_KEY};
 use crate::helpers::*;
 
-/// A pack's grant as the worker stores it when the pack's payment is applied: the
-/// `credit_grants` row of `credits::pack_grant` (origin `catalog_pack`, paid, scope `all`),
-/// held by the account's latest event.
-struct Pack {
-    id: &'static str,
-    amount: i64,
-    priority: Option<i16>,
-    category: &'static str,
-    effective_at: DateTime<Utc>,
-    expires_at: Option<DateTime<Utc>>,
-}
-
-impl Pack {
-    fn paid(id: &'static str, amount: i64, priority: Option<i16>) -> Pack {
-        Pack {
-            id,
-            amount,
-            priority,
-            category: "paid",
-            effective_at: Utc::now() - Duration::days(1),
-            expires_at: None,
-        }
+/// The tests' plans (Stripe's `price_pro` is pro, 500 a month) and the packs Stripe prices buy:
+/// 100 credits at the default priority, 100 spent first (priority 10), 100 spent first that
+/// last a day, 1000 spent before anything (priority 0) that last 9 days, and 40 that last a
+/// month or for ever.
+fn catalog() -> Catalog {
+    let mut entries: Value = serde_json::from_str(PLANS).unwrap();
+    let packs = json!({
+        "price_pack": {"credits": {"amount": 100}},
+        "price_pack_first": {"credits": {"amount": 100, "priority": 10}},
+        "price_pack_day": {"credits": {"amount": 100, "priority": 10, "expires_after_days": 1}},
+        "price_pack_top": {"credits": {"amount": 1000, "priority": 0, "expires_after_days": 9}},
+        "price_pack_40_month": {"credits": {"amount": 40, "expires_after_days": 30}},
+        "price_pack_40": {"credits": {"amount": 40}},
+    });
+    for (key, entry) in packs.as_object().unwrap() {
+        entries[key] = entry.clone();
     }
+    Catalog::parse(&entries.to_string()).unwrap()
 }
 
-async fn grant_as_the_worker_stores_it(pool: &PgPool, customer: &str, pack: &Pack) {
-    sqlx::query(
-        "INSERT INTO credit_grants (source, customer_id, grant_id, origin, unit, scope, amount,
-                                    category, priority, created_at, effective_at, expires_at,
-                                    version_at, version_key, event_id)
-         SELECT 'kinde', $1, $2, 'catalog_pack', 'credits', 'all', $3, $4, $5, $6, $6, $7, $6,
-                'evt_' || $2, (SELECT max(id) FROM inbox_events)",
+/// An app whose worker knows the packs, with `customer` put on Stripe's pro plan now (500 of
+/// allowance this month) by its subscription's event.
+async fn on_pro_with_packs(pool: &PgPool, customer: &str) -> TestApp {
+    let mut app = TestApp::spawn(pool.clone()).await;
+    app.worker.catalog = catalog();
+    let subscribed = stripe_event(
+        &format!("evt_{customer}_pro"),
+        customer,
+        Utc::now().timestamp(),
+    );
+    let (status, answer) = app.post("stripe", &stripe_delivery(&subscribed)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    app.run_worker().await;
+    app
+}
+
+/// Buys `quantity` packs of `price` by the paid invoice `invoice` at `paid_at`, signed and
+/// delivered through intake and worker; the stored event's id.
+async fn buy(
+    app: &TestApp,
+    customer: &str,
+    invoice: &str,
+    (price, quantity): (&str, u32),
+    paid_at: DateTime<Utc>,
+) -> i64 {
+    let paid = pack_invoice(customer, invoice, price, quantity, paid_at.timestamp());
+    let (status, answer) = app.post("stripe", &stripe_delivery(&paid)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    app.run_worker().await;
+    let event_id = answer["event_id"].as_i64().unwrap();
+    let (outcome, minted): (String, bool) = sqlx::query_as(
+        "SELECT status, EXISTS (SELECT 1 FROM credit_grants WHERE grant_id = $2)
+         FROM inbox_events WHERE id = $1",
     )
-    .bind(customer)
-    .bind(pack.id)
-    .bind(pack.amount)
-    .bind(pack.category)
-    .bind(pack.priority)
-    .bind(pack.effective_at)
-    .bind(pack.expires_at)
-    .execute(pool)
+    .bind(event_id)
+    .bind(format!("pack:{invoice}:{price}"))
+    .fetch_one(&app.pool)
     .await
     .unwrap();
+    assert_eq!((outcome.as_str(), minted), ("applied", true), "{invoice}");
+    event_id
+}
+
+/// A debit through the app API (`POST /v1/accounts/stripe/{customer}/usage`).
+async fn debit(
+    state: &shared::handlers::api::ApiState,
+    customer: &str,
+    key: &str,
+    body: Value,
+) -> crate::app_api::Answer {
+    call(
+        state,
+        "POST",
+        &format!("/v1/accounts/stripe/{customer}/usage"),
+        Some(APP_KEY),
+        &[("idempotency-key", key)],
+        Some(body),
+    )
+    .await
 }
 
 fn q(n: i64) -> Quantity {
@@ -91,7 +129,7 @@ fn taken(body: &Value) -> (i64, Vec<(String, String)>) {
 async fn cached_spent(pool: &PgPool, customer: &str) -> BTreeMap<String, Quantity> {
     let spent: Value = sqlx::query_scalar(
         "SELECT spent FROM credit_spending
-         WHERE source = 'kinde' AND customer_id = $1 AND unit = 'credits'",
+         WHERE source = 'stripe' AND customer_id = $1 AND unit = 'credits'",
     )
     .bind(customer)
     .fetch_one(pool)
@@ -109,7 +147,7 @@ async fn cached_spent(pool: &PgPool, customer: &str) -> BTreeMap<String, Quantit
 async fn derived(pool: &PgPool, customer: &str) -> Vec<credits::DebitAllocation> {
     let mut conn = pool.acquire().await.unwrap();
     let who = CustomerId::parse(customer).unwrap();
-    usage::allocations(&mut conn, ("kinde", &who), ALLOWANCE_UNIT)
+    usage::allocations(&mut conn, ("stripe", &who), ALLOWANCE_UNIT)
         .await
         .unwrap()
 }
@@ -118,20 +156,18 @@ async fn derived(pool: &PgPool, customer: &str) -> Vec<credits::DebitAllocation>
 async fn sixty_four_concurrent_debits_spanning_the_allowance_and_two_packs_never_overshoot(
     pool: PgPool,
 ) {
-    let app = TestApp::spawn(pool.clone()).await;
-    on_pro(&app, "kc_rush").await;
-    grant_as_the_worker_stores_it(
-        &pool,
-        "kc_rush",
-        &Pack::paid("pack:in_a:price_pack", 300, Some(10)),
+    let app = on_pro_with_packs(&pool, "cus_Rush01").await;
+    let yesterday = Utc::now() - Duration::days(1);
+    // 300 spent first (priority 10), then 200.
+    buy(
+        &app,
+        "cus_Rush01",
+        "in_a",
+        ("price_pack_first", 3),
+        yesterday,
     )
     .await;
-    grant_as_the_worker_stores_it(
-        &pool,
-        "kc_rush",
-        &Pack::paid("pack:in_b:price_pack", 200, None),
-    )
-    .await;
+    buy(&app, "cus_Rush01", "in_b", ("price_pack", 2), yesterday).await;
     // 500 of allowance and 500 of packs: 58 debits of 17 fit (986), the 59th would not.
     let states: Vec<_> = (0..8).map(|_| api_state(&pool)).collect();
     let answers = futures::future::join_all((0..64).map(|i| {
@@ -139,7 +175,7 @@ async fn sixty_four_concurrent_debits_spanning_the_allowance_and_two_packs_never
         async move {
             debit(
                 state,
-                "kc_rush",
+                "cus_Rush01",
                 &format!("rush-{i}"),
                 json!({"amount": 17}),
             )
@@ -177,7 +213,7 @@ async fn sixty_four_concurrent_debits_spanning_the_allowance_and_two_packs_never
     assert_eq!(
         from_grants,
         BTreeMap::from([
-            ("pack:in_a:price_pack".to_string(), q(300)),
+            ("pack:in_a:price_pack_first".to_string(), q(300)),
             ("pack:in_b:price_pack".to_string(), q(186)),
         ]),
         "the priority-10 pack first, then the other"
@@ -194,10 +230,10 @@ async fn sixty_four_concurrent_debits_spanning_the_allowance_and_two_packs_never
     );
 
     // The check's cache and the derivation agree, debit by debit and in sum.
-    let derivation = derived(&pool, "kc_rush").await;
+    let derivation = derived(&pool, "cus_Rush01").await;
     assert_eq!(derivation.len(), 58);
     assert_eq!(credits::spent_by_grant(&derivation), from_grants);
-    assert_eq!(cached_spent(&pool, "kc_rush").await, from_grants);
+    assert_eq!(cached_spent(&pool, "cus_Rush01").await, from_grants);
     let answered: BTreeMap<&str, &Value> = accepted
         .iter()
         .map(|b| (b["usage_id"].as_str().unwrap(), *b))
@@ -220,7 +256,7 @@ async fn sixty_four_concurrent_debits_spanning_the_allowance_and_two_packs_never
     let read = call(
         &states[0],
         "GET",
-        "/v1/accounts/kinde/kc_rush",
+        "/v1/accounts/stripe/cus_Rush01",
         Some(APP_KEY),
         &[],
         None,
@@ -235,19 +271,14 @@ async fn sixty_four_concurrent_debits_spanning_the_allowance_and_two_packs_never
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_debit_names_its_unit_and_the_same_key_in_another_unit_is_a_conflict(pool: PgPool) {
-    let app = TestApp::spawn(pool.clone()).await;
-    on_pro(&app, "kc_unit").await;
-    grant_as_the_worker_stores_it(
-        &pool,
-        "kc_unit",
-        &Pack::paid("pack:in_1:price_pack", 100, None),
-    )
-    .await;
+    let app = on_pro_with_packs(&pool, "cus_Unit01").await;
+    let yesterday = Utc::now() - Duration::days(1);
+    buy(&app, "cus_Unit01", "in_1", ("price_pack", 1), yesterday).await;
     let state = api_state(&pool);
 
     let spanning = debit(
         &state,
-        "kc_unit",
+        "cus_Unit01",
         "k-1",
         json!({"amount": 550, "unit": "credits"}),
     )
@@ -262,13 +293,13 @@ async fn a_debit_names_its_unit_and_the_same_key_in_another_unit_is_a_conflict(p
         )
     );
     // No unit named is the allowance's: the same request.
-    let again = debit(&state, "kc_unit", "k-1", json!({"amount": 550})).await;
+    let again = debit(&state, "cus_Unit01", "k-1", json!({"amount": 550})).await;
     assert!(again.replayed_header);
     assert_eq!(again.body["allocation"], spanning.body["allocation"]);
     // The same key in another unit is another request.
     let other = debit(
         &state,
-        "kc_unit",
+        "cus_Unit01",
         "k-1",
         json!({"amount": 550, "unit": "usd"}),
     )
@@ -283,7 +314,7 @@ async fn a_debit_names_its_unit_and_the_same_key_in_another_unit_is_a_conflict(p
     // Another unit spends no allowance, and there is no grant of it.
     let usd = debit(
         &state,
-        "kc_unit",
+        "cus_Unit01",
         "k-2",
         json!({"amount": 5, "unit": "usd"}),
     )
@@ -297,7 +328,13 @@ async fn a_debit_names_its_unit_and_the_same_key_in_another_unit_is_a_conflict(p
         )
     );
     for bad in [json!(""), json!("us d"), json!("crédits"), json!(7)] {
-        let refused = debit(&state, "kc_unit", "k-3", json!({"amount": 1, "unit": bad})).await;
+        let refused = debit(
+            &state,
+            "cus_Unit01",
+            "k-3",
+            json!({"amount": 1, "unit": bad}),
+        )
+        .await;
         assert_eq!(
             refused.status,
             StatusCode::BAD_REQUEST,
@@ -308,7 +345,7 @@ async fn a_debit_names_its_unit_and_the_same_key_in_another_unit_is_a_conflict(p
     let listed = call(
         &state,
         "GET",
-        "/v1/accounts/kinde/kc_unit/usage",
+        "/v1/accounts/stripe/cus_Unit01/usage",
         Some(APP_KEY),
         &[],
         None,
@@ -319,7 +356,13 @@ async fn a_debit_names_its_unit_and_the_same_key_in_another_unit_is_a_conflict(p
         "{}",
         listed.body
     );
-    let null = debit(&state, "kc_unit", "k-3", json!({"amount": 1, "unit": null})).await;
+    let null = debit(
+        &state,
+        "cus_Unit01",
+        "k-3",
+        json!({"amount": 1, "unit": null}),
+    )
+    .await;
     assert_eq!(null.body["code"], "null_field");
     let stored: i64 =
         sqlx::query_scalar("SELECT count(*) FROM usage_debits WHERE idempotency_key = 'k-3'")
@@ -329,58 +372,147 @@ async fn a_debit_names_its_unit_and_the_same_key_in_another_unit_is_a_conflict(p
     assert_eq!(stored, 0, "a refused request stores nothing under its key");
 }
 
+/// A Stripe Billing Credits grant of `cents` for `customer`, as Stripe sends its
+/// `billing.credit_grant.created` (the corpus's, `testdata/providers/stripe/credits/`, for
+/// metered prices): no expiry, Stripe's default priority, effective `from`.
+fn stripe_grant(customer: &str, grant: &str, category: &str, cents: i64, from: i64) -> Value {
+    let (_, mut created) = crate::corpus::corpus("stripe/credits")
+        .into_iter()
+        .find(|(n, _)| n.ends_with("billing.credit_grant.created"))
+        .unwrap();
+    created["id"] = json!(format!("evt_{grant}"));
+    created["created"] = json!(from);
+    let object = &mut created["data"]["object"];
+    object["id"] = json!(grant);
+    object["customer"] = json!(customer);
+    object["category"] = json!(category);
+    object["amount"]["monetary"]["value"] = json!(cents);
+    object["priority"] = Value::Null;
+    for at in ["created", "effective_at", "updated"] {
+        object[at] = json!(from);
+    }
+    object["expires_at"] = Value::Null;
+    created
+}
+
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_debit_spends_only_grants_effective_and_not_ended_at_its_time_all_or_nothing(
     pool: PgPool,
 ) {
-    let app = TestApp::spawn(pool.clone()).await;
-    on_pro(&app, "kc_time").await;
+    let app = on_pro_with_packs(&pool, "cus_Time01").await;
     let now = Utc::now();
-    let mut later = Pack::paid("pack:in_later:price_pack", 1000, Some(0));
-    later.effective_at = now + Duration::days(1);
-    let mut ended = Pack::paid("pack:in_ended:price_pack", 1000, Some(0));
-    ended.effective_at = now - Duration::days(10);
-    ended.expires_at = Some(now - Duration::days(1));
-    let mut promo = Pack::paid("pack:in_promo:price_pack", 40, None);
-    promo.category = "promotional";
-    for pack in [
-        later,
-        ended,
-        promo,
-        Pack::paid("pack:in_paid:price_pack", 40, None),
-    ] {
-        grant_as_the_worker_stores_it(&pool, "kc_time", &pack).await;
-    }
+    // Spent before anything, but paid an hour from now (a provider's clock ahead) or ended
+    // yesterday (paid ten days ago, lasting nine).
+    buy(
+        &app,
+        "cus_Time01",
+        "in_later",
+        ("price_pack_top", 1),
+        now + Duration::hours(1),
+    )
+    .await;
+    buy(
+        &app,
+        "cus_Time01",
+        "in_ended",
+        ("price_pack_top", 1),
+        now - Duration::days(10),
+    )
+    .await;
+    // 40 that last a month, 40 for ever: the earlier expiry first.
+    let yesterday = now - Duration::days(1);
+    buy(
+        &app,
+        "cus_Time01",
+        "in_month",
+        ("price_pack_40_month", 1),
+        yesterday,
+    )
+    .await;
+    buy(
+        &app,
+        "cus_Time01",
+        "in_paid",
+        ("price_pack_40", 1),
+        yesterday,
+    )
+    .await;
     let state = api_state(&pool);
-    let too_much = debit(&state, "kc_time", "k-big", json!({"amount": 581})).await;
+    let too_much = debit(&state, "cus_Time01", "k-big", json!({"amount": 581})).await;
     assert_eq!(too_much.status, StatusCode::CONFLICT);
     assert_eq!(
         (&too_much.body["remaining"], &too_much.body["grants"]),
         (
             &json!(500),
-            &json!([{"grant_id": "pack:in_promo:price_pack", "remaining": "40"},
-                    {"grant_id": "pack:in_paid:price_pack", "remaining": "40"}])
+            &json!([{"grant_id": "pack:in_month:price_pack_40_month", "remaining": "40"},
+                    {"grant_id": "pack:in_paid:price_pack_40", "remaining": "40"}])
         ),
-        "promotional before paid; the grant not yet effective and the ended one spend nothing"
+        "the earlier expiry first; the grant not yet effective and the ended one spend nothing"
     );
     let read = call(
         &state,
         "GET",
-        "/v1/accounts/kinde/kc_time",
+        "/v1/accounts/stripe/cus_Time01",
         Some(APP_KEY),
         &[],
         None,
     )
     .await;
     assert_eq!(read.body["remaining"], 500, "a refusal takes nothing");
-    let fits = debit(&state, "kc_time", "k-fits", json!({"amount": 560})).await;
+    let fits = debit(&state, "cus_Time01", "k-fits", json!({"amount": 560})).await;
     assert_eq!(
         taken(&fits.body),
         (
             500,
             vec![
-                ("pack:in_promo:price_pack".to_string(), "40".to_string()),
-                ("pack:in_paid:price_pack".to_string(), "20".to_string())
+                (
+                    "pack:in_month:price_pack_40_month".to_string(),
+                    "40".to_string()
+                ),
+                ("pack:in_paid:price_pack_40".to_string(), "20".to_string())
+            ]
+        )
+    );
+
+    // Promotional before paid: a pack is always paid, so the pair is Stripe's, in cents, of
+    // one priority and no expiry, delivered as Stripe sends them; no allowance in that unit.
+    for (grant, category) in [("credgr_Paid01", "paid"), ("credgr_Promo01", "promotional")] {
+        let created = stripe_grant("cus_Time01", grant, category, 40, yesterday.timestamp());
+        let (status, answer) = app.post("stripe", &stripe_delivery(&created)).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        app.run_worker().await;
+    }
+    let too_much = debit(
+        &state,
+        "cus_Time01",
+        "k-usd-big",
+        json!({"amount": 81, "unit": "usd"}),
+    )
+    .await;
+    assert_eq!(
+        (&too_much.body["remaining"], &too_much.body["grants"]),
+        (
+            &json!(0),
+            &json!([{"grant_id": "credgr_Promo01", "remaining": "40"},
+                    {"grant_id": "credgr_Paid01", "remaining": "40"}])
+        ),
+        "promotional before paid: {}",
+        too_much.body
+    );
+    let fits = debit(
+        &state,
+        "cus_Time01",
+        "k-usd-fits",
+        json!({"amount": 60, "unit": "usd"}),
+    )
+    .await;
+    assert_eq!(
+        taken(&fits.body),
+        (
+            0,
+            vec![
+                ("credgr_Promo01".to_string(), "40".to_string()),
+                ("credgr_Paid01".to_string(), "20".to_string())
             ]
         )
     );
@@ -399,7 +531,7 @@ async fn debit_at(
         .await
         .unwrap();
     let request = DebitRequest {
-        source: "kinde",
+        source: "stripe",
         customer,
         key,
         amount,
@@ -416,15 +548,17 @@ async fn debit_at(
 async fn the_locked_check_agrees_with_the_derivation_after_a_late_grant_that_comes_first(
     pool: PgPool,
 ) {
-    let app = TestApp::spawn(pool.clone()).await;
-    on_pro(&app, "kc_late").await;
-    grant_as_the_worker_stores_it(
-        &pool,
-        "kc_late",
-        &Pack::paid("pack:in_paid:price_pack", 300, None),
+    let app = on_pro_with_packs(&pool, "cus_Late01").await;
+    let now = Utc::now();
+    buy(
+        &app,
+        "cus_Late01",
+        "in_paid",
+        ("price_pack", 3),
+        now - Duration::days(1),
     )
     .await;
-    let who = CustomerId::parse("kc_late").unwrap();
+    let who = CustomerId::parse("cus_Late01").unwrap();
     let mut conn = pool.acquire().await.unwrap();
     // 500 of allowance, then 100 of the paid pack.
     let first = debit_at(&mut conn, &who, "k-1", 600, 0).await;
@@ -438,14 +572,20 @@ async fn the_locked_check_agrees_with_the_derivation_after_a_late_grant_that_com
     assert_eq!(first.from_grants.len(), 1);
     assert_eq!(first.from_grants[0].grant_id, "pack:in_paid:price_pack");
 
-    // Told after the debit: a promotional grant of priority 10, effective before the debit,
-    // expiring within the hour. By the burn order the debit spent it, not the paid pack.
-    let mut promo = Pack::paid("pack:in_promo:price_pack", 200, Some(10));
-    promo.category = "promotional";
-    promo.expires_at = Some(Utc::now() + Duration::hours(1));
-    grant_as_the_worker_stores_it(&pool, "kc_late", &promo).await;
+    // Told after the debit (its payment's event came late): a pack of priority 10, paid 23
+    // hours ago and lasting a day, so effective before the debit and ending within the hour.
+    // By the burn order the debit spent it, not the other pack.
+    let paid_at = now - Duration::hours(23);
+    buy(
+        &app,
+        "cus_Late01",
+        "in_first",
+        ("price_pack_day", 2),
+        paid_at,
+    )
+    .await;
 
-    // Two hours on, the promotional grant has ended with 100 unspent; the paid pack holds 300.
+    // Two hours on, the late pack has ended with 100 unspent; the other pack holds 300.
     let second = debit_at(&mut conn, &who, "k-2", 250, 7200).await;
     let Debit::Accepted {
         allocation: Some(second),
@@ -462,7 +602,7 @@ async fn the_locked_check_agrees_with_the_derivation_after_a_late_grant_that_com
             .collect::<Vec<_>>(),
         [("pack:in_paid:price_pack", "250")]
     );
-    let derivation = derived(&pool, "kc_late").await;
+    let derivation = derived(&pool, "cus_Late01").await;
     let shape: Vec<Vec<(String, Quantity)>> = derivation
         .iter()
         .map(|d| d.allocation.from_grants.clone())
@@ -470,13 +610,13 @@ async fn the_locked_check_agrees_with_the_derivation_after_a_late_grant_that_com
     assert_eq!(
         shape,
         [
-            vec![("pack:in_promo:price_pack".to_string(), q(100))],
+            vec![("pack:in_first:price_pack_day".to_string(), q(100))],
             vec![("pack:in_paid:price_pack".to_string(), q(250))],
         ],
         "the first debit's allocation moved to the grant that comes first; its answer stays"
     );
     assert_eq!(
-        cached_spent(&pool, "kc_late").await,
+        cached_spent(&pool, "cus_Late01").await,
         credits::spent_by_grant(&derivation)
     );
     // 50 left in the paid pack, by the check and by the derivation.
@@ -488,15 +628,16 @@ async fn the_locked_check_agrees_with_the_derivation_after_a_late_grant_that_com
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_reversed_debit_gives_back_what_it_took_from_the_grants(pool: PgPool) {
-    let app = TestApp::spawn(pool.clone()).await;
-    on_pro(&app, "kc_back").await;
-    grant_as_the_worker_stores_it(
-        &pool,
-        "kc_back",
-        &Pack::paid("pack:in_1:price_pack", 100, None),
+    let app = on_pro_with_packs(&pool, "cus_Back01").await;
+    buy(
+        &app,
+        "cus_Back01",
+        "in_1",
+        ("price_pack", 1),
+        Utc::now() - Duration::days(1),
     )
     .await;
-    let who = CustomerId::parse("kc_back").unwrap();
+    let who = CustomerId::parse("cus_Back01").unwrap();
     let mut conn = pool.acquire().await.unwrap();
     let Debit::Accepted { usage_id, .. } = debit_at(&mut conn, &who, "k-1", 600, 0).await else {
         panic!("500 of allowance and 100 of the pack")
@@ -507,7 +648,7 @@ async fn a_reversed_debit_gives_back_what_it_took_from_the_grants(pool: PgPool) 
     ));
     let reversed = usage::reverse(
         &mut conn,
-        ("kinde", &who),
+        ("stripe", &who),
         &usage_id,
         None,
         &Period::current(),
@@ -527,16 +668,123 @@ async fn a_reversed_debit_gives_back_what_it_took_from_the_grants(pool: PgPool) 
         panic!("the reversal gave back the allowance and the pack: {again:?}")
     };
     assert_eq!((again.from_allowance, again.from_grants.len()), (500, 1));
-    let derivation = derived(&pool, "kc_back").await;
+    let derivation = derived(&pool, "cus_Back01").await;
     assert_eq!(
         derivation.len(),
         1,
         "a reversed debit counts in no allocation"
     );
     assert_eq!(
-        cached_spent(&pool, "kc_back").await,
+        cached_spent(&pool, "cus_Back01").await,
         credits::spent_by_grant(&derivation)
     );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn why_names_each_grant_a_debit_took_as_derived_not_as_answered(pool: PgPool) {
+    let app = on_pro_with_packs(&pool, "cus_Why01").await;
+    let now = Utc::now();
+    let bought = buy(
+        &app,
+        "cus_Why01",
+        "in_paid",
+        ("price_pack", 3),
+        now - Duration::days(1),
+    )
+    .await;
+    let state = api_state(&pool);
+    // Within the allowance: it takes no grant, so no balance names it.
+    let small = debit(&state, "cus_Why01", "k-small", json!({"amount": 10})).await;
+    assert_eq!(small.status, StatusCode::OK, "{}", small.body);
+    // 490 of the allowance, then 110 of the only pack, as answered.
+    let spanning = debit(&state, "cus_Why01", "k-span", json!({"amount": 600})).await;
+    assert_eq!(
+        taken(&spanning.body),
+        (
+            490,
+            vec![("pack:in_paid:price_pack".to_string(), "110".to_string())]
+        )
+    );
+    // A pack of priority 10 paid an hour ago, told after the debit: by the burn order the
+    // debit took from it first.
+    let late = buy(
+        &app,
+        "cus_Why01",
+        "in_first",
+        ("price_pack_first", 1),
+        now - Duration::hours(1),
+    )
+    .await;
+    let why = call(
+        &state,
+        "GET",
+        "/v1/accounts/stripe/cus_Why01/why",
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(why.status, StatusCode::OK, "{}", why.body);
+    let [balance] = why.body["credits"]
+        .as_array()
+        .unwrap()
+        .clone()
+        .try_into()
+        .unwrap();
+    assert_eq!(
+        (&balance["unit"], &balance["used"], &balance["available"]),
+        (&json!("credits"), &json!("110"), &json!("290"))
+    );
+    let [named] = balance["debits"]
+        .as_array()
+        .unwrap()
+        .clone()
+        .try_into()
+        .unwrap();
+    assert_eq!(named["usage_id"], spanning.body["usage_id"]);
+    assert_eq!(
+        (
+            &named["amount"],
+            &named["from_allowance"],
+            &named["unfunded"]
+        ),
+        (&json!("600"), &json!("490"), &json!("0"))
+    );
+    assert_eq!(
+        named["from_grants"],
+        json!([
+            {"grant_id": "pack:in_first:price_pack_first", "origin": "catalog_pack",
+             "event_id": late, "amount": "100"},
+            {"grant_id": "pack:in_paid:price_pack", "origin": "catalog_pack",
+             "event_id": bought, "amount": "10"},
+        ]),
+        "each grant by its payment, and what the debit took of it as derived"
+    );
+    // The events behind the balance are the two payments.
+    let events: Vec<i64> = balance["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event_id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(events, [late, bought]);
+    // Its answer stays as given.
+    let again = debit(&state, "cus_Why01", "k-span", json!({"amount": 600})).await;
+    assert_eq!(again.body["allocation"], spanning.body["allocation"]);
+    // As of before the debits, no debit is named.
+    let before = (now - Duration::minutes(30)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let cut = call(
+        &state,
+        "GET",
+        &format!("/v1/accounts/stripe/cus_Why01/why?at={before}"),
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(cut.status, StatusCode::OK, "{}", cut.body);
+    assert_eq!(cut.body["credits"][0]["available"], "400");
+    assert_eq!(cut.body["credits"][0]["debits"], json!([]));
 }
 
 /// A paid Stripe invoice of `quantity` of a catalog pack's price (the pre-basil corpus's

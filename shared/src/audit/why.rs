@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
-use crate::billing::credits_read::{self, BalanceWhy};
+use crate::billing::credits_read::{self, AccountCredits, BalanceWhy};
 use crate::billing::fold::Beaten;
 use crate::billing::registers;
 use crate::domain::{Catalog, CustomerId};
@@ -50,9 +50,99 @@ pub struct Why {
     /// not compared).
     pub divergent: Vec<String>,
     /// Each prepaid credit balance as of `at` (now without one), with the events behind it:
-    /// each grant's (the one its register holds) and each counted transaction's
-    /// (docs/design.md §4.14). Grants are registers of their own, not the fold's fields.
-    pub credits: Vec<BalanceWhy>,
+    /// each grant's (the one its register holds) and each counted transaction's, and the app's
+    /// debits that spent its grants (docs/design.md §4.14). Grants are registers of their own,
+    /// not the fold's fields.
+    pub credits: Vec<CreditsWhy>,
+}
+
+/// A credits balance of `why`: its figures, the events behind them, and each debit of the app
+/// that spent its grants, naming the grants and how much it took of each.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CreditsWhy {
+    #[serde(flatten)]
+    pub balance: BalanceWhy,
+    pub debits: Vec<DebitWhy>,
+}
+
+/// An accepted debit as the balance counts it: its allocation as derived from everything known
+/// (`credits::allocations`, the same derivation the read and the debit's check agree with),
+/// which a grant told later that comes first in the burn order moves; the debit's own answer
+/// stays as it was given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DebitWhy {
+    pub usage_id: String,
+    pub period: String,
+    /// When it was accepted: it spent the grants live then.
+    pub at: Option<DateTime<Utc>>,
+    pub amount: String,
+    pub from_allowance: String,
+    /// The grants of this balance it took from, in the burn order (a debit that spent grants of
+    /// two scopes is listed under each balance, with that balance's grants).
+    pub from_grants: Vec<GrantSpent>,
+    /// What nothing held once everything known is counted (an application the provider told
+    /// later took the credit first): 0 unless so.
+    pub unfunded: String,
+    pub order_version: u32,
+}
+
+/// One grant a debit took from: where the grant comes from, and how much it took.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GrantSpent {
+    /// A Stripe credit grant's id, or a catalog pack's `pack:{payment}:{price}`.
+    pub grant_id: String,
+    pub origin: &'static str,
+    /// The event the grant's register holds (a pack's: the payment that bought it, or the
+    /// refund that voided it), as the balance's `events` list it.
+    pub event_id: Option<i64>,
+    pub amount: String,
+}
+
+/// Each balance of the read with the events behind it and the debits that spent it, as of the
+/// read's time: a debit accepted after it is not counted, so not named.
+pub fn credits_why(read: &AccountCredits) -> Vec<CreditsWhy> {
+    read.explain()
+        .into_iter()
+        .map(|balance| {
+            let of_balance = |grant_id: &str| {
+                let grant = &read.credits.register(grant_id)?.latest;
+                (grant.unit == balance.balance.unit && grant.scope == balance.balance.scope)
+                    .then_some(grant)
+            };
+            let debits = read
+                .debits
+                .iter()
+                .filter(|(debit, _)| debit.at <= read.at)
+                .filter_map(|(debit, derived)| {
+                    let from_grants: Vec<GrantSpent> = derived
+                        .allocation
+                        .from_grants
+                        .iter()
+                        .filter_map(|(grant_id, amount)| {
+                            let grant = of_balance(grant_id)?;
+                            Some(GrantSpent {
+                                grant_id: grant_id.clone(),
+                                origin: grant.origin.as_str(),
+                                event_id: read.grant_events.get(grant_id).map(|e| e.event_id),
+                                amount: amount.to_string(),
+                            })
+                        })
+                        .collect();
+                    (!from_grants.is_empty()).then(|| DebitWhy {
+                        usage_id: debit.usage_id.clone(),
+                        period: debit.period.clone(),
+                        at: DateTime::from_timestamp(debit.at, 0),
+                        amount: debit.amount.to_string(),
+                        from_allowance: derived.allocation.from_allowance.to_string(),
+                        from_grants,
+                        unfunded: derived.unfunded.to_string(),
+                        order_version: derived.allocation.order_version,
+                    })
+                })
+                .collect();
+            CreditsWhy { balance, debits }
+        })
+        .collect()
 }
 
 /// Explains the account, as of the cut. `None` when the account does not exist and has no
@@ -142,7 +232,7 @@ pub async fn why(
         complete_from: account.purged.latest,
         pending: account.pending,
         divergent,
-        credits: credits.map(|c| c.explain()).unwrap_or_default(),
+        credits: credits.as_ref().map(credits_why).unwrap_or_default(),
     }))
 }
 
@@ -171,4 +261,92 @@ pub async fn plan_timeline(
     .await?;
     tx.commit().await?;
     Ok(account.plan_steps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::billing::credits::{Quantity, Spends, SpentDebit};
+    use std::collections::BTreeMap;
+
+    /// Two packs of 100 bought by two payments (the second spent first, by its priority) and
+    /// a Stripe grant in dollars, as the read's statement writes their rows.
+    fn grants() -> Value {
+        let pack = |grant_id: &str, priority: Option<i64>, event_id: i64| {
+            json!({
+                "grant_id": grant_id, "origin": "catalog_pack", "unit": "credits", "scope": "all",
+                "amount": "100.000000000000", "category": "paid", "priority": priority,
+                "created": 100, "effective_at": 100, "expires_at": null, "voided_at": null,
+                "updated": 100, "version_key": format!("evt_{event_id}"), "event_id": event_id,
+                "type": "invoice.paid", "occurred_at": "1970-01-01T00:01:40+00:00"
+            })
+        };
+        json!([
+            pack("pack:in_a:price_pack", None, 7),
+            pack("pack:in_b:price_pack_first", Some(10), 8),
+            {"grant_id": "credgr_1", "origin": "stripe_credit_grant", "unit": "usd",
+             "scope": "price_type:metered", "amount": "1000.000000000000", "category": "paid",
+             "priority": null, "created": 100, "effective_at": null, "expires_at": null,
+             "voided_at": null, "updated": 100, "version_key": "evt_9", "event_id": 9,
+             "type": "billing.credit_grant.created", "occurred_at": null}
+        ])
+    }
+
+    fn debit(usage_id: &str, amount: i64, at: i64) -> SpentDebit {
+        SpentDebit {
+            usage_id: usage_id.to_owned(),
+            unit: "credits".to_owned(),
+            period: "1970-01".to_owned(),
+            amount: Quantity::whole(amount),
+            at,
+        }
+    }
+
+    #[test]
+    fn a_debit_names_each_grant_it_took_from_and_how_much_as_derived() {
+        let spends = Spends {
+            // 50 of the allowance; 150 past it, 100 of the first pack and 50 of the other;
+            // one within the allowance names no grant; one after the time read is not counted.
+            debits: vec![
+                debit("use_1", 20, 200),
+                debit("use_2", 180, 300),
+                debit("use_3", 10, 900),
+            ],
+            allowances: BTreeMap::from([("1970-01".to_owned(), Quantity::whole(50))]),
+        };
+        let read = credits_read::decode(grants(), json!([]), &spends, 500).unwrap();
+        let why = credits_why(&read);
+        let credits = why
+            .iter()
+            .find(|b| b.balance.balance.unit == "credits")
+            .unwrap();
+        assert_eq!(credits.balance.balance.available, "50");
+        let [debit] = credits.debits.as_slice() else {
+            panic!("one debit took from the packs: {:?}", credits.debits)
+        };
+        assert_eq!(
+            (debit.usage_id.as_str(), debit.from_allowance.as_str()),
+            ("use_2", "30")
+        );
+        let grants: Vec<(&str, &str, Option<i64>, &str)> = debit
+            .from_grants
+            .iter()
+            .map(|g| (g.grant_id.as_str(), g.origin, g.event_id, g.amount.as_str()))
+            .collect();
+        assert_eq!(
+            grants,
+            [
+                ("pack:in_b:price_pack_first", "catalog_pack", Some(8), "100"),
+                ("pack:in_a:price_pack", "catalog_pack", Some(7), "50"),
+            ]
+        );
+        let usd = why
+            .iter()
+            .find(|b| b.balance.balance.unit == "usd")
+            .unwrap();
+        assert!(
+            usd.debits.is_empty(),
+            "a debit of credits spends no dollars"
+        );
+    }
 }

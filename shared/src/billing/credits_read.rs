@@ -10,8 +10,8 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::credits::{
-    Category, Credits, CreditsView, GrantSnapshot, Origin, Quantity, Spends, SpentDebit,
-    Transaction, TransactionKind,
+    allocations, with_spends, Category, Credits, CreditsView, DebitAllocation, GrantSnapshot,
+    Origin, Quantity, Spends, SpentDebit, Transaction, TransactionKind,
 };
 use crate::domain::CustomerId;
 use crate::platform::db::exec;
@@ -27,6 +27,9 @@ pub struct AccountCredits {
     pub grant_events: BTreeMap<String, RowEvent>,
     /// The event each transaction came with, by transaction id.
     pub transaction_events: BTreeMap<String, RowEvent>,
+    /// The app's accepted debits not reversed, in the order accepted, each with the allocation
+    /// derived for it (`credits::allocations`): what `credits` counts as their applications.
+    pub debits: Vec<(SpentDebit, DebitAllocation)>,
 }
 
 impl AccountCredits {
@@ -218,6 +221,7 @@ pub fn decode(
         at,
         grant_events: BTreeMap::new(),
         transaction_events: BTreeMap::new(),
+        debits: Vec::new(),
     };
     for g in grants {
         let priority = g
@@ -251,7 +255,10 @@ pub fn decode(
         });
         out.transaction_events.insert(t.transaction_id, t.event);
     }
-    out.credits = spends.counted(&out.credits);
+    // As `Spends::counted`, keeping each debit's allocation for `why`.
+    let derived = allocations(&out.credits, &spends.allowances, &spends.debits);
+    out.credits = with_spends(&out.credits, &spends.debits, &derived);
+    out.debits = spends.debits.iter().cloned().zip(derived).collect();
     Ok(out)
 }
 

@@ -746,7 +746,7 @@ export interface components {
             pending: number[];
             /** @description Fields whose register differs from the fold (empty for a cut, which is not compared) */
             divergent: string[];
-            /** @description Each prepaid credit balance as of at (now without one), with the events behind it: each grant's (the one its register holds) and each transaction's counted */
+            /** @description Each prepaid credit balance as of at (now without one), with the events behind it (each grant's, the one its register holds, and each transaction's counted) and the debits that spent its grants */
             credits: components["schemas"]["CreditBalanceWhy"][];
         };
         WhyField: {
@@ -765,7 +765,7 @@ export interface components {
             /** @description What the register holds, present only when it differs from value */
             stored?: unknown;
         };
-        /** @description A CreditBalance with the events behind it */
+        /** @description A CreditBalance with the events behind it and the app's debits that spent its grants */
         CreditBalanceWhy: {
             unit: string;
             scope: string;
@@ -774,6 +774,34 @@ export interface components {
             used: components["schemas"]["SignedAmount"];
             expired: components["schemas"]["Amount"];
             events: components["schemas"]["CreditEvent"][];
+            /** @description Each accepted debit (not reversed, accepted by the time read) that took from a grant of this balance, in the order debits were accepted, with what it took as derived from everything known: a grant told later that comes first in the burn order moves it, while the debit's own answer stays as given. */
+            debits: components["schemas"]["CreditDebit"][];
+        };
+        CreditDebit: {
+            usage_id: string;
+            /** @description The month whose allowance it spent first */
+            period: string;
+            /**
+             * Format: date-time
+             * @description When it was accepted: it spent the grants live then
+             */
+            at: string | null;
+            amount: components["schemas"]["Amount"];
+            from_allowance: components["schemas"]["Amount"];
+            /** @description The grants of this balance it took from, in the burn order (a debit that spent grants of two scopes is listed under each balance, with its grants) */
+            from_grants: {
+                /** @description A Stripe credit grant's id, or a catalog pack's pack:{payment}:{price} */
+                grant_id: string;
+                /** @description Known values: stripe_credit_grant, catalog_pack, polar_meter_credit (a client accepts others too). */
+                origin: string;
+                /** @description The event the grant's register holds (a pack's: the payment that bought it, or the refund that voided it), as events lists it */
+                event_id: number | null;
+                amount: components["schemas"]["Amount"];
+            }[];
+            /** @description What nothing held once everything known is counted (the provider told later of applications that took the credit first); 0 unless so */
+            unfunded: components["schemas"]["Amount"];
+            /** @constant */
+            order_version: 1;
         };
         CreditEvent: {
             event_id: number;

@@ -1,5 +1,6 @@
 //! What Kinde billing events mean for the registers: plan events set the customer's plan
-//! register and grant their plan; payments and overdue invoices move the payment standing;
+//! register and grant their plan; payments and overdue invoices move the payment standing (a
+//! payment of a key the catalog gives a credit pack buys the pack);
 //! the entitlements reconciliation read (`customer.entitlements_read`) sets the customer's
 //! Kinde entitlements.
 
@@ -7,7 +8,7 @@ use serde_json::Value;
 
 use super::{content_hash, CUSTOMER_FIELDS};
 use crate::billing::model::read::{first_text, resolve, text};
-use crate::billing::model::{no_meaning, not_billing, with_grant};
+use crate::billing::model::{no_meaning, not_billing, packs_bought, plan_candidates, with_grant};
 use crate::billing::{Decided, Decision, Effect, PaymentStatus, Problem};
 use crate::domain::{features, Catalog, FeatureValue, Features};
 
@@ -131,18 +132,27 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
             plan: None,
             key: None,
         }]),
-        "customer.payment_succeeded" => Decision::apply(with_grant(
-            vec![
-                Effect::Payment {
-                    id: payment_id(),
-                    status: PaymentStatus::Paid,
-                    plan_key: resolved.plan.as_ref().map(|p| p.key.clone()),
-                },
-                Effect::Standing { past_due: false },
-            ],
-            &resolved.plan,
-        ))
-        .noted(resolved.note),
+        "customer.payment_succeeded" => {
+            let id = payment_id();
+            // A key the catalog gives a credit pack buys it, keyed by the payment (docs/design.md
+            // §4.14), and names no plan. Kinde sends no refund event, so nothing voids it.
+            let one_each: Vec<(&str, u32)> = plan_keys.iter().map(|k| (*k, 1)).collect();
+            let packs = packs_bought(&id, &one_each, catalog);
+            let resolved = resolve(catalog, &plan_candidates(&plan_keys, catalog));
+            let mut effects = with_grant(
+                vec![
+                    Effect::Payment {
+                        id,
+                        status: PaymentStatus::Paid,
+                        plan_key: resolved.plan.as_ref().map(|p| p.key.clone()),
+                    },
+                    Effect::Standing { past_due: false },
+                ],
+                &resolved.plan,
+            );
+            effects.extend(packs);
+            Decision::apply(effects).noted(resolved.note)
+        }
         "customer.payment_failed" => Decision::apply(vec![
             Effect::Payment {
                 id: payment_id(),
@@ -267,6 +277,35 @@ mod tests {
             id: "evt_9".into(),
             status: PaymentStatus::Paid,
             plan_key: None
+        }));
+    }
+
+    #[test]
+    fn a_payment_of_a_pack_key_buys_the_pack_by_its_payment_and_names_no_plan() {
+        let packs = Catalog::parse(
+            r#"{"pro": {"plan": "pro", "monthly_allowance": 500},
+                "credits_1000": {"credits": {"amount": 1000}}}"#,
+        )
+        .unwrap();
+        let p = json!({"event_id": "evt_9",
+                       "data": {"customer_id": "c", "payment_id": "pay_1",
+                                "plan": {"key": "credits_1000"}}});
+        let decided = decide(SourceKind::Kinde, "customer.payment_succeeded", &p, &packs);
+        let Decision::Apply { effects, notes } = decided else {
+            panic!("a payment applies: {decided:?}");
+        };
+        assert!(notes.is_empty(), "a pack is no unknown plan: {notes:?}");
+        assert!(!effects.iter().any(|e| matches!(e, Effect::Grant { .. })));
+        assert!(effects.contains(&Effect::Payment {
+            id: "pay_1".into(),
+            status: PaymentStatus::Paid,
+            plan_key: None
+        }));
+        assert!(effects.contains(&Effect::PackBought {
+            payment: "pay_1".into(),
+            price: "credits_1000".into(),
+            pack: packs.pack("credits_1000").unwrap().clone(),
+            quantity: 1,
         }));
     }
 

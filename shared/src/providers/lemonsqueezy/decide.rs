@@ -1,11 +1,14 @@
 //! What Lemon Squeezy's events mean for the registers (docs/design.md §6.5): the subscription
 //! object is the state, in the billing model's words; a paid order or subscription invoice is
-//! a payment (an invoice grants its subscription's plan); a full refund ends it.
+//! a payment (an invoice grants its subscription's plan, an order of a pack's variant buys the
+//! pack); a full refund ends it.
 
 use serde_json::Value;
 
 use crate::billing::model::read::{flag, iso_time, required, resolve, text};
-use crate::billing::model::{not_billing, paid, subscription_effects};
+use crate::billing::model::{
+    not_billing, packs_bought, paid, plan_candidates, subscription_effects,
+};
 use crate::billing::{
     Decided, Decision, Effect, PaymentStatus, Problem, Resolved, SubscriptionEnds,
 };
@@ -160,10 +163,7 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
         "order_created" => {
             let (id, attributes) = object(p, "orders")?;
             match text(attributes, "/status") {
-                Some("paid") => paid(
-                    payment_id("orders", id),
-                    resolved(catalog, &plan_keys(attributes)),
-                ),
+                Some("paid") => order_paid(payment_id("orders", id), attributes, catalog),
                 other => Decision::Ignore(format!(
                     "the order is {}, not paid",
                     other.unwrap_or("without a status")
@@ -176,6 +176,38 @@ pub fn decide(event_type: &str, p: &Value, catalog: &Catalog) -> Decided {
         }
         other => not_billing(other),
     })
+}
+
+/// A paid order: the most specific key of its item the catalog knows (its variant, else its
+/// product) names the plan it grants for the event's period and the credit pack it buys
+/// (docs/design.md §4.14), keyed by the order, so its `order_refunded` voids what remains.
+/// An order carries its first item only (`first_order_item`, an Order Item: "A positive
+/// integer representing the quantity of this order item", docs.lemonsqueezy.com/api/order-items;
+/// a checkout sells one variant), so `quantity` packs of it are one grant.
+fn order_paid(id: String, attributes: &Value, catalog: &Catalog) -> Decision {
+    let keys = plan_keys(attributes);
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let Some(known) = keys
+        .iter()
+        .copied()
+        .find(|k| catalog.get(k).is_some() || catalog.pack(k).is_some())
+    else {
+        // No key known: no plan, and the note names the variant.
+        return paid(id, resolve(catalog, &keys));
+    };
+    let quantity = attributes
+        .pointer("/first_order_item/quantity")
+        .and_then(Value::as_u64)
+        .map_or(1, |q| u32::try_from(q).unwrap_or(u32::MAX));
+    let packs = packs_bought(&id, &[(known, quantity)], catalog);
+    // A key the catalog knows only as a pack names no plan.
+    match paid(id, resolve(catalog, &plan_candidates(&[known], catalog))) {
+        Decision::Apply { mut effects, notes } => {
+            effects.extend(packs);
+            Decision::Apply { effects, notes }
+        }
+        other => other,
+    }
 }
 
 /// A refund of an order or a subscription invoice: a full one (`status: refunded`) ends the
@@ -332,6 +364,46 @@ mod tests {
             ls(&partial),
             Decision::Ignore("a partial refund changes no billing state".into())
         );
+    }
+
+    #[test]
+    fn an_order_of_a_pack_variant_buys_its_quantity_keyed_by_the_order() {
+        let packs = Catalog::parse(
+            r#"{"1": {"plan": "pro", "monthly_allowance": 500},
+                "201": {"credits": {"amount": 500}}}"#,
+        )
+        .unwrap();
+        let mut p = corpus("order_created");
+        p["data"]["attributes"]["first_order_item"]["variant_id"] = json!(201);
+        p["data"]["attributes"]["first_order_item"]["quantity"] = json!(3);
+        let decided = decide(SourceKind::LemonSqueezy, "order_created", &p, &packs);
+        let Decision::Apply { effects, notes } = decided else {
+            panic!("a paid order applies: {decided:?}")
+        };
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(
+            effects,
+            vec![
+                Effect::Payment {
+                    id: "orders/1".into(),
+                    status: PaymentStatus::Paid,
+                    plan_key: None
+                },
+                Effect::PackBought {
+                    payment: "orders/1".into(),
+                    price: "201".into(),
+                    pack: packs.pack("201").unwrap().clone(),
+                    quantity: 3,
+                }
+            ],
+            "the variant decides: its product, a plan key, is not read"
+        );
+        // A pending order buys nothing yet.
+        p["data"]["attributes"]["status"] = json!("pending");
+        assert!(matches!(
+            decide(SourceKind::LemonSqueezy, "order_created", &p, &packs),
+            Decision::Ignore(_)
+        ));
     }
 
     #[test]

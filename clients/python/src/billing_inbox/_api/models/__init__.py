@@ -13,6 +13,8 @@ from .bad_request_error import BadRequestError
 from .beaten import Beaten
 from .credit_balance import CreditBalance
 from .credit_balance_why import CreditBalanceWhy
+from .credit_debit import CreditDebit
+from .credit_debit_from_grants_item import CreditDebitFromGrantsItem
 from .credit_event import CreditEvent
 from .credit_grant import CreditGrant
 from .credit_grant_told import CreditGrantTold
@@ -81,6 +83,8 @@ __all__ = (
     "Beaten",
     "CreditBalance",
     "CreditBalanceWhy",
+    "CreditDebit",
+    "CreditDebitFromGrantsItem",
     "CreditEvent",
     "CreditGrant",
     "CreditGrantTold",

@@ -36,7 +36,8 @@ class Why:
         pending (list[int]): Events of the account not finished yet: the registers do not show them yet
         divergent (list[str]): Fields whose register differs from the fold (empty for a cut, which is not compared)
         credits_ (list[CreditBalanceWhy]): Each prepaid credit balance as of at (now without one), with the events
-            behind it: each grant's (the one its register holds) and each transaction's counted
+            behind it (each grant's, the one its register holds, and each transaction's counted) and the debits that spent
+            its grants
         stripe_account (str | Unset): A Connect customer's connected account
     """
 
