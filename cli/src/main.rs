@@ -9,6 +9,7 @@ mod bench_api;
 mod bench_budget;
 mod bench_meters;
 mod bench_peer;
+mod bench_scratch;
 mod bench_serve;
 mod delay;
 mod dev;
