@@ -1028,6 +1028,45 @@ fn the_divergences_page_lists_every_account_and_field_each_linked_to_its_why_row
 }
 
 #[test]
+fn the_divergences_page_lists_the_provider_audits_open_meter_and_credit_differences() {
+    let data = json!({"divergences": [],
+        "meter_differences": [
+            {"source": "stripe", "customer_id": "cus_m", "period": "2026-12", "meter": "api_calls",
+             "ours": 12, "theirs": 9.0, "first_seen_at": "2026-12-03T09:00:00Z",
+             "last_seen_at": "2026-12-03T10:00:00Z"}],
+        "credit_differences": [
+            {"source": "stripe", "customer_id": "cus_c", "grant_id": "credgr_1", "unit": "usd",
+             "ours": "1000", "theirs": "700", "first_seen_at": "2026-12-03T09:00:00Z",
+             "last_seen_at": "2026-12-03T10:00:00Z"},
+            {"source": "stripe", "customer_id": "cus_c", "grant_id": "credgr_2", "unit": "usd",
+             "ours": null, "theirs": "9", "first_seen_at": "2026-12-03T09:00:00Z",
+             "last_seen_at": "2026-12-03T10:00:00Z"}]});
+    let html = rendered(&Page::Divergences, &data, &[]);
+    has(
+        &html,
+        &[
+            "No stored field differs",
+            "1 account month(s) where the provider's meter counts otherwise",
+            r#"<tr data-account="stripe/cus_m" data-meter="api_calls">"#,
+            r#"<td><code>api_calls</code><span class="second">2026-12</span></td>"#,
+            r#"<td class="num"><strong>12</strong></td><td class="num">9.0</td>"#,
+            "2 Stripe credit grant(s) whose mirrored ledger balance differs",
+            r#"<tr data-account="stripe/cus_c" data-grant="credgr_1">"#,
+            r#"<td class="num"><strong>1000</strong></td><td class="num">700</td>"#,
+            r#"<td class="num"><strong><em>not mirrored</em></strong></td><td class="num">9</td>"#,
+            r#"<a href="/lambda-url/api/console/accounts/stripe/cus_c">"#,
+        ],
+    );
+    no_inline_code(&html);
+    let none = rendered(&Page::Divergences, &json!({"divergences": []}), &[]);
+    has(
+        &none,
+        &["No open meter difference", "No open credit difference"],
+    );
+    assert!(!none.contains("id=\"credit-differences\""), "{none}");
+}
+
+#[test]
 fn the_meters_page_says_when_no_source_has_a_meter() {
     let html = rendered(&Page::Meters, &json!({"reports": [], "meters": {}}), &[]);
     has(&html, &["No source of this deployment has a meter"]);
