@@ -336,6 +336,33 @@ async fn inboxctl_differences_lists_the_open_credit_and_meter_differences_and_no
         answer.body["meter_differences"],
         listed["meter_differences"]
     );
+    // The overview counts both and says where they are listed.
+    let overview = crate::app_api::call(
+        &state,
+        "GET",
+        "/v1/admin/overview",
+        Some(crate::app_api::ADMIN_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(overview.status, http::StatusCode::OK, "{}", overview.body);
+    assert_eq!(overview.body["credit_differences_open"], 1);
+    assert_eq!(overview.body["meter_reports"]["differences_open"], 1);
+    let attention: Vec<(&str, &str)> = overview.body["needs_attention"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["kind"].as_str().unwrap().ends_with("_differences"))
+        .map(|a| (a["kind"].as_str().unwrap(), a["link"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        attention,
+        [
+            ("meter_differences", "divergences"),
+            ("credit_differences", "divergences")
+        ]
+    );
 
     // Once resolved, nothing is listed.
     sqlx::query("UPDATE credit_audit_differences SET resolved_at = now()")

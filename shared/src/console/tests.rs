@@ -976,6 +976,7 @@ fn an_unused_source_is_no_alarm_and_says_no_delivery_yet() {
 fn every_overview_figure_says_what_it_counts_and_links_its_list() {
     let mut data = overview("");
     data["meter_reports"] = json!({"pending": 3, "dead": 1, "differences_open": 2});
+    data["credit_differences_open"] = json!(5);
     data["needs_attention"].as_array_mut().unwrap().push(
         json!({"kind": "divergences", "count": 4, "detail": "4 field(s) differ",
                      "link": "divergences"}),
@@ -986,7 +987,8 @@ fn every_overview_figure_says_what_it_counts_and_links_its_list() {
         &[
             r#"<th scope="row">Meter reports waiting to be sent to a provider's meter</th><td class="num" data-count="meter_reports_pending"><a href="/lambda-url/api/console/meters?status=pending">3</a>"#,
             r#"data-count="meter_reports_dead"><a href="/lambda-url/api/console/meters?status=dead">1</a>"#,
-            r#"data-count="meter_differences_open"><a href="/lambda-url/api/console/meters">2</a>"#,
+            r#"data-count="meter_differences_open"><a href="/lambda-url/api/console/divergences">2</a>"#,
+            r#"data-count="credit_differences_open"><a href="/lambda-url/api/console/divergences">5</a>"#,
             // the divergences' item opens the list of them all, not one account
             r#"<li class="attention" data-kind="divergences"><a href="/lambda-url/api/console/divergences">"#,
             // a source with nothing waiting says none; applied events are not counted there

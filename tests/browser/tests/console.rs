@@ -744,6 +744,14 @@ async fn each_page_says_at_its_top_what_needs_a_person() {
         browser
             .find("#needs-attention li[data-kind='dead_events'] a[href*='status=dead']")
             .await?;
+        // The provider audits' differences need a person too, and open the list of them.
+        for kind in ["meter_differences", "credit_differences"] {
+            browser
+                .find(&format!(
+                    "#needs-attention li[data-kind='{kind}'] a[href$='/console/divergences']"
+                ))
+                .await?;
+        }
         browser
             .text_where(
                 "#totals td[data-count='meter_reports_pending']",
