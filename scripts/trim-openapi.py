@@ -45,10 +45,12 @@ UPSTREAM = {
         # GetPaymentIntentsIntent, GetChargesCharge, GetV2CoreEventsId) were cut later, from
         # the same file's operations at a2de9917ac9c7be3ba11abd5151b5c2df3add59e.
         # The credits audit's two reads (GetBillingCreditBalanceSummary, GetBillingCreditGrants)
-        # were cut after those, from the same file's operations at the same commit.
+        # were cut after those, from the same file's operations at the same commit, and the
+        # read of one grant a thin grant event makes (GetBillingCreditGrantsId) after them.
         "cut-from-later": "GetCustomersCustomer, GetPaymentIntentsIntent, GetChargesCharge and "
-        "GetV2CoreEventsId, then GetBillingCreditBalanceSummary and GetBillingCreditGrants, from "
-        "latest/openapi.spec3.json at a2de9917ac9c7be3ba11abd5151b5c2df3add59e",
+        "GetV2CoreEventsId, then GetBillingCreditBalanceSummary and GetBillingCreditGrants, then "
+        "GetBillingCreditGrantsId, from latest/openapi.spec3.json at "
+        "a2de9917ac9c7be3ba11abd5151b5c2df3add59e",
     },
     "paddle": {
         "repository": "PaddleHQ/paddle-openapi",
@@ -83,6 +85,8 @@ ROUTES = {
         # grant listed; docs/design.md §4.14, not built yet: §9).
         "/v1/billing/credit_balance_summary": ["get"],
         "/v1/billing/credit_grants": ["get"],
+        # A thin credit grant event's grant, read whole (providers/stripe/thin.rs).
+        "/v1/billing/credit_grants/{id}": ["get"],
         # Reconciliation's walk (providers/stripe/api.rs) and an entitlement summary's
         # snapshot event (providers/stripe/entitlements.rs).
         "/v1/events": ["get"],

@@ -37,10 +37,10 @@ use shared::providers::fixtures::Spec;
 use shared::providers::{ApiClient, Sources};
 
 use crate::bench::{
-    create_queue, deliver, drop_database, fresh_database, run_concurrently, spawn_pollers,
-    BenchArgs, Delivery, Polls,
+    create_queue, deliver, run_concurrently, spawn_pollers, BenchArgs, Delivery, Polls,
 };
-use crate::bench_api::{seed, with_bench_plan};
+use crate::bench_api::with_bench_plan;
+use crate::bench_scratch::{with_scratch_database, Scratch, Seed};
 
 /// The source's key in each mode: the mode's prefix makes the budget and the fake both take
 /// that mode's limits (docs.stripe.com/keys, docs.stripe.com/rate-limits): the sandbox's by
@@ -95,11 +95,7 @@ pub async fn run(
         (1..=10_000).contains(&args.debits),
         "--debits must be between 1 and 10000"
     );
-    let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
-    let db = format!("inbox_budgetbench_{tag}");
-    let result = bench(args, events, server, &db, &tag).await;
-    drop_database(server, &db).await;
-    let report = result?;
+    let report = with_scratch_database(server, "budget", |db| bench(args, events, db)).await?;
     if json_output {
         crate::output::emit(&report.to_string());
     } else {
@@ -203,13 +199,7 @@ fn thin_event(id: &str, sub: &str, at: chrono::DateTime<Utc>, twin: &str, live: 
     })
 }
 
-async fn bench(
-    args: &BenchArgs,
-    events: usize,
-    server: &str,
-    db: &str,
-    tag: &str,
-) -> anyhow::Result<Value> {
+async fn bench(args: &BenchArgs, events: usize, db: Scratch) -> anyhow::Result<Value> {
     let catalog = with_bench_plan(&args.plans)?;
     let sender = args.signing.sender("").await?;
 
@@ -223,26 +213,15 @@ async fn bench(
     stripe.mount(&api).await;
     let source = budgeted_source(&sender, &api.uri(), mode)?;
 
-    let pool = fresh_database(
-        server,
-        db,
-        shared::platform::database::pool_options((CONCURRENCY * 3 + 8) as u32),
-        None,
-    )
-    .await?;
-    eprintln!(
-        "bench --budget: seeding {METERED} metered customers on '{}'",
-        source.name
-    );
-    let metered = seed(
-        &sender,
-        &source,
-        std::slice::from_ref(&source),
-        &pool,
-        &catalog,
-        METERED - 1,
-    )
-    .await?;
+    let seed = Seed {
+        sender: &sender,
+        source: &source,
+        configs: std::slice::from_ref(&source),
+        catalog: &catalog,
+        customers: METERED - 1,
+    };
+    let seeded = db.seeded((CONCURRENCY * 3 + 8) as u32, seed).await?;
+    let (pool, metered) = (seeded.pool, seeded.customers);
 
     // The account's objects and events: each thin event's subscription, and the events the
     // webhooks never brought, spread over the walk's first three days.
@@ -286,8 +265,8 @@ async fn bench(
     }
 
     let sqs = aws_sdk_sqs::Client::new(&shared::platform::queue::sdk_config().await);
-    let events_url = create_queue(&sqs, &format!("inbox-budgetbench-{tag}")).await?;
-    let outbox_url = create_queue(&sqs, &format!("inbox-budgetbench-reports-{tag}")).await;
+    let events_url = create_queue(&sqs, &format!("inbox-budgetbench-{}", db.tag)).await?;
+    let outbox_url = create_queue(&sqs, &format!("inbox-budgetbench-reports-{}", db.tag)).await;
     let outcome = match outbox_url {
         Ok(outbox_url) => {
             let queues = (&sqs, events_url.as_str(), outbox_url.as_str());

@@ -24,8 +24,9 @@ use shared::platform::secrets::ApiKey;
 use shared::providers::stripe::meter::StripeMeter;
 use shared::providers::Api;
 
-use crate::bench::{drop_database, fresh_database, percentile, run_concurrently, BenchArgs};
-use crate::bench_api::{seed, seed_source, with_bench_plan};
+use crate::bench::{percentile, run_concurrently, BenchArgs};
+use crate::bench_api::{seed_source, with_bench_plan};
+use crate::bench_scratch::{with_scratch_database, Scratch, Seed, Seeded};
 
 /// The meter's event name at the fake.
 const METER: &str = "bench_api_calls";
@@ -48,11 +49,7 @@ pub async fn run(
         (1..=256).contains(&args.senders),
         "--senders must be between 1 and 256"
     );
-    let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
-    let db = format!("inbox_meterbench_{tag}");
-    let result = bench(args, reports, server, &db).await;
-    drop_database(server, &db).await;
-    let report = result?;
+    let report = with_scratch_database(server, "meter", |db| bench(args, reports, db)).await?;
     if json_output {
         crate::output::emit(&report.to_string());
     } else {
@@ -70,25 +67,21 @@ pub async fn run(
     Ok(())
 }
 
-async fn bench(args: &BenchArgs, reports: usize, server: &str, db: &str) -> anyhow::Result<Value> {
+async fn bench(args: &BenchArgs, reports: usize, db: Scratch) -> anyhow::Result<Value> {
     let catalog = with_bench_plan(&args.plans)?;
     let sender = args.signing.sender("").await?;
     let source = seed_source(&sender)?;
     let configs = shared::platform::config::parse_sources(&args.signing.sources)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let connections = (args.senders + 2) as u32;
-    let pool = fresh_database(
-        server,
-        db,
-        shared::platform::database::pool_options(connections),
-        None,
-    )
-    .await?;
-    eprintln!(
-        "bench --meters: seeding {CUSTOMERS} customers on '{}'",
-        source.name
-    );
-    let customers = seed(&sender, &source, &configs, &pool, &catalog, CUSTOMERS).await?;
+    let seed = Seed {
+        sender: &sender,
+        source: &source,
+        configs: &configs,
+        catalog: &catalog,
+        customers: CUSTOMERS,
+    };
+    let Seeded { pool, customers } = db.seeded(connections, seed).await?;
 
     // The debits, each writing its report in the statement that accepts it.
     let written = Instant::now();

@@ -9,9 +9,11 @@ mod bench_api;
 mod bench_budget;
 mod bench_meters;
 mod bench_peer;
+mod bench_scratch;
 mod bench_serve;
 mod delay;
 mod dev;
+mod differences;
 mod effects;
 mod fakes;
 mod features;
@@ -105,6 +107,9 @@ enum Command {
     /// List meter reports (debits told to the provider's meter), newest first; `meters
     /// replay` sends dead ones again, `meters audit` compares them with the provider's totals.
     Meters(meters::MetersArgs),
+    /// The provider audits' open differences: meter totals and Stripe credit balances that
+    /// differ from ours, oldest first.
+    Differences,
     /// Build, sign and POST a realistic delivery to the intake.
     Send(send::SendArgs),
     /// Run a reference delivery script against the running stack and print its timeline.
@@ -234,6 +239,7 @@ async fn run(cli: &Cli, counter: &bench::StatementCounter) -> anyhow::Result<()>
         Command::Effects(args) => effects::run(args, &connect(cli).await?, cli.json).await,
         Command::Effect { id } => effects::show(&connect(cli).await?, id, cli.json).await,
         Command::Meters(args) => meters::run(args, &connect(cli).await?, cli.json).await,
+        Command::Differences => differences::run(&connect(cli).await?, cli.json).await,
         Command::Send(args) => send::run(args, cli.json).await,
         Command::Dev(args) => dev::run(args).await,
         Command::Listen(args) => listen::run(args, cli.json).await,

@@ -741,21 +741,15 @@ async fn the_schedulers_tick_tells_an_expiry_no_event_marks_once(pool: PgPool) {
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
 async fn a_thin_credit_grant_event_is_read_and_written_to_the_same_register(pool: PgPool) {
-    use wiremock::matchers::{method, path};
-    use wiremock::{Mock, ResponseTemplate};
     let mut app = TestApp::spawn(pool.clone()).await;
-    let api = wiremock::MockServer::start().await;
+    // The fake Stripe answers `GET /v1/billing/credit_grants/{id}` with the grant as the
+    // account holds it ("Retrieves a credit grant", docs.stripe.com/api/billing/credit-grant/
+    // retrieve), each request checked against Stripe's description: the corpus's grant as its
+    // later snapshot shows it.
+    let api = crate::thin::StripeApi::start().await;
     crate::traffic::with_stripe_api(&mut app.worker, &api);
-    // `GET /v1/billing/credit_grants/{id}` answers the grant ("Retrieve a credit grant",
-    // docs.stripe.com/api/billing/credit-grant/retrieve; neither the pinned
-    // testdata/openapi/stripe.json nor the fake Stripe's description holds the credits paths
-    // yet, so a plain mock answers it): the corpus's grant as its later snapshot shows it.
-    let shown = credits_corpus("")[2]["data"]["object"].clone();
-    Mock::given(method("GET"))
-        .and(path(format!("/v1/billing/credit_grants/{GRANT}")))
-        .respond_with(ResponseTemplate::new(200).set_body_json(shown))
-        .mount(&api)
-        .await;
+    api.fake
+        .holds(credits_corpus("")[2]["data"]["object"].clone());
     let thin = corpus("stripe/credits")
         .into_iter()
         .find(|(name, _)| name.starts_with("6-v1."))
@@ -775,4 +769,12 @@ async fn a_thin_credit_grant_event_is_read_and_written_to_the_same_register(pool
     // The snapshot event of the same change, delivered too, changes nothing more.
     deliver(&app, &credits_corpus("")[2..3]).await;
     assert_eq!(app.count("SELECT count(*) FROM credit_grants").await, 1);
+    let reads: Vec<String> = api
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .map(|r| format!("{} {}", r.method, r.url.path()))
+        .collect();
+    assert_eq!(reads, [format!("GET /v1/billing/credit_grants/{GRANT}")]);
 }

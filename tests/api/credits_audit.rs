@@ -247,3 +247,133 @@ async fn every_grant_stripe_lists_is_read_past_its_first_page(pool: PgPool) {
         .iter()
         .all(|d| d.ours.is_none() && d.theirs.as_deref() == Some("0")));
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn inboxctl_differences_lists_the_open_credit_and_meter_differences_and_not_resolved_ones(
+    pool: PgPool,
+) {
+    use crate::cli::{database_url, inboxctl, run};
+    let app = TestApp::spawn(pool.clone()).await;
+    let fake = FakeStripe::default();
+    let mut events = granted_and_applied(&fake, "cus_AuditListed", "credgr_listed");
+    events.pop();
+    deliver(&app, &events).await;
+    let server = fake.serve().await;
+    let found = audit_now(&pool, &stripe_at(&server.uri())).await;
+    assert_eq!(found.new, 1, "{found:?}");
+    // A meter difference open and one resolved, as the meter audit leaves them.
+    sqlx::query(
+        "INSERT INTO meter_audit_differences (source, customer_id, period, meter, ours, theirs,
+                                              resolved_at)
+         VALUES ('stripe', 'cus_MeterOpen', '2026-11', 'api_calls', 12, 9, NULL),
+                ('stripe', 'cus_MeterDone', '2026-11', 'api_calls', 3, 2, now())",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let url = database_url(&pool).await;
+
+    let (output, stdout, stderr) = run(inboxctl()
+        .args(["differences", "--json"])
+        .env("DATABASE_URL", &url));
+    assert!(output.status.success(), "{stderr}");
+    let listed: Value = serde_json::from_str(&stdout).unwrap();
+    let credits = listed["credit_differences"].as_array().unwrap();
+    assert_eq!(credits.len(), 1, "{listed}");
+    assert_eq!(
+        (
+            &credits[0]["grant_id"],
+            &credits[0]["ours"],
+            &credits[0]["theirs"]
+        ),
+        (&json!("credgr_listed"), &json!("1000"), &json!("700"))
+    );
+    let meters = listed["meter_differences"].as_array().unwrap();
+    assert_eq!(meters.len(), 1, "only the open one: {listed}");
+    assert_eq!(
+        (
+            &meters[0]["customer_id"],
+            &meters[0]["ours"],
+            &meters[0]["theirs"]
+        ),
+        (&json!("cus_MeterOpen"), &json!(12), &json!(9.0))
+    );
+
+    let (output, stdout, stderr) = run(inboxctl().arg("differences").env("DATABASE_URL", &url));
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("1 meter and 1 credits difference(s) open"),
+        "{stdout}"
+    );
+    for shown in [
+        "stripe/cus_AuditListed",
+        "credgr_listed",
+        "700",
+        "cus_MeterOpen",
+    ] {
+        assert!(stdout.contains(shown), "{shown}: {stdout}");
+    }
+    assert!(!stdout.contains("cus_MeterDone"), "{stdout}");
+
+    // The console's list (`GET /v1/admin/divergences`) answers the same, as docs/openapi.yaml
+    // describes it.
+    let state = crate::app_api::api_state(&pool);
+    let answer = crate::app_api::call(
+        &state,
+        "GET",
+        "/v1/admin/divergences",
+        Some(crate::app_api::ADMIN_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(answer.status, http::StatusCode::OK, "{}", answer.body);
+    assert_eq!(
+        answer.body["credit_differences"],
+        listed["credit_differences"]
+    );
+    assert_eq!(
+        answer.body["meter_differences"],
+        listed["meter_differences"]
+    );
+    // The overview counts both and says where they are listed.
+    let overview = crate::app_api::call(
+        &state,
+        "GET",
+        "/v1/admin/overview",
+        Some(crate::app_api::ADMIN_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(overview.status, http::StatusCode::OK, "{}", overview.body);
+    assert_eq!(overview.body["credit_differences_open"], 1);
+    assert_eq!(overview.body["meter_reports"]["differences_open"], 1);
+    let attention: Vec<(&str, &str)> = overview.body["needs_attention"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["kind"].as_str().unwrap().ends_with("_differences"))
+        .map(|a| (a["kind"].as_str().unwrap(), a["link"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        attention,
+        [
+            ("meter_differences", "divergences"),
+            ("credit_differences", "divergences")
+        ]
+    );
+
+    // Once resolved, nothing is listed.
+    sqlx::query("UPDATE credit_audit_differences SET resolved_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE meter_audit_differences SET resolved_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (output, stdout, _) = run(inboxctl().arg("differences").env("DATABASE_URL", &url));
+    assert!(output.status.success());
+    assert!(stdout.contains("no open difference"), "{stdout}");
+}

@@ -635,7 +635,7 @@ async fn an_operator_finds_an_event_reads_its_story_and_replays_one_or_all_dead(
 
     assert_eq!(
         get(&state, ADMIN_KEY, "/v1/admin/divergences").await.body,
-        json!({"divergences": []})
+        json!({"divergences": [], "meter_differences": [], "credit_differences": []})
     );
     let trail = get(&state, ADMIN_KEY, "/v1/admin/audit-trail?limit=2").await;
     let actions: Vec<&str> = trail.body["actions"]

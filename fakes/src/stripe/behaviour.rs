@@ -687,4 +687,35 @@ mod reads {
             [Some("evt_thin".to_owned()), None]
         );
     }
+
+    #[tokio::test]
+    async fn a_credit_grant_is_retrieved_as_its_latest_snapshot_and_an_unknown_one_is_missing() {
+        let fake = FakeStripe::default();
+        let grant = |name: &str| {
+            json!({"id": "credgr_1", "object": "billing.credit_grant", "created": 1,
+                   "customer": "cus_1", "name": name,
+                   "amount": {"type": "monetary", "monetary": {"currency": "usd", "value": 500}}})
+        };
+        fake.holds(grant("first"));
+        fake.holds(grant("renamed"));
+        let server = fake.serve().await;
+        let path = "/v1/billing/credit_grants/credgr_1";
+        let (status, body, _) = get(&server, "sk_test_x", path, &[], None).await;
+        assert_eq!((status, body["name"].as_str()), (200, Some("renamed")));
+        let (status, body, _) = get(
+            &server,
+            "sk_test_x",
+            "/v1/billing/credit_grants/credgr_none",
+            &[],
+            None,
+        )
+        .await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (404, Some("resource_missing"))
+        );
+        // Another account's grant is not this one's.
+        let (status, _, _) = get(&server, "sk_test_x", path, &[], Some("acct_other")).await;
+        assert_eq!(status, 404);
+    }
 }

@@ -1,5 +1,5 @@
-//! Stripe Billing Credits, read side: `GET /v1/billing/credit_grants` and `GET
-//! /v1/billing/credit_balance_summary`, answered from the `billing.credit_grant` and
+//! Stripe Billing Credits, read side: `GET /v1/billing/credit_grants`, `GET
+//! /v1/billing/credit_grants/{id}` and `GET /v1/billing/credit_balance_summary`, answered from the `billing.credit_grant` and
 //! `billing.credit_balance_transaction` objects a test has the account hold
 //! ([`super::FakeStripe::holds`]), so a summary is what the grants' own ledgers sum to.
 
@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::lists::{created, error, get, page};
+use super::lists::{created, error, get, missing, page};
 
 /// `GET /v1/billing/credit_grants`: "Retrieve a list of credit grants." (stripe/openapi,
 /// GetBillingCreditGrants), filtered by "`customer`: Only return credit grants for this
@@ -28,6 +28,21 @@ pub(super) fn list_grants(path: &str, held: &[&Value], query: &[(String, String)
         listed.into_iter().map(|(_, o)| o.clone()).collect(),
         query,
     )
+}
+
+/// `GET /v1/billing/credit_grants/{id}`: "Retrieves a credit grant." (stripe/openapi,
+/// GetBillingCreditGrantsId; docs.stripe.com/api/billing/credit-grant/retrieve): the
+/// `billing.credit_grant` as the account holds it now, its latest snapshot; an id the account
+/// holds no grant of is Stripe's 404 `resource_missing`, "No such credit grant".
+pub(super) fn retrieve_grant(held: &[&Value], id: &str) -> (u16, Value) {
+    match held
+        .iter()
+        .rev()
+        .find(|o| o["object"] == "billing.credit_grant" && o["id"] == id)
+    {
+        Some(grant) => (200, (*grant).clone()),
+        None => missing("credit grant", id, "id"),
+    }
 }
 
 /// `GET /v1/billing/credit_balance_summary`: "Retrieves the credit balance summary for a

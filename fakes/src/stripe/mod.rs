@@ -7,7 +7,7 @@
 //!   faults a test scripts or a decider decides, Stripe's 429, the request ids;
 //! - `meter.rs`: the meter side (meter events and adjustments with Stripe's idempotency layer,
 //!   the meters and their event summaries);
-//! - `credits.rs`: Billing Credits read back (grants listed, balance summaries), summed from the
+//! - `credits.rs`: Billing Credits read back (grants listed or retrieved, balance summaries), summed from the
 //!   grants and transactions the read side holds;
 //! - `reads.rs`: the read side (the objects, lists and v2 events a test seeds) and the rate
 //!   limiter every request meets first;

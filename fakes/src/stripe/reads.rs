@@ -34,7 +34,7 @@ use super::credits;
 use super::lists::{created, error, get, missing, page};
 
 /// Where the read routes are: the v1 objects and lists the project reads, and v2 events.
-const READ_ROUTES: &str = r"^(/v1/(events|subscriptions|invoices|invoice_payments|customers|payment_intents|charges)(/[^/]+)?|/v1/entitlements/active_entitlements|/v1/billing/(credit_grants|credit_balance_summary)|/v2/core/events/[^/]+)$";
+const READ_ROUTES: &str = r"^(/v1/(events|subscriptions|invoices|invoice_payments|customers|payment_intents|charges)(/[^/]+)?|/v1/entitlements/active_entitlements|/v1/billing/(credit_grants(/[^/]+)?|credit_balance_summary)|/v2/core/events/[^/]+)$";
 
 /// "List events, going back up to 30 days." (docs.stripe.com/api/events/list); "we only
 /// guarantee access to events through the Retrieve Event API for 30 days"
@@ -488,6 +488,10 @@ impl Reads {
             ["v1", "billing", "credit_grants"] => {
                 let held = self.held_in(&context);
                 credits::list_grants(path, &held, &query)
+            }
+            ["v1", "billing", "credit_grants", id] => {
+                let held = self.held_in(&context);
+                credits::retrieve_grant(&held, id)
             }
             ["v1", "billing", "credit_balance_summary"] => {
                 let held = self.held_in(&context);

@@ -15,15 +15,16 @@
 //! Stripe may hold back what it is applying to an invoice not yet final, which no event tells;
 //! comparing it would find differences the events cannot explain.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
+use super::differences::{self, Account, Differences};
 use crate::billing::credits::{Origin, Quantity};
 use crate::billing::credits_read;
 use crate::domain::CustomerId;
@@ -209,37 +210,43 @@ pub async fn run(
             }
         };
         found.checked += 1;
-        let compared: std::collections::BTreeSet<&String> =
-            ours.keys().chain(theirs.keys()).collect();
+        let compared: BTreeSet<&String> = ours.keys().chain(theirs.keys()).collect();
         found.grants += compared.len() as u64;
         let differing = compare(&ours, &theirs);
-        let said = |q: Option<Quantity>| q.map(|q| q.to_string());
-        for d in &differing {
-            if record(pool, &source, &customer_id, d).await? {
-                found.new += 1;
-                tracing::error!(
-                    alert = "credit_difference", source = %source, customer_id = %customer_id,
-                    grant_id = %d.grant_id, unit = %d.unit,
-                    ours = %said(d.ours).unwrap_or_else(|| "not mirrored".into()),
-                    theirs = %said(d.theirs).unwrap_or_else(|| "not listed".into()),
-                    "Stripe's ledger balance of a credit grant differs from the mirrored one"
-                );
-            }
-        }
-        let agreeing: Vec<String> = ours
-            .keys()
-            .chain(theirs.keys())
+        let agreeing: Vec<String> = compared
+            .into_iter()
             .filter(|id| !differing.iter().any(|d| &d.grant_id == *id))
             .cloned()
             .collect();
-        let resolved = resolve(pool, &source, &customer_id, &agreeing).await?;
-        if resolved > 0 {
-            found.resolved += resolved;
-            tracing::info!(source = %source, customer_id = %customer_id, resolved,
+        let account = Account {
+            source: &source,
+            customer_id: &customer_id,
+        };
+        let settled = differences::settle::<Table>(pool, account, &differing, &agreeing).await?;
+        let said = |q: Option<Quantity>| q.map(|q| q.to_string());
+        for d in &settled.new {
+            found.new += 1;
+            tracing::error!(
+                alert = "credit_difference", source = %source, customer_id = %customer_id,
+                grant_id = %d.grant_id, unit = %d.unit,
+                ours = %said(d.ours).unwrap_or_else(|| "not mirrored".into()),
+                theirs = %said(d.theirs).unwrap_or_else(|| "not listed".into()),
+                "Stripe's ledger balance of a credit grant differs from the mirrored one"
+            );
+        }
+        if settled.resolved > 0 {
+            found.resolved += settled.resolved;
+            tracing::info!(source = %source, customer_id = %customer_id, resolved = settled.resolved,
                 "credit differences are resolved: Stripe's ledger balances agree again");
         }
     }
-    found.differences = open(pool, &names).await?;
+    let mut conn = pool
+        .acquire()
+        .await
+        .context("reading open credit differences")?;
+    found.differences = open(&mut conn, Some(&names), None)
+        .await
+        .context("reading open credit differences")?;
     Ok(found)
 }
 
@@ -379,72 +386,79 @@ async fn checked(pool: &PgPool, source: &str, customer_id: &str) -> anyhow::Resu
     Ok(())
 }
 
-/// Records a difference: a new one (true), or one still open seen again.
-async fn record(
-    pool: &PgPool,
-    source: &str,
-    customer_id: &str,
-    d: &Compared,
-) -> anyhow::Result<bool> {
-    let new = sqlx::query_scalar!(
-        r#"
-        INSERT INTO credit_audit_differences (source, customer_id, grant_id, unit, ours, theirs)
-        VALUES ($1, $2, $3, $4, $5, $6)
-        ON CONFLICT (source, customer_id, grant_id) WHERE resolved_at IS NULL
-        DO UPDATE SET unit = EXCLUDED.unit, ours = EXCLUDED.ours, theirs = EXCLUDED.theirs,
-                      last_seen_at = inbox_now()
-        RETURNING xmax = 0 AS "new!"
-        "#,
-        source,
-        customer_id,
-        d.grant_id,
-        d.unit,
-        d.ours.map(|q| q.to_string()),
-        d.theirs.map(|q| q.to_string()),
-    )
-    .fetch_one(exec(pool))
-    .await
-    .context("recording a credit difference")?;
-    Ok(new)
+/// `credit_audit_differences`: one open difference per grant.
+struct Table;
+
+impl Differences for Table {
+    type Seen = Compared;
+    type Key = String;
+
+    async fn record(pool: &PgPool, account: Account<'_>, d: &Compared) -> anyhow::Result<bool> {
+        let new = sqlx::query_scalar!(
+            r#"
+            INSERT INTO credit_audit_differences (source, customer_id, grant_id, unit, ours, theirs)
+            VALUES ($1, $2, $3, $4, $5, $6)
+            ON CONFLICT (source, customer_id, grant_id) WHERE resolved_at IS NULL
+            DO UPDATE SET unit = EXCLUDED.unit, ours = EXCLUDED.ours, theirs = EXCLUDED.theirs,
+                          last_seen_at = inbox_now()
+            RETURNING xmax = 0 AS "new!"
+            "#,
+            account.source,
+            account.customer_id,
+            d.grant_id,
+            d.unit,
+            d.ours.map(|q| q.to_string()),
+            d.theirs.map(|q| q.to_string()),
+        )
+        .fetch_one(exec(pool))
+        .await
+        .context("recording a credit difference")?;
+        Ok(new)
+    }
+
+    async fn resolve(
+        pool: &PgPool,
+        account: Account<'_>,
+        grants: &[String],
+    ) -> anyhow::Result<u64> {
+        let done = sqlx::query!(
+            r#"
+            UPDATE credit_audit_differences
+            SET resolved_at = inbox_now(), last_seen_at = inbox_now()
+            WHERE source = $1 AND customer_id = $2 AND grant_id = ANY($3) AND resolved_at IS NULL
+            "#,
+            account.source,
+            account.customer_id,
+            grants,
+        )
+        .execute(exec(pool))
+        .await
+        .context("resolving credit differences")?;
+        Ok(done.rows_affected())
+    }
 }
 
-/// Resolves the open differences of the grants that agree now: how many there were.
-async fn resolve(
-    pool: &PgPool,
-    source: &str,
-    customer_id: &str,
-    grants: &[String],
-) -> anyhow::Result<u64> {
-    let done = sqlx::query!(
-        r#"
-        UPDATE credit_audit_differences SET resolved_at = inbox_now(), last_seen_at = inbox_now()
-        WHERE source = $1 AND customer_id = $2 AND grant_id = ANY($3) AND resolved_at IS NULL
-        "#,
-        source,
-        customer_id,
-        grants,
-    )
-    .execute(exec(pool))
-    .await
-    .context("resolving credit differences")?;
-    Ok(done.rows_affected())
-}
-
-/// The open differences of these sources, oldest first.
-pub async fn open(pool: &PgPool, sources: &[String]) -> anyhow::Result<Vec<CreditDifference>> {
+/// The open differences, oldest first: of these sources (`None`: of every source), at most
+/// `limit` (`None`: all).
+pub async fn open(
+    conn: &mut PgConnection,
+    sources: Option<&[String]>,
+    limit: Option<i64>,
+) -> Result<Vec<CreditDifference>, sqlx::Error> {
     sqlx::query_as!(
         CreditDifference,
         r#"
         SELECT source, customer_id, grant_id, unit, ours, theirs, first_seen_at, last_seen_at
         FROM credit_audit_differences
-        WHERE resolved_at IS NULL AND source = ANY($1)
+        WHERE resolved_at IS NULL AND ($1::text[] IS NULL OR source = ANY($1))
         ORDER BY first_seen_at, id
+        LIMIT $2
         "#,
         sources,
+        limit,
     )
-    .fetch_all(exec(pool))
+    .fetch_all(exec(conn))
     .await
-    .context("reading open credit differences")
 }
 
 #[cfg(test)]

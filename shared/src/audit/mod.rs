@@ -8,8 +8,11 @@
 //! - `points`: the checked point an account's audit resumes the fold from;
 //! - `run`: the audit over many accounts, the scheduler's and `inboxctl audit`'s;
 //! - `credits`: Stripe-mirrored credit grants compared with Stripe's balance summaries.
+//! - `differences`: the life of an audit's difference (recorded, seen again, resolved), the
+//!   meter audit's and the credits audit's alike.
 
 pub mod credits;
+pub mod differences;
 mod fold_io;
 mod points;
 mod run;

@@ -19,6 +19,7 @@ fn kind_name(kind: &str) -> &str {
         "silent_source" => "Silent source",
         "dead_meter_reports" => "Dead meter reports",
         "meter_differences" => "Meter differences",
+        "credit_differences" => "Credit differences",
         "unauthorized_spike" => "Spike of 401s",
         "backlog" => "Backlog",
         other => other,
@@ -61,7 +62,7 @@ fn never_delivered(source: &Value) -> bool {
 fn waiting<'a>(
     data: &'a Value,
     links: Links,
-) -> [(&'static str, &'static str, &'a Value, String); 6] {
+) -> [(&'static str, &'static str, &'a Value, String); 7] {
     let effects = &data["effects"];
     let meters = &data["meter_reports"];
     [
@@ -93,7 +94,13 @@ fn waiting<'a>(
             "meter_differences_open",
             "Account-months where a provider's meter counts otherwise than the reports sent",
             &meters["differences_open"],
-            links.console("meters"),
+            links.console("divergences"),
+        ),
+        (
+            "credit_differences_open",
+            "Stripe credit grants whose mirrored balance differs from Stripe's",
+            &data["credit_differences_open"],
+            links.console("divergences"),
         ),
         (
             "divergences_open",

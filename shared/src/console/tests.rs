@@ -976,6 +976,7 @@ fn an_unused_source_is_no_alarm_and_says_no_delivery_yet() {
 fn every_overview_figure_says_what_it_counts_and_links_its_list() {
     let mut data = overview("");
     data["meter_reports"] = json!({"pending": 3, "dead": 1, "differences_open": 2});
+    data["credit_differences_open"] = json!(5);
     data["needs_attention"].as_array_mut().unwrap().push(
         json!({"kind": "divergences", "count": 4, "detail": "4 field(s) differ",
                      "link": "divergences"}),
@@ -986,7 +987,8 @@ fn every_overview_figure_says_what_it_counts_and_links_its_list() {
         &[
             r#"<th scope="row">Meter reports waiting to be sent to a provider's meter</th><td class="num" data-count="meter_reports_pending"><a href="/lambda-url/api/console/meters?status=pending">3</a>"#,
             r#"data-count="meter_reports_dead"><a href="/lambda-url/api/console/meters?status=dead">1</a>"#,
-            r#"data-count="meter_differences_open"><a href="/lambda-url/api/console/meters">2</a>"#,
+            r#"data-count="meter_differences_open"><a href="/lambda-url/api/console/divergences">2</a>"#,
+            r#"data-count="credit_differences_open"><a href="/lambda-url/api/console/divergences">5</a>"#,
             // the divergences' item opens the list of them all, not one account
             r#"<li class="attention" data-kind="divergences"><a href="/lambda-url/api/console/divergences">"#,
             // a source with nothing waiting says none; applied events are not counted there
@@ -1025,6 +1027,45 @@ fn the_divergences_page_lists_every_account_and_field_each_linked_to_its_why_row
     no_inline_code(&html);
     let none = rendered(&Page::Divergences, &json!({"divergences": []}), &[]);
     has(&none, &["No stored field differs"]);
+}
+
+#[test]
+fn the_divergences_page_lists_the_provider_audits_open_meter_and_credit_differences() {
+    let data = json!({"divergences": [],
+        "meter_differences": [
+            {"source": "stripe", "customer_id": "cus_m", "period": "2026-12", "meter": "api_calls",
+             "ours": 12, "theirs": 9.0, "first_seen_at": "2026-12-03T09:00:00Z",
+             "last_seen_at": "2026-12-03T10:00:00Z"}],
+        "credit_differences": [
+            {"source": "stripe", "customer_id": "cus_c", "grant_id": "credgr_1", "unit": "usd",
+             "ours": "1000", "theirs": "700", "first_seen_at": "2026-12-03T09:00:00Z",
+             "last_seen_at": "2026-12-03T10:00:00Z"},
+            {"source": "stripe", "customer_id": "cus_c", "grant_id": "credgr_2", "unit": "usd",
+             "ours": null, "theirs": "9", "first_seen_at": "2026-12-03T09:00:00Z",
+             "last_seen_at": "2026-12-03T10:00:00Z"}]});
+    let html = rendered(&Page::Divergences, &data, &[]);
+    has(
+        &html,
+        &[
+            "No stored field differs",
+            "1 account month(s) where the provider's meter counts otherwise",
+            r#"<tr data-account="stripe/cus_m" data-meter="api_calls">"#,
+            r#"<td><code>api_calls</code><span class="second">2026-12</span></td>"#,
+            r#"<td class="num"><strong>12</strong></td><td class="num">9.0</td>"#,
+            "2 Stripe credit grant(s) whose mirrored ledger balance differs",
+            r#"<tr data-account="stripe/cus_c" data-grant="credgr_1">"#,
+            r#"<td class="num"><strong>1000</strong></td><td class="num">700</td>"#,
+            r#"<td class="num"><strong><em>not mirrored</em></strong></td><td class="num">9</td>"#,
+            r#"<a href="/lambda-url/api/console/accounts/stripe/cus_c">"#,
+        ],
+    );
+    no_inline_code(&html);
+    let none = rendered(&Page::Divergences, &json!({"divergences": []}), &[]);
+    has(
+        &none,
+        &["No open meter difference", "No open credit difference"],
+    );
+    assert!(!none.contains("id=\"credit-differences\""), "{none}");
 }
 
 #[test]

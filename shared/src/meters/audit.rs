@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use chrono::{DateTime, Datelike, DurationRound, NaiveDate, TimeDelta, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use super::Meters;
+use crate::audit::differences::{self, Account, Differences};
 use crate::domain::CustomerId;
 use crate::platform::budget::Throttled;
 use crate::platform::db::exec;
@@ -162,14 +163,31 @@ pub async fn run(
             }
         };
         found.checked += 1;
+        let account = Account {
+            source: &candidate.source,
+            customer_id: &candidate.customer_id,
+        };
+        let month = MeterMonth {
+            meter: candidate.meter.clone(),
+            period: candidate.period.clone(),
+        };
         if agree(ours, theirs) {
-            if resolve(pool, &candidate).await? {
+            let settled = differences::settle::<Table>(pool, account, &[], &[month]).await?;
+            if settled.resolved > 0 {
                 found.resolved += 1;
                 tracing::info!(source = %candidate.source, customer_id = %candidate.customer_id,
                     meter = %candidate.meter, period = %candidate.period,
                     "a meter difference is resolved: the provider's total agrees again");
             }
-        } else if record(pool, &candidate, ours, theirs).await? {
+            continue;
+        }
+        let seen = [Totals {
+            month,
+            ours,
+            theirs,
+        }];
+        let settled = differences::settle::<Table>(pool, account, &seen, &[]).await?;
+        if !settled.new.is_empty() {
             found.new += 1;
             let maybe_held = maybe_held(pool, &candidate, start, end).await?;
             tracing::error!(
@@ -180,7 +198,13 @@ pub async fn run(
             );
         }
     }
-    found.differences = open(pool, &sources).await?;
+    let mut conn = pool
+        .acquire()
+        .await
+        .context("reading open meter differences")?;
+    found.differences = open(&mut conn, Some(&sources), None)
+        .await
+        .context("reading open meter differences")?;
     Ok(found)
 }
 
@@ -324,46 +348,77 @@ async fn maybe_held(
         .join(", "))
 }
 
-/// Records a difference: a new one (true), or one still open seen again.
-async fn record(pool: &PgPool, c: &Candidate, ours: i64, theirs: f64) -> anyhow::Result<bool> {
-    let new = sqlx::query_scalar!(
-        r#"
-        INSERT INTO meter_audit_differences (source, customer_id, period, meter, ours, theirs)
-        VALUES ($1, $2, $3, $4, $5, $6)
-        ON CONFLICT (source, customer_id, meter, period) WHERE resolved_at IS NULL
-        DO UPDATE SET ours = EXCLUDED.ours, theirs = EXCLUDED.theirs, last_seen_at = inbox_now()
-        RETURNING xmax = 0 AS "new!"
-        "#,
-        c.source,
-        c.customer_id,
-        c.period,
-        c.meter,
-        ours,
-        theirs,
-    )
-    .fetch_one(exec(pool))
-    .await
-    .context("recording a meter difference")?;
-    Ok(new)
+/// A meter's month of an account: what names a meter difference within its account.
+#[derive(Debug, Clone)]
+struct MeterMonth {
+    meter: String,
+    period: String,
 }
 
-/// Resolves the open difference, if any: whether there was one.
-async fn resolve(pool: &PgPool, c: &Candidate) -> anyhow::Result<bool> {
-    let done = sqlx::query!(
-        r#"
-        UPDATE meter_audit_differences SET resolved_at = inbox_now(), last_seen_at = inbox_now()
-        WHERE source = $1 AND customer_id = $2 AND meter = $3 AND period = $4
-          AND resolved_at IS NULL
-        "#,
-        c.source,
-        c.customer_id,
-        c.meter,
-        c.period,
-    )
-    .execute(exec(pool))
-    .await
-    .context("resolving a meter difference")?;
-    Ok(done.rows_affected() > 0)
+/// A meter month's totals that differ: the value of our sent reports and the provider's.
+#[derive(Debug)]
+struct Totals {
+    month: MeterMonth,
+    ours: i64,
+    theirs: f64,
+}
+
+/// `meter_audit_differences`: one open difference per account, meter and month.
+struct Table;
+
+impl Differences for Table {
+    type Seen = Totals;
+    type Key = MeterMonth;
+
+    async fn record(pool: &PgPool, account: Account<'_>, seen: &Totals) -> anyhow::Result<bool> {
+        let new = sqlx::query_scalar!(
+            r#"
+            INSERT INTO meter_audit_differences (source, customer_id, period, meter, ours, theirs)
+            VALUES ($1, $2, $3, $4, $5, $6)
+            ON CONFLICT (source, customer_id, meter, period) WHERE resolved_at IS NULL
+            DO UPDATE SET ours = EXCLUDED.ours, theirs = EXCLUDED.theirs,
+                          last_seen_at = inbox_now()
+            RETURNING xmax = 0 AS "new!"
+            "#,
+            account.source,
+            account.customer_id,
+            seen.month.period,
+            seen.month.meter,
+            seen.ours,
+            seen.theirs,
+        )
+        .fetch_one(exec(pool))
+        .await
+        .context("recording a meter difference")?;
+        Ok(new)
+    }
+
+    async fn resolve(
+        pool: &PgPool,
+        account: Account<'_>,
+        months: &[MeterMonth],
+    ) -> anyhow::Result<u64> {
+        let (meters, periods): (Vec<String>, Vec<String>) = months
+            .iter()
+            .map(|m| (m.meter.clone(), m.period.clone()))
+            .unzip();
+        let done = sqlx::query!(
+            r#"
+            UPDATE meter_audit_differences
+            SET resolved_at = inbox_now(), last_seen_at = inbox_now()
+            WHERE source = $1 AND customer_id = $2 AND resolved_at IS NULL
+              AND (meter, period) IN (SELECT * FROM unnest($3::text[], $4::text[]))
+            "#,
+            account.source,
+            account.customer_id,
+            &meters,
+            &periods,
+        )
+        .execute(exec(pool))
+        .await
+        .context("resolving meter differences")?;
+        Ok(done.rows_affected())
+    }
 }
 
 async fn checked(pool: &PgPool, c: &Candidate) -> anyhow::Result<()> {
@@ -384,21 +439,27 @@ async fn checked(pool: &PgPool, c: &Candidate) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The open differences of these sources, oldest first.
-pub async fn open(pool: &PgPool, sources: &[String]) -> anyhow::Result<Vec<Difference>> {
+/// The open differences, oldest first: of these sources (`None`: of every source), at most
+/// `limit` (`None`: all).
+pub async fn open(
+    conn: &mut PgConnection,
+    sources: Option<&[String]>,
+    limit: Option<i64>,
+) -> Result<Vec<Difference>, sqlx::Error> {
     sqlx::query_as!(
         Difference,
         r#"
         SELECT source, customer_id, period, meter, ours, theirs, first_seen_at, last_seen_at
         FROM meter_audit_differences
-        WHERE resolved_at IS NULL AND source = ANY($1)
+        WHERE resolved_at IS NULL AND ($1::text[] IS NULL OR source = ANY($1))
         ORDER BY first_seen_at, id
+        LIMIT $2
         "#,
         sources,
+        limit,
     )
-    .fetch_all(exec(pool))
+    .fetch_all(exec(conn))
     .await
-    .context("reading open meter differences")
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The admin API's lists (docs/api.md, `/v1/admin/…`): events by what an operator searches
-//! for, one event's whole story, effects by status, the audit's open divergences.
+//! for, one event's whole story, effects by status, the audit's open divergences and the
+//! provider audits' open differences.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -318,4 +319,24 @@ pub async fn divergences(conn: &mut PgConnection) -> Result<Vec<Divergence>, sql
             last_seen: row.last_seen,
         })
         .collect())
+}
+
+/// The provider audits' open differences (docs/design.md §4.13a, §4.14): each account's meter
+/// month whose provider total differs from the reports sent to it, and each Stripe-mirrored
+/// credit grant whose ledger balance differs from Stripe's; each oldest first, at most
+/// [`MAX_DIVERGENCES`] of each.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProviderDifferences {
+    pub meter_differences: Vec<crate::meters::audit::Difference>,
+    pub credit_differences: Vec<crate::audit::credits::CreditDifference>,
+}
+
+pub async fn provider_differences(
+    conn: &mut PgConnection,
+) -> Result<ProviderDifferences, sqlx::Error> {
+    let limit = Some(MAX_DIVERGENCES);
+    Ok(ProviderDifferences {
+        meter_differences: crate::meters::audit::open(conn, None, limit).await?,
+        credit_differences: crate::audit::credits::open(conn, None, limit).await?,
+    })
 }

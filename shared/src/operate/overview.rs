@@ -71,6 +71,8 @@ pub struct Overview {
     pub effects: EffectCounts,
     pub meter_reports: MeterCounts,
     pub divergences_open: i64,
+    /// Stripe credit grants whose mirrored ledger balance differs from Stripe's (§4.14).
+    pub credit_differences_open: i64,
     pub needs_attention: Vec<Attention>,
 }
 
@@ -135,7 +137,9 @@ pub async fn overview(
                   (SELECT count(*) FROM meter_reports WHERE status = 'pending') AS "meter_pending!",
                   (SELECT count(*) FROM meter_reports WHERE status = 'dead') AS "meter_dead!",
                   (SELECT count(*) FROM meter_audit_differences WHERE resolved_at IS NULL)
-                    AS "meter_differences!""#
+                    AS "meter_differences!",
+                  (SELECT count(*) FROM credit_audit_differences WHERE resolved_at IS NULL)
+                    AS "credit_differences!""#
     )
     .fetch_one(exec(&mut *conn))
     .await?;
@@ -176,7 +180,7 @@ pub async fn overview(
     let needs_attention = needs_attention(
         &sources,
         (effects, meter_reports),
-        others.divergences,
+        (others.divergences, others.credit_differences),
         silent_after_hours,
         generated_at,
     );
@@ -186,6 +190,7 @@ pub async fn overview(
         effects,
         meter_reports,
         divergences_open: others.divergences,
+        credit_differences_open: others.credit_differences,
         needs_attention,
     })
 }
@@ -195,7 +200,7 @@ pub async fn overview(
 fn needs_attention(
     sources: &[SourceOverview],
     (effects, meters): (EffectCounts, MeterCounts),
-    divergences: i64,
+    (divergences, credit_differences): (i64, i64),
     silent_after_hours: f64,
     now: DateTime<Utc>,
 ) -> Vec<Attention> {
@@ -259,7 +264,19 @@ fn needs_attention(
                 "{} account-month(s) where the provider's meter counts otherwise than the reports sent",
                 meters.differences_open
             ),
-            link: "meters".into(),
+            // Listed with the other audits' findings; the Meters page lists reports.
+            link: "divergences".into(),
+        });
+    }
+    if credit_differences > 0 {
+        all.push(Attention {
+            kind: "credit_differences",
+            source: None,
+            count: credit_differences,
+            detail: format!(
+                "{credit_differences} Stripe credit grant(s) whose mirrored balance differs from Stripe's"
+            ),
+            link: "divergences".into(),
         });
     }
     // Every divergent account and field is on one page; the latest account alone would hide

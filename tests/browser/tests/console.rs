@@ -691,6 +691,25 @@ async fn each_page_says_at_its_top_what_needs_a_person() {
         .fetch_one(&db)
         .await?;
         let dead = dead_event(&stack, &fresh_customer("kc_brw_truth_dead")).await?;
+        // A meter month and a Stripe credit grant the provider audits found differing, as
+        // their rows stand while the differences last.
+        let metered = fresh_customer("cus_brw_meter");
+        let credited = fresh_customer("cus_brw_credit");
+        sqlx::query(
+            "INSERT INTO meter_audit_differences (source, customer_id, period, meter, ours, theirs)
+             VALUES ('stripe', $1, to_char(inbox_now(), 'YYYY-MM'), 'api_calls', 12, 9)",
+        )
+        .bind(&metered)
+        .execute(&db)
+        .await?;
+        sqlx::query(
+            "INSERT INTO credit_audit_differences (source, customer_id, grant_id, unit, ours, theirs)
+             VALUES ('stripe', $1, 'credgr_brw', 'usd', '1000', '700'),
+                    ('stripe', $1, 'credgr_brw_unknown', 'usd', NULL, '50')",
+        )
+        .bind(&credited)
+        .execute(&db)
+        .await?;
         wait_until(
             "the audit to find both accounts",
             scheduler_wait(),
@@ -725,6 +744,14 @@ async fn each_page_says_at_its_top_what_needs_a_person() {
         browser
             .find("#needs-attention li[data-kind='dead_events'] a[href*='status=dead']")
             .await?;
+        // The provider audits' differences need a person too, and open the list of them.
+        for kind in ["meter_differences", "credit_differences"] {
+            browser
+                .find(&format!(
+                    "#needs-attention li[data-kind='{kind}'] a[href$='/console/divergences']"
+                ))
+                .await?;
+        }
         browser
             .text_where(
                 "#totals td[data-count='meter_reports_pending']",
@@ -805,6 +832,26 @@ async fn each_page_says_at_its_top_what_needs_a_person() {
             })
             .await?;
         browser.screenshot("divergences").await?;
+        // Below them, the provider audits' open differences, each row its account's.
+        browser
+            .find(&format!(
+                "#meter-differences tr[data-account='stripe/{metered}'][data-meter='api_calls']"
+            ))
+            .await?;
+        for grant in ["credgr_brw", "credgr_brw_unknown"] {
+            browser
+                .find(&format!(
+                    "#credit-differences tr[data-account='stripe/{credited}'][data-grant='{grant}']"
+                ))
+                .await?;
+        }
+        browser.scroll_to("#credit-differences").await?;
+        browser
+            .text_where("#credit-differences", "says a side is missing", PAGE_WAIT, |t| {
+                t.contains("not mirrored")
+            })
+            .await?;
+        browser.screenshot("divergences-differences").await?;
 
         // The moved account: its header says the stored plan and what the events give, and
         // its finding opens the Why row.

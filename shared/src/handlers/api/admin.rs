@@ -327,7 +327,12 @@ pub(super) async fn answer(
         }
         Route::Divergences => {
             let divergences = on_held!(state, conn => lists::divergences(conn))?;
-            ok(json!({ "divergences": divergences }))
+            let differences = on_held!(state, conn => lists::provider_differences(conn))?;
+            ok(json!({
+                "divergences": divergences,
+                "meter_differences": differences.meter_differences,
+                "credit_differences": differences.credit_differences,
+            }))
         }
         Route::EngineRoom => {
             let room = state.engine_room.as_ref().ok_or(EngineError::Off)?;
