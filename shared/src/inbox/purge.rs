@@ -22,8 +22,9 @@ use sqlx::PgPool;
 const CLOCK_MARGIN: Duration = Duration::from_secs(3600);
 
 /// Events a provider created at or after this time, if this source ever stored them, are
-/// still stored: the purge takes only rows received before `now − retention`, and an event is
-/// received after it is created (less [`CLOCK_MARGIN`]). A list the provider keeps for longer
+/// still stored: the purge takes only rows received before `now − retention` and months that
+/// ended before it ([`drop_months`]), and an event is received after it is created (less
+/// [`CLOCK_MARGIN`]). A list the provider keeps for longer
 /// (Stripe's undelivered events, 30 days) is read back only this far, so that an event this
 /// source stored and purged is never taken for one the webhooks missed.
 pub fn kept_since(retention: Duration, now: DateTime<Utc>) -> DateTime<Utc> {
@@ -63,7 +64,8 @@ pub async fn drop_months(pool: &PgPool, retention: Duration) -> anyhow::Result<V
     let months = sqlx::query_scalar!(
         r#"
         SELECT m AS "month!" FROM inbox_months() AS m
-        WHERE m + interval '1 month' <= inbox_now() - make_interval(secs => $1)
+        WHERE (m + interval '1 month') AT TIME ZONE 'UTC'
+              <= inbox_now() - make_interval(secs => $1)
         ORDER BY m
         "#,
         retention.as_secs_f64(),
