@@ -1040,12 +1040,16 @@ pub(crate) async fn wal_bytes(pool: &PgPool) -> anyhow::Result<f64> {
     )
 }
 
-/// Each table's bytes on disk, with its indexes and TOAST, in the bench's database.
+/// Each table's bytes on disk, with its indexes and TOAST, in the bench's database; a table
+/// stored by month (docs/design.md §3.14) as the sum of its partitions.
 async fn stored_bytes(pool: &PgPool) -> anyhow::Result<Vec<(String, f64)>> {
     Ok(sqlx::query_as(
-        "SELECT c.relname::text, pg_total_relation_size(c.oid)::float8 FROM pg_class c
+        "SELECT COALESCE(pg_partition_root(c.oid), c.oid)::regclass::text,
+                sum(pg_total_relation_size(c.oid))::float8
+         FROM pg_class c
          JOIN pg_namespace n ON n.oid = c.relnamespace
          WHERE n.nspname = 'public' AND c.relkind = 'r' AND c.relname <> '_sqlx_migrations'
+         GROUP BY 1
          ORDER BY 2 DESC",
     )
     .fetch_all(pool)

@@ -459,22 +459,32 @@ async fn storage(server: &str, db: &str, deliveries: usize) -> anyhow::Result<Va
     .fetch_one(&pool)
     .await?;
     let parts: Vec<(String, String, f64)> = sqlx::query_as(
-        "SELECT t.relname::text, 'heap', pg_relation_size(t.oid)::float8
-         FROM pg_class t WHERE t.relname IN ('inbox_events', 'deliveries')
+        // Summed over each table's month partitions (docs/design.md §3.14).
+        "WITH parts AS (
+             SELECT t.oid, t.reltoastrelid, pg_partition_root(t.oid)::regclass::text AS root
+             FROM pg_class t
+             WHERE t.relkind = 'r'
+               AND pg_partition_root(t.oid) IN ('inbox_events'::regclass, 'deliveries'::regclass)
+         )
+         SELECT root, 'heap', sum(pg_relation_size(oid))::float8 FROM parts GROUP BY root
          UNION ALL
-         SELECT t.relname::text, 'TOAST', pg_total_relation_size(t.reltoastrelid)::float8
-         FROM pg_class t WHERE t.relname IN ('inbox_events', 'deliveries') AND t.reltoastrelid <> 0
+         SELECT root, 'TOAST', sum(pg_total_relation_size(reltoastrelid))::float8
+         FROM parts WHERE reltoastrelid <> 0 GROUP BY root
          UNION ALL
-         SELECT t.relname::text, i.relname::text, pg_relation_size(i.oid)::float8
-         FROM pg_index x JOIN pg_class t ON t.oid = x.indrelid JOIN pg_class i ON i.oid = x.indexrelid
-         WHERE t.relname IN ('inbox_events', 'deliveries')
+         SELECT p.root, pg_partition_root(x.indexrelid)::regclass::text,
+                sum(pg_relation_size(x.indexrelid))::float8
+         FROM pg_index x JOIN parts p ON p.oid = x.indrelid
+         GROUP BY 1, 2
          ORDER BY 1 DESC, 3 DESC",
     )
     .fetch_all(&pool)
     .await?;
     let updates: Vec<(String, i64, i64, i64)> = sqlx::query_as(
-        "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
-         WHERE relname IN ('inbox_events', 'deliveries') ORDER BY 1 DESC",
+        "SELECT pg_partition_root(relid)::regclass::text, sum(n_tup_ins)::bigint,
+                sum(n_tup_upd)::bigint, sum(n_tup_hot_upd)::bigint
+         FROM pg_stat_user_tables
+         WHERE pg_partition_root(relid) IN ('inbox_events'::regclass, 'deliveries'::regclass)
+         GROUP BY 1 ORDER BY 1 DESC",
     )
     .fetch_all(&pool)
     .await?;

@@ -134,3 +134,127 @@ async fn a_delivery_whose_body_is_its_json_is_kept_once_and_read_whole(pool: PgP
         json!("cus_once")
     );
 }
+
+/// The first migration of the layout by month (docs/design.md §3.14).
+const BY_MONTH: i64 = 20270101500001;
+
+/// An event stored in the one table of before, created at `occurred_at`, with one delivery.
+async fn store_unpartitioned(
+    pool: &PgPool,
+    id: &str,
+    status: &str,
+    body: &[u8],
+    occurred_at: Option<chrono::DateTime<chrono::Utc>>,
+) -> i64 {
+    sqlx::query_scalar(
+        "WITH e AS (
+             INSERT INTO inbox_events (source, dedupe_key, type, raw_body, body_is_payload,
+                                       payload_hash, customer_key, occurred_at, status,
+                                       processed_at)
+             VALUES ('stripe', $1, 'customer.subscription.updated', $2, $3, sha256($2),
+                     'cus_old', $4, $5, CASE WHEN $5 <> 'received' THEN now() END)
+             RETURNING id, payload_hash
+         ), d AS (
+             INSERT INTO deliveries (event_id, verdict, payload_hash)
+             SELECT id, 'stored', payload_hash FROM e
+         )
+         SELECT id FROM e",
+    )
+    .bind(id)
+    .bind(body)
+    .bind(occurred_at.is_some())
+    .bind(occurred_at)
+    .bind(status)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_store_of_one_table_upgrades_to_months_and_every_event_reads_whole(pool: PgPool) {
+    let earlier = Migrator {
+        migrations: Cow::Owned(
+            shared::MIGRATOR
+                .iter()
+                .filter(|m| m.version < BY_MONTH)
+                .cloned()
+                .collect(),
+        ),
+        ..Migrator::DEFAULT
+    };
+    earlier.run(&pool).await.unwrap();
+    let now = chrono::Utc::now();
+    let long_ago = now - chrono::Duration::days(100);
+    let old_payload = stripe_event("evt_long_ago", "cus_old", long_ago.timestamp());
+    let new_payload = stripe_event("evt_this_month", "cus_old", now.timestamp());
+    let body = |payload: &Value| serde_json::to_vec(payload).unwrap();
+    let old = store_unpartitioned(
+        &pool,
+        "evt_long_ago",
+        "applied",
+        &body(&old_payload),
+        Some(long_ago),
+    )
+    .await;
+    let waiting = store_unpartitioned(
+        &pool,
+        "evt_this_month",
+        "received",
+        &body(&new_payload),
+        Some(now),
+    )
+    .await;
+    let cut = store_unpartitioned(
+        &pool,
+        "evt_cut",
+        "unprocessable",
+        b"{\"id\": \"evt_cut",
+        None,
+    )
+    .await;
+
+    shared::MIGRATOR.run(&pool).await.unwrap();
+
+    // Every event reads whole, under its id, with its delivery, in its provider month (an
+    // event older than the oldest month in the kept partition; one with no time in the month
+    // it arrived in).
+    let this_month = format!("inbox_events_{}", now.format("%Y_%m"));
+    let mut conn = pool.acquire().await.unwrap();
+    for (id, payload, partition) in [
+        (old, Some(&old_payload), "inbox_events_kept"),
+        (waiting, Some(&new_payload), this_month.as_str()),
+        (cut, None, this_month.as_str()),
+    ] {
+        let detail = read::event_detail(&mut conn, id).await.unwrap().unwrap();
+        assert_eq!(detail.payload.as_ref(), payload, "event {id}");
+        let (stored_in, deliveries): (String, i64) = sqlx::query_as(
+            "SELECT e.tableoid::regclass::text,
+                    (SELECT count(*) FROM deliveries d WHERE d.event_id = e.id AND d.month = e.month)
+             FROM inbox_events e WHERE e.id = $1",
+        )
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            (stored_in.as_str(), deliveries),
+            (partition, 1),
+            "event {id}"
+        );
+    }
+    let claimed = lease::claim(&mut conn, &[waiting], Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(claimed[0].payload.as_ref(), Some(&new_payload));
+    drop(conn);
+
+    // A copy finds its original; a new event takes an id after every one stored before.
+    let app = TestApp::spawn(pool.clone()).await;
+    let (_, copy) = app.post("stripe", &stripe_delivery(&old_payload)).await;
+    assert_eq!(copy["event_id"].as_i64(), Some(old), "{copy}");
+    assert_ne!(copy["status"], "stored", "{copy}");
+    let fresh = app
+        .store_stripe_event("evt_after", "cus_old", now.timestamp())
+        .await;
+    assert!(fresh > cut, "{fresh}");
+}

@@ -876,9 +876,12 @@ async fn a_real_sized_event_is_kept_once_out_of_line_through_its_updates(pool: P
     let (status, body) = app.post("stripe", &stripe_delivery(&event)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let id = body["event_id"].as_i64().expect("the event id");
+    // The TOAST of the month's partition that holds the event (docs/design.md §3.14).
     let toast: String = sqlx::query_scalar(
-        "SELECT reltoastrelid::regclass::text FROM pg_class WHERE oid = 'inbox_events'::regclass",
+        "SELECT reltoastrelid::regclass::text FROM pg_class
+         WHERE oid = (SELECT tableoid FROM inbox_events WHERE id = $1)",
     )
+    .bind(id)
     .fetch_one(&pool)
     .await
     .unwrap();

@@ -40,6 +40,7 @@ mod order;
 mod order_credits;
 mod paddle_reconcile;
 mod paddle_sdk;
+mod partitions;
 mod polar_benefits;
 mod pooler;
 mod provider_reads;

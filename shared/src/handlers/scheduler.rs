@@ -18,7 +18,8 @@ use crate::audit::{self, Divergence};
 use crate::domain::Catalog;
 use crate::effects::outbox::{EffectAlerts, Effects};
 use crate::inbox::alerts::Alerts;
-use crate::inbox::purge::kept_since;
+use crate::inbox::months;
+use crate::inbox::purge::{self, kept_since, DroppedMonth};
 use crate::inbox::read::{backlog, source_silence, Backlog, SourceSilence};
 use crate::inbox::Events;
 use crate::meters::audit::{self as meter_audit, Difference};
@@ -145,6 +146,12 @@ pub struct RunReport {
     pub alerts: Alerts,
     pub reconciliation: Vec<ReconcileReport>,
     pub purged: u64,
+    /// The months of events dropped whole this run (counted in `purged` too).
+    pub dropped_months: Vec<DroppedMonth>,
+    /// Events moved out of the kept partition into a month made this run: their month had no
+    /// partition when they were stored (docs/design.md §3.14). Never more than 0 while the
+    /// scheduler runs every month.
+    pub moved_to_their_month: i64,
     pub backlog: Backlog,
     /// Effects re-enqueued (lost by the queue, or due for another attempt).
     pub rescued_effects: Vec<String>,
@@ -196,6 +203,20 @@ pub async fn run(state: &SchedulerState) -> RunReport {
     // Effects and meter reports are rescued whenever their queue is configured, and counted
     // whenever they exist, so a stuck one is seen even after the sinks were turned off.
     let kinds = queued_kinds(state);
+    // This month's and the next months' partitions, before anything is stored in them.
+    match months::make_ahead(&state.pool).await {
+        Ok(moved) => {
+            report.moved_to_their_month = moved;
+            if moved > 0 {
+                tracing::error!(
+                    alert = "month_made_late",
+                    moved,
+                    "events were stored in a month that had no partition of its own; moved into it"
+                );
+            }
+        }
+        Err(e) => report.errors.push(format!("months: {e:#}")),
+    }
     // What credits tell at a time no event marks (an expiry, a void, an effective time;
     // docs/design.md §4.14), written before the rescue, which enqueues them.
     if state.effects.is_some() {
@@ -275,10 +296,18 @@ pub async fn run(state: &SchedulerState) -> RunReport {
             .reconciliation
             .push(reconcile::run(reconciler, &state.pool, &state.queue, kept, deadline).await);
     }
+    // The months past the retention go whole first; then each kind's purge by rows (the
+    // events': what the kept partition holds).
+    match purge::drop_months(&state.pool, state.retention).await {
+        Ok(dropped) => report.dropped_months = dropped,
+        Err(e) => report.errors.push(format!("purge months: {e:#}")),
+    }
     for kind in &kinds {
         kind.purge(&state.pool, state.retention, deadline, &mut report)
             .await;
     }
+    let dropped: i64 = report.dropped_months.iter().map(|m| m.dropped).sum();
+    report.purged += u64::try_from(dropped).unwrap_or_default();
     let measured = async {
         let mut conn = state.pool.acquire().await?;
         backlog(&mut conn).await
@@ -496,7 +525,7 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
     let skipped: usize = report.reconciliation.iter().map(|r| r.skipped.len()).sum();
     let effects = &report.effect_alerts;
     let reports = &report.report_alerts;
-    let metrics: [(&str, f64, &str); 28] = [
+    let metrics: [(&str, f64, &str); 29] = [
         ("StepErrors", step_errors as f64, "Count"),
         ("DeadEvents", status("dead") as f64, "Count"),
         (
@@ -516,6 +545,11 @@ pub fn emf(report: &RunReport, now: DateTime<Utc>) -> Value {
         ("ReconcileSkippedCustomers", skipped as f64, "Count"),
         ("RescuedEvents", report.rescued.len() as f64, "Count"),
         ("PurgedEvents", report.purged as f64, "Count"),
+        (
+            "EventsMovedToTheirMonth",
+            report.moved_to_their_month as f64,
+            "Count",
+        ),
         (
             "OldestUnappliedAgeSeconds",
             report.backlog.oldest_unapplied_age_secs,

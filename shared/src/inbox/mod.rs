@@ -21,6 +21,7 @@
 //! - [`thin`]: a thin event's read of its object, stored as an event and finished once the
 //!   thin event applied it;
 //! - [`sweep`]: the place of a health notice's sweep of subscriptions, kept between attempts;
+//! - [`months`]: the provider months the rows are stored by, made ahead by the scheduler;
 //! - [`alerts`], [`purge`], [`replay`]; [`read`]: what operators read.
 //!
 //! An effect row's statements are `effects::outbox`'s, a meter report's `meters::outbox`'s;
@@ -30,6 +31,7 @@ pub mod alerts;
 pub mod commit;
 pub mod kept;
 pub mod lease;
+pub mod months;
 pub mod purge;
 pub mod read;
 pub mod replay;

@@ -150,11 +150,12 @@ pub async fn store_delivery(
             INSERT INTO inbox_events AS e
                 (source, dedupe_key, type, payload, raw_body, payload_hash, customer_key,
                  occurred_at, status, reason, processed_at, enqueued_at, made_for,
-                 body_is_payload)
+                 body_is_payload, month)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
                     CASE WHEN $9 = 'unprocessable' THEN inbox_now() END,
-                    CASE WHEN $9 = 'received' THEN inbox_now() END, $19, $20)
-            ON CONFLICT (source, dedupe_key) DO UPDATE
+                    CASE WHEN $9 = 'received' THEN inbox_now() END, $19, $20,
+                    inbox_month(COALESCE($8, inbox_now())))
+            ON CONFLICT (dedupe_key, source, month) DO UPDATE
                 SET seen_count = e.seen_count
                         + (e.payload_hash = EXCLUDED.payload_hash AND NOT $16)::int,
                     enqueued_at = CASE
@@ -169,15 +170,18 @@ pub async fn store_delivery(
                                                ELSE true END
                         THEN inbox_now()
                         ELSE e.enqueued_at END
-            RETURNING e.id, e.status, (e.xmax = 0) AS inserted,
+            -- The row is new when it has the id this statement drew (a partitioned table
+            -- shows no `xmax` here); a copy's row has an older one.
+            RETURNING e.id, e.month, e.status,
+                      (e.id = currval('inbox_events_id_seq')) AS inserted,
                       COALESCE(e.enqueued_at = inbox_now(), false) AS marked,
-                      CASE WHEN e.xmax = 0 THEN 'stored'
+                      CASE WHEN e.id = currval('inbox_events_id_seq') THEN 'stored'
                            WHEN e.payload_hash = $6 THEN 'duplicate'
                            ELSE 'conflict' END AS verdict
         ), delivery AS (
-            INSERT INTO deliveries (event_id, verdict, delivery_id, sent_at, payload_hash, headers,
-                                    secret_index, attempt)
-            SELECT id, verdict, $11, $12, $6, $13, $15, $18::text::uuid
+            INSERT INTO deliveries (event_id, month, verdict, delivery_id, sent_at, payload_hash,
+                                    headers, secret_index, attempt)
+            SELECT id, month, verdict, $11, $12, $6, $13, $15, $18::text::uuid
             FROM upsert
             WHERE inserted OR NOT $16
         )
@@ -230,7 +234,7 @@ async fn stored_by_attempt(
         r#"
         SELECT e.id, e.status AS "status: EventStatus", d.verdict AS "verdict: Verdict"
         FROM inbox_events e
-        JOIN deliveries d ON d.event_id = e.id
+        JOIN deliveries d ON d.event_id = e.id AND d.month = e.month
         WHERE e.source = $1 AND e.dedupe_key = $2 AND d.attempt = $3::text::uuid
         "#,
         d.source,
