@@ -371,3 +371,37 @@ async fn the_pictures_numbers_are_the_lists_numbers(pool: PgPool) {
         page.body
     );
 }
+
+/// Open differences of both provider audits (one credit grant Stripe holds and the store does
+/// not mirror: `ours` is NULL) still let every page that counts them answer.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_pages_answer_while_the_provider_audits_hold_open_differences(pool: PgPool) {
+    let state = api_state(&pool);
+    sqlx::query(
+        "INSERT INTO meter_audit_differences (source, customer_id, period, meter, ours, theirs)
+         VALUES ('stripe', 'cus_console_meter', to_char(inbox_now(), 'YYYY-MM'), 'api_calls', 12, 9)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO credit_audit_differences (source, customer_id, grant_id, unit, ours, theirs)
+         VALUES ('stripe', 'cus_console_credit', 'credgr_console', 'usd', '1000', '700'),
+                ('stripe', 'cus_console_credit', 'credgr_console_unknown', 'usd', NULL, '50')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    for path in [
+        "/console/fragment/",
+        "/console/fragment/events",
+        "/console/fragment/divergences",
+    ] {
+        let page = open(&state, path, Some(ADMIN_KEY)).await;
+        assert_eq!(page.status, StatusCode::OK, "{path}: {}", page.body);
+    }
+    let divergences = open(&state, "/console/fragment/divergences", Some(ADMIN_KEY)).await;
+    assert!(divergences.body.contains("credgr_console_unknown"));
+    assert!(divergences.body.contains("cus_console_meter"));
+}
