@@ -498,3 +498,50 @@ fn credits_are_the_same_for_every_order_copies_and_failures() {
         panic!("{failure}");
     }
 }
+
+/// A debit in a unit other than the allowance's spends grants only and is no `used` of its
+/// period (docs/design.md §4.14): the audit's fold of the account agrees with what is stored
+/// (it once summed every unit's debits into the period's `used`, and reported the account).
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_debit_of_another_unit_is_no_used_of_its_period_for_the_audit(pool: PgPool) {
+    use shared::billing::usage::{self, Debit, DebitPeriod, DebitRequest};
+    let mut worker = test_worker(pool.clone());
+    worker.catalog = Catalog::parse(CATALOG).unwrap();
+    // Grant 2 (customer 0) never expires: 1000 usd to spend now.
+    let grant = CreditsEvent::Grant {
+        grant: 2,
+        priority: None,
+        voided: false,
+        at: 0,
+    };
+    let id = store(&pool, &stripe_materialized(&payload(0, &grant, "u"))).await;
+    process(&worker, id).await.unwrap();
+    let customer = CustomerId::parse(&customer_id(0, "u")).unwrap();
+    let period = shared::domain::Period::parse(&Utc::now().format("%Y-%m").to_string()).unwrap();
+    let request = DebitRequest {
+        source: "stripe",
+        customer: &customer,
+        key: "k1",
+        amount: 265,
+        period: DebitPeriod::Named(period),
+        note: None,
+        unit: "usd",
+        effects: None,
+        meter: None,
+    };
+    let mut conn = pool.acquire().await.unwrap();
+    let debited = usage::debit(&mut conn, &request).await.unwrap();
+    assert!(
+        matches!(debited.debit, Debit::Accepted { used: 0, .. }),
+        "{debited:?}"
+    );
+    let sources = crate::helpers::audit_sources(&worker);
+    let audited =
+        shared::audit::audit_account(&mut conn, &sources, &worker.catalog, ("stripe", &customer))
+            .await
+            .unwrap();
+    assert!(
+        matches!(&audited, shared::audit::Audited::Checked(found) if found.is_empty()),
+        "{audited:?}"
+    );
+}
