@@ -21,7 +21,10 @@
 //! amount, lost answers) and now and then reverses one of its accepted debits (asked again
 //! too, and some while the dispatcher holds the debit's meter report between its send and its
 //! record, when a correction taken meanwhile must wait), on its own dice so the pipeline's
-//! schedule stays the seed's. Every debit is told to
+//! schedule stays the seed's. It debits the credits customers' Stripe grants and packs too, at
+//! seconds of their events' timeline among the deliveries, each answer checked at once against
+//! an oracle of burn order version 1 computed apart from the fold, and at rest the balances, the
+//! derived allocations and the low and depleted crossings. Every allowance debit is told to
 //! a meter through the faithful fakes of `provider_fakes` on the simulated clock: Stripe's
 //! (its idempotency layer replaying each key's first answer, 5xx included; an identifier kept
 //! 24 hours; a timestamp within 35 days past and 5 minutes ahead; cancels by meter event
@@ -1497,6 +1500,8 @@ impl World {
         if finished.is_empty() {
             return;
         }
+        // What the replayed event wrote stays: the credits debits' oracle counts it.
+        self.note_credits_applied().await;
         let id = finished[self.dice.below(finished.len() as u64) as usize];
         let plan = self.plan(None);
         let queue = self.scheduler.queue.clone();
@@ -1780,6 +1785,25 @@ impl World {
         Ok(())
     }
 
+    /// Counts the credits events final now among those the store has applied
+    /// ([`World::credits_applied`]); an event leaves a final status only by a replay, which
+    /// counts them first.
+    async fn note_credits_applied(&mut self) {
+        let keys: Vec<String> = (0..self.credits.len())
+            .map(|i| credits_key(i, &self.ns))
+            .collect();
+        let applied: Vec<String> = sqlx::query_scalar(
+            "SELECT dedupe_key FROM inbox_events
+             WHERE source = 'stripe' AND dedupe_key = ANY($1) AND status IN ('applied', 'ignored')",
+        )
+        .bind(&keys)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        let now_final = (0..keys.len()).filter(|i| applied.contains(&keys[*i]));
+        self.credits_applied.extend(now_final);
+    }
+
     /// The app spends credits (docs/design.md §4.14): a debit of one of the credits customers
     /// in `usd` (Stripe's grants) or in `credits` (the catalog's packs), made at the next second
     /// of the credits events' timeline (the store's clock reads it for the call), so that
@@ -1813,21 +1837,9 @@ impl World {
         let amount = 1 + self.credit_spender.below(most) as i64;
         let key = format!("c{}_{}", self.credit_keys, self.ns);
         self.credit_keys += 1;
-        // What the store knows as the app debits: the credits events applied by now (final
-        // now, or before a replay; no other actor runs during the call).
-        let keys: Vec<String> = (0..self.credits.len())
-            .map(|i| credits_key(i, &self.ns))
-            .collect();
-        let applied: Vec<String> = sqlx::query_scalar(
-            "SELECT dedupe_key FROM inbox_events
-             WHERE source = 'stripe' AND dedupe_key = ANY($1) AND status IN ('applied', 'ignored')",
-        )
-        .bind(&keys)
-        .fetch_all(&self.admin)
-        .await
-        .unwrap();
-        let now_final = (0..keys.len()).filter(|i| applied.contains(&keys[*i]));
-        self.credits_applied.extend(now_final);
+        // What the store knows as the app debits: the credits events applied by now (no other
+        // actor runs during the call).
+        self.note_credits_applied().await;
         let known: Vec<CreditsEvent> = (self.credits_applied.iter())
             .map(|i| self.credits[*i].clone())
             .collect();
