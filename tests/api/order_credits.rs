@@ -498,3 +498,449 @@ fn credits_are_the_same_for_every_order_copies_and_failures() {
         panic!("{failure}");
     }
 }
+
+/// One coarse time unit ([`time`]) in seconds.
+pub(crate) const UNIT_SECS: i64 = 73 * 3_600;
+
+/// What the simulated app's debits are checked against (docs/design.md §4.14, §10): the grants
+/// a set of credits events makes and the app's debits, spent by burn order version 1, computed
+/// here apart from the fold, in seconds.
+pub(crate) mod oracle {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::*;
+
+    /// An accepted debit of the app: its customer (`0..CUSTOMERS`), unit, amount and the
+    /// second it was decided at, in the order the debits were accepted.
+    #[derive(Debug, Clone)]
+    pub(crate) struct AppDebit {
+        pub usage_id: String,
+        pub customer: u8,
+        pub unit: String,
+        pub amount: i64,
+        pub at: i64,
+    }
+
+    /// A grant as the set's events make it: the register's fields and Stripe's ledger
+    /// (`kind`, amount, second), its id without the namespace.
+    #[derive(Debug, Clone)]
+    pub(crate) struct Grant {
+        pub id: String,
+        pub customer: u8,
+        pub unit: &'static str,
+        amount: i64,
+        priority: u8,
+        expires: Option<i64>,
+        voided: Option<i64>,
+        effective: i64,
+        ledger: Vec<(&'static str, i64, i64)>,
+    }
+
+    impl Grant {
+        fn end(&self) -> Option<i64> {
+            match (self.voided, self.expires) {
+                (Some(v), Some(e)) => Some(v.min(e)),
+                (v, e) => v.or(e),
+            }
+        }
+
+        fn live(&self, at: i64) -> bool {
+            self.effective <= at && self.end().is_none_or(|end| end > at)
+        }
+
+        fn told(&self, kind: &str, until: i64) -> i64 {
+            (self.ledger.iter())
+                .filter(|(k, _, at)| *k == kind && *at <= until)
+                .map(|(_, amount, _)| amount)
+                .sum()
+        }
+
+        fn has(&self, kind: &str) -> bool {
+            self.ledger.iter().any(|(k, ..)| *k == kind)
+        }
+
+        /// In: Stripe's `credits_granted`, else the amount from `effective_at`.
+        fn granted(&self, at: i64) -> i64 {
+            match self.has("credits_granted") {
+                true => self.told("credits_granted", at),
+                false if self.effective <= at => self.amount,
+                false => 0,
+            }
+        }
+
+        /// What the provider's ledger leaves of a live grant at `at` (no end counted yet).
+        fn remaining_told(&self, at: i64) -> i64 {
+            self.granted(at) - self.told("credits_applied", at)
+                + self.told("credits_application_invoice_voided", at)
+                - self.told("credits_expired", at)
+                - self.told("credits_voided", at)
+        }
+
+        /// Burn order version 1: priority ascending, `expires_at` ascending with none last,
+        /// promotional before paid (every grant here is paid), `effective_at`, the id.
+        fn burn_key(&self) -> (u8, bool, Option<i64>, i64, &str) {
+            let expires = (self.expires.is_none(), self.expires);
+            (
+                self.priority,
+                expires.0,
+                expires.1,
+                self.effective,
+                &self.id,
+            )
+        }
+    }
+
+    /// Every grant the events make (Stripe's registers by their latest snapshot, packs by
+    /// their paid invoice, voided by its refund), each customer's in burn order.
+    pub(crate) fn grants(events: &[CreditsEvent]) -> Vec<Grant> {
+        let mut out = Vec::new();
+        let txns: BTreeSet<(u8, u8)> = (events.iter())
+            .filter_map(|e| match *e {
+                CreditsEvent::Txn { grant, txn } => Some((grant, txn)),
+                _ => None,
+            })
+            .collect();
+        for grant in 0..GRANTS {
+            // The latest snapshot by `updated`, ties by the event's key (its index here).
+            let snapshots: Vec<(u32, usize, Option<u8>, bool)> = (events.iter().enumerate())
+                .filter_map(|(i, e)| match *e {
+                    CreditsEvent::Grant {
+                        grant: g,
+                        priority,
+                        voided,
+                        at,
+                    } if g == grant => Some((at, i, priority, voided)),
+                    _ => None,
+                })
+                .collect();
+            let Some(latest) = snapshots.iter().max_by_key(|s| (s.0, s.1)) else {
+                continue;
+            };
+            let ledger = (txns.iter())
+                .filter(|(g, _)| *g == grant)
+                .map(|(g, t)| {
+                    let (_, kind, amount, at) = txn_of(*g, *t);
+                    (kind, amount, time(at).timestamp())
+                })
+                .collect();
+            out.push(Grant {
+                id: format!("credgr_{grant}_"),
+                customer: customer_of(grant),
+                unit: "usd",
+                amount: GRANT_AMOUNT,
+                priority: latest.2.unwrap_or(50),
+                expires: expires_at(grant).map(|e| time(e).timestamp()),
+                voided: (snapshots.iter().any(|s| s.3)).then(|| time(VOID_AT).timestamp()),
+                effective: time(0).timestamp(),
+                ledger,
+            });
+        }
+        let packs: BTreeSet<(u8, u8)> = (events.iter())
+            .filter_map(|e| match *e {
+                CreditsEvent::PackPaid { customer, invoice } => Some((customer, invoice)),
+                _ => None,
+            })
+            .collect();
+        for (customer, invoice) in packs {
+            let refunded = events.iter().any(|e| {
+                matches!(*e, CreditsEvent::PackRefund { customer: c, invoice: i } if c == customer && i == invoice)
+            });
+            let paid = time(paid_at(customer, invoice)).timestamp();
+            out.push(Grant {
+                id: format!("pack:inpk{customer}{invoice}_:price_pack"),
+                customer,
+                unit: "credits",
+                amount: PACK_AMOUNT,
+                priority: 50,
+                expires: Some(paid + 30 * 86_400),
+                voided: refunded.then(|| time(refunded_at(customer, invoice)).timestamp()),
+                effective: paid,
+                ledger: Vec::new(),
+            });
+        }
+        out.sort_by(|a, b| {
+            (a.customer, a.unit, a.burn_key()).cmp(&(b.customer, b.unit, b.burn_key()))
+        });
+        out
+    }
+
+    /// What one debit took: from each grant, in burn order, and what nothing held.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub(crate) struct Taken {
+        pub usage_id: String,
+        pub from_grants: Vec<(String, i64)>,
+        pub unfunded: i64,
+    }
+
+    /// What each grant of `debit`'s customer and unit may spend at its time, less what the
+    /// debits before it took (`spent`), in burn order, those with any.
+    fn spendable(
+        grants: &[Grant],
+        spent: &BTreeMap<String, i64>,
+        debit: &AppDebit,
+    ) -> Vec<(String, i64)> {
+        (grants.iter())
+            .filter(|g| g.customer == debit.customer && g.unit == debit.unit && g.live(debit.at))
+            .map(|g| {
+                let taken = spent.get(&g.id).copied().unwrap_or_default();
+                (g.id.clone(), (g.remaining_told(debit.at) - taken).max(0))
+            })
+            .filter(|(_, q)| *q > 0)
+            .collect()
+    }
+
+    /// The allocation of each accepted debit, derived from the grants as the set makes them:
+    /// in the order accepted, each spending what each grant held at its time less what the
+    /// debits before it took; one that no longer fits takes what there is, the rest unfunded.
+    pub(crate) fn derive(grants: &[Grant], debits: &[AppDebit]) -> Vec<Taken> {
+        let mut spent: BTreeMap<String, i64> = BTreeMap::new();
+        let mut out = Vec::new();
+        for d in debits {
+            let mut left = d.amount;
+            let mut from_grants = Vec::new();
+            for (id, available) in spendable(grants, &spent, d) {
+                if left == 0 {
+                    break;
+                }
+                let take = left.min(available);
+                *spent.entry(id.clone()).or_default() += take;
+                from_grants.push((id, take));
+                left -= take;
+            }
+            out.push(Taken {
+                usage_id: d.usage_id.clone(),
+                from_grants,
+                unfunded: left,
+            });
+        }
+        out
+    }
+
+    /// Amounts by grant id, in burn order.
+    pub(crate) type ByGrant = Vec<(String, i64)>;
+
+    /// A new debit as the store must decide it, knowing `grants` and the debits accepted
+    /// before it (`before`, in order): accepted with what it takes, or refused with what each
+    /// grant had left.
+    pub(crate) fn decide(
+        grants: &[Grant],
+        before: &[AppDebit],
+        debit: &AppDebit,
+    ) -> Result<ByGrant, ByGrant> {
+        let mut spent: BTreeMap<String, i64> = BTreeMap::new();
+        for t in derive(grants, before) {
+            for (id, q) in t.from_grants {
+                *spent.entry(id).or_default() += q;
+            }
+        }
+        let spendable = spendable(grants, &spent, debit);
+        if debit.amount > spendable.iter().map(|(_, q)| q).sum() {
+            return Err(spendable);
+        }
+        let mut left = debit.amount;
+        let mut out = Vec::new();
+        for (id, available) in spendable {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(available);
+            out.push((id, take));
+            left -= take;
+        }
+        Ok(out)
+    }
+
+    /// The debits' spends of each grant: (second, amount).
+    fn spends(taken: &[Taken], debits: &[AppDebit]) -> BTreeMap<String, Vec<(i64, i64)>> {
+        let mut out: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
+        for (t, d) in taken.iter().zip(debits) {
+            for (id, q) in &t.from_grants {
+                out.entry(id.clone()).or_default().push((d.at, *q));
+            }
+        }
+        out
+    }
+
+    /// A grant's `(granted, used, expired, remaining)` and what it may spend, as of `at`, its
+    /// spends by the app counted as applications.
+    fn balance(g: &Grant, spends: &[(i64, i64)], at: i64) -> ([i64; 4], i64) {
+        let spent = |until: i64, strictly: bool| -> i64 {
+            (spends.iter())
+                .filter(|(when, _)| {
+                    if strictly {
+                        *when < until
+                    } else {
+                        *when <= until
+                    }
+                })
+                .map(|(_, q)| q)
+                .sum()
+        };
+        let granted = g.granted(at);
+        let used = g.told("credits_applied", at) - g.told("credits_application_invoice_voided", at)
+            + spent(at, false);
+        let mut expired = g.told("credits_expired", at) + g.told("credits_voided", at);
+        let told_end = g.has("credits_expired") || g.has("credits_voided");
+        if let (Some(end), false) = (g.end().filter(|end| *end <= at), told_end) {
+            // The provisional end: what remained just before it.
+            let before = |kind: &str| -> i64 {
+                (g.ledger.iter())
+                    .filter(|(k, _, when)| *k == kind && *when < end)
+                    .map(|(_, amount, _)| amount)
+                    .sum()
+            };
+            let base = match g.has_before("credits_granted", end) || g.effective >= end {
+                true => before("credits_granted"),
+                false => g.amount,
+            };
+            let then = base - before("credits_applied")
+                + before("credits_application_invoice_voided")
+                - before("credits_expired")
+                - before("credits_voided")
+                - spent(end, true);
+            expired += then.max(0);
+        }
+        let remaining = granted - used - expired;
+        let available = match g.live(at) {
+            true => remaining.max(0),
+            false => 0,
+        };
+        ([granted, used, expired, remaining], available)
+    }
+
+    impl Grant {
+        fn has_before(&self, kind: &str, when: i64) -> bool {
+            self.ledger
+                .iter()
+                .any(|(k, _, at)| *k == kind && *at < when)
+        }
+    }
+
+    /// Each grant's balances once every end has passed and what it may spend at [`MID`], as
+    /// [`expected`] gives them, the debits' derived spends counted.
+    pub(crate) fn balances(
+        grants: &[Grant],
+        debits: &[AppDebit],
+    ) -> BTreeMap<String, ([i64; 4], i64)> {
+        let spends = spends(&derive(grants, debits), debits);
+        (grants.iter())
+            .map(|g| {
+                let own = spends.get(&g.id).map(Vec::as_slice).unwrap_or_default();
+                let (end, _) = balance(g, own, time(60).timestamp());
+                let (_, mid) = balance(g, own, time(MID).timestamp());
+                (g.id.clone(), (end, mid))
+            })
+            .collect()
+    }
+
+    /// A downward crossing: unit, level (`None`: depleted), second, what was left.
+    pub(crate) type Crossing = (String, Option<i64>, i64, i64);
+
+    /// The downward crossings of each unit of `customer`'s credits up to `until`, the debits'
+    /// spends counted: the available balance read at every time it can move, each fall below
+    /// a level (`low`, by unit) or to nothing told once, re-armed at or above it.
+    pub(crate) fn crossings(
+        grants: &[Grant],
+        debits: &[AppDebit],
+        customer: u8,
+        low: &BTreeMap<String, i64>,
+        until: i64,
+    ) -> Vec<Crossing> {
+        let spends = spends(&derive(grants, debits), debits);
+        let own: Vec<&Grant> = grants.iter().filter(|g| g.customer == customer).collect();
+        let mut moments: Vec<i64> = (own.iter())
+            .flat_map(|g| {
+                let ledger = g.ledger.iter().map(|(_, _, at)| Some(*at));
+                let spent = (spends.get(&g.id).into_iter().flatten()).map(|(at, _)| Some(*at));
+                [Some(g.effective), g.expires, g.voided]
+                    .into_iter()
+                    .chain(ledger)
+                    .chain(spent)
+            })
+            .flatten()
+            .filter(|at| *at <= until)
+            .collect();
+        moments.sort_unstable();
+        moments.dedup();
+        let units: BTreeSet<&str> = own.iter().map(|g| g.unit).collect();
+        let mut out = Vec::new();
+        for unit in units {
+            let levels: Vec<Option<i64>> = low
+                .get(unit)
+                .map(|l| Some(*l))
+                .into_iter()
+                .chain([None])
+                .collect();
+            let mut armed = vec![false; levels.len()];
+            for &at in &moments {
+                let available: i64 = (own.iter())
+                    .filter(|g| g.unit == unit)
+                    .map(|g| {
+                        let spent = spends.get(&g.id).map(Vec::as_slice).unwrap_or_default();
+                        balance(g, spent, at).1
+                    })
+                    .sum();
+                for (i, level) in levels.iter().enumerate() {
+                    let below = match level {
+                        Some(level) => available < *level,
+                        None => available <= 0,
+                    };
+                    if !below {
+                        armed[i] = true;
+                    } else if armed[i] {
+                        armed[i] = false;
+                        out.push((unit.to_owned(), *level, at, available));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A debit in a unit other than the allowance's spends grants only and is no `used` of its
+/// period (docs/design.md §4.14): the audit's fold of the account agrees with what is stored
+/// (it once summed every unit's debits into the period's `used`, and reported the account).
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_debit_of_another_unit_is_no_used_of_its_period_for_the_audit(pool: PgPool) {
+    use shared::billing::usage::{self, Debit, DebitPeriod, DebitRequest};
+    let mut worker = test_worker(pool.clone());
+    worker.catalog = Catalog::parse(CATALOG).unwrap();
+    // Grant 2 (customer 0) never expires: 1000 usd to spend now.
+    let grant = CreditsEvent::Grant {
+        grant: 2,
+        priority: None,
+        voided: false,
+        at: 0,
+    };
+    let id = store(&pool, &stripe_materialized(&payload(0, &grant, "u"))).await;
+    process(&worker, id).await.unwrap();
+    let customer = CustomerId::parse(&customer_id(0, "u")).unwrap();
+    let period = shared::domain::Period::parse(&Utc::now().format("%Y-%m").to_string()).unwrap();
+    let request = DebitRequest {
+        source: "stripe",
+        customer: &customer,
+        key: "k1",
+        amount: 265,
+        period: DebitPeriod::Named(period),
+        note: None,
+        unit: "usd",
+        effects: None,
+        meter: None,
+    };
+    let mut conn = pool.acquire().await.unwrap();
+    let debited = usage::debit(&mut conn, &request).await.unwrap();
+    assert!(
+        matches!(debited.debit, Debit::Accepted { used: 0, .. }),
+        "{debited:?}"
+    );
+    let sources = crate::helpers::audit_sources(&worker);
+    let audited =
+        shared::audit::audit_account(&mut conn, &sources, &worker.catalog, ("stripe", &customer))
+            .await
+            .unwrap();
+    assert!(
+        matches!(&audited, shared::audit::Audited::Checked(found) if found.is_empty()),
+        "{audited:?}"
+    );
+}

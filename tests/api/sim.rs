@@ -21,7 +21,10 @@
 //! amount, lost answers) and now and then reverses one of its accepted debits (asked again
 //! too, and some while the dispatcher holds the debit's meter report between its send and its
 //! record, when a correction taken meanwhile must wait), on its own dice so the pipeline's
-//! schedule stays the seed's. Every debit is told to
+//! schedule stays the seed's. It debits the credits customers' Stripe grants and packs too, at
+//! seconds of their events' timeline among the deliveries, each answer checked at once against
+//! an oracle of burn order version 1 computed apart from the fold, and at rest the balances, the
+//! derived allocations and the low and depleted crossings. Every allowance debit is told to
 //! a meter through the faithful fakes of `provider_fakes` on the simulated clock: Stripe's
 //! (its idempotency layer replaying each key's first answer, 5xx included; an identifier kept
 //! 24 hours; a timestamp within 35 days past and 5 minutes ahead; cancels by meter event
@@ -100,7 +103,8 @@ const QUIET_ROUNDS: usize = 20;
 /// Stripe's summaries and Polar's benefits give too), `seats` (a number Polar's benefits give at
 /// 5 and 20), `export` (a string here, a flag in Stripe's summaries), `audit-log`.
 const CATALOG: &str = r#"{
-    "free": {"plan": "free", "monthly_allowance": 10, "features": {"seats": 1}},
+    "free": {"plan": "free", "monthly_allowance": 10, "features": {"seats": 1},
+             "credits_low": {"usd": 500, "credits": 300}},
     "pro": {"plan": "pro", "monthly_allowance": 500,
             "features": {"sso": true, "seats": 10, "export": "csv"}},
     "price_pro": {"plan": "pro", "monthly_allowance": 500,
@@ -469,6 +473,16 @@ static LEMONSQUEEZY_READS_KEPT: AtomicUsize = AtomicUsize::new(0);
 /// `sim::seeds`).
 static CREDITS_EVENTS: AtomicUsize = AtomicUsize::new(0);
 static CREDITS_GRANTS: AtomicUsize = AtomicUsize::new(0);
+/// The app's debits of credits: accepted, refused, and of the accepted those whose derived
+/// allocation at rest is not what they were answered (a grant told later came first, or an
+/// application told later took what they spent); low and depleted crossings at rest.
+static CREDIT_DEBITS_ACCEPTED: AtomicUsize = AtomicUsize::new(0);
+static CREDIT_DEBITS_REFUSED: AtomicUsize = AtomicUsize::new(0);
+static CREDIT_DEBITS_MOVED: AtomicUsize = AtomicUsize::new(0);
+static CREDIT_DEBITS_UNFUNDED: AtomicUsize = AtomicUsize::new(0);
+static CREDIT_CROSSINGS: AtomicUsize = AtomicUsize::new(0);
+/// Time the credits debits and the credits checks at rest took, in microseconds.
+static CREDITS_MICROS: AtomicUsize = AtomicUsize::new(0);
 
 /// Fetch faults one thin event may suffer: with the schedule's three, fewer than its attempts.
 const MAX_READ_FAULTS: u32 = 2;
@@ -917,6 +931,17 @@ struct World {
     /// The seed's Stripe credits events (`order_credits`'s: grant snapshots, their
     /// transactions, packs paid and refunded), delivered among the rest.
     credits: Vec<CreditsEvent>,
+    /// The app's debits of the credits customers, on dice of their own: the second the next
+    /// one is made at (on the credits events' timeline), and those accepted, in order.
+    credit_spender: Dice,
+    credits_clock: i64,
+    credit_debits: Vec<order_credits::oracle::AppDebit>,
+    credit_keys: usize,
+    /// What each accepted one was answered it took, by usage id.
+    credit_answered: HashMap<String, Vec<(String, i64)>>,
+    /// The credits events (by index) the store has applied so far: once applied, what an
+    /// event wrote stays (a replay only applies it again).
+    credits_applied: BTreeSet<usize>,
 }
 
 /// A debit the simulated app asked for, and the first answer it heard for its key.
@@ -1175,6 +1200,12 @@ impl World {
             dispatcher: Dice::new(seed ^ 0xD15_9A7C),
             ns: format!("s{seed}x"),
             credits: Vec::new(),
+            credit_spender: Dice::new(seed ^ 0xC2ED_17DE),
+            credits_clock: order_credits::time(0).timestamp(),
+            credit_debits: Vec::new(),
+            credit_keys: 0,
+            credit_answered: HashMap::new(),
+            credits_applied: BTreeSet::new(),
         }
     }
 
@@ -1469,6 +1500,8 @@ impl World {
         if finished.is_empty() {
             return;
         }
+        // What the replayed event wrote stays: the credits debits' oracle counts it.
+        self.note_credits_applied().await;
         let id = finished[self.dice.below(finished.len() as u64) as usize];
         let plan = self.plan(None);
         let queue = self.scheduler.queue.clone();
@@ -1748,6 +1781,180 @@ impl World {
             if decided && first.heard.is_none() {
                 first.heard = Some(debited.debit);
             }
+        }
+        Ok(())
+    }
+
+    /// Counts the credits events final now among those the store has applied
+    /// ([`World::credits_applied`]); an event leaves a final status only by a replay, which
+    /// counts them first.
+    async fn note_credits_applied(&mut self) {
+        let keys: Vec<String> = (0..self.credits.len())
+            .map(|i| credits_key(i, &self.ns))
+            .collect();
+        let applied: Vec<String> = sqlx::query_scalar(
+            "SELECT dedupe_key FROM inbox_events
+             WHERE source = 'stripe' AND dedupe_key = ANY($1) AND status IN ('applied', 'ignored')",
+        )
+        .bind(&keys)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        let now_final = (0..keys.len()).filter(|i| applied.contains(&keys[*i]));
+        self.credits_applied.extend(now_final);
+    }
+
+    /// The app spends credits (docs/design.md §4.14): a debit of one of the credits customers
+    /// in `usd` (Stripe's grants) or in `credits` (the catalog's packs), made at the next second
+    /// of the credits events' timeline (the store's clock reads it for the call), so that
+    /// debits fall before and after grants are effective, voided and expired, and across
+    /// month boundaries, interleaved with the deliveries of the events that make the grants.
+    /// Its answer must be what the oracle decides from the credits events the store has
+    /// applied at that moment and the debits accepted before it
+    /// (`order_credits::oracle::decide`, apart from the fold): accepted with the allocation of
+    /// burn order version 1, or refused saying what each grant had left.
+    async fn spend_credits(&mut self) -> Result<(), Failure> {
+        use order_credits::oracle::{self, AppDebit};
+        use shared::billing::usage::{self, Debit, DebitRequest};
+        // Past every end, nothing changes any more: no debit is drawn.
+        if self.credits_clock > order_credits::time(40).timestamp() {
+            return Ok(());
+        }
+        let unit_secs = order_credits::UNIT_SECS;
+        let mut at =
+            self.credits_clock + 1 + self.credit_spender.below(3 * unit_secs as u64) as i64;
+        // Never on a grant's own second (the events' times are whole units): the debit's
+        // crossing is compared before and after it at its second (docs/design.md §9).
+        if (at - order_credits::time(0).timestamp()) % unit_secs == 0 {
+            at += 1;
+        }
+        self.credits_clock = at;
+        let customer = self.credit_spender.below(order_credits::CUSTOMERS.into()) as u8;
+        let (unit, most) = match self.credit_spender.chance(50) {
+            true => ("usd", 400),
+            false => (credits::ALLOWANCE_UNIT, 300),
+        };
+        let amount = 1 + self.credit_spender.below(most) as i64;
+        let key = format!("c{}_{}", self.credit_keys, self.ns);
+        self.credit_keys += 1;
+        // What the store knows as the app debits: the credits events applied by now (no other
+        // actor runs during the call).
+        self.note_credits_applied().await;
+        let known: Vec<CreditsEvent> = (self.credits_applied.iter())
+            .map(|i| self.credits[*i].clone())
+            .collect();
+        let customer_id = order_credits::customer_id(customer, &self.ns);
+        let id = shared::domain::CustomerId::parse(&customer_id).unwrap();
+        let month = chrono::DateTime::from_timestamp(at, 0)
+            .unwrap()
+            .format("%Y-%m");
+        let worker = self.worker.clone();
+        let request = DebitRequest {
+            source: "stripe",
+            customer: &id,
+            key: &key,
+            amount,
+            period: usage::DebitPeriod::Named(
+                shared::domain::Period::parse(&month.to_string()).unwrap(),
+            ),
+            note: None,
+            unit,
+            effects: Some(&worker.catalog),
+            meter: None,
+        };
+        let mut conn = self.pool.acquire().await.unwrap();
+        let offset = (at * 1_000 + 500 - chrono::Utc::now().timestamp_millis()) as f64 / 1_000.0;
+        set_clock(&mut conn, offset.to_string()).await.unwrap();
+        let debited = usage::debit(&mut conn, &request)
+            .await
+            .map_err(|e| self.fail(format!("debit {key}: {e}")))?;
+        drop(conn);
+        let stored: Option<i64> = sqlx::query_scalar(
+            "SELECT inbox_secs(recorded_at) FROM usage_debits
+             WHERE source = 'stripe' AND customer_id = $1 AND idempotency_key = $2",
+        )
+        .bind(&customer_id)
+        .bind(&key)
+        .fetch_optional(&self.admin)
+        .await
+        .unwrap();
+        self.note(format!(
+            "app debits {amount} {unit} of stripe/{customer_id} at {} under {key} ({} credits events applied) -> {:?}",
+            chrono::DateTime::from_timestamp(at, 0).unwrap().to_rfc3339(),
+            known.len(),
+            debited.debit
+        ));
+        // The second the store decided it at (a loaded machine may take the call past `at`).
+        let at = stored.unwrap_or(at);
+        self.credits_clock = self.credits_clock.max(at);
+        let grants = oracle::grants(&known);
+        let before: Vec<AppDebit> = (self.credit_debits.iter())
+            .filter(|d| d.customer == customer && d.unit == unit)
+            .cloned()
+            .collect();
+        let debit = AppDebit {
+            usage_id: String::new(),
+            customer,
+            unit: unit.to_owned(),
+            amount,
+            at,
+        };
+        let decided = oracle::decide(&grants, &before, &debit);
+        let ns = format!("_{}", self.ns);
+        let plain = |id: &str| id.replace(&ns, "_");
+        let whole = |q: &str| Quantity::parse(q).ok();
+        let as_quantities = |list: &[(String, i64)]| -> Vec<(String, Option<Quantity>)> {
+            list.iter()
+                .map(|(id, q)| (id.clone(), Some(Quantity::whole(*q))))
+                .collect()
+        };
+        let right = match (&debited.debit, &decided) {
+            (
+                Debit::Accepted {
+                    usage_id,
+                    allocation: Some(a),
+                    ..
+                },
+                Ok(take),
+            ) => {
+                let answered: Vec<(String, Option<Quantity>)> = (a.from_grants.iter())
+                    .map(|g| (plain(&g.grant_id), whole(&g.amount)))
+                    .collect();
+                let right = a.from_allowance == 0 && answered == as_quantities(take);
+                if right {
+                    CREDIT_DEBITS_ACCEPTED.fetch_add(1, Ordering::Relaxed);
+                    self.credit_answered.insert(usage_id.clone(), take.clone());
+                    self.credit_debits.push(AppDebit {
+                        usage_id: usage_id.clone(),
+                        ..debit
+                    });
+                }
+                right
+            }
+            (
+                Debit::Exhausted {
+                    remains: Some(r), ..
+                },
+                Err(left),
+            ) => {
+                CREDIT_DEBITS_REFUSED.fetch_add(1, Ordering::Relaxed);
+                let answered: Vec<(String, Option<Quantity>)> = (r.grants.iter())
+                    .map(|g| (plain(&g.grant_id), whole(&g.remaining)))
+                    .collect();
+                r.remaining_allowance == 0 && answered == as_quantities(left)
+            }
+            // No event of the customer applied yet: no account, nothing to spend.
+            (Debit::UnknownCustomer, Err(left)) => {
+                left.is_empty() && !grants.iter().any(|g| g.customer == customer)
+            }
+            _ => false,
+        };
+        if !right {
+            return Err(self.fail(format!(
+                "{key}: {amount} {unit} of {customer_id} at {at} answered {:?}; from the {} credits events applied and the debits accepted before it, burn order version 1 gives {decided:?}",
+                debited.debit,
+                known.len()
+            )));
         }
         Ok(())
     }
@@ -2097,7 +2304,8 @@ impl World {
     /// adjustment, or compensated by a report of the negative amount under the correction's
     /// identifier. The meter holds and cancels nothing else (no refused or rolled-back debit
     /// is reported), and its net total per customer is the sum of the customer's accepted
-    /// debits not reversed.
+    /// debits not reversed. (The credits customers' debits name no meter: they are made on the
+    /// credits events' timeline, months before the meters' clock.)
     async fn check_meter_reports(&mut self) -> Result<(), Failure> {
         #[derive(sqlx::FromRow)]
         struct Told {
@@ -2130,7 +2338,7 @@ impl World {
              FROM usage_debits d
              LEFT JOIN meter_reports r ON r.usage_id = d.usage_id AND r.kind = 'report'
              LEFT JOIN meter_reports c ON c.usage_id = d.usage_id AND c.kind = 'correction'
-             WHERE d.customer_id LIKE '%\\_' || $1 || '%'
+             WHERE d.customer_id LIKE '%\\_' || $1 || '%' AND d.customer_id NOT LIKE 'cus\\_crd%'
              ORDER BY d.seq",
         )
         .bind(&self.ns)
@@ -2320,12 +2528,15 @@ impl World {
             "SELECT u.source, u.customer_id, u.period, u.used,
                     COALESCE((SELECT sum(delta) FROM ledger l
                               WHERE (l.source, l.customer_id, l.period) = (u.source, u.customer_id, u.period)), 0)::bigint
-             FROM usage_periods u WHERE u.customer_id LIKE '%\\_' || $1 || '%'",
+             FROM usage_periods u WHERE u.customer_id LIKE '%\\_' || $1 || '%'
+               AND u.customer_id NOT LIKE 'cus\\_crd%'",
         )
         .bind(&self.ns)
         .fetch_all(&self.admin)
         .await
         .unwrap();
+        // (The credits customers' debits spend grants past the allowance: `used` counts
+        // them, and `check_credit_debit` checks each against the grants.)
         for (source, customer, period, used, granted) in rows {
             if used < 0 {
                 return Err(self.fail(format!(
@@ -2373,7 +2584,8 @@ impl World {
             "SELECT u.source, u.customer_id, u.period, u.used,
                     COALESCE((SELECT sum(d.amount) FROM usage_debits d
                               WHERE (d.source, d.customer_id, d.period) = (u.source, u.customer_id, u.period)
-                                AND d.accepted AND d.reversed_at IS NULL), 0)::bigint AS summed
+                                AND d.accepted AND d.reversed_at IS NULL
+                                AND d.unit = 'credits'), 0)::bigint AS summed
              FROM usage_periods u WHERE u.customer_id LIKE '%\\_' || $1 || '%'",
         )
         .bind(&self.ns)
@@ -2453,12 +2665,13 @@ impl World {
         }
         // The accepted debits not reversed, in the order they were decided, spent on the
         // fold's live accounts: each one fits in the period's allowance the fold gives (a
-        // reversed one only left more room to those decided after it).
+        // reversed one only left more room to those decided after it). The credits customers'
+        // debits spend grants past the allowance; the credits oracle checks them.
         let accepted: Vec<(String, String, String, i64, String)> = sqlx::query_as(
             "SELECT d.source, d.customer_id, d.period, d.amount, d.idempotency_key
              FROM usage_debits d JOIN accounts a USING (source, customer_id)
              WHERE d.customer_id LIKE '%\\_' || $1 || '%' AND d.accepted AND d.reversed_at IS NULL
-               AND a.deleted_at IS NULL
+               AND a.deleted_at IS NULL AND d.customer_id NOT LIKE 'cus\\_crd%'
              ORDER BY d.seq",
         )
         .bind(&self.ns)
@@ -2883,6 +3096,15 @@ impl World {
         }
         let mut found = BTreeMap::new();
         let mut told = [BTreeSet::new(), BTreeSet::new()];
+        let levels = self.worker.catalog.credits_low_of("free");
+        let low = credits::low_levels(&levels);
+        // Per customer and unit (in that order): each accepted debit's allocation as the store
+        // derives it, and the low and depleted crossings the credits tell.
+        type Allocated = (String, Vec<(String, Quantity)>, Quantity);
+        type Crossed = (String, Option<Quantity>, i64, Quantity);
+        let mut derived: Vec<Allocated> = Vec::new();
+        let mut crossed: Vec<Crossed> = Vec::new();
+        let units = ["usd", credits::ALLOWANCE_UNIT];
         for (n, ns) in [&self.ns, &canon].into_iter().enumerate() {
             for customer in 0..order_credits::CUSTOMERS {
                 let id =
@@ -2897,19 +3119,53 @@ impl World {
                 };
                 let read = shared::billing::credits_read::read(&mut conn, "stripe", &id, Some(end));
                 let at_end = self.with_bugs(read).await.unwrap().unwrap();
-                let available: BTreeMap<String, Quantity> = (at_mid.credits)
-                    .balances_at(mid.timestamp())
-                    .into_iter()
+                // The fold's balances, with the seed's bugs as the read's own fold has them.
+                let (at_mid_balances, at_end_balances) = self
+                    .with_bugs(async {
+                        let mid = at_mid.credits.balances_at(mid.timestamp());
+                        (mid, at_end.credits.balances_at(end.timestamp()))
+                    })
+                    .await;
+                let available: BTreeMap<String, Quantity> = (at_mid_balances.into_iter())
                     .map(|b| (b.grant.grant_id.clone(), b.available()))
                     .collect();
-                for b in at_end.credits.balances_at(end.timestamp()) {
+                for b in at_end_balances {
                     if n == 0 {
                         let grant = b.grant.grant_id.replace(&format!("_{ns}"), "_");
                         let sums = [b.granted, b.used, b.expired, b.remaining];
                         found.insert(grant, (sums, available[&b.grant.grant_id]));
                     }
                 }
-                let low = credits::low_levels(&self.worker.catalog.credits_low_of("free"));
+                let suffix = format!("_{ns}");
+                if n == 0 {
+                    for unit in units {
+                        let allocations =
+                            shared::billing::usage::allocations(&mut conn, ("stripe", &id), unit);
+                        let allocations = self
+                            .with_bugs(allocations)
+                            .await
+                            .map_err(|e| self.fail(format!("allocations of {id}: {e}")))?;
+                        derived.extend(allocations.into_iter().map(|a| {
+                            let from = (a.allocation.from_grants.into_iter())
+                                .map(|(g, q)| (g.replace(&suffix, "_"), q))
+                                .collect();
+                            (a.usage_id, from, a.unfunded)
+                        }));
+                        let thresholds = credits::watched(unit, &low);
+                        let crossings = self
+                            .with_bugs(async {
+                                at_end.credits.crossings(unit, &thresholds, end.timestamp())
+                            })
+                            .await;
+                        crossed.extend(crossings.into_iter().map(|x| {
+                            let level = match x.threshold {
+                                credits::Threshold::Low(level) => Some(level),
+                                credits::Threshold::Depleted => None,
+                            };
+                            (x.unit, level, x.at, x.available)
+                        }));
+                    }
+                }
                 let account = ("stripe", id.as_str());
                 let effects = self
                     .with_bugs(async {
@@ -2932,20 +3188,91 @@ impl World {
                             }
                         }
                     }
-                    told[n].insert(format!("{} {body}", e.kind.as_str()));
+                    // The canonical order applies the events alone; the app's debits move the
+                    // crossings, which the oracle checks below.
+                    let crossing = matches!(
+                        e.kind.as_str(),
+                        "billing.credits_low" | "billing.credits_depleted"
+                    );
+                    if !crossing {
+                        told[n].insert(format!("{} {body}", e.kind.as_str()));
+                    }
                 }
             }
         }
+        // The oracle: the grants the events make, the app's accepted debits spent on them in
+        // burn order version 1, computed apart from the fold. Without the debits it is the
+        // order property's `expected`, which checks the oracle itself.
+        let grants = order_credits::oracle::grants(&self.credits);
+        let ledger_only = order_credits::oracle::balances(&grants, &[]);
+        if ledger_only != order_credits::expected(&self.credits) {
+            return Err(self.fail(format!(
+                "the credits oracle gives {ledger_only:?} without debits, order_credits::expected {:?}",
+                order_credits::expected(&self.credits)
+            )));
+        }
         let expected: BTreeMap<String, ([Quantity; 4], Quantity)> =
-            order_credits::expected(&self.credits)
+            order_credits::oracle::balances(&grants, &self.credit_debits)
                 .into_iter()
                 .map(|(id, (sums, mid))| (id, (sums.map(Quantity::whole), Quantity::whole(mid))))
                 .collect();
         if found != expected {
             return Err(self.fail(format!(
-                "credits balances {found:?}, Stripe's ledger gives {expected:?}"
+                "credits balances {found:?}, Stripe's ledger, the pack rule and the app's debits in burn order give {expected:?}"
             )));
         }
+        let mut oracle_derived: Vec<Allocated> = Vec::new();
+        let mut oracle_crossed: Vec<Crossed> = Vec::new();
+        let low_oracle: BTreeMap<String, i64> =
+            levels.iter().map(|(u, l)| (u.clone(), *l)).collect();
+        for customer in 0..order_credits::CUSTOMERS {
+            for unit in units {
+                let debits: Vec<_> = (self.credit_debits.iter())
+                    .filter(|d| d.customer == customer && d.unit == unit)
+                    .cloned()
+                    .collect();
+                for t in order_credits::oracle::derive(&grants, &debits) {
+                    if self.credit_answered.get(&t.usage_id) != Some(&t.from_grants) {
+                        CREDIT_DEBITS_MOVED.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if t.unfunded > 0 {
+                        CREDIT_DEBITS_UNFUNDED.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let from = (t.from_grants.into_iter())
+                        .map(|(g, q)| (g, Quantity::whole(q)))
+                        .collect();
+                    oracle_derived.push((t.usage_id, from, Quantity::whole(t.unfunded)));
+                }
+            }
+            let end = order_credits::time(60).timestamp();
+            let crossings = order_credits::oracle::crossings(
+                &grants,
+                &self.credit_debits,
+                customer,
+                &low_oracle,
+                end,
+            );
+            // In the store's order: by unit as asked (usd, then credits), then by time.
+            for unit in units {
+                oracle_crossed.extend(crossings.iter().filter(|x| x.0 == unit).map(
+                    |(unit, level, at, available)| {
+                        let level = level.map(Quantity::whole);
+                        (unit.clone(), level, *at, Quantity::whole(*available))
+                    },
+                ));
+            }
+        }
+        if derived != oracle_derived {
+            return Err(self.fail(format!(
+                "the debits' allocations are derived as {derived:?}; from the events and the accepted debits, burn order version 1 gives {oracle_derived:?}"
+            )));
+        }
+        if crossed != oracle_crossed {
+            return Err(self.fail(format!(
+                "the credits cross {crossed:?}; the oracle's balances cross {oracle_crossed:?}"
+            )));
+        }
+        CREDIT_CROSSINGS.fetch_add(crossed.len(), Ordering::Relaxed);
         if told[0] != told[1] {
             return Err(self.fail(format!(
                 "the credits tell {:?} here, {:?} applied once in provider-time order",
@@ -3697,6 +4024,12 @@ async fn simulate_seed(
         if world.spender.chance(25) {
             world.spend().await?;
         }
+        // The app's debits of credits, on dice of their own (docs/design.md §4.14).
+        if world.credit_spender.chance(12) {
+            let started = Instant::now();
+            world.spend_credits().await?;
+            CREDITS_MICROS.fetch_add(started.elapsed().as_micros() as usize, Ordering::Relaxed);
+        }
         // The app's reversals, on dice of their own (docs/design.md §4.10).
         if world.reverser.chance(5) {
             world.reverse().await?;
@@ -3712,7 +4045,9 @@ async fn simulate_seed(
     world.quiesce(&case, &mut pending).await?;
     world.drain_reports().await?;
     world.check_at_rest().await?;
+    let started = Instant::now();
     Box::pin(world.check_credits()).await?;
+    CREDITS_MICROS.fetch_add(started.elapsed().as_micros() as usize, Ordering::Relaxed);
     world.check_meter_reports().await?;
     world.check_after_the_retention().await?;
     world.note(format!(
@@ -3808,6 +4143,15 @@ async fn seeds(pool: PgPool) {
         CREDITS_GRANTS.load(Ordering::Relaxed),
     );
     eprintln!(
+        "sim: credits debits: {} accepted, {} refused; {} of the accepted derived otherwise at rest than answered, {} with a part unfunded; {} low or depleted crossings at rest; the debits and the credits checks at rest took {:.1} s",
+        CREDIT_DEBITS_ACCEPTED.load(Ordering::Relaxed),
+        CREDIT_DEBITS_REFUSED.load(Ordering::Relaxed),
+        CREDIT_DEBITS_MOVED.load(Ordering::Relaxed),
+        CREDIT_DEBITS_UNFUNDED.load(Ordering::Relaxed),
+        CREDIT_CROSSINGS.load(Ordering::Relaxed),
+        CREDITS_MICROS.load(Ordering::Relaxed) as f64 / 1e6,
+    );
+    eprintln!(
         "sim: reversals: {} asked, {} of them again; {} reports withdrawn, {} debits reversed while their report was in flight",
         REVERSALS.load(Ordering::Relaxed),
         REVERSALS_AGAIN.load(Ordering::Relaxed),
@@ -3871,6 +4215,9 @@ async fn planted_bugs_are_caught(pool: PgPool) {
         Bug::ReadByTheClock,
         Bug::PartialSummaryApplied,
         Bug::ReportSentBeforeCommit,
+        Bug::ClampInFold,
+        Bug::ExpiryAddedToStripes,
+        Bug::BurnOrderByArrival,
     ];
     let mut report = Vec::new();
     for (n, bug) in bugs.into_iter().enumerate() {

@@ -505,7 +505,8 @@ pub(super) fn compare(
     out
 }
 
-/// Each period's `used` as stored, and the sum of its accepted debits not reversed.
+/// Each period's `used` as stored, and the sum of its accepted debits not reversed of the
+/// allowance's unit (a debit of another unit spends grants only, docs/design.md §4.14).
 pub(super) async fn used_by_period(
     conn: &mut PgConnection,
     source: &str,
@@ -517,12 +518,13 @@ pub(super) async fn used_by_period(
                COALESCE((SELECT sum(d.amount) FROM usage_debits d
                          WHERE d.source = p.source AND d.customer_id = p.customer_id
                            AND d.period = p.period AND d.accepted
-                           AND d.reversed_at IS NULL), 0)::bigint AS "debited!"
+                           AND d.reversed_at IS NULL AND d.unit = $3), 0)::bigint AS "debited!"
         FROM usage_periods p WHERE p.source = $1 AND p.customer_id = $2
         ORDER BY p.period
         "#,
         source,
         customer.as_str(),
+        crate::billing::credits::ALLOWANCE_UNIT,
     )
     .fetch_all(exec(conn))
     .await?;

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::domain::effect::{effect_id, Kind, NewEffect};
+use crate::platform::sim::{self, Bug};
 
 /// The version of [`burn_order`]. A debit's answer names it, so that an allocation read later
 /// says which rule made it; a change to the order is a new version, never an edit of this one.
@@ -529,7 +530,9 @@ fn grant_at(r: &GrantRegister, txns: Option<&Vec<&Transaction>>, at: i64) -> Gra
     let end = earliest(r.voided_at, g.expires_at).filter(|&when| when <= at);
     let closed = end.is_some();
     if let Some(when) = end {
-        if !has(TransactionKind::Expired) && !has(TransactionKind::Voided) {
+        // (A simulation may plant the expiry added to the provider's, docs/design.md §10.)
+        let told_end = has(TransactionKind::Expired) || has(TransactionKind::Voided);
+        if !told_end || sim::planted(Bug::ExpiryAddedToStripes) {
             let remaining_then = remaining_until(g, &txns, when);
             if remaining_then.is_positive() {
                 expired = expired + remaining_then;
@@ -537,7 +540,10 @@ fn grant_at(r: &GrantRegister, txns: Option<&Vec<&Transaction>>, at: i64) -> Gra
             }
         }
     }
-    let remaining = granted - used - expired;
+    // Signed; a simulation may plant the clamp here (docs/design.md §10).
+    let remaining = sim::or_planted(Bug::ClampInFold, granted - used - expired, || {
+        (granted - used - expired).clamped()
+    });
     let live = effective <= at && !closed;
     GrantBalance {
         grant: g.clone(),
@@ -570,6 +576,10 @@ fn remaining_until(g: &GrantSnapshot, txns: &[&Transaction], when: i64) -> Quant
 /// `effective_at`, then the grant's id. A total order of the grants' own fields, never of
 /// arrival, so a replay spends the same grants.
 pub fn burn_order(a: &GrantSnapshot, b: &GrantSnapshot) -> Ordering {
+    // A simulation may plant an order by arrival here (docs/design.md §10).
+    if sim::planted(Bug::BurnOrderByArrival) {
+        return (a.updated, &a.event_key, &a.grant_id).cmp(&(b.updated, &b.event_key, &b.grant_id));
+    }
     let expiry = |g: &GrantSnapshot| (g.expires_at.is_none(), g.expires_at);
     (a.priority(), expiry(a), a.category, a.effective_from())
         .cmp(&(b.priority(), expiry(b), b.category, b.effective_from()))

@@ -68,6 +68,15 @@ pub enum Bug {
     /// the debit may then roll back (the library writes the report with the debit and sends
     /// it after the commit, §4.13).
     ReportSentBeforeCommit,
+    /// A grant's remaining clamped at zero inside the credits fold, not only when shown (an
+    /// over-applied grant then sums to 0, and an invoice voided afterwards gives back too much).
+    ClampInFold,
+    /// The fold's provisional expiry counted beside the provider's own `credits_expired` or
+    /// `credits_voided` instead of being replaced by it.
+    ExpiryAddedToStripes,
+    /// Grants spent in the order they were told (their latest snapshot's time, then its event's
+    /// key) instead of the burn order's own fields.
+    BurnOrderByArrival,
 }
 
 /// Whether the simulation running this task planted `bug`; always false outside one.
