@@ -1051,7 +1051,7 @@ fn the_divergences_page_lists_the_provider_audits_open_meter_and_credit_differen
             "1 account month(s) where the provider's meter counts otherwise",
             r#"<tr data-account="stripe/cus_m" data-meter="api_calls">"#,
             r#"<td><code>api_calls</code><span class="second">2026-12</span></td>"#,
-            r#"<td class="num"><strong>12</strong></td><td class="num">9.0</td>"#,
+            r#"<td class="num"><strong>12</strong></td><td class="num">9</td>"#,
             "2 Stripe credit grant(s) whose mirrored ledger balance differs",
             r#"<tr data-account="stripe/cus_c" data-grant="credgr_1">"#,
             r#"<td class="num"><strong>1000</strong></td><td class="num">700</td>"#,

@@ -99,6 +99,12 @@ pub(super) fn shown(value: &Value) -> String {
     match value {
         Value::Null => "—".to_owned(),
         Value::String(s) => s.clone(),
+        // A provider's count kept as a float (a meter's summary is a `double precision`) reads
+        // as the whole number it is, as the CLI prints it: `9`, not `9.0`.
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 1e15 => format!("{}", f as i64),
+            _ => n.to_string(),
+        },
         other => other.to_string(),
     }
 }
@@ -196,6 +202,15 @@ pub(super) fn next_link(address: Option<String>) -> Markup {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_whole_float_is_shown_as_its_count_and_a_fraction_is_kept() {
+        assert_eq!(shown(&json!(9.0)), "9");
+        assert_eq!(shown(&json!(-3.0)), "-3");
+        assert_eq!(shown(&json!(9.5)), "9.5");
+        assert_eq!(shown(&json!(12)), "12");
+        assert_eq!(shown(&json!(1e20)), "1e+20");
+    }
 
     #[test]
     fn a_time_is_shown_in_utc_with_its_rfc3339_value() {
