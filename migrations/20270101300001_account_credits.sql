@@ -55,10 +55,12 @@ BEGIN
                     'effective_at', inbox_secs(t.effective_at), 'event_id', t.event_id,
                     'type', e.type, 'occurred_at', e.occurred_at)), '[]')
          FROM credit_transactions t LEFT JOIN inbox_events e ON e.id = t.event_id
+         -- One list of grant ids, so each grant's ledger is found by its index.
          WHERE t.source = p_source
-           AND (t.grant_id = ANY(p_grants)
-                OR t.grant_id IN (SELECT c.grant_id FROM credit_grants c
-                                  WHERE c.source = p_source AND c.customer_id = p_customer))),
+           AND t.grant_id IN (SELECT c.grant_id FROM credit_grants c
+                              WHERE c.source = p_source AND c.customer_id = p_customer
+                              UNION
+                              SELECT unnest(p_grants))),
         'debits',
         (SELECT COALESCE(jsonb_agg(jsonb_build_object(
                     'usage_id', d.usage_id, 'unit', d.unit, 'period', d.period,
