@@ -25,7 +25,11 @@
 CREATE FUNCTION inbox_account_credits(p_source text, p_customer text,
                                       p_grants text[] DEFAULT '{}')
 RETURNS jsonb
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE
+-- One plan for every account (each table read by its (source, customer) or grant index), kept
+-- for the session: planned anew at each call, as a custom plan is, the statement cost several
+-- times its execution.
+SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     -- Most accounts hold no grant: nothing to fold, and no debit is read for them.
     IF cardinality(p_grants) = 0
