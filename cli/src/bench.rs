@@ -55,6 +55,10 @@ pub struct BenchArgs {
     /// With --api: operations in each measured phase.
     #[arg(long, default_value_t = 5_000, requires = "api")]
     pub requests: usize,
+    /// With --api: accepted debits per seeded account that reached its credit grants, for the
+    /// credits read's cost as they grow (docs/design.md §4.14).
+    #[arg(long, default_value_t = 0, requires = "api")]
+    pub credit_debits: usize,
     /// Measure meter reports instead (`crate::bench_meters`): this many debits with reports
     /// written, then sent by `meters::send` from concurrent tasks to a fake Stripe meter on
     /// loopback that counts identifiers and duplicates.

@@ -147,7 +147,7 @@ async fn bench(
         args.customers, source.name
     );
     let customers = seed(&sender, &source, &configs, &pool, catalog, args.customers).await?;
-    seed_credits(&pool, &source.name, &customers).await?;
+    seed_credits(&pool, &source.name, &customers, args.credit_debits).await?;
     let hot = customers.last().context("no customer was seeded")?.clone();
     let spread = &customers[..customers.len() - 1];
 
@@ -310,6 +310,7 @@ async fn bench(
     .map(|s| s.used);
     Ok(json!({
         "requests": args.requests,
+        "credit_debits": args.credit_debits,
         "customers": spread.len(),
         "source": source.name,
         "hot_customer": hot.as_str(),
@@ -438,8 +439,15 @@ pub(crate) async fn seed(
 
 /// [`BENCH_GRANTS`] Stripe credit grants for each customer, each with [`BENCH_TRANSACTIONS`]
 /// transactions (its `credits_granted`, then applications), as the worker's credits
-/// statements store them, so the credits read folds a realistic account.
-async fn seed_credits(pool: &PgPool, source: &str, customers: &[CustomerId]) -> anyhow::Result<()> {
+/// statements store them, so the credits read folds a realistic account; and `debits`
+/// accepted debits of 1 in the grants' unit (no allowance covers it), each of which reached
+/// the grants, as `inbox_debit` stores them.
+async fn seed_credits(
+    pool: &PgPool,
+    source: &str,
+    customers: &[CustomerId],
+    debits: usize,
+) -> anyhow::Result<()> {
     let ids: Vec<String> = customers.iter().map(|c| c.as_str().to_owned()).collect();
     sqlx::query!(
         r#"
@@ -467,6 +475,22 @@ async fn seed_credits(pool: &PgPool, source: &str, customers: &[CustomerId]) -> 
     .execute(pool)
     .await
     .context("seeding credit grants")?;
+    sqlx::query!(
+        r#"
+        INSERT INTO usage_debits (usage_id, source, customer_id, idempotency_key, period,
+            period_named, amount, accepted, used, remaining, unit)
+        SELECT 'bench_cd_' || c || '_' || n, $1, c, 'bench-cd-' || n,
+               to_char(inbox_now() AT TIME ZONE 'UTC', 'YYYY-MM'), false, 1, true, 0, 0, 'usd'
+        FROM unnest($2::text[]) AS c, generate_series(1, $3::int) AS n
+        ORDER BY c, n
+        "#,
+        source,
+        &ids,
+        i32::try_from(debits).context("--credit-debits is too large")?,
+    )
+    .execute(pool)
+    .await
+    .context("seeding debits that reached the grants")?;
     Ok(())
 }
 
@@ -1003,6 +1027,7 @@ fn text(report: &Value) -> String {
     let names = [
         ("read", "reads"),
         ("feature", "feature checks"),
+        ("credits", "credits reads"),
         ("debit", "debits"),
         ("hot_debit", "debits, one hot account"),
     ];
@@ -1046,7 +1071,8 @@ fn text(report: &Value) -> String {
         }
     }
     format!(
-        "{} operations per phase; reads, feature checks and debits over {} customers of '{}', the hot account {}; \
+        "{} operations per phase; reads, feature checks, credits reads and debits over {} customers of '{}', the hot account {}; \
+         each account's credits: {BENCH_GRANTS} grants of {BENCH_TRANSACTIONS} transactions and {} debits that reached them; \
          {} cores; Postgres round trip {} ms (median of 200 SELECT 1{})\n{t}\n\
          Round trips counted on the wire over {} operations of each kind, after a warm-up; \
          a debit spanning grants (allowance spent, {SPANNING_DEBIT} from packs of {SPANNING_PACK}): {} / {}.",
@@ -1054,6 +1080,7 @@ fn text(report: &Value) -> String {
         report["customers"],
         report["source"].as_str().unwrap_or_default(),
         report["hot_customer"].as_str().unwrap_or_default(),
+        report["credit_debits"],
         report["cores"],
         f(&report["pg_round_trip_ms"], 3),
         match report["pg_delay_ms"].as_f64() {

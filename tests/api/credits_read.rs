@@ -392,3 +392,153 @@ async fn the_read_counts_what_the_apps_debits_took_from_a_pack(pool: PgPool) {
     let account = call(&state, "GET", &account_path, Some(READER_KEY), &[], None).await;
     assert_eq!(account.body["credits"], read.body["balances"]);
 }
+
+/// Debits `amount` of `customer`'s credits in `period`, under `key`; it must be accepted.
+async fn debit_in(pool: &PgPool, customer: &str, key: &str, amount: i64, period: &str) {
+    let id = shared::domain::CustomerId::parse(customer).unwrap();
+    let request = shared::billing::usage::DebitRequest::checked(
+        "stripe",
+        &id,
+        key,
+        amount,
+        Some(period),
+        None,
+        None,
+        &shared::domain::Period::current(),
+    )
+    .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let debited = shared::billing::usage::debit(&mut conn, &request)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            debited.debit,
+            shared::billing::usage::Debit::Accepted { .. }
+        ),
+        "{key}"
+    );
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_read_of_many_debits_carries_only_those_that_reached_the_grants_and_stays_exact(
+    pool: PgPool,
+) {
+    let mut app = TestApp::spawn(pool.clone()).await;
+    // A price that gives a plan of 100 a month and a pack of 1000, and a pack that a debit
+    // spends before it (priority 0).
+    app.worker.catalog = shared::domain::Catalog::parse(
+        r#"{"price_1ManyPlan": {"plan": "pro", "monthly_allowance": 100,
+                                "credits": {"amount": 1000}},
+            "price_1ManyFirst": {"credits": {"amount": 1000, "priority": 0}}}"#,
+    )
+    .unwrap();
+    let customer = "cus_ManyDebits01";
+    let bought = chrono::Utc::now().timestamp() - 7200;
+    let paid =
+        crate::credits_debit::pack_invoice(customer, "in_1ManyA", "price_1ManyPlan", 1, bought);
+    let (status, answer) = app.post("stripe", &stripe_delivery(&paid)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    app.run_worker().await;
+    let month =
+        shared::domain::Period::of(chrono::DateTime::from_timestamp(bought, 0).unwrap().into());
+    let (month, earlier) = (month.as_str(), "2020-01");
+    // 300 debits of 1 to 3: every fifth in a month with no allowance (all of it past the
+    // allowance), the others in the month of the plan's 100, whose debits reach the pack
+    // once the 100 is spent (one of them part from the allowance, part from the pack).
+    let mut reached = 0;
+    let mut past = 0;
+    let mut in_month = 0;
+    for n in 0..300 {
+        let amount = 1 + n % 3;
+        let period = if n % 5 == 0 { earlier } else { month };
+        debit_in(&pool, customer, &format!("many-{n}"), amount, period).await;
+        let over = match period == month {
+            true => {
+                in_month += amount;
+                (in_month - 100).max(0).min(amount)
+            }
+            false => amount,
+        };
+        past += over;
+        reached += i64::from(over > 0);
+    }
+    assert!(reached < 300, "the allowance covered some debits");
+    let state = api_state(&pool);
+    let path = format!("/v1/accounts/stripe/{customer}/credits");
+    let read = call(&state, "GET", &path, Some(READER_KEY), &[], None).await;
+    assert_eq!(read.status, StatusCode::OK, "{}", read.body);
+    let balance = &read.body["balances"][0];
+    assert_eq!(
+        (&balance["used"], &balance["available"]),
+        (&json!(past.to_string()), &json!((1000 - past).to_string())),
+        "{}",
+        read.body
+    );
+    // The read's rows carry the debits that reached the grants, each with its part past the
+    // allowance, and no other.
+    let rows: Value = sqlx::query_scalar("SELECT inbox_account_credits('stripe', $1)")
+        .bind(customer)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let debits = rows["debits"].as_array().unwrap();
+    assert_eq!(debits.len() as i64, reached);
+    let carried: i64 = debits.iter().map(|d| d["amount"].as_i64().unwrap()).sum();
+    assert_eq!(carried, past);
+    // A pack told late, bought before the debits and first in the burn order, takes every
+    // one of them: the read shows it, as the whole derivation does.
+    let first = crate::credits_debit::pack_invoice(
+        customer,
+        "in_1ManyB",
+        "price_1ManyFirst",
+        1,
+        bought - 60,
+    );
+    let (status, answer) = app.post("stripe", &stripe_delivery(&first)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    app.run_worker().await;
+    let read = call(&state, "GET", &path, Some(READER_KEY), &[], None).await;
+    let remaining: Vec<(&str, &str)> = read.body["grants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["grant_id"].as_str().unwrap(),
+                g["remaining"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let left = (1000 - past).to_string();
+    assert_eq!(
+        remaining,
+        vec![
+            ("pack:in_1ManyB:price_1ManyFirst", left.as_str()),
+            ("pack:in_1ManyA:price_1ManyPlan", "1000"),
+        ]
+    );
+    let id = shared::domain::CustomerId::parse(customer).unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let whole = shared::billing::usage::allocations(&mut conn, ("stripe", &id), "credits")
+        .await
+        .unwrap();
+    let spent = shared::billing::credits::spent_by_grant(&whole);
+    assert_eq!(
+        spent
+            .get("pack:in_1ManyB:price_1ManyFirst")
+            .map(|q| q.to_string()),
+        Some(past.to_string())
+    );
+    assert_eq!(spent.len(), 1);
+    let account = call(
+        &state,
+        "GET",
+        &format!("/v1/accounts/stripe/{customer}"),
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(account.body["credits"], read.body["balances"]);
+}

@@ -266,8 +266,6 @@ pub async fn plan_timeline(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::billing::credits::{Quantity, Spends, SpentDebit};
-    use std::collections::BTreeMap;
 
     /// Two packs of 100 bought by two payments (the second spent first, by its priority) and
     /// a Stripe grant in dollars, as the read's statement writes their rows.
@@ -292,29 +290,24 @@ mod tests {
         ])
     }
 
-    fn debit(usage_id: &str, amount: i64, at: i64) -> SpentDebit {
-        SpentDebit {
-            usage_id: usage_id.to_owned(),
-            unit: "credits".to_owned(),
-            period: "1970-01".to_owned(),
-            amount: Quantity::whole(amount),
-            at,
-        }
+    /// A debit as `inbox_account_credits` writes it: `amount` is its part past its period's
+    /// allowance, `whole` what the app asked.
+    fn debit(usage_id: &str, amount: i64, whole: i64, at: i64) -> Value {
+        json!({"usage_id": usage_id, "unit": "credits", "period": "1970-01",
+               "amount": amount, "whole": whole, "at": at})
     }
 
     #[test]
     fn a_debit_names_each_grant_it_took_from_and_how_much_as_derived() {
-        let spends = Spends {
-            // 50 of the allowance; 150 past it, 100 of the first pack and 50 of the other;
-            // one within the allowance names no grant; one after the time read is not counted.
-            debits: vec![
-                debit("use_1", 20, 200),
-                debit("use_2", 180, 300),
-                debit("use_3", 10, 900),
-            ],
-            allowances: BTreeMap::from([("1970-01".to_owned(), Quantity::whole(50))]),
-        };
-        let read = credits_read::decode(grants(), json!([]), &spends, 500).unwrap();
+        // An allowance of 50: `use_1` (20) within it is not read at all; `use_2` (180) takes
+        // the 30 left and 150 past it, 100 of the first pack and 50 of the other; `use_3`
+        // after the time read is not counted.
+        let rows = json!({
+            "grants": grants(),
+            "transactions": [],
+            "debits": [debit("use_2", 150, 180, 300), debit("use_3", 10, 10, 900)],
+        });
+        let read = credits_read::CreditRows::decode(rows).unwrap().as_of(500);
         let why = credits_why(&read);
         let credits = why
             .iter()

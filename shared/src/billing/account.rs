@@ -226,45 +226,11 @@ pub async fn snapshot(
                            'occurred_at', e.occurred_at)), '[]')
                 FROM entitlements r LEFT JOIN inbox_events e ON e.id = r.event_id
                 WHERE r.source = $1 AND r.customer_id = $2) AS "entitlements!",
-               -- The credits read's rows (billing::credits_read), folded as of the store's
-               -- clock: the account's balances in the same one statement.
-               floor(extract(epoch FROM inbox_now()))::bigint AS "credits_at!",
-               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'grant_id', g.grant_id, 'origin', g.origin, 'unit', g.unit,
-                           'scope', g.scope, 'amount', g.amount::text, 'category', g.category,
-                           'priority', g.priority,
-                           'created', floor(extract(epoch FROM g.created_at))::bigint,
-                           'effective_at', floor(extract(epoch FROM g.effective_at))::bigint,
-                           'expires_at', floor(extract(epoch FROM g.expires_at))::bigint,
-                           'voided_at', floor(extract(epoch FROM g.voided_at))::bigint,
-                           'updated', floor(extract(epoch FROM g.version_at))::bigint,
-                           'version_key', g.version_key, 'event_id', g.event_id)), '[]')
-                FROM credit_grants g
-                WHERE g.source = $1 AND g.customer_id = $2) AS "credit_grants!",
-               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'transaction_id', t.transaction_id, 'grant_id', t.grant_id,
-                           'kind', t.kind, 'amount', t.amount::text,
-                           'effective_at', floor(extract(epoch FROM t.effective_at))::bigint,
-                           'event_id', t.event_id)), '[]')
-                FROM credit_grants g
-                JOIN credit_transactions t ON t.source = g.source AND t.grant_id = g.grant_id
-                WHERE g.source = $1 AND g.customer_id = $2) AS "credit_transactions!",
-               -- The account's accepted debits, in the order they were accepted, and its
-               -- periods' allowances: their derived allocations count in the balances.
-               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'usage_id', u.usage_id, 'unit', u.unit, 'period', u.period,
-                           'amount', u.amount, 'at', inbox_secs(u.recorded_at)) ORDER BY u.seq), '[]')
-                FROM usage_debits u
-                WHERE u.source = $1 AND u.customer_id = $2 AND u.accepted
-                  AND u.reversed_at IS NULL
-                  AND EXISTS (SELECT 1 FROM credit_grants c
-                              WHERE c.source = $1 AND c.customer_id = $2)) AS "debits!",
-               (SELECT COALESCE(jsonb_object_agg(l.period, l.granted), '{}')
-                FROM (SELECT period, sum(delta)::bigint AS granted FROM ledger
-                      WHERE source = $1 AND customer_id = $2
-                        AND EXISTS (SELECT 1 FROM credit_grants c
-                                    WHERE c.source = $1 AND c.customer_id = $2)
-                      GROUP BY period) AS l) AS "allowances!"
+               -- The credits read's rows (billing::credits_read, inbox_account_credits),
+               -- folded as of the store's clock: the account's balances in the same one
+               -- statement.
+               inbox_secs(inbox_now()) AS "credits_at!",
+               inbox_account_credits($1, $2) AS "credits!"
         FROM accounts a WHERE a.source = $1 AND a.customer_id = $2
         "#,
         source,
@@ -301,14 +267,10 @@ pub async fn snapshot(
         .filter(|s| status_entitles(&s.status))
         .filter_map(|s| s.plan.as_deref());
     let state = AccountState::derive(inputs, entitling, period, catalog);
-    let credits = super::credits_read::decode(
-        row.credit_grants,
-        row.credit_transactions,
-        &super::credits_read::decode_spends(row.debits, row.allowances)?,
-        row.credits_at,
-    )?
-    .view()
-    .balances;
+    let credits = super::credits_read::CreditRows::decode(row.credits)?
+        .as_of(row.credits_at)
+        .view()
+        .balances;
     let feature_origins = origins(
         &state.features,
         &state.plan,

@@ -108,8 +108,8 @@ pub struct BalanceWhy {
     pub events: Vec<Behind>,
 }
 
-/// A grant register's row as the read's statement writes it (times in unix seconds, amounts
-/// as numeric's text, so nothing passes through a float).
+/// A grant register's row as `inbox_account_credits` writes it (times in unix seconds,
+/// amounts as numeric's text, so nothing passes through a float).
 #[derive(Debug, Deserialize)]
 struct GrantRow {
     grant_id: String,
@@ -125,6 +125,8 @@ struct GrantRow {
     voided_at: Option<i64>,
     updated: i64,
     version_key: String,
+    #[serde(default)]
+    voided_by: Option<i64>,
     #[serde(flatten)]
     event: RowEvent,
 }
@@ -140,55 +142,113 @@ struct TransactionRow {
     event: RowEvent,
 }
 
-fn bad(what: impl std::fmt::Display) -> sqlx::Error {
-    sqlx::Error::Decode(format!("credits: {what}").into())
-}
-
-fn origin(s: &str) -> Result<Origin, sqlx::Error> {
-    [
-        Origin::StripeCreditGrant,
-        Origin::CatalogPack,
-        Origin::PolarMeterCredit,
-    ]
-    .into_iter()
-    .find(|o| o.as_str() == s)
-    .ok_or_else(|| bad(format!("origin '{s}'")))
-}
-
-fn category(s: &str) -> Result<Category, sqlx::Error> {
-    [Category::Promotional, Category::Paid]
-        .into_iter()
-        .find(|c| c.as_str() == s)
-        .ok_or_else(|| bad(format!("category '{s}'")))
-}
-
-fn kind(s: &str) -> Result<TransactionKind, sqlx::Error> {
-    TransactionKind::parse("credit", s)
-        .or_else(|| TransactionKind::parse("debit", s))
-        .ok_or_else(|| bad(format!("transaction kind '{s}'")))
-}
-
-fn amount(s: &str) -> Result<Quantity, sqlx::Error> {
-    Quantity::parse(s).map_err(bad)
-}
-
-/// An accepted debit's row as the statements that read credits write it.
+/// An accepted debit's row as `inbox_account_credits` writes it: `amount` is the part past
+/// its period's allowance, the part that reached the grants.
 #[derive(Debug, Deserialize)]
 struct DebitRow {
     usage_id: String,
     unit: String,
     period: String,
     amount: i64,
+    /// The whole debit, as the app asked it.
+    whole: i64,
     at: i64,
 }
 
-/// The account's accepted debits (a JSON array, in the order they were accepted) and its
-/// periods' allowances (a JSON object of whole units by month), as the allocation reads them.
-pub fn decode_spends(debits: Value, allowances: Value) -> Result<Spends, sqlx::Error> {
-    let debits: Vec<DebitRow> = serde_json::from_value(debits).map_err(bad)?;
-    let allowances: BTreeMap<String, i64> = serde_json::from_value(allowances).map_err(bad)?;
-    Ok(Spends {
-        debits: debits
+/// What `inbox_account_credits` returns: the account's grants, their transactions and the
+/// debits that reached them (docs/design.md §4.14).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Rows {
+    grants: Vec<GrantRow>,
+    transactions: Vec<TransactionRow>,
+    debits: Vec<DebitRow>,
+}
+
+fn bad(what: impl std::fmt::Display) -> sqlx::Error {
+    sqlx::Error::Decode(format!("credits: {what}").into())
+}
+
+fn amount(s: &str) -> Result<Quantity, sqlx::Error> {
+    Quantity::parse(s).map_err(bad)
+}
+
+/// An account's credits rows as the fold's values, not yet folded as of a time: what the
+/// credits read, the account read and an event's read of the registers share.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CreditRows {
+    /// The provider's grants and transactions (the app's debits not counted).
+    pub credits: Credits,
+    /// The app's debits that reached the grants, each with its part past its period's
+    /// allowance, in the order they were accepted: their derived allocations are what the
+    /// debits took from the grants (`Spends::counted`).
+    pub spends: Spends,
+    /// The event each grant's register holds, by grant id.
+    pub grant_events: BTreeMap<String, RowEvent>,
+    /// The event that said each voided grant's void, by grant id.
+    pub voided_by: BTreeMap<String, i64>,
+    /// The event each transaction came with, by transaction id.
+    pub transaction_events: BTreeMap<String, RowEvent>,
+    /// What its period's allowance covered of each debit in `spends`, by usage id (the part
+    /// `spends` leaves out), for `why`'s whole debit.
+    pub covered: BTreeMap<String, Quantity>,
+}
+
+impl CreditRows {
+    /// The value of one call of `inbox_account_credits` (a row no fold can read — an unknown
+    /// origin, a priority outside 0–100 — is a decode error, never a guess).
+    pub fn decode(value: Value) -> Result<CreditRows, sqlx::Error> {
+        let rows: Rows = serde_json::from_value(value).map_err(bad)?;
+        let mut out = CreditRows::default();
+        for g in rows.grants {
+            let priority = match g.priority {
+                None => None,
+                Some(p @ 0..=100) => Some(p as u8),
+                Some(p) => return Err(bad(format!("priority {p}"))),
+            };
+            out.credits.grant(GrantSnapshot {
+                grant_id: g.grant_id.clone(),
+                origin: Origin::parse(&g.origin)
+                    .ok_or_else(|| bad(format!("origin '{}'", g.origin)))?,
+                unit: g.unit,
+                scope: g.scope,
+                amount: amount(&g.amount)?,
+                category: Category::parse(&g.category)
+                    .ok_or_else(|| bad(format!("category '{}'", g.category)))?,
+                priority,
+                created: g.created,
+                effective_at: g.effective_at,
+                expires_at: g.expires_at,
+                voided_at: g.voided_at,
+                updated: g.updated,
+                event_key: g.version_key,
+            });
+            if let Some(by) = g.voided_by {
+                out.voided_by.insert(g.grant_id.clone(), by);
+            }
+            out.grant_events.insert(g.grant_id, g.event);
+        }
+        for t in rows.transactions {
+            out.credits.transaction(Transaction {
+                transaction_id: t.transaction_id.clone(),
+                grant_id: t.grant_id,
+                kind: TransactionKind::named(&t.kind)
+                    .ok_or_else(|| bad(format!("transaction kind '{}'", t.kind)))?,
+                amount: amount(&t.amount)?,
+                effective_at: t.effective_at,
+            });
+            out.transaction_events.insert(t.transaction_id, t.event);
+        }
+        // Each debit carries only its part past the allowance, so it is allocated as if no
+        // allowance were left (`allowances` empty): the same grants, the same amounts.
+        out.covered = rows
+            .debits
+            .iter()
+            .filter(|d| d.whole > d.amount)
+            .map(|d| (d.usage_id.clone(), Quantity::whole(d.whole - d.amount)))
+            .collect();
+        out.spends.debits = rows
+            .debits
             .into_iter()
             .map(|d| SpentDebit {
                 usage_id: d.usage_id,
@@ -197,69 +257,42 @@ pub fn decode_spends(debits: Value, allowances: Value) -> Result<Spends, sqlx::E
                 amount: Quantity::whole(d.amount),
                 at: d.at,
             })
-            .collect(),
-        allowances: allowances
-            .into_iter()
-            .map(|(period, granted)| (period, Quantity::whole(granted)))
-            .collect(),
-    })
-}
+            .collect();
+        Ok(out)
+    }
 
-/// The rows of one statement (`grants` and `transactions` as JSON arrays) folded as of `at`,
-/// the app's debits' derived allocations (`spends`) counted as local applications
-/// (`credits::with_spends`).
-pub fn decode(
-    grants: Value,
-    transactions: Value,
-    spends: &Spends,
-    at: i64,
-) -> Result<AccountCredits, sqlx::Error> {
-    let grants: Vec<GrantRow> = serde_json::from_value(grants).map_err(bad)?;
-    let transactions: Vec<TransactionRow> = serde_json::from_value(transactions).map_err(bad)?;
-    let mut out = AccountCredits {
-        credits: Credits::new(),
-        at,
-        grant_events: BTreeMap::new(),
-        transaction_events: BTreeMap::new(),
-        debits: Vec::new(),
-    };
-    for g in grants {
-        let priority = g
-            .priority
-            .map(|p| u8::try_from(p).map_err(|_| bad(format!("priority {p}"))))
-            .transpose()?;
-        out.credits.grant(GrantSnapshot {
-            grant_id: g.grant_id.clone(),
-            origin: origin(&g.origin)?,
-            unit: g.unit,
-            scope: g.scope,
-            amount: amount(&g.amount)?,
-            category: category(&g.category)?,
-            priority,
-            created: g.created,
-            effective_at: g.effective_at,
-            expires_at: g.expires_at,
-            voided_at: g.voided_at,
-            updated: g.updated,
-            event_key: g.version_key,
-        });
-        out.grant_events.insert(g.grant_id, g.event);
+    /// The rows folded as of `at`, the app's debits' derived allocations counted as local
+    /// applications (`credits::with_spends`), each debit kept whole with its allocation for
+    /// `why`: the part its period's allowance covered is added back as `from_allowance`.
+    pub fn as_of(self, at: i64) -> AccountCredits {
+        let derived = allocations(&self.credits, &self.spends.allowances, &self.spends.debits);
+        let credits = if self.spends.debits.is_empty() {
+            self.credits
+        } else {
+            with_spends(&self.credits, &self.spends.debits, &derived)
+        };
+        let debits = self
+            .spends
+            .debits
+            .into_iter()
+            .zip(derived)
+            .map(|(mut debit, mut derived)| {
+                if let Some(covered) = self.covered.get(&debit.usage_id) {
+                    debit.amount = debit.amount + *covered;
+                    derived.allocation.from_allowance =
+                        derived.allocation.from_allowance + *covered;
+                }
+                (debit, derived)
+            })
+            .collect();
+        AccountCredits {
+            credits,
+            at,
+            grant_events: self.grant_events,
+            transaction_events: self.transaction_events,
+            debits,
+        }
     }
-    for t in transactions {
-        out.credits.transaction(Transaction {
-            transaction_id: t.transaction_id.clone(),
-            grant_id: t.grant_id,
-            kind: kind(&t.kind)?,
-            amount: amount(&t.amount)?,
-            effective_at: t.effective_at,
-        });
-        out.transaction_events.insert(t.transaction_id, t.event);
-    }
-    // As `Spends::counted`, keeping each debit's allocation for `why`.
-    let derived = allocations(&out.credits, &spends.allowances, &spends.debits);
-    out.credits = with_spends(&out.credits, &spends.debits, &derived);
-    out.debits = spends.debits.iter().cloned().zip(derived).collect();
-    Ok(out)
 }
 
 /// An account's grants and their transactions in one statement, as of `at` (the store's clock
@@ -275,46 +308,8 @@ pub async fn read(
 ) -> Result<Option<AccountCredits>, sqlx::Error> {
     let Some(row) = sqlx::query!(
         r#"
-        SELECT floor(extract(epoch FROM COALESCE($3::timestamptz, inbox_now())))::bigint AS "at!",
-               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'grant_id', g.grant_id, 'origin', g.origin, 'unit', g.unit,
-                           'scope', g.scope, 'amount', g.amount::text, 'category', g.category,
-                           'priority', g.priority,
-                           'created', floor(extract(epoch FROM g.created_at))::bigint,
-                           'effective_at', floor(extract(epoch FROM g.effective_at))::bigint,
-                           'expires_at', floor(extract(epoch FROM g.expires_at))::bigint,
-                           'voided_at', floor(extract(epoch FROM g.voided_at))::bigint,
-                           'updated', floor(extract(epoch FROM g.version_at))::bigint,
-                           'version_key', g.version_key, 'event_id', g.event_id,
-                           'type', e.type, 'occurred_at', e.occurred_at)), '[]')
-                FROM credit_grants g LEFT JOIN inbox_events e ON e.id = g.event_id
-                WHERE g.source = $1 AND g.customer_id = $2) AS "grants!",
-               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'transaction_id', t.transaction_id, 'grant_id', t.grant_id,
-                           'kind', t.kind, 'amount', t.amount::text,
-                           'effective_at', floor(extract(epoch FROM t.effective_at))::bigint,
-                           'event_id', t.event_id, 'type', e.type,
-                           'occurred_at', e.occurred_at)), '[]')
-                FROM credit_grants g
-                JOIN credit_transactions t ON t.source = g.source AND t.grant_id = g.grant_id
-                LEFT JOIN inbox_events e ON e.id = t.event_id
-                WHERE g.source = $1 AND g.customer_id = $2) AS "transactions!",
-               -- The account's accepted debits, in the order they were accepted, and its
-               -- periods' allowances: their derived allocations count in the balances.
-               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'usage_id', u.usage_id, 'unit', u.unit, 'period', u.period,
-                           'amount', u.amount, 'at', inbox_secs(u.recorded_at)) ORDER BY u.seq), '[]')
-                FROM usage_debits u
-                WHERE u.source = $1 AND u.customer_id = $2 AND u.accepted
-                  AND u.reversed_at IS NULL
-                  AND EXISTS (SELECT 1 FROM credit_grants c
-                              WHERE c.source = $1 AND c.customer_id = $2)) AS "debits!",
-               (SELECT COALESCE(jsonb_object_agg(l.period, l.granted), '{}')
-                FROM (SELECT period, sum(delta)::bigint AS granted FROM ledger
-                      WHERE source = $1 AND customer_id = $2
-                        AND EXISTS (SELECT 1 FROM credit_grants c
-                                    WHERE c.source = $1 AND c.customer_id = $2)
-                      GROUP BY period) AS l) AS "allowances!"
+        SELECT inbox_secs(COALESCE($3::timestamptz, inbox_now())) AS "at!",
+               inbox_account_credits($1, $2) AS "credits!"
         FROM accounts a WHERE a.source = $1 AND a.customer_id = $2
         "#,
         source,
@@ -326,8 +321,7 @@ pub async fn read(
     else {
         return Ok(None);
     };
-    let spends = decode_spends(row.debits, row.allowances)?;
-    decode(row.grants, row.transactions, &spends, row.at).map(Some)
+    Ok(Some(CreditRows::decode(row.credits)?.as_of(row.at)))
 }
 
 #[cfg(test)]
@@ -335,7 +329,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn rows() -> (Value, Value) {
+    fn rows() -> Value {
         let grants = json!([{
             "grant_id": "credgr_1", "origin": "stripe_credit_grant", "unit": "usd",
             "scope": "price_type:metered", "amount": "1000.000000000000", "category": "paid",
@@ -348,13 +342,12 @@ mod tests {
             "amount": "300.000000000000", "effective_at": 200, "event_id": 8,
             "type": "billing.credit_balance_transaction.created", "occurred_at": null
         }]);
-        (grants, transactions)
+        json!({"grants": grants, "transactions": transactions, "debits": []})
     }
 
     #[test]
     fn rows_fold_to_the_view_and_each_balance_names_its_events() {
-        let (grants, transactions) = rows();
-        let read = decode(grants, transactions, &Spends::default(), 500).unwrap();
+        let read = CreditRows::decode(rows()).unwrap().as_of(500);
         let view = read.view();
         assert_eq!(view.balances.len(), 1);
         let b = &view.balances[0];
@@ -374,16 +367,18 @@ mod tests {
 
     #[test]
     fn a_transaction_after_the_time_asked_is_neither_counted_nor_named() {
-        let (grants, transactions) = rows();
-        let read = decode(grants, transactions, &Spends::default(), 150).unwrap();
+        let read = CreditRows::decode(rows()).unwrap().as_of(150);
         assert_eq!(read.view().balances[0].available, "1000");
         assert_eq!(read.explain()[0].events.len(), 1);
     }
 
     #[test]
     fn a_row_no_fold_can_read_is_a_decode_error_not_a_guess() {
-        let (mut grants, transactions) = rows();
-        grants[0]["origin"] = json!("stripe_customer_balance");
-        assert!(decode(grants, transactions, &Spends::default(), 500).is_err());
+        let mut rows = rows();
+        rows["grants"][0]["origin"] = json!("stripe_customer_balance");
+        assert!(CreditRows::decode(rows.clone()).is_err());
+        rows["grants"][0]["origin"] = json!("stripe_credit_grant");
+        rows["grants"][0]["priority"] = json!(101);
+        assert!(CreditRows::decode(rows).is_err());
     }
 }

@@ -11,7 +11,7 @@ use sqlx::PgConnection;
 
 use serde_json::Value;
 
-use super::credits::{Category, GrantSnapshot, Origin, Quantity, Transaction, TransactionKind};
+use super::credits::Transaction;
 use super::model::{Effect, EventContext, SubscriptionEnds};
 use super::rules::{
     GrantRow, Held, HeldAccount, HeldEntitlement, HeldIntent, HeldPayment, HeldPlan,
@@ -199,48 +199,10 @@ async fn select(
                            'at', version_at, 'rank', version_rank, 'version_key', version_key,
                            'event_id', event_id)), '[]')
                 FROM entitlements WHERE source = $1 AND customer_id = $2) AS "entitlements!",
-               -- The account's credit grants (few), when the event touches credits ($9)...
-               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'id', grant_id, 'origin', origin, 'unit', unit, 'scope', scope,
-                           'amount', amount::text, 'category', category, 'priority', priority,
-                           'created', extract(epoch FROM created_at)::bigint,
-                           'effective_at', extract(epoch FROM effective_at)::bigint,
-                           'expires_at', extract(epoch FROM expires_at)::bigint,
-                           'voided_at', extract(epoch FROM voided_at)::bigint,
-                           'updated', extract(epoch FROM version_at)::bigint,
-                           'version_key', version_key, 'event_id', event_id,
-                           'voided_by', voided_by)), '[]')
-                FROM credit_grants
-                WHERE ($8 OR $9) AND source = $1 AND customer_id = $2) AS "credit_grants!",
-               -- ...and their ledgers, with those of the grants it names ($10), which may
-               -- have come before their grant.
-               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'id', transaction_id, 'grant_id', grant_id, 'kind', kind,
-                           'amount', amount::text,
-                           'effective_at', extract(epoch FROM effective_at)::bigint)), '[]')
-                FROM credit_transactions t
-                WHERE ($8 OR $9) AND t.source = $1
-                  AND (t.grant_id = ANY($10)
-                       OR t.grant_id IN (SELECT grant_id FROM credit_grants
-                                         WHERE source = $1 AND customer_id = $2)))
-                AS "credit_transactions!",
-               -- ...and, when it has a grant, the account's accepted debits in the order they
-               -- were accepted and its periods' allowances: their derived allocations count
-               -- in the balances the credits tell (docs/design.md §4.14).
-               (SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                           'usage_id', usage_id, 'unit', unit, 'period', period,
-                           'amount', amount, 'at', inbox_secs(recorded_at)) ORDER BY seq), '[]')
-                FROM usage_debits
-                WHERE ($8 OR $9) AND source = $1 AND customer_id = $2 AND accepted
-                  AND reversed_at IS NULL
-                  AND EXISTS (SELECT 1 FROM credit_grants
-                              WHERE source = $1 AND customer_id = $2)) AS "debits!",
-               (SELECT COALESCE(jsonb_object_agg(l.period, l.granted), '{}')
-                FROM (SELECT period, sum(delta)::bigint AS granted FROM ledger
-                      WHERE ($8 OR $9) AND source = $1 AND customer_id = $2
-                        AND EXISTS (SELECT 1 FROM credit_grants
-                                    WHERE source = $1 AND customer_id = $2)
-                      GROUP BY period) AS l) AS "allowances!"
+               -- The account's credits rows (inbox_account_credits, as the credits read
+               -- takes them), when the event touches credits ($9), with the transactions of
+               -- the grants it names ($10), which may have come before their grant.
+               CASE WHEN $8 OR $9 THEN inbox_account_credits($1, $2, $10) END AS credits
         FROM (VALUES (1)) AS one (n)
         LEFT JOIN accounts a ON a.source = $1 AND a.customer_id = $2
         "#,
@@ -299,92 +261,27 @@ async fn select(
         spends: Default::default(),
         changed: Default::default(),
     };
-    read_credits(&mut registers, row.credit_grants, row.credit_transactions)?;
-    registers.spends = super::credits_read::decode_spends(row.debits, row.allowances)?;
+    if let Some(credits) = row.credits {
+        let rows = super::credits_read::CreditRows::decode(credits)?;
+        registers.credit_rows = rows
+            .grant_events
+            .iter()
+            .map(|(grant, event)| {
+                let row = GrantRow {
+                    event_id: event.event_id,
+                    voided_by: rows.voided_by.get(grant).copied(),
+                };
+                (grant.clone(), row)
+            })
+            .collect();
+        registers.credits = rows.credits;
+        registers.spends = rows.spends;
+    }
     let ledger = decode("ledger", row.ledger)?
         .into_iter()
         .map(|mut r| (r.period.take().unwrap_or_default(), r.entry()))
         .collect();
     Ok((registers, ledger))
-}
-
-/// A credit grant's row as [`select`] returns it.
-#[derive(Debug, serde::Deserialize)]
-struct StoredGrant {
-    id: String,
-    origin: String,
-    unit: String,
-    scope: String,
-    amount: String,
-    category: String,
-    priority: Option<u8>,
-    created: i64,
-    effective_at: Option<i64>,
-    expires_at: Option<i64>,
-    voided_at: Option<i64>,
-    updated: i64,
-    version_key: String,
-    event_id: i64,
-    voided_by: Option<i64>,
-}
-
-/// A credit transaction's row as [`select`] returns it.
-#[derive(Debug, serde::Deserialize)]
-struct StoredTransaction {
-    id: String,
-    grant_id: String,
-    kind: String,
-    amount: String,
-    effective_at: i64,
-}
-
-/// The account's credit rows, as the fold's values (docs/design.md §4.14).
-fn read_credits(
-    registers: &mut Registers,
-    grants: Value,
-    transactions: Value,
-) -> Result<(), sqlx::Error> {
-    let bad = |what: &str, e: String| sqlx::Error::Decode(format!("{what}: {e}").into());
-    let grants: Vec<StoredGrant> =
-        serde_json::from_value(grants).map_err(|e| bad("credit grants", e.to_string()))?;
-    let transactions: Vec<StoredTransaction> = serde_json::from_value(transactions)
-        .map_err(|e| bad("credit transactions", e.to_string()))?;
-    let amount = |s: &str| Quantity::parse(s).map_err(|e| bad("credit amount", e.to_string()));
-    for g in grants {
-        registers.credit_rows.insert(
-            g.id.clone(),
-            GrantRow {
-                event_id: g.event_id,
-                voided_by: g.voided_by,
-            },
-        );
-        registers.credits.grant(GrantSnapshot {
-            origin: Origin::parse(&g.origin).ok_or_else(|| bad("credit origin", g.origin))?,
-            category: Category::parse(&g.category)
-                .ok_or_else(|| bad("credit category", g.category))?,
-            amount: amount(&g.amount)?,
-            grant_id: g.id,
-            unit: g.unit,
-            scope: g.scope,
-            priority: g.priority,
-            created: g.created,
-            effective_at: g.effective_at,
-            expires_at: g.expires_at,
-            voided_at: g.voided_at,
-            updated: g.updated,
-            event_key: g.version_key,
-        });
-    }
-    for t in transactions {
-        registers.credits.transaction(Transaction {
-            kind: TransactionKind::named(&t.kind).ok_or_else(|| bad("credit kind", t.kind))?,
-            amount: amount(&t.amount)?,
-            transaction_id: t.id,
-            grant_id: t.grant_id,
-            effective_at: t.effective_at,
-        });
-    }
-    Ok(())
 }
 
 /// The customer a credit grant is for, if the grant is known: a transaction names its grant,
