@@ -934,3 +934,71 @@ async fn a_debit_crossing_the_low_level_tells_it_once_and_again_after_a_pack_rea
         ]
     );
 }
+
+/// A debit in another unit than the allowance's never counted in its period's `used`, so its
+/// reversal gives nothing back to the allowance: the period's `used` stays what the
+/// allowance's own debits spent.
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn reversing_a_debit_of_another_unit_leaves_the_allowance_as_it_was(pool: PgPool) {
+    let app = on_pro_with_packs(&pool, "cus_RevUsd01").await;
+    let yesterday = Utc::now() - Duration::days(1);
+    let created = stripe_grant(
+        "cus_RevUsd01",
+        "credgr_RevUsd01",
+        "paid",
+        40,
+        yesterday.timestamp(),
+    );
+    let (status, answer) = app.post("stripe", &stripe_delivery(&created)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    app.run_worker().await;
+    let state = api_state(&pool);
+
+    let credits = debit(&state, "cus_RevUsd01", "k-credits", json!({"amount": 100})).await;
+    assert_eq!(credits.status, StatusCode::OK, "{}", credits.body);
+    let usd = debit(
+        &state,
+        "cus_RevUsd01",
+        "k-usd",
+        json!({"amount": 30, "unit": "usd"}),
+    )
+    .await;
+    assert_eq!(usd.status, StatusCode::OK, "{}", usd.body);
+    assert_eq!(usd.body["used"], 100, "a usd debit spends no allowance");
+
+    let usage_id = usd.body["usage_id"].as_str().unwrap();
+    let reversed = call(
+        &state,
+        "POST",
+        &format!("/v1/accounts/stripe/cus_RevUsd01/usage/{usage_id}/reversal"),
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(reversed.status, StatusCode::OK, "{}", reversed.body);
+    assert_eq!(
+        (&reversed.body["used"], &reversed.body["remaining"]),
+        (&json!(100), &json!(400)),
+        "{}",
+        reversed.body
+    );
+    let read = call(
+        &state,
+        "GET",
+        "/v1/accounts/stripe/cus_RevUsd01",
+        Some(APP_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        (&read.body["used"], &read.body["remaining"]),
+        (&json!(100), &json!(400)),
+        "{}",
+        read.body
+    );
+    // The allowance holds 400, not 430: a debit of 401 is refused.
+    let over = debit(&state, "cus_RevUsd01", "k-over", json!({"amount": 401})).await;
+    assert_eq!(over.status, StatusCode::CONFLICT, "{}", over.body);
+}
