@@ -24,12 +24,12 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 
-use super::differences::{self, Account, Differences};
 use crate::billing::credits::{Origin, Quantity};
 use crate::billing::credits_read;
 use crate::domain::CustomerId;
 use crate::platform::budget::Throttled;
 use crate::platform::db::exec;
+use crate::platform::differences::{self, Account, Differences};
 use crate::providers::{path_id, Api};
 
 /// Accounts a run compares at most: each is at least two Stripe reads.

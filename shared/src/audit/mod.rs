@@ -12,7 +12,6 @@
 //!   meter audit's and the credits audit's alike.
 
 pub mod credits;
-pub mod differences;
 mod fold_io;
 mod points;
 mod run;

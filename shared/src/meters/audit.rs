@@ -17,10 +17,10 @@ use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
 
 use super::Meters;
-use crate::audit::differences::{self, Account, Differences};
 use crate::domain::CustomerId;
 use crate::platform::budget::Throttled;
 use crate::platform::db::exec;
+use crate::platform::differences::{self, Account, Differences};
 
 /// How long after a send a provider's totals are trusted to count it.
 pub const SETTLE: Duration = Duration::from_secs(15 * 60);

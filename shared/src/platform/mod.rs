@@ -18,6 +18,7 @@ pub mod clock;
 pub mod config;
 pub mod database;
 pub mod db;
+pub mod differences;
 pub mod http_client;
 pub mod metrics;
 pub mod presented_chain;
