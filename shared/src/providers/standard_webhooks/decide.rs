@@ -58,23 +58,36 @@ fn boolean(data: &Value, pointer: &str) -> Result<bool, Problem> {
 /// A Polar benefit grant (`benefit_grant.created` / `updated` / `cycled` / `revoked`): one
 /// entitlement register per grant id (docs/design.md §6.3), active while Polar says the
 /// benefit is granted and not revoked; a revocation is never active, and what a grant that is
-/// not active would give is not read (a revocation always applies).
+/// not active would give is not read (a revocation always applies). A `meter_credit`
+/// benefit's creditings are besides credit grants of the credits fold
+/// ([`super::credits::meter_credit_grants`]); a revocation whose credits cannot be read still
+/// ends the entitlement, the reason noted.
 fn benefit_grant(event_type: &str, data: &Value) -> Decided {
     let grant = required(data, "/id")?.to_owned();
-    let active = event_type != "benefit_grant.revoked"
-        && boolean(data, "/is_granted")?
-        && !boolean(data, "/is_revoked")?;
+    let revoked = event_type == "benefit_grant.revoked";
+    let active = !revoked && boolean(data, "/is_granted")? && !boolean(data, "/is_revoked")?;
     let features = if active {
         benefit_features(data)?
     } else {
         Features::new()
     };
-    Ok(Decision::apply(vec![Effect::Entitlement {
+    let key = super::credits::event_key(event_type, data);
+    let (credits, note) = match super::credits::meter_credit_grants(event_type, data, &key) {
+        Ok(grants) => (grants, None),
+        Err(problem) if revoked => (
+            Vec::new(),
+            Some(format!("meter credits not read: {}", problem.0)),
+        ),
+        Err(problem) => return Err(problem),
+    };
+    let mut effects = vec![Effect::Entitlement {
         grant,
         active,
         features,
         rank: crate::billing::Rank(0),
-    }]))
+    }];
+    effects.extend(credits.into_iter().map(Effect::CreditGrant));
+    Ok(Decision::apply(effects).noted(note))
 }
 
 /// The feature a granted Polar benefit gives (docs/design.md §6.3), from the benefit as the
@@ -236,15 +249,22 @@ mod tests {
     /// The one entitlement a benefit grant event writes: (grant, active, features).
     fn entitlement(p: &Value) -> (String, bool, Features) {
         match polar(p) {
-            Decision::Apply { effects, .. } => match effects.as_slice() {
-                [Effect::Entitlement {
-                    grant,
-                    active,
-                    features,
-                    ..
-                }] => (grant.clone(), *active, features.clone()),
-                other => panic!("one entitlement: {other:?}"),
-            },
+            Decision::Apply { effects, .. } => {
+                let entitlements: Vec<_> = effects
+                    .iter()
+                    .filter_map(|e| match e {
+                        Effect::Entitlement {
+                            grant,
+                            active,
+                            features,
+                            ..
+                        } => Some((grant.clone(), *active, features.clone())),
+                        _ => None,
+                    })
+                    .collect();
+                let [one] = entitlements.try_into().expect("one entitlement");
+                one
+            }
             other => panic!("applied: {other:?}"),
         }
     }

@@ -5,6 +5,7 @@
 //! signature) is [`crate::signing::standard_webhooks`].
 
 mod api;
+pub mod credits;
 mod decide;
 pub mod fixtures;
 pub mod meter;
