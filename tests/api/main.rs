@@ -14,6 +14,7 @@ mod corpus;
 mod credits_apply;
 mod credits_audit;
 mod credits_debit;
+mod credits_polar;
 mod credits_read;
 mod database;
 mod effect_schemas;
