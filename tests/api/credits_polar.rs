@@ -22,9 +22,8 @@ use crate::app_api::{api_state, call, APP_KEY, READER_KEY};
 use crate::corpus::corpus;
 use crate::helpers::*;
 
-/// The corpus's benefit grant and customer.
+/// The corpus's benefit grant.
 const GRANT: &str = "4a7c1e93-2d58-4f0b-b6e1-8c3d9a2f5e71";
-const CUSTOMER: &str = "c1a124cb-d614-4eeb-91b9-1802cb91d276";
 
 /// The corpus's four events (granted, cycled twice, revoked), in file order, made `customer`'s
 /// and `grant`'s, every time moved by `shift` (so a test can set them around its clock).

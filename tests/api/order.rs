@@ -708,6 +708,20 @@ pub(crate) fn stripe_materialized(payload: &Value) -> Materialized {
     }
 }
 
+/// A Polar event as Polar would send it, keyed by its `webhook-id` `key`, at `at` (the Polar
+/// meter credits property's events, `order_credits`).
+pub(crate) fn polar_materialized(key: &str, payload: &Value, at: DateTime<Utc>) -> Materialized {
+    let body = serde_json::to_vec(payload).unwrap();
+    let verified = standard_webhooks::parse_event(key, &body, Utc::now());
+    Materialized {
+        source: "polar",
+        dedupe_key: key.to_owned(),
+        at,
+        verified,
+        body,
+    }
+}
+
 /// A Lemon Squeezy event's time: its coarse time and, in microseconds, its index. Its key is
 /// a digest of its body, which the namespace changes, so two states of one object at one time
 /// would be ordered apart in two namespaces: its times never tie (Lemon Squeezy's are in

@@ -944,3 +944,293 @@ async fn a_debit_of_another_unit_is_no_used_of_its_period_for_the_audit(pool: Pg
         "{audited:?}"
     );
 }
+
+/// The order property for Polar's meter credits (docs/design.md §6.3, §4.14): per customer one
+/// `meter_credit` benefit grant (customer 1's benefit with rollover), its events drawn from its
+/// life — granted, cycled twice, revoked (the last crediting taken back), granted again —
+/// delivered shuffled with copies and a quarter of the attempts failing before their write,
+/// end in the same grant registers and balances as each applied once in provider order, and
+/// in what Polar's strategy gives (`BenefitMeterCreditService`, polarsource/polar
+/// `server/polar/benefit/strategies/meter_credit/service.py`), computed here apart from the
+/// fold. Its own events, apart from the Stripe set the simulator draws too.
+mod polar_meter {
+    use super::*;
+    use crate::order::polar_materialized;
+
+    /// The steps of a grant's life: granted, cycled, cycled, revoked, granted again; each
+    /// crediting (the revocation's a negative one) at its step's coarse time.
+    const LIFE: usize = 5;
+    const AT: [u32; LIFE] = [1, 5, 9, 12, 15];
+    const UNITS: i64 = 1000;
+    /// The coarse times the balances are compared at: within each crediting, and at rest.
+    const READ_AT: [u32; 6] = [3, 7, 10, 13, 16, 40];
+
+    fn rollover(customer: u8) -> bool {
+        customer == 1
+    }
+
+    fn stamp(at: u32, micros: i64) -> String {
+        (time(at) + Duration::microseconds(micros))
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    }
+
+    /// A grant's `properties` once `step` ran (`last_credited_at` is Python's `isoformat()`).
+    fn properties(step: usize) -> Value {
+        let units = if step == 3 { -UNITS } else { UNITS };
+        json!({"last_credited_meter_id": "7d3a9e62-c1f4-4b8d-95a0-3e6b2f8c1d94",
+               "last_credited_units": units,
+               "last_credited_at": stamp(AT[step], 0).replace('Z', "+00:00")})
+    }
+
+    /// The event's own time: a new grant's `created_at`, else its `modified_at`.
+    fn at(step: usize) -> DateTime<Utc> {
+        let micros = if step == 0 { -2_000 } else { 900 };
+        time(AT[step]) + Duration::microseconds(micros)
+    }
+
+    fn key(customer: u8, step: usize, ns: &str) -> String {
+        format!("msg_mc{customer}{step}_{ns}")
+    }
+
+    /// Step `step` of customer `customer`'s grant as Polar sends it (the corpus's
+    /// `benefit_grant.created`, `testdata/providers/polar/meter_credit/`, made this step's).
+    fn payload(customer: u8, step: usize, ns: &str) -> Value {
+        let (_, mut p) = crate::corpus::corpus("polar/meter_credit").remove(0);
+        let kind = match step {
+            0 | 4 => "benefit_grant.created",
+            3 => "benefit_grant.revoked",
+            _ => "benefit_grant.cycled",
+        };
+        let revoked = step == 3;
+        let granted_at = if step == 4 {
+            stamp(AT[4], 0)
+        } else {
+            stamp(AT[0], -2_500)
+        };
+        p["type"] = json!(kind);
+        p["timestamp"] = json!(stamp(AT[step], 60_000));
+        let id = customer_id(customer, ns);
+        let d = &mut p["data"];
+        d["id"] = json!(format!("mcgrant{customer}_{ns}"));
+        d["created_at"] = json!(stamp(AT[0], -2_000));
+        d["modified_at"] = if step == 0 {
+            Value::Null
+        } else {
+            json!(stamp(AT[step], 900))
+        };
+        d["granted_at"] = if revoked {
+            Value::Null
+        } else {
+            json!(granted_at)
+        };
+        d["is_granted"] = json!(!revoked);
+        d["revoked_at"] = if revoked {
+            json!(stamp(AT[3], 500))
+        } else {
+            Value::Null
+        };
+        d["is_revoked"] = json!(revoked);
+        d["customer_id"] = json!(id);
+        d["user_id"] = json!(id);
+        d["customer"]["id"] = json!(id);
+        d["benefit"]["properties"]["rollover"] = json!(rollover(customer));
+        d["properties"] = properties(step);
+        d["previous_properties"] = if step == 0 {
+            json!({})
+        } else {
+            properties(step - 1)
+        };
+        p
+    }
+
+    /// What Polar's strategy gives each crediting the set names, apart from the fold: its
+    /// effective time and its end (the next cycle's reset without rollover, the revocation
+    /// that took it back), by (customer, step).
+    fn creditings(set: &BTreeSet<(u8, usize)>) -> BTreeMap<(u8, usize), (u32, Option<u32>)> {
+        let mut out = BTreeMap::new();
+        for &(customer, step) in set {
+            // An event names its own crediting and the one before it (a positive one).
+            let named = [Some(step), step.checked_sub(1)];
+            for crediting in named.into_iter().flatten().filter(|c| *c != 3) {
+                let next = crediting + 1;
+                let end = match next {
+                    1 | 2 if !rollover(customer) && set.contains(&(customer, next)) => {
+                        Some(AT[next])
+                    }
+                    3 if set.contains(&(customer, 3)) => Some(AT[3]),
+                    _ => None,
+                };
+                out.insert((customer, crediting), (AT[crediting], end));
+            }
+        }
+        out
+    }
+
+    /// Each customer's available `credits` at [`READ_AT`], from [`creditings`].
+    fn expected(set: &BTreeSet<(u8, usize)>) -> Vec<Vec<i64>> {
+        let known = creditings(set);
+        (0..CUSTOMERS)
+            .map(|customer| {
+                READ_AT
+                    .iter()
+                    .map(|&t| {
+                        known
+                            .iter()
+                            .filter(|((c, _), (from, end))| {
+                                *c == customer && *from <= t && end.is_none_or(|e| e > t)
+                            })
+                            .count() as i64
+                            * UNITS
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    async fn available(pool: &PgPool, ns: &str) -> Vec<Vec<i64>> {
+        let mut out = Vec::new();
+        for customer in 0..CUSTOMERS {
+            let mut conn = pool.acquire().await.unwrap();
+            let id = CustomerId::parse(&customer_id(customer, ns)).unwrap();
+            let credits = shared::billing::registers::of_account(&mut conn, "polar", &id)
+                .await
+                .unwrap()
+                .map(|(r, _)| r.credits)
+                .unwrap_or_default();
+            out.push(
+                READ_AT
+                    .iter()
+                    .map(|&t| {
+                        let total = credits
+                            .totals_at(time(t).timestamp())
+                            .into_iter()
+                            .find(|b| b.unit == "credits")
+                            .map(|b| b.available)
+                            .unwrap_or(Quantity::ZERO);
+                        assert_eq!(total.to_string().parse::<i64>().unwrap() % UNITS, 0);
+                        total.to_string().parse().unwrap()
+                    })
+                    .collect(),
+            );
+        }
+        out
+    }
+
+    async fn rows(pool: &PgPool, ns: &str) -> Value {
+        let rows: Value = sqlx::query_scalar(
+            "SELECT COALESCE(jsonb_agg(jsonb_build_object('grant', grant_id, 'origin', origin,
+                        'amount', amount::text, 'effective_at', effective_at,
+                        'expires_at', expires_at, 'voided_at', voided_at,
+                        'version_at', version_at, 'version_key', version_key)
+                        ORDER BY grant_id), '[]')
+             FROM credit_grants WHERE source = 'polar' AND customer_id = ANY($1)",
+        )
+        .bind(
+            (0..CUSTOMERS)
+                .map(|c| customer_id(c, ns))
+                .collect::<Vec<_>>(),
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        serde_json::from_str(&rows.to_string().replace(&format!("_{ns}"), "_")).unwrap()
+    }
+
+    type Case = (Vec<(u8, usize)>, Vec<(usize, bool)>);
+
+    fn cases() -> impl Strategy<Value = Case> {
+        proptest::collection::vec(proptest::bool::ANY, usize::from(CUSTOMERS) * LIFE)
+            .prop_flat_map(|drawn| {
+                let events: Vec<(u8, usize)> = drawn
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, d)| **d)
+                    .map(|(i, _)| ((i / LIFE) as u8, i % LIFE))
+                    .collect();
+                let n = events.len();
+                (
+                    Just(events),
+                    proptest::collection::vec((1usize..=3, proptest::bool::weighted(0.25)), n),
+                )
+            })
+            .prop_flat_map(|(events, copies)| {
+                let deliveries: Vec<(usize, bool)> = copies
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, (count, fail))| (0..*count).map(move |c| (i, *fail && c == 0)))
+                    .collect();
+                (Just(events), Just(deliveries).prop_shuffle())
+            })
+    }
+
+    static POLAR_CASE: AtomicUsize = AtomicUsize::new(0);
+
+    async fn check(
+        pool: &PgPool,
+        worker: &WorkerState,
+        (events, deliveries): &Case,
+    ) -> Result<(), TestCaseError> {
+        let n = POLAR_CASE.fetch_add(1, Ordering::Relaxed);
+        let (canon, shuffled) = (format!("pk{n}"), format!("ps{n}"));
+        let materialized = |ns: &str| -> Vec<_> {
+            events
+                .iter()
+                .map(|&(c, step)| {
+                    polar_materialized(&key(c, step, ns), &payload(c, step, ns), at(step))
+                })
+                .collect()
+        };
+        let mut reference = materialized(&canon);
+        reference.sort_by(|a, b| (a.at, &a.dedupe_key).cmp(&(b.at, &b.dedupe_key)));
+        for m in &reference {
+            let id = store(pool, m).await;
+            process(worker, id).await?;
+        }
+        let shuffled_events = materialized(&shuffled);
+        let mut ids = Vec::new();
+        for (index, fail) in deliveries {
+            let id = store(pool, &shuffled_events[*index]).await;
+            ids.push(id);
+            let fault = Fault::new(Point::WorkerDecided, FaultAction::Fail(u32::from(*fail)));
+            let attempt = shared::handlers::worker::process_event(worker, id);
+            with_interrupts(fault, attempt).await.unwrap();
+        }
+        for id in ids {
+            process(worker, id).await?;
+        }
+        prop_assert_eq!(rows(pool, &shuffled).await, rows(pool, &canon).await);
+        let set: BTreeSet<(u8, usize)> = events.iter().copied().collect();
+        for ns in [&canon, &shuffled] {
+            prop_assert_eq!(
+                available(pool, ns).await,
+                expected(&set),
+                "namespace {}",
+                ns
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn polar_meter_credits_are_the_same_for_every_order_copies_and_failures() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let (pool, database) = runtime.block_on(crate::helpers::fresh_database());
+        let worker = test_worker(pool.clone());
+        let cases_run = std::env::var("INBOX_PROPTEST_CASES")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(48);
+        let mut runner = TestRunner::new(Config {
+            cases: cases_run,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let result = runner.run(&cases(), |case| {
+            runtime.block_on(check(&pool, &worker, &case))
+        });
+        runtime.block_on(crate::helpers::drop_database(pool, &database));
+        if let Err(failure) = result {
+            panic!("{failure}");
+        }
+    }
+}
