@@ -276,6 +276,7 @@ async fn a_debit_burns_the_meter_credit_in_burn_order_beside_a_pack_and_why_name
 ) {
     let mut app = TestApp::spawn(pool.clone()).await;
     app.worker.catalog = pack_catalog();
+    app.enable_effects().await;
     let customer = "cust_mc_debit";
     // Granted two days ago (the corpus's grant moved to then); a pack bought a day ago.
     let first = meter_credit_events(customer, GRANT, Duration::zero()).remove(0)["data"]
@@ -382,6 +383,29 @@ async fn a_debit_burns_the_meter_credit_in_burn_order_beside_a_pack_and_why_name
         ]),
         "each grant by the event its register holds: the order, the benefit grant's"
     );
+    // The account read carries the same balances.
+    let account = call(
+        &state,
+        "GET",
+        &format!("/v1/accounts/polar/{customer}"),
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(account.status, StatusCode::OK, "{}", account.body);
+    assert_eq!(account.body["credits"][0]["available"], "950");
+    // What the worker told of the grant: granted, its origin named.
+    let granted_told: Vec<Value> = app
+        .effects()
+        .await
+        .into_iter()
+        .filter(|e| e.customer_id == customer && e.kind == "billing.credits_granted")
+        .map(|e| e.body["data"]["grant"].clone())
+        .filter(|g| g["origin"] == "polar_meter_credit")
+        .collect();
+    assert_eq!(granted_told.len(), 1, "told once");
+    assert_eq!(granted_told[0]["grant_id"], json!(meter_grant));
     let mut events: Vec<i64> = balance["events"]
         .as_array()
         .unwrap()
