@@ -484,3 +484,111 @@ async fn a_cycle_without_rollover_ends_the_credit_before_it_and_with_rollover_ke
         );
     }
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn a_debit_made_after_a_cycle_told_late_is_rederived_onto_the_new_crediting(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let state = api_state(&pool);
+    let customer = "cust_mc_late_cycle";
+    // The grant 41 days ago, its cycle 10 days ago; the cycle's event is told after a debit.
+    let cycled_at = meter_credit_events("x", GRANT, Duration::zero())[1]["data"]["properties"]
+        ["last_credited_at"]
+        .as_str()
+        .map(|s| DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc))
+        .unwrap();
+    let shift = (Utc::now() - Duration::days(10)) - cycled_at;
+    let events = meter_credit_events(customer, GRANT, shift);
+    let crediting = |i: usize| {
+        let at = DateTime::parse_from_rfc3339(
+            events[i]["data"]["properties"]["last_credited_at"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap()
+        .with_timezone(&Utc);
+        format!(
+            "meter_credit:{GRANT}:{}",
+            at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+        )
+    };
+    deliver(&app, "msg_late_granted", &events[0]).await;
+    let spent = call(
+        &state,
+        "POST",
+        &format!("/v1/accounts/polar/{customer}/usage"),
+        Some(APP_KEY),
+        &[("idempotency-key", "k-late")],
+        Some(json!({"amount": 300})),
+    )
+    .await;
+    assert_eq!(spent.status, StatusCode::OK, "{}", spent.body);
+    assert_eq!(
+        spent.body["allocation"]["from_grants"],
+        json!([{"grant_id": crediting(0), "amount": "300"}]),
+        "as decided: the only crediting known"
+    );
+    let (_, cycle) = deliver(&app, "msg_late_cycled", &events[1]).await;
+    // The meter was reset ten days ago: the debit, made since, spent the cycle's crediting.
+    let read = call(
+        &state,
+        "GET",
+        &format!("/v1/accounts/polar/{customer}/credits"),
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(read.status, StatusCode::OK, "{}", read.body);
+    assert_eq!(
+        read.body["balances"][0]["available"], "700",
+        "{}",
+        read.body
+    );
+    let remaining: Vec<(Value, Value)> = read.body["grants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| (g["grant_id"].clone(), g["remaining"].clone()))
+        .collect();
+    assert!(
+        remaining.contains(&(json!(crediting(1)), json!("700"))),
+        "{remaining:?}"
+    );
+    let why = call(
+        &state,
+        "GET",
+        &format!("/v1/accounts/polar/{customer}/why"),
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        why.body["credits"][0]["debits"][0]["from_grants"],
+        json!([{"grant_id": crediting(1), "origin": "polar_meter_credit", "event_id": cycle,
+                "amount": "300"}]),
+        "{}",
+        why.body
+    );
+    // The next debit's check under the lock agrees: 700 is there, 701 is not.
+    let over = call(
+        &state,
+        "POST",
+        &format!("/v1/accounts/polar/{customer}/usage"),
+        Some(APP_KEY),
+        &[("idempotency-key", "k-over")],
+        Some(json!({"amount": 701})),
+    )
+    .await;
+    assert_eq!(over.status, StatusCode::CONFLICT, "{}", over.body);
+    let fits = call(
+        &state,
+        "POST",
+        &format!("/v1/accounts/polar/{customer}/usage"),
+        Some(APP_KEY),
+        &[("idempotency-key", "k-fits")],
+        Some(json!({"amount": 700})),
+    )
+    .await;
+    assert_eq!(fits.status, StatusCode::OK, "{}", fits.body);
+}
