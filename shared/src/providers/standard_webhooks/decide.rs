@@ -417,6 +417,42 @@ mod tests {
     }
 
     #[test]
+    fn a_meter_credit_grant_gives_its_feature_and_its_crediting_as_a_credit_grant() {
+        let granted = meter_credit(json!({"feature": "api_calls"}));
+        let Decision::Apply { effects, .. } = polar(&granted) else {
+            panic!("applied")
+        };
+        let [Effect::Entitlement { active: true, .. }, Effect::CreditGrant(g)] = effects.as_slice()
+        else {
+            panic!("the entitlement, then the crediting: {effects:?}")
+        };
+        assert_eq!(
+            g.grant_id,
+            "meter_credit:0f6d8a2e-3b71-4c59-9e04-b2a7c5d1e863:2025-12-01T10:00:04.320114Z"
+        );
+        assert_eq!(g.origin, crate::billing::credits::Origin::PolarMeterCredit);
+        // A revocation whose credits cannot be read still ends the entitlement, said why.
+        let mut revoked = granted.clone();
+        revoked["type"] = json!("benefit_grant.revoked");
+        revoked["data"]["properties"]["last_credited_units"] = json!("-1000");
+        let Decision::Apply { effects, notes } = polar(&revoked) else {
+            panic!("applied")
+        };
+        assert!(matches!(
+            effects.as_slice(),
+            [Effect::Entitlement { active: false, .. }]
+        ));
+        assert_eq!(
+            notes,
+            ["meter credits not read: /properties/last_credited_units is \"-1000\": a whole number"]
+        );
+        // A granting event's must be read: no silent guess.
+        let mut cycled = revoked;
+        cycled["type"] = json!("benefit_grant.cycled");
+        assert!(matches!(polar(&cycled), Decision::Unprocessable(_)));
+    }
+
+    #[test]
     fn missing_object_id_is_unprocessable() {
         let p = json!({"data": {"status": "active"}});
         assert!(matches!(
