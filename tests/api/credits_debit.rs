@@ -788,9 +788,7 @@ async fn why_names_each_grant_a_debit_took_as_derived_not_as_answered(pool: PgPo
 }
 
 #[sqlx::test(migrator = "shared::MIGRATOR")]
-async fn why_as_of_what_was_received_before_a_time_names_no_debit_accepted_after_it(
-    pool: PgPool,
-) {
+async fn why_as_of_what_was_received_before_a_time_names_no_debit_accepted_after_it(pool: PgPool) {
     let app = on_pro_with_packs(&pool, "cus_Why02").await;
     buy(
         &app,
@@ -853,7 +851,10 @@ async fn why_as_of_what_was_received_before_a_time_names_no_debit_accepted_after
         None,
     )
     .await;
-    assert_eq!(now.body["credits"][0]["debits"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        now.body["credits"][0]["debits"].as_array().unwrap().len(),
+        2
+    );
     assert_eq!(now.body["credits"][0]["used"], "150");
 }
 
