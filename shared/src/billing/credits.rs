@@ -1020,10 +1020,11 @@ impl Credits {
 
     /// `unit`'s available balance (over every scope) at each of [`Credits::moments`] up to
     /// `until`: what [`Credits::totals_at`] gives at each, found by one sweep over the times
-    /// in order, each grant's running sum moved by its own transactions as their times pass
-    /// and the unit's total moved by what each grant's available changed. Linear in the
-    /// moments and transactions (after sorting them), where reading the totals at each moment
-    /// afresh walked every transaction at each: quadratic in the debits that spent credit.
+    /// in order, a grant's available read again (its ledger's running sum then) only when one
+    /// of its transactions, its effective time or its end passes, and the unit's total moved
+    /// by the difference. n·log n in the moments and transactions, where reading the totals
+    /// afresh at each moment walked every transaction at each: quadratic in the debits that
+    /// spent credit, whose spends are transactions here.
     fn available_through(&self, unit: &str, until: i64) -> Vec<(i64, Quantity)> {
         let ledgers: Vec<Ledger<'_>> = self.ledgers().remove(unit).unwrap_or_default();
         // What changes a grant's available, by time: each of its transactions, the time it
