@@ -787,6 +787,77 @@ async fn why_names_each_grant_a_debit_took_as_derived_not_as_answered(pool: PgPo
     assert_eq!(cut.body["credits"][0]["debits"], json!([]));
 }
 
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn why_as_of_what_was_received_before_a_time_names_no_debit_accepted_after_it(pool: PgPool) {
+    let app = on_pro_with_packs(&pool, "cus_Why02").await;
+    buy(
+        &app,
+        "cus_Why02",
+        "in_paid",
+        ("price_pack", 3),
+        Utc::now() - Duration::days(1),
+    )
+    .await;
+    let state = api_state(&pool);
+    // The allowance's 500, then 100 of the pack.
+    let first = debit(&state, "cus_Why02", "k-first", json!({"amount": 600})).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    // The store's clock between the two debits: what it had received before then.
+    let between: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    // 50 more of the pack, accepted after that time.
+    let after = debit(&state, "cus_Why02", "k-after", json!({"amount": 50})).await;
+    assert_eq!(after.status, StatusCode::OK, "{}", after.body);
+    let asked = between.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let why = call(
+        &state,
+        "GET",
+        &format!(
+            "/v1/accounts/stripe/cus_Why02/why?received_before={}",
+            asked.replace('+', "%2B")
+        ),
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(why.status, StatusCode::OK, "{}", why.body);
+    let balance = &why.body["credits"][0];
+    let named: Vec<&Value> = balance["debits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| &d["usage_id"])
+        .collect();
+    assert_eq!(
+        named,
+        [&first.body["usage_id"]],
+        "only the debit the store had accepted before {asked}"
+    );
+    // Its balance counts what those debits took, as the store knew it then.
+    assert_eq!(
+        (&balance["used"], &balance["available"]),
+        (&json!("100"), &json!("200"))
+    );
+    // Asked as of now, both are named.
+    let now = call(
+        &state,
+        "GET",
+        "/v1/accounts/stripe/cus_Why02/why",
+        Some(READER_KEY),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(
+        now.body["credits"][0]["debits"].as_array().unwrap().len(),
+        2
+    );
+    assert_eq!(now.body["credits"][0]["used"], "150");
+}
+
 /// A paid Stripe invoice of `quantity` of a catalog pack's price (the pre-basil corpus's
 /// `invoice.paid`, its one line's price made the pack's), for `customer`, paid `at`.
 pub fn pack_invoice(customer: &str, invoice: &str, price: &str, quantity: u32, at: i64) -> Value {

@@ -2,7 +2,7 @@
 //! the event that decided it, what that event beat, and the register as stored where the two
 //! differ.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -13,6 +13,7 @@ use crate::billing::credits_read::{self, AccountCredits, BalanceWhy};
 use crate::billing::fold::Beaten;
 use crate::billing::registers;
 use crate::domain::{Catalog, CustomerId};
+use crate::platform::db::exec;
 
 use super::fold_io::{
     compare, fold_with, snapshot, used_by_period, Cut, EventRef, FoldError, PlanStep, Reading,
@@ -171,7 +172,17 @@ pub async fn why(
     )
     .await?;
     let used = used_by_period(&mut tx, source, customer).await?;
-    let credits = credits_read::read(&mut tx, source, customer, cut.at).await?;
+    let credits = match credits_read::rows(&mut tx, source, customer, cut.at).await? {
+        // As of what the store had received before a time: not the debits accepted since.
+        Some((rows, at)) => Some(match cut.received_before {
+            Some(t) => {
+                let since = debits_accepted_since(&mut tx, source, customer, t).await?;
+                rows.without_debits(&since).as_of(at)
+            }
+            None => rows.as_of(at),
+        }),
+        None => None,
+    };
     tx.commit().await?;
     if stored.is_none() && account.events.is_empty() {
         return Ok(None);
@@ -234,6 +245,26 @@ pub async fn why(
         divergent,
         credits: credits.as_ref().map(credits_why).unwrap_or_default(),
     }))
+}
+
+/// The account's debits accepted at or after `t` (by the store's clock, `recorded_at`): what
+/// a `why` asked as of what was received before `t` leaves out.
+async fn debits_accepted_since(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &CustomerId,
+    t: DateTime<Utc>,
+) -> Result<BTreeSet<String>, sqlx::Error> {
+    let ids = sqlx::query_scalar!(
+        r#"SELECT usage_id FROM usage_debits
+           WHERE source = $1 AND customer_id = $2 AND accepted AND recorded_at >= $3"#,
+        source,
+        customer.as_str(),
+        t,
+    )
+    .fetch_all(exec(conn))
+    .await?;
+    Ok(ids.into_iter().collect())
 }
 
 /// The account's plan through its kept events, as the fold gives it (the console's timeline):

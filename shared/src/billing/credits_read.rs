@@ -2,7 +2,7 @@
 //! ledgers in one statement, folded by `billing::credits` as of a time, with the event behind
 //! each row, so `GET …/credits`, the account read and `why` answer from the same rows.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -293,6 +293,17 @@ impl CreditRows {
             debits,
         }
     }
+
+    /// The rows without the debits `left_out` names (by usage id): what the store held before
+    /// they were accepted, as `why` asked as of what was received before a time reads it (the
+    /// debits left are allocated again, each as the debits accepted before it left the grants).
+    pub fn without_debits(mut self, left_out: &BTreeSet<String>) -> CreditRows {
+        self.spends
+            .debits
+            .retain(|d| !left_out.contains(&d.usage_id));
+        self.covered.retain(|id, _| !left_out.contains(id));
+        self
+    }
 }
 
 /// An account's grants and their transactions in one statement, as of `at` (the store's clock
@@ -306,6 +317,19 @@ pub async fn read(
     customer: &CustomerId,
     at: Option<DateTime<Utc>>,
 ) -> Result<Option<AccountCredits>, sqlx::Error> {
+    Ok(rows(conn, source, customer, at)
+        .await?
+        .map(|(rows, at)| rows.as_of(at)))
+}
+
+/// [`read`]'s rows not yet folded, and the time (unix seconds) they are to be read as of.
+#[tracing::instrument(skip_all, fields(source))]
+pub async fn rows(
+    conn: &mut PgConnection,
+    source: &str,
+    customer: &CustomerId,
+    at: Option<DateTime<Utc>>,
+) -> Result<Option<(CreditRows, i64)>, sqlx::Error> {
     let Some(row) = sqlx::query!(
         r#"
         SELECT inbox_secs(COALESCE($3::timestamptz, inbox_now())) AS "at!",
@@ -321,7 +345,7 @@ pub async fn read(
     else {
         return Ok(None);
     };
-    Ok(Some(CreditRows::decode(row.credits)?.as_of(row.at)))
+    Ok(Some((CreditRows::decode(row.credits)?, row.at)))
 }
 
 #[cfg(test)]
