@@ -133,16 +133,14 @@ pub struct Backlog {
 
 pub async fn backlog(conn: &mut PgConnection) -> Result<Backlog, sqlx::Error> {
     // The statuses that need watching: the pending ones and `dead`. Counting them reads the
-    // partial indexes of the events in flight and of those given up, not the finished rows,
-    // whatever their number: the statuses are written out, as those indexes' predicates are,
-    // so that the planner can prove each index holds them (a parameter would hide it).
+    // events in flight and those given up (`inbox_work`, docs/design.md §3.4), not the finished
+    // rows, whatever their number.
     let by_status = sqlx::query!(
         r#"
-        SELECT status AS "status!", count(*) AS "count!"
-        FROM (SELECT status FROM inbox_events WHERE status IN ('received', 'processing', 'failed')
-              UNION ALL
-              SELECT status FROM inbox_events WHERE status = 'dead') AS watched
-        GROUP BY status
+        SELECT e.status AS "status!", count(*) AS "count!"
+        FROM inbox_work w JOIN inbox_events e ON e.id = w.event_id AND e.month = w.month
+        WHERE w.stage IN ('pending', 'dead') AND e.status IN ('received', 'processing', 'failed', 'dead')
+        GROUP BY e.status
         "#
     )
     .fetch_all(exec(&mut *conn))
@@ -152,8 +150,9 @@ pub async fn backlog(conn: &mut PgConnection) -> Result<Backlog, sqlx::Error> {
     .collect();
     let oldest = sqlx::query_scalar!(
         r#"
-        SELECT COALESCE(EXTRACT(EPOCH FROM inbox_now() - min(received_at))::float8, 0) AS "age!"
-        FROM inbox_events WHERE status IN ('received', 'processing', 'failed')
+        SELECT COALESCE(EXTRACT(EPOCH FROM inbox_now() - min(e.received_at))::float8, 0) AS "age!"
+        FROM inbox_work w JOIN inbox_events e ON e.id = w.event_id AND e.month = w.month
+        WHERE w.stage = 'pending'
         "#
     )
     .fetch_one(exec(&mut *conn))
