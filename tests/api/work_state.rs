@@ -242,3 +242,51 @@ async fn a_store_with_events_in_flight_upgrades_to_work_rows_and_every_reader_an
     .unwrap();
     assert!(changing.is_empty(), "{changing:?}");
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn an_event_in_flight_keeps_its_work_row_when_its_month_is_dropped_and_made_again(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let now = chrono::Utc::now();
+    let waiting = app
+        .store_stripe_event("evt_waiting", "cus_m", now.timestamp())
+        .await;
+    let done = app
+        .store_stripe_event("evt_done", "cus_m", now.timestamp() - 1)
+        .await;
+    app.drain_queue().await;
+    sqlx::query("UPDATE inbox_events SET status = 'applied', processed_at = now() WHERE id = $1;")
+        .bind(done)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let month: chrono::NaiveDate =
+        sqlx::query_scalar("SELECT month FROM inbox_events WHERE id = $1")
+            .bind(waiting)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    // The month dropped: the event in flight is kept (in the kept partition), the finished one
+    // goes; then made again, the kept event moved back into it.
+    sqlx::query("SELECT inbox_drop_month($1)")
+        .bind(month)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stage(&pool, waiting).await.as_deref(), Some("pending"));
+    assert!(work_rows_out_of_step(&pool).await.is_empty());
+    sqlx::query("SELECT inbox_make_months($1, 1)")
+        .bind(month)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(work_rows_out_of_step(&pool).await.is_empty());
+    // Lost by the queue, it is found again and sent.
+    sqlx::query("UPDATE inbox_events SET received_at = now() - interval '10 minutes', enqueued_at = NULL WHERE id = $1")
+        .bind(waiting)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rescue::mark_lost(&pool).await.unwrap(), vec![waiting]);
+}
