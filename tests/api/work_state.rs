@@ -290,3 +290,68 @@ async fn an_event_in_flight_keeps_its_work_row_when_its_month_is_dropped_and_mad
         .unwrap();
     assert_eq!(rescue::mark_lost(&pool).await.unwrap(), vec![waiting]);
 }
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_statuses_with_a_work_row_are_the_same_in_rust_and_in_sql(pool: PgPool) {
+    for status in EventStatus::ALL {
+        let in_sql: bool = sqlx::query_scalar("SELECT inbox_stage($1) IS NOT NULL")
+            .bind(status.as_str())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(status.has_work_row(), in_sql, "{status}");
+    }
+}
+
+#[sqlx::test(migrator = "shared::MIGRATOR")]
+async fn the_events_lists_by_status_answer_from_the_work_rows_as_from_the_events(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let now = chrono::Utc::now().timestamp();
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        ids.push(
+            app.store_stripe_event(&format!("evt_list_{n}"), "cus_list", now - n)
+                .await,
+        );
+    }
+    sqlx::query("UPDATE inbox_events SET status = 'dead' WHERE id = ANY($1)")
+        .bind(&ids[..2])
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE inbox_events SET status = 'applied' WHERE id = $1")
+        .bind(ids[2])
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    for status in EventStatus::ALL {
+        let expected: Vec<i64> =
+            sqlx::query_scalar("SELECT id FROM inbox_events WHERE status = $1 ORDER BY id DESC")
+                .bind(status.as_str())
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        let listed: Vec<i64> = read::list_events(&mut conn, Some(status), Some("stripe"), 50)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(listed, expected, "{status}");
+        let filter = shared::operate::lists::EventFilter {
+            status: Some(status),
+            ..Default::default()
+        };
+        let page = shared::operate::lists::events(&mut conn, &filter, 1, None)
+            .await
+            .unwrap();
+        let first: Vec<i64> = page.events.iter().map(|e| e.event_id).collect();
+        assert_eq!(
+            first,
+            expected.iter().copied().take(1).collect::<Vec<_>>(),
+            "{status}"
+        );
+        assert_eq!(page.next.is_some(), expected.len() > 1, "{status}");
+    }
+}
