@@ -1060,6 +1060,31 @@ async fn stored_bytes(pool: &PgPool) -> anyhow::Result<Vec<(String, f64)>> {
     .await?)
 }
 
+/// The rows written to the event's tables so far: inserts, updates, and of the updates the
+/// HOT ones (a new row version on the same page, no index entry), each table the sum of its
+/// partitions. Read after a wait that outlasts the server's 10 s flush of an idle
+/// connection's counts, so that the last batches are in them.
+async fn row_writes(pool: &PgPool) -> anyhow::Result<Value> {
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT COALESCE(pg_partition_root(relid), relid)::regclass::text,
+                sum(n_tup_ins)::bigint, sum(n_tup_upd)::bigint, sum(n_tup_hot_upd)::bigint,
+                sum(n_tup_del)::bigint
+         FROM pg_stat_user_tables
+         WHERE relname LIKE 'inbox_%' OR relname LIKE 'deliveries%'
+         GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(Value::Array(
+        rows.into_iter()
+            .map(|(table, inserted, updated, hot, deleted)| {
+                json!({"table": table, "inserted": inserted, "updated": updated, "hot": hot, "deleted": deleted})
+            })
+            .collect(),
+    ))
+}
+
 /// A delivery as verification leaves it: source, body, the verified event, the kept headers.
 type RawItem = (String, Vec<u8>, shared::domain::VerifiedEvent, Value);
 
@@ -1224,6 +1249,7 @@ async fn measure(
     let drain_cpu = cpu.until(last_ticks, distinct);
     let worker_wal = wal_bytes(&pool).await? - wal_before;
     let stored = stored_bytes(&pool).await?;
+    let writes = row_writes(&pool).await?;
     let applied: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM inbox_events WHERE status IN ('applied', 'ignored', 'unprocessable')",
     )
@@ -1386,6 +1412,7 @@ async fn measure(
             "ratio": worker_per_sec / raw_worker_per_sec, "drain_secs": drain_secs,
             "statements_per_event": worker_statements as f64 / applied.max(1) as f64,
             "wal_bytes_per_event": worker_wal / applied.max(1) as f64,
+            "row_writes": writes,
         }
     }))
 }

@@ -62,4 +62,5 @@ mod traces;
 mod traffic;
 mod usage;
 mod why;
+mod work_state;
 mod worker_faults;

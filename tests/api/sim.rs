@@ -3533,6 +3533,28 @@ impl World {
                 rows.len(),
             )));
         }
+        // Every event's work row says what its status says (docs/design.md §3.4): a row for
+        // each event in flight or given up, with its stage, none for a finished one.
+        let out_of_step: Vec<i64> = sqlx::query_scalar(
+            "SELECT COALESCE(e.id, w.event_id)
+             FROM (SELECT * FROM inbox_events
+                   WHERE dedupe_key LIKE '%\\_' || $1 || '%' AND inbox_stage(status) IS NOT NULL) e
+             FULL JOIN (SELECT w.* FROM inbox_work w JOIN inbox_events x
+                          ON x.id = w.event_id AND x.month = w.month
+                        WHERE x.dedupe_key LIKE '%\\_' || $1 || '%') w
+               ON w.event_id = e.id AND w.month = e.month
+             WHERE e.id IS NULL OR w.event_id IS NULL OR w.stage <> inbox_stage(e.status)
+                OR w.alerted <> (e.alerted_at IS NOT NULL)",
+        )
+        .bind(&self.ns)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        if !out_of_step.is_empty() {
+            return Err(self.fail(format!(
+                "events whose work row is not what their status says: {out_of_step:?}"
+            )));
+        }
         self.check_thin().await?;
         self.check_balances().await?;
         let doubled: Vec<String> = sqlx::query_scalar(

@@ -85,6 +85,13 @@ impl EventStatus {
     pub fn is_final(self) -> bool {
         !self.is_pending()
     }
+
+    /// Whether an event of this status has a row in `inbox_work` (docs/design.md §3.4): in
+    /// flight or given up, not applied or ignored. The SQL function `inbox_stage` says the
+    /// same.
+    pub fn has_work_row(self) -> bool {
+        !matches!(self, Self::Applied | Self::Ignored)
+    }
 }
 
 impl FromStr for EventStatus {

@@ -21,10 +21,13 @@ pub async fn collect_alerts(pool: &PgPool) -> anyhow::Result<Alerts> {
     let events = sqlx::query!(
         r#"
         UPDATE inbox_events SET alerted_at = inbox_now()
-        WHERE id IN (
-            SELECT id FROM inbox_events
-            WHERE status IN ('dead', 'unprocessable') AND alerted_at IS NULL
-            ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+        WHERE (id, month) IN (
+            -- The given-up events not reported yet, from their rows in `inbox_work`.
+            SELECT e.id, e.month FROM inbox_work w
+            JOIN inbox_events e ON e.id = w.event_id AND e.month = w.month
+            WHERE w.stage <> 'pending' AND NOT w.alerted
+              AND e.status IN ('dead', 'unprocessable') AND e.alerted_at IS NULL
+            ORDER BY w.event_id LIMIT $1 FOR UPDATE OF e SKIP LOCKED
         )
         RETURNING id, source, type, status AS "status: EventStatus", last_error, reason
         "#,

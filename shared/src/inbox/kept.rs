@@ -113,10 +113,8 @@ pub async fn purged(
 }
 
 /// The ids of the account's events not finished yet (received, processing, failed): what the
-/// registers do not show yet. Read through `inbox_events_pending`, which holds only such
-/// events, so the answer costs the work in flight, not the account's history; `OFFSET 0` keeps
-/// the planner from walking the whole table in id order for the `LIMIT` when its statistics
-/// were taken while events waited (docs/design.md §4.11).
+/// registers do not show yet. Read from the events in flight (`inbox_work`, docs/design.md
+/// §3.4), so the answer costs the work in flight, not the account's history.
 pub async fn pending(
     conn: &mut PgConnection,
     source: &str,
@@ -124,11 +122,9 @@ pub async fn pending(
 ) -> Result<Vec<i64>, sqlx::Error> {
     sqlx::query_scalar!(
         r#"
-        SELECT id AS "id!" FROM (SELECT id FROM inbox_events
-                                 WHERE source = $1 AND customer_key = $2
-                                   AND status IN ('received', 'processing', 'failed')
-                                 OFFSET 0) AS waiting
-        ORDER BY id LIMIT 100
+        SELECT w.event_id AS "id!" FROM inbox_work w
+        WHERE w.source = $1 AND w.customer_key = $2 AND w.stage = 'pending'
+        ORDER BY w.event_id LIMIT 100
         "#,
         source,
         customer.as_str(),

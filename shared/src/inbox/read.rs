@@ -26,12 +26,35 @@ pub struct EventSummary {
     pub last_error: Option<String>,
 }
 
+/// The newest events, of `status` and `source` when given. Events of a status in flight or
+/// given up are read from their rows in `inbox_work` (docs/design.md §3.4), the event's row
+/// keeping no index on its status.
 pub async fn list_events(
     conn: &mut PgConnection,
     status: Option<EventStatus>,
     source: Option<&str>,
     limit: i64,
 ) -> Result<Vec<EventSummary>, sqlx::Error> {
+    if status.is_some_and(EventStatus::has_work_row) {
+        return sqlx::query_as!(
+            EventSummary,
+            r#"
+            SELECT e.id, e.source, e.dedupe_key, e.type AS event_type,
+                   e.status AS "status: EventStatus", e.customer_key AS customer_id,
+                   e.occurred_at, e.received_at, e.seen_count, e.attempts, e.reason, e.last_error
+            FROM inbox_work w JOIN inbox_events e ON e.id = w.event_id AND e.month = w.month
+            WHERE w.stage = inbox_stage($1) AND e.status = $1
+              AND ($2::text IS NULL OR e.source = $2)
+            ORDER BY w.event_id DESC
+            LIMIT $3
+            "#,
+            status.map(EventStatus::as_str),
+            source,
+            limit
+        )
+        .fetch_all(exec(conn))
+        .await;
+    }
     sqlx::query_as!(
         EventSummary,
         r#"
@@ -133,16 +156,14 @@ pub struct Backlog {
 
 pub async fn backlog(conn: &mut PgConnection) -> Result<Backlog, sqlx::Error> {
     // The statuses that need watching: the pending ones and `dead`. Counting them reads the
-    // partial indexes of the events in flight and of those given up, not the finished rows,
-    // whatever their number: the statuses are written out, as those indexes' predicates are,
-    // so that the planner can prove each index holds them (a parameter would hide it).
+    // events in flight and those given up (`inbox_work`, docs/design.md §3.4), not the finished
+    // rows, whatever their number.
     let by_status = sqlx::query!(
         r#"
-        SELECT status AS "status!", count(*) AS "count!"
-        FROM (SELECT status FROM inbox_events WHERE status IN ('received', 'processing', 'failed')
-              UNION ALL
-              SELECT status FROM inbox_events WHERE status = 'dead') AS watched
-        GROUP BY status
+        SELECT e.status AS "status!", count(*) AS "count!"
+        FROM inbox_work w JOIN inbox_events e ON e.id = w.event_id AND e.month = w.month
+        WHERE w.stage IN ('pending', 'dead') AND e.status IN ('received', 'processing', 'failed', 'dead')
+        GROUP BY e.status
         "#
     )
     .fetch_all(exec(&mut *conn))
@@ -152,8 +173,9 @@ pub async fn backlog(conn: &mut PgConnection) -> Result<Backlog, sqlx::Error> {
     .collect();
     let oldest = sqlx::query_scalar!(
         r#"
-        SELECT COALESCE(EXTRACT(EPOCH FROM inbox_now() - min(received_at))::float8, 0) AS "age!"
-        FROM inbox_events WHERE status IN ('received', 'processing', 'failed')
+        SELECT COALESCE(EXTRACT(EPOCH FROM inbox_now() - min(e.received_at))::float8, 0) AS "age!"
+        FROM inbox_work w JOIN inbox_events e ON e.id = w.event_id AND e.month = w.month
+        WHERE w.stage = 'pending'
         "#
     )
     .fetch_one(exec(&mut *conn))

@@ -47,10 +47,12 @@ pub async fn mark_lost(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
 pub(super) async fn bury(pool: &PgPool) -> Result<u64, sqlx::Error> {
     Ok(sqlx::query!(
         r#"
-        UPDATE inbox_events
+        UPDATE inbox_events e
         SET status = 'dead', locked_until = NULL, next_attempt_at = NULL,
-            last_error = COALESCE(last_error || '; ', '') || 'the worker stopped during the last attempt (lease expired)'
-        WHERE status = 'processing' AND locked_until < inbox_now() AND attempts >= $1
+            last_error = COALESCE(e.last_error || '; ', '') || 'the worker stopped during the last attempt (lease expired)'
+        FROM inbox_work w
+        WHERE w.stage = 'pending' AND e.id = w.event_id AND e.month = w.month
+          AND e.status = 'processing' AND e.locked_until < inbox_now() AND e.attempts >= $1
         "#,
         RetryPolicy::MAX_ATTEMPTS,
     )
@@ -62,31 +64,38 @@ pub(super) async fn bury(pool: &PgPool) -> Result<u64, sqlx::Error> {
 /// Marks (and returns, in id order) the pending events the queue has lost: stored but never
 /// enqueued or enqueued long ago (`received`), expired leases, due retries — each not
 /// enqueued since it became due, or whose last mark is older than [`STUCK_AFTER`]. Each
-/// branch reads its own partial index.
+/// branch reads the events in flight (`inbox_work`, docs/design.md §3.4), one primary-key
+/// probe of its month's partition each.
 pub(super) async fn mark(pool: &PgPool) -> Result<Vec<i64>, sqlx::Error> {
     let mut ids: Vec<i64> = sqlx::query_scalar!(
         r#"
         WITH received AS (
-            SELECT id FROM inbox_events
-            WHERE status = 'received' AND received_at < inbox_now() - make_interval(secs => $2)
-              AND (enqueued_at IS NULL OR enqueued_at < inbox_now() - make_interval(secs => $3))
-            LIMIT $1 FOR UPDATE SKIP LOCKED
+            SELECT e.id, e.month FROM inbox_work w
+            JOIN inbox_events e ON e.id = w.event_id AND e.month = w.month
+            WHERE w.stage = 'pending'
+              AND e.status = 'received' AND e.received_at < inbox_now() - make_interval(secs => $2)
+              AND (e.enqueued_at IS NULL OR e.enqueued_at < inbox_now() - make_interval(secs => $3))
+            LIMIT $1 FOR UPDATE OF e SKIP LOCKED
         ), leases AS (
-            SELECT id FROM inbox_events
-            WHERE status = 'processing' AND locked_until < inbox_now() AND attempts < $4
-              AND (enqueued_at IS NULL OR enqueued_at < locked_until
-                   OR enqueued_at < inbox_now() - make_interval(secs => $3))
-            LIMIT $1 FOR UPDATE SKIP LOCKED
+            SELECT e.id, e.month FROM inbox_work w
+            JOIN inbox_events e ON e.id = w.event_id AND e.month = w.month
+            WHERE w.stage = 'pending'
+              AND e.status = 'processing' AND e.locked_until < inbox_now() AND e.attempts < $4
+              AND (e.enqueued_at IS NULL OR e.enqueued_at < e.locked_until
+                   OR e.enqueued_at < inbox_now() - make_interval(secs => $3))
+            LIMIT $1 FOR UPDATE OF e SKIP LOCKED
         ), due AS (
-            SELECT id FROM inbox_events
-            WHERE status = 'failed' AND next_attempt_at <= inbox_now()
-              AND (enqueued_at IS NULL OR enqueued_at < next_attempt_at
-                   OR enqueued_at < inbox_now() - make_interval(secs => $3))
-            LIMIT $1 FOR UPDATE SKIP LOCKED
+            SELECT e.id, e.month FROM inbox_work w
+            JOIN inbox_events e ON e.id = w.event_id AND e.month = w.month
+            WHERE w.stage = 'pending'
+              AND e.status = 'failed' AND e.next_attempt_at <= inbox_now()
+              AND (e.enqueued_at IS NULL OR e.enqueued_at < e.next_attempt_at
+                   OR e.enqueued_at < inbox_now() - make_interval(secs => $3))
+            LIMIT $1 FOR UPDATE OF e SKIP LOCKED
         )
         UPDATE inbox_events SET enqueued_at = inbox_now()
-        WHERE id IN (SELECT id FROM received UNION ALL SELECT id FROM leases
-                     UNION ALL SELECT id FROM due)
+        WHERE (id, month) IN (SELECT id, month FROM received UNION ALL SELECT id, month FROM leases
+                              UNION ALL SELECT id, month FROM due)
         RETURNING id
         "#,
         ROWS_PER_STEP,

@@ -110,8 +110,8 @@ pub async fn overview(
                GREATEST((SELECT max(e.received_at) FROM inbox_events e WHERE e.source = s.source),
                         r.last) AS last_delivery,
                (SELECT EXTRACT(EPOCH FROM inbox_now() - min(e.received_at))::float8
-                FROM inbox_events e
-                WHERE e.status IN ('received', 'processing', 'failed') AND e.source = s.source)
+                FROM inbox_work w JOIN inbox_events e ON e.id = w.event_id AND e.month = w.month
+                WHERE w.stage = 'pending' AND w.source = s.source)
                  AS oldest,
                COALESCE(c.conflicting, 0) AS "conflicting!"
         FROM unnest($1::text[]) WITH ORDINALITY AS s(source, n)
@@ -124,9 +124,9 @@ pub async fn overview(
     .fetch_all(exec(&mut *conn))
     .await?;
     let by_status = sqlx::query!(
-        r#"SELECT source, status, count(*) AS "count!" FROM inbox_events
-           WHERE status IN ('received', 'processing', 'failed', 'dead', 'unprocessable')
-           GROUP BY source, status"#
+        r#"SELECT e.source, e.status, count(*) AS "count!"
+           FROM inbox_work w JOIN inbox_events e ON e.id = w.event_id AND e.month = w.month
+           GROUP BY e.source, e.status"#
     )
     .fetch_all(exec(&mut *conn))
     .await?;
